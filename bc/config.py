@@ -1,0 +1,118 @@
+"""Where things live on disk, and how the CLI finds its server.
+
+Data dir: `--data-dir`, else `$BC_DATA_DIR`, else `/var/lib/bc` as root and
+`~/.local/share/bc` otherwise.
+
+`bc serve` leaves the local operator a client config (like a kubeconfig): the
+server's address, the CA, and an operator key and certificate, in
+`<data-dir>/operator/`. The admin commands look for it, first found wins:
+
+1. `$BC_CONFIG` (a path to `config.json`)
+2. `$BC_DATA_DIR/operator/config.json`
+3. `~/.config/bc/config.json` (`bc serve` writes it when it is absent or points to
+   the same data dir)
+4. `<default data dir>/operator/config.json`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bc.errors import UsageError
+
+
+def default_data_dir() -> Path:
+    env = os.environ.get("BC_DATA_DIR")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/lib/bc")
+    return Path.home() / ".local" / "share" / "bc"
+
+
+def user_config_path() -> Path:
+    return Path.home() / ".config" / "bc" / "config.json"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """What an admin client needs to reach `bc serve` over mutual TLS."""
+
+    server: str
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+    data_dir: str
+    path: Path
+
+    @staticmethod
+    def write(dir_: Path, *, server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, data_dir: Path) -> Path:
+        """Write config.json with the key beside it (0600); returns the config path."""
+        dir_.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key_path = dir_ / "operator.key"
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key_pem)
+        os.chmod(key_path, 0o600)
+        (dir_ / "operator.crt").write_bytes(cert_pem)
+        (dir_ / "ca.crt").write_bytes(ca_pem)
+        cfg = {
+            "server": server,
+            "ca": "ca.crt",
+            "cert": "operator.crt",
+            "key": "operator.key",
+            "data_dir": str(data_dir),
+        }
+        path = dir_ / "config.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+        os.replace(tmp, path)
+        return path
+
+    @staticmethod
+    def load(path: Path) -> OperatorConfig:
+        try:
+            doc = json.loads(path.read_text())
+            base = path.parent
+
+            def rel(name: str) -> Path:
+                p = Path(doc[name])
+                return p if p.is_absolute() else base / p
+
+            return OperatorConfig(
+                server=str(doc["server"]),
+                ca_pem=rel("ca").read_bytes(),
+                cert_pem=rel("cert").read_bytes(),
+                key_pem=rel("key").read_bytes(),
+                data_dir=str(doc.get("data_dir", "")),
+                path=path,
+            )
+        except (OSError, KeyError, ValueError) as e:
+            raise UsageError(f"the operator config {path} is unreadable: {e}") from None
+
+
+def operator_config_candidates() -> list[Path]:
+    out: list[Path] = []
+    if os.environ.get("BC_CONFIG"):
+        out.append(Path(os.environ["BC_CONFIG"]))
+    if os.environ.get("BC_DATA_DIR"):
+        out.append(Path(os.environ["BC_DATA_DIR"]) / "operator" / "config.json")
+    out.append(user_config_path())
+    if os.geteuid() == 0:
+        out.append(Path("/var/lib/bc/operator/config.json"))
+    else:
+        out.append(Path.home() / ".local" / "share" / "bc" / "operator" / "config.json")
+    return out
+
+
+def find_operator_config() -> OperatorConfig:
+    for p in operator_config_candidates():
+        if p.is_file():
+            return OperatorConfig.load(p)
+    tried = ", ".join(str(p) for p in operator_config_candidates())
+    raise UsageError(
+        f"no operator config found (tried {tried}); run `bc serve` first or set BC_CONFIG / BC_DATA_DIR"
+    )

@@ -1,0 +1,50 @@
+"""The one error tree: who is at fault, whether a retry can help, and the exit code.
+
+    BcError                      exit 1   (our fault, or the world's)
+    ├── UsageError               exit 2   the operator's input is wrong; nothing was changed
+    ├── NotFound                 exit 3   a named node, reservation or token does not exist
+    ├── Conflict                 exit 4   the request contradicts stored state (no capacity, token used)
+    ├── Unavailable              exit 5   a peer or the store cannot be reached; a retry may help
+    ├── Unauthenticated          exit 6   identity, certificate or token refused
+    └── ProtocolError            exit 7   a peer broke the contract ("can't handle X in state Y")
+
+The CLI prints `error: <message>` and exits with the code; `--debug` adds the
+traceback. The Admin API carries the class as a gRPC status code (see
+`bc.wire.status`).
+"""
+
+from __future__ import annotations
+
+
+class BcError(Exception):
+    exit_code = 1
+    retryable = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(BcError):
+    exit_code = 2
+
+
+class NotFound(BcError):
+    exit_code = 3
+
+
+class Conflict(BcError):
+    exit_code = 4
+
+
+class Unavailable(BcError):
+    exit_code = 5
+    retryable = True
+
+
+class Unauthenticated(BcError):
+    exit_code = 6
+
+
+class ProtocolError(BcError):
+    exit_code = 7

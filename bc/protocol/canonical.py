@@ -1,0 +1,69 @@
+"""Canonical JSON and spec hashing.
+
+A NodeSpec is stored as protobuf JSON with sorted keys and no insignificant
+whitespace; two specs are the same desired state exactly when their canonical
+JSON is byte-equal, which is what lets the generation rise only on a real
+change. Field names are the proto names (snake_case); default values are
+omitted, so an empty section and an absent one are the same spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from bc.protocol.pb import spec_pb2
+
+SECTIONS: tuple[str, ...] = ("host", "devices", "instances", "access", "telemetry", "daemon", "site")
+"""The NodeSpec sections, in the order the agent converges them."""
+
+
+class SpecError(ValueError):
+    """A spec or section that does not parse."""
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, compact separators, UTF-8 kept as is."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def message_to_dict(msg: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(msg, preserving_proto_field_name=True)
+
+
+def spec_to_canonical(spec: spec_pb2.NodeSpec) -> str:
+    return canonical_json(message_to_dict(spec))
+
+
+def spec_from_json(text: str) -> spec_pb2.NodeSpec:
+    spec = spec_pb2.NodeSpec()
+    try:
+        json_format.Parse(text or "{}", spec)
+    except (json_format.ParseError, ValueError) as e:
+        raise SpecError(f"the spec does not parse: {e}") from None
+    return spec
+
+
+def section_from_json(section: str, text: str) -> Message:
+    """Parse one section's protobuf JSON; raises SpecError with one clear sentence."""
+    if section not in SECTIONS:
+        raise SpecError(f"unknown spec section {section!r}; sections are {', '.join(SECTIONS)}")
+    msg: Message = getattr(spec_pb2.NodeSpec(), section).__class__()
+    try:
+        json_format.Parse(text, msg)
+    except (json_format.ParseError, ValueError) as e:
+        raise SpecError(f"the {section} section does not parse: {e}") from None
+    return msg
+
+
+def spec_hash(canonical: str) -> str:
+    """`sha256:<hex>` of the canonical JSON."""
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def section_is_empty(spec: spec_pb2.NodeSpec, section: str) -> bool:
+    return not spec.HasField(section) or getattr(spec, section).ByteSize() == 0
