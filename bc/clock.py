@@ -33,4 +33,4 @@ class SystemClock:
 
 def ms(seconds: float) -> int:
     """Seconds (float) to whole milliseconds, the unit on the wire and in the store."""
-    return int(round(seconds * 1000))
+    return round(seconds * 1000)

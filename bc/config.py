@@ -113,6 +113,4 @@ def find_operator_config() -> OperatorConfig:
         if p.is_file():
             return OperatorConfig.load(p)
     tried = ", ".join(str(p) for p in operator_config_candidates())
-    raise UsageError(
-        f"no operator config found (tried {tried}); run `bc serve` first or set BC_CONFIG / BC_DATA_DIR"
-    )
+    raise UsageError(f"no operator config found (tried {tried}); run `bc serve` first or set BC_CONFIG / BC_DATA_DIR")

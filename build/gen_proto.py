@@ -29,8 +29,8 @@ def _rewrite(text: str) -> str:
 
 
 def generate() -> dict[str, str]:
-    from grpc_tools import protoc  # type: ignore[import-untyped]
     import grpc_tools
+    from grpc_tools import protoc  # type: ignore[import-untyped]
 
     include = str(Path(grpc_tools.__file__).parent / "_proto")
     files = sorted(str(p.relative_to(PROTO_DIR)) for p in (PROTO_DIR / "bc" / "v1").glob("*.proto"))
@@ -44,6 +44,8 @@ def generate() -> dict[str, str]:
                 f"--python_out={tmp}",
                 f"--pyi_out={tmp}",
                 f"--grpc_python_out={tmp}",
+                f"--plugin=protoc-gen-mypy_grpc={Path(sys.executable).parent / 'protoc-gen-mypy_grpc'}",
+                f"--mypy_grpc_out={tmp}",
                 *files,
             ]
         )
@@ -51,6 +53,11 @@ def generate() -> dict[str, str]:
             raise SystemExit(f"protoc failed with exit code {rc}")
         for p in sorted((Path(tmp) / "bc" / "v1").iterdir()):
             if p.suffix not in (".py", ".pyi"):
+                continue
+            if p.name.endswith("_pb2_grpc.pyi"):
+                text = _rewrite(p.read_text())
+                if "Stub" in text:  # files without services get no stub module
+                    out[f"wire/{p.name}"] = HEADER + text
                 continue
             text = _rewrite(p.read_text())
             if p.name.endswith("_pb2_grpc.py"):

@@ -16,14 +16,15 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from bc.errors import UsageError
 from bc.protocol.pb import spec_pb2
 
 SECTIONS: tuple[str, ...] = ("host", "devices", "instances", "access", "telemetry", "daemon", "site")
 """The NodeSpec sections, in the order the agent converges them."""
 
 
-class SpecError(ValueError):
-    """A spec or section that does not parse."""
+class SpecError(UsageError):
+    """A spec or section that does not parse: the operator's input, so nothing is stored."""
 
 
 def canonical_json(value: Any) -> str:

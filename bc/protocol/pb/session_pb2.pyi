@@ -85,7 +85,7 @@ class GatewayMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., revocation: _Optional[_Union[RevocationNotice, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "boot_id", "journal_id", "applied_generation", "capabilities", "inventory_hash", "unacked_results", "running_command_ids", "role", "agent_version", "applied_spec_hash", "incarnation_id")
+    __slots__ = ("node_id", "boot_id", "journal_id", "applied_generation", "capabilities", "inventory_hash", "unacked_results", "running_command_ids", "role", "agent_version", "applied_spec_hash", "incarnation_id", "inventory")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class Hello(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
+    INVENTORY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     boot_id: str
     journal_id: str
@@ -110,21 +111,24 @@ class Hello(_message.Message):
     agent_version: str
     applied_spec_hash: str
     incarnation_id: str
-    def __init__(self, node_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., applied_generation: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., inventory_hash: _Optional[str] = ..., unacked_results: _Optional[_Iterable[_Union[CommandUpdate, _Mapping]]] = ..., running_command_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., agent_version: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., incarnation_id: _Optional[str] = ...) -> None: ...
+    inventory: _common_pb2.Inventory
+    def __init__(self, node_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., applied_generation: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., inventory_hash: _Optional[str] = ..., unacked_results: _Optional[_Iterable[_Union[CommandUpdate, _Mapping]]] = ..., running_command_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., agent_version: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("server_time_ms", "session_epoch", "heartbeat_interval_ms", "trust", "gateway_id")
+    __slots__ = ("server_time_ms", "session_epoch", "heartbeat_interval_ms", "trust", "gateway_id", "inventory_hash")
     SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     SESSION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     TRUST_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    INVENTORY_HASH_FIELD_NUMBER: _ClassVar[int]
     server_time_ms: int
     session_epoch: int
     heartbeat_interval_ms: int
     trust: _common_pb2.TrustBundle
     gateway_id: str
-    def __init__(self, server_time_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., gateway_id: _Optional[str] = ...) -> None: ...
+    inventory_hash: str
+    def __init__(self, server_time_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., gateway_id: _Optional[str] = ..., inventory_hash: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("applied_generation", "server_time_ms")

@@ -1,0 +1,45 @@
+# bc: `make demo` runs a local lab, `make test` runs the tests. Both set up .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test test-fast lint proto check bench smoke clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m bc.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not e2e"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(PY) build/gen_proto.py --check
+
+proto: $(STAMP)
+	$(PY) build/gen_proto.py
+
+check: lint test
+
+bench: $(STAMP)
+	$(PY) -m bench.run
+
+smoke: $(STAMP)
+	$(PY) ../shared/checks/smoke.py .
+
+clean:
+	rm -rf $(VENV) .demo dist build/out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,286 @@
+"""CDI spec files for device holds: render, validate, write atomically, read back.
+
+A hold is one CDI spec file per allocation, `bc-<allocation id>.json`, in the
+CDI directory (`/etc/cdi`). Container runtimes read it to inject the devices,
+and the devices converger reads it back on every pass: the files, not the
+agent's memory, say what the node holds, so a restart or a crash between two
+writes never loses or invents a hold. Each device's CDI name is its atom id
+with `/` as `_`; the real id rides in the device annotation
+`bc.dev/device-id`. Every document is checked against the CDI JSON schema
+(bundled in `cdi_schema/`, Apache-2.0) and the CDI name rules before it is
+written, so a runtime never meets a spec it rejects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft7Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT7
+
+from bc.protocol.atoms import CDI_KIND, Atom, cdi_name, infer_atom
+
+log = logging.getLogger(__name__)
+
+CDI_VERSION = "0.6.0"
+ANN_DEVICE_ID = "bc.dev/device-id"
+ANN_ALLOCATION_ID = "bc.dev/allocation-id"
+ANN_RESERVATION_ID = "bc.dev/reservation-id"
+ANN_BINDING = "bc.dev/binding"
+BINDING_KUBERNETES = "kubernetes"
+
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+ENV_ALLOCATION_ID = "BC_ALLOCATION_ID"
+ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
+RESERVED_ENV = frozenset({ENV_VISIBLE_DEVICES, ENV_ALLOCATION_ID, ENV_MPS_PIPE})
+"""Keys the agent sets itself; an assignment's extra env may not override them."""
+
+SPEC_PREFIX = "bc-"
+SPEC_SUFFIX = ".json"
+TMP_PREFIX = ".bc-tmp-"
+
+_ALLOCATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+_VENDOR = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_CLASS = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
+
+
+class CdiError(ValueError):
+    """A CDI document the agent would write does not validate (a bug, never the operator's input)."""
+
+
+@dataclass(frozen=True)
+class ResolvedDevice:
+    """An atom resolved against the live inventory: what the driver calls it, and its GPU's index."""
+
+    atom: Atom
+    visible_id: str  # the MIG-… UUID for a MIG instance, else the GPU UUID
+    gpu_index: int
+
+
+@dataclass(frozen=True)
+class HeldSpec:
+    """A hold read back from the CDI directory."""
+
+    allocation_id: str
+    reservation_id: str
+    kubernetes: bool
+    atoms: tuple[Atom, ...]
+    doc: dict[str, Any]
+    path: Path
+
+
+def valid_allocation_id(allocation_id: str) -> bool:
+    """Allocation ids become file names, so only a safe alphabet (no `/`, no leading dot)."""
+    return _ALLOCATION_ID.fullmatch(allocation_id) is not None
+
+
+def check_env_line(line: str) -> str | None:
+    """Why an extra env line is refused, or None: KEY=VALUE, no line breaks, no reserved key."""
+    key, sep, value = line.partition("=")
+    if not sep or not _ENV_KEY.fullmatch(key):
+        return f"env line {line!r} is not KEY=VALUE"
+    if any(c in value for c in "\n\r\0"):
+        return f"env {key} has a line break or NUL in its value"
+    if key in RESERVED_ENV:
+        return f"env {key} is set by the agent and cannot be overridden"
+    return None
+
+
+def spec_path(cdi_dir: Path, allocation_id: str) -> Path:
+    return cdi_dir / f"{SPEC_PREFIX}{allocation_id}{SPEC_SUFFIX}"
+
+
+def env_path(env_dir: Path, allocation_id: str) -> Path:
+    return env_dir / f"{allocation_id}.env"
+
+
+def env_lines(
+    allocation_id: str,
+    devices: Sequence[ResolvedDevice],
+    *,
+    kubernetes: bool,
+    extra_env: Sequence[str] = (),
+    mps_pipe_dir: str | None = None,
+) -> list[str]:
+    """The hold's environment: what the driver should see (a GPU once, however many slots), who we are.
+
+    A Kubernetes hold gets no NVIDIA_VISIBLE_DEVICES: the kubelet's device
+    plugin hands a pod part of it and sets its own.
+    """
+    lines: list[str] = []
+    if not kubernetes:
+        visible: list[str] = []
+        for d in devices:
+            if d.visible_id not in visible:
+                visible.append(d.visible_id)
+        lines.append(f"{ENV_VISIBLE_DEVICES}={','.join(visible)}")
+    lines.append(f"{ENV_ALLOCATION_ID}={allocation_id}")
+    if mps_pipe_dir and any(d.atom.device_class == "gpu.slot" for d in devices):
+        lines.append(f"{ENV_MPS_PIPE}={mps_pipe_dir}")
+    lines.extend(extra_env)
+    return lines
+
+
+def render_spec(
+    allocation_id: str,
+    reservation_id: str,
+    devices: Sequence[ResolvedDevice],
+    env: Sequence[str],
+    *,
+    kubernetes: bool,
+) -> dict[str, Any]:
+    """The CDI document of a hold: one device per atom, the env at spec level.
+
+    Devices carry no env of their own; each names its GPU's device node, since
+    CDI runtimes refuse a device with no edits at all.
+    """
+    annotations = {ANN_ALLOCATION_ID: allocation_id, ANN_RESERVATION_ID: reservation_id}
+    if kubernetes:
+        annotations[ANN_BINDING] = BINDING_KUBERNETES
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": CDI_KIND,
+        "annotations": annotations,
+        "devices": [
+            {
+                "name": cdi_name(d.atom.atom_id),
+                "annotations": {ANN_DEVICE_ID: d.atom.atom_id},
+                "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{d.gpu_index}"}]},
+            }
+            for d in devices
+        ],
+        "containerEdits": {"env": list(env)},
+    }
+
+
+@cache
+def _validator() -> Any:
+    folder = resources.files(__package__ or "agent.converge").joinpath("cdi_schema")
+    schema = json.loads(folder.joinpath("schema.json").read_text("utf-8"))
+    defs = json.loads(folder.joinpath("defs.json").read_text("utf-8"))
+    registry: Registry[Any] = Registry().with_resource(
+        "defs.json", Resource.from_contents(defs, default_specification=DRAFT7)
+    )
+    return Draft7Validator(schema, registry=registry)
+
+
+def validate_spec(doc: dict[str, Any]) -> None:
+    """Raise CdiError unless the document passes the CDI schema and the CDI name rules."""
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise CdiError(f"CDI spec fails the schema at {where}: {e.message}")
+    kind = doc["kind"]
+    vendor, slash, cls = kind.partition("/")
+    if not slash or "/" in cls or not _VENDOR.fullmatch(vendor) or not _CLASS.fullmatch(cls):
+        raise CdiError(f"CDI kind {kind!r} is not vendor.domain/class")
+    names = [d["name"] for d in doc["devices"]]
+    for name in names:
+        if not _NAME.fullmatch(name):
+            raise CdiError(f"CDI device name {name!r} breaks the CDI name rules")
+    if len(set(names)) != len(names):
+        raise CdiError("CDI device names repeat")
+
+
+def read_holds(cdi_dir: Path) -> dict[str, HeldSpec]:
+    """Every hold in the CDI directory, by allocation id (files that are not ours are ignored)."""
+    holds: dict[str, HeldSpec] = {}
+    if not cdi_dir.is_dir():
+        return holds
+    for path in sorted(cdi_dir.glob(f"{SPEC_PREFIX}*{SPEC_SUFFIX}")):
+        try:
+            held = _parse_hold(path)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("event=cdi.unreadable path=%s error=%r", path, str(e))
+            continue
+        holds[held.allocation_id] = held
+    return holds
+
+
+def _parse_hold(path: Path) -> HeldSpec:
+    doc = json.loads(path.read_text("utf-8"))
+    if not isinstance(doc, dict) or doc.get("kind") != CDI_KIND:
+        raise ValueError("not a bc.dev/gpu CDI spec")
+    annotations = doc.get("annotations") or {}
+    stem = path.name[len(SPEC_PREFIX) : -len(SPEC_SUFFIX)]
+    allocation_id = str(annotations.get(ANN_ALLOCATION_ID, stem))
+    if allocation_id != stem:
+        raise ValueError(f"the file names allocation {stem!r} but its annotation says {allocation_id!r}")
+    atoms = tuple(infer_atom(str(d["annotations"][ANN_DEVICE_ID])) for d in doc["devices"])
+    return HeldSpec(
+        allocation_id=allocation_id,
+        reservation_id=str(annotations.get(ANN_RESERVATION_ID, "")),
+        kubernetes=annotations.get(ANN_BINDING) == BINDING_KUBERNETES,
+        atoms=atoms,
+        doc=doc,
+        path=path,
+    )
+
+
+def spec_bytes(doc: dict[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def env_bytes(lines: Sequence[str]) -> bytes:
+    return "".join(f"{line}\n" for line in lines).encode()
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write a whole file or nothing: temp file in the same directory, fsync, rename, fsync the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def remove_file(path: Path) -> bool:
+    """Remove a file and make the removal durable; False when it was already gone."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    fsync_dir(path.parent)
+    return True
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(directory: Path) -> None:
+    """Temp files a crash left behind mid-write (ours only: they carry our prefix)."""
+    for tmp in directory.glob(f"{TMP_PREFIX}*"):
+        try:
+            tmp.unlink()
+        except OSError:
+            pass

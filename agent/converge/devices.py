@@ -1,0 +1,377 @@
+"""The devices converger: device assignments become CDI holds on this node.
+
+Each pass reads the holds back from the CDI directory (the files are the
+truth, not memory), releases the held assignments no longer desired, then
+binds the desired ones in order: already-held ones first, so a hold that
+shrinks frees its atoms before new holds are checked against them. Deciding
+is a pure function (`plan`); the converger only does the file I/O it asks
+for, off the event loop.
+
+An assignment the node cannot honor fails terminally at that generation with
+a reason (`overlap`, `device-missing`, `unsupported-binding`,
+`unsupported-device`, `invalid-assignment`) while the others still bind. A
+file write that fails is retryable: the section stays PROGRESSING. The node
+never drops an assignment on its own: a held hold whose device vanished
+from the inventory is kept as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.message import Message
+
+from agent.converge import cdi
+from agent.converge.run import CONVERGED, FAILED, SectionResult
+from agent.hw.base import HardwareBackend
+from bc.protocol.atoms import (
+    DEVICE_CLASSES,
+    GPU_MIG,
+    Atom,
+    atoms_conflict,
+    cdi_qualified,
+    parse_atom,
+)
+from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
+
+log = logging.getLogger(__name__)
+
+Report = session_pb2.AllocationReport
+
+OVERLAP = "overlap"
+DEVICE_MISSING = "device-missing"
+UNSUPPORTED_BINDING = "unsupported-binding"
+UNSUPPORTED_DEVICE = "unsupported-device"
+INVALID_ASSIGNMENT = "invalid-assignment"
+REASON_FAILED = "AllocationFailed"
+REASON_WRITE_FAILED = "WriteFailed"
+DEFAULT_MPS_PIPE_DIR = Path("/run/nvidia-mps")
+
+_BINDINGS = (spec_pb2.BINDING_UNSPECIFIED, spec_pb2.BINDING_HOLD, spec_pb2.BINDING_KUBERNETES)
+
+
+class Refused(Exception):
+    """An assignment this node cannot honor; `reason` is the AllocationFailed reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+# The plan: what one pass should do, in order.
+
+
+@dataclass(frozen=True)
+class Release:
+    held: cdi.HeldSpec
+
+
+@dataclass(frozen=True)
+class Bind:
+    """Write a new (or changed) hold and report it BOUND."""
+
+    assignment: spec_pb2.DeviceAssignment
+    doc: dict[str, Any]
+    env: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Refresh:
+    """An assignment already held as it is: rewrite only what drifted (env file, env lines), silently."""
+
+    assignment: spec_pb2.DeviceAssignment
+    held: cdi.HeldSpec
+    doc: dict[str, Any] | None  # None: a device is gone from the inventory; keep the hold untouched
+    env: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Fail:
+    assignment: spec_pb2.DeviceAssignment
+    reason: str
+    message: str
+
+
+Action = Release | Bind | Refresh | Fail
+
+
+def resolve(atom: Atom, inventory: common_pb2.Inventory) -> cdi.ResolvedDevice:
+    """The device an atom names on this node, or Refused(device-missing)."""
+    for gpu in inventory.gpus:
+        if gpu.uuid != atom.gpu_uuid:
+            continue
+        if atom.device_class == GPU_MIG:
+            gi, ci = atom.numbers
+            for m in gpu.mig_instances:
+                if m.gi == gi and m.ci == ci and m.uuid:
+                    return cdi.ResolvedDevice(atom, m.uuid, gpu.index)
+            raise Refused(DEVICE_MISSING, f"GPU {gpu.uuid} has no MIG instance gi={gi} ci={ci}")
+        return cdi.ResolvedDevice(atom, gpu.uuid, gpu.index)
+    raise Refused(DEVICE_MISSING, f"no GPU {atom.gpu_uuid} on this node")
+
+
+def check_assignment(a: spec_pb2.DeviceAssignment) -> list[Atom]:
+    """The assignment's atoms, or Refused for what no inventory could change."""
+    if not cdi.valid_allocation_id(a.allocation_id):
+        raise Refused(INVALID_ASSIGNMENT, f"allocation id {a.allocation_id!r} is not a safe file name")
+    if a.binding not in _BINDINGS:
+        raise Refused(UNSUPPORTED_BINDING, f"binding {a.binding} is not HOLD or KUBERNETES")
+    if not a.devices:
+        raise Refused(INVALID_ASSIGNMENT, "the assignment names no devices")
+    for line in a.env:
+        problem = cdi.check_env_line(line)
+        if problem:
+            raise Refused(INVALID_ASSIGNMENT, problem)
+    atoms: list[Atom] = []
+    for ref in a.devices:
+        if ref.device_class not in DEVICE_CLASSES:
+            raise Refused(UNSUPPORTED_DEVICE, f"device class {ref.device_class!r} is not one of gpu, gpu.mig, gpu.slot")
+        try:
+            atoms.append(parse_atom(ref.device_class, ref.atom_id))
+        except ValueError as e:
+            raise Refused(DEVICE_MISSING, str(e)) from None
+    for i, x in enumerate(atoms):
+        for y in atoms[i + 1 :]:
+            if atoms_conflict(x, y):
+                raise Refused(OVERLAP, f"{x.atom_id} and {y.atom_id} overlap within the assignment")
+    return atoms
+
+
+def plan(
+    assignments: Sequence[spec_pb2.DeviceAssignment],
+    held: Mapping[str, cdi.HeldSpec],
+    inventory: common_pb2.Inventory,
+    *,
+    mps_pipe_dir: str | None = None,
+) -> list[Action]:
+    """Releases (by allocation id), then each desired assignment: held ones first, then new ones."""
+    wanted = {a.allocation_id for a in assignments}
+    actions: list[Action] = [Release(h) for aid, h in sorted(held.items()) if aid not in wanted]
+    committed: dict[str, tuple[Atom, ...]] = {aid: h.atoms for aid, h in held.items() if aid in wanted}
+    ordered = [a for a in assignments if a.allocation_id in held] + [
+        a for a in assignments if a.allocation_id not in held
+    ]
+    seen: set[str] = set()
+    for a in ordered:
+        if a.allocation_id in seen:
+            actions.append(Fail(a, INVALID_ASSIGNMENT, f"allocation {a.allocation_id} is assigned twice"))
+            continue
+        seen.add(a.allocation_id)
+        try:
+            actions.append(_decide(a, held.get(a.allocation_id), inventory, committed, mps_pipe_dir))
+        except Refused as r:
+            actions.append(Fail(a, r.reason, r.message))
+    return actions
+
+
+def _decide(
+    a: spec_pb2.DeviceAssignment,
+    held: cdi.HeldSpec | None,
+    inventory: common_pb2.Inventory,
+    committed: dict[str, tuple[Atom, ...]],
+    mps_pipe_dir: str | None,
+) -> Action:
+    atoms = check_assignment(a)
+    kubernetes = a.binding == spec_pb2.BINDING_KUBERNETES
+    same = (
+        held is not None
+        and held.atoms == tuple(atoms)
+        and held.reservation_id == a.reservation_id
+        and held.kubernetes == kubernetes
+    )
+    try:
+        devices = [resolve(atom, inventory) for atom in atoms]
+    except Refused:
+        if same and held is not None:
+            return Refresh(a, held, None, ())  # never drop a hold on our own
+        raise
+    if not same:
+        for atom in atoms:
+            for other_id, other_atoms in sorted(committed.items()):
+                if other_id == a.allocation_id:
+                    continue
+                for other in other_atoms:
+                    if atoms_conflict(atom, other):
+                        raise Refused(OVERLAP, f"{atom.atom_id} overlaps {other.atom_id} held by {other_id}")
+    env = cdi.env_lines(
+        a.allocation_id, devices, kubernetes=kubernetes, extra_env=list(a.env), mps_pipe_dir=mps_pipe_dir
+    )
+    doc = cdi.render_spec(a.allocation_id, a.reservation_id, devices, env, kubernetes=kubernetes)
+    cdi.validate_spec(doc)
+    if same and held is not None:
+        return Refresh(a, held, doc, tuple(env))
+    committed[a.allocation_id] = tuple(atoms)
+    return Bind(a, doc, tuple(env))
+
+
+class DevicesConverger:
+    """Converges the `devices` section into `<cdi_dir>/bc-<id>.json` and `<env_dir>/<id>.env`."""
+
+    section: str = "devices"
+
+    def __init__(
+        self,
+        cdi_dir: Path,
+        env_dir: Path,
+        hw: HardwareBackend,
+        node_id: str,
+        *,
+        mps_pipe_dir: Path = DEFAULT_MPS_PIPE_DIR,
+    ) -> None:
+        self.cdi_dir = cdi_dir
+        self.env_dir = env_dir
+        self.hw = hw
+        self.node_id = node_id
+        self.mps_pipe_dir = mps_pipe_dir
+        self._failed_reported: set[tuple[str, int]] = set()
+
+    async def converge(self, desired: Message, generation: int) -> SectionResult:
+        if not isinstance(desired, spec_pb2.DevicesSection):
+            raise TypeError(f"the devices converger got a {type(desired).__name__}")
+        inventory = await asyncio.to_thread(self.hw.inventory)
+        held, mps = await asyncio.to_thread(self._scan)
+        actions = plan(list(desired.assignments), held, inventory, mps_pipe_dir=mps)
+        self._failed_reported = {k for k in self._failed_reported if k[1] == generation}
+
+        events: list[Report] = []
+        failures: list[str] = []
+        write_errors: list[str] = []
+        released: set[str] = set()
+        bound: set[str] = set()
+        unreleased: list[Atom] = []
+        for action in actions:
+            if isinstance(action, Fail):
+                a = action.assignment
+                failures.append(f"{a.allocation_id}: {action.reason} ({action.message})")
+                key = (a.allocation_id, generation)
+                if key not in self._failed_reported:
+                    self._failed_reported.add(key)
+                    events.append(
+                        self._report(
+                            a.allocation_id,
+                            a.reservation_id,
+                            generation,
+                            Report.FAILED,
+                            reason=action.reason,
+                            message=action.message,
+                        )
+                    )
+                    log.warning(
+                        "event=allocation.failed allocation=%s reason=%s message=%r",
+                        a.allocation_id,
+                        action.reason,
+                        action.message,
+                    )
+                continue
+            if isinstance(action, Bind) and _conflicts_with(action, unreleased):
+                # A release this pass could not finish still holds these atoms: binding now would double-book.
+                write_errors.append(f"{action.assignment.allocation_id}: waits for a release that failed")
+                continue
+            try:
+                await asyncio.to_thread(self._apply, action)
+            except OSError as e:
+                if isinstance(action, Release):
+                    unreleased.extend(action.held.atoms)
+                write_errors.append(f"{_allocation_of(action)}: {e}")
+                log.warning("event=allocation.write_failed allocation=%s error=%r", _allocation_of(action), str(e))
+                continue
+            if isinstance(action, Release):
+                released.add(action.held.allocation_id)
+                r = self._report(action.held.allocation_id, action.held.reservation_id, generation, Report.RELEASED)
+                r.cdi_devices.extend(cdi_qualified(x.atom_id) for x in action.held.atoms)
+                events.append(r)
+            elif isinstance(action, Bind):
+                a = action.assignment
+                bound.add(a.allocation_id)
+                r = self._report(a.allocation_id, a.reservation_id, generation, Report.BOUND)
+                r.cdi_devices.extend(cdi_qualified(ref.atom_id) for ref in a.devices)
+                events.append(r)
+        keep = (set(held) - released) | bound
+        await asyncio.to_thread(self._remove_orphan_env_files, keep)
+
+        if write_errors:
+            return SectionResult(FAILED, REASON_WRITE_FAILED, "; ".join(write_errors), events, terminal=False)
+        if failures:
+            return SectionResult(FAILED, REASON_FAILED, "; ".join(failures), events, terminal=True)
+        return SectionResult(CONVERGED, events=events)
+
+    def _report(
+        self,
+        allocation_id: str,
+        reservation_id: str,
+        generation: int,
+        kind: Any,
+        *,
+        reason: str = "",
+        message: str = "",
+    ) -> Report:
+        return Report(
+            node_id=self.node_id,
+            allocation_id=allocation_id,
+            reservation_id=reservation_id,
+            kind=kind,
+            generation=generation,
+            reason=reason,
+            message=message,
+        )
+
+    # Blocking file I/O below: called through asyncio.to_thread only.
+
+    def _scan(self) -> tuple[dict[str, cdi.HeldSpec], str | None]:
+        for d in (self.cdi_dir, self.env_dir):
+            d.mkdir(parents=True, exist_ok=True)
+            cdi.remove_stale_temps(d)
+        mps = str(self.mps_pipe_dir) if self.mps_pipe_dir.is_dir() else None
+        return cdi.read_holds(self.cdi_dir), mps
+
+    def _apply(self, action: Action) -> None:
+        if isinstance(action, Release):
+            # The CDI file is the hold: once it is gone the release happened. An env file left behind
+            # (a crash, a failed unlink) is an orphan the end of every pass removes.
+            cdi.remove_file(action.held.path)
+            try:
+                cdi.remove_file(cdi.env_path(self.env_dir, action.held.allocation_id))
+            except OSError as e:
+                log.warning("event=allocation.env_remove_failed allocation=%s error=%r", action.held.allocation_id, e)
+        elif isinstance(action, Bind):
+            # The env file first: the CDI file commits the hold, and the hold's env is then already there.
+            aid = action.assignment.allocation_id
+            cdi.atomic_write(cdi.env_path(self.env_dir, aid), cdi.env_bytes(action.env))
+            cdi.atomic_write(cdi.spec_path(self.cdi_dir, aid), cdi.spec_bytes(action.doc))
+        elif isinstance(action, Refresh) and action.doc is not None:
+            aid = action.assignment.allocation_id
+            env_file = cdi.env_path(self.env_dir, aid)
+            want = cdi.env_bytes(action.env)
+            try:
+                have: bytes | None = env_file.read_bytes()
+            except FileNotFoundError:
+                have = None
+            if have != want:
+                cdi.atomic_write(env_file, want)
+            if action.held.doc != action.doc:
+                cdi.atomic_write(action.held.path, cdi.spec_bytes(action.doc))
+
+    def _remove_orphan_env_files(self, keep: set[str]) -> None:
+        """Env files of holds that no longer exist (a crash between the two removals of a release)."""
+        for f in self.env_dir.glob("*.env"):
+            aid = f.name.removesuffix(".env")
+            if aid not in keep and cdi.valid_allocation_id(aid):
+                try:
+                    cdi.remove_file(f)
+                except OSError as e:
+                    log.warning("event=allocation.env_orphan path=%s error=%r", f, str(e))
+
+
+def _conflicts_with(action: Bind, atoms: Sequence[Atom]) -> bool:
+    mine = [parse_atom(ref.device_class, ref.atom_id) for ref in action.assignment.devices]
+    return any(atoms_conflict(x, y) for x in mine for y in atoms)
+
+
+def _allocation_of(action: Action) -> str:
+    return action.held.allocation_id if isinstance(action, Release) else action.assignment.allocation_id

@@ -1,0 +1,134 @@
+"""Run(): one convergence pass over every NodeSpec section, in order.
+
+The reference's rule: `observed_generation` advances to a spec's generation
+only when every section has converged or failed terminally. A retryable
+failure keeps its section PROGRESSING and the next pass tries again. A
+section this agent has no converger for converges trivially when empty and
+is UNSUPPORTED (terminal) otherwise, so one unknown section never holds back
+the rest of the spec. The settling rule is the pure `is_settled`, kept apart
+so it can be tested on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from google.protobuf.message import Message
+
+from bc.protocol.canonical import SECTIONS, section_is_empty
+from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
+
+log = logging.getLogger(__name__)
+
+CONVERGED = common_pb2.CONVERGED
+PROGRESSING = common_pb2.PROGRESSING
+FAILED = common_pb2.FAILED
+UNSUPPORTED = common_pb2.UNSUPPORTED
+
+REASON_UNSUPPORTED = "SectionUnsupported"
+REASON_CONVERGER_ERROR = "ConvergerError"
+
+
+@dataclass
+class SectionResult:
+    """What one converger pass over one section came to.
+
+    FAILED with `terminal=True` is done for this generation (it counts as
+    settled); FAILED with `terminal=False` is a retryable failure, reported
+    as PROGRESSING with its reason and tried again on the next pass.
+    `events` are the allocation reports the pass produced, to be journaled.
+    """
+
+    state: common_pb2.SectionState
+    reason: str = ""
+    message: str = ""
+    events: list[session_pb2.AllocationReport] = field(default_factory=list)
+    terminal: bool = False
+
+    @property
+    def reported_state(self) -> common_pb2.SectionState:
+        """The state on the wire: a retryable FAILED is PROGRESSING."""
+        if self.state == FAILED and not self.terminal:
+            return PROGRESSING
+        return self.state
+
+
+class Converger(Protocol):
+    section: str
+
+    async def converge(self, desired: Message, generation: int) -> SectionResult: ...
+
+
+@dataclass
+class RunOutcome:
+    """A pass's statuses (one per section, in order), its events, and whether the generation is observed."""
+
+    statuses: list[common_pb2.SectionStatus]
+    events: list[session_pb2.AllocationReport]
+    observed: bool
+
+
+def is_settled(results: Iterable[SectionResult]) -> bool:
+    """Whether a pass's results let observed_generation advance.
+
+    Settled: every section CONVERGED, UNSUPPORTED, or FAILED terminally.
+    Anything else (PROGRESSING, a retryable FAILED, an unset state) is not.
+    """
+    for r in results:
+        if r.state in (CONVERGED, UNSUPPORTED):
+            continue
+        if r.state == FAILED and r.terminal:
+            continue
+        return False
+    return True
+
+
+def field_number(section: str) -> int:
+    """The section's field number in NodeSpec (what SectionUnsupported names)."""
+    return int(spec_pb2.NodeSpec.DESCRIPTOR.fields_by_name[section].number)
+
+
+async def converge_section(
+    spec: spec_pb2.NodeSpec, section: str, generation: int, converger: Converger | None
+) -> SectionResult:
+    """One section's result: its converger's (errors become retryable), or the no-converger rule."""
+    desired: Message = getattr(spec, section)
+    if converger is None:
+        if section_is_empty(spec, section):
+            return SectionResult(CONVERGED)
+        return SectionResult(
+            UNSUPPORTED,
+            reason=REASON_UNSUPPORTED,
+            message=f"no converger for section {section} (NodeSpec field {field_number(section)})",
+            terminal=True,
+        )
+    try:
+        # Called even when the section is empty: an empty devices section must release every hold.
+        return await converger.converge(desired, generation)
+    except Exception as e:
+        log.warning("event=converge.error section=%s generation=%d error=%r", section, generation, str(e))
+        return SectionResult(PROGRESSING, reason=REASON_CONVERGER_ERROR, message=f"{type(e).__name__}: {e}")
+
+
+async def run(spec: spec_pb2.NodeSpec, generation: int, convergers: Mapping[str, Converger]) -> RunOutcome:
+    """One pass over every section in `SECTIONS` order."""
+    results: list[SectionResult] = []
+    statuses: list[common_pb2.SectionStatus] = []
+    events: list[session_pb2.AllocationReport] = []
+    for section in SECTIONS:
+        result = await converge_section(spec, section, generation, convergers.get(section))
+        results.append(result)
+        events.extend(result.events)
+        statuses.append(
+            common_pb2.SectionStatus(
+                section=section,
+                state=result.reported_state,
+                generation=generation,
+                reason=result.reason,
+                message=result.message,
+            )
+        )
+    return RunOutcome(statuses=statuses, events=events, observed=is_settled(results))

@@ -1,0 +1,412 @@
+"""`bc node`: the agent. One asyncio process per host.
+
+Two loops share the agent's state:
+
+* the session loop dials the gateway over mutual TLS, runs one session at a
+  time through the I/O-free core, and redials with full-jitter back-off
+  (0–1 s, doubling to 60 s);
+* the converge loop applies the spec held in the journal, section by section,
+  on every new spec and every 10 s (the drift pass, which also re-reads the
+  holds from the CDI directory), journals what it observed, and hands the
+  session the newest status report (latest wins).
+
+The spec is enforced from the journal whether or not a gateway is reachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import random
+import secrets
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from agent import session_core as sc
+from agent.converge.devices import DevicesConverger
+from agent.converge.run import Converger, run
+from agent.hw import open_backend
+from agent.hw.base import HardwareBackend, inventory_hash
+from agent.identity import Identity
+from agent.journal import Journal, StoredSpec
+from bc import __version__
+from bc.clock import Clock, SystemClock
+from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
+from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.wire.link import GrpcClientLink, Link, LinkClosed
+from bc.wire.stubs import session_pb2_grpc
+from bc.wire.tls import channel_credentials
+
+log = logging.getLogger("agent")
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 60.0
+DRIFT_PASS_S = 10.0
+
+
+@dataclass
+class AgentOptions:
+    data_dir: Path
+    fake_hw: str | None = None
+    cdi_dir: Path | None = None
+    env_dir: Path | None = None
+    heartbeat_interval_s: float | None = None
+
+
+def backoff_delay(attempt: int, rng: random.Random) -> float:
+    """Full jitter: uniform over [0, min(cap, base * 2^attempt)]."""
+    return rng.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * (2 ** min(attempt, 16))))
+
+
+class Agent:
+    def __init__(
+        self,
+        opts: AgentOptions,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        hw: HardwareBackend | None = None,
+    ) -> None:
+        self.opts = opts
+        self.clock: Clock = clock or SystemClock()
+        self.rng = rng or random.Random()
+        self.data_dir = opts.data_dir
+        self.identity = Identity.load(self.data_dir)
+        self.node_id = self.identity.node_id
+        self.hw = hw or open_backend(opts.fake_hw, self.node_id)
+        self.incarnation_id = secrets.token_hex(8)
+        self.spec_changed = asyncio.Event()
+        self.outbox_changed = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.status: session_pb2.StatusReport | None = None
+        self.status_version = 0
+        self.inventory = common_pb2.Inventory()
+        self.inventory_hash = ""
+        self.server_inventory_hash = ""
+        self.connected = asyncio.Event()
+        self.revoked_reason = ""
+
+    async def open(self) -> None:
+        self.journal = await Journal.open(self.data_dir / "journal.db", self.node_id)
+        self.stored = await self.journal.load_spec()
+        self.spec = spec_pb2.NodeSpec()
+        if self.stored is not None:
+            self.spec.ParseFromString(self.stored.full_spec)
+        self.observed_generation = await self.journal.int_meta("observed_generation")
+        self.server_inventory_hash = await self.journal.get_meta("server_inventory_hash")
+        self.time_mark_ms = max(await self.journal.int_meta("server_time_mark_ms"), self.identity.server_time_mark_ms)
+        cdi_dir = self.opts.cdi_dir or self.data_dir / "cdi"
+        env_dir = self.opts.env_dir or self.data_dir / "allocations"
+        self.convergers: dict[str, Converger] = {
+            "devices": DevicesConverger(cdi_dir, env_dir, self.hw, self.node_id),
+        }
+        self.inventory = self.hw.inventory()
+        self.inventory_hash = inventory_hash(self.inventory)
+        log.info(
+            "event=agent.started node=%s journal_id=%s applied=%d incarnation=%s hw=%s cdi_dir=%s",
+            self.node_id,
+            self.journal.journal_id,
+            self.applied_generation,
+            self.incarnation_id,
+            self.hw.describe(),
+            cdi_dir,
+        )
+
+    @property
+    def applied_generation(self) -> int:
+        return self.stored.generation if self.stored else 0
+
+    @property
+    def applied_spec_hash(self) -> str:
+        return self.stored.spec_hash if self.stored else ""
+
+    async def close(self) -> None:
+        await self.journal.close()
+
+    # -- the converge loop ---------------------------------------------
+    async def converge_once(self) -> None:
+        generation = self.applied_generation
+        outcome = await run(self.spec, generation, self.convergers)
+        if outcome.events:
+            await self.journal.append_events(
+                [
+                    (
+                        f"allocation.{session_pb2.AllocationReport.Kind.Name(r.kind).lower()}",
+                        session_pb2.RESULT
+                        if r.kind != session_pb2.AllocationReport.KIND_UNSPECIFIED
+                        else session_pb2.TRANSITION,
+                        session_pb2.NodeEvent(
+                            type=f"allocation.{session_pb2.AllocationReport.Kind.Name(r.kind).lower()}",
+                            report=session_pb2.AttestedReport(body=r.SerializeToString(deterministic=True)),
+                        ).SerializeToString(),
+                    )
+                    for r in outcome.events
+                ]
+            )
+            for r in outcome.events:
+                log.info(
+                    "event=allocation.%s allocation=%s reason=%s generation=%d",
+                    session_pb2.AllocationReport.Kind.Name(r.kind).lower(),
+                    r.allocation_id,
+                    r.reason,
+                    r.generation,
+                )
+        if outcome.observed and generation > self.observed_generation:
+            self.observed_generation = generation
+            await self.journal.set_observed(generation)
+            log.info("event=spec.observed generation=%d", generation)
+        inv = await asyncio.to_thread(self.hw.inventory)
+        self.inventory, self.inventory_hash = inv, inventory_hash(inv)
+        self.status = session_pb2.StatusReport(
+            applied_generation=generation,
+            observed_generation=self.observed_generation,
+            applied_spec_hash=self.applied_spec_hash,
+            sections=outcome.statuses,
+            inventory_hash=self.inventory_hash,
+        )
+        self.status_version += 1
+        self.outbox_changed.set()
+
+    async def converge_loop(self) -> None:
+        while not self.stopped.is_set():
+            self.spec_changed.clear()
+            try:
+                await self.converge_once()
+            except Exception:  # a converge pass must never kill the agent; the next pass retries
+                log.exception("event=converge.failed")
+            try:
+                await asyncio.wait_for(self.spec_changed.wait(), DRIFT_PASS_S)
+            except TimeoutError:
+                pass
+
+    # -- the session loop ----------------------------------------------
+    async def session_loop(self) -> None:
+        attempt = 0
+        while not self.stopped.is_set():
+            welcomed = False
+            try:
+                welcomed = await self.one_session()
+            except LinkClosed as e:
+                log.warning("event=session.ended code=%s details=%s", e.code, e.details)
+                if e.code == "UNAUTHENTICATED" and "revoked" in e.details:
+                    self.revoked_reason = e.details
+            except (OSError, grpc.aio.AioRpcError) as e:
+                log.warning("event=session.failed error=%s", e)
+            if self.revoked_reason:
+                log.error("event=agent.revoked reason=%s; not redialing with this certificate", self.revoked_reason)
+                self.stopped.set()
+                return
+            attempt = 0 if welcomed else attempt + 1
+            delay = backoff_delay(attempt, self.rng)
+            log.info("event=session.redial attempt=%d delay_s=%.2f", attempt, delay)
+            try:
+                await asyncio.wait_for(self.stopped.wait(), delay)
+            except TimeoutError:
+                pass
+
+    def _channel(self) -> grpc.aio.Channel:
+        ident = self.identity
+        creds = channel_credentials(
+            ident.read(self.data_dir, "ca"), ident.read(self.data_dir, "key"), ident.read(self.data_dir, "cert")
+        )
+        return grpc.aio.secure_channel(
+            ident.server,
+            creds,
+            options=[
+                ("grpc.keepalive_time_ms", 20_000),
+                ("grpc.keepalive_timeout_ms", 10_000),
+            ],
+        )
+
+    async def one_session(self) -> bool:
+        """Run one session to its end; True if it was welcomed (the back-off then starts over)."""
+        async with self._channel() as channel:
+            call = session_pb2_grpc.NodeSessionStub(channel).Session()
+            link: Link[GatewayMessage, NodeMessage] = GrpcClientLink(call)
+            return await SessionRunner(self, link).run()
+
+    async def run(self) -> None:
+        await self.open()
+        tasks = [
+            asyncio.create_task(self.session_loop(), name="session"),
+            asyncio.create_task(self.converge_loop(), name="converge"),
+        ]
+        try:
+            await self.stopped.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.close()
+
+
+class SessionRunner:
+    """One session: the core over a link, plus the agent's outbox (events, status)."""
+
+    def __init__(self, agent: Agent, link: Link[GatewayMessage, NodeMessage]) -> None:
+        self.agent = agent
+        self.link = link
+        a = agent
+        self.core = sc.AgentSessionCore(
+            node_id=a.node_id,
+            role=a.identity.role,
+            boot_id=a.hw.boot_id(),
+            journal_id=a.journal.journal_id,
+            incarnation_id=a.incarnation_id,
+            applied_generation=a.applied_generation,
+            applied_spec_hash=a.applied_spec_hash,
+            time_mark_ms=a.time_mark_ms,
+            capabilities=["devices.cdi"],
+            inventory_hash=a.inventory_hash,
+        )
+        self.core.applied_spec = a.spec if a.stored else None
+        self.core.inventory = a.inventory
+        self.core.server_inventory_hash = a.server_inventory_hash
+        self.sent_event_seq = 0
+        self.sent_status_version = 0
+        self.sent_inventory_hash = ""
+        self.welcomed = False
+        self.closed: sc.Close | None = None
+        self.done = asyncio.Event()
+
+    async def run(self) -> bool:
+        await self.link.send(self.core.hello(self.agent.clock.monotonic(), __version__))
+        reader = asyncio.create_task(self._read(), name="session-read")
+        writer = asyncio.create_task(self._write(), name="session-write")
+        try:
+            done, _ = await asyncio.wait(
+                {reader, writer, asyncio.create_task(self.done.wait())}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            for t in (reader, writer):
+                t.cancel()
+            await asyncio.gather(reader, writer, return_exceptions=True)
+            self.agent.connected.clear()
+        if self.closed is not None:
+            log.warning("event=session.closed reason=%s", self.closed.reason)
+            if not self.closed.redial:
+                self.agent.revoked_reason = self.closed.reason
+            await self.link.close("CANCELLED", self.closed.reason)
+        return self.welcomed
+
+    async def _read(self) -> None:
+        a = self.agent
+        while True:
+            msg = await self.link.recv()
+            if msg is None:
+                log.info("event=session.eof")
+                return
+            effects = self.core.on_message(msg, a.clock.monotonic(), int(a.clock.now() * 1000))
+            await self._apply(effects)
+            if self.closed is not None:
+                return
+
+    async def _apply(self, effects: list[sc.Effect]) -> None:
+        a = self.agent
+        for e in effects:
+            if isinstance(e, sc.Send):
+                await self.link.send(e.msg)
+            elif isinstance(e, sc.Welcomed):
+                self.welcomed = True
+                if e.inventory_hash != a.server_inventory_hash:
+                    a.server_inventory_hash = e.inventory_hash
+                    await a.journal.set_meta("server_inventory_hash", e.inventory_hash)
+                self.sent_inventory_hash = e.inventory_hash
+                a.connected.set()
+                if e.trust.ByteSize():
+                    a.identity.trust_bundle_b64 = base64.b64encode(e.trust.SerializeToString()).decode()
+                log.info(
+                    "event=session.welcomed epoch=%d offset_ms=%d heartbeat_s=%.1f",
+                    e.epoch,
+                    e.offset_ms,
+                    e.heartbeat_interval_s,
+                )
+                if a.opts.heartbeat_interval_s:
+                    self.core.heartbeat_interval_s = a.opts.heartbeat_interval_s
+                a.outbox_changed.set()
+            elif isinstance(e, sc.AdvanceTimeMark):
+                a.time_mark_ms = await a.journal.advance_time_mark(e.server_time_ms)
+                if a.time_mark_ms - a.identity.server_time_mark_ms > 60_000:
+                    a.identity.server_time_mark_ms = a.time_mark_ms
+                    await asyncio.to_thread(a.identity.save, a.data_dir)
+            elif isinstance(e, sc.AcceptSpec):
+                stored = StoredSpec(
+                    e.generation,
+                    e.spec_hash,
+                    e.body,
+                    e.signature or None,
+                    e.key_id,
+                    e.spec.SerializeToString(deterministic=True),
+                )
+                await a.journal.store_spec(stored)
+                a.stored, a.spec = stored, e.spec
+                log.info("event=spec.accepted generation=%d hash=%s", e.generation, e.spec_hash)
+                a.spec_changed.set()
+            elif isinstance(e, sc.IgnoredSpec):
+                log.info("event=spec.ignored reason=%s", e.reason)
+            elif isinstance(e, sc.AckEvents):
+                n = await a.journal.ack_events(e.upto_seq)
+                log.debug("event=events.acked upto=%d dropped=%d", e.upto_seq, n)
+            elif isinstance(e, sc.Close):
+                self.closed = e
+                self.done.set()
+
+    async def _write(self) -> None:
+        """Heartbeats, new events and the newest status, whenever the core is open."""
+        a = self.agent
+        while True:
+            await self._apply(self.core.tick(a.clock.monotonic()))
+            if self.core.state is sc.State.OPEN:
+                await self._flush_events()
+                await self._flush_status()
+            a.outbox_changed.clear()
+            try:
+                await asyncio.wait_for(a.outbox_changed.wait(), 1.0)
+            except TimeoutError:
+                pass
+
+    async def _flush_events(self) -> None:
+        events = [e for e in await self.agent.journal.unacked_events() if e.seq > self.sent_event_seq]
+        if not events:
+            return
+        batch = session_pb2.EventBatch(journal_id=self.agent.journal.journal_id)
+        for ev in events:
+            ne = session_pb2.NodeEvent()
+            ne.ParseFromString(ev.payload)
+            ne.seq = ev.seq
+            batch.events.append(ne)
+        await self.link.send(NodeMessage(event_batch=batch))
+        self.sent_event_seq = events[-1].seq
+
+    async def _flush_status(self) -> None:
+        a = self.agent
+        if a.status is None or a.status_version == self.sent_status_version:
+            return
+        rep = session_pb2.StatusReport()
+        rep.CopyFrom(a.status)
+        if a.inventory_hash != self.sent_inventory_hash:
+            rep.inventory.CopyFrom(a.inventory)
+            self.sent_inventory_hash = a.inventory_hash
+        await self.link.send(NodeMessage(status=rep))
+        self.sent_status_version = a.status_version
+
+
+async def run_agent(opts: AgentOptions) -> None:
+    from bc import logs
+
+    logs.setup("node")
+    agent = Agent(opts)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, agent.stopped.set)
+    await agent.run()
+    if agent.revoked_reason:
+        from bc.errors import Unauthenticated
+
+        raise Unauthenticated(f"this node's certificate was refused: {agent.revoked_reason}")

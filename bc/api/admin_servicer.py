@@ -1,0 +1,195 @@
+"""The Admin service: everything an operator does, behind an operator certificate."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from bc import __version__
+from bc.api.peers import peer_of
+from bc.clock import Clock
+from bc.control import identity, reservations, specs, views
+from bc.control.bus import Bus
+from bc.errors import BcError, NotFound
+from bc.pki.ca import CertificateAuthority
+from bc.protocol.pb import admin_pb2
+from bc.store import Store
+from bc.store import events as events_sql
+from bc.store import nodes as nodes_sql
+from bc.store import reservations as res_sql
+from bc.wire.status import abort_with
+from bc.wire.stubs import admin_pb2_grpc
+
+T = TypeVar("T")
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    def __init__(self, store: Store, bus: Bus, ca: CertificateAuthority, clock: Clock, gateway_id: str) -> None:
+        self.store, self.bus, self.ca, self.clock, self.gateway_id = store, bus, ca, clock, gateway_id
+
+    async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
+        try:
+            peer_of(context, self.ca.certificate, "operator")
+            return await fn()
+        except BcError as e:
+            await abort_with(context, e)
+            raise
+
+    async def CreateToken(
+        self, request: admin_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CreateTokenResponse:
+        async def go() -> admin_pb2.CreateTokenResponse:
+            t = await identity.create_token(
+                self.store,
+                self.bus,
+                self.ca,
+                self.clock,
+                request.node_id,
+                request.role or "node",
+                float(request.ttl_s or 3600),
+            )
+            return admin_pb2.CreateTokenResponse(
+                token=t.token, token_id=t.token_id, node_id=t.node_id, expires_at_ms=t.expires_at_ms
+            )
+
+        return await self._call(context, go)
+
+    async def ListNodes(
+        self, request: admin_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListNodesResponse:
+        async def go() -> admin_pb2.ListNodesResponse:
+            now_ms = await self.store.now_ms()
+            async with self.store.transaction(write=False) as tx:
+                rows = await nodes_sql.list_all(tx)
+            return admin_pb2.ListNodesResponse(nodes=[views.node_info(r, now_ms, detail=False) for r in rows])
+
+        return await self._call(context, go)
+
+    async def GetNode(self, request: admin_pb2.GetNodeRequest, context: grpc.aio.ServicerContext) -> admin_pb2.NodeInfo:
+        async def go() -> admin_pb2.NodeInfo:
+            now_ms = await self.store.now_ms()
+            async with self.store.transaction(write=False) as tx:
+                row = await nodes_sql.get(tx, request.node_id)
+            if row is None:
+                raise NotFound(f"no node named {request.node_id!r}")
+            return views.node_info(row, now_ms, detail=True)
+
+        return await self._call(context, go)
+
+    async def _spec_info(self, node_id: str) -> admin_pb2.SpecInfo:
+        async with self.store.transaction(write=False) as tx:
+            row = await nodes_sql.get(tx, node_id)
+        if row is None:
+            raise NotFound(f"no node named {node_id!r}")
+        return admin_pb2.SpecInfo(
+            node_id=node_id,
+            generation=int(row["generation"]),
+            spec_hash=str(row["spec_hash"]),
+            spec_json=str(row["spec"]),
+        )
+
+    async def GetSpec(self, request: admin_pb2.GetNodeRequest, context: grpc.aio.ServicerContext) -> admin_pb2.SpecInfo:
+        return await self._call(context, lambda: self._spec_info(request.node_id))
+
+    async def SetSpecSection(
+        self, request: admin_pb2.SetSpecSectionRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.SpecInfo:
+        async def go() -> admin_pb2.SpecInfo:
+            await specs.set_section(
+                self.store, self.bus, request.node_id, request.section, request.section_json or "{}"
+            )
+            return await self._spec_info(request.node_id)
+
+        return await self._call(context, go)
+
+    async def _reservation(self, rid: str) -> admin_pb2.Reservation:
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction(write=False) as tx:
+            row = await res_sql.get(tx, rid)
+            if row is None:
+                raise NotFound(f"no reservation named {rid!r}")
+            return views.reservation(row, await res_sql.bookings(tx, rid), now_ms)
+
+    async def Reserve(
+        self, request: admin_pb2.ReserveRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.Reservation:
+        async def go() -> admin_pb2.Reservation:
+            row = await reservations.reserve(
+                self.store,
+                self.bus,
+                reservations.ReserveRequest(
+                    gpus=request.gpus,
+                    node_id=request.node_id,
+                    device_class=request.device_class or "gpu",
+                    binding=request.binding or "hold",
+                ),
+            )
+            return await self._reservation(str(row["id"]))
+
+        return await self._call(context, go)
+
+    async def Release(
+        self, request: admin_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.Reservation:
+        async def go() -> admin_pb2.Reservation:
+            row = await reservations.release(self.store, self.bus, request.reservation_id)
+            return await self._reservation(str(row["id"]))
+
+        return await self._call(context, go)
+
+    async def ListReservations(
+        self, request: admin_pb2.ListReservationsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListReservationsResponse:
+        async def go() -> admin_pb2.ListReservationsResponse:
+            now_ms = await self.store.now_ms()
+            out = admin_pb2.ListReservationsResponse()
+            async with self.store.transaction(write=False) as tx:
+                for row in await res_sql.list_(tx, request.node_id, request.include_released):
+                    out.reservations.append(views.reservation(row, await res_sql.bookings(tx, str(row["id"])), now_ms))
+            return out
+
+        return await self._call(context, go)
+
+    async def ListEvents(
+        self, request: admin_pb2.ListEventsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListEventsResponse:
+        async def go() -> admin_pb2.ListEventsResponse:
+            async with self.store.transaction(write=False) as tx:
+                rows = await events_sql.list_events(tx, request.after_seq, request.limit or 1000, request.type_prefix)
+            return admin_pb2.ListEventsResponse(events=[views.event_record(r) for r in rows])
+
+        return await self._call(context, go)
+
+    async def Watch(
+        self, request: admin_pb2.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[admin_pb2.EventRecord]:
+        try:
+            peer_of(context, self.ca.certificate, "operator")
+        except BcError as e:
+            await abort_with(context, e)
+            return
+        after = request.after_seq
+        while True:
+            async with self.store.transaction(write=False) as tx:
+                rows = await events_sql.list_events(tx, after, 500, request.type_prefix)
+            for r in rows:
+                after = int(r["seq"])
+                yield views.event_record(r)
+            if not rows:
+                await self.bus.wait_events(1.0)
+
+    async def ServerInfo(
+        self, request: admin_pb2.ServerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ServerInfoResponse:
+        async def go() -> admin_pb2.ServerInfoResponse:
+            return admin_pb2.ServerInfoResponse(
+                version=__version__,
+                ca_fingerprint=self.ca.fingerprint,
+                server_time_ms=await self.store.now_ms(),
+                store=self.store.description,
+                gateway_id=self.gateway_id,
+            )
+
+        return await self._call(context, go)

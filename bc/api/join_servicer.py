@@ -1,0 +1,64 @@
+"""Join.Join: the caller's TLS leaf was issued by a join token's key; the token becomes a certificate."""
+
+from __future__ import annotations
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
+
+from bc.control import identity
+from bc.control.bus import Bus
+from bc.errors import BcError, Unauthenticated, UsageError
+from bc.pki.ca import CertificateAuthority
+from bc.pki.identity import join_leaf_identity
+from bc.protocol.pb import common_pb2, join_pb2
+from bc.store import Store
+from bc.store import identity as id_sql
+from bc.wire.status import abort_with
+from bc.wire.stubs import join_pb2_grpc
+from bc.wire.tls import peer_cert_from_context
+
+
+class JoinServicer(join_pb2_grpc.JoinServicer):
+    def __init__(self, store: Store, bus: Bus, ca: CertificateAuthority, trust: common_pb2.TrustBundle) -> None:
+        self.store, self.bus, self.ca, self.trust = store, bus, ca, trust
+
+    async def _token_id(self, context: grpc.aio.ServicerContext) -> str:
+        cert = peer_cert_from_context(context)
+        if cert is None:
+            raise Unauthenticated("joining needs the client certificate derived from a join token")
+        cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        cn = str(cns[0].value) if cns else ""
+        if not cn.startswith("join:"):
+            raise Unauthenticated("joining needs the client certificate derived from a join token")
+        token_id = cn.removeprefix("join:")
+        async with self.store.transaction(write=False) as tx:
+            tok = await id_sql.get_token(tx, token_id)
+        if tok is None:
+            raise Unauthenticated("the join token is unknown to this server")
+        root = x509.load_pem_x509_certificate(str(tok["root_cert_pem"]).encode())
+        join_leaf_identity(cert, root)
+        return token_id
+
+    async def Join(self, request: join_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> join_pb2.JoinResponse:
+        try:
+            token_id = await self._token_id(context)
+            if not request.csr_der:
+                raise UsageError("the join request carries no CSR")
+            joined = await identity.join(self.store, self.bus, self.ca, token_id, request.csr_der, request.hostname)
+        except BcError as e:
+            await abort_with(context, e)
+            raise  # unreachable: abort raises
+        return join_pb2.JoinResponse(
+            node_id=joined.node_id,
+            role=joined.role,
+            cert_pem=joined.cert_pem,
+            ca_pem=self.ca.certificate.public_bytes(serialization.Encoding.PEM),
+            trust=self.trust,
+            identity_generation=joined.identity_generation,
+        )
+
+    async def Renew(self, request: join_pb2.RenewRequest, context: grpc.aio.ServicerContext) -> join_pb2.RenewResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "certificate renewal is not available on this server yet")
+        raise AssertionError("unreachable")

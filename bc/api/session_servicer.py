@@ -1,0 +1,31 @@
+"""NodeSession.Session over gRPC: authenticate the node by its certificate, then hand the stream to the gateway."""
+
+from __future__ import annotations
+
+import grpc
+from cryptography import x509
+
+from bc.api.peers import peer_of
+from bc.errors import BcError
+from bc.gateway.sessions import Gateway
+from bc.wire.link import GrpcServerLink
+from bc.wire.status import error_to_status
+from bc.wire.stubs import session_pb2_grpc
+
+
+class SessionServicer(session_pb2_grpc.NodeSessionServicer):
+    def __init__(self, gateway: Gateway, ca_cert: x509.Certificate) -> None:
+        self.gateway = gateway
+        self.ca_cert = ca_cert
+
+    # A read/write-style handler: it drives context.read() and context.write() itself and returns nothing.
+    async def Session(  # type: ignore[override]
+        self, request_iterator: object, context: grpc.aio.ServicerContext
+    ) -> None:
+        try:
+            peer = peer_of(context, self.ca_cert, "node")
+        except BcError as e:
+            code, msg = error_to_status(e)
+            await context.abort(code, msg)
+            return
+        await self.gateway.serve(GrpcServerLink(context), peer)

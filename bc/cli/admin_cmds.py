@@ -1,0 +1,380 @@
+"""The operator's commands: tokens, nodes, specs, reservations, events.
+
+Each one finds the operator config (no connection flags: `bc serve` leaves the
+config where `bc.config` looks), makes one or two Admin calls and renders the
+reply: a table for people, or with `--json` a JSON document on stdout and
+nothing else there (progress goes to stderr). The JSON keys are the proto
+field names; scripts (and the black-box checks) rely on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from bc.cli.client import AdminClient
+from bc.cli.render import (
+    cell,
+    dumps,
+    format_age,
+    format_bytes,
+    format_duration,
+    format_mib,
+    format_span,
+    format_time_ms,
+    message_to_json,
+    parse_duration,
+    render_fields,
+    render_table,
+    with_progress,
+)
+from bc.errors import UsageError
+from bc.protocol.canonical import SECTIONS
+from bc.protocol.pb import admin_pb2, common_pb2
+
+_T = TypeVar("_T")
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+def call_admin(fn: Callable[[AdminClient], Awaitable[_T]]) -> _T:
+    """Run `fn` against `bc serve` with a fresh client; a slow answer says so on stderr."""
+    client = AdminClient.discover()
+
+    async def go() -> _T:
+        async with client:
+            return await with_progress(fn(client), f"waiting for bc serve at {client.server}…")
+
+    return asyncio.run(go())
+
+
+def echo_json(value: Any) -> None:
+    click.echo(dumps(value))
+
+
+# -- token ---------------------------------------------------------------------
+
+
+@click.group("token")
+def token() -> None:
+    """Join tokens: one-use secrets that let a host join as a node."""
+
+
+@token.command("create")
+@click.option("--node-id", required=True, help="The node the token admits.")
+@click.option("--role", type=click.Choice(["node", "site", "ramdisk"]), default="node", show_default=True)
+@click.option("--ttl", default="1h", show_default=True, help="How long the token is valid: 90s, 10m, 1h, 2d.")
+@json_option
+def token_create(node_id: str, role: str, ttl: str, as_json: bool) -> None:
+    """Create a join token; it is printed alone on the last line."""
+    ttl_s = parse_duration(ttl, what="--ttl")
+    resp = call_admin(lambda c: c.create_token(node_id, role=role, ttl_s=ttl_s))
+    if as_json:
+        echo_json(message_to_json(resp))
+        return
+    click.echo(f"join token for {resp.node_id} (role {role}), expires in {format_duration(ttl_s)}, one use:")
+    click.echo(resp.token)
+
+
+# -- nodes ---------------------------------------------------------------------
+
+
+@click.group("nodes", invoke_without_command=True)
+@json_option
+@click.pass_context
+def nodes(ctx: click.Context, as_json: bool) -> None:
+    """List the nodes (or `bc nodes show NODE` for one)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    infos = call_admin(lambda c: c.list_nodes())
+    if as_json:
+        echo_json([message_to_json(n) for n in infos])
+        return
+    if not infos:
+        click.echo("no nodes yet: `bc token create --node-id N`, then `bc join` on the host", err=True)
+        return
+    rows = [
+        (
+            n.node_id,
+            n.role,
+            n.state,
+            n.generation,
+            n.applied_generation,
+            n.observed_generation,
+            format_age(n.last_seen_age_ms),
+        )
+        for n in infos
+    ]
+    click.echo(render_table(("NODE", "ROLE", "STATE", "GEN", "APPLIED", "OBSERVED", "LAST SEEN"), rows))
+
+
+@nodes.command("show")
+@click.argument("node_id", metavar="NODE")
+@json_option
+@click.pass_context
+def nodes_show(ctx: click.Context, node_id: str, as_json: bool) -> None:
+    """One node: state, generations, sections, conditions and inventory."""
+    info = call_admin(lambda c: c.get_node(node_id))
+    if as_json or (ctx.parent is not None and ctx.parent.params.get("as_json")):
+        echo_json(message_to_json(info))
+        return
+    click.echo(render_node(info))
+
+
+def render_node(n: admin_pb2.NodeInfo) -> str:
+    state = f"{n.state} for {format_span(n.state_age_ms)}" if n.state_age_ms >= 0 else n.state
+    fields: list[tuple[str, object]] = [
+        ("node", n.node_id),
+        ("role", n.role),
+        ("state", state),
+        ("last seen", format_age(n.last_seen_age_ms)),
+        ("generation", f"{n.generation} (applied {n.applied_generation}, observed {n.observed_generation})"),
+        ("spec hash", n.spec_hash),
+        ("applied hash", n.applied_spec_hash),
+        ("session epoch", f"{n.session_epoch} via {n.gateway_id}" if n.gateway_id else n.session_epoch),
+        ("boot id", n.boot_id),
+        ("journal id", n.journal_id),
+        ("cordoned", "yes" if n.cordoned else "no"),
+        ("labels", ", ".join(f"{k}={v}" for k, v in sorted(n.labels.items()))),
+        ("capabilities", ", ".join(n.capabilities)),
+    ]
+    parts = [render_fields(fields)]
+    rows: list[tuple[object, ...]]
+    if n.sections:
+        rows = [
+            (s.section, _section_state(s.state), s.generation, s.reason, cell(s.message, width=60)) for s in n.sections
+        ]
+        parts.append("SECTIONS\n" + render_table(("SECTION", "STATE", "GENERATION", "REASON", "MESSAGE"), rows))
+    if n.conditions:
+        rows = [(c.type, c.status, c.reason, format_age(c.age_ms), cell(c.message, width=60)) for c in n.conditions]
+        parts.append("CONDITIONS\n" + render_table(("TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"), rows))
+    if n.HasField("inventory"):
+        parts.append(render_inventory(n.inventory))
+    return "\n\n".join(parts)
+
+
+def _section_state(state: int) -> str:
+    if state == common_pb2.SECTION_STATE_UNSPECIFIED:
+        return "-"
+    return common_pb2.SectionState.Name(state).lower()
+
+
+def render_inventory(inv: common_pb2.Inventory) -> str:
+    if not inv.gpus and not inv.hostname and not inv.source:
+        return "INVENTORY  not reported yet"
+    facts = [
+        f"host {inv.hostname}" if inv.hostname else "",
+        f"source {inv.source}" if inv.source else "",
+        f"driver {inv.driver_version}" if inv.driver_version else "",
+        f"{inv.cpus} cpus" if inv.cpus else "",
+        f"{format_bytes(inv.memory_bytes)} memory" if inv.memory_bytes else "",
+        f"{len(inv.gpus)} GPUs",
+    ]
+    head = "INVENTORY  " + ", ".join(f for f in facts if f)
+    if not inv.gpus:
+        return head
+    rows = [
+        (g.index, g.uuid, g.name, format_mib(g.memory_mib), "yes" if g.healthy else "no", _mig(g)) for g in inv.gpus
+    ]
+    return head + "\n" + render_table(("GPU", "UUID", "NAME", "MEMORY", "HEALTHY", "MIG"), rows)
+
+
+def _mig(g: common_pb2.Gpu) -> str:
+    if not g.mig_enabled:
+        return "off"
+    if not g.mig_instances:
+        return "on, no instances"
+    return ", ".join(f"{m.profile or '?'} ({m.gi}/{m.ci})" for m in g.mig_instances)
+
+
+# -- specs ---------------------------------------------------------------------
+
+
+@click.group("spec")
+def spec() -> None:
+    """A node's desired state, section by section."""
+
+
+@spec.command("show")
+@click.argument("node_id", metavar="NODE")
+@json_option
+def spec_show(node_id: str, as_json: bool) -> None:
+    """The node's spec, its generation and hash."""
+    _print_spec(call_admin(lambda c: c.get_spec(node_id)), as_json=as_json, with_body=True)
+
+
+@spec.command("set")
+@click.argument("node_id", metavar="NODE")
+@click.argument("section", type=click.Choice(SECTIONS))
+@click.argument("value", metavar="JSON|@FILE")
+@json_option
+def spec_set(node_id: str, section: str, value: str, as_json: bool) -> None:
+    """Replace one section (protobuf JSON; `{}` clears it); prints the new generation."""
+    text = read_section_json(section, value)
+    info = call_admin(lambda c: c.set_spec_section(node_id, section, text))
+    _print_spec(info, as_json=as_json, with_body=False)
+
+
+def read_section_json(section: str, value: str) -> str:
+    """The section's JSON text from the argument, `@path` or `@-` (stdin), checked before any call."""
+    if value.startswith("@"):
+        path = value[1:]
+        try:
+            text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        except OSError as e:
+            raise UsageError(f"cannot read the {section} section from {path}: {e.strerror or e}") from None
+    else:
+        text = value
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"the {section} section is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"the {section} section must be a JSON object, not {type(doc).__name__}")
+    return text.strip()
+
+
+def _print_spec(info: admin_pb2.SpecInfo, *, as_json: bool, with_body: bool) -> None:
+    try:
+        body = json.loads(info.spec_json) if info.spec_json else {}
+    except json.JSONDecodeError:
+        body = info.spec_json  # show what the server sent rather than fail on it
+    if as_json:
+        echo_json(
+            {
+                "node_id": info.node_id,
+                "generation": info.generation,
+                "spec_hash": info.spec_hash,
+                "spec": body,
+            }
+        )
+        return
+    click.echo(f"node {info.node_id} generation {info.generation} hash {info.spec_hash or '-'}")
+    if with_body:
+        click.echo(json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+# -- reservations ----------------------------------------------------------------
+
+
+@click.command("reserve")
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="How many devices to book.")
+@click.option("--node", "node_id", default="", help="The node to book on (default: any with free capacity).")
+@click.option(
+    "--class",
+    "device_class",
+    type=click.Choice(["gpu", "gpu.mig", "gpu.slot"]),
+    default="gpu",
+    show_default=True,
+)
+@click.option("--binding", type=click.Choice(["hold", "kubernetes"]), default="hold", show_default=True)
+@json_option
+def reserve(gpus: int, node_id: str, device_class: str, binding: str, as_json: bool) -> None:
+    """Book GPUs on a node; prints the reservation and its devices."""
+    r = call_admin(lambda c: c.reserve(gpus, node_id=node_id, device_class=device_class, binding=binding))
+    if as_json:
+        echo_json(message_to_json(r))
+        return
+    click.echo(f"reservation {r.id} on {r.node_id or '-'}: {_atoms(r)}")
+
+
+@click.command("release")
+@click.argument("reservation_id", metavar="RESERVATION")
+@json_option
+def release(reservation_id: str, as_json: bool) -> None:
+    """Give a reservation's devices back."""
+    r = call_admin(lambda c: c.release(reservation_id))
+    if as_json:
+        echo_json(message_to_json(r))
+        return
+    click.echo(f"reservation {r.id} on {r.node_id or '-'}: {r.state}")
+
+
+@click.command("reservations")
+@click.option("--node", "node_id", default="", help="Only this node's reservations.")
+@click.option("--all", "include_released", is_flag=True, help="Include released ones.")
+@json_option
+def reservations(node_id: str, include_released: bool, as_json: bool) -> None:
+    """List reservations."""
+    items = call_admin(lambda c: c.list_reservations(node_id=node_id, include_released=include_released))
+    if as_json:
+        echo_json([message_to_json(r) for r in items])
+        return
+    if not items:
+        click.echo("no reservations", err=True)
+        return
+    rows = [(r.id, r.node_id, r.device_class, r.gpus, r.state, format_age(r.created_age_ms)) for r in items]
+    click.echo(render_table(("ID", "NODE", "CLASS", "GPUS", "STATE", "AGE"), rows))
+
+
+def _atoms(r: admin_pb2.Reservation) -> str:
+    atoms = [d.atom_id or d.gpu_uuid for d in r.devices]
+    if atoms:
+        return ", ".join(atoms)
+    return f"no devices yet ({r.state}{': ' + r.reason if r.reason else ''})"
+
+
+# -- events ----------------------------------------------------------------------
+
+_EVENT_HEADERS = ("SEQ", "TIME", "TYPE", "SUBJECT", "DATA")
+
+
+@click.command("events")
+@click.option("--after", "after_seq", type=click.IntRange(min=0), default=0, help="Events after this seq.")
+@click.option("--type", "type_prefix", default="", help="Only event types starting with this.")
+@click.option("--limit", type=click.IntRange(min=0), default=0, help="At most this many (0: server's).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events until Ctrl-C.")
+@json_option
+def events(after_seq: int, type_prefix: str, limit: int, follow: bool, as_json: bool) -> None:
+    """The control plane's event log."""
+    if follow:
+        _follow(after_seq, type_prefix, as_json=as_json)
+        return
+    items = call_admin(lambda c: c.list_events(after_seq=after_seq, limit=limit, type_prefix=type_prefix))
+    if as_json:
+        echo_json([event_to_json(e) for e in items])
+        return
+    rows = [_event_row(e) for e in items]
+    if rows:
+        click.echo(render_table(_EVENT_HEADERS, rows))
+
+
+def _follow(after_seq: int, type_prefix: str, *, as_json: bool) -> None:
+    client = AdminClient.discover()
+
+    async def go() -> None:
+        async with client:
+            async for e in client.watch(after_seq=after_seq, type_prefix=type_prefix):
+                # One line per event, flushed, so `| grep` and `| jq` see each as it happens.
+                if as_json:
+                    click.echo(json.dumps(event_to_json(e), ensure_ascii=False))
+                else:
+                    click.echo("  ".join(_event_row(e)))
+
+    try:
+        asyncio.run(go())
+    except KeyboardInterrupt:
+        pass  # following ends with Ctrl-C; that is success
+
+
+def event_to_json(e: admin_pb2.EventRecord) -> dict[str, Any]:
+    """An event with its data as a JSON value rather than a string holding JSON."""
+    doc = message_to_json(e)
+    try:
+        doc["data"] = json.loads(e.data_json) if e.data_json else {}
+    except json.JSONDecodeError:
+        doc["data"] = e.data_json
+    return doc
+
+
+def _event_row(e: admin_pb2.EventRecord) -> tuple[str, str, str, str, str]:
+    return (str(e.seq), format_time_ms(e.at_ms), e.type, cell(e.subject), cell(e.data_json, width=80))
+
+
+COMMANDS: tuple[click.Command, ...] = (token, nodes, spec, reserve, release, reservations, events)

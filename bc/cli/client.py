@@ -1,0 +1,159 @@
+"""The Admin client: the one way the CLI (and the TUI) talk to `bc serve`.
+
+It dials the address in the operator config over mutual TLS, gives every unary
+call a deadline so that a wedged server cannot hang a shell script, and turns
+gRPC failures into our error tree (`bc.wire.status`), so callers handle
+`BcError`s and never see grpc types. Replies come back as the protobuf
+messages of `bc.protocol.pb.admin_pb2`.
+
+    async with AdminClient.discover() as admin:
+        nodes = await admin.list_nodes()
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from bc.config import OperatorConfig, find_operator_config
+from bc.errors import ProtocolError
+from bc.protocol.pb import admin_pb2
+from bc.wire.status import status_to_error
+from bc.wire.stubs import admin_pb2_grpc
+from bc.wire.tls import channel_credentials
+
+DEFAULT_TIMEOUT_S = 15.0
+
+_Reply = TypeVar("_Reply", bound=Message)
+
+# The generated stub is untyped; naming it through a typed alias keeps mypy strict elsewhere.
+_new_admin_stub: Callable[[Any], Any] = admin_pb2_grpc.AdminStub
+
+
+class AdminClient:
+    """An async context manager around one channel to `bc serve`'s Admin service."""
+
+    def __init__(self, config: OperatorConfig, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._config = config
+        self._timeout_s = timeout_s
+        self._channel: Any = None
+        self._stub: Any = None
+
+    @classmethod
+    def discover(cls, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
+        """A client for the operator config `bc.config.find_operator_config` finds."""
+        return cls(find_operator_config(), timeout_s=timeout_s)
+
+    @property
+    def server(self) -> str:
+        return self._config.server
+
+    async def __aenter__(self) -> AdminClient:
+        creds = channel_credentials(self._config.ca_pem, self._config.key_pem, self._config.cert_pem)
+        self._channel = grpc.aio.secure_channel(self._config.server, creds)
+        self._stub = _new_admin_stub(self._channel)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
+
+    # -- tokens and nodes -----------------------------------------------------
+
+    async def create_token(
+        self, node_id: str, *, role: str = "node", ttl_s: int = 3600
+    ) -> admin_pb2.CreateTokenResponse:
+        req = admin_pb2.CreateTokenRequest(node_id=node_id, role=role, ttl_s=ttl_s)
+        return await self._unary("CreateToken", req, admin_pb2.CreateTokenResponse)
+
+    async def list_nodes(self) -> list[admin_pb2.NodeInfo]:
+        resp = await self._unary("ListNodes", admin_pb2.ListNodesRequest(), admin_pb2.ListNodesResponse)
+        return list(resp.nodes)
+
+    async def get_node(self, node_id: str) -> admin_pb2.NodeInfo:
+        return await self._unary("GetNode", admin_pb2.GetNodeRequest(node_id=node_id), admin_pb2.NodeInfo)
+
+    # -- specs ------------------------------------------------------------------
+
+    async def get_spec(self, node_id: str) -> admin_pb2.SpecInfo:
+        return await self._unary("GetSpec", admin_pb2.GetNodeRequest(node_id=node_id), admin_pb2.SpecInfo)
+
+    async def set_spec_section(self, node_id: str, section: str, section_json: str) -> admin_pb2.SpecInfo:
+        req = admin_pb2.SetSpecSectionRequest(node_id=node_id, section=section, section_json=section_json)
+        return await self._unary("SetSpecSection", req, admin_pb2.SpecInfo)
+
+    # -- reservations -------------------------------------------------------------
+
+    async def reserve(
+        self, gpus: int, *, node_id: str = "", device_class: str = "gpu", binding: str = "hold"
+    ) -> admin_pb2.Reservation:
+        req = admin_pb2.ReserveRequest(gpus=gpus, node_id=node_id, device_class=device_class, binding=binding)
+        return await self._unary("Reserve", req, admin_pb2.Reservation)
+
+    async def release(self, reservation_id: str) -> admin_pb2.Reservation:
+        req = admin_pb2.ReleaseRequest(reservation_id=reservation_id)
+        return await self._unary("Release", req, admin_pb2.Reservation)
+
+    async def list_reservations(
+        self, *, node_id: str = "", include_released: bool = False
+    ) -> list[admin_pb2.Reservation]:
+        req = admin_pb2.ListReservationsRequest(node_id=node_id, include_released=include_released)
+        resp = await self._unary("ListReservations", req, admin_pb2.ListReservationsResponse)
+        return list(resp.reservations)
+
+    # -- events and the server ----------------------------------------------------
+
+    async def list_events(
+        self, *, after_seq: int = 0, limit: int = 0, type_prefix: str = ""
+    ) -> list[admin_pb2.EventRecord]:
+        req = admin_pb2.ListEventsRequest(after_seq=after_seq, limit=limit, type_prefix=type_prefix)
+        resp = await self._unary("ListEvents", req, admin_pb2.ListEventsResponse)
+        return list(resp.events)
+
+    async def watch(self, *, after_seq: int = 0, type_prefix: str = "") -> AsyncIterator[admin_pb2.EventRecord]:
+        """Events after `after_seq`, then each new one as it is published, until the caller stops.
+
+        The one call without a deadline: a follow runs as long as the operator wants it to.
+        """
+        call = self._require_stub().Watch(admin_pb2.WatchRequest(after_seq=after_seq, type_prefix=type_prefix))
+        try:
+            async for event in call:
+                yield self._check(event, admin_pb2.EventRecord)
+        except grpc.aio.AioRpcError as e:
+            raise status_to_error(e.code(), e.details() or "", server=self.server) from e
+        finally:
+            call.cancel()
+
+    async def server_info(self) -> admin_pb2.ServerInfoResponse:
+        return await self._unary("ServerInfo", admin_pb2.ServerInfoRequest(), admin_pb2.ServerInfoResponse)
+
+    # -- plumbing -------------------------------------------------------------------
+
+    async def _unary(self, rpc: str, request: Message, reply: type[_Reply]) -> _Reply:
+        method = getattr(self._require_stub(), rpc)
+        try:
+            resp = await method(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise status_to_error(e.code(), e.details() or "", server=self.server) from e
+        return self._check(resp, reply)
+
+    def _require_stub(self) -> Any:
+        if self._stub is None:
+            raise RuntimeError("AdminClient is used outside `async with`")
+        return self._stub
+
+    @staticmethod
+    def _check(resp: object, reply: type[_Reply]) -> _Reply:
+        if not isinstance(resp, reply):
+            raise ProtocolError(f"the server answered with {type(resp).__name__}, not {reply.__name__}")
+        return resp

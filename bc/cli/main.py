@@ -1,0 +1,110 @@
+"""`bc`: the click group, and the one place errors become exit codes.
+
+Commands are thin (parse, call a library function, render). Whatever they
+raise lands in `BcGroup.invoke`:
+
+* a `BcError` prints `error: <message>` on stderr and exits with its
+  `exit_code` (see `bc.errors`);
+* click's own usage errors keep click's message and exit 2;
+* Ctrl-C exits 130 without a word;
+* anything else is a bug or an unexpected failure of the world: one line,
+  exit 1, and a hint that `--debug` shows the traceback.
+
+`--debug` (or `BC_DEBUG=1`) adds the traceback to the stderr line.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import traceback
+from importlib import metadata
+from typing import Any
+
+import click
+
+from bc.cli import admin_cmds, run_cmds
+from bc.errors import BcError
+
+EXIT_INTERRUPTED = 130  # the shell's code for "ended by SIGINT"
+
+
+def version() -> str:
+    try:
+        return metadata.version("bc")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"bc {version()}")
+        ctx.exit(0)
+
+
+class BcGroup(click.Group):
+    """A click group that renders our errors as one sentence and the right exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except BcError as e:
+            _report(ctx, e, e.message)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            ctx.exit(EXIT_INTERRUPTED)
+        except OSError as e:
+            if e.errno == errno.EPIPE:
+                raise  # click's main turns a closed pipe (`bc events | head`) into a quiet exit
+            _report(ctx, e, _one_line(e), unexpected=True)
+            ctx.exit(1)
+        except Exception as e:
+            _report(ctx, e, _one_line(e), unexpected=True)
+            ctx.exit(1)
+
+
+def _debugging(ctx: click.Context) -> bool:
+    return bool(ctx.params.get("debug")) or os.environ.get("BC_DEBUG", "") not in ("", "0")
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def _report(ctx: click.Context, e: BaseException, message: str, *, unexpected: bool = False) -> None:
+    if _debugging(ctx):
+        traceback.print_exception(e, file=sys.stderr)
+    elif unexpected:
+        message += " (run with --debug for the traceback)"
+    click.echo(f"error: {message}", err=True)
+
+
+@click.group(cls=BcGroup, name="bc", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Print the traceback when a command fails.")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Print the version and exit.",
+)
+def cli(debug: bool) -> None:
+    """bc: an operations toolkit for GPU fleets."""
+
+
+for _command in (*run_cmds.COMMANDS, *admin_cmds.COMMANDS):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """The `bc` entry point."""
+    cli(prog_name="bc")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""What the CLI prints: tables, ages, durations, and protobuf messages as JSON.
+
+Pure functions of their arguments (no clock reads, no I/O) so they are unit
+tested on their own; `with_progress` at the end is the one exception.
+
+The JSON form is the one scripts read, so it is stable: proto field names
+(snake_case), every field present even at its default, fields in descriptor
+order (so a top-level `generation` comes before the sections' ones), and
+64-bit integers as JSON numbers (protobuf's JSON mapping quotes them, which
+would make `generation` a string).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+from collections.abc import Awaitable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar, cast
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from bc.errors import UsageError
+
+# -- durations and ages ----------------------------------------------------
+
+_UNITS: tuple[tuple[str, int], ...] = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+_UNIT_SECONDS = dict(_UNITS)
+_DURATION_RE = re.compile(r"(\d+)([dhms])")
+
+
+def parse_duration(text: str, *, what: str = "duration") -> int:
+    """`90s`, `10m`, `1h`, `2d`, `1h30m` or plain seconds, to whole seconds (> 0)."""
+    s = text.strip().lower()
+    if s.isdigit():
+        seconds = int(s)
+    elif s and _DURATION_RE.sub("", s) == "":
+        seconds = sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION_RE.findall(s))
+    else:
+        raise UsageError(f"the {what} {text!r} is not a duration; write it like 90s, 10m, 1h, 2d or plain seconds")
+    if seconds <= 0:
+        raise UsageError(f"the {what} {text!r} must be longer than zero")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Whole seconds as its two largest units: 3600 -> `1h`, 5400 -> `1h30m`, 90 -> `1m30s`."""
+    rest = max(0, int(seconds))
+    if rest == 0:
+        return "0s"
+    parts: list[str] = []
+    for unit, size in _UNITS:
+        n, rest = divmod(rest, size)
+        if n and len(parts) < 2:
+            parts.append(f"{n}{unit}")
+        elif parts:
+            # Only adjacent units: "1d5s" reads worse than "1d".
+            break
+    return "".join(parts)
+
+
+def format_age(age_ms: int) -> str:
+    """An age in milliseconds as `3s ago`, `5m ago`, `2h ago`, `4d ago`; negative (-1) means `never`."""
+    if age_ms < 0:
+        return "never"
+    s = age_ms // 1000
+    if s < 60:
+        return f"{s}s ago"
+    if s < 3600:
+        return f"{s // 60}m ago"
+    if s < 2 * 86400:
+        return f"{s // 3600}h ago"
+    return f"{s // 86400}d ago"
+
+
+def format_span(age_ms: int) -> str:
+    """How long something has been so, as `3s`, `5m`, `2h`: an age without the `ago`."""
+    return format_age(age_ms).removesuffix(" ago")
+
+
+def format_time_ms(at_ms: int) -> str:
+    """A wall-clock instant (epoch ms) in UTC, to the second."""
+    return datetime.fromtimestamp(at_ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_mib(mib: int) -> str:
+    if mib >= 1024 and mib % 1024 == 0:
+        return f"{mib // 1024} GiB"
+    if mib >= 1024:
+        return f"{mib / 1024:.1f} GiB"
+    return f"{mib} MiB"
+
+
+def format_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+# -- tables ------------------------------------------------------------------
+
+
+def cell(value: object, *, width: int = 0) -> str:
+    """One table cell: on one line (tables break otherwise), cut to `width` when given."""
+    text = " ".join(str(value).split())
+    if text == "":
+        return "-"
+    if width and len(text) > width:
+        return text[: width - 1] + "…"
+    return text
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns two spaces apart, no trailing blanks; the header is printed as given."""
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        if len(row) != len(headers):
+            raise ValueError(f"a row has {len(row)} cells for {len(headers)} columns")
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [list(headers), *cells]
+    ]
+    return "\n".join(lines)
+
+
+def render_fields(pairs: Sequence[tuple[str, object]]) -> str:
+    """`key   value` lines with the values aligned."""
+    width = max((len(k) for k, _ in pairs), default=0)
+    return "\n".join(f"{k.ljust(width)}  {cell(v)}".rstrip() for k, v in pairs)
+
+
+# -- JSON --------------------------------------------------------------------
+
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def message_to_json(msg: Message) -> dict[str, Any]:
+    """A message as a JSON object for `--json` (see the module docstring for the rules)."""
+    raw = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return _normalize(cast(Descriptor, msg.DESCRIPTOR), raw)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _normalize(desc: Descriptor, obj: dict[str, Any]) -> dict[str, Any]:
+    """Reorder `obj` by field number and unquote 64-bit integers, recursively."""
+    if desc.full_name.startswith("google.protobuf."):
+        return obj  # well-known types have their own JSON shapes
+    out: dict[str, Any] = {}
+    for field in sorted(desc.fields, key=lambda f: f.number):
+        if field.name not in obj:
+            continue
+        out[field.name] = _normalize_value(field, obj[field.name])
+    # Anything MessageToDict printed that we did not name (extensions) keeps its place at the end.
+    for key, value in obj.items():
+        out.setdefault(key, value)
+    return out
+
+
+def _normalize_value(field: FieldDescriptor, value: Any) -> Any:
+    sub = field.message_type
+    if sub is not None and sub.GetOptions().map_entry:
+        value_field = sub.fields_by_name["value"]
+        return {k: _normalize_scalar(value_field, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalize_scalar(field, v) for v in value]
+    return _normalize_scalar(field, value)
+
+
+def _normalize_scalar(field: FieldDescriptor, value: Any) -> Any:
+    if field.message_type is not None and isinstance(value, dict):
+        return _normalize(field.message_type, value)
+    if field.type in _INT64_TYPES and isinstance(value, str):
+        return int(value)
+    return value
+
+
+# -- progress ----------------------------------------------------------------
+
+_T = TypeVar("_T")
+
+
+async def with_progress(aw: Awaitable[_T], message: str, *, after_s: float = 2.0) -> _T:
+    """Await `aw`; if it takes longer than `after_s`, say `message` on stderr (stdout stays pure)."""
+    task = asyncio.ensure_future(aw)
+    done, _ = await asyncio.wait({task}, timeout=after_s)
+    if not done:
+        print(message, file=sys.stderr, flush=True)
+    return await task

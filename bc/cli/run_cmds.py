@@ -1,0 +1,117 @@
+"""The long-running commands: `bc serve` (control plane), `bc join` and `bc node` (the agent).
+
+They only turn flags into the options objects of `bc.serve` and `agent.*` and
+run them; those modules are imported inside each command so that `bc nodes`
+does not pay for loading the control plane (and so the agent never needs the
+store to be importable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from bc.cli.render import dumps, with_progress
+from bc.config import default_data_dir
+
+_DIR = click.Path(file_okay=False, path_type=Path)
+
+
+@click.command("serve")
+@click.option("--data-dir", type=_DIR, default=None, help="Where the store, CA and operator config live.")
+@click.option("--listen", default="127.0.0.1:7443", show_default=True, help="HOST:PORT to listen on.")
+@click.option(
+    "--advertise",
+    multiple=True,
+    metavar="HOST",
+    help="A name or address nodes use to reach this server (repeatable; goes in its certificate).",
+)
+@click.option("--heartbeat-interval", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
+@click.option("--lease-ttl", type=click.FloatRange(min=0, min_open=True), default=40.0, show_default=True)
+@click.option("--unreachable-grace", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True)
+def serve(
+    data_dir: Path | None,
+    listen: str,
+    advertise: tuple[str, ...],
+    heartbeat_interval: float,
+    lease_ttl: float,
+    unreachable_grace: float,
+) -> None:
+    """Run the control plane until SIGINT or SIGTERM."""
+    from bc.serve import ServeOptions, run_serve
+
+    opts = ServeOptions(
+        data_dir=data_dir or default_data_dir(),
+        listen=listen,
+        advertise=list(advertise),
+        heartbeat_interval_s=heartbeat_interval,
+        lease_ttl_s=lease_ttl,
+        unreachable_grace_s=unreachable_grace,
+    )
+    try:
+        asyncio.run(run_serve(opts))
+    except KeyboardInterrupt:
+        pass  # run_serve shuts down cleanly on the signal; being stopped is success
+
+
+@click.command("join")
+@click.option("--server", required=True, metavar="HOST:PORT", help="The bc serve to join.")
+@click.option("--token", required=True, help="A token from `bc token create`.")
+@click.option("--data-dir", type=_DIR, required=True, help="Where the node keeps its identity and journal.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a sentence.")
+def join(server: str, token: str, data_dir: Path, as_json: bool) -> None:
+    """Give this host a node identity, using a one-use join token."""
+    from agent.join import join_node
+
+    result = asyncio.run(
+        with_progress(join_node(server=server, token=token, data_dir=data_dir), f"waiting for bc serve at {server}…")
+    )
+    if as_json:
+        doc = {
+            "node_id": result.node_id,
+            "ca_fingerprint": result.ca_fingerprint,
+            "cert_not_after": result.cert_not_after,
+            "data_dir": str(data_dir),
+        }
+        click.echo(dumps(doc))
+        return
+    click.echo(f"joined as {result.node_id}; identity stored in {data_dir}")
+
+
+@click.command("node")
+@click.option("--data-dir", type=_DIR, required=True, help="The directory `bc join` wrote.")
+@click.option("--fake-hw", metavar="PROFILE", default=None, help="Use seeded fake hardware (e.g. hgx-h100-8).")
+@click.option("--cdi-dir", type=_DIR, default=None, help="Where CDI specs are written.")
+@click.option("--env-dir", type=_DIR, default=None, help="Where per-reservation environment files go.")
+@click.option(
+    "--heartbeat-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds between heartbeats (default: what the server says).",
+)
+def node(
+    data_dir: Path,
+    fake_hw: str | None,
+    cdi_dir: Path | None,
+    env_dir: Path | None,
+    heartbeat_interval: float | None,
+) -> None:
+    """Run the node agent until SIGINT or SIGTERM."""
+    from agent.main import AgentOptions, run_agent
+
+    opts = AgentOptions(
+        data_dir=data_dir,
+        fake_hw=fake_hw,
+        cdi_dir=cdi_dir,
+        env_dir=env_dir,
+        heartbeat_interval_s=heartbeat_interval,
+    )
+    try:
+        asyncio.run(run_agent(opts))
+    except KeyboardInterrupt:
+        pass  # stopped by the operator: success
+
+
+COMMANDS: tuple[click.Command, ...] = (serve, join, node)

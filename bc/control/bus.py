@@ -1,0 +1,47 @@
+"""In-process wake-ups after commit: pokes to a node's gateway, new events for watchers.
+
+A wake-up carries no data; whoever wakes re-reads the store, so a lost or
+duplicated wake-up costs latency, never correctness (the 1 s and 10 s
+backstops catch up). With several processes on PostgreSQL the same calls
+become LISTEN/NOTIFY; callers do not change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+
+class Bus:
+    def __init__(self) -> None:
+        self._node_listeners: list[Callable[[str], None]] = []
+        self._events = asyncio.Event()
+        self._token_listeners: list[Callable[[], None]] = []
+
+    # -- pokes ---------------------------------------------------------
+    def on_node_changed(self, fn: Callable[[str], None]) -> None:
+        self._node_listeners.append(fn)
+
+    def node_changed(self, node_id: str) -> None:
+        for fn in self._node_listeners:
+            fn(node_id)
+
+    # -- the events log ------------------------------------------------
+    def events_published(self) -> None:
+        self._events.set()
+        self._events = asyncio.Event()
+
+    async def wait_events(self, timeout: float) -> None:  # noqa: ASYNC109 (a bounded wake-up, not a deadline)
+        ev = self._events
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    # -- join-token trust roots -----------------------------------------
+    def on_tokens_changed(self, fn: Callable[[], None]) -> None:
+        self._token_listeners.append(fn)
+
+    def tokens_changed(self) -> None:
+        for fn in self._token_listeners:
+            fn()

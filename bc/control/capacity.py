@@ -1,0 +1,84 @@
+"""Capacity placement: which atoms a node offers, which are free, where a hold fits.
+
+Pure functions over a node's reported inventory and the atoms already booked
+on it, so the capacity worker, the simulator and the tests compute the same
+placement from the same facts. Placement is deterministic (GPU index, then
+the atom's numbers) rather than clever: the same inputs always give the same
+atoms, which keeps a re-placement after a restart stable and the simulator
+replayable. Conflicts are the parent-aware rule of `bc.protocol.atoms`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bc.protocol.atoms import DEVICE_CLASSES, GPU, GPU_MIG, GPU_SLOT, Atom, atoms_conflict, parse_atom
+from bc.protocol.pb import common_pb2
+
+Candidate = tuple[str, common_pb2.Inventory, Sequence[Atom]]
+"""A node to place on: its id, its inventory and the atoms already booked on it."""
+
+
+def _check_class(device_class: str) -> None:
+    if device_class not in DEVICE_CLASSES:
+        raise ValueError(f"unknown device class {device_class!r}; classes are {', '.join(DEVICE_CLASSES)}")
+
+
+def offered_atoms(inventory: common_pb2.Inventory, device_class: str) -> list[Atom]:
+    """Every atom of the class the node offers, booked or not, in placement order.
+
+    Only healthy GPUs offer anything. A MIG-enabled GPU offers its MIG
+    instances and nothing else; any other GPU offers itself whole and, when
+    it has shared slots, `<uuid>/s0 … s<slots-1>`. A GPU whose UUID cannot
+    be an atom id (say, with a `_`) offers nothing.
+    """
+    _check_class(device_class)
+    keyed: list[tuple[int, tuple[int, ...], Atom]] = []
+    for gpu in inventory.gpus:
+        if not gpu.healthy or not gpu.uuid:
+            continue
+        ids: list[str] = []
+        if device_class == GPU and not gpu.mig_enabled:
+            ids = [gpu.uuid]
+        elif device_class == GPU_MIG and gpu.mig_enabled:
+            ids = [f"{gpu.uuid}/{m.gi}/{m.ci}" for m in gpu.mig_instances]
+        elif device_class == GPU_SLOT and not gpu.mig_enabled and gpu.slots > 0:
+            ids = [f"{gpu.uuid}/s{n}" for n in range(gpu.slots)]
+        try:
+            atoms = [parse_atom(device_class, i) for i in ids]
+        except ValueError:
+            continue  # a UUID no atom id can name is not bookable; one odd GPU must not break placement
+        keyed.extend((gpu.index, a.numbers, a) for a in atoms)
+    keyed.sort(key=lambda k: (k[0], k[2].gpu_uuid, k[1]))
+    return [a for _, _, a in keyed]
+
+
+def free_atoms(inventory: common_pb2.Inventory, booked: Sequence[Atom], device_class: str) -> list[Atom]:
+    """The offered atoms of the class that conflict with no booked atom, in placement order."""
+    return [a for a in offered_atoms(inventory, device_class) if not any(atoms_conflict(a, b) for b in booked)]
+
+
+def place(inventory: common_pb2.Inventory, booked: Sequence[Atom], device_class: str, count: int) -> list[Atom] | None:
+    """The first `count` free atoms of the class, or None when the node has fewer.
+
+    Free atoms of one class never conflict with each other (distinct ids,
+    and whole GPUs of distinct UUIDs), so the first `count` are a valid hold.
+    """
+    if count < 1:
+        raise ValueError(f"a placement needs at least one atom, not {count}")
+    free = free_atoms(inventory, booked, device_class)
+    return free[:count] if len(free) >= count else None
+
+
+def choose_node(candidates: Sequence[Candidate], device_class: str, count: int) -> tuple[str, list[Atom]] | None:
+    """The node with the most free atoms of the class that fits `count` (ties: lowest node id)."""
+    if count < 1:
+        raise ValueError(f"a placement needs at least one atom, not {count}")
+    best: tuple[int, str, list[Atom]] | None = None
+    for node_id, inventory, booked in candidates:
+        free = free_atoms(inventory, booked, device_class)
+        if len(free) < count:
+            continue
+        if best is None or (-len(free), node_id) < (-best[0], best[1]):
+            best = (len(free), node_id, free[:count])
+    return None if best is None else (best[1], best[2])

@@ -1,0 +1,80 @@
+"""The Liveness controller: connected → disconnected → unreachable, never a release.
+
+Sessions routed to a gateway whose lease expired are closed (epoch-fenced, so
+a node that already said Hello elsewhere is untouched) and their nodes become
+`disconnected`; a node disconnected for longer than the lease TTL plus the
+grace becomes `unreachable`. Neither transition releases anything (I5).
+
+When a sweep finds more than 20 s since the previous one (the store or this
+process stalled), timed transitions are held back for 5 minutes: ages the
+gateways could not flush must not read as dead nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from bc.control.bus import Bus
+from bc.control.events import publish
+from bc.store import Store
+from bc.store import leases as leases_sql
+from bc.store import nodes as nodes_sql
+
+log = logging.getLogger("bc.liveness")
+
+STALL_GAP_MS = 20_000
+STALL_HOLD_MS = 300_000
+
+
+@dataclass
+class LivenessConfig:
+    lease_ttl_ms: int = 40_000
+    unreachable_grace_ms: int = 120_000
+    interval_s: float = 1.0
+
+
+class Liveness:
+    def __init__(self, store: Store, bus: Bus, holder: str, cfg: LivenessConfig) -> None:
+        self.store, self.bus, self.holder, self.cfg = store, bus, holder, cfg
+        self._last_sweep_ms: int | None = None
+        self._hold_until_ms = 0
+
+    async def sweep_once(self) -> list[tuple[str, str]]:
+        """One pass; returns the (node, new state) transitions it made."""
+        now_ms = await self.store.now_ms()
+        if self._last_sweep_ms is not None and now_ms - self._last_sweep_ms > STALL_GAP_MS:
+            self._hold_until_ms = now_ms + STALL_HOLD_MS
+            log.warning("event=liveness.stall gap_ms=%d hold_ms=%d", now_ms - self._last_sweep_ms, STALL_HOLD_MS)
+        self._last_sweep_ms = now_ms
+        out: list[tuple[str, str]] = []
+        async with self.store.transaction() as tx:
+            if not await leases_sql.acquire(tx, "worker:liveness", self.holder, now_ms, 15_000):
+                return out
+            for s in await nodes_sql.open_sessions_of_dead_gateways(tx, now_ms):
+                node_id = str(s["node_id"])
+                if await nodes_sql.close_session(tx, node_id, int(s["session_epoch"]), now_ms):
+                    await publish(
+                        tx,
+                        self.bus,
+                        "node.connectivity",
+                        node_id,
+                        {"state": "disconnected", "reason": "gateway-lost", "gateway_id": s["gateway_id"]},
+                        now_ms,
+                    )
+                    out.append((node_id, "disconnected"))
+            if now_ms >= self._hold_until_ms:
+                cutoff = now_ms - self.cfg.lease_ttl_ms - self.cfg.unreachable_grace_ms
+                for n in await nodes_sql.disconnected_before(tx, cutoff):
+                    node_id = str(n["node_id"])
+                    if await nodes_sql.set_connectivity(tx, node_id, "unreachable", now_ms):
+                        await publish(
+                            tx,
+                            self.bus,
+                            "node.connectivity",
+                            node_id,
+                            {"state": "unreachable", "reason": "NodeUnreachable"},
+                            now_ms,
+                        )
+                        out.append((node_id, "unreachable"))
+        return out

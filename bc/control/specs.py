@@ -1,0 +1,94 @@
+"""The NodeSpec writer: canonical JSON in, a new generation only on a real change.
+
+Every generation's encoded `DesiredStateBody` is stored with it (`spec_body`),
+so gateways relay exactly the bytes written here and never re-encode; the
+signature column is rewritten by the same statement (empty until command
+signing is configured).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bc.control.bus import Bus
+from bc.control.events import publish
+from bc.errors import NotFound
+from bc.protocol import canonical
+from bc.protocol.pb import spec_pb2
+from bc.protocol.pb.session_pb2 import DesiredStateBody
+from bc.store import Store, Tx
+from bc.store import nodes as nodes_sql
+
+SpecSigner = Callable[[bytes], tuple[bytes, str]]
+"""Signs an encoded DesiredStateBody; returns (signature, key_id)."""
+
+
+@dataclass(frozen=True)
+class SpecWrite:
+    node_id: str
+    generation: int
+    spec_hash: str
+    changed: bool
+
+
+def encode_body(node_id: str, generation: int, spec: spec_pb2.NodeSpec, spec_hash: str) -> bytes:
+    body = DesiredStateBody(node_id=node_id, generation=generation, spec_hash=spec_hash, base_generation=0)
+    body.full.CopyFrom(spec)
+    return body.SerializeToString(deterministic=True)
+
+
+async def load_spec(tx: Tx, node_id: str, lock: str = "") -> tuple[spec_pb2.NodeSpec, int]:
+    row = await nodes_sql.spec_for_update(tx, node_id, lock)
+    if row is None:
+        raise NotFound(f"no node named {node_id!r}")
+    return canonical.spec_from_json(str(row["spec"])), int(row["generation"])
+
+
+async def write_spec(
+    tx: Tx,
+    bus: Bus | None,
+    node_id: str,
+    mutate: Callable[[spec_pb2.NodeSpec], None],
+    now_ms: int,
+    *,
+    lock: str = "",
+    signer: SpecSigner | None = None,
+) -> SpecWrite:
+    """Apply `mutate` to the stored spec; bump the generation only when the canonical JSON changes."""
+    row = await nodes_sql.spec_for_update(tx, node_id, lock)
+    if row is None:
+        raise NotFound(f"no node named {node_id!r}")
+    spec = canonical.spec_from_json(str(row["spec"]))
+    mutate(spec)
+    text = canonical.spec_to_canonical(spec)
+    generation = int(row["generation"])
+    if text == str(row["spec"]) and generation > 0:
+        return SpecWrite(node_id, generation, str(row["spec_hash"]), changed=False)
+    generation += 1
+    h = canonical.spec_hash(text)
+    body = encode_body(node_id, generation, spec, h)
+    signature = signer(body)[0] if signer else None
+    await nodes_sql.write_spec(tx, node_id, generation, text, h, body, signature)
+    await publish(tx, bus, "node.spec", node_id, {"generation": generation, "spec_hash": h}, now_ms)
+    if bus is not None:
+        tx.on_commit(lambda: bus.node_changed(node_id))
+    return SpecWrite(node_id, generation, h, changed=True)
+
+
+async def set_section(store: Store, bus: Bus, node_id: str, section: str, section_json: str) -> SpecWrite:
+    """Replace one section wholesale (`{}` clears it). The devices section belongs to reservations."""
+    from bc.errors import UsageError
+
+    msg = canonical.section_from_json(section, section_json)
+    if section == "devices":
+        raise UsageError("the devices section is managed by reservations; use `bc reserve` and `bc release`")
+
+    def mutate(spec: spec_pb2.NodeSpec) -> None:
+        getattr(spec, section).CopyFrom(msg)
+        if msg.ByteSize() == 0:
+            spec.ClearField(section)  # type: ignore[arg-type,unused-ignore]
+
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        return await write_spec(tx, bus, node_id, mutate, now_ms, lock=store.for_update())

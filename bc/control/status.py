@@ -1,0 +1,69 @@
+"""Status reports: where a node stands, written latest-wins about once a second.
+
+`observed_generation` moves only forward and never past the newest spec;
+applied generation and hash are fenced to the session that reported them.
+Conditions arrive with ages on the node's monotonic clock; `since_ms` is
+derived here from the store clock, so no node's wall clock is trusted.
+"""
+
+from __future__ import annotations
+
+import json
+
+from google.protobuf import json_format
+
+from bc.control.bus import Bus
+from bc.control.events import publish
+from bc.protocol.canonical import message_to_dict
+from bc.protocol.pb import common_pb2
+from bc.protocol.pb.session_pb2 import StatusReport
+from bc.store import Store
+from bc.store import nodes as nodes_sql
+
+STATE_NAMES = {v: k for k, v in common_pb2.SectionState.items()}
+
+
+def status_doc(report: StatusReport, now_ms: int) -> dict[str, object]:
+    return {
+        "applied_generation": report.applied_generation,
+        "observed_generation": report.observed_generation,
+        "applied_spec_hash": report.applied_spec_hash,
+        "sections": [message_to_dict(s) for s in report.sections],
+        "conditions": [{**message_to_dict(c), "since_ms": now_ms - c.age_ms} for c in report.conditions],
+    }
+
+
+async def ingest(store: Store, bus: Bus, node_id: str, epoch: int, report: StatusReport, *, publish_it: bool) -> bool:
+    """Write one coalesced report; returns True when observed_generation advanced."""
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        if not await nodes_sql.session_is_current(tx, node_id, epoch):
+            return False  # a superseded session's report: facts of an old epoch do not route
+        await nodes_sql.set_applied(tx, node_id, epoch, report.applied_generation, report.applied_spec_hash)
+        advanced = await nodes_sql.advance_observed(tx, node_id, report.observed_generation)
+        await nodes_sql.write_status(tx, node_id, json.dumps(status_doc(report, now_ms), sort_keys=True))
+        if report.HasField("inventory"):
+            await nodes_sql.write_inventory(
+                tx,
+                node_id,
+                json_format.MessageToJson(report.inventory, preserving_proto_field_name=True),
+                report.inventory_hash,
+            )
+        if publish_it:
+            await publish(
+                tx,
+                bus,
+                "node.status",
+                node_id,
+                {
+                    "applied_generation": report.applied_generation,
+                    "observed_generation": report.observed_generation,
+                    "sections": {s.section: STATE_NAMES.get(s.state, "?") for s in report.sections},
+                },
+                now_ms,
+            )
+        if advanced:
+            await publish(
+                tx, bus, "node.observed", node_id, {"observed_generation": report.observed_generation}, now_ms
+            )
+    return advanced

@@ -1,0 +1,79 @@
+"""Store rows to the Admin API's messages: what an operator sees of a node, a spec, a reservation."""
+
+from __future__ import annotations
+
+import json
+
+from google.protobuf import json_format
+
+from bc.protocol.pb import admin_pb2, common_pb2
+from bc.store import Row
+
+
+def node_info(row: Row, now_ms: int, *, detail: bool) -> admin_pb2.NodeInfo:
+    last_seen = row["last_seen_ms"]
+    since = row["connectivity_since_ms"]
+    info = admin_pb2.NodeInfo(
+        node_id=str(row["node_id"]),
+        role=str(row["role"]),
+        state=str(row["connectivity"]),
+        generation=int(row["generation"]),
+        applied_generation=int(row["applied_generation"]),
+        observed_generation=int(row["observed_generation"]),
+        last_seen_age_ms=-1 if last_seen is None else max(0, now_ms - int(last_seen)),
+        session_epoch=int(row["session_epoch"] or 0),
+        gateway_id=str(row["gateway_id"] or ""),
+        boot_id=str(row["boot_id"] or ""),
+        journal_id=str(row["journal_id"] or ""),
+        spec_hash=str(row["spec_hash"]),
+        applied_spec_hash=str(row["applied_spec_hash"]),
+        capabilities=json.loads(str(row["capabilities"] or "[]")),
+        labels=json.loads(str(row["labels"] or "{}")),
+        cordoned=bool(row["cordoned"]),
+        state_age_ms=-1 if since is None else max(0, now_ms - int(since)),
+    )
+    if detail:
+        status = json.loads(str(row["status"] or "{}"))
+        for s in status.get("sections", []):
+            json_format.ParseDict(s, info.sections.add(), ignore_unknown_fields=True)
+        for c in status.get("conditions", []):
+            cond = info.conditions.add()
+            json_format.ParseDict(
+                {k: v for k, v in c.items() if k not in ("since_ms", "age_ms")}, cond, ignore_unknown_fields=True
+            )
+            cond.age_ms = max(0, now_ms - int(c.get("since_ms", now_ms)))
+        inv = common_pb2.Inventory()
+        json_format.Parse(str(row["inventory"] or "{}"), inv, ignore_unknown_fields=True)
+        info.inventory.CopyFrom(inv)
+    return info
+
+
+def reservation(row: Row, bookings: list[Row], now_ms: int) -> admin_pb2.Reservation:
+    return admin_pb2.Reservation(
+        id=str(row["id"]),
+        node_id=str(row["node_id"]),
+        allocation_id=str(row["allocation_id"]),
+        device_class=str(row["device_class"]),
+        gpus=int(row["gpus"]),
+        state=str(row["state"]),
+        reason=str(row["reason"] or ""),
+        devices=[
+            admin_pb2.BookedDevice(
+                device_class=str(b["device_class"]), atom_id=str(b["atom_id"]), gpu_uuid=str(b["gpu_uuid"])
+            )
+            for b in bookings
+        ],
+        generation=int(row["generation"]),
+        created_age_ms=max(0, now_ms - int(row["created_at_ms"])),
+        binding=str(row["binding"]),
+    )
+
+
+def event_record(row: Row) -> admin_pb2.EventRecord:
+    return admin_pb2.EventRecord(
+        seq=int(row["seq"]),
+        type=str(row["type"]),
+        subject=str(row["subject"]),
+        data_json=str(row["data"]),
+        at_ms=int(row["at_ms"]),
+    )

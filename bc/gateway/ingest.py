@@ -1,0 +1,109 @@
+"""Node events in: stored once per (journal, seq), handled, acknowledged.
+
+Events above the node's cumulative ack for its current journal are stored,
+published as `node.event`, and run through the report handlers, each under a
+savepoint: a failing handler rolls back its own writes, is published as
+`node.report-failed`, and does not stop the stream (an unacked event would
+only be replayed into the same failure). A report whose body names another
+node is `security.node-mismatch` and never reaches a handler; an
+undecodable one is `security.invalid-report`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from google.protobuf.message import DecodeError
+
+from bc.control.bus import Bus
+from bc.control.events import publish
+from bc.control.reservations import on_allocation_report
+from bc.protocol.pb import session_pb2
+from bc.store import Store, Tx
+
+log = logging.getLogger("bc.gateway.ingest")
+
+KIND_NAMES = {
+    session_pb2.AllocationReport.BOUND: "bound",
+    session_pb2.AllocationReport.RELEASED: "released",
+    session_pb2.AllocationReport.FAILED: "failed",
+}
+
+
+async def _handle(tx: Tx, bus: Bus, store: Store, node_id: str, ev: session_pb2.NodeEvent, now_ms: int) -> None:
+    if not ev.HasField("report"):
+        await publish(tx, bus, "node.event", node_id, {"seq": ev.seq, "type": ev.type}, now_ms)
+        return
+    rep = session_pb2.AllocationReport()
+    try:
+        rep.ParseFromString(ev.report.body)
+    except DecodeError:
+        await publish(tx, bus, "security.invalid-report", node_id, {"seq": ev.seq, "type": ev.type}, now_ms)
+        return
+    kind = KIND_NAMES.get(rep.kind, "unknown")
+    data = {
+        "seq": ev.seq,
+        "type": ev.type,
+        "allocation_id": rep.allocation_id,
+        "kind": kind,
+        "reason": rep.reason,
+        "cdi_devices": list(rep.cdi_devices),
+        "generation": rep.generation,
+    }
+    if rep.node_id != node_id:
+        await publish(tx, bus, "security.node-mismatch", node_id, {**data, "named_node": rep.node_id}, now_ms)
+        return
+    await publish(tx, bus, "node.event", node_id, data, now_ms)
+    await tx.execute("SAVEPOINT report_handler")
+    try:
+        outcome = await on_allocation_report(
+            tx, bus, node_id, kind, rep.allocation_id, rep.reason, rep.message, now_ms, lock=store.for_update()
+        )
+    except Exception as e:  # a handler bug must not wedge the stream; say so loudly
+        await tx.execute("ROLLBACK TO SAVEPOINT report_handler")
+        await tx.execute("RELEASE SAVEPOINT report_handler")
+        log.exception("event=node.report-failed node=%s seq=%d", node_id, ev.seq)
+        await publish(tx, bus, "node.report-failed", node_id, {**data, "error": str(e)}, now_ms)
+        return
+    await tx.execute("RELEASE SAVEPOINT report_handler")
+    log.info(
+        "event=allocation.report node=%s allocation=%s kind=%s outcome=%s", node_id, rep.allocation_id, kind, outcome
+    )
+
+
+async def ingest(store: Store, bus: Bus, node_id: str, batch: session_pb2.EventBatch) -> session_pb2.Ack | None:
+    """Store and handle a batch; returns the Ack to send, or None for another journal's batch."""
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        sess = await tx.fetchone(
+            "SELECT journal_id, acked_event_seq FROM node_sessions WHERE node_id = :n", {"n": node_id}
+        )
+        if sess is None or str(sess["journal_id"]) != batch.journal_id:
+            return None
+        acked = int(sess["acked_event_seq"])
+        top = acked
+        for ev in sorted(batch.events, key=lambda e: e.seq):
+            if ev.seq <= acked:
+                continue
+            n = await tx.execute(
+                "INSERT INTO node_events (node_id, journal_id, seq, type, body, received_at_ms)"
+                " VALUES (:n, :j, :s, :t, :b, :r) ON CONFLICT DO NOTHING",
+                {
+                    "n": node_id,
+                    "j": batch.journal_id,
+                    "s": ev.seq,
+                    "t": ev.type,
+                    "b": ev.SerializeToString(),
+                    "r": now_ms,
+                },
+            )
+            if n == 1:
+                await _handle(tx, bus, store, node_id, ev, now_ms)
+            top = max(top, ev.seq)
+        if top > acked:
+            await tx.execute(
+                "UPDATE node_sessions SET acked_event_seq = :s WHERE node_id = :n AND journal_id = :j"
+                " AND acked_event_seq < :s",
+                {"s": top, "n": node_id, "j": batch.journal_id},
+            )
+    return session_pb2.Ack(journal_id=batch.journal_id, event_seq=top)

@@ -1,0 +1,269 @@
+"""The gateway: node sessions over a Link, driven by the I/O-free core.
+
+`Gateway` owns this process's live sessions, its `gateway:<id>` lease and the
+pokes from the bus; `SessionDriver` runs one session: a reader feeding the
+core, a ticker for heartbeats, the 10 s backstop and the ~1 s status flush,
+and the actions the core asks for, executed one at a time so the store sees
+a session's frames in the order they arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from bc.clock import Clock
+from bc.control import status as status_ctl
+from bc.control.bus import Bus
+from bc.control.events import publish
+from bc.errors import BcError, ProtocolError, Unauthenticated
+from bc.gateway import core
+from bc.gateway.hello import hello_transaction
+from bc.gateway.ingest import ingest
+from bc.pki.identity import PeerIdentity
+from bc.protocol.pb import common_pb2
+from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.store import Store, StoreError
+from bc.store import leases as leases_sql
+from bc.store import nodes as nodes_sql
+from bc.wire.link import Link, LinkClosed
+
+log = logging.getLogger("bc.gateway")
+
+GATEWAY_LEASE_TTL_MS = 20_000
+GATEWAY_LEASE_RENEW_S = 5.0
+STATUS_FLUSH_S = 1.0
+
+
+@dataclass
+class GatewayConfig:
+    heartbeat_interval_s: float = 10.0
+    hello_timeout_s: float = 10.0
+
+
+class Gateway:
+    def __init__(
+        self, store: Store, bus: Bus, clock: Clock, gateway_id: str, trust: common_pb2.TrustBundle, cfg: GatewayConfig
+    ) -> None:
+        self.store, self.bus, self.clock, self.gateway_id, self.trust, self.cfg = (
+            store,
+            bus,
+            clock,
+            gateway_id,
+            trust,
+            cfg,
+        )
+        self.sessions: dict[str, SessionDriver] = {}
+        bus.on_node_changed(self._poke)
+
+    def _poke(self, node_id: str) -> None:
+        d = self.sessions.get(node_id)
+        if d is not None:
+            d.poke()
+
+    async def renew_lease(self) -> bool:
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction() as tx:
+            return await leases_sql.acquire(
+                tx, f"gateway:{self.gateway_id}", self.gateway_id, now_ms, GATEWAY_LEASE_TTL_MS
+            )
+
+    async def lease_loop(self) -> None:
+        while True:
+            try:
+                if not await self.renew_lease():
+                    log.error("event=gateway.fenced gateway=%s", self.gateway_id)
+                    for d in list(self.sessions.values()):
+                        d.request_close("UNAVAILABLE", "this gateway lost its lease; reconnect")
+            except StoreError as e:
+                log.warning("event=gateway.lease-failed error=%s", e)
+            await self.clock.sleep(GATEWAY_LEASE_RENEW_S)
+
+    async def release_lease(self) -> None:
+        async with self.store.transaction() as tx:
+            await leases_sql.release(tx, f"gateway:{self.gateway_id}", self.gateway_id)
+
+    async def serve(self, link: Link[NodeMessage, GatewayMessage], peer: PeerIdentity) -> None:
+        driver = SessionDriver(self, link, peer)
+        await driver.run()
+
+
+class SessionDriver:
+    def __init__(self, gw: Gateway, link: Link[NodeMessage, GatewayMessage], peer: PeerIdentity) -> None:
+        self.gw, self.link, self.peer = gw, link, peer
+        self.node_id = peer.name
+        self.core = core.GatewaySessionCore(peer.name, gw.cfg.heartbeat_interval_s, gw.clock.monotonic())
+        self._lock = asyncio.Lock()
+        self._poked = asyncio.Event()
+        self._closing: core.Close | None = None
+        self._done = asyncio.Event()
+
+    def poke(self) -> None:
+        self._poked.set()
+
+    def request_close(self, code: str, details: str) -> None:
+        if self._closing is None:
+            self._closing = core.Close(code, details)
+        self._done.set()
+
+    async def run(self) -> None:
+        reader = asyncio.create_task(self._read_loop(), name=f"session-read-{self.node_id}")
+        ticker = asyncio.create_task(self._tick_loop(), name=f"session-tick-{self.node_id}")
+        try:
+            await self._done.wait()
+        finally:
+            for t in (reader, ticker):
+                t.cancel()
+            await asyncio.gather(reader, ticker, return_exceptions=True)
+            await self._cleanup()
+        if self._closing is not None and self._closing.code != "OK":
+            log.info(
+                "event=session.closed node=%s epoch=%d code=%s details=%s",
+                self.node_id,
+                self.core.epoch,
+                self._closing.code,
+                self._closing.details,
+            )
+            await self.link.close(self._closing.code, self._closing.details)
+
+    async def _cleanup(self) -> None:
+        self.core.close()
+        if self.gw.sessions.get(self.node_id) is self:
+            del self.gw.sessions[self.node_id]
+        if self.core.epoch:
+            try:
+                now_ms = await self.gw.store.now_ms()
+                async with self.gw.store.transaction() as tx:
+                    if await nodes_sql.close_session(tx, self.node_id, self.core.epoch, now_ms):
+                        await publish(
+                            tx,
+                            self.gw.bus,
+                            "node.connectivity",
+                            self.node_id,
+                            {
+                                "state": "disconnected",
+                                "epoch": self.core.epoch,
+                                "reason": self._closing.details if self._closing else "stream ended",
+                            },
+                            now_ms,
+                        )
+            except StoreError as e:
+                log.warning("event=session.close-write-failed node=%s error=%s", self.node_id, e)
+
+    async def _read_loop(self) -> None:
+        try:
+            first = True
+            while True:
+                if first:
+                    msg = await asyncio.wait_for(self.link.recv(), self.gw.cfg.hello_timeout_s)
+                    first = False
+                else:
+                    msg = await self.link.recv()
+                if msg is None:
+                    self.request_close("OK", "the node ended the stream")
+                    return
+                async with self._lock:
+                    await self._execute(self.core.on_message(msg, self.gw.clock.monotonic()))
+        except TimeoutError:
+            self.request_close("DEADLINE_EXCEEDED", "no Hello within the hello timeout")
+        except ProtocolError as e:
+            self.request_close("FAILED_PRECONDITION", e.message)
+        except Unauthenticated as e:
+            self.request_close("UNAUTHENTICATED", e.message)
+        except LinkClosed as e:
+            self.request_close("OK", e.details)
+        except StoreError as e:
+            log.warning("event=session.store-error node=%s error=%s", self.node_id, e)
+            self.request_close("UNAVAILABLE", "the control plane's store failed; reconnect")
+        except BcError as e:
+            self.request_close("INTERNAL", e.message)
+
+    async def _tick_loop(self) -> None:
+        try:
+            last_flush = self.gw.clock.monotonic()
+            step = min(1.0, self.gw.cfg.heartbeat_interval_s / 4)
+            while True:
+                try:
+                    await asyncio.wait_for(self._poked.wait(), step)
+                except TimeoutError:
+                    pass
+                now = self.gw.clock.monotonic()
+                async with self._lock:
+                    server_ms = await self.gw.store.now_ms()
+                    await self._execute(self.core.tick(now, server_ms))
+                    if self._poked.is_set() or self.core.backstop_due(now):
+                        reason = "poke" if self._poked.is_set() else "backstop"
+                        self._poked.clear()
+                        await self._check_generation(reason)
+                    if now - last_flush >= STATUS_FLUSH_S:
+                        last_flush = now
+                        await self._flush_status()
+        except LinkClosed as e:
+            self.request_close("OK", e.details)
+        except StoreError as e:
+            log.warning("event=session.store-error node=%s error=%s", self.node_id, e)
+            self.request_close("UNAVAILABLE", "the control plane's store failed; reconnect")
+
+    async def _check_generation(self, reason: str) -> None:
+        async with self.gw.store.transaction(write=False) as tx:
+            g = await tx.fetchval("SELECT generation FROM nodes WHERE node_id = :n", {"n": self.node_id})
+        if g is not None:
+            await self._execute(self.core.generation_is(int(g), reason))
+
+    async def _flush_status(self) -> None:
+        taken = self.core.take_status()
+        if taken is None:
+            return
+        report, new = taken
+        await status_ctl.ingest(self.gw.store, self.gw.bus, self.node_id, self.core.epoch, report, publish_it=new)
+
+    async def _execute(self, actions: list[core.Action]) -> None:
+        for a in actions:
+            if isinstance(a, core.Send):
+                await self.link.send(a.msg)
+            elif isinstance(a, core.OpenSession):
+                res = await hello_transaction(self.gw.store, self.gw.bus, self.gw.gateway_id, self.peer, a.hello)
+                old = self.gw.sessions.get(self.node_id)
+                if old is not None and old is not self:
+                    old.request_close("ABORTED", "superseded by a newer session of this node")
+                self.gw.sessions[self.node_id] = self
+                log.info(
+                    "event=session.opened node=%s epoch=%d boot=%s journal=%s applied=%d generation=%d",
+                    self.node_id,
+                    res.epoch,
+                    a.hello.boot_id,
+                    a.hello.journal_id,
+                    a.hello.applied_generation,
+                    res.generation,
+                )
+                await self._execute(
+                    self.core.opened(
+                        res.epoch,
+                        res.generation,
+                        await self.gw.store.now_ms(),
+                        self.gw.trust,
+                        self.gw.gateway_id,
+                        res.inventory_hash,
+                    )
+                )
+            elif isinstance(a, core.LoadSpec):
+                await self._load_spec()
+            elif isinstance(a, core.IngestEvents):
+                ack = await ingest(self.gw.store, self.gw.bus, self.node_id, a.batch)
+                if ack is not None:
+                    await self.link.send(GatewayMessage(ack=ack))
+            elif isinstance(a, core.ApplyCommandUpdate):
+                pass  # commands arrive with the command queue
+            elif isinstance(a, core.Close):
+                self.request_close(a.code, a.details)
+
+    async def _load_spec(self) -> None:
+        async with self.gw.store.transaction(write=False) as tx:
+            row = await nodes_sql.spec_delivery(tx, self.node_id)
+        if row is None or row["spec_body"] is None:
+            return
+        env = common_pb2.Envelope(purpose="desired-state", body=bytes(row["spec_body"]))
+        if row["spec_signature"] is not None:
+            env.signature = bytes(row["spec_signature"])
+        await self._execute(self.core.spec_loaded(int(row["generation"]), env))

@@ -1,0 +1,249 @@
+"""The cluster CA: one P-256 key on the `bc serve` host that signs every identity.
+
+`load_or_create(dir, clock)` keeps `ca.key` (0600) and `ca.crt` in `dir`. It
+never overwrites: a directory holding one file without the other, or a key
+that does not match the certificate, is refused, because silently minting a
+new CA would orphan every node that pinned the old one.
+
+What the certificates say (and `bc.pki.identity` reads back):
+
+* node: CN `node:<id>`, SAN URIs `urn:bc:node:<id>`, `urn:bc:role:<role>`,
+  `urn:bc:idgen:<n>`; clientAuth; at most 24 h. The subject and extensions a
+  CSR asks for are ignored: the node is who the CA says.
+* operator: CN `operator:<name>`; clientAuth; 1 year.
+* server: SAN of the given hosts plus 127.0.0.1, ::1 and localhost;
+  serverAuth; 1 year.
+
+Every validity window starts 60 s in the past to forgive small clock skew, and
+all times come from the injected clock.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import secrets
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from bc.clock import Clock
+from bc.errors import Unauthenticated, UsageError
+from bc.pki import keys
+
+CA_KEY_FILE = "ca.key"
+CA_CERT_FILE = "ca.crt"
+
+CA_LIFETIME_S = 10 * 365 * 24 * 3600
+LEAF_LIFETIME_S = 365 * 24 * 3600
+NODE_MAX_TTL_S = 24 * 3600
+BACKDATE_S = 60
+
+# Names end up in URIs and CNs that we parse back; keep them boring.
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_ROLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_OPERATOR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")
+
+_ALWAYS_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def _check_name(what: str, value: str, pattern: re.Pattern[str]) -> None:
+    if not pattern.fullmatch(value):
+        raise UsageError(
+            f"the {what} {value!r} is not valid: use letters, digits, '.', '_' or '-' (starting with a letter or digit)"
+        )
+
+
+def _public(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -> ec.EllipticCurvePublicKey:
+    pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey) else key
+    if not keys.is_p256(pub):
+        raise UsageError("certificates are issued only for ECDSA P-256 keys")
+    return pub
+
+
+class CertificateAuthority:
+    """Signs server, node and operator certificates with the cluster CA key."""
+
+    def __init__(self, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate, clock: Clock) -> None:
+        if cert.public_key() != key.public_key():
+            raise UsageError("the CA key does not match the CA certificate")
+        self._key = key
+        self._cert = cert
+        self._clock = clock
+
+    # -- loading -----------------------------------------------------------------------------
+
+    @classmethod
+    def load_or_create(cls, dir: Path, clock: Clock) -> tuple[CertificateAuthority, bool]:
+        """Load the CA from `dir`, or create it there if neither file exists; True if created."""
+        dir = Path(dir)
+        key_path, cert_path = dir / CA_KEY_FILE, dir / CA_CERT_FILE
+        have_key, have_cert = key_path.exists(), cert_path.exists()
+        if have_key and have_cert:
+            key = keys.load_key_pem(key_path.read_bytes())
+            cert = keys.load_cert_pem(cert_path.read_bytes())
+            return cls(key, cert, clock), False
+        if have_key or have_cert:
+            present, missing = (key_path, cert_path) if have_key else (cert_path, key_path)
+            raise UsageError(
+                f"the CA directory holds {present} but not {missing}; restore the missing file or move the "
+                "directory aside (a new CA would cut off every joined node)"
+            )
+        ca = cls.create(clock)
+        # The key goes first: a crash between the two writes leaves a key without a certificate,
+        # which the next start refuses loudly rather than replacing.
+        keys.write_private_key(key_path, ca._key)
+        keys.write_file_atomic(cert_path, ca.ca_pem, mode=0o644)
+        return ca, True
+
+    @classmethod
+    def create(cls, clock: Clock) -> CertificateAuthority:
+        """A new CA in memory (10 years); `load_or_create` is what persists it."""
+        key = keys.generate_key()
+        now = clock.now()
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"bc CA {secrets.token_hex(4)}")])
+        pub = key.public_key()
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(pub)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(keys.utc(now - BACKDATE_S))
+            .not_valid_after(keys.utc(now + CA_LIFETIME_S))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(pub), critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        return cls(key, cert, clock)
+
+    # -- what others need to know --------------------------------------------------------------
+
+    @property
+    def certificate(self) -> x509.Certificate:
+        return self._cert
+
+    @property
+    def ca_pem(self) -> bytes:
+        return keys.cert_to_pem(self._cert)
+
+    @property
+    def fingerprint(self) -> str:
+        return keys.fingerprint(self._cert)
+
+    # -- issuing -------------------------------------------------------------------------------
+
+    def issue_server_cert(
+        self, hosts: list[str], key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey
+    ) -> x509.Certificate:
+        """A serving certificate for `hosts` (IP addresses or DNS names), plus the loopback names."""
+        names: list[x509.GeneralName] = []
+        seen: set[str] = set()
+        for host in [*hosts, *_ALWAYS_HOSTS]:
+            host = host.strip().strip("[]")
+            if not host or host.lower() in seen:
+                continue
+            seen.add(host.lower())
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host.lower()))
+        cn = hosts[0].strip() if hosts and hosts[0].strip() else "localhost"
+        builder = self._leaf(cn, _public(key), LEAF_LIFETIME_S, ExtendedKeyUsageOID.SERVER_AUTH)
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return builder.sign(self._key, hashes.SHA256())
+
+    def issue_node_cert(
+        self,
+        csr: x509.CertificateSigningRequest,
+        node_id: str,
+        role: str,
+        identity_generation: int,
+        ttl_s: int = NODE_MAX_TTL_S,
+    ) -> x509.Certificate:
+        """A node's client certificate for the key in `csr`, at most 24 h long.
+
+        Only the CSR's public key is used, and only once its signature proves
+        the requester holds the private half.
+        """
+        if not csr.is_signature_valid:
+            raise Unauthenticated("the certificate request's signature does not match its key")
+        pub = csr.public_key()
+        if not isinstance(pub, ec.EllipticCurvePublicKey) or not keys.is_p256(pub):
+            raise Unauthenticated("the certificate request's key is not an ECDSA P-256 key")
+        _check_name("node id", node_id, _NODE_ID)
+        if role:
+            _check_name("role", role, _ROLE)
+        if identity_generation < 0:
+            raise UsageError(f"the identity generation must not be negative, got {identity_generation}")
+        if ttl_s <= 0:
+            raise UsageError(f"a node certificate's lifetime must be positive, got {ttl_s} s")
+        uris = [f"urn:bc:node:{node_id}", f"urn:bc:idgen:{identity_generation}"]
+        if role:
+            uris.insert(1, f"urn:bc:role:{role}")
+        builder = self._leaf(f"node:{node_id}", pub, min(ttl_s, NODE_MAX_TTL_S), ExtendedKeyUsageOID.CLIENT_AUTH)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(u) for u in uris]), critical=False
+        )
+        return builder.sign(self._key, hashes.SHA256())
+
+    def issue_operator_cert(
+        self, name: str, key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey
+    ) -> x509.Certificate:
+        """An operator's client certificate for the Admin API (1 year)."""
+        _check_name("operator name", name, _OPERATOR)
+        builder = self._leaf(f"operator:{name}", _public(key), LEAF_LIFETIME_S, ExtendedKeyUsageOID.CLIENT_AUTH)
+        return builder.sign(self._key, hashes.SHA256())
+
+    def _leaf(
+        self, cn: str, pub: ec.EllipticCurvePublicKey, lifetime_s: float, eku: x509.ObjectIdentifier
+    ) -> x509.CertificateBuilder:
+        now = self._clock.now()
+        not_after = min(now + lifetime_s, self._cert.not_valid_after_utc.timestamp())
+        return (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+            .issuer_name(self._cert.subject)
+            .public_key(pub)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(keys.utc(now - BACKDATE_S))
+            .not_valid_after(keys.utc(not_after))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(pub), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_public_key()), critical=False)
+        )
+
+    def _ca_public_key(self) -> ec.EllipticCurvePublicKey:
+        return self._key.public_key()

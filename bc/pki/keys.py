@@ -1,0 +1,116 @@
+"""P-256 keys and certificates to and from PEM, written to disk safely.
+
+Private keys are written atomically (a temporary file in the same directory,
+fsynced, then renamed) with mode 0600 from the moment they exist, so a crash
+leaves either the old key or the new one and never a readable half. A
+directory we create for them is 0700.
+
+`fingerprint()` is the one way we name a certificate: "sha256:" and the
+lowercase hex SHA-256 of its DER. Join tokens pin the CA by it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bc.errors import UsageError
+
+PrivateKey = ec.EllipticCurvePrivateKey
+PublicKey = ec.EllipticCurvePublicKey
+
+
+def generate_key() -> ec.EllipticCurvePrivateKey:
+    """A fresh ECDSA P-256 private key."""
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def is_p256(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -> bool:
+    return isinstance(key.curve, ec.SECP256R1)
+
+
+def key_to_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """Unencrypted PKCS#8 PEM: what grpcio takes, and what `openssl` reads."""
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def load_key_pem(data: bytes) -> ec.EllipticCurvePrivateKey:
+    """Parse a PEM private key, refusing anything but P-256 (grpcio would refuse it later, less clearly)."""
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"the private key is not a readable unencrypted PEM key: {e}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or not is_p256(key):
+        raise UsageError("the private key is not an ECDSA P-256 key")
+    return key
+
+
+def cert_to_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def load_cert_pem(data: bytes) -> x509.Certificate:
+    """Parse the first certificate of a PEM blob."""
+    try:
+        return x509.load_pem_x509_certificate(data)
+    except ValueError as e:
+        raise UsageError(f"the certificate is not a readable PEM certificate: {e}") from None
+
+
+def fingerprint(cert: x509.Certificate) -> str:
+    """ "sha256:" + lowercase hex SHA-256 of the certificate's DER encoding."""
+    der = cert.public_bytes(serialization.Encoding.DER)
+    return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def utc(ts: float) -> datetime:
+    """Epoch seconds (from an injected `Clock`) to the aware datetime `cryptography` wants."""
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    """Write `key` as PEM to `path` atomically, mode 0600; create the parent 0700 if missing."""
+    write_file_atomic(path, key_to_pem(key), mode=0o600)
+
+
+def write_file_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data` so that readers see the old or the new file, never a mix.
+
+    The temporary file is created with `mode` already set (no window where a
+    key is world-readable), fsynced, renamed over `path`, and the directory is
+    fsynced so the rename survives a power cut.
+    """
+    path = Path(path)
+    parent = path.parent
+    if not parent.exists():
+        parent.mkdir(mode=0o700, parents=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)  # created 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

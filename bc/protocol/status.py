@@ -1,0 +1,21 @@
+"""What makes a status report new (the reference's `statusKey`)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from bc.protocol.canonical import canonical_json
+from bc.protocol.pb.session_pb2 import StatusReport
+
+
+def status_key(report: StatusReport) -> str:
+    """Everything but gauges, ages and the inventory body: a new key is worth publishing."""
+    doc = {
+        "applied": report.applied_generation,
+        "observed": report.observed_generation,
+        "hash": report.applied_spec_hash,
+        "sections": [[s.section, int(s.state), s.generation, s.reason, s.message] for s in report.sections],
+        "conditions": [[c.type, c.status, c.reason, c.message] for c in report.conditions],
+        "inventory": report.inventory_hash,
+    }
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()

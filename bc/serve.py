@@ -1,0 +1,234 @@
+"""`bc serve`: the control plane and the gateway in one process, on the embedded store.
+
+First start creates the CA (`pki/ca.key`, 0600), the server's TLS certificate
+and an operator certificate for the local operator (`operator/`), and writes
+the operator's client config (see `bc.config`). Every later start reuses the
+CA; the server certificate is reissued each start for the hosts it listens on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import socket
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bc.api.admin_servicer import AdminServicer
+from bc.api.join_servicer import JoinServicer
+from bc.api.session_servicer import SessionServicer
+from bc.clock import Clock, SystemClock
+from bc.config import OperatorConfig, user_config_path
+from bc.control.bus import Bus
+from bc.control.liveness import Liveness, LivenessConfig
+from bc.errors import UsageError
+from bc.gateway.sessions import Gateway, GatewayConfig
+from bc.pki import keys
+from bc.pki.ca import CertificateAuthority
+from bc.pki.tokens import ROOT_GRACE_S
+from bc.protocol.pb import common_pb2
+from bc.store import Store, StoreError, open_store
+from bc.store import identity as id_sql
+from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, session_pb2_grpc
+from bc.wire.tls import ServerTLS
+
+log = logging.getLogger("bc.serve")
+
+
+@dataclass
+class ServeOptions:
+    data_dir: Path
+    listen: str = "127.0.0.1:7443"
+    advertise: list[str] = field(default_factory=list)
+    heartbeat_interval_s: float = 10.0
+    lease_ttl_s: float = 40.0
+    unreachable_grace_s: float = 120.0
+
+
+def _host_port(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UsageError(f"--listen must be HOST:PORT, not {listen!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _client_address(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _write_operator_config(data_dir: Path, ca: CertificateAuthority, server: str) -> Path:
+    op_dir = data_dir / "operator"
+    cfg_path = op_dir / "config.json"
+    if cfg_path.exists():
+        cfg = OperatorConfig.load(cfg_path)
+        if cfg.server == server:
+            return cfg_path
+        key_pem, cert_pem = cfg.key_pem, cfg.cert_pem
+    else:
+        key = keys.generate_key()
+        key_pem = keys.key_to_pem(key)
+        cert_pem = keys.cert_to_pem(ca.issue_operator_cert("local", key))
+    path = OperatorConfig.write(
+        op_dir, server=server, ca_pem=ca.ca_pem, cert_pem=cert_pem, key_pem=key_pem, data_dir=data_dir
+    )
+    user = user_config_path()
+    try:
+        mine = not user.exists() or OperatorConfig.load(user).data_dir == str(data_dir)
+    except UsageError:
+        mine = False
+    if mine:
+        OperatorConfig.write(
+            user.parent, server=server, ca_pem=ca.ca_pem, cert_pem=cert_pem, key_pem=key_pem, data_dir=data_dir
+        )
+    return path
+
+
+class Server:
+    """The running pieces of one `bc serve` process, for the CLI and for tests."""
+
+    def __init__(self, opts: ServeOptions, clock: Clock | None = None, rng: random.Random | None = None) -> None:
+        self.opts = opts
+        self.clock: Clock = clock or SystemClock()
+        self.rng = rng or random.Random()
+        self.bus = Bus()
+        self.gateway_id = f"gw-{socket.gethostname()[:24]}-{self.rng.getrandbits(24):06x}"
+        self.store: Store | None = None
+        self.grpc_server: grpc.aio.Server | None = None
+        self.port = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        data_dir = self.opts.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        host, port = _host_port(self.opts.listen)
+        ca, created = CertificateAuthority.load_or_create(data_dir / "pki", self.clock)
+        if created:
+            log.info("event=ca.created fingerprint=%s", ca.fingerprint)
+        self.ca = ca
+        self.store = await open_store(str(data_dir / "bc.db"), self.clock)
+        server_key = keys.generate_key()
+        hosts = sorted({host, *self.opts.advertise, socket.gethostname()} - {"0.0.0.0", "::"})
+        server_cert = ca.issue_server_cert(hosts, server_key)
+        self.trust = common_pb2.TrustBundle(ca_pem=ca.ca_pem)
+        self.tls = ServerTLS(keys.key_to_pem(server_key), keys.cert_to_pem(server_cert) + ca.ca_pem, ca.ca_pem)
+        await self._refresh_token_roots()
+        self.bus.on_tokens_changed(lambda: self._spawn(self._refresh_token_roots()))
+
+        self.gateway = Gateway(
+            self.store,
+            self.bus,
+            self.clock,
+            self.gateway_id,
+            self.trust,
+            GatewayConfig(heartbeat_interval_s=self.opts.heartbeat_interval_s),
+        )
+        await self.gateway.renew_lease()
+        self.liveness = Liveness(
+            self.store,
+            self.bus,
+            self.gateway_id,
+            LivenessConfig(
+                lease_ttl_ms=int(self.opts.lease_ttl_s * 1000),
+                unreachable_grace_ms=int(self.opts.unreachable_grace_s * 1000),
+            ),
+        )
+
+        server = grpc.aio.server(
+            options=[
+                ("grpc.keepalive_time_ms", 20_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ]
+        )
+        session_pb2_grpc.add_NodeSessionServicer_to_server(SessionServicer(self.gateway, ca.certificate), server)
+        join_pb2_grpc.add_JoinServicer_to_server(JoinServicer(self.store, self.bus, ca, self.trust), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminServicer(self.store, self.bus, ca, self.clock, self.gateway_id), server
+        )
+        try:
+            self.port = server.add_secure_port(
+                f"{host}:{port}" if ":" not in host else f"[{host}]:{port}", self.tls.credentials()
+            )
+        except RuntimeError as e:
+            raise UsageError(f"cannot listen on {self.opts.listen}: {e}") from None
+        if self.port == 0:
+            raise UsageError(f"cannot listen on {self.opts.listen}: the address is in use or not local")
+        await server.start()
+        self.grpc_server = server
+        self.address = _client_address(host, self.port)
+        self.operator_config = _write_operator_config(data_dir, ca, self.address)
+        self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
+        self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))
+        self._tasks.append(asyncio.create_task(self._token_roots_loop(), name="token-roots"))
+        log.info(
+            "event=serve.started listen=%s store=%s gateway=%s ca=%s operator_config=%s",
+            self.address,
+            self.store.description,
+            self.gateway_id,
+            ca.fingerprint,
+            self.operator_config,
+        )
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.append(t)
+        t.add_done_callback(lambda _t: self._tasks.remove(_t) if _t in self._tasks else None)
+
+    async def _refresh_token_roots(self) -> None:
+        assert self.store is not None
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction(write=False) as tx:
+            rows = await id_sql.trusted_token_roots(tx, now_ms, int(ROOT_GRACE_S * 1000))
+        self.tls.set_token_roots({str(r["token_id"]): str(r["root_cert_pem"]).encode() for r in rows})
+
+    async def _token_roots_loop(self) -> None:
+        while True:
+            await self.clock.sleep(5.0)
+            with contextlib.suppress(StoreError):
+                await self._refresh_token_roots()
+
+    async def _liveness_loop(self) -> None:
+        while True:
+            try:
+                await self.liveness.sweep_once()
+            except StoreError as e:
+                log.warning("event=liveness.failed error=%s", e)
+            await self.clock.sleep(self.liveness.cfg.interval_s)
+
+    async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(grace=1.0)
+        if self.store is not None:
+            with contextlib.suppress(StoreError):
+                await self.gateway.release_lease()
+            await self.store.close()
+
+
+async def run_serve(opts: ServeOptions) -> None:
+    from bc import logs
+
+    logs.setup("serve")
+    server = Server(opts)
+    await server.start()
+    print(f"bc serve listening on {server.address}; operator config {server.operator_config}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("event=serve.stopping")
+        await server.stop()

@@ -1,0 +1,27 @@
+"""The events log: append-only, sequenced; Admin Watch and the tests read it from any point."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bc.store.base import Row, Tx
+
+
+async def publish(tx: Tx, type_: str, subject: str, data: dict[str, Any], now_ms: int) -> None:
+    await tx.execute(
+        "INSERT INTO events (type, subject, data, at_ms) VALUES (:t, :s, :d, :at)",
+        {"t": type_, "s": subject, "d": json.dumps(data, sort_keys=True), "at": now_ms},
+    )
+
+
+async def list_events(tx: Tx, after_seq: int, limit: int, type_prefix: str = "") -> list[Row]:
+    return await tx.fetchall(
+        "SELECT seq, type, subject, data, at_ms FROM events"
+        " WHERE seq > :after AND type LIKE :prefix ORDER BY seq LIMIT :limit",
+        {"after": after_seq, "prefix": type_prefix + "%", "limit": limit},
+    )
+
+
+async def last_seq(tx: Tx) -> int:
+    return int(await tx.fetchval("SELECT COALESCE(MAX(seq), 0) FROM events") or 0)

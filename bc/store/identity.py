@@ -1,0 +1,82 @@
+"""Join tokens and node certificates."""
+
+from __future__ import annotations
+
+from bc.store.base import Row, Tx
+
+
+async def insert_token(
+    tx: Tx,
+    *,
+    token_id: str,
+    secret_hash: str,
+    node_id: str,
+    role: str,
+    root_cert_pem: str,
+    created_at_ms: int,
+    expires_at_ms: int,
+) -> None:
+    await tx.execute(
+        "INSERT INTO join_tokens (token_id, secret_hash, node_id, role, root_cert_pem, created_at_ms,"
+        " expires_at_ms) VALUES (:id, :h, :n, :r, :root, :c, :e)",
+        {
+            "id": token_id,
+            "h": secret_hash,
+            "n": node_id,
+            "r": role,
+            "root": root_cert_pem,
+            "c": created_at_ms,
+            "e": expires_at_ms,
+        },
+    )
+
+
+async def get_token(tx: Tx, token_id: str) -> Row | None:
+    return await tx.fetchone("SELECT * FROM join_tokens WHERE token_id = :id", {"id": token_id})
+
+
+async def use_token(tx: Tx, token_id: str, now_ms: int) -> bool:
+    """Consume a token once: True only for the first use before expiry."""
+    n = await tx.execute(
+        "UPDATE join_tokens SET used_at_ms = :t WHERE token_id = :id AND used_at_ms IS NULL AND expires_at_ms > :t",
+        {"t": now_ms, "id": token_id},
+    )
+    return n == 1
+
+
+async def trusted_token_roots(tx: Tx, now_ms: int, grace_ms: int) -> list[Row]:
+    """Roots of tokens within their TLS grace: used and expired ones too, so a refusal is a sentence."""
+    return await tx.fetchall(
+        "SELECT token_id, root_cert_pem FROM join_tokens WHERE expires_at_ms > :t",
+        {"t": now_ms - grace_ms},
+    )
+
+
+async def insert_cert(
+    tx: Tx,
+    *,
+    serial: str,
+    node_id: str,
+    identity_generation: int,
+    cert_pem: str,
+    issued_at_ms: int,
+    not_after_ms: int,
+) -> None:
+    await tx.execute(
+        "INSERT INTO node_certs (serial, node_id, identity_generation, cert_pem, issued_at_ms, not_after_ms)"
+        " VALUES (:s, :n, :g, :pem, :i, :na)",
+        {"s": serial, "n": node_id, "g": identity_generation, "pem": cert_pem, "i": issued_at_ms, "na": not_after_ms},
+    )
+
+
+async def get_cert(tx: Tx, serial: str) -> Row | None:
+    return await tx.fetchone("SELECT * FROM node_certs WHERE serial = :s", {"s": serial})
+
+
+async def bump_identity_generation(tx: Tx, node_id: str) -> int:
+    row = await tx.fetchone(
+        "UPDATE nodes SET identity_generation = identity_generation + 1 WHERE node_id = :n"
+        " RETURNING identity_generation",
+        {"n": node_id},
+    )
+    return int(row["identity_generation"]) if row else 1

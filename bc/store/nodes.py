@@ -1,0 +1,219 @@
+"""Nodes, their specs and generations, and the session routing table.
+
+Writes the reference fences carry their fence here, in SQL: routing and
+liveness writes match `session_epoch = :epoch`, `observed_generation` only
+rises (`WHERE observed_generation < :g`). A fenced write that matches nothing
+returns False; the caller decides what that means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bc.store.base import Row, Tx
+
+
+async def get(tx: Tx, node_id: str) -> Row | None:
+    return await tx.fetchone(
+        "SELECT n.*, s.gateway_id, s.session_epoch, s.open AS session_open, s.journal_id, s.boot_id,"
+        " s.incarnation_id, s.acked_event_seq FROM nodes n LEFT JOIN node_sessions s USING (node_id)"
+        " WHERE n.node_id = :n",
+        {"n": node_id},
+    )
+
+
+async def list_all(tx: Tx) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT n.*, s.gateway_id, s.session_epoch, s.open AS session_open, s.journal_id, s.boot_id,"
+        " s.incarnation_id, s.acked_event_seq FROM nodes n LEFT JOIN node_sessions s USING (node_id)"
+        " ORDER BY n.node_id"
+    )
+
+
+async def ensure(tx: Tx, node_id: str, role: str, now_ms: int) -> bool:
+    """Create the node row if absent; True when it was created."""
+    n = await tx.execute(
+        "INSERT INTO nodes (node_id, role, created_at_ms) VALUES (:n, :r, :t) ON CONFLICT (node_id) DO NOTHING",
+        {"n": node_id, "r": role, "t": now_ms},
+    )
+    return n == 1
+
+
+async def spec_for_update(tx: Tx, node_id: str, lock: str = "") -> Row | None:
+    return await tx.fetchone(
+        f"SELECT node_id, spec, spec_hash, generation FROM nodes WHERE node_id = :n {lock}", {"n": node_id}
+    )
+
+
+async def write_spec(
+    tx: Tx, node_id: str, generation: int, spec: str, spec_hash: str, body: bytes, signature: bytes | None
+) -> None:
+    """Store a new generation with its encoded body; every bump rewrites body and signature."""
+    await tx.execute(
+        "UPDATE nodes SET spec = :s, spec_hash = :h, spec_body = :b, spec_signature = :sig, generation = :g"
+        " WHERE node_id = :n",
+        {"s": spec, "h": spec_hash, "b": body, "sig": signature, "g": generation, "n": node_id},
+    )
+
+
+async def spec_delivery(tx: Tx, node_id: str) -> Row | None:
+    return await tx.fetchone(
+        "SELECT generation, spec_hash, spec_body, spec_signature FROM nodes WHERE node_id = :n", {"n": node_id}
+    )
+
+
+@dataclass(frozen=True)
+class SessionOpened:
+    epoch: int
+    previous_journal_id: str
+    previous_boot_id: str
+    previous_gateway_id: str
+    previous_open: bool
+    previous_incarnation_id: str
+
+
+async def open_session(
+    tx: Tx,
+    *,
+    node_id: str,
+    gateway_id: str,
+    journal_id: str,
+    boot_id: str,
+    incarnation_id: str,
+    cert_serial: str,
+    now_ms: int,
+) -> SessionOpened:
+    """Bump the node's session epoch and route it to this gateway (the Hello transaction)."""
+    prev = await tx.fetchone("SELECT * FROM node_sessions WHERE node_id = :n", {"n": node_id})
+    row = await tx.fetchone(
+        "INSERT INTO node_sessions (node_id, gateway_id, session_epoch, open, journal_id, boot_id,"
+        " incarnation_id, cert_serial, acked_event_seq, opened_at_ms)"
+        " VALUES (:n, :g, 1, 1, :j, :b, :i, :c, 0, :t)"
+        " ON CONFLICT (node_id) DO UPDATE SET gateway_id = excluded.gateway_id,"
+        " session_epoch = node_sessions.session_epoch + 1, open = 1, journal_id = excluded.journal_id,"
+        " boot_id = excluded.boot_id, incarnation_id = excluded.incarnation_id,"
+        " cert_serial = excluded.cert_serial,"
+        " acked_event_seq = CASE WHEN node_sessions.journal_id = excluded.journal_id"
+        "   THEN node_sessions.acked_event_seq ELSE 0 END,"
+        " opened_at_ms = excluded.opened_at_ms, closed_at_ms = NULL"
+        " RETURNING session_epoch",
+        {
+            "n": node_id,
+            "g": gateway_id,
+            "j": journal_id,
+            "b": boot_id,
+            "i": incarnation_id,
+            "c": cert_serial,
+            "t": now_ms,
+        },
+    )
+    assert row is not None
+    await set_connectivity(tx, node_id, "connected", now_ms)
+    await tx.execute("UPDATE nodes SET last_seen_ms = :t WHERE node_id = :n", {"t": now_ms, "n": node_id})
+    return SessionOpened(
+        epoch=int(row["session_epoch"]),
+        previous_journal_id=str(prev["journal_id"]) if prev else "",
+        previous_boot_id=str(prev["boot_id"]) if prev else "",
+        previous_gateway_id=str(prev["gateway_id"]) if prev else "",
+        previous_open=bool(prev["open"]) if prev else False,
+        previous_incarnation_id=str(prev["incarnation_id"]) if prev else "",
+    )
+
+
+async def set_connectivity(tx: Tx, node_id: str, state: str, now_ms: int) -> bool:
+    """Set the connectivity state; True when it changed."""
+    n = await tx.execute(
+        "UPDATE nodes SET connectivity = :s, connectivity_since_ms = :t WHERE node_id = :n AND connectivity <> :s",
+        {"s": state, "t": now_ms, "n": node_id},
+    )
+    return n == 1
+
+
+async def close_session(tx: Tx, node_id: str, epoch: int, now_ms: int) -> bool:
+    """Epoch-fenced: a session superseded by a newer Hello closes nothing."""
+    n = await tx.execute(
+        "UPDATE node_sessions SET open = 0, closed_at_ms = :t WHERE node_id = :n AND session_epoch = :e AND open = 1",
+        {"t": now_ms, "n": node_id, "e": epoch},
+    )
+    if n == 1:
+        await set_connectivity(tx, node_id, "disconnected", now_ms)
+    return n == 1
+
+
+async def session_is_current(tx: Tx, node_id: str, epoch: int) -> bool:
+    v = await tx.fetchval(
+        "SELECT 1 FROM node_sessions WHERE node_id = :n AND session_epoch = :e AND open = 1",
+        {"n": node_id, "e": epoch},
+    )
+    return v is not None
+
+
+async def mark_seen(tx: Tx, node_id: str, epoch: int, seen_ms: int) -> bool:
+    """Liveness flush: `seen_ms` comes from the store clock minus the gateway-reported age."""
+    return (
+        await tx.execute(
+            "UPDATE nodes SET last_seen_ms = :t WHERE node_id = :n AND (last_seen_ms IS NULL OR last_seen_ms < :t)"
+            " AND EXISTS (SELECT 1 FROM node_sessions s WHERE s.node_id = :n AND s.session_epoch = :e)",
+            {"t": seen_ms, "n": node_id, "e": epoch},
+        )
+        == 1
+    )
+
+
+async def set_applied(tx: Tx, node_id: str, epoch: int, generation: int, spec_hash: str) -> None:
+    await tx.execute(
+        "UPDATE nodes SET applied_generation = :g, applied_spec_hash = :h WHERE node_id = :n"
+        " AND EXISTS (SELECT 1 FROM node_sessions s WHERE s.node_id = :n AND s.session_epoch = :e)",
+        {"g": generation, "h": spec_hash, "n": node_id, "e": epoch},
+    )
+
+
+async def advance_observed(tx: Tx, node_id: str, generation: int) -> bool:
+    """Only forward, whichever session a late report arrives on; never past the newest spec."""
+    n = await tx.execute(
+        "UPDATE nodes SET observed_generation = :g"
+        " WHERE node_id = :n AND observed_generation < :g AND generation >= :g",
+        {"g": generation, "n": node_id},
+    )
+    return n == 1
+
+
+async def write_status(tx: Tx, node_id: str, status_json: str) -> None:
+    await tx.execute("UPDATE nodes SET status = :s WHERE node_id = :n", {"s": status_json, "n": node_id})
+
+
+async def write_inventory(tx: Tx, node_id: str, inventory_json: str, inventory_hash: str) -> None:
+    await tx.execute(
+        "UPDATE nodes SET inventory = :i, inventory_hash = :h WHERE node_id = :n",
+        {"i": inventory_json, "h": inventory_hash, "n": node_id},
+    )
+
+
+async def write_capabilities(tx: Tx, node_id: str, capabilities_json: str) -> None:
+    await tx.execute("UPDATE nodes SET capabilities = :c WHERE node_id = :n", {"c": capabilities_json, "n": node_id})
+
+
+async def disconnected_before(tx: Tx, cutoff_ms: int) -> list[Row]:
+    """Nodes disconnected since before the cutoff: candidates for `unreachable`."""
+    return await tx.fetchall(
+        "SELECT node_id, connectivity_since_ms FROM nodes"
+        " WHERE connectivity = 'disconnected' AND connectivity_since_ms <= :c",
+        {"c": cutoff_ms},
+    )
+
+
+async def open_sessions_of_dead_gateways(tx: Tx, now_ms: int) -> list[Row]:
+    """Open sessions routed to a gateway whose lease has expired (or never existed)."""
+    return await tx.fetchall(
+        "SELECT s.node_id, s.session_epoch, s.gateway_id FROM node_sessions s"
+        " LEFT JOIN leases l ON l.name = 'gateway:' || s.gateway_id"
+        " WHERE s.open = 1 AND (l.name IS NULL OR l.expires_at_ms < :t OR l.holder <> s.gateway_id)",
+        {"t": now_ms},
+    )
+
+
+async def sessions_routed_to(tx: Tx, gateway_id: str) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT node_id, session_epoch FROM node_sessions WHERE gateway_id = :g AND open = 1",
+        {"g": gateway_id},
+    )

@@ -1,0 +1,103 @@
+"""Reservations and the atoms they book. The live-booking unique index is the last line of I1."""
+
+from __future__ import annotations
+
+from bc.store.base import Row, Tx
+
+
+async def insert(
+    tx: Tx,
+    *,
+    id_: str,
+    node_id: str,
+    allocation_id: str,
+    device_class: str,
+    gpus: int,
+    binding: str,
+    state: str,
+    now_ms: int,
+) -> None:
+    await tx.execute(
+        "INSERT INTO reservations (id, node_id, allocation_id, device_class, gpus, binding, state, created_at_ms)"
+        " VALUES (:id, :n, :a, :c, :g, :b, :s, :t)",
+        {
+            "id": id_,
+            "n": node_id,
+            "a": allocation_id,
+            "c": device_class,
+            "g": gpus,
+            "b": binding,
+            "s": state,
+            "t": now_ms,
+        },
+    )
+
+
+async def book(
+    tx: Tx, *, reservation_id: str, node_id: str, device_class: str, atom_id: str, gpu_uuid: str, now_ms: int
+) -> None:
+    await tx.execute(
+        "INSERT INTO device_bookings (reservation_id, node_id, device_class, atom_id, gpu_uuid, booked_at_ms)"
+        " VALUES (:r, :n, :c, :a, :g, :t)",
+        {"r": reservation_id, "n": node_id, "c": device_class, "a": atom_id, "g": gpu_uuid, "t": now_ms},
+    )
+
+
+async def get(tx: Tx, id_: str) -> Row | None:
+    return await tx.fetchone("SELECT * FROM reservations WHERE id = :id", {"id": id_})
+
+
+async def by_allocation(tx: Tx, allocation_id: str) -> Row | None:
+    return await tx.fetchone("SELECT * FROM reservations WHERE allocation_id = :a", {"a": allocation_id})
+
+
+async def list_(tx: Tx, node_id: str = "", include_released: bool = False) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT * FROM reservations WHERE (:n = '' OR node_id = :n)"
+        " AND (:all = 1 OR state <> 'released') ORDER BY created_at_ms, id",
+        {"n": node_id, "all": 1 if include_released else 0},
+    )
+
+
+async def bookings(tx: Tx, reservation_id: str) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT device_class, atom_id, gpu_uuid FROM device_bookings WHERE reservation_id = :r ORDER BY atom_id",
+        {"r": reservation_id},
+    )
+
+
+async def live_bookings_on(tx: Tx, node_id: str) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT b.reservation_id, b.device_class, b.atom_id, b.gpu_uuid, r.allocation_id, r.binding"
+        " FROM device_bookings b JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.node_id = :n AND b.released_at_ms IS NULL ORDER BY r.created_at_ms, b.atom_id",
+        {"n": node_id},
+    )
+
+
+async def set_state(
+    tx: Tx, id_: str, state: str, now_ms: int, reason: str = "", *, only_from: tuple[str, ...] = ()
+) -> bool:
+    where = ""
+    params: dict[str, object] = {"id": id_, "s": state, "r": reason, "t": now_ms}
+    if only_from:
+        where = " AND state IN (" + ", ".join(f":f{i}" for i in range(len(only_from))) + ")"
+        params.update({f"f{i}": v for i, v in enumerate(only_from)})
+    extra = ""
+    if state == "active":
+        extra = ", bound_at_ms = :t"
+    elif state == "released":
+        extra = ", released_at_ms = :t"
+    n = await tx.execute(f"UPDATE reservations SET state = :s, reason = :r{extra} WHERE id = :id{where}", params)
+    return n == 1
+
+
+async def set_generation(tx: Tx, id_: str, generation: int) -> None:
+    await tx.execute("UPDATE reservations SET generation = :g WHERE id = :id", {"g": generation, "id": id_})
+
+
+async def release_bookings(tx: Tx, reservation_id: str, now_ms: int) -> None:
+    await tx.execute(
+        "UPDATE device_bookings SET released_at_ms = :t WHERE reservation_id = :r AND released_at_ms IS NULL",
+        {"t": now_ms, "r": reservation_id},
+    )

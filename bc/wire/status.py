@@ -1,0 +1,142 @@
+"""Our error tree on the wire: one gRPC status code per `BcError` class, and back.
+
+    BcError          <-> UNKNOWN              (what grpc itself reports for an unhandled exception)
+    UsageError       <-> INVALID_ARGUMENT     (OUT_OF_RANGE reads as a UsageError too)
+    NotFound         <-> NOT_FOUND
+    Conflict         <-> FAILED_PRECONDITION  (ALREADY_EXISTS and ABORTED read as Conflict too)
+    Unavailable      <-> UNAVAILABLE          (DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, CANCELLED too)
+    Unauthenticated  <-> UNAUTHENTICATED      (PERMISSION_DENIED too)
+    ProtocolError    <-> INTERNAL             (UNIMPLEMENTED too: the peers disagree on the contract)
+
+Every class round-trips exactly, so the CLI's exit code is the one the server
+meant. The base class goes out as UNKNOWN rather than INTERNAL: INTERNAL is
+what grpc reports when a message does not parse, which is a broken contract
+(exit 7), while an unexpected server-side failure is exit 1.
+
+Servicers raise `BcError`s and turn them into a status with `abort_with`;
+clients turn an `AioRpcError` back with `status_to_error`, giving the server's
+address so that "cannot reach" says where.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NoReturn
+
+import grpc
+
+from bc.errors import (
+    BcError,
+    Conflict,
+    NotFound,
+    ProtocolError,
+    Unauthenticated,
+    Unavailable,
+    UsageError,
+)
+
+_OUTBOUND: tuple[tuple[type[BcError], grpc.StatusCode], ...] = (
+    (UsageError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (Conflict, grpc.StatusCode.FAILED_PRECONDITION),
+    (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (ProtocolError, grpc.StatusCode.INTERNAL),
+)
+
+_INBOUND: dict[grpc.StatusCode, type[BcError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: UsageError,
+    grpc.StatusCode.OUT_OF_RANGE: UsageError,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
+    grpc.StatusCode.ALREADY_EXISTS: Conflict,
+    grpc.StatusCode.ABORTED: Conflict,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Unavailable,
+    grpc.StatusCode.CANCELLED: Unavailable,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: Unauthenticated,
+    grpc.StatusCode.INTERNAL: ProtocolError,
+}
+
+# Substrings of grpc's own UNAVAILABLE details that mean "no connection was made",
+# as opposed to a server that answered UNAVAILABLE on purpose (e.g. its store is down).
+_CONNECT_HINTS = (
+    "failed to connect",
+    "errors resolving",
+    "connection refused",
+    "connect failed",
+    "dns resolution failed",
+    "name resolution",
+    "socket closed",
+    "connection reset",
+    "no route to host",
+    "network is unreachable",
+    "timeout occurred",
+    "handshake",
+)
+
+
+# BoringSSL's reason in a handshake failure, e.g. `OPENSSL_internal:CERTIFICATE_VERIFY_FAILED`.
+_SSL_REASON = re.compile(r"OPENSSL_internal:([A-Z0-9_]+)")
+
+
+def error_to_status(err: BcError) -> tuple[grpc.StatusCode, str]:
+    """The status code and details a servicer sends for `err`."""
+    for cls, code in _OUTBOUND:
+        if isinstance(err, cls):
+            return code, err.message
+    return grpc.StatusCode.UNKNOWN, err.message
+
+
+def status_to_error(code: grpc.StatusCode, details: str, *, server: str | None = None) -> BcError:
+    """The `BcError` a client raises for a failed call; `server` names the peer in connection errors."""
+    details = (details or "").strip()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        where = f"bc serve at {server}" if server else "the server"
+        return Unavailable(f"{where} did not answer in time")
+    if code == grpc.StatusCode.UNAVAILABLE and _is_connect_failure(details):
+        return _connect_error(details, server)
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        # The server predates (or postdates) this client: say so rather than grpc's "Method not found!".
+        where = f"bc serve at {server}" if server else "the server"
+        return ProtocolError(f"{where} does not implement this call; do the client and server versions differ?")
+    cls = _INBOUND.get(code, BcError)
+    return cls(details or f"the server failed with {code.name}")
+
+
+async def abort_with(context: Any, err: BcError) -> NoReturn:
+    """End an RPC with `err`'s status; `context` is a `grpc.aio.ServicerContext`."""
+    code, message = error_to_status(err)
+    await context.abort(code, message)
+    # context.abort always raises; this line only keeps the NoReturn promise honest.
+    raise AssertionError("grpc.aio ServicerContext.abort returned")
+
+
+def _is_connect_failure(details: str) -> bool:
+    low = details.lower()
+    return any(hint in low for hint in _CONNECT_HINTS)
+
+
+def _connect_error(details: str, server: str | None) -> BcError:
+    where = f"bc serve at {server}" if server else "bc serve"
+    low = details.lower()
+    if "handshake" in low:
+        # Our side refused the server's certificate: a config for another server, or a stale CA.
+        ssl = _SSL_REASON.search(details)
+        reason = ssl.group(1).lower().replace("_", " ") if ssl else "certificate refused"
+        return Unauthenticated(
+            f"the TLS handshake with {where} failed ({reason}); "
+            "are the operator config's CA and certificate this server's?"
+        )
+    reason = _last_reason(details)
+    if "socket closed" in low:
+        # What a client sees when the server refuses its certificate during the handshake.
+        reason += " (did the server refuse the operator certificate?)"
+    return Unavailable(f"cannot reach {where}: {reason}")
+
+
+def _last_reason(details: str) -> str:
+    """grpc's details nest reasons with ': '; the innermost is the one an operator can act on."""
+    tail = details.rsplit(": ", 1)[-1].strip(" []")
+    return tail or details or "no connection"

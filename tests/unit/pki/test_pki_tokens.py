@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import re
+import string
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bc.clock import Clock, SystemClock
+from bc.errors import UsageError
+from bc.pki import keys, tokens
+from bc.pki.ca import CertificateAuthority
+
+_TOKEN_RE = re.compile(r"bc1\.[0-9a-f]{12}\.[A-Za-z0-9_-]{43}\.[A-Za-z0-9_-]{43}")
+_FP = "sha256:" + "ab" * 32
+
+
+def test_token_round_trip(ca: CertificateAuthority, clock: Clock) -> None:
+    new = tokens.create_token(ca.fingerprint, 3600, clock)
+    assert _TOKEN_RE.fullmatch(new.token)
+    assert len(new.token) == 104
+    parsed = tokens.parse_token(f"  {new.token}\n")
+    assert parsed.token_id == new.token_id
+    assert parsed.ca_pin == ca.fingerprint
+    assert len(parsed.secret) == 32
+    assert tokens.secret_matches(parsed.secret, new.secret_hash)
+    assert new.expires_at == clock.now() + 3600
+    root = keys.load_cert_pem(new.root_cert_pem)
+    assert root.not_valid_after_utc.timestamp() == new.expires_at + tokens.ROOT_GRACE_S
+    assert root.public_key() == tokens.derive_token_key(parsed.secret).public_key()
+    assert tokens.format_token(parsed.token_id, parsed.secret, parsed.ca_pin) == new.token
+
+
+def test_secret_matches_only_its_own_hash() -> None:
+    secret = b"\x01" * 32
+    digest = tokens.hash_secret(secret)
+    assert tokens.secret_matches(secret, digest)
+    assert not tokens.secret_matches(b"\x02" * 32, digest)
+    assert not tokens.secret_matches(secret, digest.upper())
+    assert not tokens.secret_matches(secret, "")
+
+
+def test_derive_token_key_is_deterministic() -> None:
+    a = tokens.derive_token_key(b"s" * 32)
+    b = tokens.derive_token_key(b"s" * 32)
+    c = tokens.derive_token_key(b"t" * 32)
+    assert a.private_numbers() == b.private_numbers()
+    assert a.private_numbers() != c.private_numbers()
+    assert keys.is_p256(a)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "4 dot-separated parts"),
+        ("bc1.0123456789ab.x", "4 dot-separated parts"),
+        ("bc2.0123456789ab." + "A" * 43 + "." + "A" * 43, "start with"),
+        ("bc1.0123456789AB." + "A" * 43 + "." + "A" * 43, "token id"),
+        ("bc1.0123456789a." + "A" * 43 + "." + "A" * 43, "token id"),
+        ("bc1.0123456789ab." + "A" * 42 + "." + "A" * 43, "secret"),
+        ("bc1.0123456789ab." + "A" * 42 + "=." + "A" * 43, "secret"),
+        ("bc1.0123456789ab." + "A" * 42 + "B." + "A" * 43, "canonical"),
+        ("bc1.0123456789ab." + "A" * 43 + "." + "A" * 42 + "+", "CA pin"),
+    ],
+)
+def test_malformed_tokens_say_what_is_wrong(text: str, why: str) -> None:
+    with pytest.raises(UsageError, match=f"the join token is malformed: .*{why}"):
+        tokens.parse_token(text)
+
+
+def test_create_token_refuses_a_bad_fingerprint(clock: Clock) -> None:
+    with pytest.raises(UsageError):
+        tokens.create_token("sha256:xyz", 60, clock)
+    with pytest.raises(UsageError):
+        tokens.create_token(_FP, 0, clock)
+
+
+_TOKEN_CHARS = string.ascii_letters + string.digits + "-_.=+/ \n"
+
+
+@given(st.one_of(st.text(), st.text(alphabet=_TOKEN_CHARS, min_size=90, max_size=120)))
+def test_random_strings_never_parse_unless_well_formed(text: str) -> None:
+    try:
+        parsed = tokens.parse_token(text)
+    except UsageError:
+        return
+    assert _TOKEN_RE.fullmatch(text.strip())
+    assert tokens.format_token(parsed.token_id, parsed.secret, parsed.ca_pin) == text.strip()
+
+
+# One token for the mutation property: creating a token signs a certificate, too slow to repeat per example.
+_VALID = tokens.create_token(_FP, 60, SystemClock()).token
+_ORIGINAL = tokens.parse_token(_VALID)
+
+
+@given(st.integers(min_value=0, max_value=len(_VALID) - 1), st.characters(codec="utf-8"))
+def test_a_one_character_mutation_fails_or_names_another_token(index: int, char: str) -> None:
+    mutated = _VALID[:index] + char + _VALID[index + 1 :]
+    if mutated == _VALID:
+        return
+    try:
+        parsed = tokens.parse_token(mutated)
+    except UsageError:
+        return
+    assert parsed != _ORIGINAL
+
+
+@given(st.binary(min_size=32, max_size=32), st.text(alphabet="0123456789abcdef", min_size=12, max_size=12))
+def test_format_and_parse_are_inverse(secret: bytes, token_id: str) -> None:
+    text = tokens.format_token(token_id, secret, _FP)
+    assert tokens.parse_token(text) == tokens.ParsedToken(token_id, secret, _FP)
