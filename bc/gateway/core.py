@@ -220,6 +220,10 @@ class GatewaySessionCore:
             return True
         return False
 
+    @property
+    def has_status(self) -> bool:
+        return self._status is not None
+
     def take_status(self) -> tuple[session_pb2.StatusReport, bool] | None:
         """The newest unwritten report, and whether it says something new."""
         if self._status is None:

@@ -95,12 +95,14 @@ class SessionDriver:
         self.node_id = peer.name
         self.core = core.GatewaySessionCore(peer.name, gw.cfg.heartbeat_interval_s, gw.clock.monotonic())
         self._lock = asyncio.Lock()
-        self._poked = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._poke_pending = False
         self._closing: core.Close | None = None
         self._done = asyncio.Event()
 
     def poke(self) -> None:
-        self._poked.set()
+        self._poke_pending = True
+        self._wake.set()
 
     def request_close(self, code: str, details: str) -> None:
         if self._closing is None:
@@ -165,6 +167,8 @@ class SessionDriver:
                     return
                 async with self._lock:
                     await self._execute(self.core.on_message(msg, self.gw.clock.monotonic()))
+                if self.core.has_status:
+                    self._wake.set()
         except TimeoutError:
             self.request_close("DEADLINE_EXCEEDED", "no Hello within the hello timeout")
         except ProtocolError as e:
@@ -180,23 +184,28 @@ class SessionDriver:
             self.request_close("INTERNAL", e.message)
 
     async def _tick_loop(self) -> None:
+        """Heartbeats and timers; pokes at once; a new status at once unless one was written <1 s ago."""
         try:
-            last_flush = self.gw.clock.monotonic()
+            last_flush = float("-inf")
             step = min(1.0, self.gw.cfg.heartbeat_interval_s / 4)
             while True:
+                timeout = step
+                if self.core.has_status:
+                    timeout = max(0.0, min(step, last_flush + STATUS_FLUSH_S - self.gw.clock.monotonic()))
                 try:
-                    await asyncio.wait_for(self._poked.wait(), step)
+                    await asyncio.wait_for(self._wake.wait(), timeout)
                 except TimeoutError:
                     pass
+                self._wake.clear()
                 now = self.gw.clock.monotonic()
                 async with self._lock:
                     server_ms = await self.gw.store.now_ms()
                     await self._execute(self.core.tick(now, server_ms))
-                    if self._poked.is_set() or self.core.backstop_due(now):
-                        reason = "poke" if self._poked.is_set() else "backstop"
-                        self._poked.clear()
+                    if self._poke_pending or self.core.backstop_due(now):
+                        reason = "poke" if self._poke_pending else "backstop"
+                        self._poke_pending = False
                         await self._check_generation(reason)
-                    if now - last_flush >= STATUS_FLUSH_S:
+                    if self.core.has_status and now - last_flush >= STATUS_FLUSH_S:
                         last_flush = now
                         await self._flush_status()
         except LinkClosed as e:

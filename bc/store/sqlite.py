@@ -81,6 +81,11 @@ class _InlineTx(Tx):
             raise StoreError(f"{e} in: {sql.strip()[:120]}") from e
 
 
+async def _rollback(conn: aiosqlite.Connection) -> None:
+    if conn.in_transaction:
+        await conn.execute("ROLLBACK")
+
+
 class SqliteStore(Store):
     """aiosqlite: the embedded store of `bc serve` (a file in the data dir)."""
 
@@ -118,14 +123,17 @@ class SqliteStore(Store):
             raise StoreError("the store is not open")
         async with self._lock:
             conn = self._conn
-            await conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            if conn.in_transaction:
+                # A task cancelled while its BEGIN or COMMIT ran in aiosqlite's thread left this open.
+                await asyncio.shield(conn.execute("ROLLBACK"))
+            await asyncio.shield(conn.execute("BEGIN IMMEDIATE" if write else "BEGIN"))
             tx = _AioTx(conn)
             try:
                 yield tx
             except BaseException:
-                await conn.execute("ROLLBACK")
+                await asyncio.shield(_rollback(conn))
                 raise
-            await conn.execute("COMMIT")
+            await asyncio.shield(conn.execute("COMMIT"))
 
     async def now(self) -> float:
         return self.clock.now()

@@ -1,0 +1,73 @@
+"""Wiring for tests and the simulator: a settable clock and in-memory links.
+
+These are fakes at seams we own (the Clock and the Link), shipped with the
+code so the simulator and every test use the same ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Generic, TypeVar
+
+from bc.wire.link import LinkClosed
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+class FakeClock:
+    """Time moves only when a test says so (`advance`) or when something sleeps on it."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self._now = now
+        self._mono = 1000.0
+
+    def now(self) -> float:
+        return self._now
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    async def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+        await asyncio.sleep(0)
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+        self._mono += seconds
+
+
+_CLOSE = object()
+
+
+class MemoryLink(Generic[T, U]):
+    """One end of an in-memory duplex link: receives T, sends U."""
+
+    def __init__(self, inbox: asyncio.Queue[object], outbox: asyncio.Queue[object]) -> None:
+        self._in = inbox
+        self._out = outbox
+        self.closed: tuple[str, str] | None = None
+
+    async def send(self, msg: U) -> None:
+        if self.closed is not None:
+            raise LinkClosed(*self.closed)
+        await self._out.put(msg)
+
+    async def recv(self) -> T | None:
+        item = await self._in.get()
+        if isinstance(item, tuple) and item and item[0] is _CLOSE:
+            self.closed = (str(item[1]), str(item[2]))
+            raise LinkClosed(*self.closed)
+        return item  # type: ignore[return-value]
+
+    async def close(self, code: str, details: str) -> None:
+        if self.closed is None:
+            self.closed = (code, details)
+            await self._out.put((_CLOSE, code, details))
+
+
+def link_pair() -> tuple[MemoryLink[T, U], MemoryLink[U, T]]:
+    """Two connected ends: what one sends, the other receives, in order."""
+    a: asyncio.Queue[object] = asyncio.Queue()
+    b: asyncio.Queue[object] = asyncio.Queue()
+    return MemoryLink(a, b), MemoryLink(b, a)

@@ -1,0 +1,96 @@
+"""An in-process lab: a real `bc serve` (gRPC, mutual TLS, SQLite file) and real agents on fake GPUs.
+
+Everything here is the production code path; only the GPUs are fake. Tests
+wait on the events log (Admin Watch), never on wall-clock sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.join import join_node
+from agent.main import Agent, AgentOptions
+from bc.cli.client import AdminClient
+from bc.config import OperatorConfig
+from bc.protocol.pb import admin_pb2
+from bc.serve import ServeOptions, Server
+
+
+@dataclass
+class InprocLab:
+    root: Path
+    server: Server
+    admin: AdminClient
+    agents: dict[str, Agent] = field(default_factory=dict)
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def node_dir(self, node_id: str) -> Path:
+        return self.root / f"node-{node_id}"
+
+    async def join(self, node_id: str) -> None:
+        tok = await self.admin.create_token(node_id)
+        await join_node(self.server.address, tok.token, self.node_dir(node_id))
+
+    async def start_node(self, node_id: str, profile: str = "hgx-h100-8") -> Agent:
+        agent = Agent(AgentOptions(data_dir=self.node_dir(node_id), fake_hw=profile, heartbeat_interval_s=1.0))
+        self.agents[node_id] = agent
+        self.tasks[node_id] = asyncio.create_task(agent.run(), name=f"agent-{node_id}")
+        return agent
+
+    async def stop_node(self, node_id: str) -> None:
+        agent = self.agents.pop(node_id)
+        agent.stopped.set()
+        await asyncio.wait_for(self.tasks.pop(node_id), 10)
+
+    async def wait_event(
+        self, type_prefix: str, pred: Callable[[admin_pb2.EventRecord, dict[str, Any]], bool], timeout: float = 15.0
+    ) -> admin_pb2.EventRecord:
+        """The first event (from the start of the log) of this type that satisfies `pred`."""
+
+        async def find() -> admin_pb2.EventRecord:
+            async for ev in self.admin.watch(type_prefix=type_prefix):
+                if pred(ev, json.loads(ev.data_json)):
+                    return ev
+            raise AssertionError("the event stream ended")
+
+        return await asyncio.wait_for(find(), timeout)
+
+    async def wait_observed(self, node_id: str, generation: int, timeout: float = 15.0) -> None:
+        await self.wait_event(
+            "node.observed",
+            lambda ev, d: ev.subject == node_id and d["observed_generation"] >= generation,
+            timeout,
+        )
+
+    async def wait_connected(self, node_id: str, after_seq: int = 0, timeout: float = 15.0) -> admin_pb2.EventRecord:
+        return await self.wait_event(
+            "node.connectivity",
+            lambda ev, d: ev.subject == node_id and ev.seq > after_seq and d["state"] == "connected",
+            timeout,
+        )
+
+
+@pytest.fixture
+async def lab(tmp_path: Path) -> AsyncIterator[InprocLab]:
+    server = Server(ServeOptions(data_dir=tmp_path / "server", listen="127.0.0.1:0", heartbeat_interval_s=1.0))
+    await server.start()
+    cfg = OperatorConfig.load(server.operator_config)
+    admin = AdminClient(cfg)
+    await admin.__aenter__()
+    lab = InprocLab(tmp_path, server, admin)
+    try:
+        yield lab
+    finally:
+        for node_id in list(lab.agents):
+            with contextlib.suppress(Exception):
+                await lab.stop_node(node_id)
+        await admin.__aexit__(None, None, None)
+        await server.stop()

@@ -1,0 +1,145 @@
+"""The foundation over real gRPC and real certificates, in one process."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from agent.identity import Identity
+from agent.join import join_node
+from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
+from bc.protocol.pb import session_pb2
+from bc.wire.stubs import admin_pb2_grpc, session_pb2_grpc
+from bc.wire.tls import channel_credentials
+from tests.integration.conftest import InprocLab
+
+
+async def test_join_connect_converge_reserve_release(lab: InprocLab) -> None:
+    await lab.join("n1")
+    await lab.start_node("n1")
+    await lab.wait_connected("n1")
+    await lab.wait_observed("n1", 1)
+    node = await lab.admin.get_node("n1")
+    assert node.state == "connected"
+    assert len(node.inventory.gpus) == 8
+
+    res = await lab.admin.reserve(2, node_id="n1")
+    assert res.state == "placed" and len(res.devices) == 2
+    await lab.wait_observed("n1", res.generation)
+    cdi = lab.node_dir("n1") / "cdi" / f"bc-{res.allocation_id}.json"
+    doc = json.loads(cdi.read_text())
+    assert doc["kind"] == "bc.dev/gpu"
+    assert {d["name"] for d in doc["devices"]} == {d.atom_id.replace("/", "_") for d in res.devices}
+    await lab.wait_event("reservation.active", lambda ev, d: ev.subject == res.id)
+
+    rel = await lab.admin.release(res.id)
+    assert rel.state == "releasing"
+    await lab.wait_event("reservation.released", lambda ev, d: ev.subject == res.id)
+    assert not cdi.exists()
+    await lab.wait_observed("n1", rel.generation)
+
+
+async def test_spec_sections_and_generations(lab: InprocLab) -> None:
+    await lab.join("n1")
+    await lab.start_node("n1")
+    await lab.wait_observed("n1", 1)
+    spec = await lab.admin.set_spec_section("n1", "telemetry", '{"otlp_endpoint": "http://127.0.0.1:4317"}')
+    assert spec.generation == 2
+    again = await lab.admin.set_spec_section("n1", "telemetry", '{"otlp_endpoint":"http://127.0.0.1:4317"}')
+    assert again.generation == 2, "the same canonical JSON must not raise the generation"
+    await lab.wait_observed("n1", 2)
+    node = await lab.admin.get_node("n1")
+    states = {s.section: s.state for s in node.sections}
+    assert states["telemetry"] == 4  # UNSUPPORTED: terminal, does not hold back observed_generation
+    with pytest.raises(UsageError, match="does not parse"):
+        await lab.admin.set_spec_section("n1", "telemetry", '{"no_such_field": 1}')
+    assert (await lab.admin.get_spec("n1")).generation == 2
+
+
+async def test_bad_requests_change_nothing(lab: InprocLab) -> None:
+    await lab.join("n1")
+    await lab.start_node("n1")
+    await lab.wait_observed("n1", 1)
+    before = (await lab.admin.get_spec("n1")).generation
+    with pytest.raises(Conflict):
+        await lab.admin.reserve(99, node_id="n1")
+    with pytest.raises(NotFound):
+        await lab.admin.reserve(1, node_id="nosuch")
+    with pytest.raises(UsageError):
+        await lab.admin.reserve(1, node_id="n1", device_class="tpu")
+    with pytest.raises(UsageError):
+        await lab.admin.create_token("Bad Id!")
+    assert (await lab.admin.get_spec("n1")).generation == before
+    assert await lab.admin.list_reservations(include_released=True) == []
+
+
+async def test_token_is_one_use(lab: InprocLab) -> None:
+    tok = await lab.admin.create_token("n1")
+    await join_node(lab.server.address, tok.token, lab.node_dir("n1"))
+    with pytest.raises(Unauthenticated, match="already been used"):
+        await join_node(lab.server.address, tok.token, lab.root / "elsewhere")
+    assert not Identity.exists(lab.root / "elsewhere")
+
+
+async def test_wrong_ca_pin_is_refused(lab: InprocLab) -> None:
+    tok = await lab.admin.create_token("n1")
+    forged = tok.token.rsplit(".", 1)[0] + "." + "A" * 43
+    with pytest.raises(Unauthenticated, match="pin"):
+        await join_node(lab.server.address, forged, lab.node_dir("n1"))
+    assert not Identity.exists(lab.node_dir("n1"))
+
+
+def _node_creds(lab: InprocLab, node_id: str) -> grpc.ChannelCredentials:
+    d = lab.node_dir(node_id)
+    ident = Identity.load(d)
+    return channel_credentials(ident.read(d, "ca"), ident.read(d, "key"), ident.read(d, "cert"))
+
+
+async def test_hello_naming_another_node_is_refused(lab: InprocLab) -> None:
+    await lab.join("n1")
+    await lab.join("n2")
+    async with grpc.aio.secure_channel(lab.server.address, _node_creds(lab, "n1")) as ch:
+        call = session_pb2_grpc.NodeSessionStub(ch).Session()
+        await call.write(session_pb2.NodeMessage(hello=session_pb2.Hello(node_id="n2", journal_id="j-x")))
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await call.read()
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    node = await lab.admin.get_node("n2")
+    assert node.state == "new" and node.session_epoch == 0
+
+
+async def test_node_certificate_cannot_call_admin(lab: InprocLab) -> None:
+    await lab.join("n1")
+    async with grpc.aio.secure_channel(lab.server.address, _node_creds(lab, "n1")) as ch:
+        from bc.protocol.pb import admin_pb2
+
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await admin_pb2_grpc.AdminStub(ch).ListNodes(admin_pb2.ListNodesRequest(), timeout=5)
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_node_restart_keeps_holds_and_reconverges(lab: InprocLab) -> None:
+    await lab.join("n1")
+    await lab.start_node("n1")
+    await lab.wait_observed("n1", 1)
+    res = await lab.admin.reserve(1, node_id="n1")
+    await lab.wait_observed("n1", res.generation)
+    first = await lab.wait_connected("n1")
+    await lab.stop_node("n1")
+    await lab.wait_event("node.connectivity", lambda ev, d: ev.subject == "n1" and d["state"] == "disconnected")
+    # While it is down: a new generation.
+    res2 = await lab.admin.reserve(1, node_id="n1")
+    await lab.start_node("n1")
+    await lab.wait_connected("n1", after_seq=first.seq)
+    await lab.wait_observed("n1", res2.generation)
+    cdi = lab.node_dir("n1") / "cdi"
+    assert {p.name for p in cdi.glob("bc-*.json")} == {f"bc-{res.allocation_id}.json", f"bc-{res2.allocation_id}.json"}
+    # The first hold was never reported released: it was held through the restart.
+    released = [
+        ev
+        for ev in await lab.admin.list_events(type_prefix="node.event")
+        if json.loads(ev.data_json).get("kind") == "released"
+    ]
+    assert released == []
