@@ -361,11 +361,12 @@ class SessionRunner:
         """Heartbeats, new events and the newest status, whenever the core is open."""
         a = self.agent
         while True:
+            # Clear before reading the outbox: a change made while we flush wakes the next round.
+            a.outbox_changed.clear()
             await self._apply(self.core.tick(a.clock.monotonic()))
             if self.core.state is sc.State.OPEN:
                 await self._flush_events()
                 await self._flush_status()
-            a.outbox_changed.clear()
             try:
                 await asyncio.wait_for(a.outbox_changed.wait(), 1.0)
             except TimeoutError:

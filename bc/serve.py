@@ -14,10 +14,8 @@ import logging
 import random
 import signal
 import socket
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -121,7 +119,7 @@ class Server:
         self.trust = common_pb2.TrustBundle(ca_pem=ca.ca_pem)
         self.tls = ServerTLS(keys.key_to_pem(server_key), keys.cert_to_pem(server_cert) + ca.ca_pem, ca.ca_pem)
         await self._refresh_token_roots()
-        self.bus.on_tokens_changed(lambda: self._spawn(self._refresh_token_roots()))
+        self.bus.on_token_created(self.tls.add_token_root)
 
         self.gateway = Gateway(
             self.store,
@@ -177,11 +175,6 @@ class Server:
             ca.fingerprint,
             self.operator_config,
         )
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        t = asyncio.ensure_future(coro)
-        self._tasks.append(t)
-        t.add_done_callback(lambda _t: self._tasks.remove(_t) if _t in self._tasks else None)
 
     async def _refresh_token_roots(self) -> None:
         assert self.store is not None

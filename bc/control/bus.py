@@ -16,7 +16,7 @@ class Bus:
     def __init__(self) -> None:
         self._node_listeners: list[Callable[[str], None]] = []
         self._events = asyncio.Event()
-        self._token_listeners: list[Callable[[], None]] = []
+        self._token_listeners: list[Callable[[str, bytes], None]] = []
 
     # -- pokes ---------------------------------------------------------
     def on_node_changed(self, fn: Callable[[str], None]) -> None:
@@ -39,9 +39,10 @@ class Bus:
             pass
 
     # -- join-token trust roots -----------------------------------------
-    def on_tokens_changed(self, fn: Callable[[], None]) -> None:
+    def on_token_created(self, fn: Callable[[str, bytes], None]) -> None:
         self._token_listeners.append(fn)
 
-    def tokens_changed(self) -> None:
+    def token_created(self, token_id: str, root_pem: bytes) -> None:
+        """Carries the token's public root: TLS must trust it before the operator can hand the token out."""
         for fn in self._token_listeners:
-            fn()
+            fn(token_id, root_pem)

@@ -71,7 +71,7 @@ async def create_token(
             expires_at_ms=int(new.expires_at * 1000),
         )
         await publish(tx, bus, "token.created", node_id, {"token_id": new.token_id, "role": role}, now_ms)
-        tx.on_commit(bus.tokens_changed)
+        tx.on_commit(lambda: bus.token_created(new.token_id, new.root_cert_pem))
     return IssuedToken(new.token, new.token_id, node_id, role, int(new.expires_at * 1000))
 
 
@@ -132,5 +132,4 @@ async def join(
             },
             now_ms,
         )
-        tx.on_commit(bus.tokens_changed)
     return Joined(node_id, role, pem, idgen)

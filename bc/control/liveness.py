@@ -2,8 +2,10 @@
 
 Sessions routed to a gateway whose lease expired are closed (epoch-fenced, so
 a node that already said Hello elsewhere is untouched) and their nodes become
-`disconnected`; a node disconnected for longer than the lease TTL plus the
-grace becomes `unreachable`. Neither transition releases anything (I5).
+`disconnected`. A node whose session its gateway closed (a partition: three
+missed heartbeats) becomes `unreachable` after the lease TTL (40 s); one whose
+gateway died gets the gateway-loss grace on top (120 s), time enough for the
+fleet to redial another gateway. Neither transition releases anything (I5).
 
 When a sweep finds more than 20 s since the previous one (the store or this
 process stalled), timed transitions are held back for 5 minutes: ages the
@@ -53,7 +55,7 @@ class Liveness:
                 return out
             for s in await nodes_sql.open_sessions_of_dead_gateways(tx, now_ms):
                 node_id = str(s["node_id"])
-                if await nodes_sql.close_session(tx, node_id, int(s["session_epoch"]), now_ms):
+                if await nodes_sql.close_session(tx, node_id, int(s["session_epoch"]), now_ms, "gateway-lost"):
                     await publish(
                         tx,
                         self.bus,
@@ -64,8 +66,9 @@ class Liveness:
                     )
                     out.append((node_id, "disconnected"))
             if now_ms >= self._hold_until_ms:
-                cutoff = now_ms - self.cfg.lease_ttl_ms - self.cfg.unreachable_grace_ms
-                for n in await nodes_sql.disconnected_before(tx, cutoff):
+                cutoff = now_ms - self.cfg.lease_ttl_ms
+                gw_cutoff = cutoff - self.cfg.unreachable_grace_ms
+                for n in await nodes_sql.disconnected_before(tx, cutoff, gw_cutoff):
                     node_id = str(n["node_id"])
                     if await nodes_sql.set_connectivity(tx, node_id, "unreachable", now_ms):
                         await publish(

@@ -23,8 +23,13 @@ States::
   this session already sent: at Hello, on a poke, every 10 s as a backstop,
   and on `SpecRequest` (always, whatever was sent before).
 * Status reports are coalesced latest-wins; `take_status()` hands the adapter
-  the newest one about once a second, flagged `publish` only when its key
-  differs from the last one this session published.
+  the newest one, flagged `publish` only when its key differs from the last
+  one this session published. `status_due(now)` says when to write: a report
+  that says something new goes out at once while the session's write budget
+  lasts (a token bucket: bursts of 10, refilled at ten a second), because a
+  generation observed is news a controller waits for; an unchanged one about
+  once a second. A flapping node costs the store at most ten writes a second,
+  and reports that arrive faster than that are coalesced, newest wins.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from bc.protocol.status import status_key
 
 MISSED_HEARTBEATS = 3
 BACKSTOP_S = 10.0
+STATUS_INTERVAL_S = 1.0  # an unchanged report: about once a second
+NEWS_INTERVAL_S = 0.1  # the write budget refills at ten a second ...
+STATUS_BURST = 10.0  # ... up to a burst of ten
 
 
 class State(enum.Enum):
@@ -105,10 +113,14 @@ class GatewaySessionCore:
     _queued: list[NodeMessage] = field(default_factory=list)
     _status: PendingStatus | None = None
     _published_key: str = ""
+    _status_tokens: float = STATUS_BURST
+    _status_refilled: float = 0.0
+    _last_status_write: float = float("-inf")
 
     def __post_init__(self) -> None:
         self.last_heard = self.now
         self.last_backstop = self.now
+        self._status_refilled = self.now
 
     # -- node → gateway ------------------------------------------------
     def on_message(self, msg: NodeMessage, now: float) -> list[Action]:
@@ -223,6 +235,29 @@ class GatewaySessionCore:
     @property
     def has_status(self) -> bool:
         return self._status is not None
+
+    @property
+    def status_is_new(self) -> bool:
+        """The pending report says something the last written one did not (its key differs)."""
+        return self._status is not None and self._status.key != self._published_key
+
+    def status_due(self, now: float) -> float | None:
+        """Seconds until the pending report should be written (0: now), or None when nothing is pending."""
+        if self._status is None:
+            return None
+        self._refill(now)
+        if self.status_is_new:
+            return 0.0 if self._status_tokens >= 1 else (1 - self._status_tokens) * NEWS_INTERVAL_S
+        return max(0.0, self._last_status_write + STATUS_INTERVAL_S - now)
+
+    def _refill(self, now: float) -> None:
+        self._status_tokens = min(STATUS_BURST, self._status_tokens + (now - self._status_refilled) / NEWS_INTERVAL_S)
+        self._status_refilled = now
+
+    def note_status_written(self, now: float) -> None:
+        self._refill(now)
+        self._status_tokens = max(0.0, self._status_tokens - 1)
+        self._last_status_write = now
 
     def take_status(self) -> tuple[session_pb2.StatusReport, bool] | None:
         """The newest unwritten report, and whether it says something new."""

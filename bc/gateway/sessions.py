@@ -33,7 +33,7 @@ log = logging.getLogger("bc.gateway")
 
 GATEWAY_LEASE_TTL_MS = 20_000
 GATEWAY_LEASE_RENEW_S = 5.0
-STATUS_FLUSH_S = 1.0
+LIVENESS_FLUSH_S = 5.0
 
 
 @dataclass
@@ -184,14 +184,13 @@ class SessionDriver:
             self.request_close("INTERNAL", e.message)
 
     async def _tick_loop(self) -> None:
-        """Heartbeats and timers; pokes at once; a new status at once unless one was written <1 s ago."""
+        """Heartbeats and timers; pokes at once; status reports when the core says they are due."""
         try:
-            last_flush = float("-inf")
+            last_seen_flush = self.gw.clock.monotonic()
             step = min(1.0, self.gw.cfg.heartbeat_interval_s / 4)
             while True:
-                timeout = step
-                if self.core.has_status:
-                    timeout = max(0.0, min(step, last_flush + STATUS_FLUSH_S - self.gw.clock.monotonic()))
+                due = self.core.status_due(self.gw.clock.monotonic())
+                timeout = step if due is None else min(step, due)
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 except TimeoutError:
@@ -205,14 +204,28 @@ class SessionDriver:
                         reason = "poke" if self._poke_pending else "backstop"
                         self._poke_pending = False
                         await self._check_generation(reason)
-                    if self.core.has_status and now - last_flush >= STATUS_FLUSH_S:
-                        last_flush = now
+                    if self.core.status_due(now) == 0.0:
+                        self.core.note_status_written(now)
                         await self._flush_status()
+                    if self.core.epoch and now - last_seen_flush >= LIVENESS_FLUSH_S:
+                        last_seen_flush = now
+                        await self._flush_seen(now)
         except LinkClosed as e:
             self.request_close("OK", e.details)
         except StoreError as e:
             log.warning("event=session.store-error node=%s error=%s", self.node_id, e)
             self.request_close("UNAVAILABLE", "the control plane's store failed; reconnect")
+
+    async def _flush_seen(self, now: float) -> None:
+        """Liveness as an age: the store computes `now - age`, so this gateway's clock cannot lie about it."""
+        age_ms = int((now - self.core.last_heard) * 1000)
+        now_ms = await self.gw.store.now_ms()
+        async with self.gw.store.transaction() as tx:
+            current = await nodes_sql.session_is_current(tx, self.node_id, self.core.epoch)
+            if current:
+                await nodes_sql.mark_seen(tx, self.node_id, self.core.epoch, now_ms - age_ms)
+        if not current:
+            self.request_close("ABORTED", "this session was superseded; the node is routed elsewhere")
 
     async def _check_generation(self, reason: str) -> None:
         async with self.gw.store.transaction(write=False) as tx:

@@ -37,7 +37,9 @@ def message_to_dict(msg: Message) -> dict[str, Any]:
 
 
 def spec_to_canonical(spec: spec_pb2.NodeSpec) -> str:
-    return canonical_json(message_to_dict(spec))
+    """An empty section and an absent one are the same desired state, so empty ones are dropped."""
+    doc = message_to_dict(spec)
+    return canonical_json({k: v for k, v in doc.items() if v != {}})
 
 
 def spec_from_json(text: str) -> spec_pb2.NodeSpec:

@@ -120,23 +120,24 @@ async def open_session(
     )
 
 
-async def set_connectivity(tx: Tx, node_id: str, state: str, now_ms: int) -> bool:
+async def set_connectivity(tx: Tx, node_id: str, state: str, now_ms: int, reason: str = "") -> bool:
     """Set the connectivity state; True when it changed."""
     n = await tx.execute(
-        "UPDATE nodes SET connectivity = :s, connectivity_since_ms = :t WHERE node_id = :n AND connectivity <> :s",
-        {"s": state, "t": now_ms, "n": node_id},
+        "UPDATE nodes SET connectivity = :s, connectivity_since_ms = :t, connectivity_reason = :r"
+        " WHERE node_id = :n AND connectivity <> :s",
+        {"s": state, "t": now_ms, "n": node_id, "r": reason},
     )
     return n == 1
 
 
-async def close_session(tx: Tx, node_id: str, epoch: int, now_ms: int) -> bool:
+async def close_session(tx: Tx, node_id: str, epoch: int, now_ms: int, reason: str = "session-closed") -> bool:
     """Epoch-fenced: a session superseded by a newer Hello closes nothing."""
     n = await tx.execute(
         "UPDATE node_sessions SET open = 0, closed_at_ms = :t WHERE node_id = :n AND session_epoch = :e AND open = 1",
         {"t": now_ms, "n": node_id, "e": epoch},
     )
     if n == 1:
-        await set_connectivity(tx, node_id, "disconnected", now_ms)
+        await set_connectivity(tx, node_id, "disconnected", now_ms, reason)
     return n == 1
 
 
@@ -193,12 +194,14 @@ async def write_capabilities(tx: Tx, node_id: str, capabilities_json: str) -> No
     await tx.execute("UPDATE nodes SET capabilities = :c WHERE node_id = :n", {"c": capabilities_json, "n": node_id})
 
 
-async def disconnected_before(tx: Tx, cutoff_ms: int) -> list[Row]:
-    """Nodes disconnected since before the cutoff: candidates for `unreachable`."""
+async def disconnected_before(tx: Tx, cutoff_ms: int, gateway_lost_cutoff_ms: int) -> list[Row]:
+    """Nodes disconnected long enough to be `unreachable`: a gateway's loss gets the longer grace."""
     return await tx.fetchall(
-        "SELECT node_id, connectivity_since_ms FROM nodes"
-        " WHERE connectivity = 'disconnected' AND connectivity_since_ms <= :c",
-        {"c": cutoff_ms},
+        "SELECT node_id, connectivity_since_ms, connectivity_reason FROM nodes"
+        " WHERE connectivity = 'disconnected' AND ("
+        "  (connectivity_reason = 'gateway-lost' AND connectivity_since_ms <= :g)"
+        "  OR (connectivity_reason <> 'gateway-lost' AND connectivity_since_ms <= :c))",
+        {"c": cutoff_ms, "g": gateway_lost_cutoff_ms},
     )
 
 

@@ -110,7 +110,11 @@ class SqliteStore(Store):
         for p in PRAGMAS:
             await conn.execute(p)
         self._conn = conn
-        await apply_migrations(self)
+        try:
+            await apply_migrations(self)
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -162,7 +166,11 @@ class InlineSqliteStore(Store):
         for p in PRAGMAS:
             conn.execute(p)
         self._conn = conn
-        await apply_migrations(self)
+        try:
+            await apply_migrations(self)
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         if self._conn is not None:

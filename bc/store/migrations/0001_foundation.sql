@@ -17,6 +17,7 @@ CREATE TABLE nodes (
   cordoned INTEGER NOT NULL DEFAULT 0,
   connectivity TEXT NOT NULL DEFAULT 'new',
   connectivity_since_ms BIGINT,
+  connectivity_reason TEXT NOT NULL DEFAULT '',
   last_seen_ms BIGINT,
   status TEXT NOT NULL DEFAULT '{}',
   inventory TEXT NOT NULL DEFAULT '{}',

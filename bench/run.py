@@ -1,0 +1,211 @@
+"""`make bench`: figures for the foundation, printed, never asserted.
+
+1. reserve → observed: the time from `Reserve` (Admin API) to the node's
+   `node.observed` event for the new generation, over N reservations
+   (median and p99), each released before the next. `bc serve` and `bc node`
+   run as subprocesses, exactly as deployed; the bench is an Admin client
+   watching the events log. Run twice: paced (250 ms between reservations,
+   an operator's or a controller's rhythm) and back to back, where the
+   gateway's status write budget (ten a second per node) shows.
+2. gateway memory: `bc serve`'s resident set size with S agent sessions held
+   open (the agents share one process here, as the issue allows).
+
+Usage: python -m bench.run [--reservations 100] [--sessions 200] [--only latency|memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from agent.join import join_node
+from agent.main import Agent, AgentOptions
+from bc.cli.client import AdminClient
+from bc.config import OperatorConfig
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+class Lab:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.bc = str(Path(sys.executable).parent / "bc")
+        self.env = dict(os.environ, HOME=str(root / "home"), BC_DATA_DIR=str(root / "server"))
+        (root / "home").mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115
+        p = subprocess.Popen(
+            [self.bc, *args], stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+        self.procs.append(p)
+        return p
+
+    async def serve(self) -> subprocess.Popen[bytes]:
+        p = self.spawn("serve", "serve", "--data-dir", str(self.root / "server"), "--listen", self.address)
+        cfg = self.root / "server" / "operator" / "config.json"
+        for _ in range(300):
+            if cfg.exists():
+                break
+            await asyncio.sleep(0.05)
+        return p
+
+    def admin(self) -> AdminClient:
+        return AdminClient(OperatorConfig.load(self.root / "server" / "operator" / "config.json"), timeout_s=60)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+async def wait_observed(events: asyncio.Queue[tuple[str, int, float]], node_id: str, generation: int) -> float:
+    while True:
+        subject, g, at = await asyncio.wait_for(events.get(), 30)
+        if subject == node_id and g >= generation:
+            return at
+
+
+async def bench_latency(n: int, pace_ms: int) -> dict[str, float]:
+    root = Path(tempfile.mkdtemp(prefix="bc-bench-lat-"))
+    lab = Lab(root)
+    try:
+        await lab.serve()
+        async with lab.admin() as admin:
+            tok = await admin.create_token("n1")
+            await join_node(lab.address, tok.token, root / "n1")
+            lab.spawn("n1", "node", "--data-dir", str(root / "n1"), "--fake-hw", "hgx-h100-8")
+            events: asyncio.Queue[tuple[str, int, float]] = asyncio.Queue()
+
+            async def follow() -> None:
+                async for ev in admin.watch(type_prefix="node.observed"):
+                    events.put_nowait(
+                        (ev.subject, json.loads(ev.data_json)["observed_generation"], time.perf_counter())
+                    )
+
+            watcher = asyncio.create_task(follow())
+            await wait_observed(events, "n1", 1)
+            samples = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                res = await admin.reserve(1, node_id="n1")
+                at = await wait_observed(events, "n1", res.generation)
+                samples.append((at - t0) * 1000)
+                rel = await admin.release(res.id)
+                await wait_observed(events, "n1", rel.generation)
+                while True:  # the devices come back only once the node reports them released
+                    if (await admin.list_reservations(node_id="n1")) == []:
+                        break
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(pace_ms / 1000)
+            watcher.cancel()
+        samples.sort()
+        return {
+            "reservations": n,
+            "pace_ms": pace_ms,
+            "median_ms": round(statistics.median(samples), 1),
+            "p99_ms": round(samples[min(len(samples) - 1, int(len(samples) * 0.99))], 1),
+            "min_ms": round(samples[0], 1),
+            "max_ms": round(samples[-1], 1),
+        }
+    finally:
+        lab.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def bench_memory(sessions: int) -> dict[str, float]:
+    root = Path(tempfile.mkdtemp(prefix="bc-bench-mem-"))
+    lab = Lab(root)
+    agents: list[Agent] = []
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        serve = await lab.serve()
+        idle_kib = rss_kib(serve.pid)
+        async with lab.admin() as admin:
+            sem = asyncio.Semaphore(16)
+
+            async def join(i: int) -> None:
+                async with sem:
+                    tok = await admin.create_token(f"m{i:04d}")
+                    await join_node(lab.address, tok.token, root / f"m{i:04d}")
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(join(i) for i in range(sessions)))
+            join_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for i in range(sessions):
+                a = Agent(AgentOptions(data_dir=root / f"m{i:04d}", fake_hw="hgx-h100-8"))
+                agents.append(a)
+                tasks.append(asyncio.create_task(a.run()))
+            while True:
+                nodes = await admin.list_nodes()
+                if sum(1 for n in nodes if n.state == "connected" and n.observed_generation >= 1) == sessions:
+                    break
+                await asyncio.sleep(0.5)
+            connect_s = time.perf_counter() - t0
+            await asyncio.sleep(5)  # let heartbeats and status flushes settle before reading RSS
+            held_kib = rss_kib(serve.pid)
+        return {
+            "sessions": sessions,
+            "serve_rss_idle_mib": round(idle_kib / 1024, 1),
+            "serve_rss_with_sessions_mib": round(held_kib / 1024, 1),
+            "per_session_kib": round((held_kib - idle_kib) / sessions, 1),
+            "join_all_s": round(join_s, 1),
+            "connect_and_converge_all_s": round(connect_s, 1),
+        }
+    finally:
+        for a in agents:
+            a.stopped.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        lab.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reservations", type=int, default=100)
+    ap.add_argument("--sessions", type=int, default=200)
+    ap.add_argument("--only", choices=["latency", "memory"])
+    args = ap.parse_args()
+    if args.only in (None, "latency"):
+        for pace in (250, 0):
+            figures = await bench_latency(args.reservations, pace)
+            print("reserve -> observed_generation:", json.dumps(figures), flush=True)
+    if args.only in (None, "memory"):
+        print("gateway memory:", json.dumps(await bench_memory(args.sessions)), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
