@@ -18,7 +18,7 @@ from agent.converge.run import CONVERGED, FAILED, PROGRESSING, run
 from agent.hw.fake import FakeHardware
 from bc.protocol.pb import session_pb2, spec_pb2
 
-SHARED_SCHEMA = Path("/work/shared/cdi-schema")
+SHARED_SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "cdi-schema"
 BUNDLED_SCHEMA = Path(__file__).resolve().parents[2] / "agent" / "converge" / "cdi_schema"
 SCHEMA_DIR = SHARED_SCHEMA if SHARED_SCHEMA.is_dir() else BUNDLED_SCHEMA
 CDI_NAME = re.compile(r"[A-Za-z0-9_.:-]+")

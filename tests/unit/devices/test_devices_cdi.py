@@ -16,7 +16,7 @@ from bc.protocol.atoms import parse_atom
 from bc.protocol.pb import spec_pb2
 
 BUNDLED = Path(cdi.__file__).parent / "cdi_schema"
-SHARED = Path("/work/shared/cdi-schema")
+SHARED = Path(__file__).resolve().parents[4] / "shared" / "cdi-schema"
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared CDI schema is not on this machine")
