@@ -1,0 +1,226 @@
+"""The Liveness controller on the store's clock: connected, disconnected, unreachable, never a release."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+from bc.control.bus import Bus
+from bc.control.liveness import STALL_HOLD_MS, Liveness, LivenessConfig
+from bc.control.reservations import ReserveRequest, reserve
+from bc.protocol.pb import common_pb2
+from bc.store import Row, Store
+from bc.store import events as events_sql
+from bc.store import leases as leases_sql
+from bc.store import nodes as nodes_sql
+from bc.store.sqlite import InlineSqliteStore
+from bc.testing import FakeClock
+
+AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
+
+GW = "gw-1"
+GW_LEASE_MS = 20_000
+CFG = LivenessConfig()  # lease TTL 40 s, grace 120 s
+STEP = 10.0  # sweep period in these tests: well under the 20 s stall gap
+
+
+async def gateway_lease(store: Store, gateway_id: str = GW) -> bool:
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        return await leases_sql.acquire(tx, f"gateway:{gateway_id}", gateway_id, now_ms, GW_LEASE_MS)
+
+
+async def open_session(store: InlineSqliteStore, node_id: str = "n1", gateway_id: str = GW) -> int:
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        opened = await nodes_sql.open_session(
+            tx,
+            node_id=node_id,
+            gateway_id=gateway_id,
+            journal_id="j-1",
+            boot_id="b-1",
+            incarnation_id="i-1",
+            cert_serial="01",
+            now_ms=now_ms,
+        )
+    return opened.epoch
+
+
+async def connectivity(store: InlineSqliteStore, node_id: str = "n1") -> str:
+    async with store.transaction(write=False) as tx:
+        row = await nodes_sql.get(tx, node_id)
+    assert row is not None
+    return str(row["connectivity"])
+
+
+async def connectivity_events(store: InlineSqliteStore) -> list[tuple[str, str]]:
+    async with store.transaction(write=False) as tx:
+        rows = await events_sql.list_events(tx, 0, 1000, "node.connectivity")
+    return [(str(r["subject"]), json.loads(str(r["data"]))["state"]) for r in rows]
+
+
+async def reservations_snapshot(store: InlineSqliteStore) -> tuple[list[Row], list[Row]]:
+    async with store.transaction(write=False) as tx:
+        return (
+            await tx.fetchall("SELECT * FROM reservations ORDER BY id"),
+            await tx.fetchall("SELECT * FROM device_bookings ORDER BY reservation_id, atom_id"),
+        )
+
+
+async def run_for(
+    liveness: Liveness, clock: FakeClock, seconds: float, live_gateways: tuple[str, ...] = ()
+) -> list[tuple[str, str]]:
+    """Sweep every STEP seconds for `seconds`, the live gateways renewing; returns the transitions made."""
+    out: list[tuple[str, str]] = []
+    t = 0.0
+    while t < seconds:
+        clock.advance(STEP)
+        t += STEP
+        for gw in live_gateways:
+            assert await gateway_lease(liveness.store, gw)
+        out.extend(await liveness.sweep_once())
+    return out
+
+
+async def test_a_node_on_a_live_gateway_stays_connected(
+    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+) -> None:
+    await add_node("n1")
+    await gateway_lease(store)
+    await open_session(store)
+    lv = Liveness(store, bus, "worker-1", CFG)
+    assert await lv.sweep_once() == []
+    for _ in range(30):  # 5 minutes, the gateway renewing its lease
+        clock.advance(STEP)
+        assert await gateway_lease(store)
+        assert await lv.sweep_once() == []
+    assert await connectivity(store) == "connected"
+    assert await connectivity_events(store) == []
+
+
+async def test_gateway_lease_expiry_disconnects_then_unreachable_after_ttl_and_grace(
+    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+) -> None:
+    await add_node("n1")
+    await add_node("n2")
+    await gateway_lease(store)
+    epoch = await open_session(store, "n1")
+    await gateway_lease(store, "gw-2")
+    await open_session(store, "n2", "gw-2")
+    lv = Liveness(store, bus, "worker-1", CFG)
+    assert await lv.sweep_once() == []
+    # gw-1 dies (stops renewing); gw-2 keeps renewing
+    transitions: list[tuple[str, str]] = []
+    for _ in range(3):
+        clock.advance(STEP)
+        await gateway_lease(store, "gw-2")
+        transitions.extend(await lv.sweep_once())
+    assert transitions == [("n1", "disconnected")]
+    assert await connectivity(store, "n1") == "disconnected"
+    assert await connectivity(store, "n2") == "connected"
+    assert await connectivity_events(store) == [("n1", "disconnected")]
+    async with store.transaction(write=False) as tx:
+        assert not await nodes_sql.session_is_current(tx, "n1", epoch)
+
+    disconnected_at = await store.now_ms()
+    # not yet unreachable: well inside lease TTL + grace since the gateway was last heard
+    for _ in range(int((CFG.lease_ttl_ms + CFG.unreachable_grace_ms) / 1000 / STEP) - 3):
+        clock.advance(STEP)
+        await gateway_lease(store, "gw-2")
+        assert await lv.sweep_once() == []
+    assert await connectivity(store, "n1") == "disconnected"
+    # lease TTL + grace after the disconnect: unreachable
+    while await store.now_ms() - disconnected_at <= CFG.lease_ttl_ms + CFG.unreachable_grace_ms:
+        clock.advance(STEP)
+        await gateway_lease(store, "gw-2")
+        transitions.extend(await lv.sweep_once())
+    assert transitions == [("n1", "disconnected"), ("n1", "unreachable")]
+    assert await connectivity(store, "n1") == "unreachable"
+    assert await connectivity(store, "n2") == "connected"
+    assert await connectivity_events(store) == [("n1", "disconnected"), ("n1", "unreachable")]
+    # and it stays there: no more transitions
+    assert await run_for(lv, clock, 60, ("gw-2",)) == []
+    assert await connectivity(store, "n2") == "connected"
+
+
+async def test_a_stale_close_does_not_close_a_newer_session(
+    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+) -> None:
+    await add_node("n1")
+    await gateway_lease(store)
+    old = await open_session(store, "n1", GW)
+    await gateway_lease(store, "gw-2")
+    new = await open_session(store, "n1", "gw-2")
+    assert new > old
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        assert await nodes_sql.close_session(tx, "n1", old, now_ms) is False
+    async with store.transaction(write=False) as tx:
+        assert await nodes_sql.session_is_current(tx, "n1", new)
+    assert await connectivity(store) == "connected"
+    # the old gateway dies: the node, now on gw-2, is untouched
+    lv = Liveness(store, bus, "worker-1", CFG)
+    for _ in range(5):
+        clock.advance(STEP)
+        await gateway_lease(store, "gw-2")
+        assert await lv.sweep_once() == []
+    assert await connectivity(store) == "connected"
+    async with store.transaction() as tx:
+        assert await nodes_sql.close_session(tx, "n1", new, now_ms) is True
+    assert await connectivity(store) == "disconnected"
+
+
+async def test_a_sweep_gap_holds_unreachable_transitions_for_five_minutes(
+    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+) -> None:
+    await add_node("n1")
+    await gateway_lease(store)
+    await open_session(store)
+    lv = Liveness(store, bus, "worker-1", CFG)
+    await lv.sweep_once()
+    assert await run_for(lv, clock, 30) == [("n1", "disconnected")]
+    disconnected_at = await store.now_ms()
+    await run_for(lv, clock, 100)
+    # the store (or this process) stalls for 30 s, past the point where n1 would go unreachable
+    clock.advance(30 + (CFG.lease_ttl_ms + CFG.unreachable_grace_ms) / 1000)
+    stalled_at = await store.now_ms()
+    assert stalled_at - disconnected_at > CFG.lease_ttl_ms + CFG.unreachable_grace_ms
+    assert await lv.sweep_once() == []
+    held = await run_for(lv, clock, STALL_HOLD_MS / 1000 - 2 * STEP)
+    assert held == []
+    assert await connectivity(store) == "disconnected"
+    assert await run_for(lv, clock, 3 * STEP) == [("n1", "unreachable")]
+
+
+async def test_liveness_never_touches_reservations(
+    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+) -> None:
+    await add_node("n1")
+    placed = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"))
+    await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+    async with store.transaction() as tx:
+        await tx.execute("UPDATE reservations SET state = 'active' WHERE id = :id", {"id": placed["id"]})
+    await gateway_lease(store)
+    await open_session(store)
+    before = await reservations_snapshot(store)
+    lv = Liveness(store, bus, "worker-1", CFG)
+    await lv.sweep_once()
+    transitions = await run_for(lv, clock, 400)
+    assert transitions == [("n1", "disconnected"), ("n1", "unreachable")]
+    assert await reservations_snapshot(store) == before
+    assert len(before[0]) == 2 and len(before[1]) == 3
+
+
+async def test_only_one_liveness_worker_sweeps(
+    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+) -> None:
+    await add_node("n1")
+    await gateway_lease(store)
+    await open_session(store)
+    a = Liveness(store, bus, "worker-a", CFG)
+    b = Liveness(store, bus, "worker-b", CFG)
+    await a.sweep_once()
+    clock.advance(25)  # the gateway lease is gone; worker-a still holds the liveness lease (15 s, renewed)
+    await a.sweep_once()
+    assert await connectivity_events(store) == [("n1", "disconnected")]
+    assert await b.sweep_once() == []
