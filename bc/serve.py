@@ -203,6 +203,11 @@ class Server:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace=1.0)
+            try:
+                async with asyncio.timeout(5.0):
+                    await self.gateway.drain()
+            except TimeoutError:
+                log.warning("event=serve.drain-timeout sessions=%d", len(self.gateway.sessions))
         if self.store is not None:
             with contextlib.suppress(StoreError):
                 await self.gateway.release_lease()

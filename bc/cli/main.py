@@ -80,7 +80,7 @@ def _report(ctx: click.Context, e: BaseException, message: str, *, unexpected: b
         traceback.print_exception(e, file=sys.stderr)
     elif unexpected:
         message += " (run with --debug for the traceback)"
-    click.echo(f"error: {message}", err=True)
+    click.echo("error: " + " ".join(str(message).split()), err=True)  # one line, whatever the message held
 
 
 @click.group(cls=BcGroup, name="bc", context_settings={"help_option_names": ["-h", "--help"]})

@@ -65,6 +65,22 @@ class Liveness:
                         now_ms,
                     )
                     out.append((node_id, "disconnected"))
+            # A gateway flushes last-seen every few seconds while a session lives. An open session silent
+            # for the whole lease TTL lost its gateway's attention (a handler that died without its close
+            # write): close it, fenced by its epoch, so the node's state tells the truth.
+            if now_ms >= self._hold_until_ms:
+                for s in await nodes_sql.silent_open_sessions(tx, now_ms - self.cfg.lease_ttl_ms):
+                    node_id = str(s["node_id"])
+                    if await nodes_sql.close_session(tx, node_id, int(s["session_epoch"]), now_ms, "silent"):
+                        await publish(
+                            tx,
+                            self.bus,
+                            "node.connectivity",
+                            node_id,
+                            {"state": "disconnected", "reason": "silent", "gateway_id": s["gateway_id"]},
+                            now_ms,
+                        )
+                        out.append((node_id, "disconnected"))
             if now_ms >= self._hold_until_ms:
                 cutoff = now_ms - self.cfg.lease_ttl_ms
                 gw_cutoff = cutoff - self.cfg.unreachable_grace_ms

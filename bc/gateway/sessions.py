@@ -55,7 +55,23 @@ class Gateway:
             cfg,
         )
         self.sessions: dict[str, SessionDriver] = {}
+        self._closing_tasks: set[asyncio.Future[None]] = set()
         bus.on_node_changed(self._poke)
+
+    def track(self, task: asyncio.Future[None]) -> None:
+        """Work that must finish before the store closes (session close writes)."""
+        self._closing_tasks.add(task)
+        task.add_done_callback(self._closing_tasks.discard)
+
+    async def drain(self) -> None:
+        """Close every session and wait for the close writes; the caller bounds it with a timeout."""
+        for d in list(self.sessions.values()):
+            d.request_close("UNAVAILABLE", "the server is stopping; reconnect")
+        while self.sessions or self._closing_tasks:
+            if self._closing_tasks:
+                await asyncio.wait(list(self._closing_tasks))
+            else:
+                await asyncio.sleep(0.05)  # a session between its close request and its cleanup task
 
     def _poke(self, node_id: str) -> None:
         d = self.sessions.get(node_id)
@@ -117,8 +133,12 @@ class SessionDriver:
         finally:
             for t in (reader, ticker):
                 t.cancel()
-            await asyncio.gather(reader, ticker, return_exceptions=True)
-            await self._cleanup()
+            # The close must reach the store even when gRPC cancels this handler (the node hung up, or
+            # the server is stopping): it runs as its own task, which the gateway drains before the
+            # store closes.
+            cleanup = asyncio.ensure_future(self._finish(reader, ticker))
+            self.gw.track(cleanup)
+            await asyncio.shield(cleanup)
         if self._closing is not None and self._closing.code != "OK":
             log.info(
                 "event=session.closed node=%s epoch=%d code=%s details=%s",
@@ -128,6 +148,10 @@ class SessionDriver:
                 self._closing.details,
             )
             await self.link.close(self._closing.code, self._closing.details)
+
+    async def _finish(self, *tasks: asyncio.Task[None]) -> None:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._cleanup()
 
     async def _cleanup(self) -> None:
         self.core.close()

@@ -27,6 +27,11 @@ class SpecError(UsageError):
     """A spec or section that does not parse: the operator's input, so nothing is stored."""
 
 
+def _first_line(e: Exception) -> str:
+    """protobuf's parse errors append a multi-line list of fields; the first line says what is wrong."""
+    return str(e).strip().splitlines()[0].strip() if str(e).strip() else type(e).__name__
+
+
 def canonical_json(value: Any) -> str:
     """Sorted keys, compact separators, UTF-8 kept as is."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -47,7 +52,7 @@ def spec_from_json(text: str) -> spec_pb2.NodeSpec:
     try:
         json_format.Parse(text or "{}", spec)
     except (json_format.ParseError, ValueError) as e:
-        raise SpecError(f"the spec does not parse: {e}") from None
+        raise SpecError(f"the spec does not parse: {_first_line(e)}") from None
     return spec
 
 
@@ -59,7 +64,7 @@ def section_from_json(section: str, text: str) -> Message:
     try:
         json_format.Parse(text, msg)
     except (json_format.ParseError, ValueError) as e:
-        raise SpecError(f"the {section} section does not parse: {e}") from None
+        raise SpecError(f"the {section} section does not parse: {_first_line(e)}") from None
     return msg
 
 

@@ -220,3 +220,12 @@ async def sessions_routed_to(tx: Tx, gateway_id: str) -> list[Row]:
         "SELECT node_id, session_epoch FROM node_sessions WHERE gateway_id = :g AND open = 1",
         {"g": gateway_id},
     )
+
+
+async def silent_open_sessions(tx: Tx, seen_before_ms: int) -> list[Row]:
+    """Open sessions whose node has not been heard from since the cutoff (a gateway lost track of one)."""
+    return await tx.fetchall(
+        "SELECT s.node_id, s.session_epoch, s.gateway_id FROM node_sessions s JOIN nodes n USING (node_id)"
+        " WHERE s.open = 1 AND n.last_seen_ms < :c",
+        {"c": seen_before_ms},
+    )

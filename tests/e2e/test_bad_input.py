@@ -1,0 +1,106 @@
+"""Bad input at the CLI: a non-zero exit, one `error:` line on stderr, no traceback, nothing stored."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+
+from .harness import Lab, assert_no_tracebacks, free_port
+
+
+def without_ages(obj: Any) -> Any:
+    """Drop the fields that move by themselves (`*_age_ms`) so two snapshots can be compared."""
+    if isinstance(obj, dict):
+        return {k: without_ages(v) for k, v in obj.items() if not k.endswith("_age_ms")}
+    if isinstance(obj, list):
+        return [without_ages(v) for v in obj]
+    return obj
+
+
+def stored(lab: Lab) -> dict[str, Any]:
+    return {
+        "nodes": without_ages(lab.bc("nodes")),
+        "reservations": without_ages(lab.bc("reservations", "--all")),
+        "spec n1": lab.bc("spec", "show", "n1"),
+    }
+
+
+def refusal_problems(label: str, r: subprocess.CompletedProcess[str], mentions: str | None = None) -> list[str]:
+    """What is wrong with how `bc` refused: each problem as one line naming the case."""
+    problems = []
+    lines = r.stderr.splitlines()
+    if r.returncode == 0:
+        problems.append(f"{label}: exited 0 (stdout {r.stdout.strip()[:200]!r})")
+    if len(lines) != 1 or not lines[0].startswith("error:"):
+        problems.append(f"{label}: stderr is not one line starting 'error:': {r.stderr!r}")
+    if "Traceback" in r.stderr + r.stdout:
+        problems.append(f"{label}: printed a traceback: {r.stderr[-500:]!r}")
+    if mentions is not None and mentions not in r.stderr:
+        problems.append(f"{label}: stderr does not mention {mentions!r}: {r.stderr!r}")
+    return problems
+
+
+@pytest.mark.e2e
+def test_bad_input(lab: Lab) -> None:
+    lab.serve()
+    n1_token = lab.token("n1")
+    lab.join("n1", n1_token)
+    lab.node("n1")
+    lab.wait_converged("n1")
+
+    # Another control plane, with a CA of its own, to take a wrong pin from.
+    other_dir = lab.root / "server2"
+    lab.serve(name="serve2", data_dir=other_dir, port=free_port())
+    other_pin = lab.token("x1", server_dir=other_dir).rsplit(".", 1)[1]
+    n7_token = lab.token("n7")
+    head, _, pin = n7_token.rpartition(".")
+    assert pin != other_pin
+    wrong_pin_token = f"{head}.{other_pin}"
+
+    before = stored(lab)
+    server = lab.address
+    cases: list[tuple[str, tuple[str, ...], str | None]] = [
+        (
+            "malformed token",
+            ("join", "--server", server, "--token", "bc1.not-a-token", "--data-dir", str(lab.root / "j-bad")),
+            None,
+        ),
+        (
+            "reused token",
+            ("join", "--server", server, "--token", n1_token, "--data-dir", str(lab.root / "j-reused")),
+            "already been used",
+        ),
+        (
+            "token with another CA's pin",
+            ("join", "--server", server, "--token", wrong_pin_token, "--data-dir", str(lab.root / "j-pin")),
+            None,
+        ),
+        ("more GPUs than the node has", ("reserve", "--gpus", "99", "--node", "n1"), None),
+        ("reserve on an unknown node", ("reserve", "--gpus", "1", "--node", "nosuch"), None),
+        ("show an unknown node", ("nodes", "show", "nosuch"), None),
+        ("section that is not JSON", ("spec", "set", "n1", "telemetry", "{not json"), None),
+        ("section with an unknown field", ("spec", "set", "n1", "telemetry", '{"no_such_field":1}'), None),
+        ("invalid node id", ("token", "create", "--node-id", "Bad Id!"), None),
+        ("invalid ttl", ("token", "create", "--node-id", "n9", "--ttl", "3x"), None),
+    ]
+    problems: list[str] = []
+    for label, args, mentions in cases:
+        problems += refusal_problems(label, lab.run(*args), mentions)
+    for d in ("j-bad", "j-reused", "j-pin"):
+        if (lab.root / d).exists() and any((lab.root / d).iterdir()):
+            problems.append(f"a failed join left files in {d}: {sorted(p.name for p in (lab.root / d).iterdir())}")
+
+    after = stored(lab)
+    for key in before:
+        if after[key] != before[key]:
+            problems.append(f"{key} changed:\n  before {before[key]}\n  after  {after[key]}")
+
+    # A refused pin must not burn the token: the genuine one still joins.
+    genuine = lab.run("join", "--server", server, "--token", n7_token, "--data-dir", str(lab.root / "node-n7"))
+    if genuine.returncode != 0:
+        problems.append(f"the n7 token no longer joins after a wrong-pin attempt: {genuine.stderr!r}")
+
+    assert not problems, "\n".join(problems)
+    assert_no_tracebacks(lab)
