@@ -242,3 +242,89 @@ class ServerInfoResponse(_message.Message):
     store: str
     gateway_id: str
     def __init__(self, version: _Optional[str] = ..., ca_fingerprint: _Optional[str] = ..., server_time_ms: _Optional[int] = ..., store: _Optional[str] = ..., gateway_id: _Optional[str] = ...) -> None: ...
+
+class RunCommandRequest(_message.Message):
+    __slots__ = ("node_id", "kind", "payload_json", "not_after_s", "min_generation", "idempotency_key")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    NOT_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    MIN_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    kind: str
+    payload_json: str
+    not_after_s: int
+    min_generation: int
+    idempotency_key: str
+    def __init__(self, node_id: _Optional[str] = ..., kind: _Optional[str] = ..., payload_json: _Optional[str] = ..., not_after_s: _Optional[int] = ..., min_generation: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class CommandInfo(_message.Message):
+    __slots__ = ("id", "node_id", "kind", "state", "reason", "message", "result_json", "seq", "lane", "attempt", "idempotency_key", "not_after_ms", "min_generation", "created_age_ms", "updated_age_ms", "boot_id", "batch_id", "cancel_requested")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    node_id: str
+    kind: str
+    state: str
+    reason: str
+    message: str
+    result_json: str
+    seq: int
+    lane: str
+    attempt: int
+    idempotency_key: str
+    not_after_ms: int
+    min_generation: int
+    created_age_ms: int
+    updated_age_ms: int
+    boot_id: str
+    batch_id: str
+    cancel_requested: bool
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., result_json: _Optional[str] = ..., seq: _Optional[int] = ..., lane: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., not_after_ms: _Optional[int] = ..., min_generation: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., updated_age_ms: _Optional[int] = ..., boot_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
+
+class GetCommandRequest(_message.Message):
+    __slots__ = ("command_id",)
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    def __init__(self, command_id: _Optional[str] = ...) -> None: ...
+
+class ListCommandsRequest(_message.Message):
+    __slots__ = ("node_id", "state", "limit")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    state: str
+    limit: int
+    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListCommandsResponse(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[CommandInfo]
+    def __init__(self, commands: _Optional[_Iterable[_Union[CommandInfo, _Mapping]]] = ...) -> None: ...
+
+class CancelCommandRequest(_message.Message):
+    __slots__ = ("command_id", "reason")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    reason: str
+    def __init__(self, command_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...

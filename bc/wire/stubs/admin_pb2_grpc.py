@@ -90,6 +90,26 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.ServerInfoRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.ServerInfoResponse.FromString,
                 _registered_method=True)
+        self.RunCommand = channel.unary_unary(
+                '/bc.v1.Admin/RunCommand',
+                request_serializer=bc_dot_v1_dot_admin__pb2.RunCommandRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.CommandInfo.FromString,
+                _registered_method=True)
+        self.GetCommand = channel.unary_unary(
+                '/bc.v1.Admin/GetCommand',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetCommandRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.CommandInfo.FromString,
+                _registered_method=True)
+        self.ListCommands = channel.unary_unary(
+                '/bc.v1.Admin/ListCommands',
+                request_serializer=bc_dot_v1_dot_admin__pb2.ListCommandsRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ListCommandsResponse.FromString,
+                _registered_method=True)
+        self.CancelCommand = channel.unary_unary(
+                '/bc.v1.Admin/CancelCommand',
+                request_serializer=bc_dot_v1_dot_admin__pb2.CancelCommandRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.CommandInfo.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -161,6 +181,30 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunCommand(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCommand(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCommands(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelCommand(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +262,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ServerInfo,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.ServerInfoRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.ServerInfoResponse.SerializeToString,
+            ),
+            'RunCommand': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunCommand,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.RunCommandRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.CommandInfo.SerializeToString,
+            ),
+            'GetCommand': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCommand,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetCommandRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.CommandInfo.SerializeToString,
+            ),
+            'ListCommands': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCommands,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.ListCommandsRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ListCommandsResponse.SerializeToString,
+            ),
+            'CancelCommand': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelCommand,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.CancelCommandRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.CommandInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -517,6 +581,114 @@ class Admin:
             '/bc.v1.Admin/ServerInfo',
             bc_dot_v1_dot_admin__pb2.ServerInfoRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.ServerInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunCommand(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/RunCommand',
+            bc_dot_v1_dot_admin__pb2.RunCommandRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.CommandInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCommand(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetCommand',
+            bc_dot_v1_dot_admin__pb2.GetCommandRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.CommandInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCommands(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListCommands',
+            bc_dot_v1_dot_admin__pb2.ListCommandsRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ListCommandsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelCommand(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/CancelCommand',
+            bc_dot_v1_dot_admin__pb2.CancelCommandRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.CommandInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,10 @@ class AdminStub:
     ListEvents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]
     Watch: _grpc.UnaryStreamMultiCallable[_admin_pb2.WatchRequest, _admin_pb2.EventRecord]
     ServerInfo: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ServerInfoRequest, _admin_pb2.ServerInfoResponse]
+    RunCommand: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RunCommandRequest, _admin_pb2.CommandInfo]
+    GetCommand: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetCommandRequest, _admin_pb2.CommandInfo]
+    ListCommands: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListCommandsRequest, _admin_pb2.ListCommandsResponse]
+    CancelCommand: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CancelCommandRequest, _admin_pb2.CommandInfo]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -58,6 +62,10 @@ class AdminAsyncStub(AdminStub):
     ListEvents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]  # type: ignore[assignment]
     Watch: _aio.UnaryStreamMultiCallable[_admin_pb2.WatchRequest, _admin_pb2.EventRecord]  # type: ignore[assignment]
     ServerInfo: _aio.UnaryUnaryMultiCallable[_admin_pb2.ServerInfoRequest, _admin_pb2.ServerInfoResponse]  # type: ignore[assignment]
+    RunCommand: _aio.UnaryUnaryMultiCallable[_admin_pb2.RunCommandRequest, _admin_pb2.CommandInfo]  # type: ignore[assignment]
+    GetCommand: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetCommandRequest, _admin_pb2.CommandInfo]  # type: ignore[assignment]
+    ListCommands: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListCommandsRequest, _admin_pb2.ListCommandsResponse]  # type: ignore[assignment]
+    CancelCommand: _aio.UnaryUnaryMultiCallable[_admin_pb2.CancelCommandRequest, _admin_pb2.CommandInfo]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -136,5 +144,33 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.ServerInfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ServerInfoResponse, _abc.Awaitable[_admin_pb2.ServerInfoResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RunCommand(
+        self,
+        request: _admin_pb2.RunCommandRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CommandInfo, _abc.Awaitable[_admin_pb2.CommandInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def GetCommand(
+        self,
+        request: _admin_pb2.GetCommandRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CommandInfo, _abc.Awaitable[_admin_pb2.CommandInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ListCommands(
+        self,
+        request: _admin_pb2.ListCommandsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListCommandsResponse, _abc.Awaitable[_admin_pb2.ListCommandsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CancelCommand(
+        self,
+        request: _admin_pb2.CancelCommandRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CommandInfo, _abc.Awaitable[_admin_pb2.CommandInfo]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
