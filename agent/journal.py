@@ -4,7 +4,20 @@ Parts (reference: "The journal"): `meta` (node id, journal id, the event
 sequence, the applied and observed generations, the server time mark), `spec`
 (the last full spec as received: body bytes, hash, signature) and `events`
 (journaled, unacked events with their sequence numbers, which rise from 1
-per journal id). Commands join in their own issue.
+per journal id) and `commands` (command id to `accepted`, `running{boot_id}`
+or `done` with its serialized terminal `CommandUpdate`, until acked and swept).
+
+The rules (duplicates, recovery, sweep, event bounds) live in
+`agent.journal_rules` as pure functions, shared with `agent.memory_journal`;
+this module only reads rows, applies a rule and writes the outcome in one
+transaction. One lock serializes the journal's units of work: the agent's
+workers, its converge loop and its session share one connection, and a
+statement issued while another coroutine's transaction is open would join
+(and could be rolled back with) that transaction.
+
+Bounds: `append_events` drops the oldest metric events to make room and
+raises `JournalFull` (writing nothing) when results and transitions alone
+fill the journal; `is_full()` then tells dispatch to answer new commands BUSY.
 
 Durability: `synchronous=FULL` with WAL, so a write has reached the disk
 when it returns. A journal that does not open is moved aside
@@ -16,16 +29,21 @@ old one knew.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import sqlite3
 import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 
+from agent import journal_rules as rules
+from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
 from bc.errors import UsageError
 
 log = logging.getLogger("agent.journal")
@@ -37,6 +55,15 @@ SCHEMA = (
     " full_spec BLOB NOT NULL)",
     "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, type TEXT NOT NULL, class INTEGER NOT NULL,"
     " payload BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS commands (command_id TEXT PRIMARY KEY, kind TEXT NOT NULL,"
+    " state TEXT NOT NULL CHECK (state IN ('accepted', 'running', 'done')), incarnation_id TEXT NOT NULL,"
+    " boot_id TEXT NOT NULL, retry_safe INTEGER NOT NULL, self_terminating INTEGER NOT NULL,"
+    " updated_at REAL NOT NULL, result BLOB, acked INTEGER NOT NULL DEFAULT 0, body BLOB)",
+)
+
+_STATES: dict[str, CommandState] = {s: s for s in rules.COMMAND_STATES}
+_COMMAND_COLUMNS = (
+    "command_id, kind, state, incarnation_id, boot_id, retry_safe, self_terminating, updated_at, result, acked"
 )
 
 
@@ -59,26 +86,41 @@ class JournalEvent:
 
 
 class Journal:
-    def __init__(self, conn: aiosqlite.Connection, path: Path, node_id: str, journal_id: str) -> None:
+    def __init__(
+        self,
+        conn: aiosqlite.Connection,
+        path: Path,
+        node_id: str,
+        journal_id: str,
+        *,
+        max_events: int = MAX_EVENTS,
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
         self._conn = conn
         self.path = path
         self.node_id = node_id
         self.journal_id = journal_id
+        self.max_events, self.max_bytes = rules.clamp_bounds(max_events, max_bytes)
+        self._lock = asyncio.Lock()
 
     # -- opening -------------------------------------------------------
     @staticmethod
-    async def open(path: Path, node_id: str) -> Journal:
-        """Open or create; a journal of another node is refused, a broken one moved aside."""
+    async def open(path: Path, node_id: str, *, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -> Journal:
+        """Open or create; a journal of another node is refused, a broken one moved aside.
+
+        `max_events`/`max_bytes` are the configured event bounds, which may lower the built-in ones, never raise them.
+        """
+        bounds = rules.clamp_bounds(max_events, max_bytes)
         try:
-            return await Journal._open(path, node_id)
+            return await Journal._open(path, node_id, bounds)
         except (sqlite3.DatabaseError, JournalCorrupt) as e:
             aside = path.with_name(f"{path.name}.corrupt-{int(time.time() * 1000)}")
             log.error("event=journal.lost path=%s moved_to=%s error=%s", path, aside, e)
             await asyncio.to_thread(_move_aside, path, aside)
-            return await Journal._open(path, node_id)
+            return await Journal._open(path, node_id, bounds)
 
     @staticmethod
-    async def _open(path: Path, node_id: str) -> Journal:
+    async def _open(path: Path, node_id: str, bounds: tuple[int, int]) -> Journal:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = await aiosqlite.connect(str(path), isolation_level=None)
         try:
@@ -114,19 +156,36 @@ class Journal:
         except BaseException:
             await conn.close()
             raise
-        return Journal(conn, path, node_id, meta["journal_id"])
+        return Journal(conn, path, node_id, meta["journal_id"], max_events=bounds[0], max_bytes=bounds[1])
 
     async def close(self) -> None:
-        await self._conn.close()
+        async with self._lock:
+            await self._conn.close()
+
+    @contextlib.asynccontextmanager
+    async def _tx(self) -> AsyncIterator[None]:
+        """One fsynced transaction; the caller holds the lock."""
+        await self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            await self._conn.execute("ROLLBACK")
+            raise
+        await self._conn.execute("COMMIT")
 
     # -- meta ----------------------------------------------------------
     async def get_meta(self, key: str, default: str = "") -> str:
+        async with self._lock:
+            return await self._get_meta(key, default)
+
+    async def _get_meta(self, key: str, default: str = "") -> str:
         cur = await self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,))
         row = await cur.fetchone()
         return str(row[0]) if row else default
 
     async def set_meta(self, key: str, value: str) -> None:
-        await self._set_meta(key, value)
+        async with self._lock:
+            await self._set_meta(key, value)
 
     async def _set_meta(self, key: str, value: str) -> None:
         await self._conn.execute(
@@ -135,24 +194,29 @@ class Journal:
         )
 
     async def int_meta(self, key: str) -> int:
-        return int(await self.get_meta(key, "0") or 0)
+        async with self._lock:
+            return await self._int_meta(key)
+
+    async def _int_meta(self, key: str) -> int:
+        return int(await self._get_meta(key, "0") or 0)
 
     async def advance_time_mark(self, server_time_ms: int) -> int:
         """The mark only moves forward; returns the mark now in force."""
-        mark = await self.int_meta("server_time_mark_ms")
-        if server_time_ms > mark:
-            await self._set_meta("server_time_mark_ms", str(server_time_ms))
-            return server_time_ms
-        return mark
+        async with self._lock:
+            mark = await self._int_meta("server_time_mark_ms")
+            if server_time_ms > mark:
+                await self._set_meta("server_time_mark_ms", str(server_time_ms))
+                return server_time_ms
+            return mark
 
     async def set_observed(self, generation: int) -> None:
-        await self._set_meta("observed_generation", str(generation))
+        async with self._lock:
+            await self._set_meta("observed_generation", str(generation))
 
     # -- spec ----------------------------------------------------------
     async def store_spec(self, spec: StoredSpec) -> None:
         """The spec and the applied generation move together, in one fsynced transaction."""
-        await self._conn.execute("BEGIN IMMEDIATE")
-        try:
+        async with self._lock, self._tx():
             await self._conn.execute(
                 "INSERT INTO spec (id, generation, spec_hash, body, signature, key_id, full_spec)"
                 " VALUES (1, ?, ?, ?, ?, ?, ?)"
@@ -162,16 +226,13 @@ class Journal:
                 (spec.generation, spec.spec_hash, spec.body, spec.signature, spec.key_id, spec.full_spec),
             )
             await self._set_meta("applied_generation", str(spec.generation))
-            await self._conn.execute("COMMIT")
-        except BaseException:
-            await self._conn.execute("ROLLBACK")
-            raise
 
     async def load_spec(self) -> StoredSpec | None:
-        cur = await self._conn.execute(
-            "SELECT generation, spec_hash, body, signature, key_id, full_spec FROM spec WHERE id = 1"
-        )
-        row = await cur.fetchone()
+        async with self._lock:
+            cur = await self._conn.execute(
+                "SELECT generation, spec_hash, body, signature, key_id, full_spec FROM spec WHERE id = 1"
+            )
+            row = await cur.fetchone()
         if row is None:
             return None
         return StoredSpec(
@@ -185,12 +246,17 @@ class Journal:
 
     # -- events --------------------------------------------------------
     async def append_events(self, items: list[tuple[str, int, bytes]]) -> list[JournalEvent]:
-        """Journal events with the next sequence numbers, in one transaction."""
+        """Journal events with the next sequence numbers, in one transaction, within the bounds.
+
+        Items are (type, class, payload). The oldest metric events make room, dropped in the same transaction;
+        when results and transitions alone leave no room, `JournalFull` is raised and nothing is written.
+        """
         if not items:
             return []
-        await self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            seq = await self.int_meta("event_seq")
+        incoming = [EventRow(0, cls, len(payload)) for _, cls, payload in items]
+        async with self._lock, self._tx():
+            await self._make_room(incoming)
+            seq = await self._int_meta("event_seq")
             out = []
             for type_, cls, payload in items:
                 seq += 1
@@ -199,23 +265,259 @@ class Journal:
                 )
                 out.append(JournalEvent(seq, type_, cls, payload))
             await self._set_meta("event_seq", str(seq))
-            await self._conn.execute("COMMIT")
-        except BaseException:
-            await self._conn.execute("ROLLBACK")
-            raise
         return out
 
+    async def _make_room(self, incoming: list[EventRow]) -> None:
+        cur = await self._conn.execute("SELECT count(*), coalesce(sum(length(payload)), 0) FROM events")
+        row = await cur.fetchone()
+        count, size = (int(row[0]), int(row[1])) if row else (0, 0)
+        if rules.within_bounds(
+            count + len(incoming), size + sum(e.size for e in incoming), self.max_events, self.max_bytes
+        ):
+            return  # the common case: no need to read every row
+        plan = rules.plan_bounds(await self._event_rows(), incoming, self.max_events, self.max_bytes)
+        if not plan.admit:
+            log.warning(
+                "event=journal.full events=%d bytes=%d incoming=%d max_events=%d max_bytes=%d",
+                count,
+                size,
+                len(incoming),
+                self.max_events,
+                self.max_bytes,
+            )
+            raise JournalFull(
+                f"the journal holds {count} unacked events ({size} bytes); results and transitions leave no room"
+                f" for {len(incoming)} more within {self.max_events} events and {self.max_bytes} bytes"
+            )
+        if plan.drop:
+            await self._conn.executemany("DELETE FROM events WHERE seq = ?", [(s,) for s in plan.drop])
+            log.warning("event=journal.metrics_dropped count=%d oldest=%d", len(plan.drop), plan.drop[0])
+
+    async def _event_rows(self) -> list[EventRow]:
+        cur = await self._conn.execute("SELECT seq, class, length(payload) FROM events ORDER BY seq")
+        return [EventRow(int(r[0]), int(r[1]), int(r[2])) for r in await cur.fetchall()]
+
+    async def is_full(self) -> bool:
+        """At a bound even after dropping every metric event: dispatch answers new commands BUSY."""
+        async with self._lock:
+            cur = await self._conn.execute(
+                "SELECT count(*), coalesce(sum(length(payload)), 0) FROM events WHERE class != ?", (rules.METRIC,)
+            )
+            row = await cur.fetchone()
+        count, size = (int(row[0]), int(row[1])) if row else (0, 0)
+        return rules.at_bound(count, size, self.max_events, self.max_bytes)
+
+    async def size_bytes(self) -> int:
+        """The journal's size on disk: the database file and its write-ahead log."""
+        return await asyncio.to_thread(_file_size, self.path)
+
     async def unacked_events(self, limit: int = 500) -> list[JournalEvent]:
-        cur = await self._conn.execute("SELECT seq, type, class, payload FROM events ORDER BY seq LIMIT ?", (limit,))
-        return [JournalEvent(int(r[0]), str(r[1]), int(r[2]), bytes(r[3])) for r in await cur.fetchall()]
+        async with self._lock:
+            cur = await self._conn.execute(
+                "SELECT seq, type, class, payload FROM events ORDER BY seq LIMIT ?", (limit,)
+            )
+            rows = await cur.fetchall()
+        return [JournalEvent(int(r[0]), str(r[1]), int(r[2]), bytes(r[3])) for r in rows]
 
     async def ack_events(self, upto_seq: int) -> int:
-        cur = await self._conn.execute("DELETE FROM events WHERE seq <= ?", (upto_seq,))
+        async with self._lock:
+            cur = await self._conn.execute("DELETE FROM events WHERE seq <= ?", (upto_seq,))
+            return cur.rowcount
+
+    # -- commands ------------------------------------------------------
+    async def get_command(self, command_id: str) -> CommandEntry | None:
+        async with self._lock:
+            return await self._get_command(command_id)
+
+    async def command_body(self, command_id: str) -> bytes | None:
+        """The body as accepted (for a re-execution's acceptance checks); None for rejections and unknown ids."""
+        async with self._lock:
+            cur = await self._conn.execute("SELECT body FROM commands WHERE command_id = ?", (command_id,))
+            row = await cur.fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])
+
+    async def accept(
+        self,
+        command_id: str,
+        kind: str,
+        retry_safe: bool,
+        self_terminating: bool,
+        incarnation_id: str,
+        boot_id: str,
+        body: bytes,
+        now: float,
+    ) -> None:
+        """Journal `accepted`; fsynced when it returns, and no side effect may start before it does."""
+        async with self._lock, self._tx():
+            entry = rules.accept_entry(
+                await self._get_command(command_id),
+                command_id,
+                kind,
+                retry_safe,
+                self_terminating,
+                incarnation_id,
+                boot_id,
+                now,
+            )
+            await self._put_command(entry, body)
+
+    async def mark_running(self, command_id: str, incarnation_id: str, boot_id: str, now: float) -> None:
+        """Journal `running{boot_id}`; self-terminating kinds call it right before their side effect."""
+        async with self._lock, self._tx():
+            await self._put_command(
+                rules.running_entry(await self._get_command(command_id), incarnation_id, boot_id, now)
+            )
+
+    async def finish(self, command_id: str, update: bytes, now: float) -> bool:
+        """Journal `done` with the serialized terminal CommandUpdate; False if already done (that result stands)."""
+        async with self._lock, self._tx():
+            existing = await self._get_command(command_id)
+            if existing is None:
+                raise rules.UnknownCommand(f"no journal entry for {command_id}: journal a rejection with record_done")
+            done = rules.done_entry(existing, update, now)
+            if done is None:
+                return False
+            await self._put_command(done)
+            return True
+
+    async def record_done(
+        self, command_id: str, kind: str, update: bytes, incarnation_id: str, boot_id: str, now: float
+    ) -> bool:
+        """Journal a terminal outcome whether or not the command was accepted: how rejections are kept."""
+        async with self._lock, self._tx():
+            existing = await self._get_command(command_id)
+            if existing is None:
+                done: CommandEntry | None = rules.rejected_entry(command_id, kind, update, incarnation_id, boot_id, now)
+            else:
+                done = rules.done_entry(existing, update, now)
+            if done is None:
+                return False
+            await self._put_command(done)
+            return True
+
+    async def unacked_results(self) -> list[tuple[str, bytes]]:
+        """(command id, serialized terminal CommandUpdate), oldest first: replayed until acked."""
+        async with self._lock:
+            entries = await self._select_commands("WHERE state = 'done' AND acked = 0")
+        return rules.unacked(entries)
+
+    async def ack_results(self, command_ids: Iterable[str]) -> int:
+        ids = [(cid,) for cid in sorted(set(command_ids))]
+        if not ids:
+            return 0
+        async with self._lock, self._tx():
+            cur = await self._conn.executemany(
+                "UPDATE commands SET acked = 1 WHERE command_id = ? AND state = 'done' AND acked = 0", ids
+            )
+            return cur.rowcount
+
+    async def commands(self) -> list[CommandEntry]:
+        async with self._lock:
+            return await self._select_commands("")
+
+    async def delete_commands(self, command_ids: Iterable[str]) -> int:
+        ids = [(cid,) for cid in sorted(set(command_ids))]
+        if not ids:
+            return 0
+        async with self._lock, self._tx():
+            return await self._delete_commands(ids)
+
+    async def apply_settlements(
+        self, settlements: Sequence[Settlement], updates: Mapping[str, bytes], now: float
+    ) -> int:
+        """Mark `recover`'s settlements done with their updates, in one transaction; returns how many moved."""
+        missing = [s.command_id for s in settlements if s.command_id not in updates]
+        if missing:
+            raise KeyError(f"no update for settlements {missing}")
+        n = 0
+        async with self._lock, self._tx():
+            for s in settlements:
+                existing = await self._get_command(s.command_id)
+                done = None if existing is None else rules.done_entry(existing, updates[s.command_id], now)
+                if done is not None:
+                    await self._put_command(done)
+                    n += 1
+        return n
+
+    async def sweep_commands(self, now: float, incarnation_id: str, keep_s: float = rules.KEEP_S) -> list[str]:
+        """Apply `journal_rules.sweep` and delete what it names, in one transaction."""
+        async with self._lock, self._tx():
+            ids = rules.sweep(await self._select_commands(""), now, incarnation_id, keep_s)
+            if ids:
+                await self._delete_commands([(cid,) for cid in ids])
+        return ids
+
+    async def _get_command(self, command_id: str) -> CommandEntry | None:
+        found = await self._select_commands("WHERE command_id = ?", (command_id,))
+        return found[0] if found else None
+
+    async def _select_commands(self, where: str, args: tuple[str, ...] = ()) -> list[CommandEntry]:
+        cur = await self._conn.execute(
+            f"SELECT {_COMMAND_COLUMNS} FROM commands {where} ORDER BY updated_at, command_id", args
+        )
+        return [_command_entry(r) for r in await cur.fetchall()]
+
+    async def _put_command(self, e: CommandEntry, body: bytes | None = None) -> None:
+        """Upsert a row; a None body keeps the one stored at accept."""
+        await self._conn.execute(
+            f"INSERT INTO commands ({_COMMAND_COLUMNS}, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (command_id) DO UPDATE SET kind = excluded.kind, state = excluded.state,"
+            " incarnation_id = excluded.incarnation_id, boot_id = excluded.boot_id,"
+            " retry_safe = excluded.retry_safe, self_terminating = excluded.self_terminating,"
+            " updated_at = excluded.updated_at, result = excluded.result, acked = excluded.acked,"
+            " body = coalesce(excluded.body, commands.body)",
+            (
+                e.command_id,
+                e.kind,
+                e.state,
+                e.incarnation_id,
+                e.boot_id,
+                int(e.retry_safe),
+                int(e.self_terminating),
+                e.updated_at,
+                e.result,
+                int(e.acked),
+                body,
+            ),
+        )
+
+    async def _delete_commands(self, ids: list[tuple[str]]) -> int:
+        cur = await self._conn.executemany("DELETE FROM commands WHERE command_id = ?", ids)
         return cur.rowcount
 
 
 class JournalCorrupt(Exception):
     pass
+
+
+class JournalFull(Exception):
+    """Results and transitions fill the journal: nothing was written; new commands get BUSY until acks drain it."""
+
+
+def _command_entry(r: Sequence[Any]) -> CommandEntry:
+    state = _STATES.get(str(r[2]))
+    if state is None:
+        raise JournalCorrupt(f"command {r[0]} has state {r[2]!r}")
+    return CommandEntry(
+        command_id=str(r[0]),
+        kind=str(r[1]),
+        state=state,
+        incarnation_id=str(r[3]),
+        boot_id=str(r[4]),
+        retry_safe=bool(r[5]),
+        self_terminating=bool(r[6]),
+        updated_at=float(r[7]),
+        result=None if r[8] is None else bytes(r[8]),
+        acked=bool(r[9]),
+    )
+
+
+def _file_size(path: Path) -> int:
+    total = 0
+    for suffix in ("", "-wal"):
+        with contextlib.suppress(FileNotFoundError):
+            total += Path(str(path) + suffix).stat().st_size
+    return total
 
 
 def _move_aside(path: Path, aside: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import random
 import secrets
@@ -29,14 +30,16 @@ import grpc
 from agent import session_core as sc
 from agent.converge.devices import DevicesConverger
 from agent.converge.run import Converger, run
+from agent.dispatch import Dispatcher
 from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
 from agent.identity import Identity
-from agent.journal import Journal, StoredSpec
+from agent.journal import Journal, JournalFull, StoredSpec
+from agent.kinds.base import KindContext
 from bc import __version__
 from bc.clock import Clock, SystemClock
 from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
-from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.protocol.pb.session_pb2 import CommandUpdate, GatewayMessage, NodeMessage
 from bc.wire.link import GrpcClientLink, Link, LinkClosed
 from bc.wire.stubs import session_pb2_grpc
 from bc.wire.tls import channel_credentials
@@ -46,6 +49,7 @@ log = logging.getLogger("agent")
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 DRIFT_PASS_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -55,6 +59,8 @@ class AgentOptions:
     cdi_dir: Path | None = None
     env_dir: Path | None = None
     heartbeat_interval_s: float | None = None
+    allow_gpu_reset: bool = False
+    allow_reboot: bool = False
 
 
 def backoff_delay(attempt: int, rng: random.Random) -> float:
@@ -76,7 +82,8 @@ class Agent:
         self.data_dir = opts.data_dir
         self.identity = Identity.load(self.data_dir)
         self.node_id = self.identity.node_id
-        self.hw = hw or open_backend(opts.fake_hw, self.node_id)
+        self.hw = hw or open_backend(opts.fake_hw, self.node_id, state_dir=self.data_dir)
+        self.offset_ms = 0  # server time minus local wall time, from the last Welcome or heartbeat
         self.incarnation_id = secrets.token_hex(8)
         self.spec_changed = asyncio.Event()
         self.outbox_changed = asyncio.Event()
@@ -88,6 +95,7 @@ class Agent:
         self.server_inventory_hash = ""
         self.connected = asyncio.Event()
         self.revoked_reason = ""
+        self.pending_events: list[tuple[str, int, bytes]] = []
 
     async def open(self) -> None:
         self.journal = await Journal.open(self.data_dir / "journal.db", self.node_id)
@@ -105,6 +113,30 @@ class Agent:
         }
         self.inventory = self.hw.inventory()
         self.inventory_hash = inventory_hash(self.inventory)
+        self.boot_id = self.hw.boot_id()
+        self.dispatcher = Dispatcher(
+            node_id=self.node_id,
+            role=self.identity.role,
+            journal=self.journal,
+            journal_full=self.journal.is_full,
+            ctx=KindContext(
+                node_id=self.node_id,
+                data_dir=self.data_dir,
+                hw=self.hw,
+                cdi_dir=cdi_dir,
+                boot_id=self.boot_id,
+                allow_gpu_reset=self.opts.allow_gpu_reset,
+                allow_reboot=self.opts.allow_reboot,
+                log_paths=[self.data_dir / "node.log", self.data_dir / "node.log.1"],
+                journal_summary=self.journal_summary,
+            ),
+            clock=self.clock,
+            incarnation_id=self.incarnation_id,
+            boot_id=self.boot_id,
+            applied_generation=lambda: self.applied_generation,
+            server_now_ms=lambda: int(self.clock.now() * 1000) + self.offset_ms,
+        )
+        await self.dispatcher.start()
         log.info(
             "event=agent.started node=%s journal_id=%s applied=%d incarnation=%s hw=%s cdi_dir=%s",
             self.node_id,
@@ -124,36 +156,52 @@ class Agent:
         return self.stored.spec_hash if self.stored else ""
 
     async def close(self) -> None:
+        await self.dispatcher.stop()
         await self.journal.close()
+
+    async def journal_summary(self) -> dict[str, object]:
+        entries = await self.journal.commands()
+        return {
+            "node_id": self.node_id,
+            "journal_id": self.journal.journal_id,
+            "applied_generation": self.applied_generation,
+            "observed_generation": self.observed_generation,
+            "commands": {st: sum(1 for e in entries if e.state == st) for st in ("accepted", "running", "done")},
+            "unacked_events": len(await self.journal.unacked_events(limit=100_000)),
+        }
 
     # -- the converge loop ---------------------------------------------
     async def converge_once(self) -> None:
         generation = self.applied_generation
         outcome = await run(self.spec, generation, self.convergers)
-        if outcome.events:
-            await self.journal.append_events(
-                [
-                    (
-                        f"allocation.{session_pb2.AllocationReport.Kind.Name(r.kind).lower()}",
-                        session_pb2.RESULT
-                        if r.kind != session_pb2.AllocationReport.KIND_UNSPECIFIED
-                        else session_pb2.TRANSITION,
-                        session_pb2.NodeEvent(
-                            type=f"allocation.{session_pb2.AllocationReport.Kind.Name(r.kind).lower()}",
-                            report=session_pb2.AttestedReport(body=r.SerializeToString(deterministic=True)),
-                        ).SerializeToString(),
-                    )
-                    for r in outcome.events
-                ]
-            )
-            for r in outcome.events:
-                log.info(
-                    "event=allocation.%s allocation=%s reason=%s generation=%d",
-                    session_pb2.AllocationReport.Kind.Name(r.kind).lower(),
-                    r.allocation_id,
-                    r.reason,
-                    r.generation,
+        for r in outcome.events:
+            kind = session_pb2.AllocationReport.Kind.Name(r.kind).lower()
+            self.pending_events.append(
+                (
+                    f"allocation.{kind}",
+                    session_pb2.RESULT,
+                    session_pb2.NodeEvent(
+                        type=f"allocation.{kind}",
+                        report=session_pb2.AttestedReport(body=r.SerializeToString(deterministic=True)),
+                    ).SerializeToString(),
                 )
+            )
+            log.info(
+                "event=allocation.%s allocation=%s reason=%s generation=%d",
+                kind,
+                r.allocation_id,
+                r.reason,
+                r.generation,
+            )
+        if self.pending_events:
+            try:
+                await self.journal.append_events(self.pending_events)
+                self.pending_events = []
+            except JournalFull:
+                # Results are never dropped: keep them in memory and try again on the next pass; until acks
+                # drain the journal, new commands are answered BUSY and this spec is not reported observed.
+                log.error("event=journal.full pending_events=%d", len(self.pending_events))
+                outcome = dataclasses.replace(outcome, observed=False)
         if outcome.observed and generation > self.observed_generation:
             self.observed_generation = generation
             await self.journal.set_observed(generation)
@@ -218,12 +266,20 @@ class Agent:
             options=[
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
+                ("grpc.initial_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 2_000),
             ],
         )
 
     async def one_session(self) -> bool:
         """Run one session to its end; True if it was welcomed (the back-off then starts over)."""
         async with self._channel() as channel:
+            # Our back-off owns redialing: a channel that cannot connect in time is dropped and redialed,
+            # rather than left to grpc's own reconnect back-off (which grows to minutes).
+            try:
+                await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+            except TimeoutError:
+                raise LinkClosed("UNAVAILABLE", f"cannot connect to {self.identity.server}") from None
             call = session_pb2_grpc.NodeSessionStub(channel).Session()
             link: Link[GatewayMessage, NodeMessage] = GrpcClientLink(call)
             return await SessionRunner(self, link).run()
@@ -273,7 +329,10 @@ class SessionRunner:
         self.done = asyncio.Event()
 
     async def run(self) -> bool:
-        await self.link.send(self.core.hello(self.agent.clock.monotonic(), __version__))
+        a = self.agent
+        unacked = [CommandUpdate.FromString(b) for _id, b in await a.journal.unacked_results()]
+        hello = self.core.hello(a.clock.monotonic(), __version__, unacked, await a.dispatcher.running_ids())
+        await asyncio.wait_for(self.link.send(hello), sc.WELCOME_TIMEOUT_S)
         reader = asyncio.create_task(self._read(), name="session-read")
         writer = asyncio.create_task(self._write(), name="session-write")
         try:
@@ -288,6 +347,8 @@ class SessionRunner:
                 t.cancel()
             await asyncio.gather(reader, writer, return_exceptions=True)
             self.agent.connected.clear()
+            if self.agent.dispatcher.sender == self.link.send:
+                self.agent.dispatcher.sender = None
         if self.closed is not None:
             log.warning("event=session.closed reason=%s", self.closed.reason)
             if not self.closed.redial:
@@ -321,6 +382,8 @@ class SessionRunner:
                 a.connected.set()
                 if e.trust.ByteSize():
                     a.identity.trust_bundle_b64 = base64.b64encode(e.trust.SerializeToString()).decode()
+                a.offset_ms = e.offset_ms
+                a.dispatcher.sender = self.link.send
                 log.info(
                     "event=session.welcomed epoch=%d offset_ms=%d heartbeat_s=%.1f",
                     e.epoch,
@@ -330,6 +393,13 @@ class SessionRunner:
                 if a.opts.heartbeat_interval_s:
                     self.core.heartbeat_interval_s = a.opts.heartbeat_interval_s
                 a.outbox_changed.set()
+            elif isinstance(e, sc.DeliverCommand):
+                a.offset_ms = self.core.offset_ms
+                await a.dispatcher.on_command(e.command)
+            elif isinstance(e, sc.DeliverCancel):
+                await a.dispatcher.on_cancel(e.cancel)
+            elif isinstance(e, sc.AckResults):
+                await a.dispatcher.on_ack(e.command_ids)
             elif isinstance(e, sc.AdvanceTimeMark):
                 a.time_mark_ms = await a.journal.advance_time_mark(e.server_time_ms)
                 if a.time_mark_ms - a.identity.server_time_mark_ms > 60_000:
@@ -348,6 +418,7 @@ class SessionRunner:
                 a.stored, a.spec = stored, e.spec
                 log.info("event=spec.accepted generation=%d hash=%s", e.generation, e.spec_hash)
                 a.spec_changed.set()
+                await a.dispatcher.on_spec_applied()
             elif isinstance(e, sc.IgnoredSpec):
                 log.info("event=spec.ignored reason=%s", e.reason)
             elif isinstance(e, sc.AckEvents):
@@ -367,6 +438,7 @@ class SessionRunner:
             if self.core.state is sc.State.OPEN:
                 await self._flush_events()
                 await self._flush_status()
+                await a.dispatcher.expire_deferred()
             try:
                 await asyncio.wait_for(a.outbox_changed.wait(), 1.0)
             except TimeoutError:
@@ -401,7 +473,7 @@ class SessionRunner:
 async def run_agent(opts: AgentOptions) -> None:
     from bc import logs
 
-    logs.setup("node")
+    logs.setup("node", file=opts.data_dir / "node.log")
     agent = Agent(opts)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

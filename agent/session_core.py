@@ -21,7 +21,9 @@ Rules it enforces:
   answered with SpecRequest(PATCH_BASE_MISMATCH). The spec hash is echoed,
   never recomputed.
 * Ack for this journal drops acknowledged events; an Ack for another
-  journal id is ignored.
+  journal id is ignored. Acked command ids stop the replay of their results.
+* Commands and cancels are handed to the dispatcher (`agent/dispatch.py`),
+  which owns the journal's duplicate rules and the acceptance checks.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 
 REWIND_LIMIT_MS = 5 * 60 * 1000
 MISSED_HEARTBEATS = 3
+WELCOME_TIMEOUT_S = 15.0
 
 
 class State(enum.Enum):
@@ -85,12 +88,38 @@ class AckEvents:
 
 
 @dataclass(frozen=True)
+class AckResults:
+    command_ids: list[str]
+
+
+@dataclass(frozen=True)
+class DeliverCommand:
+    command: session_pb2.Command
+
+
+@dataclass(frozen=True)
+class DeliverCancel:
+    cancel: session_pb2.Cancel
+
+
+@dataclass(frozen=True)
 class Close:
     reason: str
     redial: bool = True
 
 
-Effect = Send | AdvanceTimeMark | Welcomed | AcceptSpec | IgnoredSpec | AckEvents | Close
+Effect = (
+    Send
+    | AdvanceTimeMark
+    | Welcomed
+    | AcceptSpec
+    | IgnoredSpec
+    | AckEvents
+    | AckResults
+    | DeliverCommand
+    | DeliverCancel
+    | Close
+)
 
 
 def decide_spec(
@@ -140,7 +169,13 @@ class AgentSessionCore:
     inventory: common_pb2.Inventory | None = None  # sent in Hello only when the server's hash differs
     server_inventory_hash: str = ""
 
-    def hello(self, now_mono: float, agent_version: str = "") -> NodeMessage:
+    def hello(
+        self,
+        now_mono: float,
+        agent_version: str = "",
+        unacked_results: list[session_pb2.CommandUpdate] | None = None,
+        running_command_ids: list[str] | None = None,
+    ) -> NodeMessage:
         self.last_heard = now_mono
         return NodeMessage(
             hello=session_pb2.Hello(
@@ -155,6 +190,8 @@ class AgentSessionCore:
                 agent_version=agent_version,
                 incarnation_id=self.incarnation_id,
                 inventory=self.inventory if self.inventory_hash != self.server_inventory_hash else None,
+                unacked_results=unacked_results or [],
+                running_command_ids=running_command_ids or [],
             )
         )
 
@@ -177,14 +214,21 @@ class AgentSessionCore:
         if kind == "desired_state":
             return self._desired_state(msg.desired_state)
         if kind == "ack":
-            if msg.ack.journal_id and msg.ack.journal_id != self.journal_id:
-                return []
-            return [AckEvents(msg.ack.event_seq)] if msg.ack.event_seq else []
+            out: list[Effect] = []
+            if msg.ack.command_ids:
+                out.append(AckResults(list(msg.ack.command_ids)))
+            if msg.ack.event_seq and (not msg.ack.journal_id or msg.ack.journal_id == self.journal_id):
+                out.append(AckEvents(msg.ack.event_seq))
+            return out
+        if kind == "command":
+            return [DeliverCommand(msg.command)]
+        if kind == "cancel":
+            return [DeliverCancel(msg.cancel)]
         if kind == "revocation":
             return self._revoked(msg.revocation)
         if kind == "welcome":
             raise ProtocolError("can't handle welcome in state open: a session is welcomed once")
-        return []  # commands and cancels are handled by the command lanes
+        return []
 
     def _welcome(self, w: session_pb2.Welcome, local_wall_ms: int) -> list[Effect]:
         if w.server_time_ms < self.time_mark_ms - REWIND_LIMIT_MS:
@@ -252,7 +296,7 @@ class AgentSessionCore:
     def tick(self, now_mono: float) -> list[Effect]:
         """Heartbeats out; silence for three intervals closes the session (a half-open link)."""
         if self.state is not State.OPEN:
-            if self.state is State.HELLO_SENT and now_mono - self.last_heard > MISSED_HEARTBEATS * 10.0:
+            if self.state is State.HELLO_SENT and now_mono - self.last_heard > WELCOME_TIMEOUT_S:
                 self.state = State.CLOSED
                 return [Close("no Welcome from the gateway")]
             return []

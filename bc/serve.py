@@ -26,6 +26,7 @@ from bc.clock import Clock, SystemClock
 from bc.config import OperatorConfig, user_config_path
 from bc.control.bus import Bus
 from bc.control.liveness import Liveness, LivenessConfig
+from bc.control.sweeper import CommandSweeper
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.pki import keys
@@ -167,6 +168,8 @@ class Server:
         self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
         self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))
         self._tasks.append(asyncio.create_task(self._token_roots_loop(), name="token-roots"))
+        self.sweeper = CommandSweeper(self.store, self.bus, self.gateway_id)
+        self._tasks.append(asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"))
         log.info(
             "event=serve.started listen=%s store=%s gateway=%s ca=%s operator_config=%s",
             self.address,

@@ -197,7 +197,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reservations", type=int, default=100)
     ap.add_argument("--sessions", type=int, default=200)
-    ap.add_argument("--only", choices=["latency", "memory"])
+    ap.add_argument("--only", choices=["latency", "memory", "commands", "journal"])
     args = ap.parse_args()
     if args.only in (None, "latency"):
         for pace in (250, 0):
@@ -205,6 +205,15 @@ async def main() -> None:
             print("reserve -> observed_generation:", json.dumps(figures), flush=True)
     if args.only in (None, "memory"):
         print("gateway memory:", json.dumps(await bench_memory(args.sessions)), flush=True)
+    if args.only in (None, "journal"):
+        from bench.commands import journal_figures
+
+        print("journal writes:", json.dumps(await journal_figures()), flush=True)
+    if args.only in (None, "commands"):
+        from bench.commands import commands_per_second
+
+        for nodes in (1, 10, 100):
+            print("inventory.refresh end to end:", json.dumps(await commands_per_second(nodes, 200)), flush=True)
 
 
 if __name__ == "__main__":

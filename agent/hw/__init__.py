@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
-from agent.hw.base import HardwareBackend, inventory_hash
+from pathlib import Path
+
+from agent.hw.base import ActionDisabled, HardwareBackend, diag_healthy, inventory_hash
 from agent.hw.fake import FakeHardware
 from agent.hw.nvml import NvmlHardware
 
-__all__ = ["FakeHardware", "HardwareBackend", "NvmlHardware", "inventory_hash", "open_backend"]
+__all__ = [
+    "ActionDisabled",
+    "FakeHardware",
+    "HardwareBackend",
+    "NvmlHardware",
+    "diag_healthy",
+    "inventory_hash",
+    "open_backend",
+]
 
 
-def open_backend(fake_profile: str | None, seed: str) -> HardwareBackend:
-    """The fake profile when one is named (seeded by `seed`, normally the node id), else NVML."""
+def open_backend(fake_profile: str | None, seed: str, state_dir: Path | None = None) -> HardwareBackend:
+    """The fake profile when one is named (seeded by `seed`, normally the node id), else NVML.
+
+    `state_dir` (normally the agent's data dir) is where a fake keeps its boot
+    id and reset counts; the real backend has no state of its own.
+    """
     if fake_profile:
-        return FakeHardware(fake_profile, seed)
+        return FakeHardware(fake_profile, seed, state_dir=state_dir)
     return NvmlHardware()

@@ -6,21 +6,39 @@ profile and index, so a node sees the same GPUs on every start (its holds in
 /etc/cdi still resolve after a restart) and two nodes never share a UUID.
 Host facts (hostname, CPUs, memory) come from the profile and seed too, so
 the inventory and its hash depend on nothing but (profile, seed), which the
-simulator needs to replay a run. Only GPUs are faked: `boot_id` is the real
-kernel's.
+simulator needs to replay a run.
+
+Only GPUs are faked, unless the fake is given a state dir: then it keeps a
+fake boot id there too, so `node.reboot` can "reboot" a fake node (a new
+boot id and a restart of the process) without touching the host, and GPU
+resets are counted in a file tests can read. Diagnostics are seeded like
+the UUIDs: the same counters for the same (node, GPU) on every call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import inspect
 import json
+import logging
+import os
+import random
+import sys
+from collections.abc import Callable, Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
-from agent.hw.base import read_boot_id
+from agent.hw.base import UNKNOWN_GPU, diag_entry, read_boot_id
 from bc.protocol.pb import common_pb2
 
+log = logging.getLogger(__name__)
+
 _PROFILES = "profiles"
+BOOT_ID_FILE = "fake-boot-id"
+RESETS_FILE = "fake-gpu-resets.json"
 
 
 def _uuid(prefix: str, *parts: object) -> str:
@@ -38,13 +56,28 @@ def _load_profile(name: str) -> dict[str, Any]:
     return data
 
 
+def _write_text(path: Path, text: str) -> None:
+    """Whole file or nothing (temp file and rename): a crash mid-write must not leave a torn boot id."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, "utf-8")
+    os.replace(tmp, path)
+
+
 class FakeHardware:
     """A HardwareBackend whose GPUs come from a profile and a seed."""
 
-    def __init__(self, profile: str, seed: str) -> None:
+    reboot_hook: Callable[[], object] | None = None
+    """Called by `reboot()` instead of re-executing the process (set it in in-process tests)."""
+
+    def __init__(self, profile: str, seed: str, *, state_dir: Path | None = None) -> None:
         self.profile = profile
         self.seed = seed
-        self._inventory = self._build(_load_profile(profile))
+        # How long a fake GPU reset takes (BC_FAKE_GPU_RESET_S): long enough, a test can kill the agent mid-reset.
+        self.reset_seconds = float(os.environ.get("BC_FAKE_GPU_RESET_S", "0") or 0)
+        self.state_dir = state_dir
+        self._data = _load_profile(profile)
+        self._inventory = self._build(self._data)
 
     @staticmethod
     def profiles() -> list[str]:
@@ -89,7 +122,110 @@ class FakeHardware:
         return inv
 
     def boot_id(self) -> str:
-        return read_boot_id()
+        """The fake boot id kept in the state dir (made on first use), else the real kernel's."""
+        if self.state_dir is None:
+            return read_boot_id()
+        path = self.state_dir / BOOT_ID_FILE
+        try:
+            current = path.read_text("utf-8").strip()
+        except FileNotFoundError:
+            current = ""
+        if not current:
+            current = str(uuid4())
+            _write_text(path, current + "\n")
+        return current
 
     def describe(self) -> str:
         return f"fake:{self.profile} ({len(self._inventory.gpus)} GPUs, seed {self.seed})"
+
+    def diag(self, uuids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Seeded counters per GPU: stable per (node, GPU), unhealthy only where the profile says so."""
+        gpus = {g.uuid: g for g in self._inventory.gpus}
+        out: dict[str, dict[str, Any]] = {}
+        for gpu_uuid in uuids or list(gpus):
+            gpu = gpus.get(gpu_uuid)
+            if gpu is None:
+                out[gpu_uuid] = {"error": UNKNOWN_GPU}
+                continue
+            spec = self._data["gpus"][gpu.index]
+            out[gpu_uuid] = self._diag_one(gpu.index, gpu.name, gpu.healthy, spec)
+        return out
+
+    def _diag_one(self, index: int, name: str, healthy: bool, spec: dict[str, Any]) -> dict[str, Any]:
+        rng = random.Random(hashlib.sha256(f"diag\0{self.seed}\0{self.profile}\0{index}".encode()).digest())
+        volatile_corrected = rng.choice((0, 0, 0, 1, 2))
+        bad = not healthy
+        return diag_entry(
+            index=index,
+            name=name,
+            ecc={
+                "volatile": {"corrected": volatile_corrected, "uncorrected": 2 if bad else 0},
+                "aggregate": {
+                    "corrected": volatile_corrected + rng.randint(0, 40),
+                    "uncorrected": 2 if bad else 0,
+                },
+            },
+            retired_pages={"single_bit": rng.randint(0, 2), "double_bit": 1 if bad else 0, "pending": False},
+            row_remapping={
+                "corrected": rng.randint(0, 3),
+                "uncorrected": 1 if bad else 0,
+                "pending": bad,
+                "failure": False,
+            },
+            xids=[{"xid": 94, "message": "Contained ECC error"}] if bad else [],
+            clocks_mhz={"graphics": rng.randint(1410, 1980), "sm": rng.randint(1410, 1980), "memory": 2619},
+            temperature_c=rng.randint(28, 45),
+            power_w=round(rng.uniform(60.0, 120.0), 1),
+            power_limit_w=float(spec.get("power_limit_w", 700.0)),
+        )
+
+    async def reset_gpu(self, uuid: str, *, allow: bool = False) -> tuple[bool, str]:
+        """Always allowed (nothing real is touched); counted in `<state_dir>/fake-gpu-resets.json`."""
+        if uuid not in {g.uuid for g in self._inventory.gpus}:
+            return False, UNKNOWN_GPU
+        if self.state_dir is not None:
+            # Counted when the reset starts: the tests count side effects started, not finished.
+            await asyncio.to_thread(self._count_reset, self.state_dir / RESETS_FILE, uuid)
+        log.info("event=fake.gpu_reset uuid=%s seconds=%.1f", uuid, self.reset_seconds)
+        if self.reset_seconds > 0:
+            await asyncio.sleep(self.reset_seconds)  # a real reset takes seconds; so does this one, if asked
+        return True, "reset (fake)"
+
+    @staticmethod
+    def _count_reset(path: Path, gpu_uuid: str) -> None:
+        counts = FakeHardware.read_resets(path.parent)
+        counts[gpu_uuid] = counts.get(gpu_uuid, 0) + 1
+        _write_text(path, json.dumps(counts, indent=2, sort_keys=True) + "\n")
+
+    @staticmethod
+    def read_resets(state_dir: Path) -> dict[str, int]:
+        """How many times each GPU was reset on the fake node whose state dir this is."""
+        try:
+            data = json.loads((state_dir / RESETS_FILE).read_text("utf-8"))
+        except FileNotFoundError:
+            return {}
+        return {str(k): int(v) for k, v in data.items()}
+
+    async def reboot(self, *, allow: bool = False) -> tuple[bool, str]:
+        """A new fake boot id, then a restart of this process (or `reboot_hook`, when one is set).
+
+        Re-executing the process is what a reboot looks like to the control
+        plane: the session drops and the node rejoins with a new boot id.
+        Without a state dir there is no fake boot id to change, so there is
+        no fake reboot either.
+        """
+        if self.state_dir is None:
+            return False, "a fake reboot needs the fake hardware's state dir"
+        new_id = str(uuid4())
+        await asyncio.to_thread(_write_text, self.state_dir / BOOT_ID_FILE, new_id + "\n")
+        hook = inspect.getattr_static(self, "reboot_hook", None)  # static: a plain function must not bind to self
+        if hook is not None:
+            if isinstance(hook, staticmethod):
+                hook = hook.__func__
+            hook()
+            return True, f"rebooted (fake hook); boot id {new_id}"
+        log.warning("event=fake.reboot boot_id=%s action=re-exec", new_id)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        # orig_argv, not argv: it keeps `-m <module>` and interpreter flags, so the restart is the same program.
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])

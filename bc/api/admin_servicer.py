@@ -10,12 +10,12 @@ import grpc
 from bc import __version__
 from bc.api.peers import peer_of
 from bc.clock import Clock
-from bc.control import identity, reservations, specs, views
+from bc.control import commands, identity, reservations, specs, views
 from bc.control.bus import Bus
 from bc.errors import BcError, NotFound
 from bc.pki.ca import CertificateAuthority
 from bc.protocol.pb import admin_pb2
-from bc.store import Store
+from bc.store import Row, Store
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
@@ -191,5 +191,61 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 store=self.store.description,
                 gateway_id=self.gateway_id,
             )
+
+        return await self._call(context, go)
+
+    # -- commands ------------------------------------------------------------------
+
+    async def _command_info(self, row: Row) -> admin_pb2.CommandInfo:
+        return views.command_info(row, await self.store.now_ms())
+
+    async def RunCommand(
+        self, request: admin_pb2.RunCommandRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CommandInfo:
+        async def go() -> admin_pb2.CommandInfo:
+            commands.kind_of(request.kind)  # an unknown kind is the clearer error than its payload's
+            payload = commands.payload_from_json(request.kind, request.payload_json)
+            row = await commands.enqueue(
+                self.store,
+                self.bus,
+                commands.EnqueueRequest(
+                    node_id=request.node_id,
+                    kind=request.kind,
+                    payload=payload,
+                    not_after_s=float(request.not_after_s or commands.DEFAULT_NOT_AFTER_S),
+                    min_generation=request.min_generation,
+                    idempotency_key=request.idempotency_key,
+                ),
+            )
+            return await self._command_info(row)
+
+        return await self._call(context, go)
+
+    async def GetCommand(
+        self, request: admin_pb2.GetCommandRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CommandInfo:
+        async def go() -> admin_pb2.CommandInfo:
+            return await self._command_info(await commands.get(self.store, request.command_id))
+
+        return await self._call(context, go)
+
+    async def ListCommands(
+        self, request: admin_pb2.ListCommandsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListCommandsResponse:
+        async def go() -> admin_pb2.ListCommandsResponse:
+            rows = await commands.list_commands(
+                self.store, node_id=request.node_id, state=request.state, limit=request.limit
+            )
+            now_ms = await self.store.now_ms()
+            return admin_pb2.ListCommandsResponse(commands=[views.command_info(r, now_ms) for r in rows])
+
+        return await self._call(context, go)
+
+    async def CancelCommand(
+        self, request: admin_pb2.CancelCommandRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CommandInfo:
+        async def go() -> admin_pb2.CommandInfo:
+            row = await commands.request_cancel(self.store, self.bus, request.command_id, request.reason)
+            return await self._command_info(row)
 
         return await self._call(context, go)

@@ -111,6 +111,43 @@ class AdminClient:
         resp = await self._unary("ListReservations", req, admin_pb2.ListReservationsResponse)
         return list(resp.reservations)
 
+    # -- commands -----------------------------------------------------------------------
+
+    async def run_command(
+        self,
+        node_id: str,
+        kind: str,
+        *,
+        payload_json: str = "",
+        not_after_s: int = 0,
+        min_generation: int = 0,
+        idempotency_key: str = "",
+    ) -> admin_pb2.CommandInfo:
+        """Queue a command; `not_after_s` 0 is the server's default (10 minutes)."""
+        req = admin_pb2.RunCommandRequest(
+            node_id=node_id,
+            kind=kind,
+            payload_json=payload_json,
+            not_after_s=not_after_s,
+            min_generation=min_generation,
+            idempotency_key=idempotency_key,
+        )
+        return await self._unary("RunCommand", req, admin_pb2.CommandInfo)
+
+    async def get_command(self, command_id: str) -> admin_pb2.CommandInfo:
+        req = admin_pb2.GetCommandRequest(command_id=command_id)
+        return await self._unary("GetCommand", req, admin_pb2.CommandInfo)
+
+    async def list_commands(self, *, node_id: str = "", state: str = "", limit: int = 0) -> list[admin_pb2.CommandInfo]:
+        """Newest first; `limit` 0 is the server's default (100)."""
+        req = admin_pb2.ListCommandsRequest(node_id=node_id, state=state, limit=limit)
+        resp = await self._unary("ListCommands", req, admin_pb2.ListCommandsResponse)
+        return list(resp.commands)
+
+    async def cancel_command(self, command_id: str, *, reason: str = "") -> admin_pb2.CommandInfo:
+        req = admin_pb2.CancelCommandRequest(command_id=command_id, reason=reason)
+        return await self._unary("CancelCommand", req, admin_pb2.CommandInfo)
+
     # -- events and the server ----------------------------------------------------
 
     async def list_events(

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from bc.cli import admin_cmds, run_cmds
+from bc.cli import admin_cmds, cmd_cmds, run_cmds
 from bc.errors import BcError
 
 EXIT_INTERRUPTED = 130  # the shell's code for "ended by SIGINT"
@@ -97,7 +97,7 @@ def cli(debug: bool) -> None:
     """bc: an operations toolkit for GPU fleets."""
 
 
-for _command in (*run_cmds.COMMANDS, *admin_cmds.COMMANDS):
+for _command in (*run_cmds.COMMANDS, *admin_cmds.COMMANDS, *cmd_cmds.COMMANDS):
     cli.add_command(_command)
 
 

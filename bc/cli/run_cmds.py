@@ -91,12 +91,16 @@ def join(server: str, token: str, data_dir: Path, as_json: bool) -> None:
     default=None,
     help="Seconds between heartbeats (default: what the server says).",
 )
+@click.option("--allow-gpu-reset", is_flag=True, help="Let gpu.reset run nvidia-smi --gpu-reset on real GPUs.")
+@click.option("--allow-reboot", is_flag=True, help="Let node.reboot call systemctl reboot on a real host.")
 def node(
     data_dir: Path,
     fake_hw: str | None,
     cdi_dir: Path | None,
     env_dir: Path | None,
     heartbeat_interval: float | None,
+    allow_gpu_reset: bool,
+    allow_reboot: bool,
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM."""
     from agent.main import AgentOptions, run_agent
@@ -107,6 +111,8 @@ def node(
         cdi_dir=cdi_dir,
         env_dir=env_dir,
         heartbeat_interval_s=heartbeat_interval,
+        allow_gpu_reset=allow_gpu_reset,
+        allow_reboot=allow_reboot,
     )
     try:
         asyncio.run(run_agent(opts))

@@ -1,7 +1,8 @@
-"""Store rows to the Admin API's messages: what an operator sees of a node, a spec, a reservation."""
+"""Store rows to the Admin API's messages: what an operator sees of a node, a spec, a reservation, a command."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 from google.protobuf import json_format
@@ -76,4 +77,43 @@ def event_record(row: Row) -> admin_pb2.EventRecord:
         subject=str(row["subject"]),
         data_json=str(row["data"]),
         at_ms=int(row["at_ms"]),
+    )
+
+
+def result_text(result: bytes | None) -> str:
+    """A stored result for people and scripts: its text when it is JSON (the agent's canonical JSON), else base64.
+
+    The bytes themselves stay untouched in the store; this is only how they are shown.
+    """
+    if not result:
+        return ""
+    raw = bytes(result)
+    try:
+        text = raw.decode("utf-8")
+        json.loads(text)
+    except (UnicodeDecodeError, ValueError):
+        return base64.b64encode(raw).decode("ascii")
+    return text
+
+
+def command_info(row: Row, now_ms: int) -> admin_pb2.CommandInfo:
+    return admin_pb2.CommandInfo(
+        id=str(row["id"]),
+        node_id=str(row["node_id"]),
+        kind=str(row["kind"]),
+        state=str(row["state"]),
+        reason=str(row["reason"] or ""),
+        message=str(row["message"] or ""),
+        result_json=result_text(row["result"]),
+        seq=int(row["seq"]),
+        lane=str(row["lane"]),
+        attempt=int(row["attempt"]),
+        idempotency_key=str(row["idempotency_key"]),
+        not_after_ms=int(row["not_after_ms"]),
+        min_generation=int(row["min_generation"]),
+        created_age_ms=max(0, now_ms - int(row["created_at_ms"])),
+        updated_age_ms=max(0, now_ms - int(row["updated_at_ms"])),
+        boot_id=str(row["boot_id"] or ""),
+        batch_id=str(row["batch_id"] or ""),
+        cancel_requested=row["cancel_requested_at_ms"] is not None,
     )

@@ -1,18 +1,33 @@
-"""The Hello transaction: check the certificate against the store, bump the epoch, route the node here."""
+"""The Hello transaction: check the certificate, bump the epoch, route the node here, and resume its commands.
+
+Resume rules (reference "Gateway crash", "Journal loss", "Node reboot"), all
+in the one transaction that bumps the epoch:
+
+1. the node's unacked results are applied first (they are facts);
+2. a new `journal_id` fails every in-flight command that is not retry-safe with
+   `journal-lost`: replaying it into a journal that cannot deduplicate could run
+   it twice;
+3. a new `boot_id` completes every in-flight self-terminating command as
+   `succeeded` with `rebooted`: the reboot it caused is its outcome;
+4. what is still in flight moves to the new epoch and is replayed in `seq`
+   order, except what the node reports as running (it re-attaches).
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf import json_format
 
 from bc.control.bus import Bus
+from bc.control.commands import apply_update
 from bc.control.events import publish
 from bc.errors import Unauthenticated
 from bc.pki.identity import PeerIdentity
 from bc.protocol.pb import session_pb2
-from bc.store import Store
+from bc.store import Store, Tx
+from bc.store import dispatch as dispatch_sql
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
 
@@ -22,6 +37,8 @@ class HelloResult:
     epoch: int
     generation: int
     inventory_hash: str
+    replay: list[str] = field(default_factory=list)  # command ids to resend, in seq order
+    ack: list[str] = field(default_factory=list)  # terminal results from Hello to acknowledge
 
 
 async def hello_transaction(
@@ -78,4 +95,39 @@ async def hello_transaction(
             now_ms,
         )
         generation = int(node["generation"])
-    return HelloResult(opened.epoch, generation, inventory_hash)
+        replay, ack = await _resume_commands(tx, bus, peer.name, hello, opened, now_ms)
+    return HelloResult(opened.epoch, generation, inventory_hash, replay, ack)
+
+
+TERMINAL_UPDATES = (
+    session_pb2.COMMAND_SUCCEEDED,
+    session_pb2.COMMAND_FAILED,
+    session_pb2.COMMAND_REJECTED,
+    session_pb2.COMMAND_CANCELLED,
+)
+
+
+async def _resume_commands(
+    tx: Tx, bus: Bus, node_id: str, hello: session_pb2.Hello, opened: nodes_sql.SessionOpened, now_ms: int
+) -> tuple[list[str], list[str]]:
+    ack: list[str] = []
+    for update in hello.unacked_results:
+        await apply_update(tx, bus, node_id, update, now_ms)
+        if update.state in TERMINAL_UPDATES:
+            ack.append(update.command_id)
+    new_journal = bool(opened.previous_journal_id) and opened.previous_journal_id != hello.journal_id
+    new_boot = bool(opened.previous_boot_id) and opened.previous_boot_id != hello.boot_id
+    for c in await dispatch_sql.in_flight(tx, node_id):
+        outcome: tuple[str, str] | None = None
+        if new_journal and not c["retry_safe"]:
+            outcome = ("failed", "journal-lost")
+        elif new_boot and c["self_terminating"]:
+            outcome = ("succeeded", "rebooted")
+        cid = str(c["id"])
+        if outcome and await dispatch_sql.settle(tx, cid, node_id, *outcome, now_ms, dispatch_sql.IN_FLIGHT):
+            data = {"node_id": node_id, "kind": c["kind"], "state": outcome[0], "reason": outcome[1]}
+            await publish(tx, bus, "command.settled", cid, data, now_ms)
+    await dispatch_sql.move_to_epoch(tx, node_id, opened.epoch)
+    running = set(hello.running_command_ids)
+    replay = [str(c["id"]) for c in await dispatch_sql.in_flight(tx, node_id) if str(c["id"]) not in running]
+    return replay, ack

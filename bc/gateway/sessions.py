@@ -10,21 +10,24 @@ a session's frames in the order they arrived.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 
 from bc.clock import Clock
 from bc.control import status as status_ctl
 from bc.control.bus import Bus
+from bc.control.commands import apply_update
 from bc.control.events import publish
 from bc.errors import BcError, ProtocolError, Unauthenticated
-from bc.gateway import core
-from bc.gateway.hello import hello_transaction
+from bc.gateway import core, dispatch_rules
+from bc.gateway.hello import TERMINAL_UPDATES, hello_transaction
 from bc.gateway.ingest import ingest
 from bc.pki.identity import PeerIdentity
-from bc.protocol.pb import common_pb2
+from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.store import Store, StoreError
+from bc.store import dispatch as dispatch_sql
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
 from bc.wire.link import Link, LinkClosed
@@ -34,6 +37,7 @@ log = logging.getLogger("bc.gateway")
 GATEWAY_LEASE_TTL_MS = 20_000
 GATEWAY_LEASE_RENEW_S = 5.0
 LIVENESS_FLUSH_S = 5.0
+BUSY_RETRY_MS = 1_000
 
 
 @dataclass
@@ -228,6 +232,8 @@ class SessionDriver:
                         reason = "poke" if self._poke_pending else "backstop"
                         self._poke_pending = False
                         await self._check_generation(reason)
+                    if self.core.state is core.State.OPEN:
+                        await self._dispatch()
                     if self.core.status_due(now) == 0.0:
                         self.core.note_status_written(now)
                         await self._flush_status()
@@ -293,6 +299,11 @@ class SessionDriver:
                         res.inventory_hash,
                     )
                 )
+                if res.ack:
+                    await self.link.send(GatewayMessage(ack=session_pb2.Ack(command_ids=res.ack)))
+                for command_id in res.replay:
+                    await self._send_command(command_id)
+                await self._dispatch()
             elif isinstance(a, core.LoadSpec):
                 await self._load_spec()
             elif isinstance(a, core.IngestEvents):
@@ -300,9 +311,96 @@ class SessionDriver:
                 if ack is not None:
                     await self.link.send(GatewayMessage(ack=ack))
             elif isinstance(a, core.ApplyCommandUpdate):
-                pass  # commands arrive with the command queue
+                await self._apply_update(a.update)
             elif isinstance(a, core.Close):
                 self.request_close(a.code, a.details)
+
+    # -- commands ------------------------------------------------------
+    async def _dispatch(self) -> None:
+        """Send what the lanes' credits allow, cancel what the guards refuse, and send pending Cancels."""
+        store, epoch = self.gw.store, self.core.epoch
+        now_ms = await store.now_ms()
+        to_send: list[str] = []
+        cancels: list[tuple[str, str]] = []
+        async with store.transaction() as tx:
+            node = await tx.fetchone("SELECT role, labels FROM nodes WHERE node_id = :n", {"n": self.node_id})
+            if node is None:
+                return
+            labels = json.loads(str(node["labels"] or "{}"))
+            rows = await dispatch_sql.pending_for(tx, self.node_id, now_ms, store.for_update())
+            cancelled_early = {str(r["id"]) for r in await dispatch_sql.pending_cancelled(tx, self.node_id)}
+            pending = [
+                dispatch_rules.PendingCommand(
+                    id=str(r["id"]),
+                    node_id=str(r["node_id"]),
+                    seq=int(r["seq"]),
+                    lane=str(r["lane"]),
+                    kind=str(r["kind"]),
+                    body=bytes(r["body"]),
+                    cancel_requested=r["cancel_requested_at_ms"] is not None,
+                )
+                for r in rows
+            ]
+            pending += [
+                dispatch_rules.PendingCommand(cid, self.node_id, 0, "", "", b"", True)
+                for cid in cancelled_early - {p.id for p in pending}
+            ]
+            plan = dispatch_rules.plan_dispatch(
+                pending,
+                await dispatch_sql.in_flight_by_lane(tx, self.node_id, epoch),
+                str(node["role"]),
+                tenant_controlled=labels.get("bc.dev/tenant-controlled") == "true",
+            )
+            for cid, reason in plan.cancel:
+                if await dispatch_sql.settle(tx, cid, self.node_id, "cancelled", reason, now_ms, ("pending",)):
+                    await publish(
+                        tx,
+                        self.gw.bus,
+                        "command.settled",
+                        cid,
+                        {"node_id": self.node_id, "state": "cancelled", "reason": reason},
+                        now_ms,
+                    )
+            for cid in plan.send:
+                if await dispatch_sql.mark_dispatched(tx, cid, self.node_id, self.gw.gateway_id, epoch, now_ms):
+                    to_send.append(cid)
+            for r in await dispatch_sql.cancels_to_send(tx, self.node_id, epoch):
+                cancels.append((str(r["id"]), str(r["cancel_reason"] or "cancelled")))
+                await dispatch_sql.mark_cancel_sent(tx, str(r["id"]), epoch)
+        for cid in to_send:
+            await self._send_command(cid)
+        for cid, reason in cancels:
+            await self.link.send(GatewayMessage(cancel=session_pb2.Cancel(command_id=cid, reason=reason)))
+
+    async def _send_command(self, command_id: str) -> None:
+        """Relay the stored body and signature verbatim: the gateway never re-encodes or signs."""
+        async with self.gw.store.transaction(write=False) as tx:
+            row = await dispatch_sql.get_body(tx, command_id)
+        if row is None:
+            return
+        env = common_pb2.Envelope(purpose="command", body=bytes(row["body"]))
+        if row["signature"] is not None:
+            env.signature = bytes(row["signature"])
+        await self.link.send(
+            GatewayMessage(command=session_pb2.Command(envelope=env, attempt=int(row["attempt"] or 0)))
+        )
+
+    async def _apply_update(self, update: session_pb2.CommandUpdate) -> None:
+        """Results are facts, accepted on any epoch; every terminal one is acked, known or not."""
+        store = self.gw.store
+        now_ms = await store.now_ms()
+        busy = update.state == session_pb2.COMMAND_REJECTED and update.reason == "BUSY"
+        async with store.transaction() as tx:
+            if busy:
+                await dispatch_sql.requeue_busy(tx, update.command_id, self.node_id, now_ms + BUSY_RETRY_MS, now_ms)
+            else:
+                outcome = await apply_update(tx, self.gw.bus, self.node_id, update, now_ms)
+        if busy:
+            return
+        if update.state in TERMINAL_UPDATES:
+            await self.link.send(GatewayMessage(ack=session_pb2.Ack(command_ids=[update.command_id])))
+            if outcome.changed:
+                self.poke()  # a lane credit came free
 
     async def _load_spec(self) -> None:
         async with self.gw.store.transaction(write=False) as tx:

@@ -25,9 +25,14 @@ STEP = 10.0  # sweep period in these tests: well under the 20 s stall gap
 
 
 async def gateway_lease(store: Store, gateway_id: str = GW) -> bool:
+    """A live gateway renews its lease and flushes last-seen for the sessions it holds, as `Gateway` does."""
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        return await leases_sql.acquire(tx, f"gateway:{gateway_id}", gateway_id, now_ms, GW_LEASE_MS)
+        held = await leases_sql.acquire(tx, f"gateway:{gateway_id}", gateway_id, now_ms, GW_LEASE_MS)
+        if held:
+            for s in await nodes_sql.sessions_routed_to(tx, gateway_id):
+                await nodes_sql.mark_seen(tx, str(s["node_id"]), int(s["session_epoch"]), now_ms)
+        return held
 
 
 async def open_session(store: InlineSqliteStore, node_id: str = "n1", gateway_id: str = GW) -> int:
@@ -224,3 +229,23 @@ async def test_only_one_liveness_worker_sweeps(
     await a.sweep_once()
     assert await connectivity_events(store) == [("n1", "disconnected")]
     assert await b.sweep_once() == []
+
+
+async def test_a_session_its_gateway_stopped_flushing_is_closed_after_the_lease_ttl(
+    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+) -> None:
+    """A live gateway that lost track of a session (its handler died before the close write)."""
+    await add_node("n1")
+    await gateway_lease(store)
+    epoch = await open_session(store)
+    lv = Liveness(store, bus, "worker-1", CFG)
+    transitions = []
+    for _ in range(5):  # 50 s: the lease renewed, but no last-seen flush for this session
+        clock.advance(STEP)
+        now_ms = await store.now_ms()
+        async with store.transaction() as tx:
+            assert await leases_sql.acquire(tx, f"gateway:{GW}", GW, now_ms, GW_LEASE_MS)
+        transitions.extend(await lv.sweep_once())
+    assert transitions == [("n1", "disconnected")]
+    async with store.transaction(write=False) as tx:
+        assert not await nodes_sql.session_is_current(tx, "n1", epoch)

@@ -1,0 +1,351 @@
+"""Commands on the agent: the journal's duplicate rules, the acceptance checks, lanes, credits, locks.
+
+A delivered command is first resolved against the journal
+(`journal_rules.resolve`): a done one resends its stored result, one in flight
+in this process re-attaches, one an earlier process left is settled or run
+again by its retry-safety. A new command then passes the acceptance checks in
+the reference's order:
+
+1. UNSUPPORTED — the body names another node, or the kind is unknown or not
+   for this agent's role;
+2. `min_generation` above the applied generation — send SpecRequest and defer;
+   a newer spec re-runs the checks; still behind at `not_after`: STALE_GENERATION;
+3. EXPIRED — past `not_after` in server time (the Welcome offset);
+4. BAD_SIGNATURE — the slot where signed intent is checked (`signature_check`);
+5. BATCH_UNAPPROVED / UNBATCHED_LIMIT — the slot for the quorum (`quorum_check`);
+6. BUSY — no free credit on the lane, or the journal is full. Not terminal and
+   never journaled; every other rejection is journaled, so a duplicate delivery
+   or a Hello replay gets the same answer.
+
+An accepted command holds a lane credit from acceptance until its result is
+journaled. `accepted` is fsynced before any side effect; a self-terminating
+kind writes `running{boot_id}` right before its side effect. Each lane has a
+fixed pool of workers (control 4, provision 2, bulk 1) and per-resource locks
+(a GPU, a disk, an allocation) keep two lanes off one device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+
+from agent import journal_rules as rules
+from agent.kinds import executor_for
+from agent.kinds.base import InvalidPayload, KindContext, KindResult
+from agent.resource_locks import ResourceLocks
+from bc.clock import Clock
+from bc.protocol import kinds
+from bc.protocol.canonical import canonical_json
+from bc.protocol.pb import session_pb2
+from bc.protocol.pb.session_pb2 import CommandBody, CommandUpdate, NodeMessage
+
+log = logging.getLogger("agent.dispatch")
+
+Sender = Callable[[NodeMessage], Awaitable[None]]
+Check = Callable[[session_pb2.Command, CommandBody], str | None]
+
+
+def _no_check(cmd: session_pb2.Command, body: CommandBody) -> str | None:
+    return None
+
+
+@dataclass
+class Accepted:
+    body: CommandBody
+    command: session_pb2.Command
+    cancelled: bool = False
+    started: bool = False
+
+
+@dataclass
+class Lane:
+    name: str
+    credits: int
+    workers: int
+    queue: asyncio.Queue[Accepted] = field(default_factory=asyncio.Queue)
+    in_use: int = 0
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        role: str,
+        journal: rules.CommandStore,
+        journal_full: Callable[[], Awaitable[bool]],
+        ctx: KindContext,
+        clock: Clock,
+        incarnation_id: str,
+        boot_id: str,
+        applied_generation: Callable[[], int],
+        server_now_ms: Callable[[], int],
+        signature_check: Check = _no_check,
+        quorum_check: Check = _no_check,
+    ) -> None:
+        self.node_id, self.role, self.journal, self.ctx, self.clock = node_id, role, journal, ctx, clock
+        self.journal_full = journal_full
+        self.incarnation_id, self.boot_id = incarnation_id, boot_id
+        self.applied_generation = applied_generation
+        self.server_now_ms = server_now_ms
+        self.signature_check, self.quorum_check = signature_check, quorum_check
+        self.lanes = {
+            name: Lane(name, kinds.GATEWAY_CREDITS[name], kinds.AGENT_WORKERS[name]) for name in kinds.GATEWAY_CREDITS
+        }
+        self.locks = ResourceLocks()
+        self.active: dict[str, Accepted] = {}  # accepted or running in this process
+        self.deferred: dict[str, tuple[session_pb2.Command, CommandBody]] = {}
+        self.sender: Sender | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -------------------------------------------------------
+    async def start(self) -> list[rules.Settlement]:
+        """Settle what an earlier process left (rebooted / interrupted), sweep, and start the workers."""
+        now = self.clock.now()
+        entries = await self.journal.commands()
+        settlements = rules.recover(entries, self.incarnation_id, self.boot_id)
+        updates = {s.command_id: self._settlement_update(s).SerializeToString() for s in settlements}
+        if settlements:
+            await self.journal.apply_settlements(settlements, updates, now)
+            for s in settlements:
+                log.info("event=command.recovered command=%s outcome=%s", s.command_id, s.outcome)
+        await self.journal.sweep_commands(now, self.incarnation_id)
+        for lane in self.lanes.values():
+            for i in range(lane.workers):
+                self._tasks.append(asyncio.create_task(self._worker(lane), name=f"lane-{lane.name}-{i}"))
+        return settlements
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _settlement_update(self, s: rules.Settlement) -> CommandUpdate:
+        if s.outcome == "rebooted":
+            result = canonical_json({"rebooted": True, "previous_boot_id": s.previous_boot_id}).encode()
+            return CommandUpdate(
+                command_id=s.command_id,
+                state=session_pb2.COMMAND_SUCCEEDED,
+                reason="rebooted",
+                result=result,
+                boot_id=self.boot_id,
+            )
+        return CommandUpdate(
+            command_id=s.command_id,
+            state=session_pb2.COMMAND_FAILED,
+            reason="interrupted",
+            message="the agent stopped while this command ran; it is not safe to run again",
+            boot_id=self.boot_id,
+        )
+
+    async def running_ids(self) -> list[str]:
+        return sorted(self.active)
+
+    # -- sending ---------------------------------------------------------
+    async def _send(self, msg: NodeMessage) -> None:
+        sender = self.sender
+        if sender is None:
+            return  # results are journaled; the next Hello carries them
+        try:
+            await sender(msg)
+        except Exception as e:  # a closed link: the journal keeps what matters
+            log.debug("event=command.send-failed error=%s", e)
+
+    async def _update(self, update: CommandUpdate) -> None:
+        await self._send(NodeMessage(command_update=update))
+
+    # -- delivery ----------------------------------------------------------
+    async def on_command(self, cmd: session_pb2.Command) -> None:
+        body = CommandBody()
+        try:
+            body.ParseFromString(cmd.envelope.body)
+        except DecodeError:
+            log.warning("event=command.undecodable")
+            return
+        if not body.id:
+            return
+        entry = await self.journal.get_command(body.id)
+        res = rules.resolve(entry, self.incarnation_id, self.boot_id)
+        if res is rules.Resolution.RESEND and entry is not None and entry.result is not None:
+            await self._update(CommandUpdate.FromString(entry.result))
+            return
+        if res is rules.Resolution.REATTACH:
+            a = self.active.get(body.id)
+            state = session_pb2.COMMAND_RUNNING if a and a.started else session_pb2.COMMAND_ACKED
+            await self._update(CommandUpdate(command_id=body.id, state=state, boot_id=self.boot_id))
+            return
+        if res in (rules.Resolution.REBOOTED, rules.Resolution.INTERRUPTED) and entry is not None:
+            outcome = "rebooted" if res is rules.Resolution.REBOOTED else "interrupted"
+            s = rules.Settlement(body.id, outcome, entry.boot_id)  # type: ignore[arg-type]
+            update = self._settlement_update(s)
+            await self.journal.apply_settlements([s], {body.id: update.SerializeToString()}, self.clock.now())
+            await self._update(update)
+            return
+        await self._check_and_accept(cmd, body)
+
+    async def _reject(self, body: CommandBody, reason: str, message: str = "") -> None:
+        update = CommandUpdate(
+            command_id=body.id, state=session_pb2.COMMAND_REJECTED, reason=reason, message=message, boot_id=self.boot_id
+        )
+        if reason != "BUSY":  # BUSY is never journaled
+            await self.journal.record_done(
+                body.id, body.kind, update.SerializeToString(), self.incarnation_id, self.boot_id, self.clock.now()
+            )
+        log.info("event=command.rejected command=%s kind=%s reason=%s", body.id, body.kind, reason)
+        await self._update(update)
+
+    async def _check_and_accept(self, cmd: session_pb2.Command, body: CommandBody) -> None:
+        kind = kinds.get(body.kind)
+        if body.node_id != self.node_id:
+            return await self._reject(body, "UNSUPPORTED", f"the command is for node {body.node_id!r}")
+        if kind is None or executor_for(body.kind) is None or self.role not in kind.roles:
+            return await self._reject(body, "UNSUPPORTED", f"kind {body.kind!r} is not run by a {self.role} agent")
+        if body.min_generation > self.applied_generation():
+            if body.not_after_ms and self.server_now_ms() >= body.not_after_ms:
+                return await self._reject(
+                    body, "STALE_GENERATION", f"spec generation {body.min_generation} never arrived before not_after"
+                )
+            if body.id not in self.deferred:
+                self.deferred[body.id] = (cmd, body)
+                await self._send(
+                    NodeMessage(
+                        spec_request=session_pb2.SpecRequest(
+                            have_generation=self.applied_generation(), reason=session_pb2.SpecRequest.MIN_GENERATION
+                        )
+                    )
+                )
+            return None
+        self.deferred.pop(body.id, None)
+        if body.not_after_ms <= 0 or self.server_now_ms() >= body.not_after_ms:
+            return await self._reject(body, "EXPIRED", "past not_after in server time")
+        for check in (self.signature_check, self.quorum_check):
+            reason = check(cmd, body)
+            if reason:
+                return await self._reject(body, reason)
+        lane = self.lanes[kind.lane]
+        if lane.in_use >= lane.credits or await self.journal_full():
+            return await self._reject(body, "BUSY", f"no free credit on the {lane.name} lane")
+        lane.in_use += 1
+        try:
+            await self.journal.accept(
+                body.id,
+                body.kind,
+                kind.retry_safe,
+                kind.self_terminating,
+                self.incarnation_id,
+                self.boot_id,
+                cmd.envelope.body,
+                self.clock.now(),
+            )
+        except BaseException:
+            lane.in_use -= 1
+            raise
+        accepted = Accepted(body, cmd)
+        self.active[body.id] = accepted
+        log.info("event=command.accepted command=%s kind=%s lane=%s", body.id, body.kind, lane.name)
+        await self._update(CommandUpdate(command_id=body.id, state=session_pb2.COMMAND_ACKED, boot_id=self.boot_id))
+        lane.queue.put_nowait(accepted)
+        return None
+
+    async def on_spec_applied(self) -> None:
+        """A newer spec re-runs the checks of commands deferred on min_generation."""
+        for cmd, _body in list(self.deferred.values()):
+            await self.on_command(cmd)
+
+    async def expire_deferred(self) -> None:
+        """Deferred commands still behind at not_after are STALE_GENERATION."""
+        now = self.server_now_ms()
+        for cid, (_cmd, body) in list(self.deferred.items()):
+            if now >= body.not_after_ms:
+                self.deferred.pop(cid, None)
+                await self._reject(
+                    body, "STALE_GENERATION", f"spec generation {body.min_generation} never arrived before not_after"
+                )
+
+    async def on_cancel(self, cancel: session_pb2.Cancel) -> None:
+        """Queued or deferred: cancelled. Started: the real outcome wins."""
+        if cancel.command_id in self.deferred:
+            _cmd, body = self.deferred.pop(cancel.command_id)
+            update = CommandUpdate(
+                command_id=body.id,
+                state=session_pb2.COMMAND_CANCELLED,
+                reason="cancelled",
+                message=cancel.reason,
+                boot_id=self.boot_id,
+            )
+            await self.journal.record_done(
+                body.id, body.kind, update.SerializeToString(), self.incarnation_id, self.boot_id, self.clock.now()
+            )
+            await self._update(update)
+            return
+        a = self.active.get(cancel.command_id)
+        if a is not None and not a.started:
+            a.cancelled = True  # the worker settles it CANCELLED instead of running it
+
+    async def on_ack(self, command_ids: list[str]) -> None:
+        if command_ids:
+            await self.journal.ack_results(command_ids)
+
+    # -- execution ---------------------------------------------------------
+    async def _worker(self, lane: Lane) -> None:
+        while True:
+            a = await lane.queue.get()
+            try:
+                await self._execute(a)
+            except Exception:
+                log.exception("event=command.worker-error command=%s", a.body.id)
+            finally:
+                lane.in_use -= 1
+                self.active.pop(a.body.id, None)
+
+    async def _execute(self, a: Accepted) -> None:
+        body = a.body
+        kind = kinds.get(body.kind)
+        executor = executor_for(body.kind)
+        assert kind is not None and executor is not None
+        if a.cancelled:
+            return await self._finish(body, session_pb2.COMMAND_CANCELLED, "cancelled", "cancelled before it started")
+        try:
+            request = executor.parse(body.payload)
+        except InvalidPayload as e:
+            return await self._finish(body, session_pb2.COMMAND_FAILED, "invalid-payload", str(e))
+        async with self.locks.hold(executor.resources(request)):
+            if a.cancelled:
+                return await self._finish(
+                    body, session_pb2.COMMAND_CANCELLED, "cancelled", "cancelled before it started"
+                )
+            a.started = True
+            if kind.self_terminating:
+                await self.journal.mark_running(body.id, self.incarnation_id, self.boot_id, self.clock.now())
+            await self._update(
+                CommandUpdate(command_id=body.id, state=session_pb2.COMMAND_RUNNING, boot_id=self.boot_id)
+            )
+            log.info("event=command.running command=%s kind=%s", body.id, body.kind)
+            try:
+                result: KindResult = await executor.run(self.ctx, request)
+            except Exception as e:
+                log.exception("event=command.failed command=%s", body.id)
+                result = KindResult(ok=False, reason="internal", message=f"{type(e).__name__}: {e}")
+        state = session_pb2.COMMAND_SUCCEEDED if result.ok else session_pb2.COMMAND_FAILED
+        await self._finish(body, state, result.reason, result.message, canonical_json(result.result).encode())
+        return None
+
+    async def _finish(
+        self, body: CommandBody, state: session_pb2.CommandState, reason: str, message: str, result: bytes = b""
+    ) -> None:
+        update = CommandUpdate(
+            command_id=body.id, state=state, reason=reason, message=message, result=result, boot_id=self.boot_id
+        )
+        await self.journal.finish(body.id, update.SerializeToString(), self.clock.now())
+        log.info(
+            "event=command.settled command=%s kind=%s state=%s reason=%s",
+            body.id,
+            body.kind,
+            session_pb2.CommandState.Name(state),
+            reason,
+        )
+        await self._update(update)

@@ -1,0 +1,47 @@
+"""Which live CDI holds name a GPU: the check that keeps a reset (or a deep DCGM run) off a running workload.
+
+The CDI files are the holds (see agent.converge.cdi), so the check reads
+them fresh from disk at the moment it matters rather than trusting memory.
+A hold names a GPU whole, by a MIG instance (`<uuid>/<gi>/<ci>`) or by a
+slot (`<uuid>/s<n>`); any of them makes the GPU busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.converge.cdi import read_holds
+from agent.kinds.base import GPU_BUSY, KindResult
+
+
+@dataclass(frozen=True, order=True)
+class BusyHold:
+    gpu_uuid: str
+    allocation_id: str
+    atom_id: str
+
+
+def holds_on(cdi_dir: Path, uuids: Collection[str] | None) -> list[BusyHold]:
+    """The holds naming any of these GPUs (every GPU when `uuids` is None), sorted. Blocking: reads files."""
+    busy: set[BusyHold] = set()
+    for held in read_holds(cdi_dir).values():
+        for atom in held.atoms:
+            if uuids is None or atom.gpu_uuid in uuids:
+                busy.add(BusyHold(atom.gpu_uuid, held.allocation_id, atom.atom_id))
+    return sorted(busy)
+
+
+async def busy_failure(cdi_dir: Path, uuids: Collection[str] | None) -> KindResult | None:
+    """A `gpu-busy` failure naming every hold on these GPUs, or None when none is held."""
+    busy = await asyncio.to_thread(holds_on, cdi_dir, uuids)
+    if not busy:
+        return None
+    named = "; ".join(f"GPU {b.gpu_uuid} is held by allocation {b.allocation_id} ({b.atom_id})" for b in busy)
+    return KindResult.failure(
+        GPU_BUSY,
+        named,
+        {"busy": [{"uuid": b.gpu_uuid, "allocation_id": b.allocation_id, "atom_id": b.atom_id} for b in busy]},
+    )

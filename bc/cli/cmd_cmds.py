@@ -1,0 +1,272 @@
+"""`bc cmd`: run one-shot commands on a node, list them, show one, cancel one.
+
+    bc cmd run NODE KIND [--payload JSON|@FILE] [--not-after 10m] [--min-generation G]
+                         [--idempotency-key K] [--wait] [--json]
+    bc cmd list [--node N] [--state S] [--limit N] [--json]
+    bc cmd show ID [--json]
+    bc cmd cancel ID [--reason R] [--json]
+
+With `--json` a command prints as one object, `id` first, with the node's
+result parsed (`result`: the result's JSON value, or null until it settles);
+`cmd list --json` prints a list of them. `--wait` follows the command until it
+settles, showing each state change on stderr, prints it, and exits 0 only
+when it succeeded: any other outcome is `CommandFailed` (exit 8), so a script
+can `bc cmd run … --wait && next-step`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from bc.cli.client import AdminClient
+from bc.cli.render import (
+    dumps,
+    format_age,
+    format_time_ms,
+    message_to_json,
+    parse_duration,
+    render_fields,
+    render_table,
+    with_progress,
+)
+from bc.control.command_states import CANCELLED, STATES, SUCCEEDED, TERMINAL
+from bc.errors import BcError, UsageError
+from bc.protocol.pb import admin_pb2
+
+_T = TypeVar("_T")
+
+POLL_S = 0.1
+"""How often `--wait` asks for the command's state."""
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+class CommandFailed(BcError):
+    """A waited-for command settled in a state other than `succeeded`."""
+
+    exit_code = 8
+
+
+def _call(fn: Callable[[AdminClient], Awaitable[_T]]) -> _T:
+    """Run `fn` with a fresh client; each call inside says on stderr when the server is slow to answer."""
+    client = AdminClient.discover()
+
+    async def go() -> _T:
+        async with client:
+            return await fn(client)
+
+    return asyncio.run(go())
+
+
+def _slow(client: AdminClient, aw: Awaitable[_T]) -> Awaitable[_T]:
+    return with_progress(aw, f"waiting for bc serve at {client.server}…")
+
+
+# -- rendering ---------------------------------------------------------------------
+
+
+def parse_result(result_json: str) -> Any:
+    """The node's result as a JSON value; None until there is one; the raw text if it is not JSON."""
+    if not result_json:
+        return None
+    try:
+        return json.loads(result_json)
+    except json.JSONDecodeError:
+        return result_json  # base64 of a result that is not JSON: show it rather than hide it
+
+
+def command_to_json(c: admin_pb2.CommandInfo) -> dict[str, Any]:
+    """The command's proto fields in order (`id` first), with `result_json` replaced by the parsed `result`."""
+    out: dict[str, Any] = {}
+    for key, value in message_to_json(c).items():
+        if key == "result_json":
+            out["result"] = parse_result(c.result_json)
+        else:
+            out[key] = value
+    return out
+
+
+def _state(c: admin_pb2.CommandInfo) -> str:
+    state = f"{c.state} ({c.reason})" if c.reason else c.state
+    if c.cancel_requested and c.state not in TERMINAL:
+        state += ", cancel requested"
+    return state
+
+
+def render_command(c: admin_pb2.CommandInfo) -> str:
+    fields: list[tuple[str, object]] = [
+        ("id", c.id),
+        ("node", c.node_id),
+        ("kind", c.kind),
+        ("state", _state(c)),
+        ("message", c.message),
+        ("seq", c.seq),
+        ("lane", c.lane),
+        ("attempt", c.attempt),
+        ("idempotency key", c.idempotency_key),
+        ("not after", format_time_ms(c.not_after_ms) if c.not_after_ms else ""),
+        ("min generation", c.min_generation),
+        ("created", format_age(c.created_age_ms)),
+        ("updated", format_age(c.updated_age_ms)),
+        ("boot id", c.boot_id),
+        ("batch", c.batch_id),
+    ]
+    text = render_fields(fields)
+    result = parse_result(c.result_json)
+    if result is not None:
+        text += "\nresult\n" + json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False)
+    return text
+
+
+def _print(c: admin_pb2.CommandInfo, *, as_json: bool) -> None:
+    click.echo(dumps(command_to_json(c)) if as_json else render_command(c))
+
+
+# -- bc cmd ------------------------------------------------------------------------
+
+
+@click.group("cmd")
+def cmd() -> None:
+    """One-shot commands on a node: run, list, show, cancel."""
+
+
+def read_payload(kind: str, value: str) -> str:
+    """The payload's JSON text from the argument, `@path` or `@-` (stdin), checked to be an object before any call."""
+    if not value:
+        return ""
+    if value.startswith("@"):
+        path = value[1:]
+        try:
+            text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        except OSError as e:
+            raise UsageError(f"cannot read the {kind} payload from {path}: {e.strerror or e}") from None
+    else:
+        text = value
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"the {kind} payload is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"the {kind} payload must be a JSON object, not {type(doc).__name__}")
+    return text.strip()
+
+
+@cmd.command("run")
+@click.argument("node_id", metavar="NODE")
+@click.argument("kind")
+@click.option("--payload", default="", metavar="JSON|@FILE", help="The kind's request as protobuf JSON (default {}).")
+@click.option(
+    "--not-after",
+    default="10m",
+    show_default=True,
+    help="How long the command may wait to start: 90s, 10m, 1h, up to 7d.",
+)
+@click.option("--min-generation", type=click.IntRange(min=0), default=0, help="The spec generation it presupposes.")
+@click.option("--idempotency-key", default="", help="Run at most once per node under this key (default: fresh).")
+@click.option("--wait", is_flag=True, help="Follow it until it settles; exit non-zero unless it succeeds.")
+@json_option
+def cmd_run(
+    node_id: str,
+    kind: str,
+    payload: str,
+    not_after: str,
+    min_generation: int,
+    idempotency_key: str,
+    wait: bool,
+    as_json: bool,
+) -> None:
+    """Queue KIND on NODE; prints the command (with --wait, once it has settled)."""
+    text = read_payload(kind, payload)
+    not_after_s = parse_duration(not_after, what="--not-after")
+
+    async def go(client: AdminClient) -> admin_pb2.CommandInfo:
+        info = await _slow(
+            client,
+            client.run_command(
+                node_id,
+                kind,
+                payload_json=text,
+                not_after_s=not_after_s,
+                min_generation=min_generation,
+                idempotency_key=idempotency_key,
+            ),
+        )
+        return await wait_settled(client, info) if wait else info
+
+    info = _call(go)
+    if as_json or wait:
+        _print(info, as_json=as_json)
+    else:
+        click.echo(f"command {info.id}: {info.kind} on {info.node_id} (seq {info.seq}) {_state(info)}")
+    if wait and info.state != SUCCEEDED:
+        raise CommandFailed(f"command {info.id} {info.state}" + (f": {info.reason}" if info.reason else ""))
+
+
+async def wait_settled(client: AdminClient, info: admin_pb2.CommandInfo) -> admin_pb2.CommandInfo:
+    """Poll until the command settles, showing `pending → dispatched → …` on stderr as it moves."""
+    click.echo(f"{info.id}: {info.state}", err=True, nl=False)
+    try:
+        while info.state not in TERMINAL:
+            await asyncio.sleep(POLL_S)
+            now = await client.get_command(info.id)
+            if now.state != info.state:
+                click.echo(f" → {now.state}", err=True, nl=False)
+            info = now
+    finally:
+        click.echo("", err=True)
+    return info
+
+
+@cmd.command("list")
+@click.option("--node", "node_id", default="", help="Only this node's commands.")
+@click.option("--state", type=click.Choice(STATES), default=None, help="Only commands in this state.")
+@click.option("--limit", type=click.IntRange(min=1, max=1000), default=None, help="At most this many (default 100).")
+@json_option
+def cmd_list(node_id: str, state: str | None, limit: int | None, as_json: bool) -> None:
+    """Commands, newest first."""
+    items = _call(lambda c: _slow(c, c.list_commands(node_id=node_id, state=state or "", limit=limit or 0)))
+    if as_json:
+        click.echo(dumps([command_to_json(c) for c in items]))
+        return
+    if not items:
+        click.echo("no commands", err=True)
+        return
+    rows = [(c.id, c.node_id, c.kind, c.state, c.reason, format_age(c.created_age_ms)) for c in items]
+    click.echo(render_table(("ID", "NODE", "KIND", "STATE", "REASON", "AGE"), rows))
+
+
+@cmd.command("show")
+@click.argument("command_id", metavar="ID")
+@json_option
+def cmd_show(command_id: str, as_json: bool) -> None:
+    """One command: its state, reason, timing and the node's result."""
+    _print(_call(lambda c: _slow(c, c.get_command(command_id))), as_json=as_json)
+
+
+@cmd.command("cancel")
+@click.argument("command_id", metavar="ID")
+@click.option("--reason", default="", help="Why; the node is told (default: cancelled by the operator).")
+@json_option
+def cmd_cancel(command_id: str, reason: str, as_json: bool) -> None:
+    """Cancel a command: at once if not yet sent, else the node is asked to stop."""
+    info = _call(lambda c: _slow(c, c.cancel_command(command_id, reason=reason)))
+    if as_json:
+        _print(info, as_json=True)
+    elif info.state not in TERMINAL:
+        click.echo(f"command {info.id}: cancel requested; it is {info.state}, the node will be told")
+    elif info.state == CANCELLED:
+        click.echo(f"command {info.id}: cancelled" + (f" ({info.reason})" if info.reason != "cancelled" else ""))
+    else:
+        click.echo(f"command {info.id}: already {_state(info)}; nothing to cancel")
+
+
+COMMANDS: tuple[click.Command, ...] = (cmd,)
+
+__all__ = ["COMMANDS", "CommandFailed", "cmd", "command_to_json", "render_command", "wait_settled"]

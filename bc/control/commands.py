@@ -1,0 +1,365 @@
+"""The command queue: enqueue, apply a node's updates, cancel, and the reads the views need.
+
+Enqueue is one transaction: the checks (kind, role, `not_after`), the
+idempotency lookup, the node's next `seq`, the `CommandBody` encoded once and
+stored as bytes (the gateway resends exactly those bytes, signed or not), the
+`command.enqueued` event, and after commit a poke to the node's gateway. A
+command is never enqueued without a `not_after`: the daemon treats a command
+without one as `EXPIRED`, and a command that could run arbitrarily late is
+the thing the reference's rule ("if running it late could do harm, it is a
+command with `not_after`") exists to prevent.
+
+Updates from a node go through the pure state table (`command_states`) and
+are scoped to the reporting node in SQL: an unknown id or another node's
+command changes nothing, and a stale or repeated report changes nothing.
+Results are stored exactly as received, never re-encoded, so the node's
+signature over them stays checkable.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf import any_pb2, json_format, struct_pb2
+from google.protobuf.message import Message
+
+from bc.control import command_states as cs
+from bc.control.bus import Bus
+from bc.control.events import publish
+from bc.errors import NotFound, UsageError
+from bc.ids import ulid
+from bc.protocol import kinds
+from bc.protocol.pb import kinds_pb2, session_pb2
+from bc.store import Row, Store, Tx
+from bc.store import commands as cmd_sql
+from bc.store import nodes as nodes_sql
+
+CommandSigner = Callable[[bytes], tuple[bytes, str]]
+"""Signs an encoded CommandBody (purpose `command`); returns (signature, key_id)."""
+
+DEFAULT_NOT_AFTER_S = 600.0
+MIN_NOT_AFTER_S = 1.0
+MAX_NOT_AFTER_S = 7 * 86400.0
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 1000
+
+REQUEST_MESSAGES: dict[str, type[Message]] = {
+    "inventory.refresh": kinds_pb2.InventoryRefreshRequest,
+    "diag.nvml": kinds_pb2.DiagNvmlRequest,
+    "gpu.reset": kinds_pb2.GpuResetRequest,
+    "node.reboot": kinds_pb2.NodeRebootRequest,
+    "logs.collect": kinds_pb2.LogsCollectRequest,
+    "diag.dcgm": kinds_pb2.DiagDcgmRequest,
+}
+"""Each kind's request message; every other kind takes a `google.protobuf.Struct`."""
+
+
+@dataclass(frozen=True)
+class EnqueueRequest:
+    node_id: str
+    kind: str
+    payload: any_pb2.Any
+    not_after_s: float = DEFAULT_NOT_AFTER_S
+    min_generation: int = 0
+    idempotency_key: str = ""
+    not_before_s: float = 0
+    batch_id: str = ""
+
+
+@dataclass(frozen=True)
+class UpdateOutcome:
+    """What a node's `CommandUpdate` did.
+
+    `known` is False for an unknown id or another node's command (nothing changed);
+    `changed` is False for a stale or repeated report; `terminal` says whether the
+    command is settled now (so the gateway acknowledges it); `state` is its state.
+    """
+
+    known: bool
+    changed: bool
+    terminal: bool
+    state: str
+
+
+# -- kinds and payloads ------------------------------------------------------------
+
+
+def kind_of(name: str) -> kinds.Kind:
+    """The registered kind, or a UsageError that lists the known ones."""
+    k = kinds.get(name)
+    if k is None:
+        raise UsageError(f"unknown command kind {name!r}; known kinds: {', '.join(sorted(kinds.KINDS))}")
+    return k
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    return lines[0] if lines else "invalid"
+
+
+def payload_from_json(kind: str, text: str) -> any_pb2.Any:
+    """The kind's request message parsed from protobuf JSON (empty text: `{}`), packed in an `Any`.
+
+    Bad JSON, a non-object or an unknown field is a UsageError of one line
+    (protobuf's parse errors run to several).
+    """
+    text = text.strip() or "{}"
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"the {kind} payload is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"the {kind} payload must be a JSON object, not {type(doc).__name__}")
+    msg = REQUEST_MESSAGES.get(kind, struct_pb2.Struct)()
+    try:
+        json_format.Parse(text, msg)
+    except json_format.ParseError as e:
+        raise UsageError(f"the {kind} payload is not a valid {msg.DESCRIPTOR.name}: {_first_line(str(e))}") from None
+    out = any_pb2.Any()
+    out.Pack(msg, deterministic=True)
+    return out
+
+
+def _payload_for(kind: str, payload: any_pb2.Any) -> any_pb2.Any:
+    """Check a library caller's payload against the kind; an empty `Any` becomes the kind's empty request."""
+    want = REQUEST_MESSAGES.get(kind)
+    if not payload.type_url:
+        out = any_pb2.Any()
+        out.Pack(want() if want else struct_pb2.Struct(), deterministic=True)
+        return out
+    if want is not None and payload.TypeName() != want.DESCRIPTOR.full_name:
+        raise UsageError(f"the {kind} payload must be a {want.DESCRIPTOR.full_name}, not {payload.TypeName()}")
+    return payload
+
+
+def _check(req: EnqueueRequest) -> kinds.Kind:
+    kind = kind_of(req.kind)
+    if not MIN_NOT_AFTER_S <= req.not_after_s <= MAX_NOT_AFTER_S:
+        raise UsageError(f"not_after must be between 1 s and 7 days from now, not {req.not_after_s:g} s")
+    if not 0 <= req.not_before_s < req.not_after_s:
+        raise UsageError(f"not_before ({req.not_before_s:g} s) must be at least 0 and before not_after")
+    if req.min_generation < 0:
+        raise UsageError(f"min_generation must not be negative, not {req.min_generation}")
+    return kind
+
+
+# -- enqueue -----------------------------------------------------------------------
+
+
+async def enqueue(
+    store: Store,
+    bus: Bus | None,
+    req: EnqueueRequest,
+    rng: random.Random | None = None,
+    signer: CommandSigner | None = None,
+) -> Row:
+    """Queue a command `pending` for its node; a repeated idempotency key returns the first command unchanged."""
+    kind = _check(req)
+    payload = _payload_for(req.kind, req.payload)
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        node = await nodes_sql.get(tx, req.node_id)
+        if node is None:
+            raise NotFound(f"no node named {req.node_id!r}")
+        role = str(node["role"])
+        if role not in kind.roles:
+            runs_on = ", ".join(sorted(kind.roles))
+            raise UsageError(f"kind {req.kind} does not run on node {req.node_id} (role {role}); it runs on {runs_on}")
+        if req.idempotency_key:
+            first = await cmd_sql.by_idempotency_key(tx, req.node_id, req.idempotency_key)
+            if first is not None:
+                return first
+        command_id = ulid(now_ms / 1000, rng)
+        key = req.idempotency_key or f"cmd:{command_id}"
+        seq = await cmd_sql.next_seq(tx, req.node_id)
+        if seq is None:  # the node row went away between the reads; treat it as never there
+            raise NotFound(f"no node named {req.node_id!r}")
+        not_after_ms = now_ms + round(req.not_after_s * 1000)
+        not_before_ms = now_ms + round(req.not_before_s * 1000) if req.not_before_s else 0
+        body = session_pb2.CommandBody(
+            id=command_id,
+            node_id=req.node_id,
+            seq=seq,
+            kind=req.kind,
+            payload=payload,
+            lane=session_pb2.Lane.Name(kinds.LANES[kind.lane]),
+            not_after_ms=not_after_ms,
+            min_generation=req.min_generation,
+            retry_safe=kind.retry_safe,
+            idempotency_key=key,
+            self_terminating=kind.self_terminating,
+            attested=kind.attested,
+            batch_id=req.batch_id,
+        )
+        body_bytes = body.SerializeToString(deterministic=True)
+        signature = signer(body_bytes)[0] if signer is not None else None
+        inserted = await cmd_sql.insert(
+            tx,
+            id_=command_id,
+            node_id=req.node_id,
+            seq=seq,
+            kind=req.kind,
+            lane=kind.lane,
+            body=body_bytes,
+            signature=signature,
+            not_before_ms=not_before_ms,
+            not_after_ms=not_after_ms,
+            min_generation=req.min_generation,
+            idempotency_key=key,
+            retry_safe=kind.retry_safe,
+            self_terminating=kind.self_terminating,
+            attested=kind.attested,
+            batch_id=req.batch_id,
+            now_ms=now_ms,
+        )
+        if not inserted:
+            # A concurrent enqueue with the same key committed first (PostgreSQL); it wins.
+            first = await cmd_sql.by_idempotency_key(tx, req.node_id, key)
+            assert first is not None
+            return first
+        await publish(
+            tx,
+            bus,
+            "command.enqueued",
+            command_id,
+            {"node_id": req.node_id, "kind": req.kind, "seq": seq, "idempotency_key": key},
+            now_ms,
+        )
+        if bus is not None:
+            node_id = req.node_id
+            tx.on_commit(lambda: bus.node_changed(node_id))
+        row = await cmd_sql.get(tx, command_id)
+    assert row is not None
+    return row
+
+
+# -- updates from the node -----------------------------------------------------------
+
+
+async def apply_update(
+    tx: Tx,
+    bus: Bus | None,
+    node_id: str,
+    update: session_pb2.CommandUpdate,
+    now_ms: int,
+    *,
+    lock: str = "",
+) -> UpdateOutcome:
+    """Apply one `CommandUpdate` from `node_id`'s session, in the caller's transaction."""
+    row = await cmd_sql.get_for_node(tx, update.command_id, node_id, lock)
+    if row is None:
+        other = await cmd_sql.get(tx, update.command_id)
+        if other is not None:
+            await publish(
+                tx,
+                bus,
+                "security.node-mismatch",
+                node_id,
+                {"command_id": update.command_id, "owner": str(other["node_id"]), "kind": "command-update"},
+                now_ms,
+            )
+        return UpdateOutcome(known=False, changed=False, terminal=False, state="")
+    current = str(row["state"])
+    target = cs.next_state(current, update.state)
+    if target is None:
+        return UpdateOutcome(known=True, changed=False, terminal=cs.is_terminal(current), state=current)
+    terminal = cs.is_terminal(target)
+    if terminal:
+        moved = await cmd_sql.settle(
+            tx,
+            update.command_id,
+            expected=current,
+            state=target,
+            reason=update.reason,
+            message=update.message,
+            now_ms=now_ms,
+            node_id=node_id,
+            result=bytes(update.result),
+            node_sig=bytes(update.node_sig),
+            boot_id=update.boot_id,
+        )
+    else:
+        moved = await cmd_sql.advance(
+            tx, update.command_id, node_id, expected=current, state=target, boot_id=update.boot_id, now_ms=now_ms
+        )
+    if not moved:
+        # Another writer moved it first (only possible without a row lock); report what stands.
+        again = await cmd_sql.get_for_node(tx, update.command_id, node_id)
+        state = str(again["state"]) if again else current
+        return UpdateOutcome(known=True, changed=False, terminal=cs.is_terminal(state), state=state)
+    kind = str(row["kind"])
+    if terminal:
+        data = {"node_id": node_id, "kind": kind, "state": target, "reason": update.reason}
+        await publish(tx, bus, "command.settled", update.command_id, data, now_ms)
+    else:
+        await publish(
+            tx, bus, "command.updated", update.command_id, {"node_id": node_id, "kind": kind, "state": target}, now_ms
+        )
+    return UpdateOutcome(known=True, changed=True, terminal=terminal, state=target)
+
+
+# -- cancel --------------------------------------------------------------------------
+
+
+async def request_cancel(store: Store, bus: Bus | None, command_id: str, reason: str = "") -> Row:
+    """Cancel a command: at once if it was never sent, by a `Cancel` to the node if it is in flight.
+
+    A settled command is returned unchanged: cancelling twice, or after the
+    outcome, is not an error (a real outcome always wins over a late cancel).
+    """
+    reason = reason.strip() or "cancelled by the operator"
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        row = await cmd_sql.get(tx, command_id)
+        if row is None:
+            raise NotFound(f"no command {command_id!r}")
+        node_id, kind, state = str(row["node_id"]), str(row["kind"]), str(row["state"])
+        if state == cs.PENDING and await cmd_sql.cancel_pending(tx, command_id, reason, now_ms):
+            data = {"node_id": node_id, "kind": kind, "state": cs.CANCELLED, "reason": "cancelled"}
+            await publish(tx, bus, "command.settled", command_id, data, now_ms)
+        elif state in cs.IN_FLIGHT and await cmd_sql.request_cancel(tx, command_id, reason, now_ms):
+            data = {"node_id": node_id, "kind": kind, "state": state, "reason": reason}
+            await publish(tx, bus, "command.cancel-requested", command_id, data, now_ms)
+            if bus is not None:
+                tx.on_commit(lambda: bus.node_changed(node_id))
+        out = await cmd_sql.get(tx, command_id)
+    assert out is not None
+    return out
+
+
+# -- reads for the views -------------------------------------------------------------
+
+
+async def get(store: Store, command_id: str) -> Row:
+    async with store.transaction(write=False) as tx:
+        row = await cmd_sql.get(tx, command_id)
+    if row is None:
+        raise NotFound(f"no command {command_id!r}")
+    return row
+
+
+async def list_commands(store: Store, *, node_id: str = "", state: str = "", limit: int = 0) -> list[Row]:
+    """Newest first, at most `limit` (0: the default 100; at most 1000)."""
+    if state and state not in cs.STATES:
+        raise UsageError(f"unknown command state {state!r}; states: {', '.join(cs.STATES)}")
+    if limit < 0:
+        raise UsageError(f"the limit must not be negative, not {limit}")
+    limit = min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+    async with store.transaction(write=False) as tx:
+        return await cmd_sql.list_(tx, node_id=node_id, state=state, limit=limit)
+
+
+__all__ = [
+    "EnqueueRequest",
+    "UpdateOutcome",
+    "apply_update",
+    "enqueue",
+    "get",
+    "kind_of",
+    "list_commands",
+    "payload_from_json",
+    "request_cancel",
+]
