@@ -75,6 +75,8 @@ class FakeHardware:
         self.seed = seed
         # How long a fake GPU reset takes (BC_FAKE_GPU_RESET_S): long enough, a test can kill the agent mid-reset.
         self.reset_seconds = float(os.environ.get("BC_FAKE_GPU_RESET_S", "0") or 0)
+        # How long an explicit inventory refresh takes (BC_FAKE_INVENTORY_REFRESH_S), for the same reason.
+        self.refresh_seconds = float(os.environ.get("BC_FAKE_INVENTORY_REFRESH_S", "0") or 0)
         self.state_dir = state_dir
         self._data = _load_profile(profile)
         self._inventory = self._build(self._data)

@@ -17,6 +17,9 @@ class InventoryRefresh(TypedExecutor[kinds_pb2.InventoryRefreshRequest]):
     request_type = kinds_pb2.InventoryRefreshRequest
 
     async def execute(self, ctx: KindContext, request: kinds_pb2.InventoryRefreshRequest) -> KindResult:
+        delay = float(getattr(ctx.hw, "refresh_seconds", 0.0))  # a fake backend may simulate a slow enumeration
+        if delay > 0:
+            await asyncio.sleep(delay)
         inv = await asyncio.to_thread(ctx.hw.inventory)
         return KindResult.success(
             {"inventory": message_to_dict(inv), "inventory_hash": inventory_hash(inv)},
