@@ -42,16 +42,47 @@ class Tour:
         self.bc_path = shutil.which("bc", path=str(Path(sys.executable).parent)) or "bc"
         self.env = dict(os.environ, BC_DATA_DIR=str(root / "server"), HOME=str(root / "home"))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.args: dict[str, tuple[list[str], dict[str, str] | None]] = {}
         (root / "home").mkdir(parents=True)
 
     def say(self, text: str) -> None:
         print(f"\n== {text}", flush=True)
 
-    def spawn(self, name: str, *args: str) -> None:
+    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
         self.procs[name] = subprocess.Popen(
-            [self.bc_path, *args], stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            [self.bc_path, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**self.env, **(env or {})},
+            start_new_session=True,
         )
+        self.args[name] = (list(args), env)
+
+    def kill9(self, name: str) -> None:
+        p = self.procs.pop(name)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+
+    def respawn(self, name: str, env: dict[str, str] | None = None) -> None:
+        args, _ = self.args[name]
+        self.spawn(name, *args, env=env)
+
+    def cmd(self, node_id: str, kind: str, payload: str = "", wait: bool = True) -> Any:
+        args = ["cmd", "run", node_id, kind] + (["--payload", payload] if payload else [])
+        c = self.bcj(*args)
+        if not wait:
+            return c
+        final = self.wait(f"{kind} on {node_id} to settle", lambda: self._settled(c["id"]), timeout=60)
+        print(
+            f"{kind:<18} on {node_id}  lane {final['lane']:<9} -> {final['state']}"
+            + (f" ({final['reason']})" if final["reason"] else "")
+        )
+        return final
+
+    def _settled(self, command_id: str) -> Any:
+        c = self.bcj("cmd", "show", command_id)
+        return c if c["state"] in ("succeeded", "failed", "rejected", "cancelled", "expired") else None
 
     def bc(self, *args: str, show: bool = False) -> str:
         r = subprocess.run([self.bc_path, *args], capture_output=True, text=True, env=self.env, timeout=60)
@@ -114,7 +145,9 @@ class Tour:
             self.bc(
                 "join", "--server", self.server, "--token", token, "--data-dir", str(self.root / node_id), show=True
             )
-            self.spawn(node_id, "node", "--data-dir", str(self.root / node_id), "--fake-hw", profile)
+            # n2's fake GPUs take 5 s to reset, so the tour can kill its agent in the middle of one.
+            env = {"BC_FAKE_GPU_RESET_S": "5"} if node_id == "n2" else None
+            self.spawn(node_id, "node", "--data-dir", str(self.root / node_id), "--fake-hw", profile, env=env)
         for node_id, _ in NODES:
             self.wait(f"{node_id} to connect and converge", self._converged_fn(node_id))
         self.bc("nodes", show=True)
@@ -154,12 +187,37 @@ class Tour:
         for node_id, _ in NODES:
             self.wait(f"{node_id} to converge", self._converged_fn(node_id))
         self.bc("nodes", show=True)
+
+        self.say("one-shot commands on every lane (delivered at least once, run at most once)")
+        self.cmd("n1", "inventory.refresh")
+        self.cmd("n1", "diag.nvml")
+        self.cmd("n3", "logs.collect")
+        self.cmd("n1", "diag.dcgm", '{"level": 1}')  # provision lane; dcgmi is not installed here
+        self.cmd("n1", "gpu.reset", '{"gpu_uuids": []}')  # a bad payload fails cleanly
+        reboot = self.cmd("n3", "node.reboot")
+
+        self.say("kill -9 an agent in the middle of a gpu.reset, then restart it")
+        gpu = self.node("n2")["inventory"]["gpus"][0]["uuid"]
+        c = self.cmd("n2", "gpu.reset", json.dumps({"gpu_uuids": [gpu]}), wait=False)
+        self.wait("the reset to start", lambda: self.bcj("cmd", "show", c["id"])["state"] == "running")
+        print(f"gpu.reset {c['id']} is running on n2: kill -9 the agent")
+        self.kill9("n2")
+        self.respawn("n2")
+        final = self.wait("the journal's verdict", lambda: self._settled(c["id"]), timeout=60)
+        print(
+            f"after the restart: {final['state']} ({final['reason']}): a reset is not retry-safe, so the journal "
+            "reports it interrupted and never runs it again"
+        )
+        self.bc("cmd", "list", show=True)
         events = self.bcj("events", "--limit", "1000")
         return {
             "nodes": len(NODES),
             "reserve_to_observed_ms": round(took_ms),
             "events": len(events),
             "generations": {n: self.node(n)["generation"] for n, _ in NODES},
+            "commands": len(self.bcj("cmd", "list", "--limit", "1000")),
+            "interrupted_reset": f"{final['state']} {final['reason']}",
+            "reboot": f"{reboot['state']} {reboot['reason']}",
             "elapsed_s": round(time.monotonic() - t0, 1),
             "lab": str(self.root),
         }
