@@ -221,23 +221,27 @@ def spec_set(node_id: str, section: str, value: str, as_json: bool) -> None:
     _print_spec(info, as_json=as_json, with_body=False)
 
 
-def read_section_json(section: str, value: str) -> str:
-    """The section's JSON text from the argument, `@path` or `@-` (stdin), checked before any call."""
+def read_json_object(what: str, value: str) -> str:
+    """JSON object text from the argument, `@path` or `@-` (stdin), checked before any call; `what` names it."""
     if value.startswith("@"):
         path = value[1:]
         try:
             text = sys.stdin.read() if path == "-" else Path(path).read_text()
         except OSError as e:
-            raise UsageError(f"cannot read the {section} section from {path}: {e.strerror or e}") from None
+            raise UsageError(f"cannot read {what} from {path}: {e.strerror or e}") from None
     else:
         text = value
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise UsageError(f"the {section} section is not valid JSON: {e}") from None
+        raise UsageError(f"{what} is not valid JSON: {e}") from None
     if not isinstance(doc, dict):
-        raise UsageError(f"the {section} section must be a JSON object, not {type(doc).__name__}")
+        raise UsageError(f"{what} must be a JSON object, not {type(doc).__name__}")
     return text.strip()
+
+
+def read_section_json(section: str, value: str) -> str:
+    return read_json_object(f"the {section} section", value)
 
 
 def _print_spec(info: admin_pb2.SpecInfo, *, as_json: bool, with_body: bool) -> None:

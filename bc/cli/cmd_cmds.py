@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from bc.cli.admin_cmds import read_json_object
 from bc.cli.client import AdminClient
 from bc.cli.render import (
     dumps,
@@ -37,7 +36,7 @@ from bc.cli.render import (
     with_progress,
 )
 from bc.control.command_states import CANCELLED, STATES, SUCCEEDED, TERMINAL
-from bc.errors import BcError, UsageError
+from bc.errors import BcError
 from bc.protocol.pb import admin_pb2
 
 _T = TypeVar("_T")
@@ -139,23 +138,7 @@ def cmd() -> None:
 
 def read_payload(kind: str, value: str) -> str:
     """The payload's JSON text from the argument, `@path` or `@-` (stdin), checked to be an object before any call."""
-    if not value:
-        return ""
-    if value.startswith("@"):
-        path = value[1:]
-        try:
-            text = sys.stdin.read() if path == "-" else Path(path).read_text()
-        except OSError as e:
-            raise UsageError(f"cannot read the {kind} payload from {path}: {e.strerror or e}") from None
-    else:
-        text = value
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"the {kind} payload is not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"the {kind} payload must be a JSON object, not {type(doc).__name__}")
-    return text.strip()
+    return read_json_object(f"the {kind} payload", value) if value else ""
 
 
 @cmd.command("run")

@@ -27,6 +27,7 @@ from bc.errors import Unauthenticated
 from bc.pki.identity import PeerIdentity
 from bc.protocol.pb import session_pb2
 from bc.store import Store, Tx
+from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
@@ -117,7 +118,7 @@ async def _resume_commands(
             ack.append(update.command_id)
     new_journal = bool(opened.previous_journal_id) and opened.previous_journal_id != hello.journal_id
     new_boot = bool(opened.previous_boot_id) and opened.previous_boot_id != hello.boot_id
-    for c in await dispatch_sql.in_flight(tx, node_id):
+    for c in await commands_sql.in_flight_for_node(tx, node_id):
         outcome: tuple[str, str] | None = None
         if new_journal and not c["retry_safe"]:
             outcome = ("failed", "journal-lost")
@@ -129,5 +130,5 @@ async def _resume_commands(
             await publish(tx, bus, "command.settled", cid, data, now_ms)
     await dispatch_sql.move_to_epoch(tx, node_id, opened.epoch)
     running = set(hello.running_command_ids)
-    replay = [str(c["id"]) for c in await dispatch_sql.in_flight(tx, node_id) if str(c["id"]) not in running]
+    replay = [str(c["id"]) for c in await commands_sql.in_flight_for_node(tx, node_id) if str(c["id"]) not in running]
     return replay, ack

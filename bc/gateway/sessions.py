@@ -27,6 +27,7 @@ from bc.pki.identity import PeerIdentity
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.store import Store, StoreError
+from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
@@ -327,7 +328,7 @@ class SessionDriver:
             if node is None:
                 return
             labels = json.loads(str(node["labels"] or "{}"))
-            rows = await dispatch_sql.pending_for(tx, self.node_id, now_ms, store.for_update())
+            rows = await commands_sql.pending_for_node(tx, self.node_id, now_ms)
             cancelled_early = {str(r["id"]) for r in await dispatch_sql.pending_cancelled(tx, self.node_id)}
             pending = [
                 dispatch_rules.PendingCommand(
@@ -362,11 +363,11 @@ class SessionDriver:
                         now_ms,
                     )
             for cid in plan.send:
-                if await dispatch_sql.mark_dispatched(tx, cid, self.node_id, self.gw.gateway_id, epoch, now_ms):
+                if await commands_sql.mark_dispatched(tx, cid, self.node_id, epoch, now_ms, self.gw.gateway_id):
                     to_send.append(cid)
-            for r in await dispatch_sql.cancels_to_send(tx, self.node_id, epoch):
+            for r in await commands_sql.cancels_to_send(tx, self.node_id, epoch):
                 cancels.append((str(r["id"]), str(r["cancel_reason"] or "cancelled")))
-                await dispatch_sql.mark_cancel_sent(tx, str(r["id"]), epoch)
+                await commands_sql.mark_cancel_sent(tx, str(r["id"]), self.node_id, epoch)
         for cid in to_send:
             await self._send_command(cid)
         for cid, reason in cancels:
@@ -375,7 +376,7 @@ class SessionDriver:
     async def _send_command(self, command_id: str) -> None:
         """Relay the stored body and signature verbatim: the gateway never re-encodes or signs."""
         async with self.gw.store.transaction(write=False) as tx:
-            row = await dispatch_sql.get_body(tx, command_id)
+            row = await commands_sql.get(tx, command_id)
         if row is None:
             return
         env = common_pb2.Envelope(purpose="command", body=bytes(row["body"]))

@@ -147,13 +147,18 @@ async def in_flight_for_node(tx: Tx, node_id: str) -> list[Row]:
 # -- dispatch --------------------------------------------------------------------
 
 
-async def mark_dispatched(tx: Tx, id_: str, node_id: str, epoch: int, now_ms: int) -> bool:
-    """`pending` → `dispatched` under `epoch`; False if it is no longer pending or the session moved on."""
+async def mark_dispatched(tx: Tx, id_: str, node_id: str, epoch: int, now_ms: int, gateway_id: str = "") -> bool:
+    """`pending` → `dispatched` under `epoch`; False if it is no longer pending or the session moved on.
+
+    With `gateway_id`, also only while the session row still routes the node to that gateway: a zombie
+    gateway's dispatch matches nothing.
+    """
     n = await tx.execute(
         "UPDATE commands SET state = 'dispatched', dispatched_epoch = :e, attempt = attempt + 1, updated_at_ms = :t"
         " WHERE id = :id AND node_id = :n AND state = 'pending'"
-        " AND EXISTS (SELECT 1 FROM node_sessions s WHERE s.node_id = :n AND s.session_epoch = :e AND s.open = 1)",
-        {"id": id_, "n": node_id, "e": epoch, "t": now_ms},
+        " AND EXISTS (SELECT 1 FROM node_sessions s WHERE s.node_id = :n AND s.session_epoch = :e AND s.open = 1"
+        "  AND (:g = '' OR s.gateway_id = :g))",
+        {"id": id_, "n": node_id, "e": epoch, "t": now_ms, "g": gateway_id},
     )
     return n == 1
 

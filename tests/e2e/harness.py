@@ -171,7 +171,11 @@ class Lab:
         token = token or self.token(node_id)
         return self.bc("join", "--server", self.address, "--token", token, "--data-dir", str(self.node_dir(node_id)))
 
-    def node(self, node_id: str, profile: str = "hgx-h100-8") -> Proc:
+    def node(self, node_id: str, profile: str = "hgx-h100-8", env: Mapping[str, str] | None = None) -> Proc:
+        """`bc node` for a joined node; `env` goes to this process only (e.g. the `BC_FAKE_*` knobs).
+
+        `restart` reuses it; to start the node again without it, call `node` again once it has stopped.
+        """
         return self.spawn(
             f"node-{node_id}",
             "node",
@@ -181,6 +185,7 @@ class Lab:
             profile,
             "--heartbeat-interval",
             str(HEARTBEAT_S),
+            env=env,
         )
 
     def kill(self, name: str, sig: int = signal.SIGKILL, timeout: float = 10.0) -> int | None:
