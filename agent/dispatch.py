@@ -45,6 +45,8 @@ from bc.protocol.pb.session_pb2 import CommandBody, CommandUpdate, NodeMessage
 
 log = logging.getLogger("agent.dispatch")
 
+SWEEP_EVERY_S = 3600.0
+
 Sender = Callable[[NodeMessage], Awaitable[None]]
 Check = Callable[[session_pb2.Command, CommandBody], str | None]
 
@@ -101,6 +103,7 @@ class Dispatcher:
         self.deferred: dict[str, tuple[session_pb2.Command, CommandBody]] = {}
         self.sender: Sender | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._last_sweep = 0.0
 
     # -- lifecycle -------------------------------------------------------
     async def start(self) -> list[rules.Settlement]:
@@ -114,10 +117,20 @@ class Dispatcher:
             for s in settlements:
                 log.info("event=command.recovered command=%s outcome=%s", s.command_id, s.outcome)
         await self.journal.sweep_commands(now, self.incarnation_id)
+        self._last_sweep = now
         for lane in self.lanes.values():
             for i in range(lane.workers):
                 self._tasks.append(asyncio.create_task(self._worker(lane), name=f"lane-{lane.name}-{i}"))
         return settlements
+
+    async def maybe_sweep(self) -> None:
+        """`journal.Sweep` hourly: done entries older than 7 days go, and what earlier processes left."""
+        now = self.clock.now()
+        if now - self._last_sweep >= SWEEP_EVERY_S:
+            self._last_sweep = now
+            swept = await self.journal.sweep_commands(now, self.incarnation_id)
+            if swept:
+                log.info("event=journal.swept commands=%d", len(swept))
 
     async def stop(self) -> None:
         for t in self._tasks:

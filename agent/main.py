@@ -223,6 +223,7 @@ class Agent:
             self.spec_changed.clear()
             try:
                 await self.converge_once()
+                await self.dispatcher.maybe_sweep()
             except Exception:  # a converge pass must never kill the agent; the next pass retries
                 log.exception("event=converge.failed")
             try:
