@@ -260,8 +260,9 @@ class Dispatcher:
         accepted = Accepted(body, cmd)
         self.active[body.id] = accepted
         log.info("event=command.accepted command=%s kind=%s lane=%s", body.id, body.kind, lane.name)
-        await self._update(CommandUpdate(command_id=body.id, state=session_pb2.COMMAND_ACKED, boot_id=self.boot_id))
+        # Queued before anything is awaited: a session ending mid-send must not strand an accepted command.
         lane.queue.put_nowait(accepted)
+        await self._update(CommandUpdate(command_id=body.id, state=session_pb2.COMMAND_ACKED, boot_id=self.boot_id))
         return None
 
     async def on_spec_applied(self) -> None:

@@ -336,17 +336,16 @@ class SessionRunner:
         await asyncio.wait_for(self.link.send(hello), sc.WELCOME_TIMEOUT_S)
         reader = asyncio.create_task(self._read(), name="session-read")
         writer = asyncio.create_task(self._write(), name="session-write")
+        closed = asyncio.create_task(self.done.wait(), name="session-closed")
         try:
-            done, _ = await asyncio.wait(
-                {reader, writer, asyncio.create_task(self.done.wait())}, return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait({reader, writer, closed}, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 if not t.cancelled() and t.exception() is not None:
                     raise t.exception()  # type: ignore[misc]
         finally:
-            for t in (reader, writer):
+            for t in (reader, writer, closed):
                 t.cancel()
-            await asyncio.gather(reader, writer, return_exceptions=True)
+            await asyncio.gather(reader, writer, closed, return_exceptions=True)
             self.agent.connected.clear()
             if self.agent.dispatcher.sender == self.link.send:
                 self.agent.dispatcher.sender = None

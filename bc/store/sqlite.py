@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,27 @@ class _InlineTx(Tx):
             raise StoreError(f"{e} in: {sql.strip()[:120]}") from e
 
 
+async def _to_completion(aw: Awaitable[object]) -> None:
+    """Await a statement to its end even if this task is cancelled meanwhile, then re-raise the cancel.
+
+    aiosqlite runs statements in its thread: a BEGIN or COMMIT whose awaiting task was cancelled still
+    runs. Releasing the store's lock before it has finished would let the next transaction find the
+    connection in a state it did not expect ("cannot start a transaction within a transaction").
+    """
+    fut = asyncio.ensure_future(aw)
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not fut.cancelled():
+            fut.exception()  # retrieved, so asyncio does not warn that it never was
+        raise asyncio.CancelledError
+    fut.result()
+
+
 async def _rollback(conn: aiosqlite.Connection) -> None:
     if conn.in_transaction:
         await conn.execute("ROLLBACK")
@@ -128,16 +149,15 @@ class SqliteStore(Store):
         async with self._lock:
             conn = self._conn
             if conn.in_transaction:
-                # A task cancelled while its BEGIN or COMMIT ran in aiosqlite's thread left this open.
-                await asyncio.shield(conn.execute("ROLLBACK"))
-            await asyncio.shield(conn.execute("BEGIN IMMEDIATE" if write else "BEGIN"))
+                await _to_completion(_rollback(conn))  # defensive: nothing should leave one open
+            await _to_completion(conn.execute("BEGIN IMMEDIATE" if write else "BEGIN"))
             tx = _AioTx(conn)
             try:
                 yield tx
             except BaseException:
-                await asyncio.shield(_rollback(conn))
+                await _to_completion(_rollback(conn))
                 raise
-            await asyncio.shield(conn.execute("COMMIT"))
+            await _to_completion(conn.execute("COMMIT"))
 
     async def now(self) -> float:
         return self.clock.now()

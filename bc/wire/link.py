@@ -7,6 +7,7 @@ same `Link`, and the session cores cannot tell them apart.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Generic, Protocol, TypeVar
 
 import grpc
@@ -40,9 +41,11 @@ class GrpcServerLink(Generic[In, Out]):
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self._ctx = context
+        self._write_lock = asyncio.Lock()
 
     async def send(self, msg: Out) -> None:
-        await self._ctx.write(msg)
+        async with self._write_lock:  # grpc.aio allows one write in flight per stream
+            await self._ctx.write(msg)
 
     async def recv(self) -> In | None:
         m = await self._ctx.read()
@@ -59,10 +62,14 @@ class GrpcClientLink(Generic[In, Out]):
 
     def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
         self._call = call
+        self._write_lock = asyncio.Lock()
 
     async def send(self, msg: Out) -> None:
         try:
-            await self._call.write(msg)
+            # grpc.aio allows one write in flight per stream: two concurrent writes fail the whole call
+            # with INTERNAL ("Internal error from Core"), and several tasks send on one session.
+            async with self._write_lock:
+                await self._call.write(msg)
         except grpc.aio.AioRpcError as e:
             raise LinkClosed(e.code().name, e.details() or "") from None
         except grpc.aio.UsageError as e:
