@@ -11,10 +11,12 @@ simulator needs.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,53 +34,22 @@ PRAGMAS = (
 )
 
 
-def _rows(cur_description: Any, data: list[Any]) -> list[Row]:
-    cols = [d[0] for d in cur_description or ()]
-    return [dict(zip(cols, r, strict=True)) for r in data]
+@dataclass(frozen=True)
+class _Result:
+    rowcount: int
+    rows: list[Row]
 
 
-class _AioTx(Tx):
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+class _SqliteTx(Tx):
+    def __init__(self, store: _SqliteStoreBase) -> None:
         super().__init__()
-        self._conn = conn
+        self._store = store
 
     async def execute(self, sql: str, params: Params | None = None) -> int:
-        try:
-            cur = await self._conn.execute(sql, dict(params or {}))
-        except sqlite3.Error as e:
-            raise StoreError(f"{e} in: {sql.strip()[:120]}") from e
-        n = cur.rowcount
-        await cur.close()
-        return n
+        return (await self._store._run(sql, params, fetch=False)).rowcount
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
-        try:
-            cur = await self._conn.execute(sql, dict(params or {}))
-            data = await cur.fetchall()
-        except sqlite3.Error as e:
-            raise StoreError(f"{e} in: {sql.strip()[:120]}") from e
-        rows = _rows(cur.description, list(data))
-        await cur.close()
-        return rows
-
-
-class _InlineTx(Tx):
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        super().__init__()
-        self._conn = conn
-
-    async def execute(self, sql: str, params: Params | None = None) -> int:
-        try:
-            return self._conn.execute(sql, dict(params or {})).rowcount
-        except sqlite3.Error as e:
-            raise StoreError(f"{e} in: {sql.strip()[:120]}") from e
-
-    async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
-        try:
-            cur = self._conn.execute(sql, dict(params or {}))
-            return _rows(cur.description, cur.fetchall())
-        except sqlite3.Error as e:
-            raise StoreError(f"{e} in: {sql.strip()[:120]}") from e
+        return (await self._store._run(sql, params, fetch=True)).rows
 
 
 async def _to_completion(aw: Awaitable[object]) -> None:
@@ -102,115 +73,142 @@ async def _to_completion(aw: Awaitable[object]) -> None:
     fut.result()
 
 
-async def _rollback(conn: aiosqlite.Connection) -> None:
-    if conn.in_transaction:
-        await conn.execute("ROLLBACK")
-
-
-class SqliteStore(Store):
-    """aiosqlite: the embedded store of `bc serve` (a file in the data dir)."""
+class _SqliteStoreBase(Store):
+    """What both drivers share: pragmas, migrations, one lock, and the transaction discipline."""
 
     dialect = "sqlite"
 
-    def __init__(self, path: Path | str, clock: Clock | None = None) -> None:
-        self.path = Path(path)
+    def __init__(self, clock: Clock | None) -> None:
         self.clock: Clock = clock or SystemClock()
-        self._conn: aiosqlite.Connection | None = None
         self._lock = asyncio.Lock()
+        self._open = False
+
+    # -- the driver's four operations -------------------------------------
+    @abc.abstractmethod
+    async def _connect(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _statement(self, sql: str, params: dict[str, Any], fetch: bool) -> _Result: ...
+
+    @abc.abstractmethod
+    def _in_transaction(self) -> bool: ...
+
+    # -- shared ---------------------------------------------------------------
+    async def _run(self, sql: str, params: Params | None, *, fetch: bool) -> _Result:
+        try:
+            return await self._statement(sql, dict(params or {}), fetch)
+        except sqlite3.Error as e:
+            raise StoreError(f"{e} in: {sql.strip()[:120]}") from e
+
+    async def open(self) -> None:
+        try:
+            await self._connect()
+            for p in PRAGMAS:
+                await self._statement(p, {}, False)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open the store {self.description}: {e}") from e
+        self._open = True
+        try:
+            await apply_migrations(self)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        if self._open:
+            self._open = False
+            await self._close()
+
+    async def _end(self, sql: str) -> None:
+        if sql != "ROLLBACK" or self._in_transaction():
+            await self._statement(sql, {}, False)
+
+    @asynccontextmanager
+    async def _begin(self, write: bool) -> AsyncIterator[Tx]:
+        if not self._open:
+            raise StoreError("the store is not open")
+        async with self._lock:
+            if self._in_transaction():
+                await _to_completion(self._end("ROLLBACK"))  # defensive: nothing should leave one open
+            await _to_completion(self._statement("BEGIN IMMEDIATE" if write else "BEGIN", {}, False))
+            tx = _SqliteTx(self)
+            try:
+                yield tx
+            except BaseException:
+                await _to_completion(self._end("ROLLBACK"))
+                raise
+            await _to_completion(self._end("COMMIT"))
+
+    async def now(self) -> float:
+        return self.clock.now()
+
+
+class SqliteStore(_SqliteStoreBase):
+    """aiosqlite: the embedded store of `bc serve` (a file in the data dir)."""
+
+    def __init__(self, path: Path | str, clock: Clock | None = None) -> None:
+        super().__init__(clock)
+        self.path = Path(path)
+        self._conn: aiosqlite.Connection | None = None
 
     @property
     def description(self) -> str:
         return f"sqlite:{self.path}"
 
-    async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            conn = await aiosqlite.connect(str(self.path), isolation_level=None)
-        except sqlite3.Error as e:
-            raise StoreError(f"cannot open the store {self.path}: {e}") from e
-        for p in PRAGMAS:
-            await conn.execute(p)
-        self._conn = conn
-        try:
-            await apply_migrations(self)
-        except BaseException:
-            await self.close()
-            raise
+    async def _connect(self) -> None:
+        await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
+        self._conn = await aiosqlite.connect(str(self.path), isolation_level=None)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
 
-    @asynccontextmanager
-    async def _begin(self, write: bool) -> AsyncIterator[Tx]:
-        if self._conn is None:
-            raise StoreError("the store is not open")
-        async with self._lock:
-            conn = self._conn
-            if conn.in_transaction:
-                await _to_completion(_rollback(conn))  # defensive: nothing should leave one open
-            await _to_completion(conn.execute("BEGIN IMMEDIATE" if write else "BEGIN"))
-            tx = _AioTx(conn)
-            try:
-                yield tx
-            except BaseException:
-                await _to_completion(_rollback(conn))
-                raise
-            await _to_completion(conn.execute("COMMIT"))
+    async def _statement(self, sql: str, params: dict[str, Any], fetch: bool) -> _Result:
+        assert self._conn is not None
+        cur = await self._conn.execute(sql, params)
+        try:
+            rows = _rows(cur.description, list(await cur.fetchall())) if fetch else []
+            return _Result(cur.rowcount, rows)
+        finally:
+            await cur.close()
 
-    async def now(self) -> float:
-        return self.clock.now()
+    def _in_transaction(self) -> bool:
+        return self._conn is not None and self._conn.in_transaction
 
 
-class InlineSqliteStore(Store):
+class InlineSqliteStore(_SqliteStoreBase):
     """sqlite3 on the loop's thread: deterministic, for the simulator and fast tests."""
 
-    dialect = "sqlite"
-
     def __init__(self, path: Path | str = ":memory:", clock: Clock | None = None) -> None:
+        super().__init__(clock)
         self.path = str(path)
-        self.clock: Clock = clock or SystemClock()
         self._conn: sqlite3.Connection | None = None
-        self._lock = asyncio.Lock()
 
     @property
     def description(self) -> str:
         return f"sqlite-inline:{self.path}"
 
-    async def open(self) -> None:
-        try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as e:
-            raise StoreError(f"cannot open the store {self.path}: {e}") from e
-        for p in PRAGMAS:
-            conn.execute(p)
-        self._conn = conn
-        try:
-            await apply_migrations(self)
-        except BaseException:
-            await self.close()
-            raise
+    async def _connect(self) -> None:
+        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
-    @asynccontextmanager
-    async def _begin(self, write: bool) -> AsyncIterator[Tx]:
-        if self._conn is None:
-            raise StoreError("the store is not open")
-        async with self._lock:
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            tx = _InlineTx(conn)
-            try:
-                yield tx
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+    async def _statement(self, sql: str, params: dict[str, Any], fetch: bool) -> _Result:
+        assert self._conn is not None
+        cur = self._conn.execute(sql, params)
+        return _Result(cur.rowcount, _rows(cur.description, cur.fetchall()) if fetch else [])
 
-    async def now(self) -> float:
-        return self.clock.now()
+    def _in_transaction(self) -> bool:
+        return self._conn is not None and self._conn.in_transaction
+
+
+def _rows(cur_description: Any, data: list[Any]) -> list[Row]:
+    cols = [d[0] for d in cur_description or ()]
+    return [dict(zip(cols, r, strict=True)) for r in data]
