@@ -30,6 +30,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from google.protobuf.message import DecodeError
 
@@ -192,8 +193,10 @@ class Dispatcher:
             await self._update(CommandUpdate(command_id=body.id, state=state, boot_id=self.boot_id))
             return
         if res in (rules.Resolution.REBOOTED, rules.Resolution.INTERRUPTED) and entry is not None:
-            outcome = "rebooted" if res is rules.Resolution.REBOOTED else "interrupted"
-            s = rules.Settlement(body.id, outcome, entry.boot_id)  # type: ignore[arg-type]
+            outcome: Literal["rebooted", "interrupted"] = (
+                "rebooted" if res is rules.Resolution.REBOOTED else "interrupted"
+            )
+            s = rules.Settlement(body.id, outcome, entry.boot_id)
             update = self._settlement_update(s)
             await self.journal.apply_settlements([s], {body.id: update.SerializeToString()}, self.clock.now())
             await self._update(update)

@@ -11,6 +11,7 @@ rather than raising: a GPU that failed to reset is a result, not a crash.
 
 from __future__ import annotations
 
+import abc
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -134,7 +135,7 @@ def check_gpu_uuids(uuids: Iterable[str]) -> list[str]:
     return out
 
 
-class TypedExecutor(Generic[RequestT]):
+class TypedExecutor(abc.ABC, Generic[RequestT]):
     """The shared half of an executor over one request message: parse, type check, error capture."""
 
     name: str
@@ -165,8 +166,9 @@ class TypedExecutor(Generic[RequestT]):
             log.exception("event=command.internal_error kind=%s", self.name)
             return KindResult.failure(INTERNAL, f"{type(e).__name__}: {e}")
 
+    @abc.abstractmethod
     async def execute(self, ctx: KindContext, request: RequestT) -> KindResult:
-        raise NotImplementedError
+        """The kind's side effect, on a request already checked by `validate`."""
 
     def _typed(self, request: Message) -> RequestT:
         if not isinstance(request, self.request_type):
