@@ -340,8 +340,9 @@ class SessionRunner:
         try:
             done, _ = await asyncio.wait({reader, writer, closed}, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                if not t.cancelled() and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
+                exc = None if t.cancelled() else t.exception()
+                if exc is not None:
+                    raise exc
         finally:
             for t in (reader, writer, closed):
                 t.cancel()

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -16,27 +15,6 @@ from bc.store import Row
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[InlineSqliteStore]:
-    s = InlineSqliteStore(tmp_path / "store.db", clock)
-    await s.open()
-    try:
-        yield s
-    finally:
-        await s.close()
-
-
-@pytest.fixture
-def bus() -> Bus:
-    return Bus()
 
 
 @pytest.fixture

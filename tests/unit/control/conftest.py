@@ -2,42 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import pytest
 from google.protobuf.json_format import MessageToJson
 
 from agent.hw.base import inventory_hash
 from agent.hw.fake import FakeHardware
-from bc.control.bus import Bus
 from bc.protocol.pb import common_pb2
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
 
 AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
 Count = Callable[[str], Awaitable[int]]
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[InlineSqliteStore]:
-    s = InlineSqliteStore(tmp_path / "store.db", clock)
-    await s.open()
-    try:
-        yield s
-    finally:
-        await s.close()
-
-
-@pytest.fixture
-def bus() -> Bus:
-    return Bus()
 
 
 async def write_inventory(store: InlineSqliteStore, node_id: str, inv: common_pb2.Inventory) -> None:

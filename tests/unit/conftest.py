@@ -1,0 +1,35 @@
+"""Fixtures shared by the unit tests: a real store (inline SQLite on a tmp file) on a settable clock, and a bus.
+
+A directory's own conftest may override any of them (the store tests run over both drivers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bc.control.bus import Bus
+from bc.store.sqlite import InlineSqliteStore
+from bc.testing import FakeClock
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[InlineSqliteStore]:
+    s = InlineSqliteStore(tmp_path / "store.db", clock)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture
+def bus() -> Bus:
+    return Bus()
