@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint proto check bench smoke clean
+.PHONY: venv demo test test-fast lint proto check bench smoke zipapp binary clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,14 @@ bench: $(STAMP)
 
 smoke: $(STAMP)
 	$(PY) ../shared/checks/smoke.py .
+
+# dist/bc.pyz (needs CPython 3.11 on the host) and dist/bc-<version>-linux-<arch> (needs nothing);
+# each rewrites dist/SHA256SUMS. Staging and PyInstaller's work files go to build/out.
+zipapp: $(STAMP)
+	$(PY) build/dist.py zipapp
+
+binary: $(STAMP)
+	$(PY) build/dist.py binary
 
 clean:
 	rm -rf $(VENV) .demo dist build/out .pytest_cache .mypy_cache .ruff_cache

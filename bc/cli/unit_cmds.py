@@ -1,0 +1,288 @@
+"""Putting bc on a host: `bc unit print serve|node` (hardened systemd units) and `bc version`.
+
+    bc unit print serve [--data-dir /var/lib/bc] [--listen 0.0.0.0:7443] [--advertise HOST]... [--bin PATH]
+    bc unit print node  [--data-dir /var/lib/bc-node] [--cdi-dir /etc/cdi] [--env-dir /run/bc/allocations]
+                        [--allow-reboot] [--allow-gpu-reset] [--bin PATH]
+    bc version [--json]
+
+A unit is printed, never installed: the operator redirects it into
+/etc/systemd/system and reads it first (see docs/install.md).
+
+Both units run under `ProtectSystem=strict`: the whole file system is
+read-only but for the directories the service writes, each named twice: as a
+`StateDirectory=` / `ConfigurationDirectory=` / `RuntimeDirectory=` when it
+lives under /var/lib, /etc or /run (so systemd creates it with the right
+mode before the service starts), and in `ReadWritePaths=`. A directory
+elsewhere must exist before the service starts.
+
+The server needs nothing of the host but its data dir and the network, so it
+gets the full sandbox and no capabilities at all. The agent is the host's
+GPU administrator (NVML on /dev/nvidia*, `nvidia-smi --gpu-reset`, XIDs from
+/dev/kmsg, `systemctl reboot`), so it runs as root with its devices, kernel
+logs and capabilities, and only the protections that don't take those away.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+
+import click
+
+from bc.cli.render import dumps
+from bc.errors import UsageError
+from bc.version import bc_version, build_info
+
+DEFAULT_BIN = "/usr/local/bin/bc"
+DEFAULT_SERVE_DIR = "/var/lib/bc"
+DEFAULT_NODE_DIR = "/var/lib/bc-node"
+DEFAULT_CDI_DIR = "/etc/cdi"
+DEFAULT_ENV_DIR = "/run/bc/allocations"
+
+# Values go into unit files unquoted: anything systemd would split, expand (`%` specifiers,
+# `$` variables) or unquote is refused rather than escaped, so what the operator reads is what runs.
+_SAFE = re.compile(r"^[A-Za-z0-9_./:@+=,\[\]-]+$")
+
+Directive = tuple[str, str]
+
+# Shared by both units: the protections that cost neither service anything it does.
+_COMMON_HARDENING: tuple[Directive, ...] = (
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("LockPersonality", "yes"),
+    ("SystemCallArchitectures", "native"),
+    ("ProtectHostname", "yes"),
+    ("RestrictNamespaces", "yes"),
+    # AF_NETLINK: glibc's getaddrinfo asks the kernel which address families are configured;
+    # AF_UNIX: journald, D-Bus (systemctl reboot), DCGM's host engine.
+    ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6 AF_NETLINK"),
+)
+
+
+def _checked(value: str, what: str) -> str:
+    if not _SAFE.match(value):
+        raise UsageError(
+            f"{what} {value!r} has characters a unit file would reinterpret; use letters, digits, ./:@+=,-"
+        )
+    return value
+
+
+def _absolute(value: str, what: str) -> str:
+    _checked(value, what)
+    path = PurePosixPath(value)
+    if not path.is_absolute() or ".." in path.parts:
+        raise UsageError(f"{what} must be an absolute path without '..', not {value!r}")
+    return str(path)
+
+
+def _writable(paths: Sequence[str], private: str) -> list[Directive]:
+    """Directives that create (under /var/lib, /etc, /run) and open for writing each of `paths`.
+
+    `private` (one of `paths`, the data dir) is created 0700 when systemd creates it.
+    """
+    out: list[Directive] = []
+    preserve_runtime = False
+    for p in paths:
+        path = PurePosixPath(p)
+        for base, key in (("/var/lib", "StateDirectory"), ("/etc", "ConfigurationDirectory")):
+            if path.is_relative_to(base) and path != PurePosixPath(base):
+                out.append((key, str(path.relative_to(base))))
+        for base in ("/run", "/var/run"):
+            if path.is_relative_to(base) and path != PurePosixPath(base):
+                out.append(("RuntimeDirectory", str(path.relative_to(base))))
+                preserve_runtime = True
+    states = [PurePosixPath("/var/lib", v) for k, v in out if k == "StateDirectory"]
+    if states == [PurePosixPath(private)]:
+        # The mode applies to every StateDirectory: set it only when the data dir is the one.
+        out.append(("StateDirectoryMode", "0700"))
+    if preserve_runtime:
+        # systemd deletes a RuntimeDirectory when the service stops; CDI specs and env files
+        # of live reservations must outlive an agent restart.
+        out.append(("RuntimeDirectoryPreserve", "yes"))
+    out.append(("ReadWritePaths", " ".join(paths)))
+    return out
+
+
+def _render(name: str, description: str, unit: Sequence[Directive], service: Sequence[Directive]) -> str:
+    lines = [
+        f"# {name}: written by `bc unit print` (bc {bc_version()}); see docs/install.md.",
+        "[Unit]",
+        f"Description={description}",
+        *(f"{k}={v}" for k, v in unit),
+        "",
+        "[Service]",
+        *(f"{k}={v}" for k, v in service),
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def serve_unit(*, bin_path: str, data_dir: str, listen: str, advertise: Sequence[str]) -> str:
+    """The control plane's unit: restarted when it fails, sandboxed with no capabilities."""
+    argv = [bin_path, "serve", "--data-dir", data_dir, "--listen", listen]
+    for host in advertise:
+        argv += ["--advertise", host]
+    service: list[Directive] = [
+        ("Type", "exec"),
+        ("ExecStart", " ".join(argv)),
+        # `bc serve` also leaves the operator config in ~/.config/bc; with ProtectHome the real home
+        # is out of reach, so home is the data dir, which root's admin commands search anyway.
+        ("Environment", f"HOME={data_dir}"),
+        ("Restart", "on-failure"),
+        ("RestartSec", "5"),
+        # SIGTERM to the main process only: a one-file binary's launcher relays it to bc, which
+        # then stops cleanly; whatever is left after TimeoutStopSec gets SIGKILL.
+        ("KillMode", "mixed"),
+        ("TimeoutStopSec", "30"),
+        ("UMask", "0077"),  # the CA key, the store and the operator key are nobody else's business
+        *_writable([data_dir], private=data_dir),
+        *_COMMON_HARDENING,
+        ("PrivateDevices", "yes"),
+        ("ProtectKernelTunables", "yes"),
+        ("ProtectKernelModules", "yes"),
+        ("ProtectKernelLogs", "yes"),
+        ("ProtectClock", "yes"),
+        # No MemoryDenyWriteExecute: cffi (under cryptography) builds its callbacks in writable+executable memory.
+        ("SystemCallFilter", "@system-service"),
+        ("SystemCallErrorNumber", "EPERM"),
+        # Root without any capability: it owns its files and binds an unprivileged port, nothing more.
+        ("CapabilityBoundingSet", ""),
+        ("AmbientCapabilities", ""),
+    ]
+    unit = [("Wants", "network-online.target"), ("After", "network-online.target")]
+    return _render("bc-serve.service", "bc control plane and gateway (bc serve)", unit, service)
+
+
+def node_unit(
+    *, bin_path: str, data_dir: str, cdi_dir: str, env_dir: str, allow_reboot: bool, allow_gpu_reset: bool
+) -> str:
+    """The agent's unit: always restarted, sandboxed only as far as a GPU host's administrator can be."""
+    argv = [bin_path, "node", "--data-dir", data_dir, "--cdi-dir", cdi_dir, "--env-dir", env_dir]
+    if allow_reboot:
+        argv.append("--allow-reboot")
+    if allow_gpu_reset:
+        argv.append("--allow-gpu-reset")
+    dirs = list(dict.fromkeys([data_dir, cdi_dir, env_dir]))
+    service: list[Directive] = [
+        ("Type", "exec"),
+        ("ExecStart", " ".join(argv)),
+        ("Environment", f"HOME={data_dir}"),
+        # The agent enforces its last spec even while the control plane is away: it must always run.
+        ("Restart", "always"),
+        ("RestartSec", "5"),
+        ("KillMode", "mixed"),
+        ("TimeoutStopSec", "30"),
+        # Container runtimes (rootless ones too) read the CDI specs: they must be world-readable.
+        ("UMask", "0022"),
+        *_writable(dirs, private=data_dir),
+        *_COMMON_HARDENING,
+        # Deliberately absent, because the agent needs what they take away: PrivateDevices and ProtectClock
+        # (NVML opens /dev/nvidia*; both close the device policy), ProtectKernelLogs (XIDs come from
+        # /dev/kmsg), ProtectKernelModules (the driver may load its modules on first use),
+        # ProtectKernelTunables (a GPU reset goes through /sys), a capability bound (reset and reboot).
+    ]
+    unit = [
+        ("Wants", "network-online.target"),
+        ("After", "network-online.target nvidia-persistenced.service"),
+        # Restart=always means always: never give up after a burst of failures.
+        ("StartLimitIntervalSec", "0"),
+    ]
+    return _render("bc-node.service", "bc node agent (bc node)", unit, service)
+
+
+# -- click ---------------------------------------------------------------------------
+
+
+class _UnitGroup(click.Group):
+    """Unknown unit names are bad input: one `error:` line and exit 2, like every other refusal."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            raise UsageError(f"unknown unit {name!r}; choose one of: {', '.join(self.list_commands(ctx))}")
+        return super().resolve_command(ctx, args)
+
+
+_bin_option = click.option(
+    "--bin",
+    "bin_path",
+    default=DEFAULT_BIN,
+    show_default=True,
+    help="Where the bc executable lives on the host the unit runs on.",
+)
+
+
+@click.group("unit")
+def unit() -> None:
+    """Systemd units for bc serve and bc node, printed for /etc/systemd/system."""
+
+
+@unit.group("print", cls=_UnitGroup)
+def unit_print() -> None:
+    """Print a hardened unit: `serve` (the control plane) or `node` (the agent)."""
+
+
+@unit_print.command("serve")
+@click.option("--data-dir", default=DEFAULT_SERVE_DIR, show_default=True, help="bc serve's data dir.")
+@click.option("--listen", default="0.0.0.0:7443", show_default=True, help="HOST:PORT bc serve listens on.")
+@click.option("--advertise", multiple=True, metavar="HOST", help="A name or address nodes dial (repeatable).")
+@_bin_option
+def print_serve(data_dir: str, listen: str, advertise: tuple[str, ...], bin_path: str) -> None:
+    """The control plane's unit (bc-serve.service)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise UsageError(f"--listen must be HOST:PORT, not {listen!r}")
+    click.echo(
+        serve_unit(
+            bin_path=_absolute(bin_path, "--bin"),
+            data_dir=_absolute(data_dir, "--data-dir"),
+            listen=_checked(listen, "--listen"),
+            advertise=[_checked(a, "--advertise") for a in advertise],
+        ),
+        nl=False,
+    )
+
+
+@unit_print.command("node")
+@click.option("--data-dir", default=DEFAULT_NODE_DIR, show_default=True, help="The node's data dir (`bc join`'s).")
+@click.option("--cdi-dir", default=DEFAULT_CDI_DIR, show_default=True, help="Where CDI specs go.")
+@click.option("--env-dir", default=DEFAULT_ENV_DIR, show_default=True, help="Where per-reservation env files go.")
+@click.option("--allow-reboot", is_flag=True, help="Let node.reboot reboot the host.")
+@click.option("--allow-gpu-reset", is_flag=True, help="Let gpu.reset run nvidia-smi --gpu-reset.")
+@_bin_option
+def print_node(
+    data_dir: str, cdi_dir: str, env_dir: str, allow_reboot: bool, allow_gpu_reset: bool, bin_path: str
+) -> None:
+    """The agent's unit (bc-node.service)."""
+    click.echo(
+        node_unit(
+            bin_path=_absolute(bin_path, "--bin"),
+            data_dir=_absolute(data_dir, "--data-dir"),
+            cdi_dir=_absolute(cdi_dir, "--cdi-dir"),
+            env_dir=_absolute(env_dir, "--env-dir"),
+            allow_reboot=allow_reboot,
+            allow_gpu_reset=allow_gpu_reset,
+        ),
+        nl=False,
+    )
+
+
+@click.command("version")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def version(as_json: bool) -> None:
+    """The version, commit, build date, Python and library versions (as `bc --version`)."""
+    info = build_info()
+    click.echo(dumps(info.to_json()) if as_json else info.text())
+
+
+COMMANDS: tuple[click.Command, ...] = (unit, version)
