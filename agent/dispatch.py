@@ -50,6 +50,7 @@ SWEEP_EVERY_S = 3600.0
 
 Sender = Callable[[NodeMessage], Awaitable[None]]
 Check = Callable[[session_pb2.Command, CommandBody], str | None]
+"""None to go on, or the refusal as "CODE" or "CODE: detail" (e.g. "BAD_SIGNATURE: unsigned")."""
 
 
 def _no_check(cmd: session_pb2.Command, body: CommandBody) -> str | None:
@@ -89,6 +90,7 @@ class Dispatcher:
         server_now_ms: Callable[[], int],
         signature_check: Check = _no_check,
         quorum_check: Check = _no_check,
+        result_signer: Callable[[CommandUpdate], CommandUpdate] | None = None,
     ) -> None:
         self.node_id, self.role, self.journal, self.ctx, self.clock = node_id, role, journal, ctx, clock
         self.journal_full = journal_full
@@ -96,6 +98,7 @@ class Dispatcher:
         self.applied_generation = applied_generation
         self.server_now_ms = server_now_ms
         self.signature_check, self.quorum_check = signature_check, quorum_check
+        self.result_signer = result_signer
         self.lanes = {
             name: Lane(name, kinds.GATEWAY_CREDITS[name], kinds.AGENT_WORKERS[name]) for name in kinds.GATEWAY_CREDITS
         }
@@ -170,6 +173,8 @@ class Dispatcher:
             log.debug("event=command.send-failed error=%s", e)
 
     async def _update(self, update: CommandUpdate) -> None:
+        if self.result_signer is not None:
+            update = self.result_signer(update)  # attested: the node's key signs every result it reports
         await self._send(NodeMessage(command_update=update))
 
     # -- delivery ----------------------------------------------------------
@@ -239,9 +244,10 @@ class Dispatcher:
         if body.not_after_ms <= 0 or self.server_now_ms() >= body.not_after_ms:
             return await self._reject(body, "EXPIRED", "past not_after in server time")
         for check in (self.signature_check, self.quorum_check):
-            reason = check(cmd, body)
-            if reason:
-                return await self._reject(body, reason)
+            refusal = check(cmd, body)
+            if refusal:
+                code, _, detail = refusal.partition(": ")
+                return await self._reject(body, code, detail)
         lane = self.lanes[kind.lane]
         if lane.in_use >= lane.credits or await self.journal_full():
             return await self._reject(body, "BUSY", f"no free credit on the {lane.name} lane")

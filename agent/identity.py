@@ -2,16 +2,43 @@
 
 `identity.json` also mirrors the server time mark, so a lost journal does not
 reopen the clock-rewind window, and keeps the trust bundle last received.
+
+A renewal replaces the key and the certificate together (`replace_key_pair`),
+and two files cannot be renamed at once. The crash rule:
+
+1. `node.key.next` (0600) is written and fsynced, then `node.crt.next`;
+2. `node.key.next` is renamed over `node.key`, then `node.crt.next` over `node.crt`.
+
+So a `node.crt.next` on disk is always complete and pairs with `node.key.next`
+if that still exists, else with `node.key` (renamed already). `Identity.load`
+finishes such a half-done replacement (`finish_key_pair`): it renames the
+pending files into place when the pending certificate matches its key and
+(while node.key has not moved yet) names this node and identity generation
+and was issued by `ca.crt`; anything else pending (a lone `node.key.next`
+from a crash during step 1, or leftovers of an identity a `bc join --reset`
+replaced) is deleted and the old pair, still valid, stays. Either way the
+files on disk are a usable pair.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
+import logging
 import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bc.errors import UsageError
+from bc.errors import BcError, UsageError
+from bc.pki import keys
+from bc.pki.identity import peer_identity
+from bc.protocol.pb import common_pb2
+
+log = logging.getLogger("agent.identity")
+
+NEXT_SUFFIX = ".next"
 
 IDENTITY_FILE = "identity.json"
 
@@ -26,6 +53,16 @@ class Identity:
     server_time_mark_ms: int = 0
     trust_bundle_b64: str = ""
     files: dict[str, str] = field(default_factory=lambda: {"key": "node.key", "cert": "node.crt", "ca": "ca.crt"})
+    revoked: str = ""  # why the certificate was revoked; the agent does not dial with a revoked identity
+
+    def trust_bundle(self) -> common_pb2.TrustBundle:
+        b = common_pb2.TrustBundle()
+        if self.trust_bundle_b64:
+            b.ParseFromString(base64.b64decode(self.trust_bundle_b64))
+        return b
+
+    def set_trust_bundle(self, bundle: common_pb2.TrustBundle) -> None:
+        self.trust_bundle_b64 = base64.b64encode(bundle.SerializeToString(deterministic=True)).decode()
 
     @staticmethod
     def path(data_dir: Path) -> Path:
@@ -42,9 +79,11 @@ class Identity:
             raise UsageError(f"no node identity in {data_dir}; join first with `bc join --server ... --token ...`")
         try:
             doc = json.loads(p.read_text())
-            return Identity(**doc)
+            ident = Identity(**doc)
         except (ValueError, TypeError) as e:
             raise UsageError(f"the node identity {p} is unreadable: {e}") from None
+        finish_key_pair(data_dir, ident)
+        return ident
 
     def save(self, data_dir: Path) -> None:
         write_atomic(Identity.path(data_dir), (json.dumps(asdict(self), indent=2) + "\n").encode(), 0o600)
@@ -54,19 +93,88 @@ class Identity:
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write, fsync, rename, fsync the directory: the file is either old or new after a crash."""
+    """Write, fsync, rename, fsync the directory: the file is either old or new after a crash.
+
+    The temporary file has a name of its own (not `<name>.tmp`): the session and the renewer may
+    save identity.json at the same moment from two threads, and a shared name would mix them.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # created 0600
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:  # os.write may write less than asked
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _next(path: Path) -> Path:
+    return path.with_name(path.name + NEXT_SUFFIX)
+
+
+def _fsync_dir(path: Path) -> None:
+    dfd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def replace_key_pair(data_dir: Path, ident: Identity, key_pem: bytes, cert_pem: bytes) -> None:
+    """Replace node.key and node.crt so that a crash at any point leaves a usable pair (see the module doc)."""
+    key_path, cert_path = data_dir / ident.files["key"], data_dir / ident.files["cert"]
+    write_atomic(_next(key_path), key_pem, 0o600)
+    write_atomic(_next(cert_path), cert_pem, 0o644)  # from here on the new pair wins after a crash
+    os.replace(_next(key_path), key_path)
+    os.replace(_next(cert_path), cert_path)
+    _fsync_dir(data_dir)
+
+
+def finish_key_pair(data_dir: Path, ident: Identity) -> None:
+    """Complete or discard a replacement of node.key/node.crt that a crash interrupted (see the module doc)."""
+    key_path, cert_path = data_dir / ident.files["key"], data_dir / ident.files["cert"]
+    key_next, cert_next = _next(key_path), _next(cert_path)
+    if not key_next.exists() and not cert_next.exists():
+        return
+    key_moved = not key_next.exists()
+    pair_key = key_path if key_moved else key_next
+    if cert_next.exists() and _pending_pair_ok(data_dir, ident, cert_next, pair_key, key_moved=key_moved):
+        if key_next.exists():
+            os.replace(key_next, key_path)
+        os.replace(cert_next, cert_path)
+        log.warning("event=identity.pair-finished cert=%s", cert_path)
+    else:
+        for stale in (key_next, cert_next):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        log.warning("event=identity.pair-discarded cert=%s", cert_path)
+    _fsync_dir(data_dir)
+
+
+def _pending_pair_ok(data_dir: Path, ident: Identity, cert_path: Path, key_path: Path, *, key_moved: bool) -> bool:
+    """The pending certificate pairs with `key_path` and is this identity's, from this node's CA.
+
+    Once the key has moved (`key_moved`), the matching key is enough: node.key no longer pairs with
+    node.crt, so finishing is the only way to a usable pair, and leftovers of a replaced identity
+    cannot match the key a later join generated.
+    """
+    try:
+        cert = keys.load_cert_pem(cert_path.read_bytes())
+        key = keys.load_key_pem(key_path.read_bytes())
+        if cert.public_key() != key.public_key():
+            return False
+        if key_moved:
+            return True
+        peer = peer_identity(cert, keys.load_cert_pem((data_dir / ident.files["ca"]).read_bytes()))
+    except (OSError, BcError):
+        return False
+    return peer.kind == "node" and peer.name == ident.node_id and peer.identity_generation == ident.identity_generation

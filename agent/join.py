@@ -5,20 +5,29 @@
 2. Derive the token's client certificate from its secret and call `Join` over
    mutual TLS, with a CSR for a key generated here (it never leaves the host).
 3. Store `identity.json`, `node.key` (0600), `node.crt` and `ca.crt`.
+
+`bc join --reset --yes` first moves the old identity and journal aside
+(`reset_identity`): renamed with a `.reset-<UTC time>` suffix, never deleted,
+so a node whose key or certificate is lost for good can join again while the
+old files stay for whoever investigates. The journal goes too: `bc node`
+refuses a journal of another node id, and a re-join may get another id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import os
 import socket
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
 from cryptography import x509
 
-from agent.identity import Identity, write_atomic
+from agent.identity import IDENTITY_FILE, NEXT_SUFFIX, Identity, write_atomic
 from bc.clock import SystemClock
 from bc.errors import BcError, Unavailable, UsageError
 from bc.pki import keys, tokens
@@ -29,6 +38,10 @@ from bc.wire.status import status_to_error
 from bc.wire.stubs import join_pb2_grpc
 from bc.wire.tls import channel_credentials
 
+JOURNAL_FILE = "journal.db"
+_IDENTITY_FILES = ("node.key", "node.crt", "ca.crt")
+_JOURNAL_SUFFIXES = ("", "-wal", "-shm")
+
 
 @dataclass(frozen=True)
 class JoinResult:
@@ -36,6 +49,7 @@ class JoinResult:
     ca_fingerprint: str
     cert_not_after: float
     data_dir: Path
+    moved_aside: tuple[Path, ...] = ()
 
 
 def split_server(server: str) -> tuple[str, int]:
@@ -45,13 +59,16 @@ def split_server(server: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-async def join_node(server: str, token: str, data_dir: Path) -> JoinResult:
+async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = False) -> JoinResult:
+    """Join; with `reset`, the old identity and journal are moved aside once the server's CA checks out."""
     parsed = tokens.parse_token(token)
     host, port = split_server(server)
-    if Identity.exists(data_dir):
+    if not reset and Identity.exists(data_dir):
         ident = Identity.load(data_dir)
         raise UsageError(f"{data_dir} already holds the identity of node {ident.node_id}; use another --data-dir")
     ca_pem = await asyncio.to_thread(fetch_pinned_ca, host, port, parsed.ca_pin)
+    # After the pin check, so a mistyped --server or a token for another cluster leaves the old identity in place.
+    moved = await asyncio.to_thread(reset_identity, data_dir, SystemClock().now()) if reset else []
     join_key_pem, join_cert_pem = tokens.join_client_credentials(parsed, SystemClock())
     node_key = keys.generate_key()
     csr = make_csr(node_key, "pending")
@@ -77,7 +94,66 @@ async def join_node(server: str, token: str, data_dir: Path) -> JoinResult:
         trust_bundle_b64=base64.b64encode(resp.trust.SerializeToString()).decode(),
     )
     await asyncio.to_thread(_store_identity, data_dir, ident, node_key, resp.cert_pem, ca_pem)
-    return JoinResult(resp.node_id, parsed.ca_pin, cert.not_valid_after_utc.timestamp(), data_dir)
+    return JoinResult(resp.node_id, parsed.ca_pin, cert.not_valid_after_utc.timestamp(), data_dir, tuple(moved))
+
+
+def identity_files(data_dir: Path) -> list[Path]:
+    """The files a reset moves that exist: the identity (also its files named in identity.json) and the journal.
+
+    Files are listed even without identity.json: a join that crashed half-way leaves a key that a new join
+    would otherwise overwrite.
+    """
+    names = [IDENTITY_FILE, *_IDENTITY_FILES, *_named_files(data_dir)]
+    # A renewal's pending pair goes too: left behind, it could be taken for the new identity's.
+    names += [n + NEXT_SUFFIX for n in names[1:]]
+    names += [JOURNAL_FILE + suffix for suffix in _JOURNAL_SUFFIXES]
+    return [data_dir / n for n in dict.fromkeys(names) if (data_dir / n).is_file()]
+
+
+def _named_files(data_dir: Path) -> list[str]:
+    """The file names identity.json lists, read without `Identity.load` (which may complete a renewal on disk)."""
+    try:
+        files = json.loads(Identity.path(data_dir).read_text()).get("files", {})
+        return [str(n) for n in files.values()] if isinstance(files, dict) else []
+    except (OSError, ValueError, AttributeError):
+        return []  # no or unreadable identity.json: the default names are all we know
+
+
+def reset_identity(data_dir: Path, now: float) -> list[Path]:
+    """Rename the identity and journal files to `<name>.reset-<UTC time>`; returns the new paths.
+
+    identity.json goes first: without it the directory holds no identity, which is what a crash
+    half-way through should leave.
+    """
+    stamp = datetime.fromtimestamp(now, tz=UTC).strftime("%Y%m%dT%H%M%SZ")
+    files = identity_files(data_dir)
+    suffix = _free_suffix(files, f".reset-{stamp}")
+    moved = []
+    for path in files:
+        aside = path.with_name(path.name + suffix)
+        os.rename(path, aside)
+        moved.append(aside)
+    if moved:
+        _fsync_dir(data_dir)
+    return moved
+
+
+def _free_suffix(files: list[Path], base: str) -> str:
+    """`base`, or `base-2`, `base-3`…: two resets in one second must not rename over the first one's files."""
+    n = 1
+    while True:
+        suffix = base if n == 1 else f"{base}-{n}"
+        if not any(p.with_name(p.name + suffix).exists() for p in files):
+            return suffix
+        n += 1
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _store_identity(data_dir: Path, ident: Identity, node_key: keys.PrivateKey, cert_pem: bytes, ca_pem: bytes) -> None:

@@ -1,6 +1,6 @@
 """`bc node`: the agent. One asyncio process per host.
 
-Two loops share the agent's state:
+Three loops share the agent's state:
 
 * the session loop dials the gateway over mutual TLS, runs one session at a
   time through the I/O-free core, and redials with full-jitter back-off
@@ -8,7 +8,9 @@ Two loops share the agent's state:
 * the converge loop applies the spec held in the journal, section by section,
   on every new spec and every 10 s (the drift pass, which also re-reads the
   holds from the CDI directory), journals what it observed, and hands the
-  session the newest status report (latest wins).
+  session the newest status report (latest wins);
+* the renewal loop (`agent/renewal.py`) renews the node certificate at 60 % of
+  its life and then ends the session, so the redial presents the new one.
 
 The spec is enforced from the journal whether or not a gateway is reachable.
 """
@@ -16,7 +18,6 @@ The spec is enforced from the journal whether or not a gateway is reachable.
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import logging
 import random
@@ -36,7 +37,11 @@ from agent.hw.base import HardwareBackend, inventory_hash
 from agent.identity import Identity
 from agent.journal import Journal, JournalFull, StoredSpec
 from agent.kinds.base import KindContext
+from agent.node_key import NodeKey
+from agent.renewal import Renewer
+from agent.trust import AgentTrust, decide_bundle
 from bc import __version__
+from bc.aio import wait_event
 from bc.clock import Clock, SystemClock
 from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import CommandUpdate, GatewayMessage, NodeMessage
@@ -96,6 +101,12 @@ class Agent:
         self.connected = asyncio.Event()
         self.revoked_reason = ""
         self.pending_events: list[tuple[str, int, bytes]] = []
+        self.trust = AgentTrust(self.identity.trust_bundle())
+        self.node_key = NodeKey(self.data_dir / self.identity.files["key"])
+        self.spec_unusable = False
+        self._rejected_specs: set[tuple[int, bytes]] = set()
+        self.session: SessionRunner | None = None  # the session running now, so a renewal can end it
+        self.cert_renewals = 0
 
     async def open(self) -> None:
         self.journal = await Journal.open(self.data_dir / "journal.db", self.node_id)
@@ -106,6 +117,13 @@ class Agent:
         self.observed_generation = await self.journal.int_meta("observed_generation")
         self.server_inventory_hash = await self.journal.get_meta("server_inventory_hash")
         self.time_mark_ms = max(await self.journal.int_meta("server_time_mark_ms"), self.identity.server_time_mark_ms)
+        if self.stored is not None and self.trust.enforcing and not self.stored.signature:
+            # Stored before this node held roots: keep enforcing it (releasing holds would hurt workloads)
+            # but report no usable spec, so the next Welcome asks for a full, signed one.
+            log.warning(
+                "event=spec.unsigned-in-journal generation=%d; asking for a signed spec", self.stored.generation
+            )
+            self.spec_unusable = True
         cdi_dir = self.opts.cdi_dir or self.data_dir / "cdi"
         env_dir = self.opts.env_dir or self.data_dir / "allocations"
         self.convergers: dict[str, Converger] = {
@@ -134,7 +152,9 @@ class Agent:
             incarnation_id=self.incarnation_id,
             boot_id=self.boot_id,
             applied_generation=lambda: self.applied_generation,
-            server_now_ms=lambda: int(self.clock.now() * 1000) + self.offset_ms,
+            server_now_ms=self.server_now_ms,
+            signature_check=self._check_command_signature,
+            result_signer=self.node_key.attest_update,
         )
         await self.dispatcher.start()
         log.info(
@@ -146,6 +166,51 @@ class Agent:
             self.hw.describe(),
             cdi_dir,
         )
+
+    def server_now_ms(self) -> int:
+        return int(self.clock.now() * 1000) + self.offset_ms
+
+    def _check_command_signature(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
+        why = self.trust.check_command(cmd, self.server_now_ms() / 1000)
+        if why is None:
+            return None
+        log.error("event=command.bad-signature command=%s kind=%s why=%s", body.id, body.kind, why)
+        return f"BAD_SIGNATURE: {why}"
+
+    async def on_welcome_trust(self, e: sc.Welcomed) -> None:
+        """Hold a new trust bundle only as agent.trust allows; persist it in identity.json."""
+        ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
+        d = decide_bundle(self.trust.bundle, e.trust_envelope, e.trust, ca_pem, self.server_now_ms() / 1000)
+        if d.bundle is None:
+            if d.reason not in ("unchanged", "no bundle offered"):
+                log.warning("event=trust.bundle-refused reason=%s", d.reason)
+            return
+        self.trust.set(d.bundle)
+        self.identity.set_trust_bundle(d.bundle)
+        await asyncio.to_thread(self.identity.save, self.data_dir)
+        log.info(
+            "event=trust.bundle-updated roots=%d reason=%s",
+            len(d.bundle.command_signing_roots),
+            d.reason.replace(" ", "-"),
+        )
+
+    async def on_rejected_spec(self, e: sc.RejectedSpec) -> None:
+        """Logged and reported once per body; never applied."""
+        import hashlib
+        import json
+
+        key = (e.generation, hashlib.sha256(e.body).digest())
+        if key in self._rejected_specs:
+            return
+        self._rejected_specs.add(key)
+        log.error("event=spec.rejected generation=%d why=%s", e.generation, e.reason)
+        body = json.dumps({"generation": e.generation, "reason": e.reason}).encode()
+        ev = session_pb2.NodeEvent(type="spec.rejected", body=body)
+        try:
+            await self.journal.append_events([("spec.rejected", session_pb2.TRANSITION, ev.SerializeToString())])
+        except JournalFull:
+            log.error("event=journal.full dropped=spec.rejected")
+        self.outbox_changed.set()
 
     @property
     def applied_generation(self) -> int:
@@ -182,7 +247,7 @@ class Agent:
                     session_pb2.RESULT,
                     session_pb2.NodeEvent(
                         type=f"allocation.{kind}",
-                        report=session_pb2.AttestedReport(body=r.SerializeToString(deterministic=True)),
+                        report=self.node_key.sign_report(r.SerializeToString(deterministic=True)),
                     ).SerializeToString(),
                 )
             )
@@ -226,10 +291,7 @@ class Agent:
                 await self.dispatcher.maybe_sweep()
             except Exception:  # a converge pass must never kill the agent; the next pass retries
                 log.exception("event=converge.failed")
-            try:
-                await asyncio.wait_for(self.spec_changed.wait(), DRIFT_PASS_S)
-            except TimeoutError:
-                pass
+            await wait_event(self.spec_changed, DRIFT_PASS_S)
 
     # -- the session loop ----------------------------------------------
     async def session_loop(self) -> None:
@@ -240,21 +302,20 @@ class Agent:
                 welcomed = await self.one_session()
             except LinkClosed as e:
                 log.warning("event=session.ended code=%s details=%s", e.code, e.details)
-                if e.code == "UNAUTHENTICATED" and "revoked" in e.details:
+                if e.code == "UNAUTHENTICATED" and ("revoked" in e.details or "older identity" in e.details):
                     self.revoked_reason = e.details
             except (OSError, grpc.aio.AioRpcError) as e:
                 log.warning("event=session.failed error=%s", e)
             if self.revoked_reason:
                 log.error("event=agent.revoked reason=%s; not redialing with this certificate", self.revoked_reason)
+                self.identity.revoked = self.revoked_reason
+                await asyncio.to_thread(self.identity.save, self.data_dir)
                 self.stopped.set()
                 return
             attempt = 0 if welcomed else attempt + 1
             delay = backoff_delay(attempt, self.rng)
             log.info("event=session.redial attempt=%d delay_s=%.2f", attempt, delay)
-            try:
-                await asyncio.wait_for(self.stopped.wait(), delay)
-            except TimeoutError:
-                pass
+            await wait_event(self.stopped, delay)
 
     def _channel(self) -> grpc.aio.Channel:
         ident = self.identity
@@ -274,6 +335,7 @@ class Agent:
 
     async def one_session(self) -> bool:
         """Run one session to its end; True if it was welcomed (the back-off then starts over)."""
+        renewals = self.cert_renewals
         async with self._channel() as channel:
             # Our back-off owns redialing: a channel that cannot connect in time is dropped and redialed,
             # rather than left to grpc's own reconnect back-off (which grows to minutes).
@@ -281,15 +343,55 @@ class Agent:
                 await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
             except TimeoutError:
                 raise LinkClosed("UNAVAILABLE", f"cannot connect to {self.identity.server}") from None
+            if self.cert_renewals != renewals:
+                return True  # renewed while this channel dialed with the old pair: redial with the new one
             call = session_pb2_grpc.NodeSessionStub(channel).Session()
             link: Link[GatewayMessage, NodeMessage] = GrpcClientLink(call)
-            return await SessionRunner(self, link).run()
+            runner = SessionRunner(self, link)
+            self.session = runner
+            try:
+                return await runner.run()
+            finally:
+                self.session = None
+
+    # -- certificate renewal -------------------------------------------
+    async def renewal_loop(self) -> None:
+        renewer = Renewer(
+            self.data_dir,
+            self.identity,
+            self.clock,
+            self.rng,
+            on_renewed=self.on_cert_renewed,
+            on_trust=self.trust.set,
+            server_offset_ms=lambda: self.offset_ms,
+        )
+        await renewer.run()
+
+    def on_cert_renewed(self) -> None:
+        """Move the session to the new certificate: end it, and the redial reads the new pair (`_channel`).
+
+        The gateway closes a session whose certificate expires, so waiting for the session to end by
+        itself is not enough; the session ends as if the gateway closed it cleanly (welcomed, so the
+        redial comes at once, under a second of jitter).
+        """
+        self.cert_renewals += 1
+        if self.session is not None:
+            log.info("event=session.rotate reason=certificate-renewed")
+            self.session.done.set()
 
     async def run(self) -> None:
+        if self.identity.revoked:
+            from bc.errors import Unauthenticated
+
+            raise Unauthenticated(
+                f"this node's certificate was revoked ({self.identity.revoked}); it will not dial with it again."
+                " Join again: bc join --reset --yes, then bc join"
+            )
         await self.open()
         tasks = [
             asyncio.create_task(self.session_loop(), name="session"),
             asyncio.create_task(self.converge_loop(), name="converge"),
+            asyncio.create_task(self.renewal_loop(), name="renewal"),
         ]
         try:
             await self.stopped.wait()
@@ -313,13 +415,15 @@ class SessionRunner:
             boot_id=a.hw.boot_id(),
             journal_id=a.journal.journal_id,
             incarnation_id=a.incarnation_id,
-            applied_generation=a.applied_generation,
-            applied_spec_hash=a.applied_spec_hash,
+            applied_generation=0 if a.spec_unusable else a.applied_generation,
+            applied_spec_hash="" if a.spec_unusable else a.applied_spec_hash,
             time_mark_ms=a.time_mark_ms,
             capabilities=["devices.cdi"],
             inventory_hash=a.inventory_hash,
         )
         self.core.applied_spec = a.spec if a.stored else None
+        self.core.spec_check = a.trust.check_spec
+        self.core.need_spec = a.spec_unusable or a.stored is None
         self.core.inventory = a.inventory
         self.core.server_inventory_hash = a.server_inventory_hash
         self.sent_event_seq = 0
@@ -331,7 +435,9 @@ class SessionRunner:
 
     async def run(self) -> bool:
         a = self.agent
-        unacked = [CommandUpdate.FromString(b) for _id, b in await a.journal.unacked_results()]
+        unacked = [
+            a.node_key.attest_update(CommandUpdate.FromString(b)) for _id, b in await a.journal.unacked_results()
+        ]
         hello = self.core.hello(a.clock.monotonic(), __version__, unacked, await a.dispatcher.running_ids())
         await asyncio.wait_for(self.link.send(hello), sc.WELCOME_TIMEOUT_S)
         reader = asyncio.create_task(self._read(), name="session-read")
@@ -381,9 +487,10 @@ class SessionRunner:
                     await a.journal.set_meta("server_inventory_hash", e.inventory_hash)
                 self.sent_inventory_hash = e.inventory_hash
                 a.connected.set()
-                if e.trust.ByteSize():
-                    a.identity.trust_bundle_b64 = base64.b64encode(e.trust.SerializeToString()).decode()
                 a.offset_ms = e.offset_ms
+                await a.on_welcome_trust(e)
+                await a.journal.set_meta("clock_offset_ms", str(e.offset_ms))
+                await a.journal.set_meta("clock_offset_at_ms", str(int(a.clock.now() * 1000)))
                 a.dispatcher.sender = self.link.send
                 log.info(
                     "event=session.welcomed epoch=%d offset_ms=%d heartbeat_s=%.1f",
@@ -417,11 +524,14 @@ class SessionRunner:
                 )
                 await a.journal.store_spec(stored)
                 a.stored, a.spec = stored, e.spec
+                a.spec_unusable = False
                 log.info("event=spec.accepted generation=%d hash=%s", e.generation, e.spec_hash)
                 a.spec_changed.set()
                 await a.dispatcher.on_spec_applied()
             elif isinstance(e, sc.IgnoredSpec):
                 log.info("event=spec.ignored reason=%s", e.reason)
+            elif isinstance(e, sc.RejectedSpec):
+                await a.on_rejected_spec(e)
             elif isinstance(e, sc.AckEvents):
                 n = await a.journal.ack_events(e.upto_seq)
                 log.debug("event=events.acked upto=%d dropped=%d", e.upto_seq, n)
@@ -440,10 +550,7 @@ class SessionRunner:
                 await self._flush_events()
                 await self._flush_status()
                 await a.dispatcher.expire_deferred()
-            try:
-                await asyncio.wait_for(a.outbox_changed.wait(), 1.0)
-            except TimeoutError:
-                pass
+            await wait_event(a.outbox_changed, 1.0)
 
     async def _flush_events(self) -> None:
         events = [e for e in await self.agent.journal.unacked_events() if e.seq > self.sent_event_seq]

@@ -17,7 +17,10 @@ Rules it enforces:
   more than 5 minutes before the mark is refused: a gateway cannot wind the
   node's clock back into an expired signer's window.
 * A DesiredState body for another node, or with a generation not above the
-  one held, is ignored. A patch whose base is not the applied generation is
+  one held, is ignored. One that would be applied must pass `spec_check`
+  (the signature, once the node holds command-signing roots), else it is
+  rejected and not applied. A node whose held spec is unusable asks for a
+  full one with SpecRequest(NO_SPEC) as soon as it is welcomed. A patch whose base is not the applied generation is
   answered with SpecRequest(PATCH_BASE_MISMATCH). The spec hash is echoed,
   never recomputed.
 * Ack for this journal drops acknowledged events; an Ack for another
@@ -29,6 +32,7 @@ Rules it enforces:
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
@@ -65,6 +69,7 @@ class Welcomed:
     heartbeat_interval_s: float
     trust: common_pb2.TrustBundle
     inventory_hash: str
+    trust_envelope: common_pb2.Envelope | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,15 @@ class AcceptSpec:
 @dataclass(frozen=True)
 class IgnoredSpec:
     reason: str
+
+
+@dataclass(frozen=True)
+class RejectedSpec:
+    """A spec that would have been applied but whose signature does not hold: logged, reported, not applied."""
+
+    generation: int
+    reason: str
+    body: bytes
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,7 @@ Effect = (
     | Welcomed
     | AcceptSpec
     | IgnoredSpec
+    | RejectedSpec
     | AckEvents
     | AckResults
     | DeliverCommand
@@ -168,6 +183,10 @@ class AgentSessionCore:
     applied_spec: spec_pb2.NodeSpec | None = None
     inventory: common_pb2.Inventory | None = None  # sent in Hello only when the server's hash differs
     server_inventory_hash: str = ""
+    # The signature check for specs (agent.trust): envelope and server time in seconds -> why it fails, or None.
+    spec_check: Callable[[common_pb2.Envelope, float], str | None] | None = None
+    # The held spec was unusable (missing, or unsigned while roots are held): ask for a full one once welcomed.
+    need_spec: bool = False
 
     def hello(
         self,
@@ -212,7 +231,7 @@ class AgentSessionCore:
         if kind == "heartbeat":
             return self._server_time(msg.heartbeat.server_time_ms, local_wall_ms)
         if kind == "desired_state":
-            return self._desired_state(msg.desired_state)
+            return self._desired_state(msg.desired_state, local_wall_ms)
         if kind == "ack":
             out: list[Effect] = []
             if msg.ack.command_ids:
@@ -246,9 +265,19 @@ class AgentSessionCore:
         self.offset_ms = w.server_time_ms - local_wall_ms
         self.server_inventory_hash = w.inventory_hash
         out: list[Effect] = [
-            Welcomed(w.session_epoch, self.offset_ms, self.heartbeat_interval_s, w.trust, w.inventory_hash)
+            Welcomed(
+                w.session_epoch,
+                self.offset_ms,
+                self.heartbeat_interval_s,
+                w.trust,
+                w.inventory_hash,
+                w.trust_envelope if w.HasField("trust_envelope") else None,
+            )
         ]
         out.extend(self._server_time(w.server_time_ms, local_wall_ms))
+        if self.need_spec:
+            reason = session_pb2.SpecRequest.NO_SPEC
+            out.append(Send(NodeMessage(spec_request=session_pb2.SpecRequest(have_generation=0, reason=reason))))
         return out
 
     def _server_time(self, server_time_ms: int, local_wall_ms: int) -> list[Effect]:
@@ -260,7 +289,7 @@ class AgentSessionCore:
             return [AdvanceTimeMark(server_time_ms)]
         return []
 
-    def _desired_state(self, ds: session_pb2.DesiredState) -> list[Effect]:
+    def _desired_state(self, ds: session_pb2.DesiredState, local_wall_ms: int) -> list[Effect]:
         body = session_pb2.DesiredStateBody()
         try:
             body.ParseFromString(ds.envelope.body)
@@ -280,6 +309,11 @@ class AgentSessionCore:
             ]
         if isinstance(decided, str):
             return [IgnoredSpec(decided)]
+        if self.spec_check is not None:
+            why = self.spec_check(ds.envelope, self.server_now_ms(local_wall_ms) / 1000)
+            if why is not None:
+                return [RejectedSpec(body.generation, why, ds.envelope.body)]
+        self.need_spec = False
         self.applied_generation = body.generation
         self.applied_spec_hash = body.spec_hash
         self.applied_spec = decided

@@ -2,7 +2,9 @@
 
 Starts `bc serve` on the embedded store, joins three fake-hardware nodes with
 one-time tokens, places a GPU hold, shows it reach its node as a CDI spec and
-the generations converge, releases it, and prints a summary. Everything runs
+the generations converge, releases it, runs commands on every lane, shows a
+forged command refused by its node (every command and spec is signed) and a
+node revoked and ejected, and prints a summary. Everything runs
 as subprocesses of the installed `bc`, in `.demo/` (kept afterwards for a look
 at the logs and files), and every wait has a deadline.
 """
@@ -115,6 +117,53 @@ class Tour:
     def _converged_fn(self, node_id: str) -> Callable[[], bool]:
         return lambda: self.converged(node_id)
 
+    def forge_command(self, node_id: str, gpu_uuid: str) -> str:
+        """What an attacker with write access to the store, but no worker key, could do: queue a command
+        whose body is their own and whose signature is copied from a genuine one."""
+        import sqlite3
+
+        from google.protobuf import any_pb2
+
+        from bc.ids import ulid
+        from bc.protocol.pb import kinds_pb2, session_pb2
+
+        db = sqlite3.connect(self.root / "server" / "bc.db", timeout=10, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            sig, key_id = db.execute(
+                "SELECT signature, signer_key_id FROM commands WHERE node_id = ? AND signature IS NOT NULL LIMIT 1",
+                (node_id,),
+            ).fetchone()
+            (seq,) = db.execute(
+                "UPDATE nodes SET next_cmd_seq = next_cmd_seq + 1 WHERE node_id = ? RETURNING next_cmd_seq - 1",
+                (node_id,),
+            ).fetchone()
+            now_ms = int(time.time() * 1000)
+            cid = ulid(now_ms / 1000)
+            payload = any_pb2.Any()
+            payload.Pack(kinds_pb2.GpuResetRequest(gpu_uuids=[gpu_uuid]))
+            body = session_pb2.CommandBody(
+                id=cid,
+                node_id=node_id,
+                seq=seq,
+                kind="gpu.reset",
+                payload=payload,
+                lane=session_pb2.CONTROL,
+                not_after_ms=now_ms + 600_000,
+                idempotency_key=f"forged:{cid}",
+                attested=True,
+            ).SerializeToString(deterministic=True)
+            db.execute(
+                "INSERT INTO commands (id, node_id, seq, kind, lane, body, signature, signer_key_id, state,"
+                " not_after_ms, idempotency_key, attested, created_at_ms, updated_at_ms)"
+                " VALUES (?, ?, ?, 'gpu.reset', 'control', ?, ?, ?, 'pending', ?, ?, 1, ?, ?)",
+                (cid, node_id, seq, body, sig, key_id, now_ms + 600_000, f"forged:{cid}", now_ms, now_ms),
+            )
+            db.execute("COMMIT")
+        finally:
+            db.close()
+        return cid
+
     def stop(self) -> None:
         for p in self.procs.values():
             if p.poll() is None:
@@ -151,6 +200,8 @@ class Tour:
         for node_id, _ in NODES:
             self.wait(f"{node_id} to connect and converge", self._converged_fn(node_id))
         self.bc("nodes", show=True)
+        self.say("every command and spec is signed by a worker key the nodes' trust bundle roots")
+        self.bc("pki", "show", show=True)
 
         self.say("a 2-GPU hold on n1: placed, booked, and delivered as a new generation")
         t_res = time.monotonic()
@@ -209,6 +260,27 @@ class Tour:
             "reports it interrupted and never runs it again"
         )
         self.bc("cmd", "list", show=True)
+
+        self.say("signed intent: a forged gpu.reset, written straight into the store, is refused by the node")
+        forged = self.forge_command("n1", self.node("n1")["inventory"]["gpus"][0]["uuid"])
+        print(f"queued {forged} in the store with a stolen signature (no worker key): the gateway relays it verbatim")
+        refused = self.wait("the node's answer", lambda: self._settled(forged))
+        from agent.hw.fake import FakeHardware
+
+        resets = FakeHardware.read_resets(self.root / "n1")
+        if resets:
+            raise DemoFailed(f"a forged command reset GPUs on n1: {resets}")
+        print(f"n1 answered: {refused['state']} {refused['reason']}; its GPU reset count is still {resets or 0}")
+        self.bc("events", "--type", "security.", show=True)
+
+        self.say("revoke n3: its session ends within seconds and its agent stops dialing")
+        t_rev = time.monotonic()
+        self.bc("nodes", "revoke", "n3", "--reason", "demo: decommissioned", show=True)
+        self.wait("n3 to be out", lambda: self.node("n3")["state"] != "connected", timeout=10)
+        revoked_s = time.monotonic() - t_rev
+        self.wait("n3's agent to exit", lambda: self.procs["n3"].poll() is not None, timeout=15)
+        print(f"n3 out after {revoked_s:.1f} s; its agent exited with {self.procs['n3'].returncode}")
+        self.bc("nodes", show=True)
         events = self.bcj("events", "--limit", "1000")
         return {
             "nodes": len(NODES),
@@ -218,6 +290,8 @@ class Tour:
             "commands": len(self.bcj("cmd", "list", "--limit", "1000")),
             "interrupted_reset": f"{final['state']} {final['reason']}",
             "reboot": f"{reboot['state']} {reboot['reason']}",
+            "forged_command": f"{refused['state']} {refused['reason']}",
+            "revoked_node_out_s": round(revoked_s, 1),
             "elapsed_s": round(time.monotonic() - t0, 1),
             "lab": str(self.root),
         }

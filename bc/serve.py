@@ -25,14 +25,16 @@ from bc.api.session_servicer import SessionServicer
 from bc.clock import Clock, SystemClock
 from bc.config import OperatorConfig, user_config_path
 from bc.control.bus import Bus
+from bc.control.clock_skew import ClockSkewMonitor
+from bc.control.intent import Intent
 from bc.control.liveness import Liveness, LivenessConfig
 from bc.control.sweeper import CommandSweeper
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
+from bc.pki.signing import WORKER_ROTATE_BEFORE_S, SigningKeys
 from bc.pki.tokens import ROOT_GRACE_S
-from bc.protocol.pb import common_pb2
 from bc.store import Store, StoreError, open_store
 from bc.store import identity as id_sql
 from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, session_pb2_grpc
@@ -49,6 +51,8 @@ class ServeOptions:
     heartbeat_interval_s: float = 10.0
     lease_ttl_s: float = 40.0
     unreachable_grace_s: float = 120.0
+    command_signing: str | None = None  # "on" | "off" | None: on for a new install, as found otherwise
+    node_cert_ttl_s: int = 24 * 3600  # hidden --node-cert-ttl: tests shorten it to see renewals; at most 24 h
 
 
 def _host_port(listen: str) -> tuple[str, int]:
@@ -104,6 +108,7 @@ class Server:
         self.grpc_server: grpc.aio.Server | None = None
         self.port = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._rotate_at_start = False
 
     async def start(self) -> None:
         data_dir = self.opts.data_dir
@@ -117,7 +122,10 @@ class Server:
         server_key = keys.generate_key()
         hosts = sorted({host, *self.opts.advertise, socket.gethostname()} - {"0.0.0.0", "::"})
         server_cert = ca.issue_server_cert(hosts, server_key)
-        self.trust = common_pb2.TrustBundle(ca_pem=ca.ca_pem)
+        self.intent = Intent(self._signing_keys(data_dir / "pki", created), ca.ca_pem)
+        self.bus.intent = self.intent
+        await self.intent.register(self.store)
+        self.trust = self.intent.trust_bundle()
         self.tls = ServerTLS(keys.key_to_pem(server_key), keys.cert_to_pem(server_cert) + ca.ca_pem, ca.ca_pem)
         await self._refresh_token_roots()
         self.bus.on_token_created(self.tls.add_token_root)
@@ -131,6 +139,8 @@ class Server:
             GatewayConfig(heartbeat_interval_s=self.opts.heartbeat_interval_s),
         )
         await self.gateway.renew_lease()
+        if self._rotate_at_start:
+            await self.intent.rotate(self.store, self.bus, self.clock)
         self.liveness = Liveness(
             self.store,
             self.bus,
@@ -149,7 +159,9 @@ class Server:
             ]
         )
         session_pb2_grpc.add_NodeSessionServicer_to_server(SessionServicer(self.gateway, ca.certificate), server)
-        join_pb2_grpc.add_JoinServicer_to_server(JoinServicer(self.store, self.bus, ca, self.trust), server)
+        join_pb2_grpc.add_JoinServicer_to_server(
+            JoinServicer(self.store, self.bus, ca, self.trust, node_cert_ttl_s=self.opts.node_cert_ttl_s), server
+        )
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.store, self.bus, ca, self.clock, self.gateway_id), server
         )
@@ -166,10 +178,13 @@ class Server:
         self.address = _client_address(host, self.port)
         self.operator_config = _write_operator_config(data_dir, ca, self.address)
         self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
+        self._tasks.append(asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"))
         self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))
         self._tasks.append(asyncio.create_task(self._token_roots_loop(), name="token-roots"))
         self.sweeper = CommandSweeper(self.store, self.bus, self.gateway_id)
         self._tasks.append(asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"))
+        self.clock_skew = ClockSkewMonitor(self.store, self.clock)
+        self._tasks.append(asyncio.create_task(self.clock_skew.run(), name="clock-skew"))
         log.info(
             "event=serve.started listen=%s store=%s gateway=%s ca=%s operator_config=%s",
             self.address,
@@ -178,6 +193,31 @@ class Server:
             ca.fingerprint,
             self.operator_config,
         )
+
+    def _signing_keys(self, pki_dir: Path, new_install: bool) -> SigningKeys | None:
+        """Command signing is on for a new install unless asked otherwise; once on, it stays on.
+
+        Nodes that hold the root refuse unsigned intent, so turning signing off
+        would silently strand them: that takes a new install.
+        """
+        wanted = self.opts.command_signing
+        if SigningKeys.exists(pki_dir):
+            if wanted == "off":
+                raise UsageError(
+                    "command signing is on for this install and its nodes hold the signing root;"
+                    " it cannot be turned off (start without --command-signing off)"
+                )
+            sk = SigningKeys.load(pki_dir)
+            if sk.worker.not_after - self.clock.now() < WORKER_ROTATE_BEFORE_S:
+                self._rotate_at_start = True
+            return sk
+        if wanted == "on" or (wanted is None and new_install):
+            sk = SigningKeys.create(pki_dir, self.clock)
+            log.info("event=pki.signing-created root=%s worker=%s", keys.fingerprint(sk.root), sk.worker.key_id)
+            return sk
+        if wanted is None:
+            log.warning("event=pki.signing-off hint='start once with --command-signing on to sign commands and specs'")
+        return None
 
     async def _refresh_token_roots(self) -> None:
         assert self.store is not None

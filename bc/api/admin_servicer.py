@@ -10,15 +10,16 @@ import grpc
 from bc import __version__
 from bc.api.peers import peer_of
 from bc.clock import Clock
-from bc.control import commands, identity, reservations, specs, views
+from bc.control import commands, identity, node_admin, reservations, specs, views
 from bc.control.bus import Bus
-from bc.errors import BcError, NotFound
+from bc.errors import BcError, NotFound, UsageError
 from bc.pki.ca import CertificateAuthority
 from bc.protocol.pb import admin_pb2
 from bc.store import Row, Store
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
+from bc.store import revocation as rev_sql
 from bc.wire.status import abort_with
 from bc.wire.stubs import admin_pb2_grpc
 
@@ -63,7 +64,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             now_ms = await self.store.now_ms()
             async with self.store.transaction(write=False) as tx:
                 rows = await nodes_sql.list_all(tx)
-            return admin_pb2.ListNodesResponse(nodes=[views.node_info(r, now_ms, detail=False) for r in rows])
+                certs = await rev_sql.cert_states(tx)
+            return admin_pb2.ListNodesResponse(
+                nodes=[views.node_info(r, now_ms, detail=False, certs=certs.get(str(r["node_id"]))) for r in rows]
+            )
 
         return await self._call(context, go)
 
@@ -72,9 +76,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             now_ms = await self.store.now_ms()
             async with self.store.transaction(write=False) as tx:
                 row = await nodes_sql.get(tx, request.node_id)
+                certs = await rev_sql.cert_states(tx)
             if row is None:
                 raise NotFound(f"no node named {request.node_id!r}")
-            return views.node_info(row, now_ms, detail=True)
+            return views.node_info(row, now_ms, detail=True, certs=certs.get(request.node_id))
 
         return await self._call(context, go)
 
@@ -247,5 +252,76 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         async def go() -> admin_pb2.CommandInfo:
             row = await commands.request_cancel(self.store, self.bus, request.command_id, request.reason)
             return await self._command_info(row)
+
+        return await self._call(context, go)
+
+    # -- node lifecycle and PKI ------------------------------------------------------
+
+    async def _node_info(self, node_id: str) -> admin_pb2.NodeInfo:
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction(write=False) as tx:
+            row = await nodes_sql.get(tx, node_id)
+            certs = await rev_sql.cert_states(tx)
+        if row is None:
+            raise NotFound(f"no node named {node_id!r}")
+        return views.node_info(row, now_ms, detail=False, certs=certs.get(node_id))
+
+    async def RevokeNode(
+        self, request: admin_pb2.RevokeNodeRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.NodeInfo:
+        async def go() -> admin_pb2.NodeInfo:
+            await node_admin.revoke(self.store, self.bus, request.node_id, request.reason)
+            return await self._node_info(request.node_id)
+
+        return await self._call(context, go)
+
+    async def CordonNode(
+        self, request: admin_pb2.CordonNodeRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.NodeInfo:
+        async def go() -> admin_pb2.NodeInfo:
+            await node_admin.cordon(self.store, self.bus, request.node_id, request.cordon)
+            return await self._node_info(request.node_id)
+
+        return await self._call(context, go)
+
+    async def DeleteNode(
+        self, request: admin_pb2.GetNodeRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DeleteNodeResponse:
+        async def go() -> admin_pb2.DeleteNodeResponse:
+            serials = await node_admin.delete(self.store, self.bus, request.node_id)
+            return admin_pb2.DeleteNodeResponse(node_id=request.node_id, revoked_certificates=len(serials))
+
+        return await self._call(context, go)
+
+    def _pki_info(self) -> admin_pb2.PkiInfo:
+        intent = self.bus.intent
+        info = admin_pb2.PkiInfo(
+            ca_fingerprint=self.ca.fingerprint,
+            ca_not_after_ms=int(self.ca.certificate.not_valid_after_utc.timestamp() * 1000),
+            command_signing=bool(intent and intent.enabled),
+            attested_bindings=bool(intent and intent.attested),
+        )
+        if intent is not None and intent.keys is not None:
+            root, worker = intent.keys.root, intent.keys.worker
+            info.roots.append(views.signing_key_info(root))
+            info.worker.CopyFrom(views.signing_key_info(worker.cert))
+        return info
+
+    async def GetPki(self, request: admin_pb2.GetPkiRequest, context: grpc.aio.ServicerContext) -> admin_pb2.PkiInfo:
+        async def go() -> admin_pb2.PkiInfo:
+            return self._pki_info()
+
+        return await self._call(context, go)
+
+    async def RotateSigningKey(
+        self, request: admin_pb2.GetPkiRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.PkiInfo:
+        async def go() -> admin_pb2.PkiInfo:
+            if self.bus.intent is None:
+                raise UsageError("command signing is off on this server; there is no worker key to rotate")
+            specs_n, cmds_n = await self.bus.intent.rotate(self.store, self.bus, self.clock)
+            info = self._pki_info()
+            info.resigned_specs, info.resigned_commands = specs_n, cmds_n
+            return info
 
         return await self._call(context, go)

@@ -1,4 +1,8 @@
-"""Join.Join: the caller's TLS leaf was issued by a join token's key; the token becomes a certificate."""
+"""Join.Join and Join.Renew.
+
+Join: the caller's TLS leaf was issued by a join token's key; the token becomes a certificate.
+Renew: the caller's TLS leaf is its current node certificate; a proof by that key gets a new one.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from cryptography.x509.oid import NameOID
 
 from bc.control import identity
 from bc.control.bus import Bus
+from bc.control.identity import NODE_CERT_TTL_S
 from bc.errors import BcError, Unauthenticated, UsageError
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import join_leaf_identity
@@ -21,8 +26,17 @@ from bc.wire.tls import peer_cert_from_context
 
 
 class JoinServicer(join_pb2_grpc.JoinServicer):
-    def __init__(self, store: Store, bus: Bus, ca: CertificateAuthority, trust: common_pb2.TrustBundle) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: Bus,
+        ca: CertificateAuthority,
+        trust: common_pb2.TrustBundle,
+        *,
+        node_cert_ttl_s: int = NODE_CERT_TTL_S,
+    ) -> None:
         self.store, self.bus, self.ca, self.trust = store, bus, ca, trust
+        self.node_cert_ttl_s = node_cert_ttl_s
 
     async def _token_id(self, context: grpc.aio.ServicerContext) -> str:
         cert = peer_cert_from_context(context)
@@ -46,11 +60,19 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             token_id = await self._token_id(context)
             if not request.csr_der:
                 raise UsageError("the join request carries no CSR")
-            joined = await identity.join(self.store, self.bus, self.ca, token_id, request.csr_der, request.hostname)
+            joined = await identity.join(
+                self.store,
+                self.bus,
+                self.ca,
+                token_id,
+                request.csr_der,
+                request.hostname,
+                ttl_s=self.node_cert_ttl_s,
+            )
         except BcError as e:
             await abort_with(context, e)
             raise  # unreachable: abort raises
-        return join_pb2.JoinResponse(
+        resp = join_pb2.JoinResponse(
             node_id=joined.node_id,
             role=joined.role,
             cert_pem=joined.cert_pem,
@@ -58,7 +80,32 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             trust=self.trust,
             identity_generation=joined.identity_generation,
         )
+        signed = self.bus.intent.trust_envelope() if self.bus.intent is not None else None
+        if signed is not None:
+            resp.trust_envelope.CopyFrom(signed)
+        return resp
 
     async def Renew(self, request: join_pb2.RenewRequest, context: grpc.aio.ServicerContext) -> join_pb2.RenewResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "certificate renewal is not available on this server yet")
-        raise AssertionError("unreachable")
+        try:
+            cert = peer_cert_from_context(context)
+            if cert is None:
+                raise Unauthenticated("renewal needs the node's current certificate")
+            if not request.csr_der or not request.proof:
+                raise UsageError("the renewal request needs a CSR and a proof of possession")
+            renewed = await identity.renew(
+                self.store,
+                self.bus,
+                self.ca,
+                cert,
+                request.csr_der,
+                request.timestamp_ms,
+                request.proof,
+                ttl_s=self.node_cert_ttl_s,
+            )
+        except BcError as e:
+            await abort_with(context, e)
+        resp = join_pb2.RenewResponse(cert_pem=renewed.cert_pem, trust=self.trust)
+        signed = self.bus.intent.trust_envelope() if self.bus.intent is not None else None
+        if signed is not None:  # the same signed bundle Join and Welcome carry
+            resp.trust_envelope.CopyFrom(signed)
+        return resp

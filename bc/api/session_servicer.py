@@ -24,6 +24,9 @@ class SessionServicer(session_pb2_grpc.NodeSessionServicer):
     ) -> None:
         try:
             peer = peer_of(context, self.ca_cert, "node")
+            # grpcio cannot consult our revocation list during the TLS handshake, so a revoked serial is
+            # refused here, before the stream carries a single frame (the Hello transaction checks again).
+            await self.gateway.refuse_revoked(peer.serial)
         except BcError as e:
             code, msg = error_to_status(e)
             await context.abort(code, msg)

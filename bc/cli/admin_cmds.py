@@ -108,10 +108,72 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
             n.applied_generation,
             n.observed_generation,
             format_age(n.last_seen_age_ms),
+            _flags(n),
         )
         for n in infos
     ]
-    click.echo(render_table(("NODE", "ROLE", "STATE", "GEN", "APPLIED", "OBSERVED", "LAST SEEN"), rows))
+    click.echo(render_table(("NODE", "ROLE", "STATE", "GEN", "APPLIED", "OBSERVED", "LAST SEEN", "FLAGS"), rows))
+
+
+def _flags(n: admin_pb2.NodeInfo) -> str:
+    flags = [f for f, on in (("revoked", n.revoked), ("cordoned", n.cordoned)) if on]
+    return ",".join(flags) or "-"
+
+
+@nodes.command("revoke")
+@click.argument("node_id", metavar="NODE")
+@click.option("--reason", default="", help="Why (stored with the revocation and sent to the node).")
+@json_option
+def nodes_revoke(node_id: str, reason: str, as_json: bool) -> None:
+    """Revoke every certificate of NODE: its session ends within seconds and it cannot reconnect.
+
+    Nothing the node holds is released; to bring the host back, join it again
+    with a new token (`bc join --reset --yes` on the host).
+    """
+    info = call_admin(lambda c: c.revoke_node(node_id, reason=reason))
+    if as_json:
+        echo_json(message_to_json(info))
+        return
+    click.echo(f"revoked the certificates of {node_id}; its session ends within seconds")
+
+
+@nodes.command("cordon")
+@click.argument("node_id", metavar="NODE")
+@json_option
+def nodes_cordon(node_id: str, as_json: bool) -> None:
+    """Stop placing new reservations on NODE (what runs there keeps running)."""
+    info = call_admin(lambda c: c.cordon_node(node_id, True))
+    if as_json:
+        echo_json(message_to_json(info))
+        return
+    click.echo(f"cordoned {node_id}")
+
+
+@nodes.command("uncordon")
+@click.argument("node_id", metavar="NODE")
+@json_option
+def nodes_uncordon(node_id: str, as_json: bool) -> None:
+    """Place reservations on NODE again."""
+    info = call_admin(lambda c: c.cordon_node(node_id, False))
+    if as_json:
+        echo_json(message_to_json(info))
+        return
+    click.echo(f"uncordoned {node_id}")
+
+
+@nodes.command("delete")
+@click.argument("node_id", metavar="NODE")
+@click.option("--yes", is_flag=True, help="Really delete: the node, its commands and its history go.")
+@json_option
+def nodes_delete(node_id: str, yes: bool, as_json: bool) -> None:
+    """Delete a cordoned NODE with no live reservation; its certificates are revoked."""
+    if not yes:
+        raise UsageError(f"deleting {node_id} removes it, its commands and its events; add --yes to go ahead")
+    resp = call_admin(lambda c: c.delete_node(node_id))
+    if as_json:
+        echo_json(message_to_json(resp))
+        return
+    click.echo(f"deleted {node_id} ({resp.revoked_certificates} certificate(s) revoked)")
 
 
 @nodes.command("show")
@@ -141,6 +203,7 @@ def render_node(n: admin_pb2.NodeInfo) -> str:
         ("boot id", n.boot_id),
         ("journal id", n.journal_id),
         ("cordoned", "yes" if n.cordoned else "no"),
+        ("certificate", _cert_line(n)),
         ("labels", ", ".join(f"{k}={v}" for k, v in sorted(n.labels.items()))),
         ("capabilities", ", ".join(n.capabilities)),
     ]
@@ -157,6 +220,14 @@ def render_node(n: admin_pb2.NodeInfo) -> str:
     if n.HasField("inventory"):
         parts.append(render_inventory(n.inventory))
     return "\n\n".join(parts)
+
+
+def _cert_line(n: admin_pb2.NodeInfo) -> str:
+    if n.revoked:
+        return f"revoked ({n.revoke_reason})"
+    if not n.cert_not_after_ms:
+        return "-"
+    return f"valid until {format_time_ms(n.cert_not_after_ms)}"
 
 
 def _section_state(state: int) -> str:
@@ -381,4 +452,51 @@ def _event_row(e: admin_pb2.EventRecord) -> tuple[str, str, str, str, str]:
     return (str(e.seq), format_time_ms(e.at_ms), e.type, cell(e.subject), cell(e.data_json, width=80))
 
 
-COMMANDS: tuple[click.Command, ...] = (token, nodes, spec, reserve, release, reservations, events)
+# -- PKI -------------------------------------------------------------------------
+
+
+@click.group("pki")
+def pki() -> None:
+    """The CA and the command-signing keys."""
+
+
+def _render_pki(info: admin_pb2.PkiInfo) -> str:
+    fields: list[tuple[str, object]] = [
+        ("ca", f"{info.ca_fingerprint} (until {format_time_ms(info.ca_not_after_ms)})"),
+        ("command signing", "on" if info.command_signing else "off: nodes accept unsigned commands and specs"),
+        ("attested bindings", "on" if info.attested_bindings else "off"),
+    ]
+    for r in info.roots:
+        fields.append(("signing root", f"{r.key_id} (until {format_time_ms(r.not_after_ms)})"))
+    if info.HasField("worker"):
+        w = info.worker
+        fields.append(("worker key", f"{w.key_id} (until {format_time_ms(w.not_after_ms)})"))
+    return render_fields(fields)
+
+
+@pki.command("show")
+@json_option
+def pki_show(as_json: bool) -> None:
+    """The CA fingerprint, whether commands are signed, the signing root and the worker key."""
+    info = call_admin(lambda c: c.get_pki())
+    if as_json:
+        echo_json(message_to_json(info))
+        return
+    click.echo(_render_pki(info))
+
+
+@pki.command("rotate")
+@json_option
+def pki_rotate(as_json: bool) -> None:
+    """Issue a new worker key under the same root and re-sign the current specs and pending commands."""
+    info = call_admin(lambda c: c.rotate_signing_key())
+    if as_json:
+        echo_json(message_to_json(info))
+        return
+    click.echo(
+        f"new worker key {info.worker.key_id}; re-signed {info.resigned_specs} spec(s)"
+        f" and {info.resigned_commands} pending command(s)"
+    )
+
+
+COMMANDS: tuple[click.Command, ...] = (token, nodes, spec, reserve, release, reservations, events, pki)

@@ -148,6 +148,25 @@ class AdminClient:
         req = admin_pb2.CancelCommandRequest(command_id=command_id, reason=reason)
         return await self._unary("CancelCommand", req, admin_pb2.CommandInfo)
 
+    # -- node lifecycle and PKI ---------------------------------------------------
+
+    async def revoke_node(self, node_id: str, *, reason: str = "") -> admin_pb2.NodeInfo:
+        req = admin_pb2.RevokeNodeRequest(node_id=node_id, reason=reason)
+        return await self._unary("RevokeNode", req, admin_pb2.NodeInfo)
+
+    async def cordon_node(self, node_id: str, cordon: bool) -> admin_pb2.NodeInfo:
+        req = admin_pb2.CordonNodeRequest(node_id=node_id, cordon=cordon)
+        return await self._unary("CordonNode", req, admin_pb2.NodeInfo)
+
+    async def delete_node(self, node_id: str) -> admin_pb2.DeleteNodeResponse:
+        return await self._unary("DeleteNode", admin_pb2.GetNodeRequest(node_id=node_id), admin_pb2.DeleteNodeResponse)
+
+    async def get_pki(self) -> admin_pb2.PkiInfo:
+        return await self._unary("GetPki", admin_pb2.GetPkiRequest(), admin_pb2.PkiInfo)
+
+    async def rotate_signing_key(self) -> admin_pb2.PkiInfo:
+        return await self._unary("RotateSigningKey", admin_pb2.GetPkiRequest(), admin_pb2.PkiInfo)
+
     # -- events and the server ----------------------------------------------------
 
     async def list_events(

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from bc.cli import admin_cmds, cmd_cmds, run_cmds
+from bc.cli import admin_cmds, cmd_cmds, doctor_cmds, run_cmds, unit_cmds
 from bc.errors import BcError
 
 EXIT_INTERRUPTED = 130  # the shell's code for "ended by SIGINT"
@@ -39,7 +39,9 @@ def version() -> str:
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        click.echo(f"bc {version()}")
+        from bc.version import build_info  # only when asked: it may run git
+
+        click.echo(build_info().text())
         ctx.exit(0)
 
 
@@ -97,7 +99,13 @@ def cli(debug: bool) -> None:
     """bc: an operations toolkit for GPU fleets."""
 
 
-for _command in (*run_cmds.COMMANDS, *admin_cmds.COMMANDS, *cmd_cmds.COMMANDS):
+for _command in (
+    *run_cmds.COMMANDS,
+    *admin_cmds.COMMANDS,
+    *cmd_cmds.COMMANDS,
+    *doctor_cmds.COMMANDS,
+    *unit_cmds.COMMANDS,
+):
     cli.add_command(_command)
 
 

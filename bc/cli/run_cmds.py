@@ -15,6 +15,7 @@ import click
 
 from bc.cli.render import dumps, with_progress
 from bc.config import default_data_dir
+from bc.errors import UsageError
 
 _DIR = click.Path(file_okay=False, path_type=Path)
 
@@ -31,6 +32,14 @@ _DIR = click.Path(file_okay=False, path_type=Path)
 @click.option("--heartbeat-interval", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
 @click.option("--lease-ttl", type=click.FloatRange(min=0, min_open=True), default=40.0, show_default=True)
 @click.option("--unreachable-grace", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True)
+@click.option(
+    "--command-signing",
+    type=click.Choice(["on", "off"]),
+    default=None,
+    help="Sign commands and specs (default: on for a new install; once on, it stays on).",
+)
+# Hidden: a node certificate's lifetime, shortened by tests that want to see renewals (at most 24 h).
+@click.option("--node-cert-ttl", type=click.IntRange(min=1, max=24 * 3600), default=24 * 3600, hidden=True)
 def serve(
     data_dir: Path | None,
     listen: str,
@@ -38,6 +47,8 @@ def serve(
     heartbeat_interval: float,
     lease_ttl: float,
     unreachable_grace: float,
+    command_signing: str | None,
+    node_cert_ttl: int,
 ) -> None:
     """Run the control plane until SIGINT or SIGTERM."""
     from bc.serve import ServeOptions, run_serve
@@ -49,6 +60,8 @@ def serve(
         heartbeat_interval_s=heartbeat_interval,
         lease_ttl_s=lease_ttl,
         unreachable_grace_s=unreachable_grace,
+        command_signing=command_signing,
+        node_cert_ttl_s=node_cert_ttl,
     )
     try:
         asyncio.run(run_serve(opts))
@@ -60,13 +73,28 @@ def serve(
 @click.option("--server", required=True, metavar="HOST:PORT", help="The bc serve to join.")
 @click.option("--token", required=True, help="A token from `bc token create`.")
 @click.option("--data-dir", type=_DIR, required=True, help="Where the node keeps its identity and journal.")
+@click.option(
+    "--reset",
+    is_flag=True,
+    help="Move the identity and journal already in --data-dir aside (renamed .reset-<time>) and join again.",
+)
+@click.option("--yes", is_flag=True, help="Confirm --reset.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a sentence.")
-def join(server: str, token: str, data_dir: Path, as_json: bool) -> None:
+def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_json: bool) -> None:
     """Give this host a node identity, using a one-use join token."""
-    from agent.join import join_node
+    from agent.join import identity_files, join_node
 
+    if reset and not yes:
+        present = ", ".join(p.name for p in identity_files(data_dir)) or "nothing (it holds no identity or journal)"
+        raise UsageError(
+            f"--reset would move aside in {data_dir}: {present} (renamed .reset-<time>, not deleted);"
+            " stop bc node first, then add --yes"
+        )
     result = asyncio.run(
-        with_progress(join_node(server=server, token=token, data_dir=data_dir), f"waiting for bc serve at {server}…")
+        with_progress(
+            join_node(server=server, token=token, data_dir=data_dir, reset=reset),
+            f"waiting for bc serve at {server}…",
+        )
     )
     if as_json:
         doc = {
@@ -74,9 +102,12 @@ def join(server: str, token: str, data_dir: Path, as_json: bool) -> None:
             "ca_fingerprint": result.ca_fingerprint,
             "cert_not_after": result.cert_not_after,
             "data_dir": str(data_dir),
+            "moved_aside": [str(p) for p in result.moved_aside],
         }
         click.echo(dumps(doc))
         return
+    if result.moved_aside:
+        click.echo(f"moved aside: {', '.join(p.name for p in result.moved_aside)}")
     click.echo(f"joined as {result.node_id}; identity stored in {data_dir}")
 
 

@@ -10,10 +10,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from bc.aio import wait_event
+
+if TYPE_CHECKING:
+    from bc.control.intent import Intent
 
 
 class Bus:
+    """Wake-ups, plus the process's signing context.
+
+    `intent` rides on the bus because every write that must be signed in its
+    own transaction (a command, a spec generation) already receives the bus;
+    None means nothing is signed (command signing off, or a unit test).
+    """
+
     def __init__(self) -> None:
+        self.intent: Intent | None = None
         self._node_listeners: list[Callable[[str], None]] = []
         self._events = asyncio.Event()
         self._token_listeners: list[Callable[[str, bytes], None]] = []
@@ -32,11 +46,7 @@ class Bus:
         self._events = asyncio.Event()
 
     async def wait_events(self, timeout: float) -> None:  # noqa: ASYNC109 (a bounded wake-up, not a deadline)
-        ev = self._events
-        try:
-            await asyncio.wait_for(ev.wait(), timeout)
-        except TimeoutError:
-            pass
+        await wait_event(self._events, timeout)
 
     # -- join-token trust roots -----------------------------------------
     def on_token_created(self, fn: Callable[[str, bytes], None]) -> None:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from google.protobuf import any_pb2, json_format, struct_pb2
 from google.protobuf.message import Message
 
+from bc.control import attestation
 from bc.control import command_states as cs
 from bc.control.bus import Bus
 from bc.control.events import publish
@@ -36,9 +36,6 @@ from bc.protocol.pb import kinds_pb2, session_pb2
 from bc.store import Row, Store, Tx
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql
-
-CommandSigner = Callable[[bytes], tuple[bytes, str]]
-"""Signs an encoded CommandBody (purpose `command`); returns (signature, key_id)."""
 
 DEFAULT_NOT_AFTER_S = 600.0
 MIN_NOT_AFTER_S = 1.0
@@ -75,13 +72,15 @@ class UpdateOutcome:
 
     `known` is False for an unknown id or another node's command (nothing changed);
     `changed` is False for a stale or repeated report; `terminal` says whether the
-    command is settled now (so the gateway acknowledges it); `state` is its state.
+    command is settled now (so the gateway acknowledges it); `state` is its state;
+    `rejected` is set when an attested result lacked the node's valid signature.
     """
 
     known: bool
     changed: bool
     terminal: bool
     state: str
+    rejected: str = ""  # why the node's signature did not hold: the update was refused and must not be acked
 
 
 # -- kinds and payloads ------------------------------------------------------------
@@ -154,7 +153,6 @@ async def enqueue(
     bus: Bus | None,
     req: EnqueueRequest,
     rng: random.Random | None = None,
-    signer: CommandSigner | None = None,
 ) -> Row:
     """Queue a command `pending` for its node; a repeated idempotency key returns the first command unchanged."""
     kind = _check(req)
@@ -195,7 +193,7 @@ async def enqueue(
             batch_id=req.batch_id,
         )
         body_bytes = body.SerializeToString(deterministic=True)
-        signature = signer(body_bytes)[0] if signer is not None else None
+        signed = bus.intent.sign_command(body_bytes) if bus is not None and bus.intent is not None else None
         inserted = await cmd_sql.insert(
             tx,
             id_=command_id,
@@ -204,7 +202,8 @@ async def enqueue(
             kind=req.kind,
             lane=kind.lane,
             body=body_bytes,
-            signature=signature,
+            signature=signed.signature if signed else None,
+            signer_key_id=signed.key_id if signed else "",
             not_before_ms=not_before_ms,
             not_after_ms=not_after_ms,
             min_generation=req.min_generation,
@@ -267,6 +266,13 @@ async def apply_update(
     if target is None:
         return UpdateOutcome(known=True, changed=False, terminal=cs.is_terminal(current), state=current)
     terminal = cs.is_terminal(target)
+    kind = str(row["kind"])
+    if terminal and bus is not None and bus.intent is not None and bus.intent.attested and kinds.is_attested(kind):
+        why = await attestation.check_result(tx, node_id, update)
+        if why is not None:
+            data = {"command_id": update.command_id, "kind": kind, "state": target, "reason": why}
+            await publish(tx, bus, "security.result-rejected", node_id, data, now_ms)
+            return UpdateOutcome(known=True, changed=False, terminal=False, state=current, rejected=why)
     if terminal:
         moved = await cmd_sql.settle(
             tx,
@@ -290,10 +296,13 @@ async def apply_update(
         again = await cmd_sql.get_for_node(tx, update.command_id, node_id)
         state = str(again["state"]) if again else current
         return UpdateOutcome(known=True, changed=False, terminal=cs.is_terminal(state), state=state)
-    kind = str(row["kind"])
     if terminal:
         data = {"node_id": node_id, "kind": kind, "state": target, "reason": update.reason}
         await publish(tx, bus, "command.settled", update.command_id, data, now_ms)
+        if target == "rejected" and update.reason == "BAD_SIGNATURE":
+            # The node refused what reached it as ours: a gateway or the store altered intent on the way.
+            sec = {"command_id": update.command_id, "kind": kind, "why": update.message}
+            await publish(tx, bus, "security.bad-signature", node_id, sec, now_ms)
     else:
         await publish(
             tx, bus, "command.updated", update.command_id, {"node_id": node_id, "kind": kind, "state": target}, now_ms

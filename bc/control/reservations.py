@@ -227,4 +227,22 @@ async def on_allocation_report(
     return "unknown-kind"
 
 
-__all__ = ["ReserveRequest", "on_allocation_report", "release", "reserve"]
+async def mark_binding_lost(
+    tx: Tx, bus: Bus | None, node_id: str, allocation_id: str, why: str, now_ms: int, lock: str = ""
+) -> bool:
+    """A forged report about an active binding: the binding is `lost`, not replaced, and nothing is released.
+
+    The hold stays in the node's spec and its devices stay booked; an operator
+    looks and releases it (reference: "Compromised gateway").
+    """
+    row = await res_sql.by_allocation(tx, allocation_id)
+    if row is None or str(row["node_id"]) != node_id or str(row["state"]) != "active":
+        return False
+    rid = str(row["id"])
+    if not await res_sql.set_state(tx, rid, "lost", now_ms, f"forged-report:{why}", only_from=("active",)):
+        return False
+    await publish(tx, bus, "reservation.lost", rid, {"node_id": node_id, "reason": f"forged-report:{why}"}, now_ms)
+    return True
+
+
+__all__ = ["ReserveRequest", "mark_binding_lost", "on_allocation_report", "release", "reserve"]

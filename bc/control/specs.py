@@ -2,8 +2,8 @@
 
 Every generation's encoded `DesiredStateBody` is stored with it (`spec_body`),
 so gateways relay exactly the bytes written here and never re-encode; the
-signature column is rewritten by the same statement (empty until command
-signing is configured).
+signature and its signer's key id are rewritten by the same statement (by
+the bus's `intent`; empty when command signing is off).
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from bc.protocol.pb import spec_pb2
 from bc.protocol.pb.session_pb2 import DesiredStateBody
 from bc.store import Store, Tx
 from bc.store import nodes as nodes_sql
-
-SpecSigner = Callable[[bytes], tuple[bytes, str]]
-"""Signs an encoded DesiredStateBody; returns (signature, key_id)."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,6 @@ async def write_spec(
     now_ms: int,
     *,
     lock: str = "",
-    signer: SpecSigner | None = None,
 ) -> SpecWrite:
     """Apply `mutate` to the stored spec; bump the generation only when the canonical JSON changes."""
     row = await nodes_sql.spec_for_update(tx, node_id, lock)
@@ -68,8 +64,10 @@ async def write_spec(
     generation += 1
     h = canonical.spec_hash(text)
     body = encode_body(node_id, generation, spec, h)
-    signature = signer(body)[0] if signer else None
-    await nodes_sql.write_spec(tx, node_id, generation, text, h, body, signature)
+    signed = bus.intent.sign_spec(body) if bus is not None and bus.intent is not None else None
+    await nodes_sql.write_spec(
+        tx, node_id, generation, text, h, body, signed.signature if signed else None, signed.key_id if signed else ""
+    )
     await publish(tx, bus, "node.spec", node_id, {"generation": generation, "spec_hash": h}, now_ms)
     if bus is not None:
         tx.on_commit(lambda: bus.node_changed(node_id))

@@ -5,13 +5,26 @@ from __future__ import annotations
 import base64
 import json
 
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 from google.protobuf import json_format
 
+from bc.pki import keys
 from bc.protocol.pb import admin_pb2, common_pb2
 from bc.store import Row
 
 
-def node_info(row: Row, now_ms: int, *, detail: bool) -> admin_pb2.NodeInfo:
+def signing_key_info(cert: x509.Certificate) -> admin_pb2.SigningKeyInfo:
+    cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return admin_pb2.SigningKeyInfo(
+        key_id=keys.fingerprint(cert),
+        subject=str(cn[0].value) if cn else "",
+        not_before_ms=int(cert.not_valid_before_utc.timestamp() * 1000),
+        not_after_ms=int(cert.not_valid_after_utc.timestamp() * 1000),
+    )
+
+
+def node_info(row: Row, now_ms: int, *, detail: bool, certs: Row | None = None) -> admin_pb2.NodeInfo:
     last_seen = row["last_seen_ms"]
     since = row["connectivity_since_ms"]
     info = admin_pb2.NodeInfo(
@@ -33,6 +46,10 @@ def node_info(row: Row, now_ms: int, *, detail: bool) -> admin_pb2.NodeInfo:
         cordoned=bool(row["cordoned"]),
         state_age_ms=-1 if since is None else max(0, now_ms - int(since)),
     )
+    if certs is not None:
+        info.cert_not_after_ms = int(certs["not_after_ms"] or 0)
+        info.revoked = int(certs["total"] or 0) > 0 and int(certs["live"] or 0) == 0
+        info.revoke_reason = str(certs["revoke_reason"] or "") if info.revoked else ""
     if detail:
         status = json.loads(str(row["status"] or "{}"))
         for s in status.get("sections", []):

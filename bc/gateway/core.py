@@ -175,6 +175,7 @@ class GatewaySessionCore:
         trust: common_pb2.TrustBundle,
         gateway_id: str,
         inventory_hash: str = "",
+        trust_envelope: common_pb2.Envelope | None = None,
     ) -> list[Action]:
         """The Hello transaction committed: welcome the node, send its spec if it is behind, replay."""
         if self.state is not State.OPENING:
@@ -191,6 +192,8 @@ class GatewaySessionCore:
                 inventory_hash=inventory_hash,
             )
         )
+        if trust_envelope is not None:
+            welcome.welcome.trust_envelope.CopyFrom(trust_envelope)
         out: list[Action] = [Send(welcome)]
         if generation > self.applied_generation:
             out.append(LoadSpec("hello"))
@@ -200,10 +203,15 @@ class GatewaySessionCore:
         return out
 
     def generation_is(self, generation: int, reason: str) -> list[Action]:
-        """A poke or the backstop: the store's generation for this node is `generation`."""
+        """A poke or the backstop: the store's generation for this node is `generation`.
+
+        A poke sends a generation once per session; the backstop sends it again
+        while the node still reports an older one (a frame lost, or a spec the
+        node refused on the way: it gets the stored bytes again).
+        """
         if self.state is not State.OPEN:
             return []
-        if generation > self.applied_generation and generation > self.sent_generation:
+        if generation > self.applied_generation and (generation > self.sent_generation or reason == "backstop"):
             return [LoadSpec(reason)]
         return []
 

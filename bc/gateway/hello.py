@@ -31,6 +31,7 @@ from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
+from bc.store import revocation as rev_sql
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class HelloResult:
     inventory_hash: str
     replay: list[str] = field(default_factory=list)  # command ids to resend, in seq order
     ack: list[str] = field(default_factory=list)  # terminal results from Hello to acknowledge
+    quarantined: bool = False  # this Hello tipped a cloned identity over the limit: its certificate is revoked
 
 
 async def hello_transaction(
@@ -96,8 +98,52 @@ async def hello_transaction(
             now_ms,
         )
         generation = int(node["generation"])
+        if await _duplicate_session(tx, bus, peer, hello, opened, now_ms):
+            return HelloResult(opened.epoch, generation, inventory_hash, quarantined=True)
         replay, ack = await _resume_commands(tx, bus, peer.name, hello, opened, now_ms)
     return HelloResult(opened.epoch, generation, inventory_hash, replay, ack)
+
+
+DUPLICATE_WINDOW_MS = 10 * 60 * 1000
+DUPLICATE_LIMIT = 3
+
+
+async def _duplicate_session(
+    tx: Tx, bus: Bus, peer: PeerIdentity, hello: session_pb2.Hello, opened: nodes_sql.SessionOpened, now_ms: int
+) -> bool:
+    """A Hello from another boot while the node's session is still open: two machines share one identity.
+
+    Each takeover is `security.node.duplicate-session`; more than 3 within 10
+    minutes revokes the node's certificates (`duplicate-identity`), which ends
+    both clones' sessions through the revocation feed, and publishes
+    `security.node.quarantined`. Nothing is released: the real machine's
+    workloads keep running until an operator re-joins it. Returns True when
+    this Hello quarantined the node.
+    """
+    if not (opened.previous_open and opened.previous_boot_id and opened.previous_boot_id != hello.boot_id):
+        return False
+    data = {
+        "serial": peer.serial,
+        "previous_boot_id": opened.previous_boot_id,
+        "boot_id": hello.boot_id,
+        "previous_incarnation_id": opened.previous_incarnation_id,
+        "incarnation_id": hello.incarnation_id,
+        "epoch": opened.epoch,
+    }
+    await publish(tx, bus, "security.node.duplicate-session", peer.name, data, now_ms)
+    seen = await rev_sql.count_events(tx, "security.node.duplicate-session", peer.name, now_ms - DUPLICATE_WINDOW_MS)
+    if seen <= DUPLICATE_LIMIT:
+        return False
+    serials = await rev_sql.revoke_node(tx, peer.name, "duplicate-identity", now_ms)
+    await publish(
+        tx,
+        bus,
+        "security.node.quarantined",
+        peer.name,
+        {"reason": "duplicate-identity", "serials": serials, "takeovers": seen},
+        now_ms,
+    )
+    return True
 
 
 TERMINAL_UPDATES = (
@@ -113,8 +159,8 @@ async def _resume_commands(
 ) -> tuple[list[str], list[str]]:
     ack: list[str] = []
     for update in hello.unacked_results:
-        await apply_update(tx, bus, node_id, update, now_ms)
-        if update.state in TERMINAL_UPDATES:
+        applied = await apply_update(tx, bus, node_id, update, now_ms)
+        if update.state in TERMINAL_UPDATES and not applied.rejected:
             ack.append(update.command_id)
     new_journal = bool(opened.previous_journal_id) and opened.previous_journal_id != hello.journal_id
     new_boot = bool(opened.previous_boot_id) and opened.previous_boot_id != hello.boot_id

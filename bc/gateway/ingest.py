@@ -6,18 +6,22 @@ savepoint: a failing handler rolls back its own writes, is published as
 `node.report-failed`, and does not stop the stream (an unacked event would
 only be replayed into the same failure). A report whose body names another
 node is `security.node-mismatch` and never reaches a handler; an
-undecodable one is `security.invalid-report`.
+undecodable one is `security.invalid-report`. With attested bindings (on with
+command signing) a report must carry the node's own signature, else it is
+`security.report-rejected` (and `reservation.binding-rejected` for a binding).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 from google.protobuf.message import DecodeError
 
+from bc.control import attestation
 from bc.control.bus import Bus
 from bc.control.events import publish
-from bc.control.reservations import on_allocation_report
+from bc.control.reservations import mark_binding_lost, on_allocation_report
 from bc.protocol.pb import session_pb2
 from bc.store import Store, Tx
 
@@ -30,9 +34,23 @@ KIND_NAMES = {
 }
 
 
+# What a node refuses on its own, raised to the operator as security events.
+SECURITY_EVENTS = {"spec.rejected": "security.spec-rejected"}
+
+
+def _json_body(body: bytes) -> dict[str, object]:
+    try:
+        doc = json.loads(body or b"{}")
+    except ValueError:
+        return {"raw": body[:200].hex()}
+    return doc if isinstance(doc, dict) else {"value": doc}
+
+
 async def _handle(tx: Tx, bus: Bus, store: Store, node_id: str, ev: session_pb2.NodeEvent, now_ms: int) -> None:
     if not ev.HasField("report"):
         await publish(tx, bus, "node.event", node_id, {"seq": ev.seq, "type": ev.type}, now_ms)
+        if ev.type in SECURITY_EVENTS:
+            await publish(tx, bus, SECURITY_EVENTS[ev.type], node_id, _json_body(ev.body), now_ms)
         return
     rep = session_pb2.AllocationReport()
     try:
@@ -53,6 +71,11 @@ async def _handle(tx: Tx, bus: Bus, store: Store, node_id: str, ev: session_pb2.
     if rep.node_id != node_id:
         await publish(tx, bus, "security.node-mismatch", node_id, {**data, "named_node": rep.node_id}, now_ms)
         return
+    if bus.intent is not None and bus.intent.attested:
+        why = await attestation.check_report(tx, node_id, ev.report)
+        if why is not None:
+            await _reject_report(tx, bus, store, node_id, rep, {**data, "why": why}, now_ms)
+            return
     await publish(tx, bus, "node.event", node_id, data, now_ms)
     await tx.execute("SAVEPOINT report_handler")
     try:
@@ -69,6 +92,27 @@ async def _handle(tx: Tx, bus: Bus, store: Store, node_id: str, ev: session_pb2.
     log.info(
         "event=allocation.report node=%s allocation=%s kind=%s outcome=%s", node_id, rep.allocation_id, kind, outcome
     )
+
+
+async def _reject_report(
+    tx: Tx,
+    bus: Bus,
+    store: Store,
+    node_id: str,
+    rep: session_pb2.AllocationReport,
+    data: dict[str, object],
+    now_ms: int,
+) -> None:
+    """A report without the node's signature changes nothing, except that a forged re-report of an
+    active binding marks it lost: the binding can no longer be trusted, yet nothing is released."""
+    await publish(tx, bus, "security.report-rejected", node_id, data, now_ms)
+    if rep.kind == session_pb2.AllocationReport.BOUND:
+        await publish(tx, bus, "reservation.binding-rejected", node_id, data, now_ms)
+        lost = await mark_binding_lost(
+            tx, bus, node_id, rep.allocation_id, str(data["why"]), now_ms, store.for_update()
+        )
+        if lost:
+            log.warning("event=reservation.lost node=%s allocation=%s why=%s", node_id, rep.allocation_id, data["why"])
 
 
 async def ingest(store: Store, bus: Bus, node_id: str, batch: session_pb2.EventBatch) -> session_pb2.Ack | None:

@@ -14,6 +14,7 @@ import json
 import logging
 from dataclasses import dataclass
 
+from bc.aio import wait_event
 from bc.clock import Clock
 from bc.control import status as status_ctl
 from bc.control.bus import Bus
@@ -31,6 +32,8 @@ from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
+from bc.store import revocation as rev_sql
+from bc.store import signing as signing_sql
 from bc.wire.link import Link, LinkClosed
 
 log = logging.getLogger("bc.gateway")
@@ -39,6 +42,7 @@ GATEWAY_LEASE_TTL_MS = 20_000
 GATEWAY_LEASE_RENEW_S = 5.0
 LIVENESS_FLUSH_S = 5.0
 BUSY_RETRY_MS = 1_000
+REVOCATION_POLL_S = 1.0
 
 
 @dataclass
@@ -60,6 +64,7 @@ class Gateway:
             cfg,
         )
         self.sessions: dict[str, SessionDriver] = {}
+        self._signer_certs: dict[str, bytes] = {}
         self._closing_tasks: set[asyncio.Future[None]] = set()
         bus.on_node_changed(self._poke)
 
@@ -83,6 +88,20 @@ class Gateway:
         if d is not None:
             d.poke()
 
+    async def attach_signer(self, env: common_pb2.Envelope, key_id: str) -> None:
+        """Name the worker key and relay its certificate, as stored: the node checks both against its roots."""
+        if not key_id:
+            return
+        der = self._signer_certs.get(key_id)
+        if der is None:
+            async with self.store.transaction(write=False) as tx:
+                der = await signing_sql.get_cert(tx, key_id)
+            if der is None:
+                return  # the node refuses the envelope as unverifiable, which is the truth
+            self._signer_certs[key_id] = der
+        env.key_id = key_id
+        env.cert_chain.append(der)
+
     async def renew_lease(self) -> bool:
         now_ms = await self.store.now_ms()
         async with self.store.transaction() as tx:
@@ -100,6 +119,35 @@ class Gateway:
             except StoreError as e:
                 log.warning("event=gateway.lease-failed error=%s", e)
             await self.clock.sleep(GATEWAY_LEASE_RENEW_S)
+
+    async def refuse_revoked(self, serial: str) -> None:
+        async with self.store.transaction(write=False) as tx:
+            rows = await rev_sql.revoked_among(tx, [serial])
+        if rows:
+            raise Unauthenticated(f"certificate revoked: {rows[0]['revoke_reason'] or 'revoked'}")
+
+    async def revocation_loop(self) -> None:
+        """The revocation feed: every second, end the sessions whose certificate was revoked or expired."""
+        while True:
+            try:
+                await self.check_certificates()
+            except StoreError as e:
+                log.warning("event=gateway.revocation-feed-failed error=%s", e)
+            await self.clock.sleep(REVOCATION_POLL_S)
+
+    async def check_certificates(self) -> None:
+        drivers = list(self.sessions.values())
+        if not drivers:
+            return
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction(write=False) as tx:
+            revoked = await rev_sql.revoked_among(tx, sorted({d.peer.serial for d in drivers}))
+        reasons = {str(r["serial"]): str(r["revoke_reason"] or "revoked") for r in revoked}
+        for d in drivers:
+            if d.peer.serial in reasons:
+                await d.revoke(reasons[d.peer.serial])
+            elif d.peer.not_after * 1000 < now_ms:
+                d.request_close("UNAUTHENTICATED", "certificate expired; renew and reconnect")
 
     async def release_lease(self) -> None:
         async with self.store.transaction() as tx:
@@ -124,6 +172,22 @@ class SessionDriver:
     def poke(self) -> None:
         self._poke_pending = True
         self._wake.set()
+
+    async def revoke(self, reason: str) -> None:
+        """Tell the node why, then end the stream UNAUTHENTICATED: it must not redial with this certificate."""
+        if self._closing is not None:
+            return
+        log.warning("event=session.revoked node=%s serial=%s reason=%s", self.node_id, self.peer.serial, reason)
+        async with self._lock:
+            await self._revoke_locked(reason)
+
+    async def _revoke_locked(self, reason: str) -> None:
+        notice = session_pb2.RevocationNotice(reason=reason, serials=[self.peer.serial])
+        try:
+            await asyncio.wait_for(self.link.send(GatewayMessage(revocation=notice)), 2.0)
+        except (LinkClosed, TimeoutError):
+            pass  # closing anyway; the handshake check refuses it on the next try
+        self.request_close("UNAUTHENTICATED", f"certificate revoked: {reason}")
 
     def request_close(self, code: str, details: str) -> None:
         if self._closing is None:
@@ -220,10 +284,7 @@ class SessionDriver:
             while True:
                 due = self.core.status_due(self.gw.clock.monotonic())
                 timeout = step if due is None else min(step, due)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-                except TimeoutError:
-                    pass
+                await wait_event(self._wake, timeout)
                 self._wake.clear()
                 now = self.gw.clock.monotonic()
                 async with self._lock:
@@ -277,6 +338,10 @@ class SessionDriver:
                 await self.link.send(a.msg)
             elif isinstance(a, core.OpenSession):
                 res = await hello_transaction(self.gw.store, self.gw.bus, self.gw.gateway_id, self.peer, a.hello)
+                if res.quarantined:
+                    log.error("event=node.quarantined node=%s serial=%s", self.node_id, self.peer.serial)
+                    await self._revoke_locked("duplicate-identity")
+                    return
                 old = self.gw.sessions.get(self.node_id)
                 if old is not None and old is not self:
                     old.request_close("ABORTED", "superseded by a newer session of this node")
@@ -298,6 +363,7 @@ class SessionDriver:
                         self.gw.trust,
                         self.gw.gateway_id,
                         res.inventory_hash,
+                        self.gw.bus.intent.trust_envelope() if self.gw.bus.intent is not None else None,
                     )
                 )
                 if res.ack:
@@ -382,6 +448,7 @@ class SessionDriver:
         env = common_pb2.Envelope(purpose="command", body=bytes(row["body"]))
         if row["signature"] is not None:
             env.signature = bytes(row["signature"])
+            await self.gw.attach_signer(env, str(row["signer_key_id"] or ""))
         await self.link.send(
             GatewayMessage(command=session_pb2.Command(envelope=env, attempt=int(row["attempt"] or 0)))
         )
@@ -398,6 +465,14 @@ class SessionDriver:
                 outcome = await apply_update(tx, self.gw.bus, self.node_id, update, now_ms)
         if busy:
             return
+        if outcome.rejected:
+            log.warning(
+                "event=command.result-rejected node=%s command=%s why=%s",
+                self.node_id,
+                update.command_id,
+                outcome.rejected,
+            )
+            return  # not acked: the node keeps its result and resends it, signed, at the next Hello
         if update.state in TERMINAL_UPDATES:
             await self.link.send(GatewayMessage(ack=session_pb2.Ack(command_ids=[update.command_id])))
             if outcome.changed:
@@ -411,4 +486,5 @@ class SessionDriver:
         env = common_pb2.Envelope(purpose="desired-state", body=bytes(row["spec_body"]))
         if row["spec_signature"] is not None:
             env.signature = bytes(row["spec_signature"])
+            await self.gw.attach_signer(env, str(row["spec_key_id"] or ""))
         await self._execute(self.core.spec_loaded(int(row["generation"]), env))

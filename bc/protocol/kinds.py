@@ -85,3 +85,9 @@ def timeout_s(name: str) -> int:
 
 
 DESTRUCTIVE: frozenset[str] = frozenset(k.name for k in KINDS.values() if k.destructive)
+ATTESTED: frozenset[str] = frozenset(k.name for k in KINDS.values() if k.attested)
+
+
+def is_attested(name: str) -> bool:
+    """Results of these kinds count only with the node's own signature (reference: attested results)."""
+    return name in ATTESTED

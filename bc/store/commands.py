@@ -57,6 +57,7 @@ async def insert(
     lane: str,
     body: bytes,
     signature: bytes | None,
+    signer_key_id: str = "",
     not_before_ms: int,
     not_after_ms: int,
     min_generation: int,
@@ -69,11 +70,12 @@ async def insert(
 ) -> bool:
     """Insert a pending command; False when the node already has one with this idempotency key."""
     n = await tx.execute(
-        "INSERT INTO commands (id, node_id, seq, kind, lane, body, signature, state, not_before_ms, not_after_ms,"
+        "INSERT INTO commands (id, node_id, seq, kind, lane, body, signature, signer_key_id, state, not_before_ms,"
+        " not_after_ms,"
         " min_generation, idempotency_key, retry_safe, self_terminating, attested, batch_id,"
         " created_at_ms, updated_at_ms)"
-        " VALUES (:id, :n, :seq, :kind, :lane, :body, :sig, 'pending', :nb, :na, :mg, :key, :rs, :st, :at, :batch,"
-        " :t, :t)"
+        " VALUES (:id, :n, :seq, :kind, :lane, :body, :sig, :signer, 'pending', :nb, :na, :mg, :key, :rs, :st, :at,"
+        " :batch, :t, :t)"
         " ON CONFLICT (node_id, idempotency_key) DO NOTHING",
         {
             "id": id_,
@@ -83,6 +85,7 @@ async def insert(
             "lane": lane,
             "body": body,
             "sig": signature,
+            "signer": signer_key_id,
             "nb": not_before_ms,
             "na": not_after_ms,
             "mg": min_generation,

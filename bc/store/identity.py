@@ -80,3 +80,9 @@ async def bump_identity_generation(tx: Tx, node_id: str) -> int:
         {"n": node_id},
     )
     return int(row["identity_generation"]) if row else 1
+
+
+async def node_identity_generation(tx: Tx, node_id: str) -> int | None:
+    """The node's current identity generation (raised by every re-join), or None for an unknown node."""
+    value = await tx.fetchval("SELECT identity_generation FROM nodes WHERE node_id = :n", {"n": node_id})
+    return None if value is None else int(value)

@@ -46,19 +46,27 @@ async def spec_for_update(tx: Tx, node_id: str, lock: str = "") -> Row | None:
 
 
 async def write_spec(
-    tx: Tx, node_id: str, generation: int, spec: str, spec_hash: str, body: bytes, signature: bytes | None
+    tx: Tx,
+    node_id: str,
+    generation: int,
+    spec: str,
+    spec_hash: str,
+    body: bytes,
+    signature: bytes | None,
+    key_id: str = "",
 ) -> None:
-    """Store a new generation with its encoded body; every bump rewrites body and signature."""
+    """Store a new generation with its encoded body; every bump rewrites body, signature and signer."""
     await tx.execute(
-        "UPDATE nodes SET spec = :s, spec_hash = :h, spec_body = :b, spec_signature = :sig, generation = :g"
-        " WHERE node_id = :n",
-        {"s": spec, "h": spec_hash, "b": body, "sig": signature, "g": generation, "n": node_id},
+        "UPDATE nodes SET spec = :s, spec_hash = :h, spec_body = :b, spec_signature = :sig, spec_key_id = :k,"
+        " generation = :g WHERE node_id = :n",
+        {"s": spec, "h": spec_hash, "b": body, "sig": signature, "k": key_id, "g": generation, "n": node_id},
     )
 
 
 async def spec_delivery(tx: Tx, node_id: str) -> Row | None:
     return await tx.fetchone(
-        "SELECT generation, spec_hash, spec_body, spec_signature FROM nodes WHERE node_id = :n", {"n": node_id}
+        "SELECT generation, spec_hash, spec_body, spec_signature, spec_key_id FROM nodes WHERE node_id = :n",
+        {"n": node_id},
     )
 
 

@@ -328,9 +328,9 @@ def test_nodes_table(operator: Server) -> None:
     result = bc("nodes")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["NODE", "ROLE", "STATE", "GEN", "APPLIED", "OBSERVED", "LAST", "SEEN"]
-    assert lines[1].split() == ["n1", "node", "connected", "4", "4", "3", "3s", "ago"]
-    assert lines[2].split()[-1] == "never"
+    assert lines[0].split() == ["NODE", "ROLE", "STATE", "GEN", "APPLIED", "OBSERVED", "LAST", "SEEN", "FLAGS"]
+    assert lines[1].split() == ["n1", "node", "connected", "4", "4", "3", "3s", "ago", "-"]
+    assert lines[2].split()[-2] == "never"
 
 
 def test_nodes_show_json_has_the_smoke_contract_keys_in_order(operator: Server) -> None:

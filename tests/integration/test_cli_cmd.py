@@ -64,7 +64,11 @@ def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="bc-serve", daemon=True)
     thread.start()
-    server = Server(ServeOptions(data_dir=tmp_path / "server", listen="127.0.0.1:0", heartbeat_interval_s=1.0))
+    server = Server(
+        ServeOptions(
+            data_dir=tmp_path / "server", listen="127.0.0.1:0", heartbeat_interval_s=1.0, command_signing="off"
+        )
+    )
     lab = Lab(server, loop, tmp_path)
     try:
         lab.run(server.start())

@@ -47,7 +47,7 @@ class GetNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "role", "state", "generation", "applied_generation", "observed_generation", "last_seen_age_ms", "session_epoch", "gateway_id", "boot_id", "journal_id", "spec_hash", "applied_spec_hash", "sections", "conditions", "inventory", "capabilities", "labels", "cordoned", "state_age_ms")
+    __slots__ = ("node_id", "role", "state", "generation", "applied_generation", "observed_generation", "last_seen_age_ms", "session_epoch", "gateway_id", "boot_id", "journal_id", "spec_hash", "applied_spec_hash", "sections", "conditions", "inventory", "capabilities", "labels", "cordoned", "state_age_ms", "revoked", "revoke_reason", "cert_not_after_ms")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,9 @@ class NodeInfo(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     CORDONED_FIELD_NUMBER: _ClassVar[int]
     STATE_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_REASON_FIELD_NUMBER: _ClassVar[int]
+    CERT_NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     state: str
@@ -95,7 +98,70 @@ class NodeInfo(_message.Message):
     labels: _containers.ScalarMap[str, str]
     cordoned: bool
     state_age_ms: int
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., last_seen_age_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cordoned: _Optional[bool] = ..., state_age_ms: _Optional[int] = ...) -> None: ...
+    revoked: bool
+    revoke_reason: str
+    cert_not_after_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., last_seen_age_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cordoned: _Optional[bool] = ..., state_age_ms: _Optional[int] = ..., revoked: _Optional[bool] = ..., revoke_reason: _Optional[str] = ..., cert_not_after_ms: _Optional[int] = ...) -> None: ...
+
+class RevokeNodeRequest(_message.Message):
+    __slots__ = ("node_id", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CordonNodeRequest(_message.Message):
+    __slots__ = ("node_id", "cordon")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CORDON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    cordon: bool
+    def __init__(self, node_id: _Optional[str] = ..., cordon: _Optional[bool] = ...) -> None: ...
+
+class DeleteNodeResponse(_message.Message):
+    __slots__ = ("node_id", "revoked_certificates")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_CERTIFICATES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    revoked_certificates: int
+    def __init__(self, node_id: _Optional[str] = ..., revoked_certificates: _Optional[int] = ...) -> None: ...
+
+class GetPkiRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SigningKeyInfo(_message.Message):
+    __slots__ = ("key_id", "subject", "not_before_ms", "not_after_ms")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    NOT_BEFORE_MS_FIELD_NUMBER: _ClassVar[int]
+    NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    subject: str
+    not_before_ms: int
+    not_after_ms: int
+    def __init__(self, key_id: _Optional[str] = ..., subject: _Optional[str] = ..., not_before_ms: _Optional[int] = ..., not_after_ms: _Optional[int] = ...) -> None: ...
+
+class PkiInfo(_message.Message):
+    __slots__ = ("ca_fingerprint", "ca_not_after_ms", "command_signing", "attested_bindings", "roots", "worker", "resigned_specs", "resigned_commands")
+    CA_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CA_NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_SIGNING_FIELD_NUMBER: _ClassVar[int]
+    ATTESTED_BINDINGS_FIELD_NUMBER: _ClassVar[int]
+    ROOTS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    RESIGNED_SPECS_FIELD_NUMBER: _ClassVar[int]
+    RESIGNED_COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    ca_fingerprint: str
+    ca_not_after_ms: int
+    command_signing: bool
+    attested_bindings: bool
+    roots: _containers.RepeatedCompositeFieldContainer[SigningKeyInfo]
+    worker: SigningKeyInfo
+    resigned_specs: int
+    resigned_commands: int
+    def __init__(self, ca_fingerprint: _Optional[str] = ..., ca_not_after_ms: _Optional[int] = ..., command_signing: _Optional[bool] = ..., attested_bindings: _Optional[bool] = ..., roots: _Optional[_Iterable[_Union[SigningKeyInfo, _Mapping]]] = ..., worker: _Optional[_Union[SigningKeyInfo, _Mapping]] = ..., resigned_specs: _Optional[int] = ..., resigned_commands: _Optional[int] = ...) -> None: ...
 
 class SpecInfo(_message.Message):
     __slots__ = ("node_id", "generation", "spec_hash", "spec_json")

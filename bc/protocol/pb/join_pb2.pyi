@@ -16,20 +16,22 @@ class JoinRequest(_message.Message):
     def __init__(self, csr_der: _Optional[bytes] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("node_id", "role", "cert_pem", "ca_pem", "trust", "identity_generation")
+    __slots__ = ("node_id", "role", "cert_pem", "ca_pem", "trust", "identity_generation", "trust_envelope")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CERT_PEM_FIELD_NUMBER: _ClassVar[int]
     CA_PEM_FIELD_NUMBER: _ClassVar[int]
     TRUST_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TRUST_ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     cert_pem: bytes
     ca_pem: bytes
     trust: _common_pb2.TrustBundle
     identity_generation: int
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., identity_generation: _Optional[int] = ...) -> None: ...
+    trust_envelope: _common_pb2.Envelope
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., identity_generation: _Optional[int] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
     __slots__ = ("csr_der", "timestamp_ms", "proof")
@@ -42,9 +44,11 @@ class RenewRequest(_message.Message):
     def __init__(self, csr_der: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., proof: _Optional[bytes] = ...) -> None: ...
 
 class RenewResponse(_message.Message):
-    __slots__ = ("cert_pem", "trust")
+    __slots__ = ("cert_pem", "trust", "trust_envelope")
     CERT_PEM_FIELD_NUMBER: _ClassVar[int]
     TRUST_FIELD_NUMBER: _ClassVar[int]
+    TRUST_ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     cert_pem: bytes
     trust: _common_pb2.TrustBundle
-    def __init__(self, cert_pem: _Optional[bytes] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ...) -> None: ...
+    trust_envelope: _common_pb2.Envelope
+    def __init__(self, cert_pem: _Optional[bytes] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ...) -> None: ...

@@ -115,20 +115,22 @@ class Hello(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., applied_generation: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., inventory_hash: _Optional[str] = ..., unacked_results: _Optional[_Iterable[_Union[CommandUpdate, _Mapping]]] = ..., running_command_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., agent_version: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("server_time_ms", "session_epoch", "heartbeat_interval_ms", "trust", "gateway_id", "inventory_hash")
+    __slots__ = ("server_time_ms", "session_epoch", "heartbeat_interval_ms", "trust", "gateway_id", "inventory_hash", "trust_envelope")
     SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     SESSION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     TRUST_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_HASH_FIELD_NUMBER: _ClassVar[int]
+    TRUST_ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     server_time_ms: int
     session_epoch: int
     heartbeat_interval_ms: int
     trust: _common_pb2.TrustBundle
     gateway_id: str
     inventory_hash: str
-    def __init__(self, server_time_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., gateway_id: _Optional[str] = ..., inventory_hash: _Optional[str] = ...) -> None: ...
+    trust_envelope: _common_pb2.Envelope
+    def __init__(self, server_time_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., gateway_id: _Optional[str] = ..., inventory_hash: _Optional[str] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("applied_generation", "server_time_ms")

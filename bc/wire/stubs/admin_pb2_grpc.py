@@ -110,6 +110,31 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.CancelCommandRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.CommandInfo.FromString,
                 _registered_method=True)
+        self.RevokeNode = channel.unary_unary(
+                '/bc.v1.Admin/RevokeNode',
+                request_serializer=bc_dot_v1_dot_admin__pb2.RevokeNodeRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.NodeInfo.FromString,
+                _registered_method=True)
+        self.CordonNode = channel.unary_unary(
+                '/bc.v1.Admin/CordonNode',
+                request_serializer=bc_dot_v1_dot_admin__pb2.CordonNodeRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.NodeInfo.FromString,
+                _registered_method=True)
+        self.DeleteNode = channel.unary_unary(
+                '/bc.v1.Admin/DeleteNode',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetNodeRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.DeleteNodeResponse.FromString,
+                _registered_method=True)
+        self.GetPki = channel.unary_unary(
+                '/bc.v1.Admin/GetPki',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetPkiRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.PkiInfo.FromString,
+                _registered_method=True)
+        self.RotateSigningKey = channel.unary_unary(
+                '/bc.v1.Admin/RotateSigningKey',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetPkiRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.PkiInfo.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -205,6 +230,36 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CordonNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPki(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateSigningKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -282,6 +337,31 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.CancelCommand,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.CancelCommandRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.CommandInfo.SerializeToString,
+            ),
+            'RevokeNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeNode,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.RevokeNodeRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.NodeInfo.SerializeToString,
+            ),
+            'CordonNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.CordonNode,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.CordonNodeRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.NodeInfo.SerializeToString,
+            ),
+            'DeleteNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteNode,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetNodeRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.DeleteNodeResponse.SerializeToString,
+            ),
+            'GetPki': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPki,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetPkiRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.PkiInfo.SerializeToString,
+            ),
+            'RotateSigningKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateSigningKey,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetPkiRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.PkiInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -689,6 +769,141 @@ class Admin:
             '/bc.v1.Admin/CancelCommand',
             bc_dot_v1_dot_admin__pb2.CancelCommandRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.CommandInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/RevokeNode',
+            bc_dot_v1_dot_admin__pb2.RevokeNodeRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CordonNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/CordonNode',
+            bc_dot_v1_dot_admin__pb2.CordonNodeRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/DeleteNode',
+            bc_dot_v1_dot_admin__pb2.GetNodeRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.DeleteNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPki(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetPki',
+            bc_dot_v1_dot_admin__pb2.GetPkiRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.PkiInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateSigningKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/RotateSigningKey',
+            bc_dot_v1_dot_admin__pb2.GetPkiRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.PkiInfo.FromString,
             options,
             channel_credentials,
             insecure,

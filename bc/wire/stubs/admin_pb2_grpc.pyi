@@ -47,6 +47,11 @@ class AdminStub:
     GetCommand: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetCommandRequest, _admin_pb2.CommandInfo]
     ListCommands: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListCommandsRequest, _admin_pb2.ListCommandsResponse]
     CancelCommand: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CancelCommandRequest, _admin_pb2.CommandInfo]
+    RevokeNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeNodeRequest, _admin_pb2.NodeInfo]
+    CordonNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CordonNodeRequest, _admin_pb2.NodeInfo]
+    DeleteNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.DeleteNodeResponse]
+    GetPki: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]
+    RotateSigningKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -66,6 +71,11 @@ class AdminAsyncStub(AdminStub):
     GetCommand: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetCommandRequest, _admin_pb2.CommandInfo]  # type: ignore[assignment]
     ListCommands: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListCommandsRequest, _admin_pb2.ListCommandsResponse]  # type: ignore[assignment]
     CancelCommand: _aio.UnaryUnaryMultiCallable[_admin_pb2.CancelCommandRequest, _admin_pb2.CommandInfo]  # type: ignore[assignment]
+    RevokeNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeNodeRequest, _admin_pb2.NodeInfo]  # type: ignore[assignment]
+    CordonNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.CordonNodeRequest, _admin_pb2.NodeInfo]  # type: ignore[assignment]
+    DeleteNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.DeleteNodeResponse]  # type: ignore[assignment]
+    GetPki: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]  # type: ignore[assignment]
+    RotateSigningKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -172,5 +182,40 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.CancelCommandRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.CommandInfo, _abc.Awaitable[_admin_pb2.CommandInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def RevokeNode(
+        self,
+        request: _admin_pb2.RevokeNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.NodeInfo, _abc.Awaitable[_admin_pb2.NodeInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def CordonNode(
+        self,
+        request: _admin_pb2.CordonNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.NodeInfo, _abc.Awaitable[_admin_pb2.NodeInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteNode(
+        self,
+        request: _admin_pb2.GetNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteNodeResponse, _abc.Awaitable[_admin_pb2.DeleteNodeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetPki(
+        self,
+        request: _admin_pb2.GetPkiRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.PkiInfo, _abc.Awaitable[_admin_pb2.PkiInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def RotateSigningKey(
+        self,
+        request: _admin_pb2.GetPkiRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.PkiInfo, _abc.Awaitable[_admin_pb2.PkiInfo]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

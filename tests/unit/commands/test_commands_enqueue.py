@@ -12,9 +12,11 @@ from google.protobuf import any_pb2, struct_pb2
 
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue, payload_from_json
+from bc.control.intent import Intent, Signature
 from bc.errors import NotFound, UsageError
 from bc.ids import ulid
-from bc.protocol.pb import kinds_pb2, session_pb2
+from bc.pki.signing import BadSignature, SigningKeys, Verifier
+from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
 from bc.store import Row
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore, SqliteStore
@@ -112,17 +114,31 @@ async def test_empty_keys_get_fresh_ones(add_node: AddNode, put: Enqueue) -> Non
     assert a["id"] != b["id"]
 
 
-async def test_the_signer_signs_the_stored_body_bytes(store: InlineSqliteStore, bus: Bus, add_node: AddNode) -> None:
+async def test_the_worker_key_signs_the_stored_body_bytes(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, tmp_path: Path, clock: FakeClock
+) -> None:
     await add_node("n1")
-    signed: list[bytes] = []
+    keys = SigningKeys.create(tmp_path, clock)
+    bus.intent = Intent(keys, ca_pem=b"")
+    row = await enqueue(store, bus, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()))
+    assert str(row["signer_key_id"]) == keys.worker.key_id
+    env = common_pb2.Envelope(
+        purpose="command",
+        body=bytes(row["body"]),
+        signature=bytes(row["signature"]),
+        key_id=keys.worker.key_id,
+        cert_chain=[keys.worker.cert_der],
+    )
+    assert Verifier([keys.root_pem]).verify(env, "command", clock.now()) == keys.worker.key_id
+    env.body = env.body + b"\x00"
+    with pytest.raises(BadSignature, match="does not match the body"):
+        Verifier([keys.root_pem]).verify(env, "command", clock.now())
 
-    def signer(body: bytes) -> tuple[bytes, str]:
-        signed.append(body)
-        return b"sig:" + body[:4], "worker-key-1"
 
-    row = await enqueue(store, bus, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()), signer=signer)
-    assert signed == [bytes(row["body"])]
-    assert bytes(row["signature"]) == b"sig:" + bytes(row["body"])[:4]
+async def test_without_signing_nothing_is_signed(store: InlineSqliteStore, bus: Bus, add_node: AddNode) -> None:
+    await add_node("n1")
+    row = await enqueue(store, bus, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()))
+    assert row["signature"] is None and row["signer_key_id"] == ""
 
 
 @pytest.mark.parametrize(
@@ -208,11 +224,13 @@ async def test_enqueue_is_one_transaction(
     """A failure after the seq was taken (here: the signer) leaves no trace: no seq, no row, no event, no poke."""
     await add_node("n1")
 
-    def broken_signer(body: bytes) -> tuple[bytes, str]:
-        raise RuntimeError("the signing key is unavailable")
+    class BrokenIntent(Intent):
+        def sign_command(self, body: bytes) -> Signature | None:
+            raise RuntimeError("the signing key is unavailable")
 
+    bus.intent = BrokenIntent(None, ca_pem=b"")
     with pytest.raises(RuntimeError, match="signing key"):
-        await enqueue(store, bus, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()), signer=broken_signer)
+        await enqueue(store, bus, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()))
     assert await next_cmd_seq(store, "n1") == 1
     assert await count("commands") == 0
     assert await events("command.") == []

@@ -200,8 +200,17 @@ def test_generation_is_asks_only_above_applied_and_above_what_was_sent() -> None
     asked = c.generation_is(3, "poke")
     assert asked == [LoadSpec("poke")]
     c.spec_loaded(3, common_pb2.Envelope(body=b"g3"))
-    assert c.generation_is(3, "backstop") == []  # already sent on this session
-    assert c.generation_is(4, "backstop") == [LoadSpec("backstop")]
+    assert c.generation_is(3, "poke") == []  # already sent on this session
+    assert c.generation_is(4, "poke") == [LoadSpec("poke")]
+
+
+def test_the_backstop_resends_while_the_node_still_reports_an_older_generation() -> None:
+    c = open_core(applied=2, generation=2)
+    c.spec_loaded(3, common_pb2.Envelope(body=b"g3"))
+    # The frame was lost, or the node refused what reached it: the backstop sends the stored bytes again.
+    assert c.generation_is(3, "backstop") == [LoadSpec("backstop")]
+    c.on_message(heartbeat(applied=3), T0 + 1)
+    assert c.generation_is(3, "backstop") == []
 
 
 def test_generation_is_respects_the_applied_generation_reported_later() -> None:

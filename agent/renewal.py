@@ -1,0 +1,284 @@
+"""Node certificate renewal: a new key and certificate at about 60 % of the current one's life.
+
+Node certificates last at most 24 h. The `Renewer` sleeps until 60 % of the
+current certificate's lifetime has passed (at once if that is already past),
+then generates a new P-256 key here (it never leaves the host), sends a CSR
+for it with `Join.Renew` over mutual TLS with the *current* key and
+certificate, and proves possession of the current key with a signature over
+the CSR and the time (`bc.pki.renewal`). On success it replaces node.key and
+node.crt together (`agent.identity.replace_key_pair`, which keeps a usable
+pair through a crash), stores the trust bundle the server returned and calls
+`on_renewed`, which makes the agent redial with the new certificate.
+
+A failed attempt is logged (`event=renewal.failed attempt=N expires_in_s=…`)
+and retried after 30 s, doubling to 10 min, jittered; a retry that would
+land after the expiry moves to just before it. An expired certificate cannot
+be renewed (the TLS handshake itself refuses it), so the renewer then logs
+`event=renewal.impossible` with what the operator must do and stops.
+
+Times: the proof's timestamp and the expiry checks use server time (the
+local clock plus the offset the session learned from Welcome), because the
+server judges the proof by its own clock and issued the certificate's dates.
+The scheduling rules are pure functions below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from agent.identity import Identity, replace_key_pair
+from agent.trust import decide_bundle
+from bc.clock import Clock
+from bc.errors import BcError, ProtocolError
+from bc.pki import keys
+from bc.pki.ca import BACKDATE_S
+from bc.pki.identity import make_csr, peer_identity
+from bc.pki.renewal import sign_renew_proof
+from bc.protocol.pb import common_pb2, join_pb2
+from bc.wire.status import status_to_error
+from bc.wire.stubs import join_pb2_grpc
+from bc.wire.tls import channel_credentials
+
+log = logging.getLogger("agent.renewal")
+
+RENEW_AT_FRACTION = 0.6
+RETRY_BASE_S = 30.0
+RETRY_CAP_S = 600.0
+RETRY_JITTER = 0.2  # a retry lands up to 20 % before its doubling, so failed nodes do not retry in step
+LAST_TRY_MARGIN_S = 10.0  # the last retry before expiry starts this long before it
+WAKE_CHECK_S = 60.0  # long sleeps wake this often to re-read the wall clock (a suspended host misses monotonic time)
+RPC_TIMEOUT_S = 20.0
+
+IMPOSSIBLE_HINT = "the certificate expired; join again: bc join --reset --yes, then bc join"
+
+# (request, current key PEM, current certificate PEM) -> response; tests swap the gRPC call out.
+RenewCall = Callable[[join_pb2.RenewRequest, bytes, bytes], Awaitable[join_pb2.RenewResponse]]
+
+
+# -- the pure rules ------------------------------------------------------------------------------
+
+
+def renew_at(not_before: float, not_after: float, backdate_s: float = BACKDATE_S) -> float:
+    """When to renew a certificate valid over [not_before, not_after]: 60 % into the lifetime it was given.
+
+    The CA dates every certificate `backdate_s` (60 s) into the past to forgive clock skew, so the
+    lifetime starts that much after `not_before` (for a certificate shorter than its backdate, at
+    `not_before`). Without this, a short-lived certificate would look 60 % used the moment it arrives.
+    """
+    issued = not_before + backdate_s if not_after - not_before > backdate_s else not_before
+    return issued + RENEW_AT_FRACTION * (not_after - issued)
+
+
+def retry_delay(attempt: int, rng: random.Random) -> float:
+    """The wait after the `attempt`-th failure in a row (1, 2, …): 30 s doubling to 10 min, jittered.
+
+    Jitter takes up to 20 % off the doubling, but never below 30 s: always within [30 s, 10 min].
+    """
+    nominal = min(RETRY_CAP_S, RETRY_BASE_S * 2.0 ** min(max(attempt, 1) - 1, 16))
+    return max(RETRY_BASE_S, nominal * rng.uniform(1.0 - RETRY_JITTER, 1.0))
+
+
+def next_attempt_at(now: float, attempt: int, not_after: float, rng: random.Random) -> float | None:
+    """When to try again after the `attempt`-th failure, or None when no attempt can start before expiry.
+
+    A back-off that would overshoot the expiry is cut to one last try `LAST_TRY_MARGIN_S` before it;
+    once even that is past, retrying is pointless (the certificate will be refused at the handshake).
+    """
+    if now >= not_after:
+        return None
+    at = now + retry_delay(attempt, rng)
+    if at < not_after - LAST_TRY_MARGIN_S:
+        return at
+    last = not_after - LAST_TRY_MARGIN_S
+    return last if last > now else None
+
+
+# -- the loop ------------------------------------------------------------------------------------
+
+
+class Renewer:
+    """Keeps the node's certificate renewed until it cannot (expired) or the task is cancelled."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        identity: Identity,
+        clock: Clock,
+        rng: random.Random,
+        *,
+        on_renewed: Callable[[], None] | None = None,
+        on_trust: Callable[[common_pb2.TrustBundle], None] | None = None,
+        server_offset_ms: Callable[[], int] | None = None,
+        call: RenewCall | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.identity = identity
+        self.clock = clock
+        self.rng = rng
+        self.on_renewed = on_renewed
+        self.on_trust = on_trust
+        self._offset_ms = server_offset_ms or (lambda: 0)
+        self._call: RenewCall = call or self._grpc_renew
+        self.renewals = 0
+
+    def now(self) -> float:
+        """Server time in seconds: the local clock plus the offset from the last Welcome."""
+        return self.clock.now() + self._offset_ms() / 1000.0
+
+    async def run(self) -> None:
+        """Renew at 60 %, retry failures with back-off, stop once the certificate has expired."""
+        attempt = 0
+        retry: float | None = None
+        while True:
+            try:
+                cert = await asyncio.to_thread(self._current_cert)
+            except (OSError, BcError) as e:  # without node.crt the agent cannot dial either; keep trying
+                attempt += 1
+                log.error("event=renewal.failed attempt=%d expires_in_s=unknown error=%s", attempt, _describe(e))
+                await self.clock.sleep(retry_delay(attempt, self.rng))
+                continue
+            not_before = cert.not_valid_before_utc.timestamp()
+            not_after = cert.not_valid_after_utc.timestamp()
+            if self.now() >= not_after:
+                self._impossible(cert)
+                return
+            if retry is None:
+                at = renew_at(not_before, not_after)
+                log.info(
+                    "event=renewal.scheduled serial=%x in_s=%.0f expires_in_s=%.0f",
+                    cert.serial_number,
+                    max(0.0, at - self.now()),
+                    not_after - self.now(),
+                )
+            else:
+                at = retry
+            await self._sleep_until(at)
+            if self.now() >= not_after:
+                self._impossible(cert)
+                return
+            try:
+                await self.renew_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # every failure is retried; the log line says what went wrong
+                attempt += 1
+                now = self.now()
+                log.warning(
+                    "event=renewal.failed attempt=%d expires_in_s=%.0f error=%s",
+                    attempt,
+                    not_after - now,
+                    _describe(e),
+                )
+                retry = next_attempt_at(now, attempt, not_after, self.rng)
+                if retry is None:
+                    # No room for another try: sleep until the expiry, where the loop says it is impossible.
+                    retry = not_after
+                continue
+            attempt, retry = 0, None
+
+    async def renew_once(self) -> x509.Certificate:
+        """One renewal: new key, CSR, proof, `Join.Renew`, files replaced, trust stored; the new certificate."""
+        key_pem, cert_pem = await asyncio.to_thread(self._read_pair)
+        current_key = keys.load_key_pem(key_pem)
+        new_key = keys.generate_key()
+        csr_der = make_csr(new_key, self.identity.node_id).public_bytes(serialization.Encoding.DER)
+        timestamp_ms = round(self.now() * 1000)
+        request = join_pb2.RenewRequest(
+            csr_der=csr_der,
+            timestamp_ms=timestamp_ms,
+            proof=sign_renew_proof(current_key, csr_der, timestamp_ms),
+        )
+        response = await self._call(request, key_pem, cert_pem)
+        ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
+        new_cert = self._check_issued(response.cert_pem, new_key, ca_pem)
+        await asyncio.to_thread(
+            replace_key_pair, self.data_dir, self.identity, keys.key_to_pem(new_key), response.cert_pem
+        )
+        if self._store_trust(response):
+            await asyncio.to_thread(self.identity.save, self.data_dir)
+        self.renewals += 1
+        log.info(
+            "event=renewal.succeeded serial=%x not_after=%s",
+            new_cert.serial_number,
+            new_cert.not_valid_after_utc.isoformat(),
+        )
+        if self.on_renewed is not None:
+            self.on_renewed()
+        return new_cert
+
+    def _store_trust(self, response: join_pb2.RenewResponse) -> bool:
+        """Hold the bundle the server returned, by the same rule as a Welcome's (agent.trust); True if
+        identity.json needs saving. An unsigned bundle cannot replace one that holds roots."""
+        env = response.trust_envelope if response.HasField("trust_envelope") else None
+        ca_pem = self.identity.read(self.data_dir, "ca")
+        d = decide_bundle(self.identity.trust_bundle(), env, response.trust, ca_pem, self.now())
+        if d.bundle is None:
+            if d.reason not in ("unchanged", "no bundle offered"):
+                log.warning("event=trust.bundle-refused source=renew reason=%s", d.reason.replace(" ", "-"))
+            return False
+        self.identity.set_trust_bundle(d.bundle)
+        if self.on_trust is not None:
+            self.on_trust(d.bundle)
+        return True
+
+    def _check_issued(self, cert_pem: bytes, new_key: keys.PrivateKey, ca_pem: bytes) -> x509.Certificate:
+        """Refuse to store a certificate that would not work: wrong key, another node, another CA."""
+        cert = keys.load_cert_pem(cert_pem)
+        peer = peer_identity(cert, keys.load_cert_pem(ca_pem))
+        if cert.public_key() != new_key.public_key():
+            raise ProtocolError("the renewed certificate is not for the key this node sent")
+        if peer.kind != "node" or peer.name != self.identity.node_id:
+            raise ProtocolError(f"the renewed certificate names {peer.kind} {peer.name!r}, not this node")
+        if peer.identity_generation != self.identity.identity_generation:
+            raise ProtocolError(
+                f"the renewed certificate is for identity generation {peer.identity_generation},"
+                f" not {self.identity.identity_generation}"
+            )
+        return cert
+
+    async def _grpc_renew(
+        self, request: join_pb2.RenewRequest, key_pem: bytes, cert_pem: bytes
+    ) -> join_pb2.RenewResponse:
+        # The call authenticates with the pair the proof was signed with, not whatever is on disk by then.
+        ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
+        creds = channel_credentials(ca_pem, key_pem, cert_pem)
+        try:
+            async with grpc.aio.secure_channel(self.identity.server, creds) as channel:
+                response: join_pb2.RenewResponse = await join_pb2_grpc.JoinStub(channel).Renew(
+                    request, timeout=RPC_TIMEOUT_S
+                )
+        except grpc.aio.AioRpcError as e:
+            raise status_to_error(e.code(), e.details() or "", server=self.identity.server) from None
+        return response
+
+    def _read_pair(self) -> tuple[bytes, bytes]:
+        return self.identity.read(self.data_dir, "key"), self.identity.read(self.data_dir, "cert")
+
+    def _current_cert(self) -> x509.Certificate:
+        return keys.load_cert_pem(self.identity.read(self.data_dir, "cert"))
+
+    async def _sleep_until(self, at: float) -> None:
+        while (left := at - self.now()) > 0:
+            await self.clock.sleep(min(left, WAKE_CHECK_S))
+
+    def _impossible(self, cert: x509.Certificate) -> None:
+        log.error(
+            "event=renewal.impossible serial=%x expired_at=%s: %s",
+            cert.serial_number,
+            cert.not_valid_after_utc.isoformat(),
+            IMPOSSIBLE_HINT,
+        )
+
+
+def _describe(e: Exception) -> str:
+    if isinstance(e, BcError):
+        return e.message
+    return f"{type(e).__name__}: {e}"

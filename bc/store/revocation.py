@@ -1,0 +1,63 @@
+"""Certificate revocation and the node certificates that attested results are checked against."""
+
+from __future__ import annotations
+
+from bc.store.base import Row, Tx
+
+
+async def revoke_node(tx: Tx, node_id: str, reason: str, now_ms: int) -> list[str]:
+    """Revoke every live certificate of the node; returns the serials revoked now."""
+    rows = await tx.fetchall(
+        "UPDATE node_certs SET revoked_at_ms = :t, revoke_reason = :r"
+        " WHERE node_id = :n AND revoked_at_ms IS NULL RETURNING serial",
+        {"t": now_ms, "r": reason, "n": node_id},
+    )
+    return [str(r["serial"]) for r in rows]
+
+
+async def revoked_among(tx: Tx, serials: list[str]) -> list[Row]:
+    """Which of these serials are revoked (the gateway's revocation feed asks for its sessions')."""
+    out: list[Row] = []
+    for i in range(0, len(serials), 500):
+        chunk = serials[i : i + 500]
+        params = {f"s{j}": s for j, s in enumerate(chunk)}
+        names = ", ".join(f":s{j}" for j in range(len(chunk)))
+        out += await tx.fetchall(
+            f"SELECT serial, node_id, revoke_reason FROM node_certs WHERE revoked_at_ms IS NOT NULL"
+            f" AND serial IN ({names})",
+            params,
+        )
+    return out
+
+
+async def live_certs(tx: Tx, node_id: str, limit: int = 8) -> list[str]:
+    """PEMs of the node's unrevoked certificates of its current identity, newest first."""
+    rows = await tx.fetchall(
+        "SELECT c.cert_pem FROM node_certs c JOIN nodes n ON n.node_id = c.node_id"
+        " WHERE c.node_id = :n AND c.revoked_at_ms IS NULL AND c.identity_generation = n.identity_generation"
+        " ORDER BY c.issued_at_ms DESC LIMIT :l",
+        {"n": node_id, "l": limit},
+    )
+    return [str(r["cert_pem"]) for r in rows]
+
+
+async def cert_states(tx: Tx) -> dict[str, Row]:
+    """Per node: its newest certificate's expiry, how many of its current identity's certificates are
+    unrevoked, and a revocation reason if any."""
+    rows = await tx.fetchall(
+        "SELECT c.node_id, MAX(c.not_after_ms) AS not_after_ms,"
+        " SUM(CASE WHEN c.revoked_at_ms IS NULL THEN 1 ELSE 0 END) AS live,"
+        " MAX(c.revoke_reason) AS revoke_reason, COUNT(*) AS total"
+        " FROM node_certs c JOIN nodes n ON n.node_id = c.node_id"
+        " WHERE c.identity_generation = n.identity_generation GROUP BY c.node_id",
+        {},
+    )
+    return {str(r["node_id"]): r for r in rows}
+
+
+async def count_events(tx: Tx, type_: str, subject: str, since_ms: int) -> int:
+    v = await tx.fetchval(
+        "SELECT COUNT(*) FROM events WHERE type = :t AND subject = :s AND at_ms >= :since",
+        {"t": type_, "s": subject, "since": since_ms},
+    )
+    return int(v or 0)

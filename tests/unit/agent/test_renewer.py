@@ -1,0 +1,246 @@
+"""The agent's Renewer on a fake clock, against a fake Join.Renew backed by a real CA; and the key/cert crash rule."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from agent.identity import Identity, replace_key_pair, write_atomic
+from agent.renewal import IMPOSSIBLE_HINT, Renewer, renew_at
+from bc.errors import ProtocolError, Unavailable
+from bc.pki import keys
+from bc.pki.ca import CertificateAuthority
+from bc.pki.identity import make_csr
+from bc.pki.renewal import verify_renew_proof
+from bc.protocol.pb import common_pb2, join_pb2
+from bc.testing import FakeClock
+
+TTL_S = 3600
+
+
+class Node:
+    """A node's data dir as `bc join` leaves it, and a CA playing the server."""
+
+    def __init__(self, root: Path, clock: FakeClock, ttl_s: int = TTL_S, idgen: int = 1) -> None:
+        self.dir = root / "node"
+        self.clock = clock
+        self.ca = CertificateAuthority.create(clock)
+        self.ttl_s = ttl_s
+        self.calls: list[float] = []
+        self.fail_with: Exception | None = None
+        key = keys.generate_key()
+        cert = self.ca.issue_node_cert(make_csr(key, "n1"), "n1", "node", idgen, ttl_s)
+        self.dir.mkdir()
+        keys.write_private_key(self.dir / "node.key", key)
+        write_atomic(self.dir / "node.crt", keys.cert_to_pem(cert))
+        write_atomic(self.dir / "ca.crt", self.ca.ca_pem)
+        Identity("n1", "node", "127.0.0.1:1", idgen, self.ca.fingerprint).save(self.dir)
+        self.identity = Identity.load(self.dir)
+
+    def cert(self) -> x509.Certificate:
+        return keys.load_cert_pem((self.dir / "node.crt").read_bytes())
+
+    def key_pem(self) -> bytes:
+        return (self.dir / "node.key").read_bytes()
+
+    async def renew_rpc(self, req: join_pb2.RenewRequest, key_pem: bytes, cert_pem: bytes) -> join_pb2.RenewResponse:
+        """What the server checks of the proof, then a certificate for the CSR's key."""
+        self.calls.append(self.clock.now())
+        if self.fail_with is not None:
+            raise self.fail_with
+        current = keys.load_cert_pem(cert_pem)
+        assert current.public_key() == keys.load_key_pem(key_pem).public_key()
+        verify_renew_proof(current, req.csr_der, req.timestamp_ms, req.proof, now_ms=round(self.clock.now() * 1000))
+        csr = x509.load_der_x509_csr(req.csr_der)
+        new = self.ca.issue_node_cert(csr, "n1", "node", self.identity.identity_generation, self.ttl_s)
+        return join_pb2.RenewResponse(cert_pem=keys.cert_to_pem(new), trust=common_pb2.TrustBundle(ca_pem=b"bundle"))
+
+    def renewer(self, on_renewed: Callable[[], None] | None = None) -> Renewer:
+        return Renewer(
+            self.dir, self.identity, self.clock, random.Random(5), on_renewed=on_renewed, call=self.renew_rpc
+        )
+
+
+@pytest.fixture
+def node(tmp_path: Path, clock: FakeClock) -> Node:
+    return Node(tmp_path, clock)
+
+
+async def test_one_renewal_rotates_the_key_and_stores_the_certificate_and_trust(node: Node) -> None:
+    old_cert, old_key = node.cert(), node.key_pem()
+    renewed: list[int] = []
+    new = await node.renewer(on_renewed=lambda: renewed.append(1)).renew_once()
+    assert renewed == [1]
+    assert node.cert().serial_number == new.serial_number != old_cert.serial_number
+    assert node.key_pem() != old_key
+    assert node.cert().public_key() == keys.load_key_pem(node.key_pem()).public_key()
+    assert (node.dir / "node.key").stat().st_mode & 0o777 == 0o600
+    assert not list(node.dir.glob("*.next"))
+    stored = common_pb2.TrustBundle.FromString(base64.b64decode(Identity.load(node.dir).trust_bundle_b64))
+    assert stored.ca_pem == b"bundle"
+
+
+async def test_an_empty_trust_bundle_keeps_the_stored_one(node: Node) -> None:
+    node.identity.set_trust_bundle(common_pb2.TrustBundle(ca_pem=b"kept"))
+    renewer = node.renewer()
+    assert not renewer._store_trust(join_pb2.RenewResponse(cert_pem=b"x"))
+    assert node.identity.trust_bundle().ca_pem == b"kept"
+
+
+async def test_an_unsigned_bundle_cannot_replace_one_that_holds_roots(node: Node) -> None:
+    node.identity.set_trust_bundle(common_pb2.TrustBundle(ca_pem=b"kept", command_signing_roots=[b"root"]))
+    renewer = node.renewer()
+    stripped = join_pb2.RenewResponse(cert_pem=b"x", trust=common_pb2.TrustBundle(ca_pem=b"kept"))
+    assert not renewer._store_trust(stripped)
+    assert list(node.identity.trust_bundle().command_signing_roots) == [b"root"]
+
+
+async def test_a_certificate_for_another_key_is_not_stored(node: Node) -> None:
+    before = (node.cert().serial_number, node.key_pem())
+
+    async def wrong_key(req: join_pb2.RenewRequest, key_pem: bytes, cert_pem: bytes) -> join_pb2.RenewResponse:
+        other = node.ca.issue_node_cert(make_csr(keys.generate_key(), "n1"), "n1", "node", 1, TTL_S)
+        return join_pb2.RenewResponse(cert_pem=keys.cert_to_pem(other))
+
+    renewer = Renewer(node.dir, node.identity, node.clock, random.Random(1), call=wrong_key)
+    with pytest.raises(ProtocolError, match="not for the key"):
+        await renewer.renew_once()
+    assert (node.cert().serial_number, node.key_pem()) == before
+
+
+async def test_renews_at_60_percent_of_each_certificates_life(node: Node, clock: FakeClock) -> None:
+    first = node.cert()
+    done = asyncio.Event()
+    renewer = node.renewer(on_renewed=lambda: done.set() if len(node.calls) == 2 else None)
+    task = asyncio.create_task(renewer.run())
+    await asyncio.wait_for(done.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    due = renew_at(first.not_valid_before_utc.timestamp(), first.not_valid_after_utc.timestamp())
+    assert node.calls[0] == pytest.approx(due, abs=0.01)
+    assert node.calls[1] == pytest.approx(due + 0.6 * TTL_S, abs=0.01)  # the second certificate, issued at `due`
+
+
+async def test_the_proof_uses_server_time(node: Node, clock: FakeClock) -> None:
+    # The node's clock is 5 minutes behind the server's; the Welcome offset corrects the proof's time.
+    clock_behind = FakeClock(clock.now() - 300)
+    renewer = Renewer(
+        node.dir, node.identity, clock_behind, random.Random(1), call=node.renew_rpc, server_offset_ms=lambda: 300_000
+    )
+    await renewer.renew_once()  # the fake server checks the timestamp against its own (the test's) clock
+
+
+async def test_failures_back_off_then_stop_at_expiry(
+    node: Node, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.renewal")
+    node.fail_with = Unavailable("cannot reach bc serve at 127.0.0.1:1: connection refused")
+    cert = node.cert()
+    not_after = cert.not_valid_after_utc.timestamp()
+    await asyncio.wait_for(node.renewer().run(), 10)  # returns by itself: nothing left to try
+    assert clock.now() >= not_after
+    assert all(t < not_after for t in node.calls)
+    gaps = [b - a for a, b in itertools.pairwise(node.calls)]
+    assert gaps[0] == pytest.approx(30, abs=0.01) and all(30 <= g <= 600 for g in gaps[:-1]) and gaps[-1] <= 600
+    failed = [r.getMessage() for r in caplog.records if "event=renewal.failed" in r.getMessage()]
+    assert len(failed) == len(node.calls)
+    assert failed[0].startswith("event=renewal.failed attempt=1 expires_in_s=")
+    assert "connection refused" in failed[0]
+    assert f"attempt={len(node.calls)} " in failed[-1]
+    impossible = [r.getMessage() for r in caplog.records if "event=renewal.impossible" in r.getMessage()]
+    assert len(impossible) == 1 and IMPOSSIBLE_HINT in impossible[0]
+
+
+async def test_an_expired_certificate_is_not_renewed(
+    node: Node, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.renewal")
+    clock.advance(TTL_S + 1)
+    await asyncio.wait_for(node.renewer().run(), 10)
+    assert node.calls == []
+    assert any("event=renewal.impossible" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_failure_then_a_success_starts_the_schedule_over(node: Node, clock: FakeClock) -> None:
+    node.fail_with = Unavailable("down")
+    done = asyncio.Event()
+
+    def renewed() -> None:
+        done.set()
+
+    renewer = node.renewer(on_renewed=renewed)
+    task = asyncio.create_task(renewer.run())
+    while len(node.calls) < 2:
+        await asyncio.sleep(0)
+    node.fail_with = None
+    await asyncio.wait_for(done.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert renewer.renewals == 1
+
+
+# -- the crash rule for node.key / node.crt --------------------------------------------------------
+
+
+def _new_pair(node: Node, idgen: int = 1) -> tuple[bytes, bytes]:
+    key = keys.generate_key()
+    cert = node.ca.issue_node_cert(make_csr(key, "n1"), "n1", "node", idgen, TTL_S)
+    return keys.key_to_pem(key), keys.cert_to_pem(cert)
+
+
+def _pair_matches(d: Path) -> bool:
+    cert = keys.load_cert_pem((d / "node.crt").read_bytes())
+    return cert.public_key() == keys.load_key_pem((d / "node.key").read_bytes()).public_key()
+
+
+def test_a_crash_before_the_new_certificate_is_written_keeps_the_old_pair(node: Node) -> None:
+    old = (node.key_pem(), (node.dir / "node.crt").read_bytes())
+    key_pem, _ = _new_pair(node)
+    write_atomic(node.dir / "node.key.next", key_pem, 0o600)  # crash here
+    Identity.load(node.dir)
+    assert (node.key_pem(), (node.dir / "node.crt").read_bytes()) == old
+    assert not list(node.dir.glob("*.next"))
+
+
+def test_a_crash_with_both_new_files_written_finishes_the_replacement(node: Node) -> None:
+    key_pem, cert_pem = _new_pair(node)
+    write_atomic(node.dir / "node.key.next", key_pem, 0o600)
+    write_atomic(node.dir / "node.crt.next", cert_pem)  # crash here
+    Identity.load(node.dir)
+    assert (node.key_pem(), (node.dir / "node.crt").read_bytes()) == (key_pem, cert_pem)
+    assert (node.dir / "node.key").stat().st_mode & 0o777 == 0o600
+    assert not list(node.dir.glob("*.next"))
+
+
+def test_a_crash_between_the_two_renames_finishes_the_replacement(node: Node) -> None:
+    key_pem, cert_pem = _new_pair(node)
+    write_atomic(node.dir / "node.key.next", key_pem, 0o600)
+    write_atomic(node.dir / "node.crt.next", cert_pem)
+    (node.dir / "node.key.next").rename(node.dir / "node.key")  # crash here: new key, old certificate
+    assert not _pair_matches(node.dir)
+    Identity.load(node.dir)
+    assert _pair_matches(node.dir) and (node.dir / "node.crt").read_bytes() == cert_pem
+
+
+def test_leftovers_of_an_older_identity_are_discarded(node: Node) -> None:
+    old = (node.key_pem(), (node.dir / "node.crt").read_bytes())
+    key_pem, cert_pem = _new_pair(node, idgen=7)  # e.g. left behind before a `bc join --reset`
+    write_atomic(node.dir / "node.key.next", key_pem, 0o600)
+    write_atomic(node.dir / "node.crt.next", cert_pem)
+    Identity.load(node.dir)
+    assert (node.key_pem(), (node.dir / "node.crt").read_bytes()) == old
+    assert not list(node.dir.glob("*.next"))
+
+
+def test_a_complete_replacement_leaves_nothing_pending(node: Node) -> None:
+    key_pem, cert_pem = _new_pair(node)
+    replace_key_pair(node.dir, node.identity, key_pem, cert_pem)
+    assert _pair_matches(node.dir) and not list(node.dir.glob("*.next"))
