@@ -7,6 +7,10 @@
 2. The agent journal's `accepted` + `done` writes per second next to the raw
    fsynced SQLite commit rate of the same disk, measured in the same run: the
    ratio says how close the journal runs to the disk's limit.
+
+`bc serve` runs with whatever flags the caller passes (`serve_args`; none by
+default, so a new install signs commands): `bench.signing` uses that to run
+the same workload with `--command-signing off` and `on`.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import asyncio
 import json
 import shutil
 import sqlite3
+import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +32,32 @@ from agent.main import Agent, AgentOptions
 from bench.run import Lab
 
 
-async def commands_per_second(nodes: int, commands: int) -> dict[str, Any]:
+async def serve(lab: Lab, serve_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """`lab.serve()`, with extra `bc serve` flags when there are any."""
+    if not serve_args:
+        return await lab.serve()
+    server = lab.root / "server"
+    p = lab.spawn("serve", "serve", "--data-dir", str(server), "--listen", lab.address, *serve_args)
+    cfg = server / "operator" / "config.json"
+    for _ in range(300):
+        if cfg.exists():
+            break
+        await asyncio.sleep(0.05)
+    return p
+
+
+async def commands_per_second(nodes: int, commands: int, serve_args: Sequence[str] = ()) -> dict[str, Any]:
+    """Enqueue `commands` inventory.refresh over `nodes` nodes; the rate at which they all reach SUCCEEDED.
+
+    `agents_enforcing` counts the agents whose trust bundle holds a command-signing
+    root, i.e. that checked a signature on every command they ran.
+    """
     root = Path(tempfile.mkdtemp(prefix=f"bc-bench-cmd{nodes}-"))
     lab = Lab(root)
     agents: list[Agent] = []
     tasks: list[asyncio.Task[None]] = []
     try:
-        await lab.serve()
+        await serve(lab, serve_args)
         async with lab.admin() as admin:
             sem = asyncio.Semaphore(16)
 
@@ -81,6 +106,7 @@ async def commands_per_second(nodes: int, commands: int) -> dict[str, Any]:
             "commands": commands,
             "seconds": round(elapsed, 2),
             "commands_per_s": round(commands / elapsed, 1),
+            "agents_enforcing": sum(1 for a in agents if a.trust.enforcing),
         }
     finally:
         for a in agents:

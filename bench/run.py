@@ -10,7 +10,7 @@
 2. gateway memory: `bc serve`'s resident set size with S agent sessions held
    open (the agents share one process here, as the issue allows).
 
-Usage: python -m bench.run [--reservations 100] [--sessions 200] [--only latency|memory]
+Usage: python -m bench.run [--reservations 100] [--sessions 200] [--only latency|memory|commands|journal|dist|signing]
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reservations", type=int, default=100)
     ap.add_argument("--sessions", type=int, default=200)
-    ap.add_argument("--only", choices=["latency", "memory", "commands", "journal"])
+    ap.add_argument("--only", choices=["latency", "memory", "commands", "journal", "dist", "signing"])
     args = ap.parse_args()
     if args.only in (None, "latency"):
         for pace in (250, 0):
@@ -214,6 +214,14 @@ async def main() -> None:
 
         for nodes in (1, 10, 100):
             print("inventory.refresh end to end:", json.dumps(await commands_per_second(nodes, 200)), flush=True)
+    if args.only in (None, "dist"):
+        from bench.dist import dist_figures
+
+        print("dist:", json.dumps(await asyncio.to_thread(dist_figures)), flush=True)
+    if args.only in (None, "signing"):
+        from bench.signing import print_table, signing_figures
+
+        print_table(await signing_figures())
 
 
 if __name__ == "__main__":
