@@ -114,19 +114,11 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    keys.fsync_dir(path.parent)
 
 
 def _next(path: Path) -> Path:
     return path.with_name(path.name + NEXT_SUFFIX)
-
-
-def _fsync_dir(path: Path) -> None:
-    dfd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def replace_key_pair(data_dir: Path, ident: Identity, key_pem: bytes, cert_pem: bytes) -> None:
@@ -136,7 +128,7 @@ def replace_key_pair(data_dir: Path, ident: Identity, key_pem: bytes, cert_pem: 
     write_atomic(_next(cert_path), cert_pem, 0o644)  # from here on the new pair wins after a crash
     os.replace(_next(key_path), key_path)
     os.replace(_next(cert_path), cert_path)
-    _fsync_dir(data_dir)
+    keys.fsync_dir(data_dir)
 
 
 def finish_key_pair(data_dir: Path, ident: Identity) -> None:
@@ -157,7 +149,7 @@ def finish_key_pair(data_dir: Path, ident: Identity) -> None:
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
         log.warning("event=identity.pair-discarded cert=%s", cert_path)
-    _fsync_dir(data_dir)
+    keys.fsync_dir(data_dir)
 
 
 def _pending_pair_ok(data_dir: Path, ident: Identity, cert_path: Path, key_path: Path, *, key_moved: bool) -> bool:

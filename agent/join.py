@@ -134,7 +134,7 @@ def reset_identity(data_dir: Path, now: float) -> list[Path]:
         os.rename(path, aside)
         moved.append(aside)
     if moved:
-        _fsync_dir(data_dir)
+        keys.fsync_dir(data_dir)
     return moved
 
 
@@ -146,14 +146,6 @@ def _free_suffix(files: list[Path], base: str) -> str:
         if not any(p.with_name(p.name + suffix).exists() for p in files):
             return suffix
         n += 1
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _store_identity(data_dir: Path, ident: Identity, node_key: keys.PrivateKey, cert_pem: bytes, ca_pem: bytes) -> None:

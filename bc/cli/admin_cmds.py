@@ -142,11 +142,7 @@ def nodes_revoke(node_id: str, reason: str, as_json: bool) -> None:
 @json_option
 def nodes_cordon(node_id: str, as_json: bool) -> None:
     """Stop placing new reservations on NODE (what runs there keeps running)."""
-    info = call_admin(lambda c: c.cordon_node(node_id, True))
-    if as_json:
-        echo_json(message_to_json(info))
-        return
-    click.echo(f"cordoned {node_id}")
+    _cordon(node_id, True, as_json)
 
 
 @nodes.command("uncordon")
@@ -154,11 +150,15 @@ def nodes_cordon(node_id: str, as_json: bool) -> None:
 @json_option
 def nodes_uncordon(node_id: str, as_json: bool) -> None:
     """Place reservations on NODE again."""
-    info = call_admin(lambda c: c.cordon_node(node_id, False))
+    _cordon(node_id, False, as_json)
+
+
+def _cordon(node_id: str, cordon: bool, as_json: bool) -> None:
+    info = call_admin(lambda c: c.cordon_node(node_id, cordon))
     if as_json:
         echo_json(message_to_json(info))
         return
-    click.echo(f"uncordoned {node_id}")
+    click.echo(f"{'cordoned' if cordon else 'uncordoned'} {node_id}")
 
 
 @nodes.command("delete")

@@ -109,7 +109,12 @@ def write_file_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         except FileNotFoundError:
             pass
         raise
-    dir_fd = os.open(parent, os.O_RDONLY)
+    fsync_dir(parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in `path` survive a power cut."""
+    dir_fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:

@@ -100,3 +100,30 @@ def test_commands_and_specs_are_signed_and_doctor_passes(lab: Lab) -> None:
     server_doctor = lab.bc("doctor", "--data-dir", str(lab.root / "server"))
     assert server_doctor["ok"] is True, server_doctor
     assert_no_tracebacks(lab)
+
+
+@pytest.mark.e2e
+def test_deleting_a_node_needs_yes_a_cordon_and_no_live_reservation(lab: Lab) -> None:
+    bring_up(lab, {"n1": "hgx-h100-8"})
+    res = lab.bc("reserve", "--gpus", "1", "--node", "n1")
+
+    no_yes = lab.run("nodes", "delete", "n1")
+    assert no_yes.returncode == 2 and "add --yes" in no_yes.stderr
+    not_cordoned = lab.run("nodes", "delete", "n1", "--yes")
+    assert not_cordoned.returncode != 0 and "not cordoned" in not_cordoned.stderr
+    assert lab.bc("nodes", "cordon", "n1")["cordoned"] is True
+    refused = lab.run("reserve", "--gpus", "1", "--node", "n1")
+    assert refused.returncode != 0 and "cordoned" in refused.stderr
+    busy = lab.run("nodes", "delete", "n1", "--yes")
+    assert busy.returncode != 0 and "release them first" in busy.stderr
+    assert lab.show("n1")["state"] == "connected"  # every refusal left the node as it was
+
+    lab.bc("release", res["id"])
+    lab.wait_reservation_state(res["id"], "released")
+    gone = lab.bc("nodes", "delete", "n1", "--yes")
+    assert gone["node_id"] == "n1" and gone["revoked_certificates"] >= 1
+    assert all(n["node_id"] != "n1" for n in lab.bc("nodes"))
+    unknown = lab.run("nodes", "show", "n1")
+    assert unknown.returncode != 0 and "no node named" in unknown.stderr
+    code = lab.procs["node-n1"].popen.wait(timeout=15)  # its session was ended by the revocation feed
+    assert code != 0

@@ -78,9 +78,11 @@ class InprocLab:
         )
 
 
-@pytest.fixture
-async def lab(tmp_path: Path) -> AsyncIterator[InprocLab]:
-    server = Server(ServeOptions(data_dir=tmp_path / "server", listen="127.0.0.1:0", heartbeat_interval_s=1.0))
+@contextlib.asynccontextmanager
+async def open_lab(tmp_path: Path, **serve: Any) -> AsyncIterator[InprocLab]:
+    """A started `bc serve` (options as `ServeOptions` fields) with an operator client; stopped afterwards."""
+    opts = {"data_dir": tmp_path / "server", "listen": "127.0.0.1:0", "heartbeat_interval_s": 1.0, **serve}
+    server = Server(ServeOptions(**opts))
     await server.start()
     cfg = OperatorConfig.load(server.operator_config)
     admin = AdminClient(cfg)
@@ -94,3 +96,9 @@ async def lab(tmp_path: Path) -> AsyncIterator[InprocLab]:
                 await lab.stop_node(node_id)
         await admin.__aexit__(None, None, None)
         await server.stop()
+
+
+@pytest.fixture
+async def lab(tmp_path: Path) -> AsyncIterator[InprocLab]:
+    async with open_lab(tmp_path) as lab:
+        yield lab

@@ -7,7 +7,6 @@ the node's files, as a tampered or stale node would.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -19,17 +18,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from agent.identity import Identity
-from bc.cli.client import AdminClient
 from bc.config import OperatorConfig
 from bc.pki import keys
 from bc.pki.identity import make_csr
 from bc.pki.renewal import sign_renew_proof
 from bc.protocol.pb import join_pb2
-from bc.serve import ServeOptions, Server
 from bc.store import identity as id_sql
 from bc.wire.stubs import join_pb2_grpc
 from bc.wire.tls import channel_credentials
-from tests.integration.conftest import InprocLab
+from tests.integration.conftest import InprocLab, open_lab
 
 SHORT_TTL_S = 20
 
@@ -37,26 +34,8 @@ SHORT_TTL_S = 20
 @pytest.fixture
 async def short_lab(tmp_path: Path) -> AsyncIterator[InprocLab]:
     """The in-process lab, with node certificates of 20 s (`bc serve --node-cert-ttl 20`)."""
-    server = Server(
-        ServeOptions(
-            data_dir=tmp_path / "server",
-            listen="127.0.0.1:0",
-            heartbeat_interval_s=1.0,
-            node_cert_ttl_s=SHORT_TTL_S,
-        )
-    )
-    await server.start()
-    admin = AdminClient(OperatorConfig.load(server.operator_config))
-    await admin.__aenter__()
-    lab = InprocLab(tmp_path, server, admin)
-    try:
+    async with open_lab(tmp_path, node_cert_ttl_s=SHORT_TTL_S) as lab:
         yield lab
-    finally:
-        for node_id in list(lab.agents):
-            with contextlib.suppress(Exception):
-                await lab.stop_node(node_id)
-        await admin.__aexit__(None, None, None)
-        await server.stop()
 
 
 def _cert(d: Path) -> x509.Certificate:
