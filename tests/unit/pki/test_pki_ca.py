@@ -17,6 +17,7 @@ from bc.errors import Unauthenticated, UsageError
 from bc.pki import keys
 from bc.pki.ca import CA_CERT_FILE, CA_KEY_FILE, CertificateAuthority
 from bc.pki.identity import make_csr, peer_identity
+from bc.pki.signing import SigningKeys
 
 
 def _cn(cert: x509.Certificate) -> str:
@@ -135,7 +136,34 @@ def test_operator_and_server_certs(ca: CertificateAuthority) -> None:
         peer_identity(server, ca.certificate)
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def _openssl_verify(ca_file: Path, cert_file: Path, purpose: str | None) -> subprocess.CompletedProcess[str]:
+    argv = ["openssl", "verify", *(["-purpose", purpose] if purpose else []), "-CAfile", str(ca_file), str(cert_file)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("which", ["node", "server", "operator", "worker"])
+def test_openssl_verifies_every_certificate_we_issue(which: str, ca: CertificateAuthority, tmp_path: Path) -> None:
+    """The real `openssl verify`, against the CA file (the worker key: against its command-signing root)."""
+    assert shutil.which("openssl"), "the openssl command is part of the test environment"
+    key = keys.generate_key()
+    purpose: str | None
+    if which == "node":
+        cert, purpose, anchor = ca.issue_node_cert(make_csr(key, "n1"), "n1", "node", 1), "sslclient", ca.ca_pem
+    elif which == "server":
+        cert, purpose, anchor = ca.issue_server_cert(["10.0.0.5", "bc.example"], key), "sslserver", ca.ca_pem
+    elif which == "operator":
+        cert, purpose, anchor = ca.issue_operator_cert("alice", key), "sslclient", ca.ca_pem
+    else:
+        signing = SigningKeys.create(tmp_path / "pki", SystemClock())
+        cert, purpose, anchor = signing.worker.cert, None, signing.root_pem
+    (tmp_path / "anchor.pem").write_bytes(anchor)
+    (tmp_path / "leaf.pem").write_bytes(keys.cert_to_pem(cert))
+    ok = _openssl_verify(tmp_path / "anchor.pem", tmp_path / "leaf.pem", purpose)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    (tmp_path / "other.pem").write_bytes(CertificateAuthority.create(SystemClock()).ca_pem)
+    assert _openssl_verify(tmp_path / "other.pem", tmp_path / "leaf.pem", purpose).returncode != 0
+
+
 def test_openssl_verifies_a_node_cert(ca: CertificateAuthority, tmp_path: Path) -> None:
     cert = ca.issue_node_cert(make_csr(keys.generate_key(), "n1"), "n1", "gpu", 1)
     (tmp_path / "ca.pem").write_bytes(ca.ca_pem)
