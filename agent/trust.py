@@ -10,9 +10,11 @@ and again in every Welcome. Rules:
 * A bundle offered in a Welcome replaces the held one only when it is signed
   (purpose `trust-bundle`) by a worker of a root already held, and names the
   CA this node pinned at join. A gateway therefore cannot strip the roots (to
-  slip in unsigned intent) nor add its own. A node holding no roots takes a
-  bundle signed by one of the roots it carries, or an unsigned one: it
-  enforces nothing yet, so nothing is lost.
+  slip in unsigned intent) nor add its own. A node holding no roots (joined
+  before signing was turned on) takes a bundle signed by one of the roots it
+  carries, trust on first use; an unsigned bundle never brings roots. Such a
+  node could be pinned to a gateway's own root, so turning signing on for an
+  old install is best followed by re-joining its nodes (docs/design.md).
 
 All of this is pure; `agent.main` persists the held bundle in identity.json.
 """
@@ -48,7 +50,7 @@ def decide_bundle(
             offered.ParseFromString(offered_env.body)
         except DecodeError:
             return BundleDecision(None, "the signed trust bundle does not decode")
-        if pinned_ca_pem and offered.ca_pem and offered.ca_pem.strip() != pinned_ca_pem.strip():
+        if pinned_ca_pem and offered.ca_pem.strip() != pinned_ca_pem.strip():
             return BundleDecision(None, "the trust bundle names another CA than the one pinned at join")
         roots = list(current.command_signing_roots) if holding_roots else list(offered.command_signing_roots)
         try:
@@ -62,6 +64,12 @@ def decide_bundle(
         return BundleDecision(None, "no bundle offered")
     if holding_roots:
         return BundleDecision(None, "an unsigned trust bundle cannot replace one that holds command-signing roots")
+    if offered_plain.command_signing_roots:
+        # Roots arrive signed by themselves (or at join): an unsigned list could hold anything, even junk
+        # that would leave this node refusing the real server's bundle for good.
+        return BundleDecision(None, "an unsigned trust bundle cannot bring command-signing roots")
+    if pinned_ca_pem and offered_plain.ca_pem and offered_plain.ca_pem.strip() != pinned_ca_pem.strip():
+        return BundleDecision(None, "the trust bundle names another CA than the one pinned at join")
     if offered_plain.SerializeToString(deterministic=True) == current.SerializeToString(deterministic=True):
         return BundleDecision(None, "unchanged")
     return BundleDecision(offered_plain, "no roots held yet")

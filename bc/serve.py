@@ -140,7 +140,10 @@ class Server:
         )
         await self.gateway.renew_lease()
         if self._rotate_at_start:
-            await self.intent.rotate(self.store, self.bus, self.clock)
+            try:
+                await self.intent.rotate(self.store, self.bus, self.clock)
+            except UsageError as e:  # the root key is kept elsewhere: keep signing with the current worker
+                log.warning("event=pki.worker-rotation-skipped reason=%s", e.message)
         self.liveness = Liveness(
             self.store,
             self.bus,

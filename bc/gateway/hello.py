@@ -131,7 +131,9 @@ async def _duplicate_session(
         "epoch": opened.epoch,
     }
     await publish(tx, bus, "security.node.duplicate-session", peer.name, data, now_ms)
-    seen = await rev_sql.count_events(tx, "security.node.duplicate-session", peer.name, now_ms - DUPLICATE_WINDOW_MS)
+    # Only takeovers of this identity count: a re-joined node starts with a clean slate.
+    since = max(now_ms - DUPLICATE_WINDOW_MS, await rev_sql.identity_started_ms(tx, peer.name))
+    seen = await rev_sql.count_events(tx, "security.node.duplicate-session", peer.name, since)
     if seen <= DUPLICATE_LIMIT:
         return False
     serials = await rev_sql.revoke_node(tx, peer.name, "duplicate-identity", now_ms)

@@ -193,6 +193,11 @@ class SigningKeys:
 
     def rotate_worker(self, clock: Clock) -> WorkerSigner:
         """A new worker key under the same root; the old one signs nothing from now on."""
+        if not (self.dir / ROOT_KEY).is_file():
+            raise UsageError(
+                f"the command-signing root key is not on this host ({self.dir / ROOT_KEY}); rotate the worker key"
+                " where the root key is kept and install worker.key and worker.crt here"
+            )
         root_key = _load_ed25519_key(self.dir / ROOT_KEY)
         self.worker = WorkerSigner(*issue_worker(root_key, self.root, clock))
         self._save_worker()
@@ -220,6 +225,7 @@ class Verifier:
     """
 
     def __init__(self, root_pems: list[bytes]) -> None:
+        self.listed = len(root_pems)
         self.roots: list[x509.Certificate] = []
         for pem in root_pems:
             try:
@@ -230,7 +236,9 @@ class Verifier:
 
     @property
     def enforcing(self) -> bool:
-        return bool(self.roots)
+        """Any listed root turns checking on, readable or not: a bundle of unreadable roots refuses
+        everything rather than silently checking nothing."""
+        return self.listed > 0
 
     def verify(self, env: common_pb2.Envelope, purpose: str, at: float | None) -> str:
         """Return the key id that signed `env`, or raise BadSignature."""
@@ -264,9 +272,20 @@ class Verifier:
             raise BadSignature("the signer key is not Ed25519")
         if not any(_issued_by(cert, root) for root in self.roots):
             raise BadSignature("the signer does not chain to a command-signing root")
+        if not _is_worker(cert):
+            raise BadSignature("the signer certificate is not a worker's (a root signs workers, not intent)")
         w = _TrustedWorker(pub, cert.not_valid_before_utc.timestamp(), cert.not_valid_after_utc.timestamp())
         self._workers[env.key_id] = w
         return w
+
+
+def _is_worker(cert: x509.Certificate) -> bool:
+    try:
+        bc_ext = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+        ku = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        return False
+    return not bc_ext.ca and ku.digital_signature
 
 
 def _issued_by(cert: x509.Certificate, root: x509.Certificate) -> bool:

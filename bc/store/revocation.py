@@ -61,3 +61,13 @@ async def count_events(tx: Tx, type_: str, subject: str, since_ms: int) -> int:
         {"t": type_, "s": subject, "since": since_ms},
     )
     return int(v or 0)
+
+
+async def identity_started_ms(tx: Tx, node_id: str) -> int:
+    """When the node's current identity got its first certificate (0 if it has none)."""
+    v = await tx.fetchval(
+        "SELECT MIN(c.issued_at_ms) FROM node_certs c JOIN nodes n ON n.node_id = c.node_id"
+        " WHERE c.node_id = :n AND c.identity_generation = n.identity_generation",
+        {"n": node_id},
+    )
+    return int(v or 0)

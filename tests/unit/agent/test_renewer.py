@@ -61,7 +61,9 @@ class Node:
         verify_renew_proof(current, req.csr_der, req.timestamp_ms, req.proof, now_ms=round(self.clock.now() * 1000))
         csr = x509.load_der_x509_csr(req.csr_der)
         new = self.ca.issue_node_cert(csr, "n1", "node", self.identity.identity_generation, self.ttl_s)
-        return join_pb2.RenewResponse(cert_pem=keys.cert_to_pem(new), trust=common_pb2.TrustBundle(ca_pem=b"bundle"))
+        return join_pb2.RenewResponse(
+            cert_pem=keys.cert_to_pem(new), trust=common_pb2.TrustBundle(ca_pem=self.ca.ca_pem, quorum_k=2)
+        )
 
     def renewer(self, on_renewed: Callable[[], None] | None = None) -> Renewer:
         return Renewer(
@@ -85,7 +87,7 @@ async def test_one_renewal_rotates_the_key_and_stores_the_certificate_and_trust(
     assert (node.dir / "node.key").stat().st_mode & 0o777 == 0o600
     assert not list(node.dir.glob("*.next"))
     stored = common_pb2.TrustBundle.FromString(base64.b64decode(Identity.load(node.dir).trust_bundle_b64))
-    assert stored.ca_pem == b"bundle"
+    assert stored.ca_pem == node.ca.ca_pem and stored.quorum_k == 2
 
 
 async def test_an_empty_trust_bundle_keeps_the_stored_one(node: Node) -> None:
