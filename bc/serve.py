@@ -89,9 +89,12 @@ def _write_operator_config(data_dir: Path, ca: CertificateAuthority, server: str
     except UsageError:
         mine = False
     if mine:
-        OperatorConfig.write(
-            user.parent, server=server, ca_pem=ca.ca_pem, cert_pem=cert_pem, key_pem=key_pem, data_dir=data_dir
-        )
+        try:
+            OperatorConfig.write(
+                user.parent, server=server, ca_pem=ca.ca_pem, cert_pem=cert_pem, key_pem=key_pem, data_dir=data_dir
+            )
+        except OSError as e:  # a read-only home (systemd ProtectHome): the data dir's copy is enough
+            log.warning("event=operator-config.user-copy-skipped path=%s error=%s", user, e.strerror or e)
     return path
 
 
