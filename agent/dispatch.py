@@ -27,6 +27,7 @@ fixed pool of workers (control 4, provision 2, bulk 1) and per-resource locks
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ log = logging.getLogger("agent.dispatch")
 SWEEP_EVERY_S = 3600.0
 
 Sender = Callable[[NodeMessage], Awaitable[None]]
-Check = Callable[[session_pb2.Command, CommandBody], str | None]
+Check = Callable[[session_pb2.Command, CommandBody], str | Awaitable[str | None] | None]
 """None to go on, or the refusal as "CODE" or "CODE: detail" (e.g. "BAD_SIGNATURE: unsigned")."""
 
 
@@ -244,7 +245,8 @@ class Dispatcher:
         if body.not_after_ms <= 0 or self.server_now_ms() >= body.not_after_ms:
             return await self._reject(body, "EXPIRED", "past not_after in server time")
         for check in (self.signature_check, self.quorum_check):
-            refusal = check(cmd, body)
+            outcome = check(cmd, body)
+            refusal = await outcome if inspect.isawaitable(outcome) else outcome
             if refusal:
                 code, _, detail = refusal.partition(": ")
                 return await self._reject(body, code, detail)

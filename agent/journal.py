@@ -59,6 +59,9 @@ SCHEMA = (
     " state TEXT NOT NULL CHECK (state IN ('accepted', 'running', 'done')), incarnation_id TEXT NOT NULL,"
     " boot_id TEXT NOT NULL, retry_safe INTEGER NOT NULL, self_terminating INTEGER NOT NULL,"
     " updated_at REAL NOT NULL, result BLOB, acked INTEGER NOT NULL DEFAULT 0, body BLOB)",
+    # Each destructive-batch leaf runs at most once, ever: the first command to claim it keeps it.
+    "CREATE TABLE IF NOT EXISTS batch_leaves (scope_root TEXT NOT NULL, leaf_index INTEGER NOT NULL,"
+    " command_id TEXT NOT NULL, claimed_at REAL NOT NULL, PRIMARY KEY (scope_root, leaf_index))",
 )
 
 _STATES: dict[str, CommandState] = {s: s for s in rules.COMMAND_STATES}
@@ -192,6 +195,20 @@ class Journal:
             "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (key, value),
         )
+
+    async def claim_batch_leaf(self, scope_root: str, leaf_index: int, command_id: str, now: float) -> str:
+        """Claim a batch leaf for a command (fsynced); returns the command that holds it, maybe another."""
+        async with self._lock:
+            await self._conn.execute(
+                "INSERT INTO batch_leaves (scope_root, leaf_index, command_id, claimed_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (scope_root, leaf_index) DO NOTHING",
+                (scope_root, leaf_index, command_id, now),
+            )
+            async with self._conn.execute(
+                "SELECT command_id FROM batch_leaves WHERE scope_root = ? AND leaf_index = ?", (scope_root, leaf_index)
+            ) as cur:
+                row = await cur.fetchone()
+        return str(row[0]) if row else command_id
 
     async def int_meta(self, key: str) -> int:
         async with self._lock:

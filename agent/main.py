@@ -38,6 +38,7 @@ from agent.identity import Identity
 from agent.journal import Journal, JournalFull, StoredSpec
 from agent.kinds.base import KindContext
 from agent.node_key import NodeKey
+from agent.quorum import QuorumCheck, UnbatchedAllowance
 from agent.renewal import Renewer
 from agent.trust import AgentTrust, decide_bundle
 from bc import __version__
@@ -154,6 +155,13 @@ class Agent:
             applied_generation=lambda: self.applied_generation,
             server_now_ms=self.server_now_ms,
             signature_check=self._check_command_signature,
+            quorum_check=QuorumCheck(
+                self.trust,
+                self.journal.claim_batch_leaf,
+                UnbatchedAllowance(self.data_dir, self.clock),
+                self.server_now_ms,
+                self.clock,
+            ),
             result_signer=self.node_key.attest_update,
         )
         await self.dispatcher.start()
@@ -178,9 +186,12 @@ class Agent:
         return f"BAD_SIGNATURE: {why}"
 
     async def on_welcome_trust(self, e: sc.Welcomed) -> None:
+        await self.offer_trust(e.trust_envelope, e.trust)
+
+    async def offer_trust(self, env: common_pb2.Envelope | None, plain: common_pb2.TrustBundle | None) -> None:
         """Hold a new trust bundle only as agent.trust allows; persist it in identity.json."""
         ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
-        d = decide_bundle(self.trust.bundle, e.trust_envelope, e.trust, ca_pem, self.server_now_ms() / 1000)
+        d = decide_bundle(self.trust.bundle, env, plain, ca_pem, self.server_now_ms() / 1000)
         if d.bundle is None:
             if d.reason not in ("unchanged", "no bundle offered"):
                 log.warning("event=trust.bundle-refused reason=%s", d.reason)
@@ -532,6 +543,8 @@ class SessionRunner:
                 log.info("event=spec.ignored reason=%s", e.reason)
             elif isinstance(e, sc.RejectedSpec):
                 await a.on_rejected_spec(e)
+            elif isinstance(e, sc.TrustOffered):
+                await a.offer_trust(e.envelope, None)
             elif isinstance(e, sc.AckEvents):
                 n = await a.journal.ack_events(e.upto_seq)
                 log.debug("event=events.acked upto=%d dropped=%d", e.upto_seq, n)

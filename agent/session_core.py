@@ -97,6 +97,13 @@ class RejectedSpec:
 
 
 @dataclass(frozen=True)
+class TrustOffered:
+    """A signed trust bundle mid-session; the adapter holds it only as agent.trust allows."""
+
+    envelope: common_pb2.Envelope
+
+
+@dataclass(frozen=True)
 class AckEvents:
     upto_seq: int
 
@@ -129,6 +136,7 @@ Effect = (
     | AcceptSpec
     | IgnoredSpec
     | RejectedSpec
+    | TrustOffered
     | AckEvents
     | AckResults
     | DeliverCommand
@@ -245,6 +253,8 @@ class AgentSessionCore:
             return [DeliverCancel(msg.cancel)]
         if kind == "revocation":
             return self._revoked(msg.revocation)
+        if kind == "trust":
+            return [TrustOffered(msg.trust)]
         if kind == "welcome":
             raise ProtocolError("can't handle welcome in state open: a session is welcomed once")
         return []

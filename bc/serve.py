@@ -128,6 +128,7 @@ class Server:
         self.intent = Intent(self._signing_keys(data_dir / "pki", created), ca.ca_pem)
         self.bus.intent = self.intent
         await self.intent.register(self.store)
+        await self.intent.refresh(self.store)
         self.trust = self.intent.trust_bundle()
         self.tls = ServerTLS(keys.key_to_pem(server_key), keys.cert_to_pem(server_cert) + ca.ca_pem, ca.ca_pem)
         await self._refresh_token_roots()

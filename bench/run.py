@@ -10,7 +10,8 @@
 2. gateway memory: `bc serve`'s resident set size with S agent sessions held
    open (the agents share one process here, as the issue allows).
 
-Usage: python -m bench.run [--reservations 100] [--sessions 200] [--only latency|memory|commands|journal|dist|signing]
+Usage: python -m bench.run [--reservations 100] [--sessions 200]
+       [--only latency|memory|commands|journal|dist|signing|merkle]
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reservations", type=int, default=100)
     ap.add_argument("--sessions", type=int, default=200)
-    ap.add_argument("--only", choices=["latency", "memory", "commands", "journal", "dist", "signing"])
+    ap.add_argument("--only", choices=["latency", "memory", "commands", "journal", "dist", "signing", "merkle"])
     args = ap.parse_args()
     if args.only in (None, "latency"):
         for pace in (250, 0):
@@ -222,6 +223,10 @@ async def main() -> None:
         from bench.signing import print_table, signing_figures
 
         print_table(await signing_figures())
+    if args.only in (None, "merkle"):
+        from bench.merkle import run as merkle_run
+
+        merkle_run()
 
 
 if __name__ == "__main__":

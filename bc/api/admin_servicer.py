@@ -10,7 +10,7 @@ import grpc
 from bc import __version__
 from bc.api.peers import peer_of
 from bc.clock import Clock
-from bc.control import commands, identity, node_admin, reservations, specs, views
+from bc.control import commands, identity, node_admin, quorum, reservations, specs, views
 from bc.control.bus import Bus
 from bc.errors import BcError, NotFound, UsageError
 from bc.pki.ca import CertificateAuthority
@@ -18,6 +18,7 @@ from bc.protocol.pb import admin_pb2
 from bc.store import Row, Store
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
+from bc.store import quorum as q_sql
 from bc.store import reservations as res_sql
 from bc.store import revocation as rev_sql
 from bc.wire.status import abort_with
@@ -31,9 +32,13 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self.store, self.bus, self.ca, self.clock, self.gateway_id = store, bus, ca, clock, gateway_id
 
     async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
+        return await self._call_as(context, lambda _operator: fn())
+
+    async def _call_as(self, context: grpc.aio.ServicerContext, fn: Callable[[str], Awaitable[T]]) -> T:
+        """Like `_call`, handing `fn` the operator's name from the client certificate."""
         try:
-            peer_of(context, self.ca.certificate, "operator")
-            return await fn()
+            peer = peer_of(context, self.ca.certificate, "operator")
+            return await fn(peer.name)
         except BcError as e:
             await abort_with(context, e)
             raise
@@ -325,3 +330,114 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             return info
 
         return await self._call(context, go)
+
+    # -- the destructive-batch quorum --------------------------------------------------
+
+    async def _approver_set(self) -> admin_pb2.ApproverSet:
+        current = await quorum.approver_set(self.store)
+        now_ms = await self.store.now_ms()
+        return views.approver_set(current.approvers, current.threshold, now_ms)
+
+    async def ListApprovers(
+        self, request: admin_pb2.ListApproversRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ApproverSet:
+        return await self._call(context, self._approver_set)
+
+    async def AddApprover(
+        self, request: admin_pb2.AddApproverRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ApproverSet:
+        async def go() -> admin_pb2.ApproverSet:
+            await quorum.add_approver(self.store, self.bus, request.name, request.public_key)
+            return await self._approver_set()
+
+        return await self._call(context, go)
+
+    async def RemoveApprover(
+        self, request: admin_pb2.RemoveApproverRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ApproverSet:
+        async def go() -> admin_pb2.ApproverSet:
+            await quorum.remove_approver(self.store, self.bus, request.name)
+            return await self._approver_set()
+
+        return await self._call(context, go)
+
+    async def SetApproverThreshold(
+        self, request: admin_pb2.SetApproverThresholdRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ApproverSet:
+        async def go() -> admin_pb2.ApproverSet:
+            await quorum.set_threshold(self.store, self.bus, request.threshold)
+            return await self._approver_set()
+
+        return await self._call(context, go)
+
+    async def _batch(self, batch_id: str) -> admin_pb2.BatchInfo:
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction(write=False) as tx:
+            row = await q_sql.get_batch(tx, batch_id)
+            if row is None:
+                raise NotFound(f"no batch named {batch_id!r}")
+            leaves = await q_sql.leaves(tx, batch_id)
+            decisions = await q_sql.decisions(tx, batch_id)
+        return views.batch_info(row, leaves, decisions, now_ms)
+
+    async def CreateBatch(
+        self, request: admin_pb2.CreateBatchRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.BatchInfo:
+        async def go(operator: str) -> admin_pb2.BatchInfo:
+            req = quorum.BatchRequest(
+                kind=request.kind,
+                node_ids=list(request.node_ids),
+                payload_json=request.payload_json,
+                reason=request.reason,
+                not_after_s=float(request.not_after_s or quorum.DEFAULT_BATCH_NOT_AFTER_S),
+            )
+            batch_id = await quorum.create_batch(self.store, self.bus, req, operator)
+            return await self._batch(batch_id)
+
+        return await self._call_as(context, go)
+
+    async def ListBatches(
+        self, request: admin_pb2.ListBatchesRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListBatchesResponse:
+        async def go() -> admin_pb2.ListBatchesResponse:
+            async with self.store.transaction(write=False) as tx:
+                rows = await q_sql.list_batches(tx, "pending" if request.state == "expired" else request.state)
+            infos = [await self._batch(str(r["id"])) for r in rows]
+            if request.state:
+                infos = [b for b in infos if b.state == request.state]
+            return admin_pb2.ListBatchesResponse(batches=infos)
+
+        return await self._call(context, go)
+
+    async def GetBatch(
+        self, request: admin_pb2.GetBatchRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.BatchInfo:
+        return await self._call(context, lambda: self._batch(request.batch_id))
+
+    async def _decide(
+        self, request: admin_pb2.BatchDecisionRequest, context: grpc.aio.ServicerContext, approve: bool
+    ) -> admin_pb2.BatchInfo:
+        async def go() -> admin_pb2.BatchInfo:
+            await quorum.decide(
+                self.store,
+                self.bus,
+                request.batch_id,
+                request.key_id,
+                request.signature,
+                approve=approve,
+                expires_at_ms=request.expires_at_ms,
+                reason=request.reason,
+            )
+            return await self._batch(request.batch_id)
+
+        return await self._call(context, go)
+
+    async def ApproveBatch(
+        self, request: admin_pb2.BatchDecisionRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.BatchInfo:
+        return await self._decide(request, context, approve=True)
+
+    async def RejectBatch(
+        self, request: admin_pb2.BatchDecisionRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.BatchInfo:
+        return await self._decide(request, context, approve=False)

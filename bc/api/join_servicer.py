@@ -77,7 +77,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             role=joined.role,
             cert_pem=joined.cert_pem,
             ca_pem=self.ca.certificate.public_bytes(serialization.Encoding.PEM),
-            trust=self.trust,
+            trust=self.bus.intent.trust_bundle() if self.bus.intent is not None else self.trust,
             identity_generation=joined.identity_generation,
         )
         signed = self.bus.intent.trust_envelope() if self.bus.intent is not None else None

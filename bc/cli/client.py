@@ -167,6 +167,55 @@ class AdminClient:
     async def rotate_signing_key(self) -> admin_pb2.PkiInfo:
         return await self._unary("RotateSigningKey", admin_pb2.GetPkiRequest(), admin_pb2.PkiInfo)
 
+    # -- the destructive-batch quorum ------------------------------------------------
+
+    async def list_approvers(self) -> admin_pb2.ApproverSet:
+        return await self._unary("ListApprovers", admin_pb2.ListApproversRequest(), admin_pb2.ApproverSet)
+
+    async def add_approver(self, name: str, public_key: str) -> admin_pb2.ApproverSet:
+        req = admin_pb2.AddApproverRequest(name=name, public_key=public_key)
+        return await self._unary("AddApprover", req, admin_pb2.ApproverSet)
+
+    async def remove_approver(self, name: str) -> admin_pb2.ApproverSet:
+        req = admin_pb2.RemoveApproverRequest(name=name)
+        return await self._unary("RemoveApprover", req, admin_pb2.ApproverSet)
+
+    async def set_approver_threshold(self, k: int) -> admin_pb2.ApproverSet:
+        req = admin_pb2.SetApproverThresholdRequest(threshold=k)
+        return await self._unary("SetApproverThreshold", req, admin_pb2.ApproverSet)
+
+    async def create_batch(
+        self, kind: str, node_ids: list[str], payload_json: str, *, reason: str = "", not_after_s: int = 0
+    ) -> admin_pb2.BatchInfo:
+        req = admin_pb2.CreateBatchRequest(
+            kind=kind, node_ids=node_ids, payload_json=payload_json, reason=reason, not_after_s=not_after_s
+        )
+        return await self._unary("CreateBatch", req, admin_pb2.BatchInfo)
+
+    async def list_batches(self, *, state: str = "") -> list[admin_pb2.BatchInfo]:
+        resp = await self._unary(
+            "ListBatches", admin_pb2.ListBatchesRequest(state=state), admin_pb2.ListBatchesResponse
+        )
+        return list(resp.batches)
+
+    async def get_batch(self, batch_id: str) -> admin_pb2.BatchInfo:
+        return await self._unary("GetBatch", admin_pb2.GetBatchRequest(batch_id=batch_id), admin_pb2.BatchInfo)
+
+    async def decide_batch(
+        self,
+        batch_id: str,
+        key_id: str,
+        signature: bytes,
+        *,
+        approve: bool,
+        expires_at_ms: int = 0,
+        reason: str = "",
+    ) -> admin_pb2.BatchInfo:
+        req = admin_pb2.BatchDecisionRequest(
+            batch_id=batch_id, key_id=key_id, signature=signature, expires_at_ms=expires_at_ms, reason=reason
+        )
+        return await self._unary("ApproveBatch" if approve else "RejectBatch", req, admin_pb2.BatchInfo)
+
     # -- events and the server ----------------------------------------------------
 
     async def list_events(

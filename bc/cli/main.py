@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from bc.cli import admin_cmds, cmd_cmds, doctor_cmds, run_cmds, unit_cmds
+from bc.cli import admin_cmds, cmd_cmds, doctor_cmds, quorum_cmds, run_cmds, unit_cmds
 from bc.errors import BcError
 
 EXIT_INTERRUPTED = 130  # the shell's code for "ended by SIGINT"
@@ -105,6 +105,7 @@ for _command in (
     *cmd_cmds.COMMANDS,
     *doctor_cmds.COMMANDS,
     *unit_cmds.COMMANDS,
+    *quorum_cmds.COMMANDS,
 ):
     cli.add_command(_command)
 

@@ -122,7 +122,7 @@ def payload_from_json(kind: str, text: str) -> any_pb2.Any:
     return out
 
 
-def _payload_for(kind: str, payload: any_pb2.Any) -> any_pb2.Any:
+def payload_for(kind: str, payload: any_pb2.Any) -> any_pb2.Any:
     """Check a library caller's payload against the kind; an empty `Any` becomes the kind's empty request."""
     want = REQUEST_MESSAGES.get(kind)
     if not payload.type_url:
@@ -134,7 +134,7 @@ def _payload_for(kind: str, payload: any_pb2.Any) -> any_pb2.Any:
     return payload
 
 
-def _check(req: EnqueueRequest) -> kinds.Kind:
+def check_request(req: EnqueueRequest) -> kinds.Kind:
     kind = kind_of(req.kind)
     if not MIN_NOT_AFTER_S <= req.not_after_s <= MAX_NOT_AFTER_S:
         raise UsageError(f"not_after must be between 1 s and 7 days from now, not {req.not_after_s:g} s")
@@ -155,82 +155,98 @@ async def enqueue(
     rng: random.Random | None = None,
 ) -> Row:
     """Queue a command `pending` for its node; a repeated idempotency key returns the first command unchanged."""
-    kind = _check(req)
-    payload = _payload_for(req.kind, req.payload)
+    kind = check_request(req)
+    payload = payload_for(req.kind, req.payload)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        node = await nodes_sql.get(tx, req.node_id)
-        if node is None:
-            raise NotFound(f"no node named {req.node_id!r}")
-        role = str(node["role"])
-        if role not in kind.roles:
-            runs_on = ", ".join(sorted(kind.roles))
-            raise UsageError(f"kind {req.kind} does not run on node {req.node_id} (role {role}); it runs on {runs_on}")
-        if req.idempotency_key:
-            first = await cmd_sql.by_idempotency_key(tx, req.node_id, req.idempotency_key)
-            if first is not None:
-                return first
-        command_id = ulid(now_ms / 1000, rng)
-        key = req.idempotency_key or f"cmd:{command_id}"
-        seq = await cmd_sql.next_seq(tx, req.node_id)
-        if seq is None:  # the node row went away between the reads; treat it as never there
-            raise NotFound(f"no node named {req.node_id!r}")
-        not_after_ms = now_ms + round(req.not_after_s * 1000)
-        not_before_ms = now_ms + round(req.not_before_s * 1000) if req.not_before_s else 0
-        body = session_pb2.CommandBody(
-            id=command_id,
-            node_id=req.node_id,
-            seq=seq,
-            kind=req.kind,
-            payload=payload,
-            lane=session_pb2.Lane.Name(kinds.LANES[kind.lane]),
-            not_after_ms=not_after_ms,
-            min_generation=req.min_generation,
-            retry_safe=kind.retry_safe,
-            idempotency_key=key,
-            self_terminating=kind.self_terminating,
-            attested=kind.attested,
-            batch_id=req.batch_id,
-        )
-        body_bytes = body.SerializeToString(deterministic=True)
-        signed = bus.intent.sign_command(body_bytes) if bus is not None and bus.intent is not None else None
-        inserted = await cmd_sql.insert(
-            tx,
-            id_=command_id,
-            node_id=req.node_id,
-            seq=seq,
-            kind=req.kind,
-            lane=kind.lane,
-            body=body_bytes,
-            signature=signed.signature if signed else None,
-            signer_key_id=signed.key_id if signed else "",
-            not_before_ms=not_before_ms,
-            not_after_ms=not_after_ms,
-            min_generation=req.min_generation,
-            idempotency_key=key,
-            retry_safe=kind.retry_safe,
-            self_terminating=kind.self_terminating,
-            attested=kind.attested,
-            batch_id=req.batch_id,
-            now_ms=now_ms,
-        )
-        if not inserted:
-            # A concurrent enqueue with the same key committed first (PostgreSQL); it wins.
-            first = await cmd_sql.by_idempotency_key(tx, req.node_id, key)
-            assert first is not None
+        return await enqueue_in(tx, bus, req, kind, payload, now_ms, rng)
+
+
+async def enqueue_in(
+    tx: Tx,
+    bus: Bus | None,
+    req: EnqueueRequest,
+    kind: kinds.Kind,
+    payload: any_pb2.Any,
+    now_ms: int,
+    rng: random.Random | None = None,
+    *,
+    held: bool = False,
+) -> Row:
+    """`enqueue` inside the caller's transaction (a batch enqueues all its commands in one, `held`)."""
+    node = await nodes_sql.get(tx, req.node_id)
+    if node is None:
+        raise NotFound(f"no node named {req.node_id!r}")
+    role = str(node["role"])
+    if role not in kind.roles:
+        runs_on = ", ".join(sorted(kind.roles))
+        raise UsageError(f"kind {req.kind} does not run on node {req.node_id} (role {role}); it runs on {runs_on}")
+    if req.idempotency_key:
+        first = await cmd_sql.by_idempotency_key(tx, req.node_id, req.idempotency_key)
+        if first is not None:
             return first
-        await publish(
-            tx,
-            bus,
-            "command.enqueued",
-            command_id,
-            {"node_id": req.node_id, "kind": req.kind, "seq": seq, "idempotency_key": key},
-            now_ms,
-        )
-        if bus is not None:
-            node_id = req.node_id
-            tx.on_commit(lambda: bus.node_changed(node_id))
-        row = await cmd_sql.get(tx, command_id)
+    command_id = ulid(now_ms / 1000, rng)
+    key = req.idempotency_key or f"cmd:{command_id}"
+    seq = await cmd_sql.next_seq(tx, req.node_id)
+    if seq is None:  # the node row went away between the reads; treat it as never there
+        raise NotFound(f"no node named {req.node_id!r}")
+    not_after_ms = now_ms + round(req.not_after_s * 1000)
+    not_before_ms = now_ms + round(req.not_before_s * 1000) if req.not_before_s else 0
+    body = session_pb2.CommandBody(
+        id=command_id,
+        node_id=req.node_id,
+        seq=seq,
+        kind=req.kind,
+        payload=payload,
+        lane=session_pb2.Lane.Name(kinds.LANES[kind.lane]),
+        not_after_ms=not_after_ms,
+        min_generation=req.min_generation,
+        retry_safe=kind.retry_safe,
+        idempotency_key=key,
+        self_terminating=kind.self_terminating,
+        attested=kind.attested,
+        batch_id=req.batch_id,
+    )
+    body_bytes = body.SerializeToString(deterministic=True)
+    signed = bus.intent.sign_command(body_bytes) if bus is not None and bus.intent is not None else None
+    inserted = await cmd_sql.insert(
+        tx,
+        id_=command_id,
+        node_id=req.node_id,
+        seq=seq,
+        kind=req.kind,
+        lane=kind.lane,
+        body=body_bytes,
+        signature=signed.signature if signed else None,
+        signer_key_id=signed.key_id if signed else "",
+        not_before_ms=not_before_ms,
+        not_after_ms=not_after_ms,
+        min_generation=req.min_generation,
+        idempotency_key=key,
+        retry_safe=kind.retry_safe,
+        self_terminating=kind.self_terminating,
+        attested=kind.attested,
+        batch_id=req.batch_id,
+        now_ms=now_ms,
+        held=held,
+    )
+    if not inserted:
+        # A concurrent enqueue with the same key committed first (PostgreSQL); it wins.
+        first = await cmd_sql.by_idempotency_key(tx, req.node_id, key)
+        assert first is not None
+        return first
+    await publish(
+        tx,
+        bus,
+        "command.enqueued",
+        command_id,
+        {"node_id": req.node_id, "kind": req.kind, "seq": seq, "idempotency_key": key},
+        now_ms,
+    )
+    if bus is not None:
+        node_id = req.node_id
+        tx.on_commit(lambda: bus.node_changed(node_id))
+    row = await cmd_sql.get(tx, command_id)
     assert row is not None
     return row
 

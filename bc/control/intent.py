@@ -38,6 +38,9 @@ class Intent:
         self.keys = keys
         self.ca_pem = ca_pem
         self._bundle_env: common_pb2.Envelope | None = None
+        self.approvers: list[common_pb2.ApproverKey] = []
+        self.quorum_k = 0
+        self.version = 0  # bumped whenever the bundle nodes should hold changes
 
     @property
     def enabled(self) -> bool:
@@ -63,7 +66,24 @@ class Intent:
         b = common_pb2.TrustBundle(ca_pem=self.ca_pem)
         if self.keys is not None:
             b.command_signing_roots.append(self.keys.root_pem)
+        if self.approvers:
+            b.approver_keys.extend(self.approvers)
+            b.quorum_k = self.quorum_k
         return b
+
+    async def refresh(self, store: Store) -> bool:
+        """Re-read the approver set and threshold; True when the bundle changed (gateways then push it)."""
+        from bc.control import quorum
+
+        current = await quorum.approver_set(store)
+        approvers = quorum.approver_keys(current.approvers)
+        k = current.threshold if approvers else 0
+        if approvers == self.approvers and k == self.quorum_k:
+            return False
+        self.approvers, self.quorum_k = approvers, k
+        self._bundle_env = None
+        self.version += 1
+        return True
 
     def trust_envelope(self) -> common_pb2.Envelope | None:
         """The bundle signed by the worker key; rebuilt after a rotation."""
@@ -71,6 +91,7 @@ class Intent:
         if w is None:
             return None
         if self._bundle_env is None or self._bundle_env.key_id != w.key_id:
+            # A new worker key or a new approver set: sign the bundle again.
             body = self.trust_bundle().SerializeToString(deterministic=True)
             self._bundle_env = w.envelope(signing.PURPOSE_TRUST_BUNDLE, body)
         return self._bundle_env

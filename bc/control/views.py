@@ -134,3 +134,56 @@ def command_info(row: Row, now_ms: int) -> admin_pb2.CommandInfo:
         batch_id=str(row["batch_id"] or ""),
         cancel_requested=row["cancel_requested_at_ms"] is not None,
     )
+
+
+def approver_set(rows: list[Row], threshold: int, now_ms: int) -> admin_pb2.ApproverSet:
+    return admin_pb2.ApproverSet(
+        approvers=[
+            admin_pb2.ApproverInfo(
+                key_id=str(r["key_id"]),
+                name=str(r["name"]),
+                public_key=base64.b64encode(bytes(r["public_key"])).decode(),
+                added_age_ms=max(0, now_ms - int(r["added_at_ms"])),
+            )
+            for r in rows
+        ],
+        threshold=threshold,
+    )
+
+
+def batch_info(row: Row, leaves: list[Row], decisions: list[Row], now_ms: int) -> admin_pb2.BatchInfo:
+    state = str(row["state"])
+    if state == "pending" and int(row["not_after_ms"]) <= now_ms:
+        state = "expired"
+    info = admin_pb2.BatchInfo(
+        id=str(row["id"]),
+        kind=str(row["kind"]),
+        state=state,
+        requested_by=str(row["requested_by"]),
+        reason=str(row["reason"] or ""),
+        scope_root=bytes(row["scope_root"]).hex(),
+        payload_json=str(row["payload_json"] or "{}"),
+        threshold=int(row["threshold"]),
+        created_age_ms=max(0, now_ms - int(row["created_at_ms"])),
+        not_after_ms=int(row["not_after_ms"]),
+    )
+    for leaf in leaves:
+        info.leaves.add(
+            index=int(leaf["idx"]),
+            node_id=str(leaf["node_id"]),
+            kind=str(leaf["kind"]),
+            payload_digest=bytes(leaf["payload_digest"]).hex(),
+            command_id=str(leaf["command_id"]),
+            command_state=str(leaf["command_state"] or ""),
+        )
+    for d in decisions:
+        info.decisions.add(
+            key_id=str(d["key_id"]),
+            name=str(d["name"]),
+            decision=str(d["decision"]),
+            reason=str(d["reason"] or ""),
+            at_age_ms=max(0, now_ms - int(d["at_ms"])),
+            expires_at_ms=int(d["expires_at_ms"]),
+        )
+    info.approvals = sum(1 for d in decisions if str(d["decision"]) == "approve")
+    return info

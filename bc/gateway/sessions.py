@@ -32,6 +32,7 @@ from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
+from bc.store import quorum as quorum_sql
 from bc.store import revocation as rev_sql
 from bc.store import signing as signing_sql
 from bc.wire.link import Link, LinkClosed
@@ -65,6 +66,7 @@ class Gateway:
         )
         self.sessions: dict[str, SessionDriver] = {}
         self._signer_certs: dict[str, bytes] = {}
+        self._approvals: dict[str, bytes] = {}
         self._closing_tasks: set[asyncio.Future[None]] = set()
         bus.on_node_changed(self._poke)
 
@@ -102,6 +104,16 @@ class Gateway:
         env.key_id = key_id
         env.cert_chain.append(der)
 
+    async def batch_approval(self, batch_id: str) -> bytes:
+        blob = self._approvals.get(batch_id)
+        if blob is None:
+            async with self.store.transaction(write=False) as tx:
+                blob = await quorum_sql.approval_of(tx, batch_id)
+            if blob is None:
+                return b""  # not approved (a held command is never dispatched; the node would refuse it)
+            self._approvals[batch_id] = blob  # an approval never changes once stored
+        return blob
+
     async def renew_lease(self) -> bool:
         now_ms = await self.store.now_ms()
         async with self.store.transaction() as tx:
@@ -131,9 +143,26 @@ class Gateway:
         while True:
             try:
                 await self.check_certificates()
+                await self.push_trust_if_changed()
             except StoreError as e:
                 log.warning("event=gateway.revocation-feed-failed error=%s", e)
             await self.clock.sleep(REVOCATION_POLL_S)
+
+    async def push_trust_if_changed(self) -> None:
+        """Approvers changed: every open session gets the newly signed bundle now, not at its next Welcome."""
+        intent = self.bus.intent
+        if intent is None or not await intent.refresh(self.store):
+            return
+        env = intent.trust_envelope()
+        if env is None:
+            return
+        log.info("event=trust.pushed sessions=%d approvers=%d", len(self.sessions), len(intent.approvers))
+        for d in list(self.sessions.values()):
+            if d.core.state is core.State.OPEN:
+                try:
+                    await d.link.send(GatewayMessage(trust=env))
+                except LinkClosed:
+                    pass
 
     async def check_certificates(self) -> None:
         drivers = list(self.sessions.values())
@@ -360,7 +389,7 @@ class SessionDriver:
                         res.epoch,
                         res.generation,
                         await self.gw.store.now_ms(),
-                        self.gw.trust,
+                        self.gw.bus.intent.trust_bundle() if self.gw.bus.intent is not None else self.gw.trust,
                         self.gw.gateway_id,
                         res.inventory_hash,
                         self.gw.bus.intent.trust_envelope() if self.gw.bus.intent is not None else None,
@@ -449,9 +478,12 @@ class SessionDriver:
         if row["signature"] is not None:
             env.signature = bytes(row["signature"])
             await self.gw.attach_signer(env, str(row["signer_key_id"] or ""))
-        await self.link.send(
-            GatewayMessage(command=session_pb2.Command(envelope=env, attempt=int(row["attempt"] or 0)))
-        )
+        cmd = session_pb2.Command(envelope=env, attempt=int(row["attempt"] or 0))
+        if row["batch_id"]:
+            # The batch's approvals and this command's own leaf proof, both as stored: the node checks them.
+            cmd.batch_approval = await self.gw.batch_approval(str(row["batch_id"]))
+            cmd.batch_proof = bytes(row["batch_proof"] or b"")
+        await self.link.send(GatewayMessage(command=cmd))
 
     async def _apply_update(self, update: session_pb2.CommandUpdate) -> None:
         """Results are facts, accepted on any epoch; every terminal one is acked, known or not."""

@@ -67,15 +67,16 @@ async def insert(
     attested: bool,
     batch_id: str,
     now_ms: int,
+    held: bool = False,
 ) -> bool:
     """Insert a pending command; False when the node already has one with this idempotency key."""
     n = await tx.execute(
         "INSERT INTO commands (id, node_id, seq, kind, lane, body, signature, signer_key_id, state, not_before_ms,"
-        " not_after_ms,"
+        " not_after_ms, held,"
         " min_generation, idempotency_key, retry_safe, self_terminating, attested, batch_id,"
         " created_at_ms, updated_at_ms)"
-        " VALUES (:id, :n, :seq, :kind, :lane, :body, :sig, :signer, 'pending', :nb, :na, :mg, :key, :rs, :st, :at,"
-        " :batch, :t, :t)"
+        " VALUES (:id, :n, :seq, :kind, :lane, :body, :sig, :signer, 'pending', :nb, :na, :held, :mg, :key, :rs, :st,"
+        " :at, :batch, :t, :t)"
         " ON CONFLICT (node_id, idempotency_key) DO NOTHING",
         {
             "id": id_,
@@ -86,6 +87,7 @@ async def insert(
             "body": body,
             "sig": signature,
             "signer": signer_key_id,
+            "held": int(held),
             "nb": not_before_ms,
             "na": not_after_ms,
             "mg": min_generation,
@@ -132,7 +134,7 @@ async def list_(tx: Tx, *, node_id: str = "", state: str = "", limit: int = 100)
 async def pending_for_node(tx: Tx, node_id: str, now_ms: int, limit: int = 1000) -> list[Row]:
     """Dispatchable commands in seq order: pending, inside their [not_before, not_after) window."""
     return await tx.fetchall(
-        "SELECT * FROM commands WHERE node_id = :n AND state = 'pending'"
+        "SELECT * FROM commands WHERE node_id = :n AND state = 'pending' AND held = 0"
         " AND not_before_ms <= :now AND not_after_ms > :now ORDER BY seq LIMIT :limit",
         {"n": node_id, "now": now_ms, "limit": limit},
     )

@@ -394,3 +394,155 @@ class CancelCommandRequest(_message.Message):
     command_id: str
     reason: str
     def __init__(self, command_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ApproverInfo(_message.Message):
+    __slots__ = ("key_id", "name", "public_key", "added_age_ms")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    ADDED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    name: str
+    public_key: str
+    added_age_ms: int
+    def __init__(self, key_id: _Optional[str] = ..., name: _Optional[str] = ..., public_key: _Optional[str] = ..., added_age_ms: _Optional[int] = ...) -> None: ...
+
+class ApproverSet(_message.Message):
+    __slots__ = ("approvers", "threshold")
+    APPROVERS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    approvers: _containers.RepeatedCompositeFieldContainer[ApproverInfo]
+    threshold: int
+    def __init__(self, approvers: _Optional[_Iterable[_Union[ApproverInfo, _Mapping]]] = ..., threshold: _Optional[int] = ...) -> None: ...
+
+class ListApproversRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AddApproverRequest(_message.Message):
+    __slots__ = ("name", "public_key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    public_key: str
+    def __init__(self, name: _Optional[str] = ..., public_key: _Optional[str] = ...) -> None: ...
+
+class RemoveApproverRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SetApproverThresholdRequest(_message.Message):
+    __slots__ = ("threshold",)
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    threshold: int
+    def __init__(self, threshold: _Optional[int] = ...) -> None: ...
+
+class CreateBatchRequest(_message.Message):
+    __slots__ = ("kind", "node_ids", "payload_json", "reason", "not_after_s")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NOT_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    payload_json: str
+    reason: str
+    not_after_s: int
+    def __init__(self, kind: _Optional[str] = ..., node_ids: _Optional[_Iterable[str]] = ..., payload_json: _Optional[str] = ..., reason: _Optional[str] = ..., not_after_s: _Optional[int] = ...) -> None: ...
+
+class BatchLeafInfo(_message.Message):
+    __slots__ = ("index", "node_id", "kind", "payload_digest", "command_id", "command_state")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_STATE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    node_id: str
+    kind: str
+    payload_digest: str
+    command_id: str
+    command_state: str
+    def __init__(self, index: _Optional[int] = ..., node_id: _Optional[str] = ..., kind: _Optional[str] = ..., payload_digest: _Optional[str] = ..., command_id: _Optional[str] = ..., command_state: _Optional[str] = ...) -> None: ...
+
+class BatchDecision(_message.Message):
+    __slots__ = ("key_id", "name", "decision", "reason", "at_age_ms", "expires_at_ms")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    name: str
+    decision: str
+    reason: str
+    at_age_ms: int
+    expires_at_ms: int
+    def __init__(self, key_id: _Optional[str] = ..., name: _Optional[str] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., at_age_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+
+class BatchInfo(_message.Message):
+    __slots__ = ("id", "kind", "state", "requested_by", "reason", "scope_root", "payload_json", "leaves", "decisions", "threshold", "approvals", "created_age_ms", "not_after_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    LEAVES_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    state: str
+    requested_by: str
+    reason: str
+    scope_root: str
+    payload_json: str
+    leaves: _containers.RepeatedCompositeFieldContainer[BatchLeafInfo]
+    decisions: _containers.RepeatedCompositeFieldContainer[BatchDecision]
+    threshold: int
+    approvals: int
+    created_age_ms: int
+    not_after_ms: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., scope_root: _Optional[str] = ..., payload_json: _Optional[str] = ..., leaves: _Optional[_Iterable[_Union[BatchLeafInfo, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[BatchDecision, _Mapping]]] = ..., threshold: _Optional[int] = ..., approvals: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., not_after_ms: _Optional[int] = ...) -> None: ...
+
+class ListBatchesRequest(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    def __init__(self, state: _Optional[str] = ...) -> None: ...
+
+class ListBatchesResponse(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[BatchInfo]
+    def __init__(self, batches: _Optional[_Iterable[_Union[BatchInfo, _Mapping]]] = ...) -> None: ...
+
+class GetBatchRequest(_message.Message):
+    __slots__ = ("batch_id",)
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    batch_id: str
+    def __init__(self, batch_id: _Optional[str] = ...) -> None: ...
+
+class BatchDecisionRequest(_message.Message):
+    __slots__ = ("batch_id", "key_id", "signature", "expires_at_ms", "reason")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    batch_id: str
+    key_id: str
+    signature: bytes
+    expires_at_ms: int
+    reason: str
+    def __init__(self, batch_id: _Optional[str] = ..., key_id: _Optional[str] = ..., signature: _Optional[bytes] = ..., expires_at_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...

@@ -136,3 +136,37 @@ class Condition(_message.Message):
     message: str
     age_ms: int
     def __init__(self, type: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., age_ms: _Optional[int] = ...) -> None: ...
+
+class ApproverSignature(_message.Message):
+    __slots__ = ("key_id", "expires_at_ms", "signature")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    expires_at_ms: int
+    signature: bytes
+    def __init__(self, key_id: _Optional[str] = ..., expires_at_ms: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class BatchApproval(_message.Message):
+    __slots__ = ("batch_id", "scope_root", "requested_by", "signatures", "leaf_count")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_FIELD_NUMBER: _ClassVar[int]
+    LEAF_COUNT_FIELD_NUMBER: _ClassVar[int]
+    batch_id: str
+    scope_root: bytes
+    requested_by: str
+    signatures: _containers.RepeatedCompositeFieldContainer[ApproverSignature]
+    leaf_count: int
+    def __init__(self, batch_id: _Optional[str] = ..., scope_root: _Optional[bytes] = ..., requested_by: _Optional[str] = ..., signatures: _Optional[_Iterable[_Union[ApproverSignature, _Mapping]]] = ..., leaf_count: _Optional[int] = ...) -> None: ...
+
+class BatchProof(_message.Message):
+    __slots__ = ("leaf_index", "tree_size", "path")
+    LEAF_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TREE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    leaf_index: int
+    tree_size: int
+    path: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, leaf_index: _Optional[int] = ..., tree_size: _Optional[int] = ..., path: _Optional[_Iterable[bytes]] = ...) -> None: ...

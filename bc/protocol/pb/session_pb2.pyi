@@ -67,7 +67,7 @@ class NodeMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., command_update: _Optional[_Union[CommandUpdate, _Mapping]] = ..., event_batch: _Optional[_Union[EventBatch, _Mapping]] = ..., status: _Optional[_Union[StatusReport, _Mapping]] = ..., spec_request: _Optional[_Union[SpecRequest, _Mapping]] = ...) -> None: ...
 
 class GatewayMessage(_message.Message):
-    __slots__ = ("welcome", "desired_state", "command", "cancel", "ack", "revocation", "heartbeat")
+    __slots__ = ("welcome", "desired_state", "command", "cancel", "ack", "revocation", "heartbeat", "trust")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DESIRED_STATE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class GatewayMessage(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     REVOCATION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    TRUST_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     desired_state: DesiredState
     command: Command
@@ -82,7 +83,8 @@ class GatewayMessage(_message.Message):
     ack: Ack
     revocation: RevocationNotice
     heartbeat: Heartbeat
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., revocation: _Optional[_Union[RevocationNotice, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    trust: _common_pb2.Envelope
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., revocation: _Optional[_Union[RevocationNotice, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trust: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "boot_id", "journal_id", "applied_generation", "capabilities", "inventory_hash", "unacked_results", "running_command_ids", "role", "agent_version", "applied_spec_hash", "incarnation_id", "inventory")

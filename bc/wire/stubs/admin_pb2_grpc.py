@@ -135,6 +135,51 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.GetPkiRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.PkiInfo.FromString,
                 _registered_method=True)
+        self.ListApprovers = channel.unary_unary(
+                '/bc.v1.Admin/ListApprovers',
+                request_serializer=bc_dot_v1_dot_admin__pb2.ListApproversRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
+                _registered_method=True)
+        self.AddApprover = channel.unary_unary(
+                '/bc.v1.Admin/AddApprover',
+                request_serializer=bc_dot_v1_dot_admin__pb2.AddApproverRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
+                _registered_method=True)
+        self.RemoveApprover = channel.unary_unary(
+                '/bc.v1.Admin/RemoveApprover',
+                request_serializer=bc_dot_v1_dot_admin__pb2.RemoveApproverRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
+                _registered_method=True)
+        self.SetApproverThreshold = channel.unary_unary(
+                '/bc.v1.Admin/SetApproverThreshold',
+                request_serializer=bc_dot_v1_dot_admin__pb2.SetApproverThresholdRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
+                _registered_method=True)
+        self.CreateBatch = channel.unary_unary(
+                '/bc.v1.Admin/CreateBatch',
+                request_serializer=bc_dot_v1_dot_admin__pb2.CreateBatchRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.BatchInfo.FromString,
+                _registered_method=True)
+        self.ListBatches = channel.unary_unary(
+                '/bc.v1.Admin/ListBatches',
+                request_serializer=bc_dot_v1_dot_admin__pb2.ListBatchesRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ListBatchesResponse.FromString,
+                _registered_method=True)
+        self.GetBatch = channel.unary_unary(
+                '/bc.v1.Admin/GetBatch',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetBatchRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.BatchInfo.FromString,
+                _registered_method=True)
+        self.ApproveBatch = channel.unary_unary(
+                '/bc.v1.Admin/ApproveBatch',
+                request_serializer=bc_dot_v1_dot_admin__pb2.BatchDecisionRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.BatchInfo.FromString,
+                _registered_method=True)
+        self.RejectBatch = channel.unary_unary(
+                '/bc.v1.Admin/RejectBatch',
+                request_serializer=bc_dot_v1_dot_admin__pb2.BatchDecisionRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.BatchInfo.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -260,6 +305,60 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListApprovers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddApprover(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveApprover(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetApproverThreshold(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBatches(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApproveBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RejectBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -362,6 +461,51 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RotateSigningKey,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.GetPkiRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.PkiInfo.SerializeToString,
+            ),
+            'ListApprovers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApprovers,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.ListApproversRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ApproverSet.SerializeToString,
+            ),
+            'AddApprover': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddApprover,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.AddApproverRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ApproverSet.SerializeToString,
+            ),
+            'RemoveApprover': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveApprover,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.RemoveApproverRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ApproverSet.SerializeToString,
+            ),
+            'SetApproverThreshold': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetApproverThreshold,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.SetApproverThresholdRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ApproverSet.SerializeToString,
+            ),
+            'CreateBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateBatch,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.CreateBatchRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.BatchInfo.SerializeToString,
+            ),
+            'ListBatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBatches,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.ListBatchesRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ListBatchesResponse.SerializeToString,
+            ),
+            'GetBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBatch,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetBatchRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.BatchInfo.SerializeToString,
+            ),
+            'ApproveBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveBatch,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.BatchDecisionRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.BatchInfo.SerializeToString,
+            ),
+            'RejectBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.RejectBatch,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.BatchDecisionRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.BatchInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -904,6 +1048,249 @@ class Admin:
             '/bc.v1.Admin/RotateSigningKey',
             bc_dot_v1_dot_admin__pb2.GetPkiRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.PkiInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApprovers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListApprovers',
+            bc_dot_v1_dot_admin__pb2.ListApproversRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddApprover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/AddApprover',
+            bc_dot_v1_dot_admin__pb2.AddApproverRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveApprover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/RemoveApprover',
+            bc_dot_v1_dot_admin__pb2.RemoveApproverRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetApproverThreshold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/SetApproverThreshold',
+            bc_dot_v1_dot_admin__pb2.SetApproverThresholdRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/CreateBatch',
+            bc_dot_v1_dot_admin__pb2.CreateBatchRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.BatchInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListBatches',
+            bc_dot_v1_dot_admin__pb2.ListBatchesRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ListBatchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetBatch',
+            bc_dot_v1_dot_admin__pb2.GetBatchRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.BatchInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ApproveBatch',
+            bc_dot_v1_dot_admin__pb2.BatchDecisionRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.BatchInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RejectBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/RejectBatch',
+            bc_dot_v1_dot_admin__pb2.BatchDecisionRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.BatchInfo.FromString,
             options,
             channel_credentials,
             insecure,

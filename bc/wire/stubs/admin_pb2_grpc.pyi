@@ -52,6 +52,15 @@ class AdminStub:
     DeleteNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.DeleteNodeResponse]
     GetPki: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]
     RotateSigningKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]
+    ListApprovers: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListApproversRequest, _admin_pb2.ApproverSet]
+    AddApprover: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AddApproverRequest, _admin_pb2.ApproverSet]
+    RemoveApprover: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RemoveApproverRequest, _admin_pb2.ApproverSet]
+    SetApproverThreshold: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetApproverThresholdRequest, _admin_pb2.ApproverSet]
+    CreateBatch: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateBatchRequest, _admin_pb2.BatchInfo]
+    ListBatches: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListBatchesRequest, _admin_pb2.ListBatchesResponse]
+    GetBatch: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetBatchRequest, _admin_pb2.BatchInfo]
+    ApproveBatch: _grpc.UnaryUnaryMultiCallable[_admin_pb2.BatchDecisionRequest, _admin_pb2.BatchInfo]
+    RejectBatch: _grpc.UnaryUnaryMultiCallable[_admin_pb2.BatchDecisionRequest, _admin_pb2.BatchInfo]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -76,6 +85,15 @@ class AdminAsyncStub(AdminStub):
     DeleteNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.DeleteNodeResponse]  # type: ignore[assignment]
     GetPki: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]  # type: ignore[assignment]
     RotateSigningKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]  # type: ignore[assignment]
+    ListApprovers: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListApproversRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
+    AddApprover: _aio.UnaryUnaryMultiCallable[_admin_pb2.AddApproverRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
+    RemoveApprover: _aio.UnaryUnaryMultiCallable[_admin_pb2.RemoveApproverRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
+    SetApproverThreshold: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetApproverThresholdRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
+    CreateBatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateBatchRequest, _admin_pb2.BatchInfo]  # type: ignore[assignment]
+    ListBatches: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListBatchesRequest, _admin_pb2.ListBatchesResponse]  # type: ignore[assignment]
+    GetBatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetBatchRequest, _admin_pb2.BatchInfo]  # type: ignore[assignment]
+    ApproveBatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.BatchDecisionRequest, _admin_pb2.BatchInfo]  # type: ignore[assignment]
+    RejectBatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.BatchDecisionRequest, _admin_pb2.BatchInfo]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -217,5 +235,68 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.GetPkiRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.PkiInfo, _abc.Awaitable[_admin_pb2.PkiInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ListApprovers(
+        self,
+        request: _admin_pb2.ListApproversRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ApproverSet, _abc.Awaitable[_admin_pb2.ApproverSet]]: ...
+
+    @_abc_1.abstractmethod
+    def AddApprover(
+        self,
+        request: _admin_pb2.AddApproverRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ApproverSet, _abc.Awaitable[_admin_pb2.ApproverSet]]: ...
+
+    @_abc_1.abstractmethod
+    def RemoveApprover(
+        self,
+        request: _admin_pb2.RemoveApproverRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ApproverSet, _abc.Awaitable[_admin_pb2.ApproverSet]]: ...
+
+    @_abc_1.abstractmethod
+    def SetApproverThreshold(
+        self,
+        request: _admin_pb2.SetApproverThresholdRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ApproverSet, _abc.Awaitable[_admin_pb2.ApproverSet]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateBatch(
+        self,
+        request: _admin_pb2.CreateBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.BatchInfo, _abc.Awaitable[_admin_pb2.BatchInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ListBatches(
+        self,
+        request: _admin_pb2.ListBatchesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListBatchesResponse, _abc.Awaitable[_admin_pb2.ListBatchesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetBatch(
+        self,
+        request: _admin_pb2.GetBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.BatchInfo, _abc.Awaitable[_admin_pb2.BatchInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ApproveBatch(
+        self,
+        request: _admin_pb2.BatchDecisionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.BatchInfo, _abc.Awaitable[_admin_pb2.BatchInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def RejectBatch(
+        self,
+        request: _admin_pb2.BatchDecisionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.BatchInfo, _abc.Awaitable[_admin_pb2.BatchInfo]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

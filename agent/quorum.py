@@ -1,0 +1,128 @@
+"""The destructive-batch quorum on the node (reference: "The destructive-batch quorum").
+
+Checked after the signature and before BUSY, only once the trust bundle
+holds approver keys, and only for the kinds the kinds table marks
+destructive (never a flag of the body):
+
+* with a `batch_id`: the command's `batch_approval` must carry at least
+  `quorum_k` valid signatures of distinct approver keys of the bundle (not the
+  requester's, unexpired in server time) over the batch's scope root, and its
+  `batch_proof` must prove *this* command's leaf — computed here from the
+  body's own node, kind and payload — under that root. Each leaf runs at most
+  once, ever: the first command to claim it in the journal keeps it.
+* without one: refused `UNBATCHED_LIMIT` beyond `unbatched_destructive_per_hour`
+  (default 0), counted over a rolling hour of this host's own clock in a file
+  in the data dir, so a restart does not reset it.
+
+Refusals are "BATCH_UNAPPROVED: why" / "UNBATCHED_LIMIT: why" for the
+dispatcher, which journals them like every terminal rejection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from google.protobuf.message import DecodeError
+
+from agent.identity import write_atomic
+from agent.trust import AgentTrust
+from bc.clock import Clock
+from bc.pki import merkle
+from bc.pki import quorum as q
+from bc.protocol import kinds
+from bc.protocol.pb import common_pb2, session_pb2
+
+UNBATCHED_FILE = "unbatched-destructive.json"
+WINDOW_S = 3600.0
+
+ClaimLeaf = Callable[[str, int, str, float], Awaitable[str]]
+
+
+def check_batch(
+    cmd: session_pb2.Command, body: session_pb2.CommandBody, bundle: common_pb2.TrustBundle, server_now_ms: int
+) -> tuple[str | None, common_pb2.BatchProof | None, bytes]:
+    """Pure: (why it is refused or None, the proof, the leaf's key: scope root + leaf hash)."""
+    approval = common_pb2.BatchApproval()
+    proof = common_pb2.BatchProof()
+    try:
+        approval.ParseFromString(cmd.batch_approval)
+        proof.ParseFromString(cmd.batch_proof)
+    except DecodeError:
+        return "the batch approval or proof does not decode", None, b""
+    if not cmd.batch_approval or approval.batch_id != body.batch_id:
+        return f"no approval for batch {body.batch_id}", None, b""
+    root = bytes(approval.scope_root)
+    try:
+        digest = merkle.payload_digest(body.payload.type_url, body.payload.value)
+        leaf = merkle.leaf_bytes(body.node_id, body.kind, digest)
+    except ValueError as e:
+        return f"the command cannot be a batch leaf: {e}", None, b""
+    if proof.tree_size != approval.leaf_count or not merkle.verify_proof(
+        leaf, proof.leaf_index, proof.tree_size, proof.path, root
+    ):
+        return "the proof does not put this command (node, kind, payload) in the approved scope", None, b""
+    tally = q.count_approvals(approval, list(bundle.approver_keys), server_now_ms)
+    need = max(1, bundle.quorum_k)
+    if len(tally.counted) < need:
+        refused = "; ".join(f"{k[:19]}…: {why}" for k, why in tally.refused)
+        detail = f" ({refused})" if refused else ""
+        return f"{len(tally.counted)} of {need} approvals hold{detail}", None, b""
+    return None, proof, root + merkle.leaf_hash(leaf)
+
+
+class UnbatchedAllowance:
+    """Destructive commands run without a batch in the last hour of this host's clock, kept on disk."""
+
+    def __init__(self, data_dir: Path, clock: Clock) -> None:
+        self.path = data_dir / UNBATCHED_FILE
+        self.clock = clock
+
+    def _load(self) -> list[float]:
+        try:
+            doc = json.loads(self.path.read_text())
+            return [float(t) for t in doc.get("ran_at", [])]
+        except (OSError, ValueError, TypeError, AttributeError):
+            return []
+
+    def try_take(self, limit: int, command_id: str) -> bool:
+        now = self.clock.now()
+        recent = [t for t in self._load() if now - WINDOW_S < t <= now]
+        if len(recent) >= limit:
+            return False
+        recent.append(now)
+        write_atomic(self.path, (json.dumps({"ran_at": recent, "last_command": command_id}) + "\n").encode(), 0o600)
+        return True
+
+
+class QuorumCheck:
+    def __init__(
+        self,
+        trust: AgentTrust,
+        claim_leaf: ClaimLeaf,
+        allowance: UnbatchedAllowance,
+        server_now_ms: Callable[[], int],
+        clock: Clock,
+    ) -> None:
+        self.trust, self.claim_leaf, self.allowance = trust, claim_leaf, allowance
+        self.server_now_ms, self.clock = server_now_ms, clock
+
+    async def __call__(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
+        bundle = self.trust.bundle
+        if not bundle.approver_keys or body.kind not in kinds.DESTRUCTIVE:
+            return None
+        if not body.batch_id:
+            limit = max(0, bundle.unbatched_destructive_per_hour)
+            if await asyncio.to_thread(self.allowance.try_take, limit, body.id):
+                return None
+            return f"UNBATCHED_LIMIT: {body.kind} is destructive and needs an approved batch (allowance {limit}/hour)"
+        why, proof, leaf_key = check_batch(cmd, body, bundle, self.server_now_ms())
+        if why is not None or proof is None:
+            return f"BATCH_UNAPPROVED: {why}"
+        # Claimed by the leaf's content under its root, not by its index: one leaf, one run, whatever path.
+        holder = await self.claim_leaf(leaf_key.hex(), 0, body.id, self.clock.now())
+        if holder != body.id:
+            return f"BATCH_UNAPPROVED: this leaf of batch {body.batch_id} already ran as command {holder}"
+        return None

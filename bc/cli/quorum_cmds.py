@@ -1,0 +1,343 @@
+"""The destructive-batch quorum: `bc approve`, `bc approvers`, `bc batch`.
+
+An approver's private key lives in one file on the approver's own machine
+(`bc approve keygen`, 0600) and never leaves it: `bc approve sign` reads the
+batch from the server, recomputes its Merkle root from the leaves itself (a
+server that lies about the scope gets a signature over a root it did not
+claim, which counts for nothing), shows what the root covers, and sends only
+the signature.
+"""
+
+from __future__ import annotations
+
+import base64
+import stat
+import sys
+from pathlib import Path
+
+import click
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from bc.cli.admin_cmds import call_admin, echo_json, json_option
+from bc.cli.render import cell, format_age, format_time_ms, message_to_json, parse_duration, render_fields, render_table
+from bc.control.commands import payload_for, payload_from_json
+from bc.errors import UsageError
+from bc.pki import merkle
+from bc.pki import quorum as q
+from bc.pki.keys import write_file_atomic
+from bc.protocol.pb import admin_pb2
+
+DEFAULT_APPROVAL_TTL_S = 3600
+
+
+# -- key files -----------------------------------------------------------------------
+
+
+def load_approver_key(path: Path) -> ed25519.Ed25519PrivateKey:
+    """The approver's key, refusing a file others can read: a key that leaked is not a person's key."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise UsageError(f"cannot read the key file {path}: {e.strerror}") from None
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise UsageError(
+            f"the key file {path} can be read by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 {path}"
+        )
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (ValueError, TypeError):
+        raise UsageError(f"{path} is not an unencrypted PEM private key") from None
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise UsageError(f"{path} is not an Ed25519 approver key (make one with `bc approve keygen`)")
+    return key
+
+
+def public_raw(key: ed25519.Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+# -- what a batch covers, recomputed here ----------------------------------------------
+
+
+def recompute_root(b: admin_pb2.BatchInfo) -> bytes:
+    """The scope root from the leaves and the payload, never from what the server says the root is."""
+    if not b.leaves:
+        raise UsageError(f"batch {b.id} has no leaves")
+    payload = payload_for(b.kind, payload_from_json(b.kind, b.payload_json or "{}"))
+    digest = merkle.payload_digest(payload.type_url, payload.value)
+    for leaf in b.leaves:
+        if leaf.payload_digest != digest.hex() or leaf.kind != b.kind:
+            raise UsageError(f"leaf {leaf.index} of batch {b.id} does not match the batch's kind and payload")
+    root = merkle.merkle_root([merkle.leaf_bytes(leaf.node_id, leaf.kind, digest) for leaf in b.leaves])
+    if root.hex() != b.scope_root:
+        raise UsageError(f"the server's scope root for batch {b.id} does not match its leaves: refusing to sign")
+    return root
+
+
+def scope_summary(b: admin_pb2.BatchInfo, limit: int = 6) -> str:
+    nodes = [leaf.node_id for leaf in b.leaves]
+    shown = ", ".join(nodes[:limit]) + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
+    return f"{b.kind} on {len(nodes)} node(s) ({shown})"
+
+
+def render_batch(b: admin_pb2.BatchInfo) -> str:
+    fields: list[tuple[str, object]] = [
+        ("batch", b.id),
+        ("state", b.state),
+        ("scope", scope_summary(b)),
+        ("payload", b.payload_json),
+        ("requested by", b.requested_by),
+        ("reason", b.reason or "-"),
+        ("scope root", b.scope_root),
+        ("approvals", f"{b.approvals} of {b.threshold}"),
+        ("expires", format_time_ms(b.not_after_ms)),
+    ]
+    parts = [render_fields(fields)]
+    rows = [
+        (leaf.index, leaf.node_id, leaf.kind, leaf.payload_digest[:16] + "…", leaf.command_id, leaf.command_state)
+        for leaf in b.leaves
+    ]
+    parts.append("LEAVES\n" + render_table(("#", "NODE", "KIND", "PAYLOAD DIGEST", "COMMAND", "STATE"), rows))
+    if b.decisions:
+        drows = [
+            (d.name, d.decision, d.key_id[:23] + "…", format_age(d.at_age_ms), cell(d.reason)) for d in b.decisions
+        ]
+        parts.append("DECISIONS\n" + render_table(("APPROVER", "DECISION", "KEY", "WHEN", "REASON"), drows))
+    return "\n\n".join(parts)
+
+
+# -- bc approve ------------------------------------------------------------------------
+
+
+@click.group("approve")
+def approve() -> None:
+    """Approver keys, and signing or rejecting destructive batches."""
+
+
+@approve.command("keygen")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("approver.key"), show_default=True)
+@json_option
+def approve_keygen(out: Path, as_json: bool) -> None:
+    """Make an approver key pair: the private key stays in --out (0600); give the public key to the server."""
+    if out.exists():
+        raise UsageError(f"{out} already exists; refusing to overwrite a key (choose another --out)")
+    key = ed25519.Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    write_file_atomic(out, pem, mode=0o600)
+    raw = public_raw(key)
+    doc = {"public_key": base64.b64encode(raw).decode(), "key_id": q.key_id(raw), "path": str(out)}
+    if as_json:
+        echo_json(doc)
+        return
+    click.echo(f"approver key written to {out} (keep it to yourself)")
+    click.echo(f"key id:     {doc['key_id']}")
+    click.echo(f"public key: {doc['public_key']}")
+    click.echo(f"on the server: bc approvers add NAME {doc['public_key']}")
+
+
+@approve.command("list")
+@json_option
+def approve_list(as_json: bool) -> None:
+    """Batches waiting for approval, with what each one would do."""
+    batches = call_admin(lambda c: c.list_batches(state="pending"))
+    if as_json:
+        echo_json([message_to_json(b) for b in batches])
+        return
+    if not batches:
+        click.echo("no batches are waiting for approval", err=True)
+        return
+    rows = [
+        (b.id, cell(scope_summary(b), width=60), f"{b.approvals}/{b.threshold}", b.requested_by, cell(b.reason))
+        for b in batches
+    ]
+    click.echo(render_table(("BATCH", "SCOPE", "APPROVALS", "REQUESTED BY", "REASON"), rows))
+
+
+@approve.command("show")
+@click.argument("batch_id", metavar="BATCH")
+@json_option
+def approve_show(batch_id: str, as_json: bool) -> None:
+    """Every leaf of a batch (node, kind, payload digest), the requester and the scope root."""
+    _show_batch(batch_id, as_json)
+
+
+def _show_batch(batch_id: str, as_json: bool) -> None:
+    b = call_admin(lambda c: c.get_batch(batch_id))
+    if as_json:
+        echo_json(message_to_json(b))
+        return
+    click.echo(render_batch(b))
+
+
+def _confirm(b: admin_pb2.BatchInfo, verb: str, yes: bool) -> None:
+    click.echo(render_batch(b), err=True)
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"not a terminal: add --yes to {verb} batch {b.id}")
+    if not click.confirm(f"{verb} {scope_summary(b)}?", err=True):
+        raise UsageError(f"did not {verb} batch {b.id}")
+
+
+@approve.command("sign")
+@click.argument("batch_id", metavar="BATCH")
+@click.option("--key", "key_file", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--expires-in", default="1h", show_default=True, help="How long this approval counts.")
+@click.option("--yes", is_flag=True, help="Do not ask (what the root covers is still printed on stderr).")
+@json_option
+def approve_sign(batch_id: str, key_file: Path, expires_in: str, yes: bool, as_json: bool) -> None:
+    """Sign a batch's scope root with your approver key, after showing what it covers."""
+    key = load_approver_key(key_file)
+    ttl_s = parse_duration(expires_in)
+    b = call_admin(lambda c: c.get_batch(batch_id))
+    if b.state != "pending":
+        raise UsageError(f"batch {batch_id} is {b.state}; there is nothing to sign")
+    root = recompute_root(b)
+    _confirm(b, "approve", yes)
+    now_ms = call_admin(lambda c: c.server_info()).server_time_ms
+    expires_at_ms = min(now_ms + round(ttl_s * 1000), b.not_after_ms)
+    signature = key.sign(q.approval_message(b.id, root, len(b.leaves), b.requested_by, expires_at_ms))
+    kid = q.key_id(public_raw(key))
+    after = call_admin(lambda c: c.decide_batch(batch_id, kid, signature, approve=True, expires_at_ms=expires_at_ms))
+    if as_json:
+        echo_json(message_to_json(after))
+        return
+    click.echo(f"signed batch {batch_id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
+
+
+@approve.command("reject")
+@click.argument("batch_id", metavar="BATCH")
+@click.option("--key", "key_file", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--reason", required=True, help="Why: stored, and shown to the requester.")
+@json_option
+def approve_reject(batch_id: str, key_file: Path, reason: str, as_json: bool) -> None:
+    """Reject a batch: one approver's signed no fails it, and its commands never run."""
+    if not reason.strip():
+        raise UsageError("a rejection needs a reason")
+    key = load_approver_key(key_file)
+    b = call_admin(lambda c: c.get_batch(batch_id))
+    root = bytes.fromhex(b.scope_root)
+    signature = key.sign(q.rejection_message(b.id, root, reason))
+    kid = q.key_id(public_raw(key))
+    after = call_admin(lambda c: c.decide_batch(batch_id, kid, signature, approve=False, reason=reason))
+    if as_json:
+        echo_json(message_to_json(after))
+        return
+    click.echo(f"rejected batch {batch_id}; its commands are cancelled")
+
+
+# -- bc approvers --------------------------------------------------------------------------
+
+
+@click.group("approvers", invoke_without_command=True)
+@json_option
+@click.pass_context
+def approvers(ctx: click.Context, as_json: bool) -> None:
+    """The server's approver keys and the threshold k (`bc approvers list|add|remove|threshold`)."""
+    if ctx.invoked_subcommand is None:
+        _show_approvers(call_admin(lambda c: c.list_approvers()), as_json)
+
+
+def _show_approvers(s: admin_pb2.ApproverSet, as_json: bool) -> None:
+    if as_json:
+        echo_json(message_to_json(s))
+        return
+    rows = [(a.name, a.key_id, a.public_key, format_age(a.added_age_ms)) for a in s.approvers]
+    click.echo(render_table(("NAME", "KEY ID", "PUBLIC KEY", "ADDED"), rows) if rows else "no approvers")
+    note = "" if len(s.approvers) >= s.threshold else f" (only {len(s.approvers)} approver(s): no batch can pass)"
+    click.echo(f"threshold: {s.threshold} distinct approvers{note}")
+
+
+@approvers.command("list")
+@json_option
+def approvers_list(as_json: bool) -> None:
+    """The approver keys and the threshold."""
+    _show_approvers(call_admin(lambda c: c.list_approvers()), as_json)
+
+
+@approvers.command("add")
+@click.argument("name")
+@click.argument("public_key", metavar="PUBKEY")
+@json_option
+def approvers_add(name: str, public_key: str, as_json: bool) -> None:
+    """Trust PUBKEY (from `bc approve keygen`) as approver NAME; nodes get it with their trust bundle."""
+    _show_approvers(call_admin(lambda c: c.add_approver(name, public_key)), as_json)
+
+
+@approvers.command("remove")
+@click.argument("name")
+@json_option
+def approvers_remove(name: str, as_json: bool) -> None:
+    """Stop trusting approver NAME (its approvals stop counting on the nodes too)."""
+    _show_approvers(call_admin(lambda c: c.remove_approver(name)), as_json)
+
+
+@approvers.command("threshold")
+@click.argument("k", type=int)
+@json_option
+def approvers_threshold(k: int, as_json: bool) -> None:
+    """How many distinct approvers (never the requester) a batch needs."""
+    _show_approvers(call_admin(lambda c: c.set_approver_threshold(k)), as_json)
+
+
+# -- bc batch --------------------------------------------------------------------------------
+
+
+@click.group("batch")
+def batch() -> None:
+    """Destructive commands on a set of nodes, held until a quorum of approvers signs."""
+
+
+def _payload_arg(text: str) -> str:
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            return path.read_text()
+        except OSError as e:
+            raise UsageError(f"cannot read the payload file {path}: {e.strerror}") from None
+    return text
+
+
+@batch.command("create")
+@click.option("--kind", required=True, help="A destructive kind (gpu.reset, node.reboot, ...).")
+@click.option("--nodes", "nodes_csv", required=True, help="Comma-separated node ids.")
+@click.option("--payload", default="{}", help="The payload as JSON, or @FILE.")
+@click.option("--reason", default="", help="Why, for the approvers.")
+@click.option("--not-after", default="1h", show_default=True, help="How long the batch may wait and run.")
+@json_option
+def batch_create(kind: str, nodes_csv: str, payload: str, reason: str, not_after: str, as_json: bool) -> None:
+    """Create a batch: its commands are enqueued held until approved."""
+    nodes = [n.strip() for n in nodes_csv.split(",") if n.strip()]
+    not_after_s = parse_duration(not_after)
+    text = _payload_arg(payload)
+    b = call_admin(lambda c: c.create_batch(kind, nodes, text, reason=reason, not_after_s=round(not_after_s)))
+    if as_json:
+        echo_json(message_to_json(b))
+        return
+    click.echo(f"batch {b.id}: {scope_summary(b)}, waiting for {b.threshold} approvals")
+    click.echo(f"approvers: bc approve show {b.id}; bc approve sign {b.id} --key FILE")
+
+
+@batch.command("list")
+@click.option("--state", type=click.Choice(["pending", "approved", "rejected", "expired"]), default=None)
+@json_option
+def batch_list(state: str | None, as_json: bool) -> None:
+    """Batches, newest first."""
+    batches = call_admin(lambda c: c.list_batches(state=state or ""))
+    if as_json:
+        echo_json([message_to_json(b) for b in batches])
+        return
+    rows = [(b.id, b.state, cell(scope_summary(b), width=60), f"{b.approvals}/{b.threshold}") for b in batches]
+    click.echo(render_table(("BATCH", "STATE", "SCOPE", "APPROVALS"), rows) if rows else "no batches")
+
+
+@batch.command("show")
+@click.argument("batch_id", metavar="BATCH")
+@json_option
+def batch_show(batch_id: str, as_json: bool) -> None:
+    """One batch, its leaves and decisions."""
+    _show_batch(batch_id, as_json)
+
+
+COMMANDS: tuple[click.Command, ...] = (approve, approvers, batch)

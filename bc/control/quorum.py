@@ -1,0 +1,300 @@
+"""The destructive-batch quorum on the server: approvers, batches, approvals (reference: the quorum).
+
+A batch is one destructive kind on a list of nodes with one payload. Its
+leaves `(node, kind, payload digest)` are hashed into a Merkle tree whose root
+is the batch's scope; its commands are enqueued `held` in the same
+transaction. Approvers sign the scope (with the batch id, the requester and an
+expiry) with their own keys; once `threshold` distinct approvers other than
+the requester have signed, the batch is approved: each command is released
+with its leaf's proof, and the gateway sends it with the batch's approvals. A
+rejection by any approver fails the batch and cancels its commands.
+
+The server checks every signature it stores, but it is not the one to trust:
+the agent checks them again against the approver keys in its own trust
+bundle, so a compromised control plane (which holds a worker key) still
+cannot run a destructive command on its own.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from bc.control import commands as cmds
+from bc.control.bus import Bus
+from bc.control.events import publish
+from bc.errors import Conflict, NotFound, UsageError
+from bc.ids import ulid
+from bc.pki import merkle
+from bc.pki import quorum as q
+from bc.protocol import kinds
+from bc.protocol.pb import common_pb2
+from bc.store import Row, Store, Tx
+from bc.store import dispatch as dispatch_sql
+from bc.store import quorum as q_sql
+from bc.store import settings as settings_sql
+
+THRESHOLD_KEY = "quorum.threshold"
+DEFAULT_THRESHOLD = 2
+DEFAULT_BATCH_NOT_AFTER_S = 3600.0
+MAX_BATCH_LEAVES = 100_000
+
+
+@dataclass(frozen=True)
+class ApproverSet:
+    approvers: list[Row]
+    threshold: int
+
+
+async def threshold(tx: Tx) -> int:
+    v = await settings_sql.get(tx, THRESHOLD_KEY)
+    return int(v) if v else DEFAULT_THRESHOLD
+
+
+async def approver_set(store: Store) -> ApproverSet:
+    async with store.transaction(write=False) as tx:
+        return ApproverSet(await q_sql.list_approvers(tx), await threshold(tx))
+
+
+def approver_keys(rows: list[Row]) -> list[common_pb2.ApproverKey]:
+    return [
+        common_pb2.ApproverKey(key_id=str(r["key_id"]), public_key=bytes(r["public_key"]), name=str(r["name"]))
+        for r in rows
+    ]
+
+
+def _check_name(name: str) -> None:
+    if not name or len(name) > 64 or not all(c.isalnum() or c in "._@-" for c in name):
+        raise UsageError(f"the approver name {name!r} is not valid: use letters, digits, '.', '_', '@' or '-'")
+
+
+async def add_approver(store: Store, bus: Bus, name: str, public_key_b64: str) -> ApproverSet:
+    _check_name(name)
+    try:
+        raw = q.parse_public_key(public_key_b64)
+    except ValueError as e:
+        raise UsageError(f"{e}; pass the public_key that `bc approve keygen` printed") from None
+    key_id = q.key_id(raw)
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        existing = await q_sql.approver_by(tx, name=name, key_id=key_id)
+        if existing is not None:
+            raise Conflict(f"approver {existing['name']} already has this name or key ({existing['key_id']})")
+        await q_sql.add_approver(tx, key_id, name, raw, now_ms)
+        await publish(tx, bus, "approver.added", name, {"key_id": key_id}, now_ms)
+    return await approver_set(store)
+
+
+async def remove_approver(store: Store, bus: Bus, name: str) -> ApproverSet:
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        if not await q_sql.remove_approver(tx, name):
+            raise NotFound(f"no approver named {name!r}")
+        await publish(tx, bus, "approver.removed", name, {}, now_ms)
+    return await approver_set(store)
+
+
+async def set_threshold(store: Store, bus: Bus, k: int) -> ApproverSet:
+    if k < 1:
+        raise UsageError(f"the threshold must be at least 1, not {k}")
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        await settings_sql.put(tx, THRESHOLD_KEY, str(k))
+        await publish(tx, bus, "approver.threshold", "", {"threshold": k}, now_ms)
+    return await approver_set(store)
+
+
+# -- batches -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    kind: str
+    node_ids: list[str]
+    payload_json: str = ""
+    reason: str = ""
+    not_after_s: float = DEFAULT_BATCH_NOT_AFTER_S
+
+
+async def create_batch(
+    store: Store, bus: Bus, req: BatchRequest, requested_by: str, rng: random.Random | None = None
+) -> str:
+    """Store a batch and enqueue its commands held, in one transaction; returns the batch id."""
+    kind = kinds.get(req.kind)
+    if kind is None:
+        raise UsageError(f"unknown command kind {req.kind!r}")
+    if not kind.destructive:
+        raise UsageError(f"{req.kind} is not destructive: run it with `bc cmd run`, it needs no batch")
+    nodes = [n.strip() for n in req.node_ids if n.strip()]
+    if not nodes:
+        raise UsageError("a batch needs at least one node (--nodes n1,n2)")
+    if len(set(nodes)) != len(nodes):
+        raise UsageError("a node appears twice in --nodes; each node gets one leaf")
+    if len(nodes) > MAX_BATCH_LEAVES:
+        raise UsageError(f"a batch holds at most {MAX_BATCH_LEAVES} leaves")
+    if len(req.reason) > 500:
+        raise UsageError("the reason is longer than 500 characters")
+    payload = cmds.payload_from_json(req.kind, req.payload_json or "{}")
+    probe = cmds.EnqueueRequest(nodes[0], req.kind, payload, not_after_s=req.not_after_s)
+    cmds.check_request(probe)
+    payload = cmds.payload_for(req.kind, payload)
+    digest = merkle.payload_digest(payload.type_url, payload.value)
+    tree = merkle.MerkleTree([merkle.leaf_bytes(n, req.kind, digest) for n in nodes])
+    now_ms = await store.now_ms()
+    batch_id = "b-" + ulid(now_ms / 1000, rng)
+    async with store.transaction() as tx:
+        approvers = await q_sql.list_approvers(tx)
+        if not approvers:
+            raise Conflict("no approvers are configured: add them first (bc approve keygen, bc approvers add)")
+        k = await threshold(tx)
+        eligible = [a for a in approvers if str(a["name"]) != requested_by]
+        if len(eligible) < k:
+            raise Conflict(
+                f"the threshold is {k} but only {len(eligible)} approver(s) other than {requested_by} exist:"
+                " this batch could never be approved"
+            )
+        await q_sql.insert_batch(
+            tx,
+            id_=batch_id,
+            kind=req.kind,
+            requested_by=requested_by,
+            reason=req.reason,
+            payload_json=req.payload_json or "{}",
+            scope_root=tree.root,
+            threshold=k,
+            now_ms=now_ms,
+            not_after_ms=now_ms + round(req.not_after_s * 1000),
+        )
+        for idx, node_id in enumerate(nodes):
+            er = cmds.EnqueueRequest(
+                node_id,
+                req.kind,
+                payload,
+                not_after_s=req.not_after_s,
+                idempotency_key=f"batch:{batch_id}:{idx}",
+                batch_id=batch_id,
+            )
+            row = await cmds.enqueue_in(tx, bus, er, kind, payload, now_ms, rng, held=True)
+            await q_sql.insert_leaf(tx, batch_id, idx, node_id, req.kind, digest, str(row["id"]))
+        await publish(
+            tx,
+            bus,
+            "batch.created",
+            batch_id,
+            {"kind": req.kind, "nodes": nodes, "requested_by": requested_by, "scope_root": tree.root.hex()},
+            now_ms,
+        )
+    return batch_id
+
+
+async def decide(
+    store: Store,
+    bus: Bus,
+    batch_id: str,
+    key_id: str,
+    signature: bytes,
+    *,
+    approve: bool,
+    expires_at_ms: int = 0,
+    reason: str = "",
+) -> None:
+    """Record one approver's signed decision; approve the batch at the threshold, fail it on a rejection."""
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        batch = await q_sql.get_batch(tx, batch_id, store.for_update())
+        if batch is None:
+            raise NotFound(f"no batch named {batch_id!r}")
+        if str(batch["state"]) != "pending":
+            raise Conflict(f"batch {batch_id} is already {batch['state']}")
+        if int(batch["not_after_ms"]) <= now_ms:
+            raise Conflict(f"batch {batch_id} expired; its commands will not run")
+        approver = await q_sql.approver_by(tx, key_id=key_id)
+        if approver is None:
+            raise UsageError(f"the key {key_id} is not an approver key of this server (bc approvers list)")
+        name = str(approver["name"])
+        root = bytes(batch["scope_root"])
+        requested_by = str(batch["requested_by"])
+        if approve:
+            if name == requested_by:
+                raise UsageError(f"{name} asked for this batch: the requester's own approval does not count")
+            if expires_at_ms <= now_ms:
+                raise UsageError("the approval has already expired; sign again")
+            leaf_count = len(await q_sql.leaves(tx, batch_id))
+            msg = q.approval_message(batch_id, root, leaf_count, requested_by, expires_at_ms)
+        else:
+            if not reason.strip():
+                raise UsageError("a rejection needs a reason (--reason)")
+            msg = q.rejection_message(batch_id, root, reason)
+        if not q.verify(bytes(approver["public_key"]), msg, signature):
+            raise UsageError(f"the signature does not verify with {name}'s key for this batch's scope")
+        stored = await q_sql.insert_decision(
+            tx,
+            batch_id=batch_id,
+            key_id=key_id,
+            name=name,
+            decision="approve" if approve else "reject",
+            signature=signature,
+            expires_at_ms=expires_at_ms,
+            reason=reason,
+            now_ms=now_ms,
+        )
+        if not stored:
+            raise Conflict(f"{name} has already decided on batch {batch_id}")
+        data = {"key_id": key_id, "name": name, "expires_at_ms": expires_at_ms, "reason": reason}
+        await publish(tx, bus, "batch.approval" if approve else "batch.rejection", batch_id, data, now_ms)
+        if approve:
+            await _maybe_approve(tx, bus, batch, now_ms)
+        else:
+            await _reject(tx, bus, batch_id, name, reason, now_ms)
+
+
+async def _maybe_approve(tx: Tx, bus: Bus, batch: Row, now_ms: int) -> None:
+    batch_id = str(batch["id"])
+    leaves = await q_sql.leaves(tx, batch_id)
+    approval = common_pb2.BatchApproval(
+        batch_id=batch_id,
+        scope_root=bytes(batch["scope_root"]),
+        requested_by=str(batch["requested_by"]),
+        leaf_count=len(leaves),
+    )
+    for d in await q_sql.decisions(tx, batch_id):
+        if str(d["decision"]) == "approve":
+            approval.signatures.add(
+                key_id=str(d["key_id"]), expires_at_ms=int(d["expires_at_ms"]), signature=bytes(d["signature"])
+            )
+    tally = q.count_approvals(approval, approver_keys(await q_sql.list_approvers(tx)), now_ms)
+    if len(tally.counted) < int(batch["threshold"]):
+        return
+    del approval.signatures[:]
+    for d in await q_sql.decisions(tx, batch_id):
+        if str(d["key_id"]) in tally.counted:
+            approval.signatures.add(
+                key_id=str(d["key_id"]), expires_at_ms=int(d["expires_at_ms"]), signature=bytes(d["signature"])
+            )
+    await q_sql.settle_batch(tx, batch_id, "approved", approval.SerializeToString(deterministic=True), now_ms)
+    tree = merkle.MerkleTree(
+        [merkle.leaf_bytes(str(r["node_id"]), str(r["kind"]), bytes(r["payload_digest"])) for r in leaves]
+    )
+    for r in leaves:
+        idx = int(r["idx"])
+        proof = common_pb2.BatchProof(leaf_index=idx, tree_size=len(tree), path=tree.proof(idx))
+        if await q_sql.release_command(tx, str(r["command_id"]), proof.SerializeToString(deterministic=True)):
+            node_id = str(r["node_id"])
+            tx.on_commit(lambda n=node_id: bus.node_changed(n))  # type: ignore[misc]
+    await publish(tx, bus, "batch.approved", batch_id, {"approvers": tally.counted}, now_ms)
+
+
+async def _reject(tx: Tx, bus: Bus, batch_id: str, name: str, reason: str, now_ms: int) -> None:
+    await q_sql.settle_batch(tx, batch_id, "rejected", None, now_ms)
+    for r in await q_sql.leaves(tx, batch_id):
+        cid, node_id = str(r["command_id"]), str(r["node_id"])
+        if await dispatch_sql.settle(tx, cid, node_id, "cancelled", "batch-rejected", now_ms, ("pending",)):
+            await publish(
+                tx,
+                bus,
+                "command.settled",
+                cid,
+                {"node_id": node_id, "state": "cancelled", "reason": "batch-rejected"},
+                now_ms,
+            )
+    await publish(tx, bus, "batch.rejected", batch_id, {"by": name, "reason": reason}, now_ms)

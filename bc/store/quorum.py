@@ -1,0 +1,140 @@
+"""Approvers, batches, their leaves and the approvers' decisions."""
+
+from __future__ import annotations
+
+from bc.store.base import Row, Tx
+
+
+async def list_approvers(tx: Tx) -> list[Row]:
+    return await tx.fetchall("SELECT * FROM approvers ORDER BY name", {})
+
+
+async def add_approver(tx: Tx, key_id: str, name: str, public_key: bytes, now_ms: int) -> None:
+    await tx.execute(
+        "INSERT INTO approvers (key_id, name, public_key, added_at_ms) VALUES (:k, :n, :p, :t)",
+        {"k": key_id, "n": name, "p": public_key, "t": now_ms},
+    )
+
+
+async def approver_by(tx: Tx, *, name: str = "", key_id: str = "") -> Row | None:
+    return await tx.fetchone(
+        "SELECT * FROM approvers WHERE name = :n OR key_id = :k", {"n": name or "\x00", "k": key_id or "\x00"}
+    )
+
+
+async def remove_approver(tx: Tx, name: str) -> bool:
+    return await tx.execute("DELETE FROM approvers WHERE name = :n", {"n": name}) == 1
+
+
+async def insert_batch(
+    tx: Tx,
+    *,
+    id_: str,
+    kind: str,
+    requested_by: str,
+    reason: str,
+    payload_json: str,
+    scope_root: bytes,
+    threshold: int,
+    now_ms: int,
+    not_after_ms: int,
+) -> None:
+    await tx.execute(
+        "INSERT INTO batches (id, kind, state, requested_by, reason, payload_json, scope_root, threshold,"
+        " created_at_ms, not_after_ms) VALUES (:id, :k, 'pending', :rb, :r, :p, :root, :th, :t, :na)",
+        {
+            "id": id_,
+            "k": kind,
+            "rb": requested_by,
+            "r": reason,
+            "p": payload_json,
+            "root": scope_root,
+            "th": threshold,
+            "t": now_ms,
+            "na": not_after_ms,
+        },
+    )
+
+
+async def insert_leaf(
+    tx: Tx, batch_id: str, idx: int, node_id: str, kind: str, payload_digest: bytes, command_id: str
+) -> None:
+    await tx.execute(
+        "INSERT INTO batch_leaves (batch_id, idx, node_id, kind, payload_digest, command_id)"
+        " VALUES (:b, :i, :n, :k, :d, :c)",
+        {"b": batch_id, "i": idx, "n": node_id, "k": kind, "d": payload_digest, "c": command_id},
+    )
+
+
+async def get_batch(tx: Tx, batch_id: str, lock: str = "") -> Row | None:
+    return await tx.fetchone(f"SELECT * FROM batches WHERE id = :id {lock}", {"id": batch_id})
+
+
+async def list_batches(tx: Tx, state: str = "", limit: int = 200) -> list[Row]:
+    if state:
+        return await tx.fetchall(
+            "SELECT * FROM batches WHERE state = :s ORDER BY created_at_ms DESC LIMIT :l", {"s": state, "l": limit}
+        )
+    return await tx.fetchall("SELECT * FROM batches ORDER BY created_at_ms DESC LIMIT :l", {"l": limit})
+
+
+async def leaves(tx: Tx, batch_id: str) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT l.*, c.state AS command_state FROM batch_leaves l LEFT JOIN commands c ON c.id = l.command_id"
+        " WHERE l.batch_id = :b ORDER BY l.idx",
+        {"b": batch_id},
+    )
+
+
+async def decisions(tx: Tx, batch_id: str) -> list[Row]:
+    return await tx.fetchall("SELECT * FROM batch_approvals WHERE batch_id = :b ORDER BY at_ms", {"b": batch_id})
+
+
+async def insert_decision(
+    tx: Tx,
+    *,
+    batch_id: str,
+    key_id: str,
+    name: str,
+    decision: str,
+    signature: bytes,
+    expires_at_ms: int,
+    reason: str,
+    now_ms: int,
+) -> bool:
+    n = await tx.execute(
+        "INSERT INTO batch_approvals (batch_id, key_id, name, decision, signature, expires_at_ms, reason, at_ms)"
+        " VALUES (:b, :k, :n, :d, :s, :e, :r, :t) ON CONFLICT (batch_id, key_id) DO NOTHING",
+        {
+            "b": batch_id,
+            "k": key_id,
+            "n": name,
+            "d": decision,
+            "s": signature,
+            "e": expires_at_ms,
+            "r": reason,
+            "t": now_ms,
+        },
+    )
+    return n == 1
+
+
+async def settle_batch(tx: Tx, batch_id: str, state: str, approval: bytes | None, now_ms: int) -> bool:
+    n = await tx.execute(
+        "UPDATE batches SET state = :s, approval = :a, settled_at_ms = :t WHERE id = :id AND state = 'pending'",
+        {"s": state, "a": approval, "t": now_ms, "id": batch_id},
+    )
+    return n == 1
+
+
+async def release_command(tx: Tx, command_id: str, proof: bytes) -> bool:
+    n = await tx.execute(
+        "UPDATE commands SET held = 0, batch_proof = :p WHERE id = :id AND held = 1 AND state = 'pending'",
+        {"p": proof, "id": command_id},
+    )
+    return n == 1
+
+
+async def approval_of(tx: Tx, batch_id: str) -> bytes | None:
+    v = await tx.fetchval("SELECT approval FROM batches WHERE id = :id", {"id": batch_id})
+    return None if v is None else bytes(v)

@@ -1,0 +1,77 @@
+"""The destructive-batch quorum through the real server, gateway and agent, in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from agent.hw.fake import FakeHardware
+from bc.pki import quorum as q
+from bc.protocol.pb import admin_pb2
+from tests.integration.conftest import InprocLab
+
+
+def raw(key: ed25519.Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+async def approvers(lab: InprocLab, n: int = 3, k: int = 2) -> list[ed25519.Ed25519PrivateKey]:
+    keys = [ed25519.Ed25519PrivateKey.generate() for _ in range(n)]
+    for i, key in enumerate(keys):
+        await lab.admin.add_approver(f"approver{i}", base64.b64encode(raw(key)).decode())
+    await lab.admin.set_approver_threshold(k)
+    return keys
+
+
+async def sign(lab: InprocLab, b: admin_pb2.BatchInfo, key: ed25519.Ed25519PrivateKey) -> admin_pb2.BatchInfo:
+    now_ms = (await lab.admin.server_info()).server_time_ms
+    expires = now_ms + 600_000
+    msg = q.approval_message(b.id, bytes.fromhex(b.scope_root), len(b.leaves), b.requested_by, expires)
+    return await lab.admin.decide_batch(b.id, q.key_id(raw(key)), key.sign(msg), approve=True, expires_at_ms=expires)
+
+
+async def settled(lab: InprocLab, command_id: str, timeout: float = 15.0) -> dict[str, Any]:
+    ev = await lab.wait_event("command.settled", lambda ev, d: ev.subject == command_id, timeout)
+    return dict(json.loads(ev.data_json))
+
+
+async def test_a_batch_runs_only_after_k_approvals_and_each_leaf_once(lab: InprocLab) -> None:
+    for n in ("n1", "n2"):
+        await lab.join(n)
+        await lab.start_node(n)
+        await lab.wait_connected(n)
+    keys = await approvers(lab)
+    for n in ("n1", "n2"):  # the new bundle (approvers, k) reaches the live sessions
+        agent = lab.agents[n]
+        async with asyncio.timeout(10):
+            while len(agent.trust.bundle.approver_keys) != 3:
+                await asyncio.sleep(0.05)
+    gpus = {n: lab.agents[n].inventory.gpus[0].uuid for n in ("n1", "n2")}
+    # One payload for the whole batch: reset the GPU each node has at index 0 — the fake GPUs differ per node,
+    # so use a payload naming both; each node resets the one it has and reports the other unknown.
+    payload = json.dumps({"gpu_uuids": [gpus["n1"], gpus["n2"]]})
+    b = await lab.admin.create_batch("gpu.reset", ["n1", "n2"], payload, reason="XID 79")
+    assert b.state == "pending" and len(b.leaves) == 2 and b.threshold == 2
+
+    b = await sign(lab, b, keys[0])
+    assert b.state == "pending" and b.approvals == 1
+    cmds = {leaf.node_id: leaf.command_id for leaf in b.leaves}
+    info = await lab.admin.get_command(cmds["n1"])
+    assert info.state == "pending" and info.batch_id == b.id
+
+    b = await sign(lab, b, keys[1])
+    assert b.state == "approved"
+    for n in ("n1", "n2"):
+        done = await settled(lab, cmds[n])
+        assert done["state"] == "succeeded", done
+        assert FakeHardware.read_resets(lab.node_dir(n)) == {gpus[n]: 1}
+
+    # An unbatched destructive command is refused once approvers exist (allowance 0 an hour).
+    lone = await lab.admin.run_command("n1", "node.reboot")
+    refused = await settled(lab, lone.id)
+    assert refused["state"] == "rejected" and refused["reason"] == "UNBATCHED_LIMIT"
