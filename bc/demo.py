@@ -3,8 +3,9 @@
 Starts `bc serve` on the embedded store, joins three fake-hardware nodes with
 one-time tokens, places a GPU hold, shows it reach its node as a CDI spec and
 the generations converge, releases it, runs commands on every lane, shows a
-forged command refused by its node (every command and spec is signed) and a
-node revoked and ejected, and prints a summary. Everything runs
+forged command refused by its node (every command and spec is signed), a
+node revoked and ejected, and a GPU-reset batch that waits for two of three
+approvers and runs exactly once, and prints a summary. Everything runs
 as subprocesses of the installed `bc`, in `.demo/` (kept afterwards for a look
 at the logs and files), and every wait has a deadline.
 """
@@ -281,6 +282,49 @@ class Tour:
         self.wait("n3's agent to exit", lambda: self.procs["n3"].poll() is not None, timeout=15)
         print(f"n3 out after {revoked_s:.1f} s; its agent exited with {self.procs['n3'].returncode}")
         self.bc("nodes", show=True)
+
+        self.say("the destructive-batch quorum: three approvers, any two must sign a GPU reset")
+        keys = {}
+        for name in ("alice", "bob", "carol"):
+            key = self.root / f"{name}.key"
+            pub = self.bcj("approve", "keygen", "--out", str(key))["public_key"]
+            self.bc("approvers", "add", name, pub)
+            keys[name] = key
+        self.bc("approvers", "threshold", "2")
+        self.bc("approvers", show=True)
+        uuids = [self.node(n)["inventory"]["gpus"][1]["uuid"] for n in ("n1", "n2")]
+        payload = self.root / "reset.json"
+        payload.write_text(json.dumps({"gpu_uuids": uuids}))
+        batch = self.bcj(
+            "batch",
+            "create",
+            "--kind",
+            "gpu.reset",
+            "--nodes",
+            "n1,n2",
+            "--payload",
+            f"@{payload}",
+            "--reason",
+            "demo: XID 79 on both nodes",
+        )
+        bid = batch["id"]
+        self.bc("approve", "list", show=True)
+        self.bc("approve", "sign", bid, "--key", str(keys["alice"]), "--yes", show=True)
+        held = [self.bcj("cmd", "show", leaf["command_id"])["state"] for leaf in batch["leaves"]]
+        print(f"with one approval the batch's commands are still {held}")
+        self.bc("approve", "sign", bid, "--key", str(keys["bob"]), "--yes", show=True)
+        for leaf in batch["leaves"]:
+            done = self.wait(f"the reset on {leaf['node_id']}", lambda c=leaf["command_id"]: self._settled(c))
+            print(f"{leaf['node_id']}: gpu.reset {done['state']}")
+        from agent.hw.fake import FakeHardware
+
+        counts = {n: FakeHardware.read_resets(self.root / n) for n in ("n1", "n2")}
+        ran_once = all(counts[n].get(u) == 1 for n, u in zip(("n1", "n2"), uuids, strict=True))
+        if not ran_once:
+            raise DemoFailed(f"the batch's resets did not run exactly once: {counts}")
+        print(f"each leaf ran exactly once: {counts}")
+        lone = self.cmd("n1", "gpu.reset", json.dumps({"gpu_uuids": [uuids[0]]}))
+        print(f"an unbatched gpu.reset: {lone['state']} {lone['reason']}")
         events = self.bcj("events", "--limit", "1000")
         return {
             "nodes": len(NODES),
@@ -292,6 +336,8 @@ class Tour:
             "reboot": f"{reboot['state']} {reboot['reason']}",
             "forged_command": f"{refused['state']} {refused['reason']}",
             "revoked_node_out_s": round(revoked_s, 1),
+            "quorum_batch": f"approved by 2 of 3, each leaf ran once: {ran_once}",
+            "unbatched_reset": f"{lone['state']} {lone['reason']}",
             "elapsed_s": round(time.monotonic() - t0, 1),
             "lab": str(self.root),
         }
