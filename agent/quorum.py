@@ -121,8 +121,9 @@ class QuorumCheck:
         why, proof, leaf_key = check_batch(cmd, body, bundle, self.server_now_ms())
         if why is not None or proof is None:
             return f"BATCH_UNAPPROVED: {why}"
-        # Claimed by the leaf's content under its root, not by its index: one leaf, one run, whatever path.
-        holder = await self.claim_leaf(leaf_key.hex(), 0, body.id, self.clock.now())
+        # Claimed by batch and the leaf's content under its root, not by its index: one leaf, one run,
+        # whatever path; another approved batch with the same scope is another leaf.
+        holder = await self.claim_leaf(f"{body.batch_id}:{leaf_key.hex()}", 0, body.id, self.clock.now())
         if holder != body.id:
             return f"BATCH_UNAPPROVED: this leaf of batch {body.batch_id} already ran as command {holder}"
         return None

@@ -8,8 +8,10 @@ and again in every Welcome. Rules:
   signature by a worker key that chains to a held root. Whether a signature
   is required depends only on the bundle, never on a field of the body.
 * A bundle offered in a Welcome replaces the held one only when it is signed
-  (purpose `trust-bundle`) by a worker of a root already held, and names the
-  CA this node pinned at join. A gateway therefore cannot strip the roots (to
+  (purpose `trust-bundle`) by a held root or a worker of one, and names the CA
+  this node pinned at join. The quorum's settings (approver keys, k, the
+  unbatched allowance) change only under a root's own signature: a stolen
+  worker key cannot switch the quorum off. A gateway therefore cannot strip the roots (to
   slip in unsigned intent) nor add its own. A node holding no roots (joined
   before signing was turned on) takes a bundle signed by one of the roots it
   carries, trust on first use; an unsigned bundle never brings roots. Such a
@@ -53,10 +55,17 @@ def decide_bundle(
         if pinned_ca_pem and offered.ca_pem.strip() != pinned_ca_pem.strip():
             return BundleDecision(None, "the trust bundle names another CA than the one pinned at join")
         roots = list(current.command_signing_roots) if holding_roots else list(offered.command_signing_roots)
-        try:
-            Verifier(roots).verify(offered_env, PURPOSE_TRUST_BUNDLE, at)
-        except BadSignature as e:
-            return BundleDecision(None, f"the trust bundle's signature does not hold: {e}")
+        verifier = Verifier(roots)
+        by_root = verifier.verify_by_root(offered_env, PURPOSE_TRUST_BUNDLE)
+        if not by_root:
+            try:
+                verifier.verify(offered_env, PURPOSE_TRUST_BUNDLE, at)
+            except BadSignature as e:
+                return BundleDecision(None, f"the trust bundle's signature does not hold: {e}")
+            if quorum_settings(offered) != quorum_settings(current):
+                return BundleDecision(
+                    None, "the approver keys and threshold change only under the signing root's own signature"
+                )
         if offered.SerializeToString(deterministic=True) == current.SerializeToString(deterministic=True):
             return BundleDecision(None, "unchanged")
         return BundleDecision(offered, "signed by a held root" if holding_roots else "first signed bundle")
@@ -73,6 +82,13 @@ def decide_bundle(
     if offered_plain.SerializeToString(deterministic=True) == current.SerializeToString(deterministic=True):
         return BundleDecision(None, "unchanged")
     return BundleDecision(offered_plain, "no roots held yet")
+
+
+def quorum_settings(b: common_pb2.TrustBundle) -> bytes:
+    """What only the root may change: the approvers, k and the unbatched allowance."""
+    q = common_pb2.TrustBundle(quorum_k=b.quorum_k, unbatched_destructive_per_hour=b.unbatched_destructive_per_hour)
+    q.approver_keys.extend(b.approver_keys)
+    return q.SerializeToString(deterministic=True)
 
 
 class AgentTrust:

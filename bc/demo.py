@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -314,7 +315,8 @@ class Tour:
         print(f"with one approval the batch's commands are still {held}")
         self.bc("approve", "sign", bid, "--key", str(keys["bob"]), "--yes", show=True)
         for leaf in batch["leaves"]:
-            done = self.wait(f"the reset on {leaf['node_id']}", lambda c=leaf["command_id"]: self._settled(c))
+            cid = str(leaf["command_id"])
+            done = self.wait(f"the reset on {leaf['node_id']}", partial(self._settled, cid))
             print(f"{leaf['node_id']}: gpu.reset {done['state']}")
         from agent.hw.fake import FakeHardware
 

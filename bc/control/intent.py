@@ -86,14 +86,19 @@ class Intent:
         return True
 
     def trust_envelope(self) -> common_pb2.Envelope | None:
-        """The bundle signed by the worker key; rebuilt after a rotation."""
-        w = self.worker
-        if w is None:
+        """The bundle, signed by the root key when it is on this host, else by the worker key.
+
+        Nodes take a change of the approver keys or k only under the root's own
+        signature, so a stolen worker key cannot switch the quorum off. With the
+        root key kept offline, a worker-signed bundle still reaches the nodes,
+        and they keep the quorum settings they hold.
+        """
+        if self.keys is None:
             return None
-        if self._bundle_env is None or self._bundle_env.key_id != w.key_id:
-            # A new worker key or a new approver set: sign the bundle again.
+        if self._bundle_env is None:
+            signer = self.keys.root_signer() or self.keys.worker
             body = self.trust_bundle().SerializeToString(deterministic=True)
-            self._bundle_env = w.envelope(signing.PURPOSE_TRUST_BUNDLE, body)
+            self._bundle_env = signer.envelope(signing.PURPOSE_TRUST_BUNDLE, body)
         return self._bundle_env
 
     async def register(self, store: Store) -> None:
@@ -118,6 +123,7 @@ class Intent:
             raise UsageError("command signing is off on this server; there is no worker key to rotate")
         old = self.keys.worker.key_id
         w = self.keys.rotate_worker(clock)
+        self._bundle_env = None
         await self.register(store)
         specs = cmds = 0
         now_ms = await store.now_ms()

@@ -191,6 +191,12 @@ class SigningKeys:
         signing._save_worker()
         return signing
 
+    def root_signer(self) -> WorkerSigner | None:
+        """The root key itself, when it is on this host: only it may sign a change of the quorum's settings."""
+        if not (self.dir / ROOT_KEY).is_file():
+            return None
+        return WorkerSigner(_load_ed25519_key(self.dir / ROOT_KEY), self.root)
+
     def rotate_worker(self, clock: Clock) -> WorkerSigner:
         """A new worker key under the same root; the old one signs nothing from now on."""
         if not (self.dir / ROOT_KEY).is_file():
@@ -254,6 +260,23 @@ class Verifier:
         except InvalidSignature:
             raise BadSignature("signature does not match the body") from None
         return env.key_id
+
+    def verify_by_root(self, env: common_pb2.Envelope, purpose: str) -> bool:
+        """True if a held root's own key signed `env` (naming that root as the signer)."""
+        if env.purpose != purpose or not env.signature or not env.cert_chain:
+            return False
+        for root in self.roots:
+            if root.public_bytes(serialization.Encoding.DER) != env.cert_chain[0] or key_id_of(root) != env.key_id:
+                continue
+            pub = root.public_key()
+            if not isinstance(pub, ed25519.Ed25519PublicKey):
+                return False
+            try:
+                pub.verify(env.signature, signed_message(purpose, env.body))
+            except InvalidSignature:
+                return False
+            return True
+        return False
 
     def _worker(self, env: common_pb2.Envelope) -> _TrustedWorker:
         cached = self._workers.get(env.key_id)

@@ -32,6 +32,7 @@ ROOT_KEY_B, ROOT_B = create_root(CLOCK)
 WORKER_A = WorkerSigner(*issue_worker(ROOT_KEY_A, ROOT_A, CLOCK))
 WORKER_A2 = WorkerSigner(*issue_worker(ROOT_KEY_A, ROOT_A, CLOCK, name="rotated"))
 WORKER_B = WorkerSigner(*issue_worker(ROOT_KEY_B, ROOT_B, CLOCK))
+ROOT_SIGNER_A = WorkerSigner(ROOT_KEY_A, ROOT_A)  # the root's own key, which alone may change the quorum
 
 
 def pem(cert: x509.Certificate) -> bytes:
@@ -65,12 +66,12 @@ def test_a_bundle_signed_by_a_worker_of_a_held_root_is_adopted() -> None:
 def test_the_signed_body_wins_over_the_plain_copy_beside_it() -> None:
     """The plain `trust` field is the gateway's to change; only the signed body is believed."""
     offered = bundle(ROOT_A_PEM, quorum_k=2)
-    d = decide_bundle(HOLDING_A, signed(WORKER_A, offered), bundle(ROOT_B_PEM), CA_PEM, NOW)
+    d = decide_bundle(HOLDING_A, signed(ROOT_SIGNER_A, offered), bundle(ROOT_B_PEM), CA_PEM, NOW)
     assert d.bundle == offered
 
 
 def test_a_rotated_worker_of_the_held_root_may_sign_the_bundle() -> None:
-    offered = bundle(ROOT_A_PEM, quorum_k=1)
+    offered = bundle(ROOT_A_PEM, ROOT_B_PEM)
     d = decide_bundle(HOLDING_A, signed(WORKER_A2, offered), offered, CA_PEM, NOW)
     assert d.bundle == offered
 
@@ -155,7 +156,7 @@ def test_a_signed_bundle_naming_another_ca_is_refused() -> None:
 
 def test_the_ca_comparison_ignores_surrounding_whitespace() -> None:
     offered = bundle(ROOT_A_PEM, ca=b"\n" + CA_PEM.strip() + b"\n\n", quorum_k=1)
-    d = decide_bundle(HOLDING_A, signed(WORKER_A, offered), offered, CA_PEM.strip(), NOW)
+    d = decide_bundle(HOLDING_A, signed(ROOT_SIGNER_A, offered), offered, CA_PEM.strip(), NOW)
     assert d.bundle == offered
 
 
@@ -344,3 +345,19 @@ def test_a_bundle_whose_only_root_is_unreadable_still_enforces_signatures() -> N
     """
     t = AgentTrust(bundle(b"not a pem"))
     assert t.check_command(command(), NOW) is not None
+
+
+def test_only_the_root_itself_may_change_the_quorum_settings() -> None:
+    """A stolen worker key cannot drop the approvers (switching the quorum off) nor install its own."""
+    approver = common_pb2.ApproverKey(key_id="sha256:aa", public_key=b"k" * 32, name="alice")
+    held = bundle(ROOT_A_PEM, quorum_k=2)
+    held.approver_keys.append(approver)
+    dropped = bundle(ROOT_A_PEM)
+    d = decide_bundle(held, signed(WORKER_A, dropped), dropped, CA_PEM, NOW)
+    assert d.bundle is None and "root's own signature" in d.reason
+    lowered = bundle(ROOT_A_PEM, quorum_k=1)
+    lowered.approver_keys.append(approver)
+    assert decide_bundle(held, signed(WORKER_A, lowered), lowered, CA_PEM, NOW).bundle is None
+    assert decide_bundle(held, signed(ROOT_SIGNER_A, lowered), lowered, CA_PEM, NOW).bundle == lowered
+    # Another root's key is no root of ours.
+    assert decide_bundle(held, signed(WorkerSigner(ROOT_KEY_B, ROOT_B), dropped), dropped, CA_PEM, NOW).bundle is None
