@@ -251,6 +251,13 @@ async def enqueue_in(
     return row
 
 
+SECURITY_REJECTIONS = {
+    "BAD_SIGNATURE": "security.bad-signature",
+    "BATCH_UNAPPROVED": "security.batch-unapproved",
+    "UNBATCHED_LIMIT": "security.unbatched-limit",
+}
+
+
 # -- updates from the node -----------------------------------------------------------
 
 
@@ -315,10 +322,11 @@ async def apply_update(
     if terminal:
         data = {"node_id": node_id, "kind": kind, "state": target, "reason": update.reason}
         await publish(tx, bus, "command.settled", update.command_id, data, now_ms)
-        if target == "rejected" and update.reason == "BAD_SIGNATURE":
-            # The node refused what reached it as ours: a gateway or the store altered intent on the way.
+        if target == "rejected" and update.reason in SECURITY_REJECTIONS:
+            # The node refused what reached it as ours: intent altered on the way, or a destructive command
+            # without the quorum behind it.
             sec = {"command_id": update.command_id, "kind": kind, "why": update.message}
-            await publish(tx, bus, "security.bad-signature", node_id, sec, now_ms)
+            await publish(tx, bus, SECURITY_REJECTIONS[update.reason], node_id, sec, now_ms)
     else:
         await publish(
             tx, bus, "command.updated", update.command_id, {"node_id": node_id, "kind": kind, "state": target}, now_ms

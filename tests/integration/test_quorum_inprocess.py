@@ -75,3 +75,5 @@ async def test_a_batch_runs_only_after_k_approvals_and_each_leaf_once(lab: Inpro
     lone = await lab.admin.run_command("n1", "node.reboot")
     refused = await settled(lab, lone.id)
     assert refused["state"] == "rejected" and refused["reason"] == "UNBATCHED_LIMIT"
+    sec = await lab.wait_event("security.unbatched-limit", lambda ev, d: d["command_id"] == lone.id)
+    assert sec.subject == "n1" and "needs an approved batch" in json.loads(sec.data_json)["why"]
