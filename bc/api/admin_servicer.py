@@ -336,7 +336,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def _approver_set(self) -> admin_pb2.ApproverSet:
         current = await quorum.approver_set(self.store)
         now_ms = await self.store.now_ms()
-        return views.approver_set(current.approvers, current.threshold, now_ms)
+        return views.approver_set(current.approvers, current.threshold, now_ms, current.unbatched_per_hour)
 
     async def ListApprovers(
         self, request: admin_pb2.ListApproversRequest, context: grpc.aio.ServicerContext
@@ -366,6 +366,15 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.ApproverSet:
         async def go() -> admin_pb2.ApproverSet:
             await quorum.set_threshold(self.store, self.bus, request.threshold)
+            return await self._approver_set()
+
+        return await self._call(context, go)
+
+    async def SetUnbatchedAllowance(
+        self, request: admin_pb2.SetUnbatchedAllowanceRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ApproverSet:
+        async def go() -> admin_pb2.ApproverSet:
+            await quorum.set_unbatched_allowance(self.store, self.bus, request.per_hour)
             return await self._approver_set()
 
         return await self._call(context, go)

@@ -184,6 +184,10 @@ class AdminClient:
         req = admin_pb2.SetApproverThresholdRequest(threshold=k)
         return await self._unary("SetApproverThreshold", req, admin_pb2.ApproverSet)
 
+    async def set_unbatched_allowance(self, per_hour: int) -> admin_pb2.ApproverSet:
+        req = admin_pb2.SetUnbatchedAllowanceRequest(per_hour=per_hour)
+        return await self._unary("SetUnbatchedAllowance", req, admin_pb2.ApproverSet)
+
     async def create_batch(
         self, kind: str, node_ids: list[str], payload_json: str, *, reason: str = "", not_after_s: int = 0
     ) -> admin_pb2.BatchInfo:

@@ -247,6 +247,7 @@ def _show_approvers(s: admin_pb2.ApproverSet, as_json: bool) -> None:
     click.echo(render_table(("NAME", "KEY ID", "PUBLIC KEY", "ADDED"), rows) if rows else "no approvers")
     note = "" if len(s.approvers) >= s.threshold else f" (only {len(s.approvers)} approver(s): no batch can pass)"
     click.echo(f"threshold: {s.threshold} distinct approvers{note}")
+    click.echo(f"unbatched destructive commands: {s.unbatched_destructive_per_hour} an hour per node")
 
 
 @approvers.command("list")
@@ -279,6 +280,14 @@ def approvers_remove(name: str, as_json: bool) -> None:
 def approvers_threshold(k: int, as_json: bool) -> None:
     """How many distinct approvers (never the requester) a batch needs."""
     _show_approvers(call_admin(lambda c: c.set_approver_threshold(k)), as_json)
+
+
+@approvers.command("allowance")
+@click.argument("per_hour", type=int)
+@json_option
+def approvers_allowance(per_hour: int, as_json: bool) -> None:
+    """Destructive commands a node may run without a batch per rolling hour of its clock (default 0)."""
+    _show_approvers(call_admin(lambda c: c.set_unbatched_allowance(per_hour)), as_json)
 
 
 # -- bc batch --------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ class Intent:
         self._bundle_env: common_pb2.Envelope | None = None
         self.approvers: list[common_pb2.ApproverKey] = []
         self.quorum_k = 0
+        self.unbatched_per_hour = 0
         self.version = 0  # bumped whenever the bundle nodes should hold changes
 
     @property
@@ -69,6 +70,7 @@ class Intent:
         if self.approvers:
             b.approver_keys.extend(self.approvers)
             b.quorum_k = self.quorum_k
+            b.unbatched_destructive_per_hour = self.unbatched_per_hour
         return b
 
     async def refresh(self, store: Store) -> bool:
@@ -78,9 +80,10 @@ class Intent:
         current = await quorum.approver_set(store)
         approvers = quorum.approver_keys(current.approvers)
         k = current.threshold if approvers else 0
-        if approvers == self.approvers and k == self.quorum_k:
+        allowance = current.unbatched_per_hour if approvers else 0
+        if approvers == self.approvers and k == self.quorum_k and allowance == self.unbatched_per_hour:
             return False
-        self.approvers, self.quorum_k = approvers, k
+        self.approvers, self.quorum_k, self.unbatched_per_hour = approvers, k, allowance
         self._bundle_env = None
         self.version += 1
         return True

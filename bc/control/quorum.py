@@ -35,6 +35,8 @@ from bc.store import quorum as q_sql
 from bc.store import settings as settings_sql
 
 THRESHOLD_KEY = "quorum.threshold"
+ALLOWANCE_KEY = "quorum.unbatched_destructive_per_hour"
+MAX_ALLOWANCE = 1000
 DEFAULT_THRESHOLD = 2
 DEFAULT_BATCH_NOT_AFTER_S = 3600.0
 MAX_BATCH_LEAVES = 100_000
@@ -44,6 +46,7 @@ MAX_BATCH_LEAVES = 100_000
 class ApproverSet:
     approvers: list[Row]
     threshold: int
+    unbatched_per_hour: int = 0
 
 
 async def threshold(tx: Tx) -> int:
@@ -53,7 +56,8 @@ async def threshold(tx: Tx) -> int:
 
 async def approver_set(store: Store) -> ApproverSet:
     async with store.transaction(write=False) as tx:
-        return ApproverSet(await q_sql.list_approvers(tx), await threshold(tx))
+        allowance = int(await settings_sql.get(tx, ALLOWANCE_KEY) or 0)
+        return ApproverSet(await q_sql.list_approvers(tx), await threshold(tx), allowance)
 
 
 def approver_keys(rows: list[Row]) -> list[common_pb2.ApproverKey]:
@@ -101,6 +105,17 @@ async def set_threshold(store: Store, bus: Bus, k: int) -> ApproverSet:
     async with store.transaction() as tx:
         await settings_sql.put(tx, THRESHOLD_KEY, str(k))
         await publish(tx, bus, "approver.threshold", "", {"threshold": k}, now_ms)
+    return await approver_set(store)
+
+
+async def set_unbatched_allowance(store: Store, bus: Bus, per_hour: int) -> ApproverSet:
+    """How many destructive commands a node runs without a batch per rolling hour (default 0)."""
+    if not 0 <= per_hour <= MAX_ALLOWANCE:
+        raise UsageError(f"the unbatched allowance must be between 0 and {MAX_ALLOWANCE} an hour, not {per_hour}")
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        await settings_sql.put(tx, ALLOWANCE_KEY, str(per_hour))
+        await publish(tx, bus, "approver.unbatched-allowance", "", {"per_hour": per_hour}, now_ms)
     return await approver_set(store)
 
 

@@ -136,7 +136,7 @@ def command_info(row: Row, now_ms: int) -> admin_pb2.CommandInfo:
     )
 
 
-def approver_set(rows: list[Row], threshold: int, now_ms: int) -> admin_pb2.ApproverSet:
+def approver_set(rows: list[Row], threshold: int, now_ms: int, unbatched_per_hour: int = 0) -> admin_pb2.ApproverSet:
     return admin_pb2.ApproverSet(
         approvers=[
             admin_pb2.ApproverInfo(
@@ -148,6 +148,7 @@ def approver_set(rows: list[Row], threshold: int, now_ms: int) -> admin_pb2.Appr
             for r in rows
         ],
         threshold=threshold,
+        unbatched_destructive_per_hour=unbatched_per_hour,
     )
 
 

@@ -8,7 +8,7 @@ new CA would orphan every node that pinned the old one.
 What the certificates say (and `bc.pki.identity` reads back):
 
 * node: CN `node:<id>`, SAN URIs `urn:bc:node:<id>`, `urn:bc:role:<role>`,
-  `urn:bc:idgen:<n>`; clientAuth; at most 24 h. The subject and extensions a
+  `urn:bc:idgen:<n>`; clientAuth; at most 24 h (2 h for the ramdisk role). The subject and extensions a
   CSR asks for are ignored: the node is who the CA says.
 * operator: CN `operator:<name>`; clientAuth; 1 year.
 * server: SAN of the given hosts plus 127.0.0.1, ::1 and localhost;
@@ -40,6 +40,7 @@ CA_CERT_FILE = "ca.crt"
 CA_LIFETIME_S = 10 * 365 * 24 * 3600
 LEAF_LIFETIME_S = 365 * 24 * 3600
 NODE_MAX_TTL_S = 24 * 3600
+RAMDISK_MAX_TTL_S = 2 * 3600
 BACKDATE_S = 60
 
 # Names end up in URIs and CNs that we parse back; keep them boring.
@@ -178,7 +179,7 @@ class CertificateAuthority:
         identity_generation: int,
         ttl_s: int = NODE_MAX_TTL_S,
     ) -> x509.Certificate:
-        """A node's client certificate for the key in `csr`, at most 24 h long.
+        """A node's client certificate for the key in `csr`, at most 24 h long (a ramdisk's, 2 h).
 
         Only the CSR's public key is used, and only once its signature proves
         the requester holds the private half.
@@ -198,7 +199,8 @@ class CertificateAuthority:
         uris = [f"urn:bc:node:{node_id}", f"urn:bc:idgen:{identity_generation}"]
         if role:
             uris.insert(1, f"urn:bc:role:{role}")
-        builder = self._leaf(f"node:{node_id}", pub, min(ttl_s, NODE_MAX_TTL_S), ExtendedKeyUsageOID.CLIENT_AUTH)
+        cap = RAMDISK_MAX_TTL_S if role == "ramdisk" else NODE_MAX_TTL_S  # a ramdisk boots briefly: 2 h at most
+        builder = self._leaf(f"node:{node_id}", pub, min(ttl_s, cap), ExtendedKeyUsageOID.CLIENT_AUTH)
         builder = builder.add_extension(
             x509.SubjectAlternativeName([x509.UniformResourceIdentifier(u) for u in uris]), critical=False
         )

@@ -77,3 +77,33 @@ async def test_a_batch_runs_only_after_k_approvals_and_each_leaf_once(lab: Inpro
     assert refused["state"] == "rejected" and refused["reason"] == "UNBATCHED_LIMIT"
     sec = await lab.wait_event("security.unbatched-limit", lambda ev, d: d["command_id"] == lone.id)
     assert sec.subject == "n1" and "needs an approved batch" in json.loads(sec.data_json)["why"]
+
+
+async def test_the_unbatched_allowance_reaches_the_nodes_and_counts_per_hour(lab: InprocLab) -> None:
+    await lab.join("n1")
+    agent = await lab.start_node("n1")
+    await lab.wait_connected("n1")
+    await approvers(lab)
+    s = await lab.admin.set_unbatched_allowance(1)
+    assert s.unbatched_destructive_per_hour == 1
+    async with asyncio.timeout(10):  # pushed to the live session, signed by the root
+        while agent.trust.bundle.unbatched_destructive_per_hour != 1:
+            await asyncio.sleep(0.05)
+    gpu = agent.inventory.gpus[0].uuid
+    first = await lab.admin.run_command("n1", "gpu.reset", payload_json=json.dumps({"gpu_uuids": [gpu]}))
+    assert (await settled(lab, first.id))["state"] == "succeeded"
+    second = await lab.admin.run_command("n1", "gpu.reset", payload_json=json.dumps({"gpu_uuids": [gpu]}))
+    refused = await settled(lab, second.id)
+    assert refused["state"] == "rejected" and refused["reason"] == "UNBATCHED_LIMIT"
+    assert FakeHardware.read_resets(lab.node_dir("n1")) == {gpu: 1}
+
+
+async def test_a_bad_allowance_is_refused(lab: InprocLab) -> None:
+    from bc.errors import UsageError
+
+    try:
+        await lab.admin.set_unbatched_allowance(-1)
+    except UsageError as e:
+        assert "between 0 and 1000" in e.message
+    else:
+        raise AssertionError("a negative allowance was accepted")

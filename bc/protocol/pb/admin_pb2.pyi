@@ -408,12 +408,20 @@ class ApproverInfo(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., name: _Optional[str] = ..., public_key: _Optional[str] = ..., added_age_ms: _Optional[int] = ...) -> None: ...
 
 class ApproverSet(_message.Message):
-    __slots__ = ("approvers", "threshold")
+    __slots__ = ("approvers", "threshold", "unbatched_destructive_per_hour")
     APPROVERS_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    UNBATCHED_DESTRUCTIVE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
     approvers: _containers.RepeatedCompositeFieldContainer[ApproverInfo]
     threshold: int
-    def __init__(self, approvers: _Optional[_Iterable[_Union[ApproverInfo, _Mapping]]] = ..., threshold: _Optional[int] = ...) -> None: ...
+    unbatched_destructive_per_hour: int
+    def __init__(self, approvers: _Optional[_Iterable[_Union[ApproverInfo, _Mapping]]] = ..., threshold: _Optional[int] = ..., unbatched_destructive_per_hour: _Optional[int] = ...) -> None: ...
+
+class SetUnbatchedAllowanceRequest(_message.Message):
+    __slots__ = ("per_hour",)
+    PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    per_hour: int
+    def __init__(self, per_hour: _Optional[int] = ...) -> None: ...
 
 class ListApproversRequest(_message.Message):
     __slots__ = ()

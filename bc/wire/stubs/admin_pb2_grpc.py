@@ -155,6 +155,11 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.SetApproverThresholdRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
                 _registered_method=True)
+        self.SetUnbatchedAllowance = channel.unary_unary(
+                '/bc.v1.Admin/SetUnbatchedAllowance',
+                request_serializer=bc_dot_v1_dot_admin__pb2.SetUnbatchedAllowanceRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
+                _registered_method=True)
         self.CreateBatch = channel.unary_unary(
                 '/bc.v1.Admin/CreateBatch',
                 request_serializer=bc_dot_v1_dot_admin__pb2.CreateBatchRequest.SerializeToString,
@@ -329,6 +334,12 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetUnbatchedAllowance(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateBatch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -480,6 +491,11 @@ def add_AdminServicer_to_server(servicer, server):
             'SetApproverThreshold': grpc.unary_unary_rpc_method_handler(
                     servicer.SetApproverThreshold,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.SetApproverThresholdRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ApproverSet.SerializeToString,
+            ),
+            'SetUnbatchedAllowance': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetUnbatchedAllowance,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.SetUnbatchedAllowanceRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.ApproverSet.SerializeToString,
             ),
             'CreateBatch': grpc.unary_unary_rpc_method_handler(
@@ -1155,6 +1171,33 @@ class Admin:
             target,
             '/bc.v1.Admin/SetApproverThreshold',
             bc_dot_v1_dot_admin__pb2.SetApproverThresholdRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetUnbatchedAllowance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/SetUnbatchedAllowance',
+            bc_dot_v1_dot_admin__pb2.SetUnbatchedAllowanceRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.ApproverSet.FromString,
             options,
             channel_credentials,

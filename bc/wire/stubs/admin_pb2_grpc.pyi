@@ -56,6 +56,7 @@ class AdminStub:
     AddApprover: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AddApproverRequest, _admin_pb2.ApproverSet]
     RemoveApprover: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RemoveApproverRequest, _admin_pb2.ApproverSet]
     SetApproverThreshold: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetApproverThresholdRequest, _admin_pb2.ApproverSet]
+    SetUnbatchedAllowance: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetUnbatchedAllowanceRequest, _admin_pb2.ApproverSet]
     CreateBatch: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateBatchRequest, _admin_pb2.BatchInfo]
     ListBatches: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListBatchesRequest, _admin_pb2.ListBatchesResponse]
     GetBatch: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetBatchRequest, _admin_pb2.BatchInfo]
@@ -89,6 +90,7 @@ class AdminAsyncStub(AdminStub):
     AddApprover: _aio.UnaryUnaryMultiCallable[_admin_pb2.AddApproverRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
     RemoveApprover: _aio.UnaryUnaryMultiCallable[_admin_pb2.RemoveApproverRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
     SetApproverThreshold: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetApproverThresholdRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
+    SetUnbatchedAllowance: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetUnbatchedAllowanceRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
     CreateBatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateBatchRequest, _admin_pb2.BatchInfo]  # type: ignore[assignment]
     ListBatches: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListBatchesRequest, _admin_pb2.ListBatchesResponse]  # type: ignore[assignment]
     GetBatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetBatchRequest, _admin_pb2.BatchInfo]  # type: ignore[assignment]
@@ -261,6 +263,13 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
     def SetApproverThreshold(
         self,
         request: _admin_pb2.SetApproverThresholdRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ApproverSet, _abc.Awaitable[_admin_pb2.ApproverSet]]: ...
+
+    @_abc_1.abstractmethod
+    def SetUnbatchedAllowance(
+        self,
+        request: _admin_pb2.SetUnbatchedAllowanceRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ApproverSet, _abc.Awaitable[_admin_pb2.ApproverSet]]: ...
 

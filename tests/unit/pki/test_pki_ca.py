@@ -191,3 +191,12 @@ def test_openssl_verifies_a_node_cert(ca: CertificateAuthority, tmp_path: Path) 
         timeout=30,
     )
     assert bad.returncode != 0
+
+
+def test_a_ramdisk_certificate_lasts_at_most_two_hours(ca: CertificateAuthority) -> None:
+    def life(role: str) -> float:
+        cert = ca.issue_node_cert(make_csr(keys.generate_key(), "r1"), "r1", role, 1, 24 * 3600)
+        return (cert.not_valid_after_utc - cert.not_valid_before_utc).total_seconds()
+
+    assert life("ramdisk") <= 2 * 3600 + 60  # the window starts 60 s back
+    assert life("node") > 23 * 3600
