@@ -263,10 +263,15 @@ def check_trust_bundle(ident: Identity, now: float) -> Finding:
             )
         expiries.append(life.not_after)
     n = len(bundle.command_signing_roots)
+    if bundle.approver_keys:
+        k = max(1, bundle.quorum_k)
+        quorum = f"; destructive commands need {k} of {len(bundle.approver_keys)} approvers"
+    else:
+        quorum = "; no approvers: destructive commands run without a quorum"
     return passed(
         "trust-bundle",
         f"{n} command-signing root{'s' if n > 1 else ''} (the first expires {utc_text(min(expiries))}):"
-        " commands and specs must be signed",
+        f" commands and specs must be signed{quorum}",
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from agent.doctor import read_journal, run_node_checks
+from agent.identity import Identity
 from agent.journal import Journal
 from agent.journal_rules import METRIC
 from bc.cli.main import cli
@@ -181,6 +182,22 @@ async def test_no_command_signing_roots_warns_that_nothing_is_signature_checked(
     assert f.status == "warn"
     assert f.message == "no command-signing roots: commands and specs are not signature-checked"
     assert "--command-signing on" in f.fix
+
+
+async def test_the_trust_bundle_line_says_whether_destructive_commands_need_a_quorum(cluster: Cluster) -> None:
+    d = cluster.node_dir("n1")
+    f = by_name(run_node_checks(d, cluster.clock.now()))["trust-bundle"]
+    assert f.status == "pass" and f.message.endswith("no approvers: destructive commands run without a quorum")
+
+    ident = Identity.load(d)
+    bundle = ident.trust_bundle()
+    for name in ("alice", "bob", "carol"):
+        bundle.approver_keys.add(key_id=f"sha256:{name}", public_key=b"k" * 32, name=name)
+    bundle.quorum_k = 2
+    ident.set_trust_bundle(bundle)
+    ident.save(d)
+    f = by_name(run_node_checks(d, cluster.clock.now()))["trust-bundle"]
+    assert f.message.endswith("destructive commands need 2 of 3 approvers")
 
 
 async def test_an_expired_or_unreadable_root_fails_the_trust_bundle(cluster: Cluster) -> None:
