@@ -27,7 +27,6 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -92,29 +91,9 @@ class Identity:
         return (data_dir / self.files[what]).read_bytes()
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write, fsync, rename, fsync the directory: the file is either old or new after a crash.
-
-    The temporary file has a name of its own (not `<name>.tmp`): the session and the renewer may
-    save identity.json at the same moment from two threads, and a shared name would mix them.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # created 0600
-    try:
-        try:
-            os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:  # os.write may write less than asked
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    keys.fsync_dir(path.parent)
+# One atomic writer for the whole project (unique temporary name, mode set before any byte, fsync,
+# rename, directory fsync): the session and the renewer may save identity.json at the same moment.
+write_atomic = keys.write_file_atomic
 
 
 def _next(path: Path) -> Path:

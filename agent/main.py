@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
 import logging
 import random
 import secrets
@@ -207,9 +209,6 @@ class Agent:
 
     async def on_rejected_spec(self, e: sc.RejectedSpec) -> None:
         """Logged and reported once per body; never applied."""
-        import hashlib
-        import json
-
         key = (e.generation, hashlib.sha256(e.body).digest())
         if key in self._rejected_specs:
             return

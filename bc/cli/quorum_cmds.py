@@ -19,7 +19,7 @@ import click
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bc.cli.admin_cmds import call_admin, echo_json, json_option
+from bc.cli.admin_cmds import call_admin, echo_json, json_option, read_json_object
 from bc.cli.render import cell, format_age, format_time_ms, message_to_json, parse_duration, render_fields, render_table
 from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
@@ -298,20 +298,10 @@ def batch() -> None:
     """Destructive commands on a set of nodes, held until a quorum of approvers signs."""
 
 
-def _payload_arg(text: str) -> str:
-    if text.startswith("@"):
-        path = Path(text[1:])
-        try:
-            return path.read_text()
-        except OSError as e:
-            raise UsageError(f"cannot read the payload file {path}: {e.strerror}") from None
-    return text
-
-
 @batch.command("create")
 @click.option("--kind", required=True, help="A destructive kind (gpu.reset, node.reboot, ...).")
 @click.option("--nodes", "nodes_csv", required=True, help="Comma-separated node ids.")
-@click.option("--payload", default="{}", help="The payload as JSON, or @FILE.")
+@click.option("--payload", default="{}", metavar="JSON|@FILE", help="The payload as JSON, @FILE or @- (stdin).")
 @click.option("--reason", default="", help="Why, for the approvers.")
 @click.option("--not-after", default="1h", show_default=True, help="How long the batch may wait and run.")
 @json_option
@@ -319,7 +309,7 @@ def batch_create(kind: str, nodes_csv: str, payload: str, reason: str, not_after
     """Create a batch: its commands are enqueued held until approved."""
     nodes = [n.strip() for n in nodes_csv.split(",") if n.strip()]
     not_after_s = parse_duration(not_after)
-    text = _payload_arg(payload)
+    text = read_json_object(f"the {kind} payload", payload)
     b = call_admin(lambda c: c.create_batch(kind, nodes, text, reason=reason, not_after_s=round(not_after_s)))
     if as_json:
         echo_json(message_to_json(b))

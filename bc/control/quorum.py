@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import partial
 
 from bc.control import commands as cmds
 from bc.control.bus import Bus
@@ -234,7 +235,7 @@ async def decide(
                 raise UsageError(f"{name} asked for this batch: the requester's own approval does not count")
             if expires_at_ms <= now_ms:
                 raise UsageError("the approval has already expired; sign again")
-            leaf_count = len(await q_sql.leaves(tx, batch_id))
+            leaf_count = await q_sql.count_leaves(tx, batch_id)
             msg = q.approval_message(batch_id, root, leaf_count, requested_by, expires_at_ms)
         else:
             if not reason.strip():
@@ -280,12 +281,10 @@ async def _maybe_approve(tx: Tx, bus: Bus, batch: Row, now_ms: int) -> None:
     tally = q.count_approvals(approval, approver_keys(await q_sql.list_approvers(tx)), now_ms)
     if len(tally.counted) < int(batch["threshold"]):
         return
+    # The nodes get only the signatures that count (an expired or removed approver's would be refused anyway).
+    kept = [sig for sig in approval.signatures if sig.key_id in tally.counted]
     del approval.signatures[:]
-    for d in await q_sql.decisions(tx, batch_id):
-        if str(d["key_id"]) in tally.counted:
-            approval.signatures.add(
-                key_id=str(d["key_id"]), expires_at_ms=int(d["expires_at_ms"]), signature=bytes(d["signature"])
-            )
+    approval.signatures.extend(kept)
     await q_sql.settle_batch(tx, batch_id, "approved", approval.SerializeToString(deterministic=True), now_ms)
     tree = merkle.MerkleTree(
         [merkle.leaf_bytes(str(r["node_id"]), str(r["kind"]), bytes(r["payload_digest"])) for r in leaves]
@@ -294,8 +293,7 @@ async def _maybe_approve(tx: Tx, bus: Bus, batch: Row, now_ms: int) -> None:
         idx = int(r["idx"])
         proof = common_pb2.BatchProof(leaf_index=idx, tree_size=len(tree), path=tree.proof(idx))
         if await q_sql.release_command(tx, str(r["command_id"]), proof.SerializeToString(deterministic=True)):
-            node_id = str(r["node_id"])
-            tx.on_commit(lambda n=node_id: bus.node_changed(n))  # type: ignore[misc]
+            tx.on_commit(partial(bus.node_changed, str(r["node_id"])))
     await publish(tx, bus, "batch.approved", batch_id, {"approvers": tally.counted}, now_ms)
 
 

@@ -29,6 +29,7 @@ from bc.protocol.pb import session_pb2
 from bc.store import Store, Tx
 from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql
+from bc.store import events as events_sql
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
 from bc.store import revocation as rev_sql
@@ -133,7 +134,7 @@ async def _duplicate_session(
     await publish(tx, bus, "security.node.duplicate-session", peer.name, data, now_ms)
     # Only takeovers of this identity count: a re-joined node starts with a clean slate.
     since = max(now_ms - DUPLICATE_WINDOW_MS, await rev_sql.identity_started_ms(tx, peer.name))
-    seen = await rev_sql.count_events(tx, "security.node.duplicate-session", peer.name, since)
+    seen = await events_sql.count(tx, "security.node.duplicate-session", peer.name, since)
     if seen <= DUPLICATE_LIMIT:
         return False
     serials = await rev_sql.revoke_node(tx, peer.name, "duplicate-identity", now_ms)

@@ -25,3 +25,12 @@ async def list_events(tx: Tx, after_seq: int, limit: int, type_prefix: str = "")
 
 async def last_seq(tx: Tx) -> int:
     return int(await tx.fetchval("SELECT COALESCE(MAX(seq), 0) FROM events") or 0)
+
+
+async def count(tx: Tx, type_: str, subject: str, since_ms: int) -> int:
+    """How many events of this type about this subject since `since_ms`."""
+    v = await tx.fetchval(
+        "SELECT COUNT(*) FROM events WHERE type = :t AND subject = :s AND at_ms >= :since",
+        {"t": type_, "s": subject, "since": since_ms},
+    )
+    return int(v or 0)

@@ -86,6 +86,10 @@ async def leaves(tx: Tx, batch_id: str) -> list[Row]:
     )
 
 
+async def count_leaves(tx: Tx, batch_id: str) -> int:
+    return int(await tx.fetchval("SELECT COUNT(*) FROM batch_leaves WHERE batch_id = :b", {"b": batch_id}) or 0)
+
+
 async def decisions(tx: Tx, batch_id: str) -> list[Row]:
     return await tx.fetchall("SELECT * FROM batch_approvals WHERE batch_id = :b ORDER BY at_ms", {"b": batch_id})
 

@@ -55,14 +55,6 @@ async def cert_states(tx: Tx) -> dict[str, Row]:
     return {str(r["node_id"]): r for r in rows}
 
 
-async def count_events(tx: Tx, type_: str, subject: str, since_ms: int) -> int:
-    v = await tx.fetchval(
-        "SELECT COUNT(*) FROM events WHERE type = :t AND subject = :s AND at_ms >= :since",
-        {"t": type_, "s": subject, "since": since_ms},
-    )
-    return int(v or 0)
-
-
 async def identity_started_ms(tx: Tx, node_id: str) -> int:
     """When the node's current identity got its first certificate (0 if it has none)."""
     v = await tx.fetchval(

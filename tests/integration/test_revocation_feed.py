@@ -8,14 +8,24 @@ import json
 
 from agent.identity import Identity
 from bc.errors import Unauthenticated
+from bc.gateway.sessions import SessionDriver
 from tests.integration.conftest import InprocLab
+
+
+async def registered_session(lab: InprocLab, node_id: str) -> SessionDriver:
+    """The gateway's driver of the node's session: it registers itself just after the Hello commits, so a
+    test that saw `connected` in the events log may get there first."""
+    async with asyncio.timeout(10):
+        while node_id not in lab.server.gateway.sessions:
+            await asyncio.sleep(0.02)
+    return lab.server.gateway.sessions[node_id]
 
 
 async def test_a_revoked_session_is_told_why_closed_and_never_redialed(lab: InprocLab) -> None:
     await lab.join("n1")
     agent = await lab.start_node("n1")
     opened = await lab.wait_connected("n1")
-    serial = lab.server.gateway.sessions["n1"].peer.serial
+    serial = (await registered_session(lab, "n1")).peer.serial
 
     info = await lab.admin.revoke_node("n1", reason="compromised host")
     assert info.revoked and info.revoke_reason == "compromised host"
@@ -56,7 +66,7 @@ async def test_a_session_whose_certificate_expired_is_closed_and_the_node_comes_
     await lab.join("n1")
     await lab.start_node("n1")
     first = await lab.wait_connected("n1")
-    driver = lab.server.gateway.sessions["n1"]
+    driver = await registered_session(lab, "n1")
     # What the feed would see a day later: the certificate the session was opened with has run out.
     driver.peer = dataclasses.replace(driver.peer, not_after=0.0)
     await lab.server.gateway.check_certificates()
