@@ -42,7 +42,7 @@ DEFAULT_ENV_DIR = "/run/bc/allocations"
 
 # Values go into unit files unquoted: anything systemd would split, expand (`%` specifiers,
 # `$` variables) or unquote is refused rather than escaped, so what the operator reads is what runs.
-_SAFE = re.compile(r"^[A-Za-z0-9_./:@+=,\[\]-]+$")
+_SAFE = re.compile(r"[A-Za-z0-9_./:@+=,\[\]-]+")
 
 Directive = tuple[str, str]
 
@@ -66,7 +66,7 @@ _COMMON_HARDENING: tuple[Directive, ...] = (
 
 
 def _checked(value: str, what: str) -> str:
-    if not _SAFE.match(value):
+    if not _SAFE.fullmatch(value):
         raise UsageError(
             f"{what} {value!r} has characters a unit file would reinterpret; use letters, digits, ./:@+=,-"
         )

@@ -36,7 +36,7 @@ from bc.store import Store
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
 
-NODE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 ROLES = ("node", "site", "ramdisk")
 MIN_TTL_S, MAX_TTL_S = 60, 7 * 24 * 3600
 NODE_CERT_TTL_S = 24 * 3600
@@ -45,7 +45,7 @@ log = logging.getLogger("bc.control.identity")
 
 
 def check_node_id(node_id: str) -> None:
-    if not NODE_ID.match(node_id):
+    if not NODE_ID.fullmatch(node_id):
         raise UsageError(
             f"invalid node id {node_id!r}: use 1-63 lowercase letters, digits, '.', '_' or '-', starting with a"
             " letter or digit"

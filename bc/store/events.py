@@ -16,10 +16,14 @@ async def publish(tx: Tx, type_: str, subject: str, data: dict[str, Any], now_ms
 
 
 async def list_events(tx: Tx, after_seq: int, limit: int, type_prefix: str = "") -> list[Row]:
+    """Events after `after_seq` whose type starts with the literal text `type_prefix`.
+
+    Not LIKE: `_` and `%` would be wildcards there, and SQLite's LIKE ignores ASCII case.
+    """
     return await tx.fetchall(
         "SELECT seq, type, subject, data, at_ms FROM events"
-        " WHERE seq > :after AND type LIKE :prefix ORDER BY seq LIMIT :limit",
-        {"after": after_seq, "prefix": type_prefix + "%", "limit": limit},
+        " WHERE seq > :after AND substr(type, 1, length(:prefix)) = :prefix ORDER BY seq LIMIT :limit",
+        {"after": after_seq, "prefix": type_prefix, "limit": limit},
     )
 
 
