@@ -11,12 +11,44 @@ replayable. Conflicts are the parent-aware rule of `bc.protocol.atoms`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from bc.protocol.atoms import DEVICE_CLASSES, GPU, GPU_MIG, GPU_SLOT, Atom, atoms_conflict, parse_atom
 from bc.protocol.pb import common_pb2
 
 Candidate = tuple[str, common_pb2.Inventory, Sequence[Atom]]
 """A node to place on: its id, its inventory and the atoms already booked on it."""
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What decides whether a node may take a new hold at all, before its capacity is looked at."""
+
+    node_id: str
+    role: str
+    cordoned: bool
+    connectivity: str  # new | connected | disconnected | unreachable
+    revoked: bool
+
+
+def refusal(node: NodeFacts, *, named: bool) -> str | None:
+    """Why `node` cannot take a new hold, as a sentence; None when it can.
+
+    A revoked node never takes one: its agent refuses to dial again, so the hold could never bind. A
+    cordoned node takes none by definition. Chosen automatically, a node must also be connected now:
+    a hold placed on a node that is away binds only when it comes back, while a connected one would
+    have bound it at once. Named with `--node`, a node that is merely away is the operator's choice,
+    and the hold is delivered when it reconnects.
+    """
+    if node.role != "node":
+        return f"node {node.node_id} has role {node.role!r}; holds are placed on role 'node' only"
+    if node.revoked:
+        return f"node {node.node_id} is revoked; it can never bind a hold"
+    if node.cordoned:
+        return f"node {node.node_id} is cordoned"
+    if not named and node.connectivity != "connected":
+        return f"node {node.node_id} is {node.connectivity}"
+    return None
 
 
 def _check_class(device_class: str) -> None:

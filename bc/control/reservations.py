@@ -51,6 +51,16 @@ async def _booked_atoms(tx: Tx, node_id: str) -> list[Atom]:
     return [parse_atom(str(b["device_class"]), str(b["atom_id"])) for b in await res_sql.live_bookings_on(tx, node_id)]
 
 
+def _facts(row: Row) -> capacity.NodeFacts:
+    return capacity.NodeFacts(
+        node_id=str(row["node_id"]),
+        role=str(row["role"]),
+        cordoned=bool(row["cordoned"]),
+        connectivity=str(row["connectivity"]),
+        revoked=bool(row["revoked"]),
+    )
+
+
 def _validate(req: ReserveRequest) -> None:
     if req.device_class not in DEVICE_CLASSES:
         raise UsageError(f"unknown device class {req.device_class!r}; classes are {', '.join(DEVICE_CLASSES)}")
@@ -65,21 +75,23 @@ async def reserve(store: Store, bus: Bus, req: ReserveRequest, rng: random.Rando
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
         if req.node_id:
-            node = await nodes_sql.get(tx, req.node_id)
-            if node is None:
+            rows = await nodes_sql.placement_facts(tx, req.node_id)
+            if not rows:
                 raise NotFound(f"no node named {req.node_id!r}")
-            if node["cordoned"]:
-                raise Conflict(f"node {req.node_id} is cordoned")
-            candidates = [node]
+            why = capacity.refusal(_facts(rows[0]), named=True)
+            if why is not None:
+                raise Conflict(why)
+            candidates = rows
         else:
-            candidates = [n for n in await nodes_sql.list_all(tx) if not n["cordoned"] and n["role"] == "node"]
+            rows = await nodes_sql.placement_facts(tx)
+            candidates = [n for n in rows if capacity.refusal(_facts(n), named=False) is None]
         options = [(str(n["node_id"]), inventory_of(n), await _booked_atoms(tx, str(n["node_id"]))) for n in candidates]
         choice = capacity.choose_node(options, req.device_class, req.gpus)
         if choice is None:
             if req.node_id:
                 free = len(capacity.free_atoms(options[0][1], options[0][2], req.device_class))
                 raise Conflict(f"node {req.node_id} has {free} free {req.device_class} atom(s); {req.gpus} asked")
-            raise Conflict(f"no node has {req.gpus} free {req.device_class} atom(s)")
+            raise Conflict(f"no connected, uncordoned node has {req.gpus} free {req.device_class} atom(s)")
         node_id, atoms = choice
         rid = "res-" + ulid(now_ms / 1000, rng).lower()
         alloc = short_id("alloc", rng)

@@ -30,6 +30,26 @@ async def list_all(tx: Tx) -> list[Row]:
     )
 
 
+# A node is revoked when its current identity has certificates and none of them is live
+# (the same rule `bc nodes` shows); a node with no certificate row at all is not revoked.
+_REVOKED = (
+    "(EXISTS (SELECT 1 FROM node_certs c WHERE c.node_id = n.node_id"
+    " AND c.identity_generation = n.identity_generation)"
+    " AND NOT EXISTS (SELECT 1 FROM node_certs c WHERE c.node_id = n.node_id"
+    " AND c.identity_generation = n.identity_generation AND c.revoked_at_ms IS NULL))"
+)
+
+
+async def placement_facts(tx: Tx, node_id: str | None = None) -> list[Row]:
+    """What placement needs to know of each node (or of one): role, cordon, connectivity, revoked, inventory."""
+    where = "WHERE n.node_id = :n" if node_id is not None else ""
+    return await tx.fetchall(
+        "SELECT n.node_id, n.role, n.cordoned, n.connectivity, n.inventory,"
+        f" CASE WHEN {_REVOKED} THEN 1 ELSE 0 END AS revoked FROM nodes n {where} ORDER BY n.node_id",
+        {"n": node_id} if node_id is not None else {},
+    )
+
+
 async def ensure(tx: Tx, node_id: str, role: str, now_ms: int) -> bool:
     """Create the node row if absent; True when it was created."""
     n = await tx.execute(

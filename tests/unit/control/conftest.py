@@ -26,12 +26,18 @@ async def write_inventory(store: InlineSqliteStore, node_id: str, inv: common_pb
 
 @pytest.fixture
 def add_node(store: InlineSqliteStore) -> AddNode:
-    """Create a node row; with a profile, give it that fake hardware's inventory (returned)."""
+    """Create a node row; with a profile, give it that fake hardware's inventory (returned).
 
-    async def add(node_id: str, profile: str | None = "hgx-h100-8", role: str = "node") -> common_pb2.Inventory:
+    The node is `connected` unless `connectivity` says otherwise: placement picks connected nodes only.
+    """
+
+    async def add(
+        node_id: str, profile: str | None = "hgx-h100-8", role: str = "node", connectivity: str = "connected"
+    ) -> common_pb2.Inventory:
         now_ms = await store.now_ms()
         async with store.transaction() as tx:
             await nodes_sql.ensure(tx, node_id, role, now_ms)
+            await nodes_sql.set_connectivity(tx, node_id, connectivity, now_ms)
         inv = FakeHardware(profile, node_id).inventory() if profile else common_pb2.Inventory()
         if profile:
             await write_inventory(store, node_id, inv)

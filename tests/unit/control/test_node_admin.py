@@ -223,9 +223,54 @@ async def test_a_cordoned_node_gets_no_new_reservations(store: InlineSqliteStore
     await node_admin.cordon(store, bus, "n1", True)
     with pytest.raises(Conflict, match="n1 is cordoned"):
         await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
-    with pytest.raises(Conflict, match="no node has 1 free gpu"):
+    with pytest.raises(Conflict, match="no connected, uncordoned node has 1 free gpu"):
         await reserve(store, bus, ReserveRequest(gpus=1))
     await node_admin.cordon(store, bus, "n1", False)
+    assert (await reserve(store, bus, ReserveRequest(gpus=1)))["node_id"] == "n1"
+
+
+async def _placement_snapshot(store: InlineSqliteStore) -> tuple[list[Row], list[Row]]:
+    async with store.transaction(write=False) as tx:
+        return (
+            await tx.fetchall("SELECT * FROM reservations ORDER BY id"),
+            await tx.fetchall("SELECT node_id, generation, spec FROM nodes ORDER BY node_id"),
+        )
+
+
+async def test_a_revoked_node_is_never_placed_on_not_even_when_named(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, add_cert: AddCert
+) -> None:
+    await add_node("n1")
+    await add_cert("n1")
+    await node_admin.revoke(store, bus, "n1", "stolen")
+    before = await _placement_snapshot(store)
+    with pytest.raises(Conflict, match="n1 is revoked"):
+        await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+    with pytest.raises(Conflict, match="no connected, uncordoned node has 1 free gpu"):
+        await reserve(store, bus, ReserveRequest(gpus=1))
+    assert await _placement_snapshot(store) == before
+
+
+@pytest.mark.parametrize("state", ["new", "disconnected", "unreachable"])
+async def test_placement_picks_only_connected_nodes(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, state: str
+) -> None:
+    await add_node("n1", connectivity=state)  # sorts first and has every GPU free
+    await add_node("n2", profile="l4-slots-4")
+    assert (await reserve(store, bus, ReserveRequest(gpus=1)))["node_id"] == "n2"
+    with pytest.raises(Conflict):
+        await reserve(store, bus, ReserveRequest(gpus=6))  # only n1 has six
+    # Named, a node that is away is the operator's choice: the hold reaches it when it reconnects.
+    assert (await reserve(store, bus, ReserveRequest(gpus=6, node_id="n1")))["node_id"] == "n1"
+
+
+async def test_a_node_with_a_live_certificate_of_its_current_identity_is_placeable(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, add_cert: AddCert
+) -> None:
+    await add_node("n1")
+    await add_cert("n1", identity_generation=0)  # an earlier identity's certificate, then revoked
+    await node_admin.revoke(store, bus, "n1", "re-joined")
+    await add_cert("n1")  # the current identity's, live
     assert (await reserve(store, bus, ReserveRequest(gpus=1)))["node_id"] == "n1"
 
 
