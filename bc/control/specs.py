@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import NotFound
-from bc.protocol import canonical
+from bc.protocol import canonical, spec_validation
 from bc.protocol.pb import spec_pb2
 from bc.protocol.pb.session_pb2 import DesiredStateBody
 from bc.store import Store, Tx
@@ -81,6 +81,7 @@ async def set_section(store: Store, bus: Bus, node_id: str, section: str, sectio
     msg = canonical.section_from_json(section, section_json)
     if section == "devices":
         raise UsageError("the devices section is managed by reservations; use `bc reserve` and `bc release`")
+    spec_validation.check_section(section, msg)
 
     def mutate(spec: spec_pb2.NodeSpec) -> None:
         getattr(spec, section).CopyFrom(msg)

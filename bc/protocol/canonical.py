@@ -53,6 +53,8 @@ def spec_from_json(text: str) -> spec_pb2.NodeSpec:
         json_format.Parse(text or "{}", spec)
     except (json_format.ParseError, ValueError) as e:
         raise SpecError(f"the spec does not parse: {_first_line(e)}") from None
+    except RecursionError:
+        raise SpecError("the spec does not parse: it nests too deeply") from None
     return spec
 
 
@@ -65,6 +67,8 @@ def section_from_json(section: str, text: str) -> Message:
         json_format.Parse(text, msg)
     except (json_format.ParseError, ValueError) as e:
         raise SpecError(f"the {section} section does not parse: {_first_line(e)}") from None
+    except RecursionError:
+        raise SpecError(f"the {section} section does not parse: it nests too deeply") from None
     return msg
 
 

@@ -168,6 +168,11 @@ async def test_set_section_replaces_a_section_wholesale(store: InlineSqliteStore
         ("telemetry", '{"no_such_field": "x"}'),
         ("access", "[1, 2]"),
         ("nosuchsection", "{}"),
+        ("host", '{"units": [{"name": "../../etc/cron.d/x"}]}'),
+        ("host", '{"units": [{"name": "sysctl", "settings_json": "[1]"}]}'),
+        ("telemetry", '{"otlp_endpoint": "http://[::1/x"}'),
+        ("telemetry", '{"resource_attributes": {"rack": "r1\\u001b]0;pwned\\u0007"}}'),
+        ("access", '{"principals": ["root\\u202e"]}'),
     ],
 )
 async def test_set_section_with_bad_input_is_a_usage_error_and_changes_nothing(

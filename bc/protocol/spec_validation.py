@@ -1,0 +1,212 @@
+"""What a NodeSpec section may hold, beyond parsing: the checks that run before a spec is stored.
+
+The node writes what a spec says to disk (sysctl drop-ins, module lists, sshd
+files, CDI specs) and shows it to operators, so a section is refused as a
+whole, with one sentence naming the field, when:
+
+* any string in it, including the keys and strings inside a host unit's
+  `settings_json`, holds a control character (C0, DEL, C1), a bidirectional
+  override or isolate, or a line/paragraph separator: text that can rewrite a
+  file's meaning or a terminal's display is never data;
+* a name is not a name: host unit names, instance ids, principals and
+  formats are short ASCII tokens (`re.fullmatch`, so no trailing newline), never
+  paths;
+* `settings_json` is not a JSON object (or nests deeper than `MAX_JSON_DEPTH`);
+* URLs are not http(s) URLs with a host; digests are not `sha256` hex;
+  numbers are out of their range.
+
+Pure: `check_section(section, message)` raises `SpecError` (a `UsageError`,
+exit 2) or returns. The devices section is written by reservations, never by
+an operator, and is checked by the reservation code that builds it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from bc.protocol.canonical import SpecError
+from bc.protocol.pb import spec_pb2
+
+MAX_JSON_DEPTH = 32
+
+# Bidirectional formatting characters (Unicode's "Trojan Source" set) and the two separators
+# that terminals and editors treat as line breaks.
+_BIDI_AND_SEPARATORS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029")
+
+UNIT_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+PRINCIPAL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]{0,63}")
+SERIAL = re.compile(r"[0-9]{1,20}|[0-9a-fA-F]{1,40}")
+TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+SHA256_HEX = re.compile(r"(sha256:)?[0-9a-f]{64}")
+
+
+def unsafe_char(text: str) -> str | None:
+    """The first character of `text` that must never reach a file or a terminal, or None."""
+    for ch in text:
+        if ch in _BIDI_AND_SEPARATORS or unicodedata.category(ch) == "Cc":
+            return ch
+    return None
+
+
+def _refuse(section: str, field: str, why: str) -> SpecError:
+    return SpecError(f"the {section} section's {field} {why}")
+
+
+def _check_text(section: str, field: str, text: str) -> None:
+    ch = unsafe_char(text)
+    if ch is not None:
+        raise _refuse(section, field, f"holds the control or bidirectional character U+{ord(ch):04X}")
+
+
+def _strings(msg: Message, path: str = "") -> Iterator[tuple[str, str]]:
+    """Every string in `msg` with the field path that holds it (map keys and values included)."""
+    for fd, value in msg.ListFields():
+        name = f"{path}{fd.name}"
+        if fd.type == FieldDescriptor.TYPE_MESSAGE:
+            if fd.message_type.GetOptions().map_entry:
+                for k, v in value.items():
+                    yield f"{name} key", str(k)
+                    if isinstance(v, str):
+                        yield f"{name}[{k!r}]", v
+            elif fd.is_repeated:
+                for i, item in enumerate(value):
+                    yield from _strings(item, f"{name}[{i}].")
+            else:
+                yield from _strings(value, f"{name}.")
+        elif fd.type == FieldDescriptor.TYPE_STRING:
+            items = value if fd.is_repeated else [value]
+            for i, item in enumerate(items):
+                yield (f"{name}[{i}]" if fd.is_repeated else name), item
+
+
+def _json_strings(value: Any, depth: int = 0) -> Iterator[str]:
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"nests deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _json_strings(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _json_strings(v, depth + 1)
+
+
+def parse_settings(text: str) -> dict[str, Any]:
+    """A host unit's `settings_json`: a JSON object, at most `MAX_JSON_DEPTH` deep; ValueError says why not."""
+    try:
+        doc = json.loads(text or "{}")
+    except RecursionError:
+        raise ValueError(f"nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"is not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"must be a JSON object, not {type(doc).__name__}")
+    for s in _json_strings(doc):
+        ch = unsafe_char(s)
+        if ch is not None:
+            raise ValueError(f"holds the control or bidirectional character U+{ord(ch):04X}")
+    return doc
+
+
+def _check_url(section: str, field: str, url: str) -> None:
+    if not url:
+        return
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port out of range
+    except ValueError as e:
+        raise _refuse(section, field, f"is not a URL ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _refuse(section, field, f"must be an http or https URL with a host, not {url!r}")
+    del port
+
+
+def _check_name(section: str, field: str, value: str, pattern: re.Pattern[str], what: str) -> None:
+    if not pattern.fullmatch(value):
+        raise _refuse(section, field, f"{value!r} is not {what}")
+
+
+def _check_host(s: spec_pb2.HostSection) -> None:
+    seen: set[str] = set()
+    for i, unit in enumerate(s.units):
+        field = f"units[{i}]"
+        _check_name("host", f"{field}.name", unit.name, UNIT_NAME, "a unit name (1-63 of a-z 0-9 . _ -)")
+        if unit.name in seen:
+            raise _refuse("host", f"{field}.name", f"{unit.name!r} appears twice")
+        seen.add(unit.name)
+        try:
+            parse_settings(unit.settings_json)
+        except ValueError as e:
+            raise _refuse("host", f"{field}.settings_json", str(e)) from None
+
+
+def _check_instances(s: spec_pb2.InstancesSection) -> None:
+    seen: set[str] = set()
+    for i, inst in enumerate(s.instances):
+        field = f"instances[{i}].id"
+        _check_name("instances", field, inst.id, INSTANCE_ID, "an instance id (1-128 of A-Z a-z 0-9 . _ -)")
+        if inst.id in seen:
+            raise _refuse("instances", field, f"{inst.id!r} appears twice")
+        seen.add(inst.id)
+
+
+def _check_access(s: spec_pb2.AccessSection) -> None:
+    for i, p in enumerate(s.principals):
+        _check_name("access", f"principals[{i}]", p, PRINCIPAL, "a principal (1-64 of A-Z a-z 0-9 . _ @ -)")
+    for i, serial in enumerate(s.revoked_serials):
+        _check_name("access", f"revoked_serials[{i}]", serial, SERIAL, "a certificate serial (decimal or hex)")
+    for i, key in enumerate(s.ssh_ca_keys):
+        if len(key.split()) < 2:
+            raise _refuse("access", f"ssh_ca_keys[{i}]", "is not an OpenSSH public key line (type and key)")
+
+
+def _check_telemetry(s: spec_pb2.TelemetrySection) -> None:
+    _check_url("telemetry", "otlp_endpoint", s.otlp_endpoint)
+    if not 0 <= s.export_interval_s <= 86_400:
+        raise _refuse("telemetry", "export_interval_s", f"must be between 0 and 86400, not {s.export_interval_s}")
+
+
+def _check_daemon(s: spec_pb2.DaemonSection) -> None:
+    if s.version:
+        _check_name("daemon", "version", s.version, TOKEN, "a version (1-64 of A-Z a-z 0-9 . _ + -)")
+    _check_url("daemon", "url", s.url)
+    if s.sha256 and not SHA256_HEX.fullmatch(s.sha256):
+        raise _refuse("daemon", "sha256", "must be 64 lowercase hex digits")
+
+
+def _check_site(s: spec_pb2.SiteSection) -> None:
+    for i, img in enumerate(s.cache_images):
+        _check_url("site", f"cache_images[{i}].url", img.url)
+        if img.sha256 and not SHA256_HEX.fullmatch(img.sha256):
+            raise _refuse("site", f"cache_images[{i}].sha256", "must be 64 lowercase hex digits")
+        if img.format:
+            _check_name("site", f"cache_images[{i}].format", img.format, TOKEN, "a format name")
+
+
+def check_section(section: str, msg: Message) -> None:
+    """Refuse (SpecError, one sentence) a section the node must not be sent; return when it is fine."""
+    for field, text in _strings(msg):
+        _check_text(section, field, text)
+    if isinstance(msg, spec_pb2.HostSection):
+        _check_host(msg)
+    elif isinstance(msg, spec_pb2.InstancesSection):
+        _check_instances(msg)
+    elif isinstance(msg, spec_pb2.AccessSection):
+        _check_access(msg)
+    elif isinstance(msg, spec_pb2.TelemetrySection):
+        _check_telemetry(msg)
+    elif isinstance(msg, spec_pb2.DaemonSection):
+        _check_daemon(msg)
+    elif isinstance(msg, spec_pb2.SiteSection):
+        _check_site(msg)
