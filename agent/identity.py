@@ -77,10 +77,10 @@ class Identity:
         if not p.is_file():
             raise UsageError(f"no node identity in {data_dir}; join first with `bc join --server ... --token ...`")
         try:
-            doc = json.loads(p.read_text())
-            ident = Identity(**doc)
-        except (ValueError, TypeError) as e:
-            raise UsageError(f"the node identity {p} is unreadable: {e}") from None
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
+            raise UsageError(f"the node identity {p} is unreadable ({_reason(e)}); {_REJOIN}") from None
+        ident = _from_doc(doc, p)
         finish_key_pair(data_dir, ident)
         return ident
 
@@ -89,6 +89,57 @@ class Identity:
 
     def read(self, data_dir: Path, what: str) -> bytes:
         return (data_dir / self.files[what]).read_bytes()
+
+
+_REJOIN = "move it aside and join again with `bc join --reset --yes`"
+
+# Each field's type; the required ones have no default in `Identity`.
+_FIELD_TYPES: dict[str, type] = {
+    "node_id": str,
+    "role": str,
+    "server": str,
+    "identity_generation": int,
+    "ca_fingerprint": str,
+    "server_time_mark_ms": int,
+    "trust_bundle_b64": str,
+    "files": dict,
+    "revoked": str,
+}
+_REQUIRED = ("node_id", "role", "server", "identity_generation", "ca_fingerprint")
+_FILE_ROLES = ("key", "cert", "ca")
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        return e.strerror or type(e).__name__
+    if isinstance(e, UnicodeDecodeError):
+        return "not UTF-8"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return f"not JSON: {str(e).splitlines()[0]}" if str(e) else "not JSON"
+
+
+def _from_doc(doc: object, p: Path) -> Identity:
+    """An `Identity` from identity.json's document, or one sentence saying what is wrong with it."""
+    if not isinstance(doc, dict):
+        raise UsageError(f"the node identity {p} is not a JSON object; {_REJOIN}")
+    missing = [k for k in _REQUIRED if k not in doc]
+    if missing:
+        raise UsageError(f"the node identity {p} lacks {', '.join(missing)}; {_REJOIN}")
+    unknown = sorted(k for k in doc if k not in _FIELD_TYPES)
+    if unknown:
+        raise UsageError(f"the node identity {p} has unknown fields {', '.join(map(str, unknown))}; {_REJOIN}")
+    for k, want in _FIELD_TYPES.items():
+        if k in doc and (not isinstance(doc[k], want) or (want is int and isinstance(doc[k], bool))):
+            what = {str: "a string", int: "an integer", dict: "a JSON object"}[want]
+            raise UsageError(f"the node identity {p} has a {k} that is not {what}; {_REJOIN}")
+    files = doc.get("files")
+    if files is not None and not (
+        all(r in files for r in _FILE_ROLES)
+        and all(isinstance(v, str) and v and "/" not in v and v not in (".", "..") for v in files.values())
+    ):
+        raise UsageError(f"the node identity {p} names its key, cert and ca files wrongly; {_REJOIN}")
+    return Identity(**doc)
 
 
 # One atomic writer for the whole project (unique temporary name, mode set before any byte, fsync,
