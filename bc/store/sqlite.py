@@ -7,12 +7,19 @@ one writer anyway, and the lock keeps reads consistent with writes of the
 same process). The inline driver runs sqlite3 on the loop's thread: blocking
 for microseconds on a small lab database, but deterministic, which the
 simulator needs.
+
+The store holds join tokens, node certificates and signed intent, so its
+files are 0600 whatever the umask or the data dir's mode: the database file
+is created 0600 before SQLite opens it (SQLite gives its `-wal` and `-shm`
+files the database file's mode), and files an older version left more open
+are narrowed at every open.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -32,6 +39,25 @@ PRAGMAS = (
     "PRAGMA foreign_keys=ON",
     "PRAGMA busy_timeout=10000",
 )
+
+
+FILE_MODE = 0o600
+_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def make_private(path: Path) -> None:
+    """Create the database file 0600 (if missing) and narrow it and its side files to 0600. Blocking."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)  # the mode is masked by the umask: fchmod below
+    try:
+        os.fchmod(fd, FILE_MODE)
+    finally:
+        os.close(fd)
+    for suffix in _SIDE_FILES:
+        try:
+            os.chmod(f"{path}{suffix}", FILE_MODE)
+        except FileNotFoundError:
+            pass
 
 
 @dataclass(frozen=True)
@@ -108,7 +134,7 @@ class _SqliteStoreBase(Store):
             await self._connect()
             for p in PRAGMAS:
                 await self._statement(p, {}, False)
-        except sqlite3.Error as e:
+        except (sqlite3.Error, OSError) as e:
             raise StoreError(f"cannot open the store {self.description}: {e}") from e
         self._open = True
         try:
@@ -159,7 +185,7 @@ class SqliteStore(_SqliteStoreBase):
         return f"sqlite:{self.path}"
 
     async def _connect(self) -> None:
-        await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(make_private, self.path)
         self._conn = await aiosqlite.connect(str(self.path), isolation_level=None)
 
     async def _close(self) -> None:
@@ -193,6 +219,8 @@ class InlineSqliteStore(_SqliteStoreBase):
         return f"sqlite-inline:{self.path}"
 
     async def _connect(self) -> None:
+        if self.path != ":memory:" and not self.path.startswith("file:"):
+            make_private(Path(self.path))  # inline by design: this driver never leaves the loop's thread
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
 
     async def _close(self) -> None:
