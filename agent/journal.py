@@ -21,9 +21,9 @@ fill the journal; `is_full()` then tells dispatch to answer new commands BUSY.
 
 Durability: `synchronous=FULL` with WAL, so a write has reached the disk
 when it returns. A journal that does not open is moved aside
-(`journal.db.corrupt-<ms>`), never deleted, and a new one starts with a new
-`journal_id`; the server sees the new id at Hello and deals with what the
-old one knew.
+(`journal.db.corrupt-<ms>`, the newest three copies kept: `agent.journal_aside`)
+and a new one starts with a new `journal_id`; the server sees the new id at
+Hello and deals with what the old one knew.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import sqlite3
 import time
@@ -42,6 +41,7 @@ from typing import Any
 
 import aiosqlite
 
+from agent import journal_aside
 from agent import journal_rules as rules
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
 from bc.errors import UsageError
@@ -117,9 +117,9 @@ class Journal:
         try:
             return await Journal._open(path, node_id, bounds)
         except (sqlite3.DatabaseError, JournalCorrupt) as e:
-            aside = path.with_name(f"{path.name}.corrupt-{int(time.time() * 1000)}")
+            aside = path.with_name(journal_aside.aside_name(path.name, int(time.time() * 1000)))
             log.error("event=journal.lost path=%s moved_to=%s error=%s", path, aside, e)
-            await asyncio.to_thread(_move_aside, path, aside)
+            await asyncio.to_thread(journal_aside.move_aside, path, aside)
             return await Journal._open(path, node_id, bounds)
 
     @staticmethod
@@ -535,11 +535,3 @@ def _file_size(path: Path) -> int:
         with contextlib.suppress(FileNotFoundError):
             total += Path(str(path) + suffix).stat().st_size
     return total
-
-
-def _move_aside(path: Path, aside: Path) -> None:
-    """Rename, never delete: the old journal may still matter to whoever investigates."""
-    for suffix in ("", "-wal", "-shm"):
-        p = Path(str(path) + suffix)
-        if p.exists():
-            os.replace(p, Path(str(aside) + suffix))
