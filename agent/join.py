@@ -29,7 +29,7 @@ from cryptography import x509
 
 from agent.identity import IDENTITY_FILE, NEXT_SUFFIX, Identity, write_atomic
 from bc.clock import SystemClock
-from bc.errors import BcError, Unavailable, UsageError
+from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
 from bc.pki import keys, tokens
 from bc.pki.discovery import fetch_pinned_ca
 from bc.pki.identity import make_csr
@@ -81,6 +81,13 @@ async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = Fa
             resp: join_pb2.JoinResponse = await join_pb2_grpc.JoinStub(ch).Join(req, timeout=20)
     except grpc.aio.AioRpcError as e:
         err: BcError = status_to_error(e.code(), e.details() or "")
+        if isinstance(err, Unavailable) and refused_in_handshake(e.details() or ""):
+            # The server answered a moment ago (its CA matched the pin), so a handshake it closes now
+            # is a refusal of the join certificate, which only the token's own secret can make.
+            raise Unauthenticated(
+                f"bc serve at {server} refused the token: the token's secret does not match"
+                " (or the token was used or has expired); ask for a new one with `bc token create`"
+            ) from None
         if isinstance(err, Unavailable):
             raise Unavailable(f"cannot reach bc serve at {server}: {e.details()}") from None
         raise err from None
@@ -95,6 +102,12 @@ async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = Fa
     )
     await asyncio.to_thread(_store_identity, data_dir, ident, node_key, resp.cert_pem, ca_pem)
     return JoinResult(resp.node_id, parsed.ca_pin, cert.not_valid_after_utc.timestamp(), data_dir, tuple(moved))
+
+
+def refused_in_handshake(details: str) -> bool:
+    """grpc's words for a TLS handshake the server ended: what a client certificate it refuses gets."""
+    low = details.lower()
+    return "socket closed" in low or "handshake" in low or "connection reset" in low
 
 
 def identity_files(data_dir: Path) -> list[Path]:

@@ -20,7 +20,8 @@ import grpc
 from google.protobuf.message import Message
 
 from bc.config import OperatorConfig, find_operator_config
-from bc.errors import ProtocolError
+from bc.errors import ProtocolError, Unavailable
+from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2
 from bc.wire.status import status_to_error
 from bc.wire.stubs import admin_pb2_grpc
@@ -32,6 +33,59 @@ _Reply = TypeVar("_Reply", bound=Message)
 
 # The generated stub is untyped; naming it through a typed alias keeps mypy strict elsewhere.
 _new_admin_stub: Callable[[Any], Any] = admin_pb2_grpc.AdminStub
+
+
+# After a write whose answer was lost, the read that tells whether it happened.
+WRITE_CHECKS = {
+    "CreateToken": "bc events --type token.",
+    "SetSpecSection": "bc spec show NODE",
+    "Reserve": "bc reservations",
+    "Release": "bc reservations",
+    "RunCommand": "bc cmd list --node NODE",
+    "CancelCommand": "bc cmd show ID",
+    "RevokeNode": "bc nodes",
+    "CordonNode": "bc nodes",
+    "DeleteNode": "bc nodes",
+    "RotateSigningKey": "bc pki show",
+    "AddApprover": "bc approvers list",
+    "RemoveApprover": "bc approvers list",
+    "SetApproverThreshold": "bc approvers list",
+    "SetUnbatchedAllowance": "bc approvers list",
+    "CreateBatch": "bc batch list",
+    "ApproveBatch": "bc batch show BATCH",
+    "RejectBatch": "bc batch show BATCH",
+    "ApproveQuorumChange": "bc approvers list",
+    "RejectQuorumChange": "bc approvers list",
+    "AddOperator": "bc operators list",
+    "RevokeOperator": "bc operators list",
+}
+
+_READ_PREFIXES = ("List", "Get", "Watch", "ServerInfo")
+
+# grpc's words when a connection that was up ends under a call ("failed to connect to all addresses"
+# is what a call gets when there was never one).
+_BROKEN_HINTS = ("stream removed", "socket closed", "connection reset", "goaway", "broken pipe", "eof")
+
+
+def is_write(rpc: str) -> bool:
+    """Every Admin call but the reads changes something stored."""
+    return not rpc.startswith(_READ_PREFIXES)
+
+
+def broke_mid_call(code: grpc.StatusCode, details: str) -> bool:
+    """The server was reached and the call ended without an answer: the request may have been applied."""
+    low = details.lower()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return True
+    if code != grpc.StatusCode.UNAVAILABLE or "failed to connect" in low:
+        return False
+    return any(h in low for h in _BROKEN_HINTS)
+
+
+def _reason(code: grpc.StatusCode, details: str) -> str:
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "no answer in time"
+    return details.strip() or code.name.lower()
 
 
 class AdminClient:
@@ -54,7 +108,9 @@ class AdminClient:
 
     async def __aenter__(self) -> AdminClient:
         creds = channel_credentials(self._config.ca_pem, self._config.key_pem, self._config.cert_pem)
-        self._channel = grpc.aio.secure_channel(self._config.server, creds)
+        # The largest single-item replies (GetSpec of a maximal spec, a command with a maximal result) fit
+        # under the table's gRPC limit (bc.protocol.limits); a bigger message is exit 2 naming it, not exit 5.
+        self._channel = grpc.aio.secure_channel(self._config.server, creds, options=LIMITS.grpc_options())
         self._stub = _new_admin_stub(self._channel)
         return self
 
@@ -253,7 +309,13 @@ class AdminClient:
         try:
             resp = await method(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as e:
-            raise status_to_error(e.code(), e.details() or "", server=self.server) from e
+            details = e.details() or ""
+            if is_write(rpc) and broke_mid_call(e.code(), details):
+                raise Unavailable(
+                    f"bc serve at {self.server} stopped answering during the call ({_reason(e.code(), details)});"
+                    f" it may have been applied; check with `{WRITE_CHECKS.get(rpc, 'bc events')}`"
+                ) from e
+            raise status_to_error(e.code(), details, server=self.server) from e
         return self._check(resp, reply)
 
     def _require_stub(self) -> Any:
