@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 import click
 
 from bc.cli.client import AdminClient
+from bc.cli.output import echo, json_text
 from bc.cli.render import (
+    INT64_MAX,
     cell,
     dumps,
     format_age,
@@ -55,7 +57,7 @@ def call_admin(fn: Callable[[AdminClient], Awaitable[_T]]) -> _T:
 
 
 def echo_json(value: Any) -> None:
-    click.echo(dumps(value))
+    echo(dumps(value))
 
 
 # -- token ---------------------------------------------------------------------
@@ -78,8 +80,8 @@ def token_create(node_id: str, role: str, ttl: str, as_json: bool) -> None:
     if as_json:
         echo_json(message_to_json(resp))
         return
-    click.echo(f"join token for {resp.node_id} (role {role}), expires in {format_duration(ttl_s)}, one use:")
-    click.echo(resp.token)
+    echo(f"join token for {resp.node_id} (role {role}), expires in {format_duration(ttl_s)}, one use:")
+    echo(resp.token)
 
 
 # -- nodes ---------------------------------------------------------------------
@@ -97,7 +99,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
         echo_json([message_to_json(n) for n in infos])
         return
     if not infos:
-        click.echo("no nodes yet: `bc token create --node-id N`, then `bc join` on the host", err=True)
+        echo("no nodes yet: `bc token create --node-id N`, then `bc join` on the host", err=True)
         return
     rows = [
         (
@@ -112,7 +114,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
         )
         for n in infos
     ]
-    click.echo(render_table(("NODE", "ROLE", "STATE", "GEN", "APPLIED", "OBSERVED", "LAST SEEN", "FLAGS"), rows))
+    echo(render_table(("NODE", "ROLE", "STATE", "GEN", "APPLIED", "OBSERVED", "LAST SEEN", "FLAGS"), rows))
 
 
 def _flags(n: admin_pb2.NodeInfo) -> str:
@@ -134,7 +136,7 @@ def nodes_revoke(node_id: str, reason: str, as_json: bool) -> None:
     if as_json:
         echo_json(message_to_json(info))
         return
-    click.echo(f"revoked the certificates of {node_id}; its session ends within seconds")
+    echo(f"revoked the certificates of {node_id}; its session ends within seconds")
 
 
 @nodes.command("cordon")
@@ -158,7 +160,7 @@ def _cordon(node_id: str, cordon: bool, as_json: bool) -> None:
     if as_json:
         echo_json(message_to_json(info))
         return
-    click.echo(f"{'cordoned' if cordon else 'uncordoned'} {node_id}")
+    echo(f"{'cordoned' if cordon else 'uncordoned'} {node_id}")
 
 
 @nodes.command("delete")
@@ -173,7 +175,7 @@ def nodes_delete(node_id: str, yes: bool, as_json: bool) -> None:
     if as_json:
         echo_json(message_to_json(resp))
         return
-    click.echo(f"deleted {node_id} ({resp.revoked_certificates} certificate(s) revoked)")
+    echo(f"deleted {node_id} ({resp.revoked_certificates} certificate(s) revoked)")
 
 
 @nodes.command("show")
@@ -186,7 +188,7 @@ def nodes_show(ctx: click.Context, node_id: str, as_json: bool) -> None:
     if as_json or (ctx.parent is not None and ctx.parent.params.get("as_json")):
         echo_json(message_to_json(info))
         return
-    click.echo(render_node(info))
+    echo(render_node(info))
 
 
 def render_node(n: admin_pb2.NodeInfo) -> str:
@@ -297,15 +299,21 @@ def read_json_object(what: str, value: str) -> str:
     if value.startswith("@"):
         path = value[1:]
         try:
-            text = sys.stdin.read() if path == "-" else Path(path).read_text()
+            raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
         except OSError as e:
             raise UsageError(f"cannot read {what} from {path}: {e.strerror or e}") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{what} in {path} is not UTF-8 (byte {e.start} is {raw[e.start]:#04x})") from None
     else:
         text = value
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise UsageError(f"{what} nests too deeply to be read") from None
     if not isinstance(doc, dict):
         raise UsageError(f"{what} must be a JSON object, not {type(doc).__name__}")
     return text.strip()
@@ -330,16 +338,16 @@ def _print_spec(info: admin_pb2.SpecInfo, *, as_json: bool, with_body: bool) -> 
             }
         )
         return
-    click.echo(f"node {info.node_id} generation {info.generation} hash {info.spec_hash or '-'}")
+    echo(f"node {info.node_id} generation {info.generation} hash {info.spec_hash or '-'}")
     if with_body:
-        click.echo(json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False))
+        echo(json_text(body, sort_keys=True))
 
 
 # -- reservations ----------------------------------------------------------------
 
 
 @click.command("reserve")
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="How many devices to book.")
+@click.option("--gpus", type=click.IntRange(min=1, max=1024), required=True, help="How many devices to book.")
 @click.option("--node", "node_id", default="", help="The node to book on (default: any with free capacity).")
 @click.option(
     "--class",
@@ -356,7 +364,7 @@ def reserve(gpus: int, node_id: str, device_class: str, binding: str, as_json: b
     if as_json:
         echo_json(message_to_json(r))
         return
-    click.echo(f"reservation {r.id} on {r.node_id or '-'}: {_atoms(r)}")
+    echo(f"reservation {r.id} on {r.node_id or '-'}: {_atoms(r)}")
 
 
 @click.command("release")
@@ -368,7 +376,7 @@ def release(reservation_id: str, as_json: bool) -> None:
     if as_json:
         echo_json(message_to_json(r))
         return
-    click.echo(f"reservation {r.id} on {r.node_id or '-'}: {r.state}")
+    echo(f"reservation {r.id} on {r.node_id or '-'}: {r.state}")
 
 
 @click.command("reservations")
@@ -382,10 +390,10 @@ def reservations(node_id: str, include_released: bool, as_json: bool) -> None:
         echo_json([message_to_json(r) for r in items])
         return
     if not items:
-        click.echo("no reservations", err=True)
+        echo("no reservations", err=True)
         return
     rows = [(r.id, r.node_id, r.device_class, r.gpus, r.state, format_age(r.created_age_ms)) for r in items]
-    click.echo(render_table(("ID", "NODE", "CLASS", "GPUS", "STATE", "AGE"), rows))
+    echo(render_table(("ID", "NODE", "CLASS", "GPUS", "STATE", "AGE"), rows))
 
 
 def _atoms(r: admin_pb2.Reservation) -> str:
@@ -401,9 +409,11 @@ _EVENT_HEADERS = ("SEQ", "TIME", "TYPE", "SUBJECT", "DATA")
 
 
 @click.command("events")
-@click.option("--after", "after_seq", type=click.IntRange(min=0), default=0, help="Events after this seq.")
+@click.option(
+    "--after", "after_seq", type=click.IntRange(min=0, max=INT64_MAX), default=0, help="Events after this seq."
+)
 @click.option("--type", "type_prefix", default="", help="Only event types starting with this.")
-@click.option("--limit", type=click.IntRange(min=0), default=0, help="At most this many (0: server's).")
+@click.option("--limit", type=click.IntRange(min=0, max=10_000), default=0, help="At most this many (0: server's).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events until Ctrl-C.")
 @json_option
 def events(after_seq: int, type_prefix: str, limit: int, follow: bool, as_json: bool) -> None:
@@ -417,7 +427,7 @@ def events(after_seq: int, type_prefix: str, limit: int, follow: bool, as_json: 
         return
     rows = [_event_row(e) for e in items]
     if rows:
-        click.echo(render_table(_EVENT_HEADERS, rows))
+        echo(render_table(_EVENT_HEADERS, rows))
 
 
 def _follow(after_seq: int, type_prefix: str, *, as_json: bool) -> None:
@@ -428,9 +438,9 @@ def _follow(after_seq: int, type_prefix: str, *, as_json: bool) -> None:
             async for e in client.watch(after_seq=after_seq, type_prefix=type_prefix):
                 # One line per event, flushed, so `| grep` and `| jq` see each as it happens.
                 if as_json:
-                    click.echo(json.dumps(event_to_json(e), ensure_ascii=False))
+                    echo(json_text(event_to_json(e), indent=None))
                 else:
-                    click.echo("  ".join(_event_row(e)))
+                    echo("  ".join(_event_row(e)))
 
     try:
         asyncio.run(go())
@@ -482,7 +492,7 @@ def pki_show(as_json: bool) -> None:
     if as_json:
         echo_json(message_to_json(info))
         return
-    click.echo(_render_pki(info))
+    echo(_render_pki(info))
 
 
 @pki.command("rotate")
@@ -493,7 +503,7 @@ def pki_rotate(as_json: bool) -> None:
     if as_json:
         echo_json(message_to_json(info))
         return
-    click.echo(
+    echo(
         f"new worker key {info.worker.key_id}; re-signed {info.resigned_specs} spec(s)"
         f" and {info.resigned_commands} pending command(s)"
     )

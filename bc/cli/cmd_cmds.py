@@ -25,7 +25,9 @@ import click
 
 from bc.cli.admin_cmds import read_json_object
 from bc.cli.client import AdminClient
+from bc.cli.output import echo, json_text
 from bc.cli.render import (
+    INT64_MAX,
     dumps,
     format_age,
     format_time_ms,
@@ -120,12 +122,12 @@ def render_command(c: admin_pb2.CommandInfo) -> str:
     text = render_fields(fields)
     result = parse_result(c.result_json)
     if result is not None:
-        text += "\nresult\n" + json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False)
+        text += "\nresult\n" + json_text(result, sort_keys=True)
     return text
 
 
 def _print(c: admin_pb2.CommandInfo, *, as_json: bool) -> None:
-    click.echo(dumps(command_to_json(c)) if as_json else render_command(c))
+    echo(dumps(command_to_json(c)) if as_json else render_command(c))
 
 
 # -- bc cmd ------------------------------------------------------------------------
@@ -151,7 +153,9 @@ def read_payload(kind: str, value: str) -> str:
     show_default=True,
     help="How long the command may wait to start: 90s, 10m, 1h, up to 7d.",
 )
-@click.option("--min-generation", type=click.IntRange(min=0), default=0, help="The spec generation it presupposes.")
+@click.option(
+    "--min-generation", type=click.IntRange(min=0, max=INT64_MAX), default=0, help="The spec generation it presupposes."
+)
 @click.option("--idempotency-key", default="", help="Run at most once per node under this key (default: fresh).")
 @click.option("--wait", is_flag=True, help="Follow it until it settles; exit non-zero unless it succeeds.")
 @json_option
@@ -187,23 +191,23 @@ def cmd_run(
     if as_json or wait:
         _print(info, as_json=as_json)
     else:
-        click.echo(f"command {info.id}: {info.kind} on {info.node_id} (seq {info.seq}) {_state(info)}")
+        echo(f"command {info.id}: {info.kind} on {info.node_id} (seq {info.seq}) {_state(info)}")
     if wait and info.state != SUCCEEDED:
         raise CommandFailed(f"command {info.id} {info.state}" + (f": {info.reason}" if info.reason else ""))
 
 
 async def wait_settled(client: AdminClient, info: admin_pb2.CommandInfo) -> admin_pb2.CommandInfo:
     """Poll until the command settles, showing `pending → dispatched → …` on stderr as it moves."""
-    click.echo(f"{info.id}: {info.state}", err=True, nl=False)
+    echo(f"{info.id}: {info.state}", err=True, nl=False)
     try:
         while info.state not in TERMINAL:
             await asyncio.sleep(POLL_S)
             now = await client.get_command(info.id)
             if now.state != info.state:
-                click.echo(f" → {now.state}", err=True, nl=False)
+                echo(f" → {now.state}", err=True, nl=False)
             info = now
     finally:
-        click.echo("", err=True)
+        echo("", err=True)
     return info
 
 
@@ -216,13 +220,13 @@ def cmd_list(node_id: str, state: str | None, limit: int | None, as_json: bool) 
     """Commands, newest first."""
     items = _call(lambda c: _slow(c, c.list_commands(node_id=node_id, state=state or "", limit=limit or 0)))
     if as_json:
-        click.echo(dumps([command_to_json(c) for c in items]))
+        echo(dumps([command_to_json(c) for c in items]))
         return
     if not items:
-        click.echo("no commands", err=True)
+        echo("no commands", err=True)
         return
     rows = [(c.id, c.node_id, c.kind, c.state, c.reason, format_age(c.created_age_ms)) for c in items]
-    click.echo(render_table(("ID", "NODE", "KIND", "STATE", "REASON", "AGE"), rows))
+    echo(render_table(("ID", "NODE", "KIND", "STATE", "REASON", "AGE"), rows))
 
 
 @cmd.command("show")
@@ -243,11 +247,11 @@ def cmd_cancel(command_id: str, reason: str, as_json: bool) -> None:
     if as_json:
         _print(info, as_json=True)
     elif info.state not in TERMINAL:
-        click.echo(f"command {info.id}: cancel requested; it is {info.state}, the node will be told")
+        echo(f"command {info.id}: cancel requested; it is {info.state}, the node will be told")
     elif info.state == CANCELLED:
-        click.echo(f"command {info.id}: cancelled" + (f" ({info.reason})" if info.reason != "cancelled" else ""))
+        echo(f"command {info.id}: cancelled" + (f" ({info.reason})" if info.reason != "cancelled" else ""))
     else:
-        click.echo(f"command {info.id}: already {_state(info)}; nothing to cancel")
+        echo(f"command {info.id}: already {_state(info)}; nothing to cancel")
 
 
 COMMANDS: tuple[click.Command, ...] = (cmd,)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from bc.cli.output import echo
 from bc.cli.render import dumps
 from bc.clock import SystemClock
 from bc.config import default_data_dir
@@ -73,9 +74,9 @@ def doctor(data_dir: Path | None, as_json: bool) -> None:
     """Check a node's or a server's identity, certificates, clock, journal or store."""
     role, findings = diagnose(data_dir or default_data_dir())
     if as_json:
-        click.echo(dumps({"role": role, "checks": [f.to_json() for f in findings], "ok": ok(findings)}))
+        echo(dumps({"role": role, "checks": [f.to_json() for f in findings], "ok": ok(findings)}))
     else:
-        click.echo(render_findings(findings))
+        echo(render_findings(findings))
     failures = [f.name for f in findings if f.status == FAIL]
     if failures:
         raise ChecksFailed(

@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from bc.cli import admin_cmds, cmd_cmds, doctor_cmds, quorum_cmds, run_cmds, unit_cmds
+from bc.cli.output import echo, one_line
 from bc.errors import BcError
 
 EXIT_INTERRUPTED = 130  # the shell's code for "ended by SIGINT"
@@ -41,7 +42,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     if value and not ctx.resilient_parsing:
         from bc.version import build_info  # only when asked: it may run git
 
-        click.echo(build_info().text())
+        echo(build_info().text())
         ctx.exit(0)
 
 
@@ -82,7 +83,7 @@ def _report(ctx: click.Context, e: BaseException, message: str, *, unexpected: b
         traceback.print_exception(e, file=sys.stderr)
     elif unexpected:
         message += " (run with --debug for the traceback)"
-    click.echo("error: " + " ".join(str(message).split()), err=True)  # one line, whatever the message held
+    echo("error: " + one_line(" ".join(str(message).split())), err=True)  # one line, whatever the message held
 
 
 @click.group(cls=BcGroup, name="bc", context_settings={"help_option_names": ["-h", "--help"]})

@@ -13,7 +13,6 @@ would make `generation` a string).
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import sys
 from collections.abc import Awaitable, Sequence
@@ -24,9 +23,16 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from bc.cli.output import json_text, one_line
 from bc.errors import UsageError
 
 # -- durations and ages ----------------------------------------------------
+
+INT64_MAX = 2**63 - 1
+"""The largest value a protobuf int64 field takes: options that become one are bounded by it."""
+
+MAX_DURATION_S = 3650 * 86400
+"""Ten years: longer than any deadline or ttl we take, and far inside int64 milliseconds."""
 
 _UNITS: tuple[tuple[str, int], ...] = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 _UNIT_SECONDS = dict(_UNITS)
@@ -44,6 +50,8 @@ def parse_duration(text: str, *, what: str = "duration") -> int:
         raise UsageError(f"the {what} {text!r} is not a duration; write it like 90s, 10m, 1h, 2d or plain seconds")
     if seconds <= 0:
         raise UsageError(f"the {what} {text!r} must be longer than zero")
+    if seconds > MAX_DURATION_S:
+        raise UsageError(f"the {what} {text!r} is longer than ten years (3650d)")
     return seconds
 
 
@@ -109,7 +117,7 @@ def format_bytes(n: int) -> str:
 
 def cell(value: object, *, width: int = 0) -> str:
     """One table cell: on one line (tables break otherwise), cut to `width` when given."""
-    text = " ".join(str(value).split())
+    text = one_line(" ".join(str(value).split()))
     if text == "":
         return "-"
     if width and len(text) > width:
@@ -157,7 +165,7 @@ def message_to_json(msg: Message) -> dict[str, Any]:
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False)
+    return json_text(value)
 
 
 def _normalize(desc: Descriptor, obj: dict[str, Any]) -> dict[str, Any]:
