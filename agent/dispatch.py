@@ -22,6 +22,12 @@ journaled. `accepted` is fsynced before any side effect; a self-terminating
 kind writes `running{boot_id}` right before its side effect. Each lane has a
 fixed pool of workers (control 4, provision 2, bulk 1) and per-resource locks
 (a GPU, a disk, an allocation) keep two lanes off one device.
+
+A worker never swallows an exception: whatever a kind raises from `parse`,
+`resources` or `run` settles its command `failed` (`invalid-payload` with
+the kind's sentence for bad input, `internal` otherwise), and even a failure
+of the dispatcher's own bookkeeping settles it `internal`, so no command is
+left unsettled holding its lane credit and locks until the kind's timeout.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from google.protobuf.message import DecodeError
 
 from agent import journal_rules as rules
 from agent.kinds import executor_for
-from agent.kinds.base import InvalidPayload, KindContext, KindResult
+from agent.kinds.base import INTERNAL, INVALID_PAYLOAD, InvalidPayload, KindContext, KindExecutor, KindResult
 from agent.resource_locks import ResourceLocks
 from bc.clock import Clock
 from bc.protocol import kinds
@@ -64,6 +70,7 @@ class Accepted:
     command: session_pb2.Command
     cancelled: bool = False
     started: bool = False
+    settled: bool = False  # its terminal result is journaled
 
 
 @dataclass
@@ -92,6 +99,7 @@ class Dispatcher:
         signature_check: Check = _no_check,
         quorum_check: Check = _no_check,
         result_signer: Callable[[CommandUpdate], CommandUpdate] | None = None,
+        executors: Callable[[str], KindExecutor | None] = executor_for,
     ) -> None:
         self.node_id, self.role, self.journal, self.ctx, self.clock = node_id, role, journal, ctx, clock
         self.journal_full = journal_full
@@ -100,6 +108,7 @@ class Dispatcher:
         self.server_now_ms = server_now_ms
         self.signature_check, self.quorum_check = signature_check, quorum_check
         self.result_signer = result_signer
+        self.executor_for = executors
         self.lanes = {
             name: Lane(name, kinds.GATEWAY_CREDITS[name], kinds.AGENT_WORKERS[name]) for name in kinds.GATEWAY_CREDITS
         }
@@ -224,7 +233,7 @@ class Dispatcher:
         kind = kinds.get(body.kind)
         if body.node_id != self.node_id:
             return await self._reject(body, "UNSUPPORTED", f"the command is for node {body.node_id!r}")
-        if kind is None or executor_for(body.kind) is None or self.role not in kind.roles:
+        if kind is None or self.executor_for(body.kind) is None or self.role not in kind.roles:
             return await self._reject(body, "UNSUPPORTED", f"kind {body.kind!r} is not run by a {self.role} agent")
         if body.min_generation > self.applied_generation():
             if body.not_after_ms and self.server_now_ms() >= body.not_after_ms:
@@ -321,28 +330,48 @@ class Dispatcher:
             a = await lane.queue.get()
             try:
                 await self._execute(a)
-            except Exception:
+            except Exception as e:
+                # The dispatcher's own step failed (the journal, a lock, a result that is not JSON):
+                # still settle, or the command holds its credit until the sweeper times it out.
                 log.exception("event=command.worker-error command=%s", a.body.id)
+                try:
+                    await self._settle_after_error(a, e)
+                except Exception:  # the worker itself must outlive any one command
+                    log.exception("event=command.settle-failed command=%s", a.body.id)
             finally:
                 lane.in_use -= 1
                 self.active.pop(a.body.id, None)
 
+    async def _settle_after_error(self, a: Accepted, error: Exception) -> None:
+        if a.settled:
+            return  # journaled; only sending failed, and the next Hello carries the result
+        update = self._failure(a.body, INTERNAL, _sentence(error))
+        try:
+            await self._finish_update(a, update)
+        except Exception:
+            # The journal cannot take it either: report it anyway, so the control plane settles the
+            # command and frees the credit; a restart then finds it `accepted` and recovers it.
+            log.exception("event=command.journal-failed command=%s", a.body.id)
+            await self._update(update)
+
     async def _execute(self, a: Accepted) -> None:
         body = a.body
         kind = kinds.get(body.kind)
-        executor = executor_for(body.kind)
+        executor = self.executor_for(body.kind)
         assert kind is not None and executor is not None
         if a.cancelled:
-            return await self._finish(body, session_pb2.COMMAND_CANCELLED, "cancelled", "cancelled before it started")
+            return await self._finish(a, session_pb2.COMMAND_CANCELLED, "cancelled", "cancelled before it started")
         try:
             request = executor.parse(body.payload)
+            resources = executor.resources(request)
         except InvalidPayload as e:
-            return await self._finish(body, session_pb2.COMMAND_FAILED, "invalid-payload", str(e))
-        async with self.locks.hold(executor.resources(request)):
+            return await self._finish(a, session_pb2.COMMAND_FAILED, INVALID_PAYLOAD, str(e))
+        except Exception as e:
+            log.exception("event=command.parse-error command=%s kind=%s", body.id, body.kind)
+            return await self._finish(a, session_pb2.COMMAND_FAILED, INTERNAL, _sentence(e))
+        async with self.locks.hold(resources):
             if a.cancelled:
-                return await self._finish(
-                    body, session_pb2.COMMAND_CANCELLED, "cancelled", "cancelled before it started"
-                )
+                return await self._finish(a, session_pb2.COMMAND_CANCELLED, "cancelled", "cancelled before it started")
             a.started = True
             if kind.self_terminating:
                 await self.journal.mark_running(body.id, self.incarnation_id, self.boot_id, self.clock.now())
@@ -352,20 +381,33 @@ class Dispatcher:
             log.info("event=command.running command=%s kind=%s", body.id, body.kind)
             try:
                 result: KindResult = await executor.run(self.ctx, request)
+            except InvalidPayload as e:
+                result = KindResult.failure(INVALID_PAYLOAD, str(e))
             except Exception as e:
                 log.exception("event=command.failed command=%s", body.id)
-                result = KindResult(ok=False, reason="internal", message=f"{type(e).__name__}: {e}")
+                result = KindResult.failure(INTERNAL, _sentence(e))
         state = session_pb2.COMMAND_SUCCEEDED if result.ok else session_pb2.COMMAND_FAILED
-        await self._finish(body, state, result.reason, result.message, canonical_json(result.result).encode())
+        await self._finish(a, state, result.reason, result.message, canonical_json(result.result).encode())
         return None
 
+    def _failure(self, body: CommandBody, reason: str, message: str) -> CommandUpdate:
+        return CommandUpdate(
+            command_id=body.id, state=session_pb2.COMMAND_FAILED, reason=reason, message=message, boot_id=self.boot_id
+        )
+
     async def _finish(
-        self, body: CommandBody, state: session_pb2.CommandState, reason: str, message: str, result: bytes = b""
+        self, a: Accepted, state: session_pb2.CommandState, reason: str, message: str, result: bytes = b""
     ) -> None:
         update = CommandUpdate(
-            command_id=body.id, state=state, reason=reason, message=message, result=result, boot_id=self.boot_id
+            command_id=a.body.id, state=state, reason=reason, message=message, result=result, boot_id=self.boot_id
         )
+        await self._finish_update(a, update)
+
+    async def _finish_update(self, a: Accepted, update: CommandUpdate) -> None:
+        body = a.body
+        state, reason = update.state, update.reason
         await self.journal.finish(body.id, update.SerializeToString(), self.clock.now())
+        a.settled = True
         log.info(
             "event=command.settled command=%s kind=%s state=%s reason=%s",
             body.id,
@@ -374,3 +416,9 @@ class Dispatcher:
             reason,
         )
         await self._update(update)
+
+
+def _sentence(error: Exception) -> str:
+    """An unexpected error as the one line a result carries."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
