@@ -103,10 +103,6 @@ def spec_path(cdi_dir: Path, allocation_id: str) -> Path:
     return cdi_dir / f"{SPEC_PREFIX}{allocation_id}{SPEC_SUFFIX}"
 
 
-def env_path(env_dir: Path, allocation_id: str) -> Path:
-    return env_dir / f"{allocation_id}.env"
-
-
 def env_lines(
     allocation_id: str,
     devices: Sequence[ResolvedDevice],
@@ -233,10 +229,6 @@ def _parse_hold(path: Path) -> HeldSpec:
 
 def spec_bytes(doc: dict[str, Any]) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-
-
-def env_bytes(lines: Sequence[str]) -> bytes:
-    return "".join(f"{line}\n" for line in lines).encode()
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:

@@ -12,7 +12,9 @@ a reason (`overlap`, `device-missing`, `unsupported-binding`,
 `unsupported-device`, `invalid-assignment`) while the others still bind. A
 file write that fails is retryable: the section stays PROGRESSING. The node
 never drops an assignment on its own: a held hold whose device vanished
-from the inventory is kept as it is.
+from the inventory is kept as it is, and while the journal holds no spec
+(generation 0: lost or new) every hold found is adopted and none released
+(`agent.converge.adoption`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from agent.converge import cdi
+from agent.converge import adoption, cdi, env_files
 from agent.converge.run import CONVERGED, FAILED, SectionResult
 from agent.hw.base import HardwareBackend
 from bc.protocol.atoms import (
@@ -211,7 +213,7 @@ def _decide(
 
 
 class DevicesConverger:
-    """Converges the `devices` section into `<cdi_dir>/bc-<id>.json` and `<env_dir>/<id>.env`."""
+    """Converges the `devices` section into `<cdi_dir>/bc-<id>.json` and `<env_dir>/bc-<id>.env`."""
 
     section: str = "devices"
 
@@ -230,12 +232,19 @@ class DevicesConverger:
         self.node_id = node_id
         self.mps_pipe_dir = mps_pipe_dir
         self._failed_reported: set[tuple[str, int]] = set()
+        self._adopted: set[str] = set()
 
     async def converge(self, desired: Message, generation: int) -> SectionResult:
         if not isinstance(desired, spec_pb2.DevicesSection):
             raise TypeError(f"the devices converger got a {type(desired).__name__}")
-        inventory = await asyncio.to_thread(self.hw.inventory)
         held, mps = await asyncio.to_thread(self._scan)
+        kept = adoption.holds_to_keep(held, generation)
+        if kept is not None:
+            return await self._adopt(kept)
+        if self._adopted:
+            log.info("event=allocation.adoption-ended generation=%d adopted=%d", generation, len(self._adopted))
+            self._adopted = set()
+        inventory = await asyncio.to_thread(self.hw.inventory)
         actions = plan(list(desired.assignments), held, inventory, mps_pipe_dir=mps)
         self._failed_reported = {k for k in self._failed_reported if k[1] == generation}
 
@@ -301,6 +310,19 @@ class DevicesConverger:
             return SectionResult(FAILED, REASON_FAILED, "; ".join(failures), events, terminal=True)
         return SectionResult(CONVERGED, events=events)
 
+    async def _adopt(self, kept: dict[str, cdi.HeldSpec]) -> SectionResult:
+        """No spec: keep every hold as it is, restore its env file from the CDI file, report JournalLost."""
+        for aid in sorted(set(kept) - self._adopted):
+            log.warning(
+                "event=allocation.adopted allocation=%s reservation=%s reason=journal-lost",
+                aid,
+                kept[aid].reservation_id,
+            )
+        self._adopted = set(kept)
+        await asyncio.to_thread(self._restore_env_files, kept)
+        await asyncio.to_thread(self._remove_orphan_env_files, set(kept))
+        return adoption.adopted_status(kept, self.cdi_dir)
+
     def _report(
         self,
         allocation_id: str,
@@ -336,32 +358,48 @@ class DevicesConverger:
             # (a crash, a failed unlink) is an orphan the end of every pass removes.
             cdi.remove_file(action.held.path)
             try:
-                cdi.remove_file(cdi.env_path(self.env_dir, action.held.allocation_id))
+                cdi.remove_file(env_files.env_path(self.env_dir, action.held.allocation_id))
             except OSError as e:
                 log.warning("event=allocation.env_remove_failed allocation=%s error=%r", action.held.allocation_id, e)
         elif isinstance(action, Bind):
             # The env file first: the CDI file commits the hold, and the hold's env is then already there.
             aid = action.assignment.allocation_id
-            cdi.atomic_write(cdi.env_path(self.env_dir, aid), cdi.env_bytes(action.env))
+            cdi.atomic_write(env_files.env_path(self.env_dir, aid), env_files.env_bytes(aid, action.env))
             cdi.atomic_write(cdi.spec_path(self.cdi_dir, aid), cdi.spec_bytes(action.doc))
         elif isinstance(action, Refresh) and action.doc is not None:
             aid = action.assignment.allocation_id
-            env_file = cdi.env_path(self.env_dir, aid)
-            want = cdi.env_bytes(action.env)
-            try:
-                have: bytes | None = env_file.read_bytes()
-            except FileNotFoundError:
-                have = None
-            if have != want:
-                cdi.atomic_write(env_file, want)
+            self._write_env_if_changed(aid, action.env)
             if action.held.doc != action.doc:
                 cdi.atomic_write(action.held.path, cdi.spec_bytes(action.doc))
 
+    def _write_env_if_changed(self, allocation_id: str, lines: Sequence[str]) -> None:
+        env_file = env_files.env_path(self.env_dir, allocation_id)
+        want = env_files.env_bytes(allocation_id, lines)
+        try:
+            have: bytes | None = env_file.read_bytes()
+        except FileNotFoundError:
+            have = None
+        if have != want:
+            cdi.atomic_write(env_file, want)
+
+    def _restore_env_files(self, kept: Mapping[str, cdi.HeldSpec]) -> None:
+        """An adopted hold's env file, as its CDI file says (files under /run are gone after a reboot)."""
+        for aid, held in kept.items():
+            lines = (held.doc.get("containerEdits") or {}).get("env")
+            if not isinstance(lines, list) or not all(isinstance(x, str) and "\n" not in x for x in lines):
+                continue  # not a file we wrote as it is now: leave its env file alone
+            try:
+                self._write_env_if_changed(aid, lines)
+            except OSError as e:
+                log.warning("event=allocation.env_restore_failed allocation=%s error=%r", aid, str(e))
+
     def _remove_orphan_env_files(self, keep: set[str]) -> None:
-        """Env files of holds that no longer exist (a crash between the two removals of a release)."""
-        for f in self.env_dir.glob("*.env"):
-            aid = f.name.removesuffix(".env")
-            if aid not in keep and cdi.valid_allocation_id(aid):
+        """Our env files whose hold no longer exists (a crash between the two removals of a release).
+
+        Only files the agent provably wrote (`env_files.ours`: name and marker): the env dir may be shared.
+        """
+        for aid, f in env_files.ours(self.env_dir).items():
+            if aid not in keep:
                 try:
                     cdi.remove_file(f)
                 except OSError as e:

@@ -12,7 +12,7 @@ from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from agent.converge import cdi
+from agent.converge import cdi, env_files
 from agent.converge.devices import DevicesConverger
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, run
 from agent.hw.fake import FakeHardware
@@ -65,7 +65,10 @@ class Node:
         return doc
 
     def env(self, allocation_id: str) -> list[str]:
-        return (self.env_dir / f"{allocation_id}.env").read_text().splitlines()
+        """The env file's KEY=VALUE lines, after checking its first line is our marker."""
+        first, *lines = (self.env_dir / f"bc-{allocation_id}.env").read_text().splitlines()
+        assert first == env_files.marker(allocation_id), first
+        return lines
 
 
 def assignment(
@@ -133,7 +136,7 @@ async def test_converging_twice_reports_once(node: Node) -> None:
 async def test_a_missing_env_file_is_rewritten_silently(node: Node) -> None:
     a = assignment("alloc-1", ("gpu", node.inv.gpus[0].uuid))
     await node.converger.converge(section(a), 5)
-    (node.env_dir / "alloc-1.env").unlink()
+    (node.env_dir / "bc-alloc-1.env").unlink()
     again = await node.converger.converge(section(a), 5)
     assert again.events == [] and again.state == CONVERGED
     assert node.env("alloc-1")[1] == "BC_ALLOCATION_ID=alloc-1"
@@ -153,7 +156,7 @@ async def test_removing_the_assignment_releases_it(node: Node) -> None:
         "node-a",
     )
     assert not (node.cdi_dir / "bc-alloc-1.json").exists()
-    assert not (node.env_dir / "alloc-1.env").exists()
+    assert not (node.env_dir / "bc-alloc-1.env").exists()
 
 
 async def test_an_empty_spec_releases_through_run(node: Node) -> None:
@@ -402,7 +405,25 @@ async def test_a_failed_release_holds_back_binds_that_need_its_atoms(
 
 async def test_an_orphan_env_file_is_removed(node: Node) -> None:
     node.env_dir.mkdir(parents=True)
-    (node.env_dir / "ghost.env").write_text("BC_ALLOCATION_ID=ghost\n")
+    (node.env_dir / "bc-ghost.env").write_bytes(env_files.env_bytes("ghost", ["BC_ALLOCATION_ID=ghost"]))
     a = assignment("alloc-1", ("gpu", node.inv.gpus[0].uuid))
     await node.converger.converge(section(a), 1)
-    assert sorted(p.name for p in node.env_dir.iterdir()) == ["alloc-1.env"]
+    assert sorted(p.name for p in node.env_dir.iterdir()) == ["bc-alloc-1.env"]
+
+
+async def test_env_files_we_did_not_write_are_left_alone(node: Node) -> None:
+    """A shared env dir: only `bc-<id>.env` files that start with our marker for that id are ever deleted."""
+    node.env_dir.mkdir(parents=True)
+    theirs = {
+        "ghost.env": "BC_ALLOCATION_ID=ghost\n",  # the old naming, or another tool's
+        "bc-other.env": "PATH=/usr/bin\n",  # our naming, no marker
+        "bc-swapped.env": env_files.env_bytes("another", ["A=1"]).decode(),  # a marker for another allocation
+        "bc-..env": env_files.env_bytes(".", []).decode(),  # not a valid allocation id
+        "app.env": "A=1\n",
+    }
+    for name, text in theirs.items():
+        (node.env_dir / name).write_text(text)
+    a = assignment("alloc-1", ("gpu", node.inv.gpus[0].uuid))
+    await node.converger.converge(section(a), 1)
+    await node.converger.converge(section(), 2)  # the release, and an orphan sweep after it
+    assert {p.name: p.read_text() for p in node.env_dir.iterdir()} == theirs
