@@ -22,6 +22,7 @@ from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
 from agent.hw.base import HardwareBackend
+from agent.kinds.upload_allow import UrlParts
 from bc.protocol.atoms import GPU, parse_atom
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class KindContext:
     """The files (or directories) `logs.collect` bundles."""
     journal_summary: Callable[[], Awaitable[dict[str, Any]]] | None = None
     """Gives `logs.collect` the journal's summary for `journal-summary.json`."""
+    upload_allow: tuple[UrlParts, ...] = ()
+    """Where `logs.collect` may upload (`bc node --upload-allow`); empty: nowhere, the tarball stays here."""
 
 
 @dataclass(frozen=True)

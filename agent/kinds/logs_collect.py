@@ -6,6 +6,12 @@ written, so a runaway log stops the build early instead of filling the
 disk first). An upload goes to a URL the control plane chose (often a
 pre-signed one), so the result reports that URL without its query string:
 a signature there is a credential and results are stored and shown.
+
+The control plane chooses the URL, the node's operator where uploads may go
+(`agent.kinds.upload_allow`): a URL outside `bc node --upload-allow` is never
+dialled; the command fails `forbidden-target` and the tarball is kept here,
+as if no URL had been sent. Redirects are not followed, so an allowed host
+cannot bounce the upload elsewhere.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from agent.kinds.base import InvalidPayload, KindContext, KindResult, TypedExecutor
+from agent.kinds.upload_allow import BadUrl, allowed, parse_url
 from bc.protocol.pb import kinds_pb2
 
 log = logging.getLogger(__name__)
@@ -36,6 +43,7 @@ KEEP_TARBALLS = 8
 """Tarballs kept in `<data_dir>/logs`: a retried or repeated collection must not fill the disk."""
 TOO_LARGE = "too-large"
 UPLOAD_FAILED = "upload-failed"
+FORBIDDEN_TARGET = "forbidden-target"
 SUMMARY_NAME = "journal-summary.json"
 
 
@@ -139,13 +147,22 @@ def redact_url(url: str) -> str:
     """The URL without query, fragment or user info: what may be stored in a result."""
     parts = urlsplit(url)
     host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 literal
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+def _allowlist(ctx: KindContext) -> str:
+    if not ctx.upload_allow:
+        return "bc node --upload-allow allows none"
+    return "bc node --upload-allow allows " + ", ".join(str(p) for p in ctx.upload_allow)
+
+
 class LogsCollect(TypedExecutor[kinds_pb2.LogsCollectRequest]):
-    """Result: uploaded `{uploaded_to, bytes, sha256}`; kept `{path, bytes, sha256}`; both list `files`, `missing`."""
+    """Result: uploaded `{uploaded_to, bytes, sha256}`; kept `{path, bytes, sha256}` (and `forbidden`, the URL
+    refused, on a `forbidden-target` failure); all list `files` and `missing`."""
 
     name = "logs.collect"
     request_type = kinds_pb2.LogsCollectRequest
@@ -154,9 +171,10 @@ class LogsCollect(TypedExecutor[kinds_pb2.LogsCollectRequest]):
         if request.max_bytes < 0:
             raise InvalidPayload(f"max_bytes is {request.max_bytes}; 0 means the default cap")
         if request.upload_url:
-            parts = urlsplit(request.upload_url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise InvalidPayload("upload_url must be an http(s) URL with a host")
+            try:
+                parse_url(request.upload_url)
+            except BadUrl as e:
+                raise InvalidPayload(str(e)) from None
 
     async def execute(self, ctx: KindContext, request: kinds_pb2.LogsCollectRequest) -> KindResult:
         cap = request.max_bytes or DEFAULT_MAX_BYTES
@@ -173,24 +191,31 @@ class LogsCollect(TypedExecutor[kinds_pb2.LogsCollectRequest]):
         listing: dict[str, Any] = {"files": ball.included, "missing": ball.missing}
         if ball.unreadable:
             listing["unreadable"] = ball.unreadable
-        if request.upload_url:
+        if request.upload_url and allowed(parse_url(request.upload_url), ctx.upload_allow):
             try:
                 return await self._upload(request.upload_url, ball, listing)
             finally:
                 partial.unlink(missing_ok=True)
         await asyncio.to_thread(partial.replace, final)
         await asyncio.to_thread(_prune, logs_dir, KEEP_TARBALLS)
+        kept = {"path": str(final), "bytes": ball.size, "sha256": ball.sha256, **listing}
+        if request.upload_url:
+            shown = redact_url(request.upload_url)
+            log.warning("event=logs.upload-forbidden url=%s kept=%s", shown, final)
+            return KindResult.failure(
+                FORBIDDEN_TARGET,
+                f"this node's operator does not allow uploads to {shown} ({_allowlist(ctx)}); kept {final.name}",
+                {**kept, "forbidden": shown},
+            )
         log.info("event=logs.collected path=%s bytes=%d", final, ball.size)
-        return KindResult.success(
-            {"path": str(final), "bytes": ball.size, "sha256": ball.sha256, **listing}, f"kept {final.name}"
-        )
+        return KindResult.success(kept, f"kept {final.name}")
 
     @staticmethod
     async def _upload(url: str, ball: Tarball, listing: dict[str, Any]) -> KindResult:
         shown = redact_url(url)
         body = await asyncio.to_thread(ball.path.read_bytes)  # capped: Content-Length, which signed PUTs need
         try:
-            async with httpx.AsyncClient(timeout=UPLOAD_TIMEOUT_S) as client:
+            async with httpx.AsyncClient(timeout=UPLOAD_TIMEOUT_S, follow_redirects=False) as client:
                 resp = await client.put(url, content=body, headers={"Content-Type": "application/gzip"})
         except httpx.HTTPError as e:
             return KindResult.failure(UPLOAD_FAILED, f"PUT {shown} failed: {type(e).__name__}: {e}")

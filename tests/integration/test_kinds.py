@@ -1,4 +1,8 @@
-"""logs.collect uploads to a real HTTP server on 127.0.0.1: the bytes arrive intact, and a 500 is upload-failed."""
+"""logs.collect uploads to a real HTTP server on 127.0.0.1: the bytes arrive intact, and a 500 is upload-failed.
+
+Uploads go only where the node's operator allowed (`bc node --upload-allow`): a URL outside the list is
+never dialled, the command fails `forbidden-target`, and the tarball is kept in the data dir.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ from google.protobuf import any_pb2
 
 from agent.hw.fake import FakeHardware
 from agent.kinds import REGISTRY, KindContext
-from agent.kinds.logs_collect import UPLOAD_FAILED
+from agent.kinds.logs_collect import FORBIDDEN_TARGET, UPLOAD_FAILED
+from agent.kinds.upload_allow import parse_prefixes
 from bc.protocol.pb import kinds_pb2
 
 LOGS = REGISTRY["logs.collect"]
@@ -61,7 +66,7 @@ def upload_server(no_proxy: None) -> Iterator[tuple[str, Received]]:
         thread.join()
 
 
-def context(tmp_path: Path) -> KindContext:
+def context(tmp_path: Path, *allow: str) -> KindContext:
     log = tmp_path / "var" / "log" / "bc-node.log"
     log.parent.mkdir(parents=True)
     log.write_text("event=agent.started node=node-a\n" * 1000)
@@ -78,6 +83,7 @@ def context(tmp_path: Path) -> KindContext:
         boot_id=hw.boot_id(),
         log_paths=[log],
         journal_summary=summary,
+        upload_allow=parse_prefixes(allow),
     )
 
 
@@ -89,7 +95,7 @@ def payload(url: str) -> any_pb2.Any:
 
 async def test_logs_are_uploaded_intact(tmp_path: Path, upload_server: tuple[str, Received]) -> None:
     base, received = upload_server
-    ctx = context(tmp_path)
+    ctx = context(tmp_path, f"{base}/upload/")
     res = await LOGS.run(ctx, LOGS.parse(payload(f"{base}/upload/node-a.tar.gz?sig=secret")))
 
     assert res.ok, res
@@ -106,7 +112,7 @@ async def test_logs_are_uploaded_intact(tmp_path: Path, upload_server: tuple[str
 async def test_a_server_error_is_upload_failed(tmp_path: Path, upload_server: tuple[str, Received]) -> None:
     base, received = upload_server
     received.status = 500
-    ctx = context(tmp_path)
+    ctx = context(tmp_path, f"{base}/upload")
     res = await LOGS.run(ctx, LOGS.parse(payload(f"{base}/upload")))
     assert (res.ok, res.reason) == (False, UPLOAD_FAILED)
     assert "500" in res.message and res.result == {"status": 500}
@@ -116,7 +122,34 @@ async def test_a_server_error_is_upload_failed(tmp_path: Path, upload_server: tu
 
 @pytest.mark.usefixtures("no_proxy")
 async def test_an_unreachable_server_is_upload_failed(tmp_path: Path) -> None:
-    ctx = context(tmp_path)
+    ctx = context(tmp_path, "http://127.0.0.1:1/")
     res = await LOGS.run(ctx, LOGS.parse(payload("http://127.0.0.1:1/upload")))
     assert (res.ok, res.reason) == (False, UPLOAD_FAILED)
     assert "127.0.0.1:1" in res.message
+
+
+@pytest.mark.parametrize(
+    "allow",
+    [
+        (),  # no --upload-allow at all
+        ("{base}/elsewhere/",),  # the right server, another path
+        ("{base}/up",),  # a prefix of the path's text, not of its segments
+        ("https://{hostport}/upload/",),  # the right host and port over another scheme
+    ],
+)
+async def test_an_upload_outside_the_allowlist_is_never_sent_and_the_tarball_is_kept(
+    tmp_path: Path, upload_server: tuple[str, Received], allow: tuple[str, ...]
+) -> None:
+    base, received = upload_server
+    hostport = base.removeprefix("http://")
+    ctx = context(tmp_path, *(a.format(base=base, hostport=hostport) for a in allow))
+    res = await LOGS.run(ctx, LOGS.parse(payload(f"{base}/upload/node-a.tar.gz?sig=secret")))
+
+    assert (res.ok, res.reason) == (False, FORBIDDEN_TARGET)
+    assert received.puts == []  # nothing was dialled
+    assert f"{base}/upload/node-a.tar.gz" in res.message and "secret" not in res.message
+    assert res.result["forbidden"] == f"{base}/upload/node-a.tar.gz"
+    kept = Path(res.result["path"])
+    assert kept.parent == ctx.data_dir / "logs" and kept.is_file()
+    assert res.result["bytes"] == kept.stat().st_size
+    assert res.result["sha256"] == hashlib.sha256(kept.read_bytes()).hexdigest()

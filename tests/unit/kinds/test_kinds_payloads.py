@@ -104,7 +104,8 @@ def test_locks_of_the_other_kinds() -> None:
     [
         (kinds_pb2.LogsCollectRequest(max_bytes=-1), "max_bytes"),
         (kinds_pb2.LogsCollectRequest(upload_url="ftp://example.com/x"), "http"),
-        (kinds_pb2.LogsCollectRequest(upload_url="not a url"), "http"),
+        (kinds_pb2.LogsCollectRequest(upload_url="not a url"), "whitespace"),
+        (kinds_pb2.LogsCollectRequest(upload_url="example.com/x"), "http"),
     ],
 )
 def test_logs_collect_refuses_bad_fields(request_: kinds_pb2.LogsCollectRequest, match: str) -> None:
