@@ -15,6 +15,10 @@ workers, its converge loop and its session share one connection, and a
 statement issued while another coroutine's transaction is open would join
 (and could be rolled back with) that transaction.
 
+Sizes: every terminal update is fitted (`journal_rules.fit_update`) and every
+event (`fit_event`) before it is written, so nothing journaled is over
+`bc.protocol.limits`; `settle_oversized` fits what an older agent left.
+
 Bounds: `append_events` drops the oldest metric events to make room and
 raises `JournalFull` (writing nothing) when results and transitions alone
 fill the journal; `is_full()` then tells dispatch to answer new commands BUSY.
@@ -45,6 +49,8 @@ from agent import journal_aside
 from agent import journal_rules as rules
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
 from bc.errors import UsageError
+from bc.protocol.limits import LIMITS, Limits
+from bc.protocol.pb import session_pb2
 
 log = logging.getLogger("agent.journal")
 
@@ -104,6 +110,7 @@ class Journal:
         self.node_id = node_id
         self.journal_id = journal_id
         self.max_events, self.max_bytes = rules.clamp_bounds(max_events, max_bytes)
+        self.limits: Limits = LIMITS  # the size table; tests may lower it
         self._lock = asyncio.Lock()
 
     # -- opening -------------------------------------------------------
@@ -270,6 +277,7 @@ class Journal:
         """
         if not items:
             return []
+        items = [self._fit_event(*item) for item in items]
         incoming = [EventRow(0, cls, len(payload)) for _, cls, payload in items]
         async with self._lock, self._tx():
             await self._make_room(incoming)
@@ -283,6 +291,26 @@ class Journal:
                 out.append(JournalEvent(seq, type_, cls, payload))
             await self._set_meta("event_seq", str(seq))
         return out
+
+    def _fit_update(self, command_id: str, update: bytes) -> bytes:
+        fitted = rules.fit_update(update, self.limits)
+        if fitted is not update:
+            state = session_pb2.CommandUpdate.FromString(fitted)
+            log.warning(
+                "event=command.update-fitted command=%s bytes=%d reason=%s", command_id, len(update), state.reason
+            )
+        return fitted
+
+    def _fit_event(self, type_: str, cls: int, payload: bytes) -> tuple[str, int, bytes]:
+        fitted = rules.fit_event(type_, cls, payload, self.limits)
+        if fitted[2] is not payload:
+            log.warning(
+                "event=journal.event-too-large type=%s bytes=%d max_event_bytes=%d",
+                type_,
+                len(payload),
+                self.limits.max_event_bytes,
+            )
+        return fitted
 
     async def _make_room(self, incoming: list[EventRow]) -> None:
         cur = await self._conn.execute("SELECT count(*), coalesce(sum(length(payload)), 0) FROM events")
@@ -387,6 +415,7 @@ class Journal:
 
     async def finish(self, command_id: str, update: bytes, now: float) -> bool:
         """Journal `done` with the serialized terminal CommandUpdate; False if already done (that result stands)."""
+        update = self._fit_update(command_id, update)
         async with self._lock, self._tx():
             existing = await self._get_command(command_id)
             if existing is None:
@@ -401,6 +430,7 @@ class Journal:
         self, command_id: str, kind: str, update: bytes, incarnation_id: str, boot_id: str, now: float
     ) -> bool:
         """Journal a terminal outcome whether or not the command was accepted: how rejections are kept."""
+        update = self._fit_update(command_id, update)
         async with self._lock, self._tx():
             existing = await self._get_command(command_id)
             if existing is None:
@@ -446,6 +476,7 @@ class Journal:
         missing = [s.command_id for s in settlements if s.command_id not in updates]
         if missing:
             raise KeyError(f"no update for settlements {missing}")
+        updates = {cid: self._fit_update(cid, u) for cid, u in updates.items()}
         n = 0
         async with self._lock, self._tx():
             for s in settlements:
@@ -464,11 +495,38 @@ class Journal:
                 await self._delete_commands([(cid,) for cid in ids])
         return ids
 
+    async def settle_oversized(self) -> list[CommandEntry]:
+        """Fit what an older agent journaled over the limits, in one transaction; returns the refitted entries.
+
+        A done entry whose result is over `max_result_bytes` becomes FAILED `result-too-large` (unacked ones
+        go out at the next Hello), and an event over `max_event_bytes` becomes `event.too-large` under its seq.
+        """
+        smallest = self.limits.max_text_bytes  # an update this small cannot be over any limit
+        async with self._lock, self._tx():
+            refitted = rules.refit(
+                await self._select_commands("WHERE state = 'done' AND length(result) > ?", (smallest,)), self.limits
+            )
+            for e in refitted:
+                await self._put_command(e)
+            cur = await self._conn.execute(
+                "SELECT seq, type, class, payload FROM events WHERE length(payload) > ?", (self.limits.max_event_bytes,)
+            )
+            for seq, type_, cls, payload in await cur.fetchall():
+                new_type, new_cls, new_payload = rules.fit_event(str(type_), int(cls), bytes(payload), self.limits)
+                await self._conn.execute(
+                    "UPDATE events SET type = ?, class = ?, payload = ? WHERE seq = ?",
+                    (new_type, new_cls, new_payload, seq),
+                )
+                log.warning("event=journal.event-too-large seq=%d type=%s bytes=%d", seq, type_, len(payload))
+        for e in refitted:
+            log.warning("event=journal.oversized-settled command=%s kind=%s", e.command_id, e.kind)
+        return refitted
+
     async def _get_command(self, command_id: str) -> CommandEntry | None:
         found = await self._select_commands("WHERE command_id = ?", (command_id,))
         return found[0] if found else None
 
-    async def _select_commands(self, where: str, args: tuple[str, ...] = ()) -> list[CommandEntry]:
+    async def _select_commands(self, where: str, args: tuple[str | int, ...] = ()) -> list[CommandEntry]:
         cur = await self._conn.execute(
             f"SELECT {_COMMAND_COLUMNS} FROM commands {where} ORDER BY updated_at, command_id", args
         )

@@ -56,6 +56,16 @@ are dropped; results and transitions never are. When even that is not enough
 nothing is dropped, the new events are refused, and new commands get `BUSY`
 until acks drain the backlog.
 
+Sizes (`bc.protocol.limits`) -- a node must never hold what it cannot send.
+`fit_update` is applied to every terminal update before it is journaled and
+before it is signed: a result over `max_result_bytes` becomes FAILED
+`result-too-large` (the message and a small JSON result give its size and the
+outcome the kind reported), and a reason or message over `max_text_bytes` is
+cut. `fit_event` does the same for an event over `max_event_bytes`: it is
+journaled as `event.too-large` (a transition, never dropped) naming its type
+and size. `refit` finds the done entries an older agent journaled over the
+limits; the agent settles them at start, so they go out at its next Hello.
+
 The command transitions (`accept_entry`, `running_entry`, `done_entry`) are
 here too, so both stores refuse the same illegal moves: a done entry is never
 re-accepted and its result never replaced (every duplicate must get the same
@@ -69,6 +79,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
+from bc.protocol.canonical import canonical_json
+from bc.protocol.limits import LIMITS, Limits, text_size, truncate_text
 from bc.protocol.pb import session_pb2
 
 CommandState = Literal["accepted", "running", "done"]
@@ -308,6 +320,75 @@ def clamp_bounds(configured_events: int | None, configured_bytes: int | None) ->
     return out[0], out[1]
 
 
+# -- sizes --------------------------------------------------------------------
+
+RESULT_TOO_LARGE = "result-too-large"
+EVENT_TOO_LARGE = "event.too-large"
+
+
+def fit_update_message(update: session_pb2.CommandUpdate, limits: Limits = LIMITS) -> session_pb2.CommandUpdate:
+    """`update` as it may be journaled and sent: the same object when it fits, else a fitted copy."""
+    result_fits = len(update.result) <= limits.max_result_bytes
+    texts_fit = text_size(update.reason) <= limits.max_text_bytes and text_size(update.message) <= limits.max_text_bytes
+    if result_fits and texts_fit:
+        return update
+    out = session_pb2.CommandUpdate()
+    out.CopyFrom(update)
+    if not result_fits:
+        outcome = session_pb2.CommandState.Name(update.state).removeprefix("COMMAND_").lower()
+        size = len(update.result)
+        out.state = session_pb2.COMMAND_FAILED
+        out.reason = RESULT_TOO_LARGE
+        out.message = (
+            f"the result is {size:,} bytes; the limit is {limits.max_result_bytes:,} bytes (max_result_bytes);"
+            f" the command itself ended {outcome}" + (f" ({update.reason})" if update.reason else "")
+        )
+        summary = {
+            "result_bytes": size,
+            "max_result_bytes": limits.max_result_bytes,
+            "outcome": outcome,
+            "outcome_reason": truncate_text(update.reason, limits.max_text_bytes),
+        }
+        out.result = canonical_json(summary).encode()
+        out.ClearField("node_sig")  # a signature covered the result that is no longer here
+    out.reason = truncate_text(out.reason, limits.max_text_bytes)
+    out.message = truncate_text(out.message, limits.max_text_bytes)
+    return out
+
+
+def fit_update(update: bytes, limits: Limits = LIMITS) -> bytes:
+    """A serialized terminal update as it may be journaled: the same bytes when it fits (a duplicate gets them)."""
+    if len(update) <= limits.max_text_bytes:
+        return update  # nothing in it can be over a limit
+    msg = session_pb2.CommandUpdate.FromString(update)
+    fitted = fit_update_message(msg, limits)
+    return update if fitted is msg else fitted.SerializeToString()
+
+
+def refit(entries: Iterable[CommandEntry], limits: Limits = LIMITS) -> list[CommandEntry]:
+    """Done entries (an older agent's) whose update is over the limits, with the fitted update in their place."""
+    out: list[CommandEntry] = []
+    for e in entries:
+        if e.state == "done" and e.result is not None:
+            fitted = fit_update(e.result, limits)
+            if fitted != e.result:
+                out.append(replace(e, result=fitted))
+    return out
+
+
+def fit_event(type_: str, event_class: int, payload: bytes, limits: Limits = LIMITS) -> tuple[str, int, bytes]:
+    """A journal event as it may be journaled: over `max_event_bytes`, an `event.too-large` transition in its place.
+
+    `payload` is a serialized NodeEvent. The replacement names the type and the size, so the operator sees
+    what was dropped (the gateway publishes it as `node.event-too-large`); it is a transition, never dropped.
+    """
+    if len(payload) <= limits.max_event_bytes:
+        return type_, event_class, payload
+    body = {"type": truncate_text(type_, 256), "bytes": len(payload), "max_event_bytes": limits.max_event_bytes}
+    ev = session_pb2.NodeEvent(type=EVENT_TOO_LARGE, body=canonical_json(body).encode())
+    return EVENT_TOO_LARGE, TRANSITION, ev.SerializeToString()
+
+
 # -- the store contract -------------------------------------------------------
 
 
@@ -351,3 +432,5 @@ class CommandStore(Protocol):
     ) -> int: ...
 
     async def sweep_commands(self, now: float, incarnation_id: str, keep_s: float = KEEP_S) -> list[str]: ...
+
+    async def settle_oversized(self) -> list[CommandEntry]: ...

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import grpc
 
+from agent import framing
 from agent import session_core as sc
 from agent.converge.devices import DevicesConverger
 from agent.converge.run import Converger, run
@@ -38,7 +39,9 @@ from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
 from agent.identity import Identity
 from agent.journal import Journal, JournalFull, StoredSpec
+from agent.journal_rules import fit_update_message
 from agent.kinds.base import KindContext
+from agent.kinds.upload_allow import parse_prefixes
 from agent.node_key import NodeKey
 from agent.quorum import QuorumCheck, UnbatchedAllowance
 from agent.renewal import Renewer
@@ -46,6 +49,7 @@ from agent.trust import AgentTrust, decide_bundle
 from bc import __version__
 from bc.aio import wait_event
 from bc.clock import Clock, SystemClock
+from bc.protocol.limits import LIMITS
 from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import CommandUpdate, GatewayMessage, NodeMessage
 from bc.wire.link import GrpcClientLink, Link, LinkClosed
@@ -69,6 +73,8 @@ class AgentOptions:
     heartbeat_interval_s: float | None = None
     allow_gpu_reset: bool = False
     allow_reboot: bool = False
+    upload_allow: tuple[str, ...] = ()
+    """`--upload-allow` URL prefixes: where logs.collect may upload (agent.kinds.upload_allow); none: nowhere."""
 
 
 def backoff_delay(attempt: int, rng: random.Random) -> float:
@@ -110,9 +116,13 @@ class Agent:
         self._rejected_specs: set[tuple[int, bytes]] = set()
         self.session: SessionRunner | None = None  # the session running now, so a renewal can end it
         self.cert_renewals = 0
+        # What a frame may hold; lowered only if a gateway refuses one as too large (agent.framing).
+        self.frame_budget = LIMITS.max_frame_bytes
 
     async def open(self) -> None:
         self.journal = await Journal.open(self.data_dir / "journal.db", self.node_id)
+        # An older agent may have journaled a result no gateway accepts: settle it before the first Hello.
+        await self.journal.settle_oversized()
         self.stored = await self.journal.load_spec()
         self.spec = spec_pb2.NodeSpec()
         if self.stored is not None:
@@ -150,6 +160,7 @@ class Agent:
                 allow_reboot=self.opts.allow_reboot,
                 log_paths=[self.data_dir / "node.log", self.data_dir / "node.log.1"],
                 journal_summary=self.journal_summary,
+                upload_allow=parse_prefixes(self.opts.upload_allow),
             ),
             clock=self.clock,
             incarnation_id=self.incarnation_id,
@@ -164,7 +175,7 @@ class Agent:
                 self.server_now_ms,
                 self.clock,
             ),
-            result_signer=self.node_key.attest_update,
+            result_signer=self.sign_update,
         )
         await self.dispatcher.start()
         log.info(
@@ -179,6 +190,11 @@ class Agent:
 
     def server_now_ms(self) -> int:
         return int(self.clock.now() * 1000) + self.offset_ms
+
+    def sign_update(self, update: CommandUpdate) -> CommandUpdate:
+        """Every update leaves fitted to the size table, then signed: the signature covers what is sent,
+        and what is sent is what the journal holds (it applies the same rule)."""
+        return self.node_key.attest_update(fit_update_message(update))
 
     def _check_command_signature(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
         why = self.trust.check_command(cmd, self.server_now_ms() / 1000)
@@ -314,6 +330,7 @@ class Agent:
                 log.warning("event=session.ended code=%s details=%s", e.code, e.details)
                 if e.code == "UNAUTHENTICATED" and ("revoked" in e.details or "older identity" in e.details):
                     self.revoked_reason = e.details
+                self._after_refusal(e)
             except (OSError, grpc.aio.AioRpcError) as e:
                 log.warning("event=session.failed error=%s", e)
             if self.revoked_reason:
@@ -326,6 +343,15 @@ class Agent:
             delay = backoff_delay(attempt, self.rng)
             log.info("event=session.redial attempt=%d delay_s=%.2f", attempt, delay)
             await wait_event(self.stopped, delay)
+
+    def _after_refusal(self, e: LinkClosed) -> None:
+        """A frame refused as too large: pack smaller from now on, so the same frame is never resent."""
+        budget = framing.budget_after_refusal(e.code, e.details, self.frame_budget)
+        if budget is not None:
+            log.error("event=session.frame-refused budget_before=%d budget=%d", self.frame_budget, budget)
+            self.frame_budget = budget
+        elif e.code == "RESOURCE_EXHAUSTED" and "larger than max" in e.details:
+            log.error("event=session.frame-too-large-from-gateway details=%s", e.details)
 
     def _channel(self) -> grpc.aio.Channel:
         ident = self.identity
@@ -340,6 +366,9 @@ class Agent:
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.initial_reconnect_backoff_ms", 200),
                 ("grpc.max_reconnect_backoff_ms", 2_000),
+                # The table's message limits (bc.protocol.limits): this agent never writes a frame over
+                # max_frame_bytes, and accepts what a gateway may write.
+                *LIMITS.grpc_options(),
             ],
         )
 
@@ -442,14 +471,14 @@ class SessionRunner:
         self.welcomed = False
         self.closed: sc.Close | None = None
         self.done = asyncio.Event()
+        self.after_welcome: list[CommandUpdate] = []  # unacked results that did not fit the Hello
 
     async def run(self) -> bool:
         a = self.agent
-        unacked = [
-            a.node_key.attest_update(CommandUpdate.FromString(b)) for _id, b in await a.journal.unacked_results()
-        ]
-        hello = self.core.hello(a.clock.monotonic(), __version__, unacked, await a.dispatcher.running_ids())
-        await asyncio.wait_for(self.link.send(hello), sc.WELCOME_TIMEOUT_S)
+        unacked = [a.sign_update(CommandUpdate.FromString(b)) for _id, b in await a.journal.unacked_results()]
+        hello = self.core.hello(a.clock.monotonic(), __version__, [], await a.dispatcher.running_ids())
+        hello, self.after_welcome = framing.pack_hello(hello, unacked, a.frame_budget)
+        await asyncio.wait_for(self._send(hello), sc.WELCOME_TIMEOUT_S)
         reader = asyncio.create_task(self._read(), name="session-read")
         writer = asyncio.create_task(self._write(), name="session-write")
         closed = asyncio.create_task(self.done.wait(), name="session-closed")
@@ -464,7 +493,7 @@ class SessionRunner:
                 t.cancel()
             await asyncio.gather(reader, writer, closed, return_exceptions=True)
             self.agent.connected.clear()
-            if self.agent.dispatcher.sender == self.link.send:
+            if self.agent.dispatcher.sender == self._send:
                 self.agent.dispatcher.sender = None
         if self.closed is not None:
             log.warning("event=session.closed reason=%s", self.closed.reason)
@@ -485,11 +514,26 @@ class SessionRunner:
             if self.closed is not None:
                 return
 
+    async def _send(self, msg: NodeMessage) -> None:
+        """Every frame of this session goes out here, and none over the budget (see agent.framing)."""
+        size = msg.ByteSize()
+        if size > self.agent.frame_budget:
+            # Unreachable by construction (everything is fitted or packed first); sending it would end the
+            # stream at the gateway and the next session would try again, so it is dropped and said loudly.
+            log.error(
+                "event=frame.unsendable kind=%s bytes=%d budget=%d",
+                msg.WhichOneof("msg"),
+                size,
+                self.agent.frame_budget,
+            )
+            return
+        await self.link.send(msg)
+
     async def _apply(self, effects: list[sc.Effect]) -> None:
         a = self.agent
         for e in effects:
             if isinstance(e, sc.Send):
-                await self.link.send(e.msg)
+                await self._send(e.msg)
             elif isinstance(e, sc.Welcomed):
                 self.welcomed = True
                 if e.inventory_hash != a.server_inventory_hash:
@@ -501,7 +545,8 @@ class SessionRunner:
                 await a.on_welcome_trust(e)
                 await a.journal.set_meta("clock_offset_ms", str(e.offset_ms))
                 await a.journal.set_meta("clock_offset_at_ms", str(int(a.clock.now() * 1000)))
-                a.dispatcher.sender = self.link.send
+                a.dispatcher.sender = self._send
+                await self._send_after_welcome()
                 log.info(
                     "event=session.welcomed epoch=%d offset_ms=%d heartbeat_s=%.1f",
                     e.epoch,
@@ -551,6 +596,14 @@ class SessionRunner:
                 self.closed = e
                 self.done.set()
 
+    async def _send_after_welcome(self) -> None:
+        """The unacked results the Hello had no room for, each in its own frame, oldest first."""
+        later, self.after_welcome = self.after_welcome, []
+        if later:
+            log.info("event=session.results-after-welcome count=%d", len(later))
+        for update in later:
+            await self._send(NodeMessage(command_update=update))
+
     async def _write(self) -> None:
         """Heartbeats, new events and the newest status, whenever the core is open."""
         a = self.agent
@@ -568,25 +621,25 @@ class SessionRunner:
         events = [e for e in await self.agent.journal.unacked_events() if e.seq > self.sent_event_seq]
         if not events:
             return
-        batch = session_pb2.EventBatch(journal_id=self.agent.journal.journal_id)
+        nodes: list[session_pb2.NodeEvent] = []
         for ev in events:
             ne = session_pb2.NodeEvent()
             ne.ParseFromString(ev.payload)
             ne.seq = ev.seq
-            batch.events.append(ne)
-        await self.link.send(NodeMessage(event_batch=batch))
-        self.sent_event_seq = events[-1].seq
+            nodes.append(ne)
+        for batch in framing.pack_events(self.agent.journal.journal_id, nodes, self.agent.frame_budget):
+            await self._send(NodeMessage(event_batch=batch))
+            self.sent_event_seq = batch.events[-1].seq
 
     async def _flush_status(self) -> None:
         a = self.agent
         if a.status is None or a.status_version == self.sent_status_version:
             return
-        rep = session_pb2.StatusReport()
-        rep.CopyFrom(a.status)
+        rep = framing.trim_status(a.status)
         if a.inventory_hash != self.sent_inventory_hash:
             rep.inventory.CopyFrom(a.inventory)
             self.sent_inventory_hash = a.inventory_hash
-        await self.link.send(NodeMessage(status=rep))
+        await self._send(NodeMessage(status=rep))
         self.sent_status_version = a.status_version
 
 

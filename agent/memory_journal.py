@@ -15,12 +15,14 @@ from dataclasses import replace
 
 from agent import journal_rules as rules
 from agent.journal_rules import CommandEntry, Settlement
+from bc.protocol.limits import LIMITS, Limits
 
 
 class MemoryJournal:
     def __init__(self) -> None:
         self._entries: dict[str, CommandEntry] = {}
         self._bodies: dict[str, bytes] = {}
+        self.limits: Limits = LIMITS
 
     async def get_command(self, command_id: str) -> CommandEntry | None:
         return self._entries.get(command_id)
@@ -56,6 +58,7 @@ class MemoryJournal:
         self._entries[command_id] = rules.running_entry(self._entries.get(command_id), incarnation_id, boot_id, now)
 
     async def finish(self, command_id: str, update: bytes, now: float) -> bool:
+        update = rules.fit_update(update, self.limits)
         existing = self._entries.get(command_id)
         if existing is None:
             raise rules.UnknownCommand(f"no journal entry for {command_id}: journal a rejection with record_done")
@@ -70,6 +73,7 @@ class MemoryJournal:
     ) -> bool:
         existing = self._entries.get(command_id)
         if existing is None:
+            update = rules.fit_update(update, self.limits)
             self._entries[command_id] = rules.rejected_entry(command_id, kind, update, incarnation_id, boot_id, now)
             return True
         return await self.finish(command_id, update, now)
@@ -108,7 +112,7 @@ class MemoryJournal:
             existing = self._entries.get(s.command_id)
             if existing is None:
                 continue
-            done = rules.done_entry(existing, updates[s.command_id], now)
+            done = rules.done_entry(existing, rules.fit_update(updates[s.command_id], self.limits), now)
             if done is not None:
                 self._entries[s.command_id] = done
                 n += 1
@@ -118,3 +122,9 @@ class MemoryJournal:
         ids = rules.sweep(self._entries.values(), now, incarnation_id, keep_s)
         await self.delete_commands(ids)
         return ids
+
+    async def settle_oversized(self) -> list[CommandEntry]:
+        refitted = rules.refit(self._entries.values(), self.limits)
+        for e in refitted:
+            self._entries[e.command_id] = e
+        return refitted

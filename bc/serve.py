@@ -35,6 +35,7 @@ from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.signing import WORKER_ROTATE_BEFORE_S, SigningKeys
 from bc.pki.tokens import ROOT_GRACE_S
+from bc.protocol.limits import LIMITS
 from bc.store import Store, StoreError, open_store
 from bc.store import identity as id_sql
 from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, session_pb2_grpc
@@ -163,6 +164,8 @@ class Server:
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                # Message limits from the one table (bc.protocol.limits): what every writer packs to, plus headroom.
+                *LIMITS.grpc_options(),
             ]
         )
         session_pb2_grpc.add_NodeSessionServicer_to_server(SessionServicer(self.gateway, ca.certificate), server)

@@ -7,7 +7,9 @@ stored as bytes (the gateway resends exactly those bytes, signed or not), the
 command is never enqueued without a `not_after`: the daemon treats a command
 without one as `EXPIRED`, and a command that could run arbitrarily late is
 the thing the reference's rule ("if running it late could do harm, it is a
-command with `not_after`") exists to prevent.
+command with `not_after`") exists to prevent. A payload over `max_payload_bytes`
+(`bc.protocol.limits`), as JSON text or encoded, is refused before the
+transaction, so nothing is stored and no node is ever sent it.
 
 Updates from a node go through the pure state table (`command_states`) and
 are scoped to the reporting node in SQL: an unknown id or another node's
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from google.protobuf import any_pb2, json_format, struct_pb2
@@ -31,7 +34,7 @@ from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import NotFound, UsageError
 from bc.ids import ulid
-from bc.protocol import kinds
+from bc.protocol import kinds, limits
 from bc.protocol.pb import kinds_pb2, session_pb2
 from bc.store import Row, Store, Tx
 from bc.store import commands as cmd_sql
@@ -64,6 +67,7 @@ class EnqueueRequest:
     idempotency_key: str = ""
     not_before_s: float = 0
     batch_id: str = ""
+    requested_by: str = ""  # the operator who asked ("" for the control plane's own)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,8 @@ def payload_from_json(kind: str, text: str) -> any_pb2.Any:
     (protobuf's parse errors run to several).
     """
     text = text.strip() or "{}"
+    # Before parsing: a payload over the limit is refused as such, whatever it holds.
+    limits.check_size(f"the {kind} payload", limits.text_size(text), "max_payload_bytes")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -119,11 +125,25 @@ def payload_from_json(kind: str, text: str) -> any_pb2.Any:
         raise UsageError(f"the {kind} payload is not a valid {msg.DESCRIPTOR.name}: {_first_line(str(e))}") from None
     out = any_pb2.Any()
     out.Pack(msg, deterministic=True)
+    check_payload_size(kind, out)
     return out
+
+
+def check_payload_size(kind: str, payload: any_pb2.Any) -> None:
+    """A UsageError naming `max_payload_bytes` when the encoded payload is over it (see `bc.protocol.limits`)."""
+    limits.check_size(f"the {kind} payload", payload.ByteSize(), "max_payload_bytes")
+
+
+def check_batch_size(kind: str, node_ids: Sequence[str], payload_json: str) -> None:
+    """A batch's sizes before anything else about it: at most `max_batch_nodes` nodes, a payload within
+    `max_payload_bytes`. A batch's reply lists every leaf, so its node count bounds the Admin reply too."""
+    limits.check_count("the batch's node list", len(node_ids), "max_batch_nodes")
+    limits.check_size(f"the {kind} payload", limits.text_size(payload_json), "max_payload_bytes")
 
 
 def payload_for(kind: str, payload: any_pb2.Any) -> any_pb2.Any:
     """Check a library caller's payload against the kind; an empty `Any` becomes the kind's empty request."""
+    check_payload_size(kind, payload)
     want = REQUEST_MESSAGES.get(kind)
     if not payload.type_url:
         out = any_pb2.Any()
@@ -229,6 +249,7 @@ async def enqueue_in(
         batch_id=req.batch_id,
         now_ms=now_ms,
         held=held,
+        requested_by=req.requested_by,
     )
     if not inserted:
         # A concurrent enqueue with the same key committed first (PostgreSQL); it wins.

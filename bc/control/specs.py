@@ -4,6 +4,13 @@ Every generation's encoded `DesiredStateBody` is stored with it (`spec_body`),
 so gateways relay exactly the bytes written here and never re-encode; the
 signature and its signer's key id are rewritten by the same statement (by
 the bus's `intent`; empty when command signing is off).
+
+Sizes (`bc.protocol.limits`): a section over `max_section_bytes` is refused
+before its transaction, and a spec whose canonical JSON or encoded body would
+be over `max_spec_bytes` is refused inside it before anything is written, so a
+refused write leaves the generation, the stored spec and what the node is sent
+exactly as they were. A write that makes an oversized spec (stored before the
+limit) smaller is allowed, so such a spec can be repaired.
 """
 
 from __future__ import annotations
@@ -11,10 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from google.protobuf.message import Message
+
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import NotFound
-from bc.protocol import canonical, spec_validation
+from bc.protocol import canonical, limits, spec_validation
 from bc.protocol.pb import spec_pb2
 from bc.protocol.pb.session_pb2 import DesiredStateBody
 from bc.store import Store, Tx
@@ -56,6 +65,7 @@ async def write_spec(
     if row is None:
         raise NotFound(f"no node named {node_id!r}")
     spec = canonical.spec_from_json(str(row["spec"]))
+    before = spec_size(str(row["spec"]), encode_body(node_id, int(row["generation"]), spec, str(row["spec_hash"])))
     mutate(spec)
     text = canonical.spec_to_canonical(spec)
     generation = int(row["generation"])
@@ -64,6 +74,9 @@ async def write_spec(
     generation += 1
     h = canonical.spec_hash(text)
     body = encode_body(node_id, generation, spec, h)
+    after = spec_size(text, body)
+    if after > before:  # a write that shrinks a spec stored before the limit is let through
+        limits.check_size(f"the spec of {node_id} would be", after, "max_spec_bytes")
     signed = bus.intent.sign_spec(body) if bus is not None and bus.intent is not None else None
     await nodes_sql.write_spec(
         tx, node_id, generation, text, h, body, signed.signature if signed else None, signed.key_id if signed else ""
@@ -74,13 +87,34 @@ async def write_spec(
     return SpecWrite(node_id, generation, h, changed=True)
 
 
+def spec_size(canonical_text: str, body: bytes) -> int:
+    """What `max_spec_bytes` bounds: the larger of the canonical JSON (GetSpec's reply) and the encoded body
+    (the DesiredState frame)."""
+    return max(limits.text_size(canonical_text), len(body))
+
+
+def check_section_size(section: str, section_json: str, msg: Message | None = None) -> None:
+    """`max_section_bytes` over the JSON text, and once parsed, over the encoded section."""
+    what = f"the {section} section"
+    limits.check_size(what, limits.text_size(section_json), "max_section_bytes")
+    if msg is not None:
+        limits.check_size(what, msg.ByteSize(), "max_section_bytes")
+
+
 async def set_section(store: Store, bus: Bus, node_id: str, section: str, section_json: str) -> SpecWrite:
-    """Replace one section wholesale (`{}` clears it). The devices section belongs to reservations."""
+    """Replace one section wholesale (`{}` clears it). The devices section belongs to reservations.
+
+    Everything about the input is checked before the transaction (name, size, parse, content); the
+    whole spec's size is checked in it, before anything is written.
+    """
     from bc.errors import UsageError
 
+    if section in canonical.SECTIONS:
+        check_section_size(section, section_json)  # before parsing what may be megabytes
     msg = canonical.section_from_json(section, section_json)
     if section == "devices":
         raise UsageError("the devices section is managed by reservations; use `bc reserve` and `bc release`")
+    check_section_size(section, section_json, msg)
     spec_validation.check_section(section, msg)
 
     def mutate(spec: spec_pb2.NodeSpec) -> None:

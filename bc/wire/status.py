@@ -4,7 +4,7 @@
     UsageError       <-> INVALID_ARGUMENT     (OUT_OF_RANGE reads as a UsageError too)
     NotFound         <-> NOT_FOUND
     Conflict         <-> FAILED_PRECONDITION  (ALREADY_EXISTS and ABORTED read as Conflict too)
-    Unavailable      <-> UNAVAILABLE          (DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, CANCELLED too)
+    Unavailable      <-> UNAVAILABLE          (DEADLINE_EXCEEDED, CANCELLED and other RESOURCE_EXHAUSTED too)
     Unauthenticated  <-> UNAUTHENTICATED      (PERMISSION_DENIED too)
     ProtocolError    <-> INTERNAL             (UNIMPLEMENTED too: the peers disagree on the contract)
 
@@ -12,6 +12,12 @@ Every class round-trips exactly, so the CLI's exit code is the one the server
 meant. The base class goes out as UNKNOWN rather than INTERNAL: INTERNAL is
 what grpc reports when a message does not parse, which is a broken contract
 (exit 7), while an unexpected server-side failure is exit 1.
+
+RESOURCE_EXHAUSTED is two things. gRPC itself says it when a message is over
+a receive or send limit ("Received message larger than max (X vs. Y)"): that
+is bad input, a UsageError (exit 2) naming the limit of `bc.protocol.limits`
+and never "unreachable". Any other RESOURCE_EXHAUSTED is a server shedding load
+(a retry may help): Unavailable.
 
 Servicers raise `BcError`s and turn them into a status with `abort_with`;
 clients turn an `AioRpcError` back with `status_to_error`, giving the server's
@@ -52,7 +58,7 @@ _INBOUND: dict[grpc.StatusCode, type[BcError]] = {
     grpc.StatusCode.ALREADY_EXISTS: Conflict,
     grpc.StatusCode.ABORTED: Conflict,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: Unavailable,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Unavailable,  # load shedding; a message over a limit is a UsageError
     grpc.StatusCode.CANCELLED: Unavailable,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.PERMISSION_DENIED: Unauthenticated,
@@ -77,6 +83,10 @@ _CONNECT_HINTS = (
 )
 
 
+# gRPC's own words for a message over a limit, e.g. "CLIENT: Received message larger than max (40004 vs. 30000)";
+# the side is missing in some versions, so it is optional.
+_TOO_LARGE = re.compile(r"(?:(CLIENT|SERVER): )?(Received|Sent) message larger than max \((\d+) vs\. (\d+)\)")
+
 # BoringSSL's reason in a handshake failure, e.g. `OPENSSL_internal:CERTIFICATE_VERIFY_FAILED`.
 _SSL_REASON = re.compile(r"OPENSSL_internal:([A-Z0-9_]+)")
 
@@ -97,6 +107,10 @@ def status_to_error(code: grpc.StatusCode, details: str, *, server: str | None =
         return Unavailable(f"{where} did not answer in time")
     if code == grpc.StatusCode.UNAVAILABLE and _is_connect_failure(details):
         return _connect_error(details, server)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        too_large = _too_large_error(details, server)
+        if too_large is not None:
+            return too_large
     if code == grpc.StatusCode.UNIMPLEMENTED:
         # The server predates (or postdates) this client: say so rather than grpc's "Method not found!".
         where = f"bc serve at {server}" if server else "the server"
@@ -111,6 +125,22 @@ async def abort_with(context: Any, err: BcError) -> NoReturn:
     await context.abort(code, message)
     # context.abort always raises; this line only keeps the NoReturn promise honest.
     raise AssertionError("grpc.aio ServicerContext.abort returned")
+
+
+def _too_large_error(details: str, server: str | None) -> UsageError | None:
+    """gRPC refused a message over its size limit: which message, how big, and the limit by name."""
+    m = _TOO_LARGE.search(details)
+    if m is None:
+        return None
+    side, direction, size, limit = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+    where = f"bc serve at {server}" if server else "bc serve"
+    if side == "CLIENT" and direction == "Received":
+        what = f"the reply from {where} is {size:,} bytes; this client accepts"
+    elif side == "SERVER":
+        what = f"the request is {size:,} bytes; {where} accepts"
+    else:
+        what = f"the request is {size:,} bytes; this client sends"
+    return UsageError(f"{what} at most {limit:,} bytes (grpc_message_bytes)")
 
 
 def _is_connect_failure(details: str) -> bool:

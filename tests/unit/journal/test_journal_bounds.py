@@ -112,7 +112,7 @@ async def test_size_bytes_is_the_size_on_disk(path: Path) -> None:
     try:
         before = await j.size_bytes()
         assert before > 0
-        await j.append_events([("m", METRIC, b"z" * 100_000)])
+        await j.append_events([("m", METRIC, b"z" * 10_000) for _ in range(10)])  # each within max_event_bytes
         assert await j.size_bytes() >= before + 100_000
     finally:
         await j.close()
