@@ -124,6 +124,14 @@ def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_jso
 )
 @click.option("--allow-gpu-reset", is_flag=True, help="Let gpu.reset run nvidia-smi --gpu-reset on real GPUs.")
 @click.option("--allow-reboot", is_flag=True, help="Let node.reboot call systemctl reboot on a real host.")
+@click.option(
+    "--upload-allow",
+    "upload_allow",
+    multiple=True,
+    metavar="URL-PREFIX",
+    help="Let logs.collect upload under this http(s) URL prefix, e.g. https://logs.example/bc/ (repeatable;"
+    " default: nowhere, the tarball stays in the data dir).",
+)
 def node(
     data_dir: Path,
     fake_hw: str | None,
@@ -132,10 +140,16 @@ def node(
     heartbeat_interval: float | None,
     allow_gpu_reset: bool,
     allow_reboot: bool,
+    upload_allow: tuple[str, ...],
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM."""
+    from agent.kinds.upload_allow import BadUrl, parse_prefixes
     from agent.main import AgentOptions, run_agent
 
+    try:
+        parse_prefixes(upload_allow)  # refused here, before anything starts, with the sentence why
+    except BadUrl as e:
+        raise UsageError(str(e)) from None
     opts = AgentOptions(
         data_dir=data_dir,
         fake_hw=fake_hw,
@@ -144,6 +158,7 @@ def node(
         heartbeat_interval_s=heartbeat_interval,
         allow_gpu_reset=allow_gpu_reset,
         allow_reboot=allow_reboot,
+        upload_allow=upload_allow,
     )
     try:
         asyncio.run(run_agent(opts))

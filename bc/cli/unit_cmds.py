@@ -2,7 +2,7 @@
 
     bc unit print serve [--data-dir /var/lib/bc] [--listen 0.0.0.0:7443] [--advertise HOST]... [--bin PATH]
     bc unit print node  [--data-dir /var/lib/bc-node] [--cdi-dir /etc/cdi] [--env-dir /run/bc/allocations]
-                        [--allow-reboot] [--allow-gpu-reset] [--bin PATH]
+                        [--allow-reboot] [--allow-gpu-reset] [--upload-allow URL-PREFIX]... [--bin PATH]
     bc version [--json]
 
 A unit is printed, never installed: the operator redirects it into
@@ -79,6 +79,17 @@ def _absolute(value: str, what: str) -> str:
     if not path.is_absolute() or ".." in path.parts:
         raise UsageError(f"{what} must be an absolute path without '..', not {value!r}")
     return str(path)
+
+
+def _upload_prefix(value: str) -> str:
+    """An `--upload-allow` prefix as `bc node` would take it, and safe to write unquoted."""
+    from agent.kinds.upload_allow import BadUrl, parse_prefix
+
+    try:
+        parse_prefix(value)
+    except BadUrl as e:
+        raise UsageError(str(e)) from None
+    return _checked(value, "--upload-allow")
 
 
 def _writable(paths: Sequence[str], private: str) -> list[Directive]:
@@ -162,7 +173,14 @@ def serve_unit(*, bin_path: str, data_dir: str, listen: str, advertise: Sequence
 
 
 def node_unit(
-    *, bin_path: str, data_dir: str, cdi_dir: str, env_dir: str, allow_reboot: bool, allow_gpu_reset: bool
+    *,
+    bin_path: str,
+    data_dir: str,
+    cdi_dir: str,
+    env_dir: str,
+    allow_reboot: bool,
+    allow_gpu_reset: bool,
+    upload_allow: Sequence[str] = (),
 ) -> str:
     """The agent's unit: always restarted, sandboxed only as far as a GPU host's administrator can be."""
     argv = [bin_path, "node", "--data-dir", data_dir, "--cdi-dir", cdi_dir, "--env-dir", env_dir]
@@ -170,6 +188,8 @@ def node_unit(
         argv.append("--allow-reboot")
     if allow_gpu_reset:
         argv.append("--allow-gpu-reset")
+    for prefix in upload_allow:
+        argv += ["--upload-allow", prefix]
     dirs = list(dict.fromkeys([data_dir, cdi_dir, env_dir]))
     service: list[Directive] = [
         ("Type", "exec"),
@@ -259,9 +279,21 @@ def print_serve(data_dir: str, listen: str, advertise: tuple[str, ...], bin_path
 @click.option("--env-dir", default=DEFAULT_ENV_DIR, show_default=True, help="Where per-reservation env files go.")
 @click.option("--allow-reboot", is_flag=True, help="Let node.reboot reboot the host.")
 @click.option("--allow-gpu-reset", is_flag=True, help="Let gpu.reset run nvidia-smi --gpu-reset.")
+@click.option(
+    "--upload-allow",
+    multiple=True,
+    metavar="URL-PREFIX",
+    help="Let logs.collect upload under this URL prefix (repeatable; default: nowhere).",
+)
 @_bin_option
 def print_node(
-    data_dir: str, cdi_dir: str, env_dir: str, allow_reboot: bool, allow_gpu_reset: bool, bin_path: str
+    data_dir: str,
+    cdi_dir: str,
+    env_dir: str,
+    allow_reboot: bool,
+    allow_gpu_reset: bool,
+    upload_allow: tuple[str, ...],
+    bin_path: str,
 ) -> None:
     """The agent's unit (bc-node.service)."""
     click.echo(
@@ -272,6 +304,7 @@ def print_node(
             env_dir=_absolute(env_dir, "--env-dir"),
             allow_reboot=allow_reboot,
             allow_gpu_reset=allow_gpu_reset,
+            upload_allow=[_upload_prefix(p) for p in upload_allow],
         ),
         nl=False,
     )

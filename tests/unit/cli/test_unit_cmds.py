@@ -112,6 +112,15 @@ def test_node_unit_always_restarts_and_can_do_its_work() -> None:
         assert key not in unit["Service"], key
 
 
+def test_node_unit_carries_the_upload_allowlist() -> None:
+    unit = printed("node", "--upload-allow", "https://logs.example/bc/", "--upload-allow", "http://[::1]:8080/up")
+    assert one(unit, "ExecStart") == (
+        "/usr/local/bin/bc node --data-dir /var/lib/bc-node --cdi-dir /etc/cdi --env-dir /run/bc/allocations"
+        " --upload-allow https://logs.example/bc/ --upload-allow http://[::1]:8080/up"
+    )
+    assert "--upload-allow" not in one(printed("node"), "ExecStart")  # none unless the operator names one
+
+
 def test_node_unit_with_cdi_in_var_run() -> None:
     unit = printed("node", "--cdi-dir", "/var/run/cdi")
     assert writable(unit) == {"/var/lib/bc-node", "/var/run/cdi", "/run/bc/allocations"}
@@ -126,7 +135,8 @@ def test_node_unit_with_cdi_in_var_run() -> None:
 def test_systemd_analyze_verifies_both_units(tmp_path: Path) -> None:
     # verify checks that ExecStart's program exists and is executable: point it at this interpreter.
     files = []
-    for name, args in (("bc-serve.service", ("serve",)), ("bc-node.service", ("node", "--allow-reboot"))):
+    node_args = ("node", "--allow-reboot", "--upload-allow", "https://logs.example/bc/")
+    for name, args in (("bc-serve.service", ("serve",)), ("bc-node.service", node_args)):
         result = run("unit", "print", *args, "--bin", sys.executable)
         assert result.exit_code == 0, result.output
         path = tmp_path / name
@@ -151,6 +161,9 @@ def test_systemd_analyze_verifies_both_units(tmp_path: Path) -> None:
         (("serve", "--data-dir", "/var/lib/%n"), "characters"),
         (("serve", "--listen", "7443"), "HOST:PORT"),
         (("node", "--bin", "bc"), "absolute path"),
+        (("node", "--upload-allow", "ftp://logs.example/"), "http(s) URL"),
+        (("node", "--upload-allow", "https://logs.example/bc/?sig=1"), "query or fragment"),
+        (("node", "--upload-allow", "https://logs.example/b%63/"), "characters"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], mentions: str) -> None:
