@@ -11,6 +11,13 @@ in the one transaction that bumps the epoch:
    `succeeded` with `rebooted`: the reboot it caused is its outcome;
 4. what is still in flight moves to the new epoch and is replayed in `seq`
    order, except what the node reports as running (it re-attaches).
+
+A Hello carries only the unacked results that fit one frame
+(`max_frame_bytes`); the node sends the rest as CommandUpdates once welcomed,
+so a command whose result is not in the Hello may be replayed and answered
+from the node's journal. A result over `max_result_bytes` (an older agent's)
+is acked as refused and settles its command `result-too-large`
+(`bc.gateway.oversize`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from bc.control.bus import Bus
 from bc.control.commands import apply_update
 from bc.control.events import publish
 from bc.errors import Unauthenticated
+from bc.gateway.oversize import fit_texts, refuse_oversized_update
 from bc.pki.identity import PeerIdentity
 from bc.protocol.pb import session_pb2
 from bc.store import Store, Tx
@@ -162,7 +170,10 @@ async def _resume_commands(
 ) -> tuple[list[str], list[str]]:
     ack: list[str] = []
     for update in hello.unacked_results:
-        applied = await apply_update(tx, bus, node_id, update, now_ms)
+        if await refuse_oversized_update(tx, bus, node_id, update, now_ms):
+            ack.append(update.command_id)  # refused, and said so: the node must stop resending it
+            continue
+        applied = await apply_update(tx, bus, node_id, fit_texts(update), now_ms)
         if update.state in TERMINAL_UPDATES and not applied.rejected:
             ack.append(update.command_id)
     new_journal = bool(opened.previous_journal_id) and opened.previous_journal_id != hello.journal_id

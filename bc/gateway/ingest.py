@@ -9,6 +9,11 @@ node is `security.node-mismatch` and never reaches a handler; an
 undecodable one is `security.invalid-report`. With attested bindings (on with
 command signing) a report must carry the node's own signature, else it is
 `security.report-rejected` (and `reservation.binding-rejected` for a binding).
+
+Sizes: an event over `max_event_bytes` (an older agent's) is recorded under
+its seq without its body, published as `node.event-too-large` and acked, never
+handled; a current agent journals such an event as `event.too-large` itself,
+which is published the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from bc.control import attestation
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.reservations import mark_binding_lost, on_allocation_report
+from bc.protocol.limits import LIMITS
 from bc.protocol.pb import session_pb2
 from bc.store import Store, Tx
 
@@ -36,6 +42,8 @@ KIND_NAMES = {
 
 # What a node refuses on its own, raised to the operator as security events.
 SECURITY_EVENTS = {"spec.rejected": "security.spec-rejected"}
+# What a node could not journal as it was, raised to the operator as node events.
+NODE_EVENTS = {"event.too-large": "node.event-too-large"}
 
 
 def _json_body(body: bytes) -> dict[str, object]:
@@ -51,6 +59,8 @@ async def _handle(tx: Tx, bus: Bus, store: Store, node_id: str, ev: session_pb2.
         await publish(tx, bus, "node.event", node_id, {"seq": ev.seq, "type": ev.type}, now_ms)
         if ev.type in SECURITY_EVENTS:
             await publish(tx, bus, SECURITY_EVENTS[ev.type], node_id, _json_body(ev.body), now_ms)
+        if ev.type in NODE_EVENTS:
+            await publish(tx, bus, NODE_EVENTS[ev.type], node_id, {"seq": ev.seq, **_json_body(ev.body)}, now_ms)
         return
     rep = session_pb2.AllocationReport()
     try:
@@ -115,6 +125,14 @@ async def _reject_report(
             log.warning("event=reservation.lost node=%s allocation=%s why=%s", node_id, rep.allocation_id, data["why"])
 
 
+async def _refuse_event(tx: Tx, bus: Bus, node_id: str, ev: session_pb2.NodeEvent, size: int, now_ms: int) -> None:
+    """Over `max_event_bytes`: kept out of the store and the handlers, acked with the rest, and said."""
+    limit = LIMITS.max_event_bytes
+    data = {"seq": ev.seq, "type": ev.type[:256], "bytes": size, "max_event_bytes": limit}
+    await publish(tx, bus, "node.event-too-large", node_id, data, now_ms)
+    log.warning("event=node.event-too-large node=%s seq=%d type=%s bytes=%d", node_id, ev.seq, ev.type[:256], size)
+
+
 async def ingest(store: Store, bus: Bus, node_id: str, batch: session_pb2.EventBatch) -> session_pb2.Ack | None:
     """Store and handle a batch; returns the Ack to send, or None for another journal's batch."""
     now_ms = await store.now_ms()
@@ -129,6 +147,8 @@ async def ingest(store: Store, bus: Bus, node_id: str, batch: session_pb2.EventB
         for ev in sorted(batch.events, key=lambda e: e.seq):
             if ev.seq <= acked:
                 continue
+            size = ev.ByteSize()
+            too_large = size > LIMITS.max_event_bytes
             n = await tx.execute(
                 "INSERT INTO node_events (node_id, journal_id, seq, type, body, received_at_ms)"
                 " VALUES (:n, :j, :s, :t, :b, :r) ON CONFLICT DO NOTHING",
@@ -137,11 +157,13 @@ async def ingest(store: Store, bus: Bus, node_id: str, batch: session_pb2.EventB
                     "j": batch.journal_id,
                     "s": ev.seq,
                     "t": ev.type,
-                    "b": ev.SerializeToString(),
+                    "b": b"" if too_large else ev.SerializeToString(),
                     "r": now_ms,
                 },
             )
-            if n == 1:
+            if n == 1 and too_large:
+                await _refuse_event(tx, bus, node_id, ev, size, now_ms)
+            elif n == 1:
                 await _handle(tx, bus, store, node_id, ev, now_ms)
             top = max(top, ev.seq)
         if top > acked:

@@ -5,6 +5,13 @@ pokes from the bus; `SessionDriver` runs one session: a reader feeding the
 core, a ticker for heartbeats, the 10 s backstop and the ~1 s status flush,
 and the actions the core asks for, executed one at a time so the store sees
 a session's frames in the order they arrived.
+
+Sizes (`bc.gateway.oversize`): an update whose result is over
+`max_result_bytes` is acked as refused, never applied; a stored command or
+spec whose frame would be over `max_frame_bytes` is never sent (the node
+would refuse it, redial, and be sent it again). A frame over gRPC's receive
+limit never reaches this code: the stream simply ends, which is logged as
+`event=session.ended`.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from bc.errors import BcError, ProtocolError, Unauthenticated
 from bc.gateway import core, dispatch_rules
 from bc.gateway.hello import TERMINAL_UPDATES, hello_transaction
 from bc.gateway.ingest import ingest
+from bc.gateway.oversize import fit_texts, refuse_oversized_command, refuse_oversized_update
 from bc.pki.identity import PeerIdentity
+from bc.protocol.limits import LIMITS
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.store import Store, StoreError
@@ -197,6 +206,7 @@ class SessionDriver:
         self._poke_pending = False
         self._closing: core.Close | None = None
         self._done = asyncio.Event()
+        self._spec_refused_generation = 0  # the generation last reported as too large to send, so it is said once
 
     def poke(self) -> None:
         self._poke_pending = True
@@ -237,7 +247,15 @@ class SessionDriver:
             cleanup = asyncio.ensure_future(self._finish(reader, ticker))
             self.gw.track(cleanup)
             await asyncio.shield(cleanup)
-        if self._closing is not None and self._closing.code != "OK":
+        if self._closing is None or self._closing.code == "OK":
+            # Also how a frame over gRPC's receive limit shows here: the stream just ends.
+            log.info(
+                "event=session.ended node=%s epoch=%d details=%s",
+                self.node_id,
+                self.core.epoch,
+                self._closing.details if self._closing else "",
+            )
+        else:
             log.info(
                 "event=session.closed node=%s epoch=%d code=%s details=%s",
                 self.node_id,
@@ -483,19 +501,34 @@ class SessionDriver:
             # The batch's approvals and this command's own leaf proof, both as stored: the node checks them.
             cmd.batch_approval = await self.gw.batch_approval(str(row["batch_id"]))
             cmd.batch_proof = bytes(row["batch_proof"] or b"")
-        await self.link.send(GatewayMessage(command=cmd))
+        msg = GatewayMessage(command=cmd)
+        size = msg.ByteSize()
+        if size > LIMITS.max_frame_bytes:  # stored before the limits: the node could never take it
+            now_ms = await self.gw.store.now_ms()
+            async with self.gw.store.transaction() as tx:
+                await refuse_oversized_command(tx, self.gw.bus, self.node_id, command_id, size, now_ms)
+            self.poke()  # its lane credit is free
+            return
+        await self.link.send(msg)
 
     async def _apply_update(self, update: session_pb2.CommandUpdate) -> None:
         """Results are facts, accepted on any epoch; every terminal one is acked, known or not."""
         store = self.gw.store
         now_ms = await store.now_ms()
         busy = update.state == session_pb2.COMMAND_REJECTED and update.reason == "BUSY"
+        refused = False
         async with store.transaction() as tx:
             if busy:
                 await dispatch_sql.requeue_busy(tx, update.command_id, self.node_id, now_ms + BUSY_RETRY_MS, now_ms)
+            elif await refuse_oversized_update(tx, self.gw.bus, self.node_id, update, now_ms):
+                refused = True
             else:
-                outcome = await apply_update(tx, self.gw.bus, self.node_id, update, now_ms)
+                outcome = await apply_update(tx, self.gw.bus, self.node_id, fit_texts(update), now_ms)
         if busy:
+            return
+        if refused:  # acked, so the node stops resending what will never be taken
+            await self.link.send(GatewayMessage(ack=session_pb2.Ack(command_ids=[update.command_id])))
+            self.poke()
             return
         if outcome.rejected:
             log.warning(
@@ -519,4 +552,19 @@ class SessionDriver:
         if row["spec_signature"] is not None:
             env.signature = bytes(row["spec_signature"])
             await self.gw.attach_signer(env, str(row["spec_key_id"] or ""))
-        await self._execute(self.core.spec_loaded(int(row["generation"]), env))
+        generation = int(row["generation"])
+        size = GatewayMessage(desired_state=session_pb2.DesiredState(envelope=env)).ByteSize()
+        if size > LIMITS.max_frame_bytes:  # stored before the limits: the node keeps enforcing what it holds
+            await self._spec_too_large(generation, size)
+            return
+        await self._execute(self.core.spec_loaded(generation, env))
+
+    async def _spec_too_large(self, generation: int, size: int) -> None:
+        if self._spec_refused_generation == generation:
+            return
+        self._spec_refused_generation = generation
+        log.error("event=spec.too-large node=%s generation=%d frame_bytes=%d", self.node_id, generation, size)
+        now_ms = await self.gw.store.now_ms()
+        data = {"generation": generation, "frame_bytes": size, "max_frame_bytes": LIMITS.max_frame_bytes}
+        async with self.gw.store.transaction() as tx:
+            await publish(tx, self.gw.bus, "node.spec-too-large", self.node_id, data, now_ms)
