@@ -138,8 +138,10 @@ def _too_large_error(details: str, server: str | None) -> UsageError | None:
         what = f"the reply from {where} is {size:,} bytes; this client accepts"
     elif side == "SERVER":
         what = f"the request is {size:,} bytes; {where} accepts"
-    else:
+    elif direction == "Sent":
         what = f"the request is {size:,} bytes; this client sends"
+    else:  # gRPC did not say which end refused it
+        what = f"a message to or from {where} is {size:,} bytes; gRPC takes"
     return UsageError(f"{what} at most {limit:,} bytes (grpc_message_bytes)")
 
 
