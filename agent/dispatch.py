@@ -404,16 +404,14 @@ class Dispatcher:
         await self._finish_update(a, update)
 
     async def _finish_update(self, a: Accepted, update: CommandUpdate) -> None:
-        body = a.body
-        state, reason = update.state, update.reason
-        await self.journal.finish(body.id, update.SerializeToString(), self.clock.now())
+        await self.journal.finish(a.body.id, update.SerializeToString(), self.clock.now())
         a.settled = True
         log.info(
             "event=command.settled command=%s kind=%s state=%s reason=%s",
-            body.id,
-            body.kind,
-            session_pb2.CommandState.Name(state),
-            reason,
+            a.body.id,
+            a.body.kind,
+            session_pb2.CommandState.Name(update.state),
+            update.reason,
         )
         await self._update(update)
 
