@@ -5,8 +5,9 @@ holds approver keys, and only for the kinds the kinds table marks
 destructive (never a flag of the body):
 
 * with a `batch_id`: the command's `batch_approval` must carry at least
-  `quorum_k` valid signatures of distinct approver keys of the bundle (not the
-  requester's, unexpired in server time) over the batch's scope root, and its
+  `quorum_k` valid signatures of distinct approver keys of the bundle, of
+  distinct operators, none registered to (or named like) the requester,
+  unexpired in server time, over the batch's scope root, and its
   `batch_proof` must prove *this* command's leaf — computed here from the
   body's own node, kind and payload — under that root. Each leaf runs at most
   once, ever: the first command to claim it in the journal keeps it.

@@ -9,10 +9,17 @@ and again in every Welcome. Rules:
   is required depends only on the bundle, never on a field of the body.
 * A bundle offered in a Welcome replaces the held one only when it is signed
   (purpose `trust-bundle`) by a held root or a worker of one, and names the CA
-  this node pinned at join. The quorum's settings (approver keys, k, the
-  unbatched allowance) change only under a root's own signature: a stolen
-  worker key cannot switch the quorum off. A gateway therefore cannot strip the roots (to
-  slip in unsigned intent) nor add its own. A node holding no roots (joined
+  this node pinned at join. A gateway therefore cannot strip the roots (to
+  slip in unsigned intent) nor add its own.
+* The quorum's settings (approver keys, k, the unbatched allowance and their
+  version) change only under a root's own signature AND a path of approved
+  changes from the settings this node holds (`quorum_path`): each change in
+  the bundle's `quorum_changes` must carry `change_threshold` valid signatures
+  of the approvers the node holds at that step (none of the requester's), as
+  TUF rotates its root. So neither a stolen worker key nor the root key alone
+  can switch the quorum off or replace it; with no approvers held, the root
+  alone is enough (bootstrap). A node too far behind the bundle's path keeps
+  what it holds (re-join it). A node holding no roots (joined
   before signing was turned on) takes a bundle signed by one of the roots it
   carries, trust on first use; an unsigned bundle never brings roots. Such a
   node could be pinned to a gateway's own root, so turning signing on for an
@@ -27,6 +34,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
+from bc.pki import quorum as q
 from bc.pki.signing import PURPOSE_COMMAND, PURPOSE_DESIRED_STATE, PURPOSE_TRUST_BUNDLE, BadSignature, Verifier
 from bc.protocol.pb import common_pb2, session_pb2
 
@@ -62,10 +70,13 @@ def decide_bundle(
                 verifier.verify(offered_env, PURPOSE_TRUST_BUNDLE, at)
             except BadSignature as e:
                 return BundleDecision(None, f"the trust bundle's signature does not hold: {e}")
-            if quorum_settings(offered) != quorum_settings(current):
+            if quorum_changed(current, offered):
                 return BundleDecision(
                     None, "the approver keys and threshold change only under the signing root's own signature"
                 )
+        why = quorum_path(current, offered)
+        if why is not None:
+            return BundleDecision(None, why)
         if offered.SerializeToString(deterministic=True) == current.SerializeToString(deterministic=True):
             return BundleDecision(None, "unchanged")
         return BundleDecision(offered, "signed by a held root" if holding_roots else "first signed bundle")
@@ -79,16 +90,50 @@ def decide_bundle(
         return BundleDecision(None, "an unsigned trust bundle cannot bring command-signing roots")
     if pinned_ca_pem and offered_plain.ca_pem and offered_plain.ca_pem.strip() != pinned_ca_pem.strip():
         return BundleDecision(None, "the trust bundle names another CA than the one pinned at join")
+    why = quorum_path(current, offered_plain)
+    if why is not None:
+        return BundleDecision(None, why)
     if offered_plain.SerializeToString(deterministic=True) == current.SerializeToString(deterministic=True):
         return BundleDecision(None, "unchanged")
     return BundleDecision(offered_plain, "no roots held yet")
 
 
-def quorum_settings(b: common_pb2.TrustBundle) -> bytes:
-    """What only the root may change: the approvers, k and the unbatched allowance."""
-    q = common_pb2.TrustBundle(quorum_k=b.quorum_k, unbatched_destructive_per_hour=b.unbatched_destructive_per_hour)
-    q.approver_keys.extend(b.approver_keys)
-    return q.SerializeToString(deterministic=True)
+def quorum_changed(held: common_pb2.TrustBundle, offered: common_pb2.TrustBundle) -> bool:
+    """Whether the offered bundle moves the quorum settings (approvers, k, allowance, version)."""
+    return q.settings_digest(q.settings_of(held)) != q.settings_digest(q.settings_of(offered))
+
+
+def quorum_path(held: common_pb2.TrustBundle, offered: common_pb2.TrustBundle) -> str | None:
+    """None when the offered quorum settings are the held ones, or follow from them by approved changes.
+
+    Walks `offered.quorum_changes` (oldest first) from the held settings: a
+    change applies only from the settings it names by digest, only forward in
+    version, and only with `change_threshold` approvals of the approvers held at
+    that step; changes the node already passed are skipped.
+    """
+    cur = q.settings_of(held)
+    digest, target = q.settings_digest(cur), q.settings_digest(q.settings_of(offered))
+    for change in offered.quorum_changes:
+        if digest == target:
+            break
+        if change.from_digest != digest:
+            continue
+        if change.settings.version <= cur.version:
+            return f"quorum change {change.change_id} does not move the settings' version forward"
+        need = q.change_threshold(cur)
+        tally = q.count_change_approvals(change, cur)
+        if len(tally.counted) < need:
+            refused = "; ".join(f"{k[:19]}…: {why}" for k, why in tally.refused)
+            detail = f" ({refused})" if refused else ""
+            return (
+                f"quorum change {change.change_id} holds {len(tally.counted)} of the {need} approvals it needs"
+                f" from the approvers this node holds{detail}"
+            )
+        cur = change.settings
+        digest = q.settings_digest(cur)
+    if digest != target:
+        return "no approved quorum change leads from the quorum settings this node holds to the offered ones"
+    return None
 
 
 class AgentTrust:

@@ -5,9 +5,14 @@ Data dir: `--data-dir`, else `$BC_DATA_DIR`, else `/var/lib/bc` as root and
 
 `bc serve` leaves the local operator a client config (like a kubeconfig): the
 server's address, the CA, and an operator key and certificate, in
-`<data-dir>/operator/`. The admin commands look for it, first found wins:
+`<data-dir>/operator/`. `bc operators add NAME` writes one file of the same
+format for another person, with the PEMs inline instead of file names
+(`ca`, `cert` and `key` hold either). The admin commands look for a config,
+first found wins:
 
-1. `$BC_CONFIG` (a path to `config.json`)
+1. `$BC_CONFIG` (a path to a config file): when it is set, it is the only
+   candidate — a missing or unreadable file is an error, never a fall-back to
+   whatever other cluster's config the next places hold
 2. `$BC_DATA_DIR/operator/config.json`
 3. `~/.config/bc/config.json` (`bc serve` writes it when it is absent or points to
    the same data dir)
@@ -73,24 +78,51 @@ class OperatorConfig:
         return path
 
     @staticmethod
+    def write_single(
+        path: Path, *, server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, data_dir: str = ""
+    ) -> Path:
+        """One self-contained config file (0600, PEMs inline) to hand to a person; never overwrites."""
+        cfg = {
+            "server": server,
+            "ca": ca_pem.decode(),
+            "cert": cert_pem.decode(),
+            "key": key_pem.decode(),
+            "data_dir": data_dir,
+        }
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise UsageError(f"{path} already exists; refusing to overwrite it (choose another --out)") from None
+        except OSError as e:
+            raise UsageError(f"cannot write {path}: {e.strerror}") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(cfg, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return path
+
+    @staticmethod
     def load(path: Path) -> OperatorConfig:
         try:
             doc = json.loads(path.read_text())
             base = path.parent
 
-            def rel(name: str) -> Path:
-                p = Path(doc[name])
-                return p if p.is_absolute() else base / p
+            def pem(name: str) -> bytes:
+                value = str(doc[name])
+                if value.lstrip().startswith("-----BEGIN "):
+                    return value.encode()
+                p = Path(value)
+                return (p if p.is_absolute() else base / p).read_bytes()
 
             return OperatorConfig(
                 server=str(doc["server"]),
-                ca_pem=rel("ca").read_bytes(),
-                cert_pem=rel("cert").read_bytes(),
-                key_pem=rel("key").read_bytes(),
+                ca_pem=pem("ca"),
+                cert_pem=pem("cert"),
+                key_pem=pem("key"),
                 data_dir=str(doc.get("data_dir", "")),
                 path=path,
             )
-        except (OSError, KeyError, ValueError) as e:
+        except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
             raise UsageError(f"the operator config {path} is unreadable: {e}") from None
 
 
@@ -109,6 +141,13 @@ def operator_config_candidates() -> list[Path]:
 
 
 def find_operator_config() -> OperatorConfig:
+    explicit = os.environ.get("BC_CONFIG")
+    if explicit:
+        # Named explicitly: this file or an error, never another cluster's config found further down the list.
+        path = Path(explicit)
+        if not path.is_file():
+            raise UsageError(f"BC_CONFIG names {path}, which is not a file; fix BC_CONFIG or unset it")
+        return OperatorConfig.load(path)
     for p in operator_config_candidates():
         if p.is_file():
             return OperatorConfig.load(p)

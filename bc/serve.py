@@ -24,6 +24,7 @@ from bc.api.join_servicer import JoinServicer
 from bc.api.session_servicer import SessionServicer
 from bc.clock import Clock, SystemClock
 from bc.config import OperatorConfig, user_config_path
+from bc.control import operators
 from bc.control.bus import Bus
 from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.intent import Intent
@@ -187,6 +188,10 @@ class Server:
         self.grpc_server = server
         self.address = _client_address(host, self.port)
         self.operator_config = _write_operator_config(data_dir, ca, self.address)
+        # The local operator is an admin; its certificate counts only once registered (bc.control.operators).
+        await operators.register_local(
+            self.store, keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
+        )
         self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
         self._tasks.append(asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"))
         self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))

@@ -1,16 +1,26 @@
-"""The Admin service: everything an operator does, behind an operator certificate."""
+"""The Admin service: everything an operator does, behind an operator certificate and a role.
+
+Every RPC of the service is wrapped (`_guarded`) before its body runs: the
+client certificate must be an operator's, issued by this server to a live
+operator (`bc.control.operators.authorize`), whose role is at least the one
+`ROLE_NEEDED` names for the RPC; an RPC missing from the table needs admin.
+A refusal is UNAUTHENTICATED (exit 6) with a sentence naming the role needed.
+The body then runs acting for that operator (`bc.control.actor`), so every
+event it publishes names who made the write.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
 from bc import __version__
-from bc.api.peers import peer_of
+from bc.api.peers import operator_of
 from bc.clock import Clock
-from bc.control import commands, identity, node_admin, quorum, reservations, specs, views
+from bc.control import actor, approvers, commands, identity, node_admin, operators, quorum, reservations, specs, views
 from bc.control.bus import Bus
 from bc.errors import BcError, NotFound, UsageError
 from bc.pki.ca import CertificateAuthority
@@ -18,6 +28,7 @@ from bc.protocol.pb import admin_pb2
 from bc.store import Row, Store
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
+from bc.store import operators as ops_sql
 from bc.store import quorum as q_sql
 from bc.store import reservations as res_sql
 from bc.store import revocation as rev_sql
@@ -26,22 +37,110 @@ from bc.wire.stubs import admin_pb2_grpc
 
 T = TypeVar("T")
 
+VIEWER, OPERATOR, ADMIN = operators.ROLES
 
+ROLE_NEEDED: dict[str, tuple[str, str]] = {
+    # viewer: List, Get and Watch — the TUI on a shared screen.
+    "ListNodes": (VIEWER, "listing nodes"),
+    "GetNode": (VIEWER, "showing a node"),
+    "GetSpec": (VIEWER, "showing a spec"),
+    "ListReservations": (VIEWER, "listing reservations"),
+    "ListEvents": (VIEWER, "listing events"),
+    "Watch": (VIEWER, "watching events"),
+    "ServerInfo": (VIEWER, "asking the server who it is"),
+    "GetCommand": (VIEWER, "showing a command"),
+    "ListCommands": (VIEWER, "listing commands"),
+    "GetPki": (VIEWER, "showing the PKI"),
+    "ListApprovers": (VIEWER, "listing approvers"),
+    "ListBatches": (VIEWER, "listing batches"),
+    "GetBatch": (VIEWER, "showing a batch"),
+    "ListQuorumChanges": (VIEWER, "listing quorum changes"),
+    "GetQuorumChange": (VIEWER, "showing a quorum change"),
+    "ListOperators": (VIEWER, "listing operators"),
+    # operator: also reservations, commands, specs, batches, approving and rejecting.
+    "SetSpecSection": (OPERATOR, "setting a spec section"),
+    "Reserve": (OPERATOR, "reserving GPUs"),
+    "Release": (OPERATOR, "releasing a reservation"),
+    "RunCommand": (OPERATOR, "running a command"),
+    "CancelCommand": (OPERATOR, "cancelling a command"),
+    "CreateBatch": (OPERATOR, "creating a batch"),
+    "ApproveBatch": (OPERATOR, "approving a batch"),
+    "RejectBatch": (OPERATOR, "rejecting a batch"),
+    "ApproveQuorumChange": (OPERATOR, "approving a quorum change"),
+    "RejectQuorumChange": (OPERATOR, "rejecting a quorum change"),
+    # admin: also tokens, node revoke/delete/cordon, approvers, operators and the PKI.
+    "CreateToken": (ADMIN, "creating a join token"),
+    "RevokeNode": (ADMIN, "revoking a node"),
+    "CordonNode": (ADMIN, "cordoning a node"),
+    "DeleteNode": (ADMIN, "deleting a node"),
+    "RotateSigningKey": (ADMIN, "rotating the signing key"),
+    "AddApprover": (ADMIN, "adding an approver"),
+    "RemoveApprover": (ADMIN, "removing an approver"),
+    "SetApproverThreshold": (ADMIN, "setting the approver threshold"),
+    "SetUnbatchedAllowance": (ADMIN, "setting the unbatched allowance"),
+    "AddOperator": (ADMIN, "adding an operator"),
+    "RevokeOperator": (ADMIN, "revoking an operator"),
+}
+"""Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
+
+
+def _needed(rpc: str) -> tuple[str, str]:
+    return ROLE_NEEDED.get(rpc, (ADMIN, f"calling {rpc}"))
+
+
+def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
+    """`fn` (an RPC method) behind the caller check; the body acts for the caller."""
+    need, what = _needed(rpc)
+    if streaming:
+
+        @functools.wraps(fn)
+        async def stream(self: AdminServicer, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                await self._caller(context, need, what)
+            except BcError as e:
+                await abort_with(context, e)
+            # A stream writes nothing, so it needs no operator to act for.
+            async for item in fn(self, request, context):
+                yield item
+
+        return stream
+
+    @functools.wraps(fn)
+    async def unary(self: AdminServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            caller = await self._caller(context, need, what)
+        except BcError as e:
+            await abort_with(context, e)
+        with actor.acting(caller.name):
+            return await fn(self, request, context)
+
+    return unary
+
+
+def _guarded(cls: type[AdminServicer]) -> type[AdminServicer]:
+    """Every RPC the Admin service declares goes through `_guard`, whether or not the table names it."""
+    for method in admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods:
+        setattr(cls, method.name, _guard(method.name, getattr(cls, method.name), method.server_streaming))
+    return cls
+
+
+@_guarded
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(self, store: Store, bus: Bus, ca: CertificateAuthority, clock: Clock, gateway_id: str) -> None:
         self.store, self.bus, self.ca, self.clock, self.gateway_id = store, bus, ca, clock, gateway_id
+
+    async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller:
+        return await operators.authorize(self.store, operator_of(context, self.ca.certificate), need, what)
 
     async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
         return await self._call_as(context, lambda _operator: fn())
 
     async def _call_as(self, context: grpc.aio.ServicerContext, fn: Callable[[str], Awaitable[T]]) -> T:
-        """Like `_call`, handing `fn` the operator's name from the client certificate."""
+        """Like `_call`, handing `fn` the name of the operator the call acts for (checked by `_guard`)."""
         try:
-            peer = peer_of(context, self.ca.certificate, "operator")
-            return await fn(peer.name)
+            return await fn(actor.current())
         except BcError as e:
             await abort_with(context, e)
-            raise
 
     async def CreateToken(
         self, request: admin_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
@@ -175,11 +274,6 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Watch(
         self, request: admin_pb2.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[admin_pb2.EventRecord]:
-        try:
-            peer_of(context, self.ca.certificate, "operator")
-        except BcError as e:
-            await abort_with(context, e)
-            return
         after = request.after_seq
         while True:
             async with self.store.transaction(write=False) as tx:
@@ -193,16 +287,20 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def ServerInfo(
         self, request: admin_pb2.ServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ServerInfoResponse:
-        async def go() -> admin_pb2.ServerInfoResponse:
+        async def go(operator: str) -> admin_pb2.ServerInfoResponse:
+            async with self.store.transaction(write=False) as tx:
+                row = await ops_sql.get(tx, operator)
             return admin_pb2.ServerInfoResponse(
                 version=__version__,
                 ca_fingerprint=self.ca.fingerprint,
                 server_time_ms=await self.store.now_ms(),
                 store=self.store.description,
                 gateway_id=self.gateway_id,
+                operator=operator,
+                role=str(row["role"]) if row else "",
             )
 
-        return await self._call(context, go)
+        return await self._call_as(context, go)
 
     # -- commands ------------------------------------------------------------------
 
@@ -212,7 +310,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def RunCommand(
         self, request: admin_pb2.RunCommandRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.CommandInfo:
-        async def go() -> admin_pb2.CommandInfo:
+        async def go(operator: str) -> admin_pb2.CommandInfo:
             commands.kind_of(request.kind)  # an unknown kind is the clearer error than its payload's
             payload = commands.payload_from_json(request.kind, request.payload_json)
             row = await commands.enqueue(
@@ -225,11 +323,12 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     not_after_s=float(request.not_after_s or commands.DEFAULT_NOT_AFTER_S),
                     min_generation=request.min_generation,
                     idempotency_key=request.idempotency_key,
+                    requested_by=operator,
                 ),
             )
             return await self._command_info(row)
 
-        return await self._call(context, go)
+        return await self._call_as(context, go)
 
     async def GetCommand(
         self, request: admin_pb2.GetCommandRequest, context: grpc.aio.ServicerContext
@@ -331,12 +430,20 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
         return await self._call(context, go)
 
-    # -- the destructive-batch quorum --------------------------------------------------
+    # -- the quorum settings and their changes ---------------------------------------------
 
-    async def _approver_set(self) -> admin_pb2.ApproverSet:
-        current = await quorum.approver_set(self.store)
-        now_ms = await self.store.now_ms()
-        return views.approver_set(current.approvers, current.threshold, now_ms, current.unbatched_per_hour)
+    async def _approver_set(self, proposed: approvers.Proposed | None = None) -> admin_pb2.ApproverSet:
+        current = await approvers.approver_set(self.store)
+        out = approvers.set_info(current, await self.store.now_ms())
+        if proposed is not None and proposed.change_id:
+            out.change.CopyFrom(await approvers.get_change(self.store, proposed.change_id))
+        return out
+
+    async def _propose(self, context: grpc.aio.ServicerContext, edit: approvers.Edit) -> admin_pb2.ApproverSet:
+        async def go(operator: str) -> admin_pb2.ApproverSet:
+            return await self._approver_set(await approvers.propose(self.store, self.bus, edit, operator))
+
+        return await self._call_as(context, go)
 
     async def ListApprovers(
         self, request: admin_pb2.ListApproversRequest, context: grpc.aio.ServicerContext
@@ -346,38 +453,100 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def AddApprover(
         self, request: admin_pb2.AddApproverRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApproverSet:
-        async def go() -> admin_pb2.ApproverSet:
-            await quorum.add_approver(self.store, self.bus, request.name, request.public_key)
-            return await self._approver_set()
-
-        return await self._call(context, go)
+        return await self._propose(context, approvers.AddApprover(request.name, request.public_key, request.operator))
 
     async def RemoveApprover(
         self, request: admin_pb2.RemoveApproverRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApproverSet:
-        async def go() -> admin_pb2.ApproverSet:
-            await quorum.remove_approver(self.store, self.bus, request.name)
-            return await self._approver_set()
-
-        return await self._call(context, go)
+        return await self._propose(context, approvers.RemoveApprover(request.name))
 
     async def SetApproverThreshold(
         self, request: admin_pb2.SetApproverThresholdRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApproverSet:
-        async def go() -> admin_pb2.ApproverSet:
-            await quorum.set_threshold(self.store, self.bus, request.threshold)
-            return await self._approver_set()
-
-        return await self._call(context, go)
+        return await self._propose(context, approvers.SetThreshold(request.threshold))
 
     async def SetUnbatchedAllowance(
         self, request: admin_pb2.SetUnbatchedAllowanceRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApproverSet:
-        async def go() -> admin_pb2.ApproverSet:
-            await quorum.set_unbatched_allowance(self.store, self.bus, request.per_hour)
-            return await self._approver_set()
+        return await self._propose(context, approvers.SetAllowance(request.per_hour))
+
+    async def ListQuorumChanges(
+        self, request: admin_pb2.ListQuorumChangesRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListQuorumChangesResponse:
+        async def go() -> admin_pb2.ListQuorumChangesResponse:
+            changes = await approvers.list_changes(self.store, request.state)
+            return admin_pb2.ListQuorumChangesResponse(changes=changes)
 
         return await self._call(context, go)
+
+    async def GetQuorumChange(
+        self, request: admin_pb2.GetQuorumChangeRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.QuorumChangeInfo:
+        return await self._call(context, lambda: approvers.get_change(self.store, request.change_id))
+
+    async def _decide_change(
+        self, request: admin_pb2.QuorumChangeDecisionRequest, context: grpc.aio.ServicerContext, approve: bool
+    ) -> admin_pb2.QuorumChangeInfo:
+        async def go(operator: str) -> admin_pb2.QuorumChangeInfo:
+            await approvers.decide(
+                self.store,
+                self.bus,
+                request.change_id,
+                request.key_id,
+                request.signature,
+                approve=approve,
+                caller=operator,
+                reason=request.reason,
+            )
+            return await approvers.get_change(self.store, request.change_id)
+
+        return await self._call_as(context, go)
+
+    async def ApproveQuorumChange(
+        self, request: admin_pb2.QuorumChangeDecisionRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.QuorumChangeInfo:
+        return await self._decide_change(request, context, approve=True)
+
+    async def RejectQuorumChange(
+        self, request: admin_pb2.QuorumChangeDecisionRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.QuorumChangeInfo:
+        return await self._decide_change(request, context, approve=False)
+
+    # -- operators ---------------------------------------------------------------------------
+
+    async def AddOperator(
+        self, request: admin_pb2.AddOperatorRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.AddOperatorResponse:
+        async def go(operator: str) -> admin_pb2.AddOperatorResponse:
+            role = request.role or operators.DEFAULT_ROLE
+            row, cert_pem = await operators.add(
+                self.store, self.bus, self.ca, request.name, role, request.public_key_pem, operator
+            )
+            info = operators.info(row, await self.store.now_ms())
+            return admin_pb2.AddOperatorResponse(operator=info, cert_pem=cert_pem, ca_pem=self.ca.ca_pem)
+
+        return await self._call_as(context, go)
+
+    async def ListOperators(
+        self, request: admin_pb2.ListOperatorsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListOperatorsResponse:
+        async def go() -> admin_pb2.ListOperatorsResponse:
+            now_ms = await self.store.now_ms()
+            rows = await operators.list_all(self.store)
+            return admin_pb2.ListOperatorsResponse(operators=[operators.info(r, now_ms) for r in rows])
+
+        return await self._call(context, go)
+
+    async def RevokeOperator(
+        self, request: admin_pb2.RevokeOperatorRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.OperatorInfo:
+        async def go(operator: str) -> admin_pb2.OperatorInfo:
+            row = await operators.revoke(self.store, self.bus, request.name, request.reason, operator)
+            return operators.info(row, await self.store.now_ms())
+
+        return await self._call_as(context, go)
+
+    # -- the destructive-batch quorum --------------------------------------------------
 
     async def _batch(self, batch_id: str) -> admin_pb2.BatchInfo:
         now_ms = await self.store.now_ms()
@@ -426,7 +595,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def _decide(
         self, request: admin_pb2.BatchDecisionRequest, context: grpc.aio.ServicerContext, approve: bool
     ) -> admin_pb2.BatchInfo:
-        async def go() -> admin_pb2.BatchInfo:
+        async def go(operator: str) -> admin_pb2.BatchInfo:
             await quorum.decide(
                 self.store,
                 self.bus,
@@ -434,12 +603,13 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 request.key_id,
                 request.signature,
                 approve=approve,
+                caller=operator,
                 expires_at_ms=request.expires_at_ms,
                 reason=request.reason,
             )
             return await self._batch(request.batch_id)
 
-        return await self._call(context, go)
+        return await self._call_as(context, go)
 
     async def ApproveBatch(
         self, request: admin_pb2.BatchDecisionRequest, context: grpc.aio.ServicerContext

@@ -18,3 +18,8 @@ def peer_of(context: grpc.aio.ServicerContext, ca_cert: x509.Certificate, kind: 
     if peer.kind != kind:
         raise Unauthenticated(f"this call needs a {kind} certificate, not a {peer.kind} one")
     return peer
+
+
+def operator_of(context: grpc.aio.ServicerContext, ca_cert: x509.Certificate) -> PeerIdentity:
+    """The operator certificate's identity; whether that operator may make the call is `bc.control.operators`'."""
+    return peer_of(context, ca_cert, "operator")

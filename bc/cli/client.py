@@ -228,8 +228,8 @@ class AdminClient:
     async def list_approvers(self) -> admin_pb2.ApproverSet:
         return await self._unary("ListApprovers", admin_pb2.ListApproversRequest(), admin_pb2.ApproverSet)
 
-    async def add_approver(self, name: str, public_key: str) -> admin_pb2.ApproverSet:
-        req = admin_pb2.AddApproverRequest(name=name, public_key=public_key)
+    async def add_approver(self, name: str, public_key: str, *, operator: str = "") -> admin_pb2.ApproverSet:
+        req = admin_pb2.AddApproverRequest(name=name, public_key=public_key, operator=operator)
         return await self._unary("AddApprover", req, admin_pb2.ApproverSet)
 
     async def remove_approver(self, name: str) -> admin_pb2.ApproverSet:
@@ -275,6 +275,38 @@ class AdminClient:
             batch_id=batch_id, key_id=key_id, signature=signature, expires_at_ms=expires_at_ms, reason=reason
         )
         return await self._unary("ApproveBatch" if approve else "RejectBatch", req, admin_pb2.BatchInfo)
+
+    async def list_quorum_changes(self, *, state: str = "") -> list[admin_pb2.QuorumChangeInfo]:
+        req = admin_pb2.ListQuorumChangesRequest(state=state)
+        resp = await self._unary("ListQuorumChanges", req, admin_pb2.ListQuorumChangesResponse)
+        return list(resp.changes)
+
+    async def get_quorum_change(self, change_id: str) -> admin_pb2.QuorumChangeInfo:
+        req = admin_pb2.GetQuorumChangeRequest(change_id=change_id)
+        return await self._unary("GetQuorumChange", req, admin_pb2.QuorumChangeInfo)
+
+    async def decide_quorum_change(
+        self, change_id: str, key_id: str, signature: bytes, *, approve: bool, reason: str = ""
+    ) -> admin_pb2.QuorumChangeInfo:
+        req = admin_pb2.QuorumChangeDecisionRequest(
+            change_id=change_id, key_id=key_id, signature=signature, reason=reason
+        )
+        rpc = "ApproveQuorumChange" if approve else "RejectQuorumChange"
+        return await self._unary(rpc, req, admin_pb2.QuorumChangeInfo)
+
+    # -- operators ---------------------------------------------------------------------
+
+    async def add_operator(self, name: str, role: str, public_key_pem: bytes) -> admin_pb2.AddOperatorResponse:
+        req = admin_pb2.AddOperatorRequest(name=name, role=role, public_key_pem=public_key_pem)
+        return await self._unary("AddOperator", req, admin_pb2.AddOperatorResponse)
+
+    async def list_operators(self) -> list[admin_pb2.OperatorInfo]:
+        resp = await self._unary("ListOperators", admin_pb2.ListOperatorsRequest(), admin_pb2.ListOperatorsResponse)
+        return list(resp.operators)
+
+    async def revoke_operator(self, name: str, *, reason: str = "") -> admin_pb2.OperatorInfo:
+        req = admin_pb2.RevokeOperatorRequest(name=name, reason=reason)
+        return await self._unary("RevokeOperator", req, admin_pb2.OperatorInfo)
 
     # -- events and the server ----------------------------------------------------
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from bc.cli import admin_cmds, cmd_cmds, doctor_cmds, quorum_cmds, run_cmds, unit_cmds
+from bc.cli import admin_cmds, cmd_cmds, doctor_cmds, operator_cmds, quorum_cmds, run_cmds, unit_cmds
 from bc.cli.output import echo, one_line
 from bc.errors import BcError
 
@@ -107,6 +107,7 @@ for _command in (
     *doctor_cmds.COMMANDS,
     *unit_cmds.COMMANDS,
     *quorum_cmds.COMMANDS,
+    *operator_cmds.COMMANDS,
 ):
     cli.add_command(_command)
 

@@ -5,7 +5,14 @@ An approver's private key lives in one file on the approver's own machine
 batch from the server, recomputes its Merkle root from the leaves itself (a
 server that lies about the scope gets a signature over a root it did not
 claim, which counts for nothing), shows what the root covers, and sends only
-the signature.
+the signature — under the approver's own operator certificate, since a key
+counts only for the operator it is registered to.
+
+A change of the approver set, k or the allowance is itself approved the same
+way once approvers exist: `bc approvers add|remove|threshold|allowance` then
+makes a pending quorum change (`q-…`) that `bc approve show|sign|reject`
+handle like a batch; the signer's `bc` recomputes what the change does and
+both settings' digests from the settings themselves.
 """
 
 from __future__ import annotations
@@ -139,26 +146,38 @@ def approve_keygen(out: Path, as_json: bool) -> None:
 @approve.command("list")
 @json_option
 def approve_list(as_json: bool) -> None:
-    """Batches waiting for approval, with what each one would do."""
+    """Batches and quorum changes waiting for approval, with what each one would do."""
     batches = call_admin(lambda c: c.list_batches(state="pending"))
+    changes = call_admin(lambda c: c.list_quorum_changes(state="pending"))
     if as_json:
-        echo_json([message_to_json(b) for b in batches])
+        echo_json([message_to_json(b) for b in batches] + [message_to_json(c) for c in changes])
         return
-    if not batches:
-        click.echo("no batches are waiting for approval", err=True)
+    if not batches and not changes:
+        click.echo("nothing is waiting for approval", err=True)
         return
     rows = [
         (b.id, cell(scope_summary(b), width=60), f"{b.approvals}/{b.threshold}", b.requested_by, cell(b.reason))
         for b in batches
     ]
-    click.echo(render_table(("BATCH", "SCOPE", "APPROVALS", "REQUESTED BY", "REASON"), rows))
+    rows += [
+        (c.id, cell(change_summary(c), width=60), f"{c.approvals}/{c.threshold}", c.requested_by, "quorum change")
+        for c in changes
+    ]
+    click.echo(render_table(("ID", "WHAT", "APPROVALS", "REQUESTED BY", "REASON"), rows))
 
 
 @approve.command("show")
-@click.argument("batch_id", metavar="BATCH")
+@click.argument("batch_id", metavar="ID")
 @json_option
 def approve_show(batch_id: str, as_json: bool) -> None:
-    """Every leaf of a batch (node, kind, payload digest), the requester and the scope root."""
+    """A batch (every leaf: node, kind, payload digest; the scope root) or a quorum change (q-…)."""
+    if is_change(batch_id):
+        c = call_admin(lambda cl: cl.get_quorum_change(batch_id))
+        if as_json:
+            echo_json(message_to_json(c))
+            return
+        click.echo(render_change(c))
+        return
     _show_batch(batch_id, as_json)
 
 
@@ -181,14 +200,17 @@ def _confirm(b: admin_pb2.BatchInfo, verb: str, yes: bool) -> None:
 
 
 @approve.command("sign")
-@click.argument("batch_id", metavar="BATCH")
+@click.argument("batch_id", metavar="ID")
 @click.option("--key", "key_file", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--expires-in", default="1h", show_default=True, help="How long this approval counts.")
-@click.option("--yes", is_flag=True, help="Do not ask (what the root covers is still printed on stderr).")
+@click.option("--expires-in", default="1h", show_default=True, help="How long a batch approval counts.")
+@click.option("--yes", is_flag=True, help="Do not ask (what it covers is still printed on stderr).")
 @json_option
 def approve_sign(batch_id: str, key_file: Path, expires_in: str, yes: bool, as_json: bool) -> None:
-    """Sign a batch's scope root with your approver key, after showing what it covers."""
+    """Sign a batch's scope root, or a quorum change (q-…), with your approver key, after showing what it does."""
     key = load_approver_key(key_file)
+    if is_change(batch_id):
+        _sign_change(batch_id, key, yes, as_json)
+        return
     ttl_s = parse_duration(expires_in)
     b = call_admin(lambda c: c.get_batch(batch_id))
     if b.state != "pending":
@@ -207,15 +229,26 @@ def approve_sign(batch_id: str, key_file: Path, expires_in: str, yes: bool, as_j
 
 
 @approve.command("reject")
-@click.argument("batch_id", metavar="BATCH")
+@click.argument("batch_id", metavar="ID")
 @click.option("--key", "key_file", type=click.Path(dir_okay=False, path_type=Path), required=True)
 @click.option("--reason", required=True, help="Why: stored, and shown to the requester.")
 @json_option
 def approve_reject(batch_id: str, key_file: Path, reason: str, as_json: bool) -> None:
-    """Reject a batch: one approver's signed no fails it, and its commands never run."""
+    """Reject a batch (its commands never run) or a quorum change (q-…): one approver's signed no fails it."""
     if not reason.strip():
         raise UsageError("a rejection needs a reason")
     key = load_approver_key(key_file)
+    if is_change(batch_id):
+        c = call_admin(lambda cl: cl.get_quorum_change(batch_id))
+        _, to_digest = change_digests(c)
+        sig = key.sign(q.change_rejection_message(c.id, to_digest, reason))
+        kid = q.key_id(public_raw(key))
+        done = call_admin(lambda cl: cl.decide_quorum_change(c.id, kid, sig, approve=False, reason=reason))
+        if as_json:
+            echo_json(message_to_json(done))
+            return
+        click.echo(f"rejected quorum change {c.id}; the quorum settings stay as they are")
+        return
     b = call_admin(lambda c: c.get_batch(batch_id))
     root = bytes.fromhex(b.scope_root)
     signature = key.sign(q.rejection_message(b.id, root, reason))
@@ -243,11 +276,22 @@ def _show_approvers(s: admin_pb2.ApproverSet, as_json: bool) -> None:
     if as_json:
         echo_json(message_to_json(s))
         return
-    rows = [(a.name, a.key_id, a.public_key, format_age(a.added_age_ms)) for a in s.approvers]
-    click.echo(render_table(("NAME", "KEY ID", "PUBLIC KEY", "ADDED"), rows) if rows else "no approvers")
+    rows = [(a.name, a.operator or "(none)", a.key_id, a.public_key, format_age(a.added_age_ms)) for a in s.approvers]
+    table = render_table(("NAME", "OPERATOR", "KEY ID", "PUBLIC KEY", "ADDED"), rows)
+    click.echo(table if rows else "no approvers")
     note = "" if len(s.approvers) >= s.threshold else f" (only {len(s.approvers)} approver(s): no batch can pass)"
     click.echo(f"threshold: {s.threshold} distinct approvers{note}")
     click.echo(f"unbatched destructive commands: {s.unbatched_destructive_per_hour} an hour per node")
+    click.echo(f"quorum settings version: {s.version}")
+    if s.HasField("change"):
+        c = s.change
+        if c.state == "pending":
+            click.echo(
+                f"quorum change {c.id} is pending: it needs {c.threshold} approval(s) of the current approvers"
+                f" (bc approve show {c.id}; bc approve sign {c.id} --key FILE)"
+            )
+        else:
+            click.echo(f"quorum change {c.id} is {c.state}: {c.summary}")
 
 
 @approvers.command("list")
@@ -260,10 +304,14 @@ def approvers_list(as_json: bool) -> None:
 @approvers.command("add")
 @click.argument("name")
 @click.argument("public_key", metavar="PUBKEY")
+@click.option("--operator", default="", help="The operator who holds the key (default: the one named NAME).")
 @json_option
-def approvers_add(name: str, public_key: str, as_json: bool) -> None:
-    """Trust PUBKEY (from `bc approve keygen`) as approver NAME; nodes get it with their trust bundle."""
-    _show_approvers(call_admin(lambda c: c.add_approver(name, public_key)), as_json)
+def approvers_add(name: str, public_key: str, operator: str, as_json: bool) -> None:
+    """Trust PUBKEY (from `bc approve keygen`) as approver NAME, held by an operator; nodes get it with their bundle.
+
+    With approvers present this is a quorum change that the current approvers must sign first.
+    """
+    _show_approvers(call_admin(lambda c: c.add_approver(name, public_key, operator=operator)), as_json)
 
 
 @approvers.command("remove")
@@ -337,6 +385,62 @@ def batch_list(state: str | None, as_json: bool) -> None:
 def batch_show(batch_id: str, as_json: bool) -> None:
     """One batch, its leaves and decisions."""
     _show_batch(batch_id, as_json)
+
+
+# -- quorum changes --------------------------------------------------------------------------------
+
+
+def is_change(id_: str) -> bool:
+    return id_.startswith("q-")
+
+
+def change_digests(c: admin_pb2.QuorumChangeInfo) -> tuple[bytes, bytes]:
+    """Both settings' digests, computed here from the settings the server showed (never taken from it)."""
+    if c.to_settings.version != c.from_settings.version + 1:
+        raise UsageError(f"quorum change {c.id} does not move the settings' version by one: refusing to sign")
+    return q.settings_digest(c.from_settings), q.settings_digest(c.to_settings)
+
+
+def change_summary(c: admin_pb2.QuorumChangeInfo) -> str:
+    return q.describe_change(c.from_settings, c.to_settings)
+
+
+def render_change(c: admin_pb2.QuorumChangeInfo) -> str:
+    fields: list[tuple[str, object]] = [
+        ("quorum change", c.id),
+        ("state", c.state),
+        ("does", change_summary(c)),
+        ("requested by", c.requested_by),
+        ("approvals", f"{c.approvals} of {c.threshold} (of the approvers below, none of {c.requested_by}'s)"),
+        ("expires", format_time_ms(c.not_after_ms)),
+    ]
+    parts = [render_fields(fields)]
+    rows = [(a.name, a.operator or "(none)", a.key_id[:23] + "…") for a in c.from_settings.approver_keys]
+    parts.append("WHO MAY SIGN (THE CURRENT APPROVERS)\n" + render_table(("APPROVER", "OPERATOR", "KEY"), rows))
+    if c.decisions:
+        drows = [(d.name, d.operator, d.decision, format_age(d.at_age_ms), cell(d.reason)) for d in c.decisions]
+        parts.append("DECISIONS\n" + render_table(("APPROVER", "SENT BY", "DECISION", "WHEN", "REASON"), drows))
+    return "\n\n".join(parts)
+
+
+def _sign_change(change_id: str, key: ed25519.Ed25519PrivateKey, yes: bool, as_json: bool) -> None:
+    c = call_admin(lambda cl: cl.get_quorum_change(change_id))
+    if c.state != "pending":
+        raise UsageError(f"quorum change {change_id} is {c.state}; there is nothing to sign")
+    from_digest, to_digest = change_digests(c)
+    click.echo(render_change(c), err=True)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"not a terminal: add --yes to approve quorum change {c.id}")
+        if not click.confirm(f"approve: {change_summary(c)}?", err=True):
+            raise UsageError(f"did not approve quorum change {c.id}")
+    sig = key.sign(q.change_message(c.id, from_digest, to_digest, c.requested_by))
+    kid = q.key_id(public_raw(key))
+    after = call_admin(lambda cl: cl.decide_quorum_change(c.id, kid, sig, approve=True))
+    if as_json:
+        echo_json(message_to_json(after))
+        return
+    click.echo(f"signed quorum change {c.id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
 
 
 COMMANDS: tuple[click.Command, ...] = (approve, approvers, batch)

@@ -38,10 +38,13 @@ class Intent:
         self.keys = keys
         self.ca_pem = ca_pem
         self._bundle_env: common_pb2.Envelope | None = None
-        self.approvers: list[common_pb2.ApproverKey] = []
-        self.quorum_k = 0
-        self.unbatched_per_hour = 0
+        self.quorum = common_pb2.QuorumSettings()  # what nodes hold: approver keys, k, allowance, version
+        self.quorum_changes: list[common_pb2.QuorumChange] = []  # the approved path to it (agent.trust walks it)
         self.version = 0  # bumped whenever the bundle nodes should hold changes
+
+    @property
+    def approvers(self) -> list[common_pb2.ApproverKey]:
+        return list(self.quorum.approver_keys)
 
     @property
     def enabled(self) -> bool:
@@ -67,23 +70,24 @@ class Intent:
         b = common_pb2.TrustBundle(ca_pem=self.ca_pem)
         if self.keys is not None:
             b.command_signing_roots.append(self.keys.root_pem)
-        if self.approvers:
-            b.approver_keys.extend(self.approvers)
-            b.quorum_k = self.quorum_k
-            b.unbatched_destructive_per_hour = self.unbatched_per_hour
+        q = self.quorum
+        b.approver_keys.extend(q.approver_keys)
+        b.quorum_k, b.unbatched_destructive_per_hour, b.quorum_version = (
+            q.quorum_k,
+            q.unbatched_destructive_per_hour,
+            q.version,
+        )
+        b.quorum_changes.extend(self.quorum_changes)
         return b
 
     async def refresh(self, store: Store) -> bool:
-        """Re-read the approver set and threshold; True when the bundle changed (gateways then push it)."""
-        from bc.control import quorum
+        """Re-read the quorum settings and their changes; True when the bundle changed (gateways then push it)."""
+        from bc.control import approvers
 
-        current = await quorum.approver_set(store)
-        approvers = quorum.approver_keys(current.approvers)
-        k = current.threshold if approvers else 0
-        allowance = current.unbatched_per_hour if approvers else 0
-        if approvers == self.approvers and k == self.quorum_k and allowance == self.unbatched_per_hour:
+        quorum, changes = await approvers.trust_state(store)
+        if quorum == self.quorum and changes == self.quorum_changes:
             return False
-        self.approvers, self.quorum_k, self.unbatched_per_hour = approvers, k, allowance
+        self.quorum, self.quorum_changes = quorum, changes
         self._bundle_env = None
         self.version += 1
         return True
@@ -91,10 +95,12 @@ class Intent:
     def trust_envelope(self) -> common_pb2.Envelope | None:
         """The bundle, signed by the root key when it is on this host, else by the worker key.
 
-        Nodes take a change of the approver keys or k only under the root's own
-        signature, so a stolen worker key cannot switch the quorum off. With the
-        root key kept offline, a worker-signed bundle still reaches the nodes,
-        and they keep the quorum settings they hold.
+        Nodes take a change of the quorum settings only under the root's own
+        signature and the approvals of the approvers they hold
+        (`quorum_changes`), so neither a stolen worker key nor the root key
+        alone can switch the quorum off. With the root key kept offline, a
+        worker-signed bundle still reaches the nodes, and they keep the quorum
+        settings they hold.
         """
         if self.keys is None:
             return None

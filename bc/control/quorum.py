@@ -1,18 +1,20 @@
-"""The destructive-batch quorum on the server: approvers, batches, approvals (reference: the quorum).
+"""The destructive-batch quorum on the server: batches and their approvals (reference: the quorum).
 
 A batch is one destructive kind on a list of nodes with one payload. Its
 leaves `(node, kind, payload digest)` are hashed into a Merkle tree whose root
 is the batch's scope; its commands are enqueued `held` in the same
 transaction. Approvers sign the scope (with the batch id, the requester and an
-expiry) with their own keys; once `threshold` distinct approvers other than
-the requester have signed, the batch is approved: each command is released
+expiry) with their own keys, each decision sent under the certificate of the
+operator the key is registered to; once `threshold` distinct approvers (of
+distinct operators) other than the requester have signed, the batch is approved: each command is released
 with its leaf's proof, and the gateway sends it with the batch's approvals. A
 rejection by any approver fails the batch and cancels its commands.
 
 The server checks every signature it stores, but it is not the one to trust:
 the agent checks them again against the approver keys in its own trust
 bundle, so a compromised control plane (which holds a worker key) still
-cannot run a destructive command on its own.
+cannot run a destructive command on its own. The approver set itself lives in
+`bc.control.approvers`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import random
 from dataclasses import dataclass
 from functools import partial
 
+from bc.control import approvers as appr
 from bc.control import commands as cmds
 from bc.control.bus import Bus
 from bc.control.events import publish
@@ -33,91 +36,9 @@ from bc.protocol.pb import common_pb2
 from bc.store import Row, Store, Tx
 from bc.store import dispatch as dispatch_sql
 from bc.store import quorum as q_sql
-from bc.store import settings as settings_sql
 
-THRESHOLD_KEY = "quorum.threshold"
-ALLOWANCE_KEY = "quorum.unbatched_destructive_per_hour"
-MAX_ALLOWANCE = 1000
-DEFAULT_THRESHOLD = 2
 DEFAULT_BATCH_NOT_AFTER_S = 3600.0
 MAX_BATCH_LEAVES = 100_000
-
-
-@dataclass(frozen=True)
-class ApproverSet:
-    approvers: list[Row]
-    threshold: int
-    unbatched_per_hour: int = 0
-
-
-async def threshold(tx: Tx) -> int:
-    v = await settings_sql.get(tx, THRESHOLD_KEY)
-    return int(v) if v else DEFAULT_THRESHOLD
-
-
-async def approver_set(store: Store) -> ApproverSet:
-    async with store.transaction(write=False) as tx:
-        allowance = int(await settings_sql.get(tx, ALLOWANCE_KEY) or 0)
-        return ApproverSet(await q_sql.list_approvers(tx), await threshold(tx), allowance)
-
-
-def approver_keys(rows: list[Row]) -> list[common_pb2.ApproverKey]:
-    return [
-        common_pb2.ApproverKey(key_id=str(r["key_id"]), public_key=bytes(r["public_key"]), name=str(r["name"]))
-        for r in rows
-    ]
-
-
-def _check_name(name: str) -> None:
-    if not name or len(name) > 64 or not all(c.isalnum() or c in "._@-" for c in name):
-        raise UsageError(f"the approver name {name!r} is not valid: use letters, digits, '.', '_', '@' or '-'")
-
-
-async def add_approver(store: Store, bus: Bus, name: str, public_key_b64: str) -> ApproverSet:
-    _check_name(name)
-    try:
-        raw = q.parse_public_key(public_key_b64)
-    except ValueError as e:
-        raise UsageError(f"{e}; pass the public_key that `bc approve keygen` printed") from None
-    key_id = q.key_id(raw)
-    now_ms = await store.now_ms()
-    async with store.transaction() as tx:
-        existing = await q_sql.approver_by(tx, name=name, key_id=key_id)
-        if existing is not None:
-            raise Conflict(f"approver {existing['name']} already has this name or key ({existing['key_id']})")
-        await q_sql.add_approver(tx, key_id, name, raw, now_ms)
-        await publish(tx, bus, "approver.added", name, {"key_id": key_id}, now_ms)
-    return await approver_set(store)
-
-
-async def remove_approver(store: Store, bus: Bus, name: str) -> ApproverSet:
-    now_ms = await store.now_ms()
-    async with store.transaction() as tx:
-        if not await q_sql.remove_approver(tx, name):
-            raise NotFound(f"no approver named {name!r}")
-        await publish(tx, bus, "approver.removed", name, {}, now_ms)
-    return await approver_set(store)
-
-
-async def set_threshold(store: Store, bus: Bus, k: int) -> ApproverSet:
-    if k < 1:
-        raise UsageError(f"the threshold must be at least 1, not {k}")
-    now_ms = await store.now_ms()
-    async with store.transaction() as tx:
-        await settings_sql.put(tx, THRESHOLD_KEY, str(k))
-        await publish(tx, bus, "approver.threshold", "", {"threshold": k}, now_ms)
-    return await approver_set(store)
-
-
-async def set_unbatched_allowance(store: Store, bus: Bus, per_hour: int) -> ApproverSet:
-    """How many destructive commands a node runs without a batch per rolling hour (default 0)."""
-    if not 0 <= per_hour <= MAX_ALLOWANCE:
-        raise UsageError(f"the unbatched allowance must be between 0 and {MAX_ALLOWANCE} an hour, not {per_hour}")
-    now_ms = await store.now_ms()
-    async with store.transaction() as tx:
-        await settings_sql.put(tx, ALLOWANCE_KEY, str(per_hour))
-        await publish(tx, bus, "approver.unbatched-allowance", "", {"per_hour": per_hour}, now_ms)
-    return await approver_set(store)
 
 
 # -- batches -----------------------------------------------------------------------
@@ -136,6 +57,7 @@ async def create_batch(
     store: Store, bus: Bus, req: BatchRequest, requested_by: str, rng: random.Random | None = None
 ) -> str:
     """Store a batch and enqueue its commands held, in one transaction; returns the batch id."""
+    cmds.check_batch_size(req.kind, req.node_ids, req.payload_json)
     kind = kinds.get(req.kind)
     if kind is None:
         raise UsageError(f"unknown command kind {req.kind!r}")
@@ -159,14 +81,14 @@ async def create_batch(
     now_ms = await store.now_ms()
     batch_id = "b-" + ulid(now_ms / 1000, rng)
     async with store.transaction() as tx:
-        approvers = await q_sql.list_approvers(tx)
+        approvers = appr.approver_keys(await q_sql.list_approvers(tx))
         if not approvers:
             raise Conflict("no approvers are configured: add them first (bc approve keygen, bc approvers add)")
-        k = await threshold(tx)
-        eligible = [a for a in approvers if str(a["name"]) != requested_by]
+        k = await appr.threshold(tx)
+        eligible = {a.operator or a.key_id for a in approvers if not q.is_requesters(a, requested_by)}
         if len(eligible) < k:
             raise Conflict(
-                f"the threshold is {k} but only {len(eligible)} approver(s) other than {requested_by} exist:"
+                f"the threshold is {k} but only {len(eligible)} approver(s) other than {requested_by}'s own exist:"
                 " this batch could never be approved"
             )
         await q_sql.insert_batch(
@@ -189,6 +111,7 @@ async def create_batch(
                 not_after_s=req.not_after_s,
                 idempotency_key=f"batch:{batch_id}:{idx}",
                 batch_id=batch_id,
+                requested_by=requested_by,
             )
             row = await cmds.enqueue_in(tx, bus, er, kind, payload, now_ms, rng, held=True)
             await q_sql.insert_leaf(tx, batch_id, idx, node_id, req.kind, digest, str(row["id"]))
@@ -211,10 +134,14 @@ async def decide(
     signature: bytes,
     *,
     approve: bool,
+    caller: str,
     expires_at_ms: int = 0,
     reason: str = "",
 ) -> None:
-    """Record one approver's signed decision; approve the batch at the threshold, fail it on a rejection."""
+    """Record one approver's signed decision; approve the batch at the threshold, fail it on a rejection.
+
+    `caller` is the operator whose certificate carried it: a key registered to another operator is refused.
+    """
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
         batch = await q_sql.get_batch(tx, batch_id, store.for_update())
@@ -224,15 +151,16 @@ async def decide(
             raise Conflict(f"batch {batch_id} is already {batch['state']}")
         if int(batch["not_after_ms"]) <= now_ms:
             raise Conflict(f"batch {batch_id} expired; its commands will not run")
-        approver = await q_sql.approver_by(tx, key_id=key_id)
-        if approver is None:
+        row = await q_sql.approver_by(tx, key_id=key_id)
+        if row is None:
             raise UsageError(f"the key {key_id} is not an approver key of this server (bc approvers list)")
-        name = str(approver["name"])
+        approver = appr.approver_keys([row])[0]
+        name = approver.name
         root = bytes(batch["scope_root"])
         requested_by = str(batch["requested_by"])
+        appr.check_holder(approver, caller)
         if approve:
-            if name == requested_by:
-                raise UsageError(f"{name} asked for this batch: the requester's own approval does not count")
+            appr.check_approver(approver, caller, requested_by, f"batch {batch_id}")
             if expires_at_ms <= now_ms:
                 raise UsageError("the approval has already expired; sign again")
             leaf_count = await q_sql.count_leaves(tx, batch_id)
@@ -241,13 +169,14 @@ async def decide(
             if not reason.strip():
                 raise UsageError("a rejection needs a reason (--reason)")
             msg = q.rejection_message(batch_id, root, reason)
-        if not q.verify(bytes(approver["public_key"]), msg, signature):
+        if not q.verify(bytes(approver.public_key), msg, signature):
             raise UsageError(f"the signature does not verify with {name}'s key for this batch's scope")
         stored = await q_sql.insert_decision(
             tx,
             batch_id=batch_id,
             key_id=key_id,
             name=name,
+            operator=caller,
             decision="approve" if approve else "reject",
             signature=signature,
             expires_at_ms=expires_at_ms,
@@ -278,7 +207,7 @@ async def _maybe_approve(tx: Tx, bus: Bus, batch: Row, now_ms: int) -> None:
             approval.signatures.add(
                 key_id=str(d["key_id"]), expires_at_ms=int(d["expires_at_ms"]), signature=bytes(d["signature"])
             )
-    tally = q.count_approvals(approval, approver_keys(await q_sql.list_approvers(tx)), now_ms)
+    tally = q.count_approvals(approval, appr.approver_keys(await q_sql.list_approvers(tx)), now_ms)
     if len(tally.counted) < int(batch["threshold"]):
         return
     # The nodes get only the signatures that count (an expired or removed approver's would be refused anyway).

@@ -133,22 +133,7 @@ def command_info(row: Row, now_ms: int) -> admin_pb2.CommandInfo:
         boot_id=str(row["boot_id"] or ""),
         batch_id=str(row["batch_id"] or ""),
         cancel_requested=row["cancel_requested_at_ms"] is not None,
-    )
-
-
-def approver_set(rows: list[Row], threshold: int, now_ms: int, unbatched_per_hour: int = 0) -> admin_pb2.ApproverSet:
-    return admin_pb2.ApproverSet(
-        approvers=[
-            admin_pb2.ApproverInfo(
-                key_id=str(r["key_id"]),
-                name=str(r["name"]),
-                public_key=base64.b64encode(bytes(r["public_key"])).decode(),
-                added_age_ms=max(0, now_ms - int(r["added_at_ms"])),
-            )
-            for r in rows
-        ],
-        threshold=threshold,
-        unbatched_destructive_per_hour=unbatched_per_hour,
+        requested_by=str(row.get("requested_by") or ""),
     )
 
 

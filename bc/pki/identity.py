@@ -24,9 +24,13 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bc.errors import Unauthenticated
+from bc.errors import Unauthenticated, UsageError
 
 PeerKind = Literal["node", "operator", "join"]
+
+# Operator and approver names: lowercase ASCII only, so that no two names that look alike
+# (`paul` and `p\u0430ul`, `Bob` and `bob`) can be two identities.
+SAFE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 _IDGEN = re.compile(r"urn:bc:idgen:(0|[1-9][0-9]{0,17})")
 
@@ -39,6 +43,16 @@ class PeerIdentity:
     not_after: float  # epoch seconds
     role: str = ""
     identity_generation: int = 0
+
+
+def check_safe_name(what: str, name: str) -> None:
+    """UsageError unless `name` is in the safe set; the message shows any non-ASCII character escaped."""
+    if not SAFE_NAME.fullmatch(name):
+        shown = ascii(name[:80]) + ("…" if len(name) > 80 else "")
+        raise UsageError(
+            f"the {what} {shown} is not valid: use 1 to 63 lowercase ASCII letters, digits, '.', '_' or '-',"
+            " starting with a letter or digit"
+        )
 
 
 def make_csr(key: ec.EllipticCurvePrivateKey, node_id: str) -> x509.CertificateSigningRequest:

@@ -68,15 +68,16 @@ async def insert(
     batch_id: str,
     now_ms: int,
     held: bool = False,
+    requested_by: str = "",
 ) -> bool:
     """Insert a pending command; False when the node already has one with this idempotency key."""
     n = await tx.execute(
         "INSERT INTO commands (id, node_id, seq, kind, lane, body, signature, signer_key_id, state, not_before_ms,"
         " not_after_ms, held,"
-        " min_generation, idempotency_key, retry_safe, self_terminating, attested, batch_id,"
+        " min_generation, idempotency_key, retry_safe, self_terminating, attested, batch_id, requested_by,"
         " created_at_ms, updated_at_ms)"
         " VALUES (:id, :n, :seq, :kind, :lane, :body, :sig, :signer, 'pending', :nb, :na, :held, :mg, :key, :rs, :st,"
-        " :at, :batch, :t, :t)"
+        " :at, :batch, :rb, :t, :t)"
         " ON CONFLICT (node_id, idempotency_key) DO NOTHING",
         {
             "id": id_,
@@ -96,6 +97,7 @@ async def insert(
             "st": int(self_terminating),
             "at": int(attested),
             "batch": batch_id,
+            "rb": requested_by,
             "t": now_ms,
         },
     )

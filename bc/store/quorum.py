@@ -1,4 +1,4 @@
-"""Approvers, batches, their leaves and the approvers' decisions."""
+"""Approvers, batches, their leaves, the approvers' decisions, and the changes of the quorum settings."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ async def list_approvers(tx: Tx) -> list[Row]:
     return await tx.fetchall("SELECT * FROM approvers ORDER BY name", {})
 
 
-async def add_approver(tx: Tx, key_id: str, name: str, public_key: bytes, now_ms: int) -> None:
+async def add_approver(tx: Tx, key_id: str, name: str, public_key: bytes, operator: str, now_ms: int) -> None:
     await tx.execute(
-        "INSERT INTO approvers (key_id, name, public_key, added_at_ms) VALUES (:k, :n, :p, :t)",
-        {"k": key_id, "n": name, "p": public_key, "t": now_ms},
+        "INSERT INTO approvers (key_id, name, public_key, operator, added_at_ms) VALUES (:k, :n, :p, :o, :t)",
+        {"k": key_id, "n": name, "p": public_key, "o": operator, "t": now_ms},
     )
 
 
@@ -22,8 +22,8 @@ async def approver_by(tx: Tx, *, name: str = "", key_id: str = "") -> Row | None
     )
 
 
-async def remove_approver(tx: Tx, name: str) -> bool:
-    return await tx.execute("DELETE FROM approvers WHERE name = :n", {"n": name}) == 1
+async def remove_approver(tx: Tx, key_id: str) -> bool:
+    return await tx.execute("DELETE FROM approvers WHERE key_id = :k", {"k": key_id}) == 1
 
 
 async def insert_batch(
@@ -100,6 +100,7 @@ async def insert_decision(
     batch_id: str,
     key_id: str,
     name: str,
+    operator: str,
     decision: str,
     signature: bytes,
     expires_at_ms: int,
@@ -107,12 +108,14 @@ async def insert_decision(
     now_ms: int,
 ) -> bool:
     n = await tx.execute(
-        "INSERT INTO batch_approvals (batch_id, key_id, name, decision, signature, expires_at_ms, reason, at_ms)"
-        " VALUES (:b, :k, :n, :d, :s, :e, :r, :t) ON CONFLICT (batch_id, key_id) DO NOTHING",
+        "INSERT INTO batch_approvals"
+        " (batch_id, key_id, name, operator, decision, signature, expires_at_ms, reason, at_ms)"
+        " VALUES (:b, :k, :n, :o, :d, :s, :e, :r, :t) ON CONFLICT (batch_id, key_id) DO NOTHING",
         {
             "b": batch_id,
             "k": key_id,
             "n": name,
+            "o": operator,
             "d": decision,
             "s": signature,
             "e": expires_at_ms,
@@ -142,3 +145,109 @@ async def release_command(tx: Tx, command_id: str, proof: bytes) -> bool:
 async def approval_of(tx: Tx, batch_id: str) -> bytes | None:
     v = await tx.fetchval("SELECT approval FROM batches WHERE id = :id", {"id": batch_id})
     return None if v is None else bytes(v)
+
+
+# -- changes of the quorum settings ------------------------------------------------------------
+
+
+async def insert_change(
+    tx: Tx,
+    *,
+    id_: str,
+    requested_by: str,
+    summary: str,
+    from_settings: bytes,
+    to_settings: bytes,
+    threshold: int,
+    to_version: int,
+    now_ms: int,
+    not_after_ms: int,
+) -> None:
+    await tx.execute(
+        "INSERT INTO quorum_changes (id, state, requested_by, summary, from_settings, to_settings, threshold,"
+        " to_version, created_at_ms, not_after_ms)"
+        " VALUES (:id, 'pending', :rb, :s, :f, :to, :th, :v, :t, :na)",
+        {
+            "id": id_,
+            "rb": requested_by,
+            "s": summary,
+            "f": from_settings,
+            "to": to_settings,
+            "th": threshold,
+            "v": to_version,
+            "t": now_ms,
+            "na": not_after_ms,
+        },
+    )
+
+
+async def get_change(tx: Tx, change_id: str, lock: str = "") -> Row | None:
+    return await tx.fetchone(f"SELECT * FROM quorum_changes WHERE id = :id {lock}", {"id": change_id})
+
+
+async def list_changes(tx: Tx, state: str = "", limit: int = 200) -> list[Row]:
+    if state:
+        return await tx.fetchall(
+            "SELECT * FROM quorum_changes WHERE state = :s ORDER BY created_at_ms DESC, id DESC LIMIT :l",
+            {"s": state, "l": limit},
+        )
+    return await tx.fetchall("SELECT * FROM quorum_changes ORDER BY created_at_ms DESC, id DESC LIMIT :l", {"l": limit})
+
+
+async def open_change(tx: Tx, now_ms: int) -> Row | None:
+    """The pending change that has not expired, if any (one at a time: each moves from the current settings)."""
+    return await tx.fetchone(
+        "SELECT * FROM quorum_changes WHERE state = 'pending' AND not_after_ms > :t ORDER BY created_at_ms LIMIT 1",
+        {"t": now_ms},
+    )
+
+
+async def insert_change_decision(
+    tx: Tx,
+    *,
+    change_id: str,
+    key_id: str,
+    name: str,
+    operator: str,
+    decision: str,
+    signature: bytes,
+    reason: str,
+    now_ms: int,
+) -> bool:
+    n = await tx.execute(
+        "INSERT INTO quorum_change_decisions (change_id, key_id, name, operator, decision, signature, reason, at_ms)"
+        " VALUES (:c, :k, :n, :o, :d, :s, :r, :t) ON CONFLICT (change_id, key_id) DO NOTHING",
+        {
+            "c": change_id,
+            "k": key_id,
+            "n": name,
+            "o": operator,
+            "d": decision,
+            "s": signature,
+            "r": reason,
+            "t": now_ms,
+        },
+    )
+    return n == 1
+
+
+async def change_decisions(tx: Tx, change_id: str) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT * FROM quorum_change_decisions WHERE change_id = :c ORDER BY at_ms, key_id", {"c": change_id}
+    )
+
+
+async def settle_change(tx: Tx, change_id: str, state: str, approval: bytes | None, now_ms: int) -> bool:
+    n = await tx.execute(
+        "UPDATE quorum_changes SET state = :s, approval = :a, settled_at_ms = :t WHERE id = :id AND state = 'pending'",
+        {"s": state, "a": approval, "t": now_ms, "id": change_id},
+    )
+    return n == 1
+
+
+async def applied_chain(tx: Tx, limit: int) -> list[bytes]:
+    """The approvals of the latest `limit` applied changes, oldest first (what nodes walk from what they hold)."""
+    rows = await tx.fetchall(
+        "SELECT approval FROM quorum_changes WHERE state = 'applied' ORDER BY to_version DESC LIMIT :l", {"l": limit}
+    )
+    return [bytes(r["approval"]) for r in reversed(rows)]

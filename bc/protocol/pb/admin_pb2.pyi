@@ -296,18 +296,22 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfoResponse(_message.Message):
-    __slots__ = ("version", "ca_fingerprint", "server_time_ms", "store", "gateway_id")
+    __slots__ = ("version", "ca_fingerprint", "server_time_ms", "store", "gateway_id", "operator", "role")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CA_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     version: str
     ca_fingerprint: str
     server_time_ms: int
     store: str
     gateway_id: str
-    def __init__(self, version: _Optional[str] = ..., ca_fingerprint: _Optional[str] = ..., server_time_ms: _Optional[int] = ..., store: _Optional[str] = ..., gateway_id: _Optional[str] = ...) -> None: ...
+    operator: str
+    role: str
+    def __init__(self, version: _Optional[str] = ..., ca_fingerprint: _Optional[str] = ..., server_time_ms: _Optional[int] = ..., store: _Optional[str] = ..., gateway_id: _Optional[str] = ..., operator: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class RunCommandRequest(_message.Message):
     __slots__ = ("node_id", "kind", "payload_json", "not_after_s", "min_generation", "idempotency_key")
@@ -326,7 +330,7 @@ class RunCommandRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., kind: _Optional[str] = ..., payload_json: _Optional[str] = ..., not_after_s: _Optional[int] = ..., min_generation: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class CommandInfo(_message.Message):
-    __slots__ = ("id", "node_id", "kind", "state", "reason", "message", "result_json", "seq", "lane", "attempt", "idempotency_key", "not_after_ms", "min_generation", "created_age_ms", "updated_age_ms", "boot_id", "batch_id", "cancel_requested")
+    __slots__ = ("id", "node_id", "kind", "state", "reason", "message", "result_json", "seq", "lane", "attempt", "idempotency_key", "not_after_ms", "min_generation", "created_age_ms", "updated_age_ms", "boot_id", "batch_id", "cancel_requested", "requested_by")
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -345,6 +349,7 @@ class CommandInfo(_message.Message):
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     id: str
     node_id: str
     kind: str
@@ -363,7 +368,8 @@ class CommandInfo(_message.Message):
     boot_id: str
     batch_id: str
     cancel_requested: bool
-    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., result_json: _Optional[str] = ..., seq: _Optional[int] = ..., lane: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., not_after_ms: _Optional[int] = ..., min_generation: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., updated_age_ms: _Optional[int] = ..., boot_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
+    requested_by: str
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., result_json: _Optional[str] = ..., seq: _Optional[int] = ..., lane: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., not_after_ms: _Optional[int] = ..., min_generation: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., updated_age_ms: _Optional[int] = ..., boot_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., requested_by: _Optional[str] = ...) -> None: ...
 
 class GetCommandRequest(_message.Message):
     __slots__ = ("command_id",)
@@ -396,26 +402,32 @@ class CancelCommandRequest(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ApproverInfo(_message.Message):
-    __slots__ = ("key_id", "name", "public_key", "added_age_ms")
+    __slots__ = ("key_id", "name", "public_key", "added_age_ms", "operator")
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     ADDED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
     key_id: str
     name: str
     public_key: str
     added_age_ms: int
-    def __init__(self, key_id: _Optional[str] = ..., name: _Optional[str] = ..., public_key: _Optional[str] = ..., added_age_ms: _Optional[int] = ...) -> None: ...
+    operator: str
+    def __init__(self, key_id: _Optional[str] = ..., name: _Optional[str] = ..., public_key: _Optional[str] = ..., added_age_ms: _Optional[int] = ..., operator: _Optional[str] = ...) -> None: ...
 
 class ApproverSet(_message.Message):
-    __slots__ = ("approvers", "threshold", "unbatched_destructive_per_hour")
+    __slots__ = ("approvers", "threshold", "unbatched_destructive_per_hour", "change", "version")
     APPROVERS_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     UNBATCHED_DESTRUCTIVE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     approvers: _containers.RepeatedCompositeFieldContainer[ApproverInfo]
     threshold: int
     unbatched_destructive_per_hour: int
-    def __init__(self, approvers: _Optional[_Iterable[_Union[ApproverInfo, _Mapping]]] = ..., threshold: _Optional[int] = ..., unbatched_destructive_per_hour: _Optional[int] = ...) -> None: ...
+    change: QuorumChangeInfo
+    version: int
+    def __init__(self, approvers: _Optional[_Iterable[_Union[ApproverInfo, _Mapping]]] = ..., threshold: _Optional[int] = ..., unbatched_destructive_per_hour: _Optional[int] = ..., change: _Optional[_Union[QuorumChangeInfo, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class SetUnbatchedAllowanceRequest(_message.Message):
     __slots__ = ("per_hour",)
@@ -428,12 +440,14 @@ class ListApproversRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AddApproverRequest(_message.Message):
-    __slots__ = ("name", "public_key")
+    __slots__ = ("name", "public_key", "operator")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
     name: str
     public_key: str
-    def __init__(self, name: _Optional[str] = ..., public_key: _Optional[str] = ...) -> None: ...
+    operator: str
+    def __init__(self, name: _Optional[str] = ..., public_key: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
 
 class RemoveApproverRequest(_message.Message):
     __slots__ = ("name",)
@@ -478,20 +492,22 @@ class BatchLeafInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., node_id: _Optional[str] = ..., kind: _Optional[str] = ..., payload_digest: _Optional[str] = ..., command_id: _Optional[str] = ..., command_state: _Optional[str] = ...) -> None: ...
 
 class BatchDecision(_message.Message):
-    __slots__ = ("key_id", "name", "decision", "reason", "at_age_ms", "expires_at_ms")
+    __slots__ = ("key_id", "name", "decision", "reason", "at_age_ms", "expires_at_ms", "operator")
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     AT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
     key_id: str
     name: str
     decision: str
     reason: str
     at_age_ms: int
     expires_at_ms: int
-    def __init__(self, key_id: _Optional[str] = ..., name: _Optional[str] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., at_age_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+    operator: str
+    def __init__(self, key_id: _Optional[str] = ..., name: _Optional[str] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., at_age_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., operator: _Optional[str] = ...) -> None: ...
 
 class BatchInfo(_message.Message):
     __slots__ = ("id", "kind", "state", "requested_by", "reason", "scope_root", "payload_json", "leaves", "decisions", "threshold", "approvals", "created_age_ms", "not_after_ms")
@@ -554,3 +570,119 @@ class BatchDecisionRequest(_message.Message):
     expires_at_ms: int
     reason: str
     def __init__(self, batch_id: _Optional[str] = ..., key_id: _Optional[str] = ..., signature: _Optional[bytes] = ..., expires_at_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class QuorumChangeInfo(_message.Message):
+    __slots__ = ("id", "state", "summary", "requested_by", "from_settings", "to_settings", "threshold", "approvals", "decisions", "created_age_ms", "not_after_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    FROM_SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    TO_SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    state: str
+    summary: str
+    requested_by: str
+    from_settings: _common_pb2.QuorumSettings
+    to_settings: _common_pb2.QuorumSettings
+    threshold: int
+    approvals: int
+    decisions: _containers.RepeatedCompositeFieldContainer[BatchDecision]
+    created_age_ms: int
+    not_after_ms: int
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., summary: _Optional[str] = ..., requested_by: _Optional[str] = ..., from_settings: _Optional[_Union[_common_pb2.QuorumSettings, _Mapping]] = ..., to_settings: _Optional[_Union[_common_pb2.QuorumSettings, _Mapping]] = ..., threshold: _Optional[int] = ..., approvals: _Optional[int] = ..., decisions: _Optional[_Iterable[_Union[BatchDecision, _Mapping]]] = ..., created_age_ms: _Optional[int] = ..., not_after_ms: _Optional[int] = ...) -> None: ...
+
+class ListQuorumChangesRequest(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    def __init__(self, state: _Optional[str] = ...) -> None: ...
+
+class ListQuorumChangesResponse(_message.Message):
+    __slots__ = ("changes",)
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[QuorumChangeInfo]
+    def __init__(self, changes: _Optional[_Iterable[_Union[QuorumChangeInfo, _Mapping]]] = ...) -> None: ...
+
+class GetQuorumChangeRequest(_message.Message):
+    __slots__ = ("change_id",)
+    CHANGE_ID_FIELD_NUMBER: _ClassVar[int]
+    change_id: str
+    def __init__(self, change_id: _Optional[str] = ...) -> None: ...
+
+class QuorumChangeDecisionRequest(_message.Message):
+    __slots__ = ("change_id", "key_id", "signature", "reason")
+    CHANGE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    change_id: str
+    key_id: str
+    signature: bytes
+    reason: str
+    def __init__(self, change_id: _Optional[str] = ..., key_id: _Optional[str] = ..., signature: _Optional[bytes] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class OperatorInfo(_message.Message):
+    __slots__ = ("name", "role", "created_age_ms", "created_by", "revoked", "revoke_reason", "revoked_by", "certificates", "cert_not_after_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_REASON_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_BY_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATES_FIELD_NUMBER: _ClassVar[int]
+    CERT_NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    created_age_ms: int
+    created_by: str
+    revoked: bool
+    revoke_reason: str
+    revoked_by: str
+    certificates: int
+    cert_not_after_ms: int
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., created_age_ms: _Optional[int] = ..., created_by: _Optional[str] = ..., revoked: _Optional[bool] = ..., revoke_reason: _Optional[str] = ..., revoked_by: _Optional[str] = ..., certificates: _Optional[int] = ..., cert_not_after_ms: _Optional[int] = ...) -> None: ...
+
+class AddOperatorRequest(_message.Message):
+    __slots__ = ("name", "role", "public_key_pem")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_PEM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    public_key_pem: bytes
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., public_key_pem: _Optional[bytes] = ...) -> None: ...
+
+class AddOperatorResponse(_message.Message):
+    __slots__ = ("operator", "cert_pem", "ca_pem")
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    operator: OperatorInfo
+    cert_pem: bytes
+    ca_pem: bytes
+    def __init__(self, operator: _Optional[_Union[OperatorInfo, _Mapping]] = ..., cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ...) -> None: ...
+
+class ListOperatorsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListOperatorsResponse(_message.Message):
+    __slots__ = ("operators",)
+    OPERATORS_FIELD_NUMBER: _ClassVar[int]
+    operators: _containers.RepeatedCompositeFieldContainer[OperatorInfo]
+    def __init__(self, operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ...) -> None: ...
+
+class RevokeOperatorRequest(_message.Message):
+    __slots__ = ("name", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...

@@ -25,35 +25,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x62\x63/v1/common.proto\x12\x05\x62\x63.v1\"`\n\x08\x45nvelope\x12\x0f\n\x07purpose\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x12\n\ncert_chain\x18\x05 \x03(\x0c\"?\n\x0b\x41pproverKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xa1\x01\n\x0bTrustBundle\x12\x0e\n\x06\x63\x61_pem\x18\x01 \x01(\x0c\x12\x1d\n\x15\x63ommand_signing_roots\x18\x02 \x03(\x0c\x12)\n\rapprover_keys\x18\x03 \x03(\x0b\x32\x12.bc.v1.ApproverKey\x12\x10\n\x08quorum_k\x18\x04 \x01(\x05\x12&\n\x1eunbatched_destructive_per_hour\x18\x05 \x01(\x05\"D\n\x0bMigInstance\x12\n\n\x02gi\x18\x01 \x01(\x05\x12\n\n\x02\x63i\x18\x02 \x01(\x05\x12\x0c\n\x04uuid\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t\"\xb8\x01\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\npci_bus_id\x18\x04 \x01(\t\x12\x12\n\nmemory_mib\x18\x05 \x01(\x03\x12\x13\n\x0bmig_enabled\x18\x06 \x01(\x08\x12)\n\rmig_instances\x18\x07 \x03(\x0b\x32\x12.bc.v1.MigInstance\x12\r\n\x05slots\x18\x08 \x01(\x05\x12\x0f\n\x07healthy\x18\t \x01(\x08\"\x83\x01\n\tInventory\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x18\n\x04gpus\x18\x03 \x03(\x0b\x32\n.bc.v1.Gpu\x12\x16\n\x0e\x64river_version\x18\x04 \x01(\t\x12\x0c\n\x04\x63pus\x18\x05 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\"y\n\rSectionStatus\x12\x0f\n\x07section\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.bc.v1.SectionState\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\"Z\n\tCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06\x61ge_ms\x18\x05 \x01(\x03\"M\n\x11\x41pproverSignature\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x02 \x01(\x03\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\x8d\x01\n\rBatchApproval\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x12\n\nscope_root\x18\x02 \x01(\x0c\x12\x14\n\x0crequested_by\x18\x03 \x01(\t\x12,\n\nsignatures\x18\x04 \x03(\x0b\x32\x18.bc.v1.ApproverSignature\x12\x12\n\nleaf_count\x18\x05 \x01(\x03\"A\n\nBatchProof\x12\x12\n\nleaf_index\x18\x01 \x01(\x03\x12\x11\n\ttree_size\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x03(\x0c*j\n\x0cSectionState\x12\x1d\n\x19SECTION_STATE_UNSPECIFIED\x10\x00\x12\r\n\tCONVERGED\x10\x01\x12\x0f\n\x0bPROGRESSING\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x12\x0f\n\x0bUNSUPPORTED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x62\x63/v1/common.proto\x12\x05\x62\x63.v1\"`\n\x08\x45nvelope\x12\x0f\n\x07purpose\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x12\n\ncert_chain\x18\x05 \x03(\x0c\"Q\n\x0b\x41pproverKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x10\n\x08operator\x18\x04 \x01(\t\"\xe6\x01\n\x0bTrustBundle\x12\x0e\n\x06\x63\x61_pem\x18\x01 \x01(\x0c\x12\x1d\n\x15\x63ommand_signing_roots\x18\x02 \x03(\x0c\x12)\n\rapprover_keys\x18\x03 \x03(\x0b\x32\x12.bc.v1.ApproverKey\x12\x10\n\x08quorum_k\x18\x04 \x01(\x05\x12&\n\x1eunbatched_destructive_per_hour\x18\x05 \x01(\x05\x12\x16\n\x0equorum_version\x18\x06 \x01(\x03\x12+\n\x0equorum_changes\x18\x07 \x03(\x0b\x32\x13.bc.v1.QuorumChange\"\x86\x01\n\x0eQuorumSettings\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12)\n\rapprover_keys\x18\x02 \x03(\x0b\x32\x12.bc.v1.ApproverKey\x12\x10\n\x08quorum_k\x18\x03 \x01(\x05\x12&\n\x1eunbatched_destructive_per_hour\x18\x04 \x01(\x05\"\xa3\x01\n\x0cQuorumChange\x12\x11\n\tchange_id\x18\x01 \x01(\t\x12\x14\n\x0crequested_by\x18\x02 \x01(\t\x12\x13\n\x0b\x66rom_digest\x18\x03 \x01(\x0c\x12\'\n\x08settings\x18\x04 \x01(\x0b\x32\x15.bc.v1.QuorumSettings\x12,\n\nsignatures\x18\x05 \x03(\x0b\x32\x18.bc.v1.ApproverSignature\"D\n\x0bMigInstance\x12\n\n\x02gi\x18\x01 \x01(\x05\x12\n\n\x02\x63i\x18\x02 \x01(\x05\x12\x0c\n\x04uuid\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t\"\xb8\x01\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\npci_bus_id\x18\x04 \x01(\t\x12\x12\n\nmemory_mib\x18\x05 \x01(\x03\x12\x13\n\x0bmig_enabled\x18\x06 \x01(\x08\x12)\n\rmig_instances\x18\x07 \x03(\x0b\x32\x12.bc.v1.MigInstance\x12\r\n\x05slots\x18\x08 \x01(\x05\x12\x0f\n\x07healthy\x18\t \x01(\x08\"\x83\x01\n\tInventory\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x18\n\x04gpus\x18\x03 \x03(\x0b\x32\n.bc.v1.Gpu\x12\x16\n\x0e\x64river_version\x18\x04 \x01(\t\x12\x0c\n\x04\x63pus\x18\x05 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\"y\n\rSectionStatus\x12\x0f\n\x07section\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.bc.v1.SectionState\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\"Z\n\tCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06\x61ge_ms\x18\x05 \x01(\x03\"M\n\x11\x41pproverSignature\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x02 \x01(\x03\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\x8d\x01\n\rBatchApproval\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x12\n\nscope_root\x18\x02 \x01(\x0c\x12\x14\n\x0crequested_by\x18\x03 \x01(\t\x12,\n\nsignatures\x18\x04 \x03(\x0b\x32\x18.bc.v1.ApproverSignature\x12\x12\n\nleaf_count\x18\x05 \x01(\x03\"A\n\nBatchProof\x12\x12\n\nleaf_index\x18\x01 \x01(\x03\x12\x11\n\ttree_size\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x03(\x0c*j\n\x0cSectionState\x12\x1d\n\x19SECTION_STATE_UNSPECIFIED\x10\x00\x12\r\n\tCONVERGED\x10\x01\x12\x0f\n\x0bPROGRESSING\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x12\x0f\n\x0bUNSUPPORTED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bc.protocol.pb.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SECTIONSTATE']._serialized_start=1252
-  _globals['_SECTIONSTATE']._serialized_end=1358
+  _globals['_SECTIONSTATE']._serialized_start=1642
+  _globals['_SECTIONSTATE']._serialized_end=1748
   _globals['_ENVELOPE']._serialized_start=29
   _globals['_ENVELOPE']._serialized_end=125
   _globals['_APPROVERKEY']._serialized_start=127
-  _globals['_APPROVERKEY']._serialized_end=190
-  _globals['_TRUSTBUNDLE']._serialized_start=193
-  _globals['_TRUSTBUNDLE']._serialized_end=354
-  _globals['_MIGINSTANCE']._serialized_start=356
-  _globals['_MIGINSTANCE']._serialized_end=424
-  _globals['_GPU']._serialized_start=427
-  _globals['_GPU']._serialized_end=611
-  _globals['_INVENTORY']._serialized_start=614
-  _globals['_INVENTORY']._serialized_end=745
-  _globals['_SECTIONSTATUS']._serialized_start=747
-  _globals['_SECTIONSTATUS']._serialized_end=868
-  _globals['_CONDITION']._serialized_start=870
-  _globals['_CONDITION']._serialized_end=960
-  _globals['_APPROVERSIGNATURE']._serialized_start=962
-  _globals['_APPROVERSIGNATURE']._serialized_end=1039
-  _globals['_BATCHAPPROVAL']._serialized_start=1042
-  _globals['_BATCHAPPROVAL']._serialized_end=1183
-  _globals['_BATCHPROOF']._serialized_start=1185
-  _globals['_BATCHPROOF']._serialized_end=1250
+  _globals['_APPROVERKEY']._serialized_end=208
+  _globals['_TRUSTBUNDLE']._serialized_start=211
+  _globals['_TRUSTBUNDLE']._serialized_end=441
+  _globals['_QUORUMSETTINGS']._serialized_start=444
+  _globals['_QUORUMSETTINGS']._serialized_end=578
+  _globals['_QUORUMCHANGE']._serialized_start=581
+  _globals['_QUORUMCHANGE']._serialized_end=744
+  _globals['_MIGINSTANCE']._serialized_start=746
+  _globals['_MIGINSTANCE']._serialized_end=814
+  _globals['_GPU']._serialized_start=817
+  _globals['_GPU']._serialized_end=1001
+  _globals['_INVENTORY']._serialized_start=1004
+  _globals['_INVENTORY']._serialized_end=1135
+  _globals['_SECTIONSTATUS']._serialized_start=1137
+  _globals['_SECTIONSTATUS']._serialized_end=1258
+  _globals['_CONDITION']._serialized_start=1260
+  _globals['_CONDITION']._serialized_end=1350
+  _globals['_APPROVERSIGNATURE']._serialized_start=1352
+  _globals['_APPROVERSIGNATURE']._serialized_end=1429
+  _globals['_BATCHAPPROVAL']._serialized_start=1432
+  _globals['_BATCHAPPROVAL']._serialized_end=1573
+  _globals['_BATCHPROOF']._serialized_start=1575
+  _globals['_BATCHPROOF']._serialized_end=1640
 # @@protoc_insertion_point(module_scope)

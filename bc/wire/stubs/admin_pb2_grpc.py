@@ -185,6 +185,41 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.BatchDecisionRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.BatchInfo.FromString,
                 _registered_method=True)
+        self.ListQuorumChanges = channel.unary_unary(
+                '/bc.v1.Admin/ListQuorumChanges',
+                request_serializer=bc_dot_v1_dot_admin__pb2.ListQuorumChangesRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ListQuorumChangesResponse.FromString,
+                _registered_method=True)
+        self.GetQuorumChange = channel.unary_unary(
+                '/bc.v1.Admin/GetQuorumChange',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetQuorumChangeRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.FromString,
+                _registered_method=True)
+        self.ApproveQuorumChange = channel.unary_unary(
+                '/bc.v1.Admin/ApproveQuorumChange',
+                request_serializer=bc_dot_v1_dot_admin__pb2.QuorumChangeDecisionRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.FromString,
+                _registered_method=True)
+        self.RejectQuorumChange = channel.unary_unary(
+                '/bc.v1.Admin/RejectQuorumChange',
+                request_serializer=bc_dot_v1_dot_admin__pb2.QuorumChangeDecisionRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.FromString,
+                _registered_method=True)
+        self.AddOperator = channel.unary_unary(
+                '/bc.v1.Admin/AddOperator',
+                request_serializer=bc_dot_v1_dot_admin__pb2.AddOperatorRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.AddOperatorResponse.FromString,
+                _registered_method=True)
+        self.ListOperators = channel.unary_unary(
+                '/bc.v1.Admin/ListOperators',
+                request_serializer=bc_dot_v1_dot_admin__pb2.ListOperatorsRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ListOperatorsResponse.FromString,
+                _registered_method=True)
+        self.RevokeOperator = channel.unary_unary(
+                '/bc.v1.Admin/RevokeOperator',
+                request_serializer=bc_dot_v1_dot_admin__pb2.RevokeOperatorRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.OperatorInfo.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -370,6 +405,48 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQuorumChanges(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQuorumChange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApproveQuorumChange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RejectQuorumChange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddOperator(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListOperators(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeOperator(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -522,6 +599,41 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RejectBatch,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.BatchDecisionRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.BatchInfo.SerializeToString,
+            ),
+            'ListQuorumChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuorumChanges,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.ListQuorumChangesRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ListQuorumChangesResponse.SerializeToString,
+            ),
+            'GetQuorumChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQuorumChange,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetQuorumChangeRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.SerializeToString,
+            ),
+            'ApproveQuorumChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveQuorumChange,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.QuorumChangeDecisionRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.SerializeToString,
+            ),
+            'RejectQuorumChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.RejectQuorumChange,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.QuorumChangeDecisionRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.SerializeToString,
+            ),
+            'AddOperator': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddOperator,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.AddOperatorRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.AddOperatorResponse.SerializeToString,
+            ),
+            'ListOperators': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOperators,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.ListOperatorsRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ListOperatorsResponse.SerializeToString,
+            ),
+            'RevokeOperator': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeOperator,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.RevokeOperatorRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.OperatorInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1334,6 +1446,195 @@ class Admin:
             '/bc.v1.Admin/RejectBatch',
             bc_dot_v1_dot_admin__pb2.BatchDecisionRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.BatchInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuorumChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListQuorumChanges',
+            bc_dot_v1_dot_admin__pb2.ListQuorumChangesRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ListQuorumChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQuorumChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetQuorumChange',
+            bc_dot_v1_dot_admin__pb2.GetQuorumChangeRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveQuorumChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ApproveQuorumChange',
+            bc_dot_v1_dot_admin__pb2.QuorumChangeDecisionRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RejectQuorumChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/RejectQuorumChange',
+            bc_dot_v1_dot_admin__pb2.QuorumChangeDecisionRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddOperator(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/AddOperator',
+            bc_dot_v1_dot_admin__pb2.AddOperatorRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.AddOperatorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOperators(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListOperators',
+            bc_dot_v1_dot_admin__pb2.ListOperatorsRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ListOperatorsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeOperator(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/RevokeOperator',
+            bc_dot_v1_dot_admin__pb2.RevokeOperatorRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.OperatorInfo.FromString,
             options,
             channel_credentials,
             insecure,

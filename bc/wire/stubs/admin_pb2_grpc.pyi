@@ -62,6 +62,13 @@ class AdminStub:
     GetBatch: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetBatchRequest, _admin_pb2.BatchInfo]
     ApproveBatch: _grpc.UnaryUnaryMultiCallable[_admin_pb2.BatchDecisionRequest, _admin_pb2.BatchInfo]
     RejectBatch: _grpc.UnaryUnaryMultiCallable[_admin_pb2.BatchDecisionRequest, _admin_pb2.BatchInfo]
+    ListQuorumChanges: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListQuorumChangesRequest, _admin_pb2.ListQuorumChangesResponse]
+    GetQuorumChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetQuorumChangeRequest, _admin_pb2.QuorumChangeInfo]
+    ApproveQuorumChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.QuorumChangeDecisionRequest, _admin_pb2.QuorumChangeInfo]
+    RejectQuorumChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.QuorumChangeDecisionRequest, _admin_pb2.QuorumChangeInfo]
+    AddOperator: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AddOperatorRequest, _admin_pb2.AddOperatorResponse]
+    ListOperators: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListOperatorsRequest, _admin_pb2.ListOperatorsResponse]
+    RevokeOperator: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeOperatorRequest, _admin_pb2.OperatorInfo]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -96,6 +103,13 @@ class AdminAsyncStub(AdminStub):
     GetBatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetBatchRequest, _admin_pb2.BatchInfo]  # type: ignore[assignment]
     ApproveBatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.BatchDecisionRequest, _admin_pb2.BatchInfo]  # type: ignore[assignment]
     RejectBatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.BatchDecisionRequest, _admin_pb2.BatchInfo]  # type: ignore[assignment]
+    ListQuorumChanges: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListQuorumChangesRequest, _admin_pb2.ListQuorumChangesResponse]  # type: ignore[assignment]
+    GetQuorumChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetQuorumChangeRequest, _admin_pb2.QuorumChangeInfo]  # type: ignore[assignment]
+    ApproveQuorumChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.QuorumChangeDecisionRequest, _admin_pb2.QuorumChangeInfo]  # type: ignore[assignment]
+    RejectQuorumChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.QuorumChangeDecisionRequest, _admin_pb2.QuorumChangeInfo]  # type: ignore[assignment]
+    AddOperator: _aio.UnaryUnaryMultiCallable[_admin_pb2.AddOperatorRequest, _admin_pb2.AddOperatorResponse]  # type: ignore[assignment]
+    ListOperators: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListOperatorsRequest, _admin_pb2.ListOperatorsResponse]  # type: ignore[assignment]
+    RevokeOperator: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeOperatorRequest, _admin_pb2.OperatorInfo]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -307,5 +321,54 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.BatchDecisionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.BatchInfo, _abc.Awaitable[_admin_pb2.BatchInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ListQuorumChanges(
+        self,
+        request: _admin_pb2.ListQuorumChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListQuorumChangesResponse, _abc.Awaitable[_admin_pb2.ListQuorumChangesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetQuorumChange(
+        self,
+        request: _admin_pb2.GetQuorumChangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.QuorumChangeInfo, _abc.Awaitable[_admin_pb2.QuorumChangeInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ApproveQuorumChange(
+        self,
+        request: _admin_pb2.QuorumChangeDecisionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.QuorumChangeInfo, _abc.Awaitable[_admin_pb2.QuorumChangeInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def RejectQuorumChange(
+        self,
+        request: _admin_pb2.QuorumChangeDecisionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.QuorumChangeInfo, _abc.Awaitable[_admin_pb2.QuorumChangeInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def AddOperator(
+        self,
+        request: _admin_pb2.AddOperatorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.AddOperatorResponse, _abc.Awaitable[_admin_pb2.AddOperatorResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListOperators(
+        self,
+        request: _admin_pb2.ListOperatorsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListOperatorsResponse, _abc.Awaitable[_admin_pb2.ListOperatorsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RevokeOperator(
+        self,
+        request: _admin_pb2.RevokeOperatorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.OperatorInfo, _abc.Awaitable[_admin_pb2.OperatorInfo]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -347,8 +347,10 @@ def test_a_bundle_whose_only_root_is_unreadable_still_enforces_signatures() -> N
     assert t.check_command(command(), NOW) is not None
 
 
-def test_only_the_root_itself_may_change_the_quorum_settings() -> None:
-    """A stolen worker key cannot drop the approvers (switching the quorum off) nor install its own."""
+def test_neither_a_worker_nor_the_root_alone_may_change_the_quorum_settings() -> None:
+    """A stolen worker key cannot drop the approvers (switching the quorum off) nor install its own, and the
+    root's own signature is not enough either while approvers are held: a change also needs their approvals
+    (tests/unit/agent/test_trust_quorum.py walks those)."""
     approver = common_pb2.ApproverKey(key_id="sha256:aa", public_key=b"k" * 32, name="alice")
     held = bundle(ROOT_A_PEM, quorum_k=2)
     held.approver_keys.append(approver)
@@ -358,6 +360,7 @@ def test_only_the_root_itself_may_change_the_quorum_settings() -> None:
     lowered = bundle(ROOT_A_PEM, quorum_k=1)
     lowered.approver_keys.append(approver)
     assert decide_bundle(held, signed(WORKER_A, lowered), lowered, CA_PEM, NOW).bundle is None
-    assert decide_bundle(held, signed(ROOT_SIGNER_A, lowered), lowered, CA_PEM, NOW).bundle == lowered
+    d = decide_bundle(held, signed(ROOT_SIGNER_A, lowered), lowered, CA_PEM, NOW)
+    assert d.bundle is None and "no approved quorum change leads" in d.reason
     # Another root's key is no root of ours.
     assert decide_bundle(held, signed(WorkerSigner(ROOT_KEY_B, ROOT_B), dropped), dropped, CA_PEM, NOW).bundle is None

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf import any_pb2
 
 from agent.quorum import check_batch
+from bc.control import approvers as appr
 from bc.control import quorum
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
@@ -37,6 +38,7 @@ from bc.store import events as events_sql
 from bc.store import quorum as q_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import FakeClock
+from tests.unit.control.quorum_setup import add_operator, b64, change, install
 
 AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
 Count = Callable[[str], Awaitable[int]]
@@ -61,12 +63,22 @@ def keys() -> list[ed25519.Ed25519PrivateKey]:
 
 @pytest.fixture
 async def approvers(store: InlineSqliteStore, bus: Bus, keys: list[ed25519.Ed25519PrivateKey]) -> list[str]:
-    """alice, bob and carol are approvers (k = 2); keys[3] is nobody's."""
+    """alice, bob and carol are approvers (k = 2), each held by the operator of that name; keys[3] is nobody's."""
     names = ["alice", "bob", "carol"]
-    for name, key in zip(names, keys, strict=False):
-        await quorum.add_approver(store, bus, name, base64.b64encode(raw(key)).decode())
-    await quorum.set_threshold(store, bus, 2)
+    await install(store, bus, dict(zip(names, keys, strict=False)), k=2)
+    await add_operator(store, REQUESTER)
     return names
+
+
+async def holder(store: InlineSqliteStore, key: ed25519.Ed25519PrivateKey) -> str:
+    """The operator whose certificate an approval by `key` must come under (itself when it is no approver's)."""
+    async with store.transaction(write=False) as tx:
+        row = await q_sql.approver_by(tx, key_id=kid(key))
+    return str(row["operator"]) if row is not None else "stranger"
+
+
+def named(keys: list[ed25519.Ed25519PrivateKey]) -> dict[str, ed25519.Ed25519PrivateKey]:
+    return dict(zip(["alice", "bob", "carol", REQUESTER], keys, strict=False))
 
 
 @pytest.fixture
@@ -129,7 +141,8 @@ async def approve(
 ) -> int:
     expires = await store.now_ms() + expires_in_ms
     sig = approval_sig(batch, leaves, key, expires)
-    await quorum.decide(store, bus, str(batch["id"]), kid(key), sig, approve=True, expires_at_ms=expires)
+    caller = await holder(store, key)
+    await quorum.decide(store, bus, str(batch["id"]), kid(key), sig, approve=True, caller=caller, expires_at_ms=expires)
     return expires
 
 
@@ -137,7 +150,8 @@ async def reject(
     store: InlineSqliteStore, bus: Bus, batch: Row, key: ed25519.Ed25519PrivateKey, reason: str = "wrong nodes"
 ) -> None:
     sig = key.sign(q.rejection_message(str(batch["id"]), bytes(batch["scope_root"]), reason))
-    await quorum.decide(store, bus, str(batch["id"]), kid(key), sig, approve=False, reason=reason)
+    caller = await holder(store, key)
+    await quorum.decide(store, bus, str(batch["id"]), kid(key), sig, approve=False, caller=caller, reason=reason)
 
 
 def leaf_of(body: session_pb2.CommandBody) -> bytes:
@@ -264,13 +278,13 @@ async def test_a_batch_needs_approvers_and_a_reachable_threshold(
 ) -> None:
     with pytest.raises(Conflict, match="no approvers are configured"):
         await create(store, bus)
-    # Two approvers, one of them the requester: k = 2 can never be reached.
-    await quorum.add_approver(store, bus, REQUESTER, base64.b64encode(raw(keys[0])).decode())
-    await quorum.add_approver(store, bus, "bob", base64.b64encode(raw(keys[1])).decode())
-    with pytest.raises(Conflict, match=f"only 1 approver\\(s\\) other than {REQUESTER}"):
+    # Two approvers, one of them the requester's: k = 2 can never be reached.
+    signers = {REQUESTER: keys[0], "bob": keys[1]}
+    await install(store, bus, signers, k=2)
+    with pytest.raises(Conflict, match=f"only 1 approver\\(s\\) other than {REQUESTER}'s own"):
         await create(store, bus)
     assert await count("batches") == 0 and await count("commands") == 0
-    await quorum.set_threshold(store, bus, 1)
+    await change(store, bus, appr.SetThreshold(1), signers)
     batch_id, _, _ = await create(store, bus)
     assert batch_id
 
@@ -292,15 +306,21 @@ async def test_a_bad_signature_is_refused_and_nothing_is_stored(
         q.approval_message(batch_id, bytes(batch["scope_root"]), len(leaves), REQUESTER, expires)
     )
     with pytest.raises(UsageError, match="does not verify with alice's key"):
-        await quorum.decide(store, bus, batch_id, kid(keys[0]), forged, approve=True, expires_at_ms=expires)
+        await quorum.decide(
+            store, bus, batch_id, kid(keys[0]), forged, approve=True, caller="alice", expires_at_ms=expires
+        )
     # alice's own signature over another scope (another leaf count) does not verify for this batch either.
     wrong = keys[0].sign(q.approval_message(batch_id, bytes(batch["scope_root"]), len(leaves) + 1, REQUESTER, expires))
     with pytest.raises(UsageError, match="does not verify"):
-        await quorum.decide(store, bus, batch_id, kid(keys[0]), wrong, approve=True, expires_at_ms=expires)
+        await quorum.decide(
+            store, bus, batch_id, kid(keys[0]), wrong, approve=True, caller="alice", expires_at_ms=expires
+        )
     # Signed for one expiry, sent with a later one.
     sig = approval_sig(batch, leaves, keys[0], expires)
     with pytest.raises(UsageError, match="does not verify"):
-        await quorum.decide(store, bus, batch_id, kid(keys[0]), sig, approve=True, expires_at_ms=expires + 1)
+        await quorum.decide(
+            store, bus, batch_id, kid(keys[0]), sig, approve=True, caller="alice", expires_at_ms=expires + 1
+        )
     assert await count("batch_approvals") == 0
     assert [e for e in await events(store) if e[0] != "batch.created"] == []
 
@@ -319,10 +339,9 @@ async def test_an_unknown_key_is_refused(
 async def test_the_requesters_own_approval_is_refused(
     store: InlineSqliteStore, bus: Bus, nodes: list[str], keys: list[ed25519.Ed25519PrivateKey], count: Count
 ) -> None:
-    for name, key in ((REQUESTER, keys[0]), ("bob", keys[1]), ("carol", keys[2])):
-        await quorum.add_approver(store, bus, name, base64.b64encode(raw(key)).decode())
-    _, batch, leaves = await create(store, bus)
-    with pytest.raises(UsageError, match=f"{REQUESTER} asked for this batch"):
+    await install(store, bus, {REQUESTER: keys[0], "bob": keys[1], "carol": keys[2]})
+    batch_id, batch, leaves = await create(store, bus)
+    with pytest.raises(UsageError, match=f"{REQUESTER} asked for batch {batch_id}"):
         await approve(store, bus, batch, leaves, keys[0])
     assert await count("batch_approvals") == 0
 
@@ -374,7 +393,9 @@ async def test_an_unknown_batch_is_not_found(
     store: InlineSqliteStore, bus: Bus, keys: list[ed25519.Ed25519PrivateKey]
 ) -> None:
     with pytest.raises(NotFound, match="no batch named 'b-nope'"):
-        await quorum.decide(store, bus, "b-nope", kid(keys[0]), b"x" * 64, approve=True, expires_at_ms=1)
+        await quorum.decide(
+            store, bus, "b-nope", kid(keys[0]), b"x" * 64, approve=True, caller="alice", expires_at_ms=1
+        )
 
 
 # -- decide: rejection -------------------------------------------------------------------------------
@@ -390,7 +411,7 @@ async def test_one_rejection_fails_the_batch_and_cancels_its_held_commands(
     # A rejection signed over another reason does not verify.
     sig = keys[1].sign(q.rejection_message(batch_id, bytes(batch["scope_root"]), "fine by me"))
     with pytest.raises(UsageError, match="does not verify"):
-        await quorum.decide(store, bus, batch_id, kid(keys[1]), sig, approve=False, reason="wrong nodes")
+        await quorum.decide(store, bus, batch_id, kid(keys[1]), sig, approve=False, caller="bob", reason="wrong nodes")
 
     await reject(store, bus, batch, keys[1], reason="wrong nodes")
     batch, _ = await read_batch(store, batch_id)
@@ -439,7 +460,7 @@ async def test_the_kth_approval_releases_every_command_with_a_proof_that_verifie
         len(NODES),
     )
     async with store.transaction(write=False) as tx:
-        bundle_keys = quorum.approver_keys(await q_sql.list_approvers(tx))
+        bundle_keys = appr.approver_keys(await q_sql.list_approvers(tx))
     tally = q.count_approvals(approval, bundle_keys, await store.now_ms())
     assert sorted(tally.counted) == sorted([kid(keys[1]), kid(keys[2])]) and tally.refused == []
     bundle = common_pb2.TrustBundle(approver_keys=bundle_keys, quorum_k=2)
@@ -496,7 +517,7 @@ async def test_an_approval_by_a_removed_approver_no_longer_counts(
 ) -> None:
     batch_id, batch, leaves = await create(store, bus)
     await approve(store, bus, batch, leaves, keys[0])
-    await quorum.remove_approver(store, bus, "alice")
+    await change(store, bus, appr.RemoveApprover("alice"), named(keys))
     await approve(store, bus, batch, leaves, keys[1])
     assert (await read_batch(store, batch_id))[0]["state"] == "pending"
     await approve(store, bus, batch, leaves, keys[2])
@@ -528,21 +549,36 @@ async def test_release_keeps_the_worker_signature_of_each_body(
 
 
 async def test_approver_input_is_checked(
-    store: InlineSqliteStore, bus: Bus, approvers: list[str], keys: list[ed25519.Ed25519PrivateKey]
+    store: InlineSqliteStore, bus: Bus, approvers: list[str], keys: list[ed25519.Ed25519PrivateKey], count: Count
 ) -> None:
+    async def propose(edit: appr.Edit) -> appr.Proposed:
+        return await appr.propose(store, bus, edit, "local")
+
+    await add_operator(store, "dave")
     with pytest.raises(UsageError, match="not base64"):
-        await quorum.add_approver(store, bus, "dave", "not a key!")
+        await propose(appr.AddApprover("dave", "not a key!"))
     with pytest.raises(UsageError, match="is 16 bytes; an Ed25519 key is 32"):
-        await quorum.add_approver(store, bus, "dave", base64.b64encode(b"x" * 16).decode())
+        await propose(appr.AddApprover("dave", base64.b64encode(b"x" * 16).decode()))
     with pytest.raises(UsageError, match="is not valid"):
-        await quorum.add_approver(store, bus, "da ve", base64.b64encode(raw(keys[3])).decode())
+        await propose(appr.AddApprover("da ve", b64(keys[3])))
+    with pytest.raises(UsageError, match="is not valid"):
+        await propose(appr.AddApprover("Dave", b64(keys[3])))  # names are lowercase ASCII: no look-alikes
+    with pytest.raises(UsageError, match=r"'d\\u0430ve' is not valid"):
+        await propose(appr.AddApprover("d\u0430ve", b64(keys[3])))  # a Cyrillic a, shown escaped
     with pytest.raises(Conflict, match="already has this name or key"):
-        await quorum.add_approver(store, bus, "dave", base64.b64encode(raw(keys[0])).decode())
+        await propose(appr.AddApprover("dave", b64(keys[0])))
     with pytest.raises(Conflict, match="already has this name or key"):
-        await quorum.add_approver(store, bus, "alice", base64.b64encode(raw(keys[3])).decode())
-    with pytest.raises(UsageError, match="at least 1"):
-        await quorum.set_threshold(store, bus, 0)
+        await propose(appr.AddApprover("alice", b64(keys[3]), "dave"))
+    with pytest.raises(Conflict, match="operator alice already holds approver key alice"):
+        await propose(appr.AddApprover("alice2", b64(keys[3]), "alice"))
+    with pytest.raises(NotFound, match="no operator named 'erin'"):
+        await propose(appr.AddApprover("erin", b64(keys[3])))
+    with pytest.raises(UsageError, match="between 1 and 100"):
+        await propose(appr.SetThreshold(0))
+    with pytest.raises(UsageError, match="between 0 and 1000"):
+        await propose(appr.SetAllowance(-1))
     with pytest.raises(NotFound, match="no approver named 'dave'"):
-        await quorum.remove_approver(store, bus, "dave")
-    current = await quorum.approver_set(store)
+        await propose(appr.RemoveApprover("dave"))
+    current = await appr.approver_set(store)
     assert [str(r["name"]) for r in current.approvers] == ["alice", "bob", "carol"] and current.threshold == 2
+    assert await count("quorum_changes") == 3  # the setup adding three approvers (k was 2 already); no more

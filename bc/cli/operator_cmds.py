@@ -1,0 +1,111 @@
+"""`bc operators`: named people with roles, each with their own client certificate.
+
+`bc operators add NAME` makes the person's key here, has the server certify it
+for NAME with a role, and writes one self-contained client config (0600, the
+key inside) to hand to that person: `BC_CONFIG=FILE bc nodes` then works from
+their shell. The key never crosses the wire; the file is the only copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from cryptography.hazmat.primitives import serialization
+
+from bc.cli.admin_cmds import call_admin, echo_json, json_option
+from bc.cli.render import format_age, format_time_ms, message_to_json, render_table
+from bc.config import OperatorConfig, find_operator_config
+from bc.control.operators import DEFAULT_ROLE, ROLES
+from bc.errors import UsageError
+from bc.pki import keys
+from bc.pki.identity import check_safe_name
+from bc.protocol.pb import admin_pb2
+
+
+@click.group("operators", invoke_without_command=True)
+@json_option
+@click.pass_context
+def operators(ctx: click.Context, as_json: bool) -> None:
+    """Operators and their roles (`bc operators list|add|revoke`): viewer < operator < admin."""
+    if ctx.invoked_subcommand is None:
+        _show(call_admin(lambda c: c.list_operators()), as_json)
+
+
+def _show(ops: list[admin_pb2.OperatorInfo], as_json: bool) -> None:
+    if as_json:
+        echo_json([message_to_json(o) for o in ops])
+        return
+    rows = [
+        (
+            o.name,
+            o.role,
+            f"revoked by {o.revoked_by or '?'}: {o.revoke_reason or 'no reason given'}" if o.revoked else "active",
+            o.certificates,
+            format_time_ms(o.cert_not_after_ms) if o.cert_not_after_ms else "-",
+            f"{format_age(o.created_age_ms)} by {o.created_by or '?'}",
+        )
+        for o in ops
+    ]
+    click.echo(render_table(("NAME", "ROLE", "STATE", "CERTS", "CERT EXPIRES", "ADDED"), rows))
+
+
+@operators.command("list")
+@json_option
+def operators_list(as_json: bool) -> None:
+    """Every operator, revoked ones included (their names are never reused)."""
+    _show(call_admin(lambda c: c.list_operators()), as_json)
+
+
+@operators.command("add")
+@click.argument("name")
+@click.option("--role", type=click.Choice(ROLES), default=DEFAULT_ROLE, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the person's client config (default ./NAME.bc-config.json; never overwritten).",
+)
+@json_option
+def operators_add(name: str, role: str, out: Path | None, as_json: bool) -> None:
+    """Add operator NAME with a role and write the client config to hand to that person."""
+    check_safe_name("operator name", name)  # before it becomes part of a file name
+    out = out or Path(f"{name}.bc-config.json")
+    if out.exists():
+        raise UsageError(f"{out} already exists; refusing to overwrite it (choose another --out)")
+    if not out.parent.is_dir():
+        raise UsageError(f"cannot write {out}: {out.parent} is not a directory")
+    server = find_operator_config().server
+    key = keys.generate_key()
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    resp = call_admin(lambda c: c.add_operator(name, role, pub))
+    try:
+        OperatorConfig.write_single(
+            out, server=server, ca_pem=resp.ca_pem, cert_pem=resp.cert_pem, key_pem=keys.key_to_pem(key)
+        )
+    except UsageError as e:
+        raise UsageError(
+            f"operator {name} was added but its config could not be written ({e.message}); its key is lost:"
+            f" bc operators revoke {name}, then add it under another name"
+        ) from None
+    if as_json:
+        echo_json({"operator": message_to_json(resp.operator), "config": str(out)})
+        return
+    click.echo(f"operator {name} added as {role}; its client config is {out} (0600, it holds the private key)")
+    click.echo(f"hand it to {name} over a private channel; they run: BC_CONFIG={out} bc nodes")
+
+
+@operators.command("revoke")
+@click.argument("name")
+@click.option("--reason", default="", help="Why: stored and shown in `bc operators list`.")
+@json_option
+def operators_revoke(name: str, reason: str, as_json: bool) -> None:
+    """Refuse every certificate of operator NAME from now on (the last admin cannot be revoked)."""
+    info = call_admin(lambda c: c.revoke_operator(name, reason=reason))
+    if as_json:
+        echo_json(message_to_json(info))
+        return
+    click.echo(f"operator {info.name} is revoked: every gateway refuses its certificates from now on")
+
+
+COMMANDS: tuple[click.Command, ...] = (operators,)
