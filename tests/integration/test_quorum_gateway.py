@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from cryptography.hazmat.primitives.asymmetric import ed25519
-
 from agent.hw.fake import FakeHardware
 from bc.protocol.pb import admin_pb2, common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage
 from tests.integration.conftest import InprocLab
+from tests.integration.operators_lab import Approver, approvers, sign
 from tests.integration.test_compromised_gateway import (
     Tamperer,
     compromise,
@@ -27,7 +26,6 @@ from tests.integration.test_compromised_gateway import (
     settled,
     until,
 )
-from tests.integration.test_quorum_inprocess import approvers, sign
 
 Tamper = Callable[[session_pb2.Command], None]
 
@@ -35,7 +33,7 @@ Tamper = Callable[[session_pb2.Command], None]
 class Quorum:
     """n1 running behind a compromised gateway, n2 joined but away; three approvers, k = 2, held by n1."""
 
-    def __init__(self, lab: InprocLab, t: Tamperer, keys: list[ed25519.Ed25519PrivateKey]) -> None:
+    def __init__(self, lab: InprocLab, t: Tamperer, keys: list[Approver]) -> None:
         self.lab, self.t, self.keys = lab, t, keys
         self.tamper: dict[str, Tamper] = {}  # batch id -> what the gateway does to its commands
         self.gpus = [g.uuid for g in lab.agents["n1"].inventory.gpus]

@@ -3,36 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
-
 from agent.hw.fake import FakeHardware
-from bc.pki import quorum as q
-from bc.protocol.pb import admin_pb2
 from tests.integration.conftest import InprocLab
-
-
-def raw(key: ed25519.Ed25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-async def approvers(lab: InprocLab, n: int = 3, k: int = 2) -> list[ed25519.Ed25519PrivateKey]:
-    keys = [ed25519.Ed25519PrivateKey.generate() for _ in range(n)]
-    for i, key in enumerate(keys):
-        await lab.admin.add_approver(f"approver{i}", base64.b64encode(raw(key)).decode())
-    await lab.admin.set_approver_threshold(k)
-    return keys
-
-
-async def sign(lab: InprocLab, b: admin_pb2.BatchInfo, key: ed25519.Ed25519PrivateKey) -> admin_pb2.BatchInfo:
-    now_ms = (await lab.admin.server_info()).server_time_ms
-    expires = now_ms + 600_000
-    msg = q.approval_message(b.id, bytes.fromhex(b.scope_root), len(b.leaves), b.requested_by, expires)
-    return await lab.admin.decide_batch(b.id, q.key_id(raw(key)), key.sign(msg), approve=True, expires_at_ms=expires)
+from tests.integration.operators_lab import approvers, settle, sign
 
 
 async def settled(lab: InprocLab, command_id: str, timeout: float = 15.0) -> dict[str, Any]:
@@ -83,8 +59,10 @@ async def test_the_unbatched_allowance_reaches_the_nodes_and_counts_per_hour(lab
     await lab.join("n1")
     agent = await lab.start_node("n1")
     await lab.wait_connected("n1")
-    await approvers(lab)
+    signers = await approvers(lab)
     s = await lab.admin.set_unbatched_allowance(1)
+    assert s.unbatched_destructive_per_hour == 0 and s.change.state == "pending"  # a quorum change: k must sign
+    s = await settle(lab, s, signers)
     assert s.unbatched_destructive_per_hour == 1
     async with asyncio.timeout(10):  # pushed to the live session, signed by the root
         while agent.trust.bundle.unbatched_destructive_per_hour != 1:
