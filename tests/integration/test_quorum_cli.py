@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from collections.abc import Coroutine, Iterator
@@ -20,11 +21,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from click.testing import Result
+from click.testing import CliRunner, Result
 
 from agent.hw.fake import FakeHardware
 from agent.join import join_node
 from agent.main import Agent, AgentOptions
+from bc.cli.main import cli
 from bc.serve import ServeOptions, Server
 from bc.store import Row, Store
 from bc.store import quorum as q_sql
@@ -106,6 +108,11 @@ class Lab:
 
 @pytest.fixture
 def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
+    yield from running_lab(tmp_path, monkeypatch)
+
+
+def running_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
+    """`bc serve` on its own loop with n1 and n2 joined; the CLI reaches it as `local` through BC_CONFIG."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
@@ -141,14 +148,50 @@ def keygen(tmp_path: Path, name: str) -> tuple[Path, str]:
     return out, str(doc["public_key"])
 
 
-def approvers(tmp_path: Path, *names: str, k: int = 2) -> dict[str, Path]:
-    """Key pairs for `names`, each added as an approver; the threshold set to k."""
-    files = {}
-    for name in names:
+@dataclass(frozen=True)
+class Approver:
+    key: Path  # the approver key file
+    config: Path  # the client config of the operator the key is registered to
+
+
+def operator_config(tmp_path: Path, name: str, role: str = "operator") -> Path:
+    """`bc operators add NAME --role ROLE --out F`: the person's client config; `local` has its own already."""
+    if name == OPERATOR:
+        return Path(os.environ["BC_CONFIG"])
+    out = tmp_path / f"{name}.bc-config.json"
+    doc = ok_json("operators", "add", name, "--role", role, "--out", str(out))
+    assert doc["config"] == str(out) and doc["operator"]["role"] == role, doc
+    return out
+
+
+def as_operator(config: Path, *args: str) -> Result:
+    """`BC_CONFIG=config bc ARGS`: the command under that operator's certificate."""
+    return CliRunner().invoke(cli, list(args), prog_name="bc", env={"BC_CONFIG": str(config)})
+
+
+def settle(doc: dict[str, Any], signers: dict[str, Approver]) -> dict[str, Any]:
+    """After `bc approvers …`: a pending quorum change is signed by the approvers already there, each as itself."""
+    change = doc.get("change") or {}
+    if change.get("state") != "pending":
+        return doc
+    for a in signers.values():
+        r = as_operator(a.config, "approve", "sign", change["id"], "--key", str(a.key), "--yes", "--json")
+        if r.exit_code == 0 and json.loads(r.stdout)["state"] == "applied":
+            return dict(ok_json("approvers"))
+    raise AssertionError(f"quorum change {change['id']} was not applied by {sorted(signers)}")
+
+
+def approvers(tmp_path: Path, *names: str, k: int = 2) -> dict[str, Approver]:
+    """Key pairs for `names`, each added as an approver held by the operator of that name; the threshold set to k."""
+    files: dict[str, Approver] = {}
+    # The requester (local) asks for every change, so its own key comes last: before others are there to
+    # approve adding it, nobody but local could, and local's approval of its own request does not count.
+    for name in sorted(names, key=lambda n: n == OPERATOR):
+        config = operator_config(tmp_path, name)
         path, public = keygen(tmp_path, name)
-        ok_json("approvers", "add", name, public)
-        files[name] = path
-    doc = ok_json("approvers", "threshold", str(k))
+        settle(ok_json("approvers", "add", name, public), files)
+        files[name] = Approver(path, config)
+    doc = settle(ok_json("approvers", "threshold", str(k)), files)
     assert doc["threshold"] == k and sorted(a["name"] for a in doc["approvers"]) == sorted(names)
     return files
 
@@ -166,8 +209,10 @@ def create_batch(tmp_path: Path, nodes: str = "n1,n2") -> dict[str, Any]:
     return dict(doc)
 
 
-def sign(batch_id: str, key: Path, *extra: str) -> Result:
-    return bc("approve", "sign", batch_id, "--key", str(key), "--yes", *extra, "--json")
+def sign(batch_id: str, approver: Approver, *extra: str) -> Result:
+    """`bc approve sign` by the approver, under its own operator's certificate."""
+    args = ("approve", "sign", batch_id, "--key", str(approver.key), "--yes", *extra, "--json")
+    return as_operator(approver.config, *args)
 
 
 def refused(result: Result, code: int, *fragments: str) -> str:
@@ -197,10 +242,10 @@ def assert_held(lab: Lab, batch_id: str, approvals: int | None) -> None:
 
 
 def test_a_signature_by_a_key_never_added_is_refused(lab: Lab, tmp_path: Path) -> None:
-    approvers(tmp_path, "alice", "bob", "carol")
+    keys = approvers(tmp_path, "alice", "bob", "carol")
     batch = create_batch(tmp_path)
     stranger, _ = keygen(tmp_path, "stranger")
-    refused(sign(batch["id"], stranger), 2, "is not an approver key of this server")
+    refused(sign(batch["id"], Approver(stranger, keys["alice"].config)), 2, "is not an approver key of this server")
     assert_held(lab, batch["id"], approvals=0)
 
 
@@ -217,7 +262,7 @@ def test_the_same_key_twice_is_refused_and_counts_once(lab: Lab, tmp_path: Path)
 def test_the_requesters_own_key_is_refused(lab: Lab, tmp_path: Path) -> None:
     keys = approvers(tmp_path, OPERATOR, "bob", "carol")
     batch = create_batch(tmp_path)
-    refused(sign(batch["id"], keys[OPERATOR]), 2, f"{OPERATOR} asked for this batch", "does not count")
+    refused(sign(batch["id"], keys[OPERATOR]), 2, f"{OPERATOR} asked for batch {batch['id']}", "does not count")
     assert_held(lab, batch["id"], approvals=0)
     # The two others still make the quorum.
     assert sign(batch["id"], keys["bob"]).exit_code == 0
@@ -229,7 +274,7 @@ def test_a_batch_the_requester_alone_could_approve_is_refused(lab: Lab, tmp_path
     approvers(tmp_path, OPERATOR, "bob", k=2)
     payload = json.dumps({"gpu_uuids": [gpu("n1")]})
     result = bc("batch", "create", "--kind", "gpu.reset", "--nodes", "n1", "--payload", payload)
-    refused(result, 4, "only 1 approver(s) other than local", "could never be approved")
+    refused(result, 4, "only 1 approver(s) other than local's own", "could never be approved")
     assert lab.batches() == [] and lab.commands() == []
 
 
@@ -284,12 +329,12 @@ def test_an_approval_that_expires_before_delivery_is_refused_by_the_node(lab: La
 def test_a_key_file_others_can_read_is_refused(lab: Lab, tmp_path: Path) -> None:
     keys = approvers(tmp_path, "alice", "bob", "carol")
     batch = create_batch(tmp_path)
-    keys["alice"].chmod(0o644)
+    keys["alice"].key.chmod(0o644)
     line = refused(sign(batch["id"], keys["alice"]), 2, "can be read by others (mode 644)")
-    assert line.endswith(f"chmod 600 {keys['alice']}"), line
-    refused(bc("approve", "reject", batch["id"], "--key", str(keys["alice"]), "--reason", "no"), 2, "chmod 600")
+    assert line.endswith(f"chmod 600 {keys['alice'].key}"), line
+    refused(bc("approve", "reject", batch["id"], "--key", str(keys["alice"].key), "--reason", "no"), 2, "chmod 600")
     assert_held(lab, batch["id"], approvals=0)
-    keys["alice"].chmod(0o600)
+    keys["alice"].key.chmod(0o600)
     assert sign(batch["id"], keys["alice"]).exit_code == 0
 
 
@@ -302,13 +347,14 @@ def test_keygen_refuses_to_overwrite_an_existing_file(lab: Lab, tmp_path: Path) 
 
 
 def test_a_key_file_that_is_not_a_key_is_refused(lab: Lab, tmp_path: Path) -> None:
-    approvers(tmp_path, "alice", "bob")
+    keys = approvers(tmp_path, "alice", "bob")
     batch = create_batch(tmp_path)
     junk = tmp_path / "junk.key"
     junk.write_text("not a key\n")
     junk.chmod(0o600)
-    refused(sign(batch["id"], junk), 2, "is not an unencrypted PEM private key")
-    refused(sign(batch["id"], tmp_path / "missing.key"), 2, "cannot read the key file")
+    alice = keys["alice"].config
+    refused(sign(batch["id"], Approver(junk, alice)), 2, "is not an unencrypted PEM private key")
+    refused(sign(batch["id"], Approver(tmp_path / "missing.key", alice)), 2, "cannot read the key file")
     assert_held(lab, batch["id"], approvals=0)
 
 
@@ -331,6 +377,7 @@ def test_approvers_add_refuses_a_bad_public_key(lab: Lab, public_key: str, fragm
 
 def test_approvers_add_refuses_a_name_or_key_already_there(lab: Lab, tmp_path: Path) -> None:
     _, public = keygen(tmp_path, "alice")
+    operator_config(tmp_path, "alice")
     ok_json("approvers", "add", "alice", public)
     refused(bc("approvers", "add", "alice2", public), 4, "approver alice already has this name or key")
     refused(bc("approvers", "add", "bad name", public), 2, "is not valid")
@@ -366,9 +413,11 @@ def test_batch_create_with_an_unknown_node_is_refused(lab: Lab, tmp_path: Path) 
 def test_sign_and_reject_of_a_batch_that_is_not_pending_are_refused(lab: Lab, tmp_path: Path) -> None:
     keys = approvers(tmp_path, "alice", "bob", "carol")
     batch = create_batch(tmp_path)
-    rejected = bc("approve", "reject", batch["id"], "--key", str(keys["bob"]), "--reason", "wrong nodes", "--json")
+    bob = keys["bob"]
+    args = ("approve", "reject", batch["id"], "--key", str(bob.key), "--reason", "wrong nodes", "--json")
+    rejected = as_operator(bob.config, *args)
     assert rejected.exit_code == 0 and json.loads(rejected.stdout)["state"] == "rejected", rejected.output
     refused(sign(batch["id"], keys["alice"]), 2, "is rejected; there is nothing to sign")
-    refused(bc("approve", "sign", "b-nope", "--key", str(keys["alice"]), "--yes"), 3, "no batch named 'b-nope'")
+    refused(bc("approve", "sign", "b-nope", "--key", str(keys["alice"].key), "--yes"), 3, "no batch named 'b-nope'")
     for row in lab.commands(batch["id"]):
         assert (row["state"], row["reason"]) == ("cancelled", "batch-rejected")
