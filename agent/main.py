@@ -442,7 +442,12 @@ class Agent:
 
 
 class SessionRunner:
-    """One session: the core over a link, plus the agent's outbox (events, status)."""
+    """One session: the core over a link, plus the agent's outbox (events, status).
+
+    Every frame goes out through `_send`, packed to the agent's frame budget first (`agent.framing`): the
+    Hello carries the unacked results that fit and the rest follow Welcome, events go in as many batches as
+    it takes, and a frame over the budget is never written.
+    """
 
     def __init__(self, agent: Agent, link: Link[GatewayMessage, NodeMessage]) -> None:
         self.agent = agent
