@@ -5,7 +5,8 @@ raise lands in `BcGroup.invoke`:
 
 * a `BcError` prints `error: <message>` on stderr and exits with its
   `exit_code` (see `bc.errors`);
-* click's own usage errors keep click's message and exit 2;
+* click's own usage errors (a bad option value, a missing argument) keep click's
+  message, on one line with a pointer to `--help`, and exit 2;
 * Ctrl-C exits 130 without a word;
 * anything else is a bug or an unexpected failure of the world: one line,
   exit 1, and a hint that `--debug` shows the traceback.
@@ -52,6 +53,11 @@ class BcGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:
+            # click's own form is four lines ("Usage: …", "Try …", "", "Error: …"); ours is one.
+            where = e.ctx.command_path if e.ctx is not None else "bc"
+            _report(ctx, e, f"{e.format_message()} (see `{where} --help`)")
+            ctx.exit(e.exit_code)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except BcError as e:

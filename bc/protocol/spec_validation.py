@@ -72,7 +72,7 @@ def _strings(msg: Message, path: str = "") -> Iterator[tuple[str, str]]:
     for fd, value in msg.ListFields():
         name = f"{path}{fd.name}"
         if fd.type == FieldDescriptor.TYPE_MESSAGE:
-            if fd.message_type.GetOptions().map_entry:
+            if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
                 for k, v in value.items():
                     yield f"{name} key", str(k)
                     if isinstance(v, str):

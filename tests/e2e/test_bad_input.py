@@ -104,3 +104,82 @@ def test_bad_input(lab: Lab) -> None:
 
     assert not problems, "\n".join(problems)
     assert_no_tracebacks(lab)
+
+
+@pytest.mark.e2e
+def test_unexpected_input_is_a_sentence_and_the_documented_exit_code(lab: Lab) -> None:
+    """Hostile or careless input: exit 2 (or 6 for a refused identity), one line, nothing stored."""
+    lab.serve()
+    lab.join("n1", lab.token("n1"))
+    lab.node("n1")
+    lab.wait_converged("n1")
+    lab.bc("spec", "set", "n1", "telemetry", '{"otlp_endpoint": "http://127.0.0.1:4317"}')
+
+    token = lab.token("n7")
+    parts = token.split(".")
+    parts[2] = ("A" if parts[2][0] != "A" else "B") + parts[2][1:]
+    wrong_secret = ".".join(parts)
+
+    not_utf8 = lab.root / "payload-latin1.json"
+    not_utf8.write_bytes(b'{"upload_url": "http://caf\xe9/"}')
+    deep = "[" * 30_000 + "]" * 30_000  # one argv string holds at most 128 KiB
+
+    before = stored(lab)
+    server = lab.address
+    cases: list[tuple[str, tuple[str, ...], int, str | None]] = [
+        (
+            "token whose secret does not match",
+            ("join", "--server", server, "--token", wrong_secret, "--data-dir", str(lab.root / "j-secret")),
+            6,
+            "secret does not match",
+        ),
+        ("payload nested 30,000 deep", ("cmd", "run", "n1", "inventory.refresh", "--payload", deep), 2, "nests"),
+        ("payload file not UTF-8", ("cmd", "run", "n1", "logs.collect", "--payload", f"@{not_utf8}"), 2, "UTF-8"),
+        ("seq beyond int64", ("events", "--after", str(2**70)), 2, None),
+        ("gpus beyond any node", ("reserve", "--gpus", "99999999999"), 2, None),
+        (
+            "deadline of ten thousand years",
+            ("cmd", "run", "n1", "inventory.refresh", "--not-after", "3650000d"),
+            2,
+            "ten",
+        ),
+        ("node id with a trailing newline", ("token", "create", "--node-id", "n9\n"), 2, "invalid node id"),
+        (
+            "escape sequence in a spec string",
+            ("spec", "set", "n1", "telemetry", '{"resource_attributes": {"rack": "r1\\u001b]0;pwned\\u0007"}}'),
+            2,
+            "U+001B",
+        ),
+        ("unit name that is a path", ("spec", "set", "n1", "host", '{"units": [{"name": "../../etc/x"}]}'), 2, None),
+        (
+            "settings_json that is not an object",
+            ("spec", "set", "n1", "host", '{"units": [{"name": "sysctl", "settings_json": "[1]"}]}'),
+            2,
+            "JSON object",
+        ),
+    ]
+    problems: list[str] = []
+    for label, args, code, mentions in cases:
+        r = lab.run(*args)
+        problems += refusal_problems(label, r, mentions)
+        if r.returncode != code:
+            problems.append(f"{label}: exit {r.returncode}, not {code}: {r.stderr.strip()!r}")
+        if "Error:" in r.stderr.replace("error:", "") and "Usage:" not in r.stderr:
+            problems.append(f"{label}: a Python class name leaked: {r.stderr!r}")
+    if (lab.root / "j-secret").exists() and any((lab.root / "j-secret").iterdir()):
+        problems.append("a refused join left files behind")
+    after = stored(lab)
+    for key in before:
+        if after[key] != before[key]:
+            problems.append(f"{key} changed:\n  before {before[key]}\n  after  {after[key]}")
+
+    # The real token still joins: a wrong secret burns nothing.
+    if lab.run("join", "--server", server, "--token", token, "--data-dir", str(lab.root / "j-ok")).returncode != 0:
+        problems.append("the genuine n7 token no longer joins after a wrong-secret attempt")
+    # Filters are literal: `_` is a character, not a wildcard.
+    if lab.bc("events", "--type", "node_") != []:
+        problems.append("`bc events --type node_` matched events whose type has no underscore")
+    if not lab.bc("events", "--type", "node."):
+        problems.append("`bc events --type node.` matched nothing")
+    assert not problems, "\n".join(problems)
+    assert_no_tracebacks(lab)
