@@ -71,7 +71,7 @@ async def authorize(store: Store, peer: PeerIdentity, need: str, what: str) -> C
         )
     role = str(row["role"])
     if RANK[role] < RANK[need]:
-        raise Unauthenticated(f"{what} needs the {need} role; operator {name} is a {role}")
+        raise Unauthenticated(f"{what} needs the {need} role; operator {name} has the {role} role")
     return Caller(name, role)
 
 

@@ -170,6 +170,7 @@ def batch_info(row: Row, leaves: list[Row], decisions: list[Row], now_ms: int) -
             reason=str(d["reason"] or ""),
             at_age_ms=max(0, now_ms - int(d["at_ms"])),
             expires_at_ms=int(d["expires_at_ms"]),
+            operator=str(d.get("operator") or ""),
         )
     # What still counts: an expired approval is shown among the decisions but no longer counts.
     info.approvals = sum(1 for d in decisions if str(d["decision"]) == "approve" and int(d["expires_at_ms"]) > now_ms)

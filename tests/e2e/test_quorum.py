@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +46,62 @@ APPROVERS = ("alice", "bob", "carol")
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def add_approvers(lab: Lab, names: tuple[str, ...] = APPROVERS, k: int = 2) -> dict[str, Path]:
-    """`bc approve keygen` for each (on "their own machine"), `bc approvers add`, then `bc approvers threshold k`."""
-    files: dict[str, Path] = {}
+@dataclass(frozen=True)
+class Approver:
+    """A person: their approver key file and the client config `bc operators add` wrote for them."""
+
+    name: str
+    key: Path
+    config: Path
+
+    def env(self) -> dict[str, str]:
+        return {"BC_CONFIG": str(self.config)}
+
+
+def add_operator(lab: Lab, name: str, role: str = "operator") -> Path:
+    """`bc operators add NAME --role ROLE --out FILE`: the config to hand to that person."""
+    out = lab.root / "operators" / f"{name}.bc-config.json"
+    out.parent.mkdir(exist_ok=True)
+    doc = lab.bc("operators", "add", name, "--role", role, "--out", str(out))
+    assert doc["operator"]["role"] == role and out.stat().st_mode & 0o777 == 0o600, doc
+    return out
+
+
+def approve_change(lab: Lab, change_id: str, signers: list[Approver]) -> dict[str, Any]:
+    """`bc approve sign q-…` by each signer, as themselves, until the change applies."""
+    doc: dict[str, Any] = {}
+    for a in signers:
+        doc = lab.bc("approve", "sign", change_id, "--key", str(a.key), "--yes", env=a.env())
+        if doc["state"] == "applied":
+            break
+    assert doc.get("state") == "applied", doc
+    return doc
+
+
+def settle(lab: Lab, doc: dict[str, Any], signers: list[Approver]) -> dict[str, Any]:
+    """After `bc approvers …`: a pending quorum change is signed by the approvers already there."""
+    change = doc.get("change") or {}
+    if change.get("state") == "pending":
+        approve_change(lab, change["id"], signers)
+        return dict(lab.bc("approvers"))
+    return doc
+
+
+def add_approvers(lab: Lab, names: tuple[str, ...] = APPROVERS, k: int = 2) -> dict[str, Approver]:
+    """For each person: `bc operators add`, `bc approve keygen` (on "their own machine"), `bc approvers add`
+    (a quorum change the approvers already there sign), then `bc approvers threshold k`."""
+    people: dict[str, Approver] = {}
     for name in names:
+        config = add_operator(lab, name)
         path = lab.root / "approvers" / f"{name}.key"
         path.parent.mkdir(exist_ok=True)
         key = lab.bc("approve", "keygen", "--out", str(path))
         assert key["key_id"].startswith("sha256:") and path.stat().st_mode & 0o777 == 0o600, key
-        lab.bc("approvers", "add", name, key["public_key"])
-        files[name] = path
-    doc = lab.bc("approvers", "threshold", str(k))
+        settle(lab, lab.bc("approvers", "add", name, key["public_key"]), list(people.values()))
+        people[name] = Approver(name, path, config)
+    doc = settle(lab, lab.bc("approvers", "threshold", str(k)), list(people.values()))
     assert doc["threshold"] == k and sorted(a["name"] for a in doc["approvers"]) == sorted(names), doc
-    return files
+    return people
 
 
 def held_bundle(lab: Lab, node_id: str) -> common_pb2.TrustBundle:
@@ -77,21 +121,32 @@ def wait_approvers_held(lab: Lab, node_ids: list[str], n: int, k: int) -> None:
         lab.wait_for(f"{node_id} to hold {n} approver keys with k={k}", holds, timeout=15)
 
 
-def create_reset_batch(lab: Lab, gpus: dict[str, str]) -> dict[str, Any]:
+def create_reset_batch(lab: Lab, gpus: dict[str, str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """`bc batch create --kind gpu.reset --nodes … --payload @p.json`: one payload naming each node's GPU."""
     payload = lab.root / "p.json"
     payload.write_text(json.dumps({"gpu_uuids": sorted(gpus.values())}))
     nodes = ",".join(gpus)
     doc = lab.bc(
-        "batch", "create", "--kind", "gpu.reset", "--nodes", nodes, "--payload", f"@{payload}", "--reason", "XID 79"
+        "batch",
+        "create",
+        "--kind",
+        "gpu.reset",
+        "--nodes",
+        nodes,
+        "--payload",
+        f"@{payload}",
+        "--reason",
+        "XID 79",
+        env=env,
     )
     assert doc["id"].startswith("b-") and doc["state"] == "pending", doc
     assert [leaf["node_id"] for leaf in doc["leaves"]] == list(gpus), doc
     return dict(doc)
 
 
-def sign(lab: Lab, batch_id: str, key: Path) -> dict[str, Any]:
-    doc = lab.bc("approve", "sign", batch_id, "--key", str(key), "--yes")
+def sign(lab: Lab, batch_id: str, who: Approver) -> dict[str, Any]:
+    """`bc approve sign` on the approver's own machine: their key, their operator config."""
+    doc = lab.bc("approve", "sign", batch_id, "--key", str(who.key), "--yes", env=who.env())
     assert doc["id"] == batch_id, doc
     return dict(doc)
 
@@ -237,7 +292,8 @@ def test_approvers_see_the_waiting_batch_and_one_rejection_cancels_it(lab: Lab) 
         assert n in text and cmds[n] in text
 
     sign(lab, bid, keys["alice"])
-    rejected = lab.bc("approve", "reject", bid, "--key", str(keys["bob"]), "--reason", "wrong nodes")
+    bob = keys["bob"]
+    rejected = lab.bc("approve", "reject", bid, "--key", str(bob.key), "--reason", "wrong nodes", env=bob.env())
     assert rejected["state"] == "rejected", rejected
     assert {(d["name"], d["decision"], d["reason"]) for d in rejected["decisions"]} == {
         ("alice", "approve", ""),
@@ -247,7 +303,8 @@ def test_approvers_see_the_waiting_batch_and_one_rejection_cancels_it(lab: Lab) 
         doc = show(lab, cmds[n])
         assert_outcome(doc, "cancelled", "batch-rejected")
     assert not [b for b in lab.bc("approve", "list") if b["id"] == bid]
-    late = lab.run("approve", "sign", bid, "--key", str(keys["carol"]), "--yes")
+    carol = keys["carol"]
+    late = lab.run("approve", "sign", bid, "--key", str(carol.key), "--yes", env=carol.env())
     assert late.returncode == 2 and "is rejected; there is nothing to sign" in late.stderr, late.stderr
 
     # Later commands reach both nodes; the batch's never did.

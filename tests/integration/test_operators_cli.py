@@ -92,7 +92,7 @@ def test_a_viewer_lists_and_shows_but_writes_nothing(lab: Lab, tmp_path: Path) -
         r = as_operator(viewer, *args)
         assert r.exit_code == 0, (args, r.output)
     refusals = [
-        (("reserve", "--gpus", "1"), "reserving GPUs needs the operator role; operator bob is a viewer"),
+        (("reserve", "--gpus", "1"), "reserving GPUs needs the operator role; operator bob has the viewer role"),
         (("cmd", "run", "n1", "diag.nvml"), "running a command needs the operator role"),
         (("spec", "set", "n1", "telemetry", "{}"), "setting a spec section needs the operator role"),
         (("token", "create", "--node-id", "n9"), "creating a join token needs the admin role"),
