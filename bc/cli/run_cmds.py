@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from bc.cli.output import echo
 from bc.cli.render import dumps, with_progress
 from bc.config import default_data_dir
 from bc.errors import UsageError
@@ -104,11 +105,11 @@ def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_jso
             "data_dir": str(data_dir),
             "moved_aside": [str(p) for p in result.moved_aside],
         }
-        click.echo(dumps(doc))
+        echo(dumps(doc))
         return
     if result.moved_aside:
-        click.echo(f"moved aside: {', '.join(p.name for p in result.moved_aside)}")
-    click.echo(f"joined as {result.node_id}; identity stored in {data_dir}")
+        echo(f"moved aside: {', '.join(p.name for p in result.moved_aside)}")
+    echo(f"joined as {result.node_id}; identity stored in {data_dir}")
 
 
 @click.command("node")

@@ -30,6 +30,7 @@ from pathlib import PurePosixPath
 
 import click
 
+from bc.cli.output import echo
 from bc.cli.render import dumps
 from bc.errors import UsageError
 from bc.version import bc_version, build_info
@@ -262,7 +263,7 @@ def print_serve(data_dir: str, listen: str, advertise: tuple[str, ...], bin_path
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise UsageError(f"--listen must be HOST:PORT, not {listen!r}")
-    click.echo(
+    echo(
         serve_unit(
             bin_path=_absolute(bin_path, "--bin"),
             data_dir=_absolute(data_dir, "--data-dir"),
@@ -296,7 +297,7 @@ def print_node(
     bin_path: str,
 ) -> None:
     """The agent's unit (bc-node.service)."""
-    click.echo(
+    echo(
         node_unit(
             bin_path=_absolute(bin_path, "--bin"),
             data_dir=_absolute(data_dir, "--data-dir"),
@@ -315,7 +316,7 @@ def print_node(
 def version(as_json: bool) -> None:
     """The version, commit, build date, Python and library versions (as `bc --version`)."""
     info = build_info()
-    click.echo(dumps(info.to_json()) if as_json else info.text())
+    echo(dumps(info.to_json()) if as_json else info.text())
 
 
 COMMANDS: tuple[click.Command, ...] = (unit, version)
