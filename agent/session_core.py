@@ -15,7 +15,9 @@ Rules it enforces:
 
 * The server time mark only moves forward, and a Welcome whose server time is
   more than 5 minutes before the mark is refused: a gateway cannot wind the
-  node's clock back into an expired signer's window.
+  node's clock back into an expired signer's window. The mark never runs more
+  than those 5 minutes ahead of the host's own clock, so a gateway cannot
+  push it so far forward that every honest Welcome after it is refused.
 * A DesiredState body for another node, or with a generation not above the
   one held, is ignored. One that would be applied must pass `spec_check`
   (the signature, once the node holds command-signing roots), else it is
@@ -294,9 +296,13 @@ class AgentSessionCore:
         if server_time_ms <= 0:
             return []
         self.offset_ms = server_time_ms - local_wall_ms
-        if server_time_ms > self.time_mark_ms:
-            self.time_mark_ms = server_time_ms
-            return [AdvanceTimeMark(server_time_ms)]
+        # Welcome and heartbeats are not signed: a gateway that could push the mark far ahead would
+        # make every honest Welcome after it "more than 5 minutes before the mark", cutting the node
+        # off for good. The mark never runs ahead of this host's clock by more than the rewind limit.
+        mark = min(server_time_ms, local_wall_ms + REWIND_LIMIT_MS)
+        if mark > self.time_mark_ms:
+            self.time_mark_ms = mark
+            return [AdvanceTimeMark(mark)]
         return []
 
     def _desired_state(self, ds: session_pb2.DesiredState, local_wall_ms: int) -> list[Effect]:
