@@ -30,6 +30,7 @@ from bc.control.reservations import mark_binding_lost, on_allocation_report
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import session_pb2
 from bc.store import Store, Tx
+from bc.store import node_events as node_events_sql
 
 log = logging.getLogger("bc.gateway.ingest")
 
@@ -137,9 +138,7 @@ async def ingest(store: Store, bus: Bus, node_id: str, batch: session_pb2.EventB
     """Store and handle a batch; returns the Ack to send, or None for another journal's batch."""
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        sess = await tx.fetchone(
-            "SELECT journal_id, acked_event_seq FROM node_sessions WHERE node_id = :n", {"n": node_id}
-        )
+        sess = await node_events_sql.session_cursor(tx, node_id)
         if sess is None or str(sess["journal_id"]) != batch.journal_id:
             return None
         acked = int(sess["acked_event_seq"])
@@ -149,27 +148,20 @@ async def ingest(store: Store, bus: Bus, node_id: str, batch: session_pb2.EventB
                 continue
             size = ev.ByteSize()
             too_large = size > LIMITS.max_event_bytes
-            n = await tx.execute(
-                "INSERT INTO node_events (node_id, journal_id, seq, type, body, received_at_ms)"
-                " VALUES (:n, :j, :s, :t, :b, :r) ON CONFLICT DO NOTHING",
-                {
-                    "n": node_id,
-                    "j": batch.journal_id,
-                    "s": ev.seq,
-                    "t": ev.type,
-                    "b": b"" if too_large else ev.SerializeToString(),
-                    "r": now_ms,
-                },
+            new = await node_events_sql.insert(
+                tx,
+                node_id=node_id,
+                journal_id=batch.journal_id,
+                seq=ev.seq,
+                type_=ev.type,
+                body=b"" if too_large else ev.SerializeToString(),
+                now_ms=now_ms,
             )
-            if n == 1 and too_large:
+            if new and too_large:
                 await _refuse_event(tx, bus, node_id, ev, size, now_ms)
-            elif n == 1:
+            elif new:
                 await _handle(tx, bus, store, node_id, ev, now_ms)
             top = max(top, ev.seq)
         if top > acked:
-            await tx.execute(
-                "UPDATE node_sessions SET acked_event_seq = :s WHERE node_id = :n AND journal_id = :j"
-                " AND acked_event_seq < :s",
-                {"s": top, "n": node_id, "j": batch.journal_id},
-            )
+            await node_events_sql.advance_ack(tx, node_id, batch.journal_id, top)
     return session_pb2.Ack(journal_id=batch.journal_id, event_seq=top)

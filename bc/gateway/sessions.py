@@ -368,7 +368,7 @@ class SessionDriver:
 
     async def _check_generation(self, reason: str) -> None:
         async with self.gw.store.transaction(write=False) as tx:
-            g = await tx.fetchval("SELECT generation FROM nodes WHERE node_id = :n", {"n": self.node_id})
+            g = await nodes_sql.generation(tx, self.node_id)
         if g is not None:
             await self._execute(self.core.generation_is(int(g), reason))
 
@@ -437,7 +437,7 @@ class SessionDriver:
         to_send: list[str] = []
         cancels: list[tuple[str, str]] = []
         async with store.transaction() as tx:
-            node = await tx.fetchone("SELECT role, labels FROM nodes WHERE node_id = :n", {"n": self.node_id})
+            node = await nodes_sql.role_and_labels(tx, self.node_id)
             if node is None:
                 return
             labels = json.loads(str(node["labels"] or "{}"))

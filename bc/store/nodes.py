@@ -50,6 +50,15 @@ async def placement_facts(tx: Tx, node_id: str | None = None) -> list[Row]:
     )
 
 
+async def generation(tx: Tx, node_id: str) -> int | None:
+    v = await tx.fetchval("SELECT generation FROM nodes WHERE node_id = :n", {"n": node_id})
+    return None if v is None else int(v)
+
+
+async def role_and_labels(tx: Tx, node_id: str) -> Row | None:
+    return await tx.fetchone("SELECT role, labels FROM nodes WHERE node_id = :n", {"n": node_id})
+
+
 async def ensure(tx: Tx, node_id: str, role: str, now_ms: int) -> bool:
     """Create the node row if absent; True when it was created."""
     n = await tx.execute(
