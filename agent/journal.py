@@ -49,6 +49,7 @@ from agent import journal_aside
 from agent import journal_rules as rules
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
 from bc.errors import UsageError
+from bc.pki import keys
 from bc.protocol.limits import LIMITS, Limits
 from bc.protocol.pb import session_pb2
 
@@ -131,7 +132,7 @@ class Journal:
 
     @staticmethod
     async def _open(path: Path, node_id: str, bounds: tuple[int, int]) -> Journal:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(keys.make_private_sqlite, path)  # the journal holds results and specs: 0600
         conn = await aiosqlite.connect(str(path), isolation_level=None)
         try:
             for p in ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL"):

@@ -112,6 +112,30 @@ def write_file_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     fsync_dir(parent)
 
 
+PRIVATE_MODE = 0o600
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def make_private_sqlite(path: Path) -> None:
+    """Create the SQLite file `path` 0600 if missing, and narrow it and its side files to 0600. Blocking.
+
+    The umask and the directory's mode do not matter: the file is fchmod'ed after it is opened, and SQLite
+    creates `-wal`/`-shm` with its database file's mode, so a store or journal never leaks to other users.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_MODE)  # masked by the umask: fchmod below
+    try:
+        os.fchmod(fd, PRIVATE_MODE)
+    finally:
+        os.close(fd)
+    for suffix in SQLITE_SIDE_FILES:
+        try:
+            os.chmod(f"{path}{suffix}", PRIVATE_MODE)
+        except FileNotFoundError:
+            pass
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or a new file in `path` survive a power cut."""
     dir_fd = os.open(path, os.O_RDONLY)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -30,6 +29,7 @@ from typing import Any
 import aiosqlite
 
 from bc.clock import Clock, SystemClock
+from bc.pki import keys
 from bc.store.base import Params, Row, Store, StoreError, Tx
 from bc.store.migrate import apply_migrations
 
@@ -41,23 +41,8 @@ PRAGMAS = (
 )
 
 
-FILE_MODE = 0o600
-_SIDE_FILES = ("-wal", "-shm", "-journal")
-
-
-def make_private(path: Path) -> None:
-    """Create the database file 0600 (if missing) and narrow it and its side files to 0600. Blocking."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)  # the mode is masked by the umask: fchmod below
-    try:
-        os.fchmod(fd, FILE_MODE)
-    finally:
-        os.close(fd)
-    for suffix in _SIDE_FILES:
-        try:
-            os.chmod(f"{path}{suffix}", FILE_MODE)
-        except FileNotFoundError:
-            pass
+FILE_MODE = keys.PRIVATE_MODE
+make_private = keys.make_private_sqlite
 
 
 @dataclass(frozen=True)
