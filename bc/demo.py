@@ -4,8 +4,10 @@ Starts `bc serve` on the embedded store, joins three fake-hardware nodes with
 one-time tokens, places a GPU hold, shows it reach its node as a CDI spec and
 the generations converge, releases it, runs commands on every lane, shows a
 forged command refused by its node (every command and spec is signed), a
-node revoked and ejected, and a GPU-reset batch that waits for two of three
-approvers and runs exactly once, and prints a summary. Everything runs
+node revoked and ejected, named operators with roles (a viewer refused a
+write), a GPU-reset batch that waits for two of three approvers (each signing
+under their own operator's certificate) and runs exactly once, a threshold
+change that itself needs two approvals, and prints a summary. Everything runs
 as subprocesses of the installed `bc`, in `.demo/` (kept afterwards for a look
 at the logs and files), and every wait has a deadline.
 """
@@ -88,17 +90,31 @@ class Tour:
         c = self.bcj("cmd", "show", command_id)
         return c if c["state"] in ("succeeded", "failed", "rejected", "cancelled", "expired") else None
 
-    def bc(self, *args: str, show: bool = False) -> str:
-        r = subprocess.run([self.bc_path, *args], capture_output=True, text=True, env=self.env, timeout=60)
+    def bc(self, *args: str, show: bool = False, config: Path | None = None) -> str:
+        """`bc ARGS` as the local admin, or as the person whose client config is `config`."""
+        env = {**self.env, "BC_CONFIG": str(config)} if config else self.env
+        r = subprocess.run([self.bc_path, *args], capture_output=True, text=True, env=env, timeout=60)
         if r.returncode != 0:
             raise DemoFailed(f"`bc {' '.join(args)}` exited {r.returncode}: {r.stderr.strip()}")
         if show:
-            print(f"$ bc {' '.join(args)}")
+            who = f"BC_CONFIG={config.name} " if config else ""
+            print(f"$ {who}bc {' '.join(args)}")
             print(r.stdout.rstrip())
         return r.stdout
 
-    def bcj(self, *args: str) -> Any:
-        return json.loads(self.bc(*args, "--json"))
+    def bcj(self, *args: str, config: Path | None = None) -> Any:
+        return json.loads(self.bc(*args, "--json", config=config))
+
+    def refused(self, *args: str, config: Path) -> str:
+        """`bc ARGS` as that person, expected to be refused; returns its one error line."""
+        env = {**self.env, "BC_CONFIG": str(config)}
+        r = subprocess.run([self.bc_path, *args], capture_output=True, text=True, env=env, timeout=60)
+        if r.returncode == 0:
+            raise DemoFailed(f"`bc {' '.join(args)}` as {config.name} was not refused")
+        error = [line for line in r.stderr.splitlines() if line.startswith("error: ")][-1]
+        print(f"$ BC_CONFIG={config.name} bc {' '.join(args)}   # exit {r.returncode}")
+        print(error)
+        return error
 
     def wait(self, what: str, pred: Callable[[], Any], timeout: float = 30.0) -> Any:
         end = time.monotonic() + timeout
@@ -165,6 +181,15 @@ class Tour:
         finally:
             db.close()
         return cid
+
+    def _held_k(self, node_id: str) -> int:
+        """The k in the trust bundle the node holds (identity.json, written whole by the agent)."""
+        import base64
+
+        from bc.protocol.pb import common_pb2
+
+        doc = json.loads((self.root / node_id / "identity.json").read_text())
+        return common_pb2.TrustBundle.FromString(base64.b64decode(doc.get("trust_bundle_b64", ""))).quorum_k
 
     def stop(self) -> None:
         for p in self.procs.values():
@@ -284,14 +309,32 @@ class Tour:
         print(f"n3 out after {revoked_s:.1f} s; its agent exited with {self.procs['n3'].returncode}")
         self.bc("nodes", show=True)
 
-        self.say("the destructive-batch quorum: three approvers, any two must sign a GPU reset")
-        keys = {}
+        self.say("named operators: each person gets a client config with a role; a viewer reads and writes nothing")
+        viewer = self.root / "dana.bc-config.json"
+        self.bc("operators", "add", "dana", "--role", "viewer", "--out", str(viewer), show=True)
+        print(f"dana sees {len(self.bcj('nodes', config=viewer))} nodes")
+        viewer_refused = self.refused("reserve", "--gpus", "1", config=viewer)
+
+        self.say("the destructive-batch quorum: three people, each an operator with an approver key; any two sign")
+        keys: dict[str, Path] = {}
+        configs: dict[str, Path] = {}
         for name in ("alice", "bob", "carol"):
+            configs[name] = self.root / f"{name}.bc-config.json"
+            self.bc("operators", "add", name, "--role", "operator", "--out", str(configs[name]))
             key = self.root / f"{name}.key"
             pub = self.bcj("approve", "keygen", "--out", str(key))["public_key"]
-            self.bc("approvers", "add", name, pub)
+            change = self.bcj("approvers", "add", name, pub).get("change") or {}
+            if change.get("state") == "pending":
+                # With approvers present the set changes only with their approvals, each under their own certificate.
+                print(f"adding {name} is quorum change {change['id']}: {change['summary']}")
+                for signer in keys:
+                    done = self.bcj(
+                        "approve", "sign", change["id"], "--key", str(keys[signer]), "--yes", config=configs[signer]
+                    )
+                    print(f"  {signer} signs: {done['approvals']} of {done['threshold']}, {done['state']}")
+                    if done["state"] == "applied":
+                        break
             keys[name] = key
-        self.bc("approvers", "threshold", "2")
         self.bc("approvers", show=True)
         uuids = [self.node(n)["inventory"]["gpus"][1]["uuid"] for n in ("n1", "n2")]
         payload = self.root / "reset.json"
@@ -310,10 +353,11 @@ class Tour:
         )
         bid = batch["id"]
         self.bc("approve", "list", show=True)
-        self.bc("approve", "sign", bid, "--key", str(keys["alice"]), "--yes", show=True)
+        stolen = self.refused("approve", "sign", bid, "--key", str(keys["alice"]), "--yes", config=configs["bob"])
+        self.bc("approve", "sign", bid, "--key", str(keys["alice"]), "--yes", show=True, config=configs["alice"])
         held = [self.bcj("cmd", "show", leaf["command_id"])["state"] for leaf in batch["leaves"]]
         print(f"with one approval the batch's commands are still {held}")
-        self.bc("approve", "sign", bid, "--key", str(keys["bob"]), "--yes", show=True)
+        self.bc("approve", "sign", bid, "--key", str(keys["bob"]), "--yes", show=True, config=configs["bob"])
         for leaf in batch["leaves"]:
             cid = str(leaf["command_id"])
             done = self.wait(f"the reset on {leaf['node_id']}", partial(self._settled, cid))
@@ -327,6 +371,15 @@ class Tour:
         print(f"each leaf ran exactly once: {counts}")
         lone = self.cmd("n1", "gpu.reset", json.dumps({"gpu_uuids": [uuids[0]]}))
         print(f"an unbatched gpu.reset: {lone['state']} {lone['reason']}")
+
+        self.say("raising k is itself a quorum change: it reaches the nodes only once two approvers sign it")
+        change = self.bcj("approvers", "threshold", "3")["change"]
+        self.bc("approve", "show", change["id"], show=True)
+        for signer in ("carol", "alice"):
+            self.bc(
+                "approve", "sign", change["id"], "--key", str(keys[signer]), "--yes", show=True, config=configs[signer]
+            )
+        k_held = self.wait("n1 to hold k = 3", lambda: self._held_k("n1") == 3 and 3)
         events = self.bcj("events", "--limit", "1000")
         return {
             "nodes": len(NODES),
@@ -338,7 +391,10 @@ class Tour:
             "reboot": f"{reboot['state']} {reboot['reason']}",
             "forged_command": f"{refused['state']} {refused['reason']}",
             "revoked_node_out_s": round(revoked_s, 1),
+            "viewer_reserve": viewer_refused.removeprefix("error: "),
+            "approval_under_another_operator": stolen.removeprefix("error: "),
             "quorum_batch": f"approved by 2 of 3, each leaf ran once: {ran_once}",
+            "threshold_change": f"k = {k_held} on n1 after two approvals of the current approvers",
             "unbatched_reset": f"{lone['state']} {lone['reason']}",
             "elapsed_s": round(time.monotonic() - t0, 1),
             "lab": str(self.root),
