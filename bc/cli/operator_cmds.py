@@ -14,6 +14,7 @@ import click
 from cryptography.hazmat.primitives import serialization
 
 from bc.cli.admin_cmds import call_admin, echo_json, json_option
+from bc.cli.output import echo
 from bc.cli.render import format_age, format_time_ms, message_to_json, render_table
 from bc.config import OperatorConfig, find_operator_config
 from bc.control.operators import DEFAULT_ROLE, ROLES
@@ -47,7 +48,7 @@ def _show(ops: list[admin_pb2.OperatorInfo], as_json: bool) -> None:
         )
         for o in ops
     ]
-    click.echo(render_table(("NAME", "ROLE", "STATE", "CERTS", "CERT EXPIRES", "ADDED"), rows))
+    echo(render_table(("NAME", "ROLE", "STATE", "CERTS", "CERT EXPIRES", "ADDED"), rows))
 
 
 @operators.command("list")
@@ -91,8 +92,8 @@ def operators_add(name: str, role: str, out: Path | None, as_json: bool) -> None
     if as_json:
         echo_json({"operator": message_to_json(resp.operator), "config": str(out)})
         return
-    click.echo(f"operator {name} added as {role}; its client config is {out} (0600, it holds the private key)")
-    click.echo(f"hand it to {name} over a private channel; they run: BC_CONFIG={out} bc nodes")
+    echo(f"operator {name} added as {role}; its client config is {out} (0600, it holds the private key)")
+    echo(f"hand it to {name} over a private channel; they run: BC_CONFIG={out} bc nodes")
 
 
 @operators.command("revoke")
@@ -105,7 +106,7 @@ def operators_revoke(name: str, reason: str, as_json: bool) -> None:
     if as_json:
         echo_json(message_to_json(info))
         return
-    click.echo(f"operator {info.name} is revoked: every gateway refuses its certificates from now on")
+    echo(f"operator {info.name} is revoked: every gateway refuses its certificates from now on")
 
 
 COMMANDS: tuple[click.Command, ...] = (operators,)

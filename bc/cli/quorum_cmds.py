@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from bc.cli.admin_cmds import call_admin, echo_json, json_option, read_json_object
+from bc.cli.output import echo
 from bc.cli.render import cell, format_age, format_time_ms, message_to_json, parse_duration, render_fields, render_table
 from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
@@ -137,10 +138,10 @@ def approve_keygen(out: Path, as_json: bool) -> None:
     if as_json:
         echo_json(doc)
         return
-    click.echo(f"approver key written to {out} (keep it to yourself)")
-    click.echo(f"key id:     {doc['key_id']}")
-    click.echo(f"public key: {doc['public_key']}")
-    click.echo(f"on the server: bc approvers add NAME {doc['public_key']}")
+    echo(f"approver key written to {out} (keep it to yourself)")
+    echo(f"key id:     {doc['key_id']}")
+    echo(f"public key: {doc['public_key']}")
+    echo(f"on the server: bc approvers add NAME {doc['public_key']}")
 
 
 @approve.command("list")
@@ -153,7 +154,7 @@ def approve_list(as_json: bool) -> None:
         echo_json([message_to_json(b) for b in batches] + [message_to_json(c) for c in changes])
         return
     if not batches and not changes:
-        click.echo("nothing is waiting for approval", err=True)
+        echo("nothing is waiting for approval", err=True)
         return
     rows = [
         (b.id, cell(scope_summary(b), width=60), f"{b.approvals}/{b.threshold}", b.requested_by, cell(b.reason))
@@ -163,7 +164,7 @@ def approve_list(as_json: bool) -> None:
         (c.id, cell(change_summary(c), width=60), f"{c.approvals}/{c.threshold}", c.requested_by, "quorum change")
         for c in changes
     ]
-    click.echo(render_table(("ID", "WHAT", "APPROVALS", "REQUESTED BY", "REASON"), rows))
+    echo(render_table(("ID", "WHAT", "APPROVALS", "REQUESTED BY", "REASON"), rows))
 
 
 @approve.command("show")
@@ -176,7 +177,7 @@ def approve_show(batch_id: str, as_json: bool) -> None:
         if as_json:
             echo_json(message_to_json(c))
             return
-        click.echo(render_change(c))
+        echo(render_change(c))
         return
     _show_batch(batch_id, as_json)
 
@@ -186,11 +187,11 @@ def _show_batch(batch_id: str, as_json: bool) -> None:
     if as_json:
         echo_json(message_to_json(b))
         return
-    click.echo(render_batch(b))
+    echo(render_batch(b))
 
 
 def _confirm(b: admin_pb2.BatchInfo, verb: str, yes: bool) -> None:
-    click.echo(render_batch(b), err=True)
+    echo(render_batch(b), err=True)
     if yes:
         return
     if not sys.stdin.isatty():
@@ -225,7 +226,7 @@ def approve_sign(batch_id: str, key_file: Path, expires_in: str, yes: bool, as_j
     if as_json:
         echo_json(message_to_json(after))
         return
-    click.echo(f"signed batch {batch_id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
+    echo(f"signed batch {batch_id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
 
 
 @approve.command("reject")
@@ -247,7 +248,7 @@ def approve_reject(batch_id: str, key_file: Path, reason: str, as_json: bool) ->
         if as_json:
             echo_json(message_to_json(done))
             return
-        click.echo(f"rejected quorum change {c.id}; the quorum settings stay as they are")
+        echo(f"rejected quorum change {c.id}; the quorum settings stay as they are")
         return
     b = call_admin(lambda c: c.get_batch(batch_id))
     root = bytes.fromhex(b.scope_root)
@@ -257,7 +258,7 @@ def approve_reject(batch_id: str, key_file: Path, reason: str, as_json: bool) ->
     if as_json:
         echo_json(message_to_json(after))
         return
-    click.echo(f"rejected batch {batch_id}; its commands are cancelled")
+    echo(f"rejected batch {batch_id}; its commands are cancelled")
 
 
 # -- bc approvers --------------------------------------------------------------------------
@@ -278,20 +279,20 @@ def _show_approvers(s: admin_pb2.ApproverSet, as_json: bool) -> None:
         return
     rows = [(a.name, a.operator or "(none)", a.key_id, a.public_key, format_age(a.added_age_ms)) for a in s.approvers]
     table = render_table(("NAME", "OPERATOR", "KEY ID", "PUBLIC KEY", "ADDED"), rows)
-    click.echo(table if rows else "no approvers")
+    echo(table if rows else "no approvers")
     note = "" if len(s.approvers) >= s.threshold else f" (only {len(s.approvers)} approver(s): no batch can pass)"
-    click.echo(f"threshold: {s.threshold} distinct approvers{note}")
-    click.echo(f"unbatched destructive commands: {s.unbatched_destructive_per_hour} an hour per node")
-    click.echo(f"quorum settings version: {s.version}")
+    echo(f"threshold: {s.threshold} distinct approvers{note}")
+    echo(f"unbatched destructive commands: {s.unbatched_destructive_per_hour} an hour per node")
+    echo(f"quorum settings version: {s.version}")
     if s.HasField("change"):
         c = s.change
         if c.state == "pending":
-            click.echo(
+            echo(
                 f"quorum change {c.id} is pending: it needs {c.threshold} approval(s) of the current approvers"
                 f" (bc approve show {c.id}; bc approve sign {c.id} --key FILE)"
             )
         else:
-            click.echo(f"quorum change {c.id} is {c.state}: {c.summary}")
+            echo(f"quorum change {c.id} is {c.state}: {c.summary}")
 
 
 @approvers.command("list")
@@ -362,8 +363,8 @@ def batch_create(kind: str, nodes_csv: str, payload: str, reason: str, not_after
     if as_json:
         echo_json(message_to_json(b))
         return
-    click.echo(f"batch {b.id}: {scope_summary(b)}, waiting for {b.threshold} approvals")
-    click.echo(f"approvers: bc approve show {b.id}; bc approve sign {b.id} --key FILE")
+    echo(f"batch {b.id}: {scope_summary(b)}, waiting for {b.threshold} approvals")
+    echo(f"approvers: bc approve show {b.id}; bc approve sign {b.id} --key FILE")
 
 
 @batch.command("list")
@@ -376,7 +377,7 @@ def batch_list(state: str | None, as_json: bool) -> None:
         echo_json([message_to_json(b) for b in batches])
         return
     rows = [(b.id, b.state, cell(scope_summary(b), width=60), f"{b.approvals}/{b.threshold}") for b in batches]
-    click.echo(render_table(("BATCH", "STATE", "SCOPE", "APPROVALS"), rows) if rows else "no batches")
+    echo(render_table(("BATCH", "STATE", "SCOPE", "APPROVALS"), rows) if rows else "no batches")
 
 
 @batch.command("show")
@@ -428,7 +429,7 @@ def _sign_change(change_id: str, key: ed25519.Ed25519PrivateKey, yes: bool, as_j
     if c.state != "pending":
         raise UsageError(f"quorum change {change_id} is {c.state}; there is nothing to sign")
     from_digest, to_digest = change_digests(c)
-    click.echo(render_change(c), err=True)
+    echo(render_change(c), err=True)
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError(f"not a terminal: add --yes to approve quorum change {c.id}")
@@ -440,7 +441,7 @@ def _sign_change(change_id: str, key: ed25519.Ed25519PrivateKey, yes: bool, as_j
     if as_json:
         echo_json(message_to_json(after))
         return
-    click.echo(f"signed quorum change {c.id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
+    echo(f"signed quorum change {c.id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
 
 
 COMMANDS: tuple[click.Command, ...] = (approve, approvers, batch)
