@@ -24,6 +24,7 @@ from bc.control import actor, approvers, commands, identity, node_admin, operato
 from bc.control.bus import Bus
 from bc.errors import BcError, NotFound, UsageError
 from bc.pki.ca import CertificateAuthority
+from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2
 from bc.store import Row, Store
 from bc.store import events as events_sql
@@ -35,6 +36,7 @@ from bc.store import revocation as rev_sql
 from bc.wire.status import abort_with
 from bc.wire.stubs import admin_pb2_grpc
 
+MAX_EVENTS_LIMIT = 10_000
 T = TypeVar("T")
 
 VIEWER, OPERATOR, ADMIN = operators.ROLES
@@ -265,9 +267,12 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.ListEventsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ListEventsResponse:
         async def go() -> admin_pb2.ListEventsResponse:
+            if not 0 <= request.limit <= MAX_EVENTS_LIMIT:
+                raise UsageError(f"the limit must be between 0 and {MAX_EVENTS_LIMIT:,}, not {request.limit}")
             async with self.store.transaction(write=False) as tx:
                 rows = await events_sql.list_events(tx, request.after_seq, request.limit or 1000, request.type_prefix)
-            return admin_pb2.ListEventsResponse(events=[views.event_record(r) for r in rows])
+            records = views.events_within([views.event_record(r) for r in rows], LIMITS.max_frame_bytes)
+            return admin_pb2.ListEventsResponse(events=records)
 
         return await self._call(context, go)
 
@@ -346,7 +351,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 self.store, node_id=request.node_id, state=request.state, limit=request.limit
             )
             now_ms = await self.store.now_ms()
-            return admin_pb2.ListCommandsResponse(commands=[views.command_info(r, now_ms) for r in rows])
+            infos = views.fit_command_results([views.command_info(r, now_ms) for r in rows], LIMITS.max_frame_bytes)
+            return admin_pb2.ListCommandsResponse(commands=infos)
 
         return await self._call(context, go)
 

@@ -175,3 +175,32 @@ def batch_info(row: Row, leaves: list[Row], decisions: list[Row], now_ms: int) -
     # What still counts: an expired approval is shown among the decisions but no longer counts.
     info.approvals = sum(1 for d in decisions if str(d["decision"]) == "approve" and int(d["expires_at_ms"]) > now_ms)
     return info
+
+
+def fit_command_results(infos: list[admin_pb2.CommandInfo], budget: int) -> list[admin_pb2.CommandInfo]:
+    """A list reply under `budget` encoded bytes: results are kept in order while they fit, then left out.
+
+    A result may be up to `max_result_bytes`, so a hundred of them would outgrow any frame and make the
+    list itself fail; every command's own fields always fit, and `bc cmd show ID` carries its result.
+    """
+    spent = sum(i.ByteSize() + 8 for i in infos) - sum(len(i.result_json.encode()) for i in infos)
+    for info in infos:
+        size = len(info.result_json.encode())
+        if spent + size > budget:
+            info.result_json = ""
+            info.result_omitted = True
+        else:
+            spent += size
+    return infos
+
+
+def events_within(records: list[admin_pb2.EventRecord], budget: int) -> list[admin_pb2.EventRecord]:
+    """The first records whose encoded sizes add up to at most `budget` (at least one): the caller pages on."""
+    out: list[admin_pb2.EventRecord] = []
+    spent = 0
+    for r in records:
+        spent += r.ByteSize() + 8
+        if out and spent > budget:
+            break
+        out.append(r)
+    return out

@@ -66,6 +66,13 @@ async def test_results_beyond_one_frame_follow_the_hello_and_all_land(lab: Inpro
         assert info.state == "succeeded" and json.loads(info.result_json)["n"] == i  # the journal's result
     await until(_no_unacked(agent.journal))
     assert agent.frame_budget == LIMITS.max_frame_bytes  # nothing was refused on the way
+    # ~6 MB of results cannot all ride one list reply: the list answers, keeping what fits.
+    listed = await lab.admin.list_commands(node_id="n1")
+    assert {c.id for c in listed} == set(ids)
+    kept = [c for c in listed if not c.result_omitted]
+    assert kept and len(kept) < len(ids)
+    assert all(json.loads(c.result_json)["pad"] for c in kept)
+    assert all(c.result_json == "" for c in listed if c.result_omitted)
 
 
 def _no_unacked(j: Journal) -> Callable[[], Awaitable[bool]]:

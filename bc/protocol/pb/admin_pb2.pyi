@@ -330,7 +330,7 @@ class RunCommandRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., kind: _Optional[str] = ..., payload_json: _Optional[str] = ..., not_after_s: _Optional[int] = ..., min_generation: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class CommandInfo(_message.Message):
-    __slots__ = ("id", "node_id", "kind", "state", "reason", "message", "result_json", "seq", "lane", "attempt", "idempotency_key", "not_after_ms", "min_generation", "created_age_ms", "updated_age_ms", "boot_id", "batch_id", "cancel_requested", "requested_by")
+    __slots__ = ("id", "node_id", "kind", "state", "reason", "message", "result_json", "seq", "lane", "attempt", "idempotency_key", "not_after_ms", "min_generation", "created_age_ms", "updated_age_ms", "boot_id", "batch_id", "cancel_requested", "requested_by", "result_omitted")
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -350,6 +350,7 @@ class CommandInfo(_message.Message):
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    RESULT_OMITTED_FIELD_NUMBER: _ClassVar[int]
     id: str
     node_id: str
     kind: str
@@ -369,7 +370,8 @@ class CommandInfo(_message.Message):
     batch_id: str
     cancel_requested: bool
     requested_by: str
-    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., result_json: _Optional[str] = ..., seq: _Optional[int] = ..., lane: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., not_after_ms: _Optional[int] = ..., min_generation: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., updated_age_ms: _Optional[int] = ..., boot_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., requested_by: _Optional[str] = ...) -> None: ...
+    result_omitted: bool
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., result_json: _Optional[str] = ..., seq: _Optional[int] = ..., lane: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., not_after_ms: _Optional[int] = ..., min_generation: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., updated_age_ms: _Optional[int] = ..., boot_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., requested_by: _Optional[str] = ..., result_omitted: _Optional[bool] = ...) -> None: ...
 
 class GetCommandRequest(_message.Message):
     __slots__ = ("command_id",)
