@@ -24,6 +24,7 @@ import base64
 import random
 from dataclasses import dataclass
 
+from bc.control import views
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
@@ -437,15 +438,7 @@ def change_info(row: Row, decisions: list[Row], now_ms: int) -> admin_pb2.Quorum
     )
     info.from_settings.ParseFromString(bytes(row["from_settings"]))
     info.to_settings.ParseFromString(bytes(row["to_settings"]))
-    for d in decisions:
-        info.decisions.add(
-            key_id=str(d["key_id"]),
-            name=str(d["name"]),
-            decision=str(d["decision"]),
-            reason=str(d["reason"] or ""),
-            at_age_ms=max(0, now_ms - int(d["at_ms"])),
-            operator=str(d["operator"] or ""),
-        )
+    info.decisions.extend(views.decision_info(d, now_ms) for d in decisions)
     info.approvals = sum(1 for d in decisions if str(d["decision"]) == "approve")
     return info
 

@@ -162,19 +162,23 @@ def batch_info(row: Row, leaves: list[Row], decisions: list[Row], now_ms: int) -
             command_id=str(leaf["command_id"]),
             command_state=str(leaf["command_state"] or ""),
         )
-    for d in decisions:
-        info.decisions.add(
-            key_id=str(d["key_id"]),
-            name=str(d["name"]),
-            decision=str(d["decision"]),
-            reason=str(d["reason"] or ""),
-            at_age_ms=max(0, now_ms - int(d["at_ms"])),
-            expires_at_ms=int(d["expires_at_ms"]),
-            operator=str(d.get("operator") or ""),
-        )
+    info.decisions.extend(decision_info(d, now_ms) for d in decisions)
     # What still counts: an expired approval is shown among the decisions but no longer counts.
     info.approvals = sum(1 for d in decisions if str(d["decision"]) == "approve" and int(d["expires_at_ms"]) > now_ms)
     return info
+
+
+def decision_info(d: Row, now_ms: int) -> admin_pb2.BatchDecision:
+    """An approver's decision on a batch or a quorum change (a quorum change's carry no expiry)."""
+    return admin_pb2.BatchDecision(
+        key_id=str(d["key_id"]),
+        name=str(d["name"]),
+        decision=str(d["decision"]),
+        reason=str(d["reason"] or ""),
+        at_age_ms=max(0, now_ms - int(d["at_ms"])),
+        expires_at_ms=int(d.get("expires_at_ms") or 0),
+        operator=str(d.get("operator") or ""),
+    )
 
 
 def fit_command_results(infos: list[admin_pb2.CommandInfo], budget: int) -> list[admin_pb2.CommandInfo]:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+
+from tests.http_server import serving
 
 from .harness import HEARTBEAT_S, Lab, always, assert_no_tracebacks, bring_up, read_cdi
 from .test_commands import assert_outcome, run, wait_reconnected, wait_settled
@@ -67,15 +68,8 @@ def upload_server() -> Iterator[tuple[str, list[tuple[str, int]]]]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="upload-server", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as url:
+        yield url, seen
 
 
 def collect(lab: Lab, payload: dict[str, Any]) -> dict[str, Any]:

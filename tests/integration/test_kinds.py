@@ -7,10 +7,9 @@ never dialled, the command fails `forbidden-target`, and the tarball is kept in 
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from agent.kinds import REGISTRY, KindContext
 from agent.kinds.logs_collect import FORBIDDEN_TARGET, UPLOAD_FAILED
 from agent.kinds.upload_allow import parse_prefixes
 from bc.protocol.pb import kinds_pb2
+from tests.http_server import serving
 
 LOGS = REGISTRY["logs.collect"]
 
@@ -55,15 +55,8 @@ def upload_server(no_proxy: None) -> Iterator[tuple[str, Received]]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="upload-server", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", received
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as url:
+        yield url, received
 
 
 def context(tmp_path: Path, *allow: str) -> KindContext:

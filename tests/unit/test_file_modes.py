@@ -1,4 +1,8 @@
-"""The store's files are 0600 whatever the umask and the data dir's mode: tokens and certificates live there."""
+"""Files that hold secrets are 0600 whatever the umask and the directory's mode.
+
+The control plane's store (tokens, certificates) and the node's journal (results, specs, the time mark),
+with their SQLite side files.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.journal import Journal
+from bc.protocol.pb import session_pb2
 from bc.store import Store, settings
 from bc.store.sqlite import InlineSqliteStore, SqliteStore
 from bc.testing import FakeClock
@@ -80,3 +86,26 @@ async def test_an_older_world_readable_store_is_narrowed_at_open(open_dir: Path,
         await again.close()
     assert seen["bc.db"] == "0o600" and seen["bc.db-wal"] == "0o600", seen
     assert set(modes(open_dir).values()) == {"0o600"}, modes(open_dir)
+
+
+@pytest.mark.usefixtures("open_umask")
+async def test_a_new_journal_and_its_wal_are_0600(open_dir: Path) -> None:
+    j = await Journal.open(open_dir / "journal.db", "n1")
+    try:
+        await j.append_events([("x.test", session_pb2.TRANSITION, b"x")])
+        seen = modes(open_dir)
+    finally:
+        await j.close()
+    assert {"journal.db", "journal.db-wal", "journal.db-shm"} <= set(seen), seen
+    assert seen == dict.fromkeys(seen, "0o600"), seen
+
+
+@pytest.mark.usefixtures("open_umask")
+async def test_an_older_open_journal_is_narrowed_at_open(open_dir: Path) -> None:
+    path = open_dir / "journal.db"
+    j = await Journal.open(path, "n1")
+    await j.close()
+    path.chmod(0o644)
+    j = await Journal.open(path, "n1")
+    await j.close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
