@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Generic, TypeVar
 
+from bc.protocol import closing
+from bc.protocol.pb.session_pb2 import CloseReason
 from bc.wire.link import LinkClosed
 
 T = TypeVar("T")
@@ -57,13 +59,13 @@ class MemoryLink(Generic[T, U]):
         item = await self._in.get()
         if isinstance(item, tuple) and item and item[0] is _CLOSE:
             self.closed = (str(item[1]), str(item[2]))
-            raise LinkClosed(*self.closed)
+            raise LinkClosed(*self.closed, reason=item[3])
         return item  # type: ignore[return-value]
 
-    async def close(self, code: str, details: str) -> None:
+    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
         if self.closed is None:
             self.closed = (code, details)
-            await self._out.put((_CLOSE, code, details))
+            await self._out.put((_CLOSE, code, details, reason))  # the typed reason, as gRPC's metadata carries it
 
 
 def link_pair() -> tuple[MemoryLink[T, U], MemoryLink[U, T]]:

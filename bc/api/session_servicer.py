@@ -8,6 +8,7 @@ from cryptography import x509
 from bc.api.peers import peer_of
 from bc.errors import BcError
 from bc.gateway.sessions import Gateway
+from bc.protocol.closing import SessionRefused
 from bc.wire.link import GrpcServerLink
 from bc.wire.status import error_to_status
 from bc.wire.stubs import session_pb2_grpc
@@ -27,6 +28,9 @@ class SessionServicer(session_pb2_grpc.NodeSessionServicer):
             # grpcio cannot consult our revocation list during the TLS handshake, so a revoked serial is
             # refused here, before the stream carries a single frame (the Hello transaction checks again).
             await self.gateway.refuse_revoked(peer.serial)
+        except SessionRefused as e:  # with its typed reason, so the node stops dialing with this certificate
+            await GrpcServerLink(context).close("UNAUTHENTICATED", e.message, e.reason)
+            return
         except BcError as e:
             code, msg = error_to_status(e)
             await context.abort(code, msg)

@@ -33,6 +33,8 @@ from bc.control.events import publish
 from bc.errors import Unauthenticated
 from bc.gateway.oversize import fit_texts, refuse_oversized_update
 from bc.pki.identity import PeerIdentity
+from bc.protocol import closing
+from bc.protocol.closing import SessionRefused
 from bc.protocol.pb import session_pb2
 from bc.store import Store, Tx
 from bc.store import commands as commands_sql
@@ -63,10 +65,11 @@ async def hello_transaction(
         if cert is None or node is None or str(cert["node_id"]) != peer.name:
             raise Unauthenticated(f"certificate {peer.serial} is not a certificate of node {peer.name}")
         if cert["revoked_at_ms"] is not None:
-            raise Unauthenticated(f"certificate {peer.serial} of node {peer.name} has been revoked")
+            raise SessionRefused(closing.REVOKED, f"certificate {peer.serial} of node {peer.name} has been revoked")
         if int(cert["identity_generation"]) != int(node["identity_generation"]):
-            raise Unauthenticated(
-                f"certificate {peer.serial} belongs to an older identity of node {peer.name}; join again"
+            raise SessionRefused(
+                closing.IDENTITY_REPLACED,
+                f"certificate {peer.serial} belongs to an older identity of node {peer.name}; join again",
             )
         opened = await nodes_sql.open_session(
             tx,

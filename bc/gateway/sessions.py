@@ -33,9 +33,11 @@ from bc.gateway.hello import TERMINAL_UPDATES, hello_transaction
 from bc.gateway.ingest import ingest
 from bc.gateway.oversize import fit_texts, refuse_oversized_command, refuse_oversized_update
 from bc.pki.identity import PeerIdentity
+from bc.protocol import closing
+from bc.protocol.closing import SessionRefused
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import common_pb2, session_pb2
-from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
 from bc.store import Store, StoreError
 from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql
@@ -87,7 +89,7 @@ class Gateway:
     async def drain(self) -> None:
         """Close every session and wait for the close writes; the caller bounds it with a timeout."""
         for d in list(self.sessions.values()):
-            d.request_close("UNAVAILABLE", "the server is stopping; reconnect")
+            d.request_close("UNAVAILABLE", "the server is stopping; reconnect", closing.GATEWAY_UNAVAILABLE)
         while self.sessions or self._closing_tasks:
             if self._closing_tasks:
                 await asyncio.wait(list(self._closing_tasks))
@@ -136,7 +138,9 @@ class Gateway:
                 if not await self.renew_lease():
                     log.error("event=gateway.fenced gateway=%s", self.gateway_id)
                     for d in list(self.sessions.values()):
-                        d.request_close("UNAVAILABLE", "this gateway lost its lease; reconnect")
+                        d.request_close(
+                            "UNAVAILABLE", "this gateway lost its lease; reconnect", closing.GATEWAY_UNAVAILABLE
+                        )
             except StoreError as e:
                 log.warning("event=gateway.lease-failed error=%s", e)
             await self.clock.sleep(GATEWAY_LEASE_RENEW_S)
@@ -145,7 +149,7 @@ class Gateway:
         async with self.store.transaction(write=False) as tx:
             rows = await rev_sql.revoked_among(tx, [serial])
         if rows:
-            raise Unauthenticated(f"certificate revoked: {rows[0]['revoke_reason'] or 'revoked'}")
+            raise SessionRefused(closing.REVOKED, f"certificate revoked: {rows[0]['revoke_reason'] or 'revoked'}")
 
     async def revocation_loop(self) -> None:
         """The revocation feed: every second, end the sessions whose certificate was revoked or expired."""
@@ -185,7 +189,7 @@ class Gateway:
             if d.peer.serial in reasons:
                 await d.revoke(reasons[d.peer.serial])
             elif d.peer.not_after * 1000 < now_ms:
-                d.request_close("UNAUTHENTICATED", "certificate expired; renew and reconnect")
+                d.request_close("UNAUTHENTICATED", "certificate expired; renew and reconnect", closing.EXPIRED)
 
     async def release_lease(self) -> None:
         async with self.store.transaction() as tx:
@@ -205,6 +209,7 @@ class SessionDriver:
         self._wake = asyncio.Event()
         self._poke_pending = False
         self._closing: core.Close | None = None
+        self._close_reason: CloseReason = closing.UNSPECIFIED
         self._done = asyncio.Event()
         self._spec_refused_generation = 0  # the generation last reported as too large to send, so it is said once
 
@@ -226,11 +231,13 @@ class SessionDriver:
             await asyncio.wait_for(self.link.send(GatewayMessage(revocation=notice)), 2.0)
         except (LinkClosed, TimeoutError):
             pass  # closing anyway; the handshake check refuses it on the next try
-        self.request_close("UNAUTHENTICATED", f"certificate revoked: {reason}")
+        self.request_close("UNAUTHENTICATED", f"certificate revoked: {reason}", closing.REVOKED)
 
-    def request_close(self, code: str, details: str) -> None:
+    def request_close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
+        """End the session; `reason` is the typed code the node acts on (bc.protocol.closing)."""
         if self._closing is None:
             self._closing = core.Close(code, details)
+            self._close_reason = reason
         self._done.set()
 
     async def run(self) -> None:
@@ -263,7 +270,7 @@ class SessionDriver:
                 self._closing.code,
                 self._closing.details,
             )
-            await self.link.close(self._closing.code, self._closing.details)
+            await self.link.close(self._closing.code, self._closing.details, self._close_reason)
 
     async def _finish(self, *tasks: asyncio.Task[None]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -313,13 +320,17 @@ class SessionDriver:
             self.request_close("DEADLINE_EXCEEDED", "no Hello within the hello timeout")
         except ProtocolError as e:
             self.request_close("FAILED_PRECONDITION", e.message)
+        except SessionRefused as e:
+            self.request_close("UNAUTHENTICATED", e.message, e.reason)
         except Unauthenticated as e:
             self.request_close("UNAUTHENTICATED", e.message)
         except LinkClosed as e:
             self.request_close("OK", e.details)
         except StoreError as e:
             log.warning("event=session.store-error node=%s error=%s", self.node_id, e)
-            self.request_close("UNAVAILABLE", "the control plane's store failed; reconnect")
+            self.request_close(
+                "UNAVAILABLE", "the control plane's store failed; reconnect", closing.GATEWAY_UNAVAILABLE
+            )
         except BcError as e:
             self.request_close("INTERNAL", e.message)
 
@@ -353,7 +364,9 @@ class SessionDriver:
             self.request_close("OK", e.details)
         except StoreError as e:
             log.warning("event=session.store-error node=%s error=%s", self.node_id, e)
-            self.request_close("UNAVAILABLE", "the control plane's store failed; reconnect")
+            self.request_close(
+                "UNAVAILABLE", "the control plane's store failed; reconnect", closing.GATEWAY_UNAVAILABLE
+            )
 
     async def _flush_seen(self, now: float) -> None:
         """Liveness as an age: the store computes `now - age`, so this gateway's clock cannot lie about it."""
@@ -364,7 +377,9 @@ class SessionDriver:
             if current:
                 await nodes_sql.mark_seen(tx, self.node_id, self.core.epoch, now_ms - age_ms)
         if not current:
-            self.request_close("ABORTED", "this session was superseded; the node is routed elsewhere")
+            self.request_close(
+                "ABORTED", "this session was superseded; the node is routed elsewhere", closing.SUPERSEDED
+            )
 
     async def _check_generation(self, reason: str) -> None:
         async with self.gw.store.transaction(write=False) as tx:
@@ -391,7 +406,7 @@ class SessionDriver:
                     return
                 old = self.gw.sessions.get(self.node_id)
                 if old is not None and old is not self:
-                    old.request_close("ABORTED", "superseded by a newer session of this node")
+                    old.request_close("ABORTED", "superseded by a newer session of this node", closing.SUPERSEDED)
                 self.gw.sessions[self.node_id] = self
                 log.info(
                     "event=session.opened node=%s epoch=%d boot=%s journal=%s applied=%d generation=%d",

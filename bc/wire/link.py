@@ -3,28 +3,36 @@
 `grpc.aio` cannot take a custom transport, so the seam sits above gRPC: the
 gRPC adapters here and the simulator's in-memory faulty links implement the
 same `Link`, and the session cores cannot tell them apart.
+
+A close carries a typed reason (`bc.protocol.closing`) besides the gRPC code
+and details: the server end puts it in the trailing metadata of the status it
+aborts with, and the client end reads it back into `LinkClosed.reason`, so the
+agent decides "revoked", "expired" or "superseded" by code equality.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Generic, Protocol, TypeVar
 
 import grpc
 
-from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.protocol import closing
+from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
 
 In = TypeVar("In", covariant=True)
 Out = TypeVar("Out", contravariant=True)
 
 
 class LinkClosed(Exception):
-    """The peer or the transport ended the link; `code` and `details` say how."""
+    """The peer or the transport ended the link: `code` and `details` say how (for people), `reason` why (for code)."""
 
-    def __init__(self, code: str, details: str) -> None:
+    def __init__(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
         super().__init__(f"{code}: {details}")
         self.code = code
         self.details = details
+        self.reason = reason
 
 
 class Link(Protocol[In, Out]):
@@ -33,7 +41,23 @@ class Link(Protocol[In, Out]):
     async def recv(self) -> In | None:
         """The next message, or None at a clean end of stream."""
 
-    async def close(self, code: str, details: str) -> None: ...
+    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
+        """End the link; the peer's `recv` raises `LinkClosed(code, details, reason)`."""
+
+
+def reason_metadata(reason: CloseReason) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that carries `reason` (none for UNSPECIFIED)."""
+    if reason == closing.UNSPECIFIED:
+        return ()
+    return ((closing.METADATA_KEY, closing.name_of(reason)),)
+
+
+def reason_in(metadata: Iterable[tuple[str, str | bytes]] | None) -> CloseReason:
+    """The reason in a status's trailing metadata (grpc's Metadata, or pairs); UNSPECIFIED when absent."""
+    for key, value in metadata or ():
+        if key == closing.METADATA_KEY:
+            return closing.from_name(value.decode() if isinstance(value, bytes) else str(value))
+    return closing.UNSPECIFIED
 
 
 class GrpcServerLink(Generic[In, Out]):
@@ -53,15 +77,16 @@ class GrpcServerLink(Generic[In, Out]):
             return None
         return m  # type: ignore[no-any-return]
 
-    async def close(self, code: str, details: str) -> None:
-        await self._ctx.abort(getattr(grpc.StatusCode, code), details)
+    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
+        await self._ctx.abort(getattr(grpc.StatusCode, code), details, trailing_metadata=reason_metadata(reason))
 
 
 class GrpcClientLink(Generic[In, Out]):
-    """The agent's end: a grpc.aio stream-stream call."""
+    """The agent's end: a grpc.aio stream-stream call (and the channel it owns, if given: closed with the link)."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+    def __init__(self, call: grpc.aio.StreamStreamCall, channel: grpc.aio.Channel | None = None) -> None:
         self._call = call
+        self._channel = channel
         self._write_lock = asyncio.Lock()
 
     async def send(self, msg: Out) -> None:
@@ -71,7 +96,7 @@ class GrpcClientLink(Generic[In, Out]):
             async with self._write_lock:
                 await self._call.write(msg)
         except grpc.aio.AioRpcError as e:
-            raise LinkClosed(e.code().name, e.details() or "") from None
+            raise _closed(e) from None
         except grpc.aio.UsageError as e:
             raise LinkClosed("CANCELLED", str(e)) from None
 
@@ -79,16 +104,24 @@ class GrpcClientLink(Generic[In, Out]):
         try:
             m = await self._call.read()
         except grpc.aio.AioRpcError as e:
-            raise LinkClosed(e.code().name, e.details() or "") from None
+            raise _closed(e) from None
         if m is grpc.aio.EOF:
             code = await self._call.code()
             if code != grpc.StatusCode.OK:
-                raise LinkClosed(code.name, await self._call.details() or "")
+                reason = reason_in(await self._call.trailing_metadata())
+                raise LinkClosed(code.name, await self._call.details() or "", reason)
             return None
         return m  # type: ignore[no-any-return]
 
-    async def close(self, code: str, details: str) -> None:
+    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
+        """The client has no status to send: cancel the call (the gateway sees the stream end) and drop the channel."""
         self._call.cancel()
+        if self._channel is not None:
+            await self._channel.close()
+
+
+def _closed(e: grpc.aio.AioRpcError) -> LinkClosed:
+    return LinkClosed(e.code().name, e.details() or "", reason_in(e.trailing_metadata()))
 
 
 GatewayLink = Link[NodeMessage, GatewayMessage]

@@ -34,6 +34,15 @@ class EventClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METRIC: _ClassVar[EventClass]
     TRANSITION: _ClassVar[EventClass]
     RESULT: _ClassVar[EventClass]
+
+class CloseReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CLOSE_REASON_UNSPECIFIED: _ClassVar[CloseReason]
+    CLOSE_CERTIFICATE_REVOKED: _ClassVar[CloseReason]
+    CLOSE_IDENTITY_REPLACED: _ClassVar[CloseReason]
+    CLOSE_CERTIFICATE_EXPIRED: _ClassVar[CloseReason]
+    CLOSE_SUPERSEDED: _ClassVar[CloseReason]
+    CLOSE_GATEWAY_UNAVAILABLE: _ClassVar[CloseReason]
 LANE_UNSPECIFIED: Lane
 CONTROL: Lane
 PROVISION: Lane
@@ -49,6 +58,12 @@ EVENT_CLASS_UNSPECIFIED: EventClass
 METRIC: EventClass
 TRANSITION: EventClass
 RESULT: EventClass
+CLOSE_REASON_UNSPECIFIED: CloseReason
+CLOSE_CERTIFICATE_REVOKED: CloseReason
+CLOSE_IDENTITY_REPLACED: CloseReason
+CLOSE_CERTIFICATE_EXPIRED: CloseReason
+CLOSE_SUPERSEDED: CloseReason
+CLOSE_GATEWAY_UNAVAILABLE: CloseReason
 
 class NodeMessage(_message.Message):
     __slots__ = ("hello", "heartbeat", "command_update", "event_batch", "status", "spec_request")
