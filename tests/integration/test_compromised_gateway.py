@@ -18,8 +18,9 @@ from typing import Any
 from agent.hw.fake import FakeHardware
 from bc.pki import attest, keys
 from bc.pki.identity import PeerIdentity
+from bc.protocol import closing
 from bc.protocol.pb import admin_pb2, session_pb2
-from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
 from bc.wire.link import Link
 from tests.integration.conftest import InprocLab
 
@@ -79,9 +80,9 @@ class TamperingLink:
             raise self.pump.exception()  # type: ignore[misc]
         return msg
 
-    async def close(self, code: str, details: str) -> None:
+    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
         self.pump.cancel()
-        await self.inner.close(code, details)
+        await self.inner.close(code, details, reason)
 
 
 def compromise(lab: InprocLab) -> Tamperer:
