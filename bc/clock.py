@@ -1,8 +1,13 @@
-"""Injected time: no logic reads the world's clock directly.
+"""Injected time: the running event loop's time is the only clock.
 
 `Clock.now()` is wall time in seconds (float), `monotonic()` never goes back,
-`sleep()` waits. The simulator and tests substitute `bc.testing.FakeClock`;
-the control plane asks the store (`Store.now()`) for business time.
+`sleep()` waits. `LoopClock` reads the running loop's `time()` for
+`monotonic()` and adds a wall offset for `now()`, so a clock reading, an
+`asyncio.sleep`, a `wait_for` and every `call_later` agree: on the ordinary
+loop that is the host's clock, on `bc.virtual_time.VirtualTimeLoop` (tests,
+the simulator) it is virtual time, which jumps to the next timer when every
+task waits. Nothing else moves time. The control plane asks the store
+(`Store.now()`) for business time.
 """
 
 from __future__ import annotations
@@ -20,15 +25,56 @@ class Clock(Protocol):
     async def sleep(self, seconds: float) -> None: ...
 
 
-class SystemClock:
-    def now(self) -> float:
-        return time.time()
+class LoopClock:
+    """`monotonic()` is the running loop's `time()`; `now()` adds a wall offset.
+
+    `wall_offset=None` (production, `SystemClock()`): the loop's own offset if it
+    declares one (a virtual loop does: `wall_offset`), else the host's wall clock.
+    On the ordinary loop `time()` is `time.monotonic()`, so loop time plus the
+    host's offset is `time.time()`, read directly so that an NTP step or a
+    suspend is followed: certificates and tokens must carry the true date.
+
+    `wall_offset=X` (tests, the simulator): `now()` is `monotonic() + X`, the same
+    every run; `step()` moves it, as an NTP step moves a host's clock.
+
+    Outside a running loop `monotonic()` reads `start` if given (a virtual
+    loop's start, so synchronous set-up sees the instant the loop starts at),
+    else `time.monotonic()`, which is what the ordinary loop would read.
+    """
+
+    def __init__(self, wall_offset: float | None = None, *, start: float | None = None) -> None:
+        self.wall_offset = wall_offset
+        self.start = start
 
     def monotonic(self) -> float:
-        return time.monotonic()
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:
+            return time.monotonic() if self.start is None else self.start
+
+    def now(self) -> float:
+        if self.wall_offset is not None:
+            return self.monotonic() + self.wall_offset
+        try:
+            loop_offset: float | None = getattr(asyncio.get_running_loop(), "wall_offset", None)
+        except RuntimeError:
+            loop_offset = None
+        if loop_offset is None:
+            return time.time()
+        return self.monotonic() + loop_offset
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    def step(self, seconds: float) -> None:
+        """Step this clock's wall time by `seconds` (monotonic time does not move)."""
+        if self.wall_offset is None:
+            raise RuntimeError("the host's wall clock is not ours to step: make the clock with a wall_offset")
+        self.wall_offset += seconds
+
+
+SystemClock = LoopClock
+"""The production clock: `SystemClock()` is a `LoopClock` that follows the host's wall clock."""
 
 
 def ms(seconds: float) -> int:

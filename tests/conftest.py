@@ -2,4 +2,17 @@
 
 import os
 
+import pytest
+
+from tests.loops import loop_factories, register_markers
+
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    register_markers(config)
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> object:
+    """Async tests run on the ordinary loop unless marked `virtual_time` (tests/unit/conftest.py: the reverse)."""
+    return loop_factories(item, virtual_by_default=False)

@@ -1,0 +1,72 @@
+"""bc/clock.py: the running loop's time is the clock; now() adds a wall offset."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from bc.clock import LoopClock, SystemClock
+from bc.virtual_time import START, WALL_START, advance, virtual_clock
+
+pytestmark = pytest.mark.virtual_time
+
+
+async def test_a_clock_with_an_offset_reads_loop_time_plus_the_offset() -> None:
+    clock = LoopClock(wall_offset=5_000.0)
+    assert clock.monotonic() == START and clock.now() == START + 5_000.0
+
+    await advance(12.5)
+
+    assert clock.monotonic() == asyncio.get_running_loop().time() == START + 12.5
+    assert clock.now() == START + 12.5 + 5_000.0
+
+
+async def test_sleeping_on_the_clock_is_sleeping_on_the_loop() -> None:
+    clock = virtual_clock()
+    other = virtual_clock(WALL_START - 2.0)  # another host's clock two seconds behind
+    await clock.sleep(30)
+    assert clock.now() == WALL_START + 30 and other.now() == WALL_START + 28  # both moved with the loop, no drift
+    assert clock.monotonic() == other.monotonic() == START + 30
+
+
+def test_a_virtual_clock_outside_a_loop_stands_at_its_start() -> None:
+    clock = virtual_clock(1_700_000_000.0)
+    assert clock.now() == 1_700_000_000.0 and clock.monotonic() == START
+
+
+async def test_the_system_clock_reads_a_virtual_loops_own_wall_time() -> None:
+    clock = SystemClock()
+    assert clock.now() == WALL_START
+    await advance(60)
+    assert clock.now() == WALL_START + 60 and clock.monotonic() == START + 60
+
+
+@pytest.mark.wall_clock
+async def test_the_system_clock_on_the_ordinary_loop_is_the_hosts_clock() -> None:
+    clock = SystemClock()
+    loop = asyncio.get_running_loop()
+    before_loop, before_wall = loop.time(), time.time()
+    mono, wall = clock.monotonic(), clock.now()
+    assert before_loop <= mono <= loop.time()
+    assert before_wall <= wall <= time.time()
+
+
+def test_the_system_clock_outside_a_loop_is_the_hosts_clock() -> None:
+    clock = SystemClock()
+    before_mono, before_wall = time.monotonic(), time.time()
+    mono, wall = clock.monotonic(), clock.now()
+    assert before_mono <= mono <= time.monotonic()
+    assert before_wall <= wall <= time.time()
+
+
+async def test_a_step_moves_wall_time_but_not_monotonic_time() -> None:
+    clock = virtual_clock()
+    clock.step(-2.5)  # chrony steps the host's clock back
+    assert clock.now() == WALL_START - 2.5 and clock.monotonic() == START
+    await advance(1)
+    assert clock.now() == WALL_START - 1.5
+
+    with pytest.raises(RuntimeError, match="not ours to step"):
+        SystemClock().step(1.0)
