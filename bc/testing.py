@@ -1,7 +1,9 @@
-"""Wiring for tests and the simulator: a settable clock and in-memory links.
+"""Wiring for tests and the simulator: the virtual-time loop and in-memory links.
 
-These are fakes at seams we own (the Clock and the Link), shipped with the
-code so the simulator and every test use the same ones.
+These are fakes at seams we own (the loop's clock and the Link), shipped with
+the code so the simulator and every test use the same ones. Time in tests is
+the virtual loop's (`bc.virtual_time`): `virtual_clock()` reads it, `await
+advance(s)` lets `s` seconds pass, `run(coro)` runs a program on a fresh loop.
 """
 
 from __future__ import annotations
@@ -11,7 +13,20 @@ from typing import Generic, TypeVar
 
 from bc.protocol import closing
 from bc.protocol.pb.session_pb2 import CloseReason
+from bc.virtual_time import START, WALL_START, VirtualTimeLoop, advance, run, virtual_clock
 from bc.wire.link import LinkClosed
+
+__all__ = [
+    "START",
+    "WALL_START",
+    "FakeClock",
+    "MemoryLink",
+    "VirtualTimeLoop",
+    "advance",
+    "link_pair",
+    "run",
+    "virtual_clock",
+]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -49,22 +64,23 @@ class MemoryLink(Generic[T, U]):
         self._in = inbox
         self._out = outbox
         self.closed: tuple[str, str] | None = None
+        self.close_reason: CloseReason = closing.UNSPECIFIED
 
     async def send(self, msg: U) -> None:
         if self.closed is not None:
-            raise LinkClosed(*self.closed)
+            raise LinkClosed(*self.closed, reason=self.close_reason)
         await self._out.put(msg)
 
     async def recv(self) -> T | None:
         item = await self._in.get()
         if isinstance(item, tuple) and item and item[0] is _CLOSE:
-            self.closed = (str(item[1]), str(item[2]))
-            raise LinkClosed(*self.closed, reason=item[3])
+            self.closed, self.close_reason = (str(item[1]), str(item[2])), item[3]
+            raise LinkClosed(*self.closed, reason=self.close_reason)
         return item  # type: ignore[return-value]
 
     async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
         if self.closed is None:
-            self.closed = (code, details)
+            self.closed, self.close_reason = (code, details), reason
             await self._out.put((_CLOSE, code, details, reason))  # the typed reason, as gRPC's metadata carries it
 
 

@@ -14,5 +14,5 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> object:
-    """Async tests run on the ordinary loop unless marked `virtual_time` (tests/unit/conftest.py: the reverse)."""
-    return loop_factories(item, virtual_by_default=False)
+    """The virtual-time loop for tests/unit and tests marked `virtual_time`, else the ordinary loop (tests/loops.py)."""
+    return loop_factories(config, item)

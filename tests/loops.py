@@ -1,9 +1,10 @@
 """Which event loop an async test runs on, through pytest-asyncio's `pytest_asyncio_loop_factories` hook.
 
-A test marked `virtual_time` runs on `bc.virtual_time.VirtualTimeLoop` (time jumps to the next timer when every
-task waits), one marked `wall_clock` on the ordinary loop; a conftest's hook names its directory's default
-(tests/unit: virtual; everything else: wall). Tests over real gRPC, aiosqlite or subprocesses need the wall
-clock: that work completes in threads the virtual loop cannot see, so it would jump past it.
+A test marked `virtual_time` runs on `bc.virtual_time.VirtualTimeLoop` (time jumps to the next timer when
+every task waits), one marked `wall_clock` on the ordinary loop; an unmarked test on the loop of the deepest
+directory in `DIRECTORY_LOOPS` that holds it, else on the ordinary loop. Tests over real gRPC, subprocesses
+or aiosqlite under a pending timer need the wall clock: that work completes in threads the virtual loop
+cannot see, so it would jump past it. So do tests of what reads the host's clock (`bc doctor`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ import pytest
 
 from bc.virtual_time import VirtualTimeLoop
 
-VIRTUAL: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {"virtual": VirtualTimeLoop}
-WALL: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+LoopFactories = Mapping[str, Callable[[], asyncio.AbstractEventLoop]]
+
+VIRTUAL: LoopFactories = {"virtual": VirtualTimeLoop}
+WALL: LoopFactories = {"asyncio": asyncio.new_event_loop}
+
+DIRECTORY_LOOPS: Mapping[str, LoopFactories] = {
+    "tests/unit": VIRTUAL,
+    "tests/unit/doctor": WALL,  # files, certificates and a TLS listener judged against the host's clock
+}
 
 
 def register_markers(config: pytest.Config) -> None:
@@ -24,11 +32,10 @@ def register_markers(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "wall_clock: run on the ordinary loop and the host's clock")
 
 
-def loop_factories(
-    item: pytest.Item, *, virtual_by_default: bool
-) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+def loop_factories(config: pytest.Config, item: pytest.Item) -> LoopFactories:
     if item.get_closest_marker("wall_clock") is not None:
         return WALL
     if item.get_closest_marker("virtual_time") is not None:
         return VIRTUAL
-    return VIRTUAL if virtual_by_default else WALL
+    holding = [d for d in DIRECTORY_LOOPS if item.path.is_relative_to(config.rootpath / d)]
+    return DIRECTORY_LOOPS[max(holding, key=len)] if holding else WALL

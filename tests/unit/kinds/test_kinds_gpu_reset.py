@@ -121,6 +121,7 @@ async def test_real_hardware_does_not_reset_unless_the_config_allows(node: FakeN
     assert entry == {"uuid": node.uuid(0), "reset": False, "message": RESET_DISABLED}
 
 
+@pytest.mark.wall_clock  # a real subprocess under a timeout: its exit comes from a thread the virtual loop cannot see
 async def test_real_reset_runs_the_reset_command_with_the_uuid(
     node: FakeNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -135,6 +136,7 @@ async def test_real_reset_runs_the_reset_command_with_the_uuid(
     assert record.read_text() == f"--gpu-reset -i {node.uuid(0)}"
 
 
+@pytest.mark.wall_clock
 async def test_a_failing_reset_command_is_that_gpus_message(node: FakeNode, monkeypatch: pytest.MonkeyPatch) -> None:
     script = "import sys; sys.stderr.write('Unable to reset GPU: in use by another client'); sys.exit(3)"
     monkeypatch.setattr(NvmlHardware, "RESET_COMMAND", (sys.executable, "-c", script))

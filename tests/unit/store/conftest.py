@@ -1,4 +1,4 @@
-"""Both SQLite drivers, on tmp files and a settable clock."""
+"""Both SQLite drivers, on tmp files and the virtual loop's clock."""
 
 from __future__ import annotations
 
@@ -7,25 +7,26 @@ from pathlib import Path
 
 import pytest
 
+from bc.clock import LoopClock
 from bc.store import Store
 from bc.store.sqlite import InlineSqliteStore, SqliteStore
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 MakeStore = Callable[[], Store]
 
-DRIVERS: dict[str, Callable[[Path, FakeClock], Store]] = {
+DRIVERS: dict[str, Callable[[Path, LoopClock], Store]] = {
     "aiosqlite": lambda tmp, clock: SqliteStore(tmp / "a.db", clock),
     "inline": lambda tmp, clock: InlineSqliteStore(tmp / "b.db", clock),
 }
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> LoopClock:
+    return virtual_clock()
 
 
 @pytest.fixture(params=sorted(DRIVERS))
-def make_store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> MakeStore:
+def make_store(request: pytest.FixtureRequest, tmp_path: Path, clock: LoopClock) -> MakeStore:
     """A factory for unopened stores on the same file (to reopen it)."""
     factory = DRIVERS[request.param]
     return lambda: factory(tmp_path, clock)

@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
+from bc.clock import LoopClock
 from bc.store import Store, StoreError
 from bc.store import leases as leases_sql
 from bc.store.migrate import migrations
-from bc.testing import FakeClock
+from bc.testing import advance
 
 MakeStore = Callable[[], Store]
 
@@ -164,11 +165,11 @@ async def test_on_commit_runs_once_the_data_is_visible_to_other_transactions(sto
 # -- the clock ---------------------------------------------------------------------------
 
 
-async def test_now_follows_the_injected_clock(store: Store, clock: FakeClock) -> None:
+async def test_now_follows_the_injected_clock(store: Store, clock: LoopClock) -> None:
     t0 = await store.now()
     assert t0 == clock.now()
     assert await store.now_ms() == round(clock.now() * 1000)
-    clock.advance(12.5)
+    await advance(12.5)
     assert await store.now() == t0 + 12.5
     assert await store.now_ms() == round((t0 + 12.5) * 1000)
 
@@ -189,22 +190,22 @@ async def lease_row(store: Store) -> tuple[str, int]:
     return str(row["holder"]), int(row["expires_at_ms"])
 
 
-async def test_a_lease_is_taken_renewed_refused_and_taken_over(store: Store, clock: FakeClock) -> None:
+async def test_a_lease_is_taken_renewed_refused_and_taken_over(store: Store, clock: LoopClock) -> None:
     assert await acquire(store, "a")
     _, expires = await lease_row(store)
     assert expires == await store.now_ms() + 10_000
 
-    clock.advance(5)
+    await advance(5)
     assert await acquire(store, "a"), "the holder renews"
     _, renewed = await lease_row(store)
     assert renewed == await store.now_ms() + 10_000
     assert renewed > expires
 
-    clock.advance(9)
+    await advance(9)
     assert not await acquire(store, "b"), "another holder is refused before expiry"
     assert await lease_row(store) == ("a", renewed)
 
-    clock.advance(2)  # past the renewed expiry
+    await advance(2)  # past the renewed expiry
     assert await acquire(store, "b"), "after expiry another holder takes over"
     holder, _ = await lease_row(store)
     assert holder == "b"
