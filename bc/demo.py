@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -157,7 +158,7 @@ class Tour:
                 (node_id,),
             ).fetchone()
             now_ms = int(time.time() * 1000)
-            cid = ulid(now_ms / 1000)
+            cid = ulid(now_ms / 1000, random.Random(now_ms))  # the forger's own id: unique enough, by time
             payload = any_pb2.Any()
             payload.Pack(kinds_pb2.GpuResetRequest(gpu_uuids=[gpu_uuid]))
             body = session_pb2.CommandBody(

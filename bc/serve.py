@@ -4,6 +4,15 @@ First start creates the CA (`pki/ca.key`, 0600), the server's TLS certificate
 and an operator certificate for the local operator (`operator/`), and writes
 the operator's client config (see `bc.config`). Every later start reuses the
 CA; the server certificate is reissued each start for the hosts it listens on.
+
+`Server` finds nothing: its `Seams` — the clock, the one Random (ids,
+serials) and the `Secrets` (keys, token secrets) — are passed in, and it
+builds the `Signer` (signing on or off, as the install says) and the `Intent`
+(the trust bundle) once at start and hands them to the servicers and the
+gateway. `Seams.production()` is where production makes them: the system
+clock, a Random seeded from the OS, and the OS CSPRNG. A restart must not
+reuse a seeded Random's stream: the same seed on the same install would draw
+the same certificate serials and token ids again.
 """
 
 from __future__ import annotations
@@ -24,16 +33,19 @@ from bc.api.join_servicer import JoinServicer
 from bc.api.session_servicer import SessionServicer
 from bc.clock import Clock, SystemClock
 from bc.config import OperatorConfig, user_config_path
-from bc.control import operators
+from bc.control import approvers, operators
+from bc.control import intent as intent_ctl
 from bc.control.bus import Bus
 from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.intent import Intent
 from bc.control.liveness import Liveness, LivenessConfig
+from bc.control.signer import KeySigner, NullSigner, Signer
 from bc.control.sweeper import CommandSweeper
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256_key
 from bc.pki.signing import WORKER_ROTATE_BEFORE_S, SigningKeys
 from bc.pki.tokens import ROOT_GRACE_S
 from bc.protocol.limits import LIMITS
@@ -70,7 +82,7 @@ def _client_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _write_operator_config(data_dir: Path, ca: CertificateAuthority, server: str) -> Path:
+def _write_operator_config(data_dir: Path, ca: CertificateAuthority, server: str, secrets: Secrets) -> Path:
     op_dir = data_dir / "operator"
     cfg_path = op_dir / "config.json"
     if cfg_path.exists():
@@ -79,7 +91,7 @@ def _write_operator_config(data_dir: Path, ca: CertificateAuthority, server: str
             return cfg_path
         key_pem, cert_pem = cfg.key_pem, cfg.cert_pem
     else:
-        key = keys.generate_key()
+        key = p256_key(secrets)
         key_pem = keys.key_to_pem(key)
         cert_pem = keys.cert_to_pem(ca.issue_operator_cert("local", key))
     path = OperatorConfig.write(
@@ -100,13 +112,27 @@ def _write_operator_config(data_dir: Path, ca: CertificateAuthority, server: str
     return path
 
 
+@dataclass(frozen=True)
+class Seams:
+    """What a control-plane process is handed instead of finding it."""
+
+    clock: Clock
+    rng: random.Random  # ids, serials, jitter
+    secrets: Secrets  # keys and token secrets
+
+    @classmethod
+    def production(cls) -> Seams:
+        return cls(SystemClock(), os_seeded_random(), SystemSecrets())
+
+
 class Server:
     """The running pieces of one `bc serve` process, for the CLI and for tests."""
 
-    def __init__(self, opts: ServeOptions, clock: Clock | None = None, rng: random.Random | None = None) -> None:
+    def __init__(self, opts: ServeOptions, seams: Seams) -> None:
         self.opts = opts
-        self.clock: Clock = clock or SystemClock()
-        self.rng = rng or random.Random()
+        self.clock = seams.clock
+        self.rng = seams.rng
+        self.secrets = seams.secrets
         self.bus = Bus()
         self.gateway_id = f"gw-{socket.gethostname()[:24]}-{self.rng.getrandbits(24):06x}"
         self.store: Store | None = None
@@ -119,19 +145,19 @@ class Server:
         data_dir = self.opts.data_dir
         data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         host, port = _host_port(self.opts.listen)
-        ca, created = CertificateAuthority.load_or_create(data_dir / "pki", self.clock)
+        ca, created = CertificateAuthority.load_or_create(data_dir / "pki", self.clock, self.rng, self.secrets)
         if created:
             log.info("event=ca.created fingerprint=%s", ca.fingerprint)
         self.ca = ca
         self.store = await open_store(str(data_dir / "bc.db"), self.clock)
-        server_key = keys.generate_key()
+        server_key = p256_key(self.secrets)
         hosts = sorted({host, *self.opts.advertise, socket.gethostname()} - {"0.0.0.0", "::"})
         server_cert = ca.issue_server_cert(hosts, server_key)
-        self.intent = Intent(self._signing_keys(data_dir / "pki", created), ca.ca_pem)
-        self.bus.intent = self.intent
-        await self.intent.register(self.store)
-        await self.intent.refresh(self.store)
-        self.trust = self.intent.trust_bundle()
+        sk = self._signing_keys(data_dir / "pki", created)
+        self.signer: Signer = KeySigner(sk) if sk is not None else NullSigner()
+        self.intent = Intent(self.signer, ca.ca_pem)
+        await intent_ctl.register(self.store, self.signer)
+        self.intent.set_quorum(*await approvers.trust_state(self.store))
         self.tls = ServerTLS(keys.key_to_pem(server_key), keys.cert_to_pem(server_cert) + ca.ca_pem, ca.ca_pem)
         await self._refresh_token_roots()
         self.bus.on_token_created(self.tls.add_token_root)
@@ -141,13 +167,14 @@ class Server:
             self.bus,
             self.clock,
             self.gateway_id,
-            self.trust,
+            self.signer,
+            self.intent,
             GatewayConfig(heartbeat_interval_s=self.opts.heartbeat_interval_s),
         )
         await self.gateway.renew_lease()
         if self._rotate_at_start:
             try:
-                await self.intent.rotate(self.store, self.bus, self.clock)
+                await intent_ctl.rotate(self.store, self.bus, self.signer, self.clock, self.rng, self.secrets)
             except UsageError as e:  # the root key is kept elsewhere: keep signing with the current worker
                 log.warning("event=pki.worker-rotation-skipped reason=%s", e.message)
         self.liveness = Liveness(
@@ -171,10 +198,21 @@ class Server:
         )
         session_pb2_grpc.add_NodeSessionServicer_to_server(SessionServicer(self.gateway, ca.certificate), server)
         join_pb2_grpc.add_JoinServicer_to_server(
-            JoinServicer(self.store, self.bus, ca, self.trust, node_cert_ttl_s=self.opts.node_cert_ttl_s), server
+            JoinServicer(self.store, self.bus, ca, self.signer, self.intent, node_cert_ttl_s=self.opts.node_cert_ttl_s),
+            server,
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.store, self.bus, ca, self.clock, self.gateway_id), server
+            AdminServicer(
+                self.store,
+                self.bus,
+                ca,
+                self.clock,
+                self.gateway_id,
+                signer=self.signer,
+                rng=self.rng,
+                secrets=self.secrets,
+            ),
+            server,
         )
         try:
             self.port = server.add_secure_port(
@@ -187,7 +225,7 @@ class Server:
         await server.start()
         self.grpc_server = server
         self.address = _client_address(host, self.port)
-        self.operator_config = _write_operator_config(data_dir, ca, self.address)
+        self.operator_config = _write_operator_config(data_dir, ca, self.address, self.secrets)
         # The local operator is an admin; its certificate counts only once registered (bc.control.operators).
         await operators.register_local(
             self.store, keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
@@ -227,7 +265,7 @@ class Server:
                 self._rotate_at_start = True
             return sk
         if wanted == "on" or (wanted is None and new_install):
-            sk = SigningKeys.create(pki_dir, self.clock)
+            sk = SigningKeys.create(pki_dir, self.clock, self.rng, self.secrets)
             log.info("event=pki.signing-created root=%s worker=%s", keys.fingerprint(sk.root), sk.worker.key_id)
             return sk
         if wanted is None:
@@ -276,7 +314,7 @@ async def run_serve(opts: ServeOptions) -> None:
     from bc import logs
 
     logs.setup("serve")
-    server = Server(opts)
+    server = Server(opts, Seams.production())
     await server.start()
     print(f"bc serve listening on {server.address}; operator config {server.operator_config}", flush=True)
     stop = asyncio.Event()

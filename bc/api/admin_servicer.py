@@ -7,11 +7,17 @@ operator (`bc.control.operators.authorize`), whose role is at least the one
 A refusal is UNAUTHENTICATED (exit 6) with a sentence naming the role needed.
 The body then runs acting for that operator (`bc.control.actor`), so every
 event it publishes names who made the write.
+
+Its dependencies come in through the constructor, built once by `bc serve`:
+the `Signer` that signs the commands and specs it writes, the process's one
+Random for the ids it makes, and the `Secrets` that join-token secrets and a
+rotated worker key are drawn from.
 """
 
 from __future__ import annotations
 
 import functools
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -21,9 +27,12 @@ from bc import __version__
 from bc.api.peers import operator_of
 from bc.clock import Clock
 from bc.control import actor, approvers, commands, identity, node_admin, operators, quorum, reservations, specs, views
+from bc.control import intent as intent_ctl
 from bc.control.bus import Bus
+from bc.control.signer import Signer
 from bc.errors import BcError, NotFound, UsageError
 from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import Secrets
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2
 from bc.store import Row, Store
@@ -128,8 +137,20 @@ def _guarded(cls: type[AdminServicer]) -> type[AdminServicer]:
 
 @_guarded
 class AdminServicer(admin_pb2_grpc.AdminServicer):
-    def __init__(self, store: Store, bus: Bus, ca: CertificateAuthority, clock: Clock, gateway_id: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: Bus,
+        ca: CertificateAuthority,
+        clock: Clock,
+        gateway_id: str,
+        *,
+        signer: Signer,
+        rng: random.Random,
+        secrets: Secrets,
+    ) -> None:
         self.store, self.bus, self.ca, self.clock, self.gateway_id = store, bus, ca, clock, gateway_id
+        self.signer, self.rng, self.secrets = signer, rng, secrets
 
     async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller:
         return await operators.authorize(self.store, operator_of(context, self.ca.certificate), need, what)
@@ -156,6 +177,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 request.node_id,
                 request.role or "node",
                 float(request.ttl_s or 3600),
+                rng=self.rng,
+                secrets=self.secrets,
             )
             return admin_pb2.CreateTokenResponse(
                 token=t.token, token_id=t.token_id, node_id=t.node_id, expires_at_ms=t.expires_at_ms
@@ -209,7 +232,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.SpecInfo:
         async def go() -> admin_pb2.SpecInfo:
             await specs.set_section(
-                self.store, self.bus, request.node_id, request.section, request.section_json or "{}"
+                self.store, self.bus, self.signer, request.node_id, request.section, request.section_json or "{}"
             )
             return await self._spec_info(request.node_id)
 
@@ -230,12 +253,14 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             row = await reservations.reserve(
                 self.store,
                 self.bus,
+                self.signer,
                 reservations.ReserveRequest(
                     gpus=request.gpus,
                     node_id=request.node_id,
                     device_class=request.device_class or "gpu",
                     binding=request.binding or "hold",
                 ),
+                self.rng,
             )
             return await self._reservation(str(row["id"]))
 
@@ -245,7 +270,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.Reservation:
         async def go() -> admin_pb2.Reservation:
-            row = await reservations.release(self.store, self.bus, request.reservation_id)
+            row = await reservations.release(self.store, self.bus, self.signer, request.reservation_id)
             return await self._reservation(str(row["id"]))
 
         return await self._call(context, go)
@@ -321,6 +346,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             row = await commands.enqueue(
                 self.store,
                 self.bus,
+                self.signer,
                 commands.EnqueueRequest(
                     node_id=request.node_id,
                     kind=request.kind,
@@ -330,6 +356,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     idempotency_key=request.idempotency_key,
                     requested_by=operator,
                 ),
+                self.rng,
             )
             return await self._command_info(row)
 
@@ -404,15 +431,15 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return await self._call(context, go)
 
     def _pki_info(self) -> admin_pb2.PkiInfo:
-        intent = self.bus.intent
+        keys = self.signer.keys
         info = admin_pb2.PkiInfo(
             ca_fingerprint=self.ca.fingerprint,
             ca_not_after_ms=int(self.ca.certificate.not_valid_after_utc.timestamp() * 1000),
-            command_signing=bool(intent and intent.enabled),
-            attested_bindings=bool(intent and intent.attested),
+            command_signing=keys is not None,
+            attested_bindings=self.signer.attested,
         )
-        if intent is not None and intent.keys is not None:
-            root, worker = intent.keys.root, intent.keys.worker
+        if keys is not None:
+            root, worker = keys.root, keys.worker
             info.roots.append(views.signing_key_info(root))
             info.worker.CopyFrom(views.signing_key_info(worker.cert))
         return info
@@ -427,9 +454,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.GetPkiRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.PkiInfo:
         async def go() -> admin_pb2.PkiInfo:
-            if self.bus.intent is None:
-                raise UsageError("command signing is off on this server; there is no worker key to rotate")
-            specs_n, cmds_n = await self.bus.intent.rotate(self.store, self.bus, self.clock)
+            specs_n, cmds_n = await intent_ctl.rotate(
+                self.store, self.bus, self.signer, self.clock, self.rng, self.secrets
+            )
             info = self._pki_info()
             info.resigned_specs, info.resigned_commands = specs_n, cmds_n
             return info
@@ -447,7 +474,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     async def _propose(self, context: grpc.aio.ServicerContext, edit: approvers.Edit) -> admin_pb2.ApproverSet:
         async def go(operator: str) -> admin_pb2.ApproverSet:
-            return await self._approver_set(await approvers.propose(self.store, self.bus, edit, operator))
+            return await self._approver_set(await approvers.propose(self.store, self.bus, edit, operator, self.rng))
 
         return await self._call_as(context, go)
 
@@ -575,7 +602,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 reason=request.reason,
                 not_after_s=float(request.not_after_s or quorum.DEFAULT_BATCH_NOT_AFTER_S),
             )
-            batch_id = await quorum.create_batch(self.store, self.bus, req, operator)
+            batch_id = await quorum.create_batch(self.store, self.bus, self.signer, req, operator, self.rng)
             return await self._batch(batch_id)
 
         return await self._call_as(context, go)

@@ -2,6 +2,9 @@
 
 Join: the caller's TLS leaf was issued by a join token's key; the token becomes a certificate.
 Renew: the caller's TLS leaf is its current node certificate; a proof by that key gets a new one.
+
+Both replies carry the trust bundle as `Intent` holds it now (with the quorum
+settings the gateways last read), and its signed envelope when signing is on.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from cryptography.x509.oid import NameOID
 from bc.control import identity
 from bc.control.bus import Bus
 from bc.control.identity import NODE_CERT_TTL_S
+from bc.control.intent import Intent
+from bc.control.signer import Signer
 from bc.errors import BcError, Unauthenticated, UsageError
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import join_leaf_identity
-from bc.protocol.pb import common_pb2, join_pb2
+from bc.protocol.pb import join_pb2
 from bc.store import Store
 from bc.store import identity as id_sql
 from bc.wire.status import abort_with
@@ -31,11 +36,12 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
         store: Store,
         bus: Bus,
         ca: CertificateAuthority,
-        trust: common_pb2.TrustBundle,
+        signer: Signer,
+        intent: Intent,
         *,
         node_cert_ttl_s: int = NODE_CERT_TTL_S,
     ) -> None:
-        self.store, self.bus, self.ca, self.trust = store, bus, ca, trust
+        self.store, self.bus, self.ca, self.signer, self.intent = store, bus, ca, signer, intent
         self.node_cert_ttl_s = node_cert_ttl_s
 
     async def _token_id(self, context: grpc.aio.ServicerContext) -> str:
@@ -63,6 +69,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             joined = await identity.join(
                 self.store,
                 self.bus,
+                self.signer,
                 self.ca,
                 token_id,
                 request.csr_der,
@@ -77,10 +84,10 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             role=joined.role,
             cert_pem=joined.cert_pem,
             ca_pem=self.ca.certificate.public_bytes(serialization.Encoding.PEM),
-            trust=self.bus.intent.trust_bundle() if self.bus.intent is not None else self.trust,
+            trust=self.intent.trust_bundle(),
             identity_generation=joined.identity_generation,
         )
-        signed = self.bus.intent.trust_envelope() if self.bus.intent is not None else None
+        signed = self.intent.trust_envelope()
         if signed is not None:
             resp.trust_envelope.CopyFrom(signed)
         return resp
@@ -104,8 +111,8 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             )
         except BcError as e:
             await abort_with(context, e)
-        resp = join_pb2.RenewResponse(cert_pem=renewed.cert_pem, trust=self.trust)
-        signed = self.bus.intent.trust_envelope() if self.bus.intent is not None else None
+        resp = join_pb2.RenewResponse(cert_pem=renewed.cert_pem, trust=self.intent.trust_bundle())
+        signed = self.intent.trust_envelope()
         if signed is not None:  # the same signed bundle Join and Welcome carry
             resp.trust_envelope.CopyFrom(signed)
         return resp

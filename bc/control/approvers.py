@@ -210,9 +210,7 @@ class Proposed:
     state: str  # applied | pending | unchanged
 
 
-async def propose(
-    store: Store, bus: Bus | None, edit: Edit, requested_by: str, rng: random.Random | None = None
-) -> Proposed:
+async def propose(store: Store, bus: Bus | None, edit: Edit, requested_by: str, rng: random.Random) -> Proposed:
     """Apply `edit` at once when no approvers guard the settings; else store it as a pending change."""
     edit = _check(edit)
     now_ms = await store.now_ms()

@@ -6,6 +6,10 @@ identity; several, because a renewal rotates the key while results signed
 with the previous one may still be in flight). Nothing a gateway says is
 consulted: a gateway that forges, strips or swaps a signature gets the
 report rejected.
+
+Whether the check applies at all is the `Signer`'s to say (`attested`: on
+whenever command signing is on), passed in by the caller like every other
+dependency: there is no "no signer, no check" path.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections import OrderedDict
 
 from cryptography import x509
 
+from bc.control.signer import Signer
 from bc.pki import attest
 from bc.protocol.pb import session_pb2
 from bc.store import Tx
@@ -39,8 +44,11 @@ async def _node_certs(tx: Tx, node_id: str) -> list[x509.Certificate]:
     return [_parse(pem) for pem in await rev_sql.live_certs(tx, node_id)]
 
 
-async def check_result(tx: Tx, node_id: str, update: session_pb2.CommandUpdate) -> str | None:
-    """None if the node signed this result; otherwise why not (`unsigned`, `bad-signature`)."""
+async def check_result(tx: Tx, signer: Signer, node_id: str, update: session_pb2.CommandUpdate) -> str | None:
+    """None if the node signed this result or no attestation is required; otherwise why not (`unsigned`,
+    `bad-signature`)."""
+    if not signer.attested:
+        return None
     if not update.node_sig:
         return "unsigned"
     msg = attest.result_message(update.command_id, session_pb2.CommandState.Name(update.state), update.result)
@@ -49,8 +57,10 @@ async def check_result(tx: Tx, node_id: str, update: session_pb2.CommandUpdate) 
     return "bad-signature"
 
 
-async def check_report(tx: Tx, node_id: str, report: session_pb2.AttestedReport) -> str | None:
-    """None if the node signed this allocation report; otherwise why not."""
+async def check_report(tx: Tx, signer: Signer, node_id: str, report: session_pb2.AttestedReport) -> str | None:
+    """None if the node signed this allocation report or no attestation is required; otherwise why not."""
+    if not signer.attested:
+        return None
     if not report.node_sig:
         return "unsigned"
     if attest.verify_by_any(await _node_certs(tx, node_id), attest.report_message(report.body), report.node_sig):

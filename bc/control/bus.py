@@ -4,30 +4,23 @@ A wake-up carries no data; whoever wakes re-reads the store, so a lost or
 duplicated wake-up costs latency, never correctness (the 1 s and 10 s
 backstops catch up). With several processes on PostgreSQL the same calls
 become LISTEN/NOTIFY; callers do not change.
+
+The bus only wakes things up: it carries no policy. What signs intent is a
+`bc.control.signer.Signer`, passed to every writer explicitly.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from bc.aio import wait_event
 
-if TYPE_CHECKING:
-    from bc.control.intent import Intent
-
 
 class Bus:
-    """Wake-ups, plus the process's signing context.
-
-    `intent` rides on the bus because every write that must be signed in its
-    own transaction (a command, a spec generation) already receives the bus;
-    None means nothing is signed (command signing off, or a unit test).
-    """
+    """Wake-ups: node pokes, new events, new join-token roots."""
 
     def __init__(self) -> None:
-        self.intent: Intent | None = None
         self._node_listeners: list[Callable[[str], None]] = []
         self._events = asyncio.Event()
         self._token_listeners: list[Callable[[str, bytes], None]] = []

@@ -2,8 +2,10 @@
 
 Enqueue is one transaction: the checks (kind, role, `not_after`), the
 idempotency lookup, the node's next `seq`, the `CommandBody` encoded once and
-stored as bytes (the gateway resends exactly those bytes, signed or not), the
-`command.enqueued` event, and after commit a poke to the node's gateway. A
+stored as bytes with the signature the `Signer` makes over them (the gateway
+resends exactly those bytes, signed or not; with `NullSigner` the row is
+unsigned), the `command.enqueued` event, and after commit a poke to the node's
+gateway. The command id is a ULID from the injected Random. A
 command is never enqueued without a `not_after`: the daemon treats a command
 without one as `EXPIRED`, and a command that could run arbitrarily late is
 the thing the reference's rule ("if running it late could do harm, it is a
@@ -15,7 +17,8 @@ Updates from a node go through the pure state table (`command_states`) and
 are scoped to the reporting node in SQL: an unknown id or another node's
 command changes nothing, and a stale or repeated report changes nothing.
 Results are stored exactly as received, never re-encoded, so the node's
-signature over them stays checkable.
+signature over them stays checkable; with signing on (`Signer.attested`) a
+terminal result of an attested kind moves nothing unless it carries it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from bc.control import attestation
 from bc.control import command_states as cs
 from bc.control.bus import Bus
 from bc.control.events import publish
+from bc.control.signer import Signer
 from bc.errors import NotFound, UsageError
 from bc.ids import ulid
 from bc.protocol import kinds, limits
@@ -171,25 +175,27 @@ def check_request(req: EnqueueRequest) -> kinds.Kind:
 async def enqueue(
     store: Store,
     bus: Bus | None,
+    signer: Signer,
     req: EnqueueRequest,
-    rng: random.Random | None = None,
+    rng: random.Random,
 ) -> Row:
     """Queue a command `pending` for its node; a repeated idempotency key returns the first command unchanged."""
     kind = check_request(req)
     payload = payload_for(req.kind, req.payload)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        return await enqueue_in(tx, bus, req, kind, payload, now_ms, rng)
+        return await enqueue_in(tx, bus, signer, req, kind, payload, now_ms, rng)
 
 
 async def enqueue_in(
     tx: Tx,
     bus: Bus | None,
+    signer: Signer,
     req: EnqueueRequest,
     kind: kinds.Kind,
     payload: any_pb2.Any,
     now_ms: int,
-    rng: random.Random | None = None,
+    rng: random.Random,
     *,
     held: bool = False,
 ) -> Row:
@@ -228,7 +234,7 @@ async def enqueue_in(
         batch_id=req.batch_id,
     )
     body_bytes = body.SerializeToString(deterministic=True)
-    signed = bus.intent.sign_command(body_bytes) if bus is not None and bus.intent is not None else None
+    signed = signer.sign_command(body_bytes)
     inserted = await cmd_sql.insert(
         tx,
         id_=command_id,
@@ -237,8 +243,8 @@ async def enqueue_in(
         kind=req.kind,
         lane=kind.lane,
         body=body_bytes,
-        signature=signed.signature if signed else None,
-        signer_key_id=signed.key_id if signed else "",
+        signature=signed.stored,
+        signer_key_id=signed.key_id,
         not_before_ms=not_before_ms,
         not_after_ms=not_after_ms,
         min_generation=req.min_generation,
@@ -285,6 +291,7 @@ SECURITY_REJECTIONS = {
 async def apply_update(
     tx: Tx,
     bus: Bus | None,
+    signer: Signer,
     node_id: str,
     update: session_pb2.CommandUpdate,
     now_ms: int,
@@ -311,8 +318,8 @@ async def apply_update(
         return UpdateOutcome(known=True, changed=False, terminal=cs.is_terminal(current), state=current)
     terminal = cs.is_terminal(target)
     kind = str(row["kind"])
-    if terminal and bus is not None and bus.intent is not None and bus.intent.attested and kinds.is_attested(kind):
-        why = await attestation.check_result(tx, node_id, update)
+    if terminal and kinds.is_attested(kind):
+        why = await attestation.check_result(tx, signer, node_id, update)
         if why is not None:
             data = {"command_id": update.command_id, "kind": kind, "state": target, "reason": why}
             await publish(tx, bus, "security.result-rejected", node_id, data, now_ms)

@@ -16,6 +16,7 @@ crashed before storing its new certificate renews again with the old one.
 from __future__ import annotations
 
 import logging
+import random
 import re
 from dataclasses import dataclass
 
@@ -26,12 +27,14 @@ from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKey
 from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.control.events import publish
+from bc.control.signer import Signer
 from bc.control.specs import write_spec
 from bc.errors import BcError, Unauthenticated, UsageError
 from bc.pki import renewal as pki_renewal
 from bc.pki import tokens as pki_tokens
 from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
 from bc.pki.identity import PeerIdentity, peer_identity
+from bc.pki.secrets_source import Secrets
 from bc.store import Store
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
@@ -62,14 +65,24 @@ class IssuedToken:
 
 
 async def create_token(
-    store: Store, bus: Bus, ca: CertificateAuthority, clock: Clock, node_id: str, role: str, ttl_s: float
+    store: Store,
+    bus: Bus,
+    ca: CertificateAuthority,
+    clock: Clock,
+    node_id: str,
+    role: str,
+    ttl_s: float,
+    *,
+    rng: random.Random,
+    secrets: Secrets,
 ) -> IssuedToken:
+    """A one-time token: its id from `rng` (a public name), its secret from `secrets`."""
     check_node_id(node_id)
     if role not in ROLES:
         raise UsageError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
     if not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
         raise UsageError(f"a token's ttl must be between 1m and 7d, not {ttl_s:.0f}s")
-    new = pki_tokens.create_token(ca.fingerprint, ttl_s, clock)
+    new = pki_tokens.create_token(ca.fingerprint, ttl_s, clock, rng, secrets)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
         await id_sql.insert_token(
@@ -98,6 +111,7 @@ class Joined:
 async def join(
     store: Store,
     bus: Bus,
+    signer: Signer,
     ca: CertificateAuthority,
     token_id: str,
     csr_der: bytes,
@@ -137,7 +151,7 @@ async def join(
         )
         if created:
             # The first generation: an empty spec the node converges to at once.
-            await write_spec(tx, bus, node_id, lambda spec: None, now_ms, lock=store.for_update())
+            await write_spec(tx, bus, signer, node_id, lambda spec: None, now_ms, lock=store.for_update())
         await publish(
             tx,
             bus,

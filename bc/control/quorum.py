@@ -27,6 +27,7 @@ from bc.control import approvers as appr
 from bc.control import commands as cmds
 from bc.control.bus import Bus
 from bc.control.events import publish
+from bc.control.signer import Signer
 from bc.errors import Conflict, NotFound, UsageError
 from bc.ids import ulid
 from bc.pki import merkle
@@ -54,7 +55,7 @@ class BatchRequest:
 
 
 async def create_batch(
-    store: Store, bus: Bus, req: BatchRequest, requested_by: str, rng: random.Random | None = None
+    store: Store, bus: Bus, signer: Signer, req: BatchRequest, requested_by: str, rng: random.Random
 ) -> str:
     """Store a batch and enqueue its commands held, in one transaction; returns the batch id."""
     cmds.check_batch_size(req.kind, req.node_ids, req.payload_json)
@@ -113,7 +114,7 @@ async def create_batch(
                 batch_id=batch_id,
                 requested_by=requested_by,
             )
-            row = await cmds.enqueue_in(tx, bus, er, kind, payload, now_ms, rng, held=True)
+            row = await cmds.enqueue_in(tx, bus, signer, er, kind, payload, now_ms, rng, held=True)
             await q_sql.insert_leaf(tx, batch_id, idx, node_id, req.kind, digest, str(row["id"]))
         await publish(
             tx,

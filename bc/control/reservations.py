@@ -20,6 +20,7 @@ from google.protobuf import json_format
 from bc.control import capacity
 from bc.control.bus import Bus
 from bc.control.events import publish
+from bc.control.signer import Signer
 from bc.control.specs import write_spec
 from bc.errors import Conflict, NotFound, UsageError
 from bc.ids import short_id, ulid
@@ -70,7 +71,7 @@ def _validate(req: ReserveRequest) -> None:
         raise UsageError(f"--gpus must be between 1 and 1024, not {req.gpus}")
 
 
-async def reserve(store: Store, bus: Bus, req: ReserveRequest, rng: random.Random | None = None) -> Row:
+async def reserve(store: Store, bus: Bus, signer: Signer, req: ReserveRequest, rng: random.Random) -> Row:
     _validate(req)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
@@ -122,7 +123,7 @@ async def reserve(store: Store, bus: Bus, req: ReserveRequest, rng: random.Rando
             for a in atoms:
                 da.devices.add(device_class=a.device_class, atom_id=a.atom_id)
 
-        w = await write_spec(tx, bus, node_id, add, now_ms, lock=store.for_update())
+        w = await write_spec(tx, bus, signer, node_id, add, now_ms, lock=store.for_update())
         await res_sql.set_generation(tx, rid, w.generation)
         await publish(
             tx,
@@ -153,7 +154,7 @@ def _drop_assignment(allocation_id: str) -> Callable[[spec_pb2.NodeSpec], None]:
     return mutate
 
 
-async def release(store: Store, bus: Bus, reservation_id: str) -> Row:
+async def release(store: Store, bus: Bus, signer: Signer, reservation_id: str) -> Row:
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
         row = await res_sql.get(tx, reservation_id)
@@ -164,7 +165,7 @@ async def release(store: Store, bus: Bus, reservation_id: str) -> Row:
             return row  # releasing twice is a no-op, not an error
         node_id = str(row["node_id"])
         w = await write_spec(
-            tx, bus, node_id, _drop_assignment(str(row["allocation_id"])), now_ms, lock=store.for_update()
+            tx, bus, signer, node_id, _drop_assignment(str(row["allocation_id"])), now_ms, lock=store.for_update()
         )
         if state == "failed":
             await res_sql.set_state(tx, reservation_id, "released", now_ms)
@@ -182,6 +183,7 @@ async def release(store: Store, bus: Bus, reservation_id: str) -> Row:
 async def on_allocation_report(
     tx: Tx,
     bus: Bus | None,
+    signer: Signer,
     reporting_node: str,
     kind: str,
     allocation_id: str,
@@ -225,7 +227,7 @@ async def on_allocation_report(
     if kind == "failed":
         if await res_sql.set_state(tx, rid, "failed", now_ms, reason, only_from=("placed", "active")):
             await res_sql.release_bookings(tx, rid, now_ms)
-            await write_spec(tx, bus, reporting_node, _drop_assignment(allocation_id), now_ms, lock=lock)
+            await write_spec(tx, bus, signer, reporting_node, _drop_assignment(allocation_id), now_ms, lock=lock)
             await publish(
                 tx,
                 bus,

@@ -2,8 +2,9 @@
 
 Every generation's encoded `DesiredStateBody` is stored with it (`spec_body`),
 so gateways relay exactly the bytes written here and never re-encode; the
-signature and its signer's key id are rewritten by the same statement (by
-the bus's `intent`; empty when command signing is off).
+signature and its signer's key id are written by the same statement, made by
+the `Signer` every caller passes in (`UNSIGNED` from `NullSigner` when
+command signing is off).
 
 Sizes (`bc.protocol.limits`): a section over `max_section_bytes` is refused
 before its transaction, and a spec whose canonical JSON or encoded body would
@@ -22,6 +23,7 @@ from google.protobuf.message import Message
 
 from bc.control.bus import Bus
 from bc.control.events import publish
+from bc.control.signer import Signer
 from bc.errors import NotFound
 from bc.protocol import canonical, limits, spec_validation
 from bc.protocol.pb import spec_pb2
@@ -54,6 +56,7 @@ async def load_spec(tx: Tx, node_id: str, lock: str = "") -> tuple[spec_pb2.Node
 async def write_spec(
     tx: Tx,
     bus: Bus | None,
+    signer: Signer,
     node_id: str,
     mutate: Callable[[spec_pb2.NodeSpec], None],
     now_ms: int,
@@ -77,10 +80,8 @@ async def write_spec(
     after = spec_size(text, body)
     if after > before:  # a write that shrinks a spec stored before the limit is let through
         limits.check_size(f"the spec of {node_id} would be", after, "max_spec_bytes")
-    signed = bus.intent.sign_spec(body) if bus is not None and bus.intent is not None else None
-    await nodes_sql.write_spec(
-        tx, node_id, generation, text, h, body, signed.signature if signed else None, signed.key_id if signed else ""
-    )
+    signed = signer.sign_spec(body)
+    await nodes_sql.write_spec(tx, node_id, generation, text, h, body, signed.stored, signed.key_id)
     await publish(tx, bus, "node.spec", node_id, {"generation": generation, "spec_hash": h}, now_ms)
     if bus is not None:
         tx.on_commit(lambda: bus.node_changed(node_id))
@@ -101,7 +102,9 @@ def check_section_size(section: str, section_json: str, msg: Message | None = No
         limits.check_size(what, msg.ByteSize(), "max_section_bytes")
 
 
-async def set_section(store: Store, bus: Bus, node_id: str, section: str, section_json: str) -> SpecWrite:
+async def set_section(
+    store: Store, bus: Bus, signer: Signer, node_id: str, section: str, section_json: str
+) -> SpecWrite:
     """Replace one section wholesale (`{}` clears it). The devices section belongs to reservations.
 
     Everything about the input is checked before the transaction (name, size, parse, content); the
@@ -124,4 +127,4 @@ async def set_section(store: Store, bus: Bus, node_id: str, section: str, sectio
 
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        return await write_spec(tx, bus, node_id, mutate, now_ms, lock=store.for_update())
+        return await write_spec(tx, bus, signer, node_id, mutate, now_ms, lock=store.for_update())

@@ -30,6 +30,7 @@ from google.protobuf import json_format
 from bc.control.bus import Bus
 from bc.control.commands import apply_update
 from bc.control.events import publish
+from bc.control.signer import Signer
 from bc.errors import Unauthenticated
 from bc.gateway.oversize import fit_texts, refuse_oversized_update
 from bc.pki.identity import PeerIdentity
@@ -56,7 +57,7 @@ class HelloResult:
 
 
 async def hello_transaction(
-    store: Store, bus: Bus, gateway_id: str, peer: PeerIdentity, hello: session_pb2.Hello
+    store: Store, bus: Bus, signer: Signer, gateway_id: str, peer: PeerIdentity, hello: session_pb2.Hello
 ) -> HelloResult:
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
@@ -112,7 +113,7 @@ async def hello_transaction(
         generation = int(node["generation"])
         if await _duplicate_session(tx, bus, peer, hello, opened, now_ms):
             return HelloResult(opened.epoch, generation, inventory_hash, quarantined=True)
-        replay, ack = await _resume_commands(tx, bus, peer.name, hello, opened, now_ms)
+        replay, ack = await _resume_commands(tx, bus, signer, peer.name, hello, opened, now_ms)
     return HelloResult(opened.epoch, generation, inventory_hash, replay, ack)
 
 
@@ -169,14 +170,20 @@ TERMINAL_UPDATES = (
 
 
 async def _resume_commands(
-    tx: Tx, bus: Bus, node_id: str, hello: session_pb2.Hello, opened: nodes_sql.SessionOpened, now_ms: int
+    tx: Tx,
+    bus: Bus,
+    signer: Signer,
+    node_id: str,
+    hello: session_pb2.Hello,
+    opened: nodes_sql.SessionOpened,
+    now_ms: int,
 ) -> tuple[list[str], list[str]]:
     ack: list[str] = []
     for update in hello.unacked_results:
         if await refuse_oversized_update(tx, bus, node_id, update, now_ms):
             ack.append(update.command_id)  # refused, and said so: the node must stop resending it
             continue
-        applied = await apply_update(tx, bus, node_id, fit_texts(update), now_ms)
+        applied = await apply_update(tx, bus, signer, node_id, fit_texts(update), now_ms)
         if update.state in TERMINAL_UPDATES and not applied.rejected:
             ack.append(update.command_id)
     new_journal = bool(opened.previous_journal_id) and opened.previous_journal_id != hello.journal_id

@@ -7,8 +7,9 @@ savepoint: a failing handler rolls back its own writes, is published as
 only be replayed into the same failure). A report whose body names another
 node is `security.node-mismatch` and never reaches a handler; an
 undecodable one is `security.invalid-report`. With attested bindings (on with
-command signing) a report must carry the node's own signature, else it is
-`security.report-rejected` (and `reservation.binding-rejected` for a binding).
+command signing: the `Signer` says so) a report must carry the node's own
+signature, else it is `security.report-rejected` (and
+`reservation.binding-rejected` for a binding).
 
 Sizes: an event over `max_event_bytes` (an older agent's) is recorded under
 its seq without its body, published as `node.event-too-large` and acked, never
@@ -27,6 +28,7 @@ from bc.control import attestation
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.reservations import mark_binding_lost, on_allocation_report
+from bc.control.signer import Signer
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import session_pb2
 from bc.store import Store, Tx
@@ -55,7 +57,9 @@ def _json_body(body: bytes) -> dict[str, object]:
     return doc if isinstance(doc, dict) else {"value": doc}
 
 
-async def _handle(tx: Tx, bus: Bus, store: Store, node_id: str, ev: session_pb2.NodeEvent, now_ms: int) -> None:
+async def _handle(
+    tx: Tx, bus: Bus, signer: Signer, store: Store, node_id: str, ev: session_pb2.NodeEvent, now_ms: int
+) -> None:
     if not ev.HasField("report"):
         await publish(tx, bus, "node.event", node_id, {"seq": ev.seq, "type": ev.type}, now_ms)
         if ev.type in SECURITY_EVENTS:
@@ -82,16 +86,15 @@ async def _handle(tx: Tx, bus: Bus, store: Store, node_id: str, ev: session_pb2.
     if rep.node_id != node_id:
         await publish(tx, bus, "security.node-mismatch", node_id, {**data, "named_node": rep.node_id}, now_ms)
         return
-    if bus.intent is not None and bus.intent.attested:
-        why = await attestation.check_report(tx, node_id, ev.report)
-        if why is not None:
-            await _reject_report(tx, bus, store, node_id, rep, {**data, "why": why}, now_ms)
-            return
+    why = await attestation.check_report(tx, signer, node_id, ev.report)
+    if why is not None:
+        await _reject_report(tx, bus, store, node_id, rep, {**data, "why": why}, now_ms)
+        return
     await publish(tx, bus, "node.event", node_id, data, now_ms)
     await tx.execute("SAVEPOINT report_handler")
     try:
         outcome = await on_allocation_report(
-            tx, bus, node_id, kind, rep.allocation_id, rep.reason, rep.message, now_ms, lock=store.for_update()
+            tx, bus, signer, node_id, kind, rep.allocation_id, rep.reason, rep.message, now_ms, lock=store.for_update()
         )
     except Exception as e:  # a handler bug must not wedge the stream; say so loudly
         await tx.execute("ROLLBACK TO SAVEPOINT report_handler")
@@ -134,7 +137,9 @@ async def _refuse_event(tx: Tx, bus: Bus, node_id: str, ev: session_pb2.NodeEven
     log.warning("event=node.event-too-large node=%s seq=%d type=%s bytes=%d", node_id, ev.seq, ev.type[:256], size)
 
 
-async def ingest(store: Store, bus: Bus, node_id: str, batch: session_pb2.EventBatch) -> session_pb2.Ack | None:
+async def ingest(
+    store: Store, bus: Bus, signer: Signer, node_id: str, batch: session_pb2.EventBatch
+) -> session_pb2.Ack | None:
     """Store and handle a batch; returns the Ack to send, or None for another journal's batch."""
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
@@ -160,7 +165,7 @@ async def ingest(store: Store, bus: Bus, node_id: str, batch: session_pb2.EventB
             if new and too_large:
                 await _refuse_event(tx, bus, node_id, ev, size, now_ms)
             elif new:
-                await _handle(tx, bus, store, node_id, ev, now_ms)
+                await _handle(tx, bus, signer, store, node_id, ev, now_ms)
             top = max(top, ev.seq)
         if top > acked:
             await node_events_sql.advance_ack(tx, node_id, batch.journal_id, top)

@@ -23,10 +23,13 @@ from dataclasses import dataclass
 
 from bc.aio import wait_event
 from bc.clock import Clock
+from bc.control import approvers
 from bc.control import status as status_ctl
 from bc.control.bus import Bus
 from bc.control.commands import apply_update
 from bc.control.events import publish
+from bc.control.intent import Intent
+from bc.control.signer import Signer
 from bc.errors import BcError, ProtocolError, Unauthenticated
 from bc.gateway import core, dispatch_rules
 from bc.gateway.hello import TERMINAL_UPDATES, hello_transaction
@@ -64,17 +67,22 @@ class GatewayConfig:
 
 
 class Gateway:
+    """`signer` signs nothing here: the gateway relays stored signatures. It decides whether results and reports
+    must carry the node's own signature, and signs the specs that allocation reports change; `intent` is the
+    trust bundle every Welcome carries."""
+
     def __init__(
-        self, store: Store, bus: Bus, clock: Clock, gateway_id: str, trust: common_pb2.TrustBundle, cfg: GatewayConfig
+        self,
+        store: Store,
+        bus: Bus,
+        clock: Clock,
+        gateway_id: str,
+        signer: Signer,
+        intent: Intent,
+        cfg: GatewayConfig,
     ) -> None:
-        self.store, self.bus, self.clock, self.gateway_id, self.trust, self.cfg = (
-            store,
-            bus,
-            clock,
-            gateway_id,
-            trust,
-            cfg,
-        )
+        self.store, self.bus, self.clock, self.gateway_id, self.cfg = store, bus, clock, gateway_id, cfg
+        self.signer, self.intent = signer, intent
         self.sessions: dict[str, SessionDriver] = {}
         self._signer_certs: dict[str, bytes] = {}
         self._approvals: dict[str, bytes] = {}
@@ -163,8 +171,8 @@ class Gateway:
 
     async def push_trust_if_changed(self) -> None:
         """Approvers changed: every open session gets the newly signed bundle now, not at its next Welcome."""
-        intent = self.bus.intent
-        if intent is None or not await intent.refresh(self.store):
+        intent = self.intent
+        if not intent.set_quorum(*await approvers.trust_state(self.store)):
             return
         env = intent.trust_envelope()
         if env is None:
@@ -399,7 +407,9 @@ class SessionDriver:
             if isinstance(a, core.Send):
                 await self.link.send(a.msg)
             elif isinstance(a, core.OpenSession):
-                res = await hello_transaction(self.gw.store, self.gw.bus, self.gw.gateway_id, self.peer, a.hello)
+                res = await hello_transaction(
+                    self.gw.store, self.gw.bus, self.gw.signer, self.gw.gateway_id, self.peer, a.hello
+                )
                 if res.quarantined:
                     log.error("event=node.quarantined node=%s serial=%s", self.node_id, self.peer.serial)
                     await self._revoke_locked("duplicate-identity")
@@ -422,10 +432,10 @@ class SessionDriver:
                         res.epoch,
                         res.generation,
                         await self.gw.store.now_ms(),
-                        self.gw.bus.intent.trust_bundle() if self.gw.bus.intent is not None else self.gw.trust,
+                        self.gw.intent.trust_bundle(),
                         self.gw.gateway_id,
                         res.inventory_hash,
-                        self.gw.bus.intent.trust_envelope() if self.gw.bus.intent is not None else None,
+                        self.gw.intent.trust_envelope(),
                     )
                 )
                 if res.ack:
@@ -436,7 +446,7 @@ class SessionDriver:
             elif isinstance(a, core.LoadSpec):
                 await self._load_spec()
             elif isinstance(a, core.IngestEvents):
-                ack = await ingest(self.gw.store, self.gw.bus, self.node_id, a.batch)
+                ack = await ingest(self.gw.store, self.gw.bus, self.gw.signer, self.node_id, a.batch)
                 if ack is not None:
                     await self.link.send(GatewayMessage(ack=ack))
             elif isinstance(a, core.ApplyCommandUpdate):
@@ -538,7 +548,7 @@ class SessionDriver:
             elif await refuse_oversized_update(tx, self.gw.bus, self.node_id, update, now_ms):
                 refused = True
             else:
-                outcome = await apply_update(tx, self.gw.bus, self.node_id, fit_texts(update), now_ms)
+                outcome = await apply_update(tx, self.gw.bus, self.gw.signer, self.node_id, fit_texts(update), now_ms)
         if busy:
             return
         if refused:  # acked, so the node stops resending what will never be taken

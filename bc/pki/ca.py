@@ -15,14 +15,15 @@ What the certificates say (and `bc.pki.identity` reads back):
   serverAuth; 1 year.
 
 Every validity window starts 60 s in the past to forgive small clock skew, and
-all times come from the injected clock.
+all times come from the injected clock. Serials come from the injected Random,
+the CA's key and its name's suffix from the injected `Secrets`.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import random
 import re
-import secrets
 from pathlib import Path
 
 from cryptography import x509
@@ -33,6 +34,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from bc.clock import Clock
 from bc.errors import Unauthenticated, UsageError
 from bc.pki import keys
+from bc.pki.secrets_source import Secrets, p256_key
 
 CA_KEY_FILE = "ca.key"
 CA_CERT_FILE = "ca.crt"
@@ -68,17 +70,22 @@ def _public(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -> ec.E
 class CertificateAuthority:
     """Signs server, node and operator certificates with the cluster CA key."""
 
-    def __init__(self, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate, clock: Clock) -> None:
+    def __init__(
+        self, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate, clock: Clock, rng: random.Random
+    ) -> None:
         if cert.public_key() != key.public_key():
             raise UsageError("the CA key does not match the CA certificate")
         self._key = key
         self._cert = cert
         self._clock = clock
+        self._rng = rng  # serials
 
     # -- loading -----------------------------------------------------------------------------
 
     @classmethod
-    def load_or_create(cls, dir: Path, clock: Clock) -> tuple[CertificateAuthority, bool]:
+    def load_or_create(
+        cls, dir: Path, clock: Clock, rng: random.Random, secrets: Secrets
+    ) -> tuple[CertificateAuthority, bool]:
         """Load the CA from `dir`, or create it there if neither file exists; True if created."""
         dir = Path(dir)
         key_path, cert_path = dir / CA_KEY_FILE, dir / CA_CERT_FILE
@@ -86,14 +93,14 @@ class CertificateAuthority:
         if have_key and have_cert:
             key = keys.load_key_pem(key_path.read_bytes())
             cert = keys.load_cert_pem(cert_path.read_bytes())
-            return cls(key, cert, clock), False
+            return cls(key, cert, clock, rng), False
         if have_key or have_cert:
             present, missing = (key_path, cert_path) if have_key else (cert_path, key_path)
             raise UsageError(
                 f"the CA directory holds {present} but not {missing}; restore the missing file or move the "
                 "directory aside (a new CA would cut off every joined node)"
             )
-        ca = cls.create(clock)
+        ca = cls.create(clock, rng, secrets)
         # The key goes first: a crash between the two writes leaves a key without a certificate,
         # which the next start refuses loudly rather than replacing.
         keys.write_private_key(key_path, ca._key)
@@ -101,10 +108,11 @@ class CertificateAuthority:
         return ca, True
 
     @classmethod
-    def create(cls, clock: Clock) -> CertificateAuthority:
+    def create(cls, clock: Clock, rng: random.Random, secrets: Secrets) -> CertificateAuthority:
         """A new CA in memory (10 years); `load_or_create` is what persists it."""
-        key = keys.generate_key()
+        key = p256_key(secrets)
         now = clock.now()
+        # The suffix tells two installs' CAs apart in a certificate viewer; drawn with the key, as it names it.
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"bc CA {secrets.token_hex(4)}")])
         pub = key.public_key()
         cert = (
@@ -112,7 +120,7 @@ class CertificateAuthority:
             .subject_name(name)
             .issuer_name(name)
             .public_key(pub)
-            .serial_number(x509.random_serial_number())
+            .serial_number(keys.serial_number(rng))
             .not_valid_before(keys.utc(now - BACKDATE_S))
             .not_valid_after(keys.utc(now + CA_LIFETIME_S))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -133,7 +141,7 @@ class CertificateAuthority:
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(pub), critical=False)
             .sign(key, hashes.SHA256())
         )
-        return cls(key, cert, clock)
+        return cls(key, cert, clock, rng)
 
     # -- what others need to know --------------------------------------------------------------
 
@@ -224,7 +232,7 @@ class CertificateAuthority:
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
             .issuer_name(self._cert.subject)
             .public_key(pub)
-            .serial_number(x509.random_serial_number())
+            .serial_number(keys.serial_number(self._rng))
             .not_valid_before(keys.utc(now - BACKDATE_S))
             .not_valid_after(keys.utc(not_after))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

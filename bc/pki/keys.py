@@ -7,12 +7,18 @@ directory we create for them is 0700.
 
 `fingerprint()` is the one way we name a certificate: "sha256:" and the
 lowercase hex SHA-256 of its DER. Join tokens pin the CA by it.
+
+Certificate serials come from the injected Random (`serial_number`), like every
+other id: a serial must be unique under its issuer, not secret (what an
+unpredictable serial once guarded against, a chosen-prefix collision, needs a
+broken hash, and we sign with SHA-256 and Ed25519).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import random
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,8 +34,22 @@ PublicKey = ec.EllipticCurvePublicKey
 
 
 def generate_key() -> ec.EllipticCurvePrivateKey:
-    """A fresh ECDSA P-256 private key."""
+    """A fresh ECDSA P-256 private key from OpenSSL's CSPRNG: for keys made by a client (the CLI, a node).
+
+    The control plane makes its keys through `bc.pki.secrets_source`, so the simulator can replay them.
+    """
     return ec.generate_private_key(ec.SECP256R1())
+
+
+SERIAL_BITS = 159
+"""RFC 5280 allows 20 octets, and a serial must be positive: 159 random bits, never 0."""
+
+
+def serial_number(rng: random.Random) -> int:
+    while True:
+        n = rng.getrandbits(SERIAL_BITS)
+        if n:
+            return n
 
 
 def is_p256(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -> bool:

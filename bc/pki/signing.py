@@ -19,12 +19,16 @@ signed a stored row.
 Rotation (`bc pki rotate`) issues a new worker key under the same root; the
 caller re-signs the stored current specs and pending commands so no signature
 outlives its key.
+
+Keys (and the root's name suffix) come from the injected `Secrets`, serials
+from the injected Random, so a simulated run makes the same certificates
+(Ed25519 signatures are deterministic) and the same worker key ids.
 """
 
 from __future__ import annotations
 
 import datetime
-import secrets
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +41,7 @@ from cryptography.x509.oid import NameOID
 from bc.clock import Clock
 from bc.errors import UsageError
 from bc.pki import keys
+from bc.pki.secrets_source import Secrets, ed25519_key
 from bc.protocol.pb import common_pb2
 
 PURPOSE_COMMAND = "command"
@@ -81,8 +86,10 @@ def _load_ed25519_key(path: Path) -> ed25519.Ed25519PrivateKey:
     return key
 
 
-def create_root(clock: Clock) -> tuple[ed25519.Ed25519PrivateKey, x509.Certificate]:
-    key = ed25519.Ed25519PrivateKey.generate()
+def create_root(
+    clock: Clock, rng: random.Random, secrets: Secrets
+) -> tuple[ed25519.Ed25519PrivateKey, x509.Certificate]:
+    key = ed25519_key(secrets)
     now = keys.utc(clock.now() - BACKDATE_S)
     name = _name(f"bc command-signing root {secrets.token_hex(4)}")
     cert = (
@@ -90,7 +97,7 @@ def create_root(clock: Clock) -> tuple[ed25519.Ed25519PrivateKey, x509.Certifica
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
+        .serial_number(keys.serial_number(rng))
         .not_valid_before(now)
         .not_valid_after(now + datetime.timedelta(seconds=ROOT_LIFETIME_S))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
@@ -101,16 +108,21 @@ def create_root(clock: Clock) -> tuple[ed25519.Ed25519PrivateKey, x509.Certifica
 
 
 def issue_worker(
-    root_key: ed25519.Ed25519PrivateKey, root: x509.Certificate, clock: Clock, name: str = "serve"
+    root_key: ed25519.Ed25519PrivateKey,
+    root: x509.Certificate,
+    clock: Clock,
+    rng: random.Random,
+    secrets: Secrets,
+    name: str = "serve",
 ) -> tuple[ed25519.Ed25519PrivateKey, x509.Certificate]:
-    key = ed25519.Ed25519PrivateKey.generate()
+    key = ed25519_key(secrets)
     now = keys.utc(clock.now() - BACKDATE_S)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(f"bc-worker:{name}"))
         .issuer_name(root.subject)
         .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
+        .serial_number(keys.serial_number(rng))
         .not_valid_before(now)
         .not_valid_after(now + datetime.timedelta(seconds=WORKER_LIFETIME_S))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -180,14 +192,14 @@ class SigningKeys:
         return cls(d, root, WorkerSigner(worker_key, worker_cert))
 
     @classmethod
-    def create(cls, pki_dir: Path, clock: Clock) -> SigningKeys:
+    def create(cls, pki_dir: Path, clock: Clock, rng: random.Random, secrets: Secrets) -> SigningKeys:
         d = pki_dir / SIGNING_DIR
         if (d / ROOT_CERT).exists() or (d / ROOT_KEY).exists():
             raise UsageError(f"{d} already holds a command-signing root; refusing to replace it")
-        root_key, root = create_root(clock)
+        root_key, root = create_root(clock, rng, secrets)
         keys.write_file_atomic(d / ROOT_KEY, _ed25519_private_pem(root_key), mode=0o600)
         keys.write_file_atomic(d / ROOT_CERT, root.public_bytes(serialization.Encoding.PEM))
-        signing = cls(d, root, WorkerSigner(*issue_worker(root_key, root, clock)))
+        signing = cls(d, root, WorkerSigner(*issue_worker(root_key, root, clock, rng, secrets)))
         signing._save_worker()
         return signing
 
@@ -197,7 +209,7 @@ class SigningKeys:
             return None
         return WorkerSigner(_load_ed25519_key(self.dir / ROOT_KEY), self.root)
 
-    def rotate_worker(self, clock: Clock) -> WorkerSigner:
+    def rotate_worker(self, clock: Clock, rng: random.Random, secrets: Secrets) -> WorkerSigner:
         """A new worker key under the same root; the old one signs nothing from now on."""
         if not (self.dir / ROOT_KEY).is_file():
             raise UsageError(
@@ -205,7 +217,7 @@ class SigningKeys:
                 " where the root key is kept and install worker.key and worker.crt here"
             )
         root_key = _load_ed25519_key(self.dir / ROOT_KEY)
-        self.worker = WorkerSigner(*issue_worker(root_key, self.root, clock))
+        self.worker = WorkerSigner(*issue_worker(root_key, self.root, clock, rng, secrets))
         self._save_worker()
         return self.worker
 

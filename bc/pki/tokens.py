@@ -21,6 +21,12 @@ did not sign it.
 
 Base64 is parsed canonically (re-encoding must give the same text), so no two
 distinct strings parse to the same token.
+
+The token id and the root's serial come from the injected Random (they are
+public names); the secret from the injected `Secrets`. The node's join leaf is
+made on the node, for a key made there, so its serial is derived from that
+key (`_leaf_serial`): the node needs no Random for a certificate that lives
+ten minutes and is checked only against the token's root.
 """
 
 from __future__ import annotations
@@ -28,12 +34,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import random
 import re
-import secrets
 from dataclasses import dataclass
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -41,6 +47,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from bc.clock import Clock
 from bc.errors import UsageError
 from bc.pki import keys
+from bc.pki.secrets_source import P256_ORDER, Secrets
 
 PREFIX = "bc1"
 SECRET_BYTES = 32
@@ -51,8 +58,6 @@ _TOKEN_ID = re.compile(r"[0-9a-f]{12}")
 _B64_32 = re.compile(r"[A-Za-z0-9_-]{43}")
 _FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
 _KEY_INFO = b"bc join token key v1"
-# The order n of the P-256 group (SEC 2, secp256r1).
-_P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
 
 
 @dataclass
@@ -123,7 +128,7 @@ def derive_token_key(secret: bytes) -> ec.EllipticCurvePrivateKey:
     as FIPS 186-5 A.2.1 does.
     """
     okm = HKDF(algorithm=hashes.SHA256(), length=48, salt=None, info=_KEY_INFO).derive(secret)
-    d = int.from_bytes(okm, "big") % (_P256_ORDER - 1) + 1
+    d = int.from_bytes(okm, "big") % (P256_ORDER - 1) + 1
     return ec.derive_private_key(d, ec.SECP256R1())
 
 
@@ -135,7 +140,9 @@ def _root_name(token_id: str) -> x509.Name:
 ROOT_GRACE_S = 7 * 24 * 3600
 
 
-def token_root_cert(token_id: str, key: ec.EllipticCurvePrivateKey, not_after: float, clock: Clock) -> x509.Certificate:
+def token_root_cert(
+    token_id: str, key: ec.EllipticCurvePrivateKey, not_after: float, clock: Clock, rng: random.Random
+) -> x509.Certificate:
     """The self-signed root the server trusts for this token's join leaves, valid until `not_after`."""
     pub = key.public_key()
     return (
@@ -143,7 +150,7 @@ def token_root_cert(token_id: str, key: ec.EllipticCurvePrivateKey, not_after: f
         .subject_name(_root_name(token_id))
         .issuer_name(_root_name(token_id))
         .public_key(pub)
-        .serial_number(x509.random_serial_number())
+        .serial_number(keys.serial_number(rng))
         .not_valid_before(keys.utc(clock.now() - BACKDATE_S))
         .not_valid_after(keys.utc(not_after))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
@@ -166,19 +173,19 @@ def token_root_cert(token_id: str, key: ec.EllipticCurvePrivateKey, not_after: f
     )
 
 
-def create_token(ca_fingerprint: str, ttl_s: float, clock: Clock) -> NewToken:
+def create_token(ca_fingerprint: str, ttl_s: float, clock: Clock, rng: random.Random, secrets: Secrets) -> NewToken:
     """A new token pinning `ca_fingerprint`; the caller stores everything but `token`."""
     if not _FINGERPRINT.fullmatch(ca_fingerprint):
         raise UsageError(f"the CA fingerprint {ca_fingerprint!r} is not of the form sha256:<64 hex>")
     if ttl_s <= 0:
         raise UsageError(f"a join token's lifetime must be positive, got {ttl_s} s")
-    token_id = secrets.token_hex(6)
+    token_id = f"{rng.getrandbits(48):012x}"
     secret = secrets.token_bytes(SECRET_BYTES)
     expires_at = clock.now() + ttl_s
     # The root outlives the token by a grace period: the server keeps trusting it for TLS so that a
     # late or second use reaches the Join handler and hears "expired" or "already used" in a sentence,
     # instead of a failed handshake. The token's validity is decided by the store, not by this cert.
-    root = token_root_cert(token_id, derive_token_key(secret), expires_at + ROOT_GRACE_S, clock)
+    root = token_root_cert(token_id, derive_token_key(secret), expires_at + ROOT_GRACE_S, clock, rng)
     return NewToken(
         token=format_token(token_id, secret, ca_fingerprint),
         token_id=token_id,
@@ -186,6 +193,12 @@ def create_token(ca_fingerprint: str, ttl_s: float, clock: Clock) -> NewToken:
         root_cert_pem=keys.cert_to_pem(root),
         expires_at=expires_at,
     )
+
+
+def _leaf_serial(key: ec.EllipticCurvePrivateKey) -> int:
+    """159 bits of the SHA-256 of the public key, never 0: unique per key, as a serial must be per issuer."""
+    der = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return (int.from_bytes(hashlib.sha256(der).digest()[:20], "big") >> 1) or 1
 
 
 def join_client_credentials(parsed: ParsedToken, clock: Clock) -> tuple[bytes, bytes]:
@@ -202,7 +215,7 @@ def join_client_credentials(parsed: ParsedToken, clock: Clock) -> tuple[bytes, b
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"join:{parsed.token_id}")]))
         .issuer_name(_root_name(parsed.token_id))
         .public_key(leaf_key.public_key())
-        .serial_number(x509.random_serial_number())
+        .serial_number(_leaf_serial(leaf_key))
         .not_valid_before(keys.utc(now - BACKDATE_S))
         .not_valid_after(keys.utc(now + JOIN_LEAF_LIFETIME_S))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

@@ -21,7 +21,7 @@ from agent.main import Agent, AgentOptions
 from bc.cli.client import AdminClient
 from bc.config import OperatorConfig
 from bc.protocol.pb import admin_pb2
-from bc.serve import ServeOptions, Server
+from bc.serve import Seams, ServeOptions, Server
 
 
 @dataclass
@@ -82,7 +82,7 @@ class InprocLab:
 async def open_lab(tmp_path: Path, **serve: Any) -> AsyncIterator[InprocLab]:
     """A started `bc serve` (options as `ServeOptions` fields) with an operator client; stopped afterwards."""
     opts = {"data_dir": tmp_path / "server", "listen": "127.0.0.1:0", "heartbeat_interval_s": 1.0, **serve}
-    server = Server(ServeOptions(**opts))
+    server = Server(ServeOptions(**opts), Seams.production())
     await server.start()
     cfg = OperatorConfig.load(server.operator_config)
     admin = AdminClient(cfg)

@@ -24,7 +24,7 @@ from agent.join import join_node
 from bc.cli.main import cli
 from bc.control.commands import apply_update
 from bc.protocol.pb import session_pb2 as pb
-from bc.serve import ServeOptions, Server
+from bc.serve import Seams, ServeOptions, Server
 from bc.store import Row, Store
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql
@@ -67,7 +67,8 @@ def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
     server = Server(
         ServeOptions(
             data_dir=tmp_path / "server", listen="127.0.0.1:0", heartbeat_interval_s=1.0, command_signing="off"
-        )
+        ),
+        Seams.production(),
     )
     lab = Lab(server, loop, tmp_path)
     try:
@@ -340,7 +341,9 @@ async def _settle(lab: Lab, cid: str, final: pb.CommandState, **kw: Any) -> None
         extra = kw if state == final else {}
         update = pb.CommandUpdate(command_id=cid, state=state, boot_id="boot-1", **extra)
         async with store.transaction() as tx:
-            out = await apply_update(tx, lab.server.bus, str(row["node_id"]), update, await store.now_ms())
+            out = await apply_update(
+                tx, lab.server.bus, lab.server.signer, str(row["node_id"]), update, await store.now_ms()
+            )
         assert out.changed
 
 

@@ -164,7 +164,8 @@ async def test_what_was_stored_before_the_limits_is_never_sent(lab: InprocLab) -
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
         req = commands.EnqueueRequest("n1", "diag.nvml", payload)
-        row = await commands.enqueue_in(tx, bus, req, kinds.KINDS["diag.nvml"], payload, now_ms)
+        diag = kinds.KINDS["diag.nvml"]
+        row = await commands.enqueue_in(tx, bus, lab.server.signer, req, diag, payload, now_ms, lab.server.rng)
     cid = str(row["id"])
     assert (await settled(lab, cid)) == {"node_id": "n1", "state": "failed", "reason": "command-too-large"}
     said = await security_event(lab, "node.command-too-large", "n1")

@@ -126,8 +126,8 @@ async def test_a_root_signed_bundle_without_k_current_approvals_is_refused(lab: 
     agent = lab.agents["n1"]
     held = common_pb2.TrustBundle()
     held.CopyFrom(agent.trust.bundle)
-    assert lab.server.intent.keys is not None
-    root = lab.server.intent.keys.root_signer()
+    assert lab.server.signer.keys is not None
+    root = lab.server.signer.keys.root_signer()
     assert root is not None, "the lab's bc serve holds its root key"
     mallory = ed25519.Ed25519PrivateKey.generate()
     to = mallory_settings(held, mallory)

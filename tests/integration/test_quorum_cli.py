@@ -27,7 +27,7 @@ from agent.hw.fake import FakeHardware
 from agent.join import join_node
 from agent.main import Agent, AgentOptions
 from bc.cli.main import cli
-from bc.serve import ServeOptions, Server
+from bc.serve import Seams, ServeOptions, Server
 from bc.store import Row, Store
 from bc.store import quorum as q_sql
 from tests.integration.test_cli_cmd import bc, ok_json
@@ -121,7 +121,8 @@ def running_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="bc-serve", daemon=True)
     thread.start()
-    server = Server(ServeOptions(data_dir=tmp_path / "server", listen="127.0.0.1:0", heartbeat_interval_s=1.0))
+    opts = ServeOptions(data_dir=tmp_path / "server", listen="127.0.0.1:0", heartbeat_interval_s=1.0)
+    server = Server(opts, Seams.production())
     lab = Lab(server, loop, tmp_path)
     try:
         lab.run(server.start())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +20,11 @@ from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.discovery import fetch_pinned_ca
 from bc.pki.identity import make_csr
+from bc.pki.secrets_source import SystemSecrets
 from bc.wire.tls import ServerTLS, channel_credentials, peer_cert_from_context
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 _METHOD = "/bc.test.Echo/Who"
 
@@ -57,7 +62,7 @@ class Harness:
 @pytest.fixture
 async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     clock = SystemClock()
-    ca, _ = CertificateAuthority.load_or_create(tmp_path / "ca", clock)
+    ca, _ = CertificateAuthority.load_or_create(tmp_path / "ca", clock, RNG, SECRETS)
     server_key = keys.generate_key()
     server_cert = ca.issue_server_cert(["127.0.0.1"], server_key)
     tls = ServerTLS(keys.key_to_pem(server_key), keys.cert_to_pem(server_cert), ca.ca_pem)
@@ -89,7 +94,7 @@ async def test_a_client_without_a_certificate_is_refused(harness: Harness) -> No
 
 
 async def test_a_node_certificate_from_another_ca_is_refused(harness: Harness) -> None:
-    other = CertificateAuthority.create(harness.clock)
+    other = CertificateAuthority.create(harness.clock, RNG, SECRETS)
     key = keys.generate_key()
     cert = other.issue_node_cert(make_csr(key, "n1"), "n1", "gpu", 1)
     creds = channel_credentials(harness.ca.ca_pem, keys.key_to_pem(key), keys.cert_to_pem(cert))
@@ -97,7 +102,7 @@ async def test_a_node_certificate_from_another_ca_is_refused(harness: Harness) -
 
 
 async def test_a_join_leaf_is_trusted_only_while_its_root_is(harness: Harness) -> None:
-    new = tokens.create_token(harness.ca.fingerprint, 600, harness.clock)
+    new = tokens.create_token(harness.ca.fingerprint, 600, harness.clock, RNG, SECRETS)
     key_pem, cert_pem = tokens.join_client_credentials(tokens.parse_token(new.token), harness.clock)
     creds = channel_credentials(harness.ca.ca_pem, key_pem, cert_pem)
 

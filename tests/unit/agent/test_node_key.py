@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,14 @@ from agent.node_key import TERMINAL, NodeKey
 from bc.pki import attest, keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
+from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import session_pb2
 from bc.testing import FakeClock
 
-CA = CertificateAuthority.create(FakeClock(1_800_000_000.0))
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
+
+CA = CertificateAuthority.create(FakeClock(1_800_000_000.0), RNG, SECRETS)
 TERMINAL_STATES = [
     session_pb2.COMMAND_SUCCEEDED,
     session_pb2.COMMAND_FAILED,

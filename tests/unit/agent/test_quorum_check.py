@@ -12,6 +12,7 @@ approver keys.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,13 @@ from agent.trust import AgentTrust, decide_bundle
 from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import PURPOSE_TRUST_BUNDLE, WorkerSigner, create_root, issue_worker
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
 from bc.testing import FakeClock
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 NOW = 1_800_000_000.0
 NODES = ("n1", "n2", "n3")
@@ -521,9 +526,9 @@ def test_a_worker_signed_bundle_cannot_drop_the_approver_keys() -> None:
     than the worker key (the held approvers' signatures, or the offline root).
     """
     clock = FakeClock(NOW)
-    ca_pem = CertificateAuthority.create(clock).ca_pem
-    root_key, root = create_root(clock)
-    worker = WorkerSigner(*issue_worker(root_key, root, clock))
+    ca_pem = CertificateAuthority.create(clock, RNG, SECRETS).ca_pem
+    root_key, root = create_root(clock, RNG, SECRETS)
+    worker = WorkerSigner(*issue_worker(root_key, root, clock, RNG, SECRETS))
     root_pem = root.public_bytes(serialization.Encoding.PEM)
     held = bundle(A0, A1, A2, k=2)
     held.ca_pem = ca_pem

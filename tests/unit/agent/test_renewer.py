@@ -20,8 +20,12 @@ from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
 from bc.pki.renewal import verify_renew_proof
+from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import common_pb2, join_pb2
 from bc.testing import FakeClock
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 TTL_S = 3600
 
@@ -32,7 +36,7 @@ class Node:
     def __init__(self, root: Path, clock: FakeClock, ttl_s: int = TTL_S, idgen: int = 1) -> None:
         self.dir = root / "node"
         self.clock = clock
-        self.ca = CertificateAuthority.create(clock)
+        self.ca = CertificateAuthority.create(clock, RNG, SECRETS)
         self.ttl_s = ttl_s
         self.calls: list[float] = []
         self.fail_with: Exception | None = None

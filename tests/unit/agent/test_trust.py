@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from agent.trust import AgentTrust, BundleDecision, decide_bundle
 from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import (
     PURPOSE_COMMAND,
     PURPOSE_DESIRED_STATE,
@@ -23,15 +26,18 @@ from bc.protocol import kinds
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.testing import FakeClock
 
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
+
 NOW = 1_800_000_000.0
 CLOCK = FakeClock(NOW)
-CA_PEM = CertificateAuthority.create(CLOCK).ca_pem
-OTHER_CA_PEM = CertificateAuthority.create(CLOCK).ca_pem
-ROOT_KEY_A, ROOT_A = create_root(CLOCK)
-ROOT_KEY_B, ROOT_B = create_root(CLOCK)
-WORKER_A = WorkerSigner(*issue_worker(ROOT_KEY_A, ROOT_A, CLOCK))
-WORKER_A2 = WorkerSigner(*issue_worker(ROOT_KEY_A, ROOT_A, CLOCK, name="rotated"))
-WORKER_B = WorkerSigner(*issue_worker(ROOT_KEY_B, ROOT_B, CLOCK))
+CA_PEM = CertificateAuthority.create(CLOCK, RNG, SECRETS).ca_pem
+OTHER_CA_PEM = CertificateAuthority.create(CLOCK, RNG, SECRETS).ca_pem
+ROOT_KEY_A, ROOT_A = create_root(CLOCK, RNG, SECRETS)
+ROOT_KEY_B, ROOT_B = create_root(CLOCK, RNG, SECRETS)
+WORKER_A = WorkerSigner(*issue_worker(ROOT_KEY_A, ROOT_A, CLOCK, RNG, SECRETS))
+WORKER_A2 = WorkerSigner(*issue_worker(ROOT_KEY_A, ROOT_A, CLOCK, RNG, SECRETS, name="rotated"))
+WORKER_B = WorkerSigner(*issue_worker(ROOT_KEY_B, ROOT_B, CLOCK, RNG, SECRETS))
 ROOT_SIGNER_A = WorkerSigner(ROOT_KEY_A, ROOT_A)  # the root's own key, which alone may change the quorum
 
 

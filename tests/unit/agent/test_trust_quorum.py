@@ -4,6 +4,7 @@ as a property over random chains of changes."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives import serialization
@@ -14,17 +15,21 @@ from hypothesis import strategies as st
 from agent.trust import decide_bundle, quorum_changed, quorum_path
 from bc.pki import quorum as q
 from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import PURPOSE_TRUST_BUNDLE, WorkerSigner, create_root, issue_worker
 from bc.protocol.pb import common_pb2
 from bc.testing import FakeClock
 
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
+
 NOW = 1_800_000_000.0
 CLOCK = FakeClock(NOW)
-CA_PEM = CertificateAuthority.create(CLOCK).ca_pem
-ROOT_KEY, ROOT = create_root(CLOCK)
+CA_PEM = CertificateAuthority.create(CLOCK, RNG, SECRETS).ca_pem
+ROOT_KEY, ROOT = create_root(CLOCK, RNG, SECRETS)
 ROOT_PEM = ROOT.public_bytes(serialization.Encoding.PEM)
 ROOT_SIGNER = WorkerSigner(ROOT_KEY, ROOT)
-WORKER = WorkerSigner(*issue_worker(ROOT_KEY, ROOT, CLOCK))
+WORKER = WorkerSigner(*issue_worker(ROOT_KEY, ROOT, CLOCK, RNG, SECRETS))
 KEYS = [ed25519.Ed25519PrivateKey.generate() for _ in range(5)]
 NAMES = ["alice", "bob", "carol", "dave", "erin"]
 

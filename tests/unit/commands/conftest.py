@@ -11,6 +11,7 @@ from google.protobuf import any_pb2
 
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
+from bc.control.signer import Signer
 from bc.store import Row
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
@@ -42,13 +43,13 @@ def add_node(store: InlineSqliteStore) -> AddNode:
 
 
 @pytest.fixture
-def put(store: InlineSqliteStore, bus: Bus) -> Enqueue:
+def put(store: InlineSqliteStore, bus: Bus, signer: Signer, rng: random.Random) -> Enqueue:
     """Enqueue with defaults: `put("n1")` queues an inventory.refresh with an empty payload."""
-    rng = random.Random(7)
 
     async def go(node_id: str = "n1", kind: str = "inventory.refresh", **kw: Any) -> Row:
         payload = kw.pop("payload", any_pb2.Any())
-        return await enqueue(store, bus, EnqueueRequest(node_id=node_id, kind=kind, payload=payload, **kw), rng=rng)
+        req = EnqueueRequest(node_id=node_id, kind=kind, payload=payload, **kw)
+        return await enqueue(store, bus, signer, req, rng)
 
     return go
 

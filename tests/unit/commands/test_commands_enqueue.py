@@ -12,9 +12,10 @@ from google.protobuf import any_pb2, struct_pb2
 
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue, payload_from_json
-from bc.control.intent import Intent, Signature
+from bc.control.signer import KeySigner, NullSigner, Signature
 from bc.errors import NotFound, UsageError
 from bc.ids import ulid
+from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import BadSignature, SigningKeys, Verifier
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
 from bc.store import Row
@@ -48,8 +49,9 @@ async def test_enqueue_stores_a_pending_command_with_its_body_encoded_once(
     row = await enqueue(
         store,
         bus,
+        NullSigner(),
         EnqueueRequest(node_id="n1", kind="gpu.reset", payload=payload, not_after_s=60, min_generation=3),
-        rng=random.Random(1),
+        random.Random(1),
     )
     now_ms = round(clock.now() * 1000)
     assert row["state"] == "pending" and row["seq"] == 1 and row["lane"] == "control"
@@ -115,12 +117,11 @@ async def test_empty_keys_get_fresh_ones(add_node: AddNode, put: Enqueue) -> Non
 
 
 async def test_the_worker_key_signs_the_stored_body_bytes(
-    store: InlineSqliteStore, bus: Bus, add_node: AddNode, tmp_path: Path, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, tmp_path: Path, clock: FakeClock, rng: random.Random
 ) -> None:
     await add_node("n1")
-    keys = SigningKeys.create(tmp_path, clock)
-    bus.intent = Intent(keys, ca_pem=b"")
-    row = await enqueue(store, bus, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()))
+    keys = SigningKeys.create(tmp_path, clock, random.Random(1), SystemSecrets())
+    row = await enqueue(store, bus, KeySigner(keys), EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()), rng)
     assert str(row["signer_key_id"]) == keys.worker.key_id
     env = common_pb2.Envelope(
         purpose="command",
@@ -135,9 +136,11 @@ async def test_the_worker_key_signs_the_stored_body_bytes(
         Verifier([keys.root_pem]).verify(env, "command", clock.now())
 
 
-async def test_without_signing_nothing_is_signed(store: InlineSqliteStore, bus: Bus, add_node: AddNode) -> None:
+async def test_with_signing_off_the_row_is_in_the_documented_unsigned_form(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, rng: random.Random
+) -> None:
     await add_node("n1")
-    row = await enqueue(store, bus, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()))
+    row = await enqueue(store, bus, NullSigner(), EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()), rng)
     assert row["signature"] is None and row["signer_key_id"] == ""
 
 
@@ -219,25 +222,32 @@ def test_bad_payloads_are_one_line_usage_errors(kind: str, text: str, match: str
 
 
 async def test_enqueue_is_one_transaction(
-    store: InlineSqliteStore, bus: Bus, pokes: list[str], add_node: AddNode, count: Count, events: Events
+    store: InlineSqliteStore,
+    bus: Bus,
+    pokes: list[str],
+    add_node: AddNode,
+    count: Count,
+    events: Events,
+    rng: random.Random,
 ) -> None:
     """A failure after the seq was taken (here: the signer) leaves no trace: no seq, no row, no event, no poke."""
     await add_node("n1")
 
-    class BrokenIntent(Intent):
-        def sign_command(self, body: bytes) -> Signature | None:
+    class BrokenSigner(NullSigner):
+        def sign_command(self, body: bytes) -> Signature:
             raise RuntimeError("the signing key is unavailable")
 
-    bus.intent = BrokenIntent(None, ca_pem=b"")
     with pytest.raises(RuntimeError, match="signing key"):
-        await enqueue(store, bus, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()))
+        await enqueue(store, bus, BrokenSigner(), EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()), rng)
     assert await next_cmd_seq(store, "n1") == 1
     assert await count("commands") == 0
     assert await events("command.") == []
     assert pokes == []
 
 
-async def test_the_aiosqlite_driver_takes_seqs_the_same_way(tmp_path: Path, clock: FakeClock) -> None:
+async def test_the_aiosqlite_driver_takes_seqs_the_same_way(
+    tmp_path: Path, clock: FakeClock, rng: random.Random
+) -> None:
     """`bc serve` runs on aiosqlite: UPDATE … RETURNING and the idempotency conflict behave there too."""
     store = SqliteStore(tmp_path / "aio.db", clock)
     await store.open()
@@ -245,9 +255,10 @@ async def test_the_aiosqlite_driver_takes_seqs_the_same_way(tmp_path: Path, cloc
         async with store.transaction() as tx:
             await nodes_sql.ensure(tx, "n1", "node", await store.now_ms())
         req = EnqueueRequest("n1", "inventory.refresh", any_pb2.Any(), idempotency_key="k")
-        a = await enqueue(store, None, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()))
-        b = await enqueue(store, None, req)
+        unsigned = NullSigner()
+        a = await enqueue(store, None, unsigned, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()), rng)
+        b = await enqueue(store, None, unsigned, req, rng)
         assert (a["seq"], b["seq"]) == (1, 2)
-        assert await enqueue(store, None, req) == b
+        assert await enqueue(store, None, unsigned, req, rng) == b
     finally:
         await store.close()

@@ -10,6 +10,7 @@ import pytest
 from bc.control import views
 from bc.control.bus import Bus
 from bc.control.commands import UpdateOutcome, apply_update, request_cancel
+from bc.control.signer import NullSigner
 from bc.errors import NotFound
 from bc.protocol.pb import session_pb2 as pb
 from bc.store import Row
@@ -56,7 +57,7 @@ async def report(store: InlineSqliteStore, bus: Bus, node_id: str, cid: str, sta
     now_ms = await store.now_ms()
     update = pb.CommandUpdate(command_id=cid, state=state, **kw)  # type: ignore[arg-type]
     async with store.transaction() as tx:
-        return await apply_update(tx, bus, node_id, update, now_ms)
+        return await apply_update(tx, bus, NullSigner(), node_id, update, now_ms)  # attestation: see test_intent
 
 
 @pytest.fixture

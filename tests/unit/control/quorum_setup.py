@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import random
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
@@ -12,6 +13,8 @@ from bc.control.bus import Bus
 from bc.pki import quorum as q
 from bc.store import Store
 from bc.store import operators as ops_sql
+
+RNG = random.Random(1)  # the one Random of these tests' "process": two seeded alike would make the same ids
 
 ADMIN = "local"  # the operator who asks for every change here; never an approver's operator
 
@@ -57,7 +60,7 @@ async def change(
     requested_by: str = ADMIN,
 ) -> approvers.ApproverSet:
     """Propose `edit` and, when the settings are guarded, have the current approvers sign it."""
-    proposed = await approvers.propose(store, bus, edit, requested_by)
+    proposed = await approvers.propose(store, bus, edit, requested_by, RNG)
     if proposed.state == "pending":
         return await sign_change(store, bus, proposed.change_id, keys)
     return await approvers.approver_set(store)

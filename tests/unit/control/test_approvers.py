@@ -18,15 +18,19 @@ from agent.trust import quorum_path
 from bc.control import approvers as appr
 from bc.control.bus import Bus
 from bc.control.intent import Intent
+from bc.control.signer import NullSigner
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
 from bc.pki import quorum as q
 from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import common_pb2
 from bc.store import events as events_sql
 from bc.store import settings as settings_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import FakeClock
-from tests.unit.control.quorum_setup import ADMIN, add_operator, b64, change, install, raw
+from tests.unit.control.quorum_setup import ADMIN, RNG, add_operator, b64, change, install, raw
+
+SECRETS = SystemSecrets()
 
 NAMES = ["alice", "bob", "carol"]
 
@@ -68,7 +72,7 @@ async def approve(
 
 async def test_with_no_approvers_a_change_applies_at_once(store: InlineSqliteStore, bus: Bus, keys: Any) -> None:
     await add_operator(store, "alice")
-    proposed = await appr.propose(store, bus, appr.AddApprover("alice", b64(keys["alice"])), ADMIN)
+    proposed = await appr.propose(store, bus, appr.AddApprover("alice", b64(keys["alice"])), ADMIN, RNG)
     assert proposed.state == "applied"
     current = await appr.approver_set(store)
     assert [str(r["name"]) for r in current.approvers] == ["alice"] and current.version == 1
@@ -81,8 +85,8 @@ async def test_k_or_the_allowance_with_no_approvers_is_stored_but_moves_nothing_
     store: InlineSqliteStore, bus: Bus
 ) -> None:
     before = await appr.trust_state(store)
-    assert (await appr.propose(store, bus, appr.SetThreshold(3), ADMIN)).state == "unchanged"
-    assert (await appr.propose(store, bus, appr.SetAllowance(4), ADMIN)).state == "unchanged"
+    assert (await appr.propose(store, bus, appr.SetThreshold(3), ADMIN, RNG)).state == "unchanged"
+    assert (await appr.propose(store, bus, appr.SetAllowance(4), ADMIN, RNG)).state == "unchanged"
     current = await appr.approver_set(store)
     assert (current.threshold, current.unbatched_per_hour, current.version) == (3, 4, 0)
     assert await appr.trust_state(store) == before
@@ -95,7 +99,7 @@ async def test_a_change_waits_for_k_approvals_of_the_current_approvers(
     store: InlineSqliteStore, bus: Bus, keys: Any, three: None
 ) -> None:
     before = await appr.trust_state(store)
-    proposed = await appr.propose(store, bus, appr.SetThreshold(3), ADMIN)
+    proposed = await appr.propose(store, bus, appr.SetThreshold(3), ADMIN, RNG)
     assert proposed.state == "pending"
     assert (await appr.approver_set(store)).threshold == 2 and await appr.trust_state(store) == before
     await approve(store, bus, proposed.change_id, keys["alice"], "alice")
@@ -142,26 +146,27 @@ async def test_the_chain_the_server_keeps_is_a_path_nodes_walk_from_any_earlier_
 async def test_the_intent_bundle_carries_the_settings_and_the_chain(
     store: InlineSqliteStore, bus: Bus, clock: FakeClock, keys: Any, three: None
 ) -> None:
-    intent = Intent(None, CertificateAuthority.create(clock).ca_pem)
-    assert await intent.refresh(store) is True and await intent.refresh(store) is False
+    intent = Intent(NullSigner(), CertificateAuthority.create(clock, RNG, SECRETS).ca_pem)
+    assert intent.set_quorum(*await appr.trust_state(store)) is True
+    assert intent.set_quorum(*await appr.trust_state(store)) is False
     b = intent.trust_bundle()
     assert (b.quorum_version, b.quorum_k, len(b.approver_keys), len(b.quorum_changes)) == (3, 2, 3, 3)
     await change(store, bus, appr.SetThreshold(3), {n: keys[n] for n in NAMES})
-    assert await intent.refresh(store) is True
+    assert intent.set_quorum(*await appr.trust_state(store)) is True
     assert intent.trust_bundle().quorum_k == 3 and len(intent.trust_bundle().quorum_changes) == 4
 
 
 async def test_one_change_is_pending_at_a_time_until_it_expires(
     store: InlineSqliteStore, bus: Bus, clock: FakeClock, keys: Any, three: None
 ) -> None:
-    first = await appr.propose(store, bus, appr.SetThreshold(3), ADMIN)
+    first = await appr.propose(store, bus, appr.SetThreshold(3), ADMIN, RNG)
     with pytest.raises(Conflict, match=f"quorum change {first.change_id} is waiting for approval"):
-        await appr.propose(store, bus, appr.SetAllowance(1), ADMIN)
+        await appr.propose(store, bus, appr.SetAllowance(1), ADMIN, RNG)
     clock.advance(appr.CHANGE_TTL_S)
     assert (await appr.get_change(store, first.change_id)).state == "expired"
     with pytest.raises(Conflict, match="expired; ask for it again"):
         await approve(store, bus, first.change_id, keys["alice"], "alice")
-    second = await appr.propose(store, bus, appr.SetAllowance(1), ADMIN)
+    second = await appr.propose(store, bus, appr.SetAllowance(1), ADMIN, RNG)
     assert second.state == "pending"
     assert [c.id for c in await appr.list_changes(store, "expired")] == [first.change_id]
     assert [c.id for c in await appr.list_changes(store, "pending")] == [second.change_id]
@@ -172,7 +177,7 @@ async def test_a_change_only_the_requesters_keys_could_approve_is_refused(
 ) -> None:
     await install(store, bus, {"alice": keys["alice"]}, k=2)
     with pytest.raises(Conflict, match="needs 1 approvals of the current approvers, and only 0 are not alice's own"):
-        await appr.propose(store, bus, appr.SetThreshold(1), "alice")
+        await appr.propose(store, bus, appr.SetThreshold(1), "alice", RNG)
     assert await appr.list_changes(store, "pending") == []
 
 
@@ -182,7 +187,7 @@ async def test_a_change_only_the_requesters_keys_could_approve_is_refused(
 async def test_a_decision_counts_only_under_its_keys_operator_and_never_the_requesters(
     store: InlineSqliteStore, bus: Bus, keys: Any, three: None
 ) -> None:
-    proposed = await appr.propose(store, bus, appr.SetThreshold(3), "bob")
+    proposed = await appr.propose(store, bus, appr.SetThreshold(3), "bob", RNG)
     cid = proposed.change_id
     with pytest.raises(Unauthenticated, match=r"registered to operator alice: .* not carol's"):
         await approve(store, bus, cid, keys["alice"], "carol")
@@ -207,7 +212,7 @@ async def test_a_decision_counts_only_under_its_keys_operator_and_never_the_requ
 
 async def test_one_rejection_fails_a_change(store: InlineSqliteStore, bus: Bus, keys: Any, three: None) -> None:
     before = await appr.trust_state(store)
-    cid = (await appr.propose(store, bus, appr.RemoveApprover("carol"), ADMIN)).change_id
+    cid = (await appr.propose(store, bus, appr.RemoveApprover("carol"), ADMIN, RNG)).change_id
     info = await appr.get_change(store, cid)
     to_digest = q.settings_digest(info.to_settings)
     with pytest.raises(UsageError, match="needs a reason"):
@@ -224,7 +229,7 @@ async def test_one_rejection_fails_a_change(store: InlineSqliteStore, bus: Bus, 
 async def test_a_change_overtaken_by_other_settings_is_superseded_not_applied(
     store: InlineSqliteStore, bus: Bus, keys: Any, three: None
 ) -> None:
-    cid = (await appr.propose(store, bus, appr.SetThreshold(3), ADMIN)).change_id
+    cid = (await appr.propose(store, bus, appr.SetThreshold(3), ADMIN, RNG)).change_id
     async with store.transaction() as tx:  # the settings moved some other way (a restored backup, a bug)
         await settings_sql.put(tx, appr.VERSION_KEY, "9")
     await approve(store, bus, cid, keys["alice"], "alice")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -9,19 +10,25 @@ from cryptography.hazmat.primitives import serialization
 
 from bc.control import identity
 from bc.control.bus import Bus
+from bc.control.signer import NullSigner
 from bc.errors import Unauthenticated, UsageError
 from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
+from bc.pki.secrets_source import SystemSecrets
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import FakeClock
 
+SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
+
 
 @pytest.fixture
 def ca(tmp_path: Path, clock: FakeClock) -> CertificateAuthority:
-    return CertificateAuthority.load_or_create(tmp_path / "pki", clock)[0]
+    return CertificateAuthority.load_or_create(tmp_path / "pki", clock, RNG, SECRETS)[0]
 
 
 def csr_der() -> bytes:
@@ -31,12 +38,12 @@ def csr_der() -> bytes:
 async def test_a_token_joins_once(
     store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
 ) -> None:
-    tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600)
+    tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600, rng=RNG, secrets=SECRETS)
     parsed = tokens.parse_token(tok.token)
-    joined = await identity.join(store, bus, ca, parsed.token_id, csr_der(), "host")
+    joined = await identity.join(store, bus, SIGNER, ca, parsed.token_id, csr_der(), "host")
     assert joined.node_id == "n1" and joined.identity_generation == 1
     with pytest.raises(Unauthenticated, match="already been used"):
-        await identity.join(store, bus, ca, parsed.token_id, csr_der(), "host")
+        await identity.join(store, bus, SIGNER, ca, parsed.token_id, csr_der(), "host")
     async with store.transaction() as tx:
         node = await nodes_sql.get(tx, "n1")
     assert node is not None and node["generation"] == 1  # the first, empty spec
@@ -45,10 +52,10 @@ async def test_a_token_joins_once(
 async def test_an_expired_token_is_refused_and_changes_nothing(
     store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
 ) -> None:
-    tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 60)
+    tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 60, rng=RNG, secrets=SECRETS)
     clock.advance(61)
     with pytest.raises(Unauthenticated, match="expired"):
-        await identity.join(store, bus, ca, tokens.parse_token(tok.token).token_id, csr_der(), "host")
+        await identity.join(store, bus, SIGNER, ca, tokens.parse_token(tok.token).token_id, csr_der(), "host")
     async with store.transaction() as tx:
         assert await nodes_sql.get(tx, "n1") is None
         row = await id_sql.get_token(tx, tokens.parse_token(tok.token).token_id)
@@ -57,7 +64,7 @@ async def test_an_expired_token_is_refused_and_changes_nothing(
 
 async def test_an_unknown_token_is_refused(store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority) -> None:
     with pytest.raises(Unauthenticated, match="unknown"):
-        await identity.join(store, bus, ca, "000000000000", csr_der(), "host")
+        await identity.join(store, bus, SIGNER, ca, "000000000000", csr_der(), "host")
 
 
 @pytest.mark.parametrize(
@@ -68,7 +75,7 @@ async def test_bad_token_requests(
     store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock, node_id: str, role: str, ttl: float
 ) -> None:
     with pytest.raises(UsageError):
-        await identity.create_token(store, bus, ca, clock, node_id, role, ttl)
+        await identity.create_token(store, bus, ca, clock, node_id, role, ttl, rng=RNG, secrets=SECRETS)
     async with store.transaction() as tx:
         assert await tx.fetchval("SELECT COUNT(*) FROM join_tokens") == 0
 
@@ -77,6 +84,6 @@ async def test_a_second_token_for_a_node_is_a_new_identity_generation(
     store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
 ) -> None:
     for expected in (1, 2):
-        tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600)
-        joined = await identity.join(store, bus, ca, tokens.parse_token(tok.token).token_id, csr_der(), "h")
+        tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600, rng=RNG, secrets=SECRETS)
+        joined = await identity.join(store, bus, SIGNER, ca, tokens.parse_token(tok.token).token_id, csr_der(), "h")
         assert joined.identity_generation == expected

@@ -8,6 +8,7 @@ refusal leaves the stored state exactly as it was.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -15,6 +16,7 @@ from google.protobuf import any_pb2
 
 from bc.control import commands, quorum
 from bc.control.bus import Bus
+from bc.control.signer import NullSigner
 from bc.control.specs import encode_body, set_section, write_spec
 from bc.errors import UsageError
 from bc.protocol import canonical
@@ -25,6 +27,9 @@ from bc.store import commands as cmd_sql
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
+
+SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 
 AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
 
@@ -76,11 +81,11 @@ async def test_a_section_over_max_section_bytes_is_refused_and_nothing_changes(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode
 ) -> None:
     await add_node("n1", profile=None)
-    await set_section(store, bus, "n1", "telemetry", '{"otlp_endpoint": "https://a.example:4317"}')
+    await set_section(store, bus, SIGNER, "n1", "telemetry", '{"otlp_endpoint": "https://a.example:4317"}')
     before, events = stored(await node_row(store)), await spec_events(store)
     text = host_section(3 * 1024 * 1024)
     with pytest.raises(UsageError) as e:
-        await set_section(store, bus, "n1", "host", text)
+        await set_section(store, bus, SIGNER, "n1", "host", text)
     assert e.value.message == (
         f"the host section is {len(text.encode()):,} bytes; the limit is 262,144 bytes (max_section_bytes)"
     )
@@ -92,7 +97,7 @@ async def test_a_section_just_under_the_limit_is_stored(store: InlineSqliteStore
     await add_node("n1", profile=None)
     text = host_section(LIMITS.max_section_bytes - 2048)
     assert len(text.encode()) <= LIMITS.max_section_bytes
-    w = await set_section(store, bus, "n1", "host", text)
+    w = await set_section(store, bus, SIGNER, "n1", "host", text)
     assert w.changed
 
 
@@ -105,17 +110,17 @@ async def test_sections_within_their_limit_that_make_a_spec_over_max_spec_bytes_
     await add_node("n1", profile=None)
     fillers = list(SECTION_FILLERS.items())
     for section, fill in fillers[:4]:
-        await set_section(store, bus, "n1", section, fill(250_000))
+        await set_section(store, bus, SIGNER, "n1", section, fill(250_000))
     before, events = stored(await node_row(store)), await spec_events(store)
     section, fill = fillers[4]
     with pytest.raises(UsageError) as e:
-        await set_section(store, bus, "n1", section, fill(250_000))
+        await set_section(store, bus, SIGNER, "n1", section, fill(250_000))
     assert "the spec of n1 would be" in e.value.message
     assert e.value.message.endswith("; the limit is 1,048,576 bytes (max_spec_bytes)")
     assert stored(await node_row(store)) == before  # the generation did not move: nothing was written
     assert await spec_events(store) == events
     # and a smaller write still goes through
-    w = await set_section(store, bus, "n1", "host", "{}")
+    w = await set_section(store, bus, SIGNER, "n1", "host", "{}")
     assert w.changed and w.generation == int(before[0]) + 1
 
 
@@ -138,8 +143,8 @@ async def test_a_spec_stored_over_the_limit_before_it_existed_can_be_made_smalle
 
     with pytest.raises(UsageError, match=r"\(max_spec_bytes\)"):
         async with store.transaction() as tx:
-            await write_spec(tx, bus, "n1", grow, now_ms)
-    w = await set_section(store, bus, "n1", "host", "{}")
+            await write_spec(tx, bus, SIGNER, "n1", grow, now_ms)
+    w = await set_section(store, bus, SIGNER, "n1", "host", "{}")
     assert w.changed and w.generation == 8
 
 
@@ -169,12 +174,12 @@ async def test_a_payload_over_max_payload_bytes_is_refused_before_anything_is_st
     big = any_pb2.Any()
     big.Pack(kinds_pb2.DiagNvmlRequest(gpu_uuids=[f"GPU-{i:08x}-1111-2222-3333-444444444444" for i in range(30_000)]))
     with pytest.raises(UsageError, match=r"the diag\.nvml payload is [\d,]+ bytes; .*\(max_payload_bytes\)"):
-        await commands.enqueue(store, bus, commands.EnqueueRequest("n1", "diag.nvml", big))
+        await commands.enqueue(store, bus, SIGNER, commands.EnqueueRequest("n1", "diag.nvml", big), RNG)
     assert await commands_of(store) == []
     # Within the limit: queued.
     ok = commands.payload_from_json("diag.nvml", uuids_payload(20_000))
     assert ok.ByteSize() <= LIMITS.max_payload_bytes
-    await commands.enqueue(store, bus, commands.EnqueueRequest("n1", "diag.nvml", ok))
+    await commands.enqueue(store, bus, SIGNER, commands.EnqueueRequest("n1", "diag.nvml", ok), RNG)
     assert len(await commands_of(store)) == 1
 
 
@@ -186,8 +191,8 @@ async def test_a_batch_over_max_batch_nodes_is_refused_first(store: InlineSqlite
     req = quorum.BatchRequest(kind="gpu.reset", node_ids=nodes, payload_json='{"gpu_uuids": []}')
     # Refused for its size before anything else is looked at (no approvers exist here: that would be a Conflict).
     with pytest.raises(UsageError) as e:
-        await quorum.create_batch(store, bus, req, "alice")
+        await quorum.create_batch(store, bus, SIGNER, req, "alice", RNG)
     assert e.value.message == "the batch's node list has 10,001; the limit is 10,000 (max_batch_nodes)"
     big_payload = quorum.BatchRequest(kind="gpu.reset", node_ids=["n1"], payload_json=uuids_payload(30_000))
     with pytest.raises(UsageError, match=r"\(max_payload_bytes\)"):
-        await quorum.create_batch(store, bus, big_payload, "alice")
+        await quorum.create_batch(store, bus, SIGNER, big_payload, "alice", RNG)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Awaitable, Callable
 
 from bc.control.bus import Bus
 from bc.control.liveness import STALL_HOLD_MS, Liveness, LivenessConfig
 from bc.control.reservations import ReserveRequest, reserve
+from bc.control.signer import NullSigner
 from bc.protocol.pb import common_pb2
 from bc.store import Row, Store
 from bc.store import events as events_sql
@@ -15,6 +17,9 @@ from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import FakeClock
+
+SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 
 AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
 
@@ -201,8 +206,8 @@ async def test_liveness_never_touches_reservations(
     store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
 ) -> None:
     await add_node("n1")
-    placed = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"))
-    await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+    placed = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), RNG)
+    await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
     async with store.transaction() as tx:
         await tx.execute("UPDATE reservations SET state = 'active' WHERE id = :id", {"id": placed["id"]})
     await gateway_lease(store)

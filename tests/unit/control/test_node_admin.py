@@ -14,11 +14,13 @@ from bc.control import node_admin
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
 from bc.control.reservations import ReserveRequest, on_allocation_report, release, reserve
+from bc.control.signer import NullSigner
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
 from bc.gateway.hello import hello_transaction
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity, make_csr, peer_identity
+from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.store import Row
 from bc.store import events as events_sql
@@ -27,6 +29,10 @@ from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import FakeClock
 
+SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
+
 AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
 Count = Callable[[str], Awaitable[int]]
 AddCert = Callable[..., Awaitable[PeerIdentity]]
@@ -34,7 +40,7 @@ AddCert = Callable[..., Awaitable[PeerIdentity]]
 
 @pytest.fixture
 def ca(clock: FakeClock) -> CertificateAuthority:
-    return CertificateAuthority.create(clock)
+    return CertificateAuthority.create(clock, RNG, SECRETS)
 
 
 @pytest.fixture
@@ -114,10 +120,10 @@ async def test_a_revoked_certificate_is_refused_at_the_next_hello(
 ) -> None:
     await add_node("n1", profile=None)
     peer = await add_cert("n1")
-    await hello_transaction(store, bus, "gw-1", peer, hello())
+    await hello_transaction(store, bus, SIGNER, "gw-1", peer, hello())
     await node_admin.revoke(store, bus, "n1", "compromised")
     with pytest.raises(Unauthenticated, match="has been revoked"):
-        await hello_transaction(store, bus, "gw-1", peer, hello())
+        await hello_transaction(store, bus, SIGNER, "gw-1", peer, hello())
 
 
 async def test_revoking_twice_is_not_an_error_and_changes_nothing(
@@ -222,11 +228,11 @@ async def test_a_cordoned_node_gets_no_new_reservations(store: InlineSqliteStore
     await add_node("n1")
     await node_admin.cordon(store, bus, "n1", True)
     with pytest.raises(Conflict, match="n1 is cordoned"):
-        await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
     with pytest.raises(Conflict, match="no connected, uncordoned node has 1 free gpu"):
-        await reserve(store, bus, ReserveRequest(gpus=1))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG)
     await node_admin.cordon(store, bus, "n1", False)
-    assert (await reserve(store, bus, ReserveRequest(gpus=1)))["node_id"] == "n1"
+    assert (await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG))["node_id"] == "n1"
 
 
 async def _placement_snapshot(store: InlineSqliteStore) -> tuple[list[Row], list[Row]]:
@@ -245,9 +251,9 @@ async def test_a_revoked_node_is_never_placed_on_not_even_when_named(
     await node_admin.revoke(store, bus, "n1", "stolen")
     before = await _placement_snapshot(store)
     with pytest.raises(Conflict, match="n1 is revoked"):
-        await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
     with pytest.raises(Conflict, match="no connected, uncordoned node has 1 free gpu"):
-        await reserve(store, bus, ReserveRequest(gpus=1))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG)
     assert await _placement_snapshot(store) == before
 
 
@@ -257,11 +263,11 @@ async def test_placement_picks_only_connected_nodes(
 ) -> None:
     await add_node("n1", connectivity=state)  # sorts first and has every GPU free
     await add_node("n2", profile="l4-slots-4")
-    assert (await reserve(store, bus, ReserveRequest(gpus=1)))["node_id"] == "n2"
+    assert (await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG))["node_id"] == "n2"
     with pytest.raises(Conflict):
-        await reserve(store, bus, ReserveRequest(gpus=6))  # only n1 has six
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=6), RNG)  # only n1 has six
     # Named, a node that is away is the operator's choice: the hold reaches it when it reconnects.
-    assert (await reserve(store, bus, ReserveRequest(gpus=6, node_id="n1")))["node_id"] == "n1"
+    assert (await reserve(store, bus, SIGNER, ReserveRequest(gpus=6, node_id="n1"), RNG))["node_id"] == "n1"
 
 
 async def test_a_node_with_a_live_certificate_of_its_current_identity_is_placeable(
@@ -271,12 +277,12 @@ async def test_a_node_with_a_live_certificate_of_its_current_identity_is_placeab
     await add_cert("n1", identity_generation=0)  # an earlier identity's certificate, then revoked
     await node_admin.revoke(store, bus, "n1", "re-joined")
     await add_cert("n1")  # the current identity's, live
-    assert (await reserve(store, bus, ReserveRequest(gpus=1)))["node_id"] == "n1"
+    assert (await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG))["node_id"] == "n1"
 
 
 async def test_cordoning_keeps_existing_reservations(store: InlineSqliteStore, bus: Bus, add_node: AddNode) -> None:
     await add_node("n1")
-    r = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"))
+    r = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), RNG)
     await node_admin.cordon(store, bus, "n1", True)
     async with store.transaction(write=False) as tx:
         state = await tx.fetchval("SELECT state FROM reservations WHERE id = :id", {"id": r["id"]})
@@ -303,21 +309,20 @@ async def test_delete_is_refused_while_a_reservation_is_live(
 ) -> None:
     await add_node("n1")
     peer = await add_cert("n1")
-    r = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"), random.Random(1))
+    r = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), random.Random(1))
     await node_admin.cordon(store, bus, "n1", True)
     with pytest.raises(Conflict, match="still has 1 reservation"):
         await node_admin.delete(store, bus, "n1")
     # Releasing is not enough: the node has not confirmed it let go of the devices.
-    await release(store, bus, str(r["id"]))
+    await release(store, bus, SIGNER, str(r["id"]))
     with pytest.raises(Conflict, match="still has 1 reservation"):
         await node_admin.delete(store, bus, "n1")
     assert (await cert(store, peer.serial))["revoked_at_ms"] is None
 
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        assert await on_allocation_report(tx, bus, "n1", "released", str(r["allocation_id"]), "", "", now_ms) == (
-            "released"
-        )
+        outcome = await on_allocation_report(tx, bus, SIGNER, "n1", "released", str(r["allocation_id"]), "", "", now_ms)
+    assert outcome == "released"
     assert await node_admin.delete(store, bus, "n1") == [peer.serial]
 
 
@@ -331,15 +336,17 @@ async def test_delete_removes_the_nodes_rows_and_revokes_its_certificates(
     other = await add_cert("n2")
     await node_admin.revoke(store, bus, "n1", "earlier")  # `already` and `peer` are revoked here...
     fresh = await add_cert("n1")  # ...and this one is live when the node is deleted
-    await hello_transaction(store, bus, "gw-1", other, session_pb2.Hello(node_id="n2", boot_id="b", journal_id="j"))
+    await hello_transaction(
+        store, bus, SIGNER, "gw-1", other, session_pb2.Hello(node_id="n2", boot_id="b", journal_id="j")
+    )
     rng = random.Random(2)
     for n in ("n1", "n2"):
-        await enqueue(store, bus, EnqueueRequest(n, "inventory.refresh", any_pb2.Any()), rng=rng)
-        r = await reserve(store, bus, ReserveRequest(gpus=1, node_id=n), rng)
-        await release(store, bus, str(r["id"]))
+        await enqueue(store, bus, SIGNER, EnqueueRequest(n, "inventory.refresh", any_pb2.Any()), rng)
+        r = await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id=n), rng)
+        await release(store, bus, SIGNER, str(r["id"]))
         now_ms = await store.now_ms()
         async with store.transaction() as tx:
-            await on_allocation_report(tx, bus, n, "released", str(r["allocation_id"]), "", "", now_ms)
+            await on_allocation_report(tx, bus, SIGNER, n, "released", str(r["allocation_id"]), "", "", now_ms)
             await tx.execute(
                 "INSERT INTO node_events (node_id, journal_id, seq, type, body, received_at_ms)"
                 " VALUES (:n, 'j', 1, 'x', NULL, :t)",
@@ -388,17 +395,17 @@ async def test_delete_removes_the_nodes_rows_and_revokes_its_certificates(
     assert ev["at_ms"] == now_ms
     # The deleted node's certificate opens no session.
     with pytest.raises(Unauthenticated):
-        await hello_transaction(store, bus, "gw-1", fresh, hello())
+        await hello_transaction(store, bus, SIGNER, "gw-1", fresh, hello())
 
 
 async def test_a_failed_reservation_does_not_block_delete(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode
 ) -> None:
     await add_node("n1")
-    r = await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+    r = await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        await on_allocation_report(tx, bus, "n1", "failed", str(r["allocation_id"]), "no-device", "m", now_ms)
+        await on_allocation_report(tx, bus, SIGNER, "n1", "failed", str(r["allocation_id"]), "no-device", "m", now_ms)
     await node_admin.cordon(store, bus, "n1", True)
     assert await node_admin.delete(store, bus, "n1") == []
     assert await node(store, "n1") is None

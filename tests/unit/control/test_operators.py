@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -16,15 +17,19 @@ from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import SAFE_NAME, PeerIdentity, check_safe_name, peer_identity
+from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import admin_pb2
 from bc.store import events as events_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import FakeClock
 
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
+
 
 @pytest.fixture
 def ca(clock: FakeClock) -> CertificateAuthority:
-    return CertificateAuthority.create(clock)
+    return CertificateAuthority.create(clock, RNG, SECRETS)
 
 
 def public_pem() -> bytes:

@@ -25,11 +25,11 @@ from bc.control import approvers as appr
 from bc.control import quorum
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
-from bc.control.intent import Intent
+from bc.control.signer import KeySigner, NullSigner, Signer
 from bc.errors import Conflict, NotFound, UsageError
 from bc.pki import merkle
 from bc.pki import quorum as q
-from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import SigningKeys
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.store import Row
@@ -38,7 +38,10 @@ from bc.store import events as events_sql
 from bc.store import quorum as q_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import FakeClock
-from tests.unit.control.quorum_setup import add_operator, b64, change, install
+from tests.unit.control.quorum_setup import RNG, add_operator, b64, change, install
+
+SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
+SECRETS = SystemSecrets()
 
 AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
 Count = Callable[[str], Awaitable[int]]
@@ -89,10 +92,10 @@ async def nodes(add_node: AddNode) -> list[str]:
 
 
 async def create(
-    store: InlineSqliteStore, bus: Bus, node_ids: list[str] | None = None, **kw: Any
+    store: InlineSqliteStore, bus: Bus, node_ids: list[str] | None = None, signer: Signer = SIGNER, **kw: Any
 ) -> tuple[str, Row, list[Row]]:
     req = quorum.BatchRequest(kind=kw.pop("kind", "gpu.reset"), node_ids=node_ids or NODES, payload_json=PAYLOAD, **kw)
-    batch_id = await quorum.create_batch(store, bus, req, REQUESTER, random.Random(7))
+    batch_id = await quorum.create_batch(store, bus, signer, req, REQUESTER, random.Random(7))
     batch, leaves = await read_batch(store, batch_id)
     return batch_id, batch, leaves
 
@@ -182,7 +185,7 @@ async def test_create_batch_enqueues_held_commands_that_are_never_dispatchable(
         body = session_pb2.CommandBody.FromString(bytes(row["body"]))
         assert body.batch_id == batch_id and body.node_id == leaf["node_id"]
     # Held commands are not dispatchable; an ordinary command on the same node is.
-    lone = await enqueue(store, bus, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()))
+    lone = await enqueue(store, bus, SIGNER, EnqueueRequest("n1", "inventory.refresh", any_pb2.Any()), RNG)
     assert await dispatchable(store, "n1") == [str(lone["id"])]
     assert await dispatchable(store, "n2") == [] and await dispatchable(store, "n3") == []
 
@@ -269,7 +272,7 @@ async def test_a_bad_payload_is_refused(
 ) -> None:
     req = quorum.BatchRequest(kind="gpu.reset", node_ids=["n1"], payload_json='{"gpu_uuid": "typo"}')
     with pytest.raises(UsageError, match="not a valid GpuResetRequest"):
-        await quorum.create_batch(store, bus, req, REQUESTER)
+        await quorum.create_batch(store, bus, SIGNER, req, REQUESTER, RNG)
     assert await count("batches") == 0
 
 
@@ -533,8 +536,8 @@ async def test_release_keeps_the_worker_signature_of_each_body(
     nodes: list[str],
     keys: list[ed25519.Ed25519PrivateKey],
 ) -> None:
-    bus.intent = Intent(SigningKeys.create(tmp_path / "pki", clock), ca_pem=CertificateAuthority.create(clock).ca_pem)
-    batch_id, batch, leaves = await create(store, bus)
+    signer = KeySigner(SigningKeys.create(tmp_path / "pki", clock, RNG, SECRETS))
+    batch_id, batch, leaves = await create(store, bus, signer=signer)
     before = {str(r["command_id"]): (await command(store, str(r["command_id"]))) for r in leaves}
     assert all(r["signature"] is not None for r in before.values())
     await approve(store, bus, batch, leaves, keys[0])
@@ -552,7 +555,7 @@ async def test_approver_input_is_checked(
     store: InlineSqliteStore, bus: Bus, approvers: list[str], keys: list[ed25519.Ed25519PrivateKey], count: Count
 ) -> None:
     async def propose(edit: appr.Edit) -> appr.Proposed:
-        return await appr.propose(store, bus, edit, "local")
+        return await appr.propose(store, bus, edit, "local", RNG)
 
     await add_operator(store, "dave")
     with pytest.raises(UsageError, match="not base64"):

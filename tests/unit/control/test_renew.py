@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -11,29 +12,35 @@ from cryptography.hazmat.primitives import serialization
 
 from bc.control import identity
 from bc.control.bus import Bus
+from bc.control.signer import NullSigner
 from bc.errors import Unauthenticated, UsageError
 from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
 from bc.pki.renewal import sign_renew_proof
+from bc.pki.secrets_source import SystemSecrets
 from bc.store import events as events_sql
 from bc.store import identity as id_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import FakeClock
 
+SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
+
 
 @pytest.fixture
 def ca(tmp_path: Path, clock: FakeClock) -> CertificateAuthority:
-    return CertificateAuthority.load_or_create(tmp_path / "pki", clock)[0]
+    return CertificateAuthority.load_or_create(tmp_path / "pki", clock, RNG, SECRETS)[0]
 
 
 async def joined(
     store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock, ttl_s: int = 3600
 ) -> tuple[keys.PrivateKey, x509.Certificate]:
-    tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600)
+    tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600, rng=RNG, secrets=SECRETS)
     key = keys.generate_key()
     der = make_csr(key, "n1").public_bytes(serialization.Encoding.DER)
-    j = await identity.join(store, bus, ca, tokens.parse_token(tok.token).token_id, der, "host", ttl_s=ttl_s)
+    j = await identity.join(store, bus, SIGNER, ca, tokens.parse_token(tok.token).token_id, der, "host", ttl_s=ttl_s)
     return key, keys.load_cert_pem(j.cert_pem)
 
 

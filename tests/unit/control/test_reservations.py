@@ -12,6 +12,7 @@ from google.protobuf.json_format import MessageToJson
 from agent.hw.base import inventory_hash
 from bc.control.bus import Bus
 from bc.control.reservations import ReserveRequest, on_allocation_report, release, reserve
+from bc.control.signer import NullSigner
 from bc.errors import Conflict, NotFound, UsageError
 from bc.protocol import canonical
 from bc.protocol.pb import common_pb2, spec_pb2
@@ -20,6 +21,9 @@ from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
 from bc.store.sqlite import InlineSqliteStore
+
+SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 
 AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
 Count = Callable[[str], Awaitable[int]]
@@ -63,7 +67,7 @@ async def report(
 ) -> str:
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        return await on_allocation_report(tx, bus, reporting_node, kind, allocation_id, reason, "msg", now_ms)
+        return await on_allocation_report(tx, bus, SIGNER, reporting_node, kind, allocation_id, reason, "msg", now_ms)
 
 
 async def snapshot(store: InlineSqliteStore) -> dict[str, list[Row]]:
@@ -91,7 +95,7 @@ async def test_reserve_places_books_and_writes_the_assignment(
     gen_before = int((await node(store))["generation"])
     poked: list[str] = []
     bus.on_node_changed(poked.append)
-    row = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"), random.Random(1))
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), random.Random(1))
     assert row["state"] == "placed"
     assert row["node_id"] == "n1"
     rid, alloc = str(row["id"]), str(row["allocation_id"])
@@ -115,7 +119,7 @@ async def test_reserve_places_books_and_writes_the_assignment(
 async def test_reserve_picks_a_node_when_none_is_named(store: InlineSqliteStore, bus: Bus, add_node: AddNode) -> None:
     await add_node("n1")
     await add_node("n2", profile="l4-slots-4")
-    row = await reserve(store, bus, ReserveRequest(gpus=6))
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=6), RNG)
     assert row["node_id"] == "n1"  # only n1 has 6 whole GPUs
 
 
@@ -123,13 +127,13 @@ async def test_reserving_beyond_capacity_is_a_conflict_and_changes_nothing(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode, count: Count
 ) -> None:
     await add_node("n1")
-    await reserve(store, bus, ReserveRequest(gpus=6, node_id="n1"))
+    await reserve(store, bus, SIGNER, ReserveRequest(gpus=6, node_id="n1"), RNG)
     before = await snapshot(store)
     events_before = await count("events")
     with pytest.raises(Conflict):
-        await reserve(store, bus, ReserveRequest(gpus=3, node_id="n1"))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=3, node_id="n1"), RNG)
     with pytest.raises(Conflict):
-        await reserve(store, bus, ReserveRequest(gpus=9))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=9), RNG)
     assert await snapshot(store) == before
     assert await count("events") == events_before
     assert await count("reservations") == 1
@@ -141,7 +145,7 @@ async def test_reserving_on_an_unknown_node_is_not_found(
 ) -> None:
     await add_node("n1")
     with pytest.raises(NotFound):
-        await reserve(store, bus, ReserveRequest(gpus=1, node_id="ghost"))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="ghost"), RNG)
     assert await count("reservations") == 0
 
 
@@ -158,7 +162,7 @@ async def test_a_bad_request_is_a_usage_error(
 ) -> None:
     await add_node("n1")
     with pytest.raises(UsageError):
-        await reserve(store, bus, req)
+        await reserve(store, bus, SIGNER, req, RNG)
     assert await count("reservations") == 0
     assert int((await node(store))["generation"]) == 0
 
@@ -168,7 +172,7 @@ async def test_a_bad_request_is_a_usage_error(
 
 async def test_bound_makes_the_reservation_active(store: InlineSqliteStore, bus: Bus, add_node: AddNode) -> None:
     await add_node("n1")
-    row = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"))
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), RNG)
     assert await report(store, bus, "n1", "bound", str(row["allocation_id"])) == "active"
     r = await res(store, str(row["id"]))
     assert r["state"] == "active"
@@ -186,10 +190,10 @@ async def test_a_report_from_another_node_changes_nothing(
 ) -> None:
     await add_node("n1")
     await add_node("n2")
-    row = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"))
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), RNG)
     alloc = str(row["allocation_id"])
     if kind == "released":
-        await release(store, bus, str(row["id"]))
+        await release(store, bus, SIGNER, str(row["id"]))
     before = await snapshot(store)
     await report(store, bus, "n2", kind, alloc, reason="overlap")
     assert await snapshot(store) == before
@@ -205,7 +209,7 @@ async def test_a_report_about_an_unknown_allocation_changes_nothing(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode
 ) -> None:
     await add_node("n1")
-    await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+    await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
     before = await snapshot(store)
     await report(store, bus, "n1", "bound", "alloc-nope")
     assert await snapshot(store) == before
@@ -215,17 +219,17 @@ async def test_release_removes_the_assignment_and_keeps_the_bookings_until_the_n
     store: InlineSqliteStore, bus: Bus, add_node: AddNode
 ) -> None:
     await add_node("n1")
-    row = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"))
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), RNG)
     rid, alloc = str(row["id"]), str(row["allocation_id"])
     await report(store, bus, "n1", "bound", alloc)
     gen = int((await node(store))["generation"])
-    out = await release(store, bus, rid)
+    out = await release(store, bus, SIGNER, rid)
     assert out["state"] == "releasing"
     assert int((await node(store))["generation"]) == gen + 1
     assert assignment(await spec_of(store), alloc) is None
     assert len(await live_bookings(store)) == 2  # the node may still hold them
     # releasing twice is a no-op
-    again = await release(store, bus, rid)
+    again = await release(store, bus, SIGNER, rid)
     assert again["state"] == "releasing"
     assert int((await node(store))["generation"]) == gen + 1
 
@@ -234,19 +238,19 @@ async def test_released_frees_the_bookings_so_the_atoms_can_be_booked_again(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode
 ) -> None:
     await add_node("n1")
-    row = await reserve(store, bus, ReserveRequest(gpus=8, node_id="n1"))
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=8, node_id="n1"), RNG)
     rid, alloc = str(row["id"]), str(row["allocation_id"])
     atoms = {str(b["atom_id"]) for b in await bookings(store, rid)}
     await report(store, bus, "n1", "bound", alloc)
-    await release(store, bus, rid)
+    await release(store, bus, SIGNER, rid)
     with pytest.raises(Conflict):
-        await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
     assert await report(store, bus, "n1", "released", alloc) == "released"
     r = await res(store, rid)
     assert r["state"] == "released"
     assert r["released_at_ms"] is not None
     assert await live_bookings(store) == []
-    again = await reserve(store, bus, ReserveRequest(gpus=8, node_id="n1"))
+    again = await reserve(store, bus, SIGNER, ReserveRequest(gpus=8, node_id="n1"), RNG)
     assert {str(b["atom_id"]) for b in await bookings(store, str(again["id"]))} == atoms
 
 
@@ -254,7 +258,7 @@ async def test_released_before_release_was_asked_is_ignored(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode
 ) -> None:
     await add_node("n1")
-    row = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"))
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), RNG)
     await report(store, bus, "n1", "bound", str(row["allocation_id"]))
     before = await snapshot(store)
     await report(store, bus, "n1", "released", str(row["allocation_id"]))
@@ -265,8 +269,8 @@ async def test_failed_frees_the_bookings_and_removes_the_assignment(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode
 ) -> None:
     await add_node("n1")
-    keep = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"))
-    row = await reserve(store, bus, ReserveRequest(gpus=6, node_id="n1"))
+    keep = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), RNG)
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=6, node_id="n1"), RNG)
     rid, alloc = str(row["id"]), str(row["allocation_id"])
     gen = int((await node(store))["generation"])
     assert await report(store, bus, "n1", "failed", alloc, reason="device-missing") == "failed"
@@ -280,7 +284,7 @@ async def test_failed_frees_the_bookings_and_removes_the_assignment(
     assert {str(b["reservation_id"]) for b in await live_bookings(store)} == {str(keep["id"])}
     failed = await events(store, "reservation.failed")
     assert json.loads(str(failed[0]["data"]))["reason"] == "device-missing"
-    again = await reserve(store, bus, ReserveRequest(gpus=6, node_id="n1"))
+    again = await reserve(store, bus, SIGNER, ReserveRequest(gpus=6, node_id="n1"), RNG)
     assert again["state"] == "placed"
 
 
@@ -293,17 +297,17 @@ async def test_whole_gpu_and_mig_reservations_never_share_a_gpu(
     inv = await add_node("n1", profile="mig-a100-4")
     mig_gpus = [g.uuid for g in inv.gpus if g.mig_enabled]
     whole_gpus = [g.uuid for g in inv.gpus if not g.mig_enabled]
-    migs = await reserve(store, bus, ReserveRequest(gpus=3, node_id="n1", device_class="gpu.mig"))
+    migs = await reserve(store, bus, SIGNER, ReserveRequest(gpus=3, node_id="n1", device_class="gpu.mig"), RNG)
     mig_atoms = await bookings(store, str(migs["id"]))
     assert {str(b["gpu_uuid"]) for b in mig_atoms} == {mig_gpus[0]}  # all of GPU 0's instances
-    whole = await reserve(store, bus, ReserveRequest(gpus=2, node_id="n1"))
+    whole = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), RNG)
     assert {str(b["gpu_uuid"]) for b in await bookings(store, str(whole["id"]))} == set(whole_gpus)
     with pytest.raises(Conflict):
-        await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
-    more = await reserve(store, bus, ReserveRequest(gpus=3, node_id="n1", device_class="gpu.mig"))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
+    more = await reserve(store, bus, SIGNER, ReserveRequest(gpus=3, node_id="n1", device_class="gpu.mig"), RNG)
     assert {str(b["gpu_uuid"]) for b in await bookings(store, str(more["id"]))} == {mig_gpus[1]}
     with pytest.raises(Conflict):
-        await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1", device_class="gpu.mig"))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1", device_class="gpu.mig"), RNG)
 
 
 async def set_inventory(store: InlineSqliteStore, node_id: str, inv: common_pb2.Inventory) -> None:
@@ -318,15 +322,15 @@ async def test_a_whole_gpu_is_not_booked_while_its_mig_instances_are(
 ) -> None:
     inv = await add_node("n1", profile="mig-a100-4")
     gpu0 = inv.gpus[0]
-    migs = await reserve(store, bus, ReserveRequest(gpus=3, node_id="n1", device_class="gpu.mig"))
+    migs = await reserve(store, bus, SIGNER, ReserveRequest(gpus=3, node_id="n1", device_class="gpu.mig"), RNG)
     assert {str(b["gpu_uuid"]) for b in await bookings(store, str(migs["id"]))} == {gpu0.uuid}
     # MIG is switched off on GPU 0 while its instances are still booked: the GPU is offered whole again
     gpu0.mig_enabled = False
     del gpu0.mig_instances[:]
     await set_inventory(store, "n1", inv)
     with pytest.raises(Conflict):
-        await reserve(store, bus, ReserveRequest(gpus=3, node_id="n1"))
-    whole = await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=3, node_id="n1"), RNG)
+    whole = await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
     assert {str(b["gpu_uuid"]) for b in await bookings(store, str(whole["id"]))} == {inv.gpus[2].uuid}
 
 
@@ -334,7 +338,7 @@ async def test_mig_instances_are_not_booked_while_their_gpu_is_booked_whole(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode
 ) -> None:
     inv = await add_node("n1", profile="mig-a100-4")
-    whole = await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+    whole = await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
     held_uuid = str((await bookings(store, str(whole["id"])))[0]["gpu_uuid"])
     gpu = next(g for g in inv.gpus if g.uuid == held_uuid)
     # MIG is switched on for the booked GPU: its new instances must not be offered while it is held whole
@@ -342,10 +346,10 @@ async def test_mig_instances_are_not_booked_while_their_gpu_is_booked_whole(
     gpu.mig_instances.add(gi=1, ci=0, uuid="MIG-x1", profile="3g.40gb")
     gpu.mig_instances.add(gi=2, ci=0, uuid="MIG-x2", profile="3g.40gb")
     await set_inventory(store, "n1", inv)
-    migs = await reserve(store, bus, ReserveRequest(gpus=6, node_id="n1", device_class="gpu.mig"))
+    migs = await reserve(store, bus, SIGNER, ReserveRequest(gpus=6, node_id="n1", device_class="gpu.mig"), RNG)
     assert gpu.uuid not in {str(b["gpu_uuid"]) for b in await bookings(store, str(migs["id"]))}
     with pytest.raises(Conflict):
-        await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1", device_class="gpu.mig"))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1", device_class="gpu.mig"), RNG)
 
 
 async def test_a_cordoned_node_gets_no_reservation(
@@ -355,7 +359,7 @@ async def test_a_cordoned_node_gets_no_reservation(
     async with store.transaction() as tx:
         await tx.execute("UPDATE nodes SET cordoned = 1 WHERE node_id = 'n1'")
     with pytest.raises(Conflict):
-        await reserve(store, bus, ReserveRequest(gpus=1, node_id="n1"))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
     with pytest.raises(Conflict):
-        await reserve(store, bus, ReserveRequest(gpus=1))
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG)
     assert await count("reservations") == 0

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bc.control.bus import Bus
+from bc.control.signer import NullSigner
 from bc.control.specs import SpecWrite, set_section, write_spec
 from bc.errors import NotFound, UsageError
 from bc.protocol import canonical
@@ -20,6 +21,8 @@ from bc.store import Row
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
+
+SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
 
 AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
 Mutate = Callable[[spec_pb2.NodeSpec], None]
@@ -51,7 +54,7 @@ def nothing(spec: spec_pb2.NodeSpec) -> None:
 async def write(store: InlineSqliteStore, bus: Bus | None, mutate: Mutate, node_id: str = "n1") -> SpecWrite:
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        return await write_spec(tx, bus, node_id, mutate, now_ms)
+        return await write_spec(tx, bus, SIGNER, node_id, mutate, now_ms)
 
 
 # -- write_spec --------------------------------------------------------------------
@@ -139,7 +142,7 @@ async def test_a_failed_transaction_stores_no_generation(store: InlineSqliteStor
     now_ms = await store.now_ms()
     with pytest.raises(RuntimeError):
         async with store.transaction() as tx:
-            await write_spec(tx, None, "n1", set_telemetry("https://x"), now_ms)
+            await write_spec(tx, None, SIGNER, "n1", set_telemetry("https://x"), now_ms)
             raise RuntimeError("boom")
     row = await node_row(store)
     assert int(row["generation"]) == 0
@@ -152,8 +155,8 @@ async def test_a_failed_transaction_stores_no_generation(store: InlineSqliteStor
 
 async def test_set_section_replaces_a_section_wholesale(store: InlineSqliteStore, bus: Bus, add_node: AddNode) -> None:
     await add_node("n1", profile=None)
-    await set_section(store, bus, "n1", "telemetry", '{"otlp_endpoint": "https://a", "export_interval_s": 30}')
-    w = await set_section(store, bus, "n1", "telemetry", '{"otlp_endpoint": "https://b"}')
+    await set_section(store, bus, SIGNER, "n1", "telemetry", '{"otlp_endpoint": "https://a", "export_interval_s": 30}')
+    w = await set_section(store, bus, SIGNER, "n1", "telemetry", '{"otlp_endpoint": "https://b"}')
     assert w.changed
     spec = canonical.spec_from_json(str((await node_row(store))["spec"]))
     assert spec.telemetry.otlp_endpoint == "https://b"
@@ -179,11 +182,11 @@ async def test_set_section_with_bad_input_is_a_usage_error_and_changes_nothing(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode, section: str, text: str
 ) -> None:
     await add_node("n1", profile=None)
-    await set_section(store, bus, "n1", "telemetry", '{"otlp_endpoint": "https://a"}')
+    await set_section(store, bus, SIGNER, "n1", "telemetry", '{"otlp_endpoint": "https://a"}')
     before = await node_row(store)
     events_before = await spec_events(store)
     with pytest.raises(UsageError) as ei:
-        await set_section(store, bus, "n1", section, text)
+        await set_section(store, bus, SIGNER, "n1", section, text)
     assert isinstance(ei.value, canonical.SpecError)
     after = await node_row(store)
     assert {k: after[k] for k in ("spec", "spec_hash", "spec_body", "generation")} == {
@@ -197,9 +200,9 @@ async def test_set_section_refuses_the_devices_section(store: InlineSqliteStore,
     before = await node_row(store)
     devices = '{"assignments": [{"allocation_id": "a1", "devices": [{"device_class": "gpu", "atom_id": "GPU-x"}]}]}'
     with pytest.raises(UsageError, match="reservations"):
-        await set_section(store, bus, "n1", "devices", devices)
+        await set_section(store, bus, SIGNER, "n1", "devices", devices)
     with pytest.raises(UsageError):
-        await set_section(store, bus, "n1", "devices", "{}")
+        await set_section(store, bus, SIGNER, "n1", "devices", "{}")
     after = await node_row(store)
     assert after["spec"] == before["spec"]
     assert after["generation"] == before["generation"]
@@ -209,9 +212,9 @@ async def test_set_section_with_empty_object_clears_the_section(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode
 ) -> None:
     await add_node("n1", profile=None)
-    await set_section(store, bus, "n1", "access", '{"principals": ["ops"]}')
-    w_set = await set_section(store, bus, "n1", "telemetry", '{"otlp_endpoint": "https://a"}')
-    w = await set_section(store, bus, "n1", "telemetry", "{}")
+    await set_section(store, bus, SIGNER, "n1", "access", '{"principals": ["ops"]}')
+    w_set = await set_section(store, bus, SIGNER, "n1", "telemetry", '{"otlp_endpoint": "https://a"}')
+    w = await set_section(store, bus, SIGNER, "n1", "telemetry", "{}")
     assert w.changed
     assert w.generation == w_set.generation + 1
     row = await node_row(store)
@@ -219,14 +222,14 @@ async def test_set_section_with_empty_object_clears_the_section(
     assert not spec.HasField("telemetry")
     assert "telemetry" not in json.loads(str(row["spec"]))
     assert list(spec.access.principals) == ["ops"]
-    again = await set_section(store, bus, "n1", "telemetry", "{}")
+    again = await set_section(store, bus, SIGNER, "n1", "telemetry", "{}")
     assert not again.changed
     assert again.generation == w.generation
 
 
 async def test_set_section_on_an_unknown_node_is_not_found(store: InlineSqliteStore, bus: Bus) -> None:
     with pytest.raises(NotFound):
-        await set_section(store, bus, "ghost", "telemetry", '{"otlp_endpoint": "https://a"}')
+        await set_section(store, bus, SIGNER, "ghost", "telemetry", '{"otlp_endpoint": "https://a"}')
 
 
 # -- canonical JSON -------------------------------------------------------------------

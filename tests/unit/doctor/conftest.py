@@ -5,6 +5,7 @@ The clock starts at the wall clock's time so the CLI, which reads the wall clock
 
 from __future__ import annotations
 
+import random
 import socket
 import ssl
 import threading
@@ -16,8 +17,12 @@ import pytest
 
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import SystemSecrets
 from bc.testing import FakeClock
 from tests.unit.doctor.doctor_helpers import Cluster
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 
 @pytest.fixture
@@ -28,7 +33,7 @@ def clock() -> FakeClock:
 @pytest.fixture
 def tls_listener(tmp_path: Path, clock: FakeClock) -> Iterator[tuple[CertificateAuthority, str]]:
     """A CA, and a TLS server presenting a leaf and that CA the way `bc serve` does (the chain, leaf first)."""
-    ca, _ = CertificateAuthority.load_or_create(tmp_path / "ca", clock)
+    ca, _ = CertificateAuthority.load_or_create(tmp_path / "ca", clock, RNG, SECRETS)
     key = keys.generate_key()
     chain = tmp_path / "server-chain.pem"
     chain.write_bytes(keys.cert_to_pem(ca.issue_server_cert(["127.0.0.1"], key)) + ca.ca_pem)

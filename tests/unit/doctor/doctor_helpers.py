@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import random
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +14,13 @@ from bc.config import OperatorConfig
 from bc.pki import keys, signing
 from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
 from bc.pki.identity import make_csr
+from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import common_pb2
 from bc.store import open_store
 from bc.testing import FakeClock
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 
 @dataclass
@@ -27,7 +32,7 @@ class Cluster:
 
     def signing_root(self, *, age_s: float = 0.0) -> bytes:
         with self.rewound(age_s):
-            _, root = signing.create_root(self.clock)
+            _, root = signing.create_root(self.clock, RNG, SECRETS)
         return keys.cert_to_pem(root)
 
     def rewound(self, age_s: float) -> _Rewound:
@@ -70,9 +75,9 @@ class Cluster:
         """What the first start of `bc serve` leaves, store aside (see `make_store`)."""
         d = self.root / name
         pki = d / "pki"
-        ca, _ = CertificateAuthority.load_or_create(pki, self.clock)
+        ca, _ = CertificateAuthority.load_or_create(pki, self.clock, RNG, SECRETS)
         if command_signing:
-            signing.SigningKeys.create(pki, self.clock)
+            signing.SigningKeys.create(pki, self.clock, RNG, SECRETS)
         op_key = keys.generate_key()
         OperatorConfig.write(
             d / "operator",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import sqlite3
 from pathlib import Path
 
@@ -20,8 +21,12 @@ from agent.journal_rules import METRIC
 from bc.cli.main import cli
 from bc.findings import Finding
 from bc.pki import keys
+from bc.pki.secrets_source import SystemSecrets
 from bc.testing import FakeClock
 from tests.unit.doctor.doctor_helpers import Cluster, closed_port, make_journal
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 HOUR = 3600
 
@@ -163,7 +168,7 @@ async def test_a_ca_that_is_not_the_pinned_one_fails(cluster: Cluster, tmp_path:
     from bc.pki.ca import CertificateAuthority
 
     d = cluster.node_dir("n1")
-    other, _ = CertificateAuthority.load_or_create(tmp_path / "other-ca", clock)
+    other, _ = CertificateAuthority.load_or_create(tmp_path / "other-ca", clock, RNG, SECRETS)
     (d / "ca.crt").write_bytes(other.ca_pem)
 
     f = by_name(run_node_checks(d, cluster.clock.now()))

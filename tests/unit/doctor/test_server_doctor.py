@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import sqlite3
 from pathlib import Path
 
@@ -21,10 +22,14 @@ from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.doctor import check_clock, check_command_signing, check_store, run_server_checks
 from bc.findings import Finding
 from bc.pki import keys, signing
+from bc.pki.secrets_source import SystemSecrets
 from bc.store import open_store
 from bc.store.migrate import migrations
 from bc.testing import FakeClock
 from tests.unit.doctor.doctor_helpers import Cluster, make_store
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 DAY = 86400
 
@@ -121,7 +126,7 @@ async def test_command_signing_off_warns_that_nodes_accept_unsigned_commands(clu
 
 async def test_a_worker_certificate_from_another_root_fails(cluster: Cluster) -> None:
     d = cluster.server_dir()
-    _, other_root = signing.create_root(cluster.clock)
+    _, other_root = signing.create_root(cluster.clock, RNG, SECRETS)
     (d / "pki" / "signing" / "root.crt").write_bytes(keys.cert_to_pem(other_root))
 
     f = check_command_signing(d, cluster.clock.now())
@@ -137,7 +142,7 @@ async def test_an_expired_worker_certificate_fails(cluster: Cluster) -> None:
     assert isinstance(rk, ed25519.Ed25519PrivateKey)
     root = keys.load_cert_pem((sd / "root.crt").read_bytes())
     with cluster.rewound(100 * DAY):  # workers last 90 days
-        _, worker = signing.issue_worker(rk, root, cluster.clock)
+        _, worker = signing.issue_worker(rk, root, cluster.clock, RNG, SECRETS)
     (sd / "worker.crt").write_bytes(keys.cert_to_pem(worker))
 
     f = check_command_signing(d, cluster.clock.now())

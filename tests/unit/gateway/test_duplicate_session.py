@@ -11,11 +11,13 @@ from google.protobuf import any_pb2
 
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
+from bc.control.signer import NullSigner
 from bc.errors import Unauthenticated
 from bc.gateway.hello import DUPLICATE_LIMIT, DUPLICATE_WINDOW_MS, HelloResult, hello_transaction
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity, make_csr, peer_identity
+from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import session_pb2
 from bc.store import Row
 from bc.store import commands as cmd_sql
@@ -25,6 +27,10 @@ from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import FakeClock
 
+SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
+
 NODE = "n1"
 GW = "gw-1"
 TAKEOVER = "security.node.duplicate-session"
@@ -33,7 +39,7 @@ QUARANTINED = "security.node.quarantined"
 
 @pytest.fixture
 def ca(clock: FakeClock) -> CertificateAuthority:
-    return CertificateAuthority.create(clock)
+    return CertificateAuthority.create(clock, RNG, SECRETS)
 
 
 async def add_cert(
@@ -72,7 +78,7 @@ def hello(boot_id: str, incarnation_id: str = "", journal_id: str = "j-1") -> se
 async def say_hello(
     store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, boot_id: str, incarnation_id: str = ""
 ) -> HelloResult:
-    return await hello_transaction(store, bus, GW, peer, hello(boot_id, incarnation_id))
+    return await hello_transaction(store, bus, SIGNER, GW, peer, hello(boot_id, incarnation_id))
 
 
 async def close(store: InlineSqliteStore, epoch: int) -> None:
@@ -185,7 +191,7 @@ async def test_a_quarantine_replays_no_commands(
     store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, clock: FakeClock
 ) -> None:
     first = await say_hello(store, bus, peer, "boot-a")
-    row = await enqueue(store, bus, EnqueueRequest(NODE, "inventory.refresh", any_pb2.Any()), rng=random.Random(1))
+    row = await enqueue(store, bus, SIGNER, EnqueueRequest(NODE, "inventory.refresh", any_pb2.Any()), random.Random(1))
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
         assert await cmd_sql.mark_dispatched(tx, str(row["id"]), NODE, first.epoch, now_ms)
@@ -249,7 +255,7 @@ async def test_takeovers_are_counted_per_node(
 
     async def hello2(boot: str) -> HelloResult:
         h = session_pb2.Hello(node_id="n2", boot_id=boot, journal_id="j", incarnation_id=boot)
-        return await hello_transaction(store, bus, GW, peer2, h)
+        return await hello_transaction(store, bus, SIGNER, GW, peer2, h)
 
     await say_hello(store, bus, peer, "boot-a")
     await hello2("x")

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 
 import pytest
 
 from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import SystemSecrets
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 
 class FakeClock:
@@ -34,6 +39,6 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def ca(tmp_path: Path, clock: FakeClock) -> CertificateAuthority:
-    authority, created = CertificateAuthority.load_or_create(tmp_path / "ca", clock)
+    authority, created = CertificateAuthority.load_or_create(tmp_path / "ca", clock, RNG, SECRETS)
     assert created
     return authority

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import random
 
 import pytest
 from cryptography import x509
@@ -14,13 +15,17 @@ from hypothesis import strategies as st
 from bc.pki import attest, keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
+from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import create_root
 from bc.protocol.pb import session_pb2
 from bc.testing import FakeClock
 
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
+
 NOW = 1_800_000_000.0
 CLOCK = FakeClock(NOW)
-CA = CertificateAuthority.create(CLOCK)
+CA = CertificateAuthority.create(CLOCK, RNG, SECRETS)
 # Generated once: ECDSA keys and certificates are reused across Hypothesis examples.
 KEY_1 = keys.generate_key()
 KEY_2 = keys.generate_key()
@@ -139,7 +144,7 @@ def test_verify_by_any_is_false_without_certificates_or_with_another_nodes() -> 
 
 
 def test_verify_by_any_skips_certificates_whose_key_is_not_ecdsa() -> None:
-    _, ed_root = create_root(CLOCK)
+    _, ed_root = create_root(CLOCK, RNG, SECRETS)
     assert isinstance(ed_root.public_key(), ed25519.Ed25519PublicKey)
     msg = attest.report_message(b"body")
     sig = attest.sign(KEY_1, msg)

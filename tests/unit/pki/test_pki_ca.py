@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ipaddress
+import random
 import shutil
 import stat
 import subprocess
@@ -17,7 +18,11 @@ from bc.errors import Unauthenticated, UsageError
 from bc.pki import keys
 from bc.pki.ca import CA_CERT_FILE, CA_KEY_FILE, CertificateAuthority
 from bc.pki.identity import make_csr, peer_identity
+from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import SigningKeys
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 
 def _cn(cert: x509.Certificate) -> str:
@@ -31,9 +36,9 @@ def _eku(cert: x509.Certificate) -> list[x509.ObjectIdentifier]:
 
 
 def test_create_then_load_gives_the_same_ca(tmp_path: Path, clock: Clock) -> None:
-    ca, created = CertificateAuthority.load_or_create(tmp_path / "ca", clock)
+    ca, created = CertificateAuthority.load_or_create(tmp_path / "ca", clock, RNG, SECRETS)
     assert created
-    again, created_again = CertificateAuthority.load_or_create(tmp_path / "ca", clock)
+    again, created_again = CertificateAuthority.load_or_create(tmp_path / "ca", clock, RNG, SECRETS)
     assert not created_again
     assert again.fingerprint == ca.fingerprint
     assert again.ca_pem == ca.ca_pem
@@ -54,18 +59,18 @@ def test_ca_certificate_shape(ca: CertificateAuthority, clock: Clock) -> None:
 
 
 def test_half_a_ca_directory_is_refused_not_replaced(tmp_path: Path, clock: Clock) -> None:
-    CertificateAuthority.load_or_create(tmp_path, clock)
+    CertificateAuthority.load_or_create(tmp_path, clock, RNG, SECRETS)
     (tmp_path / CA_CERT_FILE).unlink()
     with pytest.raises(UsageError, match="move the directory aside"):
-        CertificateAuthority.load_or_create(tmp_path, clock)
+        CertificateAuthority.load_or_create(tmp_path, clock, RNG, SECRETS)
     assert not (tmp_path / CA_CERT_FILE).exists()
 
 
 def test_a_key_that_does_not_match_the_certificate_is_refused(tmp_path: Path, clock: Clock) -> None:
-    CertificateAuthority.load_or_create(tmp_path, clock)
+    CertificateAuthority.load_or_create(tmp_path, clock, RNG, SECRETS)
     keys.write_private_key(tmp_path / CA_KEY_FILE, keys.generate_key())
     with pytest.raises(UsageError, match="does not match"):
-        CertificateAuthority.load_or_create(tmp_path, clock)
+        CertificateAuthority.load_or_create(tmp_path, clock, RNG, SECRETS)
 
 
 def test_node_cert_names_the_node_whatever_the_csr_asks(ca: CertificateAuthority, clock: Clock) -> None:
@@ -154,13 +159,13 @@ def test_openssl_verifies_every_certificate_we_issue(which: str, ca: Certificate
     elif which == "operator":
         cert, purpose, anchor = ca.issue_operator_cert("alice", key), "sslclient", ca.ca_pem
     else:
-        signing = SigningKeys.create(tmp_path / "pki", SystemClock())
+        signing = SigningKeys.create(tmp_path / "pki", SystemClock(), RNG, SECRETS)
         cert, purpose, anchor = signing.worker.cert, None, signing.root_pem
     (tmp_path / "anchor.pem").write_bytes(anchor)
     (tmp_path / "leaf.pem").write_bytes(keys.cert_to_pem(cert))
     ok = _openssl_verify(tmp_path / "anchor.pem", tmp_path / "leaf.pem", purpose)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    (tmp_path / "other.pem").write_bytes(CertificateAuthority.create(SystemClock()).ca_pem)
+    (tmp_path / "other.pem").write_bytes(CertificateAuthority.create(SystemClock(), RNG, SECRETS).ca_pem)
     assert _openssl_verify(tmp_path / "other.pem", tmp_path / "leaf.pem", purpose).returncode != 0
 
 
@@ -168,7 +173,7 @@ def test_openssl_verifies_a_node_cert(ca: CertificateAuthority, tmp_path: Path) 
     cert = ca.issue_node_cert(make_csr(keys.generate_key(), "n1"), "n1", "gpu", 1)
     (tmp_path / "ca.pem").write_bytes(ca.ca_pem)
     (tmp_path / "node.pem").write_bytes(keys.cert_to_pem(cert))
-    (tmp_path / "other.pem").write_bytes(CertificateAuthority.create(SystemClock()).ca_pem)
+    (tmp_path / "other.pem").write_bytes(CertificateAuthority.create(SystemClock(), RNG, SECRETS).ca_pem)
     ok = subprocess.run(
         [
             "openssl",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -13,6 +15,10 @@ from bc.errors import Unauthenticated
 from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import join_leaf_identity, make_csr, peer_identity
+from bc.pki.secrets_source import SystemSecrets
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 
 def _forged_node_cert(
@@ -39,7 +45,7 @@ def _forged_node_cert(
 
 
 def test_a_node_cert_signed_by_a_token_key_is_refused(ca: CertificateAuthority, clock: Clock) -> None:
-    new = tokens.create_token(ca.fingerprint, 600, clock)
+    new = tokens.create_token(ca.fingerprint, 600, clock, RNG, SECRETS)
     token_key = tokens.derive_token_key(tokens.parse_token(new.token).secret)
     root = keys.load_cert_pem(new.root_cert_pem)
     for issuer in (ca.certificate.subject, root.subject):
@@ -49,7 +55,7 @@ def test_a_node_cert_signed_by_a_token_key_is_refused(ca: CertificateAuthority, 
 
 
 def test_a_join_leaf_is_not_a_peer_identity(ca: CertificateAuthority, clock: Clock) -> None:
-    new = tokens.create_token(ca.fingerprint, 600, clock)
+    new = tokens.create_token(ca.fingerprint, 600, clock, RNG, SECRETS)
     _, leaf_pem = tokens.join_client_credentials(tokens.parse_token(new.token), clock)
     leaf = keys.load_cert_pem(leaf_pem)
     with pytest.raises(Unauthenticated):
@@ -59,7 +65,7 @@ def test_a_join_leaf_is_not_a_peer_identity(ca: CertificateAuthority, clock: Clo
     assert (ident.kind, ident.name) == ("join", new.token_id)
     assert ident.not_after == clock.now() + tokens.JOIN_LEAF_LIFETIME_S
 
-    other = tokens.create_token(ca.fingerprint, 600, clock)
+    other = tokens.create_token(ca.fingerprint, 600, clock, RNG, SECRETS)
     with pytest.raises(Unauthenticated, match="not issued by this join token"):
         join_leaf_identity(leaf, keys.load_cert_pem(other.root_cert_pem))
     with pytest.raises(Unauthenticated):
@@ -67,7 +73,7 @@ def test_a_join_leaf_is_not_a_peer_identity(ca: CertificateAuthority, clock: Clo
 
 
 def test_a_node_cert_from_another_ca_is_refused(ca: CertificateAuthority, clock: Clock) -> None:
-    other = CertificateAuthority.create(clock)
+    other = CertificateAuthority.create(clock, RNG, SECRETS)
     cert = other.issue_node_cert(make_csr(keys.generate_key(), "n1"), "n1", "gpu", 1)
     with pytest.raises(Unauthenticated):
         peer_identity(cert, ca.certificate)

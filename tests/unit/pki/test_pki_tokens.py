@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 import re
 import string
 
@@ -11,13 +12,17 @@ from bc.clock import Clock, SystemClock
 from bc.errors import UsageError
 from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import SystemSecrets
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 _TOKEN_RE = re.compile(r"bc1\.[0-9a-f]{12}\.[A-Za-z0-9_-]{43}\.[A-Za-z0-9_-]{43}")
 _FP = "sha256:" + "ab" * 32
 
 
 def test_token_round_trip(ca: CertificateAuthority, clock: Clock) -> None:
-    new = tokens.create_token(ca.fingerprint, 3600, clock)
+    new = tokens.create_token(ca.fingerprint, 3600, clock, RNG, SECRETS)
     assert _TOKEN_RE.fullmatch(new.token)
     assert len(new.token) == 104
     parsed = tokens.parse_token(f"  {new.token}\n")
@@ -71,9 +76,9 @@ def test_malformed_tokens_say_what_is_wrong(text: str, why: str) -> None:
 
 def test_create_token_refuses_a_bad_fingerprint(clock: Clock) -> None:
     with pytest.raises(UsageError):
-        tokens.create_token("sha256:xyz", 60, clock)
+        tokens.create_token("sha256:xyz", 60, clock, RNG, SECRETS)
     with pytest.raises(UsageError):
-        tokens.create_token(_FP, 0, clock)
+        tokens.create_token(_FP, 0, clock, RNG, SECRETS)
 
 
 _TOKEN_CHARS = string.ascii_letters + string.digits + "-_.=+/ \n"
@@ -90,7 +95,7 @@ def test_random_strings_never_parse_unless_well_formed(text: str) -> None:
 
 
 # One token for the mutation property: creating a token signs a certificate, too slow to repeat per example.
-_VALID = tokens.create_token(_FP, 60, SystemClock()).token
+_VALID = tokens.create_token(_FP, 60, SystemClock(), RNG, SECRETS).token
 _ORIGINAL = tokens.parse_token(_VALID)
 
 

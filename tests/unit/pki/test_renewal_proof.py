@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import random
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -20,6 +21,10 @@ from bc.pki.renewal import (
     sign_renew_proof,
     verify_renew_proof,
 )
+from bc.pki.secrets_source import SystemSecrets
+
+RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
+SECRETS = SystemSecrets()
 
 NOW_MS = 1_800_000_000_000
 # Generated once: key generation and signing are slow enough to matter under Hypothesis.
@@ -123,4 +128,6 @@ class _Clock:
 
 
 CSR_DER = csr_der()
-EDGE_CERT = CertificateAuthority.create(_Clock()).issue_node_cert(make_csr(KEY, "n1"), "n1", "node", 1, 3600)
+EDGE_CERT = CertificateAuthority.create(_Clock(), RNG, SECRETS).issue_node_cert(
+    make_csr(KEY, "n1"), "n1", "node", 1, 3600
+)
