@@ -35,7 +35,8 @@ class LoopClock:
     suspend is followed: certificates and tokens must carry the true date.
 
     `wall_offset=X` (tests, the simulator): `now()` is `monotonic() + X`, the same
-    every run; `step()` moves it, as an NTP step moves a host's clock.
+    every run; `step()` moves it, as an NTP step moves a host's clock, and
+    `shifted()` makes another host's clock, set off from this one.
 
     Outside a running loop `monotonic()` reads `start` if given (a virtual
     loop's start, so synchronous set-up sees the instant the loop starts at),
@@ -68,9 +69,16 @@ class LoopClock:
 
     def step(self, seconds: float) -> None:
         """Step this clock's wall time by `seconds` (monotonic time does not move)."""
+        self.wall_offset = self._own_offset() + seconds
+
+    def shifted(self, seconds: float) -> LoopClock:
+        """Another host's clock on the same loop: its wall time `seconds` ahead of this one's (behind if negative)."""
+        return LoopClock(self._own_offset() + seconds, start=self.start)
+
+    def _own_offset(self) -> float:
         if self.wall_offset is None:
-            raise RuntimeError("the host's wall clock is not ours to step: make the clock with a wall_offset")
-        self.wall_offset += seconds
+            raise RuntimeError("the host's wall clock is not ours to step or shift: make the clock with a wall_offset")
+        return self.wall_offset
 
 
 SystemClock = LoopClock

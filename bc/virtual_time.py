@@ -128,9 +128,12 @@ async def advance(seconds: float) -> None:
 
 
 def virtual_clock(now: float = WALL_START, *, start: float = START) -> LoopClock:
-    """A clock that reads `now` when a virtual loop started at `start` starts, and outside any loop.
+    """A clock that reads `now` at this instant and then moves with the running loop.
 
-    Outside a running loop it stands at `start`, so a synchronous fixture that
-    makes certificates and the test that runs on the loop see one instant.
+    Outside a running loop it stands at `start` (a virtual loop's first
+    `time()`), so a synchronous fixture that makes certificates and the test
+    that then runs on a fresh virtual loop see one instant.
     """
-    return LoopClock(wall_offset=now - start, start=start)
+    clock = LoopClock(wall_offset=0.0, start=start)
+    clock.wall_offset = now - clock.monotonic()
+    return clock

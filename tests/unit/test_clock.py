@@ -10,7 +10,7 @@ import pytest
 from bc.clock import LoopClock, SystemClock
 from bc.virtual_time import START, WALL_START, advance, virtual_clock
 
-pytestmark = pytest.mark.virtual_time
+MADE_AT_IMPORT = virtual_clock(1_700_000_000.0)
 
 
 async def test_a_clock_with_an_offset_reads_loop_time_plus_the_offset() -> None:
@@ -34,6 +34,10 @@ async def test_sleeping_on_the_clock_is_sleeping_on_the_loop() -> None:
 def test_a_virtual_clock_outside_a_loop_stands_at_its_start() -> None:
     clock = virtual_clock(1_700_000_000.0)
     assert clock.now() == 1_700_000_000.0 and clock.monotonic() == START
+
+
+async def test_a_virtual_clock_made_outside_the_loop_reads_the_same_at_the_loops_start() -> None:
+    assert MADE_AT_IMPORT.now() == 1_700_000_000.0 and MADE_AT_IMPORT.monotonic() == START
 
 
 async def test_the_system_clock_reads_a_virtual_loops_own_wall_time() -> None:
@@ -70,3 +74,23 @@ async def test_a_step_moves_wall_time_but_not_monotonic_time() -> None:
 
     with pytest.raises(RuntimeError, match="not ours to step"):
         SystemClock().step(1.0)
+
+
+async def test_a_shifted_clock_is_another_hosts_clock_on_the_same_loop() -> None:
+    clock = virtual_clock()
+    await advance(10)
+    behind = clock.shifted(-300)
+    assert behind.now() == clock.now() - 300 and behind.monotonic() == clock.monotonic()
+    await advance(5)
+    assert behind.now() == WALL_START + 15 - 300
+
+    with pytest.raises(RuntimeError, match="not ours to step or shift"):
+        SystemClock().shifted(1.0)
+
+
+async def test_a_virtual_clock_made_later_reads_the_time_it_is_given_then() -> None:
+    await advance(100)
+    clock = virtual_clock(1_700_000_000.0)
+    assert clock.now() == 1_700_000_000.0
+    await advance(1)
+    assert clock.now() == 1_700_000_001.0
