@@ -1,12 +1,8 @@
 """The Admin service: everything an operator does, behind an operator certificate and a role.
 
-Every RPC of the service is wrapped (`_guarded`) before its body runs: the
-client certificate must be an operator's, issued by this server to a live
-operator (`bc.control.operators.authorize`), whose role is at least the one
-`ROLE_NEEDED` names for the RPC; an RPC missing from the table needs admin.
-A refusal is UNAUTHENTICATED (exit 6) with a sentence naming the role needed.
-The body then runs acting for that operator (`bc.control.actor`), so every
-event it publishes names who made the write.
+Every RPC of the service goes through the guard of `bc.api.admin_roles`
+(`guarded`): the caller must be a live operator whose role is at least the
+one `ROLE_NEEDED` names, and the body then runs acting for that operator.
 
 Its dependencies come in through the constructor, built once by `bc serve`:
 the `Signer` that signs the commands and specs it writes, the process's one
@@ -16,14 +12,14 @@ rotated worker key are drawn from.
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
 from bc import __version__
+from bc.api.admin_roles import guarded
 from bc.api.peers import operator_of
 from bc.clock import Clock
 from bc.control import actor, approvers, commands, identity, node_admin, operators, quorum, reservations, specs, views
@@ -48,94 +44,8 @@ from bc.wire.stubs import admin_pb2_grpc
 MAX_EVENTS_LIMIT = 10_000
 T = TypeVar("T")
 
-VIEWER, OPERATOR, ADMIN = operators.ROLES
 
-ROLE_NEEDED: dict[str, tuple[str, str]] = {
-    # viewer: List, Get and Watch — the TUI on a shared screen.
-    "ListNodes": (VIEWER, "listing nodes"),
-    "GetNode": (VIEWER, "showing a node"),
-    "GetSpec": (VIEWER, "showing a spec"),
-    "ListReservations": (VIEWER, "listing reservations"),
-    "ListEvents": (VIEWER, "listing events"),
-    "Watch": (VIEWER, "watching events"),
-    "ServerInfo": (VIEWER, "asking the server who it is"),
-    "GetCommand": (VIEWER, "showing a command"),
-    "ListCommands": (VIEWER, "listing commands"),
-    "GetPki": (VIEWER, "showing the PKI"),
-    "ListApprovers": (VIEWER, "listing approvers"),
-    "ListBatches": (VIEWER, "listing batches"),
-    "GetBatch": (VIEWER, "showing a batch"),
-    "ListQuorumChanges": (VIEWER, "listing quorum changes"),
-    "GetQuorumChange": (VIEWER, "showing a quorum change"),
-    "ListOperators": (VIEWER, "listing operators"),
-    # operator: also reservations, commands, specs, batches, approving and rejecting.
-    "SetSpecSection": (OPERATOR, "setting a spec section"),
-    "Reserve": (OPERATOR, "reserving GPUs"),
-    "Release": (OPERATOR, "releasing a reservation"),
-    "RunCommand": (OPERATOR, "running a command"),
-    "CancelCommand": (OPERATOR, "cancelling a command"),
-    "CreateBatch": (OPERATOR, "creating a batch"),
-    "ApproveBatch": (OPERATOR, "approving a batch"),
-    "RejectBatch": (OPERATOR, "rejecting a batch"),
-    "ApproveQuorumChange": (OPERATOR, "approving a quorum change"),
-    "RejectQuorumChange": (OPERATOR, "rejecting a quorum change"),
-    # admin: also tokens, node revoke/delete/cordon, approvers, operators and the PKI.
-    "CreateToken": (ADMIN, "creating a join token"),
-    "RevokeNode": (ADMIN, "revoking a node"),
-    "CordonNode": (ADMIN, "cordoning a node"),
-    "DeleteNode": (ADMIN, "deleting a node"),
-    "RotateSigningKey": (ADMIN, "rotating the signing key"),
-    "AddApprover": (ADMIN, "adding an approver"),
-    "RemoveApprover": (ADMIN, "removing an approver"),
-    "SetApproverThreshold": (ADMIN, "setting the approver threshold"),
-    "SetUnbatchedAllowance": (ADMIN, "setting the unbatched allowance"),
-    "AddOperator": (ADMIN, "adding an operator"),
-    "RevokeOperator": (ADMIN, "revoking an operator"),
-}
-"""Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
-
-
-def _needed(rpc: str) -> tuple[str, str]:
-    return ROLE_NEEDED.get(rpc, (ADMIN, f"calling {rpc}"))
-
-
-def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
-    """`fn` (an RPC method) behind the caller check; the body acts for the caller."""
-    need, what = _needed(rpc)
-    if streaming:
-
-        @functools.wraps(fn)
-        async def stream(self: AdminServicer, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            try:
-                await self._caller(context, need, what)
-            except BcError as e:
-                await abort_with(context, e)
-            # A stream writes nothing, so it needs no operator to act for.
-            async for item in fn(self, request, context):
-                yield item
-
-        return stream
-
-    @functools.wraps(fn)
-    async def unary(self: AdminServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            caller = await self._caller(context, need, what)
-        except BcError as e:
-            await abort_with(context, e)
-        with actor.acting(caller.name):
-            return await fn(self, request, context)
-
-    return unary
-
-
-def _guarded(cls: type[AdminServicer]) -> type[AdminServicer]:
-    """Every RPC the Admin service declares goes through `_guard`, whether or not the table names it."""
-    for method in admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods:
-        setattr(cls, method.name, _guard(method.name, getattr(cls, method.name), method.server_streaming))
-    return cls
-
-
-@_guarded
+@guarded
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(
         self,

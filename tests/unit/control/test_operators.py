@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.api.admin_servicer import ROLE_NEEDED
+from bc.api.admin_roles import ROLE_NEEDED
 from bc.control import operators as ops
 from bc.control.bus import Bus
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError

@@ -1,0 +1,118 @@
+"""Who may call what on the Admin service: one table of RPC → minimum role, and the guard around every RPC.
+
+Every RPC the service declares is wrapped (`guarded`) before its body runs:
+the client certificate must be an operator's, issued by this server to a live
+operator (`bc.control.operators.authorize`), whose role is at least the one
+`ROLE_NEEDED` names for the RPC; an RPC missing from the table needs admin
+(fail closed). A refusal is UNAUTHENTICATED (exit 6) with a sentence naming
+the role needed. A unary body then runs acting for that operator
+(`bc.control.actor`), so every event it publishes names who made the write.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+from bc.control import actor, operators
+from bc.errors import BcError
+from bc.protocol.pb import admin_pb2
+from bc.wire.status import abort_with
+
+VIEWER, OPERATOR, ADMIN = operators.ROLES
+
+ROLE_NEEDED: dict[str, tuple[str, str]] = {
+    # viewer: List, Get and Watch — the TUI on a shared screen.
+    "ListNodes": (VIEWER, "listing nodes"),
+    "GetNode": (VIEWER, "showing a node"),
+    "GetSpec": (VIEWER, "showing a spec"),
+    "ListReservations": (VIEWER, "listing reservations"),
+    "ListEvents": (VIEWER, "listing events"),
+    "Watch": (VIEWER, "watching events"),
+    "ServerInfo": (VIEWER, "asking the server who it is"),
+    "GetCommand": (VIEWER, "showing a command"),
+    "ListCommands": (VIEWER, "listing commands"),
+    "GetPki": (VIEWER, "showing the PKI"),
+    "ListApprovers": (VIEWER, "listing approvers"),
+    "ListBatches": (VIEWER, "listing batches"),
+    "GetBatch": (VIEWER, "showing a batch"),
+    "ListQuorumChanges": (VIEWER, "listing quorum changes"),
+    "GetQuorumChange": (VIEWER, "showing a quorum change"),
+    "ListOperators": (VIEWER, "listing operators"),
+    # operator: also reservations, commands, specs, batches, approving and rejecting.
+    "SetSpecSection": (OPERATOR, "setting a spec section"),
+    "Reserve": (OPERATOR, "reserving GPUs"),
+    "Release": (OPERATOR, "releasing a reservation"),
+    "RunCommand": (OPERATOR, "running a command"),
+    "CancelCommand": (OPERATOR, "cancelling a command"),
+    "CreateBatch": (OPERATOR, "creating a batch"),
+    "ApproveBatch": (OPERATOR, "approving a batch"),
+    "RejectBatch": (OPERATOR, "rejecting a batch"),
+    "ApproveQuorumChange": (OPERATOR, "approving a quorum change"),
+    "RejectQuorumChange": (OPERATOR, "rejecting a quorum change"),
+    # admin: also tokens, node revoke/delete/cordon, approvers, operators and the PKI.
+    "CreateToken": (ADMIN, "creating a join token"),
+    "RevokeNode": (ADMIN, "revoking a node"),
+    "CordonNode": (ADMIN, "cordoning a node"),
+    "DeleteNode": (ADMIN, "deleting a node"),
+    "RotateSigningKey": (ADMIN, "rotating the signing key"),
+    "AddApprover": (ADMIN, "adding an approver"),
+    "RemoveApprover": (ADMIN, "removing an approver"),
+    "SetApproverThreshold": (ADMIN, "setting the approver threshold"),
+    "SetUnbatchedAllowance": (ADMIN, "setting the unbatched allowance"),
+    "AddOperator": (ADMIN, "adding an operator"),
+    "RevokeOperator": (ADMIN, "revoking an operator"),
+}
+"""Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
+
+
+class Guarded(Protocol):
+    """What the guard needs of the servicer: who the caller is, or a refusal."""
+
+    async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller: ...
+
+
+S = TypeVar("S", bound=Guarded)
+
+
+def needed(rpc: str) -> tuple[str, str]:
+    return ROLE_NEEDED.get(rpc, (ADMIN, f"calling {rpc}"))
+
+
+def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
+    """`fn` (an RPC method) behind the caller check; the body acts for the caller."""
+    need, what = needed(rpc)
+    if streaming:
+
+        @functools.wraps(fn)
+        async def stream(self: Guarded, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                await self._caller(context, need, what)
+            except BcError as e:
+                await abort_with(context, e)
+            # A stream writes nothing, so it needs no operator to act for.
+            async for item in fn(self, request, context):
+                yield item
+
+        return stream
+
+    @functools.wraps(fn)
+    async def unary(self: Guarded, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            caller = await self._caller(context, need, what)
+        except BcError as e:
+            await abort_with(context, e)
+        with actor.acting(caller.name):
+            return await fn(self, request, context)
+
+    return unary
+
+
+def guarded(cls: type[S]) -> type[S]:
+    """Every RPC the Admin service declares goes through `_guard`, whether or not the table names it."""
+    for method in admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods:
+        setattr(cls, method.name, _guard(method.name, getattr(cls, method.name), method.server_streaming))
+    return cls
