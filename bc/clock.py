@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from typing import Protocol
 
 
@@ -38,31 +39,42 @@ class LoopClock:
     every run; `step()` moves it, as an NTP step moves a host's clock, and
     `shifted()` makes another host's clock, set off from this one.
 
-    Outside a running loop `monotonic()` reads `start` if given (a virtual
-    loop's start, so synchronous set-up sees the instant the loop starts at),
-    else `time.monotonic()`, which is what the ordinary loop would read.
+    In a thread without a loop (`asyncio.to_thread`), the clock reads the loop
+    it last read on, while that loop is open: a worker thread sees its loop's
+    time, virtual or not. With no such loop, `monotonic()` reads `start` if
+    given (a virtual loop's start, so synchronous set-up sees the instant the
+    loop starts at), else `time.monotonic()`, what the ordinary loop reads.
     """
 
     def __init__(self, wall_offset: float | None = None, *, start: float | None = None) -> None:
         self.wall_offset = wall_offset
         self.start = start
+        self._last_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            last = self._last_loop() if self._last_loop is not None else None
+            return last if last is not None and not last.is_closed() else None
+        if self._last_loop is None or self._last_loop() is not loop:
+            self._last_loop = weakref.ref(loop)  # weak: a clock must not keep a finished test's loop alive
+        return loop
 
     def monotonic(self) -> float:
-        try:
-            return asyncio.get_running_loop().time()
-        except RuntimeError:
-            return time.monotonic() if self.start is None else self.start
+        loop = self._loop()
+        if loop is not None:
+            return loop.time()
+        return time.monotonic() if self.start is None else self.start
 
     def now(self) -> float:
         if self.wall_offset is not None:
             return self.monotonic() + self.wall_offset
-        try:
-            loop_offset: float | None = getattr(asyncio.get_running_loop(), "wall_offset", None)
-        except RuntimeError:
-            loop_offset = None
-        if loop_offset is None:
+        loop = self._loop()
+        loop_offset: float | None = getattr(loop, "wall_offset", None)
+        if loop is None or loop_offset is None:
             return time.time()
-        return self.monotonic() + loop_offset
+        return loop.time() + loop_offset
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

@@ -1,4 +1,5 @@
-"""Fixtures shared by the unit tests: a real store (inline SQLite on a tmp file) on a settable clock, a bus,
+"""Fixtures shared by the unit tests: a real store (inline SQLite on a tmp file) on the virtual
+loop's clock (`clock`: `await bc.testing.advance(s)` moves it), a bus,
 the one seeded Random (`rng`) and the signer that writers of intent take (`signer`: signing off, explicitly).
 
 A directory's own conftest may override any of them (the store tests run over both drivers).
@@ -12,19 +13,20 @@ from pathlib import Path
 
 import pytest
 
+from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.signer import NullSigner
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> LoopClock:
+    return virtual_clock()
 
 
 @pytest.fixture
-async def store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[InlineSqliteStore]:
+async def store(tmp_path: Path, clock: LoopClock) -> AsyncIterator[InlineSqliteStore]:
     s = InlineSqliteStore(tmp_path / "store.db", clock)
     await s.open()
     try:

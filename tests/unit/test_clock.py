@@ -8,7 +8,7 @@ import time
 import pytest
 
 from bc.clock import LoopClock, SystemClock
-from bc.virtual_time import START, WALL_START, advance, virtual_clock
+from bc.virtual_time import START, WALL_START, advance, run, virtual_clock
 
 MADE_AT_IMPORT = virtual_clock(1_700_000_000.0)
 
@@ -94,3 +94,24 @@ async def test_a_virtual_clock_made_later_reads_the_time_it_is_given_then() -> N
     assert clock.now() == 1_700_000_000.0
     await advance(1)
     assert clock.now() == 1_700_000_001.0
+
+
+async def test_a_worker_thread_reads_the_loop_the_clock_last_read_on() -> None:
+    clock, system = virtual_clock(), SystemClock()
+    await advance(42)
+    assert (clock.now(), system.now()) == (WALL_START + 42, WALL_START + 42)  # both have now seen this loop
+
+    in_thread = await asyncio.to_thread(lambda: (clock.now(), clock.monotonic(), system.now()))
+
+    assert in_thread == (WALL_START + 42, START + 42, WALL_START + 42)
+
+
+def test_after_its_loop_closes_a_virtual_clock_stands_at_its_start_again() -> None:
+    clock = virtual_clock()
+
+    async def main() -> float:
+        await advance(5)
+        return clock.now()
+
+    assert run(main()) == WALL_START + 5
+    assert clock.now() == WALL_START and clock.monotonic() == START

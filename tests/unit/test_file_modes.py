@@ -17,11 +17,11 @@ from agent.journal import Journal
 from bc.protocol.pb import session_pb2
 from bc.store import Store, settings
 from bc.store.sqlite import InlineSqliteStore, SqliteStore
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 DRIVERS: dict[str, Callable[[Path], Store]] = {
-    "aiosqlite": lambda path: SqliteStore(path, FakeClock()),
-    "inline": lambda path: InlineSqliteStore(path, FakeClock()),
+    "aiosqlite": lambda path: SqliteStore(path, virtual_clock()),
+    "inline": lambda path: InlineSqliteStore(path, virtual_clock()),
 }
 
 

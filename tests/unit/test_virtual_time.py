@@ -15,8 +15,6 @@ import pytest
 
 from bc.virtual_time import START, WALL_START, VirtualTimeLoop, advance, run
 
-pytestmark = pytest.mark.virtual_time
-
 
 def now() -> float:
     return asyncio.get_running_loop().time()

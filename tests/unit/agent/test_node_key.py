@@ -14,12 +14,12 @@ from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import session_pb2
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
 
-CA = CertificateAuthority.create(FakeClock(1_800_000_000.0), RNG, SECRETS)
+CA = CertificateAuthority.create(virtual_clock(1_800_000_000.0), RNG, SECRETS)
 TERMINAL_STATES = [
     session_pb2.COMMAND_SUCCEEDED,
     session_pb2.COMMAND_FAILED,

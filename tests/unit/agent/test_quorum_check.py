@@ -1,4 +1,4 @@
-"""The node's quorum check (agent/quorum.py): real approver keys, a real Merkle tree, the real journal, a FakeClock.
+"""The node's quorum check (agent/quorum.py): real approver keys, a real Merkle tree, the real journal, the loop clock.
 
 A destructive command with a `batch_id` runs only with k valid signatures of
 distinct approver keys of the node's bundle (never the requester's, unexpired
@@ -25,13 +25,14 @@ from google.protobuf import any_pb2
 from agent.journal import Journal
 from agent.quorum import UNBATCHED_FILE, WINDOW_S, QuorumCheck, UnbatchedAllowance, check_batch
 from agent.trust import AgentTrust, decide_bundle
+from bc.clock import LoopClock
 from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import PURPOSE_TRUST_BUNDLE, WorkerSigner, create_root, issue_worker
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
-from bc.testing import FakeClock
+from bc.testing import advance, virtual_clock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
@@ -144,7 +145,7 @@ def unbatched(node_id: str, command_id: str, kind: str = "gpu.reset") -> session
 class Node:
     """The quorum check as `agent.main` wires it: the held bundle, the journal's leaf ledger, the allowance file."""
 
-    def __init__(self, data_dir: Path, journal: Journal, clock: FakeClock, b: common_pb2.TrustBundle) -> None:
+    def __init__(self, data_dir: Path, journal: Journal, clock: LoopClock, b: common_pb2.TrustBundle) -> None:
         self.data_dir, self.journal, self.clock = data_dir, journal, clock
         self.trust = AgentTrust(b)
         self.check = self.new_check()
@@ -168,8 +169,8 @@ class Node:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(NOW)
+def clock() -> LoopClock:
+    return virtual_clock(NOW)
 
 
 @pytest.fixture
@@ -182,7 +183,7 @@ async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
 
 
 @pytest.fixture
-def node(tmp_path: Path, journal: Journal, clock: FakeClock) -> Node:
+def node(tmp_path: Path, journal: Journal, clock: LoopClock) -> Node:
     return Node(tmp_path / "node", journal, clock, bundle(A0, A1, A2, k=2))
 
 
@@ -253,10 +254,10 @@ async def test_an_expired_signature_is_refused(node: Node, batch: Batch) -> None
     refused(await node(command(batch.body("n1", "c1"), approval, batch.proof(0))), "1 of 2", "expired")
 
 
-async def test_an_approval_expires_in_server_time(node: Node, batch: Batch, clock: FakeClock) -> None:
+async def test_an_approval_expires_in_server_time(node: Node, batch: Batch, clock: LoopClock) -> None:
     soon = node.server_now_ms() + 1_000
     approval = batch.approval(A0, A1, expires_at_ms=soon)
-    clock.advance(1.0)  # the node's view of server time reaches the expiry before the command arrives
+    await advance(1.0)  # the node's view of server time reaches the expiry before the command arrives
     refused(await node(command(batch.body("n1", "c1"), approval, batch.proof(0))), "0 of 2", "expired")
 
 
@@ -370,7 +371,7 @@ async def test_a_second_command_id_for_the_same_leaf_is_refused(node: Node, batc
     assert await node(command(batch.body("n2", "c-n2"), approval, batch.proof(1))) is None
 
 
-async def test_the_leaf_ledger_survives_a_restart(tmp_path: Path, clock: FakeClock, batch: Batch) -> None:
+async def test_the_leaf_ledger_survives_a_restart(tmp_path: Path, clock: LoopClock, batch: Batch) -> None:
     path = tmp_path / "node" / "journal.db"
     approval = batch.approval(A0, A1, expires_at_ms=in_an_hour())
     j = await Journal.open(path, "n1")
@@ -424,7 +425,7 @@ async def test_non_destructive_kinds_are_never_checked(node: Node, tmp_path: Pat
 
 
 async def test_without_approvers_in_the_bundle_nothing_is_checked(
-    tmp_path: Path, journal: Journal, clock: FakeClock, batch: Batch
+    tmp_path: Path, journal: Journal, clock: LoopClock, batch: Batch
 ) -> None:
     bare = Node(tmp_path / "node", journal, clock, bundle())  # k in the bundle alone means nothing
     bare.trust.bundle.quorum_k = 2
@@ -446,7 +447,7 @@ async def test_unbatched_destructive_commands_are_refused_with_allowance_0(node:
 
 
 async def test_the_allowance_is_counted_over_a_rolling_hour_and_kept_on_disk(
-    tmp_path: Path, journal: Journal, clock: FakeClock
+    tmp_path: Path, journal: Journal, clock: LoopClock
 ) -> None:
     node = Node(tmp_path / "node", journal, clock, bundle(A0, A1, A2, per_hour=2))
     start = clock.now()
@@ -456,21 +457,21 @@ async def test_the_allowance_is_counted_over_a_rolling_hour_and_kept_on_disk(
         return await (check or node.check)(command(body, None, None), body)
 
     assert await lone("u1") is None
-    clock.advance(10)
+    await advance(10)
     assert await lone("u2") is None
-    clock.advance(10)
+    await advance(10)
     assert await lone("u3") == (
         "UNBATCHED_LIMIT: gpu.reset is destructive and needs an approved batch (allowance 2/hour)"
     )
     # A restarted agent (a new allowance over the same data dir) still counts the two.
     assert await lone("u3", node.new_check()) is not None
-    clock.advance(WINDOW_S - 21)  # 1 s before u1 leaves the window
+    await advance(WINDOW_S - 21)  # 1 s before u1 leaves the window
     assert await lone("u4") is not None
-    clock.advance(1)  # an hour after u1: u1 no longer counts
+    await advance(1)  # an hour after u1: u1 no longer counts
     assert clock.now() == start + WINDOW_S
     assert await lone("u5") is None
     assert await lone("u6", node.new_check()) is not None  # u2 and u5 fill the hour again
-    clock.advance(10)  # an hour after u2
+    await advance(10)  # an hour after u2
     assert await lone("u7", node.new_check()) is None
     # The refusals took nothing: only the admitted ones in the window are on disk, 0600.
     path = tmp_path / "node" / UNBATCHED_FILE
@@ -479,7 +480,7 @@ async def test_the_allowance_is_counted_over_a_rolling_hour_and_kept_on_disk(
 
 
 async def test_an_unreadable_allowance_file_counts_as_empty_rather_than_crashing(
-    tmp_path: Path, journal: Journal, clock: FakeClock
+    tmp_path: Path, journal: Journal, clock: LoopClock
 ) -> None:
     (tmp_path / "node").mkdir(parents=True, exist_ok=True)
     (tmp_path / "node" / UNBATCHED_FILE).write_text("{not json")
@@ -525,7 +526,7 @@ def test_a_worker_signed_bundle_cannot_drop_the_approver_keys() -> None:
     quorum at all. Changing the approver set of a node that holds one must take more
     than the worker key (the held approvers' signatures, or the offline root).
     """
-    clock = FakeClock(NOW)
+    clock = virtual_clock(NOW)
     ca_pem = CertificateAuthority.create(clock, RNG, SECRETS).ca_pem
     root_key, root = create_root(clock, RNG, SECRETS)
     worker = WorkerSigner(*issue_worker(root_key, root, clock, RNG, SECRETS))

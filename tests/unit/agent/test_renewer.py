@@ -15,6 +15,7 @@ from cryptography import x509
 
 from agent.identity import Identity, replace_key_pair, write_atomic
 from agent.renewal import IMPOSSIBLE_HINT, Renewer, renew_at
+from bc.clock import LoopClock
 from bc.errors import ProtocolError, Unavailable
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
@@ -22,7 +23,7 @@ from bc.pki.identity import make_csr
 from bc.pki.renewal import verify_renew_proof
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import common_pb2, join_pb2
-from bc.testing import FakeClock
+from bc.testing import advance
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
@@ -33,7 +34,7 @@ TTL_S = 3600
 class Node:
     """A node's data dir as `bc join` leaves it, and a CA playing the server."""
 
-    def __init__(self, root: Path, clock: FakeClock, ttl_s: int = TTL_S, idgen: int = 1) -> None:
+    def __init__(self, root: Path, clock: LoopClock, ttl_s: int = TTL_S, idgen: int = 1) -> None:
         self.dir = root / "node"
         self.clock = clock
         self.ca = CertificateAuthority.create(clock, RNG, SECRETS)
@@ -76,7 +77,7 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path, clock: FakeClock) -> Node:
+def node(tmp_path: Path, clock: LoopClock) -> Node:
     return Node(tmp_path, clock)
 
 
@@ -122,12 +123,12 @@ async def test_a_certificate_for_another_key_is_not_stored(node: Node) -> None:
     assert (node.cert().serial_number, node.key_pem()) == before
 
 
-async def test_renews_at_60_percent_of_each_certificates_life(node: Node, clock: FakeClock) -> None:
+async def test_renews_at_60_percent_of_each_certificates_life(node: Node, clock: LoopClock) -> None:
     first = node.cert()
     done = asyncio.Event()
     renewer = node.renewer(on_renewed=lambda: done.set() if len(node.calls) == 2 else None)
     task = asyncio.create_task(renewer.run())
-    await asyncio.wait_for(done.wait(), 10)
+    await asyncio.wait_for(done.wait(), 2 * TTL_S)  # virtual seconds: both renewals fall within two lifetimes
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     due = renew_at(first.not_valid_before_utc.timestamp(), first.not_valid_after_utc.timestamp())
@@ -135,9 +136,9 @@ async def test_renews_at_60_percent_of_each_certificates_life(node: Node, clock:
     assert node.calls[1] == pytest.approx(due + 0.6 * TTL_S, abs=0.01)  # the second certificate, issued at `due`
 
 
-async def test_the_proof_uses_server_time(node: Node, clock: FakeClock) -> None:
+async def test_the_proof_uses_server_time(node: Node, clock: LoopClock) -> None:
     # The node's clock is 5 minutes behind the server's; the Welcome offset corrects the proof's time.
-    clock_behind = FakeClock(clock.now() - 300)
+    clock_behind = clock.shifted(-300)
     renewer = Renewer(
         node.dir, node.identity, clock_behind, random.Random(1), call=node.renew_rpc, server_offset_ms=lambda: 300_000
     )
@@ -145,13 +146,13 @@ async def test_the_proof_uses_server_time(node: Node, clock: FakeClock) -> None:
 
 
 async def test_failures_back_off_then_stop_at_expiry(
-    node: Node, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    node: Node, clock: LoopClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="agent.renewal")
     node.fail_with = Unavailable("cannot reach bc serve at 127.0.0.1:1: connection refused")
     cert = node.cert()
     not_after = cert.not_valid_after_utc.timestamp()
-    await asyncio.wait_for(node.renewer().run(), 10)  # returns by itself: nothing left to try
+    await asyncio.wait_for(node.renewer().run(), 2 * TTL_S)  # returns by itself at expiry: nothing left to try
     assert clock.now() >= not_after
     assert all(t < not_after for t in node.calls)
     gaps = [b - a for a, b in itertools.pairwise(node.calls)]
@@ -166,16 +167,16 @@ async def test_failures_back_off_then_stop_at_expiry(
 
 
 async def test_an_expired_certificate_is_not_renewed(
-    node: Node, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    node: Node, clock: LoopClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="agent.renewal")
-    clock.advance(TTL_S + 1)
+    await advance(TTL_S + 1)
     await asyncio.wait_for(node.renewer().run(), 10)
     assert node.calls == []
     assert any("event=renewal.impossible" in r.getMessage() for r in caplog.records)
 
 
-async def test_a_failure_then_a_success_starts_the_schedule_over(node: Node, clock: FakeClock) -> None:
+async def test_a_failure_then_a_success_starts_the_schedule_over(node: Node, clock: LoopClock) -> None:
     node.fail_with = Unavailable("down")
     done = asyncio.Event()
 
@@ -185,9 +186,9 @@ async def test_a_failure_then_a_success_starts_the_schedule_over(node: Node, clo
     renewer = node.renewer(on_renewed=renewed)
     task = asyncio.create_task(renewer.run())
     while len(node.calls) < 2:
-        await asyncio.sleep(0)
+        await advance(1)
     node.fail_with = None
-    await asyncio.wait_for(done.wait(), 10)
+    await asyncio.wait_for(done.wait(), TTL_S)  # the next try, after at most one back-off
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert renewer.renewals == 1

@@ -26,7 +26,7 @@ from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import PURPOSE_COMMAND, PURPOSE_DESIRED_STATE, WorkerSigner, create_root, issue_worker
 from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
@@ -34,7 +34,7 @@ SECRETS = SystemSecrets()
 NODE = "n1"
 MONO0 = 500.0
 WALL0 = 1_800_000_000_000
-CLOCK = FakeClock(WALL0 / 1000)
+CLOCK = virtual_clock(WALL0 / 1000)
 ROOT_KEY_A, ROOT_A = create_root(CLOCK, RNG, SECRETS)
 ROOT_KEY_B, ROOT_B = create_root(CLOCK, RNG, SECRETS)
 WORKER_A = WorkerSigner(*issue_worker(ROOT_KEY_A, ROOT_A, CLOCK, RNG, SECRETS))

@@ -24,13 +24,13 @@ from bc.pki.signing import (
 )
 from bc.protocol import kinds
 from bc.protocol.pb import common_pb2, session_pb2
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
 
 NOW = 1_800_000_000.0
-CLOCK = FakeClock(NOW)
+CLOCK = virtual_clock(NOW)
 CA_PEM = CertificateAuthority.create(CLOCK, RNG, SECRETS).ca_pem
 OTHER_CA_PEM = CertificateAuthority.create(CLOCK, RNG, SECRETS).ca_pem
 ROOT_KEY_A, ROOT_A = create_root(CLOCK, RNG, SECRETS)

@@ -18,13 +18,13 @@ from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import PURPOSE_TRUST_BUNDLE, WorkerSigner, create_root, issue_worker
 from bc.protocol.pb import common_pb2
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
 
 NOW = 1_800_000_000.0
-CLOCK = FakeClock(NOW)
+CLOCK = virtual_clock(NOW)
 CA_PEM = CertificateAuthority.create(CLOCK, RNG, SECRETS).ca_pem
 ROOT_KEY, ROOT = create_root(CLOCK, RNG, SECRETS)
 ROOT_PEM = ROOT.public_bytes(serialization.Encoding.PEM)

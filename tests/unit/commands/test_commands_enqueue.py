@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import any_pb2, struct_pb2
 
+from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue, payload_from_json
 from bc.control.signer import KeySigner, NullSigner, Signature
@@ -21,7 +22,7 @@ from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
 from bc.store import Row
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore, SqliteStore
-from bc.testing import FakeClock
+from bc.testing import advance
 
 AddNode = Callable[..., Awaitable[None]]
 Enqueue = Callable[..., Awaitable[Row]]
@@ -40,7 +41,7 @@ async def test_enqueue_stores_a_pending_command_with_its_body_encoded_once(
     store: InlineSqliteStore,
     bus: Bus,
     pokes: list[str],
-    clock: FakeClock,
+    clock: LoopClock,
     add_node: AddNode,
     events: Events,
 ) -> None:
@@ -93,12 +94,12 @@ async def test_seq_is_per_node_and_comes_from_next_cmd_seq(
 
 
 async def test_a_repeated_idempotency_key_returns_the_first_command_unchanged(
-    store: InlineSqliteStore, add_node: AddNode, put: Enqueue, count: Count, events: Events, clock: FakeClock
+    store: InlineSqliteStore, add_node: AddNode, put: Enqueue, count: Count, events: Events, clock: LoopClock
 ) -> None:
     await add_node("n1")
     await add_node("n2")
     first = await put("n1", idempotency_key="wf:dag:1", not_after_s=30)
-    clock.advance(5)
+    await advance(5)
     again = await put("n1", kind="diag.nvml", idempotency_key="wf:dag:1", not_after_s=900)
     assert again == first
     assert await count("commands") == 1
@@ -117,7 +118,7 @@ async def test_empty_keys_get_fresh_ones(add_node: AddNode, put: Enqueue) -> Non
 
 
 async def test_the_worker_key_signs_the_stored_body_bytes(
-    store: InlineSqliteStore, bus: Bus, add_node: AddNode, tmp_path: Path, clock: FakeClock, rng: random.Random
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, tmp_path: Path, clock: LoopClock, rng: random.Random
 ) -> None:
     await add_node("n1")
     keys = SigningKeys.create(tmp_path, clock, random.Random(1), SystemSecrets())
@@ -246,7 +247,7 @@ async def test_enqueue_is_one_transaction(
 
 
 async def test_the_aiosqlite_driver_takes_seqs_the_same_way(
-    tmp_path: Path, clock: FakeClock, rng: random.Random
+    tmp_path: Path, clock: LoopClock, rng: random.Random
 ) -> None:
     """`bc serve` runs on aiosqlite: UPDATE … RETURNING and the idempotency conflict behave there too."""
     store = SqliteStore(tmp_path / "aio.db", clock)

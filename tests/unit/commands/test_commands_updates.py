@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from bc.clock import LoopClock
 from bc.control import views
 from bc.control.bus import Bus
 from bc.control.commands import UpdateOutcome, apply_update, request_cancel
@@ -17,7 +18,7 @@ from bc.store import Row
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
+from bc.testing import advance
 
 AddNode = Callable[..., Awaitable[None]]
 Enqueue = Callable[..., Awaitable[Row]]
@@ -93,11 +94,11 @@ async def test_dispatch_is_fenced_by_state_and_session_epoch(
 
 
 async def test_a_pending_command_past_not_after_is_not_dispatchable(
-    store: InlineSqliteStore, clock: FakeClock, add_node: AddNode, put: Enqueue
+    store: InlineSqliteStore, clock: LoopClock, add_node: AddNode, put: Enqueue
 ) -> None:
     await add_node("n1")
     await put("n1", not_after_s=10)
-    clock.advance(10)
+    await advance(10)
     async with store.transaction(write=False) as tx:
         assert await cmd_sql.pending_for_node(tx, "n1", await store.now_ms()) == []
 

@@ -15,6 +15,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from agent.trust import quorum_path
+from bc.clock import LoopClock
 from bc.control import approvers as appr
 from bc.control.bus import Bus
 from bc.control.intent import Intent
@@ -27,7 +28,7 @@ from bc.protocol.pb import common_pb2
 from bc.store import events as events_sql
 from bc.store import settings as settings_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
+from bc.testing import advance
 from tests.unit.control.quorum_setup import ADMIN, RNG, add_operator, b64, change, install, raw
 
 SECRETS = SystemSecrets()
@@ -144,7 +145,7 @@ async def test_the_chain_the_server_keeps_is_a_path_nodes_walk_from_any_earlier_
 
 
 async def test_the_intent_bundle_carries_the_settings_and_the_chain(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, keys: Any, three: None
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, keys: Any, three: None
 ) -> None:
     intent = Intent(NullSigner(), CertificateAuthority.create(clock, RNG, SECRETS).ca_pem)
     assert intent.set_quorum(*await appr.trust_state(store)) is True
@@ -157,12 +158,12 @@ async def test_the_intent_bundle_carries_the_settings_and_the_chain(
 
 
 async def test_one_change_is_pending_at_a_time_until_it_expires(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, keys: Any, three: None
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, keys: Any, three: None
 ) -> None:
     first = await appr.propose(store, bus, appr.SetThreshold(3), ADMIN, RNG)
     with pytest.raises(Conflict, match=f"quorum change {first.change_id} is waiting for approval"):
         await appr.propose(store, bus, appr.SetAllowance(1), ADMIN, RNG)
-    clock.advance(appr.CHANGE_TTL_S)
+    await advance(appr.CHANGE_TTL_S)
     assert (await appr.get_change(store, first.change_id)).state == "expired"
     with pytest.raises(Conflict, match="expired; ask for it again"):
         await approve(store, bus, first.change_id, keys["alice"], "alice")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from bc.clock import LoopClock
 from bc.control import identity
 from bc.control.bus import Bus
 from bc.control.signer import NullSigner
@@ -19,7 +20,7 @@ from bc.pki.secrets_source import SystemSecrets
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
+from bc.testing import advance
 
 SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
@@ -27,7 +28,7 @@ SECRETS = SystemSecrets()
 
 
 @pytest.fixture
-def ca(tmp_path: Path, clock: FakeClock) -> CertificateAuthority:
+def ca(tmp_path: Path, clock: LoopClock) -> CertificateAuthority:
     return CertificateAuthority.load_or_create(tmp_path / "pki", clock, RNG, SECRETS)[0]
 
 
@@ -36,7 +37,7 @@ def csr_der() -> bytes:
 
 
 async def test_a_token_joins_once(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600, rng=RNG, secrets=SECRETS)
     parsed = tokens.parse_token(tok.token)
@@ -50,10 +51,10 @@ async def test_a_token_joins_once(
 
 
 async def test_an_expired_token_is_refused_and_changes_nothing(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 60, rng=RNG, secrets=SECRETS)
-    clock.advance(61)
+    await advance(61)
     with pytest.raises(Unauthenticated, match="expired"):
         await identity.join(store, bus, SIGNER, ca, tokens.parse_token(tok.token).token_id, csr_der(), "host")
     async with store.transaction() as tx:
@@ -72,7 +73,7 @@ async def test_an_unknown_token_is_refused(store: InlineSqliteStore, bus: Bus, c
     [("Bad Id!", "node", 3600), ("n1", "king", 3600), ("n1", "node", 10), ("n1", "node", 8 * 86400)],
 )
 async def test_bad_token_requests(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock, node_id: str, role: str, ttl: float
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock, node_id: str, role: str, ttl: float
 ) -> None:
     with pytest.raises(UsageError):
         await identity.create_token(store, bus, ca, clock, node_id, role, ttl, rng=RNG, secrets=SECRETS)
@@ -81,7 +82,7 @@ async def test_bad_token_requests(
 
 
 async def test_a_second_token_for_a_node_is_a_new_identity_generation(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     for expected in (1, 2):
         tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600, rng=RNG, secrets=SECRETS)

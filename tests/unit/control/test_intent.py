@@ -11,6 +11,7 @@ import pytest
 from google.protobuf import any_pb2
 
 from agent.trust import decide_bundle
+from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
 from bc.control.intent import Intent, register, rotate
@@ -35,7 +36,7 @@ from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store import signing as signing_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
+from bc.testing import advance
 
 AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
 Count = Callable[[str], Awaitable[int]]
@@ -46,16 +47,16 @@ SETTLED = ("succeeded", "failed", "rejected", "cancelled", "expired")
 
 
 @pytest.fixture
-def ca_pem(clock: FakeClock, rng: random.Random) -> bytes:
+def ca_pem(clock: LoopClock, rng: random.Random) -> bytes:
     return CertificateAuthority.create(clock, rng, SECRETS).ca_pem
 
 
-def key_signer(pki_dir: Path, clock: FakeClock) -> KeySigner:
+def key_signer(pki_dir: Path, clock: LoopClock) -> KeySigner:
     return KeySigner(SigningKeys.create(pki_dir, clock, random.Random(11), SECRETS))
 
 
 @pytest.fixture
-def keyed(tmp_path: Path, clock: FakeClock) -> KeySigner:
+def keyed(tmp_path: Path, clock: LoopClock) -> KeySigner:
     return key_signer(tmp_path / "pki", clock)
 
 
@@ -144,7 +145,7 @@ def test_without_keys_bundles_carry_no_roots_and_no_envelope(ca_pem: bytes) -> N
 
 
 async def test_without_keys_rotate_is_refused_and_changes_nothing(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, rng: random.Random
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, rng: random.Random
 ) -> None:
     with pytest.raises(UsageError, match="command signing is off"):
         await rotate(store, bus, NullSigner(), clock, rng, SECRETS)
@@ -152,7 +153,7 @@ async def test_without_keys_rotate_is_refused_and_changes_nothing(
     assert await events(store, "pki.") == []
 
 
-def test_with_keys_commands_and_specs_are_signed_for_their_purposes(keyed: KeySigner, clock: FakeClock) -> None:
+def test_with_keys_commands_and_specs_are_signed_for_their_purposes(keyed: KeySigner, clock: LoopClock) -> None:
     assert keyed.attested
     w = keyed.keys.worker
     v = Verifier([keyed.keys.root_pem])
@@ -205,7 +206,7 @@ def test_the_bundle_changes_only_when_the_quorum_settings_do(intent: Intent) -> 
 
 
 async def test_without_the_root_key_the_worker_signs_the_bundle(
-    keyed: KeySigner, ca_pem: bytes, clock: FakeClock
+    keyed: KeySigner, ca_pem: bytes, clock: LoopClock
 ) -> None:
     (keyed.keys.dir / "root.key").unlink()  # a fleet keeps the root offline
     env = Intent(keyed, ca_pem=ca_pem).trust_envelope()
@@ -218,7 +219,7 @@ async def test_a_node_takes_the_signed_bundle_and_keeps_it_across_a_rotation(
     bus: Bus,
     keyed: KeySigner,
     intent: Intent,
-    clock: FakeClock,
+    clock: LoopClock,
     ca_pem: bytes,
     rng: random.Random,
 ) -> None:
@@ -232,7 +233,7 @@ async def test_a_node_takes_the_signed_bundle_and_keeps_it_across_a_rotation(
 
 
 async def test_a_node_of_another_install_refuses_this_bundle(
-    tmp_path: Path, intent: Intent, clock: FakeClock, ca_pem: bytes
+    tmp_path: Path, intent: Intent, clock: LoopClock, ca_pem: bytes
 ) -> None:
     other = Intent(key_signer(tmp_path / "other", clock), ca_pem=ca_pem)
     held = other.trust_bundle()
@@ -256,7 +257,7 @@ async def test_register_stores_the_worker_certificate_once(
 
 
 async def test_rotate_resigns_current_specs_without_touching_their_bodies(
-    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: FakeClock, add_node: AddNode, rng: random.Random
+    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: LoopClock, add_node: AddNode, rng: random.Random
 ) -> None:
     for n in ("n1", "n2", "n3"):
         await add_node(n, profile=None)
@@ -269,7 +270,7 @@ async def test_rotate_resigns_current_specs_without_touching_their_bodies(
     before = {n: await node_row(store, n) for n in ("n1", "n2", "n3")}
     assert str(before["n1"]["spec_key_id"]) == old_key and int(before["n1"]["generation"]) == 2
 
-    clock.advance(60)
+    await advance(60)
     specs, cmds = await rotate(store, bus, keyed, clock, rng, SECRETS)
     assert (specs, cmds) == (2, 0)
 
@@ -292,7 +293,7 @@ async def test_rotate_resigns_current_specs_without_touching_their_bodies(
 
 
 async def test_rotate_signs_a_spec_written_while_signing_was_off(
-    store: InlineSqliteStore, bus: Bus, tmp_path: Path, clock: FakeClock, add_node: AddNode, rng: random.Random
+    store: InlineSqliteStore, bus: Bus, tmp_path: Path, clock: LoopClock, add_node: AddNode, rng: random.Random
 ) -> None:
     await add_node("n1", profile=None)
     await set_telemetry(store, bus, NullSigner(), "n1", "http://a:4317")
@@ -306,7 +307,7 @@ async def test_rotate_signs_a_spec_written_while_signing_was_off(
 
 
 async def test_rotate_resigns_only_commands_that_may_still_be_delivered(
-    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: FakeClock, add_node: AddNode
+    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: LoopClock, add_node: AddNode
 ) -> None:
     await add_node("n1", profile=None)
     rng = random.Random(3)
@@ -333,7 +334,7 @@ async def test_rotate_resigns_only_commands_that_may_still_be_delivered(
 
 
 async def test_rotate_signs_pending_commands_queued_while_signing_was_off(
-    store: InlineSqliteStore, bus: Bus, tmp_path: Path, clock: FakeClock, add_node: AddNode, rng: random.Random
+    store: InlineSqliteStore, bus: Bus, tmp_path: Path, clock: LoopClock, add_node: AddNode, rng: random.Random
 ) -> None:
     await add_node("n1", profile=None)
     cid = await put(store, bus, NullSigner(), "n1", rng)
@@ -345,7 +346,7 @@ async def test_rotate_signs_pending_commands_queued_while_signing_was_off(
 
 
 async def test_rotate_publishes_the_rotation_and_registers_the_new_certificate(
-    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: FakeClock, add_node: AddNode
+    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: LoopClock, add_node: AddNode
 ) -> None:
     await add_node("n1", profile=None)
     await set_telemetry(store, bus, keyed, "n1", "http://a:4317")
@@ -366,7 +367,7 @@ async def test_rotate_publishes_the_rotation_and_registers_the_new_certificate(
 
 
 async def test_rotate_persists_the_new_worker_for_the_next_start(
-    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: FakeClock, tmp_path: Path, rng: random.Random
+    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: LoopClock, tmp_path: Path, rng: random.Random
 ) -> None:
     await rotate(store, bus, keyed, clock, rng, SECRETS)
     loaded = SigningKeys.load(tmp_path / "pki")
@@ -375,7 +376,7 @@ async def test_rotate_persists_the_new_worker_for_the_next_start(
 
 
 async def test_rotating_twice_resigns_everything_live_again(
-    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: FakeClock, add_node: AddNode, rng: random.Random
+    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: LoopClock, add_node: AddNode, rng: random.Random
 ) -> None:
     await add_node("n1", profile=None)
     await set_telemetry(store, bus, keyed, "n1", "http://a:4317")
@@ -389,14 +390,14 @@ async def test_rotating_twice_resigns_everything_live_again(
 
 
 async def test_rotate_without_a_bus_still_records_the_event(
-    store: InlineSqliteStore, keyed: KeySigner, clock: FakeClock, rng: random.Random
+    store: InlineSqliteStore, keyed: KeySigner, clock: LoopClock, rng: random.Random
 ) -> None:
     assert await rotate(store, None, keyed, clock, rng, SECRETS) == (0, 0)
     assert len(await events(store, "pki.worker-rotated")) == 1
 
 
 async def test_specs_written_after_a_rotation_are_signed_by_the_new_worker(
-    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: FakeClock, add_node: AddNode, rng: random.Random
+    store: InlineSqliteStore, bus: Bus, keyed: KeySigner, clock: LoopClock, add_node: AddNode, rng: random.Random
 ) -> None:
     await add_node("n1", profile=None)
     await rotate(store, bus, keyed, clock, rng, SECRETS)

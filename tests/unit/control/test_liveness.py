@@ -6,6 +6,7 @@ import json
 import random
 from collections.abc import Awaitable, Callable
 
+from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.liveness import STALL_HOLD_MS, Liveness, LivenessConfig
 from bc.control.reservations import ReserveRequest, reserve
@@ -16,7 +17,7 @@ from bc.store import events as events_sql
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
+from bc.testing import advance
 
 SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
@@ -78,13 +79,13 @@ async def reservations_snapshot(store: InlineSqliteStore) -> tuple[list[Row], li
 
 
 async def run_for(
-    liveness: Liveness, clock: FakeClock, seconds: float, live_gateways: tuple[str, ...] = ()
+    liveness: Liveness, clock: LoopClock, seconds: float, live_gateways: tuple[str, ...] = ()
 ) -> list[tuple[str, str]]:
     """Sweep every STEP seconds for `seconds`, the live gateways renewing; returns the transitions made."""
     out: list[tuple[str, str]] = []
     t = 0.0
     while t < seconds:
-        clock.advance(STEP)
+        await advance(STEP)
         t += STEP
         for gw in live_gateways:
             assert await gateway_lease(liveness.store, gw)
@@ -93,7 +94,7 @@ async def run_for(
 
 
 async def test_a_node_on_a_live_gateway_stays_connected(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode
 ) -> None:
     await add_node("n1")
     await gateway_lease(store)
@@ -101,7 +102,7 @@ async def test_a_node_on_a_live_gateway_stays_connected(
     lv = Liveness(store, bus, "worker-1", CFG)
     assert await lv.sweep_once() == []
     for _ in range(30):  # 5 minutes, the gateway renewing its lease
-        clock.advance(STEP)
+        await advance(STEP)
         assert await gateway_lease(store)
         assert await lv.sweep_once() == []
     assert await connectivity(store) == "connected"
@@ -109,7 +110,7 @@ async def test_a_node_on_a_live_gateway_stays_connected(
 
 
 async def test_gateway_lease_expiry_disconnects_then_unreachable_after_ttl_and_grace(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode
 ) -> None:
     await add_node("n1")
     await add_node("n2")
@@ -122,7 +123,7 @@ async def test_gateway_lease_expiry_disconnects_then_unreachable_after_ttl_and_g
     # gw-1 dies (stops renewing); gw-2 keeps renewing
     transitions: list[tuple[str, str]] = []
     for _ in range(3):
-        clock.advance(STEP)
+        await advance(STEP)
         await gateway_lease(store, "gw-2")
         transitions.extend(await lv.sweep_once())
     assert transitions == [("n1", "disconnected")]
@@ -135,13 +136,13 @@ async def test_gateway_lease_expiry_disconnects_then_unreachable_after_ttl_and_g
     disconnected_at = await store.now_ms()
     # not yet unreachable: well inside lease TTL + grace since the gateway was last heard
     for _ in range(int((CFG.lease_ttl_ms + CFG.unreachable_grace_ms) / 1000 / STEP) - 3):
-        clock.advance(STEP)
+        await advance(STEP)
         await gateway_lease(store, "gw-2")
         assert await lv.sweep_once() == []
     assert await connectivity(store, "n1") == "disconnected"
     # lease TTL + grace after the disconnect: unreachable
     while await store.now_ms() - disconnected_at <= CFG.lease_ttl_ms + CFG.unreachable_grace_ms:
-        clock.advance(STEP)
+        await advance(STEP)
         await gateway_lease(store, "gw-2")
         transitions.extend(await lv.sweep_once())
     assert transitions == [("n1", "disconnected"), ("n1", "unreachable")]
@@ -154,7 +155,7 @@ async def test_gateway_lease_expiry_disconnects_then_unreachable_after_ttl_and_g
 
 
 async def test_a_stale_close_does_not_close_a_newer_session(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode
 ) -> None:
     await add_node("n1")
     await gateway_lease(store)
@@ -171,7 +172,7 @@ async def test_a_stale_close_does_not_close_a_newer_session(
     # the old gateway dies: the node, now on gw-2, is untouched
     lv = Liveness(store, bus, "worker-1", CFG)
     for _ in range(5):
-        clock.advance(STEP)
+        await advance(STEP)
         await gateway_lease(store, "gw-2")
         assert await lv.sweep_once() == []
     assert await connectivity(store) == "connected"
@@ -181,7 +182,7 @@ async def test_a_stale_close_does_not_close_a_newer_session(
 
 
 async def test_a_sweep_gap_holds_unreachable_transitions_for_five_minutes(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode
 ) -> None:
     await add_node("n1")
     await gateway_lease(store)
@@ -192,7 +193,7 @@ async def test_a_sweep_gap_holds_unreachable_transitions_for_five_minutes(
     disconnected_at = await store.now_ms()
     await run_for(lv, clock, 100)
     # the store (or this process) stalls for 30 s, past the point where n1 would go unreachable
-    clock.advance(30 + (CFG.lease_ttl_ms + CFG.unreachable_grace_ms) / 1000)
+    await advance(30 + (CFG.lease_ttl_ms + CFG.unreachable_grace_ms) / 1000)
     stalled_at = await store.now_ms()
     assert stalled_at - disconnected_at > CFG.lease_ttl_ms + CFG.unreachable_grace_ms
     assert await lv.sweep_once() == []
@@ -203,7 +204,7 @@ async def test_a_sweep_gap_holds_unreachable_transitions_for_five_minutes(
 
 
 async def test_liveness_never_touches_reservations(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode
 ) -> None:
     await add_node("n1")
     placed = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), RNG)
@@ -222,7 +223,7 @@ async def test_liveness_never_touches_reservations(
 
 
 async def test_only_one_liveness_worker_sweeps(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode
 ) -> None:
     await add_node("n1")
     await gateway_lease(store)
@@ -230,14 +231,14 @@ async def test_only_one_liveness_worker_sweeps(
     a = Liveness(store, bus, "worker-a", CFG)
     b = Liveness(store, bus, "worker-b", CFG)
     await a.sweep_once()
-    clock.advance(25)  # the gateway lease is gone; worker-a still holds the liveness lease (15 s, renewed)
+    await advance(25)  # the gateway lease is gone; worker-a still holds the liveness lease (15 s, renewed)
     await a.sweep_once()
     assert await connectivity_events(store) == [("n1", "disconnected")]
     assert await b.sweep_once() == []
 
 
 async def test_a_session_its_gateway_stopped_flushing_is_closed_after_the_lease_ttl(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode
 ) -> None:
     """A live gateway that lost track of a session (its handler died before the close write)."""
     await add_node("n1")
@@ -246,7 +247,7 @@ async def test_a_session_its_gateway_stopped_flushing_is_closed_after_the_lease_
     lv = Liveness(store, bus, "worker-1", CFG)
     transitions = []
     for _ in range(5):  # 50 s: the lease renewed, but no last-seen flush for this session
-        clock.advance(STEP)
+        await advance(STEP)
         now_ms = await store.now_ms()
         async with store.transaction() as tx:
             assert await leases_sql.acquire(tx, f"gateway:{GW}", GW, now_ms, GW_LEASE_MS)

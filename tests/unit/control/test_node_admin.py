@@ -10,6 +10,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from google.protobuf import any_pb2
 
+from bc.clock import LoopClock
 from bc.control import node_admin
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
@@ -27,7 +28,7 @@ from bc.store import events as events_sql
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
+from bc.testing import advance
 
 SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
@@ -39,7 +40,7 @@ AddCert = Callable[..., Awaitable[PeerIdentity]]
 
 
 @pytest.fixture
-def ca(clock: FakeClock) -> CertificateAuthority:
+def ca(clock: LoopClock) -> CertificateAuthority:
     return CertificateAuthority.create(clock, RNG, SECRETS)
 
 
@@ -95,7 +96,7 @@ def hello(boot_id: str = "boot-1") -> session_pb2.Hello:
 
 
 async def test_revoke_revokes_every_live_certificate_of_the_node(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode, add_cert: AddCert
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode, add_cert: AddCert
 ) -> None:
     await add_node("n1", profile=None)
     await add_node("n2", profile=None)
@@ -127,13 +128,13 @@ async def test_a_revoked_certificate_is_refused_at_the_next_hello(
 
 
 async def test_revoking_twice_is_not_an_error_and_changes_nothing(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode, add_cert: AddCert
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode, add_cert: AddCert
 ) -> None:
     await add_node("n1", profile=None)
     peer = await add_cert("n1")
     first = await node_admin.revoke(store, bus, "n1", "first")
     before = await cert(store, peer.serial)
-    clock.advance(30)
+    await advance(30)
     assert await node_admin.revoke(store, bus, "n1", "second") == []
     assert await cert(store, peer.serial) == before  # time and reason of the first revocation stay
     assert len(await events(store, "security.node.revoked")) == 1
@@ -327,7 +328,7 @@ async def test_delete_is_refused_while_a_reservation_is_live(
 
 
 async def test_delete_removes_the_nodes_rows_and_revokes_its_certificates(
-    store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode, add_cert: AddCert, count: Count
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode, add_cert: AddCert, count: Count
 ) -> None:
     await add_node("n1")
     await add_node("n2")
@@ -373,7 +374,7 @@ async def test_delete_removes_the_nodes_rows_and_revokes_its_certificates(
                 expires_at_ms=now_ms + 60_000,
             )
     await node_admin.cordon(store, bus, "n1", True)
-    clock.advance(5)
+    await advance(5)
     now_ms = await store.now_ms()
 
     assert await node_admin.delete(store, bus, "n1") == [fresh.serial]

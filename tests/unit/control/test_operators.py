@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bc.api.admin_roles import ROLE_NEEDED
+from bc.clock import LoopClock
 from bc.control import operators as ops
 from bc.control.bus import Bus
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
@@ -21,14 +22,13 @@ from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import admin_pb2
 from bc.store import events as events_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
 
 
 @pytest.fixture
-def ca(clock: FakeClock) -> CertificateAuthority:
+def ca(clock: LoopClock) -> CertificateAuthority:
     return CertificateAuthority.create(clock, RNG, SECRETS)
 
 

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf import any_pb2
 
 from agent.quorum import check_batch
+from bc.clock import LoopClock
 from bc.control import approvers as appr
 from bc.control import quorum
 from bc.control.bus import Bus
@@ -37,7 +38,7 @@ from bc.store import commands as cmd_sql
 from bc.store import events as events_sql
 from bc.store import quorum as q_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
+from bc.testing import advance
 from tests.unit.control.quorum_setup import RNG, add_operator, b64, change, install
 
 SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
@@ -375,14 +376,14 @@ async def test_an_already_expired_approval_is_refused(
 async def test_an_expired_batch_takes_no_decision(
     store: InlineSqliteStore,
     bus: Bus,
-    clock: FakeClock,
+    clock: LoopClock,
     approvers: list[str],
     nodes: list[str],
     keys: list[ed25519.Ed25519PrivateKey],
 ) -> None:
     batch_id, batch, leaves = await create(store, bus, not_after_s=60)
     await approve(store, bus, batch, leaves, keys[0])
-    clock.advance(60)
+    await advance(60)
     with pytest.raises(Conflict, match=f"batch {batch_id} expired"):
         await approve(store, bus, batch, leaves, keys[1])
     with pytest.raises(Conflict, match="expired"):
@@ -498,14 +499,14 @@ async def test_the_kth_approval_releases_every_command_with_a_proof_that_verifie
 async def test_an_approval_that_expired_before_the_kth_does_not_count(
     store: InlineSqliteStore,
     bus: Bus,
-    clock: FakeClock,
+    clock: LoopClock,
     approvers: list[str],
     nodes: list[str],
     keys: list[ed25519.Ed25519PrivateKey],
 ) -> None:
     batch_id, batch, leaves = await create(store, bus)
     await approve(store, bus, batch, leaves, keys[0], expires_in_ms=1_000)
-    clock.advance(1.0)
+    await advance(1.0)
     await approve(store, bus, batch, leaves, keys[1])
     assert (await read_batch(store, batch_id))[0]["state"] == "pending"
     await approve(store, bus, batch, leaves, keys[2])
@@ -531,7 +532,7 @@ async def test_release_keeps_the_worker_signature_of_each_body(
     tmp_path: Path,
     store: InlineSqliteStore,
     bus: Bus,
-    clock: FakeClock,
+    clock: LoopClock,
     approvers: list[str],
     nodes: list[str],
     keys: list[ed25519.Ed25519PrivateKey],

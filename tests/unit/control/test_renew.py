@@ -10,6 +10,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from bc.clock import LoopClock
 from bc.control import identity
 from bc.control.bus import Bus
 from bc.control.signer import NullSigner
@@ -22,7 +23,7 @@ from bc.pki.secrets_source import SystemSecrets
 from bc.store import events as events_sql
 from bc.store import identity as id_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
+from bc.testing import advance
 
 SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
@@ -30,12 +31,12 @@ SECRETS = SystemSecrets()
 
 
 @pytest.fixture
-def ca(tmp_path: Path, clock: FakeClock) -> CertificateAuthority:
+def ca(tmp_path: Path, clock: LoopClock) -> CertificateAuthority:
     return CertificateAuthority.load_or_create(tmp_path / "pki", clock, RNG, SECRETS)[0]
 
 
 async def joined(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock, ttl_s: int = 3600
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock, ttl_s: int = 3600
 ) -> tuple[keys.PrivateKey, x509.Certificate]:
     tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600, rng=RNG, secrets=SECRETS)
     key = keys.generate_key()
@@ -44,7 +45,7 @@ async def joined(
     return key, keys.load_cert_pem(j.cert_pem)
 
 
-def request(key: keys.PrivateKey, clock: FakeClock, new_key: keys.PrivateKey | None = None) -> tuple[bytes, int, bytes]:
+def request(key: keys.PrivateKey, clock: LoopClock, new_key: keys.PrivateKey | None = None) -> tuple[bytes, int, bytes]:
     der = make_csr(new_key or keys.generate_key(), "n1").public_bytes(serialization.Encoding.DER)
     ts = round(clock.now() * 1000)
     return der, ts, sign_renew_proof(key, der, ts)
@@ -57,11 +58,11 @@ async def events(store: InlineSqliteStore, prefix: str) -> list[dict[str, object
 
 
 async def test_a_renewal_records_a_certificate_for_the_new_key_and_publishes_it(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     key, cert = await joined(store, bus, ca, clock, ttl_s=20)
     new_key = keys.generate_key()
-    clock.advance(12)
+    await advance(12)
     renewed = await identity.renew(store, bus, ca, cert, *request(key, clock, new_key), ttl_s=20)
     new = keys.load_cert_pem(renewed.cert_pem)
     assert new.public_key() == new_key.public_key()
@@ -78,7 +79,7 @@ async def test_a_renewal_records_a_certificate_for_the_new_key_and_publishes_it(
 
 
 async def test_the_lifetime_is_capped_at_24_h(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     key, cert = await joined(store, bus, ca, clock)
     renewed = await identity.renew(store, bus, ca, cert, *request(key, clock), ttl_s=10 * 24 * 3600)
@@ -86,10 +87,10 @@ async def test_the_lifetime_is_capped_at_24_h(
 
 
 async def test_an_expired_certificate_is_refused_and_published(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     key, cert = await joined(store, bus, ca, clock, ttl_s=60)
-    clock.advance(61)
+    await advance(61)
     with pytest.raises(Unauthenticated, match="expired"):
         await identity.renew(store, bus, ca, cert, *request(key, clock))
     assert [e["reason"] for e in await events(store, "security.renew.refused")] == ["renew:expired"]
@@ -97,7 +98,7 @@ async def test_an_expired_certificate_is_refused_and_published(
 
 
 async def test_a_certificate_the_store_does_not_know_is_refused(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     await joined(store, bus, ca, clock)
     stray_key = keys.generate_key()
@@ -108,7 +109,7 @@ async def test_a_certificate_the_store_does_not_know_is_refused(
 
 
 async def test_a_bad_csr_after_a_good_proof_is_a_usage_error(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     key, cert = await joined(store, bus, ca, clock)
     ts = round(clock.now() * 1000)
@@ -118,7 +119,7 @@ async def test_a_bad_csr_after_a_good_proof_is_a_usage_error(
 
 
 async def test_an_operator_certificate_cannot_renew(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     op_key = keys.generate_key()
     op = ca.issue_operator_cert("local", op_key)
@@ -128,7 +129,7 @@ async def test_an_operator_certificate_cannot_renew(
 
 
 async def test_a_proof_by_another_key_is_refused_quietly(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     _, cert = await joined(store, bus, ca, clock)
     with pytest.raises(Unauthenticated, match="proof of possession"):

@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf import any_pb2
 
+from bc.clock import LoopClock
 from bc.control import commands, identity, intent, quorum, reservations, specs
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
@@ -41,7 +42,6 @@ from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store import signing as signing_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
 from tests.unit.control.quorum_setup import add_operator, install
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -60,7 +60,7 @@ async def all_rows(store: InlineSqliteStore) -> tuple[list[Row], list[Row]]:
 # -- signing off: the documented unsigned form ----------------------------------------------------
 
 
-def test_the_null_signer_gives_the_documented_unsigned_form(clock: FakeClock, rng: random.Random) -> None:
+def test_the_null_signer_gives_the_documented_unsigned_form(clock: LoopClock, rng: random.Random) -> None:
     s = NullSigner()
     assert s.sign_command(b"body") == s.sign_spec(b"body") == UNSIGNED
     assert (UNSIGNED.signature, UNSIGNED.key_id, UNSIGNED.stored) == (b"", "", None)
@@ -86,7 +86,7 @@ async def test_with_signing_off_commands_and_specs_are_stored_unsigned(
 
 
 async def test_with_signing_on_every_writer_of_intent_stores_a_valid_signature(
-    tmp_path: Path, store: InlineSqliteStore, bus: Bus, clock: FakeClock, add_node: AddNode, rng: random.Random
+    tmp_path: Path, store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode, rng: random.Random
 ) -> None:
     signer = KeySigner(SigningKeys.create(tmp_path / "pki", clock, rng, SECRETS))
     await intent.register(store, signer)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from bc.clock import LoopClock
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets
-from bc.testing import FakeClock
 from tests.unit.doctor.doctor_helpers import Cluster
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
@@ -26,12 +26,13 @@ SECRETS = SystemSecrets()
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(time.time())
+def clock() -> LoopClock:
+    """The host's clock, made steppable (a fixed offset): on the ordinary loop it reads `time.time()`."""
+    return LoopClock(wall_offset=time.time() - time.monotonic())
 
 
 @pytest.fixture
-def tls_listener(tmp_path: Path, clock: FakeClock) -> Iterator[tuple[CertificateAuthority, str]]:
+def tls_listener(tmp_path: Path, clock: LoopClock) -> Iterator[tuple[CertificateAuthority, str]]:
     """A CA, and a TLS server presenting a leaf and that CA the way `bc serve` does (the chain, leaf first)."""
     ca, _ = CertificateAuthority.load_or_create(tmp_path / "ca", clock, RNG, SECRETS)
     key = keys.generate_key()
@@ -69,6 +70,6 @@ def tls_listener(tmp_path: Path, clock: FakeClock) -> Iterator[tuple[Certificate
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, clock: FakeClock, tls_listener: tuple[CertificateAuthority, str]) -> Cluster:
+def cluster(tmp_path: Path, clock: LoopClock, tls_listener: tuple[CertificateAuthority, str]) -> Cluster:
     ca, address = tls_listener
     return Cluster(tmp_path, clock, ca, address)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agent.identity import Identity, write_atomic
 from agent.journal import Journal
+from bc.clock import LoopClock
 from bc.config import OperatorConfig
 from bc.pki import keys, signing
 from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
@@ -17,7 +18,6 @@ from bc.pki.identity import make_csr
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import common_pb2
 from bc.store import open_store
-from bc.testing import FakeClock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
@@ -26,7 +26,7 @@ SECRETS = SystemSecrets()
 @dataclass
 class Cluster:
     root: Path
-    clock: FakeClock
+    clock: LoopClock
     ca: CertificateAuthority
     server: str  # a TLS listener presenting this CA, like bc serve does
 
@@ -93,14 +93,14 @@ class Cluster:
 class _Rewound:
     """Run a block with the clock `age_s` in the past: certificates issued inside are that old."""
 
-    def __init__(self, clock: FakeClock, age_s: float) -> None:
+    def __init__(self, clock: LoopClock, age_s: float) -> None:
         self.clock, self.age_s = clock, age_s
 
     def __enter__(self) -> None:
-        self.clock.advance(-self.age_s)
+        self.clock.step(-self.age_s)
 
     def __exit__(self, *exc: object) -> None:
-        self.clock.advance(self.age_s)
+        self.clock.step(self.age_s)
 
 
 async def make_journal(data_dir: Path, node_id: str, meta: dict[str, str] | None = None) -> Path:
@@ -115,7 +115,7 @@ async def make_journal(data_dir: Path, node_id: str, meta: dict[str, str] | None
     return path
 
 
-async def make_store(data_dir: Path, clock: FakeClock) -> None:
+async def make_store(data_dir: Path, clock: LoopClock) -> None:
     store = await open_store(str(data_dir / "bc.db"), clock)
     await store.close()
 

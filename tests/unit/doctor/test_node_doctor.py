@@ -19,10 +19,10 @@ from agent.identity import Identity
 from agent.journal import Journal
 from agent.journal_rules import METRIC
 from bc.cli.main import cli
+from bc.clock import LoopClock
 from bc.findings import Finding
 from bc.pki import keys
 from bc.pki.secrets_source import SystemSecrets
-from bc.testing import FakeClock
 from tests.unit.doctor.doctor_helpers import Cluster, closed_port, make_journal
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
@@ -164,7 +164,7 @@ async def test_an_identity_json_of_another_join_fails_identity(cluster: Cluster)
     assert f.message.startswith("the certificate is of identity generation 1, identity.json of 2")
 
 
-async def test_a_ca_that_is_not_the_pinned_one_fails(cluster: Cluster, tmp_path: Path, clock: FakeClock) -> None:
+async def test_a_ca_that_is_not_the_pinned_one_fails(cluster: Cluster, tmp_path: Path, clock: LoopClock) -> None:
     from bc.pki.ca import CertificateAuthority
 
     d = cluster.node_dir("n1")
@@ -243,9 +243,10 @@ async def test_the_clock_offset_is_unknown_until_the_node_has_connected(cluster:
 
 
 async def test_a_time_mark_far_ahead_of_the_host_clock_fails(cluster: Cluster) -> None:
-    d = cluster.node_dir("n1", time_mark_ms=round(cluster.clock.now() * 1000) + 10 * 60_000)
+    now = cluster.clock.now()  # the host's clock moves on: read it once
+    d = cluster.node_dir("n1", time_mark_ms=round(now * 1000) + 10 * 60_000)
 
-    f = by_name(run_node_checks(d, cluster.clock.now()))["clock"]
+    f = by_name(run_node_checks(d, now))["clock"]
 
     assert f.status == "fail"
     assert "is 10m ahead of this host's clock" in f.message
@@ -314,7 +315,7 @@ async def test_an_unreachable_server_warns_that_the_node_runs_offline(cluster: C
     assert f.message.endswith("the node keeps enforcing its last spec offline")
 
 
-async def test_a_server_presenting_another_ca_fails(cluster: Cluster, tmp_path: Path, clock: FakeClock) -> None:
+async def test_a_server_presenting_another_ca_fails(cluster: Cluster, tmp_path: Path, clock: LoopClock) -> None:
     d = cluster.node_dir("n1")
     ident = json.loads((d / "identity.json").read_text())
     ident["ca_fingerprint"] = "sha256:" + "0" * 64

@@ -25,7 +25,6 @@ from bc.pki import keys, signing
 from bc.pki.secrets_source import SystemSecrets
 from bc.store import open_store
 from bc.store.migrate import migrations
-from bc.testing import FakeClock
 from tests.unit.doctor.doctor_helpers import Cluster, make_store
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
@@ -196,7 +195,7 @@ async def test_a_newer_schema_fails(cluster: Cluster) -> None:
 
 
 async def test_a_store_clock_two_seconds_off_is_a_clock_skew_finding(cluster: Cluster, tmp_path: Path) -> None:
-    store_clock = FakeClock(cluster.clock.now() + 2.0)  # PostgreSQL's host, two seconds ahead of this one
+    store_clock = cluster.clock.shifted(2.0)  # PostgreSQL's host, two seconds ahead of this one
     store = await open_store(f"sqlite-inline:{tmp_path / 'skew.db'}", store_clock)
     try:
         f = await check_clock(ClockSkewMonitor(store, cluster.clock))

@@ -9,6 +9,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from google.protobuf import any_pb2
 
+from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
 from bc.control.signer import NullSigner
@@ -25,7 +26,7 @@ from bc.store import events as events_sql
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import FakeClock
+from bc.testing import advance
 
 SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
@@ -38,7 +39,7 @@ QUARANTINED = "security.node.quarantined"
 
 
 @pytest.fixture
-def ca(clock: FakeClock) -> CertificateAuthority:
+def ca(clock: LoopClock) -> CertificateAuthority:
     return CertificateAuthority.create(clock, RNG, SECRETS)
 
 
@@ -154,19 +155,19 @@ async def test_a_new_boot_after_the_session_closed_is_a_reboot_not_a_takeover(
 
 
 async def test_the_fourth_takeover_in_ten_minutes_quarantines_the_identity(
-    store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     renewed = await add_cert(store, ca)  # the node's other live certificate (a renewal): it goes too
     await say_hello(store, bus, peer, "boot-a")
     results = []
     for boot in ["boot-b", "boot-a", "boot-b"]:  # two machines taking the session from each other
-        clock.advance(60)
+        await advance(60)
         results.append(await say_hello(store, bus, peer, boot))
     assert [r.quarantined for r in results] == [False, False, False]
     assert len(await events(store, TAKEOVER)) == DUPLICATE_LIMIT
     assert await events(store, QUARANTINED) == []
 
-    clock.advance(60)
+    await advance(60)
     fourth = await say_hello(store, bus, peer, "boot-a")
     now_ms = await store.now_ms()
     assert fourth.quarantined and fourth.replay == [] and fourth.ack == []
@@ -188,7 +189,7 @@ async def test_the_fourth_takeover_in_ten_minutes_quarantines_the_identity(
 
 
 async def test_a_quarantine_replays_no_commands(
-    store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, clock: LoopClock
 ) -> None:
     first = await say_hello(store, bus, peer, "boot-a")
     row = await enqueue(store, bus, SIGNER, EnqueueRequest(NODE, "inventory.refresh", any_pb2.Any()), random.Random(1))
@@ -204,13 +205,13 @@ async def test_a_quarantine_replays_no_commands(
 
 
 async def test_takeovers_older_than_ten_minutes_do_not_count(
-    store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, clock: LoopClock
 ) -> None:
     boots = ["boot-a", "boot-b"]
     await say_hello(store, bus, peer, "boot-a")
     for i in range(DUPLICATE_LIMIT):
         assert not (await say_hello(store, bus, peer, boots[(i + 1) % 2])).quarantined
-    clock.advance(DUPLICATE_WINDOW_MS / 1000 + 0.001)
+    await advance(DUPLICATE_WINDOW_MS / 1000 + 0.001)
     # Three more takeovers: with the old three out of the window they are the 1st, 2nd and 3rd.
     for i in range(DUPLICATE_LIMIT):
         assert not (await say_hello(store, bus, peer, boots[i % 2])).quarantined
@@ -220,26 +221,26 @@ async def test_takeovers_older_than_ten_minutes_do_not_count(
     assert (await say_hello(store, bus, peer, boots[DUPLICATE_LIMIT % 2])).quarantined
 
 
-async def test_the_window_slides(store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, clock: FakeClock) -> None:
+async def test_the_window_slides(store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, clock: LoopClock) -> None:
     """Takeovers at 0, 4, 8 and 11 minutes: at 11 the one at 0 has left the window; at 12 four are in it."""
     boots = ["boot-b", "boot-a"]
     await say_hello(store, bus, peer, "boot-a")
     outcomes, prev = [], 0
     for i, minute in enumerate([0, 4, 8, 11, 12]):
-        clock.advance((minute - prev) * 60)
+        await advance((minute - prev) * 60)
         prev = minute
         outcomes.append((await say_hello(store, bus, peer, boots[i % 2])).quarantined)
     assert outcomes == [False, False, False, False, True]
 
 
 async def test_a_takeover_exactly_ten_minutes_old_still_counts(
-    store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, clock: LoopClock
 ) -> None:
     boots = ["boot-b", "boot-a"]
     await say_hello(store, bus, peer, "boot-a")
     outcomes, prev = [], 0
     for i, minute in enumerate([0, 1, 2, 10]):
-        clock.advance((minute - prev) * 60)
+        await advance((minute - prev) * 60)
         prev = minute
         outcomes.append((await say_hello(store, bus, peer, boots[i % 2])).quarantined)
     assert outcomes == [False, False, False, True]
@@ -266,7 +267,7 @@ async def test_takeovers_are_counted_per_node(
 
 
 async def test_takeovers_before_a_rejoin_do_not_count_against_the_new_identity(
-    store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, ca: CertificateAuthority, clock: FakeClock
+    store: InlineSqliteStore, bus: Bus, peer: PeerIdentity, ca: CertificateAuthority, clock: LoopClock
 ) -> None:
     """After a quarantine the operator re-joins the real machine (a new identity generation, a new certificate).
 
@@ -281,11 +282,11 @@ async def test_takeovers_before_a_rejoin_do_not_count_against_the_new_identity(
     assert res.quarantined
     await close(store, res.epoch)  # the revocation feed ends the clones' session
 
-    clock.advance(60)
+    await advance(60)
     async with store.transaction() as tx:
         idgen = await id_sql.bump_identity_generation(tx, NODE)
     rejoined = await add_cert(store, ca, identity_generation=idgen)
     assert not (await say_hello(store, bus, rejoined, "boot-c")).quarantined
-    clock.advance(60)
+    await advance(60)
     res = await say_hello(store, bus, rejoined, "boot-d")  # one takeover for this identity
     assert not res.quarantined

@@ -1,4 +1,4 @@
-"""A settable clock for the PKI unit tests (certificates carry wall times, so it starts at real time)."""
+"""The PKI unit tests' clock: the virtual loop's, set to the real date (openssl judges certificates by it)."""
 
 from __future__ import annotations
 
@@ -8,37 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from bc.clock import LoopClock
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets
+from bc.testing import virtual_clock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
 
 
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self._now = now
-
-    def now(self) -> float:
-        return self._now
-
-    def monotonic(self) -> float:
-        return self._now
-
-    async def sleep(self, seconds: float) -> None:
-        self._now += seconds
-
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
+@pytest.fixture
+def clock() -> LoopClock:
+    return virtual_clock(float(int(time.time())))
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(float(int(time.time())))
-
-
-@pytest.fixture
-def ca(tmp_path: Path, clock: FakeClock) -> CertificateAuthority:
+def ca(tmp_path: Path, clock: LoopClock) -> CertificateAuthority:
     authority, created = CertificateAuthority.load_or_create(tmp_path / "ca", clock, RNG, SECRETS)
     assert created
     return authority

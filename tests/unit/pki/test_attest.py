@@ -18,13 +18,13 @@ from bc.pki.identity import make_csr
 from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import create_root
 from bc.protocol.pb import session_pb2
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
 
 NOW = 1_800_000_000.0
-CLOCK = FakeClock(NOW)
+CLOCK = virtual_clock(NOW)
 CA = CertificateAuthority.create(CLOCK, RNG, SECRETS)
 # Generated once: ECDSA keys and certificates are reused across Hypothesis examples.
 KEY_1 = keys.generate_key()

@@ -19,7 +19,7 @@ from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
 from bc.pki.secrets_source import P256_ORDER, SeededSecrets, SystemSecrets, ed25519_key, os_seeded_random, p256_key
 from bc.pki.signing import SigningKeys
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 NOW = 1_800_000_000.0
 
@@ -53,7 +53,7 @@ def test_a_serial_never_is_zero_even_when_the_random_draws_zero() -> None:
 
 
 def test_every_certificate_serial_comes_from_the_injected_random(tmp_path: Path) -> None:
-    clock = FakeClock(NOW)
+    clock = virtual_clock(NOW)
     rng = random.Random(42)
     ca = CertificateAuthority.create(clock, rng, SystemSecrets())
     node = ca.issue_node_cert(make_csr(keys.generate_key(), "n1"), "n1", "node", 1)
@@ -67,7 +67,7 @@ def test_every_certificate_serial_comes_from_the_injected_random(tmp_path: Path)
 
 
 def test_a_token_id_and_its_root_serial_come_from_the_random_and_its_secret_from_secrets() -> None:
-    clock = FakeClock(NOW)
+    clock = virtual_clock(NOW)
     fp = "sha256:" + "ab" * 32
     a = tokens.create_token(fp, 600, clock, random.Random(3), SeededSecrets(1))
     b = tokens.create_token(fp, 600, clock, random.Random(3), SeededSecrets(2))
@@ -79,7 +79,7 @@ def test_a_token_id_and_its_root_serial_come_from_the_random_and_its_secret_from
 
 
 def test_the_join_leaf_serial_is_derived_from_its_own_key() -> None:
-    clock = FakeClock(NOW)
+    clock = virtual_clock(NOW)
     new = tokens.create_token("sha256:" + "cd" * 32, 600, clock, random.Random(1), SystemSecrets())
     parsed = tokens.parse_token(new.token)
     serials = set()
@@ -125,7 +125,7 @@ def test_a_p256_scalar_is_always_in_range(raw: bytes) -> None:
 
 def test_a_ca_made_from_one_seed_has_the_same_key_name_and_serial() -> None:
     """Under the simulator: the CA's identity replays (its ECDSA self-signature does not need to)."""
-    clock = FakeClock(NOW)
+    clock = virtual_clock(NOW)
     one = CertificateAuthority.create(clock, random.Random(5), SeededSecrets(5))
     two = CertificateAuthority.create(clock, random.Random(5), SeededSecrets(5))
     assert one.certificate.subject == two.certificate.subject
@@ -138,7 +138,7 @@ def test_a_ca_made_from_one_seed_has_the_same_key_name_and_serial() -> None:
 def test_worker_keys_from_one_seed_have_the_same_key_id(tmp_path: Path) -> None:
     """Ed25519 signatures are deterministic, so a seeded install's worker certificate (and its key id, which
     events carry) replays byte for byte."""
-    clock = FakeClock(NOW)
+    clock = virtual_clock(NOW)
     one = SigningKeys.create(tmp_path / "a", clock, random.Random(5), SeededSecrets(5))
     two = SigningKeys.create(tmp_path / "b", clock, random.Random(5), SeededSecrets(5))
     assert one.worker.key_id == two.worker.key_id and one.root_pem == two.root_pem

@@ -38,7 +38,7 @@ from bc.pki.signing import (
     signed_message,
 )
 from bc.protocol.pb import common_pb2
-from bc.testing import FakeClock
+from bc.testing import advance, virtual_clock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()
@@ -47,7 +47,7 @@ NOW = 1_800_000_000.0
 PURPOSES = (PURPOSE_COMMAND, PURPOSE_DESIRED_STATE, PURPOSE_TRUST_BUNDLE)
 
 # Made once: Hypothesis examples reuse them.
-_CLOCK = FakeClock(NOW)
+_CLOCK = virtual_clock(NOW)
 ROOT_KEY_A, ROOT_A = create_root(_CLOCK, RNG, SECRETS)
 WORKER_A = WorkerSigner(*issue_worker(ROOT_KEY_A, ROOT_A, _CLOCK, RNG, SECRETS))
 ROOT_KEY_B, ROOT_B = create_root(_CLOCK, RNG, SECRETS)
@@ -140,7 +140,7 @@ def test_envelope_carries_purpose_body_key_id_signature_and_certificate() -> Non
 
 
 def test_create_writes_root_and_worker_with_private_keys_0600(tmp_path: Path) -> None:
-    sk = SigningKeys.create(tmp_path, FakeClock(NOW), RNG, SECRETS)
+    sk = SigningKeys.create(tmp_path, virtual_clock(NOW), RNG, SECRETS)
     d = tmp_path / SIGNING_DIR
     assert sk.dir == d
     for name in (ROOT_KEY, ROOT_CERT, WORKER_KEY, WORKER_CERT):
@@ -157,22 +157,22 @@ def test_exists_is_false_for_an_empty_pki_dir(tmp_path: Path) -> None:
 
 
 def test_create_refuses_to_replace_an_existing_root(tmp_path: Path) -> None:
-    sk = SigningKeys.create(tmp_path, FakeClock(NOW), RNG, SECRETS)
+    sk = SigningKeys.create(tmp_path, virtual_clock(NOW), RNG, SECRETS)
     before = (tmp_path / SIGNING_DIR / ROOT_CERT).read_bytes()
     with pytest.raises(UsageError, match="already holds a command-signing root"):
-        SigningKeys.create(tmp_path, FakeClock(NOW), RNG, SECRETS)
+        SigningKeys.create(tmp_path, virtual_clock(NOW), RNG, SECRETS)
     assert (tmp_path / SIGNING_DIR / ROOT_CERT).read_bytes() == before == sk.root_pem
 
 
 def test_create_refuses_when_only_the_root_key_is_left(tmp_path: Path) -> None:
-    SigningKeys.create(tmp_path, FakeClock(NOW), RNG, SECRETS)
+    SigningKeys.create(tmp_path, virtual_clock(NOW), RNG, SECRETS)
     (tmp_path / SIGNING_DIR / ROOT_CERT).unlink()
     with pytest.raises(UsageError, match="refusing to replace it"):
-        SigningKeys.create(tmp_path, FakeClock(NOW), RNG, SECRETS)
+        SigningKeys.create(tmp_path, virtual_clock(NOW), RNG, SECRETS)
 
 
 def test_load_gives_back_the_same_root_and_worker(tmp_path: Path) -> None:
-    sk = SigningKeys.create(tmp_path, FakeClock(NOW), RNG, SECRETS)
+    sk = SigningKeys.create(tmp_path, virtual_clock(NOW), RNG, SECRETS)
     again = SigningKeys.load(tmp_path)
     assert again.root_pem == sk.root_pem
     assert again.worker.key_id == sk.worker.key_id
@@ -187,24 +187,24 @@ def test_load_of_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_load_of_a_corrupt_certificate_is_a_usage_error(tmp_path: Path) -> None:
-    SigningKeys.create(tmp_path, FakeClock(NOW), RNG, SECRETS)
+    SigningKeys.create(tmp_path, virtual_clock(NOW), RNG, SECRETS)
     (tmp_path / SIGNING_DIR / WORKER_CERT).write_bytes(b"not a certificate")
     with pytest.raises(UsageError, match="unreadable"):
         SigningKeys.load(tmp_path)
 
 
 def test_load_refuses_a_worker_key_that_is_not_ed25519(tmp_path: Path) -> None:
-    SigningKeys.create(tmp_path, FakeClock(NOW), RNG, SECRETS)
+    SigningKeys.create(tmp_path, virtual_clock(NOW), RNG, SECRETS)
     keys.write_private_key(tmp_path / SIGNING_DIR / WORKER_KEY, keys.generate_key())
     with pytest.raises(UsageError, match="not an Ed25519 private key"):
         SigningKeys.load(tmp_path)
 
 
-def test_rotate_worker_issues_a_new_key_under_the_same_root_and_persists_it(tmp_path: Path) -> None:
-    clock = FakeClock(NOW)
+async def test_rotate_worker_issues_a_new_key_under_the_same_root_and_persists_it(tmp_path: Path) -> None:
+    clock = virtual_clock(NOW)
     sk = SigningKeys.create(tmp_path, clock, RNG, SECRETS)
     old = sk.worker
-    clock.advance(3600)
+    await advance(3600)
     new = sk.rotate_worker(clock, RNG, SECRETS)
     assert sk.worker is new and new.key_id != old.key_id
     new.cert.verify_directly_issued_by(sk.root)
@@ -221,7 +221,7 @@ def test_rotating_without_the_root_key_on_this_host_is_a_usage_error(tmp_path: P
     Today `rotate_worker` lets FileNotFoundError escape (a traceback / INTERNAL, and a crash of
     `bc serve` at start when the worker key is close to expiry).
     """
-    clock = FakeClock(NOW)
+    clock = virtual_clock(NOW)
     sk = SigningKeys.create(tmp_path, clock, RNG, SECRETS)
     (tmp_path / SIGNING_DIR / ROOT_KEY).unlink()
     with pytest.raises(UsageError):
@@ -436,7 +436,7 @@ def test_a_cached_worker_needs_no_certificate_on_later_envelopes() -> None:
 
 
 def test_a_rotated_worker_of_the_same_root_verifies_and_the_old_one_still_does(tmp_path: Path) -> None:
-    clock = FakeClock(NOW)
+    clock = virtual_clock(NOW)
     sk = SigningKeys.create(tmp_path, clock, RNG, SECRETS)
     old = sk.worker
     new = sk.rotate_worker(clock, RNG, SECRETS)
