@@ -1,4 +1,9 @@
-"""Small asyncio helpers shared by the agent and the server."""
+"""Small asyncio helpers shared by the agent and the server.
+
+Their timeouts are the running loop's time, like every `Clock` (`bc.clock`):
+seconds of the host on the ordinary loop, virtual seconds on
+`bc.virtual_time.VirtualTimeLoop`.
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from bc.aio import wait_event
 from bc.clock import LoopClock, SystemClock
 from bc.virtual_time import START, WALL_START, advance, run, virtual_clock
 
@@ -115,3 +116,13 @@ def test_after_its_loop_closes_a_virtual_clock_stands_at_its_start_again() -> No
 
     assert run(main()) == WALL_START + 5
     assert clock.now() == WALL_START and clock.monotonic() == START
+
+
+async def test_bc_aio_waits_on_the_same_clock() -> None:
+    clock, event = virtual_clock(), asyncio.Event()
+    assert not await wait_event(event, 30)
+    assert clock.now() == WALL_START + 30
+
+    asyncio.get_running_loop().call_later(5, event.set)
+    assert await wait_event(event, 30)
+    assert clock.now() == WALL_START + 35
