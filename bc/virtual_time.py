@@ -14,10 +14,11 @@ replaces only that question to the selector:
   it sets `time()` to the next timer's deadline and returns; asyncio then runs
   that timer as due. No wall time passes: an hour of `asyncio.sleep` takes
   microseconds;
-* asked for None (no timer at all) or while a job it handed to an executor
-  (`run_in_executor`, `asyncio.to_thread`, `getaddrinfo`) is still running,
-  only the outside world can wake the loop, so it waits for real I/O with no
-  timeout, and time stands meanwhile: an executor job takes no virtual time.
+* asked for None (no timer at all), or while a job it handed to an executor
+  (`run_in_executor`, `asyncio.to_thread`, `getaddrinfo`) is still running or
+  closing joins the executor's threads, only the outside world can wake the
+  loop, so it waits for real I/O with no timeout, and time stands meanwhile:
+  an executor job takes no virtual time.
 
 So `asyncio.sleep`, `asyncio.timeout`, `wait_for`, `call_later` and
 `bc.clock.LoopClock` all agree on one time, and the same program on the same
@@ -101,6 +102,16 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._executor_jobs.add(fut)
         fut.add_done_callback(self._executor_jobs.discard)
         return fut
+
+    async def shutdown_default_executor(self, *args: Any) -> None:
+        # Closing joins the executor's threads from another thread: no timer may fire meanwhile.
+        joining: asyncio.Future[None] = self.create_future()
+        self._executor_jobs.add(joining)
+        try:
+            await super().shutdown_default_executor(*args)
+        finally:
+            self._executor_jobs.discard(joining)
+            joining.cancel()
 
     def _on_idle(self, timeout: float | None, poll: _Poll) -> list[tuple[selectors.SelectorKey, int]]:
         # asyncio asks for a positive timeout only when no callback is ready, and it has already dropped

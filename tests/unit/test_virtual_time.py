@@ -6,6 +6,7 @@ The unit tests run on it (tests/unit/conftest.py), so these tests are also what 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
 import socket
 import threading
@@ -170,3 +171,17 @@ def test_the_same_program_makes_the_same_timeline() -> None:
     assert run(program(7)) == first
     assert run(program(8)) != first
     assert [t for t, _, _ in first] == sorted(t for t, _, _ in first)  # the log is in time order
+
+
+def test_closing_the_loop_fires_no_timer_that_was_still_pending() -> None:
+    fired: list[float] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(100, lambda: fired.append(now()))
+        executor = concurrent.futures.ThreadPoolExecutor(1)
+        loop.set_default_executor(executor)
+        executor.submit(time.sleep, 0.2)  # closing joins the executor's thread, 200 ms of wall time
+
+    run(main())
+    assert fired == []  # as on the ordinary loop: closing does not run the clock forward
