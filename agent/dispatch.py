@@ -90,6 +90,7 @@ class Dispatcher:
         role: str,
         journal: rules.CommandStore,
         journal_full: Callable[[], Awaitable[bool]],
+        send: Sender,
         ctx: KindContext,
         clock: Clock,
         incarnation_id: str,
@@ -103,6 +104,7 @@ class Dispatcher:
     ) -> None:
         self.node_id, self.role, self.journal, self.ctx, self.clock = node_id, role, journal, ctx, clock
         self.journal_full = journal_full
+        self._deliver = send  # the agent's outbox: to the open session, if any (agent.session.outbox)
         self.incarnation_id, self.boot_id = incarnation_id, boot_id
         self.applied_generation = applied_generation
         self.server_now_ms = server_now_ms
@@ -115,7 +117,6 @@ class Dispatcher:
         self.locks = ResourceLocks()
         self.active: dict[str, Accepted] = {}  # accepted or running in this process
         self.deferred: dict[str, tuple[session_pb2.Command, CommandBody]] = {}
-        self.sender: Sender | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_sweep = 0.0
 
@@ -174,11 +175,9 @@ class Dispatcher:
 
     # -- sending ---------------------------------------------------------
     async def _send(self, msg: NodeMessage) -> None:
-        sender = self.sender
-        if sender is None:
-            return  # results are journaled; the next Hello carries them
+        """Without an open session the update goes nowhere: results are journaled; the next Hello carries them."""
         try:
-            await sender(msg)
+            await self._deliver(msg)
         except Exception as e:  # a closed link: the journal keeps what matters
             log.debug("event=command.send-failed error=%s", e)
 

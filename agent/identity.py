@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
+from agent.offload import Offload
 from bc.errors import BcError, UsageError
 from bc.pki import keys
 from bc.pki.identity import peer_identity
@@ -200,3 +203,32 @@ def _pending_pair_ok(data_dir: Path, ident: Identity, cert_path: Path, key_path:
     except (OSError, BcError):
         return False
     return peer.kind == "node" and peer.name == ident.node_id and peer.identity_generation == ident.identity_generation
+
+
+# -- where the running agent keeps changes to its identity ---------------------------------------
+
+
+class IdentityStore(Protocol):
+    """Keeps identity.json as the running agent changes it (trust bundle, time mark, revoked)."""
+
+    async def save(self, identity: Identity) -> None: ...
+
+
+class IdentityFile:
+    """identity.json in the data dir, written atomically through the agent's offload (a thread in production)."""
+
+    def __init__(self, data_dir: Path, offload: Offload) -> None:
+        self.data_dir, self.offload = data_dir, offload
+
+    async def save(self, identity: Identity) -> None:
+        await self.offload(identity.save, self.data_dir)
+
+
+class HeldIdentity:
+    """In memory, for the simulator: each save keeps a copy, as a restart would read it back."""
+
+    def __init__(self) -> None:
+        self.saved: list[Identity] = []
+
+    async def save(self, identity: Identity) -> None:
+        self.saved.append(copy.deepcopy(identity))

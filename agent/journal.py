@@ -35,11 +35,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
+import random
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +45,16 @@ import aiosqlite
 
 from agent import journal_aside
 from agent import journal_rules as rules
+from agent.journal_api import JournalCorrupt, JournalEvent, JournalFull, StoredSpec, new_journal_id
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
+from bc.clock import Clock, SystemClock
 from bc.errors import UsageError
 from bc.pki import keys
+from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.limits import LIMITS, Limits
 from bc.protocol.pb import session_pb2
+
+__all__ = ["Journal", "JournalCorrupt", "JournalEvent", "JournalFull", "StoredSpec"]
 
 log = logging.getLogger("agent.journal")
 
@@ -77,24 +80,6 @@ _COMMAND_COLUMNS = (
 )
 
 
-@dataclass(frozen=True)
-class StoredSpec:
-    generation: int
-    spec_hash: str
-    body: bytes
-    signature: bytes | None
-    key_id: str
-    full_spec: bytes  # the NodeSpec in force (a patch body is applied before it is stored)
-
-
-@dataclass(frozen=True)
-class JournalEvent:
-    seq: int
-    type: str
-    event_class: int
-    payload: bytes
-
-
 class Journal:
     def __init__(
         self,
@@ -116,22 +101,34 @@ class Journal:
 
     # -- opening -------------------------------------------------------
     @staticmethod
-    async def open(path: Path, node_id: str, *, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -> Journal:
+    async def open(
+        path: Path,
+        node_id: str,
+        *,
+        rng: random.Random | None = None,
+        clock: Clock | None = None,
+        max_events: int = MAX_EVENTS,
+        max_bytes: int = MAX_BYTES,
+    ) -> Journal:
         """Open or create; a journal of another node is refused, a broken one moved aside.
 
-        `max_events`/`max_bytes` are the configured event bounds, which may lower the built-in ones, never raise them.
+        `rng` draws a new journal's id and `clock` names a broken one's copy (the agent passes its own; tools
+        and tests may leave the production ones). `max_events`/`max_bytes` are the configured event bounds,
+        which may lower the built-in ones, never raise them.
         """
         bounds = rules.clamp_bounds(max_events, max_bytes)
+        rng = rng or os_seeded_random()
         try:
-            return await Journal._open(path, node_id, bounds)
+            return await Journal._open(path, node_id, bounds, rng)
         except (sqlite3.DatabaseError, JournalCorrupt) as e:
-            aside = path.with_name(journal_aside.aside_name(path.name, int(time.time() * 1000)))
+            now_ms = int((clock or SystemClock()).now() * 1000)
+            aside = path.with_name(journal_aside.aside_name(path.name, now_ms))
             log.error("event=journal.lost path=%s moved_to=%s error=%s", path, aside, e)
             await asyncio.to_thread(journal_aside.move_aside, path, aside)
-            return await Journal._open(path, node_id, bounds)
+            return await Journal._open(path, node_id, bounds, rng)
 
     @staticmethod
-    async def _open(path: Path, node_id: str, bounds: tuple[int, int]) -> Journal:
+    async def _open(path: Path, node_id: str, bounds: tuple[int, int], rng: random.Random) -> Journal:
         await asyncio.to_thread(keys.make_private_sqlite, path)  # the journal holds results and specs: 0600
         conn = await aiosqlite.connect(str(path), isolation_level=None)
         try:
@@ -155,7 +152,7 @@ class Journal:
             if "journal_id" not in meta:
                 meta = {
                     "node_id": node_id,
-                    "journal_id": "j-" + secrets.token_hex(8),
+                    "journal_id": new_journal_id(rng),
                     "event_seq": "0",
                     "applied_generation": "0",
                     "observed_generation": "0",
@@ -560,14 +557,6 @@ class Journal:
     async def _delete_commands(self, ids: list[tuple[str]]) -> int:
         cur = await self._conn.executemany("DELETE FROM commands WHERE command_id = ?", ids)
         return cur.rowcount
-
-
-class JournalCorrupt(Exception):
-    pass
-
-
-class JournalFull(Exception):
-    """Results and transitions fill the journal: nothing was written; new commands get BUSY until acks drain it."""
 
 
 def _command_entry(r: Sequence[Any]) -> CommandEntry:

@@ -27,12 +27,18 @@ TERMINAL = frozenset(
 
 
 class NodeKey:
-    def __init__(self, key_path: Path) -> None:
+    def __init__(self, key_path: Path | None, key: ec.EllipticCurvePrivateKey | None = None) -> None:
+        """The key in `key_path`, re-read when the file changes; or, with no path, `key` itself (the simulator's)."""
+        if key_path is None and key is None:
+            raise ValueError("a node key needs its file or the key")
         self.path = key_path
-        self._key: ec.EllipticCurvePrivateKey | None = None
+        self._key = key
         self._stamp: tuple[int, int] = (0, 0)
 
     def _current(self) -> ec.EllipticCurvePrivateKey:
+        if self.path is None:
+            assert self._key is not None
+            return self._key
         st = os.stat(self.path)
         stamp = (st.st_mtime_ns, st.st_ino)
         if self._key is None or stamp != self._stamp:

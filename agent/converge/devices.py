@@ -19,7 +19,6 @@ from the inventory is kept as it is, and while the journal holds no spec
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from google.protobuf.message import Message
 from agent.converge import adoption, cdi, env_files
 from agent.converge.run import CONVERGED, FAILED, SectionResult
 from agent.hw.base import HardwareBackend
+from agent.offload import Offload, to_thread
 from bc.protocol.atoms import (
     DEVICE_CLASSES,
     GPU_MIG,
@@ -225,7 +225,10 @@ class DevicesConverger:
         node_id: str,
         *,
         mps_pipe_dir: Path = DEFAULT_MPS_PIPE_DIR,
+        offload: Offload = to_thread,
     ) -> None:
+        """`offload`: where the file work runs (agent.offload): a thread in production, inline in the simulator."""
+        self.offload = offload
         self.cdi_dir = cdi_dir
         self.env_dir = env_dir
         self.hw = hw
@@ -237,14 +240,14 @@ class DevicesConverger:
     async def converge(self, desired: Message, generation: int) -> SectionResult:
         if not isinstance(desired, spec_pb2.DevicesSection):
             raise TypeError(f"the devices converger got a {type(desired).__name__}")
-        held, mps = await asyncio.to_thread(self._scan)
+        held, mps = await self.offload(self._scan)
         kept = adoption.holds_to_keep(held, generation)
         if kept is not None:
             return await self._adopt(kept)
         if self._adopted:
             log.info("event=allocation.adoption-ended generation=%d adopted=%d", generation, len(self._adopted))
             self._adopted = set()
-        inventory = await asyncio.to_thread(self.hw.inventory)
+        inventory = await self.offload(self.hw.inventory)
         actions = plan(list(desired.assignments), held, inventory, mps_pipe_dir=mps)
         self._failed_reported = {k for k in self._failed_reported if k[1] == generation}
 
@@ -283,7 +286,7 @@ class DevicesConverger:
                 write_errors.append(f"{action.assignment.allocation_id}: waits for a release that failed")
                 continue
             try:
-                await asyncio.to_thread(self._apply, action)
+                await self.offload(self._apply, action)
             except OSError as e:
                 if isinstance(action, Release):
                     unreleased.extend(action.held.atoms)
@@ -302,7 +305,7 @@ class DevicesConverger:
                 r.cdi_devices.extend(cdi_qualified(ref.atom_id) for ref in a.devices)
                 events.append(r)
         keep = (set(held) - released) | bound
-        await asyncio.to_thread(self._remove_orphan_env_files, keep)
+        await self.offload(self._remove_orphan_env_files, keep)
 
         if write_errors:
             return SectionResult(FAILED, REASON_WRITE_FAILED, "; ".join(write_errors), events, terminal=False)
@@ -319,8 +322,8 @@ class DevicesConverger:
                 kept[aid].reservation_id,
             )
         self._adopted = set(kept)
-        await asyncio.to_thread(self._restore_env_files, kept)
-        await asyncio.to_thread(self._remove_orphan_env_files, set(kept))
+        await self.offload(self._restore_env_files, kept)
+        await self.offload(self._remove_orphan_env_files, set(kept))
         return adoption.adopted_status(kept, self.cdi_dir)
 
     def _report(
@@ -343,7 +346,7 @@ class DevicesConverger:
             message=message,
         )
 
-    # Blocking file I/O below: called through asyncio.to_thread only.
+    # Blocking file I/O below: called through self.offload only.
 
     def _scan(self) -> tuple[dict[str, cdi.HeldSpec], str | None]:
         for d in (self.cdi_dir, self.env_dir):

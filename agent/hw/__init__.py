@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from agent.hw.base import ActionDisabled, HardwareBackend, diag_healthy, inventory_hash
 from agent.hw.fake import FakeHardware
 from agent.hw.nvml import NvmlHardware
+from agent.offload import Offload, to_thread
 
 __all__ = [
     "ActionDisabled",
@@ -19,12 +21,20 @@ __all__ = [
 ]
 
 
-def open_backend(fake_profile: str | None, seed: str, state_dir: Path | None = None) -> HardwareBackend:
+def open_backend(
+    fake_profile: str | None,
+    seed: str,
+    state_dir: Path | None = None,
+    *,
+    rng: random.Random | None = None,
+    offload: Offload = to_thread,
+) -> HardwareBackend:
     """The fake profile when one is named (seeded by `seed`, normally the node id), else NVML.
 
     `state_dir` (normally the agent's data dir) is where a fake keeps its boot
-    id and reset counts; the real backend has no state of its own.
+    id and reset counts; the real backend has no state of its own. `rng` and
+    `offload` are the agent's (new fake boot ids, the fake's state files).
     """
     if fake_profile:
-        return FakeHardware(fake_profile, seed, state_dir=state_dir)
+        return FakeHardware(fake_profile, seed, state_dir=state_dir, rng=rng, offload=offload)
     return NvmlHardware()

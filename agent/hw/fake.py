@@ -13,6 +13,10 @@ fake boot id there too, so `node.reboot` can "reboot" a fake node (a new
 boot id and a restart of the process) without touching the host, and GPU
 resets are counted in a file tests can read. Diagnostics are seeded like
 the UUIDs: the same counters for the same (node, GPU) on every call.
+
+A new boot id (the first start on a state dir, and every fake reboot) is
+drawn from the agent's `random.Random` (`rng`), so the simulator replays it;
+the state files are written through the agent's `offload` (agent.offload).
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ import logging
 import os
 import random
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 from agent.hw.base import UNKNOWN_GPU, diag_entry, read_boot_id
+from agent.offload import Offload, to_thread
+from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.pb import common_pb2
 
 log = logging.getLogger(__name__)
@@ -70,9 +76,20 @@ class FakeHardware:
     reboot_hook: Callable[[], object] | None = None
     """Called by `reboot()` instead of re-executing the process (set it in in-process tests)."""
 
-    def __init__(self, profile: str, seed: str, *, state_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        profile: str,
+        seed: str,
+        *,
+        state_dir: Path | None = None,
+        rng: random.Random | None = None,
+        offload: Offload = to_thread,
+    ) -> None:
+        """`rng`: the agent's Random, which new boot ids come from (left out, the production one: OS-seeded)."""
         self.profile = profile
         self.seed = seed
+        self.rng = rng or os_seeded_random()
+        self.offload = offload
         # How long a fake GPU reset takes (BC_FAKE_GPU_RESET_S): long enough, a test can kill the agent mid-reset.
         self.reset_seconds = float(os.environ.get("BC_FAKE_GPU_RESET_S", "0") or 0)
         # How long an explicit inventory refresh takes (BC_FAKE_INVENTORY_REFRESH_S), for the same reason.
@@ -133,9 +150,13 @@ class FakeHardware:
         except FileNotFoundError:
             current = ""
         if not current:
-            current = str(uuid4())
+            current = self._new_boot_id()
             _write_text(path, current + "\n")
         return current
+
+    def _new_boot_id(self) -> str:
+        """Shaped like the kernel's (a random UUID), drawn from the injected Random."""
+        return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
 
     def describe(self) -> str:
         return f"fake:{self.profile} ({len(self._inventory.gpus)} GPUs, seed {self.seed})"
@@ -187,7 +208,7 @@ class FakeHardware:
             return False, UNKNOWN_GPU
         if self.state_dir is not None:
             # Counted when the reset starts: the tests count side effects started, not finished.
-            await asyncio.to_thread(self._count_reset, self.state_dir / RESETS_FILE, uuid)
+            await self.offload(self._count_reset, self.state_dir / RESETS_FILE, uuid)
         log.info("event=fake.gpu_reset uuid=%s seconds=%.1f", uuid, self.reset_seconds)
         if self.reset_seconds > 0:
             await asyncio.sleep(self.reset_seconds)  # a real reset takes seconds; so does this one, if asked
@@ -218,8 +239,8 @@ class FakeHardware:
         """
         if self.state_dir is None:
             return False, "a fake reboot needs the fake hardware's state dir"
-        new_id = str(uuid4())
-        await asyncio.to_thread(_write_text, self.state_dir / BOOT_ID_FILE, new_id + "\n")
+        new_id = self._new_boot_id()
+        await self.offload(_write_text, self.state_dir / BOOT_ID_FILE, new_id + "\n")
         hook = inspect.getattr_static(self, "reboot_hook", None)  # static: a plain function must not bind to self
         if hook is not None:
             if isinstance(hook, staticmethod):

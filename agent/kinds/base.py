@@ -23,6 +23,8 @@ from google.protobuf.message import DecodeError, Message
 
 from agent.hw.base import HardwareBackend
 from agent.kinds.upload_allow import UrlParts
+from agent.offload import Offload, to_thread
+from bc.clock import Clock, SystemClock
 from bc.protocol.atoms import GPU, parse_atom
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,10 @@ class KindContext:
     """Gives `logs.collect` the journal's summary for `journal-summary.json`."""
     upload_allow: tuple[UrlParts, ...] = ()
     """Where `logs.collect` may upload (`bc node --upload-allow`); empty: nowhere, the tarball stays here."""
+    clock: Clock = field(default_factory=SystemClock)
+    """The agent's clock: what a kind stamps (a tarball's name and mtime) comes from it, never from the host."""
+    offload: Offload = to_thread
+    """Where a kind's blocking calls run (agent.offload): a thread in production, inline under the simulator."""
 
 
 @dataclass(frozen=True)

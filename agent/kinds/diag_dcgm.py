@@ -7,7 +7,6 @@ check first. DCGM is never faked: without `dcgmi` the command says so.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from typing import Any
@@ -57,13 +56,13 @@ class DiagDcgm(TypedExecutor[kinds_pb2.DiagDcgmRequest]):
             )
         uuids = check_gpu_uuids(request.gpu_uuids)
         if request.level >= 2:
-            busy = await busy_failure(ctx.cdi_dir, set(uuids) if uuids else None)
+            busy = await busy_failure(ctx.cdi_dir, set(uuids) if uuids else None, ctx.offload)
             if busy is not None:
                 return busy
         argv = [dcgmi, "diag", "-r", str(request.level), "-j"]
         gpu_ids: list[int] = []
         if uuids:
-            index = {g.uuid: g.index for g in (await asyncio.to_thread(ctx.hw.inventory)).gpus}
+            index = {g.uuid: g.index for g in (await ctx.offload(ctx.hw.inventory)).gpus}
             unknown = [u for u in uuids if u not in index]
             if unknown:
                 return KindResult.failure(UNKNOWN_GPU, f"no GPU {', '.join(unknown)} on this node")

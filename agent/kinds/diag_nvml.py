@@ -7,8 +7,6 @@ than failing the command.
 
 from __future__ import annotations
 
-import asyncio
-
 from agent.kinds.base import KindContext, KindResult, TypedExecutor
 from bc.protocol.pb import kinds_pb2
 
@@ -21,7 +19,7 @@ class DiagNvml(TypedExecutor[kinds_pb2.DiagNvmlRequest]):
 
     async def execute(self, ctx: KindContext, request: kinds_pb2.DiagNvmlRequest) -> KindResult:
         uuids = list(dict.fromkeys(request.gpu_uuids))
-        gpus = await asyncio.to_thread(ctx.hw.diag, uuids)
+        gpus = await ctx.offload(ctx.hw.diag, uuids)
         healthy = all(bool(entry.get("healthy")) for entry in gpus.values())
         unhealthy = sorted(u for u, entry in gpus.items() if not entry.get("healthy"))
         message = f"{len(gpus)} GPUs, all healthy" if healthy else f"not healthy: {', '.join(unhealthy)}"

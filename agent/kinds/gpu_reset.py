@@ -9,7 +9,6 @@ again: no uncorrectable volatile ECC errors, no pending or failed remap.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -38,10 +37,10 @@ class GpuReset(TypedExecutor[kinds_pb2.GpuResetRequest]):
 
     async def execute(self, ctx: KindContext, request: kinds_pb2.GpuResetRequest) -> KindResult:
         uuids = check_gpu_uuids(request.gpu_uuids)
-        busy = await busy_failure(ctx.cdi_dir, set(uuids))
+        busy = await busy_failure(ctx.cdi_dir, set(uuids), ctx.offload)
         if busy is not None:
             return busy
-        known = {g.uuid for g in (await asyncio.to_thread(ctx.hw.inventory)).gpus}
+        known = {g.uuid for g in (await ctx.offload(ctx.hw.inventory)).gpus}
 
         entries: list[dict[str, Any]] = []
         for u in uuids:
@@ -52,10 +51,10 @@ class GpuReset(TypedExecutor[kinds_pb2.GpuResetRequest]):
             log.info("event=gpu.reset uuid=%s done=%s message=%r", u, done, message)
             entries.append({"uuid": u, "reset": done, "message": message})
 
-        inv = await asyncio.to_thread(ctx.hw.inventory)
+        inv = await ctx.offload(ctx.hw.inventory)
         reset = [e["uuid"] for e in entries if e["reset"]]
         if reset:
-            diag = await asyncio.to_thread(ctx.hw.diag, reset)
+            diag = await ctx.offload(ctx.hw.diag, reset)
             inventory_healthy = {g.uuid: g.healthy for g in inv.gpus}
             for e in entries:
                 if e["reset"]:

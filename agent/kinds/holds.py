@@ -8,13 +8,13 @@ slot (`<uuid>/s<n>`); any of them makes the GPU busy.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.converge.cdi import read_holds
 from agent.kinds.base import GPU_BUSY, KindResult
+from agent.offload import Offload
 
 
 @dataclass(frozen=True, order=True)
@@ -34,9 +34,9 @@ def holds_on(cdi_dir: Path, uuids: Collection[str] | None) -> list[BusyHold]:
     return sorted(busy)
 
 
-async def busy_failure(cdi_dir: Path, uuids: Collection[str] | None) -> KindResult | None:
+async def busy_failure(cdi_dir: Path, uuids: Collection[str] | None, offload: Offload) -> KindResult | None:
     """A `gpu-busy` failure naming every hold on these GPUs, or None when none is held."""
-    busy = await asyncio.to_thread(holds_on, cdi_dir, uuids)
+    busy = await offload(holds_on, cdi_dir, uuids)
     if not busy:
         return None
     named = "; ".join(f"GPU {b.gpu_uuid} is held by allocation {b.allocation_id} ({b.atom_id})" for b in busy)

@@ -20,7 +20,7 @@ class InventoryRefresh(TypedExecutor[kinds_pb2.InventoryRefreshRequest]):
         delay = float(getattr(ctx.hw, "refresh_seconds", 0.0))  # a fake backend may simulate a slow enumeration
         if delay > 0:
             await asyncio.sleep(delay)
-        inv = await asyncio.to_thread(ctx.hw.inventory)
+        inv = await ctx.offload(ctx.hw.inventory)
         return KindResult.success(
             {"inventory": message_to_dict(inv), "inventory_hash": inventory_hash(inv)},
             f"{len(inv.gpus)} GPUs",

@@ -16,15 +16,13 @@ cannot bounce the upload elsewhere.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import io
 import json
 import logging
 import tarfile
-import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -91,8 +89,11 @@ def _arcname(path: Path) -> str:
     return str(path.absolute()).lstrip("/") or path.name
 
 
-def build_tarball(dest: Path, paths: list[Path], summary: bytes | None, cap: int) -> Tarball:
-    """Write the tarball to `dest` (blocking). TooLarge past `cap` compressed bytes; `dest` is then removed."""
+def build_tarball(dest: Path, paths: list[Path], summary: bytes | None, cap: int, now: float) -> Tarball:
+    """Write the tarball to `dest` (blocking). TooLarge past `cap` compressed bytes; `dest` is then removed.
+
+    `now` (the agent's clock) stamps the summary member, so the tarball says when it was made in the agent's time.
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     ball = Tarball(dest, 0, "")
     try:
@@ -112,7 +113,7 @@ def build_tarball(dest: Path, paths: list[Path], summary: bytes | None, cap: int
                 if summary is not None:
                     info = tarfile.TarInfo(SUMMARY_NAME)
                     info.size = len(summary)
-                    info.mtime = int(time.time())
+                    info.mtime = int(now)
                     info.mode = 0o644
                     tar.addfile(info, io.BytesIO(summary))
             f.flush()
@@ -123,12 +124,22 @@ def build_tarball(dest: Path, paths: list[Path], summary: bytes | None, cap: int
     return ball
 
 
-def _final_path(logs_dir: Path) -> Path:
-    """`logs-<UTC time to the microsecond>.tar.gz`: unique, and name order is age order (for pruning)."""
-    while True:
-        path = logs_dir / f"logs-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}.tar.gz"
-        if not path.exists():
-            return path
+_TARBALL_NAME = "logs-%Y%m%dT%H%M%S.%fZ.tar.gz"
+
+
+def _final_path(logs_dir: Path, now: float) -> Path:
+    """`logs-<UTC time to the microsecond>.tar.gz` at `now` (the agent's clock), or just after the newest
+    tarball kept: unique, and name order is age order (for pruning), even when two collections fall in one
+    microsecond or the clock stands still. Blocking: lists the directory."""
+    at = datetime.fromtimestamp(now, UTC)
+    for p in logs_dir.glob("logs-*.tar.gz"):
+        try:
+            kept = datetime.strptime(p.name, _TARBALL_NAME).replace(tzinfo=UTC)
+        except ValueError:
+            continue  # not one of ours
+        if kept >= at:
+            at = kept + timedelta(microseconds=1)
+    return logs_dir / at.strftime(_TARBALL_NAME)
 
 
 def _prune(logs_dir: Path, keep: int) -> None:
@@ -182,10 +193,10 @@ class LogsCollect(TypedExecutor[kinds_pb2.LogsCollectRequest]):
         if ctx.journal_summary is not None:
             summary = (json.dumps(await ctx.journal_summary(), indent=2, sort_keys=True, default=str) + "\n").encode()
         logs_dir = ctx.data_dir / "logs"
-        final = _final_path(logs_dir)
+        final = await ctx.offload(_final_path, logs_dir, ctx.clock.now())
         partial = final.with_name(f".{final.name}.partial")
         try:
-            ball = await asyncio.to_thread(build_tarball, partial, list(ctx.log_paths), summary, cap)
+            ball = await ctx.offload(build_tarball, partial, list(ctx.log_paths), summary, cap, ctx.clock.now())
         except TooLarge:
             return KindResult.failure(TOO_LARGE, f"the logs exceed {cap} bytes compressed", {"max_bytes": cap})
         listing: dict[str, Any] = {"files": ball.included, "missing": ball.missing}
@@ -193,11 +204,11 @@ class LogsCollect(TypedExecutor[kinds_pb2.LogsCollectRequest]):
             listing["unreadable"] = ball.unreadable
         if request.upload_url and allowed(parse_url(request.upload_url), ctx.upload_allow):
             try:
-                return await self._upload(request.upload_url, ball, listing)
+                return await self._upload(ctx, request.upload_url, ball, listing)
             finally:
                 partial.unlink(missing_ok=True)
-        await asyncio.to_thread(partial.replace, final)
-        await asyncio.to_thread(_prune, logs_dir, KEEP_TARBALLS)
+        await ctx.offload(partial.replace, final)
+        await ctx.offload(_prune, logs_dir, KEEP_TARBALLS)
         kept = {"path": str(final), "bytes": ball.size, "sha256": ball.sha256, **listing}
         if request.upload_url:
             shown = redact_url(request.upload_url)
@@ -211,9 +222,9 @@ class LogsCollect(TypedExecutor[kinds_pb2.LogsCollectRequest]):
         return KindResult.success(kept, f"kept {final.name}")
 
     @staticmethod
-    async def _upload(url: str, ball: Tarball, listing: dict[str, Any]) -> KindResult:
+    async def _upload(ctx: KindContext, url: str, ball: Tarball, listing: dict[str, Any]) -> KindResult:
         shown = redact_url(url)
-        body = await asyncio.to_thread(ball.path.read_bytes)  # capped: Content-Length, which signed PUTs need
+        body = await ctx.offload(ball.path.read_bytes)  # capped: Content-Length, which signed PUTs need
         try:
             async with httpx.AsyncClient(timeout=UPLOAD_TIMEOUT_S, follow_redirects=False) as client:
                 resp = await client.put(url, content=body, headers={"Content-Type": "application/gzip"})

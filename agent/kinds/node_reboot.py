@@ -8,7 +8,6 @@ the boot ids before and after.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from agent.hw.base import ActionDisabled
@@ -36,5 +35,5 @@ class NodeReboot(TypedExecutor[kinds_pb2.NodeRebootRequest]):
             return KindResult.failure(REBOOT_DISABLED, str(e))
         if not done:
             return KindResult.failure(REBOOT_FAILED, message)
-        boot_id = await asyncio.to_thread(ctx.hw.boot_id)
+        boot_id = await ctx.offload(ctx.hw.boot_id)
         return KindResult.success({"previous_boot_id": ctx.boot_id, "boot_id": boot_id}, message)

@@ -144,8 +144,8 @@ def node(
     upload_allow: tuple[str, ...],
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM."""
+    from agent.app import AgentOptions, run_agent
     from agent.kinds.upload_allow import BadUrl, parse_prefixes
-    from agent.main import AgentOptions, run_agent
 
     try:
         parse_prefixes(upload_allow)  # refused here, before anything starts, with the sentence why

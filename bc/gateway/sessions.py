@@ -234,19 +234,26 @@ class SessionDriver:
             await self._revoke_locked(reason)
 
     async def _revoke_locked(self, reason: str) -> None:
+        # Decided before the notice goes out: a node that hangs up as soon as it reads the notice must
+        # not turn this close into "the node ended the stream".
+        self._decide_close("UNAUTHENTICATED", f"certificate revoked: {reason}", closing.REVOKED)
         notice = session_pb2.RevocationNotice(reason=reason, serials=[self.peer.serial])
         try:
             await asyncio.wait_for(self.link.send(GatewayMessage(revocation=notice)), 2.0)
         except (LinkClosed, TimeoutError):
             pass  # closing anyway; the handshake check refuses it on the next try
-        self.request_close("UNAUTHENTICATED", f"certificate revoked: {reason}", closing.REVOKED)
+        self._done.set()
 
     def request_close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
         """End the session; `reason` is the typed code the node acts on (bc.protocol.closing)."""
+        self._decide_close(code, details, reason)
+        self._done.set()
+
+    def _decide_close(self, code: str, details: str, reason: CloseReason) -> None:
+        """The first decision stands: how the session ends, and why."""
         if self._closing is None:
             self._closing = core.Close(code, details)
             self._close_reason = reason
-        self._done.set()
 
     async def run(self) -> None:
         reader = asyncio.create_task(self._read_loop(), name=f"session-read-{self.node_id}")

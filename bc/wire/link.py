@@ -82,7 +82,14 @@ class GrpcServerLink(Generic[In, Out]):
 
 
 class GrpcClientLink(Generic[In, Out]):
-    """The agent's end: a grpc.aio stream-stream call (and the channel it owns, if given: closed with the link)."""
+    """The agent's end: a grpc.aio stream-stream call (and the channel it owns, if given: closed with the link).
+
+    A write to a call the gateway already ended fails with that end (code, details, reason), like a read.
+    One race is grpc's own: a write that reaches the core in the instant between the status arriving and
+    Python seeing it makes grpc replace the status with INTERNAL "Internal error from Core", and the reason
+    is lost. The node then redials as after any error; a certificate that is done is refused again at the
+    next dial, with its reason, so the node stops one back-off later rather than never.
+    """
 
     def __init__(self, call: grpc.aio.StreamStreamCall, channel: grpc.aio.Channel | None = None) -> None:
         self._call = call
@@ -97,6 +104,10 @@ class GrpcClientLink(Generic[In, Out]):
                 await self._call.write(msg)
         except grpc.aio.AioRpcError as e:
             raise _closed(e) from None
+        except asyncio.InvalidStateError:
+            # "RPC already finished": the gateway ended the stream while this frame was on its way; the
+            # status it ended it with (and its reason) is what the session must see, not this error.
+            raise await self._status() from None
         except grpc.aio.UsageError as e:
             raise LinkClosed("CANCELLED", str(e)) from None
 
@@ -106,18 +117,23 @@ class GrpcClientLink(Generic[In, Out]):
         except grpc.aio.AioRpcError as e:
             raise _closed(e) from None
         if m is grpc.aio.EOF:
-            code = await self._call.code()
-            if code != grpc.StatusCode.OK:
-                reason = reason_in(await self._call.trailing_metadata())
-                raise LinkClosed(code.name, await self._call.details() or "", reason)
+            if await self._call.code() != grpc.StatusCode.OK:
+                raise await self._status()
             return None
         return m  # type: ignore[no-any-return]
+
+    async def _status(self) -> LinkClosed:
+        """How the finished call ended, as the LinkClosed the session reads."""
+        code = await self._call.code()
+        reason = reason_in(await self._call.trailing_metadata())
+        return LinkClosed(code.name, await self._call.details() or "", reason)
 
     async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
         """The client has no status to send: cancel the call (the gateway sees the stream end) and drop the channel."""
         self._call.cancel()
-        if self._channel is not None:
-            await self._channel.close()
+        channel, self._channel = self._channel, None  # closed once, however often the link is
+        if channel is not None:
+            await channel.close()
 
 
 def _closed(e: grpc.aio.AioRpcError) -> LinkClosed:

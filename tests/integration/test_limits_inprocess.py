@@ -131,7 +131,7 @@ async def test_an_oversized_event_is_acked_as_refused_and_said(lab: InprocLab) -
     # The agent's own: journaled as event.too-large, published as node.event-too-large.
     own = session_pb2.NodeEvent(type="spec.rejected", body=b"s" * (LIMITS.max_event_bytes + 1))
     await agent.journal.append_events([("spec.rejected", TRANSITION, own.SerializeToString())])
-    agent.outbox_changed.set()
+    agent.outbox.poke()
     said = await lab.wait_event(
         "node.event-too-large", lambda ev, d: ev.subject == "n1" and d.get("type") == "spec.rejected"
     )

@@ -52,8 +52,8 @@ async def serve() -> AsyncIterator[Serve]:
         await s.stop(None)
 
 
-async def closed_by(link: GrpcClientLink[GatewayMessage, NodeMessage]) -> LinkClosed:
-    """Read until the link ends; the LinkClosed it ends with."""
+async def closed_by(link: GrpcClientLink[GatewayMessage, NodeMessage], *, close: bool = True) -> LinkClosed:
+    """Read until the link ends; the LinkClosed it ends with (the link is then closed, unless `close` is False)."""
     try:
         async with asyncio.timeout(10):
             while True:
@@ -62,7 +62,8 @@ async def closed_by(link: GrpcClientLink[GatewayMessage, NodeMessage]) -> LinkCl
     except LinkClosed as e:
         return e
     finally:
-        await link.close("CANCELLED", "test done")
+        if close:
+            await link.close("CANCELLED", "test done")
 
 
 @pytest.mark.parametrize(
@@ -106,3 +107,17 @@ async def test_a_reason_this_build_does_not_know_reads_unspecified(serve: Serve)
 
     e = await closed_by(await serve(script))
     assert e.code == "ABORTED" and e.reason == closing.UNSPECIFIED
+
+
+async def test_a_write_after_the_close_fails_with_the_close_and_its_reason(serve: Serve) -> None:
+    """A session ended while the node still writes: the write fails with the close, typed, not with an error."""
+
+    async def script(link: GrpcServerLink[NodeMessage, GatewayMessage], ctx: grpc.aio.ServicerContext) -> None:
+        await link.close("UNAUTHENTICATED", "certificate expired; renew and reconnect", closing.EXPIRED)
+
+    client = await serve(script)
+    read = await closed_by(client, close=False)
+    with pytest.raises(LinkClosed) as wrote:
+        await client.send(NodeMessage(heartbeat=session_pb2.Heartbeat()))
+    await client.close("CANCELLED", "test done")
+    assert (read.code, read.reason) == (wrote.value.code, wrote.value.reason) == ("UNAUTHENTICATED", closing.EXPIRED)

@@ -44,8 +44,10 @@ class Refusals(logging.Handler):
             self.reasons.append(text.removeprefix("event=trust.bundle-refused reason="))
             self.changed.set()
 
-    async def next(self, timeout: float = 10.0) -> str:
-        seen = len(self.reasons)
+    async def next(self, after: int, timeout: float = 10.0) -> str:
+        """The first refusal after the first `after` ones (count them before sending: the agent may refuse
+        a frame before the gateway's write of it returns)."""
+        seen = after
         async with asyncio.timeout(timeout):
             while len(self.reasons) == seen:
                 self.changed.clear()
@@ -160,8 +162,9 @@ async def test_a_root_signed_bundle_without_k_current_approvals_is_refused(lab: 
     with refusals() as seen:
         for what, body, fragment in forgeries:
             env = root.envelope(PURPOSE_TRUST_BUNDLE, body())
+            before = len(seen.reasons)
             await node.send(GatewayMessage(trust=env))
-            reason = await seen.next()
+            reason = await seen.next(before)
             assert fragment in reason, (what, reason)
             assert agent.trust.bundle == held, what
 

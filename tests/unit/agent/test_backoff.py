@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.main import backoff_delay
+from agent.session.dialing import backoff_delay
 
 
 @given(attempt=st.integers(min_value=0, max_value=10_000), seed=st.integers(min_value=0, max_value=2**32))

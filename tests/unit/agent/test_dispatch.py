@@ -15,7 +15,7 @@ from agent.kinds.base import KindContext
 from agent.memory_journal import MemoryJournal
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CommandBody, NodeMessage
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 NOW_MS = 1_800_000_000_000
 
@@ -27,7 +27,7 @@ class Harness:
         self.journal = MemoryJournal()
         self.hw = FakeHardware("hgx-h100-8", "n1", state_dir=tmp)
         self.applied = 1
-        self.clock = FakeClock(NOW_MS / 1000)
+        self.clock = virtual_clock(NOW_MS / 1000)
 
         async def not_full() -> bool:
             return False
@@ -37,6 +37,7 @@ class Harness:
             role="node",
             journal=self.journal,
             journal_full=not_full,
+            send=self.send,
             ctx=KindContext(node_id="n1", data_dir=tmp, hw=self.hw, cdi_dir=tmp / "cdi", boot_id="boot-1"),
             clock=self.clock,
             incarnation_id="inc-1",
@@ -45,7 +46,6 @@ class Harness:
             server_now_ms=lambda: int(self.clock.now() * 1000),
             signature_check=(lambda cmd, body: "BAD_SIGNATURE") if bad_signature else (lambda cmd, body: None),
         )
-        self.d.sender = self.send
 
     async def send(self, msg: NodeMessage) -> None:
         self.sent.append(msg)

@@ -28,7 +28,7 @@ from agent.memory_journal import MemoryJournal
 from bc.protocol import kinds
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CommandBody, CommandUpdate, NodeMessage
-from bc.testing import FakeClock
+from bc.testing import virtual_clock
 
 NOW_MS = 1_800_000_000_000
 LANE_KINDS = {"control": "inventory.refresh", "provision": "diag.dcgm", "bulk": "logs.collect"}
@@ -65,7 +65,7 @@ class Harness:
         self.sent: list[CommandUpdate] = []
         self.changed = asyncio.Event()
         self.journal = MemoryJournal()
-        self.clock = FakeClock(NOW_MS / 1000)
+        self.clock = virtual_clock(NOW_MS / 1000)
 
         async def not_full() -> bool:
             return False
@@ -76,6 +76,7 @@ class Harness:
             role="node",
             journal=self.journal,
             journal_full=not_full,
+            send=self.send,
             ctx=KindContext(node_id="n1", data_dir=tmp, hw=hw, cdi_dir=tmp / "cdi", boot_id="boot-1"),
             clock=self.clock,
             incarnation_id="inc-1",
@@ -84,7 +85,6 @@ class Harness:
             server_now_ms=lambda: int(self.clock.now() * 1000),
             executors=lambda name: kind if name == kind.name else executor_for(name),
         )
-        self.d.sender = self.send
 
     async def send(self, msg: NodeMessage) -> None:
         if msg.WhichOneof("msg") == "command_update":

@@ -36,8 +36,8 @@ async def test_without_dcgmi_the_command_fails_dcgm_not_installed(node: FakeNode
 
 async def test_the_level_2_hold_check_covers_every_gpu_when_none_are_listed(node: FakeNode) -> None:
     """What diag.dcgm asks from level 2 (dcgmi itself is absent here, so the check is exercised directly)."""
-    assert await busy_failure(node.cdi_dir, None) is None
+    assert await busy_failure(node.cdi_dir, None, node.ctx.offload) is None
     await node.hold("alloc-7", ("gpu", node.uuid(5)))
-    everything = await busy_failure(node.cdi_dir, None)
+    everything = await busy_failure(node.cdi_dir, None, node.ctx.offload)
     assert everything is not None and everything.reason == GPU_BUSY and "alloc-7" in everything.message
-    assert await busy_failure(node.cdi_dir, {node.uuid(0)}) is None
+    assert await busy_failure(node.cdi_dir, {node.uuid(0)}, node.ctx.offload) is None

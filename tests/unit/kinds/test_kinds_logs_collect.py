@@ -12,6 +12,7 @@ from typing import Any
 from agent.kinds import REGISTRY
 from agent.kinds.logs_collect import KEEP_TARBALLS, TOO_LARGE, redact_url
 from bc.protocol.pb import kinds_pb2
+from bc.testing import virtual_clock
 from tests.unit.kinds.kind_helpers import FakeNode, pack
 
 LOGS = REGISTRY["logs.collect"]
@@ -92,3 +93,20 @@ async def test_collections_in_the_same_second_do_not_collide_and_old_ones_are_pr
 def test_a_signed_upload_url_is_shown_without_its_secret() -> None:
     url = "https://user:pw@bucket.example.com:8443/logs/n1.tar.gz?X-Amz-Signature=abc#frag"
     assert redact_url(url) == "https://bucket.example.com:8443/logs/n1.tar.gz"
+
+
+async def test_the_tarball_is_stamped_with_the_agents_clock(node: FakeNode) -> None:
+    """Its name and the summary's mtime come from the agent's clock, not the host's; a clock that stands
+    still still names each collection anew, in age order."""
+
+    async def summary() -> dict[str, Any]:
+        return {}
+
+    node.ctx.clock = virtual_clock(1_234_567_890.5)  # 2009-02-13 23:31:30.5 UTC
+    node.ctx.journal_summary = summary
+    first = await LOGS.run(node.ctx, kinds_pb2.LogsCollectRequest())
+    second = await LOGS.run(node.ctx, kinds_pb2.LogsCollectRequest())
+    names = [Path(r.result["path"]).name for r in (first, second)]
+    assert names == ["logs-20090213T233130.500000Z.tar.gz", "logs-20090213T233130.500001Z.tar.gz"]
+    with tarfile.open(first.result["path"], "r:gz") as tar:
+        assert tar.getmember("journal-summary.json").mtime == 1_234_567_890

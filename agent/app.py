@@ -1,0 +1,401 @@
+"""`bc node`: the agent's wiring. One asyncio process per host.
+
+`Agent` is built from `AgentOptions` (what the operator said) and
+`AgentParts` (everything it reads the world through: the clock, one seeded
+`random.Random`, the identity, the hardware backend, the journal, `dial()`
+and where blocking calls run). `production_parts` builds the real ones; the
+simulator and tests build their own (a virtual-time loop's clock, a Random
+from the seed, `MemoryJournal`, `link_pair`, fake hardware, inline offload),
+and nothing in the agent can tell.
+
+Three loops share the agent's state (`agent.node_state.NodeState`):
+
+* the session loop (`agent.session.dialing`) dials through `dial()`, runs one
+  session at a time through the I/O-free core, and redials with full-jitter
+  back-off (0–1 s, doubling to 60 s); a close whose typed reason says the
+  certificate is done (revoked, an older identity) stops the agent;
+* the converge loop applies the spec held in the journal, section by section,
+  on every new spec and every 10 s (the drift pass, which also re-reads the
+  holds from the CDI directory), journals what it observed, and puts the
+  newest status report in the outbox (latest wins);
+* the renewal loop (`agent/renewal.py`) renews the node certificate at 60 % of
+  its life and then rotates the session, so the redial presents the new one.
+
+The spec is enforced from the journal whether or not a gateway is reachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.converge.devices import DevicesConverger
+from agent.converge.run import Converger, run
+from agent.dispatch import Dispatcher
+from agent.hw import open_backend
+from agent.hw.base import HardwareBackend, inventory_hash
+from agent.identity import Identity, IdentityFile, IdentityStore
+from agent.journal import Journal
+from agent.journal_api import AgentJournal, JournalFull
+from agent.journal_rules import fit_update_message
+from agent.kinds.base import KindContext
+from agent.kinds.upload_allow import parse_prefixes
+from agent.node_key import NodeKey
+from agent.node_state import NodeState
+from agent.offload import Offload, to_thread
+from agent.quorum import QuorumCheck, UnbatchedAllowance
+from agent.renewal import Renewer
+from agent.session.dialing import Dial, SessionLoop
+from agent.session.grpc_dial import grpc_dial
+from agent.session.outbox import Outbox
+from agent.session.runner import SessionDeps
+from agent.trust import AgentTrust
+from bc.aio import wait_event
+from bc.clock import Clock, SystemClock
+from bc.errors import Unauthenticated
+from bc.pki.secrets_source import os_seeded_random
+from bc.protocol.limits import LIMITS
+from bc.protocol.pb import common_pb2, session_pb2
+from bc.protocol.pb.session_pb2 import CommandUpdate
+
+log = logging.getLogger("agent")
+
+DRIFT_PASS_S = 10.0
+
+
+@dataclass
+class AgentOptions:
+    data_dir: Path
+    fake_hw: str | None = None
+    cdi_dir: Path | None = None
+    env_dir: Path | None = None
+    heartbeat_interval_s: float | None = None
+    allow_gpu_reset: bool = False
+    allow_reboot: bool = False
+    upload_allow: tuple[str, ...] = ()
+    """`--upload-allow` URL prefixes: where logs.collect may upload (agent.kinds.upload_allow); none: nowhere."""
+
+
+@dataclass
+class AgentParts:
+    """Everything the agent reads the world through, passed in (ARCHITECTURE.md §3)."""
+
+    clock: Clock
+    rng: random.Random
+    """The one Random: incarnation and journal ids, back-off, renewal jitter, fake boot ids. Not for secrets."""
+    identity: Identity
+    ca_pem: bytes
+    """The cluster CA's certificate, read once before the loop."""
+    identity_store: IdentityStore
+    node_key: NodeKey
+    hw: HardwareBackend
+    dial: Dial
+    open_journal: Callable[[], Awaitable[AgentJournal]]
+    offload: Offload = to_thread
+    renewal: bool = True
+    """Run the renewal loop (gRPC `Join.Renew` with the identity files); the simulator runs without."""
+
+
+def production_parts(opts: AgentOptions) -> AgentParts:
+    """What `bc node` runs on: the host's clock, a Random seeded from the OS once, the files in the data
+    dir (read here, before the loop), gRPC, and NVML or the named fake. Secret material (the node key made
+    at join and at each renewal) comes from the OS, never from this Random."""
+    rng = os_seeded_random()
+    clock = SystemClock()
+    data_dir = opts.data_dir
+    identity = Identity.load(data_dir)
+    ca_pem = identity.read(data_dir, "ca")
+    return AgentParts(
+        clock=clock,
+        rng=rng,
+        identity=identity,
+        ca_pem=ca_pem,
+        identity_store=IdentityFile(data_dir, to_thread),
+        node_key=NodeKey(data_dir / identity.files["key"]),
+        hw=open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread),
+        dial=grpc_dial(data_dir, identity, ca_pem, to_thread),
+        open_journal=lambda: Journal.open(data_dir / "journal.db", identity.node_id, rng=rng, clock=clock),
+        offload=to_thread,
+    )
+
+
+class Agent:
+    def __init__(self, opts: AgentOptions, parts: AgentParts | None = None) -> None:
+        """`parts` left out: `production_parts(opts)`, which reads the identity files now."""
+        self.opts = opts
+        self.parts = p = parts or production_parts(opts)
+        self.clock, self.rng, self.offload = p.clock, p.rng, p.offload
+        self.data_dir = opts.data_dir
+        self.identity = p.identity
+        self.node_id = p.identity.node_id
+        self.hw = p.hw
+        self.node_key = p.node_key
+        self.incarnation_id = f"{p.rng.getrandbits(64):016x}"  # this process: new at every start
+        self.trust = AgentTrust(p.identity.trust_bundle())
+        self.outbox = Outbox()
+        self.stopped = asyncio.Event()
+        self.connected = asyncio.Event()  # while a session is welcomed
+        self.revoked_reason = ""
+        self.pending_events: list[tuple[str, int, bytes]] = []
+        self.cert_renewals = 0
+        self.sessions: SessionLoop | None = None  # built by open(), with the journal and the dispatcher
+
+    async def open(self) -> None:
+        p = self.parts
+        self.journal = await p.open_journal()
+        # An older agent may have journaled a result no gateway accepts: settle it before the first Hello.
+        await self.journal.settle_oversized()
+        self.state = NodeState(
+            identity=p.identity,
+            identity_store=p.identity_store,
+            ca_pem=p.ca_pem,
+            trust=self.trust,
+            journal=self.journal,
+            outbox=self.outbox,
+            clock=self.clock,
+            connected=self.connected,
+        )
+        await self.state.load()
+        cdi_dir = self.opts.cdi_dir or self.data_dir / "cdi"
+        env_dir = self.opts.env_dir or self.data_dir / "allocations"
+        self.convergers: dict[str, Converger] = {
+            "devices": DevicesConverger(cdi_dir, env_dir, self.hw, self.node_id, offload=self.offload),
+        }
+        inv = await self.offload(self.hw.inventory)
+        self.outbox.note_inventory(inv, inventory_hash(inv))
+        self.boot_id = await self.offload(self.hw.boot_id)
+        self.dispatcher = Dispatcher(
+            node_id=self.node_id,
+            role=self.identity.role,
+            journal=self.journal,
+            journal_full=self.journal.is_full,
+            send=self.outbox.send,
+            ctx=KindContext(
+                node_id=self.node_id,
+                data_dir=self.data_dir,
+                hw=self.hw,
+                cdi_dir=cdi_dir,
+                boot_id=self.boot_id,
+                allow_gpu_reset=self.opts.allow_gpu_reset,
+                allow_reboot=self.opts.allow_reboot,
+                log_paths=[self.data_dir / "node.log", self.data_dir / "node.log.1"],
+                journal_summary=self.journal_summary,
+                upload_allow=parse_prefixes(self.opts.upload_allow),
+                clock=self.clock,
+                offload=self.offload,
+            ),
+            clock=self.clock,
+            incarnation_id=self.incarnation_id,
+            boot_id=self.boot_id,
+            applied_generation=lambda: self.state.applied_generation,
+            server_now_ms=self.state.server_now_ms,
+            signature_check=self._check_command_signature,
+            quorum_check=QuorumCheck(
+                self.trust,
+                self.journal.claim_batch_leaf,
+                UnbatchedAllowance(self.data_dir, self.clock),
+                self.state.server_now_ms,
+                self.clock,
+            ),
+            result_signer=self.sign_update,
+        )
+        await self.dispatcher.start()
+        deps = SessionDeps(
+            state=self.state,
+            journal=self.journal,
+            dispatcher=self.dispatcher,
+            outbox=self.outbox,
+            clock=self.clock,
+            boot_id=self.boot_id,
+            incarnation_id=self.incarnation_id,
+            sign_update=self.sign_update,
+            heartbeat_interval_s=self.opts.heartbeat_interval_s,
+        )
+        self.sessions = SessionLoop(p.dial, deps, self.rng, self.stopped)
+        log.info(
+            "event=agent.started node=%s journal_id=%s applied=%d incarnation=%s hw=%s cdi_dir=%s",
+            self.node_id,
+            self.journal.journal_id,
+            self.state.applied_generation,
+            self.incarnation_id,
+            self.hw.describe(),
+            cdi_dir,
+        )
+
+    # -- what tests and operators read ---------------------------------
+    @property
+    def applied_generation(self) -> int:
+        return self.state.applied_generation
+
+    @property
+    def time_mark_ms(self) -> int:
+        return self.state.time_mark_ms
+
+    @property
+    def inventory(self) -> common_pb2.Inventory:
+        return self.outbox.inventory
+
+    @property
+    def frame_budget(self) -> int:
+        """What a frame may hold; lowered only if a gateway refuses one as too large (agent.framing)."""
+        return self.sessions.frame_budget if self.sessions is not None else LIMITS.max_frame_bytes
+
+    # -- signing ---------------------------------------------------------
+    def sign_update(self, update: CommandUpdate) -> CommandUpdate:
+        """Every update leaves fitted to the size table, then signed: the signature covers what is sent,
+        and what is sent is what the journal holds (it applies the same rule)."""
+        return self.node_key.attest_update(fit_update_message(update))
+
+    def _check_command_signature(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
+        why = self.trust.check_command(cmd, self.state.server_now_ms() / 1000)
+        if why is None:
+            return None
+        log.error("event=command.bad-signature command=%s kind=%s why=%s", body.id, body.kind, why)
+        return f"BAD_SIGNATURE: {why}"
+
+    async def close(self) -> None:
+        await self.dispatcher.stop()
+        await self.journal.close()
+
+    async def journal_summary(self) -> dict[str, object]:
+        entries = await self.journal.commands()
+        return {
+            "node_id": self.node_id,
+            "journal_id": self.journal.journal_id,
+            "applied_generation": self.state.applied_generation,
+            "observed_generation": self.state.observed_generation,
+            "commands": {st: sum(1 for e in entries if e.state == st) for st in ("accepted", "running", "done")},
+            "unacked_events": len(await self.journal.unacked_events(limit=100_000)),
+        }
+
+    # -- the converge loop ---------------------------------------------
+    async def converge_once(self) -> None:
+        st = self.state
+        generation = st.applied_generation
+        outcome = await run(st.spec, generation, self.convergers)
+        for r in outcome.events:
+            kind = session_pb2.AllocationReport.Kind.Name(r.kind).lower()
+            self.pending_events.append(
+                (
+                    f"allocation.{kind}",
+                    session_pb2.RESULT,
+                    session_pb2.NodeEvent(
+                        type=f"allocation.{kind}",
+                        report=self.node_key.sign_report(r.SerializeToString(deterministic=True)),
+                    ).SerializeToString(),
+                )
+            )
+            log.info(
+                "event=allocation.%s allocation=%s reason=%s generation=%d",
+                kind,
+                r.allocation_id,
+                r.reason,
+                r.generation,
+            )
+        if self.pending_events:
+            try:
+                await self.journal.append_events(self.pending_events)
+                self.pending_events = []
+            except JournalFull:
+                # Results are never dropped: keep them in memory and try again on the next pass; until acks
+                # drain the journal, new commands are answered BUSY and this spec is not reported observed.
+                log.error("event=journal.full pending_events=%d", len(self.pending_events))
+                outcome = dataclasses.replace(outcome, observed=False)
+        if outcome.observed and generation > st.observed_generation:
+            await st.observed(generation)
+        inv = await self.offload(self.hw.inventory)
+        inv_hash = inventory_hash(inv)
+        status = session_pb2.StatusReport(
+            applied_generation=generation,
+            observed_generation=st.observed_generation,
+            applied_spec_hash=st.applied_spec_hash,
+            sections=outcome.statuses,
+            inventory_hash=inv_hash,
+        )
+        self.outbox.put_status(status, inv, inv_hash)
+
+    async def converge_loop(self) -> None:
+        while not self.stopped.is_set():
+            self.state.spec_changed.clear()
+            try:
+                await self.converge_once()
+                await self.dispatcher.maybe_sweep()
+            except Exception:  # a converge pass must never kill the agent; the next pass retries
+                log.exception("event=converge.failed")
+            await wait_event(self.state.spec_changed, DRIFT_PASS_S)
+
+    # -- the session loop ----------------------------------------------
+    async def session_loop(self) -> None:
+        assert self.sessions is not None, "open() builds the session loop"
+        refusal = await self.sessions.run()
+        if refusal is None:
+            return
+        log.error("event=agent.revoked reason=%s; not redialing with this certificate", refusal.reason)
+        self.revoked_reason = refusal.reason
+        await self.state.certificate_refused(refusal.reason)
+        self.stopped.set()
+
+    # -- certificate renewal -------------------------------------------
+    async def renewal_loop(self) -> None:
+        if not self.parts.renewal:
+            return
+        renewer = Renewer(
+            self.data_dir,
+            self.identity,
+            self.clock,
+            self.rng,
+            on_renewed=self.on_cert_renewed,
+            on_trust=self.trust.set,
+            server_offset_ms=lambda: self.state.offset_ms,
+        )
+        await renewer.run()
+
+    def on_cert_renewed(self) -> None:
+        """Move the session to the new certificate: end it, and the redial reads the new pair.
+
+        The gateway closes a session whose certificate expires, so waiting for the session to end by
+        itself is not enough; the session ends as if the gateway closed it cleanly (welcomed, so the
+        redial comes at once, under a second of jitter).
+        """
+        self.cert_renewals += 1
+        if self.sessions is not None:
+            self.sessions.rotate("certificate-renewed")
+
+    async def run(self) -> None:
+        if self.identity.revoked:
+            raise Unauthenticated(
+                f"this node's certificate was revoked ({self.identity.revoked}); it will not dial with it again."
+                " Join again: bc join --reset --yes, then bc join"
+            )
+        await self.open()
+        tasks = [
+            asyncio.create_task(self.session_loop(), name="session"),
+            asyncio.create_task(self.converge_loop(), name="converge"),
+            asyncio.create_task(self.renewal_loop(), name="renewal"),
+        ]
+        try:
+            await self.stopped.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.close()
+
+
+async def run_agent(opts: AgentOptions) -> None:
+    from bc import logs
+
+    logs.setup("node", file=opts.data_dir / "node.log")
+    agent = Agent(opts)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, agent.stopped.set)
+    await agent.run()
+    if agent.revoked_reason:
+        raise Unauthenticated(f"this node's certificate was refused: {agent.revoked_reason}")

@@ -1,0 +1,142 @@
+"""Dialing: one session at a time over an injected `dial()`, redialed with full-jitter back-off.
+
+The agent never builds a transport itself. It is handed `dial: Dial`, an
+async callable that returns a connected `Link` (production: the gRPC dial of
+`agent.session.grpc_dial`, mutual TLS from the identity files; the simulator
+and tests: one end of `bc.testing.link_pair`), or raises `LinkClosed` /
+`OSError` when it cannot.
+
+After each session the loop decides by codes, never by wording:
+
+=======================================================  ======================================
+How the session ended                                    What the loop does
+=======================================================  ======================================
+the core closed it with `redial=False` (RevocationNotice)  stop: this certificate is done
+`LinkClosed.reason` in `closing.CERTIFICATE_IS_DONE`     stop: this certificate is done
+  (revoked, an older identity)
+welcomed, then ended without a transport error           redial at once, under 1 s of jitter
+anything else (refused, superseded, expired, no dial)    redial after the next back-off step
+=======================================================  ======================================
+
+The back-off is full jitter (uniform over [0, min(60 s, 1 s * 2^attempt)]),
+drawn from the agent's `random.Random`, so a seed replays the delays.
+`rotate()` (a renewed certificate) ends the running session, and a dial in
+flight when it is called is dropped and redialed, so the next session
+presents the new certificate.
+
+A frame the gateway refused as too large lowers the frame budget for the
+sessions that follow (`agent.framing.budget_after_refusal`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from agent import framing
+from agent.session.runner import SessionDeps, SessionEnd, SessionRunner
+from bc.aio import wait_event
+from bc.protocol import closing
+from bc.protocol.limits import LIMITS
+from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.wire.link import Link, LinkClosed
+
+log = logging.getLogger("agent")
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 60.0
+
+Dial = Callable[[], Awaitable[Link[GatewayMessage, NodeMessage]]]
+"""Connect to a gateway: a Link ready for the Hello, or `LinkClosed`/`OSError` when it cannot."""
+
+
+def backoff_delay(attempt: int, rng: random.Random) -> float:
+    """Full jitter: uniform over [0, min(cap, base * 2^attempt)]."""
+    return rng.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * (2 ** min(attempt, 16))))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why this certificate is done: the loop stopped and must not be started again with it."""
+
+    reason: str
+
+
+class SessionLoop:
+    def __init__(
+        self,
+        dial: Dial,
+        deps: SessionDeps,
+        rng: random.Random,
+        stopped: asyncio.Event,
+        *,
+        frame_budget: int = LIMITS.max_frame_bytes,
+    ) -> None:
+        self.dial, self.deps, self.rng, self.stopped = dial, deps, rng, stopped
+        self.frame_budget = frame_budget  # lowered only if a gateway refuses a frame as too large
+        self.current: SessionRunner | None = None
+        self.rotations = 0
+
+    def rotate(self, why: str) -> None:
+        """End the running session, and drop a dial in flight: the next dial reads the identity files anew."""
+        self.rotations += 1
+        if self.current is not None:
+            self.current.end(why)
+
+    async def run(self) -> Refusal | None:
+        """Sessions until the agent stops (None) or its certificate is refused for good (the Refusal)."""
+        attempt = 0
+        while not self.stopped.is_set():
+            end: SessionEnd | None = None
+            try:
+                end = await self._one()
+            except LinkClosed as e:
+                log.warning(
+                    "event=session.ended code=%s reason=%s details=%s",
+                    e.code,
+                    closing.name_of(e.reason),
+                    e.details,
+                )
+                if e.reason in closing.CERTIFICATE_IS_DONE:
+                    return Refusal(e.details)
+                self._after_refusal(e)
+            except OSError as e:  # the transport could not be set up (and TimeoutError: no Welcome in time)
+                log.warning("event=session.failed error=%s", e)
+            except Exception:  # a bug in one session must not end the node's sessions for good: back off, redial
+                log.exception("event=session.error")
+            if end is not None and end.close is not None and not end.close.redial:
+                return Refusal(end.close.reason)
+            attempt = 0 if end is not None and end.welcomed else attempt + 1
+            delay = backoff_delay(attempt, self.rng)
+            log.info("event=session.redial attempt=%d delay_s=%.3f", attempt, delay)
+            await wait_event(self.stopped, delay)
+        return None
+
+    async def _one(self) -> SessionEnd:
+        """Dial and run one session to its end."""
+        rotations = self.rotations
+        link = await self.dial()
+        try:
+            if self.rotations != rotations:
+                # Renewed while this dial used the old pair: redial with the new one, at once.
+                return SessionEnd(welcomed=True)
+            runner = SessionRunner(link, self.deps, self.frame_budget)
+            self.current = runner
+            try:
+                return await runner.run()
+            finally:
+                self.current = None
+        finally:
+            await link.close("CANCELLED", "the node ends this session")
+
+    def _after_refusal(self, e: LinkClosed) -> None:
+        """A frame refused as too large: pack smaller from now on, so the same frame is never resent."""
+        budget = framing.budget_after_refusal(e.code, e.details, self.frame_budget)
+        if budget is not None:
+            log.error("event=session.frame-refused budget_before=%d budget=%d", self.frame_budget, budget)
+            self.frame_budget = budget
+        elif e.code == "RESOURCE_EXHAUSTED" and "larger than max" in e.details:
+            log.error("event=session.frame-too-large-from-gateway details=%s", e.details)

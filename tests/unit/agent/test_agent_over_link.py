@@ -1,0 +1,248 @@
+"""The whole agent through an injected `dial()` over in-memory links, against a tiny scripted gateway.
+
+Every part comes in through `AgentParts`: the virtual loop's clock, a Random from the seed, the memory
+journal, fake GPUs, inline offload, and `dial()` over `bc.testing.link_pair`. The scenarios run on the
+virtual-time loop, on a loop that refuses to hand anything to a thread: an agent so built never does.
+What is asserted is what the gateway sees on the wire, and what the agent keeps (identity.json's
+`revoked`, its journal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from google.protobuf import any_pb2
+
+from agent.app import Agent, AgentOptions, AgentParts
+from agent.hw.fake import FakeHardware
+from agent.identity import HeldIdentity, Identity
+from agent.journal_api import new_journal_id
+from agent.memory_journal import MemoryJournal
+from agent.node_key import NodeKey
+from agent.offload import inline
+from bc.pki import keys
+from bc.protocol import closing
+from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2, spec_pb2
+from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
+from bc.testing import MemoryLink, link_pair
+from bc.virtual_time import VirtualTimeLoop, virtual_clock
+from bc.wire.link import Link
+
+T = TypeVar("T")
+NODE = "n1"
+
+
+class NoThreadLoop(VirtualTimeLoop):
+    """The virtual loop, refusing executor jobs: anything the agent hands to a thread fails the test."""
+
+    def run_in_executor(self, executor: Executor | None, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        raise AssertionError(f"the agent handed {func!r} to a thread")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    threads = threading.active_count()
+    with asyncio.Runner(loop_factory=NoThreadLoop) as runner:
+        out = runner.run(coro)
+    assert threading.active_count() == threads, "the agent started a thread"
+    return out
+
+
+@dataclass
+class Gateway:
+    """The gateway's end of every dial, in order; the test script answers on it."""
+
+    links: asyncio.Queue[MemoryLink[NodeMessage, GatewayMessage]] = field(default_factory=asyncio.Queue)
+    dialed_at: list[float] = field(default_factory=list)
+
+    async def dial(self) -> Link[GatewayMessage, NodeMessage]:
+        node_end, gateway_end = link_pair()
+        self.dialed_at.append(asyncio.get_running_loop().time())
+        await self.links.put(gateway_end)
+        return node_end
+
+    async def accept(self) -> MemoryLink[NodeMessage, GatewayMessage]:
+        return await asyncio.wait_for(self.links.get(), 3600)
+
+    def delays(self) -> list[float]:
+        return [b - a for a, b in zip(self.dialed_at, self.dialed_at[1:], strict=False)]
+
+
+def build(tmp: Path, seed: int, gateway: Gateway) -> tuple[Agent, HeldIdentity]:
+    rng = random.Random(seed)
+    held = HeldIdentity()
+    parts = AgentParts(
+        clock=virtual_clock(),
+        rng=rng,
+        identity=Identity(node_id=NODE, role="node", server="memory", identity_generation=1, ca_fingerprint=""),
+        ca_pem=b"",
+        identity_store=held,
+        node_key=NodeKey(None, keys.generate_key()),
+        hw=FakeHardware("hgx-h100-8", NODE, state_dir=tmp, rng=rng, offload=inline),
+        dial=gateway.dial,
+        open_journal=lambda: _journal(rng),
+        offload=inline,
+        renewal=False,
+    )
+    return Agent(AgentOptions(data_dir=tmp), parts), held
+
+
+async def _journal(rng: random.Random) -> MemoryJournal:
+    return MemoryJournal(new_journal_id(rng))
+
+
+async def expect(
+    link: MemoryLink[NodeMessage, GatewayMessage], kind: str, pred: Callable[[NodeMessage], bool] = lambda m: True
+) -> NodeMessage:
+    """The next frame of this kind that satisfies `pred` (heartbeats and the rest are read past)."""
+    async with asyncio.timeout(600):
+        while True:
+            msg = await link.recv()
+            assert msg is not None, "the node ended the stream"
+            if msg.WhichOneof("msg") == kind and pred(msg):
+                return msg
+
+
+def server_ms() -> int:
+    return int(virtual_clock().now() * 1000)
+
+
+async def welcome(link: MemoryLink[NodeMessage, GatewayMessage], epoch: int) -> session_pb2.Hello:
+    hello = (await expect(link, "hello")).hello
+    w = session_pb2.Welcome(server_time_ms=server_ms(), session_epoch=epoch, heartbeat_interval_ms=10_000)
+    await link.send(GatewayMessage(welcome=w))
+    return hello
+
+
+def desired_state(generation: int, spec_hash: str) -> GatewayMessage:
+    body = session_pb2.DesiredStateBody(
+        node_id=NODE, generation=generation, spec_hash=spec_hash, full=spec_pb2.NodeSpec()
+    )
+    env = common_pb2.Envelope(purpose="desired-state", body=body.SerializeToString())
+    return GatewayMessage(desired_state=session_pb2.DesiredState(envelope=env))
+
+
+def command(command_id: str) -> GatewayMessage:
+    payload = any_pb2.Any()
+    payload.Pack(kinds_pb2.InventoryRefreshRequest())
+    body = session_pb2.CommandBody(
+        id=command_id, node_id=NODE, kind="inventory.refresh", not_after_ms=server_ms() + 60_000, payload=payload
+    )
+    env = common_pb2.Envelope(purpose="command", body=body.SerializeToString())
+    return GatewayMessage(command=session_pb2.Command(envelope=env))
+
+
+def test_a_session_takes_a_spec_and_a_command_then_a_typed_revocation_stops_the_agent(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        gw = Gateway()
+        agent, held = build(tmp_path, 1, gw)
+        task = asyncio.create_task(agent.run())
+        link = await gw.accept()
+        hello = await welcome(link, epoch=1)
+        assert (hello.node_id, hello.journal_id, hello.incarnation_id) == (
+            NODE,
+            agent.journal.journal_id,
+            agent.incarnation_id,
+        )
+
+        await link.send(desired_state(1, "hash-1"))
+        status = await expect(link, "status", lambda m: m.status.observed_generation == 1)
+        assert (status.status.applied_generation, status.status.applied_spec_hash) == (1, "hash-1")
+
+        await link.send(command("c1"))
+        done = await expect(
+            link,
+            "command_update",
+            lambda m: m.command_update.command_id == "c1" and m.command_update.state == session_pb2.COMMAND_SUCCEEDED,
+        )
+        assert done.command_update.node_sig, "a result leaves signed by the node key"
+
+        # The gateway says why in a notice, then closes with the typed code.
+        await link.send(GatewayMessage(revocation=session_pb2.RevocationNotice(reason="stolen", serials=["ab"])))
+        await link.close("UNAUTHENTICATED", "certificate revoked: stolen", closing.REVOKED)
+        await asyncio.wait_for(task, 60)
+        assert agent.revoked_reason == "certificate revoked: stolen"
+        assert held.saved[-1].revoked == "certificate revoked: stolen"
+        await asyncio.sleep(3600)
+        assert len(gw.dialed_at) == 1, "a revoked node never dials again"
+
+    run(scenario())
+
+
+async def closed_after_welcome(
+    tmp: Path, code: str, details: str, reason: CloseReason, sessions: int
+) -> tuple[Gateway, Agent, HeldIdentity]:
+    """Welcome each session, then end it this way; the agent is stopped after `sessions`, if still running."""
+    gw = Gateway()
+    agent, held = build(tmp, 1, gw)
+    task = asyncio.create_task(agent.run())
+    for epoch in range(1, sessions + 1):
+        link = await gw.accept()
+        await welcome(link, epoch)
+        await link.close(code, details, reason)
+    await asyncio.sleep(3600)  # an hour for it to redial, or not
+    agent.stopped.set()
+    await asyncio.wait_for(task, 60)
+    return gw, agent, held
+
+
+def test_the_typed_code_decides_not_the_wording(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        # "revoked" only in words is an ordinary close: the node redials.
+        gw, agent, _ = await closed_after_welcome(
+            tmp_path / "words", "UNAUTHENTICATED", "certificate revoked: said in words only", closing.UNSPECIFIED, 2
+        )
+        assert len(gw.dialed_at) > 2 and not agent.revoked_reason  # (the later dials go unanswered)
+        # The code alone, with no notice and no telling words, stops it for good.
+        gw, agent, held = await closed_after_welcome(
+            tmp_path / "code", "UNAUTHENTICATED", "join again", closing.IDENTITY_REPLACED, 1
+        )
+        assert len(gw.dialed_at) == 1
+        assert agent.revoked_reason == held.saved[-1].revoked == "join again"
+
+    run(scenario())
+
+
+def superseded(seed: int, tmp: Path, sessions: int = 6) -> tuple[list[float], session_pb2.Hello]:
+    async def scenario() -> tuple[list[float], session_pb2.Hello]:
+        gw = Gateway()
+        agent, _held = build(tmp, seed, gw)
+        task = asyncio.create_task(agent.run())
+        first: session_pb2.Hello | None = None
+        for epoch in range(1, sessions + 1):
+            link = await gw.accept()
+            hello = await welcome(link, epoch)
+            first = first or hello
+            await link.close("ABORTED", "superseded by a newer session of this node", closing.SUPERSEDED)
+        agent.stopped.set()
+        await asyncio.wait_for(task, 60)
+        assert first is not None and not agent.revoked_reason
+        return gw.delays(), first
+
+    return run(scenario())
+
+
+def test_a_superseded_session_is_redialed_with_back_off_drawn_from_the_seed(tmp_path: Path) -> None:
+    delays, hello = superseded(7, tmp_path / "a")
+    again, hello_again = superseded(7, tmp_path / "b")
+    other, hello_other = superseded(8, tmp_path / "c")
+    assert len(delays) == 5
+    # Each close is a transport error after Welcome: the back-off steps up, full jitter under 2^attempt s.
+    for attempt, d in enumerate(delays, start=1):
+        assert 0.0 <= d <= 2.0**attempt
+    assert sum(delays) > 0.5
+    assert delays == again, "same seed, same delays"
+    assert delays != other
+    # The ids the seed draws: the journal, the process's incarnation, the fake host's boot.
+    seeded = (hello.journal_id, hello.incarnation_id, hello.boot_id)
+    assert seeded == (hello_again.journal_id, hello_again.incarnation_id, hello_again.boot_id)
+    assert all(
+        a != b
+        for a, b in zip(seeded, (hello_other.journal_id, hello_other.incarnation_id, hello_other.boot_id), strict=True)
+    )
