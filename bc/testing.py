@@ -19,7 +19,6 @@ from bc.wire.link import LinkClosed
 __all__ = [
     "START",
     "WALL_START",
-    "FakeClock",
     "MemoryLink",
     "VirtualTimeLoop",
     "advance",
@@ -30,28 +29,6 @@ __all__ = [
 
 T = TypeVar("T")
 U = TypeVar("U")
-
-
-class FakeClock:
-    """Time moves only when a test says so (`advance`) or when something sleeps on it."""
-
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self._now = now
-        self._mono = 1000.0
-
-    def now(self) -> float:
-        return self._now
-
-    def monotonic(self) -> float:
-        return self._mono
-
-    async def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
-        await asyncio.sleep(0)
-
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
-        self._mono += seconds
 
 
 _CLOSE = object()
