@@ -1,4 +1,4 @@
-"""The agent's Renewer on a fake clock, against a fake Join.Renew backed by a real CA; and the key/cert crash rule."""
+"""The agent's Renewer on the loop clock, against a fake Join.Renew backed by a real CA; and the key/cert crash rule."""
 
 from __future__ import annotations
 

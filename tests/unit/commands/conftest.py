@@ -1,4 +1,4 @@
-"""The command queue over a real store (inline SQLite on a tmp file), a settable clock, and recorded pokes."""
+"""The command queue over a real store (inline SQLite on a tmp file), the virtual loop's clock, and recorded pokes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A real store (inline SQLite on a tmp file) on a settable clock, a bus, and nodes with fake GPUs."""
+"""A real store (inline SQLite on a tmp file) on the virtual loop's clock, a bus, and nodes with fake GPUs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`identity.renew` against the store on a settable clock: what is issued, recorded, refused and published."""
+"""`identity.renew` against the store on the virtual loop's clock: what is issued, recorded, refused and published."""
 
 from __future__ import annotations
 
