@@ -4,6 +4,9 @@ These are fakes at seams we own (the loop's clock and the Link), shipped with
 the code so the simulator and every test use the same ones. Time in tests is
 the virtual loop's (`bc.virtual_time`): `virtual_clock()` reads it, `await
 advance(s)` lets `s` seconds pass, `run(coro)` runs a program on a fresh loop.
+`SessionPair` (from `bc.session_pair`, loaded on first use: it pulls in the
+whole control plane and agent) runs a control plane, a gateway and N agents
+over these links on that loop.
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ __all__ = [
 
 T = TypeVar("T")
 U = TypeVar("U")
+
+
+def __getattr__(name: str) -> object:
+    # Lazily: bc.session_pair imports this module for its links, and the whole control plane besides.
+    if name == "SessionPair":
+        from bc.session_pair import SessionPair
+
+        return SessionPair
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _CLOSE = object()

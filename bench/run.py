@@ -11,7 +11,7 @@
    open (the agents share one process here, as the issue allows).
 
 Usage: python -m bench.run [--reservations 100] [--sessions 200]
-       [--only latency|memory|commands|journal|dist|signing|merkle]
+       [--only latency|memory|commands|journal|dist|signing|merkle|pair]
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reservations", type=int, default=100)
     ap.add_argument("--sessions", type=int, default=200)
-    ap.add_argument("--only", choices=["latency", "memory", "commands", "journal", "dist", "signing", "merkle"])
+    ap.add_argument("--only", choices=["latency", "memory", "commands", "journal", "dist", "signing", "merkle", "pair"])
     args = ap.parse_args()
     if args.only in (None, "latency"):
         for pace in (250, 0):
@@ -227,6 +227,10 @@ async def main() -> None:
         from bench.merkle import run as merkle_run
 
         merkle_run()
+    if args.only in (None, "pair"):
+        from bench.session_pair import main as pair_main
+
+        await asyncio.to_thread(pair_main)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ WALL: LoopFactories = {"asyncio": asyncio.new_event_loop}
 
 DIRECTORY_LOOPS: Mapping[str, LoopFactories] = {
     "tests/unit": VIRTUAL,
+    "tests/sim": VIRTUAL,  # SessionPair: the whole control loop on in-memory links
     "tests/unit/doctor": WALL,  # files, certificates and a TLS listener judged against the host's clock
 }
 

@@ -142,6 +142,17 @@ async def pending_for_node(tx: Tx, node_id: str, now_ms: int, limit: int = 1000)
     )
 
 
+async def has_open(tx: Tx, node_id: str) -> bool:
+    """Whether the node has any command that dispatch could send, refuse or cancel (pending or in flight)."""
+    params: dict[str, object] = {"n": node_id}
+    row = await tx.fetchone(
+        f"SELECT 1 AS open FROM commands WHERE node_id = :n AND state IN ({_in('s', ('pending', *IN_FLIGHT), params)})"
+        " LIMIT 1",
+        params,
+    )
+    return row is not None
+
+
 async def in_flight_for_node(tx: Tx, node_id: str) -> list[Row]:
     """Dispatched, acked or running commands in seq order: what a new session replays."""
     params: dict[str, object] = {"n": node_id}

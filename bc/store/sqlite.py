@@ -133,9 +133,19 @@ class _SqliteStoreBase(Store):
             self._open = False
             await self._close()
 
+    # A driver whose statements run on the loop's thread, start to end, with no await inside: a
+    # cancellation cannot land half-way, so they need no shielding (a task and a shield per statement).
+    statements_inline = False
+
     async def _end(self, sql: str) -> None:
         if sql != "ROLLBACK" or self._in_transaction():
             await self._statement(sql, {}, False)
+
+    async def _finish(self, aw: Awaitable[None]) -> None:
+        if self.statements_inline:
+            await aw
+        else:
+            await _to_completion(aw)
 
     @asynccontextmanager
     async def _begin(self, write: bool) -> AsyncIterator[Tx]:
@@ -143,15 +153,18 @@ class _SqliteStoreBase(Store):
             raise StoreError("the store is not open")
         async with self._lock:
             if self._in_transaction():
-                await _to_completion(self._end("ROLLBACK"))  # defensive: nothing should leave one open
-            await _to_completion(self._statement("BEGIN IMMEDIATE" if write else "BEGIN", {}, False))
+                await self._finish(self._end("ROLLBACK"))  # defensive: nothing should leave one open
+            await self._finish(self._begin_statement(write))
             tx = _SqliteTx(self)
             try:
                 yield tx
             except BaseException:
-                await _to_completion(self._end("ROLLBACK"))
+                await self._finish(self._end("ROLLBACK"))
                 raise
-            await _to_completion(self._end("COMMIT"))
+            await self._finish(self._end("COMMIT"))
+
+    async def _begin_statement(self, write: bool) -> None:
+        await self._statement("BEGIN IMMEDIATE" if write else "BEGIN", {}, False)
 
     async def now(self) -> float:
         return self.clock.now()
@@ -193,6 +206,8 @@ class SqliteStore(_SqliteStoreBase):
 
 class InlineSqliteStore(_SqliteStoreBase):
     """sqlite3 on the loop's thread: deterministic, for the simulator and fast tests."""
+
+    statements_inline = True
 
     def __init__(self, path: Path | str = ":memory:", clock: Clock | None = None) -> None:
         super().__init__(clock)
