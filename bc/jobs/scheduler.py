@@ -1,0 +1,379 @@
+"""The scheduler as one pure step: the live DAGs and the resources held, plus one event, in; decisions out.
+
+Theory of operation
+-------------------
+`step(world, event)` never mutates `world`: it returns the next world and the
+`Decisions` the caller must carry out (and, later, persist in the same
+transaction): nodes claimed with the resources they took and their deps'
+outcomes, nodes cancelled, running nodes whose command should be asked to
+cancel, resources released, DAGs that became terminal. The persisted
+scheduler task will load the world, call `step` and write the result; the
+simulator and the property tests drive it directly. Events: `Submit`,
+`Finished` (a node's outcome, optionally growing a subgraph on success),
+`CancelDag`, `SetCapacity`, and `None` (re-evaluate only).
+
+A node is ready when it is queued, every edge is satisfied (`AfterOk`: the dep
+is done; `AfterAny`: the dep is terminal; a dep on a group root from outside
+its group is the group's roll-up) and its resources are free:
+
+* the subject lease, taken by a lease node (or, for a whole group, by its
+  root) and held by the DAG until the DAG is terminal, so two DAGs never
+  interleave on a fleet node. A lease goes to the *oldest* live DAG that may
+  want it (`DagSpec.lease_subjects`, fixed at submit): a younger DAG never
+  takes a subject an older one will need, so every lease wait points from a
+  younger DAG to an older one and lease waits cannot form a cycle;
+* slot pools: global (`World.capacities`, `bc jobs slots`) or DAG-local
+  (`DagSpec.local_pools`, `--max-parallel N`); a plain node holds one slot of
+  each of its pools for its run, a group root across its group.
+
+A node takes all of its resources at once or none, a claimed group needs
+nothing more (its members re-enter the root's slots and leases), and running
+nodes end by themselves, so the oldest live DAG always progresses: every DAG
+settles. Among ready nodes competing for a resource, DAG-submit order wins
+(FIFO): the claim pass walks the DAGs in submit order.
+
+Cancel (`CancelDag`) cancels the DAG's queued nodes except tails, asks its
+running non-tail nodes to cancel (they still report their real outcome), and
+answers whether it did anything. Spared tails run once their `AfterAny` deps
+settle, so an approval never dangles. With `stop_on_failure` (a rollout), a
+failed node cancels every queued non-tail node of its DAG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from bc.errors import Conflict, NotFound, UsageError
+from bc.jobs.model import (
+    TERMINAL,
+    DagSpec,
+    DepOutcome,
+    DepWhen,
+    NodeEvent,
+    NodeSpec,
+    NodeState,
+    check_nodes,
+    in_group,
+    next_state,
+    rollup,
+    validate,
+)
+
+Ref = tuple[str, str]
+"""(dag id, node id)."""
+
+
+@dataclass
+class DagRun:
+    """One live DAG: its spec (grown nodes included) and each node's state and error."""
+
+    spec: DagSpec
+    states: dict[str, NodeState]
+    errors: dict[str, str] = field(default_factory=dict)
+    first_error: str | None = None
+    cancel_requested: bool = False
+
+    @classmethod
+    def submitted(cls, spec: DagSpec) -> DagRun:
+        return cls(spec, dict.fromkeys((n.id for n in spec.nodes), NodeState.QUEUED))
+
+    def copy(self) -> DagRun:
+        return replace(self, states=dict(self.states), errors=dict(self.errors))
+
+    @property
+    def nodes(self) -> dict[str, NodeSpec]:
+        return {n.id: n for n in self.spec.nodes}
+
+    def members(self, root: str) -> list[str]:
+        """The group `root` roots (itself included); just [root] for a node that roots nothing."""
+        by_id = self.nodes
+        return [n for n in by_id if in_group(n, root, by_id)]
+
+    def is_terminal(self) -> bool:
+        return all(s in TERMINAL for s in self.states.values())
+
+    def state(self) -> NodeState:
+        return rollup(self.states.values())
+
+
+@dataclass
+class World:
+    """Everything the scheduler decides over: live DAGs in submit order and the resources held."""
+
+    dags: list[DagRun] = field(default_factory=list)
+    capacities: dict[str, int] = field(default_factory=dict)
+    leases: dict[str, str] = field(default_factory=dict)  # subject -> dag id
+    slots: dict[str, set[Ref]] = field(default_factory=dict)  # pool key -> holders
+
+    def copy(self) -> World:
+        return World(
+            [d.copy() for d in self.dags],
+            dict(self.capacities),
+            dict(self.leases),
+            {k: set(v) for k, v in self.slots.items()},
+        )
+
+    def dag(self, dag_id: str) -> DagRun:
+        for d in self.dags:
+            if d.spec.id == dag_id:
+                return d
+        raise NotFound(f"no live DAG {dag_id}")
+
+
+def pool_key(dag_id: str, pool: str, spec: DagSpec) -> str:
+    """A DAG-local pool is keyed under its DAG (ids and pool names hold no '/')."""
+    return f"{dag_id}/{pool}" if pool in spec.local_pools else pool
+
+
+# -- events --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submit:
+    spec: DagSpec
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A running node's outcome; on success it may grow a subgraph into its own DAG."""
+
+    dag: str
+    node: str
+    ok: bool
+    error: str | None = None
+    grow: tuple[NodeSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class CancelDag:
+    dag: str
+
+
+@dataclass(frozen=True)
+class SetCapacity:
+    pool: str
+    capacity: int
+
+
+Event = Submit | Finished | CancelDag | SetCapacity | None
+
+
+# -- decisions -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A node that starts now, the resources it newly took, and how its deps ended."""
+
+    dag: str
+    node: str
+    kind: str
+    subject: str | None
+    leases: tuple[str, ...]
+    slots: tuple[str, ...]
+    deps: tuple[DepOutcome, ...]
+    first_error: str | None  # the DAG's, for `model.failure_reason`
+
+
+@dataclass
+class Decisions:
+    claims: list[Claim] = field(default_factory=list)
+    cancelled: list[Ref] = field(default_factory=list)
+    cancel_running: list[Ref] = field(default_factory=list)
+    released_slots: list[tuple[str, Ref]] = field(default_factory=list)
+    released_leases: list[tuple[str, str]] = field(default_factory=list)  # (subject, dag id)
+    terminal: list[tuple[str, NodeState]] = field(default_factory=list)  # (dag id, roll-up)
+    cancel_answer: bool | None = None  # set by CancelDag: did it cancel or ask anything
+
+
+def step(world: World, event: Event) -> tuple[World, Decisions]:
+    """Apply one event and schedule; `world` is left as it was (also when this raises)."""
+    w = world.copy()
+    out = Decisions()
+    if isinstance(event, Submit):
+        _submit(w, event.spec)
+    elif isinstance(event, Finished):
+        _finished(w, event, out)
+    elif isinstance(event, CancelDag):
+        _cancel(w, event.dag, out)
+    elif isinstance(event, SetCapacity):
+        if event.capacity < 1:
+            raise UsageError(f"slot pool {event.pool} needs a capacity of at least 1")
+        w.capacities[event.pool] = event.capacity
+    for d in w.dags:
+        _propagate(d, out)
+    _release(w, out)
+    _claim(w, out)
+    return w, out
+
+
+def _submit(w: World, spec: DagSpec) -> None:
+    validate(spec)
+    if any(d.spec.id == spec.id for d in w.dags):
+        raise Conflict(f"DAG {spec.id} is already live")
+    _check_pools(w, spec, spec.nodes)
+    w.dags.append(DagRun.submitted(spec))
+
+
+def _check_pools(w: World, spec: DagSpec, nodes: Sequence[NodeSpec]) -> None:
+    for n in nodes:
+        for p in n.pools:
+            if p not in spec.local_pools and p not in w.capacities:
+                raise UsageError(f"node {n.id} names slot pool {p}, which does not exist")
+
+
+def _finished(w: World, ev: Finished, out: Decisions) -> None:
+    d = w.dag(ev.dag)
+    if ev.node not in d.states:
+        raise NotFound(f"DAG {ev.dag} has no node {ev.node}")
+    d.states[ev.node] = next_state(d.states[ev.node], NodeEvent.SUCCEED if ev.ok else NodeEvent.FAIL)
+    if not ev.ok:
+        if ev.error:
+            d.errors[ev.node] = ev.error
+            d.first_error = d.first_error or ev.error
+        if d.spec.stop_on_failure:
+            _cancel_queued(d, out)
+    if ev.grow:
+        if not ev.ok:
+            raise UsageError(f"node {ev.node} failed: a failed node grows nothing")
+        _grow(w, d, ev.grow)
+
+
+def _grow(w: World, d: DagRun, new: tuple[NodeSpec, ...]) -> None:
+    if d.cancel_requested:
+        raise Conflict(f"DAG {d.spec.id} is cancelled: it grows nothing")
+    check_nodes(new, d.spec.nodes, d.spec)
+    _check_pools(w, d.spec, new)
+    by_id = d.nodes | {n.id: n for n in new}
+    for n in new:
+        if n.group is None or n.group not in d.states:
+            continue
+        group = [m for m in d.members(n.group)]
+        if all(d.states[m] in TERMINAL for m in group):
+            raise Conflict(f"node {n.id} joins group {n.group}, which has settled")
+        claimed = d.states[n.group] is not NodeState.QUEUED
+        subject = by_id[n.id].subject
+        if claimed and n.lease and w.leases.get(subject or "") != d.spec.id:
+            # A claimed group must never wait for a lease: that is the one wait that could deadlock.
+            raise Conflict(f"node {n.id} joins claimed group {n.group} but {d.spec.id} holds no lease on {subject}")
+    d.spec = replace(d.spec, nodes=d.spec.nodes + new)
+    d.states.update(dict.fromkeys((n.id for n in new), NodeState.QUEUED))
+
+
+def _cancel(w: World, dag_id: str, out: Decisions) -> None:
+    d = w.dag(dag_id)
+    before = len(out.cancelled)
+    d.cancel_requested = True
+    _cancel_queued(d, out)
+    running = [n.id for n in d.spec.nodes if not n.tail and d.states[n.id] is NodeState.RUNNING]
+    out.cancel_running += [(dag_id, n) for n in running]
+    out.cancel_answer = len(out.cancelled) > before or bool(running)
+
+
+def _cancel_queued(d: DagRun, out: Decisions) -> None:
+    for n in d.spec.nodes:
+        if not n.tail and d.states[n.id] is NodeState.QUEUED:
+            d.states[n.id] = next_state(NodeState.QUEUED, NodeEvent.CANCEL)
+            out.cancelled.append((d.spec.id, n.id))
+
+
+# -- readiness -------------------------------------------------------------------
+
+
+def outcome(d: DagRun, target: str, dependent: str) -> DepOutcome | None:
+    """How `target` ended as `dependent` sees it, or None while it has not settled.
+
+    From outside its group a group root is its group's roll-up; a member sees its root's own state.
+    """
+    by_id = d.nodes
+    group = [target] if in_group(dependent, target, by_id) else d.members(target)
+    states = [d.states[m] for m in group]
+    if any(s not in TERMINAL for s in states):
+        return None
+    return DepOutcome(target, rollup(states), d.errors.get(target))
+
+
+def _edges(n: NodeSpec) -> list[tuple[str, DepWhen]]:
+    return [(x.node, x.when) for x in n.deps] + ([(n.group, DepWhen.AFTER_OK)] if n.group is not None else [])
+
+
+def _propagate(d: DagRun, out: Decisions) -> None:
+    """AfterOk: a failed or cancelled dep cancels the dependent, and on downstream until nothing moves."""
+    moved = True
+    while moved:
+        moved = False
+        for n in d.spec.nodes:
+            if d.states[n.id] is not NodeState.QUEUED:
+                continue
+            for target, when in _edges(n):
+                o = outcome(d, target, n.id)
+                if when is DepWhen.AFTER_OK and o is not None and o.state is not NodeState.DONE:
+                    d.states[n.id] = next_state(NodeState.QUEUED, NodeEvent.CANCEL)
+                    out.cancelled.append((d.spec.id, n.id))
+                    moved = True
+                    break
+
+
+def _deps_ready(d: DagRun, n: NodeSpec) -> bool:
+    for target, when in _edges(n):
+        o = outcome(d, target, n.id)
+        if o is None or (when is DepWhen.AFTER_OK and o.state is not NodeState.DONE):
+            return False
+    return True
+
+
+# -- resources -------------------------------------------------------------------
+
+
+def _release(w: World, out: Decisions) -> None:
+    live = {d.spec.id: d for d in w.dags}
+    for key, holders in w.slots.items():
+        for ref in sorted(holders):
+            d = live[ref[0]]
+            if all(d.states[m] in TERMINAL for m in d.members(ref[1])):
+                holders.discard(ref)
+                out.released_slots.append((key, ref))
+    for d in [d for d in w.dags if d.is_terminal()]:
+        for subject in sorted(s for s, holder in w.leases.items() if holder == d.spec.id):
+            del w.leases[subject]
+            out.released_leases.append((subject, d.spec.id))
+        for key in [k for k in w.slots if k.startswith(f"{d.spec.id}/")]:
+            del w.slots[key]
+        w.dags.remove(d)
+        out.terminal.append((d.spec.id, d.state()))
+
+
+def _capacity(w: World, d: DagRun, pool: str) -> int:
+    return d.spec.local_pools.get(pool, w.capacities.get(pool, 0))
+
+
+def _claim(w: World, out: Decisions) -> None:
+    for i, d in enumerate(w.dags):
+        older_wants: set[str] = set().union(*(o.spec.lease_subjects() for o in w.dags[:i]))
+        by_id = d.nodes
+        for n in d.spec.nodes:
+            if d.states[n.id] is not NodeState.QUEUED or not _deps_ready(d, n):
+                continue
+            group = [by_id[m] for m in d.members(n.id)]
+            wanted = {m.subject for m in group if m.lease and m.subject is not None}
+            leases = sorted(s for s in wanted if w.leases.get(s) != d.spec.id)
+            if any(s in w.leases or s in older_wants for s in leases):
+                continue
+            # A group member re-enters its root's slots; validation keeps its pools inside the root's.
+            pools = n.pools if n.group is None else ()
+            if any(len(w.slots.get(pool_key(d.spec.id, p, d.spec), ())) >= _capacity(w, d, p) for p in pools):
+                continue
+            keys = tuple(pool_key(d.spec.id, p, d.spec) for p in pools)
+            for s in leases:
+                w.leases[s] = d.spec.id
+            for k in keys:
+                w.slots.setdefault(k, set()).add((d.spec.id, n.id))
+            d.states[n.id] = next_state(NodeState.QUEUED, NodeEvent.CLAIM)
+            deps = tuple(o for x in n.deps if (o := outcome(d, x.node, n.id)) is not None)
+            out.claims.append(Claim(d.spec.id, n.id, n.kind, n.subject, tuple(leases), keys, deps, d.first_error))
+
+
+def live_view(w: World) -> Mapping[str, NodeState]:
+    """Each live DAG's roll-up, in submit order (what `bc jobs list` will show)."""
+    return {d.spec.id: d.state() for d in w.dags}
