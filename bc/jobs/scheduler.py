@@ -227,17 +227,19 @@ def _finished(w: World, ev: Finished, out: Decisions) -> None:
     d = w.dag(ev.dag)
     if ev.node not in d.states:
         raise NotFound(f"DAG {ev.dag} has no node {ev.node}")
-    d.states[ev.node] = next_state(d.states[ev.node], NodeEvent.SUCCEED if ev.ok else NodeEvent.FAIL)
+    state = next_state(d.states[ev.node], NodeEvent.SUCCEED if ev.ok else NodeEvent.FAIL)
+    if ev.grow:
+        if not ev.ok:
+            raise UsageError(f"node {ev.node} failed: a failed node grows nothing")
+        # Grown while the node still runs: its group has not settled, so the graft may join it.
+        _grow(w, d, ev.grow)
+    d.states[ev.node] = state
     if not ev.ok:
         if ev.error:
             d.errors[ev.node] = ev.error
             d.first_error = d.first_error or ev.error
         if d.spec.stop_on_failure:
             _cancel_queued(d, out)
-    if ev.grow:
-        if not ev.ok:
-            raise UsageError(f"node {ev.node} failed: a failed node grows nothing")
-        _grow(w, d, ev.grow)
 
 
 def _grow(w: World, d: DagRun, new: tuple[NodeSpec, ...]) -> None:
@@ -245,18 +247,15 @@ def _grow(w: World, d: DagRun, new: tuple[NodeSpec, ...]) -> None:
         raise Conflict(f"DAG {d.spec.id} is cancelled: it grows nothing")
     check_nodes(new, d.spec.nodes, d.spec)
     _check_pools(w, d.spec, new)
-    by_id = d.nodes | {n.id: n for n in new}
     for n in new:
         if n.group is None or n.group not in d.states:
-            continue
-        group = [m for m in d.members(n.group)]
-        if all(d.states[m] in TERMINAL for m in group):
+            continue  # ungrouped, or in a group that is itself new: it claims like any other
+        if all(d.states[m] in TERMINAL for m in d.members(n.group)):
             raise Conflict(f"node {n.id} joins group {n.group}, which has settled")
         claimed = d.states[n.group] is not NodeState.QUEUED
-        subject = by_id[n.id].subject
-        if claimed and n.lease and w.leases.get(subject or "") != d.spec.id:
+        if claimed and n.lease and w.leases.get(n.subject or "") != d.spec.id:
             # A claimed group must never wait for a lease: that is the one wait that could deadlock.
-            raise Conflict(f"node {n.id} joins claimed group {n.group} but {d.spec.id} holds no lease on {subject}")
+            raise Conflict(f"node {n.id} joins claimed group {n.group} but {d.spec.id} holds no lease on {n.subject}")
     d.spec = replace(d.spec, nodes=d.spec.nodes + new)
     d.states.update(dict.fromkeys((n.id for n in new), NodeState.QUEUED))
 

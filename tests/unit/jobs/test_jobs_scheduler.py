@@ -268,3 +268,22 @@ def test_growth_is_refused_onto_an_undeclared_subject_and_changes_nothing() -> N
         r.ok("d1", "pick", grow=(n("p", "pick", "q"), n("q", "p")))
     with pytest.raises(UsageError, match="a failed node grows nothing"):
         r(Finished("d1", "pick", False, "x", grow=(n("p", "pick"),)))
+
+
+def test_a_grafted_member_re_enters_its_claimed_group() -> None:
+    # The reference's deploy graft: nodes grown under a claimed root run in its slot, never wait for another.
+    r = Run(reboots=1)
+    r.submit("d1", n("g", kind="Group", pools=("reboots",)), n("plan", subject="n1", lease=True, group="g"))
+    r.submit("d2", n("other", pools=("reboots",)))
+    r.ok("d1", "g")
+    d = r.ok("d1", "plan", grow=(n("apply", "plan", subject="n1", lease=True, group="g", pools=("reboots",)),))
+    assert claimed(d) == [("d1", "apply")] and d.claims[0].slots == () and d.claims[0].leases == ()
+    assert claimed(r.ok("d1", "apply")) == [("d2", "other")]
+
+
+def test_a_graft_that_would_wait_inside_a_claimed_group_is_refused() -> None:
+    r = Run()
+    r.submit("d1", n("g", kind="Group"), n("plan", group="g"), subjects=frozenset({"n2"}))
+    r.ok("d1", "g")
+    with pytest.raises(Conflict, match="joins claimed group g but d1 holds no lease on n2"):
+        r.ok("d1", "plan", grow=(n("apply", "plan", subject="n2", lease=True, group="g"),))
