@@ -90,6 +90,11 @@ class DagRun:
         by_id = self.nodes
         return [n for n in by_id if in_group(n, root, by_id)]
 
+    def stopped(self) -> bool:
+        """Cancelled, or a stop-on-failure DAG with a failure: nothing new starts but tails."""
+        failed = any(s is NodeState.FAILED for s in self.states.values())
+        return self.cancel_requested or (self.spec.stop_on_failure and failed)
+
     def is_terminal(self) -> bool:
         return all(s in TERMINAL for s in self.states.values())
 
@@ -232,7 +237,7 @@ def _finished(w: World, ev: Finished, out: Decisions) -> None:
         if not ev.ok:
             raise UsageError(f"node {ev.node} failed: a failed node grows nothing")
         # Grown while the node still runs: its group has not settled, so the graft may join it.
-        _grow(w, d, ev.grow)
+        _grow(w, d, ev.grow, out)
     d.states[ev.node] = state
     if not ev.ok:
         if ev.error:
@@ -242,9 +247,7 @@ def _finished(w: World, ev: Finished, out: Decisions) -> None:
             _cancel_queued(d, out)
 
 
-def _grow(w: World, d: DagRun, new: tuple[NodeSpec, ...]) -> None:
-    if d.cancel_requested:
-        raise Conflict(f"DAG {d.spec.id} is cancelled: it grows nothing")
+def _grow(w: World, d: DagRun, new: tuple[NodeSpec, ...], out: Decisions) -> None:
     check_nodes(new, d.spec.nodes, d.spec)
     _check_pools(w, d.spec, new)
     for n in new:
@@ -258,6 +261,10 @@ def _grow(w: World, d: DagRun, new: tuple[NodeSpec, ...]) -> None:
             raise Conflict(f"node {n.id} joins claimed group {n.group} but {d.spec.id} holds no lease on {n.subject}")
     d.spec = replace(d.spec, nodes=d.spec.nodes + new)
     d.states.update(dict.fromkeys((n.id for n in new), NodeState.QUEUED))
+    if d.stopped():
+        # The node's outcome must land, so the graft is not refused: a cancelled (or stopped) DAG
+        # records it and cancels it at once, and `bc jobs show` still shows what was planned.
+        _cancel_queued(d, out, only={n.id for n in new})
 
 
 def _cancel(w: World, dag_id: str, out: Decisions) -> None:
@@ -270,8 +277,10 @@ def _cancel(w: World, dag_id: str, out: Decisions) -> None:
     out.cancel_answer = len(out.cancelled) > before or bool(running)
 
 
-def _cancel_queued(d: DagRun, out: Decisions) -> None:
+def _cancel_queued(d: DagRun, out: Decisions, only: set[str] | None = None) -> None:
     for n in d.spec.nodes:
+        if only is not None and n.id not in only:
+            continue
         if not n.tail and d.states[n.id] is NodeState.QUEUED:
             d.states[n.id] = next_state(NodeState.QUEUED, NodeEvent.CANCEL)
             out.cancelled.append((d.spec.id, n.id))

@@ -11,7 +11,7 @@ trust the scheduler's bookkeeping (its lease map, its slot sets) to judge the sc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -49,7 +49,9 @@ def dag_specs(draw: st.DrawFn, dag_id: str, budget: int) -> DagSpec:
                 mid = f"{root}m{m}"
                 mdeps = (Dep(prev, draw(st.sampled_from(DepWhen))),) if prev else ()
                 sub = draw(st.sampled_from(SUBJECTS))
-                nodes.append(NodeSpec(mid, "Command", sub, deps=mdeps, lease=draw(st.booleans()), group=root))
+                # A `Pick` member grows more members into its group when it succeeds (a graft).
+                kind = "Pick" if m == 0 and draw(st.booleans()) else "Command"
+                nodes.append(NodeSpec(mid, kind, sub, deps=mdeps, lease=draw(st.booleans()), group=root))
                 prev = mid
         top.append(root)
     tail = NodeSpec("resolve", "ResolveApproval", deps=tuple(Dep(t, DepWhen.AFTER_ANY) for t in top), tail=True)
@@ -149,6 +151,24 @@ class Mirror:
             assert count <= cap, f"pool {key} holds {count} > {cap}"
 
 
+def grafts(data: st.DataObject, spec: DagSpec, node: str) -> tuple[NodeSpec, ...]:
+    """What a succeeding `Pick` grows: a chain of members in its group, on its subject, inside the root's pools."""
+    pick = {n.id: n for n in spec.nodes}[node]
+    if pick.kind != "Pick" or pick.group is None:
+        return ()
+    root = {n.id: n for n in spec.nodes}[pick.group]
+    out: list[NodeSpec] = []
+    prev = node
+    for i in range(data.draw(st.integers(0, 2))):
+        pools = tuple(data.draw(st.lists(st.sampled_from(root.pools), unique=True))) if root.pools else ()
+        gid = f"{node}g{i}"
+        out.append(
+            NodeSpec(gid, "Command", pick.subject, deps=(Dep(prev),), lease=pick.lease, pools=pools, group=root.id)
+        )
+        prev = gid
+    return tuple(out)
+
+
 @settings(max_examples=150, deadline=None)
 @given(work=workloads(), data=st.data())
 def test_every_dag_settles_without_overlap(work: tuple[dict[str, int], list[DagSpec]], data: st.DataObject) -> None:
@@ -190,7 +210,10 @@ def test_every_dag_settles_without_overlap(work: tuple[dict[str, int], list[DagS
             dag, node = data.draw(st.sampled_from(running))
             ok = data.draw(st.integers(0, 3)) > 0  # mostly ok, so long chains get far enough to contend
             mirror.states[dag][node] = NodeState.DONE if ok else NodeState.FAILED
-            run(Finished(dag, node, ok, None if ok else f"{node} failed"))
+            grow = grafts(data, mirror.specs[dag], node) if ok else ()
+            mirror.specs[dag] = replace(mirror.specs[dag], nodes=mirror.specs[dag].nodes + grow)
+            mirror.states[dag] |= {g.id: NodeState.QUEUED for g in grow}
+            run(Finished(dag, node, ok, None if ok else f"{node} failed", grow=grow))
     assert not to_submit and world.dags == [], "a DAG is stuck: nothing runs and it never settles"
     assert set(mirror.terminal) == {s.id for s in specs}
     assert sorted(mirror.approvals_resolved) == sorted(s.id for s in specs)  # each exactly once

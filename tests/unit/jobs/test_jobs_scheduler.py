@@ -287,3 +287,13 @@ def test_a_graft_that_would_wait_inside_a_claimed_group_is_refused() -> None:
     r.ok("d1", "g")
     with pytest.raises(Conflict, match="joins claimed group g but d1 holds no lease on n2"):
         r.ok("d1", "plan", grow=(n("apply", "plan", subject="n2", lease=True, group="g"),))
+
+
+def test_a_graft_into_a_cancelled_dag_is_recorded_and_cancelled() -> None:
+    # The node's success must land; what it planned is kept for `bc jobs show`, cancelled.
+    r = Run()
+    r.submit("d1", n("pick"), n("resolve", Dep("pick", ANY), tail=True))
+    assert r(CancelDag("d1")).cancel_running == [("d1", "pick")]
+    d = r.ok("d1", "pick", grow=(n("p1", "pick"),))
+    assert d.cancelled == [("d1", "p1")]
+    assert claimed(d) == [("d1", "resolve")]
