@@ -207,6 +207,8 @@ def _check_node(n: NodeSpec, by_id: Mapping[str, NodeSpec], dag: DagSpec) -> Non
         return
     if n.group not in by_id:
         raise UsageError(f"node {n.id} is in group {n.group}, which is not in DAG {dag.id}")
+    if by_id[n.group].tail:  # reachable by growth: a tail that became a root would lose its weak edges' meaning
+        raise UsageError(f"node {n.id} is in group {n.group}, a tail node, which cannot root a group")
     for d in n.deps:
         if not in_group(d.node, n.group, by_id):
             raise UsageError(f"node {n.id} is in group {n.group} but depends on {d.node} outside it")

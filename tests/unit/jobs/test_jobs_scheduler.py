@@ -297,3 +297,10 @@ def test_a_graft_into_a_cancelled_dag_is_recorded_and_cancelled() -> None:
     d = r.ok("d1", "pick", grow=(n("p1", "pick"),))
     assert d.cancelled == [("d1", "p1")]
     assert claimed(d) == [("d1", "resolve")]
+
+
+def test_a_graft_cannot_make_a_tail_a_group_root() -> None:
+    r = Run()
+    r.submit("d1", n("pick"), n("later"), n("resolve", Dep("later", ANY), tail=True))
+    with pytest.raises(UsageError, match="resolve, a tail node, which cannot root a group"):
+        r.ok("d1", "pick", grow=(n("p1", group="resolve"),))
