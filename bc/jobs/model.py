@@ -159,6 +159,8 @@ class DagSpec:
 
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+POOL_NAME = _ID
+"""Ids and pool names hold no '/': the scheduler keys a DAG-local pool as `<dag>/<pool>`."""
 
 
 def validate(dag: DagSpec) -> None:
@@ -168,7 +170,7 @@ def validate(dag: DagSpec) -> None:
     if not dag.nodes:
         raise UsageError(f"DAG {dag.id} has no nodes")
     for name, cap in dag.local_pools.items():
-        if not _ID.fullmatch(name) or cap < 1:
+        if not POOL_NAME.fullmatch(name) or cap < 1:
             raise UsageError(f"DAG {dag.id}: local pool {name!r} needs a name and a capacity of at least 1")
     check_nodes(dag.nodes, (), dag)
 
@@ -195,6 +197,9 @@ def _check_node(n: NodeSpec, by_id: Mapping[str, NodeSpec], dag: DagSpec) -> Non
     if n.lease and n.subject not in dag.lease_subjects():
         # Only reachable by growth: the DAG did not declare this subject at submit.
         raise UsageError(f"node {n.id} leases {n.subject}, which DAG {dag.id} did not declare at submit")
+    for p in n.pools:
+        if not POOL_NAME.fullmatch(p):
+            raise UsageError(f"node {n.id} names a bad slot pool {p!r}")
     for d in n.deps:
         if d.node not in by_id:
             raise UsageError(f"node {n.id} depends on {d.node}, which is not in DAG {dag.id}")

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 
 from bc.errors import Conflict, NotFound, UsageError
 from bc.jobs.model import (
+    POOL_NAME,
     TERMINAL,
     DagSpec,
     DepOutcome,
@@ -203,6 +204,8 @@ def step(world: World, event: Event) -> tuple[World, Decisions]:
     elif isinstance(event, CancelDag):
         _cancel(w, event.dag, out)
     elif isinstance(event, SetCapacity):
+        if not POOL_NAME.fullmatch(event.pool):
+            raise UsageError(f"bad slot pool name {event.pool!r}")
         if event.capacity < 1:
             raise UsageError(f"slot pool {event.pool} needs a capacity of at least 1")
         w.capacities[event.pool] = event.capacity

@@ -9,7 +9,7 @@ import pytest
 
 from bc.errors import Conflict, NotFound, UsageError
 from bc.jobs.model import DagSpec, Dep, DepWhen, JobStateError, NodeSpec, NodeState, failure_reason
-from bc.jobs.scheduler import CancelDag, Decisions, Event, Finished, SetCapacity, Submit, World, step
+from bc.jobs.scheduler import CancelDag, Decisions, Event, Finished, SetCapacity, Submit, World, live_view, step
 
 ANY = DepWhen.AFTER_ANY
 
@@ -165,6 +165,10 @@ def test_unknown_pool_and_duplicate_dag_are_refused() -> None:
         r.submit("d1", n("a"))
     with pytest.raises(UsageError, match="at least 1"):
         r(SetCapacity("reboots", 0))
+    with pytest.raises(UsageError, match="bad slot pool name"):
+        r(SetCapacity("d1/max-parallel", 3))
+    with pytest.raises(UsageError, match="bad slot pool"):
+        r.submit("d2", n("a", pools=("d1/x",)))
 
 
 def test_an_outcome_for_a_node_not_running_is_a_protocol_error_and_changes_nothing() -> None:
@@ -182,7 +186,9 @@ def test_rollup_of_the_terminal_dag() -> None:
     assert r.world.dag("d1").state() is NodeState.RUNNING
     r(CancelDag("d1"))
     assert r.world.dag("d1").state() is NodeState.RUNNING  # `a` runs on until it reports
+    assert live_view(r.world) == {"d1": NodeState.RUNNING}
     assert r.ok("d1", "a").terminal == [("d1", NodeState.CANCELLED)]
+    assert live_view(r.world) == {}
 
 
 def reboot_group(i: int) -> list[NodeSpec]:
