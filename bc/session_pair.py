@@ -104,6 +104,8 @@ class Network:
     peers: dict[str, PeerIdentity] = field(default_factory=dict)
     sessions: set[asyncio.Task[None]] = field(default_factory=set)
     dials: Counter[str] = field(default_factory=Counter)
+    # What a compromised gateway would run between its session driver and the node: wraps the gateway's end.
+    wrap: Callable[[str, Link[NodeMessage, GatewayMessage]], Link[NodeMessage, GatewayMessage]] | None = None
 
     def dialer(self, node_id: str) -> Callable[[], Awaitable[Link[GatewayMessage, NodeMessage]]]:
         async def dial() -> Link[GatewayMessage, NodeMessage]:
@@ -118,7 +120,9 @@ class Network:
             def cut() -> bool:
                 return node_id in self.partitioned
 
-            served = FaultyLink[NodeMessage, GatewayMessage](gateway_end, cut)
+            served: Link[NodeMessage, GatewayMessage] = FaultyLink[NodeMessage, GatewayMessage](gateway_end, cut)
+            if self.wrap is not None:
+                served = self.wrap(node_id, served)
             task = asyncio.create_task(gateway.serve(served, self.peers[node_id]), name=f"session-{node_id}")
             self.sessions.add(task)
             task.add_done_callback(self.sessions.discard)
