@@ -42,6 +42,7 @@ from bc.protocol import kinds, limits
 from bc.protocol.pb import kinds_pb2, session_pb2
 from bc.store import Row, Store, Tx
 from bc.store import commands as cmd_sql
+from bc.store import dispatch as dispatch_sql
 from bc.store import nodes as nodes_sql
 
 DEFAULT_NOT_AFTER_S = 600.0
@@ -400,6 +401,29 @@ async def get(store: Store, command_id: str) -> Row:
     if row is None:
         raise NotFound(f"no command {command_id!r}")
     return row
+
+
+async def settle_by_server(
+    tx: Tx,
+    bus: Bus | None,
+    command_id: str,
+    node_id: str,
+    state: str,
+    reason: str,
+    now_ms: int,
+    from_states: tuple[str, ...],
+    *,
+    kind: str = "",
+) -> bool:
+    """Settle a command the control plane decided (a guard, a resume rule, a refusal) and publish
+    `command.settled`; only from `from_states`. False when it was in none of them (nothing published)."""
+    if not await dispatch_sql.settle(tx, command_id, node_id, state, reason, now_ms, from_states):
+        return False
+    data = {"node_id": node_id, "state": state, "reason": reason}
+    if kind:
+        data["kind"] = kind
+    await publish(tx, bus, "command.settled", command_id, data, now_ms)
+    return True
 
 
 async def list_commands(store: Store, *, node_id: str = "", state: str = "", limit: int = 0) -> list[Row]:

@@ -35,7 +35,6 @@ from bc.pki import quorum as q
 from bc.protocol import kinds
 from bc.protocol.pb import common_pb2
 from bc.store import Row, Store, Tx
-from bc.store import dispatch as dispatch_sql
 from bc.store import quorum as q_sql
 
 DEFAULT_BATCH_NOT_AFTER_S = 3600.0
@@ -231,13 +230,5 @@ async def _reject(tx: Tx, bus: Bus, batch_id: str, name: str, reason: str, now_m
     await q_sql.settle_batch(tx, batch_id, "rejected", None, now_ms)
     for r in await q_sql.leaves(tx, batch_id):
         cid, node_id = str(r["command_id"]), str(r["node_id"])
-        if await dispatch_sql.settle(tx, cid, node_id, "cancelled", "batch-rejected", now_ms, ("pending",)):
-            await publish(
-                tx,
-                bus,
-                "command.settled",
-                cid,
-                {"node_id": node_id, "state": "cancelled", "reason": "batch-rejected"},
-                now_ms,
-            )
+        await cmds.settle_by_server(tx, bus, cid, node_id, "cancelled", "batch-rejected", now_ms, ("pending",))
     await publish(tx, bus, "batch.rejected", batch_id, {"by": name, "reason": reason}, now_ms)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from google.protobuf import json_format
 
 from bc.control.bus import Bus
-from bc.control.commands import apply_update
+from bc.control.commands import apply_update, settle_by_server
 from bc.control.events import publish
 from bc.control.signer import Signer
 from bc.errors import Unauthenticated
@@ -195,9 +195,11 @@ async def _resume_commands(
         elif new_boot and c["self_terminating"]:
             outcome = ("succeeded", "rebooted")
         cid = str(c["id"])
-        if outcome and await dispatch_sql.settle(tx, cid, node_id, *outcome, now_ms, dispatch_sql.IN_FLIGHT):
-            data = {"node_id": node_id, "kind": c["kind"], "state": outcome[0], "reason": outcome[1]}
-            await publish(tx, bus, "command.settled", cid, data, now_ms)
+        if outcome:
+            state, reason = outcome
+            await settle_by_server(
+                tx, bus, cid, node_id, state, reason, now_ms, dispatch_sql.IN_FLIGHT, kind=str(c["kind"])
+            )
     await dispatch_sql.move_to_epoch(tx, node_id, opened.epoch)
     running = set(hello.running_command_ids)
     replay = [str(c["id"]) for c in await commands_sql.in_flight_for_node(tx, node_id) if str(c["id"]) not in running]

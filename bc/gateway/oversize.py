@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 
 from bc.control.bus import Bus
+from bc.control.commands import settle_by_server
 from bc.control.events import publish
 from bc.protocol.limits import LIMITS, truncate_text
 from bc.protocol.pb import session_pb2
@@ -59,9 +60,7 @@ async def refuse_oversized_update(
     cid = update.command_id
     data = {"command_id": cid, "result_bytes": size, "max_result_bytes": LIMITS.max_result_bytes}
     await publish(tx, bus, "node.result-too-large", node_id, data, now_ms)
-    if await dispatch_sql.settle(tx, cid, node_id, "failed", RESULT_TOO_LARGE, now_ms, dispatch_sql.IN_FLIGHT):
-        settled = {"node_id": node_id, "state": "failed", "reason": RESULT_TOO_LARGE}
-        await publish(tx, bus, "command.settled", cid, settled, now_ms)
+    await settle_by_server(tx, bus, cid, node_id, "failed", RESULT_TOO_LARGE, now_ms, dispatch_sql.IN_FLIGHT)
     log.warning(
         "event=command.result-too-large node=%s command=%s bytes=%d max_result_bytes=%d",
         node_id,
@@ -78,9 +77,7 @@ async def refuse_oversized_command(
     """A stored command whose frame is over `max_frame_bytes`: settled `command-too-large`, never sent."""
     data = {"command_id": command_id, "frame_bytes": frame_bytes, "max_frame_bytes": LIMITS.max_frame_bytes}
     await publish(tx, bus, "node.command-too-large", node_id, data, now_ms)
-    if await dispatch_sql.settle(tx, command_id, node_id, "failed", COMMAND_TOO_LARGE, now_ms, dispatch_sql.IN_FLIGHT):
-        settled = {"node_id": node_id, "state": "failed", "reason": COMMAND_TOO_LARGE}
-        await publish(tx, bus, "command.settled", command_id, settled, now_ms)
+    await settle_by_server(tx, bus, command_id, node_id, "failed", COMMAND_TOO_LARGE, now_ms, dispatch_sql.IN_FLIGHT)
     log.error(
         "event=command.too-large node=%s command=%s frame_bytes=%d max_frame_bytes=%d",
         node_id,

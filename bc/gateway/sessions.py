@@ -26,7 +26,7 @@ from bc.clock import Clock
 from bc.control import approvers
 from bc.control import status as status_ctl
 from bc.control.bus import Bus
-from bc.control.commands import apply_update
+from bc.control.commands import apply_update, settle_by_server
 from bc.control.events import publish
 from bc.control.intent import Intent
 from bc.control.signer import Signer
@@ -503,15 +503,7 @@ class SessionDriver:
                 tenant_controlled=labels.get("bc.dev/tenant-controlled") == "true",
             )
             for cid, reason in plan.cancel:
-                if await dispatch_sql.settle(tx, cid, self.node_id, "cancelled", reason, now_ms, ("pending",)):
-                    await publish(
-                        tx,
-                        self.gw.bus,
-                        "command.settled",
-                        cid,
-                        {"node_id": self.node_id, "state": "cancelled", "reason": reason},
-                        now_ms,
-                    )
+                await settle_by_server(tx, self.gw.bus, cid, self.node_id, "cancelled", reason, now_ms, ("pending",))
             for cid in plan.send:
                 if await commands_sql.mark_dispatched(tx, cid, self.node_id, epoch, now_ms, self.gw.gateway_id):
                     to_send.append(cid)
