@@ -15,17 +15,15 @@ stay; inside a table cell or a one-line error, `one_line` escapes them too.
 from __future__ import annotations
 
 import json
-import unicodedata
 from typing import Any
 
 import click
 
-# Bidirectional formatting characters and the line/paragraph separators (Trojan Source).
-_BIDI_AND_SEPARATORS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029")
+from bc.protocol.text_safety import is_unsafe
 
 
 def _unsafe(ch: str, keep: str) -> bool:
-    return ch not in keep and (ch in _BIDI_AND_SEPARATORS or unicodedata.category(ch) == "Cc")
+    return ch not in keep and is_unsafe(ch)
 
 
 def _escape(ch: str) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import re
-import unicodedata
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,12 +33,10 @@ from google.protobuf.message import Message
 
 from bc.protocol.canonical import SpecError
 from bc.protocol.pb import spec_pb2
+from bc.protocol.text_safety import unsafe_char
 
 MAX_JSON_DEPTH = 32
 
-# Bidirectional formatting characters (Unicode's "Trojan Source" set) and the two separators
-# that terminals and editors treat as line breaks.
-_BIDI_AND_SEPARATORS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029")
 
 UNIT_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -47,14 +44,6 @@ PRINCIPAL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]{0,63}")
 SERIAL = re.compile(r"[0-9]{1,20}|[0-9a-fA-F]{1,40}")
 TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 SHA256_HEX = re.compile(r"(sha256:)?[0-9a-f]{64}")
-
-
-def unsafe_char(text: str) -> str | None:
-    """The first character of `text` that must never reach a file or a terminal, or None."""
-    for ch in text:
-        if ch in _BIDI_AND_SEPARATORS or unicodedata.category(ch) == "Cc":
-            return ch
-    return None
 
 
 def _refuse(section: str, field: str, why: str) -> SpecError:

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from bc.protocol import canonical
 from bc.protocol.canonical import SpecError
-from bc.protocol.spec_validation import MAX_JSON_DEPTH, check_section, unsafe_char
+from bc.protocol.spec_validation import MAX_JSON_DEPTH, check_section
+from bc.protocol.text_safety import unsafe_char
 
 
 def check(section: str, doc: object) -> None:
