@@ -346,10 +346,7 @@ def events_digest(events: list[tuple[int, str, str, str, int]]) -> str:
 
 
 @contextlib.contextmanager
-def _scratch_dir(root: Path | None) -> Iterator[Path]:
-    if root is not None:
-        yield root
-        return
+def _scratch_dir() -> Iterator[Path]:
     # /dev/shm where there is one: a simulated hour is tens of thousands of small commits.
     base = "/dev/shm" if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="bc-pair-", dir=base) as d:
@@ -381,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING if args.log else logging.CRITICAL, format="%(message)s")
 
     async def go() -> list[tuple[int, str, str, str, int]]:
-        with _scratch_dir(None) as root:
+        with _scratch_dir() as root:
             pair = SessionPair(root, seed=args.seed, agents=args.agents)
             await hour_with_faults(pair, hours=args.hours)
             events = await pair.events()
