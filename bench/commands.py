@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agent.app import Agent, AgentOptions
 from agent.join import join_node
 from agent.journal import Journal
-from agent.main import Agent, AgentOptions
 from bench.run import Lab
 
 

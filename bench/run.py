@@ -32,8 +32,8 @@ from pathlib import Path
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
+from agent.app import Agent, AgentOptions
 from agent.join import join_node
-from agent.main import Agent, AgentOptions
 from bc.cli.client import AdminClient
 from bc.config import OperatorConfig
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from agent.app import Agent, AgentOptions
 from agent.join import join_node
-from agent.main import Agent, AgentOptions
 from bc.cli.client import AdminClient
 from bc.config import OperatorConfig
 from bc.protocol.pb import admin_pb2

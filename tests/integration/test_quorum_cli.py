@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 import pytest
 from click.testing import CliRunner, Result
 
+from agent.app import Agent, AgentOptions
 from agent.hw.fake import FakeHardware
 from agent.join import join_node
-from agent.main import Agent, AgentOptions
 from bc.cli.main import cli
 from bc.serve import Seams, ServeOptions, Server
 from bc.store import Row, Store

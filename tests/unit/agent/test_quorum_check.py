@@ -143,7 +143,7 @@ def unbatched(node_id: str, command_id: str, kind: str = "gpu.reset") -> session
 
 
 class Node:
-    """The quorum check as `agent.main` wires it: the held bundle, the journal's leaf ledger, the allowance file."""
+    """The quorum check as `agent.app` wires it: the held bundle, the journal's leaf ledger, the allowance file."""
 
     def __init__(self, data_dir: Path, journal: Journal, clock: LoopClock, b: common_pb2.TrustBundle) -> None:
         self.data_dir, self.journal, self.clock = data_dir, journal, clock
