@@ -19,28 +19,13 @@ from typing import Any
 
 import click
 
-from bc.protocol.text_safety import is_unsafe
+from bc.protocol.text_safety import is_unsafe, one_line, safe_text
+
+__all__ = ["echo", "json_text", "one_line", "safe_text"]
 
 
 def _unsafe(ch: str, keep: str) -> bool:
     return ch not in keep and is_unsafe(ch)
-
-
-def _escape(ch: str) -> str:
-    n = ord(ch)
-    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
-
-
-def safe_text(text: str, *, keep: str = "\n\t") -> str:
-    """`text` with every control and bidi character but those in `keep` written as a visible escape."""
-    if text.isascii() and text.isprintable():
-        return text  # the common case, at C speed
-    return "".join(_escape(c) if _unsafe(c, keep) else c for c in text)
-
-
-def one_line(text: str) -> str:
-    """`text` for one table cell or one error line: newlines and tabs escaped as well."""
-    return safe_text(text, keep="")
 
 
 def json_text(value: Any, *, indent: int | None = 2, sort_keys: bool = False) -> str:

@@ -57,10 +57,10 @@ async def create_batch(
     store: Store, bus: Bus, signer: Signer, req: BatchRequest, requested_by: str, rng: random.Random
 ) -> str:
     """Store a batch and enqueue its commands held, in one transaction; returns the batch id."""
-    cmds.check_batch_size(req.kind, req.node_ids, req.payload_json)
     kind = kinds.get(req.kind)
     if kind is None:
         raise UsageError(f"unknown command kind {req.kind!r}")
+    cmds.check_batch_size(req.kind, req.node_ids, req.payload_json)
     if not kind.destructive:
         raise UsageError(f"{req.kind} is not destructive: run it with `bc cmd run`, it needs no batch")
     nodes = [n.strip() for n in req.node_ids if n.strip()]

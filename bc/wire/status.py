@@ -40,6 +40,7 @@ from bc.errors import (
     Unavailable,
     UsageError,
 )
+from bc.protocol.text_safety import one_line
 
 _OUTBOUND: tuple[tuple[type[BcError], grpc.StatusCode], ...] = (
     (UsageError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -93,10 +94,12 @@ _SSL_REASON = re.compile(r"OPENSSL_internal:([A-Z0-9_]+)")
 
 def error_to_status(err: BcError) -> tuple[grpc.StatusCode, str]:
     """The status code and details a servicer sends for `err`."""
+    # A message may quote what the caller sent (a kind, a node id); it leaves as one visible line.
+    message = one_line(err.message)
     for cls, code in _OUTBOUND:
         if isinstance(err, cls):
-            return code, err.message
-    return grpc.StatusCode.UNKNOWN, err.message
+            return code, message
+    return grpc.StatusCode.UNKNOWN, message
 
 
 def status_to_error(code: grpc.StatusCode, details: str, *, server: str | None = None) -> BcError:

@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.message import Message
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from bc.protocol.pb import admin_pb2
@@ -118,12 +118,17 @@ requests = st.sampled_from(METHODS).flatmap(
 )
 
 
+# A failing example may carry a megabyte of text; hypothesis warns about printing it, and that warning
+# (an error under our filterwarnings) must not hide the failure it is about to report.
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")
 @settings(
     max_examples=250,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 @given(call=requests)
+# Once found by CI: the caller's kind "\n" came back inside the one-line refusal of an oversize payload.
+@example(call=("CreateBatch", admin_pb2.CreateBatchRequest(kind="\n", node_ids=["n1"], payload_json="z" * 1_100_000)))
 def test_the_admin_api_refuses_in_one_sentence_and_stores_nothing(fuzzed: Fuzzed, call: tuple[str, Message]) -> None:
     name, request = call
     before_digest, before_events = fuzzed.run(snapshot(fuzzed.lab))
