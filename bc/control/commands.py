@@ -372,22 +372,27 @@ async def request_cancel(store: Store, bus: Bus | None, command_id: str, reason:
     A settled command is returned unchanged: cancelling twice, or after the
     outcome, is not an error (a real outcome always wins over a late cancel).
     """
-    reason = reason.strip() or "cancelled by the operator"
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        row = await cmd_sql.get(tx, command_id)
-        if row is None:
-            raise NotFound(f"no command {command_id!r}")
-        node_id, kind, state = str(row["node_id"]), str(row["kind"]), str(row["state"])
-        if state == cs.PENDING and await cmd_sql.cancel_pending(tx, command_id, reason, now_ms):
-            data = {"node_id": node_id, "kind": kind, "state": cs.CANCELLED, "reason": "cancelled"}
-            await publish(tx, bus, "command.settled", command_id, data, now_ms)
-        elif state in cs.IN_FLIGHT and await cmd_sql.request_cancel(tx, command_id, reason, now_ms):
-            data = {"node_id": node_id, "kind": kind, "state": state, "reason": reason}
-            await publish(tx, bus, "command.cancel-requested", command_id, data, now_ms)
-            if bus is not None:
-                tx.on_commit(lambda: bus.node_changed(node_id))
-        out = await cmd_sql.get(tx, command_id)
+        return await request_cancel_in(tx, bus, command_id, reason, now_ms)
+
+
+async def request_cancel_in(tx: Tx, bus: Bus | None, command_id: str, reason: str, now_ms: int) -> Row:
+    """`request_cancel` in the caller's transaction (a job cancelling the command its node sent)."""
+    reason = reason.strip() or "cancelled by the operator"
+    row = await cmd_sql.get(tx, command_id)
+    if row is None:
+        raise NotFound(f"no command {command_id!r}")
+    node_id, kind, state = str(row["node_id"]), str(row["kind"]), str(row["state"])
+    if state == cs.PENDING and await cmd_sql.cancel_pending(tx, command_id, reason, now_ms):
+        data = {"node_id": node_id, "kind": kind, "state": cs.CANCELLED, "reason": "cancelled"}
+        await publish(tx, bus, "command.settled", command_id, data, now_ms)
+    elif state in cs.IN_FLIGHT and await cmd_sql.request_cancel(tx, command_id, reason, now_ms):
+        data = {"node_id": node_id, "kind": kind, "state": state, "reason": reason}
+        await publish(tx, bus, "command.cancel-requested", command_id, data, now_ms)
+        if bus is not None:
+            tx.on_commit(lambda: bus.node_changed(node_id))
+    out = await cmd_sql.get(tx, command_id)
     assert out is not None
     return out
 

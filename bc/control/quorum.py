@@ -57,6 +57,24 @@ async def create_batch(
     store: Store, bus: Bus, signer: Signer, req: BatchRequest, requested_by: str, rng: random.Random
 ) -> str:
     """Store a batch and enqueue its commands held, in one transaction; returns the batch id."""
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        return await create_batch_in(tx, bus, signer, req, requested_by, rng, now_ms)
+
+
+async def create_batch_in(
+    tx: Tx,
+    bus: Bus,
+    signer: Signer,
+    req: BatchRequest,
+    requested_by: str,
+    rng: random.Random,
+    now_ms: int,
+    *,
+    dag_id: str = "",
+) -> str:
+    """`create_batch` in the caller's transaction. A batch a job DAG owns (`dag_id`) releases nothing when
+    approved: each of the DAG's Command nodes releases its own leaf (`release_leaf`) when it runs."""
     kind = kinds.get(req.kind)
     if kind is None:
         raise UsageError(f"unknown command kind {req.kind!r}")
@@ -78,52 +96,62 @@ async def create_batch(
     payload = cmds.payload_for(req.kind, payload)
     digest = merkle.payload_digest(payload.type_url, payload.value)
     tree = merkle.MerkleTree([merkle.leaf_bytes(n, req.kind, digest) for n in nodes])
-    now_ms = await store.now_ms()
     batch_id = "b-" + ulid(now_ms / 1000, rng)
-    async with store.transaction() as tx:
-        approvers = appr.approver_keys(await q_sql.list_approvers(tx))
-        if not approvers:
-            raise Conflict("no approvers are configured: add them first (bc approve keygen, bc approvers add)")
-        k = await appr.threshold(tx)
-        eligible = {a.operator or a.key_id for a in approvers if not q.is_requesters(a, requested_by)}
-        if len(eligible) < k:
-            raise Conflict(
-                f"the threshold is {k} but only {len(eligible)} approver(s) other than {requested_by}'s own exist:"
-                " this batch could never be approved"
-            )
-        await q_sql.insert_batch(
-            tx,
-            id_=batch_id,
-            kind=req.kind,
+    await check_can_approve(tx, requested_by)
+    k = await appr.threshold(tx)
+    await q_sql.insert_batch(
+        tx,
+        id_=batch_id,
+        kind=req.kind,
+        requested_by=requested_by,
+        reason=req.reason,
+        payload_json=req.payload_json or "{}",
+        scope_root=tree.root,
+        threshold=k,
+        now_ms=now_ms,
+        not_after_ms=now_ms + round(req.not_after_s * 1000),
+        dag_id=dag_id,
+    )
+    for idx, node_id in enumerate(nodes):
+        er = cmds.EnqueueRequest(
+            node_id,
+            req.kind,
+            payload,
+            not_after_s=req.not_after_s,
+            idempotency_key=f"batch:{batch_id}:{idx}",
+            batch_id=batch_id,
             requested_by=requested_by,
-            reason=req.reason,
-            payload_json=req.payload_json or "{}",
-            scope_root=tree.root,
-            threshold=k,
-            now_ms=now_ms,
-            not_after_ms=now_ms + round(req.not_after_s * 1000),
         )
-        for idx, node_id in enumerate(nodes):
-            er = cmds.EnqueueRequest(
-                node_id,
-                req.kind,
-                payload,
-                not_after_s=req.not_after_s,
-                idempotency_key=f"batch:{batch_id}:{idx}",
-                batch_id=batch_id,
-                requested_by=requested_by,
-            )
-            row = await cmds.enqueue_in(tx, bus, signer, er, kind, payload, now_ms, rng, held=True)
-            await q_sql.insert_leaf(tx, batch_id, idx, node_id, req.kind, digest, str(row["id"]))
-        await publish(
-            tx,
-            bus,
-            "batch.created",
-            batch_id,
-            {"kind": req.kind, "nodes": nodes, "requested_by": requested_by, "scope_root": tree.root.hex()},
-            now_ms,
-        )
+        row = await cmds.enqueue_in(tx, bus, signer, er, kind, payload, now_ms, rng, held=True)
+        await q_sql.insert_leaf(tx, batch_id, idx, node_id, req.kind, digest, str(row["id"]))
+    data: dict[str, object] = {
+        "kind": req.kind,
+        "nodes": nodes,
+        "requested_by": requested_by,
+        "scope_root": tree.root.hex(),
+    }
+    if dag_id:
+        data["dag_id"] = dag_id
+    await publish(tx, bus, "batch.created", batch_id, data, now_ms)
     return batch_id
+
+
+async def check_can_approve(tx: Tx, requested_by: str) -> None:
+    """Conflict unless approvers exist and at least k of them are someone other than the requester."""
+    approvers = appr.approver_keys(await q_sql.list_approvers(tx))
+    if not approvers:
+        raise Conflict("no approvers are configured: add them first (bc approve keygen, bc approvers add)")
+    k = await appr.threshold(tx)
+    eligible = {a.operator or a.key_id for a in approvers if not q.is_requesters(a, requested_by)}
+    if len(eligible) < k:
+        raise Conflict(
+            f"the threshold is {k} but only {len(eligible)} approver(s) other than {requested_by}'s own exist:"
+            " this batch could never be approved"
+        )
+
+
+async def has_approvers(tx: Tx) -> bool:
+    return bool(await q_sql.list_approvers(tx))
 
 
 async def decide(
@@ -215,15 +243,63 @@ async def _maybe_approve(tx: Tx, bus: Bus, batch: Row, now_ms: int) -> None:
     del approval.signatures[:]
     approval.signatures.extend(kept)
     await q_sql.settle_batch(tx, batch_id, "approved", approval.SerializeToString(deterministic=True), now_ms)
+    if not str(batch["dag_id"] or ""):
+        # A standalone batch releases every leaf now; a job's batch leaves that to its Command nodes.
+        for r in leaves:
+            await _release(tx, bus, leaves, r)
+    await publish(tx, bus, "batch.approved", batch_id, {"approvers": tally.counted}, now_ms)
+
+
+async def _release(tx: Tx, bus: Bus, leaves: list[Row], leaf: Row) -> bool:
+    """Release one held leaf command with its Merkle proof; False when it was not held any more."""
     tree = merkle.MerkleTree(
         [merkle.leaf_bytes(str(r["node_id"]), str(r["kind"]), bytes(r["payload_digest"])) for r in leaves]
     )
+    idx = int(leaf["idx"])
+    proof = common_pb2.BatchProof(leaf_index=idx, tree_size=len(tree), path=tree.proof(idx))
+    if await q_sql.release_command(tx, str(leaf["command_id"]), proof.SerializeToString(deterministic=True)):
+        tx.on_commit(partial(bus.node_changed, str(leaf["node_id"])))
+        return True
+    return False
+
+
+async def release_leaf(tx: Tx, bus: Bus, batch_id: str, node_id: str) -> str:
+    """Release an approved job batch's leaf for `node_id`; returns its command id (a repeat is harmless)."""
+    batch = await q_sql.get_batch(tx, batch_id)
+    if batch is None or str(batch["state"]) != "approved":
+        state = "missing" if batch is None else str(batch["state"])
+        raise Conflict(f"batch {batch_id} is {state}, not approved: its leaf for {node_id} cannot run")
+    leaves = await q_sql.leaves(tx, batch_id)
+    leaf = next((r for r in leaves if str(r["node_id"]) == node_id), None)
+    if leaf is None:
+        raise Conflict(f"batch {batch_id} has no leaf for node {node_id}")
+    await _release(tx, bus, leaves, leaf)
+    return str(leaf["command_id"])
+
+
+async def withdraw(tx: Tx, bus: Bus, batch_id: str, reason: str, now_ms: int) -> bool:
+    """A job no longer needs its batch: a pending or approved batch becomes `withdrawn` and its leaves
+    not yet released are cancelled (released ones run and report). False when it was already settled."""
+    batch = await q_sql.get_batch(tx, batch_id)
+    if batch is None or str(batch["state"]) not in ("pending", "approved"):
+        return False
+    leaves = await q_sql.leaves(tx, batch_id)
+    if str(batch["state"]) == "approved" and not [r for r in leaves if await q_sql.is_held(tx, str(r["command_id"]))]:
+        return False  # every leaf was used: the batch did its work and stays approved
+    await q_sql.withdraw_batch(tx, batch_id, now_ms)
     for r in leaves:
-        idx = int(r["idx"])
-        proof = common_pb2.BatchProof(leaf_index=idx, tree_size=len(tree), path=tree.proof(idx))
-        if await q_sql.release_command(tx, str(r["command_id"]), proof.SerializeToString(deterministic=True)):
-            tx.on_commit(partial(bus.node_changed, str(r["node_id"])))
-    await publish(tx, bus, "batch.approved", batch_id, {"approvers": tally.counted}, now_ms)
+        cid, node_id = str(r["command_id"]), str(r["node_id"])
+        if await q_sql.is_held(tx, cid):
+            await cmds.settle_by_server(tx, bus, cid, node_id, "cancelled", "batch-withdrawn", now_ms, ("pending",))
+    await publish(tx, bus, "batch.withdrawn", batch_id, {"reason": reason}, now_ms)
+    return True
+
+
+async def resolve(tx: Tx, bus: Bus, batch_id: str, outcome: str, reason: str, now_ms: int) -> None:
+    """Record how the owning DAG ended (done, failed, cancelled), withdrawing whatever it did not use."""
+    withdrawn = await withdraw(tx, bus, batch_id, reason or f"the job {outcome}", now_ms)
+    await q_sql.set_resolution(tx, batch_id, outcome)
+    await publish(tx, bus, "batch.resolved", batch_id, {"outcome": outcome, "withdrawn": withdrawn}, now_ms)
 
 
 async def _reject(tx: Tx, bus: Bus, batch_id: str, name: str, reason: str, now_ms: int) -> None:

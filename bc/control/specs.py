@@ -102,14 +102,9 @@ def check_section_size(section: str, section_json: str, msg: Message | None = No
         limits.check_size(what, msg.ByteSize(), "max_section_bytes")
 
 
-async def set_section(
-    store: Store, bus: Bus, signer: Signer, node_id: str, section: str, section_json: str
-) -> SpecWrite:
-    """Replace one section wholesale (`{}` clears it). The devices section belongs to reservations.
-
-    Everything about the input is checked before the transaction (name, size, parse, content); the
-    whole spec's size is checked in it, before anything is written.
-    """
+def section_mutation(section: str, section_json: str) -> Callable[[spec_pb2.NodeSpec], None]:
+    """Check one section's input (name, size, parse, content) and return the write that replaces it
+    wholesale (`{}` clears it). The devices section belongs to reservations."""
     from bc.errors import UsageError
 
     if section in canonical.SECTIONS:
@@ -125,6 +120,15 @@ async def set_section(
         if msg.ByteSize() == 0:
             spec.ClearField(section)  # type: ignore[arg-type,unused-ignore]
 
+    return mutate
+
+
+async def set_section(
+    store: Store, bus: Bus, signer: Signer, node_id: str, section: str, section_json: str
+) -> SpecWrite:
+    """Replace one section wholesale. Everything about the input is checked before the transaction;
+    the whole spec's size is checked in it, before anything is written."""
+    mutate = section_mutation(section, section_json)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
         return await write_spec(tx, bus, signer, node_id, mutate, now_ms, lock=store.for_update())

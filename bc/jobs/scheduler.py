@@ -195,8 +195,24 @@ class Decisions:
 
 def step(world: World, event: Event) -> tuple[World, Decisions]:
     """Apply one event and schedule; `world` is left as it was (also when this raises)."""
+    return step_all(world, [event])
+
+
+def step_all(world: World, events: Sequence[Event]) -> tuple[World, Decisions]:
+    """Apply events in order, then schedule once: what a persisted step does with the outcomes of the
+    nodes it started (many trivial nodes settle in one step instead of one step each)."""
     w = world.copy()
     out = Decisions()
+    for event in events:
+        _apply(w, event, out)
+    for d in w.dags:
+        _propagate(d, out)
+    _release(w, out)
+    _claim(w, out)
+    return w, out
+
+
+def _apply(w: World, event: Event, out: Decisions) -> None:
     if isinstance(event, Submit):
         _submit(w, event.spec)
     elif isinstance(event, Finished):
@@ -209,11 +225,6 @@ def step(world: World, event: Event) -> tuple[World, Decisions]:
         if event.capacity < 1:
             raise UsageError(f"slot pool {event.pool} needs a capacity of at least 1")
         w.capacities[event.pool] = event.capacity
-    for d in w.dags:
-        _propagate(d, out)
-    _release(w, out)
-    _claim(w, out)
-    return w, out
 
 
 def _submit(w: World, spec: DagSpec) -> None:

@@ -39,8 +39,8 @@ def render(sql: str, dialect: str) -> list[str]:
     return [s.strip() for s in re.split(r";\s*\n", sql + "\n") if s.strip()]
 
 
-async def apply_migrations(store: Store) -> int:
-    """Apply what is missing; returns the schema version now in force."""
+async def apply_migrations(store: Store, *, upto: int | None = None) -> int:
+    """Apply what is missing (up to version `upto`, for tests of a migration); returns the version in force."""
     from bc.store.base import StoreError
 
     async with store.transaction() as tx:
@@ -54,7 +54,7 @@ async def apply_migrations(store: Store) -> int:
     if current > latest:
         raise StoreError(f"the store's schema is version {current}, newer than this bc knows ({latest}); upgrade bc")
     for version, name, sql in known:
-        if version <= current:
+        if version <= current or (upto is not None and version > upto):
             continue
         now_ms = await store.now_ms()
         async with store.transaction() as tx:

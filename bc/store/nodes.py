@@ -44,7 +44,9 @@ async def placement_facts(tx: Tx, node_id: str | None = None) -> list[Row]:
     """What placement needs to know of each node (or of one): role, cordon, connectivity, revoked, inventory."""
     where = "WHERE n.node_id = :n" if node_id is not None else ""
     return await tx.fetchall(
-        "SELECT n.node_id, n.role, n.cordoned, n.connectivity, n.inventory,"
+        # A job's transient hold (a drain, a reboot) keeps new holds off as a cordon does.
+        "SELECT n.node_id, n.role, CASE WHEN n.cordoned <> 0 OR n.job_hold IS NOT NULL THEN 1 ELSE 0 END AS cordoned,"
+        " n.connectivity, n.inventory,"
         f" CASE WHEN {_REVOKED} THEN 1 ELSE 0 END AS revoked FROM nodes n {where} ORDER BY n.node_id",
         {"n": node_id} if node_id is not None else {},
     )

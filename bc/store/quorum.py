@@ -38,10 +38,11 @@ async def insert_batch(
     threshold: int,
     now_ms: int,
     not_after_ms: int,
+    dag_id: str = "",
 ) -> None:
     await tx.execute(
         "INSERT INTO batches (id, kind, state, requested_by, reason, payload_json, scope_root, threshold,"
-        " created_at_ms, not_after_ms) VALUES (:id, :k, 'pending', :rb, :r, :p, :root, :th, :t, :na)",
+        " created_at_ms, not_after_ms, dag_id) VALUES (:id, :k, 'pending', :rb, :r, :p, :root, :th, :t, :na, :dag)",
         {
             "id": id_,
             "k": kind,
@@ -52,6 +53,7 @@ async def insert_batch(
             "th": threshold,
             "t": now_ms,
             "na": not_after_ms,
+            "dag": dag_id,
         },
     )
 
@@ -251,3 +253,20 @@ async def applied_chain(tx: Tx, limit: int) -> list[bytes]:
         "SELECT approval FROM quorum_changes WHERE state = 'applied' ORDER BY to_version DESC LIMIT :l", {"l": limit}
     )
     return [bytes(r["approval"]) for r in reversed(rows)]
+
+
+async def withdraw_batch(tx: Tx, batch_id: str, now_ms: int) -> bool:
+    n = await tx.execute(
+        "UPDATE batches SET state = 'withdrawn', settled_at_ms = :t WHERE id = :b AND state IN ('pending', 'approved')",
+        {"b": batch_id, "t": now_ms},
+    )
+    return n == 1
+
+
+async def set_resolution(tx: Tx, batch_id: str, outcome: str) -> None:
+    await tx.execute("UPDATE batches SET resolution = :o WHERE id = :b", {"o": outcome, "b": batch_id})
+
+
+async def is_held(tx: Tx, command_id: str) -> bool:
+    v = await tx.fetchval("SELECT held FROM commands WHERE id = :c", {"c": command_id})
+    return bool(v)

@@ -1,0 +1,317 @@
+"""The primitives: what each job node does to the fleet, inside the scheduler step's transaction.
+
+`start` runs when the scheduler claims a node, in the same transaction that marks it running, so its
+store effect (a command enqueued, a batch created, a spec patched) and the claim commit together or
+not at all. It returns an `Outcome` when the node is done at once, else the `detail` to remember (a
+command id, a batch id, a generation) and the node stays running. `check` looks again after a wake-up
+(a command settled, a generation observed, an approval); `cancel` asks a running node to stop (a
+command is asked to cancel; it still reports its real outcome).
+
+A restarted scheduler re-checks running nodes from their stored detail, so it re-attaches to the
+command it sent; a Command's idempotency key `job:<dag>:<node>` makes even a repeated start harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bc.control import command_states as cs
+from bc.control import commands as cmds
+from bc.control import quorum, specs
+from bc.control.bus import Bus
+from bc.control.events import publish
+from bc.control.signer import Signer
+from bc.errors import BcError
+from bc.jobs.model import DepOutcome, NodeSpec, deps_state, failure_reason
+from bc.protocol.pb import common_pb2
+from bc.store import Tx
+from bc.store import commands as cmd_sql
+from bc.store import jobs as jobs_sql
+from bc.store import node_lifecycle as life_sql
+from bc.store import nodes as nodes_sql
+from bc.store import quorum as q_sql
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    error: str | None = None
+
+
+@dataclass
+class Ctx:
+    """What a primitive may touch: the step's transaction and the control plane's writers."""
+
+    tx: Tx
+    bus: Bus
+    signer: Signer
+    rng: random.Random
+    now_ms: int
+    dag_id: str
+    requested_by: str
+    node: NodeSpec
+    detail: dict[str, Any] = field(default_factory=dict)
+    deps: tuple[DepOutcome, ...] = ()
+    first_error: str | None = None
+
+    @property
+    def subject(self) -> str:
+        assert self.node.subject is not None, f"{self.node.kind} {self.node.id} needs a subject"
+        return self.node.subject
+
+    def param(self, name: str, default: Any = None) -> Any:
+        return self.node.params.get(name, default)
+
+
+Start = Callable[[Ctx], Awaitable[Outcome | None]]
+Check = Callable[[Ctx], Awaitable[Outcome | None]]
+
+DONE = Outcome(True)
+
+
+# -- SetWanted, Reconcile, Group, Emit: done at once -----------------------------------
+
+
+async def _set_wanted(ctx: Ctx) -> Outcome | None:
+    cordoned = bool(ctx.param("cordoned"))
+    if await life_sql.set_cordoned(ctx.tx, ctx.subject, cordoned):
+        await publish(
+            ctx.tx,
+            ctx.bus,
+            "node.cordoned" if cordoned else "node.uncordoned",
+            ctx.subject,
+            {"dag_id": ctx.dag_id},
+            ctx.now_ms,
+        )
+    return DONE
+
+
+async def _reconcile(ctx: Ctx) -> Outcome | None:
+    """Converge the node's schedulability to its wanted state: drop this job's transient hold."""
+    if await jobs_sql.clear_job_hold(ctx.tx, ctx.subject, ctx.dag_id):
+        await publish(ctx.tx, ctx.bus, "node.job-hold-released", ctx.subject, {"dag_id": ctx.dag_id}, ctx.now_ms)
+    return DONE
+
+
+async def _group(ctx: Ctx) -> Outcome | None:
+    return DONE  # a group root only holds its group's resources
+
+
+async def _emit(ctx: Ctx) -> Outcome | None:
+    state = deps_state(ctx.deps)
+    data: dict[str, object] = {"dag_id": ctx.dag_id, "node": ctx.node.subject or "", "state": state.value}
+    reason = failure_reason(ctx.deps, ctx.first_error)
+    if reason:
+        data["error"] = reason
+    await publish(ctx.tx, ctx.bus, "job.outcome", ctx.dag_id, data, ctx.now_ms)
+    return DONE
+
+
+# -- Drain ----------------------------------------------------------------------------
+
+
+async def _drain_start(ctx: Ctx) -> Outcome | None:
+    await jobs_sql.set_job_hold(ctx.tx, ctx.subject, ctx.dag_id)
+    ctx.detail["deadline_ms"] = ctx.now_ms + round(float(ctx.param("deadline_s", 1800)) * 1000)
+    return await _drain_check(ctx)
+
+
+async def _drain_check(ctx: Ctx) -> Outcome | None:
+    left = await jobs_sql.live_reservation_ids(ctx.tx, ctx.subject)
+    if not left:
+        return DONE
+    if ctx.now_ms >= int(ctx.detail.get("deadline_ms", 0)):
+        shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+        return Outcome(
+            False, f"node {ctx.subject} still holds {len(left)} reservation(s) at the drain deadline: {shown}"
+        )
+    return None
+
+
+# -- Command ----------------------------------------------------------------------------
+
+
+async def _command_start(ctx: Ctx) -> Outcome | None:
+    kind_name = str(ctx.param("kind"))
+    batch_node = ctx.param("batch_node")
+    if batch_node:
+        batch_id = await _batch_id_of(ctx, str(batch_node))
+        if not batch_id:
+            return Outcome(False, f"the batch node {batch_node} created no batch")
+        ctx.detail["command_id"] = await quorum.release_leaf(ctx.tx, ctx.bus, batch_id, ctx.subject)
+        ctx.detail["batch_id"] = batch_id
+        return await _command_check(ctx)
+    kind = cmds.kind_of(kind_name)
+    payload = cmds.payload_from_json(kind_name, str(ctx.param("payload_json", "{}")))
+    req = cmds.EnqueueRequest(
+        ctx.subject,
+        kind_name,
+        payload,
+        idempotency_key=f"job:{ctx.dag_id}:{ctx.node.id}",
+        requested_by=ctx.requested_by,
+    )
+    row = await cmds.enqueue_in(ctx.tx, ctx.bus, ctx.signer, req, kind, payload, ctx.now_ms, ctx.rng)
+    ctx.detail["command_id"] = str(row["id"])
+    return None
+
+
+async def _command_check(ctx: Ctx) -> Outcome | None:
+    row = await cmd_sql.get(ctx.tx, str(ctx.detail["command_id"]))
+    if row is None:
+        return Outcome(False, f"command {ctx.detail['command_id']} is gone")
+    state = str(row["state"])
+    if state == cs.SUCCEEDED:
+        return DONE
+    if state in cs.TERMINAL:
+        why = str(row["reason"] or "")
+        msg = str(row["message"] or "")
+        text = f"{row['kind']} on {ctx.subject} {state}" + (f" ({why})" if why else "") + (f": {msg}" if msg else "")
+        return Outcome(False, text)
+    return None
+
+
+async def _command_cancel(ctx: Ctx) -> None:
+    cid = ctx.detail.get("command_id")
+    if cid:
+        await cmds.request_cancel_in(ctx.tx, ctx.bus, str(cid), f"job {ctx.dag_id} cancelled", ctx.now_ms)
+
+
+# -- Batch and ResolveApproval -----------------------------------------------------------------
+
+
+async def _batch_id_of(ctx: Ctx, batch_node: str) -> str:
+    row = await jobs_sql.node(ctx.tx, ctx.dag_id, batch_node)
+    return str(json.loads(str(row["detail"])).get("batch_id", "")) if row is not None else ""
+
+
+async def _batch_start(ctx: Ctx) -> Outcome | None:
+    from bc.jobs.templates import BATCH_NOT_AFTER_S
+
+    req = quorum.BatchRequest(
+        kind=str(ctx.param("kind")),
+        node_ids=[str(n) for n in ctx.param("nodes", [])],
+        payload_json=str(ctx.param("payload_json", "{}")),
+        reason=str(ctx.param("reason", "")) or f"job {ctx.dag_id}",
+        not_after_s=BATCH_NOT_AFTER_S,
+    )
+    ctx.detail["batch_id"] = await quorum.create_batch_in(
+        ctx.tx, ctx.bus, ctx.signer, req, ctx.requested_by, ctx.rng, ctx.now_ms, dag_id=ctx.dag_id
+    )
+    return None
+
+
+async def _batch_check(ctx: Ctx) -> Outcome | None:
+    batch = await q_sql.get_batch(ctx.tx, str(ctx.detail["batch_id"]))
+    if batch is None:
+        return Outcome(False, f"batch {ctx.detail['batch_id']} is gone")
+    state = str(batch["state"])
+    if state == "approved":
+        return DONE
+    if state == "rejected":
+        return Outcome(False, f"batch {batch['id']} was rejected")
+    if state == "withdrawn":
+        return Outcome(False, f"batch {batch['id']} was withdrawn")
+    if int(batch["not_after_ms"]) <= ctx.now_ms:
+        return Outcome(False, f"batch {batch['id']} expired before its quorum")
+    return None
+
+
+async def _batch_cancel(ctx: Ctx) -> None:
+    bid = ctx.detail.get("batch_id")
+    if bid:
+        await quorum.withdraw(ctx.tx, ctx.bus, str(bid), f"job {ctx.dag_id} cancelled", ctx.now_ms)
+
+
+async def _resolve_approval(ctx: Ctx) -> Outcome | None:
+    batch_id = await _batch_id_of(ctx, str(ctx.param("batch_node", "batch")))
+    if batch_id:
+        outcome = deps_state(ctx.deps)
+        reason = failure_reason(ctx.deps, ctx.first_error) or ""
+        await quorum.resolve(ctx.tx, ctx.bus, batch_id, outcome.value, reason, ctx.now_ms)
+        ctx.detail["batch_id"] = batch_id
+        ctx.detail["resolved_as"] = outcome.value
+    return DONE
+
+
+# -- PatchSpec ------------------------------------------------------------------------------------
+
+
+async def _patch_start(ctx: Ctx) -> Outcome | None:
+    section = str(ctx.param("section"))
+    mutate = specs.section_mutation(section, str(ctx.param("section_json", "{}")))
+    wrote = await specs.write_spec(ctx.tx, ctx.bus, ctx.signer, ctx.subject, mutate, ctx.now_ms)
+    ctx.detail["generation"] = wrote.generation
+    return await _patch_check(ctx)
+
+
+async def _patch_check(ctx: Ctx) -> Outcome | None:
+    row = await nodes_sql.get(ctx.tx, ctx.subject)
+    if row is None:
+        return Outcome(False, f"node {ctx.subject} was deleted")
+    generation = int(ctx.detail["generation"])
+    section = str(ctx.param("section"))
+    status = json.loads(str(row["status"] or "{}"))
+    for s in status.get("sections", []):
+        if s.get("section") != section or int(s.get("generation", 0)) < generation:
+            continue
+        state = str(s.get("state", ""))
+        if state in (_STATE[common_pb2.FAILED], _STATE[common_pb2.UNSUPPORTED]):
+            why = s.get("reason") or s.get("message") or "no reason given"
+            return Outcome(False, f"node {ctx.subject} answered {section} {state} ({why})")
+    if int(row["observed_generation"]) >= generation:
+        return DONE
+    return None
+
+
+_STATE: Mapping[int, str] = {v: k for k, v in common_pb2.SectionState.items()}
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Primitive:
+    start: Start
+    check: Check | None = None  # None: `start` always settles the node
+    cancel: Callable[[Ctx], Awaitable[None]] | None = None
+
+
+PRIMITIVES: Mapping[str, Primitive] = {
+    "SetWanted": Primitive(_set_wanted),
+    "Reconcile": Primitive(_reconcile),
+    "Group": Primitive(_group),
+    "Emit": Primitive(_emit),
+    "Drain": Primitive(_drain_start, _drain_check),
+    "Command": Primitive(_command_start, _command_check, _command_cancel),
+    "Batch": Primitive(_batch_start, _batch_check, _batch_cancel),
+    "ResolveApproval": Primitive(_resolve_approval),
+    "PatchSpec": Primitive(_patch_start, _patch_check),
+}
+
+
+async def start(ctx: Ctx) -> Outcome | None:
+    """Run the node's start; a refusal of the control plane (BcError) is the node's failure, not a crash."""
+    try:
+        return await PRIMITIVES[ctx.node.kind].start(ctx)
+    except BcError as e:
+        return Outcome(False, e.message)
+
+
+async def check(ctx: Ctx) -> Outcome | None:
+    p = PRIMITIVES[ctx.node.kind]
+    if p.check is None:
+        return None
+    try:
+        return await p.check(ctx)
+    except BcError as e:
+        return Outcome(False, e.message)
+
+
+async def cancel(ctx: Ctx) -> None:
+    p = PRIMITIVES[ctx.node.kind]
+    if p.cancel is not None:
+        await p.cancel(ctx)

@@ -1,0 +1,232 @@
+"""Templates: what `bc jobs run TEMPLATE …` asks for, as a DAG of primitives. Pure: the facts it needs
+(which nodes exist, whether approvers exist, each node's GPUs) are read by the engine and passed in.
+
+The shapes (docs/jobs.md draws each one):
+
+    cordon n     SetWanted(n, cordoned) → Reconcile(n)                      + Emit(n) tail
+    uncordon n   SetWanted(n, schedulable) → Reconcile(n)                   + Emit(n) tail
+    drain n      SetWanted(n, cordoned) → Drain(n) ⇢ Reconcile(n) tail      + Emit(n) tail
+    reboot n…    [Batch(node.reboot, n…) when approvers exist] →
+                 per n: group reboot:n {Drain(n) → Command(n, node.reboot)} ⇢ Reconcile(n) tail, Emit(n) tail
+                 ⇢ ResolveApproval tail
+    remediate n  group remediate:n {Drain(n) ∥ Batch(gpu.reset, n)} → Command(n, gpu.reset) → Command(n, diag.nvml)}
+                 ⇢ Reconcile(n) tail, ResolveApproval tail, Emit(n) tail
+    rollout …    per n (in order, at most --max-unavailable at once): PatchSpec(n, section) ⇢ Emit(n) tail;
+                 stop on the first failure
+
+(→ AfterOk, ⇢ AfterAny.) `cordon` and `uncordon` write the operator's durable wanted state; `drain`,
+`reboot` and `remediate` hold the node out of placement only for their run (Drain sets the job's hold,
+the tail Reconcile clears it), so the node ends as the operator wanted it, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from bc.errors import Conflict, NotFound, UsageError
+from bc.jobs.model import DagSpec, Dep, DepWhen, NodeSpec
+from bc.jobs.views import TEMPLATES, JobRequest
+
+ANY = DepWhen.AFTER_ANY
+
+MAX_SUBJECTS = 10_000
+MAX_PARALLEL = 10_000
+MAX_DEADLINE_S = 7 * 86_400
+ROLLOUT_POOL = "unavailable"
+REBOOT_POOL = "parallel"
+BATCH_NOT_AFTER_S = 6 * 3600.0  # a job's batch waits for its quorum and then for its turn under the pools
+KIND_OF_PRIMITIVE = (
+    "SetWanted",
+    "Drain",
+    "Command",
+    "Batch",
+    "PatchSpec",
+    "Reconcile",
+    "ResolveApproval",
+    "Emit",
+    "Group",
+)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a template needs to know of the fleet at submit."""
+
+    nodes: frozenset[str]
+    has_approvers: bool
+    gpus: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def build(req: JobRequest, dag_id: str, facts: Facts) -> DagSpec:
+    """The DAG for `req`, or one UsageError / NotFound / Conflict naming what is wrong."""
+    if req.template not in TEMPLATES:
+        raise UsageError(f"unknown job template {req.template!r}; templates are {', '.join(TEMPLATES)}")
+    subjects = _subjects(req, facts)
+    if not 0 < req.deadline_s <= MAX_DEADLINE_S:
+        raise UsageError("the deadline must be more than 0 s and at most 7 days")
+    if len(req.reason) > 500:
+        raise UsageError("the reason is longer than 500 characters")
+    if req.template in ("cordon", "uncordon"):
+        return _wanted(dag_id, req.template, subjects, cordoned=req.template == "cordon")
+    if req.template == "drain":
+        return _drain(dag_id, subjects, req.deadline_s)
+    if req.template == "reboot":
+        return _reboot(dag_id, subjects, req, facts)
+    if req.template == "remediate":
+        return _remediate(dag_id, subjects, req, facts)
+    return _rollout(dag_id, subjects, req)
+
+
+def _subjects(req: JobRequest, facts: Facts) -> tuple[str, ...]:
+    nodes = tuple(n.strip() for n in req.nodes if n.strip())
+    if not nodes:
+        raise UsageError(f"{req.template} needs at least one node")
+    if len(nodes) > MAX_SUBJECTS:
+        raise UsageError(f"a job takes at most {MAX_SUBJECTS:,} nodes")
+    seen: set[str] = set()
+    for n in nodes:
+        if n in seen:
+            raise UsageError(f"node {n} appears twice; a job acts on each node once")
+        seen.add(n)
+        if n not in facts.nodes:
+            raise NotFound(f"no node named {n!r}")
+    if req.template in ("cordon", "uncordon", "drain", "remediate") and len(nodes) != 1:
+        raise UsageError(f"{req.template} acts on one node; run one job per node")
+    return nodes
+
+
+def _emit(n: str, after: list[str]) -> NodeSpec:
+    return NodeSpec(f"emit:{n}", "Emit", subject=n, deps=tuple(Dep(a, ANY) for a in after), tail=True)
+
+
+def _wanted(dag_id: str, template: str, subjects: tuple[str, ...], *, cordoned: bool) -> DagSpec:
+    (n,) = subjects
+    nodes = (
+        NodeSpec(f"set:{n}", "SetWanted", subject=n, params={"cordoned": cordoned}, lease=True),
+        NodeSpec(f"reconcile:{n}", "Reconcile", subject=n, deps=(Dep(f"set:{n}"),), lease=True),
+        _emit(n, [f"set:{n}", f"reconcile:{n}"]),
+    )
+    return DagSpec(dag_id, template, nodes)
+
+
+def _drain(dag_id: str, subjects: tuple[str, ...], deadline_s: float) -> DagSpec:
+    (n,) = subjects
+    nodes = (
+        NodeSpec(f"set:{n}", "SetWanted", subject=n, params={"cordoned": True}, lease=True),
+        NodeSpec(
+            f"drain:{n}", "Drain", subject=n, params={"deadline_s": deadline_s}, deps=(Dep(f"set:{n}"),), lease=True
+        ),
+        NodeSpec(
+            f"reconcile:{n}",
+            "Reconcile",
+            subject=n,
+            deps=(Dep(f"set:{n}", ANY), Dep(f"drain:{n}", ANY)),
+            lease=True,
+            tail=True,
+        ),
+        _emit(n, [f"set:{n}", f"drain:{n}", f"reconcile:{n}"]),
+    )
+    return DagSpec(dag_id, "drain", nodes)
+
+
+def _reboot(dag_id: str, subjects: tuple[str, ...], req: JobRequest, facts: Facts) -> DagSpec:
+    if not 0 <= req.max_parallel <= MAX_PARALLEL:
+        raise UsageError(f"--max-parallel must be at least 1 (and at most {MAX_PARALLEL:,})")
+    local = {REBOOT_POOL: req.max_parallel} if req.max_parallel else {}
+    pools = ("reboots", *local)
+    nodes: list[NodeSpec] = []
+    head: tuple[Dep, ...] = ()
+    if facts.has_approvers:
+        params = {
+            "kind": "node.reboot",
+            "nodes": list(subjects),
+            "payload_json": _reason_payload(req),
+            "reason": req.reason,
+        }
+        nodes.append(NodeSpec("batch", "Batch", params=params))
+        head = (Dep("batch"),)
+    roots: list[str] = []
+    for n in subjects:
+        root = f"reboot:{n}"
+        roots.append(root)
+        command = {"kind": "node.reboot", "payload_json": _reason_payload(req)}
+        if facts.has_approvers:
+            command["batch_node"] = "batch"
+        nodes += [
+            NodeSpec(root, "Group", subject=n, lease=True, pools=pools, deps=head),
+            NodeSpec(f"drain:{n}", "Drain", subject=n, params={"deadline_s": req.deadline_s}, lease=True, group=root),
+            NodeSpec(
+                f"cmd:{n}", "Command", subject=n, params=command, deps=(Dep(f"drain:{n}"),), lease=True, group=root
+            ),
+            NodeSpec(f"reconcile:{n}", "Reconcile", subject=n, deps=(Dep(root, ANY),), lease=True, tail=True),
+            _emit(n, [root, f"reconcile:{n}"]),
+        ]
+    if facts.has_approvers:
+        deps = (Dep("batch", ANY), *(Dep(r, ANY) for r in roots))
+        nodes.append(NodeSpec("resolve", "ResolveApproval", params={"batch_node": "batch"}, deps=deps, tail=True))
+    return DagSpec(dag_id, "reboot", tuple(nodes), local_pools=local)
+
+
+def _reason_payload(req: JobRequest) -> str:
+    return json.dumps({"reason": req.reason}) if req.reason else "{}"
+
+
+def _remediate(dag_id: str, subjects: tuple[str, ...], req: JobRequest, facts: Facts) -> DagSpec:
+    (n,) = subjects
+    if not facts.has_approvers:
+        raise Conflict(
+            "remediate resets GPUs through a quorum batch, and no approvers are configured:"
+            " add them first (bc approve keygen, bc approvers add)"
+        )
+    gpus = tuple(g.strip() for g in req.gpus if g.strip()) or tuple(facts.gpus.get(n, ()))
+    if not gpus:
+        raise UsageError(f"node {n} reports no GPUs; name them with --gpus")
+    known = set(facts.gpus.get(n, ()))
+    unknown = [g for g in gpus if known and g not in known]
+    if unknown:
+        raise UsageError(f"node {n} has no GPU {unknown[0]}")
+    root = f"remediate:{n}"
+    reset_payload = json.dumps({"gpu_uuids": list(gpus)})
+    batch = {"kind": "gpu.reset", "nodes": [n], "payload_json": reset_payload, "reason": req.reason}
+    reset = {"kind": "gpu.reset", "payload_json": reset_payload, "batch_node": "batch"}
+    diag = {"kind": "diag.nvml", "payload_json": json.dumps({"gpu_uuids": list(gpus)})}
+    nodes = (
+        NodeSpec(root, "Group", subject=n, lease=True, pools=("remediations",)),
+        NodeSpec(f"drain:{n}", "Drain", subject=n, params={"deadline_s": req.deadline_s}, lease=True, group=root),
+        NodeSpec("batch", "Batch", params=batch, group=root),
+        NodeSpec(
+            f"reset:{n}",
+            "Command",
+            subject=n,
+            params=reset,
+            deps=(Dep(f"drain:{n}"), Dep("batch")),
+            lease=True,
+            group=root,
+        ),
+        NodeSpec(f"diag:{n}", "Command", subject=n, params=diag, deps=(Dep(f"reset:{n}"),), lease=True, group=root),
+        NodeSpec(f"reconcile:{n}", "Reconcile", subject=n, deps=(Dep(root, ANY),), lease=True, tail=True),
+        NodeSpec("resolve", "ResolveApproval", params={"batch_node": "batch"}, deps=(Dep(root, ANY),), tail=True),
+        _emit(n, [root, f"reconcile:{n}"]),
+    )
+    return DagSpec(dag_id, "remediate", nodes)
+
+
+def _rollout(dag_id: str, subjects: tuple[str, ...], req: JobRequest) -> DagSpec:
+    if not req.section:
+        raise UsageError("a rollout needs --section")
+    if req.section == "devices":
+        raise UsageError("a rollout cannot patch the devices section: reservations own it")
+    if not 1 <= req.max_unavailable <= MAX_PARALLEL:
+        raise UsageError(f"--max-unavailable must be at least 1 (and at most {MAX_PARALLEL:,})")
+    params = {"section": req.section, "section_json": req.section_json}
+    nodes: list[NodeSpec] = []
+    for n in subjects:
+        nodes += [
+            NodeSpec(f"patch:{n}", "PatchSpec", subject=n, params=params, lease=True, pools=("rollouts", ROLLOUT_POOL)),
+            _emit(n, [f"patch:{n}"]),
+        ]
+    return DagSpec(
+        dag_id, "rollout", tuple(nodes), local_pools={ROLLOUT_POOL: req.max_unavailable}, stop_on_failure=True
+    )

@@ -1,0 +1,71 @@
+"""What clients see of a job: one DAG document, its nodes, the slot pools. Plain data, built by
+`bc.jobs.queries` and mapped to the wire by `bc.api`; the CLI, the TUI and tests read these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+TEMPLATES: tuple[str, ...] = ("remediate", "reboot", "rollout", "drain", "cordon", "uncordon")
+"""Every template `bc jobs run` takes, in the order `bc jobs run --help` lists them."""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What an operator asks for; `bc.jobs.templates` turns it into a DAG (or one UsageError).
+
+    `nodes`: the subjects (every template); `gpus`: remediate's GPU UUIDs (empty: every GPU);
+    `max_parallel`: reboot's DAG-local pool (0: unlimited within the global `reboots` pool);
+    `section`, `section_json`: a rollout's spec section and its JSON; `max_unavailable`: a rollout's
+    DAG-local pool (default 1); `deadline_s`: drain's (and remediate's, reboot's) drain deadline.
+    """
+
+    template: str
+    nodes: tuple[str, ...]
+    reason: str = ""
+    gpus: tuple[str, ...] = ()
+    max_parallel: int = 0
+    section: str = ""
+    section_json: str = ""
+    max_unavailable: int = 1
+    deadline_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class NodeView:
+    id: str
+    kind: str
+    subject: str
+    state: str  # queued | running | done | failed | cancelled
+    error: str
+    deps: tuple[tuple[str, str], ...]  # (dep id, "after_ok" | "after_any")
+    group: str
+    tail: bool
+    detail: dict[str, Any] = field(default_factory=dict)  # command_id, batch_id, generation, ...
+    started_at_ms: int = 0
+    finished_at_ms: int = 0
+
+
+@dataclass(frozen=True)
+class DagView:
+    id: str
+    template: str
+    state: str  # the roll-up
+    terminal: bool
+    subjects: tuple[str, ...]
+    args: dict[str, Any]
+    requested_by: str
+    reason: str
+    first_error: str
+    cancel_requested: bool
+    created_at_ms: int
+    settled_at_ms: int
+    nodes: tuple[NodeView, ...]
+    seq: int = 0  # the event seq read in the same transaction (watch from here)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    name: str
+    capacity: int
+    held: int  # slots held now
