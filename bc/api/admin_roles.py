@@ -4,7 +4,8 @@ Every RPC the service declares is wrapped (`guarded`) before its body runs:
 the client certificate must be an operator's, issued by this server to a live
 operator (`bc.control.operators.authorize`), whose role is at least the one
 `ROLE_NEEDED` names for the RPC; an RPC missing from the table needs admin
-(fail closed). A refusal is UNAUTHENTICATED (exit 6) with a sentence naming
+(fail closed); `REQUEST_ROLE` may raise it for some requests (a job that
+cordons is admin's, as `CordonNode` is). A refusal is UNAUTHENTICATED (exit 6) with a sentence naming
 the role needed. A unary body then runs acting for that operator
 (`bc.control.actor`), so every event it publishes names who made the write.
 """
@@ -12,7 +13,7 @@ the role needed. A unary body then runs acting for that operator
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -42,6 +43,9 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "ListQuorumChanges": (VIEWER, "listing quorum changes"),
     "GetQuorumChange": (VIEWER, "showing a quorum change"),
     "ListOperators": (VIEWER, "listing operators"),
+    "ListJobs": (VIEWER, "listing jobs"),
+    "GetJob": (VIEWER, "showing a job"),
+    "WatchJob": (VIEWER, "watching a job"),
     # operator: also reservations, commands, specs, batches, approving and rejecting.
     "SetSpecSection": (OPERATOR, "setting a spec section"),
     "Reserve": (OPERATOR, "reserving GPUs"),
@@ -53,6 +57,8 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "RejectBatch": (OPERATOR, "rejecting a batch"),
     "ApproveQuorumChange": (OPERATOR, "approving a quorum change"),
     "RejectQuorumChange": (OPERATOR, "rejecting a quorum change"),
+    "SubmitJob": (OPERATOR, "running a job"),  # cordon and uncordon need admin: see REQUEST_ROLE
+    "CancelJob": (OPERATOR, "cancelling a job"),
     # admin: also tokens, node revoke/delete/cordon, approvers, operators and the PKI.
     "CreateToken": (ADMIN, "creating a join token"),
     "RevokeNode": (ADMIN, "revoking a node"),
@@ -65,8 +71,25 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "SetUnbatchedAllowance": (ADMIN, "setting the unbatched allowance"),
     "AddOperator": (ADMIN, "adding an operator"),
     "RevokeOperator": (ADMIN, "revoking an operator"),
+    # The global pools bound every operator's DAGs (how many nodes reboot at once, fleet-wide), like a
+    # safety setting; an operator narrows a run of their own with --max-parallel / --max-unavailable.
+    "JobSlots": (ADMIN, "setting job slot pools"),
 }
 """Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
+
+
+def _submit_job_role(request: Any) -> tuple[str, str] | None:
+    """A job that sets a node's wanted schedulability is a cordon, which is admin's whatever the route."""
+    template = getattr(request, "template", "")
+    if template == "cordon":
+        return ADMIN, "cordoning a node"
+    if template == "uncordon":
+        return ADMIN, "uncordoning a node"
+    return None
+
+
+REQUEST_ROLE: dict[str, Callable[[Any], tuple[str, str] | None]] = {"SubmitJob": _submit_job_role}
+"""RPCs whose request may need more than `ROLE_NEEDED` says: the stricter of the two applies."""
 
 
 class Guarded(Protocol):
@@ -78,19 +101,24 @@ class Guarded(Protocol):
 S = TypeVar("S", bound=Guarded)
 
 
-def needed(rpc: str) -> tuple[str, str]:
-    return ROLE_NEEDED.get(rpc, (ADMIN, f"calling {rpc}"))
+def needed(rpc: str, request: Any = None) -> tuple[str, str]:
+    """The role `rpc` needs (for `request`, when its arguments raise it) and what the call does."""
+    base = ROLE_NEEDED.get(rpc, (ADMIN, f"calling {rpc}"))
+    refine = REQUEST_ROLE.get(rpc)
+    stricter = refine(request) if refine is not None and request is not None else None
+    if stricter is not None and operators.RANK[stricter[0]] >= operators.RANK[base[0]]:
+        return stricter
+    return base
 
 
 def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
     """`fn` (an RPC method) behind the caller check; the body acts for the caller."""
-    need, what = needed(rpc)
     if streaming:
 
         @functools.wraps(fn)
         async def stream(self: Guarded, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
-                await self._caller(context, need, what)
+                await self._caller(context, *needed(rpc, request))
             except BcError as e:
                 await abort_with(context, e)
             # A stream writes nothing, so it needs no operator to act for.
@@ -102,7 +130,7 @@ def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
     @functools.wraps(fn)
     async def unary(self: Guarded, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            caller = await self._caller(context, need, what)
+            caller = await self._caller(context, *needed(rpc, request))
         except BcError as e:
             await abort_with(context, e)
         with actor.acting(caller.name):

@@ -6,8 +6,9 @@ one `ROLE_NEEDED` names, and the body then runs acting for that operator.
 
 Its dependencies come in through the constructor, built once by `bc serve`:
 the `Signer` that signs the commands and specs it writes, the process's one
-Random for the ids it makes, and the `Secrets` that join-token secrets and a
-rotated worker key are drawn from.
+Random for the ids it makes, the `Secrets` that join-token secrets and a
+rotated worker key are drawn from, and the job engine (`jobs`) that the job
+RPCs (`bc.api.jobs_servicer`) and `CordonNode` submit to.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import grpc
 
 from bc import __version__
 from bc.api.admin_roles import guarded
+from bc.api.jobs_servicer import JobEngine, JobRpcs
 from bc.api.peers import operator_of
 from bc.clock import Clock
 from bc.control import actor, approvers, commands, identity, node_admin, operators, quorum, reservations, specs, views
@@ -46,7 +48,7 @@ T = TypeVar("T")
 
 
 @guarded
-class AdminServicer(admin_pb2_grpc.AdminServicer):
+class AdminServicer(JobRpcs, admin_pb2_grpc.AdminServicer):
     def __init__(
         self,
         store: Store,
@@ -58,9 +60,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         signer: Signer,
         rng: random.Random,
         secrets: Secrets,
+        jobs: JobEngine,
     ) -> None:
         self.store, self.bus, self.ca, self.clock, self.gateway_id = store, bus, ca, clock, gateway_id
-        self.signer, self.rng, self.secrets = signer, rng, secrets
+        self.signer, self.rng, self.secrets, self.jobs = signer, rng, secrets, jobs
 
     async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller:
         return await operators.authorize(self.store, operator_of(context, self.ca.certificate), need, what)
@@ -325,11 +328,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def CordonNode(
         self, request: admin_pb2.CordonNodeRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.NodeInfo:
-        async def go() -> admin_pb2.NodeInfo:
-            await node_admin.cordon(self.store, self.bus, request.node_id, request.cordon)
+        async def go(operator: str) -> admin_pb2.NodeInfo:
+            await self.cordon_through_engine(request.node_id, request.cordon, operator)
             return await self._node_info(request.node_id)
 
-        return await self._call(context, go)
+        return await self._call_as(context, go)
 
     async def DeleteNode(
         self, request: admin_pb2.GetNodeRequest, context: grpc.aio.ServicerContext

@@ -12,7 +12,7 @@ messages of `bc.protocol.pb.admin_pb2`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -58,6 +58,9 @@ WRITE_CHECKS = {
     "RejectQuorumChange": "bc approvers list",
     "AddOperator": "bc operators list",
     "RevokeOperator": "bc operators list",
+    "SubmitJob": "bc jobs list",
+    "CancelJob": "bc jobs show DAG",
+    "JobSlots": "bc jobs slots",
 }
 
 _READ_PREFIXES = ("List", "Get", "Watch", "ServerInfo")
@@ -307,6 +310,37 @@ class AdminClient:
     async def revoke_operator(self, name: str, *, reason: str = "") -> admin_pb2.OperatorInfo:
         req = admin_pb2.RevokeOperatorRequest(name=name, reason=reason)
         return await self._unary("RevokeOperator", req, admin_pb2.OperatorInfo)
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    async def submit_job(self, request: admin_pb2.SubmitJobRequest) -> admin_pb2.JobInfo:
+        return await self._unary("SubmitJob", request, admin_pb2.JobInfo)
+
+    async def list_jobs(self, *, include_all: bool = False) -> admin_pb2.ListJobsResponse:
+        req = admin_pb2.ListJobsRequest(include_all=include_all)
+        return await self._unary("ListJobs", req, admin_pb2.ListJobsResponse)
+
+    async def get_job(self, dag_id: str) -> admin_pb2.JobInfo:
+        return await self._unary("GetJob", admin_pb2.GetJobRequest(dag_id=dag_id), admin_pb2.JobInfo)
+
+    async def cancel_job(self, dag_id: str) -> admin_pb2.CancelJobResponse:
+        req = admin_pb2.CancelJobRequest(dag_id=dag_id)
+        return await self._unary("CancelJob", req, admin_pb2.CancelJobResponse)
+
+    async def job_slots(self, capacities: dict[str, int] | None = None) -> admin_pb2.JobSlotsResponse:
+        req = admin_pb2.JobSlotsRequest(capacities=capacities or {})
+        return await self._unary("JobSlots", req, admin_pb2.JobSlotsResponse)
+
+    async def watch_job(self, dag_id: str) -> AsyncGenerator[admin_pb2.JobInfo, None]:
+        """The DAG now, then at each change; the stream ends after the terminal one. No deadline, like `watch`."""
+        call = self._require_stub().WatchJob(admin_pb2.GetJobRequest(dag_id=dag_id))
+        try:
+            async for info in call:
+                yield self._check(info, admin_pb2.JobInfo)
+        except grpc.aio.AioRpcError as e:
+            raise status_to_error(e.code(), e.details() or "", server=self.server) from e
+        finally:
+            call.cancel()
 
     # -- events and the server ----------------------------------------------------
 

@@ -688,3 +688,154 @@ class RevokeOperatorRequest(_message.Message):
     name: str
     reason: str
     def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("template", "nodes", "reason", "gpus", "max_parallel", "section", "section_json", "max_unavailable", "deadline_s")
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    SECTION_FIELD_NUMBER: _ClassVar[int]
+    SECTION_JSON_FIELD_NUMBER: _ClassVar[int]
+    MAX_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    template: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    max_parallel: int
+    section: str
+    section_json: str
+    max_unavailable: int
+    deadline_s: int
+    def __init__(self, template: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., max_parallel: _Optional[int] = ..., section: _Optional[str] = ..., section_json: _Optional[str] = ..., max_unavailable: _Optional[int] = ..., deadline_s: _Optional[int] = ...) -> None: ...
+
+class JobDep(_message.Message):
+    __slots__ = ("node", "when")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    WHEN_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    when: str
+    def __init__(self, node: _Optional[str] = ..., when: _Optional[str] = ...) -> None: ...
+
+class JobNodeInfo(_message.Message):
+    __slots__ = ("id", "kind", "subject", "state", "error", "deps", "group", "tail", "detail_json", "started_at_ms", "finished_at_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DEPS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_JSON_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    subject: str
+    state: str
+    error: str
+    deps: _containers.RepeatedCompositeFieldContainer[JobDep]
+    group: str
+    tail: bool
+    detail_json: str
+    started_at_ms: int
+    finished_at_ms: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., subject: _Optional[str] = ..., state: _Optional[str] = ..., error: _Optional[str] = ..., deps: _Optional[_Iterable[_Union[JobDep, _Mapping]]] = ..., group: _Optional[str] = ..., tail: _Optional[bool] = ..., detail_json: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ...) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("id", "template", "state", "terminal", "subjects", "args_json", "requested_by", "reason", "first_error", "cancel_requested", "created_at_ms", "settled_at_ms", "nodes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TERMINAL_FIELD_NUMBER: _ClassVar[int]
+    SUBJECTS_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    template: str
+    state: str
+    terminal: bool
+    subjects: _containers.RepeatedScalarFieldContainer[str]
+    args_json: str
+    requested_by: str
+    reason: str
+    first_error: str
+    cancel_requested: bool
+    created_at_ms: int
+    settled_at_ms: int
+    nodes: _containers.RepeatedCompositeFieldContainer[JobNodeInfo]
+    def __init__(self, id: _Optional[str] = ..., template: _Optional[str] = ..., state: _Optional[str] = ..., terminal: _Optional[bool] = ..., subjects: _Optional[_Iterable[str]] = ..., args_json: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., first_error: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., settled_at_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[JobNodeInfo, _Mapping]]] = ...) -> None: ...
+
+class JobPool(_message.Message):
+    __slots__ = ("name", "capacity", "held")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    capacity: int
+    held: int
+    def __init__(self, name: _Optional[str] = ..., capacity: _Optional[int] = ..., held: _Optional[int] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("include_all",)
+    INCLUDE_ALL_FIELD_NUMBER: _ClassVar[int]
+    include_all: bool
+    def __init__(self, include_all: _Optional[bool] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "pools", "omitted")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    OMITTED_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
+    pools: _containers.RepeatedCompositeFieldContainer[JobPool]
+    omitted: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[JobPool, _Mapping]]] = ..., omitted: _Optional[int] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("dag_id",)
+    DAG_ID_FIELD_NUMBER: _ClassVar[int]
+    dag_id: str
+    def __init__(self, dag_id: _Optional[str] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("dag_id",)
+    DAG_ID_FIELD_NUMBER: _ClassVar[int]
+    dag_id: str
+    def __init__(self, dag_id: _Optional[str] = ...) -> None: ...
+
+class CancelJobResponse(_message.Message):
+    __slots__ = ("cancelled", "job")
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    cancelled: bool
+    job: JobInfo
+    def __init__(self, cancelled: _Optional[bool] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ...) -> None: ...
+
+class JobSlotsRequest(_message.Message):
+    __slots__ = ("capacities",)
+    class CapacitiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    CAPACITIES_FIELD_NUMBER: _ClassVar[int]
+    capacities: _containers.ScalarMap[str, int]
+    def __init__(self, capacities: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class JobSlotsResponse(_message.Message):
+    __slots__ = ("pools",)
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[JobPool]
+    def __init__(self, pools: _Optional[_Iterable[_Union[JobPool, _Mapping]]] = ...) -> None: ...

@@ -220,6 +220,36 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.RevokeOperatorRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.OperatorInfo.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.unary_unary(
+                '/bc.v1.Admin/SubmitJob',
+                request_serializer=bc_dot_v1_dot_admin__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.JobInfo.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/bc.v1.Admin/ListJobs',
+                request_serializer=bc_dot_v1_dot_admin__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/bc.v1.Admin/GetJob',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.JobInfo.FromString,
+                _registered_method=True)
+        self.CancelJob = channel.unary_unary(
+                '/bc.v1.Admin/CancelJob',
+                request_serializer=bc_dot_v1_dot_admin__pb2.CancelJobRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.CancelJobResponse.FromString,
+                _registered_method=True)
+        self.WatchJob = channel.unary_stream(
+                '/bc.v1.Admin/WatchJob',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.JobInfo.FromString,
+                _registered_method=True)
+        self.JobSlots = channel.unary_unary(
+                '/bc.v1.Admin/JobSlots',
+                request_serializer=bc_dot_v1_dot_admin__pb2.JobSlotsRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.JobSlotsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -447,6 +477,42 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JobSlots(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -634,6 +700,36 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RevokeOperator,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.RevokeOperatorRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.OperatorInfo.SerializeToString,
+            ),
+            'SubmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.SubmitJobRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.JobInfo.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.ListJobsRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetJobRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.JobInfo.SerializeToString,
+            ),
+            'CancelJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJob,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.CancelJobRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.CancelJobResponse.SerializeToString,
+            ),
+            'WatchJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJob,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetJobRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.JobInfo.SerializeToString,
+            ),
+            'JobSlots': grpc.unary_unary_rpc_method_handler(
+                    servicer.JobSlots,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.JobSlotsRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.JobSlotsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1635,6 +1731,168 @@ class Admin:
             '/bc.v1.Admin/RevokeOperator',
             bc_dot_v1_dot_admin__pb2.RevokeOperatorRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.OperatorInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/SubmitJob',
+            bc_dot_v1_dot_admin__pb2.SubmitJobRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListJobs',
+            bc_dot_v1_dot_admin__pb2.ListJobsRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetJob',
+            bc_dot_v1_dot_admin__pb2.GetJobRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/CancelJob',
+            bc_dot_v1_dot_admin__pb2.CancelJobRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.CancelJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/bc.v1.Admin/WatchJob',
+            bc_dot_v1_dot_admin__pb2.GetJobRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobSlots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/JobSlots',
+            bc_dot_v1_dot_admin__pb2.JobSlotsRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.JobSlotsResponse.FromString,
             options,
             channel_credentials,
             insecure,

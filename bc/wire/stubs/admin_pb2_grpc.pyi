@@ -69,6 +69,12 @@ class AdminStub:
     AddOperator: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AddOperatorRequest, _admin_pb2.AddOperatorResponse]
     ListOperators: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListOperatorsRequest, _admin_pb2.ListOperatorsResponse]
     RevokeOperator: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeOperatorRequest, _admin_pb2.OperatorInfo]
+    SubmitJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SubmitJobRequest, _admin_pb2.JobInfo]
+    ListJobs: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListJobsRequest, _admin_pb2.ListJobsResponse]
+    GetJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetJobRequest, _admin_pb2.JobInfo]
+    CancelJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CancelJobRequest, _admin_pb2.CancelJobResponse]
+    WatchJob: _grpc.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _admin_pb2.JobInfo]
+    JobSlots: _grpc.UnaryUnaryMultiCallable[_admin_pb2.JobSlotsRequest, _admin_pb2.JobSlotsResponse]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -110,6 +116,12 @@ class AdminAsyncStub(AdminStub):
     AddOperator: _aio.UnaryUnaryMultiCallable[_admin_pb2.AddOperatorRequest, _admin_pb2.AddOperatorResponse]  # type: ignore[assignment]
     ListOperators: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListOperatorsRequest, _admin_pb2.ListOperatorsResponse]  # type: ignore[assignment]
     RevokeOperator: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeOperatorRequest, _admin_pb2.OperatorInfo]  # type: ignore[assignment]
+    SubmitJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.SubmitJobRequest, _admin_pb2.JobInfo]  # type: ignore[assignment]
+    ListJobs: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListJobsRequest, _admin_pb2.ListJobsResponse]  # type: ignore[assignment]
+    GetJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetJobRequest, _admin_pb2.JobInfo]  # type: ignore[assignment]
+    CancelJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.CancelJobRequest, _admin_pb2.CancelJobResponse]  # type: ignore[assignment]
+    WatchJob: _aio.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _admin_pb2.JobInfo]  # type: ignore[assignment]
+    JobSlots: _aio.UnaryUnaryMultiCallable[_admin_pb2.JobSlotsRequest, _admin_pb2.JobSlotsResponse]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -370,5 +382,47 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.RevokeOperatorRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.OperatorInfo, _abc.Awaitable[_admin_pb2.OperatorInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def SubmitJob(
+        self,
+        request: _admin_pb2.SubmitJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.JobInfo, _abc.Awaitable[_admin_pb2.JobInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ListJobs(
+        self,
+        request: _admin_pb2.ListJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListJobsResponse, _abc.Awaitable[_admin_pb2.ListJobsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetJob(
+        self,
+        request: _admin_pb2.GetJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.JobInfo, _abc.Awaitable[_admin_pb2.JobInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def CancelJob(
+        self,
+        request: _admin_pb2.CancelJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CancelJobResponse, _abc.Awaitable[_admin_pb2.CancelJobResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WatchJob(
+        self,
+        request: _admin_pb2.GetJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_admin_pb2.JobInfo], _abc.AsyncIterator[_admin_pb2.JobInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def JobSlots(
+        self,
+        request: _admin_pb2.JobSlotsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.JobSlotsResponse, _abc.Awaitable[_admin_pb2.JobSlotsResponse]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
