@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from bc.cli.client import AdminClient
+from bc.cli.job_progress import check_done, follow
 from bc.cli.output import echo, json_text
 from bc.cli.render import (
     INT64_MAX,
@@ -143,7 +144,7 @@ def nodes_revoke(node_id: str, reason: str, as_json: bool) -> None:
 @click.argument("node_id", metavar="NODE")
 @json_option
 def nodes_cordon(node_id: str, as_json: bool) -> None:
-    """Stop placing new reservations on NODE (what runs there keeps running)."""
+    """Stop placing new reservations on NODE (what runs there keeps running): a one-node job."""
     _cordon(node_id, True, as_json)
 
 
@@ -151,12 +152,22 @@ def nodes_cordon(node_id: str, as_json: bool) -> None:
 @click.argument("node_id", metavar="NODE")
 @json_option
 def nodes_uncordon(node_id: str, as_json: bool) -> None:
-    """Place reservations on NODE again."""
+    """Place reservations on NODE again: a one-node job."""
     _cordon(node_id, False, as_json)
 
 
 def _cordon(node_id: str, cordon: bool, as_json: bool) -> None:
-    info = call_admin(lambda c: c.cordon_node(node_id, cordon))
+    """A one-node `cordon`/`uncordon` job (as `bc jobs run cordon NODE`), followed to its end; then the node."""
+    template = "cordon" if cordon else "uncordon"
+
+    async def go(c: AdminClient) -> admin_pb2.NodeInfo:
+        job = await c.submit_job(admin_pb2.SubmitJobRequest(template=template, nodes=[node_id]))
+        if not job.terminal:
+            echo(f"job {job.id}: the {template} of {node_id} waits its turn behind another job on the node", err=True)
+        check_done(await follow(c, job, lambda line: echo(line, err=True)))
+        return await c.get_node(node_id)
+
+    info = call_admin(go)
     if as_json:
         echo_json(message_to_json(info))
         return

@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from bc.cli import admin_cmds, cmd_cmds, doctor_cmds, operator_cmds, quorum_cmds, run_cmds, unit_cmds
+from bc.cli import admin_cmds, cmd_cmds, doctor_cmds, job_cmds, operator_cmds, quorum_cmds, run_cmds, unit_cmds
 from bc.cli.output import echo, one_line
 from bc.errors import BcError
 
@@ -110,6 +110,7 @@ for _command in (
     *run_cmds.COMMANDS,
     *admin_cmds.COMMANDS,
     *cmd_cmds.COMMANDS,
+    *job_cmds.COMMANDS,
     *doctor_cmds.COMMANDS,
     *unit_cmds.COMMANDS,
     *quorum_cmds.COMMANDS,
