@@ -141,6 +141,8 @@ class JobEngine:
                 await self.pass_once()
             except StoreError as e:
                 log.warning("event=jobs.pass-failed error=%s", e)
+            except Exception:  # a bug must not end the queue for good: the pass rolled back; log it, go on
+                log.exception("event=jobs.pass-crashed")
             await self.bus.wait_events(interval_s)
 
     # -- one step ------------------------------------------------------------------------

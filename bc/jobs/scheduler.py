@@ -54,6 +54,7 @@ from bc.jobs.model import (
     NodeEvent,
     NodeSpec,
     NodeState,
+    ancestors,
     check_nodes,
     in_group,
     next_state,
@@ -82,14 +83,28 @@ class DagRun:
     def copy(self) -> DagRun:
         return replace(self, states=dict(self.states), errors=dict(self.errors))
 
+    _index: tuple[DagSpec, dict[str, NodeSpec], dict[str, list[str]]] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    def _indexed(self) -> tuple[dict[str, NodeSpec], dict[str, list[str]]]:
+        """Nodes by id and each group's members, built once per spec (a graft replaces the spec)."""
+        if self._index is None or self._index[0] is not self.spec:
+            by_id = {n.id: n for n in self.spec.nodes}
+            members: dict[str, list[str]] = {n: [] for n in by_id}
+            for n in by_id:
+                for g in [n, *ancestors(n, by_id)]:
+                    members[g].append(n)
+            self._index = (self.spec, by_id, members)
+        return self._index[1], self._index[2]
+
     @property
     def nodes(self) -> dict[str, NodeSpec]:
-        return {n.id: n for n in self.spec.nodes}
+        return self._indexed()[0]
 
     def members(self, root: str) -> list[str]:
-        """The group `root` roots (itself included); just [root] for a node that roots nothing."""
-        by_id = self.nodes
-        return [n for n in by_id if in_group(n, root, by_id)]
+        """The group `root` roots (itself included, in node order); just [root] for a node that roots nothing."""
+        return self._indexed()[1][root]
 
     def stopped(self) -> bool:
         """Cancelled, or a stop-on-failure DAG with a failure: nothing new starts but tails."""
@@ -371,29 +386,35 @@ def _capacity(w: World, d: DagRun, pool: str) -> int:
 
 
 def _claim(w: World, out: Decisions) -> None:
-    for i, d in enumerate(w.dags):
-        older_wants: set[str] = set().union(*(o.spec.lease_subjects() for o in w.dags[:i]))
-        by_id = d.nodes
-        for n in d.spec.nodes:
-            if d.states[n.id] is not NodeState.QUEUED or not _deps_ready(d, n):
-                continue
-            group = [by_id[m] for m in d.members(n.id)]
-            wanted = {m.subject for m in group if m.lease and m.subject is not None}
-            leases = sorted(s for s in wanted if w.leases.get(s) != d.spec.id)
-            if any(s in w.leases or s in older_wants for s in leases):
-                continue
-            # A group member re-enters its root's slots; validation keeps its pools inside the root's.
-            pools = n.pools if n.group is None else ()
-            if any(len(w.slots.get(pool_key(d.spec.id, p, d.spec), ())) >= _capacity(w, d, p) for p in pools):
-                continue
-            keys = tuple(pool_key(d.spec.id, p, d.spec) for p in pools)
-            for s in leases:
-                w.leases[s] = d.spec.id
-            for k in keys:
-                w.slots.setdefault(k, set()).add((d.spec.id, n.id))
-            d.states[n.id] = next_state(NodeState.QUEUED, NodeEvent.CLAIM)
-            deps = tuple(o for x in n.deps if (o := outcome(d, x.node, n.id)) is not None)
-            out.claims.append(Claim(d.spec.id, n.id, n.kind, n.subject, tuple(leases), keys, deps, d.first_error))
+    older_wants: set[str] = set()  # grown DAG by DAG: the subjects every older live DAG may want
+    for d in w.dags:
+        _claim_in(w, d, older_wants, out)
+        older_wants |= d.spec.lease_subjects()
+
+
+def _claim_in(w: World, d: DagRun, older_wants: set[str], out: Decisions) -> None:
+    """One DAG's part of the claim pass, in node order."""
+    by_id = d.nodes
+    for n in d.spec.nodes:
+        if d.states[n.id] is not NodeState.QUEUED or not _deps_ready(d, n):
+            continue
+        group = [by_id[m] for m in d.members(n.id)]
+        wanted = {m.subject for m in group if m.lease and m.subject is not None}
+        leases = sorted(s for s in wanted if w.leases.get(s) != d.spec.id)
+        if any(s in w.leases or s in older_wants for s in leases):
+            continue
+        # A group member re-enters its root's slots; validation keeps its pools inside the root's.
+        pools = n.pools if n.group is None else ()
+        if any(len(w.slots.get(pool_key(d.spec.id, p, d.spec), ())) >= _capacity(w, d, p) for p in pools):
+            continue
+        keys = tuple(pool_key(d.spec.id, p, d.spec) for p in pools)
+        for s in leases:
+            w.leases[s] = d.spec.id
+        for k in keys:
+            w.slots.setdefault(k, set()).add((d.spec.id, n.id))
+        d.states[n.id] = next_state(NodeState.QUEUED, NodeEvent.CLAIM)
+        deps = tuple(o for x in n.deps if (o := outcome(d, x.node, n.id)) is not None)
+        out.claims.append(Claim(d.spec.id, n.id, n.kind, n.subject, tuple(leases), keys, deps, d.first_error))
 
 
 def live_view(w: World) -> Mapping[str, NodeState]:
