@@ -43,6 +43,7 @@ from bc.control.signer import KeySigner, NullSigner, Signer
 from bc.control.sweeper import CommandSweeper
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
+from bc.jobs.engine import JobEngine
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256_key
@@ -186,6 +187,7 @@ class Server:
                 unreachable_grace_ms=int(self.opts.unreachable_grace_s * 1000),
             ),
         )
+        self.jobs = JobEngine(self.store, self.bus, self.signer, self.rng, holder=self.gateway_id)
 
         server = grpc.aio.server(
             options=[
@@ -211,6 +213,7 @@ class Server:
                 signer=self.signer,
                 rng=self.rng,
                 secrets=self.secrets,
+                jobs=self.jobs,
             ),
             server,
         )
@@ -236,6 +239,7 @@ class Server:
         self._tasks.append(asyncio.create_task(self._token_roots_loop(), name="token-roots"))
         self.sweeper = CommandSweeper(self.store, self.bus, self.gateway_id)
         self._tasks.append(asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"))
+        self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
         self.clock_skew = ClockSkewMonitor(self.store, self.clock)
         self._tasks.append(asyncio.create_task(self.clock_skew.run(), name="clock-skew"))
         log.info(

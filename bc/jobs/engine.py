@@ -111,7 +111,7 @@ class JobEngine:
         async with self.store.transaction() as tx:
             if lease and not await leases.acquire(tx, LEASE_NAME, self.holder, now_ms, LEASE_TTL_MS):
                 return 0
-            held = await self._begin(tx)
+            held = await self._peek(tx)
             events: list[Event] = []
             for row in await jobs_sql.running_nodes(tx):
                 dag_id, node_id = str(row["dag_id"]), str(row["id"])
@@ -128,8 +128,10 @@ class JobEngine:
                 if outcome is not None:
                     events.append(Finished(dag_id, node_id, outcome.ok, outcome.error))
             if not events:
-                self._keep_on_commit(tx, held)  # nothing moved: the world held stays the stored one
-                return 0
+                return 0  # nothing moved: nothing written (a quiet pass leaves the store as it was)
+            if await jobs_sql.bump_version(tx) != held.version + 1:
+                return 0  # another process stepped since the look (PostgreSQL): the next pass looks again
+            held.version += 1
             await self._step(tx, events, now_ms, held=held)
         return len(events)
 
@@ -178,6 +180,14 @@ class JobEngine:
         self._keep_on_commit(tx, _Held(held.version, world, held.owners))
         assert first is not None
         return first
+
+    async def _peek(self, tx: Tx) -> _Held:
+        """The stored world without taking the step's lock: what a pass checks before it writes anything."""
+        version = await jobs_sql.version(tx)
+        if self._held is not None and self._held.version == version:
+            return _Held(version, self._held.world, dict(self._held.owners))
+        world, owners = await _load_world(tx)
+        return _Held(version, world, owners)
 
     async def _begin(self, tx: Tx) -> _Held:
         """Take the step's row lock first (PostgreSQL), then the world: the one held here when no other
@@ -308,7 +318,9 @@ class JobEngine:
             if row is None or dag_id not in live:
                 continue
             detail = json.loads(str(row["detail"] or "{}"))
-            await primitives.cancel(self._ctx(tx, now_ms, held, dag_id, live[dag_id].nodes[node_id], detail))
+            ended = await primitives.cancel(self._ctx(tx, now_ms, held, dag_id, live[dag_id].nodes[node_id], detail))
+            if ended is not None:
+                out.append(Finished(dag_id, node_id, ended.ok, ended.error))
         return out
 
     def _ctx(
@@ -337,7 +349,7 @@ class JobEngine:
         )
 
     async def _facts(self, tx: Tx, req: JobRequest, requested_by: str) -> templates.Facts:
-        names = [n.strip() for n in req.nodes if n.strip()][: templates.MAX_SUBJECTS + 1]
+        names = list(req.nodes[: templates.MAX_SUBJECTS + 1])
         existing = await jobs_sql.existing_nodes(tx, names)
         gpus: dict[str, tuple[str, ...]] = {}
         if req.template == "remediate":

@@ -120,6 +120,12 @@ async def _drain_start(ctx: Ctx) -> Outcome | None:
     return await _drain_check(ctx)
 
 
+async def _stop_waiting(ctx: Ctx) -> Outcome | None:
+    """Cancel a node that only waits (a drain, a patch awaiting its generation): it ends now, failed,
+    and what it already did stays (the hold is the tail Reconcile's to clear; a patched spec stays)."""
+    return Outcome(False, f"{ctx.node.kind} on {ctx.node.subject} cancelled with job {ctx.dag_id}")
+
+
 async def _drain_check(ctx: Ctx) -> Outcome | None:
     left = await jobs_sql.live_reservation_ids(ctx.tx, ctx.subject)
     if not left:
@@ -174,10 +180,11 @@ async def _command_check(ctx: Ctx) -> Outcome | None:
     return None
 
 
-async def _command_cancel(ctx: Ctx) -> None:
+async def _command_cancel(ctx: Ctx) -> Outcome | None:
     cid = ctx.detail.get("command_id")
     if cid:
         await cmds.request_cancel_in(ctx.tx, ctx.bus, str(cid), f"job {ctx.dag_id} cancelled", ctx.now_ms)
+    return None  # the command reports its real outcome
 
 
 # -- Batch and ResolveApproval -----------------------------------------------------------------
@@ -220,10 +227,11 @@ async def _batch_check(ctx: Ctx) -> Outcome | None:
     return None
 
 
-async def _batch_cancel(ctx: Ctx) -> None:
+async def _batch_cancel(ctx: Ctx) -> Outcome | None:
     bid = ctx.detail.get("batch_id")
     if bid:
         await quorum.withdraw(ctx.tx, ctx.bus, str(bid), f"job {ctx.dag_id} cancelled", ctx.now_ms)
+    return None  # the next check sees it withdrawn
 
 
 async def _resolve_approval(ctx: Ctx) -> Outcome | None:
@@ -245,6 +253,7 @@ async def _patch_start(ctx: Ctx) -> Outcome | None:
     mutate = specs.section_mutation(section, str(ctx.param("section_json", "{}")))
     wrote = await specs.write_spec(ctx.tx, ctx.bus, ctx.signer, ctx.subject, mutate, ctx.now_ms)
     ctx.detail["generation"] = wrote.generation
+    ctx.detail["deadline_ms"] = ctx.now_ms + round(float(ctx.param("deadline_s", PATCH_DEADLINE_S)) * 1000)
     return await _patch_check(ctx)
 
 
@@ -264,7 +273,13 @@ async def _patch_check(ctx: Ctx) -> Outcome | None:
             return Outcome(False, f"node {ctx.subject} answered {section} {state} ({why})")
     if int(row["observed_generation"]) >= generation:
         return DONE
+    if ctx.now_ms >= int(ctx.detail.get("deadline_ms", 2**62)):
+        return Outcome(False, f"node {ctx.subject} did not observe generation {generation} in time")
     return None
+
+
+PATCH_DEADLINE_S = 1800.0
+"""How long a PatchSpec waits for its node to observe the generation (a node that is down fails it)."""
 
 
 _STATE: Mapping[int, str] = {v: k for k, v in common_pb2.SectionState.items()}
@@ -277,7 +292,7 @@ _STATE: Mapping[int, str] = {v: k for k, v in common_pb2.SectionState.items()}
 class Primitive:
     start: Start
     check: Check | None = None  # None: `start` always settles the node
-    cancel: Callable[[Ctx], Awaitable[None]] | None = None
+    cancel: Callable[[Ctx], Awaitable[Outcome | None]] | None = None
 
 
 PRIMITIVES: Mapping[str, Primitive] = {
@@ -285,11 +300,11 @@ PRIMITIVES: Mapping[str, Primitive] = {
     "Reconcile": Primitive(_reconcile),
     "Group": Primitive(_group),
     "Emit": Primitive(_emit),
-    "Drain": Primitive(_drain_start, _drain_check),
+    "Drain": Primitive(_drain_start, _drain_check, _stop_waiting),
     "Command": Primitive(_command_start, _command_check, _command_cancel),
     "Batch": Primitive(_batch_start, _batch_check, _batch_cancel),
     "ResolveApproval": Primitive(_resolve_approval),
-    "PatchSpec": Primitive(_patch_start, _patch_check),
+    "PatchSpec": Primitive(_patch_start, _patch_check, _stop_waiting),
 }
 
 
@@ -311,7 +326,12 @@ async def check(ctx: Ctx) -> Outcome | None:
         return Outcome(False, e.message)
 
 
-async def cancel(ctx: Ctx) -> None:
+async def cancel(ctx: Ctx) -> Outcome | None:
+    """Ask a running node to stop; an Outcome when it ended at once, None when its real outcome follows."""
     p = PRIMITIVES[ctx.node.kind]
-    if p.cancel is not None:
-        await p.cancel(ctx)
+    if p.cancel is None:
+        return None
+    try:
+        return await p.cancel(ctx)
+    except BcError as e:
+        return Outcome(False, e.message)

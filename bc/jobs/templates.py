@@ -80,7 +80,9 @@ def build(req: JobRequest, dag_id: str, facts: Facts) -> DagSpec:
 
 
 def _subjects(req: JobRequest, facts: Facts) -> tuple[str, ...]:
-    nodes = tuple(n.strip() for n in req.nodes if n.strip())
+    nodes = tuple(req.nodes)
+    if any(not n or n != n.strip() for n in nodes):
+        raise UsageError("a node name is empty or has spaces around it")
     if not nodes:
         raise UsageError(f"{req.template} needs at least one node")
     if len(nodes) > MAX_SUBJECTS:
@@ -180,7 +182,9 @@ def _remediate(dag_id: str, subjects: tuple[str, ...], req: JobRequest, facts: F
             "remediate resets GPUs through a quorum batch, and no approvers are configured:"
             " add them first (bc approve keygen, bc approvers add)"
         )
-    gpus = tuple(g.strip() for g in req.gpus if g.strip()) or tuple(facts.gpus.get(n, ()))
+    if any(not g or g != g.strip() for g in req.gpus):
+        raise UsageError("a GPU UUID is empty or has spaces around it")
+    gpus = tuple(req.gpus) or tuple(facts.gpus.get(n, ()))
     if not gpus:
         raise UsageError(f"node {n} reports no GPUs; name them with --gpus")
     known = set(facts.gpus.get(n, ()))

@@ -194,6 +194,8 @@ async def test_a_queued_cordon_cancelled_before_it_starts_has_written_nothing(
         (JobRequest("rollout", ("n1",), section="devices", section_json="{}"), "devices"),
         (JobRequest("remediate", ("n1",)), "no approvers are configured"),
         (JobRequest("drain", ("n1", "n2")), "one node"),
+        (JobRequest("cordon", ("n1\r",)), "spaces around it"),
+        (JobRequest("cordon", ("",)), "empty"),
     ],
 )
 async def test_bad_input_is_one_sentence_and_stores_nothing(
@@ -316,3 +318,29 @@ async def test_slots_set_a_pool_capacity(store: InlineSqliteStore, engine: JobEn
     assert {p.name: p.capacity for p in await queries.list_pools(store)}["reboots"] == 2
     with pytest.raises(UsageError):
         await engine.set_slots("reboots", 0)
+
+
+async def test_cancelling_a_waiting_drain_ends_it_at_once_and_the_tail_still_reconciles(
+    store: InlineSqliteStore, engine: JobEngine, nodes: list[str]
+) -> None:
+    async with store.transaction() as tx:
+        await tx.execute(
+            "INSERT INTO reservations (id, node_id, allocation_id, device_class, gpus, binding, state, created_at_ms)"
+            " VALUES ('r-1', 'n1', 'a-1', 'gpu', 1, 'hold', 'active', 0)"
+        )
+    dag_id = await engine.submit(JobRequest("drain", ("n1",)), "alice")
+    assert (await node_row(store, "n1"))["job_hold"] == dag_id
+    assert await engine.cancel(dag_id, "alice") is True
+    view = await queries.get_dag(store, dag_id)
+    assert view.terminal and states(view)["drain:n1"] == "failed" and states(view)["reconcile:n1"] == "done"
+    assert "cancelled" in view.first_error
+    assert (await node_row(store, "n1"))["job_hold"] is None
+
+
+async def test_a_quiet_pass_writes_nothing(store: InlineSqliteStore, engine: JobEngine, nodes: list[str]) -> None:
+    await engine.submit(JobRequest("reboot", ("n1",)), "alice")
+    async with store.transaction(write=False) as tx:
+        before = await tx.fetchval("SELECT version FROM job_meta")
+    assert await engine.pass_once() == 0
+    async with store.transaction(write=False) as tx:
+        assert await tx.fetchval("SELECT version FROM job_meta") == before
