@@ -93,6 +93,7 @@ def render_batch(b: admin_pb2.BatchInfo) -> str:
     fields: list[tuple[str, object]] = [
         ("batch", b.id),
         ("state", b.state),
+        *([("job", f"{b.dag_id} (resolved {b.resolution or 'not yet'})")] if b.dag_id else []),
         ("scope", scope_summary(b)),
         ("payload", b.payload_json),
         ("requested by", b.requested_by),
@@ -368,7 +369,7 @@ def batch_create(kind: str, nodes_csv: str, payload: str, reason: str, not_after
 
 
 @batch.command("list")
-@click.option("--state", type=click.Choice(["pending", "approved", "rejected", "expired"]), default=None)
+@click.option("--state", type=click.Choice(["pending", "approved", "rejected", "withdrawn", "expired"]), default=None)
 @json_option
 def batch_list(state: str | None, as_json: bool) -> None:
     """Batches, newest first."""

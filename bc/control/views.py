@@ -152,6 +152,8 @@ def batch_info(row: Row, leaves: list[Row], decisions: list[Row], now_ms: int) -
         threshold=int(row["threshold"]),
         created_age_ms=max(0, now_ms - int(row["created_at_ms"])),
         not_after_ms=int(row["not_after_ms"]),
+        dag_id=str(row["dag_id"] or ""),
+        resolution=str(row["resolution"] or ""),
     )
     for leaf in leaves:
         info.leaves.add(

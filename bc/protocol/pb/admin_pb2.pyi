@@ -512,7 +512,7 @@ class BatchDecision(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., name: _Optional[str] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., at_age_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., operator: _Optional[str] = ...) -> None: ...
 
 class BatchInfo(_message.Message):
-    __slots__ = ("id", "kind", "state", "requested_by", "reason", "scope_root", "payload_json", "leaves", "decisions", "threshold", "approvals", "created_age_ms", "not_after_ms")
+    __slots__ = ("id", "kind", "state", "requested_by", "reason", "scope_root", "payload_json", "leaves", "decisions", "threshold", "approvals", "created_age_ms", "not_after_ms", "dag_id", "resolution")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -526,6 +526,8 @@ class BatchInfo(_message.Message):
     APPROVALS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    DAG_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: str
     state: str
@@ -539,7 +541,9 @@ class BatchInfo(_message.Message):
     approvals: int
     created_age_ms: int
     not_after_ms: int
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., scope_root: _Optional[str] = ..., payload_json: _Optional[str] = ..., leaves: _Optional[_Iterable[_Union[BatchLeafInfo, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[BatchDecision, _Mapping]]] = ..., threshold: _Optional[int] = ..., approvals: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., not_after_ms: _Optional[int] = ...) -> None: ...
+    dag_id: str
+    resolution: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., scope_root: _Optional[str] = ..., payload_json: _Optional[str] = ..., leaves: _Optional[_Iterable[_Union[BatchLeafInfo, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[BatchDecision, _Mapping]]] = ..., threshold: _Optional[int] = ..., approvals: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., not_after_ms: _Optional[int] = ..., dag_id: _Optional[str] = ..., resolution: _Optional[str] = ...) -> None: ...
 
 class ListBatchesRequest(_message.Message):
     __slots__ = ("state",)
