@@ -63,6 +63,7 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "CreateToken": (ADMIN, "creating a join token"),
     "RevokeNode": (ADMIN, "revoking a node"),
     "CordonNode": (ADMIN, "cordoning a node"),
+    "LabelNode": (ADMIN, "labelling a node"),
     "DeleteNode": (ADMIN, "deleting a node"),
     "RotateSigningKey": (ADMIN, "rotating the signing key"),
     "AddApprover": (ADMIN, "adding an approver"),

@@ -334,6 +334,15 @@ class AdminServicer(JobRpcs, admin_pb2_grpc.AdminServicer):
 
         return await self._call_as(context, go)
 
+    async def LabelNode(
+        self, request: admin_pb2.LabelNodeRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.NodeInfo:
+        async def go() -> admin_pb2.NodeInfo:
+            await node_admin.label(self.store, self.bus, request.node_id, dict(request.set), list(request.remove))
+            return await self._node_info(request.node_id)
+
+        return await self._call(context, go)
+
     async def DeleteNode(
         self, request: admin_pb2.GetNodeRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DeleteNodeResponse:

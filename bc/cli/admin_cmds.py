@@ -38,6 +38,7 @@ from bc.cli.render import (
     with_progress,
 )
 from bc.errors import UsageError
+from bc.protocol import labels as node_labels
 from bc.protocol.canonical import SECTIONS
 from bc.protocol.pb import admin_pb2, common_pb2
 
@@ -172,6 +173,25 @@ def _cordon(node_id: str, cordon: bool, as_json: bool) -> None:
         echo_json(message_to_json(info))
         return
     echo(f"{'cordoned' if cordon else 'uncordoned'} {node_id}")
+
+
+@nodes.command("label")
+@click.argument("node_id", metavar="NODE")
+@click.argument("pairs", nargs=-1, metavar="KEY=VALUE...")
+@click.option("--remove", "remove", multiple=True, metavar="KEY", help="Remove this label (repeatable).")
+@json_option
+def nodes_label(node_id: str, pairs: tuple[str, ...], remove: tuple[str, ...], as_json: bool) -> None:
+    """Set labels on NODE (`pool=a100`) and remove others (`--remove pool`), in one write.
+
+    Reservations select nodes by label; keys under bc.dev/cap. and bc.dev/driver. are the system's.
+    """
+    set_ = node_labels.parse_pairs(pairs)
+    info = call_admin(lambda c: c.label_node(node_id, set_, list(remove)))
+    if as_json:
+        echo_json(message_to_json(info))
+        return
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "none"
+    echo(f"{node_id} labels: {shown}")
 
 
 @nodes.command("delete")

@@ -45,6 +45,7 @@ WRITE_CHECKS = {
     "CancelCommand": "bc cmd show ID",
     "RevokeNode": "bc nodes",
     "CordonNode": "bc nodes",
+    "LabelNode": "bc nodes show",
     "DeleteNode": "bc nodes",
     "RotateSigningKey": "bc pki show",
     "AddApprover": "bc approvers list",
@@ -216,6 +217,10 @@ class AdminClient:
     async def cordon_node(self, node_id: str, cordon: bool) -> admin_pb2.NodeInfo:
         req = admin_pb2.CordonNodeRequest(node_id=node_id, cordon=cordon)
         return await self._unary("CordonNode", req, admin_pb2.NodeInfo)
+
+    async def label_node(self, node_id: str, set_: dict[str, str], remove: list[str]) -> admin_pb2.NodeInfo:
+        req = admin_pb2.LabelNodeRequest(node_id=node_id, set=set_, remove=remove)
+        return await self._unary("LabelNode", req, admin_pb2.NodeInfo)
 
     async def delete_node(self, node_id: str) -> admin_pb2.DeleteNodeResponse:
         return await self._unary("DeleteNode", admin_pb2.GetNodeRequest(node_id=node_id), admin_pb2.DeleteNodeResponse)

@@ -10,9 +10,12 @@ first, so that an operator decides about every workload.
 
 from __future__ import annotations
 
+import json
+
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import Conflict, NotFound, UsageError
+from bc.protocol import labels as node_labels
 from bc.store import Store, Tx
 from bc.store import node_lifecycle as life_sql
 from bc.store import nodes as nodes_sql
@@ -47,6 +50,21 @@ async def cordon(store: Store, bus: Bus, node_id: str, cordoned: bool) -> bool:
         if changed:
             await publish(tx, bus, "node.cordoned" if cordoned else "node.uncordoned", node_id, {}, now_ms)
     return changed
+
+
+async def label(store: Store, bus: Bus, node_id: str, set_: dict[str, str], remove: list[str]) -> dict[str, str]:
+    """Set and remove operator labels in one write; returns the node's labels after."""
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        row = await nodes_sql.role_and_labels(tx, node_id)
+        if row is None:
+            raise NotFound(f"no node named {node_id!r}")
+        before = json.loads(str(row["labels"] or "{}"))
+        after = node_labels.edit(before, set_, remove)
+        if after != before:
+            await nodes_sql.set_labels(tx, node_id, json.dumps(after, sort_keys=True))
+            await publish(tx, bus, "node.labelled", node_id, {"set": set_, "removed": remove}, now_ms)
+    return after
 
 
 async def delete(store: Store, bus: Bus, node_id: str) -> list[str]:

@@ -57,6 +57,10 @@ async def generation(tx: Tx, node_id: str) -> int | None:
     return None if v is None else int(v)
 
 
+async def set_labels(tx: Tx, node_id: str, labels_json: str) -> None:
+    await tx.execute("UPDATE nodes SET labels = :l WHERE node_id = :n", {"l": labels_json, "n": node_id})
+
+
 async def role_and_labels(tx: Tx, node_id: str) -> Row | None:
     return await tx.fetchone("SELECT role, labels FROM nodes WHERE node_id = :n", {"n": node_id})
 

@@ -233,3 +233,17 @@ def test_slots_show_and_set_and_only_an_admin_sets_them(lab: Lab, tmp_path: Path
     assert r.exit_code == 0, r.output
     doc: dict[str, Any] = json.loads(r.stdout)
     assert doc["requested_by"] == "carol" and doc["state"] == "done"
+
+
+# -- labels (capacity selects nodes by them) --------------------------------------------------------------
+
+
+def test_nodes_label_sets_and_removes_and_refuses_system_keys(lab: Lab) -> None:
+    doc = ok_json("nodes", "label", "n1", "pool=a100", "rack=r7")
+    assert doc["labels"] == {"pool": "a100", "rack": "r7"}
+    out = bc("nodes", "label", "n1", "--remove", "rack")
+    assert out.exit_code == 0 and out.stdout.strip() == "n1 labels: pool=a100"
+    refused(bc("nodes", "label", "n1", "bc.dev/cap.devices.limits=1"), 2, "is the system's")
+    refused(bc("nodes", "label", "n1", "bad key=1"), 2, "bad label key")
+    refused(bc("nodes", "label", "n9", "pool=x"), 3, "no node named 'n9'")
+    assert ok_json("nodes", "show", "n1")["labels"] == {"pool": "a100"}

@@ -120,6 +120,11 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.CordonNodeRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.NodeInfo.FromString,
                 _registered_method=True)
+        self.LabelNode = channel.unary_unary(
+                '/bc.v1.Admin/LabelNode',
+                request_serializer=bc_dot_v1_dot_admin__pb2.LabelNodeRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.NodeInfo.FromString,
+                _registered_method=True)
         self.DeleteNode = channel.unary_unary(
                 '/bc.v1.Admin/DeleteNode',
                 request_serializer=bc_dot_v1_dot_admin__pb2.GetNodeRequest.SerializeToString,
@@ -352,6 +357,12 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CordonNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LabelNode(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -599,6 +610,11 @@ def add_AdminServicer_to_server(servicer, server):
             'CordonNode': grpc.unary_unary_rpc_method_handler(
                     servicer.CordonNode,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.CordonNodeRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.NodeInfo.SerializeToString,
+            ),
+            'LabelNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.LabelNode,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.LabelNodeRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.NodeInfo.SerializeToString,
             ),
             'DeleteNode': grpc.unary_unary_rpc_method_handler(
@@ -1190,6 +1206,33 @@ class Admin:
             target,
             '/bc.v1.Admin/CordonNode',
             bc_dot_v1_dot_admin__pb2.CordonNodeRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LabelNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/LabelNode',
+            bc_dot_v1_dot_admin__pb2.LabelNodeRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.NodeInfo.FromString,
             options,
             channel_credentials,

@@ -49,6 +49,7 @@ class AdminStub:
     CancelCommand: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CancelCommandRequest, _admin_pb2.CommandInfo]
     RevokeNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeNodeRequest, _admin_pb2.NodeInfo]
     CordonNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CordonNodeRequest, _admin_pb2.NodeInfo]
+    LabelNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.LabelNodeRequest, _admin_pb2.NodeInfo]
     DeleteNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.DeleteNodeResponse]
     GetPki: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]
     RotateSigningKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]
@@ -96,6 +97,7 @@ class AdminAsyncStub(AdminStub):
     CancelCommand: _aio.UnaryUnaryMultiCallable[_admin_pb2.CancelCommandRequest, _admin_pb2.CommandInfo]  # type: ignore[assignment]
     RevokeNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeNodeRequest, _admin_pb2.NodeInfo]  # type: ignore[assignment]
     CordonNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.CordonNodeRequest, _admin_pb2.NodeInfo]  # type: ignore[assignment]
+    LabelNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.LabelNodeRequest, _admin_pb2.NodeInfo]  # type: ignore[assignment]
     DeleteNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.DeleteNodeResponse]  # type: ignore[assignment]
     GetPki: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]  # type: ignore[assignment]
     RotateSigningKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]  # type: ignore[assignment]
@@ -240,6 +242,13 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
     def CordonNode(
         self,
         request: _admin_pb2.CordonNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.NodeInfo, _abc.Awaitable[_admin_pb2.NodeInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def LabelNode(
+        self,
+        request: _admin_pb2.LabelNodeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.NodeInfo, _abc.Awaitable[_admin_pb2.NodeInfo]]: ...
 

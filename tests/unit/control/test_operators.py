@@ -62,7 +62,16 @@ def test_viewers_only_list_get_and_watch() -> None:
 
 @pytest.mark.parametrize(
     "rpc",
-    ["CreateToken", "RevokeNode", "CordonNode", "DeleteNode", "RotateSigningKey", "AddApprover", "AddOperator"],
+    [
+        "CreateToken",
+        "RevokeNode",
+        "CordonNode",
+        "LabelNode",
+        "DeleteNode",
+        "RotateSigningKey",
+        "AddApprover",
+        "AddOperator",
+    ],
 )
 def test_tokens_nodes_approvers_operators_and_the_pki_are_for_admins(rpc: str) -> None:
     assert ROLE_NEEDED[rpc][0] == "admin"
