@@ -11,7 +11,7 @@ simulator needs to replay a run.
 Only GPUs are faked, unless the fake is given a state dir: then it keeps a
 fake boot id there too, so `node.reboot` can "reboot" a fake node (a new
 boot id and a restart of the process) without touching the host, and GPU
-resets are counted in a file tests can read. Diagnostics are seeded like
+resets and reboots are counted in files tests can read. Diagnostics are seeded like
 the UUIDs: the same counters for the same (node, GPU) on every call.
 
 A new boot id (the first start on a state dir, and every fake reboot) is
@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 _PROFILES = "profiles"
 BOOT_ID_FILE = "fake-boot-id"
 RESETS_FILE = "fake-gpu-resets.json"
+REBOOTS_FILE = "fake-reboots.json"
 
 
 def _uuid(prefix: str, *parts: object) -> str:
@@ -112,6 +113,13 @@ class FakeHardware:
             cpus=int(data.get("cpus", 0)),
             memory_bytes=int(data.get("memory_gib", 0)) * (1 << 30),
         )
+        for node_id, n in enumerate(data.get("numa", [])):
+            inv.numa_nodes.add(
+                id=node_id,
+                cpus=str(n["cpus"]),
+                memory_bytes=int(n["memory_gib"]) * (1 << 30),
+                hugepages_1g=int(n.get("hugepages_1g", 0)),
+            )
         for index, g in enumerate(data["gpus"]):
             gpu_uuid = _uuid("GPU", self.seed, self.profile, index)
             gpu = inv.gpus.add(
@@ -124,6 +132,8 @@ class FakeHardware:
                 slots=int(g.get("slots", 0)),
                 healthy=bool(g.get("healthy", True)),
             )
+            if "numa_node" in g:
+                gpu.numa_node = int(g["numa_node"])
             for m in g.get("mig_instances", []):
                 gi, ci = int(m["gi"]), int(m["ci"])
                 gpu.mig_instances.add(
@@ -229,6 +239,20 @@ class FakeHardware:
             return {}
         return {str(k): int(v) for k, v in data.items()}
 
+    @staticmethod
+    def _count_reboot(path: Path) -> None:
+        count = FakeHardware.read_reboots(path.parent) + 1
+        _write_text(path, json.dumps({"reboots": count}) + "\n")
+
+    @staticmethod
+    def read_reboots(state_dir: Path) -> int:
+        """How many fake reboots the fake node whose state dir this is has started."""
+        try:
+            data = json.loads((state_dir / REBOOTS_FILE).read_text("utf-8"))
+        except FileNotFoundError:
+            return 0
+        return int(data.get("reboots", 0))
+
     async def reboot(self, *, allow: bool = False) -> tuple[bool, str]:
         """A new fake boot id, then a restart of this process (or `reboot_hook`, when one is set).
 
@@ -239,6 +263,8 @@ class FakeHardware:
         """
         if self.state_dir is None:
             return False, "a fake reboot needs the fake hardware's state dir"
+        # Counted when the reboot starts, like a reset: the tests count side effects started, not finished.
+        await self.offload(self._count_reboot, self.state_dir / REBOOTS_FILE)
         new_id = self._new_boot_id()
         await self.offload(_write_text, self.state_dir / BOOT_ID_FILE, new_id + "\n")
         hook = inspect.getattr_static(self, "reboot_hook", None)  # static: a plain function must not bind to self

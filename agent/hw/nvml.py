@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from agent.hw import topology
 from agent.hw.base import UNKNOWN_GPU, ActionDisabled, diag_entry, read_boot_id, run_process
 from bc.protocol.pb import common_pb2
 
@@ -133,11 +134,12 @@ class NvmlHardware:
     RESET_COMMAND: ClassVar[tuple[str, ...]] = ("nvidia-smi", "--gpu-reset", "-i")
     REBOOT_COMMAND: ClassVar[tuple[str, ...]] = ("systemctl", "reboot")
 
-    def __init__(self, *, kmsg_path: Path = KMSG_PATH) -> None:
+    def __init__(self, *, kmsg_path: Path = KMSG_PATH, sys_root: Path = Path("/")) -> None:
         self._read = False
         self._last_error = ""
         self._gpu_count = 0
         self.kmsg_path = kmsg_path
+        self.sys_root = sys_root  # where /sys is read from (a test's tree of files)
 
     def inventory(self) -> common_pb2.Inventory:
         inv = common_pb2.Inventory(
@@ -145,6 +147,7 @@ class NvmlHardware:
             source="none",
             cpus=os.cpu_count() or 0,
             memory_bytes=_host_memory_bytes(),
+            numa_nodes=topology.numa_nodes(self.sys_root),
         )
         self._read = True
         self._gpu_count = 0
@@ -176,13 +179,15 @@ class NvmlHardware:
         self._gpu_count = len(inv.gpus)
         return inv
 
-    @staticmethod
-    def _read_gpu(nvml: Any, index: int, gpu: common_pb2.Gpu) -> None:
+    def _read_gpu(self, nvml: Any, index: int, gpu: common_pb2.Gpu) -> None:
         try:
             h = nvml.nvmlDeviceGetHandleByIndex(index)
             gpu.uuid = _text(nvml.nvmlDeviceGetUUID(h))
             gpu.name = _text(nvml.nvmlDeviceGetName(h))
             gpu.pci_bus_id = _text(nvml.nvmlDeviceGetPciInfo(h).busId)
+            numa = topology.pci_numa_node(gpu.pci_bus_id, self.sys_root)
+            if numa is not None:
+                gpu.numa_node = numa
             gpu.memory_mib = int(nvml.nvmlDeviceGetMemoryInfo(h).total) // (1 << 20)
             try:
                 current, _pending = nvml.nvmlDeviceGetMigMode(h)

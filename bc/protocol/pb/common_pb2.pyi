@@ -104,7 +104,7 @@ class MigInstance(_message.Message):
     def __init__(self, gi: _Optional[int] = ..., ci: _Optional[int] = ..., uuid: _Optional[str] = ..., profile: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_mib", "mig_enabled", "mig_instances", "slots", "healthy")
+    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_mib", "mig_enabled", "mig_instances", "slots", "healthy", "numa_node")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class Gpu(_message.Message):
     MIG_INSTANCES_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    NUMA_NODE_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -123,23 +124,38 @@ class Gpu(_message.Message):
     mig_instances: _containers.RepeatedCompositeFieldContainer[MigInstance]
     slots: int
     healthy: bool
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_mib: _Optional[int] = ..., mig_enabled: _Optional[bool] = ..., mig_instances: _Optional[_Iterable[_Union[MigInstance, _Mapping]]] = ..., slots: _Optional[int] = ..., healthy: _Optional[bool] = ...) -> None: ...
+    numa_node: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_mib: _Optional[int] = ..., mig_enabled: _Optional[bool] = ..., mig_instances: _Optional[_Iterable[_Union[MigInstance, _Mapping]]] = ..., slots: _Optional[int] = ..., healthy: _Optional[bool] = ..., numa_node: _Optional[int] = ...) -> None: ...
+
+class NumaNode(_message.Message):
+    __slots__ = ("id", "cpus", "memory_bytes", "hugepages_1g")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HUGEPAGES_1G_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    cpus: str
+    memory_bytes: int
+    hugepages_1g: int
+    def __init__(self, id: _Optional[int] = ..., cpus: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., hugepages_1g: _Optional[int] = ...) -> None: ...
 
 class Inventory(_message.Message):
-    __slots__ = ("hostname", "source", "gpus", "driver_version", "cpus", "memory_bytes")
+    __slots__ = ("hostname", "source", "gpus", "driver_version", "cpus", "memory_bytes", "numa_nodes")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUMA_NODES_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     source: str
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
     driver_version: str
     cpus: int
     memory_bytes: int
-    def __init__(self, hostname: _Optional[str] = ..., source: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., driver_version: _Optional[str] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    numa_nodes: _containers.RepeatedCompositeFieldContainer[NumaNode]
+    def __init__(self, hostname: _Optional[str] = ..., source: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., driver_version: _Optional[str] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., numa_nodes: _Optional[_Iterable[_Union[NumaNode, _Mapping]]] = ...) -> None: ...
 
 class SectionStatus(_message.Message):
     __slots__ = ("section", "state", "generation", "reason", "message")
