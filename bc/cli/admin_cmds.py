@@ -120,8 +120,8 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
 
 
 def _flags(n: admin_pb2.NodeInfo) -> str:
-    flags = [f for f, on in (("revoked", n.revoked), ("cordoned", n.cordoned)) if on]
-    return ",".join(flags) or "-"
+    """Its NoSchedule reasons (revoked, cordoned, a job's hold, not connected, unhealthy GPUs), or "-"."""
+    return ",".join(n.no_schedule) or "-"
 
 
 @nodes.command("revoke")

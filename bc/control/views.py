@@ -9,6 +9,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from google.protobuf import json_format
 
+from bc.control import no_schedule
 from bc.pki import keys
 from bc.protocol.pb import admin_pb2, common_pb2
 from bc.store import Row
@@ -50,7 +51,26 @@ def node_info(row: Row, now_ms: int, *, detail: bool, certs: Row | None = None) 
         info.cert_not_after_ms = int(certs["not_after_ms"] or 0)
         info.revoked = int(certs["total"] or 0) > 0 and int(certs["live"] or 0) == 0
         info.revoke_reason = str(certs["revoke_reason"] or "") if info.revoked else ""
+    info.job_hold = str(row["job_hold"] or "")
+    info.no_schedule.extend(
+        no_schedule.reasons(
+            connectivity=info.state,
+            cordoned=info.cordoned,
+            job_hold=info.job_hold,
+            revoked=info.revoked,
+            unhealthy_gpus=no_schedule.unhealthy_gpus(str(row["inventory"] or "{}")),
+        )
+    )
     if detail:
+        if info.state == "unreachable":
+            # The control plane's own condition: the node cannot report it, being away.
+            info.conditions.add(
+                type="NodeUnreachable",
+                status="True",
+                reason="NoSession",
+                message="no session for longer than the lease and the grace; nothing it holds is released",
+                age_ms=max(0, info.state_age_ms),
+            )
         status = json.loads(str(row["status"] or "{}"))
         for s in status.get("sections", []):
             json_format.ParseDict(s, info.sections.add(), ignore_unknown_fields=True)

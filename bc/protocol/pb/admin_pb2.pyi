@@ -47,7 +47,7 @@ class GetNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "role", "state", "generation", "applied_generation", "observed_generation", "last_seen_age_ms", "session_epoch", "gateway_id", "boot_id", "journal_id", "spec_hash", "applied_spec_hash", "sections", "conditions", "inventory", "capabilities", "labels", "cordoned", "state_age_ms", "revoked", "revoke_reason", "cert_not_after_ms")
+    __slots__ = ("node_id", "role", "state", "generation", "applied_generation", "observed_generation", "last_seen_age_ms", "session_epoch", "gateway_id", "boot_id", "journal_id", "spec_hash", "applied_spec_hash", "sections", "conditions", "inventory", "capabilities", "labels", "cordoned", "state_age_ms", "revoked", "revoke_reason", "cert_not_after_ms", "no_schedule", "job_hold")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,8 @@ class NodeInfo(_message.Message):
     REVOKED_FIELD_NUMBER: _ClassVar[int]
     REVOKE_REASON_FIELD_NUMBER: _ClassVar[int]
     CERT_NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    NO_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    JOB_HOLD_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     state: str
@@ -101,7 +103,9 @@ class NodeInfo(_message.Message):
     revoked: bool
     revoke_reason: str
     cert_not_after_ms: int
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., last_seen_age_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cordoned: _Optional[bool] = ..., state_age_ms: _Optional[int] = ..., revoked: _Optional[bool] = ..., revoke_reason: _Optional[str] = ..., cert_not_after_ms: _Optional[int] = ...) -> None: ...
+    no_schedule: _containers.RepeatedScalarFieldContainer[str]
+    job_hold: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., last_seen_age_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cordoned: _Optional[bool] = ..., state_age_ms: _Optional[int] = ..., revoked: _Optional[bool] = ..., revoke_reason: _Optional[str] = ..., cert_not_after_ms: _Optional[int] = ..., no_schedule: _Optional[_Iterable[str]] = ..., job_hold: _Optional[str] = ...) -> None: ...
 
 class RevokeNodeRequest(_message.Message):
     __slots__ = ("node_id", "reason")
