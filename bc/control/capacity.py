@@ -10,8 +10,9 @@ replayable. Conflicts are the parent-aware rule of `bc.protocol.atoms`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from bc.protocol.atoms import DEVICE_CLASSES, GPU, GPU_MIG, GPU_SLOT, Atom, atoms_conflict, parse_atom
 from bc.protocol.pb import common_pb2
@@ -56,8 +57,39 @@ def _check_class(device_class: str) -> None:
         raise ValueError(f"unknown device class {device_class!r}; classes are {', '.join(DEVICE_CLASSES)}")
 
 
+class MigLike(Protocol):
+    """A MIG instance as inventory reports it (the protobuf message or the planner's dataclass)."""
+
+    @property
+    def gi(self) -> int: ...
+    @property
+    def ci(self) -> int: ...
+
+
+class GpuLike(Protocol):
+    """A GPU as inventory reports it: what offering atoms reads, so one rule serves protobuf and plain facts."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def mig_enabled(self) -> bool: ...
+    @property
+    def mig_instances(self) -> Iterable[MigLike]: ...
+    @property
+    def slots(self) -> int: ...
+
+
 def offered_atoms(inventory: common_pb2.Inventory, device_class: str) -> list[Atom]:
-    """Every atom of the class the node offers, booked or not, in placement order.
+    """Every atom of the class the node offers, booked or not, in placement order (see `offered_atoms_of`)."""
+    return offered_atoms_of(inventory.gpus, device_class)
+
+
+def offered_atoms_of(gpus: Iterable[GpuLike], device_class: str) -> list[Atom]:
+    """Every atom of the class these GPUs offer, booked or not, in placement order.
 
     Only healthy GPUs offer anything. A MIG-enabled GPU offers its MIG
     instances and nothing else; any other GPU offers itself whole and, when
@@ -66,7 +98,7 @@ def offered_atoms(inventory: common_pb2.Inventory, device_class: str) -> list[At
     """
     _check_class(device_class)
     keyed: list[tuple[int, tuple[int, ...], Atom]] = []
-    for gpu in inventory.gpus:
+    for gpu in gpus:
         if not gpu.healthy or not gpu.uuid:
             continue
         ids: list[str] = []

@@ -1,0 +1,1 @@
+"""The capacity core's tests need no fixture: they build plain facts (`fleet.py`) and call pure functions."""
