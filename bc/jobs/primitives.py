@@ -184,7 +184,8 @@ async def _command_cancel(ctx: Ctx) -> Outcome | None:
     cid = ctx.detail.get("command_id")
     if cid:
         await cmds.request_cancel_in(ctx.tx, ctx.bus, str(cid), f"job {ctx.dag_id} cancelled", ctx.now_ms)
-    return None  # the command reports its real outcome
+        return await _command_check(ctx)  # a command never sent is cancelled now; one in flight reports later
+    return None
 
 
 # -- Batch and ResolveApproval -----------------------------------------------------------------

@@ -149,21 +149,18 @@ async def test_another_dag_waits_for_the_node_lease_and_runs_after(
     assert (await node_row(store, "n1"))["cordoned"] == 1
 
 
-async def test_cancel_spares_the_tails_asks_the_running_command_and_refuses_a_settled_dag(
+async def test_cancel_spares_the_tails_cancels_a_never_sent_command_and_refuses_a_settled_dag(
     store: InlineSqliteStore, engine: JobEngine, nodes: list[str]
 ) -> None:
     dag_id = await engine.submit(JobRequest("reboot", ("n1", "n2"), max_parallel=1), "alice")
     assert await engine.cancel(dag_id, "alice") is True
+    (cmd,) = await commands(store, "node.reboot")
+    assert cmd["state"] == "cancelled"  # never sent, so cancelled at once...
     view = await queries.get_dag(store, dag_id)
     s = states(view)
-    assert s["reboot:n2"] == "cancelled" and s["cmd:n1"] == "running"
-    assert view.cancel_requested and not view.terminal
-    (cmd,) = await commands(store, "node.reboot")
-    assert cmd["state"] == "cancelled"  # never sent, so cancelled at once
-    await engine.pass_once()
-    view = await queries.get_dag(store, dag_id)
-    assert view.terminal and view.state == "failed"  # the running command reported its real outcome
-    assert states(view)["reconcile:n1"] == "done" and states(view)["reconcile:n2"] == "done"
+    assert s["reboot:n2"] == "cancelled" and s["cmd:n1"] == "failed"  # ...and its node ends in the same step
+    assert view.cancel_requested and view.terminal and view.state == "failed"
+    assert s["reconcile:n1"] == "done" and s["reconcile:n2"] == "done"
     assert (await node_row(store, "n1"))["job_hold"] is None
     with pytest.raises(Conflict, match="already ended"):
         await engine.cancel(dag_id, "alice")
@@ -344,3 +341,22 @@ async def test_a_quiet_pass_writes_nothing(store: InlineSqliteStore, engine: Job
     assert await engine.pass_once() == 0
     async with store.transaction(write=False) as tx:
         assert await tx.fetchval("SELECT version FROM job_meta") == before
+
+
+async def test_cancel_asks_a_command_in_flight_and_waits_for_its_real_outcome(
+    store: InlineSqliteStore, engine: JobEngine, nodes: list[str]
+) -> None:
+    dag_id = await engine.submit(JobRequest("reboot", ("n1",)), "alice")
+    (cmd,) = await commands(store, "node.reboot")
+    async with store.transaction() as tx:  # the gateway sent it: it is in flight on the node
+        await tx.execute("UPDATE commands SET state = 'dispatched' WHERE id = :c", {"c": cmd["id"]})
+    assert await engine.cancel(dag_id, "alice") is True
+    view = await queries.get_dag(store, dag_id)
+    assert states(view)["cmd:n1"] == "running" and not view.terminal
+    async with store.transaction(write=False) as tx:
+        row = await cmd_sql.get(tx, str(cmd["id"]))
+    assert row is not None and row["cancel_requested_at_ms"] is not None
+    await settle(store, str(cmd["id"]))  # the reboot had started: it reports that it succeeded
+    await engine.pass_once()
+    view = await queries.get_dag(store, dag_id)
+    assert view.terminal and states(view)["cmd:n1"] == "done" and view.state == "done"
