@@ -123,7 +123,7 @@ class PlaceablePending:
 
 def _eligible(node: NodeInfo, req: Request) -> bool:
     """The checker's own reading of NoSchedule, selectors and capabilities (not the planner's code)."""
-    if node.deleted or node.revoked or node.cordoned or node.connectivity != "connected":
+    if node.deleted or node.revoked or node.cordoned or node.job_hold or node.connectivity != "connected":
         return False
     if req.node_id is not None and node.node_id != req.node_id:
         return False
@@ -210,9 +210,14 @@ class BillingMismatch:
         if self.duplicate_key is not None:
             return f"I8: usage window {self.duplicate_key} of {self.reservation_id} is counted twice"
         return (
-            f"I8: {self.reservation_id} booked {self.booked_atom_ms / 1000:g} atom-seconds "
-            f"but usage says {self.usage_atom_ms / 1000:g}"
+            f"I8: {self.reservation_id} booked {_seconds(self.booked_atom_ms)} atom-seconds "
+            f"but usage says {_seconds(self.usage_atom_ms)}"
         )
+
+
+def _seconds(ms: int) -> str:
+    """Milliseconds as seconds, exactly (no rounding hides a one-millisecond mismatch)."""
+    return f"{ms // 1000}" if ms % 1000 == 0 else f"{ms / 1000:.3f}".rstrip("0")
 
 
 def check_billing_conservation(

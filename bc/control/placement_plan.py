@@ -32,8 +32,9 @@ window's start), else the end of some booking on a node it may use. Then:
 * it can never fit, whatever is released (more atoms than any node has, a
   named node revoked or deleted, a window already over): a `Failure`.
 
-NoSchedule: a node that is not `connected`, is cordoned or held by a job,
-revoked or deleted takes no new hold, and an unhealthy GPU offers no atom.
+NoSchedule (`bc.control.no_schedule`, the rule `bc nodes` shows): a node
+that is not `connected`, is cordoned or held by a job, revoked or deleted
+takes no new hold, and an unhealthy GPU offers no atom.
 Nothing here ever releases a booking: a hold on a node that went away stays
 booked (I5). A reservation that names a node that is away or cordoned waits
 with that reason; one that names a revoked or deleted node is refused.
@@ -61,6 +62,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from bc.control.capacity import offered_atoms_of
+from bc.control.no_schedule import reasons
 from bc.protocol.atoms import DEVICE_CLASSES, GPU, GPU_MIG, Atom, atoms_conflict
 
 CAP_LIMITS = "devices.limits"
@@ -137,11 +139,12 @@ class NumaNode:
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """What the pass knows of a node. `cordoned` covers a job's hold on it too; `numa=()`: no host inventory."""
+    """What the pass knows of a node; `numa=()`: no host inventory, so no host resources to book."""
 
     node_id: str
     connectivity: str = "connected"  # new | connected | disconnected | unreachable
     cordoned: bool = False
+    job_hold: str = ""  # the job (a drain, a reboot) that holds the node, if any
     revoked: bool = False
     deleted: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -158,16 +161,21 @@ class NodeInfo:
 
 
 def no_schedule(node: NodeInfo) -> str | None:
-    """Why the node takes no new hold, as a sentence; None when it may take one."""
+    """Why the node takes no new hold, as a sentence; None when it may take one.
+
+    The rule is `bc.control.no_schedule.reasons` (what `bc nodes` shows), most lasting reason first; a
+    deleted node, which `bc nodes` no longer lists, comes before all of them.
+    """
     if node.deleted:
         return f"node {node.node_id} is deleted"
+    why = reasons(connectivity=node.connectivity, cordoned=node.cordoned, job_hold=node.job_hold, revoked=node.revoked)
+    if not why:
+        return None
     if node.revoked:
         return f"node {node.node_id} is revoked; it can never bind a hold"
-    if node.cordoned:
-        return f"node {node.node_id} is cordoned"
-    if node.connectivity != "connected":
-        return f"node {node.node_id} is {node.connectivity}"
-    return None
+    if not node.cordoned and node.job_hold:
+        return f"node {node.node_id} is held by job {node.job_hold}"
+    return f"node {node.node_id} is {why[0]}"
 
 
 @dataclass(frozen=True)
@@ -549,6 +557,7 @@ def _busy(
 __all__ = [
     "CAP_KUBERNETES",
     "CAP_LIMITS",
+    "GIB",
     "Booking",
     "Failure",
     "GpuInfo",
@@ -556,6 +565,7 @@ __all__ = [
     "Mig",
     "NodeInfo",
     "NumaNode",
+    "Outcome",
     "Placement",
     "Plan",
     "Request",

@@ -171,6 +171,7 @@ def test_capabilities_decide_which_nodes_take_limits_and_kubernetes() -> None:
         ({"connectivity": "unreachable"}, "node n1 is unreachable"),
         ({"connectivity": "new"}, "node n1 is new"),
         ({"cordoned": True}, "node n1 is cordoned"),
+        ({"job_hold": "job-7"}, "node n1 is held by job job-7"),
     ],
 )
 def test_a_node_that_is_away_or_cordoned_takes_no_new_hold(facts: dict[str, object], why: str) -> None:
