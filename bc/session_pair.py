@@ -14,6 +14,11 @@ fake hardware. On `bc.virtual_time`'s loop a run is a function of its seed,
 so two runs write the same events log byte for byte; `python -m
 bc.session_pair --seed 7` prints that log's digest.
 
+With `PairConfig(jobs=True)` the control plane runs the job queue too (`ControlPlane.jobs`, its pass
+as a task, as `bc serve` does); with `reboot_s` each fake reboot takes that long on the loop's clock
+and is recorded (`SessionPair.reboots`) instead of re-executing the process (`bench.jobs` rolls a
+reboot over the pair).
+
 Restarting the control plane (`restart_control_plane`) drains the gateway,
 closes the store and opens it again with a new gateway id and a Random drawn
 from the pair's (never the first seed again: it would draw the same serials
@@ -55,6 +60,7 @@ from bc.control.liveness import Liveness, LivenessConfig
 from bc.control.signer import KeySigner, NullSigner, Signer
 from bc.control.sweeper import CommandSweeper
 from bc.gateway.sessions import Gateway, GatewayConfig
+from bc.jobs.engine import JobEngine
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity, make_csr, peer_identity
 from bc.pki.secrets_source import SeededSecrets, p256_key
@@ -138,6 +144,11 @@ class PairConfig:
     unreachable_grace_s: float = 120.0
     profile: str = "hgx-h100-8"
     signing: bool = True
+    jobs: bool = False
+    """Run the job queue as `bc serve` does (`ControlPlane.jobs`, its pass as a task)."""
+    reboot_s: float | None = None
+    """A fake reboot takes this long (on the loop's clock) and then calls the pair's hook, which records
+    it (`SessionPair.reboots`); None: the fake hardware as it is (a reboot re-executes the process)."""
 
 
 class ControlPlane:
@@ -167,6 +178,12 @@ class ControlPlane:
             ),
         )
         self.sweeper = CommandSweeper(store, self.bus, self.gateway_id)
+        # Drawn only when the queue runs: a pair without one draws what it always drew.
+        self.jobs = (
+            JobEngine(store, self.bus, signer, random.Random(rng.getrandbits(64)), holder=self.gateway_id)
+            if cfg.jobs
+            else None
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -177,6 +194,8 @@ class ControlPlane:
             asyncio.create_task(self._liveness_loop(), name="liveness"),
             asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"),
         ]
+        if self.jobs is not None:
+            self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
 
     async def _liveness_loop(self) -> None:
         while True:
@@ -204,6 +223,7 @@ class SessionPair:
         self.agents: dict[str, Agent] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.cp: ControlPlane | None = None
+        self.reboots: list[tuple[str, float]] = []  # (node, loop time) of each fake reboot, with `reboot_s`
 
     @property
     def store(self) -> Store:
@@ -267,13 +287,25 @@ class SessionPair:
             ca_pem=self.ca.ca_pem,
             identity_store=HeldIdentity(),
             node_key=NodeKey(None, key),
-            hw=FakeHardware(self.cfg.profile, node_id, state_dir=node_dir, rng=rng, offload=inline),
+            hw=self._hardware(node_id, node_dir, rng),
             dial=self.network.dialer(node_id),
             open_journal=_memory_journal(rng),
             offload=inline,
             renewal=False,
         )
         return Agent(AgentOptions(data_dir=node_dir, heartbeat_interval_s=self.cfg.heartbeat_interval_s), parts)
+
+    def _hardware(self, node_id: str, node_dir: Path, rng: random.Random) -> FakeHardware:
+        if self.cfg.reboot_s is None:
+            return FakeHardware(self.cfg.profile, node_id, state_dir=node_dir, rng=rng, offload=inline)
+        hw = SlowRebootHardware(self.cfg.profile, node_id, state_dir=node_dir, rng=rng, offload=inline)
+        hw.reboot_s = self.cfg.reboot_s
+
+        def hook() -> None:
+            self.reboots.append((node_id, asyncio.get_running_loop().time()))
+
+        hw.reboot_hook = hook
+        return hw
 
     def node_ids(self) -> list[str]:
         return [f"n{i:03d}" for i in range(self.n)]
@@ -329,6 +361,17 @@ class SessionPair:
         async with self.store.transaction(write=False) as tx:
             rows = await nodes_sql.list_all(tx)
         return {str(r["node_id"]): str(r["connectivity"]) for r in rows}
+
+
+class SlowRebootHardware(FakeHardware):
+    """Fake hardware whose reboot takes `reboot_s` on the loop's clock, then calls its `reboot_hook`
+    (which the pair always sets, so the process is never re-executed)."""
+
+    reboot_s = 0.0
+
+    async def reboot(self, *, allow: bool = False) -> tuple[bool, str]:
+        await asyncio.sleep(self.reboot_s)
+        return await super().reboot(allow=allow)
 
 
 def _memory_journal(rng: random.Random) -> Callable[[], Awaitable[MemoryJournal]]:

@@ -10,8 +10,11 @@
 2. gateway memory: `bc serve`'s resident set size with S agent sessions held
    open (the agents share one process here, as the issue allows).
 
+Further parts live in their own modules: `commands`, `journal` (bench.commands), `dist`, `signing`,
+`merkle`, `pair` (bench.session_pair), `jobs` (bench.jobs: the job queue's figures).
+
 Usage: python -m bench.run [--reservations 100] [--sessions 200]
-       [--only latency|memory|commands|journal|dist|signing|merkle|pair]
+       [--only latency|memory|commands|journal|dist|signing|merkle|pair|jobs]
 """
 
 from __future__ import annotations
@@ -198,7 +201,9 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reservations", type=int, default=100)
     ap.add_argument("--sessions", type=int, default=200)
-    ap.add_argument("--only", choices=["latency", "memory", "commands", "journal", "dist", "signing", "merkle", "pair"])
+    ap.add_argument(
+        "--only", choices=["latency", "memory", "commands", "journal", "dist", "signing", "merkle", "pair", "jobs"]
+    )
     args = ap.parse_args()
     if args.only in (None, "latency"):
         for pace in (250, 0):
@@ -231,6 +236,11 @@ async def main() -> None:
         from bench.session_pair import main as pair_main
 
         await asyncio.to_thread(pair_main)
+    if args.only in (None, "jobs"):
+        from bench.jobs import parser as jobs_parser
+        from bench.jobs import run as jobs_run
+
+        await jobs_run(jobs_parser().parse_args([]))
 
 
 if __name__ == "__main__":
