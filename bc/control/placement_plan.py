@@ -61,9 +61,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from bc.control.capacity import offered_atoms_of
+from bc.control.capacity import free_among, offered_atoms_of
 from bc.control.no_schedule import reasons
-from bc.protocol.atoms import DEVICE_CLASSES, GPU, GPU_MIG, Atom, atoms_conflict
+from bc.protocol.atoms import DEVICE_CLASSES, GPU, GPU_MIG, Atom
 
 CAP_LIMITS = "devices.limits"
 CAP_KUBERNETES = "binding.kubernetes"
@@ -372,9 +372,16 @@ class Fit:
 
 def fit(node: NodeInfo, booked: Sequence[Booking], req: Request, start: int, end: int | None) -> Fit | None:
     """Where on `node` the request fits over `[start, end)` against `booked`, or None."""
+    return _fit(node, atoms_of(node, req.device_class), booked, req, start, end)
+
+
+def _fit(
+    node: NodeInfo, offered: Sequence[Atom], booked: Sequence[Booking], req: Request, start: int, end: int | None
+) -> Fit | None:
+    if len(offered) < req.count:
+        return None
     over = [b for b in booked if b.overlaps(start, end)]
-    taken = [a for b in over for a in b.atoms]
-    free = [a for a in atoms_of(node, req.device_class) if not any(atoms_conflict(a, t) for t in taken)]
+    free = free_among(offered, (a for b in over for a in b.atoms))
     if len(free) < req.count:
         return None
     if req.host.any and not (host_peak(over, start, end) + req.host).fits_in(node.host):
@@ -399,24 +406,28 @@ def fit(node: NodeInfo, booked: Sequence[Booking], req: Request, start: int, end
     return best[1]
 
 
-def plan(nodes: Sequence[NodeInfo], bookings: Sequence[Booking], pending: Sequence[Request], now_ms: int) -> Plan:
-    """One placement pass. See the module docstring for the policy."""
-    fleet = sorted(nodes, key=lambda n: n.node_id)
-    by_id = {n.node_id: n for n in fleet}
+def plan(
+    nodes: Sequence[NodeInfo],
+    bookings: Sequence[Booking],
+    pending: Sequence[Request],
+    now_ms: int,
+    *,
+    protect: int | None = None,
+) -> Plan:
+    """One placement pass. See the module docstring for the policy.
+
+    `protect` bounds how many waiting reservations the pass looks ahead for (and holds capacity for), as
+    Slurm's `bf_max_job_test` does: past that many, a reservation that does not fit at its start waits
+    without an estimate and without protection. None: every one is looked ahead for.
+    """
+    state = _Pass(sorted(nodes, key=lambda n: n.node_id), now_ms, protect)
     ended = tuple(sorted({b.reservation_id for b in bookings if b.end_ms is not None and b.end_ms <= now_ms}))
-    timeline: dict[str, list[Booking]] = {n.node_id: [] for n in fleet}
     live = sorted(
         (b for b in bookings if b.end_ms is None or b.end_ms > now_ms), key=lambda b: (b.start_ms, b.reservation_id)
     )
     for b in live:
-        timeline.setdefault(b.node_id, []).append(b)
-    outcomes: list[Outcome] = []
-    for req in sorted(pending, key=lambda r: (r.seq, r.reservation_id)):
-        out = _decide(req, fleet, by_id, timeline, now_ms)
-        outcomes.append(out)
-        held = out.booking() if isinstance(out, Placement) else out.held if isinstance(out, Wait) else None
-        if held is not None:
-            timeline[held.node_id].append(held)
+        state.timeline.setdefault(b.node_id, []).append(b)
+    outcomes = [state.decide(req) for req in sorted(pending, key=lambda r: (r.seq, r.reservation_id))]
     return Plan(tuple(outcomes), ended, _next_wake(live, outcomes, pending, now_ms))
 
 
@@ -435,49 +446,149 @@ def _next_wake(
     return min(times, default=None)
 
 
-def _decide(
-    req: Request,
-    fleet: Sequence[NodeInfo],
-    by_id: Mapping[str, NodeInfo],
-    timeline: Mapping[str, Sequence[Booking]],
-    now_ms: int,
-) -> Outcome:
-    refused = _refusal(req, by_id, now_ms)
-    if refused is not None:
-        return refused
-    universe = [by_id[req.node_id]] if req.node_id is not None else [n for n in fleet if not (n.deleted or n.revoked)]
-    never = _never_fits(req, universe)
-    if never is not None:
-        return never
-    candidates, why_not = _candidates(req, universe)
-    if not candidates:
-        return Wait(req.reservation_id, why_not)
-    base = req.earliest_start(now_ms)
-    times = sorted(
-        {base}
-        | {
-            b.end_ms
-            for n in candidates
-            for b in timeline.get(n.node_id, ())
-            if b.end_ms is not None and b.end_ms > base
-        }
-    )
-    for t in times:
-        interval = req.interval_at(t)
-        if interval is None:
-            break
+_Shape = tuple[object, ...]
+
+
+class _Pass:
+    """One pass's working state: the timeline it books into, and what it learnt that stays true for the pass.
+
+    Within a pass bookings are only ever added, so a shape of request (class, count, resources, where, when)
+    that fits nowhere at its start fits nowhere for every later request of that shape either, and one that
+    has no bounded start keeps having none; remembering that is what keeps a pass over a long queue of
+    similar reservations from searching the fleet again for each.
+    """
+
+    def __init__(self, fleet: Sequence[NodeInfo], now_ms: int, protect: int | None) -> None:
+        self.fleet = fleet
+        self.by_id = {n.node_id: n for n in fleet}
+        self.now_ms = now_ms
+        self.protect = protect
+        self.timeline: dict[str, list[Booking]] = {n.node_id: [] for n in fleet}
+        self._offered: dict[tuple[str, str], list[Atom]] = {}
+        self._sizes: dict[str, list[tuple[int, NodeInfo]]] = {}
+        self._no_fit_now: set[_Shape] = set()
+        self._no_start: set[_Shape] = set()
+        self._not_before: dict[_Shape, int] = {}
+        self._candidates: dict[_Shape, tuple[list[NodeInfo], str]] = {}
+
+    def offered(self, node: NodeInfo, device_class: str) -> list[Atom]:
+        key = (node.node_id, device_class)
+        if key not in self._offered:
+            self._offered[key] = atoms_of(node, device_class)
+        return self._offered[key]
+
+    def sizes(self, device_class: str) -> list[tuple[int, NodeInfo]]:
+        """Every node's atoms of the class, healthy or not (GPUs heal), with the node: what never-fits reads."""
+        if device_class not in self._sizes:
+            self._sizes[device_class] = [(len(atoms_of(n, device_class, any_health=True)), n) for n in self.fleet]
+        return self._sizes[device_class]
+
+    def decide(self, req: Request) -> Outcome:
+        out = self._decide(req)
+        held = out.booking() if isinstance(out, Placement) else out.held if isinstance(out, Wait) else None
+        if held is not None:
+            self.timeline[held.node_id].append(held)
+        return out
+
+    def _decide(self, req: Request) -> Outcome:
+        refused = _refusal(req, self.by_id, self.now_ms)
+        if refused is not None:
+            return refused
+        never = self._never_fits(req)
+        if never is not None:
+            return never
+        universe = [self.by_id[req.node_id]] if req.node_id is not None else self.fleet
+        key = (req.node_id, tuple(sorted(req.selector.items())), req.capabilities())
+        if key not in self._candidates:
+            self._candidates[key] = _candidates(req, [n for n in universe if not (n.deleted or n.revoked)])
+        candidates, why_not = self._candidates[key]
+        if not candidates:
+            return Wait(req.reservation_id, why_not)
+        base = req.earliest_start(self.now_ms)
+        first = req.interval_at(base)
+        assert first is not None  # _refusal has failed a request whose window is over
+        shape: _Shape = (
+            req.device_class,
+            req.count,
+            req.host,
+            tuple(sorted(req.selector.items())),
+            req.capabilities(),
+            req.node_id,
+            (req.start_ms, req.end_ms, req.duration_ms),  # how its interval moves with its start
+            first,
+        )
+        if shape not in self._no_fit_now:
+            for node in candidates:
+                f = _fit(node, self.offered(node, req.device_class), self.timeline[node.node_id], req, *first)
+                if f is not None:
+                    later = f"starts at {iso(base)}" if base > self.now_ms else None
+                    return Placement(
+                        req.reservation_id, node.node_id, f.atoms, req.host, f.cpu_numa, f.mem_numa, *first, later
+                    )
+            self._no_fit_now.add(shape)
+        busy = _busy(req, base, self.now_ms)
+        if shape in self._no_start or (self.protect is not None and self.protect <= 0):
+            return Wait(req.reservation_id, busy)
+        found = self._earliest(req, candidates, base, self._not_before.get(shape, base))
+        if found is None:
+            self._no_start.add(shape)
+            return Wait(req.reservation_id, busy)
+        if self.protect is not None:
+            self.protect -= 1
+        self._not_before[shape] = found.start_ms
+        return Wait(req.reservation_id, busy, found.start_ms, found)
+
+    def _earliest(self, req: Request, candidates: Sequence[NodeInfo], base: int, not_before: int) -> Booking | None:
+        """The hold at the earliest instant after `base` the request fits, on the lowest node at that instant.
+
+        Only a node's own bookings decide when it can take the request, and a fit can only begin where one of
+        them ends, so each node is searched over its own booking ends, and a node stops at the best start found.
+        """
+        best: Booking | None = None
         for node in candidates:
-            f = fit(node, timeline.get(node.node_id, ()), req, *interval)
-            if f is None:
+            booked = self.timeline[node.node_id]
+            offered = self.offered(node, req.device_class)
+            if len(offered) < req.count:
                 continue
-            if t == base:
-                later = f"starts at {iso(base)}" if base > now_ms else None
-                return Placement(
-                    req.reservation_id, node.node_id, f.atoms, req.host, f.cpu_numa, f.mem_numa, *interval, later
+            for t in sorted(
+                {b.end_ms for b in booked if b.end_ms is not None and b.end_ms > max(base, not_before - 1)}
+            ):
+                if best is not None and t >= best.start_ms:
+                    break
+                interval = req.interval_at(t)
+                if interval is None:
+                    break
+                f = _fit(node, offered, booked, req, *interval)
+                if f is not None:
+                    best = Booking(
+                        req.reservation_id, node.node_id, f.atoms, *interval, req.host, f.cpu_numa, f.mem_numa
+                    )
+                    break
+        return best
+
+    def _never_fits(self, req: Request) -> Failure | None:
+        """More atoms (or host resources) than any node could ever offer, whatever is released or healed."""
+        what = f"{req.count} {noun(req.device_class, req.count)}"
+        if req.node_id is not None:
+            named = self.by_id[req.node_id]
+            have = len(atoms_of(named, req.device_class, any_health=True))
+            if have < req.count:
+                return Failure(req.reservation_id, "never-fits", f"node {req.node_id} has {have}; {what} asked")
+            if req.host.any and not req.host.fits_in(named.host):
+                return Failure(
+                    req.reservation_id,
+                    "never-fits",
+                    f"node {req.node_id} does not have {what} and {req.host.describe()}",
                 )
-            held = Booking(req.reservation_id, node.node_id, f.atoms, *interval, req.host, f.cpu_numa, f.mem_numa)
-            return Wait(req.reservation_id, _busy(req, base, now_ms, candidates, timeline), t, held)
-    return Wait(req.reservation_id, _busy(req, base, now_ms, candidates, timeline))
+            return None
+        big = [n for size, n in self.sizes(req.device_class) if size >= req.count and not (n.deleted or n.revoked)]
+        if not big:
+            return Failure(req.reservation_id, "never-fits", f"no node in the fleet has {what}")
+        if req.host.any and not any(req.host.fits_in(n.host) for n in big):
+            return Failure(
+                req.reservation_id, "never-fits", f"no node in the fleet has {what} and {req.host.describe()}"
+            )
+        return None
 
 
 def _refusal(req: Request, by_id: Mapping[str, NodeInfo], now_ms: int) -> Failure | None:
@@ -503,21 +614,6 @@ def _refusal(req: Request, by_id: Mapping[str, NodeInfo], now_ms: int) -> Failur
     return None
 
 
-def _never_fits(req: Request, universe: Sequence[NodeInfo]) -> Failure | None:
-    """More atoms (or host resources) than any node could ever offer, whatever is released or healed."""
-    big = [n for n in universe if len(atoms_of(n, req.device_class, any_health=True)) >= req.count]
-    what = f"{req.count} {noun(req.device_class, req.count)}"
-    if not big:
-        if req.node_id is not None:
-            have = len(atoms_of(universe[0], req.device_class, any_health=True))
-            return Failure(req.reservation_id, "never-fits", f"node {req.node_id} has {have}; {what} asked")
-        return Failure(req.reservation_id, "never-fits", f"no node in the fleet has {what}")
-    if req.host.any and not any(req.host.fits_in(n.host) for n in big):
-        where = f"node {req.node_id} does not have" if req.node_id is not None else "no node in the fleet has"
-        return Failure(req.reservation_id, "never-fits", f"{where} {what} and {req.host.describe()}")
-    return None
-
-
 def _candidates(req: Request, universe: Sequence[NodeInfo]) -> tuple[list[NodeInfo], str]:
     """The nodes the request may use now, and why there are none when there are none."""
     sel = selector_text(req.selector)
@@ -540,9 +636,7 @@ def _candidates(req: Request, universe: Sequence[NodeInfo]) -> tuple[list[NodeIn
     return ok, ""
 
 
-def _busy(
-    req: Request, base: int, now_ms: int, candidates: Sequence[NodeInfo], timeline: Mapping[str, Sequence[Booking]]
-) -> str:
+def _busy(req: Request, base: int, now_ms: int) -> str:
     """Why a request that could fit some day does not fit at its start."""
     what = f"{req.count} free {noun(req.device_class, req.count)}"
     if req.host.any:

@@ -12,7 +12,17 @@ from __future__ import annotations
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from bc.control.placement_plan import CAP_KUBERNETES, CAP_LIMITS, HostResources, NodeInfo, Request, Wait, plan
+from bc.control.placement_plan import (
+    CAP_KUBERNETES,
+    CAP_LIMITS,
+    Booking,
+    HostResources,
+    NodeInfo,
+    Placement,
+    Request,
+    Wait,
+    plan,
+)
 from tests.unit.capacity.fleet import H, M, booking, node
 from tests.unit.capacity.model import Lab
 
@@ -103,3 +113,31 @@ def test_no_later_reservation_changes_what_an_earlier_one_gets(fleet: list[NodeI
     full = plan(fleet, held, reqs, T0)
     for k in range(1, len(reqs)):
         assert plan(fleet, held, reqs[:k], T0).outcomes == full.outcomes[:k]
+
+
+@settings(max_examples=150, deadline=None)
+@given(fleet=fleets(), data=st.data())
+def test_a_pass_decides_each_reservation_as_if_it_were_alone_behind_the_ones_before(
+    fleet: list[NodeInfo], data: st.DataObject
+) -> None:
+    """What the pass remembers between reservations (shapes that fit nowhere, starts already searched) changes no
+    decision: each outcome equals a pass over that reservation alone, given what the ones before it booked or hold."""
+    shapes = [data.draw(requests("shape", T0)) for _ in range(data.draw(st.integers(1, 3)))]
+    reqs = [Request(f"r{i}", seq=i, **data.draw(st.sampled_from(shapes))) for i in range(data.draw(st.integers(1, 10)))]  # type: ignore[arg-type]
+    full = plan(fleet, [], reqs, T0)
+    before: list[Booking] = []
+    for r, out in zip(reqs, full.outcomes, strict=True):
+        assert plan(fleet, before, [r], T0).outcomes == (out,)
+        if isinstance(out, Placement):
+            before.append(out.booking())
+        elif isinstance(out, Wait) and out.held is not None:
+            before.append(out.held)
+
+
+def test_protect_bounds_how_many_waiting_reservations_are_looked_ahead_for() -> None:
+    held = [booking("x", "n0", [0, 1], T0, T0 + H), booking("y", "n1", [0, 1], T0, T0 + 2 * H)]
+    fleet = [node("n0", 2), node("n1", 2)]
+    reqs = [Request(f"r{i}", seq=i, count=2) for i in range(3)]
+    assert [w.earliest_start_ms for w in plan(fleet, held, reqs, T0).waits] == [T0 + H, T0 + 2 * H, None]
+    assert [w.earliest_start_ms for w in plan(fleet, held, reqs, T0, protect=1).waits] == [T0 + H, None, None]
+    assert [w.held for w in plan(fleet, held, reqs, T0, protect=0).waits] == [None, None, None]
