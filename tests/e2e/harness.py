@@ -328,6 +328,84 @@ class Lab:
         except WaitTimeout as e:
             raise WaitTimeout(f"{e}; its state: {last[0]!r}") from None
 
+    # -- jobs and the event log ---------------------------------------------------
+
+    def job(self, dag_id: str) -> dict[str, Any]:
+        """`bc jobs show DAG --json`: the DAG document (keys in docs/jobs.md)."""
+        doc = self.bc("jobs", "show", dag_id)
+        assert isinstance(doc, dict) and doc.get("id") == dag_id, doc
+        return doc
+
+    def wait_job(
+        self, dag_id: str, description: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """Poll `bc jobs show` until `predicate(doc)`; the timeout says which node states it went through."""
+        seen: list[str] = []
+
+        def check() -> dict[str, Any] | None:
+            doc = self.job(dag_id)
+            brief = job_brief(doc)
+            if not seen or seen[-1] != brief:
+                seen.append(brief)
+            return doc if predicate(doc) else None
+
+        try:
+            return self.wait_for(f"job {dag_id}: {description}", check, timeout)
+        except WaitTimeout as e:
+            shown = seen[-4:]
+            raise WaitTimeout(f"{e}; its last states ({len(seen)} seen):\n  " + "\n  ".join(shown)) from None
+
+    def wait_job_terminal(self, dag_id: str, timeout: float = 60.0) -> dict[str, Any]:
+        return self.wait_job(dag_id, "terminal", lambda d: bool(d.get("terminal")), timeout)
+
+    def events(self, type_prefix: str = "", after: int = 0) -> list[dict[str, Any]]:
+        """Every event after `after` whose type starts with `type_prefix` (`bc events --json`, page by page)."""
+        out: list[dict[str, Any]] = []
+        while True:
+            page = self.bc("events", "--type", type_prefix, "--after", str(after), "--limit", "10000")
+            if not page:
+                return out
+            out.extend(page)
+            after = int(page[-1]["seq"])
+
+
+def job_node(doc: dict[str, Any], node_id: str) -> dict[str, Any]:
+    """One node of a DAG document, by id."""
+    for n in doc["nodes"]:
+        if n["id"] == node_id:
+            assert isinstance(n, dict)
+            return n
+    raise AssertionError(f"job {doc.get('id')} has no node {node_id!r}: {[n['id'] for n in doc['nodes']]}")
+
+
+def job_brief(doc: dict[str, Any]) -> str:
+    """`j-… failed(terminal): batch=running reset:n1=queued …`: a DAG in one line, for failure messages."""
+    nodes = " ".join(f"{n['id']}={n['state']}" + (f"({n['error']})" if n.get("error") else "") for n in doc["nodes"])
+    terminal = "(terminal)" if doc.get("terminal") else ""
+    error = f" first_error={doc['first_error']!r}" if doc.get("first_error") else ""
+    return f"{doc['id']} {doc['state']}{terminal}{error}: {nodes}"
+
+
+# -- the fake hardware's side effects, counted by the node in its data dir (agent/hw/fake.py) ------------
+
+
+def fake_resets(lab: Lab, node_id: str) -> dict[str, int]:
+    """GPU resets the fake node started, by GPU uuid (`fake-gpu-resets.json`)."""
+    path = lab.node_dir(node_id) / "fake-gpu-resets.json"
+    data = jsonlib.loads(path.read_text()) if path.exists() else {}
+    return {str(k): int(v) for k, v in data.items()}
+
+
+def fake_reboots(lab: Lab, node_id: str) -> int:
+    """Fake reboots the node started (`fake-reboots.json`), each counted before the process re-executes."""
+    path = lab.node_dir(node_id) / "fake-reboots.json"
+    return int(jsonlib.loads(path.read_text()).get("reboots", 0)) if path.exists() else 0
+
+
+def fake_boot_id(lab: Lab, node_id: str) -> str:
+    path = lab.node_dir(node_id) / "fake-boot-id"
+    return path.read_text().strip() if path.exists() else ""
+
 
 def converged(doc: dict[str, Any], generation: int | None = None) -> dict[str, Any] | None:
     """`doc` (a `bc nodes show --json`) if connected with observed == generation > 0 (== `generation` if given)."""
