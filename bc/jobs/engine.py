@@ -113,14 +113,19 @@ class JobEngine:
                 return 0
             held = await self._peek(tx)
             events: list[Event] = []
-            for row in await jobs_sql.running_nodes(tx):
+            rows = [(r, json.loads(str(r["detail"] or "{}"))) for r in await jobs_sql.running_nodes(tx)]
+            # A running Command ends only when its command row does: one look at all of them, not one each.
+            waiting = [str(d["command_id"]) for r, d in rows if r["kind"] == "Command" and d.get("command_id")]
+            ended = await jobs_sql.settled_commands(tx, waiting)
+            for row, detail in rows:
                 dag_id, node_id = str(row["dag_id"]), str(row["id"])
+                if row["kind"] == "Command" and detail.get("command_id") and str(detail["command_id"]) not in ended:
+                    continue
                 try:
                     run = held.world.dag(dag_id)
                 except NotFound:
                     continue
                 node = run.nodes[node_id]
-                detail = json.loads(str(row["detail"] or "{}"))
                 ctx = self._ctx(tx, now_ms, held, dag_id, node, detail)
                 outcome = await primitives.check(ctx)
                 if ctx.detail != detail:
@@ -275,15 +280,23 @@ class JobEngine:
                     settled_at_ms=None,
                 )
         ended = {d.spec.id: d for d in before.dags}
+        # Indexed once per round: a bulk step ends thousands of DAGs.
+        event_errors: dict[str, str] = {}
+        cancelled_now: set[str] = set()
+        for ev in events:
+            if isinstance(ev, Finished) and not ev.ok and ev.error:
+                event_errors.setdefault(ev.dag, ev.error)
+            elif isinstance(ev, CancelDag):
+                cancelled_now.add(ev.dag)
         for dag_id, state in dec.terminal:
             run = ended.get(dag_id)
-            first_error = _first_error(run, events, dag_id)
+            first_error = (run.first_error if run is not None else None) or event_errors.get(dag_id)
             await jobs_sql.update_dag(
                 tx,
                 dag_id,
                 state=state.value,
                 first_error=first_error,
-                cancel_requested=bool(run and run.cancel_requested) or _cancelled_now(events, dag_id),
+                cancel_requested=bool(run and run.cancel_requested) or dag_id in cancelled_now,
                 settled_at_ms=now_ms,
             )
             await jobs_sql.drop_dag_slots(tx, dag_id)
@@ -374,16 +387,6 @@ def _request_doc(req: JobRequest) -> dict[str, Any]:
         "max_unavailable": req.max_unavailable if req.template == "rollout" else 0,
         "deadline_s": req.deadline_s if req.template in ("drain", "reboot", "remediate") else 0,
     }
-
-
-def _first_error(run: scheduler.DagRun | None, events: Sequence[Event], dag_id: str) -> str | None:
-    if run is not None and run.first_error:
-        return run.first_error
-    return next((e.error for e in events if isinstance(e, Finished) and e.dag == dag_id and not e.ok and e.error), None)
-
-
-def _cancelled_now(events: Sequence[Event], dag_id: str) -> bool:
-    return any(isinstance(e, CancelDag) and e.dag == dag_id for e in events)
 
 
 async def _insert_nodes(tx: Tx, dag_id: str, nodes: Sequence[NodeSpec], pos: int) -> None:

@@ -106,6 +106,14 @@ class DagRun:
         """The group `root` roots (itself included, in node order); just [root] for a node that roots nothing."""
         return self._indexed()[1][root]
 
+    _wants: tuple[DagSpec, frozenset[str]] | None = field(default=None, repr=False, compare=False)
+
+    def wants(self) -> frozenset[str]:
+        """`spec.lease_subjects()`, once per spec."""
+        if self._wants is None or self._wants[0] is not self.spec:
+            self._wants = (self.spec, self.spec.lease_subjects())
+        return self._wants[1]
+
     def stopped(self) -> bool:
         """Cancelled, or a stop-on-failure DAG with a failure: nothing new starts but tails."""
         failed = any(s is NodeState.FAILED for s in self.states.values())
@@ -126,6 +134,8 @@ class World:
     capacities: dict[str, int] = field(default_factory=dict)
     leases: dict[str, str] = field(default_factory=dict)  # subject -> dag id
     slots: dict[str, set[Ref]] = field(default_factory=dict)  # pool key -> holders
+    _by_id: dict[str, int] | None = field(default=None, repr=False, compare=False)
+    _owned: set[int] | None = field(default=None, repr=False, compare=False)  # DagRuns this step copied
 
     def copy(self) -> World:
         return World(
@@ -135,11 +145,52 @@ class World:
             {k: set(v) for k, v in self.slots.items()},
         )
 
+    def cow(self) -> World:
+        """A copy that shares every DagRun until `mutable` copies it (what a step changes is a few DAGs)."""
+        return World(
+            list(self.dags),
+            dict(self.capacities),
+            dict(self.leases),
+            {k: set(v) for k, v in self.slots.items()},
+            _owned=set(),
+        )
+
+    def _index(self) -> dict[str, int]:
+        if self._by_id is None or len(self._by_id) != len(self.dags):
+            self._by_id = {d.spec.id: i for i, d in enumerate(self.dags)}
+        return self._by_id
+
+    def has(self, dag_id: str) -> bool:
+        return dag_id in self._index()
+
     def dag(self, dag_id: str) -> DagRun:
-        for d in self.dags:
-            if d.spec.id == dag_id:
-                return d
-        raise NotFound(f"no live DAG {dag_id}")
+        i = self._index().get(dag_id)
+        if i is None or self.dags[i].spec.id != dag_id:
+            raise NotFound(f"no live DAG {dag_id}")
+        return self.dags[i]
+
+    def mutable(self, dag_id: str) -> DagRun:
+        """The DAG, copied first when this (copy-on-write) world still shares it with the one it came from."""
+        i = self._index()[dag_id]
+        return self._own(i)
+
+    def _own(self, i: int) -> DagRun:
+        d = self.dags[i]
+        if self._owned is not None and id(d) not in self._owned:
+            d = d.copy()
+            self.dags[i] = d
+            self._owned.add(id(d))
+        return d
+
+    def append(self, run: DagRun) -> None:
+        self.dags.append(run)
+        if self._owned is not None:
+            self._owned.add(id(run))
+        self._by_id = None
+
+    def remove(self, dag_ids: set[str]) -> None:
+        self.dags = [d for d in self.dags if d.spec.id not in dag_ids]
+        self._by_id = None
 
 
 def pool_key(dag_id: str, pool: str, spec: DagSpec) -> str:
@@ -215,15 +266,29 @@ def step(world: World, event: Event) -> tuple[World, Decisions]:
 
 def step_all(world: World, events: Sequence[Event]) -> tuple[World, Decisions]:
     """Apply events in order, then schedule once: what a persisted step does with the outcomes of the
-    nodes it started (many trivial nodes settle in one step instead of one step each)."""
-    w = world.copy()
+    nodes it started (many trivial nodes settle in one step instead of one step each).
+
+    Only the DAGs an event touched can have a node newly ready, unless a resource came free (a slot or
+    lease released, a DAG ended so its wants are gone, a capacity set): then every DAG is looked at."""
+    w = world.cow()
     out = Decisions()
+    touched: dict[str, None] = {}
+    everything = False
     for event in events:
         _apply(w, event, out)
-    for d in w.dags:
-        _propagate(d, out)
+        if isinstance(event, Submit):
+            touched[event.spec.id] = None
+        elif isinstance(event, (Finished, CancelDag)):
+            touched[event.dag] = None
+        else:
+            everything = True
+    for dag_id in touched:
+        if w.has(dag_id):
+            _propagate(w.mutable(dag_id), out)
     _release(w, out)
-    _claim(w, out)
+    everything = everything or bool(out.released_slots or out.released_leases or out.terminal)
+    _claim(w, out, None if everything else set(touched))
+    w._owned = None
     return w, out
 
 
@@ -244,10 +309,10 @@ def _apply(w: World, event: Event, out: Decisions) -> None:
 
 def _submit(w: World, spec: DagSpec) -> None:
     validate(spec)
-    if any(d.spec.id == spec.id for d in w.dags):
+    if w.has(spec.id):
         raise Conflict(f"DAG {spec.id} is already live")
     _check_pools(w, spec, spec.nodes)
-    w.dags.append(DagRun.submitted(spec))
+    w.append(DagRun.submitted(spec))
 
 
 def _check_pools(w: World, spec: DagSpec, nodes: Sequence[NodeSpec]) -> None:
@@ -258,7 +323,8 @@ def _check_pools(w: World, spec: DagSpec, nodes: Sequence[NodeSpec]) -> None:
 
 
 def _finished(w: World, ev: Finished, out: Decisions) -> None:
-    d = w.dag(ev.dag)
+    w.dag(ev.dag)  # NotFound
+    d = w.mutable(ev.dag)
     if ev.node not in d.states:
         raise NotFound(f"DAG {ev.dag} has no node {ev.node}")
     state = next_state(d.states[ev.node], NodeEvent.SUCCEED if ev.ok else NodeEvent.FAIL)
@@ -297,7 +363,8 @@ def _grow(w: World, d: DagRun, new: tuple[NodeSpec, ...], out: Decisions) -> Non
 
 
 def _cancel(w: World, dag_id: str, out: Decisions) -> None:
-    d = w.dag(dag_id)
+    w.dag(dag_id)  # NotFound
+    d = w.mutable(dag_id)
     before = len(out.cancelled)
     d.cancel_requested = True
     _cancel_queued(d, out)
@@ -371,29 +438,34 @@ def _release(w: World, out: Decisions) -> None:
             if all(d.states[m] in TERMINAL for m in d.members(ref[1])):
                 holders.discard(ref)
                 out.released_slots.append((key, ref))
-    for d in [d for d in w.dags if d.is_terminal()]:
+    ended = [d for d in w.dags if (w._owned is None or id(d) in w._owned) and d.is_terminal()]
+    for d in ended:
         for subject in sorted(s for s, holder in w.leases.items() if holder == d.spec.id):
             del w.leases[subject]
             out.released_leases.append((subject, d.spec.id))
         for key in [k for k in w.slots if k.startswith(f"{d.spec.id}/")]:
             del w.slots[key]
-        w.dags.remove(d)
         out.terminal.append((d.spec.id, d.state()))
+    if ended:
+        w.remove({d.spec.id for d in ended})
 
 
 def _capacity(w: World, d: DagRun, pool: str) -> int:
     return d.spec.local_pools.get(pool, w.capacities.get(pool, 0))
 
 
-def _claim(w: World, out: Decisions) -> None:
+def _claim(w: World, out: Decisions, only: set[str] | None) -> None:
+    """The claim pass in submit order; `only`: the DAGs that may have a node newly ready (None: all)."""
     older_wants: set[str] = set()  # grown DAG by DAG: the subjects every older live DAG may want
-    for d in w.dags:
-        _claim_in(w, d, older_wants, out)
-        older_wants |= d.spec.lease_subjects()
+    for i, d in enumerate(w.dags):
+        if only is None or d.spec.id in only:
+            _claim_in(w, i, older_wants, out)
+        older_wants |= d.wants()
 
 
-def _claim_in(w: World, d: DagRun, older_wants: set[str], out: Decisions) -> None:
-    """One DAG's part of the claim pass, in node order."""
+def _claim_in(w: World, i: int, older_wants: set[str], out: Decisions) -> None:
+    """One DAG's part of the claim pass, in node order (the DAG is copied at its first claim)."""
+    d = w.dags[i]
     by_id = d.nodes
     for n in d.spec.nodes:
         if d.states[n.id] is not NodeState.QUEUED or not _deps_ready(d, n):
@@ -412,6 +484,7 @@ def _claim_in(w: World, d: DagRun, older_wants: set[str], out: Decisions) -> Non
             w.leases[s] = d.spec.id
         for k in keys:
             w.slots.setdefault(k, set()).add((d.spec.id, n.id))
+        d = w._own(i)
         d.states[n.id] = next_state(NodeState.QUEUED, NodeEvent.CLAIM)
         deps = tuple(o for x in n.deps if (o := outcome(d, x.node, n.id)) is not None)
         out.claims.append(Claim(d.spec.id, n.id, n.kind, n.subject, tuple(leases), keys, deps, d.first_error))

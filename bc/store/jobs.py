@@ -159,6 +159,23 @@ async def node(tx: Tx, dag_id: str, node_id: str) -> Row | None:
     return await tx.fetchone("SELECT * FROM job_nodes WHERE dag_id = :d AND id = :n", {"d": dag_id, "n": node_id})
 
 
+_SETTLED = frozenset({"succeeded", "failed", "rejected", "cancelled", "expired", "gone"})
+
+
+async def settled_commands(tx: Tx, command_ids: list[str]) -> set[str]:
+    """Which of these commands have settled (or are gone: a deleted command ends its node too)."""
+    out: set[str] = set()
+    for i in range(0, len(command_ids), 500):  # bounded IN lists: SQLite's variable limit, PostgreSQL's plan
+        chunk = command_ids[i : i + 500]
+        names = {f"c{j}": c for j, c in enumerate(chunk)}
+        rows = await tx.fetchall(
+            f"SELECT id, state FROM commands WHERE id IN ({', '.join(':' + k for k in names)})", names
+        )
+        states = {str(r["id"]): str(r["state"]) for r in rows}
+        out |= {c for c in chunk if states.get(c, "gone") in _SETTLED}
+    return out
+
+
 async def running_nodes(tx: Tx) -> list[Row]:
     return await tx.fetchall("SELECT * FROM job_nodes WHERE state = 'running' ORDER BY dag_id, pos")
 
