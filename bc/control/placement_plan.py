@@ -627,12 +627,12 @@ def _candidates(req: Request, universe: Sequence[NodeInfo]) -> tuple[list[NodeIn
         return [], f"no node{where} advertises {' and '.join(sorted(caps))}"
     ok = [n for n in able if no_schedule(n) is None]
     if not ok:
-        reasons = [r for n in able[:3] if (r := no_schedule(n)) is not None]
+        why = [r for n in able[:3] if (r := no_schedule(n)) is not None]
         if req.node_id is not None:
-            return [], reasons[0]
+            return [], why[0]
         more = "" if len(able) <= 3 else f" and {len(able) - 3} more"
         where = f" in {sel}" if sel else ""
-        return [], f"no schedulable node{where}: {'; '.join(reasons)}{more}"
+        return [], f"no schedulable node{where}: {'; '.join(why)}{more}"
     return ok, ""
 
 
