@@ -131,7 +131,7 @@ class JobEngine:
                 if ctx.detail != detail:
                     await jobs_sql.set_node_detail(tx, dag_id, node_id, json.dumps(ctx.detail, sort_keys=True))
                 if outcome is not None:
-                    events.append(Finished(dag_id, node_id, outcome.ok, outcome.error))
+                    events.append(Finished(dag_id, node_id, outcome.ok, outcome.error, cancelled=outcome.cancelled))
             if not events:
                 return 0  # nothing moved: nothing written (a quiet pass leaves the store as it was)
             if await jobs_sql.bump_version(tx) != held.version + 1:
@@ -238,7 +238,7 @@ class JobEngine:
         touched: dict[str, None] = {}
         for ev in events:
             if isinstance(ev, Finished):
-                state = NodeState.DONE if ev.ok else NodeState.FAILED
+                state = NodeState.DONE if ev.ok else NodeState.CANCELLED if ev.cancelled else NodeState.FAILED
                 await jobs_sql.set_node_state(tx, ev.dag, ev.node, state.value, now_ms, error=ev.error)
                 if ev.grow:
                     await _insert_nodes(tx, ev.dag, ev.grow, await jobs_sql.max_pos(tx, ev.dag) + 1)
@@ -284,7 +284,7 @@ class JobEngine:
         event_errors: dict[str, str] = {}
         cancelled_now: set[str] = set()
         for ev in events:
-            if isinstance(ev, Finished) and not ev.ok and ev.error:
+            if isinstance(ev, Finished) and not ev.ok and not ev.cancelled and ev.error:
                 event_errors.setdefault(ev.dag, ev.error)
             elif isinstance(ev, CancelDag):
                 cancelled_now.add(ev.dag)
@@ -325,7 +325,7 @@ class JobEngine:
             if ctx.detail:
                 await jobs_sql.set_node_detail(tx, c.dag, c.node, json.dumps(ctx.detail, sort_keys=True))
             if outcome is not None:
-                out.append(Finished(c.dag, c.node, outcome.ok, outcome.error))
+                out.append(Finished(c.dag, c.node, outcome.ok, outcome.error, cancelled=outcome.cancelled))
         for dag_id, node_id in dec.cancel_running:
             row = await jobs_sql.node(tx, dag_id, node_id)
             if row is None or dag_id not in live:
@@ -333,7 +333,7 @@ class JobEngine:
             detail = json.loads(str(row["detail"] or "{}"))
             ended = await primitives.cancel(self._ctx(tx, now_ms, held, dag_id, live[dag_id].nodes[node_id], detail))
             if ended is not None:
-                out.append(Finished(dag_id, node_id, ended.ok, ended.error))
+                out.append(Finished(dag_id, node_id, ended.ok, ended.error, cancelled=ended.cancelled))
         return out
 
     def _ctx(

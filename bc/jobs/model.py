@@ -20,12 +20,14 @@ A node's state moves along ONE table (`TRANSITIONS`):
 
     queued --claim--> running --succeed--> done
                               --fail-----> failed
+                              --cancel---> cancelled   (its own report: it stopped before any effect)
     queued --cancel-> cancelled
 
-A running node is never cancelled by the queue: its side effect has started,
-so it reports its real outcome (the scheduler asks a running command to
-cancel; the answer is still `succeed` or `fail`). Anything else is a
-`JobStateError` ("can't X in state Y").
+A running node is never cancelled by the queue: it reports its real outcome.
+A cancel asks it to stop; a node that was only waiting (a batch awaiting its
+quorum, a drain, a command never sent) reports `cancelled`, since nothing it
+would do happened; one whose effect started reports `succeed` or `fail`.
+Anything else is a `JobStateError` ("can't X in state Y").
 
 Groups. A node may name a group root (`group`): the root holds its slot
 pools and the leases of every subject in its group from its claim until the
@@ -77,6 +79,7 @@ TRANSITIONS: Mapping[tuple[NodeState, NodeEvent], NodeState] = {
     (NodeState.QUEUED, NodeEvent.CANCEL): NodeState.CANCELLED,
     (NodeState.RUNNING, NodeEvent.SUCCEED): NodeState.DONE,
     (NodeState.RUNNING, NodeEvent.FAIL): NodeState.FAILED,
+    (NodeState.RUNNING, NodeEvent.CANCEL): NodeState.CANCELLED,
 }
 """The only node moves there are; every other (state, event) pair is an error."""
 

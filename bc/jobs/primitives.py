@@ -40,6 +40,7 @@ from bc.store import quorum as q_sql
 class Outcome:
     ok: bool
     error: str | None = None
+    cancelled: bool = False  # stopped on a cancel before any effect: the node ends `cancelled`
 
 
 @dataclass
@@ -120,10 +121,15 @@ async def _drain_start(ctx: Ctx) -> Outcome | None:
     return await _drain_check(ctx)
 
 
-async def _stop_waiting(ctx: Ctx) -> Outcome | None:
-    """Cancel a node that only waits (a drain, a patch awaiting its generation): it ends now, failed,
-    and what it already did stays (the hold is the tail Reconcile's to clear; a patched spec stays)."""
-    return Outcome(False, f"{ctx.node.kind} on {ctx.node.subject} cancelled with job {ctx.dag_id}")
+async def _drain_cancel(ctx: Ctx) -> Outcome | None:
+    """A drain only waits: cancelled, it ends `cancelled` (its hold is the tail Reconcile's to clear)."""
+    return Outcome(False, f"drain of {ctx.node.subject} cancelled with job {ctx.dag_id}", cancelled=True)
+
+
+async def _patch_cancel(ctx: Ctx) -> Outcome | None:
+    """The spec is patched already (an effect that started): stop waiting, and say so as a failure."""
+    generation = ctx.detail.get("generation")
+    return Outcome(False, f"job {ctx.dag_id} cancelled while {ctx.node.subject} converged generation {generation}")
 
 
 async def _drain_check(ctx: Ctx) -> Outcome | None:
@@ -176,7 +182,8 @@ async def _command_check(ctx: Ctx) -> Outcome | None:
         why = str(row["reason"] or "")
         msg = str(row["message"] or "")
         text = f"{row['kind']} on {ctx.subject} {state}" + (f" ({why})" if why else "") + (f": {msg}" if msg else "")
-        return Outcome(False, text)
+        # Cancelled: it never ran (a command the node had started reports its own outcome instead).
+        return Outcome(False, text, cancelled=state == cs.CANCELLED)
     return None
 
 
@@ -221,8 +228,8 @@ async def _batch_check(ctx: Ctx) -> Outcome | None:
         return DONE
     if state == "rejected":
         return Outcome(False, f"batch {batch['id']} was rejected")
-    if state == "withdrawn":
-        return Outcome(False, f"batch {batch['id']} was withdrawn")
+    if state == "withdrawn":  # by this job's cancel: nothing was approved, nothing ran
+        return Outcome(False, f"batch {batch['id']} was withdrawn", cancelled=True)
     if int(batch["not_after_ms"]) <= ctx.now_ms:
         return Outcome(False, f"batch {batch['id']} expired before its quorum")
     return None
@@ -301,11 +308,11 @@ PRIMITIVES: Mapping[str, Primitive] = {
     "Reconcile": Primitive(_reconcile),
     "Group": Primitive(_group),
     "Emit": Primitive(_emit),
-    "Drain": Primitive(_drain_start, _drain_check, _stop_waiting),
+    "Drain": Primitive(_drain_start, _drain_check, _drain_cancel),
     "Command": Primitive(_command_start, _command_check, _command_cancel),
     "Batch": Primitive(_batch_start, _batch_check, _batch_cancel),
     "ResolveApproval": Primitive(_resolve_approval),
-    "PatchSpec": Primitive(_patch_start, _patch_check, _stop_waiting),
+    "PatchSpec": Primitive(_patch_start, _patch_check, _patch_cancel),
 }
 
 

@@ -215,6 +215,7 @@ class Finished:
     ok: bool
     error: str | None = None
     grow: tuple[NodeSpec, ...] = ()
+    cancelled: bool = False  # the node stopped on a cancel before any effect (ok is False)
 
 
 @dataclass(frozen=True)
@@ -327,14 +328,15 @@ def _finished(w: World, ev: Finished, out: Decisions) -> None:
     d = w.mutable(ev.dag)
     if ev.node not in d.states:
         raise NotFound(f"DAG {ev.dag} has no node {ev.node}")
-    state = next_state(d.states[ev.node], NodeEvent.SUCCEED if ev.ok else NodeEvent.FAIL)
+    event = NodeEvent.SUCCEED if ev.ok else NodeEvent.CANCEL if ev.cancelled else NodeEvent.FAIL
+    state = next_state(d.states[ev.node], event)
     if ev.grow:
         if not ev.ok:
             raise UsageError(f"node {ev.node} failed: a failed node grows nothing")
         # Grown while the node still runs: its group has not settled, so the graft may join it.
         _grow(w, d, ev.grow, out)
     d.states[ev.node] = state
-    if not ev.ok:
+    if state is NodeState.FAILED:
         if ev.error:
             d.errors[ev.node] = ev.error
             d.first_error = d.first_error or ev.error

@@ -158,8 +158,8 @@ async def test_cancel_spares_the_tails_cancels_a_never_sent_command_and_refuses_
     assert cmd["state"] == "cancelled"  # never sent, so cancelled at once...
     view = await queries.get_dag(store, dag_id)
     s = states(view)
-    assert s["reboot:n2"] == "cancelled" and s["cmd:n1"] == "failed"  # ...and its node ends in the same step
-    assert view.cancel_requested and view.terminal and view.state == "failed"
+    assert s["reboot:n2"] == "cancelled" and s["cmd:n1"] == "cancelled"  # ...and its node ends in the same step
+    assert view.cancel_requested and view.terminal and view.state == "cancelled" and not view.first_error
     assert s["reconcile:n1"] == "done" and s["reconcile:n2"] == "done"
     assert (await node_row(store, "n1"))["job_hold"] is None
     with pytest.raises(Conflict, match="already ended"):
@@ -285,9 +285,9 @@ async def test_remediate_cancelled_while_waiting_withdraws_its_batch(
     assert await engine.cancel(dag_id, "alice") is True
     await engine.pass_once()
     view = await queries.get_dag(store, dag_id)
-    assert view.terminal and view.state in ("failed", "cancelled")
+    assert view.terminal and view.state == "cancelled"
     batch, _ = await read_batch(store, batch_id)
-    assert batch["state"] == "withdrawn" and batch["resolution"] == view.state
+    assert (batch["state"], batch["resolution"]) == ("withdrawn", "cancelled")
     assert [c["state"] for c in await commands(store, "gpu.reset")] == ["cancelled"]
     assert (await node_row(store, "n1"))["job_hold"] is None
 
@@ -329,8 +329,8 @@ async def test_cancelling_a_waiting_drain_ends_it_at_once_and_the_tail_still_rec
     assert (await node_row(store, "n1"))["job_hold"] == dag_id
     assert await engine.cancel(dag_id, "alice") is True
     view = await queries.get_dag(store, dag_id)
-    assert view.terminal and states(view)["drain:n1"] == "failed" and states(view)["reconcile:n1"] == "done"
-    assert "cancelled" in view.first_error
+    assert view.terminal and states(view)["drain:n1"] == "cancelled" and states(view)["reconcile:n1"] == "done"
+    assert view.state == "cancelled" and not view.first_error
     assert (await node_row(store, "n1"))["job_hold"] is None
 
 

@@ -310,3 +310,25 @@ def test_a_graft_cannot_make_a_tail_a_group_root() -> None:
     r.submit("d1", n("pick"), n("later"), n("resolve", Dep("later", ANY), tail=True))
     with pytest.raises(UsageError, match="resolve, a tail node, which cannot root a group"):
         r.ok("d1", "pick", grow=(n("p1", group="resolve"),))
+
+
+def test_a_cancel_leaves_running_nodes_running_until_they_report_and_a_waiting_one_reports_cancelled() -> None:
+    spec = DagSpec(
+        "d1",
+        "t",
+        (
+            NodeSpec("wait", "Batch"),
+            NodeSpec("after", "Command", deps=(Dep("wait"),)),
+            NodeSpec("tail", "Emit", deps=(Dep("wait", DepWhen.AFTER_ANY), Dep("after", DepWhen.AFTER_ANY)), tail=True),
+        ),
+    )
+    w, _ = step(World(), Submit(spec))
+    w, out = step(w, CancelDag("d1"))
+    assert out.cancel_running == [("d1", "wait")] and out.cancelled == [("d1", "after")]
+    assert w.dag("d1").states["wait"] is NodeState.RUNNING  # the queue never moves a running node itself
+    w, out = step(w, Finished("d1", "wait", ok=False, error="batch withdrawn", cancelled=True))
+    assert [c.node for c in out.claims] == ["tail"]
+    assert w.dag("d1").states["wait"] is NodeState.CANCELLED
+    assert w.dag("d1").first_error is None  # a node that stopped on a cancel is no failure
+    w, out = step(w, Finished("d1", "tail", ok=True))
+    assert out.terminal == [("d1", NodeState.CANCELLED)]
