@@ -7,6 +7,7 @@ so a planner bug is not also a checker bug; the model check, the simulator and t
 reuse them.
 
     I1  check_no_overlap                  no atom booked by two allocations at one instant
+        check_host_resources              nor more CPUs, memory or huge pages than the node has
     I5  check_no_release_on_disconnect    no allocation released only because its node went away
     I7  check_nothing_placeable_pending   nothing pending that a brute-force solver could place now
     I8  check_billing_conservation        usage = booked duration × atoms, no duplicate window keys
@@ -54,6 +55,39 @@ def check_no_overlap(bookings: Sequence[Booking]) -> Overlap | None:
                 continue
             if b1.overlaps(b2.start_ms, b2.end_ms):
                 return Overlap(b1, b2, (a1, a2), max(b1.start_ms, b2.start_ms))
+    return None
+
+
+@dataclass(frozen=True)
+class HostOverbooked:
+    node_id: str
+    at_ms: int
+    booked: HostResources
+    capacity: HostResources
+
+    @property
+    def sentence(self) -> str:
+        has = self.capacity.describe() or "no host resources"
+        return f"I1: {self.node_id} has {self.booked.describe()} booked at {iso(self.at_ms)}; it has {has}"
+
+
+def check_host_resources(nodes: Sequence[NodeInfo], bookings: Sequence[Booking]) -> HostOverbooked | None:
+    """I1 for host resources: at no instant do a node's bookings hold more CPUs, memory or huge pages than it has.
+
+    The most a set of intervals holds is reached at one of their starts, so those are the instants checked.
+    """
+    for node in sorted(nodes, key=lambda n: n.node_id):
+        cap = HostResources()
+        for n in node.numa:
+            cap = cap + n.resources
+        mine = [b for b in bookings if b.node_id == node.node_id]
+        for t in sorted({b.start_ms for b in mine}):
+            used = HostResources()
+            for b in mine:
+                if b.start_ms <= t and (b.end_ms is None or t < b.end_ms):
+                    used = used + b.host
+            if not used.fits_in(cap):
+                return HostOverbooked(node.node_id, t, used, cap)
     return None
 
 
@@ -241,12 +275,14 @@ def check_billing_conservation(
 
 __all__ = [
     "BillingMismatch",
+    "HostOverbooked",
     "Overlap",
     "PlaceablePending",
     "Release",
     "ReleasedOnDisconnect",
     "Transition",
     "check_billing_conservation",
+    "check_host_resources",
     "check_no_overlap",
     "check_no_release_on_disconnect",
     "check_nothing_placeable_pending",

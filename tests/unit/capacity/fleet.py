@@ -12,6 +12,7 @@ from bc.control.placement_plan import (
     Booking,
     GpuInfo,
     HostResources,
+    Mig,
     NodeInfo,
     NumaNode,
     Outcome,
@@ -36,14 +37,30 @@ def node(
     mem_gib: int = 256,
     hugepages: int = 0,
     unhealthy: Iterable[int] = (),
+    slots: int = 0,
+    mig: Iterable[int] = (),
     caps: frozenset[str] = ALL_CAPS,
     **kw: Any,
 ) -> NodeInfo:
-    """`gpus` GPUs spread evenly over `numa` NUMA nodes, which share the CPUs, memory and huge pages evenly."""
-    sick = set(unhealthy)
+    """`gpus` GPUs spread evenly over `numa` NUMA nodes, which share the CPUs, memory and huge pages evenly.
+
+    Every GPU offers `slots` shared slots; the GPUs in `mig` are MIG-enabled with two instances (1/0, 2/0).
+    """
+    sick, migs = set(unhealthy), set(mig)
     return NodeInfo(
         node_id,
-        gpus=tuple(GpuInfo(i, gpu(node_id, i), numa_node=i * numa // gpus, healthy=i not in sick) for i in range(gpus)),
+        gpus=tuple(
+            GpuInfo(
+                i,
+                gpu(node_id, i),
+                numa_node=i * numa // gpus,
+                healthy=i not in sick,
+                mig_enabled=i in migs,
+                mig_instances=(Mig(1, 0), Mig(2, 0)) if i in migs else (),
+                slots=slots,
+            )
+            for i in range(gpus)
+        ),
         numa=tuple(
             NumaNode(k, HostResources(cpus // numa, mem_gib * GIB // numa, hugepages // numa)) for k in range(numa)
         ),

@@ -18,6 +18,7 @@ from bc.control.invariants import (
     Release,
     Transition,
     check_billing_conservation,
+    check_host_resources,
     check_no_overlap,
     check_no_release_on_disconnect,
     check_nothing_placeable_pending,
@@ -134,6 +135,7 @@ class Lab:
         held = {w.reservation_id: w.held for w in self.last.waits}
         found = [
             check_no_overlap([*self.past, *self.live.values()]),
+            check_host_resources(list(self.nodes.values()), [*self.past, *self.live.values()]),
             check_no_release_on_disconnect(self.releases, self.transitions),
             check_nothing_placeable_pending(
                 list(self.nodes.values()),

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from bc.control.invariants import (
     BillingMismatch,
+    HostOverbooked,
     Overlap,
     PlaceablePending,
     Release,
     ReleasedOnDisconnect,
     Transition,
     check_billing_conservation,
+    check_host_resources,
     check_no_overlap,
     check_no_release_on_disconnect,
     check_nothing_placeable_pending,
@@ -55,6 +58,16 @@ def test_a_pass_that_ignores_intervals_is_caught_by_i1() -> None:
     lab.reserve("tonight", count=1, start_ms=T0 + 10 * H, duration_ms=8 * H)
     lab.reserve("now", count=1)
     assert lab.violations() == [] and "now" in lab.pending
+
+
+def test_host_resources_booked_past_what_a_node_has_are_caught() -> None:
+    n1 = node("n1", cpus=32)
+    a = booking("a", "n1", [0], T0, T0 + 2 * H, host=HostResources(cpus=20))
+    b = booking("b", "n1", [1], T0 + H, None, host=HostResources(cpus=20))
+    found = check_host_resources([n1], [a, b])
+    assert isinstance(found, HostOverbooked) and (found.at_ms, found.booked.cpus) == (T0 + H, 40)
+    assert found.sentence == "I1: n1 has 40 CPUs booked at 2027-01-15T09:00:00Z; it has 32 CPUs, 256 GiB memory"
+    assert check_host_resources([n1], [a, dataclasses.replace(b, start_ms=T0 + 2 * H)]) is None
 
 
 # ---- I5 ----

@@ -42,6 +42,8 @@ def fleets(draw: st.DrawFn) -> list[NodeInfo]:
                 numa=draw(st.sampled_from([1, 2])) if gpus > 1 else 1,
                 cpus=draw(st.sampled_from([8, 16, 32])),
                 unhealthy=draw(st.lists(st.integers(0, gpus - 1), max_size=1)),
+                slots=draw(st.sampled_from([0, 0, 2])),
+                mig=draw(st.lists(st.integers(0, gpus - 1), max_size=1)),
                 caps=frozenset(draw(st.lists(st.sampled_from([CAP_LIMITS, CAP_KUBERNETES]), unique=True))),
                 labels={"pool": draw(st.sampled_from(["a", "b"]))},
             )
@@ -52,6 +54,8 @@ def fleets(draw: st.DrawFn) -> list[NodeInfo]:
 @st.composite
 def requests(draw: st.DrawFn, rid: str, now: int) -> dict[str, object]:
     kw: dict[str, object] = {"count": draw(st.integers(1, 5))}
+    if draw(st.integers(0, 3)) == 0:  # parts of GPUs: conflicts are parent-aware
+        kw["device_class"] = draw(st.sampled_from(["gpu.slot", "gpu.mig"]))
     if draw(st.integers(0, 4)) == 0:
         kw["node_id"] = draw(st.sampled_from(NODE_IDS))
     if draw(st.integers(0, 4)) == 0:
