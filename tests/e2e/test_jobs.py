@@ -8,8 +8,8 @@ What an operator could observe, through the CLI (`--json`) and the fake hardware
   approvers the job sends each command itself, with them its one batch's approval releases nothing
   and the job releases at most two leaves at a time;
 * `bc jobs run remediate` waits for the quorum, and its batch shows the job and how it resolved it:
-  done after a success (one GPU reset), failed after a rejection and withdrawn after `bc jobs cancel`
-  (no reset either time);
+  done after a success (one GPU reset), failed after a rejection, and cancelled (the batch withdrawn)
+  after `bc jobs cancel` (no reset either time; `bc jobs run` exits 8 with the one-line reason);
 * `bc serve` killed (SIGKILL) mid rolling reboot and mid GPU reset: after a restart on the same data
   dir each DAG completes and each command was sent once (one reboot, one reset per node);
 * a rollout of a section the nodes answer UNSUPPORTED stops at its first node with that reason.
@@ -22,10 +22,11 @@ counts side effects as differences from what it saw before it started. n4's fake
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -355,38 +356,49 @@ def test_remediate_waits_for_the_quorum_resets_once_and_resolves_its_batch_done(
     assert_no_tracebacks(lab)
 
 
-def test_remediate_whose_batch_is_rejected_fails_with_the_reason_and_never_resets(fleet: Fleet) -> None:
-    lab, gpu = with_quorum(fleet).lab, fleet.gpus["n1"]
-    before = fake_resets(lab, "n1")
-    # The operator's view: `bc jobs run` follows the job and exits 8 with the reason on one line.
+@contextlib.contextmanager
+def followed_remediation(fleet: Fleet) -> Iterator[tuple[dict[str, Any], str, Callable[[], list[str]]]]:
+    """`bc jobs run remediate n1 --gpus GPU` as an operator runs it (following the job until it ends), started
+    in the background; yields the DAG once listed, its batch id (waiting for the quorum) and `ended()`, which
+    waits for the command to exit 8 and returns its `error:` lines."""
+    lab = fleet.lab
     follower = subprocess.Popen(
-        [lab.bc_path, "jobs", "run", "remediate", "n1", "--gpus", gpu],
+        [lab.bc_path, "jobs", "run", "remediate", "n1", "--gpus", fleet.gpus["n1"]],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=lab.env,
     )
+
+    def ended() -> list[str]:
+        out, err = follower.communicate(timeout=60)
+        assert follower.returncode == 8, f"exited {follower.returncode}: stdout={out!r} stderr={err!r}"
+        return [line for line in err.splitlines() if line.startswith("error:")]
+
     try:
         live = lab.wait_for(
             "the remediate job listed",
             lambda: [j for j in lab.bc("jobs", "list") if j["template"] == "remediate" and not j["terminal"]],
         )
         (dag,) = live
-        bid = batch_started(lab, dag["id"])
-        sign(lab, bid, fleet.approvers["alice"])
-        bob = fleet.approvers["bob"]
-        rejected = lab.bc("approve", "reject", bid, "--key", str(bob.key), "--reason", "wrong GPU", env=bob.env())
-        assert rejected["state"] == "rejected", rejected
-        out, err = follower.communicate(timeout=60)
+        yield dag, batch_started(lab, dag["id"]), ended
     finally:
         if follower.poll() is None:
             follower.kill()
             follower.communicate()
-    assert follower.returncode == 8, f"exited {follower.returncode}: stdout={out!r} stderr={err!r}"
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and f"job {dag['id']} (remediate n1) failed" in errors[0], err
-    assert f"batch {bid} was rejected" in errors[0], errors
+
+
+def test_remediate_whose_batch_is_rejected_fails_with_the_reason_and_never_resets(fleet: Fleet) -> None:
+    lab = with_quorum(fleet).lab
+    before = fake_resets(lab, "n1")
+    with followed_remediation(fleet) as (dag, bid, ended):
+        sign(lab, bid, fleet.approvers["alice"])
+        bob = fleet.approvers["bob"]
+        rejected = lab.bc("approve", "reject", bid, "--key", str(bob.key), "--reason", "wrong GPU", env=bob.env())
+        assert rejected["state"] == "rejected", rejected
+        errors = ended()
+    assert errors == [f"error: job {dag['id']} (remediate n1) failed: batch {bid} was rejected"], errors
 
     done = lab.job(dag["id"])
     assert done["terminal"] and done["state"] == "failed", job_brief(done)
@@ -402,54 +414,39 @@ def test_remediate_whose_batch_is_rejected_fails_with_the_reason_and_never_reset
     assert_no_tracebacks(lab)
 
 
-def cancel_remediation_waiting_for_its_quorum(fleet: Fleet) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`bc jobs cancel` a remediation of n1 whose batch has one approval of two; the DAG once terminal
-    and its batch."""
-    lab, gpu = fleet.lab, fleet.gpus["n1"]
-    dag = submit(lab, "remediate", "n1", "--gpus", gpu)
-    bid = batch_started(lab, dag["id"])
-    sign(lab, bid, fleet.approvers["alice"])  # one approval of two: still waiting
-
-    answer = lab.bc("jobs", "cancel", dag["id"])
-    assert answer["cancelled"] is True and answer["job"]["cancel_requested"] is True, answer
-    done = lab.wait_job_terminal(dag["id"])
-    return done, batch(lab, bid)
-
-
-def test_remediate_cancelled_while_waiting_for_the_quorum_withdraws_its_batch(fleet: Fleet) -> None:
+def test_remediate_cancelled_while_waiting_for_the_quorum_ends_cancelled_and_withdraws_its_batch(
+    fleet: Fleet,
+) -> None:
     lab = with_quorum(fleet).lab
     before = fake_resets(lab, "n1")
-    done, b = cancel_remediation_waiting_for_its_quorum(fleet)
-    assert done["cancel_requested"] is True, job_brief(done)
-    assert job_node(done, "reset:n1")["state"] == "cancelled" and job_node(done, "diag:n1")["state"] == "cancelled"
-    assert job_node(done, "resolve")["state"] == "done" and job_node(done, "reconcile:n1")["state"] == "done"
+    with followed_remediation(fleet) as (dag, bid, ended):
+        sign(lab, bid, fleet.approvers["alice"])  # one approval of two: still waiting
+        answer = lab.bc("jobs", "cancel", dag["id"])
+        assert answer["cancelled"] is True and answer["job"]["cancel_requested"] is True, answer
+        errors = ended()
+    assert len(errors) == 1 and errors[0].startswith(f"error: job {dag['id']} (remediate n1) cancelled"), errors
 
-    assert (b["state"], b["dag_id"]) == ("withdrawn", done["id"]), b
-    assert b["resolution"] == done["state"] != "done", (b["resolution"], job_brief(done))
+    done = lab.job(dag["id"])
+    assert done["terminal"] and done["state"] == "cancelled" and done["cancel_requested"], job_brief(done)
+    assert {k: v for k, v in states(done).items() if k in ("batch", "reset:n1", "diag:n1")} == {
+        "batch": "cancelled",
+        "reset:n1": "cancelled",
+        "diag:n1": "cancelled",
+    }, job_brief(done)
+    assert job_node(done, "resolve")["state"] == "done" and job_node(done, "reconcile:n1")["state"] == "done"
+    b = batch(lab, bid)
+    assert (b["state"], b["dag_id"], b["resolution"]) == ("withdrawn", dag["id"], "cancelled"), b
     leaf_cmd = lab.bc("cmd", "show", b["leaves"][0]["command_id"])
     assert (leaf_cmd["state"], leaf_cmd["reason"]) == ("cancelled", "batch-withdrawn"), leaf_cmd
     # A withdrawn batch can no longer be approved: bob's signature is refused and releases nothing.
     bob = fleet.approvers["bob"]
-    late = lab.run("approve", "sign", b["id"], "--key", str(bob.key), "--yes", env=bob.env())
+    late = lab.run("approve", "sign", bid, "--key", str(bob.key), "--yes", env=bob.env())
     assert late.returncode != 0 and "withdrawn" in late.stderr, late.stderr
     assert lab.bc("cmd", "show", leaf_cmd["id"])["state"] == "cancelled"
     assert log_lines(lab, leaf_cmd["id"], "command.accepted", node_id="n1") == []
     assert fake_resets(lab, "n1") == before, "a cancelled remediation reset a GPU"
     assert lab.show("n1")["cordoned"] is False
     assert_no_tracebacks(lab)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="bc/jobs: a cancelled Batch node ends failed ('batch … was withdrawn'), so a cancelled remediation "
-    "rolls up failed and its tail resolves the batch failed; issue 12 says cancelled",
-)
-def test_a_remediation_cancelled_while_waiting_ends_cancelled_and_resolves_its_batch_cancelled(fleet: Fleet) -> None:
-    done, b = cancel_remediation_waiting_for_its_quorum(with_quorum(fleet))
-    assert (done["state"], b["resolution"]) == ("cancelled", "cancelled"), (
-        f"the cancelled job ended {done['state']!r} (first error {done['first_error']!r}) and resolved its batch "
-        f"{b['resolution']!r}"
-    )
 
 
 # -- bc serve killed mid-reset: the remediation completes, one reset --------------------------------
