@@ -56,6 +56,7 @@ advertising `devices.limits`, a Kubernetes binding only to nodes advertising
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -426,7 +427,7 @@ def plan(
         (b for b in bookings if b.end_ms is None or b.end_ms > now_ms), key=lambda b: (b.start_ms, b.reservation_id)
     )
     for b in live:
-        state.timeline.setdefault(b.node_id, []).append(b)
+        state.add(b)
     outcomes = [state.decide(req) for req in sorted(pending, key=lambda r: (r.seq, r.reservation_id))]
     return Plan(tuple(outcomes), ended, _next_wake(live, outcomes, pending, now_ms))
 
@@ -470,6 +471,7 @@ class _Pass:
         self._no_start: set[_Shape] = set()
         self._not_before: dict[_Shape, int] = {}
         self._candidates: dict[_Shape, tuple[list[NodeInfo], str]] = {}
+        self._ends: list[tuple[int, str]] = []  # every booking's (end, node), in time order: where fits can begin
 
     def offered(self, node: NodeInfo, device_class: str) -> list[Atom]:
         key = (node.node_id, device_class)
@@ -483,11 +485,16 @@ class _Pass:
             self._sizes[device_class] = [(len(atoms_of(n, device_class, any_health=True)), n) for n in self.fleet]
         return self._sizes[device_class]
 
+    def add(self, b: Booking) -> None:
+        self.timeline.setdefault(b.node_id, []).append(b)
+        if b.end_ms is not None:
+            bisect.insort(self._ends, (b.end_ms, b.node_id))
+
     def decide(self, req: Request) -> Outcome:
         out = self._decide(req)
         held = out.booking() if isinstance(out, Placement) else out.held if isinstance(out, Wait) else None
         if held is not None:
-            self.timeline[held.node_id].append(held)
+            self.add(held)
         return out
 
     def _decide(self, req: Request) -> Outcome:
@@ -542,28 +549,26 @@ class _Pass:
         """The hold at the earliest instant after `base` the request fits, on the lowest node at that instant.
 
         Only a node's own bookings decide when it can take the request, and a fit can only begin where one of
-        them ends, so each node is searched over its own booking ends, and a node stops at the best start found.
+        them ends, so the pass walks every booking end after `base` in time order (`_ends`) and tries each on
+        its node alone, stopping after the first instant that fits anywhere.
         """
+        able = {n.node_id: n for n in candidates if len(self.offered(n, req.device_class)) >= req.count}
         best: Booking | None = None
-        for node in candidates:
-            booked = self.timeline[node.node_id]
-            offered = self.offered(node, req.device_class)
-            if len(offered) < req.count:
-                continue
-            for t in sorted(
-                {b.end_ms for b in booked if b.end_ms is not None and b.end_ms > max(base, not_before - 1)}
-            ):
-                if best is not None and t >= best.start_ms:
-                    break
-                interval = req.interval_at(t)
-                if interval is None:
-                    break
-                f = _fit(node, offered, booked, req, *interval)
-                if f is not None:
-                    best = Booking(
-                        req.reservation_id, node.node_id, f.atoms, *interval, req.host, f.cpu_numa, f.mem_numa
-                    )
-                    break
+        i = bisect.bisect_right(self._ends, max(base, not_before - 1), key=lambda e: e[0])
+        while i < len(self._ends):
+            t, node_id = self._ends[i]
+            i += 1
+            if best is not None and t > best.start_ms:
+                break
+            node = able.get(node_id)
+            if node is None or (i > 1 and self._ends[i - 2] == (t, node_id)):
+                continue  # not a node it may use, or the same instant on the same node again
+            interval = req.interval_at(t)
+            if interval is None:
+                break
+            f = _fit(node, self.offered(node, req.device_class), self.timeline[node_id], req, *interval)
+            if f is not None and (best is None or node_id < best.node_id):  # same instant: the lowest node
+                best = Booking(req.reservation_id, node_id, f.atoms, *interval, req.host, f.cpu_numa, f.mem_numa)
         return best
 
     def _never_fits(self, req: Request) -> Failure | None:

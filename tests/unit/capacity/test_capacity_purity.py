@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 PURE = ("bc/control/placement_plan.py", "bc/control/invariants.py", "bc/control/usage_windows.py")
 ALLOWED = {
     "__future__",
+    "bisect",
     "collections.abc",
     "dataclasses",
     "datetime",  # only to print a store-clock instant; reading the clock is refused below
