@@ -98,11 +98,11 @@ class HostResources:
         """'16 CPUs, 128 GiB memory' — only the parts asked for."""
         parts = []
         if self.cpus:
-            parts.append(f"{self.cpus} CPUs")
+            parts.append(f"{self.cpus} CPU{'s' * (self.cpus != 1)}")
         if self.memory_bytes:
             parts.append(f"{_size(self.memory_bytes)} memory")
         if self.hugepages_1g:
-            parts.append(f"{self.hugepages_1g} 1-GiB huge pages")
+            parts.append(f"{self.hugepages_1g} 1-GiB huge page{'s' * (self.hugepages_1g != 1)}")
         return ", ".join(parts)
 
 
@@ -605,6 +605,10 @@ def _refusal(req: Request, by_id: Mapping[str, NodeInfo], now_ms: int) -> Failur
         return Failure(rid, "refused", f"unknown binding {req.binding!r}; bindings are {', '.join(BINDINGS)}")
     if req.count < 1:
         return Failure(rid, "refused", f"a reservation needs at least one atom, not {req.count}")
+    if req.duration_ms is not None and req.duration_ms <= 0:
+        return Failure(rid, "refused", f"a duration must be positive, not {req.duration_ms} ms")
+    if min(req.host.cpus, req.host.memory_bytes, req.host.hugepages_1g) < 0:
+        return Failure(rid, "refused", "host resources cannot be negative")
     end = req.fixed_end_ms
     if end is not None and req.start_ms is not None and end <= req.start_ms:
         return Failure(rid, "refused", f"its window ends at {iso(end)}, before it starts at {iso(req.start_ms)}")

@@ -225,3 +225,25 @@ def test_the_same_facts_give_the_same_plan_in_any_order() -> None:
         assert (
             plan(rng.sample(fleet, len(fleet)), rng.sample(held, len(held)), rng.sample(reqs, len(reqs)), T0) == first
         )
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({"device_class": "tpu"}, "unknown device class 'tpu'"),
+        ({"binding": "vm"}, "unknown binding 'vm'; bindings are hold, kubernetes"),
+        ({"count": 0}, "a reservation needs at least one atom, not 0"),
+        ({"duration_ms": 0}, "a duration must be positive, not 0 ms"),
+        (
+            {"start_ms": T0 + H, "end_ms": T0},
+            "its window ends at 2027-01-15T08:00:00Z, before it starts at 2027-01-15T09:00:00Z",
+        ),
+        ({"host": HostResources(cpus=-1)}, "host resources cannot be negative"),
+    ],
+)
+def test_the_pass_refuses_what_submit_should_have_refused(kw: dict[str, object], why: str) -> None:
+    """Bad input is the API's to refuse at submit; the pass is total, so a row that slipped through fails."""
+    fields: dict[str, object] = {"count": 1} | kw
+    p = plan([node("n1")], [], [req("bad", **fields), req("good", 1)], T0)
+    assert outcome(p, "bad") == Failure("bad", "refused", why)
+    assert placed(p, "good").node_id == "n1"
