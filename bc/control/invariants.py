@@ -10,6 +10,7 @@ reuse them.
         check_host_resources              nor more CPUs, memory or huge pages than the node has
     I5  check_no_release_on_disconnect    no allocation released only because its node went away
     I7  check_nothing_placeable_pending   nothing pending that a brute-force solver could place now
+        check_estimates                   and what backfill holds for a waiting one is its earliest start
     I8  check_billing_conservation        usage = booked duration × atoms, no duplicate window keys
 """
 
@@ -199,17 +200,77 @@ def check_nothing_placeable_pending(
     held_before: list[Booking] = []
     for req, held in order:
         start = now_ms if req.start_ms is None else max(now_ms, req.start_ms)
-        end = req.end_ms
-        if end is None and req.duration_ms is not None:
-            end = (start if req.start_ms is None else req.start_ms) + req.duration_ms
-        if end is None or end > start:
-            found = _search(nodes, [*bookings, *held_before], req, start, end, max_combinations)
+        interval = _interval(req, start)
+        if interval is not None:
+            found = _search(nodes, [*bookings, *held_before], req, *interval, max_combinations)
             if found is not None:
                 node_id, atoms = found
                 return PlaceablePending(req.reservation_id, node_id, atoms, start)
         if held is not None:
             held_before.append(held)
     return None
+
+
+@dataclass(frozen=True)
+class WrongEstimate:
+    reservation_id: str
+    claimed_ms: int | None  # the start the pass holds it for; None: no estimate
+    fits_ms: int | None  # the earliest instant it fits; None: none (a hold with nothing behind it)
+    node_id: str = ""
+    atoms: tuple[Atom, ...] = ()
+
+    @property
+    def sentence(self) -> str:
+        claimed = "has no estimate" if self.claimed_ms is None else f"is held from {iso(self.claimed_ms)}"
+        if self.fits_ms is None:
+            return f"I7: {self.reservation_id} {claimed} but fits at no instant"
+        ids = ", ".join(a.atom_id for a in self.atoms)
+        return f"I7: {self.reservation_id} {claimed} but fits on {self.node_id} ({ids}) from {iso(self.fits_ms)}"
+
+
+def check_estimates(
+    nodes: Sequence[NodeInfo],
+    bookings: Sequence[Booking],
+    pending: Sequence[tuple[Request, Booking | None]],
+    now_ms: int,
+    *,
+    max_combinations: int = 5000,
+) -> WrongEstimate | None:
+    """What backfill protects is right: each pending reservation's hold starts at the earliest instant it fits
+    (by exhaustive search, against the bookings and the earlier reservations' holds), and one without a hold
+    fits at no bounded instant. A fit can begin only at its own start or where some booking ends, so those are
+    the instants searched. Assumes a pass without `protect`."""
+    order = sorted(pending, key=lambda p: (p[0].seq, p[0].reservation_id))
+    held_before: list[Booking] = []
+    for req, held in order:
+        taken = [*bookings, *held_before]
+        base = now_ms if req.start_ms is None else max(now_ms, req.start_ms)
+        claimed = None if held is None else held.start_ms
+        times = sorted({b.end_ms for b in taken if b.end_ms is not None and b.end_ms > base})
+        for t in times:
+            if claimed is not None and t >= claimed:
+                break
+            interval = _interval(req, t)
+            if interval is None:
+                break
+            found = _search(nodes, taken, req, *interval, max_combinations)
+            if found is not None:
+                return WrongEstimate(req.reservation_id, claimed, t, *found)
+        if held is not None:
+            interval = _interval(req, held.start_ms)
+            fits = interval is not None and _search(nodes, taken, req, *interval, max_combinations) is not None
+            if held.start_ms <= base or interval != (held.start_ms, held.end_ms) or not fits:
+                return WrongEstimate(req.reservation_id, claimed, None)
+            held_before.append(held)
+    return None
+
+
+def _interval(req: Request, t: int) -> tuple[int, int | None] | None:
+    """The checker's own reading of a request's interval if it starts at `t` (None: its window is over by then)."""
+    end = req.end_ms
+    if end is None and req.duration_ms is not None:
+        end = (t if req.start_ms is None else req.start_ms) + req.duration_ms
+    return (t, end) if end is None or end > t else None
 
 
 def _search(
@@ -281,7 +342,9 @@ __all__ = [
     "Release",
     "ReleasedOnDisconnect",
     "Transition",
+    "WrongEstimate",
     "check_billing_conservation",
+    "check_estimates",
     "check_host_resources",
     "check_no_overlap",
     "check_no_release_on_disconnect",

@@ -18,6 +18,7 @@ from bc.control.invariants import (
     Release,
     Transition,
     check_billing_conservation,
+    check_estimates,
     check_host_resources,
     check_no_overlap,
     check_no_release_on_disconnect,
@@ -133,16 +134,13 @@ class Lab:
     def violations(self) -> list[str]:
         assert self.last is not None
         held = {w.reservation_id: w.held for w in self.last.waits}
+        waiting = [(r, held.get(r.reservation_id)) for r in self.pending.values()]
         found = [
             check_no_overlap([*self.past, *self.live.values()]),
             check_host_resources(list(self.nodes.values()), [*self.past, *self.live.values()]),
             check_no_release_on_disconnect(self.releases, self.transitions),
-            check_nothing_placeable_pending(
-                list(self.nodes.values()),
-                list(self.live.values()),
-                [(r, held.get(r.reservation_id)) for r in self.pending.values()],
-                self.now,
-            ),
+            check_nothing_placeable_pending(list(self.nodes.values()), list(self.live.values()), waiting, self.now),
+            check_estimates(list(self.nodes.values()), list(self.live.values()), waiting, self.now),
             check_billing_conservation(list(self.spans.values()), self.usage(), self.now),
         ]
         return [v.sentence for v in found if v is not None]

@@ -13,7 +13,9 @@ from bc.control.invariants import (
     Release,
     ReleasedOnDisconnect,
     Transition,
+    WrongEstimate,
     check_billing_conservation,
+    check_estimates,
     check_host_resources,
     check_no_overlap,
     check_no_release_on_disconnect,
@@ -129,6 +131,24 @@ def test_a_pass_that_leaves_placeable_work_waiting_is_caught_by_i7() -> None:
     lab = Lab({"n1": node("n1")}, T0, planner=lazy)
     lab.reserve("r1", count=1)
     assert lab.violations() == ["I7: r1 is pending but fits on n1 (n1-gpu0) from 2027-01-15T08:00:00Z"]
+
+
+def test_a_late_or_missing_estimate_is_caught() -> None:
+    fleet = [node("n1", 2)]
+    x = booking("x", "n1", [0, 1], T0, T0 + H)
+    r = req("r", 2, duration_ms=H)
+    right = plan(fleet, [x], [r], T0).waits[0]
+    assert right.held is not None and check_estimates(fleet, [x], [(r, right.held)], T0) is None
+    late = dataclasses.replace(right.held, start_ms=T0 + 2 * H, end_ms=T0 + 3 * H)
+    found = check_estimates(fleet, [x], [(r, late)], T0)
+    assert isinstance(found, WrongEstimate)
+    assert found.sentence == (
+        "I7: r is held from 2027-01-15T10:00:00Z but fits on n1 (n1-gpu0, n1-gpu1) from 2027-01-15T09:00:00Z"
+    )
+    missing = check_estimates(fleet, [x], [(r, None)], T0)
+    assert missing is not None and missing.claimed_ms is None and missing.fits_ms == T0 + H
+    bogus = dataclasses.replace(right.held, end_ms=None)  # not the interval the request books
+    assert check_estimates(fleet, [x], [(r, bogus)], T0) == WrongEstimate("r", T0 + H, None)
 
 
 # ---- I8 ----
