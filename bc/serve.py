@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import signal
 import socket
@@ -40,9 +41,11 @@ from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.intent import Intent
 from bc.control.liveness import Liveness, LivenessConfig
 from bc.control.signer import KeySigner, NullSigner, Signer
+from bc.control.sweeper import LEASE_NAME as SWEEPER_LEASE
 from bc.control.sweeper import CommandSweeper
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
+from bc.jobs.engine import LEASE_NAME as JOBS_LEASE
 from bc.jobs.engine import JobEngine
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
@@ -50,7 +53,7 @@ from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256
 from bc.pki.signing import WORKER_ROTATE_BEFORE_S, SigningKeys
 from bc.pki.tokens import ROOT_GRACE_S
 from bc.protocol.limits import LIMITS
-from bc.store import Store, StoreError, open_store
+from bc.store import Store, StoreError, leases, open_store
 from bc.store import identity as id_sql
 from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, session_pb2_grpc
 from bc.wire.tls import ServerTLS
@@ -68,6 +71,23 @@ class ServeOptions:
     unreachable_grace_s: float = 120.0
     command_signing: str | None = None  # "on" | "off" | None: on for a new install, as found otherwise
     node_cert_ttl_s: int = 24 * 3600  # hidden --node-cert-ttl: tests shorten it to see renewals; at most 24 h
+
+
+def _worker_id(data_dir: Path, rng: random.Random) -> str:
+    """This server's holder name for the singleton workers' store leases (the job queue, the sweeper):
+    kept in the data dir, so a bc serve restarted after a crash takes back its own lease at once instead
+    of waiting out the dead process's; two servers (two data dirs) on one store still differ."""
+    path = data_dir / "worker-id"
+    try:
+        text = path.read_text("utf-8").strip()
+    except FileNotFoundError:
+        text = ""
+    if not text:
+        text = f"serve-{socket.gethostname()[:24]}-{rng.getrandbits(48):012x}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return text
 
 
 def _host_port(listen: str) -> tuple[str, int]:
@@ -151,6 +171,7 @@ class Server:
             log.info("event=ca.created fingerprint=%s", ca.fingerprint)
         self.ca = ca
         self.store = await open_store(str(data_dir / "bc.db"), self.clock)
+        self.worker_id = _worker_id(data_dir, self.rng)
         server_key = p256_key(self.secrets)
         hosts = sorted({host, *self.opts.advertise, socket.gethostname()} - {"0.0.0.0", "::"})
         server_cert = ca.issue_server_cert(hosts, server_key)
@@ -187,7 +208,7 @@ class Server:
                 unreachable_grace_ms=int(self.opts.unreachable_grace_s * 1000),
             ),
         )
-        self.jobs = JobEngine(self.store, self.bus, self.signer, self.rng, holder=self.gateway_id)
+        self.jobs = JobEngine(self.store, self.bus, self.signer, self.rng, holder=self.worker_id)
 
         server = grpc.aio.server(
             options=[
@@ -237,7 +258,7 @@ class Server:
         self._tasks.append(asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"))
         self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))
         self._tasks.append(asyncio.create_task(self._token_roots_loop(), name="token-roots"))
-        self.sweeper = CommandSweeper(self.store, self.bus, self.gateway_id)
+        self.sweeper = CommandSweeper(self.store, self.bus, self.worker_id)
         self._tasks.append(asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"))
         self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
         self.clock_skew = ClockSkewMonitor(self.store, self.clock)
@@ -311,6 +332,11 @@ class Server:
         if self.store is not None:
             with contextlib.suppress(StoreError):
                 await self.gateway.release_lease()
+            with contextlib.suppress(StoreError):
+                # The singletons' leases go with this process, so another bc serve takes over at once.
+                async with self.store.transaction() as tx:
+                    for name in (JOBS_LEASE, SWEEPER_LEASE):
+                        await leases.release(tx, name, self.worker_id)
             await self.store.close()
 
 

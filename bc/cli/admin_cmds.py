@@ -236,6 +236,8 @@ def render_node(n: admin_pb2.NodeInfo) -> str:
         ("boot id", n.boot_id),
         ("journal id", n.journal_id),
         ("cordoned", "yes" if n.cordoned else "no"),
+        ("job hold", f"{n.job_hold} (out of placement for that job's run)" if n.job_hold else "-"),
+        ("no schedule", ", ".join(n.no_schedule) or "-"),
         ("certificate", _cert_line(n)),
         ("labels", ", ".join(f"{k}={v}" for k, v in sorted(n.labels.items()))),
         ("capabilities", ", ".join(n.capabilities)),
