@@ -18,8 +18,9 @@ async def insert(
     now_ms: int,
 ) -> None:
     await tx.execute(
-        "INSERT INTO reservations (id, node_id, allocation_id, device_class, gpus, binding, state, created_at_ms)"
-        " VALUES (:id, :n, :a, :c, :g, :b, :s, :t)",
+        "INSERT INTO reservations (id, seq, node_id, want_node_id, allocation_id, device_class, gpus, binding, state,"
+        " created_at_ms, start_ms, placed_at_ms)"
+        " VALUES (:id, (SELECT COALESCE(MAX(seq), 0) + 1 FROM reservations), :n, :n, :a, :c, :g, :b, :s, :t, :t, :t)",
         {
             "id": id_,
             "n": node_id,
@@ -37,8 +38,8 @@ async def book(
     tx: Tx, *, reservation_id: str, node_id: str, device_class: str, atom_id: str, gpu_uuid: str, now_ms: int
 ) -> None:
     await tx.execute(
-        "INSERT INTO device_bookings (reservation_id, node_id, device_class, atom_id, gpu_uuid, booked_at_ms)"
-        " VALUES (:r, :n, :c, :a, :g, :t)",
+        "INSERT INTO device_bookings (reservation_id, node_id, device_class, atom_id, gpu_uuid, booked_at_ms, start_ms)"
+        " VALUES (:r, :n, :c, :a, :g, :t, :t)",
         {"r": reservation_id, "n": node_id, "c": device_class, "a": atom_id, "g": gpu_uuid, "t": now_ms},
     )
 
@@ -98,6 +99,9 @@ async def set_generation(tx: Tx, id_: str, generation: int) -> None:
 
 async def release_bookings(tx: Tx, reservation_id: str, now_ms: int) -> None:
     await tx.execute(
-        "UPDATE device_bookings SET released_at_ms = :t WHERE reservation_id = :r AND released_at_ms IS NULL",
+        "UPDATE device_bookings SET released_at_ms = :t,"
+        " end_ms = CASE WHEN end_ms IS NOT NULL AND end_ms <= :t THEN end_ms"
+        " WHEN start_ms < :t THEN :t ELSE start_ms + 1 END"
+        " WHERE reservation_id = :r AND released_at_ms IS NULL",
         {"t": now_ms, "r": reservation_id},
     )
