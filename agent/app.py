@@ -38,8 +38,9 @@ from pathlib import Path
 from agent.converge.devices import DevicesConverger
 from agent.converge.run import Converger, run
 from agent.dispatch import Dispatcher
-from agent.hw import open_backend
+from agent.hw import FakeHardware, open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
+from agent.hw.slices import SliceManager, open_slices
 from agent.identity import Identity, IdentityFile, IdentityStore
 from agent.journal import Journal
 from agent.journal_api import AgentJournal, JournalFull
@@ -100,6 +101,8 @@ class AgentParts:
     offload: Offload = to_thread
     renewal: bool = True
     """Run the renewal loop (gRPC `Join.Renew` with the identity files); the simulator runs without."""
+    slices: SliceManager | None = None
+    """The hold slice seam (agent.hw.slices); left out: files under the data dir on fake hardware, else systemd."""
 
 
 def production_parts(opts: AgentOptions) -> AgentParts:
@@ -164,8 +167,11 @@ class Agent:
         await self.state.load()
         cdi_dir = self.opts.cdi_dir or self.data_dir / "cdi"
         env_dir = self.opts.env_dir or self.data_dir / "allocations"
+        slices = p.slices
+        if slices is None:
+            slices = open_slices(isinstance(self.hw, FakeHardware), self.data_dir, offload=self.offload)
         self.convergers: dict[str, Converger] = {
-            "devices": DevicesConverger(cdi_dir, env_dir, self.hw, self.node_id, offload=self.offload),
+            "devices": DevicesConverger(cdi_dir, env_dir, self.hw, self.node_id, offload=self.offload, slices=slices),
         }
         inv = await self.offload(self.hw.inventory)
         self.outbox.note_inventory(inv, inventory_hash(inv))

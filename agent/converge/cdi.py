@@ -29,6 +29,7 @@ from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
+from agent.converge.limits import Limits
 from bc.protocol.atoms import CDI_KIND, Atom, cdi_name, infer_atom
 
 log = logging.getLogger(__name__)
@@ -38,12 +39,15 @@ ANN_DEVICE_ID = "bc.dev/device-id"
 ANN_ALLOCATION_ID = "bc.dev/allocation-id"
 ANN_RESERVATION_ID = "bc.dev/reservation-id"
 ANN_BINDING = "bc.dev/binding"
+ANN_CGROUP_PARENT = "bc.dev/cgroup-parent"
+ANN_LIMITS = "bc.dev/limits"
 BINDING_KUBERNETES = "kubernetes"
 
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ENV_ALLOCATION_ID = "BC_ALLOCATION_ID"
 ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
-RESERVED_ENV = frozenset({ENV_VISIBLE_DEVICES, ENV_ALLOCATION_ID, ENV_MPS_PIPE})
+ENV_CGROUP_PARENT = "BC_CGROUP_PARENT"
+RESERVED_ENV = frozenset({ENV_VISIBLE_DEVICES, ENV_ALLOCATION_ID, ENV_MPS_PIPE, ENV_CGROUP_PARENT})
 """Keys the agent sets itself; an assignment's extra env may not override them."""
 
 SPEC_PREFIX = "bc-"
@@ -80,6 +84,10 @@ class HeldSpec:
     atoms: tuple[Atom, ...]
     doc: dict[str, Any]
     path: Path
+    limits: Limits | None = None
+    """What the hold booked (annotation `bc.dev/limits`), None without limits."""
+    cgroup_parent: str = ""
+    """The hold's slice (annotation `bc.dev/cgroup-parent`), empty without one."""
 
 
 def valid_allocation_id(allocation_id: str) -> bool:
@@ -110,11 +118,14 @@ def env_lines(
     kubernetes: bool,
     extra_env: Sequence[str] = (),
     mps_pipe_dir: str | None = None,
+    cgroup_parent: str = "",
 ) -> list[str]:
     """The hold's environment: what the driver should see (a GPU once, however many slots), who we are.
 
     A Kubernetes hold gets no NVIDIA_VISIBLE_DEVICES: the kubelet's device
-    plugin hands a pod part of it and sets its own.
+    plugin hands a pod part of it and sets its own. A hold with a slice names
+    it in BC_CGROUP_PARENT, where containerd, Slurm or a wrapper places the
+    workload (the agent never moves processes).
     """
     lines: list[str] = []
     if not kubernetes:
@@ -124,6 +135,8 @@ def env_lines(
                 visible.append(d.visible_id)
         lines.append(f"{ENV_VISIBLE_DEVICES}={','.join(visible)}")
     lines.append(f"{ENV_ALLOCATION_ID}={allocation_id}")
+    if cgroup_parent:
+        lines.append(f"{ENV_CGROUP_PARENT}={cgroup_parent}")
     if mps_pipe_dir and any(d.atom.device_class == "gpu.slot" for d in devices):
         lines.append(f"{ENV_MPS_PIPE}={mps_pipe_dir}")
     lines.extend(extra_env)
@@ -137,15 +150,23 @@ def render_spec(
     env: Sequence[str],
     *,
     kubernetes: bool,
+    limits: Limits | None = None,
+    cgroup_parent: str = "",
 ) -> dict[str, Any]:
     """The CDI document of a hold: one device per atom, the env at spec level.
 
     Devices carry no env of their own; each names its GPU's device node, since
-    CDI runtimes refuse a device with no edits at all.
+    CDI runtimes refuse a device with no edits at all. A hold with limits
+    carries them in `bc.dev/limits` (host admission reads them back) and its
+    slice in `bc.dev/cgroup-parent`.
     """
     annotations = {ANN_ALLOCATION_ID: allocation_id, ANN_RESERVATION_ID: reservation_id}
     if kubernetes:
         annotations[ANN_BINDING] = BINDING_KUBERNETES
+    if limits is not None and not limits.empty:
+        annotations[ANN_LIMITS] = limits.annotation()
+    if cgroup_parent:
+        annotations[ANN_CGROUP_PARENT] = cgroup_parent
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
@@ -217,6 +238,12 @@ def _parse_hold(path: Path) -> HeldSpec:
     if allocation_id != stem:
         raise ValueError(f"the file names allocation {stem!r} but its annotation says {allocation_id!r}")
     atoms = tuple(infer_atom(str(d["annotations"][ANN_DEVICE_ID])) for d in doc["devices"])
+    limits: Limits | None = None
+    if ANN_LIMITS in annotations:
+        try:
+            limits = Limits.from_annotation(str(annotations[ANN_LIMITS]))
+        except (ValueError, TypeError) as e:  # the hold stands; only its booked limits are unknown
+            log.warning("event=cdi.bad_limits path=%s error=%r", path, str(e))
     return HeldSpec(
         allocation_id=allocation_id,
         reservation_id=str(annotations.get(ANN_RESERVATION_ID, "")),
@@ -224,6 +251,8 @@ def _parse_hold(path: Path) -> HeldSpec:
         atoms=atoms,
         doc=doc,
         path=path,
+        limits=limits,
+        cgroup_parent=str(annotations.get(ANN_CGROUP_PARENT, "")),
     )
 
 

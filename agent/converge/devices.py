@@ -9,7 +9,13 @@ for, off the event loop.
 
 An assignment the node cannot honor fails terminally at that generation with
 a reason (`overlap`, `device-missing`, `unsupported-binding`,
-`unsupported-device`, `invalid-assignment`) while the others still bind. A
+`unsupported-device`, `invalid-assignment`, `resources-exhausted`) while the
+others still bind. A hold with limits (`DeviceAssignment.limits`) is admitted
+against the host's memory first (`agent.converge.limits.admit`), and a
+`BINDING_HOLD` one gets its cgroup-v2 slice `bc-alloc-<id>.slice` through the
+slice seam (`agent.hw.slices`) before its CDI spec names it; a held hold whose
+slice is gone (a reboot) gets it again, and a slice whose hold is gone is
+stopped once nothing runs in it, retried on every pass. A
 file write that fails is retryable: the section stays PROGRESSING. The node
 never drops an assignment on its own: a held hold whose device vanished
 from the inventory is kept as it is, and while the journal holds no spec
@@ -28,8 +34,11 @@ from typing import Any
 from google.protobuf.message import Message
 
 from agent.converge import adoption, cdi, env_files
+from agent.converge.hold_slices import HoldSlices
+from agent.converge.limits import NO_LIMITS, HostMemory, InvalidLimits, Limits, admit, host_memory, slice_name
 from agent.converge.run import CONVERGED, FAILED, SectionResult
 from agent.hw.base import HardwareBackend
+from agent.hw.slices import SliceManager
 from agent.offload import Offload, to_thread
 from bc.protocol.atoms import (
     DEVICE_CLASSES,
@@ -50,11 +59,12 @@ DEVICE_MISSING = "device-missing"
 UNSUPPORTED_BINDING = "unsupported-binding"
 UNSUPPORTED_DEVICE = "unsupported-device"
 INVALID_ASSIGNMENT = "invalid-assignment"
+RESOURCES_EXHAUSTED = "resources-exhausted"
 REASON_FAILED = "AllocationFailed"
 REASON_WRITE_FAILED = "WriteFailed"
 DEFAULT_MPS_PIPE_DIR = Path("/run/nvidia-mps")
 
-_BINDINGS = (spec_pb2.BINDING_UNSPECIFIED, spec_pb2.BINDING_HOLD, spec_pb2.BINDING_KUBERNETES)
+_BINDINGS = (spec_pb2.BINDING_HOLD, spec_pb2.BINDING_KUBERNETES)
 
 
 class Refused(Exception):
@@ -81,6 +91,8 @@ class Bind:
     assignment: spec_pb2.DeviceAssignment
     doc: dict[str, Any]
     env: tuple[str, ...]
+    limits: Limits = NO_LIMITS
+    slice: str = ""  # the hold's slice, made before the CDI file; empty: none
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,8 @@ class Refresh:
     held: cdi.HeldSpec
     doc: dict[str, Any] | None  # None: a device is gone from the inventory; keep the hold untouched
     env: tuple[str, ...]
+    limits: Limits = NO_LIMITS
+    slice: str = ""  # made again when it is missing or the limits changed
 
 
 @dataclass(frozen=True)
@@ -123,7 +137,11 @@ def check_assignment(a: spec_pb2.DeviceAssignment) -> list[Atom]:
     if not cdi.valid_allocation_id(a.allocation_id):
         raise Refused(INVALID_ASSIGNMENT, f"allocation id {a.allocation_id!r} is not a safe file name")
     if a.binding not in _BINDINGS:
-        raise Refused(UNSUPPORTED_BINDING, f"binding {a.binding} is not HOLD or KUBERNETES")
+        raise Refused(UNSUPPORTED_BINDING, f"binding {a.binding} is not BINDING_HOLD or BINDING_KUBERNETES")
+    try:
+        Limits.from_proto(a.limits).check()
+    except InvalidLimits as e:
+        raise Refused(INVALID_ASSIGNMENT, str(e)) from None
     if not a.devices:
         raise Refused(INVALID_ASSIGNMENT, "the assignment names no devices")
     for line in a.env:
@@ -151,11 +169,20 @@ def plan(
     inventory: common_pb2.Inventory,
     *,
     mps_pipe_dir: str | None = None,
+    host: HostMemory | None = None,
+    slices: bool = True,
 ) -> list[Action]:
-    """Releases (by allocation id), then each desired assignment: held ones first, then new ones."""
+    """Releases (by allocation id), then each desired assignment: held ones first, then new ones.
+
+    `host`: the host's memory for admission (None: not readable, no admission). `slices`: whether
+    holds with limits get a slice (False when the converger has no slice seam).
+    """
     wanted = {a.allocation_id for a in assignments}
     actions: list[Action] = [Release(h) for aid, h in sorted(held.items()) if aid not in wanted]
     committed: dict[str, tuple[Atom, ...]] = {aid: h.atoms for aid, h in held.items() if aid in wanted}
+    booked: dict[str, Limits] = {
+        a.allocation_id: Limits.from_proto(a.limits) for a in assignments if a.allocation_id in held
+    }
     ordered = [a for a in assignments if a.allocation_id in held] + [
         a for a in assignments if a.allocation_id not in held
     ]
@@ -166,7 +193,9 @@ def plan(
             continue
         seen.add(a.allocation_id)
         try:
-            actions.append(_decide(a, held.get(a.allocation_id), inventory, committed, mps_pipe_dir))
+            actions.append(
+                _decide(a, held.get(a.allocation_id), inventory, committed, mps_pipe_dir, booked, host, slices)
+            )
         except Refused as r:
             actions.append(Fail(a, r.reason, r.message))
     return actions
@@ -178,9 +207,15 @@ def _decide(
     inventory: common_pb2.Inventory,
     committed: dict[str, tuple[Atom, ...]],
     mps_pipe_dir: str | None,
+    booked: dict[str, Limits],
+    host: HostMemory | None,
+    slices: bool,
 ) -> Action:
     atoms = check_assignment(a)
     kubernetes = a.binding == spec_pb2.BINDING_KUBERNETES
+    limits = Limits.from_proto(a.limits)
+    # A Kubernetes hold's pods live in the kubelet's cgroups: no slice, though its limits still count.
+    cgroup_parent = slice_name(a.allocation_id) if slices and not kubernetes and not limits.empty else ""
     same = (
         held is not None
         and held.atoms == tuple(atoms)
@@ -191,7 +226,8 @@ def _decide(
         devices = [resolve(atom, inventory) for atom in atoms]
     except Refused:
         if same and held is not None:
-            return Refresh(a, held, None, ())  # never drop a hold on our own
+            # Never drop a hold on our own; its slice, if it had one, stays as the file says.
+            return Refresh(a, held, None, (), held.limits or NO_LIMITS, held.cgroup_parent)
         raise
     if not same:
         for atom in atoms:
@@ -201,15 +237,33 @@ def _decide(
                 for other in other_atoms:
                     if atoms_conflict(atom, other):
                         raise Refused(OVERLAP, f"{atom.atom_id} overlaps {other.atom_id} held by {other_id}")
+    if held is None and host is not None:
+        problem = admit(limits, [v for k, v in sorted(booked.items()) if k != a.allocation_id], host)
+        if problem:
+            raise Refused(RESOURCES_EXHAUSTED, problem)
     env = cdi.env_lines(
-        a.allocation_id, devices, kubernetes=kubernetes, extra_env=list(a.env), mps_pipe_dir=mps_pipe_dir
+        a.allocation_id,
+        devices,
+        kubernetes=kubernetes,
+        extra_env=list(a.env),
+        mps_pipe_dir=mps_pipe_dir,
+        cgroup_parent=cgroup_parent,
     )
-    doc = cdi.render_spec(a.allocation_id, a.reservation_id, devices, env, kubernetes=kubernetes)
+    doc = cdi.render_spec(
+        a.allocation_id,
+        a.reservation_id,
+        devices,
+        env,
+        kubernetes=kubernetes,
+        limits=limits,
+        cgroup_parent=cgroup_parent,
+    )
     cdi.validate_spec(doc)
     if same and held is not None:
-        return Refresh(a, held, doc, tuple(env))
+        return Refresh(a, held, doc, tuple(env), limits, cgroup_parent)
     committed[a.allocation_id] = tuple(atoms)
-    return Bind(a, doc, tuple(env))
+    booked[a.allocation_id] = limits
+    return Bind(a, doc, tuple(env), limits, cgroup_parent)
 
 
 class DevicesConverger:
@@ -226,9 +280,16 @@ class DevicesConverger:
         *,
         mps_pipe_dir: Path = DEFAULT_MPS_PIPE_DIR,
         offload: Offload = to_thread,
+        slices: SliceManager | None = None,
     ) -> None:
-        """`offload`: where the file work runs (agent.offload): a thread in production, inline in the simulator."""
+        """`offload`: where the file work runs (agent.offload): a thread in production, inline in the simulator.
+
+        `slices`: the hold slice seam (agent.hw.slices); None manages no slices (holds with limits then get
+        none), which only tests of the CDI side use.
+        """
         self.offload = offload
+        self._slices = HoldSlices(slices)
+        self.managed_slices = slices is not None
         self.cdi_dir = cdi_dir
         self.env_dir = env_dir
         self.hw = hw
@@ -248,7 +309,12 @@ class DevicesConverger:
             log.info("event=allocation.adoption-ended generation=%d adopted=%d", generation, len(self._adopted))
             self._adopted = set()
         inventory = await self.offload(self.hw.inventory)
-        actions = plan(list(desired.assignments), held, inventory, mps_pipe_dir=mps)
+        host = host_memory(inventory)
+        if host is None and any(a.limits.memory_bytes or a.limits.hugepages_1gi for a in desired.assignments):
+            log.warning("event=allocation.admission_skipped reason=host-memory-unknown")
+        actions = plan(
+            list(desired.assignments), held, inventory, mps_pipe_dir=mps, host=host, slices=self.managed_slices
+        )
         self._failed_reported = {k for k in self._failed_reported if k[1] == generation}
 
         events: list[Report] = []
@@ -286,6 +352,7 @@ class DevicesConverger:
                 write_errors.append(f"{action.assignment.allocation_id}: waits for a release that failed")
                 continue
             try:
+                await self._apply_slice(action)
                 await self.offload(self._apply, action)
             except OSError as e:
                 if isinstance(action, Release):
@@ -306,6 +373,7 @@ class DevicesConverger:
                 events.append(r)
         keep = (set(held) - released) | bound
         await self.offload(self._remove_orphan_env_files, keep)
+        await self._slices.sweep(_slices_kept(actions, held, released))
 
         if write_errors:
             return SectionResult(FAILED, REASON_WRITE_FAILED, "; ".join(write_errors), events, terminal=False)
@@ -322,6 +390,12 @@ class DevicesConverger:
                 kept[aid].reservation_id,
             )
         self._adopted = set(kept)
+        for held in kept.values():  # a reboot may have dropped an adopted hold's slice: the file says its limits
+            if held.cgroup_parent and held.limits is not None:
+                try:
+                    await self._slices.ensure(held.cgroup_parent, held.limits, force=False)
+                except OSError as e:
+                    log.warning("event=slice.failed slice=%s error=%r", held.cgroup_parent, str(e))
         await self.offload(self._restore_env_files, kept)
         await self.offload(self._remove_orphan_env_files, set(kept))
         return adoption.adopted_status(kept, self.cdi_dir)
@@ -345,6 +419,14 @@ class DevicesConverger:
             reason=reason,
             message=message,
         )
+
+    async def _apply_slice(self, action: Action) -> None:
+        """A bound hold's slice before its CDI file names it; a held one's again when missing or changed."""
+        if isinstance(action, Bind) and action.slice:
+            await self._slices.ensure(action.slice, action.limits, force=True)
+        elif isinstance(action, Refresh) and action.slice:
+            changed = action.doc is not None and action.held.doc != action.doc
+            await self._slices.ensure(action.slice, action.limits, force=changed)
 
     # Blocking file I/O below: called through self.offload only.
 
@@ -412,6 +494,13 @@ class DevicesConverger:
 def _conflicts_with(action: Bind, atoms: Sequence[Atom]) -> bool:
     mine = [parse_atom(ref.device_class, ref.atom_id) for ref in action.assignment.devices]
     return any(atoms_conflict(x, y) for x in mine for y in atoms)
+
+
+def _slices_kept(actions: Sequence[Action], held: Mapping[str, cdi.HeldSpec], released: set[str]) -> set[str]:
+    """The slices this pass keeps: every desired hold's, and every hold's still on disk (as its file says)."""
+    kept = {a.slice for a in actions if isinstance(a, (Bind, Refresh)) and a.slice}
+    kept.update(h.cgroup_parent for aid, h in held.items() if aid not in released and h.cgroup_parent)
+    return kept
 
 
 def _allocation_of(action: Action) -> str:

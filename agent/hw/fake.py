@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.hw.base import UNKNOWN_GPU, diag_entry, read_boot_id
+from agent.hw.slices import FAKE_SLICES_DIR, FakeSlices
 from agent.offload import Offload, to_thread
 from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.pb import common_pb2
@@ -266,6 +267,8 @@ class FakeHardware:
         # Counted when the reboot starts, like a reset: the tests count side effects started, not finished.
         await self.offload(self._count_reboot, self.state_dir / REBOOTS_FILE)
         new_id = self._new_boot_id()
+        # Runtime slice properties do not survive a reboot: neither do the fake slices (agent.hw.slices).
+        await self.offload(FakeSlices.drop_all, self.state_dir / FAKE_SLICES_DIR)
         await self.offload(_write_text, self.state_dir / BOOT_ID_FILE, new_id + "\n")
         hook = inspect.getattr_static(self, "reboot_hook", None)  # static: a plain function must not bind to self
         if hook is not None:

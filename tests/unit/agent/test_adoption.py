@@ -80,6 +80,7 @@ def assignment(allocation_id: str, gpu: str) -> spec_pb2.DeviceAssignment:
     return spec_pb2.DeviceAssignment(
         allocation_id=allocation_id,
         reservation_id=f"res-{allocation_id}",
+        binding=spec_pb2.BINDING_HOLD,
         devices=[spec_pb2.DeviceRef(device_class="gpu", atom_id=gpu)],
         env=["HF_HOME=/data/hf"],
     )

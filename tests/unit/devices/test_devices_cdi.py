@@ -102,15 +102,19 @@ def ref(c: str, i: str) -> spec_pb2.DeviceRef:
 def test_the_plan_releases_first_then_held_then_new(tmp_path: Path) -> None:
     inv = FakeHardware("hgx-h100-8", "n").inventory()
     g = [x.uuid for x in inv.gpus]
-    held_a = spec_pb2.DeviceAssignment(allocation_id="held", reservation_id="r", devices=[ref("gpu", g[1])])
-    gone = spec_pb2.DeviceAssignment(allocation_id="gone", reservation_id="r", devices=[ref("gpu", g[2])])
+    held_a = spec_pb2.DeviceAssignment(
+        allocation_id="held", reservation_id="r", binding=spec_pb2.BINDING_HOLD, devices=[ref("gpu", g[1])]
+    )
+    gone = spec_pb2.DeviceAssignment(
+        allocation_id="gone", reservation_id="r", binding=spec_pb2.BINDING_HOLD, devices=[ref("gpu", g[2])]
+    )
     # Write the two holds through a plan of their own, then read them back.
     for action in plan([held_a, gone], {}, inv):
         assert isinstance(action, Bind)
         cdi.atomic_write(cdi.spec_path(tmp_path, action.assignment.allocation_id), cdi.spec_bytes(action.doc))
     held = cdi.read_holds(tmp_path)
     # `new` wants GPU 1, which `held` keeps although `new` comes first in the section.
-    new = spec_pb2.DeviceAssignment(allocation_id="new", devices=[ref("gpu", g[1])])
+    new = spec_pb2.DeviceAssignment(allocation_id="new", binding=spec_pb2.BINDING_HOLD, devices=[ref("gpu", g[1])])
     actions = plan([new, held_a], held, inv)
     assert [type(a) for a in actions] == [Release, Refresh, Fail]
     assert isinstance(actions[2], Fail) and actions[2].reason == "overlap"

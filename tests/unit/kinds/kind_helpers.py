@@ -46,6 +46,7 @@ class FakeNode:
             spec_pb2.DeviceAssignment(
                 allocation_id=allocation_id,
                 reservation_id=f"res-{allocation_id}",
+                binding=spec_pb2.BINDING_HOLD,
                 devices=[spec_pb2.DeviceRef(device_class=c, atom_id=i) for c, i in refs],
             )
         )
