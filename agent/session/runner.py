@@ -43,6 +43,11 @@ from bc.wire.link import Link
 
 log = logging.getLogger("agent")
 
+CAPABILITIES: tuple[str, ...] = ("binding.kubernetes", "devices.cdi", "devices.limits")
+"""What this agent's Hello advertises (the gateway writes each as the node label `bc.dev/cap.<name>=1`):
+CDI holds, `DeviceAssignment.limits` (a slice and host admission) and `BINDING_KUBERNETES`. An older
+agent would drop the limits or the binding as unknown fields, so capacity places only on nodes that say so."""
+
 WRITER_TICK_S = 1.0
 """The writer wakes at least this often to tick the core (heartbeats, silence), outbox or not."""
 
@@ -62,7 +67,7 @@ class SessionDeps:
     """Fit to the size table, then sign with the node key (results are attested)."""
     heartbeat_interval_s: float | None = None
     """The operator's `--heartbeat-interval`, over what the gateway says."""
-    capabilities: tuple[str, ...] = ("devices.cdi",)
+    capabilities: tuple[str, ...] = CAPABILITIES
 
 
 @dataclass(frozen=True)

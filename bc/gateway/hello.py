@@ -23,6 +23,7 @@ is acked as refused and settles its command `result-too-large`
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from google.protobuf import json_format
@@ -31,10 +32,11 @@ from bc.control.bus import Bus
 from bc.control.commands import apply_update, settle_by_server
 from bc.control.events import publish
 from bc.control.signer import Signer
-from bc.errors import Unauthenticated
+from bc.errors import Unauthenticated, UsageError
 from bc.gateway.oversize import fit_texts, refuse_oversized_update
 from bc.pki.identity import PeerIdentity
 from bc.protocol import closing
+from bc.protocol import labels as node_labels
 from bc.protocol.closing import SessionRefused
 from bc.protocol.pb import session_pb2
 from bc.store import Store, Tx
@@ -84,6 +86,10 @@ async def hello_transaction(
         )
         await nodes_sql.set_applied(tx, peer.name, opened.epoch, hello.applied_generation, hello.applied_spec_hash)
         await nodes_sql.write_capabilities(tx, peer.name, json.dumps(sorted(hello.capabilities)))
+        labels = json.loads(str(node["labels"] or "{}"))
+        with_caps = capability_labels(labels, hello.capabilities)
+        if with_caps != labels:
+            await nodes_sql.set_labels(tx, peer.name, json.dumps(with_caps, sort_keys=True))
         inventory_hash = str(node["inventory_hash"])
         if hello.HasField("inventory"):
             inventory_hash = hello.inventory_hash
@@ -115,6 +121,31 @@ async def hello_transaction(
             return HelloResult(opened.epoch, generation, inventory_hash, quarantined=True)
         replay, ack = await _resume_commands(tx, bus, signer, peer.name, hello, opened, now_ms)
     return HelloResult(opened.epoch, generation, inventory_hash, replay, ack)
+
+
+CAPABILITY_PREFIX = "bc.dev/cap."
+MAX_CAPABILITY_LABELS = 32
+
+
+def capability_labels(labels: Mapping[str, str], capabilities: Iterable[str]) -> dict[str, str]:
+    """The node's labels with its `bc.dev/cap.<name>=1` system labels replaced by what this Hello advertises.
+
+    Operator labels stay as they are; a capability that would not make a valid label key is skipped (a node
+    cannot write itself arbitrary labels), and at most MAX_CAPABILITY_LABELS are written.
+    """
+    out = {k: v for k, v in labels.items() if not k.startswith(CAPABILITY_PREFIX)}
+    written = 0
+    for cap in sorted(set(capabilities)):
+        key = CAPABILITY_PREFIX + cap
+        try:
+            node_labels.check_key(key)
+        except UsageError:
+            continue
+        if written == MAX_CAPABILITY_LABELS:
+            break
+        out[key] = "1"
+        written += 1
+    return dict(sorted(out.items()))
 
 
 DUPLICATE_WINDOW_MS = 10 * 60 * 1000
