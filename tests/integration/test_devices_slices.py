@@ -95,7 +95,7 @@ async def test_a_slice_that_cannot_be_made_keeps_the_hold_unbound(node: SliceNod
     a = limited("alloc-1", node.inv.gpus[0].uuid)
 
     class Broken(FakeSlices):
-        async def apply(self, name: str, limits: object) -> None:  # type: ignore[override]
+        async def apply(self, name: str, limits: object) -> None:
             raise SliceError("systemctl set-property: access denied")
 
     broken = DevicesConverger(node.cdi_dir, node.env_dir, node.hw, "node-a", slices=Broken(node.slice_dir))
@@ -197,3 +197,15 @@ async def test_admission_fails_a_hold_the_host_memory_cannot_take(node: SliceNod
     # Once the first hold is released, the same hold fits.
     later = await node.converger.converge(section(k8s, late), 3)
     assert [(e.allocation_id, e.kind) for e in later.events] == [("alloc-1", RELEASED), ("alloc-2", BOUND)]
+
+
+async def test_an_adopted_hold_gets_its_slice_back_from_its_cdi_file(node: SliceNode) -> None:
+    """Journal lost after a reboot: no spec (generation 0), so every hold is adopted, and its slice remade."""
+    a = limited("alloc-1", node.inv.gpus[0].uuid)
+    await node.converger.converge(section(a), 3)
+    FakeSlices.drop_all(node.slice_dir)
+    FakeSlices.drop_all(node.slice_dir)  # idempotent
+    result = await node.fresh().converge(section(), 0)
+    assert result.events == [] and (node.cdi_dir / "bc-alloc-1.json").exists()
+    slice_ = node.slice("alloc-1")
+    assert slice_ is not None and slice_["properties"]["MemoryMax"] == str(64 * GIB)  # type: ignore[index]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.converge.devices import Bind, Fail, plan
+from agent.converge.hold_slices import HoldSlices
 from agent.converge.limits import (
     GIB,
     HostMemory,
@@ -234,3 +235,33 @@ async def test_a_failing_systemctl_is_a_slice_error(tmp_path: Path) -> None:
     slices = SystemdSlices(run=Recorder(fail="start"), cgroup_root=tmp_path, control_dir=tmp_path, offload=inline)
     with pytest.raises(SliceError, match="access denied"):
         await slices.apply("bc-alloc-a.slice", Limits(cpu_millis=1000))
+
+
+async def test_a_fake_reboot_drops_the_fake_slices(tmp_path: Path) -> None:
+    hw = FakeHardware("hgx-h100-8", "n", state_dir=tmp_path, offload=inline)
+    hw.reboot_hook = lambda: None
+    slices = FakeSlices(tmp_path / "fake-slices", offload=inline)
+    await slices.apply("bc-alloc-a.slice", Limits(cpu_millis=1000))
+    done, _ = await hw.reboot()
+    assert done and await slices.list() == []
+
+
+async def test_a_failed_stop_is_tried_again_on_the_next_sweep(tmp_path: Path) -> None:
+    class Stuck(FakeSlices):
+        fail = True
+
+        async def stop(self, name: str) -> None:
+            if self.fail:
+                raise SliceError("systemctl stop: timed out")
+            await super().stop(name)
+
+    slices = Stuck(tmp_path, offload=inline)
+    await slices.apply("bc-alloc-a.slice", Limits(cpu_millis=1000))
+    await slices.apply("bc-alloc-b.slice", Limits(cpu_millis=1000))
+    sweeper = HoldSlices(slices)
+    assert await sweeper.sweep({"bc-alloc-b.slice"}) == []
+    assert await slices.list() == ["bc-alloc-a.slice", "bc-alloc-b.slice"]
+    slices.fail = False
+    assert await sweeper.sweep({"bc-alloc-b.slice"}) == ["bc-alloc-a.slice"]
+    assert await slices.list() == ["bc-alloc-b.slice"]
+    assert await HoldSlices(None).sweep([]) == []
