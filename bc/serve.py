@@ -40,6 +40,8 @@ from bc.control.bus import Bus
 from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.intent import Intent
 from bc.control.liveness import Liveness, LivenessConfig
+from bc.control.placement_pass import LEASE_NAME as PLACEMENT_LEASE
+from bc.control.placement_pass import PlacementPass
 from bc.control.signer import KeySigner, NullSigner, Signer
 from bc.control.sweeper import LEASE_NAME as SWEEPER_LEASE
 from bc.control.sweeper import CommandSweeper
@@ -209,6 +211,7 @@ class Server:
             ),
         )
         self.jobs = JobEngine(self.store, self.bus, self.signer, self.rng, holder=self.worker_id)
+        self.placement = PlacementPass(self.store, self.bus, self.signer, self.rng, holder=self.worker_id)
 
         server = grpc.aio.server(
             options=[
@@ -261,6 +264,7 @@ class Server:
         self.sweeper = CommandSweeper(self.store, self.bus, self.worker_id)
         self._tasks.append(asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"))
         self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
+        self._tasks.append(asyncio.create_task(self.placement.run_forever(self.clock), name="placement"))
         self.clock_skew = ClockSkewMonitor(self.store, self.clock)
         self._tasks.append(asyncio.create_task(self.clock_skew.run(), name="clock-skew"))
         log.info(
@@ -335,7 +339,7 @@ class Server:
             with contextlib.suppress(StoreError):
                 # The singletons' leases go with this process, so another bc serve takes over at once.
                 async with self.store.transaction() as tx:
-                    for name in (JOBS_LEASE, SWEEPER_LEASE):
+                    for name in (JOBS_LEASE, SWEEPER_LEASE, PLACEMENT_LEASE):
                         await leases.release(tx, name, self.worker_id)
             await self.store.close()
 

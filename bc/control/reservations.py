@@ -1,4 +1,11 @@
-"""Hold reservations: placed and booked in one transaction, delivered as a devices assignment.
+"""Hold reservations: submitted pending, placed by the placement pass, delivered as a devices assignment.
+
+`reserve` validates the request (issue 13's bad input: one sentence, nothing stored), inserts a `pending`
+row and runs a placement pass inline in the same transaction (`bc.control.placement_pass`), so a
+reservation that fits now returns `placed` at once; one that waits (for capacity, for a node that is away
+or cordoned, for its window's start) returns `pending` with its reason, and one that can never fit is
+refused with the pass's sentence and stores nothing. A booked window that starts later stays `pending`,
+booked, until the pass delivers it at its start; the pass ends it (`ended`, `window-ended`) at its end.
 
 A reservation is `placed` when its atoms are booked and its assignment is in
 the node's spec, `active` once the node reports `AllocationBound`, `failed`
@@ -11,27 +18,31 @@ still hold it (I1), and nothing is released because a node went quiet (I5).
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from google.protobuf import json_format
 
-from bc.control import capacity
+from bc.control import placement_pass
 from bc.control.bus import Bus
 from bc.control.events import publish
+from bc.control.placement_plan import iso
 from bc.control.signer import Signer
 from bc.control.specs import write_spec
 from bc.errors import Conflict, NotFound, UsageError
 from bc.ids import short_id, ulid
-from bc.protocol.atoms import Atom, parse_atom
-from bc.protocol.pb import common_pb2, spec_pb2
+from bc.protocol.pb import common_pb2
 from bc.store import Row, Store, Tx
+from bc.store import capacity as cap_sql
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
 
 DEVICE_CLASSES = ("gpu", "gpu.mig", "gpu.slot")
-BINDINGS = {"hold": spec_pb2.BINDING_HOLD, "kubernetes": spec_pb2.BINDING_KUBERNETES}
+BINDINGS = placement_pass.BINDINGS
+PAST_START_SLACK_MS = 5 * 60_000
+"""A window may start up to this long ago (a clock a little behind, a slow terminal); earlier is refused."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,14 @@ class ReserveRequest:
     node_id: str = ""
     device_class: str = "gpu"
     binding: str = "hold"
+    start_ms: int | None = None  # None: as soon as possible
+    end_ms: int | None = None  # None: open-ended, or `duration_ms` from its start
+    duration_ms: int | None = None
+    cpus: int = 0
+    memory_bytes: int = 0
+    hugepages_1g: int = 0
+    tenant: str = ""
+    selector: Mapping[str, str] = field(default_factory=dict)
 
 
 def inventory_of(row: Row) -> common_pb2.Inventory:
@@ -48,110 +67,88 @@ def inventory_of(row: Row) -> common_pb2.Inventory:
     return inv
 
 
-async def _booked_atoms(tx: Tx, node_id: str) -> list[Atom]:
-    return [parse_atom(str(b["device_class"]), str(b["atom_id"])) for b in await res_sql.live_bookings_on(tx, node_id)]
-
-
-def _facts(row: Row) -> capacity.NodeFacts:
-    return capacity.NodeFacts(
-        node_id=str(row["node_id"]),
-        role=str(row["role"]),
-        cordoned=bool(row["cordoned"]),
-        connectivity=str(row["connectivity"]),
-        revoked=bool(row["revoked"]),
-    )
-
-
-def _validate(req: ReserveRequest) -> None:
+def _validate(req: ReserveRequest, now_ms: int) -> None:
+    """Issue 13's bad input: one sentence each, before anything is stored."""
     if req.device_class not in DEVICE_CLASSES:
         raise UsageError(f"unknown device class {req.device_class!r}; classes are {', '.join(DEVICE_CLASSES)}")
     if req.binding not in BINDINGS:
         raise UsageError(f"unknown binding {req.binding!r}; bindings are {', '.join(BINDINGS)}")
     if not 1 <= req.gpus <= 1024:
         raise UsageError(f"--gpus must be between 1 and 1024, not {req.gpus}")
+    if req.duration_ms is not None and req.end_ms is not None:
+        raise UsageError("give a duration or an end, not both")
+    if req.duration_ms is not None and req.duration_ms <= 0:
+        raise UsageError(f"a duration must be positive, not {req.duration_ms} ms")
+    if min(req.cpus, req.memory_bytes, req.hugepages_1g) < 0:
+        raise UsageError("--cpus, --memory and --hugepages-1g cannot be negative")
+    if req.start_ms is not None and req.start_ms < now_ms - PAST_START_SLACK_MS:
+        raise UsageError(f"the window starts at {iso(req.start_ms)}, more than 5 minutes ago")
+    if req.end_ms is not None:
+        start = now_ms if req.start_ms is None else req.start_ms
+        if req.end_ms <= start:
+            raise UsageError(f"the window ends at {iso(req.end_ms)}, before it starts at {iso(start)}")
+    for k, v in req.selector.items():
+        if not k or not v or "," in k + v or "=" in k:
+            raise UsageError(f"a selector is key=value pairs, not {k!r}={v!r}")
+
+
+async def _check_named(tx: Tx, node_id: str) -> None:
+    """A named node must exist and be able to bind a hold some day; away or cordoned, the hold waits for it."""
+    rows = await nodes_sql.placement_facts(tx, node_id)
+    if not rows:
+        raise NotFound(f"no node named {node_id!r}")
+    row = rows[0]
+    if str(row["role"]) != "node":
+        raise Conflict(f"node {node_id} has role {row['role']!r}; holds are placed on role 'node' only")
+    if bool(row["revoked"]):
+        raise Conflict(f"node {node_id} is revoked; it can never bind a hold")
 
 
 async def reserve(store: Store, bus: Bus, signer: Signer, req: ReserveRequest, rng: random.Random) -> Row:
-    _validate(req)
+    """Store a pending reservation and run a placement pass inline, in one transaction.
+
+    A reservation that fits now returns `placed`; one that waits (for capacity, a node that is away or
+    cordoned, its window's start) returns `pending` with its reason. One that can never fit stores
+    nothing: Conflict with the pass's sentence.
+    """
     now_ms = await store.now_ms()
+    _validate(req, now_ms)
     async with store.transaction() as tx:
         if req.node_id:
-            rows = await nodes_sql.placement_facts(tx, req.node_id)
-            if not rows:
-                raise NotFound(f"no node named {req.node_id!r}")
-            why = capacity.refusal(_facts(rows[0]), named=True)
-            if why is not None:
-                raise Conflict(why)
-            candidates = rows
-        else:
-            rows = await nodes_sql.placement_facts(tx)
-            candidates = [n for n in rows if capacity.refusal(_facts(n), named=False) is None]
-        options = [(str(n["node_id"]), inventory_of(n), await _booked_atoms(tx, str(n["node_id"]))) for n in candidates]
-        choice = capacity.choose_node(options, req.device_class, req.gpus)
-        if choice is None:
-            if req.node_id:
-                free = len(capacity.free_atoms(options[0][1], options[0][2], req.device_class))
-                raise Conflict(f"node {req.node_id} has {free} free {req.device_class} atom(s); {req.gpus} asked")
-            raise Conflict(f"no connected, uncordoned node has {req.gpus} free {req.device_class} atom(s)")
-        node_id, atoms = choice
+            await _check_named(tx, req.node_id)
         rid = "res-" + ulid(now_ms / 1000, rng).lower()
         alloc = short_id("alloc", rng)
-        await res_sql.insert(
+        await cap_sql.insert_pending(
             tx,
             id_=rid,
-            node_id=node_id,
             allocation_id=alloc,
+            want_node_id=req.node_id or None,
             device_class=req.device_class,
             gpus=req.gpus,
             binding=req.binding,
-            state="placed",
+            start_ms=req.start_ms,
+            end_ms=req.end_ms,
+            duration_ms=req.duration_ms,
+            tenant=req.tenant,
+            selector_json=json.dumps(dict(req.selector), sort_keys=True),
+            cpus=req.cpus,
+            memory_bytes=req.memory_bytes,
+            hugepages_1g=req.hugepages_1g,
             now_ms=now_ms,
         )
-        for a in atoms:
-            await res_sql.book(
-                tx,
-                reservation_id=rid,
-                node_id=node_id,
-                device_class=a.device_class,
-                atom_id=a.atom_id,
-                gpu_uuid=a.gpu_uuid,
-                now_ms=now_ms,
-            )
-
-        def add(spec: spec_pb2.NodeSpec) -> None:
-            da = spec.devices.assignments.add(allocation_id=alloc, reservation_id=rid, binding=BINDINGS[req.binding])
-            for a in atoms:
-                da.devices.add(device_class=a.device_class, atom_id=a.atom_id)
-
-        w = await write_spec(tx, bus, signer, node_id, add, now_ms, lock=store.for_update())
-        await res_sql.set_generation(tx, rid, w.generation)
-        await publish(
-            tx,
-            bus,
-            "reservation.placed",
-            rid,
-            {
-                "node_id": node_id,
-                "allocation_id": alloc,
-                "atoms": [a.atom_id for a in atoms],
-                "generation": w.generation,
-            },
-            now_ms,
-        )
+        result = await placement_pass.PlacementPass(store, bus, signer, rng, holder="").step(tx, now_ms)
+        for o in result.plan.failures:
+            if o.reservation_id == rid:
+                if o.reason.startswith("no node named"):
+                    raise NotFound(o.reason)
+                raise Conflict(o.reason)  # nothing stored: the transaction rolls back
+        await publish(tx, bus, "reservation.submitted", rid, {"gpus": req.gpus, "node_id": req.node_id}, now_ms)
         row = await res_sql.get(tx, rid)
     assert row is not None
     return row
 
 
-def _drop_assignment(allocation_id: str) -> Callable[[spec_pb2.NodeSpec], None]:
-    def mutate(spec: spec_pb2.NodeSpec) -> None:
-        keep = [a for a in spec.devices.assignments if a.allocation_id != allocation_id]
-        del spec.devices.assignments[:]
-        spec.devices.assignments.extend(keep)
-        if not keep:
-            spec.ClearField("devices")
-
-    return mutate
+_drop_assignment = placement_pass.drop_assignment
 
 
 async def release(store: Store, bus: Bus, signer: Signer, reservation_id: str) -> Row:
@@ -161,8 +158,15 @@ async def release(store: Store, bus: Bus, signer: Signer, reservation_id: str) -
         if row is None:
             raise NotFound(f"no reservation named {reservation_id!r}")
         state = str(row["state"])
-        if state in ("releasing", "released"):
-            return row  # releasing twice is a no-op, not an error
+        if state in ("releasing", "released", "ended"):
+            return row  # releasing twice (or after its window ended) is a no-op, not an error
+        if state == "pending":  # never delivered: nothing on a node to take back
+            await cap_sql.settle(tx, reservation_id, "released", "released", now_ms, ("pending",))
+            await res_sql.release_bookings(tx, reservation_id, now_ms)
+            await publish(tx, bus, "reservation.released", reservation_id, {"node_id": row["node_id"] or ""}, now_ms)
+            out = await res_sql.get(tx, reservation_id)
+            assert out is not None
+            return out
         node_id = str(row["node_id"])
         w = await write_spec(
             tx, bus, signer, node_id, _drop_assignment(str(row["allocation_id"])), now_ms, lock=store.for_update()

@@ -89,7 +89,7 @@ def node_info(row: Row, now_ms: int, *, detail: bool, certs: Row | None = None) 
 def reservation(row: Row, bookings: list[Row], now_ms: int) -> admin_pb2.Reservation:
     return admin_pb2.Reservation(
         id=str(row["id"]),
-        node_id=str(row["node_id"]),
+        node_id=str(row["node_id"] or ""),  # empty while pending, unbooked
         allocation_id=str(row["allocation_id"]),
         device_class=str(row["device_class"]),
         gpus=int(row["gpus"]),

@@ -90,7 +90,7 @@ CREATE TABLE usage_windows (
 );
 CREATE INDEX usage_windows_start ON usage_windows (start_ms);
 
--- Bumped by every placement pass: it serializes passes across processes (PostgreSQL takes the row lock;
+-- Locked by every placement pass: it serializes passes across processes (PostgreSQL takes the row lock;
 -- SQLite's single writer does the rest), so two passes never book from the same look at the bookings.
 CREATE TABLE placement_meta (
   id INTEGER PRIMARY KEY CHECK (id = 1),

@@ -297,8 +297,8 @@ async def test_a_drain_fails_at_its_deadline_naming_the_holds_left(
 ) -> None:
     async with store.transaction() as tx:
         await tx.execute(
-            "INSERT INTO reservations (id, node_id, allocation_id, device_class, gpus, binding, state, created_at_ms)"
-            " VALUES ('r-1', 'n1', 'a-1', 'gpu', 1, 'hold', 'active', 0)"
+            "INSERT INTO reservations (id, seq, node_id, allocation_id, device_class, gpus, binding, state,"
+            " created_at_ms) VALUES ('r-1', 1, 'n1', 'a-1', 'gpu', 1, 'hold', 'active', 0)"
         )
     dag_id = await engine.submit(JobRequest("drain", ("n1",), deadline_s=60), "alice")
     assert states(await queries.get_dag(store, dag_id))["drain:n1"] == "running"
@@ -322,8 +322,8 @@ async def test_cancelling_a_waiting_drain_ends_it_at_once_and_the_tail_still_rec
 ) -> None:
     async with store.transaction() as tx:
         await tx.execute(
-            "INSERT INTO reservations (id, node_id, allocation_id, device_class, gpus, binding, state, created_at_ms)"
-            " VALUES ('r-1', 'n1', 'a-1', 'gpu', 1, 'hold', 'active', 0)"
+            "INSERT INTO reservations (id, seq, node_id, allocation_id, device_class, gpus, binding, state,"
+            " created_at_ms) VALUES ('r-1', 1, 'n1', 'a-1', 'gpu', 1, 'hold', 'active', 0)"
         )
     dag_id = await engine.submit(JobRequest("drain", ("n1",)), "alice")
     assert (await node_row(store, "n1"))["job_hold"] == dag_id

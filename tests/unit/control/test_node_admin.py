@@ -225,13 +225,20 @@ async def test_cordoning_an_unknown_node_is_not_found(store: InlineSqliteStore, 
     assert await events(store, "node.") == []
 
 
+async def waits(store: InlineSqliteStore, bus: Bus, req: ReserveRequest) -> str:
+    """A reservation that does not fit now waits `pending`, unbooked; withdrawn at once. Its reason."""
+    row = await reserve(store, bus, SIGNER, req, RNG)
+    assert (row["state"], row["node_id"]) == ("pending", None)
+    await release(store, bus, SIGNER, str(row["id"]))
+    return str(row["reason"])
+
+
 async def test_a_cordoned_node_gets_no_new_reservations(store: InlineSqliteStore, bus: Bus, add_node: AddNode) -> None:
     await add_node("n1")
     await node_admin.cordon(store, bus, "n1", True)
-    with pytest.raises(Conflict, match="n1 is cordoned"):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
-    with pytest.raises(Conflict, match="no connected, uncordoned node has 1 free gpu"):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG)
+    # Issue 13: a cordoned node makes a reservation wait with that reason (it was a Conflict).
+    assert await waits(store, bus, ReserveRequest(gpus=1, node_id="n1")) == "node n1 is cordoned"
+    assert await waits(store, bus, ReserveRequest(gpus=1)) == "no schedulable node: node n1 is cordoned"
     await node_admin.cordon(store, bus, "n1", False)
     assert (await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG))["node_id"] == "n1"
 
@@ -253,7 +260,7 @@ async def test_a_revoked_node_is_never_placed_on_not_even_when_named(
     before = await _placement_snapshot(store)
     with pytest.raises(Conflict, match="n1 is revoked"):
         await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
-    with pytest.raises(Conflict, match="no connected, uncordoned node has 1 free gpu"):
+    with pytest.raises(Conflict, match="no node in the fleet has 1 GPU"):  # issue 13's never-fits sentence
         await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG)
     assert await _placement_snapshot(store) == before
 
@@ -265,10 +272,10 @@ async def test_placement_picks_only_connected_nodes(
     await add_node("n1", connectivity=state)  # sorts first and has every GPU free
     await add_node("n2", profile="l4-slots-4")
     assert (await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG))["node_id"] == "n2"
-    with pytest.raises(Conflict):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=6), RNG)  # only n1 has six
-    # Named, a node that is away is the operator's choice: the hold reaches it when it reconnects.
-    assert (await reserve(store, bus, SIGNER, ReserveRequest(gpus=6, node_id="n1"), RNG))["node_id"] == "n1"
+    # Issue 13: only n1 has six, and it is away: the reservation waits (it was a Conflict) ...
+    assert await waits(store, bus, ReserveRequest(gpus=6)) == "no node with 6 free GPUs"
+    # ... and named, it waits for n1 with that reason (it was placed on n1, to bind when n1 came back).
+    assert await waits(store, bus, ReserveRequest(gpus=6, node_id="n1")) == f"node n1 is {state}"
 
 
 async def test_a_node_with_a_live_certificate_of_its_current_identity_is_placeable(

@@ -88,6 +88,15 @@ def assignment(spec: spec_pb2.NodeSpec, allocation_id: str) -> spec_pb2.DeviceAs
     return None
 
 
+async def waits(store: InlineSqliteStore, bus: Bus, req: ReserveRequest) -> str:
+    """Issue 13: what does not fit now waits `pending`, unbooked (it was a Conflict); it is withdrawn at
+    once so that the test goes on as before. Returns the reason it waited."""
+    row = await reserve(store, bus, SIGNER, req, RNG)
+    assert (row["state"], row["node_id"]) == ("pending", None)
+    assert (await release(store, bus, SIGNER, str(row["id"])))["state"] == "released"
+    return str(row["reason"])
+
+
 async def test_reserve_places_books_and_writes_the_assignment(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode
 ) -> None:
@@ -123,21 +132,34 @@ async def test_reserve_picks_a_node_when_none_is_named(store: InlineSqliteStore,
     assert row["node_id"] == "n1"  # only n1 has 6 whole GPUs
 
 
-async def test_reserving_beyond_capacity_is_a_conflict_and_changes_nothing(
+async def test_reserving_beyond_the_fleet_is_a_conflict_and_changes_nothing(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode, count: Count
 ) -> None:
     await add_node("n1")
     await reserve(store, bus, SIGNER, ReserveRequest(gpus=6, node_id="n1"), RNG)
     before = await snapshot(store)
     events_before = await count("events")
-    with pytest.raises(Conflict):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=3, node_id="n1"), RNG)
-    with pytest.raises(Conflict):
+    with pytest.raises(Conflict, match="no node in the fleet has 9 GPUs"):
         await reserve(store, bus, SIGNER, ReserveRequest(gpus=9), RNG)
+    with pytest.raises(Conflict, match="node n1 has 8; 9 GPUs asked"):
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=9, node_id="n1"), RNG)
     assert await snapshot(store) == before
     assert await count("events") == events_before
     assert await count("reservations") == 1
     assert await count("device_bookings") == 6
+
+
+async def test_reserving_beyond_what_is_free_now_waits_pending_unbooked(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, count: Count
+) -> None:
+    # Issue 13: what does not fit now is pending with its reason (it was a Conflict before).
+    await add_node("n1")
+    await reserve(store, bus, SIGNER, ReserveRequest(gpus=6, node_id="n1"), RNG)
+    before = await snapshot(store)
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=3, node_id="n1"), RNG)
+    assert (row["state"], row["node_id"], row["reason"]) == ("pending", None, "node n1 does not have 3 free GPUs")
+    after = await snapshot(store)
+    assert (after["nodes"], after["device_bookings"]) == (before["nodes"], before["device_bookings"])
 
 
 async def test_reserving_on_an_unknown_node_is_not_found(
@@ -243,8 +265,7 @@ async def test_released_frees_the_bookings_so_the_atoms_can_be_booked_again(
     atoms = {str(b["atom_id"]) for b in await bookings(store, rid)}
     await report(store, bus, "n1", "bound", alloc)
     await release(store, bus, SIGNER, rid)
-    with pytest.raises(Conflict):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
+    await waits(store, bus, ReserveRequest(gpus=1, node_id="n1"))  # waits (was a Conflict)
     assert await report(store, bus, "n1", "released", alloc) == "released"
     r = await res(store, rid)
     assert r["state"] == "released"
@@ -302,12 +323,10 @@ async def test_whole_gpu_and_mig_reservations_never_share_a_gpu(
     assert {str(b["gpu_uuid"]) for b in mig_atoms} == {mig_gpus[0]}  # all of GPU 0's instances
     whole = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), RNG)
     assert {str(b["gpu_uuid"]) for b in await bookings(store, str(whole["id"]))} == set(whole_gpus)
-    with pytest.raises(Conflict):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
+    await waits(store, bus, ReserveRequest(gpus=1, node_id="n1"))  # waits (was a Conflict)
     more = await reserve(store, bus, SIGNER, ReserveRequest(gpus=3, node_id="n1", device_class="gpu.mig"), RNG)
     assert {str(b["gpu_uuid"]) for b in await bookings(store, str(more["id"]))} == {mig_gpus[1]}
-    with pytest.raises(Conflict):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1", device_class="gpu.mig"), RNG)
+    await waits(store, bus, ReserveRequest(gpus=1, node_id="n1", device_class="gpu.mig"))  # waits (was a Conflict)
 
 
 async def set_inventory(store: InlineSqliteStore, node_id: str, inv: common_pb2.Inventory) -> None:
@@ -328,8 +347,7 @@ async def test_a_whole_gpu_is_not_booked_while_its_mig_instances_are(
     gpu0.mig_enabled = False
     del gpu0.mig_instances[:]
     await set_inventory(store, "n1", inv)
-    with pytest.raises(Conflict):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=3, node_id="n1"), RNG)
+    await waits(store, bus, ReserveRequest(gpus=3, node_id="n1"))  # waits (was a Conflict)
     whole = await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
     assert {str(b["gpu_uuid"]) for b in await bookings(store, str(whole["id"]))} == {inv.gpus[2].uuid}
 
@@ -348,18 +366,16 @@ async def test_mig_instances_are_not_booked_while_their_gpu_is_booked_whole(
     await set_inventory(store, "n1", inv)
     migs = await reserve(store, bus, SIGNER, ReserveRequest(gpus=6, node_id="n1", device_class="gpu.mig"), RNG)
     assert gpu.uuid not in {str(b["gpu_uuid"]) for b in await bookings(store, str(migs["id"]))}
-    with pytest.raises(Conflict):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1", device_class="gpu.mig"), RNG)
+    await waits(store, bus, ReserveRequest(gpus=1, node_id="n1", device_class="gpu.mig"))  # waits (was a Conflict)
 
 
 async def test_a_cordoned_node_gets_no_reservation(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode, count: Count
 ) -> None:
+    # Issue 13: a cordoned node makes a reservation wait with that reason (it was a Conflict before).
     await add_node("n1")
     async with store.transaction() as tx:
         await tx.execute("UPDATE nodes SET cordoned = 1 WHERE node_id = 'n1'")
-    with pytest.raises(Conflict):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, node_id="n1"), RNG)
-    with pytest.raises(Conflict):
-        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG)
-    assert await count("reservations") == 0
+    assert await waits(store, bus, ReserveRequest(gpus=1, node_id="n1")) == "node n1 is cordoned"
+    assert await waits(store, bus, ReserveRequest(gpus=1)) == "no schedulable node: node n1 is cordoned"
+    assert await count("device_bookings") == 0

@@ -1,0 +1,169 @@
+"""The placement pass's rows: its lock, the facts it reads, and what it writes (docs/capacity.md).
+
+Every write of a pass commits in the transaction that locked `placement_meta`'s row (PostgreSQL holds the
+lock to the commit; SQLite's single writer does the rest), so two passes never book from one look.
+"""
+
+from __future__ import annotations
+
+from bc.store.base import Row, Tx
+
+
+async def lock_pass(tx: Tx, dialect: str) -> None:
+    """Take the pass's lock: a concurrent pass waits here for the commit (PostgreSQL's row lock; SQLite has one
+    writer). A quiet pass writes nothing, so the lock is a locking read (that waits), not an update."""
+    lock = " FOR UPDATE" if dialect == "postgres" else ""
+    await tx.fetchval(f"SELECT version FROM placement_meta WHERE id = 1{lock}")
+
+
+async def node_extras(tx: Tx) -> dict[str, Row]:
+    """What `nodes.placement_facts` leaves out: the job's hold by name, labels and capabilities, per node id."""
+    rows = await tx.fetchall("SELECT node_id, job_hold, labels, capabilities FROM nodes")
+    return {str(r["node_id"]): r for r in rows}
+
+
+async def live_bookings(tx: Tx) -> list[Row]:
+    """Every booking not yet released, with its reservation's host resources, pins and state."""
+    return await tx.fetchall(
+        "SELECT b.reservation_id, b.node_id, b.device_class, b.atom_id, b.gpu_uuid, b.start_ms, b.end_ms,"
+        " r.cpus, r.memory_bytes, r.hugepages_1g, r.cpu_numa, r.mem_numa, r.state, r.allocation_id"
+        " FROM device_bookings b JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.released_at_ms IS NULL ORDER BY r.seq, b.atom_id"
+    )
+
+
+async def overlapping(tx: Tx, node_id: str, start_ms: int, end_ms: int | None) -> list[Row]:
+    """The unreleased bookings on `node_id` whose interval meets `[start_ms, end_ms)` (None: open-ended)."""
+    return await tx.fetchall(
+        "SELECT reservation_id, device_class, atom_id, gpu_uuid FROM device_bookings"
+        " WHERE node_id = :n AND released_at_ms IS NULL AND (CAST(:e AS BIGINT) IS NULL OR start_ms < :e)"
+        " AND (end_ms IS NULL OR end_ms > :s)",
+        {"n": node_id, "s": start_ms, "e": end_ms},
+    )
+
+
+async def pending_unbooked(tx: Tx) -> list[Row]:
+    return await tx.fetchall("SELECT * FROM reservations WHERE state = 'pending' AND node_id IS NULL ORDER BY seq")
+
+
+async def due_windows(tx: Tx, now_ms: int) -> list[Row]:
+    """Booked windows that have started and are not delivered yet (pending with a node)."""
+    return await tx.fetchall(
+        "SELECT r.* FROM reservations r WHERE r.state = 'pending' AND r.node_id IS NOT NULL"
+        " AND EXISTS (SELECT 1 FROM device_bookings b WHERE b.reservation_id = r.id AND b.released_at_ms IS NULL"
+        " AND b.start_ms <= :t) ORDER BY r.seq",
+        {"t": now_ms},
+    )
+
+
+async def insert_pending(
+    tx: Tx,
+    *,
+    id_: str,
+    allocation_id: str,
+    want_node_id: str | None,
+    device_class: str,
+    gpus: int,
+    binding: str,
+    start_ms: int | None,
+    end_ms: int | None,
+    duration_ms: int | None,
+    tenant: str,
+    selector_json: str,
+    cpus: int,
+    memory_bytes: int,
+    hugepages_1g: int,
+    now_ms: int,
+) -> None:
+    await tx.execute(
+        "INSERT INTO reservations (id, seq, want_node_id, allocation_id, device_class, gpus, binding, state,"
+        " created_at_ms, start_ms, end_ms, duration_ms, tenant, selector, cpus, memory_bytes, hugepages_1g)"
+        " VALUES (:id, (SELECT COALESCE(MAX(seq), 0) + 1 FROM reservations), :w, :a, :c, :g, :b, 'pending', :t,"
+        " :s, :e, :d, :tenant, :sel, :cpus, :mem, :hp)",
+        {
+            "id": id_,
+            "w": want_node_id,
+            "a": allocation_id,
+            "c": device_class,
+            "g": gpus,
+            "b": binding,
+            "t": now_ms,
+            "s": start_ms,
+            "e": end_ms,
+            "d": duration_ms,
+            "tenant": tenant,
+            "sel": selector_json,
+            "cpus": cpus,
+            "mem": memory_bytes,
+            "hp": hugepages_1g,
+        },
+    )
+
+
+async def book_atom(
+    tx: Tx,
+    *,
+    reservation_id: str,
+    node_id: str,
+    device_class: str,
+    atom_id: str,
+    gpu_uuid: str,
+    start_ms: int,
+    end_ms: int | None,
+    now_ms: int,
+) -> None:
+    await tx.execute(
+        "INSERT INTO device_bookings (reservation_id, node_id, device_class, atom_id, gpu_uuid, booked_at_ms,"
+        " start_ms, end_ms) VALUES (:r, :n, :c, :a, :g, :t, :s, :e)",
+        {
+            "r": reservation_id,
+            "n": node_id,
+            "c": device_class,
+            "a": atom_id,
+            "g": gpu_uuid,
+            "t": now_ms,
+            "s": start_ms,
+            "e": end_ms,
+        },
+    )
+
+
+async def set_booked(
+    tx: Tx, reservation_id: str, node_id: str, cpu_numa_json: str, mem_numa_json: str, reason: str, now_ms: int
+) -> None:
+    """The reservation is booked on `node_id` (still pending until it is delivered); usage counts from now."""
+    await tx.execute(
+        "UPDATE reservations SET node_id = :n, cpu_numa = :c, mem_numa = :m, reason = :r, placed_at_ms = :t"
+        " WHERE id = :id AND state = 'pending'",
+        {"n": node_id, "c": cpu_numa_json, "m": mem_numa_json, "r": reason, "t": now_ms, "id": reservation_id},
+    )
+
+
+async def set_delivered(tx: Tx, reservation_id: str, generation: int) -> None:
+    await tx.execute(
+        "UPDATE reservations SET state = 'placed', reason = '', generation = :g WHERE id = :id AND state = 'pending'",
+        {"g": generation, "id": reservation_id},
+    )
+
+
+async def set_wait_reason(tx: Tx, reservation_id: str, reason: str) -> bool:
+    """Record why a pending reservation waits; True when the reason changed."""
+    n = await tx.execute(
+        "UPDATE reservations SET reason = :r WHERE id = :id AND state = 'pending' AND reason <> :r",
+        {"r": reason, "id": reservation_id},
+    )
+    return n == 1
+
+
+async def settle(tx: Tx, reservation_id: str, state: str, reason: str, now_ms: int, only_from: tuple[str, ...]) -> bool:
+    """Move to a terminal state (`failed`, `ended`, `released`) from one of `only_from`; True when it moved."""
+    params: dict[str, object] = {"id": reservation_id, "s": state, "r": reason, "t": now_ms}
+    params.update({f"f{i}": v for i, v in enumerate(only_from)})
+    states = ", ".join(f":f{i}" for i in range(len(only_from)))
+    n = await tx.execute(
+        "UPDATE reservations SET state = :s, reason = :r, ended_at_ms = :t,"
+        " released_at_ms = CASE WHEN :s = 'released' THEN :t ELSE released_at_ms END"
+        f" WHERE id = :id AND state IN ({states})",
+        params,
+    )
+    return n == 1

@@ -1,0 +1,224 @@
+"""The placement pass wired to the store: windows booked, delivered at their start and ended at their end,
+I1 checked in the booking transaction, host resources reaching the node as limits, issue 13's bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from bc.clock import LoopClock
+from bc.control import placement_pass
+from bc.control.bus import Bus
+from bc.control.placement_pass import LEASE_NAME, PlacementPass, cpulist_ids
+from bc.control.placement_plan import GIB
+from bc.control.reservations import ReserveRequest, release, reserve
+from bc.control.signer import NullSigner
+from bc.errors import Conflict, UsageError
+from bc.protocol import canonical
+from bc.protocol.pb import common_pb2, spec_pb2
+from bc.store import Row
+from bc.store import nodes as nodes_sql
+from bc.store import reservations as res_sql
+from bc.store.sqlite import InlineSqliteStore
+from bc.testing import advance
+from tests.unit.control.conftest import AddNode, Count, write_inventory
+
+SIGNER = NullSigner()
+RNG = random.Random(7)
+
+
+async def res(store: InlineSqliteStore, rid: str) -> Row:
+    async with store.transaction(write=False) as tx:
+        row = await res_sql.get(tx, rid)
+    assert row is not None
+    return row
+
+
+async def booked(store: InlineSqliteStore, rid: str) -> list[Row]:
+    async with store.transaction(write=False) as tx:
+        return await tx.fetchall(
+            "SELECT atom_id, start_ms, end_ms, released_at_ms FROM device_bookings WHERE reservation_id = :r"
+            " ORDER BY atom_id",
+            {"r": rid},
+        )
+
+
+async def assignments(store: InlineSqliteStore, node_id: str = "n1") -> dict[str, spec_pb2.DeviceAssignment]:
+    async with store.transaction(write=False) as tx:
+        row = await nodes_sql.get(tx, node_id)
+    assert row is not None
+    spec = canonical.spec_from_json(str(row["spec"]))
+    return {a.reservation_id: a for a in spec.devices.assignments}
+
+
+def pass_(store: InlineSqliteStore, bus: Bus) -> PlacementPass:
+    return PlacementPass(store, bus, SIGNER, RNG, holder="w-1")
+
+
+async def test_a_later_window_is_booked_pending_then_delivered_at_its_start_and_ended_at_its_end(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode
+) -> None:
+    await add_node("n1")
+    now = await store.now_ms()
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=8, start_ms=now + 10_000, duration_ms=60_000), RNG)
+    rid = str(row["id"])
+    assert (row["state"], row["node_id"]) == ("pending", "n1")
+    assert str(row["reason"]).startswith("starts at ")
+    assert {(b["start_ms"], b["end_ms"]) for b in await booked(store, rid)} == {(now + 10_000, now + 70_000)}
+    assert await assignments(store) == {}  # booked, not delivered
+    # A second window on the same GPUs right after it: disjoint, so both are booked (I1 is over intervals).
+    after = await reserve(store, bus, SIGNER, ReserveRequest(gpus=8, start_ms=now + 70_000, duration_ms=5_000), RNG)
+    assert (after["state"], after["node_id"]) == ("pending", "n1")
+    # An open-ended hold asked now fits nowhere for ever: it waits without a start, unbooked.
+    forever = await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG)
+    assert (forever["state"], forever["node_id"]) == ("pending", None)
+
+    p = pass_(store, bus)
+    assert (await p.pass_once()) is not None
+    assert p.next_wake_ms == now + 10_000
+    await advance(10)
+    result = await p.pass_once()
+    assert result is not None and result.delivered == (rid,)
+    assert (await res(store, rid))["state"] == "placed"
+    assert len((await assignments(store))[rid].devices) == 8
+    assert p.next_wake_ms == now + 70_000
+
+    await advance(60)
+    result = await p.pass_once()
+    assert result is not None and result.ended == (rid,) and result.delivered == (str(after["id"]),)
+    ended = await res(store, rid)
+    assert (ended["state"], ended["reason"]) == ("ended", "window-ended")
+    assert all(b["released_at_ms"] is not None and b["end_ms"] == now + 70_000 for b in await booked(store, rid))
+    assert set(await assignments(store)) == {str(after["id"])}
+    assert (await release(store, bus, SIGNER, rid))["state"] == "ended"  # releasing an ended one is a no-op
+
+
+async def test_the_pass_checks_i1_against_the_stored_bookings_in_its_transaction(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, count: Count, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await add_node("n1")
+    await reserve(store, bus, SIGNER, ReserveRequest(gpus=8), RNG)
+    before = await count("device_bookings")
+
+    async def forgetful(tx: object) -> list[Row]:  # a planner that does not see the stored bookings
+        return []
+
+    monkeypatch.setattr(placement_pass.cap_sql, "live_bookings", forgetful)
+    with pytest.raises(Conflict, match=r"overlaps a stored booking \(I1\)"):
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), RNG)
+    assert await count("device_bookings") == before
+    assert await count("reservations") == 1
+
+
+def numa_inventory(inv: common_pb2.Inventory) -> common_pb2.Inventory:
+    """Two NUMA nodes of 8 CPUs and 64 GiB; GPUs 0-3 on node 0, 4-7 on node 1."""
+    del inv.numa_nodes[:]
+    inv.numa_nodes.add(id=0, cpus="0-7", memory_bytes=64 * GIB, hugepages_1g=4)
+    inv.numa_nodes.add(id=1, cpus="8-15", memory_bytes=64 * GIB, hugepages_1g=4)
+    for g in inv.gpus:
+        g.numa_node = 0 if g.index < 4 else 1
+    return inv
+
+
+async def set_caps(store: InlineSqliteStore, node_id: str, caps: list[str]) -> None:
+    async with store.transaction() as tx:
+        await tx.execute("UPDATE nodes SET capabilities = :c WHERE node_id = :n", {"c": json.dumps(caps), "n": node_id})
+
+
+async def test_host_resources_reach_the_node_as_limits_pinned_to_the_gpus_numa_node(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode
+) -> None:
+    inv = numa_inventory(await add_node("n1"))
+    await write_inventory(store, "n1", inv)
+    req = ReserveRequest(gpus=2, cpus=4, memory_bytes=16 * GIB, hugepages_1g=2)
+    # Without the capability the node cannot take limits: the reservation waits, saying so.
+    waiting = await reserve(store, bus, SIGNER, req, RNG)
+    assert (waiting["state"], waiting["reason"]) == ("pending", "no node advertises devices.limits")
+    await set_caps(store, "n1", ["devices.limits"])
+    await pass_(store, bus).pass_once()
+    row = await res(store, str(waiting["id"]))
+    assert (row["state"], row["node_id"], row["cpu_numa"], row["mem_numa"]) == ("placed", "n1", "[0]", "[0]")
+    lim = (await assignments(store))[str(row["id"])].limits
+    assert (lim.cpu_millis, lim.memory_bytes, lim.hugepages_1gi, lim.cpus, lim.mems) == (4000, 16 * GIB, 2, "0-7", "0")
+    # More CPUs than any node has can never fit: refused at once, nothing stored.
+    with pytest.raises(Conflict, match="no node in the fleet has 1 GPU and 17 CPUs"):
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, cpus=17), RNG)
+
+
+async def test_cpus_on_a_node_without_host_inventory_never_fit(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, count: Count
+) -> None:
+    inv = await add_node("n1")
+    del inv.numa_nodes[:]  # no host inventory: no CPUs to book
+    await write_inventory(store, "n1", inv)
+    await set_caps(store, "n1", ["devices.limits"])
+    with pytest.raises(Conflict, match="no node in the fleet has 1 GPU and 16 CPUs"):
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, cpus=16), RNG)
+    assert await count("reservations") == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "sentence"),
+    [
+        (lambda now: ReserveRequest(gpus=1, start_ms=now + 10_000, end_ms=now + 5_000), "before it starts"),
+        (lambda now: ReserveRequest(gpus=1, end_ms=now - 1), "before it starts"),
+        (lambda now: ReserveRequest(gpus=1, start_ms=now - 301_000), "more than 5 minutes ago"),
+        (lambda now: ReserveRequest(gpus=1, duration_ms=0), "a duration must be positive"),
+        (lambda now: ReserveRequest(gpus=1, duration_ms=5, end_ms=now + 10), "a duration or an end, not both"),
+        (lambda now: ReserveRequest(gpus=1, cpus=-1), "cannot be negative"),
+        (lambda now: ReserveRequest(gpus=1, binding="lease"), "unknown binding"),
+        (lambda now: ReserveRequest(gpus=1, selector={"pool": ""}), "key=value"),
+    ],
+)
+async def test_bad_input_is_one_sentence_and_stores_nothing(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, count: Count, make: object, sentence: str
+) -> None:
+    await add_node("n1")
+    now = await store.now_ms()
+    assert callable(make)
+    with pytest.raises(UsageError, match=sentence):
+        await reserve(store, bus, SIGNER, make(now), RNG)
+    assert await count("reservations") == 0
+    assert await count("events") == 0
+
+
+async def test_a_start_a_little_in_the_past_is_placed_now(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode
+) -> None:
+    await add_node("n1")
+    now = await store.now_ms()
+    row = await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, start_ms=now - 60_000, duration_ms=120_000), RNG)
+    assert row["state"] == "placed"
+    assert {(b["start_ms"], b["end_ms"]) for b in await booked(store, str(row["id"]))} == {(now, now + 60_000)}
+
+
+async def test_run_forever_delivers_and_ends_windows_on_time_under_its_lease(
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode
+) -> None:
+    await add_node("n1")
+    now = await store.now_ms()
+    rid = str(
+        (await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, start_ms=now + 5_000, duration_ms=5_000), RNG))["id"]
+    )
+    other = PlacementPass(store, bus, SIGNER, RNG, holder="w-2")
+    task = asyncio.create_task(pass_(store, bus).run_forever(clock))
+    try:
+        await advance(0.5)
+        assert await other.pass_once() is None  # w-1 holds worker:placement
+        await advance(4.6)
+        assert (await res(store, rid))["state"] == "placed"
+        await advance(5)
+        assert (await res(store, rid))["state"] == "ended"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    async with store.transaction(write=False) as tx:
+        assert await tx.fetchval("SELECT holder FROM leases WHERE name = :n", {"n": LEASE_NAME}) == "w-1"
+
+
+def test_cpulists() -> None:
+    assert cpulist_ids("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert cpulist_ids("") == [] and cpulist_ids("x") == []
