@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tests.integration.conftest import InprocLab
 
 
@@ -18,3 +20,15 @@ async def test_the_agents_capabilities_are_labels_on_its_node(lab: InprocLab) ->
         "pool": "a100",
     }
     assert {"devices.limits", "binding.kubernetes"} <= set(info.capabilities)
+
+
+async def test_a_kubernetes_reservation_binds_on_a_node_that_advertises_it(lab: InprocLab) -> None:
+    await lab.join("n1")
+    await lab.start_node("n1")
+    await lab.wait_connected("n1")
+    res = await lab.admin.reserve(1, node_id="n1", binding="kubernetes")
+    await lab.wait_event("reservation.active", lambda ev, d: ev.subject == res.id)
+    doc = json.loads((lab.node_dir("n1") / "cdi" / f"bc-{res.allocation_id}.json").read_text())
+    assert doc["annotations"]["bc.dev/binding"] == "kubernetes"
+    assert not any(line.startswith("NVIDIA_VISIBLE_DEVICES=") for line in doc["containerEdits"]["env"])
+    assert "bc.dev/cgroup-parent" not in doc["annotations"]
