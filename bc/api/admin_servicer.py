@@ -105,7 +105,7 @@ class AdminServicer(JobRpcs, admin_pb2_grpc.AdminServicer):
         async def go() -> admin_pb2.ListNodesResponse:
             now_ms = await self.store.now_ms()
             async with self.store.transaction(write=False) as tx:
-                rows = await nodes_sql.list_all(tx)
+                rows = await nodes_sql.list_all(tx, include_deleted=request.include_deleted)
                 certs = await rev_sql.cert_states(tx)
             return admin_pb2.ListNodesResponse(
                 nodes=[views.node_info(r, now_ms, detail=False, certs=certs.get(str(r["node_id"]))) for r in rows]
@@ -117,7 +117,8 @@ class AdminServicer(JobRpcs, admin_pb2_grpc.AdminServicer):
         async def go() -> admin_pb2.NodeInfo:
             now_ms = await self.store.now_ms()
             async with self.store.transaction(write=False) as tx:
-                row = await nodes_sql.get(tx, request.node_id)
+                # A deleted node still shows (state "deleted"): its history is kept.
+                row = await nodes_sql.get(tx, request.node_id, include_deleted=True)
                 certs = await rev_sql.cert_states(tx)
             if row is None:
                 raise NotFound(f"no node named {request.node_id!r}")

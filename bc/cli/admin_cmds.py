@@ -90,13 +90,14 @@ def token_create(node_id: str, role: str, ttl: str, as_json: bool) -> None:
 
 
 @click.group("nodes", invoke_without_command=True)
+@click.option("--all", "show_all", is_flag=True, help="Deleted nodes too (their history is kept).")
 @json_option
 @click.pass_context
-def nodes(ctx: click.Context, as_json: bool) -> None:
+def nodes(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     """List the nodes (or `bc nodes show NODE` for one)."""
     if ctx.invoked_subcommand is not None:
         return
-    infos = call_admin(lambda c: c.list_nodes())
+    infos = call_admin(lambda c: c.list_nodes(include_deleted=show_all))
     if as_json:
         echo_json([message_to_json(n) for n in infos])
         return
@@ -196,12 +197,13 @@ def nodes_label(node_id: str, pairs: tuple[str, ...], remove: tuple[str, ...], a
 
 @nodes.command("delete")
 @click.argument("node_id", metavar="NODE")
-@click.option("--yes", is_flag=True, help="Really delete: the node, its commands and its history go.")
+@click.option("--yes", is_flag=True, help="Really delete: its certificates are revoked; its history is kept.")
 @json_option
 def nodes_delete(node_id: str, yes: bool, as_json: bool) -> None:
-    """Delete a cordoned NODE with no live reservation; its certificates are revoked."""
+    """Delete a cordoned NODE with no live reservation: its certificates are revoked, its open commands
+    settle, and it stays as a deleted node with its history (`bc nodes --all`); a new token revives the id."""
     if not yes:
-        raise UsageError(f"deleting {node_id} removes it, its commands and its events; add --yes to go ahead")
+        raise UsageError(f"deleting {node_id} revokes its certificates and takes it out of the fleet; add --yes")
     resp = call_admin(lambda c: c.delete_node(node_id))
     if as_json:
         echo_json(message_to_json(resp))

@@ -136,8 +136,9 @@ class AdminClient:
         req = admin_pb2.CreateTokenRequest(node_id=node_id, role=role, ttl_s=ttl_s)
         return await self._unary("CreateToken", req, admin_pb2.CreateTokenResponse)
 
-    async def list_nodes(self) -> list[admin_pb2.NodeInfo]:
-        resp = await self._unary("ListNodes", admin_pb2.ListNodesRequest(), admin_pb2.ListNodesResponse)
+    async def list_nodes(self, *, include_deleted: bool = False) -> list[admin_pb2.NodeInfo]:
+        req = admin_pb2.ListNodesRequest(include_deleted=include_deleted)
+        resp = await self._unary("ListNodes", req, admin_pb2.ListNodesResponse)
         return list(resp.nodes)
 
     async def get_node(self, node_id: str) -> admin_pb2.NodeInfo:

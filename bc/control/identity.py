@@ -138,6 +138,7 @@ async def join(
         node_id, role = str(tok["node_id"]), str(tok["role"])
         created = await nodes_sql.ensure(tx, node_id, role, now_ms)
         idgen = 1 if created else await id_sql.bump_identity_generation(tx, node_id)
+        revived = not created and await nodes_sql.revive(tx, node_id, now_ms)  # a deleted id, history kept
         cert = ca.issue_node_cert(csr, node_id, role, idgen, node_cert_ttl(ttl_s))
         pem = cert.public_bytes(serialization.Encoding.PEM)
         await id_sql.insert_cert(
@@ -160,6 +161,7 @@ async def join(
             {
                 "role": role,
                 "identity_generation": idgen,
+                "revived": revived,
                 "hostname": hostname,
                 "serial": format(cert.serial_number, "x"),
             },

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from bc.control import commands as cmds
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import Conflict, NotFound, UsageError
@@ -68,7 +69,8 @@ async def label(store: Store, bus: Bus, node_id: str, set_: dict[str, str], remo
 
 
 async def delete(store: Store, bus: Bus, node_id: str) -> list[str]:
-    """Delete a cordoned node with no live reservation; its certificates are revoked first."""
+    """Delete a cordoned node with no live reservation: its certificates are revoked, its open commands
+    settle (`node-deleted`), and it becomes a tombstone that keeps its history (`bc nodes --all`)."""
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
         row = await nodes_sql.get(tx, node_id)
@@ -80,6 +82,12 @@ async def delete(store: Store, bus: Bus, node_id: str) -> list[str]:
         if live:
             raise Conflict(f"node {node_id} still has {live} reservation(s); release them first")
         serials = await rev_sql.revoke_node(tx, node_id, "node deleted", now_ms)
-        await life_sql.delete_node(tx, node_id)
+        for c in await life_sql.open_commands(tx, node_id):
+            # Never sent: cancelled. In flight: failed, since the node can no longer report (it is revoked).
+            state = "cancelled" if str(c["state"]) == "pending" else "failed"
+            await cmds.settle_by_server(
+                tx, bus, str(c["id"]), node_id, state, "node-deleted", now_ms, (str(c["state"]),)
+            )
+        await life_sql.tombstone(tx, node_id, now_ms)
         await publish(tx, bus, "node.deleted", node_id, {"revoked_serials": serials}, now_ms)
     return serials

@@ -289,5 +289,8 @@ async def existing_nodes(tx: Tx, node_ids: list[str]) -> set[str]:
     if not node_ids:
         return set()
     names = {f"n{i}": n for i, n in enumerate(node_ids)}
-    rows = await tx.fetchall(f"SELECT node_id FROM nodes WHERE node_id IN ({', '.join(':' + k for k in names)})", names)
+    rows = await tx.fetchall(
+        f"SELECT node_id FROM nodes WHERE node_id IN ({', '.join(':' + k for k in names)}) AND deleted_at_ms IS NULL",
+        names,
+    )
     return {str(r["node_id"]) for r in rows}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bc.store.base import Tx
+from bc.store.base import Row, Tx
 
 
 async def set_cordoned(tx: Tx, node_id: str, cordoned: bool) -> bool:
@@ -20,12 +20,22 @@ async def live_reservations(tx: Tx, node_id: str) -> int:
     return int(v or 0)
 
 
-async def delete_node(tx: Tx, node_id: str) -> None:
-    """Remove the node and what only it refers to; revoked certificates stay as the record of who it was."""
-    params = {"n": node_id}
+async def tombstone(tx: Tx, node_id: str, now_ms: int) -> None:
+    """Delete the node but keep its history: reservations, bookings, usage, commands, events and
+    certificates stay (billing and audit never lose a row); its session routing and unused tokens go."""
+    params = {"n": node_id, "t": now_ms}
     await tx.execute(
-        "DELETE FROM device_bookings WHERE reservation_id IN (SELECT id FROM reservations WHERE node_id = :n)", params
+        "UPDATE nodes SET deleted_at_ms = :t, connectivity = 'deleted', connectivity_since_ms = :t,"
+        " connectivity_reason = 'deleted', job_hold = NULL WHERE node_id = :n",
+        params,
     )
-    for table in ("reservations", "commands", "node_events", "node_sessions", "join_tokens"):
-        await tx.execute(f"DELETE FROM {table} WHERE node_id = :n", params)
-    await tx.execute("DELETE FROM nodes WHERE node_id = :n", params)
+    await tx.execute("DELETE FROM node_sessions WHERE node_id = :n", params)
+    await tx.execute("DELETE FROM join_tokens WHERE node_id = :n AND used_at_ms IS NULL", params)
+
+
+async def open_commands(tx: Tx, node_id: str) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT id, state FROM commands WHERE node_id = :n"
+        " AND state IN ('pending', 'dispatched', 'acked', 'running') ORDER BY seq",
+        {"n": node_id},
+    )

@@ -12,22 +12,38 @@ from dataclasses import dataclass
 
 from bc.store.base import Row, Tx
 
+# A deleted node is a tombstone (deleted_at_ms set): kept for history, skipped by every live read.
+LIVE = "n.deleted_at_ms IS NULL"
 
-async def get(tx: Tx, node_id: str) -> Row | None:
+
+async def get(tx: Tx, node_id: str, *, include_deleted: bool = False) -> Row | None:
+    """The node with its session; a tombstone only with `include_deleted` (history, `bc nodes --all`)."""
+    live = "" if include_deleted else f" AND {LIVE}"
     return await tx.fetchone(
         "SELECT n.*, s.gateway_id, s.session_epoch, s.open AS session_open, s.journal_id, s.boot_id,"
         " s.incarnation_id, s.acked_event_seq FROM nodes n LEFT JOIN node_sessions s USING (node_id)"
-        " WHERE n.node_id = :n",
+        f" WHERE n.node_id = :n{live}",
         {"n": node_id},
     )
 
 
-async def list_all(tx: Tx) -> list[Row]:
+async def list_all(tx: Tx, *, include_deleted: bool = False) -> list[Row]:
+    live = "" if include_deleted else f" WHERE {LIVE}"
     return await tx.fetchall(
         "SELECT n.*, s.gateway_id, s.session_epoch, s.open AS session_open, s.journal_id, s.boot_id,"
-        " s.incarnation_id, s.acked_event_seq FROM nodes n LEFT JOIN node_sessions s USING (node_id)"
+        f" s.incarnation_id, s.acked_event_seq FROM nodes n LEFT JOIN node_sessions s USING (node_id){live}"
         " ORDER BY n.node_id"
     )
+
+
+async def revive(tx: Tx, node_id: str, now_ms: int) -> bool:
+    """A tombstoned id joins again: live, uncordoned, `new`; its history stays. True when it was a tombstone."""
+    n = await tx.execute(
+        "UPDATE nodes SET deleted_at_ms = NULL, cordoned = 0, job_hold = NULL, connectivity = 'new',"
+        " connectivity_since_ms = :t, connectivity_reason = '' WHERE node_id = :n AND deleted_at_ms IS NOT NULL",
+        {"n": node_id, "t": now_ms},
+    )
+    return n == 1
 
 
 # A node is revoked when its current identity has certificates and none of them is live
@@ -42,7 +58,7 @@ _REVOKED = (
 
 async def placement_facts(tx: Tx, node_id: str | None = None) -> list[Row]:
     """What placement needs to know of each node (or of one): role, cordon, connectivity, revoked, inventory."""
-    where = "WHERE n.node_id = :n" if node_id is not None else ""
+    where = f"WHERE {LIVE}" + (" AND n.node_id = :n" if node_id is not None else "")
     return await tx.fetchall(
         # A job's transient hold (a drain, a reboot) keeps new holds off as a cordon does.
         "SELECT n.node_id, n.role, CASE WHEN n.cordoned <> 0 OR n.job_hold IS NOT NULL THEN 1 ELSE 0 END AS cordoned,"
@@ -62,7 +78,9 @@ async def set_labels(tx: Tx, node_id: str, labels_json: str) -> None:
 
 
 async def role_and_labels(tx: Tx, node_id: str) -> Row | None:
-    return await tx.fetchone("SELECT role, labels FROM nodes WHERE node_id = :n", {"n": node_id})
+    return await tx.fetchone(
+        "SELECT role, labels FROM nodes WHERE node_id = :n AND deleted_at_ms IS NULL", {"n": node_id}
+    )
 
 
 async def ensure(tx: Tx, node_id: str, role: str, now_ms: int) -> bool:
@@ -76,7 +94,8 @@ async def ensure(tx: Tx, node_id: str, role: str, now_ms: int) -> bool:
 
 async def spec_for_update(tx: Tx, node_id: str, lock: str = "") -> Row | None:
     return await tx.fetchone(
-        f"SELECT node_id, spec, spec_hash, generation FROM nodes WHERE node_id = :n {lock}", {"n": node_id}
+        f"SELECT node_id, spec, spec_hash, generation FROM nodes WHERE node_id = :n AND deleted_at_ms IS NULL {lock}",
+        {"n": node_id},
     )
 
 

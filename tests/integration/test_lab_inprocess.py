@@ -146,3 +146,32 @@ async def test_node_restart_keeps_holds_and_reconverges(lab: InprocLab) -> None:
         if json.loads(ev.data_json).get("kind") == "released"
     ]
     assert released == []
+
+
+async def test_a_deleted_node_keeps_its_history_and_its_id_joins_again(lab: InprocLab) -> None:
+    await lab.join("n1")
+    await lab.start_node("n1")
+    await lab.wait_connected("n1")
+    res = await lab.admin.reserve(1, node_id="n1")
+    await lab.wait_event("reservation.active", lambda ev, d: ev.subject == res.id)
+    await lab.admin.release(res.id)
+    await lab.wait_event("reservation.released", lambda ev, d: ev.subject == res.id)
+    await lab.stop_node("n1")
+    await lab.admin.cordon_node("n1", True)
+    await lab.admin.delete_node("n1")
+
+    assert [n.node_id for n in await lab.admin.list_nodes()] == []
+    (gone,) = await lab.admin.list_nodes(include_deleted=True)
+    assert (gone.node_id, gone.state, gone.revoked) == ("n1", "deleted", True)
+    assert (await lab.admin.get_node("n1")).state == "deleted"  # its history still reads
+    assert [r.id for r in await lab.admin.list_reservations(include_released=True)] == [res.id]
+    with pytest.raises(NotFound):
+        await lab.admin.reserve(1, node_id="n1")
+
+    # A new token revives the id: a new identity generation, uncordoned, the history still there.
+    await join_node(lab.server.address, (await lab.admin.create_token("n1")).token, lab.root / "n1-again")
+    back = await lab.admin.get_node("n1")
+    assert (back.state, back.cordoned) == ("new", False)
+    assert [r.id for r in await lab.admin.list_reservations(include_released=True)] == [res.id]
+    ident = Identity.load(lab.root / "n1-again")
+    assert ident.identity_generation == 2

@@ -31,8 +31,10 @@ class CreateTokenResponse(_message.Message):
     def __init__(self, token: _Optional[str] = ..., token_id: _Optional[str] = ..., node_id: _Optional[str] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("include_deleted",)
+    INCLUDE_DELETED_FIELD_NUMBER: _ClassVar[int]
+    include_deleted: bool
+    def __init__(self, include_deleted: _Optional[bool] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)

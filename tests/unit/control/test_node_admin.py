@@ -334,7 +334,7 @@ async def test_delete_is_refused_while_a_reservation_is_live(
     assert await node_admin.delete(store, bus, "n1") == [peer.serial]
 
 
-async def test_delete_removes_the_nodes_rows_and_revokes_its_certificates(
+async def test_delete_leaves_a_tombstone_that_keeps_the_history_and_revokes_its_certificates(
     store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode, add_cert: AddCert, count: Count
 ) -> None:
     await add_node("n1")
@@ -386,10 +386,21 @@ async def test_delete_removes_the_nodes_rows_and_revokes_its_certificates(
 
     assert await node_admin.delete(store, bus, "n1") == [fresh.serial]
 
-    assert await node(store, "n1") is None
-    for table in ("reservations", "device_bookings", "commands", "node_events", "node_sessions", "join_tokens"):
+    assert await node(store, "n1") is None  # every live read skips the tombstone...
+    async with store.transaction(write=False) as tx:
+        tomb = await nodes_sql.get(tx, "n1", include_deleted=True)  # ...which history still finds
+        assert [str(r["node_id"]) for r in await nodes_sql.list_all(tx)] == ["n2"]
+        assert [str(r["node_id"]) for r in await nodes_sql.list_all(tx, include_deleted=True)] == ["n1", "n2"]
+    assert tomb is not None and tomb["deleted_at_ms"] == now_ms and tomb["connectivity"] == "deleted"
+    # Billing and audit keep every row; the routing and the unused token go.
+    for table in ("reservations", "device_bookings", "commands", "node_events"):
+        assert await rows_of(store, table, "n1") >= 1, table
+    for table in ("node_sessions", "join_tokens"):
         assert await rows_of(store, table, "n1") == 0, table
         assert await rows_of(store, table, "n2") >= 1, table
+    async with store.transaction(write=False) as tx:
+        states = [str(r["state"]) for r in await tx.fetchall("SELECT state FROM commands WHERE node_id = 'n1'")]
+    assert states == ["cancelled"]  # the inventory.refresh never sent: settled node-deleted
     # The certificates stay, all revoked, as the record of who the node was.
     assert await rows_of(store, "node_certs", "n1") == 3
     assert (await cert(store, fresh.serial))["revoke_reason"] == "node deleted"
@@ -432,12 +443,17 @@ async def test_deleting_an_unknown_or_deleted_node_is_not_found(
     assert len(await events(store, "node.deleted")) == 1
 
 
-async def test_a_deleted_node_id_can_be_used_again(store: InlineSqliteStore, bus: Bus, add_node: AddNode) -> None:
+async def test_a_deleted_node_id_joins_again_and_keeps_its_history(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode
+) -> None:
     await add_node("n1", profile=None)
     await node_admin.cordon(store, bus, "n1", True)
     await node_admin.delete(store, bus, "n1")
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        assert await nodes_sql.ensure(tx, "n1", "node", now_ms) is True
+        assert await nodes_sql.ensure(tx, "n1", "node", now_ms) is False  # the tombstone is the same node
+        assert await nodes_sql.revive(tx, "n1", now_ms) is True
+        assert await nodes_sql.revive(tx, "n1", now_ms) is False  # live already
     row = await node(store, "n1")
-    assert row is not None and row["cordoned"] == 0 and row["generation"] == 0
+    assert row is not None and row["cordoned"] == 0 and row["connectivity"] == "new"
+    assert len(await events(store, "node.deleted")) == 1
