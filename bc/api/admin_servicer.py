@@ -21,6 +21,7 @@ import grpc
 
 from bc import __version__
 from bc.api.admin_roles import guarded
+from bc.api.capacity_servicer import CapacityRpcs, reserve_request
 from bc.api.jobs_servicer import JobEngine, JobRpcs
 from bc.api.peers import operator_of
 from bc.clock import Clock
@@ -48,7 +49,7 @@ T = TypeVar("T")
 
 
 @guarded
-class AdminServicer(JobRpcs, admin_pb2_grpc.AdminServicer):
+class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
     def __init__(
         self,
         store: Store,
@@ -168,12 +169,7 @@ class AdminServicer(JobRpcs, admin_pb2_grpc.AdminServicer):
                 self.store,
                 self.bus,
                 self.signer,
-                reservations.ReserveRequest(
-                    gpus=request.gpus,
-                    node_id=request.node_id,
-                    device_class=request.device_class or "gpu",
-                    binding=request.binding or "hold",
-                ),
+                reserve_request(request),
                 self.rng,
             )
             return await self._reservation(str(row["id"]))
@@ -196,7 +192,10 @@ class AdminServicer(JobRpcs, admin_pb2_grpc.AdminServicer):
             now_ms = await self.store.now_ms()
             out = admin_pb2.ListReservationsResponse()
             async with self.store.transaction(write=False) as tx:
-                for row in await res_sql.list_(tx, request.node_id, request.include_released):
+                rows = await res_sql.list_(
+                    tx, request.node_id, request.include_released, state=request.state, tenant=request.tenant
+                )
+                for row in rows:
                     out.reservations.append(views.reservation(row, await res_sql.bookings(tx, str(row["id"])), now_ms))
             return out
 

@@ -381,27 +381,6 @@ def _print_spec(info: admin_pb2.SpecInfo, *, as_json: bool, with_body: bool) -> 
 # -- reservations ----------------------------------------------------------------
 
 
-@click.command("reserve")
-@click.option("--gpus", type=click.IntRange(min=1, max=1024), required=True, help="How many devices to book.")
-@click.option("--node", "node_id", default="", help="The node to book on (default: any with free capacity).")
-@click.option(
-    "--class",
-    "device_class",
-    type=click.Choice(["gpu", "gpu.mig", "gpu.slot"]),
-    default="gpu",
-    show_default=True,
-)
-@click.option("--binding", type=click.Choice(["hold", "kubernetes"]), default="hold", show_default=True)
-@json_option
-def reserve(gpus: int, node_id: str, device_class: str, binding: str, as_json: bool) -> None:
-    """Book GPUs on a node; prints the reservation and its devices."""
-    r = call_admin(lambda c: c.reserve(gpus, node_id=node_id, device_class=device_class, binding=binding))
-    if as_json:
-        echo_json(message_to_json(r))
-        return
-    echo(f"reservation {r.id} on {r.node_id or '-'}: {_atoms(r)}")
-
-
 @click.command("release")
 @click.argument("reservation_id", metavar="RESERVATION")
 @json_option
@@ -412,30 +391,6 @@ def release(reservation_id: str, as_json: bool) -> None:
         echo_json(message_to_json(r))
         return
     echo(f"reservation {r.id} on {r.node_id or '-'}: {r.state}")
-
-
-@click.command("reservations")
-@click.option("--node", "node_id", default="", help="Only this node's reservations.")
-@click.option("--all", "include_released", is_flag=True, help="Include released ones.")
-@json_option
-def reservations(node_id: str, include_released: bool, as_json: bool) -> None:
-    """List reservations."""
-    items = call_admin(lambda c: c.list_reservations(node_id=node_id, include_released=include_released))
-    if as_json:
-        echo_json([message_to_json(r) for r in items])
-        return
-    if not items:
-        echo("no reservations", err=True)
-        return
-    rows = [(r.id, r.node_id, r.device_class, r.gpus, r.state, format_age(r.created_age_ms)) for r in items]
-    echo(render_table(("ID", "NODE", "CLASS", "GPUS", "STATE", "AGE"), rows))
-
-
-def _atoms(r: admin_pb2.Reservation) -> str:
-    atoms = [d.atom_id or d.gpu_uuid for d in r.devices]
-    if atoms:
-        return ", ".join(atoms)
-    return f"no devices yet ({r.state}{': ' + r.reason if r.reason else ''})"
 
 
 # -- events ----------------------------------------------------------------------
@@ -544,4 +499,4 @@ def pki_rotate(as_json: bool) -> None:
     )
 
 
-COMMANDS: tuple[click.Command, ...] = (token, nodes, spec, reserve, release, reservations, events, pki)
+COMMANDS: tuple[click.Command, ...] = (token, nodes, spec, release, events, pki)  # reserve: capacity_cmds

@@ -156,19 +156,59 @@ class AdminClient:
     # -- reservations -------------------------------------------------------------
 
     async def reserve(
-        self, gpus: int, *, node_id: str = "", device_class: str = "gpu", binding: str = "hold"
+        self,
+        gpus: int,
+        *,
+        node_id: str = "",
+        device_class: str = "gpu",
+        binding: str = "hold",
+        start_ms: int = 0,
+        end_ms: int = 0,
+        duration_ms: int = 0,
+        cpus: int = 0,
+        memory_bytes: int = 0,
+        hugepages_1g: int = 0,
+        tenant: str = "",
+        selector: dict[str, str] | None = None,
     ) -> admin_pb2.Reservation:
-        req = admin_pb2.ReserveRequest(gpus=gpus, node_id=node_id, device_class=device_class, binding=binding)
+        req = admin_pb2.ReserveRequest(
+            gpus=gpus,
+            node_id=node_id,
+            device_class=device_class,
+            binding=binding,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            duration_ms=duration_ms,
+            cpus=cpus,
+            memory_bytes=memory_bytes,
+            hugepages_1g=hugepages_1g,
+            tenant=tenant,
+            selector=selector or {},
+        )
         return await self._unary("Reserve", req, admin_pb2.Reservation)
+
+    async def get_reservation(self, reservation_id: str) -> admin_pb2.Reservation:
+        req = admin_pb2.GetReservationRequest(reservation_id=reservation_id)
+        return await self._unary("GetReservation", req, admin_pb2.Reservation)
+
+    async def explain_reservation(self, reservation_id: str) -> admin_pb2.PlacementExplanation:
+        req = admin_pb2.GetReservationRequest(reservation_id=reservation_id)
+        return await self._unary("GetPlacementExplanation", req, admin_pb2.PlacementExplanation)
+
+    async def usage(self, *, since_ms: int = 0, until_ms: int = 0, by: str = "") -> admin_pb2.UsageResponse:
+        req = admin_pb2.UsageRequest(since_ms=since_ms, until_ms=until_ms, by=by)
+        return await self._unary("GetUsage", req, admin_pb2.UsageResponse)
 
     async def release(self, reservation_id: str) -> admin_pb2.Reservation:
         req = admin_pb2.ReleaseRequest(reservation_id=reservation_id)
         return await self._unary("Release", req, admin_pb2.Reservation)
 
     async def list_reservations(
-        self, *, node_id: str = "", include_released: bool = False
+        self, *, node_id: str = "", include_released: bool = False, state: str = "", tenant: str = ""
     ) -> list[admin_pb2.Reservation]:
-        req = admin_pb2.ListReservationsRequest(node_id=node_id, include_released=include_released)
+        req = admin_pb2.ListReservationsRequest(
+            node_id=node_id, include_released=include_released, state=state, tenant=tenant
+        )
         resp = await self._unary("ListReservations", req, admin_pb2.ListReservationsResponse)
         return list(resp.reservations)
 

@@ -25,7 +25,17 @@ from typing import Any
 
 import click
 
-from bc.cli import admin_cmds, cmd_cmds, doctor_cmds, job_cmds, operator_cmds, quorum_cmds, run_cmds, unit_cmds
+from bc.cli import (
+    admin_cmds,
+    capacity_cmds,
+    cmd_cmds,
+    doctor_cmds,
+    job_cmds,
+    operator_cmds,
+    quorum_cmds,
+    run_cmds,
+    unit_cmds,
+)
 from bc.cli.output import echo, one_line
 from bc.errors import BcError
 
@@ -109,6 +119,7 @@ def cli(debug: bool) -> None:
 for _command in (
     *run_cmds.COMMANDS,
     *admin_cmds.COMMANDS,
+    *capacity_cmds.COMMANDS,
     *cmd_cmds.COMMANDS,
     *job_cmds.COMMANDS,
     *doctor_cmds.COMMANDS,

@@ -15,7 +15,10 @@ reservations in submit order — calls `placement_plan.plan`, and in the same tr
   delivered by the first pass at or after its start;
 * records each `Wait`'s reason (an event only when it changed), fails each `Failure`;
 * ends each reservation of `Plan.ended` with reason `window-ended`: its assignment is dropped, as a
-  release drops it, and its bookings end at the window's end.
+  release drops it, and its bookings end at the window's end;
+* flushes usage (`flush_usage`): every closed window of every booked hold, keyed so that a retried
+  flush counts nothing twice; the next whole hour of a running hold is a wake-up too, so a flush
+  happens at least hourly, and at release (`reservations.release` flushes inline) and window end.
 
 Nothing here releases a hold because a node went away (I5): `plan` never does, and the pass only ends
 windows that are over. `reserve` inserts a pending row and runs a pass inline in its own transaction, so
@@ -53,6 +56,7 @@ from bc.control.placement_plan import (
 )
 from bc.control.signer import Signer
 from bc.control.specs import write_spec
+from bc.control.usage_windows import HOUR_MS, Span, windows_to_flush
 from bc.errors import Conflict
 from bc.protocol.atoms import Atom, parse_atom
 from bc.protocol.pb import common_pb2, spec_pb2
@@ -245,7 +249,83 @@ def drop_assignment(allocation_id: str) -> Callable[[spec_pb2.NodeSpec], None]:
     return mutate
 
 
+# -- usage ------------------------------------------------------------------------------------------
+
+
+def span_of(row: Row) -> Span:
+    """A booked reservation as billing sees it (`cap_sql.unflushed_spans`' row)."""
+
+    def opt(k: str) -> int | None:
+        v = row[k]
+        return None if v is None else int(v)
+
+    return Span(
+        reservation_id=str(row["id"]),
+        node_id=str(row["node_id"]),
+        tenant=str(row["tenant"]),
+        device_class=str(row["device_class"]),
+        atoms=int(row["gpus"]),
+        window_start_ms=opt("window_start_ms"),
+        window_end_ms=opt("window_end_ms"),
+        placed_at_ms=int(row["placed_at_ms"]),
+        released_at_ms=opt("ended_at_ms"),
+    )
+
+
+async def flush_usage(tx: Tx, now_ms: int, reservation_id: str = "") -> int | None:
+    """Write every closed usage window not yet written (of one reservation, or of all); returns the next
+    instant a window closes (the next whole hour of a hold still running), if any.
+
+    A window is keyed (reservation, start) and inserted with ON CONFLICT DO NOTHING, and a flush resumes at
+    the end of the last committed window, so a retried or crashed flush never counts a second twice."""
+    next_cut: int | None = None
+    for row in await cap_sql.unflushed_spans(tx, reservation_id):
+        span = span_of(row)
+        flushed = None if row["flushed_ms"] is None else int(row["flushed_ms"])
+        for w in windows_to_flush(span, flushed, now_ms):
+            await cap_sql.insert_usage_window(
+                tx,
+                reservation_id=w.reservation_id,
+                start_ms=w.start_ms,
+                end_ms=w.end_ms,
+                node_id=w.node_id,
+                tenant=w.tenant,
+                device_class=w.device_class,
+                atoms=w.atoms,
+            )
+        end = span.usage_end_ms
+        if end is None or end > now_ms:
+            cut = (max(now_ms, span.usage_start_ms) // HOUR_MS + 1) * HOUR_MS
+            cut = cut if end is None else min(cut, end)
+            next_cut = cut if next_cut is None else min(next_cut, cut)
+    return next_cut
+
+
 # -- the pass ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a pass reads: the live nodes (role `node`), their inventories, the unreleased bookings, the queue."""
+
+    nodes: list[NodeInfo]
+    inventories: dict[str, common_pb2.Inventory]
+    booking_rows: list[Row]
+    bookings: list[Booking]
+    pending: list[Request]
+
+
+async def load_facts(tx: Tx) -> Facts:
+    extras = await cap_sql.node_extras(tx)
+    rows = [r for r in await nodes_sql.placement_facts(tx) if str(r["role"]) == "node"]
+    booking_rows = await cap_sql.live_bookings(tx)
+    return Facts(
+        nodes=[node_info(r, extras.get(str(r["node_id"]))) for r in rows],
+        inventories={str(r["node_id"]): inventory_of(str(r["inventory"] or "{}")) for r in rows},
+        booking_rows=booking_rows,
+        bookings=bookings_of(booking_rows),
+        pending=[request_of(r) for r in await cap_sql.pending_unbooked(tx)],
+    )
 
 
 @dataclass(frozen=True)
@@ -291,15 +371,10 @@ class PlacementPass:
         """One pass inside the caller's transaction (a `reserve` runs it inline)."""
         lock = self.store.for_update()
         await cap_sql.lock_pass(tx, self.store.dialect)
-        extras = await cap_sql.node_extras(tx)
-        rows = [r for r in await nodes_sql.placement_facts(tx) if str(r["role"]) == "node"]
-        nodes = [node_info(r, extras.get(str(r["node_id"]))) for r in rows]
-        inventories = {str(r["node_id"]): inventory_of(str(r["inventory"] or "{}")) for r in rows}
-        booking_rows = await cap_sql.live_bookings(tx)
-        bookings = bookings_of(booking_rows)
-        state_of = {str(r["reservation_id"]): (str(r["state"]), str(r["allocation_id"])) for r in booking_rows}
-        pending = [request_of(r) for r in await cap_sql.pending_unbooked(tx)]
-        p = plan(nodes, bookings, pending, now_ms)
+        facts = await load_facts(tx)
+        bookings, pending, inventories = facts.bookings, facts.pending, facts.inventories
+        state_of = {str(r["reservation_id"]): (str(r["state"]), str(r["allocation_id"])) for r in facts.booking_rows}
+        p = plan(facts.nodes, bookings, pending, now_ms)
         by_id = {r.reservation_id: r for r in pending}
         ended = await self._end(tx, p.ended, state_of, bookings, now_ms, lock)
         for o in p.outcomes:
@@ -320,7 +395,8 @@ class PlacementPass:
         for row in await cap_sql.due_windows(tx, now_ms):
             await self._deliver(tx, row, inventories, now_ms, lock)
             delivered.append(str(row["id"]))
-        self.next_wake_ms = p.next_wake_ms
+        cut = await flush_usage(tx, now_ms)
+        self.next_wake_ms = min((t for t in (p.next_wake_ms, cut) if t is not None), default=None)
         return PassResult(p, tuple(delivered), ended)
 
     async def _book(self, tx: Tx, o: Placement, req: Request, now_ms: int) -> None:
@@ -412,6 +488,7 @@ class PlacementPass:
     ) -> tuple[str, ...]:
         """End the reservations whose window is over: the assignment dropped (if delivered), the bookings freed."""
         node_of = {b.reservation_id: b.node_id for b in bookings}
+        end_of = {b.reservation_id: b.end_ms or now_ms for b in bookings}
         out = []
         for rid in ended:
             state, alloc = state_of.get(rid, ("", ""))
@@ -419,7 +496,7 @@ class PlacementPass:
                 continue  # releasing: the node's report settles it; failed/released: nothing booked
             if state != "pending":
                 await write_spec(tx, self.bus, self.signer, node_of[rid], drop_assignment(alloc), now_ms, lock=lock)
-            await cap_sql.settle(tx, rid, "ended", "window-ended", now_ms, (state,))
+            await cap_sql.settle(tx, rid, "ended", "window-ended", now_ms, (state,), end_ms=end_of[rid])
             await res_sql.release_bookings(tx, rid, now_ms)
             await publish(
                 tx, self.bus, "reservation.ended", rid, {"node_id": node_of[rid], "reason": "window-ended"}, now_ms
@@ -428,4 +505,14 @@ class PlacementPass:
         return tuple(out)
 
 
-__all__ = ["LEASE_NAME", "PassResult", "PlacementPass", "add_assignment", "drop_assignment", "limits_of"]
+__all__ = [
+    "LEASE_NAME",
+    "PassResult",
+    "PlacementPass",
+    "add_assignment",
+    "drop_assignment",
+    "flush_usage",
+    "limits_of",
+    "load_facts",
+    "span_of",
+]

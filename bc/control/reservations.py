@@ -163,6 +163,7 @@ async def release(store: Store, bus: Bus, signer: Signer, reservation_id: str) -
         if state == "pending":  # never delivered: nothing on a node to take back
             await cap_sql.settle(tx, reservation_id, "released", "released", now_ms, ("pending",))
             await res_sql.release_bookings(tx, reservation_id, now_ms)
+            await placement_pass.flush_usage(tx, now_ms, reservation_id)
             await publish(tx, bus, "reservation.released", reservation_id, {"node_id": row["node_id"] or ""}, now_ms)
             out = await res_sql.get(tx, reservation_id)
             assert out is not None
@@ -176,6 +177,8 @@ async def release(store: Store, bus: Bus, signer: Signer, reservation_id: str) -
         else:
             await res_sql.set_state(tx, reservation_id, "releasing", now_ms)
             await res_sql.set_generation(tx, reservation_id, w.generation)
+            await cap_sql.set_usage_end(tx, reservation_id, now_ms)  # usage ends at the release commit
+            await placement_pass.flush_usage(tx, now_ms, reservation_id)
         await publish(
             tx, bus, "reservation.releasing", reservation_id, {"node_id": node_id, "generation": w.generation}, now_ms
         )
@@ -230,6 +233,7 @@ async def on_allocation_report(
         return "ignored"
     if kind == "failed":
         if await res_sql.set_state(tx, rid, "failed", now_ms, reason, only_from=("placed", "active")):
+            await cap_sql.set_usage_end(tx, rid, now_ms)
             await res_sql.release_bookings(tx, rid, now_ms)
             await write_spec(tx, bus, signer, reporting_node, _drop_assignment(allocation_id), now_ms, lock=lock)
             await publish(

@@ -87,6 +87,9 @@ def node_info(row: Row, now_ms: int, *, detail: bool, certs: Row | None = None) 
 
 
 def reservation(row: Row, bookings: list[Row], now_ms: int) -> admin_pb2.Reservation:
+    """The reservation as the API shows it; the interval is the booked one (the asked one while unbooked)."""
+    booked = [b for b in bookings if b.get("start_ms") is not None]
+    interval = (booked[0]["start_ms"], booked[0].get("end_ms")) if booked else (row.get("start_ms"), row.get("end_ms"))
     return admin_pb2.Reservation(
         id=str(row["id"]),
         node_id=str(row["node_id"] or ""),  # empty while pending, unbooked
@@ -104,6 +107,16 @@ def reservation(row: Row, bookings: list[Row], now_ms: int) -> admin_pb2.Reserva
         generation=int(row["generation"]),
         created_age_ms=max(0, now_ms - int(row["created_at_ms"])),
         binding=str(row["binding"]),
+        start_ms=int(interval[0] or 0),
+        end_ms=int(interval[1] or 0),
+        duration_ms=int(row.get("duration_ms") or 0),
+        tenant=str(row.get("tenant") or ""),
+        selector={str(k): str(v) for k, v in json.loads(str(row.get("selector") or "{}")).items()},
+        want_node_id=str(row.get("want_node_id") or ""),
+        cpus=int(row.get("cpus") or 0),
+        memory_bytes=int(row.get("memory_bytes") or 0),
+        hugepages_1g=int(row.get("hugepages_1g") or 0),
+        seq=int(row.get("seq") or 0),
     )
 
 

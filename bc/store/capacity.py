@@ -155,15 +155,69 @@ async def set_wait_reason(tx: Tx, reservation_id: str, reason: str) -> bool:
     return n == 1
 
 
-async def settle(tx: Tx, reservation_id: str, state: str, reason: str, now_ms: int, only_from: tuple[str, ...]) -> bool:
-    """Move to a terminal state (`failed`, `ended`, `released`) from one of `only_from`; True when it moved."""
-    params: dict[str, object] = {"id": reservation_id, "s": state, "r": reason, "t": now_ms}
+async def settle(
+    tx: Tx, reservation_id: str, state: str, reason: str, now_ms: int, only_from: tuple[str, ...], *, end_ms: int = 0
+) -> bool:
+    """Move to a terminal state (`failed`, `ended`, `released`) from one of `only_from`; True when it moved.
+    Usage stops at `end_ms` (a window's end) or else at `now_ms` (the commit)."""
+    params: dict[str, object] = {"id": reservation_id, "s": state, "r": reason, "t": now_ms, "e": end_ms or now_ms}
     params.update({f"f{i}": v for i, v in enumerate(only_from)})
     states = ", ".join(f":f{i}" for i in range(len(only_from)))
     n = await tx.execute(
-        "UPDATE reservations SET state = :s, reason = :r, ended_at_ms = :t,"
+        "UPDATE reservations SET state = :s, reason = :r, ended_at_ms = :e,"
         " released_at_ms = CASE WHEN :s = 'released' THEN :t ELSE released_at_ms END"
         f" WHERE id = :id AND state IN ({states})",
         params,
     )
     return n == 1
+
+
+# -- usage ----------------------------------------------------------------------------------------
+
+_SPANS = (
+    "SELECT r.id, r.node_id, r.tenant, r.device_class, r.gpus, r.placed_at_ms, r.ended_at_ms,"
+    " (SELECT MIN(b.start_ms) FROM device_bookings b WHERE b.reservation_id = r.id) AS window_start_ms,"
+    " (SELECT CASE WHEN COUNT(*) = COUNT(b.end_ms) THEN MAX(b.end_ms) END FROM device_bookings b"
+    " WHERE b.reservation_id = r.id) AS window_end_ms,"
+    " (SELECT MAX(u.end_ms) FROM usage_windows u WHERE u.reservation_id = r.id) AS flushed_ms"
+    " FROM reservations r WHERE r.placed_at_ms IS NOT NULL AND r.node_id IS NOT NULL"
+)
+
+
+async def unflushed_spans(tx: Tx, reservation_id: str = "") -> list[Row]:
+    """Booked reservations whose usage is not all flushed yet (still running, or ended past the last window),
+    with their booking interval and where their last committed window ended (`flushed_ms`)."""
+    where = " AND r.id = :r" if reservation_id else ""
+    return await tx.fetchall(
+        f"SELECT * FROM ({_SPANS}{where}) s"
+        " WHERE s.ended_at_ms IS NULL OR s.flushed_ms IS NULL OR s.flushed_ms < s.ended_at_ms ORDER BY s.id",
+        {"r": reservation_id} if reservation_id else {},
+    )
+
+
+async def insert_usage_window(
+    tx: Tx, *, reservation_id: str, start_ms: int, end_ms: int, node_id: str, tenant: str, device_class: str, atoms: int
+) -> None:
+    """A closed usage window; a retried flush writes the same key and inserts nothing."""
+    await tx.execute(
+        "INSERT INTO usage_windows (reservation_id, start_ms, end_ms, node_id, tenant, device_class, atoms)"
+        " VALUES (:r, :s, :e, :n, :t, :c, :a) ON CONFLICT (reservation_id, start_ms) DO NOTHING",
+        {"r": reservation_id, "s": start_ms, "e": end_ms, "n": node_id, "t": tenant, "c": device_class, "a": atoms},
+    )
+
+
+async def usage_windows(tx: Tx, since_ms: int | None, until_ms: int | None) -> list[Row]:
+    """The flushed windows that meet `[since_ms, until_ms)` (None: unbounded)."""
+    return await tx.fetchall(
+        "SELECT * FROM usage_windows WHERE (CAST(:u AS BIGINT) IS NULL OR start_ms < :u)"
+        " AND (CAST(:s AS BIGINT) IS NULL OR end_ms > :s) ORDER BY reservation_id, start_ms",
+        {"s": since_ms, "u": until_ms},
+    )
+
+
+async def set_usage_end(tx: Tx, reservation_id: str, at_ms: int) -> None:
+    """Usage stops here (a release or a failure committed): kept if an earlier end is already set."""
+    await tx.execute(
+        "UPDATE reservations SET ended_at_ms = :t WHERE id = :id AND (ended_at_ms IS NULL OR ended_at_ms > :t)",
+        {"t": at_ms, "id": reservation_id},
+    )

@@ -52,17 +52,33 @@ async def by_allocation(tx: Tx, allocation_id: str) -> Row | None:
     return await tx.fetchone("SELECT * FROM reservations WHERE allocation_id = :a", {"a": allocation_id})
 
 
-async def list_(tx: Tx, node_id: str = "", include_released: bool = False) -> list[Row]:
+TERMINAL = ("released", "failed", "lost", "ended")
+STATE_GROUPS = {"ended": TERMINAL, "active": ("placed", "active", "releasing")}
+
+
+async def list_(
+    tx: Tx, node_id: str = "", include_released: bool = False, *, state: str = "", tenant: str = ""
+) -> list[Row]:
+    """Reservations in submit order. `state`: one state, or `active` (placed, active, releasing) or `ended`
+    (every terminal state); empty: every one but the released (all of them with `include_released`)."""
+    params: dict[str, object] = {"n": node_id, "all": 1 if include_released or state else 0, "tenant": tenant}
+    where = ""
+    if state:
+        states = STATE_GROUPS.get(state, (state,))
+        params.update({f"s{i}": v for i, v in enumerate(states)})
+        where = " AND state IN (" + ", ".join(f":s{i}" for i in range(len(states))) + ")"
     return await tx.fetchall(
-        "SELECT * FROM reservations WHERE (:n = '' OR node_id = :n)"
-        " AND (:all = 1 OR state <> 'released') ORDER BY created_at_ms, id",
-        {"n": node_id, "all": 1 if include_released else 0},
+        "SELECT * FROM reservations WHERE (:n = '' OR node_id = :n OR want_node_id = :n)"
+        " AND (:all = 1 OR state <> 'released') AND (:tenant = '' OR tenant = :tenant)"
+        f"{where} ORDER BY seq, id",
+        params,
     )
 
 
 async def bookings(tx: Tx, reservation_id: str) -> list[Row]:
     return await tx.fetchall(
-        "SELECT device_class, atom_id, gpu_uuid FROM device_bookings WHERE reservation_id = :r ORDER BY atom_id",
+        "SELECT device_class, atom_id, gpu_uuid, start_ms, end_ms FROM device_bookings WHERE reservation_id = :r"
+        " ORDER BY atom_id",
         {"r": reservation_id},
     )
 

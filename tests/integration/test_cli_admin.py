@@ -375,7 +375,9 @@ def test_reserve_and_release_human(operator: Server) -> None:
 def test_reservations_table(operator: Server) -> None:
     result = bc("reservations", "--node", "n1", "--all")
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[1].split() == ["r-1", "n1", "gpu", "2", "active", "2m", "ago"]
+    # Issue 13 adds the window, the tenant and the reason a reservation waits.
+    row = ["r-1", "n1", "gpu", "2", "active", "2m", "ago", "-", "open", "-", "-"]
+    assert result.stdout.splitlines()[1].split() == row
     req = operator.admin.requests[-1]
     assert req.node_id == "n1" and req.include_released
 

@@ -209,16 +209,39 @@ class SetSpecSectionRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., section: _Optional[str] = ..., section_json: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("gpus", "node_id", "device_class", "binding")
+    __slots__ = ("gpus", "node_id", "device_class", "binding", "start_ms", "end_ms", "duration_ms", "cpus", "memory_bytes", "hugepages_1g", "tenant", "selector")
+    class SelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
     BINDING_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HUGEPAGES_1G_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     node_id: str
     device_class: str
     binding: str
-    def __init__(self, gpus: _Optional[int] = ..., node_id: _Optional[str] = ..., device_class: _Optional[str] = ..., binding: _Optional[str] = ...) -> None: ...
+    start_ms: int
+    end_ms: int
+    duration_ms: int
+    cpus: int
+    memory_bytes: int
+    hugepages_1g: int
+    tenant: str
+    selector: _containers.ScalarMap[str, str]
+    def __init__(self, gpus: _Optional[int] = ..., node_id: _Optional[str] = ..., device_class: _Optional[str] = ..., binding: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., duration_ms: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., hugepages_1g: _Optional[int] = ..., tenant: _Optional[str] = ..., selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class BookedDevice(_message.Message):
     __slots__ = ("device_class", "atom_id", "gpu_uuid")
@@ -231,7 +254,14 @@ class BookedDevice(_message.Message):
     def __init__(self, device_class: _Optional[str] = ..., atom_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ...) -> None: ...
 
 class Reservation(_message.Message):
-    __slots__ = ("id", "node_id", "allocation_id", "device_class", "gpus", "state", "reason", "devices", "generation", "created_age_ms", "binding")
+    __slots__ = ("id", "node_id", "allocation_id", "device_class", "gpus", "state", "reason", "devices", "generation", "created_age_ms", "binding", "start_ms", "end_ms", "duration_ms", "tenant", "selector", "want_node_id", "cpus", "memory_bytes", "hugepages_1g", "seq")
+    class SelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +273,16 @@ class Reservation(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     CREATED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     BINDING_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    WANT_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HUGEPAGES_1G_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     id: str
     node_id: str
     allocation_id: str
@@ -254,7 +294,69 @@ class Reservation(_message.Message):
     generation: int
     created_age_ms: int
     binding: str
-    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., allocation_id: _Optional[str] = ..., device_class: _Optional[str] = ..., gpus: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[BookedDevice, _Mapping]]] = ..., generation: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., binding: _Optional[str] = ...) -> None: ...
+    start_ms: int
+    end_ms: int
+    duration_ms: int
+    tenant: str
+    selector: _containers.ScalarMap[str, str]
+    want_node_id: str
+    cpus: int
+    memory_bytes: int
+    hugepages_1g: int
+    seq: int
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., allocation_id: _Optional[str] = ..., device_class: _Optional[str] = ..., gpus: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[BookedDevice, _Mapping]]] = ..., generation: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., binding: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., duration_ms: _Optional[int] = ..., tenant: _Optional[str] = ..., selector: _Optional[_Mapping[str, str]] = ..., want_node_id: _Optional[str] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., hugepages_1g: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class GetReservationRequest(_message.Message):
+    __slots__ = ("reservation_id",)
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    reservation_id: str
+    def __init__(self, reservation_id: _Optional[str] = ...) -> None: ...
+
+class PlacementExplanation(_message.Message):
+    __slots__ = ("reservation_id", "state", "reason", "earliest_start_ms", "held_node_id", "queue_position")
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_START_MS_FIELD_NUMBER: _ClassVar[int]
+    HELD_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    reservation_id: str
+    state: str
+    reason: str
+    earliest_start_ms: int
+    held_node_id: str
+    queue_position: int
+    def __init__(self, reservation_id: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., earliest_start_ms: _Optional[int] = ..., held_node_id: _Optional[str] = ..., queue_position: _Optional[int] = ...) -> None: ...
+
+class UsageRequest(_message.Message):
+    __slots__ = ("since_ms", "until_ms", "by")
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    since_ms: int
+    until_ms: int
+    by: str
+    def __init__(self, since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., by: _Optional[str] = ...) -> None: ...
+
+class UsageRow(_message.Message):
+    __slots__ = ("key", "atom_ms", "atom_seconds", "windows")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ATOM_MS_FIELD_NUMBER: _ClassVar[int]
+    ATOM_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    atom_ms: int
+    atom_seconds: float
+    windows: int
+    def __init__(self, key: _Optional[str] = ..., atom_ms: _Optional[int] = ..., atom_seconds: _Optional[float] = ..., windows: _Optional[int] = ...) -> None: ...
+
+class UsageResponse(_message.Message):
+    __slots__ = ("rows", "now_ms")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
+    now_ms: int
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ..., now_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("reservation_id",)
@@ -263,12 +365,16 @@ class ReleaseRequest(_message.Message):
     def __init__(self, reservation_id: _Optional[str] = ...) -> None: ...
 
 class ListReservationsRequest(_message.Message):
-    __slots__ = ("node_id", "include_released")
+    __slots__ = ("node_id", "include_released", "state", "tenant")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     include_released: bool
-    def __init__(self, node_id: _Optional[str] = ..., include_released: _Optional[bool] = ...) -> None: ...
+    state: str
+    tenant: str
+    def __init__(self, node_id: _Optional[str] = ..., include_released: _Optional[bool] = ..., state: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class ListReservationsResponse(_message.Message):
     __slots__ = ("reservations",)

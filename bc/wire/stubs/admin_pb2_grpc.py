@@ -255,6 +255,21 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.JobSlotsRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.JobSlotsResponse.FromString,
                 _registered_method=True)
+        self.GetReservation = channel.unary_unary(
+                '/bc.v1.Admin/GetReservation',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetReservationRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.Reservation.FromString,
+                _registered_method=True)
+        self.GetPlacementExplanation = channel.unary_unary(
+                '/bc.v1.Admin/GetPlacementExplanation',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetReservationRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.PlacementExplanation.FromString,
+                _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/bc.v1.Admin/GetUsage',
+                request_serializer=bc_dot_v1_dot_admin__pb2.UsageRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.UsageResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -524,6 +539,24 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReservation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPlacementExplanation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUsage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -746,6 +779,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.JobSlots,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.JobSlotsRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.JobSlotsResponse.SerializeToString,
+            ),
+            'GetReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReservation,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetReservationRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.Reservation.SerializeToString,
+            ),
+            'GetPlacementExplanation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPlacementExplanation,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetReservationRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.PlacementExplanation.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.UsageRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.UsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1936,6 +1984,87 @@ class Admin:
             '/bc.v1.Admin/JobSlots',
             bc_dot_v1_dot_admin__pb2.JobSlotsRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.JobSlotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetReservation',
+            bc_dot_v1_dot_admin__pb2.GetReservationRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.Reservation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPlacementExplanation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetPlacementExplanation',
+            bc_dot_v1_dot_admin__pb2.GetReservationRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.PlacementExplanation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetUsage',
+            bc_dot_v1_dot_admin__pb2.UsageRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.UsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

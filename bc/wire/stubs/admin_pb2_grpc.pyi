@@ -76,6 +76,9 @@ class AdminStub:
     CancelJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CancelJobRequest, _admin_pb2.CancelJobResponse]
     WatchJob: _grpc.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _admin_pb2.JobInfo]
     JobSlots: _grpc.UnaryUnaryMultiCallable[_admin_pb2.JobSlotsRequest, _admin_pb2.JobSlotsResponse]
+    GetReservation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.Reservation]
+    GetPlacementExplanation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.PlacementExplanation]
+    GetUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UsageRequest, _admin_pb2.UsageResponse]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -124,6 +127,9 @@ class AdminAsyncStub(AdminStub):
     CancelJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.CancelJobRequest, _admin_pb2.CancelJobResponse]  # type: ignore[assignment]
     WatchJob: _aio.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _admin_pb2.JobInfo]  # type: ignore[assignment]
     JobSlots: _aio.UnaryUnaryMultiCallable[_admin_pb2.JobSlotsRequest, _admin_pb2.JobSlotsResponse]  # type: ignore[assignment]
+    GetReservation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.Reservation]  # type: ignore[assignment]
+    GetPlacementExplanation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.PlacementExplanation]  # type: ignore[assignment]
+    GetUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.UsageRequest, _admin_pb2.UsageResponse]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -433,5 +439,26 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.JobSlotsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.JobSlotsResponse, _abc.Awaitable[_admin_pb2.JobSlotsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetReservation(
+        self,
+        request: _admin_pb2.GetReservationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.Reservation, _abc.Awaitable[_admin_pb2.Reservation]]: ...
+
+    @_abc_1.abstractmethod
+    def GetPlacementExplanation(
+        self,
+        request: _admin_pb2.GetReservationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.PlacementExplanation, _abc.Awaitable[_admin_pb2.PlacementExplanation]]: ...
+
+    @_abc_1.abstractmethod
+    def GetUsage(
+        self,
+        request: _admin_pb2.UsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UsageResponse, _abc.Awaitable[_admin_pb2.UsageResponse]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

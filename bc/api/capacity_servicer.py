@@ -1,0 +1,93 @@
+"""The Admin API's capacity RPCs: a reservation shown, why it waits, and usage (docs/capacity.md).
+
+A mixin of `AdminServicer` (which guards every RPC, `bc.api.admin_roles`), like `bc.api.jobs_servicer`:
+each body calls `bc.control.capacity_views` and maps its answer to messages; errors leave through
+`abort_with`. `reserve_request` maps the wire's ReserveRequest to the control plane's (0: unset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from bc.control import capacity_views, reservations, views
+from bc.errors import NotFound
+from bc.protocol.pb import admin_pb2
+from bc.store import Store
+from bc.store import reservations as res_sql
+
+T = TypeVar("T")
+
+
+def reserve_request(request: admin_pb2.ReserveRequest) -> reservations.ReserveRequest:
+    return reservations.ReserveRequest(
+        gpus=request.gpus,
+        node_id=request.node_id,
+        device_class=request.device_class or "gpu",
+        binding=request.binding or "hold",
+        start_ms=request.start_ms or None,
+        end_ms=request.end_ms or None,
+        duration_ms=request.duration_ms or None,
+        cpus=request.cpus,
+        memory_bytes=request.memory_bytes,
+        hugepages_1g=request.hugepages_1g,
+        tenant=request.tenant,
+        selector=dict(request.selector),
+    )
+
+
+class CapacityRpcs:
+    """The capacity RPCs; `AdminServicer` provides the store and the call helpers."""
+
+    store: Store
+
+    async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
+        raise NotImplementedError  # AdminServicer's
+
+    async def GetReservation(
+        self, request: admin_pb2.GetReservationRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.Reservation:
+        async def go() -> admin_pb2.Reservation:
+            now_ms = await self.store.now_ms()
+            async with self.store.transaction(write=False) as tx:
+                row = await res_sql.get(tx, request.reservation_id)
+                if row is None:
+                    raise NotFound(f"no reservation named {request.reservation_id!r}")
+                return views.reservation(row, await res_sql.bookings(tx, request.reservation_id), now_ms)
+
+        return await self._call(context, go)
+
+    async def GetPlacementExplanation(
+        self, request: admin_pb2.GetReservationRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.PlacementExplanation:
+        async def go() -> admin_pb2.PlacementExplanation:
+            e = await capacity_views.explain(self.store, request.reservation_id)
+            return admin_pb2.PlacementExplanation(
+                reservation_id=e.reservation_id,
+                state=e.state,
+                reason=e.reason,
+                earliest_start_ms=e.earliest_start_ms or 0,
+                held_node_id=e.held_node_id,
+                queue_position=e.queue_position,
+            )
+
+        return await self._call(context, go)
+
+    async def GetUsage(
+        self, request: admin_pb2.UsageRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.UsageResponse:
+        async def go() -> admin_pb2.UsageResponse:
+            rows, now_ms = await capacity_views.usage(
+                self.store, request.since_ms or None, request.until_ms or None, request.by
+            )
+            return admin_pb2.UsageResponse(
+                rows=[
+                    admin_pb2.UsageRow(key=r.key, atom_ms=r.atom_ms, atom_seconds=r.atom_seconds, windows=r.windows)
+                    for r in rows
+                ],
+                now_ms=now_ms,
+            )
+
+        return await self._call(context, go)

@@ -1,0 +1,321 @@
+"""Capacity commands (issue 13, docs/capacity.md): reserve, reservations, reservation show, capacity explain,
+usage.
+
+Times are converted here, on the CLI host, to absolute milliseconds: `--start 20:00` is the next 20:00 in
+this host's local time, an ISO time with a zone (`2026-12-02T20:00Z`) is taken as written. Everything is
+printed through `bc.cli.output`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from datetime import UTC, datetime, timedelta
+
+import click
+
+from bc.cli.admin_cmds import call_admin, echo_json, json_option
+from bc.cli.client import AdminClient
+from bc.cli.output import echo
+from bc.cli.render import format_age, message_to_json, render_table
+from bc.clock import SystemClock
+from bc.errors import UsageError
+from bc.protocol.pb import admin_pb2
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_SIZES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+SETTLED = ("active", "failed", "ended", "released", "lost")
+
+
+def _local_now() -> datetime:
+    """Now on the CLI host's clock (the production clock seam), in its local time zone."""
+    return datetime.fromtimestamp(SystemClock().now(), tz=UTC).astimezone()
+
+
+def parse_duration(text: str) -> int:
+    """'12h', '90m', '1h30m', '45s', '2d' -> milliseconds."""
+    parts = re.findall(r"(\d+)\s*(ms|s|m|h|d)", text.strip().lower())
+    if not parts or "".join(f"{n}{u}" for n, u in parts) != re.sub(r"\s+", "", text.strip().lower()):
+        raise UsageError(f"{text!r} is not a duration; write it like 12h, 90m or 1h30m")
+    return sum(int(n) * _UNITS_MS[u] for n, u in parts)
+
+
+def parse_size(text: str) -> int:
+    """'128G', '512M', '1T', '1073741824' -> bytes (binary units)."""
+    m = re.fullmatch(r"(\d+)\s*([bkmgt]?)(?:i?b)?", text.strip().lower())
+    if m is None:
+        raise UsageError(f"{text!r} is not a size; write it like 128G or 512M")
+    return int(m.group(1)) * _SIZES[m.group(2)]
+
+
+def parse_time(text: str, now: datetime | None = None) -> int:
+    """'20:00' (the next 20:00 local), an ISO time with a zone as written, or one without (local) -> epoch ms."""
+    now = now or _local_now()
+    t = text.strip()
+    m = re.fullmatch(r"(\d{1,2}):(\d{2})", t)
+    if m is not None:
+        hour, minute = int(m.group(1)), int(m.group(2))
+        if hour > 23 or minute > 59:
+            raise UsageError(f"{text!r} is not a time of day")
+        at = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+        if at <= now:
+            at += timedelta(days=1)
+        return int(at.timestamp() * 1000)
+    try:
+        at = datetime.fromisoformat(t.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{text!r} is not a time; write 20:00 or 2026-12-02T20:00Z") from None
+    if at.tzinfo is None:
+        at = at.astimezone()  # local time, as written
+    return int(at.timestamp() * 1000)
+
+
+def parse_selector(items: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in (p for raw in items for p in raw.split(",")):
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip() or not v.strip():
+            raise UsageError(f"a selector is key=value, not {item!r}")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def iso_ms(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if ms else "-"
+
+
+def _summary(r: admin_pb2.Reservation) -> str:
+    """'reservation R on n1: gpu/0, gpu/1' once it has devices; else its state and why."""
+    atoms = [d.atom_id or d.gpu_uuid for d in r.devices]
+    if atoms and r.state not in ("pending", "ended", "failed", "released"):
+        return f"reservation {r.id} on {r.node_id or '-'}: {', '.join(atoms)}"
+    where = r.node_id or r.want_node_id or "-"
+    return f"reservation {r.id} on {where}: {r.state}" + (f": {r.reason}" if r.reason else "")
+
+
+async def _wait(c: AdminClient, first: admin_pb2.Reservation) -> admin_pb2.Reservation:
+    """Print each state change of the reservation until it is active or settled otherwise."""
+    last = (first.state, first.reason)
+    r = first
+    if r.state in SETTLED:
+        return r
+    async for ev in c.watch(type_prefix="reservation."):
+        if ev.subject != first.id:
+            continue
+        r = await c.get_reservation(first.id)
+        if (r.state, r.reason) != last:
+            last = (r.state, r.reason)
+            echo(_summary(r))
+        if r.state in SETTLED:
+            break
+    return r
+
+
+@click.command("reserve")
+@click.option("--gpus", type=click.IntRange(min=1, max=1024), required=True, help="How many devices to book.")
+@click.option("--node", "node_id", default="", help="The node to book on (default: any with free capacity).")
+@click.option(
+    "--class", "device_class", type=click.Choice(["gpu", "gpu.mig", "gpu.slot"]), default="gpu", show_default=True
+)
+@click.option("--start", default="", help="When the window starts: 20:00 (next, local) or 2026-12-02T20:00Z.")
+@click.option("--duration", default="", help="How long it lasts: 12h, 90m, 1h30m (default: until released).")
+@click.option("--until", "until", default="", help="When the window ends (instead of --duration).")
+@click.option("--cpus", type=click.IntRange(min=0), default=0, help="CPUs to book next to the GPUs.")
+@click.option("--memory", default="", help="Memory to book next to the GPUs: 128G, 512M.")
+@click.option("--hugepages-1g", "hugepages_1g", type=click.IntRange(min=0), default=0, help="1 GiB huge pages.")
+@click.option("--binding", type=click.Choice(["hold", "kubernetes"]), default="hold", show_default=True)
+@click.option("--tenant", default="", help="Who the reservation is for (billing).")
+@click.option("--selector", multiple=True, help="Node labels it needs: pool=a100 (repeat or comma-separate).")
+@click.option("--wait", "wait", is_flag=True, help="Block, printing its state changes, until active or failed.")
+@json_option
+def reserve(
+    gpus: int,
+    node_id: str,
+    device_class: str,
+    start: str,
+    duration: str,
+    until: str,
+    cpus: int,
+    memory: str,
+    hugepages_1g: int,
+    binding: str,
+    tenant: str,
+    selector: tuple[str, ...],
+    wait: bool,
+    as_json: bool,
+) -> None:
+    """Book GPUs (a window, host resources); prints the reservation: placed, or pending with its reason."""
+    if duration and until:
+        raise UsageError("give --duration or --until, not both")
+    start_ms = parse_time(start) if start else 0
+    end_ms = parse_time(until) if until else 0
+    duration_ms = parse_duration(duration) if duration else 0
+    if duration and duration_ms <= 0:
+        raise UsageError("a duration must be positive")
+    memory_bytes = parse_size(memory) if memory else 0
+    labels = parse_selector(selector)
+
+    async def go(c: AdminClient) -> admin_pb2.Reservation:
+        r = await c.reserve(
+            gpus,
+            node_id=node_id,
+            device_class=device_class,
+            binding=binding,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            duration_ms=duration_ms,
+            cpus=cpus,
+            memory_bytes=memory_bytes,
+            hugepages_1g=hugepages_1g,
+            tenant=tenant,
+            selector=labels,
+        )
+        if wait:
+            if not as_json:
+                echo(_summary(r))
+            r = await _wait(c, r)
+        return r
+
+    r = call_admin(go)
+    if as_json:
+        echo_json(message_to_json(r))
+    elif not wait:
+        echo(_summary(r))
+    if wait and r.state != "active":
+        raise SystemExit(1)
+
+
+@click.command("reservations")
+@click.option("--node", "node_id", default="", help="Only this node's reservations.")
+@click.option(
+    "--state",
+    type=click.Choice(["pending", "active", "ended"]),
+    default=None,
+    help="pending; active (placed, active, releasing); ended (every terminal state).",
+)
+@click.option("--tenant", default="", help="Only this tenant's reservations.")
+@click.option("--all", "include_released", is_flag=True, help="Include released ones.")
+@json_option
+def reservations(node_id: str, state: str | None, tenant: str, include_released: bool, as_json: bool) -> None:
+    """List reservations in submit order."""
+    items = call_admin(
+        lambda c: c.list_reservations(
+            node_id=node_id, include_released=include_released, state=state or "", tenant=tenant
+        )
+    )
+    if as_json:
+        echo_json([message_to_json(r) for r in items])
+        return
+    if not items:
+        echo("no reservations", err=True)
+        return
+    rows = [
+        (
+            r.id,
+            r.node_id or (f"({r.want_node_id})" if r.want_node_id else "-"),
+            r.device_class,
+            r.gpus,
+            r.state,
+            format_age(r.created_age_ms),
+            iso_ms(r.start_ms),
+            iso_ms(r.end_ms) if r.end_ms else "open",
+            r.tenant or "-",
+            r.reason or "-",
+        )
+        for r in items
+    ]
+    headers = ("ID", "NODE", "CLASS", "GPUS", "STATE", "AGE", "START", "END", "TENANT", "REASON")
+    echo(render_table(headers, rows))
+
+
+@click.group("reservation")
+def reservation() -> None:
+    """One reservation."""
+
+
+@reservation.command("show")
+@click.argument("reservation_id", metavar="ID")
+@json_option
+def reservation_show(reservation_id: str, as_json: bool) -> None:
+    """A reservation: its state and reason, window, host resources and devices."""
+    r = call_admin(lambda c: c.get_reservation(reservation_id))
+    if as_json:
+        echo_json(message_to_json(r))
+        return
+    lines = [
+        ("id", r.id),
+        ("state", r.state + (f" ({r.reason})" if r.reason else "")),
+        ("node", r.node_id or "-"),
+        ("asked node", r.want_node_id or "-"),
+        ("class", f"{r.gpus} x {r.device_class}"),
+        ("binding", r.binding),
+        ("window", f"{iso_ms(r.start_ms)} .. {iso_ms(r.end_ms) if r.end_ms else 'open'}"),
+        ("host", f"{r.cpus} CPUs, {r.memory_bytes} bytes memory, {r.hugepages_1g} x 1 GiB huge pages"),
+        ("tenant", r.tenant or "-"),
+        ("selector", ",".join(f"{k}={v}" for k, v in sorted(r.selector.items())) or "-"),
+        ("devices", ", ".join(d.atom_id for d in r.devices) or "-"),
+    ]
+    echo(render_table(("FIELD", "VALUE"), lines))
+
+
+@click.group("capacity")
+def capacity() -> None:
+    """Why reservations are where they are."""
+
+
+@capacity.command("explain")
+@click.argument("reservation_id", metavar="ID")
+@json_option
+def capacity_explain(reservation_id: str, as_json: bool) -> None:
+    """Why a reservation is not placed (what the next placement pass would decide)."""
+    e = call_admin(lambda c: c.explain_reservation(reservation_id))
+    if as_json:
+        echo_json(message_to_json(e))
+        return
+    echo(f"reservation {e.reservation_id}: {e.state}: {e.reason}")
+    if e.queue_position:
+        echo(f"position in the queue: {e.queue_position}")
+    if e.earliest_start_ms:
+        echo(f"earliest start: {iso_ms(e.earliest_start_ms)} on {e.held_node_id} (held for it)")
+
+
+@click.command("usage")
+@click.option("--since", default="", help="From this time (20:00, 2026-12-01T00:00Z).")
+@click.option("--until", "until", default="", help="Up to this time (default: now).")
+@click.option("--by", type=click.Choice(["reservation", "tenant", "node"]), default="reservation", show_default=True)
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
+@json_option
+def usage(since: str, until: str, by: str, as_csv: bool, as_json: bool) -> None:
+    """GPU usage (atom-seconds) from the flushed windows plus each running hold's open window."""
+    if as_csv and as_json:
+        raise UsageError("give --json or --csv, not both")
+    since_ms = _past(since) if since else 0
+    until_ms = _past(until) if until else 0
+    resp = call_admin(lambda c: c.usage(since_ms=since_ms, until_ms=until_ms, by=by))
+    rows = [(r.key, r.atom_ms, r.atom_seconds, r.windows) for r in resp.rows]
+    if as_json:
+        echo_json([{by: k, "atom_ms": ms, "atom_seconds": s, "windows": n} for k, ms, s, n in rows])
+        return
+    if as_csv:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow([by, "atom_seconds", "windows"])
+        w.writerows([k, f"{s:.3f}", n] for k, _, s, n in rows)
+        echo(buf.getvalue(), nl=False)
+        return
+    if not rows:
+        echo("no usage", err=True)
+        return
+    echo(render_table((by.upper(), "ATOM-SECONDS", "WINDOWS"), [(k, f"{s:.3f}", n) for k, _, s, n in rows]))
+
+
+def _past(text: str) -> int:
+    """A time for --since/--until: a bare 20:00 is the last one, not the next."""
+    ms = parse_time(text)
+    if re.fullmatch(r"\d{1,2}:\d{2}", text.strip()) and ms > _local_now().timestamp() * 1000:
+        ms -= 86_400_000
+    return ms
+
+
+COMMANDS: tuple[click.Command, ...] = (reserve, reservations, reservation, capacity, usage)
