@@ -94,7 +94,13 @@ def _summary(r: admin_pb2.Reservation) -> str:
     return f"reservation {r.id} on {where}: {r.state}" + (f": {r.reason}" if r.reason else "")
 
 
-async def _wait(c: AdminClient, first: admin_pb2.Reservation) -> admin_pb2.Reservation:
+def _change(r: admin_pb2.Reservation) -> str:
+    """One line per state change under --wait: 'reservation R pending on n1: starts at T'."""
+    where = f" on {r.node_id}" if r.node_id else ""
+    return f"reservation {r.id} {r.state}{where}" + (f": {r.reason}" if r.reason else "")
+
+
+async def _wait(c: AdminClient, first: admin_pb2.Reservation, *, quiet: bool) -> admin_pb2.Reservation:
     """Print each state change of the reservation until it is active or settled otherwise."""
     last = (first.state, first.reason)
     r = first
@@ -106,7 +112,8 @@ async def _wait(c: AdminClient, first: admin_pb2.Reservation) -> admin_pb2.Reser
         r = await c.get_reservation(first.id)
         if (r.state, r.reason) != last:
             last = (r.state, r.reason)
-            echo(_summary(r))
+            if not quiet:
+                echo(_change(r))
         if r.state in SETTLED:
             break
     return r
@@ -173,8 +180,8 @@ def reserve(
         )
         if wait:
             if not as_json:
-                echo(_summary(r))
-            r = await _wait(c, r)
+                echo(_change(r))
+            r = await _wait(c, r, quiet=as_json)
         return r
 
     r = call_admin(go)

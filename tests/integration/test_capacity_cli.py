@@ -6,6 +6,7 @@ Waits are on the server's event stream, never sleeps."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,15 @@ def test_bad_input_is_one_sentence_a_non_zero_exit_and_nothing_stored(
     assert result.exit_code != 0
     assert sentence in result.output
     assert ok_json("reservations", "--all") == []
+
+
+def test_reserve_wait_prints_each_state_change_until_active(lab: Lab) -> None:
+    lab.start_node("n1")
+    connected_with_gpus(lab, "n1")
+    start_ms = lab.now_ms() + 1500
+    when = datetime.fromtimestamp(start_ms / 1000, tz=UTC).isoformat()
+    result = bc("reserve", "--gpus", "1", "--node", "n1", "--start", when, "--duration", "1h", "--wait")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert " pending on n1: starts at " in lines[0], lines
+    assert " placed on n1" in lines[1] and lines[-1].split()[2:4] == ["active", "on"], lines
