@@ -74,7 +74,10 @@ def test_node_killed_spec_changed_while_down(lab: Lab) -> None:
         timeout=3 * HEARTBEAT_S + 1.5,
     )
 
-    res = reserve(lab, "n1", 1)
+    # Issue 13: a hold named for a node that is away waits, pending, and is placed once the node is back
+    # (it was placed at once, to bind on reconnect).
+    res = lab.bc("reserve", "--gpus", "1", "--node", "n1")
+    assert (res["state"], res["reason"]) == ("pending", "node n1 is disconnected"), res
     endpoint = "http://127.0.0.1:4317"
     lab.bc("spec", "set", "n1", "telemetry", f'{{"otlp_endpoint":"{endpoint}"}}', json=False)
     spec = lab.bc("spec", "show", "n1")
@@ -89,12 +92,17 @@ def test_node_killed_spec_changed_while_down(lab: Lab) -> None:
     assert not cdi.exists(), "a CDI spec appeared while its node was down"
 
     lab.restart("node-n1")
-    doc = lab.wait_converged("n1", g)
-    assert_valid_cdi(cdi, res)
+    placed = lab.wait_for(
+        "the waiting hold placed on n1 once it is back",
+        lambda: (r := lab.reservation(res["id"])) is not None and r["state"] in ("placed", "active") and r,
+    )
+    assert placed["generation"] > g, placed
+    doc = lab.wait_converged("n1", placed["generation"])
+    assert_valid_cdi(cdi, placed)
     sections = {s["section"]: s for s in doc["sections"]}
     assert sections["telemetry"]["state"] == "UNSUPPORTED", sections["telemetry"]
     assert sections["devices"]["state"] == "CONVERGED", sections["devices"]
-    assert doc["observed_generation"] == doc["generation"] == g, "UNSUPPORTED must not hold back observed"
+    assert doc["observed_generation"] == doc["generation"] == placed["generation"], "UNSUPPORTED must not hold back"
     lab.wait_reservation_state(res["id"], "active")
     assert_no_tracebacks(lab)
 
