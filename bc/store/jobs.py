@@ -279,7 +279,8 @@ async def clear_job_hold(tx: Tx, node_id: str, dag_id: str) -> bool:
 
 async def live_reservation_ids(tx: Tx, node_id: str) -> list[str]:
     rows = await tx.fetchall(
-        "SELECT id FROM reservations WHERE node_id = :n AND state NOT IN ('released', 'failed') ORDER BY id",
+        "SELECT id FROM reservations WHERE node_id = :n AND state NOT IN ('released', 'failed', 'ended', 'lost')"
+        " ORDER BY id",
         {"n": node_id},
     )
     return [str(r["id"]) for r in rows]

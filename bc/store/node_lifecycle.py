@@ -14,7 +14,7 @@ async def set_cordoned(tx: Tx, node_id: str, cordoned: bool) -> bool:
 
 async def live_reservations(tx: Tx, node_id: str) -> int:
     v = await tx.fetchval(
-        "SELECT COUNT(*) FROM reservations WHERE node_id = :n AND state NOT IN ('released', 'failed')",
+        "SELECT COUNT(*) FROM reservations WHERE node_id = :n AND state NOT IN ('released', 'failed', 'ended', 'lost')",
         {"n": node_id},
     )
     return int(v or 0)
