@@ -28,6 +28,7 @@ a reservation that fits now returns placed; `run_forever` is the singleton under
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -97,8 +98,11 @@ def inventory_of(text: str) -> common_pb2.Inventory:
     return inv
 
 
-def node_info(row: Row, extra: Row | None) -> NodeInfo:
-    inv = inventory_of(str(row["inventory"] or "{}"))
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> tuple[common_pb2.Inventory, tuple[GpuInfo, ...], tuple[NumaNode, ...]]:
+    """An inventory's JSON parsed once per distinct text (a pass runs on every event; inventories rarely move).
+    The Inventory returned is shared: read it, never change it."""
+    inv = inventory_of(text)
     gpus = tuple(
         GpuInfo(
             index=g.index,
@@ -114,6 +118,11 @@ def node_info(row: Row, extra: Row | None) -> NodeInfo:
     numa = tuple(
         NumaNode(n.id, HostResources(len(cpulist_ids(n.cpus)), n.memory_bytes, n.hugepages_1g)) for n in inv.numa_nodes
     )
+    return inv, gpus, numa
+
+
+def node_info(row: Row, extra: Row | None) -> NodeInfo:
+    _, gpus, numa = _parsed(str(row["inventory"] or "{}"))
     labels: dict[str, str] = {}
     caps: list[str] = []
     job_hold = ""
@@ -313,18 +322,21 @@ class Facts:
     booking_rows: list[Row]
     bookings: list[Booking]
     pending: list[Request]
+    reasons: dict[str, str]  # each pending reservation's stored wait reason
 
 
 async def load_facts(tx: Tx) -> Facts:
     extras = await cap_sql.node_extras(tx)
     rows = [r for r in await nodes_sql.placement_facts(tx) if str(r["role"]) == "node"]
     booking_rows = await cap_sql.live_bookings(tx)
+    pending_rows = await cap_sql.pending_unbooked(tx)
     return Facts(
         nodes=[node_info(r, extras.get(str(r["node_id"]))) for r in rows],
-        inventories={str(r["node_id"]): inventory_of(str(r["inventory"] or "{}")) for r in rows},
+        inventories={str(r["node_id"]): _parsed(str(r["inventory"] or "{}"))[0] for r in rows},
         booking_rows=booking_rows,
         bookings=bookings_of(booking_rows),
-        pending=[request_of(r) for r in await cap_sql.pending_unbooked(tx)],
+        pending=[request_of(r) for r in pending_rows],
+        reasons={str(r["id"]): str(r["reason"] or "") for r in pending_rows},
     )
 
 
@@ -381,7 +393,9 @@ class PlacementPass:
             if isinstance(o, Placement):
                 await self._book(tx, o, by_id[o.reservation_id], now_ms)
             elif isinstance(o, Wait):
-                if await cap_sql.set_wait_reason(tx, o.reservation_id, o.reason):
+                if facts.reasons.get(o.reservation_id) != o.reason and await cap_sql.set_wait_reason(
+                    tx, o.reservation_id, o.reason
+                ):
                     data: dict[str, object] = {"reason": o.reason}
                     if o.earliest_start_ms is not None:
                         data["earliest_start_ms"] = o.earliest_start_ms

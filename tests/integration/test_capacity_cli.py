@@ -16,6 +16,8 @@ from bc.config import OperatorConfig
 from bc.control.capacity_views import window_of
 from bc.control.invariants import check_billing_conservation
 from bc.control.placement_pass import span_of
+from bc.protocol import canonical
+from bc.protocol.pb import spec_pb2
 from bc.store import capacity as cap_sql
 from tests.integration.test_cli_cmd import bc, ok_json
 from tests.integration.test_quorum_cli import Lab, running_lab
@@ -129,3 +131,24 @@ def test_reserve_wait_prints_each_state_change_until_active(lab: Lab) -> None:
     lines = result.stdout.splitlines()
     assert " pending on n1: starts at " in lines[0], lines
     assert " placed on n1" in lines[1] and lines[-1].split()[2:4] == ["active", "on"], lines
+
+
+def test_host_resources_reach_a_node_that_advertises_limits(lab: Lab) -> None:
+    lab.start_node("n1")
+    connected_with_gpus(lab, "n1")
+    res = ok_json("reserve", "--gpus", "2", "--cpus", "16", "--memory", "128G", "--hugepages-1g", "8")
+    assert (res["state"], res["node_id"], res["cpus"]) == ("placed", "n1", 16), res
+
+    async def limits() -> spec_pb2.ResourceLimits:
+        async with lab.store.transaction(write=False) as tx:
+            row = await tx.fetchone("SELECT spec FROM nodes WHERE node_id = 'n1'")
+        assert row is not None
+        (a,) = canonical.spec_from_json(str(row["spec"])).devices.assignments
+        return a.limits
+
+    lim = lab.run(limits())
+    assert (lim.cpu_millis, lim.memory_bytes, lim.hugepages_1gi) == (16_000, 128 << 30, 8)
+    assert (lim.cpus, lim.mems) == ("0-55,112-167", "0")  # its GPUs' NUMA node
+    # More than the host has can never fit: refused at once.
+    too_big = bc("reserve", "--gpus", "1", "--cpus", "999")
+    assert too_big.exit_code != 0 and "no node in the fleet has 1 GPU and 999 CPUs" in too_big.output
