@@ -233,6 +233,7 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
         async def go(operator: str) -> admin_pb2.ServerInfoResponse:
             async with self.store.transaction(write=False) as tx:
                 row = await ops_sql.get(tx, operator)
+                seq = await events_sql.last_seq(tx)
             return admin_pb2.ServerInfoResponse(
                 version=__version__,
                 ca_fingerprint=self.ca.fingerprint,
@@ -241,6 +242,7 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
                 gateway_id=self.gateway_id,
                 operator=operator,
                 role=str(row["role"]) if row else "",
+                event_seq=seq,
             )
 
         return await self._call_as(context, go)

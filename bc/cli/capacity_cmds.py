@@ -102,11 +102,18 @@ def _change(r: admin_pb2.Reservation) -> str:
 
 async def _wait(c: AdminClient, first: admin_pb2.Reservation, *, quiet: bool) -> admin_pb2.Reservation:
     """Print each state change of the reservation until it is active or settled otherwise."""
+    # Watch from now, not from the store's first event: read the newest seq, then the reservation again,
+    # so a change between the two reads is both in the state read and after the seq watched.
+    after = (await c.server_info()).event_seq
+    r = await c.get_reservation(first.id)
     last = (first.state, first.reason)
-    r = first
+    if (r.state, r.reason) != last:
+        last = (r.state, r.reason)
+        if not quiet:
+            echo(_change(r))
     if r.state in SETTLED:
         return r
-    async for ev in c.watch(type_prefix="reservation."):
+    async for ev in c.watch(after_seq=after, type_prefix="reservation."):
         if ev.subject != first.id:
             continue
         r = await c.get_reservation(first.id)

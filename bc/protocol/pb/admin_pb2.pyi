@@ -425,7 +425,7 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfoResponse(_message.Message):
-    __slots__ = ("version", "ca_fingerprint", "server_time_ms", "store", "gateway_id", "operator", "role")
+    __slots__ = ("version", "ca_fingerprint", "server_time_ms", "store", "gateway_id", "operator", "role", "event_seq")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CA_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -433,6 +433,7 @@ class ServerInfoResponse(_message.Message):
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     version: str
     ca_fingerprint: str
     server_time_ms: int
@@ -440,7 +441,8 @@ class ServerInfoResponse(_message.Message):
     gateway_id: str
     operator: str
     role: str
-    def __init__(self, version: _Optional[str] = ..., ca_fingerprint: _Optional[str] = ..., server_time_ms: _Optional[int] = ..., store: _Optional[str] = ..., gateway_id: _Optional[str] = ..., operator: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+    event_seq: int
+    def __init__(self, version: _Optional[str] = ..., ca_fingerprint: _Optional[str] = ..., server_time_ms: _Optional[int] = ..., store: _Optional[str] = ..., gateway_id: _Optional[str] = ..., operator: _Optional[str] = ..., role: _Optional[str] = ..., event_seq: _Optional[int] = ...) -> None: ...
 
 class RunCommandRequest(_message.Message):
     __slots__ = ("node_id", "kind", "payload_json", "not_after_s", "min_generation", "idempotency_key")
