@@ -35,6 +35,7 @@ from bc.pki.secrets_source import Secrets
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2
 from bc.store import Row, Store
+from bc.store import capacity as cap_sql
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store import operators as ops_sql
@@ -121,9 +122,12 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
                 # A deleted node still shows (state "deleted"): its history is kept.
                 row = await nodes_sql.get(tx, request.node_id, include_deleted=True)
                 certs = await rev_sql.cert_states(tx)
+                bookings = await cap_sql.live_bookings_on(tx, request.node_id)
             if row is None:
                 raise NotFound(f"no node named {request.node_id!r}")
-            return views.node_info(row, now_ms, detail=True, certs=certs.get(request.node_id))
+            info = views.node_info(row, now_ms, detail=True, certs=certs.get(request.node_id))
+            views.add_capacity(info, bookings, now_ms)
+            return info
 
         return await self._call(context, go)
 

@@ -254,6 +254,21 @@ def render_node(n: admin_pb2.NodeInfo) -> str:
     if n.conditions:
         rows = [(c.type, c.status, c.reason, format_age(c.age_ms), cell(c.message, width=60)) for c in n.conditions]
         parts.append("CONDITIONS\n" + render_table(("TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"), rows))
+    if n.capacity:
+        rows = [(c.device_class, c.offered, c.booked_now, c.free_now, c.booked_later) for c in n.capacity]
+        parts.append("CAPACITY\n" + render_table(("CLASS", "OFFERED", "BOOKED NOW", "FREE NOW", "BOOKED LATER"), rows))
+    if n.HasField("host_capacity") and n.host_capacity.cpus:
+        h = n.host_capacity
+        gib = 1 << 30
+        parts.append(
+            render_fields(
+                [
+                    ("cpus booked", f"{h.cpus_booked} of {h.cpus}"),
+                    ("memory booked", f"{h.memory_booked / gib:.0f} of {h.memory_bytes / gib:.0f} GiB"),
+                    ("1 GiB huge pages booked", f"{h.hugepages_1g_booked} of {h.hugepages_1g}"),
+                ]
+            )
+        )
     if n.HasField("inventory"):
         parts.append(render_inventory(n.inventory))
     return "\n\n".join(parts)

@@ -9,7 +9,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from google.protobuf import json_format
 
-from bc.control import no_schedule
+from bc.control import no_schedule, node_capacity
 from bc.pki import keys
 from bc.protocol.pb import admin_pb2, common_pb2
 from bc.store import Row
@@ -84,6 +84,29 @@ def node_info(row: Row, now_ms: int, *, detail: bool, certs: Row | None = None) 
         json_format.Parse(str(row["inventory"] or "{}"), inv, ignore_unknown_fields=True)
         info.inventory.CopyFrom(inv)
     return info
+
+
+def add_capacity(info: admin_pb2.NodeInfo, bookings: list[Row], now_ms: int) -> None:
+    """`bc nodes show`'s capacity: per class offered / booked now / free now / booked later, and host resources."""
+    classes, host = node_capacity.node_capacity(info.inventory, bookings, now_ms)
+    for c in classes:
+        info.capacity.add(
+            device_class=c.device_class,
+            offered=c.offered,
+            booked_now=c.booked_now,
+            free_now=c.free_now,
+            booked_later=c.booked_later,
+        )
+    info.host_capacity.CopyFrom(
+        admin_pb2.HostCapacity(
+            cpus=host.cpus,
+            memory_bytes=host.memory_bytes,
+            hugepages_1g=host.hugepages_1g,
+            cpus_booked=host.cpus_booked,
+            memory_booked=host.memory_booked,
+            hugepages_1g_booked=host.hugepages_1g_booked,
+        )
+    )
 
 
 def reservation(row: Row, bookings: list[Row], now_ms: int) -> admin_pb2.Reservation:

@@ -32,6 +32,16 @@ async def live_bookings(tx: Tx) -> list[Row]:
     )
 
 
+async def live_bookings_on(tx: Tx, node_id: str) -> list[Row]:
+    """`live_bookings` of one node (what `bc nodes show` counts)."""
+    return await tx.fetchall(
+        "SELECT b.reservation_id, b.node_id, b.device_class, b.atom_id, b.gpu_uuid, b.start_ms, b.end_ms,"
+        " r.cpus, r.memory_bytes, r.hugepages_1g FROM device_bookings b JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.node_id = :n AND b.released_at_ms IS NULL ORDER BY r.seq, b.atom_id",
+        {"n": node_id},
+    )
+
+
 async def overlapping(tx: Tx, node_id: str, start_ms: int, end_ms: int | None) -> list[Row]:
     """The unreleased bookings on `node_id` whose interval meets `[start_ms, end_ms)` (None: open-ended)."""
     return await tx.fetchall(

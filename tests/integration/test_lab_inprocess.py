@@ -33,6 +33,8 @@ async def test_join_connect_converge_reserve_release(lab: InprocLab) -> None:
     assert doc["kind"] == "bc.dev/gpu"
     assert {d["name"] for d in doc["devices"]} == {d.atom_id.replace("/", "_") for d in res.devices}
     await lab.wait_event("reservation.active", lambda ev, d: ev.subject == res.id)
+    (gpu,) = (await lab.admin.get_node("n1")).capacity  # `bc nodes show`: what is booked and free
+    assert (gpu.device_class, gpu.offered, gpu.booked_now, gpu.free_now) == ("gpu", 8, 2, 6)
 
     rel = await lab.admin.release(res.id)
     assert rel.state == "releasing"

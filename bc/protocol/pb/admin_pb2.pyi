@@ -49,7 +49,7 @@ class GetNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "role", "state", "generation", "applied_generation", "observed_generation", "last_seen_age_ms", "session_epoch", "gateway_id", "boot_id", "journal_id", "spec_hash", "applied_spec_hash", "sections", "conditions", "inventory", "capabilities", "labels", "cordoned", "state_age_ms", "revoked", "revoke_reason", "cert_not_after_ms", "no_schedule", "job_hold")
+    __slots__ = ("node_id", "role", "state", "generation", "applied_generation", "observed_generation", "last_seen_age_ms", "session_epoch", "gateway_id", "boot_id", "journal_id", "spec_hash", "applied_spec_hash", "sections", "conditions", "inventory", "capabilities", "labels", "cordoned", "state_age_ms", "revoked", "revoke_reason", "cert_not_after_ms", "no_schedule", "job_hold", "capacity", "host_capacity")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,8 @@ class NodeInfo(_message.Message):
     CERT_NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     NO_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     JOB_HOLD_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HOST_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     state: str
@@ -107,7 +109,39 @@ class NodeInfo(_message.Message):
     cert_not_after_ms: int
     no_schedule: _containers.RepeatedScalarFieldContainer[str]
     job_hold: str
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., last_seen_age_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cordoned: _Optional[bool] = ..., state_age_ms: _Optional[int] = ..., revoked: _Optional[bool] = ..., revoke_reason: _Optional[str] = ..., cert_not_after_ms: _Optional[int] = ..., no_schedule: _Optional[_Iterable[str]] = ..., job_hold: _Optional[str] = ...) -> None: ...
+    capacity: _containers.RepeatedCompositeFieldContainer[ClassCapacity]
+    host_capacity: HostCapacity
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., last_seen_age_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cordoned: _Optional[bool] = ..., state_age_ms: _Optional[int] = ..., revoked: _Optional[bool] = ..., revoke_reason: _Optional[str] = ..., cert_not_after_ms: _Optional[int] = ..., no_schedule: _Optional[_Iterable[str]] = ..., job_hold: _Optional[str] = ..., capacity: _Optional[_Iterable[_Union[ClassCapacity, _Mapping]]] = ..., host_capacity: _Optional[_Union[HostCapacity, _Mapping]] = ...) -> None: ...
+
+class ClassCapacity(_message.Message):
+    __slots__ = ("device_class", "offered", "booked_now", "free_now", "booked_later")
+    DEVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    OFFERED_FIELD_NUMBER: _ClassVar[int]
+    BOOKED_NOW_FIELD_NUMBER: _ClassVar[int]
+    FREE_NOW_FIELD_NUMBER: _ClassVar[int]
+    BOOKED_LATER_FIELD_NUMBER: _ClassVar[int]
+    device_class: str
+    offered: int
+    booked_now: int
+    free_now: int
+    booked_later: int
+    def __init__(self, device_class: _Optional[str] = ..., offered: _Optional[int] = ..., booked_now: _Optional[int] = ..., free_now: _Optional[int] = ..., booked_later: _Optional[int] = ...) -> None: ...
+
+class HostCapacity(_message.Message):
+    __slots__ = ("cpus", "memory_bytes", "hugepages_1g", "cpus_booked", "memory_booked", "hugepages_1g_booked")
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HUGEPAGES_1G_FIELD_NUMBER: _ClassVar[int]
+    CPUS_BOOKED_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BOOKED_FIELD_NUMBER: _ClassVar[int]
+    HUGEPAGES_1G_BOOKED_FIELD_NUMBER: _ClassVar[int]
+    cpus: int
+    memory_bytes: int
+    hugepages_1g: int
+    cpus_booked: int
+    memory_booked: int
+    hugepages_1g_booked: int
+    def __init__(self, cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., hugepages_1g: _Optional[int] = ..., cpus_booked: _Optional[int] = ..., memory_booked: _Optional[int] = ..., hugepages_1g_booked: _Optional[int] = ...) -> None: ...
 
 class RevokeNodeRequest(_message.Message):
     __slots__ = ("node_id", "reason")
