@@ -11,10 +11,11 @@
    open (the agents share one process here, as the issue allows).
 
 Further parts live in their own modules: `commands`, `journal` (bench.commands), `dist`, `signing`,
-`merkle`, `pair` (bench.session_pair), `jobs` (bench.jobs: the job queue's figures).
+`merkle`, `pair` (bench.session_pair), `jobs` (bench.jobs: the job queue's figures), `capacity`
+(bench.capacity: the placement pass, reserve -> active, `bc usage`).
 
 Usage: python -m bench.run [--reservations 100] [--sessions 200]
-       [--only latency|memory|commands|journal|dist|signing|merkle|pair|jobs]
+       [--only latency|memory|commands|journal|dist|signing|merkle|pair|jobs|capacity]
 """
 
 from __future__ import annotations
@@ -202,7 +203,8 @@ async def main() -> None:
     ap.add_argument("--reservations", type=int, default=100)
     ap.add_argument("--sessions", type=int, default=200)
     ap.add_argument(
-        "--only", choices=["latency", "memory", "commands", "journal", "dist", "signing", "merkle", "pair", "jobs"]
+        "--only",
+        choices=["latency", "memory", "commands", "journal", "dist", "signing", "merkle", "pair", "jobs", "capacity"],
     )
     args = ap.parse_args()
     if args.only in (None, "latency"):
@@ -241,6 +243,11 @@ async def main() -> None:
         from bench.jobs import run as jobs_run
 
         await jobs_run(jobs_parser().parse_args([]))
+    if args.only in (None, "capacity"):
+        from bench.capacity import parser as capacity_parser
+        from bench.capacity import run as capacity_run
+
+        await capacity_run(capacity_parser().parse_args([]))
 
 
 if __name__ == "__main__":
