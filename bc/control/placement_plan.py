@@ -553,13 +553,10 @@ class _Pass:
         its node alone, stopping after the first instant that fits anywhere.
         """
         able = {n.node_id: n for n in candidates if len(self.offered(n, req.device_class)) >= req.count}
-        best: Booking | None = None
         i = bisect.bisect_right(self._ends, max(base, not_before - 1), key=lambda e: e[0])
         while i < len(self._ends):
             t, node_id = self._ends[i]
             i += 1
-            if best is not None and t > best.start_ms:
-                break
             node = able.get(node_id)
             if node is None or (i > 1 and self._ends[i - 2] == (t, node_id)):
                 continue  # not a node it may use, or the same instant on the same node again
@@ -567,9 +564,10 @@ class _Pass:
             if interval is None:
                 break
             f = _fit(node, self.offered(node, req.device_class), self.timeline[node_id], req, *interval)
-            if f is not None and (best is None or node_id < best.node_id):  # same instant: the lowest node
-                best = Booking(req.reservation_id, node_id, f.atoms, *interval, req.host, f.cpu_numa, f.mem_numa)
-        return best
+            if f is not None:
+                # `_ends` is sorted by (instant, node id): the first fit is the earliest instant's lowest node.
+                return Booking(req.reservation_id, node_id, f.atoms, *interval, req.host, f.cpu_numa, f.mem_numa)
+        return None
 
     def _never_fits(self, req: Request) -> Failure | None:
         """More atoms (or host resources) than any node could ever offer, whatever is released or healed."""
