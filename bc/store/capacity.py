@@ -225,6 +225,23 @@ async def usage_windows(tx: Tx, since_ms: int | None, until_ms: int | None) -> l
     )
 
 
+_USAGE_KEYS = {"reservation": "reservation_id", "tenant": "tenant", "node": "node_id"}
+
+
+async def usage_sums(tx: Tx, since_ms: int | None, until_ms: int | None, by: str) -> list[Row]:
+    """The flushed windows summed in the store: per key, atoms x the milliseconds of each window inside
+    `[since, until)` (prorated at the edges, as `usage_windows.aggregate` does) and how many windows."""
+    key = _USAGE_KEYS[by]
+    lo = "CASE WHEN CAST(:s AS BIGINT) IS NULL OR start_ms > :s THEN start_ms ELSE :s END"
+    hi = "CASE WHEN CAST(:u AS BIGINT) IS NULL OR end_ms < :u THEN end_ms ELSE :u END"
+    return await tx.fetchall(
+        f"SELECT {key} AS key, SUM(atoms * (({hi}) - ({lo}))) AS atom_ms, COUNT(*) AS windows FROM usage_windows"
+        " WHERE (CAST(:u AS BIGINT) IS NULL OR start_ms < :u) AND (CAST(:s AS BIGINT) IS NULL OR end_ms > :s)"
+        f" GROUP BY {key} ORDER BY {key}",
+        {"s": since_ms, "u": until_ms},
+    )
+
+
 async def set_usage_end(tx: Tx, reservation_id: str, at_ms: int) -> None:
     """Usage stops here (a release or a failure committed): kept if an earlier end is already set."""
     await tx.execute(
