@@ -14,7 +14,7 @@ RPCs (`bc.api.jobs_servicer`) and `CordonNode` submit to.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import TypeVar
 
 import grpc
@@ -25,11 +25,11 @@ from bc.api.capacity_servicer import CapacityRpcs, reserve_request
 from bc.api.jobs_servicer import JobEngine, JobRpcs
 from bc.api.peers import operator_of
 from bc.clock import Clock
-from bc.control import actor, approvers, commands, identity, node_admin, operators, quorum, reservations, specs, views
+from bc.control import approvers, commands, identity, node_admin, operators, quorum, reservations, specs, views
 from bc.control import intent as intent_ctl
 from bc.control.bus import Bus
 from bc.control.signer import Signer
-from bc.errors import BcError, NotFound, UsageError
+from bc.errors import NotFound, UsageError
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import Secrets
 from bc.protocol.limits import LIMITS
@@ -42,7 +42,6 @@ from bc.store import operators as ops_sql
 from bc.store import quorum as q_sql
 from bc.store import reservations as res_sql
 from bc.store import revocation as rev_sql
-from bc.wire.status import abort_with
 from bc.wire.stubs import admin_pb2_grpc
 
 MAX_EVENTS_LIMIT = 10_000
@@ -69,16 +68,6 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
 
     async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller:
         return await operators.authorize(self.store, operator_of(context, self.ca.certificate), need, what)
-
-    async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
-        return await self._call_as(context, lambda _operator: fn())
-
-    async def _call_as(self, context: grpc.aio.ServicerContext, fn: Callable[[str], Awaitable[T]]) -> T:
-        """Like `_call`, handing `fn` the name of the operator the call acts for (checked by `_guard`)."""
-        try:
-            return await fn(actor.current())
-        except BcError as e:
-            await abort_with(context, e)
 
     async def CreateToken(
         self, request: admin_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext

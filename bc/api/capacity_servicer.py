@@ -7,11 +7,11 @@ each body calls `bc.control.capacity_views` and maps its answer to messages; err
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 
+from bc.api.calls import AdminCalls
 from bc.control import capacity_views, reservations, views
 from bc.errors import NotFound
 from bc.protocol.pb import admin_pb2
@@ -38,13 +38,10 @@ def reserve_request(request: admin_pb2.ReserveRequest) -> reservations.ReserveRe
     )
 
 
-class CapacityRpcs:
+class CapacityRpcs(AdminCalls):
     """The capacity RPCs; `AdminServicer` provides the store and the call helpers."""
 
     store: Store
-
-    async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
-        raise NotImplementedError  # AdminServicer's
 
     async def GetReservation(
         self, request: admin_pb2.GetReservationRequest, context: grpc.aio.ServicerContext

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Protocol, TypeVar
 
 import grpc
 
 from bc.api import job_views
+from bc.api.calls import AdminCalls
 from bc.control.bus import Bus
 from bc.errors import BcError, Conflict
 from bc.jobs import queries
@@ -47,15 +48,12 @@ class JobEngine(Protocol):
     async def set_slots(self, pool: str, capacity: int) -> None: ...
 
 
-class JobRpcs:
+class JobRpcs(AdminCalls):
     """The job RPCs; `AdminServicer` provides the store, the bus, the engine and the call helpers."""
 
     store: Store
     bus: Bus
     jobs: JobEngine
-
-    async def _call_as(self, context: grpc.aio.ServicerContext, fn: Callable[[str], Awaitable[T]]) -> T:
-        raise NotImplementedError  # AdminServicer's
 
     async def SubmitJob(
         self, request: admin_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
