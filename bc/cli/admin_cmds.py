@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from bc.cli.client import AdminClient
+from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.job_progress import check_done, follow
 from bc.cli.output import echo, json_text
 from bc.cli.render import (
@@ -35,7 +35,6 @@ from bc.cli.render import (
     parse_duration,
     render_fields,
     render_table,
-    with_progress,
 )
 from bc.errors import UsageError
 from bc.protocol import labels as node_labels
@@ -49,13 +48,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 
 def call_admin(fn: Callable[[AdminClient], Awaitable[_T]]) -> _T:
     """Run `fn` against `bc serve` with a fresh client; a slow answer says so on stderr."""
-    client = AdminClient.discover()
-
-    async def go() -> _T:
-        async with client:
-            return await with_progress(fn(client), f"waiting for bc serve at {client.server}…")
-
-    return asyncio.run(go())
+    return run_client(lambda c: slow(c, fn(c)))
 
 
 def echo_json(value: Any) -> None:

@@ -12,13 +12,15 @@ messages of `bc.protocol.pb.admin_pb2`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
+from bc.cli.render import with_progress
 from bc.config import OperatorConfig, find_operator_config
 from bc.errors import ProtocolError, Unavailable
 from bc.protocol.limits import LIMITS
@@ -26,6 +28,8 @@ from bc.protocol.pb import admin_pb2
 from bc.wire.status import status_to_error
 from bc.wire.stubs import admin_pb2_grpc
 from bc.wire.tls import channel_credentials
+
+_T = TypeVar("_T")
 
 DEFAULT_TIMEOUT_S = 15.0
 
@@ -440,3 +444,19 @@ class AdminClient:
         if not isinstance(resp, reply):
             raise ProtocolError(f"the server answered with {type(resp).__name__}, not {reply.__name__}")
         return resp
+
+
+def run_client(fn: Callable[[AdminClient], Awaitable[_T]]) -> _T:
+    """Run `fn` with a fresh client to the server the operator config names (a command's one connection)."""
+    client = AdminClient.discover()
+
+    async def go() -> _T:
+        async with client:
+            return await fn(client)
+
+    return asyncio.run(go())
+
+
+def slow(client: AdminClient, aw: Awaitable[_T]) -> Awaitable[_T]:
+    """`aw`, saying on stderr when the server is slow to answer."""
+    return with_progress(aw, f"waiting for bc serve at {client.server}…")

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
 
 from bc.cli.admin_cmds import read_json_object
-from bc.cli.client import AdminClient
+from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.output import echo, json_text
 from bc.cli.render import (
     INT64_MAX,
@@ -35,7 +34,6 @@ from bc.cli.render import (
     parse_duration,
     render_fields,
     render_table,
-    with_progress,
 )
 from bc.control.command_states import CANCELLED, STATES, SUCCEEDED, TERMINAL
 from bc.errors import BcError
@@ -53,21 +51,6 @@ class CommandFailed(BcError):
     """A waited-for command settled in a state other than `succeeded`."""
 
     exit_code = 8
-
-
-def _call(fn: Callable[[AdminClient], Awaitable[_T]]) -> _T:
-    """Run `fn` with a fresh client; each call inside says on stderr when the server is slow to answer."""
-    client = AdminClient.discover()
-
-    async def go() -> _T:
-        async with client:
-            return await fn(client)
-
-    return asyncio.run(go())
-
-
-def _slow(client: AdminClient, aw: Awaitable[_T]) -> Awaitable[_T]:
-    return with_progress(aw, f"waiting for bc serve at {client.server}…")
 
 
 # -- rendering ---------------------------------------------------------------------
@@ -174,7 +157,7 @@ def cmd_run(
     not_after_s = parse_duration(not_after, what="--not-after")
 
     async def go(client: AdminClient) -> admin_pb2.CommandInfo:
-        info = await _slow(
+        info = await slow(
             client,
             client.run_command(
                 node_id,
@@ -187,7 +170,7 @@ def cmd_run(
         )
         return await wait_settled(client, info) if wait else info
 
-    info = _call(go)
+    info = run_client(go)
     if as_json or wait:
         _print(info, as_json=as_json)
     else:
@@ -218,7 +201,7 @@ async def wait_settled(client: AdminClient, info: admin_pb2.CommandInfo) -> admi
 @json_option
 def cmd_list(node_id: str, state: str | None, limit: int | None, as_json: bool) -> None:
     """Commands, newest first."""
-    items = _call(lambda c: _slow(c, c.list_commands(node_id=node_id, state=state or "", limit=limit or 0)))
+    items = run_client(lambda c: slow(c, c.list_commands(node_id=node_id, state=state or "", limit=limit or 0)))
     if as_json:
         echo(dumps([command_to_json(c) for c in items]))
         return
@@ -234,7 +217,7 @@ def cmd_list(node_id: str, state: str | None, limit: int | None, as_json: bool) 
 @json_option
 def cmd_show(command_id: str, as_json: bool) -> None:
     """One command: its state, reason, timing and the node's result."""
-    _print(_call(lambda c: _slow(c, c.get_command(command_id))), as_json=as_json)
+    _print(run_client(lambda c: slow(c, c.get_command(command_id))), as_json=as_json)
 
 
 @cmd.command("cancel")
@@ -243,7 +226,7 @@ def cmd_show(command_id: str, as_json: bool) -> None:
 @json_option
 def cmd_cancel(command_id: str, reason: str, as_json: bool) -> None:
     """Cancel a command: at once if not yet sent, else the node is asked to stop."""
-    info = _call(lambda c: _slow(c, c.cancel_command(command_id, reason=reason)))
+    info = run_client(lambda c: slow(c, c.cancel_command(command_id, reason=reason)))
     if as_json:
         _print(info, as_json=True)
     elif info.state not in TERMINAL:

@@ -15,14 +15,13 @@ on stdout. It exits 0 when the DAG ended done, else 8 (`JobFailed`) with the rea
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TypeVar
 
 import click
 
 from bc.cli.admin_cmds import read_json_object
-from bc.cli.client import AdminClient
+from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.job_progress import JobFailed, check_done, follow, glyph, job_to_json, progress_line, subjects_text
 from bc.cli.output import echo
 from bc.cli.render import (
@@ -33,7 +32,6 @@ from bc.cli.render import (
     parse_duration,
     render_fields,
     render_table,
-    with_progress,
 )
 from bc.errors import Unavailable, UsageError
 from bc.jobs.views import TEMPLATES
@@ -48,20 +46,6 @@ MAX_SLOTS = 10_000
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 
 
-def _call(fn: Callable[[AdminClient], Awaitable[_T]]) -> _T:
-    client = AdminClient.discover()
-
-    async def go() -> _T:
-        async with client:
-            return await fn(client)
-
-    return asyncio.run(go())
-
-
-def _slow(client: AdminClient, aw: Awaitable[_T]) -> Awaitable[_T]:
-    return with_progress(aw, f"waiting for bc serve at {client.server}…")
-
-
 def _progress(line: str) -> None:
     echo(line, err=True)
 
@@ -70,7 +54,7 @@ async def submit_and_follow(
     client: AdminClient, request: admin_pb2.SubmitJobRequest, *, wait: bool = True
 ) -> admin_pb2.JobInfo:
     """Submit the DAG; with `wait`, follow it to its end with progress lines on stderr."""
-    job = await _slow(client, client.submit_job(request))
+    job = await slow(client, client.submit_job(request))
     if not wait or job.terminal:
         return job
     echo(f"job {job.id}: {job.template} submitted; `bc jobs show {job.id}` for its nodes", err=True)
@@ -117,7 +101,7 @@ _deadline_option = click.option(
 
 
 def _run(request: admin_pb2.SubmitJobRequest, *, no_wait: bool, as_json: bool) -> None:
-    job = _call(lambda c: submit_and_follow(c, request, wait=not no_wait))
+    job = run_client(lambda c: submit_and_follow(c, request, wait=not no_wait))
     if as_json:
         echo(dumps(job_to_json(job)))
     elif no_wait:
@@ -243,7 +227,7 @@ def _done_count(job: admin_pb2.JobInfo) -> str:
 @json_option
 def jobs_list(include_all: bool, as_json: bool) -> None:
     """DAGs, oldest first."""
-    resp = _call(lambda c: _slow(c, c.list_jobs(include_all=include_all)))
+    resp = run_client(lambda c: slow(c, c.list_jobs(include_all=include_all)))
     if resp.omitted:
         echo(f"{resp.omitted} older job(s) left out to keep the reply under the frame limit", err=True)
     if as_json:
@@ -305,7 +289,7 @@ def render_job(job: admin_pb2.JobInfo) -> str:
 @json_option
 def jobs_show(dag_id: str, as_json: bool) -> None:
     """One DAG: its state and a table of its nodes (kind, subject, state, deps, error or detail)."""
-    job = _call(lambda c: _slow(c, c.get_job(dag_id)))
+    job = run_client(lambda c: slow(c, c.get_job(dag_id)))
     echo(dumps(job_to_json(job)) if as_json else render_job(job))
 
 
@@ -314,7 +298,7 @@ def jobs_show(dag_id: str, as_json: bool) -> None:
 @json_option
 def jobs_cancel(dag_id: str, as_json: bool) -> None:
     """Cancel a DAG's queued nodes and ask its running commands to stop; its tails still run."""
-    resp = _call(lambda c: _slow(c, c.cancel_job(dag_id)))
+    resp = run_client(lambda c: slow(c, c.cancel_job(dag_id)))
     if as_json:
         echo(dumps({"cancelled": resp.cancelled, "job": job_to_json(resp.job)}))
     elif resp.cancelled:
@@ -351,10 +335,10 @@ def jobs_slots(settings: tuple[str, ...], as_json: bool) -> None:
 
     async def go(c: AdminClient) -> list[admin_pb2.JobPool]:
         if capacities:
-            return list((await _slow(c, c.job_slots(capacities))).pools)
-        return list((await _slow(c, c.list_jobs())).pools)  # a viewer reads the pools with the jobs
+            return list((await slow(c, c.job_slots(capacities))).pools)
+        return list((await slow(c, c.list_jobs())).pools)  # a viewer reads the pools with the jobs
 
-    pools = _call(go)
+    pools = run_client(go)
     if as_json:
         echo(dumps([message_to_json(p) for p in pools]))
         return
