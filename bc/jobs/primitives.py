@@ -316,30 +316,24 @@ PRIMITIVES: Mapping[str, Primitive] = {
 }
 
 
-async def start(ctx: Ctx) -> Outcome | None:
-    """Run the node's start; a refusal of the control plane (BcError) is the node's failure, not a crash."""
+async def _refusal_is_failure(step: Callable[[Ctx], Awaitable[Outcome | None]] | None, ctx: Ctx) -> Outcome | None:
+    """Run a primitive's step; a refusal of the control plane (BcError) is the node's failure, not a crash."""
+    if step is None:
+        return None
     try:
-        return await PRIMITIVES[ctx.node.kind].start(ctx)
+        return await step(ctx)
     except BcError as e:
         return Outcome(False, e.message)
+
+
+async def start(ctx: Ctx) -> Outcome | None:
+    return await _refusal_is_failure(PRIMITIVES[ctx.node.kind].start, ctx)
 
 
 async def check(ctx: Ctx) -> Outcome | None:
-    p = PRIMITIVES[ctx.node.kind]
-    if p.check is None:
-        return None
-    try:
-        return await p.check(ctx)
-    except BcError as e:
-        return Outcome(False, e.message)
+    return await _refusal_is_failure(PRIMITIVES[ctx.node.kind].check, ctx)
 
 
 async def cancel(ctx: Ctx) -> Outcome | None:
     """Ask a running node to stop; an Outcome when it ended at once, None when its real outcome follows."""
-    p = PRIMITIVES[ctx.node.kind]
-    if p.cancel is None:
-        return None
-    try:
-        return await p.cancel(ctx)
-    except BcError as e:
-        return Outcome(False, e.message)
+    return await _refusal_is_failure(PRIMITIVES[ctx.node.kind].cancel, ctx)
