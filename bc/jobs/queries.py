@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 from bc.errors import NotFound
-from bc.jobs.model import TERMINAL, NodeState
 from bc.jobs.views import DagView, NodeView, PoolView
 from bc.store import Row, Store, Tx
 from bc.store import events as events_sql
@@ -84,7 +83,3 @@ def _node(r: Row, deps: list[tuple[str, str]]) -> NodeView:
 def _loads(text: object) -> dict[str, Any]:
     value = json.loads(str(text or "{}"))
     return value if isinstance(value, dict) else {}
-
-
-def is_terminal(state: str) -> bool:
-    return NodeState(state) in TERMINAL

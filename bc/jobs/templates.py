@@ -37,17 +37,6 @@ MAX_DEADLINE_S = 7 * 86_400
 ROLLOUT_POOL = "unavailable"
 REBOOT_POOL = "parallel"
 BATCH_NOT_AFTER_S = 6 * 3600.0  # a job's batch waits for its quorum and then for its turn under the pools
-KIND_OF_PRIMITIVE = (
-    "SetWanted",
-    "Drain",
-    "Command",
-    "Batch",
-    "PatchSpec",
-    "Reconcile",
-    "ResolveApproval",
-    "Emit",
-    "Group",
-)
 
 
 @dataclass(frozen=True)
