@@ -1,0 +1,193 @@
+"""The chaos schedule: which faults a simulated run injects, and when. Pure: a seed in, a list out.
+
+`schedule(level, rng, node_ids, duration_s, gateways)` draws every fault of a run up front, so the whole
+run's misfortune is a function of its seed and can be printed, counted and replayed before anything
+runs. `bc.sim.fleet` executes the list (each fault also becomes a `sim.fault` event in the events log).
+
+Rates (Poisson; "per node-hour" faults pick one node each, so a fleet's count scales with its size):
+
+=================== ===================== ================= ==================================================
+kind                 heavy                  light             what it does (params)
+=================== ===================== ================= ==================================================
+agent-crash          0.20 / node-hour       0.02              the agent process dies; systemd restarts it after
+                                                              `restart_s` = 5 s (RestartSec=5)
+node-reboot          0.08 / node-hour       0.008             the machine goes away for `down_s` (30-120 s) and
+                                                              comes back with a new boot id
+journal-loss         0.04 / node-hour       0.004             the agent dies and restarts after 5 s on a fresh
+                                                              journal (new journal id)
+partition            0.03 / node-hour,      0.003             1-5 % of the nodes (at least one) lose the link for
+                     a group each                             `duration_s` (20-300 s), `direction` both (60 %),
+                                                              to-node or from-node
+half-open            0.10 / node-hour       0.01              one node's link goes half-open (frames to the node
+                                                              are lost, the node does not notice) for 20-180 s
+reset                0.15 / node-hour       0.015             one node's session is reset (closed under it)
+stall                0.10 / node-hour       0.01              one node's link holds every frame for 1-30 s
+node-clock-skew      0.05 / node-hour       0.005             one node's wall clock steps by `offset_s`
+                                                              (±1-120 s; its monotonic clock does not move)
+cp-clock-skew        2 / hour               0.2               the control plane's clock steps by `offset_s`, kept
+                                                              within ±0.9 s of the store's (the design's 1 s)
+cp-restart           once, mid-run           once (≥ 10 min)  the control plane stops, stays down `down_s`
+                                                              (5-30 s), starts again
+gateway-kill/stall   only with gateways > 1 (not built: `gateways` must be 1)
+=================== ===================== ================= ==================================================
+
+At 100 nodes for an hour heavy draws about 75 node faults plus the control plane's, on the order of a
+hundred. Heavy also guarantees every kind at least once in a run long enough to hold it (a kind the
+draws missed gets one fault at a drawn time), so a heavy run always exercises every path; light
+makes no such promise. Faults fall in `[WARMUP_S, duration_s)` and every fault with a duration ends by
+`duration_s`: the quiet period after a run starts healed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Level = Literal["none", "light", "heavy"]
+LEVELS: tuple[Level, ...] = ("none", "light", "heavy")
+
+AGENT_CRASH = "agent-crash"
+NODE_REBOOT = "node-reboot"
+JOURNAL_LOSS = "journal-loss"
+PARTITION = "partition"
+HALF_OPEN = "half-open"
+RESET = "reset"
+STALL = "stall"
+NODE_CLOCK_SKEW = "node-clock-skew"
+CP_CLOCK_SKEW = "cp-clock-skew"
+CP_RESTART = "cp-restart"
+
+KINDS: tuple[str, ...] = (
+    AGENT_CRASH,
+    NODE_REBOOT,
+    JOURNAL_LOSS,
+    PARTITION,
+    HALF_OPEN,
+    RESET,
+    STALL,
+    NODE_CLOCK_SKEW,
+    CP_CLOCK_SKEW,
+    CP_RESTART,
+)
+
+RESTART_S = 5.0
+"""systemd's RestartSec=5: how long a crashed agent stays down."""
+CP_SKEW_MAX_S = 0.9
+"""The control plane's clock stays within this of the store's: `ClockSkew` is raised past 1 s."""
+WARMUP_S = 30.0
+"""No fault before every node had a chance to join."""
+
+# Per node-hour (node faults) and per hour (control-plane faults), at heavy; light is a tenth.
+_HEAVY_NODE_RATES: Mapping[str, float] = {
+    AGENT_CRASH: 0.20,
+    NODE_REBOOT: 0.08,
+    JOURNAL_LOSS: 0.04,
+    PARTITION: 0.03,
+    HALF_OPEN: 0.10,
+    RESET: 0.15,
+    STALL: 0.10,
+    NODE_CLOCK_SKEW: 0.05,
+}
+_HEAVY_CP_RATES: Mapping[str, float] = {CP_CLOCK_SKEW: 2.0}
+_SCALE: Mapping[Level, float] = {"none": 0.0, "light": 0.1, "heavy": 1.0}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: at `t_s` seconds into the run, `kind` strikes `targets` (node ids; empty: the control plane)."""
+
+    t_s: float
+    kind: str
+    targets: tuple[str, ...] = ()
+    params: Mapping[str, float | str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        who = ",".join(self.targets) if len(self.targets) <= 3 else f"{len(self.targets)} nodes"
+        args = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.t_s:9.1f}s {self.kind} {who or 'control-plane'} {args}".rstrip()
+
+
+def schedule(
+    level: Level, rng: random.Random, node_ids: Sequence[str], duration_s: float, gateways: int = 1
+) -> list[Fault]:
+    """Every fault of a run, sorted by time (then kind, then targets); see the module docstring."""
+    if level not in _SCALE:
+        raise ValueError(f"chaos level {level!r}: one of {', '.join(LEVELS)}")
+    if gateways != 1:
+        raise ValueError("only one gateway is built yet: gateway kills and stalls need --gateways > 1")
+    scale = _SCALE[level]
+    span = duration_s - WARMUP_S
+    if scale == 0 or span <= 0 or not node_ids:
+        return []
+    nodes = sorted(node_ids)
+    hours = span / 3600
+    out: list[Fault] = []
+    for kind, rate in _HEAVY_NODE_RATES.items():
+        for t in _arrivals(rng, rate * scale * len(nodes) * hours, span):
+            out.append(_node_fault(kind, t, rng, nodes, duration_s))
+    for kind, rate in _HEAVY_CP_RATES.items():
+        for t in _arrivals(rng, rate * scale * hours, span):
+            out.append(_cp_fault(kind, t, rng))
+    if duration_s >= (600 if level == "light" else 120):
+        out.append(_cp_fault(CP_RESTART, rng.uniform(0.4, 0.6) * duration_s - WARMUP_S, rng))
+    if level == "heavy":
+        seen = {f.kind for f in out}
+        for kind in KINDS:
+            if kind not in seen and kind != CP_RESTART:
+                t = rng.uniform(0, span * 0.8)
+                missing = _cp_fault(kind, t, rng) if kind in _HEAVY_CP_RATES else None
+                out.append(missing or _node_fault(kind, t, rng, nodes, duration_s))
+    return sorted(out, key=lambda f: (f.t_s, f.kind, f.targets))
+
+
+def _arrivals(rng: random.Random, expected: float, span: float) -> list[float]:
+    """A Poisson process's arrival offsets in [0, span), `expected` of them on average."""
+    out: list[float] = []
+    if expected <= 0:
+        return out
+    t = rng.expovariate(expected / span)
+    while t < span:
+        out.append(t)
+        t += rng.expovariate(expected / span)
+    return out
+
+
+def _node_fault(kind: str, offset: float, rng: random.Random, nodes: Sequence[str], duration_s: float) -> Fault:
+    t = round(WARMUP_S + offset, 3)
+    left = max(1.0, duration_s - t)  # a fault with a duration ends by the end of the run
+
+    def lasting(lo: float, hi: float) -> float:
+        return math.floor(min(rng.uniform(lo, hi), left) * 1000) / 1000
+
+    if kind == PARTITION:
+        size = max(1, round(len(nodes) * rng.uniform(0.01, 0.05)))
+        group = tuple(sorted(rng.sample(list(nodes), min(size, len(nodes)))))
+        direction = rng.choices(("both", "to-node", "from-node"), weights=(6, 2, 2))[0]
+        return Fault(t, kind, group, {"duration_s": lasting(20, 300), "direction": direction})
+    node = (rng.choice(list(nodes)),)
+    if kind in (AGENT_CRASH, JOURNAL_LOSS):
+        return Fault(t, kind, node, {"restart_s": RESTART_S})
+    if kind == NODE_REBOOT:
+        return Fault(t, kind, node, {"down_s": lasting(30, 120)})
+    if kind == HALF_OPEN:
+        return Fault(t, kind, node, {"duration_s": lasting(20, 180)})
+    if kind == STALL:
+        return Fault(t, kind, node, {"duration_s": lasting(1, 30)})
+    if kind == RESET:
+        return Fault(t, kind, node)
+    if kind == NODE_CLOCK_SKEW:
+        return Fault(t, kind, node, {"offset_s": round(rng.choice((-1, 1)) * rng.uniform(1, 120), 3)})
+    raise ValueError(f"not a node fault: {kind}")
+
+
+def _cp_fault(kind: str, offset: float, rng: random.Random) -> Fault:
+    t = round(WARMUP_S + offset, 3)
+    if kind == CP_CLOCK_SKEW:
+        # An absolute offset from the store's clock, not a step: steps must not add up past the tolerance.
+        return Fault(t, kind, (), {"offset_s": round(rng.uniform(-CP_SKEW_MAX_S, CP_SKEW_MAX_S), 3)})
+    if kind == CP_RESTART:
+        return Fault(t, kind, (), {"down_s": round(rng.uniform(5, 30), 3)})
+    raise ValueError(f"not a control-plane fault: {kind}")
