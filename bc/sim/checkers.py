@@ -1,0 +1,349 @@
+"""The fleet invariants over what a simulated run recorded (reference: failure-modes.md, "The invariants").
+
+I2, I3 and I4 are here, in the style of `bc.control.invariants`: pure functions over plain facts that return
+None when the invariant holds, else a frozen counterexample whose `sentence` names the facts behind it and
+the simulated time. I1, I5, I7 and I8 are the capacity checkers themselves (`bc.control.invariants`), run on
+the same facts; I1 also runs its overlap check on the bindings nodes reported, and checks each binding
+against its booking. `check_all` runs every one and returns one `InvariantResult` each.
+
+    I1  no atom booked (or bound by a node) for two reservations at once; no binding of an unbooked atom
+    I2  at most one execution per command (kinds' flags: bc.protocol.kinds)
+    I3  a spec delivered while the node stays reachable is reported observed within 60 s
+    I4  no node marked unreachable or lost within 20 s of the gateway hearing from it
+    I5  no allocation released only because its node went away
+    I7  nothing pending that a brute-force solver could place (after the quiet period; only when asked)
+    I8  usage = booked duration x atoms, no duplicate window keys
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from bc.control import invariants
+from bc.control.command_states import SUCCEEDED
+from bc.control.placement_plan import Booking, iso
+from bc.protocol.kinds import KINDS
+from bc.sim.facts import (
+    AgentRestart,
+    Bound,
+    Connectivity,
+    FactLog,
+    JournalLoss,
+    Outage,
+    Outcome,
+    SideEffect,
+    SpecDelivered,
+    StatusReported,
+)
+
+# ---- I1: bindings against bookings ----
+
+
+@dataclass(frozen=True)
+class UnbookedBinding:
+    binding: Bound
+    atom_id: str
+
+    @property
+    def sentence(self) -> str:
+        b = self.binding
+        return (
+            f"I1: {b.node_id} bound {self.atom_id} for {b.reservation_id} at {iso(b.start_ms)}, "
+            f"which {b.reservation_id} did not book there"
+        )
+
+
+def check_bound_as_booked(bound: Sequence[Bound], bookings: Sequence[Booking]) -> UnbookedBinding | None:
+    """I1: every atom a node bound for a reservation is one that reservation booked on that node."""
+    booked: dict[tuple[str, str], set[str]] = {}
+    for bk in bookings:
+        booked.setdefault((bk.reservation_id, bk.node_id), set()).update(a.atom_id for a in bk.atoms)
+    for b in sorted(bound, key=lambda b: (b.start_ms, b.node_id, b.reservation_id)):
+        have = booked.get((b.reservation_id, b.node_id), set())
+        for a in b.atoms:
+            if a.atom_id not in have:
+                return UnbookedBinding(b, a.atom_id)
+    return None
+
+
+# ---- I2 ----
+
+
+def _once_only(kind: str) -> bool:
+    """Starts at most once: not retry-safe, or self-terminating; an unknown kind is held to the strict rule."""
+    k = KINDS.get(kind)
+    return k is None or not k.retry_safe or k.self_terminating
+
+
+def _retry_safe(kind: str) -> bool:
+    k = KINDS.get(kind)
+    return k is not None and k.retry_safe
+
+
+@dataclass(frozen=True)
+class DoubleExecution:
+    first: SideEffect
+    second: SideEffect
+    why: str  # what made the second start wrong
+
+    @property
+    def sentence(self) -> str:
+        f, s = self.first, self.second
+        return (
+            f"I2: {f.kind} {f.command_id} started on {f.node_id} at {iso(f.t_ms)} and again on {s.node_id} "
+            f"at {iso(s.t_ms)} ({self.why})"
+        )
+
+
+@dataclass(frozen=True)
+class RunAfterJournalLoss:
+    loss: JournalLoss
+    command_id: str
+    kind: str
+    start: SideEffect | None  # it started again after the loss; None: it ended succeeded
+    outcome: Outcome | None
+
+    @property
+    def sentence(self) -> str:
+        lo = self.loss
+        lost = f"lost {lo.node_id}'s journal {lo.old_journal_id} at {iso(lo.t_ms)} with {self.kind} {self.command_id}"
+        if self.start is not None:
+            return f"I2: {lost} in flight, and it started again at {iso(self.start.t_ms)}"
+        reason = f" ({self.outcome.reason})" if self.outcome is not None and self.outcome.reason else ""
+        return f"I2: {lost} in flight, and it ended succeeded{reason}"
+
+
+def check_i2(
+    side_effects: Sequence[SideEffect],
+    restarts: Sequence[AgentRestart],
+    journal_losses: Sequence[JournalLoss],
+    outcomes: Sequence[Outcome],
+) -> DoubleExecution | RunAfterJournalLoss | None:
+    """I2, at most one execution per command. A non-retry-safe or self-terminating command starts its side
+    effect at most once. A retry-safe one starts again only after a crash could have interrupted it: an
+    agent restart (or a journal loss) of the node that ran it, after the earlier start and at or before the
+    later one. A non-retry-safe command the lost journal held in flight never starts after the loss and never
+    ends succeeded. The first violation in simulated time is returned."""
+    found: list[tuple[int, DoubleExecution | RunAfterJournalLoss]] = []
+    interruptions: dict[str, list[int]] = {}
+    for r in restarts:
+        interruptions.setdefault(r.node_id, []).append(r.t_ms)
+    for lo in journal_losses:
+        interruptions.setdefault(lo.node_id, []).append(lo.t_ms)
+    starts: dict[str, list[SideEffect]] = {}
+    for e in sorted(side_effects, key=lambda e: (e.t_ms, e.node_id, e.command_id)):
+        starts.setdefault(e.command_id, []).append(e)
+    for cid in sorted(starts):
+        runs = starts[cid]
+        for first, second in itertools.pairwise(runs):
+            if _once_only(first.kind):
+                k = KINDS.get(first.kind)
+                why = "unknown kind" if k is None else "self-terminating" if k.self_terminating else "not retry-safe"
+                found.append((second.t_ms, DoubleExecution(runs[0], second, why)))
+                break
+            crashed = any(first.t_ms < t <= second.t_ms for t in interruptions.get(first.node_id, ()))
+            if not crashed:
+                found.append((second.t_ms, DoubleExecution(first, second, "retry-safe, but no crash between")))
+                break
+    by_id = {o.command_id: o for o in outcomes}
+    for lo in sorted(journal_losses, key=lambda lo: (lo.t_ms, lo.node_id)):
+        for cid in sorted(set(lo.in_flight)):
+            o = by_id.get(cid)
+            kind = o.kind if o is not None else next((e.kind for e in starts.get(cid, ())), "")
+            if _retry_safe(kind):
+                continue  # replayed, and its kind allows running again
+            again = next((e for e in starts.get(cid, ()) if e.t_ms > lo.t_ms), None)
+            if again is not None:
+                found.append((again.t_ms, RunAfterJournalLoss(lo, cid, kind, again, o)))
+            elif o is not None and o.state == SUCCEEDED:
+                found.append((lo.t_ms, RunAfterJournalLoss(lo, cid, kind, None, o)))
+    return min(found, key=lambda f: f[0])[1] if found else None
+
+
+# ---- I3 ----
+
+
+@dataclass(frozen=True)
+class NotConverged:
+    delivery: SpecDelivered
+    bound_ms: int
+    latest: StatusReported | None  # the newest report within the bound, if any
+
+    @property
+    def sentence(self) -> str:
+        d = self.delivery
+        seen = (
+            "no status report"
+            if self.latest is None
+            else f"the last report said observed {self.latest.observed_generation} at {iso(self.latest.t_ms)}"
+        )
+        return (
+            f"I3: {d.node_id} received spec generation {d.generation} at {iso(d.t_ms)} and stayed reachable, "
+            f"but did not report it observed within {self.bound_ms // 1000} s ({seen})"
+        )
+
+    @property
+    def at_ms(self) -> int:
+        return self.delivery.t_ms + self.bound_ms
+
+
+def check_i3(
+    deliveries: Sequence[SpecDelivered],
+    reports: Sequence[StatusReported],
+    outages: Sequence[Outage],
+    restarts: Sequence[AgentRestart],
+    end_ms: int,
+    *,
+    bound_ms: int = 60_000,
+) -> NotConverged | None:
+    """I3: each delivered spec of generation G is followed, within `bound_ms`, by a status report reaching the
+    gateway with observed_generation >= G; unless the node was not reachable (an outage) or its agent
+    restarted during that time, or the run ended first. The earliest missed deadline is returned."""
+    by_node: dict[str, list[StatusReported]] = {}
+    for r in sorted(reports, key=lambda r: r.t_ms):
+        by_node.setdefault(r.node_id, []).append(r)
+    restarted: dict[str, list[int]] = {}
+    for a in restarts:
+        restarted.setdefault(a.node_id, []).append(a.t_ms)
+    for d in sorted(deliveries, key=lambda d: (d.t_ms, d.node_id, d.generation)):
+        deadline = d.t_ms + bound_ms
+        if deadline > end_ms:
+            continue
+        window = [r for r in by_node.get(d.node_id, ()) if d.t_ms <= r.t_ms <= deadline]
+        if any(r.observed_generation >= d.generation for r in window):
+            continue
+        if any(o.overlaps(d.node_id, d.t_ms, deadline) for o in outages):
+            continue
+        if any(d.t_ms <= t <= deadline for t in restarted.get(d.node_id, ())):
+            continue
+        return NotConverged(d, bound_ms, window[-1] if window else None)
+    return None
+
+
+# ---- I4 ----
+
+
+@dataclass(frozen=True)
+class FalseUnreachable:
+    transition: Connectivity
+    heard_first_ms: int  # the span of frames the gateway heard up to the mark began here
+    heard_ms: int  # and reached this late (the mark's own instant when it ran right up to it)
+    bound_ms: int
+
+    @property
+    def sentence(self) -> str:
+        c = self.transition
+        ago = c.t_ms - self.heard_ms
+        return (
+            f"I4: {c.node_id} was marked {c.state} at {iso(c.t_ms)}, {ago / 1000:g} s after a gateway heard "
+            f"from it (frames since {iso(self.heard_first_ms)}; the bound is {self.bound_ms // 1000} s)"
+        )
+
+
+def check_i4(facts: FactLog, *, bound_ms: int = 20_000) -> FalseUnreachable | None:
+    """I4: no node goes `unreachable` or `lost` within `bound_ms` after a frame from it reached a gateway,
+    by the frames the transport delivered (`facts.heard`), whatever any clock said. Frames at the mark's
+    very instant do not count: the gateway had not handled them yet."""
+    if bound_ms < facts.heard_gap_ms:
+        raise ValueError(f"I4's bound ({bound_ms} ms) is below the log's heard gap ({facts.heard_gap_ms} ms)")
+    for c in sorted(facts.connectivity, key=lambda c: (c.t_ms, c.node_id)):
+        if c.state not in ("unreachable", "lost"):
+            continue
+        heard = facts.last_heard(c.node_id, c.t_ms - 1)
+        if heard is not None and c.t_ms - heard[1] < bound_ms:
+            return FalseUnreachable(c, heard[0], heard[1], bound_ms)
+    return None
+
+
+# ---- all of them ----
+
+NAMES: dict[str, str] = {
+    "I1": "no overlapping bookings or bindings",
+    "I2": "at most one execution per command",
+    "I3": "convergence within 60 s",
+    "I4": "no false liveness positives",
+    "I5": "no release because a node disconnected",
+    "I7": "nothing placeable pending",
+    "I8": "billing conservation",
+}
+
+
+@dataclass(frozen=True)
+class InvariantResult:
+    id: str
+    name: str
+    ok: bool
+    counterexample: str | None  # its sentence
+    at_ms: int | None  # the simulated time of the violation, when it has one
+
+
+class Counterexample(Protocol):
+    @property
+    def sentence(self) -> str: ...
+
+
+def _result(id_: str, found: Counterexample | None, at_ms: int | None) -> InvariantResult:
+    if found is None:
+        return InvariantResult(id_, NAMES[id_], True, None, None)
+    return InvariantResult(id_, NAMES[id_], False, found.sentence, at_ms)
+
+
+def _i1(facts: FactLog) -> InvariantResult:
+    overlap = invariants.check_no_overlap(facts.bookings)
+    if overlap is not None:
+        return _result("I1", overlap, overlap.at_ms)
+    host = invariants.check_host_resources(facts.nodes, facts.bookings)
+    if host is not None:
+        return _result("I1", host, host.at_ms)
+    bound_overlap = invariants.check_no_overlap([b.as_booking() for b in facts.bound])
+    if bound_overlap is not None:
+        return _result("I1", bound_overlap, bound_overlap.at_ms)
+    unbooked = check_bound_as_booked(facts.bound, facts.bookings)
+    return _result("I1", unbooked, None if unbooked is None else unbooked.binding.start_ms)
+
+
+def check_all(
+    facts: FactLog, *, i7: bool = False, i3_bound_ms: int = 60_000, i4_bound_ms: int = 20_000
+) -> list[InvariantResult]:
+    """One result per checker, in order I1..I8; I7 only with `i7` (after the quiet period: `facts.quiet`)."""
+    out = [_i1(facts)]
+    i2 = check_i2(facts.side_effects, facts.restarts, facts.journal_losses, facts.outcomes)
+    i2_at = None if i2 is None else i2.second.t_ms if isinstance(i2, DoubleExecution) else i2.loss.t_ms
+    if isinstance(i2, RunAfterJournalLoss) and i2.start is not None:
+        i2_at = i2.start.t_ms
+    out.append(_result("I2", i2, i2_at))
+    i3 = check_i3(facts.deliveries, facts.reports, facts.outages, facts.restarts, facts.end_ms, bound_ms=i3_bound_ms)
+    out.append(_result("I3", i3, None if i3 is None else i3.at_ms))
+    i4 = check_i4(facts, bound_ms=i4_bound_ms)
+    out.append(_result("I4", i4, None if i4 is None else i4.transition.t_ms))
+    i5 = invariants.check_no_release_on_disconnect(facts.releases, facts.transitions())
+    out.append(_result("I5", i5, None if i5 is None else i5.release.at_ms))
+    if i7:
+        q = facts.quiet
+        if q is None:
+            raise ValueError("I7 was asked for, but the run recorded no quiet-period snapshot (facts.quiet)")
+        i7_found = invariants.check_nothing_placeable_pending(q.nodes, q.bookings, q.pending, q.now_ms)
+        out.append(_result("I7", i7_found, None if i7_found is None else i7_found.start_ms))
+    i8 = invariants.check_billing_conservation(facts.spans, facts.windows, facts.end_ms)
+    out.append(_result("I8", i8, None if i8 is None else facts.end_ms))
+    return out
+
+
+__all__ = [
+    "NAMES",
+    "Counterexample",
+    "DoubleExecution",
+    "FalseUnreachable",
+    "InvariantResult",
+    "NotConverged",
+    "RunAfterJournalLoss",
+    "UnbookedBinding",
+    "check_all",
+    "check_bound_as_booked",
+    "check_i2",
+    "check_i3",
+    "check_i4",
+]

@@ -1,0 +1,318 @@
+"""What a simulated run records for the invariant checkers, and `FactLog`, the recorder the runner appends to.
+
+Every time is the store's (the loop's) clock in integer milliseconds: the facts are what the simulator saw
+happen, never what a skewed node or gateway clock said. The runner records as the run goes (side effects
+from the fake hardware, frames from the link taps, faults from chaos) and reads the rest from the store at
+the end (outcomes, connectivity transitions, bookings, releases, usage). The capacity facts are the input
+types of `bc.control.invariants` as they are, so I1, I5, I7 and I8 run the capacity checkers themselves.
+
+Memory: at 10,000 nodes over hours the frames the gateway hears are the one fact that grows with every
+heartbeat. I4 needs only "when did the gateway last hear from this node before T", and for a bound W a
+node's frames closer together than W answer that as well as one span does. So `FactLog` keeps per node the
+spans of frames no more than `heard_gap_ms` apart (a node that heartbeats without a break is one span); the
+I4 bound must be at least that gap for the answer to stay exact (the checker asserts it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from bc.control.invariants import Release, Transition
+from bc.control.placement_plan import Booking, NodeInfo, Request
+from bc.control.usage_windows import Span, UsageWindow
+from bc.protocol.atoms import Atom
+
+# ---- commands (I2) ----
+
+
+@dataclass(frozen=True)
+class SideEffect:
+    """A command's side effect STARTED on a node (the fake hardware records it as it begins)."""
+
+    t_ms: int
+    node_id: str
+    command_id: str
+    kind: str
+    boot_id: str
+
+
+@dataclass(frozen=True)
+class JournalLoss:
+    """The node's journal was lost; `in_flight`: the commands the lost journal held `accepted` or `running`
+    (the runner reads them from the old journal as it drops it; they are the ones I2 says never run again)."""
+
+    t_ms: int
+    node_id: str
+    old_journal_id: str
+    new_journal_id: str
+    in_flight: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AgentRestart:
+    """The node's agent process started again (after a crash, or a reboot when `boot_changed`)."""
+
+    t_ms: int
+    node_id: str
+    boot_changed: bool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A command's final state as the store holds it at the end of the run."""
+
+    command_id: str
+    node_id: str
+    kind: str
+    state: str  # succeeded | failed | expired | cancelled | ... (bc.control.command_states)
+    reason: str
+
+
+# ---- specs and liveness (I3, I4) ----
+
+
+@dataclass(frozen=True)
+class SpecDelivered:
+    """A DesiredState (a spec of `generation`) reached the agent (the link tap on the node's end)."""
+
+    t_ms: int
+    node_id: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class StatusReported:
+    """A status frame saying `observed_generation` reached the gateway (the link tap on the gateway's end)."""
+
+    t_ms: int
+    node_id: str
+    observed_generation: int
+
+
+@dataclass(frozen=True)
+class HeardFrom:
+    """Some frame from the node reached the gateway. `FactLog.heard` keeps these as spans, not one by one."""
+
+    t_ms: int
+    node_id: str
+
+
+@dataclass(frozen=True)
+class HeardSpan:
+    """Frames from a node from `first_ms` to `last_ms`, none more than the log's `heard_gap_ms` after the one
+    before it."""
+
+    node_id: str
+    first_ms: int
+    last_ms: int
+
+
+@dataclass(frozen=True)
+class Connectivity:
+    """The node's connectivity changed to `state` (a `node.connectivity` event of the store's log)."""
+
+    t_ms: int
+    node_id: str
+    state: str  # connected | disconnected | unreachable | lost
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Outage:
+    """The node could not reach the gateway from `start_ms` to `end_ms` (None: still at the end): a partition,
+    a half-open link, its agent down, the control plane down. `node_id` None: every node (the control plane
+    or the gateway was down). The runner knows these; I3 does not ask a node to report while in one."""
+
+    start_ms: int
+    end_ms: int | None
+    node_id: str | None
+    cause: str
+
+    def overlaps(self, node_id: str, start_ms: int, end_ms: int) -> bool:
+        if self.node_id is not None and self.node_id != node_id:
+            return False
+        return self.start_ms <= end_ms and (self.end_ms is None or self.end_ms >= start_ms)
+
+
+# ---- capacity (I1 bindings; I1, I5, I7, I8 run the capacity checkers on the types they take) ----
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A node reported holding `atoms` for a reservation from `start_ms` to `end_ms` (None: still at the end)."""
+
+    node_id: str
+    reservation_id: str
+    atoms: tuple[Atom, ...]
+    start_ms: int
+    end_ms: int | None
+
+    def as_booking(self) -> Booking:
+        """The binding as a booking, so the capacity overlap check (I1) runs on what nodes bound as well."""
+        return Booking(self.reservation_id, self.node_id, self.atoms, self.start_ms, self.end_ms)
+
+
+@dataclass(frozen=True)
+class QuietSnapshot:
+    """The capacity state after the quiet period at the end of a run, for I7: the nodes as placement sees
+    them, the bookings, and each pending reservation with what its pass holds for it."""
+
+    nodes: tuple[NodeInfo, ...]
+    bookings: tuple[Booking, ...]
+    pending: tuple[tuple[Request, Booking | None], ...]
+    now_ms: int
+
+
+# ---- the recorder ----
+
+
+@dataclass
+class FactLog:
+    """Everything a run recorded. The runner appends with the methods below; the checkers read the fields."""
+
+    heard_gap_ms: int = 20_000
+    side_effects: list[SideEffect] = field(default_factory=list)
+    journal_losses: list[JournalLoss] = field(default_factory=list)
+    restarts: list[AgentRestart] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    deliveries: list[SpecDelivered] = field(default_factory=list)
+    reports: list[StatusReported] = field(default_factory=list)
+    connectivity: list[Connectivity] = field(default_factory=list)
+    outages: list[Outage] = field(default_factory=list)
+    # capacity, in bc.control.invariants' own types
+    nodes: list[NodeInfo] = field(default_factory=list)
+    bookings: list[Booking] = field(default_factory=list)
+    bound: list[Bound] = field(default_factory=list)
+    releases: list[Release] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    windows: list[UsageWindow] = field(default_factory=list)
+    quiet: QuietSnapshot | None = None
+    end_ms: int = 0
+    # per node: parallel sorted lists of span starts and ends (see the module docstring)
+    _heard_first: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    _heard_last: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    _open_outages: dict[tuple[str | None, str], int] = field(default_factory=dict, repr=False)
+
+    # -- appends
+
+    def side_effect(self, t_ms: int, node_id: str, command_id: str, kind: str, boot_id: str) -> None:
+        self.side_effects.append(SideEffect(t_ms, node_id, command_id, kind, boot_id))
+
+    def journal_loss(
+        self, t_ms: int, node_id: str, old_journal_id: str, new_journal_id: str, in_flight: Iterable[str] = ()
+    ) -> None:
+        self.journal_losses.append(JournalLoss(t_ms, node_id, old_journal_id, new_journal_id, tuple(in_flight)))
+
+    def agent_restart(self, t_ms: int, node_id: str, boot_changed: bool) -> None:
+        self.restarts.append(AgentRestart(t_ms, node_id, boot_changed))
+
+    def outcome(self, command_id: str, node_id: str, kind: str, state: str, reason: str) -> None:
+        self.outcomes.append(Outcome(command_id, node_id, kind, state, reason))
+
+    def spec_delivered(self, t_ms: int, node_id: str, generation: int) -> None:
+        self.deliveries.append(SpecDelivered(t_ms, node_id, generation))
+
+    def status_reported(self, t_ms: int, node_id: str, observed_generation: int) -> None:
+        self.reports.append(StatusReported(t_ms, node_id, observed_generation))
+
+    def connectivity_changed(self, t_ms: int, node_id: str, state: str, reason: str = "") -> None:
+        self.connectivity.append(Connectivity(t_ms, node_id, state, reason))
+
+    def heard(self, t_ms: int, node_id: str) -> None:
+        """A frame from the node reached the gateway: extend its last span, or start one after a silence."""
+        firsts = self._heard_first.setdefault(node_id, [])
+        lasts = self._heard_last.setdefault(node_id, [])
+        if lasts and lasts[-1] <= t_ms:  # the common case: frames arrive in time order
+            if t_ms - lasts[-1] <= self.heard_gap_ms:
+                lasts[-1] = t_ms
+            else:
+                firsts.append(t_ms)
+                lasts.append(t_ms)
+            return
+        self._heard_insert(firsts, lasts, t_ms)
+
+    def _heard_insert(self, firsts: list[int], lasts: list[int], t_ms: int) -> None:
+        """Out of order (or the first frame): insert, then merge the neighbours it now bridges."""
+        i = bisect.bisect_right(firsts, t_ms)
+        firsts.insert(i, t_ms)
+        lasts.insert(i, t_ms)
+        j = i
+        if j > 0 and t_ms - lasts[j - 1] <= self.heard_gap_ms:  # joins the span before
+            lasts[j - 1] = max(lasts[j - 1], t_ms)
+            del firsts[j], lasts[j]
+            j -= 1
+        while j + 1 < len(firsts) and firsts[j + 1] - lasts[j] <= self.heard_gap_ms:  # reaches the next
+            lasts[j] = max(lasts[j], lasts[j + 1])
+            del firsts[j + 1], lasts[j + 1]
+
+    def outage(self, start_ms: int, end_ms: int | None, node_id: str | None, cause: str) -> None:
+        self.outages.append(Outage(start_ms, end_ms, node_id, cause))
+
+    def outage_began(self, t_ms: int, node_id: str | None, cause: str) -> None:
+        """An outage starts now; `outage_ended` with the same node and cause closes it."""
+        self._open_outages.setdefault((node_id, cause), t_ms)
+
+    def outage_ended(self, t_ms: int, node_id: str | None, cause: str) -> None:
+        start = self._open_outages.pop((node_id, cause), None)
+        if start is not None:
+            self.outages.append(Outage(start, t_ms, node_id, cause))
+
+    def finish(self, end_ms: int) -> None:
+        """The run ended at `end_ms`: outages still open stay open-ended."""
+        self.end_ms = end_ms
+        for (node_id, cause), start in sorted(self._open_outages.items(), key=lambda kv: (kv[1], str(kv[0]))):
+            self.outages.append(Outage(start, None, node_id, cause))
+        self._open_outages.clear()
+
+    # -- reads
+
+    def heard_spans(self, node_id: str) -> list[HeardSpan]:
+        firsts = self._heard_first.get(node_id, [])
+        lasts = self._heard_last.get(node_id, [])
+        return [HeardSpan(node_id, f, la) for f, la in zip(firsts, lasts, strict=True)]
+
+    def last_heard(self, node_id: str, t_ms: int) -> tuple[int, int] | None:
+        """The span of frames heard from the node at or before `t_ms`, cut at `t_ms`: (its first frame, the
+        latest instant <= t_ms the span reaches). None: nothing heard from it by then."""
+        firsts = self._heard_first.get(node_id, [])
+        i = bisect.bisect_right(firsts, t_ms) - 1
+        if i < 0:
+            return None
+        return firsts[i], min(self._heard_last[node_id][i], t_ms)
+
+    def transitions(self) -> list[Transition]:
+        """The connectivity changes as I5's `Transition`s."""
+        return [Transition(c.node_id, c.t_ms, c.state) for c in self.connectivity]
+
+
+def connectivity_from_events(events: Sequence[tuple[int, str, str, str, int]]) -> list[Connectivity]:
+    """The `node.connectivity` events of a store's log (`SessionPair.events()` rows: seq, type, subject, data
+    JSON, at_ms) as `Connectivity` facts, in log order."""
+    out: list[Connectivity] = []
+    for _seq, type_, subject, data, at_ms in events:
+        if type_ != "node.connectivity":
+            continue
+        body = json.loads(data)
+        out.append(Connectivity(at_ms, subject, str(body.get("state", "")), str(body.get("reason", ""))))
+    return out
+
+
+__all__ = [
+    "AgentRestart",
+    "Bound",
+    "Connectivity",
+    "FactLog",
+    "HeardFrom",
+    "HeardSpan",
+    "JournalLoss",
+    "Outage",
+    "Outcome",
+    "QuietSnapshot",
+    "SideEffect",
+    "SpecDelivered",
+    "StatusReported",
+    "connectivity_from_events",
+]
