@@ -1,0 +1,551 @@
+"""The simulator's links: in-memory session streams with seeded faults, on the loop's clock.
+
+Theory of operation
+-------------------
+The session protocol is written for gRPC: one bidirectional stream per session, each direction ordered
+and reliable for as long as the stream lives. What the real network does to such a stream is therefore
+not "lose frame 7 and carry on"; it is one of:
+
+* **latency**: every frame arrives late by a varying amount, but in order (TCP, then HTTP/2);
+* **a dead connection**: from some frame on, nothing more arrives in one direction and nobody is told
+  (a blackholed route, a NAT that forgot the flow, a peer whose host froze). Only the heartbeat rules
+  (three missed intervals, `agent.session_core` and `bc.gateway.core`) notice it;
+* **a reset**: the stream breaks and both ends are told (RST, GOAWAY, a proxy restarting): each end's
+  `recv` raises `LinkClosed("UNAVAILABLE")` and the node redials;
+* **a stall**: a GC pause, a retransmission timeout, a congested link: frames are held, then all arrive
+  at once, in order.
+
+So a `drop` drawn for a frame is modelled as the first of these: that frame and every later one in the
+same direction are lost silently (`LinkFaults.drop`), and a `reset` drawn for a frame breaks the stream
+(`LinkFaults.reset`). A frame lost *inside* a stream that then goes on would be a fault no gRPC stream
+shows, and one the protocol is not built for: results, events and acks are sent once per session and
+resent only by the next session's Hello and flush, so such a loss stalls progress until the next
+reconnect (it never breaks safety, but a checker of convergence would rightly fail).
+
+Duplicates and reordering really happen one level up: a result resent in the next session's Hello, a
+command replayed after a reconnect, a stale session's frame arriving after the new session's. The
+protocol produces those itself whenever a stream dies, so drops and resets already exercise them. The
+issue also asks for duplicates and reordering *within* a stream, as a harder stress than the real
+world: `LinkFaults.duplicate` delivers a frame twice, `LinkFaults.reorder` lets a frame be overtaken by
+the next one in its direction. The session cores tolerate that for most messages (read from the cores):
+
+* node -> gateway: heartbeats (the applied generation is a max); status reports (coalesced latest-wins,
+  and the agent puts a fresh one every converge pass, so a stale one that overtook is replaced);
+  command updates (results are facts, applied by the state table, acked by id); spec requests (answered
+  with the stored spec); a duplicated event batch (events at or under the cumulative ack are skipped).
+* gateway -> node: heartbeats and acks (the time mark only moves forward; acks are cumulative or by id);
+  desired state (a generation not above the applied one is ignored; a patch on the wrong base asks for
+  a full spec); commands and cancels (the journal's duplicate rules; a cancel that overtakes its command
+  finds nothing to cancel and the real outcome wins, as for a cancel that arrives after the start);
+  trust bundles and revocations.
+
+Not tolerated, by design or by finding, and so never duplicated or overtaken (`TOLERANT` leaves them
+out; a test may put them back to show why):
+
+* `hello` and `welcome`: a session says Hello once and is welcomed once, first; a second one, or a frame
+  before Welcome, is a `ProtocolError` that ends the session (safe: the node redials, but it is noise).
+* `event_batch` overtaken: the gateway acks events cumulatively (`bc.gateway.ingest`), so a batch that
+  overtakes an earlier one advances the ack past the earlier batch's events, which are then skipped
+  when they arrive and dropped by the node when it reads the ack: **the events are lost**. A gRPC stream
+  never reorders, so this is no bug in production; it is why in-stream reordering is not the real
+  world's fault (tests/unit/sim/test_sim_links.py shows the cumulative ack skipping them).
+
+Partitions (`SimNetwork.partition`) lose every frame in the cut direction, also one sent before the cut
+that arrives after it, and refuse new dials (a TCP handshake needs both directions). A half-open link
+(`SimNetwork.half_open`) loses everything in flight and to come on that connection, closes included:
+each end sees silence, never a close. Closes travel in order behind the frames sent before them, and
+are lost the same way frames are.
+
+Cost. A frame on a fault-free link with nothing in flight is appended to the receiver's queue at once
+(no timer, no task, no draw). A faulty frame costs its draws and, while frames are in flight, at most
+one loop timer per direction (the head's arrival): no task is ever created per frame.
+
+Every draw comes from the `random.Random` the network is given, in the order frames are sent; on the
+virtual loop the order of sends is a function of the seed, so the same seed gives the same fates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+
+from bc.protocol import closing
+from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
+from bc.wire.link import Link, LinkClosed
+
+if TYPE_CHECKING:
+    from bc.gateway.sessions import Gateway
+    from bc.pki.identity import PeerIdentity
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+Direction = Literal["to_node", "from_node"]
+TO_NODE: Direction = "to_node"
+FROM_NODE: Direction = "from_node"
+
+Tap = Callable[[Direction, str, object, float], None]
+"""`tap(direction, node_id, msg, loop_time)`: called when a receiver's `recv` returns a frame."""
+
+TOLERANT: frozenset[str] = frozenset(
+    {
+        "heartbeat",
+        "status",
+        "command_update",
+        "spec_request",
+        "desired_state",
+        "ack",
+        "command",
+        "cancel",
+        "trust",
+        "revocation",
+    }
+)
+"""Message kinds (the `msg` oneof of either direction) that may be duplicated or overtaken in a stream."""
+
+DUPLICABLE_ONLY: frozenset[str] = frozenset({"event_batch"})
+"""Kinds that may be duplicated but never overtaken (the cumulative event ack; see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class LinkFaults:
+    """What happens to each frame of one node's links, per direction; probabilities are per frame."""
+
+    delay_ms: tuple[float, float] = (0.0, 0.0)
+    """Uniform latency per frame; frames still arrive in order (a later frame never lands before an earlier)."""
+    drop: float = 0.0
+    """The frame and every later one in its direction are lost silently: a dead connection."""
+    reset: float = 0.0
+    """The stream breaks at this frame: both ends' `recv` raise `LinkClosed("UNAVAILABLE")`."""
+    duplicate: float = 0.0
+    """The frame arrives twice (kinds in `tolerant` or `duplicable`)."""
+    reorder: float = 0.0
+    """The frame is held and overtaken by the next one in its direction (kinds in `tolerant`)."""
+    reorder_window_ms: float = 50.0
+    """A held frame that no later frame overtakes within this long goes on alone."""
+    stall: float = 0.0
+    """The direction stalls at this frame for `stall_ms`: frames are held, then arrive in order."""
+    stall_ms: tuple[float, float] = (0.0, 0.0)
+    tolerant: frozenset[str] = TOLERANT
+    duplicable: frozenset[str] = DUPLICABLE_ONLY
+
+    @property
+    def quiet(self) -> bool:
+        """No fault and no latency: frames go straight through without a draw."""
+        return (
+            self.delay_ms[1] <= 0
+            and not self.drop
+            and not self.reset
+            and not self.duplicate
+            and not self.reorder
+            and not self.stall
+        )
+
+    @classmethod
+    def none(cls) -> LinkFaults:
+        return cls()
+
+    @classmethod
+    def light(cls) -> LinkFaults:
+        """A healthy datacenter network: a few ms of latency, a dead connection per thousand frames."""
+        return cls(delay_ms=(0.5, 5.0), drop=0.001, reset=0.0002, stall=0.0005, stall_ms=(100.0, 1000.0))
+
+    @classmethod
+    def heavy(cls) -> LinkFaults:
+        """A bad WAN: up to ~200 ms of latency, 1% of frames kill their direction, 1% duplicated or overtaken."""
+        return cls(
+            delay_ms=(1.0, 200.0),
+            drop=0.01,
+            reset=0.002,
+            duplicate=0.01,
+            reorder=0.01,
+            reorder_window_ms=200.0,
+            stall=0.002,
+            stall_ms=(500.0, 5000.0),
+        )
+
+
+@dataclass(frozen=True)
+class _Close:
+    """A close travelling down a direction, behind the frames sent before it."""
+
+    code: str
+    details: str
+    reason: CloseReason
+
+    def error(self) -> LinkClosed:
+        return LinkClosed(self.code, self.details, self.reason)
+
+
+def _kind(msg: object) -> str | None:
+    which: Callable[[str], str | None] | None = getattr(msg, "WhichOneof", None)
+    return which("msg") if which is not None else None
+
+
+class _Pipe:
+    """One direction of one connection: frames in flight (arrival times never decrease) and frames arrived."""
+
+    __slots__ = (
+        "arrived_close",
+        "direction",
+        "held",
+        "held_timer",
+        "in_flight",
+        "last_due",
+        "loop",
+        "ready",
+        "receiver_closed",
+        "silenced",
+        "stall_until",
+        "timer",
+        "waiter",
+        "wire",
+    )
+
+    def __init__(self, wire: _Wire, direction: Direction) -> None:
+        self.wire, self.direction = wire, direction
+        self.loop = wire.loop
+        self.in_flight: deque[tuple[float, object]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+        self.ready: deque[object] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.last_due = 0.0
+        self.stall_until = 0.0  # this direction's own stall (a drawn one); the node's is on the network
+        self.silenced = False  # a drop was drawn: nothing more gets through
+        self.held: tuple[float, object] | None = None  # a frame waiting to be overtaken
+        self.held_timer: asyncio.TimerHandle | None = None
+        self.arrived_close: _Close | None = None
+        self.receiver_closed = False
+
+    # -- sending -------------------------------------------------------------------------
+    def push(self, item: object) -> None:
+        w = self.wire
+        if self.silenced or w.lost(self.direction):
+            w.net.stats["frames_lost"] += 1
+            return
+        f = w.faults()
+        now = self.loop.time()
+        if f.quiet and not self.in_flight and self.held is None and w.stalled_until(self) <= now:
+            self._arrive(item)
+            return
+        self._push_faulty(item, f, now)
+
+    def _push_faulty(self, item: object, f: LinkFaults, now: float) -> None:
+        w = self.wire
+        rng, stats = w.net.rng, w.net.stats
+        # The draws, always in this order, whatever the outcome: the same sends make the same fates.
+        if f.drop and rng.random() < f.drop:
+            stats["drops"] += 1
+            self.silenced = True
+            return
+        if f.reset and rng.random() < f.reset:
+            stats["resets"] += 1
+            w.break_stream("the stream was reset")
+            return
+        lo, hi = f.delay_ms
+        due = now + (rng.uniform(lo, hi) / 1000.0 if hi > 0 else 0.0)
+        if f.stall and rng.random() < f.stall:
+            stats["stalls"] += 1
+            self.stall_until = max(self.stall_until, now + rng.uniform(*f.stall_ms) / 1000.0)
+        due = max(due, self.last_due, w.stalled_until(self))
+        dup = bool(f.duplicate) and rng.random() < f.duplicate
+        reorder = bool(f.reorder) and rng.random() < f.reorder
+        if dup or reorder:
+            kind = _kind(item)
+            if kind is not None:
+                dup = dup and (kind in f.tolerant or kind in f.duplicable)
+                reorder = reorder and kind in f.tolerant
+        held, self.held = self.held, None
+        if held is not None:  # this frame overtakes the one held for it
+            stats["reorders"] += 1
+            if self.held_timer is not None:
+                self.held_timer.cancel()
+                self.held_timer = None
+            self._enqueue(due, item)
+            self._enqueue(max(due, held[0]), held[1])
+        elif reorder:
+            self.held = (due, item)
+            self.held_timer = self.loop.call_at(due + f.reorder_window_ms / 1000.0, self._release_held)
+        else:
+            self._enqueue(due, item)
+        if dup:
+            stats["duplicates"] += 1
+            self._enqueue(due, copy.deepcopy(item))
+
+    def push_close(self, close: _Close) -> None:
+        """A close is a frame that no fault draws touch: it follows what was sent before it, or is lost with it."""
+        if self.silenced or self.wire.lost(self.direction):
+            return
+        if self.held is not None:
+            if self.held_timer is not None:
+                self.held_timer.cancel()
+            self._release_held()
+        now = self.loop.time()
+        if not self.in_flight and self.wire.stalled_until(self) <= now:
+            self._arrive(close)
+        else:
+            self._enqueue(max(now, self.last_due, self.wire.stalled_until(self)), close)
+
+    def _release_held(self) -> None:
+        held, self.held = self.held, None
+        self.held_timer = None
+        if held is not None:
+            self._enqueue(max(held[0], self.last_due), held[1])
+
+    def _enqueue(self, due: float, item: object) -> None:
+        due = max(due, self.last_due)
+        self.last_due = due
+        self.in_flight.append((due, item))
+        if self.timer is None:
+            self.timer = self.loop.call_at(due, self._fire)
+
+    # -- arriving ------------------------------------------------------------------------
+    def _fire(self) -> None:
+        self.timer = None
+        now = self.loop.time()
+        stalled = self.wire.stalled_until(self)
+        if stalled > now:  # a stall began after these frames left: they wait for its end
+            self.timer = self.loop.call_at(stalled, self._fire)
+            return
+        while self.in_flight and self.in_flight[0][0] <= now:
+            _due, item = self.in_flight.popleft()
+            if self.wire.lost(self.direction):  # cut while in flight: lost too
+                self.wire.net.stats["frames_lost"] += 1
+                continue
+            self._arrive(item)
+        if self.in_flight:
+            self.timer = self.loop.call_at(self.in_flight[0][0], self._fire)
+
+    def _arrive(self, item: object) -> None:
+        if self.receiver_closed:  # nobody will read it: the end that would have is closed
+            return
+        if isinstance(item, _Close):
+            if self.arrived_close is not None:
+                return
+            self.arrived_close = item
+        self.ready.append(item)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def break_now(self, close: _Close) -> None:
+        """A reset: whatever was in flight or unread is gone, and the receiver reads the close next."""
+        for t in (self.timer, self.held_timer):
+            if t is not None:
+                t.cancel()
+        self.timer = self.held_timer = None
+        self.held = None
+        self.in_flight.clear()
+        self.ready.clear()
+        self.receiver_closed = False
+        self.arrived_close = None
+        self._arrive(close)
+
+
+class _Wire:
+    """One connection (one dial) of one node: two pipes and what the network says about them."""
+
+    def __init__(self, net: SimNetwork, node_id: str) -> None:
+        self.net, self.node_id = net, node_id
+        self.loop = asyncio.get_running_loop()
+        self.to_node = _Pipe(self, TO_NODE)
+        self.from_node = _Pipe(self, FROM_NODE)
+        self.half_open = False
+        self.broken: _Close | None = None
+        self.ends_closed = 0
+
+    def faults(self) -> LinkFaults:
+        return self.net.node_faults.get(self.node_id, self.net.faults)
+
+    def lost(self, direction: Direction) -> bool:
+        if self.half_open or self.broken is not None:
+            return True
+        net, node = self.net, self.node_id
+        if node in net.partitioned:
+            return True
+        return node in (net.cut_to_node if direction == TO_NODE else net.cut_from_node)
+
+    def stalled_until(self, pipe: _Pipe) -> float:
+        return max(pipe.stall_until, self.net.stalled.get(self.node_id, 0.0))
+
+    def break_stream(self, details: str) -> None:
+        if self.broken is not None:
+            return
+        self.broken = _Close("UNAVAILABLE", details, closing.UNSPECIFIED)
+        self.to_node.break_now(self.broken)
+        self.from_node.break_now(self.broken)
+
+    @property
+    def live(self) -> bool:
+        return self.broken is None and not self.half_open and self.ends_closed < 2
+
+
+class SimLink(Generic[In, Out]):
+    """One end of a simulated connection: reads one pipe, writes the other (see the module docstring)."""
+
+    __slots__ = ("_closed", "_in", "_out", "_wire")
+
+    def __init__(self, wire: _Wire, inbound: _Pipe, outbound: _Pipe) -> None:
+        self._wire, self._in, self._out = wire, inbound, outbound
+        self._closed: _Close | None = None
+
+    async def send(self, msg: Out) -> None:
+        ended = self._closed or self._wire.broken or self._in.arrived_close
+        if ended is not None:  # our own close, a reset, or the peer's close that reached us
+            raise ended.error()
+        self._out.push(msg)
+
+    async def recv(self) -> In | None:
+        pipe = self._in
+        while not pipe.ready:
+            fut: asyncio.Future[None] = pipe.loop.create_future()
+            pipe.waiter = fut
+            try:
+                await fut
+            finally:
+                pipe.waiter = None
+        item = pipe.ready[0]
+        if isinstance(item, _Close):
+            raise item.error()  # left at the head: every later recv says the same
+        pipe.ready.popleft()
+        tap = self._wire.net.tap
+        if tap is not None:
+            tap(pipe.direction, self._wire.node_id, item, pipe.loop.time())
+        return item  # type: ignore[return-value]
+
+    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
+        if self._closed is not None:
+            return
+        self._closed = _Close(code, details, reason)
+        self._wire.ends_closed += 1
+        self._in.receiver_closed = True
+        self._in.ready.clear()
+        if self._wire.broken is None:
+            self._out.push_close(self._closed)
+
+
+Dial = Callable[[], Awaitable[Link[GatewayMessage, NodeMessage]]]
+Wrap = Callable[[str, Link[NodeMessage, GatewayMessage]], Link[NodeMessage, GatewayMessage]]
+
+
+@dataclass(eq=False)
+class SimNetwork:
+    """Every node's route to the gateway, with seeded faults: a drop-in for `bc.session_pair.Network`.
+
+    The attributes `Network` has (`partitioned`, `gateway`, `peers`, `sessions`, `dials`, `wrap`) mean
+    the same here, and `dialer(node_id)` has its shape; `partitioned` is a live set (cut both ways). The
+    controls below act at once on live connections and on later dials. `rng` drives every draw.
+    """
+
+    rng: random.Random
+    faults: LinkFaults = field(default_factory=LinkFaults.none)
+    """Every node's faults, unless `node_faults` names the node."""
+    tap: Tap | None = None
+    partitioned: set[str] = field(default_factory=set)
+    gateway: Gateway | None = None
+    peers: dict[str, PeerIdentity] = field(default_factory=dict)
+    sessions: set[asyncio.Task[None]] = field(default_factory=set)
+    dials: Counter[str] = field(default_factory=Counter)
+    wrap: Wrap | None = None
+    """What a compromised gateway would run between its session driver and the node: wraps the gateway's end."""
+    node_faults: dict[str, LinkFaults] = field(default_factory=dict)
+    cut_to_node: set[str] = field(default_factory=set)
+    cut_from_node: set[str] = field(default_factory=set)
+    stalled: dict[str, float] = field(default_factory=dict)
+    """Node -> loop time until which its frames are held."""
+    stats: Counter[str] = field(default_factory=Counter)
+    """Faults injected so far, by kind (drops, resets, duplicates, reorders, stalls, frames_lost, ...)."""
+    _wires: dict[str, list[_Wire]] = field(default_factory=dict)
+
+    # -- connections ---------------------------------------------------------------------
+    def connect(
+        self, node_id: str
+    ) -> tuple[SimLink[GatewayMessage, NodeMessage], SimLink[NodeMessage, GatewayMessage]]:
+        """A new connection for `node_id`, dial rules aside: (the node's end, the gateway's end)."""
+        wire = _Wire(self, node_id)
+        live = [w for w in self._wires.get(node_id, ()) if w.live]
+        live.append(wire)
+        self._wires[node_id] = live
+        node_end: SimLink[GatewayMessage, NodeMessage] = SimLink(wire, wire.to_node, wire.from_node)
+        gateway_end: SimLink[NodeMessage, GatewayMessage] = SimLink(wire, wire.from_node, wire.to_node)
+        return node_end, gateway_end
+
+    def refuses(self, node_id: str) -> bool:
+        """No route: the gateway is down, or the node is cut off either way (a handshake needs both)."""
+        return (
+            self.gateway is None
+            or node_id in self.partitioned
+            or node_id in self.cut_to_node
+            or node_id in self.cut_from_node
+        )
+
+    def dialer(self, node_id: str) -> Dial:
+        async def dial() -> Link[GatewayMessage, NodeMessage]:
+            self.dials[node_id] += 1
+            gateway = self.gateway
+            if gateway is None or self.refuses(node_id):
+                self.stats["dials_refused"] += 1
+                raise ConnectionRefusedError(f"no route to the gateway from {node_id}")
+            node_end, gateway_end = self.connect(node_id)
+            served: Link[NodeMessage, GatewayMessage] = gateway_end
+            if self.wrap is not None:
+                served = self.wrap(node_id, served)
+            task = asyncio.create_task(gateway.serve(served, self.peers[node_id]), name=f"session-{node_id}")
+            self.sessions.add(task)
+            task.add_done_callback(self.sessions.discard)
+            return node_end
+
+        return dial
+
+    def _live(self, node_id: str) -> list[_Wire]:
+        return [w for w in self._wires.get(node_id, ()) if w.live]
+
+    # -- controls ------------------------------------------------------------------------
+    def set_gateway(self, gateway: Gateway | None) -> None:
+        """None: the control plane is down and every dial is refused (live sessions are the gateway's to end)."""
+        self.gateway = gateway
+
+    def set_faults(self, node_id: str, faults: LinkFaults | None) -> None:
+        """This node's faults from its next frame on; None: the network's default again."""
+        if faults is None:
+            self.node_faults.pop(node_id, None)
+        else:
+            self.node_faults[node_id] = faults
+
+    def partition(self, nodes: Iterable[str], direction: Literal["both", "to_node", "from_node"] = "both") -> None:
+        """Lose every frame in `direction` (in flight included) and refuse dials, until `heal`."""
+        nodes = list(nodes)
+        target = {"both": self.partitioned, "to_node": self.cut_to_node, "from_node": self.cut_from_node}[direction]
+        target.update(nodes)
+        self.stats[f"partitions_{direction}"] += len(nodes)
+
+    def heal(self, nodes: Iterable[str] | None = None) -> None:
+        """End the partitions of `nodes` (all when None). A half-open or reset connection stays dead."""
+        for cut in (self.partitioned, self.cut_to_node, self.cut_from_node):
+            if nodes is None:
+                cut.clear()
+            else:
+                cut.difference_update(nodes)
+
+    def half_open(self, node_id: str) -> None:
+        """The node's live connections die silently: each end sees silence, never a close. Dials still work."""
+        for w in self._live(node_id):
+            w.half_open = True
+            self.stats["half_open"] += 1
+
+    def reset(self, node_id: str) -> None:
+        """The node's live connections break: both ends' `recv` raise `LinkClosed("UNAVAILABLE")`."""
+        for w in self._live(node_id):
+            w.break_stream("the stream was reset")
+            self.stats["resets"] += 1
+
+    def stall(self, node_id: str, seconds: float) -> None:
+        """Hold the node's frames both ways for `seconds` from now (in flight and new), then deliver them in order."""
+        until = asyncio.get_running_loop().time() + seconds
+        self.stalled[node_id] = max(self.stalled.get(node_id, 0.0), until)
+        self.stats["stalls"] += 1

@@ -1,0 +1,392 @@
+"""The simulator's links (bc.sim.links): each fault does what it says, on the virtual loop's clock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bc.control.reservations import ReserveRequest, reserve
+from bc.protocol import closing
+from bc.protocol.pb import session_pb2
+from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.session_pair import SessionPair
+from bc.sim.links import FROM_NODE, TO_NODE, LinkFaults, SimNetwork
+from bc.store import reservations as res_sql
+from bc.virtual_time import run as run_virtual
+from bc.wire.link import Link, LinkClosed
+
+Delivered = list[tuple[str, str, object, float]]
+
+
+def network(seed: int = 1, faults: LinkFaults | None = None) -> tuple[SimNetwork, Delivered]:
+    seen: Delivered = []
+    net = SimNetwork(
+        rng=random.Random(seed),
+        faults=faults or LinkFaults.none(),
+        tap=lambda d, node, msg, t: seen.append((d, node, msg, t)),
+    )
+    return net, seen
+
+
+def hb(n: int) -> NodeMessage:
+    """A node frame that says which one it is (the applied generation)."""
+    return NodeMessage(heartbeat=session_pb2.Heartbeat(applied_generation=n))
+
+
+def gen(msg: object) -> int:
+    return cast(NodeMessage, msg).heartbeat.applied_generation
+
+
+async def drain(link: Link[Any, Any], within: float = 60.0) -> list[Any]:
+    """Everything that arrives until `within` seconds of silence."""
+    out: list[Any] = []
+    while True:
+        try:
+            out.append(await asyncio.wait_for(link.recv(), within))
+        except TimeoutError:
+            return out
+
+
+async def silent(link: Link[Any, Any], seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(link.recv(), seconds)
+    except TimeoutError:
+        return True
+    return False
+
+
+async def test_without_faults_frames_arrive_at_once_in_order_and_are_tapped() -> None:
+    net, seen = network()
+    node, gw = net.connect("n1")
+    t0 = asyncio.get_running_loop().time()
+    for i in range(5):
+        await node.send(hb(i))
+    await gw.send(GatewayMessage(heartbeat=session_pb2.Heartbeat(server_time_ms=7)))
+    assert [gen(m) for m in [await gw.recv() for _ in range(5)]] == [0, 1, 2, 3, 4]
+    assert (await node.recv()).heartbeat.server_time_ms == 7  # type: ignore[union-attr]
+    assert [(d, n, t) for d, n, _, t in seen] == [(FROM_NODE, "n1", t0)] * 5 + [(TO_NODE, "n1", t0)]
+    assert not net.stats
+
+
+async def test_delay_is_drawn_per_frame_within_the_range_and_keeps_the_order() -> None:
+    net, seen = network(faults=LinkFaults(delay_ms=(10.0, 50.0)))
+    node, gw = net.connect("n1")
+    loop = asyncio.get_running_loop()
+    sent = []
+    for i in range(50):
+        sent.append(loop.time())
+        await node.send(hb(i))
+        await asyncio.sleep(0.005)
+    got = await drain(gw, 1.0)
+    assert [gen(m) for m in got] == list(range(50))
+    arrived = [t for *_, t in seen]
+    assert arrived == sorted(arrived)
+    assert all(a - s >= 0.010 - 1e-9 for a, s in zip(arrived, sent, strict=True))
+    assert max(a - s for a, s in zip(arrived, sent, strict=True)) <= 0.050 + 0.005 * 50
+    assert len({round(a - s, 6) for a, s in zip(arrived, sent, strict=True)}) > 10  # drawn, not fixed
+
+
+async def test_a_drop_silences_its_direction_from_that_frame_on_and_the_other_still_works() -> None:
+    net, _ = network(faults=LinkFaults(drop=1.0))
+    node, gw = net.connect("n1")
+    await node.send(hb(1))
+    await node.send(hb(2))
+    assert await silent(gw, 120)  # a dead connection: no frame, no close
+    net.set_faults("n1", LinkFaults.none())
+    await node.send(hb(3))  # the direction stays dead: later frames are lost too
+    assert await silent(gw, 120)
+    await gw.send(GatewayMessage(heartbeat=session_pb2.Heartbeat(server_time_ms=1)))
+    assert (await node.recv()) is not None
+    assert net.stats["drops"] == 1 and net.stats["frames_lost"] == 2
+
+
+async def test_a_drawn_reset_breaks_the_stream_for_both_ends() -> None:
+    net, _ = network(faults=LinkFaults(reset=1.0))
+    node, gw = net.connect("n1")
+    await node.send(hb(1))
+    for end in (gw, node):
+        with pytest.raises(LinkClosed) as e:
+            await end.recv()
+        assert e.value.code == "UNAVAILABLE"
+    with pytest.raises(LinkClosed):
+        await node.send(hb(2))
+
+
+async def test_duplicates_arrive_twice_but_never_a_hello_or_a_welcome() -> None:
+    net, _ = network(faults=LinkFaults(duplicate=1.0))
+    node, gw = net.connect("n1")
+    await node.send(NodeMessage(hello=session_pb2.Hello(node_id="n1")))
+    await node.send(hb(1))
+    await node.send(NodeMessage(event_batch=session_pb2.EventBatch(journal_id="j")))
+    await gw.send(GatewayMessage(welcome=session_pb2.Welcome(session_epoch=1)))
+    kinds = [m.WhichOneof("msg") for m in await drain(gw, 1.0)]
+    assert kinds == ["hello", "heartbeat", "heartbeat", "event_batch", "event_batch"]
+    assert [m.WhichOneof("msg") for m in await drain(node, 1.0)] == ["welcome"]
+
+
+async def test_a_reordered_frame_is_overtaken_by_the_next_and_a_last_one_goes_on_alone() -> None:
+    net, seen = network(faults=LinkFaults(reorder=1.0, reorder_window_ms=100.0))
+    node, gw = net.connect("n1")
+    t0 = asyncio.get_running_loop().time()
+    for i in range(5):
+        await node.send(hb(i))
+    assert [gen(m) for m in await drain(gw, 1.0)] == [1, 0, 3, 2, 4]
+    assert seen[-1][3] == pytest.approx(t0 + 0.1)  # frame 4 had nothing to overtake it: it waited the window
+    assert net.stats["reorders"] == 2
+
+
+async def test_event_batches_may_be_duplicated_but_never_overtaken() -> None:
+    net, _ = network(faults=LinkFaults(reorder=1.0))
+    node, gw = net.connect("n1")
+    for seq in (1, 2, 3):
+        batch = session_pb2.EventBatch(journal_id="j", events=[session_pb2.NodeEvent(seq=seq)])
+        await node.send(NodeMessage(event_batch=batch))
+    got = await drain(gw, 1.0)
+    assert [m.event_batch.events[0].seq for m in got] == [1, 2, 3]
+
+
+async def test_event_batches_overtaken_would_be_acked_past_and_lost() -> None:
+    """Why `event_batch` is not reorderable (see the module docstring): the gateway acks cumulatively.
+
+    This asserts the production rule the links must respect, as `bc.gateway.ingest` states it: a batch
+    at or under the cumulative ack is skipped. With `tolerant` widened, the links do overtake batches.
+    """
+    faults = LinkFaults(reorder=1.0, tolerant=LinkFaults().tolerant | {"event_batch"})
+    net, _ = network(faults=faults)
+    node, gw = net.connect("n1")
+    for seq in (1, 2):
+        batch = session_pb2.EventBatch(journal_id="j", events=[session_pb2.NodeEvent(seq=seq)])
+        await node.send(NodeMessage(event_batch=batch))
+    got = [m.event_batch.events[0].seq for m in await drain(gw, 1.0)]
+    assert got == [2, 1]
+    acked, skipped = 0, []
+    for seq in got:  # bc.gateway.ingest's rule: `if ev.seq <= acked: continue`, then the ack moves to the top
+        if seq <= acked:
+            skipped.append(seq)
+        acked = max(acked, seq)
+    assert skipped == [1]  # event 1 is never stored, and the node drops it on reading Ack(2)
+
+
+async def test_a_stall_holds_frames_then_delivers_them_in_order() -> None:
+    net, seen = network()
+    node, gw = net.connect("n1")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    net.stall("n1", 5.0)
+    for i in range(3):
+        await node.send(hb(i))
+        await asyncio.sleep(1)
+    assert not seen
+    assert [gen(m) for m in await drain(gw, 10)] == [0, 1, 2]
+    assert [t for *_, t in seen] == [t0 + 5.0] * 3
+    await node.send(hb(3))  # after the stall: at once again
+    assert gen(await gw.recv()) == 3 and seen[-1][3] == loop.time()
+
+
+async def test_a_stall_also_holds_frames_already_in_flight() -> None:
+    net, seen = network(faults=LinkFaults(delay_ms=(100.0, 100.0)))
+    node, gw = net.connect("n1")
+    t0 = asyncio.get_running_loop().time()
+    await node.send(hb(1))
+    net.stall("n1", 2.0)
+    assert gen(await gw.recv()) == 1
+    assert seen[0][3] == t0 + 2.0
+
+
+async def test_a_one_way_partition_cuts_one_direction_refuses_dials_and_heals() -> None:
+    net, _ = network()
+    net.gateway = cast(Any, object())  # dials need a gateway; none is reached here
+    node, gw = net.connect("n1")
+    net.partition(["n1"], direction="to_node")
+    await gw.send(GatewayMessage(heartbeat=session_pb2.Heartbeat(server_time_ms=1)))
+    await node.send(hb(1))
+    assert gen(await gw.recv()) == 1  # from the node: still through
+    assert await silent(node, 60)  # to the node: lost, not closed
+    with pytest.raises(ConnectionRefusedError):
+        await net.dialer("n1")()
+    net.heal(["n1"])
+    await gw.send(GatewayMessage(heartbeat=session_pb2.Heartbeat(server_time_ms=2)))
+    assert (await node.recv()).heartbeat.server_time_ms == 2  # type: ignore[union-attr]
+
+
+async def test_a_frame_in_flight_when_the_cut_comes_is_lost() -> None:
+    net, _ = network(faults=LinkFaults(delay_ms=(100.0, 100.0)))
+    node, gw = net.connect("n1")
+    await node.send(hb(1))
+    net.partition(["n1"])  # `partitioned` is the live set SessionPair updates
+    assert await silent(gw, 1.0)
+    net.partitioned.clear()
+    assert await silent(gw, 60)  # lost, not held
+
+
+async def test_half_open_gives_silence_never_a_close_and_a_new_dial_works() -> None:
+    net, _ = network()
+    node, gw = net.connect("n1")
+    net.half_open("n1")
+    await node.send(hb(1))
+    await node.close("CANCELLED", "no frame from the gateway for 3 heartbeat intervals")
+    assert await silent(gw, 600)
+    await gw.send(GatewayMessage(heartbeat=session_pb2.Heartbeat(server_time_ms=1)))  # no error: it cannot know
+    node2, gw2 = net.connect("n1")
+    await node2.send(hb(2))
+    assert gen(await gw2.recv()) == 2
+
+
+async def test_reset_raises_unavailable_on_both_ends_and_wakes_a_waiting_recv() -> None:
+    net, _ = network(faults=LinkFaults(delay_ms=(50.0, 50.0)))
+    node, gw = net.connect("n1")
+    await node.send(hb(1))  # in flight: gone with the stream
+    waiting = asyncio.create_task(node.recv())
+    await asyncio.sleep(0.01)
+    net.reset("n1")
+    for recv in (waiting, asyncio.create_task(gw.recv())):
+        with pytest.raises(LinkClosed) as e:
+            await recv
+        assert e.value.code == "UNAVAILABLE"
+    with pytest.raises(LinkClosed):
+        await gw.send(GatewayMessage())
+
+
+async def test_a_close_follows_the_frames_before_it_and_carries_its_reason() -> None:
+    net, _ = network(faults=LinkFaults(delay_ms=(1.0, 30.0)))
+    node, gw = net.connect("n1")
+    for i in range(3):
+        await gw.send(GatewayMessage(heartbeat=session_pb2.Heartbeat(server_time_ms=i + 1)))
+    await gw.close("UNAUTHENTICATED", "certificate revoked", closing.REVOKED)
+    with pytest.raises(LinkClosed):
+        await gw.send(GatewayMessage())
+    got = [(await node.recv()).heartbeat.server_time_ms for _ in range(3)]  # type: ignore[union-attr]
+    assert got == [1, 2, 3]
+    for _ in range(2):  # and says so again on every later recv
+        with pytest.raises(LinkClosed) as e:
+            await node.recv()
+        assert (e.value.code, e.value.reason) == ("UNAUTHENTICATED", closing.REVOKED)
+    with pytest.raises(LinkClosed):
+        await node.send(hb(1))  # the peer's close reached this end
+
+
+class FakeGateway:
+    def __init__(self) -> None:
+        self.served: list[tuple[Link[NodeMessage, GatewayMessage], object]] = []
+
+    async def serve(self, link: Link[NodeMessage, GatewayMessage], peer: object) -> None:
+        self.served.append((link, peer))
+
+
+async def test_the_dialer_serves_the_gateway_end_through_wrap_and_refuses_without_a_gateway() -> None:
+    net, _ = network()
+    net.peers["n1"] = cast(Any, "peer-n1")
+    dial = net.dialer("n1")
+    with pytest.raises(ConnectionRefusedError):
+        await dial()
+    fake = FakeGateway()
+    net.set_gateway(cast(Any, fake))
+    wrapped: list[str] = []
+
+    def wrap(node_id: str, link: Link[NodeMessage, GatewayMessage]) -> Link[NodeMessage, GatewayMessage]:
+        wrapped.append(node_id)
+        return link
+
+    net.wrap = wrap
+    node = await dial()
+    await asyncio.gather(*net.sessions)
+    assert wrapped == ["n1"] and fake.served[0][1] == "peer-n1"
+    await node.send(hb(9))
+    assert gen(await fake.served[0][0].recv()) == 9
+    assert net.dials["n1"] == 2
+
+
+def _heavy_run(seed: int) -> list[tuple[str, int, float]]:
+    """Twenty connections under heavy faults, both ends read; what was delivered, when."""
+
+    async def read(link: Link[Any, Any]) -> None:
+        with contextlib.suppress(LinkClosed):
+            while True:
+                await link.recv()
+
+    async def go() -> list[tuple[str, int, float]]:
+        net, seen = network(seed, LinkFaults.heavy())
+        for round_ in range(20):
+            node, gw = net.connect("n1")
+            readers = [asyncio.create_task(read(node)), asyncio.create_task(read(gw))]
+            with contextlib.suppress(LinkClosed):  # a drawn reset ends the round early
+                for i in range(50):
+                    await node.send(hb(round_ * 100 + i))
+                    await gw.send(GatewayMessage(heartbeat=session_pb2.Heartbeat(server_time_ms=round_ * 100 + i)))
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(10)
+            net.reset("n1")
+            await asyncio.gather(*readers)
+        out = []
+        for d, _node, m, t in seen:
+            if isinstance(m, NodeMessage):
+                out.append((d, m.heartbeat.applied_generation, t))
+            else:
+                out.append((d, cast(GatewayMessage, m).heartbeat.server_time_ms, t))
+        return out
+
+    return run_virtual(go())
+
+
+def test_one_seed_one_delivered_sequence_with_its_times() -> None:
+    a, b, c = _heavy_run(5), _heavy_run(5), _heavy_run(6)
+    assert a == b
+    assert a != c
+    assert len(a) > 100
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    delay=st.tuples(st.floats(0, 300), st.floats(0, 300)).map(sorted),
+    stall=st.floats(0, 0.3),
+    gaps=st.lists(st.floats(0, 0.2), min_size=1, max_size=40),
+)
+def test_latency_and_stalls_never_lose_duplicate_or_reorder(
+    seed: int, delay: list[float], stall: float, gaps: list[float]
+) -> None:
+    faults = LinkFaults(delay_ms=(delay[0], delay[1]), stall=stall, stall_ms=(0.0, 3000.0))
+
+    async def go() -> list[int]:
+        net, _ = network(seed, faults)
+        node, gw = net.connect("n1")
+        for i, gap in enumerate(gaps):
+            await node.send(hb(i))
+            await asyncio.sleep(gap)
+        return [gen(m) for m in await drain(gw, 10.0)]
+
+    assert run_virtual(go()) == list(range(len(gaps)))
+
+
+async def test_a_heavy_network_between_real_agents_and_the_gateway_still_converges(tmp_path: Path) -> None:
+    pair = SessionPair(tmp_path, seed=3, agents=3)
+    net = SimNetwork(rng=random.Random(3), faults=LinkFaults.heavy())
+    pair.network = cast(Any, net)  # the fleet runner's one-line swap
+    await pair.start()
+    try:
+        await asyncio.sleep(60)
+        assert pair.cp is not None
+        node = pair.node_ids()[0]
+        held = await reserve(pair.store, pair.cp.bus, pair.cp.signer, ReserveRequest(gpus=2, node_id=node), pair.rng)
+        await asyncio.sleep(7 * 60)
+        net.faults = LinkFaults.none()  # the chaos ends; two minutes later every node must be back
+        await asyncio.sleep(150)
+        end = await pair.connectivity()
+        async with pair.store.transaction(write=False) as tx:
+            after = await res_sql.get(tx, str(held["id"]))
+        events = await pair.events()
+    finally:
+        await pair.stop()
+    assert set(end.values()) == {"connected"}, end
+    assert after is not None and after["state"] == "active"
+    assert net.stats["drops"] > 0 and net.stats["duplicates"] > 0 and net.stats["reorders"] > 0, net.stats
+    sessions = [e for e in events if e[1] == "node.connectivity" and json.loads(e[3])["state"] == "connected"]
+    assert len(sessions) > 3  # the faults ended sessions, and the nodes came back
