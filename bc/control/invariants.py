@@ -162,6 +162,8 @@ def _eligible(node: NodeInfo, req: Request) -> bool:
         return False
     if req.node_id is not None and node.node_id != req.node_id:
         return False
+    if node.node_id in req.avoid:
+        return False
     if any(node.labels.get(k) != v for k, v in req.selector.items()):
         return False
     if (req.host.cpus or req.host.memory_bytes or req.host.hugepages_1g) and "devices.limits" not in node.capabilities:
@@ -327,7 +329,9 @@ def check_billing_conservation(
             return BillingMismatch(w.reservation_id, 0, 0, w.key)
         seen.add(w.key)
         usage[w.reservation_id] = usage.get(w.reservation_id, 0) + w.atom_ms
-    booked = {s.reservation_id: s.atoms * s.used_ms(now_ms) for s in spans}
+    booked: dict[str, int] = {}
+    for s in spans:  # a reservation a node refused has a span per placement
+        booked[s.reservation_id] = booked.get(s.reservation_id, 0) + s.atoms * s.used_ms(now_ms)
     for rid in sorted(set(booked) | set(usage)):
         if booked.get(rid, 0) != usage.get(rid, 0):
             return BillingMismatch(rid, booked.get(rid, 0), usage.get(rid, 0))

@@ -193,6 +193,7 @@ def request_of(row: Row) -> Request:
         duration_ms=opt("duration_ms"),
         host=host_of(row),
         binding=str(row["binding"]),
+        avoid=frozenset(str(n) for n in json.loads(str(row["avoid_nodes"] or "[]"))),
     )
 
 

@@ -216,6 +216,8 @@ class Request:
     duration_ms: int | None = None
     host: HostResources = NO_HOST
     binding: str = "hold"
+    avoid: frozenset[str] = frozenset()
+    """Nodes that refused it at admission: never offered it again."""
 
     @property
     def fixed_end_ms(self) -> int | None:
@@ -505,9 +507,10 @@ class _Pass:
         if never is not None:
             return never
         universe = [self.by_id[req.node_id]] if req.node_id is not None else self.fleet
-        key = (req.node_id, tuple(sorted(req.selector.items())), req.capabilities())
+        key = (req.node_id, tuple(sorted(req.selector.items())), req.capabilities(), req.avoid)
         if key not in self._candidates:
-            self._candidates[key] = _candidates(req, [n for n in universe if not (n.deleted or n.revoked)])
+            usable = [n for n in universe if not (n.deleted or n.revoked or n.node_id in req.avoid)]
+            self._candidates[key] = _candidates(req, usable)
         candidates, why_not = self._candidates[key]
         if not candidates:
             return Wait(req.reservation_id, why_not)
@@ -523,6 +526,7 @@ class _Pass:
             req.node_id,
             (req.start_ms, req.end_ms, req.duration_ms),  # how its interval moves with its start
             first,
+            req.avoid,
         )
         if shape not in self._no_fit_now:
             for node in candidates:
@@ -584,12 +588,19 @@ class _Pass:
                     f"node {req.node_id} does not have {what} and {req.host.describe()}",
                 )
             return None
-        big = [n for size, n in self.sizes(req.device_class) if size >= req.count and not (n.deleted or n.revoked)]
+        big = [
+            n
+            for size, n in self.sizes(req.device_class)
+            if size >= req.count and not (n.deleted or n.revoked or n.node_id in req.avoid)
+        ]
+        refused = f" but {', '.join(sorted(req.avoid))}, which refused it," if req.avoid else ""
         if not big:
-            return Failure(req.reservation_id, "never-fits", f"no node in the fleet has {what}")
+            return Failure(req.reservation_id, "never-fits", f"no node in the fleet{refused} has {what}")
         if req.host.any and not any(req.host.fits_in(n.host) for n in big):
             return Failure(
-                req.reservation_id, "never-fits", f"no node in the fleet has {what} and {req.host.describe()}"
+                req.reservation_id,
+                "never-fits",
+                f"no node in the fleet{refused} has {what} and {req.host.describe()}",
             )
         return None
 

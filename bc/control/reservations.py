@@ -42,6 +42,8 @@ from bc.store import reservations as res_sql
 DEVICE_CLASSES = ("gpu", "gpu.mig", "gpu.slot")
 BINDINGS = placement_pass.BINDINGS
 PAST_START_SLACK_MS = 5 * 60_000
+REFUSED_AT_ADMISSION = "resources-exhausted"
+"""A node's AllocationFailed reason for a hold its host cannot admit: placed again elsewhere, not failed."""
 """A window may start up to this long ago (a clock a little behind, a slow terminal); earlier is refused."""
 
 
@@ -232,6 +234,8 @@ async def on_allocation_report(
             return "released"
         return "ignored"
     if kind == "failed":
+        if reason == REFUSED_AT_ADMISSION and str(row["state"]) == "placed" and not row["want_node_id"]:
+            return await _place_elsewhere(tx, bus, signer, row, reporting_node, reason, message, now_ms, lock)
         if await res_sql.set_state(tx, rid, "failed", now_ms, reason, only_from=("placed", "active")):
             await cap_sql.set_usage_end(tx, rid, now_ms)
             await res_sql.release_bookings(tx, rid, now_ms)
@@ -247,6 +251,58 @@ async def on_allocation_report(
             return "failed"
         return "ignored"
     return "unknown-kind"
+
+
+async def _place_elsewhere(
+    tx: Tx,
+    bus: Bus | None,
+    signer: Signer,
+    row: Row,
+    node_id: str,
+    reason: str,
+    message: str,
+    now_ms: int,
+    lock: str,
+) -> str:
+    """The node refused a hold it never bound (its host could not admit it): capacity places it again.
+
+    The refused placement is closed like a release (its usage, from the placement to this commit, flushed
+    and kept as an attempt; its bookings freed; its assignment taken back from the node) and the reservation
+    goes back to the queue with a new allocation id, never to be offered to this node again. The pass that
+    the queue's change wakes places it elsewhere, or fails it when no other node could ever take it.
+    """
+    rid, old_alloc = str(row["id"]), str(row["allocation_id"])
+    await cap_sql.set_usage_end(tx, rid, now_ms)
+    await placement_pass.flush_usage(tx, now_ms, rid)
+    (span_row,) = [r for r in await cap_sql.billing_spans_of(tx, rid)]
+    span = placement_pass.span_of(span_row)
+    attempt = await cap_sql.record_refused_attempt(
+        tx,
+        reservation_id=rid,
+        node_id=node_id,
+        allocation_id=old_alloc,
+        usage_start_ms=span.usage_start_ms,
+        usage_end_ms=max(span.usage_start_ms, span.usage_end_ms or now_ms),
+        reason=reason,
+        message=message,
+    )
+    await res_sql.release_bookings(tx, rid, now_ms)
+    await write_spec(tx, bus, signer, node_id, _drop_assignment(old_alloc), now_ms, lock=lock)
+    avoid = sorted({*json.loads(str(row["avoid_nodes"] or "[]")), node_id})
+    base = old_alloc.split(".", 1)[0]
+    why = f"{node_id} refused it ({reason}: {message}); waiting to be placed on another node"
+    await cap_sql.requeue_refused(
+        tx, rid, allocation_id=f"{base}.{attempt + 1}", avoid_json=json.dumps(avoid), reason=why
+    )
+    await publish(
+        tx,
+        bus,
+        "reservation.refused",
+        rid,
+        {"node_id": node_id, "reason": reason, "message": message, "attempt": attempt, "avoid": avoid},
+        now_ms,
+    )
+    return "refused"
 
 
 async def mark_binding_lost(

@@ -186,9 +186,10 @@ async def settle(
 
 _SPANS = (
     "SELECT r.id, r.node_id, r.tenant, r.device_class, r.gpus, r.placed_at_ms, r.ended_at_ms,"
-    " (SELECT MIN(b.start_ms) FROM device_bookings b WHERE b.reservation_id = r.id) AS window_start_ms,"
+    " (SELECT MIN(b.start_ms) FROM device_bookings b WHERE b.reservation_id = r.id AND b.node_id = r.node_id)"
+    " AS window_start_ms,"
     " (SELECT CASE WHEN COUNT(*) = COUNT(b.end_ms) THEN MAX(b.end_ms) END FROM device_bookings b"
-    " WHERE b.reservation_id = r.id) AS window_end_ms,"
+    " WHERE b.reservation_id = r.id AND b.node_id = r.node_id) AS window_end_ms,"
     " (SELECT MAX(u.end_ms) FROM usage_windows u WHERE u.reservation_id = r.id) AS flushed_ms"
     " FROM reservations r WHERE r.placed_at_ms IS NOT NULL AND r.node_id IS NOT NULL"
 )
@@ -200,9 +201,80 @@ async def unflushed_spans(tx: Tx, reservation_id: str = "") -> list[Row]:
     where = " AND r.id = :r" if reservation_id else ""
     return await tx.fetchall(
         f"SELECT * FROM ({_SPANS}{where}) s"
-        " WHERE s.ended_at_ms IS NULL OR s.flushed_ms IS NULL OR s.flushed_ms < s.ended_at_ms ORDER BY s.id",
+        " WHERE s.ended_at_ms IS NULL OR ((s.flushed_ms IS NULL OR s.flushed_ms < s.ended_at_ms)"
+        # Usage starts at the later of the window's start and the placement: one that ended before it started
+        # (released before its window began) has nothing to flush, and leaves the scan.
+        " AND s.ended_at_ms > CASE WHEN s.window_start_ms > s.placed_at_ms THEN s.window_start_ms"
+        " ELSE s.placed_at_ms END) ORDER BY s.id",
         {"r": reservation_id} if reservation_id else {},
     )
+
+
+_ATTEMPT_SPANS = (
+    "SELECT a.reservation_id AS id, a.node_id, r.tenant, r.device_class, r.gpus, a.usage_start_ms AS placed_at_ms,"
+    " a.usage_end_ms AS ended_at_ms, NULL AS window_start_ms, NULL AS window_end_ms, NULL AS flushed_ms"
+    " FROM placement_attempts a JOIN reservations r ON r.id = a.reservation_id"
+)
+
+
+async def billing_spans(tx: Tx) -> list[Row]:
+    """Every span usage is billed on, flushed or not: each booked reservation's current placement, and each
+    placement a node refused (from the placement to the refusal), in the shape `unflushed_spans` returns."""
+    return await tx.fetchall(f"{_SPANS} UNION ALL {_ATTEMPT_SPANS} ORDER BY id, placed_at_ms")
+
+
+async def billing_spans_of(tx: Tx, reservation_id: str) -> list[Row]:
+    """The current placement's span of one reservation (`unflushed_spans`' shape, flushed or not)."""
+    return await tx.fetchall(f"{_SPANS} AND r.id = :r", {"r": reservation_id})
+
+
+async def record_refused_attempt(
+    tx: Tx,
+    *,
+    reservation_id: str,
+    node_id: str,
+    allocation_id: str,
+    usage_start_ms: int,
+    usage_end_ms: int,
+    reason: str,
+    message: str,
+) -> int:
+    """Keep a placement the node refused, for audit and billing; returns its attempt number (1, 2, ...)."""
+    n = await tx.fetchval("SELECT COUNT(*) FROM placement_attempts WHERE reservation_id = :r", {"r": reservation_id})
+    attempt = int(n or 0) + 1
+    await tx.execute(
+        "INSERT INTO placement_attempts (reservation_id, attempt, node_id, allocation_id, usage_start_ms,"
+        " usage_end_ms, reason, message) VALUES (:r, :n, :node, :a, :s, :e, :why, :m)",
+        {
+            "r": reservation_id,
+            "n": attempt,
+            "node": node_id,
+            "a": allocation_id,
+            "s": usage_start_ms,
+            "e": usage_end_ms,
+            "why": reason,
+            "m": message,
+        },
+    )
+    return attempt
+
+
+async def attempts_of(tx: Tx, reservation_id: str) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT * FROM placement_attempts WHERE reservation_id = :r ORDER BY attempt", {"r": reservation_id}
+    )
+
+
+async def requeue_refused(tx: Tx, reservation_id: str, *, allocation_id: str, avoid_json: str, reason: str) -> bool:
+    """A placed reservation its node refused goes back to the queue, unbooked, under a new allocation id
+    (the refused one stays the old node's), never to be offered to the nodes in `avoid_json` again."""
+    n = await tx.execute(
+        "UPDATE reservations SET state = 'pending', node_id = NULL, allocation_id = :a, avoid_nodes = :v,"
+        " reason = :why, placed_at_ms = NULL, ended_at_ms = NULL, bound_at_ms = NULL, generation = 0,"
+        " cpu_numa = '[]', mem_numa = '[]' WHERE id = :id AND state = 'placed'",
+        {"a": allocation_id, "v": avoid_json, "why": reason, "id": reservation_id},
+    )
+    return n == 1
 
 
 async def insert_usage_window(

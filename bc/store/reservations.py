@@ -76,9 +76,11 @@ async def list_(
 
 
 async def bookings(tx: Tx, reservation_id: str) -> list[Row]:
+    """The bookings of the reservation's current placement (a placement a node refused keeps its own rows)."""
     return await tx.fetchall(
-        "SELECT device_class, atom_id, gpu_uuid, start_ms, end_ms FROM device_bookings WHERE reservation_id = :r"
-        " ORDER BY atom_id",
+        "SELECT b.device_class, b.atom_id, b.gpu_uuid, b.start_ms, b.end_ms FROM device_bookings b"
+        " JOIN reservations r ON r.id = b.reservation_id AND r.node_id = b.node_id WHERE b.reservation_id = :r"
+        " ORDER BY b.atom_id",
         {"r": reservation_id},
     )
 

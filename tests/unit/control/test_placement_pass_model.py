@@ -57,6 +57,7 @@ actions = st.lists(
         st.tuples(st.just("reserve"), reserve_args),
         st.tuples(st.just("release"), st.integers(0, 9)),
         st.tuples(st.just("report"), st.integers(0, 9)),  # the node binds or releases what it was told
+        st.tuples(st.just("refuse"), st.integers(0, 9)),  # the node's admission refuses what it was told
         st.tuples(st.just("advance"), st.sampled_from([60, 900, 1800, 3600])),
         st.tuples(
             st.just("down"),
@@ -99,14 +100,8 @@ async def billing(store: InlineSqliteStore) -> None:
     async with store.transaction(write=False) as tx:
         windows = [window_of(r) for r in await cap_sql.usage_windows(tx, None, None)]
         flushed = {str(r["id"]): r["flushed_ms"] for r in await cap_sql.unflushed_spans(tx)}
-        rows = await tx.fetchall(
-            "SELECT r.id, r.node_id, r.tenant, r.device_class, r.gpus, r.placed_at_ms, r.ended_at_ms,"
-            " (SELECT MIN(b.start_ms) FROM device_bookings b WHERE b.reservation_id = r.id) AS window_start_ms,"
-            " (SELECT CASE WHEN COUNT(*) = COUNT(b.end_ms) THEN MAX(b.end_ms) END FROM device_bookings b"
-            " WHERE b.reservation_id = r.id) AS window_end_ms"
-            " FROM reservations r WHERE r.placed_at_ms IS NOT NULL AND r.node_id IS NOT NULL"
-        )
-    spans = [span_of({**r, "flushed_ms": None}) for r in rows]
+        rows = await cap_sql.billing_spans(tx)  # current placements and the ones a node refused
+    spans = [span_of(r) for r in rows]
     for s in spans:
         if s.reservation_id in flushed:
             f = flushed[s.reservation_id]
@@ -190,6 +185,26 @@ async def run(tmp: Path, clock: LoopClock, steps: list[tuple[str, Any]], monkeyp
                         await on_allocation_report(
                             tx, bus, SIGNER, str(row["node_id"]), what, str(row["allocation_id"]), "", "", now
                         )
+            elif kind == "refuse" and ids:
+                rid = ids[arg % len(ids)]
+                async with store.transaction() as tx:
+                    row = await tx.fetchone("SELECT * FROM reservations WHERE id = :i", {"i": rid})
+                    assert row is not None
+                    if str(row["state"]) == "placed":
+                        now = await store.now_ms()
+                        got = await on_allocation_report(
+                            tx,
+                            bus,
+                            SIGNER,
+                            str(row["node_id"]),
+                            "failed",
+                            str(row["allocation_id"]),
+                            "resources-exhausted",
+                            "no room",
+                            now,
+                        )
+                        event(f"refused -> {got}")
+                assert await live_holds(store) <= before, "a refusal booked something itself"
             elif kind == "advance":
                 await advance(arg)
             elif kind in ("down", "up"):

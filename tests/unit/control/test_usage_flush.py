@@ -26,14 +26,7 @@ async def conservation(store: InlineSqliteStore) -> None:
     now = await store.now_ms()
     async with store.transaction(write=False) as tx:
         windows = [window_of(r) for r in await cap_sql.usage_windows(tx, None, None)]
-        rows = await tx.fetchall(
-            "SELECT r.id, r.node_id, r.tenant, r.device_class, r.gpus, r.placed_at_ms, r.ended_at_ms,"
-            " (SELECT MIN(b.start_ms) FROM device_bookings b WHERE b.reservation_id = r.id) AS window_start_ms,"
-            " (SELECT CASE WHEN COUNT(*) = COUNT(b.end_ms) THEN MAX(b.end_ms) END FROM device_bookings b"
-            " WHERE b.reservation_id = r.id) AS window_end_ms,"
-            " (SELECT MAX(u.end_ms) FROM usage_windows u WHERE u.reservation_id = r.id) AS flushed_ms"
-            " FROM reservations r WHERE r.placed_at_ms IS NOT NULL AND r.node_id IS NOT NULL"
-        )
+        rows = await cap_sql.billing_spans(tx)
     spans = [span_of(r) for r in rows]
     for s, r in zip(spans, rows, strict=True):
         w = open_window(s, None if r["flushed_ms"] is None else int(r["flushed_ms"]), now)
@@ -95,3 +88,18 @@ async def test_an_active_holds_open_window_counts_up_to_now(
     await advance(90)
     (row,), now = await usage(store, None, None, "node")
     assert (row.key, row.atom_ms) == ("n1", 4 * (now - t0))
+
+
+async def test_a_window_released_before_it_starts_bills_nothing_and_leaves_the_usage_scan(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode
+) -> None:
+    await add_node("n1")
+    t0 = await store.now_ms()
+    later = await reserve(store, bus, SIGNER, ReserveRequest(gpus=1, start_ms=t0 + HOUR_MS, duration_ms=HOUR_MS), RNG)
+    assert later["node_id"] == "n1"  # booked at submit, pending until its start
+    await release(store, bus, SIGNER, str(later["id"]))
+    async with store.transaction(write=False) as tx:
+        assert await cap_sql.unflushed_spans(tx) == []  # nothing to flush, now or ever: not scanned each pass
+    await conservation(store)
+    rows, _ = await usage(store, None, None, "reservation")
+    assert [r for r in rows if r.key == later["id"] and r.atom_ms] == []
