@@ -1,0 +1,97 @@
+"""`bc sim`'s summary and `--json` document, on hand-made results: what an operator reads after a run."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+from bc.sim.checkers import InvariantResult
+from bc.sim.report import all_ok, invariant_line, sim_time, summary, to_json
+
+AT = 1_790_000_123_456  # a store-clock instant
+
+
+@dataclass(frozen=True)
+class Cfg:
+    nodes: int = 100
+    seed: int = 7
+    chaos: str = "heavy"
+
+
+@dataclass(frozen=True)
+class Res:
+    invariants: list[InvariantResult]
+    digest: str = "ab" * 32
+    events: int = 12_345
+    faults: Counter[str] = field(default_factory=lambda: Counter({"partition": 3, "agent-crash": 5, "reset": 0}))
+    work: Counter[str] = field(
+        default_factory=lambda: Counter({"reservations": 40, "command.diag.nvml": 12, "jobs.reboot": 2})
+    )
+    sim_seconds: float = 3600.0
+    wall_seconds: float = 36.0
+    repro: str = "bc sim --nodes 100 --chaos heavy --seed 7 --duration 1h"
+
+
+PASS = [
+    InvariantResult("I1", "no overlapping bookings or bindings", True, None, None),
+    InvariantResult("I2", "at most one execution per command", True, None, None),
+]
+FAILED = [
+    PASS[0],
+    InvariantResult(
+        "I2", "at most one execution per command", False, "command c-1 ran twice on n003 (boot b1, then b2)", AT
+    ),
+]
+
+
+def test_a_passing_run_says_so_line_by_line() -> None:
+    text = summary(Res(PASS), Cfg())
+    lines = text.splitlines()
+    assert lines[0] == (
+        "bc sim: 100 nodes, chaos heavy, seed 7: 3,600 s simulated in 36.0 s wall (100x real time), 12,345 events"
+    )
+    assert "  pass  I1  no overlapping bookings or bindings" in lines
+    assert "  pass  I2  at most one execution per command" in lines
+    assert f"digest: {'ab' * 32}" in lines
+    assert "result: every invariant holds" in lines
+    assert lines[-1] == "reproduce: bc sim --nodes 100 --chaos heavy --seed 7 --duration 1h"
+    # Work and faults by type, sorted; a type that never happened is left out.
+    work = lines[lines.index("work:") + 1 : lines.index("faults:")]
+    assert [w.split()[0] for w in work] == ["command.diag.nvml", "jobs.reboot", "reservations"]
+    faults = lines[lines.index("faults:") + 1 : lines.index("invariants:")]
+    assert [f.split() for f in faults] == [["agent-crash", "5"], ["partition", "3"]]
+
+
+def test_a_failed_invariant_shows_its_counterexample_and_when() -> None:
+    r = Res(FAILED)
+    assert not all_ok(r)
+    line = invariant_line(FAILED[1])
+    assert line == (
+        "  FAIL  I2  at most one execution per command: command c-1 ran twice on n003 (boot b1, then b2)"
+        f" (at {sim_time(AT)}, simulated)"
+    )
+    assert sim_time(AT) == "2026-09-21 14:15:23.456Z"
+    text = summary(r, Cfg())
+    assert line in text.splitlines() and "result: an invariant FAILED" in text
+
+
+def test_no_faults_reads_none() -> None:
+    text = summary(Res(PASS, faults=Counter()), Cfg(chaos="none"))
+    assert "faults: none" in text.splitlines()
+
+
+def test_the_json_document_carries_every_key_and_round_trips() -> None:
+    doc = json.loads(json.dumps(to_json(Res(FAILED), Cfg())))
+    assert {"digest", "invariants", "faults", "work", "seed", "nodes", "sim_seconds", "wall_seconds"} <= set(doc)
+    assert doc["ok"] is False and doc["seed"] == 7 and doc["nodes"] == 100 and doc["chaos"] == "heavy"
+    assert doc["invariants"][1] == {
+        "id": "I2",
+        "name": "at most one execution per command",
+        "ok": False,
+        "counterexample": "command c-1 ran twice on n003 (boot b1, then b2)",
+        "at_ms": AT,
+    }
+    assert doc["invariants"][0]["counterexample"] is None and doc["invariants"][0]["at_ms"] is None
+    assert list(doc["faults"]) == ["agent-crash", "partition", "reset"]  # sorted, stable across runs
+    assert doc["work"]["reservations"] == 40 and doc["sim_seconds"] == 3600.0
