@@ -133,18 +133,12 @@ class LinkFaults:
     stall_ms: tuple[float, float] = (0.0, 0.0)
     tolerant: frozenset[str] = TOLERANT
     duplicable: frozenset[str] = DUPLICABLE_ONLY
+    quiet: bool = field(init=False, repr=False, compare=False)
+    """No fault and no latency: frames go straight through without a draw (computed once: read per frame)."""
 
-    @property
-    def quiet(self) -> bool:
-        """No fault and no latency: frames go straight through without a draw."""
-        return (
-            self.delay_ms[1] <= 0
-            and not self.drop
-            and not self.reset
-            and not self.duplicate
-            and not self.reorder
-            and not self.stall
-        )
+    def __post_init__(self) -> None:
+        quiet = self.delay_ms[1] <= 0 and not (self.drop or self.reset or self.duplicate or self.reorder or self.stall)
+        object.__setattr__(self, "quiet", quiet)
 
     @classmethod
     def none(cls) -> LinkFaults:
@@ -365,10 +359,11 @@ class _Wire:
     def lost(self, direction: Direction) -> bool:
         if self.half_open or self.broken is not None:
             return True
-        net, node = self.net, self.node_id
-        if node in net.partitioned:
-            return True
-        return node in (net.cut_to_node if direction == TO_NODE else net.cut_from_node)
+        net = self.net
+        if not (net.partitioned or net.cut_to_node or net.cut_from_node):
+            return False  # the common case: no partition anywhere
+        node = self.node_id
+        return node in net.partitioned or node in (net.cut_to_node if direction == TO_NODE else net.cut_from_node)
 
     def stalled_until(self, pipe: _Pipe) -> float:
         return max(pipe.stall_until, self.net.stalled.get(self.node_id, 0.0))
@@ -460,7 +455,7 @@ class SimNetwork:
     """Node -> loop time until which its frames are held."""
     stats: Counter[str] = field(default_factory=Counter)
     """Faults injected so far, by kind (drops, resets, duplicates, reorders, stalls, frames_lost, ...)."""
-    _wires: dict[str, list[_Wire]] = field(default_factory=dict)
+    _wires: dict[str, list[_Wire]] = field(default_factory=dict, init=False, repr=False)
 
     # -- connections ---------------------------------------------------------------------
     def connect(

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any, cast
 
@@ -13,12 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bc.control import commands as cmds
+from bc.control import specs
 from bc.control.reservations import ReserveRequest, reserve
 from bc.protocol import closing
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.session_pair import SessionPair
 from bc.sim.links import FROM_NODE, TO_NODE, LinkFaults, SimNetwork
+from bc.store import commands as cmd_sql
+from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
 from bc.virtual_time import run as run_virtual
 from bc.wire.link import Link, LinkClosed
@@ -390,3 +396,52 @@ async def test_a_heavy_network_between_real_agents_and_the_gateway_still_converg
     assert net.stats["drops"] > 0 and net.stats["duplicates"] > 0 and net.stats["reorders"] > 0, net.stats
     sessions = [e for e in events if e[1] == "node.connectivity" and json.loads(e[3])["state"] == "connected"]
     assert len(sessions) > 3  # the faults ended sessions, and the nodes came back
+
+
+async def test_in_stream_duplicates_and_reordering_never_end_a_session_nor_run_a_command_twice(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Far more than `heavy`, of the kinds the cores are said to tolerate (`TOLERANT`): nothing else fails."""
+    caplog.set_level(logging.INFO, logger="agent")
+    pair = SessionPair(tmp_path, seed=5, agents=3)
+    faults = LinkFaults(delay_ms=(0.0, 50.0), duplicate=0.3, reorder=0.3, reorder_window_ms=5000.0)
+    net = SimNetwork(rng=random.Random(5), faults=faults)
+    pair.network = cast(Any, net)
+    rng = random.Random(5)
+    await pair.start()
+    try:
+        await asyncio.sleep(20)
+        assert pair.cp is not None
+        cp = pair.cp
+        held = [
+            await reserve(pair.store, cp.bus, cp.signer, ReserveRequest(gpus=2, node_id=n), pair.rng)
+            for n in pair.node_ids()
+        ]
+        ids = []
+        for step in range(8):
+            for n in pair.node_ids():
+                kind = rng.choice(["inventory.refresh", "diag.nvml", "logs.collect"])
+                req = cmds.EnqueueRequest(n, kind, cmds.payload_from_json(kind, ""), not_after_s=600.0)
+                ids.append(str((await cmds.enqueue(pair.store, cp.bus, cp.signer, req, rng))["id"]))
+                if step % 2 == 0:
+                    telemetry = json.dumps({"otlp_endpoint": f"http://c{step}.sim:4317", "export_interval_s": 10})
+                    await specs.set_section(pair.store, cp.bus, cp.signer, n, "telemetry", telemetry)
+            await asyncio.sleep(rng.uniform(0, 10))
+        await asyncio.sleep(120)
+        async with pair.store.transaction(write=False) as tx:
+            reservations = [(await res_sql.get(tx, str(h["id"])) or {}).get("state") for h in held]
+            commands = [str((await cmd_sql.get(tx, i) or {}).get("state")) for i in ids]
+            nodes = await nodes_sql.list_all(tx)
+        events = await pair.events()
+    finally:
+        await pair.stop()
+    assert net.stats["duplicates"] > 50 and net.stats["reorders"] > 20, net.stats
+    connectivity = [json.loads(e[3])["state"] for e in events if e[1] == "node.connectivity"]
+    assert connectivity == ["connected"] * 3  # no session ended: every frame was taken as it came
+    assert reservations == ["active"] * 3
+    assert commands == ["succeeded"] * len(ids)
+    assert all(int(r["observed_generation"]) == int(r["generation"]) for r in nodes)
+    started = Counter(
+        r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("event=command.running")
+    )
+    assert sorted(started) == sorted(f"command={i}" for i in ids) and set(started.values()) == {1}
