@@ -48,7 +48,9 @@ out; a test may put them back to show why):
   overtakes an earlier one advances the ack past the earlier batch's events, which are then skipped
   when they arrive and dropped by the node when it reads the ack: **the events are lost**. A gRPC stream
   never reorders, so this is no bug in production; it is why in-stream reordering is not the real
-  world's fault (tests/unit/sim/test_sim_links.py shows the cumulative ack skipping them).
+  world's fault (`test_finding_event_batches_overtaken_in_a_stream_lose_the_earlier_events` in
+  tests/unit/sim/test_sim_links.py shows it through the real agent and gateway). A duplicated batch is
+  fine (its events are at or under the ack by then), so `event_batch` is in `DUPLICABLE_ONLY`.
 
 Partitions (`SimNetwork.partition`) lose every frame in the cut direction, also one sent before the cut
 that arrives after it, and refuse new dials (a TCP handshake needs both directions). A half-open link

@@ -159,26 +159,40 @@ async def test_event_batches_may_be_duplicated_but_never_overtaken() -> None:
     assert [m.event_batch.events[0].seq for m in got] == [1, 2, 3]
 
 
-async def test_event_batches_overtaken_would_be_acked_past_and_lost() -> None:
-    """Why `event_batch` is not reorderable (see the module docstring): the gateway acks cumulatively.
+async def test_finding_event_batches_overtaken_in_a_stream_lose_the_earlier_events(tmp_path: Path) -> None:
+    """FINDING (asserts the current behaviour): why `event_batch` is not in `TOLERANT`.
 
-    This asserts the production rule the links must respect, as `bc.gateway.ingest` states it: a batch
-    at or under the cumulative ack is skipped. With `tolerant` widened, the links do overtake batches.
+    The gateway acks events cumulatively (`bc.gateway.ingest`): a batch that overtakes an earlier one
+    moves the ack past the earlier batch's events, the node drops them from its journal on reading that
+    ack, and the gateway skips them when they arrive. A gRPC stream never reorders, so production is
+    safe; this is the one in-stream fault the protocol cannot take. If ingest ever stores events above a
+    gap instead of skipping them, this test fails: then put `event_batch` in `TOLERANT`.
     """
-    faults = LinkFaults(reorder=1.0, tolerant=LinkFaults().tolerant | {"event_batch"})
-    net, _ = network(faults=faults)
-    node, gw = net.connect("n1")
-    for seq in (1, 2):
-        batch = session_pb2.EventBatch(journal_id="j", events=[session_pb2.NodeEvent(seq=seq)])
-        await node.send(NodeMessage(event_batch=batch))
-    got = [m.event_batch.events[0].seq for m in await drain(gw, 1.0)]
-    assert got == [2, 1]
-    acked, skipped = 0, []
-    for seq in got:  # bc.gateway.ingest's rule: `if ev.seq <= acked: continue`, then the ack moves to the top
-        if seq <= acked:
-            skipped.append(seq)
-        acked = max(acked, seq)
-    assert skipped == [1]  # event 1 is never stored, and the node drops it on reading Ack(2)
+    pair = SessionPair(tmp_path, seed=2, agents=1)
+    faults = LinkFaults(reorder=1.0, reorder_window_ms=5000.0, tolerant=frozenset({"event_batch"}))
+    net = SimNetwork(rng=random.Random(2), faults=LinkFaults.none())
+    pair.network = cast(Any, net)
+    await pair.start()
+    try:
+        await asyncio.sleep(30)
+        (node_id,) = pair.node_ids()
+        agent = pair.agents[node_id]
+        net.set_faults(node_id, faults)  # only event batches are held, each until the next overtakes it
+        for marker in ("first", "second", "third"):
+            event = session_pb2.NodeEvent(type=f"sim.{marker}")
+            await agent.journal.append_events([(event.type, session_pb2.TRANSITION, event.SerializeToString())])
+            agent.outbox.poke()
+            await asyncio.sleep(1)  # each goes out in a batch of its own
+        await asyncio.sleep(30)
+        stored = [json.loads(e[3])["type"] for e in await pair.events() if e[1] == "node.event"]
+        unacked = await agent.journal.unacked_events()
+    finally:
+        await pair.stop()
+    assert net.stats["reorders"] == 2
+    # "first" was overtaken by a status report (harmless); "second" by "third", whose cumulative ack
+    # dropped "second" from the journal before it arrived, and the gateway skipped it then: it is nowhere.
+    assert stored == ["sim.first", "sim.third"]
+    assert unacked == []
 
 
 async def test_a_stall_holds_frames_then_delivers_them_in_order() -> None:
