@@ -471,7 +471,12 @@ class _Pass:
         self._sizes: dict[str, list[tuple[int, NodeInfo]]] = {}
         self._no_fit_now: set[_Shape] = set()
         self._no_start: set[_Shape] = set()
-        self._not_before: dict[_Shape, int] = {}
+        self._resume: dict[_Shape, tuple[int, str]] = {}
+        # Where the first-fit scan of a shape resumes: the candidates before it could not take it now, and a
+        # pass only adds holds, so they still cannot.
+        self._fit_from: dict[_Shape, int] = {}
+        self._able: dict[tuple[object, ...], dict[str, NodeInfo]] = {}
+        self._big: dict[tuple[str, int, frozenset[str]], list[NodeInfo]] = {}
         self._candidates: dict[_Shape, tuple[list[NodeInfo], str]] = {}
         self._ends: list[tuple[int, str]] = []  # every booking's (end, node), in time order: where fits can begin
 
@@ -529,9 +534,11 @@ class _Pass:
             req.avoid,
         )
         if shape not in self._no_fit_now:
-            for node in candidates:
+            for k in range(self._fit_from.get(shape, 0), len(candidates)):
+                node = candidates[k]
                 f = _fit(node, self.offered(node, req.device_class), self.timeline[node.node_id], req, *first)
                 if f is not None:
+                    self._fit_from[shape] = k
                     later = f"starts at {iso(base)}" if base > self.now_ms else None
                     return Placement(
                         req.reservation_id, node.node_id, f.atoms, req.host, f.cpu_numa, f.mem_numa, *first, later
@@ -540,24 +547,36 @@ class _Pass:
         busy = _busy(req, base, self.now_ms)
         if shape in self._no_start or (self.protect is not None and self.protect <= 0):
             return Wait(req.reservation_id, busy)
-        found = self._earliest(req, candidates, base, self._not_before.get(shape, base))
+        able_key = (key, req.device_class, req.count)
+        if able_key not in self._able:
+            self._able[able_key] = {
+                n.node_id: n for n in candidates if len(self.offered(n, req.device_class)) >= req.count
+            }
+        found = self._earliest(req, self._able[able_key], base, self._resume.get(shape))
         if found is None:
             self._no_start.add(shape)
             return Wait(req.reservation_id, busy)
         if self.protect is not None:
             self.protect -= 1
-        self._not_before[shape] = found.start_ms
+        self._resume[shape] = (found.start_ms, found.node_id)
         return Wait(req.reservation_id, busy, found.start_ms, found)
 
-    def _earliest(self, req: Request, candidates: Sequence[NodeInfo], base: int, not_before: int) -> Booking | None:
+    def _earliest(
+        self, req: Request, able: Mapping[str, NodeInfo], base: int, resume: tuple[int, str] | None
+    ) -> Booking | None:
         """The hold at the earliest instant after `base` the request fits, on the lowest node at that instant.
 
         Only a node's own bookings decide when it can take the request, and a fit can only begin where one of
         them ends, so the pass walks every booking end after `base` in time order (`_ends`) and tries each on
         its node alone, stopping after the first instant that fits anywhere.
         """
-        able = {n.node_id: n for n in candidates if len(self.offered(n, req.device_class)) >= req.count}
-        i = bisect.bisect_right(self._ends, max(base, not_before - 1), key=lambda e: e[0])
+        i = bisect.bisect_right(self._ends, base, key=lambda e: e[0])
+        if resume is not None:
+            # Where the last request of this shape found its hold: every (instant, node) before it could not
+            # take the shape then, and cannot now, since a pass only adds holds. A hold added since ends where a
+            # fit could begin, but one that ends before the resume point opens no fit there: if its node could
+            # take the shape at that instant, the fit would have begun at an earlier end, before the resume point.
+            i = max(i, bisect.bisect_left(self._ends, resume))
         while i < len(self._ends):
             t, node_id = self._ends[i]
             i += 1
@@ -588,11 +607,14 @@ class _Pass:
                     f"node {req.node_id} does not have {what} and {req.host.describe()}",
                 )
             return None
-        big = [
-            n
-            for size, n in self.sizes(req.device_class)
-            if size >= req.count and not (n.deleted or n.revoked or n.node_id in req.avoid)
-        ]
+        big_key = (req.device_class, req.count, req.avoid)
+        if big_key not in self._big:
+            self._big[big_key] = [
+                n
+                for size, n in self.sizes(req.device_class)
+                if size >= req.count and not (n.deleted or n.revoked or n.node_id in req.avoid)
+            ]
+        big = self._big[big_key]
         refused = f" but {', '.join(sorted(req.avoid))}, which refused it," if req.avoid else ""
         if not big:
             return Failure(req.reservation_id, "never-fits", f"no node in the fleet{refused} has {what}")
