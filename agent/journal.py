@@ -37,7 +37,7 @@ import contextlib
 import logging
 import random
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,15 @@ SCHEMA = (
     " command_id TEXT NOT NULL, claimed_at REAL NOT NULL, PRIMARY KEY (scope_root, leaf_index))",
 )
 
+Connect = Callable[[str], Awaitable[aiosqlite.Connection]]
+"""Opens the journal's connection: aiosqlite's thread in production; the simulator passes one that runs each
+statement inline on its loop (`bc.sim.file_journal`), so the file journal stays deterministic there."""
+
+
+def _aiosqlite_connect(path: str) -> Awaitable[aiosqlite.Connection]:
+    return aiosqlite.connect(path, isolation_level=None)
+
+
 _STATES: dict[str, CommandState] = {s: s for s in rules.COMMAND_STATES}
 _COMMAND_COLUMNS = (
     "command_id, kind, state, incarnation_id, boot_id, retry_safe, self_terminating, updated_at, result, acked"
@@ -109,6 +118,7 @@ class Journal:
         clock: Clock | None = None,
         max_events: int = MAX_EVENTS,
         max_bytes: int = MAX_BYTES,
+        connect: Connect = _aiosqlite_connect,
     ) -> Journal:
         """Open or create; a journal of another node is refused, a broken one moved aside.
 
@@ -119,18 +129,18 @@ class Journal:
         bounds = rules.clamp_bounds(max_events, max_bytes)
         rng = rng or os_seeded_random()
         try:
-            return await Journal._open(path, node_id, bounds, rng)
+            return await Journal._open(path, node_id, bounds, rng, connect)
         except (sqlite3.DatabaseError, JournalCorrupt) as e:
             now_ms = int((clock or SystemClock()).now() * 1000)
             aside = path.with_name(journal_aside.aside_name(path.name, now_ms))
             log.error("event=journal.lost path=%s moved_to=%s error=%s", path, aside, e)
             await asyncio.to_thread(journal_aside.move_aside, path, aside)
-            return await Journal._open(path, node_id, bounds, rng)
+            return await Journal._open(path, node_id, bounds, rng, connect)
 
     @staticmethod
-    async def _open(path: Path, node_id: str, bounds: tuple[int, int], rng: random.Random) -> Journal:
+    async def _open(path: Path, node_id: str, bounds: tuple[int, int], rng: random.Random, connect: Connect) -> Journal:
         await asyncio.to_thread(keys.make_private_sqlite, path)  # the journal holds results and specs: 0600
-        conn = await aiosqlite.connect(str(path), isolation_level=None)
+        conn = await connect(str(path))
         try:
             for p in ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL"):
                 await conn.execute(p)

@@ -19,6 +19,12 @@ as a task, as `bc serve` does); with `reboot_s` each fake reboot takes that long
 and is recorded (`SessionPair.reboots`) instead of re-executing the process (`bench.jobs` rolls a
 reboot over the pair).
 
+Each node's machine outlives its agent process (`PairNode`: identity, key, fake hardware, its own
+clock, its journal), so a node can crash and come back (`crash_agent`, `start_agent`, `restart_agent`),
+reboot (a new boot id) or lose its journal, as `bc.sim.fleet`'s chaos does. With `PairConfig(placement=True)`
+the control plane also runs the placement pass as `bc serve` does; with `journal_files` each agent keeps
+the real SQLite journal in its data dir (driven inline, `bc.sim.file_journal`), else the memory journal.
+
 Restarting the control plane (`restart_control_plane`) drains the gateway,
 closes the store and opens it again with a new gateway id and a Random drawn
 from the pair's (never the first seed again: it would draw the same serials
@@ -35,19 +41,21 @@ import json
 import logging
 import random
 import tempfile
+import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from agent.app import Agent, AgentOptions, AgentParts
-from agent.hw.fake import FakeHardware
+from agent.hw.fake import BOOT_ID_FILE, FakeHardware
+from agent.hw.slices import FAKE_SLICES_DIR, FakeSlices
 from agent.identity import HeldIdentity, Identity
-from agent.journal_api import new_journal_id
+from agent.journal_api import AgentJournal, new_journal_id
 from agent.memory_journal import MemoryJournal
 from agent.node_key import NodeKey
 from agent.offload import inline
@@ -57,6 +65,7 @@ from bc.control import intent as intent_ctl
 from bc.control.bus import Bus
 from bc.control.intent import Intent
 from bc.control.liveness import Liveness, LivenessConfig
+from bc.control.placement_pass import PlacementPass
 from bc.control.signer import KeySigner, NullSigner, Signer
 from bc.control.sweeper import CommandSweeper
 from bc.gateway.sessions import Gateway, GatewayConfig
@@ -137,6 +146,19 @@ class Network:
         return dial
 
 
+class PairNetwork(Protocol):
+    """What the pair needs of a network: `Network`, or `bc.sim.links.SimNetwork` (seeded faulty links)."""
+
+    partitioned: set[str]
+    gateway: Gateway | None
+    peers: dict[str, PeerIdentity]
+    sessions: set[asyncio.Task[None]]
+    dials: Counter[str]
+    wrap: Callable[[str, Link[NodeMessage, GatewayMessage]], Link[NodeMessage, GatewayMessage]] | None
+
+    def dialer(self, node_id: str) -> Callable[[], Awaitable[Link[GatewayMessage, NodeMessage]]]: ...
+
+
 @dataclass(frozen=True)
 class PairConfig:
     heartbeat_interval_s: float = 10.0
@@ -149,18 +171,48 @@ class PairConfig:
     reboot_s: float | None = None
     """A fake reboot takes this long (on the loop's clock) and then calls the pair's hook, which records
     it (`SessionPair.reboots`); None: the fake hardware as it is (a reboot re-executes the process)."""
+    reboot_restarts: bool = False
+    """A fake reboot (the `node.reboot` command) restarts the node's agent in place after `reboot_s` (0 when
+    None), on its new boot id, as a machine coming back would; else only the hook above runs."""
+    placement: bool = False
+    """Run the placement pass as `bc serve` does (`ControlPlane.placement`, its loop as a task)."""
+    journal_files: bool = False
+    """Agents keep the real SQLite journal (`journal.db` in the node's dir) instead of the memory journal."""
+
+
+def _liveness(store: Store, bus: Bus, holder: str, cfg: LivenessConfig, signer: Signer) -> Liveness:
+    del signer  # production liveness releases nothing, so it signs nothing
+    return Liveness(store, bus, holder, cfg)
+
+
+@dataclass(frozen=True)
+class ControlSeams:
+    """The classes and factories the control plane is built from: production's, unless a simulation swaps
+    one for a deliberately broken component (`bc.sim.breaks`); nothing in them reads a flag."""
+
+    gateway_cls: type[Gateway] = Gateway
+    liveness: Callable[[Store, Bus, str, LivenessConfig, Signer], Liveness] = _liveness
+    placement_cls: type[PlacementPass] = PlacementPass
 
 
 class ControlPlane:
     """The control plane's workers and one gateway over a store, as `bc serve` wires them, minus gRPC."""
 
     def __init__(
-        self, store: Store, signer: Signer, intent: Intent, clock: LoopClock, rng: random.Random, cfg: PairConfig
+        self,
+        store: Store,
+        signer: Signer,
+        intent: Intent,
+        clock: LoopClock,
+        rng: random.Random,
+        cfg: PairConfig,
+        seams: ControlSeams | None = None,
     ) -> None:
         self.store, self.signer, self.intent, self.clock, self.rng, self.cfg = store, signer, intent, clock, rng, cfg
+        seams = seams or ControlSeams()
         self.bus = Bus()
         self.gateway_id = f"gw-sim-{rng.getrandbits(24):06x}"
-        self.gateway = Gateway(
+        self.gateway = seams.gateway_cls(
             store,
             self.bus,
             clock,
@@ -169,19 +221,25 @@ class ControlPlane:
             intent,
             GatewayConfig(heartbeat_interval_s=cfg.heartbeat_interval_s),
         )
-        self.liveness = Liveness(
+        self.liveness = seams.liveness(
             store,
             self.bus,
             self.gateway_id,
             LivenessConfig(
                 lease_ttl_ms=int(cfg.lease_ttl_s * 1000), unreachable_grace_ms=int(cfg.unreachable_grace_s * 1000)
             ),
+            signer,
         )
         self.sweeper = CommandSweeper(store, self.bus, self.gateway_id)
         # Drawn only when the queue runs: a pair without one draws what it always drew.
         self.jobs = (
             JobEngine(store, self.bus, signer, random.Random(rng.getrandbits(64)), holder=self.gateway_id)
             if cfg.jobs
+            else None
+        )
+        self.placement = (
+            seams.placement_cls(store, self.bus, signer, random.Random(rng.getrandbits(64)), holder=self.gateway_id)
+            if cfg.placement
             else None
         )
         self._tasks: list[asyncio.Task[None]] = []
@@ -196,6 +254,8 @@ class ControlPlane:
         ]
         if self.jobs is not None:
             self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
+        if self.placement is not None:
+            self._tasks.append(asyncio.create_task(self.placement.run_forever(self.clock), name="placement"))
 
     async def _liveness_loop(self) -> None:
         while True:
@@ -211,19 +271,49 @@ class ControlPlane:
         await self.gateway.release_lease()
 
 
+@dataclass
+class PairNode:
+    """One simulated machine: what outlives its agent process (identity, key, disk, clock, journal)."""
+
+    node_id: str
+    dir: Path
+    identity: Identity
+    identity_store: HeldIdentity
+    key: NodeKey
+    rng: random.Random
+    clock: LoopClock
+    """The node's own wall clock on the loop (the pair's, shifted): clock skew steps it."""
+    hw: FakeHardware
+    journal: AgentJournal | None = None
+    """The open journal while an agent runs on it; a memory journal stays here across restarts."""
+
+
 class SessionPair:
     """A control plane, a gateway and N agents over in-memory links; see the module docstring."""
 
-    def __init__(self, root: Path, *, seed: int, agents: int, cfg: PairConfig | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        seed: int,
+        agents: int,
+        cfg: PairConfig | None = None,
+        network: PairNetwork | None = None,
+    ) -> None:
         self.root, self.seed, self.n, self.cfg = root, seed, agents, cfg or PairConfig()
         self.rng = random.Random(seed)
         self.secrets = SeededSecrets(self.rng.getrandbits(64))
         self.clock = virtual_clock()
-        self.network = Network()
+        self.cp_clock = self.clock.shifted(0.0)
+        """The control plane's processes' clock; the store keeps `clock` (it is `compute_now()`)."""
+        self.network: PairNetwork = network if network is not None else Network()
         self.agents: dict[str, Agent] = {}
+        self.nodes: dict[str, PairNode] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.cp: ControlPlane | None = None
+        self.cp_up = asyncio.Event()
         self.reboots: list[tuple[str, float]] = []  # (node, loop time) of each fake reboot, with `reboot_s`
+        self._background: set[asyncio.Task[None]] = set()
 
     @property
     def store(self) -> Store:
@@ -232,14 +322,20 @@ class SessionPair:
 
     # -- the control plane ---------------------------------------------------------
 
+    def _make_store(self) -> Store:
+        return InlineSqliteStore(self.root / "bc.db", self.clock)
+
+    def _make_control_plane(self, store: Store, signer: Signer, intent: Intent, rng: random.Random) -> ControlPlane:
+        return ControlPlane(store, signer, intent, self.cp_clock, rng, self.cfg)
+
     async def _open_control_plane(self) -> ControlPlane:
-        store = InlineSqliteStore(self.root / "bc.db", self.clock)
+        store = self._make_store()
         await store.open()
         signer: Signer = KeySigner(self.signing_keys) if self.signing_keys is not None else NullSigner()
         intent = Intent(signer, self.ca.ca_pem)
         await intent_ctl.register(store, signer)
         intent.set_quorum(*await approvers.trust_state(store))
-        cp = ControlPlane(store, signer, intent, self.clock, random.Random(self.rng.getrandbits(64)), self.cfg)
+        cp = self._make_control_plane(store, signer, intent, random.Random(self.rng.getrandbits(64)))
         await cp.start()
         self.network.gateway = cp.gateway
         return cp
@@ -247,6 +343,7 @@ class SessionPair:
     async def restart_control_plane(self, down_s: float = 0.0) -> None:
         """Stop the gateway and the workers, close the store, stay down `down_s`, open everything again."""
         assert self.cp is not None
+        self.cp_up.clear()
         self.network.gateway = None
         await self.cp.stop()
         await self.cp.store.close()
@@ -254,11 +351,12 @@ class SessionPair:
         if down_s:
             await asyncio.sleep(down_s)
         self.cp = await self._open_control_plane()
+        self.cp_up.set()
 
     # -- nodes -----------------------------------------------------------------------
 
-    async def _enroll(self, node_id: str) -> Agent:
-        """Join as `bc join` does on the server's side (token, CSR, certificate), then build the agent."""
+    async def _enroll(self, node_id: str) -> PairNode:
+        """Join as `bc join` does on the server's side (token, CSR, certificate): the machine the agent runs on."""
         cp = self.cp
         assert cp is not None
         tok = await identity.create_token(
@@ -280,32 +378,62 @@ class SessionPair:
         rng = random.Random(self.rng.getrandbits(64))
         node_dir = self.root / f"node-{node_id}"
         node_dir.mkdir(parents=True, exist_ok=True)
+        clock = self.clock.shifted(0.0)
+        hw = self._hardware(node_id, node_dir, rng)
+        return PairNode(node_id, node_dir, ident, HeldIdentity(), NodeKey(None, key), rng, clock, hw)
+
+    def _build_agent(self, node: PairNode) -> Agent:
+        """A new agent process on the node's machine (a new incarnation id, the journal it left)."""
         parts = AgentParts(
-            clock=self.clock,
-            rng=rng,
-            identity=ident,
+            clock=node.clock,
+            rng=node.rng,
+            identity=node.identity,
             ca_pem=self.ca.ca_pem,
-            identity_store=HeldIdentity(),
-            node_key=NodeKey(None, key),
-            hw=self._hardware(node_id, node_dir, rng),
-            dial=self.network.dialer(node_id),
-            open_journal=_memory_journal(rng),
+            identity_store=node.identity_store,
+            node_key=node.key,
+            hw=node.hw,
+            dial=self.network.dialer(node.node_id),
+            open_journal=lambda: self._open_journal(node),
             offload=inline,
             renewal=False,
         )
-        return Agent(AgentOptions(data_dir=node_dir, heartbeat_interval_s=self.cfg.heartbeat_interval_s), parts)
+        return Agent(AgentOptions(data_dir=node.dir, heartbeat_interval_s=self.cfg.heartbeat_interval_s), parts)
+
+    async def _open_journal(self, node: PairNode) -> AgentJournal:
+        """The journal the node left: the memory journal kept on the machine, or the file reopened."""
+        if self.cfg.journal_files:
+            from bc.sim.file_journal import open_inline  # the sim package imports this module
+
+            node.journal = await open_inline(node.dir / "journal.db", node.node_id, node.rng)
+        elif node.journal is None:
+            node.journal = MemoryJournal(new_journal_id(node.rng))
+        return node.journal
 
     def _hardware(self, node_id: str, node_dir: Path, rng: random.Random) -> FakeHardware:
-        if self.cfg.reboot_s is None:
+        if self.cfg.reboot_s is None and not self.cfg.reboot_restarts:
             return FakeHardware(self.cfg.profile, node_id, state_dir=node_dir, rng=rng, offload=inline)
         hw = SlowRebootHardware(self.cfg.profile, node_id, state_dir=node_dir, rng=rng, offload=inline)
-        hw.reboot_s = self.cfg.reboot_s
+        if self.cfg.reboot_restarts:
+            hw.hang = True
+        elif self.cfg.reboot_s is not None:
+            hw.reboot_s = self.cfg.reboot_s
 
         def hook() -> None:
             self.reboots.append((node_id, asyncio.get_running_loop().time()))
+            if self.cfg.reboot_restarts:
+                # The machine goes down under the agent that asked (its task is cancelled by the restart).
+                self._spawn(self._come_back(node_id, self.cfg.reboot_s or 0.0), f"reboot-{node_id}")
 
         hw.reboot_hook = hook
         return hw
+
+    async def _come_back(self, node_id: str, down_s: float) -> None:
+        await self.restart_agent(node_id, down_s)  # the fake hardware already wrote the new boot id
+
+    def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def node_ids(self) -> list[str]:
         return [f"n{i:03d}" for i in range(self.n)]
@@ -316,12 +444,55 @@ class SessionPair:
         self.ca = CertificateAuthority.create(self.clock, self.rng, self.secrets)
         self.signing_keys = SigningKeys.create(pki, self.clock, self.rng, self.secrets) if self.cfg.signing else None
         self.cp = await self._open_control_plane()
+        self.cp_up.set()
         for node_id in self.node_ids():
-            self.agents[node_id] = await self._enroll(node_id)
+            self.nodes[node_id] = await self._enroll(node_id)
+            self.agents[node_id] = self._build_agent(self.nodes[node_id])
         for node_id, agent in self.agents.items():
             self.tasks[node_id] = asyncio.create_task(agent.run(), name=f"agent-{node_id}")
 
+    def start_agent(self, node_id: str) -> Agent:
+        """A new agent process on the node (after a crash or a reboot); the node must have none running."""
+        running = self.tasks.get(node_id)
+        assert running is None or running.done(), f"{node_id} already runs an agent"
+        agent = self.agents[node_id] = self._build_agent(self.nodes[node_id])
+        self.tasks[node_id] = asyncio.create_task(agent.run(), name=f"agent-{node_id}")
+        return agent
+
+    async def crash_agent(self, node_id: str) -> None:
+        """The agent process dies: its tasks end where they are (no graceful stop); the machine stays."""
+        task = self.tasks.get(node_id)
+        if task is None or task.done():
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        node = self.nodes[node_id]
+        if self.cfg.journal_files:
+            node.journal = None  # the process's connection is gone with it; the file stays
+
+    async def restart_agent(
+        self, node_id: str, down_s: float = 0.0, *, reboot: bool = False, lose_journal: bool = False
+    ) -> Agent:
+        """Crash the agent, stay down `down_s`, start it again; `reboot`: the machine boots anew (a new boot
+        id, runtime state gone); `lose_journal`: it comes back on a fresh journal."""
+        await self.crash_agent(node_id)
+        node = self.nodes[node_id]
+        if reboot:
+            new_boot = str(uuid.UUID(int=node.rng.getrandbits(128), version=4))
+            FakeSlices.drop_all(node.dir / FAKE_SLICES_DIR)
+            (node.dir / BOOT_ID_FILE).write_text(new_boot + "\n", "utf-8")
+        if lose_journal:
+            node.journal = None
+            for suffix in ("", "-wal", "-shm"):
+                (node.dir / f"journal.db{suffix}").unlink(missing_ok=True)
+        if down_s:
+            await asyncio.sleep(down_s)
+        return self.start_agent(node_id)
+
     async def stop(self) -> None:
+        for t in list(self._background):
+            t.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         for agent in self.agents.values():
             agent.stopped.set()
         async with asyncio.timeout(60):
@@ -331,6 +502,7 @@ class SessionPair:
             await self.cp.stop()
             await self.cp.store.close()
             self.cp = None
+            self.cp_up.clear()
         for t in list(self.network.sessions):
             t.cancel()
         await asyncio.gather(*self.network.sessions, return_exceptions=True)
@@ -368,17 +540,15 @@ class SlowRebootHardware(FakeHardware):
     (which the pair always sets, so the process is never re-executed)."""
 
     reboot_s = 0.0
+    hang = False
+    """After the hook, never return: the machine went down under the command (the pair's restart ends it)."""
 
     async def reboot(self, *, allow: bool = False) -> tuple[bool, str]:
         await asyncio.sleep(self.reboot_s)
-        return await super().reboot(allow=allow)
-
-
-def _memory_journal(rng: random.Random) -> Callable[[], Awaitable[MemoryJournal]]:
-    async def open_journal() -> MemoryJournal:
-        return MemoryJournal(new_journal_id(rng))
-
-    return open_journal
+        done = await super().reboot(allow=allow)
+        if self.hang:
+            await asyncio.get_running_loop().create_future()  # cancelled with the process
+        return done
 
 
 def events_digest(events: list[tuple[int, str, str, str, int]]) -> str:

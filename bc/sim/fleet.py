@@ -1,0 +1,471 @@
+"""`bc sim`'s runner: the production control plane, gateway and agents on virtual time, under seeded chaos.
+
+`run(cfg)` builds a `Fleet` on `SessionPair`'s wiring (the inline store, the Signer, one real `Gateway`,
+liveness, the sweeper, the job engine and the placement pass as `bc serve` runs them, and per node a
+whole `Agent` on fake hardware) over `bc.sim.links.SimNetwork` (faulty links of the chaos level), then:
+
+1. starts the workload (`bc.sim.workload`) and executes the chaos schedule (`bc.sim.chaos`), each fault
+   as a task at its time, for `duration_s` simulated seconds;
+2. stops the workload, heals everything (partitions healed, every agent running, the control plane's
+   clock back on the store's) and lets the fleet settle for `quiet_s` (placement, reconnects);
+3. reads what the store holds into the `FactLog` (`bc.sim.record`), runs every checker
+   (`bc.sim.checkers.check_all`, I7 on the quiet snapshot) and takes the events log's digest.
+
+**Faults are events.** Each fault is published as a `sim.fault` event (subject: its targets, or
+`control-plane`; data: kind, params and its simulated second) through the production `publish`, so the
+events log, its digest, `Watch` and `--trace` all carry it. A fault that strikes while the control plane
+is down is published as soon as it is back, with its own simulated second in the data.
+
+**Determinism.** One seed reaches everything: the pair's Random (control plane, agents, fake hardware),
+and two Randoms drawn from it for the chaos schedule and the links' fates. The run lives on
+`bc.virtual_time`'s loop and reads no wall time, so one seed writes one events log, whatever the host,
+the process or `PYTHONHASHSEED`; `--journal-files` changes where journals live, not what happens (the
+SQLite journal runs inline on the loop, `bc.sim.file_journal`), so the digest is the same.
+
+**Deliberate bugs.** `break_rule` applies `bc.sim.breaks.seams_for(rule)`: the journal wrapper where the
+agents open their journals, the Liveness factory and the gateway and placement classes where the
+control plane is built; nothing in production code reads the rule.
+
+Only one gateway is built: `gateways` must be 1 (gateway kills and stalls wait for several).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from agent.app import Agent
+from agent.journal_api import AgentJournal
+from bc.clock import LoopClock, ms
+from bc.control.events import publish
+from bc.control.intent import Intent
+from bc.control.signer import Signer
+from bc.errors import UsageError
+from bc.session_pair import ControlPlane, ControlSeams, PairConfig, PairNode, SessionPair, _scratch_dir, events_digest
+from bc.sim import chaos
+from bc.sim.breaks import SimSeams, seams_for
+from bc.sim.chaos import Fault, Level
+from bc.sim.checkers import InvariantResult, check_all
+from bc.sim.facts import FactLog
+from bc.sim.links import LinkFaults, SimNetwork
+from bc.sim.record import Recorder, from_store, quiet_snapshot
+from bc.sim.workload import Workload, make_workload
+from bc.store import Store
+from bc.store import events as events_sql
+from bc.virtual_time import run as run_virtual
+
+REBOOT_S = 45.0
+"""How long a `node.reboot` command keeps the machine down before its agent starts on the new boot id."""
+PROGRESS_EVERY_S = 60.0
+DIRECTIONS: dict[str, Literal["both", "to_node", "from_node"]] = {
+    "both": "both",
+    "to_node": "to_node",
+    "from_node": "from_node",
+}
+
+Progress = Callable[[float, int, int], None]
+"""`progress(simulated seconds, events so far, faults so far)`, about once per simulated minute."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    nodes: int
+    seed: int
+    chaos: Level = "none"
+    duration_s: float = 3600.0
+    gateways: int = 1
+    journal_files: bool = False
+    break_rule: str | None = None
+    trace: Path | None = None
+    """Write the events log here, one JSON array (seq, type, subject, data, at_ms) a line."""
+    quiet_s: float = 300.0
+    """The quiet period after the run: no workload, no faults, everything healed, before I7 is checked."""
+
+    def repro(self) -> str:
+        """The command that runs this again."""
+        out = f"bc sim --nodes {self.nodes} --chaos {self.chaos} --seed {self.seed}"
+        out += f" --duration {_duration(self.duration_s)}"
+        if self.gateways != 1:
+            out += f" --gateways {self.gateways}"
+        if self.journal_files:
+            out += " --journal-files"
+        if self.break_rule:
+            out += f" --break {self.break_rule}"
+        return out
+
+
+@dataclass
+class SimResult:
+    digest: str
+    events: int
+    faults: Counter[str]
+    work: Counter[str]
+    invariants: list[InvariantResult]
+    sim_seconds: float
+    wall_seconds: float
+    repro: str
+    link_faults: Counter[str] = field(default_factory=Counter)
+    """What the links did on their own (`SimNetwork.stats`: drops, resets, duplicates, ...)."""
+    facts: FactLog | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.invariants)
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+class SimPair(SessionPair):
+    """`SessionPair` with the simulator's seams: the recorder's outbox on every agent, the break's
+    components, the agent restarts and outages written down as they happen."""
+
+    def __init__(self, root: Path, cfg: SimConfig, network: SimNetwork, recorder: Recorder, seams: SimSeams) -> None:
+        pair_cfg = PairConfig(
+            jobs=True, placement=True, reboot_s=REBOOT_S, reboot_restarts=True, journal_files=cfg.journal_files
+        )
+        super().__init__(root, seed=cfg.seed, agents=cfg.nodes, cfg=pair_cfg, network=network)
+        self.recorder, self.seams = recorder, seams
+        self.boots: dict[str, str] = {}
+
+    def _make_control_plane(self, store: Store, signer: Signer, intent: Intent, rng: random.Random) -> ControlPlane:
+        s = self.seams
+        control = ControlSeams(gateway_cls=s.gateway_cls, liveness=s.liveness, placement_cls=s.placement_cls)
+        return ControlPlane(store, signer, intent, self.cp_clock, rng, self.cfg, control)
+
+    def _build_agent(self, node: PairNode) -> Agent:
+        agent = super()._build_agent(node)
+        agent.outbox = self.recorder.outbox(node.node_id)
+        agent.parts.open_journal = self.seams.journal(agent.parts.open_journal)
+        self.boots.setdefault(node.node_id, node.hw.boot_id())
+        return agent
+
+    async def crash_agent(self, node_id: str) -> None:
+        task = self.tasks.get(node_id)
+        if task is not None and not task.done():
+            self.recorder.away(node_id, "agent-down")
+        await super().crash_agent(node_id)
+
+    def start_agent(self, node_id: str) -> Agent:
+        node = self.nodes[node_id]
+        boot = node.hw.boot_id()
+        self.recorder.facts.agent_restart(self.recorder.now_ms(), node_id, boot != self.boots.get(node_id))
+        self.boots[node_id] = boot
+        self.recorder.back(node_id, "agent-down")
+        return super().start_agent(node_id)
+
+    async def open_journal_id(self, node_id: str, within_s: float = 60.0) -> str:
+        """The journal id of the node's running agent, once it has opened it."""
+        for _ in range(int(within_s * 10)):
+            journal: AgentJournal | None = getattr(self.agents[node_id], "journal", None)
+            if journal is not None:
+                return journal.journal_id
+            await asyncio.sleep(0.1)
+        return ""
+
+
+class Fleet:
+    """The running simulation: what the workload and the chaos act on, and what the checkers read."""
+
+    def __init__(self, cfg: SimConfig, root: Path) -> None:
+        if cfg.gateways != 1:
+            raise UsageError("only one gateway is built yet: run with --gateways 1")
+        if cfg.nodes < 1:
+            raise UsageError("a fleet needs at least one node (--nodes)")
+        self.cfg = cfg
+        self.facts = FactLog()
+        self.work: Counter[str] = Counter()
+        self.faults: Counter[str] = Counter()
+        seeds = random.Random(cfg.seed ^ 0x5EED_C4A05)
+        self.recorder = Recorder(self.facts, self._now_ms)
+        links = {"none": LinkFaults.none, "light": LinkFaults.light, "heavy": LinkFaults.heavy}[cfg.chaos]()
+        self.network = SimNetwork(random.Random(seeds.getrandbits(64)), faults=links, tap=self.recorder.tap)
+        self.seams = seams_for(cfg.break_rule)
+        self.pair = SimPair(root, cfg, self.network, self.recorder, self.seams)
+        self.schedule: list[Fault] = chaos.schedule(
+            cfg.chaos, random.Random(seeds.getrandbits(64)), self.pair.node_ids(), cfg.duration_s, cfg.gateways
+        )
+        self._unpublished: list[tuple[Fault, float]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- what the workload uses ------------------------------------------------------------
+
+    @property
+    def clock(self) -> LoopClock:
+        return self.pair.clock
+
+    @property
+    def node_ids(self) -> list[str]:
+        return self.pair.node_ids()
+
+    @contextlib.asynccontextmanager
+    async def control(self) -> AsyncIterator[ControlPlane]:
+        """The control plane of the moment; waits while it is down (a restart)."""
+        while self.pair.cp is None:
+            await self.pair.cp_up.wait()
+        yield self.pair.cp
+
+    def _now_ms(self) -> int:
+        return ms(self.pair.clock.now())
+
+    # -- chaos ------------------------------------------------------------------------------
+
+    async def run_chaos(self, t0: float) -> None:
+        """Each fault of the schedule at its time (`t0` + `t_s` on the loop), as its own task."""
+        loop = asyncio.get_running_loop()
+        for f in self.schedule:
+            await asyncio.sleep(max(0.0, t0 + f.t_s - loop.time()))
+            self.faults[f.kind] += 1
+            await self._publish_fault(f, loop.time() - t0)
+            self._spawn(self._inject(f), f"fault-{f.kind}")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish_fault(self, f: Fault, at_s: float) -> None:
+        self._unpublished.append((f, at_s))
+        await self._publish_pending()
+
+    async def _publish_pending(self) -> None:
+        """Every fault not yet in the events log, if the control plane is up (else when it is back)."""
+        cp = self.pair.cp
+        if cp is None or not self._unpublished:
+            return
+        pending, self._unpublished = self._unpublished, []
+        now_ms = await cp.store.now_ms()
+        async with cp.store.transaction() as tx:
+            for fault, t in pending:
+                data: dict[str, object] = {"kind": fault.kind, "t_s": round(t, 3), **fault.params}
+                if len(fault.targets) == 1:
+                    subject = fault.targets[0]
+                elif fault.targets:
+                    subject, data["targets"] = "fleet", list(fault.targets)
+                else:
+                    subject = "control-plane"
+                await publish(tx, cp.bus, "sim.fault", subject, data, now_ms)
+
+    async def _inject(self, f: Fault) -> None:
+        pair, net, rec = self.pair, self.network, self.recorder
+        p = f.params
+        if f.kind == chaos.AGENT_CRASH:
+            await pair.restart_agent(f.targets[0], float(p.get("restart_s", chaos.RESTART_S)))
+        elif f.kind == chaos.NODE_REBOOT:
+            rec.away(f.targets[0], "reboot")
+            await pair.restart_agent(f.targets[0], float(p["down_s"]), reboot=True)
+            rec.back(f.targets[0], "reboot")
+        elif f.kind == chaos.JOURNAL_LOSS:
+            await self._lose_journal(f.targets[0], float(p.get("restart_s", chaos.RESTART_S)))
+        elif f.kind == chaos.PARTITION:
+            direction = DIRECTIONS[str(p.get("direction", "both"))]
+            for n in f.targets:
+                rec.away(n, "partition")
+            net.partition(f.targets, direction)
+            await asyncio.sleep(float(p["duration_s"]))
+            net.heal(f.targets)
+            for n in f.targets:
+                rec.back(n, "partition")
+        elif f.kind == chaos.HALF_OPEN:
+            rec.away(f.targets[0], "half-open")
+            net.half_open(f.targets[0])
+            rec.back(f.targets[0], "half-open")  # over when the node notices and its next Hello arrives
+        elif f.kind == chaos.RESET:
+            rec.away(f.targets[0], "reset")
+            net.reset(f.targets[0])
+            rec.back(f.targets[0], "reset")
+        elif f.kind == chaos.STALL:
+            rec.away(f.targets[0], "stall")
+            net.stall(f.targets[0], float(p["duration_s"]))
+            await asyncio.sleep(float(p["duration_s"]))
+            rec.back(f.targets[0], "stall")
+        elif f.kind == chaos.NODE_CLOCK_SKEW:
+            pair.nodes[f.targets[0]].clock.step(float(p["offset_s"]))
+        elif f.kind == chaos.CP_CLOCK_SKEW:
+            self._skew_control_plane(float(p["offset_s"]))
+        elif f.kind == chaos.CP_RESTART:
+            await self._restart_control_plane(float(p["down_s"]))
+        else:
+            raise ValueError(f"no injector for fault kind {f.kind!r}")
+
+    def _skew_control_plane(self, offset_s: float) -> None:
+        """The control plane's clock `offset_s` off the store's (absolute, so skews never add up)."""
+        base = self.pair.clock.wall_offset
+        assert base is not None
+        self.pair.cp_clock.wall_offset = base + offset_s
+
+    async def _lose_journal(self, node_id: str, down_s: float) -> None:
+        pair = self.pair
+        old = pair.nodes[node_id].journal
+        old_id, in_flight = "", []
+        if old is not None:
+            old_id = old.journal_id
+            in_flight = [e.command_id for e in await old.commands() if e.state in ("accepted", "running")]
+        t = self._now_ms()
+        await pair.restart_agent(node_id, down_s, lose_journal=True)
+        new_id = await pair.open_journal_id(node_id)
+        self.facts.journal_loss(t, node_id, old_id, new_id, in_flight)
+
+    async def _restart_control_plane(self, down_s: float) -> None:
+        t = self._now_ms()
+        self.facts.outage_began(t, None, "control-plane")
+        for n in self.node_ids:
+            self.recorder.away(n, "control-plane")
+        await self.pair.restart_control_plane(down_s)
+        self.facts.outage_ended(self._now_ms(), None, "control-plane")
+        for n in self.node_ids:
+            self.recorder.back(n, "control-plane")
+        await self._publish_pending()
+
+    # -- the end ------------------------------------------------------------------------------
+
+    async def heal_everything(self) -> None:
+        """The quiet period's start: faults in progress finish, partitions heal, every agent runs, the
+        control plane's clock is back on the store's."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self.network.heal()
+        for n in self.node_ids:
+            self.recorder.back(n, "partition")
+        self._skew_control_plane(0.0)
+        for n in self.node_ids:
+            task = self.pair.tasks.get(n)
+            if task is None or task.done():
+                self.pair.start_agent(n)
+        await self._publish_pending()
+
+    async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.pair.stop()
+
+
+async def run(cfg: SimConfig, *, workload: Workload | None = None, progress: Progress | None = None) -> SimResult:
+    """One simulated run on the running (virtual-time) loop; see the module docstring. `wall_seconds` is 0
+    here: nothing in the run reads the host's clock (`run_sync` measures it around the loop)."""
+    with _scratch_dir() as root:
+        return await _run_in(cfg, root, workload, progress)
+
+
+async def _run_in(cfg: SimConfig, root: Path, workload: Workload | None, progress: Progress | None) -> SimResult:
+    fleet = Fleet(cfg, root)
+    loop = asyncio.get_running_loop()
+    await fleet.pair.start()
+    t0 = loop.time()
+    tasks = [asyncio.create_task(fleet.run_chaos(t0), name="chaos")]
+    if workload is not None:
+        tasks.append(asyncio.create_task(_drive(workload, fleet), name="workload"))
+    if progress is not None:
+        tasks.append(asyncio.create_task(_report(fleet, t0, progress), name="progress"))
+    try:
+        await asyncio.sleep(cfg.duration_s)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await fleet.heal_everything()
+        await asyncio.sleep(cfg.quiet_s)
+        store = fleet.pair.store
+        fleet.facts.quiet = await quiet_snapshot(store)
+        events = await fleet.pair.events()
+        await from_store(fleet.facts, fleet.recorder, store, events)
+    finally:
+        await fleet.stop()
+    if cfg.trace is not None:
+        cfg.trace.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+    return SimResult(
+        digest=events_digest(events),
+        events=len(events),
+        faults=fleet.faults,
+        work=fleet.work,
+        invariants=check_all(fleet.facts, i7=True),
+        sim_seconds=loop.time() - t0,
+        wall_seconds=0.0,
+        repro=cfg.repro(),
+        link_faults=Counter(fleet.network.stats),
+        facts=fleet.facts,
+    )
+
+
+async def _drive(workload: Workload, fleet: Fleet) -> None:
+    await workload(fleet)
+
+
+async def _report(fleet: Fleet, t0: float, progress: Progress) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(PROGRESS_EVERY_S)
+        cp = fleet.pair.cp
+        if cp is None:
+            continue
+        async with cp.store.transaction(write=False) as tx:
+            events = await events_sql.last_seq(tx)
+        progress(loop.time() - t0, events, sum(fleet.faults.values()))
+
+
+def run_sync(cfg: SimConfig, *, workload: Workload | None = None, progress: Progress | None = None) -> SimResult:
+    """`run` on a fresh `bc.virtual_time` loop, with the wall time it took."""
+    host = LoopClock()  # outside any loop it reads the host's monotonic clock: the one wall reading here
+    w0 = host.monotonic()
+    result = run_virtual(run(cfg, workload=workload, progress=progress))
+    return replace(result, wall_seconds=host.monotonic() - w0)
+
+
+def workload_for(cfg: SimConfig) -> Workload:
+    """The standard workload of a run: `bc.sim.workload`'s mix, its Random drawn from the run's seed (not the
+    pair's stream, so adding work never moves the faults or the ids)."""
+    return make_workload(random.Random(cfg.seed ^ 0x3A7_10AD))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bc.sim.fleet`: one run with the standard workload, its digest and invariants printed (what
+    the tests run in a subprocess; `bc sim` is the operator's command)."""
+    p = argparse.ArgumentParser(prog="python -m bc.sim.fleet")
+    p.add_argument("--nodes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--chaos", choices=chaos.LEVELS, default="heavy")
+    p.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
+    p.add_argument("--journal-files", action="store_true")
+    p.add_argument("--break", dest="break_rule")
+    p.add_argument("--no-workload", action="store_true")
+    p.add_argument("--trace", type=Path)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.CRITICAL)
+    cfg = SimConfig(
+        nodes=args.nodes,
+        seed=args.seed,
+        chaos=args.chaos,
+        duration_s=args.duration,
+        journal_files=args.journal_files,
+        break_rule=args.break_rule,
+        trace=args.trace,
+    )
+    result = run_sync(cfg, workload=None if args.no_workload else workload_for(cfg))
+    out = {
+        "digest": result.digest,
+        "events": result.events,
+        "faults": dict(sorted(result.faults.items())),
+        "work": dict(sorted(result.work.items())),
+        "invariants": [{"id": r.id, "ok": r.ok, "counterexample": r.counterexample} for r in result.invariants],
+        "sim_seconds": result.sim_seconds,
+        "wall_seconds": round(result.wall_seconds, 1),
+        "repro": result.repro,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

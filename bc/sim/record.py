@@ -1,0 +1,214 @@
+"""How a simulated run fills its `FactLog`: the seams it records at, and what it reads from the store at the end.
+
+* **Side effects started** (I2): the narrowest seam that knows the command id is the agent's outbox. The
+  dispatcher sends `COMMAND_RUNNING` for a command once per execution, right before it calls the kind's
+  executor (`agent.dispatch.Dispatcher._execute`), whether or not a session is open; the only other
+  RUNNING it sends is a re-attach answer for a command this same process is already running. So the
+  first RUNNING per command id in one agent process (one `RecordingOutbox`) is one side effect started.
+  Its kind comes from the store at the end (the command's row).
+* **Frames** (I3, I4): `bc.sim.links.SimNetwork.tap`, on every frame a receiver's `recv` returns: a
+  `desired_state` the node received is a spec delivery, a `status` the gateway received is a report,
+  and any frame the gateway received is hearing from the node. A `hello` the gateway receives ends the
+  node's open outages (the node is back).
+* **The store, at the end**: command outcomes, connectivity transitions (the events log), bookings of
+  every placement, releases (the end events of holds, with their reasons), billing spans and usage
+  windows (flushed, and each running hold's open one up to the end, as `bc usage` counts), bindings
+  the nodes reported (`reservation.active` to the end of the hold, on the booked atoms).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agent.session.outbox import Outbox
+from bc.control.capacity_views import window_of
+from bc.control.invariants import Release
+from bc.control.placement_pass import bookings_of, load_facts, span_of
+from bc.control.placement_plan import Booking, Wait, plan
+from bc.control.usage_windows import open_window
+from bc.protocol.pb import session_pb2
+from bc.protocol.pb.session_pb2 import NodeMessage
+from bc.sim.facts import Bound, FactLog, QuietSnapshot, connectivity_from_events
+from bc.sim.links import FROM_NODE, TO_NODE, Direction
+from bc.store import Store, Tx
+from bc.store import capacity as cap_sql
+from bc.store import commands as commands_sql
+from bc.store import reservations as res_sql
+
+Event = tuple[int, str, str, str, int]
+"""An events log row as `SessionPair.events()` reads it: seq, type, subject, data JSON, at_ms."""
+Started = Callable[[str, str], None]
+"""`started(command_id, boot_id)`: a side effect began in this agent process."""
+
+RELEASE_REASON = {
+    "reservation.released": "released",
+    "reservation.ended": "window-ended",
+    "reservation.failed": "allocation-failed",
+    "reservation.lost": "lost",
+}
+"""The release reason I5 reads for each end event that names none."""
+END_EVENTS = ("reservation.released", "reservation.ended", "reservation.failed", "reservation.lost")
+
+
+class RecordingOutbox(Outbox):
+    """The agent's outbox, telling `started` of the first RUNNING per command (see the module docstring)."""
+
+    def __init__(self, started: Started) -> None:
+        super().__init__()
+        self._started = started
+        self._seen: set[str] = set()
+
+    async def send(self, msg: NodeMessage) -> None:
+        if msg.WhichOneof("msg") == "command_update":
+            u = msg.command_update
+            if u.state == session_pb2.COMMAND_RUNNING and u.command_id not in self._seen:
+                self._seen.add(u.command_id)
+                self._started(u.command_id, u.boot_id)
+        await super().send(msg)
+
+
+class Recorder:
+    """Appends to a `FactLog` as the run goes; `now_ms` is the store's clock (the facts' one time)."""
+
+    def __init__(self, facts: FactLog, now_ms: Callable[[], int]) -> None:
+        self.facts, self.now_ms = facts, now_ms
+        self.started: list[tuple[int, str, str, str]] = []  # (t_ms, node, command id, boot id); kinds at the end
+        self.frames = 0
+        self._away: dict[str, set[str]] = {}  # node -> causes of its open outages that its next Hello ends
+
+    def outbox(self, node_id: str) -> RecordingOutbox:
+        def started(command_id: str, boot_id: str) -> None:
+            self.started.append((self.now_ms(), node_id, command_id, boot_id))
+
+        return RecordingOutbox(started)
+
+    def away(self, node_id: str, cause: str) -> None:
+        """The node cannot reach the gateway from now until its next Hello arrives after `back(...)`."""
+        self.facts.outage_began(self.now_ms(), node_id, cause)
+
+    def back(self, node_id: str, cause: str) -> None:
+        """What kept the node away is over; its outage ends when the gateway next hears its Hello."""
+        self._away.setdefault(node_id, set()).add(cause)
+
+    def tap(self, direction: Direction, node_id: str, msg: object, loop_time: float) -> None:
+        del loop_time  # the facts' clock is the store's
+        self.frames += 1
+        t = self.now_ms()
+        if direction == TO_NODE:
+            if isinstance(msg, session_pb2.GatewayMessage) and msg.WhichOneof("msg") == "desired_state":
+                body = session_pb2.DesiredStateBody.FromString(msg.desired_state.envelope.body)
+                self.facts.spec_delivered(t, node_id, body.generation)
+            return
+        assert direction == FROM_NODE
+        self.facts.heard(t, node_id)
+        if not isinstance(msg, NodeMessage):
+            return
+        which = msg.WhichOneof("msg")
+        if which == "status":
+            self.facts.status_reported(t, node_id, msg.status.observed_generation)
+        elif which == "hello":
+            for cause in sorted(self._away.pop(node_id, ())):
+                self.facts.outage_ended(t, node_id, cause)
+
+
+async def from_store(facts: FactLog, recorder: Recorder, store: Store, events: Sequence[Event]) -> None:
+    """What the store holds at the end of the run, into `facts` (see the module docstring)."""
+    now_ms = await store.now_ms()
+    async with store.transaction(write=False) as tx:
+        kinds = {str(r["id"]): r for r in await commands_sql.list_(tx, limit=1 << 62)}
+        reservations = await res_sql.list_(tx, include_released=True)
+        placements = [(r, await res_sql.bookings(tx, str(r["id"]))) for r in reservations]
+        spans = [span_of(r) for r in await cap_sql.billing_spans(tx)]
+        windows = [window_of(r) for r in await cap_sql.usage_windows(tx, None, None)]
+        for span in await cap_sql.unflushed_spans(tx):  # and what running holds used since their last flush
+            flushed = None if span["flushed_ms"] is None else int(span["flushed_ms"])
+            w = open_window(span_of(span), flushed, now_ms)
+            if w is not None:
+                windows.append(w)
+        placed = await load_facts(tx)
+    for t_ms, node_id, command_id, boot_id in recorder.started:
+        cmd = kinds.get(command_id)
+        facts.side_effect(t_ms, node_id, command_id, str(cmd["kind"]) if cmd is not None else "", boot_id)
+    for cid in sorted(kinds):
+        c = kinds[cid]
+        facts.outcome(cid, str(c["node_id"]), str(c["kind"]), str(c["state"]), str(c["reason"]))
+    for t in connectivity_from_events(events):
+        facts.connectivity_changed(t.t_ms, t.node_id, t.state, t.reason)
+    facts.nodes = list(placed.nodes)
+    facts.bookings = _bookings(placements)
+    facts.releases = _releases(events)
+    facts.bound = _bound(facts.bookings, events)
+    facts.spans, facts.windows = spans, windows
+    facts.finish(now_ms)
+
+
+async def quiet_snapshot(store: Store) -> QuietSnapshot:
+    """I7's input after the quiet period: the nodes, the live bookings, and each pending reservation with
+    what a pass now would hold for it (`plan`'s `Wait.held`)."""
+    now_ms = await store.now_ms()
+    async with store.transaction(write=False) as tx:
+        return await _quiet(tx, now_ms)
+
+
+async def _quiet(tx: Tx, now_ms: int) -> QuietSnapshot:
+    f = await load_facts(tx)
+    p = plan(f.nodes, f.bookings, f.pending, now_ms)
+    held = {o.reservation_id: o.held for o in p.outcomes if isinstance(o, Wait)}
+    pending = tuple((r, held.get(r.reservation_id)) for r in f.pending)
+    return QuietSnapshot(tuple(f.nodes), tuple(f.bookings), pending, now_ms)
+
+
+def _bookings(placements: Sequence[tuple[Any, Sequence[Any]]]) -> list[Booking]:
+    rows: list[dict[str, Any]] = []
+    for res, atoms in placements:
+        if not atoms:
+            continue
+        for a in atoms:
+            rows.append(
+                {
+                    **dict(a),
+                    "reservation_id": str(res["id"]),
+                    "node_id": str(res["node_id"]),
+                    "cpus": res["cpus"],
+                    "memory_bytes": res["memory_bytes"],
+                    "hugepages_1g": res["hugepages_1g"],
+                    "cpu_numa": res["cpu_numa"],
+                    "mem_numa": res["mem_numa"],
+                }
+            )
+    return bookings_of(rows)
+
+
+def _releases(events: Sequence[Event]) -> list[Release]:
+    """Every hold that ended on a node, with why, from the events log: released (by an operator unless the
+    event names another reason), its window ended, the node failed it, or it was marked lost."""
+    out = []
+    for _seq, type_, subject, data, at_ms in events:
+        if type_ not in END_EVENTS:
+            continue
+        body = json.loads(data)
+        node_id = str(body.get("node_id") or "")
+        if not node_id:
+            continue  # never placed: nothing was held on a node
+        reason = str(body.get("reason") or "") if type_ in ("reservation.released", "reservation.lost") else ""
+        out.append(Release(subject, node_id, at_ms, reason or RELEASE_REASON[type_]))
+    return out
+
+
+def _bound(bookings: Sequence[Booking], events: Sequence[Event]) -> list[Bound]:
+    """What the nodes reported binding: from each `reservation.active` (a node's bound report the control
+    plane accepted) to the hold's end event, on the atoms its current placement booked."""
+    atoms = {(b.reservation_id, b.node_id): b.atoms for b in bookings}
+    start: dict[str, tuple[str, int]] = {}
+    out: list[Bound] = []
+    for _seq, type_, subject, data, at_ms in events:
+        if type_ == "reservation.active":
+            start.setdefault(subject, (str(json.loads(data).get("node_id", "")), at_ms))
+        elif type_ in END_EVENTS and subject in start:
+            node_id, t0 = start.pop(subject)
+            out.append(Bound(node_id, subject, atoms.get((subject, node_id), ()), t0, max(at_ms, t0 + 1)))
+    for rid, (node_id, t0) in sorted(start.items()):
+        out.append(Bound(node_id, rid, atoms.get((rid, node_id), ()), t0, None))
+    return out
