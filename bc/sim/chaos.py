@@ -165,18 +165,16 @@ def _node_fault(kind: str, offset: float, rng: random.Random, nodes: Sequence[st
     if kind == PARTITION:
         size = max(1, round(len(nodes) * rng.uniform(0.01, 0.05)))
         group = tuple(sorted(rng.sample(list(nodes), min(size, len(nodes)))))
-        direction = rng.choices(("both", "to-node", "from-node"), weights=(6, 2, 2))[0]
+        direction = rng.choices(("both", "to_node", "from_node"), weights=(6, 2, 2))[0]
         return Fault(t, kind, group, {"duration_s": lasting(20, 300), "direction": direction})
     node = (rng.choice(list(nodes)),)
     if kind in (AGENT_CRASH, JOURNAL_LOSS):
         return Fault(t, kind, node, {"restart_s": RESTART_S})
     if kind == NODE_REBOOT:
         return Fault(t, kind, node, {"down_s": lasting(30, 120)})
-    if kind == HALF_OPEN:
-        return Fault(t, kind, node, {"duration_s": lasting(20, 180)})
     if kind == STALL:
         return Fault(t, kind, node, {"duration_s": lasting(1, 30)})
-    if kind == RESET:
+    if kind in (HALF_OPEN, RESET):
         return Fault(t, kind, node)
     if kind == NODE_CLOCK_SKEW:
         return Fault(t, kind, node, {"offset_s": round(rng.choice((-1, 1)) * rng.uniform(1, 120), 3)})

@@ -61,7 +61,7 @@ def test_faults_are_sorted_inside_the_run_on_known_nodes(
             offset = f.params["offset_s"]
             assert isinstance(offset, float) and abs(offset) < 1.0
         if f.kind == chaos.PARTITION:
-            assert f.targets and f.params["direction"] in ("both", "to-node", "from-node")
+            assert f.targets and f.params["direction"] in ("both", "to_node", "from_node")
         elif f.kind != chaos.CP_CLOCK_SKEW and f.kind != chaos.CP_RESTART:
             assert len(f.targets) == 1
 
