@@ -90,7 +90,9 @@ def _counts(title: str, counts: Mapping[str, int]) -> list[str]:
 def invariant_line(inv: Invariant) -> str:
     if inv.ok:
         return f"  pass  {inv.id}  {inv.name}"
-    line = f"  FAIL  {inv.id}  {inv.name}: {inv.counterexample or 'violated'}"
+    told = inv.counterexample or "violated"
+    told = told.removeprefix(f"{inv.id}: ")  # the checkers' sentences may name their invariant: once is enough
+    line = f"  FAIL  {inv.id}  {inv.name}: {told}"
     if inv.at_ms is not None:
         line += f" (at {sim_time(inv.at_ms)}, simulated)"
     return line

@@ -74,6 +74,9 @@ def test_a_failed_invariant_shows_its_counterexample_and_when() -> None:
     assert sim_time(AT) == "2026-09-21 14:15:23.456Z"
     text = summary(r, Cfg())
     assert line in text.splitlines() and "result: an invariant FAILED" in text
+    # A sentence that names its invariant itself is not prefixed twice.
+    named = InvariantResult("I5", "no release because a node disconnected", False, "I5: res-1 was released", AT)
+    assert invariant_line(named).startswith("  FAIL  I5  no release because a node disconnected: res-1 was released")
 
 
 def test_no_faults_reads_none() -> None:
