@@ -47,6 +47,7 @@ from agent import journal_aside
 from agent import journal_rules as rules
 from agent.journal_api import JournalCorrupt, JournalEvent, JournalFull, StoredSpec, new_journal_id
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
+from agent.offload import Offload, to_thread
 from bc.clock import Clock, SystemClock
 from bc.errors import UsageError
 from bc.pki import keys
@@ -76,7 +77,8 @@ SCHEMA = (
 
 Connect = Callable[[str], Awaitable[aiosqlite.Connection]]
 """Opens the journal's connection: aiosqlite's thread in production; the simulator passes one that runs each
-statement inline on its loop (`bc.sim.file_journal`), so the file journal stays deterministic there."""
+statement inline on its loop (`bc.sim.file_journal`), and `offload=inline` for the file calls of opening, so
+the file journal stays deterministic there."""
 
 
 def _aiosqlite_connect(path: str) -> Awaitable[aiosqlite.Connection]:
@@ -119,6 +121,7 @@ class Journal:
         max_events: int = MAX_EVENTS,
         max_bytes: int = MAX_BYTES,
         connect: Connect = _aiosqlite_connect,
+        offload: Offload = to_thread,
     ) -> Journal:
         """Open or create; a journal of another node is refused, a broken one moved aside.
 
@@ -129,17 +132,19 @@ class Journal:
         bounds = rules.clamp_bounds(max_events, max_bytes)
         rng = rng or os_seeded_random()
         try:
-            return await Journal._open(path, node_id, bounds, rng, connect)
+            return await Journal._open(path, node_id, bounds, rng, connect, offload)
         except (sqlite3.DatabaseError, JournalCorrupt) as e:
             now_ms = int((clock or SystemClock()).now() * 1000)
             aside = path.with_name(journal_aside.aside_name(path.name, now_ms))
             log.error("event=journal.lost path=%s moved_to=%s error=%s", path, aside, e)
-            await asyncio.to_thread(journal_aside.move_aside, path, aside)
-            return await Journal._open(path, node_id, bounds, rng, connect)
+            await offload(journal_aside.move_aside, path, aside)
+            return await Journal._open(path, node_id, bounds, rng, connect, offload)
 
     @staticmethod
-    async def _open(path: Path, node_id: str, bounds: tuple[int, int], rng: random.Random, connect: Connect) -> Journal:
-        await asyncio.to_thread(keys.make_private_sqlite, path)  # the journal holds results and specs: 0600
+    async def _open(
+        path: Path, node_id: str, bounds: tuple[int, int], rng: random.Random, connect: Connect, offload: Offload
+    ) -> Journal:
+        await offload(keys.make_private_sqlite, path)  # the journal holds results and specs: 0600
         conn = await connect(str(path))
         try:
             for p in ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL"):
