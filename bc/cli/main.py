@@ -34,6 +34,7 @@ from bc.cli import (
     operator_cmds,
     quorum_cmds,
     run_cmds,
+    sim_cmds,
     unit_cmds,
 )
 from bc.cli.output import echo, one_line
@@ -126,6 +127,7 @@ for _command in (
     *unit_cmds.COMMANDS,
     *quorum_cmds.COMMANDS,
     *operator_cmds.COMMANDS,
+    *sim_cmds.COMMANDS,
 ):
     cli.add_command(_command)
 

@@ -1,0 +1,175 @@
+"""`bc sim`: the production control plane, gateway and agents on virtual time, under seeded chaos.
+
+    bc sim --nodes N --chaos none|light|heavy --seed S [--duration 2h] [--gateways 1] [--journal-files]
+           [--trace run.jsonl] [--json] [--break RULE]
+
+The run (`bc.sim.fleet.run_sync`) gets the workload of `bc.sim.workload`, seeded from `--seed`. While it
+runs, a progress line (simulated time, events, faults so far) goes to stderr about once a wall second,
+so stdout holds only the summary (`bc.sim.report`) or, with `--json`, one JSON document. Exit 0 when
+every invariant holds, `InvariantFailed` (exit 10) when one fails; bad input is one sentence and exit 2
+before anything runs. Same seed, same digest: the line `reproduce:` is the command that replays it.
+
+The progress line is paced by a ticker thread that sleeps one wall second at a time and raises a flag;
+the run never reads it (only whether to print), so pacing cannot change what the simulation does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+from bc.cli.output import echo
+from bc.cli.render import dumps, format_duration, parse_duration
+from bc.errors import BcError, UsageError
+
+MAX_NODES = 100_000
+DEFAULT_DURATION = "1h"
+
+
+class InvariantFailed(BcError):
+    """A simulated run broke a fleet invariant; the summary (or the JSON) says which and how to replay it."""
+
+    exit_code = 10
+
+
+def workload_seed(seed: int) -> str:
+    """The workload's own Random seed, derived from the run's (string seeds hash the same in every process)."""
+    return f"bc-sim-workload:{seed}"
+
+
+def check_input(nodes: int, chaos: str, break_rule: str | None, gateways: int) -> None:
+    """Bad input as one sentence (exit 2), before anything is built."""
+    from bc.sim.breaks import RULES
+    from bc.sim.chaos import LEVELS
+
+    if not 1 <= nodes <= MAX_NODES:
+        raise UsageError(f"--nodes must be between 1 and {MAX_NODES:,}, not {nodes:,}")
+    if chaos not in LEVELS:
+        raise UsageError(f"unknown chaos level {chaos!r}; levels are {', '.join(LEVELS)}")
+    if break_rule is not None and break_rule not in RULES:
+        raise UsageError(f"unknown --break rule {break_rule!r}; rules are {', '.join(sorted(RULES))}")
+    if gateways < 1:
+        raise UsageError(f"--gateways must be at least 1, not {gateways}")
+
+
+class Ticker:
+    """A flag raised once a wall second by a daemon thread; `due()` reads and lowers it."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self._flag = threading.Event()
+        self._stop = threading.Event()
+        self._every = every_s
+        self._thread = threading.Thread(target=self._run, name="bc-sim-progress", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            self._flag.set()
+
+    def __enter__(self) -> Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def due(self) -> bool:
+        if self._flag.is_set():
+            self._flag.clear()
+            return True
+        return False
+
+
+@contextlib.contextmanager
+def quiet_logs(quiet: bool) -> Iterator[None]:
+    """Without `--log`, a thousand agents' warnings (sessions ended by chaos, reboots) stay off stderr:
+    the events log (`--trace`) is the record of the run."""
+    if not quiet:
+        yield
+        return
+    root = logging.getLogger()
+    handler, level = logging.NullHandler(), root.level
+    root.addHandler(handler)  # a handler on the root keeps logging's last-resort printer quiet
+    root.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def progress_line(sim_s: float, total_s: float, events: int, faults: int) -> str:
+    return (
+        f"sim {format_duration(sim_s)} of {format_duration(total_s)}"
+        f" ({100 * sim_s / total_s:.0f}%), {events:,} events, {faults:,} faults"
+    )
+
+
+@click.command("sim")
+@click.option("--nodes", type=int, default=100, show_default=True, help="How many nodes (1 to 100,000).")
+@click.option("--chaos", default="light", show_default=True, help="Fault level: none, light or heavy.")
+@click.option("--seed", type=int, default=1, show_default=True, help="The run's seed: same seed, same digest.")
+@click.option("--duration", default=DEFAULT_DURATION, show_default=True, help="Simulated time: 90s, 10m, 2h, 1d.")
+@click.option("--gateways", type=int, default=1, show_default=True, help="How many gateways (only 1 today).")
+@click.option("--journal-files", is_flag=True, help="Agents keep SQLite journal files (same digest as in memory).")
+@click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), help="Write the events log here (JSONL).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the summary.")
+@click.option("--break", "break_rule", default=None, help="Run with a deliberate bug, to see its checker fail.")
+@click.option("--log", "show_log", is_flag=True, help="Print the simulated processes' logs (warnings and up).")
+def sim(
+    nodes: int,
+    chaos: str,
+    seed: int,
+    duration: str,
+    gateways: int,
+    journal_files: bool,
+    trace: Path | None,
+    as_json: bool,
+    break_rule: str | None,
+    show_log: bool,
+) -> None:
+    """Simulate a fleet on virtual time under seeded chaos and check the fleet invariants."""
+    check_input(nodes, chaos, break_rule, gateways)
+    duration_s = parse_duration(duration, what="--duration")
+    from bc.sim import report
+    from bc.sim.chaos import LEVELS
+    from bc.sim.fleet import SimConfig, run_sync
+    from bc.sim.workload import make_workload
+
+    cfg = SimConfig(
+        nodes=nodes,
+        seed=seed,
+        chaos=next(level for level in LEVELS if level == chaos),  # checked above; typed as the Literal
+        duration_s=float(duration_s),
+        gateways=gateways,
+        journal_files=journal_files,
+        break_rule=break_rule,
+        trace=trace,
+    )
+    echo(f"bc sim: {nodes:,} nodes, chaos {chaos}, seed {seed}, {format_duration(duration_s)} simulated", err=True)
+    with Ticker() as ticker, quiet_logs(not show_log):
+
+        def progress(sim_s: float, events: int, faults: int) -> None:
+            if ticker.due():
+                echo(progress_line(sim_s, duration_s, events, faults), err=True)
+
+        result = run_sync(cfg, workload=make_workload(random.Random(workload_seed(seed))), progress=progress)
+    if as_json:
+        echo(dumps(report.to_json(result, cfg)))
+    else:
+        echo(report.summary(result, cfg))
+    failed = [i for i in result.invariants if not i.ok]
+    if failed:
+        first = failed[0]
+        raise InvariantFailed(
+            f"{len(failed)} invariant(s) failed, first {first.id} ({first.name}); replay: {result.repro}"
+        )
+
+
+COMMANDS: tuple[click.Command, ...] = (sim,)

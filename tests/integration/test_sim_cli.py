@@ -1,0 +1,75 @@
+"""`bc sim` as an operator runs it: the installed entry point in a subprocess.
+
+A tiny run prints one JSON document on stdout (progress stays on stderr) and exits 0 when every
+invariant holds; bad input is one sentence and exit 2 before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BC = str(Path(sys.executable).parent / "bc")
+KEYS = {"digest", "invariants", "faults", "work", "seed", "nodes", "sim_seconds", "wall_seconds", "repro", "ok"}
+
+
+def bc(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([BC, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_a_tiny_run_prints_its_json_and_exits_0(tmp_path: Path) -> None:
+    trace = tmp_path / "run.jsonl"
+    out = bc(
+        "sim", "--nodes", "3", "--chaos", "light", "--seed", "4", "--duration", "3m", "--json", "--trace", str(trace)
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)  # stdout is the document and nothing else
+    assert set(doc) >= KEYS, doc
+    assert doc["ok"] is True and doc["seed"] == 4 and doc["nodes"] == 3
+    assert [i["id"] for i in doc["invariants"]] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]
+    assert all(i["ok"] and i["counterexample"] is None for i in doc["invariants"]), doc["invariants"]
+    assert doc["work"]["quorum.changes"] > 0, doc["work"]  # the workload ran: approvers were set up
+    assert doc["repro"] == "bc sim --nodes 3 --chaos light --seed 4 --duration 3m"
+    assert len(doc["digest"]) == 64
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(events) == doc["events"]
+    assert out.stderr.startswith("bc sim: 3 nodes, chaos light, seed 4, 3m simulated")
+    assert "Traceback" not in out.stderr
+
+
+def test_a_broken_invariant_exits_10_with_the_counterexample_and_the_replay() -> None:
+    args = ("--nodes", "20", "--chaos", "light", "--seed", "1", "--duration", "30m", "--break", "double-book")
+    out = bc("sim", *args)
+    assert out.returncode == 10, out.stderr
+    fails = [line for line in out.stdout.splitlines() if line.startswith("  FAIL")]
+    assert fails and fails[0].startswith("  FAIL  I1  no overlapping bookings or bindings: "), out.stdout
+    assert "(at " in fails[0] and "simulated)" in fails[0]
+    replay = "bc sim --nodes 20 --chaos light --seed 1 --duration 30m --break double-book"
+    assert f"reproduce: {replay}" in out.stdout.splitlines()
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: 1 invariant(s) failed, first I1 (no overlapping bookings or bindings); replay: {replay}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--nodes", "0"), "--nodes must be between 1 and 100,000, not 0"),
+        (("--nodes", "100001"), "--nodes must be between 1 and 100,000, not 100,001"),
+        (("--chaos", "wild"), "unknown chaos level 'wild'; levels are none, light, heavy"),
+        (("--break", "nothing"), "unknown --break rule 'nothing'; rules are "),
+        (("--duration", "0"), "the --duration '0' must be longer than zero"),
+        (("--duration", "soon"), "the --duration 'soon' is not a duration"),
+        (("--gateways", "0"), "--gateways must be at least 1, not 0"),
+    ],
+)
+def test_bad_input_is_one_sentence_and_exit_2(args: tuple[str, ...], says: str) -> None:
+    out = bc("sim", *args, timeout=60)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: " + says), lines
