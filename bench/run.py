@@ -12,10 +12,10 @@
 
 Further parts live in their own modules: `commands`, `journal` (bench.commands), `dist`, `signing`,
 `merkle`, `pair` (bench.session_pair), `jobs` (bench.jobs: the job queue's figures), `capacity`
-(bench.capacity: the placement pass, reserve -> active, `bc usage`).
+(bench.capacity: the placement pass, reserve -> active, `bc usage`), `sim` (bench.sim: `bc sim` by fleet size).
 
 Usage: python -m bench.run [--reservations 100] [--sessions 200]
-       [--only latency|memory|commands|journal|dist|signing|merkle|pair|jobs|capacity]
+       [--only latency|memory|commands|journal|dist|signing|merkle|pair|jobs|capacity|sim]
 """
 
 from __future__ import annotations
@@ -204,7 +204,19 @@ async def main() -> None:
     ap.add_argument("--sessions", type=int, default=200)
     ap.add_argument(
         "--only",
-        choices=["latency", "memory", "commands", "journal", "dist", "signing", "merkle", "pair", "jobs", "capacity"],
+        choices=[
+            "latency",
+            "memory",
+            "commands",
+            "journal",
+            "dist",
+            "signing",
+            "merkle",
+            "pair",
+            "jobs",
+            "capacity",
+            "sim",
+        ],
     )
     args = ap.parse_args()
     if args.only in (None, "latency"):
@@ -248,6 +260,10 @@ async def main() -> None:
         from bench.capacity import run as capacity_run
 
         await capacity_run(capacity_parser().parse_args([]))
+    if args.only in (None, "sim"):
+        from bench.sim import main as sim_main
+
+        await asyncio.to_thread(sim_main, [])
 
 
 if __name__ == "__main__":

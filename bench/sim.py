@@ -1,0 +1,153 @@
+"""`bc sim` figures: simulated seconds per wall second and peak memory by fleet size, and where the time goes.
+
+Each size runs in a fresh process (`python -m bench.sim --child ...`), so its peak resident set
+(`ru_maxrss`) is that run's alone: the production control plane, gateway and N agents under `light`
+chaos with the simulator's workload (`bc.sim.workload`), seed 7. The simulated span shrinks as the
+fleet grows so each run stays within about two minutes of wall time on the 2-core machine; what ran
+is printed with the figures. The 1,000-node run is profiled (cProfile) and its own time is summed by
+where the code lives: the store (`bc/store`, and the sqlite3 calls it makes), the session code (the
+gateway, `bc/wire`, the agent's session), the rest of the agents (`agent/`), the links
+(`bc/sim/links`), the rest of the control plane (`bc/control`, `bc/jobs`), the rest of the simulator,
+protobuf and cryptography, and the event loop and the standard library. A C function's time goes to
+the code that called it.
+
+Usage: python -m bench.run --only sim   (or python -m bench.sim [--sizes 100,1000] [--profile-size 1000])
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import logging
+import pstats
+import random
+import resource
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SPANS_S: dict[int, tuple[int, int]] = {100: (1200, 60), 1000: (120, 30), 10_000: (30, 10)}
+"""(workload and chaos, quiet period) in simulated seconds by fleet size: sized for about two minutes of
+wall time each on the 2-core machine (the quiet period is cut from `bc sim`'s 300 s: it measures nothing
+new here)."""
+
+CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("links", ("bc/sim/links",)),
+    ("store", ("bc/store/",)),
+    ("sessions", ("bc/gateway/", "bc/wire/", "agent/session", "agent/session_core")),
+    ("agents", ("agent/",)),
+    ("control plane", ("bc/control/", "bc/jobs/", "bc/api/")),
+    ("simulator", ("bc/sim/", "bc/session_pair", "bc/testing", "bc/virtual_time")),
+    ("protobuf", ("google/protobuf",)),
+    ("cryptography", ("cryptography/",)),
+    ("event loop", ("asyncio/",)),
+)
+
+
+def category(filename: str) -> str:
+    path = filename.replace("\\", "/")
+    for name, marks in CATEGORIES:
+        if any(m in path for m in marks):
+            return name
+    return "other python" if path.endswith(".py") else "builtin"
+
+
+def shares(stats: pstats.Stats) -> dict[str, float]:
+    """Each category's share of the profiled own time; a builtin's time goes to its callers' categories."""
+    own: Counter[str] = Counter()
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    for (filename, _line, _name), (_cc, _nc, tt, _ct, callers) in raw.items():
+        cat = category(filename)
+        if cat != "builtin":
+            own[cat] += tt
+            continue
+        total = sum(c[2] for c in callers.values()) or 1.0
+        for (cfile, _cl, _cn), c in callers.items():
+            own[category(cfile) if category(cfile) != "builtin" else "other python"] += tt * c[2] / total
+    whole = sum(own.values()) or 1.0
+    return {k: round(100 * v / whole, 1) for k, v in own.most_common()}
+
+
+def child(nodes: int, duration_s: int, quiet_s: int, seed: int, chaos: str, profile: bool) -> dict[str, Any]:
+    """One run in this process: the figures as a dict (and the profile shares when asked)."""
+    from bc.cli.sim_cmds import workload_seed
+    from bc.sim.chaos import LEVELS
+    from bc.sim.fleet import SimConfig, run_sync
+    from bc.sim.workload import make_workload
+
+    logging.basicConfig(level=logging.CRITICAL)  # the agents' warnings under chaos are not the figures
+    level = next(lv for lv in LEVELS if lv == chaos)
+    cfg = SimConfig(nodes=nodes, seed=seed, chaos=level, duration_s=duration_s, quiet_s=quiet_s)
+    workload = make_workload(random.Random(workload_seed(seed)))
+    prof = cProfile.Profile() if profile else None
+    t0 = time.monotonic()
+    if prof is not None:
+        prof.enable()
+    result = run_sync(cfg, workload=workload)
+    if prof is not None:
+        prof.disable()
+    wall = time.monotonic() - t0
+    out: dict[str, Any] = {
+        "nodes": nodes,
+        "chaos": chaos,
+        "sim_s": result.sim_seconds,
+        "wall_s": round(wall, 1),
+        "sim_per_wall_s": round(result.sim_seconds / wall, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "events": result.events,
+        "faults": sum(result.faults.values()),
+        "work": sum(v for k, v in result.work.items() if "." not in k or k.startswith("command.")),
+        "invariants_ok": all(i.ok for i in result.invariants),
+        "digest": result.digest[:16],
+    }
+    if prof is not None:
+        out["profile_share_pct"] = shares(pstats.Stats(prof))
+    return out
+
+
+def run(
+    nodes: int, duration_s: int, quiet_s: int, *, seed: int = 7, chaos: str = "light", profile: bool = False
+) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "bench.sim", "--child", "--nodes", str(nodes), "--duration", str(duration_s)]
+    cmd += ["--quiet", str(quiet_s)]
+    cmd += ["--seed", str(seed), "--chaos", chaos] + (["--profile"] if profile else [])
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return {"nodes": nodes, "error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.sim")
+    p.add_argument("--sizes", default="100,1000,10000", help="fleet sizes, comma-separated")
+    p.add_argument("--profile-size", type=int, default=1000, help="the size whose run is profiled (0: none)")
+    p.add_argument("--chaos", default="light")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--nodes", type=int, default=100, help=argparse.SUPPRESS)
+    p.add_argument("--duration", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--quiet", type=int, default=60, help=argparse.SUPPRESS)
+    p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.nodes, args.duration, args.quiet, args.seed, args.chaos, args.profile)), flush=True)
+        return
+    for nodes in (int(s) for s in args.sizes.split(",") if s.strip()):
+        span, quiet = SPANS_S.get(nodes, (600, 60))
+        what = (
+            f"{nodes:,} nodes, {span} s of workload and chaos + {quiet} s quiet, chaos {args.chaos}, seed {args.seed}"
+        )
+        print(f"bc sim, {what} ...", flush=True)
+        figures = run(nodes, span, quiet, seed=args.seed, chaos=args.chaos, profile=nodes == args.profile_size)
+        print("  " + json.dumps(figures), flush=True)
+
+
+if __name__ == "__main__":
+    main()
