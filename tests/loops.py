@@ -25,6 +25,7 @@ DIRECTORY_LOOPS: Mapping[str, LoopFactories] = {
     "tests/unit": VIRTUAL,
     "tests/sim": VIRTUAL,  # SessionPair: the whole control loop on in-memory links
     "tests/unit/doctor": WALL,  # files, certificates and a TLS listener judged against the host's clock
+    "tests/tui": WALL,  # Textual's pilot and real gRPC complete work the virtual loop cannot see
 }
 
 

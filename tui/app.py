@@ -1,0 +1,120 @@
+"""`BcTui`: the app. It owns the state, runs the feed as a worker, and routes the feed's news to screens.
+
+Screens are modes (1-6) so each keeps its cursor while another is shown; a node's detail is
+pushed over the fleet. The clock is injected: the ages on screen and the banner's data age
+read it, so a test freezes it and a snapshot never drifts.
+"""
+
+from __future__ import annotations
+
+from textual.app import App
+from textual.binding import Binding
+
+from bc.clock import Clock
+from bc.protocol.pb import admin_pb2
+from tui.feed import Feed, Listener
+from tui.palette import FindProvider
+from tui.screens.approvals import ApprovalsScreen
+from tui.screens.base import BcScreen
+from tui.screens.commands import CommandsScreen
+from tui.screens.events import EventsScreen
+from tui.screens.fleet import FleetScreen
+from tui.screens.jobs import JobsScreen
+from tui.screens.node import NodeScreen
+from tui.screens.reservations import ReservationsScreen
+from tui.source import Connect
+from tui.state import FleetState
+from tui.widgets import HelpScreen
+
+
+class BcTui(App[None]):
+    TITLE = "bc tui"
+    MODES = {
+        "fleet": FleetScreen,
+        "approvals": ApprovalsScreen,
+        "jobs": JobsScreen,
+        "reservations": ReservationsScreen,
+        "commands": CommandsScreen,
+        "events": EventsScreen,
+    }
+    BINDINGS = [
+        Binding("1", "switch_mode('fleet')", "Fleet"),
+        Binding("2", "switch_mode('approvals')", "Approvals"),
+        Binding("3", "switch_mode('jobs')", "Jobs"),
+        Binding("4", "switch_mode('reservations')", "Reservations"),
+        Binding("5", "switch_mode('commands')", "Commands"),
+        Binding("6", "switch_mode('events')", "Events"),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+    COMMANDS = App.COMMANDS | {FindProvider}
+
+    def __init__(
+        self,
+        connect: Connect,
+        clock: Clock,
+        *,
+        server: str,
+        approver_key: str | None = None,
+        poll_s: float = 5.0,
+        tick_s: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.clock = clock
+        self.server = server
+        self.approver_key = approver_key
+        self.state = FleetState()
+        self.views: list[BcScreen] = []
+        self.known_jobs: dict[str, admin_pb2.JobInfo] = {}
+        self.known_batches: dict[str, admin_pb2.BatchInfo] = {}
+        self._tick_s = tick_s
+        listener = Listener(self._nodes_changed, self._event, self._link_changed)
+        self.feed = Feed(connect, clock, self.state, listener, poll_s=poll_s)
+
+    @property
+    def role(self) -> str:
+        return self.state.server.role
+
+    def on_mount(self) -> None:
+        self.switch_mode("fleet")
+        self.run_worker(self.feed.run(), name="feed", group="feed", exit_on_error=False)
+        if self._tick_s > 0:
+            self.set_interval(self._tick_s, self._tick)
+
+    def _tick(self) -> None:
+        if isinstance(self.screen, BcScreen):
+            self.screen.tick(self.clock.monotonic())
+
+    def _nodes_changed(self, node_ids: set[str]) -> None:
+        for v in list(self.views):
+            v.nodes_changed(node_ids)
+
+    def _event(self, ev: admin_pb2.EventRecord) -> None:
+        for v in list(self.views):
+            v.feed_event(ev)
+
+    def _link_changed(self) -> None:
+        for v in list(self.views):
+            v.show_link()
+        for v in list(self.views):
+            if v.is_current and self.state.link.live:
+                self.run_worker(v.reload(), group="reload", exclusive=True)
+        self.refresh_bindings()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def open_node(self, node_id: str) -> None:
+        self.push_screen(NodeScreen(node_id))
+
+    def goto(self, what: str, ident: str) -> None:
+        if what == "node":
+            self.switch_mode("fleet")
+            self.open_node(ident)
+        elif what == "DAG":
+            self.switch_mode("jobs")
+            screen = self.screen
+            if isinstance(screen, JobsScreen):
+                screen.select(ident)
+        elif what == "batch":
+            self.switch_mode("approvals")

@@ -1,0 +1,102 @@
+"""The fleet table: a DataTable keyed by node id, updated a cell at a time.
+
+Rows keep their place while they update (an update never re-sorts; `s` sorts on request),
+and the cursor stays on its node because rows are addressed by key, never by index. The
+table remembers the text of each cell on screen and writes only the cells that changed,
+which keeps one update at 1,000 nodes well under a frame (bench/tui.py measures it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from tui.fleet_model import COLUMNS, STYLES, Cell, cells, matches, sort_value
+from tui.state import FleetState
+
+
+class FleetTable(DataTable[Text]):
+    def __init__(self, state: FleetState, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=False)
+        self.state = state
+        self.filter_text = ""
+        self.sort_column = "node"
+        self._shown: dict[str, dict[str, Cell]] = {}
+        self.now = 0.0
+
+    def on_mount(self) -> None:
+        for key, title in COLUMNS:
+            self.add_column(title, key=key)
+
+    def _cells(self, node_id: str) -> dict[str, Cell]:
+        row = self.state.rows[node_id]
+        return cells(row, self.state.inflight, self.now, self.state.server_now_ms(self.now))
+
+    def rebuild(self, now: float) -> None:
+        """Every row again, in the chosen order, through the filter (after `/` or `s`, never on an update)."""
+        self.now = now
+        keep = self.current_node()
+        self.clear()
+        self._shown.clear()
+        rows = [r for r in self.state.rows.values() if matches(r, self.filter_text)]
+        rows.sort(key=lambda r: sort_value(r, self.sort_column))
+        for r in rows:
+            c = self._cells(r.info.node_id)
+            self._shown[r.info.node_id] = c
+            self.add_row(*(_text(c[k]) for k, _ in COLUMNS), key=r.info.node_id)
+        if keep is not None and keep in self._shown:
+            self.move_cursor(row=self.get_row_index(keep), animate=False)
+
+    def update_nodes(self, node_ids: Iterable[str], now: float) -> int:
+        """Apply changed rows in place; a new node is appended, a gone one removed. The cells written."""
+        self.now = now
+        written = 0
+        for n in node_ids:
+            row = self.state.rows.get(n)
+            shown = self._shown.get(n)
+            if row is None:
+                if shown is not None:
+                    self.remove_row(n)
+                    del self._shown[n]
+                continue
+            if not matches(row, self.filter_text):
+                if shown is not None:
+                    self.remove_row(n)
+                    del self._shown[n]
+                continue
+            c = self._cells(n)
+            if shown is None:
+                self._shown[n] = c
+                self.add_row(*(_text(c[k]) for k, _ in COLUMNS), key=n)
+                continue
+            for k, _ in COLUMNS:
+                if shown[k] != c[k]:
+                    self.update_cell(n, k, _text(c[k]))
+                    written += 1
+            self._shown[n] = c
+        return written
+
+    def tick(self, now: float) -> int:
+        """Ages move on: rewrite the cells whose text changed since the last second."""
+        return self.update_nodes(list(self._shown), now)
+
+    def current_node(self) -> str | None:
+        if not self._shown or self.row_count == 0:
+            return None
+        try:
+            key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
+        except Exception:  # no row under the cursor
+            return None
+        return str(key.value) if key.value is not None else None
+
+    def jump_to(self, node_id: str) -> bool:
+        if node_id not in self._shown:
+            return False
+        self.move_cursor(row=self.get_row_index(node_id), animate=False)
+        return True
+
+
+def _text(cell: Cell) -> Text:
+    return Text(cell[0], style=STYLES.get(cell[1], ""))

@@ -1,0 +1,192 @@
+"""Approvals: batches waiting for the quorum; `a` approves and `x` rejects with a local approver key.
+
+Under a viewer certificate the screen lists batches and offers neither key (the server
+refuses a viewer's decision anyway; the TUI does not pretend otherwise).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from bc.errors import BcError
+from bc.protocol.pb import admin_pb2
+from tui import approvals as ap
+from tui import fmt
+from tui.screens.base import BcScreen
+from tui.widgets import ConfirmScreen, PromptScreen
+
+
+class ApprovalsScreen(BcScreen):
+    RELOAD_ON = ("batch.", "approver.", "quorum.")
+    BINDINGS = [
+        Binding("a", "approve", "Approve"),
+        Binding("x", "reject", "Reject"),
+        Binding("r", "refresh", "Refresh"),
+    ]
+    DEFAULT_CSS = """
+    #batches { height: 1fr; }
+    #batch-detail { height: auto; max-height: 14; border-top: solid $primary; padding: 0 1; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[admin_pb2.BatchInfo] = []
+
+    def body(self) -> ComposeResult:
+        yield Static("BATCHES WAITING FOR APPROVAL", classes="title")
+        table: DataTable[str] = DataTable(id="batches", cursor_type="row")
+        yield table
+        yield Static("", id="batch-detail", markup=False)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        t = self.query_one("#batches", DataTable)
+        t.add_columns("BATCH", "WHAT", "APPROVALS", "REQUESTED BY", "REASON", "AGE")
+        t.focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("approve", "reject"):
+            return self.bc.role != "viewer"
+        return True
+
+    async def reload(self) -> None:
+        src = self.bc.feed.source
+        if src is None:
+            return
+        try:
+            self.batches = await src.list_batches(state="pending")
+        except BcError as e:
+            self.notify(f"batches: {e.message}", severity="error")
+            return
+        self.bc.known_batches = {b.id: b for b in self.batches}
+        t = self.query_one("#batches", DataTable)
+        keep = self._current_id()
+        t.clear()
+        for b in self.batches:
+            t.add_row(
+                b.id,
+                fmt.clip(ap.leaves_summary(b), 44),
+                f"{b.approvals} of {b.threshold}",
+                b.requested_by,
+                fmt.clip(b.reason or "-", 24),
+                fmt.age(b.created_age_ms),
+                key=b.id,
+            )
+        if keep and keep in self.bc.known_batches:
+            t.move_cursor(row=t.get_row_index(keep), animate=False)
+        self._detail()
+
+    def _current_id(self) -> str | None:
+        t = self.query_one("#batches", DataTable)
+        if t.row_count == 0:
+            return None
+        return str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
+
+    def _current(self) -> admin_pb2.BatchInfo | None:
+        bid = self._current_id()
+        return self.bc.known_batches.get(bid) if bid else None
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._detail()
+
+    def _detail(self) -> None:
+        b = self._current()
+        box = self.query_one("#batch-detail", Static)
+        if b is None:
+            box.update("nothing is waiting for approval")
+            return
+        decided = ", ".join(f"{d.name} {d.decision}" for d in b.decisions) or "none yet"
+        job = f"\njob            {b.dag_id}" if b.dag_id else ""
+        viewer = "\n(viewer certificate: approve and reject are not offered)" if self.bc.role == "viewer" else ""
+        box.update(
+            f"batch          {b.id}\nwhat           {ap.leaves_summary(b)}\npayload        {b.payload_json or '{}'}\n"
+            f"requested by   {b.requested_by}: {b.reason or 'no reason given'}\n"
+            f"approvals      {b.approvals} of {b.threshold} ({decided}){job}\nscope root     {b.scope_root}{viewer}"
+        )
+
+    def action_refresh(self) -> None:
+        self.run_worker(self.reload(), group="reload", exclusive=True)
+
+    def action_approve(self) -> None:
+        b = self._current()
+        if b is not None:
+            self.run_worker(self._approve(b.id), group="decide", exclusive=True)
+
+    def action_reject(self) -> None:
+        b = self._current()
+        if b is not None:
+            self.run_worker(self._reject(b.id), group="decide", exclusive=True)
+
+    async def _key_path(self) -> Path | None:
+        path = await self.app.push_screen_wait(
+            PromptScreen("approver key file (read for this signature only):", self.bc.approver_key or "")
+        )
+        if not path:
+            return None
+        self.bc.approver_key = path  # the path, never the key
+        return Path(path)
+
+    async def _approve(self, batch_id: str) -> None:
+        src = self.source()
+        if src is None:
+            return
+        try:
+            b = await src.get_batch(batch_id)
+            now_ms = (await src.server_info()).server_time_ms
+            approval = ap.prepare(b, now_ms)
+        except BcError as e:
+            self.notify(f"cannot approve {batch_id}: {e.message}", severity="error", timeout=8)
+            return
+        key_file = await self._key_path()
+        if key_file is None:
+            return
+        yes = await self.app.push_screen_wait(ConfirmScreen(f"Approve batch {b.id}? You sign:", approval.describe()))
+        if not yes:
+            self.notify(f"did not approve {b.id}")
+            return
+        try:
+            kid, sig = ap.sign_approval(approval, key_file)
+        except BcError as e:
+            self.notify(e.message, severity="error", timeout=8)
+            return
+        after = await self.call(
+            f"approve {b.id}", src.decide_batch(b.id, kid, sig, approve=True, expires_at_ms=approval.expires_at_ms)
+        )
+        if isinstance(after, admin_pb2.BatchInfo):
+            self.notify(f"signed batch {b.id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
+        await self.reload()
+
+    async def _reject(self, batch_id: str) -> None:
+        src = self.source()
+        if src is None:
+            return
+        try:
+            b = await src.get_batch(batch_id)
+        except BcError as e:
+            self.notify(e.message, severity="error")
+            return
+        key_file = await self._key_path()
+        if key_file is None:
+            return
+        reason = await self.app.push_screen_wait(PromptScreen(f"why reject {b.id}? (stored, shown to the requester)"))
+        if not reason:
+            return
+        body = (
+            f"batch {b.id}: {ap.leaves_summary(b)}\nscope root {b.scope_root}\nreason: {reason}\n"
+            "Its commands never run."
+        )
+        if not await self.app.push_screen_wait(ConfirmScreen(f"Reject batch {b.id}?", body)):
+            return
+        try:
+            kid, sig = ap.sign_rejection(b, key_file, reason)
+        except BcError as e:
+            self.notify(e.message, severity="error", timeout=8)
+            return
+        after = await self.call(f"reject {b.id}", src.decide_batch(b.id, kid, sig, approve=False, reason=reason))
+        if isinstance(after, admin_pb2.BatchInfo):
+            self.notify(f"rejected batch {b.id}; its commands are cancelled")
+        await self.reload()

@@ -1,0 +1,89 @@
+"""What every screen shares: the banner on top, the footer below, and the app's state and connection."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar, cast
+
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from bc.errors import BcError
+from bc.protocol.pb import admin_pb2
+from tui.source import Source
+from tui.widgets import Banner, banner_text
+
+if TYPE_CHECKING:
+    from tui.app import BcTui
+
+_T = TypeVar("_T")
+
+
+class BcScreen(Screen[None]):
+    """A screen of the app. Subclasses compose `body()` and react to `feed_event` / `nodes_changed`."""
+
+    # Event type prefixes after which the screen reads its data again (while it is shown).
+    RELOAD_ON: tuple[str, ...] = ()
+
+    def compose(self) -> ComposeResult:
+        yield Banner(id="banner")
+        yield from self.body()
+        yield Footer()
+
+    def body(self) -> ComposeResult:
+        yield from ()
+
+    @property
+    def bc(self) -> BcTui:
+        return cast("BcTui", self.app)
+
+    def on_mount(self) -> None:
+        self.bc.views.append(self)
+        self.show_link()
+
+    def on_unmount(self) -> None:
+        if self in self.bc.views:
+            self.bc.views.remove(self)
+
+    def on_screen_resume(self) -> None:
+        self.show_link()
+        self.stale = False
+        self.run_worker(self.reload(), group="reload", exclusive=True)
+
+    stale = False
+
+    def show_link(self) -> None:
+        link = self.bc.state.link
+        self.query_one(Banner).show_text(banner_text(link, self.bc.server, self.bc.clock.monotonic()))
+
+    def tick(self, now: float) -> None:
+        self.show_link()
+
+    def feed_event(self, ev: admin_pb2.EventRecord) -> None:
+        if self.RELOAD_ON and ev.type.startswith(self.RELOAD_ON):
+            if self.is_current:
+                self.run_worker(self.reload(), group="reload", exclusive=True)
+            else:
+                self.stale = True
+
+    def nodes_changed(self, node_ids: set[str]) -> None:
+        pass
+
+    async def reload(self) -> None:
+        pass
+
+    def source(self) -> Source | None:
+        src = self.bc.feed.source
+        if src is None:
+            self.notify("not connected to bc serve; try again once the banner is gone", severity="error")
+        return src
+
+    async def call(self, what: str, aw: Awaitable[_T]) -> _T | None:
+        """Await a write, telling the operator how it went in one line."""
+        try:
+            out = await aw
+        except BcError as e:
+            self.notify(f"{what}: {e.message}", severity="error", timeout=8)
+            return None
+        return out

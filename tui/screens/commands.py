@@ -1,0 +1,133 @@
+"""Commands: by state and lane; enter opens one (body, signature status, updates, result); `k` cancels."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from bc.errors import BcError
+from bc.protocol.pb import admin_pb2
+from tui import fmt
+from tui.screens.base import BcScreen
+from tui.widgets import ConfirmScreen
+
+ORDER = ("running", "acked", "dispatched", "pending", "failed", "rejected", "expired", "cancelled", "succeeded")
+
+
+def describe(c: admin_pb2.CommandInfo) -> str:
+    return "\n".join(
+        [
+            f"command {c.id}  {c.kind} on {c.node_id}  lane {c.lane}  attempt {c.attempt}",
+            f"state {c.state}" + (f" ({c.reason}: {c.message})" if c.reason or c.message else ""),
+            f"created {fmt.age(c.created_age_ms)} ago, updated {fmt.age(c.updated_age_ms)} ago"
+            f" · requested by {c.requested_by or 'the control plane'}"
+            + (f" · batch {c.batch_id} (quorum-approved scope)" if c.batch_id else "")
+            + (" · cancel requested" if c.cancel_requested else ""),
+            f"idempotency key {c.idempotency_key} · min generation {c.min_generation} · boot {c.boot_id or 'n/a'}",
+            f"result: {c.result_json or ('(left out of the list)' if c.result_omitted else 'none yet')}",
+        ]
+    )
+
+
+class CommandsScreen(BcScreen):
+    RELOAD_ON = ("command.",)
+    BINDINGS = [
+        Binding("enter", "open", "Open"),
+        Binding("k", "cancel_command", "Cancel"),
+        Binding("r", "refresh", "Refresh"),
+    ]
+    DEFAULT_CSS = """
+    #commands { height: 1fr; }
+    #command-detail { height: auto; max-height: 10; border-top: solid $primary; padding: 0 1; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commands: dict[str, admin_pb2.CommandInfo] = {}
+
+    def body(self) -> ComposeResult:
+        yield Static("", id="commands-summary", markup=False)
+        t: DataTable[str] = DataTable(id="commands", cursor_type="row")
+        yield t
+        yield Static("", id="command-detail", markup=False)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.query_one("#commands", DataTable).add_columns(
+            "STATE", "LANE", "COMMAND", "NODE", "KIND", "UPDATED", "REASON"
+        )
+        self.query_one("#commands", DataTable).focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.bc.role != "viewer" if action == "cancel_command" else True
+
+    async def reload(self) -> None:
+        src = self.bc.feed.source
+        if src is None:
+            return
+        try:
+            cmds = await src.list_commands(limit=500)
+        except BcError as e:
+            self.notify(f"commands: {e.message}", severity="error")
+            return
+        cmds.sort(key=lambda c: (ORDER.index(c.state) if c.state in ORDER else 99, c.lane, -c.seq))
+        self.commands = {c.id: c for c in cmds}
+        t = self.query_one("#commands", DataTable)
+        keep = self._current_id()
+        t.clear()
+        for c in cmds:
+            t.add_row(
+                c.state, c.lane, c.id, c.node_id, c.kind, fmt.age(c.updated_age_ms), fmt.clip(c.reason, 20), key=c.id
+            )
+        if keep in self.commands:
+            t.move_cursor(row=t.get_row_index(keep), animate=False)
+        counts: dict[str, int] = {}
+        for c in cmds:
+            counts[f"{c.state}/{c.lane}"] = counts.get(f"{c.state}/{c.lane}", 0) + 1
+        summary = "  ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no commands"
+        self.query_one("#commands-summary", Static).update(f"newest {len(cmds)} by state/lane: {summary}")
+
+    def _current_id(self) -> str | None:
+        t = self.query_one("#commands", DataTable)
+        if t.row_count == 0:
+            return None
+        return str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open()
+
+    def action_open(self) -> None:
+        cid = self._current_id()
+        if cid:
+            self.run_worker(self._open(cid), group="open", exclusive=True)
+
+    async def _open(self, cid: str) -> None:
+        src = self.source()
+        if src is None:
+            return
+        try:
+            c = await src.get_command(cid)
+        except BcError as e:
+            self.notify(e.message, severity="error")
+            return
+        self.query_one("#command-detail", Static).update(describe(c))
+
+    def action_refresh(self) -> None:
+        self.run_worker(self.reload(), group="reload", exclusive=True)
+
+    def action_cancel_command(self) -> None:
+        cid = self._current_id()
+        if cid:
+            self.run_worker(self._cancel(cid), group="cancel", exclusive=True)
+
+    async def _cancel(self, cid: str) -> None:
+        c = self.commands[cid]
+        if not await self.app.push_screen_wait(ConfirmScreen(f"Cancel {cid}?", f"{c.kind} on {c.node_id}, {c.state}")):
+            return
+        src = self.source()
+        if src is not None:
+            out = await self.call(f"cancel {cid}", src.cancel_command(cid, reason="cancelled from bc tui"))
+            if isinstance(out, admin_pb2.CommandInfo):
+                self.notify(f"{cid} is {out.state}" + (" (cancel requested)" if out.cancel_requested else ""))
+        await self.reload()

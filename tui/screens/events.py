@@ -1,0 +1,74 @@
+"""Events: the live log, newest at the bottom, with a filter; `security.*` events stand out."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Input, RichLog
+
+from bc.cli.render import format_time_ms
+from bc.protocol.pb import admin_pb2
+from tui.screens.base import BcScreen
+
+SHOWN = 1000
+
+
+def line(ev: admin_pb2.EventRecord) -> Text:
+    security = ev.type.startswith("security.")
+    t = Text(f"{ev.seq:>8} {format_time_ms(ev.at_ms)} ", style="dim")
+    t.append(f"{ev.type:<28}", style="bold reverse" if security else "bold")
+    t.append(f" {ev.subject:<28} ")
+    t.append(ev.data_json, style="bold" if security else "")
+    return t
+
+
+def shows(ev: admin_pb2.EventRecord, text: str) -> bool:
+    hay = f"{ev.type} {ev.subject} {ev.data_json}".lower()
+    return all(w in hay for w in text.lower().split())
+
+
+class EventsScreen(BcScreen):
+    BINDINGS = [Binding("slash", "filter", "Filter"), Binding("escape", "clear", "Clear filter", show=False)]
+    DEFAULT_CSS = """
+    #events-filter { display: none; }
+    #events-filter.shown { display: block; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.filter_text = ""
+
+    def body(self) -> ComposeResult:
+        yield Input(placeholder="filter: words in type, subject or data", id="events-filter")
+        yield RichLog(id="events-log", max_lines=SHOWN, wrap=False, auto_scroll=True)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._refill()
+
+    def _refill(self) -> None:
+        log = self.query_one(RichLog)
+        log.clear()
+        matching = [ev for ev in self.bc.state.events if shows(ev, self.filter_text)]
+        for ev in matching[-SHOWN:]:
+            log.write(line(ev))
+
+    def feed_event(self, ev: admin_pb2.EventRecord) -> None:
+        if shows(ev, self.filter_text):
+            self.query_one(RichLog).write(line(ev))
+
+    def action_filter(self) -> None:
+        box = self.query_one("#events-filter", Input)
+        box.add_class("shown")
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.filter_text = event.value.strip()
+        event.input.remove_class("shown")
+        self._refill()
+
+    def action_clear(self) -> None:
+        self.query_one("#events-filter", Input).remove_class("shown")
+        self.filter_text = ""
+        self._refill()

@@ -1,0 +1,142 @@
+"""Jobs: each DAG as a card with its node chain; the running node stands out; `c` cancels (confirmed)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from bc.errors import BcError
+from bc.protocol.pb import admin_pb2
+from tui.screens.base import BcScreen
+from tui.widgets import ConfirmScreen
+
+MARKS = {"done": "✓", "running": "●", "failed": "✗", "queued": "·", "cancelled": "⊘"}
+
+
+def card(job: admin_pb2.JobInfo, selected: bool) -> Text:
+    done = sum(1 for n in job.nodes if n.state == "done")
+    head = Text(("▶ " if selected else "  ") + job.id, style="bold" if selected else "")
+    head.append(f"  {job.template}  {job.state}", style="bold reverse" if job.state == "failed" else "bold")
+    head.append(f"  {done}/{len(job.nodes)} done")
+    if job.cancel_requested and not job.terminal:
+        head.append("  cancel requested", style="bold")
+    who = job.requested_by or "control plane"
+    head.append(f"  by {who}" + (f": {job.reason}" if job.reason else ""), style="dim")
+    chain = Text("    ")
+    for i, n in enumerate(job.nodes):
+        if i:
+            chain.append(" ▸ ", style="dim")
+        label = f"{MARKS.get(n.state, '?')} {n.kind}" + (f"[{n.subject}]" if n.subject else "")
+        style = {"running": "bold reverse", "failed": "bold underline", "done": "", "cancelled": "dim"}
+        chain.append(label, style=style.get(n.state, "dim"))
+    out = Text("\n").join([head, chain])
+    if job.first_error:
+        out.append(f"\n    error: {job.first_error}", style="bold")
+    return out
+
+
+class JobsScreen(BcScreen):
+    RELOAD_ON = ("job.",)
+    BINDINGS = [
+        Binding("down,j", "move(1)", "Next", show=False),
+        Binding("up,k", "move(-1)", "Previous", show=False),
+        Binding("c", "cancel_job", "Cancel DAG"),
+        Binding("r", "refresh", "Refresh"),
+    ]
+    DEFAULT_CSS = """
+    #job-cards > Static { margin: 0 0 1 0; }
+    #jobs-pools { height: 1; padding: 0 1; color: $text-muted; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs: list[admin_pb2.JobInfo] = []
+        self.selected = 0
+
+    def body(self) -> ComposeResult:
+        yield Static("", id="jobs-pools", markup=False)
+        yield VerticalScroll(id="job-cards")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cancel_job":
+            return self.bc.role != "viewer"
+        return True
+
+    async def reload(self) -> None:
+        src = self.bc.feed.source
+        if src is None:
+            return
+        try:
+            resp = await src.list_jobs()
+        except BcError as e:
+            self.notify(f"jobs: {e.message}", severity="error")
+            return
+        cur = self.current()
+        keep = cur.id if cur is not None else None
+        # Newest first: the DAG an operator just started is on top.
+        self.jobs = sorted(resp.jobs, key=lambda j: (j.terminal, -j.created_at_ms, j.id))
+        self.bc.known_jobs = {j.id: j for j in self.jobs}
+        ids = [j.id for j in self.jobs]
+        self.selected = ids.index(keep) if keep in ids else min(self.selected, max(0, len(ids) - 1))
+        pools = "  ".join(f"{p.name} {p.held}/{p.capacity}" for p in resp.pools) or "none"
+        self.query_one("#jobs-pools", Static).update(f"{len(self.jobs)} DAGs · slot pools: {pools}")
+        await self._draw()
+
+    async def _draw(self) -> None:
+        box = self.query_one("#job-cards", VerticalScroll)
+        await box.remove_children()
+        if not self.jobs:
+            await box.mount(Static("no DAGs"))
+            return
+        await box.mount_all(Static(card(j, i == self.selected), id=f"job-{i}") for i, j in enumerate(self.jobs))
+
+    def current(self) -> admin_pb2.JobInfo | None:
+        return self.jobs[self.selected] if 0 <= self.selected < len(self.jobs) else None
+
+    def select(self, dag_id: str) -> None:
+        ids = [j.id for j in self.jobs]
+        if dag_id in ids:
+            self.selected = ids.index(dag_id)
+            self.run_worker(self._draw(), group="render", exclusive=True)
+
+    async def action_move(self, by: int) -> None:
+        if self.jobs:
+            self.selected = max(0, min(len(self.jobs) - 1, self.selected + by))
+            for i, j in enumerate(self.jobs):
+                self.query_one(f"#job-{i}", Static).update(card(j, i == self.selected))
+            self.query_one(f"#job-{self.selected}", Static).scroll_visible()
+
+    def action_refresh(self) -> None:
+        self.run_worker(self.reload(), group="reload", exclusive=True)
+
+    def action_cancel_job(self) -> None:
+        job = self.current()
+        if job is not None:
+            self.run_worker(self._cancel(job), group="cancel", exclusive=True)
+
+    async def _cancel(self, job: admin_pb2.JobInfo) -> None:
+        if job.terminal:
+            self.notify(f"{job.id} is already {job.state}")
+            return
+        src = self.source()
+        if src is None:
+            return
+        running = [f"{n.kind}[{n.subject}]" for n in job.nodes if n.state == "running"]
+        body = (
+            f"DAG {job.id} ({job.template} on {', '.join(job.subjects) or 'no subjects'})\n"
+            f"queued nodes are cancelled; running ones are asked to stop: {', '.join(running) or 'none running'}"
+        )
+        if not await self.app.push_screen_wait(ConfirmScreen(f"Cancel DAG {job.id}?", body)):
+            return
+        out = await self.call(f"cancel {job.id}", src.cancel_job(job.id))
+        if isinstance(out, admin_pb2.CancelJobResponse):
+            self.notify(
+                f"{job.id}: {'cancelled' if out.cancelled else 'nothing left to cancel'}; it is {out.job.state}"
+            )
+        await self.reload()
+
+    def refresh_error(self, e: BcError) -> None:
+        self.notify(e.message, severity="error")

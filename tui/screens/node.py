@@ -1,0 +1,165 @@
+"""Node: sections with reasons, conditions with ages, holds, recent commands and events.
+
+`c` cordon, `u` uncordon, `r` run a command (kind, payload JSON; the same RunCommand call as
+`bc cmd run`), each confirmed first.
+"""
+
+from __future__ import annotations
+
+import json
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from bc.errors import BcError
+from bc.protocol import kinds
+from bc.protocol.pb import admin_pb2, common_pb2
+from tui import fmt
+from tui.screens.base import BcScreen
+from tui.widgets import ConfirmScreen, PromptScreen
+
+
+def render_node(
+    info: admin_pb2.NodeInfo,
+    holds: list[admin_pb2.Reservation],
+    commands: list[admin_pb2.CommandInfo],
+    events: list[admin_pb2.EventRecord],
+) -> str:
+    lines = [
+        f"{info.node_id}  role {info.role}  {info.state} for {fmt.age(info.state_age_ms)}"
+        f"  last heard {fmt.age(info.last_seen_age_ms) if info.last_seen_age_ms >= 0 else 'never'}",
+        f"generation {info.generation} · applied {info.applied_generation} · observed {info.observed_generation}"
+        + ("  (observed lags)" if info.observed_generation < info.generation else ""),
+        f"cordoned: {'yes' if info.cordoned else 'no'} · no-schedule: {', '.join(info.no_schedule) or 'none'}"
+        + (f" · job hold {info.job_hold}" if info.job_hold else ""),
+        f"labels: {', '.join(f'{k}={v}' for k, v in sorted(info.labels.items())) or 'none'}",
+        "",
+        "SECTIONS",
+    ]
+    for s in info.sections or []:
+        state = common_pb2.SectionState.Name(s.state).lower()
+        lines.append(f"  {s.section:<12} {state:<12} gen {s.generation}  {s.reason} {s.message}".rstrip())
+    if not info.sections:
+        lines.append("  n/a (no status reported)")
+    lines.append("CONDITIONS")
+    for c in info.conditions:
+        lines.append(f"  {c.type:<20} {c.status:<8} {fmt.age(c.age_ms):>5}  {c.reason} {c.message}".rstrip())
+    if not info.conditions:
+        lines.append("  none reported")
+    lines.append("CAPACITY")
+    for cap in info.capacity:
+        lines.append(f"  {cap.device_class:<10} booked {cap.booked_now}/{cap.offered} now, {cap.booked_later} later")
+    lines.append("HOLDS")
+    for r in holds:
+        devices = ", ".join(f"{d.device_class}:{d.atom_id}" for d in r.devices) or "-"
+        lines.append(f"  {r.id}  {r.state:<9} {r.gpus} gpu  {devices}")
+    if not holds:
+        lines.append("  none")
+    lines.append("RECENT COMMANDS")
+    for cmd in commands[:10]:
+        lines.append(
+            f"  {cmd.id}  {cmd.kind:<18} {cmd.state:<10} {fmt.age(cmd.updated_age_ms):>5}  {cmd.reason}".rstrip()
+        )
+    if not commands:
+        lines.append("  none")
+    lines.append("RECENT EVENTS")
+    for ev in events[-10:]:
+        lines.append(f"  {ev.seq:>7} {ev.type:<24} {ev.data_json}")
+    if not events:
+        lines.append("  none since the TUI started")
+    return "\n".join(lines)
+
+
+class NodeScreen(BcScreen):
+    RELOAD_ON = ("node.", "command.", "reservation.", "spec.", "security.")
+    BINDINGS = [
+        Binding("escape", "back", "Back"),
+        Binding("c", "cordon(True)", "Cordon"),
+        Binding("u", "cordon(False)", "Uncordon"),
+        Binding("r", "run", "Run command"),
+    ]
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__()
+        self.node_id = node_id
+
+    def body(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(f"{self.node_id}: reading…", id="node-detail", markup=False)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.run_worker(self.reload(), group="reload", exclusive=True)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("cordon", "run"):
+            return self.bc.role != "viewer"
+        return True
+
+    def feed_event(self, ev: admin_pb2.EventRecord) -> None:
+        if ev.subject == self.node_id or self.node_id in ev.data_json:
+            super().feed_event(ev)
+
+    async def reload(self) -> None:
+        src = self.bc.feed.source
+        if src is None:
+            return
+        try:
+            info = await src.get_node(self.node_id)
+            holds = await src.list_reservations(node_id=self.node_id)
+            cmds = await src.list_commands(node_id=self.node_id, limit=10)
+        except BcError as e:
+            self.notify(f"{self.node_id}: {e.message}", severity="error")
+            return
+        evs = [e for e in self.bc.state.events if e.subject == self.node_id or self.node_id in e.data_json]
+        self.query_one("#node-detail", Static).update(render_node(info, holds, cmds, evs))
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_cordon(self, cordon: bool) -> None:
+        self.run_worker(self._cordon(cordon), group="write", exclusive=True)
+
+    async def _cordon(self, cordon: bool) -> None:
+        verb = "cordon" if cordon else "uncordon"
+        what = "it takes no new holds; what runs keeps running" if cordon else "it takes new holds again"
+        if not await self.app.push_screen_wait(ConfirmScreen(f"{verb} {self.node_id}?", what)):
+            return
+        src = self.source()
+        if src is not None and await self.call(verb, src.cordon_node(self.node_id, cordon)) is not None:
+            self.notify(f"{self.node_id} {verb}ed")
+        await self.reload()
+
+    def action_run(self) -> None:
+        self.run_worker(self._run(), group="write", exclusive=True)
+
+    async def _run(self) -> None:
+        names = ", ".join(sorted(kinds.KINDS))
+        kind = await self.app.push_screen_wait(PromptScreen(f"command kind ({names}):", "inventory.refresh"))
+        if not kind:
+            return
+        kind = kind.strip()
+        if kinds.get(kind) is None:
+            self.notify(f"unknown kind {kind!r}", severity="error")
+            return
+        payload = await self.app.push_screen_wait(PromptScreen(f"{kind} payload (protobuf JSON):", "{}"))
+        if payload is None:
+            return
+        try:
+            json.loads(payload or "{}")
+        except json.JSONDecodeError as e:
+            self.notify(f"the payload is not JSON: {e}", severity="error")
+            return
+        k = kinds.KINDS[kind]
+        body = f"{kind} on {self.node_id} (lane {k.lane}{', destructive' if k.destructive else ''})\npayload {payload}"
+        if not await self.app.push_screen_wait(ConfirmScreen("Run this command?", body)):
+            return
+        src = self.source()
+        if src is None:
+            return
+        out = await self.call(f"run {kind}", src.run_command(self.node_id, kind, payload_json=payload))
+        if isinstance(out, admin_pb2.CommandInfo):
+            self.notify(f"queued {out.id} ({out.state})")
+        await self.reload()

@@ -1,0 +1,102 @@
+"""Reservations: pending (and why each waits), active (node, devices, window, usage so far), ended; `d` releases."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from bc.cli.render import format_time_ms
+from bc.errors import BcError
+from bc.protocol.pb import admin_pb2
+from tui import fmt
+from tui.screens.base import BcScreen
+from tui.widgets import ConfirmScreen
+
+GROUPS = (("pending", "pending"), ("active", "active"), ("ended", "ended"))
+
+
+def window(r: admin_pb2.Reservation) -> str:
+    start = format_time_ms(r.start_ms) if r.start_ms else "asap"
+    end = format_time_ms(r.end_ms) if r.end_ms else "open-ended"
+    return f"{start} → {end}"
+
+
+class ReservationsScreen(BcScreen):
+    RELOAD_ON = ("reservation.",)
+    BINDINGS = [Binding("d", "release", "Release"), Binding("r", "refresh", "Refresh")]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_id: dict[str, admin_pb2.Reservation] = {}
+
+    def body(self) -> ComposeResult:
+        yield Static("", id="reservations-summary", markup=False)
+        t: DataTable[str] = DataTable(id="reservations", cursor_type="row")
+        yield t
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        t = self.query_one("#reservations", DataTable)
+        t.add_columns("GROUP", "ID", "STATE", "NODE", "GPUS", "DEVICES / WHY IT WAITS", "WINDOW", "AGE", "TENANT")
+        t.focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.bc.role != "viewer" if action == "release" else True
+
+    async def reload(self) -> None:
+        src = self.bc.feed.source
+        if src is None:
+            return
+        groups: list[tuple[str, list[admin_pb2.Reservation]]] = []
+        try:
+            for title, state in GROUPS:
+                groups.append((title, await src.list_reservations(state=state, include_released=state == "ended")))
+        except BcError as e:
+            self.notify(f"reservations: {e.message}", severity="error")
+            return
+        t = self.query_one("#reservations", DataTable)
+        t.clear()
+        self.by_id.clear()
+        for title, rs in groups:
+            for r in rs[-200:]:
+                if r.id in self.by_id:
+                    continue
+                self.by_id[r.id] = r
+                devices = ", ".join(d.atom_id or d.gpu_uuid for d in r.devices)
+                what = r.reason if title == "pending" else (devices or r.reason or "-")
+                t.add_row(
+                    title,
+                    r.id,
+                    r.state,
+                    r.node_id or "-",
+                    str(r.gpus),
+                    fmt.clip(what, 40),
+                    window(r),
+                    fmt.age(r.created_age_ms),
+                    r.tenant or "-",
+                    key=r.id,
+                )
+        counts = ", ".join(f"{len(rs)} {title}" for title, rs in groups)
+        self.query_one("#reservations-summary", Static).update(counts)
+
+    def action_refresh(self) -> None:
+        self.run_worker(self.reload(), group="reload", exclusive=True)
+
+    def action_release(self) -> None:
+        t = self.query_one("#reservations", DataTable)
+        if t.row_count:
+            rid = str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
+            self.run_worker(self._release(rid), group="release", exclusive=True)
+
+    async def _release(self, rid: str) -> None:
+        r = self.by_id[rid]
+        body = f"{rid}: {r.gpus} {r.device_class} on {r.node_id or 'no node yet'} ({r.state}); its devices are freed"
+        if not await self.app.push_screen_wait(ConfirmScreen(f"Release {rid}?", body)):
+            return
+        src = self.source()
+        if src is not None:
+            out = await self.call(f"release {rid}", src.release(rid))
+            if isinstance(out, admin_pb2.Reservation):
+                self.notify(f"{rid} is {out.state}")
+        await self.reload()

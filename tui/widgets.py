@@ -1,0 +1,114 @@
+"""Small shared widgets: the connection banner, confirm and prompt dialogs, help."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Static
+
+from tui import fmt
+from tui.state import Link
+
+
+def banner_text(link: Link, server: str, now: float) -> str:
+    """What the banner says; empty while the stream is live."""
+    if link.live:
+        return ""
+    if link.data_at is None:
+        return f"connecting to bc serve at {server}…" + (f" ({link.reason})" if link.reason else "")
+    age = fmt.age(int((now - link.data_at) * 1000))
+    return (
+        f"bc serve at {server} is unreachable ({link.reason or 'stream ended'}): the data on screen is {age} old;"
+        f" reconnecting (attempt {link.attempts})"
+    )
+
+
+class Banner(Static):
+    DEFAULT_CSS = """
+    Banner { height: auto; background: $error; color: $text; text-style: bold; padding: 0 1; display: none; }
+    Banner.shown { display: block; }
+    """
+
+    def show_text(self, text: str) -> None:
+        self.update(text)
+        self.set_class(bool(text), "shown")
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A question with what it does spelled out; `y` confirms, `n` or escape does not."""
+
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Vertical { width: 90; height: auto; border: thick $warning; padding: 1 2; background: $surface; }
+    """
+
+    def __init__(self, title: str, body: str) -> None:
+        super().__init__()
+        self._title, self._body = title, body
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(f"[b]{self._title}[/b]", markup=True)
+            yield Static(self._body, markup=False, id="confirm-body")
+            yield Static("y: yes    n: no", classes="hint")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class PromptScreen(ModalScreen[str | None]):
+    """One line of input; enter submits, escape cancels."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    PromptScreen { align: center middle; }
+    PromptScreen > Vertical { width: 90; height: auto; border: thick $primary; padding: 1 2; background: $surface; }
+    """
+
+    def __init__(self, title: str, value: str = "", placeholder: str = "") -> None:
+        super().__init__()
+        self._title, self._value, self._placeholder = title, value, placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self._title, markup=False)
+            yield Input(value=self._value, placeholder=self._placeholder, id="prompt-input")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+HELP = """bc tui: the live fleet view (a client of the Admin API; it never opens the store)
+
+Screens    1 fleet   2 approvals   3 jobs   4 reservations   5 commands   6 events
+Anywhere   ? help    ctrl+p find a node, DAG or batch    q quit
+Fleet      / filter   s sort (cycles columns)   enter node detail   g jump to a node
+Node       c cordon   u uncordon   r run a command   escape back
+Approvals  a approve  x reject (your approver key file is read for each signature)
+Jobs       c cancel the DAG under the cursor
+Reservations  d release    Commands  enter open   k cancel    Events  / filter
+
+n/a means the server did not say; it is never shown as zero. A red banner means the
+stream is down: it says how old the data on screen is, and the view resumes by itself
+from the last event it applied, with nothing missed and nothing shown twice.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "close", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Static { width: 96; height: auto; border: thick $primary; padding: 1 2; background: $surface; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP, markup=False)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
