@@ -39,6 +39,7 @@ from bc.cli import (
 )
 from bc.cli.output import echo, one_line
 from bc.errors import BcError
+from tui import command as tui_command
 
 EXIT_INTERRUPTED = 130  # the shell's code for "ended by SIGINT"
 
@@ -128,6 +129,7 @@ for _command in (
     *quorum_cmds.COMMANDS,
     *operator_cmds.COMMANDS,
     *sim_cmds.COMMANDS,
+    *tui_command.COMMANDS,
 ):
     cli.add_command(_command)
 
