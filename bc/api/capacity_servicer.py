@@ -1,7 +1,7 @@
 """The Admin API's capacity RPCs: a reservation shown, why it waits, and usage (docs/capacity.md).
 
 A mixin of `AdminServicer` (which guards every RPC, `bc.api.admin_roles`), like `bc.api.jobs_servicer`:
-each body calls `bc.control.capacity_views` and maps its answer to messages; errors leave through
+each body calls a read of `bc.control.queries` and maps its answer to messages; errors leave through
 `abort_with`. `reserve_request` maps the wire's ReserveRequest to the control plane's (0: unset).
 """
 
@@ -12,11 +12,9 @@ from typing import TypeVar
 import grpc
 
 from bc.api.calls import AdminCalls
-from bc.control import capacity_views, reservations, views
-from bc.errors import NotFound
+from bc.control import queries, reservations
 from bc.protocol.pb import admin_pb2
 from bc.store import Store
-from bc.store import reservations as res_sql
 
 T = TypeVar("T")
 
@@ -46,21 +44,13 @@ class CapacityRpcs(AdminCalls):
     async def GetReservation(
         self, request: admin_pb2.GetReservationRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.Reservation:
-        async def go() -> admin_pb2.Reservation:
-            now_ms = await self.store.now_ms()
-            async with self.store.transaction(write=False) as tx:
-                row = await res_sql.get(tx, request.reservation_id)
-                if row is None:
-                    raise NotFound(f"no reservation named {request.reservation_id!r}")
-                return views.reservation(row, await res_sql.bookings(tx, request.reservation_id), now_ms)
-
-        return await self._call(context, go)
+        return await self._call(context, lambda: queries.reservation(self.store, request.reservation_id))
 
     async def GetPlacementExplanation(
         self, request: admin_pb2.GetReservationRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.PlacementExplanation:
         async def go() -> admin_pb2.PlacementExplanation:
-            e = await capacity_views.explain(self.store, request.reservation_id)
+            e = await queries.explain(self.store, request.reservation_id)
             return admin_pb2.PlacementExplanation(
                 reservation_id=e.reservation_id,
                 state=e.state,
@@ -76,7 +66,7 @@ class CapacityRpcs(AdminCalls):
         self, request: admin_pb2.UsageRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.UsageResponse:
         async def go() -> admin_pb2.UsageResponse:
-            rows, now_ms = await capacity_views.usage(
+            rows, now_ms = await queries.usage(
                 self.store, request.since_ms or None, request.until_ms or None, request.by
             )
             return admin_pb2.UsageResponse(

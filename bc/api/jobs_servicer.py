@@ -20,13 +20,13 @@ import grpc
 
 from bc.api import job_views
 from bc.api.calls import AdminCalls
+from bc.control import queries as control_queries
 from bc.control.bus import Bus
 from bc.errors import BcError, Conflict
 from bc.jobs import queries
 from bc.jobs.views import DagView, JobRequest
 from bc.protocol.pb import admin_pb2
 from bc.store import Store
-from bc.store import events as events_sql
 from bc.wire.status import abort_with
 
 T = TypeVar("T")
@@ -68,10 +68,11 @@ class JobRpcs(AdminCalls):
         self, request: admin_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ListJobsResponse:
         async def go(_operator: str) -> admin_pb2.ListJobsResponse:
-            dags = await queries.list_dags(self.store, include_all=request.include_all)
-            pools = await queries.list_pools(self.store)
-            infos, omitted = job_views.jobs_within(dags)
-            return admin_pb2.ListJobsResponse(jobs=infos, pools=[job_views.pool(p) for p in pools], omitted=omitted)
+            snap = await queries.jobs_snapshot(self.store, include_all=request.include_all)
+            infos, omitted = job_views.jobs_within(snap.dags)
+            return admin_pb2.ListJobsResponse(
+                jobs=infos, pools=[job_views.pool(p) for p in snap.pools], omitted=omitted, event_seq=snap.seq
+            )
 
         return await self._call_as(context, go)
 
@@ -117,17 +118,16 @@ class JobRpcs(AdminCalls):
         yield view
         after, quiet = view.seq, 0
         while not view.terminal:
-            async with self.store.transaction(write=False) as tx:
-                rows = await events_sql.list_events(tx, after, 500, "job.")
+            rows = await control_queries.events_after(self.store, after, "job.")
             if rows:
-                after = max(after, int(rows[-1]["seq"]))
-            if any(str(r["subject"]) == dag_id for r in rows) or quiet >= WATCH_BACKSTOP_WAKES:
+                after = max(after, rows[-1].seq)
+            if any(r.subject == dag_id for r in rows) or quiet >= WATCH_BACKSTOP_WAKES:
                 new = await queries.get_dag(self.store, dag_id)
                 after, quiet = max(after, new.seq), 0
                 if _changed(view, new):
                     yield new
                 view = new
-            elif len(rows) < 500:
+            elif len(rows) < control_queries.WATCH_PAGE:
                 await self.bus.wait_events(1.0)
                 quiet += 1
 

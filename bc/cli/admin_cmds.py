@@ -19,12 +19,12 @@ from typing import Any, TypeVar
 import click
 
 from bc.cli.client import AdminClient, run_client, slow
+from bc.cli.emit import emit
 from bc.cli.job_progress import check_done, follow
 from bc.cli.output import echo, json_text
 from bc.cli.render import (
     INT64_MAX,
     cell,
-    dumps,
     format_age,
     format_bytes,
     format_duration,
@@ -51,10 +51,6 @@ def call_admin(fn: Callable[[AdminClient], Awaitable[_T]]) -> _T:
     return run_client(lambda c: slow(c, fn(c)))
 
 
-def echo_json(value: Any) -> None:
-    echo(dumps(value))
-
-
 # -- token ---------------------------------------------------------------------
 
 
@@ -72,11 +68,11 @@ def token_create(node_id: str, role: str, ttl: str, as_json: bool) -> None:
     """Create a join token; it is printed alone on the last line."""
     ttl_s = parse_duration(ttl, what="--ttl")
     resp = call_admin(lambda c: c.create_token(node_id, role=role, ttl_s=ttl_s))
-    if as_json:
-        echo_json(message_to_json(resp))
-        return
-    echo(f"join token for {resp.node_id} (role {role}), expires in {format_duration(ttl_s)}, one use:")
-    echo(resp.token)
+    emit(
+        as_json,
+        resp,
+        f"join token for {resp.node_id} (role {role}), expires in {format_duration(ttl_s)}, one use:\n{resp.token}",
+    )
 
 
 # -- nodes ---------------------------------------------------------------------
@@ -91,12 +87,15 @@ def nodes(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     infos = call_admin(lambda c: c.list_nodes(include_deleted=show_all))
-    if as_json:
-        echo_json([message_to_json(n) for n in infos])
-        return
-    if not infos:
-        echo("no nodes yet: `bc token create --node-id N`, then `bc join` on the host", err=True)
-        return
+    emit(
+        as_json,
+        infos,
+        lambda: render_nodes(infos),
+        empty="no nodes yet: `bc token create --node-id N`, then `bc join` on the host",
+    )
+
+
+def render_nodes(infos: list[admin_pb2.NodeInfo]) -> str:
     rows = [
         (
             n.node_id,
@@ -110,7 +109,7 @@ def nodes(ctx: click.Context, show_all: bool, as_json: bool) -> None:
         )
         for n in infos
     ]
-    echo(render_table(("NODE", "ROLE", "STATE", "GEN", "APPLIED", "OBSERVED", "LAST SEEN", "FLAGS"), rows))
+    return render_table(("NODE", "ROLE", "STATE", "GEN", "APPLIED", "OBSERVED", "LAST SEEN", "FLAGS"), rows)
 
 
 def _flags(n: admin_pb2.NodeInfo) -> str:
@@ -129,10 +128,7 @@ def nodes_revoke(node_id: str, reason: str, as_json: bool) -> None:
     with a new token (`bc join --reset --yes` on the host).
     """
     info = call_admin(lambda c: c.revoke_node(node_id, reason=reason))
-    if as_json:
-        echo_json(message_to_json(info))
-        return
-    echo(f"revoked the certificates of {node_id}; its session ends within seconds")
+    emit(as_json, info, f"revoked the certificates of {node_id}; its session ends within seconds")
 
 
 @nodes.command("cordon")
@@ -163,10 +159,7 @@ def _cordon(node_id: str, cordon: bool, as_json: bool) -> None:
         return await c.get_node(node_id)
 
     info = call_admin(go)
-    if as_json:
-        echo_json(message_to_json(info))
-        return
-    echo(f"{'cordoned' if cordon else 'uncordoned'} {node_id}")
+    emit(as_json, info, f"{'cordoned' if cordon else 'uncordoned'} {node_id}")
 
 
 @nodes.command("label")
@@ -181,11 +174,8 @@ def nodes_label(node_id: str, pairs: tuple[str, ...], remove: tuple[str, ...], a
     """
     set_ = node_labels.parse_pairs(pairs)
     info = call_admin(lambda c: c.label_node(node_id, set_, list(remove)))
-    if as_json:
-        echo_json(message_to_json(info))
-        return
     shown = ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "none"
-    echo(f"{node_id} labels: {shown}")
+    emit(as_json, info, f"{node_id} labels: {shown}")
 
 
 @nodes.command("delete")
@@ -198,10 +188,7 @@ def nodes_delete(node_id: str, yes: bool, as_json: bool) -> None:
     if not yes:
         raise UsageError(f"deleting {node_id} revokes its certificates and takes it out of the fleet; add --yes")
     resp = call_admin(lambda c: c.delete_node(node_id))
-    if as_json:
-        echo_json(message_to_json(resp))
-        return
-    echo(f"deleted {node_id} ({resp.revoked_certificates} certificate(s) revoked)")
+    emit(as_json, resp, f"deleted {node_id} ({resp.revoked_certificates} certificate(s) revoked)")
 
 
 @nodes.command("show")
@@ -211,10 +198,8 @@ def nodes_delete(node_id: str, yes: bool, as_json: bool) -> None:
 def nodes_show(ctx: click.Context, node_id: str, as_json: bool) -> None:
     """One node: state, generations, sections, conditions and inventory."""
     info = call_admin(lambda c: c.get_node(node_id))
-    if as_json or (ctx.parent is not None and ctx.parent.params.get("as_json")):
-        echo_json(message_to_json(info))
-        return
-    echo(render_node(info))
+    parent_json = ctx.parent is not None and bool(ctx.parent.params.get("as_json"))
+    emit(as_json or parent_json, info, lambda: render_node(info))
 
 
 def render_node(n: admin_pb2.NodeInfo) -> str:
@@ -371,19 +356,12 @@ def _print_spec(info: admin_pb2.SpecInfo, *, as_json: bool, with_body: bool) -> 
         body = json.loads(info.spec_json) if info.spec_json else {}
     except json.JSONDecodeError:
         body = info.spec_json  # show what the server sent rather than fail on it
-    if as_json:
-        echo_json(
-            {
-                "node_id": info.node_id,
-                "generation": info.generation,
-                "spec_hash": info.spec_hash,
-                "spec": body,
-            }
-        )
-        return
-    echo(f"node {info.node_id} generation {info.generation} hash {info.spec_hash or '-'}")
-    if with_body:
-        echo(json_text(body, sort_keys=True))
+    head = f"node {info.node_id} generation {info.generation} hash {info.spec_hash or '-'}"
+    emit(
+        as_json,
+        {"node_id": info.node_id, "generation": info.generation, "spec_hash": info.spec_hash, "spec": body},
+        head + "\n" + json_text(body, sort_keys=True) if with_body else head,
+    )
 
 
 # -- reservations ----------------------------------------------------------------
@@ -395,10 +373,7 @@ def _print_spec(info: admin_pb2.SpecInfo, *, as_json: bool, with_body: bool) -> 
 def release(reservation_id: str, as_json: bool) -> None:
     """Give a reservation's devices back."""
     r = call_admin(lambda c: c.release(reservation_id))
-    if as_json:
-        echo_json(message_to_json(r))
-        return
-    echo(f"reservation {r.id} on {r.node_id or '-'}: {r.state}")
+    emit(as_json, r, f"reservation {r.id} on {r.node_id or '-'}: {r.state}")
 
 
 # -- events ----------------------------------------------------------------------
@@ -420,12 +395,8 @@ def events(after_seq: int, type_prefix: str, limit: int, follow: bool, as_json: 
         _follow(after_seq, type_prefix, as_json=as_json)
         return
     items = call_admin(lambda c: c.list_events(after_seq=after_seq, limit=limit, type_prefix=type_prefix))
-    if as_json:
-        echo_json([event_to_json(e) for e in items])
-        return
     rows = [_event_row(e) for e in items]
-    if rows:
-        echo(render_table(_EVENT_HEADERS, rows))
+    emit(as_json, lambda: [event_to_json(e) for e in items], render_table(_EVENT_HEADERS, rows) if rows else "")
 
 
 def _follow(after_seq: int, type_prefix: str, *, as_json: bool) -> None:
@@ -435,10 +406,7 @@ def _follow(after_seq: int, type_prefix: str, *, as_json: bool) -> None:
         async with client:
             async for e in client.watch(after_seq=after_seq, type_prefix=type_prefix):
                 # One line per event, flushed, so `| grep` and `| jq` see each as it happens.
-                if as_json:
-                    echo(json_text(event_to_json(e), indent=None))
-                else:
-                    echo("  ".join(_event_row(e)))
+                emit(as_json, event_to_json(e), "  ".join(_event_row(e)), compact=True)
 
     try:
         asyncio.run(go())
@@ -487,10 +455,7 @@ def _render_pki(info: admin_pb2.PkiInfo) -> str:
 def pki_show(as_json: bool) -> None:
     """The CA fingerprint, whether commands are signed, the signing root and the worker key."""
     info = call_admin(lambda c: c.get_pki())
-    if as_json:
-        echo_json(message_to_json(info))
-        return
-    echo(_render_pki(info))
+    emit(as_json, info, lambda: _render_pki(info))
 
 
 @pki.command("rotate")
@@ -498,12 +463,11 @@ def pki_show(as_json: bool) -> None:
 def pki_rotate(as_json: bool) -> None:
     """Issue a new worker key under the same root and re-sign the current specs and pending commands."""
     info = call_admin(lambda c: c.rotate_signing_key())
-    if as_json:
-        echo_json(message_to_json(info))
-        return
-    echo(
+    emit(
+        as_json,
+        info,
         f"new worker key {info.worker.key_id}; re-signed {info.resigned_specs} spec(s)"
-        f" and {info.resigned_commands} pending command(s)"
+        f" and {info.resigned_commands} pending command(s)",
     )
 
 

@@ -15,10 +15,11 @@ from datetime import UTC, datetime, timedelta
 
 import click
 
-from bc.cli.admin_cmds import call_admin, echo_json, json_option
+from bc.cli.admin_cmds import call_admin, json_option
 from bc.cli.client import AdminClient
+from bc.cli.emit import emit
 from bc.cli.output import echo
-from bc.cli.render import format_age, message_to_json, render_table
+from bc.cli.render import format_age, render_table
 from bc.clock import SystemClock
 from bc.errors import UsageError
 from bc.protocol.pb import admin_pb2
@@ -192,10 +193,7 @@ def reserve(
         return r
 
     r = call_admin(go)
-    if as_json:
-        echo_json(message_to_json(r))
-    elif not wait:
-        echo(_summary(r))
+    emit(as_json, r, "" if wait else _summary(r))  # --wait said each change as it came
     if wait and r.state != "active":
         raise SystemExit(1)
 
@@ -218,12 +216,10 @@ def reservations(node_id: str, state: str | None, tenant: str, include_released:
             node_id=node_id, include_released=include_released, state=state or "", tenant=tenant
         )
     )
-    if as_json:
-        echo_json([message_to_json(r) for r in items])
-        return
-    if not items:
-        echo("no reservations", err=True)
-        return
+    emit(as_json, items, lambda: render_reservations(items), empty="no reservations")
+
+
+def render_reservations(items: list[admin_pb2.Reservation]) -> str:
     rows = [
         (
             r.id,
@@ -240,7 +236,7 @@ def reservations(node_id: str, state: str | None, tenant: str, include_released:
         for r in items
     ]
     headers = ("ID", "NODE", "CLASS", "GPUS", "STATE", "AGE", "START", "END", "TENANT", "REASON")
-    echo(render_table(headers, rows))
+    return render_table(headers, rows)
 
 
 @click.group("reservation")
@@ -254,9 +250,10 @@ def reservation() -> None:
 def reservation_show(reservation_id: str, as_json: bool) -> None:
     """A reservation: its state and reason, window, host resources and devices."""
     r = call_admin(lambda c: c.get_reservation(reservation_id))
-    if as_json:
-        echo_json(message_to_json(r))
-        return
+    emit(as_json, r, lambda: render_reservation(r))
+
+
+def render_reservation(r: admin_pb2.Reservation) -> str:
     lines = [
         ("id", r.id),
         ("state", r.state + (f" ({r.reason})" if r.reason else "")),
@@ -270,7 +267,7 @@ def reservation_show(reservation_id: str, as_json: bool) -> None:
         ("selector", ",".join(f"{k}={v}" for k, v in sorted(r.selector.items())) or "-"),
         ("devices", ", ".join(d.atom_id for d in r.devices) or "-"),
     ]
-    echo(render_table(("FIELD", "VALUE"), lines))
+    return render_table(("FIELD", "VALUE"), lines)
 
 
 @click.group("capacity")
@@ -284,14 +281,12 @@ def capacity() -> None:
 def capacity_explain(reservation_id: str, as_json: bool) -> None:
     """Why a reservation is not placed (what the next placement pass would decide)."""
     e = call_admin(lambda c: c.explain_reservation(reservation_id))
-    if as_json:
-        echo_json(message_to_json(e))
-        return
-    echo(f"reservation {e.reservation_id}: {e.state}: {e.reason}")
+    lines = [f"reservation {e.reservation_id}: {e.state}: {e.reason}"]
     if e.queue_position:
-        echo(f"position in the queue: {e.queue_position}")
+        lines.append(f"position in the queue: {e.queue_position}")
     if e.earliest_start_ms:
-        echo(f"earliest start: {iso_ms(e.earliest_start_ms)} on {e.held_node_id} (held for it)")
+        lines.append(f"earliest start: {iso_ms(e.earliest_start_ms)} on {e.held_node_id} (held for it)")
+    emit(as_json, e, "\n".join(lines))
 
 
 @click.command("usage")
@@ -308,9 +303,6 @@ def usage(since: str, until: str, by: str, as_csv: bool, as_json: bool) -> None:
     until_ms = _past(until) if until else 0
     resp = call_admin(lambda c: c.usage(since_ms=since_ms, until_ms=until_ms, by=by))
     rows = [(r.key, r.atom_ms, r.atom_seconds, r.windows) for r in resp.rows]
-    if as_json:
-        echo_json([{by: k, "atom_ms": ms, "atom_seconds": s, "windows": n} for k, ms, s, n in rows])
-        return
     if as_csv:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
@@ -318,10 +310,12 @@ def usage(since: str, until: str, by: str, as_csv: bool, as_json: bool) -> None:
         w.writerows([k, f"{s:.3f}", n] for k, _, s, n in rows)
         echo(buf.getvalue(), nl=False)
         return
-    if not rows:
-        echo("no usage", err=True)
-        return
-    echo(render_table((by.upper(), "ATOM-SECONDS", "WINDOWS"), [(k, f"{s:.3f}", n) for k, _, s, n in rows]))
+    emit(
+        as_json,
+        [{by: k, "atom_ms": ms, "atom_seconds": s, "windows": n} for k, ms, s, n in rows],
+        lambda: render_table((by.upper(), "ATOM-SECONDS", "WINDOWS"), [(k, f"{s:.3f}", n) for k, _, s, n in rows]),
+        empty="no usage",
+    )
 
 
 def _past(text: str) -> int:

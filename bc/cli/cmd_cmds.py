@@ -24,10 +24,10 @@ import click
 
 from bc.cli.admin_cmds import read_json_object
 from bc.cli.client import AdminClient, run_client, slow
+from bc.cli.emit import emit
 from bc.cli.output import echo, json_text
 from bc.cli.render import (
     INT64_MAX,
-    dumps,
     format_age,
     format_time_ms,
     message_to_json,
@@ -110,7 +110,7 @@ def render_command(c: admin_pb2.CommandInfo) -> str:
 
 
 def _print(c: admin_pb2.CommandInfo, *, as_json: bool) -> None:
-    echo(dumps(command_to_json(c)) if as_json else render_command(c))
+    emit(as_json, lambda: command_to_json(c), lambda: render_command(c))
 
 
 # -- bc cmd ------------------------------------------------------------------------
@@ -171,10 +171,8 @@ def cmd_run(
         return await wait_settled(client, info) if wait else info
 
     info = run_client(go)
-    if as_json or wait:
-        _print(info, as_json=as_json)
-    else:
-        echo(f"command {info.id}: {info.kind} on {info.node_id} (seq {info.seq}) {_state(info)}")
+    line = f"command {info.id}: {info.kind} on {info.node_id} (seq {info.seq}) {_state(info)}"
+    emit(as_json, lambda: command_to_json(info), lambda: render_command(info) if wait else line)
     if wait and info.state != SUCCEEDED:
         raise CommandFailed(f"command {info.id} {info.state}" + (f": {info.reason}" if info.reason else ""))
 
@@ -202,14 +200,13 @@ async def wait_settled(client: AdminClient, info: admin_pb2.CommandInfo) -> admi
 def cmd_list(node_id: str, state: str | None, limit: int | None, as_json: bool) -> None:
     """Commands, newest first."""
     items = run_client(lambda c: slow(c, c.list_commands(node_id=node_id, state=state or "", limit=limit or 0)))
-    if as_json:
-        echo(dumps([command_to_json(c) for c in items]))
-        return
-    if not items:
-        echo("no commands", err=True)
-        return
     rows = [(c.id, c.node_id, c.kind, c.state, c.reason, format_age(c.created_age_ms)) for c in items]
-    echo(render_table(("ID", "NODE", "KIND", "STATE", "REASON", "AGE"), rows))
+    emit(
+        as_json,
+        lambda: [command_to_json(c) for c in items],
+        lambda: render_table(("ID", "NODE", "KIND", "STATE", "REASON", "AGE"), rows),
+        empty="no commands",
+    )
 
 
 @cmd.command("show")
@@ -227,14 +224,15 @@ def cmd_show(command_id: str, as_json: bool) -> None:
 def cmd_cancel(command_id: str, reason: str, as_json: bool) -> None:
     """Cancel a command: at once if not yet sent, else the node is asked to stop."""
     info = run_client(lambda c: slow(c, c.cancel_command(command_id, reason=reason)))
-    if as_json:
-        _print(info, as_json=True)
-    elif info.state not in TERMINAL:
-        echo(f"command {info.id}: cancel requested; it is {info.state}, the node will be told")
-    elif info.state == CANCELLED:
-        echo(f"command {info.id}: cancelled" + (f" ({info.reason})" if info.reason != "cancelled" else ""))
-    else:
-        echo(f"command {info.id}: already {_state(info)}; nothing to cancel")
+    emit(as_json, lambda: command_to_json(info), _cancelled(info))
+
+
+def _cancelled(info: admin_pb2.CommandInfo) -> str:
+    if info.state not in TERMINAL:
+        return f"command {info.id}: cancel requested; it is {info.state}, the node will be told"
+    if info.state == CANCELLED:
+        return f"command {info.id}: cancelled" + (f" ({info.reason})" if info.reason != "cancelled" else "")
+    return f"command {info.id}: already {_state(info)}; nothing to cancel"
 
 
 COMMANDS: tuple[click.Command, ...] = (cmd,)

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import click
 
-from bc.cli.output import echo
-from bc.cli.render import dumps
+from bc.cli.emit import emit
 from bc.clock import SystemClock
 from bc.config import default_data_dir
 from bc.errors import BcError, UsageError
@@ -73,10 +72,11 @@ def diagnose(data_dir: Path) -> tuple[str, list[Finding]]:
 def doctor(data_dir: Path | None, as_json: bool) -> None:
     """Check a node's or a server's identity, certificates, clock, journal or store."""
     role, findings = diagnose(data_dir or default_data_dir())
-    if as_json:
-        echo(dumps({"role": role, "checks": [f.to_json() for f in findings], "ok": ok(findings)}))
-    else:
-        echo(render_findings(findings))
+    emit(
+        as_json,
+        lambda: {"role": role, "checks": [f.to_json() for f in findings], "ok": ok(findings)},
+        lambda: render_findings(findings),
+    )
     failures = [f.name for f in findings if f.status == FAIL]
     if failures:
         raise ChecksFailed(

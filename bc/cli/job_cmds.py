@@ -22,13 +22,12 @@ import click
 
 from bc.cli.admin_cmds import read_json_object
 from bc.cli.client import AdminClient, run_client, slow
+from bc.cli.emit import emit
 from bc.cli.job_progress import JobFailed, check_done, follow, glyph, job_to_json, progress_line, subjects_text
 from bc.cli.output import echo
 from bc.cli.render import (
     cell,
-    dumps,
     format_time_ms,
-    message_to_json,
     parse_duration,
     render_fields,
     render_table,
@@ -102,12 +101,7 @@ _deadline_option = click.option(
 
 def _run(request: admin_pb2.SubmitJobRequest, *, no_wait: bool, as_json: bool) -> None:
     job = run_client(lambda c: submit_and_follow(c, request, wait=not no_wait))
-    if as_json:
-        echo(dumps(job_to_json(job)))
-    elif no_wait:
-        echo(job.id)
-    else:
-        echo(f"{job.id}  {progress_line(job)}")
+    emit(as_json, lambda: job_to_json(job), job.id if no_wait else f"{job.id}  {progress_line(job)}")
     if not no_wait:
         check_done(job)
 
@@ -230,12 +224,11 @@ def jobs_list(include_all: bool, as_json: bool) -> None:
     resp = run_client(lambda c: slow(c, c.list_jobs(include_all=include_all)))
     if resp.omitted:
         echo(f"{resp.omitted} older job(s) left out to keep the reply under the frame limit", err=True)
-    if as_json:
-        echo(dumps([job_to_json(j) for j in resp.jobs]))
-        return
-    if not resp.jobs:
-        echo("no jobs", err=True)
-        return
+    jobs = list(resp.jobs)
+    emit(as_json, lambda: [job_to_json(j) for j in jobs], lambda: render_jobs(jobs), empty="no jobs")
+
+
+def render_jobs(jobs: list[admin_pb2.JobInfo]) -> str:
     rows = [
         (
             j.id,
@@ -247,10 +240,10 @@ def jobs_list(include_all: bool, as_json: bool) -> None:
             format_time_ms(j.created_at_ms),
             cell(j.first_error, width=80),
         )
-        for j in resp.jobs
+        for j in jobs
     ]
     headers = ("ID", "TEMPLATE", "STATE", "SUBJECTS", "DONE", "BY", "CREATED", "ERROR")
-    echo(render_table(headers, rows))
+    return render_table(headers, rows)
 
 
 def _deps(n: admin_pb2.JobNodeInfo) -> str:
@@ -290,7 +283,7 @@ def render_job(job: admin_pb2.JobInfo) -> str:
 def jobs_show(dag_id: str, as_json: bool) -> None:
     """One DAG: its state and a table of its nodes (kind, subject, state, deps, error or detail)."""
     job = run_client(lambda c: slow(c, c.get_job(dag_id)))
-    echo(dumps(job_to_json(job)) if as_json else render_job(job))
+    emit(as_json, lambda: job_to_json(job), lambda: render_job(job))
 
 
 @jobs.command("cancel")
@@ -299,12 +292,13 @@ def jobs_show(dag_id: str, as_json: bool) -> None:
 def jobs_cancel(dag_id: str, as_json: bool) -> None:
     """Cancel a DAG's queued nodes and ask its running commands to stop; its tails still run."""
     resp = run_client(lambda c: slow(c, c.cancel_job(dag_id)))
-    if as_json:
-        echo(dumps({"cancelled": resp.cancelled, "job": job_to_json(resp.job)}))
-    elif resp.cancelled:
-        echo(f"job {dag_id}: cancelled; what already runs reports its real outcome (now {resp.job.state})")
-    else:
-        echo(f"job {dag_id}: nothing to cancel (it is {resp.job.state})")
+    emit(
+        as_json,
+        lambda: {"cancelled": resp.cancelled, "job": job_to_json(resp.job)},
+        f"job {dag_id}: cancelled; what already runs reports its real outcome (now {resp.job.state})"
+        if resp.cancelled
+        else f"job {dag_id}: nothing to cancel (it is {resp.job.state})",
+    )
 
 
 # -- slots ------------------------------------------------------------------------------------------
@@ -339,10 +333,11 @@ def jobs_slots(settings: tuple[str, ...], as_json: bool) -> None:
         return list((await slow(c, c.list_jobs())).pools)  # a viewer reads the pools with the jobs
 
     pools = run_client(go)
-    if as_json:
-        echo(dumps([message_to_json(p) for p in pools]))
-        return
-    echo(render_table(("POOL", "CAPACITY", "HELD"), [(p.name, p.capacity, p.held) for p in pools]))
+    emit(
+        as_json,
+        pools,
+        lambda: render_table(("POOL", "CAPACITY", "HELD"), [(p.name, p.capacity, p.held) for p in pools]),
+    )
 
 
 COMMANDS: tuple[click.Command, ...] = (jobs,)

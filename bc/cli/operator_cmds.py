@@ -13,9 +13,9 @@ from pathlib import Path
 import click
 from cryptography.hazmat.primitives import serialization
 
-from bc.cli.admin_cmds import call_admin, echo_json, json_option
-from bc.cli.output import echo
-from bc.cli.render import format_age, format_time_ms, message_to_json, render_table
+from bc.cli.admin_cmds import call_admin, json_option
+from bc.cli.emit import emit
+from bc.cli.render import format_age, format_time_ms, render_table
 from bc.config import OperatorConfig, find_operator_config
 from bc.control.operators import DEFAULT_ROLE, ROLES
 from bc.errors import UsageError
@@ -34,9 +34,10 @@ def operators(ctx: click.Context, as_json: bool) -> None:
 
 
 def _show(ops: list[admin_pb2.OperatorInfo], as_json: bool) -> None:
-    if as_json:
-        echo_json([message_to_json(o) for o in ops])
-        return
+    emit(as_json, ops, lambda: render_operators(ops))
+
+
+def render_operators(ops: list[admin_pb2.OperatorInfo]) -> str:
     rows = [
         (
             o.name,
@@ -48,7 +49,7 @@ def _show(ops: list[admin_pb2.OperatorInfo], as_json: bool) -> None:
         )
         for o in ops
     ]
-    echo(render_table(("NAME", "ROLE", "STATE", "CERTS", "CERT EXPIRES", "ADDED"), rows))
+    return render_table(("NAME", "ROLE", "STATE", "CERTS", "CERT EXPIRES", "ADDED"), rows)
 
 
 @operators.command("list")
@@ -89,11 +90,12 @@ def operators_add(name: str, role: str, out: Path | None, as_json: bool) -> None
             f"operator {name} was added but its config could not be written ({e.message}); its key is lost:"
             f" bc operators revoke {name}, then add it under another name"
         ) from None
-    if as_json:
-        echo_json({"operator": message_to_json(resp.operator), "config": str(out)})
-        return
-    echo(f"operator {name} added as {role}; its client config is {out} (0600, it holds the private key)")
-    echo(f"hand it to {name} over a private channel; they run: BC_CONFIG={out} bc nodes")
+    emit(
+        as_json,
+        {"operator": resp.operator, "config": str(out)},
+        f"operator {name} added as {role}; its client config is {out} (0600, it holds the private key)\n"
+        f"hand it to {name} over a private channel; they run: BC_CONFIG={out} bc nodes",
+    )
 
 
 @operators.command("revoke")
@@ -103,10 +105,7 @@ def operators_add(name: str, role: str, out: Path | None, as_json: bool) -> None
 def operators_revoke(name: str, reason: str, as_json: bool) -> None:
     """Refuse every certificate of operator NAME from now on (the last admin cannot be revoked)."""
     info = call_admin(lambda c: c.revoke_operator(name, reason=reason))
-    if as_json:
-        echo_json(message_to_json(info))
-        return
-    echo(f"operator {info.name} is revoked: every gateway refuses its certificates from now on")
+    emit(as_json, info, f"operator {info.name} is revoked: every gateway refuses its certificates from now on")
 
 
 COMMANDS: tuple[click.Command, ...] = (operators,)

@@ -26,9 +26,10 @@ import click
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bc.cli.admin_cmds import call_admin, echo_json, json_option, read_json_object
+from bc.cli.admin_cmds import call_admin, json_option, read_json_object
+from bc.cli.emit import emit
 from bc.cli.output import echo
-from bc.cli.render import cell, format_age, format_time_ms, message_to_json, parse_duration, render_fields, render_table
+from bc.cli.render import cell, format_age, format_time_ms, parse_duration, render_fields, render_table
 from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
 from bc.pki import merkle
@@ -136,13 +137,13 @@ def approve_keygen(out: Path, as_json: bool) -> None:
     write_file_atomic(out, pem, mode=0o600)
     raw = public_raw(key)
     doc = {"public_key": base64.b64encode(raw).decode(), "key_id": q.key_id(raw), "path": str(out)}
-    if as_json:
-        echo_json(doc)
-        return
-    echo(f"approver key written to {out} (keep it to yourself)")
-    echo(f"key id:     {doc['key_id']}")
-    echo(f"public key: {doc['public_key']}")
-    echo(f"on the server: bc approvers add NAME {doc['public_key']}")
+    lines = [
+        f"approver key written to {out} (keep it to yourself)",
+        f"key id:     {doc['key_id']}",
+        f"public key: {doc['public_key']}",
+        f"on the server: bc approvers add NAME {doc['public_key']}",
+    ]
+    emit(as_json, doc, "\n".join(lines))
 
 
 @approve.command("list")
@@ -151,12 +152,15 @@ def approve_list(as_json: bool) -> None:
     """Batches and quorum changes waiting for approval, with what each one would do."""
     batches = call_admin(lambda c: c.list_batches(state="pending"))
     changes = call_admin(lambda c: c.list_quorum_changes(state="pending"))
-    if as_json:
-        echo_json([message_to_json(b) for b in batches] + [message_to_json(c) for c in changes])
-        return
-    if not batches and not changes:
-        echo("nothing is waiting for approval", err=True)
-        return
+    emit(
+        as_json,
+        [*batches, *changes],
+        lambda: render_waiting(batches, changes),
+        empty="nothing is waiting for approval",
+    )
+
+
+def render_waiting(batches: list[admin_pb2.BatchInfo], changes: list[admin_pb2.QuorumChangeInfo]) -> str:
     rows = [
         (b.id, cell(scope_summary(b), width=60), f"{b.approvals}/{b.threshold}", b.requested_by, cell(b.reason))
         for b in batches
@@ -165,7 +169,7 @@ def approve_list(as_json: bool) -> None:
         (c.id, cell(change_summary(c), width=60), f"{c.approvals}/{c.threshold}", c.requested_by, "quorum change")
         for c in changes
     ]
-    echo(render_table(("ID", "WHAT", "APPROVALS", "REQUESTED BY", "REASON"), rows))
+    return render_table(("ID", "WHAT", "APPROVALS", "REQUESTED BY", "REASON"), rows)
 
 
 @approve.command("show")
@@ -175,20 +179,14 @@ def approve_show(batch_id: str, as_json: bool) -> None:
     """A batch (every leaf: node, kind, payload digest; the scope root) or a quorum change (q-…)."""
     if is_change(batch_id):
         c = call_admin(lambda cl: cl.get_quorum_change(batch_id))
-        if as_json:
-            echo_json(message_to_json(c))
-            return
-        echo(render_change(c))
+        emit(as_json, c, lambda: render_change(c))
         return
     _show_batch(batch_id, as_json)
 
 
 def _show_batch(batch_id: str, as_json: bool) -> None:
     b = call_admin(lambda c: c.get_batch(batch_id))
-    if as_json:
-        echo_json(message_to_json(b))
-        return
-    echo(render_batch(b))
+    emit(as_json, b, lambda: render_batch(b))
 
 
 def _confirm(b: admin_pb2.BatchInfo, verb: str, yes: bool) -> None:
@@ -224,10 +222,11 @@ def approve_sign(batch_id: str, key_file: Path, expires_in: str, yes: bool, as_j
     signature = key.sign(q.approval_message(b.id, root, len(b.leaves), b.requested_by, expires_at_ms))
     kid = q.key_id(public_raw(key))
     after = call_admin(lambda c: c.decide_batch(batch_id, kid, signature, approve=True, expires_at_ms=expires_at_ms))
-    if as_json:
-        echo_json(message_to_json(after))
-        return
-    echo(f"signed batch {batch_id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
+    emit(
+        as_json,
+        after,
+        f"signed batch {batch_id}: {after.approvals} of {after.threshold} approvals; it is {after.state}",
+    )
 
 
 @approve.command("reject")
@@ -246,20 +245,14 @@ def approve_reject(batch_id: str, key_file: Path, reason: str, as_json: bool) ->
         sig = key.sign(q.change_rejection_message(c.id, to_digest, reason))
         kid = q.key_id(public_raw(key))
         done = call_admin(lambda cl: cl.decide_quorum_change(c.id, kid, sig, approve=False, reason=reason))
-        if as_json:
-            echo_json(message_to_json(done))
-            return
-        echo(f"rejected quorum change {c.id}; the quorum settings stay as they are")
+        emit(as_json, done, f"rejected quorum change {c.id}; the quorum settings stay as they are")
         return
     b = call_admin(lambda c: c.get_batch(batch_id))
     root = bytes.fromhex(b.scope_root)
     signature = key.sign(q.rejection_message(b.id, root, reason))
     kid = q.key_id(public_raw(key))
     after = call_admin(lambda c: c.decide_batch(batch_id, kid, signature, approve=False, reason=reason))
-    if as_json:
-        echo_json(message_to_json(after))
-        return
-    echo(f"rejected batch {batch_id}; its commands are cancelled")
+    emit(as_json, after, f"rejected batch {batch_id}; its commands are cancelled")
 
 
 # -- bc approvers --------------------------------------------------------------------------
@@ -275,25 +268,29 @@ def approvers(ctx: click.Context, as_json: bool) -> None:
 
 
 def _show_approvers(s: admin_pb2.ApproverSet, as_json: bool) -> None:
-    if as_json:
-        echo_json(message_to_json(s))
-        return
+    emit(as_json, s, lambda: render_approvers(s))
+
+
+def render_approvers(s: admin_pb2.ApproverSet) -> str:
     rows = [(a.name, a.operator or "(none)", a.key_id, a.public_key, format_age(a.added_age_ms)) for a in s.approvers]
     table = render_table(("NAME", "OPERATOR", "KEY ID", "PUBLIC KEY", "ADDED"), rows)
-    echo(table if rows else "no approvers")
     note = "" if len(s.approvers) >= s.threshold else f" (only {len(s.approvers)} approver(s): no batch can pass)"
-    echo(f"threshold: {s.threshold} distinct approvers{note}")
-    echo(f"unbatched destructive commands: {s.unbatched_destructive_per_hour} an hour per node")
-    echo(f"quorum settings version: {s.version}")
+    lines = [
+        table if rows else "no approvers",
+        f"threshold: {s.threshold} distinct approvers{note}",
+        f"unbatched destructive commands: {s.unbatched_destructive_per_hour} an hour per node",
+        f"quorum settings version: {s.version}",
+    ]
     if s.HasField("change"):
         c = s.change
         if c.state == "pending":
-            echo(
+            lines.append(
                 f"quorum change {c.id} is pending: it needs {c.threshold} approval(s) of the current approvers"
                 f" (bc approve show {c.id}; bc approve sign {c.id} --key FILE)"
             )
         else:
-            echo(f"quorum change {c.id} is {c.state}: {c.summary}")
+            lines.append(f"quorum change {c.id} is {c.state}: {c.summary}")
+    return "\n".join(lines)
 
 
 @approvers.command("list")
@@ -361,11 +358,14 @@ def batch_create(kind: str, nodes_csv: str, payload: str, reason: str, not_after
     not_after_s = parse_duration(not_after)
     text = read_json_object(f"the {kind} payload", payload)
     b = call_admin(lambda c: c.create_batch(kind, nodes, text, reason=reason, not_after_s=round(not_after_s)))
-    if as_json:
-        echo_json(message_to_json(b))
-        return
-    echo(f"batch {b.id}: {scope_summary(b)}, waiting for {b.threshold} approvals")
-    echo(f"approvers: bc approve show {b.id}; bc approve sign {b.id} --key FILE")
+    emit(
+        as_json,
+        b,
+        lambda: (
+            f"batch {b.id}: {scope_summary(b)}, waiting for {b.threshold} approvals\n"
+            f"approvers: bc approve show {b.id}; bc approve sign {b.id} --key FILE"
+        ),
+    )
 
 
 @batch.command("list")
@@ -374,11 +374,8 @@ def batch_create(kind: str, nodes_csv: str, payload: str, reason: str, not_after
 def batch_list(state: str | None, as_json: bool) -> None:
     """Batches, newest first."""
     batches = call_admin(lambda c: c.list_batches(state=state or ""))
-    if as_json:
-        echo_json([message_to_json(b) for b in batches])
-        return
     rows = [(b.id, b.state, cell(scope_summary(b), width=60), f"{b.approvals}/{b.threshold}") for b in batches]
-    echo(render_table(("BATCH", "STATE", "SCOPE", "APPROVALS"), rows) if rows else "no batches")
+    emit(as_json, batches, render_table(("BATCH", "STATE", "SCOPE", "APPROVALS"), rows) if rows else "no batches")
 
 
 @batch.command("show")
@@ -439,10 +436,11 @@ def _sign_change(change_id: str, key: ed25519.Ed25519PrivateKey, yes: bool, as_j
     sig = key.sign(q.change_message(c.id, from_digest, to_digest, c.requested_by))
     kid = q.key_id(public_raw(key))
     after = call_admin(lambda cl: cl.decide_quorum_change(c.id, kid, sig, approve=True))
-    if as_json:
-        echo_json(message_to_json(after))
-        return
-    echo(f"signed quorum change {c.id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
+    emit(
+        as_json,
+        after,
+        f"signed quorum change {c.id}: {after.approvals} of {after.threshold} approvals; it is {after.state}",
+    )
 
 
 COMMANDS: tuple[click.Command, ...] = (approve, approvers, batch)

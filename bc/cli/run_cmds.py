@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from bc.cli.output import echo
-from bc.cli.render import dumps, with_progress
+from bc.cli.emit import emit
+from bc.cli.render import with_progress
 from bc.config import default_data_dir
 from bc.errors import UsageError
 
@@ -97,19 +97,15 @@ def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_jso
             f"waiting for bc serve at {server}…",
         )
     )
-    if as_json:
-        doc = {
-            "node_id": result.node_id,
-            "ca_fingerprint": result.ca_fingerprint,
-            "cert_not_after": result.cert_not_after,
-            "data_dir": str(data_dir),
-            "moved_aside": [str(p) for p in result.moved_aside],
-        }
-        echo(dumps(doc))
-        return
-    if result.moved_aside:
-        echo(f"moved aside: {', '.join(p.name for p in result.moved_aside)}")
-    echo(f"joined as {result.node_id}; identity stored in {data_dir}")
+    doc = {
+        "node_id": result.node_id,
+        "ca_fingerprint": result.ca_fingerprint,
+        "cert_not_after": result.cert_not_after,
+        "data_dir": str(data_dir),
+        "moved_aside": [str(p) for p in result.moved_aside],
+    }
+    moved = f"moved aside: {', '.join(p.name for p in result.moved_aside)}\n" if result.moved_aside else ""
+    emit(as_json, doc, f"{moved}joined as {result.node_id}; identity stored in {data_dir}")
 
 
 @click.command("node")

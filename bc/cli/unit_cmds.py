@@ -30,8 +30,8 @@ from pathlib import PurePosixPath
 
 import click
 
+from bc.cli.emit import emit
 from bc.cli.output import echo
-from bc.cli.render import dumps
 from bc.errors import UsageError
 from bc.version import bc_version, build_info
 
@@ -316,7 +316,7 @@ def print_node(
 def version(as_json: bool) -> None:
     """The version, commit, build date, Python and library versions (as `bc --version`)."""
     info = build_info()
-    echo(dumps(info.to_json()) if as_json else info.text())
+    emit(as_json, info.to_json, info.text)
 
 
 COMMANDS: tuple[click.Command, ...] = (unit, version)

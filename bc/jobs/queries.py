@@ -4,6 +4,7 @@ each, one transaction each, returning `bc.jobs.views` documents with the event s
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from bc.errors import NotFound
@@ -34,10 +35,30 @@ async def list_dags(store: Store, *, include_all: bool = False) -> list[DagView]
 
 async def list_pools(store: Store) -> list[PoolView]:
     async with store.transaction(write=False) as tx:
-        held = {str(r["pool_key"]): int(r["held"]) for r in await jobs_sql.held_slots(tx)}
-        return [
-            PoolView(str(p["name"]), int(p["capacity"]), held.get(str(p["name"]), 0)) for p in await jobs_sql.pools(tx)
-        ]
+        return await _pools(tx)
+
+
+@dataclass(frozen=True)
+class JobsSnapshot:
+    """The job list and the slot pools as one read, and the newest event seq of that read: a client that
+    watches from `seq` sees every later change of them once (`bc.control.queries` says why)."""
+
+    dags: list[DagView]
+    pools: list[PoolView]
+    seq: int
+
+
+async def jobs_snapshot(store: Store, *, include_all: bool = False) -> JobsSnapshot:
+    """`list_dags` and `list_pools` in one transaction, with its seq (`ListJobs`)."""
+    async with store.transaction(write=False) as tx:
+        seq = await events_sql.last_seq(tx)
+        rows = await jobs_sql.list_dag_rows(tx, include_all=include_all, keep_terminal=KEEP_TERMINAL_PER_TEMPLATE)
+        return JobsSnapshot([await _view(tx, r, seq) for r in rows], await _pools(tx), seq)
+
+
+async def _pools(tx: Tx) -> list[PoolView]:
+    held = {str(r["pool_key"]): int(r["held"]) for r in await jobs_sql.held_slots(tx)}
+    return [PoolView(str(p["name"]), int(p["capacity"]), held.get(str(p["name"]), 0)) for p in await jobs_sql.pools(tx)]
 
 
 async def _view(tx: Tx, row: Row, seq: int) -> DagView:

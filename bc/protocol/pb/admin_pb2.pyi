@@ -37,10 +37,12 @@ class ListNodesRequest(_message.Message):
     def __init__(self, include_deleted: _Optional[bool] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("nodes",)
+    __slots__ = ("nodes", "event_seq")
     NODES_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+    event_seq: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., event_seq: _Optional[int] = ...) -> None: ...
 
 class GetNodeRequest(_message.Message):
     __slots__ = ("node_id",)
@@ -49,7 +51,7 @@ class GetNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "role", "state", "generation", "applied_generation", "observed_generation", "last_seen_age_ms", "session_epoch", "gateway_id", "boot_id", "journal_id", "spec_hash", "applied_spec_hash", "sections", "conditions", "inventory", "capabilities", "labels", "cordoned", "state_age_ms", "revoked", "revoke_reason", "cert_not_after_ms", "no_schedule", "job_hold", "capacity", "host_capacity")
+    __slots__ = ("node_id", "role", "state", "generation", "applied_generation", "observed_generation", "last_seen_age_ms", "session_epoch", "gateway_id", "boot_id", "journal_id", "spec_hash", "applied_spec_hash", "sections", "conditions", "inventory", "capabilities", "labels", "cordoned", "state_age_ms", "revoked", "revoke_reason", "cert_not_after_ms", "no_schedule", "job_hold", "capacity", "host_capacity", "event_seq")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +86,7 @@ class NodeInfo(_message.Message):
     JOB_HOLD_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     HOST_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     state: str
@@ -111,7 +114,8 @@ class NodeInfo(_message.Message):
     job_hold: str
     capacity: _containers.RepeatedCompositeFieldContainer[ClassCapacity]
     host_capacity: HostCapacity
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., last_seen_age_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cordoned: _Optional[bool] = ..., state_age_ms: _Optional[int] = ..., revoked: _Optional[bool] = ..., revoke_reason: _Optional[str] = ..., cert_not_after_ms: _Optional[int] = ..., no_schedule: _Optional[_Iterable[str]] = ..., job_hold: _Optional[str] = ..., capacity: _Optional[_Iterable[_Union[ClassCapacity, _Mapping]]] = ..., host_capacity: _Optional[_Union[HostCapacity, _Mapping]] = ...) -> None: ...
+    event_seq: int
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., last_seen_age_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cordoned: _Optional[bool] = ..., state_age_ms: _Optional[int] = ..., revoked: _Optional[bool] = ..., revoke_reason: _Optional[str] = ..., cert_not_after_ms: _Optional[int] = ..., no_schedule: _Optional[_Iterable[str]] = ..., job_hold: _Optional[str] = ..., capacity: _Optional[_Iterable[_Union[ClassCapacity, _Mapping]]] = ..., host_capacity: _Optional[_Union[HostCapacity, _Mapping]] = ..., event_seq: _Optional[int] = ...) -> None: ...
 
 class ClassCapacity(_message.Message):
     __slots__ = ("device_class", "offered", "booked_now", "free_now", "booked_later")
@@ -411,10 +415,12 @@ class ListReservationsRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., include_released: _Optional[bool] = ..., state: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class ListReservationsResponse(_message.Message):
-    __slots__ = ("reservations",)
+    __slots__ = ("reservations", "event_seq")
     RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     reservations: _containers.RepeatedCompositeFieldContainer[Reservation]
-    def __init__(self, reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ...) -> None: ...
+    event_seq: int
+    def __init__(self, reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ..., event_seq: _Optional[int] = ...) -> None: ...
 
 class EventRecord(_message.Message):
     __slots__ = ("seq", "type", "subject", "data_json", "at_ms")
@@ -555,10 +561,12 @@ class ListCommandsRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class ListCommandsResponse(_message.Message):
-    __slots__ = ("commands",)
+    __slots__ = ("commands", "event_seq")
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     commands: _containers.RepeatedCompositeFieldContainer[CommandInfo]
-    def __init__(self, commands: _Optional[_Iterable[_Union[CommandInfo, _Mapping]]] = ...) -> None: ...
+    event_seq: int
+    def __init__(self, commands: _Optional[_Iterable[_Union[CommandInfo, _Mapping]]] = ..., event_seq: _Optional[int] = ...) -> None: ...
 
 class CancelCommandRequest(_message.Message):
     __slots__ = ("command_id", "reason")
@@ -717,10 +725,12 @@ class ListBatchesRequest(_message.Message):
     def __init__(self, state: _Optional[str] = ...) -> None: ...
 
 class ListBatchesResponse(_message.Message):
-    __slots__ = ("batches",)
+    __slots__ = ("batches", "event_seq")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[BatchInfo]
-    def __init__(self, batches: _Optional[_Iterable[_Union[BatchInfo, _Mapping]]] = ...) -> None: ...
+    event_seq: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[BatchInfo, _Mapping]]] = ..., event_seq: _Optional[int] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
     __slots__ = ("batch_id",)
@@ -961,14 +971,16 @@ class ListJobsRequest(_message.Message):
     def __init__(self, include_all: _Optional[bool] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs", "pools", "omitted")
+    __slots__ = ("jobs", "pools", "omitted", "event_seq")
     JOBS_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     OMITTED_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
     pools: _containers.RepeatedCompositeFieldContainer[JobPool]
     omitted: int
-    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[JobPool, _Mapping]]] = ..., omitted: _Optional[int] = ...) -> None: ...
+    event_seq: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[JobPool, _Mapping]]] = ..., omitted: _Optional[int] = ..., event_seq: _Optional[int] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("dag_id",)
