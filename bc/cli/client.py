@@ -141,11 +141,15 @@ class AdminClient:
         return await self._unary("CreateToken", req, admin_pb2.CreateTokenResponse)
 
     async def list_nodes(self, *, include_deleted: bool = False) -> list[admin_pb2.NodeInfo]:
+        return list((await self.fleet_snapshot(include_deleted=include_deleted)).nodes)
+
+    async def fleet_snapshot(self, *, include_deleted: bool = False) -> admin_pb2.ListNodesResponse:
+        """The nodes and the `event_seq` they were read at: `watch(after_seq=event_seq)` continues them."""
         req = admin_pb2.ListNodesRequest(include_deleted=include_deleted)
-        resp = await self._unary("ListNodes", req, admin_pb2.ListNodesResponse)
-        return list(resp.nodes)
+        return await self._unary("ListNodes", req, admin_pb2.ListNodesResponse)
 
     async def get_node(self, node_id: str) -> admin_pb2.NodeInfo:
+        """One node in detail, with the `event_seq` it was read at."""
         return await self._unary("GetNode", admin_pb2.GetNodeRequest(node_id=node_id), admin_pb2.NodeInfo)
 
     # -- specs ------------------------------------------------------------------
@@ -210,11 +214,19 @@ class AdminClient:
     async def list_reservations(
         self, *, node_id: str = "", include_released: bool = False, state: str = "", tenant: str = ""
     ) -> list[admin_pb2.Reservation]:
+        resp = await self.reservations_snapshot(
+            node_id=node_id, include_released=include_released, state=state, tenant=tenant
+        )
+        return list(resp.reservations)
+
+    async def reservations_snapshot(
+        self, *, node_id: str = "", include_released: bool = False, state: str = "", tenant: str = ""
+    ) -> admin_pb2.ListReservationsResponse:
+        """`list_reservations` with the `event_seq` they were read at."""
         req = admin_pb2.ListReservationsRequest(
             node_id=node_id, include_released=include_released, state=state, tenant=tenant
         )
-        resp = await self._unary("ListReservations", req, admin_pb2.ListReservationsResponse)
-        return list(resp.reservations)
+        return await self._unary("ListReservations", req, admin_pb2.ListReservationsResponse)
 
     # -- commands -----------------------------------------------------------------------
 
@@ -245,9 +257,14 @@ class AdminClient:
 
     async def list_commands(self, *, node_id: str = "", state: str = "", limit: int = 0) -> list[admin_pb2.CommandInfo]:
         """Newest first; `limit` 0 is the server's default (100)."""
+        return list((await self.commands_snapshot(node_id=node_id, state=state, limit=limit)).commands)
+
+    async def commands_snapshot(
+        self, *, node_id: str = "", state: str = "", limit: int = 0
+    ) -> admin_pb2.ListCommandsResponse:
+        """`list_commands` with the `event_seq` they were read at."""
         req = admin_pb2.ListCommandsRequest(node_id=node_id, state=state, limit=limit)
-        resp = await self._unary("ListCommands", req, admin_pb2.ListCommandsResponse)
-        return list(resp.commands)
+        return await self._unary("ListCommands", req, admin_pb2.ListCommandsResponse)
 
     async def cancel_command(self, command_id: str, *, reason: str = "") -> admin_pb2.CommandInfo:
         req = admin_pb2.CancelCommandRequest(command_id=command_id, reason=reason)
@@ -306,10 +323,12 @@ class AdminClient:
         return await self._unary("CreateBatch", req, admin_pb2.BatchInfo)
 
     async def list_batches(self, *, state: str = "") -> list[admin_pb2.BatchInfo]:
-        resp = await self._unary(
-            "ListBatches", admin_pb2.ListBatchesRequest(state=state), admin_pb2.ListBatchesResponse
-        )
-        return list(resp.batches)
+        return list((await self.batches_snapshot(state=state)).batches)
+
+    async def batches_snapshot(self, *, state: str = "") -> admin_pb2.ListBatchesResponse:
+        """`list_batches` with the `event_seq` they were read at."""
+        req = admin_pb2.ListBatchesRequest(state=state)
+        return await self._unary("ListBatches", req, admin_pb2.ListBatchesResponse)
 
     async def get_batch(self, batch_id: str) -> admin_pb2.BatchInfo:
         return await self._unary("GetBatch", admin_pb2.GetBatchRequest(batch_id=batch_id), admin_pb2.BatchInfo)

@@ -397,15 +397,7 @@ async def request_cancel_in(tx: Tx, bus: Bus | None, command_id: str, reason: st
     return out
 
 
-# -- reads for the views -------------------------------------------------------------
-
-
-async def get(store: Store, command_id: str) -> Row:
-    async with store.transaction(write=False) as tx:
-        row = await cmd_sql.get(tx, command_id)
-    if row is None:
-        raise NotFound(f"no command {command_id!r}")
-    return row
+# -- the server settles (the reads of commands live in bc.control.queries) -----------
 
 
 async def settle_by_server(
@@ -431,25 +423,12 @@ async def settle_by_server(
     return True
 
 
-async def list_commands(store: Store, *, node_id: str = "", state: str = "", limit: int = 0) -> list[Row]:
-    """Newest first, at most `limit` (0: the default 100; at most 1000)."""
-    if state and state not in cs.STATES:
-        raise UsageError(f"unknown command state {state!r}; states: {', '.join(cs.STATES)}")
-    if limit < 0:
-        raise UsageError(f"the limit must not be negative, not {limit}")
-    limit = min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
-    async with store.transaction(write=False) as tx:
-        return await cmd_sql.list_(tx, node_id=node_id, state=state, limit=limit)
-
-
 __all__ = [
     "EnqueueRequest",
     "UpdateOutcome",
     "apply_update",
     "enqueue",
-    "get",
     "kind_of",
-    "list_commands",
     "payload_from_json",
     "request_cancel",
 ]
