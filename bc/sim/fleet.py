@@ -406,13 +406,13 @@ async def _drive(workload: Workload, fleet: Fleet) -> None:
 
 async def _report(fleet: Fleet, t0: float, progress: Progress) -> None:
     loop = asyncio.get_running_loop()
+    events = 0
     while True:
         await asyncio.sleep(PROGRESS_EVERY_S)
         cp = fleet.pair.cp
-        if cp is None:
-            continue
-        async with cp.store.transaction(write=False) as tx:
-            events = await events_sql.last_seq(tx)
+        if cp is not None:  # while the control plane is down, the count it last had
+            async with cp.store.transaction(write=False) as tx:
+                events = await events_sql.last_seq(tx)
         progress(loop.time() - t0, events, sum(fleet.faults.values()))
 
 

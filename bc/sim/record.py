@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.session.outbox import Outbox
@@ -137,8 +137,8 @@ async def from_store(facts: FactLog, recorder: Recorder, store: Store, events: S
     for t in connectivity_from_events(events):
         facts.connectivity_changed(t.t_ms, t.node_id, t.state, t.reason)
     facts.nodes = list(placed.nodes)
-    facts.bookings = _bookings(placements)
     facts.releases = _releases(events)
+    facts.bookings = _bookings(placements, {r.reservation_id: r.at_ms for r in facts.releases})
     facts.bound = _bound(facts.bookings, events)
     facts.spans, facts.windows = spans, windows
     facts.finish(now_ms)
@@ -160,12 +160,15 @@ async def _quiet(tx: Tx, now_ms: int) -> QuietSnapshot:
     return QuietSnapshot(tuple(f.nodes), tuple(f.bookings), pending, now_ms)
 
 
-def _bookings(placements: Sequence[tuple[Any, Sequence[Any]]]) -> list[Booking]:
+def _bookings(placements: Sequence[tuple[Any, Sequence[Any]]], released_at: Mapping[str, int]) -> list[Booking]:
+    """Each placement's bookings. A booking released before its window started never held anything: the
+    store keeps it as a 1 ms stub at its start (`release_bookings`), which is no booking at all here."""
     rows: list[dict[str, Any]] = []
     for res, atoms in placements:
-        if not atoms:
-            continue
+        end = released_at.get(str(res["id"]))
         for a in atoms:
+            if end is not None and int(a["start_ms"]) >= end:
+                continue
             rows.append(
                 {
                     **dict(a),
