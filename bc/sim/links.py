@@ -221,10 +221,18 @@ class _Pipe:
     # -- sending -------------------------------------------------------------------------
     def push(self, item: object) -> None:
         w = self.wire
+        net = w.net
         if self.silenced or w.lost(self.direction):
-            w.net.stats["frames_lost"] += 1
+            net.stats["frames_lost"] += 1
             return
-        f = w.faults()
+        f = net.node_faults.get(w.node_id, net.faults) if net.node_faults else net.faults
+        if f.quiet and not (self.in_flight or self.held or self.stall_until or net.stalled or self.receiver_closed):
+            # The common case, kept to a few attribute reads: straight to the receiver.
+            self.ready.append(item)
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+            return
         now = self.loop.time()
         if f.quiet and not self.in_flight and self.held is None and w.stalled_until(self) <= now:
             self._arrive(item)
@@ -368,7 +376,16 @@ class _Wire:
         return node in net.partitioned or node in (net.cut_to_node if direction == TO_NODE else net.cut_from_node)
 
     def stalled_until(self, pipe: _Pipe) -> float:
-        return max(pipe.stall_until, self.net.stalled.get(self.node_id, 0.0))
+        """Until when `pipe` is held (0.0: not); stalls that are over are forgotten, so the fast path returns."""
+        now = self.loop.time()
+        if pipe.stall_until and pipe.stall_until <= now:
+            pipe.stall_until = 0.0
+        stalled = self.net.stalled
+        until = stalled.get(self.node_id, 0.0)
+        if until and until <= now:
+            del stalled[self.node_id]
+            until = 0.0
+        return max(pipe.stall_until, until)
 
     def break_stream(self, details: str) -> None:
         if self.broken is not None:
