@@ -25,6 +25,7 @@ from functools import partial
 
 from bc.control import approvers as appr
 from bc.control import commands as cmds
+from bc.control import views
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
@@ -224,17 +225,8 @@ async def decide(
 async def _maybe_approve(tx: Tx, bus: Bus, batch: Row, now_ms: int) -> None:
     batch_id = str(batch["id"])
     leaves = await q_sql.leaves(tx, batch_id)
-    approval = common_pb2.BatchApproval(
-        batch_id=batch_id,
-        scope_root=bytes(batch["scope_root"]),
-        requested_by=str(batch["requested_by"]),
-        leaf_count=len(leaves),
-    )
-    for d in await q_sql.decisions(tx, batch_id):
-        if str(d["decision"]) == "approve":
-            approval.signatures.add(
-                key_id=str(d["key_id"]), expires_at_ms=int(d["expires_at_ms"]), signature=bytes(d["signature"])
-            )
+    # The same approval and the same rule as the view shows (`bc.control.views.batch_info`).
+    approval = views.batch_approval(batch, len(leaves), await q_sql.decisions(tx, batch_id))
     tally = q.count_approvals(approval, appr.approver_keys(await q_sql.list_approvers(tx)), now_ms)
     if len(tally.counted) < int(batch["threshold"]):
         return
