@@ -221,20 +221,35 @@ async def test_a_stall_also_holds_frames_already_in_flight() -> None:
     assert seen[0][3] == t0 + 2.0
 
 
-async def test_a_one_way_partition_cuts_one_direction_refuses_dials_and_heals() -> None:
+@pytest.mark.parametrize("cut", ["to_node", "from_node"])
+async def test_a_one_way_partition_cuts_one_direction_refuses_dials_and_heals(cut: str) -> None:
     net, _ = network()
     net.gateway = cast(Any, object())  # dials need a gateway; none is reached here
     node, gw = net.connect("n1")
-    net.partition(["n1"], direction="to_node")
+    net.partition(["n1"], direction=cast(Any, cut))
+    net.partition(["n2"])  # another node's cut changes nothing here
     await gw.send(GatewayMessage(heartbeat=session_pb2.Heartbeat(server_time_ms=1)))
     await node.send(hb(1))
-    assert gen(await gw.recv()) == 1  # from the node: still through
-    assert await silent(node, 60)  # to the node: lost, not closed
+    cut_end, open_end = (node, gw) if cut == "to_node" else (gw, node)
+    assert await open_end.recv() is not None  # the other direction: still through
+    assert await silent(cut_end, 60)  # the cut one: lost, not closed
     with pytest.raises(ConnectionRefusedError):
         await net.dialer("n1")()
     net.heal(["n1"])
     await gw.send(GatewayMessage(heartbeat=session_pb2.Heartbeat(server_time_ms=2)))
+    await node.send(hb(2))
     assert (await node.recv()).heartbeat.server_time_ms == 2  # type: ignore[union-attr]
+    assert gen(await gw.recv()) == 2
+
+
+async def test_a_stall_holds_a_connection_dialled_during_it_too() -> None:
+    net, seen = network()
+    t0 = asyncio.get_running_loop().time()
+    net.stall("n1", 3.0)
+    node, gw = net.connect("n1")
+    await node.send(NodeMessage(hello=session_pb2.Hello(node_id="n1")))
+    assert (await gw.recv()).WhichOneof("msg") == "hello"  # type: ignore[union-attr]
+    assert seen[0][3] == t0 + 3.0
 
 
 async def test_a_frame_in_flight_when_the_cut_comes_is_lost() -> None:
