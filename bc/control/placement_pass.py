@@ -349,6 +349,12 @@ class PassResult:
 
 
 class PlacementPass:
+    # Seams only for the simulator's deliberately broken passes (`bc.sim.breaks`): production never sets them.
+    planner = staticmethod(plan)
+    """The pure planner (`--break double-book` substitutes one blind to the bookings)."""
+    flush = staticmethod(flush_usage)
+    """The usage flush (`--break double-count-usage` substitutes one that counts windows twice)."""
+
     def __init__(self, store: Store, bus: Bus, signer: Signer, rng: random.Random, *, holder: str) -> None:
         self.store, self.bus, self.signer, self.rng, self.holder = store, bus, signer, rng, holder
         self.next_wake_ms: int | None = None
@@ -387,7 +393,7 @@ class PlacementPass:
         facts = await load_facts(tx)
         bookings, pending, inventories = facts.bookings, facts.pending, facts.inventories
         state_of = {str(r["reservation_id"]): (str(r["state"]), str(r["allocation_id"])) for r in facts.booking_rows}
-        p = plan(facts.nodes, bookings, pending, now_ms)
+        p = self.planner(facts.nodes, bookings, pending, now_ms)
         by_id = {r.reservation_id: r for r in pending}
         ended = await self._end(tx, p.ended, state_of, bookings, now_ms, lock)
         for o in p.outcomes:
@@ -410,16 +416,21 @@ class PlacementPass:
         for row in await cap_sql.due_windows(tx, now_ms):
             await self._deliver(tx, row, inventories, now_ms, lock)
             delivered.append(str(row["id"]))
-        cut = await flush_usage(tx, now_ms)
+        cut = await self.flush(tx, now_ms)
         self.next_wake_ms = min((t for t in (p.next_wake_ms, cut) if t is not None), default=None)
         return PassResult(p, tuple(delivered), ended)
 
-    async def _book(self, tx: Tx, o: Placement, req: Request, now_ms: int) -> None:
-        """Book a placement, checking I1 against the stored bookings that meet its interval on the node."""
+    async def check_stored_bookings(self, tx: Tx, o: Placement) -> None:
+        """I1 in the booking transaction: the placement's atoms are free in the stored bookings that meet its
+        interval on the node (a method so the simulator's `--break double-book` can skip it too)."""
         stored = await cap_sql.overlapping(tx, o.node_id, o.start_ms, o.end_ms)
         taken = [parse_atom(str(r["device_class"]), str(r["atom_id"])) for r in stored]
         if len(free_among(o.atoms, taken)) != len(o.atoms):
             raise Conflict(f"placement of {o.reservation_id} on {o.node_id} overlaps a stored booking (I1); not booked")
+
+    async def _book(self, tx: Tx, o: Placement, req: Request, now_ms: int) -> None:
+        """Book a placement, checking I1 against the stored bookings that meet its interval on the node."""
+        await self.check_stored_bookings(tx, o)
         for a in o.atoms:
             await cap_sql.book_atom(
                 tx,

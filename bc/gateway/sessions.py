@@ -71,6 +71,10 @@ class Gateway:
     must carry the node's own signature, and signs the specs that allocation reports change; `intent` is the
     trust bundle every Welcome carries."""
 
+    close_session = staticmethod(nodes_sql.close_session)
+    """How a session's end is written: epoch-fenced, so a superseded session closes nothing. A seam only for
+    the simulator's deliberately broken gateway (`bc.sim.breaks`, `--break ignore-epoch-fence`)."""
+
     def __init__(
         self,
         store: Store,
@@ -299,7 +303,7 @@ class SessionDriver:
             try:
                 now_ms = await self.gw.store.now_ms()
                 async with self.gw.store.transaction() as tx:
-                    if await nodes_sql.close_session(tx, self.node_id, self.core.epoch, now_ms):
+                    if await self.gw.close_session(tx, self.node_id, self.core.epoch, now_ms):
                         await publish(
                             tx,
                             self.gw.bus,

@@ -31,6 +31,7 @@ from bc.sim.facts import (
     Bound,
     Connectivity,
     FactLog,
+    HeardSpan,
     JournalLoss,
     Outage,
     Outcome,
@@ -229,18 +230,22 @@ def check_i3(
 @dataclass(frozen=True)
 class FalseUnreachable:
     transition: Connectivity
-    heard_first_ms: int  # the span of frames the gateway heard up to the mark began here
-    heard_ms: int  # and reached this late (the mark's own instant when it ran right up to it)
+    heard: HeardSpan  # the frames the gateway heard from the node up to the mark
+    gap_ms: int  # frames of one span are each less than this after the one before
     bound_ms: int
 
     @property
     def sentence(self) -> str:
-        c = self.transition
-        ago = c.t_ms - self.heard_ms
-        return (
-            f"I4: {c.node_id} was marked {c.state} at {iso(c.t_ms)}, {ago / 1000:g} s after a gateway heard "
-            f"from it (frames since {iso(self.heard_first_ms)}; the bound is {self.bound_ms // 1000} s)"
-        )
+        c, h = self.transition, self.heard
+        marked = f"I4: {c.node_id} was marked {c.state} at {iso(c.t_ms)}"
+        if h.last_ms >= c.t_ms:
+            return (
+                f"{marked} while a gateway was hearing from it (frames from {iso(h.first_ms)} to {iso(h.last_ms)}, "
+                f"each less than {self.gap_ms / 1000:g} s after the one before; "
+                f"the bound is {self.bound_ms / 1000:g} s)"
+            )
+        ago = (c.t_ms - h.last_ms) / 1000
+        return f"{marked}, {ago:g} s after a gateway last heard from it (the bound is {self.bound_ms / 1000:g} s)"
 
 
 def check_i4(facts: FactLog, *, bound_ms: int = 20_000) -> FalseUnreachable | None:
@@ -253,8 +258,8 @@ def check_i4(facts: FactLog, *, bound_ms: int = 20_000) -> FalseUnreachable | No
         if c.state not in ("unreachable", "lost"):
             continue
         heard = facts.last_heard(c.node_id, c.t_ms - 1)
-        if heard is not None and c.t_ms - heard[1] < bound_ms:
-            return FalseUnreachable(c, heard[0], heard[1], bound_ms)
+        if heard is not None and (heard.last_ms >= c.t_ms - 1 or c.t_ms - heard.last_ms < bound_ms):
+            return FalseUnreachable(c, heard, facts.heard_gap_ms, bound_ms)
     return None
 
 

@@ -7,10 +7,11 @@ the end (outcomes, connectivity transitions, bookings, releases, usage). The cap
 types of `bc.control.invariants` as they are, so I1, I5, I7 and I8 run the capacity checkers themselves.
 
 Memory: at 10,000 nodes over hours the frames the gateway hears are the one fact that grows with every
-heartbeat. I4 needs only "when did the gateway last hear from this node before T", and for a bound W a
-node's frames closer together than W answer that as well as one span does. So `FactLog` keeps per node the
-spans of frames no more than `heard_gap_ms` apart (a node that heartbeats without a break is one span); the
-I4 bound must be at least that gap for the answer to stay exact (the checker asserts it).
+heartbeat. I4 needs only "did the gateway hear from this node less than W before T", and frames closer together
+than W answer that as well as one span of them does: a T inside a span is less than the gap after some frame
+of it. So `FactLog` keeps per node the spans of frames each less than `heard_gap_ms` after the one before
+(a node that heartbeats without a break is one span); the I4 bound must be at least that gap for the answer
+to stay exact (the checker asserts it).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class HeardFrom:
 
 @dataclass(frozen=True)
 class HeardSpan:
-    """Frames from a node from `first_ms` to `last_ms`, none more than the log's `heard_gap_ms` after the one
+    """Frames from a node from `first_ms` to `last_ms`, each less than the log's `heard_gap_ms` after the one
     before it."""
 
     node_id: str
@@ -226,7 +227,7 @@ class FactLog:
         firsts = self._heard_first.setdefault(node_id, [])
         lasts = self._heard_last.setdefault(node_id, [])
         if lasts and lasts[-1] <= t_ms:  # the common case: frames arrive in time order
-            if t_ms - lasts[-1] <= self.heard_gap_ms:
+            if t_ms - lasts[-1] < self.heard_gap_ms:
                 lasts[-1] = t_ms
             else:
                 firsts.append(t_ms)
@@ -240,11 +241,11 @@ class FactLog:
         firsts.insert(i, t_ms)
         lasts.insert(i, t_ms)
         j = i
-        if j > 0 and t_ms - lasts[j - 1] <= self.heard_gap_ms:  # joins the span before
+        if j > 0 and t_ms - lasts[j - 1] < self.heard_gap_ms:  # joins the span before
             lasts[j - 1] = max(lasts[j - 1], t_ms)
             del firsts[j], lasts[j]
             j -= 1
-        while j + 1 < len(firsts) and firsts[j + 1] - lasts[j] <= self.heard_gap_ms:  # reaches the next
+        while j + 1 < len(firsts) and firsts[j + 1] - lasts[j] < self.heard_gap_ms:  # reaches the next
             lasts[j] = max(lasts[j], lasts[j + 1])
             del firsts[j + 1], lasts[j + 1]
 
@@ -274,18 +275,33 @@ class FactLog:
         lasts = self._heard_last.get(node_id, [])
         return [HeardSpan(node_id, f, la) for f, la in zip(firsts, lasts, strict=True)]
 
-    def last_heard(self, node_id: str, t_ms: int) -> tuple[int, int] | None:
-        """The span of frames heard from the node at or before `t_ms`, cut at `t_ms`: (its first frame, the
-        latest instant <= t_ms the span reaches). None: nothing heard from it by then."""
+    def last_heard(self, node_id: str, t_ms: int) -> HeardSpan | None:
+        """The last span of frames from the node that began at or before `t_ms` (it may run on past it: then
+        some frame of it came less than `heard_gap_ms` before `t_ms`). None: nothing heard from it by then."""
         firsts = self._heard_first.get(node_id, [])
         i = bisect.bisect_right(firsts, t_ms) - 1
         if i < 0:
             return None
-        return firsts[i], min(self._heard_last[node_id][i], t_ms)
+        return HeardSpan(node_id, firsts[i], self._heard_last[node_id][i])
 
     def transitions(self) -> list[Transition]:
         """The connectivity changes as I5's `Transition`s."""
         return [Transition(c.node_id, c.t_ms, c.state) for c in self.connectivity]
+
+
+def release_fact(reservation_id: str, node_id: str, state: str, reason: str, at_ms: int) -> Release | None:
+    """A reservation's end, as the store's row says it (state, reason, and when), as I5's `Release`; None when
+    it is not a release (still live, or failed before any node held it). The store writes a reason only where
+    one is not implied: a node's `released` report leaves it empty (the operator's release), a window's end
+    writes `window-ended`, and a hold a node failed is the node's decision (`allocation-failed`, whatever
+    reason it gave). A component that releases for any other reason must write it, and I5 refuses it."""
+    if state == "released":
+        return Release(reservation_id, node_id, at_ms, reason or "released")
+    if state == "ended":
+        return Release(reservation_id, node_id, at_ms, reason or "window-ended")
+    if state == "failed" and node_id:
+        return Release(reservation_id, node_id, at_ms, "allocation-failed")
+    return None
 
 
 def connectivity_from_events(events: Sequence[tuple[int, str, str, str, int]]) -> list[Connectivity]:
@@ -315,4 +331,5 @@ __all__ = [
     "SpecDelivered",
     "StatusReported",
     "connectivity_from_events",
+    "release_fact",
 ]

@@ -199,9 +199,24 @@ def test_i4_names_a_node_marked_unreachable_soon_after_a_frame() -> None:
     found = check_i4(facts)
     assert isinstance(found, FalseUnreachable)
     assert found.sentence == (
-        "I4: n1 was marked unreachable at 2027-01-15T08:01:40Z, 5 s after a gateway heard from it "
-        "(frames since 2027-01-15T08:01:30Z; the bound is 20 s)"
+        "I4: n1 was marked unreachable at 2027-01-15T08:01:40Z, 5 s after a gateway last heard from it "
+        "(the bound is 20 s)"
     )
+    # Marked while the frames kept coming: the span of them is the evidence.
+    facts = log_with([0, 10, 20, 30, 40])
+    facts.connectivity_changed(T0 + 25 * S, "n1", "unreachable")
+    found = check_i4(facts)
+    assert isinstance(found, FalseUnreachable)
+    assert found.sentence == (
+        "I4: n1 was marked unreachable at 2027-01-15T08:00:25Z while a gateway was hearing from it (frames from "
+        "2027-01-15T08:00:00Z to 2027-01-15T08:00:40Z, each less than 20 s after the one before; the bound is 20 s)"
+    )
+    # Exactly the bound after the last frame is not within it.
+    facts = log_with([0, 20])
+    facts.connectivity_changed(T0 + 40 * S, "n1", "unreachable")
+    assert check_i4(facts) is None
+    facts.connectivity_changed(T0 + 39 * S, "n1", "unreachable")
+    assert check_i4(facts) is not None
     facts = log_with([0])
     facts.connectivity_changed(T0 + 19 * S, "n1", "lost")
     assert isinstance(check_i4(facts), FalseUnreachable)
@@ -240,7 +255,7 @@ def test_i4_on_spans_agrees_with_every_frame_kept(frames: list[int], marks: list
     brute = any(any(h < m and m - h < bound for h in frames) for m in marks)
     assert (check_i4(facts, bound_ms=bound) is not None) == brute
     spans = facts.heard_spans("n1")
-    assert all(a.last_ms + gap < b.first_ms for a, b in itertools.pairwise(spans))
+    assert all(a.last_ms + gap <= b.first_ms for a, b in itertools.pairwise(spans))
     assert sorted({f for f in frames}) == sorted(
         {f for f in frames if any(s.first_ms <= f <= s.last_ms for s in spans)}
     )

@@ -1,0 +1,376 @@
+"""Deliberately broken components, so a run can prove the invariant checkers fail when they should.
+
+`bc sim --break RULE` builds the fleet with one component swapped for a broken one. Nothing in production
+code reads a flag: each break is a substitute handed to a seam the runner already passes (the agent's
+`open_journal`, the classes and factories the control plane is built from), or a subclass overriding a
+seam the production class declares with its production default (`Gateway.close_session`,
+`PlacementPass.planner`, `PlacementPass.flush`, `PlacementPass.check_stored_bookings`).
+
+    RULE                       broken component                                          caught by
+    skip-journal-dedupe        a journal that forgets what it accepted: a redelivered        I2
+                               command runs again
+    release-on-disconnect      a Liveness that releases a node's holds when it makes the     I5
+                               node disconnected or unreachable (reason `node-unreachable`)
+    ignore-epoch-fence         a gateway whose session close closes whatever session is      I4
+                               current, so a superseded session's end disconnects its
+                               successor, which liveness then marks unreachable
+    double-book                a placement pass blind to the bookings in effect or to come,  I1
+                               whose booking transaction skips its I1 check too
+    double-count-usage         a usage flush that writes each closed window twice, the copy  I8
+                               keyed a millisecond later so the store's unique key lets it in
+    unreachable-without-grace  a Liveness with no lease TTL and no grace: a node goes          I4
+                               unreachable as soon as its session closes
+
+`seams_for(rule)` returns the `SimSeams` the runner applies as it builds the control plane and the agents;
+`seams_for(None)` the production ones. Double-book shows only when some reservation waits (the placement
+`reserve` runs inline is the production one; the broken background pass then books the waiting one over
+what is taken).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.journal_api import AgentJournal, JournalEvent, StoredSpec
+from agent.journal_rules import KEEP_S, CommandEntry, Settlement
+from bc.control import placement_pass
+from bc.control.bus import Bus
+from bc.control.events import publish
+from bc.control.liveness import Liveness, LivenessConfig
+from bc.control.placement_pass import PlacementPass
+from bc.control.placement_plan import Booking, NodeInfo, Placement, Plan, Request, plan
+from bc.control.signer import Signer
+from bc.control.specs import write_spec
+from bc.control.usage_windows import windows_to_flush
+from bc.errors import UsageError
+from bc.gateway.sessions import Gateway
+from bc.store import Store, Tx
+from bc.store import capacity as cap_sql
+from bc.store import nodes as nodes_sql
+from bc.store import reservations as res_sql
+
+OpenJournal = Callable[[], Awaitable[AgentJournal]]
+LivenessFactory = Callable[[Store, Bus, str, LivenessConfig, Signer], Liveness]
+
+# ---- skip-journal-dedupe ----
+
+
+class ForgetfulJournal:
+    """A journal that forgets what it accepted: it never finds a command, and accepting one drops whatever
+    entry it had, so a redelivered command (a duplicate frame, a replay after a reconnect or a crash) is
+    executed again instead of resent, reattached or settled. Everything else goes to the real journal."""
+
+    def __init__(self, inner: AgentJournal) -> None:
+        self.inner = inner
+        self.journal_id = inner.journal_id
+
+    async def get_command(self, command_id: str) -> CommandEntry | None:
+        return None
+
+    async def accept(
+        self,
+        command_id: str,
+        kind: str,
+        retry_safe: bool,
+        self_terminating: bool,
+        incarnation_id: str,
+        boot_id: str,
+        body: bytes,
+        now: float,
+    ) -> None:
+        await self.inner.delete_commands([command_id])
+        await self.inner.accept(command_id, kind, retry_safe, self_terminating, incarnation_id, boot_id, body, now)
+
+    # -- the rest as the real journal does it
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def get_meta(self, key: str, default: str = "") -> str:
+        return await self.inner.get_meta(key, default)
+
+    async def set_meta(self, key: str, value: str) -> None:
+        await self.inner.set_meta(key, value)
+
+    async def int_meta(self, key: str) -> int:
+        return await self.inner.int_meta(key)
+
+    async def advance_time_mark(self, server_time_ms: int) -> int:
+        return await self.inner.advance_time_mark(server_time_ms)
+
+    async def set_observed(self, generation: int) -> None:
+        await self.inner.set_observed(generation)
+
+    async def store_spec(self, spec: StoredSpec) -> None:
+        await self.inner.store_spec(spec)
+
+    async def load_spec(self) -> StoredSpec | None:
+        return await self.inner.load_spec()
+
+    async def append_events(self, items: list[tuple[str, int, bytes]]) -> list[JournalEvent]:
+        return await self.inner.append_events(items)
+
+    async def is_full(self) -> bool:
+        return await self.inner.is_full()
+
+    async def unacked_events(self, limit: int = 500) -> list[JournalEvent]:
+        return await self.inner.unacked_events(limit)
+
+    async def ack_events(self, upto_seq: int) -> int:
+        return await self.inner.ack_events(upto_seq)
+
+    async def claim_batch_leaf(self, scope_root: str, leaf_index: int, command_id: str, now: float) -> str:
+        return await self.inner.claim_batch_leaf(scope_root, leaf_index, command_id, now)
+
+    async def command_body(self, command_id: str) -> bytes | None:
+        return await self.inner.command_body(command_id)
+
+    async def mark_running(self, command_id: str, incarnation_id: str, boot_id: str, now: float) -> None:
+        await self.inner.mark_running(command_id, incarnation_id, boot_id, now)
+
+    async def finish(self, command_id: str, update: bytes, now: float) -> bool:
+        return await self.inner.finish(command_id, update, now)
+
+    async def record_done(
+        self, command_id: str, kind: str, update: bytes, incarnation_id: str, boot_id: str, now: float
+    ) -> bool:
+        return await self.inner.record_done(command_id, kind, update, incarnation_id, boot_id, now)
+
+    async def unacked_results(self) -> list[tuple[str, bytes]]:
+        return await self.inner.unacked_results()
+
+    async def ack_results(self, command_ids: Iterable[str]) -> int:
+        return await self.inner.ack_results(command_ids)
+
+    async def commands(self) -> list[CommandEntry]:
+        return await self.inner.commands()
+
+    async def delete_commands(self, command_ids: Iterable[str]) -> int:
+        return await self.inner.delete_commands(command_ids)
+
+    async def apply_settlements(
+        self, settlements: Sequence[Settlement], updates: Mapping[str, bytes], now: float
+    ) -> int:
+        return await self.inner.apply_settlements(settlements, updates, now)
+
+    async def sweep_commands(self, now: float, incarnation_id: str, keep_s: float = KEEP_S) -> list[str]:
+        return await self.inner.sweep_commands(now, incarnation_id, keep_s)
+
+    async def settle_oversized(self) -> list[CommandEntry]:
+        return await self.inner.settle_oversized()
+
+
+def forgetful(open_journal: OpenJournal) -> OpenJournal:
+    """The agent's journal opener, opening a `ForgetfulJournal` over what the real one opens."""
+
+    async def open_forgetful() -> AgentJournal:
+        return ForgetfulJournal(await open_journal())
+
+    return open_forgetful
+
+
+# ---- release-on-disconnect, unreachable-without-grace ----
+
+RELEASE_REASON = "node-unreachable"
+
+
+class ReleasingLiveness(Liveness):
+    """Liveness as production runs it, then a release of every hold on each node it made disconnected or
+    unreachable: the assignment dropped from the node's spec, the bookings freed, the usage closed, the
+    reservation `released` with reason `node-unreachable` (the reason I5 refuses)."""
+
+    def __init__(self, store: Store, bus: Bus, holder: str, cfg: LivenessConfig, signer: Signer) -> None:
+        super().__init__(store, bus, holder, cfg)
+        self.signer = signer
+
+    async def sweep_once(self) -> list[tuple[str, str]]:
+        out = await super().sweep_once()
+        for node_id in sorted({n for n, _ in out}):
+            await self.release_holds_on(node_id)
+        return out
+
+    async def release_holds_on(self, node_id: str) -> list[str]:
+        now_ms = await self.store.now_ms()
+        released: list[str] = []
+        async with self.store.transaction() as tx:
+            for row in await res_sql.list_(tx, node_id, state="active"):
+                rid = str(row["id"])
+                if str(row["node_id"] or "") != node_id or str(row["state"]) not in ("placed", "active"):
+                    continue
+                if not await cap_sql.settle(tx, rid, "released", RELEASE_REASON, now_ms, ("placed", "active")):
+                    continue
+                await res_sql.release_bookings(tx, rid, now_ms)
+                await placement_pass.flush_usage(tx, now_ms, rid)
+                drop = placement_pass.drop_assignment(str(row["allocation_id"]))
+                await write_spec(tx, self.bus, self.signer, node_id, drop, now_ms, lock=self.store.for_update())
+                data = {"node_id": node_id, "reason": RELEASE_REASON}
+                await publish(tx, self.bus, "reservation.released", rid, data, now_ms)
+                released.append(rid)
+        return released
+
+
+class NoGraceLiveness(Liveness):
+    """Liveness with no lease TTL and no gateway-loss grace: a session closes (or falls a moment silent) and
+    the next sweep marks its node unreachable, however recently the gateway heard from it."""
+
+    def __init__(self, store: Store, bus: Bus, holder: str, cfg: LivenessConfig) -> None:
+        super().__init__(store, bus, holder, LivenessConfig(lease_ttl_ms=0, unreachable_grace_ms=0))
+        del cfg
+
+
+def production_liveness(store: Store, bus: Bus, holder: str, cfg: LivenessConfig, signer: Signer) -> Liveness:
+    del signer  # production liveness releases nothing, so it signs nothing
+    return Liveness(store, bus, holder, cfg)
+
+
+def releasing_liveness(store: Store, bus: Bus, holder: str, cfg: LivenessConfig, signer: Signer) -> Liveness:
+    return ReleasingLiveness(store, bus, holder, cfg, signer)
+
+
+def no_grace_liveness(store: Store, bus: Bus, holder: str, cfg: LivenessConfig, signer: Signer) -> Liveness:
+    del signer
+    return NoGraceLiveness(store, bus, holder, cfg)
+
+
+# ---- ignore-epoch-fence ----
+
+
+async def close_unfenced(tx: Tx, node_id: str, epoch: int, now_ms: int, reason: str = "session-closed") -> bool:
+    """Close the node's session whatever its epoch: the current one, even when `epoch` is long superseded."""
+    row = await nodes_sql.get(tx, node_id)
+    current = epoch if row is None or row["session_epoch"] is None else int(row["session_epoch"])
+    return await nodes_sql.close_session(tx, node_id, current, now_ms, reason)
+
+
+class UnfencedGateway(Gateway):
+    """A gateway whose session-close write ignores the epoch fence."""
+
+    close_session = staticmethod(close_unfenced)
+
+
+# ---- double-book ----
+
+
+def blind_plan(
+    nodes: Sequence[NodeInfo],
+    bookings: Sequence[Booking],
+    pending: Sequence[Request],
+    now_ms: int,
+    *,
+    protect: int | None = None,
+) -> Plan:
+    """The pure planner, shown only the bookings whose window is over (so it still ends them): it places over
+    every booking in effect or to come."""
+    over = [b for b in bookings if b.end_ms is not None and b.end_ms <= now_ms]
+    return plan(nodes, over, pending, now_ms, protect=protect)
+
+
+class DoubleBookingPass(PlacementPass):
+    """A placement pass blind to the bookings, whose booking transaction skips the stored-bookings check."""
+
+    planner = staticmethod(blind_plan)
+
+    async def check_stored_bookings(self, tx: Tx, o: Placement) -> None:
+        del tx, o  # skipped: that check would refuse the overlap this pass exists to write
+
+
+# ---- double-count-usage ----
+
+
+async def flush_twice(tx: Tx, now_ms: int, reservation_id: str = "") -> int | None:
+    """The production flush, then a copy of every window it wrote keyed one millisecond later (a key the
+    store's unique (reservation, start) has never seen, so it counts the window's time a second time)."""
+    copies = []
+    for row in await cap_sql.unflushed_spans(tx, reservation_id):
+        flushed = None if row["flushed_ms"] is None else int(row["flushed_ms"])
+        copies += [
+            w for w in windows_to_flush(placement_pass.span_of(row), flushed, now_ms) if w.end_ms > w.start_ms + 1
+        ]
+    next_cut = await placement_pass.flush_usage(tx, now_ms, reservation_id)
+    for w in copies:
+        await cap_sql.insert_usage_window(
+            tx,
+            reservation_id=w.reservation_id,
+            start_ms=w.start_ms + 1,
+            end_ms=w.end_ms,
+            node_id=w.node_id,
+            tenant=w.tenant,
+            device_class=w.device_class,
+            atoms=w.atoms,
+        )
+    return next_cut
+
+
+class DoubleCountingPass(PlacementPass):
+    """A placement pass whose usage flush counts each window twice."""
+
+    flush = staticmethod(flush_twice)
+
+
+# ---- the rules ----
+
+
+def same_journal(open_journal: OpenJournal) -> OpenJournal:
+    return open_journal
+
+
+@dataclass(frozen=True)
+class SimSeams:
+    """What the runner builds the fleet from. Apply each as the production wiring would use the default:
+
+    * `journal(open_journal)` wraps each agent's journal opener (`AgentParts.open_journal`);
+    * `liveness(store, bus, holder, cfg, signer)` builds the control plane's Liveness;
+    * `gateway_cls` and `placement_cls` are constructed with the production constructors' arguments.
+    """
+
+    rule: str | None = None
+    checker: str | None = None  # the invariant the break must make fail
+    journal: Callable[[OpenJournal], OpenJournal] = same_journal
+    liveness: LivenessFactory = production_liveness
+    gateway_cls: type[Gateway] = Gateway
+    placement_cls: type[PlacementPass] = PlacementPass
+
+
+RULES: dict[str, SimSeams] = {
+    s.rule: s
+    for s in (
+        SimSeams("skip-journal-dedupe", "I2", journal=forgetful),
+        SimSeams("release-on-disconnect", "I5", liveness=releasing_liveness),
+        SimSeams("ignore-epoch-fence", "I4", gateway_cls=UnfencedGateway),
+        SimSeams("double-book", "I1", placement_cls=DoubleBookingPass),
+        SimSeams("double-count-usage", "I8", placement_cls=DoubleCountingPass),
+        SimSeams("unreachable-without-grace", "I4", liveness=no_grace_liveness),
+    )
+    if s.rule is not None
+}
+PRODUCTION = SimSeams()
+
+
+def seams_for(rule: str | None) -> SimSeams:
+    """The seams for `--break RULE`; None: the production components."""
+    if rule is None:
+        return PRODUCTION
+    seams = RULES.get(rule)
+    if seams is None:
+        raise UsageError(f"unknown --break rule {rule!r}; rules are {', '.join(RULES)}")
+    return seams
+
+
+__all__ = [
+    "PRODUCTION",
+    "RELEASE_REASON",
+    "RULES",
+    "DoubleBookingPass",
+    "DoubleCountingPass",
+    "ForgetfulJournal",
+    "NoGraceLiveness",
+    "ReleasingLiveness",
+    "SimSeams",
+    "UnfencedGateway",
+    "blind_plan",
+    "close_unfenced",
+    "flush_twice",
+    "forgetful",
+    "seams_for",
+]

@@ -1,0 +1,372 @@
+"""Each `--break` rule's component does the wrong thing, and its checker names it on the facts it leaves; the
+production component in the same scene does not (end to end, over the whole fleet: tests/sim)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+from google.protobuf.json_format import MessageToJson
+
+from agent.hw.base import inventory_hash
+from agent.hw.fake import FakeHardware
+from agent.journal_api import AgentJournal
+from agent.journal_rules import Resolution, resolve
+from agent.memory_journal import MemoryJournal
+from bc.clock import LoopClock
+from bc.control import invariants
+from bc.control.bus import Bus
+from bc.control.invariants import BillingMismatch, Overlap, ReleasedOnDisconnect
+from bc.control.liveness import Liveness, LivenessConfig
+from bc.control.placement_pass import PlacementPass, bookings_of, span_of
+from bc.control.placement_plan import iso
+from bc.control.reservations import ReserveRequest, reserve
+from bc.control.signer import NullSigner
+from bc.control.usage_windows import UsageWindow
+from bc.errors import UsageError
+from bc.gateway.sessions import Gateway
+from bc.protocol.pb import kinds_pb2
+from bc.sim import breaks
+from bc.sim.breaks import (
+    PRODUCTION,
+    RULES,
+    DoubleBookingPass,
+    DoubleCountingPass,
+    ForgetfulJournal,
+    NoGraceLiveness,
+    OpenJournal,
+    ReleasingLiveness,
+    UnfencedGateway,
+    seams_for,
+)
+from bc.sim.checkers import DoubleExecution, FalseUnreachable, check_all, check_i2, check_i4
+from bc.sim.facts import FactLog, SideEffect, connectivity_from_events, release_fact
+from bc.store import capacity as cap_sql
+from bc.store import events as events_sql
+from bc.store import nodes as nodes_sql
+from bc.store import reservations as res_sql
+from bc.store.sqlite import InlineSqliteStore
+from bc.testing import advance
+from tests.unit.agent.test_dispatch import Harness, command
+from tests.unit.control.test_liveness import gateway_lease, open_session
+
+SIGNER = NullSigner()
+CFG = LivenessConfig()  # lease TTL 40 s, grace 120 s
+H = 3_600_000
+
+
+# ---- the rules ----
+
+
+def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> None:
+    assert seams_for(None) is PRODUCTION
+    assert sorted(RULES) == sorted(
+        [
+            "skip-journal-dedupe",
+            "release-on-disconnect",
+            "ignore-epoch-fence",
+            "double-book",
+            "double-count-usage",
+            "unreachable-without-grace",
+        ]
+    )
+    checker = {rule: seams_for(rule).checker for rule in RULES}
+    assert checker == {
+        "skip-journal-dedupe": "I2",
+        "release-on-disconnect": "I5",
+        "ignore-epoch-fence": "I4",
+        "double-book": "I1",
+        "double-count-usage": "I8",
+        "unreachable-without-grace": "I4",
+    }
+    for rule in RULES:
+        seams = seams_for(rule)
+        swapped = [
+            f.name
+            for f in dataclasses.fields(seams)
+            if f.name not in ("rule", "checker") and getattr(seams, f.name) is not getattr(PRODUCTION, f.name)
+        ]
+        assert len(swapped) == 1, (rule, swapped)
+    with pytest.raises(UsageError, match="unknown --break rule 'no-such'; rules are skip-journal-dedupe, "):
+        seams_for("no-such")
+
+
+def test_the_production_seams_build_the_production_components(store: InlineSqliteStore, bus: Bus) -> None:
+    lv = PRODUCTION.liveness(store, bus, "gw-1", CFG, SIGNER)
+    assert type(lv) is Liveness and lv.cfg == CFG
+    assert PRODUCTION.gateway_cls is Gateway and PRODUCTION.placement_cls is PlacementPass
+    opener = opening(MemoryJournal("j-1"))
+    assert PRODUCTION.journal(opener) is opener  # the agent's own opener, unwrapped
+
+
+# ---- skip-journal-dedupe: I2 ----
+
+
+async def test_a_forgetful_journal_runs_a_redelivered_command_again_and_i2_names_it(tmp_path: Path) -> None:
+    async def run(forget: bool) -> int:
+        h = Harness(tmp_path / ("forgetful" if forget else "real"))
+        if forget:
+            h.d.journal = await breaks.forgetful(opening(h.journal))()
+        await h.d.start()
+        try:
+            gpu = h.hw.inventory().gpus[0].uuid
+            cmd = command("c1", "gpu.reset", kinds_pb2.GpuResetRequest(gpu_uuids=[gpu]))
+            await h.d.on_command(cmd)
+            await h.wait_state("c1", "COMMAND_SUCCEEDED")
+            await h.d.on_command(cmd)  # a duplicate frame, or the replay after a reconnect
+            await advance(1)
+        finally:
+            await h.d.stop()
+        return FakeHardware.read_resets(h.hw.state_dir).get(gpu, 0)  # type: ignore[arg-type]
+
+    assert await run(forget=False) == 1
+    resets = await run(forget=True)
+    assert resets == 2
+    starts = [SideEffect(1000 * i, "n1", "c1", "gpu.reset", "boot-1") for i in range(resets)]
+    found = check_i2(starts, [], [], [])
+    assert isinstance(found, DoubleExecution) and found.why == "not retry-safe"
+
+
+def opening(journal: AgentJournal) -> OpenJournal:
+    async def open_journal() -> AgentJournal:
+        return journal
+
+    return open_journal
+
+
+async def test_a_forgetful_journal_resolves_every_delivery_as_new() -> None:
+    inner = MemoryJournal("j-1")
+    j = ForgetfulJournal(inner)
+    assert j.journal_id == "j-1"
+    await j.accept("c1", "gpu.reset", False, False, "inc-1", "boot-1", b"body", 1.0)
+    await j.mark_running("c1", "inc-1", "boot-1", 2.0)
+    assert await j.finish("c1", b"result", 3.0)
+    # The real journal resends the stored result; the forgetful one executes again, and lets it be accepted.
+    assert resolve(await inner.get_command("c1"), "inc-1", "boot-1") is Resolution.RESEND
+    assert resolve(await j.get_command("c1"), "inc-1", "boot-1") is Resolution.EXECUTE
+    await j.accept("c1", "gpu.reset", False, False, "inc-1", "boot-1", b"body", 4.0)
+    entry = await inner.get_command("c1")
+    assert entry is not None and entry.state == "accepted"
+
+
+# ---- release-on-disconnect: I5 ----
+
+
+async def add_node(store: InlineSqliteStore, node_id: str = "n1") -> None:
+    now_ms = await store.now_ms()
+    inv = FakeHardware("hgx-h100-8", node_id).inventory()
+    async with store.transaction() as tx:
+        await nodes_sql.ensure(tx, node_id, "node", now_ms)
+        await nodes_sql.set_connectivity(tx, node_id, "connected", now_ms)
+        await nodes_sql.write_inventory(
+            tx, node_id, MessageToJson(inv, preserving_proto_field_name=True), inventory_hash(inv)
+        )
+
+
+async def sweep_for(lv: Liveness, seconds: int, renew: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for _ in range(seconds // 10):
+        await advance(10)
+        for gw in renew:
+            assert await gateway_lease(lv.store, gw)
+        out += await lv.sweep_once()
+    return out
+
+
+async def facts_of(store: InlineSqliteStore) -> FactLog:
+    """What a run would read from the store at its end: connectivity, releases, bookings, spans, usage."""
+    facts = FactLog()
+    async with store.transaction(write=False) as tx:
+        events = [
+            (int(r["seq"]), str(r["type"]), str(r["subject"]), str(r["data"]), int(r["at_ms"]))
+            for r in await events_sql.list_events(tx, 0, 10_000)
+        ]
+        rows = await res_sql.list_(tx, include_released=True)
+        facts.bookings = bookings_of(await cap_sql.live_bookings(tx))
+        facts.spans = [span_of(r) for r in await cap_sql.billing_spans(tx)]
+        facts.windows = [
+            UsageWindow(
+                str(w["reservation_id"]),
+                str(w["node_id"]),
+                str(w["tenant"]),
+                str(w["device_class"]),
+                int(w["atoms"]),
+                int(w["start_ms"]),
+                int(w["end_ms"]),
+            )
+            for w in await cap_sql.usage_windows(tx, None, None)
+        ]
+    facts.connectivity = connectivity_from_events(events)
+    for r in rows:
+        at = r["released_at_ms"] if r["released_at_ms"] is not None else r["ended_at_ms"]
+        rel = release_fact(str(r["id"]), str(r["node_id"] or ""), str(r["state"]), str(r["reason"] or ""), int(at or 0))
+        if rel is not None:
+            facts.releases.append(rel)
+    facts.finish(await store.now_ms())
+    return facts
+
+
+async def test_a_releasing_liveness_releases_a_partitioned_nodes_holds_and_i5_names_it(
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock
+) -> None:
+    await add_node(store)
+    await gateway_lease(store)
+    await open_session(store)
+    placed = await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), random.Random(1))
+    assert placed["state"] == "placed"
+    # The gateway stops (nothing renews its lease): n1 goes disconnected, then unreachable.
+    lv = ReleasingLiveness(store, bus, "worker-1", CFG, SIGNER)
+    assert await sweep_for(lv, 400) == [("n1", "disconnected"), ("n1", "unreachable")]
+    facts = await facts_of(store)
+    assert [(r.reservation_id, r.reason) for r in facts.releases] == [(str(placed["id"]), "node-unreachable")]
+    assert facts.bookings == []  # its devices were freed, and its assignment dropped from n1's spec
+    found = invariants.check_no_release_on_disconnect(facts.releases, facts.transitions())
+    assert isinstance(found, ReleasedOnDisconnect)
+    assert found.away_since_ms == facts.connectivity[0].t_ms
+    assert found.sentence.endswith(f"for 'node-unreachable' while n1 was away since {iso(found.away_since_ms)}")
+    i5 = check_all(facts)[4]
+    assert (i5.id, i5.ok, i5.counterexample) == ("I5", False, found.sentence)
+
+
+async def test_production_liveness_keeps_a_partitioned_nodes_holds(
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock
+) -> None:
+    await add_node(store)
+    await gateway_lease(store)
+    await open_session(store)
+    await reserve(store, bus, SIGNER, ReserveRequest(gpus=2, node_id="n1"), random.Random(1))
+    transitions = await sweep_for(Liveness(store, bus, "worker-1", CFG), 400)
+    assert transitions == [("n1", "disconnected"), ("n1", "unreachable")]
+    facts = await facts_of(store)
+    assert facts.releases == [] and len(facts.bookings) == 1
+    assert check_all(facts)[4].ok
+
+
+# ---- unreachable-without-grace: I4 ----
+
+
+async def connectivity_facts(store: InlineSqliteStore, facts: FactLog) -> None:
+    async with store.transaction(write=False) as tx:
+        rows = await events_sql.list_events(tx, 0, 1000, "node.connectivity")
+    for r in rows:
+        facts.connectivity_changed(int(r["at_ms"]), str(r["subject"]), json.loads(str(r["data"]))["state"])
+
+
+async def close_after_a_frame(store: InlineSqliteStore, facts: FactLog) -> None:
+    """n1's session is open on gw-1, its last frame arrives, and its link resets: the gateway closes it."""
+    await add_node(store)
+    await gateway_lease(store)
+    epoch = await open_session(store)
+    now_ms = await store.now_ms()
+    facts.heard(now_ms, "n1")
+    async with store.transaction() as tx:
+        assert await nodes_sql.close_session(tx, "n1", epoch, now_ms, "stream ended")
+
+
+async def test_a_liveness_without_grace_marks_a_node_unreachable_right_after_hearing_it_and_i4_names_it(
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock
+) -> None:
+    facts = FactLog()
+    await close_after_a_frame(store, facts)
+    assert await sweep_for(NoGraceLiveness(store, bus, "worker-1", CFG), 10, renew=("gw-1",)) == [("n1", "unreachable")]
+    await connectivity_facts(store, facts)
+    found = check_i4(facts)
+    assert isinstance(found, FalseUnreachable)
+    assert found.sentence == (
+        f"I4: n1 was marked unreachable at {iso(facts.connectivity[-1].t_ms)}, 10 s after a gateway last heard "
+        "from it (the bound is 20 s)"
+    )
+
+
+async def test_production_liveness_waits_the_lease_ttl_before_unreachable(
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock
+) -> None:
+    facts = FactLog()
+    await close_after_a_frame(store, facts)
+    lv = Liveness(store, bus, "worker-1", CFG)
+    assert await sweep_for(lv, 30, renew=("gw-1",)) == []
+    assert await sweep_for(lv, 20, renew=("gw-1",)) == [("n1", "unreachable")]
+    await connectivity_facts(store, facts)
+    assert check_i4(facts) is None
+
+
+# ---- ignore-epoch-fence: I4 ----
+
+
+async def test_an_unfenced_close_disconnects_the_newer_session_and_i4_names_the_unreachable_that_follows(
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock
+) -> None:
+    await add_node(store)
+    await gateway_lease(store)
+    old = await open_session(store, "n1", "gw-1")
+    await gateway_lease(store, "gw-2")
+    new = await open_session(store, "n1", "gw-2")  # the node redialled; gw-1 has not noticed yet
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        assert await Gateway.close_session(tx, "n1", old, now_ms) is False  # the fence
+        assert await UnfencedGateway.close_session(tx, "n1", old, now_ms) is True
+        assert not await nodes_sql.session_is_current(tx, "n1", new)
+    # n1 keeps talking to gw-2 (a frame every 10 s), yet liveness goes by the session the stale close closed.
+    facts = FactLog()
+    lv = Liveness(store, bus, "worker-1", CFG)
+    for _ in range(6):
+        facts.heard(await store.now_ms(), "n1")
+        await advance(10)
+        await gateway_lease(store, "gw-2")
+        await lv.sweep_once()
+    await connectivity_facts(store, facts)
+    assert [c.state for c in facts.connectivity] == ["unreachable"]
+    found = check_i4(facts)
+    assert isinstance(found, FalseUnreachable)
+    assert found.sentence.startswith(
+        f"I4: n1 was marked unreachable at {iso(now_ms + 40_000)} while a gateway was hearing from it (frames from "
+        f"{iso(now_ms)} to {iso(now_ms + 50_000)}"
+    )
+
+
+# ---- double-book: I1 ----
+
+
+async def test_a_blind_pass_books_a_waiting_reservation_over_a_hold_and_i1_names_it(
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock
+) -> None:
+    await add_node(store)
+    full = await reserve(store, bus, SIGNER, ReserveRequest(gpus=8), random.Random(1))
+    waiting = await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), random.Random(2))
+    assert (full["state"], waiting["state"]) == ("placed", "pending")
+    rng = random.Random(3)
+    await PlacementPass(store, bus, SIGNER, rng, holder="w").pass_once(lease=False)
+    assert invariants.check_no_overlap((await facts_of(store)).bookings) is None  # production keeps it waiting
+    await DoubleBookingPass(store, bus, SIGNER, rng, holder="w").pass_once(lease=False)
+    facts = await facts_of(store)
+    found = invariants.check_no_overlap(facts.bookings)
+    assert isinstance(found, Overlap)
+    assert {found.first.reservation_id, found.second.reservation_id} == {str(full["id"]), str(waiting["id"])}
+    i1 = check_all(facts)[0]
+    assert (i1.id, i1.ok, i1.counterexample) == ("I1", False, found.sentence)
+
+
+# ---- double-count-usage: I8 ----
+
+
+async def test_a_double_counting_flush_writes_usage_twice_and_i8_names_it(
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock
+) -> None:
+    await add_node(store)
+    hold = await reserve(store, bus, SIGNER, ReserveRequest(gpus=1), random.Random(1))
+    rng = random.Random(3)
+    await advance(2 * H / 1000)
+    await PlacementPass(store, bus, SIGNER, rng, holder="w").pass_once(lease=False)
+    facts = await facts_of(store)
+    assert facts.windows and check_all(facts)[-1].ok  # two hours, flushed once each
+    await advance(2 * H / 1000)
+    await DoubleCountingPass(store, bus, SIGNER, rng, holder="w").pass_once(lease=False)
+    facts = await facts_of(store)
+    found = invariants.check_billing_conservation(facts.spans, facts.windows, facts.end_ms)
+    assert isinstance(found, BillingMismatch) and found.reservation_id == str(hold["id"])
+    assert found.usage_atom_ms > found.booked_atom_ms
+    i8 = check_all(facts)[-1]
+    assert (i8.id, i8.ok, i8.counterexample) == ("I8", False, found.sentence)
