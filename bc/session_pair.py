@@ -487,6 +487,7 @@ class SessionPair:
                 (node.dir / f"journal.db{suffix}").unlink(missing_ok=True)
         if down_s:
             await asyncio.sleep(down_s)
+            await self.crash_agent(node_id)  # another restart may have started one meanwhile: this one wins
         return self.start_agent(node_id)
 
     async def stop(self) -> None:

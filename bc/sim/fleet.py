@@ -57,7 +57,7 @@ from bc.sim.chaos import Fault, Level
 from bc.sim.checkers import InvariantResult, check_all
 from bc.sim.facts import FactLog
 from bc.sim.links import LinkFaults, SimNetwork
-from bc.sim.record import Recorder, from_store, quiet_snapshot
+from bc.sim.record import LinkWatch, Recorder, from_store, quiet_snapshot, watch_links
 from bc.sim.workload import Workload, make_workload
 from bc.store import Store
 from bc.store import events as events_sql
@@ -192,7 +192,10 @@ class Fleet:
         seeds = random.Random(cfg.seed ^ 0x5EED_C4A05)
         self.recorder = Recorder(self.facts, self._now_ms)
         links = {"none": LinkFaults.none, "light": LinkFaults.light, "heavy": LinkFaults.heavy}[cfg.chaos]()
-        self.network = SimNetwork(random.Random(seeds.getrandbits(64)), faults=links, tap=self.recorder.tap)
+        self.network = SimNetwork(
+            random.Random(seeds.getrandbits(64)), faults=links, tap=self.recorder.tap, stats=LinkWatch()
+        )
+        watch_links(self.network, self.recorder)
         self.seams = seams_for(cfg.break_rule)
         self.pair = SimPair(root, cfg, self.network, self.recorder, self.seams)
         self.schedule: list[Fault] = chaos.schedule(

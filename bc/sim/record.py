@@ -10,6 +10,10 @@
   `desired_state` the node received is a spec delivery, a `status` the gateway received is a report,
   and any frame the gateway received is hearing from the node. A `hello` the gateway receives ends the
   node's open outages (the node is back).
+* **Link faults the network draws by itself** (`LinkFaults.drop`: a direction of a connection goes dead
+  silently; `reset`: the stream breaks): `bc.sim.links` counts them in `SimNetwork.stats` and tells no
+  one, so `LinkWatch` (that Counter) looks, on each such count, for the connection it struck and marks its
+  node away until its next Hello, as for the scheduled faults. An adapter: it reads the network's wires.
 * **The store, at the end**: command outcomes, connectivity transitions (the events log), bookings of
   every placement, releases (the end events of holds, with their reasons), billing spans and usage
   windows (flushed, and each running hold's open one up to the end, as `bc usage` counts), bindings
@@ -19,6 +23,8 @@
 from __future__ import annotations
 
 import json
+import weakref
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,7 +37,7 @@ from bc.control.usage_windows import open_window
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import NodeMessage
 from bc.sim.facts import Bound, FactLog, QuietSnapshot, connectivity_from_events
-from bc.sim.links import FROM_NODE, TO_NODE, Direction
+from bc.sim.links import FROM_NODE, TO_NODE, Direction, SimNetwork
 from bc.store import Store, Tx
 from bc.store import capacity as cap_sql
 from bc.store import commands as commands_sql
@@ -111,6 +117,39 @@ class Recorder:
         elif which == "hello":
             for cause in sorted(self._away.pop(node_id, ())):
                 self.facts.outage_ended(t, node_id, cause)
+
+
+class LinkWatch(Counter[str]):
+    """`SimNetwork.stats`, calling `struck()` whenever the network draws a dead direction or a reset."""
+
+    STRUCK = ("drops", "resets")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.struck: Callable[[], None] | None = None
+
+    def __setitem__(self, key: str, value: int) -> None:
+        super().__setitem__(key, value)
+        if key in self.STRUCK and self.struck is not None:
+            self.struck()
+
+
+def watch_links(network: SimNetwork, recorder: Recorder) -> None:
+    """Mark a node away (until its next Hello) when a link fault the network drew killed its connection."""
+    stats = network.stats
+    assert isinstance(stats, LinkWatch), "build the SimNetwork with stats=LinkWatch()"
+    seen: weakref.WeakSet[object] = weakref.WeakSet()  # the wires already marked (not ids: those are reused)
+
+    def struck() -> None:
+        for node_id, wires in network._wires.items():
+            for w in wires:
+                dead = w.broken is not None or w.to_node.silenced or w.from_node.silenced
+                if dead and w not in seen:
+                    seen.add(w)
+                    recorder.away(node_id, "link")
+                    recorder.back(node_id, "link")
+
+    stats.struck = struck
 
 
 async def from_store(facts: FactLog, recorder: Recorder, store: Store, events: Sequence[Event]) -> None:
