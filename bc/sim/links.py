@@ -241,21 +241,23 @@ class _Pipe:
 
     def _push_faulty(self, item: object, f: LinkFaults, now: float) -> None:
         w = self.wire
-        rng, stats = w.net.rng, w.net.stats
-        # The draws, always in this order, whatever the outcome: the same sends make the same fates.
+        net = w.net
+        rng = net.rng
+        # The draws, always in this order, whatever the outcome: the same sends make the same fates. Each
+        # drawn fault is counted once its effect is in place, so whoever watches the count can see it.
         if f.drop and rng.random() < f.drop:
-            stats["drops"] += 1
             self.silenced = True
+            net.drew("drops", w)
             return
         if f.reset and rng.random() < f.reset:
-            stats["resets"] += 1
             w.break_stream("the stream was reset")
+            net.drew("resets", w)
             return
         lo, hi = f.delay_ms
         due = now + (rng.uniform(lo, hi) / 1000.0 if hi > 0 else 0.0)
         if f.stall and rng.random() < f.stall:
-            stats["stalls"] += 1
             self.stall_until = max(self.stall_until, now + rng.uniform(*f.stall_ms) / 1000.0)
+            net.drew("stalls", w)
         due = max(due, self.last_due, w.stalled_until(self))
         dup = bool(f.duplicate) and rng.random() < f.duplicate
         reorder = bool(f.reorder) and rng.random() < f.reorder
@@ -266,20 +268,20 @@ class _Pipe:
                 reorder = reorder and kind in f.tolerant
         held, self.held = self.held, None
         if held is not None:  # this frame overtakes the one held for it
-            stats["reorders"] += 1
             if self.held_timer is not None:
                 self.held_timer.cancel()
                 self.held_timer = None
             self._enqueue(due, item)
             self._enqueue(max(due, held[0]), held[1])
+            net.drew("reorders", w)
         elif reorder:
             self.held = (due, item)
             self.held_timer = self.loop.call_at(due + f.reorder_window_ms / 1000.0, self._release_held)
         else:
             self._enqueue(due, item)
         if dup:
-            stats["duplicates"] += 1
             self._enqueue(due, copy.deepcopy(item))
+            net.drew("duplicates", w)
 
     def push_close(self, close: _Close) -> None:
         """A close is a frame that no fault draws touch: it follows what was sent before it, or is lost with it."""
@@ -473,7 +475,11 @@ class SimNetwork:
     stalled: dict[str, float] = field(default_factory=dict)
     """Node -> loop time until which its frames are held."""
     stats: Counter[str] = field(default_factory=Counter)
-    """Faults injected so far, by kind (drops, resets, duplicates, reorders, stalls, frames_lost, ...)."""
+    """What the links did by themselves: the faults they drew (drops, resets, stalls, duplicates, reorders) and
+    what was lost or refused (frames_lost, dials_refused). The controls are not counted: the caller chose them."""
+    on_drawn: Callable[[str, str, float], None] | None = None
+    """`on_drawn(kind, node_id, loop_time)`: the links drew a fault by themselves ("drops", "resets",
+    "stalls", "duplicates", "reorders"), already in effect; what the controls do is the caller's to know."""
     _wires: dict[str, list[_Wire]] = field(default_factory=dict, init=False, repr=False)
 
     # -- connections ---------------------------------------------------------------------
@@ -519,6 +525,12 @@ class SimNetwork:
     def _live(self, node_id: str) -> list[_Wire]:
         return [w for w in self._wires.get(node_id, ()) if w.live]
 
+    def drew(self, kind: str, wire: _Wire) -> None:
+        """A fault the links drew on `wire`, in effect now: count it, and tell `on_drawn`."""
+        self.stats[kind] += 1
+        if self.on_drawn is not None:
+            self.on_drawn(kind, wire.node_id, wire.loop.time())
+
     # -- controls ------------------------------------------------------------------------
     def set_gateway(self, gateway: Gateway | None) -> None:
         """None: the control plane is down and every dial is refused (live sessions are the gateway's to end)."""
@@ -533,33 +545,29 @@ class SimNetwork:
 
     def partition(self, nodes: Iterable[str], direction: Literal["both", "to_node", "from_node"] = "both") -> None:
         """Lose every frame in `direction` (in flight included) and refuse dials, until `heal`."""
-        nodes = list(nodes)
         target = {"both": self.partitioned, "to_node": self.cut_to_node, "from_node": self.cut_from_node}[direction]
         target.update(nodes)
-        self.stats[f"partitions_{direction}"] += len(nodes)
 
     def heal(self, nodes: Iterable[str] | None = None) -> None:
         """End the partitions of `nodes` (all when None). A half-open or reset connection stays dead."""
+        names = None if nodes is None else set(nodes)  # read once: it may be an iterator
         for cut in (self.partitioned, self.cut_to_node, self.cut_from_node):
-            if nodes is None:
+            if names is None:
                 cut.clear()
             else:
-                cut.difference_update(nodes)
+                cut.difference_update(names)
 
     def half_open(self, node_id: str) -> None:
         """The node's live connections die silently: each end sees silence, never a close. Dials still work."""
         for w in self._live(node_id):
             w.half_open = True
-            self.stats["half_open"] += 1
 
     def reset(self, node_id: str) -> None:
         """The node's live connections break: both ends' `recv` raise `LinkClosed("UNAVAILABLE")`."""
         for w in self._live(node_id):
             w.break_stream("the stream was reset")
-            self.stats["resets"] += 1
 
     def stall(self, node_id: str, seconds: float) -> None:
         """Hold the node's frames both ways for `seconds` from now (in flight and new), then deliver them in order."""
         until = asyncio.get_running_loop().time() + seconds
         self.stalled[node_id] = max(self.stalled.get(node_id, 0.0), until)
-        self.stats["stalls"] += 1

@@ -474,3 +474,23 @@ async def test_in_stream_duplicates_and_reordering_never_end_a_session_nor_run_a
         r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("event=command.running")
     )
     assert sorted(started) == sorted(f"command={i}" for i in ids) and set(started.values()) == {1}
+
+
+async def test_a_drawn_fault_is_told_once_it_is_in_effect() -> None:
+    """`on_drawn` (and `stats`, counted at the same moment) see the fault already done: a watcher can find it."""
+    net, _ = network(faults=LinkFaults(reset=1.0))
+    told: list[tuple[str, str, bool]] = []
+    node, gw = net.connect("n1")
+    net.on_drawn = lambda kind, node_id, t: told.append((kind, node_id, net.stats[kind] == 1))
+    await node.send(hb(1))
+    assert told == [("resets", "n1", True)]
+    with pytest.raises(LinkClosed):
+        await gw.recv()
+    net.set_faults("n1", LinkFaults(drop=1.0))
+    _, gw2 = net.connect("n1")
+    await gw2.send(GatewayMessage())
+    assert told[-1] == ("drops", "n1", True)
+    net.reset("n1")  # the controls are the caller's: not told, not counted
+    net.partition(iter(["n1"]))
+    net.heal(iter(["n1"]))
+    assert len(told) == 2 and net.stats == {"resets": 1, "drops": 1} and not net.partitioned
