@@ -428,9 +428,10 @@ def run_sync(cfg: SimConfig, *, workload: Workload | None = None, progress: Prog
 
 
 def workload_for(cfg: SimConfig) -> Workload:
-    """The standard workload of a run: `bc.sim.workload`'s mix, its Random drawn from the run's seed (not the
-    pair's stream, so adding work never moves the faults or the ids)."""
-    return make_workload(random.Random(cfg.seed ^ 0x3A7_10AD))
+    """The standard workload of a run: `bc.sim.workload`'s mix, its own Random seeded from the run's seed as
+    `bc sim` seeds it (a string seed hashes the same in every process), so this module's runs and `bc sim`'s
+    write the same events log for one seed."""
+    return make_workload(random.Random(f"bc-sim-workload:{cfg.seed}"))
 
 
 def main(argv: list[str] | None = None) -> None:
