@@ -494,3 +494,32 @@ async def test_a_drawn_fault_is_told_once_it_is_in_effect() -> None:
     net.partition(iter(["n1"]))
     net.heal(iter(["n1"]))
     assert len(told) == 2 and net.stats == {"resets": 1, "drops": 1} and not net.partitioned
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    duplicate=st.floats(0, 1),
+    reorder=st.floats(0, 1),
+    window_ms=st.floats(1, 500),
+    gaps=st.lists(st.floats(0, 0.3), min_size=1, max_size=40),
+)
+def test_duplicates_and_reordering_lose_nothing_and_move_a_frame_at_most_one_place(
+    seed: int, duplicate: float, reorder: float, window_ms: float, gaps: list[float]
+) -> None:
+    faults = LinkFaults(delay_ms=(0.0, 100.0), duplicate=duplicate, reorder=reorder, reorder_window_ms=window_ms)
+
+    async def go() -> tuple[list[int], SimNetwork]:
+        net, _ = network(seed, faults)
+        node, gw = net.connect("n1")
+        for i, gap in enumerate(gaps):
+            await node.send(hb(i))
+            await asyncio.sleep(gap)
+        return [gen(m) for m in await drain(gw, 10.0)], net
+
+    got, net = run_virtual(go())
+    counts = Counter(got)
+    assert sorted(counts) == list(range(len(gaps)))  # every frame, none invented
+    assert set(counts.values()) <= {1, 2} and sum(counts.values()) - len(gaps) == net.stats["duplicates"]
+    firsts = list(dict.fromkeys(got))
+    assert all(abs(pos - i) <= 1 for pos, i in enumerate(firsts))  # only neighbours swap
