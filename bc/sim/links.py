@@ -569,5 +569,11 @@ class SimNetwork:
 
     def stall(self, node_id: str, seconds: float) -> None:
         """Hold the node's frames both ways for `seconds` from now (in flight and new), then deliver them in order."""
-        until = asyncio.get_running_loop().time() + seconds
-        self.stalled[node_id] = max(self.stalled.get(node_id, 0.0), until)
+        loop = asyncio.get_running_loop()
+        until = max(self.stalled.get(node_id, 0.0), loop.time() + seconds)
+        self.stalled[node_id] = until
+        loop.call_at(until, self._unstall, node_id, until)  # while any stall is on, every frame takes the slow path
+
+    def _unstall(self, node_id: str, until: float) -> None:
+        if self.stalled.get(node_id) == until:
+            del self.stalled[node_id]

@@ -523,3 +523,13 @@ def test_duplicates_and_reordering_lose_nothing_and_move_a_frame_at_most_one_pla
     assert set(counts.values()) <= {1, 2} and sum(counts.values()) - len(gaps) == net.stats["duplicates"]
     firsts = list(dict.fromkeys(got))
     assert all(abs(pos - i) <= 1 for pos, i in enumerate(firsts))  # only neighbours swap
+
+
+async def test_a_stall_of_a_node_that_says_nothing_more_is_forgotten_when_it_ends() -> None:
+    net, _ = network()
+    net.stall("gone", 5.0)
+    net.stall("gone", 1.0)  # within the longer one: changes nothing
+    await asyncio.sleep(4)
+    assert net.stalled
+    await asyncio.sleep(2)
+    assert not net.stalled  # other nodes' frames take the fast path again
