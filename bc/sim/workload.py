@@ -106,12 +106,12 @@ Workload = Callable[[FleetLike], Coroutine[Any, Any, None]]
 class Rates:
     """Per node and per simulated hour (fleet-wide ones say so), and the workload's rhythm."""
 
-    reservations: float = 0.5
-    releases: float = 0.3
-    specs: float = 0.1
-    commands: float = 0.6
-    batches_per_hour: float = 4.0  # fleet-wide, however large: each needs people to sign it
-    jobs_per_hour: float = 4.0  # fleet-wide too
+    reservations: float = 1.0
+    releases: float = 0.8
+    specs: float = 0.3
+    commands: float = 2.0
+    batches_per_hour: float = 6.0  # fleet-wide, however large: each needs people to sign it
+    jobs_per_hour: float = 6.0  # fleet-wide too
     approval_pass_s: float = 60.0
     """How often the approvers look at pending batches (a person's rhythm, not a machine's)."""
     reject_share: float = 0.05
@@ -357,9 +357,13 @@ class Driver:
         if not live:
             return
         rid = live.pop(self.rng.randrange(len(live)))
-        before = await reservations.release(cp.store, cp.bus, cp.signer, rid)
+        row = await reservations.release(cp.store, cp.bus, cp.signer, rid)
+        state = str(row["state"])
+        if state == "ended":  # its window ended first: the placement pass took it back
+            self.work["reservations.ended-before-release"] += 1
+            return
         self.work["releases"] += 1
-        if str(before["state"]) == "releasing":
+        if state == "releasing":  # it was on a node: the release is a devices write
             self.work["spec.devices"] += 1
 
     async def do_spec(self, cp: ControlPlaneLike) -> None:
