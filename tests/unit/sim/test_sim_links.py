@@ -19,7 +19,7 @@ from bc.control import commands as cmds
 from bc.control import specs
 from bc.control.reservations import ReserveRequest, reserve
 from bc.protocol import closing
-from bc.protocol.pb import session_pb2
+from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.session_pair import SessionPair
 from bc.sim.links import FROM_NODE, TO_NODE, LinkFaults, SimNetwork
@@ -149,14 +149,15 @@ async def test_a_reordered_frame_is_overtaken_by_the_next_and_a_last_one_goes_on
     assert net.stats["reorders"] == 2
 
 
-async def test_event_batches_may_be_duplicated_but_never_overtaken() -> None:
-    net, _ = network(faults=LinkFaults(reorder=1.0))
+async def test_event_batches_and_trust_bundles_may_be_duplicated_but_never_overtaken() -> None:
+    net, _ = network(faults=LinkFaults(reorder=1.0, duplicate=1.0))
     node, gw = net.connect("n1")
     for seq in (1, 2, 3):
         batch = session_pb2.EventBatch(journal_id="j", events=[session_pb2.NodeEvent(seq=seq)])
         await node.send(NodeMessage(event_batch=batch))
-    got = await drain(gw, 1.0)
-    assert [m.event_batch.events[0].seq for m in got] == [1, 2, 3]
+        await gw.send(GatewayMessage(trust=common_pb2.Envelope(key_id=str(seq))))
+    assert [m.event_batch.events[0].seq for m in await drain(gw, 1.0)] == [1, 1, 2, 2, 3, 3]
+    assert [m.trust.key_id for m in await drain(node, 1.0)] == ["1", "1", "2", "2", "3", "3"]
 
 
 async def test_finding_event_batches_overtaken_in_a_stream_lose_the_earlier_events(tmp_path: Path) -> None:
