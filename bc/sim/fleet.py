@@ -59,7 +59,7 @@ from bc.sim.facts import FactLog
 from bc.sim.links import LinkFaults, SimNetwork
 from bc.sim.record import LinkWatch, Recorder, from_store, quiet_snapshot, watch_links
 from bc.sim.workload import Workload, make_workload
-from bc.store import Store
+from bc.store import Store, StoreError
 from bc.store import events as events_sql
 from bc.virtual_time import run as run_virtual
 
@@ -203,6 +203,7 @@ class Fleet:
         )
         self._unpublished: list[tuple[Fault, float]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._errors: list[BaseException] = []
 
     # -- what the workload uses ------------------------------------------------------------
 
@@ -217,7 +218,7 @@ class Fleet:
     @contextlib.asynccontextmanager
     async def control(self) -> AsyncIterator[ControlPlane]:
         """The control plane of the moment; waits while it is down (a restart)."""
-        while self.pair.cp is None:
+        while self.pair.cp is None or not self.pair.cp_up.is_set():
             await self.pair.cp_up.wait()
         yield self.pair.cp
 
@@ -238,7 +239,13 @@ class Fleet:
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            self._errors.append(error)
 
     async def _publish_fault(self, f: Fault, at_s: float) -> None:
         self._unpublished.append((f, at_s))
@@ -247,9 +254,16 @@ class Fleet:
     async def _publish_pending(self) -> None:
         """Every fault not yet in the events log, if the control plane is up (else when it is back)."""
         cp = self.pair.cp
-        if cp is None or not self._unpublished:
-            return
+        if cp is None or not self.pair.cp_up.is_set() or not self._unpublished:
+            return  # down or going down: when it is back
         pending, self._unpublished = self._unpublished, []
+        try:
+            await self._write_faults(cp, pending)
+        except StoreError:  # the store went away under the write: they go in once it is back
+            self._unpublished = pending + self._unpublished
+
+    @staticmethod
+    async def _write_faults(cp: ControlPlane, pending: list[tuple[Fault, float]]) -> None:
         now_ms = await cp.store.now_ms()
         async with cp.store.transaction() as tx:
             for fault, t in pending:
@@ -340,6 +354,9 @@ class Fleet:
         control plane's clock is back on the store's."""
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._errors:  # an injector that failed is the simulator's bug: say so rather than check a skewed run
+            first = self._errors[0]
+            raise RuntimeError(f"{len(self._errors)} fault injection(s) failed, first: {first!r}") from first
         self.network.heal()
         for n in self.node_ids:
             self.recorder.back(n, "partition")
@@ -413,7 +430,7 @@ async def _report(fleet: Fleet, t0: float, progress: Progress) -> None:
     while True:
         await asyncio.sleep(PROGRESS_EVERY_S)
         cp = fleet.pair.cp
-        if cp is not None:  # while the control plane is down, the count it last had
+        if cp is not None and fleet.pair.cp_up.is_set():  # while it is down, the count it last had
             async with cp.store.transaction(write=False) as tx:
                 events = await events_sql.last_seq(tx)
         progress(loop.time() - t0, events, sum(fleet.faults.values()))
