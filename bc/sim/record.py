@@ -2,9 +2,11 @@
 
 * **Side effects started** (I2): the narrowest seam that knows the command id is the agent's outbox. The
   dispatcher sends `COMMAND_RUNNING` for a command once per execution, right before it calls the kind's
-  executor (`agent.dispatch.Dispatcher._execute`), whether or not a session is open; the only other
-  RUNNING it sends is a re-attach answer for a command this same process is already running. So the
-  first RUNNING per command id in one agent process (one `RecordingOutbox`) is one side effect started.
+  executor (`agent.dispatch.Dispatcher._execute`), whether or not a session is open, and every execution
+  follows an acceptance, which sends `COMMAND_ACKED`; the only other RUNNING it sends is a re-attach
+  answer for a command this same process is already running (no acceptance before it). So a RUNNING
+  with an ACKED of its command since the last one counted (in one agent process, one `RecordingOutbox`)
+  is one side effect started; a journal that lets a command be accepted again shows as a second one.
   Its kind comes from the store at the end (the command's row).
 * **Frames** (I3, I4): `bc.sim.links.SimNetwork.tap`, on every frame a receiver's `recv` returns: a
   `desired_state` the node received is a spec delivery, a `status` the gateway received is a report,
@@ -59,18 +61,21 @@ END_EVENTS = ("reservation.released", "reservation.ended", "reservation.failed",
 
 
 class RecordingOutbox(Outbox):
-    """The agent's outbox, telling `started` of the first RUNNING per command (see the module docstring)."""
+    """The agent's outbox, telling `started` of each RUNNING that follows an acceptance of its command (see
+    the module docstring)."""
 
     def __init__(self, started: Started) -> None:
         super().__init__()
         self._started = started
-        self._seen: set[str] = set()
+        self._accepted: set[str] = set()  # commands ACKED since their last RUNNING counted
 
     async def send(self, msg: NodeMessage) -> None:
         if msg.WhichOneof("msg") == "command_update":
             u = msg.command_update
-            if u.state == session_pb2.COMMAND_RUNNING and u.command_id not in self._seen:
-                self._seen.add(u.command_id)
+            if u.state == session_pb2.COMMAND_ACKED:
+                self._accepted.add(u.command_id)
+            elif u.state == session_pb2.COMMAND_RUNNING and u.command_id in self._accepted:
+                self._accepted.discard(u.command_id)
                 self._started(u.command_id, u.boot_id)
         await super().send(msg)
 
