@@ -2,10 +2,13 @@
 
 One task per connection attempt:
 
-1. `ServerInfo` first: its `event_seq` is read BEFORE the snapshot, so an event that lands
-   between the two is streamed again (and ignored by seq, `FleetState.on_event`), never lost.
-2. On the first connection only, the snapshot: `ListNodes` and the commands in flight.
-   On a reconnect the stream resumes from the cursor, which holds every change since.
+1. `ServerInfo` (who we are, the server's clock).
+2. On the first connection only, the snapshot: `ListNodes` and the commands in flight, each
+   reply carrying the event seq it was read at (in the same transaction). The stream starts
+   after the smallest of them, so nothing falls between a snapshot and the stream; an event
+   the other snapshot already reflects is applied again harmlessly (state only moves forward,
+   and a reply older than the row on screen is dropped by its seq). On a reconnect the stream
+   resumes from the cursor, which holds every change since.
 3. `Watch(after_seq=cursor)`; each event marks the node it names dirty, and a refetch task
    reads dirty nodes with `GetNode` (coalesced: a burst of events on one node is one read).
    `ListNodes` is polled every `poll_s` too: heartbeats move "last heard" without an event.
@@ -98,7 +101,7 @@ class Feed:
         info = await src.server_info()
         self.state.on_server(info, self._clock.monotonic())
         if not self._snapshotted:
-            await self._snapshot(src, info.event_seq)
+            await self._snapshot(src)
         self.source = src
         stream = src.watch(after_seq=self.state.cursor)
         tasks = [asyncio.create_task(self._poll(src)), asyncio.create_task(self._refetch(src))]
@@ -118,18 +121,20 @@ class Feed:
                     await aclose()
         raise BcError("the event stream ended")
 
-    async def _snapshot(self, src: Source, seq: int) -> None:
-        nodes = await src.list_nodes()
+    async def _snapshot(self, src: Source) -> None:
+        fleet = await src.fleet_snapshot()
+        seqs = [fleet.event_seq]
         cmds: list[admin_pb2.CommandInfo] = []
         complete = True
         for s in ("pending", "dispatched", "acked", "running"):
-            page = await src.list_commands(state=s, limit=IN_FLIGHT_LIMIT)
-            complete = complete and len(page) < IN_FLIGHT_LIMIT
-            cmds.extend(page)
+            page = await src.commands_snapshot(state=s, limit=IN_FLIGHT_LIMIT)
+            complete = complete and len(page.commands) < IN_FLIGHT_LIMIT
+            cmds.extend(page.commands)
+            seqs.append(page.event_seq)
         now = self._clock.monotonic()
         self.state.inflight.load(cmds, complete)
-        changed = self.state.on_nodes(nodes, now)
-        self.state.cursor = max(self.state.cursor, seq)
+        changed = self.state.on_nodes(fleet, now)
+        self.state.cursor = max(self.state.cursor, min(seqs))
         self._snapshotted = True
         self.state.link.data_at = now
         self._listener.nodes_changed(changed)
@@ -155,9 +160,9 @@ class Feed:
     async def _poll(self, src: Source) -> None:
         while True:
             await self._clock.sleep(self._poll_s)
-            nodes = await src.list_nodes()
+            fleet = await src.fleet_snapshot()
             now = self._clock.monotonic()
-            self._listener.nodes_changed(self.state.on_nodes(nodes, now))
+            self._listener.nodes_changed(self.state.on_nodes(fleet, now))
             if self.state.link.live:
                 self.state.link.data_at = now
 

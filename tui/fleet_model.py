@@ -53,6 +53,7 @@ class NodeRow:
     detail: bool = False  # read with GetNode: capacity known
     lag_since_ms: int | None = None  # server ms when observed started to lag generation
     lag_exact: bool = False  # False: lag_since_ms is when the TUI first saw the lag (a lower bound)
+    read_seq: int = 0  # the event seq the reply was read at: an older read never overwrites a newer one
 
 
 @dataclass

@@ -45,27 +45,31 @@ class FleetState:
     def on_server(self, info: admin_pb2.ServerInfoResponse, now: float) -> None:
         self.server, self.server_at = info, now
 
-    def on_nodes(self, nodes: list[admin_pb2.NodeInfo], now: float, *, detail: bool = False) -> set[str]:
+    def on_nodes(self, reply: admin_pb2.ListNodesResponse, now: float) -> set[str]:
         """A full list: update every row in place (keeping detail already read); the ids that changed."""
         changed: set[str] = set()
         seen = set()
-        for info in nodes:
+        for info in reply.nodes:
             seen.add(info.node_id)
-            if self._put(info, now, detail=detail):
+            if self._put(info, now, detail=False, seq=reply.event_seq):
                 changed.add(info.node_id)
         for gone in set(self.rows) - seen:
-            del self.rows[gone]
-            changed.add(gone)
+            if self.rows[gone].read_seq <= reply.event_seq:
+                del self.rows[gone]
+                changed.add(gone)
         return changed
 
     def on_node(self, info: admin_pb2.NodeInfo, now: float) -> bool:
-        return self._put(info, now, detail=True)
+        return self._put(info, now, detail=True, seq=info.event_seq)
 
-    def _put(self, info: admin_pb2.NodeInfo, now: float, *, detail: bool) -> bool:
+    def _put(self, info: admin_pb2.NodeInfo, now: float, *, detail: bool, seq: int) -> bool:
         row = self.rows.get(info.node_id)
         if row is None:
-            row = self.rows[info.node_id] = NodeRow(info, now, detail)
+            row = self.rows[info.node_id] = NodeRow(info, now, detail, read_seq=seq)
+        elif seq < row.read_seq:
+            return False  # read before the row on screen: replies may cross
         else:
+            row.read_seq = seq
             if not detail and row.detail:
                 # A list reply lacks capacity, inventory, sections: keep what GetNode told.
                 merged = admin_pb2.NodeInfo()
