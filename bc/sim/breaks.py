@@ -11,9 +11,10 @@ seam the production class declares with its production default (`Gateway.close_s
                                command runs again
     release-on-disconnect      a Liveness that releases a node's holds when it makes the     I5
                                node disconnected or unreachable (reason `node-unreachable`)
-    ignore-epoch-fence         a gateway whose session close closes whatever session is      I4
-                               current, so a superseded session's end disconnects its
-                               successor, which liveness then marks unreachable
+    ignore-epoch-fence         a gateway whose session close writes the node disconnected    I4
+                               even when the fence refuses (a superseded session ending
+                               while its successor is open), so liveness marks a node
+                               whose open session it hears from unreachable
     double-book                a placement pass blind to the bookings in effect or to come,  I1
                                whose booking transaction skips its I1 check too
     double-count-usage         a usage flush that writes each closed window twice, the copy  I8
@@ -56,17 +57,16 @@ LivenessFactory = Callable[[Store, Bus, str, LivenessConfig, Signer], Liveness]
 # ---- skip-journal-dedupe ----
 
 
-class ForgetfulJournal:
-    """A journal that forgets what it accepted: it never finds a command, and accepting one drops whatever
-    entry it had, so a redelivered command (a duplicate frame, a replay after a reconnect or a crash) is
-    executed again instead of resent, reattached or settled. Everything else goes to the real journal."""
+class DelegatingJournal:
+    """A journal that hands every call to the one it wraps: the base for a journal that changes one thing
+    (a broken one here; a recording one in a runner)."""
 
     def __init__(self, inner: AgentJournal) -> None:
         self.inner = inner
         self.journal_id = inner.journal_id
 
     async def get_command(self, command_id: str) -> CommandEntry | None:
-        return None
+        return await self.inner.get_command(command_id)
 
     async def accept(
         self,
@@ -79,10 +79,7 @@ class ForgetfulJournal:
         body: bytes,
         now: float,
     ) -> None:
-        await self.inner.delete_commands([command_id])
         await self.inner.accept(command_id, kind, retry_safe, self_terminating, incarnation_id, boot_id, body, now)
-
-    # -- the rest as the real journal does it
 
     async def close(self) -> None:
         await self.inner.close()
@@ -161,6 +158,29 @@ class ForgetfulJournal:
         return await self.inner.settle_oversized()
 
 
+class ForgetfulJournal(DelegatingJournal):
+    """A journal that forgets what it accepted: it never finds a command, and accepting one drops whatever
+    entry it had, so a redelivered command (a duplicate frame, a replay after a reconnect or a crash) is
+    executed again instead of resent, reattached or settled. Everything else goes to the real journal."""
+
+    async def get_command(self, command_id: str) -> CommandEntry | None:
+        return None
+
+    async def accept(
+        self,
+        command_id: str,
+        kind: str,
+        retry_safe: bool,
+        self_terminating: bool,
+        incarnation_id: str,
+        boot_id: str,
+        body: bytes,
+        now: float,
+    ) -> None:
+        await self.inner.delete_commands([command_id])
+        await self.inner.accept(command_id, kind, retry_safe, self_terminating, incarnation_id, boot_id, body, now)
+
+
 def forgetful(open_journal: OpenJournal) -> OpenJournal:
     """The agent's journal opener, opening a `ForgetfulJournal` over what the real one opens."""
 
@@ -237,14 +257,16 @@ def no_grace_liveness(store: Store, bus: Bus, holder: str, cfg: LivenessConfig, 
 
 
 async def close_unfenced(tx: Tx, node_id: str, epoch: int, now_ms: int, reason: str = "session-closed") -> bool:
-    """Close the node's session whatever its epoch: the current one, even when `epoch` is long superseded."""
-    row = await nodes_sql.get(tx, node_id)
-    current = epoch if row is None or row["session_epoch"] is None else int(row["session_epoch"])
-    return await nodes_sql.close_session(tx, node_id, current, now_ms, reason)
+    """Close the session, and when the fence refuses (a newer session of the node is open: this one was
+    superseded) write the node `disconnected` anyway. The newer session stays open and keeps its node heard,
+    so nothing corrects the state, and liveness marks a node it hears from unreachable."""
+    if await nodes_sql.close_session(tx, node_id, epoch, now_ms, reason):
+        return True
+    return await nodes_sql.set_connectivity(tx, node_id, "disconnected", now_ms, reason)
 
 
 class UnfencedGateway(Gateway):
-    """A gateway whose session-close write ignores the epoch fence."""
+    """A gateway whose session-close write of the node's connectivity ignores the epoch fence."""
 
     close_session = staticmethod(close_unfenced)
 
@@ -361,6 +383,7 @@ __all__ = [
     "PRODUCTION",
     "RELEASE_REASON",
     "RULES",
+    "DelegatingJournal",
     "DoubleBookingPass",
     "DoubleCountingPass",
     "ForgetfulJournal",

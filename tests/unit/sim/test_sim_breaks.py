@@ -296,20 +296,23 @@ async def test_production_liveness_waits_the_lease_ttl_before_unreachable(
 # ---- ignore-epoch-fence: I4 ----
 
 
-async def test_an_unfenced_close_disconnects_the_newer_session_and_i4_names_the_unreachable_that_follows(
+async def test_an_unfenced_close_disconnects_a_node_on_its_newer_session_and_i4_names_the_unreachable_that_follows(
     store: InlineSqliteStore, bus: Bus, clock: LoopClock
 ) -> None:
     await add_node(store)
     await gateway_lease(store)
     old = await open_session(store, "n1", "gw-1")
     await gateway_lease(store, "gw-2")
-    new = await open_session(store, "n1", "gw-2")  # the node redialled; gw-1 has not noticed yet
+    new = await open_session(store, "n1", "gw-2")  # the node redialled; its old session ends after that
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        assert await Gateway.close_session(tx, "n1", old, now_ms) is False  # the fence
+        assert await Gateway.close_session(tx, "n1", old, now_ms) is False  # the fence: nothing written
+    assert await connectivity_of(store) == "connected"
+    async with store.transaction() as tx:
         assert await UnfencedGateway.close_session(tx, "n1", old, now_ms) is True
-        assert not await nodes_sql.session_is_current(tx, "n1", new)
-    # n1 keeps talking to gw-2 (a frame every 10 s), yet liveness goes by the session the stale close closed.
+        assert await nodes_sql.session_is_current(tx, "n1", new)  # the new session is open and flushing
+    assert await connectivity_of(store) == "disconnected"
+    # n1 keeps talking to gw-2 (a frame every 10 s), yet liveness goes by the connectivity written.
     facts = FactLog()
     lv = Liveness(store, bus, "worker-1", CFG)
     for _ in range(6):
@@ -325,6 +328,13 @@ async def test_an_unfenced_close_disconnects_the_newer_session_and_i4_names_the_
         f"I4: n1 was marked unreachable at {iso(now_ms + 40_000)} while a gateway was hearing from it (frames from "
         f"{iso(now_ms)} to {iso(now_ms + 50_000)}"
     )
+
+
+async def connectivity_of(store: InlineSqliteStore, node_id: str = "n1") -> str:
+    async with store.transaction(write=False) as tx:
+        row = await nodes_sql.get(tx, node_id)
+    assert row is not None
+    return str(row["connectivity"])
 
 
 # ---- double-book: I1 ----
