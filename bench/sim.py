@@ -32,7 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SPANS_S: dict[int, tuple[int, int]] = {100: (1200, 60), 1000: (120, 30), 10_000: (30, 10)}
+SPANS_S: dict[int, tuple[int, int]] = {100: (1200, 60), 1000: (15, 5), 10_000: (5, 0)}
 """(workload and chaos, quiet period) in simulated seconds by fleet size: sized for about two minutes of
 wall time each on the 2-core machine (the quiet period is cut from `bc sim`'s 300 s: it measures nothing
 new here)."""
@@ -79,17 +79,23 @@ def child(nodes: int, duration_s: int, quiet_s: int, seed: int, chaos: str, prof
     from bc.cli.sim_cmds import workload_seed
     from bc.sim.chaos import LEVELS
     from bc.sim.fleet import SimConfig, run_sync
-    from bc.sim.workload import make_workload
+    from bc.sim.workload import FleetLike, make_workload
 
     logging.basicConfig(level=logging.CRITICAL)  # the agents' warnings under chaos are not the figures
     level = next(lv for lv in LEVELS if lv == chaos)
     cfg = SimConfig(nodes=nodes, seed=seed, chaos=level, duration_s=duration_s, quiet_s=quiet_s)
     workload = make_workload(random.Random(workload_seed(seed)))
     prof = cProfile.Profile() if profile else None
+    started: list[float] = []  # the wall time the fleet was up (every node enrolled, its agent started)
+
+    async def timed(fleet: FleetLike) -> None:
+        started.append(time.monotonic())
+        await workload(fleet)
+
     t0 = time.monotonic()
     if prof is not None:
         prof.enable()
-    result = run_sync(cfg, workload=workload)
+    result = run_sync(cfg, workload=timed)
     if prof is not None:
         prof.disable()
     wall = time.monotonic() - t0
@@ -98,12 +104,15 @@ def child(nodes: int, duration_s: int, quiet_s: int, seed: int, chaos: str, prof
         "chaos": chaos,
         "sim_s": result.sim_seconds,
         "wall_s": round(wall, 1),
-        "sim_per_wall_s": round(result.sim_seconds / wall, 1),
+        "sim_per_wall_s": round(result.sim_seconds / wall, 2),
+        # The start (enrolling N nodes, building N agents) is not simulated time: the rate past it.
+        "start_wall_s": round(started[0] - t0, 1),
+        "running_sim_per_wall_s": round(result.sim_seconds / max(1e-9, wall - (started[0] - t0)), 2),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "events": result.events,
         "faults": sum(result.faults.values()),
         "work": sum(v for k, v in result.work.items() if "." not in k or k.startswith("command.")),
-        "invariants_ok": all(i.ok for i in result.invariants),
+        "invariants_failed": [i.id for i in result.invariants if not i.ok],
         "digest": result.digest[:16],
     }
     if prof is not None:
@@ -111,16 +120,41 @@ def child(nodes: int, duration_s: int, quiet_s: int, seed: int, chaos: str, prof
     return out
 
 
+def peak_rss_mib(pid: int) -> float | None:
+    """A live process's peak resident set (VmHWM), for a run stopped at its time limit."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 def run(
-    nodes: int, duration_s: int, quiet_s: int, *, seed: int = 7, chaos: str = "light", profile: bool = False
+    nodes: int,
+    duration_s: int,
+    quiet_s: int,
+    *,
+    seed: int = 7,
+    chaos: str = "light",
+    profile: bool = False,
+    limit_s: float = 600.0,
 ) -> dict[str, Any]:
+    """One size in a fresh process; a run past `limit_s` of wall time is stopped and reported as such."""
     cmd = [sys.executable, "-m", "bench.sim", "--child", "--nodes", str(nodes), "--duration", str(duration_s)]
-    cmd += ["--quiet", str(quiet_s)]
-    cmd += ["--seed", str(seed), "--chaos", chaos] + (["--profile"] if profile else [])
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        return {"nodes": nodes, "error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    cmd += ["--quiet", str(quiet_s), "--seed", str(seed), "--chaos", chaos] + (["--profile"] if profile else [])
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        try:
+            out, err = p.communicate(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            peak = peak_rss_mib(p.pid)
+            p.kill()
+            p.communicate()
+            return {"nodes": nodes, "stopped_after_wall_s": limit_s, "peak_rss_mib_so_far": peak}
+    if p.returncode != 0:
+        return {"nodes": nodes, "error": (err.strip().splitlines() or ["no output"])[-1]}
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
@@ -130,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile-size", type=int, default=1000, help="the size whose run is profiled (0: none)")
     p.add_argument("--chaos", default="light")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--limit", type=float, default=600.0, help="stop a size's run after this many wall seconds")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--nodes", type=int, default=100, help=argparse.SUPPRESS)
     p.add_argument("--duration", type=int, default=0, help=argparse.SUPPRESS)
@@ -145,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{nodes:,} nodes, {span} s of workload and chaos + {quiet} s quiet, chaos {args.chaos}, seed {args.seed}"
         )
         print(f"bc sim, {what} ...", flush=True)
-        figures = run(nodes, span, quiet, seed=args.seed, chaos=args.chaos, profile=nodes == args.profile_size)
+        figures = run(
+            nodes, span, quiet, seed=args.seed, chaos=args.chaos, profile=nodes == args.profile_size, limit_s=args.limit
+        )
         print("  " + json.dumps(figures), flush=True)
 
 
