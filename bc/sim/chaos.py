@@ -31,11 +31,13 @@ cp-restart           once, mid-run           once (≥ 10 min)  the control plan
 gateway-kill/stall   only with gateways > 1 (not built: `gateways` must be 1)
 =================== ===================== ================= ==================================================
 
-At 100 nodes for an hour heavy draws about 75 node faults plus the control plane's, on the order of a
-hundred. Heavy also guarantees every kind at least once in a run long enough to hold it (a kind the
-draws missed gets one fault at a drawn time), so a heavy run always exercises every path; light
-makes no such promise. Faults fall in `[WARMUP_S, duration_s)` and every fault with a duration ends by
-`duration_s`: the quiet period after a run starts healed.
+At 100 nodes for an hour heavy expects about 75 node faults plus the control plane's, on the order of a
+hundred (seed 1 draws 94), besides what heavy links do on their own (`bc.sim.links.LinkFaults.heavy`:
+dead connections, resets, duplicates, reordering, stalls). Heavy also guarantees every kind at least
+once in a run long enough to hold it (a kind the draws missed gets one fault at a drawn time), so a
+heavy run always exercises every path; light makes no such promise. Faults fall in
+`[WARMUP_S, duration_s)` and every fault with a duration ends by `duration_s`: the quiet period after
+a run starts healed.
 """
 
 from __future__ import annotations
