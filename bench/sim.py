@@ -8,8 +8,8 @@ is printed with the figures. The 1,000-node run is profiled (cProfile) and its o
 where the code lives: the store (`bc/store`, and the sqlite3 calls it makes), the session code (the
 gateway, `bc/wire`, the agent's session), the rest of the agents (`agent/`), the links
 (`bc/sim/links`), the rest of the control plane (`bc/control`, `bc/jobs`), the rest of the simulator,
-protobuf and cryptography, and the event loop and the standard library. A C function's time goes to
-the code that called it.
+the shared modules (`bc/pki`, `bc/protocol`, the clock), protobuf and cryptography, and the event loop.
+Time in a C function or the standard library (json, re, contextlib) goes to the code that called it.
 
 Usage: python -m bench.run --only sim   (or python -m bench.sim [--sizes 100,1000] [--profile-size 1000])
 """
@@ -26,7 +26,7 @@ import resource
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,16 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("agents", ("agent/",)),
     ("control plane", ("bc/control/", "bc/jobs/", "bc/api/")),
     ("simulator", ("bc/sim/", "bc/session_pair", "bc/testing", "bc/virtual_time")),
+    ("shared (pki, protocol, clock)", ("bc/pki/", "bc/protocol/", "bc/clock", "bc/aio", "bc/ids")),
     ("protobuf", ("google/protobuf",)),
     ("cryptography", ("cryptography/",)),
     ("event loop", ("asyncio/",)),
 )
+
+
+PASS_THROUGH = ("builtin", "standard library")
+"""Where a C function or the standard library (json, re, contextlib; not asyncio) spends time on behalf of its
+caller: that time goes to the caller's category, up the call graph until it reaches one of ours."""
 
 
 def category(filename: str) -> str:
@@ -55,26 +61,46 @@ def category(filename: str) -> str:
     for name, marks in CATEGORIES:
         if any(m in path for m in marks):
             return name
-    return "other python" if path.endswith(".py") else "builtin"
+    if not path.endswith(".py"):
+        return "builtin"
+    return "standard library" if "/lib/python3" in path and "site-packages" not in path else "other"
 
 
 def shares(stats: pstats.Stats) -> dict[str, float]:
-    """Each category's share of the profiled own time; a builtin's time goes to its callers' categories."""
-    own: Counter[str] = Counter()
+    """Each category's share of the profiled own time, pass-through time attributed up to its callers."""
     raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
-    for (filename, _line, _name), (_cc, _nc, tt, _ct, callers) in raw.items():
-        cat = category(filename)
-        if cat != "builtin":
+    own: defaultdict[str, float] = defaultdict(float)
+    pending: dict[Any, float] = {}
+    for func, (_cc, _nc, tt, _ct, _callers) in raw.items():
+        cat = category(func[0])
+        if cat in PASS_THROUGH:
+            pending[func] = tt
+        else:
             own[cat] += tt
-            continue
-        total = sum(c[2] for c in callers.values()) or 1.0
-        for (cfile, _cl, _cn), c in callers.items():
-            own[category(cfile) if category(cfile) != "builtin" else "other python"] += tt * c[2] / total
+    for _ in range(8):  # a few levels of json -> re -> builtin reach our code; the rest stays unattributed
+        later: defaultdict[Any, float] = defaultdict(float)
+        for func, amount in pending.items():
+            callers = raw[func][4]
+            total = sum(c[2] for c in callers.values())
+            if not total:
+                own[category(func[0])] += amount
+                continue
+            for caller, c in callers.items():
+                part = amount * c[2] / total
+                if category(caller[0]) in PASS_THROUGH:
+                    later[caller] += part
+                else:
+                    own[category(caller[0])] += part
+        pending = dict(later)
+    for func, amount in pending.items():
+        own[category(func[0])] += amount
     whole = sum(own.values()) or 1.0
-    return {k: round(100 * v / whole, 1) for k, v in own.most_common()}
+    return {k: round(100 * v / whole, 1) for k, v in sorted(own.items(), key=lambda kv: -kv[1])}
 
 
-def child(nodes: int, duration_s: int, quiet_s: int, seed: int, chaos: str, profile: bool) -> dict[str, Any]:
+def child(
+    nodes: int, duration_s: int, quiet_s: int, seed: int, chaos: str, profile: bool, profile_out: str | None = None
+) -> dict[str, Any]:
     """One run in this process: the figures as a dict (and the profile shares when asked)."""
     from bc.cli.sim_cmds import workload_seed
     from bc.sim.chaos import LEVELS
@@ -116,7 +142,10 @@ def child(nodes: int, duration_s: int, quiet_s: int, seed: int, chaos: str, prof
         "digest": result.digest[:16],
     }
     if prof is not None:
-        out["profile_share_pct"] = shares(pstats.Stats(prof))
+        stats = pstats.Stats(prof)
+        out["profile_share_pct"] = shares(stats)
+        if profile_out is not None:
+            stats.dump_stats(profile_out)
     return out
 
 
@@ -170,9 +199,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--quiet", type=int, default=60, help=argparse.SUPPRESS)
     p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--profile-out", default=None, help="with --child --profile: also write the raw profile here")
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.nodes, args.duration, args.quiet, args.seed, args.chaos, args.profile)), flush=True)
+        print(
+            json.dumps(
+                child(args.nodes, args.duration, args.quiet, args.seed, args.chaos, args.profile, args.profile_out)
+            ),
+            flush=True,
+        )
         return
     for nodes in (int(s) for s in args.sizes.split(",") if s.strip()):
         span, quiet = SPANS_S.get(nodes, (600, 60))
