@@ -148,8 +148,10 @@ class SimPair(SessionPair):
 
     def _build_agent(self, node: PairNode) -> Agent:
         agent = super()._build_agent(node)
-        agent.outbox = self.recorder.outbox(node.node_id)
-        agent.parts.open_journal = self.seams.journal(agent.parts.open_journal)
+        outbox = self.recorder.outbox(node.node_id)
+        agent.outbox = outbox
+        # The recording journal is outermost: it counts the acceptances the dispatcher sees made.
+        agent.parts.open_journal = outbox.journal(self.seams.journal(agent.parts.open_journal))
         self.boots.setdefault(node.node_id, node.hw.boot_id())
         return agent
 

@@ -3,10 +3,14 @@
 * **Side effects started** (I2): the narrowest seam that knows the command id is the agent's outbox. The
   dispatcher sends `COMMAND_RUNNING` for a command once per execution, right before it calls the kind's
   executor (`agent.dispatch.Dispatcher._execute`), whether or not a session is open, and every execution
-  follows an acceptance, which sends `COMMAND_ACKED`; the only other RUNNING it sends is a re-attach
-  answer for a command this same process is already running (no acceptance before it). So a RUNNING
-  with an ACKED of its command since the last one counted (in one agent process, one `RecordingOutbox`)
-  is one side effect started; a journal that lets a command be accepted again shows as a second one.
+  follows an acceptance, which the journal records (`accept`); the only other RUNNING it sends is a
+  re-attach answer for a command this same process is already running (no acceptance before it). So a
+  RUNNING for which the process's journal accepted its command once more than RUNNINGs were counted (in
+  one agent process: one `RecordingOutbox` and the journal it wraps, `RecordingOutbox.journal`) is one
+  side effect started; a journal that lets a command be accepted again (skip-journal-dedupe) shows as a
+  second one, even when the two executions interleave. Without the journal wrapped, the outbox falls
+  back to its own view, a RUNNING with an ACKED of its command since the last one counted, which misses
+  a second acceptance that comes before the first RUNNING (its ACKED is also a re-attach answer's).
   Its kind comes from the store at the end (the command's row).
 * **Frames** (I3, I4): `bc.sim.links.SimNetwork.tap`, on every frame a receiver's `recv` returns: a
   `desired_state` the node received is a spec delivery, a `status` the gateway received is a report,
@@ -30,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from agent.journal_api import AgentJournal
 from agent.session.outbox import Outbox
 from bc.control.capacity_views import window_of
 from bc.control.invariants import Release
@@ -38,6 +43,7 @@ from bc.control.placement_plan import Booking, Wait, plan
 from bc.control.usage_windows import open_window
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import NodeMessage
+from bc.sim.breaks import DelegatingJournal, OpenJournal
 from bc.sim.facts import Bound, FactLog, QuietSnapshot, connectivity_from_events
 from bc.sim.links import FROM_NODE, TO_NODE, Direction, SimNetwork
 from bc.store import Store, Tx
@@ -67,17 +73,61 @@ class RecordingOutbox(Outbox):
     def __init__(self, started: Started) -> None:
         super().__init__()
         self._started = started
-        self._accepted: set[str] = set()  # commands ACKED since their last RUNNING counted
+        self._acked: set[str] = set()  # commands ACKED since their last RUNNING counted
+        self._accepts: Counter[str] = Counter()  # acceptances the journal made, not yet matched by a RUNNING
+        self._journaled = False  # the process's journal is wrapped: count its acceptances, not ACKs
+
+    def journal(self, open_journal: OpenJournal) -> OpenJournal:
+        """The process's journal opener, wrapped so each acceptance it makes is counted here."""
+        self._journaled = True
+
+        async def open_counting() -> AgentJournal:
+            return _CountingJournal(await open_journal(), self._accepts)
+
+        return open_counting
 
     async def send(self, msg: NodeMessage) -> None:
         if msg.WhichOneof("msg") == "command_update":
             u = msg.command_update
             if u.state == session_pb2.COMMAND_ACKED:
-                self._accepted.add(u.command_id)
-            elif u.state == session_pb2.COMMAND_RUNNING and u.command_id in self._accepted:
-                self._accepted.discard(u.command_id)
+                self._acked.add(u.command_id)
+            elif u.state == session_pb2.COMMAND_RUNNING and self._execution(u.command_id):
                 self._started(u.command_id, u.boot_id)
         await super().send(msg)
+
+    def _execution(self, command_id: str) -> bool:
+        """A RUNNING starts an execution (not a re-attach answer)."""
+        if self._journaled:
+            if self._accepts[command_id] <= 0:
+                return False
+            self._accepts[command_id] -= 1
+            return True
+        if command_id not in self._acked:
+            return False
+        self._acked.discard(command_id)
+        return True
+
+
+class _CountingJournal(DelegatingJournal):
+    """The agent's journal, counting each command it accepts (after the acceptance is written)."""
+
+    def __init__(self, inner: AgentJournal, accepts: Counter[str]) -> None:
+        super().__init__(inner)
+        self._accepts = accepts
+
+    async def accept(
+        self,
+        command_id: str,
+        kind: str,
+        retry_safe: bool,
+        self_terminating: bool,
+        incarnation_id: str,
+        boot_id: str,
+        body: bytes,
+        now: float,
+    ) -> None:
+        await super().accept(command_id, kind, retry_safe, self_terminating, incarnation_id, boot_id, body, now)
+        self._accepts[command_id] += 1
 
 
 class Recorder:

@@ -2,16 +2,13 @@
 plane, gateway and agents with one component swapped for a broken one, under heavy chaos.
 
 Each case is the smallest run found (nodes, simulated minutes, seed, workload rates) in which the broken
-component meets the situation it is wrong in: a hold on a node that goes away (release-on-disconnect), a
-session that closes (unreachable-without-grace), a reservation that has to wait (double-book), a closed
-usage hour (double-count-usage), a node that redials while the gateway still holds its old session
-(ignore-epoch-fence: a half-open link the node notices first). Runs are deterministic, so the case stays
+component meets the situation it is wrong in: a command frame the link delivers twice (skip-journal-dedupe:
+the two executions interleave, which the run tells from a re-attach by the journal's acceptances,
+`bc.sim.record`), a hold on a node that goes away (release-on-disconnect), a session that closes
+(unreachable-without-grace), a reservation that has to wait (double-book), a closed usage hour
+(double-count-usage), a node that redials while the gateway still holds its old session
+(ignore-epoch-fence: a half-open link the node notices first). Runs are deterministic, so each case stays
 what it is. The unit tests (tests/unit/sim/test_sim_breaks.py) show each component's wrong turn alone.
-
-skip-journal-dedupe is not here yet: in this fleet a command reaches a node twice only as an in-stream
-duplicate, processed before the first copy starts, and the run records a side effect as the first RUNNING
-after an acceptance (ACKED) in the agent's outbox, which cannot tell a second execution that interleaves
-with the first from a re-attach answer. Counting the journal's acceptances would (see bc.sim.record).
 """
 
 from __future__ import annotations
@@ -36,8 +33,10 @@ class Case:
 
 BUSY = Rates(reservations=20.0, releases=2.0, specs=2.0, commands=4.0, batches_per_hour=12.0, jobs_per_hour=12.0)
 CALM = Rates(reservations=1.0, releases=0.8, specs=2.0, commands=2.0, batches_per_hour=12.0, jobs_per_hour=12.0)
+COMMANDS = Rates(reservations=2.0, releases=1.0, specs=2.0, commands=100.0, batches_per_hour=12.0, jobs_per_hour=12.0)
 
 CASES: dict[str, Case] = {
+    "skip-journal-dedupe": Case(nodes=2, minutes=30, seed=9, rates=COMMANDS),  # a gpu.reset runs twice
     "release-on-disconnect": Case(nodes=2, minutes=20, seed=1, rates=BUSY),
     "unreachable-without-grace": Case(nodes=2, minutes=5, seed=1, rates=BUSY),
     "double-book": Case(nodes=2, minutes=30, seed=1, rates=BUSY),
@@ -46,8 +45,8 @@ CASES: dict[str, Case] = {
 }
 
 
-def test_the_cases_are_rules() -> None:
-    assert set(CASES) <= set(RULES)
+def test_every_rule_has_a_case() -> None:
+    assert set(CASES) == set(RULES)
 
 
 @pytest.mark.parametrize("rule", sorted(CASES))
