@@ -123,10 +123,13 @@ class SimResult:
 
 
 def _duration(seconds: float) -> str:
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
+    """As `bc sim --duration` reads it: whole seconds written `1h30m`, `20m`, `45s`."""
+    left, out = round(seconds), ""
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            out += f"{left // size}{unit}"
+            left %= size
+    return out or "0s"
 
 
 class SimPair(SessionPair):
