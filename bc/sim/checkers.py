@@ -98,6 +98,10 @@ class DoubleExecution:
             f"at {iso(s.t_ms)} ({self.why})"
         )
 
+    @property
+    def at_ms(self) -> int:
+        return self.second.t_ms
+
 
 @dataclass(frozen=True)
 class RunAfterJournalLoss:
@@ -116,6 +120,11 @@ class RunAfterJournalLoss:
         reason = f" ({self.outcome.reason})" if self.outcome is not None and self.outcome.reason else ""
         return f"I2: {lost} in flight, and it ended succeeded{reason}"
 
+    @property
+    def at_ms(self) -> int:
+        """When it started again; or, for an outcome (the store keeps no time for it here), the loss."""
+        return self.loss.t_ms if self.start is None else self.start.t_ms
+
 
 def check_i2(
     side_effects: Sequence[SideEffect],
@@ -128,7 +137,7 @@ def check_i2(
     agent restart (or a journal loss) of the node that ran it, after the earlier start and at or before the
     later one. A non-retry-safe command the lost journal held in flight never starts after the loss and never
     ends succeeded. The first violation in simulated time is returned."""
-    found: list[tuple[int, DoubleExecution | RunAfterJournalLoss]] = []
+    found: list[DoubleExecution | RunAfterJournalLoss] = []
     interruptions: dict[str, list[int]] = {}
     for r in restarts:
         interruptions.setdefault(r.node_id, []).append(r.t_ms)
@@ -143,11 +152,11 @@ def check_i2(
             if _once_only(first.kind):
                 k = KINDS.get(first.kind)
                 why = "unknown kind" if k is None else "self-terminating" if k.self_terminating else "not retry-safe"
-                found.append((second.t_ms, DoubleExecution(runs[0], second, why)))
+                found.append(DoubleExecution(runs[0], second, why))
                 break
             crashed = any(first.t_ms < t <= second.t_ms for t in interruptions.get(first.node_id, ()))
             if not crashed:
-                found.append((second.t_ms, DoubleExecution(first, second, "retry-safe, but no crash between")))
+                found.append(DoubleExecution(first, second, "retry-safe, but no crash between"))
                 break
     by_id = {o.command_id: o for o in outcomes}
     for lo in sorted(journal_losses, key=lambda lo: (lo.t_ms, lo.node_id)):
@@ -158,10 +167,10 @@ def check_i2(
                 continue  # replayed, and its kind allows running again
             again = next((e for e in starts.get(cid, ()) if e.t_ms > lo.t_ms), None)
             if again is not None:
-                found.append((again.t_ms, RunAfterJournalLoss(lo, cid, kind, again, o)))
+                found.append(RunAfterJournalLoss(lo, cid, kind, again, o))
             elif o is not None and o.state == SUCCEEDED:
-                found.append((lo.t_ms, RunAfterJournalLoss(lo, cid, kind, None, o)))
-    return min(found, key=lambda f: f[0])[1] if found else None
+                found.append(RunAfterJournalLoss(lo, cid, kind, None, o))
+    return min(found, key=lambda f: f.at_ms, default=None)
 
 
 # ---- I3 ----
@@ -247,6 +256,10 @@ class FalseUnreachable:
         ago = (c.t_ms - h.last_ms) / 1000
         return f"{marked}, {ago:g} s after a gateway last heard from it (the bound is {self.bound_ms / 1000:g} s)"
 
+    @property
+    def at_ms(self) -> int:
+        return self.transition.t_ms
+
 
 def check_i4(facts: FactLog, *, bound_ms: int = 20_000) -> FalseUnreachable | None:
     """I4: no node goes `unreachable` or `lost` within `bound_ms` after a frame from it reached a gateway,
@@ -316,14 +329,11 @@ def check_all(
     """One result per checker, in order I1..I8; I7 only with `i7` (after the quiet period: `facts.quiet`)."""
     out = [_i1(facts)]
     i2 = check_i2(facts.side_effects, facts.restarts, facts.journal_losses, facts.outcomes)
-    i2_at = None if i2 is None else i2.second.t_ms if isinstance(i2, DoubleExecution) else i2.loss.t_ms
-    if isinstance(i2, RunAfterJournalLoss) and i2.start is not None:
-        i2_at = i2.start.t_ms
-    out.append(_result("I2", i2, i2_at))
+    out.append(_result("I2", i2, None if i2 is None else i2.at_ms))
     i3 = check_i3(facts.deliveries, facts.reports, facts.outages, facts.restarts, facts.end_ms, bound_ms=i3_bound_ms)
     out.append(_result("I3", i3, None if i3 is None else i3.at_ms))
     i4 = check_i4(facts, bound_ms=i4_bound_ms)
-    out.append(_result("I4", i4, None if i4 is None else i4.transition.t_ms))
+    out.append(_result("I4", i4, None if i4 is None else i4.at_ms))
     i5 = invariants.check_no_release_on_disconnect(facts.releases, facts.transitions())
     out.append(_result("I5", i5, None if i5 is None else i5.release.at_ms))
     if i7:
