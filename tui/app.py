@@ -98,7 +98,7 @@ class BcTui(App[None]):
             v.show_link()
         for v in list(self.views):
             if v.is_current and self.state.link.live:
-                self.run_worker(v.reload(), group="reload", exclusive=True)
+                v.spawn(v.reload, "reload")
         self.refresh_bindings()
 
     def action_help(self) -> None:

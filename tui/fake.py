@@ -271,6 +271,11 @@ class FakeSource:
                 return admin_pb2.CancelJobResponse(cancelled=True, job=j)
         raise NotFound(f"no job {dag_id!r}")
 
+    async def list_events(
+        self, *, after_seq: int = 0, limit: int = 0, type_prefix: str = ""
+    ) -> list[admin_pb2.EventRecord]:
+        return [e for e in self.events[after_seq:] if e.type.startswith(type_prefix)][: limit or 100]
+
     async def watch(self, *, after_seq: int = 0, type_prefix: str = "") -> AsyncIterator[admin_pb2.EventRecord]:
         q: asyncio.Queue[admin_pb2.EventRecord] = asyncio.Queue()
         for ev in self.events[after_seq:]:

@@ -31,6 +31,7 @@ from tui.source import Connect, Source
 from tui.state import FleetState
 
 IN_FLIGHT_LIMIT = 1000  # ListCommands' cap: a full page means the snapshot may be incomplete
+HISTORY = 200  # events before the snapshot shown on the Events screen (read once, at the first connection)
 
 
 @dataclass
@@ -135,6 +136,9 @@ class Feed:
         self.state.inflight.load(cmds, complete)
         changed = self.state.on_nodes(fleet, now)
         self.state.cursor = max(self.state.cursor, min(seqs))
+        start = max(0, self.state.cursor - HISTORY)
+        history = await src.list_events(after_seq=start, limit=HISTORY)
+        self.state.events.extend(ev for ev in history if ev.seq <= self.state.cursor)
         self._snapshotted = True
         self.state.link.data_at = now
         self._listener.nodes_changed(changed)

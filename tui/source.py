@@ -73,6 +73,10 @@ class Source(Protocol):
 
     async def cancel_job(self, dag_id: str) -> admin_pb2.CancelJobResponse: ...
 
+    async def list_events(
+        self, *, after_seq: int = 0, limit: int = 0, type_prefix: str = ""
+    ) -> list[admin_pb2.EventRecord]: ...
+
     def watch(self, *, after_seq: int = 0, type_prefix: str = "") -> AsyncIterator[admin_pb2.EventRecord]: ...
 
 

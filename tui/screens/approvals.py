@@ -6,6 +6,7 @@ refuses a viewer's decision anyway; the TUI does not pretend otherwise).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from textual.app import ComposeResult
@@ -21,6 +22,7 @@ from tui.widgets import ConfirmScreen, PromptScreen
 
 
 class ApprovalsScreen(BcScreen):
+    AUTO_FOCUS = "#batches"
     RELOAD_ON = ("batch.", "approver.", "quorum.")
     BINDINGS = [
         Binding("a", "approve", "Approve"),
@@ -109,17 +111,17 @@ class ApprovalsScreen(BcScreen):
         )
 
     def action_refresh(self) -> None:
-        self.run_worker(self.reload(), group="reload", exclusive=True)
+        self.spawn(self.reload, "reload")
 
     def action_approve(self) -> None:
         b = self._current()
         if b is not None:
-            self.run_worker(self._approve(b.id), group="decide", exclusive=True)
+            self.spawn(partial(self._approve, b.id), "decide")
 
     def action_reject(self) -> None:
         b = self._current()
         if b is not None:
-            self.run_worker(self._reject(b.id), group="decide", exclusive=True)
+            self.spawn(partial(self._reject, b.id), "decide")
 
     async def _key_path(self) -> Path | None:
         path = await self.app.push_screen_wait(

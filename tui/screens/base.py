@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from textual.app import ComposeResult
@@ -49,9 +49,16 @@ class BcScreen(Screen[None]):
     def on_screen_resume(self) -> None:
         self.show_link()
         self.stale = False
-        self.run_worker(self.reload(), group="reload", exclusive=True)
+        self.spawn(self.reload, "reload")
 
     stale = False
+
+    def spawn(self, fn: Callable[[], Awaitable[None]], group: str) -> None:
+        """Run `fn` as this screen's worker, replacing the one of the same group (a newer read wins).
+
+        A callable, not a coroutine: a worker replaced before it started leaves no coroutine unawaited.
+        """
+        self.run_worker(fn, group=group, exclusive=True)
 
     def show_link(self) -> None:
         link = self.bc.state.link
@@ -63,7 +70,7 @@ class BcScreen(Screen[None]):
     def feed_event(self, ev: admin_pb2.EventRecord) -> None:
         if self.RELOAD_ON and ev.type.startswith(self.RELOAD_ON):
             if self.is_current:
-                self.run_worker(self.reload(), group="reload", exclusive=True)
+                self.spawn(self.reload, "reload")
             else:
                 self.stale = True
 

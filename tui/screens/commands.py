@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
@@ -31,6 +33,7 @@ def describe(c: admin_pb2.CommandInfo) -> str:
 
 
 class CommandsScreen(BcScreen):
+    AUTO_FOCUS = "#commands"
     RELOAD_ON = ("command.",)
     BINDINGS = [
         Binding("enter", "open", "Open"),
@@ -100,7 +103,7 @@ class CommandsScreen(BcScreen):
     def action_open(self) -> None:
         cid = self._current_id()
         if cid:
-            self.run_worker(self._open(cid), group="open", exclusive=True)
+            self.spawn(partial(self._open, cid), "open")
 
     async def _open(self, cid: str) -> None:
         src = self.source()
@@ -114,12 +117,12 @@ class CommandsScreen(BcScreen):
         self.query_one("#command-detail", Static).update(describe(c))
 
     def action_refresh(self) -> None:
-        self.run_worker(self.reload(), group="reload", exclusive=True)
+        self.spawn(self.reload, "reload")
 
     def action_cancel_command(self) -> None:
         cid = self._current_id()
         if cid:
-            self.run_worker(self._cancel(cid), group="cancel", exclusive=True)
+            self.spawn(partial(self._cancel, cid), "cancel")
 
     async def _cancel(self, cid: str) -> None:
         c = self.commands[cid]

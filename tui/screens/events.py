@@ -29,6 +29,7 @@ def shows(ev: admin_pb2.EventRecord, text: str) -> bool:
 
 
 class EventsScreen(BcScreen):
+    AUTO_FOCUS = "#events-log"
     BINDINGS = [Binding("slash", "filter", "Filter"), Binding("escape", "clear", "Clear filter", show=False)]
     DEFAULT_CSS = """
     #events-filter { display: none; }

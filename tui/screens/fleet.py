@@ -15,6 +15,7 @@ _SORTABLE = ("node", "conn", "gen", "lag", "heard", "sched", "role")
 
 
 class FleetScreen(BcScreen):
+    AUTO_FOCUS = "#fleet"
     BINDINGS = [
         Binding("slash", "filter", "Filter"),
         Binding("s", "sort", "Sort"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -39,6 +41,7 @@ def card(job: admin_pb2.JobInfo, selected: bool) -> Text:
 
 
 class JobsScreen(BcScreen):
+    AUTO_FOCUS = "#job-cards"
     RELOAD_ON = ("job.",)
     BINDINGS = [
         Binding("down,j", "move(1)", "Next", show=False),
@@ -100,7 +103,7 @@ class JobsScreen(BcScreen):
         ids = [j.id for j in self.jobs]
         if dag_id in ids:
             self.selected = ids.index(dag_id)
-            self.run_worker(self._draw(), group="render", exclusive=True)
+            self.spawn(self._draw, "render")
 
     async def action_move(self, by: int) -> None:
         if self.jobs:
@@ -110,12 +113,12 @@ class JobsScreen(BcScreen):
             self.query_one(f"#job-{self.selected}", Static).scroll_visible()
 
     def action_refresh(self) -> None:
-        self.run_worker(self.reload(), group="reload", exclusive=True)
+        self.spawn(self.reload, "reload")
 
     def action_cancel_job(self) -> None:
         job = self.current()
         if job is not None:
-            self.run_worker(self._cancel(job), group="cancel", exclusive=True)
+            self.spawn(partial(self._cancel, job), "cancel")
 
     async def _cancel(self, job: admin_pb2.JobInfo) -> None:
         if job.terminal:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -73,6 +74,7 @@ def render_node(
 
 
 class NodeScreen(BcScreen):
+    AUTO_FOCUS = "VerticalScroll"
     RELOAD_ON = ("node.", "command.", "reservation.", "spec.", "security.")
     BINDINGS = [
         Binding("escape", "back", "Back"),
@@ -91,7 +93,7 @@ class NodeScreen(BcScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.run_worker(self.reload(), group="reload", exclusive=True)
+        self.spawn(self.reload, "reload")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("cordon", "run"):
@@ -120,7 +122,7 @@ class NodeScreen(BcScreen):
         self.app.pop_screen()
 
     def action_cordon(self, cordon: bool) -> None:
-        self.run_worker(self._cordon(cordon), group="write", exclusive=True)
+        self.spawn(partial(self._cordon, cordon), "write")
 
     async def _cordon(self, cordon: bool) -> None:
         verb = "cordon" if cordon else "uncordon"
@@ -133,7 +135,7 @@ class NodeScreen(BcScreen):
         await self.reload()
 
     def action_run(self) -> None:
-        self.run_worker(self._run(), group="write", exclusive=True)
+        self.spawn(self._run, "write")
 
     async def _run(self) -> None:
         names = ", ".join(sorted(kinds.KINDS))

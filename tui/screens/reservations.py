@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
@@ -23,6 +25,7 @@ def window(r: admin_pb2.Reservation) -> str:
 
 
 class ReservationsScreen(BcScreen):
+    AUTO_FOCUS = "#reservations"
     RELOAD_ON = ("reservation.",)
     BINDINGS = [Binding("d", "release", "Release"), Binding("r", "refresh", "Refresh")]
 
@@ -81,13 +84,13 @@ class ReservationsScreen(BcScreen):
         self.query_one("#reservations-summary", Static).update(counts)
 
     def action_refresh(self) -> None:
-        self.run_worker(self.reload(), group="reload", exclusive=True)
+        self.spawn(self.reload, "reload")
 
     def action_release(self) -> None:
         t = self.query_one("#reservations", DataTable)
         if t.row_count:
             rid = str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
-            self.run_worker(self._release(rid), group="release", exclusive=True)
+            self.spawn(partial(self._release, rid), "release")
 
     async def _release(self, rid: str) -> None:
         r = self.by_id[rid]
