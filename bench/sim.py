@@ -116,6 +116,7 @@ def child(
 
     async def timed(fleet: FleetLike) -> None:
         started.append(time.monotonic())
+        print(f"fleet up after {started[0] - t0:.1f} s", file=sys.stderr, flush=True)  # read if the run is stopped
         await workload(fleet)
 
     t0 = time.monotonic()
@@ -179,8 +180,14 @@ def run(
         except subprocess.TimeoutExpired:
             peak = peak_rss_mib(p.pid)
             p.kill()
-            p.communicate()
-            return {"nodes": nodes, "stopped_after_wall_s": limit_s, "peak_rss_mib_so_far": peak}
+            _, err = p.communicate()
+            up = [line for line in err.splitlines() if line.startswith("fleet up after")]
+            return {
+                "nodes": nodes,
+                "stopped_after_wall_s": limit_s,
+                "peak_rss_mib_so_far": peak,
+                "start": up[0] if up else "the fleet was not up yet (nodes enrolling, first sessions)",
+            }
     if p.returncode != 0:
         return {"nodes": nodes, "error": (err.strip().splitlines() or ["no output"])[-1]}
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
