@@ -210,8 +210,9 @@ def check_i3(
     bound_ms: int = 60_000,
 ) -> NotConverged | None:
     """I3: each delivered spec of generation G is followed, within `bound_ms`, by a status report reaching the
-    gateway with observed_generation >= G; unless the node was not reachable (an outage) or its agent
-    restarted during that time, or the run ended first. The earliest missed deadline is returned."""
+    gateway with observed_generation >= G (strictly after it: a report at the delivery's very instant was
+    sent before the spec arrived); unless the node was not reachable (an outage) or its agent restarted
+    during that time, or the run ended first. The earliest missed deadline is returned."""
     by_node: dict[str, list[StatusReported]] = {}
     for r in sorted(reports, key=lambda r: r.t_ms):
         by_node.setdefault(r.node_id, []).append(r)
@@ -222,7 +223,7 @@ def check_i3(
         deadline = d.t_ms + bound_ms
         if deadline > end_ms:
             continue
-        window = [r for r in by_node.get(d.node_id, ()) if d.t_ms <= r.t_ms <= deadline]
+        window = [r for r in by_node.get(d.node_id, ()) if d.t_ms < r.t_ms <= deadline]
         if any(r.observed_generation >= d.generation for r in window):
             continue
         if any(o.overlaps(d.node_id, d.t_ms, deadline) for o in outages):

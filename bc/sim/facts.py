@@ -196,6 +196,9 @@ class FactLog:
     _heard_first: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _heard_last: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _open_outages: dict[tuple[str | None, str], int] = field(default_factory=dict, repr=False)
+    # per node: the observed generation of the last report kept, and the deliveries no kept report came after
+    _last_observed: dict[str, int] = field(default_factory=dict, repr=False)
+    _unanswered: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     # -- appends
 
@@ -215,8 +218,20 @@ class FactLog:
 
     def spec_delivered(self, t_ms: int, node_id: str, generation: int) -> None:
         self.deliveries.append(SpecDelivered(t_ms, node_id, generation))
+        self._unanswered.setdefault(node_id, []).append(t_ms)
 
     def status_reported(self, t_ms: int, node_id: str, observed_generation: int) -> None:
+        """A status report reached the gateway. Kept only when it can tell I3 something new: another observed
+        generation than the node's last kept report, or the first report after a delivery (I3 counts reports
+        strictly after their delivery). Any other report repeats the last kept one, which is itself after
+        every delivery before it, so it answers the same deliveries. Appends come in time order (the tap)."""
+        waiting = self._unanswered.get(node_id, [])
+        after = [t for t in waiting if t < t_ms]
+        if self._last_observed.get(node_id) == observed_generation and not after:
+            return
+        self._last_observed[node_id] = observed_generation
+        if after:
+            self._unanswered[node_id] = [t for t in waiting if t >= t_ms]
         self.reports.append(StatusReported(t_ms, node_id, observed_generation))
 
     def connectivity_changed(self, t_ms: int, node_id: str, state: str, reason: str = "") -> None:

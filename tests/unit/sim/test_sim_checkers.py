@@ -176,6 +176,50 @@ def test_i3_does_not_ask_a_node_that_was_not_reachable_or_restarted_or_past_the_
     assert check_i3(d, [], [Outage(T0 - 50 * S, T0 - S, "n1", "partition")], [], END) is not None
 
 
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["deliver", "report"]),
+            st.sampled_from(["n1", "n2"]),
+            st.integers(0, 40_000),  # ms since the step before: ties, and gaps past the bound
+            st.integers(0, 4),  # the generation delivered, or observed
+        ),
+        max_size=40,
+    ),
+)
+def test_i3_on_the_reports_factlog_keeps_agrees_with_every_report(steps: list[tuple[str, str, int, int]]) -> None:
+    """FactLog drops status reports that repeat the last one kept; I3 reaches the same verdict on the same
+    delivery as it would on every report the gateway heard."""
+    facts = FactLog()
+    every: list[StatusReported] = []
+    t = T0
+    for what, node_id, gap, gen in steps:
+        t += gap
+        if what == "deliver":
+            facts.spec_delivered(t, node_id, gen)
+        else:
+            facts.status_reported(t, node_id, gen)
+            every.append(StatusReported(t, node_id, gen))
+    end = t + 120_000
+    kept = check_i3(facts.deliveries, facts.reports, [], [], end, bound_ms=30_000)
+    full = check_i3(facts.deliveries, every, [], [], end, bound_ms=30_000)
+    assert (kept is None) == (full is None)
+    if kept is not None and full is not None:
+        assert kept.delivery == full.delivery
+    assert len(facts.reports) <= len(every)
+
+
+def test_repeated_status_reports_are_kept_once_and_again_after_a_delivery() -> None:
+    facts = FactLog()
+    for t_s in (0, 10, 20):
+        facts.status_reported(T0 + t_s * S, "n1", 3)
+    facts.spec_delivered(T0 + 25 * S, "n1", 4)
+    facts.status_reported(T0 + 30 * S, "n1", 3)  # the first after the delivery: kept
+    facts.status_reported(T0 + 40 * S, "n1", 3)
+    facts.status_reported(T0 + 50 * S, "n1", 4)
+    assert [(r.t_ms - T0) // S for r in facts.reports] == [0, 30, 50]
+
+
 # ---- I4 ----
 
 
