@@ -19,13 +19,15 @@ seam the production class declares with its production default (`Gateway.close_s
                                whose booking transaction skips its I1 check too
     double-count-usage         a usage flush that writes each closed window twice, the copy  I8
                                keyed a millisecond later so the store's unique key lets it in
-    unreachable-without-grace  a Liveness with no lease TTL and no grace: a node goes          I4
+    unreachable-without-grace  a Liveness with no lease TTL and no grace: a node goes        I4
                                unreachable as soon as its session closes
 
 `seams_for(rule)` returns the `SimSeams` the runner applies as it builds the control plane and the agents;
-`seams_for(None)` the production ones. Double-book shows only when some reservation waits (the placement
-`reserve` runs inline is the production one; the broken background pass then books the waiting one over
-what is taken).
+`seams_for(None)` the production ones. A break shows only when the run meets what it is wrong about: a
+command frame delivered twice, a hold on a node that goes away, a session that closes, a reservation that
+waits (the placement `reserve` runs inline is the production one; the broken background pass books the
+waiting one over what is taken), a closed usage hour, a node redialling while the gateway still holds its
+old session. tests/sim/test_sim_breaks_e2e.py holds a small seeded run for each.
 """
 
 from __future__ import annotations
