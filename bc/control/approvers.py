@@ -377,13 +377,7 @@ async def decide(
             await q_sql.settle_change(tx, change_id, "rejected", None, now_ms)
             await publish(tx, bus, "quorum.change-rejected", change_id, {"by": approver.name, "reason": reason}, now_ms)
             return
-        change = common_pb2.QuorumChange(
-            change_id=change_id, requested_by=requested_by, from_digest=q.settings_digest(frm), settings=to
-        )
-        for d in await q_sql.change_decisions(tx, change_id):
-            if str(d["decision"]) == "approve":
-                change.signatures.add(key_id=str(d["key_id"]), signature=bytes(d["signature"]))
-        tally = q.count_change_approvals(change, frm)
+        change, tally = change_tally(change_id, requested_by, frm, to, await q_sql.change_decisions(tx, change_id))
         if len(tally.counted) < int(row["threshold"]):
             return
         cur = await stored(tx)
@@ -421,6 +415,24 @@ def set_info(s: ApproverSet, now_ms: int) -> admin_pb2.ApproverSet:
     )
 
 
+def change_tally(
+    change_id: str,
+    requested_by: str,
+    frm: common_pb2.QuorumSettings,
+    to: common_pb2.QuorumSettings,
+    decisions: list[Row],
+) -> tuple[common_pb2.QuorumChange, q.Tally]:
+    """The change as nodes will check it, and its approvals counted by the one rule
+    (`bc.pki.quorum.count_change_approvals`): what decides a change is what `bc approvers changes` shows."""
+    change = common_pb2.QuorumChange(
+        change_id=change_id, requested_by=requested_by, from_digest=q.settings_digest(frm), settings=to
+    )
+    for d in decisions:
+        if str(d["decision"]) == "approve":
+            change.signatures.add(key_id=str(d["key_id"]), signature=bytes(d["signature"]))
+    return change, q.count_change_approvals(change, frm)
+
+
 def change_info(row: Row, decisions: list[Row], now_ms: int) -> admin_pb2.QuorumChangeInfo:
     state = str(row["state"])
     if state == "pending" and int(row["not_after_ms"]) <= now_ms:
@@ -437,7 +449,8 @@ def change_info(row: Row, decisions: list[Row], now_ms: int) -> admin_pb2.Quorum
     info.from_settings.ParseFromString(bytes(row["from_settings"]))
     info.to_settings.ParseFromString(bytes(row["to_settings"]))
     info.decisions.extend(views.decision_info(d, now_ms) for d in decisions)
-    info.approvals = sum(1 for d in decisions if str(d["decision"]) == "approve")
+    _, tally = change_tally(info.id, info.requested_by, info.from_settings, info.to_settings, decisions)
+    info.approvals = len(tally.counted)
     return info
 
 
