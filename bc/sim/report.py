@@ -6,7 +6,7 @@ work done (the workload's mix, `bc.sim.workload`), the faults injected by type, 
 simulated time it happened), the digest of the events log, and the exact command that replays the run.
 
 `to_json` carries the same facts with stable keys: `digest`, `invariants` (a list of `{id, name, ok,
-counterexample, at_ms}`), `faults` and `work` (by type, sorted), `seed`, `nodes`, `chaos`,
+counterexample, at_ms}`), `faults`, `link_faults` and `work` (by type, sorted), `seed`, `nodes`, `chaos`,
 `sim_seconds`, `wall_seconds`, `events`, `ok` and `repro`.
 """
 
@@ -43,6 +43,8 @@ class Result(Protocol):
     def faults(self) -> Mapping[str, int]: ...
     @property
     def work(self) -> Mapping[str, int]: ...
+    @property
+    def link_faults(self) -> Mapping[str, int]: ...
     @property
     def invariants(self) -> Sequence[Invariant]: ...
     @property
@@ -108,6 +110,7 @@ def summary(result: Result, cfg: Config) -> str:
     lines = [head, ""]
     lines += _counts("work", result.work)
     lines += _counts("faults", result.faults)
+    lines += _counts("links", result.link_faults)
     lines.append("invariants:")
     lines += [invariant_line(i) for i in result.invariants]
     verdict = "every invariant holds" if all_ok(result) else "an invariant FAILED"
@@ -131,6 +134,7 @@ def to_json(result: Result, cfg: Config) -> dict[str, Any]:
             for i in result.invariants
         ],
         "faults": dict(sorted(result.faults.items())),
+        "link_faults": dict(sorted(result.link_faults.items())),
         "work": dict(sorted(result.work.items())),
         "repro": result.repro,
     }

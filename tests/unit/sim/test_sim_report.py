@@ -28,6 +28,7 @@ class Res:
     work: Counter[str] = field(
         default_factory=lambda: Counter({"reservations": 40, "command.diag.nvml": 12, "jobs.reboot": 2})
     )
+    link_faults: Counter[str] = field(default_factory=lambda: Counter({"dropped": 40, "duplicated": 2}))
     sim_seconds: float = 3600.0
     wall_seconds: float = 36.0
     repro: str = "bc sim --nodes 100 --chaos heavy --seed 7 --duration 1h"
@@ -59,8 +60,10 @@ def test_a_passing_run_says_so_line_by_line() -> None:
     # Work and faults by type, sorted; a type that never happened is left out.
     work = lines[lines.index("work:") + 1 : lines.index("faults:")]
     assert [w.split()[0] for w in work] == ["command.diag.nvml", "jobs.reboot", "reservations"]
-    faults = lines[lines.index("faults:") + 1 : lines.index("invariants:")]
+    faults = lines[lines.index("faults:") + 1 : lines.index("links:")]
     assert [f.split() for f in faults] == [["agent-crash", "5"], ["partition", "3"]]
+    links = lines[lines.index("links:") + 1 : lines.index("invariants:")]
+    assert [f.split() for f in links] == [["dropped", "40"], ["duplicated", "2"]]
 
 
 def test_a_failed_invariant_shows_its_counterexample_and_when() -> None:
@@ -80,8 +83,8 @@ def test_a_failed_invariant_shows_its_counterexample_and_when() -> None:
 
 
 def test_no_faults_reads_none() -> None:
-    text = summary(Res(PASS, faults=Counter()), Cfg(chaos="none"))
-    assert "faults: none" in text.splitlines()
+    text = summary(Res(PASS, faults=Counter(), link_faults=Counter()), Cfg(chaos="none"))
+    assert "faults: none" in text.splitlines() and "links: none" in text.splitlines()
 
 
 def test_the_json_document_carries_every_key_and_round_trips() -> None:
@@ -97,4 +100,5 @@ def test_the_json_document_carries_every_key_and_round_trips() -> None:
     }
     assert doc["invariants"][0]["counterexample"] is None and doc["invariants"][0]["at_ms"] is None
     assert list(doc["faults"]) == ["agent-crash", "partition", "reset"]  # sorted, stable across runs
+    assert doc["link_faults"] == {"dropped": 40, "duplicated": 2}
     assert doc["work"]["reservations"] == 40 and doc["sim_seconds"] == 3600.0
