@@ -216,6 +216,7 @@ async def main() -> None:
             "jobs",
             "capacity",
             "sim",
+            "tui",
         ],
     )
     args = ap.parse_args()
@@ -260,6 +261,8 @@ async def main() -> None:
         from bench.capacity import run as capacity_run
 
         await capacity_run(capacity_parser().parse_args([]))
+    if args.only in (None, "tui"):
+        await __import__("bench.tui", fromlist=["main"]).main([])
     if args.only in (None, "sim"):
         from bench.sim import main as sim_main
 
