@@ -168,9 +168,37 @@ def test_artifact_runs_a_fleet(artifact_lab: tuple[str, Lab]) -> None:
     r = lab.run("doctor", "--data-dir", str(lab.node_dir("n1")))
     assert r.returncode == 0, f"bc doctor exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
 
+    tui_opens_and_quits(lab)
+
     unit = lab.run("unit", "print", "node")
     assert unit.returncode == 0 and "ExecStart=/usr/local/bin/bc node " in unit.stdout, unit
     assert_no_tracebacks(lab)
+
+
+def tui_opens_and_quits(lab: Lab) -> None:
+    """`bc tui` in a real terminal (tmux): the fleet shows n1, `q` quits with status 0."""
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is needed for the bc tui smoke (apt-get install tmux)")
+    sock, status = str(lab.root / "tmux.sock"), lab.root / "tui.status"
+    env = " ".join(f"{k}={v}" for k, v in {**lab.env, "TERM": "xterm-256color"}.items())
+    cmd = f"env -i {env} {lab.bc_path} tui; echo $? > {status}; sleep 30"
+    tmux = ["tmux", "-S", sock]
+    subprocess.run([*tmux, "new-session", "-d", "-s", "tui", "-x", "120", "-y", "40", cmd], check=True)
+    try:
+        shown = lab.wait_for(
+            "bc tui showing n1",
+            lambda: (
+                (s := subprocess.run([*tmux, "capture-pane", "-p", "-t", "tui"], capture_output=True, text=True))
+                and "n1" in s.stdout
+                and "CONNECTIVITY" in s.stdout
+            ),
+        )
+        assert shown
+        subprocess.run([*tmux, "send-keys", "-t", "tui", "q"], check=True)
+        lab.wait_for("bc tui to exit", lambda: status.exists() and status.read_text().strip() != "")
+        assert status.read_text().strip() == "0"
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S + 60)
