@@ -64,7 +64,7 @@ async def test_the_banner_snapshot_when_the_server_is_gone() -> None:
     source = FakeSource(random.Random(7), nodes=24)
     app = app_on(source)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.state.link.live)
+        await until(pilot, lambda: app.state.link.live and all(r.detail for r in app.state.rows.values()))
         # What the feed records when the stream breaks, with the frozen clock 42 s later.
         app.state.link.live, app.state.link.reason, app.state.link.attempts = False, "connection refused", 3
         app.state.link.data_at = app.clock.monotonic() - 42
