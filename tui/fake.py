@@ -233,6 +233,10 @@ class FakeSource:
             if (not node_id or r.node_id == node_id) and (not state or r.state in want.get(state, (state,)))
         ]
 
+    async def usage(self, *, since_ms: int = 0, until_ms: int = 0, by: str = "") -> admin_pb2.UsageResponse:
+        rows = [admin_pb2.UsageRow(key="r-0001", atom_ms=2 * 3_600_000, atom_seconds=7200.0, windows=1)]
+        return admin_pb2.UsageResponse(rows=rows, now_ms=T0_MS)
+
     async def release(self, reservation_id: str) -> admin_pb2.Reservation:
         for r in self.reservations:
             if r.id == reservation_id:

@@ -117,3 +117,25 @@ async def test_cancelling_a_dag_on_the_jobs_screen_cancels_it(lab: InprocLab) ->
         assert screen.jobs[0].state == "cancelled"
         await pilot.press("q")
     assert (await lab.admin.get_job(job.id)).state == "cancelled"
+
+
+async def test_releasing_a_reservation_on_the_reservations_screen_after_confirmation(lab: InprocLab) -> None:
+    from tui.screens.reservations import ReservationsScreen
+
+    await connected(lab, "n1")
+    hold = await lab.admin.reserve(1, node_id="n1")
+    app = make_app(OperatorConfig.load(lab.server.operator_config))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.link.live)
+        await pilot.press("4")
+        screen = app.screen
+        assert isinstance(screen, ReservationsScreen)
+        await until(pilot, lambda: hold.id in screen.by_id and screen.by_id[hold.id].state == "active")
+        row = [str(c) for c in screen.query_one("#reservations").get_row(hold.id)]  # type: ignore[attr-defined]
+        assert row[3] == "n1" and row[5].startswith("bc.dev/gpu="), row  # the CDI name a container asks for
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: screen.by_id.get(hold.id) is not None and screen.by_id[hold.id].state != "active")
+        await pilot.press("q")
+    assert (await lab.admin.get_reservation(hold.id)).state in ("releasing", "released")

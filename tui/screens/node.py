@@ -16,6 +16,7 @@ from textual.widgets import Static
 
 from bc.errors import BcError
 from bc.protocol import kinds
+from bc.protocol.atoms import cdi_qualified
 from bc.protocol.pb import admin_pb2, common_pb2
 from tui import fmt
 from tui.screens.base import BcScreen
@@ -54,7 +55,7 @@ def render_node(
         lines.append(f"  {cap.device_class:<10} booked {cap.booked_now}/{cap.offered} now, {cap.booked_later} later")
     lines.append("HOLDS")
     for r in holds:
-        devices = ", ".join(f"{d.device_class}:{d.atom_id}" for d in r.devices) or "-"
+        devices = ", ".join(cdi_qualified(d.atom_id or d.gpu_uuid) for d in r.devices) or "-"
         lines.append(f"  {r.id}  {r.state:<9} {r.gpus} gpu  {devices}")
     if not holds:
         lines.append("  none")

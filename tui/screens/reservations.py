@@ -1,4 +1,9 @@
-"""Reservations: pending (and why each waits), active (node, devices, window, usage so far), ended; `d` releases."""
+"""Reservations: pending (and why each waits), active (node, devices, window, usage so far), ended; `d` releases.
+
+Devices show as their CDI names (`bc.dev/gpu=…`, what a container asks for). Usage is what
+`bc usage --by reservation` reports: the windows the placement pass has flushed, so a running
+hold's figure trails by up to an hour; n/a when the server has none for it yet.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,17 @@ from textual.widgets import DataTable, Static
 
 from bc.cli.render import format_time_ms
 from bc.errors import BcError
+from bc.protocol.atoms import cdi_qualified
 from bc.protocol.pb import admin_pb2
 from tui import fmt
 from tui.screens.base import BcScreen
 from tui.widgets import ConfirmScreen
 
 GROUPS = (("pending", "pending"), ("active", "active"), ("ended", "ended"))
+
+
+def gpu_hours(atom_seconds: float | None) -> str:
+    return fmt.NA if atom_seconds is None else f"{atom_seconds / 3600:.1f} GPU·h"
 
 
 def window(r: admin_pb2.Reservation) -> str:
@@ -41,7 +51,7 @@ class ReservationsScreen(BcScreen):
     def on_mount(self) -> None:
         super().on_mount()
         t = self.query_one("#reservations", DataTable)
-        t.add_columns("GROUP", "ID", "STATE", "NODE", "GPUS", "DEVICES / WHY IT WAITS", "WINDOW", "AGE", "TENANT")
+        t.add_columns("GROUP", "ID", "STATE", "NODE", "GPUS", "CDI DEVICES / WHY IT WAITS", "WINDOW", "USED", "TENANT")
         t.focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -55,6 +65,7 @@ class ReservationsScreen(BcScreen):
         try:
             for title, state in GROUPS:
                 groups.append((title, await src.list_reservations(state=state, include_released=state == "ended")))
+            used = {u.key: u.atom_seconds for u in (await src.usage(by="reservation")).rows}
         except BcError as e:
             self.notify(f"reservations: {e.message}", severity="error")
             return
@@ -66,7 +77,7 @@ class ReservationsScreen(BcScreen):
                 if r.id in self.by_id:
                     continue
                 self.by_id[r.id] = r
-                devices = ", ".join(d.atom_id or d.gpu_uuid for d in r.devices)
+                devices = ", ".join(cdi_qualified(d.atom_id or d.gpu_uuid) for d in r.devices)
                 what = r.reason if title == "pending" else (devices or r.reason or "-")
                 t.add_row(
                     title,
@@ -76,7 +87,7 @@ class ReservationsScreen(BcScreen):
                     str(r.gpus),
                     fmt.clip(what, 40),
                     window(r),
-                    fmt.age(r.created_age_ms),
+                    gpu_hours(used.get(r.id)) if title != "pending" else "-",
                     r.tenant or "-",
                     key=r.id,
                 )
