@@ -200,6 +200,9 @@ class FakeSource:
                 return c
         raise NotFound(f"no command {command_id!r}")
 
+    async def get_pki(self) -> admin_pb2.PkiInfo:
+        return admin_pb2.PkiInfo(command_signing=True, worker=admin_pb2.SigningKeyInfo(key_id="sha256:" + "ef" * 32))
+
     async def cancel_command(self, command_id: str, *, reason: str = "") -> admin_pb2.CommandInfo:
         c = await self.get_command(command_id)
         c.cancel_requested = True

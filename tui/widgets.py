@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Input, Static
+from textual.widgets import Input, Select, Static, TextArea
 
 from tui import fmt
 from tui.state import Link
@@ -111,4 +111,33 @@ class HelpScreen(ModalScreen[None]):
         yield Static(HELP, markup=False)
 
     def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class RunCommandScreen(ModalScreen[tuple[str, str] | None]):
+    """The kind picker and the payload editor of `r` on a node; ctrl+s goes on (to the confirmation)."""
+
+    BINDINGS = [Binding("ctrl+s", "submit", "Next"), Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    RunCommandScreen { align: center middle; }
+    RunCommandScreen > Vertical { width: 90; height: 24; border: thick $primary; padding: 1 2; background: $surface; }
+    RunCommandScreen TextArea { height: 1fr; }
+    """
+
+    def __init__(self, node_id: str, kinds: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self._node, self._kinds = node_id, kinds
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(f"run a command on {self._node}: the kind, then its payload (protobuf JSON)", markup=False)
+            yield Select(self._kinds, value=self._kinds[0][1], allow_blank=False, id="run-kind")
+            yield TextArea("{}", id="run-payload")
+            yield Static("ctrl+s: next (you confirm before anything runs)    escape: cancel", markup=False)
+
+    def action_submit(self) -> None:
+        kind = self.query_one("#run-kind", Select).value
+        self.dismiss((str(kind), self.query_one("#run-payload", TextArea).text))
+
+    def action_cancel(self) -> None:
         self.dismiss(None)

@@ -139,3 +139,27 @@ async def test_releasing_a_reservation_on_the_reservations_screen_after_confirma
         await until(pilot, lambda: screen.by_id.get(hold.id) is not None and screen.by_id[hold.id].state != "active")
         await pilot.press("q")
     assert (await lab.admin.get_reservation(hold.id)).state in ("releasing", "released")
+
+
+async def test_running_a_command_from_the_node_screen_goes_through_runcommand_and_settles(lab: InprocLab) -> None:
+    from tui.screens.node import NodeScreen
+    from tui.widgets import RunCommandScreen
+
+    await connected(lab, "n1")
+    app = make_app(OperatorConfig.load(lab.server.operator_config))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.link.live and "n1" in app.state.rows)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, NodeScreen))
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RunCommandScreen))
+        await pilot.press("ctrl+s")  # the first kind, inventory.refresh, with {}
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "inventory.refresh on n1" in str(app.screen.query_one("#confirm-body").render())
+        await pilot.press("y")
+        await until(pilot, lambda: isinstance(app.screen, NodeScreen))
+        await pilot.press("q")
+    cmds = await lab.admin.list_commands(node_id="n1")
+    assert [c.kind for c in cmds] == ["inventory.refresh"] and cmds[0].requested_by
+    done = await lab.wait_event("command.settled", lambda ev, d: ev.subject == cmds[0].id)
+    assert json.loads(done.data_json)["state"] == "succeeded"

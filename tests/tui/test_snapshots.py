@@ -43,6 +43,8 @@ def compare(name: str, svg: str) -> None:
         ("jobs", ["3"]),
         ("reservations", ["4"]),
         ("commands", ["5"]),
+        ("command_open", ["5", "enter"]),
+        ("run_command", ["enter", "r"]),
         ("events", ["6"]),
         ("help", ["question_mark"]),
     ],
@@ -65,10 +67,13 @@ async def test_the_banner_snapshot_when_the_server_is_gone() -> None:
     app = app_on(source)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.state.link.live and all(r.detail for r in app.state.rows.values()))
+        await pilot.pause(0.3)
         # What the feed records when the stream breaks, with the frozen clock 42 s later.
         app.state.link.live, app.state.link.reason, app.state.link.attempts = False, "connection refused", 3
         app.state.link.data_at = app.clock.monotonic() - 42
         app.state.link.down_since = app.clock.monotonic() - 40
         app.screen.show_link()  # type: ignore[attr-defined]
-        await pilot.pause(0.2)
+        app.refresh_bindings()
+        await pilot.pause(0.3)
+        await pilot.wait_for_scheduled_animations()
         compare("banner", app.export_screenshot(title="bc tui: banner"))

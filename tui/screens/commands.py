@@ -17,7 +17,19 @@ from tui.widgets import ConfirmScreen
 ORDER = ("running", "acked", "dispatched", "pending", "failed", "rejected", "expired", "cancelled", "succeeded")
 
 
-def describe(c: admin_pb2.CommandInfo) -> str:
+def signing(pki: admin_pb2.PkiInfo | None) -> str:
+    """What the server says of command signing; the Admin API reports no per-command signature."""
+    if pki is None:
+        return "signature: n/a (the server's PKI could not be read)"
+    if not pki.command_signing:
+        return "signature: none (command signing is off at the server)"
+    return f"signature: command signing is on; bodies are signed by the worker key {pki.worker.key_id[:23]}…"
+
+
+def describe(
+    c: admin_pb2.CommandInfo, pki: admin_pb2.PkiInfo | None = None, updates: list[admin_pb2.EventRecord] | None = None
+) -> str:
+    seen = [f"  {e.seq:>7} {e.type:<24} {e.data_json}" for e in (updates or [])]
     return "\n".join(
         [
             f"command {c.id}  {c.kind} on {c.node_id}  lane {c.lane}  attempt {c.attempt}",
@@ -27,7 +39,10 @@ def describe(c: admin_pb2.CommandInfo) -> str:
             + (f" · batch {c.batch_id} (quorum-approved scope)" if c.batch_id else "")
             + (" · cancel requested" if c.cancel_requested else ""),
             f"idempotency key {c.idempotency_key} · min generation {c.min_generation} · boot {c.boot_id or 'n/a'}",
+            signing(pki),
             f"result: {c.result_json or ('(left out of the list)' if c.result_omitted else 'none yet')}",
+            "updates seen by this TUI:",
+            *(seen or ["  none since the TUI started"]),
         ]
     )
 
@@ -42,7 +57,7 @@ class CommandsScreen(BcScreen):
     ]
     DEFAULT_CSS = """
     #commands { height: 1fr; }
-    #command-detail { height: auto; max-height: 10; border-top: solid $primary; padding: 0 1; }
+    #command-detail { height: auto; max-height: 16; border-top: solid $primary; padding: 0 1; }
     """
 
     def __init__(self) -> None:
@@ -114,7 +129,12 @@ class CommandsScreen(BcScreen):
         except BcError as e:
             self.notify(e.message, severity="error")
             return
-        self.query_one("#command-detail", Static).update(describe(c))
+        try:
+            pki: admin_pb2.PkiInfo | None = await src.get_pki()
+        except BcError:
+            pki = None
+        updates = [e for e in self.bc.state.events if e.subject == cid]
+        self.query_one("#command-detail", Static).update(describe(c, pki, updates))
 
     def action_refresh(self) -> None:
         self.spawn(self.reload, "reload")

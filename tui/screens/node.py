@@ -1,6 +1,6 @@
 """Node: sections with reasons, conditions with ages, holds, recent commands and events.
 
-`c` cordon, `u` uncordon, `r` run a command (kind, payload JSON; the same RunCommand call as
+`c` cordon, `u` uncordon, `r` run a command (kind picker, payload editor; the same RunCommand call as
 `bc cmd run`), each confirmed first.
 """
 
@@ -20,7 +20,7 @@ from bc.protocol.atoms import cdi_qualified
 from bc.protocol.pb import admin_pb2, common_pb2
 from tui import fmt
 from tui.screens.base import BcScreen
-from tui.widgets import ConfirmScreen, PromptScreen
+from tui.widgets import ConfirmScreen, RunCommandScreen
 
 
 def render_node(
@@ -139,17 +139,13 @@ class NodeScreen(BcScreen):
         self.spawn(self._run, "write")
 
     async def _run(self) -> None:
-        names = ", ".join(sorted(kinds.KINDS))
-        kind = await self.app.push_screen_wait(PromptScreen(f"command kind ({names}):", "inventory.refresh"))
-        if not kind:
+        choices = [
+            (f"{k.name} ({k.lane}{', destructive' if k.destructive else ''})", k.name) for k in kinds.KINDS.values()
+        ]
+        picked = await self.app.push_screen_wait(RunCommandScreen(self.node_id, choices))
+        if picked is None:
             return
-        kind = kind.strip()
-        if kinds.get(kind) is None:
-            self.notify(f"unknown kind {kind!r}", severity="error")
-            return
-        payload = await self.app.push_screen_wait(PromptScreen(f"{kind} payload (protobuf JSON):", "{}"))
-        if payload is None:
-            return
+        kind, payload = picked
         try:
             json.loads(payload or "{}")
         except json.JSONDecodeError as e:
