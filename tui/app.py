@@ -58,8 +58,12 @@ class BcTui(App[None]):
         approver_key: str | None = None,
         poll_s: float = 5.0,
         tick_s: float = 1.0,
+        theme: str = "ansi-dark",
     ) -> None:
         super().__init__()
+        # The ANSI theme draws with the terminal's own 16 colours, so the app follows the terminal's theme;
+        # styles also use bold, reverse and dim, so nothing depends on colour alone (NO_COLOR stays legible).
+        self._theme = theme
         self.clock = clock
         self.server = server
         self.approver_key = approver_key
@@ -76,6 +80,7 @@ class BcTui(App[None]):
         return self.state.server.role
 
     def on_mount(self) -> None:
+        self.theme = self._theme
         self.switch_mode("fleet")
         self.run_worker(self.feed.run(), name="feed", group="feed", exit_on_error=False)
         if self._tick_s > 0:
