@@ -45,6 +45,7 @@ from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 
 REWIND_LIMIT_MS = 5 * 60 * 1000
 MISSED_HEARTBEATS = 3
+SILENCE_EPSILON_S = 0.001
 WELCOME_TIMEOUT_S = 15.0
 
 
@@ -342,6 +343,23 @@ class AgentSessionCore:
     def _revoked(self, r: session_pb2.RevocationNotice) -> list[Effect]:
         self.state = State.CLOSED
         return [Close(f"certificate revoked: {r.reason}", redial=False)]
+
+    def next_due(self, now_mono: float) -> float:
+        """Seconds until `tick` has something to do: the Welcome's timeout, a heartbeat to send, or the
+        silence that closes the session. The writer sleeps this long unless the outbox wakes it."""
+        # The silence rules are strict (`>`): wake just past their instant, not at it.
+        if self.state is State.HELLO_SENT:
+            return max(0.0, self.last_heard + WELCOME_TIMEOUT_S + SILENCE_EPSILON_S - now_mono)
+        if self.state is not State.OPEN:
+            return 1.0
+        return max(
+            0.0,
+            min(
+                self.last_heard + MISSED_HEARTBEATS * self.heartbeat_interval_s + SILENCE_EPSILON_S,
+                self.last_heartbeat_sent + self.heartbeat_interval_s,
+            )
+            - now_mono,
+        )
 
     def tick(self, now_mono: float) -> list[Effect]:
         """Heartbeats out; silence for three intervals closes the session (a half-open link)."""

@@ -49,6 +49,7 @@ CDI holds, `DeviceAssignment.limits` (a slice and host admission) and `BINDING_K
 agent would drop the limits or the binding as unknown fields, so capacity places only on nodes that say so."""
 
 WRITER_TICK_S = 1.0
+TIMER_FLOOR_S = 0.001
 """The writer wakes at least this often to tick the core (heartbeats, silence), outbox or not."""
 
 
@@ -225,7 +226,14 @@ class SessionRunner:
                 await self._flush_events()
                 await self._flush_status()
                 await d.dispatcher.expire_deferred()
-            await wait_event(d.outbox.changed, WRITER_TICK_S)
+            # Until the core's next timer (a heartbeat, the silence rule) unless the outbox changes first; a
+            # deferred command waiting for its spec is checked against its not_after each second.
+            timeout = self.core.next_due(d.clock.monotonic())
+            if d.dispatcher.deferred:
+                timeout = min(timeout, WRITER_TICK_S)
+            # At least a millisecond: `deadline - now` can be a rounding error above zero while the core's
+            # `now - start >= interval` is still false, and a virtual clock would then never move.
+            await wait_event(d.outbox.changed, max(TIMER_FLOOR_S, timeout))
 
     async def _flush_events(self) -> None:
         journal = self.deps.journal

@@ -43,6 +43,7 @@ from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.protocol.status import status_key
 
 MISSED_HEARTBEATS = 3
+SILENCE_EPSILON_S = 0.001
 BACKSTOP_S = 10.0
 STATUS_INTERVAL_S = 1.0  # an unchanged report: about once a second
 NEWS_INTERVAL_S = 0.1  # the write budget refills at ten a second ...
@@ -233,6 +234,22 @@ class GatewaySessionCore:
             self.last_heartbeat_sent = now
             out.append(Send(GatewayMessage(heartbeat=session_pb2.Heartbeat(server_time_ms=server_time_ms))))
         return out
+
+    def next_due(self, now: float) -> float:
+        """Seconds until a timer of this core fires: a heartbeat to send, the silence that closes the session,
+        the spec backstop. The adapter sleeps this long unless a frame, a poke or a status wakes it, so an
+        idle session costs nothing between its timers."""
+        if self.state is State.CLOSED:
+            return BACKSTOP_S
+        # The silence rule is strict (`>`): wake just past its instant, not at it.
+        due = self.last_heard + MISSED_HEARTBEATS * self.heartbeat_interval_s + SILENCE_EPSILON_S - now
+        if self.state is State.OPEN:
+            due = min(
+                due,
+                self.last_heartbeat_sent + self.heartbeat_interval_s - now,
+                self.last_backstop + BACKSTOP_S - now,
+            )
+        return max(0.0, due)
 
     def backstop_due(self, now: float) -> bool:
         if self.state is State.OPEN and now - self.last_backstop >= BACKSTOP_S:

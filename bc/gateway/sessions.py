@@ -56,6 +56,7 @@ log = logging.getLogger("bc.gateway")
 GATEWAY_LEASE_TTL_MS = 20_000
 GATEWAY_LEASE_RENEW_S = 5.0
 LIVENESS_FLUSH_S = 5.0
+TIMER_FLOOR_S = 0.001
 BUSY_RETRY_MS = 1_000
 REVOCATION_POLL_S = 1.0
 
@@ -220,6 +221,8 @@ class SessionDriver:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._poke_pending = False
+        # When a dispatch is due though nothing poked: a pending command's not_before (monotonic; None: none).
+        self._dispatch_at: float | None = None
         self._closing: core.Close | None = None
         self._close_reason: CloseReason = closing.UNSPECIFIED
         self._done = asyncio.Event()
@@ -357,21 +360,37 @@ class SessionDriver:
         """Heartbeats and timers; pokes at once; status reports when the core says they are due."""
         try:
             last_seen_flush = self.gw.clock.monotonic()
-            step = min(1.0, self.gw.cfg.heartbeat_interval_s / 4)
             while True:
-                due = self.core.status_due(self.gw.clock.monotonic())
-                timeout = step if due is None else min(step, due)
-                await wait_event(self._wake, timeout)
+                # Sleep until the next timer (the core's heartbeat, silence and backstop, the status budget,
+                # the liveness flush, a command's not_before) unless a frame or a poke wakes us first: an idle
+                # session does nothing between its timers.
+                now = self.gw.clock.monotonic()
+                timeout = self.core.next_due(now)
+                due = self.core.status_due(now)
+                if due is not None:
+                    timeout = min(timeout, due)
+                if self.core.epoch:
+                    timeout = min(timeout, last_seen_flush + LIVENESS_FLUSH_S - now)
+                if self._dispatch_at is not None and self.core.state is core.State.OPEN:
+                    timeout = min(timeout, self._dispatch_at - now)
+                # At least a millisecond: a timer computed as `deadline - now` can come out a rounding error
+                # above zero while `now - start >= interval` is still false, and on a virtual clock that
+                # never moves time forward.
+                await wait_event(self._wake, max(TIMER_FLOOR_S, timeout))
                 self._wake.clear()
                 now = self.gw.clock.monotonic()
                 async with self._lock:
                     server_ms = await self.gw.store.now_ms()
                     await self._execute(self.core.tick(now, server_ms))
-                    if self._poke_pending or self.core.backstop_due(now):
-                        reason = "poke" if self._poke_pending else "backstop"
+                    poked = self._poke_pending
+                    backstop = self.core.backstop_due(now)
+                    if poked or backstop:
                         self._poke_pending = False
-                        await self._check_generation(reason)
-                    if self.core.state is core.State.OPEN:
+                        await self._check_generation("poke" if poked else "backstop")
+                    # Commands go out on a poke (an enqueue, a cancel, a credit come free, a batch released),
+                    # at a pending command's not_before, and on the 10 s backstop (a write no poke announced).
+                    timed = self._dispatch_at is not None and now >= self._dispatch_at
+                    if self.core.state is core.State.OPEN and (poked or backstop or timed):
                         await self._dispatch()
                     if self.core.status_due(now) == 0.0:
                         self.core.note_status_written(now)
@@ -471,6 +490,7 @@ class SessionDriver:
         store, epoch = self.gw.store, self.core.epoch
         # Most passes of a quiet node find nothing: one indexed read instead of a write transaction
         # (a session dispatches every second and on every poke).
+        self._dispatch_at = None
         async with store.transaction(write=False) as tx:
             if not await commands_sql.has_open(tx, self.node_id):
                 return
@@ -514,6 +534,12 @@ class SessionDriver:
             for r in await commands_sql.cancels_to_send(tx, self.node_id, epoch):
                 cancels.append((str(r["id"]), str(r["cancel_reason"] or "cancelled")))
                 await commands_sql.mark_cancel_sent(tx, str(r["id"]), self.node_id, epoch)
+            if len(rows) >= commands_sql.DISPATCH_BATCH:
+                self._dispatch_at = self.gw.clock.monotonic()  # more than one read's worth: go on at once
+            else:
+                later = await commands_sql.next_not_before(tx, self.node_id, now_ms)
+                if later is not None:
+                    self._dispatch_at = self.gw.clock.monotonic() + (later - now_ms) / 1000
         for cid in to_send:
             await self._send_command(cid)
         for cid, reason in cancels:

@@ -133,7 +133,21 @@ async def list_(tx: Tx, *, node_id: str = "", state: str = "", limit: int = 100)
     )
 
 
-async def pending_for_node(tx: Tx, node_id: str, now_ms: int, limit: int = 1000) -> list[Row]:
+DISPATCH_BATCH = 1000
+"""At most this many pending commands are read per dispatch of one node."""
+
+
+async def next_not_before(tx: Tx, node_id: str, now_ms: int) -> int | None:
+    """The earliest not_before still ahead among the node's pending commands (None: none waits for its time)."""
+    v = await tx.fetchval(
+        "SELECT MIN(not_before_ms) FROM commands WHERE node_id = :n AND state = 'pending' AND held = 0"
+        " AND not_before_ms > :now",
+        {"n": node_id, "now": now_ms},
+    )
+    return None if v is None else int(v)
+
+
+async def pending_for_node(tx: Tx, node_id: str, now_ms: int, limit: int = DISPATCH_BATCH) -> list[Row]:
     """Dispatchable commands in seq order: pending, inside their [not_before, not_after) window."""
     return await tx.fetchall(
         "SELECT * FROM commands WHERE node_id = :n AND state = 'pending' AND held = 0"
