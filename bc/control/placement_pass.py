@@ -28,9 +28,11 @@ a reservation that fits now returns placed; `run_forever` is the singleton under
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
+import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -71,6 +73,8 @@ log = logging.getLogger("bc.control.placement_pass")
 LEASE_NAME = "worker:placement"
 LEASE_TTL_MS = 15_000
 MAX_WAIT_S = 1.0
+MIN_GAP_S = 0.25
+"""Passes woken by events are at least this far apart (a reservation waits at most this much longer)."""
 BINDINGS: Mapping[str, int] = {"hold": spec_pb2.BINDING_HOLD, "kubernetes": spec_pb2.BINDING_KUBERNETES}
 
 
@@ -122,6 +126,32 @@ def _parsed(text: str) -> tuple[common_pb2.Inventory, tuple[GpuInfo, ...], tuple
 
 
 def node_info(row: Row, extra: Row | None) -> NodeInfo:
+    """The planner's view of a node row (and its labels, capabilities and job hold), made once per distinct row:
+    a pass runs on every change, and most nodes' rows do not move between passes."""
+    key = (
+        str(row["node_id"]),
+        str(row["connectivity"]),
+        bool(row["cordoned"]),
+        bool(row["revoked"]),
+        str(row["inventory"] or "{}"),
+        None if extra is None else (str(extra["labels"] or ""), str(extra["capabilities"] or ""), extra["job_hold"]),
+    )
+    return _node_info(key, row, extra)
+
+
+_NODE_INFO: dict[tuple[object, ...], NodeInfo] = {}
+
+
+def _node_info(key: tuple[object, ...], row: Row, extra: Row | None) -> NodeInfo:
+    hit = _NODE_INFO.get(key)
+    if hit is None:
+        if len(_NODE_INFO) >= 65536:  # bounded: rows that moved on are dropped wholesale, then rebuilt as needed
+            _NODE_INFO.clear()
+        hit = _NODE_INFO[key] = _build_node_info(row, extra)
+    return hit
+
+
+def _build_node_info(row: Row, extra: Row | None) -> NodeInfo:
     _, gpus, numa = _parsed(str(row["inventory"] or "{}"))
     labels: dict[str, str] = {}
     caps: list[str] = []
@@ -368,11 +398,22 @@ class PlacementPass:
             return await self.step(tx, now_ms)
 
     async def run_forever(self, clock: Clock) -> None:
-        """Pass whenever the event log moves, and at the plan's next wake (waiting at most a second)."""
-        del clock  # the wait below is on the bus, bounded by the loop's (virtual or real) time
+        """Pass when the event log moves and at the plan's next wake, at most once per `MIN_GAP_S`.
+
+        A pass that could place, deliver, end or flush nothing is skipped: nothing waits in the queue, no
+        booked window has started, and the plan's next wake (a window's start or end, a usage cut) is still
+        ahead. A full pass still runs at least every third of the lease's TTL, which keeps the lease."""
+        last_full = -math.inf
         while True:
+            started = clock.monotonic()
             try:
-                await self.pass_once()
+                if (
+                    self.next_wake_ms is None
+                    or started - last_full >= LEASE_TTL_MS / 3000
+                    or await self._has_work(self.next_wake_ms)
+                ):
+                    last_full = started
+                    await self.pass_once()
             except StoreError as e:
                 log.warning("event=placement.pass-failed error=%s", e)
             except Exception:  # a bug must not end placement for good: the pass rolled back; log it, go on
@@ -385,6 +426,19 @@ class PlacementPass:
                 except StoreError:
                     pass
             await self.bus.wait_events(timeout)
+            # Events come in bursts (a fleet's heartbeats and reports): one pass answers them all.
+            rest = MIN_GAP_S - (clock.monotonic() - started)
+            if rest > 0:
+                await asyncio.sleep(rest)
+
+    async def _has_work(self, next_wake_ms: int) -> bool:
+        """Whether a pass now could do anything: a reservation in the queue, a booked window whose start has
+        come, or the plan's next wake (a window's end, a usage cut) reached."""
+        now_ms = await self.store.now_ms()
+        if now_ms >= next_wake_ms:
+            return True
+        async with self.store.transaction(write=False) as tx:
+            return await cap_sql.has_placement_work(tx, now_ms)
 
     async def step(self, tx: Tx, now_ms: int) -> PassResult:
         """One pass inside the caller's transaction (a `reserve` runs it inline)."""

@@ -56,6 +56,17 @@ async def pending_unbooked(tx: Tx) -> list[Row]:
     return await tx.fetchall("SELECT * FROM reservations WHERE state = 'pending' AND node_id IS NULL ORDER BY seq")
 
 
+async def has_placement_work(tx: Tx, now_ms: int) -> bool:
+    """A reservation waits unbooked, or a booked window has started and is not delivered yet."""
+    row = await tx.fetchone(
+        "SELECT 1 AS w FROM reservations r WHERE r.state = 'pending' AND (r.node_id IS NULL OR EXISTS"
+        " (SELECT 1 FROM device_bookings b WHERE b.reservation_id = r.id AND b.released_at_ms IS NULL"
+        " AND b.start_ms <= :t)) LIMIT 1",
+        {"t": now_ms},
+    )
+    return row is not None
+
+
 async def due_windows(tx: Tx, now_ms: int) -> list[Row]:
     """Booked windows that have started and are not delivered yet (pending with a node)."""
     return await tx.fetchall(
