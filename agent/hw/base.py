@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,15 @@ def inventory_hash(inv: common_pb2.Inventory) -> str:
     Canonical JSON rather than protobuf bytes, so the hash is the same for
     the same inventory on every protobuf version and both ends of the wire.
     """
+    return _hash_of(inv.SerializeToString(deterministic=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _hash_of(wire: bytes) -> str:
+    # Keyed by the bytes only to skip recomputing an inventory that did not change (every converge pass
+    # asks); the hash itself stays over canonical JSON.
+    inv = common_pb2.Inventory()
+    inv.ParseFromString(wire)
     return "sha256:" + hashlib.sha256(canonical_json(message_to_dict(inv)).encode()).hexdigest()
 
 

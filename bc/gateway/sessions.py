@@ -57,6 +57,8 @@ GATEWAY_LEASE_TTL_MS = 20_000
 GATEWAY_LEASE_RENEW_S = 5.0
 LIVENESS_FLUSH_S = 5.0
 TIMER_FLOOR_S = 0.001
+SEEN_BATCH_S = 0.5
+"""Liveness flushes due within this long share one transaction (a gateway's sessions flush every 5 s)."""
 BUSY_RETRY_MS = 1_000
 REVOCATION_POLL_S = 1.0
 
@@ -92,6 +94,7 @@ class Gateway:
         self._signer_certs: dict[str, bytes] = {}
         self._approvals: dict[str, bytes] = {}
         self._closing_tasks: set[asyncio.Future[None]] = set()
+        self._seen_batch: dict[str, SessionDriver] = {}
         bus.on_node_changed(self._poke)
 
     def track(self, task: asyncio.Future[None]) -> None:
@@ -108,6 +111,37 @@ class Gateway:
                 await asyncio.wait(list(self._closing_tasks))
             else:
                 await asyncio.sleep(0.05)  # a session between its close request and its cleanup task
+
+    def flush_seen_soon(self, driver: SessionDriver) -> None:
+        """Queue a session's liveness flush; the sessions due within `SEEN_BATCH_S` share one transaction."""
+        first = not self._seen_batch
+        self._seen_batch[driver.node_id] = driver
+        if first:
+            self.track(asyncio.ensure_future(self._flush_seen_batch()))
+
+    async def _flush_seen_batch(self) -> None:
+        """Liveness as an age: the store computes `now - age`, so this gateway's clock cannot lie about it."""
+        await asyncio.sleep(SEEN_BATCH_S)
+        batch, self._seen_batch = self._seen_batch, {}
+        superseded: list[SessionDriver] = []
+        try:
+            now_ms = await self.store.now_ms()
+            now = self.clock.monotonic()
+            async with self.store.transaction() as tx:
+                for node_id, d in sorted(batch.items()):
+                    epoch = d.core.epoch
+                    if not epoch:
+                        continue
+                    if await nodes_sql.session_is_current(tx, node_id, epoch):
+                        age_ms = int((now - d.core.last_heard) * 1000)
+                        await nodes_sql.mark_seen(tx, node_id, epoch, now_ms - age_ms)
+                    else:
+                        superseded.append(d)
+        except StoreError as e:  # the next flush tries again; the sessions' own writes notice a store that is gone
+            log.warning("event=liveness.flush-failed sessions=%d error=%s", len(batch), e)
+            return
+        for d in superseded:
+            d.request_close("ABORTED", "this session was superseded; the node is routed elsewhere", closing.SUPERSEDED)
 
     def _poke(self, node_id: str) -> None:
         d = self.sessions.get(node_id)
@@ -397,26 +431,13 @@ class SessionDriver:
                         await self._flush_status()
                     if self.core.epoch and now - last_seen_flush >= LIVENESS_FLUSH_S:
                         last_seen_flush = now
-                        await self._flush_seen(now)
+                        self.gw.flush_seen_soon(self)
         except LinkClosed as e:
             self.request_close("OK", e.details)
         except StoreError as e:
             log.warning("event=session.store-error node=%s error=%s", self.node_id, e)
             self.request_close(
                 "UNAVAILABLE", "the control plane's store failed; reconnect", closing.GATEWAY_UNAVAILABLE
-            )
-
-    async def _flush_seen(self, now: float) -> None:
-        """Liveness as an age: the store computes `now - age`, so this gateway's clock cannot lie about it."""
-        age_ms = int((now - self.core.last_heard) * 1000)
-        now_ms = await self.gw.store.now_ms()
-        async with self.gw.store.transaction() as tx:
-            current = await nodes_sql.session_is_current(tx, self.node_id, self.core.epoch)
-            if current:
-                await nodes_sql.mark_seen(tx, self.node_id, self.core.epoch, now_ms - age_ms)
-        if not current:
-            self.request_close(
-                "ABORTED", "this session was superseded; the node is routed elsewhere", closing.SUPERSEDED
             )
 
     async def _check_generation(self, reason: str) -> None:
