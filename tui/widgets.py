@@ -31,7 +31,13 @@ class Banner(Static):
     Banner.shown { display: block; }
     """
 
+    _text = ""
+
     def show_text(self, text: str) -> None:
+        """Only a change repaints: an unchanged banner each second would lay the screen out again."""
+        if text == self._text:
+            return
+        self._text = text
         self.update(text)
         self.set_class(bool(text), "shown")
 

@@ -14,6 +14,7 @@ from bc.protocol.pb import admin_pb2
 from tests.integration.conftest import InprocLab
 from tests.integration.operators_lab import approvers, sign
 from tests.tui.conftest import SIZE, make_app, until
+from tui.fleet_table import FleetTable
 from tui.screens.approvals import ApprovalsScreen
 from tui.screens.jobs import JobsScreen
 from tui.widgets import ConfirmScreen, PromptScreen
@@ -148,7 +149,8 @@ async def test_running_a_command_from_the_node_screen_goes_through_runcommand_an
     await connected(lab, "n1")
     app = make_app(OperatorConfig.load(lab.server.operator_config))
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.state.link.live and "n1" in app.state.rows)
+        table = app.screen.query_one(FleetTable)
+        await until(pilot, lambda: app.state.link.live and table.row_count == 1)
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, NodeScreen))
         await pilot.press("r")

@@ -24,7 +24,7 @@ class FleetScreen(BcScreen):
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
     DEFAULT_CSS = """
-    #fleet-status { height: 1; padding: 0 1; color: $text-muted; }
+    #fleet-status { height: 1; width: 1fr; padding: 0 1; color: $text-muted; }
     #fleet-filter { display: none; }
     #fleet-filter.shown { display: block; }
     """
@@ -49,7 +49,21 @@ class FleetScreen(BcScreen):
     async def reload(self) -> None:
         pass  # the feed keeps the table current
 
+    # Updates are applied at most ten times a second: a busy fleet then redraws the table ten times
+    # a second, not once per event (each redraw re-renders every visible row), and no row waits long.
+    FLUSH_S = 0.1
+    _pending: set[str] | None = None
+    _status_text = ""
+
     def nodes_changed(self, node_ids: set[str]) -> None:
+        if self._pending is None:
+            self._pending = set(node_ids)
+            self.set_timer(self.FLUSH_S, self._flush)
+        else:
+            self._pending |= node_ids
+
+    def _flush(self) -> None:
+        node_ids, self._pending = self._pending or set(), None
         t = self.table
         if not t.row_count and self.bc.state.rows:
             t.rebuild(self.bc.clock.monotonic())
@@ -70,9 +84,13 @@ class FleetScreen(BcScreen):
         shown = self.table.row_count
         title = dict(COLUMNS).get(self.table.sort_column, "")
         filt = f"  filter: {self.table.filter_text!r} ({shown} shown)" if self.table.filter_text else ""
-        self.query_one("#fleet-status", Static).update(
+        text = (
             f"{total} nodes · {connected} connected · {lagging} lagging · sorted by {title}{filt} · event {st.cursor}"
         )
+        if text != self._status_text:
+            self._status_text = text
+            # A one-line status of fixed size: no layout pass (that would repaint the whole table).
+            self.query_one("#fleet-status", Static).update(text, layout=False)
 
     def action_filter(self) -> None:
         box = self.query_one("#fleet-filter", Input)
