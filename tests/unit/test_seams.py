@@ -26,7 +26,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("bc", "agent")
+PACKAGES = ("bc", "agent", "tui")
 
 WALL_TIME = {
     "time.time",

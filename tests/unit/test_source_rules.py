@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("bc", "agent")
+PACKAGES = ("bc", "agent", "tui")
 
 
 def _sources() -> list[Path]:
