@@ -72,7 +72,7 @@ def inventory_hash(inv: common_pb2.Inventory) -> str:
     return _hash_of(inv.SerializeToString(deterministic=True))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=16384)  # one entry per distinct inventory: a host has one; a simulator, thousands
 def _hash_of(wire: bytes) -> str:
     # Keyed by the bytes only to skip recomputing an inventory that did not change (every converge pass
     # asks); the hash itself stays over canonical JSON.

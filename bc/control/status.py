@@ -8,6 +8,7 @@ derived here from the store clock, so no node's wall clock is trusted.
 
 from __future__ import annotations
 
+import functools
 import json
 
 from google.protobuf import json_format
@@ -23,12 +24,21 @@ from bc.store import nodes as nodes_sql
 STATE_NAMES = {v: k for k, v in common_pb2.SectionState.items()}
 
 
+@functools.lru_cache(maxsize=16384)
+def _section_doc(wire: bytes) -> dict[str, object]:
+    """A section's status as JSON, made once per distinct section: most reports repeat the last one's.
+    Shared between calls: read it, never change it."""
+    s = common_pb2.SectionStatus()
+    s.ParseFromString(wire)
+    return message_to_dict(s)
+
+
 def status_doc(report: StatusReport, now_ms: int) -> dict[str, object]:
     return {
         "applied_generation": report.applied_generation,
         "observed_generation": report.observed_generation,
         "applied_spec_hash": report.applied_spec_hash,
-        "sections": [message_to_dict(s) for s in report.sections],
+        "sections": [_section_doc(s.SerializeToString(deterministic=True)) for s in report.sections],
         "conditions": [{**message_to_dict(c), "since_ms": now_ms - c.age_ms} for c in report.conditions],
     }
 
