@@ -94,6 +94,7 @@ class FakeSource:
                     created_age_ms=60_000 * (i + 1), updated_age_ms=5_000 * (i + 1), attempt=1,
                     idempotency_key=f"k-{i}", requested_by="alice",
                     reason="XID 79" if state == "failed" else "",
+                    signer_key_id="ed25519:5f1c0a9e7d2b4c68", attested=kind == "gpu.reset",
                 )
             )  # fmt: skip
         leaves = [

@@ -190,6 +190,8 @@ def command_info(row: Row, now_ms: int) -> admin_pb2.CommandInfo:
         batch_id=str(row["batch_id"] or ""),
         cancel_requested=row["cancel_requested_at_ms"] is not None,
         requested_by=str(row.get("requested_by") or ""),
+        signer_key_id=str(row.get("signer_key_id") or ""),
+        attested=bool(row.get("attested") or 0),
     )
 
 

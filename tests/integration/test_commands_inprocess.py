@@ -23,6 +23,11 @@ async def test_inventory_refresh_succeeds(lab: InprocLab) -> None:
     assert done.state == "succeeded", done
     result = json.loads(done.result_json)
     assert len(result["inventory"]["gpus"]) == 8
+    # Each command names the worker key that signed its stored body (what `bc tui` shows when one is opened);
+    # inventory.refresh is not an attested kind.
+    pki = await lab.admin.get_pki()
+    assert done.signer_key_id and done.signer_key_id == pki.worker.key_id
+    assert not done.attested
 
 
 async def test_unsupported_and_invalid_payload(lab: InprocLab) -> None:
@@ -45,6 +50,7 @@ async def test_gpu_reset_refused_under_a_live_hold(lab: InprocLab) -> None:
     done = await settled(lab, cmd.id)
     assert (done.state, done.reason) == ("failed", "gpu-busy"), done
     assert res.allocation_id in done.message
+    assert done.attested  # a gpu.reset's result settles only with the node's verified signature
 
 
 async def test_cancel_before_dispatch_wins(lab: InprocLab) -> None:

@@ -17,13 +17,19 @@ from tui.widgets import ConfirmScreen
 ORDER = ("running", "acked", "dispatched", "pending", "failed", "rejected", "expired", "cancelled", "succeeded")
 
 
-def signing(pki: admin_pb2.PkiInfo | None) -> str:
-    """What the server says of command signing; the Admin API reports no per-command signature."""
-    if pki is None:
-        return "signature: n/a (the server's PKI could not be read)"
-    if not pki.command_signing:
-        return "signature: none (command signing is off at the server)"
-    return f"signature: command signing is on; bodies are signed by the worker key {pki.worker.key_id[:23]}…"
+def signing(c: admin_pb2.CommandInfo, pki: admin_pb2.PkiInfo | None = None) -> str:
+    """The command's own signature facts: the worker key that signed its stored body, and for an attested kind
+    whether its result was verified as the node's (with signing on, nothing else settles such a command)."""
+    if c.signer_key_id:
+        body = f"signature: body signed by worker key {c.signer_key_id[:23]}"
+    elif pki is not None and pki.command_signing:
+        body = "signature: none on this body (queued before command signing was on)"
+    else:
+        body = "signature: none (command signing is off at the server)"
+    if c.attested and c.signer_key_id:
+        settled = c.state in ("succeeded", "failed", "rejected")
+        return body + (" · result verified as the node's own" if settled else " · its result must be node-signed")
+    return body
 
 
 def describe(
@@ -39,7 +45,7 @@ def describe(
             + (f" · batch {c.batch_id} (quorum-approved scope)" if c.batch_id else "")
             + (" · cancel requested" if c.cancel_requested else ""),
             f"idempotency key {c.idempotency_key} · min generation {c.min_generation} · boot {c.boot_id or 'n/a'}",
-            signing(pki),
+            signing(c, pki),
             f"result: {c.result_json or ('(left out of the list)' if c.result_omitted else 'none yet')}",
             "updates seen by this TUI:",
             *(seen or ["  none since the TUI started"]),

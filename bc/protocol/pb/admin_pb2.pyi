@@ -501,7 +501,7 @@ class RunCommandRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., kind: _Optional[str] = ..., payload_json: _Optional[str] = ..., not_after_s: _Optional[int] = ..., min_generation: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class CommandInfo(_message.Message):
-    __slots__ = ("id", "node_id", "kind", "state", "reason", "message", "result_json", "seq", "lane", "attempt", "idempotency_key", "not_after_ms", "min_generation", "created_age_ms", "updated_age_ms", "boot_id", "batch_id", "cancel_requested", "requested_by", "result_omitted")
+    __slots__ = ("id", "node_id", "kind", "state", "reason", "message", "result_json", "seq", "lane", "attempt", "idempotency_key", "not_after_ms", "min_generation", "created_age_ms", "updated_age_ms", "boot_id", "batch_id", "cancel_requested", "requested_by", "result_omitted", "signer_key_id", "attested")
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -522,6 +522,8 @@ class CommandInfo(_message.Message):
     CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     RESULT_OMITTED_FIELD_NUMBER: _ClassVar[int]
+    SIGNER_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTESTED_FIELD_NUMBER: _ClassVar[int]
     id: str
     node_id: str
     kind: str
@@ -542,7 +544,9 @@ class CommandInfo(_message.Message):
     cancel_requested: bool
     requested_by: str
     result_omitted: bool
-    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., result_json: _Optional[str] = ..., seq: _Optional[int] = ..., lane: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., not_after_ms: _Optional[int] = ..., min_generation: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., updated_age_ms: _Optional[int] = ..., boot_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., requested_by: _Optional[str] = ..., result_omitted: _Optional[bool] = ...) -> None: ...
+    signer_key_id: str
+    attested: bool
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., result_json: _Optional[str] = ..., seq: _Optional[int] = ..., lane: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., not_after_ms: _Optional[int] = ..., min_generation: _Optional[int] = ..., created_age_ms: _Optional[int] = ..., updated_age_ms: _Optional[int] = ..., boot_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., requested_by: _Optional[str] = ..., result_omitted: _Optional[bool] = ..., signer_key_id: _Optional[str] = ..., attested: _Optional[bool] = ...) -> None: ...
 
 class GetCommandRequest(_message.Message):
     __slots__ = ("command_id",)
