@@ -95,7 +95,11 @@ async def open_lab(tmp_path: Path, **serve: Any) -> AsyncIterator[InprocLab]:
             with contextlib.suppress(Exception):
                 await lab.stop_node(node_id)
         await admin.__aexit__(None, None, None)
+        # A test may have restarted the server (lab.server is then another one): stop both, or the restarted
+        # one's store thread and gRPC server outlive the test and stall the next one's teardown.
         await server.stop()
+        if lab.server is not server:
+            await lab.server.stop()
 
 
 @pytest.fixture
