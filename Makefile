@@ -17,11 +17,19 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m bc.demo
 
+# The store and control suites run on PostgreSQL too (tests/pg.py): this machine's local database by
+# default; `make test BC_TEST_POSTGRES=` skips those cases (each says why). Two workers (pytest-xdist),
+# whole files per worker so a file's session fixtures (built binaries) are made once, in our order
+# (tests/conftest.py puts the binary-building files first; xdist would otherwise send the biggest files first).
+BC_TEST_POSTGRES ?= postgresql://postgres@127.0.0.1:5432/test
+export BC_TEST_POSTGRES
+PYTEST_WORKERS ?= auto
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not e2e"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not e2e"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

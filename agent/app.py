@@ -31,15 +31,22 @@ import dataclasses
 import logging
 import random
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.converge.access import access_converger
+from agent.converge.daemon import DaemonConverger
 from agent.converge.devices import DevicesConverger
+from agent.converge.host_wiring import device_nodes, host_converger
 from agent.converge.run import Converger, run
 from agent.dispatch import Dispatcher
+from agent.health.monitor import HealthMonitor
+from agent.health.readings import HealthSource
 from agent.hw import FakeHardware, open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
+from agent.hw.fake_faults import FAULTS_FILE, FakeHealthSource, parse_faults
+from agent.hw.nvml_health import NvmlHealthSource
 from agent.hw.slices import SliceManager, open_slices
 from agent.identity import Identity, IdentityFile, IdentityStore
 from agent.journal import Journal
@@ -56,18 +63,27 @@ from agent.session.dialing import Dial, SessionLoop
 from agent.session.grpc_dial import grpc_dial
 from agent.session.outbox import Outbox
 from agent.session.runner import SessionDeps
+from agent.telemetry.converger import TelemetryConverger
+from agent.telemetry.loop import TelemetryLoop
+from agent.telemetry.metrics import AgentMetrics, Gauges
 from agent.trust import AgentTrust
-from bc.aio import wait_event
+from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
+from agent.upgrade.slots import Slots
+from bc.aio import cancel_and_wait, wait_event
 from bc.clock import Clock, SystemClock
-from bc.errors import Unauthenticated
+from bc.errors import Conflict, Unauthenticated
 from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CommandUpdate
+from bc.version import bc_version, test_never_dial
+from bc.wire.link import Link
 
 log = logging.getLogger("agent")
 
 DRIFT_PASS_S = 10.0
+HEALTH_PASS_S = 2.0
+"""How often the health monitor reads the GPUs: a changed condition starts a converge pass, which reports it."""
 
 
 @dataclass
@@ -81,6 +97,24 @@ class AgentOptions:
     allow_reboot: bool = False
     upload_allow: tuple[str, ...] = ()
     """`--upload-allow` URL prefixes: where logs.collect may upload (agent.kinds.upload_allow); none: nowhere."""
+    fake_faults: tuple[str, ...] = ()
+    """`--fake-fault KIND:GPU` faults the fake hardware shows from the start (agent.hw.fake_faults)."""
+    host_root: Path | None = None
+    """`--host-root`: where the host units' files go (default `/`; `<data dir>/host-root` on fake hardware)."""
+    host_units: bool = True
+    """False (`--no-host-units`): the host section is managed outside bc (agent.converge.host_wiring)."""
+    ssh_dir: Path | None = None
+    """`--ssh-dir`: the access section's sshd files (agent.converge.access); default `<data-dir>/ssh`."""
+    sshd_reload_cmd: str | None = None
+    """`--sshd-reload-cmd`, split like a shell would; None: `systemctl reload ssh`, or nothing under --fake-hw."""
+    sshd_config: Path | None = None
+    """`--sshd-config`: what `sshd -t -f` checks (it must include the drop-in); default /etc/ssh/sshd_config."""
+    install_dir: Path | None = None
+    """The A/B install dir (agent.upgrade.slots) this agent runs from; None: a zipapp or checkout, no self-update."""
+    upgrade: UpgradeConfig = dataclasses.field(default_factory=UpgradeConfig)
+    """Self-update: the confirmation deadline and the download's stall guard."""
+    drift_pass_s: float = DRIFT_PASS_S
+    """How often the converge pass re-reads the host when nothing changed (drift); a spec change runs it at once."""
 
 
 @dataclass
@@ -103,6 +137,21 @@ class AgentParts:
     """Run the renewal loop (gRPC `Join.Renew` with the identity files); the simulator runs without."""
     slices: SliceManager | None = None
     """The hold slice seam (agent.hw.slices); left out: files under the data dir on fake hardware, else systemd."""
+    health: HealthSource | None = None
+    """Where GPU and host health is read (agent.health); left out: no health monitor, no conditions."""
+    telemetry: bool = False
+    """Converge the `telemetry` section and export over OTLP; off under the simulator (the section is UNSUPPORTED)."""
+    version: str = ""
+    """The version this binary claims (empty: bc.version.bc_version()); a self-update never trusts it."""
+    restart: Callable[[], Awaitable[None]] | None = None
+    """How a self-update starts `current` again; left out: re-exec (fake hardware, no systemd) or exit 75."""
+
+
+async def never_dial() -> Link[session_pb2.GatewayMessage, session_pb2.NodeMessage]:
+    """The dial of a test-only build (bc.version.test_never_dial): it never connects."""
+    log.warning("event=agent.never-dial; this is a test-only build")
+    await asyncio.Future()
+    raise AssertionError("unreachable")
 
 
 def production_parts(opts: AgentOptions) -> AgentParts:
@@ -114,6 +163,12 @@ def production_parts(opts: AgentOptions) -> AgentParts:
     data_dir = opts.data_dir
     identity = Identity.load(data_dir)
     ca_pem = identity.read(data_dir, "ca")
+    hw = open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread)
+    health: HealthSource
+    if isinstance(hw, FakeHardware):
+        health = FakeHealthSource(hw, parse_faults(opts.fake_faults), data_dir / FAULTS_FILE)
+    else:
+        health = NvmlHealthSource(data_dir)
     return AgentParts(
         clock=clock,
         rng=rng,
@@ -121,10 +176,12 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         ca_pem=ca_pem,
         identity_store=IdentityFile(data_dir, to_thread),
         node_key=NodeKey(data_dir / identity.files["key"]),
-        hw=open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread),
-        dial=grpc_dial(data_dir, identity, ca_pem, to_thread),
+        hw=hw,
+        dial=never_dial if test_never_dial() else grpc_dial(data_dir, identity, ca_pem, to_thread),
         open_journal=lambda: Journal.open(data_dir / "journal.db", identity.node_id, rng=rng, clock=clock),
         offload=to_thread,
+        health=health,
+        telemetry=True,
     )
 
 
@@ -148,6 +205,12 @@ class Agent:
         self.pending_events: list[tuple[str, int, bytes]] = []
         self.cert_renewals = 0
         self.sessions: SessionLoop | None = None  # built by open(), with the journal and the dispatcher
+        self.metrics = AgentMetrics()
+        self.health = HealthMonitor(p.health, p.clock, p.offload) if p.health is not None else None
+        self.telemetry = TelemetryLoop(self.node_id, self.metrics, self.gauges, p.offload) if p.telemetry else None
+        self.converge_error = ""  # the last converge pass's exception, for NodeReady
+        self.version = p.version or bc_version()
+        self.upgrader: Upgrader | None = None
 
     async def open(self) -> None:
         p = self.parts
@@ -171,11 +234,52 @@ class Agent:
         if slices is None:
             slices = open_slices(isinstance(self.hw, FakeHardware), self.data_dir, offload=self.offload)
         self.convergers: dict[str, Converger] = {
-            "devices": DevicesConverger(cdi_dir, env_dir, self.hw, self.node_id, offload=self.offload, slices=slices),
+            "devices": DevicesConverger(
+                cdi_dir,
+                env_dir,
+                self.hw,
+                self.node_id,
+                offload=self.offload,
+                slices=slices,
+                dev_nodes=device_nodes(self.hw),
+            ),
+            "host": await host_converger(
+                self.hw,
+                self.data_dir,
+                cdi_dir,
+                host_root=self.opts.host_root,
+                host_units=self.opts.host_units,
+                offload=self.offload,
+            ),
+            "access": access_converger(
+                self.opts.ssh_dir or self.data_dir / "ssh",
+                self.node_id,
+                sshd_config=self.opts.sshd_config,
+                reload_cmd=self.opts.sshd_reload_cmd,
+                fake_host=isinstance(self.hw, FakeHardware),
+                offload=self.offload,
+            ),
         }
+        if self.telemetry is not None:
+            self.convergers["telemetry"] = TelemetryConverger(self.telemetry)
         inv = await self.offload(self.hw.inventory)
         self.outbox.note_inventory(inv, inventory_hash(inv))
         self.boot_id = await self.offload(self.hw.boot_id)
+        if self.opts.install_dir is not None:
+            self.upgrader = Upgrader(
+                Slots(self.opts.install_dir, self.offload),
+                running_version=self.version,
+                clock=self.clock,
+                boot_id=self.boot_id,
+                ca_pem=p.ca_pem,
+                release_keys=lambda: list(self.trust.bundle.release_keys),
+                restart=self.restart,
+                config=self.opts.upgrade,
+                offload=self.offload,
+            )
+            await self.upgrader.start()
+        up = self.upgrader
+        self.convergers["daemon"] = DaemonConverger(up, self.version)
         self.dispatcher = Dispatcher(
             node_id=self.node_id,
             role=self.identity.role,
@@ -195,6 +299,8 @@ class Agent:
                 upload_allow=parse_prefixes(self.opts.upload_allow),
                 clock=self.clock,
                 offload=self.offload,
+                after_gpu_reset=self.after_gpu_reset if self.health is not None else None,
+                upgrader=up,
             ),
             clock=self.clock,
             incarnation_id=self.incarnation_id,
@@ -210,8 +316,14 @@ class Agent:
                 self.clock,
             ),
             result_signer=self.sign_update,
+            on_settled=self.metrics.command_settled,
+            held=up.holds if up is not None else (lambda _cid: False),
+            upgrade_only=(lambda: up.upgrade_only) if up is not None else (lambda: False),
         )
         await self.dispatcher.start()
+        if up is not None:
+            up.settle = self.dispatcher.settle
+            await up.report_start()
         deps = SessionDeps(
             state=self.state,
             journal=self.journal,
@@ -225,8 +337,10 @@ class Agent:
         )
         self.sessions = SessionLoop(p.dial, deps, self.rng, self.stopped)
         log.info(
-            "event=agent.started node=%s journal_id=%s applied=%d incarnation=%s hw=%s cdi_dir=%s",
+            "event=agent.started node=%s version=%s slot=%s journal_id=%s applied=%d incarnation=%s hw=%s cdi_dir=%s",
             self.node_id,
+            self.version,
+            up.slot if up is not None else "none",
             self.journal.journal_id,
             self.state.applied_generation,
             self.incarnation_id,
@@ -265,6 +379,20 @@ class Agent:
         log.error("event=command.bad-signature command=%s kind=%s why=%s", body.id, body.kind, why)
         return f"BAD_SIGNATURE: {why}"
 
+    async def upgrade_watch(self, upgrader: Upgrader) -> None:
+        """Confirm (or roll back) a pending self-update; a confirm re-runs the converge pass at once, so the
+        `daemon` section reports CONVERGED without waiting for the drift pass."""
+        await upgrader.watch(self.connected)
+        self.state.spec_changed.set()
+
+    async def restart(self) -> None:
+        """Start `current` again (a self-update's switch or rollback): the injected way, else the process's."""
+        if self.parts.restart is not None:
+            await self.parts.restart()
+            return
+        assert self.opts.install_dir is not None
+        restart_process(self.opts.install_dir, reexec=self.opts.fake_hw is not None and not _under_systemd())
+
     async def close(self) -> None:
         await self.dispatcher.stop()
         await self.journal.close()
@@ -285,6 +413,7 @@ class Agent:
         st = self.state
         generation = st.applied_generation
         outcome = await run(st.spec, generation, self.convergers)
+        self.metrics.converge_pass(outcome.durations)
         for r in outcome.events:
             kind = session_pb2.AllocationReport.Kind.Name(r.kind).lower()
             self.pending_events.append(
@@ -316,6 +445,8 @@ class Agent:
         if outcome.observed and generation > st.observed_generation:
             await st.observed(generation)
         inv = await self.offload(self.hw.inventory)
+        if self.health is not None:
+            self.health.overlay(inv)  # GpuHealthy=False reads `healthy: false`: NoSchedule for new holds
         inv_hash = inventory_hash(inv)
         status = session_pb2.StatusReport(
             applied_generation=generation,
@@ -323,6 +454,7 @@ class Agent:
             applied_spec_hash=st.applied_spec_hash,
             sections=outcome.statuses,
             inventory_hash=inv_hash,
+            conditions=self.health.conditions() if self.health is not None else [],
         )
         self.outbox.put_status(status, inv, inv_hash)
 
@@ -332,9 +464,50 @@ class Agent:
             try:
                 await self.converge_once()
                 await self.dispatcher.maybe_sweep()
-            except Exception:  # a converge pass must never kill the agent; the next pass retries
+                self.converge_error = ""
+            except Exception as e:  # a converge pass must never kill the agent; the next pass retries
                 log.exception("event=converge.failed")
-            await wait_event(self.state.spec_changed, DRIFT_PASS_S)
+                self.converge_error = f"{type(e).__name__}: {e}"
+            await wait_event(self.state.spec_changed, self.opts.drift_pass_s)
+
+    # -- health and telemetry ------------------------------------------
+    async def health_loop(self) -> None:
+        """Read health every HEALTH_PASS_S; a changed condition wakes the converge loop, which reports it."""
+        if self.health is None:
+            return
+        while not self.stopped.is_set():
+            try:
+                changes = await self.health.poll(
+                    journal_full=await self.journal.is_full(),
+                    offset_ms=self.state.offset_ms,
+                    converge_error=self.converge_error,
+                )
+                if changes:
+                    self.state.spec_changed.set()  # not a new spec: a pass that reports the new conditions
+            except Exception:  # health must never kill the agent either
+                log.exception("event=health.failed")
+            await wait_event(self.stopped, HEALTH_PASS_S)
+
+    async def after_gpu_reset(self, uuids: Sequence[str]) -> dict[str, bool]:
+        assert self.health is not None
+        verdicts = await self.health.after_reset(uuids)
+        self.state.spec_changed.set()
+        return verdicts
+
+    async def gauges(self) -> Gauges:
+        last = self.health.last if self.health is not None else None
+        stats = await self.journal.event_stats()
+        return Gauges(
+            journal_bytes=stats[1],
+            unacked_events=stats[0],
+            session_connected=self.connected.is_set(),
+            sessions_started=self.sessions.sessions_started if self.sessions is not None else 0,
+            gpus=last.gpus if last is not None else (),
+        )
+
+    async def telemetry_loop(self) -> None:
+        if self.telemetry is not None:
+            await self.telemetry.run(self.stopped)
 
     # -- the session loop ----------------------------------------------
     async def session_loop(self) -> None:
@@ -380,18 +553,30 @@ class Agent:
                 " Join again: bc join --reset --yes, then bc join"
             )
         await self.open()
+        if self.upgrader is not None and self.upgrader.must_restart:
+            await self.close()
+            await self.restart()
+            return
         tasks = [
             asyncio.create_task(self.session_loop(), name="session"),
             asyncio.create_task(self.converge_loop(), name="converge"),
             asyncio.create_task(self.renewal_loop(), name="renewal"),
+            asyncio.create_task(self.health_loop(), name="health"),
+            asyncio.create_task(self.telemetry_loop(), name="telemetry"),
         ]
+        if self.upgrader is not None:
+            tasks.append(asyncio.create_task(self.upgrade_watch(self.upgrader), name="upgrade-watch"))
         try:
             await self.stopped.wait()
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
             await self.close()
+
+
+def _under_systemd() -> bool:
+    import os
+
+    return bool(os.environ.get("INVOCATION_ID"))
 
 
 async def run_agent(opts: AgentOptions) -> None:
@@ -402,6 +587,9 @@ async def run_agent(opts: AgentOptions) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, agent.stopped.set)
-    await agent.run()
+    try:
+        await agent.run()
+    except UpgradeRefused as e:
+        raise Conflict(str(e)) from None
     if agent.revoked_reason:
         raise Unauthenticated(f"this node's certificate was refused: {agent.revoked_reason}")

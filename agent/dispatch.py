@@ -33,6 +33,7 @@ left unsettled holding its lane credit and locks until the kind's timeout.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -54,6 +55,7 @@ from bc.protocol.pb.session_pb2 import CommandBody, CommandUpdate, NodeMessage
 log = logging.getLogger("agent.dispatch")
 
 SWEEP_EVERY_S = 3600.0
+UPGRADE_KIND = "daemon.upgrade"
 
 Sender = Callable[[NodeMessage], Awaitable[None]]
 Check = Callable[[session_pb2.Command, CommandBody], str | Awaitable[str | None] | None]
@@ -71,6 +73,7 @@ class Accepted:
     cancelled: bool = False
     started: bool = False
     settled: bool = False  # its terminal result is journaled
+    accepted_at: float = 0.0  # the agent's monotonic clock, for the latency telemetry reports
 
 
 @dataclass
@@ -101,6 +104,9 @@ class Dispatcher:
         quorum_check: Check = _no_check,
         result_signer: Callable[[CommandUpdate], CommandUpdate] | None = None,
         executors: Callable[[str], KindExecutor | None] = executor_for,
+        on_settled: Callable[[str, str, str, float], None] | None = None,
+        held: Callable[[str], bool] = lambda _cid: False,
+        upgrade_only: Callable[[], bool] = lambda: False,
     ) -> None:
         self.node_id, self.role, self.journal, self.ctx, self.clock = node_id, role, journal, ctx, clock
         self.journal_full = journal_full
@@ -111,6 +117,11 @@ class Dispatcher:
         self.signature_check, self.quorum_check = signature_check, quorum_check
         self.result_signer = result_signer
         self.executor_for = executors
+        self.on_settled = on_settled
+        """(lane, kind, state, seconds since accepted) for each command settled here: the telemetry's counts."""
+        # Self-update (agent.upgrade.controller): the command whose swap is settled by the controller,
+        # never recovered nor run again here; and whether only daemon.upgrade may run (unconfirmed swap).
+        self.held, self.upgrade_only = held, upgrade_only
         self.lanes = {
             name: Lane(name, kinds.GATEWAY_CREDITS[name], kinds.AGENT_WORKERS[name]) for name in kinds.GATEWAY_CREDITS
         }
@@ -124,7 +135,7 @@ class Dispatcher:
     async def start(self) -> list[rules.Settlement]:
         """Settle what an earlier process left (rebooted / interrupted), sweep, and start the workers."""
         now = self.clock.now()
-        entries = await self.journal.commands()
+        entries = [e for e in await self.journal.commands() if not self.held(e.command_id)]
         settlements = rules.recover(entries, self.incarnation_id, self.boot_id)
         updates = {s.command_id: self._settlement_update(s).SerializeToString() for s in settlements}
         if settlements:
@@ -170,6 +181,22 @@ class Dispatcher:
             boot_id=self.boot_id,
         )
 
+    async def settle(self, command_id: str, update: CommandUpdate) -> None:
+        """Journal and report a terminal update decided outside a lane (a self-update's outcome)."""
+        try:
+            if not await self.journal.finish(command_id, update.SerializeToString(), self.clock.now()):
+                return  # settled before: that result stands, and the next Hello carries it if unacked
+        except rules.UnknownCommand:
+            log.warning("event=command.settle-unknown command=%s", command_id)
+            return
+        log.info(
+            "event=command.settled command=%s state=%s reason=%s",
+            command_id,
+            session_pb2.CommandState.Name(update.state),
+            update.reason,
+        )
+        await self._update(update)
+
     async def running_ids(self) -> list[str]:
         return sorted(self.active)
 
@@ -195,6 +222,11 @@ class Dispatcher:
             log.warning("event=command.undecodable")
             return
         if not body.id:
+            return
+        if self.held(body.id):  # a self-update in flight: the controller settles it
+            await self._update(
+                CommandUpdate(command_id=body.id, state=session_pb2.COMMAND_RUNNING, boot_id=self.boot_id)
+            )
             return
         entry = await self.journal.get_command(body.id)
         res = rules.resolve(entry, self.incarnation_id, self.boot_id)
@@ -234,6 +266,10 @@ class Dispatcher:
             return await self._reject(body, "UNSUPPORTED", f"the command is for node {body.node_id!r}")
         if kind is None or self.executor_for(body.kind) is None or self.role not in kind.roles:
             return await self._reject(body, "UNSUPPORTED", f"kind {body.kind!r} is not run by a {self.role} agent")
+        if self.upgrade_only() and body.kind != UPGRADE_KIND:
+            return await self._reject(
+                body, "UNSUPPORTED", "the agent runs a new release that is not confirmed yet: only daemon.upgrade runs"
+            )
         if body.min_generation > self.applied_generation():
             if body.not_after_ms and self.server_now_ms() >= body.not_after_ms:
                 return await self._reject(
@@ -276,7 +312,7 @@ class Dispatcher:
         except BaseException:
             lane.in_use -= 1
             raise
-        accepted = Accepted(body, cmd)
+        accepted = Accepted(body, cmd, accepted_at=self.clock.monotonic())
         self.active[body.id] = accepted
         log.info("event=command.accepted command=%s kind=%s lane=%s", body.id, body.kind, lane.name)
         # Queued before anything is awaited: a session ending mid-send must not strand an accepted command.
@@ -379,7 +415,7 @@ class Dispatcher:
             )
             log.info("event=command.running command=%s kind=%s", body.id, body.kind)
             try:
-                result: KindResult = await executor.run(self.ctx, request)
+                result: KindResult = await executor.run(dataclasses.replace(self.ctx, command_id=body.id), request)
             except InvalidPayload as e:
                 result = KindResult.failure(INVALID_PAYLOAD, str(e))
             except Exception as e:
@@ -405,6 +441,11 @@ class Dispatcher:
     async def _finish_update(self, a: Accepted, update: CommandUpdate) -> None:
         await self.journal.finish(a.body.id, update.SerializeToString(), self.clock.now())
         a.settled = True
+        if self.on_settled is not None:
+            kind = kinds.get(a.body.kind)
+            lane = kind.lane if kind is not None else "?"
+            state = session_pb2.CommandState.Name(update.state).removeprefix("COMMAND_").lower()
+            self.on_settled(lane, a.body.kind, state, max(0.0, self.clock.monotonic() - a.accepted_at))
         log.info(
             "event=command.settled command=%s kind=%s state=%s reason=%s",
             a.body.id,

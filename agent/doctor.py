@@ -342,7 +342,7 @@ def check_journal(ident: Identity, journal: JournalSnapshot) -> Finding:
 def check_server(ident: Identity, data_dir: Path, timeout: float = 3.0) -> Finding:
     """A TLS handshake with the server, checking that it presents the pinned CA."""
     try:
-        host, port = split_server(ident.server)
+        host, port = split_server(ident.server.split(",")[0])
     except UsageError as e:
         return failed("server", f"identity.json names no usable server: {e.message}", rejoin_fix(data_dir, ident))
     started = time.monotonic()

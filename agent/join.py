@@ -59,9 +59,22 @@ def split_server(server: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def servers_of(server: str) -> list[str]:
+    """`--server A:P[,B:P…]`: the gateways a node may dial, in the order given, each checked as HOST:PORT."""
+    addrs = [a.strip() for a in server.split(",") if a.strip()]
+    if not addrs:
+        raise UsageError("--server must be HOST:PORT (or several, comma-separated)")
+    for a in addrs:
+        split_server(a)
+    return addrs
+
+
 async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = False) -> JoinResult:
-    """Join; with `reset`, the old identity and journal are moved aside once the server's CA checks out."""
+    """Join through the first of `server`'s addresses (all of them kept, for the session to dial); with
+    `reset`, the old identity and journal are moved aside once the server's CA checks out."""
     parsed = tokens.parse_token(token)
+    addrs = servers_of(server)
+    server = addrs[0]
     host, port = split_server(server)
     if not reset and Identity.exists(data_dir):
         ident = Identity.load(data_dir)
@@ -77,8 +90,7 @@ async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = Fa
     req = join_pb2.JoinRequest(csr_der=csr.public_bytes(serialization.Encoding.DER), hostname=socket.gethostname())
     creds = channel_credentials(ca_pem, join_key_pem, join_cert_pem)
     try:
-        async with grpc.aio.secure_channel(server, creds) as ch:
-            resp: join_pb2.JoinResponse = await join_pb2_grpc.JoinStub(ch).Join(req, timeout=20)
+        resp = await _join_first_serving(addrs, creds, req)
     except grpc.aio.AioRpcError as e:
         err: BcError = status_to_error(e.code(), e.details() or "")
         if isinstance(err, Unavailable) and refused_in_handshake(e.details() or ""):
@@ -95,13 +107,29 @@ async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = Fa
     ident = Identity(
         node_id=resp.node_id,
         role=resp.role,
-        server=server,
+        server=",".join(addrs),
         identity_generation=resp.identity_generation,
         ca_fingerprint=parsed.ca_pin,
         trust_bundle_b64=base64.b64encode(resp.trust.SerializeToString()).decode(),
     )
     await asyncio.to_thread(_store_identity, data_dir, ident, node_key, resp.cert_pem, ca_pem)
     return JoinResult(resp.node_id, parsed.ca_pin, cert.not_valid_after_utc.timestamp(), data_dir, tuple(moved))
+
+
+async def _join_first_serving(
+    addrs: list[str], creds: grpc.ChannelCredentials, req: join_pb2.JoinRequest
+) -> join_pb2.JoinResponse:
+    """Join through the first address that serves Join: a gateway-only `bc serve` holds no CA and answers
+    UNIMPLEMENTED, so the next address is tried (each is checked against the pinned CA by TLS)."""
+    for i, addr in enumerate(addrs):
+        try:
+            async with grpc.aio.secure_channel(addr, creds) as ch:
+                resp: join_pb2.JoinResponse = await join_pb2_grpc.JoinStub(ch).Join(req, timeout=20)
+            return resp
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED or i == len(addrs) - 1:
+                raise
+    raise AssertionError("unreachable: servers_of returns at least one address")
 
 
 def refused_in_handshake(details: str) -> bool:

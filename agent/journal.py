@@ -46,6 +46,7 @@ import aiosqlite
 from agent import journal_aside
 from agent import journal_rules as rules
 from agent.journal_api import JournalCorrupt, JournalEvent, JournalFull, StoredSpec, new_journal_id
+from agent.journal_conn import connect_commit_in_thread
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
 from agent.offload import Offload, to_thread
 from bc.clock import Clock, SystemClock
@@ -76,13 +77,10 @@ SCHEMA = (
 )
 
 Connect = Callable[[str], Awaitable[aiosqlite.Connection]]
-"""Opens the journal's connection: aiosqlite's thread in production; the simulator passes one that runs each
-statement inline on its loop (`bc.sim.file_journal`), and `offload=inline` for the file calls of opening, so
-the file journal stays deterministic there."""
-
-
-def _aiosqlite_connect(path: str) -> Awaitable[aiosqlite.Connection]:
-    return aiosqlite.connect(path, isolation_level=None)
+"""Opens the journal's connection (`agent.journal_conn`): in production, statements of a transaction on the
+loop and BEGIN/COMMIT on the connection's thread; the simulator passes one that runs each statement inline
+on its loop (`bc.sim.file_journal`), and `offload=inline` for the file calls of opening, so the file journal
+stays deterministic there."""
 
 
 _STATES: dict[str, CommandState] = {s: s for s in rules.COMMAND_STATES}
@@ -120,7 +118,7 @@ class Journal:
         clock: Clock | None = None,
         max_events: int = MAX_EVENTS,
         max_bytes: int = MAX_BYTES,
-        connect: Connect = _aiosqlite_connect,
+        connect: Connect = connect_commit_in_thread,
         offload: Offload = to_thread,
     ) -> Journal:
         """Open or create; a journal of another node is refused, a broken one moved aside.
@@ -364,6 +362,12 @@ class Journal:
             row = await cur.fetchone()
         count, size = (int(row[0]), int(row[1])) if row else (0, 0)
         return rules.at_bound(count, size, self.max_events, self.max_bytes)
+
+    async def event_stats(self) -> tuple[int, int]:
+        async with self._lock:
+            cur = await self._conn.execute("SELECT count(*), coalesce(sum(length(payload)), 0) FROM events")
+            row = await cur.fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
 
     async def size_bytes(self) -> int:
         """The journal's size on disk: the database file and its write-ahead log."""

@@ -79,6 +79,9 @@ class AgentJournal(CommandStore, Protocol):
 
     async def is_full(self) -> bool: ...
 
+    async def event_stats(self) -> tuple[int, int]:
+        """(events held, their payload bytes): what is not yet acked, for the telemetry gauges."""
+
     async def unacked_events(self, limit: int = 500) -> list[JournalEvent]: ...
 
     async def ack_events(self, upto_seq: int) -> int: ...

@@ -97,6 +97,9 @@ class MemoryJournal:
     def _event_rows(self) -> list[EventRow]:
         return [EventRow(e.seq, e.event_class, len(e.payload)) for e in self._events.values()]
 
+    async def event_stats(self) -> tuple[int, int]:
+        return len(self._events), sum(len(e.payload) for e in self._events.values())
+
     async def is_full(self) -> bool:
         return rules.is_full(self._event_rows(), self.max_events, self.max_bytes)
 

@@ -251,7 +251,7 @@ class Renewer:
         ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
         creds = channel_credentials(ca_pem, key_pem, cert_pem)
         try:
-            async with grpc.aio.secure_channel(self.identity.server, creds) as channel:
+            async with grpc.aio.secure_channel(self.identity.server.split(",")[0], creds) as channel:
                 response: join_pb2.RenewResponse = await join_pb2_grpc.JoinStub(channel).Renew(
                     request, timeout=RPC_TIMEOUT_S
                 )

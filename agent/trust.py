@@ -11,12 +11,16 @@ and again in every Welcome. Rules:
   (purpose `trust-bundle`) by a held root or a worker of one, and names the CA
   this node pinned at join. A gateway therefore cannot strip the roots (to
   slip in unsigned intent) nor add its own.
+* The release keys (`bc release key add`) change only under a root's own
+  signature too: a worker key alone cannot bring a key that signs binaries.
 * The quorum's settings (approver keys, k, the unbatched allowance and their
   version) change only under a root's own signature AND a path of approved
   changes from the settings this node holds (`quorum_path`): each change in
   the bundle's `quorum_changes` must carry `change_threshold` valid signatures
   of the approvers the node holds at that step (none of the requester's), as
-  TUF rotates its root. So neither a stolen worker key nor the root key alone
+  TUF rotates its root. With the root kept offline the bundle is signed by
+  a worker; each change on that path must then carry the root's own
+  signature of its step (`QuorumChange.root_signature`). So neither a stolen worker key nor the root key alone
   can switch the quorum off or replace it; with no approvers held, the root
   alone is enough (bootstrap). A node too far behind the bundle's path keeps
   what it holds (re-join it). A node holding no roots (joined
@@ -32,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf.message import DecodeError
 
 from bc.pki import quorum as q
@@ -65,16 +71,16 @@ def decide_bundle(
         roots = list(current.command_signing_roots) if holding_roots else list(offered.command_signing_roots)
         verifier = Verifier(roots)
         by_root = verifier.verify_by_root(offered_env, PURPOSE_TRUST_BUNDLE)
+        root_keys: list[bytes] | None = None
         if not by_root:
             try:
                 verifier.verify(offered_env, PURPOSE_TRUST_BUNDLE, at)
             except BadSignature as e:
                 return BundleDecision(None, f"the trust bundle's signature does not hold: {e}")
-            if quorum_changed(current, offered):
-                return BundleDecision(
-                    None, "the approver keys and threshold change only under the signing root's own signature"
-                )
-        why = quorum_path(current, offered)
+            if list(current.release_keys) != list(offered.release_keys):
+                return BundleDecision(None, "the release keys change only under the signing root's own signature")
+            root_keys = root_public_keys(verifier)  # a worker-signed bundle: each quorum step needs the root's own
+        why = quorum_path(current, offered, root_keys)
         if why is not None:
             return BundleDecision(None, why)
         if offered.SerializeToString(deterministic=True) == current.SerializeToString(deterministic=True):
@@ -103,13 +109,28 @@ def quorum_changed(held: common_pb2.TrustBundle, offered: common_pb2.TrustBundle
     return q.settings_digest(q.settings_of(held)) != q.settings_digest(q.settings_of(offered))
 
 
-def quorum_path(held: common_pb2.TrustBundle, offered: common_pb2.TrustBundle) -> str | None:
+def root_public_keys(verifier: Verifier) -> list[bytes]:
+    """The held roots' raw Ed25519 public keys (a root of another kind signs no quorum step)."""
+    out = []
+    for root in verifier.roots:
+        pub = root.public_key()
+        if isinstance(pub, ed25519.Ed25519PublicKey):
+            out.append(pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+    return out
+
+
+def quorum_path(
+    held: common_pb2.TrustBundle, offered: common_pb2.TrustBundle, root_keys: list[bytes] | None = None
+) -> str | None:
     """None when the offered quorum settings are the held ones, or follow from them by approved changes.
 
     Walks `offered.quorum_changes` (oldest first) from the held settings: a
     change applies only from the settings it names by digest, only forward in
     version, and only with `change_threshold` approvals of the approvers held at
-    that step; changes the node already passed are skipped.
+    that step; changes the node already passed are skipped. With `root_keys`
+    (the bundle is signed by a worker, not by the root itself) each step taken
+    must also carry a held root's own signature (`QuorumChange.root_signature`:
+    the root kept offline signed it on the operator's machine).
     """
     cur = q.settings_of(held)
     digest, target = q.settings_digest(cur), q.settings_digest(q.settings_of(offered))
@@ -120,6 +141,11 @@ def quorum_path(held: common_pb2.TrustBundle, offered: common_pb2.TrustBundle) -
             continue
         if change.settings.version <= cur.version:
             return f"quorum change {change.change_id} does not move the settings' version forward"
+        if root_keys is not None and not q.root_signed(change, root_keys):
+            return (
+                "the approver keys and threshold change only under the signing root's own signature"
+                f" (quorum change {change.change_id} carries none, and the bundle is the worker's)"
+            )
         need = q.change_threshold(cur)
         tally = q.count_change_approvals(change, cur)
         if len(tally.counted) < need:
@@ -132,6 +158,11 @@ def quorum_path(held: common_pb2.TrustBundle, offered: common_pb2.TrustBundle) -
         cur = change.settings
         digest = q.settings_digest(cur)
     if digest != target:
+        if root_keys is not None:
+            return (
+                "the approver keys and threshold change only under the signing root's own signature: no approved"
+                " change it signed leads from the quorum settings this node holds to the offered ones"
+            )
         return "no approved quorum change leads from the quorum settings this node holds to the offered ones"
     return None
 

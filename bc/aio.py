@@ -8,6 +8,13 @@ seconds of the host on the ordinary loop, virtual seconds on
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+
+log = logging.getLogger("bc.aio")
+
+RECANCEL_S = 1.0
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109 (a bounded wake-up)
@@ -24,3 +31,40 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:  # noqa: ASY
     except TimeoutError:
         return False
     return True
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]]) -> None:
+    """Cancel `tasks` and wait until every one has ended, as a process must before it exits.
+
+    A task that outlives its cancel for `RECANCEL_S` is cancelled again, with a warning naming it: a
+    library that drops a cancel (3.11's `wait_for`, CPython gh-86296) must cost a second, never a
+    process that does not stop.
+    """
+    pending = set(tasks)
+    for t in pending:
+        t.cancel()
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+        for t in pending:
+            log.warning("event=task.cancel-lost task=%s; cancelling it again", t.get_name())
+            t.cancel()
+
+
+@contextlib.contextmanager
+def outside_world() -> Iterator[None]:
+    """Mark an await on the outside world (a database socket) that the loop must wait for.
+
+    On the virtual-time loop (`bc.virtual_time`) time stands while any such
+    await is open, as it does for an executor job: the reply is real I/O,
+    and no timer may jump ahead of it. On the ordinary loop this costs a
+    lookup and nothing else.
+    """
+    hold = getattr(asyncio.get_running_loop(), "hold_time", None)
+    if hold is None:
+        yield
+        return
+    hold(1)
+    try:
+        yield
+    finally:
+        hold(-1)

@@ -139,29 +139,20 @@ class Tour:
     def forge_command(self, node_id: str, gpu_uuid: str) -> str:
         """What an attacker with write access to the store, but no worker key, could do: queue a command
         whose body is their own and whose signature is copied from a genuine one."""
-        import sqlite3
-
         from google.protobuf import any_pb2
 
+        from bc.clock import SystemClock
         from bc.ids import ulid
         from bc.protocol.pb import kinds_pb2, session_pb2
+        from bc.store import tamper
 
-        db = sqlite3.connect(self.root / "server" / "bc.db", timeout=10, isolation_level=None)
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            sig, key_id = db.execute(
-                "SELECT signature, signer_key_id FROM commands WHERE node_id = ? AND signature IS NOT NULL LIMIT 1",
-                (node_id,),
-            ).fetchone()
-            (seq,) = db.execute(
-                "UPDATE nodes SET next_cmd_seq = next_cmd_seq + 1 WHERE node_id = ? RETURNING next_cmd_seq - 1",
-                (node_id,),
-            ).fetchone()
-            now_ms = int(time.time() * 1000)
-            cid = ulid(now_ms / 1000, random.Random(now_ms))  # the forger's own id: unique enough, by time
-            payload = any_pb2.Any()
-            payload.Pack(kinds_pb2.GpuResetRequest(gpu_uuids=[gpu_uuid]))
-            body = session_pb2.CommandBody(
+        now_ms = round(SystemClock().now() * 1000)  # the forger's own clock, outside any bc process
+        cid = ulid(now_ms / 1000, random.Random(now_ms))  # the forger's own id: unique enough, by time
+        payload = any_pb2.Any()
+        payload.Pack(kinds_pb2.GpuResetRequest(gpu_uuids=[gpu_uuid]))
+
+        def body(seq: int) -> bytes:
+            return session_pb2.CommandBody(
                 id=cid,
                 node_id=node_id,
                 seq=seq,
@@ -172,15 +163,10 @@ class Tour:
                 idempotency_key=f"forged:{cid}",
                 attested=True,
             ).SerializeToString(deterministic=True)
-            db.execute(
-                "INSERT INTO commands (id, node_id, seq, kind, lane, body, signature, signer_key_id, state,"
-                " not_after_ms, idempotency_key, attested, created_at_ms, updated_at_ms)"
-                " VALUES (?, ?, ?, 'gpu.reset', 'control', ?, ?, ?, 'pending', ?, ?, 1, ?, ?)",
-                (cid, node_id, seq, body, sig, key_id, now_ms + 600_000, f"forged:{cid}", now_ms, now_ms),
-            )
-            db.execute("COMMIT")
-        finally:
-            db.close()
+
+        tamper.forge_command(
+            self.root / "server" / "bc.db", node_id, cid, "gpu.reset", "control", now_ms + 600_000, now_ms, body
+        )
         return cid
 
     def _held_k(self, node_id: str) -> int:

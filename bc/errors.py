@@ -42,6 +42,10 @@ class Unavailable(BcError):
     retryable = True
 
 
+class Overloaded(Unavailable):
+    """The server is shedding load (a reconnect storm): retry after a back-off. RESOURCE_EXHAUSTED on the wire."""
+
+
 class Unauthenticated(BcError):
     exit_code = 6
 

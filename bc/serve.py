@@ -26,41 +26,76 @@ import signal
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
+from cryptography import x509
 
+from bc.aio import cancel_and_wait
 from bc.api.admin_servicer import AdminServicer
 from bc.api.join_servicer import JoinServicer
+from bc.api.release_http import ReleaseServer
+from bc.api.renew_proxy import RenewProxy
 from bc.api.session_servicer import SessionServicer
 from bc.clock import Clock, SystemClock
 from bc.config import OperatorConfig, user_config_path
-from bc.control import approvers, operators
 from bc.control import intent as intent_ctl
+from bc.control import operators
+from bc.control import serving_certs as serving_ctl
 from bc.control.bus import Bus
 from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.intent import Intent
+from bc.control.liveness import LEASE_NAME as LIVENESS_LEASE
 from bc.control.liveness import Liveness, LivenessConfig
 from bc.control.placement_pass import LEASE_NAME as PLACEMENT_LEASE
 from bc.control.placement_pass import PlacementPass
-from bc.control.signer import KeySigner, NullSigner, Signer
+from bc.control.serving_certs import GatewayCert
+from bc.control.signer import KeylessSigner, KeySigner, NullSigner, Signer
+from bc.control.spec_signing import SpecSigner
 from bc.control.sweeper import LEASE_NAME as SWEEPER_LEASE
 from bc.control.sweeper import CommandSweeper
+from bc.control.trust import LocalTrust, RelayedTrust, TrustSource
 from bc.errors import UsageError
-from bc.gateway.sessions import Gateway, GatewayConfig
+from bc.gateway.sessions import REVOCATION_POLL_S, Gateway, GatewayConfig
 from bc.jobs.engine import LEASE_NAME as JOBS_LEASE
 from bc.jobs.engine import JobEngine
-from bc.pki import keys
+from bc.otel.config import OtlpConfig
+from bc.pki import keys, serving
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256_key
+from bc.pki.serving import SERVING_CERT_TTL_S
 from bc.pki.signing import WORKER_ROTATE_BEFORE_S, SigningKeys
 from bc.pki.tokens import ROOT_GRACE_S
 from bc.protocol.limits import LIMITS
 from bc.store import Store, StoreError, leases, open_store
+from bc.store import gateway_keys as gk_sql
 from bc.store import identity as id_sql
+from bc.store import nodes as nodes_sql
 from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, session_pb2_grpc
-from bc.wire.tls import ServerTLS
+from bc.wire.tls import ServerTLS, channel_credentials
+
+if TYPE_CHECKING:
+    from bc.store.notify import PgRelay
 
 log = logging.getLogger("bc.serve")
+
+KEYLESS_POLL_S = 1.0
+API_ENDPOINT_TTL_MS = 20_000
+API_ENDPOINT_RENEW_S = 5.0
+
+
+ROLES = frozenset({"api", "gateway", "worker"})
+"""api: the Admin and Join services; gateway: node sessions (Session) and the gateway lease; worker: the
+singleton loops (liveness, the command sweeper, the placement pass, the jobs scheduler)."""
+
+
+def parse_roles(text: str) -> frozenset[str]:
+    """`--roles api,gateway,worker` (any non-empty subset, in any order)."""
+    roles = frozenset(r.strip() for r in text.split(",") if r.strip())
+    unknown = roles - ROLES
+    if unknown or not roles:
+        raise UsageError(f"--roles takes api, gateway and worker, comma-separated, not {text!r}")
+    return roles
 
 
 @dataclass
@@ -73,6 +108,28 @@ class ServeOptions:
     unreachable_grace_s: float = 120.0
     command_signing: str | None = None  # "on" | "off" | None: on for a new install, as found otherwise
     node_cert_ttl_s: int = 24 * 3600  # hidden --node-cert-ttl: tests shorten it to see renewals; at most 24 h
+    store: str = ""  # a store URL (postgresql://…); empty: the SQLite file bc.db in the data dir
+    otlp: OtlpConfig | None = None  # --otlp-endpoint: export this process's metrics (bc.serve_telemetry)
+    release_listen: str = ""  # HOST:PORT of the HTTPS release server (bc.api.release_http); empty: none
+    gateway_id: str = ""  # --gateway-id: this process's name among several on one store (its leases' holder)
+    roles: frozenset[str] = ROLES  # --roles: what this process serves and runs (docs/fleet.md); a lab runs all
+    api: list[str] = field(default_factory=list)  # --api: where a gateway-only process proxies Renew (else: the store)
+    serving_cert_ttl_s: float = SERVING_CERT_TTL_S  # hidden --serving-cert-ttl: keyless gateways' certificates
+    serving_cert_wait_s: float = 120.0  # hidden --serving-cert-wait: how long a keyless gateway waits for one
+
+
+def cross_process_relay(store: Store, bus: Bus, clock: Clock) -> PgRelay | None:
+    """On PostgreSQL, the bus's wake-ups reach every other bc serve on the store (LISTEN/NOTIFY)."""
+    if store.dialect != "postgres":
+        return None
+    from bc.store.notify import Incoming, PgRelay  # psycopg: only a fleet's bc serve loads it
+    from bc.store.postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    relay = PgRelay(store.url, clock, store.schema)
+    bus.relay_to(relay)
+    relay.start(Incoming(bus.local_node_changed, bus.local_events_published, bus.local_token_created))
+    return relay
 
 
 def _worker_id(data_dir: Path, rng: random.Random) -> str:
@@ -157,33 +214,43 @@ class Server:
         self.rng = seams.rng
         self.secrets = seams.secrets
         self.bus = Bus()
-        self.gateway_id = f"gw-{socket.gethostname()[:24]}-{self.rng.getrandbits(24):06x}"
+        self.gateway_id = opts.gateway_id or f"gw-{socket.gethostname()[:24]}-{self.rng.getrandbits(24):06x}"
         self.store: Store | None = None
+        self.relay: PgRelay | None = None
         self.grpc_server: grpc.aio.Server | None = None
         self.port = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._rotate_at_start = False
+        self.stopped = asyncio.Event()  # set by a drain that finished: run_serve exits as on SIGTERM
+        self.release_server: ReleaseServer | None = None
+        self.release_url = ""
+        self.api_address = ""  # where this api process registered itself (gateways proxy Renew there)
+        self.intent: Intent  # what this process signs; a gateway-only process has none (it relays the stored trust)
+        self.signer: Signer
+        self.tls: ServerTLS
+        self.ca_cert: x509.Certificate
+        self.serving_key_pem = b""
+        self.serving_chain = b""
 
     async def start(self) -> None:
         data_dir = self.opts.data_dir
         data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         host, port = _host_port(self.opts.listen)
-        ca, created = CertificateAuthority.load_or_create(data_dir / "pki", self.clock, self.rng, self.secrets)
-        if created:
-            log.info("event=ca.created fingerprint=%s", ca.fingerprint)
-        self.ca = ca
-        self.store = await open_store(str(data_dir / "bc.db"), self.clock)
-        self.worker_id = _worker_id(data_dir, self.rng)
-        server_key = p256_key(self.secrets)
-        hosts = sorted({host, *self.opts.advertise, socket.gethostname()} - {"0.0.0.0", "::"})
-        server_cert = ca.issue_server_cert(hosts, server_key)
-        sk = self._signing_keys(data_dir / "pki", created)
-        self.signer: Signer = KeySigner(sk) if sk is not None else NullSigner()
-        self.intent = Intent(self.signer, ca.ca_pem)
-        await intent_ctl.register(self.store, self.signer)
-        self.intent.set_quorum(*await approvers.trust_state(self.store))
-        self.tls = ServerTLS(keys.key_to_pem(server_key), keys.cert_to_pem(server_cert) + ca.ca_pem, ca.ca_pem)
-        await self._refresh_token_roots()
+        roles = self.opts.roles
+        self.store = await open_store(self.opts.store or str(data_dir / "bc.db"), self.clock)
+        self.relay = cross_process_relay(self.store, self.bus, self.clock)
+        # Named processes on one store (--gateway-id) hold the singleton workers' leases under that name;
+        # a lab's one process keeps its id in the data dir, so a restart takes its own leases back at once.
+        self.worker_id = self.opts.gateway_id or _worker_id(data_dir, self.rng)
+        self.ca: CertificateAuthority | None = None
+        self.gateway_cert: GatewayCert | None = None
+        self.trust: TrustSource
+        if self.keyless:
+            await self._start_keyless(data_dir, host)
+        else:
+            await self._start_with_keys(data_dir, host)
+        ca = self.ca
+        await self.refresh_token_roots()
         self.bus.on_token_created(self.tls.add_token_root)
 
         self.gateway = Gateway(
@@ -192,10 +259,11 @@ class Server:
             self.clock,
             self.gateway_id,
             self.signer,
-            self.intent,
+            self.trust,
             GatewayConfig(heartbeat_interval_s=self.opts.heartbeat_interval_s),
         )
-        await self.gateway.renew_lease()
+        if "gateway" in roles:
+            await self.gateway.renew_lease()
         if self._rotate_at_start:
             try:
                 await intent_ctl.rotate(self.store, self.bus, self.signer, self.clock, self.rng, self.secrets)
@@ -204,7 +272,7 @@ class Server:
         self.liveness = Liveness(
             self.store,
             self.bus,
-            self.gateway_id,
+            self.worker_id,
             LivenessConfig(
                 lease_ttl_ms=int(self.opts.lease_ttl_s * 1000),
                 unreachable_grace_ms=int(self.opts.unreachable_grace_s * 1000),
@@ -222,12 +290,28 @@ class Server:
                 *LIMITS.grpc_options(),
             ]
         )
-        session_pb2_grpc.add_NodeSessionServicer_to_server(SessionServicer(self.gateway, ca.certificate), server)
-        join_pb2_grpc.add_JoinServicer_to_server(
-            JoinServicer(self.store, self.bus, ca, self.signer, self.intent, node_cert_ttl_s=self.opts.node_cert_ttl_s),
-            server,
-        )
-        admin_pb2_grpc.add_AdminServicer_to_server(
+        if "gateway" in roles:
+            session_pb2_grpc.add_NodeSessionServicer_to_server(SessionServicer(self.gateway, self.ca_cert), server)
+        if ca is not None and "api" in roles:
+            join_pb2_grpc.add_JoinServicer_to_server(
+                JoinServicer(
+                    self.store, self.bus, ca, self.signer, self.intent, node_cert_ttl_s=self.opts.node_cert_ttl_s
+                ),
+                server,
+            )
+        elif self.keyless:
+            join_pb2_grpc.add_JoinServicer_to_server(RenewProxy(self._api_addresses, self._api_credentials), server)
+        if self.opts.release_listen:
+            rhost, rport = _host_port(self.opts.release_listen)
+            self.release_server = ReleaseServer(data_dir / "releases", self.serving_chain, self.serving_key_pem)
+            try:
+                bound = await self.release_server.start(rhost, rport)
+            except OSError as e:
+                raise UsageError(f"cannot listen on {self.opts.release_listen}: {e.strerror}") from None
+            self.release_url = "https://" + _client_address(
+                self.opts.advertise[0] if rhost in ("0.0.0.0", "::") and self.opts.advertise else rhost, bound
+            )
+        admin = (
             AdminServicer(
                 self.store,
                 self.bus,
@@ -238,9 +322,16 @@ class Server:
                 rng=self.rng,
                 secrets=self.secrets,
                 jobs=self.jobs,
-            ),
-            server,
+                ssh_ca_dir=data_dir / "ssh-ca",
+                releases_dir=data_dir / "releases",
+                release_url=self.release_url,
+                drain=self.drain if "gateway" in roles else None,
+            )
+            if ca is not None and "api" in roles
+            else None
         )
+        if admin is not None:
+            admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         try:
             self.port = server.add_secure_port(
                 f"{host}:{port}" if ":" not in host else f"[{host}]:{port}", self.tls.credentials()
@@ -252,29 +343,191 @@ class Server:
         await server.start()
         self.grpc_server = server
         self.address = _client_address(host, self.port)
-        self.operator_config = _write_operator_config(data_dir, ca, self.address, self.secrets)
-        # The local operator is an admin; its certificate counts only once registered (bc.control.operators).
-        await operators.register_local(
-            self.store, keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
-        )
-        self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
-        self._tasks.append(asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"))
-        self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))
+        self.operator_config: Path | None = None
+        if ca is not None:
+            self.operator_config = _write_operator_config(data_dir, ca, self.address, self.secrets)
+            # The local operator is an admin; its certificate counts only once registered (bc.control.operators).
+            await operators.register_local(
+                self.store, keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
+            )
+        if ca is not None and "api" in roles:
+            self._tasks.append(asyncio.create_task(self._api_loop(ca, host), name="api-registry"))
+        if self.signer.keys is not None:
+            spec_signer = SpecSigner(self.store, self.bus, self.signer)
+            self._tasks.append(asyncio.create_task(spec_signer.run_forever(), name="spec-signer"))
+            if "gateway" not in roles:  # a gateway refreshes and publishes the trust on its own feed
+                self._tasks.append(asyncio.create_task(self._trust_loop(), name="trust-publish"))
+        if self.keyless:
+            self._tasks.append(asyncio.create_task(self._keyless_loop(), name="keyless"))
+        if "gateway" in roles:
+            self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
+            self._tasks.append(asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"))
+            self._tasks.append(asyncio.create_task(self.gateway.stats_loop(), name="gateway-stats"))
         self._tasks.append(asyncio.create_task(self._token_roots_loop(), name="token-roots"))
         self.sweeper = CommandSweeper(self.store, self.bus, self.worker_id)
-        self._tasks.append(asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"))
-        self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
-        self._tasks.append(asyncio.create_task(self.placement.run_forever(self.clock), name="placement"))
+        if "worker" in roles:
+            self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))
+            self._tasks.append(asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"))
+            self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
+            self._tasks.append(asyncio.create_task(self.placement.run_forever(self.clock), name="placement"))
         self.clock_skew = ClockSkewMonitor(self.store, self.clock)
         self._tasks.append(asyncio.create_task(self.clock_skew.run(), name="clock-skew"))
+        if self.opts.otlp is not None:
+            from bc.serve_telemetry import ServeTelemetry  # opentelemetry loads only when asked for
+
+            telemetry = ServeTelemetry(
+                self.opts.otlp,
+                self.gateway_id,
+                sessions=lambda: len(self.gateway.sessions),
+                published=lambda: self.bus.published,
+                clock_offset_ms=lambda: self.clock_skew.offset_ms,
+                nodes_by_state=self._nodes_by_state,
+            )
+            self._tasks.append(asyncio.create_task(telemetry.run(), name="telemetry"))
         log.info(
-            "event=serve.started listen=%s store=%s gateway=%s ca=%s operator_config=%s",
+            "event=serve.started listen=%s store=%s gateway=%s roles=%s ca=%s operator_config=%s",
             self.address,
             self.store.description,
             self.gateway_id,
-            ca.fingerprint,
-            self.operator_config,
+            ",".join(sorted(roles)),
+            keys.fingerprint(self.ca_cert),
+            self.operator_config or "-",
         )
+
+    @property
+    def keyless(self) -> bool:
+        """A gateway-only process holds no CA key and no signing key (docs/fleet.md, "Roles and keys")."""
+        return self.opts.roles == frozenset({"gateway"})
+
+    async def _start_with_keys(self, data_dir: Path, host: str) -> None:
+        """The CA and the signing keys from the data dir (created on a first start); the trust published."""
+        assert self.store is not None
+        ca, created = CertificateAuthority.load_or_create(data_dir / "pki", self.clock, self.rng, self.secrets)
+        if created:
+            log.info("event=ca.created fingerprint=%s", ca.fingerprint)
+        self.ca, self.ca_cert = ca, ca.certificate
+        server_key = p256_key(self.secrets)
+        hosts = sorted({host, *self.opts.advertise, socket.gethostname()} - {"0.0.0.0", "::"})
+        server_cert = ca.issue_server_cert(hosts, server_key)
+        sk = self._signing_keys(data_dir / "pki", created)
+        self.signer = KeySigner(sk) if sk is not None else NullSigner()
+        self.intent = Intent(self.signer, ca.ca_pem)
+        await intent_ctl.register(self.store, self.signer)
+        local = LocalTrust(self.intent)
+        await local.refresh(self.store)  # the quorum and release keys as stored; published for keyless gateways
+        self.trust = local
+        self.serving_key_pem = keys.key_to_pem(server_key)
+        self.serving_chain = keys.cert_to_pem(server_cert) + ca.ca_pem
+        self.tls = ServerTLS(self.serving_key_pem, self.serving_chain, ca.ca_pem)
+
+    async def _start_keyless(self, data_dir: Path, host: str) -> None:
+        """No key but its own: the CA certificate, the trust and its serving certificate come from the store.
+
+        Waits (bounded by `serving_cert_wait_s`) for an api process to publish the CA and issue the certificate.
+        """
+        assert self.store is not None
+        signer = KeylessSigner()
+        await signer.refresh(self.store)
+        self.signer = signer
+        relayed = RelayedTrust()
+        self.trust = relayed
+        cert = GatewayCert(
+            self.store,
+            self.bus,
+            self.clock,
+            self.gateway_id,
+            serving.gateway_hosts(host, self.opts.advertise),
+            data_dir / "gateway",
+        )
+        cert.load_or_create_key(self.secrets)
+        self.gateway_cert = cert
+        issued, said = None, False
+        try:
+            async with asyncio.timeout(self.opts.serving_cert_wait_s):
+                while True:
+                    await relayed.refresh(self.store)
+                    issued = await cert.step() or cert.current
+                    if issued is not None and relayed.ready:
+                        break
+                    if not said:
+                        log.warning("event=serving-cert.waiting gateway=%s %s", self.gateway_id, serving.WAIT_LOG)
+                        said = True
+                    await self.bus.wait_events(1.0)
+        except TimeoutError:
+            raise UsageError(
+                f"no api process issued gateway {self.gateway_id}'s serving certificate within"
+                f" {self.opts.serving_cert_wait_s:.0f} s; start one on this store (bc serve --roles api)"
+            ) from None
+        log.info("event=serving-cert.issued gateway=%s not_after=%s", self.gateway_id, issued.cert.not_valid_after_utc)
+        self.ca_cert = keys.load_cert_pem(relayed.ca_pem)
+        self.serving_key_pem, self.serving_chain = issued.key_pem, issued.cert_pem + relayed.ca_pem
+        self.tls = ServerTLS(issued.key_pem, issued.cert_pem, relayed.ca_pem)
+
+    async def _keyless_loop(self) -> None:
+        """Whether the install signs, as the store says; the serving certificate renewed and swapped in."""
+        assert self.store is not None and self.gateway_cert is not None and isinstance(self.signer, KeylessSigner)
+        while True:
+            await self.bus.wait_events(KEYLESS_POLL_S)
+            try:
+                await self.signer.refresh(self.store)
+                issued = await self.gateway_cert.step()
+            except StoreError as e:
+                log.warning("event=keyless.refresh-failed error=%s", e)
+                continue
+            if issued is not None:
+                self.tls.set_identity(issued.key_pem, issued.cert_pem)
+                log.info(
+                    "event=serving-cert.renewed gateway=%s not_after=%s",
+                    self.gateway_id,
+                    issued.cert.not_valid_after_utc,
+                )
+
+    async def _api_loop(self, ca: CertificateAuthority, host: str) -> None:
+        """An api process: register where it answers (gateways proxy Renew there) and issue serving certificates."""
+        assert self.store is not None
+        name = self.opts.advertise[0] if self.opts.advertise and host in ("0.0.0.0", "::") else host
+        self.api_address = _client_address(name, self.port)
+        next_register = 0.0
+        while True:
+            try:
+                if self.clock.monotonic() >= next_register:
+                    now_ms = await self.store.now_ms()
+                    async with self.store.transaction() as tx:
+                        await gk_sql.register_api(tx, self.worker_id, self.api_address, now_ms, API_ENDPOINT_TTL_MS)
+                    next_register = self.clock.monotonic() + API_ENDPOINT_RENEW_S
+                await serving_ctl.issue_requested(self.store, self.bus, ca, self.opts.serving_cert_ttl_s)
+            except StoreError as e:
+                log.warning("event=api.registry-failed error=%s", e)
+            await self.bus.wait_events(KEYLESS_POLL_S)
+
+    async def _trust_loop(self) -> None:
+        """A key-holding process without the gateway role: keep its bundle current and published."""
+        assert self.store is not None
+        while True:
+            await self.clock.sleep(REVOCATION_POLL_S)
+            try:
+                await self.trust.refresh(self.store)
+            except StoreError as e:
+                log.warning("event=trust.publish-failed error=%s", e)
+
+    async def _api_addresses(self) -> list[str]:
+        if self.opts.api:
+            return list(self.opts.api)
+        assert self.store is not None
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction(write=False) as tx:
+            return await gk_sql.api_addresses(tx, now_ms)
+
+    def _api_credentials(self) -> grpc.ChannelCredentials:
+        """The gateway's own certificate (CN gateway:<id>, clientAuth) to call the api with."""
+        assert self.gateway_cert is not None and self.gateway_cert.current is not None
+        cur = self.gateway_cert.current
+        return channel_credentials(keys.cert_to_pem(self.ca_cert), cur.key_pem, cur.cert_pem)
+
+    async def _nodes_by_state(self) -> dict[str, int]:
+        assert self.store is not None
+        async with self.store.transaction() as tx:
+            return await nodes_sql.count_by_connectivity(tx)
 
     def _signing_keys(self, pki_dir: Path, new_install: bool) -> SigningKeys | None:
         """Command signing is on for a new install unless asked otherwise; once on, it stays on.
@@ -301,7 +554,7 @@ class Server:
             log.warning("event=pki.signing-off hint='start once with --command-signing on to sign commands and specs'")
         return None
 
-    async def _refresh_token_roots(self) -> None:
+    async def refresh_token_roots(self) -> None:
         assert self.store is not None
         now_ms = await self.store.now_ms()
         async with self.store.transaction(write=False) as tx:
@@ -312,7 +565,7 @@ class Server:
         while True:
             await self.clock.sleep(5.0)
             with contextlib.suppress(StoreError):
-                await self._refresh_token_roots()
+                await self.refresh_token_roots()
 
     async def _liveness_loop(self) -> None:
         while True:
@@ -322,10 +575,23 @@ class Server:
                 log.warning("event=liveness.failed error=%s", e)
             await self.clock.sleep(self.liveness.cfg.interval_s)
 
+    async def drain(self, over_s: float) -> int:
+        """`bc serve drain`: spread this gateway's nodes over the others, then stop (`stopped` is set)."""
+        sessions = len(self.gateway.sessions)
+
+        async def go() -> None:
+            await self.gateway.drain_spread(over_s)
+            self.stopped.set()
+
+        self._tasks.append(asyncio.create_task(go(), name="drain"))
+        return sessions
+
     async def stop(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
+        if self.relay is not None:
+            await self.relay.stop()
+        if self.release_server is not None:
+            await self.release_server.stop()
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace=1.0)
             try:
@@ -335,11 +601,16 @@ class Server:
                 log.warning("event=serve.drain-timeout sessions=%d", len(self.gateway.sessions))
         if self.store is not None:
             with contextlib.suppress(StoreError):
-                await self.gateway.release_lease()
+                if "gateway" in self.opts.roles:
+                    await self.gateway.release_lease()
+            with contextlib.suppress(StoreError):
+                if self.api_address:
+                    async with self.store.transaction() as tx:
+                        await gk_sql.unregister_api(tx, self.worker_id)
             with contextlib.suppress(StoreError):
                 # The singletons' leases go with this process, so another bc serve takes over at once.
-                async with self.store.transaction() as tx:
-                    for name in (JOBS_LEASE, SWEEPER_LEASE, PLACEMENT_LEASE):
+                async with self.store.transaction() as tx:  # the liveness sweep's too
+                    for name in (JOBS_LEASE, SWEEPER_LEASE, PLACEMENT_LEASE, LIVENESS_LEASE):
                         await leases.release(tx, name, self.worker_id)
             await self.store.close()
 
@@ -350,13 +621,15 @@ async def run_serve(opts: ServeOptions) -> None:
     logs.setup("serve")
     server = Server(opts, Seams.production())
     await server.start()
-    print(f"bc serve listening on {server.address}; operator config {server.operator_config}", flush=True)
+    where = f"operator config {server.operator_config}" if server.operator_config else "no CA key (gateway only)"
+    print(f"bc serve listening on {server.address}; {where}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    drained = asyncio.create_task(server.stopped.wait())
     try:
-        await stop.wait()
+        await asyncio.wait([asyncio.create_task(stop.wait()), drained], return_when=asyncio.FIRST_COMPLETED)
     finally:
         log.info("event=serve.stopping")
         await server.stop()

@@ -76,7 +76,7 @@ from bc.pki.secrets_source import SeededSecrets, p256_key
 from bc.pki.signing import SigningKeys
 from bc.protocol import closing
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
-from bc.store import Store
+from bc.store import Store, StoreError
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
@@ -84,6 +84,8 @@ from bc.testing import MemoryLink, link_pair
 from bc.virtual_time import run as run_virtual
 from bc.virtual_time import virtual_clock
 from bc.wire.link import Link
+
+log = logging.getLogger("bc.session_pair")
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -178,6 +180,10 @@ class PairConfig:
     """Run the placement pass as `bc serve` does (`ControlPlane.placement`, its loop as a task)."""
     journal_files: bool = False
     """Agents keep the real SQLite journal (`journal.db` in the node's dir) instead of the memory journal."""
+    gateway: bool = True
+    """The control plane serves node sessions with a gateway of its own, as `bc serve` with every role does;
+    False: it runs the worker roles only (the simulator's gateways are then processes of their own,
+    `bc.sim.gateways`), and no dial reaches it."""
 
 
 def _liveness(store: Store, bus: Bus, holder: str, cfg: LivenessConfig, signer: Signer) -> Liveness:
@@ -245,10 +251,14 @@ class ControlPlane:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        await self.gateway.renew_lease()
-        self._tasks = [
-            asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"),
-            asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"),
+        self._tasks = []
+        if self.cfg.gateway:
+            await self.gateway.renew_lease()
+            self._tasks += [
+                asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"),
+                asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"),
+            ]
+        self._tasks += [
             asyncio.create_task(self._liveness_loop(), name="liveness"),
             asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"),
         ]
@@ -259,13 +269,18 @@ class ControlPlane:
 
     async def _liveness_loop(self) -> None:
         while True:
-            await self.liveness.sweep_once()
+            try:
+                await self.liveness.sweep_once()
+            except StoreError as e:  # as `bc serve` runs it: a store that is away is retried next pass
+                log.warning("event=liveness.failed error=%s", e)
             await self.clock.sleep(self.liveness.cfg.interval_s)
 
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if not self.cfg.gateway:
+            return
         async with asyncio.timeout(30):
             await self.gateway.drain()
         await self.gateway.release_lease()
@@ -325,16 +340,33 @@ class SessionPair:
     def _make_store(self) -> Store:
         return InlineSqliteStore(self.root / "bc.db", self.clock)
 
+    async def _open_store(self) -> Store:
+        """The store a control plane starting now opens (`_close_store` closes it when it stops)."""
+        store = self._make_store()
+        await store.open()
+        return store
+
+    async def _close_store(self, store: Store) -> None:
+        await store.close()
+
+    async def process_intent(self, store: Store, signer: Signer) -> Intent:
+        """What a control-plane process starting now holds of the trust state: the CA, the signer's key
+        registered, the quorum as stored."""
+        intent = Intent(signer, self.ca.ca_pem)
+        await intent_ctl.register(store, signer)
+        intent.set_quorum(*await approvers.trust_state(store))
+        return intent
+
+    def process_signer(self) -> Signer:
+        return KeySigner(self.signing_keys) if self.signing_keys is not None else NullSigner()
+
     def _make_control_plane(self, store: Store, signer: Signer, intent: Intent, rng: random.Random) -> ControlPlane:
         return ControlPlane(store, signer, intent, self.cp_clock, rng, self.cfg)
 
     async def _open_control_plane(self) -> ControlPlane:
-        store = self._make_store()
-        await store.open()
-        signer: Signer = KeySigner(self.signing_keys) if self.signing_keys is not None else NullSigner()
-        intent = Intent(signer, self.ca.ca_pem)
-        await intent_ctl.register(store, signer)
-        intent.set_quorum(*await approvers.trust_state(store))
+        store = await self._open_store()
+        signer = self.process_signer()
+        intent = await self.process_intent(store, signer)
         cp = self._make_control_plane(store, signer, intent, random.Random(self.rng.getrandbits(64)))
         await cp.start()
         self.network.gateway = cp.gateway
@@ -346,7 +378,7 @@ class SessionPair:
         self.cp_up.clear()
         self.network.gateway = None
         await self.cp.stop()
-        await self.cp.store.close()
+        await self._close_store(self.cp.store)
         self.cp = None
         if down_s:
             await asyncio.sleep(down_s)
@@ -501,7 +533,7 @@ class SessionPair:
         if self.cp is not None:
             self.network.gateway = None
             await self.cp.stop()
-            await self.cp.store.close()
+            await self._close_store(self.cp.store)
             self.cp = None
             self.cp_up.clear()
         for t in list(self.network.sessions):

@@ -80,6 +80,12 @@ def bc_version() -> str:
         return "0.0.0+unknown"
 
 
+def test_never_dial() -> bool:
+    """A test-only build (`build/dist.py --test-never-dial`) whose agent never reaches a gateway: the new
+    binary of the self-update rollback test. Never true for a checkout, a wheel or a normal build."""
+    return bool(getattr(_baked(), "NEVER_DIAL", False))
+
+
 def build_info() -> BuildInfo:
     baked = _baked()
     if baked is not None:

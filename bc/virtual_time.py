@@ -18,7 +18,9 @@ replaces only that question to the selector:
   (`run_in_executor`, `asyncio.to_thread`, `getaddrinfo`) is still running or
   closing joins the executor's threads, only the outside world can wake the
   loop, so it waits for real I/O with no timeout, and time stands meanwhile:
-  an executor job takes no virtual time.
+  an executor job takes no virtual time. The same holds while a driver
+  awaits a socket inside `bc.aio.outside_world()` (the PostgreSQL store):
+  the reply is real I/O the loop will see, and no timer may jump past it.
 
 So `asyncio.sleep`, `asyncio.timeout`, `wait_for`, `call_later` and
 `bc.clock.LoopClock` all agree on one time, and the same program on the same
@@ -89,6 +91,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._virtual_now = start
         self.wall_offset = wall - start
         self._executor_jobs: set[asyncio.Future[Any]] = set()
+        self._outside_holds = 0
         super().__init__(selector=_JumpingSelector(self))
 
     def time(self) -> float:
@@ -113,12 +116,16 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self._executor_jobs.discard(joining)
             joining.cancel()
 
+    def hold_time(self, delta: int) -> None:
+        """`bc.aio.outside_world()`: while any await on the outside world (a database socket) is open, time stands."""
+        self._outside_holds += delta
+
     def _on_idle(self, timeout: float | None, poll: _Poll) -> list[tuple[selectors.SelectorKey, int]]:
         # asyncio asks for a positive timeout only when no callback is ready, and it has already dropped
         # cancelled timers from the head of its heap, so `_scheduled[0]` is the deadline it computed.
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
         nxt = scheduled[0].when() if scheduled else math.inf
-        if timeout is None or self._executor_jobs or math.isinf(nxt):
+        if timeout is None or self._executor_jobs or self._outside_holds or math.isinf(nxt):
             return poll(None)  # only the outside world can wake the loop: wait for it, time stands
         if timeout < asyncio.base_events.MAXIMUM_SELECT_TIMEOUT:  # type: ignore[attr-defined]
             self._virtual_now = max(self._virtual_now, nxt)  # land exactly on the deadline, no float drift

@@ -86,8 +86,7 @@ async def commands_per_second(nodes: int, commands: int, serve_args: Sequence[st
                         if ids and ids <= settled:
                             done.set()
 
-            last = await admin.list_events(limit=1_000_000)
-            watcher = asyncio.create_task(follow(last[-1].seq if last else 0))
+            watcher = asyncio.create_task(follow((await admin.server_info()).event_seq))
             t0 = time.perf_counter()
             sem2 = asyncio.Semaphore(64)
 

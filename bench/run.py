@@ -12,10 +12,21 @@
 
 Further parts live in their own modules: `commands`, `journal` (bench.commands), `dist`, `signing`,
 `merkle`, `pair` (bench.session_pair), `jobs` (bench.jobs: the job queue's figures), `capacity`
-(bench.capacity: the placement pass, reserve -> active, `bc usage`), `sim` (bench.sim: `bc sim` by fleet size).
+(bench.capacity: the placement pass, reserve -> active, `bc usage`), `sim` (bench.sim: `bc sim` by fleet size),
+`health` (bench.health: the telemetry export's CPU, injected XID -> `bc nodes show`),
+`converge` (bench.converge: one converge pass with the host and devices sections non-empty),
+`ssh` (bench.ssh: `bc ssh revoke` -> the serial in every node's KRL),
+`release` (bench.release: a fake release rollout, the download vs curl),
+`rehome` (bench.rehome: re-home after killing one of three gateways on PostgreSQL, 200 real agents),
+`stores` (bench.stores: the store paths and commands end to end on SQLite and PostgreSQL; bench.pg_drivers
+compares psycopg with asyncpg),
+`throughput` (bench.throughput: inventory.refresh end to end at 1 / 10 / 100 nodes whose agents run in their
+own process, enqueued with EnqueueCommands, with CPU per command and the bounds of the same run: the gRPC echo
+rate and the store's fsynced commit rate; SQLite at each node count, PostgreSQL at 100).
 
 Usage: python -m bench.run [--reservations 100] [--sessions 200]
-       [--only latency|memory|commands|journal|dist|signing|merkle|pair|jobs|capacity|sim]
+       [--only latency|memory|commands|journal|hops|dist|signing|merkle|pair|jobs|capacity|sim|health|converge|ssh|
+               release|stores|rehome|throughput]
 """
 
 from __future__ import annotations
@@ -209,6 +220,7 @@ async def main() -> None:
             "memory",
             "commands",
             "journal",
+            "hops",
             "dist",
             "signing",
             "merkle",
@@ -217,6 +229,13 @@ async def main() -> None:
             "capacity",
             "sim",
             "tui",
+            "health",
+            "converge",
+            "ssh",
+            "release",
+            "stores",
+            "rehome",
+            "throughput",
         ],
     )
     args = ap.parse_args()
@@ -230,11 +249,19 @@ async def main() -> None:
         from bench.commands import journal_figures
 
         print("journal writes:", json.dumps(await journal_figures()), flush=True)
+    if args.only in (None, "hops"):
+        from bench.sqlite_hops import figures as hop_figures
+
+        print("sqlite statement, microseconds:", json.dumps(await hop_figures(5000)), flush=True)
     if args.only in (None, "commands"):
         from bench.commands import commands_per_second
 
         for nodes in (1, 10, 100):
             print("inventory.refresh end to end:", json.dumps(await commands_per_second(nodes, 200)), flush=True)
+    if args.only in (None, "throughput"):
+        from bench.throughput import main as throughput_main
+
+        await throughput_main(["--store", "both"])
     if args.only in (None, "dist"):
         from bench.dist import dist_figures
 
@@ -261,12 +288,45 @@ async def main() -> None:
         from bench.capacity import run as capacity_run
 
         await capacity_run(capacity_parser().parse_args([]))
+    if args.only in (None, "health"):
+        from bench.health import parser as health_parser
+        from bench.health import run as health_run
+
+        await health_run(health_parser().parse_args([]))
     if args.only in (None, "tui"):
         await __import__("bench.tui", fromlist=["main"]).main([])
+    if args.only in (None, "converge"):
+        from bench.converge import main as converge_main
+        from bench.converge import parser as converge_parser
+
+        await converge_main(converge_parser().parse_args([]))
+    if args.only in (None, "rehome"):
+        from bench.pg_drivers import PG_URL
+        from bench.rehome import run as rehome_run
+
+        print(
+            "re-home after a gateway kill:",
+            json.dumps(await rehome_run(200, PG_URL)),
+            flush=True,
+        )
+    if args.only in (None, "stores"):
+        from bench.pg_drivers import PG_URL
+        from bench.stores import run as stores_run
+
+        print("stores:", json.dumps(await stores_run(200, PG_URL)), flush=True)
+    if args.only in (None, "release"):
+        from bench.release import parser as release_parser
+        from bench.release import run as release_run
+
+        await release_run(release_parser().parse_args([]))
     if args.only in (None, "sim"):
         from bench.sim import main as sim_main
 
         await asyncio.to_thread(sim_main, [])
+    if args.only in (None, "ssh"):
+        from bench.ssh import main as ssh_main
+
+        await ssh_main([])
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python build/dist.py binary   # dist/bc-<version>-linux-<arch>: one file, no Python needed
     python build/dist.py all      # both
     python build/dist.py all --dist-dir D --work-dir W   # elsewhere than dist/ and build/out/ (the tests)
+    python build/dist.py binary --version-override 1.1.0 [--test-never-dial]   # the self-update tests' builds
 
 Both start from a staging copy of the source in build/out/<artifact>/src, to
 which we add `bc/_build_info.py` (version, commit, build date, artifact): the
@@ -60,6 +61,8 @@ class Stamp:
     version: str
     commit: str
     epoch: int
+    never_dial: bool = False
+    """Test-only (`--test-never-dial`): the built agent never reaches a gateway (tests/e2e/test_self_update.py)."""
 
     @property
     def build_date(self) -> str:
@@ -122,6 +125,7 @@ def stage_source(dest: Path, stamp: Stamp, artifact: str) -> Path:
         f"COMMIT = {stamp.commit!r}\n"
         f"BUILD_DATE = {stamp.build_date!r}\n"
         f"ARTIFACT = {artifact!r}\n"
+        + ("NEVER_DIAL = True  # test-only build: the agent never dials\n" if stamp.never_dial else "")
     )
     return src
 
@@ -295,9 +299,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("what", choices=["zipapp", "binary", "all"])
     ap.add_argument("--dist-dir", type=Path, default=DIST, help="Where the artifacts and SHA256SUMS go.")
     ap.add_argument("--work-dir", type=Path, default=OUT, help="Where the staging and PyInstaller's files go.")
+    ap.add_argument("--version-override", default="", help="Bake this version instead of pyproject's (tests).")
+    ap.add_argument("--test-never-dial", action="store_true", help="Test-only: the built agent never dials.")
     args = ap.parse_args(argv)
     args.dist_dir, args.work_dir = args.dist_dir.resolve(), args.work_dir.resolve()
     stamp = make_stamp()
+    if args.version_override or args.test_never_dial:
+        stamp = Stamp(args.version_override or stamp.version, stamp.commit, stamp.epoch, args.test_never_dial)
     print(f"bc {stamp.version}, commit {stamp.commit}, build date {stamp.build_date}", flush=True)
     if args.what in ("zipapp", "all"):
         t0 = time.perf_counter()

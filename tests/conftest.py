@@ -23,3 +23,16 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> object:
     """The virtual-time loop for tests/unit and tests marked `virtual_time`, else the ordinary loop (tests/loops.py)."""
     return loop_factories(config, item)
+
+
+# The files that build binaries (minutes of PyInstaller) start first, so under `-n 2 --dist loadfile`
+# one worker builds while the other runs everything else, instead of the build starting last.
+SLOW_FIRST = ("tests/e2e/test_self_update.py", "tests/e2e/test_dist.py", "tests/sim/test_session_pair.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: every other test keeps its order

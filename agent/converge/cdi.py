@@ -30,6 +30,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from agent.converge.limits import Limits
+from agent.hw.dev_nodes import DevNode
 from bc.protocol.atoms import CDI_KIND, Atom, cdi_name, infer_atom
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class ResolvedDevice:
     atom: Atom
     visible_id: str  # the MIG-… UUID for a MIG instance, else the GPU UUID
     gpu_index: int
+    nodes: tuple[DevNode, ...] = ()
+    """The device's own nodes (its GPU's, and a MIG instance's cap nodes); empty: `/dev/nvidia<index>` by path."""
 
 
 @dataclass(frozen=True)
@@ -152,11 +155,15 @@ def render_spec(
     kubernetes: bool,
     limits: Limits | None = None,
     cgroup_parent: str = "",
+    control_nodes: Sequence[DevNode] = (),
 ) -> dict[str, Any]:
-    """The CDI document of a hold: one device per atom, the env at spec level.
+    """The CDI document of a hold: one device per atom, the env and the driver's control nodes at spec level.
 
-    Devices carry no env of their own; each names its GPU's device node, since
-    CDI runtimes refuse a device with no edits at all. A hold with limits
+    Devices carry no env of their own; each names its GPU's device node (and a
+    MIG instance its capability nodes), since CDI runtimes refuse a device with
+    no edits at all. `control_nodes` (`/dev/nvidiactl`, `/dev/nvidia-uvm`, …,
+    agent.hw.dev_nodes) are what CUDA opens besides the GPU, so a runtime with
+    CDI and no NVIDIA hook gives the workload all it needs. A hold with limits
     carries them in `bc.dev/limits` (host admission reads them back) and its
     slice in `bc.dev/cgroup-parent`.
     """
@@ -167,6 +174,9 @@ def render_spec(
         annotations[ANN_LIMITS] = limits.annotation()
     if cgroup_parent:
         annotations[ANN_CGROUP_PARENT] = cgroup_parent
+    edits: dict[str, Any] = {"env": list(env)}
+    if control_nodes:
+        edits["deviceNodes"] = [node_doc(n) for n in control_nodes]
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
@@ -175,12 +185,19 @@ def render_spec(
             {
                 "name": cdi_name(d.atom.atom_id),
                 "annotations": {ANN_DEVICE_ID: d.atom.atom_id},
-                "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{d.gpu_index}"}]},
+                "containerEdits": {
+                    "deviceNodes": [node_doc(n) for n in d.nodes] or [{"path": f"/dev/nvidia{d.gpu_index}"}]
+                },
             }
             for d in devices
         ],
-        "containerEdits": {"env": list(env)},
+        "containerEdits": edits,
     }
+
+
+def node_doc(n: DevNode) -> dict[str, Any]:
+    """A CDI deviceNode with its type and numbers, so a runtime can make it without the host's node."""
+    return {"path": n.path, "type": n.type, "major": n.major, "minor": n.minor}
 
 
 @cache

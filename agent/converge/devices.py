@@ -38,6 +38,7 @@ from agent.converge.hold_slices import HoldSlices
 from agent.converge.limits import NO_LIMITS, HostMemory, InvalidLimits, Limits, admit, host_memory, slice_name
 from agent.converge.run import CONVERGED, FAILED, SectionResult
 from agent.hw.base import HardwareBackend
+from agent.hw.dev_nodes import DeviceNodes, DevNode, NodeFacts, node_facts
 from agent.hw.slices import SliceManager
 from agent.offload import Offload, to_thread
 from bc.protocol.atoms import (
@@ -117,18 +118,22 @@ class Fail:
 Action = Release | Bind | Refresh | Fail
 
 
-def resolve(atom: Atom, inventory: common_pb2.Inventory) -> cdi.ResolvedDevice:
-    """The device an atom names on this node, or Refused(device-missing)."""
+def resolve(atom: Atom, inventory: common_pb2.Inventory, facts: NodeFacts | None = None) -> cdi.ResolvedDevice:
+    """The device an atom names on this node, or Refused(device-missing); `facts`: its device nodes."""
     for gpu in inventory.gpus:
         if gpu.uuid != atom.gpu_uuid:
             continue
+        nodes: tuple[DevNode, ...] = ()
+        if facts is not None and gpu.index in facts.gpus:
+            nodes = (facts.gpus[gpu.index],)
         if atom.device_class == GPU_MIG:
             gi, ci = atom.numbers
             for m in gpu.mig_instances:
                 if m.gi == gi and m.ci == ci and m.uuid:
-                    return cdi.ResolvedDevice(atom, m.uuid, gpu.index)
+                    caps = facts.mig_caps.get((gpu.index, gi, ci), ()) if facts is not None else ()
+                    return cdi.ResolvedDevice(atom, m.uuid, gpu.index, nodes + tuple(caps))
             raise Refused(DEVICE_MISSING, f"GPU {gpu.uuid} has no MIG instance gi={gi} ci={ci}")
-        return cdi.ResolvedDevice(atom, gpu.uuid, gpu.index)
+        return cdi.ResolvedDevice(atom, gpu.uuid, gpu.index, nodes)
     raise Refused(DEVICE_MISSING, f"no GPU {atom.gpu_uuid} on this node")
 
 
@@ -171,11 +176,13 @@ def plan(
     mps_pipe_dir: str | None = None,
     host: HostMemory | None = None,
     slices: bool = True,
+    facts: NodeFacts | None = None,
 ) -> list[Action]:
     """Releases (by allocation id), then each desired assignment: held ones first, then new ones.
 
     `host`: the host's memory for admission (None: not readable, no admission). `slices`: whether
-    holds with limits get a slice (False when the converger has no slice seam).
+    holds with limits get a slice (False when the converger has no slice seam). `facts`: the device
+    nodes the specs name (agent.hw.dev_nodes; None: each GPU's node by path only).
     """
     wanted = {a.allocation_id for a in assignments}
     actions: list[Action] = [Release(h) for aid, h in sorted(held.items()) if aid not in wanted]
@@ -194,7 +201,7 @@ def plan(
         seen.add(a.allocation_id)
         try:
             actions.append(
-                _decide(a, held.get(a.allocation_id), inventory, committed, mps_pipe_dir, booked, host, slices)
+                _decide(a, held.get(a.allocation_id), inventory, committed, mps_pipe_dir, booked, host, slices, facts)
             )
         except Refused as r:
             actions.append(Fail(a, r.reason, r.message))
@@ -210,6 +217,7 @@ def _decide(
     booked: dict[str, Limits],
     host: HostMemory | None,
     slices: bool,
+    facts: NodeFacts | None = None,
 ) -> Action:
     atoms = check_assignment(a)
     kubernetes = a.binding == spec_pb2.BINDING_KUBERNETES
@@ -223,7 +231,7 @@ def _decide(
         and held.kubernetes == kubernetes
     )
     try:
-        devices = [resolve(atom, inventory) for atom in atoms]
+        devices = [resolve(atom, inventory, facts) for atom in atoms]
     except Refused:
         if same and held is not None:
             # Never drop a hold on our own; its slice, if it had one, stays as the file says.
@@ -257,6 +265,7 @@ def _decide(
         kubernetes=kubernetes,
         limits=limits,
         cgroup_parent=cgroup_parent,
+        control_nodes=facts.control if facts is not None else (),
     )
     cdi.validate_spec(doc)
     if same and held is not None:
@@ -281,8 +290,12 @@ class DevicesConverger:
         mps_pipe_dir: Path = DEFAULT_MPS_PIPE_DIR,
         offload: Offload = to_thread,
         slices: SliceManager | None = None,
+        dev_nodes: DeviceNodes | None = None,
     ) -> None:
         """`offload`: where the file work runs (agent.offload): a thread in production, inline in the simulator.
+
+        `dev_nodes`: where the device nodes the CDI specs name come from (agent.hw.dev_nodes); None names
+        each GPU's node by path only, which only tests of the plan's other rules use.
 
         `slices`: the hold slice seam (agent.hw.slices); None manages no slices (holds with limits then get
         none), which only tests of the CDI side use.
@@ -295,6 +308,7 @@ class DevicesConverger:
         self.hw = hw
         self.node_id = node_id
         self.mps_pipe_dir = mps_pipe_dir
+        self.dev_nodes = dev_nodes
         self._failed_reported: set[tuple[str, int]] = set()
         self._adopted: set[str] = set()
 
@@ -312,8 +326,15 @@ class DevicesConverger:
         host = host_memory(inventory)
         if host is None and any(a.limits.memory_bytes or a.limits.hugepages_1gi for a in desired.assignments):
             log.warning("event=allocation.admission_skipped reason=host-memory-unknown")
+        facts = await self.offload(node_facts, self.dev_nodes, inventory) if self.dev_nodes is not None else None
         actions = plan(
-            list(desired.assignments), held, inventory, mps_pipe_dir=mps, host=host, slices=self.managed_slices
+            list(desired.assignments),
+            held,
+            inventory,
+            mps_pipe_dir=mps,
+            host=host,
+            slices=self.managed_slices,
+            facts=facts,
         )
         self._failed_reported = {k for k in self._failed_reported if k[1] == generation}
 

@@ -7,10 +7,18 @@ section this agent has no converger for converges trivially when empty and
 is UNSUPPORTED (terminal) otherwise, so one unknown section never holds back
 the rest of the spec. The settling rule is the pure `is_settled`, kept apart
 so it can be tested on its own.
+
+A section holding fields this agent does not know (an older agent meeting a
+newer spec, agent.converge.unknown_fields) is UNSUPPORTED with their field
+numbers, without running its converger: enforcing part of a section and
+calling it converged would let `observed_generation` claim what is not
+enforced. A NodeSpec field the agent does not know at all is reported as a
+section of its own, `field-<n>`, UNSUPPORTED.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +26,7 @@ from typing import Protocol
 
 from google.protobuf.message import Message
 
+from agent.converge.unknown_fields import unknown_numbers, unknown_paths
 from bc.protocol.canonical import SECTIONS, section_is_empty
 from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
 
@@ -30,6 +39,7 @@ UNSUPPORTED = common_pb2.UNSUPPORTED
 
 REASON_UNSUPPORTED = "SectionUnsupported"
 REASON_CONVERGER_ERROR = "ConvergerError"
+REASON_UNKNOWN_FIELDS = "UnknownFields"
 
 
 @dataclass
@@ -69,6 +79,8 @@ class RunOutcome:
     statuses: list[common_pb2.SectionStatus]
     events: list[session_pb2.AllocationReport]
     observed: bool
+    durations: dict[str, float] = field(default_factory=dict)
+    """Seconds each section's converger took this pass, on the loop's clock (telemetry)."""
 
 
 def is_settled(results: Iterable[SectionResult]) -> bool:
@@ -96,6 +108,16 @@ async def converge_section(
 ) -> SectionResult:
     """One section's result: its converger's (errors become retryable), or the no-converger rule."""
     desired: Message = getattr(spec, section)
+    unknown = unknown_paths(desired)
+    if unknown:
+        number = field_number(section)
+        return SectionResult(
+            UNSUPPORTED,
+            reason=REASON_UNKNOWN_FIELDS,
+            message=f"section {section} (NodeSpec field {number}) has fields this agent does not know: "
+            + ", ".join(f"{number}.{p}" for p in unknown),
+            terminal=True,
+        )
     if converger is None:
         if section_is_empty(spec, section):
             return SectionResult(CONVERGED)
@@ -118,8 +140,12 @@ async def run(spec: spec_pb2.NodeSpec, generation: int, convergers: Mapping[str,
     results: list[SectionResult] = []
     statuses: list[common_pb2.SectionStatus] = []
     events: list[session_pb2.AllocationReport] = []
+    durations: dict[str, float] = {}
+    loop = asyncio.get_running_loop()
     for section in SECTIONS:
+        started = loop.time()
         result = await converge_section(spec, section, generation, convergers.get(section))
+        durations[section] = loop.time() - started
         results.append(result)
         events.extend(result.events)
         statuses.append(
@@ -131,4 +157,21 @@ async def run(spec: spec_pb2.NodeSpec, generation: int, convergers: Mapping[str,
                 message=result.message,
             )
         )
-    return RunOutcome(statuses=statuses, events=events, observed=is_settled(results))
+    for number in unknown_numbers(spec):
+        result = SectionResult(
+            UNSUPPORTED,
+            reason=REASON_UNKNOWN_FIELDS,
+            message=f"NodeSpec field {number} is a section this agent does not know",
+            terminal=True,
+        )
+        results.append(result)
+        statuses.append(
+            common_pb2.SectionStatus(
+                section=f"field-{number}",
+                state=result.reported_state,
+                generation=generation,
+                reason=result.reason,
+                message=result.message,
+            )
+        )
+    return RunOutcome(statuses=statuses, events=events, observed=is_settled(results), durations=durations)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.hw.base import UNKNOWN_GPU, diag_entry, read_boot_id
+from agent.hw.fake_mig import FakeMig
 from agent.hw.slices import FAKE_SLICES_DIR, FakeSlices
 from agent.offload import Offload, to_thread
 from bc.pki.secrets_source import os_seeded_random
@@ -99,6 +100,7 @@ class FakeHardware:
         self.state_dir = state_dir
         self._data = _load_profile(profile)
         self._inventory = self._build(self._data)
+        self.mig = FakeMig(seed, profile, self._data, state_dir)  # the MIG layout nvidia-smi changes (fake_mig)
 
     @staticmethod
     def profiles() -> list[str]:
@@ -149,6 +151,7 @@ class FakeHardware:
         """A copy of the fake inventory (callers may change theirs freely)."""
         inv = common_pb2.Inventory()
         inv.CopyFrom(self._inventory)
+        self.mig.overlay(inv)
         return inv
 
     def boot_id(self) -> str:

@@ -12,6 +12,7 @@ from agent.kinds.base import (
     KindExecutor,
     KindResult,
 )
+from agent.kinds.daemon_upgrade import DaemonUpgrade
 from agent.kinds.diag_dcgm import DiagDcgm
 from agent.kinds.diag_nvml import DiagNvml
 from agent.kinds.gpu_reset import GpuReset
@@ -28,6 +29,7 @@ _EXECUTORS: tuple[KindExecutor, ...] = (
     NodeReboot(),
     LogsCollect(),
     DiagDcgm(),
+    DaemonUpgrade(),
 )
 
 REGISTRY: dict[str, KindExecutor] = {e.name: e for e in _EXECUTORS}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -71,6 +71,12 @@ class KindContext:
     """The agent's clock: what a kind stamps (a tarball's name and mtime) comes from it, never from the host."""
     offload: Offload = to_thread
     """Where a kind's blocking calls run (agent.offload): a thread in production, inline under the simulator."""
+    after_gpu_reset: Callable[[Sequence[str]], Awaitable[dict[str, bool]]] | None = None
+    """The health monitor's read after a reset (agent.health.monitor): healthy per GPU; clears the XIDs of those."""
+    command_id: str = ""
+    """The command being run (the dispatcher sets it per run): a self-update records it in upgrade.json."""
+    upgrader: Any = None
+    """The self-update controller (agent.upgrade.controller.Upgrader); None when there is no A/B slot."""
 
 
 @dataclass(frozen=True)

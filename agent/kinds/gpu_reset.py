@@ -4,7 +4,9 @@ The reference's order matters: every check runs before anything is
 touched, so a command naming one busy GPU resets none (a half-done reset
 of a batch is harder to reason about than a refusal). After the resets a
 fresh inventory and the diag counters say whether each reset GPU is healthy
-again: no uncorrectable volatile ECC errors, no pending or failed remap.
+again: no uncorrectable volatile ECC errors, no pending or failed remap. The
+health monitor reads the GPUs again too (`ctx.after_gpu_reset`): one that
+reads healthy loses its XID conditions at once (docs/health.md).
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ class GpuReset(TypedExecutor[kinds_pb2.GpuResetRequest]):
             for e in entries:
                 if e["reset"]:
                     e["healthy"] = inventory_healthy.get(e["uuid"], False) and diag_healthy(diag.get(e["uuid"], {}))
+            if ctx.after_gpu_reset is not None:
+                # The health monitor reads again: a GPU that reads healthy loses its XID conditions at once.
+                verdicts = await ctx.after_gpu_reset(reset)
+                for e in entries:
+                    if e["reset"]:
+                        e["healthy"] = e["healthy"] and verdicts.get(e["uuid"], False)
         return KindResult.success(
             {"gpus": entries, "inventory": message_to_dict(inv), "inventory_hash": inventory_hash(inv)},
             f"reset {len(reset)} of {len(uuids)} GPUs",

@@ -14,7 +14,7 @@ How the session ended                                    What the loop does
 the core closed it with `redial=False` (RevocationNotice)  stop: this certificate is done
 `LinkClosed.reason` in `closing.CERTIFICATE_IS_DONE`     stop: this certificate is done
   (revoked, an older identity)
-welcomed, then ended without a transport error           redial at once, under 1 s of jitter
+welcomed, then ended (cleanly, or its gateway went away)  redial at once, under 1 s of jitter
 anything else (refused, superseded, expired, no dial)    redial after the next back-off step
 =======================================================  ======================================
 
@@ -79,6 +79,8 @@ class SessionLoop:
         self.frame_budget = frame_budget  # lowered only if a gateway refuses a frame as too large
         self.current: SessionRunner | None = None
         self.rotations = 0
+        self.sessions_started = 0  # links dialed; every one after the first is a reconnect (telemetry)
+        self._last_welcomed = False  # whether the last session was welcomed, when it ended by an exception
 
     def rotate(self, why: str) -> None:
         """End the running session, and drop a dial in flight: the next dial reads the identity files anew."""
@@ -109,7 +111,10 @@ class SessionLoop:
                 log.exception("event=session.error")
             if end is not None and end.close is not None and not end.close.redial:
                 return Refusal(end.close.reason)
-            attempt = 0 if end is not None and end.welcomed else attempt + 1
+            # A session that was welcomed resets the back-off even when its transport broke (a gateway that
+            # died): the node goes to the next gateway within 1 s of jitter, which is what re-homing is.
+            welcomed = end.welcomed if end is not None else self._last_welcomed
+            attempt = 0 if welcomed else attempt + 1
             delay = backoff_delay(attempt, self.rng)
             log.info("event=session.redial attempt=%d delay_s=%.3f", attempt, delay)
             await wait_event(self.stopped, delay)
@@ -118,7 +123,9 @@ class SessionLoop:
     async def _one(self) -> SessionEnd:
         """Dial and run one session to its end."""
         rotations = self.rotations
+        self._last_welcomed = False
         link = await self.dial()
+        self.sessions_started += 1
         try:
             if self.rotations != rotations:
                 # Renewed while this dial used the old pair: redial with the new one, at once.
@@ -128,6 +135,7 @@ class SessionLoop:
             try:
                 return await runner.run()
             finally:
+                self._last_welcomed = runner.welcomed
                 self.current = None
         finally:
             await link.close("CANCELLED", "the node ends this session")

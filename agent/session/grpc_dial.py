@@ -45,19 +45,71 @@ def grpc_dial(data_dir: Path, identity: Identity, ca_pem: bytes, offload: Offloa
     def read_pair() -> tuple[bytes, bytes]:
         return identity.read(data_dir, "key"), identity.read(data_dir, "cert")
 
+    rotation = Rotation([a.strip() for a in identity.server.split(",") if a.strip()])
+
     async def dial() -> Link[GatewayMessage, NodeMessage]:
         key_pem, cert_pem = await offload(read_pair)
-        channel = grpc.aio.secure_channel(
-            identity.server, channel_credentials(ca_pem, key_pem, cert_pem), options=list(CHANNEL_OPTIONS)
-        )
-        try:
-            await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
-        except TimeoutError:
-            await channel.close()
-            raise LinkClosed("UNAVAILABLE", f"cannot connect to {identity.server}") from None
-        except BaseException:
-            await channel.close()
-            raise
-        return GrpcClientLink(session_pb2_grpc.NodeSessionStub(channel).Session(), channel)
+        creds = channel_credentials(ca_pem, key_pem, cert_pem)
+        loop = asyncio.get_running_loop()
+        timeout = CONNECT_TIMEOUT_S if len(rotation.addrs) == 1 else PER_ADDRESS_TIMEOUT_S
+        several = len(rotation.addrs) > 1
+        for addr in rotation.order(loop.time()):
+            channel = grpc.aio.secure_channel(addr, creds, options=list(CHANNEL_OPTIONS))
+            try:
+                async with asyncio.timeout(timeout):
+                    ready = await _ready(channel, give_up_on_failure=several)
+            except TimeoutError:
+                ready = False
+            except BaseException:
+                await channel.close()
+                raise
+            if not ready:
+                await channel.close()
+                continue
+            rotation.connected(addr, loop.time())
+            return GrpcClientLink(session_pb2_grpc.NodeSessionStub(channel).Session(), channel)
+        raise LinkClosed("UNAVAILABLE", f"cannot connect to {identity.server}")
 
     return dial
+
+
+async def _ready(channel: grpc.aio.Channel, *, give_up_on_failure: bool) -> bool:
+    """Wait until the channel is READY. With other gateways to try, a first TRANSIENT_FAILURE (a refused
+    or reset connection: a gateway that is gone) gives up at once instead of retrying until the timeout."""
+    state = channel.get_state(try_to_connect=True)
+    while state != grpc.ChannelConnectivity.READY:
+        if give_up_on_failure and state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            return False
+        await channel.wait_for_state_change(state)
+        state = channel.get_state(try_to_connect=True)
+    return True
+
+
+PER_ADDRESS_TIMEOUT_S = 2.0
+"""With several gateways, how long one may take to answer before the next is tried."""
+
+STICKY_S = 10.0
+"""A session shorter than this (a gateway that refuses, a fenced one) sends the next dial to the next address."""
+
+
+class Rotation:
+    """Which gateway a node dials first: the one it last reached, unless that session was short-lived.
+
+    Pure: the dial reports where it connected and when, and asks for the order of the next attempt.
+    """
+
+    def __init__(self, addrs: list[str]) -> None:
+        self.addrs = addrs
+        self.first = 0
+        self.connected_at: float | None = None
+
+    def order(self, now: float) -> list[str]:
+        if self.connected_at is not None and now - self.connected_at < STICKY_S and len(self.addrs) > 1:
+            self.first = (self.first + 1) % len(self.addrs)  # the last one did not keep us: go on to the next
+        self.connected_at = None
+        n = len(self.addrs)
+        return [self.addrs[(self.first + k) % n] for k in range(n)]
+
+    def connected(self, addr: str, now: float) -> None:
+        self.first = self.addrs.index(addr)
+        self.connected_at = now

@@ -106,6 +106,7 @@ class SessionRunner:
         self.closed: sc.Close | None = None
         self._ended = asyncio.Event()
         self.after_welcome: list[CommandUpdate] = []  # unacked results that did not fit the Hello
+        self.hello_result_ids: set[str] = set()  # every unacked result the Hello read, fitted or not
 
     def end(self, why: str) -> None:
         """End this session as if the gateway closed it cleanly (the loop redials at once)."""
@@ -117,7 +118,9 @@ class SessionRunner:
         unacked = [d.sign_update(CommandUpdate.FromString(b)) for _id, b in await d.journal.unacked_results()]
         hello = self.core.hello(d.clock.monotonic(), __version__, [], await d.dispatcher.running_ids())
         hello, self.after_welcome = framing.pack_hello(hello, unacked, self.frame_budget)
-        await asyncio.wait_for(self._send(hello), sc.WELCOME_TIMEOUT_S)
+        self.hello_result_ids = {u.command_id for u in unacked}
+        async with asyncio.timeout(sc.WELCOME_TIMEOUT_S):
+            await self._send(hello)
         reader = asyncio.create_task(self._read(), name="session-read")
         writer = asyncio.create_task(self._write(), name="session-write")
         ended = asyncio.create_task(self._ended.wait(), name="session-ended")
@@ -208,8 +211,22 @@ class SessionRunner:
                 self._ended.set()
 
     async def _send_after_welcome(self) -> None:
-        """The unacked results the Hello had no room for, each in its own frame, oldest first."""
+        """The unacked results the Hello had no room for, each in its own frame, oldest first; then those settled
+        between the Hello's read of the journal and the outbox's attach, which went nowhere when they were sent.
+
+        Called after the attach: a result settled from here on reaches this session through the outbox, so the
+        re-read misses none (one settled in between may go twice; the gateway takes a result once)."""
+        d = self.deps
         later, self.after_welcome = self.after_welcome, []
+        known = self.hello_result_ids
+        late = [
+            d.sign_update(CommandUpdate.FromString(b))
+            for cid, b in await d.journal.unacked_results()
+            if cid not in known
+        ]
+        if late:
+            log.info("event=session.results-settled-during-hello count=%d", len(late))
+        later += late
         if later:
             log.info("event=session.results-after-welcome count=%d", len(later))
         for update in later:

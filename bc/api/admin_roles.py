@@ -49,11 +49,15 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "ListJobs": (VIEWER, "listing jobs"),
     "GetJob": (VIEWER, "showing a job"),
     "WatchJob": (VIEWER, "watching a job"),
+    "GetSshCa": (VIEWER, "showing the SSH CA"),
+    "ListSshGrants": (VIEWER, "listing SSH certificates"),
+    "ListReleases": (VIEWER, "listing releases"),
     # operator: also reservations, commands, specs, batches, approving and rejecting.
     "SetSpecSection": (OPERATOR, "setting a spec section"),
     "Reserve": (OPERATOR, "reserving GPUs"),
     "Release": (OPERATOR, "releasing a reservation"),
     "RunCommand": (OPERATOR, "running a command"),
+    "EnqueueCommands": (OPERATOR, "running commands"),
     "CancelCommand": (OPERATOR, "cancelling a command"),
     "CreateBatch": (OPERATOR, "creating a batch"),
     "ApproveBatch": (OPERATOR, "approving a batch"),
@@ -62,6 +66,10 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "RejectQuorumChange": (OPERATOR, "rejecting a quorum change"),
     "SubmitJob": (OPERATOR, "running a job"),  # cordon and uncordon need admin: see REQUEST_ROLE
     "CancelJob": (OPERATOR, "cancelling a job"),
+    "SshGrant": (OPERATOR, "granting SSH access"),
+    "GetSshGrant": (OPERATOR, "fetching an SSH certificate"),  # it may sign one its batch's quorum approved
+    "SshRevoke": (OPERATOR, "revoking an SSH certificate"),
+    "SshRecordCert": (OPERATOR, "recording an SSH certificate"),
     # admin: also tokens, node revoke/delete/cordon, approvers, operators and the PKI.
     "CreateToken": (ADMIN, "creating a join token"),
     "RevokeNode": (ADMIN, "revoking a node"),
@@ -75,6 +83,11 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "SetUnbatchedAllowance": (ADMIN, "setting the unbatched allowance"),
     "AddOperator": (ADMIN, "adding an operator"),
     "RevokeOperator": (ADMIN, "revoking an operator"),
+    "SshCaInit": (ADMIN, "making the SSH CA"),
+    "Drain": (ADMIN, "draining a gateway"),
+    # What every node will run: the release key and the releases it signs are admin's.
+    "AddReleaseKey": (ADMIN, "adding a release key"),
+    "PublishRelease": (ADMIN, "publishing a release"),
     # The global pools bound every operator's DAGs (how many nodes reboot at once, fleet-wide), like a
     # safety setting; an operator narrows a run of their own with --max-parallel / --max-unavailable.
     "JobSlots": (ADMIN, "setting job slot pools"),

@@ -17,7 +17,8 @@ RPCs (`bc.api.jobs_servicer`) and `CordonNode` submit to.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -27,11 +28,26 @@ from bc.api.admin_roles import guarded
 from bc.api.capacity_servicer import CapacityRpcs, reserve_request
 from bc.api.jobs_servicer import JobEngine, JobRpcs
 from bc.api.peers import operator_of
+from bc.api.release_servicer import ReleaseRpcs
+from bc.api.ssh_servicer import SshRpcs
 from bc.clock import Clock
-from bc.control import approvers, commands, identity, node_admin, operators, queries, quorum, reservations, specs, views
+from bc.control import (
+    approvers,
+    command_runs,
+    commands,
+    identity,
+    node_admin,
+    operators,
+    queries,
+    quorum,
+    reservations,
+    specs,
+    views,
+)
 from bc.control import intent as intent_ctl
 from bc.control.bus import Bus
 from bc.control.signer import Signer
+from bc.errors import Conflict, UsageError
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import Secrets
 from bc.protocol.pb import admin_pb2
@@ -41,8 +57,20 @@ from bc.wire.stubs import admin_pb2_grpc
 T = TypeVar("T")
 
 
+def run_request(r: admin_pb2.RunCommandRequest) -> command_runs.RunRequest:
+    """RunCommand's fields, and each member of EnqueueCommands, as the control plane takes them."""
+    return command_runs.RunRequest(
+        node_id=r.node_id,
+        kind=r.kind,
+        payload_json=r.payload_json,
+        not_after_s=float(r.not_after_s),
+        min_generation=r.min_generation,
+        idempotency_key=r.idempotency_key,
+    )
+
+
 @guarded
-class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
+class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.AdminServicer):
     def __init__(
         self,
         store: Store,
@@ -55,9 +83,17 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
         rng: random.Random,
         secrets: Secrets,
         jobs: JobEngine,
+        ssh_ca_dir: Path,
+        releases_dir: Path,
+        release_url: str = "",
+        drain: Callable[[float], Awaitable[int]] | None = None,
     ) -> None:
         self.store, self.bus, self.ca, self.clock, self.gateway_id = store, bus, ca, clock, gateway_id
         self.signer, self.rng, self.secrets, self.jobs = signer, rng, secrets, jobs
+        self.ssh_ca_dir = ssh_ca_dir  # <data-dir>/ssh-ca: the SSH user CA key (bc.control.ssh)
+        self.releases_dir = releases_dir
+        self.release_url = release_url
+        self.drain = drain  # bc serve drain: this process's own (bc.serve.Server.drain)
 
     async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller:
         return await operators.authorize(self.store, operator_of(context, self.ca.certificate), need, what)
@@ -165,6 +201,20 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
             if not records:
                 await self.bus.wait_events(1.0)
 
+    async def Drain(
+        self, request: admin_pb2.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DrainResponse:
+        async def go() -> admin_pb2.DrainResponse:
+            over = request.over_s or 60
+            if not 1 <= over <= 600:
+                raise UsageError(f"--over must be between 1 and 600 seconds, not {request.over_s}")
+            if self.drain is None:
+                raise Conflict("this server cannot drain")
+            sessions = await self.drain(float(over))
+            return admin_pb2.DrainResponse(gateway_id=self.gateway_id, sessions=sessions, over_s=over)
+
+        return await self._call(context, go)
+
     async def ServerInfo(
         self, request: admin_pb2.ServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ServerInfoResponse:
@@ -192,24 +242,20 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.RunCommandRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.CommandInfo:
         async def go(operator: str) -> admin_pb2.CommandInfo:
-            commands.kind_of(request.kind)  # an unknown kind is the clearer error than its payload's
-            payload = commands.payload_from_json(request.kind, request.payload_json)
-            row = await commands.enqueue(
-                self.store,
-                self.bus,
-                self.signer,
-                commands.EnqueueRequest(
-                    node_id=request.node_id,
-                    kind=request.kind,
-                    payload=payload,
-                    not_after_s=float(request.not_after_s or commands.DEFAULT_NOT_AFTER_S),
-                    min_generation=request.min_generation,
-                    idempotency_key=request.idempotency_key,
-                    requested_by=operator,
-                ),
-                self.rng,
+            [row] = await command_runs.run_commands(
+                self.store, self.bus, self.signer, [run_request(request)], operator, self.rng
             )
             return await self._command_info(row)
+
+        return await self._call_as(context, go)
+
+    async def EnqueueCommands(
+        self, request: admin_pb2.EnqueueCommandsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.EnqueueCommandsResponse:
+        async def go(operator: str) -> admin_pb2.EnqueueCommandsResponse:
+            runs = [run_request(c) for c in request.commands]
+            rows = await command_runs.run_commands(self.store, self.bus, self.signer, runs, operator, self.rng)
+            return await queries.enqueued(self.store, rows)
 
         return await self._call_as(context, go)
 
@@ -288,6 +334,7 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
             root, worker = keys.root, keys.worker
             info.roots.append(views.signing_key_info(root))
             info.worker.CopyFrom(views.signing_key_info(worker.cert))
+            info.root_on_host = keys.root_signer() is not None
         return info
 
     async def GetPki(self, request: admin_pb2.GetPkiRequest, context: grpc.aio.ServicerContext) -> admin_pb2.PkiInfo:
@@ -297,11 +344,12 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
         return await self._call(context, go)
 
     async def RotateSigningKey(
-        self, request: admin_pb2.GetPkiRequest, context: grpc.aio.ServicerContext
+        self, request: admin_pb2.RotateSigningKeyRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.PkiInfo:
         async def go() -> admin_pb2.PkiInfo:
+            issued = (request.worker_key_pem, request.worker_cert_pem) if request.worker_cert_pem else None
             specs_n, cmds_n = await intent_ctl.rotate(
-                self.store, self.bus, self.signer, self.clock, self.rng, self.secrets
+                self.store, self.bus, self.signer, self.clock, self.rng, self.secrets, issued=issued
             )
             info = self._pki_info()
             info.resigned_specs, info.resigned_commands = specs_n, cmds_n
@@ -311,10 +359,31 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
 
     # -- the quorum settings and their changes ---------------------------------------------
 
-    async def _propose(self, context: grpc.aio.ServicerContext, edit: approvers.Edit) -> admin_pb2.ApproverSet:
+    def _quorum_root(self) -> approvers.RootSeal | None:
+        keys = self.signer.keys
+        if keys is None:
+            return None
+        on_host = keys.root_signer()
+        return approvers.RootSeal(keys.root_public_raw, on_host.key.sign if on_host is not None else None)
+
+    async def _propose(
+        self, context: grpc.aio.ServicerContext, edit: approvers.Edit, root_signature: bytes, preview: bool
+    ) -> admin_pb2.ApproverSet:
         async def go(operator: str) -> admin_pb2.ApproverSet:
-            proposed = await approvers.propose(self.store, self.bus, edit, operator, self.rng)
-            return await queries.approver_set(self.store, proposed.change_id)
+            proposed = await approvers.propose(
+                self.store,
+                self.bus,
+                edit,
+                operator,
+                self.rng,
+                root=self._quorum_root(),
+                given_root_signature=root_signature,
+                preview=preview,
+            )
+            out = await queries.approver_set(self.store, proposed.change_id)
+            if proposed.frm is not None and proposed.to is not None:
+                out.change.CopyFrom(approvers.preview_info(proposed.frm, proposed.to, operator))
+            return out
 
         return await self._call_as(context, go)
 
@@ -326,22 +395,29 @@ class AdminServicer(JobRpcs, CapacityRpcs, admin_pb2_grpc.AdminServicer):
     async def AddApprover(
         self, request: admin_pb2.AddApproverRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApproverSet:
-        return await self._propose(context, approvers.AddApprover(request.name, request.public_key, request.operator))
+        edit = approvers.AddApprover(request.name, request.public_key, request.operator)
+        return await self._propose(context, edit, request.root_signature, request.preview)
 
     async def RemoveApprover(
         self, request: admin_pb2.RemoveApproverRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApproverSet:
-        return await self._propose(context, approvers.RemoveApprover(request.name))
+        return await self._propose(
+            context, approvers.RemoveApprover(request.name), request.root_signature, request.preview
+        )
 
     async def SetApproverThreshold(
         self, request: admin_pb2.SetApproverThresholdRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApproverSet:
-        return await self._propose(context, approvers.SetThreshold(request.threshold))
+        return await self._propose(
+            context, approvers.SetThreshold(request.threshold), request.root_signature, request.preview
+        )
 
     async def SetUnbatchedAllowance(
         self, request: admin_pb2.SetUnbatchedAllowanceRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApproverSet:
-        return await self._propose(context, approvers.SetAllowance(request.per_hour))
+        return await self._propose(
+            context, approvers.SetAllowance(request.per_hour), request.root_signature, request.preview
+        )
 
     async def ListQuorumChanges(
         self, request: admin_pb2.ListQuorumChangesRequest, context: grpc.aio.ServicerContext

@@ -1,7 +1,10 @@
 """Join.Join and Join.Renew.
 
 Join: the caller's TLS leaf was issued by a join token's key; the token becomes a certificate.
-Renew: the caller's TLS leaf is its current node certificate; a proof by that key gets a new one.
+Renew: the caller's TLS leaf is its current node certificate; a proof by that key gets a new one. Through a
+gateway-only process (`bc.api.renew_proxy`) the caller is the gateway, and the node's certificate comes
+forwarded beside the request: taken only from a caller whose own certificate says `gateway:`, then checked
+exactly as a direct caller's would be.
 
 Both replies carry the trust bundle as `Intent` holds it now (with the quorum
 settings the gateways last read), and its signed envelope when signing is on.
@@ -14,6 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
+from bc.api.renew_proxy import NODE_CERT_MD
 from bc.control import identity
 from bc.control.bus import Bus
 from bc.control.identity import NODE_CERT_TTL_S
@@ -21,7 +25,7 @@ from bc.control.intent import Intent
 from bc.control.signer import Signer
 from bc.errors import BcError, Unauthenticated, UsageError
 from bc.pki.ca import CertificateAuthority
-from bc.pki.identity import join_leaf_identity
+from bc.pki.identity import join_leaf_identity, peer_identity
 from bc.protocol.pb import join_pb2
 from bc.store import Store
 from bc.store import identity as id_sql
@@ -61,6 +65,23 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
         join_leaf_identity(cert, root)
         return token_id
 
+    def _renewing_cert(self, context: grpc.aio.ServicerContext) -> x509.Certificate:
+        """The node certificate a renewal is for: the caller's own, or one a gateway forwarded."""
+        cert = peer_cert_from_context(context)
+        if cert is None:
+            raise Unauthenticated("renewal needs the node's current certificate")
+        forwarded = [v for k, v in (context.invocation_metadata() or ()) if k == NODE_CERT_MD]
+        if not forwarded:
+            return cert
+        caller = peer_identity(cert, self.ca.certificate)
+        if caller.kind != "gateway":
+            raise Unauthenticated(f"only a gateway forwards a node's certificate, not a {caller.kind}")
+        value = forwarded[0]
+        try:
+            return x509.load_der_x509_certificate(value if isinstance(value, bytes) else value.encode())
+        except ValueError:
+            raise Unauthenticated("the forwarded node certificate does not parse") from None
+
     async def Join(self, request: join_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> join_pb2.JoinResponse:
         try:
             token_id = await self._token_id(context)
@@ -94,9 +115,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
 
     async def Renew(self, request: join_pb2.RenewRequest, context: grpc.aio.ServicerContext) -> join_pb2.RenewResponse:
         try:
-            cert = peer_cert_from_context(context)
-            if cert is None:
-                raise Unauthenticated("renewal needs the node's current certificate")
+            cert = self._renewing_cert(context)
             if not request.csr_der or not request.proof:
                 raise UsageError("the renewal request needs a CSR and a proof of possession")
             renewed = await identity.renew(

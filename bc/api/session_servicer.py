@@ -24,6 +24,7 @@ class SessionServicer(session_pb2_grpc.NodeSessionServicer):
         self, request_iterator: object, context: grpc.aio.ServicerContext
     ) -> None:
         try:
+            self.gateway.admit()
             peer = peer_of(context, self.ca_cert, "node")
             # grpcio cannot consult our revocation list during the TLS handshake, so a revoked serial is
             # refused here, before the stream carries a single frame (the Hello transaction checks again).

@@ -36,6 +36,7 @@ from bc.cli.render import (
     render_fields,
     render_table,
 )
+from bc.config import default_data_dir
 from bc.errors import UsageError
 from bc.protocol import labels as node_labels
 from bc.protocol.canonical import SECTIONS
@@ -443,7 +444,8 @@ def _render_pki(info: admin_pb2.PkiInfo) -> str:
         ("attested bindings", "on" if info.attested_bindings else "off"),
     ]
     for r in info.roots:
-        fields.append(("signing root", f"{r.key_id} (until {format_time_ms(r.not_after_ms)})"))
+        where = "its key on the bc serve host" if info.root_on_host else "its key kept elsewhere: pass --root-key"
+        fields.append(("signing root", f"{r.key_id} (until {format_time_ms(r.not_after_ms)}; {where})"))
     if info.HasField("worker"):
         w = info.worker
         fields.append(("worker key", f"{w.key_id} (until {format_time_ms(w.not_after_ms)})"))
@@ -458,17 +460,86 @@ def pki_show(as_json: bool) -> None:
     emit(as_json, info, lambda: _render_pki(info))
 
 
+ROOT_KEY_OPTION = click.option(
+    "--root-key",
+    "root_key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The command-signing root key file (`bc pki root export`), when it is not on the bc serve host:"
+    " it signs here and is never sent.",
+)
+
+
 @pki.command("rotate")
+@ROOT_KEY_OPTION
 @json_option
-def pki_rotate(as_json: bool) -> None:
-    """Issue a new worker key under the same root and re-sign the current specs and pending commands."""
-    info = call_admin(lambda c: c.rotate_signing_key())
+def pki_rotate(root_key: Path | None, as_json: bool) -> None:
+    """Issue a new worker key under the same root and re-sign the current specs and pending commands.
+
+    With --root-key the new worker key and its certificate are made here, under the root in FILE, and sent
+    to bc serve, which installs them only if they chain to its root.
+    """
+    if root_key is None:
+        info = call_admin(lambda c: c.rotate_signing_key())
+    else:
+        from bc.pki.root_offline import issue_worker_with, load_root_key
+        from bc.pki.secrets_source import SystemSecrets, os_seeded_random
+
+        pki_info = call_admin(lambda c: c.get_pki())
+        key = load_root_key(root_key, pki_info.roots[0].cert_pem if pki_info.roots else "")
+        server_now = call_admin(lambda c: c.server_info()).server_time_ms / 1000
+        key_pem, cert_pem = issue_worker_with(
+            key, pki_info.roots[0].cert_pem, server_now, os_seeded_random(), SystemSecrets()
+        )
+        info = call_admin(lambda c: c.rotate_signing_key(key_pem, cert_pem))
     emit(
         as_json,
         info,
         f"new worker key {info.worker.key_id}; re-signed {info.resigned_specs} spec(s)"
         f" and {info.resigned_commands} pending command(s)",
     )
+
+
+@pki.group("root")
+def pki_root() -> None:
+    """Keep the command-signing root key off this host: export it, then remove it (run where bc serve's data
+    dir is)."""
+
+
+_DATA_DIR = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="bc serve's data dir (default: $BC_DATA_DIR, else the usual place).",
+)
+
+
+@pki_root.command("export")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="A new file (0600).")
+@_DATA_DIR
+def pki_root_export(out: Path, data_dir: Path | None) -> None:
+    """Write the root key to a new file, to keep it offline."""
+    from bc.pki.root_offline import export_root
+
+    export_root(data_dir or default_data_dir(), out)
+    echo(f"root key written to {out} (0600); keep it offline, then run `bc pki root remove --exported {out}`")
+
+
+@pki_root.command("remove")
+@click.option(
+    "--exported",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The export made by `bc pki root export`: checked to hold the same key first.",
+)
+@_DATA_DIR
+def pki_root_remove(exported: Path, data_dir: Path | None) -> None:
+    """Delete the root key from the data dir, once the export holds it."""
+    from bc.pki.root_offline import remove_root
+
+    d = data_dir or default_data_dir()
+    remove_root(d, exported)
+    echo(f"root key removed from {d}; bc pki rotate and quorum changes now take --root-key {exported}")
 
 
 COMMANDS: tuple[click.Command, ...] = (token, nodes, spec, release, events, pki)  # reserve: capacity_cmds

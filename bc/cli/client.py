@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -22,7 +23,7 @@ from google.protobuf.message import Message
 
 from bc.cli.render import with_progress
 from bc.config import OperatorConfig, find_operator_config
-from bc.errors import ProtocolError, Unavailable
+from bc.errors import ProtocolError, Unavailable, UsageError
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2
 from bc.wire.status import status_to_error
@@ -32,6 +33,9 @@ from bc.wire.tls import channel_credentials
 _T = TypeVar("_T")
 
 DEFAULT_TIMEOUT_S = 15.0
+ENQUEUE_S_PER_COMMAND = 0.005
+"""`EnqueueCommands`' deadline per command when that is longer than the default (10,000 commands: 50 s)."""
+RELEASE_CHUNK = 1 << 20
 
 _Reply = TypeVar("_Reply", bound=Message)
 
@@ -42,10 +46,16 @@ _new_admin_stub: Callable[[Any], Any] = admin_pb2_grpc.AdminStub
 # After a write whose answer was lost, the read that tells whether it happened.
 WRITE_CHECKS = {
     "CreateToken": "bc events --type token.",
+    "Drain": "bc nodes (whose gateway they are on)",
+    "SshCaInit": "bc ssh ca show",
+    "SshGrant": "bc ssh list",
+    "SshRevoke": "bc ssh list",
+    "SshRecordCert": "bc ssh list",
     "SetSpecSection": "bc spec show NODE",
     "Reserve": "bc reservations",
     "Release": "bc reservations",
     "RunCommand": "bc cmd list --node NODE",
+    "EnqueueCommands": "bc cmd list",
     "CancelCommand": "bc cmd show ID",
     "RevokeNode": "bc nodes",
     "CordonNode": "bc nodes",
@@ -66,6 +76,8 @@ WRITE_CHECKS = {
     "SubmitJob": "bc jobs list",
     "CancelJob": "bc jobs show DAG",
     "JobSlots": "bc jobs slots",
+    "AddReleaseKey": "bc release status",
+    "PublishRelease": "bc release status",
 }
 
 _READ_PREFIXES = ("List", "Get", "Watch", "ServerInfo")
@@ -251,6 +263,23 @@ class AdminClient:
         )
         return await self._unary("RunCommand", req, admin_pb2.CommandInfo)
 
+    async def enqueue_commands(self, commands: list[admin_pb2.RunCommandRequest]) -> list[admin_pb2.CommandInfo]:
+        """Queue many commands in one call and one transaction, all or none; the commands in order.
+
+        A request over gRPC's message limit is refused here, before anything is sent (exit 2).
+        """
+        req = admin_pb2.EnqueueCommandsRequest(commands=commands)
+        size = req.ByteSize()
+        if size > LIMITS.grpc_message_bytes:
+            raise UsageError(
+                f"the request for these {len(commands):,} commands is {size:,} bytes; the limit is"
+                f" {LIMITS.grpc_message_bytes:,} bytes (grpc_message_bytes): send fewer commands per call"
+            )
+        # One transaction of about a millisecond a command on this machine: the deadline grows with the call.
+        timeout_s = max(self._timeout_s, ENQUEUE_S_PER_COMMAND * len(commands))
+        resp = await self._unary("EnqueueCommands", req, admin_pb2.EnqueueCommandsResponse, timeout_s=timeout_s)
+        return list(resp.commands)
+
     async def get_command(self, command_id: str) -> admin_pb2.CommandInfo:
         req = admin_pb2.GetCommandRequest(command_id=command_id)
         return await self._unary("GetCommand", req, admin_pb2.CommandInfo)
@@ -290,28 +319,39 @@ class AdminClient:
     async def get_pki(self) -> admin_pb2.PkiInfo:
         return await self._unary("GetPki", admin_pb2.GetPkiRequest(), admin_pb2.PkiInfo)
 
-    async def rotate_signing_key(self) -> admin_pb2.PkiInfo:
-        return await self._unary("RotateSigningKey", admin_pb2.GetPkiRequest(), admin_pb2.PkiInfo)
+    async def rotate_signing_key(self, worker_key_pem: bytes = b"", worker_cert_pem: bytes = b"") -> admin_pb2.PkiInfo:
+        req = admin_pb2.RotateSigningKeyRequest(worker_key_pem=worker_key_pem, worker_cert_pem=worker_cert_pem)
+        return await self._unary("RotateSigningKey", req, admin_pb2.PkiInfo)
 
     # -- the destructive-batch quorum ------------------------------------------------
 
     async def list_approvers(self) -> admin_pb2.ApproverSet:
         return await self._unary("ListApprovers", admin_pb2.ListApproversRequest(), admin_pb2.ApproverSet)
 
-    async def add_approver(self, name: str, public_key: str, *, operator: str = "") -> admin_pb2.ApproverSet:
-        req = admin_pb2.AddApproverRequest(name=name, public_key=public_key, operator=operator)
+    async def add_approver(
+        self, name: str, public_key: str, *, operator: str = "", root_signature: bytes = b"", preview: bool = False
+    ) -> admin_pb2.ApproverSet:
+        req = admin_pb2.AddApproverRequest(
+            name=name, public_key=public_key, operator=operator, root_signature=root_signature, preview=preview
+        )
         return await self._unary("AddApprover", req, admin_pb2.ApproverSet)
 
-    async def remove_approver(self, name: str) -> admin_pb2.ApproverSet:
-        req = admin_pb2.RemoveApproverRequest(name=name)
+    async def remove_approver(
+        self, name: str, *, root_signature: bytes = b"", preview: bool = False
+    ) -> admin_pb2.ApproverSet:
+        req = admin_pb2.RemoveApproverRequest(name=name, root_signature=root_signature, preview=preview)
         return await self._unary("RemoveApprover", req, admin_pb2.ApproverSet)
 
-    async def set_approver_threshold(self, k: int) -> admin_pb2.ApproverSet:
-        req = admin_pb2.SetApproverThresholdRequest(threshold=k)
+    async def set_approver_threshold(
+        self, k: int, *, root_signature: bytes = b"", preview: bool = False
+    ) -> admin_pb2.ApproverSet:
+        req = admin_pb2.SetApproverThresholdRequest(threshold=k, root_signature=root_signature, preview=preview)
         return await self._unary("SetApproverThreshold", req, admin_pb2.ApproverSet)
 
-    async def set_unbatched_allowance(self, per_hour: int) -> admin_pb2.ApproverSet:
-        req = admin_pb2.SetUnbatchedAllowanceRequest(per_hour=per_hour)
+    async def set_unbatched_allowance(
+        self, per_hour: int, *, root_signature: bytes = b"", preview: bool = False
+    ) -> admin_pb2.ApproverSet:
+        req = admin_pb2.SetUnbatchedAllowanceRequest(per_hour=per_hour, root_signature=root_signature, preview=preview)
         return await self._unary("SetUnbatchedAllowance", req, admin_pb2.ApproverSet)
 
     async def create_batch(
@@ -411,6 +451,62 @@ class AdminClient:
         finally:
             call.cancel()
 
+    # -- break-glass SSH (docs/ssh.md) ----------------------------------------------
+
+    async def ssh_ca_init(self, *, public_key: str = "") -> admin_pb2.SshCaInfo:
+        req = admin_pb2.SshCaInitRequest(public_key=public_key)
+        return await self._unary("SshCaInit", req, admin_pb2.SshCaInfo)
+
+    async def get_ssh_ca(self) -> admin_pb2.SshCaInfo:
+        return await self._unary("GetSshCa", admin_pb2.GetSshCaRequest(), admin_pb2.SshCaInfo)
+
+    async def ssh_grant(self, request: admin_pb2.SshGrantRequest) -> admin_pb2.SshGrantInfo:
+        return await self._unary("SshGrant", request, admin_pb2.SshGrantInfo)
+
+    async def get_ssh_grant(self, *, serial: int = 0, batch_id: str = "") -> admin_pb2.SshGrantInfo:
+        req = admin_pb2.GetSshGrantRequest(serial=serial, batch_id=batch_id)
+        return await self._unary("GetSshGrant", req, admin_pb2.SshGrantInfo)
+
+    async def list_ssh_grants(self, *, node_id: str = "", live_only: bool = False) -> list[admin_pb2.SshGrantInfo]:
+        req = admin_pb2.ListSshGrantsRequest(node_id=node_id, live_only=live_only)
+        return list((await self._unary("ListSshGrants", req, admin_pb2.ListSshGrantsResponse)).grants)
+
+    async def ssh_record_cert(self, serial: int, certificate: str) -> admin_pb2.SshGrantInfo:
+        req = admin_pb2.SshRecordCertRequest(serial=serial, certificate=certificate)
+        return await self._unary("SshRecordCert", req, admin_pb2.SshGrantInfo)
+
+    async def ssh_revoke(self, serial: int, *, reason: str = "") -> admin_pb2.SshGrantInfo:
+        req = admin_pb2.SshRevokeRequest(serial=serial, reason=reason)
+        return await self._unary("SshRevoke", req, admin_pb2.SshGrantInfo)
+
+    # -- self-update (docs/self-update.md) -----------------------------------------
+
+    async def add_release_key(self, public_key: bytes) -> admin_pb2.ReleaseKeyInfo:
+        req = admin_pb2.AddReleaseKeyRequest(public_key=public_key)
+        return await self._unary("AddReleaseKey", req, admin_pb2.ReleaseKeyInfo)
+
+    async def list_releases(self) -> admin_pb2.ListReleasesResponse:
+        return await self._unary("ListReleases", admin_pb2.ListReleasesRequest(), admin_pb2.ListReleasesResponse)
+
+    async def publish_release(
+        self, header: admin_pb2.PublishReleaseChunk, path: Path | None, *, timeout_s: float = 600.0
+    ) -> admin_pb2.ReleaseInfo:
+        """Stream the header, then the file (if any) in 1 MiB chunks read off the loop."""
+
+        async def chunks() -> AsyncIterator[admin_pb2.PublishReleaseChunk]:
+            yield header
+            if path is None:
+                return
+            with path.open("rb") as f:
+                while data := await asyncio.to_thread(f.read, RELEASE_CHUNK):
+                    yield admin_pb2.PublishReleaseChunk(data=data)
+
+        try:
+            resp = await self._require_stub().PublishRelease(chunks(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise status_to_error(e.code(), e.details() or "", server=self.server) from e
+        return self._check(resp, admin_pb2.ReleaseInfo)
+
     # -- events and the server ----------------------------------------------------
 
     async def list_events(
@@ -420,7 +516,7 @@ class AdminClient:
         resp = await self._unary("ListEvents", req, admin_pb2.ListEventsResponse)
         return list(resp.events)
 
-    async def watch(self, *, after_seq: int = 0, type_prefix: str = "") -> AsyncIterator[admin_pb2.EventRecord]:
+    async def watch(self, *, after_seq: int = 0, type_prefix: str = "") -> AsyncGenerator[admin_pb2.EventRecord, None]:
         """Events after `after_seq`, then each new one as it is published, until the caller stops.
 
         The one call without a deadline: a follow runs as long as the operator wants it to.
@@ -434,15 +530,20 @@ class AdminClient:
         finally:
             call.cancel()
 
+    async def drain(self, over_s: int) -> admin_pb2.DrainResponse:
+        return await self._unary("Drain", admin_pb2.DrainRequest(over_s=over_s), admin_pb2.DrainResponse)
+
     async def server_info(self) -> admin_pb2.ServerInfoResponse:
         return await self._unary("ServerInfo", admin_pb2.ServerInfoRequest(), admin_pb2.ServerInfoResponse)
 
     # -- plumbing -------------------------------------------------------------------
 
-    async def _unary(self, rpc: str, request: Message, reply: type[_Reply]) -> _Reply:
+    async def _unary(
+        self, rpc: str, request: Message, reply: type[_Reply], *, timeout_s: float | None = None
+    ) -> _Reply:
         method = getattr(self._require_stub(), rpc)
         try:
-            resp = await method(request, timeout=self._timeout_s)
+            resp = await method(request, timeout=timeout_s or self._timeout_s)
         except grpc.aio.AioRpcError as e:
             details = e.details() or ""
             if is_write(rpc) and broke_mid_call(e.code(), details):

@@ -2,6 +2,8 @@
 
     bc cmd run NODE KIND [--payload JSON|@FILE] [--not-after 10m] [--min-generation G]
                          [--idempotency-key K] [--wait] [--json]
+    bc cmd fanout KIND (--nodes n1,n2,… | --all) [--payload JSON|@FILE] [--not-after 10m]
+                       [--min-generation G] [--idempotency-key K] [--wait] [--json]
     bc cmd list [--node N] [--state S] [--limit N] [--json]
     bc cmd show ID [--json]
     bc cmd cancel ID [--reason R] [--json]
@@ -12,6 +14,10 @@ result parsed (`result`: the result's JSON value, or null until it settles);
 settles, showing each state change on stderr, prints it, and exits 0 only
 when it succeeded: any other outcome is `CommandFailed` (exit 8), so a script
 can `bc cmd run … --wait && next-step`.
+
+`fanout` queues KIND on many nodes in one `EnqueueCommands` call (all or
+none; `bc.cli.fanout` follows them); `--json` prints a list of commands, and
+with `--wait` it exits 0 only when every one succeeded.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any, TypeVar
 
 import click
 
+from bc.cli import fanout as fan
 from bc.cli.admin_cmds import read_json_object
 from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
@@ -36,7 +43,7 @@ from bc.cli.render import (
     render_table,
 )
 from bc.control.command_states import CANCELLED, STATES, SUCCEEDED, TERMINAL
-from bc.errors import BcError
+from bc.errors import BcError, UsageError
 from bc.protocol.pb import admin_pb2
 
 _T = TypeVar("_T")
@@ -190,6 +197,69 @@ async def wait_settled(client: AdminClient, info: admin_pb2.CommandInfo) -> admi
     finally:
         echo("", err=True)
     return info
+
+
+@cmd.command("fanout")
+@click.argument("kind")
+@click.option("--nodes", "nodes_csv", default="", metavar="n1,n2,…", help="The nodes, comma-separated.")
+@click.option("--all", "all_nodes", is_flag=True, help="Every node whose role runs KIND (not deleted or revoked).")
+@click.option("--payload", default="", metavar="JSON|@FILE", help="The kind's request as protobuf JSON (default {}).")
+@click.option(
+    "--not-after",
+    default="10m",
+    show_default=True,
+    help="How long each command may wait to start: 90s, 10m, 1h, up to 7d.",
+)
+@click.option(
+    "--min-generation", type=click.IntRange(min=0, max=INT64_MAX), default=0, help="The spec generation it presupposes."
+)
+@click.option(
+    "--idempotency-key",
+    default="",
+    help="Each node runs it at most once under this key (default: fresh): a repeat queues nothing new.",
+)
+@click.option("--wait", is_flag=True, help="Follow them until all settle; exit non-zero unless all succeed.")
+@json_option
+def cmd_fanout(
+    kind: str,
+    nodes_csv: str,
+    all_nodes: bool,
+    payload: str,
+    not_after: str,
+    min_generation: int,
+    idempotency_key: str,
+    wait: bool,
+    as_json: bool,
+) -> None:
+    """Queue KIND on many nodes at once: all of them or, if one is refused, none."""
+    if bool(nodes_csv) == all_nodes:
+        raise UsageError("name the nodes with --nodes n1,n2,… or take them all with --all (one of the two)")
+    named = fan.node_list(nodes_csv) if nodes_csv else []
+    text = read_payload(kind, payload)
+    not_after_s = parse_duration(not_after, what="--not-after")
+
+    async def go(client: AdminClient) -> list[admin_pb2.CommandInfo]:
+        node_ids = named or fan.runnable_nodes(await slow(client, client.list_nodes()), kind)
+        if not node_ids:
+            raise UsageError(f"no node runs {kind}: nothing to queue")
+        after = (await slow(client, client.server_info())).event_seq  # before the write: Watch misses nothing
+        reqs = fan.requests(kind, node_ids, text, not_after_s, min_generation, idempotency_key)
+        infos = await slow(client, client.enqueue_commands(reqs))
+        if not wait:
+            return infos
+        infos = await fan.follow(client, kind, infos, after)
+        return await fan.read_all(client, infos) if as_json else infos
+
+    infos = run_client(go)
+    rows = [(c.id, c.node_id, c.seq, _state(c)) for c in infos]
+    emit(
+        as_json,
+        lambda: [command_to_json(c) for c in infos],
+        lambda: render_table(("ID", "NODE", "SEQ", "STATE"), rows),
+    )
+    why = fan.outcome(infos) if wait else ""
+    if why:
+        raise CommandFailed(why)
 
 
 @cmd.command("list")

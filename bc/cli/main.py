@@ -33,8 +33,11 @@ from bc.cli import (
     job_cmds,
     operator_cmds,
     quorum_cmds,
+    release_cmds,
     run_cmds,
     sim_cmds,
+    ssh_cmds,
+    store_cmds,
     unit_cmds,
 )
 from bc.cli.output import echo, one_line
@@ -129,7 +132,10 @@ for _command in (
     *quorum_cmds.COMMANDS,
     *operator_cmds.COMMANDS,
     *sim_cmds.COMMANDS,
+    *store_cmds.COMMANDS,
+    *ssh_cmds.COMMANDS,
     *tui_command.COMMANDS,
+    *release_cmds.COMMANDS,
 ):
     cli.add_command(_command)
 

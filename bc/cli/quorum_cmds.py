@@ -18,15 +18,18 @@ both settings' digests from the settings themselves.
 from __future__ import annotations
 
 import base64
+import json
 import stat
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import click
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bc.cli.admin_cmds import call_admin, json_option, read_json_object
+from bc.cli.admin_cmds import ROOT_KEY_OPTION, call_admin, json_option, read_json_object
+from bc.cli.client import AdminClient
 from bc.cli.emit import emit
 from bc.cli.output import echo
 from bc.cli.render import cell, format_age, format_time_ms, parse_duration, render_fields, render_table
@@ -34,6 +37,7 @@ from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
 from bc.pki import merkle
 from bc.pki import quorum as q
+from bc.pki import ssh as ssh_pki
 from bc.pki.keys import write_file_atomic
 from bc.protocol.pb import admin_pb2
 
@@ -73,8 +77,7 @@ def recompute_root(b: admin_pb2.BatchInfo) -> bytes:
     """The scope root from the leaves and the payload, never from what the server says the root is."""
     if not b.leaves:
         raise UsageError(f"batch {b.id} has no leaves")
-    payload = payload_for(b.kind, payload_from_json(b.kind, b.payload_json or "{}"))
-    digest = merkle.payload_digest(payload.type_url, payload.value)
+    digest = leaf_digest(b)
     for leaf in b.leaves:
         if leaf.payload_digest != digest.hex() or leaf.kind != b.kind:
             raise UsageError(f"leaf {leaf.index} of batch {b.id} does not match the batch's kind and payload")
@@ -82,6 +85,22 @@ def recompute_root(b: admin_pb2.BatchInfo) -> bytes:
     if root.hex() != b.scope_root:
         raise UsageError(f"the server's scope root for batch {b.id} does not match its leaves: refusing to sign")
     return root
+
+
+def leaf_digest(b: admin_pb2.BatchInfo) -> bytes:
+    """What every leaf of the batch must carry: the payload's digest, or for an `ssh.grant` batch the digest
+    of the principal and the user key's fingerprint (bc.pki.ssh.grant_digest), read from the payload here."""
+    if b.kind == ssh_pki.GRANT_BATCH_KIND:
+        try:
+            doc = json.loads(b.payload_json or "{}")
+        except ValueError:
+            doc = None
+        principal, fingerprint = (doc.get("principal"), doc.get("fingerprint")) if isinstance(doc, dict) else (0, 0)
+        if not isinstance(principal, str) or not isinstance(fingerprint, str):
+            raise UsageError(f"batch {b.id}'s ssh.grant payload does not name a principal and a key fingerprint")
+        return ssh_pki.grant_digest(principal, fingerprint)
+    payload = payload_for(b.kind, payload_from_json(b.kind, b.payload_json or "{}"))
+    return merkle.payload_digest(payload.type_url, payload.value)
 
 
 def scope_summary(b: admin_pb2.BatchInfo, limit: int = 6) -> str:
@@ -300,41 +319,81 @@ def approvers_list(as_json: bool) -> None:
     _show_approvers(call_admin(lambda c: c.list_approvers()), as_json)
 
 
+Propose = Callable[[AdminClient, bytes, bool], Awaitable[admin_pb2.ApproverSet]]
+
+
+def propose_change(send: Propose, root_key: Path | None) -> admin_pb2.ApproverSet:
+    """Ask for a quorum change; with `--root-key`, first preview it, sign its step with the root here, then
+    ask with that signature (the root key never leaves this machine; the change still needs its approvals)."""
+    if root_key is None:
+        return call_admin(lambda c: send(c, b"", False))
+    from bc.pki.root_offline import load_root_key, sign_quorum_step
+
+    pki = call_admin(lambda c: c.get_pki())
+    key = load_root_key(root_key, pki.roots[0].cert_pem if pki.roots else "")
+    preview = call_admin(lambda c: send(c, b"", True))
+    if preview.change.state != "preview":  # nothing nodes hold moves: nothing for the root to sign
+        return call_admin(lambda c: send(c, b"", False))
+    sig = sign_quorum_step(key, preview.change.from_settings, preview.change.to_settings)
+    return call_admin(lambda c: send(c, sig, False))
+
+
 @approvers.command("add")
 @click.argument("name")
 @click.argument("public_key", metavar="PUBKEY")
 @click.option("--operator", default="", help="The operator who holds the key (default: the one named NAME).")
+@ROOT_KEY_OPTION
 @json_option
-def approvers_add(name: str, public_key: str, operator: str, as_json: bool) -> None:
+def approvers_add(name: str, public_key: str, operator: str, root_key: Path | None, as_json: bool) -> None:
     """Trust PUBKEY (from `bc approve keygen`) as approver NAME, held by an operator; nodes get it with their bundle.
 
-    With approvers present this is a quorum change that the current approvers must sign first.
+    With approvers present this is a quorum change that the current approvers must sign first. With the
+    root key kept off the bc serve host, pass it with --root-key: it signs the change here.
     """
-    _show_approvers(call_admin(lambda c: c.add_approver(name, public_key, operator=operator)), as_json)
+
+    async def send(c: AdminClient, sig: bytes, preview: bool) -> admin_pb2.ApproverSet:
+        return await c.add_approver(name, public_key, operator=operator, root_signature=sig, preview=preview)
+
+    _show_approvers(propose_change(send, root_key), as_json)
 
 
 @approvers.command("remove")
 @click.argument("name")
+@ROOT_KEY_OPTION
 @json_option
-def approvers_remove(name: str, as_json: bool) -> None:
+def approvers_remove(name: str, root_key: Path | None, as_json: bool) -> None:
     """Stop trusting approver NAME (its approvals stop counting on the nodes too)."""
-    _show_approvers(call_admin(lambda c: c.remove_approver(name)), as_json)
+
+    async def send(c: AdminClient, sig: bytes, preview: bool) -> admin_pb2.ApproverSet:
+        return await c.remove_approver(name, root_signature=sig, preview=preview)
+
+    _show_approvers(propose_change(send, root_key), as_json)
 
 
 @approvers.command("threshold")
 @click.argument("k", type=int)
+@ROOT_KEY_OPTION
 @json_option
-def approvers_threshold(k: int, as_json: bool) -> None:
+def approvers_threshold(k: int, root_key: Path | None, as_json: bool) -> None:
     """How many distinct approvers (never the requester) a batch needs."""
-    _show_approvers(call_admin(lambda c: c.set_approver_threshold(k)), as_json)
+
+    async def send(c: AdminClient, sig: bytes, preview: bool) -> admin_pb2.ApproverSet:
+        return await c.set_approver_threshold(k, root_signature=sig, preview=preview)
+
+    _show_approvers(propose_change(send, root_key), as_json)
 
 
 @approvers.command("allowance")
 @click.argument("per_hour", type=int)
+@ROOT_KEY_OPTION
 @json_option
-def approvers_allowance(per_hour: int, as_json: bool) -> None:
+def approvers_allowance(per_hour: int, root_key: Path | None, as_json: bool) -> None:
     """Destructive commands a node may run without a batch per rolling hour of its clock (default 0)."""
-    _show_approvers(call_admin(lambda c: c.set_unbatched_allowance(per_hour)), as_json)
+
+    async def send(c: AdminClient, sig: bytes, preview: bool) -> admin_pb2.ApproverSet:
+        return await c.set_unbatched_allowance(per_hour, root_signature=sig, preview=preview)
+
+    _show_approvers(propose_change(send, root_key), as_json)
 
 
 # -- bc batch --------------------------------------------------------------------------------

@@ -21,8 +21,27 @@ from bc.errors import UsageError
 _DIR = click.Path(file_okay=False, path_type=Path)
 
 
-@click.command("serve")
+@click.group("serve", invoke_without_command=True)
 @click.option("--data-dir", type=_DIR, default=None, help="Where the store, CA and operator config live.")
+@click.option(
+    "--store",
+    "store_url",
+    default="",
+    metavar="URL",
+    help="postgresql://USER@HOST/DB (a fleet) or sqlite:PATH; default: bc.db in --data-dir.",
+)
+@click.option(
+    "--gateway-id",
+    default="",
+    metavar="ID",
+    help="This process's name among several bc serve on one store (default: a new one per start).",
+)
+@click.option(
+    "--roles",
+    default="api,gateway,worker",
+    show_default=True,
+    help="What this process serves: api (Admin, Join), gateway (node sessions), worker (the singleton loops).",
+)
 @click.option("--listen", default="127.0.0.1:7443", show_default=True, help="HOST:PORT to listen on.")
 @click.option(
     "--advertise",
@@ -41,8 +60,36 @@ _DIR = click.Path(file_okay=False, path_type=Path)
 )
 # Hidden: a node certificate's lifetime, shortened by tests that want to see renewals (at most 24 h).
 @click.option("--node-cert-ttl", type=click.IntRange(min=1, max=24 * 3600), default=24 * 3600, hidden=True)
+@click.option(
+    "--api",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="Where a gateway-only process proxies Renew (repeatable; default: the api processes the store lists).",
+)
+# Hidden: keyless gateways' serving certificates (30 days), and how long such a gateway waits for its first.
+@click.option("--serving-cert-ttl", type=click.IntRange(min=60), default=30 * 24 * 3600, hidden=True)
+@click.option("--serving-cert-wait", type=click.FloatRange(min=1), default=120.0, hidden=True)
+@click.option("--otlp-endpoint", metavar="URL", default=None, help="Export this server's metrics over OTLP there.")
+@click.option(
+    "--otlp-protocol",
+    type=click.Choice(["grpc", "http/protobuf"]),
+    default=None,
+    help="OTLP's transport (default: from the port, 4318 http/protobuf, else grpc).",
+)
+@click.option("--otlp-interval", type=click.FloatRange(min=1, max=3600), default=60.0, show_default=True)
+@click.option(
+    "--release-listen",
+    default="",
+    metavar="HOST:PORT",
+    help="Serve published releases over HTTPS here (docs/self-update.md); default: no release server.",
+)
+@click.pass_context
 def serve(
+    ctx: click.Context,
     data_dir: Path | None,
+    store_url: str,
+    gateway_id: str,
+    roles: str,
     listen: str,
     advertise: tuple[str, ...],
     heartbeat_interval: float,
@@ -50,9 +97,28 @@ def serve(
     unreachable_grace: float,
     command_signing: str | None,
     node_cert_ttl: int,
+    api: tuple[str, ...],
+    serving_cert_ttl: int,
+    serving_cert_wait: float,
+    otlp_endpoint: str | None,
+    otlp_protocol: str | None,
+    otlp_interval: float,
+    release_listen: str,
 ) -> None:
-    """Run the control plane until SIGINT or SIGTERM."""
-    from bc.serve import ServeOptions, run_serve
+    """Run the control plane until SIGINT or SIGTERM (or `bc serve drain`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from bc.otel.config import BadOtlpConfig, OtlpConfig, parse
+    from bc.serve import ServeOptions, parse_roles, run_serve
+
+    otlp: OtlpConfig | None = None
+    if otlp_endpoint is not None:
+        try:
+            otlp = parse(otlp_endpoint, otlp_protocol or "", otlp_interval)
+        except BadOtlpConfig as e:
+            raise UsageError(str(e)) from None
+    elif otlp_protocol is not None:
+        raise UsageError("--otlp-protocol needs --otlp-endpoint")
 
     opts = ServeOptions(
         data_dir=data_dir or default_data_dir(),
@@ -63,6 +129,14 @@ def serve(
         unreachable_grace_s=unreachable_grace,
         command_signing=command_signing,
         node_cert_ttl_s=node_cert_ttl,
+        store=store_url,
+        gateway_id=gateway_id,
+        roles=parse_roles(roles),
+        api=list(api),
+        serving_cert_ttl_s=serving_cert_ttl,
+        serving_cert_wait_s=serving_cert_wait,
+        otlp=otlp,
+        release_listen=release_listen,
     )
     try:
         asyncio.run(run_serve(opts))
@@ -70,8 +144,56 @@ def serve(
         pass  # run_serve shuts down cleanly on the signal; being stopped is success
 
 
+@serve.command("drain")
+@click.option(
+    "--over",
+    "over_s",
+    type=click.IntRange(1, 600),
+    default=60,
+    show_default=True,
+    help="Seconds over which this gateway's nodes are moved to the others.",
+)
+@click.option("--no-wait", is_flag=True, help="Return once the drain started instead of when the server exits.")
+@click.option("--json", "as_json", is_flag=True)
+def drain(over_s: int, no_wait: bool, as_json: bool) -> None:
+    """Move the nodes of the bc serve this CLI talks to over to the other gateways, then stop it."""
+    from bc.cli.client import AdminClient, run_client
+    from bc.errors import Unavailable
+
+    async def go(c: AdminClient) -> dict[str, object]:
+        resp = await c.drain(over_s)
+        doc: dict[str, object] = {"gateway_id": resp.gateway_id, "sessions": resp.sessions, "over_s": resp.over_s}
+        if no_wait:
+            return {**doc, "stopped": False}
+        echo_progress(f"draining {resp.sessions} sessions of {resp.gateway_id} over {resp.over_s} s ...")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + resp.over_s + 30
+        while loop.time() < deadline:
+            try:
+                await c.server_info()
+            except Unavailable:
+                return {**doc, "stopped": True}
+            await asyncio.sleep(0.5)
+        raise Unavailable(f"{resp.gateway_id} still answers {resp.over_s + 30} s after the drain began")
+
+    doc = run_client(go)
+    verb = "drained and stopped" if doc["stopped"] else "is draining"
+    emit(as_json, doc, f"{doc['gateway_id']} {verb}: {doc['sessions']} sessions moved over {doc['over_s']} s")
+
+
+def echo_progress(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+
+
 @click.command("join")
-@click.option("--server", required=True, metavar="HOST:PORT", help="The bc serve to join.")
+@click.option(
+    "--server",
+    required=True,
+    metavar="HOST:PORT[,HOST:PORT…]",
+    help="The bc serve to join through; more, comma-separated, are the gateways the node may go to (docs/fleet.md).",
+)
 @click.option("--token", required=True, help="A token from `bc token create`.")
 @click.option("--data-dir", type=_DIR, required=True, help="Where the node keeps its identity and journal.")
 @click.option(
@@ -129,6 +251,56 @@ def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_jso
     help="Let logs.collect upload under this http(s) URL prefix, e.g. https://logs.example/bc/ (repeatable;"
     " default: nowhere, the tarball stays in the data dir).",
 )
+@click.option(
+    "--fake-fault",
+    "fake_faults",
+    multiple=True,
+    metavar="KIND[:GPU]",
+    help="With --fake-hw: a fault the fake shows, e.g. xid79:GPU-… or ecc:0 (repeatable; docs/health.md;"
+    " more through <data-dir>/fake-faults).",
+)
+@click.option(
+    "--host-root",
+    type=_DIR,
+    default=None,
+    help="Where the host section's units write their files (default /; with --fake-hw, DATA_DIR/host-root).",
+)
+@click.option(
+    "--no-host-units",
+    is_flag=True,
+    help="This host's OS is managed by other tooling: answer a non-empty host section UNSUPPORTED.",
+)
+@click.option(
+    "--ssh-dir", type=_DIR, default=None, help="Where the access section's sshd files go (default <data-dir>/ssh)."
+)
+@click.option(
+    "--sshd-reload-cmd",
+    default=None,
+    metavar="CMD",
+    help="Reloads sshd after its files changed (default `systemctl reload ssh`; none under --fake-hw; '' for none).",
+)
+@click.option(
+    "--sshd-config",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The sshd_config that includes <ssh-dir>/sshd.conf, checked with `sshd -t -f` (default /etc/ssh/sshd_config).",
+)
+@click.option(
+    "--upgrade-confirm",
+    "upgrade_confirm_s",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds a self-updated binary has to get its first Welcome before it is rolled back.",
+)
+@click.option(
+    "--download-min-bytes",
+    type=click.IntRange(min=1),
+    default=1 << 20,
+    show_default=True,
+    help="A release download moving fewer bytes than this in --download-window ends.",
+)
+@click.option("--download-window", "download_window_s", type=click.FloatRange(min=1), default=120.0, show_default=True)
 def node(
     data_dir: Path,
     fake_hw: str | None,
@@ -138,14 +310,37 @@ def node(
     allow_gpu_reset: bool,
     allow_reboot: bool,
     upload_allow: tuple[str, ...],
+    fake_faults: tuple[str, ...],
+    host_root: Path | None,
+    no_host_units: bool,
+    ssh_dir: Path | None,
+    sshd_reload_cmd: str | None,
+    sshd_config: Path | None,
+    upgrade_confirm_s: float,
+    download_min_bytes: int,
+    download_window_s: float,
 ) -> None:
-    """Run the node agent until SIGINT or SIGTERM."""
+    """Run the node agent until SIGINT or SIGTERM.
+
+    Started through a `current` link to `bc.a` or `bc.b` (docs/self-update.md), it can update itself."""
+    import sys
+
     from agent.app import AgentOptions, run_agent
+    from agent.hw.fake_faults import BadFault, parse_faults
     from agent.kinds.upload_allow import BadUrl, parse_prefixes
+    from agent.upgrade.controller import UpgradeConfig, test_pause_after
+    from agent.upgrade.download import StallGuard
+    from agent.upgrade.slots import install_dir_of
 
     try:
         parse_prefixes(upload_allow)  # refused here, before anything starts, with the sentence why
     except BadUrl as e:
+        raise UsageError(str(e)) from None
+    if fake_faults and not fake_hw:
+        raise UsageError("--fake-fault needs --fake-hw: faults are injected into fake hardware only")
+    try:
+        parse_faults(fake_faults)
+    except BadFault as e:
         raise UsageError(str(e)) from None
     opts = AgentOptions(
         data_dir=data_dir,
@@ -156,6 +351,18 @@ def node(
         allow_gpu_reset=allow_gpu_reset,
         allow_reboot=allow_reboot,
         upload_allow=upload_allow,
+        fake_faults=fake_faults,
+        host_root=host_root,
+        host_units=not no_host_units,
+        ssh_dir=ssh_dir.absolute() if ssh_dir is not None else None,
+        sshd_reload_cmd=sshd_reload_cmd,
+        sshd_config=sshd_config,
+        install_dir=install_dir_of(sys.argv[0]),
+        upgrade=UpgradeConfig(
+            upgrade_confirm_s,
+            StallGuard(download_min_bytes, download_window_s),
+            pause_after=test_pause_after(fake_hw),
+        ),
     )
     try:
         asyncio.run(run_agent(opts))

@@ -1,6 +1,6 @@
 """`bc sim`: the production control plane, gateway and agents on virtual time, under seeded chaos.
 
-    bc sim --nodes N --chaos none|light|heavy --seed S [--duration 2h] [--gateways 1] [--journal-files]
+    bc sim --nodes N --chaos none|light|heavy --seed S [--duration 2h] [--gateways 1..8] [--journal-files]
            [--trace run.jsonl] [--json] [--break RULE]
 
 The run (`bc.sim.fleet.run_sync`) gets the workload of `bc.sim.workload`, seeded from `--seed`. While it
@@ -29,6 +29,7 @@ from bc.cli.render import dumps, format_duration, parse_duration
 from bc.errors import BcError, UsageError
 
 MAX_NODES = 100_000
+MAX_GATEWAYS = 8
 DEFAULT_DURATION = "1h"
 
 
@@ -54,8 +55,8 @@ def check_input(nodes: int, chaos: str, break_rule: str | None, gateways: int) -
         raise UsageError(f"unknown chaos level {chaos!r}; levels are {', '.join(LEVELS)}")
     if break_rule is not None and break_rule not in RULES:
         raise UsageError(f"unknown --break rule {break_rule!r}; rules are {', '.join(sorted(RULES))}")
-    if gateways < 1:
-        raise UsageError(f"--gateways must be at least 1, not {gateways}")
+    if not 1 <= gateways <= MAX_GATEWAYS:
+        raise UsageError(f"--gateways must be between 1 and {MAX_GATEWAYS}, not {gateways}")
 
 
 class Ticker:
@@ -116,7 +117,14 @@ def progress_line(sim_s: float, total_s: float, events: int, faults: int) -> str
 @click.option("--chaos", default="light", show_default=True, help="Fault level: none, light or heavy.")
 @click.option("--seed", type=int, default=1, show_default=True, help="The run's seed: same seed, same digest.")
 @click.option("--duration", default=DEFAULT_DURATION, show_default=True, help="Simulated time: 90s, 10m, 2h, 1d.")
-@click.option("--gateways", type=int, default=1, show_default=True, help="How many gateways (only 1 today).")
+@click.option(
+    "--gateways",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Gateway processes (1 to 8) on the one store, each node dialing all; with more than one, chaos also "
+    "kills and stalls gateways and takes the store out.",
+)
 @click.option("--journal-files", is_flag=True, help="Agents keep SQLite journal files (same digest as in memory).")
 @click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), help="Write the events log here (JSONL).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the summary.")
@@ -152,7 +160,11 @@ def sim(
         break_rule=break_rule,
         trace=trace,
     )
-    echo(f"bc sim: {nodes:,} nodes, chaos {chaos}, seed {seed}, {format_duration(duration_s)} simulated", err=True)
+    several = f", {gateways} gateways" if gateways > 1 else ""
+    echo(
+        f"bc sim: {nodes:,} nodes{several}, chaos {chaos}, seed {seed}, {format_duration(duration_s)} simulated",
+        err=True,
+    )
     with Ticker() as ticker, quiet_logs(not show_log):
 
         def progress(sim_s: float, events: int, faults: int) -> None:

@@ -2,7 +2,8 @@
 
     bc unit print serve [--data-dir /var/lib/bc] [--listen 0.0.0.0:7443] [--advertise HOST]... [--bin PATH]
     bc unit print node  [--data-dir /var/lib/bc-node] [--cdi-dir /etc/cdi] [--env-dir /run/bc/allocations]
-                        [--allow-reboot] [--allow-gpu-reset] [--upload-allow URL-PREFIX]... [--bin PATH]
+                        [--allow-reboot] [--allow-gpu-reset] [--upload-allow URL-PREFIX]... [--no-host-units]
+                        [--bin PATH]
     bc version [--json]
 
 A unit is printed, never installed: the operator redirects it into
@@ -40,6 +41,8 @@ DEFAULT_SERVE_DIR = "/var/lib/bc"
 DEFAULT_NODE_DIR = "/var/lib/bc-node"
 DEFAULT_CDI_DIR = "/etc/cdi"
 DEFAULT_ENV_DIR = "/run/bc/allocations"
+# What the host section's units write (docs/host.md): drop-ins, the MPS unit, bc's own host config and records.
+HOST_UNIT_DIRS = ("-/etc/sysctl.d", "-/etc/modules-load.d", "-/etc/systemd/system", "/etc/bc")
 
 # Values go into unit files unquoted: anything systemd would split, expand (`%` specifiers,
 # `$` variables) or unquote is refused rather than escaped, so what the operator reads is what runs.
@@ -182,8 +185,13 @@ def node_unit(
     allow_reboot: bool,
     allow_gpu_reset: bool,
     upload_allow: Sequence[str] = (),
+    host_units: bool = True,
 ) -> str:
-    """The agent's unit: always restarted, sandboxed only as far as a GPU host's administrator can be."""
+    """The agent's unit: always restarted, sandboxed only as far as a GPU host's administrator can be.
+
+    With host units (the default) the agent may write what they write (`HOST_UNIT_DIRS`); without, the
+    unit runs `bc node --no-host-units` and opens none of them.
+    """
     argv = [bin_path, "node", "--data-dir", data_dir, "--cdi-dir", cdi_dir, "--env-dir", env_dir]
     if allow_reboot:
         argv.append("--allow-reboot")
@@ -191,7 +199,12 @@ def node_unit(
         argv.append("--allow-gpu-reset")
     for prefix in upload_allow:
         argv += ["--upload-allow", prefix]
+    if not host_units:
+        argv.append("--no-host-units")
     dirs = list(dict.fromkeys([data_dir, cdi_dir, env_dir]))
+    host: list[Directive] = (
+        [("ConfigurationDirectory", "bc"), ("ReadWritePaths", " ".join(HOST_UNIT_DIRS))] if host_units else []
+    )
     service: list[Directive] = [
         ("Type", "exec"),
         ("ExecStart", " ".join(argv)),
@@ -204,6 +217,7 @@ def node_unit(
         # Container runtimes (rootless ones too) read the CDI specs: they must be world-readable.
         ("UMask", "0022"),
         *_writable(dirs, private=data_dir),
+        *host,
         *_COMMON_HARDENING,
         # Deliberately absent, because the agent needs what they take away: PrivateDevices and ProtectClock
         # (NVML opens /dev/nvidia*; both close the device policy), ProtectKernelLogs (XIDs come from
@@ -286,6 +300,7 @@ def print_serve(data_dir: str, listen: str, advertise: tuple[str, ...], bin_path
     metavar="URL-PREFIX",
     help="Let logs.collect upload under this URL prefix (repeatable; default: nowhere).",
 )
+@click.option("--no-host-units", is_flag=True, help="Other tooling manages this host's OS: bc node --no-host-units.")
 @_bin_option
 def print_node(
     data_dir: str,
@@ -294,6 +309,7 @@ def print_node(
     allow_reboot: bool,
     allow_gpu_reset: bool,
     upload_allow: tuple[str, ...],
+    no_host_units: bool,
     bin_path: str,
 ) -> None:
     """The agent's unit (bc-node.service)."""
@@ -306,6 +322,7 @@ def print_node(
             allow_reboot=allow_reboot,
             allow_gpu_reset=allow_gpu_reset,
             upload_allow=[_upload_prefix(p) for p in upload_allow],
+            host_units=not no_host_units,
         ),
         nl=False,
     )

@@ -8,7 +8,10 @@ current settings S to the new S'. It applies only once
 (`bc approve sign q-…`), each approval sent under the certificate of the
 operator its key is registered to, none by the requester. Nodes check the same
 signatures, carried in the trust bundle beside the root's, before they take
-S'. With no approvers yet a change applies at once: the signing root alone
+S'. Every change also carries the command-signing root's own signature of its
+step (`RootSeal`): made here when the root key is on this host, else by the
+operator's CLI from the exported file (`--root-key`), so that nodes take it
+in a bundle the worker signed. With no approvers yet a change applies at once: the signing root alone
 guards it (bootstrap).
 
 One change is pending at a time: each moves from the current settings, so a
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bc.control import views
@@ -207,11 +211,63 @@ def _eligible(s: common_pb2.QuorumSettings, requested_by: str) -> int:
 @dataclass(frozen=True)
 class Proposed:
     change_id: str  # "" when nothing nodes hold changed (e.g. k while there are no approvers)
-    state: str  # applied | pending | unchanged
+    state: str  # applied | pending | unchanged | preview
+    frm: common_pb2.QuorumSettings | None = None  # a preview's two settings: what the root signs
+    to: common_pb2.QuorumSettings | None = None
 
 
-async def propose(store: Store, bus: Bus | None, edit: Edit, requested_by: str, rng: random.Random) -> Proposed:
-    """Apply `edit` at once when no approvers guard the settings; else store it as a pending change."""
+@dataclass(frozen=True)
+class RootSeal:
+    """The command-signing root as a quorum change needs it: nodes take a change in a worker-signed bundle
+    only with the root's own signature of its step (`bc.pki.quorum.root_change_message`)."""
+
+    public_key: bytes  # raw Ed25519
+    sign: Callable[[bytes], bytes] | None  # None: the root key is not on this host (`bc pki root remove`)
+
+
+ROOT_OFFLINE = (
+    "the command-signing root key is not on this host: pass --root-key FILE (the exported root key),"
+    " so that the CLI signs this change with it"
+)
+
+
+def root_signature(
+    root: RootSeal | None, given: bytes, frm: common_pb2.QuorumSettings, to: common_pb2.QuorumSettings
+) -> bytes:
+    """The root's signature of the step frm → to: the one the operator's CLI made, else made here; b"" when
+    command signing is off (nodes hold no root). A UsageError when neither is possible or it does not verify."""
+    if root is None:
+        return b""
+    msg = q.root_change_message(q.settings_digest(frm), q.settings_digest(to))
+    if given:
+        if not q.verify(root.public_key, msg, given):
+            raise UsageError(
+                "the root signature does not cover this change: the --root-key file is not this install's root,"
+                " or the quorum settings moved meanwhile (ask again)"
+            )
+        return given
+    if root.sign is None:
+        raise UsageError(ROOT_OFFLINE)
+    return root.sign(msg)
+
+
+async def propose(
+    store: Store,
+    bus: Bus | None,
+    edit: Edit,
+    requested_by: str,
+    rng: random.Random,
+    *,
+    root: RootSeal | None = None,
+    given_root_signature: bytes = b"",
+    preview: bool = False,
+) -> Proposed:
+    """Apply `edit` at once when no approvers guard the settings; else store it as a pending change.
+
+    `root` is the command-signing root (None with signing off): each change carries its signature of
+    the step, the operator's (`given_root_signature`, made with `--root-key`) or made here. `preview`
+    stores nothing and returns both settings, for the operator's CLI to sign.
+    """
     edit = _check(edit)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
@@ -220,6 +276,8 @@ async def propose(store: Store, bus: Bus | None, edit: Edit, requested_by: str, 
         frm = effective(cur)
         to = _settings(keys, k, allowance, cur.version)
         if q.settings_digest(to) == q.settings_digest(frm):
+            if preview:
+                return Proposed("", "unchanged")
             # Nothing nodes hold moves (k or the allowance with no approvers, or the value it already has).
             await settings_sql.put(tx, THRESHOLD_KEY, str(k))
             await settings_sql.put(tx, ALLOWANCE_KEY, str(allowance))
@@ -239,8 +297,12 @@ async def propose(store: Store, bus: Bus | None, edit: Edit, requested_by: str, 
                 f"this change needs {need} approvals of the current approvers, and only"
                 f" {_eligible(frm, requested_by)} are not {requested_by}'s own: ask another operator to request it"
             )
+        if preview:
+            return Proposed("", "preview", frm, to)
+        root_sig = root_signature(root, given_root_signature, frm, to)
         await q_sql.insert_change(
             tx,
+            root_signature=root_sig,
             id_=change_id,
             requested_by=requested_by,
             summary=q.describe_change(frm, to),
@@ -257,7 +319,11 @@ async def propose(store: Store, bus: Bus | None, edit: Edit, requested_by: str, 
             return Proposed(change_id, "pending")
         # Bootstrap: no approvers to ask, the signing root alone guards this change.
         change = common_pb2.QuorumChange(
-            change_id=change_id, requested_by=requested_by, from_digest=q.settings_digest(frm), settings=to
+            change_id=change_id,
+            requested_by=requested_by,
+            from_digest=q.settings_digest(frm),
+            settings=to,
+            root_signature=root_sig,
         )
         await _apply(tx, bus, change_id, change, k, allowance, [], now_ms)
     return Proposed(change_id, "applied")
@@ -378,6 +444,7 @@ async def decide(
             await publish(tx, bus, "quorum.change-rejected", change_id, {"by": approver.name, "reason": reason}, now_ms)
             return
         change, tally = change_tally(change_id, requested_by, frm, to, await q_sql.change_decisions(tx, change_id))
+        change.root_signature = bytes(row["root_signature"] or b"")
         if len(tally.counted) < int(row["threshold"]):
             return
         cur = await stored(tx)
@@ -431,6 +498,20 @@ def change_tally(
         if str(d["decision"]) == "approve":
             change.signatures.add(key_id=str(d["key_id"]), signature=bytes(d["signature"]))
     return change, q.count_change_approvals(change, frm)
+
+
+def preview_info(
+    frm: common_pb2.QuorumSettings, to: common_pb2.QuorumSettings, requested_by: str
+) -> admin_pb2.QuorumChangeInfo:
+    """A change not stored yet (`preview`): both settings, for the operator's CLI to sign with the root."""
+    return admin_pb2.QuorumChangeInfo(
+        state="preview",
+        summary=q.describe_change(frm, to),
+        requested_by=requested_by,
+        from_settings=frm,
+        to_settings=to,
+        threshold=q.change_threshold(frm),
+    )
 
 
 def change_info(row: Row, decisions: list[Row], now_ms: int) -> admin_pb2.QuorumChangeInfo:

@@ -13,6 +13,15 @@ command with `not_after`") exists to prevent. A payload over `max_payload_bytes`
 (`bc.protocol.limits`), as JSON text or encoded, is refused before the
 transaction, so nothing is stored and no node is ever sent it.
 
+RunCommand and EnqueueCommands are one path (`bc.control.command_runs`): each
+member is parsed and checked as RunCommand always checked its one command,
+then all are enqueued in one transaction (`enqueue_all`), so many commands are
+all stored or none is. The first member refused refuses the call; with more than one
+member its sentence starts by naming it ("command 7 of 100 (inventory.refresh
+on n7): no node named 'n7'"), and a call whose reply could not fit a frame is
+refused too (`check_reply_size`). The jobs, the batches and the simulator
+enqueue through `enqueue`/`enqueue_in`, the same code with one member.
+
 Updates from a node go through the pure state table (`command_states`) and
 are scoped to the reporting node in SQL: an unknown id or another node's
 command changes nothing, and a stale or repeated report changes nothing.
@@ -25,7 +34,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from google.protobuf import any_pb2, json_format, struct_pb2
@@ -36,7 +46,7 @@ from bc.control import command_states as cs
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
-from bc.errors import NotFound, UsageError
+from bc.errors import Conflict, NotFound, UsageError
 from bc.ids import ulid
 from bc.protocol import kinds, limits
 from bc.protocol.pb import kinds_pb2, session_pb2
@@ -58,6 +68,7 @@ REQUEST_MESSAGES: dict[str, type[Message]] = {
     "node.reboot": kinds_pb2.NodeRebootRequest,
     "logs.collect": kinds_pb2.LogsCollectRequest,
     "diag.dcgm": kinds_pb2.DiagDcgmRequest,
+    "daemon.upgrade": kinds_pb2.DaemonUpgradeRequest,
 }
 """Each kind's request message; every other kind takes a `google.protobuf.Struct`."""
 
@@ -121,6 +132,8 @@ def payload_from_json(kind: str, text: str) -> any_pb2.Any:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"the {kind} payload is not valid JSON: {e}") from None
+    except RecursionError:
+        raise UsageError(f"the {kind} payload nests too deeply") from None
     if not isinstance(doc, dict):
         raise UsageError(f"the {kind} payload must be a JSON object, not {type(doc).__name__}")
     msg = REQUEST_MESSAGES.get(kind, struct_pb2.Struct)()
@@ -128,6 +141,8 @@ def payload_from_json(kind: str, text: str) -> any_pb2.Any:
         json_format.Parse(text, msg)
     except json_format.ParseError as e:
         raise UsageError(f"the {kind} payload is not a valid {msg.DESCRIPTOR.name}: {_first_line(str(e))}") from None
+    except RecursionError:
+        raise UsageError(f"the {kind} payload nests too deeply") from None
     out = any_pb2.Any()
     out.Pack(msg, deterministic=True)
     check_payload_size(kind, out)
@@ -172,6 +187,23 @@ def check_request(req: EnqueueRequest) -> kinds.Kind:
 
 # -- enqueue -----------------------------------------------------------------------
 
+REPLY_OVERHEAD_BYTES = 160
+"""A `CommandInfo`'s bytes besides its strings that vary (tags, the ULID, numbers, lane and state names)."""
+
+
+@contextmanager
+def member(index: int, count: int, node_id: str, kind: str) -> Iterator[None]:
+    """A refusal of one of `count` (> 1) members re-raised as the same error, its sentence naming the member.
+
+    Only refusals (bad input, an unknown node, a conflict) are the member's; a store failure is the call's.
+    """
+    try:
+        yield
+    except (UsageError, NotFound, Conflict) as e:
+        if count <= 1:
+            raise
+        raise type(e)(f"command {index + 1} of {count} ({kind} on {node_id!r}): {e.message}") from None
+
 
 async def enqueue(
     store: Store,
@@ -181,11 +213,53 @@ async def enqueue(
     rng: random.Random,
 ) -> Row:
     """Queue a command `pending` for its node; a repeated idempotency key returns the first command unchanged."""
-    kind = check_request(req)
-    payload = payload_for(req.kind, req.payload)
+    [row] = await enqueue_all(store, bus, signer, [req], rng)
+    return row
+
+
+async def enqueue_all(
+    store: Store,
+    bus: Bus | None,
+    signer: Signer,
+    reqs: Sequence[EnqueueRequest],
+    rng: random.Random,
+) -> list[Row]:
+    """`enqueue` for each of `reqs` in one transaction: every check first, then every insert; the first
+    refusal (named by `member`) rolls all of them back. The rows in order (a repeated key: the first)."""
+    checked = []
+    for i, req in enumerate(reqs):
+        with member(i, len(reqs), req.node_id, req.kind):
+            checked.append((req, check_request(req), payload_for(req.kind, req.payload)))
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        return await enqueue_in(tx, bus, signer, req, kind, payload, now_ms, rng)
+        rows = []
+        for i, (req, kind, payload) in enumerate(checked):
+            with member(i, len(reqs), req.node_id, req.kind):
+                rows.append(await enqueue_in(tx, bus, signer, req, kind, payload, now_ms, rng))
+        check_reply_size(rows)
+        return rows
+
+
+def reply_size(rows: Sequence[Row]) -> int:
+    """About what the reply listing `rows` takes, results left out (they are dropped to fit: `fit_command_results`)."""
+    texts = ("id", "node_id", "kind", "reason", "message", "idempotency_key", "boot_id", "batch_id")
+    more = ("requested_by", "signer_key_id")
+    return sum(
+        REPLY_OVERHEAD_BYTES
+        + sum(len(str(r[k] or "").encode()) for k in texts)
+        + sum(len(str(r.get(k) or "").encode()) for k in more)
+        for r in rows
+    )
+
+
+def check_reply_size(rows: Sequence[Row]) -> None:
+    """A UsageError (so the transaction rolls back) when the reply listing `rows` could not fit a frame."""
+    size = reply_size(rows)
+    if size > limits.LIMITS.max_frame_bytes:
+        raise UsageError(
+            f"the reply to these {len(rows):,} commands would be about {size:,} bytes; the limit is"
+            f" {limits.LIMITS.max_frame_bytes:,} bytes (max_frame_bytes): send fewer commands per call"
+        )
 
 
 async def enqueue_in(
@@ -428,6 +502,7 @@ __all__ = [
     "UpdateOutcome",
     "apply_update",
     "enqueue",
+    "enqueue_all",
     "kind_of",
     "payload_from_json",
     "request_cancel",

@@ -27,7 +27,7 @@ from bc.findings import Finding, failed, lifetime_left, passed, read_only_sqlite
 from bc.pki import keys, signing
 from bc.pki.ca import CA_CERT_FILE, CA_KEY_FILE
 from bc.store import Store, StoreError, open_store
-from bc.store.migrate import migrations
+from bc.store.migrate import migrations, schema_version_of
 
 STORE_FILE = "bc.db"  # what `bc serve` opens in its data dir
 PKI_DIR = "pki"
@@ -131,15 +131,19 @@ def check_command_signing(data_dir: Path, now: float) -> Finding:
             f"{worker_path.name} was not issued by {root_path.name}: nodes refuse everything it signs",
             _RESTORE,
         )
+    root_key_here = (d / signing.ROOT_KEY).exists()
+    rotate = (
+        "restart bc serve: it rotates a worker key that is due at start"
+        if root_key_here
+        else "the root key is off this host: run bc pki rotate --root-key FILE with the exported root"
+    )
     for what, cert in (("command-signing root", root), ("worker certificate", worker)):
         life = lifetime_left(cert, now)
         if life.expired:
             return failed(
                 "command-signing",
                 f"the {what} expired {span(life.left_s)} ago: nodes refuse every command and spec it signs",
-                "restart bc serve: it rotates a worker key that is due at start"
-                if cert is worker
-                else "the nodes need a new command-signing root",
+                rotate if cert is worker else "the nodes need a new command-signing root",
             )
     life = lifetime_left(worker, now)
     where = f"on: worker key {signing.key_id_of(worker)[:19]}… valid until {utc_text(life.not_after)}"
@@ -147,7 +151,9 @@ def check_command_signing(data_dir: Path, now: float) -> Finding:
         return warned(
             "command-signing",
             f"{where}, {span(life.left_s)} left",
-            f"restart bc serve: it rotates a worker key with less than {span(signing.WORKER_ROTATE_BEFORE_S)} left",
+            f"restart bc serve: it rotates a worker key with less than {span(signing.WORKER_ROTATE_BEFORE_S)} left"
+            if root_key_here
+            else rotate,
         )
     return passed("command-signing", where)
 
@@ -194,7 +200,7 @@ def read_schema_version(path: Path) -> int:
     """The store's schema version, read without migrating anything (`open_store` would migrate)."""
     conn = read_only_sqlite(path)
     try:
-        return int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0])
+        return schema_version_of(conn)
     finally:
         conn.close()
 

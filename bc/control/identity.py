@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 
 from bc.clock import Clock
+from bc.control import ssh as ssh_ctl
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
@@ -153,6 +154,8 @@ async def join(
         if created:
             # The first generation: an empty spec the node converges to at once.
             await write_spec(tx, bus, signer, node_id, lambda spec: None, now_ms, lock=store.for_update())
+        if created or revived:  # the SSH CA and the revoked serials, once `bc ssh ca init` made a CA
+            await ssh_ctl.sync_access(tx, bus, signer, now_ms, [node_id], lock=store.for_update())
         await publish(
             tx,
             bus,

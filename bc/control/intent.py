@@ -39,6 +39,7 @@ class Intent:
         self.quorum = common_pb2.QuorumSettings()  # what nodes hold: approver keys, k, allowance, version
         self.quorum_changes: list[common_pb2.QuorumChange] = []  # the approved path to it (agent.trust walks it)
         self.version = 0  # bumped whenever the bundle nodes should hold changes
+        self.release_keys: list[bytes] = []  # raw Ed25519 keys that sign releases (docs/self-update.md)
         self._envelope: tuple[tuple[int, str], common_pb2.Envelope | None] | None = None
 
     @property
@@ -54,8 +55,17 @@ class Intent:
         self.version += 1
         return True
 
+    def set_release_keys(self, release_keys: list[bytes]) -> bool:
+        """Take the release keys as read from the store (`bc release key add`); True when the bundle changed."""
+        if release_keys == self.release_keys:
+            return False
+        self.release_keys = list(release_keys)
+        self.version += 1
+        return True
+
     def trust_bundle(self) -> common_pb2.TrustBundle:
         b = common_pb2.TrustBundle(ca_pem=self.ca_pem)
+        b.release_keys.extend(self.release_keys)
         b.command_signing_roots.extend(self.signer.roots())
         q = self.quorum
         b.approver_keys.extend(q.approver_keys)
@@ -89,17 +99,29 @@ async def register(store: Store, signer: Signer) -> None:
 
 
 async def rotate(
-    store: Store, bus: Bus | None, signer: Signer, clock: Clock, rng: random.Random, secrets: Secrets
+    store: Store,
+    bus: Bus | None,
+    signer: Signer,
+    clock: Clock,
+    rng: random.Random,
+    secrets: Secrets,
+    *,
+    issued: tuple[bytes, bytes] | None = None,
 ) -> tuple[int, int]:
     """A new worker key; re-sign the current specs and the commands that may still be delivered.
 
-    Returns (specs, commands) re-signed. Bodies are never re-encoded: only
-    the signature columns change, so a node that already applied a
-    generation sees the same bytes. A UsageError when signing is off or the
-    root key is not on this host.
+    `issued` is a worker key and certificate (PEM) the operator's CLI issued
+    with the root kept in a file (`bc pki rotate --root-key`): installed only
+    if it chains to this install's root. Returns (specs, commands) re-signed.
+    Bodies are never re-encoded: only the signature columns change, so a node
+    that already applied a generation sees the same bytes. A UsageError when
+    signing is off, or with no `issued` when the root key is not on this host.
     """
     old = signer.keys.worker.key_id if signer.keys is not None else ""
-    w = signer.rotate_worker(clock, rng, secrets)
+    if issued is not None:
+        w = signer.install_worker(issued[0], issued[1], await store.now_ms() / 1000)
+    else:
+        w = signer.rotate_worker(clock, rng, secrets)
     await register(store, signer)
     specs = cmds = 0
     now_ms = await store.now_ms()

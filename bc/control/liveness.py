@@ -29,6 +29,9 @@ STALL_GAP_MS = 20_000
 STALL_HOLD_MS = 300_000
 
 
+LEASE_NAME = "worker:liveness"
+
+
 @dataclass
 class LivenessConfig:
     lease_ttl_ms: int = 40_000
@@ -48,10 +51,12 @@ class Liveness:
         if self._last_sweep_ms is not None and now_ms - self._last_sweep_ms > STALL_GAP_MS:
             self._hold_until_ms = now_ms + STALL_HOLD_MS
             log.warning("event=liveness.stall gap_ms=%d hold_ms=%d", now_ms - self._last_sweep_ms, STALL_HOLD_MS)
-        self._last_sweep_ms = now_ms
         out: list[tuple[str, str]] = []
+        # The gap is measured between sweeps that reached the store: attempts that failed (an outage) are no
+        # sweep, so the first one after the outage sees the whole gap and holds back.
         async with self.store.transaction() as tx:
-            if not await leases_sql.acquire(tx, "worker:liveness", self.holder, now_ms, 15_000):
+            self._last_sweep_ms = now_ms
+            if not await leases_sql.acquire(tx, LEASE_NAME, self.holder, now_ms, 15_000):
                 return out
             for s in await nodes_sql.open_sessions_of_dead_gateways(tx, now_ms):
                 node_id = str(s["node_id"])

@@ -171,6 +171,14 @@ async def command_info(store: Store, row: Row) -> admin_pb2.CommandInfo:
     return views.command_info(row, await store.now_ms())
 
 
+async def enqueued(store: Store, rows: list[Row]) -> admin_pb2.EnqueueCommandsResponse:
+    """The reply of `EnqueueCommands`: the rows it wrote (or found by key), in order; results that would
+    outgrow the frame are left out (`result_omitted`)."""
+    now_ms = await store.now_ms()
+    infos = views.fit_command_results([views.command_info(r, now_ms) for r in rows], LIMITS.max_frame_bytes)
+    return admin_pb2.EnqueueCommandsResponse(commands=infos)
+
+
 # -- the destructive-batch quorum ----------------------------------------------------------------
 
 

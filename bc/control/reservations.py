@@ -162,8 +162,9 @@ async def release(store: Store, bus: Bus, signer: Signer, reservation_id: str) -
         state = str(row["state"])
         if state in ("releasing", "released", "ended"):
             return row  # releasing twice (or after its window ended) is a no-op, not an error
-        if state == "pending":  # never delivered: nothing on a node to take back
-            await cap_sql.settle(tx, reservation_id, "released", "released", now_ms, ("pending",))
+        if state == "pending" or row["node_id"] is None:
+            # Never delivered, or refused by its node and not placed again: nothing on a node to take back.
+            await cap_sql.settle(tx, reservation_id, "released", "released", now_ms, (state,))
             await res_sql.release_bookings(tx, reservation_id, now_ms)
             await placement_pass.flush_usage(tx, now_ms, reservation_id)
             await publish(tx, bus, "reservation.released", reservation_id, {"node_id": row["node_id"] or ""}, now_ms)

@@ -16,6 +16,12 @@ Two implementations:
   worker (`trust-bundle`, see `bc.control.intent`). `attested` is True: the
   node's own signature is required on the results of attested kinds and on
   allocation reports (`bc.control.attestation`).
+* `KeylessSigner()` — a gateway-only process: it holds no key. Whether signing
+  (and with it attestation) is on is read from the store (`refresh`: a worker
+  certificate is registered). A spec it writes while signing is on is stored
+  unsigned and `pending`: a process holding the worker key signs it
+  (`bc.control.spec_signing`) and only then do gateways deliver it. It signs
+  no command and no trust bundle: it relays the stored ones.
 * `NullSigner()` — command signing off. It returns the documented unsigned
   form, `UNSIGNED = Signature(b"", "")`: the row's `signature` column is NULL
   and its `signer_key_id` empty, and the gateway relays the body in an
@@ -33,11 +39,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bc.clock import Clock
-from bc.errors import UsageError
+from bc.errors import Unavailable, UsageError
 from bc.pki import signing
 from bc.pki.secrets_source import Secrets
 from bc.pki.signing import SigningKeys, WorkerSigner
 from bc.protocol.pb import common_pb2
+from bc.store import Store
+from bc.store import gateway_keys as gk_sql
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class Signature:
 
     signature: bytes
     key_id: str
+    pending: bool = False  # unsigned for now: a process holding the worker key signs it (KeylessSigner)
 
     @property
     def stored(self) -> bytes | None:
@@ -54,6 +63,7 @@ class Signature:
 
 
 UNSIGNED = Signature(b"", "")
+PENDING = Signature(b"", "", pending=True)
 
 SIGNING_OFF = "command signing is off on this server; there is no worker key to rotate"
 
@@ -78,6 +88,9 @@ class Signer(Protocol):
 
     def rotate_worker(self, clock: Clock, rng: random.Random, secrets: Secrets) -> WorkerSigner:
         """A new worker key under the same root; a UsageError when there is none to rotate."""
+
+    def install_worker(self, key_pem: bytes, cert_pem: bytes, now: float) -> WorkerSigner:
+        """A worker key issued elsewhere under the root (`bc pki rotate --root-key`); a UsageError unless it is one."""
 
 
 class KeySigner:
@@ -116,6 +129,49 @@ class KeySigner:
     def rotate_worker(self, clock: Clock, rng: random.Random, secrets: Secrets) -> WorkerSigner:
         return self._keys.rotate_worker(clock, rng, secrets)
 
+    def install_worker(self, key_pem: bytes, cert_pem: bytes, now: float) -> WorkerSigner:
+        return self._keys.install_worker(key_pem, cert_pem, now)
+
+
+class KeylessSigner:
+    """No key in this process (a gateway-only `bc serve`): signing on or off as the store says."""
+
+    def __init__(self, signing_on: bool = False) -> None:
+        self.signing_on = signing_on
+
+    async def refresh(self, store: Store) -> None:
+        """Read whether the install signs (a worker certificate is registered); it never turns off again."""
+        async with store.transaction(write=False) as tx:
+            self.signing_on = self.signing_on or await gk_sql.signing_on(tx)
+
+    @property
+    def keys(self) -> None:
+        return None
+
+    @property
+    def attested(self) -> bool:
+        return self.signing_on
+
+    def sign_command(self, body: bytes) -> Signature:
+        if self.signing_on:
+            raise Unavailable("this process holds no signing key; commands are queued by the api and workers")
+        return UNSIGNED
+
+    def sign_spec(self, body: bytes) -> Signature:
+        return PENDING if self.signing_on else UNSIGNED
+
+    def sign_trust_bundle(self, body: bytes) -> None:
+        return None
+
+    def roots(self) -> list[bytes]:
+        return []
+
+    def rotate_worker(self, clock: Clock, rng: random.Random, secrets: Secrets) -> WorkerSigner:
+        raise UsageError("this process holds no signing key; rotate where the root key is kept (bc pki rotate)")
+
+    def install_worker(self, key_pem: bytes, cert_pem: bytes, now: float) -> WorkerSigner:
+        raise UsageError("this process holds no signing key; rotate where the root key is kept (bc pki rotate)")
+
 
 class NullSigner:
     """Signing off: everything comes back in the documented unsigned form, and nothing is attested."""
@@ -141,4 +197,7 @@ class NullSigner:
         return []
 
     def rotate_worker(self, clock: Clock, rng: random.Random, secrets: Secrets) -> WorkerSigner:
+        raise UsageError(SIGNING_OFF)
+
+    def install_worker(self, key_pem: bytes, cert_pem: bytes, now: float) -> WorkerSigner:
         raise UsageError(SIGNING_OFF)

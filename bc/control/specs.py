@@ -81,7 +81,9 @@ async def write_spec(
     if after > before:  # a write that shrinks a spec stored before the limit is let through
         limits.check_size(f"the spec of {node_id} would be", after, "max_spec_bytes")
     signed = signer.sign_spec(body)
-    await nodes_sql.write_spec(tx, node_id, generation, text, h, body, signed.stored, signed.key_id)
+    await nodes_sql.write_spec(
+        tx, node_id, generation, text, h, body, signed.stored, signed.key_id, sign_pending=signed.pending
+    )
     await publish(tx, bus, "node.spec", node_id, {"generation": generation, "spec_hash": h}, now_ms)
     if bus is not None:
         tx.on_commit(lambda: bus.node_changed(node_id))

@@ -22,6 +22,7 @@ def signing_key_info(cert: x509.Certificate) -> admin_pb2.SigningKeyInfo:
         subject=str(cn[0].value) if cn else "",
         not_before_ms=int(cert.not_valid_before_utc.timestamp() * 1000),
         not_after_ms=int(cert.not_valid_after_utc.timestamp() * 1000),
+        cert_pem=keys.cert_to_pem(cert).decode(),
     )
 
 
@@ -164,7 +165,7 @@ def result_text(result: bytes | None) -> str:
     try:
         text = raw.decode("utf-8")
         json.loads(text)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # nested past the parser's depth: shown as bytes
         return base64.b64encode(raw).decode("ascii")
     return text
 

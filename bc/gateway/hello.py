@@ -32,7 +32,7 @@ from bc.control.bus import Bus
 from bc.control.commands import apply_update, settle_by_server
 from bc.control.events import publish
 from bc.control.signer import Signer
-from bc.errors import Unauthenticated, UsageError
+from bc.errors import Unauthenticated, Unavailable, UsageError
 from bc.gateway.oversize import fit_texts, refuse_oversized_update
 from bc.pki.identity import PeerIdentity
 from bc.protocol import closing
@@ -44,6 +44,7 @@ from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql
 from bc.store import events as events_sql
 from bc.store import identity as id_sql
+from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
 from bc.store import revocation as rev_sql
 
@@ -63,6 +64,9 @@ async def hello_transaction(
 ) -> HelloResult:
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
+        # A routing write: only while this gateway holds its lease (a fenced or zombie gateway routes nothing).
+        if not await leases_sql.held(tx, f"gateway:{gateway_id}", gateway_id, now_ms, store.dialect):
+            raise Unavailable(f"gateway {gateway_id} does not hold its lease; try another")
         cert = await id_sql.get_cert(tx, peer.serial)
         node = await nodes_sql.get(tx, peer.name)
         if cert is None or node is None or str(cert["node_id"]) != peer.name:
@@ -177,7 +181,8 @@ async def _duplicate_session(
     await publish(tx, bus, "security.node.duplicate-session", peer.name, data, now_ms)
     # Only takeovers of this identity count: a re-joined node starts with a clean slate.
     since = max(now_ms - DUPLICATE_WINDOW_MS, await rev_sql.identity_started_ms(tx, peer.name))
-    seen = await events_sql.count(tx, "security.node.duplicate-session", peer.name, since)
+    # The earlier takeovers, and this one: its event is appended when this transaction commits.
+    seen = await events_sql.count(tx, "security.node.duplicate-session", peer.name, since) + 1
     if seen <= DUPLICATE_LIMIT:
         return False
     serials = await rev_sql.revoke_node(tx, peer.name, "duplicate-identity", now_ms)

@@ -91,18 +91,24 @@ async def _handle(
         await _reject_report(tx, bus, store, node_id, rep, {**data, "why": why}, now_ms)
         return
     await publish(tx, bus, "node.event", node_id, data, now_ms)
-    await tx.execute("SAVEPOINT report_handler")
     try:
-        outcome = await on_allocation_report(
-            tx, bus, signer, node_id, kind, rep.allocation_id, rep.reason, rep.message, now_ms, lock=store.for_update()
-        )
+        async with tx.savepoint("report_handler"):
+            outcome = await on_allocation_report(
+                tx,
+                bus,
+                signer,
+                node_id,
+                kind,
+                rep.allocation_id,
+                rep.reason,
+                rep.message,
+                now_ms,
+                lock=store.for_update(),
+            )
     except Exception as e:  # a handler bug must not wedge the stream; say so loudly
-        await tx.execute("ROLLBACK TO SAVEPOINT report_handler")
-        await tx.execute("RELEASE SAVEPOINT report_handler")
         log.exception("event=node.report-failed node=%s seq=%d", node_id, ev.seq)
         await publish(tx, bus, "node.report-failed", node_id, {**data, "error": str(e)}, now_ms)
         return
-    await tx.execute("RELEASE SAVEPOINT report_handler")
     log.info(
         "event=allocation.report node=%s allocation=%s kind=%s outcome=%s", node_id, rep.allocation_id, kind, outcome
     )
@@ -137,36 +143,35 @@ async def _refuse_event(tx: Tx, bus: Bus, node_id: str, ev: session_pb2.NodeEven
     log.warning("event=node.event-too-large node=%s seq=%d type=%s bytes=%d", node_id, ev.seq, ev.type[:256], size)
 
 
-async def ingest(
-    store: Store, bus: Bus, signer: Signer, node_id: str, batch: session_pb2.EventBatch
+async def ingest_in(
+    tx: Tx, store: Store, bus: Bus, signer: Signer, node_id: str, batch: session_pb2.EventBatch, now_ms: int
 ) -> session_pb2.Ack | None:
-    """Store and handle a batch; returns the Ack to send, or None for another journal's batch."""
-    now_ms = await store.now_ms()
-    async with store.transaction() as tx:
-        sess = await node_events_sql.session_cursor(tx, node_id)
-        if sess is None or str(sess["journal_id"]) != batch.journal_id:
-            return None
-        acked = int(sess["acked_event_seq"])
-        top = acked
-        for ev in sorted(batch.events, key=lambda e: e.seq):
-            if ev.seq <= acked:
-                continue
-            size = ev.ByteSize()
-            too_large = size > LIMITS.max_event_bytes
-            new = await node_events_sql.insert(
-                tx,
-                node_id=node_id,
-                journal_id=batch.journal_id,
-                seq=ev.seq,
-                type_=ev.type,
-                body=b"" if too_large else ev.SerializeToString(),
-                now_ms=now_ms,
-            )
-            if new and too_large:
-                await _refuse_event(tx, bus, node_id, ev, size, now_ms)
-            elif new:
-                await _handle(tx, bus, signer, store, node_id, ev, now_ms)
-            top = max(top, ev.seq)
-        if top > acked:
-            await node_events_sql.advance_ack(tx, node_id, batch.journal_id, top)
+    """Store and handle a batch in the caller's transaction (the gateway's group commit); returns the Ack to
+    send once it commits, or None for another journal's batch. `store` only says how this engine locks rows."""
+    sess = await node_events_sql.session_cursor(tx, node_id)
+    if sess is None or str(sess["journal_id"]) != batch.journal_id:
+        return None
+    acked = int(sess["acked_event_seq"])
+    top = acked
+    for ev in sorted(batch.events, key=lambda e: e.seq):
+        if ev.seq <= acked:
+            continue
+        size = ev.ByteSize()
+        too_large = size > LIMITS.max_event_bytes
+        new = await node_events_sql.insert(
+            tx,
+            node_id=node_id,
+            journal_id=batch.journal_id,
+            seq=ev.seq,
+            type_=ev.type,
+            body=b"" if too_large else ev.SerializeToString(),
+            now_ms=now_ms,
+        )
+        if new and too_large:
+            await _refuse_event(tx, bus, node_id, ev, size, now_ms)
+        elif new:
+            await _handle(tx, bus, signer, store, node_id, ev, now_ms)
+        top = max(top, ev.seq)
+    if top > acked:
+        await node_events_sql.advance_ack(tx, node_id, batch.journal_id, top)
     return session_pb2.Ack(journal_id=batch.journal_id, event_seq=top)

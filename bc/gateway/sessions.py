@@ -17,23 +17,28 @@ limit never reaches this code: the stream simply ends, which is logged as
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
+from typing import Literal
 
 from bc.aio import wait_event
 from bc.clock import Clock
-from bc.control import approvers
 from bc.control import status as status_ctl
 from bc.control.bus import Bus
-from bc.control.commands import apply_update, settle_by_server
+from bc.control.commands import UpdateOutcome, apply_update
+from bc.control.dispatch import CommandFrame, SessionSends
 from bc.control.events import publish
 from bc.control.intent import Intent
 from bc.control.signer import Signer
-from bc.errors import BcError, ProtocolError, Unauthenticated
-from bc.gateway import core, dispatch_rules
+from bc.control.trust import LocalTrust, TrustSource
+from bc.errors import BcError, Overloaded, ProtocolError, Unauthenticated, Unavailable
+from bc.gateway import core
+from bc.gateway.admission import Admission, StatusBudget
+from bc.gateway.counters import STATS_EVERY_S, GatewayCounters
+from bc.gateway.dispatcher import Dispatcher
+from bc.gateway.fence import FENCE_AFTER_S, LeaseFence
 from bc.gateway.hello import TERMINAL_UPDATES, hello_transaction
-from bc.gateway.ingest import ingest
+from bc.gateway.ingest import ingest_in
 from bc.gateway.oversize import fit_texts, refuse_oversized_command, refuse_oversized_update
 from bc.pki.identity import PeerIdentity
 from bc.protocol import closing
@@ -41,7 +46,7 @@ from bc.protocol.closing import SessionRefused
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
-from bc.store import Store, StoreError
+from bc.store import Store, StoreError, Tx
 from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql
 from bc.store import leases as leases_sql
@@ -49,6 +54,7 @@ from bc.store import nodes as nodes_sql
 from bc.store import quorum as quorum_sql
 from bc.store import revocation as rev_sql
 from bc.store import signing as signing_sql
+from bc.store.group_commit import GroupCommit
 from bc.wire.link import Link, LinkClosed
 
 log = logging.getLogger("bc.gateway")
@@ -71,8 +77,9 @@ class GatewayConfig:
 
 class Gateway:
     """`signer` signs nothing here: the gateway relays stored signatures. It decides whether results and reports
-    must carry the node's own signature, and signs the specs that allocation reports change; `intent` is the
-    trust bundle every Welcome carries."""
+    must carry the node's own signature, and signs the specs that allocation reports change (a `KeylessSigner`
+    leaves them for a key-holding process to sign); `intent` is the trust bundle every Welcome carries: this
+    process's own `Intent`, or a `RelayedTrust` in a gateway-only process."""
 
     close_session = staticmethod(nodes_sql.close_session)
     """How a session's end is written: epoch-fenced, so a superseded session closes nothing. A seam only for
@@ -85,16 +92,27 @@ class Gateway:
         clock: Clock,
         gateway_id: str,
         signer: Signer,
-        intent: Intent,
+        intent: Intent | TrustSource,
         cfg: GatewayConfig,
     ) -> None:
         self.store, self.bus, self.clock, self.gateway_id, self.cfg = store, bus, clock, gateway_id, cfg
-        self.signer, self.intent = signer, intent
+        self.signer = signer
+        self.trust: TrustSource = LocalTrust(intent) if isinstance(intent, Intent) else intent
         self.sessions: dict[str, SessionDriver] = {}
         self._signer_certs: dict[str, bytes] = {}
         self._approvals: dict[str, bytes] = {}
         self._closing_tasks: set[asyncio.Future[None]] = set()
         self._seen_batch: dict[str, SessionDriver] = {}
+        self.fence = LeaseFence(clock.monotonic())
+        self.admission = Admission(clock.monotonic())
+        self.status_budget = StatusBudget(clock.monotonic())
+        self.counters = GatewayCounters()
+        self.group = GroupCommit(store)
+        """Status reports, command updates and node events of every session: one transaction per batch."""
+        self.draining = False
+        self.dispatcher = Dispatcher(
+            store, bus, clock, gateway_id, self._open_epochs, self._deliver, lambda: self.fence.fenced, self.track
+        )
         bus.on_node_changed(self._poke)
 
     def track(self, task: asyncio.Future[None]) -> None:
@@ -111,6 +129,7 @@ class Gateway:
                 await asyncio.wait(list(self._closing_tasks))
             else:
                 await asyncio.sleep(0.05)  # a session between its close request and its cleanup task
+        await self.group.wait_idle()
 
     def flush_seen_soon(self, driver: SessionDriver) -> None:
         """Queue a session's liveness flush; the sessions due within `SEEN_BATCH_S` share one transaction."""
@@ -148,6 +167,15 @@ class Gateway:
         if d is not None:
             d.poke()
 
+    def _open_epochs(self) -> dict[str, int]:
+        """The epoch this gateway holds for each node whose session is open: dispatch sends only on these."""
+        return {n: d.core.epoch for n, d in self.sessions.items() if d.core.state is core.State.OPEN and not d.ending}
+
+    def _deliver(self, node_id: str, sends: SessionSends) -> None:
+        d = self.sessions.get(node_id)
+        if d is not None:
+            d.deliver(sends)
+
     async def attach_signer(self, env: common_pb2.Envelope, key_id: str) -> None:
         """Name the worker key and relay its certificate, as stored: the node checks both against its roots."""
         if not key_id:
@@ -174,23 +202,79 @@ class Gateway:
 
     async def renew_lease(self) -> bool:
         now_ms = await self.store.now_ms()
-        async with self.store.transaction() as tx:
+        async with self.store.urgent_transaction() as tx:
             return await leases_sql.acquire(
                 tx, f"gateway:{self.gateway_id}", self.gateway_id, now_ms, GATEWAY_LEASE_TTL_MS
             )
 
     async def lease_loop(self) -> None:
         while True:
+            now = self.clock.monotonic()
+            if self.fence.check(now):  # woken late (a stall, a paused process): the nodes may be routed elsewhere
+                self._fenced()
+            # A renewal stuck on an unreachable store must not hold the fence back past its deadline.
+            budget = max(1.0, self.fence.last_renewed + FENCE_AFTER_S - now)
             try:
-                if not await self.renew_lease():
-                    log.error("event=gateway.fenced gateway=%s", self.gateway_id)
-                    for d in list(self.sessions.values()):
-                        d.request_close(
-                            "UNAVAILABLE", "this gateway lost its lease; reconnect", closing.GATEWAY_UNAVAILABLE
-                        )
-            except StoreError as e:
-                log.warning("event=gateway.lease-failed error=%s", e)
-            await self.clock.sleep(GATEWAY_LEASE_RENEW_S)
+                async with asyncio.timeout(budget):
+                    renewed = await self.renew_lease()
+                if renewed:
+                    if self.fence.renewed(now):
+                        log.warning("event=gateway.unfenced gateway=%s", self.gateway_id)
+                elif self.fence.moved(now):
+                    self._fenced()
+            except (StoreError, TimeoutError) as e:
+                log.warning("event=gateway.lease-failed error=%s", e or "the store did not answer in time")
+                if self.fence.failed(self.clock.monotonic()):
+                    self._fenced()
+            await self.clock.sleep(self.fence.next_check_in(self.clock.monotonic(), GATEWAY_LEASE_RENEW_S))
+
+    async def stats_loop(self) -> None:
+        """`event=gateway.stats` every `STATS_EVERY_S` while something changed (bc.gateway.counters)."""
+        last = self.counters.snapshot()
+        while True:
+            await self.clock.sleep(STATS_EVERY_S)
+            now = self.counters.snapshot()
+            if now != last:
+                log.info("%s", self.counters.line(self.gateway_id, len(self.sessions)))
+                last = now
+
+    async def drain_spread(self, over_s: float) -> None:
+        """`bc serve drain`: refuse new sessions and close the open ones one by one, spread over `over_s`,
+        so their nodes redial the other gateways as a trickle, not a storm; returns when none is left."""
+        self.draining = True
+        drivers = sorted(self.sessions.values(), key=lambda d: d.node_id)
+        gap = over_s / max(1, len(drivers))
+        for i, d in enumerate(drivers):
+            if i:
+                await self.clock.sleep(gap)
+            d.request_close(
+                "UNAVAILABLE", f"gateway {self.gateway_id} is draining; reconnect", closing.GATEWAY_UNAVAILABLE
+            )
+        log.info("event=gateway.drained gateway=%s sessions=%d over_s=%.0f", self.gateway_id, len(drivers), over_s)
+        await self.drain()
+
+    def _fenced(self) -> None:
+        """Stop routing: every stream closes UNAVAILABLE (its node redials, maybe elsewhere); new ones are refused."""
+        log.error(
+            "event=gateway.fenced gateway=%s why=%s sessions=%d", self.gateway_id, self.fence.why, len(self.sessions)
+        )
+        for d in list(self.sessions.values()):
+            d.request_close(
+                "UNAVAILABLE", f"this gateway is fenced ({self.fence.why}); reconnect", closing.GATEWAY_UNAVAILABLE
+            )
+
+    def admit(self) -> None:
+        """A new stream: refused while fenced or draining (the node's back-off takes it to another gateway)
+        and beyond the handshake rate (a reconnect storm: the node retries after its jittered back-off)."""
+        if self.draining:
+            self.counters.streams_refused += 1
+            raise Unavailable(f"gateway {self.gateway_id} is draining; try another")
+        if self.fence.fenced:
+            self.counters.streams_refused += 1
+            raise Unavailable(f"this gateway is fenced ({self.fence.why}); try another")
+        if not self.admission.handshake(self.clock.monotonic()):
+            self.counters.streams_refused += 1
+            raise Overloaded("this gateway is taking too many new sessions at once; retry after a back-off")
 
     async def refuse_revoked(self, serial: str) -> None:
         async with self.store.transaction(write=False) as tx:
@@ -210,13 +294,13 @@ class Gateway:
 
     async def push_trust_if_changed(self) -> None:
         """Approvers changed: every open session gets the newly signed bundle now, not at its next Welcome."""
-        intent = self.intent
-        if not intent.set_quorum(*await approvers.trust_state(self.store)):
+        if not await self.trust.refresh(self.store):
             return
-        env = intent.trust_envelope()
+        env = self.trust.trust_envelope()
         if env is None:
             return
-        log.info("event=trust.pushed sessions=%d approvers=%d", len(self.sessions), len(intent.approvers))
+        approver_n = len(self.trust.trust_bundle().approver_keys)
+        log.info("event=trust.pushed sessions=%d approvers=%d", len(self.sessions), approver_n)
         for d in list(self.sessions.values()):
             if d.core.state is core.State.OPEN:
                 try:
@@ -255,15 +339,27 @@ class SessionDriver:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._poke_pending = False
-        # When a dispatch is due though nothing poked: a pending command's not_before (monotonic; None: none).
-        self._dispatch_at: float | None = None
+        self._outbox: list[SessionSends] = []  # what the gateway's dispatch passes planned for this session
         self._closing: core.Close | None = None
         self._close_reason: CloseReason = closing.UNSPECIFIED
         self._done = asyncio.Event()
         self._spec_refused_generation = 0  # the generation last reported as too large to send, so it is said once
 
     def poke(self) -> None:
+        """Something changed for this node (an enqueue, a cancel, a credit come free, a spec): check the
+        generation, and ask the gateway for a dispatch pass (coalesced with every other session's)."""
         self._poke_pending = True
+        self._wake.set()
+        self.gw.dispatcher.poke(self.node_id)
+
+    @property
+    def ending(self) -> bool:
+        """The session's end is decided: it sends nothing more (what is marked for it goes out at the next Hello)."""
+        return self._closing is not None
+
+    def deliver(self, sends: SessionSends) -> None:
+        """A dispatch pass's plan for this session: sent by the session's own task, in order."""
+        self._outbox.append(sends)
         self._wake.set()
 
     async def revoke(self, reason: str) -> None:
@@ -280,7 +376,8 @@ class SessionDriver:
         self._decide_close("UNAUTHENTICATED", f"certificate revoked: {reason}", closing.REVOKED)
         notice = session_pb2.RevocationNotice(reason=reason, serials=[self.peer.serial])
         try:
-            await asyncio.wait_for(self.link.send(GatewayMessage(revocation=notice)), 2.0)
+            async with asyncio.timeout(2.0):
+                await self.link.send(GatewayMessage(revocation=notice))
         except (LinkClosed, TimeoutError):
             pass  # closing anyway; the handshake check refuses it on the next try
         self._done.set()
@@ -336,6 +433,7 @@ class SessionDriver:
         self.core.close()
         if self.gw.sessions.get(self.node_id) is self:
             del self.gw.sessions[self.node_id]
+            self.gw.dispatcher.poke()  # the last session gone ends the dispatch loop
         if self.core.epoch:
             try:
                 now_ms = await self.gw.store.now_ms()
@@ -361,7 +459,8 @@ class SessionDriver:
             first = True
             while True:
                 if first:
-                    msg = await asyncio.wait_for(self.link.recv(), self.gw.cfg.hello_timeout_s)
+                    async with asyncio.timeout(self.gw.cfg.hello_timeout_s):
+                        msg = await self.link.recv()
                     first = False
                 else:
                     msg = await self.link.recv()
@@ -387,6 +486,10 @@ class SessionDriver:
             self.request_close(
                 "UNAVAILABLE", "the control plane's store failed; reconnect", closing.GATEWAY_UNAVAILABLE
             )
+        except Overloaded as e:
+            self.request_close("RESOURCE_EXHAUSTED", e.message)
+        except Unavailable as e:  # this gateway cannot route now (it lost its lease): another one can
+            self.request_close("UNAVAILABLE", e.message, closing.GATEWAY_UNAVAILABLE)
         except BcError as e:
             self.request_close("INTERNAL", e.message)
 
@@ -396,7 +499,7 @@ class SessionDriver:
             last_seen_flush = self.gw.clock.monotonic()
             while True:
                 # Sleep until the next timer (the core's heartbeat, silence and backstop, the status budget,
-                # the liveness flush, a command's not_before) unless a frame or a poke wakes us first: an idle
+                # the liveness flush) unless a frame, a poke or a dispatch pass's plan wakes us first: an idle
                 # session does nothing between its timers.
                 now = self.gw.clock.monotonic()
                 timeout = self.core.next_due(now)
@@ -405,8 +508,6 @@ class SessionDriver:
                     timeout = min(timeout, due)
                 if self.core.epoch:
                     timeout = min(timeout, last_seen_flush + LIVENESS_FLUSH_S - now)
-                if self._dispatch_at is not None and self.core.state is core.State.OPEN:
-                    timeout = min(timeout, self._dispatch_at - now)
                 # At least a millisecond: a timer computed as `deadline - now` can come out a rounding error
                 # above zero while `now - start >= interval` is still false, and on a virtual clock that
                 # never moves time forward.
@@ -421,11 +522,8 @@ class SessionDriver:
                     if poked or backstop:
                         self._poke_pending = False
                         await self._check_generation("poke" if poked else "backstop")
-                    # Commands go out on a poke (an enqueue, a cancel, a credit come free, a batch released),
-                    # at a pending command's not_before, and on the 10 s backstop (a write no poke announced).
-                    timed = self._dispatch_at is not None and now >= self._dispatch_at
-                    if self.core.state is core.State.OPEN and (poked or backstop or timed):
-                        await self._dispatch()
+                    # Commands come from the gateway's dispatch passes (on pokes and every second).
+                    await self._send_planned()
                     if self.core.status_due(now) == 0.0:
                         self.core.note_status_written(now)
                         await self._flush_status()
@@ -447,20 +545,33 @@ class SessionDriver:
             await self._execute(self.core.generation_is(int(g), reason))
 
     async def _flush_status(self) -> None:
+        wait = self.gw.status_budget.turn(self.gw.clock.monotonic())
+        if wait:  # the gateway's status budget is spent: wait for this write's turn, then write the newest report
+            await self.gw.clock.sleep(wait)
         taken = self.core.take_status()
         if taken is None:
             return
         report, new = taken
-        await status_ctl.ingest(self.gw.store, self.gw.bus, self.node_id, self.core.epoch, report, publish_it=new)
+        gw, epoch, now_ms = self.gw, self.core.epoch, await self.gw.store.now_ms()
+        await gw.group.run(
+            lambda tx: status_ctl.write_report(tx, gw.bus, self.node_id, epoch, report, now_ms, publish_it=new)
+        )
+        self.gw.counters.status_written += 1
 
     async def _execute(self, actions: list[core.Action]) -> None:
         for a in actions:
             if isinstance(a, core.Send):
                 await self.link.send(a.msg)
             elif isinstance(a, core.OpenSession):
-                res = await hello_transaction(
-                    self.gw.store, self.gw.bus, self.gw.signer, self.gw.gateway_id, self.peer, a.hello
-                )
+                if not self.gw.admission.hello_started():
+                    self.gw.counters.streams_refused += 1
+                    raise Overloaded("too many Hello transactions at once on this gateway; retry after a back-off")
+                try:
+                    res = await hello_transaction(
+                        self.gw.store, self.gw.bus, self.gw.signer, self.gw.gateway_id, self.peer, a.hello
+                    )
+                finally:
+                    self.gw.admission.hello_done()
                 if res.quarantined:
                     log.error("event=node.quarantined node=%s serial=%s", self.node_id, self.peer.serial)
                     await self._revoke_locked("duplicate-identity")
@@ -469,6 +580,7 @@ class SessionDriver:
                 if old is not None and old is not self:
                     old.request_close("ABORTED", "superseded by a newer session of this node", closing.SUPERSEDED)
                 self.gw.sessions[self.node_id] = self
+                self.gw.counters.sessions_opened += 1
                 log.info(
                     "event=session.opened node=%s epoch=%d boot=%s journal=%s applied=%d generation=%d",
                     self.node_id,
@@ -483,21 +595,21 @@ class SessionDriver:
                         res.epoch,
                         res.generation,
                         await self.gw.store.now_ms(),
-                        self.gw.intent.trust_bundle(),
+                        self.gw.trust.trust_bundle(),
                         self.gw.gateway_id,
                         res.inventory_hash,
-                        self.gw.intent.trust_envelope(),
+                        self.gw.trust.trust_envelope(),
                     )
                 )
                 if res.ack:
                     await self.link.send(GatewayMessage(ack=session_pb2.Ack(command_ids=res.ack)))
                 for command_id in res.replay:
                     await self._send_command(command_id)
-                await self._dispatch()
+                self.gw.dispatcher.poke(self.node_id)  # what was pending for the node goes out after the replay
             elif isinstance(a, core.LoadSpec):
                 await self._load_spec()
             elif isinstance(a, core.IngestEvents):
-                ack = await ingest(self.gw.store, self.gw.bus, self.gw.signer, self.node_id, a.batch)
+                ack = await self._ingest(a.batch)
                 if ack is not None:
                     await self.link.send(GatewayMessage(ack=ack))
             elif isinstance(a, core.ApplyCommandUpdate):
@@ -505,111 +617,73 @@ class SessionDriver:
             elif isinstance(a, core.Close):
                 self.request_close(a.code, a.details)
 
+    async def _ingest(self, batch: session_pb2.EventBatch) -> session_pb2.Ack | None:
+        gw, now_ms = self.gw, await self.gw.store.now_ms()
+        return await gw.group.run(lambda tx: ingest_in(tx, gw.store, gw.bus, gw.signer, self.node_id, batch, now_ms))
+
     # -- commands ------------------------------------------------------
-    async def _dispatch(self) -> None:
-        """Send what the lanes' credits allow, cancel what the guards refuse, and send pending Cancels."""
-        store, epoch = self.gw.store, self.core.epoch
-        # Most passes of a quiet node find nothing: one indexed read instead of a write transaction
-        # (a session dispatches every second and on every poke).
-        self._dispatch_at = None
-        async with store.transaction(write=False) as tx:
-            if not await commands_sql.has_open(tx, self.node_id):
-                return
-        now_ms = await store.now_ms()
-        to_send: list[str] = []
-        cancels: list[tuple[str, str]] = []
-        async with store.transaction() as tx:
-            node = await nodes_sql.role_and_labels(tx, self.node_id)
-            if node is None:
-                return
-            labels = json.loads(str(node["labels"] or "{}"))
-            rows = await commands_sql.pending_for_node(tx, self.node_id, now_ms)
-            cancelled_early = {str(r["id"]) for r in await dispatch_sql.pending_cancelled(tx, self.node_id)}
-            pending = [
-                dispatch_rules.PendingCommand(
-                    id=str(r["id"]),
-                    node_id=str(r["node_id"]),
-                    seq=int(r["seq"]),
-                    lane=str(r["lane"]),
-                    kind=str(r["kind"]),
-                    body=bytes(r["body"]),
-                    cancel_requested=r["cancel_requested_at_ms"] is not None,
-                )
-                for r in rows
-            ]
-            pending += [
-                dispatch_rules.PendingCommand(cid, self.node_id, 0, "", "", b"", True)
-                for cid in cancelled_early - {p.id for p in pending}
-            ]
-            plan = dispatch_rules.plan_dispatch(
-                pending,
-                await dispatch_sql.in_flight_by_lane(tx, self.node_id, epoch),
-                str(node["role"]),
-                tenant_controlled=labels.get("bc.dev/tenant-controlled") == "true",
-            )
-            for cid, reason in plan.cancel:
-                await settle_by_server(tx, self.gw.bus, cid, self.node_id, "cancelled", reason, now_ms, ("pending",))
-            for cid in plan.send:
-                if await commands_sql.mark_dispatched(tx, cid, self.node_id, epoch, now_ms, self.gw.gateway_id):
-                    to_send.append(cid)
-            for r in await commands_sql.cancels_to_send(tx, self.node_id, epoch):
-                cancels.append((str(r["id"]), str(r["cancel_reason"] or "cancelled")))
-                await commands_sql.mark_cancel_sent(tx, str(r["id"]), self.node_id, epoch)
-            if len(rows) >= commands_sql.DISPATCH_BATCH:
-                self._dispatch_at = self.gw.clock.monotonic()  # more than one read's worth: go on at once
-            else:
-                later = await commands_sql.next_not_before(tx, self.node_id, now_ms)
-                if later is not None:
-                    self._dispatch_at = self.gw.clock.monotonic() + (later - now_ms) / 1000
-        for cid in to_send:
-            await self._send_command(cid)
-        for cid, reason in cancels:
-            await self.link.send(GatewayMessage(cancel=session_pb2.Cancel(command_id=cid, reason=reason)))
+    async def _send_planned(self) -> None:
+        """Send what the gateway's dispatch passes marked for this session: commands, then Cancels."""
+        while self._outbox and self.core.state is core.State.OPEN:
+            sends = self._outbox.pop(0)
+            if sends.epoch != self.core.epoch:
+                continue  # planned for another session of the node; the node's next Hello replays it
+            for frame in sends.commands:
+                await self._send_frame(frame)
+            for cid, reason in sends.cancels:
+                await self.link.send(GatewayMessage(cancel=session_pb2.Cancel(command_id=cid, reason=reason)))
 
     async def _send_command(self, command_id: str) -> None:
-        """Relay the stored body and signature verbatim: the gateway never re-encodes or signs."""
+        """Relay a stored command (a Hello's replay) as it is now."""
         async with self.gw.store.transaction(write=False) as tx:
             row = await commands_sql.get(tx, command_id)
-        if row is None:
-            return
-        env = common_pb2.Envelope(purpose="command", body=bytes(row["body"]))
-        if row["signature"] is not None:
-            env.signature = bytes(row["signature"])
-            await self.gw.attach_signer(env, str(row["signer_key_id"] or ""))
-        cmd = session_pb2.Command(envelope=env, attempt=int(row["attempt"] or 0))
-        if row["batch_id"]:
+        if row is not None:
+            await self._send_frame(CommandFrame.of(row))
+
+    async def _send_frame(self, frame: CommandFrame) -> None:
+        """Relay the stored body and signature verbatim: the gateway never re-encodes or signs."""
+        command_id = frame.id
+        env = common_pb2.Envelope(purpose="command", body=frame.body)
+        if frame.signature is not None:
+            env.signature = frame.signature
+            await self.gw.attach_signer(env, frame.signer_key_id)
+        cmd = session_pb2.Command(envelope=env, attempt=frame.attempt)
+        if frame.batch_id:
             # The batch's approvals and this command's own leaf proof, both as stored: the node checks them.
-            cmd.batch_approval = await self.gw.batch_approval(str(row["batch_id"]))
-            cmd.batch_proof = bytes(row["batch_proof"] or b"")
+            cmd.batch_approval = await self.gw.batch_approval(frame.batch_id)
+            cmd.batch_proof = frame.batch_proof
         msg = GatewayMessage(command=cmd)
         size = msg.ByteSize()
         if size > LIMITS.max_frame_bytes:  # stored before the limits: the node could never take it
             now_ms = await self.gw.store.now_ms()
             async with self.gw.store.transaction() as tx:
                 await refuse_oversized_command(tx, self.gw.bus, self.node_id, command_id, size, now_ms)
-            self.poke()  # its lane credit is free
+            self.gw.dispatcher.poke(self.node_id)  # its lane credit is free (the spec did not change)
             return
         await self.link.send(msg)
 
     async def _apply_update(self, update: session_pb2.CommandUpdate) -> None:
         """Results are facts, accepted on any epoch; every terminal one is acked, known or not."""
-        store = self.gw.store
-        now_ms = await store.now_ms()
+        gw = self.gw
+        now_ms = await gw.store.now_ms()
         busy = update.state == session_pb2.COMMAND_REJECTED and update.reason == "BUSY"
-        refused = False
-        async with store.transaction() as tx:
+
+        async def write(tx: Tx) -> UpdateOutcome | Literal["busy", "refused"]:
             if busy:
                 await dispatch_sql.requeue_busy(tx, update.command_id, self.node_id, now_ms + BUSY_RETRY_MS, now_ms)
-            elif await refuse_oversized_update(tx, self.gw.bus, self.node_id, update, now_ms):
-                refused = True
-            else:
-                outcome = await apply_update(tx, self.gw.bus, self.gw.signer, self.node_id, fit_texts(update), now_ms)
-        if busy:
+                return "busy"
+            if await refuse_oversized_update(tx, gw.bus, self.node_id, update, now_ms):
+                return "refused"
+            return await apply_update(tx, gw.bus, gw.signer, self.node_id, fit_texts(update), now_ms)
+
+        outcome = await gw.group.run(write)
+        if outcome == "busy":
             return
-        if refused:  # acked, so the node stops resending what will never be taken
+        if outcome == "refused":  # acked, so the node stops resending what will never be taken
             await self.link.send(GatewayMessage(ack=session_pb2.Ack(command_ids=[update.command_id])))
-            self.poke()
+            self.gw.dispatcher.poke(self.node_id)
             return
+        assert isinstance(outcome, UpdateOutcome)
         if outcome.rejected:
             log.warning(
                 "event=command.result-rejected node=%s command=%s why=%s",
@@ -621,12 +695,16 @@ class SessionDriver:
         if update.state in TERMINAL_UPDATES:
             await self.link.send(GatewayMessage(ack=session_pb2.Ack(command_ids=[update.command_id])))
             if outcome.changed:
-                self.poke()  # a lane credit came free
+                # A lane credit came free: a dispatch pass, no generation check (a result changes no spec; a
+                # spec a settled command changed pokes the node through the bus).
+                self.gw.dispatcher.poke(self.node_id)
 
     async def _load_spec(self) -> None:
         async with self.gw.store.transaction(write=False) as tx:
             row = await nodes_sql.spec_delivery(tx, self.node_id)
         if row is None or row["spec_body"] is None:
+            return
+        if row["spec_sign_pending"]:  # written by a keyless gateway: sent once a key-holding process signed it
             return
         env = common_pb2.Envelope(purpose="desired-state", body=bytes(row["spec_body"]))
         if row["spec_signature"] is not None:

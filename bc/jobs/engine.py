@@ -384,7 +384,7 @@ def _request_doc(req: JobRequest) -> dict[str, Any]:
         "gpus": list(req.gpus),
         "max_parallel": req.max_parallel,
         "section": req.section,
-        "max_unavailable": req.max_unavailable if req.template == "rollout" else 0,
+        "max_unavailable": req.max_unavailable if req.template in ("rollout", "release") else 0,
         "deadline_s": req.deadline_s if req.template in ("drain", "reboot", "remediate") else 0,
     }
 

@@ -13,6 +13,8 @@ The shapes (docs/jobs.md draws each one):
                  ⇢ Reconcile(n) tail, ResolveApproval tail, Emit(n) tail
     rollout …    per n (in order, at most --max-unavailable at once): PatchSpec(n, section) ⇢ Emit(n) tail;
                  stop on the first failure
+    release …    per n (in order, at most --max-unavailable at once): Command(n, daemon.upgrade) ⇢ Emit(n)
+                 tail; stop on the first failure (`bc release rollout`, docs/self-update.md)
 
 (→ AfterOk, ⇢ AfterAny.) `cordon` and `uncordon` write the operator's durable wanted state; `drain`,
 `reboot` and `remediate` hold the node out of placement only for their run (Drain sets the job's hold,
@@ -36,6 +38,7 @@ MAX_PARALLEL = 10_000
 MAX_DEADLINE_S = 7 * 86_400
 ROLLOUT_POOL = "unavailable"
 REBOOT_POOL = "parallel"
+UPGRADE_KIND = "daemon.upgrade"
 BATCH_NOT_AFTER_S = 6 * 3600.0  # a job's batch waits for its quorum and then for its turn under the pools
 
 
@@ -65,6 +68,8 @@ def build(req: JobRequest, dag_id: str, facts: Facts) -> DagSpec:
         return _reboot(dag_id, subjects, req, facts)
     if req.template == "remediate":
         return _remediate(dag_id, subjects, req, facts)
+    if req.template == "release":
+        return _release(dag_id, subjects, req)
     return _rollout(dag_id, subjects, req)
 
 
@@ -222,4 +227,25 @@ def _rollout(dag_id: str, subjects: tuple[str, ...], req: JobRequest) -> DagSpec
         ]
     return DagSpec(
         dag_id, "rollout", tuple(nodes), local_pools={ROLLOUT_POOL: req.max_unavailable}, stop_on_failure=True
+    )
+
+
+def _release(dag_id: str, subjects: tuple[str, ...], req: JobRequest) -> DagSpec:
+    from bc.control.commands import payload_from_json
+
+    if req.section != "daemon" or not req.section_json:
+        raise UsageError("a release rollout needs the daemon section's release (bc release rollout VERSION)")
+    payload_from_json(UPGRADE_KIND, req.section_json)  # a payload that cannot parse never starts
+    if not 1 <= req.max_unavailable <= MAX_PARALLEL:
+        raise UsageError(f"--max-unavailable must be at least 1 (and at most {MAX_PARALLEL:,})")
+    command = {"kind": UPGRADE_KIND, "payload_json": req.section_json}
+    nodes: list[NodeSpec] = []
+    for n in subjects:
+        nodes += [
+            # Only the DAG's own pool: --max-unavailable is the bound (the global `rollouts` pool is for specs).
+            NodeSpec(f"upgrade:{n}", "Command", subject=n, params=command, lease=True, pools=(ROLLOUT_POOL,)),
+            _emit(n, [f"upgrade:{n}"]),
+        ]
+    return DagSpec(
+        dag_id, "release", tuple(nodes), local_pools={ROLLOUT_POOL: req.max_unavailable}, stop_on_failure=True
     )

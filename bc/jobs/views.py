@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-TEMPLATES: tuple[str, ...] = ("remediate", "reboot", "rollout", "drain", "cordon", "uncordon")
+TEMPLATES: tuple[str, ...] = ("remediate", "reboot", "rollout", "drain", "cordon", "uncordon", "release")
 """Every template `bc jobs run` takes, in the order `bc jobs run --help` lists them."""
 
 
@@ -16,8 +16,10 @@ class JobRequest:
 
     `nodes`: the subjects (every template); `gpus`: remediate's GPU UUIDs (empty: every GPU);
     `max_parallel`: reboot's DAG-local pool (0: unlimited within the global `reboots` pool);
-    `section`, `section_json`: a rollout's spec section and its JSON; `max_unavailable`: a rollout's
-    DAG-local pool (default 1); `deadline_s`: drain's (and remediate's, reboot's) drain deadline.
+    `section`, `section_json`: a rollout's spec section and its JSON (release: "daemon" and the
+    daemon.upgrade payload, the release record as `bc release rollout` read it); `max_unavailable`: a
+    rollout's (and a release's) DAG-local pool (default 1); `deadline_s`: drain's (and remediate's,
+    reboot's) drain deadline.
     """
 
     template: str

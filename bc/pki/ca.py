@@ -13,6 +13,10 @@ What the certificates say (and `bc.pki.identity` reads back):
 * operator: CN `operator:<name>`; clientAuth; 1 year.
 * server: SAN of the given hosts plus 127.0.0.1, ::1 and localhost;
   serverAuth; 1 year.
+* gateway (a keyless gateway's serving certificate, from its CSR in the store):
+  CN `gateway:<id>`, SAN of its hosts plus the loopback names; serverAuth and
+  clientAuth (it dials the api with it to proxy Renew); 30 days
+  (`bc.pki.serving`).
 
 Every validity window starts 60 s in the past to forgive small clock skew, and
 all times come from the injected clock. Serials come from the injected Random,
@@ -58,6 +62,22 @@ def _check_name(what: str, value: str, pattern: re.Pattern[str]) -> None:
         raise UsageError(
             f"the {what} {value!r} is not valid: use letters, digits, '.', '_' or '-' (starting with a letter or digit)"
         )
+
+
+def _host_names(hosts: list[str]) -> list[x509.GeneralName]:
+    """SAN entries for `hosts` (IP addresses or DNS names) and the loopback names, each once."""
+    names: list[x509.GeneralName] = []
+    seen: set[str] = set()
+    for host in [*hosts, *_ALWAYS_HOSTS]:
+        host = host.strip().strip("[]")
+        if not host or host.lower() in seen:
+            continue
+        seen.add(host.lower())
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host.lower()))
+    return names
 
 
 def _public(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -> ec.EllipticCurvePublicKey:
@@ -163,20 +183,29 @@ class CertificateAuthority:
         self, hosts: list[str], key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey
     ) -> x509.Certificate:
         """A serving certificate for `hosts` (IP addresses or DNS names), plus the loopback names."""
-        names: list[x509.GeneralName] = []
-        seen: set[str] = set()
-        for host in [*hosts, *_ALWAYS_HOSTS]:
-            host = host.strip().strip("[]")
-            if not host or host.lower() in seen:
-                continue
-            seen.add(host.lower())
-            try:
-                names.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
-                names.append(x509.DNSName(host.lower()))
         cn = hosts[0].strip() if hosts and hosts[0].strip() else "localhost"
         builder = self._leaf(cn, _public(key), LEAF_LIFETIME_S, ExtendedKeyUsageOID.SERVER_AUTH)
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        builder = builder.add_extension(x509.SubjectAlternativeName(_host_names(hosts)), critical=False)
+        return builder.sign(self._key, hashes.SHA256())
+
+    def issue_gateway_cert(
+        self, csr: x509.CertificateSigningRequest, gateway_id: str, hosts: list[str], lifetime_s: float
+    ) -> x509.Certificate:
+        """A keyless gateway's serving (and api-client) certificate for the key in `csr`; only the key is used."""
+        if not csr.is_signature_valid:
+            raise Unauthenticated("the certificate request's signature does not match its key")
+        pub = csr.public_key()
+        if not isinstance(pub, ec.EllipticCurvePublicKey) or not keys.is_p256(pub):
+            raise Unauthenticated("the certificate request's key is not an ECDSA P-256 key")
+        _check_name("gateway id", gateway_id, _NODE_ID)
+        builder = self._leaf(
+            f"gateway:{gateway_id}",
+            pub,
+            lifetime_s,
+            ExtendedKeyUsageOID.SERVER_AUTH,
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+        )
+        builder = builder.add_extension(x509.SubjectAlternativeName(_host_names(hosts)), critical=False)
         return builder.sign(self._key, hashes.SHA256())
 
     def issue_node_cert(
@@ -223,7 +252,7 @@ class CertificateAuthority:
         return builder.sign(self._key, hashes.SHA256())
 
     def _leaf(
-        self, cn: str, pub: ec.EllipticCurvePublicKey, lifetime_s: float, eku: x509.ObjectIdentifier
+        self, cn: str, pub: ec.EllipticCurvePublicKey, lifetime_s: float, *eku: x509.ObjectIdentifier
     ) -> x509.CertificateBuilder:
         now = self._clock.now()
         not_after = min(now + lifetime_s, self._cert.not_valid_after_utc.timestamp())
@@ -250,7 +279,7 @@ class CertificateAuthority:
                 ),
                 critical=True,
             )
-            .add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(list(eku)), critical=False)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(pub), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_public_key()), critical=False)
         )

@@ -26,7 +26,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bc.errors import Unauthenticated, UsageError
 
-PeerKind = Literal["node", "operator", "join"]
+PeerKind = Literal["node", "operator", "join", "gateway"]
 
 # Operator and approver names: lowercase ASCII only, so that no two names that look alike
 # (`paul` and `p\u0430ul`, `Bob` and `bob`) can be two identities.
@@ -71,6 +71,8 @@ def peer_identity(cert: x509.Certificate, ca_cert: x509.Certificate, *, now: flo
     serial, not_after = format(cert.serial_number, "x"), cert.not_valid_after_utc.timestamp()
     if cn.startswith("operator:") and len(cn) > len("operator:"):
         return PeerIdentity("operator", cn.removeprefix("operator:"), serial, not_after)
+    if cn.startswith("gateway:") and len(cn) > len("gateway:"):  # a keyless gateway's own certificate
+        return PeerIdentity("gateway", cn.removeprefix("gateway:"), serial, not_after)
     if cn.startswith("node:") and len(cn) > len("node:"):
         node_id = cn.removeprefix("node:")
         if f"urn:bc:node:{node_id}" not in uris:
@@ -80,7 +82,7 @@ def peer_identity(cert: x509.Certificate, ca_cert: x509.Certificate, *, now: flo
         if len(roles) > 1 or len(idgens) != 1:
             raise Unauthenticated(f"the node certificate for {node_id!r} has no single role and identity generation")
         return PeerIdentity("node", node_id, serial, not_after, roles[0] if roles else "", idgens[0])
-    raise Unauthenticated(f"the client certificate names neither a node nor an operator (CN {cn!r})")
+    raise Unauthenticated(f"the client certificate names neither a node, an operator nor a gateway (CN {cn!r})")
 
 
 def join_leaf_identity(

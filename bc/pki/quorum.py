@@ -181,6 +181,20 @@ def change_message(change_id: str, from_digest: bytes, to_digest: bytes, request
     return f"bc.v1/quorum-change\n{change_id}\n{from_digest.hex()}\n{to_digest.hex()}\n{requested_by}".encode()
 
 
+def root_change_message(from_digest: bytes, to_digest: bytes) -> bytes:
+    """What the command-signing root signs for a quorum change (`QuorumChange.root_signature`): the step from
+    one settings digest to the next. Each digest carries the version, so the signature is never good twice."""
+    return f"bc.v1/quorum-change-root\n{from_digest.hex()}\n{to_digest.hex()}".encode()
+
+
+def root_signed(change: common_pb2.QuorumChange, root_public_keys: list[bytes]) -> bool:
+    """Whether one of these roots (raw Ed25519 public keys) signed this change's step itself."""
+    if not change.root_signature:
+        return False
+    msg = root_change_message(change.from_digest, settings_digest(change.settings))
+    return any(verify(k, msg, change.root_signature) for k in root_public_keys)
+
+
 def change_rejection_message(change_id: str, to_digest: bytes, reason: str) -> bytes:
     return f"bc.v1/quorum-change-rejection\n{change_id}\n{to_digest.hex()}\n{reason}".encode()
 

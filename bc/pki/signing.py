@@ -16,8 +16,9 @@ never be replayed as another:
 verifier can cache the chain check per worker and a reader can tell which key
 signed a stored row.
 
-Rotation (`bc pki rotate`) issues a new worker key under the same root; the
-caller re-signs the stored current specs and pending commands so no signature
+Rotation (`bc pki rotate`) issues a new worker key under the same root (or,
+with the root kept in a file, installs one the operator's CLI issued with it:
+`check_issued_worker`); the caller re-signs the stored current specs and pending commands so no signature
 outlives its key.
 
 Keys (and the root's name suffix) come from the injected `Secrets`, serials
@@ -176,6 +177,13 @@ class SigningKeys:
     def root_pem(self) -> bytes:
         return self.root.public_bytes(serialization.Encoding.PEM)
 
+    @property
+    def root_public_raw(self) -> bytes:
+        """The root's raw Ed25519 public key (what checks its signature of a quorum change's step)."""
+        pub = self.root.public_key()
+        assert isinstance(pub, ed25519.Ed25519PublicKey)
+        return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
     @staticmethod
     def exists(pki_dir: Path) -> bool:
         return (pki_dir / SIGNING_DIR / ROOT_CERT).is_file()
@@ -213,17 +221,53 @@ class SigningKeys:
         """A new worker key under the same root; the old one signs nothing from now on."""
         if not (self.dir / ROOT_KEY).is_file():
             raise UsageError(
-                f"the command-signing root key is not on this host ({self.dir / ROOT_KEY}); rotate the worker key"
-                " where the root key is kept and install worker.key and worker.crt here"
+                f"the command-signing root key is not on this host ({self.dir / ROOT_KEY}):"
+                " pass --root-key FILE (the exported root key) to bc pki rotate"
             )
         root_key = _load_ed25519_key(self.dir / ROOT_KEY)
         self.worker = WorkerSigner(*issue_worker(root_key, self.root, clock, rng, secrets))
         self._save_worker()
         return self.worker
 
+    def install_worker(self, key_pem: bytes, cert_pem: bytes, now: float) -> WorkerSigner:
+        """A worker key issued elsewhere under this root (`bc pki rotate --root-key`: the operator's machine
+        holds the root); checked before anything is written, so a refusal changes nothing."""
+        w = check_issued_worker(self.root, key_pem, cert_pem, now)
+        self.worker = w
+        self._save_worker()
+        return w
+
     def _save_worker(self) -> None:
         keys.write_file_atomic(self.dir / WORKER_KEY, _ed25519_private_pem(self.worker.key), mode=0o600)
         keys.write_file_atomic(self.dir / WORKER_CERT, self.worker.cert.public_bytes(serialization.Encoding.PEM))
+
+
+def check_issued_worker(root: x509.Certificate, key_pem: bytes, cert_pem: bytes, now: float) -> WorkerSigner:
+    """The worker key and certificate sent for installation, if they are a worker of `root` valid at `now`;
+    else a UsageError in one sentence."""
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise UsageError("the new worker key does not parse as a PEM private key; nothing changed") from None
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise UsageError("the new worker key is not an Ed25519 key; nothing changed")
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        raise UsageError("the new worker certificate does not parse; nothing changed") from None
+    if cert.public_key() != key.public_key():
+        raise UsageError("the new worker certificate is not for the key sent with it; nothing changed")
+    if not _issued_by(cert, root):
+        raise UsageError(
+            "the new worker certificate was not issued by this install's command-signing root"
+            f" ({key_id_of(root)[:19]}…): the root key file is another install's; nothing changed"
+        )
+    cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not _is_worker(cert) or not cn or not str(cn[0].value).startswith("bc-worker:"):
+        raise UsageError("the new certificate is not a worker certificate; nothing changed")
+    if not cert.not_valid_before_utc.timestamp() <= now < cert.not_valid_after_utc.timestamp() - WORKER_ROTATE_BEFORE_S:
+        raise UsageError("the new worker certificate is not valid now or expires within 30 days; nothing changed")
+    return WorkerSigner(key, cert)
 
 
 @dataclass(frozen=True)

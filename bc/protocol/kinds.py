@@ -70,6 +70,7 @@ KINDS: dict[str, Kind] = {
         _k("driver.invoke", "provision", "node,site,ramdisk", "destructive"),
         _k("logs.collect", "bulk", "node,site,ramdisk", "retry-safe", timeout_min=15),
         _k("instance.snapshot", "bulk", "node"),
+        _k("daemon.upgrade", "control", "node,site", "self-terminating", timeout_min=15),
     )
 }
 

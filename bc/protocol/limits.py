@@ -22,6 +22,8 @@ max_event_bytes     65,536     one node event                                the
                                                                              instead; the gateway acks a bigger
                                                                              one as refused
 max_batch_nodes     10,000     the nodes of one destructive batch            Admin CreateBatch: exit 2
+max_enqueue_cmds    10,000     the commands of one EnqueueCommands call      Admin EnqueueCommands: exit 2,
+                                                                             nothing stored
 max_frame_bytes     4,128,768  any one frame written on a session            Hello carries unacked results up to
                                                                              it; event batches are split to it
 grpc_message_bytes  4,194,304  gRPC's receive and send limit on every        max_frame_bytes + 64 KiB headroom,
@@ -37,7 +39,12 @@ What the table implies (checked by `tests/unit/test_limits.py`):
 * a maximal spec or command, in its envelope, fits a gateway frame;
 * the Admin replies that carry the largest single things (GetSpec of a maximal
   spec, a command with a maximal result, a batch of `max_batch_nodes` leaves)
-  fit under `grpc_message_bytes`.
+  fit under `grpc_message_bytes`;
+* an `EnqueueCommands` reply of `max_enqueue_cmds` new commands fits a
+  frame for node ids up to their 128 characters and operator names up to
+  32 (longer keys or names: the call is refused whole before it commits,
+  `bc.control.commands.check_reply_size`); a request must itself fit
+  `grpc_message_bytes`, which the client checks before sending.
 
 Refusals are `UsageError`s (exit 2) naming the limit: "the host section is
 3,145,728 bytes; the limit is 262,144 bytes (max_section_bytes)".
@@ -72,6 +79,7 @@ class Limits:
     max_spec_bytes: int = 1 * MIB
     max_event_bytes: int = 64 * KIB
     max_batch_nodes: int = 10_000
+    max_enqueue_cmds: int = 10_000
     max_frame_bytes: int = 4 * MIB - FRAME_HEADROOM_BYTES
 
     @property

@@ -11,7 +11,8 @@ whole, with one sentence naming the field, when:
 * a name is not a name: host unit names, instance ids, principals and
   formats are short ASCII tokens (`re.fullmatch`, so no trailing newline), never
   paths;
-* `settings_json` is not a JSON object (or nests deeper than `MAX_JSON_DEPTH`);
+* `settings_json` is not a JSON object (or nests deeper than `MAX_JSON_DEPTH`),
+  or a known unit's settings are bad on any host (`bc.protocol.host_units`);
 * URLs are not http(s) URLs with a host; digests are not `sha256` hex;
   numbers are out of their range.
 
@@ -31,7 +32,10 @@ from urllib.parse import urlsplit
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from bc.otel import config as otlp_config
+from bc.protocol import ssh_lines
 from bc.protocol.canonical import SpecError
+from bc.protocol.host_units import UnitInvalid, check_settings
 from bc.protocol.pb import spec_pb2
 from bc.protocol.text_safety import unsafe_char
 
@@ -135,9 +139,13 @@ def _check_host(s: spec_pb2.HostSection) -> None:
             raise _refuse("host", f"{field}.name", f"{unit.name!r} appears twice")
         seen.add(unit.name)
         try:
-            parse_settings(unit.settings_json)
+            settings = parse_settings(unit.settings_json)
         except ValueError as e:
             raise _refuse("host", f"{field}.settings_json", str(e)) from None
+        try:
+            check_settings(unit.name, settings)  # what a known unit's settings may say (bc.protocol.host_units)
+        except UnitInvalid as e:
+            raise _refuse("host", f"{field}.settings_json", f"is refused ({e})") from None
 
 
 def _check_instances(s: spec_pb2.InstancesSection) -> None:
@@ -152,18 +160,29 @@ def _check_instances(s: spec_pb2.InstancesSection) -> None:
 
 def _check_access(s: spec_pb2.AccessSection) -> None:
     for i, p in enumerate(s.principals):
-        _check_name("access", f"principals[{i}]", p, PRINCIPAL, "a principal (1-64 of A-Z a-z 0-9 . _ @ -)")
+        why = ssh_lines.section_principal_problem(p)
+        if why is not None:
+            raise _refuse("access", f"principals[{i}]", f"{p!r} {why}")
     for i, serial in enumerate(s.revoked_serials):
-        _check_name("access", f"revoked_serials[{i}]", serial, SERIAL, "a certificate serial (decimal or hex)")
+        if ssh_lines.parse_serial(serial) is None:
+            raise _refuse("access", f"revoked_serials[{i}]", f"{serial!r} is not a certificate serial (decimal)")
     for i, key in enumerate(s.ssh_ca_keys):
-        if len(key.split()) < 2:
-            raise _refuse("access", f"ssh_ca_keys[{i}]", "is not an OpenSSH public key line (type and key)")
+        why = ssh_lines.key_line_problem(key)
+        if why is not None:
+            raise _refuse("access", f"ssh_ca_keys[{i}]", why)
 
 
 def _check_telemetry(s: spec_pb2.TelemetrySection) -> None:
     _check_url("telemetry", "otlp_endpoint", s.otlp_endpoint)
     if not 0 <= s.export_interval_s <= 86_400:
         raise _refuse("telemetry", "export_interval_s", f"must be between 0 and 86400, not {s.export_interval_s}")
+    if s.otlp_endpoint:
+        try:  # the node's own rule (bc.otel.config), so a section it would fail never leaves the control plane
+            otlp_config.parse(s.otlp_endpoint, s.protocol, s.export_interval_s)
+        except otlp_config.BadOtlpConfig as e:
+            raise SpecError(f"the telemetry section is refused: {e}") from None
+    elif s.protocol:
+        raise _refuse("telemetry", "protocol", "is set without an otlp_endpoint")
 
 
 def _check_daemon(s: spec_pb2.DaemonSection) -> None:

@@ -6,5 +6,7 @@
   functions over it; I1, I5, I7 and I8 are the capacity checkers of `bc.control.invariants`.
 * `breaks`: deliberately broken components, substituted through seams, that the checkers must catch.
 * `chaos`, `fleet`: the fault schedule and the simulation that runs it over `SessionPair`'s wiring.
+* `gateways`, `process_store`, `bus_hub`: with `--gateways N`, N gateway processes on the one store (killed,
+  stalled, the store taken out), the nodes' dial over all of them, and the wake-ups between processes.
 * `workload`, `report`: what the fleet is asked to do, and the summary an operator reads.
 """

@@ -113,6 +113,9 @@ class DelegatingJournal:
     async def is_full(self) -> bool:
         return await self.inner.is_full()
 
+    async def event_stats(self) -> tuple[int, int]:
+        return await self.inner.event_stats()
+
     async def unacked_events(self, limit: int = 500) -> list[JournalEvent]:
         return await self.inner.unacked_events(limit)
 

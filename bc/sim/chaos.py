@@ -28,8 +28,19 @@ cp-clock-skew        2 / hour               0.2               the control plane'
                                                               within ±0.9 s of the store's (the design's 1 s)
 cp-restart           once, mid-run           once (≥ 10 min)  the control plane stops, stays down `down_s`
                                                               (5-30 s), starts again
-gateway-kill/stall   only with gateways > 1 (not built: `gateways` must be 1)
+gateway-kill         2 / hour (gateways>1)  0.2               one gateway process dies (its connections reset,
+                                                              its lease left to expire) and a new process
+                                                              starts at its address after `down_s` (10-120 s)
+gateway-stall        2 / hour (gateways>1)  0.2               one gateway process freezes for `duration_s`
+                                                              (25-60 s: past its 20 s lease), then wakes
+store-outage         1 / hour (gateways>1)  0.1               every transaction of every process fails for
+                                                              `duration_s` (5-45 s)
 =================== ===================== ================= ==================================================
+
+The gateway kinds and the store outage are drawn only with `gateways` > 1, after every other draw, so a
+one-gateway run's schedule (and its digest) is what it always was. A gateway kill or stall targets
+`gw-<i>`, never one already down or frozen, and never the last one up: at least one gateway routes at
+every moment. Heavy's guarantee covers them too when there are several gateways.
 
 At 100 nodes for an hour heavy expects about 75 node faults plus the control plane's, on the order of a
 hundred (seed 1 draws 94), besides what heavy links do on their own (`bc.sim.links.LinkFaults.heavy`:
@@ -61,6 +72,9 @@ STALL = "stall"
 NODE_CLOCK_SKEW = "node-clock-skew"
 CP_CLOCK_SKEW = "cp-clock-skew"
 CP_RESTART = "cp-restart"
+GATEWAY_KILL = "gateway-kill"
+GATEWAY_STALL = "gateway-stall"
+STORE_OUTAGE = "store-outage"
 
 KINDS: tuple[str, ...] = (
     AGENT_CRASH,
@@ -74,6 +88,17 @@ KINDS: tuple[str, ...] = (
     CP_CLOCK_SKEW,
     CP_RESTART,
 )
+"""The kinds of a one-gateway run."""
+GATEWAY_KINDS: tuple[str, ...] = (GATEWAY_KILL, GATEWAY_STALL, STORE_OUTAGE)
+"""The kinds only a run with several gateways draws."""
+STORE = "store"
+"""The target of a store outage (and the subject of its event)."""
+
+
+def kinds_for(gateways: int) -> tuple[str, ...]:
+    """Every kind a run with this many gateways can draw (and heavy draws each at least once)."""
+    return KINDS + GATEWAY_KINDS if gateways > 1 else KINDS
+
 
 RESTART_S = 5.0
 """systemd's RestartSec=5: how long a crashed agent stays down."""
@@ -94,6 +119,7 @@ _HEAVY_NODE_RATES: Mapping[str, float] = {
     NODE_CLOCK_SKEW: 0.05,
 }
 _HEAVY_CP_RATES: Mapping[str, float] = {CP_CLOCK_SKEW: 2.0}
+_HEAVY_GATEWAY_RATES: Mapping[str, float] = {GATEWAY_KILL: 2.0, GATEWAY_STALL: 2.0, STORE_OUTAGE: 1.0}
 _SCALE: Mapping[Level, float] = {"none": 0.0, "light": 0.1, "heavy": 1.0}
 
 
@@ -118,8 +144,8 @@ def schedule(
     """Every fault of a run, sorted by time (then kind, then targets); see the module docstring."""
     if level not in _SCALE:
         raise ValueError(f"chaos level {level!r}: one of {', '.join(LEVELS)}")
-    if gateways != 1:
-        raise ValueError("only one gateway is built yet: gateway kills and stalls need --gateways > 1")
+    if gateways < 1:
+        raise ValueError(f"a run needs at least one gateway, not {gateways}")
     scale = _SCALE[level]
     span = duration_s - WARMUP_S
     if scale == 0 or span <= 0 or not node_ids:
@@ -142,7 +168,41 @@ def schedule(
                 t = rng.uniform(0, span * 0.8)
                 missing = _cp_fault(kind, t, rng) if kind in _HEAVY_CP_RATES else None
                 out.append(missing or _node_fault(kind, t, rng, nodes, duration_s))
+    if gateways > 1:
+        out += _gateway_faults(level, rng, gateways, duration_s)
     return sorted(out, key=lambda f: (f.t_s, f.kind, f.targets))
+
+
+def _gateway_faults(level: Level, rng: random.Random, gateways: int, duration_s: float) -> list[Fault]:
+    """The gateway kills and stalls and the store outages (drawn after everything else; see the docstring)."""
+    span = duration_s - WARMUP_S
+    hours = span / 3600
+    drawn: list[tuple[float, str]] = []
+    for kind, rate in _HEAVY_GATEWAY_RATES.items():
+        drawn += [(t, kind) for t in _arrivals(rng, rate * _SCALE[level] * hours, span)]
+    if level == "heavy":
+        for kind in GATEWAY_KINDS:
+            if kind not in {k for _, k in drawn}:
+                drawn.append((rng.uniform(0, span * 0.8), kind))
+    out: list[Fault] = []
+    busy: list[tuple[float, float, int]] = []  # (from, to, gateway) of the kills and stalls placed
+    for offset, kind in sorted(drawn):
+        t = round(WARMUP_S + offset, 3)
+        left = max(1.0, duration_s - t)  # a fault with a duration ends by the end of the run
+        lo, hi = (5.0, 45.0) if kind == STORE_OUTAGE else (10.0, 120.0) if kind == GATEWAY_KILL else (25.0, 60.0)
+        length = math.floor(min(rng.uniform(lo, hi), left) * 1000) / 1000
+        if kind == STORE_OUTAGE:
+            out.append(Fault(t, kind, (STORE,), {"duration_s": length}))
+            continue
+        down = {g for a, b, g in busy if a <= t + length and b >= t}
+        free = [g for g in range(gateways) if g not in down]
+        target = rng.choice(free) if free else 0  # drawn even when unused: the draws stay in step
+        if len(free) < 2:
+            continue  # it would take the last gateway up down: skipped
+        busy.append((t, t + length, target))
+        param = "down_s" if kind == GATEWAY_KILL else "duration_s"
+        out.append(Fault(t, kind, (f"gw-{target}",), {param: length}))
+    return out
 
 
 def _arrivals(rng: random.Random, expected: float, span: float) -> list[float]:

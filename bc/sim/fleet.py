@@ -26,7 +26,13 @@ SQLite journal runs inline on the loop, `bc.sim.file_journal`), so the digest is
 agents open their journals, the Liveness factory and the gateway and placement classes where the
 control plane is built; nothing in production code reads the rule.
 
-Only one gateway is built: `gateways` must be 1 (gateway kills and stalls wait for several).
+**Several gateways** (`gateways` > 1, up to `MAX_GATEWAYS`): the control plane runs its worker roles only
+and `bc.sim.gateways.GatewayFleet` runs N gateway processes on the same store (an `OutageStore`, opened
+once: a control-plane restart is then a worker process restarting, and the store stays up as PostgreSQL
+would), each node dialing all N with the production agent's rotation. The chaos then also kills and
+stalls gateways and takes the store out (`bc.sim.chaos`); the nodes a gateway held, and every node during
+a store outage, are away until their next Hello (I3 asks nothing of them meanwhile). With one gateway
+the fleet is built exactly as before, so existing seeds keep their digests.
 """
 
 from __future__ import annotations
@@ -45,24 +51,30 @@ from typing import Any, Literal
 
 from agent.app import Agent
 from agent.journal_api import AgentJournal
-from bc.clock import LoopClock, ms
+from bc.clock import Clock, LoopClock, ms
+from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.intent import Intent
 from bc.control.signer import Signer
 from bc.errors import UsageError
+from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.session_pair import ControlPlane, ControlSeams, PairConfig, PairNode, SessionPair, _scratch_dir, events_digest
 from bc.sim import chaos
 from bc.sim.breaks import SimSeams, seams_for
+from bc.sim.bus_hub import BusHub
 from bc.sim.chaos import Fault, Level
 from bc.sim.checkers import InvariantResult, check_all
 from bc.sim.facts import FactLog
+from bc.sim.gateways import GatewayEvent, GatewayFleet
 from bc.sim.links import LinkFaults, SimNetwork
+from bc.sim.process_store import OutageStore
 from bc.sim.record import LinkWatch, Recorder, from_store, quiet_snapshot, watch_links
 from bc.sim.workload import Workload, make_workload
 from bc.store import Store, StoreError
 from bc.store import events as events_sql
 from bc.virtual_time import run as run_virtual
 
+MAX_GATEWAYS = 8
 REBOOT_S = 45.0
 """How long a `node.reboot` command keeps the machine down before its agent starts on the new boot id."""
 PROGRESS_EVERY_S = 60.0
@@ -116,6 +128,9 @@ class SimResult:
     link_faults: Counter[str] = field(default_factory=Counter)
     """What the links did on their own (`SimNetwork.stats`: drops, resets, duplicates, ...)."""
     facts: FactLog | None = None
+    gateways: int = 1
+    gateway_fences: int = 0
+    """How many times a gateway process fenced itself (counted with several gateways only)."""
 
     @property
     def ok(self) -> bool:
@@ -137,20 +152,83 @@ class SimPair(SessionPair):
     components, the agent restarts and outages written down as they happen."""
 
     def __init__(self, root: Path, cfg: SimConfig, network: SimNetwork, recorder: Recorder, seams: SimSeams) -> None:
+        several = cfg.gateways > 1
         pair_cfg = PairConfig(
-            jobs=True, placement=True, reboot_s=REBOOT_S, reboot_restarts=True, journal_files=cfg.journal_files
+            jobs=True,
+            placement=True,
+            reboot_s=REBOOT_S,
+            reboot_restarts=True,
+            journal_files=cfg.journal_files,
+            gateway=not several,
         )
         super().__init__(root, seed=cfg.seed, agents=cfg.nodes, cfg=pair_cfg, network=network)
-        self.recorder, self.seams = recorder, seams
+        self.recorder, self.seams, self.sim_network = recorder, seams, network
         self.boots: dict[str, str] = {}
+        self.gateway_count = cfg.gateways
+        self.node_index = {n: i for i, n in enumerate(self.node_ids())}
+        self.hub = BusHub()
+        self.shared_store: OutageStore | None = None
+        """With several gateways: the one store every process uses, open from the start to the end."""
+        self.gateways: GatewayFleet | None = None
+        self.on_gateway: GatewayEvent | None = None
+        self._cp_bus: Bus | None = None
+
+    @property
+    def several(self) -> bool:
+        return self.gateway_count > 1
+
+    async def _open_store(self) -> Store:
+        if not self.several:
+            return await super()._open_store()
+        if self.shared_store is None:
+            self.shared_store = OutageStore(self.root / "bc.db", self.clock)
+            await self.shared_store.open()
+        return self.shared_store
+
+    async def _close_store(self, store: Store) -> None:
+        if not self.several:
+            await super()._close_store(store)
+        # else: the store outlives the control plane's processes; `stop` closes it
 
     def _make_control_plane(self, store: Store, signer: Signer, intent: Intent, rng: random.Random) -> ControlPlane:
         s = self.seams
         control = ControlSeams(gateway_cls=s.gateway_cls, liveness=s.liveness, placement_cls=s.placement_cls)
-        return ControlPlane(store, signer, intent, self.cp_clock, rng, self.cfg, control)
+        cp = ControlPlane(store, signer, intent, self.cp_clock, rng, self.cfg, control)
+        if self.several:  # the worker process's wake-ups reach the gateway processes, and theirs it
+            if self._cp_bus is not None:
+                self.hub.leave(self._cp_bus)
+            self._cp_bus = cp.bus
+            self.hub.join(cp.bus)
+        return cp
+
+    async def _open_control_plane(self) -> ControlPlane:
+        cp = await super()._open_control_plane()
+        if self.several and self.gateways is None:
+            assert self.shared_store is not None
+            self.gateways = GatewayFleet(
+                self.gateway_count,
+                self.shared_store,
+                self.cp_clock,
+                self.sim_network,
+                self.hub,
+                self._new_gateway,
+                self.seed,
+                on_event=self.on_gateway,
+            )
+            await self.gateways.start_all()
+        return cp
+
+    async def _new_gateway(self, gateway_id: str, store: Store, bus: Bus, clock: Clock) -> Gateway:
+        """A gateway process's Gateway, as the control plane builds its own (the break's class included)."""
+        signer = self.process_signer()
+        intent = await self.process_intent(store, signer)
+        cfg = GatewayConfig(heartbeat_interval_s=self.cfg.heartbeat_interval_s)
+        return self.seams.gateway_cls(store, bus, clock, gateway_id, signer, intent, cfg)
 
     def _build_agent(self, node: PairNode) -> Agent:
         agent = super()._build_agent(node)
+        if self.gateways is not None:  # every gateway's address, node i first on gateway i mod N
+            agent.parts.dial = self.gateways.dialer(node.node_id, self.node_index[node.node_id])
         outbox = self.recorder.outbox(node.node_id)
         agent.outbox = outbox
         # The recording journal is outermost: it counts the acceptances the dispatcher sees made.
@@ -172,6 +250,13 @@ class SimPair(SessionPair):
         self.recorder.back(node_id, "agent-down")
         return super().start_agent(node_id)
 
+    async def stop(self) -> None:
+        await super().stop()
+        if self.gateways is not None:
+            await self.gateways.stop()
+        if self.shared_store is not None:
+            await self.shared_store.close()
+
     async def open_journal_id(self, node_id: str, within_s: float = 60.0) -> str:
         """The journal id of the node's running agent, once it has opened it."""
         for _ in range(int(within_s * 10)):
@@ -186,8 +271,8 @@ class Fleet:
     """The running simulation: what the workload and the chaos act on, and what the checkers read."""
 
     def __init__(self, cfg: SimConfig, root: Path) -> None:
-        if cfg.gateways != 1:
-            raise UsageError("only one gateway is built yet: run with --gateways 1")
+        if not 1 <= cfg.gateways <= MAX_GATEWAYS:
+            raise UsageError(f"--gateways must be between 1 and {MAX_GATEWAYS}, not {cfg.gateways}")
         if cfg.nodes < 1:
             raise UsageError("a fleet needs at least one node (--nodes)")
         self.cfg = cfg
@@ -206,9 +291,13 @@ class Fleet:
         self.schedule: list[Fault] = chaos.schedule(
             cfg.chaos, random.Random(seeds.getrandbits(64)), self.pair.node_ids(), cfg.duration_s, cfg.gateways
         )
-        self._unpublished: list[tuple[Fault, float]] = []
+        self._unpublished: list[tuple[str, str, dict[str, object]]] = []
+        """Events for the log (type, subject, data) not written yet: the store was out or the control plane down."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._errors: list[BaseException] = []
+        self.t0 = 0.0
+        """The loop time the run's chaos and workload started at (`t_s` of the run's own events counts from it)."""
+        self.pair.on_gateway = self._gateway_event
 
     # -- what the workload uses ------------------------------------------------------------
 
@@ -235,6 +324,7 @@ class Fleet:
     async def run_chaos(self, t0: float) -> None:
         """Each fault of the schedule at its time (`t0` + `t_s` on the loop), as its own task."""
         loop = asyncio.get_running_loop()
+        self.t0 = t0
         for f in self.schedule:
             await asyncio.sleep(max(0.0, t0 + f.t_s - loop.time()))
             self.faults[f.kind] += 1
@@ -252,34 +342,38 @@ class Fleet:
         if error is not None:
             self._errors.append(error)
 
-    async def _publish_fault(self, f: Fault, at_s: float) -> None:
-        self._unpublished.append((f, at_s))
-        await self._publish_pending()
+    async def _publish_fault(self, fault: Fault, at_s: float) -> None:
+        data: dict[str, object] = {"kind": fault.kind, "t_s": round(at_s, 3), **fault.params}
+        if len(fault.targets) == 1:
+            subject = fault.targets[0]
+        elif fault.targets:
+            subject, data["targets"] = "fleet", list(fault.targets)
+        else:
+            subject = "control-plane"
+        self._unpublished.append(("sim.fault", subject, data))
+        await self.publish_pending()
 
-    async def _publish_pending(self) -> None:
-        """Every fault not yet in the events log, if the control plane is up (else when it is back)."""
+    def _gateway_event(self, addr: str, state: str, data: dict[str, object]) -> None:
+        """A gateway process started or fenced itself: a `sim.gateway` event (subject its address), written
+        as soon as the store takes it, with its own simulated second."""
+        t_s = round(asyncio.get_running_loop().time() - self.t0, 3) if self.t0 else 0.0
+        self._unpublished.append(("sim.gateway", addr, {"state": state, "t_s": t_s, **data}))
+        if self.t0:  # at the start, the first fault's write takes them along
+            self._spawn(self.publish_pending(), "sim.gateway")
+
+    async def publish_pending(self) -> None:
+        """Every event not yet in the events log, if the control plane is up (else when it is back)."""
         cp = self.pair.cp
         if cp is None or not self.pair.cp_up.is_set() or not self._unpublished:
             return  # down or going down: when it is back
         pending, self._unpublished = self._unpublished, []
         try:
-            await self._write_faults(cp, pending)
+            now_ms = await cp.store.now_ms()
+            async with cp.store.transaction() as tx:
+                for type_, subject, data in pending:
+                    await publish(tx, cp.bus, type_, subject, data, now_ms)
         except StoreError:  # the store went away under the write: they go in once it is back
             self._unpublished = pending + self._unpublished
-
-    @staticmethod
-    async def _write_faults(cp: ControlPlane, pending: list[tuple[Fault, float]]) -> None:
-        now_ms = await cp.store.now_ms()
-        async with cp.store.transaction() as tx:
-            for fault, t in pending:
-                data: dict[str, object] = {"kind": fault.kind, "t_s": round(t, 3), **fault.params}
-                if len(fault.targets) == 1:
-                    subject = fault.targets[0]
-                elif fault.targets:
-                    subject, data["targets"] = "fleet", list(fault.targets)
-                else:
-                    subject = "control-plane"
-                await publish(tx, cp.bus, "sim.fault", subject, data, now_ms)
 
     async def _inject(self, f: Fault) -> None:
         pair, net, rec = self.pair, self.network, self.recorder
@@ -320,6 +414,12 @@ class Fleet:
             self._skew_control_plane(float(p["offset_s"]))
         elif f.kind == chaos.CP_RESTART:
             await self._restart_control_plane(float(p["down_s"]))
+        elif f.kind == chaos.GATEWAY_KILL:
+            await self._kill_gateway(self._gateway_index(f.targets[0]), float(p["down_s"]))
+        elif f.kind == chaos.GATEWAY_STALL:
+            await self._stall_gateway(self._gateway_index(f.targets[0]), float(p["duration_s"]))
+        elif f.kind == chaos.STORE_OUTAGE:
+            await self._store_outage(float(p["duration_s"]))
         else:
             raise ValueError(f"no injector for fault kind {f.kind!r}")
 
@@ -341,6 +441,50 @@ class Fleet:
         new_id = await pair.open_journal_id(node_id)
         self.facts.journal_loss(t, node_id, old_id, new_id, in_flight)
 
+    def _gateway_index(self, addr: str) -> int:
+        gws = self.pair.gateways
+        assert gws is not None, "a gateway fault in a one-gateway run"
+        return next(p.index for p in gws.procs if p.addr == addr)
+
+    async def _kill_gateway(self, index: int, down_s: float) -> None:
+        """The gateway process dies; its nodes are away until their next Hello; a new one starts after `down_s`."""
+        gws = self.pair.gateways
+        assert gws is not None
+        for n in gws.nodes_on(index):
+            self.recorder.away(n, "gateway")
+        for n in await gws.kill(index):
+            self.recorder.back(n, "gateway")
+        await asyncio.sleep(down_s)
+        await gws.start(index)
+
+    async def _stall_gateway(self, index: int, seconds: float) -> None:
+        """The gateway process freezes for `seconds`; the nodes it held are away until their next Hello."""
+        gws = self.pair.gateways
+        assert gws is not None
+        held = gws.nodes_on(index)
+        for n in held:
+            self.recorder.away(n, "gateway-stall")
+        await gws.stall(index, seconds)
+        for n in held:
+            self.recorder.back(n, "gateway-stall")
+
+    async def _store_outage(self, seconds: float) -> None:
+        """Every transaction of every process fails for `seconds`; every node is away until its next Hello."""
+        store = self.pair.shared_store
+        assert store is not None, "a store outage in a one-gateway run"
+        self.facts.outage_began(self._now_ms(), None, "store")
+        for n in self.node_ids:
+            self.recorder.away(n, "store")
+        store.out = True
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            store.out = False
+        self.facts.outage_ended(self._now_ms(), None, "store")
+        for n in self.node_ids:
+            self.recorder.back(n, "store")
+        await self.publish_pending()
+
     async def _restart_control_plane(self, down_s: float) -> None:
         t = self._now_ms()
         self.facts.outage_began(t, None, "control-plane")
@@ -350,7 +494,7 @@ class Fleet:
         self.facts.outage_ended(self._now_ms(), None, "control-plane")
         for n in self.node_ids:
             self.recorder.back(n, "control-plane")
-        await self._publish_pending()
+        await self.publish_pending()
 
     # -- the end ------------------------------------------------------------------------------
 
@@ -370,7 +514,7 @@ class Fleet:
             task = self.pair.tasks.get(n)
             if task is None or task.done():
                 self.pair.start_agent(n)
-        await self._publish_pending()
+        await self.publish_pending()
 
     async def stop(self) -> None:
         for t in list(self._tasks):
@@ -387,10 +531,16 @@ async def run(cfg: SimConfig, *, workload: Workload | None = None, progress: Pro
 
 
 async def _run_in(cfg: SimConfig, root: Path, workload: Workload | None, progress: Progress | None) -> SimResult:
-    fleet = Fleet(cfg, root)
+    return await run_fleet(Fleet(cfg, root), workload=workload, progress=progress)
+
+
+async def run_fleet(fleet: Fleet, *, workload: Workload | None = None, progress: Progress | None = None) -> SimResult:
+    """`run` of a fleet already built (a test may set its `schedule` first)."""
+    cfg = fleet.cfg
     loop = asyncio.get_running_loop()
     await fleet.pair.start()
-    t0 = loop.time()
+    t0 = fleet.t0 = loop.time()
+    await fleet.publish_pending()  # the gateway processes' starts (with one gateway, nothing)
     tasks = [asyncio.create_task(fleet.run_chaos(t0), name="chaos")]
     if workload is not None:
         tasks.append(asyncio.create_task(_drive(workload, fleet), name="workload"))
@@ -422,6 +572,8 @@ async def _run_in(cfg: SimConfig, root: Path, workload: Workload | None, progres
         repro=cfg.repro(),
         link_faults=Counter(fleet.network.stats),
         facts=fleet.facts,
+        gateways=cfg.gateways,
+        gateway_fences=len(fleet.pair.gateways.fences) if fleet.pair.gateways is not None else 0,
     )
 
 
@@ -436,8 +588,9 @@ async def _report(fleet: Fleet, t0: float, progress: Progress) -> None:
         await asyncio.sleep(PROGRESS_EVERY_S)
         cp = fleet.pair.cp
         if cp is not None and fleet.pair.cp_up.is_set():  # while it is down, the count it last had
-            async with cp.store.transaction(write=False) as tx:
-                events = await events_sql.last_seq(tx)
+            with contextlib.suppress(StoreError):  # and while the store is out
+                async with cp.store.transaction(write=False) as tx:
+                    events = await events_sql.last_seq(tx)
         progress(loop.time() - t0, events, sum(fleet.faults.values()))
 
 
@@ -464,6 +617,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--chaos", choices=chaos.LEVELS, default="heavy")
     p.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
+    p.add_argument("--gateways", type=int, default=1)
     p.add_argument("--journal-files", action="store_true")
     p.add_argument("--break", dest="break_rule")
     p.add_argument("--no-workload", action="store_true")
@@ -475,6 +629,7 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         chaos=args.chaos,
         duration_s=args.duration,
+        gateways=args.gateways,
         journal_files=args.journal_files,
         break_rule=args.break_rule,
         trace=args.trace,
@@ -486,6 +641,7 @@ def main(argv: list[str] | None = None) -> None:
         "faults": dict(sorted(result.faults.items())),
         "work": dict(sorted(result.work.items())),
         "invariants": [{"id": r.id, "ok": r.ok, "counterexample": r.counterexample} for r in result.invariants],
+        "gateway_fences": result.gateway_fences,
         "sim_seconds": result.sim_seconds,
         "wall_seconds": round(result.wall_seconds, 1),
         "repro": result.repro,

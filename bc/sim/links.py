@@ -377,10 +377,11 @@ class _Pipe:
 
 
 class _Wire:
-    """One connection (one dial) of one node: two pipes and what the network says about them."""
+    """One connection (one dial) of one node: two pipes and what the network says about them. `gateway`: the
+    address of the gateway process it reaches ("" with one gateway), whose own stall holds it too."""
 
-    def __init__(self, net: SimNetwork, node_id: str) -> None:
-        self.net, self.node_id = net, node_id
+    def __init__(self, net: SimNetwork, node_id: str, gateway: str = "") -> None:
+        self.net, self.node_id, self.gateway = net, node_id, gateway
         self.loop = asyncio.get_running_loop()
         self.to_node = _Pipe(self, TO_NODE)
         self.from_node = _Pipe(self, FROM_NODE)
@@ -410,6 +411,12 @@ class _Wire:
         if until and until <= now:
             del stalled[self.node_id]
             until = 0.0
+        if self.gateway:  # a paused gateway process reads and writes nothing: its connections hold too
+            held = stalled.get(self.gateway, 0.0)
+            if held and held <= now:
+                del stalled[self.gateway]
+                held = 0.0
+            until = max(until, held)
         return max(pipe.stall_until, until)
 
     def break_stream(self, details: str) -> None:
@@ -507,10 +514,11 @@ class SimNetwork:
 
     # -- connections ---------------------------------------------------------------------
     def connect(
-        self, node_id: str
+        self, node_id: str, gateway: str = ""
     ) -> tuple[SimLink[GatewayMessage, NodeMessage], SimLink[NodeMessage, GatewayMessage]]:
-        """A new connection for `node_id`, dial rules aside: (the node's end, the gateway's end)."""
-        wire = _Wire(self, node_id)
+        """A new connection for `node_id` (to the gateway process at `gateway`, when there are several), dial
+        rules aside: (the node's end, the gateway's end)."""
+        wire = _Wire(self, node_id, gateway)
         live = [w for w in self._wires.get(node_id, ()) if w.live]
         live.append(wire)
         self._wires[node_id] = live
@@ -520,12 +528,11 @@ class SimNetwork:
 
     def refuses(self, node_id: str) -> bool:
         """No route: the gateway is down, or the node is cut off either way (a handshake needs both)."""
-        return (
-            self.gateway is None
-            or node_id in self.partitioned
-            or node_id in self.cut_to_node
-            or node_id in self.cut_from_node
-        )
+        return self.gateway is None or self.cut_off(node_id)
+
+    def cut_off(self, node_id: str) -> bool:
+        """The node is partitioned either way: no handshake gets through."""
+        return node_id in self.partitioned or node_id in self.cut_to_node or node_id in self.cut_from_node
 
     def dialer(self, node_id: str) -> Dial:
         async def dial() -> Link[GatewayMessage, NodeMessage]:
@@ -590,8 +597,24 @@ class SimNetwork:
         for w in self._live(node_id):
             w.break_stream("the stream was reset")
 
+    def break_gateway(self, gateway: str) -> list[str]:
+        """The gateway process at `gateway` died: every live connection to it breaks (the kernel resets its
+        sockets). Returns the nodes whose connections broke, sorted."""
+        struck: set[str] = set()
+        for node_id, wires in self._wires.items():
+            for w in wires:
+                if w.gateway == gateway and w.live:
+                    w.break_stream("the gateway's connection was reset")
+                    struck.add(node_id)
+        return sorted(struck)
+
+    def nodes_on(self, gateway: str) -> list[str]:
+        """The nodes with a live connection to the gateway process at `gateway`, sorted."""
+        return sorted(n for n, wires in self._wires.items() if any(w.gateway == gateway and w.live for w in wires))
+
     def stall(self, node_id: str, seconds: float) -> None:
-        """Hold the node's frames both ways for `seconds` from now (in flight and new), then deliver them in order."""
+        """Hold the node's frames both ways for `seconds` from now (in flight and new), then deliver them in order.
+        A gateway's address stalls every connection to that gateway process the same way."""
         loop = asyncio.get_running_loop()
         until = max(self.stalled.get(node_id, 0.0), loop.time() + seconds)
         self.stalled[node_id] = until

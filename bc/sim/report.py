@@ -7,7 +7,8 @@ simulated time it happened), the digest of the events log, and the exact command
 
 `to_json` carries the same facts with stable keys: `digest`, `invariants` (a list of `{id, name, ok,
 counterexample, at_ms}`), `faults`, `link_faults` and `work` (by type, sorted), `seed`, `nodes`, `chaos`,
-`sim_seconds`, `wall_seconds`, `events`, `ok` and `repro`.
+`sim_seconds`, `wall_seconds`, `events`, `ok` and `repro`, and `gateways` (how many ran) with
+`gateway_fences` (how many times one fenced itself; counted with several gateways).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class Result(Protocol):
     def wall_seconds(self) -> float: ...
     @property
     def repro(self) -> str: ...
+    @property
+    def gateway_fences(self) -> int: ...
 
 
 class Config(Protocol):
@@ -64,6 +67,8 @@ class Config(Protocol):
     def seed(self) -> int: ...
     @property
     def chaos(self) -> str: ...
+    @property
+    def gateways(self) -> int: ...
 
 
 def all_ok(result: Result) -> bool:
@@ -102,8 +107,9 @@ def invariant_line(inv: Invariant) -> str:
 
 def summary(result: Result, cfg: Config) -> str:
     """The text `bc sim` prints on stdout when the run ends."""
+    gateways = f", {cfg.gateways} gateways" if cfg.gateways > 1 else ""
     head = (
-        f"bc sim: {cfg.nodes:,} nodes, chaos {cfg.chaos}, seed {cfg.seed}:"
+        f"bc sim: {cfg.nodes:,} nodes{gateways}, chaos {cfg.chaos}, seed {cfg.seed}:"
         f" {result.sim_seconds:,.0f} s simulated in {result.wall_seconds:,.1f} s wall"
         f" ({speedup(result):,.0f}x real time), {result.events:,} events"
     )
@@ -111,6 +117,8 @@ def summary(result: Result, cfg: Config) -> str:
     lines += _counts("work", result.work)
     lines += _counts("faults", result.faults)
     lines += _counts("links", result.link_faults)
+    if cfg.gateways > 1:
+        lines.append(f"gateways: {cfg.gateways}, fenced themselves {result.gateway_fences:,} times")
     lines.append("invariants:")
     lines += [invariant_line(i) for i in result.invariants]
     verdict = "every invariant holds" if all_ok(result) else "an invariant FAILED"
@@ -125,6 +133,8 @@ def to_json(result: Result, cfg: Config) -> dict[str, Any]:
         "digest": result.digest,
         "seed": cfg.seed,
         "nodes": cfg.nodes,
+        "gateways": cfg.gateways,
+        "gateway_fences": result.gateway_fences,
         "chaos": cfg.chaos,
         "sim_seconds": result.sim_seconds,
         "wall_seconds": round(result.wall_seconds, 3),

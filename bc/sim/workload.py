@@ -9,8 +9,9 @@ moment (`fleet.control()` waits while it is down), so the work goes through the 
   placement pass at their window's end. Only `devices` has a converger on the agent today, and
   reservations are what write it, so each placed or released hold counts as `spec.devices`;
 * spec changes through `bc.control.specs.set_section` on the other sections (`host`, `access`,
-  `telemetry`): the agent reports them UNSUPPORTED (terminal), which still exercises delivery and
-  `observed_generation`;
+  `telemetry`): the agent reports `host` and `telemetry` UNSUPPORTED (terminal), which still exercises
+  delivery and `observed_generation`; its `access` converger writes nothing for these principals (they
+  name no node, so none is the node's own) and reports CONVERGED;
 * commands of every kind the fake hardware runs (`agent.kinds.REGISTRY`), through
   `bc.control.commands.enqueue`; the destructive ones outside a batch meet the unbatched allowance;
 * destructive batches (`bc.control.quorum.create_batch`) that three seeded approvers sign (or, now and

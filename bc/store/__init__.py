@@ -7,21 +7,34 @@ from pathlib import Path
 from bc.clock import Clock
 from bc.store.base import Row, Store, StoreError, Tx
 
-__all__ = ["Row", "Store", "StoreError", "Tx", "open_store"]
+__all__ = ["Row", "Store", "StoreError", "Tx", "open_store", "sqlite_path"]
 
 
-async def open_store(url: str, clock: Clock | None = None) -> Store:
-    """`sqlite:PATH` (aiosqlite), `sqlite-inline:PATH` or a bare path; opened and migrated."""
+def sqlite_path(url: str) -> Path:
+    """The file of a `sqlite:` URL: `sqlite:PATH` as written; `sqlite:///PATH` and `sqlite:////PATH` both
+    the absolute /PATH (the URL form and SQLAlchemy's form of an absolute path)."""
+    rest = url.split(":", 1)[1]
+    if rest.startswith("//"):
+        rest = "/" + rest.lstrip("/")
+    if not rest:
+        raise StoreError(f"no file in the store URL {url!r} (sqlite:PATH or sqlite:////ABSOLUTE/PATH)")
+    return Path(rest)
+
+
+async def open_store(url: str, clock: Clock | None = None, *, migrate: bool = True) -> Store:
+    """`sqlite:PATH` (aiosqlite), `sqlite-inline:PATH`, `postgresql://…[?schema=NAME]` or a bare path; migrated."""
     from bc.store.sqlite import InlineSqliteStore, SqliteStore
 
     store: Store
     if url.startswith("sqlite-inline:"):
-        store = InlineSqliteStore(url.split(":", 1)[1], clock)
+        store = InlineSqliteStore(sqlite_path(url), clock)
     elif url.startswith("sqlite:"):
-        store = SqliteStore(Path(url.split(":", 1)[1]), clock)
+        store = SqliteStore(sqlite_path(url), clock)
     elif url.startswith(("postgres://", "postgresql://")):
-        raise StoreError("the PostgreSQL store is not available in this build yet")
+        from bc.store.postgres import PostgresStore
+
+        store = PostgresStore(url, clock)
     else:
         store = SqliteStore(Path(url), clock)
-    await store.open()
+    await store.open(migrate=migrate)
     return store

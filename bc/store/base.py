@@ -24,12 +24,16 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+from bc.errors import Unavailable
+
 Row = dict[str, Any]
 Params = Mapping[str, Any]
 
 
-class StoreError(Exception):
-    """The store failed (unreachable, constraint broken); the message says which."""
+class StoreError(Unavailable):
+    """The store failed (unreachable, a connection lost mid-transaction, a constraint broken); the message
+    says which. An `Unavailable`: an Admin call that meets it answers UNAVAILABLE in one sentence, and
+    the CLI exits 5, instead of an internal error."""
 
 
 class Tx(abc.ABC):
@@ -37,6 +41,7 @@ class Tx(abc.ABC):
 
     def __init__(self) -> None:
         self._on_commit: list[Callable[[], None]] = []
+        self._appends: list[tuple[str, Params]] = []
 
     @abc.abstractmethod
     async def execute(self, sql: str, params: Params | None = None) -> int:
@@ -53,8 +58,47 @@ class Tx(abc.ABC):
         row = await self.fetchone(sql, params)
         return None if row is None else next(iter(row.values()))
 
+    @asynccontextmanager
+    async def savepoint(self, name: str) -> AsyncIterator[None]:
+        """A nested part of the transaction: an exception rolls back only what ran inside it, and re-raises."""
+        if not name.isidentifier():
+            raise ValueError(f"not a savepoint name: {name!r}")
+        await self.execute(f"SAVEPOINT {name}")
+        appends = len(self._appends)
+        try:
+            yield
+        except BaseException:
+            del self._appends[appends:]  # what the rolled-back part appended goes with it
+            await self.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            await self.execute(f"RELEASE SAVEPOINT {name}")
+            raise
+        await self.execute(f"RELEASE SAVEPOINT {name}")
+
     def on_commit(self, fn: Callable[[], None]) -> None:
         self._on_commit.append(fn)
+
+    def append_at_commit(self, sql: str, params: Params) -> None:
+        """An insert into a log that followers tail by its sequence number (the events), run as the
+        transaction's last statements, in the engine's commit order (`_order_appends`).
+
+        Why last: with several writers (PostgreSQL, several processes), numbers drawn mid-transaction
+        commit out of order, and a follower that read 11 before 10 committed would skip 10 for good.
+        Drawn under a lock held to the commit, the numbers are the commit order. Taken only at the end,
+        after every row lock the transaction needs, that lock waits on nobody and so cannot deadlock.
+        """
+        self._appends.append((sql, params))
+
+    async def _flush_appends(self) -> None:
+        if not self._appends:
+            return
+        await self._order_appends()
+        appends, self._appends = self._appends, []
+        for sql, params in appends:
+            await self.execute(sql, params)
+
+    async def _order_appends(self) -> None:
+        """Held from here to the commit: nothing (one writer commits in order on its own)."""
+        return None
 
     def _run_on_commit(self) -> None:
         for fn in self._on_commit:
@@ -65,8 +109,8 @@ class Store(abc.ABC):
     dialect: str = "sqlite"
 
     @abc.abstractmethod
-    async def open(self) -> None:
-        """Connect and apply pending migrations."""
+    async def open(self, *, migrate: bool = True) -> None:
+        """Connect and (unless `migrate=False`, for `bc store check` and a copy's source) apply pending migrations."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...
@@ -80,6 +124,15 @@ class Store(abc.ABC):
         async with self._begin(write) as tx:
             yield tx
         tx._run_on_commit()
+
+    def urgent_transaction(self) -> Any:
+        """A short write that must not wait behind this process's queue of writes: a lease renewal.
+
+        Only for statements that are atomic in SQL on their own (a conditional upsert), since it skips the
+        in-process serialization that read-modify-write sequences rely on. A store with one writer (SQLite)
+        has nothing to skip and queues it as any write.
+        """
+        return self.transaction()
 
     @abc.abstractmethod
     async def now(self) -> float:

@@ -134,17 +134,7 @@ async def list_(tx: Tx, *, node_id: str = "", state: str = "", limit: int = 100)
 
 
 DISPATCH_BATCH = 1000
-"""At most this many pending commands are read per dispatch of one node."""
-
-
-async def next_not_before(tx: Tx, node_id: str, now_ms: int) -> int | None:
-    """The earliest not_before still ahead among the node's pending commands (None: none waits for its time)."""
-    v = await tx.fetchval(
-        "SELECT MIN(not_before_ms) FROM commands WHERE node_id = :n AND state = 'pending' AND held = 0"
-        " AND not_before_ms > :now",
-        {"n": node_id, "now": now_ms},
-    )
-    return None if v is None else int(v)
+"""At most this many pending commands are read (and on PostgreSQL locked) per dispatch transaction."""
 
 
 async def pending_for_node(tx: Tx, node_id: str, now_ms: int, limit: int = DISPATCH_BATCH) -> list[Row]:
@@ -154,17 +144,6 @@ async def pending_for_node(tx: Tx, node_id: str, now_ms: int, limit: int = DISPA
         " AND not_before_ms <= :now AND not_after_ms > :now ORDER BY seq LIMIT :limit",
         {"n": node_id, "now": now_ms, "limit": limit},
     )
-
-
-async def has_open(tx: Tx, node_id: str) -> bool:
-    """Whether the node has any command that dispatch could send, refuse or cancel (pending or in flight)."""
-    params: dict[str, object] = {"n": node_id}
-    row = await tx.fetchone(
-        f"SELECT 1 AS open FROM commands WHERE node_id = :n AND state IN ({_in('s', ('pending', *IN_FLIGHT), params)})"
-        " LIMIT 1",
-        params,
-    )
-    return row is not None
 
 
 async def in_flight_for_node(tx: Tx, node_id: str) -> list[Row]:
@@ -193,6 +172,32 @@ async def mark_dispatched(tx: Tx, id_: str, node_id: str, epoch: int, now_ms: in
         {"id": id_, "n": node_id, "e": epoch, "t": now_ms, "g": gateway_id},
     )
     return n == 1
+
+
+async def mark_dispatched_routed(
+    tx: Tx, ids: Iterable[str], gateway_id: str, now_ms: int
+) -> dict[str, tuple[str, int, int]]:
+    """The gateway's batched mark: each `pending` command in `ids` → `dispatched` under its node's open session,
+    only while that session is routed to `gateway_id`. Returns `{id: (node_id, epoch, attempt)}` for the rows it
+    moved.
+
+    The caller read the session rows in this transaction (share-locked on PostgreSQL; SQLite has one writer)
+    and checked their epochs against its own, so the epoch written is the one it checked.
+    """
+    params: dict[str, object] = {"g": gateway_id, "t": now_ms}
+    listed = _in("i", ids, params)
+    if not listed:
+        return {}
+    rows = await tx.fetchall(
+        "UPDATE commands SET state = 'dispatched', attempt = attempt + 1, updated_at_ms = :t,"
+        " dispatched_epoch = (SELECT s.session_epoch FROM node_sessions s WHERE s.node_id = commands.node_id)"
+        f" WHERE id IN ({listed}) AND state = 'pending'"
+        " AND EXISTS (SELECT 1 FROM node_sessions s WHERE s.node_id = commands.node_id AND s.open = 1"
+        "  AND s.gateway_id = :g)"
+        " RETURNING id, node_id, dispatched_epoch, attempt",
+        params,
+    )
+    return {str(r["id"]): (str(r["node_id"]), int(r["dispatched_epoch"]), int(r["attempt"])) for r in rows}
 
 
 async def mark_resent(tx: Tx, id_: str, node_id: str, epoch: int, now_ms: int) -> bool:

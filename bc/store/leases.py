@@ -19,3 +19,14 @@ async def acquire(tx: Tx, name: str, holder: str, now_ms: int, ttl_ms: int) -> b
 
 async def release(tx: Tx, name: str, holder: str) -> None:
     await tx.execute("DELETE FROM leases WHERE name = :n AND holder = :h", {"n": name, "h": holder})
+
+
+async def held(tx: Tx, name: str, holder: str, now_ms: int, dialect: str) -> bool:
+    """Whether `holder` still holds the lease now; on PostgreSQL the row is share-locked to the transaction's
+    end, so the lease cannot move while the routing write that checked it commits."""
+    lock = " FOR SHARE" if dialect == "postgres" else ""
+    v = await tx.fetchval(
+        f"SELECT holder FROM leases WHERE name = :n AND expires_at_ms > :now{lock}",
+        {"n": name, "now": now_ms},
+    )
+    return bool(v == holder)

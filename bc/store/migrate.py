@@ -10,6 +10,7 @@ rather than run against a schema it does not know.
 from __future__ import annotations
 
 import re
+import sqlite3
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,11 @@ def migrations() -> list[tuple[int, str, str]]:
         if m:
             out.append((int(m.group(1)), m.group(2), f.read_text()))
     return sorted(out)
+
+
+def schema_version_of(conn: sqlite3.Connection) -> int:
+    """The schema version of an SQLite store opened by hand (`bc doctor` must not migrate what it inspects)."""
+    return int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0])
 
 
 def render(sql: str, dialect: str) -> list[str]:

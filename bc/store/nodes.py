@@ -108,18 +108,31 @@ async def write_spec(
     body: bytes,
     signature: bytes | None,
     key_id: str = "",
+    *,
+    sign_pending: bool = False,
 ) -> None:
-    """Store a new generation with its encoded body; every bump rewrites body, signature and signer."""
+    """Store a new generation with its encoded body; every bump rewrites body, signature and signer (and
+    whether it waits for a key-holding process to sign it)."""
     await tx.execute(
         "UPDATE nodes SET spec = :s, spec_hash = :h, spec_body = :b, spec_signature = :sig, spec_key_id = :k,"
-        " generation = :g WHERE node_id = :n",
-        {"s": spec, "h": spec_hash, "b": body, "sig": signature, "k": key_id, "g": generation, "n": node_id},
+        " spec_sign_pending = :p, generation = :g WHERE node_id = :n",
+        {
+            "s": spec,
+            "h": spec_hash,
+            "b": body,
+            "sig": signature,
+            "k": key_id,
+            "p": int(sign_pending),
+            "g": generation,
+            "n": node_id,
+        },
     )
 
 
 async def spec_delivery(tx: Tx, node_id: str) -> Row | None:
     return await tx.fetchone(
-        "SELECT generation, spec_hash, spec_body, spec_signature, spec_key_id FROM nodes WHERE node_id = :n",
+        "SELECT generation, spec_hash, spec_body, spec_signature, spec_key_id, spec_sign_pending FROM nodes"
+        " WHERE node_id = :n",
         {"n": node_id},
     )
 
@@ -239,6 +252,20 @@ async def advance_observed(tx: Tx, node_id: str, generation: int) -> bool:
         {"g": generation, "n": node_id},
     )
     return n == 1
+
+
+async def count_by_connectivity(tx: Tx) -> dict[str, int]:
+    """Live nodes per connectivity state (`bc serve --otlp-endpoint`'s `bc.server.nodes`)."""
+    rows = await tx.fetchall(
+        "SELECT connectivity, count(*) AS n FROM nodes WHERE deleted_at_ms IS NULL GROUP BY connectivity"
+    )
+    return {str(r["connectivity"]): int(r["n"]) for r in rows}
+
+
+async def status(tx: Tx, node_id: str) -> str | None:
+    """The last status document written (JSON), or None."""
+    cur = await tx.fetchone("SELECT status FROM nodes WHERE node_id = :n", {"n": node_id})
+    return None if cur is None or cur["status"] is None else str(cur["status"])
 
 
 async def write_status(tx: Tx, node_id: str, status_json: str) -> None:

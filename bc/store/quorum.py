@@ -17,8 +17,10 @@ async def add_approver(tx: Tx, key_id: str, name: str, public_key: bytes, operat
 
 
 async def approver_by(tx: Tx, *, name: str = "", key_id: str = "") -> Row | None:
+    # An empty name or key matches nothing (no approver has either empty).
     return await tx.fetchone(
-        "SELECT * FROM approvers WHERE name = :n OR key_id = :k", {"n": name or "\x00", "k": key_id or "\x00"}
+        "SELECT * FROM approvers WHERE (name = :n AND :n <> '') OR (key_id = :k AND :k <> '')",
+        {"n": name, "k": key_id},
     )
 
 
@@ -164,12 +166,14 @@ async def insert_change(
     to_version: int,
     now_ms: int,
     not_after_ms: int,
+    root_signature: bytes = b"",
 ) -> None:
     await tx.execute(
         "INSERT INTO quorum_changes (id, state, requested_by, summary, from_settings, to_settings, threshold,"
-        " to_version, created_at_ms, not_after_ms)"
-        " VALUES (:id, 'pending', :rb, :s, :f, :to, :th, :v, :t, :na)",
+        " to_version, created_at_ms, not_after_ms, root_signature)"
+        " VALUES (:id, 'pending', :rb, :s, :f, :to, :th, :v, :t, :na, :rs)",
         {
+            "rs": root_signature or None,
             "id": id_,
             "rb": requested_by,
             "s": summary,

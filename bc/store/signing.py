@@ -29,7 +29,8 @@ async def specs_to_resign(tx: Tx, key_id: str) -> list[Row]:
 async def resign_spec(tx: Tx, node_id: str, generation: int, signature: bytes, key_id: str) -> bool:
     """Replace the signature of the stored generation only (a bump in between wrote its own)."""
     n = await tx.execute(
-        "UPDATE nodes SET spec_signature = :s, spec_key_id = :k WHERE node_id = :n AND generation = :g",
+        "UPDATE nodes SET spec_signature = :s, spec_key_id = :k, spec_sign_pending = 0"
+        " WHERE node_id = :n AND generation = :g",
         {"s": signature, "k": key_id, "n": node_id, "g": generation},
     )
     return n == 1

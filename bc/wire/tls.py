@@ -48,6 +48,14 @@ class ServerTLS:
         self._roots: dict[str, bytes] = dict(token_roots or {})
         self._version = 0
 
+    def set_identity(self, key_pem: bytes, cert_pem: bytes) -> None:
+        """Serve with a new key and leaf (a renewed serving certificate); the next handshake presents it."""
+        keys.load_cert_pem(cert_pem)
+        with self._lock:
+            self._key_pem = key_pem
+            self._chain_pem = _join_pem(cert_pem, self._ca_pem)
+            self._version += 1
+
     def set_token_roots(self, roots: Mapping[str, bytes]) -> None:
         """Replace every token root (at start, from the store's live tokens)."""
         new = dict(roots)

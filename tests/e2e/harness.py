@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -103,13 +103,21 @@ class Lab:
     # -- processes ---------------------------------------------------------------
 
     def spawn(self, name: str, *args: str, port: int | None = None, env: Mapping[str, str] | None = None) -> Proc:
+        return self._start(name, [self.bc_path, *args], port, env)
+
+    def spawn_module(self, name: str, module: str, *args: str, env: Mapping[str, str] | None = None) -> Proc:
+        """`python -m MODULE ARGS` from this checkout: a test's helper process (e.g. tests.e2e.fleet_agents),
+        logged to `<root>/<name>.log` and stopped by `close()` like every other."""
+        pythonpath = os.pathsep.join(p for p in (str(REPO), self.env.get("PYTHONPATH", "")) if p)
+        return self._start(name, [sys.executable, "-m", module, *args], None, {"PYTHONPATH": pythonpath, **(env or {})})
+
+    def _start(self, name: str, argv: list[str], port: int | None, env: Mapping[str, str] | None) -> Proc:
         if name in self.procs and self.procs[name].popen.poll() is None:
             raise RuntimeError(f"{name} is already running")
-        argv = [self.bc_path, *args]
         log_path = self.root / f"{name}.log"
         extra = dict(env or {})
         with open(log_path, "ab") as log:
-            log.write(f"--- lab: start {' '.join(args)}\n".encode())
+            log.write(f"--- lab: start {' '.join(argv[1:])}\n".encode())
             log.flush()
             popen = subprocess.Popen(
                 argv,
@@ -135,13 +143,22 @@ class Lab:
 
         self.wait_for(f"{proc.name} to accept connections on port {proc.port}", up, timeout=20)
 
-    def serve(self, name: str = "serve", data_dir: Path | None = None, port: int | None = None) -> Proc:
-        """`bc serve` with fast heartbeats; returns once its port accepts connections."""
+    def serve(
+        self,
+        name: str = "serve",
+        data_dir: Path | None = None,
+        port: int | None = None,
+        store: str = "",
+        *extra: str,
+    ) -> Proc:
+        """`bc serve` with fast heartbeats (on the store URL `store` if given); returns once its port accepts."""
         data_dir = data_dir or self.server_dir
         port = port or self.port
         return self.spawn(
             name,
             "serve",
+            *(("--store", store) if store else ()),
+            *extra,
             "--data-dir",
             str(data_dir),
             "--listen",
@@ -171,8 +188,10 @@ class Lab:
         token = token or self.token(node_id)
         return self.bc("join", "--server", self.address, "--token", token, "--data-dir", str(self.node_dir(node_id)))
 
-    def node(self, node_id: str, profile: str = "hgx-h100-8", env: Mapping[str, str] | None = None) -> Proc:
-        """`bc node` for a joined node; `env` goes to this process only (e.g. the `BC_FAKE_*` knobs).
+    def node(
+        self, node_id: str, profile: str = "hgx-h100-8", env: Mapping[str, str] | None = None, extra: Sequence[str] = ()
+    ) -> Proc:
+        """`bc node` for a joined node; `env` goes to this process only (e.g. the `BC_FAKE_*` knobs); `extra`: flags.
 
         `restart` reuses it; to start the node again without it, call `node` again once it has stopped.
         """
@@ -185,6 +204,7 @@ class Lab:
             profile,
             "--heartbeat-interval",
             str(HEARTBEAT_S),
+            *extra,
             env=env,
         )
 

@@ -157,7 +157,12 @@ def host_section(target_bytes: int) -> dict[str, Any]:
 
 
 def access_section(target_bytes: int) -> dict[str, Any]:
-    return {"ssh_ca_keys": [f"ssh-ed25519 {'A' * 1000} ca{i}" for i in range(target_bytes // 1020)]}
+    return {
+        "ssh_ca_keys": [
+            f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICgSvCEPeeLHJiWeXDoCuN5bdn6mpHrcxSLMYt/aGFcW {'c' * 920}ca{i}"
+            for i in range(target_bytes // 1020)
+        ]
+    }
 
 
 def telemetry_section(target_bytes: int) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from bc.cli.client import AdminClient
 from bc.config import OperatorConfig
 from bc.protocol.pb import admin_pb2
 from bc.serve import Seams, ServeOptions, Server
+from tests.pg import recycled_schema, schema_url
 
 
 @dataclass
@@ -102,7 +103,17 @@ async def open_lab(tmp_path: Path, **serve: Any) -> AsyncIterator[InprocLab]:
             await lab.server.stop()
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """The store a lab's `bc serve` runs on: its SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        yield ""
+        return
+    async with recycled_schema() as (url, schema):
+        yield schema_url(url, schema)
+
+
 @pytest.fixture
-async def lab(tmp_path: Path) -> AsyncIterator[InprocLab]:
-    async with open_lab(tmp_path) as lab:
+async def lab(tmp_path: Path, store_url: str) -> AsyncIterator[InprocLab]:
+    async with open_lab(tmp_path, store=store_url) as lab:
         yield lab

@@ -51,7 +51,7 @@ REFUSALS = {
 }
 
 # Tables that move by themselves while the server runs (leases renewed by its workers).
-MOVING_TABLES = {"events", "leases"}
+MOVING_TABLES = {"events", "leases", "api_endpoints"}  # api_endpoints: each api process re-registers, as a lease
 
 METHODS = [
     m

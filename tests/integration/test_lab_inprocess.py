@@ -54,7 +54,7 @@ async def test_spec_sections_and_generations(lab: InprocLab) -> None:
     await lab.wait_observed("n1", 2)
     node = await lab.admin.get_node("n1")
     states = {s.section: s.state for s in node.sections}
-    assert states["telemetry"] == 4  # UNSUPPORTED: terminal, does not hold back observed_generation
+    assert states["telemetry"] == 1  # CONVERGED: the node exports there (docs/telemetry.md), collector or not
     with pytest.raises(UsageError, match="does not parse"):
         await lab.admin.set_spec_section("n1", "telemetry", '{"no_such_field": 1}')
     assert (await lab.admin.get_spec("n1")).generation == 2

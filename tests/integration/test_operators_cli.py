@@ -94,6 +94,7 @@ def test_a_viewer_lists_and_shows_but_writes_nothing(lab: Lab, tmp_path: Path) -
     refusals = [
         (("reserve", "--gpus", "1"), "reserving GPUs needs the operator role; operator bob has the viewer role"),
         (("cmd", "run", "n1", "diag.nvml"), "running a command needs the operator role"),
+        (("cmd", "fanout", "diag.nvml", "--nodes", "n1,n2"), "running commands needs the operator role"),
         (("spec", "set", "n1", "telemetry", "{}"), "setting a spec section needs the operator role"),
         (("token", "create", "--node-id", "n9"), "creating a join token needs the admin role"),
         (("nodes", "cordon", "n1"), "cordoning a node needs the admin role"),
@@ -109,6 +110,8 @@ def test_an_operator_runs_commands_but_makes_no_tokens_approvers_or_operators(la
     c = as_json(carol, "cmd", "run", "n1", "diag.nvml")
     assert c["requested_by"] == "carol"  # type: ignore[index]
     assert ok_json("cmd", "show", c["id"])["requested_by"] == "carol"  # type: ignore[index]
+    fanned = as_json(carol, "cmd", "fanout", "diag.nvml", "--nodes", "n1,n2")
+    assert [f["requested_by"] for f in fanned] == ["carol", "carol"]  # type: ignore[index,union-attr]
     _, public = keygen(tmp_path, "carol")
     for args, sentence in (
         (("token", "create", "--node-id", "n9"), "creating a join token needs the admin role"),

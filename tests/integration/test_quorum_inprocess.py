@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from agent.hw.fake import FakeHardware
+from bc.protocol.pb import admin_pb2
 from tests.integration.conftest import InprocLab
 from tests.integration.operators_lab import approvers, settle, sign
 
@@ -53,6 +54,13 @@ async def test_a_batch_runs_only_after_k_approvals_and_each_leaf_once(lab: Inpro
     assert refused["state"] == "rejected" and refused["reason"] == "UNBATCHED_LIMIT"
     sec = await lab.wait_event("security.unbatched-limit", lambda ev, d: d["command_id"] == lone.id)
     assert sec.subject == "n1" and "needs an approved batch" in json.loads(sec.data_json)["why"]
+    # EnqueueCommands takes what RunCommand takes, and the node decides the same way.
+    fanned = await lab.admin.enqueue_commands(
+        [admin_pb2.RunCommandRequest(node_id=n, kind="node.reboot") for n in gpus]
+    )
+    for info in fanned:
+        out = await settled(lab, info.id)
+        assert out["state"] == "rejected" and out["reason"] == "UNBATCHED_LIMIT", (info.node_id, out)
 
 
 async def test_the_unbatched_allowance_reaches_the_nodes_and_counts_per_hour(lab: InprocLab) -> None:

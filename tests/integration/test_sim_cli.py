@@ -67,7 +67,8 @@ def test_a_broken_invariant_exits_10_with_the_counterexample_and_the_replay() ->
         (("--break", "nothing"), "unknown --break rule 'nothing'; rules are "),
         (("--duration", "0"), "the --duration '0' must be longer than zero"),
         (("--duration", "soon"), "the --duration 'soon' is not a duration"),
-        (("--gateways", "0"), "--gateways must be at least 1, not 0"),
+        (("--gateways", "0"), "--gateways must be between 1 and 8, not 0"),
+        (("--gateways", "9"), "--gateways must be between 1 and 8, not 9"),
     ],
 )
 def test_bad_input_is_one_sentence_and_exit_2(args: tuple[str, ...], says: str) -> None:

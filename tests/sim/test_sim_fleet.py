@@ -72,6 +72,7 @@ def test_heavy_chaos_with_the_workload_passes_every_invariant(seed: int) -> None
     assert len(ticks) >= 29 and ticks[-1][1] > 0  # progress about once a simulated minute
 
 
-def test_only_one_gateway_is_built() -> None:
-    with pytest.raises(UsageError, match="one gateway"):
-        run_sync(SimConfig(nodes=2, seed=1, gateways=3, duration_s=60))
+@pytest.mark.parametrize("gateways", [0, 9])
+def test_one_to_eight_gateways(gateways: int) -> None:
+    with pytest.raises(UsageError, match="between 1 and 8"):
+        run_sync(SimConfig(nodes=2, seed=1, gateways=gateways, duration_s=60))

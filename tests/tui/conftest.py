@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+import pytest
 from textual.pilot import Pilot
 
 from bc.cli.client import AdminClient
@@ -33,3 +34,10 @@ async def until(pilot: Pilot[None], pred: Callable[[], object], timeout: float =
         while not pred():
             await pilot.pause(0.05)
     assert pred(), what
+
+
+@pytest.fixture
+def store_url() -> str:
+    """The TUI is a client of the Admin API: its labs run on the embedded store only (the integration
+    suite runs the same servers on PostgreSQL too)."""
+    return ""

@@ -16,8 +16,11 @@ import pytest
 from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.signer import NullSigner
+from bc.store import Store, leases
+from bc.store.postgres import PostgresStore
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import virtual_clock
+from tests.pg import recycled_schema
 
 
 @pytest.fixture
@@ -25,8 +28,18 @@ def clock() -> LoopClock:
     return virtual_clock()
 
 
-@pytest.fixture
-async def store(tmp_path: Path, clock: LoopClock) -> AsyncIterator[InlineSqliteStore]:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def store(request: pytest.FixtureRequest, tmp_path: Path, clock: LoopClock) -> AsyncIterator[Store]:
+    """The inline SQLite store, and the same tests again on PostgreSQL (a schema of their own)."""
+    if request.param == "postgres":
+        async with recycled_schema() as (url, schema):
+            pg = PostgresStore(url, clock, schema=schema, db_clock=False)
+            await pg.open()
+            try:
+                yield pg
+            finally:
+                await pg.close()
+        return
     s = InlineSqliteStore(tmp_path / "store.db", clock)
     await s.open()
     try:
@@ -49,3 +62,10 @@ def rng() -> random.Random:
 def signer() -> NullSigner:
     """Signing off; a test of signing builds a `KeySigner` itself."""
     return NullSigner()
+
+
+@pytest.fixture
+async def gateway_lease(store: Store) -> None:
+    """The lease of gateway `gw-1` (a test calling `hello_transaction` routes as that gateway): held for years."""
+    async with store.transaction() as tx:
+        await leases.acquire(tx, "gateway:gw-1", "gw-1", await store.now_ms(), 10 * 365 * 86_400_000)

@@ -144,6 +144,30 @@ def test_the_admin_replies_carrying_the_largest_things_fit_the_clients_limit() -
     assert batch.ByteSize() <= LIMITS.grpc_message_bytes
 
 
+def test_an_enqueue_commands_reply_of_the_most_commands_fits_a_frame() -> None:
+    """Every command new (its key `cmd:<ULID>`), node ids at their longest, an operator name of 32: it fits.
+    (With a 128-character operator name it would not: `commands.check_reply_size` refuses such a call whole.)"""
+    reply = admin_pb2.EnqueueCommandsResponse()
+    for i in range(LIMITS.max_enqueue_cmds):
+        reply.commands.add(
+            id=ULID,
+            node_id=NODE_ID,
+            kind="inventory.refresh",
+            state="pending",
+            seq=2**40 + i,
+            lane="provision",
+            idempotency_key="cmd:" + ULID,
+            not_after_ms=2**42,
+            min_generation=2**40,
+            created_age_ms=2**20,
+            updated_age_ms=2**20,
+            requested_by="o" * 32,
+            signer_key_id="sha256:" + "0" * 64,
+            attested=True,
+        )
+    assert reply.ByteSize() <= LIMITS.max_frame_bytes
+
+
 def test_a_refusal_names_the_size_the_limit_and_the_limits_name() -> None:
     with pytest.raises(UsageError) as e:
         check_size("the host section", 3 * MIB, "max_section_bytes")

@@ -192,20 +192,30 @@ class GetPkiRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class RotateSigningKeyRequest(_message.Message):
+    __slots__ = ("worker_key_pem", "worker_cert_pem")
+    WORKER_KEY_PEM_FIELD_NUMBER: _ClassVar[int]
+    WORKER_CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    worker_key_pem: bytes
+    worker_cert_pem: bytes
+    def __init__(self, worker_key_pem: _Optional[bytes] = ..., worker_cert_pem: _Optional[bytes] = ...) -> None: ...
+
 class SigningKeyInfo(_message.Message):
-    __slots__ = ("key_id", "subject", "not_before_ms", "not_after_ms")
+    __slots__ = ("key_id", "subject", "not_before_ms", "not_after_ms", "cert_pem")
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     NOT_BEFORE_MS_FIELD_NUMBER: _ClassVar[int]
     NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    CERT_PEM_FIELD_NUMBER: _ClassVar[int]
     key_id: str
     subject: str
     not_before_ms: int
     not_after_ms: int
-    def __init__(self, key_id: _Optional[str] = ..., subject: _Optional[str] = ..., not_before_ms: _Optional[int] = ..., not_after_ms: _Optional[int] = ...) -> None: ...
+    cert_pem: str
+    def __init__(self, key_id: _Optional[str] = ..., subject: _Optional[str] = ..., not_before_ms: _Optional[int] = ..., not_after_ms: _Optional[int] = ..., cert_pem: _Optional[str] = ...) -> None: ...
 
 class PkiInfo(_message.Message):
-    __slots__ = ("ca_fingerprint", "ca_not_after_ms", "command_signing", "attested_bindings", "roots", "worker", "resigned_specs", "resigned_commands")
+    __slots__ = ("ca_fingerprint", "ca_not_after_ms", "command_signing", "attested_bindings", "roots", "worker", "resigned_specs", "resigned_commands", "root_on_host")
     CA_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     CA_NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_SIGNING_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +224,7 @@ class PkiInfo(_message.Message):
     WORKER_FIELD_NUMBER: _ClassVar[int]
     RESIGNED_SPECS_FIELD_NUMBER: _ClassVar[int]
     RESIGNED_COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    ROOT_ON_HOST_FIELD_NUMBER: _ClassVar[int]
     ca_fingerprint: str
     ca_not_after_ms: int
     command_signing: bool
@@ -222,7 +233,8 @@ class PkiInfo(_message.Message):
     worker: SigningKeyInfo
     resigned_specs: int
     resigned_commands: int
-    def __init__(self, ca_fingerprint: _Optional[str] = ..., ca_not_after_ms: _Optional[int] = ..., command_signing: _Optional[bool] = ..., attested_bindings: _Optional[bool] = ..., roots: _Optional[_Iterable[_Union[SigningKeyInfo, _Mapping]]] = ..., worker: _Optional[_Union[SigningKeyInfo, _Mapping]] = ..., resigned_specs: _Optional[int] = ..., resigned_commands: _Optional[int] = ...) -> None: ...
+    root_on_host: bool
+    def __init__(self, ca_fingerprint: _Optional[str] = ..., ca_not_after_ms: _Optional[int] = ..., command_signing: _Optional[bool] = ..., attested_bindings: _Optional[bool] = ..., roots: _Optional[_Iterable[_Union[SigningKeyInfo, _Mapping]]] = ..., worker: _Optional[_Union[SigningKeyInfo, _Mapping]] = ..., resigned_specs: _Optional[int] = ..., resigned_commands: _Optional[int] = ..., root_on_host: _Optional[bool] = ...) -> None: ...
 
 class SpecInfo(_message.Message):
     __slots__ = ("node_id", "generation", "spec_hash", "spec_json")
@@ -500,6 +512,18 @@ class RunCommandRequest(_message.Message):
     idempotency_key: str
     def __init__(self, node_id: _Optional[str] = ..., kind: _Optional[str] = ..., payload_json: _Optional[str] = ..., not_after_s: _Optional[int] = ..., min_generation: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
+class EnqueueCommandsRequest(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[RunCommandRequest]
+    def __init__(self, commands: _Optional[_Iterable[_Union[RunCommandRequest, _Mapping]]] = ...) -> None: ...
+
+class EnqueueCommandsResponse(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[CommandInfo]
+    def __init__(self, commands: _Optional[_Iterable[_Union[CommandInfo, _Mapping]]] = ...) -> None: ...
+
 class CommandInfo(_message.Message):
     __slots__ = ("id", "node_id", "kind", "state", "reason", "message", "result_json", "seq", "lane", "attempt", "idempotency_key", "not_after_ms", "min_generation", "created_age_ms", "updated_age_ms", "boot_id", "batch_id", "cancel_requested", "requested_by", "result_omitted", "signer_key_id", "attested")
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -609,36 +633,52 @@ class ApproverSet(_message.Message):
     def __init__(self, approvers: _Optional[_Iterable[_Union[ApproverInfo, _Mapping]]] = ..., threshold: _Optional[int] = ..., unbatched_destructive_per_hour: _Optional[int] = ..., change: _Optional[_Union[QuorumChangeInfo, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class SetUnbatchedAllowanceRequest(_message.Message):
-    __slots__ = ("per_hour",)
+    __slots__ = ("per_hour", "root_signature", "preview")
     PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    ROOT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
     per_hour: int
-    def __init__(self, per_hour: _Optional[int] = ...) -> None: ...
+    root_signature: bytes
+    preview: bool
+    def __init__(self, per_hour: _Optional[int] = ..., root_signature: _Optional[bytes] = ..., preview: _Optional[bool] = ...) -> None: ...
 
 class ListApproversRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class AddApproverRequest(_message.Message):
-    __slots__ = ("name", "public_key", "operator")
+    __slots__ = ("name", "public_key", "operator", "root_signature", "preview")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    ROOT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
     name: str
     public_key: str
     operator: str
-    def __init__(self, name: _Optional[str] = ..., public_key: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
+    root_signature: bytes
+    preview: bool
+    def __init__(self, name: _Optional[str] = ..., public_key: _Optional[str] = ..., operator: _Optional[str] = ..., root_signature: _Optional[bytes] = ..., preview: _Optional[bool] = ...) -> None: ...
 
 class RemoveApproverRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "root_signature", "preview")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    ROOT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    root_signature: bytes
+    preview: bool
+    def __init__(self, name: _Optional[str] = ..., root_signature: _Optional[bytes] = ..., preview: _Optional[bool] = ...) -> None: ...
 
 class SetApproverThresholdRequest(_message.Message):
-    __slots__ = ("threshold",)
+    __slots__ = ("threshold", "root_signature", "preview")
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    ROOT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
     threshold: int
-    def __init__(self, threshold: _Optional[int] = ...) -> None: ...
+    root_signature: bytes
+    preview: bool
+    def __init__(self, threshold: _Optional[int] = ..., root_signature: _Optional[bytes] = ..., preview: _Optional[bool] = ...) -> None: ...
 
 class CreateBatchRequest(_message.Message):
     __slots__ = ("kind", "node_ids", "payload_json", "reason", "not_after_s")
@@ -1024,3 +1064,227 @@ class JobSlotsResponse(_message.Message):
     POOLS_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[JobPool]
     def __init__(self, pools: _Optional[_Iterable[_Union[JobPool, _Mapping]]] = ...) -> None: ...
+
+class SshCaInitRequest(_message.Message):
+    __slots__ = ("public_key",)
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    public_key: str
+    def __init__(self, public_key: _Optional[str] = ...) -> None: ...
+
+class GetSshCaRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SshCaInfo(_message.Message):
+    __slots__ = ("public_key", "fingerprint", "created_by", "created_at_ms", "key_path", "offline")
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KEY_PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFLINE_FIELD_NUMBER: _ClassVar[int]
+    public_key: str
+    fingerprint: str
+    created_by: str
+    created_at_ms: int
+    key_path: str
+    offline: bool
+    def __init__(self, public_key: _Optional[str] = ..., fingerprint: _Optional[str] = ..., created_by: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., key_path: _Optional[str] = ..., offline: _Optional[bool] = ...) -> None: ...
+
+class SshGrantRequest(_message.Message):
+    __slots__ = ("node_id", "principal", "public_key", "ttl_s", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    principal: str
+    public_key: str
+    ttl_s: int
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., principal: _Optional[str] = ..., public_key: _Optional[str] = ..., ttl_s: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SshGrantInfo(_message.Message):
+    __slots__ = ("serial", "node_id", "principal", "login", "fingerprint", "state", "batch_id", "certificate", "ttl_s", "valid_after_ms", "valid_before_ms", "requested_by", "reason", "created_at_ms", "revoked_at_ms", "revoked_by", "revoke_reason", "batch_state", "signable", "public_key")
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    LOGIN_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    VALID_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    VALID_BEFORE_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_BY_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_REASON_FIELD_NUMBER: _ClassVar[int]
+    BATCH_STATE_FIELD_NUMBER: _ClassVar[int]
+    SIGNABLE_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    serial: int
+    node_id: str
+    principal: str
+    login: str
+    fingerprint: str
+    state: str
+    batch_id: str
+    certificate: str
+    ttl_s: int
+    valid_after_ms: int
+    valid_before_ms: int
+    requested_by: str
+    reason: str
+    created_at_ms: int
+    revoked_at_ms: int
+    revoked_by: str
+    revoke_reason: str
+    batch_state: str
+    signable: bool
+    public_key: str
+    def __init__(self, serial: _Optional[int] = ..., node_id: _Optional[str] = ..., principal: _Optional[str] = ..., login: _Optional[str] = ..., fingerprint: _Optional[str] = ..., state: _Optional[str] = ..., batch_id: _Optional[str] = ..., certificate: _Optional[str] = ..., ttl_s: _Optional[int] = ..., valid_after_ms: _Optional[int] = ..., valid_before_ms: _Optional[int] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., revoked_at_ms: _Optional[int] = ..., revoked_by: _Optional[str] = ..., revoke_reason: _Optional[str] = ..., batch_state: _Optional[str] = ..., signable: _Optional[bool] = ..., public_key: _Optional[str] = ...) -> None: ...
+
+class GetSshGrantRequest(_message.Message):
+    __slots__ = ("serial", "batch_id")
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    serial: int
+    batch_id: str
+    def __init__(self, serial: _Optional[int] = ..., batch_id: _Optional[str] = ...) -> None: ...
+
+class ListSshGrantsRequest(_message.Message):
+    __slots__ = ("node_id", "live_only")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    live_only: bool
+    def __init__(self, node_id: _Optional[str] = ..., live_only: _Optional[bool] = ...) -> None: ...
+
+class ListSshGrantsResponse(_message.Message):
+    __slots__ = ("grants",)
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    grants: _containers.RepeatedCompositeFieldContainer[SshGrantInfo]
+    def __init__(self, grants: _Optional[_Iterable[_Union[SshGrantInfo, _Mapping]]] = ...) -> None: ...
+
+class SshRevokeRequest(_message.Message):
+    __slots__ = ("serial", "reason")
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    serial: int
+    reason: str
+    def __init__(self, serial: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SshRecordCertRequest(_message.Message):
+    __slots__ = ("serial", "certificate")
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    serial: int
+    certificate: str
+    def __init__(self, serial: _Optional[int] = ..., certificate: _Optional[str] = ...) -> None: ...
+
+class AddReleaseKeyRequest(_message.Message):
+    __slots__ = ("public_key",)
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    public_key: bytes
+    def __init__(self, public_key: _Optional[bytes] = ...) -> None: ...
+
+class ReleaseKeyInfo(_message.Message):
+    __slots__ = ("key_id", "public_key", "added_by", "added_at_ms")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    ADDED_BY_FIELD_NUMBER: _ClassVar[int]
+    ADDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    public_key: bytes
+    added_by: str
+    added_at_ms: int
+    def __init__(self, key_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., added_by: _Optional[str] = ..., added_at_ms: _Optional[int] = ...) -> None: ...
+
+class PublishReleaseChunk(_message.Message):
+    __slots__ = ("version", "sha256", "size", "signature", "url", "data")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    sha256: str
+    size: int
+    signature: bytes
+    url: str
+    data: bytes
+    def __init__(self, version: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., signature: _Optional[bytes] = ..., url: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ReleaseInfo(_message.Message):
+    __slots__ = ("sequence", "version", "sha256", "size", "signature", "key_id", "url", "published_by", "published_at_ms")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_BY_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    version: str
+    sha256: str
+    size: int
+    signature: bytes
+    key_id: str
+    url: str
+    published_by: str
+    published_at_ms: int
+    def __init__(self, sequence: _Optional[int] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[str] = ..., url: _Optional[str] = ..., published_by: _Optional[str] = ..., published_at_ms: _Optional[int] = ...) -> None: ...
+
+class NodeUpgradeInfo(_message.Message):
+    __slots__ = ("node_id", "version", "command_id", "state", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    version: str
+    command_id: str
+    state: str
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., command_id: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ListReleasesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListReleasesResponse(_message.Message):
+    __slots__ = ("releases", "keys", "nodes", "serve_url")
+    RELEASES_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SERVE_URL_FIELD_NUMBER: _ClassVar[int]
+    releases: _containers.RepeatedCompositeFieldContainer[ReleaseInfo]
+    keys: _containers.RepeatedCompositeFieldContainer[ReleaseKeyInfo]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeUpgradeInfo]
+    serve_url: str
+    def __init__(self, releases: _Optional[_Iterable[_Union[ReleaseInfo, _Mapping]]] = ..., keys: _Optional[_Iterable[_Union[ReleaseKeyInfo, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeUpgradeInfo, _Mapping]]] = ..., serve_url: _Optional[str] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("over_s",)
+    OVER_S_FIELD_NUMBER: _ClassVar[int]
+    over_s: int
+    def __init__(self, over_s: _Optional[int] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("gateway_id", "sessions", "over_s")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    OVER_S_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    sessions: int
+    over_s: int
+    def __init__(self, gateway_id: _Optional[str] = ..., sessions: _Optional[int] = ..., over_s: _Optional[int] = ...) -> None: ...

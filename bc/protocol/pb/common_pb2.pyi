@@ -48,7 +48,7 @@ class ApproverKey(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., name: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
 
 class TrustBundle(_message.Message):
-    __slots__ = ("ca_pem", "command_signing_roots", "approver_keys", "quorum_k", "unbatched_destructive_per_hour", "quorum_version", "quorum_changes")
+    __slots__ = ("ca_pem", "command_signing_roots", "approver_keys", "quorum_k", "unbatched_destructive_per_hour", "quorum_version", "quorum_changes", "release_keys")
     CA_PEM_FIELD_NUMBER: _ClassVar[int]
     COMMAND_SIGNING_ROOTS_FIELD_NUMBER: _ClassVar[int]
     APPROVER_KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class TrustBundle(_message.Message):
     UNBATCHED_DESTRUCTIVE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
     QUORUM_VERSION_FIELD_NUMBER: _ClassVar[int]
     QUORUM_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_KEYS_FIELD_NUMBER: _ClassVar[int]
     ca_pem: bytes
     command_signing_roots: _containers.RepeatedScalarFieldContainer[bytes]
     approver_keys: _containers.RepeatedCompositeFieldContainer[ApproverKey]
@@ -63,7 +64,8 @@ class TrustBundle(_message.Message):
     unbatched_destructive_per_hour: int
     quorum_version: int
     quorum_changes: _containers.RepeatedCompositeFieldContainer[QuorumChange]
-    def __init__(self, ca_pem: _Optional[bytes] = ..., command_signing_roots: _Optional[_Iterable[bytes]] = ..., approver_keys: _Optional[_Iterable[_Union[ApproverKey, _Mapping]]] = ..., quorum_k: _Optional[int] = ..., unbatched_destructive_per_hour: _Optional[int] = ..., quorum_version: _Optional[int] = ..., quorum_changes: _Optional[_Iterable[_Union[QuorumChange, _Mapping]]] = ...) -> None: ...
+    release_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, ca_pem: _Optional[bytes] = ..., command_signing_roots: _Optional[_Iterable[bytes]] = ..., approver_keys: _Optional[_Iterable[_Union[ApproverKey, _Mapping]]] = ..., quorum_k: _Optional[int] = ..., unbatched_destructive_per_hour: _Optional[int] = ..., quorum_version: _Optional[int] = ..., quorum_changes: _Optional[_Iterable[_Union[QuorumChange, _Mapping]]] = ..., release_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class QuorumSettings(_message.Message):
     __slots__ = ("version", "approver_keys", "quorum_k", "unbatched_destructive_per_hour")
@@ -78,18 +80,20 @@ class QuorumSettings(_message.Message):
     def __init__(self, version: _Optional[int] = ..., approver_keys: _Optional[_Iterable[_Union[ApproverKey, _Mapping]]] = ..., quorum_k: _Optional[int] = ..., unbatched_destructive_per_hour: _Optional[int] = ...) -> None: ...
 
 class QuorumChange(_message.Message):
-    __slots__ = ("change_id", "requested_by", "from_digest", "settings", "signatures")
+    __slots__ = ("change_id", "requested_by", "from_digest", "settings", "signatures", "root_signature")
     CHANGE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     FROM_DIGEST_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     SIGNATURES_FIELD_NUMBER: _ClassVar[int]
+    ROOT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     change_id: str
     requested_by: str
     from_digest: bytes
     settings: QuorumSettings
     signatures: _containers.RepeatedCompositeFieldContainer[ApproverSignature]
-    def __init__(self, change_id: _Optional[str] = ..., requested_by: _Optional[str] = ..., from_digest: _Optional[bytes] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ..., signatures: _Optional[_Iterable[_Union[ApproverSignature, _Mapping]]] = ...) -> None: ...
+    root_signature: bytes
+    def __init__(self, change_id: _Optional[str] = ..., requested_by: _Optional[str] = ..., from_digest: _Optional[bytes] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ..., signatures: _Optional[_Iterable[_Union[ApproverSignature, _Mapping]]] = ..., root_signature: _Optional[bytes] = ...) -> None: ...
 
 class MigInstance(_message.Message):
     __slots__ = ("gi", "ci", "uuid", "profile")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x62\x63/v1/spec.proto\x12\x05\x62\x63.v1\"\x9a\x02\n\x08NodeSpec\x12 \n\x04host\x18\x01 \x01(\x0b\x32\x12.bc.v1.HostSection\x12&\n\x07\x64\x65vices\x18\x02 \x01(\x0b\x32\x15.bc.v1.DevicesSection\x12*\n\tinstances\x18\x03 \x01(\x0b\x32\x17.bc.v1.InstancesSection\x12$\n\x06\x61\x63\x63\x65ss\x18\x04 \x01(\x0b\x32\x14.bc.v1.AccessSection\x12*\n\ttelemetry\x18\x05 \x01(\x0b\x32\x17.bc.v1.TelemetrySection\x12$\n\x06\x64\x61\x65mon\x18\x06 \x01(\x0b\x32\x14.bc.v1.DaemonSection\x12 \n\x04site\x18\x07 \x01(\x0b\x32\x12.bc.v1.SiteSection\"-\n\x0bHostSection\x12\x1e\n\x05units\x18\x01 \x03(\x0b\x32\x0f.bc.v1.HostUnit\"/\n\x08HostUnit\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rsettings_json\x18\x02 \x01(\t\">\n\x0e\x44\x65vicesSection\x12,\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x17.bc.v1.DeviceAssignment\"\xb9\x01\n\x10\x44\x65viceAssignment\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12\x16\n\x0ereservation_id\x18\x02 \x01(\t\x12\x1f\n\x07\x62inding\x18\x03 \x01(\x0e\x32\x0e.bc.v1.Binding\x12!\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x10.bc.v1.DeviceRef\x12\x0b\n\x03\x65nv\x18\x05 \x03(\t\x12%\n\x06limits\x18\x06 \x01(\x0b\x32\x15.bc.v1.ResourceLimits\"2\n\tDeviceRef\x12\x14\n\x0c\x64\x65vice_class\x18\x01 \x01(\t\x12\x0f\n\x07\x61tom_id\x18\x02 \x01(\t\"\x84\x01\n\x0eResourceLimits\x12\x12\n\ncpu_millis\x18\x01 \x01(\x03\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x15\n\rhugepages_1gi\x18\x03 \x01(\x05\x12\x15\n\rhugepages_2mi\x18\x04 \x01(\x05\x12\x0c\n\x04\x63pus\x18\x05 \x01(\t\x12\x0c\n\x04mems\x18\x06 \x01(\t\"6\n\x10InstancesSection\x12\"\n\tinstances\x18\x01 \x03(\x0b\x32\x0f.bc.v1.Instance\"o\n\x08Instance\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07runtime\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\t\x12\r\n\x05image\x18\x04 \x01(\t\x12\x0c\n\x04nics\x18\x05 \x03(\t\x12\x0c\n\x04gpus\x18\x06 \x03(\t\x12\r\n\x05state\x18\x07 \x01(\t\"k\n\rAccessSection\x12\x18\n\x10\x65xec_ticket_jwks\x18\x01 \x01(\t\x12\x13\n\x0bssh_ca_keys\x18\x02 \x03(\t\x12\x12\n\nprincipals\x18\x03 \x03(\t\x12\x17\n\x0frevoked_serials\x18\x04 \x03(\t\"\xe9\x01\n\x10TelemetrySection\x12\x15\n\rotlp_endpoint\x18\x01 \x01(\t\x12\x19\n\x11\x65xport_interval_s\x18\x02 \x01(\x05\x12L\n\x13resource_attributes\x18\x03 \x03(\x0b\x32/.bc.v1.TelemetrySection.ResourceAttributesEntry\x12\x1a\n\x12headers_secret_ref\x18\x04 \x01(\t\x1a\x39\n\x17ResourceAttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"P\n\rDaemonSection\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"P\n\x0bSiteSection\x12\x18\n\x10\x62oot_lease_state\x18\x01 \x01(\t\x12\'\n\x0c\x63\x61\x63he_images\x18\x02 \x03(\x0b\x32\x11.bc.v1.CacheImage\"9\n\nCacheImage\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\"C\n\rNodeSpecPatch\x12!\n\x08sections\x18\x01 \x01(\x0b\x32\x0f.bc.v1.NodeSpec\x12\x0f\n\x07\x63leared\x18\x02 \x03(\t*L\n\x07\x42inding\x12\x17\n\x13\x42INDING_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x42INDING_HOLD\x10\x01\x12\x16\n\x12\x42INDING_KUBERNETES\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x62\x63/v1/spec.proto\x12\x05\x62\x63.v1\"\x9a\x02\n\x08NodeSpec\x12 \n\x04host\x18\x01 \x01(\x0b\x32\x12.bc.v1.HostSection\x12&\n\x07\x64\x65vices\x18\x02 \x01(\x0b\x32\x15.bc.v1.DevicesSection\x12*\n\tinstances\x18\x03 \x01(\x0b\x32\x17.bc.v1.InstancesSection\x12$\n\x06\x61\x63\x63\x65ss\x18\x04 \x01(\x0b\x32\x14.bc.v1.AccessSection\x12*\n\ttelemetry\x18\x05 \x01(\x0b\x32\x17.bc.v1.TelemetrySection\x12$\n\x06\x64\x61\x65mon\x18\x06 \x01(\x0b\x32\x14.bc.v1.DaemonSection\x12 \n\x04site\x18\x07 \x01(\x0b\x32\x12.bc.v1.SiteSection\"-\n\x0bHostSection\x12\x1e\n\x05units\x18\x01 \x03(\x0b\x32\x0f.bc.v1.HostUnit\"/\n\x08HostUnit\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rsettings_json\x18\x02 \x01(\t\">\n\x0e\x44\x65vicesSection\x12,\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x17.bc.v1.DeviceAssignment\"\xb9\x01\n\x10\x44\x65viceAssignment\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12\x16\n\x0ereservation_id\x18\x02 \x01(\t\x12\x1f\n\x07\x62inding\x18\x03 \x01(\x0e\x32\x0e.bc.v1.Binding\x12!\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x10.bc.v1.DeviceRef\x12\x0b\n\x03\x65nv\x18\x05 \x03(\t\x12%\n\x06limits\x18\x06 \x01(\x0b\x32\x15.bc.v1.ResourceLimits\"2\n\tDeviceRef\x12\x14\n\x0c\x64\x65vice_class\x18\x01 \x01(\t\x12\x0f\n\x07\x61tom_id\x18\x02 \x01(\t\"\x84\x01\n\x0eResourceLimits\x12\x12\n\ncpu_millis\x18\x01 \x01(\x03\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x15\n\rhugepages_1gi\x18\x03 \x01(\x05\x12\x15\n\rhugepages_2mi\x18\x04 \x01(\x05\x12\x0c\n\x04\x63pus\x18\x05 \x01(\t\x12\x0c\n\x04mems\x18\x06 \x01(\t\"6\n\x10InstancesSection\x12\"\n\tinstances\x18\x01 \x03(\x0b\x32\x0f.bc.v1.Instance\"o\n\x08Instance\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07runtime\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\t\x12\r\n\x05image\x18\x04 \x01(\t\x12\x0c\n\x04nics\x18\x05 \x03(\t\x12\x0c\n\x04gpus\x18\x06 \x03(\t\x12\r\n\x05state\x18\x07 \x01(\t\"k\n\rAccessSection\x12\x18\n\x10\x65xec_ticket_jwks\x18\x01 \x01(\t\x12\x13\n\x0bssh_ca_keys\x18\x02 \x03(\t\x12\x12\n\nprincipals\x18\x03 \x03(\t\x12\x17\n\x0frevoked_serials\x18\x04 \x03(\t\"\xfb\x01\n\x10TelemetrySection\x12\x15\n\rotlp_endpoint\x18\x01 \x01(\t\x12\x19\n\x11\x65xport_interval_s\x18\x02 \x01(\x05\x12L\n\x13resource_attributes\x18\x03 \x03(\x0b\x32/.bc.v1.TelemetrySection.ResourceAttributesEntry\x12\x1a\n\x12headers_secret_ref\x18\x04 \x01(\t\x12\x10\n\x08protocol\x18\x05 \x01(\t\x1a\x39\n\x17ResourceAttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"p\n\rDaemonSection\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x0c\n\x04size\x18\x06 \x01(\x03\"P\n\x0bSiteSection\x12\x18\n\x10\x62oot_lease_state\x18\x01 \x01(\t\x12\'\n\x0c\x63\x61\x63he_images\x18\x02 \x03(\x0b\x32\x11.bc.v1.CacheImage\"9\n\nCacheImage\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\"C\n\rNodeSpecPatch\x12!\n\x08sections\x18\x01 \x01(\x0b\x32\x0f.bc.v1.NodeSpec\x12\x0f\n\x07\x63leared\x18\x02 \x03(\t*L\n\x07\x42inding\x12\x17\n\x13\x42INDING_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x42INDING_HOLD\x10\x01\x12\x16\n\x12\x42INDING_KUBERNETES\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._loaded_options = None
   _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._serialized_options = b'8\001'
-  _globals['_BINDING']._serialized_start=1653
-  _globals['_BINDING']._serialized_end=1729
+  _globals['_BINDING']._serialized_start=1703
+  _globals['_BINDING']._serialized_end=1779
   _globals['_NODESPEC']._serialized_start=28
   _globals['_NODESPEC']._serialized_end=310
   _globals['_HOSTSECTION']._serialized_start=312
@@ -57,15 +57,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACCESSSECTION']._serialized_start=1016
   _globals['_ACCESSSECTION']._serialized_end=1123
   _globals['_TELEMETRYSECTION']._serialized_start=1126
-  _globals['_TELEMETRYSECTION']._serialized_end=1359
-  _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._serialized_start=1302
-  _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._serialized_end=1359
-  _globals['_DAEMONSECTION']._serialized_start=1361
-  _globals['_DAEMONSECTION']._serialized_end=1441
-  _globals['_SITESECTION']._serialized_start=1443
-  _globals['_SITESECTION']._serialized_end=1523
-  _globals['_CACHEIMAGE']._serialized_start=1525
-  _globals['_CACHEIMAGE']._serialized_end=1582
-  _globals['_NODESPECPATCH']._serialized_start=1584
-  _globals['_NODESPECPATCH']._serialized_end=1651
+  _globals['_TELEMETRYSECTION']._serialized_end=1377
+  _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._serialized_start=1320
+  _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._serialized_end=1377
+  _globals['_DAEMONSECTION']._serialized_start=1379
+  _globals['_DAEMONSECTION']._serialized_end=1491
+  _globals['_SITESECTION']._serialized_start=1493
+  _globals['_SITESECTION']._serialized_end=1573
+  _globals['_CACHEIMAGE']._serialized_start=1575
+  _globals['_CACHEIMAGE']._serialized_end=1632
+  _globals['_NODESPECPATCH']._serialized_start=1634
+  _globals['_NODESPECPATCH']._serialized_end=1701
 # @@protoc_insertion_point(module_scope)

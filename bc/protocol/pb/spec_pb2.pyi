@@ -132,7 +132,7 @@ class AccessSection(_message.Message):
     def __init__(self, exec_ticket_jwks: _Optional[str] = ..., ssh_ca_keys: _Optional[_Iterable[str]] = ..., principals: _Optional[_Iterable[str]] = ..., revoked_serials: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TelemetrySection(_message.Message):
-    __slots__ = ("otlp_endpoint", "export_interval_s", "resource_attributes", "headers_secret_ref")
+    __slots__ = ("otlp_endpoint", "export_interval_s", "resource_attributes", "headers_secret_ref", "protocol")
     class ResourceAttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -144,23 +144,29 @@ class TelemetrySection(_message.Message):
     EXPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     HEADERS_SECRET_REF_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     otlp_endpoint: str
     export_interval_s: int
     resource_attributes: _containers.ScalarMap[str, str]
     headers_secret_ref: str
-    def __init__(self, otlp_endpoint: _Optional[str] = ..., export_interval_s: _Optional[int] = ..., resource_attributes: _Optional[_Mapping[str, str]] = ..., headers_secret_ref: _Optional[str] = ...) -> None: ...
+    protocol: str
+    def __init__(self, otlp_endpoint: _Optional[str] = ..., export_interval_s: _Optional[int] = ..., resource_attributes: _Optional[_Mapping[str, str]] = ..., headers_secret_ref: _Optional[str] = ..., protocol: _Optional[str] = ...) -> None: ...
 
 class DaemonSection(_message.Message):
-    __slots__ = ("version", "url", "sha256", "signature")
+    __slots__ = ("version", "url", "sha256", "signature", "sequence", "size")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
     version: str
     url: str
     sha256: str
     signature: bytes
-    def __init__(self, version: _Optional[str] = ..., url: _Optional[str] = ..., sha256: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    sequence: int
+    size: int
+    def __init__(self, version: _Optional[str] = ..., url: _Optional[str] = ..., sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., sequence: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class SiteSection(_message.Message):
     __slots__ = ("boot_lease_state", "cache_images")

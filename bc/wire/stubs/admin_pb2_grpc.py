@@ -90,10 +90,20 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.ServerInfoRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.ServerInfoResponse.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/bc.v1.Admin/Drain',
+                request_serializer=bc_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.DrainResponse.FromString,
+                _registered_method=True)
         self.RunCommand = channel.unary_unary(
                 '/bc.v1.Admin/RunCommand',
                 request_serializer=bc_dot_v1_dot_admin__pb2.RunCommandRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.CommandInfo.FromString,
+                _registered_method=True)
+        self.EnqueueCommands = channel.unary_unary(
+                '/bc.v1.Admin/EnqueueCommands',
+                request_serializer=bc_dot_v1_dot_admin__pb2.EnqueueCommandsRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.EnqueueCommandsResponse.FromString,
                 _registered_method=True)
         self.GetCommand = channel.unary_unary(
                 '/bc.v1.Admin/GetCommand',
@@ -137,7 +147,7 @@ class AdminStub:
                 _registered_method=True)
         self.RotateSigningKey = channel.unary_unary(
                 '/bc.v1.Admin/RotateSigningKey',
-                request_serializer=bc_dot_v1_dot_admin__pb2.GetPkiRequest.SerializeToString,
+                request_serializer=bc_dot_v1_dot_admin__pb2.RotateSigningKeyRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.PkiInfo.FromString,
                 _registered_method=True)
         self.ListApprovers = channel.unary_unary(
@@ -270,6 +280,56 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.UsageRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.UsageResponse.FromString,
                 _registered_method=True)
+        self.SshCaInit = channel.unary_unary(
+                '/bc.v1.Admin/SshCaInit',
+                request_serializer=bc_dot_v1_dot_admin__pb2.SshCaInitRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.SshCaInfo.FromString,
+                _registered_method=True)
+        self.GetSshCa = channel.unary_unary(
+                '/bc.v1.Admin/GetSshCa',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetSshCaRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.SshCaInfo.FromString,
+                _registered_method=True)
+        self.SshGrant = channel.unary_unary(
+                '/bc.v1.Admin/SshGrant',
+                request_serializer=bc_dot_v1_dot_admin__pb2.SshGrantRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.SshGrantInfo.FromString,
+                _registered_method=True)
+        self.GetSshGrant = channel.unary_unary(
+                '/bc.v1.Admin/GetSshGrant',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetSshGrantRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.SshGrantInfo.FromString,
+                _registered_method=True)
+        self.ListSshGrants = channel.unary_unary(
+                '/bc.v1.Admin/ListSshGrants',
+                request_serializer=bc_dot_v1_dot_admin__pb2.ListSshGrantsRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ListSshGrantsResponse.FromString,
+                _registered_method=True)
+        self.SshRevoke = channel.unary_unary(
+                '/bc.v1.Admin/SshRevoke',
+                request_serializer=bc_dot_v1_dot_admin__pb2.SshRevokeRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.SshGrantInfo.FromString,
+                _registered_method=True)
+        self.SshRecordCert = channel.unary_unary(
+                '/bc.v1.Admin/SshRecordCert',
+                request_serializer=bc_dot_v1_dot_admin__pb2.SshRecordCertRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.SshGrantInfo.FromString,
+                _registered_method=True)
+        self.AddReleaseKey = channel.unary_unary(
+                '/bc.v1.Admin/AddReleaseKey',
+                request_serializer=bc_dot_v1_dot_admin__pb2.AddReleaseKeyRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ReleaseKeyInfo.FromString,
+                _registered_method=True)
+        self.PublishRelease = channel.stream_unary(
+                '/bc.v1.Admin/PublishRelease',
+                request_serializer=bc_dot_v1_dot_admin__pb2.PublishReleaseChunk.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ReleaseInfo.FromString,
+                _registered_method=True)
+        self.ListReleases = channel.unary_unary(
+                '/bc.v1.Admin/ListReleases',
+                request_serializer=bc_dot_v1_dot_admin__pb2.ListReleasesRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ListReleasesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -341,8 +401,22 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """This bc serve moves its nodes to the other gateways (spread over over_s), then exits (docs/fleet.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RunCommand(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EnqueueCommands(self, request, context):
+        """Many commands in one call and one transaction, all or nothing (docs/design.md, "Enqueueing many commands").
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -557,6 +631,68 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SshCaInit(self, request, context):
+        """Break-glass SSH (docs/ssh.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSshCa(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SshGrant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSshGrant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSshGrants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SshRevoke(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SshRecordCert(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddReleaseKey(self, request, context):
+        """Self-update (docs/self-update.md): release keys, signed release records, their status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PublishRelease(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReleases(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -615,10 +751,20 @@ def add_AdminServicer_to_server(servicer, server):
                     request_deserializer=bc_dot_v1_dot_admin__pb2.ServerInfoRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.ServerInfoResponse.SerializeToString,
             ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.DrainRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.DrainResponse.SerializeToString,
+            ),
             'RunCommand': grpc.unary_unary_rpc_method_handler(
                     servicer.RunCommand,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.RunCommandRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.CommandInfo.SerializeToString,
+            ),
+            'EnqueueCommands': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnqueueCommands,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.EnqueueCommandsRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.EnqueueCommandsResponse.SerializeToString,
             ),
             'GetCommand': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCommand,
@@ -662,7 +808,7 @@ def add_AdminServicer_to_server(servicer, server):
             ),
             'RotateSigningKey': grpc.unary_unary_rpc_method_handler(
                     servicer.RotateSigningKey,
-                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetPkiRequest.FromString,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.RotateSigningKeyRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.PkiInfo.SerializeToString,
             ),
             'ListApprovers': grpc.unary_unary_rpc_method_handler(
@@ -794,6 +940,56 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetUsage,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.UsageRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.UsageResponse.SerializeToString,
+            ),
+            'SshCaInit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SshCaInit,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.SshCaInitRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.SshCaInfo.SerializeToString,
+            ),
+            'GetSshCa': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSshCa,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetSshCaRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.SshCaInfo.SerializeToString,
+            ),
+            'SshGrant': grpc.unary_unary_rpc_method_handler(
+                    servicer.SshGrant,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.SshGrantRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.SshGrantInfo.SerializeToString,
+            ),
+            'GetSshGrant': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSshGrant,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetSshGrantRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.SshGrantInfo.SerializeToString,
+            ),
+            'ListSshGrants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSshGrants,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.ListSshGrantsRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ListSshGrantsResponse.SerializeToString,
+            ),
+            'SshRevoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.SshRevoke,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.SshRevokeRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.SshGrantInfo.SerializeToString,
+            ),
+            'SshRecordCert': grpc.unary_unary_rpc_method_handler(
+                    servicer.SshRecordCert,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.SshRecordCertRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.SshGrantInfo.SerializeToString,
+            ),
+            'AddReleaseKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddReleaseKey,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.AddReleaseKeyRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ReleaseKeyInfo.SerializeToString,
+            ),
+            'PublishRelease': grpc.stream_unary_rpc_method_handler(
+                    servicer.PublishRelease,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.PublishReleaseChunk.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ReleaseInfo.SerializeToString,
+            ),
+            'ListReleases': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReleases,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.ListReleasesRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ListReleasesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1104,6 +1300,33 @@ class Admin:
             _registered_method=True)
 
     @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/Drain',
+            bc_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def RunCommand(request,
             target,
             options=(),
@@ -1120,6 +1343,33 @@ class Admin:
             '/bc.v1.Admin/RunCommand',
             bc_dot_v1_dot_admin__pb2.RunCommandRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.CommandInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnqueueCommands(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/EnqueueCommands',
+            bc_dot_v1_dot_admin__pb2.EnqueueCommandsRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.EnqueueCommandsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1361,7 +1611,7 @@ class Admin:
             request,
             target,
             '/bc.v1.Admin/RotateSigningKey',
-            bc_dot_v1_dot_admin__pb2.GetPkiRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.RotateSigningKeyRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.PkiInfo.FromString,
             options,
             channel_credentials,
@@ -2065,6 +2315,276 @@ class Admin:
             '/bc.v1.Admin/GetUsage',
             bc_dot_v1_dot_admin__pb2.UsageRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.UsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SshCaInit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/SshCaInit',
+            bc_dot_v1_dot_admin__pb2.SshCaInitRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.SshCaInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSshCa(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetSshCa',
+            bc_dot_v1_dot_admin__pb2.GetSshCaRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.SshCaInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SshGrant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/SshGrant',
+            bc_dot_v1_dot_admin__pb2.SshGrantRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.SshGrantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSshGrant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetSshGrant',
+            bc_dot_v1_dot_admin__pb2.GetSshGrantRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.SshGrantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSshGrants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListSshGrants',
+            bc_dot_v1_dot_admin__pb2.ListSshGrantsRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ListSshGrantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SshRevoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/SshRevoke',
+            bc_dot_v1_dot_admin__pb2.SshRevokeRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.SshGrantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SshRecordCert(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/SshRecordCert',
+            bc_dot_v1_dot_admin__pb2.SshRecordCertRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.SshGrantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddReleaseKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/AddReleaseKey',
+            bc_dot_v1_dot_admin__pb2.AddReleaseKeyRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ReleaseKeyInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishRelease(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/bc.v1.Admin/PublishRelease',
+            bc_dot_v1_dot_admin__pb2.PublishReleaseChunk.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ReleaseInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReleases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListReleases',
+            bc_dot_v1_dot_admin__pb2.ListReleasesRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ListReleasesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,7 +43,11 @@ class AdminStub:
     ListEvents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]
     Watch: _grpc.UnaryStreamMultiCallable[_admin_pb2.WatchRequest, _admin_pb2.EventRecord]
     ServerInfo: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ServerInfoRequest, _admin_pb2.ServerInfoResponse]
+    Drain: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DrainRequest, _admin_pb2.DrainResponse]
+    """This bc serve moves its nodes to the other gateways (spread over over_s), then exits (docs/fleet.md)."""
     RunCommand: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RunCommandRequest, _admin_pb2.CommandInfo]
+    EnqueueCommands: _grpc.UnaryUnaryMultiCallable[_admin_pb2.EnqueueCommandsRequest, _admin_pb2.EnqueueCommandsResponse]
+    """Many commands in one call and one transaction, all or nothing (docs/design.md, "Enqueueing many commands")."""
     GetCommand: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetCommandRequest, _admin_pb2.CommandInfo]
     ListCommands: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListCommandsRequest, _admin_pb2.ListCommandsResponse]
     CancelCommand: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CancelCommandRequest, _admin_pb2.CommandInfo]
@@ -52,7 +56,7 @@ class AdminStub:
     LabelNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.LabelNodeRequest, _admin_pb2.NodeInfo]
     DeleteNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.DeleteNodeResponse]
     GetPki: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]
-    RotateSigningKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]
+    RotateSigningKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RotateSigningKeyRequest, _admin_pb2.PkiInfo]
     ListApprovers: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListApproversRequest, _admin_pb2.ApproverSet]
     AddApprover: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AddApproverRequest, _admin_pb2.ApproverSet]
     RemoveApprover: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RemoveApproverRequest, _admin_pb2.ApproverSet]
@@ -79,6 +83,18 @@ class AdminStub:
     GetReservation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.Reservation]
     GetPlacementExplanation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.PlacementExplanation]
     GetUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UsageRequest, _admin_pb2.UsageResponse]
+    SshCaInit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SshCaInitRequest, _admin_pb2.SshCaInfo]
+    """Break-glass SSH (docs/ssh.md)."""
+    GetSshCa: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetSshCaRequest, _admin_pb2.SshCaInfo]
+    SshGrant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SshGrantRequest, _admin_pb2.SshGrantInfo]
+    GetSshGrant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetSshGrantRequest, _admin_pb2.SshGrantInfo]
+    ListSshGrants: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListSshGrantsRequest, _admin_pb2.ListSshGrantsResponse]
+    SshRevoke: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SshRevokeRequest, _admin_pb2.SshGrantInfo]
+    SshRecordCert: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SshRecordCertRequest, _admin_pb2.SshGrantInfo]
+    AddReleaseKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AddReleaseKeyRequest, _admin_pb2.ReleaseKeyInfo]
+    """Self-update (docs/self-update.md): release keys, signed release records, their status."""
+    PublishRelease: _grpc.StreamUnaryMultiCallable[_admin_pb2.PublishReleaseChunk, _admin_pb2.ReleaseInfo]
+    ListReleases: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListReleasesRequest, _admin_pb2.ListReleasesResponse]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -94,7 +110,11 @@ class AdminAsyncStub(AdminStub):
     ListEvents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]  # type: ignore[assignment]
     Watch: _aio.UnaryStreamMultiCallable[_admin_pb2.WatchRequest, _admin_pb2.EventRecord]  # type: ignore[assignment]
     ServerInfo: _aio.UnaryUnaryMultiCallable[_admin_pb2.ServerInfoRequest, _admin_pb2.ServerInfoResponse]  # type: ignore[assignment]
+    Drain: _aio.UnaryUnaryMultiCallable[_admin_pb2.DrainRequest, _admin_pb2.DrainResponse]  # type: ignore[assignment]
+    """This bc serve moves its nodes to the other gateways (spread over over_s), then exits (docs/fleet.md)."""
     RunCommand: _aio.UnaryUnaryMultiCallable[_admin_pb2.RunCommandRequest, _admin_pb2.CommandInfo]  # type: ignore[assignment]
+    EnqueueCommands: _aio.UnaryUnaryMultiCallable[_admin_pb2.EnqueueCommandsRequest, _admin_pb2.EnqueueCommandsResponse]  # type: ignore[assignment]
+    """Many commands in one call and one transaction, all or nothing (docs/design.md, "Enqueueing many commands")."""
     GetCommand: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetCommandRequest, _admin_pb2.CommandInfo]  # type: ignore[assignment]
     ListCommands: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListCommandsRequest, _admin_pb2.ListCommandsResponse]  # type: ignore[assignment]
     CancelCommand: _aio.UnaryUnaryMultiCallable[_admin_pb2.CancelCommandRequest, _admin_pb2.CommandInfo]  # type: ignore[assignment]
@@ -103,7 +123,7 @@ class AdminAsyncStub(AdminStub):
     LabelNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.LabelNodeRequest, _admin_pb2.NodeInfo]  # type: ignore[assignment]
     DeleteNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.DeleteNodeResponse]  # type: ignore[assignment]
     GetPki: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]  # type: ignore[assignment]
-    RotateSigningKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPkiRequest, _admin_pb2.PkiInfo]  # type: ignore[assignment]
+    RotateSigningKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.RotateSigningKeyRequest, _admin_pb2.PkiInfo]  # type: ignore[assignment]
     ListApprovers: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListApproversRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
     AddApprover: _aio.UnaryUnaryMultiCallable[_admin_pb2.AddApproverRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
     RemoveApprover: _aio.UnaryUnaryMultiCallable[_admin_pb2.RemoveApproverRequest, _admin_pb2.ApproverSet]  # type: ignore[assignment]
@@ -130,6 +150,18 @@ class AdminAsyncStub(AdminStub):
     GetReservation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.Reservation]  # type: ignore[assignment]
     GetPlacementExplanation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.PlacementExplanation]  # type: ignore[assignment]
     GetUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.UsageRequest, _admin_pb2.UsageResponse]  # type: ignore[assignment]
+    SshCaInit: _aio.UnaryUnaryMultiCallable[_admin_pb2.SshCaInitRequest, _admin_pb2.SshCaInfo]  # type: ignore[assignment]
+    """Break-glass SSH (docs/ssh.md)."""
+    GetSshCa: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetSshCaRequest, _admin_pb2.SshCaInfo]  # type: ignore[assignment]
+    SshGrant: _aio.UnaryUnaryMultiCallable[_admin_pb2.SshGrantRequest, _admin_pb2.SshGrantInfo]  # type: ignore[assignment]
+    GetSshGrant: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetSshGrantRequest, _admin_pb2.SshGrantInfo]  # type: ignore[assignment]
+    ListSshGrants: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListSshGrantsRequest, _admin_pb2.ListSshGrantsResponse]  # type: ignore[assignment]
+    SshRevoke: _aio.UnaryUnaryMultiCallable[_admin_pb2.SshRevokeRequest, _admin_pb2.SshGrantInfo]  # type: ignore[assignment]
+    SshRecordCert: _aio.UnaryUnaryMultiCallable[_admin_pb2.SshRecordCertRequest, _admin_pb2.SshGrantInfo]  # type: ignore[assignment]
+    AddReleaseKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.AddReleaseKeyRequest, _admin_pb2.ReleaseKeyInfo]  # type: ignore[assignment]
+    """Self-update (docs/self-update.md): release keys, signed release records, their status."""
+    PublishRelease: _aio.StreamUnaryMultiCallable[_admin_pb2.PublishReleaseChunk, _admin_pb2.ReleaseInfo]  # type: ignore[assignment]
+    ListReleases: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListReleasesRequest, _admin_pb2.ListReleasesResponse]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -210,11 +242,27 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admin_pb2.ServerInfoResponse, _abc.Awaitable[_admin_pb2.ServerInfoResponse]]: ...
 
     @_abc_1.abstractmethod
+    def Drain(
+        self,
+        request: _admin_pb2.DrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DrainResponse, _abc.Awaitable[_admin_pb2.DrainResponse]]:
+        """This bc serve moves its nodes to the other gateways (spread over over_s), then exits (docs/fleet.md)."""
+
+    @_abc_1.abstractmethod
     def RunCommand(
         self,
         request: _admin_pb2.RunCommandRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.CommandInfo, _abc.Awaitable[_admin_pb2.CommandInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def EnqueueCommands(
+        self,
+        request: _admin_pb2.EnqueueCommandsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.EnqueueCommandsResponse, _abc.Awaitable[_admin_pb2.EnqueueCommandsResponse]]:
+        """Many commands in one call and one transaction, all or nothing (docs/design.md, "Enqueueing many commands")."""
 
     @_abc_1.abstractmethod
     def GetCommand(
@@ -275,7 +323,7 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def RotateSigningKey(
         self,
-        request: _admin_pb2.GetPkiRequest,
+        request: _admin_pb2.RotateSigningKeyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.PkiInfo, _abc.Awaitable[_admin_pb2.PkiInfo]]: ...
 
@@ -460,5 +508,77 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.UsageRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.UsageResponse, _abc.Awaitable[_admin_pb2.UsageResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SshCaInit(
+        self,
+        request: _admin_pb2.SshCaInitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SshCaInfo, _abc.Awaitable[_admin_pb2.SshCaInfo]]:
+        """Break-glass SSH (docs/ssh.md)."""
+
+    @_abc_1.abstractmethod
+    def GetSshCa(
+        self,
+        request: _admin_pb2.GetSshCaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SshCaInfo, _abc.Awaitable[_admin_pb2.SshCaInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def SshGrant(
+        self,
+        request: _admin_pb2.SshGrantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SshGrantInfo, _abc.Awaitable[_admin_pb2.SshGrantInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def GetSshGrant(
+        self,
+        request: _admin_pb2.GetSshGrantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SshGrantInfo, _abc.Awaitable[_admin_pb2.SshGrantInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSshGrants(
+        self,
+        request: _admin_pb2.ListSshGrantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListSshGrantsResponse, _abc.Awaitable[_admin_pb2.ListSshGrantsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SshRevoke(
+        self,
+        request: _admin_pb2.SshRevokeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SshGrantInfo, _abc.Awaitable[_admin_pb2.SshGrantInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def SshRecordCert(
+        self,
+        request: _admin_pb2.SshRecordCertRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SshGrantInfo, _abc.Awaitable[_admin_pb2.SshGrantInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def AddReleaseKey(
+        self,
+        request: _admin_pb2.AddReleaseKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ReleaseKeyInfo, _abc.Awaitable[_admin_pb2.ReleaseKeyInfo]]:
+        """Self-update (docs/self-update.md): release keys, signed release records, their status."""
+
+    @_abc_1.abstractmethod
+    def PublishRelease(
+        self,
+        request_iterator: _MaybeAsyncIterator[_admin_pb2.PublishReleaseChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ReleaseInfo, _abc.Awaitable[_admin_pb2.ReleaseInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ListReleases(
+        self,
+        request: _admin_pb2.ListReleasesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListReleasesResponse, _abc.Awaitable[_admin_pb2.ListReleasesResponse]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

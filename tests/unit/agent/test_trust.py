@@ -7,6 +7,7 @@ import random
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -370,3 +371,59 @@ def test_neither_a_worker_nor_the_root_alone_may_change_the_quorum_settings() ->
     assert d.bundle is None and "no approved quorum change leads" in d.reason
     # Another root's key is no root of ours.
     assert decide_bundle(held, signed(WorkerSigner(ROOT_KEY_B, ROOT_B), dropped), dropped, CA_PEM, NOW).bundle is None
+
+
+# -- release keys (docs/self-update.md) ------------------------------------------------------------
+
+
+def test_release_keys_arrive_only_under_the_roots_own_signature() -> None:
+    offered = bundle(ROOT_A_PEM)
+    offered.release_keys.append(b"\x01" * 32)
+    by_worker = decide_bundle(HOLDING_A, signed(WORKER_A, offered), offered, CA_PEM, NOW)
+    assert by_worker.bundle is None
+    assert by_worker.reason == "the release keys change only under the signing root's own signature"
+    by_root = decide_bundle(HOLDING_A, signed(ROOT_SIGNER_A, offered), offered, CA_PEM, NOW)
+    assert by_root.bundle == offered
+    # Once held, the worker's signature still delivers the bundle (nothing about release keys changes).
+    again = bundle(ROOT_A_PEM, ROOT_B_PEM)
+    again.release_keys.append(b"\x01" * 32)
+    assert decide_bundle(offered, signed(WORKER_A, again), again, CA_PEM, NOW).bundle == again
+
+
+def _bootstrap_step(
+    root_key: ed25519.Ed25519PrivateKey | None,
+) -> tuple[common_pb2.TrustBundle, common_pb2.TrustBundle]:
+    """(held, offered): the first approver added (no approvals needed), its step signed by `root_key`."""
+    from bc.pki import quorum as q
+
+    held = bundle(ROOT_A_PEM)
+    approver = common_pb2.ApproverKey(key_id="sha256:aa", public_key=b"k" * 32, name="alice", operator="alice")
+    to = common_pb2.QuorumSettings(version=1, quorum_k=2)
+    to.approver_keys.append(approver)
+    change = common_pb2.QuorumChange(
+        change_id="q-1", requested_by="local", from_digest=q.settings_digest(q.settings_of(held)), settings=to
+    )
+    if root_key is not None:
+        change.root_signature = root_key.sign(q.root_change_message(change.from_digest, q.settings_digest(to)))
+    offered = bundle(ROOT_A_PEM, quorum_k=2)
+    offered.approver_keys.append(approver)
+    offered.quorum_version = 1
+    offered.quorum_changes.append(change)
+    return held, offered
+
+
+def test_a_worker_signed_bundle_moves_the_quorum_only_along_steps_the_root_itself_signed() -> None:
+    """The root kept offline: the bundle is the worker's, and each change carries the root's signature of its
+    step (made on the operator's machine with `--root-key`); without it, or by another root, it is refused."""
+    held, offered = _bootstrap_step(ROOT_KEY_A)
+    d = decide_bundle(held, signed(WORKER_A, offered), offered, CA_PEM, NOW)
+    assert d.bundle is not None and d.bundle.quorum_version == 1, d.reason
+    for key in (None, ROOT_KEY_B, WORKER_A.key):
+        held, offered = _bootstrap_step(key)
+        d = decide_bundle(held, signed(WORKER_A, offered), offered, CA_PEM, NOW)
+        assert d.bundle is None and "root's own signature" in d.reason and "q-1" in d.reason, (key, d.reason)
+    # A root-signed step does not let a worker-signed bundle change the release keys.
+    held, offered = _bootstrap_step(ROOT_KEY_A)
+    offered.release_keys.append(b"r" * 32)
+    d = decide_bundle(held, signed(WORKER_A, offered), offered, CA_PEM, NOW)
+    assert d.bundle is None and "release keys" in d.reason

@@ -103,8 +103,9 @@ def test_node_unit_always_restarts_and_can_do_its_work() -> None:
     for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp"):
         assert one(unit, key) == "yes", key
     assert one(unit, "ProtectSystem") == "strict"
-    assert writable(unit) == {"/var/lib/bc-node", "/etc/cdi", "/run/bc/allocations"}
-    assert one(unit, "ConfigurationDirectory") == "cdi"
+    host = {"/etc/sysctl.d", "/etc/modules-load.d", "/etc/systemd/system", "/etc/bc"}  # the host units' files
+    assert writable(unit) == {"/var/lib/bc-node", "/etc/cdi", "/run/bc/allocations", *host}
+    assert unit["Service"]["ConfigurationDirectory"] == ["cdi", "bc"]
     assert one(unit, "RuntimeDirectory") == "bc/allocations"
     assert one(unit, "RuntimeDirectoryPreserve") == "yes"
     # What would stop the agent from reading GPUs and XIDs, resetting a GPU or rebooting the host.
@@ -121,8 +122,15 @@ def test_node_unit_carries_the_upload_allowlist() -> None:
     assert "--upload-allow" not in one(printed("node"), "ExecStart")  # none unless the operator names one
 
 
+def test_node_unit_with_no_host_units_opens_none_of_their_paths() -> None:
+    unit = printed("node", "--no-host-units")
+    assert one(unit, "ExecStart").endswith(" --no-host-units")
+    assert writable(unit) == {"/var/lib/bc-node", "/etc/cdi", "/run/bc/allocations"}
+    assert one(unit, "ConfigurationDirectory") == "cdi"
+
+
 def test_node_unit_with_cdi_in_var_run() -> None:
-    unit = printed("node", "--cdi-dir", "/var/run/cdi")
+    unit = printed("node", "--cdi-dir", "/var/run/cdi", "--no-host-units")
     assert writable(unit) == {"/var/lib/bc-node", "/var/run/cdi", "/run/bc/allocations"}
     assert unit["Service"]["RuntimeDirectory"] == ["cdi", "bc/allocations"]
     assert "ConfigurationDirectory" not in unit["Service"]
@@ -136,7 +144,11 @@ def test_systemd_analyze_verifies_both_units(tmp_path: Path) -> None:
     # verify checks that ExecStart's program exists and is executable: point it at this interpreter.
     files = []
     node_args = ("node", "--allow-reboot", "--upload-allow", "https://logs.example/bc/")
-    for name, args in (("bc-serve.service", ("serve",)), ("bc-node.service", node_args)):
+    for name, args in (
+        ("bc-serve.service", ("serve",)),
+        ("bc-node.service", node_args),
+        ("bc-node-external.service", ("node", "--no-host-units")),
+    ):
         result = run("unit", "print", *args, "--bin", sys.executable)
         assert result.exit_code == 0, result.output
         path = tmp_path / name

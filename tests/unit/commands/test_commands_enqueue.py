@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 from collections.abc import Awaitable, Callable
@@ -263,3 +264,17 @@ async def test_the_aiosqlite_driver_takes_seqs_the_same_way(
         assert await enqueue(store, None, unsigned, req, rng) == b
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("nested", ["[" * 5000 + "]" * 5000, '{"a":' * 5000 + "1" + "}" * 5000])
+def test_a_payload_nested_past_the_parsers_depth_is_one_sentence(nested: str) -> None:
+    # Found by the Admin fuzzer: a RecursionError reached the caller as an internal error.
+    with pytest.raises(UsageError, match=r"nests too deeply"):
+        payload_from_json("inventory.refresh", nested if nested.startswith("{") else '{"x":' + nested + "}")
+
+
+def test_a_result_nested_past_the_parsers_depth_is_shown_as_bytes() -> None:
+    from bc.control.views import result_text
+
+    raw = ("[" * 5000 + "]" * 5000).encode()
+    assert result_text(raw) == base64.b64encode(raw).decode("ascii")

@@ -249,3 +249,43 @@ async def test_removing_the_last_approver_turns_the_quorum_off_and_keeps_k(
     settings, _ = await appr.trust_state(store)
     assert settings == common_pb2.QuorumSettings(version=settings.version) and settings.version == 4
     assert (await appr.approver_set(store)).threshold == 2
+
+
+# -- the command-signing root's signature of each step ---------------------------------------------------
+
+
+def seal(root: ed25519.Ed25519PrivateKey, on_host: bool) -> appr.RootSeal:
+    return appr.RootSeal(raw(root), root.sign if on_host else None)
+
+
+async def test_with_the_root_on_the_host_every_change_carries_its_signature_of_the_step(
+    store: InlineSqliteStore, bus: Bus, keys: Any
+) -> None:
+    root = ed25519.Ed25519PrivateKey.generate()
+    await add_operator(store, "alice")
+    edit = appr.AddApprover("alice", b64(keys["alice"]))
+    proposed = await appr.propose(store, bus, edit, ADMIN, RNG, root=seal(root, True))
+    _, chain = await appr.trust_state(store)
+    assert proposed.state == "applied" and len(chain) == 1
+    assert q.root_signed(chain[0], [raw(root)]) and not q.root_signed(chain[0], [raw(keys["alice"])])
+
+
+async def test_with_the_root_offline_a_change_needs_the_operators_signature_of_the_step(
+    store: InlineSqliteStore, bus: Bus, keys: Any
+) -> None:
+    root, other = ed25519.Ed25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
+    offline = seal(root, False)
+    await add_operator(store, "alice")
+    edit = appr.AddApprover("alice", b64(keys["alice"]))
+    with pytest.raises(UsageError, match="pass --root-key"):
+        await appr.propose(store, bus, edit, ADMIN, RNG, root=offline)
+    # The preview stores nothing and hands back both settings; another key's signature of them is refused.
+    preview = await appr.propose(store, bus, edit, ADMIN, RNG, root=offline, preview=True)
+    assert preview.state == "preview" and preview.frm is not None and preview.to is not None
+    msg = q.root_change_message(q.settings_digest(preview.frm), q.settings_digest(preview.to))
+    with pytest.raises(UsageError, match="does not cover this change"):
+        await appr.propose(store, bus, edit, ADMIN, RNG, root=offline, given_root_signature=other.sign(msg))
+    assert (await appr.approver_set(store)).approvers == [] and await events(store) == []
+    proposed = await appr.propose(store, bus, edit, ADMIN, RNG, root=offline, given_root_signature=root.sign(msg))
+    _, chain = await appr.trust_state(store)
+    assert proposed.state == "applied" and chain[0].root_signature == root.sign(msg)

@@ -49,7 +49,14 @@ def host_section(target_bytes: int) -> str:
 
 SECTION_FILLERS: dict[str, Callable[[int], str]] = {
     "host": host_section,
-    "access": lambda n: json.dumps({"ssh_ca_keys": [f"ssh-ed25519 {'A' * 1000} k{i}" for i in range(n // 1020)]}),
+    "access": lambda n: json.dumps(
+        {
+            "ssh_ca_keys": [
+                f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICgSvCEPeeLHJiWeXDoCuN5bdn6mpHrcxSLMYt/aGFcW {'c' * 920}k{i}"
+                for i in range(n // 1020)
+            ]
+        }
+    ),
     "telemetry": lambda n: json.dumps({"resource_attributes": {f"k{i:05d}": "v" * 1000 for i in range(n // 1015)}}),
     "site": lambda n: json.dumps(
         {"cache_images": [{"url": f"https://img.example/{i}/{'p' * 1000}"} for i in range(n // 1040)]}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Awaitable, Callable
+
+import pytest
 
 from bc.clock import LoopClock
 from bc.control.bus import Bus
@@ -12,7 +15,7 @@ from bc.control.liveness import STALL_HOLD_MS, Liveness, LivenessConfig
 from bc.control.reservations import ReserveRequest, reserve
 from bc.control.signer import NullSigner
 from bc.protocol.pb import common_pb2
-from bc.store import Row, Store
+from bc.store import Row, Store, StoreError, Tx
 from bc.store import events as events_sql
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
@@ -255,3 +258,43 @@ async def test_a_session_its_gateway_stopped_flushing_is_closed_after_the_lease_
     assert transitions == [("n1", "disconnected")]
     async with store.transaction(write=False) as tx:
         assert not await nodes_sql.session_is_current(tx, "n1", epoch)
+
+
+async def test_a_store_outage_is_a_sweep_gap_though_the_sweeps_kept_trying(
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reference "PostgreSQL unavailable": the liveness loop keeps calling `sweep_once` every second while the
+    store is out, and each call fails at its transaction. Those attempts are no sweeps: the first sweep after
+    the outage sees the whole gap and holds timed transitions back, so a session whose gateway could not
+    flush its ages through the outage is not closed as silent (and its node not marked unreachable) before
+    the fleet had time to reconnect. (Found by `bc sim --gateways 3`'s store outages: the attempts used to
+    reset the gap.)"""
+    await add_node("n1")
+    await gateway_lease(store)
+    await open_session(store)
+    lv = Liveness(store, bus, "worker-1", CFG)
+    await lv.sweep_once()
+    real = store.transaction
+
+    def out(*, write: bool = True) -> contextlib.AbstractAsyncContextManager[Tx]:
+        raise StoreError("the store is unavailable")
+
+    monkeypatch.setattr(store, "transaction", out)
+    for _ in range(60):  # a minute of outage, a sweep attempt every second
+        await advance(1.0)
+        with pytest.raises(StoreError):
+            await lv.sweep_once()
+    monkeypatch.setattr(store, "transaction", real)
+    # The gateway renews again but its streams were dropped at its fence: nothing flushes n1's age.
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        assert await leases_sql.acquire(tx, f"gateway:{GW}", GW, now_ms, GW_LEASE_MS)
+    transitions = []
+    for _ in range(int(STALL_HOLD_MS / 1000 / STEP) - 2):
+        transitions += await lv.sweep_once()
+        await advance(STEP)
+        now_ms = await store.now_ms()
+        async with store.transaction() as tx:
+            assert await leases_sql.acquire(tx, f"gateway:{GW}", GW, now_ms, GW_LEASE_MS)
+    assert transitions == []
+    assert await connectivity(store) == "connected"

@@ -30,6 +30,8 @@ from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import advance
 
+pytestmark = pytest.mark.usefixtures("gateway_lease")  # hello_transaction routes as gw-1
+
 SIGNER = NullSigner()  # signing off, explicitly: a test of signing makes a KeySigner
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()

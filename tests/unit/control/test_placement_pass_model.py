@@ -245,3 +245,20 @@ def test_the_wired_pass_keeps_i1_i5_i7_i8_through_crashes(
     tmp = tmp_path_factory.mktemp("placement")
     with monkeypatch.context() as m:
         run_virtual(run(tmp, virtual_clock(), steps, m))
+
+
+_ONE = {"gpus": 1, "node": None, "start_s": None, "duration_s": None}
+_REFUSED_TWICE: list[tuple[str, Any]] = [("reserve", _ONE)] * 4 + [("refuse", 0), ("refuse", 0), ("release", 0)]
+
+
+@settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.just(_REFUSED_TWICE))
+def test_releasing_a_hold_refused_twice_and_not_placed_again_frees_it(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, steps: list[tuple[str, Any]]
+) -> None:
+    """Found by the model above: after two refusals a hold may be on no node at all; releasing it must not
+    try to write the spec of a node it is not on (it raised NotFound for node 'None')."""
+    from bc.virtual_time import run as run_virtual
+
+    with monkeypatch.context() as m:
+        run_virtual(run(tmp_path_factory.mktemp("refused"), virtual_clock(), steps, m))

@@ -262,6 +262,7 @@ async def test_bad_requests_are_refused_and_store_nothing(
     error: type[Exception],
     fragment: str,
 ) -> None:
+    kw = dict(kw)  # the parameter is shared by every store's run: never pop from it
     node_ids = kw.pop("node_ids", None)
     with pytest.raises(error, match=fragment):
         await create(store, bus, node_ids, **kw)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bc.control.bus import Bus
 from bc.gateway.hello import CAPABILITY_PREFIX, capability_labels, hello_transaction
 from bc.pki.identity import PeerIdentity
@@ -11,6 +13,8 @@ from bc.protocol.pb import session_pb2
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
 from tests.unit.gateway.test_duplicate_session import GW, NODE, SIGNER, ca, peer  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.usefixtures("gateway_lease")  # hello_transaction routes as gw-1
 
 
 def test_capability_labels_replace_the_old_ones_and_keep_the_operators() -> None:

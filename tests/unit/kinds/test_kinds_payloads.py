@@ -19,6 +19,7 @@ REQUESTS: dict[str, type[Message]] = {
     "node.reboot": kinds_pb2.NodeRebootRequest,
     "logs.collect": kinds_pb2.LogsCollectRequest,
     "diag.dcgm": kinds_pb2.DiagDcgmRequest,
+    "daemon.upgrade": kinds_pb2.DaemonUpgradeRequest,
 }
 
 

@@ -288,7 +288,11 @@ def test_an_unreadable_certificate_is_refused() -> None:
         verifier_a().verify(env, PURPOSE_COMMAND, NOW)
 
 
-@pytest.mark.parametrize("key_id", ["", "sha256:" + "0" * 64, WORKER_B.key_id, key_id_of(ROOT_A)])
+@pytest.mark.parametrize(
+    "key_id",
+    ["", "sha256:" + "0" * 64, WORKER_B.key_id, key_id_of(ROOT_A)],
+    ids=["empty", "unknown", "another-worker", "a-root"],
+)
 def test_the_key_id_must_name_the_certificate_carried(key_id: str) -> None:
     env = WORKER_A.envelope(PURPOSE_COMMAND, b"b")
     env.key_id = key_id
@@ -451,3 +455,42 @@ def test_a_root_cannot_sign_intent_itself() -> None:
     env = root_as_signer.envelope(PURPOSE_COMMAND, b"body")
     with pytest.raises(BadSignature, match="not a worker's"):
         verifier_a().verify(env, PURPOSE_COMMAND, NOW)
+
+
+def test_an_issued_worker_is_installed_only_if_it_is_a_valid_worker_of_this_root(tmp_path: Path) -> None:
+    """`bc pki rotate --root-key`: the operator's CLI issues the worker; anything else changes nothing."""
+    from bc.pki.secrets_source import SeededSecrets
+    from bc.testing import virtual_clock
+
+    ser = serialization
+    now = 1_800_000_000.0
+    clock, rng, secrets = virtual_clock(now), random.Random(3), SeededSecrets(3)
+    sk = SigningKeys.create(tmp_path / "pki", clock, rng, secrets)
+    root_key = ser.load_pem_private_key((sk.dir / "root.key").read_bytes(), None)
+    assert isinstance(root_key, ed25519.Ed25519PrivateKey)
+
+    def pem(key: ed25519.Ed25519PrivateKey) -> bytes:
+        return key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
+
+    def cert_pem(c: x509.Certificate) -> bytes:
+        return c.public_bytes(ser.Encoding.PEM)
+
+    other_key, other_root = create_root(clock, rng, secrets)
+    wk, wc = issue_worker(root_key, sk.root, clock, rng, secrets)
+    ok, oc = issue_worker(other_key, other_root, clock, rng, secrets)
+    before = (sk.dir / "worker.crt").read_bytes()
+    bad = [
+        (pem(ok), cert_pem(oc), "not issued by this install's command-signing root"),
+        (pem(ok), cert_pem(wc), "not for the key sent with it"),
+        (pem(root_key), cert_pem(sk.root), "not a worker certificate"),
+        (b"junk", cert_pem(wc), "does not parse"),
+        (pem(wk), b"junk", "does not parse"),
+    ]
+    for key_pem, c_pem, fragment in bad:
+        with pytest.raises(UsageError, match=fragment):
+            sk.install_worker(key_pem, c_pem, now)
+        assert (sk.dir / "worker.crt").read_bytes() == before
+    with pytest.raises(UsageError, match="not valid now"):
+        sk.install_worker(pem(wk), cert_pem(wc), now + 80 * 24 * 3600)
+    w = sk.install_worker(pem(wk), cert_pem(wc), now)
+    assert SigningKeys.load(tmp_path / "pki").worker.key_id == w.key_id != ""

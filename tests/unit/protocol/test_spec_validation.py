@@ -31,8 +31,8 @@ GOOD = {
     "instances": {"instances": [{"id": "vm-1", "runtime": "libvirt-kvm"}]},
     "access": {
         "principals": ["oncall", "root@n1"],
-        "revoked_serials": ["12", "ab01"],
-        "ssh_ca_keys": ["ssh-ed25519 AAAA"],
+        "revoked_serials": ["12", "4097"],
+        "ssh_ca_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICgSvCEPeeLHJiWeXDoCuN5bdn6mpHrcxSLMYt/aGFcW ca"],
     },
     "telemetry": {
         "otlp_endpoint": "http://127.0.0.1:4317",

@@ -66,6 +66,37 @@ def test_faults_are_sorted_inside_the_run_on_known_nodes(
             assert len(f.targets) == 1
 
 
-def test_only_one_gateway_is_built() -> None:
+def test_a_run_needs_a_gateway() -> None:
     with pytest.raises(ValueError, match="gateway"):
-        chaos.schedule("heavy", random.Random(1), NODES, 3600, gateways=3)
+        chaos.schedule("heavy", random.Random(1), NODES, 3600, gateways=0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_several_gateways_add_their_faults_after_the_one_gateway_schedule(seed: int) -> None:
+    """The gateway kinds are drawn after every other draw: the rest of the schedule is the one-gateway one, so
+    a one-gateway run's digest does not move; heavy strikes with each of them too."""
+    one = chaos.schedule("heavy", random.Random(seed), NODES, 3600)
+    three = chaos.schedule("heavy", random.Random(seed), NODES, 3600, gateways=3)
+    assert [f for f in three if f.kind not in chaos.GATEWAY_KINDS] == one
+    assert not {f.kind for f in one} & set(chaos.GATEWAY_KINDS)
+    assert {f.kind for f in three} == set(chaos.kinds_for(3))
+    for f in three:
+        if f.kind == chaos.STORE_OUTAGE:
+            assert f.targets == (chaos.STORE,) and 5 <= float(f.params["duration_s"]) <= 45
+        elif f.kind in (chaos.GATEWAY_KILL, chaos.GATEWAY_STALL):
+            assert f.targets[0] in {"gw-0", "gw-1", "gw-2"}
+
+
+@given(st.integers(0, 2**32), st.integers(2, 8), st.floats(60, 7200))
+def test_a_gateway_is_always_up(seed: int, gateways: int, duration: float) -> None:
+    """Kills and stalls never overlap on one gateway, and never take down the last one up."""
+    faults = chaos.schedule("heavy", random.Random(seed), NODES[:5], duration, gateways=gateways)
+    spans = [
+        (f.t_s, f.t_s + float(f.params.get("down_s", f.params.get("duration_s", 0.0))), f.targets[0])
+        for f in faults
+        if f.kind in (chaos.GATEWAY_KILL, chaos.GATEWAY_STALL)
+    ]
+    for t, end, _ in spans:
+        assert end <= max(duration, t + 1.0)
+        down = [g for a, b, g in spans if a <= t <= b]
+        assert len(down) == len(set(down)) and len(down) < gateways

@@ -17,6 +17,7 @@ class Cfg:
     nodes: int = 100
     seed: int = 7
     chaos: str = "heavy"
+    gateways: int = 1
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Res:
     sim_seconds: float = 3600.0
     wall_seconds: float = 36.0
     repro: str = "bc sim --nodes 100 --chaos heavy --seed 7 --duration 1h"
+    gateway_fences: int = 0
 
 
 PASS = [
@@ -102,3 +104,13 @@ def test_the_json_document_carries_every_key_and_round_trips() -> None:
     assert list(doc["faults"]) == ["agent-crash", "partition", "reset"]  # sorted, stable across runs
     assert doc["link_faults"] == {"dropped": 40, "duplicated": 2}
     assert doc["work"]["reservations"] == 40 and doc["sim_seconds"] == 3600.0
+
+
+def test_several_gateways_are_named_with_their_fences() -> None:
+    text = summary(Res(PASS, gateway_fences=4), Cfg(gateways=3))
+    assert text.splitlines()[0].startswith("bc sim: 100 nodes, 3 gateways, chaos heavy, seed 7:")
+    assert "gateways: 3, fenced themselves 4 times" in text.splitlines()
+    doc = to_json(Res(PASS, gateway_fences=4), Cfg(gateways=3))
+    assert doc["gateways"] == 3 and doc["gateway_fences"] == 4
+    one = summary(Res(PASS), Cfg())
+    assert "gateways" not in one and one.startswith("bc sim: 100 nodes, chaos heavy")

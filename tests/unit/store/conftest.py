@@ -1,4 +1,5 @@
-"""Both SQLite drivers, on tmp files and the virtual loop's clock."""
+"""Every driver: both SQLite drivers on tmp files, and PostgreSQL (a schema per test) when
+`BC_TEST_POSTGRES` names a database; all on the virtual loop's clock."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 
 from bc.clock import LoopClock
 from bc.store import Store
+from bc.store.postgres import PostgresStore
 from bc.store.sqlite import InlineSqliteStore, SqliteStore
 from bc.testing import virtual_clock
+from tests.pg import fresh_schema
 
 MakeStore = Callable[[], Store]
 
@@ -25,11 +28,15 @@ def clock() -> LoopClock:
     return virtual_clock()
 
 
-@pytest.fixture(params=sorted(DRIVERS))
-def make_store(request: pytest.FixtureRequest, tmp_path: Path, clock: LoopClock) -> MakeStore:
-    """A factory for unopened stores on the same file (to reopen it)."""
+@pytest.fixture(params=[*sorted(DRIVERS), pytest.param("postgres", marks=pytest.mark.postgres)])
+async def make_store(request: pytest.FixtureRequest, tmp_path: Path, clock: LoopClock) -> AsyncIterator[MakeStore]:
+    """A factory for unopened stores on the same file or schema (to reopen it)."""
+    if request.param == "postgres":
+        async with fresh_schema() as (url, schema):
+            yield lambda: PostgresStore(url, clock, schema=schema, db_clock=False)
+        return
     factory = DRIVERS[request.param]
-    return lambda: factory(tmp_path, clock)
+    yield lambda: factory(tmp_path, clock)
 
 
 @pytest.fixture

@@ -36,3 +36,24 @@ async def test_the_prefix_is_case_sensitive(store: Store) -> None:
 async def test_an_empty_prefix_is_every_event(store: Store) -> None:
     await _seed(store)
     assert await _types(store, "") == TYPES
+
+
+async def test_an_event_published_in_a_rolled_back_savepoint_is_not_appended(store: Store) -> None:
+    """Events are appended when the transaction commits (numbered in commit order); a part that rolled
+    back takes its events with it, and a failed transaction appends none."""
+    async with store.transaction() as tx:
+        await events_sql.publish(tx, "kept.before", "n1", {}, 1)
+        try:
+            async with tx.savepoint("part"):
+                await events_sql.publish(tx, "dropped", "n1", {}, 2)
+                raise RuntimeError("the part fails")
+        except RuntimeError:
+            pass
+        await events_sql.publish(tx, "kept.after", "n1", {}, 3)
+    try:
+        async with store.transaction() as tx:
+            await events_sql.publish(tx, "failed", "n1", {}, 4)
+            raise RuntimeError("the whole transaction fails")
+    except RuntimeError:
+        pass
+    assert await _types(store, "") == ["kept.before", "kept.after"]

@@ -14,7 +14,8 @@ from tests.unit.store.conftest import MakeStore
 async def test_reservations_and_bookings_survive_the_rebuild(
     make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("bc.store.sqlite.apply_migrations", partial(apply_migrations, upto=6))
+    for driver in ("bc.store.sqlite", "bc.store.postgres"):
+        monkeypatch.setattr(f"{driver}.apply_migrations", partial(apply_migrations, upto=6))
     old = make_store()
     await old.open()
     async with old.transaction() as tx:

@@ -15,7 +15,8 @@ from tests.unit.store.conftest import MakeStore
 async def test_batches_survive_the_rebuild_and_may_be_withdrawn(
     make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("bc.store.sqlite.apply_migrations", partial(apply_migrations, upto=5))
+    for driver in ("bc.store.sqlite", "bc.store.postgres"):
+        monkeypatch.setattr(f"{driver}.apply_migrations", partial(apply_migrations, upto=5))
     old = make_store()
     await old.open()
     async with old.transaction() as tx:

@@ -10,6 +10,7 @@ import pytest
 from bc.clock import LoopClock
 from bc.store import Store, StoreError
 from bc.store import leases as leases_sql
+from bc.store.catalog import table_names
 from bc.store.migrate import migrations
 from bc.testing import advance
 
@@ -31,9 +32,7 @@ TABLES = {
 
 
 async def tables(store: Store) -> set[str]:
-    async with store.transaction(write=False) as tx:
-        rows = await tx.fetchall("SELECT name FROM sqlite_master WHERE type = 'table'")
-    return {str(r["name"]) for r in rows}
+    return set(await table_names(store))
 
 
 async def schema_versions(store: Store) -> list[int]:

@@ -39,6 +39,7 @@ class PendingCommand:
 class DispatchPlan:
     send: list[str]
     cancel: list[tuple[str, str]]  # (command id, reason)
+    blocked: frozenset[str] = frozenset()  # lanes out of credit: their later commands wait
 
 
 def guard(cmd: PendingCommand, role: str, tenant_controlled: bool) -> str | None:
@@ -66,9 +67,13 @@ def plan_dispatch(
     role: str,
     tenant_controlled: bool = False,
     credits: Mapping[str, int] = kinds.GATEWAY_CREDITS,
+    blocked_before: Iterable[str] = (),
 ) -> DispatchPlan:
+    """`blocked_before`: lanes an earlier part of the same pass found out of credit (a node's backlog read in
+    pages): they stay blocked, so a credit that comes free between pages never lets a later command overtake
+    a waiting one."""
     used = dict(in_flight)
-    blocked: set[str] = set()
+    blocked: set[str] = set(blocked_before)
     send: list[str] = []
     cancel: list[tuple[str, str]] = []
     for cmd in sorted(pending, key=lambda c: c.seq):
@@ -83,4 +88,4 @@ def plan_dispatch(
             continue
         used[cmd.lane] = used.get(cmd.lane, 0) + 1
         send.append(cmd.id)
-    return DispatchPlan(send, cancel)
+    return DispatchPlan(send, cancel, frozenset(blocked))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.gateway.dispatch_rules import PendingCommand, guard, plan_dispatch
+from bc.control.dispatch_rules import PendingCommand, guard, plan_dispatch
 from bc.protocol import kinds
 from bc.protocol.pb.session_pb2 import CommandBody
 
@@ -51,3 +51,13 @@ def test_a_guarded_command_does_not_take_a_credit() -> None:
     plan = plan_dispatch([cmd(1, cancel=True), *[cmd(i) for i in range(2, 12)]], {}, "node")
     assert plan.cancel == [("c0001", "cancelled")]
     assert len(plan.send) == kinds.GATEWAY_CREDITS["control"]
+
+
+def test_a_lane_blocked_earlier_in_the_pass_stays_blocked_though_a_credit_came_free() -> None:
+    """A node's backlog read in pages: a lane out of credit on one page keeps its later commands waiting on the
+    next, even if a result freed a credit meanwhile, so no command overtakes a waiting one of its lane."""
+    first = plan_dispatch([cmd(i) for i in range(10)], {}, "node")
+    assert first.blocked == {"control"}
+    later = plan_dispatch([cmd(20), cmd(100, "logs.collect")], {"control": 7}, "node", blocked_before=first.blocked)
+    assert later.send == ["c0100"]
+    assert later.blocked == {"control"}

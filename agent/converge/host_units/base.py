@@ -1,0 +1,133 @@
+"""What a host unit is: parse its settings (pure), check them against the host, apply them whole, remove them.
+
+Each unit module (sysctl, kernel_modules, hugepages, mig, gpu_sharing) is one
+class with this shape. The converger (agent.converge.host) calls, per pass:
+
+* `parse(settings)`: pure; `UnitInvalid` (bad input: the section fails
+  terminally at this generation, nothing is touched) or the unit's desired
+  value, hashable into the unit's record;
+* `check(desired, ctx)`: what only the host can say (a huge page size, a MIG
+  profile); `UnitInvalid` again;
+* `drifted(desired, record, ctx)`: whether the host still matches what the
+  record says was applied (files by hash, sysfs values, the MIG layout);
+* `apply(desired, record, ctx) -> undo`: every effect through `ctx.ops`
+  (agent.converge.host_ops). A failure raises OSError after the unit undid
+  what it had done, so a unit is applied whole or not at all; the section
+  stays PROGRESSING and the next pass tries again. Returns what `remove`
+  needs later (prior sysfs values);
+* `remove(record, ctx)`: the unit left the spec: its drop-ins go, its
+  runtime effects are undone where that means something.
+
+`write_files` is the shared whole-or-nothing write of a unit's drop-ins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agent.converge.host_ops import HostOps
+from agent.hw.base import HardwareBackend
+from bc.protocol.host_units import UnitInvalid
+from bc.protocol.pb import common_pb2
+
+__all__ = ["Applied", "HostContext", "Record", "Unit", "UnitInvalid", "files_drifted", "restore_files", "write_files"]
+
+HEADER = "# Written by bc (host unit {unit}). Do not edit: the next converge pass rewrites it.\n"
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the converger remembers of an applied unit (`etc/bc/host-units/<name>.json` under the root)."""
+
+    unit: str
+    settings: str  # canonical JSON of the settings applied
+    files: dict[str, str] = field(default_factory=dict)  # rel path -> sha256 of the content written
+    undo: dict[str, Any] = field(default_factory=dict)  # unit-specific: what `remove` restores
+
+    def doc(self) -> dict[str, Any]:
+        return {"unit": self.unit, "settings": self.settings, "files": self.files, "undo": self.undo}
+
+
+@dataclass
+class HostContext:
+    ops: HostOps
+    hw: HardwareBackend
+    inventory: Callable[[], Awaitable[common_pb2.Inventory]]
+    held_gpus: Callable[[], Awaitable[set[str]]]
+    """GPU UUIDs with a hold on them or on a part of them (the devices converger's CDI files)."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What `apply` leaves behind: the files written (by hash) and the unit's undo data."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    undo: dict[str, Any] = field(default_factory=dict)
+
+
+class Unit(Protocol):
+    name: str
+
+    def parse(self, settings: Mapping[str, Any]) -> Any: ...
+
+    async def check(self, desired: Any, ctx: HostContext) -> None: ...
+
+    async def drifted(self, desired: Any, record: Record, ctx: HostContext) -> bool: ...
+
+    async def apply(self, desired: Any, record: Record | None, ctx: HostContext) -> Applied: ...
+
+    async def remove(self, record: Record, ctx: HostContext) -> None: ...
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def files_drifted(record: Record, ops: HostOps) -> bool:
+    """Whether any file the record wrote is gone or changed."""
+    for rel, digest in sorted(record.files.items()):
+        data = await ops.read(rel)
+        if data is None or sha256(data) != digest:
+            return True
+    return False
+
+
+async def write_files(ops: HostOps, files: Mapping[str, bytes], old: Record | None) -> dict[str, bytes | None]:
+    """Write the unit's files (and remove the ones its previous version wrote that it no longer does).
+
+    Returns each touched path's previous content (None: absent), for `restore_files`. A failed write
+    restores what this call had already changed, then raises.
+    """
+    prior: dict[str, bytes | None] = {}
+    stale = sorted(set(old.files) - set(files)) if old is not None else []
+    try:
+        for rel, data in sorted(files.items()):
+            prior[rel] = await ops.read(rel)
+            if prior[rel] != data:
+                await ops.write(rel, data)
+        for rel in stale:
+            prior[rel] = await ops.read(rel)
+            await ops.remove(rel)
+    except OSError:
+        await restore_files(ops, prior)
+        raise
+    return prior
+
+
+async def restore_files(ops: HostOps, prior: Mapping[str, bytes | None]) -> None:
+    """Put files back as they were (best effort: a rollback that fails leaves the next pass to retry)."""
+    for rel, data in sorted(prior.items()):
+        try:
+            if data is None:
+                await ops.remove(rel)
+            else:
+                await ops.write(rel, data)
+        except OSError:
+            continue
+
+
+def hashes(files: Mapping[str, bytes]) -> dict[str, str]:
+    return {rel: sha256(data) for rel, data in sorted(files.items())}

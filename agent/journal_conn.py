@@ -1,0 +1,153 @@
+"""The journal's connections to its SQLite file, all with the surface of aiosqlite's that `Journal` uses.
+
+* `InlineConnection`: every statement at once on the loop's thread. The simulator's (`bc sim
+  --journal-files`): the virtual-time loop cannot see another thread, and a run must stay a function of
+  its seed.
+* `CommitInThreadConnection`, the agent's: inside a transaction the journal holds SQLite's write lock and
+  its statements wait on nothing but the CPU, on a file the OS caches, so they run on the loop, in
+  microseconds; BEGIN IMMEDIATE (which can wait for a lock) and COMMIT (the fsync that makes `accepted`
+  durable before a side effect starts) go to the connection's own thread, as does a read outside a
+  transaction. A trip to a thread and back costs 40–90 µs, and aiosqlite makes three a statement: that, not
+  the disk, bounded the journal's writes on a fast disk (docs/design.md "Throughput").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, TypeVar, cast
+
+import aiosqlite
+
+T = TypeVar("T")
+
+_TO_THREAD = frozenset({"BEGIN", "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK"})
+
+
+class InlineCursor:
+    """aiosqlite's cursor surface that `Journal` uses, over a finished sqlite3 cursor (or the rows a thread
+    already fetched from it)."""
+
+    def __init__(self, cur: sqlite3.Cursor, rows: list[Any] | None = None) -> None:
+        self._cur = cur
+        self._rows = rows
+        self.rowcount = cur.rowcount
+
+    async def fetchone(self) -> Any:
+        if self._rows is not None:
+            return self._rows.pop(0) if self._rows else None
+        return self._cur.fetchone()
+
+    async def fetchall(self) -> list[Any]:
+        if self._rows is not None:
+            rows, self._rows = self._rows, []
+            return rows
+        return self._cur.fetchall()
+
+    async def close(self) -> None:
+        self._cur.close()
+
+
+class _Result:
+    """What `execute` returns: awaited, the cursor; `async with`, the cursor, closed after."""
+
+    def __init__(self, cur: InlineCursor | Awaitable[InlineCursor]) -> None:
+        self._cur = cur
+
+    def __await__(self) -> Generator[Any, None, InlineCursor]:
+        return self._done().__await__()
+
+    async def _done(self) -> InlineCursor:
+        if not isinstance(self._cur, InlineCursor):
+            self._cur = await self._cur  # a statement sent to the connection's thread: awaited once
+        return self._cur
+
+    async def __aenter__(self) -> InlineCursor:
+        return await self._done()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        cur = await self._done()
+        await cur.close()
+
+
+class InlineConnection:
+    """aiosqlite's connection surface that `Journal` uses, each statement run at once on this thread."""
+
+    def __init__(self, path: str) -> None:
+        self._conn = sqlite3.connect(path, isolation_level=None)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Result:
+        return _Result(InlineCursor(self._conn.execute(sql, params)))
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> _Result:
+        return _Result(InlineCursor(self._conn.executemany(sql, params)))
+
+    async def close(self) -> None:
+        self._conn.close()
+
+
+class CommitInThreadConnection:
+    """aiosqlite's connection surface: statements in a transaction on the loop, BEGIN, COMMIT, ROLLBACK and
+    reads outside a transaction on the connection's own thread (one trip each). The journal's lock keeps
+    one statement at a time on the connection, and the thread runs what it is given in order."""
+
+    def __init__(self, conn: sqlite3.Connection, thread: ThreadPoolExecutor) -> None:
+        self._conn, self._thread = conn, thread
+
+    @staticmethod
+    async def open(path: str) -> CommitInThreadConnection:
+        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bc-journal")
+        conn = await asyncio.get_running_loop().run_in_executor(thread, _connect, path)
+        return CommitInThreadConnection(conn, thread)
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Result:
+        if sql in _TO_THREAD or not self._conn.in_transaction:
+            return _Result(self._in_thread(_run, self._conn.execute, sql, params))
+        return _Result(InlineCursor(self._conn.execute(sql, params)))
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> _Result:
+        if not self._conn.in_transaction:
+            return _Result(self._in_thread(_run, self._conn.executemany, sql, list(params)))
+        return _Result(InlineCursor(self._conn.executemany(sql, params)))
+
+    async def close(self) -> None:
+        try:
+            await self._in_thread(self._conn.close)
+        finally:
+            self._thread.shutdown(wait=False)
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+
+def _run(call: Callable[[str, Any], sqlite3.Cursor], sql: str, params: Any) -> InlineCursor:
+    """A statement run start to end (its rows fetched) on the connection's thread."""
+    cur = call(sql, params)
+    return InlineCursor(cur, rows=cur.fetchall())
+
+
+def connect_inline(path: str) -> Awaitable[aiosqlite.Connection]:
+    """`Journal.open`'s `connect` for the simulator: an `InlineConnection` where aiosqlite's would be."""
+
+    async def opened() -> aiosqlite.Connection:
+        return cast(aiosqlite.Connection, InlineConnection(path))
+
+    return opened()
+
+
+def connect_commit_in_thread(path: str) -> Awaitable[aiosqlite.Connection]:
+    """`Journal.open`'s `connect` for the agent (see the module)."""
+
+    async def opened() -> aiosqlite.Connection:
+        return cast(aiosqlite.Connection, await CommitInThreadConnection.open(path))
+
+    return opened()

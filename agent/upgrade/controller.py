@@ -1,0 +1,307 @@
+"""The self-update controller: one per `bc node` that runs from an A/B install (agent.upgrade.slots).
+
+At start (`start`, before the dispatcher) it reads the slots and upgrade.json,
+asks `swap_rules.on_start` what to do and does it: run, run upgrade-only until
+the first Welcome, finish a rollback, or roll back and restart. The command
+that caused the swap stays held (`holds`): the dispatcher neither recovers it
+as interrupted nor runs it again, and the controller settles it — SUCCEEDED
+when the new binary is welcomed (CONFIRM, the floor raised), FAILED
+`update-failed` from the old binary after a rollback.
+
+`upgrade` is `daemon.upgrade` (and the `daemon` section): refuse what the
+record forbids (below the floor, failed before, a swap still unconfirmed),
+check the release's signature against the trust bundle's release keys
+before a byte is fetched, download it (agent.upgrade.download), check its
+sha256 and size, then PLACE, ARM, SWITCH and restart. Nothing is swapped
+unless every check held.
+
+Restart: `restart_process` re-executes `current` (under --fake-hw and when
+no systemd started us), or exits with status 75 for systemd's
+`Restart=always` to start `current` again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+from agent.kinds.base import KindResult
+from agent.offload import Offload, to_thread
+from agent.upgrade import download as dl
+from agent.upgrade.slots import CURRENT, Slots
+from agent.upgrade.swap_rules import (
+    FORWARD,
+    ROLLBACK,
+    UPDATE_FAILED,
+    Disk,
+    Installed,
+    Plan,
+    Start,
+    StartDecision,
+    Step,
+    on_start,
+    refusal,
+)
+from bc.aio import wait_event
+from bc.clock import Clock
+from bc.pki import releases
+from bc.protocol.canonical import canonical_json
+from bc.protocol.pb import kinds_pb2, session_pb2
+from bc.protocol.pb.session_pb2 import CommandUpdate
+
+log = logging.getLogger(__name__)
+
+CONFIRM_S = 120.0
+RESTART_EXIT = 75
+BAD_RELEASE = "bad-release"
+DOWNLOAD_FAILED = "download-failed"
+NO_SLOTS = "no-slots"
+NO_SLOTS_MESSAGE = "this node runs from a zipapp or a checkout: there is no A/B slot to swap"
+
+Settle = Callable[[str, CommandUpdate], Awaitable[None]]
+
+
+class UpgradeRefused(Exception):
+    """This binary must not run (its slot is below the release floor): one sentence."""
+
+
+PAUSE_ENV = "BC_TEST_UPGRADE_PAUSE_AFTER"
+"""Test-only, honoured under --fake-hw alone: stop after this swap step (e.g. `arm`) and wait there, so a test
+can kill -9 the process exactly between two steps (tests/e2e/test_self_update.py). Never inherited by a re-exec."""
+
+
+@dataclass(frozen=True)
+class UpgradeConfig:
+    confirm_s: float = CONFIRM_S
+    guard: dl.StallGuard = field(default_factory=dl.StallGuard)
+    pause_after: Step | None = None
+    """Test-only (PAUSE_ENV): after this step the swap waits forever instead of going on."""
+
+
+class Upgrader:
+    def __init__(
+        self,
+        slots: Slots,
+        *,
+        running_version: str,
+        clock: Clock,
+        boot_id: str,
+        ca_pem: bytes,
+        release_keys: Callable[[], list[bytes]],
+        restart: Callable[[], Awaitable[None]],
+        config: UpgradeConfig | None = None,
+        offload: Offload = to_thread,
+    ) -> None:
+        self.slots = slots
+        self.running_version = running_version
+        self.clock, self.boot_id, self.ca_pem = clock, boot_id, ca_pem
+        self.release_keys = release_keys
+        self.restart = restart
+        self.config = config or UpgradeConfig()
+        self.offload = offload
+        self.disk: Disk | None = None
+        self.decision = StartDecision(Start.RUN, ())
+        self.held = ""
+        self.settle: Settle | None = None
+        self._lock = asyncio.Lock()
+
+    # -- start ---------------------------------------------------------------
+    async def start(self) -> StartDecision:
+        """Decide from the disk what this process is, and take the steps that decision needs now."""
+        disk = await self.slots.read()
+        d = on_start(disk, self.clock.now())
+        log.info(
+            "event=upgrade.start slot=%s version=%s record=%s decision=%s why=%r",
+            disk.current,
+            self.running_version,
+            disk.record.state,
+            d.start.value,
+            d.why,
+        )
+        if d.start is Start.REFUSE:
+            raise UpgradeRefused(f"refusing to run: {d.why}")
+        for step in d.steps:
+            disk = await self.slots.take(disk, step)
+        self.disk, self.decision = disk, d
+        if d.settle is not None or d.start is Start.PENDING:
+            self.held = disk.record.command_id
+        return d
+
+    @property
+    def must_restart(self) -> bool:
+        """A rollback ran at start: this process restarts onto the old binary instead of running."""
+        return self.decision.start is Start.ROLL_BACK
+
+    @property
+    def upgrade_only(self) -> bool:
+        """Until the first Welcome confirms it, a new binary runs only `daemon.upgrade`."""
+        return self.disk is not None and self.disk.record.state == "pending"
+
+    @property
+    def slot(self) -> str:
+        return self.disk.current if self.disk is not None else ""
+
+    def holds(self, command_id: str) -> bool:
+        return bool(self.held) and command_id == self.held
+
+    async def report_start(self) -> None:
+        """Settle the held command when the start decided its outcome (a rollback, an abort, a confirm)."""
+        if self.decision.settle is not None and self.disk is not None:
+            outcome, reason = self.decision.settle
+            await self._settle(outcome, reason, self.decision.why)
+
+    async def _settle(self, outcome: str, reason: str, why: str) -> None:
+        assert self.disk is not None
+        r = self.disk.record
+        cid = r.command_id
+        if not cid or self.settle is None:
+            return
+        result = canonical_json({"version": r.version, "slot": self.disk.current, "running": self.running_version})
+        if outcome == "succeeded":
+            update = CommandUpdate(
+                command_id=cid,
+                state=session_pb2.COMMAND_SUCCEEDED,
+                message=f"running release {r.version} from slot {self.disk.current}",
+                result=result.encode(),
+                boot_id=self.boot_id,
+            )
+        else:
+            message = (
+                f"release {r.version} was not confirmed within {self.config.confirm_s:g} s and was rolled back"
+                if reason == UPDATE_FAILED
+                else f"the agent stopped before switching to release {r.version}; it may be tried again"
+            )
+            update = CommandUpdate(
+                command_id=cid,
+                state=session_pb2.COMMAND_FAILED,
+                reason=reason,
+                message=message,
+                result=result.encode(),
+                boot_id=self.boot_id,
+            )
+        self.held = ""
+        log.info("event=upgrade.settled command=%s outcome=%s reason=%s why=%r", cid, outcome, reason, why)
+        await self.settle(cid, update)
+
+    # -- confirm or roll back ----------------------------------------------
+    async def watch(self, welcomed: asyncio.Event) -> None:
+        """While pending: CONFIRM on the first Welcome, or roll back at the deadline and restart."""
+        if self.disk is None or self.disk.record.state != "pending":
+            return
+        remaining = self.disk.record.deadline - self.clock.now()
+        if not await wait_event(welcomed, max(0.0, remaining)):
+            log.error("event=upgrade.unconfirmed version=%s; rolling back", self.disk.record.version)
+            disk = self.disk
+            for step in ROLLBACK:
+                if step is not Step.RESTART:
+                    disk = await self.slots.take(disk, step)
+            self.disk = disk
+            await self.restart()
+            return
+        self.disk = await self.slots.take(self.disk, Step.CONFIRM)
+        log.info("event=upgrade.confirmed version=%s floor=%d", self.disk.record.version, self.disk.record.floor)
+        await self._settle("succeeded", "", "confirmed")
+
+    async def _maybe_pause(self, step: Step) -> None:
+        if self.config.pause_after is step:
+            log.warning("event=upgrade.paused step=%s (test-only %s)", step.value, PAUSE_ENV)
+            await _never()
+
+    # -- daemon.upgrade ----------------------------------------------------
+    async def upgrade(self, command_id: str, req: kinds_pb2.DaemonUpgradeRequest) -> KindResult:
+        async with self._lock:
+            return await self._upgrade(command_id, req)
+
+    async def _upgrade(self, command_id: str, req: kinds_pb2.DaemonUpgradeRequest) -> KindResult:
+        disk = await self.slots.read()
+        why = refusal(disk.record, req.version, req.sequence, self.running_version)
+        if why is not None:
+            return KindResult.failure(*why)
+        if req.version == self.running_version:
+            return KindResult.success({"version": req.version, "slot": disk.current, "swapped": False})
+        try:
+            dl.check_https(req.url)
+            releases.verify(self.release_keys(), req.version, req.sha256, req.size, req.signature)
+        except (dl.DownloadError, releases.BadRelease) as e:
+            return KindResult.failure(BAD_RELEASE, str(e))
+        plan = Plan(command_id, req.version, req.sequence, self.clock.now() + self.config.confirm_s)
+        disk = await self.slots.take(disk, Step.STAGE, plan)
+        await self._maybe_pause(Step.STAGE)
+        partial = self.slots.partial_path(disk)
+        try:
+            got = await dl.download(
+                req.url,
+                partial,
+                ca_pem=self.ca_pem,
+                max_size=req.size,
+                guard=self.config.guard,
+                clock=self.clock,
+                offload=self.offload,
+            )
+        except dl.DownloadError as e:
+            return KindResult.failure(DOWNLOAD_FAILED, str(e))
+        if (got.sha256, got.size) != (req.sha256, req.size):
+            await self.offload(partial.unlink, True)
+            return KindResult.failure(
+                BAD_RELEASE,
+                f"the download is {got.size} bytes with sha256 {got.sha256[:16]}…,"
+                f" not the release's {req.size} bytes with sha256 {req.sha256[:16]}…",
+            )
+        if disk.current not in disk.record.slots:
+            disk = _remember_running(disk, self.running_version)
+        plan = Plan(command_id, req.version, req.sequence, self.clock.now() + self.config.confirm_s)
+        for step in FORWARD[1:]:
+            if step is Step.RESTART:
+                break
+            disk = await self.slots.take(disk, step, plan)
+            await self._maybe_pause(step)
+        self.disk = disk
+        log.warning(
+            "event=upgrade.switched command=%s version=%s slot=%s deadline_s=%g; restarting",
+            command_id,
+            req.version,
+            disk.current,
+            self.config.confirm_s,
+        )
+        await self.restart()
+        await asyncio.Future()  # the process is gone (or, in a test, being stopped)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _never() -> None:
+    await asyncio.Future()
+
+
+def _remember_running(disk: Disk, version: str) -> Disk:
+    from dataclasses import replace
+
+    slots = dict(disk.record.slots)
+    slots[disk.current] = Installed(version, 0)
+    return replace(disk, record=replace(disk.record, slots=slots))
+
+
+def restart_process(install_dir: Path, *, reexec: bool) -> NoReturn:
+    """Start `current` again: re-exec it (fake hardware, no systemd), or exit for systemd to restart it."""
+    logging.shutdown()
+    if not reexec:
+        os._exit(RESTART_EXIT)
+    current = str(install_dir / CURRENT)
+    # A one-file PyInstaller binary that starts another must not hand it its own unpacked environment.
+    env = {**os.environ, "PYINSTALLER_RESET_ENVIRONMENT": "1"}
+    env.pop(PAUSE_ENV, None)
+    os.execve(current, [current, *sys.argv[1:]], env)
+
+
+def test_pause_after(fake_hw: str | None) -> Step | None:
+    """The PAUSE_ENV step, read under fake hardware only (a real host ignores it); UsageError-free: an unknown
+    value pauses nowhere."""
+    value = os.environ.get(PAUSE_ENV, "")
+    if fake_hw is None or not value:
+        return None
+    return next((s for s in Step if s.value == value), None)

@@ -1,0 +1,116 @@
+"""The A/B slots on disk: read them as a `swap_rules.Disk`, and take a step by writing what it changed.
+
+Every step is computed by `swap_rules.apply` first; this module only makes
+the disk match the new model, one durable operation at a time:
+
+* the record (`upgrade.json`) is replaced atomically (temporary file, fsync, rename, fsync of the dir);
+* `current` is replaced atomically: a new symlink `current.new` renamed over it, then the dir fsynced;
+* PLACE renames `bc.<slot>.partial` to `bc.<slot>` (0755, fsynced first).
+
+`install_dir_of` finds the install directory from how the process was
+started: through a symlink named `current` to `bc.a` or `bc.b`. A process
+started any other way (a zipapp, a checkout, a plain binary) has no slot to
+swap, and a non-empty `daemon` section is UNSUPPORTED there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from agent.offload import Offload, to_thread
+from agent.upgrade.swap_rules import SLOTS, Disk, Installed, Plan, Record, Slot, Step, apply, other
+from bc.pki.keys import fsync_dir, write_file_atomic
+
+CURRENT = "current"
+RECORD = "upgrade.json"
+
+
+def slot_file(slot: Slot) -> str:
+    return f"bc.{slot}"
+
+
+def install_dir_of(argv0: str) -> Path | None:
+    """The install dir when `argv0` is a `current` link to a slot, else None."""
+    p = Path(argv0)
+    if p.name != CURRENT or not p.is_symlink():
+        return None
+    target = os.readlink(p)
+    if Path(target).name not in (slot_file("a"), slot_file("b")) or os.sep in target:
+        return None
+    return p.parent.absolute()
+
+
+def install(install_dir: Path, binary: bytes | Path, *, version: str) -> None:
+    """A fresh layout: `bc.a` holds `binary`, `current` names it, the record knows its version (sequence 0).
+    What a package's install step (or a test) does once."""
+    install_dir.mkdir(parents=True, exist_ok=True)
+    data = binary.read_bytes() if isinstance(binary, Path) else binary
+    write_file_atomic(install_dir / slot_file("a"), data, mode=0o755)
+    _point(install_dir, "a")
+    write_file_atomic(install_dir / RECORD, _record_bytes(Record(slots={"a": Installed(version, 0)})))
+
+
+def _record_bytes(record: Record) -> bytes:
+    return (json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n").encode()
+
+
+def _point(install_dir: Path, slot: Slot) -> None:
+    tmp = install_dir / f"{CURRENT}.new"
+    tmp.unlink(missing_ok=True)
+    os.symlink(slot_file(slot), tmp)
+    os.replace(tmp, install_dir / CURRENT)
+    fsync_dir(install_dir)
+
+
+def read_disk(install_dir: Path) -> Disk:
+    target = Path(os.readlink(install_dir / CURRENT)).name
+    current: Slot = "b" if target == slot_file("b") else "a"
+    slots = frozenset(s for s in SLOTS if (install_dir / slot_file(s)).is_file())
+    partial = any((install_dir / f"{slot_file(s)}.partial").exists() for s in SLOTS)
+    try:
+        doc = json.loads((install_dir / RECORD).read_text("utf-8"))
+    except FileNotFoundError:
+        doc = {}
+    return Disk(current=current, slots=slots, partial=partial, record=Record.from_json(doc))
+
+
+class Slots:
+    """One install dir; every blocking call goes through the agent's offload."""
+
+    def __init__(self, install_dir: Path, offload: Offload = to_thread) -> None:
+        self.dir = install_dir
+        self.offload = offload
+
+    def partial_path(self, disk: Disk) -> Path:
+        return self.dir / f"{slot_file(other(disk.current))}.partial"
+
+    def path(self, slot: Slot) -> Path:
+        return self.dir / slot_file(slot)
+
+    async def read(self) -> Disk:
+        return await self.offload(read_disk, self.dir)
+
+    async def take(self, disk: Disk, step: Step, plan: Plan | None = None) -> Disk:
+        """Apply `step` to the model, then make the disk match it; returns the new model."""
+        new = apply(disk, step, plan)
+        await self.offload(self._realize, disk, new, step)
+        return new
+
+    def _realize(self, old: Disk, new: Disk, step: Step) -> None:
+        if step is Step.PLACE:
+            to = other(old.current)
+            partial = self.dir / f"{slot_file(to)}.partial"
+            fd = os.open(partial, os.O_RDONLY)
+            try:
+                os.fchmod(fd, 0o755)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(partial, self.path(to))
+            fsync_dir(self.dir)
+        if new.record != old.record:
+            write_file_atomic(self.dir / RECORD, _record_bytes(new.record))
+        if new.current != old.current:
+            _point(self.dir, new.current)

@@ -1,0 +1,213 @@
+"""Release keys and signed release records: `bc release key add`, `bc release publish`, `bc release status`.
+
+A release is stored only when its signature verifies under a release key
+already added, and (when `bc serve` keeps the file) when the uploaded bytes
+have the sha256 and size the signature covers. Its sequence is assigned
+here, one above every earlier release. Nothing is stored for a release that
+fails any check, and the uploaded file is removed.
+
+Release keys reach nodes in the trust bundle (`Intent.set_release_keys`);
+nodes take a change of them only under a command-signing root's own
+signature (agent.trust), so `bc serve` must hold its root key when one is
+added: with the root removed (`bc pki root remove`) a new key is refused in
+one sentence rather than stored for nodes to refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf.message import DecodeError
+
+from bc.control import actor
+from bc.control.bus import Bus
+from bc.control.events import publish as publish_event
+from bc.errors import Conflict, UsageError
+from bc.pki import releases as rel
+from bc.protocol.pb import kinds_pb2, session_pb2
+from bc.store import releases as sql
+from bc.store.base import Row, Store
+
+
+@dataclass(frozen=True)
+class ReleaseHeader:
+    version: str
+    sha256: str
+    size: int
+    signature: bytes
+    url: str = ""
+
+
+async def release_keys(store: Store) -> list[bytes]:
+    async with store.transaction(write=False) as tx:
+        return [bytes(r["public_key"]) for r in await sql.list_keys(tx)]
+
+
+ROOT_OFFLINE = (
+    "the command-signing root key is not on this host, and nodes take a new release key only under its own"
+    " signature: put root.key back in the data dir's pki/signing/ while adding it, then remove it again"
+)
+
+
+async def add_key(store: Store, bus: Bus | None, public_key: bytes, *, root_offline: bool = False) -> Row:
+    """Add a release key. `root_offline` (signing on, the root key removed from this host): a new key is
+    refused, since nodes would refuse the worker-signed bundle that brings it, silently to the operator."""
+    if len(public_key) != 32:
+        raise UsageError(f"a release key is a raw Ed25519 public key of 32 bytes, not {len(public_key)}")
+    key_id = rel.key_id(public_key)
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        if root_offline and all(r["key_id"] != key_id for r in await sql.list_keys(tx)):
+            raise UsageError(ROOT_OFFLINE)
+        if await sql.add_key(tx, key_id, public_key, actor.current(), now_ms):
+            await publish_event(tx, bus, "release.key-added", key_id, {"key_id": key_id}, now_ms)
+        row = next(r for r in await sql.list_keys(tx) if r["key_id"] == key_id)
+    return row
+
+
+def check_url(url: str) -> None:
+    if not url.startswith("https://") or len(url) <= len("https://"):
+        raise UsageError(f"the release URL {url!r} is not an https:// URL; nodes fetch releases over https only")
+
+
+async def publish(
+    store: Store,
+    bus: Bus | None,
+    header: ReleaseHeader,
+    *,
+    uploaded: Path | None,
+    uploaded_digest: tuple[str, int] | None,
+    keep_dir: Path,
+    serve_url: str,
+) -> Row:
+    """Verify and store a release; the uploaded file (if any) moves to `keep_dir/<sha256>`."""
+    try:
+        return await _publish(store, bus, header, uploaded, uploaded_digest, keep_dir, serve_url)
+    finally:
+        if uploaded is not None:
+            await asyncio.to_thread(uploaded.unlink, True)
+
+
+async def _publish(
+    store: Store,
+    bus: Bus | None,
+    h: ReleaseHeader,
+    uploaded: Path | None,
+    digest: tuple[str, int] | None,
+    keep_dir: Path,
+    serve_url: str,
+) -> Row:
+    try:
+        rel.check_fields(h.version, h.sha256, h.size)
+    except rel.BadRelease as e:
+        raise UsageError(str(e)) from None
+    if uploaded is not None and h.url:
+        raise UsageError("give either the release's file or its URL, not both")
+    if uploaded is None:
+        if not h.url:
+            raise UsageError("a release needs its file (uploaded to bc serve) or an https:// URL")
+        check_url(h.url)
+    elif digest != (h.sha256, h.size):
+        got_sha, got_size = digest or ("", 0)
+        raise UsageError(
+            f"the uploaded file is {got_size} bytes with sha256 {got_sha[:16]}…, not the {h.size} bytes"
+            f" with sha256 {h.sha256[:16]}… that the signature covers"
+        )
+    elif not serve_url:
+        raise UsageError("this bc serve does not serve releases: start it with --release-listen, or give --url")
+    keys = await release_keys(store)
+    try:
+        key_id = rel.verify(keys, h.version, h.sha256, h.size, h.signature)
+    except rel.BadRelease as e:
+        raise UsageError(str(e)) from None
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        if await sql.release_by_version(tx, h.version) is not None:
+            raise Conflict(f"release {h.version} is already published; a version is published once")
+        path = ""
+        url = h.url
+        if uploaded is not None:
+            dest = keep_dir / h.sha256
+            await asyncio.to_thread(_keep, uploaded, dest)
+            path, url = str(dest), f"{serve_url}/releases/{h.sha256}"
+        seq = await sql.insert_release(
+            tx,
+            version=h.version,
+            sha256=h.sha256,
+            size=h.size,
+            signature=h.signature,
+            key_id=key_id,
+            url=url,
+            path=path,
+            published_by=actor.current(),
+            now_ms=now_ms,
+        )
+        await publish_event(
+            tx, bus, "release.published", h.version, {"sequence": seq, "sha256": h.sha256, "url": url}, now_ms
+        )
+        row = await sql.release_by_version(tx, h.version)
+    assert row is not None
+    return row
+
+
+@dataclass(frozen=True)
+class NodeUpgrade:
+    node_id: str
+    version: str
+    command_id: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Status:
+    releases: list[Row]
+    keys: list[Row]
+    nodes: list[NodeUpgrade]
+
+
+async def status(store: Store) -> Status:
+    async with store.transaction(write=False) as tx:
+        releases = await sql.list_releases(tx)
+        keys = await sql.list_keys(tx)
+        latest = await sql.latest_upgrades(tx)
+    return Status(releases, keys, [_node_upgrade(r) for r in latest])
+
+
+def _node_upgrade(r: Row) -> NodeUpgrade:
+    version = ""
+    try:
+        body = session_pb2.CommandBody.FromString(bytes(r["body"]))
+        req = kinds_pb2.DaemonUpgradeRequest()
+        if body.payload.Unpack(req):
+            version = req.version
+    except DecodeError:
+        pass
+    return NodeUpgrade(str(r["node_id"]), version, str(r["id"]), str(r["state"]), str(r["reason"] or ""))
+
+
+async def upgrade_payload(store: Store, version: str) -> str:
+    """The daemon.upgrade payload (protobuf JSON) for a published release; NotFound-like UsageError else."""
+    from google.protobuf import json_format
+
+    async with store.transaction(write=False) as tx:
+        row = await sql.release_by_version(tx, version)
+    if row is None:
+        raise UsageError(f"no release {version!r} is published (bc release status lists them)")
+    req = kinds_pb2.DaemonUpgradeRequest(
+        version=str(row["version"]),
+        url=str(row["url"]),
+        sha256=str(row["sha256"]),
+        signature=bytes(row["signature"]),
+        sequence=int(row["sequence"]),
+        size=int(row["size"]),
+    )
+    return json_format.MessageToJson(req, indent=None)
+
+
+def _keep(uploaded: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(uploaded, dest)

@@ -1,0 +1,218 @@
+"""What each host unit's settings may say: pure parsers both ends share.
+
+The control plane runs them when a `host` section is written (`bc spec set`,
+a rollout: `bc.protocol.spec_validation`), so settings that are bad on every
+host (a sysctl key with `/` or `..`, a value with a line break, a malformed
+huge page size or MIG profile name) are refused with one sentence before
+anything is stored. The agent runs them again on every pass
+(agent.converge.host_units), since a spec may come from an older control
+plane, and then checks what only the host can say (a huge page size it
+supports, a MIG profile its GPU offers). A unit name neither end knows is
+not refused here: the agent answers it UNSUPPORTED.
+
+Empty settings (`{}`, or an empty list) are valid and ask for nothing, except
+`gpu-sharing`, which needs its mode. Each parser takes the settings object (`settings_json`, parsed) and returns
+the unit's desired value, or raises `UnitInvalid` whose message starts with
+the unit's name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class UnitInvalid(ValueError):
+    """The unit's settings are bad input (or ask what this host cannot do): terminal at this generation."""
+
+
+# -- sysctl ----------------------------------------------------------------------------------------
+
+_KEY = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+MAX_KEYS = 512
+
+
+def parse_values(settings: Mapping[str, Any]) -> dict[str, str]:
+    if len(settings) > MAX_KEYS:
+        raise UnitInvalid(f"sysctl: more than {MAX_KEYS} keys")
+    out: dict[str, str] = {}
+    for key, value in settings.items():
+        if "/" in key or ".." in key:
+            raise UnitInvalid(f"sysctl: key {key!r} has a '/' or '..'; keys are dotted names")
+        if not _KEY.fullmatch(key):
+            raise UnitInvalid(f"sysctl: key {key!r} is not a dotted name of A-Z a-z 0-9 _ -")
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise UnitInvalid(f"sysctl: {key}'s value must be a string or an integer")
+        text = str(value)
+        if any(c in text for c in "\n\r\0#") or not text.strip():
+            raise UnitInvalid(f"sysctl: {key}'s value is empty or has a line break, NUL or '#'")
+        out[key] = text.strip()
+    return dict(sorted(out.items()))
+
+
+# -- kernel-modules --------------------------------------------------------------------------------
+
+_MODULE = re.compile(r"[A-Za-z0-9_-]{1,56}")
+
+
+def parse_modules(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    unknown = sorted(set(settings) - {"modules"})
+    if unknown:
+        raise UnitInvalid(f"kernel-modules: unknown setting {unknown[0]!r}; the settings are modules")
+    modules = settings.get("modules", [])
+    if not isinstance(modules, list):
+        raise UnitInvalid("kernel-modules: modules must be a list of module names")
+    seen: list[str] = []
+    for m in modules:
+        if not isinstance(m, str) or not _MODULE.fullmatch(m):
+            raise UnitInvalid(f"kernel-modules: {m!r} is not a module name (1-56 of A-Z a-z 0-9 _ -)")
+        if m in seen:
+            raise UnitInvalid(f"kernel-modules: {m!r} appears twice")
+        seen.append(m)
+    return tuple(seen)
+
+
+# -- hugepages -------------------------------------------------------------------------------------
+
+_SIZE = re.compile(r"([1-9][0-9]{0,9})(kB|K|M|G)")
+_UNITS_KB = {"kB": 1, "K": 1, "M": 1024, "G": 1024 * 1024}
+MAX_COUNT = 10_000_000
+MAX_NUMA_NODE = 1023
+
+Pool = tuple[int, int | None]  # (size in kB, NUMA node or None for host-wide)
+
+
+def size_kb(text: str) -> int:
+    m = _SIZE.fullmatch(text)
+    if not m:
+        raise UnitInvalid(f"hugepages: size {text!r} is not like 2M, 1G or 2048kB")
+    return int(m.group(1)) * _UNITS_KB[m.group(2)]
+
+
+def parse_pools(settings: Mapping[str, Any]) -> dict[Pool, int]:
+    unknown = sorted(set(settings) - {"pages"})
+    if unknown:
+        raise UnitInvalid(f"hugepages: unknown setting {unknown[0]!r}; the settings are pages")
+    pages = settings.get("pages", [])
+    if not isinstance(pages, list):
+        raise UnitInvalid("hugepages: pages must be a list of {size, count, numa_node}")
+    out: dict[Pool, int] = {}
+    for i, p in enumerate(pages):
+        if not isinstance(p, dict) or set(p) - {"size", "count", "numa_node"}:
+            raise UnitInvalid(f"hugepages: pages[{i}] must be an object of size, count and numa_node")
+        if not isinstance(p.get("size"), str):
+            raise UnitInvalid(f"hugepages: pages[{i}].size must be a string like 2M or 1G")
+        size = size_kb(p["size"])
+        count = p.get("count")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
+            raise UnitInvalid(f"hugepages: pages[{i}].count must be an integer from 0 to {MAX_COUNT:,}")
+        node = p.get("numa_node")
+        if node is not None and (isinstance(node, bool) or not isinstance(node, int) or not 0 <= node <= MAX_NUMA_NODE):
+            raise UnitInvalid(f"hugepages: pages[{i}].numa_node must be an integer from 0 to {MAX_NUMA_NODE}")
+        if (size, node) in out:
+            raise UnitInvalid(f"hugepages: pages[{i}] repeats size {p['size']} on the same node")
+        out[(size, node)] = count
+    sizes_global = {s for s, n in out if n is None}
+    sizes_node = {s for s, n in out if n is not None}
+    both = sizes_global & sizes_node
+    if both:
+        raise UnitInvalid(f"hugepages: {min(both)} kB pages are set both host-wide and per NUMA node")
+    return dict(sorted(out.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1])))
+
+
+# -- mig -------------------------------------------------------------------------------------------
+
+_PROFILE = re.compile(r"[1-9]g\.[0-9]{1,4}gb")
+_GPU_UUID = re.compile(r"GPU-[0-9A-Za-z-]{1,64}")
+MAX_INSTANCES = 7
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    gpu: int | str  # index or UUID, as the settings say
+    enabled: bool
+    instances: tuple[str, ...]
+
+
+def parse_layouts(settings: Mapping[str, Any]) -> tuple[GpuLayout, ...]:
+    unknown = sorted(set(settings) - {"gpus"})
+    if unknown:
+        raise UnitInvalid(f"mig: unknown setting {unknown[0]!r}; the settings are gpus")
+    gpus = settings.get("gpus", [])
+    if not isinstance(gpus, list):
+        raise UnitInvalid("mig: gpus must be a list of {gpu, instances}")
+    out: list[GpuLayout] = []
+    for i, g in enumerate(gpus):
+        if not isinstance(g, dict) or set(g) - {"gpu", "instances", "enabled"}:
+            raise UnitInvalid(f"mig: gpus[{i}] must be an object of gpu, instances and enabled")
+        sel = g.get("gpu")
+        if isinstance(sel, bool) or not (
+            (isinstance(sel, int) and 0 <= sel < 64) or (isinstance(sel, str) and _GPU_UUID.fullmatch(sel))
+        ):
+            raise UnitInvalid(f"mig: gpus[{i}].gpu must be a GPU index or a GPU-… UUID")
+        enabled = g.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise UnitInvalid(f"mig: gpus[{i}].enabled must be true or false")
+        instances = g.get("instances", [])
+        if not isinstance(instances, list) or len(instances) > MAX_INSTANCES:
+            raise UnitInvalid(f"mig: gpus[{i}].instances must be a list of at most {MAX_INSTANCES} profiles")
+        for p in instances:
+            if not isinstance(p, str) or not _PROFILE.fullmatch(p):
+                raise UnitInvalid(f"mig: gpus[{i}]: {p!r} is not a MIG profile name like 3g.40gb")
+        if not enabled and instances:
+            raise UnitInvalid(f"mig: gpus[{i}] turns MIG off but names instances")
+        if any(o.gpu == sel for o in out):
+            raise UnitInvalid(f"mig: GPU {sel} appears twice")
+        out.append(GpuLayout(sel, enabled, tuple(instances)))
+    return tuple(out)
+
+
+# -- gpu-sharing -----------------------------------------------------------------------------------
+
+MAX_REPLICAS = 64
+
+
+@dataclass(frozen=True)
+class Sharing:
+    mode: str
+    replicas: int = 0
+    active_thread_percentage: int = 0
+
+
+def parse_sharing(settings: Mapping[str, Any]) -> Sharing:
+    mode = settings.get("mode")
+    allowed = {"time-slicing": {"mode", "replicas"}, "mps": {"mode", "active_thread_percentage"}}
+    if not isinstance(mode, str) or mode not in allowed:
+        raise UnitInvalid(f"gpu-sharing: mode must be time-slicing or mps, not {mode!r}")
+    unknown = sorted(set(settings) - allowed[mode])
+    if unknown:
+        raise UnitInvalid(f"gpu-sharing: {unknown[0]!r} is not a setting of mode {mode}")
+    if mode == "time-slicing":
+        replicas = settings.get("replicas")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 2 <= replicas <= MAX_REPLICAS:
+            raise UnitInvalid(f"gpu-sharing: replicas must be an integer from 2 to {MAX_REPLICAS}")
+        return Sharing(mode, replicas=replicas)
+    pct = settings.get("active_thread_percentage", 100)
+    if isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100:
+        raise UnitInvalid("gpu-sharing: active_thread_percentage must be an integer from 1 to 100")
+    return Sharing(mode, active_thread_percentage=pct)
+
+
+# -- all -------------------------------------------------------------------------------------------
+
+PARSERS: Mapping[str, Callable[[Mapping[str, Any]], Any]] = {
+    "sysctl": parse_values,
+    "kernel-modules": parse_modules,
+    "hugepages": parse_pools,
+    "mig": parse_layouts,
+    "gpu-sharing": parse_sharing,
+}
+
+
+def check_settings(unit: str, settings: Mapping[str, Any]) -> None:
+    """Raise UnitInvalid when a known unit's settings are bad on any host; unknown units pass."""
+    parser = PARSERS.get(unit)
+    if parser is not None:
+        parser(settings)

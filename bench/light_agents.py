@@ -1,0 +1,63 @@
+"""The simulator's agents on the real-time loop, over real gRPC: thousands of nodes in one process.
+
+`bc sim` runs the production `Agent` with the parts `SessionPair` gives it: a memory journal, work done
+inline, fake hardware, no renewal loop, no health or telemetry. Here the same agent dials for real
+(`agent.session.grpc_dial`: mutual TLS to the addresses it joined with, the multi-gateway `Rotation`),
+so a benchmark can hold 1,000 or 10,000 sessions against real `bc serve` processes from one process,
+where 10,000 production agents, each with its own fsynced SQLite journal and loops, would not fit.
+What the gateway sees is a node like any other: the same Hello, heartbeats, status and reconnects.
+
+One thing differs, and only because a thousand agents share this process: the drift pass (every 10 s on
+a real node, re-reading its CDI and host files) runs every `drift_pass_s`, by default every 5 minutes,
+so the benchmark's own process does not starve the gateways it measures of the machine's two cores.
+A spec change still runs the pass at once.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from agent.app import Agent, AgentOptions, AgentParts
+from agent.hw.fake import FakeHardware
+from agent.identity import Identity, IdentityFile
+from agent.journal_api import AgentJournal, new_journal_id
+from agent.memory_journal import MemoryJournal
+from agent.node_key import NodeKey
+from agent.offload import inline, to_thread
+from agent.session.grpc_dial import grpc_dial
+from bc.clock import SystemClock
+
+PROFILE = "hgx-h100-8"
+DRIFT_PASS_S = 300.0
+
+
+def light_agent(
+    data_dir: Path, seed: int, *, heartbeat_interval_s: float = 10.0, drift_pass_s: float = DRIFT_PASS_S
+) -> Agent:
+    """A joined node's agent (identity files in `data_dir`) with the simulator's light parts."""
+    identity = Identity.load(data_dir)
+    ca_pem = identity.read(data_dir, "ca")
+    rng = random.Random(seed)
+    journal: list[AgentJournal] = []
+
+    async def open_journal() -> AgentJournal:
+        if not journal:  # one machine, one journal: a restarted session finds what it left
+            journal.append(MemoryJournal(new_journal_id(rng)))
+        return journal[0]
+
+    parts = AgentParts(
+        clock=SystemClock(),
+        rng=rng,
+        identity=identity,
+        ca_pem=ca_pem,
+        identity_store=IdentityFile(data_dir, to_thread),
+        node_key=NodeKey(data_dir / identity.files["key"]),
+        hw=FakeHardware(PROFILE, identity.node_id, state_dir=data_dir, rng=rng, offload=inline),
+        dial=grpc_dial(data_dir, identity, ca_pem, inline),
+        open_journal=open_journal,
+        offload=inline,
+        renewal=False,
+    )
+    opts = AgentOptions(data_dir=data_dir, heartbeat_interval_s=heartbeat_interval_s, drift_pass_s=drift_pass_s)
+    return Agent(opts, parts)

@@ -1,0 +1,254 @@
+"""Re-home after killing one of three gateways (`make bench --only rehome`; issue 16's figure).
+
+Three `bc serve` processes (`--gateway-id gw-0..2`) share one PostgreSQL schema; N agents run in
+this process over real gRPC and mutual TLS, each joined with all three addresses and its own first
+choice (node i starts at gw-(i mod 3)), so the fleet is spread. Once every node is connected, gw-1 is
+killed with SIGKILL; for each node it held, the time from the kill to the node's `node.connectivity
+connected` event on another gateway (read from the events log, stamped by the store's clock) gives
+the p50 / p99 / max.
+
+The agents are production agents with their own fsynced journals (the default, as `bc node` runs),
+or with `--light` the simulator's agents (`bench.light_agents`: memory journal, work inline), which
+is how 1,000 and 10,000 sessions fit in one process.
+
+Usage: python -m bench.rehome [--nodes 200] [--light] [--url postgresql://postgres@127.0.0.1/test]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import re
+import secrets
+import shutil
+import signal
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agent.app import Agent, AgentOptions
+from agent.join import join_node
+from bc.cli.client import AdminClient
+from bc.config import OperatorConfig
+from bc.errors import Unauthenticated, Unavailable
+from bc.gateway.counters import STATS_EVERY_S
+from bc.store.postgres import drop_schema
+from bench.light_agents import light_agent
+from bench.pg_drivers import PG_URL
+from bench.run import Lab, free_port
+
+GATEWAYS = 3
+
+
+async def _listening(port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def offer_status(agents: list[Agent], every_s: float, for_s: float) -> int:
+    """Each agent re-sends its newest status every `every_s` (paced over the interval), for `for_s`.
+
+    What a fleet's drift passes send (each pass reports, changed or not), without running the passes
+    themselves in this one process: the same outbox, session writer, gRPC stream and gateway write path.
+    """
+    sent = 0
+    t0 = time.monotonic()
+    step = every_s / max(1, len(agents))
+    while time.monotonic() - t0 < for_s:
+        tick = time.monotonic()
+        for k, a in enumerate(agents):
+            out = a.outbox
+            if out.status is not None and a.connected.is_set():
+                out.put_status(out.status, out.inventory, out.inventory_hash)
+                sent += 1
+            if k % 100 == 99:
+                await asyncio.sleep(max(0.0, tick + (k + 1) * step - time.monotonic()))
+        await asyncio.sleep(max(0.0, tick + every_s - time.monotonic()))
+    return sent
+
+
+_STATS = re.compile(r"^ts=(\S+ \S+) .*event=gateway\.stats .*status_written=(\d+)")
+
+
+def status_written(log: Path) -> list[tuple[float, int]]:
+    """(time, cumulative status writes) from a gateway's `event=gateway.stats` lines."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = _STATS.match(line)
+        if m:
+            at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC).timestamp()
+            out.append((at, int(m.group(2))))
+    return out
+
+
+def write_rate(points: list[tuple[float, int]], start: float, end: float) -> float:
+    """Writes per second between the first stats line after `start` and the last one before `end`."""
+    inside = [(t, c) for t, c in points if start <= t <= end]
+    if len(inside) < 2:
+        return 0.0
+    (t0, c0), (t1, c1) = inside[0], inside[-1]
+    return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+async def run(
+    nodes: int, url: str, keep: bool = False, light: bool = False, status_every_s: float = 0.0
+) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="bc-bench-rehome-"))
+    schema = "bench_" + secrets.token_hex(4)
+    lab = Lab(root)
+    store = f"{url}?schema={schema}"
+    ports = [lab.port, *(free_port() for _ in range(GATEWAYS - 1))]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    procs = {}
+    agents: list[Agent] = []
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        first = root / "server"
+        procs["gw-0"] = lab.spawn(
+            "gw-0", "serve", "--store", store, "--gateway-id", "gw-0", "--data-dir", str(first), "--listen", addrs[0]
+        )
+        cfg = first / "operator" / "config.json"
+        await _listening(ports[0])
+        for i in range(1, GATEWAYS):
+            d = root / f"server-{i}"
+            shutil.copytree(first, d)
+            procs[f"gw-{i}"] = lab.spawn(
+                f"gw-{i}",
+                "serve",
+                "--store",
+                store,
+                "--gateway-id",
+                f"gw-{i}",
+                "--data-dir",
+                str(d),
+                "--listen",
+                addrs[i],
+            )
+            await _listening(ports[i])  # one at a time: each opens the store and takes its lease in turn
+        async with AdminClient(OperatorConfig.load(cfg), timeout_s=60) as admin:
+            sem = asyncio.Semaphore(32)
+            t_join = time.monotonic()
+
+            async def join(i: int) -> None:
+                order = ",".join(addrs[(i + k) % GATEWAYS] for k in range(GATEWAYS))
+                async with sem:
+                    tok = await admin.create_token(f"r{i:05d}")
+                    for wait in (0.5, 1.0, 2.0, 5.0):  # another process learns a new token's root within seconds
+                        try:
+                            await join_node(order, tok.token, root / f"r{i:05d}")
+                            return
+                        except (Unauthenticated, Unavailable):
+                            await asyncio.sleep(wait)
+                    await join_node(order, tok.token, root / f"r{i:05d}")
+
+            await asyncio.gather(*(join(i) for i in range(nodes)))
+            joined_s = time.monotonic() - t_join
+            t_connect = time.monotonic()
+            for i in range(nodes):
+                d = root / f"r{i:05d}"
+                a = light_agent(d, i) if light else Agent(AgentOptions(data_dir=d, fake_hw="hgx-h100-8"))
+                agents.append(a)
+                tasks.append(asyncio.create_task(a.run()))
+            while True:
+                up = sum(1 for a in agents if a.connected.is_set())
+                print(f"  {up}/{nodes} connected after {time.monotonic() - t_connect:.0f} s", flush=True)
+                if up >= nodes:
+                    break
+                await asyncio.sleep(2.0)
+            while True:  # the store's view follows the agents' by a liveness flush
+                listed = await admin.list_nodes()
+                if sum(1 for n in listed if n.state == "connected") >= nodes:
+                    break
+                await asyncio.sleep(0.5)
+            connected_s = time.monotonic() - t_connect
+            status: dict[str, Any] = {}
+            if status_every_s > 0:
+                window = STATS_EVERY_S * 4 + 1
+                print(f"  offering each node's status every {status_every_s} s for {window:.0f} s", flush=True)
+                t0 = time.time()
+                offered = await offer_status(agents, status_every_s, window)
+                t1 = time.time()
+                await asyncio.sleep(STATS_EVERY_S + 1)  # the gateways' next stats lines close the window
+                rates = [write_rate(status_written(root / f"gw-{g}.log"), t0, t1 + STATS_EVERY_S + 1) for g in range(3)]
+                status = {
+                    "status_offered_per_s": round(offered / (t1 - t0)),
+                    "status_written_per_s": round(sum(rates)),
+                    "status_written_per_gateway": [round(r) for r in rates],
+                }
+                print(f"  {status}", flush=True)
+            held = {n.node_id for n in listed if n.gateway_id == "gw-1"}
+            after = (await admin.server_info()).event_seq
+            killed_ms = time.time() * 1000
+            procs["gw-1"].send_signal(signal.SIGKILL)
+            back: dict[str, float] = {}
+
+            async def follow() -> None:
+                async for ev in admin.watch(after_seq=after, type_prefix="node.connectivity"):
+                    d = json.loads(ev.data_json)
+                    if ev.subject in held and d.get("state") == "connected" and ev.subject not in back:
+                        back[ev.subject] = ev.at_ms - killed_ms
+                        if len(back) == len(held):
+                            return
+
+            await asyncio.wait_for(follow(), 600)
+        secs = [ms / 1000 for ms in back.values()]
+        return {
+            "nodes": nodes,
+            "agents": "light" if light else "production",
+            "gateways": GATEWAYS,
+            **status,
+            "joined_s": round(joined_s, 1),
+            "all_connected_s": round(connected_s, 1),
+            "re_homed": len(secs),
+            "p50_s": round(statistics.median(secs), 2),
+            "p99_s": round(_pct(secs, 0.99), 2),
+            "max_s": round(max(secs), 2),
+        }
+    finally:
+        for a in agents:
+            a.stopped.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        lab.stop()
+        await drop_schema(url, schema)
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=200)
+    ap.add_argument("--url", default=PG_URL)
+    ap.add_argument("--light", action="store_true", help="the simulator's agents (memory journal), for 1,000+")
+    ap.add_argument("--status-every", type=float, default=0.0, help="before the kill: status writes, each node every S")
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
+    # Thousands of agents in one process: their routine warnings (a redial, a refused stream) are the storm
+    # being measured, not news; errors still print.
+    logging.basicConfig(level=logging.ERROR)
+    result = asyncio.run(run(args.nodes, args.url, light=args.light, status_every_s=args.status_every))
+    print("re-home after a gateway kill:", json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""`bc cmd fanout`'s pure parts and its follow (`bc.cli.fanout`), on the virtual-time loop with a fake events stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import pytest
+
+from bc.cli import fanout
+from bc.errors import ProtocolError, UsageError
+from bc.protocol.pb import admin_pb2
+
+
+def test_node_list_refuses_empty_names_and_a_node_twice() -> None:
+    assert fanout.node_list(" n1, n2 ,n3") == ["n1", "n2", "n3"]
+    with pytest.raises(UsageError, match="no empty names"):
+        fanout.node_list("n1,,n2")
+    with pytest.raises(UsageError, match=r"^n2 appears twice in --nodes; each node gets one command$"):
+        fanout.node_list("n1,n2,n2")
+
+
+def test_all_is_every_live_node_whose_role_runs_the_kind() -> None:
+    nodes = [
+        admin_pb2.NodeInfo(node_id="n2", role="node", state="connected"),
+        admin_pb2.NodeInfo(node_id="n1", role="node", state="unreachable"),
+        admin_pb2.NodeInfo(node_id="s1", role="site", state="connected"),
+        admin_pb2.NodeInfo(node_id="gone", role="node", state="deleted"),
+        admin_pb2.NodeInfo(node_id="bad", role="node", state="connected", revoked=True),
+    ]
+    assert fanout.runnable_nodes(nodes, "gpu.reset") == ["n1", "n2"]
+    assert fanout.runnable_nodes(nodes, "inventory.refresh") == ["n1", "n2", "s1"]
+    assert fanout.runnable_nodes(nodes, "no.such.kind") == ["n1", "n2", "s1"]  # the server names it
+
+
+def info(cid: str, node: str, state: str = "pending", reason: str = "") -> admin_pb2.CommandInfo:
+    return admin_pb2.CommandInfo(id=cid, node_id=node, kind="inventory.refresh", state=state, reason=reason)
+
+
+def test_the_progress_line_counts_states_in_lifecycle_order() -> None:
+    infos = [info("a", "n1", "succeeded"), info("b", "n2", "running"), info("c", "n3"), info("d", "n4", "running")]
+    assert fanout.progress_line("inventory.refresh", infos) == (
+        "inventory.refresh on 4 nodes: 1 pending, 2 running, 1 succeeded"
+    )
+    assert fanout.progress_line("diag.nvml", infos[:1]) == "diag.nvml on 1 node: 1 succeeded"
+
+
+def test_the_outcome_names_how_many_did_not_succeed_and_the_first() -> None:
+    assert fanout.outcome([info("a", "n1", "succeeded")]) == ""
+    infos = [info("a", "n1", "succeeded"), info("b", "n2", "failed", "nvml-error"), info("c", "n3", "expired")]
+    assert fanout.outcome(infos) == (
+        "2 of 3 commands did not succeed (1 expired, 1 failed); the first, b on n2: failed (nvml-error)"
+    )
+
+
+class FakeEvents:
+    """`AdminClient.watch` for the follow: each event after its delay on the loop's clock."""
+
+    def __init__(self, script: list[tuple[float, str, str, dict[str, Any]]], end: bool = False) -> None:
+        self.script, self.end = script, end
+        self.asked: tuple[int, str] | None = None
+
+    async def watch(self, *, after_seq: int = 0, type_prefix: str = "") -> AsyncGenerator[admin_pb2.EventRecord, None]:
+        self.asked = (after_seq, type_prefix)
+        for seq, (delay, type_, subject, data) in enumerate(self.script, start=after_seq + 1):
+            await asyncio.sleep(delay)
+            yield admin_pb2.EventRecord(seq=seq, type=type_, subject=subject, data_json=json.dumps(data))
+        if not self.end:
+            await asyncio.Future()  # a live stream: nothing more, until the follow stops reading
+
+
+async def test_follow_reads_the_log_from_the_seq_and_shows_a_line_at_most_once_a_second() -> None:
+    loop = asyncio.get_running_loop()
+    infos = [info("a", "n1"), info("b", "n2"), info("x", "n3", "succeeded")]  # x: settled before (a repeated key)
+    events = FakeEvents(
+        [
+            (0.1, "command.enqueued", "a", {}),
+            (0.1, "command.updated", "a", {"state": "acked"}),
+            (0.1, "command.updated", "zz", {"state": "running"}),  # someone else's
+            (0.1, "command.updated", "b", {"state": "running"}),
+            (1.5, "command.settled", "a", {"state": "succeeded", "reason": ""}),
+            (0.2, "command.settled", "b", {"state": "failed", "reason": "nvml-error"}),
+        ]
+    )
+    shown: list[tuple[float, str]] = []
+    t0 = loop.time()
+    out = await fanout.follow(
+        events, "inventory.refresh", infos, 41, lambda line: shown.append((loop.time() - t0, line))
+    )  # type: ignore[arg-type]
+    assert events.asked == (41, "command.")
+    assert out is infos and [(i.state, i.reason) for i in infos] == [
+        ("succeeded", ""),
+        ("failed", "nvml-error"),
+        ("succeeded", ""),
+    ]
+    assert [line for _, line in shown] == [
+        "inventory.refresh on 3 nodes: 2 pending, 1 succeeded",
+        "inventory.refresh on 3 nodes: 1 acked, 1 running, 1 succeeded",  # at 1 s: what stood then
+        "inventory.refresh on 3 nodes: 1 running, 2 succeeded",  # a settled at 1.9 s: shown at 2 s
+        "inventory.refresh on 3 nodes: 2 succeeded, 1 failed",  # the last one, at once
+    ]
+    times = [round(t, 1) for t, _ in shown]
+    assert times == [0.0, 1.0, 2.0, 2.1]
+
+
+async def test_follow_of_commands_already_settled_reads_nothing() -> None:
+    events = FakeEvents([])
+    shown: list[str] = []
+    await fanout.follow(events, "k", [info("a", "n1", "succeeded")], 0, shown.append)  # type: ignore[arg-type]
+    assert events.asked is None and shown == ["k on 1 node: 1 succeeded"]
+
+
+async def test_a_stream_that_ends_before_every_command_settled_is_a_protocol_error() -> None:
+    events = FakeEvents([(0.1, "command.settled", "a", {"state": "succeeded"})], end=True)
+    with pytest.raises(ProtocolError, match="ended the events stream before every command settled"):
+        await fanout.follow(events, "k", [info("a", "n1"), info("b", "n2")], 0, lambda _: None)  # type: ignore[arg-type]

@@ -1,0 +1,50 @@
+"""The gateway's fence: when it stops routing and when it routes again (bc.gateway.fence)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bc.gateway.fence import FENCE_AFTER_S, LeaseFence
+
+
+def test_ten_seconds_without_a_renewal_fence_and_the_next_renewal_lifts_it() -> None:
+    f = LeaseFence(last_renewed=100.0)
+    assert not f.check(109.9) and not f.fenced
+    assert f.failed(110.0) and f.fenced and "10 s" in f.why
+    assert not f.failed(111.0)  # raised once
+    assert f.renewed(112.0) and not f.fenced and f.why == ""
+
+
+def test_another_owner_fences_at_once() -> None:
+    f = LeaseFence(last_renewed=100.0)
+    assert f.moved(101.0) and f.fenced and "moved" in f.why
+    assert not f.moved(102.0)
+
+
+def test_the_loop_wakes_in_time_to_fence() -> None:
+    f = LeaseFence(last_renewed=100.0)
+    assert f.next_check_in(100.0, 5.0) == 5.0
+    assert f.next_check_in(107.0, 5.0) == 3.0  # a failing store: wake at the deadline, not after it
+    f.failed(110.0)
+    assert f.next_check_in(110.0, 5.0) == 1.0  # fenced: try to renew every second
+
+
+Event = st.tuples(st.sampled_from(["renewed", "moved", "failed", "check"]), st.floats(0, 30))
+
+
+@given(st.lists(Event, max_size=30))
+def test_fenced_exactly_when_the_lease_moved_or_went_unrenewed_too_long(events: list[tuple[str, float]]) -> None:
+    f = LeaseFence(last_renewed=0.0)
+    now, last_ok, moved_since = 0.0, 0.0, False
+    late = False
+    for what, dt in events:
+        now += dt
+        getattr(f, what)(now)
+        if what == "renewed":
+            last_ok, moved_since, late = now, False, False
+        elif what == "moved":
+            moved_since = True
+        else:
+            late = late or now - last_ok >= FENCE_AFTER_S
+        assert f.fenced == (moved_since or late)
