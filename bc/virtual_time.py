@@ -18,9 +18,16 @@ replaces only that question to the selector:
   (`run_in_executor`, `asyncio.to_thread`, `getaddrinfo`) is still running or
   closing joins the executor's threads, only the outside world can wake the
   loop, so it waits for real I/O with no timeout, and time stands meanwhile:
-  an executor job takes no virtual time. The same holds while a driver
-  awaits a socket inside `bc.aio.outside_world()` (the PostgreSQL store):
-  the reply is real I/O the loop will see, and no timer may jump past it.
+  an executor job takes no virtual time;
+* while a driver awaits a socket inside `bc.aio.outside_world()` (the
+  PostgreSQL store), the reply is real I/O the loop will see, and no timer
+  may jump past it: the loop waits for that I/O for real, as long as the
+  time to the next timer. Time stands if the I/O comes first (nearly always:
+  a reply takes milliseconds). If it does not, the timer falls due once that
+  much real time has passed. psycopg needs this: it re-checks a connection
+  on a timer of its own (its reply may already sit in libpq's buffer, with
+  nothing left on the socket), and a server-side lock wait must let a test's
+  `asyncio.timeout` fire rather than hang the loop.
 
 So `asyncio.sleep`, `asyncio.timeout`, `wait_for`, `call_later` and
 `bc.clock.LoopClock` all agree on one time, and the same program on the same
@@ -117,7 +124,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             joining.cancel()
 
     def hold_time(self, delta: int) -> None:
-        """`bc.aio.outside_world()`: while any await on the outside world (a database socket) is open, time stands."""
+        """`bc.aio.outside_world()`: while any await on the outside world (a database socket) is open, time
+        moves no faster than real time (see the module docstring)."""
         self._outside_holds += delta
 
     def _on_idle(self, timeout: float | None, poll: _Poll) -> list[tuple[selectors.SelectorKey, int]]:
@@ -125,8 +133,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # cancelled timers from the head of its heap, so `_scheduled[0]` is the deadline it computed.
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
         nxt = scheduled[0].when() if scheduled else math.inf
-        if timeout is None or self._executor_jobs or self._outside_holds or math.isinf(nxt):
+        if timeout is None or self._executor_jobs or math.isinf(nxt):
             return poll(None)  # only the outside world can wake the loop: wait for it, time stands
+        if self._outside_holds:
+            ready = poll(timeout)  # the time to the next timer, waited for real
+            if ready:
+                return ready  # the outside world answered first: time stands
         if timeout < asyncio.base_events.MAXIMUM_SELECT_TIMEOUT:  # type: ignore[attr-defined]
             self._virtual_now = max(self._virtual_now, nxt)  # land exactly on the deadline, no float drift
         else:
