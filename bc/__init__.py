@@ -18,4 +18,10 @@ def _version() -> str:
         return "0.0.0+unknown"
 
 
-__version__ = _version()
+def __getattr__(name: str) -> str:
+    # `__version__` is read on first use: importlib.metadata costs ~30 ms that a CLI call rarely needs.
+    if name == "__version__":
+        value = _version()
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'bc' has no attribute {name!r}")

@@ -22,11 +22,12 @@ Further parts live in their own modules: `commands`, `journal` (bench.commands),
 compares psycopg with asyncpg),
 `throughput` (bench.throughput: inventory.refresh end to end at 1 / 10 / 100 nodes whose agents run in their
 own process, enqueued with EnqueueCommands, with CPU per command and the bounds of the same run: the gRPC echo
-rate and the store's fsynced commit rate; SQLite at each node count, PostgreSQL at 100).
+rate and the store's fsynced commit rate; SQLite at each node count, PostgreSQL at 100),
+`cli` (bench.cli_start: `bc nodes --json` against a running lab beside `python -c 'import grpc'`).
 
 Usage: python -m bench.run [--reservations 100] [--sessions 200]
        [--only latency|memory|commands|journal|hops|dist|signing|merkle|pair|jobs|capacity|sim|health|converge|ssh|
-               release|stores|rehome|throughput]
+               release|stores|rehome|throughput|cli]
 """
 
 from __future__ import annotations
@@ -236,6 +237,7 @@ async def main() -> None:
             "stores",
             "rehome",
             "throughput",
+            "cli",
         ],
     )
     args = ap.parse_args()
@@ -262,6 +264,11 @@ async def main() -> None:
         from bench.throughput import main as throughput_main
 
         await throughput_main(["--store", "both"])
+    if args.only in (None, "cli"):
+        from bench.cli_start import figures as cli_figures
+        from bench.cli_start import report as cli_report
+
+        cli_report(await cli_figures(21))
     if args.only in (None, "dist"):
         from bench.dist import dist_figures
 

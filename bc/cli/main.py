@@ -17,41 +17,57 @@ raise lands in `BcGroup.invoke`:
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import sys
 import traceback
-from importlib import metadata
+from collections.abc import Mapping
 from typing import Any
 
 import click
 
-from bc.cli import (
-    admin_cmds,
-    capacity_cmds,
-    cmd_cmds,
-    doctor_cmds,
-    job_cmds,
-    operator_cmds,
-    quorum_cmds,
-    release_cmds,
-    run_cmds,
-    sim_cmds,
-    ssh_cmds,
-    store_cmds,
-    unit_cmds,
-)
 from bc.cli.output import echo, one_line
 from bc.errors import BcError
-from tui import command as tui_command
 
 EXIT_INTERRUPTED = 130  # the shell's code for "ended by SIGINT"
 
+COMMAND_MODULES: dict[str, str] = {
+    "serve": "bc.cli.run_cmds",
+    "join": "bc.cli.run_cmds",
+    "node": "bc.cli.run_cmds",
+    "token": "bc.cli.admin_cmds",
+    "nodes": "bc.cli.admin_cmds",
+    "spec": "bc.cli.admin_cmds",
+    "events": "bc.cli.admin_cmds",
+    "pki": "bc.cli.admin_cmds",
+    "reserve": "bc.cli.capacity_cmds",
+    "reservations": "bc.cli.capacity_cmds",
+    "reservation": "bc.cli.capacity_cmds",
+    "capacity": "bc.cli.capacity_cmds",
+    "usage": "bc.cli.capacity_cmds",
+    "cmd": "bc.cli.cmd_cmds",
+    "jobs": "bc.cli.job_cmds",
+    "doctor": "bc.cli.doctor_cmds",
+    "unit": "bc.cli.unit_cmds",
+    "version": "bc.cli.unit_cmds",
+    "approve": "bc.cli.quorum_cmds",
+    "approvers": "bc.cli.quorum_cmds",
+    "batch": "bc.cli.quorum_cmds",
+    "operators": "bc.cli.operator_cmds",
+    "sim": "bc.cli.sim_cmds",
+    "store": "bc.cli.store_cmds",
+    "ssh": "bc.cli.ssh_cmds",
+    "tui": "tui.command",
+    "release": "bc.cli.release_cmds",  # wraps admin_cmds' `release RESERVATION`
+}
+"""Each top-level command and the module whose `COMMANDS` holds it.
 
-def version() -> str:
-    try:
-        return metadata.version("bc")
-    except metadata.PackageNotFoundError:
-        return "0.0.0+unknown"
+A command's module is imported only when that command runs (or `--help` lists
+them all): `bc nodes` need not load cryptography's x509, Textual or the
+simulator, and a CLI call costs little more than Python and gRPC starting.
+tests/unit/cli/test_cli_errors.py checks this table against every module's
+`COMMANDS`.
+"""
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -63,7 +79,26 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
 
 class BcGroup(click.Group):
-    """A click group that renders our errors as one sentence and the right exit code."""
+    """A click group that renders our errors as one sentence and the right exit code.
+
+    `lazy_commands` (name -> module, as `COMMAND_MODULES`) are loaded on first
+    use; those added with `add_command` come first.
+    """
+
+    def __init__(self, *args: Any, lazy_commands: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands: Mapping[str, str] = lazy_commands or {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy_commands:
+            module = importlib.import_module(self.lazy_commands[cmd_name])
+            for command in module.COMMANDS:
+                if command.name == cmd_name:
+                    self.add_command(command)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -107,7 +142,9 @@ def _report(ctx: click.Context, e: BaseException, message: str, *, unexpected: b
     echo("error: " + one_line(" ".join(str(message).split())), err=True)  # one line, whatever the message held
 
 
-@click.group(cls=BcGroup, name="bc", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=BcGroup, name="bc", lazy_commands=COMMAND_MODULES, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.option("--debug", is_flag=True, help="Print the traceback when a command fails.")
 @click.option(
     "--version",
@@ -119,25 +156,6 @@ def _report(ctx: click.Context, e: BaseException, message: str, *, unexpected: b
 )
 def cli(debug: bool) -> None:
     """bc: an operations toolkit for GPU fleets."""
-
-
-for _command in (
-    *run_cmds.COMMANDS,
-    *admin_cmds.COMMANDS,
-    *capacity_cmds.COMMANDS,
-    *cmd_cmds.COMMANDS,
-    *job_cmds.COMMANDS,
-    *doctor_cmds.COMMANDS,
-    *unit_cmds.COMMANDS,
-    *quorum_cmds.COMMANDS,
-    *operator_cmds.COMMANDS,
-    *sim_cmds.COMMANDS,
-    *store_cmds.COMMANDS,
-    *ssh_cmds.COMMANDS,
-    *tui_command.COMMANDS,
-    *release_cmds.COMMANDS,
-):
-    cli.add_command(_command)
 
 
 def main() -> None:

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
-from cryptography import x509
 
-from bc.pki import keys
+if TYPE_CHECKING:
+    from cryptography import x509
+
+# bc.pki.keys (cryptography's x509, ~20 ms) is imported where a certificate is read: the CLI's client
+# needs only `channel_credentials`, and every CLI call would pay for it.
 
 
 class _HasAuthContext(Protocol):
@@ -50,6 +53,8 @@ class ServerTLS:
 
     def set_identity(self, key_pem: bytes, cert_pem: bytes) -> None:
         """Serve with a new key and leaf (a renewed serving certificate); the next handshake presents it."""
+        from bc.pki import keys
+
         keys.load_cert_pem(cert_pem)
         with self._lock:
             self._key_pem = key_pem
@@ -121,11 +126,15 @@ def peer_cert_from_context(context: _HasAuthContext) -> x509.Certificate | None:
     pems = context.auth_context().get("x509_pem_cert")
     if not pems:
         return None
+    from bc.pki import keys
+
     return keys.load_cert_pem(pems[0])
 
 
 def _check_pem(pem: bytes) -> None:
     # One unreadable root would make grpc reject the whole configuration, and with it every handshake.
+    from bc.pki import keys
+
     keys.load_cert_pem(pem)
 
 

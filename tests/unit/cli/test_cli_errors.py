@@ -83,3 +83,22 @@ def test_click_usage_errors_keep_clicks_exit_2() -> None:
     result = run("typed", "--count", "many")
     assert result.exit_code == 2
     assert "Invalid value for '--count'" in result.stderr
+
+
+def test_the_lazy_command_table_names_every_command_of_every_cli_module_and_only_those() -> None:
+    """`bc` loads a command's module when it runs: the table must match what each module's COMMANDS holds,
+    or a command would be missing from `bc --help` or load from the wrong module."""
+    import importlib
+
+    from bc.cli.main import COMMAND_MODULES, cli
+
+    for module_name in sorted(set(COMMAND_MODULES.values())):
+        module = importlib.import_module(module_name)
+        for command in module.COMMANDS:
+            if module_name == "bc.cli.admin_cmds" and command.name == "release":
+                continue  # wrapped by bc.cli.release_cmds' `release` group
+            assert COMMAND_MODULES.get(str(command.name)) == module_name, command.name
+    ctx = click.Context(cli)
+    for name in COMMAND_MODULES:
+        command = cli.get_command(ctx, name)
+        assert command is not None and command.name == name

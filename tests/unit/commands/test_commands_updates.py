@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
@@ -14,9 +15,10 @@ from bc.control.commands import UpdateOutcome, apply_update, request_cancel
 from bc.control.signer import NullSigner
 from bc.errors import NotFound
 from bc.protocol.pb import session_pb2 as pb
-from bc.store import Row
+from bc.store import Row, Tx
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql
+from bc.store.group_commit import GroupCommit
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import advance
 
@@ -279,3 +281,37 @@ async def test_cancel_of_a_settled_command_returns_it_unchanged(
 async def test_cancel_of_an_unknown_command_is_not_found(store: InlineSqliteStore, bus: Bus) -> None:
     with pytest.raises(NotFound, match="no command 'nope'"):
         await request_cancel(store, bus, "nope", "")
+
+
+async def test_results_one_batch_committed_whose_acks_a_crash_lost_settle_once_and_are_acked_when_resent(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, put: Enqueue, events: Events
+) -> None:
+    """Group commit answers (and the gateway acks) only after the commit. A gateway that dies between the two
+    leaves the node holding results the store already has: resent to the next gateway process, each is
+    terminal (so acked) and changes nothing: one settle per command, the first result kept."""
+    await add_node("n1")
+    epoch = await open_session(store)
+    cids = [str((await put("n1"))["id"]) for _ in range(6)]
+    for cid in cids:
+        assert await dispatch(store, cid, epoch)
+    now_ms = await store.now_ms()
+
+    def deliver(group: GroupCommit, on: Bus, result: bytes) -> list[Awaitable[UpdateOutcome]]:
+        def work(cid: str) -> Callable[[Tx], Awaitable[UpdateOutcome]]:
+            update = pb.CommandUpdate(command_id=cid, state=pb.COMMAND_SUCCEEDED, result=result)
+            return lambda tx: apply_update(tx, on, NullSigner(), "n1", update, now_ms)
+
+        return [group.run(work(cid)) for cid in cids]
+
+    group = GroupCommit(store)
+    first = await asyncio.gather(*deliver(group, bus, b'{"run":1}'))
+    assert all(o.changed and o.terminal for o in first)
+    assert group.stats.members >= 2, "the results did not share a transaction"
+    # The crash: the answers (and with them the acks) are lost with the process's memory; the store keeps
+    # what committed. The node resends every unacked result to the gateway process that comes up next.
+    restarted = GroupCommit(store)
+    again = await asyncio.gather(*deliver(restarted, Bus(), b'{"run":2}'))
+    assert again == [UpdateOutcome(known=True, changed=False, terminal=True, state="succeeded")] * len(cids)
+    assert sorted(str(e["subject"]) for e in await events("command.settled")) == sorted(cids)
+    for cid in cids:
+        assert bytes((await get(store, cid))["result"]) == b'{"run":1}'
