@@ -97,8 +97,8 @@ async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = Fa
             # The server answered a moment ago (its CA matched the pin), so a handshake it closes now
             # is a refusal of the join certificate, which only the token's own secret can make.
             raise Unauthenticated(
-                f"bc serve at {server} refused the token: the token's secret does not match"
-                " (or the token was used or has expired); ask for a new one with `bc token create`"
+                f"bc serve at {server} refused the token: it has already been used, has expired, or its"
+                " secret does not match; ask for a new one with `bc token create`"
             ) from None
         if isinstance(err, Unavailable):
             raise Unavailable(f"cannot reach bc serve at {server}: {e.details()}") from None

@@ -11,7 +11,19 @@ The agents are production agents with their own fsynced journals (the default, a
 or with `--light` the simulator's agents (`bench.light_agents`: memory journal, work inline), which
 is how 1,000 and 10,000 sessions fit in one process.
 
-Usage: python -m bench.rehome [--nodes 200] [--light] [--url postgresql://postgres@127.0.0.1/test]
+Two more figures come from the same fleet, before the kill (issue 19):
+
+* `--status-every S`: each node re-sends its status every S seconds for four stats periods; the status
+  writes per second the gateways logged, and the CPU each gateway process used meanwhile (percent of one
+  core, from /proc);
+* `--refresh`: one `inventory.refresh` to every node, enqueued with `EnqueueCommands`, and the wall time
+  until every one has settled (with the p50 / p99 of each command's enqueue -> settled).
+
+`--gateways N` (default 3) runs N gateway processes; `--no-kill` skips the kill (with one gateway there is
+none to move to).
+
+Usage: python -m bench.rehome [--nodes 200] [--light] [--gateways 3] [--status-every S] [--refresh] [--no-kill]
+                              [--url postgresql://postgres@127.0.0.1/test]
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from bc.store.postgres import drop_schema
 from bench.light_agents import light_agent
 from bench.pg_drivers import PG_URL
 from bench.run import Lab, free_port
+from bench.throughput import cpu_s, enqueue_and_settle
 
 GATEWAYS = 3
 
@@ -109,13 +122,21 @@ def write_rate(points: list[tuple[float, int]], start: float, end: float) -> flo
 
 
 async def run(
-    nodes: int, url: str, keep: bool = False, light: bool = False, status_every_s: float = 0.0
+    nodes: int,
+    url: str,
+    keep: bool = False,
+    light: bool = False,
+    status_every_s: float = 0.0,
+    gateways: int = GATEWAYS,
+    refresh: bool = False,
+    kill: bool = True,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bc-bench-rehome-"))
+    print(f"  data dirs and logs in {root}", flush=True)
     schema = "bench_" + secrets.token_hex(4)
     lab = Lab(root)
     store = f"{url}?schema={schema}"
-    ports = [lab.port, *(free_port() for _ in range(GATEWAYS - 1))]
+    ports = [lab.port, *(free_port() for _ in range(gateways - 1))]
     addrs = [f"127.0.0.1:{p}" for p in ports]
     procs = {}
     agents: list[Agent] = []
@@ -127,7 +148,7 @@ async def run(
         )
         cfg = first / "operator" / "config.json"
         await _listening(ports[0])
-        for i in range(1, GATEWAYS):
+        for i in range(1, gateways):
             d = root / f"server-{i}"
             shutil.copytree(first, d)
             procs[f"gw-{i}"] = lab.spawn(
@@ -148,7 +169,7 @@ async def run(
             t_join = time.monotonic()
 
             async def join(i: int) -> None:
-                order = ",".join(addrs[(i + k) % GATEWAYS] for k in range(GATEWAYS))
+                order = ",".join(addrs[(i + k) % gateways] for k in range(gateways))
                 async with sem:
                     tok = await admin.create_token(f"r{i:05d}")
                     for wait in (0.5, 1.0, 2.0, 5.0):  # another process learns a new token's root within seconds
@@ -184,16 +205,51 @@ async def run(
                 window = STATS_EVERY_S * 4 + 1
                 print(f"  offering each node's status every {status_every_s} s for {window:.0f} s", flush=True)
                 t0 = time.time()
+                cpu0 = [cpu_s(procs[f"gw-{g}"].pid) for g in range(gateways)]
                 offered = await offer_status(agents, status_every_s, window)
                 t1 = time.time()
+                cpu1 = [cpu_s(procs[f"gw-{g}"].pid) for g in range(gateways)]
                 await asyncio.sleep(STATS_EVERY_S + 1)  # the gateways' next stats lines close the window
-                rates = [write_rate(status_written(root / f"gw-{g}.log"), t0, t1 + STATS_EVERY_S + 1) for g in range(3)]
+                rates = [
+                    write_rate(status_written(root / f"gw-{g}.log"), t0, t1 + STATS_EVERY_S + 1)
+                    for g in range(gateways)
+                ]
                 status = {
                     "status_offered_per_s": round(offered / (t1 - t0)),
                     "status_written_per_s": round(sum(rates)),
                     "status_written_per_gateway": [round(r) for r in rates],
+                    "gateway_cpu_pct_of_a_core": [
+                        round(100 * (b - a) / (t1 - t0)) for a, b in zip(cpu0, cpu1, strict=True)
+                    ],
                 }
                 print(f"  {status}", flush=True)
+            fleet_refresh: dict[str, Any] = {}
+            if refresh:
+                ids = sorted(n.node_id for n in listed)
+                print(f"  one inventory.refresh to each of {len(ids)} nodes", flush=True)
+                wall, t_enq, settled = await enqueue_and_settle(admin, ids, len(ids), min(len(ids), 5000))
+                # Per command: enqueue -> settled, from the enqueue call's start (the store stamps the settle).
+                started_ms = time.time() * 1000 - wall * 1000
+                lat = [max(0.0, (at - started_ms) / 1000) for _, at in settled.values()]
+                fleet_refresh = {
+                    "refresh_nodes": len(ids),
+                    "refresh_wall_s": round(wall, 2),
+                    "refresh_enqueue_s": round(t_enq, 2),
+                    "refresh_settled_p50_s": round(statistics.median(lat), 2),
+                    "refresh_settled_p99_s": round(_pct(lat, 0.99), 2),
+                    "refresh_succeeded": sum(1 for st, _ in settled.values() if st == "succeeded"),
+                }
+                print(f"  {fleet_refresh}", flush=True)
+            if not kill or gateways < 2:
+                return {
+                    "nodes": nodes,
+                    "agents": "light" if light else "production",
+                    "gateways": gateways,
+                    **status,
+                    **fleet_refresh,
+                    "joined_s": round(joined_s, 1),
+                    "all_connected_s": round(connected_s, 1),
+                }
             held = {n.node_id for n in listed if n.gateway_id == "gw-1"}
             after = (await admin.server_info()).event_seq
             killed_ms = time.time() * 1000
@@ -213,8 +269,9 @@ async def run(
         return {
             "nodes": nodes,
             "agents": "light" if light else "production",
-            "gateways": GATEWAYS,
+            "gateways": gateways,
             **status,
+            **fleet_refresh,
             "joined_s": round(joined_s, 1),
             "all_connected_s": round(connected_s, 1),
             "re_homed": len(secs),
@@ -238,6 +295,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--url", default=PG_URL)
     ap.add_argument("--light", action="store_true", help="the simulator's agents (memory journal), for 1,000+")
     ap.add_argument("--status-every", type=float, default=0.0, help="before the kill: status writes, each node every S")
+    ap.add_argument("--gateways", type=int, default=GATEWAYS, help="gateway processes (default 3)")
+    ap.add_argument("--refresh", action="store_true", help="before the kill: one inventory.refresh to every node")
+    ap.add_argument("--no-kill", action="store_true", help="skip the gateway kill and the re-home figures")
+    ap.add_argument("--keep", action="store_true", help="keep the data dirs and the gateways' logs")
     return ap
 
 
@@ -246,8 +307,19 @@ def main() -> None:
     # Thousands of agents in one process: their routine warnings (a redial, a refused stream) are the storm
     # being measured, not news; errors still print.
     logging.basicConfig(level=logging.ERROR)
-    result = asyncio.run(run(args.nodes, args.url, light=args.light, status_every_s=args.status_every))
-    print("re-home after a gateway kill:", json.dumps(result), flush=True)
+    result = asyncio.run(
+        run(
+            args.nodes,
+            args.url,
+            light=args.light,
+            status_every_s=args.status_every,
+            gateways=args.gateways,
+            refresh=args.refresh,
+            kill=not args.no_kill,
+            keep=args.keep,
+        )
+    )
+    print("fleet on PostgreSQL:" if args.no_kill else "re-home after a gateway kill:", json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

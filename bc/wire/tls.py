@@ -62,10 +62,13 @@ class ServerTLS:
             self._version += 1
 
     def set_token_roots(self, roots: Mapping[str, bytes]) -> None:
-        """Replace every token root (at start, from the store's live tokens)."""
+        """Replace every token root (at start, and every few seconds from the store's live tokens)."""
         new = dict(roots)
-        for pem in new.values():
-            _check_pem(pem)
+        with self._lock:
+            held = dict(self._roots)
+        for token_id, pem in new.items():
+            if held.get(token_id) != pem:  # parsed once, when it arrives: not again at every refresh
+                _check_pem(pem)
         with self._lock:
             if new != self._roots:
                 self._roots = new
