@@ -45,12 +45,9 @@ async def use_token(tx: Tx, token_id: str, now_ms: int) -> bool:
 
 
 async def trusted_token_roots(tx: Tx, now_ms: int, grace_ms: int) -> list[Row]:
-    """Roots of the unused tokens within their TLS grace: expired ones too, so joining with one is refused in a
-    sentence. Not the used ones: every root is in the TLS configuration of every handshake a gateway makes,
-    and an enrollment of thousands of nodes would otherwise carry thousands for a week (joins fell to about
-    one a second past 4,000). A used token is refused in the handshake, and `bc join` says what that means."""
+    """Roots of tokens within their TLS grace: used and expired ones too, so a refusal is a sentence."""
     return await tx.fetchall(
-        "SELECT token_id, root_cert_pem FROM join_tokens WHERE expires_at_ms > :t AND used_at_ms IS NULL",
+        "SELECT token_id, root_cert_pem FROM join_tokens WHERE expires_at_ms > :t",
         {"t": now_ms - grace_ms},
     )
 

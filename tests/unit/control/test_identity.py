@@ -88,23 +88,3 @@ async def test_a_second_token_for_a_node_is_a_new_identity_generation(
         tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600, rng=RNG, secrets=SECRETS)
         joined = await identity.join(store, bus, SIGNER, ca, tokens.parse_token(tok.token).token_id, csr_der(), "h")
         assert joined.identity_generation == expected
-
-
-async def test_a_used_token_leaves_the_tls_trust_set_and_an_expired_unused_one_stays_for_its_sentence(
-    store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, clock: LoopClock
-) -> None:
-    """Every trusted token root is in every handshake's TLS configuration: a used token's root leaves it (an
-    enrollment of thousands would otherwise carry them all for a week); an expired, unused token's stays
-    within the grace, so joining with it is refused in a sentence rather than in the handshake."""
-    used = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600, rng=RNG, secrets=SECRETS)
-    expired = await identity.create_token(store, bus, ca, clock, "n2", "node", 60, rng=RNG, secrets=SECRETS)
-    waiting = await identity.create_token(store, bus, ca, clock, "n3", "node", 3600, rng=RNG, secrets=SECRETS)
-    await identity.join(store, bus, SIGNER, ca, tokens.parse_token(used.token).token_id, csr_der(), "host")
-    await advance(61)
-
-    async def trusted() -> set[str]:
-        async with store.transaction(write=False) as tx:
-            rows = await id_sql.trusted_token_roots(tx, await store.now_ms(), 7 * 24 * 3600 * 1000)
-        return {str(r["token_id"]) for r in rows}
-
-    assert await trusted() == {tokens.parse_token(t.token).token_id for t in (expired, waiting)}
