@@ -20,10 +20,11 @@ Two more figures come from the same fleet, before the kill (issue 19):
   until every one has settled (with the p50 / p99 of each command's enqueue -> settled).
 
 `--gateways N` (default 3) runs N gateway processes; `--no-kill` skips the kill (with one gateway there is
-none to move to).
+none to move to); `--agent-procs K` runs the `--light` agents in K processes of their own
+(`bench.light_agents_proc`), since one process's core bounds a re-home of 1,000 agents held in it.
 
-Usage: python -m bench.rehome [--nodes 200] [--light] [--gateways 3] [--status-every S] [--refresh] [--no-kill]
-                              [--url postgresql://postgres@127.0.0.1/test]
+Usage: python -m bench.rehome [--nodes 200] [--light [--agent-procs K]] [--gateways 3] [--status-every S]
+                              [--refresh] [--no-kill] [--url postgresql://postgres@127.0.0.1/test]
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import secrets
 import shutil
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -130,7 +132,10 @@ async def run(
     gateways: int = GATEWAYS,
     refresh: bool = False,
     kill: bool = True,
+    agent_procs: int = 1,
 ) -> dict[str, Any]:
+    if agent_procs > 1 and (not light or status_every_s > 0):
+        raise SystemExit("--agent-procs takes --light agents and no --status-every (status is offered in-process)")
     root = Path(tempfile.mkdtemp(prefix="bc-bench-rehome-"))
     print(f"  data dirs and logs in {root}", flush=True)
     schema = "bench_" + secrets.token_hex(4)
@@ -138,7 +143,7 @@ async def run(
     store = f"{url}?schema={schema}"
     ports = [lab.port, *(free_port() for _ in range(gateways - 1))]
     addrs = [f"127.0.0.1:{p}" for p in ports]
-    procs = {}
+    procs: dict[str, Any] = {}
     agents: list[Agent] = []
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -183,17 +188,38 @@ async def run(
             await asyncio.gather(*(join(i) for i in range(nodes)))
             joined_s = time.monotonic() - t_join
             t_connect = time.monotonic()
-            for i in range(nodes):
-                d = root / f"r{i:05d}"
-                a = light_agent(d, i) if light else Agent(AgentOptions(data_dir=d, fake_hw="hgx-h100-8"))
-                agents.append(a)
-                tasks.append(asyncio.create_task(a.run()))
-            while True:
-                up = sum(1 for a in agents if a.connected.is_set())
-                print(f"  {up}/{nodes} connected after {time.monotonic() - t_connect:.0f} s", flush=True)
-                if up >= nodes:
-                    break
-                await asyncio.sleep(2.0)
+            if agent_procs > 1:  # light agents shared out over processes of their own (bench.light_agents_proc)
+                per = -(-nodes // agent_procs)
+                for first in range(0, nodes, per):
+                    procs[f"agents-{first}"] = await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        "-m",
+                        "bench.light_agents_proc",
+                        str(root),
+                        str(first),
+                        str(min(nodes, first + per)),
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                    )
+                for name, p in procs.items():
+                    if name.startswith("agents-"):
+                        assert p.stdout is not None
+                        line = (await p.stdout.readline()).decode().strip()
+                        if not line.startswith("ready"):
+                            raise RuntimeError(f"{name} ended before its agents connected")
+                print(f"  {nodes}/{nodes} connected after {time.monotonic() - t_connect:.0f} s", flush=True)
+            else:
+                for i in range(nodes):
+                    d = root / f"r{i:05d}"
+                    a = light_agent(d, i) if light else Agent(AgentOptions(data_dir=d, fake_hw="hgx-h100-8"))
+                    agents.append(a)
+                    tasks.append(asyncio.create_task(a.run()))
+                while True:
+                    up = sum(1 for a in agents if a.connected.is_set())
+                    print(f"  {up}/{nodes} connected after {time.monotonic() - t_connect:.0f} s", flush=True)
+                    if up >= nodes:
+                        break
+                    await asyncio.sleep(2.0)
             while True:  # the store's view follows the agents' by a liveness flush
                 listed = await admin.list_nodes()
                 if sum(1 for n in listed if n.state == "connected") >= nodes:
@@ -283,6 +309,12 @@ async def run(
         for a in agents:
             a.stopped.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for name, p in procs.items():
+            if name.startswith("agents-") and isinstance(p, asyncio.subprocess.Process):
+                if p.stdin is not None and p.returncode is None:
+                    p.stdin.write(b"stop\n")
+                    await p.stdin.drain()
+                await p.wait()
         lab.stop()
         await drop_schema(url, schema)
         if not keep:
@@ -299,6 +331,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--refresh", action="store_true", help="before the kill: one inventory.refresh to every node")
     ap.add_argument("--no-kill", action="store_true", help="skip the gateway kill and the re-home figures")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs and the gateways' logs")
+    ap.add_argument("--agent-procs", type=int, default=1, help="--light agents in K processes of their own")
     return ap
 
 
@@ -317,6 +350,7 @@ def main() -> None:
             refresh=args.refresh,
             kill=not args.no_kill,
             keep=args.keep,
+            agent_procs=args.agent_procs,
         )
     )
     print("fleet on PostgreSQL:" if args.no_kill else "re-home after a gateway kill:", json.dumps(result), flush=True)

@@ -1,0 +1,57 @@
+"""The simulator's light agents (`bench.light_agents`) in a process of their own, for `bench.rehome --agent-procs`.
+
+    python -m bench.light_agents_proc ROOT FIRST END
+
+Runs the agents of the joined nodes `ROOT/r{FIRST:05d}` … `ROOT/r{END-1:05d}` on this process's one event
+loop. A benchmark with thousands of agents in its own process measures that process's one core as much as
+the gateways (a 1,000-node re-home showed it at 100 % while the gateways idled a third of the time);
+several of these share the agents out.
+
+It talks to its parent on stdin and stdout, one line each: it prints `ready N` once all N agents are
+connected (welcomed), and `stop` on stdin (or the end of stdin) stops the agents and ends the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from agent.app import Agent
+from bench.light_agents import light_agent
+
+
+async def run(root: Path, first: int, end: int) -> None:
+    agents: list[Agent] = [light_agent(root / f"r{i:05d}", i) for i in range(first, end)]
+    tasks = [asyncio.create_task(a.run()) for a in agents]
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+
+    async def announce() -> None:
+        await asyncio.gather(*(a.connected.wait() for a in agents))
+        print(f"ready {len(agents)}", flush=True)
+
+    announcer = asyncio.create_task(announce())
+    while True:
+        line = (await stdin.readline()).decode().strip()
+        if line in ("stop", ""):
+            break
+    announcer.cancel()
+    for a in agents:
+        a.stopped.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def main() -> None:
+    root, first, end = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    logging.basicConfig(level=logging.ERROR)  # the storm being measured is routine for these agents
+    asyncio.run(run(root, first, end))
+
+
+if __name__ == "__main__":
+    main()
