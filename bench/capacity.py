@@ -56,15 +56,11 @@ from bc.control.usage_windows import BY, HOUR_MS
 from bc.store import capacity as cap_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import SqliteStore
+from bench.stats import pct
 
 PROFILE = "hgx-h100-8"
 SIZES = (1, 2, 4, 8)
 YEAR_H = 8760
-
-
-def pct(samples: Sequence[float], q: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(len(s) * q))]
 
 
 def spread(samples: Sequence[float], nd: int = 1) -> dict[str, float]:

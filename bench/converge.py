@@ -38,6 +38,7 @@ from agent.converge.run import CONVERGED, Converger, run
 from agent.hw.fake import FakeHardware
 from agent.offload import to_thread
 from bc.protocol.pb import spec_pb2
+from bench.stats import pct
 
 PROFILE = "mig-a100-4"
 
@@ -80,7 +81,7 @@ def summary(samples: list[float]) -> dict[str, float]:
     return {
         "passes": len(ms),
         "median_ms": round(statistics.median(ms), 2),
-        "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
+        "p99_ms": round(pct(ms, 0.99), 2),
         "max_ms": round(ms[-1], 2),
     }
 

@@ -34,6 +34,7 @@ from agent.join import join_node
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import AgentMetrics, Gauges
 from bc.otel.config import parse
+from bench.stats import pct
 
 
 def _gauges() -> Gauges:
@@ -151,7 +152,7 @@ async def xid_to_show(samples: int) -> dict[str, object]:
         return {
             "samples": samples,
             "median_ms": round(statistics.median(out), 1),
-            "p99_ms": round(out[min(len(out) - 1, int(len(out) * 0.99))], 1),
+            "p99_ms": round(pct(out, 0.99), 1),
             "min_ms": round(out[0], 1),
             "max_ms": round(out[-1], 1),
         }

@@ -57,6 +57,7 @@ from bc.store import commands as cmd_sql
 from bc.store import jobs as jobs_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore, SqliteStore
+from bench.stats import pct
 
 NODES_PER_DAG = 10
 _SQL_WORDS = {"into", "from", "or", "ignore", "set", "where", "and", "on"}
@@ -141,11 +142,6 @@ class Bench:
                 await engine._insert(tx, (spec, req, "bench"), now_ms)
                 held.owners[spec.id] = "bench"
             await engine._step(tx, [Submit(s) for s in specs], now_ms, held=held)
-
-
-def pct(samples: Sequence[float], q: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(len(s) * q))]
 
 
 def profiled(enabled: bool) -> cProfile.Profile | None:

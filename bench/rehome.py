@@ -55,6 +55,7 @@ from bc.store.postgres import drop_schema
 from bench.light_agents import light_agent
 from bench.pg_drivers import PG_URL
 from bench.run import Lab, free_port
+from bench.stats import pct
 from bench.throughput import cpu_s, enqueue_and_settle
 
 GATEWAYS = 3
@@ -71,11 +72,6 @@ async def _listening(port: int, timeout_s: float = 30.0) -> None:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.05)
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 async def offer_status(agents: list[Agent], every_s: float, for_s: float) -> int:
@@ -262,7 +258,7 @@ async def run(
                     "refresh_wall_s": round(wall, 2),
                     "refresh_enqueue_s": round(t_enq, 2),
                     "refresh_settled_p50_s": round(statistics.median(lat), 2),
-                    "refresh_settled_p99_s": round(_pct(lat, 0.99), 2),
+                    "refresh_settled_p99_s": round(pct(lat, 0.99), 2),
                     "refresh_succeeded": sum(1 for st, _ in settled.values() if st == "succeeded"),
                 }
                 print(f"  {fleet_refresh}", flush=True)
@@ -302,7 +298,7 @@ async def run(
             "all_connected_s": round(connected_s, 1),
             "re_homed": len(secs),
             "p50_s": round(statistics.median(secs), 2),
-            "p99_s": round(_pct(secs, 0.99), 2),
+            "p99_s": round(pct(secs, 0.99), 2),
             "max_s": round(max(secs), 2),
         }
     finally:

@@ -52,6 +52,7 @@ from agent.app import Agent, AgentOptions
 from agent.join import join_node
 from bc.cli.client import AdminClient
 from bc.config import OperatorConfig
+from bench.stats import pct
 
 
 def free_port() -> int:
@@ -153,7 +154,7 @@ async def bench_latency(n: int, pace_ms: int) -> dict[str, float]:
             "reservations": n,
             "pace_ms": pace_ms,
             "median_ms": round(statistics.median(samples), 1),
-            "p99_ms": round(samples[min(len(samples) - 1, int(len(samples) * 0.99))], 1),
+            "p99_ms": round(pct(samples, 0.99), 1),
             "min_ms": round(samples[0], 1),
             "max_ms": round(samples[-1], 1),
         }

@@ -62,6 +62,7 @@ from bc.protocol.pb import admin_pb2
 from bench.echo import echo_rate
 from bench.pg_drivers import PG_URL
 from bench.run import free_port
+from bench.stats import pct
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -82,11 +83,6 @@ def cpu_s(pid: int) -> float:
 def self_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 # -- the bounds ------------------------------------------------------------------------------------

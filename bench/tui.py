@@ -22,14 +22,10 @@ import statistics
 import time
 
 from bc.clock import SystemClock
+from bench.stats import pct
 from tui.app import BcTui
 from tui.fake import FakeSource
 from tui.fleet_table import FleetTable
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p * len(xs)))]
 
 
 async def figures(nodes: int) -> dict[str, object]:

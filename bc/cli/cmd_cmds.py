@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
@@ -47,6 +48,7 @@ from bc.errors import BcError, UsageError
 from bc.protocol.pb import admin_pb2
 
 _T = TypeVar("_T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 POLL_S = 0.1
 """How often `--wait` asks for the command's state."""
@@ -133,19 +135,30 @@ def read_payload(kind: str, value: str) -> str:
     return read_json_object(f"the {kind} payload", value) if value else ""
 
 
+# The options `bc cmd run` and `bc cmd fanout` share: one command or many, asked the same way.
+payload_option = click.option(
+    "--payload", default="", metavar="JSON|@FILE", help="The kind's request as protobuf JSON (default {})."
+)
+min_generation_option = click.option(
+    "--min-generation", type=click.IntRange(min=0, max=INT64_MAX), default=0, help="The spec generation it presupposes."
+)
+
+
+def not_after_option(what: str) -> Callable[[F], F]:
+    return click.option(
+        "--not-after",
+        default="10m",
+        show_default=True,
+        help=f"How long {what} may wait to start: 90s, 10m, 1h, up to 7d.",
+    )
+
+
 @cmd.command("run")
 @click.argument("node_id", metavar="NODE")
 @click.argument("kind")
-@click.option("--payload", default="", metavar="JSON|@FILE", help="The kind's request as protobuf JSON (default {}).")
-@click.option(
-    "--not-after",
-    default="10m",
-    show_default=True,
-    help="How long the command may wait to start: 90s, 10m, 1h, up to 7d.",
-)
-@click.option(
-    "--min-generation", type=click.IntRange(min=0, max=INT64_MAX), default=0, help="The spec generation it presupposes."
-)
+@payload_option
+@not_after_option("the command")
+@min_generation_option
 @click.option("--idempotency-key", default="", help="Run at most once per node under this key (default: fresh).")
 @click.option("--wait", is_flag=True, help="Follow it until it settles; exit non-zero unless it succeeds.")
 @json_option
@@ -203,16 +216,9 @@ async def wait_settled(client: AdminClient, info: admin_pb2.CommandInfo) -> admi
 @click.argument("kind")
 @click.option("--nodes", "nodes_csv", default="", metavar="n1,n2,…", help="The nodes, comma-separated.")
 @click.option("--all", "all_nodes", is_flag=True, help="Every node whose role runs KIND (not deleted or revoked).")
-@click.option("--payload", default="", metavar="JSON|@FILE", help="The kind's request as protobuf JSON (default {}).")
-@click.option(
-    "--not-after",
-    default="10m",
-    show_default=True,
-    help="How long each command may wait to start: 90s, 10m, 1h, up to 7d.",
-)
-@click.option(
-    "--min-generation", type=click.IntRange(min=0, max=INT64_MAX), default=0, help="The spec generation it presupposes."
-)
+@payload_option
+@not_after_option("each command")
+@min_generation_option
 @click.option(
     "--idempotency-key",
     default="",

@@ -31,7 +31,7 @@ from bc.cli.render import cell, format_time_ms, parse_duration, render_fields, r
 from bc.control.ssh import DEFAULT_TTL_S, MAX_TTL_S
 from bc.errors import Conflict, UsageError
 from bc.pki import ssh as ssh_pki
-from bc.pki.secrets_source import SystemSecrets
+from bc.pki.secrets_source import SystemSecrets, ed25519_key
 from bc.protocol import ssh_lines
 from bc.protocol.pb import admin_pb2
 
@@ -84,7 +84,7 @@ async def _init_offline(client: AdminClient, path: Path) -> admin_pb2.SshCaInfo:
     existing = await client.get_ssh_ca()
     if existing.public_key:
         raise Conflict(f"an SSH CA exists already ({existing.fingerprint}); it is never replaced by init")
-    key = ssh_pki.new_ca_key(SystemSecrets())
+    key = ed25519_key(SystemSecrets())
     await asyncio.to_thread(ssh_pki.write_key_file, path, key)  # refused (Conflict) when the file exists
     try:
         return await client.ssh_ca_init(public_key=ssh_pki.public_line(key))

@@ -40,7 +40,7 @@ from bc.errors import Conflict, NotFound, UsageError
 from bc.ids import ulid
 from bc.pki import merkle
 from bc.pki import ssh as ssh_pki
-from bc.pki.secrets_source import Secrets
+from bc.pki.secrets_source import Secrets, ed25519_key
 from bc.protocol import ssh_lines
 from bc.protocol.pb import spec_pb2
 from bc.protocol.text_safety import unsafe_char
@@ -106,7 +106,7 @@ async def ca_init(store: Store, bus: Bus, signer: Signer, ca_dir: Path, secrets:
         if await asyncio.to_thread(path.exists):
             key = await asyncio.to_thread(ssh_pki.load_ca_key, path)  # an init that stopped after writing the key
         else:
-            key = ssh_pki.new_ca_key(secrets)
+            key = ed25519_key(secrets)
             await asyncio.to_thread(ssh_pki.write_ca_key, ca_dir, key)
         public = ssh_pki.parse_public_key(ssh_pki.public_line(key), "the CA key")
     now_ms = await store.now_ms()

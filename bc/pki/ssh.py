@@ -26,7 +26,6 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import ssh as crypto_ssh
 
 from bc.errors import Conflict, UsageError
-from bc.pki.secrets_source import Secrets
 from bc.protocol import ssh_lines
 from bc.protocol.text_safety import unsafe_char
 
@@ -66,10 +65,6 @@ def fingerprint(blob: bytes) -> str:
 
 def public_line(key: ed25519.Ed25519PrivateKey) -> str:
     return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
-
-
-def new_ca_key(secrets: Secrets) -> ed25519.Ed25519PrivateKey:
-    return ed25519.Ed25519PrivateKey.from_private_bytes(secrets.token_bytes(32))
 
 
 def write_ca_key(dir: Path, key: ed25519.Ed25519PrivateKey) -> Path:

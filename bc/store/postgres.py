@@ -186,9 +186,7 @@ class PostgresStore(Store):
             with outside_world():
                 await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
             self._pool = pool
-        except (psycopg.Error, OSError, TimeoutError) as e:
-            raise StoreError(f"cannot open the store {self.description}: {_first_line(e)}") from e
-        except Exception as e:  # the pool's own PoolTimeout and friends
+        except Exception as e:  # psycopg's errors, OSError, TimeoutError, the pool's own PoolTimeout and friends
             raise StoreError(f"cannot open the store {self.description}: {_first_line(e)}") from e
         if not migrate:
             return

@@ -18,7 +18,7 @@ import pytest
 from agent.app import Agent, AgentOptions
 from agent.converge.sshd import find_tool
 from bc.pki import ssh as ssh_pki
-from bc.pki.secrets_source import SystemSecrets
+from bc.pki.secrets_source import SystemSecrets, ed25519_key
 from bc.protocol.pb import admin_pb2, common_pb2
 from tests.integration.conftest import InprocLab, open_lab
 
@@ -81,7 +81,7 @@ async def test_a_grant_reaches_its_node_and_a_revocation_every_nodes_krl(lab: In
         assert ca.public_key in (ssh / "ca.pub").read_text() and sshd_accepts(lab, n)
         assert krl_serials(lab, n) == []
 
-    user = ssh_pki.public_line(ssh_pki.new_ca_key(SystemSecrets()))
+    user = ssh_pki.public_line(ed25519_key(SystemSecrets()))
     g = await lab.admin.ssh_grant(
         admin_pb2.SshGrantRequest(node_id="n1", principal="oncall", public_key=user, ttl_s=600, reason="test")
     )

@@ -24,7 +24,7 @@ class with this shape. The converger (agent.converge.host) calls, per pass:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,7 +33,17 @@ from agent.hw.base import HardwareBackend
 from bc.protocol.host_units import UnitInvalid
 from bc.protocol.pb import common_pb2
 
-__all__ = ["Applied", "HostContext", "Record", "Unit", "UnitInvalid", "files_drifted", "restore_files", "write_files"]
+__all__ = [
+    "Applied",
+    "HostContext",
+    "Record",
+    "Unit",
+    "UnitInvalid",
+    "files_drifted",
+    "restore_files",
+    "write_files",
+    "write_then_run",
+]
 
 HEADER = "# Written by bc (host unit {unit}). Do not edit: the next converge pass rewrites it.\n"
 
@@ -127,6 +137,21 @@ async def restore_files(ops: HostOps, prior: Mapping[str, bytes | None]) -> None
                 await ops.write(rel, data)
         except OSError:
             continue
+
+
+async def write_then_run(
+    ops: HostOps, files: Mapping[str, bytes], old: Record | None, commands: Sequence[Sequence[str]]
+) -> Applied:
+    """A drop-in unit's apply: write its files, then run `commands` in order; a command that fails puts the
+    files back as they were and raises, so the unit is applied whole or not at all."""
+    prior = await write_files(ops, files, old)
+    try:
+        for argv in commands:
+            await ops.command(*argv)
+    except OSError:
+        await restore_files(ops, prior)
+        raise
+    return Applied(hashes(files))
 
 
 def hashes(files: Mapping[str, bytes]) -> dict[str, str]:

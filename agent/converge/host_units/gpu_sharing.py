@@ -28,9 +28,7 @@ from agent.converge.host_units.base import (
     HostContext,
     Record,
     files_drifted,
-    hashes,
-    restore_files,
-    write_files,
+    write_then_run,
 )
 from bc.protocol.host_units import Sharing, parse_sharing
 
@@ -97,20 +95,16 @@ class GpuSharing:
         had_mps = record is not None and MPS_UNIT_FILE in record.files
         if had_mps and desired.mode != "mps":
             await ctx.ops.command("systemctl", "disable", "--now", MPS_SERVICE)
-        prior = await write_files(ctx.ops, files, record)
-        try:
-            if desired.mode == "mps":
-                await ctx.ops.command("systemctl", "daemon-reload")
-                await ctx.ops.command("systemctl", "enable", MPS_SERVICE)
-                await ctx.ops.command("systemctl", "restart", MPS_SERVICE)
-            else:
-                if had_mps:
-                    await ctx.ops.command("systemctl", "daemon-reload")
-                await ctx.ops.command("nvidia-smi", "-c", "DEFAULT")
-        except OSError:
-            await restore_files(ctx.ops, prior)
-            raise
-        return Applied(hashes(files))
+        if desired.mode == "mps":
+            commands = [
+                ("systemctl", "daemon-reload"),
+                ("systemctl", "enable", MPS_SERVICE),
+                ("systemctl", "restart", MPS_SERVICE),
+            ]
+        else:
+            commands = [("systemctl", "daemon-reload")] if had_mps else []
+            commands.append(("nvidia-smi", "-c", "DEFAULT"))
+        return await write_then_run(ctx.ops, files, record, commands)
 
     async def remove(self, record: Record, ctx: HostContext) -> None:
         if MPS_UNIT_FILE in record.files:

@@ -18,9 +18,7 @@ from agent.converge.host_units.base import (
     HostContext,
     Record,
     files_drifted,
-    hashes,
-    restore_files,
-    write_files,
+    write_then_run,
 )
 from bc.protocol.host_units import parse_modules
 
@@ -41,14 +39,7 @@ class KernelModules:
 
     async def apply(self, desired: tuple[str, ...], record: Record | None, ctx: HostContext) -> Applied:
         files = {DROP_IN: (HEADER.format(unit=self.name) + "".join(f"{m}\n" for m in desired)).encode()}
-        prior = await write_files(ctx.ops, files, record)
-        try:
-            for m in desired:
-                await ctx.ops.command("modprobe", m)
-        except OSError:
-            await restore_files(ctx.ops, prior)
-            raise
-        return Applied(hashes(files))
+        return await write_then_run(ctx.ops, files, record, [("modprobe", m) for m in desired])
 
     async def remove(self, record: Record, ctx: HostContext) -> None:
         await ctx.ops.remove(DROP_IN)

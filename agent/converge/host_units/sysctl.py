@@ -20,9 +20,7 @@ from agent.converge.host_units.base import (
     HostContext,
     Record,
     files_drifted,
-    hashes,
-    restore_files,
-    write_files,
+    write_then_run,
 )
 from bc.protocol.host_units import parse_values
 
@@ -47,13 +45,7 @@ class Sysctl:
 
     async def apply(self, desired: dict[str, str], record: Record | None, ctx: HostContext) -> Applied:
         files = {DROP_IN: render(desired)}
-        prior = await write_files(ctx.ops, files, record)
-        try:
-            await ctx.ops.command("sysctl", "-p", ctx.ops.host_path(DROP_IN))
-        except OSError:
-            await restore_files(ctx.ops, prior)
-            raise
-        return Applied(hashes(files))
+        return await write_then_run(ctx.ops, files, record, [("sysctl", "-p", ctx.ops.host_path(DROP_IN))])
 
     async def remove(self, record: Record, ctx: HostContext) -> None:
         await ctx.ops.remove(DROP_IN)

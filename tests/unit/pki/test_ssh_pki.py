@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from agent.converge.sshd import find_tool
 from bc.errors import Conflict, UsageError
 from bc.pki import ssh as ssh_pki
-from bc.pki.secrets_source import SystemSecrets
+from bc.pki.secrets_source import SystemSecrets, ed25519_key
 
 
 def keygen(tmp_path: Path, name: str) -> Path:
@@ -66,12 +66,12 @@ def test_anything_but_one_public_key_is_refused(text: str, fragment: str) -> Non
 
 
 def test_the_ca_key_is_0600_never_overwritten_and_refused_when_others_can_read_it(tmp_path: Path) -> None:
-    key = ssh_pki.new_ca_key(SystemSecrets())
+    key = ed25519_key(SystemSecrets())
     path = ssh_pki.write_ca_key(tmp_path / "ca", key)
     assert path.stat().st_mode & 0o777 == 0o600
     assert ssh_pki.public_line(ssh_pki.load_ca_key(path)) == ssh_pki.public_line(key)
     with pytest.raises(Conflict, match="never written over a file"):
-        ssh_pki.write_ca_key(tmp_path / "ca", ssh_pki.new_ca_key(SystemSecrets()))
+        ssh_pki.write_ca_key(tmp_path / "ca", ed25519_key(SystemSecrets()))
     path.chmod(0o640)
     with pytest.raises(UsageError, match="readable by others"):
         ssh_pki.load_ca_key(path)
