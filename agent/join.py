@@ -2,8 +2,12 @@
 
 1. Parse the token and fetch the server's CA over a raw TLS handshake; keep it
    only if its fingerprint matches the token's pin.
-2. Derive the token's client certificate from its secret and call `Join` over
-   mutual TLS, with a CSR for a key generated here (it never leaves the host).
+2. Call `Join` over mutual TLS with a CSR for a key generated here (it never
+   leaves the host) and the token's proof: a signature by the key the secret
+   derives over the token id and the CSR (`bc.pki.tokens.join_proof`). The TLS
+   client certificate is a short-lived leaf under the install's join root,
+   whose key comes from the token's CA pin; it proves nothing by itself, so a
+   used, expired or mistyped token is refused by Join in a sentence.
 3. Store `identity.json`, `node.key` (0600), `node.crt` and `ca.crt`.
 
 `bc join --reset --yes` first moves the old identity and journal aside
@@ -87,18 +91,27 @@ async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = Fa
     csr = make_csr(node_key, "pending")
     from cryptography.hazmat.primitives import serialization
 
-    req = join_pb2.JoinRequest(csr_der=csr.public_bytes(serialization.Encoding.DER), hostname=socket.gethostname())
+    csr_der = csr.public_bytes(serialization.Encoding.DER)
+    req = join_pb2.JoinRequest(
+        csr_der=csr_der,
+        hostname=socket.gethostname(),
+        token_id=parsed.token_id,
+        token_proof=tokens.join_proof(parsed.secret, parsed.token_id, csr_der),
+    )
     creds = channel_credentials(ca_pem, join_key_pem, join_cert_pem)
     try:
         resp = await _join_first_serving(addrs, creds, req)
     except grpc.aio.AioRpcError as e:
         err: BcError = status_to_error(e.code(), e.details() or "")
         if isinstance(err, Unavailable) and refused_in_handshake(e.details() or ""):
-            # The server answered a moment ago (its CA matched the pin), so a handshake it closes now
-            # is a refusal of the join certificate, which only the token's own secret can make.
+            # The server answered a moment ago (its CA matched the pin), so a handshake it closes now is a
+            # refusal of the join certificate under the join root that pin derives: a bc serve from before
+            # one join root per install, which trusted a root per token instead. The token itself is judged
+            # by Join, in a sentence.
             raise Unauthenticated(
-                f"bc serve at {server} refused the token: it has already been used, has expired, or its"
-                " secret does not match; ask for a new one with `bc token create`"
+                f"bc serve at {server} refused this bc join's client certificate in the TLS handshake: it likely"
+                " runs an older bc that expects another join protocol; join with a bc of the same version as"
+                " bc serve, or upgrade bc serve"
             ) from None
         if isinstance(err, Unavailable):
             raise Unavailable(f"cannot reach bc serve at {server}: {e.details()}") from None

@@ -65,11 +65,9 @@ from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256_key
 from bc.pki.serving import SERVING_CERT_TTL_S
 from bc.pki.signing import WORKER_ROTATE_BEFORE_S, SigningKeys
-from bc.pki.tokens import ROOT_GRACE_S
 from bc.protocol.limits import LIMITS
 from bc.store import Store, StoreError, leases, open_store
 from bc.store import gateway_keys as gk_sql
-from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
 from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, session_pb2_grpc
 from bc.wire.tls import ServerTLS, channel_credentials
@@ -128,7 +126,7 @@ def cross_process_relay(store: Store, bus: Bus, clock: Clock) -> PgRelay | None:
     assert isinstance(store, PostgresStore)
     relay = PgRelay(store.url, clock, store.schema)
     bus.relay_to(relay)
-    relay.start(Incoming(bus.local_node_changed, bus.local_events_published, bus.local_token_created))
+    relay.start(Incoming(bus.local_node_changed, bus.local_events_published))
     return relay
 
 
@@ -250,8 +248,6 @@ class Server:
         else:
             await self._start_with_keys(data_dir, host)
         ca = self.ca
-        await self.refresh_token_roots()
-        self.bus.on_token_created(self.tls.add_token_root)
 
         self.gateway = Gateway(
             self.store,
@@ -363,7 +359,6 @@ class Server:
             self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
             self._tasks.append(asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"))
             self._tasks.append(asyncio.create_task(self.gateway.stats_loop(), name="gateway-stats"))
-        self._tasks.append(asyncio.create_task(self._token_roots_loop(), name="token-roots"))
         self.sweeper = CommandSweeper(self.store, self.bus, self.worker_id)
         if "worker" in roles:
             self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))
@@ -553,19 +548,6 @@ class Server:
         if wanted is None:
             log.warning("event=pki.signing-off hint='start once with --command-signing on to sign commands and specs'")
         return None
-
-    async def refresh_token_roots(self) -> None:
-        assert self.store is not None
-        now_ms = await self.store.now_ms()
-        async with self.store.transaction(write=False) as tx:
-            rows = await id_sql.trusted_token_roots(tx, now_ms, int(ROOT_GRACE_S * 1000))
-        self.tls.set_token_roots({str(r["token_id"]): str(r["root_cert_pem"]).encode() for r in rows})
-
-    async def _token_roots_loop(self) -> None:
-        while True:
-            await self.clock.sleep(5.0)
-            with contextlib.suppress(StoreError):
-                await self.refresh_token_roots()
 
     async def _liveness_loop(self) -> None:
         while True:

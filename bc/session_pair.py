@@ -70,6 +70,7 @@ from bc.control.signer import KeySigner, NullSigner, Signer
 from bc.control.sweeper import CommandSweeper
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.jobs.engine import JobEngine
+from bc.pki import tokens as pki_tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity, make_csr, peer_identity
 from bc.pki.secrets_source import SeededSecrets, p256_key
@@ -108,8 +109,10 @@ class FaultyLink(Generic[In, Out]):
                 return msg
             # A frame sent before the cut that arrives after it is lost too.
 
-    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
-        await self._inner.close(code, details, reason)
+    async def close(
+        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
+    ) -> None:
+        await self._inner.close(code, details, reason, retry_after_ms=retry_after_ms)
 
 
 @dataclass
@@ -396,7 +399,10 @@ class SessionPair:
         )
         key = p256_key(self.secrets)
         csr = make_csr(key, node_id).public_bytes(serialization.Encoding.DER)
-        joined = await identity.join(cp.store, cp.bus, cp.signer, self.ca, tok.token_id, csr, f"host-{node_id}")
+        proof = pki_tokens.join_proof(pki_tokens.parse_token(tok.token).secret, tok.token_id, csr)
+        joined = await identity.join(
+            cp.store, cp.bus, cp.signer, self.ca, tok.token_id, csr, f"host-{node_id}", proof=proof
+        )
         cert = x509.load_pem_x509_certificate(joined.cert_pem)
         self.network.peers[node_id] = peer_identity(cert, self.ca.certificate, now=self.clock.now())
         ident = Identity(

@@ -1,6 +1,8 @@
 """Join.Join and Join.Renew.
 
-Join: the caller's TLS leaf was issued by a join token's key; the token becomes a certificate.
+Join: the caller's TLS leaf is under the install's join root (`bc.pki.tokens.join_root_cert`, which proves
+nothing: its key is derived from the CA fingerprint) and names a token; the request proves that token
+(`token_proof`, checked by `bc.control.identity.join`), and the token becomes a certificate.
 Renew: the caller's TLS leaf is its current node certificate; a proof by that key gets a new one. Through a
 gateway-only process (`bc.api.renew_proxy`) the caller is the gateway, and the node's certificate comes
 forwarded beside the request: taken only from a caller whose own certificate says `gateway:`, then checked
@@ -15,7 +17,6 @@ from __future__ import annotations
 import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.x509.oid import NameOID
 
 from bc.api.renew_proxy import NODE_CERT_MD
 from bc.control import identity
@@ -24,11 +25,11 @@ from bc.control.identity import NODE_CERT_TTL_S
 from bc.control.intent import Intent
 from bc.control.signer import Signer
 from bc.errors import BcError, Unauthenticated, UsageError
+from bc.pki import tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import join_leaf_identity, peer_identity
 from bc.protocol.pb import join_pb2
 from bc.store import Store
-from bc.store import identity as id_sql
 from bc.wire.status import abort_with
 from bc.wire.stubs import join_pb2_grpc
 from bc.wire.tls import peer_cert_from_context
@@ -47,23 +48,21 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
     ) -> None:
         self.store, self.bus, self.ca, self.signer, self.intent = store, bus, ca, signer, intent
         self.node_cert_ttl_s = node_cert_ttl_s
+        self.join_root = tokens.join_root_cert(ca.fingerprint)
 
-    async def _token_id(self, context: grpc.aio.ServicerContext) -> str:
+    def _token_id(self, request: join_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> str:
+        """The token the request claims; `identity.join` checks its proof."""
         cert = peer_cert_from_context(context)
         if cert is None:
-            raise Unauthenticated("joining needs the client certificate derived from a join token")
-        cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-        cn = str(cns[0].value) if cns else ""
-        if not cn.startswith("join:"):
-            raise Unauthenticated("joining needs the client certificate derived from a join token")
-        token_id = cn.removeprefix("join:")
-        async with self.store.transaction(write=False) as tx:
-            tok = await id_sql.get_token(tx, token_id)
-        if tok is None:
-            raise Unauthenticated("the join token is unknown to this server")
-        root = x509.load_pem_x509_certificate(str(tok["root_cert_pem"]).encode())
-        join_leaf_identity(cert, root)
-        return token_id
+            raise Unauthenticated("joining needs the join client certificate `bc join` makes")
+        claimed = join_leaf_identity(cert, self.join_root).name
+        if not request.token_id or not request.token_proof:
+            raise UsageError(
+                "the join request carries no token id and proof; join with a `bc join` as recent as this server"
+            )
+        if request.token_id != claimed:
+            raise Unauthenticated("the join request names another token than its client certificate")
+        return claimed
 
     def _renewing_cert(self, context: grpc.aio.ServicerContext) -> x509.Certificate:
         """The node certificate a renewal is for: the caller's own, or one a gateway forwarded."""
@@ -84,7 +83,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
 
     async def Join(self, request: join_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> join_pb2.JoinResponse:
         try:
-            token_id = await self._token_id(context)
+            token_id = self._token_id(request, context)
             if not request.csr_der:
                 raise UsageError("the join request carries no CSR")
             joined = await identity.join(
@@ -95,6 +94,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
                 token_id,
                 request.csr_der,
                 request.hostname,
+                proof=request.token_proof,
                 ttl_s=self.node_cert_ttl_s,
             )
         except BcError as e:

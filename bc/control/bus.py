@@ -27,16 +27,13 @@ class Relay(Protocol):
 
     def events_published(self) -> None: ...
 
-    def token_created(self, token_id: str, root_pem: bytes) -> None: ...
-
 
 class Bus:
-    """Wake-ups: node pokes, new events, new join-token roots."""
+    """Wake-ups: node pokes, new events."""
 
     def __init__(self) -> None:
         self._node_listeners: list[Callable[[str], None]] = []
         self._events = asyncio.Event()
-        self._token_listeners: list[Callable[[str, bytes], None]] = []
         self.published = 0  # events committed through this bus: `bc serve --otlp-endpoint` counts them
         self._relay: Relay | None = None
 
@@ -70,17 +67,3 @@ class Bus:
 
     async def wait_events(self, timeout: float) -> None:  # noqa: ASYNC109 (a bounded wake-up, not a deadline)
         await wait_event(self._events, timeout)
-
-    # -- join-token trust roots -----------------------------------------
-    def on_token_created(self, fn: Callable[[str, bytes], None]) -> None:
-        self._token_listeners.append(fn)
-
-    def token_created(self, token_id: str, root_pem: bytes) -> None:
-        """Carries the token's public root: TLS must trust it before the operator can hand the token out."""
-        self.local_token_created(token_id, root_pem)
-        if self._relay is not None:
-            self._relay.token_created(token_id, root_pem)
-
-    def local_token_created(self, token_id: str, root_pem: bytes) -> None:
-        for fn in self._token_listeners:
-            fn(token_id, root_pem)

@@ -1,10 +1,14 @@
 """Join tokens, joining and renewal: a one-time token becomes a node certificate, renewed before it expires.
 
-The token's secret derives a key whose self-signed root the server trusts for
-client TLS until the token is used or expires, so the joining node proves the
-token over mutual TLS before any request is read. The server keeps only the
-secret's hash and that public root. Joining consumes the token in the same
-transaction that records the certificate: a token works once.
+The token's secret derives a key (`bc.pki.tokens.derive_token_key`); the server
+keeps only the secret's hash and that key's public half (a self-signed
+certificate, `root_cert_pem`). The joining node proves the token inside the
+Join request: a signature by that key over the token id and its CSR
+(`bc.pki.tokens.join_proof`), checked here before anything else is said about
+the token. The TLS handshake before it only needs a leaf under the install's
+one join root, which proves nothing, so every refusal (unknown, wrong secret,
+used, expired) reaches the node as a sentence. Joining consumes the token in
+the same transaction that records the certificate: a token works once.
 
 Renewal (`renew`) is called over mutual TLS with the node's current
 certificate and proves possession of the current key (`bc.pki.renewal`); the
@@ -97,7 +101,6 @@ async def create_token(
             expires_at_ms=int(new.expires_at * 1000),
         )
         await publish(tx, bus, "token.created", node_id, {"token_id": new.token_id, "role": role}, now_ms)
-        tx.on_commit(lambda: bus.token_created(new.token_id, new.root_cert_pem))
     return IssuedToken(new.token, new.token_id, node_id, role, int(new.expires_at * 1000))
 
 
@@ -118,9 +121,14 @@ async def join(
     csr_der: bytes,
     hostname: str,
     *,
+    proof: bytes,
     ttl_s: int = NODE_CERT_TTL_S,
 ) -> Joined:
-    """Consume the token and issue the node's certificate (`ttl_s`, at most 24 h) for the key in the CSR."""
+    """Consume the token and issue the node's certificate (`ttl_s`, at most 24 h) for the key in the CSR.
+
+    `proof` is the token key's signature over the token id and `csr_der` (`bc.pki.tokens.join_proof`); it
+    is checked before the token's state, so only the token's holder learns that it was used or expired.
+    """
     try:
         csr = x509.load_der_x509_csr(csr_der)
     except ValueError:
@@ -129,7 +137,12 @@ async def join(
     async with store.transaction() as tx:
         tok = await id_sql.get_token(tx, token_id)
         if tok is None:
-            raise Unauthenticated("the join token is unknown to this server")
+            raise Unauthenticated("the join token is unknown to this server; create a new one with `bc token create`")
+        if not pki_tokens.verify_join_proof(str(tok["root_cert_pem"]).encode(), token_id, csr_der, proof):
+            raise Unauthenticated(
+                "the join token's secret does not match this server's record of it; check that the whole token was"
+                " copied, or create a new one with `bc token create`"
+            )
         if tok["used_at_ms"] is not None:
             raise Unauthenticated("the join token has already been used; create a new one with `bc token create`")
         if int(tok["expires_at_ms"]) <= now_ms:

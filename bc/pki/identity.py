@@ -1,12 +1,14 @@
 """Who is on the other end of a TLS connection, read from the certificate it presented.
 
-The server trusts two kinds of roots for client authentication: the cluster
-CA, and (while a join token is live) that token's own root. TLS alone
-therefore proves only "signed by one of the trusted roots". These functions
-add the missing half: `peer_identity` accepts a node or operator only if the
-cluster CA itself signed the certificate, so a token holder who signs a leaf
-that calls itself `node:n1` is refused; `join_leaf_identity` accepts a join
-client only under its own token's root.
+The server trusts two roots for client authentication: the cluster CA, and the
+install's one join root (`bc.pki.tokens.join_root_cert`), whose key anyone who
+knows the CA fingerprint can derive. TLS alone therefore proves only "signed
+by one of the trusted roots". These functions add the missing half:
+`peer_identity` accepts a node, operator or gateway only if the cluster CA
+itself signed the certificate, so a leaf under the join root that calls itself
+`node:n1` is refused; `join_leaf_identity` accepts a join client's leaf only
+under the join root, and names the token it claims, which the Join handler
+then requires the token's proof for (the leaf alone proves nothing).
 
 Validity dates are checked by the TLS handshake; pass `now` (business time)
 to check them here as well.
@@ -32,6 +34,7 @@ PeerKind = Literal["node", "operator", "join", "gateway"]
 # (`paul` and `p\u0430ul`, `Bob` and `bob`) can be two identities.
 SAFE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
+_TOKEN_ID = re.compile(r"[0-9a-f]{12}")
 _IDGEN = re.compile(r"urn:bc:idgen:(0|[1-9][0-9]{0,17})")
 
 
@@ -86,16 +89,19 @@ def peer_identity(cert: x509.Certificate, ca_cert: x509.Certificate, *, now: flo
 
 
 def join_leaf_identity(
-    cert: x509.Certificate, root_cert: x509.Certificate, *, now: float | None = None
+    cert: x509.Certificate, join_root: x509.Certificate, *, now: float | None = None
 ) -> PeerIdentity:
-    """The join token a Join caller holds, if its leaf was signed by that token's root."""
-    _require_issued_by(cert, root_cert, "the join certificate was not issued by this join token's key")
+    """The join token a Join caller's leaf claims, if the install's join root signed the leaf.
+
+    A claim only: the join root's key is public, so the caller must still prove the token.
+    """
+    _require_issued_by(cert, join_root, "the join certificate was not issued by this install's join root")
     _require_client_auth(cert)
     _require_valid_at(cert, now)
     cn = _common_name(cert)
     token_id = cn.removeprefix("join:")
-    if not cn.startswith("join:") or _common_name(root_cert) != f"bc join token {token_id}":
-        raise Unauthenticated(f"the join certificate names another token (CN {cn!r})")
+    if not cn.startswith("join:") or not _TOKEN_ID.fullmatch(token_id):
+        raise Unauthenticated(f"the join certificate names no join token (CN {cn!r})")
     return PeerIdentity("join", token_id, format(cert.serial_number, "x"), cert.not_valid_after_utc.timestamp())
 
 

@@ -1,8 +1,8 @@
 """Wake-ups between the simulated processes: what `bc.store.notify.PgRelay` (LISTEN/NOTIFY) does between
 `bc serve` processes on one PostgreSQL, in memory and at once.
 
-Each process has its own `Bus`; `BusHub.join(bus)` relays that bus's wake-ups (a node poke, new events, a
-new join-token root) to every other bus joined, through their `local_*` calls, as the relay delivers
+Each process has its own `Bus`; `BusHub.join(bus)` relays that bus's wake-ups (a node poke, new events) to
+every other bus joined, through their `local_*` calls, as the relay delivers
 another process's NOTIFY. A process that dies or stops `leave`s. Wake-ups carry no data (whoever wakes
 re-reads the store), so a relay that delivers at once rather than a few milliseconds later changes timing,
 never correctness.
@@ -26,10 +26,6 @@ class _Relay:
     def events_published(self) -> None:
         for other in self.hub.others(self.bus):
             other.local_events_published()
-
-    def token_created(self, token_id: str, root_pem: bytes) -> None:
-        for other in self.hub.others(self.bus):
-            other.local_token_created(token_id, root_pem)
 
 
 class BusHub:

@@ -44,14 +44,6 @@ async def use_token(tx: Tx, token_id: str, now_ms: int) -> bool:
     return n == 1
 
 
-async def trusted_token_roots(tx: Tx, now_ms: int, grace_ms: int) -> list[Row]:
-    """Roots of tokens within their TLS grace: used and expired ones too, so a refusal is a sentence."""
-    return await tx.fetchall(
-        "SELECT token_id, root_cert_pem FROM join_tokens WHERE expires_at_ms > :t",
-        {"t": now_ms - grace_ms},
-    )
-
-
 async def insert_cert(
     tx: Tx,
     *,

@@ -14,8 +14,6 @@ pid), since this process's bus has already woken its own listeners.
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +28,7 @@ log = logging.getLogger("bc.notify")
 
 NODE = "bc_node"
 EVENTS = "bc_events"
-TOKEN = "bc_token"
-CHANNELS = (NODE, EVENTS, TOKEN)
+CHANNELS = (NODE, EVENTS)
 RECONNECT_S = 1.0
 MAX_QUEUED = 10_000
 
@@ -42,7 +39,6 @@ class Incoming:
 
     node_changed: Callable[[str], None]
     events_published: Callable[[], None]
-    token_created: Callable[[str, bytes], None]
 
 
 class PgRelay:
@@ -70,9 +66,6 @@ class PgRelay:
 
     def events_published(self) -> None:
         self._put(EVENTS, "")
-
-    def token_created(self, token_id: str, root_pem: bytes) -> None:
-        self._put(TOKEN, f"{token_id} {base64.b64encode(root_pem).decode()}")
 
     def _put(self, channel: str, payload: str) -> None:
         if len(self._queue) >= MAX_QUEUED:
@@ -130,10 +123,6 @@ class PgRelay:
             incoming.node_changed(payload)
         elif channel == EVENTS:
             incoming.events_published()
-        elif channel == TOKEN:
-            token_id, _, pem = payload.partition(" ")
-            with contextlib.suppress(ValueError):
-                incoming.token_created(token_id, base64.b64decode(pem, validate=True))
 
     # -- lifecycle -----------------------------------------------------------
     def start(self, incoming: Incoming) -> None:

@@ -19,10 +19,11 @@ from typing import Any
 from agent.app import Agent, AgentOptions
 from agent.join import join_node
 from bc import logs
-from bc.errors import Unauthenticated, Unavailable
+from bc.errors import Unavailable
 
 JOIN_TRIES = (0.5, 1.0, 2.0, 4.0)
-"""Back-off between join attempts: a gateway process learns a token's root from the store within seconds."""
+"""Back-off between join attempts on an unreachable gateway. A refused token (Unauthenticated) is final: every
+process trusts the install's one join root from its start, so a new token never waits for a gateway to learn it."""
 
 
 async def _join(node: dict[str, Any], sem: asyncio.Semaphore) -> None:
@@ -32,7 +33,7 @@ async def _join(node: dict[str, Any], sem: asyncio.Semaphore) -> None:
             try:
                 await join_node(node["servers"], node["token"], data_dir)
                 break
-            except (Unauthenticated, Unavailable):
+            except Unavailable:
                 if wait is None:
                     raise
                 await asyncio.sleep(wait)

@@ -6,12 +6,16 @@ import json
 
 import grpc
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from agent.identity import Identity
 from agent.join import join_node
+from bc.clock import SystemClock
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
-from bc.protocol.pb import session_pb2
-from bc.wire.stubs import admin_pb2_grpc, session_pb2_grpc
+from bc.pki import keys, tokens
+from bc.pki.identity import make_csr
+from bc.protocol.pb import join_pb2, session_pb2
+from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, session_pb2_grpc
 from bc.wire.tls import channel_credentials
 from tests.integration.conftest import InprocLab
 
@@ -120,6 +124,72 @@ async def test_node_certificate_cannot_call_admin(lab: InprocLab) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as ei:
             await admin_pb2_grpc.AdminStub(ch).ListNodes(admin_pb2.ListNodesRequest(), timeout=5)
         assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def _join_leaf_creds(lab: InprocLab, token: str) -> grpc.ChannelCredentials:
+    """What `bc join` presents in TLS: a leaf under the install's join root, whose key the CA pin derives."""
+    key_pem, cert_pem = tokens.join_client_credentials(tokens.parse_token(token), SystemClock())
+    assert lab.server.ca is not None
+    return channel_credentials(lab.server.ca.ca_pem, key_pem, cert_pem)
+
+
+async def test_a_join_leaf_cannot_call_admin_or_session(lab: InprocLab) -> None:
+    """The join root's key is public (derived from the CA fingerprint): its leaves get past TLS, and no further."""
+    tok = await lab.admin.create_token("n1")
+    from bc.protocol.pb import admin_pb2
+
+    async with grpc.aio.secure_channel(lab.server.address, _join_leaf_creds(lab, tok.token)) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await admin_pb2_grpc.AdminStub(ch).ListNodes(admin_pb2.ListNodesRequest(), timeout=5)
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        call = session_pb2_grpc.NodeSessionStub(ch).Session()
+        await call.write(session_pb2.NodeMessage(hello=session_pb2.Hello(node_id="n1", journal_id="j-x")))
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await call.read()
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        renew = join_pb2.RenewRequest(csr_der=b"x", timestamp_ms=1, proof=b"x")
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await join_pb2_grpc.JoinStub(ch).Renew(renew, timeout=5)
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert await lab.admin.list_nodes() == []
+    await join_node(lab.server.address, tok.token, lab.node_dir("n1"))  # the token is still whole
+
+
+async def test_join_refuses_a_proof_over_another_csr_or_by_another_tokens_key(lab: InprocLab) -> None:
+    tok = await lab.admin.create_token("n1")
+    other = await lab.admin.create_token("n2")
+    parsed, other_secret = tokens.parse_token(tok.token), tokens.parse_token(other.token).secret
+
+    def csr() -> bytes:
+        return make_csr(keys.generate_key(), "pending").public_bytes(serialization.Encoding.DER)
+
+    mine, theirs = csr(), csr()
+    cases = [
+        ("over another CSR", tokens.join_proof(parsed.secret, parsed.token_id, theirs), "secret does not match"),
+        ("by another token's key", tokens.join_proof(other_secret, parsed.token_id, mine), "secret does not match"),
+    ]
+    async with grpc.aio.secure_channel(lab.server.address, _join_leaf_creds(lab, tok.token)) as ch:
+        for label, proof, sentence in cases:
+            req = join_pb2.JoinRequest(csr_der=mine, hostname="h", token_id=parsed.token_id, token_proof=proof)
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await join_pb2_grpc.JoinStub(ch).Join(req, timeout=5)
+            assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED, label
+            assert sentence in (ei.value.details() or ""), label
+        # Another token named in the request than in the leaf: refused, whatever the proof.
+        other_id = tokens.parse_token(other.token).token_id
+        req = join_pb2.JoinRequest(
+            csr_der=mine, token_id=other_id, token_proof=tokens.join_proof(other_secret, other_id, mine)
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await join_pb2_grpc.JoinStub(ch).Join(req, timeout=5)
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # No proof at all (a client that predates it): a sentence, not a crash.
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await join_pb2_grpc.JoinStub(ch).Join(join_pb2.JoinRequest(csr_der=mine), timeout=5)
+        assert "no token id and proof" in (ei.value.details() or "")
+    # Nothing was burnt: both genuine tokens still join.
+    await join_node(lab.server.address, tok.token, lab.node_dir("n1"))
+    await join_node(lab.server.address, other.token, lab.node_dir("n2"))
 
 
 async def test_node_restart_keeps_holds_and_reconverges(lab: InprocLab) -> None:

@@ -1,7 +1,7 @@
 """Wake-ups cross processes on PostgreSQL: two buses, each with its own relay, on one store's channels.
 
-Each relay stands for one `bc serve` process: a poke, a new event or a new join-token root on one
-bus wakes the other's listeners, and no bus hears its own wake-up twice.
+Each relay stands for one `bc serve` process: a poke or a new event on one bus wakes the other's
+listeners, and no bus hears its own wake-up twice.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ async def relayed(schema: str) -> AsyncIterator[tuple[Bus, PgRelay]]:
     bus = Bus()
     relay = PgRelay(postgres_url(), SystemClock(), schema)
     bus.relay_to(relay)
-    relay.start(Incoming(bus.local_node_changed, bus.local_events_published, bus.local_token_created))
+    relay.start(Incoming(bus.local_node_changed, bus.local_events_published))
     try:
         async with asyncio.timeout(10):
             await relay.listening.wait()
@@ -40,29 +40,23 @@ def channel_prefix() -> str:
     return "relay_" + secrets.token_hex(4)
 
 
-async def test_a_poke_an_event_and_a_token_root_reach_the_other_process_once() -> None:
+async def test_a_poke_and_an_event_reach_the_other_process_once() -> None:
     one = channel_prefix()
     async with relayed(one) as (a, ra), relayed(one) as (b, rb):
         pokes_a: list[str] = []
         pokes_b: list[str] = []
-        roots_b: list[tuple[str, bytes]] = []
-        root_arrived = asyncio.Event()
         a.on_node_changed(pokes_a.append)
         b.on_node_changed(pokes_b.append)
-        b.on_token_created(lambda t, pem: (roots_b.append((t, pem)), root_arrived.set()))
         waiter = asyncio.create_task(b.wait_events(10))
 
         a.node_changed("n7")
         a.events_published()
-        a.token_created("tok-1", b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
 
         async with asyncio.timeout(10):
-            await root_arrived.wait()  # sent last, on one connection: the poke and the event came before it
-            await waiter
+            await waiter  # the event was sent last, on one connection: the poke came before it
         assert pokes_b == ["n7"]
-        assert roots_b == [("tok-1", b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")]
         assert pokes_a == ["n7"]  # its own listener, once, in process: the echo from the database is dropped
-        assert rb.received == 3 and ra.received == 0  # (a's own count of sends may lag b's receipt)
+        assert rb.received == 2 and ra.received == 0  # (a's own count of sends may lag b's receipt)
 
 
 async def test_another_schema_hears_nothing() -> None:

@@ -1,4 +1,4 @@
-"""Mutual TLS over real gRPC on 127.0.0.1: who gets in, and join-token roots coming and going."""
+"""Mutual TLS over real gRPC on 127.0.0.1: who gets in, and the one join root beside the CA."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from cryptography.x509.oid import NameOID
 
 from bc.clock import SystemClock
-from bc.errors import Unauthenticated, Unavailable, UsageError
+from bc.errors import Unauthenticated, Unavailable
 from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.discovery import fetch_pinned_ca
@@ -47,7 +47,7 @@ class Harness:
 
     async def call(self, creds: grpc.ChannelCredentials) -> bytes:
         # A local subchannel pool: a new connection (and handshake) per call, never one shared by an
-        # earlier channel that was admitted under a different set of roots.
+        # earlier channel that was admitted with other credentials.
         options = [("grpc.use_local_subchannel_pool", 1)]
         async with grpc.aio.secure_channel(f"127.0.0.1:{self.port}", creds, options=options) as channel:
             reply: bytes = await channel.unary_unary(_METHOD)(b"", timeout=5)
@@ -101,22 +101,31 @@ async def test_a_node_certificate_from_another_ca_is_refused(harness: Harness) -
     assert await _refused(harness, creds) == grpc.StatusCode.UNAVAILABLE
 
 
-async def test_a_join_leaf_is_trusted_only_while_its_root_is(harness: Harness) -> None:
-    new = tokens.create_token(harness.ca.fingerprint, 600, harness.clock, RNG, SECRETS)
-    key_pem, cert_pem = tokens.join_client_credentials(tokens.parse_token(new.token), harness.clock)
-    creds = channel_credentials(harness.ca.ca_pem, key_pem, cert_pem)
-
-    assert await _refused(harness, creds) == grpc.StatusCode.UNAVAILABLE
-    harness.tls.add_token_root(new.token_id, new.root_cert_pem)
-    assert await harness.call(creds) == f"join:{new.token_id}".encode()
+async def test_any_tokens_join_leaf_passes_the_handshake_with_no_change_to_the_server(harness: Harness) -> None:
+    """The TLS configuration knows no token: a token made after the server started is handshaken at once."""
+    for _ in range(2):
+        new = tokens.create_token(harness.ca.fingerprint, 600, harness.clock, RNG, SECRETS)
+        key_pem, cert_pem = tokens.join_client_credentials(tokens.parse_token(new.token), harness.clock)
+        creds = channel_credentials(harness.ca.ca_pem, key_pem, cert_pem)
+        assert await harness.call(creds) == f"join:{new.token_id}".encode()
     assert await harness.call(harness.node_credentials("n1")) == b"node:n1"  # the CA still counts
-    harness.tls.remove_token_root(new.token_id)
-    assert await _refused(harness, creds) == grpc.StatusCode.UNAVAILABLE
 
-    harness.tls.set_token_roots({new.token_id: new.root_cert_pem})
-    assert await harness.call(creds) == f"join:{new.token_id}".encode()
-    harness.tls.set_token_roots({})
-    assert await _refused(harness, creds) == grpc.StatusCode.UNAVAILABLE
+
+async def test_a_join_leaf_under_another_installs_join_root_is_refused(harness: Harness) -> None:
+    other = CertificateAuthority.create(harness.clock, RNG, SECRETS)
+    new = tokens.create_token(other.fingerprint, 600, harness.clock, RNG, SECRETS)
+    key_pem, cert_pem = tokens.join_client_credentials(tokens.parse_token(new.token), harness.clock)
+    assert await _refused(harness, channel_credentials(harness.ca.ca_pem, key_pem, cert_pem)) == (
+        grpc.StatusCode.UNAVAILABLE
+    )
+
+
+async def test_every_process_derives_the_same_join_root_from_the_ca(harness: Harness) -> None:
+    key = keys.generate_key()
+    again = ServerTLS(
+        keys.key_to_pem(key), keys.cert_to_pem(harness.ca.issue_server_cert(["h"], key)), harness.ca.ca_pem
+    )
+    assert again.join_root_pem == harness.tls.join_root_pem == tokens.join_root_pem(harness.ca.fingerprint)
 
 
 async def test_fetch_pinned_ca_returns_the_pinned_ca(harness: Harness) -> None:
@@ -136,10 +145,3 @@ def test_fetch_pinned_ca_from_nobody_is_unavailable() -> None:
         port = s.getsockname()[1]
     with pytest.raises(Unavailable, match=f"cannot reach the server at 127.0.0.1:{port}"):
         fetch_pinned_ca("127.0.0.1", port, "sha256:" + "00" * 32, timeout=2)
-
-
-async def test_an_unreadable_token_root_is_refused_before_it_can_break_handshakes(harness: Harness) -> None:
-    with pytest.raises(UsageError):
-        harness.tls.add_token_root("0123456789ab", b"-----BEGIN CERTIFICATE-----\njunk\n")
-    assert harness.tls.token_ids() == set()
-    assert await harness.call(harness.node_credentials("n1")) == b"node:n1"

@@ -8,12 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("csr_der", "hostname")
+    __slots__ = ("csr_der", "hostname", "token_proof", "token_id")
     CSR_DER_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_PROOF_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     csr_der: bytes
     hostname: str
-    def __init__(self, csr_der: _Optional[bytes] = ..., hostname: _Optional[str] = ...) -> None: ...
+    token_proof: bytes
+    token_id: str
+    def __init__(self, csr_der: _Optional[bytes] = ..., hostname: _Optional[str] = ..., token_proof: _Optional[bytes] = ..., token_id: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("node_id", "role", "cert_pem", "ca_pem", "trust", "identity_generation", "trust_envelope")

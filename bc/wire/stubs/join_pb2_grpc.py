@@ -51,7 +51,8 @@ class JoinServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Join(self, request, context):
-        """Called over TLS with a client certificate issued by the join token's own key.
+        """Called over mutual TLS with a short-lived leaf under the install's join root (a key derived from the
+        CA fingerprint, so it proves nothing); the token is proven by `token_proof` in the request.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -33,7 +33,9 @@ class JoinStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> JoinAsyncStub: ...
     Join: _grpc.UnaryUnaryMultiCallable[_join_pb2.JoinRequest, _join_pb2.JoinResponse]
-    """Called over TLS with a client certificate issued by the join token's own key."""
+    """Called over mutual TLS with a short-lived leaf under the install's join root (a key derived from the
+    CA fingerprint, so it proves nothing); the token is proven by `token_proof` in the request.
+    """
     Renew: _grpc.UnaryUnaryMultiCallable[_join_pb2.RenewRequest, _join_pb2.RenewResponse]
     """Called over mutual TLS with the node's current certificate."""
 
@@ -41,7 +43,9 @@ class JoinStub:
 class JoinAsyncStub(JoinStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Join: _aio.UnaryUnaryMultiCallable[_join_pb2.JoinRequest, _join_pb2.JoinResponse]  # type: ignore[assignment]
-    """Called over TLS with a client certificate issued by the join token's own key."""
+    """Called over mutual TLS with a short-lived leaf under the install's join root (a key derived from the
+    CA fingerprint, so it proves nothing); the token is proven by `token_proof` in the request.
+    """
     Renew: _aio.UnaryUnaryMultiCallable[_join_pb2.RenewRequest, _join_pb2.RenewResponse]  # type: ignore[assignment]
     """Called over mutual TLS with the node's current certificate."""
 
@@ -52,7 +56,9 @@ class JoinServicer(metaclass=_abc_1.ABCMeta):
         request: _join_pb2.JoinRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_join_pb2.JoinResponse, _abc.Awaitable[_join_pb2.JoinResponse]]:
-        """Called over TLS with a client certificate issued by the join token's own key."""
+        """Called over mutual TLS with a short-lived leaf under the install's join root (a key derived from the
+        CA fingerprint, so it proves nothing); the token is proven by `token_proof` in the request.
+        """
 
     @_abc_1.abstractmethod
     def Renew(

@@ -41,7 +41,9 @@ async def joined(
     tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600, rng=RNG, secrets=SECRETS)
     key = keys.generate_key()
     der = make_csr(key, "n1").public_bytes(serialization.Encoding.DER)
-    j = await identity.join(store, bus, SIGNER, ca, tokens.parse_token(tok.token).token_id, der, "host", ttl_s=ttl_s)
+    parsed = tokens.parse_token(tok.token)
+    proof = tokens.join_proof(parsed.secret, parsed.token_id, der)
+    j = await identity.join(store, bus, SIGNER, ca, parsed.token_id, der, "host", proof=proof, ttl_s=ttl_s)
     return key, keys.load_cert_pem(j.cert_pem)
 
 

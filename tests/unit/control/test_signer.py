@@ -94,7 +94,9 @@ async def test_with_signing_on_every_writer_of_intent_stores_a_valid_signature(
     # A join writes the node's first spec.
     tok = await identity.create_token(store, bus, ca, clock, "n1", "node", 3600, rng=rng, secrets=SECRETS)
     csr = make_csr(keys.generate_key(), "n1").public_bytes(serialization.Encoding.DER)
-    await identity.join(store, bus, signer, ca, tokens.parse_token(tok.token).token_id, csr, "host-1")
+    parsed = tokens.parse_token(tok.token)
+    proof = tokens.join_proof(parsed.secret, parsed.token_id, csr)
+    await identity.join(store, bus, signer, ca, parsed.token_id, csr, "host-1", proof=proof)
     await add_node("n1")  # its inventory, for placement
     await add_node("n2")
     await add_node("n3")

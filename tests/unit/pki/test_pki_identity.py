@@ -44,12 +44,19 @@ def _forged_node_cert(
     )
 
 
-def test_a_node_cert_signed_by_a_token_key_is_refused(ca: CertificateAuthority, clock: Clock) -> None:
+def test_a_node_cert_signed_by_a_token_key_or_the_join_root_is_refused(ca: CertificateAuthority, clock: Clock) -> None:
     new = tokens.create_token(ca.fingerprint, 600, clock, RNG, SECRETS)
     token_key = tokens.derive_token_key(tokens.parse_token(new.token).secret)
     root = keys.load_cert_pem(new.root_cert_pem)
-    for issuer in (ca.certificate.subject, root.subject):
-        forged = _forged_node_cert(token_key, issuer, clock.now())
+    join_root = tokens.join_root_cert(ca.fingerprint)
+    join_key = tokens.join_root_key(ca.fingerprint)  # anyone who knows the fingerprint can sign with it
+    for signer, issuer in (
+        (token_key, ca.certificate.subject),
+        (token_key, root.subject),
+        (join_key, ca.certificate.subject),
+        (join_key, join_root.subject),
+    ):
+        forged = _forged_node_cert(signer, issuer, clock.now())
         with pytest.raises(Unauthenticated, match="not issued by this cluster's CA"):
             peer_identity(forged, ca.certificate)
 
@@ -61,15 +68,23 @@ def test_a_join_leaf_is_not_a_peer_identity(ca: CertificateAuthority, clock: Clo
     with pytest.raises(Unauthenticated):
         peer_identity(leaf, ca.certificate)
 
-    ident = join_leaf_identity(leaf, keys.load_cert_pem(new.root_cert_pem))
+    ident = join_leaf_identity(leaf, tokens.join_root_cert(ca.fingerprint))
     assert (ident.kind, ident.name) == ("join", new.token_id)
     assert ident.not_after == clock.now() + tokens.JOIN_LEAF_LIFETIME_S
 
-    other = tokens.create_token(ca.fingerprint, 600, clock, RNG, SECRETS)
-    with pytest.raises(Unauthenticated, match="not issued by this join token"):
-        join_leaf_identity(leaf, keys.load_cert_pem(other.root_cert_pem))
+    other = CertificateAuthority.create(clock, RNG, SECRETS)
+    with pytest.raises(Unauthenticated, match="not issued by this install's join root"):
+        join_leaf_identity(leaf, tokens.join_root_cert(other.fingerprint))
+    with pytest.raises(Unauthenticated, match="not issued by this install's join root"):
+        join_leaf_identity(leaf, keys.load_cert_pem(new.root_cert_pem))  # the token's own key signs no leaf
     with pytest.raises(Unauthenticated):
         join_leaf_identity(leaf, ca.certificate)
+    # A leaf under the join root that names no token (the root's key is public) is refused as such.
+    forged = _forged_node_cert(
+        tokens.join_root_key(ca.fingerprint), tokens.join_root_cert(ca.fingerprint).subject, clock.now()
+    )
+    with pytest.raises(Unauthenticated, match="names no join token"):
+        join_leaf_identity(forged, tokens.join_root_cert(ca.fingerprint))
 
 
 def test_a_node_cert_from_another_ca_is_refused(ca: CertificateAuthority, clock: Clock) -> None:

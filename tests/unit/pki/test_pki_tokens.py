@@ -32,7 +32,7 @@ def test_token_round_trip(ca: CertificateAuthority, clock: Clock) -> None:
     assert tokens.secret_matches(parsed.secret, new.secret_hash)
     assert new.expires_at == clock.now() + 3600
     root = keys.load_cert_pem(new.root_cert_pem)
-    assert root.not_valid_after_utc.timestamp() == new.expires_at + tokens.ROOT_GRACE_S
+    assert root.not_valid_after_utc.timestamp() == new.expires_at
     assert root.public_key() == tokens.derive_token_key(parsed.secret).public_key()
     assert tokens.format_token(parsed.token_id, parsed.secret, parsed.ca_pin) == new.token
 
@@ -53,6 +53,48 @@ def test_derive_token_key_is_deterministic() -> None:
     assert a.private_numbers() == b.private_numbers()
     assert a.private_numbers() != c.private_numbers()
     assert keys.is_p256(a)
+
+
+def test_the_join_root_is_the_same_bytes_from_the_same_fingerprint() -> None:
+    fp2 = "sha256:" + "cd" * 32
+    first = tokens.join_root_pem(_FP)
+    tokens.join_root_cert.cache_clear()  # a fresh derivation, as another process makes it
+    assert tokens.join_root_pem(_FP) == first
+    assert tokens.join_root_pem(fp2) != first
+    root = keys.load_cert_pem(first)
+    assert root.subject.rfc4514_string() == "CN=bc join" == root.issuer.rfc4514_string()
+    root.verify_directly_issued_by(root)
+    assert root.public_key() == tokens.join_root_key(_FP).public_key()
+    with pytest.raises(UsageError):
+        tokens.join_root_key("sha256:xyz")
+
+
+def test_a_join_leaf_chains_to_the_join_root_of_its_pin(clock: Clock) -> None:
+    new = tokens.create_token(_FP, 600, clock, RNG, SECRETS)
+    _, leaf_pem = tokens.join_client_credentials(tokens.parse_token(new.token), clock)
+    leaf = keys.load_cert_pem(leaf_pem)
+    leaf.verify_directly_issued_by(tokens.join_root_cert(_FP))
+    assert leaf.subject.rfc4514_string() == f"CN=join:{new.token_id}"
+
+
+def _csr(n: int) -> bytes:
+    return b"csr-der-" + bytes([n]) * 40  # the proof covers the bytes' hash: no need to parse them
+
+
+def test_a_join_proof_holds_only_for_its_token_and_its_csr(clock: Clock) -> None:
+    new = tokens.create_token(_FP, 600, clock, RNG, SECRETS)
+    other = tokens.create_token(_FP, 600, clock, RNG, SECRETS)
+    secret = tokens.parse_token(new.token).secret
+    proof = tokens.join_proof(secret, new.token_id, _csr(1))
+    assert tokens.join_proof(secret, new.token_id, _csr(1)) == proof  # deterministic (RFC 6979)
+    assert tokens.verify_join_proof(new.root_cert_pem, new.token_id, _csr(1), proof)
+    assert not tokens.verify_join_proof(new.root_cert_pem, new.token_id, _csr(2), proof)  # another CSR
+    assert not tokens.verify_join_proof(other.root_cert_pem, other.token_id, _csr(1), proof)  # another token
+    assert not tokens.verify_join_proof(new.root_cert_pem, other.token_id, _csr(1), proof)  # another id
+    by_other = tokens.join_proof(tokens.parse_token(other.token).secret, new.token_id, _csr(1))
+    assert not tokens.verify_join_proof(new.root_cert_pem, new.token_id, _csr(1), by_other)  # another token's key
+    assert not tokens.verify_join_proof(new.root_cert_pem, new.token_id, _csr(1), b"")
+    assert not tokens.verify_join_proof(new.root_cert_pem, new.token_id, _csr(1), proof[:-1] + b"\x00")
 
 
 @pytest.mark.parametrize(
