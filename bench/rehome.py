@@ -38,6 +38,7 @@ import secrets
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -119,6 +120,30 @@ def write_rate(points: list[tuple[float, int]], start: float, end: float) -> flo
     return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
 
 
+JOIN_PROGRESS_S = 10.0
+
+
+def join_rate_figures(joined_at: list[float], start: float) -> dict[str, float]:
+    """Joins per second overall, over the first and the last thousand: a rate that falls as tokens pile up shows."""
+    times = sorted(joined_at)
+    if not times:
+        return {}
+    out = {"joins_per_s": round(len(times) / max(times[-1] - start, 1e-9), 1)}
+    if len(times) > 2000:
+        out["joins_per_s_first_1000"] = round(1000 / max(times[999] - start, 1e-9), 1)
+        out["joins_per_s_last_1000"] = round(1000 / max(times[-1] - times[-1001], 1e-9), 1)
+    return out
+
+
+def exited(procs: dict[str, Any]) -> dict[str, int]:
+    """The gateway processes that are no longer running, with their exit status (-8 is SIGFPE)."""
+    return {
+        name: p.returncode
+        for name, p in procs.items()
+        if name.startswith("gw-") and isinstance(p, subprocess.Popen) and p.poll() is not None
+    }
+
+
 async def run(
     nodes: int,
     url: str,
@@ -168,6 +193,7 @@ async def run(
         async with AdminClient(OperatorConfig.load(cfg), timeout_s=60) as admin:
             sem = asyncio.Semaphore(32)
             t_join = time.monotonic()
+            joined_at: list[float] = []  # when each join returned: the rate as the tokens pile up
 
             async def join(i: int) -> None:
                 order = ",".join(addrs[(i + k) % gateways] for k in range(gateways))
@@ -176,13 +202,32 @@ async def run(
                     for wait in (0.5, 1.0, 2.0, 5.0):  # a busy gateway; a refused token is final
                         try:
                             await join_node(order, tok.token, root / f"r{i:05d}")
+                            joined_at.append(time.monotonic())
                             return
                         except Unavailable:
                             await asyncio.sleep(wait)
                     await join_node(order, tok.token, root / f"r{i:05d}")
+                    joined_at.append(time.monotonic())
 
-            await asyncio.gather(*(join(i) for i in range(nodes)))
+            async def join_progress() -> None:
+                done, since = 0, t_join
+                while True:
+                    await asyncio.sleep(JOIN_PROGRESS_S)
+                    now, n = time.monotonic(), len(joined_at)
+                    print(
+                        f"  {n}/{nodes} joined after {now - t_join:.0f} s ({(n - done) / (now - since):.1f}/s lately)",
+                        flush=True,
+                    )
+                    done, since = n, now
+
+            progress = asyncio.create_task(join_progress())
+            try:
+                await asyncio.gather(*(join(i) for i in range(nodes)))
+            finally:
+                progress.cancel()
             joined_s = time.monotonic() - t_join
+            join_rates = join_rate_figures(joined_at, t_join)
+            print(f"  {nodes} joined in {joined_s:.0f} s: {json.dumps(join_rates)}", flush=True)
             t_connect = time.monotonic()
             if agent_procs > 1:  # light agents shared out over processes of their own (bench.light_agents_proc)
                 per = -(-nodes // agent_procs)
@@ -270,7 +315,9 @@ async def run(
                     **status,
                     **fleet_refresh,
                     "joined_s": round(joined_s, 1),
+                    **join_rates,
                     "all_connected_s": round(connected_s, 1),
+                    "gateways_exited": exited(procs),
                 }
             held = {n.node_id for n in listed if n.gateway_id == "gw-1"}
             after = (await admin.server_info()).event_seq
@@ -295,7 +342,9 @@ async def run(
             **status,
             **fleet_refresh,
             "joined_s": round(joined_s, 1),
+            **join_rates,
             "all_connected_s": round(connected_s, 1),
+            "gateways_exited": {k: v for k, v in exited(procs).items() if k != "gw-1"},
             "re_homed": len(secs),
             "p50_s": round(statistics.median(secs), 2),
             "p99_s": round(pct(secs, 0.99), 2),
