@@ -43,7 +43,12 @@ class Unavailable(BcError):
 
 
 class Overloaded(Unavailable):
-    """The server is shedding load (a reconnect storm): retry after a back-off. RESOURCE_EXHAUSTED on the wire."""
+    """The server is shedding load (a reconnect storm): retry after a back-off, or after `retry_after_ms` when the
+    server named it (`bc.gateway.admission`). RESOURCE_EXHAUSTED on the wire."""
+
+    def __init__(self, message: str, retry_after_ms: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
 
 
 class Unauthenticated(BcError):

@@ -54,23 +54,27 @@ class MemoryLink(Generic[T, U]):
         self._out = outbox
         self.closed: tuple[str, str] | None = None
         self.close_reason: CloseReason = closing.UNSPECIFIED
+        self.retry_after_ms: int | None = None
 
     async def send(self, msg: U) -> None:
         if self.closed is not None:
-            raise LinkClosed(*self.closed, reason=self.close_reason)
+            raise LinkClosed(*self.closed, reason=self.close_reason, retry_after_ms=self.retry_after_ms)
         await self._out.put(msg)
 
     async def recv(self) -> T | None:
         item = await self._in.get()
         if isinstance(item, tuple) and item and item[0] is _CLOSE:
-            self.closed, self.close_reason = (str(item[1]), str(item[2])), item[3]
-            raise LinkClosed(*self.closed, reason=self.close_reason)
+            self.closed, self.close_reason, self.retry_after_ms = (str(item[1]), str(item[2])), item[3], item[4]
+            raise LinkClosed(*self.closed, reason=self.close_reason, retry_after_ms=self.retry_after_ms)
         return item  # type: ignore[return-value]
 
-    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
+    async def close(
+        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
+    ) -> None:
         if self.closed is None:
-            self.closed, self.close_reason = (code, details), reason
-            await self._out.put((_CLOSE, code, details, reason))  # the typed reason, as gRPC's metadata carries it
+            self.closed, self.close_reason, self.retry_after_ms = (code, details), reason, retry_after_ms
+            # The typed reason and the retry-after, as gRPC's trailing metadata carries them.
+            await self._out.put((_CLOSE, code, details, reason, retry_after_ms))
 
 
 def link_pair() -> tuple[MemoryLink[T, U], MemoryLink[U, T]]:

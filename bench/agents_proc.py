@@ -73,8 +73,10 @@ class CountingLink:
             self.counts.received_bytes += msg.ByteSize()
         return msg
 
-    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
-        await self.inner.close(code, details, reason)
+    async def close(
+        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
+    ) -> None:
+        await self.inner.close(code, details, reason, retry_after_ms=retry_after_ms)
 
 
 def counting(dial: Dial, counts: Counts) -> Dial:

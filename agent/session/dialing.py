@@ -15,11 +15,18 @@ the core closed it with `redial=False` (RevocationNotice)  stop: this certificat
 `LinkClosed.reason` in `closing.CERTIFICATE_IS_DONE`     stop: this certificate is done
   (revoked, an older identity)
 welcomed, then ended (cleanly, or its gateway went away)  redial at once, under 1 s of jitter
+refused RESOURCE_EXHAUSTED with a retry-after            redial after it (at most 60 s); no back-off step
 anything else (refused, superseded, expired, no dial)    redial after the next back-off step
 =======================================================  ======================================
 
 The back-off is full jitter (uniform over [0, min(60 s, 1 s * 2^attempt)]),
-drawn from the agent's `random.Random`, so a seed replays the delays.
+drawn from the agent's `random.Random`, so a seed replays the delays. An
+overloaded gateway's retry-after (`LinkClosed.retry_after_ms`, from the
+status's `bc-retry-after-ms` metadata) is already spread by the gateway over
+its queue (`bc.gateway.admission`): the node comes back when the gateway
+expects room for it, and a refusal that named its time does not double the
+node's back-off, which would leave the unlucky last nodes of a storm waiting
+seconds after the gateways had room.
 `rotate()` (a renewed certificate) ends the running session, and a dial in
 flight when it is called is dropped and redialed, so the next session
 presents the new certificate.
@@ -48,6 +55,8 @@ log = logging.getLogger("agent")
 
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
+RETRY_AFTER_CAP_S = 60.0
+"""The longest retry-after a node honours (a gateway names at most this, `bc.gateway.admission`)."""
 
 Dial = Callable[[], Awaitable[Link[GatewayMessage, NodeMessage]]]
 """Connect to a gateway: a Link ready for the Hello, or `LinkClosed`/`OSError` when it cannot."""
@@ -56,6 +65,13 @@ Dial = Callable[[], Awaitable[Link[GatewayMessage, NodeMessage]]]
 def backoff_delay(attempt: int, rng: random.Random) -> float:
     """Full jitter: uniform over [0, min(cap, base * 2^attempt)]."""
     return rng.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * (2 ** min(attempt, 16))))
+
+
+def retry_after_s(e: LinkClosed) -> float | None:
+    """The delay an overload refusal named, bounded to [0, RETRY_AFTER_CAP_S]; None when it named none."""
+    if e.code != "RESOURCE_EXHAUSTED" or e.retry_after_ms is None:
+        return None
+    return min(RETRY_AFTER_CAP_S, max(0.0, e.retry_after_ms / 1000))
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,7 @@ class SessionLoop:
         attempt = 0
         while not self.stopped.is_set():
             end: SessionEnd | None = None
+            hinted: float | None = None
             try:
                 end = await self._one()
             except LinkClosed as e:
@@ -105,6 +122,7 @@ class SessionLoop:
                 if e.reason in closing.CERTIFICATE_IS_DONE:
                     return Refusal(e.details)
                 self._after_refusal(e)
+                hinted = retry_after_s(e)
             except OSError as e:  # the transport could not be set up (and TimeoutError: no Welcome in time)
                 log.warning("event=session.failed error=%s", e)
             except Exception:  # a bug in one session must not end the node's sessions for good: back off, redial
@@ -114,8 +132,11 @@ class SessionLoop:
             # A session that was welcomed resets the back-off even when its transport broke (a gateway that
             # died): the node goes to the next gateway within 1 s of jitter, which is what re-homing is.
             welcomed = end.welcomed if end is not None else self._last_welcomed
-            attempt = 0 if welcomed else attempt + 1
-            delay = backoff_delay(attempt, self.rng)
+            if hinted is not None:  # the gateway said when it expects room: no back-off step
+                delay = hinted
+            else:
+                attempt = 0 if welcomed else attempt + 1
+                delay = backoff_delay(attempt, self.rng)
             log.info("event=session.redial attempt=%d delay_s=%.3f", attempt, delay)
             await wait_event(self.stopped, delay)
         return None

@@ -6,10 +6,11 @@ import grpc
 from cryptography import x509
 
 from bc.api.peers import peer_of
-from bc.errors import BcError
+from bc.errors import BcError, Overloaded
 from bc.gateway.sessions import Gateway
+from bc.protocol import closing
 from bc.protocol.closing import SessionRefused
-from bc.wire.link import GrpcServerLink
+from bc.wire.link import GrpcServerLink, reason_metadata
 from bc.wire.status import error_to_status
 from bc.wire.stubs import session_pb2_grpc
 
@@ -34,6 +35,7 @@ class SessionServicer(session_pb2_grpc.NodeSessionServicer):
             return
         except BcError as e:
             code, msg = error_to_status(e)
-            await context.abort(code, msg)
+            retry_after_ms = e.retry_after_ms if isinstance(e, Overloaded) else None  # an overloaded gateway's hint
+            await context.abort(code, msg, trailing_metadata=reason_metadata(closing.UNSPECIFIED, retry_after_ms))
             return
         await self.gateway.serve(GrpcServerLink(context), peer)

@@ -2,9 +2,24 @@
 
 When a gateway dies, or the network heals, thousands of nodes redial together. A gateway admits
 new streams through a token bucket (`HANDSHAKES_PER_S`, with as large a burst) and runs at most
-`MAX_PENDING_HELLOS` Hello transactions at a time; beyond either it answers RESOURCE_EXHAUSTED
-at once, and the node retries after its full-jitter back-off (`agent.session.dialing`), which
-spreads the storm out instead of queueing it in the store.
+`MAX_PENDING_HELLOS` Hello transactions at a time.
+
+A Hello beyond that bound waits for a slot, first come first served, while the wait is short: the
+queue of waiting Hellos is bounded by the time it takes to drain (`MAX_HELLO_WAIT_S` at the rate this
+gateway measured itself finishing Hellos while it was saturated, `hello_rate`, counting the running
+Hellos ahead of it too) and by a count
+(`MAX_WAITING_HELLOS`), and a Hello that waited `HELLO_WAIT_LIMIT_S` gives up. A wait costs the
+node nothing but the wait; a refusal costs it a new TLS handshake and a redial, and the gateway the
+same handshake again. The store never sees more than `MAX_PENDING_HELLOS` transactions: the queue is
+in the gateway's memory.
+
+Beyond the bucket or the queue the stream is refused RESOURCE_EXHAUSTED with a retry-after
+(`retry_after`, carried as `bc-retry-after-ms` in the status's trailing metadata): the refused nodes
+are given consecutive slots, one per Hello the gateway can finish, starting when what it already
+holds has drained, each jittered within its slot. So they come back at the rate the gateway can take
+them, not on a doubling back-off that leaves the last of them waiting seconds after the gateway has
+room. The agent honours it (up to `RETRY_AFTER_MAX_S`) without doubling its back-off
+(`agent.session.dialing`).
 
 Status reports have a budget too, per gateway (`StatusBudget`, `STATUS_WRITES_PER_S`): a session whose
 write would exceed it waits its turn, and since status is latest-wins it then writes the newest report
@@ -13,11 +28,33 @@ it holds, so a burst of reports costs the store at most the budget, never a queu
 
 from __future__ import annotations
 
+import enum
+import random
 from dataclasses import dataclass
 
 HANDSHAKES_PER_S = 200.0
 MAX_PENDING_HELLOS = 64
 STATUS_WRITES_PER_S = 1000.0
+
+MAX_HELLO_WAIT_S = 3.0
+"""A Hello waits for a slot only if the Hellos ahead of it (running and waiting) should be done within this long."""
+HELLO_WAIT_LIMIT_S = 6.0
+"""A waiting Hello gives up after this long (the rate was overestimated) and is refused with a retry-after;
+well inside the node's 15 s wait for its Welcome."""
+MAX_WAITING_HELLOS = 1024
+"""Waiting Hellos, at most, whatever the measured rate."""
+HELLO_RATE_PRIOR = 100.0
+"""Hellos a second a gateway assumes it finishes until it has measured itself saturated."""
+HELLO_RATE_WEIGHT = 0.05
+"""The weight of one inter-completion gap in the measured rate (an exponential moving average)."""
+RETRY_AFTER_MAX_S = 60.0
+"""The longest retry-after a gateway names (and the longest an agent honours): the agent's back-off cap."""
+
+
+class Turn(enum.Enum):
+    RUN = "run"  # a slot is free: run the Hello transaction now
+    WAIT = "wait"  # queued: a finishing Hello's slot is handed over (`hello_done`, then `take_waiting`)
+    REFUSE = "refuse"  # the queue is full: refuse it, with `retry_after`
 
 
 @dataclass
@@ -29,27 +66,87 @@ class Admission:
     tokens: float = HANDSHAKES_PER_S
     pending: int = 0
     refused: int = 0
+    max_wait_s: float = MAX_HELLO_WAIT_S
+    max_waiting: int = MAX_WAITING_HELLOS
+    waiting: int = 0
+    waited: int = 0
+    hello_gap_s: float = 1.0 / HELLO_RATE_PRIOR
+    """The mean time between two Hellos finishing while the gateway was saturated: 1 / its Hello rate."""
+    last_done: float | None = None
+    retry_horizon: float = 0.0
+    """The end of the last slot handed to a refused stream: the next refusal's slot starts no earlier."""
+
+    @property
+    def hello_rate(self) -> float:
+        return 1.0 / self.hello_gap_s
 
     def handshake(self, now: float) -> bool:
         """A new stream; False when the bucket is empty (refuse it)."""
-        self.tokens = min(self.burst, self.tokens + (now - self.refilled_at) * self.rate)
-        self.refilled_at = now
+        self._refill(now)
         if self.tokens < 1.0:
             self.refused += 1
             return False
         self.tokens -= 1.0
         return True
 
-    def hello_started(self) -> bool:
-        """A Hello transaction about to run; False when `max_pending` already run (refuse it)."""
-        if self.pending >= self.max_pending:
-            self.refused += 1
-            return False
-        self.pending += 1
-        return True
+    def _refill(self, now: float) -> None:
+        self.tokens = min(self.burst, self.tokens + max(0.0, now - self.refilled_at) * self.rate)
+        self.refilled_at = max(self.refilled_at, now)
 
-    def hello_done(self) -> None:
+    def hello(self, now: float) -> Turn:
+        """A Hello transaction about to run: now, after the ones waiting, or refused."""
+        if self.pending < self.max_pending and not self.waiting:
+            self.pending += 1
+            return Turn.RUN
+        # Queued only if everything ahead of it (the running Hellos, then the waiting ones) should be done in time.
+        ahead = self.pending + self.waiting
+        if self.waiting < self.max_waiting and (ahead + 1) * self.hello_gap_s <= self.max_wait_s:
+            self.waiting += 1
+            self.waited += 1
+            return Turn.WAIT
+        self.refused += 1
+        return Turn.REFUSE
+
+    def hello_done(self, now: float) -> None:
+        """A Hello transaction ended; its slot is free (`take_waiting` hands it to the first waiting Hello)."""
+        if self.pending >= self.max_pending or self.waiting > 0:  # saturated: the gap measures this gateway
+            if self.last_done is not None:
+                gap = max(0.0, now - self.last_done)
+                self.hello_gap_s = max(1e-4, self.hello_gap_s + HELLO_RATE_WEIGHT * (gap - self.hello_gap_s))
+            self.last_done = now
+        else:
+            self.last_done = None  # not saturated: the next gap would measure the arrivals, not this gateway
         self.pending = max(0, self.pending - 1)
+
+    def take_waiting(self) -> bool:
+        """Whether the first waiting Hello takes a free slot now (it leaves the queue and runs)."""
+        if self.waiting > 0 and self.pending < self.max_pending:
+            self.waiting -= 1
+            self.pending += 1
+            return True
+        return False
+
+    def hello_gave_up(self) -> None:
+        """A waiting Hello left the queue without a slot (its stream ended, or it waited too long)."""
+        self.waiting = max(0, self.waiting - 1)
+
+    def retry_after(self, now: float, rng: random.Random) -> float:
+        """Seconds a refused stream should wait before it dials again.
+
+        The refused streams get consecutive slots, one per Hello this gateway can finish (the slower of the
+        handshake rate and the Hello rate), starting once the Hellos it holds (running and waiting) and the
+        handshakes it owes the bucket are done; each comes back at a uniform point of its own slot. Capped at
+        `RETRY_AFTER_MAX_S` (beyond it, spread over the cap's second half).
+        """
+        self._refill(now)
+        slot = max(1.0 / self.rate, self.hello_gap_s)
+        drained = now + max((self.pending + self.waiting) * self.hello_gap_s, (1.0 - self.tokens) / self.rate)
+        start = max(drained, self.retry_horizon)
+        self.retry_horizon = start + slot
+        delay = start - now + rng.uniform(0.0, slot)
+        if delay > RETRY_AFTER_MAX_S:
+            return rng.uniform(RETRY_AFTER_MAX_S / 2, RETRY_AFTER_MAX_S)
+        return delay
 
 
 @dataclass

@@ -19,6 +19,8 @@ class GatewayCounters:
     """New streams turned away: fenced, draining, over the handshake rate or the pending-Hello bound."""
     status_written: int = 0
     """Status reports written to the store (latest-wins: a report a newer one replaced is not written)."""
+    hellos_waited: int = 0
+    """Hellos that waited for a slot (the pending-Hello bound was reached) instead of being refused."""
 
     def snapshot(self) -> tuple[int, ...]:
         return tuple(getattr(self, f.name) for f in fields(self))

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,7 +35,7 @@ from bc.control.signer import Signer
 from bc.control.trust import LocalTrust, TrustSource
 from bc.errors import BcError, Overloaded, ProtocolError, Unauthenticated, Unavailable
 from bc.gateway import core
-from bc.gateway.admission import Admission, StatusBudget
+from bc.gateway.admission import HELLO_WAIT_LIMIT_S, Admission, StatusBudget, Turn
 from bc.gateway.counters import STATS_EVERY_S, GatewayCounters
 from bc.gateway.dispatcher import Dispatcher
 from bc.gateway.fence import FENCE_AFTER_S, LeaseFence
@@ -105,6 +107,8 @@ class Gateway:
         self._seen_batch: dict[str, SessionDriver] = {}
         self.fence = LeaseFence(clock.monotonic())
         self.admission = Admission(clock.monotonic())
+        self._hello_waiters: deque[asyncio.Future[None]] = deque()
+        self._rng = random.Random(gateway_id)  # the retry-afters' jitter: a seeded run stays a function of its seed
         self.status_budget = StatusBudget(clock.monotonic())
         self.counters = GatewayCounters()
         self.group = GroupCommit(store)
@@ -265,16 +269,69 @@ class Gateway:
 
     def admit(self) -> None:
         """A new stream: refused while fenced or draining (the node's back-off takes it to another gateway)
-        and beyond the handshake rate (a reconnect storm: the node retries after its jittered back-off)."""
+        and beyond the handshake rate (a reconnect storm: the node retries after the retry-after it is told)."""
         if self.draining:
             self.counters.streams_refused += 1
             raise Unavailable(f"gateway {self.gateway_id} is draining; try another")
         if self.fence.fenced:
             self.counters.streams_refused += 1
             raise Unavailable(f"this gateway is fenced ({self.fence.why}); try another")
-        if not self.admission.handshake(self.clock.monotonic()):
-            self.counters.streams_refused += 1
-            raise Overloaded("this gateway is taking too many new sessions at once; retry after a back-off")
+        now = self.clock.monotonic()
+        if not self.admission.handshake(now):
+            raise self._overloaded("this gateway is taking too many new sessions at once", now)
+
+    def _overloaded(self, why: str, now: float) -> Overloaded:
+        """A refusal that says when to come back: the next free slot after this gateway's queue (admission)."""
+        self.counters.streams_refused += 1
+        after_ms = round(self.admission.retry_after(now, self._rng) * 1000)
+        return Overloaded(f"{why}; retry after {after_ms} ms", after_ms)
+
+    async def hello_slot(self) -> None:
+        """Wait for a Hello transaction slot (`bc.gateway.admission`): at once, after the Hellos queued ahead,
+        or refused with a retry-after (Overloaded) when the queue is full or the wait ran past its limit.
+        The caller calls `hello_done()` once its transaction ends."""
+        now = self.clock.monotonic()
+        turn = self.admission.hello(now)
+        if turn is Turn.RUN:
+            return
+        if turn is Turn.REFUSE:
+            raise self._overloaded("too many Hello transactions at once on this gateway", now)
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._hello_waiters.append(slot)
+        self.counters.hellos_waited += 1
+        try:
+            async with asyncio.timeout(HELLO_WAIT_LIMIT_S):
+                await slot
+        except TimeoutError:
+            if slot.done() and not slot.cancelled():
+                return  # handed a slot as the limit struck: take it
+            self._leave_queue(slot)
+            raise self._overloaded("the Hellos queued on this gateway are not draining in time", now) from None
+        except asyncio.CancelledError:  # the stream ended while it waited
+            if slot.done() and not slot.cancelled():
+                self.hello_done()  # handed a slot it will not use: pass it on
+            else:
+                self._leave_queue(slot)
+            raise
+
+    def _leave_queue(self, slot: asyncio.Future[None]) -> None:
+        if slot in self._hello_waiters:  # else `hello_done` already took it out (cancelled) and counted it
+            self._hello_waiters.remove(slot)
+            self.admission.hello_gave_up()
+
+    def hello_done(self) -> None:
+        """A Hello transaction ended: its slot goes to the first waiting Hello, if any."""
+        self.admission.hello_done(self.clock.monotonic())
+        while self._hello_waiters:
+            slot = self._hello_waiters[0]
+            if slot.done():  # cancelled, its task not yet run: it left the queue
+                self._hello_waiters.popleft()
+                self.admission.hello_gave_up()
+                continue
+            if not self.admission.take_waiting():
+                return
+            self._hello_waiters.popleft().set_result(None)
+            return
 
     async def refuse_revoked(self, serial: str) -> None:
         async with self.store.transaction(write=False) as tx:
@@ -342,6 +399,7 @@ class SessionDriver:
         self._outbox: list[SessionSends] = []  # what the gateway's dispatch passes planned for this session
         self._closing: core.Close | None = None
         self._close_reason: CloseReason = closing.UNSPECIFIED
+        self._retry_after_ms: int | None = None  # an overload refusal's word on when to come back
         self._done = asyncio.Event()
         self._spec_refused_generation = 0  # the generation last reported as too large to send, so it is said once
 
@@ -382,16 +440,20 @@ class SessionDriver:
             pass  # closing anyway; the handshake check refuses it on the next try
         self._done.set()
 
-    def request_close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
-        """End the session; `reason` is the typed code the node acts on (bc.protocol.closing)."""
-        self._decide_close(code, details, reason)
+    def request_close(
+        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
+    ) -> None:
+        """End the session; `reason` is the typed code the node acts on (bc.protocol.closing), `retry_after_ms`
+        when an overloaded gateway tells the node to come back."""
+        self._decide_close(code, details, reason, retry_after_ms)
         self._done.set()
 
-    def _decide_close(self, code: str, details: str, reason: CloseReason) -> None:
+    def _decide_close(self, code: str, details: str, reason: CloseReason, retry_after_ms: int | None = None) -> None:
         """The first decision stands: how the session ends, and why."""
         if self._closing is None:
             self._closing = core.Close(code, details)
             self._close_reason = reason
+            self._retry_after_ms = retry_after_ms
 
     async def run(self) -> None:
         reader = asyncio.create_task(self._read_loop(), name=f"session-read-{self.node_id}")
@@ -423,7 +485,9 @@ class SessionDriver:
                 self._closing.code,
                 self._closing.details,
             )
-            await self.link.close(self._closing.code, self._closing.details, self._close_reason)
+            await self.link.close(
+                self._closing.code, self._closing.details, self._close_reason, retry_after_ms=self._retry_after_ms
+            )
 
     async def _finish(self, *tasks: asyncio.Task[None]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -487,7 +551,7 @@ class SessionDriver:
                 "UNAVAILABLE", "the control plane's store failed; reconnect", closing.GATEWAY_UNAVAILABLE
             )
         except Overloaded as e:
-            self.request_close("RESOURCE_EXHAUSTED", e.message)
+            self.request_close("RESOURCE_EXHAUSTED", e.message, retry_after_ms=e.retry_after_ms)
         except Unavailable as e:  # this gateway cannot route now (it lost its lease): another one can
             self.request_close("UNAVAILABLE", e.message, closing.GATEWAY_UNAVAILABLE)
         except BcError as e:
@@ -563,15 +627,13 @@ class SessionDriver:
             if isinstance(a, core.Send):
                 await self.link.send(a.msg)
             elif isinstance(a, core.OpenSession):
-                if not self.gw.admission.hello_started():
-                    self.gw.counters.streams_refused += 1
-                    raise Overloaded("too many Hello transactions at once on this gateway; retry after a back-off")
+                await self.gw.hello_slot()
                 try:
                     res = await hello_transaction(
                         self.gw.store, self.gw.bus, self.gw.signer, self.gw.gateway_id, self.peer, a.hello
                     )
                 finally:
-                    self.gw.admission.hello_done()
+                    self.gw.hello_done()
                 if res.quarantined:
                     log.error("event=node.quarantined node=%s serial=%s", self.node_id, self.peer.serial)
                     await self._revoke_locked("duplicate-identity")

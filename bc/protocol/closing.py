@@ -19,6 +19,8 @@ from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import CloseReason
 
 METADATA_KEY = "bc-close-reason"
+RETRY_AFTER_KEY = "bc-retry-after-ms"
+"""A RESOURCE_EXHAUSTED refusal's trailing metadata: when to dial again, in milliseconds (`bc.gateway.admission`)."""
 
 UNSPECIFIED = session_pb2.CLOSE_REASON_UNSPECIFIED
 REVOKED = session_pb2.CLOSE_CERTIFICATE_REVOKED

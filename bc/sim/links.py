@@ -196,9 +196,10 @@ class _Close:
     code: str
     details: str
     reason: CloseReason
+    retry_after_ms: int | None = None
 
     def error(self) -> LinkClosed:
-        return LinkClosed(self.code, self.details, self.reason)
+        return LinkClosed(self.code, self.details, self.reason, self.retry_after_ms)
 
 
 def _kind(msg: object) -> str | None:
@@ -464,10 +465,12 @@ class SimLink(Generic[In, Out]):
             tap(pipe.direction, self._wire.node_id, item, pipe.loop.time())
         return item  # type: ignore[return-value]
 
-    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
+    async def close(
+        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
+    ) -> None:
         if self._closed is not None:
             return
-        self._closed = _Close(code, details, reason)
+        self._closed = _Close(code, details, reason, retry_after_ms)
         self._wire.ends_closed += 1
         self._in.receiver_closed = True
         self._in.ready.clear()

@@ -7,7 +7,8 @@ same `Link`, and the session cores cannot tell them apart.
 A close carries a typed reason (`bc.protocol.closing`) besides the gRPC code
 and details: the server end puts it in the trailing metadata of the status it
 aborts with, and the client end reads it back into `LinkClosed.reason`, so the
-agent decides "revoked", "expired" or "superseded" by code equality.
+agent decides "revoked", "expired" or "superseded" by code equality. A gateway shedding load says when
+to come back the same way (`retry_after_ms`, metadata `bc-retry-after-ms`; `LinkClosed.retry_after_ms`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ Out = TypeVar("Out", contravariant=True)
 class LinkClosed(Exception):
     """The peer or the transport ended the link: `code` and `details` say how (for people), `reason` why (for code)."""
 
-    def __init__(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
+    def __init__(
+        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, retry_after_ms: int | None = None
+    ) -> None:
         super().__init__(f"{code}: {details}")
         self.code = code
         self.details = details
         self.reason = reason
+        self.retry_after_ms = retry_after_ms
+        """An overloaded gateway's word on when to dial again (None: it named no time)."""
 
 
 class Link(Protocol[In, Out]):
@@ -41,15 +46,20 @@ class Link(Protocol[In, Out]):
     async def recv(self) -> In | None:
         """The next message, or None at a clean end of stream."""
 
-    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
-        """End the link; the peer's `recv` raises `LinkClosed(code, details, reason)`."""
+    async def close(
+        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
+    ) -> None:
+        """End the link; the peer's `recv` raises `LinkClosed(code, details, reason, retry_after_ms)`."""
 
 
-def reason_metadata(reason: CloseReason) -> tuple[tuple[str, str], ...]:
-    """The trailing metadata that carries `reason` (none for UNSPECIFIED)."""
-    if reason == closing.UNSPECIFIED:
-        return ()
-    return ((closing.METADATA_KEY, closing.name_of(reason)),)
+def reason_metadata(reason: CloseReason, retry_after_ms: int | None = None) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that carries `reason` (none for UNSPECIFIED) and a retry-after (none for None)."""
+    md: tuple[tuple[str, str], ...] = ()
+    if reason != closing.UNSPECIFIED:
+        md += ((closing.METADATA_KEY, closing.name_of(reason)),)
+    if retry_after_ms is not None:
+        md += ((closing.RETRY_AFTER_KEY, str(max(0, retry_after_ms))),)
+    return md
 
 
 def reason_in(metadata: Iterable[tuple[str, str | bytes]] | None) -> CloseReason:
@@ -58,6 +68,17 @@ def reason_in(metadata: Iterable[tuple[str, str | bytes]] | None) -> CloseReason
         if key == closing.METADATA_KEY:
             return closing.from_name(value.decode() if isinstance(value, bytes) else str(value))
     return closing.UNSPECIFIED
+
+
+def retry_after_in(metadata: Iterable[tuple[str, str | bytes]] | None) -> int | None:
+    """The retry-after in a status's trailing metadata, in ms; None when absent or not a number."""
+    for key, value in metadata or ():
+        if key == closing.RETRY_AFTER_KEY:
+            try:
+                return max(0, int(value.decode() if isinstance(value, bytes) else str(value)))
+            except ValueError:
+                return None
+    return None
 
 
 class GrpcServerLink(Generic[In, Out]):
@@ -77,8 +98,11 @@ class GrpcServerLink(Generic[In, Out]):
             return None
         return m  # type: ignore[no-any-return]
 
-    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
-        await self._ctx.abort(getattr(grpc.StatusCode, code), details, trailing_metadata=reason_metadata(reason))
+    async def close(
+        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
+    ) -> None:
+        md = reason_metadata(reason, retry_after_ms)
+        await self._ctx.abort(getattr(grpc.StatusCode, code), details, trailing_metadata=md)
 
 
 class GrpcClientLink(Generic[In, Out]):
@@ -125,10 +149,12 @@ class GrpcClientLink(Generic[In, Out]):
     async def _status(self) -> LinkClosed:
         """How the finished call ended, as the LinkClosed the session reads."""
         code = await self._call.code()
-        reason = reason_in(await self._call.trailing_metadata())
-        return LinkClosed(code.name, await self._call.details() or "", reason)
+        md = await self._call.trailing_metadata()
+        return LinkClosed(code.name, await self._call.details() or "", reason_in(md), retry_after_in(md))
 
-    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
+    async def close(
+        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
+    ) -> None:
         """The client has no status to send: cancel the call (the gateway sees the stream end) and drop the channel."""
         self._call.cancel()
         channel, self._channel = self._channel, None  # closed once, however often the link is
@@ -137,7 +163,8 @@ class GrpcClientLink(Generic[In, Out]):
 
 
 def _closed(e: grpc.aio.AioRpcError) -> LinkClosed:
-    return LinkClosed(e.code().name, e.details() or "", reason_in(e.trailing_metadata()))
+    md = e.trailing_metadata()
+    return LinkClosed(e.code().name, e.details() or "", reason_in(md), retry_after_in(md))
 
 
 GatewayLink = Link[NodeMessage, GatewayMessage]

@@ -80,9 +80,11 @@ class TamperingLink:
             raise self.pump.exception()  # type: ignore[misc]
         return msg
 
-    async def close(self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED) -> None:
+    async def close(
+        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
+    ) -> None:
         self.pump.cancel()
-        await self.inner.close(code, details, reason)
+        await self.inner.close(code, details, reason, retry_after_ms=retry_after_ms)
 
 
 def compromise(lab: InprocLab) -> Tamperer:

@@ -330,3 +330,28 @@ def test_an_agent_meeting_a_field_it_does_not_know_reports_its_section_unsupport
         await asyncio.wait_for(task, 60)
 
     run(scenario())
+
+
+def test_an_overload_refusal_is_redialed_after_its_retry_after_without_a_back_off_step(tmp_path: Path) -> None:
+    """A gateway that sheds load names when to come back (`bc-retry-after-ms`): the node redials then, at most
+    60 s later, and its back-off does not step up; a refusal that names no time steps it up as before."""
+
+    async def scenario() -> list[float]:
+        gw = Gateway()
+        agent, _ = build(tmp_path, 5, gw)
+        task = asyncio.create_task(agent.run())
+        for ms in (7_300, 250, 600_000, 12_000):  # refused at the Hello, as a saturated gateway refuses
+            link = await gw.accept()
+            await expect(link, "hello")
+            await link.close("RESOURCE_EXHAUSTED", "too many Hello transactions at once", retry_after_ms=ms)
+        link = await gw.accept()  # refused with no time named: the back-off's first step
+        await expect(link, "hello")
+        await link.close("RESOURCE_EXHAUSTED", "too many Hello transactions at once")
+        await welcome(await gw.accept(), 1)
+        agent.stopped.set()
+        await asyncio.wait_for(task, 60)
+        return gw.delays()
+
+    delays = run(scenario())
+    assert [round(d, 3) for d in delays[:4]] == [7.3, 0.25, 60.0, 12.0]  # the hint, capped at 60 s
+    assert 0.0 <= delays[4] <= 2.0  # attempt 1 (under 2 s), not attempt 5 (under 32 s): the hints did not step it

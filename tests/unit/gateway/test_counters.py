@@ -11,6 +11,7 @@ def test_the_line_names_every_counter_and_the_open_sessions() -> None:
     c.status_written += 7
     assert c.line("gw-a", 2) == (
         "event=gateway.stats gateway=gw-a sessions=2 sessions_opened=3 streams_refused=0 status_written=7"
+        " hellos_waited=0"
     )
 
 
