@@ -78,6 +78,15 @@ async def hello_transaction(
                 closing.IDENTITY_REPLACED,
                 f"certificate {peer.serial} belongs to an older identity of node {peer.name}; join again",
             )
+        labels = json.loads(str(node["labels"] or "{}"))
+        with_caps = capability_labels(labels, hello.capabilities)
+        inventory_hash = str(node["inventory_hash"])
+        inventory_json: str | None = None
+        if hello.HasField("inventory"):
+            inventory_hash = hello.inventory_hash
+            inventory_json = json_format.MessageToJson(hello.inventory, preserving_proto_field_name=True)
+        # The epoch bump, then one write of the node's row: connected and seen, what the node applied, its
+        # capabilities (and their labels, when they changed) and its inventory (when the Hello carries one).
         opened = await nodes_sql.open_session(
             tx,
             node_id=peer.name,
@@ -87,22 +96,16 @@ async def hello_transaction(
             incarnation_id=hello.incarnation_id,
             cert_serial=peer.serial,
             now_ms=now_ms,
+            node=node,
+            hello=nodes_sql.HelloColumns(
+                applied_generation=hello.applied_generation,
+                applied_spec_hash=hello.applied_spec_hash,
+                capabilities_json=json.dumps(sorted(hello.capabilities)),
+                labels_json=json.dumps(with_caps, sort_keys=True) if with_caps != labels else None,
+                inventory_json=inventory_json,
+                inventory_hash=inventory_hash,
+            ),
         )
-        await nodes_sql.set_applied(tx, peer.name, opened.epoch, hello.applied_generation, hello.applied_spec_hash)
-        await nodes_sql.write_capabilities(tx, peer.name, json.dumps(sorted(hello.capabilities)))
-        labels = json.loads(str(node["labels"] or "{}"))
-        with_caps = capability_labels(labels, hello.capabilities)
-        if with_caps != labels:
-            await nodes_sql.set_labels(tx, peer.name, json.dumps(with_caps, sort_keys=True))
-        inventory_hash = str(node["inventory_hash"])
-        if hello.HasField("inventory"):
-            inventory_hash = hello.inventory_hash
-            await nodes_sql.write_inventory(
-                tx,
-                peer.name,
-                json_format.MessageToJson(hello.inventory, preserving_proto_field_name=True),
-                inventory_hash,
-            )
         await publish(
             tx,
             bus,
@@ -224,7 +227,9 @@ async def _resume_commands(
             ack.append(update.command_id)
     new_journal = bool(opened.previous_journal_id) and opened.previous_journal_id != hello.journal_id
     new_boot = bool(opened.previous_boot_id) and opened.previous_boot_id != hello.boot_id
-    for c in await commands_sql.in_flight_for_node(tx, node_id):
+    in_flight = await commands_sql.in_flight_for_node(tx, node_id)
+    settled = False
+    for c in in_flight:
         outcome: tuple[str, str] | None = None
         if new_journal and not c["retry_safe"]:
             outcome = ("failed", "journal-lost")
@@ -236,7 +241,15 @@ async def _resume_commands(
             await settle_by_server(
                 tx, bus, cid, node_id, state, reason, now_ms, dispatch_sql.IN_FLIGHT, kind=str(c["kind"])
             )
+            settled = True
+    if not in_flight:
+        # Nothing to move or replay (the common Hello): no other writer can put one of the node's commands in
+        # flight before this transaction commits, since a dispatch pass share-locks the session row this
+        # transaction has just written.
+        return [], ack
     await dispatch_sql.move_to_epoch(tx, node_id, opened.epoch)
+    if settled:  # read again: what settling changed
+        in_flight = await commands_sql.in_flight_for_node(tx, node_id)
     running = set(hello.running_command_ids)
-    replay = [str(c["id"]) for c in await commands_sql.in_flight_for_node(tx, node_id) if str(c["id"]) not in running]
+    replay = [str(c["id"]) for c in in_flight if str(c["id"]) not in running]
     return replay, ack

@@ -147,6 +147,21 @@ class SessionOpened:
     previous_incarnation_id: str
 
 
+@dataclass(frozen=True)
+class HelloColumns:
+    """What a Hello writes on the node's row besides its connectivity, in the same statement (`open_session`)."""
+
+    applied_generation: int
+    applied_spec_hash: str
+    capabilities_json: str
+    labels_json: str | None = None  # None: the labels stay as they are
+    inventory_json: str | None = None  # None: the inventory (and its hash) stay as they are
+    inventory_hash: str = ""
+
+
+_SESSION_COLUMNS = ("gateway_id", "session_epoch", "journal_id", "boot_id", "incarnation_id")
+
+
 async def open_session(
     tx: Tx,
     *,
@@ -157,9 +172,20 @@ async def open_session(
     incarnation_id: str,
     cert_serial: str,
     now_ms: int,
+    node: Row | None = None,
+    hello: HelloColumns | None = None,
 ) -> SessionOpened:
-    """Bump the node's session epoch and route it to this gateway (the Hello transaction)."""
-    prev = await tx.fetchone("SELECT * FROM node_sessions WHERE node_id = :n", {"n": node_id})
+    """Bump the node's session epoch and route it to this gateway (the Hello transaction).
+
+    `node`: the node's row as `get` read it in this transaction (its session's columns are the previous
+    session's), which saves reading the session row again. `hello`: the Hello's own columns of the node's
+    row, written in the one statement that marks the node connected and seen (the session row this
+    transaction just wrote carries the new epoch, so the epoch fence of `set_applied` holds by construction).
+    """
+    if node is not None and all(c in node for c in _SESSION_COLUMNS):
+        prev: Row | None = None if node["session_epoch"] is None else {**node, "open": node["session_open"]}
+    else:
+        prev = await tx.fetchone("SELECT * FROM node_sessions WHERE node_id = :n", {"n": node_id})
     row = await tx.fetchone(
         "INSERT INTO node_sessions (node_id, gateway_id, session_epoch, open, journal_id, boot_id,"
         " incarnation_id, cert_serial, acked_event_seq, opened_at_ms)"
@@ -183,8 +209,24 @@ async def open_session(
         },
     )
     assert row is not None
-    await set_connectivity(tx, node_id, "connected", now_ms)
-    await tx.execute("UPDATE nodes SET last_seen_ms = :t WHERE node_id = :n", {"t": now_ms, "n": node_id})
+    # `set_connectivity(…, "connected")` and the liveness stamp in one statement (every SET reads the old row).
+    sets = (
+        "connectivity = 'connected',"
+        " connectivity_since_ms = CASE WHEN connectivity <> 'connected' THEN :t ELSE connectivity_since_ms END,"
+        " connectivity_reason = CASE WHEN connectivity <> 'connected' THEN '' ELSE connectivity_reason END,"
+        " last_seen_ms = :t"
+    )
+    params: dict[str, object] = {"t": now_ms, "n": node_id}
+    if hello is not None:
+        sets += ", applied_generation = :ag, applied_spec_hash = :ah, capabilities = :caps"
+        params.update(ag=hello.applied_generation, ah=hello.applied_spec_hash, caps=hello.capabilities_json)
+        if hello.labels_json is not None:
+            sets += ", labels = :labels"
+            params["labels"] = hello.labels_json
+        if hello.inventory_json is not None:
+            sets += ", inventory = :inv, inventory_hash = :invh"
+            params.update(inv=hello.inventory_json, invh=hello.inventory_hash)
+    await tx.execute(f"UPDATE nodes SET {sets} WHERE node_id = :n", params)
     return SessionOpened(
         epoch=int(row["session_epoch"]),
         previous_journal_id=str(prev["journal_id"]) if prev else "",
