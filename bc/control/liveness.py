@@ -91,7 +91,9 @@ class Liveness:
                 gw_cutoff = cutoff - self.cfg.unreachable_grace_ms
                 for n in await nodes_sql.disconnected_before(tx, cutoff, gw_cutoff):
                     node_id = str(n["node_id"])
-                    if await nodes_sql.set_connectivity(tx, node_id, "unreachable", now_ms):
+                    # Only while still disconnected: on PostgreSQL a Hello on another gateway may commit
+                    # between the read above and this write, and the node is then connected, not unreachable.
+                    if await nodes_sql.mark_unreachable(tx, node_id, now_ms):
                         await publish(
                             tx,
                             self.bus,

@@ -247,6 +247,17 @@ async def set_connectivity(tx: Tx, node_id: str, state: str, now_ms: int, reason
     return n == 1
 
 
+async def mark_unreachable(tx: Tx, node_id: str, now_ms: int) -> bool:
+    """`disconnected` → `unreachable`; False when the node is no longer disconnected (a Hello on another
+    gateway committed since the sweep read it: the node stays connected)."""
+    n = await tx.execute(
+        "UPDATE nodes SET connectivity = 'unreachable', connectivity_since_ms = :t, connectivity_reason = ''"
+        " WHERE node_id = :n AND connectivity = 'disconnected'",
+        {"t": now_ms, "n": node_id},
+    )
+    return n == 1
+
+
 async def close_session(tx: Tx, node_id: str, epoch: int, now_ms: int, reason: str = "session-closed") -> bool:
     """Epoch-fenced: a session superseded by a newer Hello closes nothing."""
     n = await tx.execute(
