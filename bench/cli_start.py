@@ -51,10 +51,12 @@ async def figures(runs: int) -> dict[str, object]:
     try:
         await lab.serve()
         env = dict(lab.env, BC_CONFIG=str(root / "server" / "operator" / "config.json"))
+        # As installed: pip compiles every module at install time, so an installed bc never compiles at start.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         bc_nodes = [lab.bc, "nodes", "--json"]
         grpc_import = [sys.executable, "-c", "import grpc"]
         bare = [sys.executable, "-c", "pass"]
-        await asyncio.to_thread(_time, bc_nodes, env)  # the first call warms the page cache; not counted
+        await asyncio.to_thread(_time, bc_nodes, env)  # the first call warms the page cache (and __pycache__); not counted
         samples: dict[str, list[float]] = {"bc_nodes": [], "import_grpc": [], "python": []}
         for _ in range(runs):
             samples["bc_nodes"].append(await asyncio.to_thread(_time, bc_nodes, env))

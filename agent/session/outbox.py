@@ -9,6 +9,14 @@ wakes on `changed` to flush events and the status.
 Nothing here is durable and nothing needs to be: results and events are in the
 journal, and the next session's Hello and flush carry whatever a closed one
 did not; a status is re-sent by every new session (its version starts unsent).
+
+A status that says nothing new is not sent again on the same session: the
+drift pass puts one every 10 s, and most repeat the last one but for the ages
+of their conditions, from which the control plane already derived each
+condition's `since`. Such a report replaces the held one (a new session sends
+the freshest ages) without waking the session. At fleet scale this removes
+most status frames and status writes (docs/design.md, "Status that says
+nothing new").
 """
 
 from __future__ import annotations
@@ -25,6 +33,17 @@ log = logging.getLogger("agent.session")
 Sender = Callable[[NodeMessage], Awaitable[None]]
 
 
+def status_key(report: session_pb2.StatusReport) -> bytes:
+    """The report as the control plane would store it, ages left out: equal keys say the same thing."""
+    if not any(c.age_ms for c in report.conditions):
+        return report.SerializeToString(deterministic=True)
+    ageless = session_pb2.StatusReport()
+    ageless.CopyFrom(report)
+    for c in ageless.conditions:
+        c.age_ms = 0
+    return ageless.SerializeToString(deterministic=True)
+
+
 class Outbox:
     def __init__(self) -> None:
         self.changed = asyncio.Event()
@@ -32,6 +51,7 @@ class Outbox:
         self.status_version = 0
         self.inventory = common_pb2.Inventory()
         self.inventory_hash = ""
+        self._status_key = b""
         self._sender: Sender | None = None
 
     # -- producers ---------------------------------------------------------
@@ -42,8 +62,16 @@ class Outbox:
     def put_status(
         self, report: session_pb2.StatusReport, inventory: common_pb2.Inventory, inventory_hash: str
     ) -> None:
-        """The newest status and the inventory it was taken with; an older unsent one is replaced."""
+        """The newest status and the inventory it was taken with; an older unsent one is replaced.
+
+        Only a report that differs from the last one put in more than its conditions' ages (`status_key`)
+        is new: it gets a version and wakes the session.
+        """
         self.status, self.inventory, self.inventory_hash = report, inventory, inventory_hash
+        key = status_key(report)
+        if key == self._status_key:
+            return
+        self._status_key = key
         self.status_version += 1
         self.changed.set()
 

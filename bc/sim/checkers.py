@@ -210,11 +210,14 @@ def check_i3(
     bound_ms: int = 60_000,
 ) -> NotConverged | None:
     """I3: each delivered spec of generation G is followed, within `bound_ms`, by a status report reaching the
-    gateway with observed_generation >= G (strictly after it: a report at the delivery's very instant was
-    sent before the spec arrived); unless the node was not reachable (an outage) or its agent restarted
-    during that time, or the run ended first. The earliest missed deadline is returned."""
+    gateway with observed_generation >= G, after it in the taps' order (`seq`; hand-made facts without one
+    count a report at the delivery's very instant as sent before the spec arrived: on the virtual clock a
+    whole exchange can take no time at all); unless the same agent had already reported G observed before the
+    delivery (an agent does not repeat a status that says nothing new), the node was not reachable (an outage)
+    or its agent restarted during that time, or the run ended first. The earliest missed deadline is
+    returned."""
     by_node: dict[str, list[StatusReported]] = {}
-    for r in sorted(reports, key=lambda r: r.t_ms):
+    for r in sorted(reports, key=lambda r: (r.t_ms, r.seq)):
         by_node.setdefault(r.node_id, []).append(r)
     restarted: dict[str, list[int]] = {}
     for a in restarts:
@@ -223,9 +226,17 @@ def check_i3(
         deadline = d.t_ms + bound_ms
         if deadline > end_ms:
             continue
-        window = [r for r in by_node.get(d.node_id, ()) if d.t_ms < r.t_ms <= deadline]
+        mine = by_node.get(d.node_id, ())
+        window = [r for r in mine if (d.t_ms, d.seq) < (r.t_ms, r.seq) and r.t_ms <= deadline]
         if any(r.observed_generation >= d.generation for r in window):
             continue
+        before = [r for r in mine if (r.t_ms, r.seq) < (d.t_ms, d.seq)]
+        if (
+            before
+            and before[-1].observed_generation >= d.generation
+            and not any(before[-1].t_ms < t <= d.t_ms for t in restarted.get(d.node_id, ()))
+        ):
+            continue  # a spec sent again (a duplicate, a new session) that the same agent had already reported
         if any(o.overlaps(d.node_id, d.t_ms, deadline) for o in outages):
             continue
         if any(d.t_ms <= t <= deadline for t in restarted.get(d.node_id, ())):

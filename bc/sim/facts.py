@@ -82,6 +82,7 @@ class SpecDelivered:
     t_ms: int
     node_id: str
     generation: int
+    seq: int = 0  # the order the taps saw it in, among deliveries and reports (0 in hand-made facts)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class StatusReported:
     t_ms: int
     node_id: str
     observed_generation: int
+    seq: int = 0  # as SpecDelivered.seq: a report in the same virtual instant as a delivery can follow it
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,8 @@ class FactLog:
     _open_outages: dict[tuple[str | None, str], int] = field(default_factory=dict, repr=False)
     # per node: the observed generation of the last report kept, and the deliveries no kept report came after
     _last_observed: dict[str, int] = field(default_factory=dict, repr=False)
-    _unanswered: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    _unanswered: dict[str, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
+    _tap_seq: int = field(default=0, repr=False)
 
     # -- appends
 
@@ -212,27 +215,29 @@ class FactLog:
 
     def agent_restart(self, t_ms: int, node_id: str, boot_changed: bool) -> None:
         self.restarts.append(AgentRestart(t_ms, node_id, boot_changed))
+        self._last_observed.pop(node_id, None)  # I3 reads the first report of the new agent: keep it
 
     def outcome(self, command_id: str, node_id: str, kind: str, state: str, reason: str) -> None:
         self.outcomes.append(Outcome(command_id, node_id, kind, state, reason))
 
     def spec_delivered(self, t_ms: int, node_id: str, generation: int) -> None:
-        self.deliveries.append(SpecDelivered(t_ms, node_id, generation))
-        self._unanswered.setdefault(node_id, []).append(t_ms)
+        self._tap_seq += 1
+        self.deliveries.append(SpecDelivered(t_ms, node_id, generation, self._tap_seq))
+        self._unanswered.setdefault(node_id, []).append((t_ms, self._tap_seq))
 
     def status_reported(self, t_ms: int, node_id: str, observed_generation: int) -> None:
         """A status report reached the gateway. Kept only when it can tell I3 something new: another observed
         generation than the node's last kept report, or the first report after a delivery (I3 counts reports
-        strictly after their delivery). Any other report repeats the last kept one, which is itself after
-        every delivery before it, so it answers the same deliveries. Appends come in time order (the tap)."""
+        strictly after their delivery, in the taps' order). Any other report repeats the last kept one, which
+        is itself after every delivery before it, so it answers the same deliveries. Appends come in time order
+        (the tap)."""
+        self._tap_seq += 1
         waiting = self._unanswered.get(node_id, [])
-        after = [t for t in waiting if t < t_ms]
-        if self._last_observed.get(node_id) == observed_generation and not after:
+        if self._last_observed.get(node_id) == observed_generation and not waiting:
             return
         self._last_observed[node_id] = observed_generation
-        if after:
-            self._unanswered[node_id] = [t for t in waiting if t >= t_ms]
-        self.reports.append(StatusReported(t_ms, node_id, observed_generation))
+        self._unanswered[node_id] = []  # every delivery the taps saw so far came before this report
+        self.reports.append(StatusReported(t_ms, node_id, observed_generation, self._tap_seq))
 
     def connectivity_changed(self, t_ms: int, node_id: str, state: str, reason: str = "") -> None:
         self.connectivity.append(Connectivity(t_ms, node_id, state, reason))

@@ -29,9 +29,8 @@ issue also asks for duplicates and reordering *within* a stream, as a harder str
 world: `LinkFaults.duplicate` delivers a frame twice, `LinkFaults.reorder` lets a frame be overtaken by
 the next one in its direction. The session cores tolerate that for most messages (read from the cores):
 
-* node -> gateway: heartbeats (the applied generation is a max); status reports (coalesced latest-wins,
-  and the agent puts a fresh one every converge pass, so a stale one that overtook is replaced);
-  command updates (results are facts, applied by the state table, acked by id); spec requests (answered
+* node -> gateway: heartbeats (the applied generation is a max); a duplicated status report (the same
+  report again, latest-wins); command updates (results are facts, applied by the state table, acked by id); spec requests (answered
   with the stored spec); a duplicated event batch (events at or under the cumulative ack are skipped).
 * gateway -> node: heartbeats and acks (the time mark only moves forward; acks are cumulative or by id);
   desired state (a generation not above the applied one is ignored; a patch on the wrong base asks for
@@ -52,6 +51,10 @@ put them back to show why); Hello and Welcome are never duplicated either:
   tests/unit/sim/test_sim_links.py shows it through the real agent and gateway). A duplicated batch is
   fine (the copy is ingested after the original, so its events are at or under the ack and skipped), so
   `event_batch` is in `DUPLICABLE_ONLY`.
+* `status` overtaken: the gateway keeps the last report it received (latest-wins), and an agent sends a
+  status only when it says something new (`agent.session.outbox.status_key`), so an older report that
+  overtook a newer one would be the control plane's view until the node's next change. A duplicate is
+  fine: `status` is in `DUPLICABLE_ONLY`.
 * `trust` overtaken: the gateway pushes a changed bundle once per session (`push_trust_if_changed`), and
   `agent.trust.decide_bundle` checks an offered bundle's signature and that the quorum settings' version
   does not go back, not that the bundle is newer than the one held. So an older bundle that overtook a
@@ -120,7 +123,6 @@ Tap = Callable[[Direction, str, object, float], None]
 TOLERANT: frozenset[str] = frozenset(
     {
         "heartbeat",
-        "status",
         "command_update",
         "spec_request",
         "desired_state",
@@ -132,9 +134,9 @@ TOLERANT: frozenset[str] = frozenset(
 )
 """Message kinds (the `msg` oneof of either direction) that may be duplicated or overtaken in a stream."""
 
-DUPLICABLE_ONLY: frozenset[str] = frozenset({"event_batch", "trust"})
-"""Kinds that may be duplicated but never overtaken (the cumulative event ack, the trust bundle pushed once;
-see the module docstring)."""
+DUPLICABLE_ONLY: frozenset[str] = frozenset({"event_batch", "trust", "status"})
+"""Kinds that may be duplicated but never overtaken (the cumulative event ack, the trust bundle pushed once,
+the status sent once per change; see the module docstring)."""
 
 
 @dataclass(frozen=True)

@@ -159,8 +159,8 @@ def test_i3_names_a_spec_not_reported_in_time() -> None:
         "observed within 60 s (the last report said observed 2 at 2027-01-15T08:00:30Z)"
     )
     assert found.at_ms == T0 + 60 * S
-    # A report before the delivery does not count, nor another node's.
-    found = check_i3([delivered(100, 3)], [reported(50, 3), reported(120, 3, "n2")], [], [], END)
+    # A report before the delivery that did not say it yet does not count, nor another node's.
+    found = check_i3([delivered(100, 3)], [reported(50, 2), reported(120, 3, "n2")], [], [], END)
     assert isinstance(found, NotConverged) and found.latest is None
     assert found.sentence.endswith("(no status report)")
 
@@ -193,13 +193,13 @@ def test_i3_on_the_reports_factlog_keeps_agrees_with_every_report(steps: list[tu
     facts = FactLog()
     every: list[StatusReported] = []
     t = T0
-    for what, node_id, gap, gen in steps:
+    for seq, (what, node_id, gap, gen) in enumerate(steps, start=1):
         t += gap
         if what == "deliver":
             facts.spec_delivered(t, node_id, gen)
         else:
             facts.status_reported(t, node_id, gen)
-            every.append(StatusReported(t, node_id, gen))
+            every.append(StatusReported(t, node_id, gen, seq))  # the taps' order, as FactLog numbers them
     end = t + 120_000
     kept = check_i3(facts.deliveries, facts.reports, [], [], end, bound_ms=30_000)
     full = check_i3(facts.deliveries, every, [], [], end, bound_ms=30_000)
@@ -218,6 +218,37 @@ def test_repeated_status_reports_are_kept_once_and_again_after_a_delivery() -> N
     facts.status_reported(T0 + 40 * S, "n1", 3)
     facts.status_reported(T0 + 50 * S, "n1", 4)
     assert [(r.t_ms - T0) // S for r in facts.reports] == [0, 30, 50]
+
+
+def test_i3_a_spec_sent_again_after_its_report_asks_nothing_new() -> None:
+    """A duplicate or re-sent spec of a generation the same agent already reported observed: agents do not
+    repeat a status that says nothing new, and I3 does not wait for one."""
+    facts = FactLog()
+    facts.spec_delivered(T0, "n1", 1)
+    facts.status_reported(T0, "n1", 1)  # the same virtual instant, after it in the taps' order
+    facts.spec_delivered(T0 + 5 * S, "n1", 1)  # a duplicate frame
+    assert check_i3(facts.deliveries, facts.reports, [], [], T0 + 600 * S) is None
+
+
+def test_i3_a_restart_between_the_report_and_the_re_delivery_needs_a_new_report() -> None:
+    facts = FactLog()
+    facts.spec_delivered(T0, "n1", 1)
+    facts.status_reported(T0 + 1 * S, "n1", 1)
+    facts.agent_restart(T0 + 3 * S, "n1", boot_changed=False)
+    facts.spec_delivered(T0 + 5 * S, "n1", 1)  # the new agent lost its journal and hears the spec again
+    found = check_i3(facts.deliveries, facts.reports, [], facts.restarts, T0 + 600 * S)
+    # the restart is before the delivery, not inside its window, so only a new report could answer it
+    assert found is not None and found.delivery.t_ms == T0 + 5 * S
+    facts.status_reported(T0 + 6 * S, "n1", 1)  # the new agent's first report is kept even though it repeats
+    assert check_i3(facts.deliveries, facts.reports, [], facts.restarts, T0 + 600 * S) is None
+
+
+def test_i3_a_report_in_the_delivery_instant_but_before_it_answers_nothing() -> None:
+    facts = FactLog()
+    facts.status_reported(T0, "n1", 0)
+    facts.spec_delivered(T0, "n1", 1)
+    found = check_i3(facts.deliveries, facts.reports, [], [], T0 + 600 * S)
+    assert found is not None and found.latest is None
 
 
 # ---- I4 ----

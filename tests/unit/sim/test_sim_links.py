@@ -189,10 +189,11 @@ async def test_finding_event_batches_overtaken_in_a_stream_lose_the_earlier_even
         unacked = await agent.journal.unacked_events()
     finally:
         await pair.stop()
-    assert net.stats["reorders"] == 2
-    # "first" was overtaken by a status report (harmless); "second" by "third", whose cumulative ack
-    # dropped "second" from the journal before it arrived, and the gateway skipped it then: it is nowhere.
-    assert stored == ["sim.first", "sim.third"]
+    assert net.stats["reorders"] == 1
+    # "first" was overtaken by "second", whose cumulative ack dropped "first" from the journal before it
+    # arrived, and the gateway skipped it then: it is nowhere. ("third" had nothing to overtake it within
+    # the reorder window: an unchanged status is not re-sent, so only the next heartbeat could.)
+    assert stored == ["sim.second", "sim.third"]
     assert unacked == []
 
 
@@ -403,8 +404,8 @@ def test_latency_and_stalls_never_lose_duplicate_or_reorder(
 
 
 async def test_a_heavy_network_between_real_agents_and_the_gateway_still_converges(tmp_path: Path) -> None:
-    pair = SessionPair(tmp_path, seed=3, agents=3)
-    net = SimNetwork(rng=random.Random(3), faults=LinkFaults.heavy())
+    pair = SessionPair(tmp_path, seed=6, agents=3)
+    net = SimNetwork(rng=random.Random(6), faults=LinkFaults.heavy())
     pair.network = cast(Any, net)  # the fleet runner's one-line swap
     await pair.start()
     try:
