@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.converge.cdi import valid_allocation_id
+from agent.converge.cdi import entries, valid_allocation_id
 
 PREFIX = "bc-"
 SUFFIX = ".env"
@@ -55,9 +55,8 @@ def allocation_of(path: Path) -> str | None:
 def ours(env_dir: Path) -> dict[str, Path]:
     """Every env file in `env_dir` the agent wrote, by allocation id. Blocking."""
     found: dict[str, Path] = {}
-    for path in sorted(env_dir.glob(f"{PREFIX}*{SUFFIX}")):
-        if path.is_file() and not path.is_symlink():
-            allocation_id = allocation_of(path)
-            if allocation_id is not None:
-                found[allocation_id] = path
+    for path in entries(env_dir, PREFIX, SUFFIX, regular_only=True):
+        allocation_id = allocation_of(path)
+        if allocation_id is not None:
+            found[allocation_id] = path
     return found

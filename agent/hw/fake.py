@@ -100,6 +100,7 @@ class FakeHardware:
         self.state_dir = state_dir
         self._data = _load_profile(profile)
         self._inventory = self._build(self._data)
+        self._overlaid: tuple[int, common_pb2.Inventory] | None = None
         self.mig = FakeMig(seed, profile, self._data, state_dir)  # the MIG layout nvidia-smi changes (fake_mig)
 
     @staticmethod
@@ -148,10 +149,18 @@ class FakeHardware:
         return inv
 
     def inventory(self) -> common_pb2.Inventory:
-        """A copy of the fake inventory (callers may change theirs freely)."""
+        """A copy of the fake inventory (callers may change theirs freely).
+
+        The MIG overlay is made once per layout change (`FakeMig.changes`), not on every read: the converge
+        pass reads the inventory twice every 10 s on every simulated node."""
+        changes = self.mig.changes
+        if self._overlaid is None or self._overlaid[0] != changes:
+            overlaid = common_pb2.Inventory()
+            overlaid.CopyFrom(self._inventory)
+            self.mig.overlay(overlaid)
+            self._overlaid = (changes, overlaid)
         inv = common_pb2.Inventory()
-        inv.CopyFrom(self._inventory)
-        self.mig.overlay(inv)
+        inv.CopyFrom(self._overlaid[1])
         return inv
 
     def boot_id(self) -> str:

@@ -57,6 +57,7 @@ class FakeMig:
         self.names = [str(g["name"]) for g in data["gpus"]]
         self.state_path = state_dir / STATE_FILE if state_dir is not None else None
         self.epoch = 0
+        self.changes = 0  # bumped by every command that may have changed the layout: what caches key on
         self._lock = threading.Lock()
         self.gpus: dict[int, GpuMig] = {}
         for i, g in enumerate(data["gpus"]):
@@ -114,6 +115,7 @@ class FakeMig:
                 out = self._handle(args)
             except _ToolError as e:
                 return ProcessResult(e.code, b"", (str(e) + "\n").encode())
+            self.changes += 1
             self._save()
         return ProcessResult(0, out.encode(), b"")
 

@@ -229,8 +229,15 @@ def _events_populated(path: Path) -> bool:
 
 
 def _listed(directory: Path, suffix: str) -> list[str]:
+    """The slice names with a `suffix` file in `directory` (one scandir: the drift pass asks every 10 s)."""
+    end = SLICE_SUFFIX + suffix
     try:
-        names = [p.name.removesuffix(suffix) for p in directory.glob(f"{SLICE_PREFIX}*{SLICE_SUFFIX}{suffix}")]
+        with os.scandir(directory) as it:
+            names = [
+                e.name.removesuffix(suffix)
+                for e in it
+                if e.name.startswith(SLICE_PREFIX) and e.name.endswith(end) and len(e.name) >= len(SLICE_PREFIX + end)
+            ]
     except OSError:
         return []
     return sorted(names)

@@ -69,6 +69,8 @@ SEEN_BATCH_S = 0.5
 """Liveness flushes due within this long share one transaction (a gateway's sessions flush every 5 s)."""
 BUSY_RETRY_MS = 1_000
 REVOCATION_POLL_S = 1.0
+REVOCATION_LOOKBACK_MS = 60_000
+"""How far before its last look the revocation feed reads again (`Gateway.check_certificates`)."""
 
 
 @dataclass
@@ -101,6 +103,7 @@ class Gateway:
         self.signer = signer
         self.trust: TrustSource = LocalTrust(intent) if isinstance(intent, Intent) else intent
         self.sessions: dict[str, SessionDriver] = {}
+        self._revocations_read_ms = 0  # store time of the revocation feed's last look (0: none yet)
         self._signer_certs: dict[str, bytes] = {}
         self._approvals: dict[str, bytes] = {}
         self._closing_tasks: set[asyncio.Future[None]] = set()
@@ -366,12 +369,19 @@ class Gateway:
                     pass
 
     async def check_certificates(self) -> None:
+        """Revoked since the last look (with `REVOCATION_LOOKBACK_MS` of overlap), or expired.
+
+        The feed reads the few certificates revoked lately, not one row per open session: a session opened
+        since is checked at its Hello (`refuse_revoked`), and the overlap covers a revocation committed after
+        a look that its store time already fell behind (a slow transaction; another process's)."""
         drivers = list(self.sessions.values())
+        now_ms = await self.store.now_ms()
+        since = self._revocations_read_ms - REVOCATION_LOOKBACK_MS if self._revocations_read_ms else 0
         if not drivers:
             return
-        now_ms = await self.store.now_ms()
         async with self.store.transaction(write=False) as tx:
-            revoked = await rev_sql.revoked_among(tx, sorted({d.peer.serial for d in drivers}))
+            revoked = await rev_sql.revoked_since(tx, since)
+        self._revocations_read_ms = now_ms
         reasons = {str(r["serial"]): str(r["revoke_reason"] or "revoked") for r in revoked}
         for d in drivers:
             if d.peer.serial in reasons:

@@ -30,6 +30,15 @@ async def revoked_among(tx: Tx, serials: list[str]) -> list[Row]:
     return out
 
 
+async def revoked_since(tx: Tx, since_ms: int) -> list[Row]:
+    """Certificates revoked at or after `since_ms` (store time): the revocation feed's poll."""
+    return await tx.fetchall(
+        "SELECT serial, node_id, revoke_reason, revoked_at_ms FROM node_certs"
+        " WHERE revoked_at_ms IS NOT NULL AND revoked_at_ms >= :t",
+        {"t": since_ms},
+    )
+
+
 async def live_certs(tx: Tx, node_id: str, limit: int = 8) -> list[str]:
     """PEMs of the node's unrevoked certificates of its current identity, newest first."""
     rows = await tx.fetchall(
