@@ -7,10 +7,10 @@ new streams through a token bucket (`HANDSHAKES_PER_S`, with as large a burst) a
 A Hello beyond that bound waits for a slot, first come first served, while the wait is short: the
 queue of waiting Hellos is bounded by the time it takes to drain (`MAX_HELLO_WAIT_S` at the rate this
 gateway measured itself finishing Hellos while it was saturated, `hello_rate`, counting the running
-Hellos ahead of it too) and by a count
-(`MAX_WAITING_HELLOS`), and a Hello that waited `HELLO_WAIT_LIMIT_S` gives up. A wait costs the
-node nothing but the wait; a refusal costs it a new TLS handshake and a redial, and the gateway the
-same handshake again. The store never sees more than `MAX_PENDING_HELLOS` transactions: the queue is
+Hellos ahead of it too) and by a count (`MAX_WAITING_HELLOS`), and a Hello that waited
+`HELLO_WAIT_LIMIT_S` gives up. A wait costs the node nothing but the wait; a refusal costs it a new
+TLS handshake and a redial, and the gateway the same handshake again, and it comes back no sooner
+than it would have been served. The store never sees more than `MAX_PENDING_HELLOS` transactions: the queue is
 in the gateway's memory.
 
 Beyond the bucket or the queue the stream is refused RESOURCE_EXHAUSTED with a retry-after
@@ -36,11 +36,12 @@ HANDSHAKES_PER_S = 200.0
 MAX_PENDING_HELLOS = 64
 STATUS_WRITES_PER_S = 1000.0
 
-MAX_HELLO_WAIT_S = 3.0
-"""A Hello waits for a slot only if the Hellos ahead of it (running and waiting) should be done within this long."""
-HELLO_WAIT_LIMIT_S = 6.0
-"""A waiting Hello gives up after this long (the rate was overestimated) and is refused with a retry-after;
-well inside the node's 15 s wait for its Welcome."""
+MAX_HELLO_WAIT_S = 8.0
+"""A Hello waits for a slot only if the Hellos ahead of it (running and waiting) should be done within this long:
+inside the node's 15 s wait for its Welcome, with room for the estimate to be wrong. A refused node would come
+back no sooner (its retry-after is when the same Hellos are done) and cost the gateway another TLS handshake."""
+HELLO_WAIT_LIMIT_S = 10.0
+"""A waiting Hello gives up after this long (the rate was overestimated) and is refused with a retry-after."""
 MAX_WAITING_HELLOS = 1024
 """Waiting Hellos, at most, whatever the measured rate."""
 HELLO_RATE_PRIOR = 100.0
