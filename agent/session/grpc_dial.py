@@ -13,6 +13,7 @@ rather than left to grpc's own reconnect back-off, which grows to minutes.
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import grpc
@@ -45,7 +46,7 @@ def grpc_dial(data_dir: Path, identity: Identity, ca_pem: bytes, offload: Offloa
     def read_pair() -> tuple[bytes, bytes]:
         return identity.read(data_dir, "key"), identity.read(data_dir, "cert")
 
-    rotation = Rotation([a.strip() for a in identity.server.split(",") if a.strip()])
+    rotation = Rotation([a.strip() for a in identity.server.split(",") if a.strip()], random.Random())
 
     async def dial() -> Link[GatewayMessage, NodeMessage]:
         key_pem, cert_pem = await offload(read_pair)
@@ -95,11 +96,15 @@ STICKY_S = 10.0
 class Rotation:
     """Which gateway a node dials first: the one it last reached, unless that session was short-lived.
 
-    Pure: the dial reports where it connected and when, and asks for the order of the next attempt.
+    Pure: the dial reports where it connected and when, and asks for the order of the next attempt. With an
+    `rng`, the gateways after the first come in a random order at each attempt: when a gateway dies, its nodes
+    spread over all the others instead of every one of them landing on the one listed after it (nodes joined
+    with the same `--server` list share that order), which would take the whole reconnect storm alone.
     """
 
-    def __init__(self, addrs: list[str]) -> None:
+    def __init__(self, addrs: list[str], rng: random.Random | None = None) -> None:
         self.addrs = addrs
+        self.rng = rng
         self.first = 0
         self.connected_at: float | None = None
 
@@ -108,7 +113,10 @@ class Rotation:
             self.first = (self.first + 1) % len(self.addrs)  # the last one did not keep us: go on to the next
         self.connected_at = None
         n = len(self.addrs)
-        return [self.addrs[(self.first + k) % n] for k in range(n)]
+        rest = [self.addrs[(self.first + k) % n] for k in range(1, n)]
+        if self.rng is not None:
+            self.rng.shuffle(rest)
+        return [self.addrs[self.first], *rest]
 
     def connected(self, addr: str, now: float) -> None:
         self.first = self.addrs.index(addr)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
 from agent.join import servers_of
@@ -18,6 +21,23 @@ def test_a_node_stays_with_the_gateway_that_kept_it_and_moves_on_from_one_that_d
     assert r.order(101.0) == ["a:1", "c:1", "b:1"]  # refused or fenced at once: the next gateway first
     r.connected("c:1", 102.0)
     assert r.order(102.0 + STICKY_S) == ["c:1", "b:1", "a:1"]
+
+
+def test_with_an_rng_the_survivors_of_a_dead_first_gateway_share_its_nodes() -> None:
+    rng = random.Random(3)
+    nexts: Counter[str] = Counter()
+    for _ in range(3000):  # 3,000 nodes joined with one list, all homed on a:1, which dies
+        r = Rotation(["a:1", "b:1", "c:1", "d:1"], rng)
+        order = r.order(0.0)
+        assert order[0] == "a:1" and sorted(order[1:]) == ["b:1", "c:1", "d:1"]
+        nexts[order[1]] += 1
+    assert all(900 < nexts[a] < 1100 for a in ("b:1", "c:1", "d:1")), nexts
+    r = Rotation(["a:1", "b:1", "c:1"], rng)
+    r.connected("b:1", 0.0)
+    assert r.order(STICKY_S + 1)[0] == "b:1"  # still sticky to the gateway that kept it
+    assert r.order(STICKY_S + 2)[0] == "b:1"
+    r.connected("b:1", 100.0)
+    assert r.order(101.0)[0] == "c:1"  # and still moving on from one that did not
 
 
 def test_one_gateway_is_always_first() -> None:
