@@ -20,7 +20,7 @@ import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -212,7 +212,20 @@ def _validator() -> Any:
 
 
 def validate_spec(doc: dict[str, Any]) -> None:
-    """Raise CdiError unless the document passes the CDI schema and the CDI name rules."""
+    """Raise CdiError unless the document passes the CDI schema and the CDI name rules.
+
+    A document that passed is remembered by its canonical JSON: the drift pass renders every hold's spec
+    again every 10 s, and the schema walk costs far more than the encoding."""
+    _validate_canonical(json.dumps(doc, sort_keys=True, separators=(",", ":")))
+
+
+@lru_cache(maxsize=4096)
+def _validate_canonical(text: str) -> None:
+    """Raises for a bad document; lru_cache keeps only the ones that passed (a raise is not cached)."""
+    _validate_doc(json.loads(text))
+
+
+def _validate_doc(doc: dict[str, Any]) -> None:
     errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
