@@ -70,6 +70,8 @@ SEEN_BATCH_S = 0.5
 BUSY_RETRY_MS = 1_000
 REVOCATION_POLL_S = 1.0
 REVOCATION_LOOKBACK_MS = 60_000
+BACKSTOP_READ_S = 1.0
+"""How old the generations a session's backstop compares against may be (`Gateway.backstop_generation`)."""
 """How far before its last look the revocation feed reads again (`Gateway.check_certificates`)."""
 
 
@@ -104,6 +106,8 @@ class Gateway:
         self.trust: TrustSource = LocalTrust(intent) if isinstance(intent, Intent) else intent
         self.sessions: dict[str, SessionDriver] = {}
         self._revocations_read_ms = 0  # store time of the revocation feed's last look (0: none yet)
+        self._generations_task: asyncio.Future[dict[str, int]] | None = None  # backstop_generation's read
+        self._generations_at = 0.0
         self._signer_certs: dict[str, bytes] = {}
         self._approvals: dict[str, bytes] = {}
         self._closing_tasks: set[asyncio.Future[None]] = set()
@@ -150,24 +154,53 @@ class Gateway:
         await asyncio.sleep(SEEN_BATCH_S)
         batch, self._seen_batch = self._seen_batch, {}
         superseded: list[SessionDriver] = []
+        flushed: list[tuple[SessionDriver, float]] = []
         try:
             now_ms = await self.store.now_ms()
             now = self.clock.monotonic()
             async with self.store.transaction() as tx:
+                current = await nodes_sql.open_epochs(tx, sorted(n for n, d in batch.items() if d.core.epoch))
                 for node_id, d in sorted(batch.items()):
                     epoch = d.core.epoch
                     if not epoch:
                         continue
-                    if await nodes_sql.session_is_current(tx, node_id, epoch):
-                        age_ms = int((now - d.core.last_heard) * 1000)
-                        await nodes_sql.mark_seen(tx, node_id, epoch, now_ms - age_ms)
+                    if current.get(node_id) == epoch:
+                        heard = d.core.last_heard
+                        if heard == d.seen_flushed:
+                            continue  # nothing heard since this session's last flush: the stored time stands
+                        await nodes_sql.mark_seen(tx, node_id, epoch, now_ms - int((now - heard) * 1000))
+                        flushed.append((d, heard))
                     else:
                         superseded.append(d)
         except StoreError as e:  # the next flush tries again; the sessions' own writes notice a store that is gone
             log.warning("event=liveness.flush-failed sessions=%d error=%s", len(batch), e)
             return
+        for d, heard in flushed:  # committed: only now is the stored time this session's
+            d.seen_flushed = heard
         for d in superseded:
             d.request_close("ABORTED", "this session was superseded; the node is routed elsewhere", closing.SUPERSEDED)
+
+    async def backstop_generation(self, node_id: str) -> int | None:
+        """The node's stored generation as of at most `BACKSTOP_READ_S` ago, read for every session at once.
+
+        Each session's 10 s backstop asked the store for its own node's generation: a transaction per session
+        every 10 s. They now share one read of every routed node's generation; a change since then reaches the
+        session by its poke, and the next backstop sees it. None: not in that read (a session newer than it).
+        """
+        now = self.clock.monotonic()
+        if self._generations_task is None or now - self._generations_at >= BACKSTOP_READ_S:
+            self._generations_at = now
+            self._generations_task = asyncio.ensure_future(self._read_generations())
+        try:
+            generations = await asyncio.shield(self._generations_task)
+        except StoreError:
+            self._generations_task = None
+            raise
+        return generations.get(node_id)
+
+    async def _read_generations(self) -> dict[str, int]:
+        async with self.store.transaction(write=False) as tx:
+            return await nodes_sql.generations_routed_to(tx, self.gateway_id)
 
     def _poke(self, node_id: str) -> None:
         d = self.sessions.get(node_id)
@@ -406,6 +439,7 @@ class SessionDriver:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._poke_pending = False
+        self.seen_flushed = -1.0  # the `core.last_heard` this session's last liveness flush committed
         self._outbox: list[SessionSends] = []  # what the gateway's dispatch passes planned for this session
         self._closing: core.Close | None = None
         self._close_reason: CloseReason = closing.UNSPECIFIED
@@ -613,8 +647,13 @@ class SessionDriver:
             )
 
     async def _check_generation(self, reason: str) -> None:
-        async with self.gw.store.transaction(write=False) as tx:
-            g = await nodes_sql.generation(tx, self.node_id)
+        """A poke reads the node's generation now; the backstop takes the gateway's shared read."""
+        g: int | None = None
+        if reason == "backstop":
+            g = await self.gw.backstop_generation(self.node_id)
+        if g is None:
+            async with self.gw.store.transaction(write=False) as tx:
+                g = await nodes_sql.generation(tx, self.node_id)
         if g is not None:
             await self._execute(self.core.generation_is(int(g), reason))
 

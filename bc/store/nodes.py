@@ -277,6 +277,20 @@ async def session_is_current(tx: Tx, node_id: str, epoch: int) -> bool:
     return v is not None
 
 
+async def open_epochs(tx: Tx, node_ids: list[str]) -> dict[str, int]:
+    """The open session's epoch of each of these nodes that has one (a liveness flush's one read per batch)."""
+    out: dict[str, int] = {}
+    for i in range(0, len(node_ids), 500):
+        chunk = node_ids[i : i + 500]
+        params = {f"n{j}": n for j, n in enumerate(chunk)}
+        names = ", ".join(f":n{j}" for j in range(len(chunk)))
+        rows = await tx.fetchall(
+            f"SELECT node_id, session_epoch FROM node_sessions WHERE open = 1 AND node_id IN ({names})", params
+        )
+        out.update({str(r["node_id"]): int(r["session_epoch"]) for r in rows})
+    return out
+
+
 async def mark_seen(tx: Tx, node_id: str, epoch: int, seen_ms: int) -> bool:
     """Liveness flush: `seen_ms` comes from the store clock minus the gateway-reported age."""
     return (
@@ -355,6 +369,16 @@ async def open_sessions_of_dead_gateways(tx: Tx, now_ms: int) -> list[Row]:
         " WHERE s.open = 1 AND (l.name IS NULL OR l.expires_at_ms < :t OR l.holder <> s.gateway_id)",
         {"t": now_ms},
     )
+
+
+async def generations_routed_to(tx: Tx, gateway_id: str) -> dict[str, int]:
+    """The stored generation of every node with an open session on this gateway (the backstop's one read)."""
+    rows = await tx.fetchall(
+        "SELECT n.node_id, n.generation FROM node_sessions s JOIN nodes n ON n.node_id = s.node_id"
+        " WHERE s.gateway_id = :g AND s.open = 1",
+        {"g": gateway_id},
+    )
+    return {str(r["node_id"]): int(r["generation"]) for r in rows}
 
 
 async def sessions_routed_to(tx: Tx, gateway_id: str) -> list[Row]:
