@@ -40,13 +40,13 @@ MAX_HELLO_WAIT_S = 8.0
 """A Hello waits for a slot only if the Hellos ahead of it (running and waiting) should be done within this long:
 inside the node's 15 s wait for its Welcome, with room for the estimate to be wrong. A refused node would come
 back no sooner (its retry-after is when the same Hellos are done) and cost the gateway another TLS handshake."""
-HELLO_WAIT_LIMIT_S = 10.0
+HELLO_WAIT_LIMIT_S = 8.0
 """A waiting Hello gives up after this long (the rate was overestimated) and is refused with a retry-after."""
 MAX_WAITING_HELLOS = 1024
 """Waiting Hellos, at most, whatever the measured rate."""
 HELLO_RATE_PRIOR = 100.0
-"""Hellos a second a gateway assumes it finishes until it has measured itself saturated."""
-HELLO_RATE_WEIGHT = 0.05
+"""Hellos a second a gateway assumes it finishes at the start of a storm, until it has measured itself saturated."""
+HELLO_RATE_WEIGHT = 0.1
 """The weight of one inter-completion gap in the measured rate (an exponential moving average)."""
 RETRY_AFTER_MAX_S = 60.0
 """The longest retry-after a gateway names (and the longest an agent honours): the agent's back-off cap."""
@@ -116,7 +116,12 @@ class Admission:
                 self.hello_gap_s = max(1e-4, self.hello_gap_s + HELLO_RATE_WEIGHT * (gap - self.hello_gap_s))
             self.last_done = now
         else:
-            self.last_done = None  # not saturated: the next gap would measure the arrivals, not this gateway
+            # Not saturated: the next gap would measure the arrivals, not this gateway. And the next storm starts
+            # from the optimistic prior, not from what the last one measured (minutes ago, maybe under other
+            # load): a Hello queued on too hopeful an estimate costs a wait (bounded), a Hello refused on too
+            # gloomy one a retry-after of many seconds while the gateway has room.
+            self.last_done = None
+            self.hello_gap_s = min(self.hello_gap_s, 1.0 / HELLO_RATE_PRIOR)
         self.pending = max(0, self.pending - 1)
 
     def take_waiting(self) -> bool:

@@ -76,6 +76,11 @@ def test_the_rate_is_measured_only_while_saturated() -> None:
         a.take_waiting()
         a.hello(t)
     assert abs(a.hello_rate - 20.0) < 0.5
+    while a.pending:  # the storm ends
+        t += 0.05
+        a.hello_done(t)
+        a.take_waiting()
+    assert a.hello_rate == HELLO_RATE_PRIOR  # the next one starts from the prior, not from this one's measure
 
 
 def test_refused_streams_get_consecutive_slots_after_the_queue_drains() -> None:
