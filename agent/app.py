@@ -39,7 +39,7 @@ from agent.converge.access import access_converger
 from agent.converge.daemon import DaemonConverger
 from agent.converge.devices import DevicesConverger
 from agent.converge.host_wiring import device_nodes, host_converger
-from agent.converge.run import Converger, run
+from agent.converge.run import Converger, UnknownFieldsMemo, run
 from agent.dispatch import Dispatcher
 from agent.health.monitor import HealthMonitor
 from agent.health.readings import HealthSource
@@ -203,6 +203,7 @@ class Agent:
         self.connected = asyncio.Event()  # while a session is welcomed
         self.revoked_reason = ""
         self.pending_events: list[tuple[str, int, bytes]] = []
+        self.unknown_fields = UnknownFieldsMemo()  # the converge pass's walk for unknown fields, once per spec
         self.cert_renewals = 0
         self.sessions: SessionLoop | None = None  # built by open(), with the journal and the dispatcher
         self.metrics = AgentMetrics()
@@ -412,7 +413,7 @@ class Agent:
     async def converge_once(self) -> None:
         st = self.state
         generation = st.applied_generation
-        outcome = await run(st.spec, generation, self.convergers)
+        outcome = await run(st.spec, generation, self.convergers, self.unknown_fields)
         self.metrics.converge_pass(outcome.durations)
         for r in outcome.events:
             kind = session_pb2.AllocationReport.Kind.Name(r.kind).lower()

@@ -56,7 +56,7 @@ async def figures(runs: int) -> dict[str, object]:
         bc_nodes = [lab.bc, "nodes", "--json"]
         grpc_import = [sys.executable, "-c", "import grpc"]
         bare = [sys.executable, "-c", "pass"]
-        await asyncio.to_thread(_time, bc_nodes, env)  # the first call warms the page cache (and __pycache__); not counted
+        await asyncio.to_thread(_time, bc_nodes, env)  # warms the page cache and __pycache__: not counted
         samples: dict[str, list[float]] = {"bc_nodes": [], "import_grpc": [], "python": []}
         for _ in range(runs):
             samples["bc_nodes"].append(await asyncio.to_thread(_time, bc_nodes, env))

@@ -103,12 +103,44 @@ def field_number(section: str) -> int:
     return int(spec_pb2.NodeSpec.DESCRIPTOR.fields_by_name[section].number)
 
 
+class UnknownFieldsMemo:
+    """The unknown fields of the spec last asked about, kept while it is the same object.
+
+    The drift pass runs every 10 s against a spec that changes only when a new one is accepted (which
+    replaces the object), and walking every message for unknown fields each time was a few per cent of a
+    simulated fleet's time. Holding the spec keeps its id from being reused while it is remembered."""
+
+    def __init__(self) -> None:
+        self._spec: spec_pb2.NodeSpec | None = None
+        self._paths: dict[str, list[str]] = {}
+        self._numbers: list[int] = []
+
+    def _for(self, spec: spec_pb2.NodeSpec) -> None:
+        if self._spec is not spec:
+            self._spec, self._paths, self._numbers = spec, {}, unknown_numbers(spec)
+
+    def paths(self, spec: spec_pb2.NodeSpec, section: str) -> list[str]:
+        self._for(spec)
+        found = self._paths.get(section)
+        if found is None:
+            found = self._paths[section] = unknown_paths(getattr(spec, section))
+        return found
+
+    def numbers(self, spec: spec_pb2.NodeSpec) -> list[int]:
+        self._for(spec)
+        return self._numbers
+
+
 async def converge_section(
-    spec: spec_pb2.NodeSpec, section: str, generation: int, converger: Converger | None
+    spec: spec_pb2.NodeSpec,
+    section: str,
+    generation: int,
+    converger: Converger | None,
+    memo: UnknownFieldsMemo | None = None,
 ) -> SectionResult:
     """One section's result: its converger's (errors become retryable), or the no-converger rule."""
     desired: Message = getattr(spec, section)
-    unknown = unknown_paths(desired)
+    unknown = memo.paths(spec, section) if memo is not None else unknown_paths(desired)
     if unknown:
         number = field_number(section)
         return SectionResult(
@@ -135,8 +167,13 @@ async def converge_section(
         return SectionResult(PROGRESSING, reason=REASON_CONVERGER_ERROR, message=f"{type(e).__name__}: {e}")
 
 
-async def run(spec: spec_pb2.NodeSpec, generation: int, convergers: Mapping[str, Converger]) -> RunOutcome:
-    """One pass over every section in `SECTIONS` order."""
+async def run(
+    spec: spec_pb2.NodeSpec,
+    generation: int,
+    convergers: Mapping[str, Converger],
+    memo: UnknownFieldsMemo | None = None,
+) -> RunOutcome:
+    """One pass over every section in `SECTIONS` order (`memo`: the agent's, kept across its passes)."""
     results: list[SectionResult] = []
     statuses: list[common_pb2.SectionStatus] = []
     events: list[session_pb2.AllocationReport] = []
@@ -144,7 +181,7 @@ async def run(spec: spec_pb2.NodeSpec, generation: int, convergers: Mapping[str,
     loop = asyncio.get_running_loop()
     for section in SECTIONS:
         started = loop.time()
-        result = await converge_section(spec, section, generation, convergers.get(section))
+        result = await converge_section(spec, section, generation, convergers.get(section), memo)
         durations[section] = loop.time() - started
         results.append(result)
         events.extend(result.events)
@@ -157,7 +194,7 @@ async def run(spec: spec_pb2.NodeSpec, generation: int, convergers: Mapping[str,
                 message=result.message,
             )
         )
-    for number in unknown_numbers(spec):
+    for number in memo.numbers(spec) if memo is not None else unknown_numbers(spec):
         result = SectionResult(
             UNSUPPORTED,
             reason=REASON_UNKNOWN_FIELDS,

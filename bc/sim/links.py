@@ -30,8 +30,9 @@ world: `LinkFaults.duplicate` delivers a frame twice, `LinkFaults.reorder` lets 
 the next one in its direction. The session cores tolerate that for most messages (read from the cores):
 
 * node -> gateway: heartbeats (the applied generation is a max); a duplicated status report (the same
-  report again, latest-wins); command updates (results are facts, applied by the state table, acked by id); spec requests (answered
-  with the stored spec); a duplicated event batch (events at or under the cumulative ack are skipped).
+  report again, latest-wins); command updates (results are facts, applied by the state table, acked by
+  id); spec requests (answered with the stored spec); a duplicated event batch (events at or under the
+  cumulative ack are skipped).
 * gateway -> node: heartbeats and acks (the time mark only moves forward; acks are cumulative or by id);
   desired state (a generation not above the applied one is ignored; a patch on the wrong base asks for
   a full spec); commands and cancels (the journal's duplicate rules; a cancel that overtakes its command
