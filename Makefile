@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 # Python caches compiled modules (__pycache__, git-ignored) as any installed copy of bc has them. A shell
 # that sets PYTHONDONTWRITEBYTECODE would make every `bc` and agent process the tests and benchmarks start
-# compile the whole project again: about 0.7 s each on this machine (docs/design.md, "Start-up").
+# compile the whole project again: about 0.7 s each on this machine (docs/design.md, "The CLI's start-up").
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: venv demo test test-fast lint proto check bench smoke zipapp binary clean
