@@ -52,7 +52,7 @@ def grpc_dial(data_dir: Path, identity: Identity, ca_pem: bytes, offload: Offloa
         key_pem, cert_pem = await offload(read_pair)
         creds = channel_credentials(ca_pem, key_pem, cert_pem)
         loop = asyncio.get_running_loop()
-        timeout = CONNECT_TIMEOUT_S if len(rotation.addrs) == 1 else PER_ADDRESS_TIMEOUT_S
+        timeout = rotation.timeout(CONNECT_TIMEOUT_S if len(rotation.addrs) == 1 else PER_ADDRESS_TIMEOUT_S)
         several = len(rotation.addrs) > 1
         for addr in rotation.order(loop.time()):
             channel = grpc.aio.secure_channel(addr, creds, options=list(CHANNEL_OPTIONS))
@@ -69,6 +69,7 @@ def grpc_dial(data_dir: Path, identity: Identity, ca_pem: bytes, offload: Offloa
                 continue
             rotation.connected(addr, loop.time())
             return GrpcClientLink(session_pb2_grpc.NodeSessionStub(channel).Session(), channel)
+        rotation.missed()
         raise LinkClosed("UNAVAILABLE", f"cannot connect to {identity.server}")
 
     return dial
@@ -87,7 +88,10 @@ async def _ready(channel: grpc.aio.Channel, *, give_up_on_failure: bool) -> bool
 
 
 PER_ADDRESS_TIMEOUT_S = 2.0
-"""With several gateways, how long one may take to answer before the next is tried."""
+"""With several gateways, how long one may take to answer before the next is tried (at first: `Rotation.timeout`)."""
+
+MAX_CONNECT_TIMEOUT_S = 30.0
+"""The longest one address is waited for, after dials in a row that reached none."""
 
 STICKY_S = 10.0
 """A session shorter than this (a gateway that refuses, a fenced one) sends the next dial to the next address."""
@@ -107,6 +111,20 @@ class Rotation:
         self.rng = rng
         self.first = 0
         self.connected_at: float | None = None
+        self.misses = 0  # dials in a row that reached no address
+
+    def timeout(self, base: float) -> float:
+        """How long one address may take to become ready: `base`, doubled for every dial in a row that reached
+        none, up to `MAX_CONNECT_TIMEOUT_S`.
+
+        A gateway that is gone refuses at once (TRANSIENT_FAILURE); one that is slow is busy with handshakes,
+        as in a reconnect storm. A fixed short timeout then closes every channel just before its handshake
+        would have finished, and the next dial queues a new one behind the rest: with 10,000 nodes on three
+        gateways, no session opened at all. Growing the patience lets the handshakes already queued finish."""
+        return min(MAX_CONNECT_TIMEOUT_S, base * 2 ** min(self.misses, 8))
+
+    def missed(self) -> None:
+        self.misses += 1
 
     def order(self, now: float) -> list[str]:
         if self.connected_at is not None and now - self.connected_at < STICKY_S and len(self.addrs) > 1:
@@ -121,3 +139,4 @@ class Rotation:
     def connected(self, addr: str, now: float) -> None:
         self.first = self.addrs.index(addr)
         self.connected_at = now
+        self.misses = 0

@@ -70,7 +70,7 @@ SEEN_BATCH_S = 0.5
 BUSY_RETRY_MS = 1_000
 REVOCATION_POLL_S = 1.0
 REVOCATION_LOOKBACK_MS = 60_000
-BACKSTOP_READ_S = 1.0
+BACKSTOP_READ_S = 5.0
 """How old the generations a session's backstop compares against may be (`Gateway.backstop_generation`)."""
 """How far before its last look the revocation feed reads again (`Gateway.check_certificates`)."""
 

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from agent.join import servers_of
-from agent.session.grpc_dial import STICKY_S, Rotation
+from agent.session.grpc_dial import MAX_CONNECT_TIMEOUT_S, PER_ADDRESS_TIMEOUT_S, STICKY_S, Rotation
 from bc.errors import UsageError
 
 
@@ -52,3 +52,16 @@ def test_server_lists_parse_and_refuse_what_is_not_host_port() -> None:
         servers_of(" , ")
     with pytest.raises(UsageError):
         servers_of("a:1,b")
+
+
+def test_patience_grows_with_dials_that_reached_no_gateway_and_resets_on_a_connect() -> None:
+    """A reconnect storm makes handshakes slow, not refused: a fixed 2 s per address would close every
+    channel just before its handshake finished. Each dial in a row that reached none doubles the wait."""
+    r = Rotation(["a:1", "b:1", "c:1"])
+    waits = []
+    for _ in range(7):
+        waits.append(r.timeout(PER_ADDRESS_TIMEOUT_S))
+        r.missed()
+    assert waits == [2.0, 4.0, 8.0, 16.0, MAX_CONNECT_TIMEOUT_S, MAX_CONNECT_TIMEOUT_S, MAX_CONNECT_TIMEOUT_S]
+    r.connected("b:1", 100.0)
+    assert r.timeout(PER_ADDRESS_TIMEOUT_S) == PER_ADDRESS_TIMEOUT_S
