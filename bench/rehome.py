@@ -52,6 +52,7 @@ from bc.cli.client import AdminClient
 from bc.config import OperatorConfig
 from bc.errors import Unavailable
 from bc.gateway.counters import STATS_EVERY_S
+from bc.protocol.pb import session_pb2
 from bc.store.postgres import drop_schema
 from bench.light_agents import light_agent
 from bench.pg_drivers import PG_URL
@@ -76,20 +77,30 @@ async def _listening(port: int, timeout_s: float = 30.0) -> None:
 
 
 async def offer_status(agents: list[Agent], every_s: float, for_s: float) -> int:
-    """Each agent re-sends its newest status every `every_s` (paced over the interval), for `for_s`.
+    """Each agent sends a new status every `every_s` (paced over the interval), for `for_s`.
 
-    What a fleet's drift passes send (each pass reports, changed or not), without running the passes
-    themselves in this one process: the same outbox, session writer, gRPC stream and gateway write path.
+    A fleet whose every node's status changes at every drift pass, the worst case (an agent does not send a
+    status that says nothing new, so each offered report carries a `BenchTick` condition with the tick in
+    its reason), without running the passes themselves in this one process: the same outbox, session
+    writer, gRPC stream and gateway write path.
     """
     sent = 0
+    tick_n = 0
     t0 = time.monotonic()
     step = every_s / max(1, len(agents))
     while time.monotonic() - t0 < for_s:
         tick = time.monotonic()
+        tick_n += 1
         for k, a in enumerate(agents):
             out = a.outbox
             if out.status is not None and a.connected.is_set():
-                out.put_status(out.status, out.inventory, out.inventory_hash)
+                report = session_pb2.StatusReport()
+                report.CopyFrom(out.status)
+                kept = [c for c in report.conditions if c.type != "BenchTick"]
+                del report.conditions[:]
+                report.conditions.extend(kept)
+                report.conditions.add(type="BenchTick", status="True", reason=f"tick-{tick_n}")
+                out.put_status(report, out.inventory, out.inventory_hash)
                 sent += 1
             if k % 100 == 99:
                 await asyncio.sleep(max(0.0, tick + (k + 1) * step - time.monotonic()))

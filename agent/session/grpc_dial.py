@@ -121,7 +121,7 @@ class Rotation:
         as in a reconnect storm. A fixed short timeout then closes every channel just before its handshake
         would have finished, and the next dial queues a new one behind the rest: with 10,000 nodes on three
         gateways, no session opened at all. Growing the patience lets the handshakes already queued finish."""
-        return min(MAX_CONNECT_TIMEOUT_S, base * 2 ** min(self.misses, 8))
+        return min(MAX_CONNECT_TIMEOUT_S, base * float(2 ** min(self.misses, 8)))
 
     def missed(self) -> None:
         self.misses += 1
