@@ -177,7 +177,7 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         identity_store=IdentityFile(data_dir, to_thread),
         node_key=NodeKey(data_dir / identity.files["key"]),
         hw=hw,
-        dial=never_dial if test_never_dial() else grpc_dial(data_dir, identity, ca_pem, to_thread),
+        dial=never_dial if test_never_dial() else grpc_dial(data_dir, identity, ca_pem, to_thread, rng),
         open_journal=lambda: Journal.open(data_dir / "journal.db", identity.node_id, rng=rng, clock=clock),
         offload=to_thread,
         health=health,

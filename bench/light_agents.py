@@ -54,7 +54,7 @@ def light_agent(
         identity_store=IdentityFile(data_dir, to_thread),
         node_key=NodeKey(data_dir / identity.files["key"]),
         hw=FakeHardware(PROFILE, identity.node_id, state_dir=data_dir, rng=rng, offload=inline),
-        dial=grpc_dial(data_dir, identity, ca_pem, inline),
+        dial=grpc_dial(data_dir, identity, ca_pem, inline, rng),
         open_journal=open_journal,
         offload=inline,
         renewal=False,

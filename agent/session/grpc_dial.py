@@ -40,13 +40,14 @@ CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
 )
 
 
-def grpc_dial(data_dir: Path, identity: Identity, ca_pem: bytes, offload: Offload) -> Dial:
-    """The dial of a joined node: its server, its CA, and the key pair on disk at each dial."""
+def grpc_dial(data_dir: Path, identity: Identity, ca_pem: bytes, offload: Offload, rng: random.Random) -> Dial:
+    """The dial of a joined node: its server, its CA, and the key pair on disk at each dial; `rng` (the
+    agent's injected Random) orders the gateways after the first."""
 
     def read_pair() -> tuple[bytes, bytes]:
         return identity.read(data_dir, "key"), identity.read(data_dir, "cert")
 
-    rotation = Rotation([a.strip() for a in identity.server.split(",") if a.strip()], random.Random())
+    rotation = Rotation([a.strip() for a in identity.server.split(",") if a.strip()], rng)
 
     async def dial() -> Link[GatewayMessage, NodeMessage]:
         key_pem, cert_pem = await offload(read_pair)
