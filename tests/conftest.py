@@ -27,7 +27,12 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> o
 
 # The files that build binaries (minutes of PyInstaller) start first, so under `-n 2 --dist loadfile`
 # one worker builds while the other runs everything else, instead of the build starting last.
-SLOW_FIRST = ("tests/e2e/test_self_update.py", "tests/e2e/test_dist.py", "tests/sim/test_session_pair.py")
+SLOW_FIRST = (
+    "tests/e2e/test_self_update.py",
+    "tests/e2e/test_dist.py",
+    "tests/sim/test_sim_heavy_seeds.py",
+    "tests/sim/test_session_pair.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

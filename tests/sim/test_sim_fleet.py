@@ -1,8 +1,8 @@
 """`bc sim`'s runner: the production control plane, gateway and agents under seeded chaos, checked.
 
 What an operator relies on: one seed writes one events log (across processes, hash seeds and
-`--journal-files`), another seed another; every fault is in the log; and a heavy-chaos run with the
-standard workload passes every invariant, with the faults, the work and the reproducing command reported.
+`--journal-files`), another seed another; every fault is in the log. Heavy chaos with the standard
+workload at 100 nodes for an hour, five seeds: tests/sim/test_sim_heavy_seeds.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from bc.errors import UsageError
 from bc.sim import chaos
-from bc.sim.fleet import SimConfig, run_sync, workload_for
+from bc.sim.fleet import SimConfig, run_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,22 +54,6 @@ def test_one_seed_one_digest_across_processes_hash_seeds_and_journal_files(tmp_p
     assert sum(a["work"].values()) > 0
     other = _run("1", *small[:2], "--seed", "12", *small[4:])
     assert other["digest"] != a["digest"]  # and the seed matters
-
-
-@pytest.mark.parametrize("seed", [3, 4])
-def test_heavy_chaos_with_the_workload_passes_every_invariant(seed: int) -> None:
-    cfg = SimConfig(nodes=8, seed=seed, chaos="heavy", duration_s=1800)
-    ticks: list[tuple[float, int, int]] = []
-    result = run_sync(cfg, workload=workload_for(cfg), progress=lambda s, e, f: ticks.append((s, e, f)))
-    failed = [(r.id, r.counterexample) for r in result.invariants if not r.ok]
-    assert not failed, (failed, result.repro)
-    assert [r.id for r in result.invariants] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]
-    assert set(result.faults) == set(chaos.KINDS)  # heavy strikes with every kind
-    assert result.facts is not None and result.facts.restarts and result.facts.journal_losses
-    assert result.work["reservations"] + result.work["command.diag.nvml"] + result.work["approvals"] > 0
-    assert result.sim_seconds >= cfg.duration_s + cfg.quiet_s - 0.001 and result.wall_seconds > 0
-    assert result.repro == f"bc sim --nodes 8 --chaos heavy --seed {seed} --duration 30m"
-    assert len(ticks) >= 29 and ticks[-1][1] > 0  # progress about once a simulated minute
 
 
 @pytest.mark.parametrize("gateways", [0, 9])
