@@ -15,6 +15,12 @@ workers, its converge loop and its session share one connection, and a
 statement issued while another coroutine's transaction is open would join
 (and could be rolled back with) that transaction.
 
+Group commit (`agent.journal_batch`): the command writes (`accept`,
+`mark_running`, `finish`, `record_done`, `ack_results`) that arrive while
+another write's commit is in flight share the next transaction and its one
+fsync; each caller returns only once the transaction holding its write has
+committed, so `accepted` is durable before a side effect starts, as before.
+
 Sizes: every terminal update is fitted (`journal_rules.fit_update`) and every
 event (`fit_event`) before it is written, so nothing journaled is over
 `bc.protocol.limits`; `settle_oversized` fits what an older agent left.
@@ -46,6 +52,7 @@ import aiosqlite
 from agent import journal_aside
 from agent import journal_rules as rules
 from agent.journal_api import JournalCorrupt, JournalEvent, JournalFull, StoredSpec, new_journal_id
+from agent.journal_batch import CommitGroups, TxSteps
 from agent.journal_conn import connect_commit_in_thread
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
 from agent.offload import Offload, to_thread
@@ -107,6 +114,7 @@ class Journal:
         self.max_events, self.max_bytes = rules.clamp_bounds(max_events, max_bytes)
         self.limits: Limits = LIMITS  # the size table; tests may lower it
         self._lock = asyncio.Lock()
+        self._groups = CommitGroups(self._lock, TxSteps(self._begin, self._commit, self._rollback))
 
     # -- opening -------------------------------------------------------
     @staticmethod
@@ -180,19 +188,41 @@ class Journal:
         return Journal(conn, path, node_id, meta["journal_id"], max_events=bounds[0], max_bytes=bounds[1])
 
     async def close(self) -> None:
+        await self._groups.wait_idle()
         async with self._lock:
             await self._conn.close()
+
+    @property
+    def batches(self) -> CommitGroups:
+        """The group commit of the command writes (its `stats` say how many batches formed)."""
+        return self._groups
 
     @contextlib.asynccontextmanager
     async def _tx(self) -> AsyncIterator[None]:
         """One fsynced transaction; the caller holds the lock."""
-        await self._conn.execute("BEGIN IMMEDIATE")
+        await self._begin()
         try:
             yield
         except BaseException:
-            await self._conn.execute("ROLLBACK")
+            await self._rollback()
             raise
+        try:
+            await self._commit()
+        except asyncio.CancelledError:
+            raise  # the COMMIT still runs on the connection's thread
+        except BaseException:
+            await self._rollback()  # a COMMIT that failed may leave its transaction open
+            raise
+
+    async def _begin(self) -> None:
+        await self._conn.execute("BEGIN IMMEDIATE")
+
+    async def _commit(self) -> None:
         await self._conn.execute("COMMIT")
+
+    async def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            await self._conn.execute("ROLLBACK")
 
     # -- meta ----------------------------------------------------------
     async def get_meta(self, key: str, default: str = "") -> str:
@@ -410,7 +440,8 @@ class Journal:
         now: float,
     ) -> None:
         """Journal `accepted`; fsynced when it returns, and no side effect may start before it does."""
-        async with self._lock, self._tx():
+
+        async def work() -> None:
             entry = rules.accept_entry(
                 await self._get_command(command_id),
                 command_id,
@@ -423,41 +454,51 @@ class Journal:
             )
             await self._put_command(entry, body)
 
+        await self._groups.run(work)
+
     async def mark_running(self, command_id: str, incarnation_id: str, boot_id: str, now: float) -> None:
         """Journal `running{boot_id}`; self-terminating kinds call it right before their side effect."""
-        async with self._lock, self._tx():
+
+        async def work() -> None:
             await self._put_command(
                 rules.running_entry(await self._get_command(command_id), incarnation_id, boot_id, now)
             )
 
+        await self._groups.run(work)
+
     async def finish(self, command_id: str, update: bytes, now: float) -> bool:
         """Journal `done` with the serialized terminal CommandUpdate; False if already done (that result stands)."""
         update = self._fit_update(command_id, update)
-        async with self._lock, self._tx():
+
+        async def work() -> bool:
             existing = await self._get_command(command_id)
             if existing is None:
                 raise rules.UnknownCommand(f"no journal entry for {command_id}: journal a rejection with record_done")
-            done = rules.done_entry(existing, update, now)
-            if done is None:
-                return False
-            await self._put_command(done)
-            return True
+            return await self._put_done(rules.done_entry(existing, update, now))
+
+        return await self._groups.run(work)
 
     async def record_done(
         self, command_id: str, kind: str, update: bytes, incarnation_id: str, boot_id: str, now: float
     ) -> bool:
         """Journal a terminal outcome whether or not the command was accepted: how rejections are kept."""
         update = self._fit_update(command_id, update)
-        async with self._lock, self._tx():
+
+        async def work() -> bool:
             existing = await self._get_command(command_id)
             if existing is None:
-                done: CommandEntry | None = rules.rejected_entry(command_id, kind, update, incarnation_id, boot_id, now)
-            else:
-                done = rules.done_entry(existing, update, now)
-            if done is None:
-                return False
-            await self._put_command(done)
-            return True
+                return await self._put_done(
+                    rules.rejected_entry(command_id, kind, update, incarnation_id, boot_id, now)
+                )
+            return await self._put_done(rules.done_entry(existing, update, now))
+
+        return await self._groups.run(work)
+
+    async def _put_done(self, done: CommandEntry | None) -> bool:
+        if done is None:
+            return False  # done already: the first result stands
+        await self._put_command(done)
+        return True
 
     async def unacked_results(self) -> list[tuple[str, bytes]]:
         """(command id, serialized terminal CommandUpdate), oldest first: replayed until acked."""
@@ -469,11 +510,14 @@ class Journal:
         ids = [(cid,) for cid in sorted(set(command_ids))]
         if not ids:
             return 0
-        async with self._lock, self._tx():
+
+        async def work() -> int:
             cur = await self._conn.executemany(
                 "UPDATE commands SET acked = 1 WHERE command_id = ? AND state = 'done' AND acked = 0", ids
             )
-            return cur.rowcount
+            return int(cur.rowcount)
+
+        return await self._groups.run(work)
 
     async def commands(self) -> list[CommandEntry]:
         async with self._lock:

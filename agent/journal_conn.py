@@ -8,7 +8,11 @@
   microseconds; BEGIN IMMEDIATE (which can wait for a lock) and COMMIT (the fsync that makes `accepted`
   durable before a side effect starts) go to the connection's own thread, as does a read outside a
   transaction. A trip to a thread and back costs 40–90 µs, and aiosqlite makes three a statement: that, not
-  the disk, bounded the journal's writes on a fast disk (docs/design.md "Throughput").
+  the disk, bounded the journal's writes on a fast disk (docs/design.md "Throughput"). BEGIN IMMEDIATE is
+  first tried on the loop without waiting (SQLite's busy timeout at 0 for it): the agent is the journal's
+  only writer, so it nearly always gets the lock at once, and only when another connection holds it does
+  BEGIN go to the thread to wait there. So a write is one trip, its COMMIT, and a batch of writes
+  (`agent.journal_batch`) one trip for them all.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ import aiosqlite
 T = TypeVar("T")
 
 _TO_THREAD = frozenset({"BEGIN", "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK"})
+_BEGIN = "BEGIN IMMEDIATE"
+BUSY_TIMEOUT_MS = 5000
+"""How long a statement on the connection's thread waits for another connection's lock (sqlite3's default)."""
 
 
 class InlineCursor:
@@ -58,6 +65,8 @@ class _Result:
         self._cur = cur
 
     def __await__(self) -> Generator[Any, None, InlineCursor]:
+        if isinstance(self._cur, InlineCursor):
+            return _ready(self._cur)  # a statement that ran on the loop: no coroutine to make and step
         return self._done().__await__()
 
     async def _done(self) -> InlineCursor:
@@ -75,6 +84,12 @@ class _Result:
         await cur.close()
 
 
+def _ready(cur: InlineCursor) -> Generator[Any, None, InlineCursor]:
+    """An awaitable's iterator that is done at once with `cur`."""
+    return cur
+    yield  # a generator that never suspends
+
+
 class InlineConnection:
     """aiosqlite's connection surface that `Journal` uses, each statement run at once on this thread."""
 
@@ -87,6 +102,10 @@ class InlineConnection:
     def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> _Result:
         return _Result(InlineCursor(self._conn.executemany(sql, params)))
 
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
+
     async def close(self) -> None:
         self._conn.close()
 
@@ -98,6 +117,7 @@ class CommitInThreadConnection:
 
     def __init__(self, conn: sqlite3.Connection, thread: ThreadPoolExecutor) -> None:
         self._conn, self._thread = conn, thread
+        self._last: asyncio.Future[Any] | None = None  # the newest statement handed to the thread
 
     @staticmethod
     async def open(path: str) -> CommitInThreadConnection:
@@ -105,10 +125,17 @@ class CommitInThreadConnection:
         conn = await asyncio.get_running_loop().run_in_executor(thread, _connect, path)
         return CommitInThreadConnection(conn, thread)
 
-    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+    def _in_thread(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        fut = asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        self._last = fut
+        return fut
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Result:
+        if sql == _BEGIN and (self._last is None or self._last.done()):
+            # Nothing of ours is still on the thread (a cancelled caller's COMMIT would be): BEGIN may run here.
+            cur = _begin_without_waiting(self._conn)
+            if cur is not None:
+                return _Result(cur)
         if sql in _TO_THREAD or not self._conn.in_transaction:
             return _Result(self._in_thread(_run, self._conn.execute, sql, params))
         return _Result(InlineCursor(self._conn.execute(sql, params)))
@@ -118,6 +145,10 @@ class CommitInThreadConnection:
             return _Result(self._in_thread(_run, self._conn.executemany, sql, list(params)))
         return _Result(InlineCursor(self._conn.executemany(sql, params)))
 
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
+
     async def close(self) -> None:
         try:
             await self._in_thread(self._conn.close)
@@ -126,7 +157,20 @@ class CommitInThreadConnection:
 
 
 def _connect(path: str) -> sqlite3.Connection:
-    return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+
+
+def _begin_without_waiting(conn: sqlite3.Connection) -> InlineCursor | None:
+    """BEGIN IMMEDIATE if the write lock is free this instant, else None (the caller waits on the thread)."""
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        return InlineCursor(conn.execute(_BEGIN))
+    except sqlite3.OperationalError as e:
+        if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # SQLITE_BUSY and its extended codes
+            raise
+        return None
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
 
 def _run(call: Callable[[str, Any], sqlite3.Cursor], sql: str, params: Any) -> InlineCursor:

@@ -11,8 +11,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar, cast
 
 log = logging.getLogger("bc.aio")
+
+T = TypeVar("T")
 
 RECANCEL_S = 1.0
 
@@ -68,3 +71,19 @@ def outside_world() -> Iterator[None]:
         yield
     finally:
         hold(-1)
+
+
+def answer(fut: asyncio.Future[T], *, result: T | None = None, exc: BaseException | None = None) -> None:
+    """Settle `fut` with `exc` or else `result`, unless it is settled already (its waiter gave up)."""
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(cast(T, result))
+
+
+def retrieved(fut: asyncio.Future[Any]) -> None:
+    """A done-callback: a waiter that was cancelled never reads its future's exception, so nothing logs it."""
+    if not fut.cancelled():
+        fut.exception()

@@ -249,9 +249,12 @@ async def main() -> None:
     if args.only in (None, "memory"):
         print("gateway memory:", json.dumps(await bench_memory(args.sessions)), flush=True)
     if args.only in (None, "journal"):
-        from bench.commands import journal_figures
+        from bench.commands import journal_figures, journal_warnings
 
-        print("journal writes:", json.dumps(await journal_figures()), flush=True)
+        journal = await journal_figures()
+        print("journal writes:", json.dumps(journal), flush=True)
+        for line in journal_warnings(journal):
+            print(line, flush=True)
     if args.only in (None, "hops"):
         from bench.sqlite_hops import figures as hop_figures
 

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from bc.aio import answer, retrieved
 from bc.store.base import Store, Tx
 
 log = logging.getLogger("bc.store.group_commit")
@@ -69,7 +70,7 @@ class GroupCommit:
         as it would a transaction of its own cancelled in its COMMIT.
         """
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(_retrieved)  # a caller that was cancelled never reads its answer
+        fut.add_done_callback(retrieved)  # a caller that was cancelled never reads its answer
         self._queue.append(_Member(work, fut))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="group-commit")
@@ -89,7 +90,7 @@ class GroupCommit:
         except asyncio.CancelledError:
             queued, self._queue = self._queue, []
             for m in queued:
-                _answer(m, exc=asyncio.CancelledError())
+                answer(m.done, exc=asyncio.CancelledError())
             raise
 
     async def _commit(self, batch: list[_Member[Any]]) -> None:
@@ -103,7 +104,7 @@ class GroupCommit:
                     results.append(await m.work(tx))
         except asyncio.CancelledError:
             for m in batch:
-                _answer(m, exc=asyncio.CancelledError())
+                answer(m.done, exc=asyncio.CancelledError())
             raise
         except Exception as e:
             self.stats.split += 1
@@ -114,30 +115,16 @@ class GroupCommit:
         self.stats.transactions += 1
         self.stats.members += len(batch)
         for m, r in zip(batch, results, strict=True):
-            _answer(m, result=r)
+            answer(m.done, result=r)
 
     async def _alone(self, m: _Member[Any]) -> None:
         try:
             async with self.store.transaction() as tx:
                 r = await m.work(tx)
         except asyncio.CancelledError:
-            _answer(m, exc=asyncio.CancelledError())
+            answer(m.done, exc=asyncio.CancelledError())
             raise
         except Exception as e:
-            _answer(m, exc=e)
+            answer(m.done, exc=e)
             return
-        _answer(m, result=r)
-
-
-def _retrieved(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()
-
-
-def _answer(m: _Member[Any], *, result: Any = None, exc: BaseException | None = None) -> None:
-    if m.done.done():
-        return
-    if exc is not None:
-        m.done.set_exception(exc)
-    else:
-        m.done.set_result(result)
+        answer(m.done, result=r)
