@@ -39,8 +39,8 @@ from bc.cli.render import (
 from bc.config import default_data_dir
 from bc.errors import UsageError
 from bc.protocol import labels as node_labels
-from bc.protocol.canonical import SECTIONS
 from bc.protocol.pb import admin_pb2, common_pb2
+from bc.protocol.sections import SECTIONS
 
 _T = TypeVar("_T")
 

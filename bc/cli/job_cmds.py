@@ -34,8 +34,8 @@ from bc.cli.render import (
 )
 from bc.errors import Unavailable, UsageError
 from bc.jobs.views import TEMPLATES
-from bc.protocol.canonical import SECTIONS
 from bc.protocol.pb import admin_pb2
+from bc.protocol.sections import SECTIONS
 
 _T = TypeVar("_T")
 

@@ -7,7 +7,8 @@ The JSON form is the one scripts read, so it is stable: proto field names
 (snake_case), every field present even at its default, fields in descriptor
 order (so a top-level `generation` comes before the sections' ones), and
 64-bit integers as JSON numbers (protobuf's JSON mapping quotes them, which
-would make `generation` a string).
+would make `generation` a string). `bc.cli.msg_json` renders them so without
+protobuf's `json_format`, whose import a one-shot call would pay for.
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ import re
 import sys
 from collections.abc import Awaitable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from google.protobuf.message import Message
-
+from bc.cli.msg_json import message_to_json as message_to_json  # re-exported: commands render from here
 from bc.cli.output import json_text, one_line
 from bc.errors import UsageError
 
@@ -147,58 +145,9 @@ def render_fields(pairs: Sequence[tuple[str, object]]) -> str:
 
 # -- JSON --------------------------------------------------------------------
 
-_INT64_TYPES = frozenset(
-    {
-        FieldDescriptor.TYPE_INT64,
-        FieldDescriptor.TYPE_UINT64,
-        FieldDescriptor.TYPE_SINT64,
-        FieldDescriptor.TYPE_FIXED64,
-        FieldDescriptor.TYPE_SFIXED64,
-    }
-)
-
-
-def message_to_json(msg: Message) -> dict[str, Any]:
-    """A message as a JSON object for `--json` (see the module docstring for the rules)."""
-    raw = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    return _normalize(cast(Descriptor, msg.DESCRIPTOR), raw)
-
 
 def dumps(value: Any) -> str:
     return json_text(value)
-
-
-def _normalize(desc: Descriptor, obj: dict[str, Any]) -> dict[str, Any]:
-    """Reorder `obj` by field number and unquote 64-bit integers, recursively."""
-    if desc.full_name.startswith("google.protobuf."):
-        return obj  # well-known types have their own JSON shapes
-    out: dict[str, Any] = {}
-    for field in sorted(desc.fields, key=lambda f: f.number):
-        if field.name not in obj:
-            continue
-        out[field.name] = _normalize_value(field, obj[field.name])
-    # Anything MessageToDict printed that we did not name (extensions) keeps its place at the end.
-    for key, value in obj.items():
-        out.setdefault(key, value)
-    return out
-
-
-def _normalize_value(field: FieldDescriptor, value: Any) -> Any:
-    sub = field.message_type
-    if sub is not None and sub.GetOptions().map_entry:
-        value_field = sub.fields_by_name["value"]
-        return {k: _normalize_scalar(value_field, v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_normalize_scalar(field, v) for v in value]
-    return _normalize_scalar(field, value)
-
-
-def _normalize_scalar(field: FieldDescriptor, value: Any) -> Any:
-    if field.message_type is not None and isinstance(value, dict):
-        return _normalize(field.message_type, value)
-    if field.type in _INT64_TYPES and isinstance(value, str):
-        return int(value)
-    return value
 
 
 # -- progress ----------------------------------------------------------------

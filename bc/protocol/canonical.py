@@ -18,9 +18,7 @@ from google.protobuf.message import Message
 
 from bc.errors import UsageError
 from bc.protocol.pb import spec_pb2
-
-SECTIONS: tuple[str, ...] = ("host", "devices", "instances", "access", "telemetry", "daemon", "site")
-"""The NodeSpec sections, in the order the agent converges them."""
+from bc.protocol.sections import SECTIONS as SECTIONS  # re-exported: most callers name it from here
 
 
 class SpecError(UsageError):
