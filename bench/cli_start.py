@@ -1,10 +1,13 @@
 """How long a CLI call takes against a running lab, beside Python and gRPC starting (issue 19).
 
 `bc nodes --json` against a `bc serve` on the embedded store, run as an operator runs it (a new process
-each time), interleaved with `python -c 'import grpc'` (the floor: any gRPC client in Python pays for it)
-and `python -c pass`; the median of each and the ratio to the gRPC import. The goal is a ratio of at
-most 1.3; below it the bench prints a warning line. It also prints the modules `bc nodes` imports that
-take longest (`-X importtime`), so a regression shows where it came from.
+each time), interleaved with `python -c 'import grpc'` (the floor: any gRPC client in Python pays for it),
+`python -c pass` and `bench/cli_floor.py` (the same call with no CLI: gRPC, our messages and stub, one
+ListNodes over mutual TLS); the median wall time of each, the median CPU time (user + system, which the
+others' load on a shared machine disturbs less), and the ratios to the gRPC import and to the bare call.
+The goal is a ratio to the gRPC import of at most 1.3; above it the bench prints a warning line. It also
+prints the modules `bc nodes` imports that take longest (`-X importtime`), so a regression shows where it
+came from.
 
 Usage: python -m bench.cli_start [--runs 21]
 """
@@ -27,10 +30,16 @@ from bench.run import Lab
 GOAL_RATIO = 1.3
 
 
-def _time(argv: list[str], env: dict[str, str]) -> float:
+def _time(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds (the child's user + system) of one run of `argv`."""
     t0 = time.perf_counter()
-    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    return time.perf_counter() - t0
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _pid, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise subprocess.CalledProcessError(p.returncode, argv)
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def slowest_imports(argv: list[str], env: dict[str, str], top: int = 8) -> list[tuple[str, float]]:
@@ -56,18 +65,27 @@ async def figures(runs: int) -> dict[str, object]:
         bc_nodes = [lab.bc, "nodes", "--json"]
         grpc_import = [sys.executable, "-c", "import grpc"]
         bare = [sys.executable, "-c", "pass"]
-        await asyncio.to_thread(_time, bc_nodes, env)  # warms the page cache and __pycache__: not counted
-        samples: dict[str, list[float]] = {"bc_nodes": [], "import_grpc": [], "python": []}
+        bare_call = [sys.executable, str(Path(__file__).with_name("cli_floor.py"))]
+        commands = {"bc_nodes": bc_nodes, "import_grpc": grpc_import, "python": bare, "bare_call": bare_call}
+        for argv in commands.values():
+            await asyncio.to_thread(_time, argv, env)  # warms the page cache and __pycache__: not counted
+        wall: dict[str, list[float]] = {k: [] for k in commands}
+        cpu: dict[str, list[float]] = {k: [] for k in commands}
         for _ in range(runs):
-            samples["bc_nodes"].append(await asyncio.to_thread(_time, bc_nodes, env))
-            samples["import_grpc"].append(await asyncio.to_thread(_time, grpc_import, env))
-            samples["python"].append(await asyncio.to_thread(_time, bare, env))
-        med = {k: round(statistics.median(v) * 1000, 1) for k, v in samples.items()}
+            for name, argv in commands.items():
+                w, c = await asyncio.to_thread(_time, argv, env)
+                wall[name].append(w)
+                cpu[name].append(c)
+        med = {k: round(statistics.median(v) * 1000, 1) for k, v in wall.items()}
+        med_cpu = {k: round(statistics.median(v) * 1000, 1) for k, v in cpu.items()}
         imports = await asyncio.to_thread(slowest_imports, ["-m", "bc.cli.main", "nodes", "--json"], env)
         return {
             "runs": runs,
             "median_ms": med,
+            "median_cpu_ms": med_cpu,
             "ratio_to_import_grpc": round(med["bc_nodes"] / med["import_grpc"], 2),
+            "cpu_ratio_to_import_grpc": round(med_cpu["bc_nodes"] / med_cpu["import_grpc"], 2),
+            "ratio_to_bare_call": round(med["bc_nodes"] / med["bare_call"], 2),
             "slowest_own_imports_ms": [[name, round(ms, 1)] for name, ms in imports],
         }
     finally:

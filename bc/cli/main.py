@@ -160,6 +160,9 @@ def cli(debug: bool) -> None:
 
 def main() -> None:
     """The `bc` entry point."""
+    from bc.cli.lazy_protobuf import defer_python_message
+
+    defer_python_message()  # before any command's module imports protobuf (a few ms of every call)
     cli(prog_name="bc")
 
 
