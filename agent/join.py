@@ -1,14 +1,16 @@
 """`bc join`: a token becomes this node's identity.
 
-1. Parse the token and fetch the server's CA over a raw TLS handshake; keep it
-   only if its fingerprint matches the token's pin.
-2. Call `Join` over mutual TLS with a CSR for a key generated here (it never
-   leaves the host) and the token's proof: a signature by the key the secret
-   derives over the token id and the CSR (`bc.pki.tokens.join_proof`). The TLS
-   client certificate is a short-lived leaf under the install's join root,
-   whose key comes from the token's CA pin; it proves nothing by itself, so a
-   used, expired or mistyped token is refused by Join in a sentence.
-3. Store `identity.json`, `node.key` (0600), `node.crt` and `ca.crt`.
+1. Parse the token; for each `--server` address in turn, fetch the server's CA over a raw TLS
+   handshake and keep it only if its fingerprint matches the token's pin.
+2. Call `Join` there (an api process, or a gateway that forwards it to one; an unreachable address or a
+   gateway that reaches no api process passes to the next) over mutual TLS with a CSR for a key generated
+   here (it never leaves the host) and the token's proof: a signature by the key the secret derives over
+   the token id and the CSR (`bc.pki.tokens.join_proof`). The TLS client certificate is a short-lived
+   leaf under the install's join root, whose key comes from the token's CA pin; it proves nothing by
+   itself, so a used, expired or mistyped token is refused by Join in a sentence.
+3. Check the CA key's signature over the answer (`bc.pki.join_answer`): a gateway's certificate also
+   satisfies the pin, so only that signature says the certificate and trust bundle are the api's.
+4. Store `identity.json`, `node.key` (0600), `node.crt` and `ca.crt`.
 
 `bc join --reset --yes` first moves the old identity and journal aside
 (`reset_identity`): renamed with a `.reset-<UTC time>` suffix, never deleted,
@@ -34,7 +36,7 @@ from cryptography import x509
 from agent.identity import IDENTITY_FILE, NEXT_SUFFIX, Identity, write_atomic
 from bc.clock import SystemClock
 from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
-from bc.pki import keys, tokens
+from bc.pki import join_answer, keys, tokens
 from bc.pki.discovery import fetch_pinned_ca
 from bc.pki.identity import make_csr
 from bc.protocol.pb import join_pb2
@@ -74,18 +76,15 @@ def servers_of(server: str) -> list[str]:
 
 
 async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = False) -> JoinResult:
-    """Join through the first of `server`'s addresses (all of them kept, for the session to dial); with
-    `reset`, the old identity and journal are moved aside once the server's CA checks out."""
+    """Join through the first of `server`'s addresses that answers (all of them kept, for the session to
+    dial): an api process, or a gateway that forwards the join to one. An address that cannot be reached,
+    or whose gateway reaches no api process, passes to the next. With `reset`, the old identity and journal
+    are moved aside once a server's CA checks out."""
     parsed = tokens.parse_token(token)
     addrs = servers_of(server)
-    server = addrs[0]
-    host, port = split_server(server)
     if not reset and Identity.exists(data_dir):
         ident = Identity.load(data_dir)
         raise UsageError(f"{data_dir} already holds the identity of node {ident.node_id}; use another --data-dir")
-    ca_pem = await asyncio.to_thread(fetch_pinned_ca, host, port, parsed.ca_pin)
-    # After the pin check, so a mistyped --server or a token for another cluster leaves the old identity in place.
-    moved = await asyncio.to_thread(reset_identity, data_dir, SystemClock().now()) if reset else []
     join_key_pem, join_cert_pem = tokens.join_client_credentials(parsed, SystemClock())
     node_key = keys.generate_key()
     csr = make_csr(node_key, "pending")
@@ -98,51 +97,84 @@ async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = Fa
         token_id=parsed.token_id,
         token_proof=tokens.join_proof(parsed.secret, parsed.token_id, csr_der),
     )
-    creds = channel_credentials(ca_pem, join_key_pem, join_cert_pem)
+    moved: list[Path] | None = None
+    passed: list[str] = []  # why each address before the one that answered did not
+    for addr in addrs:
+        host, port = split_server(addr)
+        try:
+            ca_pem = await asyncio.to_thread(fetch_pinned_ca, host, port, parsed.ca_pin)
+        except Unavailable as e:
+            passed.append(e.message)
+            continue
+        if reset and moved is None:
+            # After the pin check, so a mistyped --server or a token for another cluster leaves the old identity.
+            moved = await asyncio.to_thread(reset_identity, data_dir, SystemClock().now())
+        resp = await _join_at(addr, channel_credentials(ca_pem, join_key_pem, join_cert_pem), req, passed)
+        if resp is None:
+            continue
+        _check_answer(addr, keys.load_cert_pem(ca_pem), csr_der, resp)
+        cert = x509.load_pem_x509_certificate(resp.cert_pem)
+        ident = Identity(
+            node_id=resp.node_id,
+            role=resp.role,
+            server=",".join(addrs),
+            identity_generation=resp.identity_generation,
+            ca_fingerprint=parsed.ca_pin,
+            trust_bundle_b64=base64.b64encode(resp.trust.SerializeToString()).decode(),
+        )
+        await asyncio.to_thread(_store_identity, data_dir, ident, node_key, resp.cert_pem, ca_pem)
+        return JoinResult(
+            resp.node_id, parsed.ca_pin, cert.not_valid_after_utc.timestamp(), data_dir, tuple(moved or ())
+        )
+    if len(addrs) == 1:
+        raise Unavailable(passed[0])
+    raise Unavailable(f"no address of --server took the join: {'; '.join(passed)}")
+
+
+async def _join_at(
+    addr: str, creds: grpc.ChannelCredentials, req: join_pb2.JoinRequest, passed: list[str]
+) -> join_pb2.JoinResponse | None:
+    """Join's answer at `addr`, or None (the reason appended to `passed`) when the next address should try:
+    unreachable, a gateway that reaches no api process (UNAVAILABLE), or one older than the join proxy
+    (UNIMPLEMENTED). Any other refusal is the answer, raised as the sentence the server gave."""
     try:
-        resp = await _join_first_serving(addrs, creds, req)
+        async with grpc.aio.secure_channel(addr, creds) as ch:
+            resp: join_pb2.JoinResponse = await join_pb2_grpc.JoinStub(ch).Join(req, timeout=20)
+        return resp
     except grpc.aio.AioRpcError as e:
-        err: BcError = status_to_error(e.code(), e.details() or "")
-        if isinstance(err, Unavailable) and refused_in_handshake(e.details() or ""):
+        details = e.details() or ""
+        err: BcError = status_to_error(e.code(), details)
+        if isinstance(err, Unavailable) and refused_in_handshake(details):
             # The server answered a moment ago (its CA matched the pin), so a handshake it closes now is a
             # refusal of the join certificate under the join root that pin derives: a bc serve from before
             # one join root per install, which trusted a root per token instead. The token itself is judged
             # by Join, in a sentence.
             raise Unauthenticated(
-                f"bc serve at {server} refused this bc join's client certificate in the TLS handshake: it likely"
+                f"bc serve at {addr} refused this bc join's client certificate in the TLS handshake: it likely"
                 " runs an older bc that expects another join protocol; join with a bc of the same version as"
                 " bc serve, or upgrade bc serve"
             ) from None
-        if isinstance(err, Unavailable):
-            raise Unavailable(f"cannot reach bc serve at {server}: {e.details()}") from None
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED or isinstance(err, Unavailable):
+            passed.append(f"cannot join through {addr}: {details.splitlines()[0] if details else e.code().name}")
+            return None
         raise err from None
-    cert = x509.load_pem_x509_certificate(resp.cert_pem)
-    ident = Identity(
-        node_id=resp.node_id,
-        role=resp.role,
-        server=",".join(addrs),
-        identity_generation=resp.identity_generation,
-        ca_fingerprint=parsed.ca_pin,
-        trust_bundle_b64=base64.b64encode(resp.trust.SerializeToString()).decode(),
-    )
-    await asyncio.to_thread(_store_identity, data_dir, ident, node_key, resp.cert_pem, ca_pem)
-    return JoinResult(resp.node_id, parsed.ca_pin, cert.not_valid_after_utc.timestamp(), data_dir, tuple(moved))
 
 
-async def _join_first_serving(
-    addrs: list[str], creds: grpc.ChannelCredentials, req: join_pb2.JoinRequest
-) -> join_pb2.JoinResponse:
-    """Join through the first address that serves Join: a gateway-only `bc serve` holds no CA and answers
-    UNIMPLEMENTED, so the next address is tried (each is checked against the pinned CA by TLS)."""
-    for i, addr in enumerate(addrs):
-        try:
-            async with grpc.aio.secure_channel(addr, creds) as ch:
-                resp: join_pb2.JoinResponse = await join_pb2_grpc.JoinStub(ch).Join(req, timeout=20)
-            return resp
-        except grpc.aio.AioRpcError as e:
-            if e.code() != grpc.StatusCode.UNIMPLEMENTED or i == len(addrs) - 1:
-                raise
-    raise AssertionError("unreachable: servers_of returns at least one address")
+def _check_answer(addr: str, ca_cert: x509.Certificate, csr_der: bytes, resp: join_pb2.JoinResponse) -> None:
+    """Keep the answer only if the pinned CA's key signed it: a gateway in the middle holds a certificate
+    that satisfies the pin, but not that key (`bc.pki.join_answer`)."""
+    if not resp.answer_signature:
+        raise Unauthenticated(
+            f"bc serve at {addr} answered the join without the CA's signature over it: it runs an older bc;"
+            " join with a bc of the same version as bc serve, or upgrade bc serve"
+        )
+    trust = resp.trust.SerializeToString(deterministic=True)
+    if not join_answer.verify_answer(ca_cert, csr_der, resp.cert_pem, trust, resp.answer_signature):
+        raise Unauthenticated(
+            f"the join answer that came through {addr} is not signed by the CA the token pins: something between"
+            " this node and the api process changed it; nothing was stored (the token is used: create a new one"
+            " with `bc token create` and join through another address)"
+        )
 
 
 def refused_in_handshake(details: str) -> bool:

@@ -33,9 +33,10 @@ from cryptography import x509
 
 from bc.aio import cancel_and_wait
 from bc.api.admin_servicer import AdminServicer
+from bc.api.api_link import ApiLink
+from bc.api.join_proxy import JoinProxy
 from bc.api.join_servicer import JoinServicer
 from bc.api.release_http import ReleaseServer
-from bc.api.renew_proxy import RenewProxy
 from bc.api.session_servicer import SessionServicer
 from bc.clock import Clock, SystemClock
 from bc.config import OperatorConfig, user_config_path
@@ -111,7 +112,7 @@ class ServeOptions:
     release_listen: str = ""  # HOST:PORT of the HTTPS release server (bc.api.release_http); empty: none
     gateway_id: str = ""  # --gateway-id: this process's name among several on one store (its leases' holder)
     roles: frozenset[str] = ROLES  # --roles: what this process serves and runs (docs/fleet.md); a lab runs all
-    api: list[str] = field(default_factory=list)  # --api: where a gateway-only process proxies Renew (else: the store)
+    api: list[str] = field(default_factory=list)  # --api: where a gateway-only process proxies Join/Renew (else: store)
     serving_cert_ttl_s: float = SERVING_CERT_TTL_S  # hidden --serving-cert-ttl: keyless gateways' certificates
     serving_cert_wait_s: float = 120.0  # hidden --serving-cert-wait: how long a keyless gateway waits for one
 
@@ -222,13 +223,14 @@ class Server:
         self.stopped = asyncio.Event()  # set by a drain that finished: run_serve exits as on SIGTERM
         self.release_server: ReleaseServer | None = None
         self.release_url = ""
-        self.api_address = ""  # where this api process registered itself (gateways proxy Renew there)
+        self.api_address = ""  # where this api process registered itself (gateways proxy Join and Renew there)
         self.intent: Intent  # what this process signs; a gateway-only process has none (it relays the stored trust)
         self.signer: Signer
         self.tls: ServerTLS
         self.ca_cert: x509.Certificate
         self.serving_key_pem = b""
         self.serving_chain = b""
+        self.join_proxy: JoinProxy | None = None  # a gateway-only process's Join and Renew, forwarded to an api
 
     async def start(self) -> None:
         data_dir = self.opts.data_dir
@@ -296,7 +298,8 @@ class Server:
                 server,
             )
         elif self.keyless:
-            join_pb2_grpc.add_JoinServicer_to_server(RenewProxy(self._api_addresses, self._api_credentials), server)
+            self.join_proxy = JoinProxy(self.gateway_id, self._api_addresses, ApiLink(self._api_credentials))
+            join_pb2_grpc.add_JoinServicer_to_server(self.join_proxy, server)
         if self.opts.release_listen:
             rhost, rport = _host_port(self.opts.release_listen)
             self.release_server = ReleaseServer(data_dir / "releases", self.serving_chain, self.serving_key_pem)
@@ -478,7 +481,7 @@ class Server:
                 )
 
     async def _api_loop(self, ca: CertificateAuthority, host: str) -> None:
-        """An api process: register where it answers (gateways proxy Renew there) and issue serving certificates."""
+        """An api process: register where it answers (gateways proxy Join and Renew there), issue serving certs."""
         assert self.store is not None
         name = self.opts.advertise[0] if self.opts.advertise and host in ("0.0.0.0", "::") else host
         self.api_address = _client_address(name, self.port)

@@ -1,49 +1,53 @@
-"""Join.Renew on a gateway-only process: proxied to an api process, which alone holds the CA.
+"""Join and Renew on a gateway-only process: forwarded to an api process, which alone holds the CA.
 
-The gateway forwards the node's TLS client certificate (`NODE_CERT_MD`, DER) with
-the request, as it came, over its own mutual-TLS channel (its serving certificate
-is also a `gateway:<id>` client certificate). The api trusts the gateway for
-nothing but carrying it: it takes the forwarded certificate only from a caller
-authenticated as a gateway, and then checks it like its own caller's (issued by
-its CA, stored, unrevoked, unexpired, of the node's current identity) and the
-node's proof of possession over the CSR and timestamp against that
-certificate's key. A compromised gateway therefore cannot mint certificates.
+The gateway finds the api processes in the store (each registers where it answers, `bc.serve`'s api
+loop; or `--api`), tries them in turn while they are UNAVAILABLE, and relays the first answer; any other
+refusal is the node's to read, as the api said it. What a forwarding gateway could abuse, and why it
+cannot:
 
-Join is not proxied: a join leaf is not bound to the CSR it carries, so a
-gateway in the middle could swap the CSR. A gateway-only process answers it
-UNIMPLEMENTED, and `bc join` moves on to the next address of its `--server` list.
+* Join: the request's `token_proof` is the token key's signature over the CSR, so the api issues a
+  certificate only for the key the token holder chose; a gateway that swaps the CSR gets UNAUTHENTICATED
+  and the token stays unused. The answer carries the CA key's signature over the CSR, the certificate and
+  the trust bundle (`bc.pki.join_answer`), which `bc join` checks against the pinned CA, so the gateway
+  cannot hand the node a bundle of its own (its roots would sign the node's commands).
+* Renew: the gateway forwards the node's TLS client certificate (`NODE_CERT_MD`, DER) beside the request.
+  The api takes it only from a caller authenticated as a gateway and checks it like its own caller's
+  (issued by its CA, stored, unrevoked, unexpired, of the node's current identity), and the node's proof of
+  possession over the CSR and timestamp against that certificate's key.
+
+A join is not idempotent: an api that consumed the token and then lost the connection leaves the next one
+to answer "already used". Only UNAVAILABLE moves on, which grpc gives before a call reaches the handler.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 from cryptography.hazmat.primitives import serialization
 
+from bc.api.api_link import ApiLink
 from bc.protocol.pb import join_pb2
+from bc.store import StoreError
 from bc.wire.stubs import join_pb2_grpc
 from bc.wire.tls import peer_cert_from_context
 
-log = logging.getLogger("bc.renew_proxy")
+log = logging.getLogger("bc.join_proxy")
 
 NODE_CERT_MD = "bc-node-cert-bin"
-RPC_TIMEOUT_S = 20.0
-JOIN_HERE = "this gateway holds no CA and does not serve Join; join through an api process"
+T = TypeVar("T")
 
 
-class RenewProxy(join_pb2_grpc.JoinServicer):
-    def __init__(
-        self,
-        api_addresses: Callable[[], Awaitable[list[str]]],
-        credentials: Callable[[], grpc.ChannelCredentials],
-    ) -> None:
-        self.api_addresses, self.credentials = api_addresses, credentials
+class JoinProxy(join_pb2_grpc.JoinServicer):
+    def __init__(self, gateway_id: str, api_addresses: Callable[[], Awaitable[list[str]]], link: ApiLink) -> None:
+        self.gateway_id, self.api_addresses, self.link = gateway_id, api_addresses, link
 
     async def Join(self, request: join_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> join_pb2.JoinResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, JOIN_HERE)
-        raise AssertionError("unreachable: abort raises")
+        response = await self._forward("join", context, lambda address: self.link.join(address, request))
+        log.info("event=join-proxy.forwarded token=%s node=%s", request.token_id, response.node_id)
+        return response
 
     async def Renew(self, request: join_pb2.RenewRequest, context: grpc.aio.ServicerContext) -> join_pb2.RenewResponse:
         cert = peer_cert_from_context(context)
@@ -51,19 +55,38 @@ class RenewProxy(join_pb2_grpc.JoinServicer):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "renewal needs the node's current certificate")
             raise AssertionError("unreachable: abort raises")
         metadata = ((NODE_CERT_MD, cert.public_bytes(serialization.Encoding.DER)),)
-        last = "no api process is registered in the store"
-        for address in await self.api_addresses():
+        response = await self._forward("renew", context, lambda address: self.link.renew(address, request, metadata))
+        log.info("event=renew-proxy.forwarded serial=%x", cert.serial_number)
+        return response
+
+    async def _forward(self, what: str, context: grpc.aio.ServicerContext, call: Callable[[str], Awaitable[T]]) -> T:
+        """The first api process's answer; UNAVAILABLE in one line when none answers."""
+        try:
+            addresses = await self.api_addresses()
+        except StoreError as e:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"gateway {self.gateway_id} cannot read the store to find an api process to {what} through: {e}",
+            )
+            raise AssertionError("unreachable: abort raises") from None
+        if not addresses:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"gateway {self.gateway_id} finds no api process registered in the store to {what} through;"
+                " start one on this store (bc serve --roles api)",
+            )
+        last = ""
+        for address in addresses:
             try:
-                async with grpc.aio.secure_channel(address, self.credentials()) as channel:
-                    response: join_pb2.RenewResponse = await join_pb2_grpc.JoinStub(channel).Renew(
-                        request, metadata=metadata, timeout=RPC_TIMEOUT_S
-                    )
-                log.info("event=renew-proxy.forwarded api=%s serial=%x", address, cert.serial_number)
-                return response
+                return await call(address)
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     await context.abort(e.code(), e.details() or "")
-                last = f"{address}: {e.details()}"
-                log.warning("event=renew-proxy.api-unavailable api=%s error=%s", address, e.details())
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"no api process answers to renew through ({last})")
+                last = f"{address}: {(e.details() or '').splitlines()[0] if e.details() else e.code().name}"
+                log.warning("event=%s-proxy.api-unavailable api=%s error=%s", what, address, e.details())
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            f"gateway {self.gateway_id} reaches none of the {len(addresses)} api process(es) to {what} through"
+            f" (last: {last})",
+        )
         raise AssertionError("unreachable: abort raises")

@@ -1,10 +1,13 @@
 """Join.Join and Join.Renew.
 
 Join: the caller's TLS leaf is under the install's join root (`bc.pki.tokens.join_root_cert`, which proves
-nothing: its key is derived from the CA fingerprint) and names a token; the request proves that token
-(`token_proof`, checked by `bc.control.identity.join`), and the token becomes a certificate.
+nothing: its key is derived from the CA fingerprint) and names a token, or the caller is a gateway-only
+process forwarding the node's request (`bc.api.join_proxy`); the request proves that token (`token_proof`
+over the CSR, checked by `bc.control.identity.join`), and the token becomes a certificate for that CSR's
+key. The answer carries the CA key's signature over the CSR, the certificate and the trust bundle
+(`bc.pki.join_answer`), so a forwarding gateway can change none of them.
 Renew: the caller's TLS leaf is its current node certificate; a proof by that key gets a new one. Through a
-gateway-only process (`bc.api.renew_proxy`) the caller is the gateway, and the node's certificate comes
+gateway-only process (`bc.api.join_proxy`) the caller is the gateway, and the node's certificate comes
 forwarded beside the request: taken only from a caller whose own certificate says `gateway:`, then checked
 exactly as a direct caller's would be.
 
@@ -14,11 +17,13 @@ settings the gateways last read), and its signed envelope when signing is on.
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from bc.api.renew_proxy import NODE_CERT_MD
+from bc.api.join_proxy import NODE_CERT_MD
 from bc.control import identity
 from bc.control.bus import Bus
 from bc.control.identity import NODE_CERT_TTL_S
@@ -33,6 +38,8 @@ from bc.store import Store
 from bc.wire.status import abort_with
 from bc.wire.stubs import join_pb2_grpc
 from bc.wire.tls import peer_cert_from_context
+
+log = logging.getLogger("bc.join")
 
 
 class JoinServicer(join_pb2_grpc.JoinServicer):
@@ -51,15 +58,26 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
         self.join_root = tokens.join_root_cert(ca.fingerprint)
 
     def _token_id(self, request: join_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> str:
-        """The token the request claims; `identity.join` checks its proof."""
+        """The token the request claims; `identity.join` checks its proof.
+
+        A caller with a join leaf names its token there too. A gateway forwarding a node's join
+        (`bc.api.join_proxy`) is the caller itself: its `gateway:` certificate carries the request, and
+        the token is the request's, which only the proof over the CSR makes good.
+        """
         cert = peer_cert_from_context(context)
         if cert is None:
             raise Unauthenticated("joining needs the join client certificate `bc join` makes")
-        claimed = join_leaf_identity(cert, self.join_root).name
         if not request.token_id or not request.token_proof:
             raise UsageError(
                 "the join request carries no token id and proof; join with a `bc join` as recent as this server"
             )
+        if cert.issuer != self.join_root.subject:
+            caller = peer_identity(cert, self.ca.certificate)  # raises for a certificate the CA did not sign
+            if caller.kind != "gateway":
+                raise Unauthenticated(f"only a gateway forwards a node's join, not a {caller.kind}")
+            log.info("event=join.forwarded gateway=%s token=%s", caller.name, request.token_id)
+            return request.token_id
+        claimed = join_leaf_identity(cert, self.join_root).name
         if request.token_id != claimed:
             raise Unauthenticated("the join request names another token than its client certificate")
         return claimed
@@ -100,13 +118,17 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
         except BcError as e:
             await abort_with(context, e)
             raise  # unreachable: abort raises
+        trust = self.intent.trust_bundle()
         resp = join_pb2.JoinResponse(
             node_id=joined.node_id,
             role=joined.role,
             cert_pem=joined.cert_pem,
             ca_pem=self.ca.certificate.public_bytes(serialization.Encoding.PEM),
-            trust=self.intent.trust_bundle(),
+            trust=trust,
             identity_generation=joined.identity_generation,
+            answer_signature=self.ca.sign_join_answer(
+                request.csr_der, joined.cert_pem, trust.SerializeToString(deterministic=True)
+            ),
         )
         signed = self.intent.trust_envelope()
         if signed is not None:

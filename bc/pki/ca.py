@@ -37,7 +37,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bc.clock import Clock
 from bc.errors import Unauthenticated, UsageError
-from bc.pki import keys
+from bc.pki import join_answer, keys
 from bc.pki.secrets_source import Secrets, p256_key
 
 CA_KEY_FILE = "ca.key"
@@ -283,6 +283,10 @@ class CertificateAuthority:
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(pub), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_public_key()), critical=False)
         )
+
+    def sign_join_answer(self, csr_der: bytes, cert_pem: bytes, trust: bytes) -> bytes:
+        """The CA key's signature over a join's answer (`bc.pki.join_answer`): what a node checks it by."""
+        return self._key.sign(join_answer.answer_message(csr_der, cert_pem, trust), ec.ECDSA(hashes.SHA256()))
 
     def _ca_public_key(self) -> ec.EllipticCurvePublicKey:
         return self._key.public_key()

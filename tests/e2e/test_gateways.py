@@ -102,8 +102,8 @@ def test_api_gateway_and_worker_in_three_processes_run_a_hold_and_a_command_toge
     the worker process places reservations; a hold and a command need all three, through the store.
 
     The gateway starts from an empty data dir and holds no CA, root or worker key: its serving certificate is
-    issued by the api through the store, it relays the trust the api published, and the node joins past it
-    (it answers Join UNIMPLEMENTED, so `bc join` moves on to the api)."""
+    issued by the api through the store, it relays the trust the api published, and the node joins through
+    it alone (it forwards Join to the api it finds in the store)."""
     with fresh_schema_sync() as (url, schema):
         store = schema_url(url, schema)
         serve(lab, "api", lab.server_dir, lab.port, store, "--roles", "api")
@@ -117,9 +117,10 @@ def test_api_gateway_and_worker_in_three_processes_run_a_hold_and_a_command_toge
         assert not (gw_dir / "pki").exists() and not (gw_dir / "operator").exists()
         assert "waiting for an api process" in lab.log("gw") or "serving-cert.issued" in lab.log("gw")
 
-        # Join is the api's; the session is the gateway's.
-        servers = f"127.0.0.1:{gw_port},127.0.0.1:{lab.port}"
+        # Join is the api's, forwarded by the gateway; the session is the gateway's.
+        servers = f"127.0.0.1:{gw_port}"
         lab.bc("join", "--server", servers, "--token", lab.token("n1"), "--data-dir", str(lab.node_dir("n1")))
+        assert "event=join-proxy.forwarded" in lab.log("gw")
         lab.node("n1")
         lab.wait_converged("n1", timeout=40)
         assert lab.show("n1")["gateway_id"] == "gw"

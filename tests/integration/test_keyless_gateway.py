@@ -2,8 +2,8 @@
 
 Two real servers in this process (real gRPC on 127.0.0.1, real certificates, one SQLite file or one
 PostgreSQL schema) and a real agent on fake GPUs. The gateway asks for its serving certificate through the
-store and the api issues it; the node joins through the api (the gateway answers Join UNIMPLEMENTED and
-`bc join` moves on), holds its session on the gateway, takes the relayed signed trust bundle, a spec the
+store and the api issues it; the node joins through the gateway (which forwards Join to the api), holds
+its session on the gateway, takes the relayed signed trust bundle, a spec the
 api signed, a spec change written by the gateway (signed afterwards by the worker key), runs a command, and
 renews its certificate through the gateway, which proxies Renew to the api. A compromised gateway's
 forwarding (a forged certificate, a proof by another key) is refused UNAUTHENTICATED and issues nothing.
@@ -24,7 +24,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from bc.api.renew_proxy import NODE_CERT_MD
+from bc.api.join_proxy import NODE_CERT_MD
 from bc.clock import SystemClock
 from bc.config import OperatorConfig
 from bc.control import specs
@@ -86,7 +86,7 @@ async def _node_cert_count(lab: InprocLab) -> int:
 async def test_a_node_joins_runs_and_renews_through_a_gateway_that_holds_no_key(
     tmp_path: Path, store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="bc.renew_proxy")
+    caplog.set_level(logging.INFO, logger="bc.join_proxy")
     async with keyless_pair(tmp_path, store_url) as (lab, gw):
         # The gateway's data dir holds its own serving key and nothing else that signs.
         assert _key_files(tmp_path / "gw") == ["gateway/serving.key"]
@@ -106,9 +106,10 @@ async def test_a_node_joins_runs_and_renews_through_a_gateway_that_holds_no_key(
         from agent.join import join_node
 
         # The gateway trusts the install's one join root, derived from the CA it relays, byte for byte as
-        # the api does: its TLS answers the token's very first handshake, and its Join says UNIMPLEMENTED.
+        # the api does: its TLS answers the token's very first handshake, and it forwards the Join to the api.
         assert gw.tls.join_root_pem == lab.server.tls.join_root_pem
-        await join_node(f"{gw.address},{lab.server.address}", tok.token, lab.node_dir("n1"))
+        await join_node(gw.address, tok.token, lab.node_dir("n1"))
+        assert "event=join-proxy.forwarded" in caplog.text, "the join went through the gateway's proxy"
         await lab.start_node("n1")
         connected = await lab.wait_connected("n1", timeout=30)
         assert (await lab.admin.get_node("n1")).gateway_id == "gw-k"

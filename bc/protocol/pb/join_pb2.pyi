@@ -20,7 +20,7 @@ class JoinRequest(_message.Message):
     def __init__(self, csr_der: _Optional[bytes] = ..., hostname: _Optional[str] = ..., token_proof: _Optional[bytes] = ..., token_id: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("node_id", "role", "cert_pem", "ca_pem", "trust", "identity_generation", "trust_envelope")
+    __slots__ = ("node_id", "role", "cert_pem", "ca_pem", "trust", "identity_generation", "trust_envelope", "answer_signature")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CERT_PEM_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class JoinResponse(_message.Message):
     TRUST_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_GENERATION_FIELD_NUMBER: _ClassVar[int]
     TRUST_ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     cert_pem: bytes
@@ -35,7 +36,8 @@ class JoinResponse(_message.Message):
     trust: _common_pb2.TrustBundle
     identity_generation: int
     trust_envelope: _common_pb2.Envelope
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., identity_generation: _Optional[int] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ...) -> None: ...
+    answer_signature: bytes
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., identity_generation: _Optional[int] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., answer_signature: _Optional[bytes] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
     __slots__ = ("csr_der", "timestamp_ms", "proof")
