@@ -32,13 +32,16 @@ GOAL_RATIO = 1.3
 
 def _time(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Wall and CPU seconds (the child's user + system) of one run of `argv`."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _pid, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise subprocess.CalledProcessError(p.returncode, argv)
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _pid, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            err.seek(0)
+            sys.stderr.write(err.read().decode(errors="replace"))  # the failed run's own words, before the traceback
+            raise subprocess.CalledProcessError(p.returncode, argv)
     return wall, usage.ru_utime + usage.ru_stime
 
 
