@@ -36,7 +36,7 @@ import json
 import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf import any_pb2, json_format, struct_pb2
 from google.protobuf.message import Message
@@ -233,11 +233,53 @@ async def enqueue_all(
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
         rows = []
+        taken = NodesTaken()
         for i, (req, kind, payload) in enumerate(checked):
             with member(i, len(reqs), req.node_id, req.kind):
-                rows.append(await enqueue_in(tx, bus, signer, req, kind, payload, now_ms, rng))
+                rows.append(await enqueue_in(tx, bus, signer, req, kind, payload, now_ms, rng, taken=taken))
+        await taken.write_back(tx)
         check_reply_size(rows)
         return rows
+
+
+@dataclass
+class NodesTaken:
+    """What one enqueue transaction has read and taken of each node: its row, and the seqs handed out.
+
+    A call of many commands for one node (a scheduler's or a script's batch) reads the node once and
+    raises its `next_cmd_seq` once: the first command's `next_seq` UPDATE holds the node's row to the
+    commit, the others take the seqs after it in memory, and `write_back` stores where they ended. A
+    fan-out of one command a node reads and takes as a single enqueue does.
+    """
+
+    rows: dict[str, Row] = field(default_factory=dict)
+    next_seq: dict[str, int] = field(default_factory=dict)
+    """The seq the node's next command in this transaction takes."""
+    moved: set[str] = field(default_factory=set)
+    """Nodes that handed out seqs past their `next_seq` UPDATE: `write_back` stores their next one."""
+
+    async def node(self, tx: Tx, node_id: str) -> Row | None:
+        row = self.rows.get(node_id)
+        if row is None:
+            row = await nodes_sql.get(tx, node_id)
+            if row is not None:
+                self.rows[node_id] = row
+        return row
+
+    async def take_seq(self, tx: Tx, node_id: str) -> int | None:
+        seq = self.next_seq.get(node_id)
+        if seq is None:
+            seq = await cmd_sql.next_seq(tx, node_id)
+            if seq is None:
+                return None
+        else:
+            self.moved.add(node_id)
+        self.next_seq[node_id] = seq + 1
+        return seq
+
+    async def write_back(self, tx: Tx) -> None:
+        for node_id in sorted(self.moved):
+            await cmd_sql.set_next_seq(tx, node_id, self.next_seq[node_id])
 
 
 def reply_size(rows: Sequence[Row]) -> int:
@@ -273,9 +315,13 @@ async def enqueue_in(
     rng: random.Random,
     *,
     held: bool = False,
+    taken: NodesTaken | None = None,
 ) -> Row:
-    """`enqueue` inside the caller's transaction (a batch enqueues all its commands in one, `held`)."""
-    node = await nodes_sql.get(tx, req.node_id)
+    """`enqueue` inside the caller's transaction (a batch enqueues all its commands in one, `held`).
+
+    `taken`: what this transaction already read and took of the nodes (`enqueue_all`), whose
+    `write_back` the caller runs before the commit; None reads and takes for this command alone."""
+    node = await taken.node(tx, req.node_id) if taken is not None else await nodes_sql.get(tx, req.node_id)
     if node is None:
         raise NotFound(f"no node named {req.node_id!r}")
     role = str(node["role"])
@@ -288,7 +334,7 @@ async def enqueue_in(
             return first
     command_id = ulid(now_ms / 1000, rng)
     key = req.idempotency_key or f"cmd:{command_id}"
-    seq = await cmd_sql.next_seq(tx, req.node_id)
+    seq = await taken.take_seq(tx, req.node_id) if taken is not None else await cmd_sql.next_seq(tx, req.node_id)
     if seq is None:  # the node row went away between the reads; treat it as never there
         raise NotFound(f"no node named {req.node_id!r}")
     not_after_ms = now_ms + round(req.not_after_s * 1000)
@@ -310,7 +356,7 @@ async def enqueue_in(
     )
     body_bytes = body.SerializeToString(deterministic=True)
     signed = signer.sign_command(body_bytes)
-    inserted = await cmd_sql.insert(
+    row = await cmd_sql.insert(
         tx,
         id_=command_id,
         node_id=req.node_id,
@@ -332,7 +378,7 @@ async def enqueue_in(
         held=held,
         requested_by=req.requested_by,
     )
-    if not inserted:
+    if row is None:
         # A concurrent enqueue with the same key committed first (PostgreSQL); it wins.
         first = await cmd_sql.by_idempotency_key(tx, req.node_id, key)
         assert first is not None
@@ -348,8 +394,6 @@ async def enqueue_in(
     if bus is not None:
         node_id = req.node_id
         tx.on_commit(lambda: bus.node_changed(node_id))
-    row = await cmd_sql.get(tx, command_id)
-    assert row is not None
     return row
 
 

@@ -47,6 +47,12 @@ async def next_seq(tx: Tx, node_id: str) -> int | None:
     return None if v is None else int(v)
 
 
+async def set_next_seq(tx: Tx, node_id: str, next_seq: int) -> None:
+    """After seqs were handed out from one `next_seq` (one enqueue call, many commands for the node): the
+    node's next one. The row is still held by that `next_seq`'s UPDATE, so nobody took a seq in between."""
+    await tx.execute("UPDATE nodes SET next_cmd_seq = :s WHERE node_id = :n", {"s": next_seq, "n": node_id})
+
+
 async def insert(
     tx: Tx,
     *,
@@ -69,16 +75,17 @@ async def insert(
     now_ms: int,
     held: bool = False,
     requested_by: str = "",
-) -> bool:
-    """Insert a pending command; False when the node already has one with this idempotency key."""
-    n = await tx.execute(
+) -> Row | None:
+    """Insert a pending command and return its row; None when the node already has one with this idempotency
+    key (nothing inserted). The row comes back with the INSERT (`RETURNING *`), as `get` would read it."""
+    return await tx.fetchone(
         "INSERT INTO commands (id, node_id, seq, kind, lane, body, signature, signer_key_id, state, not_before_ms,"
         " not_after_ms, held,"
         " min_generation, idempotency_key, retry_safe, self_terminating, attested, batch_id, requested_by,"
         " created_at_ms, updated_at_ms)"
         " VALUES (:id, :n, :seq, :kind, :lane, :body, :sig, :signer, 'pending', :nb, :na, :held, :mg, :key, :rs, :st,"
         " :at, :batch, :rb, :t, :t)"
-        " ON CONFLICT (node_id, idempotency_key) DO NOTHING",
+        " ON CONFLICT (node_id, idempotency_key) DO NOTHING RETURNING *",
         {
             "id": id_,
             "n": node_id,
@@ -101,7 +108,6 @@ async def insert(
             "t": now_ms,
         },
     )
-    return n == 1
 
 
 # -- reads -----------------------------------------------------------------------

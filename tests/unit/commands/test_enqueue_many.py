@@ -183,6 +183,26 @@ async def test_a_repeated_key_returns_the_first_command_within_the_call_and_afte
     assert await seqs(store, "n1", "n2") == [2, 2]
 
 
+async def test_many_commands_for_one_node_take_consecutive_seqs_and_the_next_call_goes_on_after_them(
+    store: Store, add_node: AddNode, run: Run
+) -> None:
+    """One call reads each node once and raises its next seq once (`NodesTaken`): what the node sees is
+    still one seq after another, in the call's order, and the next enqueue takes the one after."""
+    for n in ("n1", "n2"):
+        await add_node(n)
+    rows = await run(*(RunRequest("n1" if i % 3 else "n2", "inventory.refresh") for i in range(9)))
+    assert [(r["node_id"], r["seq"]) for r in rows] == [
+        ("n2", 1), ("n1", 1), ("n1", 2), ("n2", 2), ("n1", 3), ("n1", 4), ("n2", 3), ("n1", 5), ("n1", 6),
+    ]  # fmt: skip
+    assert await seqs(store, "n1", "n2") == [7, 4]
+    [single] = await run(RunRequest("n1", "diag.nvml"))
+    again = await run(RunRequest("n2", "diag.nvml"), RunRequest("n2", "diag.nvml"))
+    assert (single["seq"], [r["seq"] for r in again]) == (7, [4, 5])
+    assert await seqs(store, "n1", "n2") == [8, 6]
+    listed = await queries.commands(store, node_id="n1")  # what `bc cmd list --node n1` shows
+    assert sorted(c.seq for c in listed.commands) == list(range(1, 8))
+
+
 async def test_a_call_whose_reply_could_not_fit_a_frame_is_refused_and_stores_nothing(
     store: Store,
     add_node: AddNode,
