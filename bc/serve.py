@@ -67,6 +67,7 @@ from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256
 from bc.pki.serving import SERVING_CERT_TTL_S
 from bc.pki.signing import WORKER_ROTATE_BEFORE_S, SigningKeys
 from bc.protocol.limits import LIMITS
+from bc.serve_worker_keys import worker_signer
 from bc.store import Store, StoreError, leases, open_store
 from bc.store import gateway_keys as gk_sql
 from bc.store import nodes as nodes_sql
@@ -247,6 +248,8 @@ class Server:
         self.trust: TrustSource
         if self.keyless:
             await self._start_keyless(data_dir, host)
+        elif self.worker_only:
+            await self._start_worker(data_dir)
         else:
             await self._start_with_keys(data_dir, host)
         ca = self.ca
@@ -279,6 +282,63 @@ class Server:
         self.jobs = JobEngine(self.store, self.bus, self.signer, self.rng, holder=self.worker_id)
         self.placement = PlacementPass(self.store, self.bus, self.signer, self.rng, holder=self.worker_id)
 
+        self.address = ""  # a worker-only process serves no call, so it does not listen
+        if not self.worker_only:
+            await self._serve_grpc(data_dir, host, port, ca)
+        self.operator_config: Path | None = None
+        if ca is not None:
+            self.operator_config = _write_operator_config(data_dir, ca, self.address, self.secrets)
+            # The local operator is an admin; its certificate counts only once registered (bc.control.operators).
+            await operators.register_local(
+                self.store, keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
+            )
+        if ca is not None and "api" in roles:
+            self._tasks.append(asyncio.create_task(self._api_loop(ca, host), name="api-registry"))
+        if self.signer.keys is not None:
+            spec_signer = SpecSigner(self.store, self.bus, self.signer)
+            self._tasks.append(asyncio.create_task(spec_signer.run_forever(), name="spec-signer"))
+            if "gateway" not in roles:  # a gateway refreshes and publishes the trust on its own feed
+                self._tasks.append(asyncio.create_task(self._trust_loop(), name="trust-publish"))
+        if self.keyless:
+            self._tasks.append(asyncio.create_task(self._keyless_loop(), name="keyless"))
+        if "gateway" in roles:
+            self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
+            self._tasks.append(asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"))
+            self._tasks.append(asyncio.create_task(self.gateway.stats_loop(), name="gateway-stats"))
+        self.sweeper = CommandSweeper(self.store, self.bus, self.worker_id)
+        if "worker" in roles:
+            self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))
+            self._tasks.append(asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"))
+            self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
+            self._tasks.append(asyncio.create_task(self.placement.run_forever(self.clock), name="placement"))
+        self.clock_skew = ClockSkewMonitor(self.store, self.clock)
+        self._tasks.append(asyncio.create_task(self.clock_skew.run(), name="clock-skew"))
+        if self.opts.otlp is not None:
+            from bc.serve_telemetry import ServeTelemetry  # opentelemetry loads only when asked for
+
+            telemetry = ServeTelemetry(
+                self.opts.otlp,
+                self.gateway_id,
+                sessions=lambda: len(self.gateway.sessions),
+                published=lambda: self.bus.published,
+                clock_offset_ms=lambda: self.clock_skew.offset_ms,
+                nodes_by_state=self._nodes_by_state,
+            )
+            self._tasks.append(asyncio.create_task(telemetry.run(), name="telemetry"))
+        log.info(
+            "event=serve.started listen=%s store=%s gateway=%s roles=%s ca=%s operator_config=%s",
+            self.address,
+            self.store.description,
+            self.gateway_id,
+            ",".join(sorted(roles)),
+            keys.fingerprint(self.ca_cert),
+            self.operator_config or "-",
+        )
+
+    async def _serve_grpc(self, data_dir: Path, host: str, port: int, ca: CertificateAuthority | None) -> None:
+        """The services this process's roles answer, on `--listen` (and the release server, if asked)."""
+        assert self.store is not None
+        roles = self.opts.roles
         server = grpc.aio.server(
             options=[
                 ("grpc.keepalive_time_ms", 20_000),
@@ -342,60 +402,16 @@ class Server:
         await server.start()
         self.grpc_server = server
         self.address = _client_address(host, self.port)
-        self.operator_config: Path | None = None
-        if ca is not None:
-            self.operator_config = _write_operator_config(data_dir, ca, self.address, self.secrets)
-            # The local operator is an admin; its certificate counts only once registered (bc.control.operators).
-            await operators.register_local(
-                self.store, keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
-            )
-        if ca is not None and "api" in roles:
-            self._tasks.append(asyncio.create_task(self._api_loop(ca, host), name="api-registry"))
-        if self.signer.keys is not None:
-            spec_signer = SpecSigner(self.store, self.bus, self.signer)
-            self._tasks.append(asyncio.create_task(spec_signer.run_forever(), name="spec-signer"))
-            if "gateway" not in roles:  # a gateway refreshes and publishes the trust on its own feed
-                self._tasks.append(asyncio.create_task(self._trust_loop(), name="trust-publish"))
-        if self.keyless:
-            self._tasks.append(asyncio.create_task(self._keyless_loop(), name="keyless"))
-        if "gateway" in roles:
-            self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
-            self._tasks.append(asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"))
-            self._tasks.append(asyncio.create_task(self.gateway.stats_loop(), name="gateway-stats"))
-        self.sweeper = CommandSweeper(self.store, self.bus, self.worker_id)
-        if "worker" in roles:
-            self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))
-            self._tasks.append(asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"))
-            self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
-            self._tasks.append(asyncio.create_task(self.placement.run_forever(self.clock), name="placement"))
-        self.clock_skew = ClockSkewMonitor(self.store, self.clock)
-        self._tasks.append(asyncio.create_task(self.clock_skew.run(), name="clock-skew"))
-        if self.opts.otlp is not None:
-            from bc.serve_telemetry import ServeTelemetry  # opentelemetry loads only when asked for
-
-            telemetry = ServeTelemetry(
-                self.opts.otlp,
-                self.gateway_id,
-                sessions=lambda: len(self.gateway.sessions),
-                published=lambda: self.bus.published,
-                clock_offset_ms=lambda: self.clock_skew.offset_ms,
-                nodes_by_state=self._nodes_by_state,
-            )
-            self._tasks.append(asyncio.create_task(telemetry.run(), name="telemetry"))
-        log.info(
-            "event=serve.started listen=%s store=%s gateway=%s roles=%s ca=%s operator_config=%s",
-            self.address,
-            self.store.description,
-            self.gateway_id,
-            ",".join(sorted(roles)),
-            keys.fingerprint(self.ca_cert),
-            self.operator_config or "-",
-        )
 
     @property
     def keyless(self) -> bool:
         """A gateway-only process holds no CA key and no signing key (docs/fleet.md, "Roles and keys")."""
         return self.opts.roles == frozenset({"gateway"})
+
+    @property
+    def worker_only(self) -> bool:
+        """A worker-only process holds the worker key alone: no CA key, no root key, no listener."""
+        return self.opts.roles == frozenset({"worker"})
 
     async def _start_with_keys(self, data_dir: Path, host: str) -> None:
         """The CA and the signing keys from the data dir (created on a first start); the trust published."""
@@ -460,6 +476,39 @@ class Server:
         self.ca_cert = keys.load_cert_pem(relayed.ca_pem)
         self.serving_key_pem, self.serving_chain = issued.key_pem, issued.cert_pem + relayed.ca_pem
         self.tls = ServerTLS(issued.key_pem, issued.cert_pem, relayed.ca_pem)
+
+    async def _start_worker(self, data_dir: Path) -> None:
+        """The worker key from this process's own files; the CA certificate from the store; nothing else.
+
+        The singleton loops sign what they write (a job's commands, the placement pass's specs) and the
+        specs a gateway left pending, with the worker key: `pki/signing/{worker.key,worker.crt,root.crt}`,
+        copied from an api process's data dir. Neither the CA key (this process issues no certificate and
+        serves no call) nor the root key (it rotates nothing) is read, and nothing is created: a new CA or
+        root here would sign what no node trusts. Waits (bounded by `serving_cert_wait_s`) for an api
+        process to publish the CA certificate.
+        """
+        assert self.store is not None
+        relayed = RelayedTrust()
+        said = False
+        try:
+            async with asyncio.timeout(self.opts.serving_cert_wait_s):
+                while not (await relayed.refresh(self.store) or relayed.ca_pem):
+                    if not said:
+                        log.warning("event=worker.waiting-for-ca waiting for an api process to publish the CA")
+                        said = True
+                    await self.bus.wait_events(1.0)
+        except TimeoutError:
+            raise UsageError(
+                f"no api process published the CA certificate within {self.opts.serving_cert_wait_s:.0f} s;"
+                " start one on this store (bc serve --roles api)"
+            ) from None
+        self.ca_cert = keys.load_cert_pem(relayed.ca_pem)
+        self.signer = await worker_signer(self.store, data_dir / "pki", relayed.trust_bundle(), self.clock.now())
+        self.intent = Intent(self.signer, relayed.ca_pem)
+        await intent_ctl.register(self.store, self.signer)
+        local = LocalTrust(self.intent)
+        await local.refresh(self.store)
+        self.trust = local
 
     async def _keyless_loop(self) -> None:
         """Whether the install signs, as the store says; the serving certificate renewed and swapped in."""
@@ -606,8 +655,11 @@ async def run_serve(opts: ServeOptions) -> None:
     logs.setup("serve")
     server = Server(opts, Seams.production())
     await server.start()
-    where = f"operator config {server.operator_config}" if server.operator_config else "no CA key (gateway only)"
-    print(f"bc serve listening on {server.address}; {where}", flush=True)
+    if server.worker_only:
+        print("bc serve running the worker role; no listener, no CA or root key (worker key only)", flush=True)
+    else:
+        where = f"operator config {server.operator_config}" if server.operator_config else "no CA key (gateway only)"
+        print(f"bc serve listening on {server.address}; {where}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -101,19 +101,29 @@ def test_api_gateway_and_worker_in_three_processes_run_a_hold_and_a_command_toge
     """`--roles`: the CLI talks to the api process, the node's session lives on the gateway process, and only
     the worker process places reservations; a hold and a command need all three, through the store.
 
-    The gateway starts from an empty data dir and holds no CA, root or worker key: its serving certificate is
+    The worker holds the worker key alone (no CA or root key, no listener). The gateway starts from an
+    empty data dir and holds no CA, root or worker key: its serving certificate is
     issued by the api through the store, it relays the trust the api published, and the node joins through
     it alone (it forwards Join to the api it finds in the store)."""
     with fresh_schema_sync() as (url, schema):
         store = schema_url(url, schema)
         serve(lab, "api", lab.server_dir, lab.port, store, "--roles", "api")
         worker_dir, gw_dir = lab.root / "server-worker", lab.root / "server-gw"
-        shutil.copytree(lab.server_dir, worker_dir)  # the worker signs: it holds the worker key
-        gw_port, worker_port = free_port(), free_port()
+        # The worker signs with the worker key alone: the three files of pki/signing/ it needs, nothing else.
+        (worker_dir / "pki" / "signing").mkdir(parents=True, mode=0o700)
+        for name in ("worker.key", "worker.crt", "root.crt"):
+            shutil.copy2(lab.server_dir / "pki" / "signing" / name, worker_dir / "pki" / "signing" / name)
+        gw_port = free_port()
         serve(lab, "gw", gw_dir, gw_port, store, "--roles", "gateway")
-        serve(lab, "worker", worker_dir, worker_port, store, "--roles", "worker")
+        lab.spawn(
+            "worker", "serve", "--store", store, "--gateway-id", "worker", "--roles", "worker",
+            "--data-dir", str(worker_dir), env={"BC_DATA_DIR": str(worker_dir)},
+        )  # fmt: skip
+        lab.wait_for("the worker to start", lambda: "bc serve running the worker role" in lab.log("worker"))
         held = sorted(str(p.relative_to(gw_dir)) for p in gw_dir.rglob("*.key"))
         assert held == ["gateway/serving.key"], held
+        held = sorted(str(p.relative_to(worker_dir)) for p in worker_dir.rglob("*.key"))
+        assert held == ["pki/signing/worker.key"], held
         assert not (gw_dir / "pki").exists() and not (gw_dir / "operator").exists()
         assert "waiting for an api process" in lab.log("gw") or "serving-cert.issued" in lab.log("gw")
 
