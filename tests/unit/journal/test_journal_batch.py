@@ -141,6 +141,33 @@ async def test_a_batch_whose_commit_fails_rolls_back_every_member_and_answers_no
         await j.close()
 
 
+async def test_a_caller_cancelled_while_its_commit_runs_leaves_it_to_land_before_the_next_begin(
+    journal: Journal,
+) -> None:
+    first = asyncio.create_task(accept(journal, "first"))
+    await asyncio.sleep(0)  # one turn: the write is in its COMMIT, on the connection's thread
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    await accept(journal, "second")  # its BEGIN must wait for that COMMIT, not run beside it
+    assert set(durable(journal.path)) == {"first", "second"}, "a COMMIT already handed over was lost"
+
+
+async def test_a_caller_cancelled_while_its_begin_waits_for_the_lock_leaves_no_transaction_behind(
+    journal: Journal,
+) -> None:
+    other = sqlite3.connect(journal.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another connection holds the write lock: BEGIN waits on the thread
+    first = asyncio.create_task(accept(journal, "first"))
+    await asyncio.sleep(0)  # one turn: the write waits in its BEGIN, on the connection's thread
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    other.execute("COMMIT")  # the cancelled BEGIN now gets the lock, for a transaction nobody owns
+    other.close()
+    await accept(journal, "second")
+    assert await journal.finish("second", update("second"), 2.0)
+    assert set(durable(journal.path)) == {"second"}
+
+
 CRASHED = 17
 CHILD = textwrap.dedent(
     """
