@@ -12,7 +12,10 @@ and again in every Welcome. Rules:
   this node pinned at join. A gateway therefore cannot strip the roots (to
   slip in unsigned intent) nor add its own.
 * The release keys (`bc release key add`) change only under a root's own
-  signature too: a worker key alone cannot bring a key that signs binaries.
+  signature too: a worker key alone cannot bring a key that signs binaries. A
+  worker-signed bundle may add a key that carries a held root's endorsement of
+  it (`release_keys_path`; with the root kept offline the operator's machine
+  makes it) and may drop none.
 * The quorum's settings (approver keys, k, the unbatched allowance and their
   version) change only under a root's own signature AND a path of approved
   changes from the settings this node holds (`quorum_path`): each change in
@@ -41,6 +44,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf.message import DecodeError
 
 from bc.pki import quorum as q
+from bc.pki import releases
 from bc.pki.signing import PURPOSE_COMMAND, PURPOSE_DESIRED_STATE, PURPOSE_TRUST_BUNDLE, BadSignature, Verifier
 from bc.protocol.pb import common_pb2, session_pb2
 
@@ -77,9 +81,10 @@ def decide_bundle(
                 verifier.verify(offered_env, PURPOSE_TRUST_BUNDLE, at)
             except BadSignature as e:
                 return BundleDecision(None, f"the trust bundle's signature does not hold: {e}")
-            if list(current.release_keys) != list(offered.release_keys):
-                return BundleDecision(None, "the release keys change only under the signing root's own signature")
             root_keys = root_public_keys(verifier)  # a worker-signed bundle: each quorum step needs the root's own
+            why = release_keys_path(current, offered, root_keys)
+            if why is not None:
+                return BundleDecision(None, why)
         why = quorum_path(current, offered, root_keys)
         if why is not None:
             return BundleDecision(None, why)
@@ -117,6 +122,24 @@ def root_public_keys(verifier: Verifier) -> list[bytes]:
         if isinstance(pub, ed25519.Ed25519PublicKey):
             out.append(pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
     return out
+
+
+def release_keys_path(
+    held: common_pb2.TrustBundle, offered: common_pb2.TrustBundle, root_keys: list[bytes]
+) -> str | None:
+    """None when a worker-signed bundle's release keys may replace the held ones: it drops none, and each key
+    it adds carries a held root's endorsement (`bc.pki.releases.endorse`, `bc release key add --root-key`)."""
+    if set(held.release_keys) - set(offered.release_keys):
+        return "the release keys change only under the signing root's own signature"
+    roots = [ed25519.Ed25519PublicKey.from_public_bytes(raw) for raw in root_keys]
+    for key in set(offered.release_keys) - set(held.release_keys):
+        sigs = [e.root_signature for e in offered.release_key_endorsements if e.public_key == key]
+        if not any(releases.endorsed_by(root, key, sig) for root in roots for sig in sigs):
+            return (
+                "the release keys change only under the signing root's own signature: the new key"
+                f" {releases.key_id(key)[:23]}… carries no held root's endorsement"
+            )
+    return None
 
 
 def quorum_path(

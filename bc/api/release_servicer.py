@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import grpc
+from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from bc.api.calls import AdminCalls
 from bc.control import releases as rel_ctl
@@ -65,8 +66,16 @@ class ReleaseRpcs(AdminCalls):
     ) -> admin_pb2.ReleaseKeyInfo:
         async def go() -> admin_pb2.ReleaseKeyInfo:
             keys = self.signer.keys
-            offline = keys is not None and keys.root_signer() is None
-            return key_info(await rel_ctl.add_key(self.store, self.bus, request.public_key, root_offline=offline))
+            root: rel_ctl.RootAtHand | None = None
+            if keys is not None:  # signing on: the root endorses the key (signed here, or where the file is)
+                public = keys.root.public_key()
+                assert isinstance(public, ed25519.Ed25519PublicKey)
+                on_host = keys.root_signer()
+                root = rel_ctl.RootAtHand(public, on_host.key if on_host is not None else None)
+            row = await rel_ctl.add_key(
+                self.store, self.bus, request.public_key, root=root, root_signature=request.root_signature
+            )
+            return key_info(row)
 
         return await self._call(context, go)
 

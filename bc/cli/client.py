@@ -21,13 +21,13 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from bc.cli.admin_calls import AdminCalls
 from bc.cli.render import with_progress
 from bc.config import OperatorConfig, find_operator_config
 from bc.errors import ProtocolError, Unavailable, UsageError
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2
 from bc.wire.status import status_to_error
-from bc.wire.stubs import admin_pb2_grpc
 from bc.wire.tls import channel_credentials
 
 _T = TypeVar("_T")
@@ -38,9 +38,6 @@ ENQUEUE_S_PER_COMMAND = 0.005
 RELEASE_CHUNK = 1 << 20
 
 _Reply = TypeVar("_Reply", bound=Message)
-
-# The generated stub is untyped; naming it through a typed alias keeps mypy strict elsewhere.
-_new_admin_stub: Callable[[Any], Any] = admin_pb2_grpc.AdminStub
 
 
 # After a write whose answer was lost, the read that tells whether it happened.
@@ -115,7 +112,7 @@ class AdminClient:
         self._config = config
         self._timeout_s = timeout_s
         self._channel: Any = None
-        self._stub: Any = None
+        self._calls: AdminCalls | None = None
 
     @classmethod
     def discover(cls, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
@@ -131,7 +128,7 @@ class AdminClient:
         # The largest single-item replies (GetSpec of a maximal spec, a command with a maximal result) fit
         # under the table's gRPC limit (bc.protocol.limits); a bigger message is exit 2 naming it, not exit 5.
         self._channel = grpc.aio.secure_channel(self._config.server, creds, options=LIMITS.grpc_options())
-        self._stub = _new_admin_stub(self._channel)
+        self._calls = AdminCalls(self._channel)  # each call made on first use, not all 59 as the stub does
         return self
 
     async def __aexit__(
@@ -140,7 +137,7 @@ class AdminClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        channel, self._channel, self._stub = self._channel, None, None
+        channel, self._channel, self._calls = self._channel, None, None
         if channel is not None:
             await channel.close()
 
@@ -442,7 +439,7 @@ class AdminClient:
 
     async def watch_job(self, dag_id: str) -> AsyncGenerator[admin_pb2.JobInfo, None]:
         """The DAG now, then at each change; the stream ends after the terminal one. No deadline, like `watch`."""
-        call = self._require_stub().WatchJob(admin_pb2.GetJobRequest(dag_id=dag_id))
+        call = self._call("WatchJob")(admin_pb2.GetJobRequest(dag_id=dag_id))
         try:
             async for info in call:
                 yield self._check(info, admin_pb2.JobInfo)
@@ -502,7 +499,7 @@ class AdminClient:
                     yield admin_pb2.PublishReleaseChunk(data=data)
 
         try:
-            resp = await self._require_stub().PublishRelease(chunks(), timeout=timeout_s)
+            resp = await self._call("PublishRelease")(chunks(), timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
             raise status_to_error(e.code(), e.details() or "", server=self.server) from e
         return self._check(resp, admin_pb2.ReleaseInfo)
@@ -521,7 +518,7 @@ class AdminClient:
 
         The one call without a deadline: a follow runs as long as the operator wants it to.
         """
-        call = self._require_stub().Watch(admin_pb2.WatchRequest(after_seq=after_seq, type_prefix=type_prefix))
+        call = self._call("Watch")(admin_pb2.WatchRequest(after_seq=after_seq, type_prefix=type_prefix))
         try:
             async for event in call:
                 yield self._check(event, admin_pb2.EventRecord)
@@ -541,7 +538,7 @@ class AdminClient:
     async def _unary(
         self, rpc: str, request: Message, reply: type[_Reply], *, timeout_s: float | None = None
     ) -> _Reply:
-        method = getattr(self._require_stub(), rpc)
+        method = self._call(rpc)
         try:
             resp = await method(request, timeout=timeout_s or self._timeout_s)
         except grpc.aio.AioRpcError as e:
@@ -554,10 +551,10 @@ class AdminClient:
             raise status_to_error(e.code(), details, server=self.server) from e
         return self._check(resp, reply)
 
-    def _require_stub(self) -> Any:
-        if self._stub is None:
+    def _call(self, rpc: str) -> Any:
+        if self._calls is None:
             raise RuntimeError("AdminClient is used outside `async with`")
-        return self._stub
+        return self._calls[rpc]
 
     @staticmethod
     def _check(resp: object, reply: type[_Reply]) -> _Reply:

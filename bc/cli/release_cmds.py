@@ -1,6 +1,6 @@
 """`bc release`: signed releases and the self-update of nodes (docs/self-update.md).
 
-    bc release key add --key release.key [--generate]      # trust a release key (nodes get it, root-signed)
+    bc release key add --key release.key [--generate] [--root-key FILE]   # trust a release key (root-signed)
     bc release publish dist/bc-1.4.0-linux-x86_64 --key release.key [--version V] [--url https://…]
     bc release rollout 1.4.0 --nodes n1,n2,… [--max-unavailable 2] [--no-wait]
     bc release status
@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 from google.protobuf import json_format
 
+from bc.cli.admin_cmds import ROOT_KEY_OPTION
 from bc.cli.admin_cmds import release as reservation_release
 from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
@@ -65,13 +66,32 @@ def key() -> None:
 @key.command("add")
 @click.option("--key", "key_path", type=_FILE, required=True, help="The release key (private or public PEM).")
 @click.option("--generate", is_flag=True, help="Make a new private key in --key first (0600; never overwritten).")
+@ROOT_KEY_OPTION
 @json_option
-def key_add(key_path: Path, generate: bool, as_json: bool) -> None:
-    """Trust a release key: it reaches every node in the trust bundle, under the signing root's signature."""
-    if generate:
-        rel.generate_key(key_path)
-    public = rel.load_public(key_path)
-    info = run_client(lambda c: slow(c, c.add_release_key(public)))
+def key_add(key_path: Path, generate: bool, root_key: Path | None, as_json: bool) -> None:
+    """Trust a release key: it reaches every node in the trust bundle, under the signing root's signature.
+
+    With the root key kept off the bc serve host, pass it with --root-key: it signs the release key here
+    (checked against the server's root first, before --generate writes anything) and is never sent.
+    """
+
+    async def go(c: AdminClient) -> admin_pb2.ReleaseKeyInfo:
+        signing_key = None
+        if root_key is not None:
+            from bc.pki.root_offline import load_root_key
+
+            pki = await slow(c, c.get_pki())
+            signing_key = load_root_key(root_key, pki.roots[0].cert_pem if pki.roots else "")
+        if generate:
+            rel.generate_key(key_path)
+        public = rel.load_public(key_path)
+        if signing_key is None:
+            return await slow(c, c.add_release_key(public))
+        # AddReleaseKeyRequest.root_signature: the root's endorsement of the key, made on this machine.
+        request = admin_pb2.AddReleaseKeyRequest(public_key=public, root_signature=rel.endorse(signing_key, public))
+        return await slow(c, c._unary("AddReleaseKey", request, admin_pb2.ReleaseKeyInfo))
+
+    info = run_client(go)
     emit(
         as_json,
         info,

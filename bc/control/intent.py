@@ -40,6 +40,7 @@ class Intent:
         self.quorum_changes: list[common_pb2.QuorumChange] = []  # the approved path to it (agent.trust walks it)
         self.version = 0  # bumped whenever the bundle nodes should hold changes
         self.release_keys: list[bytes] = []  # raw Ed25519 keys that sign releases (docs/self-update.md)
+        self.release_endorsements: list[common_pb2.ReleaseKeyEndorsement] = []  # the root's signature of each
         self._envelope: tuple[tuple[int, str], common_pb2.Envelope | None] | None = None
 
     @property
@@ -55,17 +56,22 @@ class Intent:
         self.version += 1
         return True
 
-    def set_release_keys(self, release_keys: list[bytes]) -> bool:
-        """Take the release keys as read from the store (`bc release key add`); True when the bundle changed."""
-        if release_keys == self.release_keys:
+    def set_release_keys(
+        self, release_keys: list[bytes], endorsements: list[common_pb2.ReleaseKeyEndorsement] | None = None
+    ) -> bool:
+        """Take the release keys and the root's endorsements of them as read from the store (`bc release key
+        add`); True when the bundle changed."""
+        endorsed = list(endorsements or [])
+        if release_keys == self.release_keys and endorsed == self.release_endorsements:
             return False
-        self.release_keys = list(release_keys)
+        self.release_keys, self.release_endorsements = list(release_keys), endorsed
         self.version += 1
         return True
 
     def trust_bundle(self) -> common_pb2.TrustBundle:
         b = common_pb2.TrustBundle(ca_pem=self.ca_pem)
         b.release_keys.extend(self.release_keys)
+        b.release_key_endorsements.extend(self.release_endorsements)
         b.command_signing_roots.extend(self.signer.roots())
         q = self.quorum
         b.approver_keys.extend(q.approver_keys)

@@ -7,10 +7,11 @@ here, one above every earlier release. Nothing is stored for a release that
 fails any check, and the uploaded file is removed.
 
 Release keys reach nodes in the trust bundle (`Intent.set_release_keys`);
-nodes take a change of them only under a command-signing root's own
-signature (agent.trust), so `bc serve` must hold its root key when one is
-added: with the root removed (`bc pki root remove`) a new key is refused in
-one sentence rather than stored for nodes to refuse.
+nodes take a new one only under a command-signing root's own signature
+(agent.trust): each key is stored with the root's endorsement of it, made by
+`bc serve` when it holds the root, else on the operator's machine (`bc release
+key add --root-key FILE`) and checked here; without either, a new key is
+refused in one sentence rather than stored for nodes to refuse.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf.message import DecodeError
 
 from bc.control import actor
@@ -27,7 +29,7 @@ from bc.control.bus import Bus
 from bc.control.events import publish as publish_event
 from bc.errors import Conflict, UsageError
 from bc.pki import releases as rel
-from bc.protocol.pb import kinds_pb2, session_pb2
+from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
 from bc.store import releases as sql
 from bc.store.base import Row, Store
 
@@ -46,24 +48,64 @@ async def release_keys(store: Store) -> list[bytes]:
         return [bytes(r["public_key"]) for r in await sql.list_keys(tx)]
 
 
+async def endorsements(store: Store) -> list[common_pb2.ReleaseKeyEndorsement]:
+    """The root's signature of each release key that has one (`TrustBundle.release_key_endorsements`)."""
+    async with store.transaction(write=False) as tx:
+        rows = await sql.list_keys(tx)
+    return [
+        common_pb2.ReleaseKeyEndorsement(public_key=bytes(r["public_key"]), root_signature=bytes(r["root_signature"]))
+        for r in rows
+        if r["root_signature"]
+    ]
+
+
 ROOT_OFFLINE = (
-    "the command-signing root key is not on this host, and nodes take a new release key only under its own"
-    " signature: put root.key back in the data dir's pki/signing/ while adding it, then remove it again"
+    "the command-signing root key is not on this host, and nodes take a new release key only under its"
+    " signature: pass --root-key FILE (the file `bc pki root export` wrote) to bc release key add; it signs"
+    " the key there and is never sent"
 )
 
 
-async def add_key(store: Store, bus: Bus | None, public_key: bytes, *, root_offline: bool = False) -> Row:
-    """Add a release key. `root_offline` (signing on, the root key removed from this host): a new key is
-    refused, since nodes would refuse the worker-signed bundle that brings it, silently to the operator."""
+@dataclass(frozen=True)
+class RootAtHand:
+    """What `add_key` may endorse a new key with: the root's public key, its private key when on this host."""
+
+    public: ed25519.Ed25519PublicKey
+    private: ed25519.Ed25519PrivateKey | None
+
+
+async def add_key(
+    store: Store, bus: Bus | None, public_key: bytes, *, root: RootAtHand | None = None, root_signature: bytes = b""
+) -> Row:
+    """Add a release key, endorsed by the root (`bc.pki.releases.endorse`) when the install signs (`root`).
+
+    The endorsement is made here when the root key is on this host, else it must come with the request
+    (`root_signature`, made where the exported root is) and verify under the root: nodes would refuse a
+    worker-signed bundle bringing a key without one, silently to the operator. A key already stored is
+    left as it is."""
     if len(public_key) != 32:
         raise UsageError(f"a release key is a raw Ed25519 public key of 32 bytes, not {len(public_key)}")
     key_id = rel.key_id(public_key)
+    endorsement: bytes | None = None
+    if root is not None:
+        if root_signature:
+            if not rel.endorsed_by(root.public, public_key, root_signature):
+                raise UsageError(
+                    "the root signature sent with the release key does not verify under this install's"
+                    " command-signing root; nothing changed"
+                )
+            endorsement = root_signature
+        elif root.private is not None:
+            endorsement = rel.endorse(root.private, public_key)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        if root_offline and all(r["key_id"] != key_id for r in await sql.list_keys(tx)):
+        known = any(r["key_id"] == key_id for r in await sql.list_keys(tx))
+        if root is not None and endorsement is None and not known:
             raise UsageError(ROOT_OFFLINE)
-        if await sql.add_key(tx, key_id, public_key, actor.current(), now_ms):
-            await publish_event(tx, bus, "release.key-added", key_id, {"key_id": key_id}, now_ms)
+        if await sql.add_key(tx, key_id, public_key, actor.current(), now_ms, endorsement):
+            await publish_event(
+                tx, bus, "release.key-added", key_id, {"key_id": key_id, "root_signed": endorsement is not None}, now_ms
+            )
         row = next(r for r in await sql.list_keys(tx) if r["key_id"] == key_id)
     return row
 

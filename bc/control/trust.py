@@ -47,7 +47,8 @@ class LocalTrust:
     async def refresh(self, store: Store) -> bool:
         intent = self.intent
         changed = intent.set_quorum(*await approvers.trust_state(store))
-        changed = intent.set_release_keys(await release_ctl.release_keys(store)) or changed
+        release_keys = await release_ctl.release_keys(store)
+        changed = intent.set_release_keys(release_keys, await release_ctl.endorsements(store)) or changed
         await self.publish(store)
         return changed
 

@@ -8,8 +8,13 @@ statement per release:
 
 The sequence is not signed: `bc serve` assigns it at publish, and it reaches a
 node inside a worker-signed command or spec. A node trusts the release keys
-its trust bundle carries, and takes a change of them only under a
-command-signing root's own signature (agent.trust).
+its trust bundle carries, and takes a new one only under a command-signing
+root's own signature: the whole bundle's, or the key's endorsement
+
+    b"bc.v1/release-key-root\n" + raw public key
+
+(`endorse`), which travels with the key in the worker-signed bundle, so the
+root can sign it on the operator's machine (`bc release key add --root-key`).
 """
 
 from __future__ import annotations
@@ -74,6 +79,24 @@ def verify(public_keys: Iterable[bytes], version: str, sha256: str, size: int, s
             continue
         return key_id(raw)
     raise BadRelease(f"the signature of release {version} does not verify under any trusted release key")
+
+
+def endorsement_message(public_key: bytes) -> bytes:
+    """What a command-signing root signs to trust a release key (`ReleaseKeyEndorsement.root_signature`)."""
+    return b"bc.v1/release-key-root\n" + public_key
+
+
+def endorse(root_key: ed25519.Ed25519PrivateKey, public_key: bytes) -> bytes:
+    """The root's signature of a release key: made by bc serve holding the root, or where the file is."""
+    return root_key.sign(endorsement_message(public_key))
+
+
+def endorsed_by(root_public: ed25519.Ed25519PublicKey, public_key: bytes, signature: bytes) -> bool:
+    try:
+        root_public.verify(signature, endorsement_message(public_key))
+    except InvalidSignature:
+        return False
+    return True
 
 
 def public_bytes(key: ed25519.Ed25519PrivateKey | ed25519.Ed25519PublicKey) -> bytes:

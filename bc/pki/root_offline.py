@@ -16,9 +16,13 @@ never sent anywhere:
   the server previewed; nodes take the change in a worker-signed bundle only
   with it (`agent.trust.quorum_path`), and it still needs k approvals.
 
-`load_root_key` refuses, in one sentence, a file that is unreadable, not a
-key, or another install's root (checked against the root certificate the
-server reports).
+* `bc release key add --root-key FILE`: `bc.pki.releases.endorse` signs the
+  new release key; nodes take it from the worker-signed bundle with that
+  signature (`agent.trust.release_keys_path`).
+
+`load_root_key` refuses, in one sentence, a file that is unreadable, readable
+by other users (group or world bits set), not a key, or another install's root
+(checked against the root certificate the server reports).
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ def load_root_key(path: Path, root_cert_pem: str) -> ed25519.Ed25519PrivateKey:
     if not root_cert_pem:
         raise UsageError("command signing is off on this server: there is no command-signing root to use")
     try:
+        mode = path.stat().st_mode & 0o777
         data = path.read_bytes()
     except OSError as e:
         raise UsageError(f"cannot read the root key file {path} ({e.strerror}); nothing changed") from None
@@ -102,6 +107,11 @@ def load_root_key(path: Path, root_cert_pem: str) -> ed25519.Ed25519PrivateKey:
         raise UsageError(
             f"{path} does not hold this install's command-signing root key ({keys.fingerprint(root)[:19]}…);"
             " nothing changed"
+        )
+    if mode & 0o077:
+        # Whoever else can read it can sign worker keys, quorum steps and release keys: as ssh refuses a key.
+        raise UsageError(
+            f"the root key file {path} is readable by other users (mode {mode:04o}); chmod 600 it; nothing changed"
         )
     return key
 

@@ -1,4 +1,4 @@
-"""Release keys and release records (migration 0012), and the latest daemon.upgrade of each node."""
+"""Release keys (migrations 0012, 0018) and release records (0012), and the latest daemon.upgrade of each node."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ async def list_keys(tx: Tx) -> list[Row]:
     return await tx.fetchall("SELECT * FROM release_keys ORDER BY added_at_ms, key_id", {})
 
 
-async def add_key(tx: Tx, key_id: str, public_key: bytes, added_by: str, now_ms: int) -> bool:
-    """False when the key is already there."""
+async def add_key(
+    tx: Tx, key_id: str, public_key: bytes, added_by: str, now_ms: int, root_signature: bytes | None = None
+) -> bool:
+    """False when the key is already there. `root_signature`: the root's endorsement (migration 0018)."""
     n = await tx.execute(
-        "INSERT INTO release_keys (key_id, public_key, added_by, added_at_ms) VALUES (:k, :p, :b, :t)"
-        " ON CONFLICT (key_id) DO NOTHING",
-        {"k": key_id, "p": public_key, "b": added_by, "t": now_ms},
+        "INSERT INTO release_keys (key_id, public_key, added_by, added_at_ms, root_signature)"
+        " VALUES (:k, :p, :b, :t, :r) ON CONFLICT (key_id) DO NOTHING",
+        {"k": key_id, "p": public_key, "b": added_by, "t": now_ms, "r": root_signature},
     )
     return n == 1
 

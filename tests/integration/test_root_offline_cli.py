@@ -6,9 +6,10 @@ exported file (`--root-key FILE`): the CLI issues the worker certificate and
 signs the change's step on this machine, the root is never sent. The node
 keeps running newly signed commands after the rotation, and takes the new
 quorum settings from a bundle the worker signed, because each change carries
-the root's own signature of its step and still k approvals. A wrong file —
-missing, not a key, another install's root — is one sentence, exit 2, and
-nothing changes.
+the root's own signature of its step and still k approvals; a release key
+added with the file carries the root's endorsement and reaches the node the
+same way. A wrong file — missing, not a key, another install's root, readable
+by others — is one sentence, exit 2, and nothing changes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from bc.control.releases import release_keys
+from bc.pki import releases as rel
 from bc.pki.secrets_source import SeededSecrets
 from bc.pki.signing import SigningKeys
 from bc.serve import Seams, ServeOptions, Server
@@ -214,8 +216,43 @@ def test_an_approver_change_with_a_wrong_root_file_changes_nothing(lab: Lab, tmp
 # -- what else needs the root --------------------------------------------------------------------------
 
 
-def test_a_new_release_key_is_refused_while_the_root_is_off_the_host(lab: Lab, tmp_path: Path) -> None:
-    """Nodes take a new release key only under the root's own signature: stored with the root offline, it
-    would be refused by every node with nothing said to the operator. So it is refused here, in one sentence."""
-    refused(bc("release", "key", "add", "--key", str(tmp_path / "release.key"), "--generate"), 2, "root key")
+def test_a_release_key_added_with_the_root_file_reaches_the_node_in_a_worker_signed_bundle(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """Nodes take a new release key only under the root's own signature. Without the file the key is refused
+    in one sentence (stored, every node would refuse it with nothing said); with it the CLI endorses the key
+    here, and the node takes it from the bundle the worker signed."""
+    key_file = tmp_path / "release.key"
+    refused(bc("release", "key", "add", "--key", str(key_file), "--generate"), 2, "pass --root-key FILE")
+    assert lab.run(release_keys(lab.store)) == [] and list(trust(lab).release_keys) == []
+
+    doc = ok_json("release", "key", "add", "--key", str(key_file), "--root-key", root_file(lab))
+    public = lab.run(release_keys(lab.store))
+    assert len(public) == 1 and doc["key_id"] == rel.key_id(public[0])
+    lab.wait_for("n1 holding the release key", lambda: list(trust(lab).release_keys) == public)
+    (e,) = trust(lab).release_key_endorsements
+    assert e.public_key == public[0] and e.root_signature, "the root's own signature came with it"
+    assert not server_root(lab).exists(), "the root stayed off the host"
+    # The bundle the node took was the worker's (the root is not on the host to sign it).
+    env = lab.server.intent.trust_envelope()
+    assert env is not None and env.key_id == ok_json("pki", "show")["worker"]["key_id"]
+    # Adding it again is a no-op; so is adding it again without the file (nothing new for nodes to take).
+    assert ok_json("release", "key", "add", "--key", str(key_file), "--root-key", root_file(lab))["key_id"]
+    assert ok_json("release", "key", "add", "--key", str(key_file))["key_id"] == doc["key_id"]
+    assert lab.run(release_keys(lab.store)) == public
+    run_on_n1()
+
+
+def test_a_release_key_with_a_wrong_root_file_changes_nothing(lab: Lab, tmp_path: Path) -> None:
+    """Missing, not a key, another install's root, or this root readable by others: one sentence, exit 2, no
+    key stored, and --generate writes no release key file (the root file is checked first)."""
+    readable = tmp_path / "readable-root.key"
+    readable.write_bytes(Path(root_file(lab)).read_bytes())
+    readable.chmod(0o644)
+    cases = [*bad_root_files(tmp_path), (readable, "is readable by other users (mode 0644); chmod 600 it")]
+    for path, fragment in cases:
+        key_file = tmp_path / f"release-{path.stem}.key"
+        args = ("release", "key", "add", "--key", str(key_file), "--generate", "--root-key", str(path))
+        refused(bc(*args), 2, fragment, "nothing changed")
+        assert not key_file.exists()
     assert lab.run(release_keys(lab.store)) == [] and list(trust(lab).release_keys) == []

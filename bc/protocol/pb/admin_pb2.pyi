@@ -1188,10 +1188,12 @@ class SshRecordCertRequest(_message.Message):
     def __init__(self, serial: _Optional[int] = ..., certificate: _Optional[str] = ...) -> None: ...
 
 class AddReleaseKeyRequest(_message.Message):
-    __slots__ = ("public_key",)
+    __slots__ = ("public_key", "root_signature")
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    ROOT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     public_key: bytes
-    def __init__(self, public_key: _Optional[bytes] = ...) -> None: ...
+    root_signature: bytes
+    def __init__(self, public_key: _Optional[bytes] = ..., root_signature: _Optional[bytes] = ...) -> None: ...
 
 class ReleaseKeyInfo(_message.Message):
     __slots__ = ("key_id", "public_key", "added_by", "added_at_ms")

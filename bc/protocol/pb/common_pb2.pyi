@@ -48,7 +48,7 @@ class ApproverKey(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., name: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
 
 class TrustBundle(_message.Message):
-    __slots__ = ("ca_pem", "command_signing_roots", "approver_keys", "quorum_k", "unbatched_destructive_per_hour", "quorum_version", "quorum_changes", "release_keys")
+    __slots__ = ("ca_pem", "command_signing_roots", "approver_keys", "quorum_k", "unbatched_destructive_per_hour", "quorum_version", "quorum_changes", "release_keys", "release_key_endorsements")
     CA_PEM_FIELD_NUMBER: _ClassVar[int]
     COMMAND_SIGNING_ROOTS_FIELD_NUMBER: _ClassVar[int]
     APPROVER_KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class TrustBundle(_message.Message):
     QUORUM_VERSION_FIELD_NUMBER: _ClassVar[int]
     QUORUM_CHANGES_FIELD_NUMBER: _ClassVar[int]
     RELEASE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_KEY_ENDORSEMENTS_FIELD_NUMBER: _ClassVar[int]
     ca_pem: bytes
     command_signing_roots: _containers.RepeatedScalarFieldContainer[bytes]
     approver_keys: _containers.RepeatedCompositeFieldContainer[ApproverKey]
@@ -65,7 +66,16 @@ class TrustBundle(_message.Message):
     quorum_version: int
     quorum_changes: _containers.RepeatedCompositeFieldContainer[QuorumChange]
     release_keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, ca_pem: _Optional[bytes] = ..., command_signing_roots: _Optional[_Iterable[bytes]] = ..., approver_keys: _Optional[_Iterable[_Union[ApproverKey, _Mapping]]] = ..., quorum_k: _Optional[int] = ..., unbatched_destructive_per_hour: _Optional[int] = ..., quorum_version: _Optional[int] = ..., quorum_changes: _Optional[_Iterable[_Union[QuorumChange, _Mapping]]] = ..., release_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    release_key_endorsements: _containers.RepeatedCompositeFieldContainer[ReleaseKeyEndorsement]
+    def __init__(self, ca_pem: _Optional[bytes] = ..., command_signing_roots: _Optional[_Iterable[bytes]] = ..., approver_keys: _Optional[_Iterable[_Union[ApproverKey, _Mapping]]] = ..., quorum_k: _Optional[int] = ..., unbatched_destructive_per_hour: _Optional[int] = ..., quorum_version: _Optional[int] = ..., quorum_changes: _Optional[_Iterable[_Union[QuorumChange, _Mapping]]] = ..., release_keys: _Optional[_Iterable[bytes]] = ..., release_key_endorsements: _Optional[_Iterable[_Union[ReleaseKeyEndorsement, _Mapping]]] = ...) -> None: ...
+
+class ReleaseKeyEndorsement(_message.Message):
+    __slots__ = ("public_key", "root_signature")
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    ROOT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    public_key: bytes
+    root_signature: bytes
+    def __init__(self, public_key: _Optional[bytes] = ..., root_signature: _Optional[bytes] = ...) -> None: ...
 
 class QuorumSettings(_message.Message):
     __slots__ = ("version", "approver_keys", "quorum_k", "unbatched_destructive_per_hour")

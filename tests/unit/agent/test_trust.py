@@ -381,13 +381,45 @@ def test_release_keys_arrive_only_under_the_roots_own_signature() -> None:
     offered.release_keys.append(b"\x01" * 32)
     by_worker = decide_bundle(HOLDING_A, signed(WORKER_A, offered), offered, CA_PEM, NOW)
     assert by_worker.bundle is None
-    assert by_worker.reason == "the release keys change only under the signing root's own signature"
+    assert by_worker.reason.startswith("the release keys change only under the signing root's own signature")
     by_root = decide_bundle(HOLDING_A, signed(ROOT_SIGNER_A, offered), offered, CA_PEM, NOW)
     assert by_root.bundle == offered
     # Once held, the worker's signature still delivers the bundle (nothing about release keys changes).
     again = bundle(ROOT_A_PEM, ROOT_B_PEM)
     again.release_keys.append(b"\x01" * 32)
     assert decide_bundle(offered, signed(WORKER_A, again), again, CA_PEM, NOW).bundle == again
+
+
+def endorsed(key: bytes, root_key: ed25519.Ed25519PrivateKey) -> common_pb2.ReleaseKeyEndorsement:
+    from bc.pki import releases
+
+    return common_pb2.ReleaseKeyEndorsement(public_key=key, root_signature=releases.endorse(root_key, key))
+
+
+def test_a_worker_signed_bundle_adds_a_release_key_only_with_a_held_roots_endorsement() -> None:
+    """The root kept offline (`bc release key add --root-key`): the bundle is the worker's, and the new key
+    carries the root's own signature of it; without one, by another root or by the worker, it is refused."""
+    new = b"\x02" * 32
+    offered = bundle(ROOT_A_PEM)
+    offered.release_keys.append(new)
+    offered.release_key_endorsements.append(endorsed(new, ROOT_KEY_A))
+    d = decide_bundle(HOLDING_A, signed(WORKER_A, offered), offered, CA_PEM, NOW)
+    assert d.bundle == offered, d.reason
+    for signer in (ROOT_KEY_B, WORKER_A.key):
+        forged = bundle(ROOT_A_PEM)
+        forged.release_keys.append(new)
+        forged.release_key_endorsements.append(endorsed(new, signer))
+        d = decide_bundle(HOLDING_A, signed(WORKER_A, forged), forged, CA_PEM, NOW)
+        assert d.bundle is None and "carries no held root's endorsement" in d.reason, d.reason
+    # An endorsement of another key does not vouch for this one.
+    moved = bundle(ROOT_A_PEM)
+    moved.release_keys.append(new)
+    moved.release_key_endorsements.append(endorsed(b"\x03" * 32, ROOT_KEY_A))
+    assert decide_bundle(HOLDING_A, signed(WORKER_A, moved), moved, CA_PEM, NOW).bundle is None
+    # Once held, a worker-signed bundle may not drop it, endorsement or not.
+    dropped = bundle(ROOT_A_PEM)
+    d = decide_bundle(offered, signed(WORKER_A, dropped), dropped, CA_PEM, NOW)
+    assert d.bundle is None and d.reason == "the release keys change only under the signing root's own signature"
 
 
 def _bootstrap_step(

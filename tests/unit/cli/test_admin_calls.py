@@ -1,0 +1,53 @@
+"""`AdminCalls` makes each Admin call as the generated stub does, for every method of the service."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from bc.cli.admin_calls import ADMIN, AdminCalls
+from bc.cli.client import WRITE_CHECKS, AdminClient
+from bc.config import OperatorConfig
+from bc.wire.stubs import admin_pb2_grpc
+
+# What the generated stub's constructor gives each multicallable: grpc.aio keeps them as attributes.
+SHAPE = ("_method", "_request_serializer", "_response_deserializer", "_registered_call_handle")
+
+
+def shape(call: Any) -> tuple[object, ...]:
+    return (type(call), *(getattr(call, name) for name in SHAPE))
+
+
+def test_every_method_is_made_as_the_generated_stub_makes_it() -> None:
+    async def go() -> None:
+        channel = grpc.aio.insecure_channel("127.0.0.1:1")  # never dialled: a multicallable connects on use
+        try:
+            stub: Any = admin_pb2_grpc.AdminStub(channel)
+            calls = AdminCalls(channel)
+            for method in ADMIN.methods:
+                assert shape(calls[method.name]) == shape(getattr(stub, method.name)), method.name
+                assert calls[method.name] is calls[method.name]  # made once
+        finally:
+            await channel.close()
+
+    asyncio.run(go())
+    assert len(ADMIN.methods) > 50
+
+
+def test_a_name_the_service_does_not_have_is_a_key_error() -> None:
+    with pytest.raises(KeyError):
+        AdminCalls(None)["NoSuchCall"]
+
+
+def test_every_write_the_client_names_a_check_for_is_a_method() -> None:
+    assert set(WRITE_CHECKS) <= {m.name for m in ADMIN.methods}
+
+
+def test_the_client_outside_its_context_says_so() -> None:
+    config = OperatorConfig(server="127.0.0.1:1", ca_pem=b"", cert_pem=b"", key_pem=b"", data_dir="", path=Path("x"))
+    with pytest.raises(RuntimeError, match="outside `async with`"):
+        asyncio.run(AdminClient(config).list_nodes())
