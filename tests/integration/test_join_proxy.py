@@ -186,7 +186,7 @@ async def test_bc_join_says_in_one_line_when_the_gateway_reaches_no_api_process(
     try:
         d = tmp_path / "n1"
         r = await bc("join", "--server", gw.address, "--token", tok.token, "--data-dir", str(d))
-        assert r.exit_code != 0
+        assert r.exit_code == 5, r.output  # Unavailable
         assert r.output.count("\n") == 1, r.output
         assert r.output == (
             f"error: cannot join through {gw.address}: gateway gw-k finds no api process registered in the store"
@@ -198,7 +198,7 @@ async def test_bc_join_says_in_one_line_when_the_gateway_reaches_no_api_process(
         async with gw.store.transaction() as tx:
             await gk_sql.register_api(tx, "ghost", "127.0.0.1:1", now_ms, 20_000)
         r = await bc("join", "--server", gw.address, "--token", tok.token, "--data-dir", str(d))
-        assert r.exit_code != 0
+        assert r.exit_code == 5, r.output  # Unavailable
         assert r.output.count("\n") == 1, r.output
         assert r.output.startswith(
             f"error: cannot join through {gw.address}: gateway gw-k reaches none of the 1 api process(es) to join"
