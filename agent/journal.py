@@ -52,7 +52,7 @@ import aiosqlite
 from agent import journal_aside
 from agent import journal_rules as rules
 from agent.journal_api import JournalCorrupt, JournalEvent, JournalFull, StoredSpec, new_journal_id
-from agent.journal_batch import CommitGroups, TxSteps
+from agent.journal_batch import CommitGroups, TxSteps, commit_or_abandon
 from agent.journal_conn import connect_commit_in_thread
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
 from agent.offload import Offload, to_thread
@@ -114,7 +114,8 @@ class Journal:
         self.max_events, self.max_bytes = rules.clamp_bounds(max_events, max_bytes)
         self.limits: Limits = LIMITS  # the size table; tests may lower it
         self._lock = asyncio.Lock()
-        self._groups = CommitGroups(self._lock, TxSteps(self._begin, self._commit, self._rollback))
+        self._steps = TxSteps(self._begin, self._commit, self._rollback)
+        self._groups = CommitGroups(self._lock, self._steps)
 
     # -- opening -------------------------------------------------------
     @staticmethod
@@ -206,13 +207,7 @@ class Journal:
         except BaseException:
             await self._rollback()
             raise
-        try:
-            await self._commit()
-        except asyncio.CancelledError:
-            raise  # the COMMIT still runs on the connection's thread
-        except BaseException:
-            await self._rollback()  # a COMMIT that failed may leave its transaction open
-            raise
+        await commit_or_abandon(self._steps)
 
     async def _begin(self) -> None:
         await self._conn.execute("BEGIN IMMEDIATE")

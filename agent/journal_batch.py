@@ -72,6 +72,17 @@ class TxSteps:
     """Safe to call whether or not a transaction is still open (a failed COMMIT may have ended it)."""
 
 
+async def commit_or_abandon(steps: TxSteps) -> None:
+    """COMMIT; if it fails, roll back what it left open (a failed COMMIT may leave the transaction open)."""
+    try:
+        await steps.commit()
+    except asyncio.CancelledError:
+        raise  # the COMMIT still runs on the connection's thread: its outcome is unknown, never rolled back
+    except BaseException:
+        await steps.rollback()
+        raise
+
+
 class CommitGroups:
     def __init__(self, lock: asyncio.Lock, steps: TxSteps, *, max_batch: int = MAX_BATCH) -> None:
         """`lock` is the journal's: held for each transaction, so no other unit of work joins it."""
@@ -125,17 +136,8 @@ class CommitGroups:
         except BaseException:
             await self._steps.rollback()
             raise
-        await self._commit_or_abandon()
+        await commit_or_abandon(self._steps)
         return result
-
-    async def _commit_or_abandon(self) -> None:
-        try:
-            await self._steps.commit()
-        except asyncio.CancelledError:
-            raise  # the COMMIT still runs on the connection's thread: its outcome is unknown, never rolled back
-        except BaseException:
-            await self._steps.rollback()
-            raise
 
     async def _commit(self, batch: list[_Member[Any]]) -> None:
         if len(batch) == 1:
@@ -158,7 +160,7 @@ class CommitGroups:
                 await self._answer_alone(m)
             return None
         try:
-            await self._commit_or_abandon()
+            await commit_or_abandon(self._steps)
         except BaseException as e:
             self.stats.failed += 1
             log.error("event=journal.batch-commit-failed members=%d error=%s", len(batch), e)
