@@ -15,7 +15,9 @@ A spec change still runs the pass at once.
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from pathlib import Path
 
 from agent.app import Agent, AgentOptions, AgentParts
@@ -27,6 +29,7 @@ from agent.node_key import NodeKey
 from agent.offload import inline, to_thread
 from agent.session.grpc_dial import grpc_dial
 from bc.clock import SystemClock
+from bc.protocol.pb import session_pb2
 
 PROFILE = "hgx-h100-8"
 DRIFT_PASS_S = 300.0
@@ -61,3 +64,35 @@ def light_agent(
     )
     opts = AgentOptions(data_dir=data_dir, heartbeat_interval_s=heartbeat_interval_s, drift_pass_s=drift_pass_s)
     return Agent(opts, parts)
+
+
+async def offer_status(agents: list[Agent], every_s: float, for_s: float) -> int:
+    """Each agent sends a new status every `every_s` (paced over the interval), for `for_s`.
+
+    A fleet whose every node's status changes at every drift pass, the worst case (an agent does not send a
+    status that says nothing new, so each offered report carries a `BenchTick` condition with the tick in
+    its reason), without running the passes themselves in this one process: the same outbox, session
+    writer, gRPC stream and gateway write path.
+    """
+    sent = 0
+    tick_n = 0
+    t0 = time.monotonic()
+    step = every_s / max(1, len(agents))
+    while time.monotonic() - t0 < for_s:
+        tick = time.monotonic()
+        tick_n += 1
+        for k, a in enumerate(agents):
+            out = a.outbox
+            if out.status is not None and a.connected.is_set():
+                report = session_pb2.StatusReport()
+                report.CopyFrom(out.status)
+                kept = [c for c in report.conditions if c.type != "BenchTick"]
+                del report.conditions[:]
+                report.conditions.extend(kept)
+                report.conditions.add(type="BenchTick", status="True", reason=f"tick-{tick_n}")
+                out.put_status(report, out.inventory, out.inventory_hash)
+                sent += 1
+            if k % 100 == 99:
+                await asyncio.sleep(max(0.0, tick + (k + 1) * step - time.monotonic()))
+        await asyncio.sleep(max(0.0, tick + every_s - time.monotonic()))
+    return sent

@@ -8,7 +8,12 @@ the gateways (a 1,000-node re-home showed it at 100 % while the gateways idled a
 several of these share the agents out.
 
 It talks to its parent on stdin and stdout, one line each: it prints `ready N` once all N agents are
-connected (welcomed), and `stop` on stdin (or the end of stdin) stops the agents and ends the process.
+connected (welcomed); `status EVERY FOR` on stdin has each agent offer a new status every EVERY seconds
+for FOR seconds (`bench.light_agents.offer_status`) and prints `offered N` when done; `stop` on stdin (or
+the end of stdin) stops the agents and ends the process.
+
+The file-descriptor limit is raised to the hard limit: each agent holds a socket, and a dial in flight
+another.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import sys
 from pathlib import Path
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from agent.app import Agent
-from bench.light_agents import light_agent
+from bench.light_agents import light_agent, offer_status
 
 
 async def run(root: Path, first: int, end: int) -> None:
@@ -41,13 +47,24 @@ async def run(root: Path, first: int, end: int) -> None:
         line = (await stdin.readline()).decode().strip()
         if line in ("stop", ""):
             break
+        if line.startswith("status "):
+            _, every, for_s = line.split()
+            offered = await offer_status(agents, float(every), float(for_s))
+            print(f"offered {offered}", flush=True)
     announcer.cancel()
     for a in agents:
         a.stopped.set()
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main() -> None:
+    raise_fd_limit()
     root, first, end = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     logging.basicConfig(level=logging.ERROR)  # the storm being measured is routine for these agents
     asyncio.run(run(root, first, end))

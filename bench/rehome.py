@@ -19,12 +19,14 @@ Two more figures come from the same fleet, before the kill (issue 19):
 * `--refresh`: one `inventory.refresh` to every node, enqueued with `EnqueueCommands`, and the wall time
   until every one has settled (with the p50 / p99 of each command's enqueue -> settled).
 
+`--keep` keeps the joined fleet (data dirs, logs, schema) and `--reuse DIR` runs again on it without joining
+(10,000 joins take about six minutes).
 `--gateways N` (default 3) runs N gateway processes; `--no-kill` skips the kill (with one gateway there is
 none to move to); `--agent-procs K` runs the `--light` agents in K processes of their own
 (`bench.light_agents_proc`), since one process's core bounds a re-home of 1,000 agents held in it.
 
 Usage: python -m bench.rehome [--nodes 200] [--light [--agent-procs K]] [--gateways 3] [--status-every S]
-                              [--refresh] [--no-kill] [--url postgresql://postgres@127.0.0.1/test]
+                              [--refresh] [--no-kill] [--keep | --reuse DIR] [--url postgresql://postgres@127.0.0.1/test]
 """
 
 from __future__ import annotations
@@ -52,15 +54,16 @@ from bc.cli.client import AdminClient
 from bc.config import OperatorConfig
 from bc.errors import Unavailable
 from bc.gateway.counters import STATS_EVERY_S
-from bc.protocol.pb import session_pb2
 from bc.store.postgres import drop_schema
-from bench.light_agents import light_agent
+from bench.light_agents import light_agent, offer_status
 from bench.pg_drivers import PG_URL
 from bench.run import Lab, free_port
 from bench.stats import pct
 from bench.throughput import cpu_s, enqueue_and_settle
 
 GATEWAYS = 3
+FLEET_FILE = "fleet.json"
+"""What `--reuse` needs of a kept fleet: its schema, the gateways' ports the nodes joined with, its size."""
 
 
 async def _listening(port: int, timeout_s: float = 30.0) -> None:
@@ -74,38 +77,6 @@ async def _listening(port: int, timeout_s: float = 30.0) -> None:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.05)
-
-
-async def offer_status(agents: list[Agent], every_s: float, for_s: float) -> int:
-    """Each agent sends a new status every `every_s` (paced over the interval), for `for_s`.
-
-    A fleet whose every node's status changes at every drift pass, the worst case (an agent does not send a
-    status that says nothing new, so each offered report carries a `BenchTick` condition with the tick in
-    its reason), without running the passes themselves in this one process: the same outbox, session
-    writer, gRPC stream and gateway write path.
-    """
-    sent = 0
-    tick_n = 0
-    t0 = time.monotonic()
-    step = every_s / max(1, len(agents))
-    while time.monotonic() - t0 < for_s:
-        tick = time.monotonic()
-        tick_n += 1
-        for k, a in enumerate(agents):
-            out = a.outbox
-            if out.status is not None and a.connected.is_set():
-                report = session_pb2.StatusReport()
-                report.CopyFrom(out.status)
-                kept = [c for c in report.conditions if c.type != "BenchTick"]
-                del report.conditions[:]
-                report.conditions.extend(kept)
-                report.conditions.add(type="BenchTick", status="True", reason=f"tick-{tick_n}")
-                out.put_status(report, out.inventory, out.inventory_hash)
-                sent += 1
-            if k % 100 == 99:
-                await asyncio.sleep(max(0.0, tick + (k + 1) * step - time.monotonic()))
-        await asyncio.sleep(max(0.0, tick + every_s - time.monotonic()))
-    return sent
 
 
 _STATS = re.compile(r"^ts=(\S+ \S+) .*event=gateway\.stats .*status_written=(\d+)")
@@ -156,7 +127,7 @@ def exited(procs: dict[str, Any]) -> dict[str, int]:
 
 
 async def run(
-    nodes: int,
+    nodes: int | None,
     url: str,
     keep: bool = False,
     light: bool = False,
@@ -165,15 +136,27 @@ async def run(
     refresh: bool = False,
     kill: bool = True,
     agent_procs: int = 1,
+    reuse: Path | None = None,
 ) -> dict[str, Any]:
-    if agent_procs > 1 and (not light or status_every_s > 0):
-        raise SystemExit("--agent-procs takes --light agents and no --status-every (status is offered in-process)")
-    root = Path(tempfile.mkdtemp(prefix="bc-bench-rehome-"))
+    if agent_procs > 1 and not light:
+        raise SystemExit("--agent-procs takes --light agents")
+    if reuse is not None:  # a fleet joined by an earlier `--keep` run: its schema, data dirs and ports
+        root = reuse
+        meta = json.loads((root / FLEET_FILE).read_text())
+        schema, ports, gateways = meta["schema"], meta["ports"], meta["gateways"]
+        nodes = meta["nodes"] if nodes is None else min(nodes, meta["nodes"])  # the first N of the fleet
+        keep = True
+        lab = Lab(root)
+    else:
+        nodes = nodes or 200
+        root = Path(tempfile.mkdtemp(prefix="bc-bench-rehome-"))
+        schema = "bench_" + secrets.token_hex(4)
+        lab = Lab(root)
+        ports = [lab.port, *(free_port() for _ in range(gateways - 1))]
+        meta = {"schema": schema, "ports": ports, "nodes": nodes, "gateways": gateways}
+        (root / FLEET_FILE).write_text(json.dumps(meta))
     print(f"  data dirs and logs in {root}", flush=True)
-    schema = "bench_" + secrets.token_hex(4)
-    lab = Lab(root)
     store = f"{url}?schema={schema}"
-    ports = [lab.port, *(free_port() for _ in range(gateways - 1))]
     addrs = [f"127.0.0.1:{p}" for p in ports]
     procs: dict[str, Any] = {}
     agents: list[Agent] = []
@@ -187,7 +170,8 @@ async def run(
         await _listening(ports[0])
         for i in range(1, gateways):
             d = root / f"server-{i}"
-            shutil.copytree(first, d)
+            if reuse is None:
+                shutil.copytree(first, d)
             procs[f"gw-{i}"] = lab.spawn(
                 f"gw-{i}",
                 "serve",
@@ -233,7 +217,8 @@ async def run(
 
             progress = asyncio.create_task(join_progress())
             try:
-                await asyncio.gather(*(join(i) for i in range(nodes)))
+                if reuse is None:
+                    await asyncio.gather(*(join(i) for i in range(nodes)))
             finally:
                 progress.cancel()
             joined_s = time.monotonic() - t_join
@@ -242,14 +227,14 @@ async def run(
             t_connect = time.monotonic()
             if agent_procs > 1:  # light agents shared out over processes of their own (bench.light_agents_proc)
                 per = -(-nodes // agent_procs)
-                for first in range(0, nodes, per):
-                    procs[f"agents-{first}"] = await asyncio.create_subprocess_exec(
+                for lo in range(0, nodes, per):
+                    procs[f"agents-{lo}"] = await asyncio.create_subprocess_exec(
                         sys.executable,
                         "-m",
                         "bench.light_agents_proc",
                         str(root),
-                        str(first),
-                        str(min(nodes, first + per)),
+                        str(lo),
+                        str(min(nodes, lo + per)),
                         stdin=asyncio.subprocess.PIPE,
                         stdout=asyncio.subprocess.PIPE,
                     )
@@ -278,13 +263,18 @@ async def run(
                     break
                 await asyncio.sleep(0.5)
             connected_s = time.monotonic() - t_connect
+            print(f"  all {nodes} connected in the store after {connected_s:.0f} s", flush=True)
+            listed = [n for n in listed if n.state == "connected"]  # with --reuse of a larger fleet: these N
             status: dict[str, Any] = {}
             if status_every_s > 0:
                 window = STATS_EVERY_S * 4 + 1
                 print(f"  offering each node's status every {status_every_s} s for {window:.0f} s", flush=True)
                 t0 = time.time()
                 cpu0 = [cpu_s(procs[f"gw-{g}"].pid) for g in range(gateways)]
-                offered = await offer_status(agents, status_every_s, window)
+                if agents:
+                    offered = await offer_status(agents, status_every_s, window)
+                else:  # the agents' own processes offer it (bench.light_agents_proc)
+                    offered = await offer_status_in_procs(procs, status_every_s, window)
                 t1 = time.time()
                 cpu1 = [cpu_s(procs[f"gw-{g}"].pid) for g in range(gateways)]
                 await asyncio.sleep(STATS_EVERY_S + 1)  # the gateways' next stats lines close the window
@@ -372,21 +362,37 @@ async def run(
                     await p.stdin.drain()
                 await p.wait()
         lab.stop()
-        await drop_schema(url, schema)
-        if not keep:
+        if keep:
+            print(f"  kept: rerun with --reuse {root}; schema {schema}", flush=True)
+        else:
+            await drop_schema(url, schema)
             shutil.rmtree(root, ignore_errors=True)
+
+
+async def offer_status_in_procs(procs: dict[str, Any], every_s: float, for_s: float) -> int:
+    """Ask every agents' process to offer its agents' status (`status EVERY FOR`); the reports they offered."""
+    mine = [p for name, p in procs.items() if name.startswith("agents-")]
+    for p in mine:
+        p.stdin.write(f"status {every_s} {for_s}\n".encode())
+        await p.stdin.drain()
+    offered = 0
+    for p in mine:
+        line = (await p.stdout.readline()).decode().split()
+        offered += int(line[1]) if len(line) == 2 and line[0] == "offered" else 0
+    return offered
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, default=200)
+    ap.add_argument("--nodes", type=int, default=None, help="default 200 (with --reuse: the kept fleet's)")
     ap.add_argument("--url", default=PG_URL)
     ap.add_argument("--light", action="store_true", help="the simulator's agents (memory journal), for 1,000+")
     ap.add_argument("--status-every", type=float, default=0.0, help="before the kill: status writes, each node every S")
     ap.add_argument("--gateways", type=int, default=GATEWAYS, help="gateway processes (default 3)")
     ap.add_argument("--refresh", action="store_true", help="before the kill: one inventory.refresh to every node")
     ap.add_argument("--no-kill", action="store_true", help="skip the gateway kill and the re-home figures")
-    ap.add_argument("--keep", action="store_true", help="keep the data dirs and the gateways' logs")
+    ap.add_argument("--keep", action="store_true", help="keep the data dirs, the gateways' logs and the schema")
+    ap.add_argument("--reuse", type=Path, default=None, help="the joined fleet a --keep run left in DIR: no joins")
     ap.add_argument("--agent-procs", type=int, default=1, help="--light agents in K processes of their own")
     return ap
 
@@ -407,6 +413,7 @@ def main() -> None:
             kill=not args.no_kill,
             keep=args.keep,
             agent_procs=args.agent_procs,
+            reuse=args.reuse,
         )
     )
     print("fleet on PostgreSQL:" if args.no_kill else "re-home after a gateway kill:", json.dumps(result), flush=True)
