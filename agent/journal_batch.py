@@ -116,16 +116,21 @@ class CommitGroups:
             await asyncio.shield(self._flusher)
 
     async def _drain(self) -> None:
+        batch: list[_Member[Any]] = []
         try:
             while self._queue:
                 batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
                 async with self._lock:  # released between batches, so reads are not starved
                     await self._commit(batch)
-        except asyncio.CancelledError:
-            queued, self._queue = self._queue, []
+                batch = []
+        except BaseException as e:
+            # Cancelled, or a BEGIN that failed: nobody may be left waiting (those answered are skipped).
+            queued, self._queue = batch + self._queue, []
             for m in queued:
-                answer(m.done, exc=asyncio.CancelledError())
-            raise
+                answer(m.done, exc=e if isinstance(e, Exception) else asyncio.CancelledError())
+            if not isinstance(e, Exception):
+                raise
+            log.error("event=journal.batch-failed members=%d error=%s", len(queued), e)
         finally:
             self._busy = False
 
