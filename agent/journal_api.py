@@ -4,7 +4,7 @@
 `agent.memory_journal.MemoryJournal` (the simulator's, and tests') both
 implement `AgentJournal`, and both apply the rules of `agent.journal_rules`;
 the agent is handed one (`agent.app.AgentParts.open_journal`) and cannot tell
-which. The SQLite one goes through aiosqlite's thread; the memory one never
+which. The SQLite one sends its commits to its connection's thread; the memory one never
 leaves the event loop, which is what a virtual-time loop needs.
 """
 
