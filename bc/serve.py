@@ -327,7 +327,7 @@ class Server:
             self._tasks.append(asyncio.create_task(telemetry.run(), name="telemetry"))
         log.info(
             "event=serve.started listen=%s store=%s gateway=%s roles=%s ca=%s operator_config=%s",
-            self.address,
+            self.address or "-",
             self.store.description,
             self.gateway_id,
             ",".join(sorted(roles)),
