@@ -42,6 +42,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from agent import framing
 from agent.session.runner import SessionDeps, SessionEnd, SessionRunner
@@ -60,6 +61,13 @@ RETRY_AFTER_CAP_S = 60.0
 
 Dial = Callable[[], Awaitable[Link[GatewayMessage, NodeMessage]]]
 """Connect to a gateway: a Link ready for the Hello, or `LinkClosed`/`OSError` when it cannot."""
+
+
+@runtime_checkable
+class ClosableDial(Protocol):
+    """A dial that holds something between dials (the production dial keeps its channels open)."""
+
+    async def aclose(self) -> None: ...
 
 
 def backoff_delay(attempt: int, rng: random.Random) -> float:
@@ -106,6 +114,13 @@ class SessionLoop:
 
     async def run(self) -> Refusal | None:
         """Sessions until the agent stops (None) or its certificate is refused for good (the Refusal)."""
+        try:
+            return await self._sessions()
+        finally:
+            if isinstance(self.dial, ClosableDial):  # what the dial kept open goes with the loop
+                await self.dial.aclose()
+
+    async def _sessions(self) -> Refusal | None:
         attempt = 0
         while not self.stopped.is_set():
             end: SessionEnd | None = None
