@@ -68,6 +68,7 @@ class Admission:
     pending: int = 0
     refused: int = 0
     max_wait_s: float = MAX_HELLO_WAIT_S
+    max_run_s: float = MAX_HELLO_WAIT_S
     max_waiting: int = MAX_WAITING_HELLOS
     waiting: int = 0
     waited: int = 0
@@ -80,6 +81,18 @@ class Admission:
     @property
     def hello_rate(self) -> float:
         return 1.0 / self.hello_gap_s
+
+    @property
+    def run_limit(self) -> int:
+        """Hellos that may run at once: `max_pending`, and no more than this gateway finishes within `max_run_s`
+        at its measured rate.
+
+        The running Hellos queue too, on the store's write lock (one write transaction at a time per process):
+        64 of them at 5 a second (a loaded machine, 10,000 nodes) is a 13 s wait before the last one's
+        transaction starts, past the node's wait for its Welcome. The node gave up, redialed and sent its Hello
+        again, and the gateway ran the transaction of a session nobody was waiting for: at 10,000 nodes almost
+        half the sessions opened were such. Little's law bounds the running Hellos as it bounds the waiting."""
+        return max(1, min(self.max_pending, int(self.max_run_s / self.hello_gap_s)))
 
     def handshake(self, now: float) -> bool:
         """A new stream; False when the bucket is empty (refuse it)."""
@@ -96,7 +109,7 @@ class Admission:
 
     def hello(self, now: float) -> Turn:
         """A Hello transaction about to run: now, after the ones waiting, or refused."""
-        if self.pending < self.max_pending and not self.waiting:
+        if self.pending < self.run_limit and not self.waiting:
             self.pending += 1
             return Turn.RUN
         # Queued only if everything ahead of it (the running Hellos, then the waiting ones) should be done in time.
@@ -110,7 +123,7 @@ class Admission:
 
     def hello_done(self, now: float) -> None:
         """A Hello transaction ended; its slot is free (`take_waiting` hands it to the first waiting Hello)."""
-        if self.pending >= self.max_pending or self.waiting > 0:  # saturated: the gap measures this gateway
+        if self.pending >= self.run_limit or self.waiting > 0:  # saturated: the gap measures this gateway
             if self.last_done is not None:
                 gap = max(0.0, now - self.last_done)
                 self.hello_gap_s = max(1e-4, self.hello_gap_s + HELLO_RATE_WEIGHT * (gap - self.hello_gap_s))
@@ -126,7 +139,7 @@ class Admission:
 
     def take_waiting(self) -> bool:
         """Whether the first waiting Hello takes a free slot now (it leaves the queue and runs)."""
-        if self.waiting > 0 and self.pending < self.max_pending:
+        if self.waiting > 0 and self.pending < self.run_limit:
             self.waiting -= 1
             self.pending += 1
             return True

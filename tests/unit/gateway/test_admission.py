@@ -106,7 +106,7 @@ def test_a_handshake_refusal_waits_for_the_bucket() -> None:
 
 
 def test_a_retry_after_is_capped_and_spread_below_the_cap() -> None:
-    a = Admission(refilled_at=0.0, hello_gap_s=1.0, max_wait_s=0.0, max_pending=1000)
+    a = Admission(refilled_at=0.0, hello_gap_s=1.0, max_wait_s=0.0, max_pending=1000, max_run_s=1e9)
     rng = random.Random(3)
     for _ in range(1000):
         a.hello(0.0)
@@ -180,3 +180,14 @@ def test_no_more_writes_start_than_the_budget_allows(gaps: list[float]) -> None:
         starts.append(now + b.turn(now))
     for t in starts:  # in any window of one second, at most burst + rate writes start
         assert sum(1 for u in starts if t <= u < t + 1.0) <= 20
+
+
+def test_a_slow_gateway_runs_no_more_hellos_than_it_finishes_within_the_wait_bound() -> None:
+    """The running Hellos wait on the store's write lock: at 5 a second, 64 of them would keep the last one
+    13 s from its transaction, past the node's wait for its Welcome (it redials, and the commit is wasted)."""
+    a = Admission(refilled_at=0.0, hello_gap_s=0.2)  # measured: 5 Hellos a second
+    assert a.run_limit == int(MAX_HELLO_WAIT_S / 0.2) < MAX_PENDING_HELLOS
+    turns = [a.hello(0.0) for _ in range(a.run_limit)]
+    assert turns == [Turn.RUN] * a.run_limit
+    assert a.hello(0.0) is Turn.REFUSE  # nothing ahead of it would be done in time: told when to come back
+    assert Admission(refilled_at=0.0).run_limit == MAX_PENDING_HELLOS  # at the optimistic prior: the count bounds
