@@ -12,7 +12,7 @@ connected (welcomed); `status EVERY FOR` on stdin has each agent offer a new sta
 for FOR seconds (`bench.light_agents.offer_status`) and prints `offered N` when done; `stop` on stdin (or
 the end of stdin) stops the agents and ends the process.
 
-The file-descriptor limit is raised to the hard limit: each agent holds a socket, and a dial in flight
+The file-descriptor limit is raised (`raise_fd_limit`): each agent holds a socket, and a dial in flight
 another.
 """
 
@@ -57,10 +57,17 @@ async def run(root: Path, first: int, end: int) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+FD_LIMIT = 65536
+
+
 def raise_fd_limit() -> None:
+    """To `FD_LIMIT` where the process may raise its hard limit (root), else to the hard limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(hard, FD_LIMIT), max(hard, FD_LIMIT)))
+    except (ValueError, OSError):
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def main() -> None:

@@ -358,8 +358,11 @@ async def run(
         for name, p in procs.items():
             if name.startswith("agents-") and isinstance(p, asyncio.subprocess.Process):
                 if p.stdin is not None and p.returncode is None:
-                    p.stdin.write(b"stop\n")
-                    await p.stdin.drain()
+                    try:
+                        p.stdin.write(b"stop\n")
+                        await p.stdin.drain()
+                    except ConnectionError:  # it ended already (killed): the gateways must still be stopped
+                        pass
                 await p.wait()
         lab.stop()
         if keep:
