@@ -103,6 +103,23 @@ async def open_lab(tmp_path: Path, **serve: Any) -> AsyncIterator[InprocLab]:
             await lab.server.stop()
 
 
+def gateway_only_server(data_dir: Path, store: str, gateway_id: str = "gw-k") -> Server:
+    """A `bc serve --roles gateway` beside a lab on its store (not started): it holds no key and waits up to
+    30 s for the serving certificate an api process issues it into the store."""
+    return Server(
+        ServeOptions(
+            data_dir=data_dir,
+            listen="127.0.0.1:0",
+            heartbeat_interval_s=1.0,
+            store=store,
+            gateway_id=gateway_id,
+            roles=frozenset({"gateway"}),
+            serving_cert_wait_s=30.0,
+        ),
+        Seams.production(),
+    )
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
     """The store a lab's `bc serve` runs on: its SQLite file, or a PostgreSQL schema of its own."""

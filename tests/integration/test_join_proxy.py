@@ -29,9 +29,9 @@ from bc.errors import Unauthenticated
 from bc.pki import keys
 from bc.pki.identity import make_csr
 from bc.protocol.pb import join_pb2
-from bc.serve import Seams, ServeOptions, Server
+from bc.serve import Server
 from bc.store import gateway_keys as gk_sql
-from tests.integration.conftest import InprocLab, open_lab
+from tests.integration.conftest import InprocLab, gateway_only_server, open_lab
 from tests.integration.test_keyless_gateway import keyless_pair
 
 
@@ -169,18 +169,7 @@ async def test_bc_join_says_in_one_line_when_the_gateway_reaches_no_api_process(
     shared = store_url or str(tmp_path / "server" / "bc.db")
     async with open_lab(tmp_path, store=shared, roles=frozenset({"api", "worker"})) as lab:
         tok = await lab.admin.create_token("n1")
-        gw = Server(
-            ServeOptions(
-                data_dir=tmp_path / "gw",
-                listen="127.0.0.1:0",
-                heartbeat_interval_s=1.0,
-                store=shared,
-                gateway_id="gw-k",
-                roles=frozenset({"gateway"}),
-                serving_cert_wait_s=30.0,
-            ),
-            Seams.production(),
-        )
+        gw = gateway_only_server(tmp_path / "gw", shared)
         await gw.start()
     # The api process has stopped and taken its registration with it; the gateway runs on.
     try:

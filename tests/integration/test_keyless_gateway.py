@@ -35,12 +35,12 @@ from bc.pki.identity import make_csr
 from bc.pki.renewal import sign_renew_proof
 from bc.pki.secrets_source import SystemSecrets, os_seeded_random
 from bc.protocol.pb import join_pb2
-from bc.serve import Seams, ServeOptions, Server
+from bc.serve import Server
 from bc.store import gateway_keys as gk_sql
 from bc.store import nodes as nodes_sql
 from bc.wire.stubs import join_pb2_grpc
 from bc.wire.tls import channel_credentials
-from tests.integration.conftest import InprocLab, open_lab
+from tests.integration.conftest import InprocLab, gateway_only_server, open_lab
 
 CERT_TTL_S = 20
 
@@ -51,18 +51,7 @@ async def keyless_pair(tmp_path: Path, store_url: str) -> AsyncIterator[tuple[In
         tmp_path, store=store_url, roles=frozenset({"api", "worker"}), node_cert_ttl_s=CERT_TTL_S
     ) as lab:
         shared = store_url or str(tmp_path / "server" / "bc.db")
-        gw = Server(
-            ServeOptions(
-                data_dir=tmp_path / "gw",
-                listen="127.0.0.1:0",
-                heartbeat_interval_s=1.0,
-                store=shared,
-                gateway_id="gw-k",
-                roles=frozenset({"gateway"}),
-                serving_cert_wait_s=30.0,
-            ),
-            Seams.production(),
-        )
+        gw = gateway_only_server(tmp_path / "gw", shared)
         try:
             await gw.start()
             yield lab, gw
