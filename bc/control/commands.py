@@ -417,7 +417,15 @@ async def apply_update(
     *,
     lock: str = "",
 ) -> UpdateOutcome:
-    """Apply one `CommandUpdate` from `node_id`'s session, in the caller's transaction."""
+    """Apply one `CommandUpdate` from `node_id`'s session, in the caller's transaction.
+
+    The common report (a forward move of the node's own command, a result that needs no signature checked)
+    is one UPDATE that returns the command's kind (`_report_at_once`); anything else is read first.
+    """
+    if not lock:
+        done = await _report_at_once(tx, bus, node_id, update, now_ms)
+        if done is not None:
+            return done
     row = await cmd_sql.get_for_node(tx, update.command_id, node_id, lock)
     if row is None:
         other = await cmd_sql.get(tx, update.command_id)
@@ -466,6 +474,42 @@ async def apply_update(
         again = await cmd_sql.get_for_node(tx, update.command_id, node_id)
         state = str(again["state"]) if again else current
         return UpdateOutcome(known=True, changed=False, terminal=cs.is_terminal(state), state=state)
+    return await _moved(tx, bus, node_id, update, kind, target, now_ms)
+
+
+async def _report_at_once(
+    tx: Tx, bus: Bus | None, node_id: str, update: session_pb2.CommandUpdate, now_ms: int
+) -> UpdateOutcome | None:
+    """The report applied by one UPDATE, guarded by every state the state table lets it move (so the table
+    stays the one rule) and, for a result, by a kind that needs no attestation. None when it matched nothing:
+    the caller reads the row and decides as it always did (unknown, another node's, stale, attested)."""
+    target = cs.state_name(update.state)
+    if target is None:
+        return None
+    from_states = [s for s in cs.STATES if cs.next_state(s, update.state) == target]
+    terminal = cs.is_terminal(target)
+    settled = (update.reason, update.message, bytes(update.result), bytes(update.node_sig)) if terminal else None
+    kind = await cmd_sql.report(
+        tx,
+        update.command_id,
+        node_id,
+        from_states=from_states,
+        state=target,
+        boot_id=update.boot_id,
+        now_ms=now_ms,
+        settled=settled,
+        not_kinds=sorted(kinds.ATTESTED) if terminal else (),
+    )
+    if kind is None:
+        return None
+    return await _moved(tx, bus, node_id, update, kind, target, now_ms)
+
+
+async def _moved(
+    tx: Tx, bus: Bus | None, node_id: str, update: session_pb2.CommandUpdate, kind: str, target: str, now_ms: int
+) -> UpdateOutcome:
+    """The events of a report that moved its command to `target`."""
+    terminal = cs.is_terminal(target)
     if terminal:
         data = {"node_id": node_id, "kind": kind, "state": target, "reason": update.reason}
         await publish(tx, bus, "command.settled", update.command_id, data, now_ms)

@@ -6,6 +6,7 @@ sweeper) is in `bc.store.commands`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from bc.store.base import Row, Tx
@@ -98,6 +99,20 @@ _HEADS_PER_STATEMENT = 400
 """(node, lane) queues per PostgreSQL statement."""
 
 
+_HEADS_PER_SQLITE_STATEMENT = 16
+"""(node, lane) queues per SQLite statement."""
+
+
+@functools.cache
+def _sqlite_heads(terms: int) -> str:
+    """The lane-heads read of `terms` (node, lane) queues on SQLite: the first `:kJ` due commands of each."""
+    return " UNION ALL ".join(
+        f"SELECT * FROM (SELECT c.*, s.session_epoch FROM commands c {_MINE} AND c.node_id = :n{j}"
+        f" AND c.lane = :l{j} AND {_DUE} ORDER BY c.seq LIMIT :k{j})"
+        for j in range(terms)
+    )
+
+
 async def gateway_lane_heads(
     tx: Tx, gateway_id: str, now_ms: int, wants: Sequence[LaneWant], dialect: str
 ) -> list[Row]:
@@ -112,14 +127,18 @@ async def gateway_lane_heads(
     """
     out: list[Row] = []
     if dialect != "postgres":
-        # One small statement per lane: SQLite prepares it once and runs it in microseconds on the loop, where a
-        # compound SELECT of hundreds of terms costs tens of milliseconds to prepare each time (measured).
-        one = (
-            f"SELECT c.*, s.session_epoch FROM commands c {_MINE} AND c.node_id = :n AND c.lane = :l AND {_DUE}"
-            " ORDER BY c.seq LIMIT :k"
-        )
-        for node_id, lane, k in wants:
-            out += await tx.fetchall(one, {"g": gateway_id, "now": now_ms, "n": node_id, "l": lane, "k": k})
+        # Up to `_HEADS_PER_SQLITE_STATEMENT` lanes a statement, each its own index seek in a UNION ALL: one
+        # text per number of terms, so SQLite prepares each once (a compound of hundreds of terms costs tens
+        # of milliseconds to prepare, measured), and most lanes are empty, which costs a seek, not a statement.
+        for i in range(0, len(wants), _HEADS_PER_SQLITE_STATEMENT):
+            part = wants[i : i + _HEADS_PER_SQLITE_STATEMENT]
+            terms: dict[str, object] = {"g": gateway_id, "now": now_ms}
+            for j, (node_id, lane, k) in enumerate(part):
+                terms.update({f"n{j}": node_id, f"l{j}": lane, f"k{j}": k})
+            out += await tx.fetchall(_sqlite_heads(len(part)), terms)
+        # In the order of `wants`, then seq, as one statement a lane read them.
+        order = {(node_id, lane): j for j, (node_id, lane, _) in enumerate(wants)}
+        out.sort(key=lambda r: (order[(str(r["node_id"]), str(r["lane"]))], int(r["seq"])))
         return out
     for i in range(0, len(wants), _HEADS_PER_STATEMENT):
         part = wants[i : i + _HEADS_PER_STATEMENT]

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from bc.clock import LoopClock
+from bc.control import command_states as cs
 from bc.control import views
 from bc.control.bus import Bus
 from bc.control.commands import UpdateOutcome, apply_update, request_cancel
@@ -315,3 +316,43 @@ async def test_results_one_batch_committed_whose_acks_a_crash_lost_settle_once_a
     assert sorted(str(e["subject"]) for e in await events("command.settled")) == sorted(cids)
     for cid in cids:
         assert bytes((await get(store, cid))["result"]) == b'{"run":1}'
+
+
+async def test_every_report_from_every_state_moves_the_command_as_the_state_table_says(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode, put: Enqueue, events: Events
+) -> None:
+    # A report is applied by one guarded UPDATE when it can move the command (`commands._report_at_once`), and
+    # read first otherwise: either way the outcome, the row and the events are the state table's.
+    await add_node("n1")
+    for current in cs.STATES:
+        for report_state, name in cs.UPDATE_STATES.items():
+            cid = str((await put("n1"))["id"])
+            now_ms = await store.now_ms()
+            async with store.transaction() as tx:
+                if cs.is_terminal(current):
+                    assert await cmd_sql.settle(
+                        tx, cid, expected="pending", state=current, reason="", message="", now_ms=now_ms
+                    )
+                elif current != cs.PENDING:
+                    assert await cmd_sql.advance(
+                        tx, cid, "n1", expected="pending", state=current, boot_id="", now_ms=now_ms
+                    )
+            seen = len(await events("command."))
+            out = await report(store, bus, "n1", cid, report_state, result=b"{}", boot_id="boot-1")
+            target = cs.next_state(current, report_state)
+            row = await get(store, cid)
+            if target is None:
+                assert out == UpdateOutcome(True, False, cs.is_terminal(current), current), (current, name)
+                assert row["state"] == current
+                assert len(await events("command.")) == seen
+            else:
+                assert out == UpdateOutcome(True, True, cs.is_terminal(target), target), (current, name)
+                assert (row["state"], row["boot_id"]) == (target, "boot-1")
+                assert (row["settled_at_ms"] is not None, row["result"]) == (
+                    (True, b"{}") if cs.is_terminal(target) else (False, None)
+                )
+                [last] = (await events("command."))[seen:]
+                assert (last["type"], last["subject"]) == (
+                    "command.settled" if cs.is_terminal(target) else "command.updated",
+                    cid,
+                )

@@ -304,3 +304,21 @@ async def test_a_burst_of_pokes_is_one_pass_and_the_loop_ends_with_the_last_sess
     d.poke()
     async with asyncio.timeout(5):
         await loops[0]
+
+
+async def test_every_lane_of_every_node_is_read_across_statements(
+    store: Store, bus: Bus, add_node: AddNode, put: Enqueue
+) -> None:
+    # Seven nodes with work in all three lanes: 21 lane heads, more than one SQLite statement reads
+    # (`dispatch._HEADS_PER_SQLITE_STATEMENT`); each node still gets every lane's head, lanes in credit order.
+    epochs = await fleet(store, add_node, 7)
+    want = {}
+    for node_id in epochs:
+        control = [str((await put(node_id))["id"]) for _ in range(2)]
+        provision = [str((await put(node_id, "diag.dcgm"))["id"])]
+        bulk = [str((await put(node_id, "logs.collect"))["id"]) for _ in range(3)]
+        want[node_id] = control + provision + bulk[: kinds.GATEWAY_CREDITS["bulk"]]
+
+    done = await dispatch_gateway(store, bus, "gw-1", epochs)
+
+    assert {n: [f.id for f in s.commands] for n, s in done.sends.items()} == want
