@@ -422,7 +422,7 @@ class Dispatcher:
                 log.exception("event=command.failed command=%s", body.id)
                 result = KindResult.failure(INTERNAL, _sentence(e))
         state = session_pb2.COMMAND_SUCCEEDED if result.ok else session_pb2.COMMAND_FAILED
-        await self._finish(a, state, result.reason, result.message, canonical_json(result.result).encode())
+        await self._finish(a, state, result.reason, result.message, result.result_bytes())
         return None
 
     def _failure(self, body: CommandBody, reason: str, message: str) -> CommandUpdate:

@@ -15,14 +15,21 @@ It talks to its parent on stdin and stdout, one line each:
 * `stats` on stdin → one JSON line: `{"sent": {type: n}, "received": {type: n}, "sent_bytes": …,
   "received_bytes": …, "connected": n}` (cumulative since the start);
 * `stop` (or the end of stdin) → the agents stop and the process exits.
+
+With `BC_AGENTS_PROFILE=FILE` in its environment, the process runs cProfile (the loop's thread only) from
+the first `stats` to the second, which `bench.throughput` sends around its measured window, timed by the
+thread's CPU clock, and writes the stats to FILE (`pstats`): call counts per command, which the machine's load
+does not distort.
 """
 
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import json
 import os
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -95,6 +102,10 @@ async def main(dirs: list[Path]) -> None:
         parts.dial = counting(parts.dial, counts)
         agents.append(Agent(opts, parts))
     tasks = [asyncio.create_task(a.run()) for a in agents]
+    profile_to = os.environ.get("BC_AGENTS_PROFILE", "")
+    # The loop thread's CPU clock, not the wall's: a statement that waits for the GIL or the disk costs no CPU.
+    profiler = cProfile.Profile(time.thread_time) if profile_to else None
+    stats_asked = 0
     try:
         while sum(1 for a in agents if a.connected.is_set()) < len(agents):
             if any(t.done() for t in tasks):
@@ -104,7 +115,14 @@ async def main(dirs: list[Path]) -> None:
         while True:
             line = (await asyncio.to_thread(sys.stdin.readline)).strip()
             if line == "stats":
-                print(json.dumps(counts.doc(agents)), flush=True)
+                doc = json.dumps(counts.doc(agents))
+                stats_asked += 1
+                if profiler is not None and stats_asked == 1:
+                    profiler.enable()
+                elif profiler is not None and stats_asked == 2:
+                    profiler.disable()
+                    profiler.dump_stats(profile_to)
+                print(doc, flush=True)
             elif line in ("stop", ""):
                 break
     finally:
