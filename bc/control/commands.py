@@ -419,7 +419,7 @@ async def apply_update(
 ) -> UpdateOutcome:
     """Apply one `CommandUpdate` from `node_id`'s session, in the caller's transaction.
 
-    The common report (a forward move of the node's own command, a result that needs no signature checked)
+    The common report (the next step of the node's own command, a result that needs no signature checked)
     is one UPDATE that returns the command's kind (`_report_at_once`); anything else is read first.
     """
     if not lock:
@@ -480,20 +480,24 @@ async def apply_update(
 async def _report_at_once(
     tx: Tx, bus: Bus | None, node_id: str, update: session_pb2.CommandUpdate, now_ms: int
 ) -> UpdateOutcome | None:
-    """The report applied by one UPDATE, guarded by every state the state table lets it move (so the table
-    stays the one rule) and, for a result, by a kind that needs no attestation. None when it matched nothing:
-    the caller reads the row and decides as it always did (unknown, another node's, stale, attested)."""
+    """The report applied by one UPDATE from the state a node in order reports it from (the latest on the line
+    that the state table lets it move: `accepted` after dispatch, `running` after `accepted`, a result after
+    `running`) and, for a result, of a kind that needs no attestation. None when it matched nothing: the
+    caller reads the row and decides by the table as it always did (unknown, another node's, a report that
+    skipped a step, stale, repeated, attested)."""
     target = cs.state_name(update.state)
     if target is None:
         return None
     from_states = [s for s in cs.STATES if cs.next_state(s, update.state) == target]
+    if not from_states:
+        return None
     terminal = cs.is_terminal(target)
     settled = (update.reason, update.message, bytes(update.result), bytes(update.node_sig)) if terminal else None
     kind = await cmd_sql.report(
         tx,
         update.command_id,
         node_id,
-        from_states=from_states,
+        expected=max(from_states, key=cs.rank),
         state=target,
         boot_id=update.boot_id,
         now_ms=now_ms,

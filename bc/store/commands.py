@@ -236,29 +236,33 @@ async def report(
     id_: str,
     node_id: str,
     *,
-    from_states: Iterable[str],
+    expected: str,
     state: str,
     boot_id: str,
     now_ms: int,
     settled: tuple[str, str, bytes, bytes] | None = None,
     not_kinds: Iterable[str] = (),
 ) -> str | None:
-    """A node's report applied in one statement: the command moves to `state` if it belongs to `node_id` and is
-    in one of `from_states` (what the state table lets the report move) and its kind is none of `not_kinds`.
+    """A node's report applied in one statement: the command moves to `state` if it belongs to `node_id`, is in
+    `expected` and its kind is none of `not_kinds`. One state, not a list: `state IN (…)` cost SQLite about as
+    much as the read it saves (25-38 us against 18-30, measured on the commands table).
     `settled`: `(reason, message, result, node_sig)` of a terminal report, stored as `settle` stores them.
 
-    Returns the command's kind when it moved, None when nothing matched (unknown, another node's, stale,
-    repeated, or a kind the caller must read first): the caller then reads the row to learn which.
+    Returns the command's kind when it moved, None when nothing matched (unknown, another node's, in another
+    state, or a kind the caller must read first): the caller then reads the row to learn which.
     """
     params: dict[str, object] = {"id": id_, "n": node_id, "s": state, "b": boot_id, "t": now_ms}
     sets = "state = :s, boot_id = :b, updated_at_ms = :t"
     if settled is not None:
         params["r"], params["m"], params["res"], params["sig"] = settled
         sets += ", reason = :r, message = :m, result = :res, node_sig = :sig, settled_at_ms = :t"
-    where = f"id = :id AND node_id = :n AND state IN ({_in('f', from_states, params)})"
-    excluded = _in("k", not_kinds, params)
-    if excluded:
-        where += f" AND kind NOT IN ({excluded})"
+    params["from"] = expected
+    where = "id = :id AND node_id = :n AND state = :from"
+    for i, kind in enumerate(not_kinds):
+        # `<>` each, not `NOT IN (…)`: SQLite built the list into a table on every run (61-88 us a statement
+        # against 26-31, measured on the commands table).
+        params[f"k{i}"] = kind
+        where += f" AND kind <> :k{i}"
     v = await tx.fetchval(f"UPDATE commands SET {sets} WHERE {where} RETURNING kind", params)
     return None if v is None else str(v)
 

@@ -321,8 +321,8 @@ async def test_results_one_batch_committed_whose_acks_a_crash_lost_settle_once_a
 async def test_every_report_from_every_state_moves_the_command_as_the_state_table_says(
     store: InlineSqliteStore, bus: Bus, add_node: AddNode, put: Enqueue, events: Events
 ) -> None:
-    # A report is applied by one guarded UPDATE when it can move the command (`commands._report_at_once`), and
-    # read first otherwise: either way the outcome, the row and the events are the state table's.
+    # A report is applied by one UPDATE from the state it comes after in order (`commands._report_at_once`),
+    # and read first otherwise: from every state, the outcome, the row and the events are the state table's.
     await add_node("n1")
     for current in cs.STATES:
         for report_state, name in cs.UPDATE_STATES.items():
