@@ -55,6 +55,14 @@ from bc.protocol.pb.session_pb2 import CommandBody, CommandUpdate, NodeMessage
 log = logging.getLogger("agent.dispatch")
 
 SWEEP_EVERY_S = 3600.0
+ACK_WRITE_AFTER_S = 1.0
+"""How long the results the gateway acked wait before they are marked acked in the journal, all in one write.
+
+An ack's mark only keeps a result out of the next Hello's replay, so it need not be durable at once: one
+that a crash loses sends its result again, which the gateway takes once (as after a crash between the
+gateway's Ack and the mark, before). Written one Ack at a time, the marks were a third of the journal's
+transactions and fsyncs under load (docs/design.md "Throughput (issue 19)"); a new session's Hello writes
+the waiting marks first (`write_acks`), so a result the gateway acked is not replayed to it."""
 UPGRADE_KIND = "daemon.upgrade"
 
 Sender = Callable[[NodeMessage], Awaitable[None]]
@@ -130,6 +138,8 @@ class Dispatcher:
         self.deferred: dict[str, tuple[session_pb2.Command, CommandBody]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._last_sweep = 0.0
+        self._acked: list[str] = []  # acked by the gateway, not yet marked in the journal
+        self._ack_writer: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------
     async def start(self) -> list[rules.Settlement]:
@@ -159,9 +169,11 @@ class Dispatcher:
                 log.info("event=journal.swept commands=%d", len(swept))
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        writer, self._ack_writer = self._ack_writer, None
+        for t in [*self._tasks, *([writer] if writer is not None else [])]:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *([writer] if writer is not None else []), return_exceptions=True)
+        await self.write_acks()
 
     def _settlement_update(self, s: rules.Settlement) -> CommandUpdate:
         if s.outcome == "rebooted":
@@ -356,8 +368,28 @@ class Dispatcher:
             a.cancelled = True  # the worker settles it CANCELLED instead of running it
 
     async def on_ack(self, command_ids: list[str]) -> None:
-        if command_ids:
-            await self.journal.ack_results(command_ids)
+        """The gateway holds these results: marked acked in the journal within ACK_WRITE_AFTER_S, with the
+        others acked meanwhile, in one write (see ACK_WRITE_AFTER_S)."""
+        if not command_ids:
+            return
+        self._acked.extend(command_ids)
+        if self._ack_writer is None:
+            self._ack_writer = asyncio.create_task(self._write_acks_later(), name="acks")
+
+    async def _write_acks_later(self) -> None:
+        await self.clock.sleep(ACK_WRITE_AFTER_S)
+        self._ack_writer = None
+        await self.write_acks()
+
+    async def write_acks(self) -> None:
+        """Mark every waiting ack in the journal now (a new session's Hello reads what is unacked)."""
+        ids, self._acked = list(dict.fromkeys(self._acked)), []
+        if not ids:
+            return
+        try:
+            await self.journal.ack_results(ids)
+        except Exception as e:  # the results stay unacked: the next Hello sends them again, the gateway takes one
+            log.warning("event=command.ack-write-failed commands=%d error=%s", len(ids), e)
 
     # -- execution ---------------------------------------------------------
     async def _worker(self, lane: Lane) -> None:

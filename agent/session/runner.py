@@ -115,6 +115,7 @@ class SessionRunner:
 
     async def run(self) -> SessionEnd:
         d = self.deps
+        await d.dispatcher.write_acks()  # what the last session's gateway acked is not replayed to this one
         unacked = [d.sign_update(CommandUpdate.FromString(b)) for _id, b in await d.journal.unacked_results()]
         hello = self.core.hello(d.clock.monotonic(), __version__, [], await d.dispatcher.running_ids())
         hello, self.after_welcome = framing.pack_hello(hello, unacked, self.frame_budget)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import pytest
 from google.protobuf import any_pb2
 
-from agent.dispatch import Dispatcher
+from agent.dispatch import ACK_WRITE_AFTER_S, Dispatcher
 from agent.hw.fake import FakeHardware
 from agent.kinds.base import KindContext
 from agent.memory_journal import MemoryJournal
@@ -163,3 +163,57 @@ async def test_cancel_of_a_queued_command(tmp_path: Path) -> None:
     finally:
         await h.d.stop()
     assert ("COMMAND_RUNNING", "") not in h.updates("c1")
+
+
+class AckCountingJournal(MemoryJournal):
+    """The memory journal, each `ack_results` call (one transaction on the SQLite journal) recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ack_writes: list[list[str]] = []
+
+    async def ack_results(self, command_ids: Iterable[str]) -> int:
+        ids = list(command_ids)
+        self.ack_writes.append(ids)
+        return await super().ack_results(ids)
+
+
+async def _settled(h: Harness, *cids: str) -> None:
+    for cid in cids:
+        await h.d.on_command(command(cid, "inventory.refresh"))
+        await h.wait_state(cid, "COMMAND_SUCCEEDED")
+
+
+async def test_acks_are_marked_together_within_the_ack_write_delay(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.journal = h.d.journal = journal = AckCountingJournal()
+    await h.d.start()
+    try:
+        await _settled(h, "c1", "c2", "c3")
+        t0 = h.clock.monotonic()
+        await h.d.on_ack(["c1"])
+        await h.d.on_ack(["c2", "c1"])  # a repeat is marked once
+        assert journal.ack_writes == [] and len(await journal.unacked_results()) == 3
+        while not journal.ack_writes:
+            await asyncio.sleep(0.1)  # virtual time
+        assert h.clock.monotonic() - t0 == pytest.approx(ACK_WRITE_AFTER_S, abs=0.11)
+        assert journal.ack_writes == [["c1", "c2"]]
+        assert [cid for cid, _ in await journal.unacked_results()] == ["c3"]
+    finally:
+        await h.d.stop()
+
+
+async def test_a_hello_and_a_stop_mark_the_waiting_acks_first(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.journal = h.d.journal = journal = AckCountingJournal()
+    await h.d.start()
+    try:
+        await _settled(h, "c1", "c2")
+        await h.d.on_ack(["c1"])
+        await h.d.write_acks()  # what SessionRunner.run does before it reads the Hello's unacked results
+        assert journal.ack_writes == [["c1"]]
+        assert [cid for cid, _ in await journal.unacked_results()] == ["c2"]
+        await h.d.on_ack(["c2"])
+    finally:
+        await h.d.stop()
+    assert journal.ack_writes == [["c1"], ["c2"]] and await journal.unacked_results() == []
