@@ -17,6 +17,8 @@ from bc.sim.fleet import SimConfig, run_sync, workload_for
 SEEDS = (1, 2, 3, 4, 5)
 
 
+# About 25 s alone, but up to 100 s on a 2-core machine that is running other work: past the suite's 120 s.
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_heavy_chaos_at_100_nodes_for_an_hour_passes_every_invariant(seed: int) -> None:
     cfg = SimConfig(nodes=100, seed=seed, chaos="heavy", duration_s=3600)
