@@ -21,8 +21,8 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,20 @@ def counted(tx_classes: list[type[Tx]]) -> Iterator[list[int]]:
             setattr(cls, name, orig)
 
 
+@asynccontextmanager
+async def fresh_store(kind: str, url: str) -> AsyncIterator[Store]:
+    """A new store, not yet opened, of the driver `bc serve` runs: a SQLite file in a temp dir, or (`kind`
+    "postgres") a schema of its own in the database at `url`; removed afterwards."""
+    tmp = Path(tempfile.mkdtemp(prefix="bc-bench-store-"))
+    schema = "bench_" + secrets.token_hex(4)
+    try:
+        yield SqliteStore(tmp / "bc.db") if kind == "sqlite" else PostgresStore(url, schema=schema)
+    finally:
+        if kind == "postgres":
+            await drop_schema(url, schema)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 async def one_round(store: Store, nodes: int, commands: int) -> tuple[float, int]:
     await store.open()
     try:
@@ -84,16 +98,9 @@ async def figures(store_kind: str, nodes: int, commands: int, rounds: int, url: 
     cpus: list[float] = []
     statements = 0
     for _ in range(rounds):
-        tmp = Path(tempfile.mkdtemp(prefix="bc-bench-enqueue-"))
-        schema = "bench_" + secrets.token_hex(4)
-        try:
-            store: Store = SqliteStore(tmp / "bc.db") if store_kind == "sqlite" else PostgresStore(url, schema=schema)
+        async with fresh_store(store_kind, url) as store:
             cpu, statements = await one_round(store, nodes, commands)
             cpus.append(cpu)
-        finally:
-            if store_kind == "postgres":
-                await drop_schema(url, schema)
-            shutil.rmtree(tmp, ignore_errors=True)
     return {
         "store": store_kind,
         "nodes": nodes,

@@ -17,12 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import secrets
-import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from google.protobuf import any_pb2
 
@@ -34,9 +30,9 @@ from bc.protocol.pb import session_pb2 as pb
 from bc.store import Store
 from bc.store import nodes as nodes_sql
 from bc.store.group_commit import GroupCommit
-from bc.store.postgres import PostgresStore, _PgTx, drop_schema
-from bc.store.sqlite import SqliteStore, _SqliteTx
-from bench.enqueue import counted
+from bc.store.postgres import _PgTx
+from bc.store.sqlite import _SqliteTx
+from bench.enqueue import counted, fresh_store
 from bench.pg_drivers import PG_URL
 
 REPORTS = (pb.COMMAND_ACKED, pb.COMMAND_RUNNING, pb.COMMAND_SUCCEEDED)
@@ -106,16 +102,9 @@ async def figures(kind: str, nodes: int, k: int, rounds: int, url: str) -> str:
     runs: list[dict[str, float]] = []
     statements = 0
     for _ in range(rounds):
-        tmp = Path(tempfile.mkdtemp(prefix="bc-bench-serve-store-"))
-        schema = "bench_" + secrets.token_hex(4)
-        try:
-            store: Store = SqliteStore(tmp / "bc.db") if kind == "sqlite" else PostgresStore(url, schema=schema)
+        async with fresh_store(kind, url) as store:
             cpu, statements = await one_round(store, nodes, k)
             runs.append(cpu)
-        finally:
-            if kind == "postgres":
-                await drop_schema(url, schema)
-            shutil.rmtree(tmp, ignore_errors=True)
     med = {p: statistics.median(r[p] for r in runs) / k * 1e6 for p in runs[0]}
     phases = ", ".join(f"{p} {v:.0f}" for p, v in med.items())
     return (
