@@ -31,6 +31,7 @@ SLOW_FIRST = (
     "tests/e2e/test_self_update.py",
     "tests/e2e/test_dist.py",
     "tests/sim/test_sim_heavy_seeds.py",
+    "tests/sim/test_sim_heavy_seeds_more.py",
     "tests/sim/test_session_pair.py",
 )
 

@@ -1,39 +1,13 @@
-"""Issue 14's gate: heavy chaos at 100 nodes for a simulated hour passes every invariant, for five seeds.
-
-Each seed is the production control plane, gateway and 100 agents under agent crashes, reboots, journal
-losses, partitions, half-open links, resets, stalls, clock skew on the nodes and the control plane and a
-control-plane restart, with the operator workload (reservations, spec writes, every command kind, signed
-batches, jobs), then the five-minute quiet period I7 needs. About 23 s of one core each on the 2-core
-machine (docs/sim.md, "Figures"); conftest.py starts this file early so it is not the suite's tail.
-"""
+"""Issue 14's gate, seeds 1-3 of five (tests/sim/heavy_seed.py says what each run checks)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bc.sim import chaos
-from bc.sim.fleet import SimConfig, run_sync, workload_for
-
-SEEDS = (1, 2, 3, 4, 5)
+from tests.sim.heavy_seed import SEEDS, TIMEOUT_S, check_heavy_seed
 
 
-# About 25 s alone, but up to 100 s on a 2-core machine that is running other work: past the suite's 120 s.
-@pytest.mark.timeout(360)
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("seed", SEEDS[:3])
 def test_heavy_chaos_at_100_nodes_for_an_hour_passes_every_invariant(seed: int) -> None:
-    cfg = SimConfig(nodes=100, seed=seed, chaos="heavy", duration_s=3600)
-    ticks: list[tuple[float, int, int]] = []
-    result = run_sync(cfg, workload=workload_for(cfg), progress=lambda s, e, f: ticks.append((s, e, f)))
-    failed = [(r.id, r.counterexample) for r in result.invariants if not r.ok]
-    assert not failed, (failed, result.repro)
-    assert [r.id for r in result.invariants] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]
-    assert set(result.faults) == set(chaos.KINDS)  # heavy strikes with every kind
-    assert result.facts is not None and result.facts.restarts and result.facts.journal_losses
-    # The workload reached every part of the fleet: bookings, commands, a signed batch and a job.
-    work = result.work
-    assert work["reservations"] > 0 and work["approvals"] > 0 and work["batches"] > 0
-    assert sum(v for k, v in work.items() if k.startswith("command.")) > 100
-    assert sum(v for k, v in work.items() if k.startswith("jobs.")) > 0
-    assert result.sim_seconds >= cfg.duration_s + cfg.quiet_s - 0.001 and result.wall_seconds > 0
-    assert result.repro == f"bc sim --nodes 100 --chaos heavy --seed {seed} --duration 1h"
-    assert len(ticks) >= 60 and ticks[-1][1] > 0  # progress about once a simulated minute
+    check_heavy_seed(seed)
