@@ -63,10 +63,10 @@ async def one_round(store: Store, nodes: int, k: int) -> tuple[dict[str, float],
                 epochs[node_id] = opened.epoch
         cpu = {"enqueue": 0.0, "dispatch": 0.0, "updates": 0.0}
 
-        async def report(node_id: str, command_id: str, state: int) -> UpdateOutcome:
+        async def report(node_id: str, command_id: str, state: pb.CommandState) -> UpdateOutcome:
             now = await store.now_ms()
             result = b"{}" if state == pb.COMMAND_SUCCEEDED else b""
-            update = pb.CommandUpdate(command_id=command_id, state=state, boot_id="b", result=result)  # type: ignore[arg-type]
+            update = pb.CommandUpdate(command_id=command_id, state=state, boot_id="b", result=result)
             return await group.run(lambda tx: apply_update(tx, bus, signer, node_id, update, now))
 
         with counted([_SqliteTx, _PgTx]) as seen:

@@ -103,21 +103,23 @@ async def open_lab(tmp_path: Path, **serve: Any) -> AsyncIterator[InprocLab]:
             await lab.server.stop()
 
 
+def one_role_options(data_dir: Path, store: str, role: str, name: str, serving_cert_wait_s: float) -> ServeOptions:
+    """`bc serve --roles ROLE --gateway-id NAME` beside a lab on its store, on a port of its own."""
+    return ServeOptions(
+        data_dir=data_dir,
+        listen="127.0.0.1:0",
+        heartbeat_interval_s=1.0,
+        store=store,
+        gateway_id=name,
+        roles=frozenset({role}),
+        serving_cert_wait_s=serving_cert_wait_s,
+    )
+
+
 def gateway_only_server(data_dir: Path, store: str, gateway_id: str = "gw-k") -> Server:
     """A `bc serve --roles gateway` beside a lab on its store (not started): it holds no key and waits up to
     30 s for the serving certificate an api process issues it into the store."""
-    return Server(
-        ServeOptions(
-            data_dir=data_dir,
-            listen="127.0.0.1:0",
-            heartbeat_interval_s=1.0,
-            store=store,
-            gateway_id=gateway_id,
-            roles=frozenset({"gateway"}),
-            serving_cert_wait_s=30.0,
-        ),
-        Seams.production(),
-    )
+    return Server(one_role_options(data_dir, store, "gateway", gateway_id, 30.0), Seams.production())
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

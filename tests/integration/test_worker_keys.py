@@ -28,21 +28,13 @@ from bc.pki.signing import SIGNING_DIR, SigningKeys, issue_worker
 from bc.serve import Seams, ServeOptions, Server
 from bc.store import leases
 from bc.store import nodes as nodes_sql
-from tests.integration.conftest import InprocLab, open_lab
+from tests.integration.conftest import InprocLab, one_role_options, open_lab
 
 WORKER_FILES = ("worker.key", "worker.crt", "root.crt")
 
 
 def worker_options(tmp_path: Path, store: str, name: str = "worker") -> ServeOptions:
-    return ServeOptions(
-        data_dir=tmp_path / name,
-        listen="127.0.0.1:0",
-        heartbeat_interval_s=1.0,
-        store=store,
-        gateway_id=name,
-        roles=frozenset({"worker"}),
-        serving_cert_wait_s=10.0,
-    )
+    return one_role_options(tmp_path / name, store, "worker", name, 10.0)
 
 
 def copy_worker_key(api_dir: Path, worker_dir: Path) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 import grpc
 
-from agent.session.channels import Channels, KeyPair
+from agent.session.channels import ChannelFactory, Channels, KeyPair
 from agent.session.grpc_dial import STICKY_S, Rotation
 
 
@@ -20,11 +21,13 @@ class FakeChannel:
         self.closed = True
 
 
-def factory(made: list[FakeChannel]):  # type: ignore[no-untyped-def]
-    def new(addr: str, creds: grpc.ChannelCredentials) -> FakeChannel:
+def factory(made: list[FakeChannel]) -> ChannelFactory:
+    """Channels that record their close, in `made` (the fake stands where a grpc.aio.Channel would)."""
+
+    def new(addr: str, creds: grpc.ChannelCredentials) -> grpc.aio.Channel:
         ch = FakeChannel(addr)
         made.append(ch)
-        return ch
+        return cast(grpc.aio.Channel, ch)
 
     return new
 
@@ -45,24 +48,25 @@ def test_the_key_pair_is_read_again_only_when_its_files_change(tmp_path: Path) -
 
 async def test_one_channel_per_address_kept_across_dials_and_the_others_closed_once_one_is_used() -> None:
     made: list[FakeChannel] = []
-    chans = Channels(b"ca", factory(made))  # type: ignore[arg-type]
+    chans = Channels(b"ca", factory(made))
     await chans.use_pair((b"k", b"c"))
     a, b = chans.get("a:1"), chans.get("b:1")
     assert chans.get("a:1") is a and len(made) == 2  # the next dial finds the same channel, handshake and all
+    made_a, made_b = made
     await chans.use_pair(None)  # the pair did not change: the channels stay
-    assert not a.closed and not b.closed  # type: ignore[attr-defined]
+    assert not made_a.closed and not made_b.closed
     await chans.keep_only("b:1")
-    assert a.closed and not b.closed  # type: ignore[attr-defined]
+    assert made_a.closed and not made_b.closed
     assert chans.get("b:1") is b
 
 
 async def test_a_new_key_pair_closes_every_channel_made_with_the_old_one() -> None:
     made: list[FakeChannel] = []
-    chans = Channels(b"ca", factory(made))  # type: ignore[arg-type]
+    chans = Channels(b"ca", factory(made))
     await chans.use_pair((b"k", b"c1"))
     old = chans.get("a:1")
     await chans.use_pair((b"k", b"c2"))
-    assert old.closed  # type: ignore[attr-defined]
+    assert made[0].closed
     assert chans.get("a:1") is not old and chans.created == 2
 
 
