@@ -17,6 +17,7 @@ from cryptography import x509
 
 from bc.errors import Unauthenticated
 from bc.pki.identity import PeerIdentity, peer_identity
+from bc.wire.tls import peer_pem_from_context
 
 KNOWN_PEERS = 16_384
 """Certificates remembered (least recently presented first out): a fleet's nodes and operators, at about
@@ -53,10 +54,10 @@ PEERS = KnownPeers()
 def peer_of(
     context: grpc.aio.ServicerContext, ca_cert: x509.Certificate, kind: str, known: KnownPeers = PEERS
 ) -> PeerIdentity:
-    pems = context.auth_context().get("x509_pem_cert")
-    if not pems:
+    pem = peer_pem_from_context(context)
+    if pem is None:
         raise Unauthenticated("this call needs a client certificate")
-    peer = known.identity(pems[0], ca_cert)
+    peer = known.identity(pem, ca_cert)
     if peer.kind != kind:
         raise Unauthenticated(f"this call needs a {kind} certificate, not a {peer.kind} one")
     return peer

@@ -95,14 +95,20 @@ def channel_credentials(ca_pem: bytes, key_pem: bytes, cert_pem: bytes) -> grpc.
     return grpc.ssl_channel_credentials(root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem)
 
 
+def peer_pem_from_context(context: _HasAuthContext) -> bytes | None:
+    """The client certificate of the call as grpc hands it over, PEM (`grpc.ServicerContext` or the aio one)."""
+    pems = context.auth_context().get("x509_pem_cert")
+    return pems[0] if pems else None
+
+
 def peer_cert_from_context(context: _HasAuthContext) -> x509.Certificate | None:
     """The client certificate of the call (`grpc.ServicerContext` or `grpc.aio.ServicerContext`)."""
-    pems = context.auth_context().get("x509_pem_cert")
-    if not pems:
+    pem = peer_pem_from_context(context)
+    if pem is None:
         return None
     from bc.pki import keys
 
-    return keys.load_cert_pem(pems[0])
+    return keys.load_cert_pem(pem)
 
 
 def _join_pem(*pems: bytes) -> bytes:
