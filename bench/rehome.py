@@ -21,6 +21,9 @@ Two more figures come from the same fleet, before the kill (issue 19):
 
 `--keep` keeps the joined fleet (data dirs, logs, schema) and `--reuse DIR` runs again on it without joining
 (10,000 joins take about six minutes).
+`--start-rate R` starts the agents R a second (a rolling start, as a fleet powered on by racks) instead
+of all at once; the re-home after the kill is still the storm it measures. `--settle S` waits S once the
+fleet is connected, then measures S of each process's idle CPU, before anything else.
 `--gateways N` (default 3) runs N gateway processes; `--no-kill` skips the kill (with one gateway there is
 none to move to); `--agent-procs K` runs the `--light` agents in K processes of their own
 (`bench.light_agents_proc`), since one process's core bounds a re-home of 1,000 agents held in it.
@@ -56,6 +59,7 @@ from bc.errors import Unavailable
 from bc.gateway.counters import STATS_EVERY_S
 from bc.store.postgres import drop_schema
 from bench.light_agents import light_agent, offer_status
+from bench.light_agents_proc import start_agents
 from bench.pg_drivers import PG_URL
 from bench.run import Lab, free_port
 from bench.stats import pct
@@ -103,6 +107,7 @@ def write_rate(points: list[tuple[float, int]], start: float, end: float) -> flo
 
 
 JOIN_PROGRESS_S = 10.0
+SETTLE_S = 10.0
 
 
 def join_rate_figures(joined_at: list[float], start: float) -> dict[str, float]:
@@ -137,6 +142,8 @@ async def run(
     kill: bool = True,
     agent_procs: int = 1,
     reuse: Path | None = None,
+    settle_s: float = SETTLE_S,
+    start_rate: float = 0.0,
 ) -> dict[str, Any]:
     if agent_procs > 1 and not light:
         raise SystemExit("--agent-procs takes --light agents")
@@ -235,6 +242,7 @@ async def run(
                         str(root),
                         str(lo),
                         str(min(nodes, lo + per)),
+                        str(start_rate / agent_procs),
                         stdin=asyncio.subprocess.PIPE,
                         stdout=asyncio.subprocess.PIPE,
                     )
@@ -248,9 +256,8 @@ async def run(
             else:
                 for i in range(nodes):
                     d = root / f"r{i:05d}"
-                    a = light_agent(d, i) if light else Agent(AgentOptions(data_dir=d, fake_hw="hgx-h100-8"))
-                    agents.append(a)
-                    tasks.append(asyncio.create_task(a.run()))
+                    agents.append(light_agent(d, i) if light else Agent(AgentOptions(data_dir=d, fake_hw="hgx-h100-8")))
+                tasks.append(asyncio.create_task(start_agents(agents, tasks, start_rate)))
                 while True:
                     up = sum(1 for a in agents if a.connected.is_set())
                     print(f"  {up}/{nodes} connected after {time.monotonic() - t_connect:.0f} s", flush=True)
@@ -265,6 +272,9 @@ async def run(
             connected_s = time.monotonic() - t_connect
             print(f"  all {nodes} connected in the store after {connected_s:.0f} s", flush=True)
             listed = [n for n in listed if n.state == "connected"]  # with --reuse of a larger fleet: these N
+            idle = await idle_cpu(procs, settle_s)
+            if idle:
+                print(f"  {idle}", flush=True)
             status: dict[str, Any] = {}
             if status_every_s > 0:
                 window = STATS_EVERY_S * 4 + 1
@@ -313,6 +323,7 @@ async def run(
                     "nodes": nodes,
                     "agents": "light" if light else "production",
                     "gateways": gateways,
+                    **idle,
                     **status,
                     **fleet_refresh,
                     "joined_s": round(joined_s, 1),
@@ -340,6 +351,7 @@ async def run(
             "nodes": nodes,
             "agents": "light" if light else "production",
             "gateways": gateways,
+            **idle,
             **status,
             **fleet_refresh,
             "joined_s": round(joined_s, 1),
@@ -372,6 +384,28 @@ async def run(
             shutil.rmtree(root, ignore_errors=True)
 
 
+async def idle_cpu(procs: dict[str, Any], settle_s: float) -> dict[str, Any]:
+    """A connected fleet doing nothing: wait `settle_s` for the connect's tail (liveness flushes, first
+    status, the agents' identity saves) to drain, then each process's CPU over the next `settle_s`, in
+    percent of one core. It is what the fleet costs before anything happens, and the figures after it
+    (the status window, the refresh, the re-home) start from that quiet fleet instead of the connect's tail."""
+    if settle_s <= 0:
+        return {}
+    await asyncio.sleep(settle_s)
+    pids = {name: p.pid for name, p in procs.items() if name.startswith(("gw-", "agents-"))}
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    await asyncio.sleep(settle_s)
+    used = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
+    return {
+        "idle_gateway_cpu_pct_of_a_core": [
+            round(100 * v / settle_s) for k, v in sorted(used.items()) if k.startswith("gw-")
+        ],
+        "idle_agent_procs_cpu_pct_of_a_core": [
+            round(100 * v / settle_s) for k, v in sorted(used.items()) if k.startswith("agents-")
+        ],
+    }
+
+
 async def offer_status_in_procs(procs: dict[str, Any], every_s: float, for_s: float) -> int:
     """Ask every agents' process to offer its agents' status (`status EVERY FOR`); the reports they offered."""
     mine = [p for name, p in procs.items() if name.startswith("agents-")]
@@ -397,6 +431,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep", action="store_true", help="keep the data dirs, the gateways' logs and the schema")
     ap.add_argument("--reuse", type=Path, default=None, help="the joined fleet a --keep run left in DIR: no joins")
     ap.add_argument("--agent-procs", type=int, default=1, help="--light agents in K processes of their own")
+    ap.add_argument(
+        "--start-rate", type=float, default=0.0, help="agents started a second, a rolling start (0: all at once)"
+    )
+    ap.add_argument(
+        "--settle", type=float, default=SETTLE_S, help="once connected: wait S, then measure S of idle CPU (0: none)"
+    )
     return ap
 
 
@@ -417,6 +457,8 @@ def main() -> None:
             keep=args.keep,
             agent_procs=args.agent_procs,
             reuse=args.reuse,
+            settle_s=args.settle,
+            start_rate=args.start_rate,
         )
     )
     print("fleet on PostgreSQL:" if args.no_kill else "re-home after a gateway kill:", json.dumps(result), flush=True)

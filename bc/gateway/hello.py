@@ -62,71 +62,87 @@ class HelloResult:
 async def hello_transaction(
     store: Store, bus: Bus, signer: Signer, gateway_id: str, peer: PeerIdentity, hello: session_pb2.Hello
 ) -> HelloResult:
+    """The Hello in a transaction of its own (the gateway runs `hello_in` in its group commit instead)."""
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        # A routing write: only while this gateway holds its lease (a fenced or zombie gateway routes nothing).
-        if not await leases_sql.held(tx, f"gateway:{gateway_id}", gateway_id, now_ms, store.dialect):
-            raise Unavailable(f"gateway {gateway_id} does not hold its lease; try another")
-        cert = await id_sql.get_cert(tx, peer.serial)
-        node = await nodes_sql.get(tx, peer.name)
-        if cert is None or node is None or str(cert["node_id"]) != peer.name:
-            raise Unauthenticated(f"certificate {peer.serial} is not a certificate of node {peer.name}")
-        if cert["revoked_at_ms"] is not None:
-            raise SessionRefused(closing.REVOKED, f"certificate {peer.serial} of node {peer.name} has been revoked")
-        if int(cert["identity_generation"]) != int(node["identity_generation"]):
-            raise SessionRefused(
-                closing.IDENTITY_REPLACED,
-                f"certificate {peer.serial} belongs to an older identity of node {peer.name}; join again",
-            )
-        labels = json.loads(str(node["labels"] or "{}"))
-        with_caps = capability_labels(labels, hello.capabilities)
-        inventory_hash = str(node["inventory_hash"])
-        inventory_json: str | None = None
-        if hello.HasField("inventory"):
-            inventory_hash = hello.inventory_hash
-            inventory_json = json_format.MessageToJson(hello.inventory, preserving_proto_field_name=True)
-        # The epoch bump, then one write of the node's row: connected and seen, what the node applied, its
-        # capabilities (and their labels, when they changed) and its inventory (when the Hello carries one).
-        opened = await nodes_sql.open_session(
-            tx,
-            node_id=peer.name,
-            gateway_id=gateway_id,
-            journal_id=hello.journal_id,
-            boot_id=hello.boot_id,
-            incarnation_id=hello.incarnation_id,
-            cert_serial=peer.serial,
-            now_ms=now_ms,
-            node=node,
-            hello=nodes_sql.HelloColumns(
-                applied_generation=hello.applied_generation,
-                applied_spec_hash=hello.applied_spec_hash,
-                capabilities_json=json.dumps(sorted(hello.capabilities)),
-                labels_json=json.dumps(with_caps, sort_keys=True) if with_caps != labels else None,
-                inventory_json=inventory_json,
-                inventory_hash=inventory_hash,
-            ),
+        return await hello_in(tx, store.dialect, bus, signer, gateway_id, peer, hello, now_ms)
+
+
+async def hello_in(
+    tx: Tx,
+    dialect: str,
+    bus: Bus,
+    signer: Signer,
+    gateway_id: str,
+    peer: PeerIdentity,
+    hello: session_pb2.Hello,
+    now_ms: int,
+) -> HelloResult:
+    """The Hello's writes in `tx`. Safe to run again on a rolled-back transaction (a group commit's split):
+    everything it changes is in `tx`, and its wake-ups are registered with `tx.on_commit`."""
+    # A routing write: only while this gateway holds its lease (a fenced or zombie gateway routes nothing).
+    if not await leases_sql.held(tx, f"gateway:{gateway_id}", gateway_id, now_ms, dialect):
+        raise Unavailable(f"gateway {gateway_id} does not hold its lease; try another")
+    cert = await id_sql.get_cert(tx, peer.serial)
+    node = await nodes_sql.get(tx, peer.name)
+    if cert is None or node is None or str(cert["node_id"]) != peer.name:
+        raise Unauthenticated(f"certificate {peer.serial} is not a certificate of node {peer.name}")
+    if cert["revoked_at_ms"] is not None:
+        raise SessionRefused(closing.REVOKED, f"certificate {peer.serial} of node {peer.name} has been revoked")
+    if int(cert["identity_generation"]) != int(node["identity_generation"]):
+        raise SessionRefused(
+            closing.IDENTITY_REPLACED,
+            f"certificate {peer.serial} belongs to an older identity of node {peer.name}; join again",
         )
-        await publish(
-            tx,
-            bus,
-            "node.connectivity",
-            peer.name,
-            {
-                "state": "connected",
-                "epoch": opened.epoch,
-                "gateway_id": gateway_id,
-                "boot_id": hello.boot_id,
-                "journal_id": hello.journal_id,
-                "applied_generation": hello.applied_generation,
-                "new_journal": bool(opened.previous_journal_id) and opened.previous_journal_id != hello.journal_id,
-                "new_boot": bool(opened.previous_boot_id) and opened.previous_boot_id != hello.boot_id,
-            },
-            now_ms,
-        )
-        generation = int(node["generation"])
-        if await _duplicate_session(tx, bus, peer, hello, opened, now_ms):
-            return HelloResult(opened.epoch, generation, inventory_hash, quarantined=True)
-        replay, ack = await _resume_commands(tx, bus, signer, peer.name, hello, opened, now_ms)
+    labels = json.loads(str(node["labels"] or "{}"))
+    with_caps = capability_labels(labels, hello.capabilities)
+    inventory_hash = str(node["inventory_hash"])
+    inventory_json: str | None = None
+    if hello.HasField("inventory"):
+        inventory_hash = hello.inventory_hash
+        inventory_json = json_format.MessageToJson(hello.inventory, preserving_proto_field_name=True)
+    # The epoch bump, then one write of the node's row: connected and seen, what the node applied, its
+    # capabilities (and their labels, when they changed) and its inventory (when the Hello carries one).
+    opened = await nodes_sql.open_session(
+        tx,
+        node_id=peer.name,
+        gateway_id=gateway_id,
+        journal_id=hello.journal_id,
+        boot_id=hello.boot_id,
+        incarnation_id=hello.incarnation_id,
+        cert_serial=peer.serial,
+        now_ms=now_ms,
+        node=node,
+        hello=nodes_sql.HelloColumns(
+            applied_generation=hello.applied_generation,
+            applied_spec_hash=hello.applied_spec_hash,
+            capabilities_json=json.dumps(sorted(hello.capabilities)),
+            labels_json=json.dumps(with_caps, sort_keys=True) if with_caps != labels else None,
+            inventory_json=inventory_json,
+            inventory_hash=inventory_hash,
+        ),
+    )
+    await publish(
+        tx,
+        bus,
+        "node.connectivity",
+        peer.name,
+        {
+            "state": "connected",
+            "epoch": opened.epoch,
+            "gateway_id": gateway_id,
+            "boot_id": hello.boot_id,
+            "journal_id": hello.journal_id,
+            "applied_generation": hello.applied_generation,
+            "new_journal": bool(opened.previous_journal_id) and opened.previous_journal_id != hello.journal_id,
+            "new_boot": bool(opened.previous_boot_id) and opened.previous_boot_id != hello.boot_id,
+        },
+        now_ms,
+    )
+    generation = int(node["generation"])
+    if await _duplicate_session(tx, bus, peer, hello, opened, now_ms):
+        return HelloResult(opened.epoch, generation, inventory_hash, quarantined=True)
+    replay, ack = await _resume_commands(tx, bus, signer, peer.name, hello, opened, now_ms)
     return HelloResult(opened.epoch, generation, inventory_hash, replay, ack)
 
 

@@ -17,6 +17,7 @@ limit never reaches this code: the stream simply ends, which is logged as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections import deque
@@ -39,7 +40,7 @@ from bc.gateway.admission import HELLO_WAIT_LIMIT_S, Admission, StatusBudget, Tu
 from bc.gateway.counters import STATS_EVERY_S, GatewayCounters
 from bc.gateway.dispatcher import Dispatcher
 from bc.gateway.fence import FENCE_AFTER_S, LeaseFence
-from bc.gateway.hello import TERMINAL_UPDATES, hello_transaction
+from bc.gateway.hello import TERMINAL_UPDATES, HelloResult, hello_in
 from bc.gateway.ingest import ingest_in
 from bc.gateway.oversize import fit_texts, refuse_oversized_command, refuse_oversized_update
 from bc.pki.identity import PeerIdentity
@@ -446,6 +447,7 @@ class SessionDriver:
         self._retry_after_ms: int | None = None  # an overload refusal's word on when to come back
         self._done = asyncio.Event()
         self._spec_refused_generation = 0  # the generation last reported as too large to send, so it is said once
+        self._hello_write: asyncio.Future[HelloResult | None] | None = None  # this session's Hello, once queued
 
     def poke(self) -> None:
         """Something changed for this node (an enqueue, a cancel, a credit come free, a spec): check the
@@ -505,6 +507,7 @@ class SessionDriver:
         try:
             await self._done.wait()
         finally:
+            self._done.set()  # also when gRPC cancelled this handler: a Hello still queued must not be written
             for t in (reader, ticker):
                 t.cancel()
             # The close must reach the store even when gRPC cancels this handler (the node hung up, or
@@ -542,11 +545,18 @@ class SessionDriver:
         if self.gw.sessions.get(self.node_id) is self:
             del self.gw.sessions[self.node_id]
             self.gw.dispatcher.poke()  # the last session gone ends the dispatch loop
-        if self.core.epoch:
+        epoch = self.core.epoch
+        if not epoch and self._hello_write is not None:
+            # The stream ended while its Hello was in a group commit: that Hello may still commit, routing the
+            # node here with nobody on the session. Wait for it, and close what it opened.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                res = await asyncio.shield(self._hello_write)
+                epoch = res.epoch if res is not None else 0
+        if epoch:
             try:
                 now_ms = await self.gw.store.now_ms()
                 async with self.gw.store.transaction() as tx:
-                    if await self.gw.close_session(tx, self.node_id, self.core.epoch, now_ms):
+                    if await self.gw.close_session(tx, self.node_id, epoch, now_ms):
                         await publish(
                             tx,
                             self.gw.bus,
@@ -554,7 +564,7 @@ class SessionDriver:
                             self.node_id,
                             {
                                 "state": "disconnected",
-                                "epoch": self.core.epoch,
+                                "epoch": epoch,
                                 "reason": self._closing.details if self._closing else "stream ended",
                             },
                             now_ms,
@@ -671,6 +681,27 @@ class SessionDriver:
         )
         self.gw.counters.status_written += 1
 
+    async def _hello(self, hello: session_pb2.Hello) -> HelloResult:
+        """The Hello transaction, in the gateway's group commit: a reconnect storm's Hellos share transactions
+        (one BEGIN, lease check and COMMIT for many), and with the status and event writes of the sessions
+        already open.
+
+        A member of a batch is written even if this session ends while it waits (`GroupCommit.run`), so a
+        session whose stream ended first writes nothing (`_skip`), and one that ended while its Hello was
+        committing closes what that Hello opened (`_cleanup` awaits `_hello_write`)."""
+        gw, peer, now_ms = self.gw, self.peer, await self.gw.store.now_ms()
+
+        async def work(tx: Tx) -> HelloResult | None:
+            if self._done.is_set():
+                return None  # the stream ended while this Hello waited: route nothing to a session nobody holds
+            return await hello_in(tx, gw.store.dialect, gw.bus, gw.signer, gw.gateway_id, peer, hello, now_ms)
+
+        self._hello_write = asyncio.ensure_future(gw.group.run(work))
+        res = await asyncio.shield(self._hello_write)
+        if res is None:
+            raise LinkClosed("CANCELLED", "the stream ended before its Hello was written")
+        return res
+
     async def _execute(self, actions: list[core.Action]) -> None:
         for a in actions:
             if isinstance(a, core.Send):
@@ -678,9 +709,7 @@ class SessionDriver:
             elif isinstance(a, core.OpenSession):
                 await self.gw.hello_slot()
                 try:
-                    res = await hello_transaction(
-                        self.gw.store, self.gw.bus, self.gw.signer, self.gw.gateway_id, self.peer, a.hello
-                    )
+                    res = await self._hello(a.hello)
                 finally:
                     self.gw.hello_done()
                 if res.quarantined:

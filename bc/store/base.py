@@ -36,12 +36,29 @@ class StoreError(Unavailable):
     the CLI exits 5, instead of an internal error."""
 
 
+APPEND_ROWS_PER_INSERT = 200
+"""Rows a multi-row INSERT of `Tx.append_at_commit` carries at most (SQLite's bound on a statement's
+parameters is 32,766; an event row has four)."""
+
+
+def insert_rows(table: str, columns: tuple[str, ...], rows: list[Params]) -> tuple[str, dict[str, Any]]:
+    """One INSERT of `rows` (each a mapping of `columns`), its parameters named `<column>_<row>`."""
+    if not table.isidentifier() or not all(c.isidentifier() for c in columns):
+        raise ValueError(f"not a table or column name: {table!r} {columns!r}")
+    values = ", ".join("(" + ", ".join(f":{c}_{k}" for c in columns) + ")" for k in range(len(rows)))
+    params = {f"{c}_{k}": row[c] for k, row in enumerate(rows) for c in columns}
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values}", params
+
+
 class Tx(abc.ABC):
     """One transaction. Statements use named parameters (`:name`)."""
 
     def __init__(self) -> None:
         self._on_commit: list[Callable[[], None]] = []
         self._appends: list[tuple[str, Params]] = []
+        self.memo: dict[str, Any] = {}
+        """Reads a transaction may take once for many writers in it (a group commit's members), keyed by
+        what was read; only for rows the transaction has locked or that only it can write."""
 
     @abc.abstractmethod
     async def execute(self, sql: str, params: Params | None = None) -> int:
@@ -77,24 +94,40 @@ class Tx(abc.ABC):
     def on_commit(self, fn: Callable[[], None]) -> None:
         self._on_commit.append(fn)
 
-    def append_at_commit(self, sql: str, params: Params) -> None:
-        """An insert into a log that followers tail by its sequence number (the events), run as the
+    def append_at_commit(self, table: str, row: Params) -> None:
+        """A row of a log that followers tail by its sequence number (the events), inserted as the
         transaction's last statements, in the engine's commit order (`_order_appends`).
 
         Why last: with several writers (PostgreSQL, several processes), numbers drawn mid-transaction
         commit out of order, and a follower that read 11 before 10 committed would skip 10 for good.
         Drawn under a lock held to the commit, the numbers are the commit order. Taken only at the end,
         after every row lock the transaction needs, that lock waits on nobody and so cannot deadlock.
+
+        Consecutive rows of one table with the same columns go in one multi-row INSERT (a group commit's
+        batch appends one or more events per member), in the order they were appended: both engines number
+        a multi-row INSERT's rows in the order of its VALUES.
         """
-        self._appends.append((sql, params))
+        self._appends.append((table, row))
 
     async def _flush_appends(self) -> None:
         if not self._appends:
             return
         await self._order_appends()
         appends, self._appends = self._appends, []
-        for sql, params in appends:
-            await self.execute(sql, params)
+        i = 0
+        while i < len(appends):
+            table, first = appends[i]
+            columns = tuple(first)
+            j = i + 1
+            while (
+                j < len(appends)
+                and j - i < APPEND_ROWS_PER_INSERT
+                and appends[j][0] == table
+                and tuple(appends[j][1]) == columns
+            ):
+                j += 1
+            await self.execute(*insert_rows(table, columns, [row for _, row in appends[i:j]]))
+            i = j
 
     async def _order_appends(self) -> None:
         """Held from here to the commit: nothing (one writer commits in order on its own)."""

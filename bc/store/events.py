@@ -12,8 +12,7 @@ async def publish(tx: Tx, type_: str, subject: str, data: dict[str, Any], now_ms
     """Appended when `tx` commits, numbered in commit order (see `Tx.append_at_commit`): a follower reading
     `seq > after` never skips an event that committed after a higher-numbered one."""
     tx.append_at_commit(
-        "INSERT INTO events (type, subject, data, at_ms) VALUES (:t, :s, :d, :at)",
-        {"t": type_, "s": subject, "d": json.dumps(data, sort_keys=True), "at": now_ms},
+        "events", {"type": type_, "subject": subject, "data": json.dumps(data, sort_keys=True), "at_ms": now_ms}
     )
 
 

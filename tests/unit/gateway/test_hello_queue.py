@@ -81,13 +81,13 @@ async def test_a_refused_node_comes_back_after_the_retry_after_it_was_told(tmp_p
 async def test_hellos_beyond_the_bound_wait_for_a_slot_instead_of_being_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = sessions.hello_transaction
+    real = sessions.hello_in
 
     async def slow_hello(*args: Any) -> HelloResult:
         await asyncio.sleep(HELLO_S)  # a Hello transaction that takes its time, as on a busy PostgreSQL
         return await real(*args)
 
-    monkeypatch.setattr(sessions, "hello_transaction", slow_hello)
+    monkeypatch.setattr(sessions, "hello_in", slow_hello)
     pair = SessionPair(tmp_path, seed=5, agents=6)
     await pair.start()
     try:
@@ -107,6 +107,7 @@ async def test_hellos_beyond_the_bound_wait_for_a_slot_instead_of_being_refused(
         await pair.stop()
     assert set(states.values()) == {"connected"}
     assert gw.counters.streams_refused == 0 and gw.counters.hellos_waited == 5
-    # One after the other, each as soon as the one before it ended: six Hellos, six Hello-times.
-    assert sorted(round(t / HELLO_S) for t in back) == [1, 2, 3, 4, 5, 6]
+    # One after the other, each starting (its event is stamped with the time it started) as soon as the one
+    # before it ended: six Hellos, the last starting five Hello-times after the first.
+    assert sorted(round(t / HELLO_S) for t in back) == [0, 1, 2, 3, 4, 5]
     assert (gw.admission.pending, gw.admission.waiting) == (0, 0)  # every slot handed back
