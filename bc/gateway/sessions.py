@@ -161,6 +161,7 @@ class Gateway:
             now = self.clock.monotonic()
             async with self.store.transaction() as tx:
                 current = await nodes_sql.open_epochs(tx, sorted(n for n, d in batch.items() if d.core.epoch))
+                seen: list[tuple[str, int, int]] = []
                 for node_id, d in sorted(batch.items()):
                     epoch = d.core.epoch
                     if not epoch:
@@ -169,10 +170,11 @@ class Gateway:
                         heard = d.core.last_heard
                         if heard == d.seen_flushed:
                             continue  # nothing heard since this session's last flush: the stored time stands
-                        await nodes_sql.mark_seen(tx, node_id, epoch, now_ms - int((now - heard) * 1000))
+                        seen.append((node_id, epoch, now_ms - int((now - heard) * 1000)))
                         flushed.append((d, heard))
                     else:
                         superseded.append(d)
+                await nodes_sql.mark_seen_many(tx, seen)
         except StoreError as e:  # the next flush tries again; the sessions' own writes notice a store that is gone
             log.warning("event=liveness.flush-failed sessions=%d error=%s", len(batch), e)
             return

@@ -293,14 +293,30 @@ async def open_epochs(tx: Tx, node_ids: list[str]) -> dict[str, int]:
 
 async def mark_seen(tx: Tx, node_id: str, epoch: int, seen_ms: int) -> bool:
     """Liveness flush: `seen_ms` comes from the store clock minus the gateway-reported age."""
-    return (
-        await tx.execute(
-            "UPDATE nodes SET last_seen_ms = :t WHERE node_id = :n AND (last_seen_ms IS NULL OR last_seen_ms < :t)"
-            " AND EXISTS (SELECT 1 FROM node_sessions s WHERE s.node_id = :n AND s.session_epoch = :e)",
-            {"t": seen_ms, "n": node_id, "e": epoch},
+    return await mark_seen_many(tx, [(node_id, epoch, seen_ms)]) == 1
+
+
+SEEN_ROWS_PER_UPDATE = 300
+
+
+async def mark_seen_many(tx: Tx, seen: list[tuple[str, int, int]]) -> int:
+    """A liveness flush of many sessions, (node_id, epoch, seen_ms) each: one UPDATE per `SEEN_ROWS_PER_UPDATE`
+    instead of one a node, with `mark_seen`'s rules for each row (only forward, only under that epoch).
+    The rows changed."""
+    changed = 0
+    for i in range(0, len(seen), SEEN_ROWS_PER_UPDATE):
+        chunk = seen[i : i + SEEN_ROWS_PER_UPDATE]
+        params: dict[str, object] = {}
+        for k, (node_id, epoch, seen_ms) in enumerate(chunk):
+            params.update({f"n{k}": node_id, f"e{k}": epoch, f"t{k}": seen_ms})
+        values = ", ".join(f"(:n{k}, :e{k}, :t{k})" for k in range(len(chunk)))
+        changed += await tx.execute(
+            f"UPDATE nodes SET last_seen_ms = v.column3 FROM (VALUES {values}) AS v"
+            " WHERE nodes.node_id = v.column1 AND (nodes.last_seen_ms IS NULL OR nodes.last_seen_ms < v.column3)"
+            " AND EXISTS (SELECT 1 FROM node_sessions s WHERE s.node_id = v.column1 AND s.session_epoch = v.column2)",
+            params,
         )
-        == 1
-    )
+    return changed
 
 
 async def set_applied(tx: Tx, node_id: str, epoch: int, generation: int, spec_hash: str) -> None:
