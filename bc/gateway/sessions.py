@@ -107,6 +107,8 @@ class Gateway:
         self.trust: TrustSource = LocalTrust(intent) if isinstance(intent, Intent) else intent
         self.sessions: dict[str, SessionDriver] = {}
         self._revocations_read_ms = 0  # store time of the revocation feed's last look (0: none yet)
+        self._revoked_read: asyncio.Future[dict[str, str]] | None = None  # new streams' shared revocation read
+        self._revoked_asked: set[str] = set()
         self._generations_task: asyncio.Future[dict[str, int]] | None = None  # backstop_generation's read
         self._generations_at = 0.0
         self._signer_certs: dict[str, bytes] = {}
@@ -373,10 +375,21 @@ class Gateway:
             return
 
     async def refuse_revoked(self, serial: str) -> None:
+        """Refuse a revoked certificate before its stream carries a frame. The new streams of one turn of the
+        loop (a reconnect storm's) share one read of the store, made after all of them asked."""
+        if self._revoked_read is None:
+            self._revoked_read = asyncio.ensure_future(self._read_revoked())
+        self._revoked_asked.add(serial)
+        reasons = await asyncio.shield(self._revoked_read)
+        if serial in reasons:
+            raise SessionRefused(closing.REVOKED, f"certificate revoked: {reasons[serial]}")
+
+    async def _read_revoked(self) -> dict[str, str]:
+        await asyncio.sleep(0)  # the streams that ask in this turn of the loop join this read
+        asked, self._revoked_asked, self._revoked_read = sorted(self._revoked_asked), set(), None
         async with self.store.transaction(write=False) as tx:
-            rows = await rev_sql.revoked_among(tx, [serial])
-        if rows:
-            raise SessionRefused(closing.REVOKED, f"certificate revoked: {rows[0]['revoke_reason'] or 'revoked'}")
+            rows = await rev_sql.revoked_among(tx, asked)
+        return {str(r["serial"]): str(r["revoke_reason"] or "revoked") for r in rows}
 
     async def revocation_loop(self) -> None:
         """The revocation feed: every second, end the sessions whose certificate was revoked or expired."""

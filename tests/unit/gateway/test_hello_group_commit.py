@@ -1,5 +1,6 @@
 """Hellos in the gateway's group commit (`SessionDriver._hello`): a storm's Hellos share transactions, and a
-stream that ends while its Hello waits or commits leaves no node routed to a session nobody holds.
+stream that ends while its Hello waits or commits leaves no node routed to a session nobody holds. And the
+new streams' revocation check (`Gateway.refuse_revoked`): one read for the streams of one turn.
 SessionPair on virtual time; the gateway's session task is cancelled as gRPC cancels a handler whose
 client hung up."""
 
@@ -15,9 +16,11 @@ import pytest
 
 from bc.gateway import sessions
 from bc.gateway.hello import HelloResult
+from bc.protocol.closing import SessionRefused
 from bc.session_pair import SessionPair
 from bc.store import Tx
 from bc.store import events as events_sql
+from bc.store import revocation as rev_sql
 from tests.unit.gateway.test_hello_queue import connected_at, gateway
 
 
@@ -146,3 +149,33 @@ async def test_a_hello_committed_after_its_stream_ended_is_closed(
     # The second Hello committed (epoch 2) after its stream was gone: the session's cleanup closed it.
     assert after == [("connected", 1), ("disconnected", 1), ("connected", 2), ("disconnected", 2)]
     assert states["n000"] == "disconnected"
+
+
+async def test_the_new_streams_of_a_storm_share_one_revocation_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pair = SessionPair(tmp_path, seed=14, agents=6)
+    await pair.start()
+    try:
+        await asyncio.sleep(5)
+        gw = gateway(pair)
+        serials = {n: pair.network.peers[n].serial for n in pair.node_ids()}
+        async with pair.store.transaction() as tx:
+            await rev_sql.revoke_node(tx, "n003", "stolen", await pair.store.now_ms())
+        reads: list[list[str]] = []
+        real = rev_sql.revoked_among
+
+        async def counted(tx: Tx, asked: list[str]) -> Any:
+            reads.append(list(asked))
+            return await real(tx, asked)
+
+        monkeypatch.setattr(rev_sql, "revoked_among", counted)
+        outcomes = await asyncio.gather(*(gw.refuse_revoked(s) for s in serials.values()), return_exceptions=True)
+        again = await asyncio.gather(gw.refuse_revoked(serials["n000"]), return_exceptions=True)
+    finally:
+        await pair.stop()
+    assert reads[0] == sorted(serials.values())  # one read for the six streams that asked together
+    refused = {n for n, o in zip(serials, outcomes, strict=True) if isinstance(o, SessionRefused)}
+    assert refused == {"n003"} and "stolen" in str(outcomes[3])
+    assert [o for o in outcomes if not isinstance(o, SessionRefused)] == [None] * 5
+    assert len(reads) == 2 and reads[1] == [serials["n000"]] and again == [None]  # a later stream: a fresh read
