@@ -38,7 +38,8 @@ from bc.control.commands import EnqueueRequest, enqueue
 from bc.control.dispatch import dispatch_gateway
 from bc.control.signer import NullSigner
 from bc.control.status import ingest
-from bc.gateway.hello import hello_transaction
+from bc.gateway.admission import MAX_PENDING_HELLOS
+from bc.gateway.hello import hello_in, hello_transaction
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity, make_csr, peer_identity
@@ -49,6 +50,7 @@ from bc.store import identity as id_sql
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
 from bc.store.base import Params, Row
+from bc.store.group_commit import GroupCommit
 from bc.store.migrate import apply_migrations
 from bc.store.postgres import PostgresStore, drop_schema
 
@@ -188,6 +190,22 @@ async def measure(store: Store, n: int) -> dict[str, float]:
             h = session_pb2.Hello(node_id=f"n{i}", boot_id="b", journal_id="j", incarnation_id="i")
             epochs[i] = (await hello_transaction(store, bus, signer, GW, peers[i], h)).epoch
 
+        async def storm() -> float:
+            """Every node's Hello at once, at most `MAX_PENDING_HELLOS` in flight, through one `GroupCommit` as
+            the gateway runs them: the Hellos a second one gateway admits in a reconnect storm, store-bound."""
+            group, slots = GroupCommit(store), asyncio.Semaphore(MAX_PENDING_HELLOS)
+
+            async def one(i: int) -> None:
+                async with slots:
+                    h = session_pb2.Hello(node_id=f"n{i}", boot_id="b", journal_id="j", incarnation_id="i")
+                    now_ms = await store.now_ms()
+                    res = await group.run(lambda tx: hello_in(tx, store.dialect, bus, signer, GW, peers[i], h, now_ms))
+                    epochs[i] = res.epoch
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(n)))
+            return n / (time.perf_counter() - t0)
+
         payload = any_pb2.Any()
         payload.Pack(kinds_pb2.InventoryRefreshRequest())
 
@@ -212,6 +230,7 @@ async def measure(store: Store, n: int) -> dict[str, float]:
 
         return {
             "hello_tx_per_s": round(await _timed(n, hello), 1),
+            "hello_storm_per_s": round(await storm(), 1),
             "enqueue_and_dispatch_per_s": round(await _timed(n, dispatch), 1),
             "status_writes_per_s": round(await _timed(n, status), 1),
             "fleet_wide_dispatch_ms": round(await fleet_wide(), 1),
