@@ -13,6 +13,10 @@ gateway. `Seams.production()` is where production makes them: the system
 clock, a Random seeded from the OS, and the OS CSPRNG. A restart must not
 reuse a seeded Random's stream: the same seed on the same install would draw
 the same certificate serials and token ids again.
+
+A process with the api role (a lab's, by default) holds the CA; one without it holds what its other roles
+need and no CA or root key (`bc.serve_roles`, "keys follow roles"): its CA certificate, and a gateway's
+serving certificate, come from the store.
 """
 
 from __future__ import annotations
@@ -62,11 +66,12 @@ from bc.jobs.engine import LEASE_NAME as JOBS_LEASE
 from bc.jobs.engine import JobEngine
 from bc.otel.config import OtlpConfig
 from bc.pki import keys, serving
-from bc.pki.ca import CertificateAuthority
+from bc.pki.ca import CA_KEY_FILE, CertificateAuthority
 from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256_key
 from bc.pki.serving import SERVING_CERT_TTL_S
-from bc.pki.signing import WORKER_ROTATE_BEFORE_S, SigningKeys
+from bc.pki.signing import ROOT_KEY, SIGNING_DIR, WORKER_ROTATE_BEFORE_S, SigningKeys
 from bc.protocol.limits import LIMITS
+from bc.serve_roles import ROLES, KeyPlan
 from bc.serve_worker_keys import worker_signer
 from bc.store import Store, StoreError, leases, open_store
 from bc.store import gateway_keys as gk_sql
@@ -84,20 +89,6 @@ API_ENDPOINT_TTL_MS = 20_000
 API_ENDPOINT_RENEW_S = 5.0
 
 
-ROLES = frozenset({"api", "gateway", "worker"})
-"""api: the Admin and Join services; gateway: node sessions (Session) and the gateway lease; worker: the
-singleton loops (liveness, the command sweeper, the placement pass, the jobs scheduler)."""
-
-
-def parse_roles(text: str) -> frozenset[str]:
-    """`--roles api,gateway,worker` (any non-empty subset, in any order)."""
-    roles = frozenset(r.strip() for r in text.split(",") if r.strip())
-    unknown = roles - ROLES
-    if unknown or not roles:
-        raise UsageError(f"--roles takes api, gateway and worker, comma-separated, not {text!r}")
-    return roles
-
-
 @dataclass
 class ServeOptions:
     data_dir: Path
@@ -113,7 +104,7 @@ class ServeOptions:
     release_listen: str = ""  # HOST:PORT of the HTTPS release server (bc.api.release_http); empty: none
     gateway_id: str = ""  # --gateway-id: this process's name among several on one store (its leases' holder)
     roles: frozenset[str] = ROLES  # --roles: what this process serves and runs (docs/fleet.md); a lab runs all
-    api: list[str] = field(default_factory=list)  # --api: where a gateway-only process proxies Join/Renew (else: store)
+    api: list[str] = field(default_factory=list)  # --api: where a gateway without api forwards Join/Renew (else: store)
     serving_cert_ttl_s: float = SERVING_CERT_TTL_S  # hidden --serving-cert-ttl: keyless gateways' certificates
     serving_cert_wait_s: float = 120.0  # hidden --serving-cert-wait: how long a keyless gateway waits for one
 
@@ -210,6 +201,7 @@ class Server:
 
     def __init__(self, opts: ServeOptions, seams: Seams) -> None:
         self.opts = opts
+        self.plan = KeyPlan(opts.roles)  # which keys this process reads follows from its roles (bc.serve_roles)
         self.clock = seams.clock
         self.rng = seams.rng
         self.secrets = seams.secrets
@@ -231,7 +223,7 @@ class Server:
         self.ca_cert: x509.Certificate
         self.serving_key_pem = b""
         self.serving_chain = b""
-        self.join_proxy: JoinProxy | None = None  # a gateway-only process's Join and Renew, forwarded to an api
+        self.join_proxy: JoinProxy | None = None  # a gateway without the api role: Join and Renew, forwarded to an api
 
     async def start(self) -> None:
         data_dir = self.opts.data_dir
@@ -246,12 +238,10 @@ class Server:
         self.ca: CertificateAuthority | None = None
         self.gateway_cert: GatewayCert | None = None
         self.trust: TrustSource
-        if self.keyless:
-            await self._start_keyless(data_dir, host)
-        elif self.worker_only:
-            await self._start_worker(data_dir)
-        else:
+        if self.plan.ca:
             await self._start_with_keys(data_dir, host)
+        else:
+            await self._start_without_ca(data_dir, host)
         ca = self.ca
 
         self.gateway = Gateway(
@@ -283,7 +273,7 @@ class Server:
         self.placement = PlacementPass(self.store, self.bus, self.signer, self.rng, holder=self.worker_id)
 
         self.address = ""  # a worker-only process serves no call, so it does not listen
-        if not self.worker_only:
+        if self.plan.listens:
             await self._serve_grpc(data_dir, host, port, ca)
         self.operator_config: Path | None = None
         if ca is not None:
@@ -299,7 +289,7 @@ class Server:
             self._tasks.append(asyncio.create_task(spec_signer.run_forever(), name="spec-signer"))
             if "gateway" not in roles:  # a gateway refreshes and publishes the trust on its own feed
                 self._tasks.append(asyncio.create_task(self._trust_loop(), name="trust-publish"))
-        if self.keyless:
+        if self.gateway_cert is not None:
             self._tasks.append(asyncio.create_task(self._keyless_loop(), name="keyless"))
         if "gateway" in roles:
             self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
@@ -357,7 +347,7 @@ class Server:
                 ),
                 server,
             )
-        elif self.keyless:
+        elif self.plan.serving_from_store:
             self.join_proxy = JoinProxy(self.gateway_id, self._api_addresses, ApiLink(self._api_credentials))
             join_pb2_grpc.add_JoinServicer_to_server(self.join_proxy, server)
         if self.opts.release_listen:
@@ -403,16 +393,6 @@ class Server:
         self.grpc_server = server
         self.address = _client_address(host, self.port)
 
-    @property
-    def keyless(self) -> bool:
-        """A gateway-only process holds no CA key and no signing key (docs/fleet.md, "Roles and keys")."""
-        return self.opts.roles == frozenset({"gateway"})
-
-    @property
-    def worker_only(self) -> bool:
-        """A worker-only process holds the worker key alone: no CA key, no root key, no listener."""
-        return self.opts.roles == frozenset({"worker"})
-
     async def _start_with_keys(self, data_dir: Path, host: str) -> None:
         """The CA and the signing keys from the data dir (created on a first start); the trust published."""
         assert self.store is not None
@@ -434,17 +414,70 @@ class Server:
         self.serving_chain = keys.cert_to_pem(server_cert) + ca.ca_pem
         self.tls = ServerTLS(self.serving_key_pem, self.serving_chain, ca.ca_pem)
 
-    async def _start_keyless(self, data_dir: Path, host: str) -> None:
-        """No key but its own: the CA certificate, the trust and its serving certificate come from the store.
+    async def _start_without_ca(self, data_dir: Path, host: str) -> None:
+        """No CA key and no root key (bc.serve_roles): the CA certificate, and a gateway's serving certificate and
+        the trust it relays, come from the store; a worker signs with the worker key from its own files.
 
-        Waits (bounded by `serving_cert_wait_s`) for an api process to publish the CA and issue the certificate.
+        A worker's key is checked (`bc.serve_worker_keys`, every refusal before anything is written) before a
+        gateway asks for its certificate. Both waits share one bound, `serving_cert_wait_s`, for an api
+        process to publish the CA and issue the certificate.
         """
         assert self.store is not None
-        signer = KeylessSigner()
-        await signer.refresh(self.store)
-        self.signer = signer
+        pki_dir = data_dir / "pki"
+        unused = {"ca": pki_dir / CA_KEY_FILE, "root": pki_dir / SIGNING_DIR / ROOT_KEY}
+        if self.plan.worker_key:
+            del unused["root"]  # worker_signer says so
+        for which, path in unused.items():
+            if path.exists():
+                log.warning(
+                    "event=pki.%s-key-unused path=%s hint='a process without the api role never reads it'", which, path
+                )
+        deadline = asyncio.get_running_loop().time() + self.opts.serving_cert_wait_s
         relayed = RelayedTrust()
-        self.trust = relayed
+        if self.plan.worker_key:
+            await self._wait_for_ca(relayed, deadline)
+            self.signer = await worker_signer(self.store, pki_dir, relayed.trust_bundle(), self.clock.now())
+        else:
+            signer = KeylessSigner()
+            await signer.refresh(self.store)
+            self.signer = signer
+        if self.plan.serving_from_store:
+            issued = await self._wait_for_serving_cert(data_dir, host, relayed, deadline)
+            self.serving_key_pem, self.serving_chain = issued.key_pem, issued.cert_pem + relayed.ca_pem
+            self.tls = ServerTLS(issued.key_pem, issued.cert_pem, relayed.ca_pem)
+        self.ca_cert = keys.load_cert_pem(relayed.ca_pem)
+        if self.plan.relays_trust:
+            self.trust = relayed
+            return
+        self.intent = Intent(self.signer, relayed.ca_pem)
+        await intent_ctl.register(self.store, self.signer)
+        local = LocalTrust(self.intent)
+        await local.refresh(self.store)
+        self.trust = local
+
+    async def _wait_for_ca(self, relayed: RelayedTrust, deadline: float) -> None:
+        """Until an api process published the CA certificate (and the trust bundle with it)."""
+        assert self.store is not None
+        said = False
+        try:
+            async with asyncio.timeout_at(deadline):
+                while not (await relayed.refresh(self.store) or relayed.ca_pem):
+                    if not said:
+                        log.warning("event=worker.waiting-for-ca waiting for an api process to publish the CA")
+                        said = True
+                    await self.bus.wait_events(1.0)
+        except TimeoutError:
+            raise UsageError(
+                f"no api process published the CA certificate within {self.opts.serving_cert_wait_s:.0f} s;"
+                " start one on this store (bc serve --roles api)"
+            ) from None
+
+    async def _wait_for_serving_cert(
+        self, data_dir: Path, host: str, relayed: RelayedTrust, deadline: float
+    ) -> serving_ctl.Issued:
+        """This gateway's own key (made on a first start), its CSR in the store, and the certificate an api
+        process issued there; the published CA and trust bundle with it."""
+        assert self.store is not None
         cert = GatewayCert(
             self.store,
             self.bus,
@@ -455,9 +488,9 @@ class Server:
         )
         cert.load_or_create_key(self.secrets)
         self.gateway_cert = cert
-        issued, said = None, False
+        said = False
         try:
-            async with asyncio.timeout(self.opts.serving_cert_wait_s):
+            async with asyncio.timeout_at(deadline):
                 while True:
                     await relayed.refresh(self.store)
                     issued = await cert.step() or cert.current
@@ -473,50 +506,17 @@ class Server:
                 f" {self.opts.serving_cert_wait_s:.0f} s; start one on this store (bc serve --roles api)"
             ) from None
         log.info("event=serving-cert.issued gateway=%s not_after=%s", self.gateway_id, issued.cert.not_valid_after_utc)
-        self.ca_cert = keys.load_cert_pem(relayed.ca_pem)
-        self.serving_key_pem, self.serving_chain = issued.key_pem, issued.cert_pem + relayed.ca_pem
-        self.tls = ServerTLS(issued.key_pem, issued.cert_pem, relayed.ca_pem)
-
-    async def _start_worker(self, data_dir: Path) -> None:
-        """The worker key from this process's own files; the CA certificate from the store; nothing else.
-
-        The singleton loops sign what they write (a job's commands, the placement pass's specs) and the
-        specs a gateway left pending, with the worker key: `pki/signing/{worker.key,worker.crt,root.crt}`,
-        copied from an api process's data dir. Neither the CA key (this process issues no certificate and
-        serves no call) nor the root key (it rotates nothing) is read, and nothing is created: a new CA or
-        root here would sign what no node trusts. Waits (bounded by `serving_cert_wait_s`) for an api
-        process to publish the CA certificate.
-        """
-        assert self.store is not None
-        relayed = RelayedTrust()
-        said = False
-        try:
-            async with asyncio.timeout(self.opts.serving_cert_wait_s):
-                while not (await relayed.refresh(self.store) or relayed.ca_pem):
-                    if not said:
-                        log.warning("event=worker.waiting-for-ca waiting for an api process to publish the CA")
-                        said = True
-                    await self.bus.wait_events(1.0)
-        except TimeoutError:
-            raise UsageError(
-                f"no api process published the CA certificate within {self.opts.serving_cert_wait_s:.0f} s;"
-                " start one on this store (bc serve --roles api)"
-            ) from None
-        self.ca_cert = keys.load_cert_pem(relayed.ca_pem)
-        self.signer = await worker_signer(self.store, data_dir / "pki", relayed.trust_bundle(), self.clock.now())
-        self.intent = Intent(self.signer, relayed.ca_pem)
-        await intent_ctl.register(self.store, self.signer)
-        local = LocalTrust(self.intent)
-        await local.refresh(self.store)
-        self.trust = local
+        return issued
 
     async def _keyless_loop(self) -> None:
-        """Whether the install signs, as the store says; the serving certificate renewed and swapped in."""
-        assert self.store is not None and self.gateway_cert is not None and isinstance(self.signer, KeylessSigner)
+        """Whether the install signs, as the store says (a process without a key); the serving certificate
+        renewed and swapped in."""
+        assert self.store is not None and self.gateway_cert is not None
         while True:
             await self.bus.wait_events(KEYLESS_POLL_S)
             try:
-                await self.signer.refresh(self.store)
+                if isinstance(self.signer, KeylessSigner):
+                    await self.signer.refresh(self.store)
                 issued = await self.gateway_cert.step()
             except StoreError as e:
                 log.warning("event=keyless.refresh-failed error=%s", e)
@@ -635,7 +635,7 @@ class Server:
                 log.warning("event=serve.drain-timeout sessions=%d", len(self.gateway.sessions))
         if self.store is not None:
             with contextlib.suppress(StoreError):
-                if "gateway" in self.opts.roles:
+                if "gateway" in self.opts.roles and hasattr(self, "gateway"):  # a start refused before it had one
                     await self.gateway.release_lease()
             with contextlib.suppress(StoreError):
                 if self.api_address:
@@ -655,10 +655,15 @@ async def run_serve(opts: ServeOptions) -> None:
     logs.setup("serve")
     server = Server(opts, Seams.production())
     await server.start()
-    if server.worker_only:
+    if not server.plan.listens:
         print("bc serve running the worker role; no listener, no CA or root key (worker key only)", flush=True)
     else:
-        where = f"operator config {server.operator_config}" if server.operator_config else "no CA key (gateway only)"
+        if server.operator_config:
+            where = f"operator config {server.operator_config}"
+        elif server.plan.worker_key:
+            where = "no CA or root key (gateway and worker)"
+        else:
+            where = "no CA key (gateway only)"
         print(f"bc serve listening on {server.address}; {where}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -12,6 +12,7 @@ import asyncio
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from bc.cli.emit import emit
 from bc.cli.render import with_progress
@@ -42,7 +43,9 @@ _DIR = click.Path(file_okay=False, path_type=Path)
     show_default=True,
     help="What this process serves: api (Admin, Join), gateway (node sessions), worker (the singleton loops).",
 )
-@click.option("--listen", default="127.0.0.1:7443", show_default=True, help="HOST:PORT to listen on.")
+@click.option(
+    "--listen", default="127.0.0.1:7443", show_default=True, help="HOST:PORT to listen on (api or gateway role)."
+)
 @click.option(
     "--advertise",
     multiple=True,
@@ -64,7 +67,8 @@ _DIR = click.Path(file_okay=False, path_type=Path)
     "--api",
     multiple=True,
     metavar="HOST:PORT",
-    help="Where a gateway-only process proxies Renew (repeatable; default: the api processes the store lists).",
+    help="Where a gateway without the api role forwards Join and Renew (repeatable; default: the api processes"
+    " the store lists).",
 )
 # Hidden: keyless gateways' serving certificates (30 days), and how long such a gateway waits for its first.
 @click.option("--serving-cert-ttl", type=click.IntRange(min=60), default=30 * 24 * 3600, hidden=True)
@@ -109,7 +113,12 @@ def serve(
     if ctx.invoked_subcommand is not None:
         return
     from bc.otel.config import BadOtlpConfig, OtlpConfig, parse
-    from bc.serve import ServeOptions, parse_roles, run_serve
+    from bc.serve_roles import check_flags, parse_roles
+
+    wanted = parse_roles(roles)
+    # Flags this process's roles would ignore are refused before anything starts (bc.serve_roles).
+    check_flags(wanted, [name for name in ctx.params if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE])
+    from bc.serve import ServeOptions, run_serve
 
     otlp: OtlpConfig | None = None
     if otlp_endpoint is not None:
@@ -131,7 +140,7 @@ def serve(
         node_cert_ttl_s=node_cert_ttl,
         store=store_url,
         gateway_id=gateway_id,
-        roles=parse_roles(roles),
+        roles=wanted,
         api=list(api),
         serving_cert_ttl_s=serving_cert_ttl,
         serving_cert_wait_s=serving_cert_wait,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from .harness import Lab, assert_no_tracebacks, free_port
+from .harness import Lab, assert_no_tracebacks, free_port, port_accepts
 
 
 def without_ages(obj: Any) -> Any:
@@ -183,3 +183,31 @@ def test_unexpected_input_is_a_sentence_and_the_documented_exit_code(lab: Lab) -
         problems.append("`bc events --type node.` matched nothing")
     assert not problems, "\n".join(problems)
     assert_no_tracebacks(lab)
+
+
+@pytest.mark.e2e
+def test_bc_serve_refuses_a_flag_its_roles_would_ignore_before_it_starts(lab: Lab) -> None:
+    """Keys follow roles, and so do flags (bc.serve_roles): an explicit `--listen` on a worker-only process (it
+    serves no call), the other listener flags there, `--api` beside the api role and `--command-signing`
+    without it are refused: exit 2, one line naming the flag, no data dir made, nothing listening."""
+    port = free_port()
+    data_dir = lab.root / "refused"
+    here = f"127.0.0.1:{port}"
+    cases: list[tuple[str, tuple[str, ...], str]] = [
+        ("--listen on a worker-only process", ("--roles", "worker", "--listen", here), "--listen needs a role that"),
+        ("--release-listen on a worker-only process", ("--roles", "worker", "--release-listen", here), "--release"),
+        ("--advertise on a worker-only process", ("--roles", "worker", "--advertise", "ctl.lab"), "--advertise"),
+        ("--api beside the api role", ("--roles", "api,gateway", "--listen", here, "--api", "127.0.0.1:1"), "--api"),
+        ("--command-signing without the api role", ("--roles", "gateway,worker", "--command-signing", "on"), "--comm"),
+    ]
+    problems: list[str] = []
+    for label, args, mentions in cases:
+        r = lab.run("serve", *args, "--data-dir", str(data_dir), timeout=20)
+        problems += refusal_problems(label, r, mentions)
+        if r.returncode != 2:
+            problems.append(f"{label}: exit {r.returncode}, not 2 (a usage error): {r.stderr.strip()!r}")
+    if data_dir.exists():
+        problems.append(f"a refused bc serve made its data dir: {sorted(p.name for p in data_dir.iterdir())}")
+    if port_accepts(port):
+        problems.append(f"something listens on {here}")
+    assert not problems, "\n".join(problems)

@@ -149,6 +149,49 @@ def test_api_gateway_and_worker_in_three_processes_run_a_hold_and_a_command_toge
             lab.kill(name)
 
 
+def test_a_gateway_worker_process_holds_no_ca_or_root_key_and_a_node_joins_holds_and_runs_through_it(
+    lab: Lab,
+) -> None:
+    """Keys follow roles: `--roles gateway,worker` beside `--roles api` reads the worker key (the three files of
+    pki/signing/ copied from the api) and its own serving key, and no CA or root key. The node joins through it
+    (Join forwarded to the api), its session is there, its placement pass places a hold the node accepts, and
+    a command asked of the api runs."""
+    with fresh_schema_sync() as (url, schema):
+        store = schema_url(url, schema)
+        serve(lab, "api", lab.server_dir, lab.port, store, "--roles", "api")
+        gw_dir, gw_port = lab.root / "server-gw", free_port()
+        (gw_dir / "pki" / "signing").mkdir(parents=True, mode=0o700)
+        for name in ("worker.key", "worker.crt", "root.crt"):
+            shutil.copy2(lab.server_dir / "pki" / "signing" / name, gw_dir / "pki" / "signing" / name)
+        serve(lab, "gw", gw_dir, gw_port, store, "--roles", "gateway,worker")
+        lab.wait_for("the gateway+worker to say what it holds", lambda: "no CA or root key" in lab.log("gw"))
+        held = sorted(str(p.relative_to(gw_dir)) for p in gw_dir.rglob("*.key"))
+        assert held == ["gateway/serving.key", "pki/signing/worker.key"], held
+        assert not (gw_dir / "operator").exists()
+
+        lab.bc(
+            "join",
+            "--server",
+            f"127.0.0.1:{gw_port}",
+            "--token",
+            lab.token("n1"),
+            "--data-dir",
+            str(lab.node_dir("n1")),
+        )
+        assert "event=join-proxy.forwarded" in lab.log("gw")
+        lab.node("n1")
+        lab.wait_converged("n1", timeout=40)
+        assert lab.show("n1")["gateway_id"] == "gw"
+        hold = lab.bc("reserve", "--gpus", "1", "--node", "n1")
+        lab.wait_reservation_state(hold["id"], "active", timeout=30)  # placed by gw's worker loops
+        assert lab.cdi_path("n1", hold["allocation_id"]).exists()
+        done = lab.bc("cmd", "run", "n1", "inventory.refresh", "--wait", timeout=60)
+        assert done["state"] == "succeeded", done
+        assert not lab.events("security.spec-rejected") and not lab.events("security.report-rejected")
+        for name in ("gw", "api"):
+            lab.kill(name)
+
+
 def test_a_gateway_paused_past_its_lease_is_fenced_when_it_wakes_and_routes_nothing(lab: Lab) -> None:
     """SIGSTOP the node's gateway for longer than its 20 s lease: the node moves to the other gateway; on
     SIGCONT the paused one fences itself (it woke late), its stale session closes, and its writes, fenced by

@@ -22,6 +22,7 @@ from bc.cli.client import AdminClient
 from bc.config import OperatorConfig
 from bc.protocol.pb import admin_pb2
 from bc.serve import Seams, ServeOptions, Server
+from bc.serve_roles import parse_roles
 from tests.pg import recycled_schema, schema_url
 
 
@@ -103,15 +104,16 @@ async def open_lab(tmp_path: Path, **serve: Any) -> AsyncIterator[InprocLab]:
             await lab.server.stop()
 
 
-def one_role_options(data_dir: Path, store: str, role: str, name: str, serving_cert_wait_s: float) -> ServeOptions:
-    """`bc serve --roles ROLE --gateway-id NAME` beside a lab on its store, on a port of its own."""
+def role_options(data_dir: Path, store: str, roles: str, name: str, serving_cert_wait_s: float) -> ServeOptions:
+    """`bc serve --roles ROLES --gateway-id NAME` (e.g. `gateway` or `gateway,worker`) beside a lab on its store,
+    on a port of its own."""
     return ServeOptions(
         data_dir=data_dir,
         listen="127.0.0.1:0",
         heartbeat_interval_s=1.0,
         store=store,
         gateway_id=name,
-        roles=frozenset({role}),
+        roles=parse_roles(roles),
         serving_cert_wait_s=serving_cert_wait_s,
     )
 
@@ -119,7 +121,7 @@ def one_role_options(data_dir: Path, store: str, role: str, name: str, serving_c
 def gateway_only_server(data_dir: Path, store: str, gateway_id: str = "gw-k") -> Server:
     """A `bc serve --roles gateway` beside a lab on its store (not started): it holds no key and waits up to
     30 s for the serving certificate an api process issues it into the store."""
-    return Server(one_role_options(data_dir, store, "gateway", gateway_id, 30.0), Seams.production())
+    return Server(role_options(data_dir, store, "gateway", gateway_id, 30.0), Seams.production())
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

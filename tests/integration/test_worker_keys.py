@@ -28,13 +28,13 @@ from bc.pki.signing import SIGNING_DIR, SigningKeys, issue_worker
 from bc.serve import Seams, ServeOptions, Server
 from bc.store import leases
 from bc.store import nodes as nodes_sql
-from tests.integration.conftest import InprocLab, one_role_options, open_lab
+from tests.integration.conftest import InprocLab, open_lab, role_options
 
 WORKER_FILES = ("worker.key", "worker.crt", "root.crt")
 
 
 def worker_options(tmp_path: Path, store: str, name: str = "worker") -> ServeOptions:
-    return one_role_options(tmp_path / name, store, "worker", name, 10.0)
+    return role_options(tmp_path / name, store, "worker", name, 10.0)
 
 
 def copy_worker_key(api_dir: Path, worker_dir: Path) -> None:
