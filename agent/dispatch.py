@@ -23,6 +23,23 @@ kind writes `running{boot_id}` right before its side effect. Each lane has a
 fixed pool of workers (control 4, provision 2, bulk 1) and per-resource locks
 (a GPU, a disk, an allocation) keep two lanes off one device.
 
+Pipelined accepts (issue 19): `on_command` returns once a command is decided.
+A rejection is journaled and answered before it returns, as are duplicates of
+what the journal holds; an accepted command has its credit taken, is in
+`active` and its `accepted` write issued, and the write's own task
+(`_journal_accept`) waits for it: only once it is durable is the command
+queued to its lane (so no side effect starts before) and ACKED sent. The
+session thus reads the next command while this one's accept commits, and the
+accepts that arrive meanwhile share the journal's next transaction and fsync
+(`agent.journal_batch`). A lane's commands still reach its queue in the order
+they were accepted (`Lane.accepting`), whatever order their writes end in; a
+duplicate of a command whose accept is still being written is answered once
+that write ends, from the journal; a cancel marks it like a queued one. A
+write that fails (its transaction's commit failed: every member of the batch
+fails) frees the credit, queues nothing, answers nothing, and is handed to
+the session (`accept_failed`), which ends on it as it did when `on_command`
+awaited the write: the gateway delivers the command again on the next one.
+
 A worker never swallows an exception: whatever a kind raises from `parse`,
 `resources` or `run` settles its command `failed` (`invalid-payload` with
 the kind's sentence for bad input, `internal` otherwise), and even a failure
@@ -33,9 +50,11 @@ left unsettled holding its lane credit and locks until the kind's timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -82,6 +101,12 @@ class Accepted:
     started: bool = False
     settled: bool = False  # its terminal result is journaled
     accepted_at: float = 0.0  # the agent's monotonic clock, for the latency telemetry reports
+    journaled: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    """True once `accepted` is durable, False if its write failed; not done while the write is in flight."""
+
+    @property
+    def durable(self) -> bool:
+        return self.journaled.done() and self.journaled.result()
 
 
 @dataclass
@@ -91,6 +116,9 @@ class Lane:
     workers: int
     queue: asyncio.Queue[Accepted] = field(default_factory=asyncio.Queue)
     in_use: int = 0
+    accepting: deque[Accepted] = field(default_factory=deque)
+    """Accepted and not yet queued, in the order they were accepted: the queue takes them in that order,
+    each once its `accepted` is durable."""
 
 
 class Dispatcher:
@@ -140,6 +168,8 @@ class Dispatcher:
         self._last_sweep = 0.0
         self._acked: list[str] = []  # acked by the gateway, not yet marked in the journal
         self._ack_writer: asyncio.Task[None] | None = None
+        self._accepts: set[asyncio.Task[None]] = set()  # `accepted` writes in flight (_journal_accept)
+        self._failure_waiters: list[asyncio.Future[Exception]] = []  # sessions waiting in accept_failed
 
     # -- lifecycle -------------------------------------------------------
     async def start(self) -> list[rules.Settlement]:
@@ -169,6 +199,8 @@ class Dispatcher:
                 log.info("event=journal.swept commands=%d", len(swept))
 
     async def stop(self) -> None:
+        # The accepts in flight end first (each queues its command or fails): none is left half done.
+        await asyncio.gather(*self._accepts, return_exceptions=True)
         writer, self._ack_writer = self._ack_writer, None
         for t in [*self._tasks, *([writer] if writer is not None else [])]:
             t.cancel()
@@ -210,7 +242,18 @@ class Dispatcher:
         await self._update(update)
 
     async def running_ids(self) -> list[str]:
-        return sorted(self.active)
+        return sorted(cid for cid, a in self.active.items() if a.durable)
+
+    async def accept_failed(self) -> Exception:
+        """Until an `accepted` write fails: its error. The session ends on it (agent.session.runner), as it
+        did when `on_command` awaited the write and raised it; the gateway then delivers the command again."""
+        fut: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+        self._failure_waiters.append(fut)
+        try:
+            return await fut
+        finally:
+            with contextlib.suppress(ValueError):
+                self._failure_waiters.remove(fut)
 
     # -- sending ---------------------------------------------------------
     async def _send(self, msg: NodeMessage) -> None:
@@ -234,6 +277,11 @@ class Dispatcher:
             log.warning("event=command.undecodable")
             return
         if not body.id:
+            return
+        pending = self.active.get(body.id)
+        if pending is not None and not pending.journaled.done():
+            # Its accept is being written, and the journal cannot tell yet: answer from it once it can.
+            self._track(asyncio.create_task(self._after_accept(pending, cmd), name=f"duplicate-{body.id}"))
             return
         if self.held(body.id):  # a self-update in flight: the controller settles it
             await self._update(
@@ -310,6 +358,22 @@ class Dispatcher:
         if lane.in_use >= lane.credits or await self.journal_full():
             return await self._reject(body, "BUSY", f"no free credit on the {lane.name} lane")
         lane.in_use += 1
+        accepted = Accepted(body, cmd)
+        self.active[body.id] = accepted
+        lane.accepting.append(accepted)
+        # The write is awaited by its own task: the session reads the next command meanwhile (see the module).
+        self._track(
+            asyncio.create_task(self._journal_accept(lane, kind, accepted, self.clock.now()), name=f"accept-{body.id}")
+        )
+        return None
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._accepts.add(task)
+        task.add_done_callback(self._accepts.discard)
+
+    async def _journal_accept(self, lane: Lane, kind: kinds.Kind, a: Accepted, now: float) -> None:
+        """Journal `accepted`; once durable, queue the command (in its lane's order) and send ACKED."""
+        body = a.body
         try:
             await self.journal.accept(
                 body.id,
@@ -318,19 +382,41 @@ class Dispatcher:
                 kind.self_terminating,
                 self.incarnation_id,
                 self.boot_id,
-                cmd.envelope.body,
-                self.clock.now(),
+                a.command.envelope.body,
+                now,
             )
-        except BaseException:
+        except BaseException as e:
             lane.in_use -= 1
-            raise
-        accepted = Accepted(body, cmd, accepted_at=self.clock.monotonic())
-        self.active[body.id] = accepted
+            if self.active.get(body.id) is a:
+                del self.active[body.id]
+            lane.accepting.remove(a)
+            a.journaled.set_result(False)
+            self._queue_durable(lane)  # a later command of the lane may be durable already
+            if not isinstance(e, Exception):
+                raise
+            log.error("event=command.accept-failed command=%s kind=%s error=%s", body.id, body.kind, e)
+            for fut in self._failure_waiters:
+                if not fut.done():
+                    fut.set_result(e)
+            return
+        a.journaled.set_result(True)
+        a.accepted_at = self.clock.monotonic()  # the telemetry's latency counts from the durable accept, as before
         log.info("event=command.accepted command=%s kind=%s lane=%s", body.id, body.kind, lane.name)
         # Queued before anything is awaited: a session ending mid-send must not strand an accepted command.
-        lane.queue.put_nowait(accepted)
+        self._queue_durable(lane)
         await self._update(CommandUpdate(command_id=body.id, state=session_pb2.COMMAND_ACKED, boot_id=self.boot_id))
-        return None
+
+    @staticmethod
+    def _queue_durable(lane: Lane) -> None:
+        """Queue the lane's accepted commands whose `accepted` is durable, up to the first still being written."""
+        while lane.accepting and lane.accepting[0].durable:
+            lane.queue.put_nowait(lane.accepting.popleft())
+
+    async def _after_accept(self, pending: Accepted, cmd: session_pb2.Command) -> None:
+        """A duplicate of a command whose accept was being written: resolved against the journal once written
+        (re-attach); if the write failed it is answered no more than the command itself."""
+        if await asyncio.shield(pending.journaled):
+            await self.on_command(cmd)
 
     async def on_spec_applied(self) -> None:
         """A newer spec re-runs the checks of commands deferred on min_generation."""

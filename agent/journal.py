@@ -29,6 +29,19 @@ Bounds: `append_events` drops the oldest metric events to make room and
 raises `JournalFull` (writing nothing) when results and transitions alone
 fill the journal; `is_full()` then tells dispatch to answer new commands BUSY.
 
+The two reads of every delivered command (issue 19's pipelined accepts): the
+session asks `get_command` (the duplicate rules) and `is_full` (BUSY) for each
+command, and a read takes the journal's lock, which a transaction holds through
+its COMMIT: a read issued while an `accepted` commits waited for that fsync,
+and the next command's accept could never join the transaction in flight.
+So `get_command` answers a command id the journal cannot hold (not in
+`_ids`, a superset of the ids of its rows: loaded once, an id added by every
+row written, committed or not, and dropped only once its delete committed)
+without the lock or a trip to the thread, and `is_full` keeps its last answer
+until an event write ends (`_events_changed`; an answer read while one was
+under way is not kept). Both are exact, for this process is the journal's
+only writer (`bc doctor` reads it through a read-only connection).
+
 Durability: `synchronous=FULL` with WAL, so a write has reached the disk
 when it returns. A journal that does not open is moved aside
 (`journal.db.corrupt-<ms>`, the newest three copies kept: `agent.journal_aside`)
@@ -116,6 +129,9 @@ class Journal:
         self._lock = asyncio.Lock()
         self._steps = TxSteps(self._begin, self._commit, self._rollback)
         self._groups = CommitGroups(self._lock, self._steps)
+        self._ids: set[str] | None = None  # every id a row may have (a superset); None until first read
+        self._full: bool | None = None  # is_full's answer while no event was written since; None: read it
+        self._events_version = 0  # moved by every event write
 
     # -- opening -------------------------------------------------------
     @staticmethod
@@ -315,18 +331,27 @@ class Journal:
             return []
         items = [self._fit_event(*item) for item in items]
         incoming = [EventRow(0, cls, len(payload)) for _, cls, payload in items]
-        async with self._lock, self._tx():
-            await self._make_room(incoming)
-            seq = await self._int_meta("event_seq")
-            out = []
-            for type_, cls, payload in items:
-                seq += 1
-                await self._conn.execute(
-                    "INSERT INTO events (seq, type, class, payload) VALUES (?, ?, ?, ?)", (seq, type_, cls, payload)
-                )
-                out.append(JournalEvent(seq, type_, cls, payload))
-            await self._set_meta("event_seq", str(seq))
+        try:
+            async with self._lock, self._tx():
+                await self._make_room(incoming)
+                seq = await self._int_meta("event_seq")
+                out = []
+                for type_, cls, payload in items:
+                    seq += 1
+                    await self._conn.execute(
+                        "INSERT INTO events (seq, type, class, payload) VALUES (?, ?, ?, ?)",
+                        (seq, type_, cls, payload),
+                    )
+                    out.append(JournalEvent(seq, type_, cls, payload))
+                await self._set_meta("event_seq", str(seq))
+        finally:
+            self._events_changed()
         return out
+
+    def _events_changed(self) -> None:
+        """An event write ended (committed or not): `is_full` reads again."""
+        self._events_version += 1
+        self._full = None
 
     def _fit_update(self, command_id: str, update: bytes) -> bytes:
         fitted = rules.fit_update(update, self.limits)
@@ -379,14 +404,22 @@ class Journal:
         return [EventRow(int(r[0]), int(r[1]), int(r[2])) for r in await cur.fetchall()]
 
     async def is_full(self) -> bool:
-        """At a bound even after dropping every metric event: dispatch answers new commands BUSY."""
+        """At a bound even after dropping every metric event: dispatch answers new commands BUSY.
+
+        Read once, then kept until an event write (see the module): asked for every delivered command."""
+        if self._full is not None:
+            return self._full
+        version = self._events_version
         async with self._lock:
             cur = await self._conn.execute(
                 "SELECT count(*), coalesce(sum(length(payload)), 0) FROM events WHERE class != ?", (rules.METRIC,)
             )
             row = await cur.fetchone()
         count, size = (int(row[0]), int(row[1])) if row else (0, 0)
-        return rules.at_bound(count, size, self.max_events, self.max_bytes)
+        full = rules.at_bound(count, size, self.max_events, self.max_bytes)
+        if version == self._events_version:  # no event write began or ended meanwhile
+            self._full = full
+        return full
 
     async def event_stats(self) -> tuple[int, int]:
         async with self._lock:
@@ -407,13 +440,23 @@ class Journal:
         return [JournalEvent(int(r[0]), str(r[1]), int(r[2]), bytes(r[3])) for r in rows]
 
     async def ack_events(self, upto_seq: int) -> int:
-        async with self._lock:
-            cur = await self._conn.execute("DELETE FROM events WHERE seq <= ?", (upto_seq,))
-            return cur.rowcount
+        try:
+            async with self._lock:
+                cur = await self._conn.execute("DELETE FROM events WHERE seq <= ?", (upto_seq,))
+                return cur.rowcount
+        finally:
+            self._events_changed()
 
     # -- commands ------------------------------------------------------
     async def get_command(self, command_id: str) -> CommandEntry | None:
+        if self._ids is not None and command_id not in self._ids:
+            return None  # no row has it, nor will until a write adds it (see the module): no lock, no trip
         async with self._lock:
+            if self._ids is None:
+                cur = await self._conn.execute("SELECT command_id FROM commands")
+                self._ids = {str(r[0]) for r in await cur.fetchall()}
+                if command_id not in self._ids:
+                    return None
             return await self._get_command(command_id)
 
     async def command_body(self, command_id: str) -> bytes | None:
@@ -523,7 +566,14 @@ class Journal:
         if not ids:
             return 0
         async with self._lock, self._tx():
-            return await self._delete_commands(ids)
+            n = await self._delete_commands(ids)
+        self._forget_ids(cid for (cid,) in ids)
+        return n
+
+    def _forget_ids(self, ids: Iterable[str]) -> None:
+        """Rows whose delete committed: `get_command` no longer reads for them."""
+        if self._ids is not None:
+            self._ids.difference_update(ids)
 
     async def apply_settlements(
         self, settlements: Sequence[Settlement], updates: Mapping[str, bytes], now: float
@@ -549,6 +599,7 @@ class Journal:
             ids = rules.sweep(await self._select_commands(""), now, incarnation_id, keep_s)
             if ids:
                 await self._delete_commands([(cid,) for cid in ids])
+        self._forget_ids(ids)
         return ids
 
     async def settle_oversized(self) -> list[CommandEntry]:
@@ -558,6 +609,12 @@ class Journal:
         go out at the next Hello), and an event over `max_event_bytes` becomes `event.too-large` under its seq.
         """
         smallest = self.limits.max_text_bytes  # an update this small cannot be over any limit
+        try:
+            return await self._settle_oversized(smallest)
+        finally:
+            self._events_changed()
+
+    async def _settle_oversized(self, smallest: int) -> list[CommandEntry]:
         async with self._lock, self._tx():
             refitted = rules.refit(
                 await self._select_commands("WHERE state = 'done' AND length(result) > ?", (smallest,)), self.limits
@@ -590,6 +647,8 @@ class Journal:
 
     async def _put_command(self, e: CommandEntry, body: bytes | None = None) -> None:
         """Upsert a row; a None body keeps the one stored at accept."""
+        if self._ids is not None:
+            self._ids.add(e.command_id)  # before the row exists: `_ids` stays a superset, whatever the commit does
         await self._conn.execute(
             f"INSERT INTO commands ({_COMMAND_COLUMNS}, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (command_id) DO UPDATE SET kind = excluded.kind, state = excluded.state,"

@@ -8,7 +8,8 @@
    fsynced SQLite commit rate of the same disk, measured in the same run
    (each shape right after raw commits, in rounds), with commands one at a time and as many in flight as
    the control lane, or every lane, takes (the dispatcher's shape: the session
-   accepts, the lane's workers finish). The ratio says how close the journal
+   reads the journal for each command, accepts it without waiting for the
+   write, the lane's workers finish). The ratio says how close the journal
    runs to the disk's limit; a warning line is printed for each ratio below
    0.8 (issue 19). With commands in flight the journal's group commit puts
    several writes in one fsync, so the ratio may pass 1.
@@ -127,19 +128,24 @@ GOAL_RATIO = 0.8
 """Issue 19: accepted + done writes at least this share of the raw fsynced commit rate of the same disk."""
 WARM_COMMITS = 1_200
 """More than SQLite's auto-checkpoint (1,000 pages): each write-ahead log has wrapped before the timing."""
-Lanes = tuple[int, int, int]
-"""(credits, workers, accepters): how many commands may be in flight, how many run at once, and how many
-are accepted at once (the agent's session accepts one at a time)."""
+Lanes = tuple[int, int, bool]
+"""(credits, workers, pipelined): how many commands may be in flight, how many run at once, and whether the
+session reads the next command while an accept is being written (the agent's, since issue 19's pipelined
+accepts) or waits for each accept to be durable first (the agent before)."""
 _ALL_CREDITS, _ALL_WORKERS = sum(kinds.GATEWAY_CREDITS.values()), sum(kinds.AGENT_WORKERS.values())
 CONCURRENCY: dict[str, Lanes] = {
-    "one_at_a_time": (1, 1, 1),
-    "control_lane": (kinds.GATEWAY_CREDITS["control"], kinds.AGENT_WORKERS["control"], 1),
-    "every_lane": (_ALL_CREDITS, _ALL_WORKERS, 1),
-    "every_lane_accepts_at_once": (_ALL_CREDITS, _ALL_WORKERS, _ALL_CREDITS),
+    "one_at_a_time": (1, 1, True),
+    "control_lane": (kinds.GATEWAY_CREDITS["control"], kinds.AGENT_WORKERS["control"], True),
+    "every_lane": (_ALL_CREDITS, _ALL_WORKERS, True),
+    "every_lane_awaited_accepts": (_ALL_CREDITS, _ALL_WORKERS, False),
 }
-"""A fan-out's commands on one node: one at a time, then as many as the control lane, or every lane, takes;
-the last is not how the agent runs today (its session awaits each `accepted` before it reads the next
-command): what the journal would take if accepts were pipelined too."""
+"""A fan-out's commands on one node, in the agent's shape (`agent.dispatch`: per command the session reads
+the journal twice, for the duplicate rules and for BUSY, takes a credit and issues `accepted`, which its own
+task awaits before the command is queued): one at a time, then as many as the control lane, or every lane,
+takes. The last is the agent before pipelined accepts, for comparison: the session awaited each `accepted`
+before it read the next command, so no two accepts ever shared a commit. (Before 2026-12-03's pipelining
+the bench left the two reads out and had an `every_lane_accepts_at_once` shape, 14 sessions accepting at
+once, which no agent ran.)"""
 
 
 def raw_commit_rate(path: Path, n: int) -> float:
@@ -157,32 +163,43 @@ def raw_commit_rate(path: Path, n: int) -> float:
     return n / elapsed
 
 
-async def journal_write_rate(path: Path, n: int, lanes: Lanes = (1, 1, 1), tag: str = "") -> tuple[float, float]:
+async def journal_write_rate(path: Path, n: int, lanes: Lanes = (1, 1, True), tag: str = "") -> tuple[float, float]:
     """(accepted + done writes a second, writes per fsynced transaction) for `n` commands through `lanes`.
 
-    The dispatcher's shape: one session accepts commands one at a time (`accepted` journaled before the
-    command is queued), while a lane's credits are free; the lane's workers run each (a turn of the loop
-    where the side effect would be) and journal `done`, which frees its credit. `lanes` is (credits,
-    workers, accepters). `tag` keeps the command ids of several calls on one file apart.
+    The dispatcher's shape: one session takes the commands in order; for each it reads the journal as the
+    dispatcher does (`get_command` for the duplicate rules, `is_full` for BUSY), waits for a free credit and
+    issues `accepted`, which a task of its own awaits before it queues the command (pipelined), or which the
+    session awaits before the next command (not pipelined, the agent before issue 19's pipelined accepts);
+    the lane's workers run each (a turn of the loop where the side effect would be) and journal `done`,
+    which frees its credit. `lanes` is (credits, workers, pipelined). `tag` keeps the command ids of several
+    calls on one file apart.
     """
-    credits, workers, accepters = lanes
+    credits, workers, pipelined = lanes
     j = await Journal.open(path, "bench")
     body, update = b"b" * 200, b"u" * 120
     before = dataclasses.replace(j.batches.stats)
     free = asyncio.Semaphore(credits)
     queue: asyncio.Queue[str | None] = asyncio.Queue()
+    accepts: set[asyncio.Task[None]] = set()
 
-    ids = iter(range(n))
+    async def accept(cid: str) -> None:
+        await j.accept(cid, "inventory.refresh", True, False, "inc", "boot", body, time.time())
+        queue.put_nowait(cid)
 
     async def session() -> None:
-        for i in ids:
-            await free.acquire()
+        for i in range(n):
             cid = f"cmd{tag}-{i:06d}"
-            await j.accept(cid, "inventory.refresh", True, False, "inc", "boot", body, time.time())
-            queue.put_nowait(cid)
-
-    async def sessions() -> None:
-        await asyncio.gather(*(session() for _ in range(accepters)))
+            if await j.get_command(cid) is not None or await j.is_full():
+                raise RuntimeError(f"{cid}: the bench's commands are new and its journal never full")
+            await free.acquire()
+            if pipelined:
+                task = asyncio.create_task(accept(cid))
+                accepts.add(task)
+                task.add_done_callback(accepts.discard)
+            else:
+                await accept(cid)
+        while accepts:
+            await asyncio.gather(*accepts)
         for _ in range(workers):
             queue.put_nowait(None)
 
@@ -193,7 +210,7 @@ async def journal_write_rate(path: Path, n: int, lanes: Lanes = (1, 1, 1), tag: 
             free.release()
 
     t0 = time.perf_counter()
-    await asyncio.gather(sessions(), *(worker() for _ in range(workers)))
+    await asyncio.gather(session(), *(worker() for _ in range(workers)))
     elapsed = time.perf_counter() - t0
     stats = j.batches.stats
     await j.close()
@@ -248,11 +265,11 @@ async def journal_figures(n: int = 150, rounds: int = 5) -> dict[str, Any]:
         "raw_fsynced_commits_per_s": round(statistics.median(raw)),
         "raw_range": [round(min(raw)), round(max(raw))],
     }
-    for c, (credits, workers, accepters) in CONCURRENCY.items():
+    for c, (credits, workers, pipelined) in CONCURRENCY.items():
         out[c] = {
             "credits": credits,
             "workers": workers,
-            "accepters": accepters,
+            "pipelined": pipelined,
             "journal_writes_per_s": round(statistics.median(rates[c])),
             "range": [round(min(rates[c])), round(max(rates[c]))],
             "writes_per_commit": round(statistics.median(per_tx[c]), 1),

@@ -2,10 +2,13 @@
 
 The runner is handed everything it works with (`SessionDeps`, built once by
 `agent.app`) and one link per session; it never dials, and it never reaches
-into the agent. Three tasks run until the first ends: the reader feeds the
+into the agent. Four tasks run until the first ends: the reader feeds the
 core with the gateway's frames and carries out the effects; the writer ticks
 the core (heartbeats, silence) and flushes events and the newest status from
-the outbox; the third waits for `end()`. What the session changes is changed
+the outbox; the third waits for `end()`, the fourth for a command's `accepted`
+write to fail (`Dispatcher.accept_failed`: the reader hands a command on once
+it is decided, without waiting for its accept to be durable, so a failed write
+ends the session from there, as it did when the reader awaited it). What the session changes is changed
 through `NodeState` (offset, spec, trust, time mark), the dispatcher (commands,
 cancels, acks), the journal (events acked) and the outbox, whose sender is the
 session's own `_send` from Welcome to the end.
@@ -122,19 +125,23 @@ class SessionRunner:
         self.hello_result_ids = {u.command_id for u in unacked}
         async with asyncio.timeout(sc.WELCOME_TIMEOUT_S):
             await self._send(hello)
+        failed = asyncio.create_task(d.dispatcher.accept_failed(), name="session-accept-failed")  # waits first
         reader = asyncio.create_task(self._read(), name="session-read")
         writer = asyncio.create_task(self._write(), name="session-write")
         ended = asyncio.create_task(self._ended.wait(), name="session-ended")
+        tasks = (reader, failed, writer, ended)  # in this order, not a set's: what the gateway said comes first
         try:
-            done, _ = await asyncio.wait({reader, writer, ended}, return_when=asyncio.FIRST_COMPLETED)
-            for t in (reader, writer, ended):  # in this order, not the set's: what the gateway said comes first
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
                 exc = None if t not in done or t.cancelled() else t.exception()
                 if exc is not None:
                     raise exc
+                if t is failed and t in done:
+                    raise failed.result()
         finally:
-            for t in (reader, writer, ended):
+            for t in tasks:
                 t.cancel()
-            await asyncio.gather(reader, writer, ended, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             d.state.disconnected()
             d.outbox.detach(self._send)
         if self.closed is not None:

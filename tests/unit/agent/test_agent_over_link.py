@@ -10,6 +10,7 @@ What is asserted is what the gateway sees on the wire, and what the agent keeps 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 from collections.abc import Callable, Coroutine
@@ -33,7 +34,7 @@ from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
 from bc.testing import MemoryLink, link_pair
 from bc.virtual_time import VirtualTimeLoop, virtual_clock
-from bc.wire.link import Link
+from bc.wire.link import Link, LinkClosed
 
 T = TypeVar("T")
 NODE = "n1"
@@ -76,7 +77,9 @@ class Gateway:
         return [b - a for a, b in zip(self.dialed_at, self.dialed_at[1:], strict=False)]
 
 
-def build(tmp: Path, seed: int, gateway: Gateway) -> tuple[Agent, HeldIdentity]:
+def build(
+    tmp: Path, seed: int, gateway: Gateway, journal: Callable[[random.Random], MemoryJournal] | None = None
+) -> tuple[Agent, HeldIdentity]:
     rng = random.Random(seed)
     held = HeldIdentity()
     parts = AgentParts(
@@ -88,15 +91,15 @@ def build(tmp: Path, seed: int, gateway: Gateway) -> tuple[Agent, HeldIdentity]:
         node_key=NodeKey(None, keys.generate_key()),
         hw=FakeHardware("hgx-h100-8", NODE, state_dir=tmp, rng=rng, offload=inline),
         dial=gateway.dial,
-        open_journal=lambda: _journal(rng),
+        open_journal=lambda: _journal(rng, journal),
         offload=inline,
         renewal=False,
     )
     return Agent(AgentOptions(data_dir=tmp), parts), held
 
 
-async def _journal(rng: random.Random) -> MemoryJournal:
-    return MemoryJournal(new_journal_id(rng))
+async def _journal(rng: random.Random, make: Callable[[random.Random], MemoryJournal] | None) -> MemoryJournal:
+    return make(rng) if make is not None else MemoryJournal(new_journal_id(rng))
 
 
 async def expect(
@@ -355,3 +358,54 @@ def test_an_overload_refusal_is_redialed_after_its_retry_after_without_a_back_of
     delays = run(scenario())
     assert [round(d, 3) for d in delays[:4]] == [7.3, 0.25, 60.0, 12.0]  # the hint, capped at 60 s
     assert 0.0 <= delays[4] <= 2.0  # attempt 1 (under 2 s), not attempt 5 (under 32 s): the hints did not step it
+
+
+class FailingFirstAccept(MemoryJournal):
+    """The memory journal, its first `accepted` write failing as a disk that refuses it would."""
+
+    failed = False
+
+    async def accept(self, command_id: str, *args: Any) -> None:
+        if not self.failed:
+            self.failed = True
+            raise OSError(5, "Input/output error")
+        await super().accept(command_id, *args)
+
+
+def test_a_failed_accept_answers_nothing_ends_the_session_and_the_redelivery_runs(tmp_path: Path) -> None:
+    """The session hands a command on without waiting for its accept (pipelined accepts, agent.dispatch); a
+    write that fails still ends the session, as when the session awaited it, and the next one runs it."""
+
+    async def scenario() -> None:
+        gw = Gateway()
+        journals: list[FailingFirstAccept] = []
+
+        def failing(rng: random.Random) -> MemoryJournal:
+            journals.append(FailingFirstAccept(new_journal_id(rng)))
+            return journals[-1]
+
+        agent, _held = build(tmp_path, 3, gw, failing)
+        task = asyncio.create_task(agent.run())
+        link = await gw.accept()
+        await welcome(link, epoch=1)
+        await link.send(command("c1"))
+        first: list[NodeMessage] = []
+        with contextlib.suppress(LinkClosed):  # the node ends the session
+            async with asyncio.timeout(600):
+                while (msg := await link.recv()) is not None:
+                    first.append(msg)
+        assert [j.failed for j in journals] == [True]
+        assert not [m for m in first if m.WhichOneof("msg") == "command_update"], "a failed accept was answered"
+
+        link = await gw.accept()  # the node dialed again
+        await welcome(link, epoch=2)
+        await link.send(command("c1"))  # the gateway delivers it again
+        states = []
+        async with asyncio.timeout(600):
+            while not states or states[-1] != session_pb2.COMMAND_SUCCEEDED:
+                states.append((await expect(link, "command_update")).command_update.state)
+        assert states == [session_pb2.COMMAND_ACKED, session_pb2.COMMAND_RUNNING, session_pb2.COMMAND_SUCCEEDED]
+        agent.stopped.set()
+        await asyncio.wait_for(task, 60)
+
+    run(scenario())
