@@ -34,8 +34,8 @@ from bc.store.base import Row
 log = logging.getLogger("bc.dispatch")
 
 PAGE = commands_sql.DISPATCH_BATCH
+"""Nodes planned (their commands read, and on PostgreSQL locked) per write transaction of a pass."""
 CREDITS = kinds.GATEWAY_CREDITS
-"""Commands read (and on PostgreSQL locked) per transaction of a pass."""
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,11 @@ async def dispatch_gateway(
         return out
     now_ms = await store.now_ms()
     async with store.transaction(write=False) as tx:
-        work = await dispatch_sql.gateway_has_work(tx, gateway_id, now_ms, None if nodes is None else only)
+        work = await dispatch_sql.gateway_has_work(
+            tx, gateway_id, now_ms, store.dialect, None if nodes is None else only
+        )
         if nodes is None:
-            out.next_due_ms = await dispatch_sql.gateway_next_not_before(tx, gateway_id, now_ms)
+            out.next_due_ms = await dispatch_sql.gateway_next_not_before(tx, gateway_id, now_ms, store.dialect)
     if not work:
         return out
     for i in range(0, len(only), page):
@@ -115,7 +117,7 @@ async def dispatch_gateway(
         now_ms = await store.now_ms()
         async with store.transaction() as tx:
             out.transactions += 1
-            in_flight = await dispatch_sql.gateway_in_flight_by_lane(tx, gateway_id, part)
+            in_flight = await dispatch_sql.gateway_in_flight_by_lane(tx, gateway_id, part, store.dialect)
             wants = [
                 (node_id, lane, credit - used)
                 for node_id in part
@@ -123,9 +125,9 @@ async def dispatch_gateway(
                 if (used := in_flight.get((node_id, lane), 0)) < credit
             ]
             rows = await dispatch_sql.gateway_lane_heads(tx, gateway_id, now_ms, wants, store.dialect)
-            cancelled = await dispatch_sql.gateway_pending_cancelled(tx, gateway_id, page, part)
-            await _plan_page(tx, bus, gateway_id, epochs, rows, cancelled, in_flight, now_ms, out)
-            await _cancels_to_send(tx, gateway_id, epochs, page, out, part)
+            cancelled = await dispatch_sql.gateway_pending_cancelled(tx, gateway_id, page, store.dialect, part)
+            await _plan_page(tx, bus, gateway_id, epochs, rows, cancelled, in_flight, now_ms, out, store.dialect)
+            await _cancels_to_send(tx, gateway_id, epochs, page, out, part, store.dialect)
     return out
 
 
@@ -151,6 +153,7 @@ async def _plan_page(
     in_flight_by_lane: Mapping[tuple[str, str], int],
     now_ms: int,
     out: GatewayDispatch,
+    dialect: str,
 ) -> None:
     """Plan each node of one page with the pure rules; settle the refusals, mark the sends in one statement."""
 
@@ -173,7 +176,7 @@ async def _plan_page(
     in_flight: dict[str, dict[str, int]] = {}
     for (nid, lane), n in in_flight_by_lane.items():
         in_flight.setdefault(nid, {})[lane] = n
-    nodes = await dispatch_sql.gateway_roles_and_labels(tx, gateway_id, sorted(by_node))
+    nodes = await dispatch_sql.gateway_roles_and_labels(tx, gateway_id, sorted(by_node), dialect)
     send: list[str] = []
     for node_id, pending in by_node.items():
         node = nodes.get(node_id)
@@ -189,7 +192,7 @@ async def _plan_page(
         for cid, reason in plan.cancel:
             await settle_by_server(tx, bus, cid, node_id, "cancelled", reason, now_ms, ("pending",))
         send += plan.send
-    marked = await commands_sql.mark_dispatched_routed(tx, send, gateway_id, now_ms)
+    marked = await commands_sql.mark_dispatched_routed(tx, send, gateway_id, now_ms, dialect)
     for cid in send:  # in (node, seq) order, as planned
         if cid not in marked:
             continue
@@ -207,9 +210,10 @@ async def _cancels_to_send(
     limit: int,
     out: GatewayDispatch,
     nodes: Sequence[str] | None,
+    dialect: str,
 ) -> None:
     """Cancels of in-flight commands, once per session (again after every reconnect) until the node settles them."""
-    for r in await dispatch_sql.gateway_cancels_to_send(tx, gateway_id, limit, nodes):
+    for r in await dispatch_sql.gateway_cancels_to_send(tx, gateway_id, limit, dialect, nodes):
         node_id, epoch = str(r["node_id"]), int(r["session_epoch"])
         if epochs.get(node_id) != epoch:
             continue

@@ -181,23 +181,29 @@ async def mark_dispatched(tx: Tx, id_: str, node_id: str, epoch: int, now_ms: in
 
 
 async def mark_dispatched_routed(
-    tx: Tx, ids: Iterable[str], gateway_id: str, now_ms: int
+    tx: Tx, ids: Iterable[str], gateway_id: str, now_ms: int, dialect: str
 ) -> dict[str, tuple[str, int, int]]:
     """The gateway's batched mark: each `pending` command in `ids` → `dispatched` under its node's open session,
     only while that session is routed to `gateway_id`. Returns `{id: (node_id, epoch, attempt)}` for the rows it
     moved.
 
     The caller read the session rows in this transaction (share-locked on PostgreSQL; SQLite has one writer)
-    and checked their epochs against its own, so the epoch written is the one it checked.
+    and checked their epochs against its own, so the epoch written is the one it checked. On PostgreSQL the ids
+    are one array parameter: one statement text, prepared once, whatever their number.
     """
     params: dict[str, object] = {"g": gateway_id, "t": now_ms}
-    listed = _in("i", ids, params)
-    if not listed:
+    if dialect == "postgres":
+        params["ids"] = list(ids)
+        which = "id = ANY(CAST(:ids AS text[]))" if params["ids"] else ""
+    else:
+        listed = _in("i", ids, params)
+        which = f"id IN ({listed})" if listed else ""
+    if not which:
         return {}
     rows = await tx.fetchall(
         "UPDATE commands SET state = 'dispatched', attempt = attempt + 1, updated_at_ms = :t,"
         " dispatched_epoch = (SELECT s.session_epoch FROM node_sessions s WHERE s.node_id = commands.node_id)"
-        f" WHERE id IN ({listed}) AND state = 'pending'"
+        f" WHERE {which} AND state = 'pending'"
         " AND EXISTS (SELECT 1 FROM node_sessions s WHERE s.node_id = commands.node_id AND s.open = 1"
         "  AND s.gateway_id = :g)"
         " RETURNING id, node_id, dispatched_epoch, attempt",

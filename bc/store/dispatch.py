@@ -59,7 +59,7 @@ _PENDING_CANCELLED = "c.state = 'pending' AND c.cancel_requested_at_ms IS NOT NU
 
 
 def _only(nodes: Sequence[str] | None, params: dict[str, object], column: str = "c.node_id") -> str:
-    """A pass over some nodes only (those poked since the last pass): their ids as parameters."""
+    """A pass over some nodes only (those poked since the last pass): their ids as parameters (SQLite)."""
     if nodes is None:
         return ""
     names = [f"o{i}" for i in range(len(nodes))]
@@ -67,37 +67,66 @@ def _only(nodes: Sequence[str] | None, params: dict[str, object], column: str = 
     return f" AND {column} IN ({', '.join(':' + n for n in names)})" if names else " AND 0 = 1"
 
 
-async def gateway_has_work(tx: Tx, gateway_id: str, now_ms: int, nodes: Sequence[str] | None = None) -> bool:
+# On PostgreSQL every read of a pass is the gateway's session rows (or the listed ones: one array parameter,
+# so one statement text whatever the number of nodes, prepared once) and, per session, a LATERAL subquery the
+# planner cannot flatten (it has a LIMIT or a GROUP BY): an index seek on that node's commands. A plain join
+# let the planner put a scan of `commands` inside a nested loop over the sessions whenever it believed the
+# gateway held one session, which is what it believes of a table never analyzed (a new schema; autovacuum off
+# or not yet run): a pass over N nodes then read N x the commands table (200 nodes: 40,000 rows, each tested
+# against the 200-name IN list; measured 108 ms for the in-flight count alone, 0.6 ms in this shape).
+# Two reads look for commands that are rare (a cancelled one still pending, a `not_before` ahead): they start
+# from those commands and look each one's session up by its key, in a LATERAL subquery of its own for the same
+# reason (the planner cannot then pick the gateway index, which it believes returns one row, for every row).
+_PG_MINE = "WHERE s.gateway_id = :g AND s.open = 1"
+_PG_SESSION_OF_C = (
+    "CROSS JOIN LATERAL (SELECT s.node_id, s.gateway_id, s.open, s.session_epoch FROM node_sessions s"
+    " WHERE s.node_id = c.node_id LIMIT 1) s"
+)
+
+
+def _pg_only(nodes: Sequence[str] | None, params: dict[str, object], column: str = "s.node_id") -> str:
+    """`_only` on PostgreSQL: the ids as one array parameter."""
+    if nodes is None:
+        return ""
+    params["nodes"] = list(nodes)
+    return f" AND {column} = ANY(CAST(:nodes AS text[]))"
+
+
+async def gateway_has_work(
+    tx: Tx, gateway_id: str, now_ms: int, dialect: str, nodes: Sequence[str] | None = None
+) -> bool:
     """Whether any node this gateway routes has a command dispatch could send, cancel, or send a Cancel for.
 
     A read: most passes of a quiet gateway find nothing and take no write lock.
     """
     params: dict[str, object] = {"g": gateway_id, "now": now_ms}
-    only = _only(nodes, params)
-    v = await tx.fetchval(
-        f"SELECT 1 FROM commands c {_MINE}{only}"
-        f" AND (({_DUE}) OR ({_PENDING_CANCELLED}) OR ({_CANCEL_UNSENT})) LIMIT 1",
-        params,
-    )
+    work = f"(({_DUE}) OR ({_PENDING_CANCELLED}) OR ({_CANCEL_UNSENT}))"
+    if dialect == "postgres":
+        v = await tx.fetchval(
+            "SELECT 1 FROM node_sessions s CROSS JOIN LATERAL (SELECT 1 FROM commands c"
+            f" WHERE c.node_id = s.node_id AND {work} LIMIT 1) c {_PG_MINE}{_pg_only(nodes, params)} LIMIT 1",
+            params,
+        )
+    else:
+        v = await tx.fetchval(f"SELECT 1 FROM commands c {_MINE}{_only(nodes, params)} AND {work} LIMIT 1", params)
     return v is not None
 
 
-async def gateway_next_not_before(tx: Tx, gateway_id: str, now_ms: int) -> int | None:
+async def gateway_next_not_before(tx: Tx, gateway_id: str, now_ms: int, dialect: str) -> int | None:
     """The earliest `not_before` still ahead among the pending commands of this gateway's nodes."""
-    v = await tx.fetchval(
-        f"SELECT MIN(c.not_before_ms) FROM commands c {_MINE}"
-        " AND c.state = 'pending' AND c.held = 0 AND c.not_before_ms > :now",
-        {"g": gateway_id, "now": now_ms},
-    )
+    ahead = "c.state = 'pending' AND c.held = 0 AND c.not_before_ms > :now"
+    params: dict[str, object] = {"g": gateway_id, "now": now_ms}
+    if dialect == "postgres":
+        v = await tx.fetchval(
+            f"SELECT MIN(c.not_before_ms) FROM commands c {_PG_SESSION_OF_C} {_PG_MINE} AND {ahead}", params
+        )
+    else:
+        v = await tx.fetchval(f"SELECT MIN(c.not_before_ms) FROM commands c {_MINE} AND {ahead}", params)
     return None if v is None else int(v)
 
 
 LaneWant = tuple[str, str, int]
 """(node, lane, how many): the first commands of one node's lane that its free credits could send."""
-
-_HEADS_PER_STATEMENT = 400
-"""(node, lane) queues per PostgreSQL statement."""
-
 
 _HEADS_PER_SQLITE_STATEMENT = 16
 """(node, lane) queues per SQLite statement."""
@@ -140,67 +169,105 @@ async def gateway_lane_heads(
         order = {(node_id, lane): j for j, (node_id, lane, _) in enumerate(wants)}
         out.sort(key=lambda r: (order[(str(r["node_id"]), str(r["lane"]))], int(r["seq"])))
         return out
-    for i in range(0, len(wants), _HEADS_PER_STATEMENT):
-        part = wants[i : i + _HEADS_PER_STATEMENT]
-        params: dict[str, object] = {"g": gateway_id, "now": now_ms}
-        for j, (node_id, lane, k) in enumerate(part):
-            params.update({f"n{j}": node_id, f"l{j}": lane, f"k{j}": k})
-        values = ", ".join(f"(:n{j}, :l{j}, CAST(:k{j} AS integer))" for j in range(len(part)))
-        out += await tx.fetchall(
-            "SELECT c.*, s.session_epoch FROM node_sessions s"
-            f" JOIN (VALUES {values}) AS want(node_id, lane, k) ON want.node_id = s.node_id"
-            " CROSS JOIN LATERAL (SELECT * FROM commands c WHERE c.node_id = want.node_id"
-            f" AND c.lane = want.lane AND {_DUE} ORDER BY c.seq LIMIT want.k FOR UPDATE SKIP LOCKED) c"
-            " WHERE s.gateway_id = :g AND s.open = 1 ORDER BY c.node_id, c.seq FOR SHARE OF s",
-            params,
-        )
+    if not wants:
+        return out
+    # The (node, lane, k) queues as three array parameters: one statement text for any number of them.
+    params: dict[str, object] = {
+        "g": gateway_id,
+        "now": now_ms,
+        "wn": [node_id for node_id, _, _ in wants],
+        "wl": [lane for _, lane, _ in wants],
+        "wk": [k for _, _, k in wants],
+    }
+    out = await tx.fetchall(
+        "SELECT c.*, s.session_epoch FROM node_sessions s"
+        " JOIN unnest(CAST(:wn AS text[]), CAST(:wl AS text[]), CAST(:wk AS integer[])) AS want(node_id, lane, k)"
+        " ON want.node_id = s.node_id"
+        " CROSS JOIN LATERAL (SELECT * FROM commands c WHERE c.node_id = want.node_id"
+        f" AND c.lane = want.lane AND {_DUE} ORDER BY c.seq LIMIT want.k FOR UPDATE SKIP LOCKED) c"
+        f" {_PG_MINE} ORDER BY c.node_id, c.seq FOR SHARE OF s",
+        params,
+    )
     out.sort(key=lambda r: (str(r["node_id"]), int(r["seq"])))
     return out
 
 
 async def gateway_pending_cancelled(
-    tx: Tx, gateway_id: str, limit: int, nodes: Sequence[str] | None = None
+    tx: Tx, gateway_id: str, limit: int, dialect: str, nodes: Sequence[str] | None = None
 ) -> list[Row]:
     """Pending commands whose cancel was requested (a BUSY requeue of a cancelled command), whatever their
     window: a cancel before dispatch wins. With the session's epoch."""
     params: dict[str, object] = {"g": gateway_id, "limit": limit}
-    only = _only(nodes, params)
+    if dialect == "postgres":
+        return await tx.fetchall(
+            f"SELECT c.id, c.node_id, s.session_epoch FROM commands c {_PG_SESSION_OF_C} {_PG_MINE}"
+            f"{_pg_only(nodes, params, 'c.node_id')} AND {_PENDING_CANCELLED} ORDER BY c.node_id, c.seq LIMIT :limit",
+            params,
+        )
     return await tx.fetchall(
-        f"SELECT c.id, c.node_id, s.session_epoch FROM commands c {_MINE}{only} AND {_PENDING_CANCELLED}"
-        " ORDER BY c.node_id, c.seq LIMIT :limit",
+        f"SELECT c.id, c.node_id, s.session_epoch FROM commands c {_MINE}{_only(nodes, params)}"
+        f" AND {_PENDING_CANCELLED} ORDER BY c.node_id, c.seq LIMIT :limit",
         params,
     )
 
 
-async def gateway_in_flight_by_lane(tx: Tx, gateway_id: str, nodes: Sequence[str]) -> dict[tuple[str, str], int]:
+async def gateway_in_flight_by_lane(
+    tx: Tx, gateway_id: str, nodes: Sequence[str], dialect: str
+) -> dict[tuple[str, str], int]:
     """Lane credits in use, per `(node, lane)`, on each session's own epoch, for `nodes`."""
     params: dict[str, object] = {"g": gateway_id}
-    rows = await tx.fetchall(
-        f"SELECT c.node_id, c.lane, COUNT(*) AS n FROM commands c {_MINE}{_only(nodes, params)}"
-        f" AND c.state IN {_IN_FLIGHT_SQL} AND c.dispatched_epoch = s.session_epoch GROUP BY c.node_id, c.lane",
-        params,
-    )
+    in_flight = f"c.state IN {_IN_FLIGHT_SQL} AND c.dispatched_epoch = s.session_epoch"
+    if dialect == "postgres":
+        rows = await tx.fetchall(
+            "SELECT s.node_id, c.lane, c.n FROM node_sessions s CROSS JOIN LATERAL (SELECT c.lane, COUNT(*) AS n"
+            f" FROM commands c WHERE c.node_id = s.node_id AND {in_flight} GROUP BY c.lane) c"
+            f" {_PG_MINE}{_pg_only(nodes, params)}",
+            params,
+        )
+    else:
+        rows = await tx.fetchall(
+            f"SELECT c.node_id, c.lane, COUNT(*) AS n FROM commands c {_MINE}{_only(nodes, params)}"
+            f" AND {in_flight} GROUP BY c.node_id, c.lane",
+            params,
+        )
     return {(str(r["node_id"]), str(r["lane"])): int(r["n"]) for r in rows}
 
 
-async def gateway_roles_and_labels(tx: Tx, gateway_id: str, nodes: Sequence[str]) -> dict[str, Row]:
+async def gateway_roles_and_labels(tx: Tx, gateway_id: str, nodes: Sequence[str], dialect: str) -> dict[str, Row]:
     """`role` and `labels` of the live nodes among `nodes` this gateway routes, by node id."""
     params: dict[str, object] = {"g": gateway_id}
-    rows = await tx.fetchall(
-        "SELECT n.node_id, n.role, n.labels FROM nodes n JOIN node_sessions s ON s.node_id = n.node_id"
-        f" WHERE s.gateway_id = :g AND s.open = 1{_only(nodes, params, 'n.node_id')}"
-        " AND n.deleted_at_ms IS NULL",
-        params,
-    )
+    if dialect == "postgres":
+        rows = await tx.fetchall(
+            "SELECT n.node_id, n.role, n.labels FROM node_sessions s CROSS JOIN LATERAL (SELECT n.node_id, n.role,"
+            " n.labels FROM nodes n WHERE n.node_id = s.node_id AND n.deleted_at_ms IS NULL LIMIT 1) n"
+            f" {_PG_MINE}{_pg_only(nodes, params)}",
+            params,
+        )
+    else:
+        rows = await tx.fetchall(
+            "SELECT n.node_id, n.role, n.labels FROM nodes n JOIN node_sessions s ON s.node_id = n.node_id"
+            f" WHERE s.gateway_id = :g AND s.open = 1{_only(nodes, params, 'n.node_id')}"
+            " AND n.deleted_at_ms IS NULL",
+            params,
+        )
     return {str(r["node_id"]): r for r in rows}
 
 
-async def gateway_cancels_to_send(tx: Tx, gateway_id: str, limit: int, nodes: Sequence[str] | None = None) -> list[Row]:
+async def gateway_cancels_to_send(
+    tx: Tx, gateway_id: str, limit: int, dialect: str, nodes: Sequence[str] | None = None
+) -> list[Row]:
     """In-flight commands of this gateway's nodes whose cancel was not yet sent on the current session."""
     params: dict[str, object] = {"g": gateway_id, "limit": limit}
-    only = _only(nodes, params)
+    if dialect == "postgres":
+        return await tx.fetchall(
+            "SELECT c.id, c.node_id, c.cancel_reason, s.session_epoch FROM node_sessions s CROSS JOIN LATERAL"
+            " (SELECT c.id, c.node_id, c.seq, c.cancel_reason FROM commands c WHERE c.node_id = s.node_id"
+            f" AND {_CANCEL_UNSENT} ORDER BY c.seq LIMIT :limit) c {_PG_MINE}{_pg_only(nodes, params)}"
+            " ORDER BY c.node_id, c.seq LIMIT :limit",
+            params,
+        )
     return await tx.fetchall(
-        f"SELECT c.id, c.node_id, c.cancel_reason, s.session_epoch FROM commands c {_MINE}{only}"
+        f"SELECT c.id, c.node_id, c.cancel_reason, s.session_epoch FROM commands c {_MINE}{_only(nodes, params)}"
         f" AND {_CANCEL_UNSENT} ORDER BY c.node_id, c.seq LIMIT :limit",
         params,
     )

@@ -210,13 +210,13 @@ async def _waiting_on_a_lock(store: Store) -> bool:
     """Whether the lane-heads query of a dispatch pass waits on a row lock. A transaction per look: within one,
     pg_stat_activity's query texts are a snapshot taken at its first read (its wait events are live), so a
     pass seen running an earlier statement would never show the one that waits. Matched by the query's head:
-    only its first 1,024 bytes are kept (track_activity_query_size), and a long VALUES list pushes the
-    `FOR SHARE OF s` at its end out of them."""
+    only its first 1,024 bytes are kept (track_activity_query_size), which may leave out the `FOR SHARE OF s`
+    at its end."""
     async with store.transaction(write=False) as tx:
         return bool(
             await tx.fetchval(
                 "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-                " AND query LIKE 'SELECT c.*, s.session_epoch FROM node_sessions s JOIN (VALUES%'"
+                " AND query LIKE 'SELECT c.*, s.session_epoch FROM node_sessions s JOIN unnest(%'"
             )
         )
 
@@ -322,3 +322,35 @@ async def test_every_lane_of_every_node_is_read_across_statements(
     done = await dispatch_gateway(store, bus, "gw-1", epochs)
 
     assert {n: [f.id for f in s.commands] for n, s in done.sends.items()} == want
+
+
+async def test_on_postgres_a_pass_runs_the_same_statements_whatever_the_number_of_nodes(
+    store: Store, bus: Bus, add_node: AddNode, put: Enqueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node ids, lane wants and command ids go as array parameters, not as one parameter each: a pass over
+    one poked node and one over three send the same statement texts, so each is prepared once per connection
+    (a text per list length filled psycopg's prepared-statement cache and paid a PREPARE round trip each)."""
+    if not isinstance(store, PostgresStore):
+        pytest.skip("statement texts and prepared statements: PostgreSQL only")
+    from bc.store import postgres
+
+    seen: list[str] = []
+    run = postgres._run
+
+    async def recording(conn: object, sql: str, params: object) -> object:
+        if "node_sessions" in sql:
+            seen.append(sql)
+        return await run(conn, sql, params)  # type: ignore[arg-type]
+
+    epochs = await fleet(store, add_node, 6)
+    monkeypatch.setattr(postgres, "_run", recording)
+    texts = []
+    for some in (["n000"], ["n001", "n002", "n003"], ["n004", "n005"]):
+        for node_id in some:
+            await put(node_id)
+        seen.clear()
+        done = await dispatch_gateway(store, bus, "gw-1", epochs, nodes=set(some))
+        assert sorted(done.sends) == some
+        texts.append(list(seen))
+    assert texts[0] == texts[1] == texts[2]
+    assert len(texts[0]) == 7  # has work, in flight, lane heads, cancelled, roles, the mark, cancels to send
