@@ -205,7 +205,7 @@ async def measure(store: Store, n: int) -> dict[str, float]:
                     h = session_pb2.Hello(node_id=f"n{i}", boot_id="b", journal_id="j", incarnation_id="i")
                     now_ms = await store.now_ms()
                     res = await group.run(lambda tx: hello_in(tx, store.dialect, bus, signer, GW, peers[i], h, now_ms))
-                    epochs[i] = res.epoch
+                    epochs[f"n{i}"] = res.epoch
 
             t0 = time.perf_counter()
             await asyncio.gather(*(one(i) for i in range(n)))
