@@ -168,7 +168,7 @@ class Dispatcher:
         self._last_sweep = 0.0
         self._acked: list[str] = []  # acked by the gateway, not yet marked in the journal
         self._ack_writer: asyncio.Task[None] | None = None
-        self._accepts: set[asyncio.Task[None]] = set()  # `accepted` writes in flight (_journal_accept)
+        self._accepts: set[asyncio.Task[None]] = set()  # `accepted` writes in flight, and duplicates waiting on one
         self._failure_waiters: list[asyncio.Future[Exception]] = []  # sessions waiting in accept_failed
 
     # -- lifecycle -------------------------------------------------------

@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
+import psycopg
 import pytest
 
 from bc.clock import LoopClock
@@ -16,9 +17,10 @@ from bc.control.commands import request_cancel
 from bc.control.dispatch import SessionSends, dispatch_gateway
 from bc.gateway.dispatcher import Dispatcher
 from bc.protocol import kinds
-from bc.store import Row, Store
+from bc.store import Row, Store, postgres
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql
+from bc.store.base import Params
 from bc.store.postgres import PostgresStore
 from bc.testing import advance
 
@@ -332,15 +334,15 @@ async def test_on_postgres_a_pass_runs_the_same_statements_whatever_the_number_o
     (a text per list length filled psycopg's prepared-statement cache and paid a PREPARE round trip each)."""
     if not isinstance(store, PostgresStore):
         pytest.skip("statement texts and prepared statements: PostgreSQL only")
-    from bc.store import postgres
-
     seen: list[str] = []
     run = postgres._run
 
-    async def recording(conn: object, sql: str, params: object) -> object:
+    async def recording(
+        conn: psycopg.AsyncConnection[Row], sql: str, params: Params | None
+    ) -> psycopg.AsyncCursor[Row]:
         if "node_sessions" in sql:
             seen.append(sql)
-        return await run(conn, sql, params)  # type: ignore[arg-type]
+        return await run(conn, sql, params)
 
     epochs = await fleet(store, add_node, 6)
     monkeypatch.setattr(postgres, "_run", recording)
