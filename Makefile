@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # compile the whole project again: about 0.7 s each on this machine (docs/design.md, "The CLI's start-up").
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv demo test test-fast lint proto check bench smoke zipapp binary clean
+.PHONY: venv demo test test-slow test-fast lint proto check bench smoke zipapp binary clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +30,17 @@ BC_TEST_POSTGRES ?= postgresql://postgres@127.0.0.1:5432/test
 export BC_TEST_POSTGRES
 PYTEST_WORKERS ?= auto
 
+# `make test` leaves out the tests marked slow (PyInstaller builds, the heavy simulator seeds: the list is
+# SLOW_FILES in tests/conftest.py) to stay within ten minutes on 2 cores; `make test-slow` runs them, and
+# .ci/run runs both.
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 -m slow
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not e2e"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not e2e and not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
