@@ -107,6 +107,7 @@ def test_the_dag_document_keys_in_order_with_args_and_detail_parsed() -> None:
         "created_at_ms",
         "settled_at_ms",
         "nodes",
+        "awaiting_approval",
     ]
     assert doc["args"] == {"max_parallel": 2} and doc["created_at_ms"] == 1_700_000_000_000
     drain = doc["nodes"][1]
