@@ -81,6 +81,7 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "RemoveApprover": (ADMIN, "removing an approver"),
     "SetApproverThreshold": (ADMIN, "setting the approver threshold"),
     "SetUnbatchedAllowance": (ADMIN, "setting the unbatched allowance"),
+    "WithdrawQuorumChange": (ADMIN, "withdrawing a quorum change"),  # and only its proposer (an admin)
     "AddOperator": (ADMIN, "adding an operator"),
     "RevokeOperator": (ADMIN, "revoking an operator"),
     "SshCaInit": (ADMIN, "making the SSH CA"),

@@ -401,9 +401,8 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
     async def RemoveApprover(
         self, request: admin_pb2.RemoveApproverRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApproverSet:
-        return await self._propose(
-            context, approvers.RemoveApprover(request.name), request.root_signature, request.preview
-        )
+        edit = approvers.RemoveApprover(request.name, request.threshold)
+        return await self._propose(context, edit, request.root_signature, request.preview)
 
     async def SetApproverThreshold(
         self, request: admin_pb2.SetApproverThresholdRequest, context: grpc.aio.ServicerContext
@@ -456,6 +455,15 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
         self, request: admin_pb2.QuorumChangeDecisionRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.QuorumChangeInfo:
         return await self._decide_change(request, context, approve=False)
+
+    async def WithdrawQuorumChange(
+        self, request: admin_pb2.WithdrawQuorumChangeRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.QuorumChangeInfo:
+        async def go(operator: str) -> admin_pb2.QuorumChangeInfo:
+            await approvers.withdraw(self.store, self.bus, request.change_id, operator)
+            return await queries.quorum_change(self.store, request.change_id)
+
+        return await self._call_as(context, go)
 
     # -- operators ---------------------------------------------------------------------------
 

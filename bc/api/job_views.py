@@ -125,6 +125,10 @@ def job_info(d: DagView) -> admin_pb2.JobInfo:
         created_at_ms=d.created_at_ms,
         settled_at_ms=d.settled_at_ms,
         nodes=[node_info(n) for n in d.nodes],
+        awaiting_approval=[
+            admin_pb2.ApprovalWait(node=a.node, batch_id=a.batch_id, signed=a.signed, needed=a.needed)
+            for a in d.awaiting_approval
+        ],
     )
 
 

@@ -68,6 +68,7 @@ WRITE_CHECKS = {
     "RejectBatch": "bc batch show BATCH",
     "ApproveQuorumChange": "bc approvers list",
     "RejectQuorumChange": "bc approvers list",
+    "WithdrawQuorumChange": "bc approve show CHANGE",
     "AddOperator": "bc operators list",
     "RevokeOperator": "bc operators list",
     "SubmitJob": "bc jobs list",
@@ -334,9 +335,11 @@ class AdminClient:
         return await self._unary("AddApprover", req, admin_pb2.ApproverSet)
 
     async def remove_approver(
-        self, name: str, *, root_signature: bytes = b"", preview: bool = False
+        self, name: str, *, root_signature: bytes = b"", preview: bool = False, threshold: int = 0
     ) -> admin_pb2.ApproverSet:
-        req = admin_pb2.RemoveApproverRequest(name=name, root_signature=root_signature, preview=preview)
+        req = admin_pb2.RemoveApproverRequest(
+            name=name, root_signature=root_signature, preview=preview, threshold=threshold
+        )
         return await self._unary("RemoveApprover", req, admin_pb2.ApproverSet)
 
     async def set_approver_threshold(
@@ -402,6 +405,10 @@ class AdminClient:
         )
         rpc = "ApproveQuorumChange" if approve else "RejectQuorumChange"
         return await self._unary(rpc, req, admin_pb2.QuorumChangeInfo)
+
+    async def withdraw_quorum_change(self, change_id: str) -> admin_pb2.QuorumChangeInfo:
+        req = admin_pb2.WithdrawQuorumChangeRequest(change_id=change_id)
+        return await self._unary("WithdrawQuorumChange", req, admin_pb2.QuorumChangeInfo)
 
     # -- operators ---------------------------------------------------------------------
 

@@ -23,7 +23,16 @@ import click
 from bc.cli.admin_cmds import read_json_object
 from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
-from bc.cli.job_progress import JobFailed, check_done, follow, glyph, job_to_json, progress_line, subjects_text
+from bc.cli.job_progress import (
+    JobFailed,
+    awaiting_text,
+    check_done,
+    follow,
+    glyph,
+    job_to_json,
+    progress_line,
+    subjects_text,
+)
 from bc.cli.output import echo
 from bc.cli.render import (
     cell,
@@ -274,7 +283,8 @@ def render_job(job: admin_pb2.JobInfo) -> str:
     ]
     rows = [(n.id, n.kind, n.subject, f"{glyph(n.state)} {n.state}", _deps(n), _detail(n)) for n in job.nodes]
     table = render_table(("NODE", "KIND", "SUBJECT", "STATE", "DEPS", "ERROR/DETAIL"), rows)
-    return render_fields(fields) + "\n\n" + table
+    waiting = "\n".join(awaiting_text(admin_pb2.JobInfo(awaiting_approval=[a])) for a in job.awaiting_approval)
+    return render_fields(fields) + ("\n" + waiting if waiting else "") + "\n\n" + table
 
 
 @jobs.command("show")

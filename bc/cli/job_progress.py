@@ -66,9 +66,18 @@ def _chain(nodes: list[admin_pb2.JobNodeInfo]) -> str:
     return summary
 
 
+def awaiting_text(job: admin_pb2.JobInfo) -> str:
+    """What the job waits for from its approvers: `awaiting approval: batch B, 1 of 2 signed` ("" for nothing)."""
+    return "; ".join(
+        f"awaiting approval: batch {a.batch_id}, {a.signed} of {a.needed} signed" for a in job.awaiting_approval
+    )
+
+
 def progress_line(job: admin_pb2.JobInfo) -> str:
     """One line: the roll-up glyph, template, subjects and node chain (and the reason once it failed)."""
     line = f"{glyph(job.state)} {job.template} {subjects_text(list(job.subjects))}  {_chain(list(job.nodes))}"
+    if not job.terminal and job.awaiting_approval:
+        line += f"  ({awaiting_text(job)})"
     if job.terminal and job.state != "done":
         line += f"  ({job.state}: {failure_reason(job)})"
     return line

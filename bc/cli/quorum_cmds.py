@@ -305,7 +305,7 @@ def render_approvers(s: admin_pb2.ApproverSet) -> str:
         if c.state == "pending":
             lines.append(
                 f"quorum change {c.id} is pending: it needs {c.threshold} approval(s) of the current approvers"
-                f" (bc approve show {c.id}; bc approve sign {c.id} --key FILE)"
+                f" (bc approve show {c.id}; bc approve sign {c.id} --key FILE; bc approvers withdraw {c.id})"
             )
         else:
             lines.append(f"quorum change {c.id} is {c.state}: {c.summary}")
@@ -359,15 +359,36 @@ def approvers_add(name: str, public_key: str, operator: str, root_key: Path | No
 
 @approvers.command("remove")
 @click.argument("name")
+@click.option(
+    "--threshold",
+    "k",
+    type=int,
+    default=0,
+    help="The k the same change sets: needed when fewer than k live approvers would be left.",
+)
 @ROOT_KEY_OPTION
 @json_option
-def approvers_remove(name: str, root_key: Path | None, as_json: bool) -> None:
-    """Stop trusting approver NAME (its approvals stop counting on the nodes too)."""
+def approvers_remove(name: str, k: int, root_key: Path | None, as_json: bool) -> None:
+    """Stop trusting approver NAME (its approvals stop counting on the nodes too).
+
+    Refused when it would leave fewer live approvers than k, unless --threshold lowers k in the same change.
+    """
 
     async def send(c: AdminClient, sig: bytes, preview: bool) -> admin_pb2.ApproverSet:
-        return await c.remove_approver(name, root_signature=sig, preview=preview)
+        return await c.remove_approver(name, root_signature=sig, preview=preview, threshold=k)
 
     _show_approvers(propose_change(send, root_key), as_json)
+
+
+@approvers.command("withdraw")
+@click.argument("change_id", metavar="CHANGE")
+@json_option
+def approvers_withdraw(change_id: str, as_json: bool) -> None:
+    """Take back a pending quorum change you asked for (a newer change also supersedes it)."""
+    if not is_change(change_id):
+        raise UsageError(f"{change_id!r} is not a quorum change id (q-…); a batch is rejected with bc approve reject")
+    c = call_admin(lambda cl: cl.withdraw_quorum_change(change_id))
+    emit(as_json, c, f"withdrew quorum change {c.id}: {change_summary(c)}; the quorum settings stay as they are")
 
 
 @approvers.command("threshold")

@@ -15,7 +15,11 @@ in a bundle the worker signed. With no approvers yet a change applies at once: t
 guards it (bootstrap).
 
 One change is pending at a time: each moves from the current settings, so a
-second would be stale the moment the first applied. What nodes hold is
+second would be stale the moment the first applied. A newer change therefore
+supersedes the pending one, and its proposer may withdraw it (`withdraw`), so
+a forgotten change never blocks the next for its 24 hours. No change may leave
+the quorum unable to pass what it asks (`bc.control.quorum_liveness`: a
+viewer's key, a removal that leaves fewer live approvers than k). What nodes hold is
 `effective(...)`: with no approvers, k and the allowance are 0 (nothing is
 enforced), which is also what nodes of earlier versions hold, so an upgrade
 changes nothing they see.
@@ -28,6 +32,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bc.control import quorum_liveness as liveness
 from bc.control import views
 from bc.control.bus import Bus
 from bc.control.events import publish
@@ -121,6 +126,7 @@ class AddApprover:
 @dataclass(frozen=True)
 class RemoveApprover:
     name: str
+    threshold: int = 0  # the k the same change sets (0: keep k); needed when k live approvers would not be left
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,8 @@ def _check(edit: Edit) -> Edit:
     if isinstance(edit, RemoveApprover):
         if not edit.name:
             raise UsageError("name the approver to remove")
+        if edit.threshold and not 1 <= edit.threshold <= MAX_THRESHOLD:
+            raise UsageError(f"the threshold must be between 1 and {MAX_THRESHOLD}, not {edit.threshold}")
     elif isinstance(edit, SetThreshold):
         if not 1 <= edit.k <= MAX_THRESHOLD:
             raise UsageError(f"the threshold must be between 1 and {MAX_THRESHOLD}, not {edit.k}")
@@ -181,17 +189,38 @@ async def _edited(tx: Tx, cur: ApproverSet, edit: Edit) -> tuple[list[common_pb2
             )
         if op["revoked_at_ms"] is not None:
             raise Conflict(f"operator {edit.operator} is revoked and cannot hold an approver key")
+        viewer = liveness.refuse_approver_holder(edit.operator, _holder(op))
+        if viewer is not None:
+            raise UsageError(viewer)
         keys.append(common_pb2.ApproverKey(key_id=key_id, public_key=raw, name=edit.name, operator=edit.operator))
     elif isinstance(edit, RemoveApprover):
         kept = [a for a in keys if a.name != edit.name]
         if len(kept) == len(keys):
             raise NotFound(f"no approver named {edit.name!r}")
         keys = kept
+        k = edit.threshold or k
     elif isinstance(edit, SetThreshold):
         k = edit.k
     else:
         allowance = edit.per_hour
     return keys, k, allowance
+
+
+def _holder(row: Row) -> liveness.Holder:
+    return liveness.Holder(str(row["role"]), row["revoked_at_ms"] is not None)
+
+
+async def holders(tx: Tx) -> dict[str, liveness.Holder]:
+    """Every operator's role and revocation: what decides which approver keys are live."""
+    return {str(r["name"]): _holder(r) for r in await ops_sql.list_all(tx)}
+
+
+async def check_stays_live(tx: Tx, frm: common_pb2.QuorumSettings, to: common_pb2.QuorumSettings) -> None:
+    """Conflict when the change frm → to would leave the quorum unable to pass what it asks
+    (`bc.control.quorum_liveness`)."""
+    why = liveness.refuse_change(frm, to, await holders(tx))
+    if why is not None:
+        raise Conflict(why)
 
 
 def _settings(keys: list[common_pb2.ApproverKey], k: int, allowance: int, version: int) -> common_pb2.QuorumSettings:
@@ -286,12 +315,7 @@ async def propose(
         to.version = cur.version + 1
         need = q.change_threshold(frm)
         change_id = "q-" + ulid(now_ms / 1000, rng)
-        pending = await q_sql.open_change(tx, now_ms) if need else None
-        if pending is not None:
-            raise Conflict(
-                f"quorum change {pending['id']} is waiting for approval: approve or reject it first"
-                f" (bc approve show {pending['id']})"
-            )
+        await check_stays_live(tx, frm, to)
         if need and _eligible(frm, requested_by) < need:
             raise Conflict(
                 f"this change needs {need} approvals of the current approvers, and only"
@@ -300,6 +324,11 @@ async def propose(
         if preview:
             return Proposed("", "preview", frm, to)
         root_sig = root_signature(root, given_root_signature, frm, to)
+        pending = await q_sql.open_change(tx, now_ms) if need else None
+        if pending is not None:
+            # A newer change supersedes the pending one (both move from the same settings, so only one can
+            # ever apply): a forgotten or stuck change never blocks the quorum for its 24 hours.
+            await _settle_superseded(tx, bus, pending, change_id, requested_by, now_ms)
         await q_sql.insert_change(
             tx,
             root_signature=root_sig,
@@ -452,6 +481,8 @@ async def decide(
             await q_sql.settle_change(tx, change_id, "superseded", None, now_ms)
             await publish(tx, bus, "quorum.change-superseded", change_id, {}, now_ms)
             return
+        # The operators may have changed since it was asked for (one revoked): it must still leave a live quorum.
+        await check_stays_live(tx, frm, to)
         kept = [s for s in change.signatures if s.key_id in tally.counted]
         del change.signatures[:]
         change.signatures.extend(kept)
@@ -459,6 +490,35 @@ async def decide(
         k = to.quorum_k if to.approver_keys else cur.threshold
         allowance = to.unbatched_destructive_per_hour if to.approver_keys else cur.unbatched_per_hour
         await _apply(tx, bus, change_id, change, k, allowance, tally.counted, now_ms)
+
+
+async def _settle_superseded(
+    tx: Tx, bus: Bus | None, pending: Row, by_change: str, requested_by: str, now_ms: int
+) -> None:
+    old = str(pending["id"])
+    await q_sql.settle_change(tx, old, "superseded", None, now_ms)
+    data = {"by": by_change, "requested_by": requested_by, "was_requested_by": str(pending["requested_by"])}
+    await publish(tx, bus, "quorum.change-superseded", old, data, now_ms)
+
+
+async def withdraw(store: Store, bus: Bus | None, change_id: str, caller: str) -> None:
+    """The proposer takes back a pending change: it becomes `withdrawn` and no approval of it counts any more."""
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        row = await q_sql.get_change(tx, change_id, store.for_update())
+        if row is None:
+            raise NotFound(f"no quorum change named {change_id!r}")
+        if str(row["state"]) != "pending" or int(row["not_after_ms"]) <= now_ms:
+            state = "expired" if str(row["state"]) == "pending" else str(row["state"])
+            raise Conflict(f"quorum change {change_id} is already {state}; there is nothing to withdraw")
+        requested_by = str(row["requested_by"])
+        if caller != requested_by:
+            raise Unauthenticated(
+                f"quorum change {change_id} was asked for by {requested_by}: only they may withdraw it"
+                " (a newer change supersedes it)"
+            )
+        await q_sql.settle_change(tx, change_id, "withdrawn", None, now_ms)
+        await publish(tx, bus, "quorum.change-withdrawn", change_id, {"by": caller}, now_ms)
 
 
 # -- reads ---------------------------------------------------------------------------------------------

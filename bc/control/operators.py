@@ -23,6 +23,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from bc.control import approvers
+from bc.control import quorum_liveness as liveness
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
@@ -30,7 +32,7 @@ from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity, check_safe_name
 from bc.protocol.pb import admin_pb2
-from bc.store import Row, Store
+from bc.store import Row, Store, Tx
 from bc.store import operators as ops_sql
 
 ROLES = ("viewer", "operator", "admin")
@@ -127,11 +129,22 @@ async def revoke(store: Store, bus: Bus | None, name: str, reason: str, by: str)
             raise Conflict(f"operator {name} is already revoked")
         if str(row["role"]) == "admin" and await ops_sql.live_admins(tx) <= 1:
             raise Conflict(f"operator {name} is the last admin: add another admin first")
+        await _check_quorum_stays_live(tx, name)
         await ops_sql.revoke(tx, name, by, reason, now_ms)
         await publish(tx, bus, "operator.revoked", name, {"reason": reason, "by": by}, now_ms)
         row = await ops_sql.get(tx, name)
     assert row is not None
     return row
+
+
+async def _check_quorum_stays_live(tx: Tx, name: str) -> None:
+    """Conflict when `name` holds an approver key whose loss would leave fewer live approvers than k: with
+    k = n that would lock the quorum for good (no batch, and no change, could gather its approvals)."""
+    cur = await approvers.stored(tx)
+    keys = approvers.approver_keys(cur.approvers)
+    why = liveness.refuse_revocation(name, keys, cur.threshold, await approvers.holders(tx))
+    if why is not None:
+        raise Conflict(why)
 
 
 async def list_all(store: Store) -> list[Row]:

@@ -151,6 +151,19 @@ async def check_can_approve(tx: Tx, requested_by: str) -> None:
         )
 
 
+async def approval_progress(tx: Tx, batch_id: str, now_ms: int) -> tuple[int, int] | None:
+    """(approvals that count now, k) of a batch still waiting for its quorum; None once it is not waiting.
+
+    Counted by the rule that decides it (`views.batch_info`): an expired or removed approver's does not count.
+    """
+    batch = await q_sql.get_batch(tx, batch_id)
+    if batch is None or str(batch["state"]) != "pending" or int(batch["not_after_ms"]) <= now_ms:
+        return None
+    approval = views.batch_approval(batch, await q_sql.count_leaves(tx, batch_id), await q_sql.decisions(tx, batch_id))
+    tally = q.count_approvals(approval, appr.approver_keys(await q_sql.list_approvers(tx)), now_ms)
+    return len(tally.counted), int(batch["threshold"])
+
+
 async def has_approvers(tx: Tx) -> bool:
     return bool(await q_sql.list_approvers(tx))
 
@@ -216,6 +229,10 @@ async def decide(
             raise Conflict(f"{name} has already decided on batch {batch_id}")
         data = {"key_id": key_id, "name": name, "expires_at_ms": expires_at_ms, "reason": reason}
         await publish(tx, bus, "batch.approval" if approve else "batch.rejection", batch_id, data, now_ms)
+        dag_id = str(batch["dag_id"] or "")
+        if dag_id:
+            # A job waiting for this batch shows how many have signed: its watchers wake on its own events.
+            await publish(tx, bus, "job.approval", dag_id, {"batch_id": batch_id, "name": name}, now_ms)
         if approve:
             await _maybe_approve(tx, bus, batch, now_ms)
         else:

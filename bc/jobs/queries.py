@@ -7,8 +7,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from bc.control import quorum
 from bc.errors import NotFound
-from bc.jobs.views import DagView, NodeView, PoolView
+from bc.jobs.views import ApprovalWait, DagView, NodeView, PoolView
 from bc.store import Row, Store, Tx
 from bc.store import events as events_sql
 from bc.store import jobs as jobs_sql
@@ -18,19 +19,21 @@ KEEP_TERMINAL_PER_TEMPLATE = 5
 
 
 async def get_dag(store: Store, dag_id: str) -> DagView:
+    now_ms = await store.now_ms()
     async with store.transaction(write=False) as tx:
         row = await jobs_sql.get_dag(tx, dag_id)
         if row is None:
             raise NotFound(f"no job named {dag_id!r}")
-        return await _view(tx, row, await events_sql.last_seq(tx))
+        return await _view(tx, row, await events_sql.last_seq(tx), now_ms)
 
 
 async def list_dags(store: Store, *, include_all: bool = False) -> list[DagView]:
     """Live DAGs and the newest terminal ones per template (every DAG with `include_all`), oldest first."""
+    now_ms = await store.now_ms()
     async with store.transaction(write=False) as tx:
         seq = await events_sql.last_seq(tx)
         rows = await jobs_sql.list_dag_rows(tx, include_all=include_all, keep_terminal=KEEP_TERMINAL_PER_TEMPLATE)
-        return [await _view(tx, r, seq) for r in rows]
+        return [await _view(tx, r, seq, now_ms) for r in rows]
 
 
 async def list_pools(store: Store) -> list[PoolView]:
@@ -50,10 +53,11 @@ class JobsSnapshot:
 
 async def jobs_snapshot(store: Store, *, include_all: bool = False) -> JobsSnapshot:
     """`list_dags` and `list_pools` in one transaction, with its seq (`ListJobs`)."""
+    now_ms = await store.now_ms()
     async with store.transaction(write=False) as tx:
         seq = await events_sql.last_seq(tx)
         rows = await jobs_sql.list_dag_rows(tx, include_all=include_all, keep_terminal=KEEP_TERMINAL_PER_TEMPLATE)
-        return JobsSnapshot([await _view(tx, r, seq) for r in rows], await _pools(tx), seq)
+        return JobsSnapshot([await _view(tx, r, seq, now_ms) for r in rows], await _pools(tx), seq)
 
 
 async def _pools(tx: Tx) -> list[PoolView]:
@@ -61,12 +65,13 @@ async def _pools(tx: Tx) -> list[PoolView]:
     return [PoolView(str(p["name"]), int(p["capacity"]), held.get(str(p["name"]), 0)) for p in await jobs_sql.pools(tx)]
 
 
-async def _view(tx: Tx, row: Row, seq: int) -> DagView:
+async def _view(tx: Tx, row: Row, seq: int, now_ms: int) -> DagView:
     dag_id = str(row["id"])
     deps: dict[str, list[tuple[str, str]]] = {}
     for e in await jobs_sql.edges_of(tx, dag_id):
         deps.setdefault(str(e["node_id"]), []).append((str(e["dep_id"]), str(e["kind"])))
     nodes = tuple(_node(n, deps.get(str(n["id"]), [])) for n in await jobs_sql.nodes_of(tx, dag_id))
+    awaiting = await _awaiting_approval(tx, nodes, now_ms) if not row["settled_at_ms"] else ()
     return DagView(
         id=dag_id,
         template=str(row["template"]),
@@ -82,7 +87,21 @@ async def _view(tx: Tx, row: Row, seq: int) -> DagView:
         settled_at_ms=int(row["settled_at_ms"] or 0),
         nodes=nodes,
         seq=seq,
+        awaiting_approval=awaiting,
     )
+
+
+async def _awaiting_approval(tx: Tx, nodes: tuple[NodeView, ...], now_ms: int) -> tuple[ApprovalWait, ...]:
+    """The DAG's running Batch nodes whose batch still waits for its quorum, with the approvals that count."""
+    out: list[ApprovalWait] = []
+    for n in nodes:
+        batch_id = str(n.detail.get("batch_id", ""))
+        if n.kind != "Batch" or n.state != "running" or not batch_id:
+            continue
+        progress = await quorum.approval_progress(tx, batch_id, now_ms)
+        if progress is not None:
+            out.append(ApprovalWait(n.id, batch_id, *progress))
+    return tuple(out)
 
 
 def _node(r: Row, deps: list[tuple[str, str]]) -> NodeView:

@@ -6,9 +6,9 @@ The shapes (docs/jobs.md draws each one):
     cordon n     SetWanted(n, cordoned) → Reconcile(n)                      + Emit(n) tail
     uncordon n   SetWanted(n, schedulable) → Reconcile(n)                   + Emit(n) tail
     drain n      SetWanted(n, cordoned) → Drain(n) ⇢ Reconcile(n) tail      + Emit(n) tail
-    reboot n…    [Batch(node.reboot, n…) when approvers exist] →
+    reboot n…    per wave of --max-parallel nodes i (all nodes without it), when approvers exist:
+                 Batch:i(node.reboot, the wave) → [after Batch:i-1, ⇢ wave i-1's groups] and ResolveApproval:i tail;
                  per n: group reboot:n {Drain(n) → Command(n, node.reboot)} ⇢ Reconcile(n) tail, Emit(n) tail
-                 ⇢ ResolveApproval tail
     remediate n  group remediate:n {Drain(n) ∥ Batch(gpu.reset, n)} → Command(n, gpu.reset) → Command(n, diag.nvml)}
                  ⇢ Reconcile(n) tail, ResolveApproval tail, Emit(n) tail
     rollout …    per n (in order, at most --max-unavailable at once): PatchSpec(n, section) ⇢ Emit(n) tail;
@@ -133,36 +133,62 @@ def _reboot(dag_id: str, subjects: tuple[str, ...], req: JobRequest, facts: Fact
     local = {REBOOT_POOL: req.max_parallel} if req.max_parallel else {}
     pools = ("reboots", *local)
     nodes: list[NodeSpec] = []
-    head: tuple[Dep, ...] = ()
-    if facts.has_approvers:
-        params = {
-            "kind": "node.reboot",
-            "nodes": list(subjects),
-            "payload_json": _reason_payload(req),
-            "reason": req.reason,
-        }
-        nodes.append(NodeSpec("batch", "Batch", params=params))
-        head = (Dep("batch"),)
-    roots: list[str] = []
-    for n in subjects:
-        root = f"reboot:{n}"
-        roots.append(root)
-        command = {"kind": "node.reboot", "payload_json": _reason_payload(req)}
+    waves = reboot_waves(subjects, req.max_parallel) if facts.has_approvers else [subjects]
+    previous: tuple[str, list[str]] | None = None  # the wave before: its batch node and group roots
+    for i, wave in enumerate(waves, start=1):
+        batch = _wave_node("batch", i, len(waves))
+        head: tuple[Dep, ...] = ()
         if facts.has_approvers:
-            command["batch_node"] = "batch"
-        nodes += [
-            NodeSpec(root, "Group", subject=n, lease=True, pools=pools, deps=head),
-            NodeSpec(f"drain:{n}", "Drain", subject=n, params={"deadline_s": req.deadline_s}, lease=True, group=root),
-            NodeSpec(
-                f"cmd:{n}", "Command", subject=n, params=command, deps=(Dep(f"drain:{n}"),), lease=True, group=root
-            ),
-            NodeSpec(f"reconcile:{n}", "Reconcile", subject=n, deps=(Dep(root, ANY),), lease=True, tail=True),
-            _emit(n, [root, f"reconcile:{n}"]),
-        ]
-    if facts.has_approvers:
-        deps = (Dep("batch", ANY), *(Dep(r, ANY) for r in roots))
-        nodes.append(NodeSpec("resolve", "ResolveApproval", params={"batch_node": "batch"}, deps=deps, tail=True))
+            params = {
+                "kind": "node.reboot",
+                "nodes": list(wave),
+                "payload_json": _reason_payload(req),
+                "reason": req.reason,
+            }
+            # Asked for when due: after the wave before ended (and only if its batch was approved), so its
+            # approvals are as fresh as the wave's first reboot, however long the waves before took.
+            due = (Dep(previous[0]), *(Dep(r, ANY) for r in previous[1])) if previous else ()
+            nodes.append(NodeSpec(batch, "Batch", params=params, deps=due))
+            head = (Dep(batch),)
+        roots: list[str] = []
+        for n in wave:
+            root = f"reboot:{n}"
+            roots.append(root)
+            command = {"kind": "node.reboot", "payload_json": _reason_payload(req)}
+            if facts.has_approvers:
+                command["batch_node"] = batch
+            nodes += [
+                NodeSpec(root, "Group", subject=n, lease=True, pools=pools, deps=head),
+                NodeSpec(
+                    f"drain:{n}", "Drain", subject=n, params={"deadline_s": req.deadline_s}, lease=True, group=root
+                ),
+                NodeSpec(
+                    f"cmd:{n}", "Command", subject=n, params=command, deps=(Dep(f"drain:{n}"),), lease=True, group=root
+                ),
+                NodeSpec(f"reconcile:{n}", "Reconcile", subject=n, deps=(Dep(root, ANY),), lease=True, tail=True),
+                _emit(n, [root, f"reconcile:{n}"]),
+            ]
+        if facts.has_approvers:
+            deps = (Dep(batch, ANY), *(Dep(r, ANY) for r in roots))
+            resolve = _wave_node("resolve", i, len(waves))
+            nodes.append(NodeSpec(resolve, "ResolveApproval", params={"batch_node": batch}, deps=deps, tail=True))
+        previous = (batch, roots)
     return DagSpec(dag_id, "reboot", tuple(nodes), local_pools=local)
+
+
+def reboot_waves(subjects: tuple[str, ...], max_parallel: int) -> list[tuple[str, ...]]:
+    """A rolling reboot's batches: `--max-parallel` nodes each, in the order given (all at once without it).
+
+    Each wave's batch is asked for when the wave is due, so no approval has to outlive the waves before it
+    (an approval counts for the hour its signer gave it, and nodes check that hour themselves).
+    """
+    size = max_parallel or len(subjects)
+    return [subjects[i : i + size] for i in range(0, len(subjects), size)]
+
+
+def _wave_node(prefix: str, i: int, waves: int) -> str:
+    """`batch` / `resolve` for a job with one batch (as remediate's), `batch:1`, `batch:2`, … for several."""
+    return prefix if waves == 1 else f"{prefix}:{i}"
 
 
 def _reason_payload(req: JobRequest) -> str:

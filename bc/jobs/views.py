@@ -49,6 +49,19 @@ class NodeView:
 
 
 @dataclass(frozen=True)
+class ApprovalWait:
+    """A Batch node of the DAG waiting for its quorum: "awaiting approval: batch B, 1 of 2 signed"."""
+
+    node: str
+    batch_id: str
+    signed: int  # approvals that count now
+    needed: int  # k
+
+    def sentence(self) -> str:
+        return f"awaiting approval: batch {self.batch_id}, {self.signed} of {self.needed} signed"
+
+
+@dataclass(frozen=True)
 class DagView:
     id: str
     template: str
@@ -64,6 +77,7 @@ class DagView:
     settled_at_ms: int
     nodes: tuple[NodeView, ...]
     seq: int = 0  # the event seq read in the same transaction (watch from here)
+    awaiting_approval: tuple[ApprovalWait, ...] = ()  # its Batch nodes waiting for their quorum now
 
 
 @dataclass(frozen=True)

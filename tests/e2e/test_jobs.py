@@ -5,8 +5,8 @@ What an operator could observe, through the CLI (`--json`) and the fake hardware
 * `bc jobs run reboot n1 n2 n3 n4 --max-parallel 2` never has more than two nodes out at once (read
   back from the event log: each node's group claimed, its reboot command settled), and each node
   reboots exactly once (`fake-reboots.json`, a new boot id, one `node.reboot` accepted); without
-  approvers the job sends each command itself, with them its one batch's approval releases nothing
-  and the job releases at most two leaves at a time;
+  approvers the job sends each command itself, with them it asks for one batch per wave of two when
+  the wave is due, a batch's approval releases nothing, and the job releases at most two leaves at a time;
 * `bc jobs run remediate` waits for the quorum, and its batch shows the job and how it resolved it:
   done after a success (one GPU reset), failed after a rejection, and cancelled (the batch withdrawn)
   after `bc jobs cancel` (no reset either time; `bc jobs run` exits 8 with the one-line reason);
@@ -108,6 +108,21 @@ def batch_started(lab: Lab, dag_id: str) -> str:
     batch_id = job_node(doc, "batch")["detail"].get("batch_id", "")
     assert batch_id.startswith("b-"), job_brief(doc)
     return str(batch_id)
+
+
+def run_to_end(fleet: Fleet, dag_id: str, timeout: float = 90.0) -> dict[str, Any]:
+    """Wait for the DAG to be terminal, approving each batch it asks for when it asks (alice and bob)."""
+    approved: set[str] = set()
+
+    def check() -> dict[str, Any] | None:
+        doc = fleet.lab.job(dag_id)
+        for a in doc.get("awaiting_approval", []):
+            if a["batch_id"] not in approved:
+                approve(fleet, a["batch_id"])
+                approved.add(a["batch_id"])
+        return doc if doc.get("terminal") else None
+
+    return fleet.lab.wait_for(f"job {dag_id} to end, its batches approved as they come due", check, timeout)
 
 
 def batch(lab: Lab, batch_id: str) -> dict[str, Any]:
@@ -218,27 +233,30 @@ def assert_never_past_max_parallel(lab: Lab, dag: dict[str, Any], *, both_seen: 
 
 
 def start_reboot(fleet: Fleet, before: Before) -> tuple[dict[str, Any], str]:
-    """`bc jobs run reboot n1 n2 n3 n4 --max-parallel 2 --no-wait`; with approvers, its batch is approved
-    (nothing rebooted before that). The DAG and its batch id ("" without approvers)."""
+    """`bc jobs run reboot n1 n2 n3 n4 --max-parallel 2 --no-wait`; with approvers, its first wave's batch
+    is approved (nothing rebooted before that; the second wave's is asked for when it is due: `run_to_end`).
+    The DAG and its first batch id ("" without approvers)."""
     lab = fleet.lab
     dag = submit(lab, "reboot", *NODES, "--max-parallel", "2")
     assert dag["subjects"] == list(NODES), dag
     if not fleet.approvers:
-        assert "batch" not in states(dag), job_brief(dag)
+        assert not [k for k in states(dag) if k.startswith("batch")], job_brief(dag)
         return dag, ""
-    bid = batch_started(lab, dag["id"])  # one node.reboot batch for the whole DAG
-    held = lab.job(dag["id"])
-    out = {k: v for k, v in states(held).items() if k.startswith(("reboot:", "drain:", "cmd:"))}
-    assert set(out.values()) == {"queued"}, job_brief(held)
+    doc = lab.wait_job(dag["id"], "its first batch created", lambda d: bool(d["awaiting_approval"]))
+    (waiting,) = doc["awaiting_approval"]  # one node.reboot batch per wave: the first wave's only, for now
+    assert (waiting["node"], waiting["signed"], waiting["needed"]) == ("batch:1", 0, 2), waiting
+    assert job_node(doc, "batch:2")["state"] == "queued", job_brief(doc)
+    out = {k: v for k, v in states(doc).items() if k.startswith(("reboot:", "drain:", "cmd:"))}
+    assert set(out.values()) == {"queued"}, job_brief(doc)
     assert {n: fake_reboots(lab, n) for n in NODES} == before.reboots, "a node rebooted before the quorum"
-    approve(fleet, bid)
-    return dag, bid
+    approve(fleet, waiting["batch_id"])
+    return dag, str(waiting["batch_id"])
 
 
 def assert_rebooted_once_each(lab: Lab, before: Before, dag: dict[str, Any], batch_id: str) -> None:
     """Each node: one more fake reboot started, a new boot id, one more node.reboot command (the DAG's:
-    its own idempotency key, or its leaf of the DAG's batch; succeeded, accepted once by the node), and
-    back in service: connected, not cordoned."""
+    its own idempotency key, or its leaf of its wave's batch; succeeded, accepted once by the node), and
+    back in service: connected, not cordoned. `batch_id`: the first wave's batch ("" without approvers)."""
     for n in NODES:
         assert fake_reboots(lab, n) == before.reboots[n] + 1, (
             f"{n} started {fake_reboots(lab, n) - before.reboots[n]} reboots"
@@ -247,7 +265,9 @@ def assert_rebooted_once_each(lab: Lab, before: Before, dag: dict[str, Any], bat
         cmd = lab.bc("cmd", "show", cid)
         assert (cmd["kind"], cmd["state"], cmd["reason"]) == ("node.reboot", "succeeded", "rebooted"), cmd
         if batch_id:
-            assert cmd["batch_id"] == batch_id, cmd
+            wave = "batch:1" if n in NODES[:2] else "batch:2"
+            assert cmd["batch_id"] == job_node(dag, wave)["detail"]["batch_id"], (wave, cmd)
+            assert (cmd["batch_id"] == batch_id) == (wave == "batch:1"), cmd
         else:
             assert (cmd["batch_id"], cmd["idempotency_key"]) == ("", f"job:{dag['id']}:cmd:{n}"), cmd
         assert len(commands_of(lab, n, "node.reboot")) == before.reboot_cmds[n] + 1, f"{n} got a second node.reboot"
@@ -267,7 +287,7 @@ def test_a_rolling_reboot_never_has_more_than_max_parallel_nodes_out_and_reboots
     before = Before.take(lab)
     dag, bid = start_reboot(fleet, before)
 
-    done = lab.wait_job_terminal(dag["id"], timeout=90)
+    done = run_to_end(fleet, dag["id"])
     assert done["state"] == "done" and set(states(done).values()) == {"done"}, job_brief(done)
     assert_never_past_max_parallel(lab, done)
     assert_rebooted_once_each(lab, before, done, bid)
@@ -290,14 +310,14 @@ def test_a_rolling_reboot_survives_a_kill_9_of_bc_serve_and_reboots_each_node_on
     assert started < len(NODES), f"all {started} reboots had started before the kill ({first} first)"
     lab.restart("serve")
 
-    done = lab.wait_job_terminal(dag["id"], timeout=90)
+    done = run_to_end(fleet, dag["id"])
     assert done["state"] == "done" and set(states(done).values()) == {"done"}, job_brief(done)
     assert_rebooted_once_each(lab, before, done, bid)
     assert_never_past_max_parallel(lab, done, both_seen=False)  # a reboot sent after the restart may start late
     assert_no_tracebacks(lab)
 
 
-def test_under_a_quorum_a_rolling_reboot_is_one_batch_whose_approval_releases_no_more_than_max_parallel(
+def test_under_a_quorum_a_rolling_reboot_asks_for_a_batch_per_wave_and_releases_no_more_than_max_parallel(
     fleet: Fleet,
 ) -> None:
     lab = with_quorum(fleet).lab
@@ -305,17 +325,23 @@ def test_under_a_quorum_a_rolling_reboot_is_one_batch_whose_approval_releases_no
     dag, bid = start_reboot(fleet, before)
 
     def at_most_two_released() -> bool:
-        leaves = batch(lab, bid)["leaves"]
+        bids = [n["detail"].get("batch_id", "") for n in lab.job(dag["id"])["nodes"] if n["kind"] == "Batch"]
+        leaves = [leaf for b in bids if b for leaf in batch(lab, b)["leaves"]]
         return sum(1 for leaf in leaves if leaf["command_state"] not in ("pending", "succeeded")) <= 2
 
-    with always("at most 2 of the batch's reboots released and unsettled", at_most_two_released, interval=0.05):
-        done = lab.wait_job_terminal(dag["id"], timeout=90)
+    with always("at most 2 of the batches' reboots released and unsettled", at_most_two_released, interval=0.05):
+        done = run_to_end(fleet, dag["id"])
     assert done["state"] == "done" and set(states(done).values()) == {"done"}, job_brief(done)
     assert_never_past_max_parallel(lab, done)
     assert_rebooted_once_each(lab, before, done, bid)
-    b = batch(lab, bid)
-    assert (b["state"], b["dag_id"], b["resolution"]) == ("approved", dag["id"], "done"), b
-    assert {leaf["command_state"] for leaf in b["leaves"]} == {"succeeded"}, b["leaves"]
+    for wave, nodes in (("batch:1", NODES[:2]), ("batch:2", NODES[2:])):
+        b = batch(lab, job_node(done, wave)["detail"]["batch_id"])
+        assert (b["state"], b["dag_id"], b["resolution"]) == ("approved", dag["id"], "done"), b
+        assert [leaf["node_id"] for leaf in b["leaves"]] == list(nodes), b["leaves"]
+        assert {leaf["command_state"] for leaf in b["leaves"]} == {"succeeded"}, b["leaves"]
+    # The second wave's batch was asked for when the first wave had ended, not at the job's start.
+    first_done = max(job_node(done, f"reboot:{n}")["finished_at_ms"] for n in NODES[:2])
+    assert job_node(done, "batch:2")["started_at_ms"] >= first_done, job_brief(done)
     assert_no_tracebacks(lab)
 
 

@@ -422,3 +422,20 @@ def test_sign_and_reject_of_a_batch_that_is_not_pending_are_refused(lab: Lab, tm
     refused(bc("approve", "sign", "b-nope", "--key", str(keys["alice"].key), "--yes"), 3, "no batch named 'b-nope'")
     for row in lab.commands(batch["id"]):
         assert (row["state"], row["reason"]) == ("cancelled", "batch-rejected")
+
+
+def test_approvers_remove_threshold_and_withdraw_through_the_cli(lab: Lab, tmp_path: Path) -> None:
+    keys = approvers(tmp_path, "alice", "bob", "carol", k=3)
+    refused(bc("approvers", "remove", "carol"), 4, "would leave 2 live approver(s) for a threshold of 3")
+    refused(bc("operators", "revoke", "carol"), 4, "first remove the key in a change that lowers k")
+    pending = ok_json("approvers", "remove", "carol", "--threshold", "2")["change"]
+    assert pending["state"] == "pending" and "set k from 3 to 2" in pending["summary"], pending
+    refused(as_operator(keys["bob"].config, "approvers", "withdraw", pending["id"]), 6, "needs the admin role")
+    r = bc("approvers", "withdraw", pending["id"])
+    assert r.exit_code == 0 and r.stdout.startswith(f"withdrew quorum change {pending['id']}: remove approver"), (
+        r.output
+    )
+    refused(bc("approvers", "withdraw", pending["id"]), 4, "is already withdrawn; there is nothing to withdraw")
+    doc = settle(ok_json("approvers", "remove", "carol", "--threshold", "2"), keys)
+    assert (doc["threshold"], sorted(a["name"] for a in doc["approvers"])) == (2, ["alice", "bob"]), doc
+    assert bc("operators", "revoke", "carol").exit_code == 0

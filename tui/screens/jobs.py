@@ -35,6 +35,9 @@ def card(job: admin_pb2.JobInfo, selected: bool) -> Text:
         style = {"running": "bold reverse", "failed": "bold underline", "done": "", "cancelled": "dim"}
         chain.append(label, style=style.get(n.state, "dim"))
     out = Text("\n").join([head, chain])
+    for a in job.awaiting_approval:
+        # Not just "Batch ●": which batch the approvers are asked to sign, and how far they got.
+        out.append(f"\n    awaiting approval: batch {a.batch_id}, {a.signed} of {a.needed} signed", style="bold")
     if job.first_error:
         out.append(f"\n    error: {job.first_error}", style="bold")
     return out
@@ -42,7 +45,7 @@ def card(job: admin_pb2.JobInfo, selected: bool) -> Text:
 
 class JobsScreen(BcScreen):
     AUTO_FOCUS = "#job-cards"
-    RELOAD_ON = ("job.",)
+    RELOAD_ON = ("job.",)  # job.approval too: a signature on one of its batches
     BINDINGS = [
         Binding("down,j", "move(1)", "Next", show=False),
         Binding("up,k", "move(-1)", "Previous", show=False),

@@ -661,14 +661,16 @@ class AddApproverRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., public_key: _Optional[str] = ..., operator: _Optional[str] = ..., root_signature: _Optional[bytes] = ..., preview: _Optional[bool] = ...) -> None: ...
 
 class RemoveApproverRequest(_message.Message):
-    __slots__ = ("name", "root_signature", "preview")
+    __slots__ = ("name", "root_signature", "preview", "threshold")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROOT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     PREVIEW_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     name: str
     root_signature: bytes
     preview: bool
-    def __init__(self, name: _Optional[str] = ..., root_signature: _Optional[bytes] = ..., preview: _Optional[bool] = ...) -> None: ...
+    threshold: int
+    def __init__(self, name: _Optional[str] = ..., root_signature: _Optional[bytes] = ..., preview: _Optional[bool] = ..., threshold: _Optional[int] = ...) -> None: ...
 
 class SetApproverThresholdRequest(_message.Message):
     __slots__ = ("threshold", "root_signature", "preview")
@@ -852,6 +854,12 @@ class QuorumChangeDecisionRequest(_message.Message):
     reason: str
     def __init__(self, change_id: _Optional[str] = ..., key_id: _Optional[str] = ..., signature: _Optional[bytes] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class WithdrawQuorumChangeRequest(_message.Message):
+    __slots__ = ("change_id",)
+    CHANGE_ID_FIELD_NUMBER: _ClassVar[int]
+    change_id: str
+    def __init__(self, change_id: _Optional[str] = ...) -> None: ...
+
 class OperatorInfo(_message.Message):
     __slots__ = ("name", "role", "created_age_ms", "created_by", "revoked", "revoke_reason", "revoked_by", "certificates", "cert_not_after_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -969,7 +977,7 @@ class JobNodeInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., subject: _Optional[str] = ..., state: _Optional[str] = ..., error: _Optional[str] = ..., deps: _Optional[_Iterable[_Union[JobDep, _Mapping]]] = ..., group: _Optional[str] = ..., tail: _Optional[bool] = ..., detail_json: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("id", "template", "state", "terminal", "subjects", "args_json", "requested_by", "reason", "first_error", "cancel_requested", "created_at_ms", "settled_at_ms", "nodes")
+    __slots__ = ("id", "template", "state", "terminal", "subjects", "args_json", "requested_by", "reason", "first_error", "cancel_requested", "created_at_ms", "settled_at_ms", "nodes", "awaiting_approval")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -983,6 +991,7 @@ class JobInfo(_message.Message):
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     SETTLED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    AWAITING_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     id: str
     template: str
     state: str
@@ -996,7 +1005,20 @@ class JobInfo(_message.Message):
     created_at_ms: int
     settled_at_ms: int
     nodes: _containers.RepeatedCompositeFieldContainer[JobNodeInfo]
-    def __init__(self, id: _Optional[str] = ..., template: _Optional[str] = ..., state: _Optional[str] = ..., terminal: _Optional[bool] = ..., subjects: _Optional[_Iterable[str]] = ..., args_json: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., first_error: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., settled_at_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[JobNodeInfo, _Mapping]]] = ...) -> None: ...
+    awaiting_approval: _containers.RepeatedCompositeFieldContainer[ApprovalWait]
+    def __init__(self, id: _Optional[str] = ..., template: _Optional[str] = ..., state: _Optional[str] = ..., terminal: _Optional[bool] = ..., subjects: _Optional[_Iterable[str]] = ..., args_json: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., first_error: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., settled_at_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[JobNodeInfo, _Mapping]]] = ..., awaiting_approval: _Optional[_Iterable[_Union[ApprovalWait, _Mapping]]] = ...) -> None: ...
+
+class ApprovalWait(_message.Message):
+    __slots__ = ("node", "batch_id", "signed", "needed")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    batch_id: str
+    signed: int
+    needed: int
+    def __init__(self, node: _Optional[str] = ..., batch_id: _Optional[str] = ..., signed: _Optional[int] = ..., needed: _Optional[int] = ...) -> None: ...
 
 class JobPool(_message.Message):
     __slots__ = ("name", "capacity", "held")

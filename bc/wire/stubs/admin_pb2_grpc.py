@@ -220,6 +220,11 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.QuorumChangeDecisionRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.FromString,
                 _registered_method=True)
+        self.WithdrawQuorumChange = channel.unary_unary(
+                '/bc.v1.Admin/WithdrawQuorumChange',
+                request_serializer=bc_dot_v1_dot_admin__pb2.WithdrawQuorumChangeRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.FromString,
+                _registered_method=True)
         self.AddOperator = channel.unary_unary(
                 '/bc.v1.Admin/AddOperator',
                 request_serializer=bc_dot_v1_dot_admin__pb2.AddOperatorRequest.SerializeToString,
@@ -559,6 +564,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WithdrawQuorumChange(self, request, context):
+        """The proposer takes back a pending change (a newer change supersedes one anyway).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AddOperator(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -879,6 +891,11 @@ def add_AdminServicer_to_server(servicer, server):
             'RejectQuorumChange': grpc.unary_unary_rpc_method_handler(
                     servicer.RejectQuorumChange,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.QuorumChangeDecisionRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.SerializeToString,
+            ),
+            'WithdrawQuorumChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.WithdrawQuorumChange,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.WithdrawQuorumChangeRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.SerializeToString,
             ),
             'AddOperator': grpc.unary_unary_rpc_method_handler(
@@ -1990,6 +2007,33 @@ class Admin:
             target,
             '/bc.v1.Admin/RejectQuorumChange',
             bc_dot_v1_dot_admin__pb2.QuorumChangeDecisionRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WithdrawQuorumChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/WithdrawQuorumChange',
+            bc_dot_v1_dot_admin__pb2.WithdrawQuorumChangeRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.QuorumChangeInfo.FromString,
             options,
             channel_credentials,

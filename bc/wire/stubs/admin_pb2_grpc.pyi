@@ -71,6 +71,8 @@ class AdminStub:
     GetQuorumChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetQuorumChangeRequest, _admin_pb2.QuorumChangeInfo]
     ApproveQuorumChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.QuorumChangeDecisionRequest, _admin_pb2.QuorumChangeInfo]
     RejectQuorumChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.QuorumChangeDecisionRequest, _admin_pb2.QuorumChangeInfo]
+    WithdrawQuorumChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.WithdrawQuorumChangeRequest, _admin_pb2.QuorumChangeInfo]
+    """The proposer takes back a pending change (a newer change supersedes one anyway)."""
     AddOperator: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AddOperatorRequest, _admin_pb2.AddOperatorResponse]
     ListOperators: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListOperatorsRequest, _admin_pb2.ListOperatorsResponse]
     RevokeOperator: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeOperatorRequest, _admin_pb2.OperatorInfo]
@@ -138,6 +140,8 @@ class AdminAsyncStub(AdminStub):
     GetQuorumChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetQuorumChangeRequest, _admin_pb2.QuorumChangeInfo]  # type: ignore[assignment]
     ApproveQuorumChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.QuorumChangeDecisionRequest, _admin_pb2.QuorumChangeInfo]  # type: ignore[assignment]
     RejectQuorumChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.QuorumChangeDecisionRequest, _admin_pb2.QuorumChangeInfo]  # type: ignore[assignment]
+    WithdrawQuorumChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.WithdrawQuorumChangeRequest, _admin_pb2.QuorumChangeInfo]  # type: ignore[assignment]
+    """The proposer takes back a pending change (a newer change supersedes one anyway)."""
     AddOperator: _aio.UnaryUnaryMultiCallable[_admin_pb2.AddOperatorRequest, _admin_pb2.AddOperatorResponse]  # type: ignore[assignment]
     ListOperators: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListOperatorsRequest, _admin_pb2.ListOperatorsResponse]  # type: ignore[assignment]
     RevokeOperator: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeOperatorRequest, _admin_pb2.OperatorInfo]  # type: ignore[assignment]
@@ -424,6 +428,14 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.QuorumChangeDecisionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.QuorumChangeInfo, _abc.Awaitable[_admin_pb2.QuorumChangeInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def WithdrawQuorumChange(
+        self,
+        request: _admin_pb2.WithdrawQuorumChangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.QuorumChangeInfo, _abc.Awaitable[_admin_pb2.QuorumChangeInfo]]:
+        """The proposer takes back a pending change (a newer change supersedes one anyway)."""
 
     @_abc_1.abstractmethod
     def AddOperator(

@@ -107,6 +107,7 @@ def test_the_dag_document_keys_in_order_with_args_and_detail_parsed() -> None:
         "created_at_ms",
         "settled_at_ms",
         "nodes",
+        "awaiting_approval",
     ]
     assert doc["args"] == {"max_parallel": 2} and doc["created_at_ms"] == 1_700_000_000_000
     drain = doc["nodes"][1]
@@ -221,3 +222,19 @@ def test_a_job_that_cordons_needs_admin_whatever_the_route() -> None:
     assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="uncordon")) == ("admin", "uncordoning a node")
     assert needed("CordonNode", admin_pb2.CordonNodeRequest(node_id="n1")) == ("admin", "cordoning a node")
     assert needed("JobSlots")[0] == "admin" and needed("WatchJob")[0] == "viewer"
+
+
+def test_a_job_waiting_for_its_quorum_says_which_batch_and_how_many_signed() -> None:
+    from dataclasses import replace
+
+    from bc.jobs.views import ApprovalWait
+
+    waiting = replace(
+        dag(node("batch:2", "running"), node("cmd:n3", "queued")),
+        awaiting_approval=(ApprovalWait("batch:2", "b-2", 1, 2),),
+    )
+    job = info(waiting)
+    assert progress_line(job).endswith("(awaiting approval: batch b-2, 1 of 2 signed)"), progress_line(job)
+    assert "\nawaiting approval: batch b-2, 1 of 2 signed\n" in render_job(job)
+    assert job_to_json(job)["awaiting_approval"] == [{"node": "batch:2", "batch_id": "b-2", "signed": 1, "needed": 2}]
+    assert "awaiting" not in render_job(info(dag(node("batch", "done"))))

@@ -157,20 +157,31 @@ async def test_the_intent_bundle_carries_the_settings_and_the_chain(
     assert intent.trust_bundle().quorum_k == 3 and len(intent.trust_bundle().quorum_changes) == 4
 
 
-async def test_one_change_is_pending_at_a_time_until_it_expires(
+async def test_one_change_is_pending_at_a_time_a_newer_one_supersedes_it_and_it_expires(
     store: InlineSqliteStore, bus: Bus, clock: LoopClock, keys: Any, three: None
 ) -> None:
     first = await appr.propose(store, bus, appr.SetThreshold(3), ADMIN, RNG)
-    with pytest.raises(Conflict, match=f"quorum change {first.change_id} is waiting for approval"):
-        await appr.propose(store, bus, appr.SetAllowance(1), ADMIN, RNG)
-    await advance(appr.CHANGE_TTL_S)
-    assert (await appr.get_change(store, first.change_id)).state == "expired"
-    with pytest.raises(Conflict, match="expired; ask for it again"):
-        await approve(store, bus, first.change_id, keys["alice"], "alice")
     second = await appr.propose(store, bus, appr.SetAllowance(1), ADMIN, RNG)
     assert second.state == "pending"
-    assert [c.id for c in await appr.list_changes(store, "expired")] == [first.change_id]
-    assert [c.id for c in await appr.list_changes(store, "pending")] == [second.change_id]
+    assert (await appr.get_change(store, first.change_id)).state == "superseded"
+    superseded = [e for e in await events(store) if e[0] == "quorum.change-superseded"]
+    assert superseded == [
+        (
+            "quorum.change-superseded",
+            first.change_id,
+            {"by": second.change_id, "requested_by": ADMIN, "was_requested_by": ADMIN},
+        ),
+    ]
+    with pytest.raises(Conflict, match="is already superseded"):
+        await approve(store, bus, first.change_id, keys["alice"], "alice")
+    await advance(appr.CHANGE_TTL_S)
+    assert (await appr.get_change(store, second.change_id)).state == "expired"
+    with pytest.raises(Conflict, match="expired; ask for it again"):
+        await approve(store, bus, second.change_id, keys["alice"], "alice")
+    third = await appr.propose(store, bus, appr.SetAllowance(1), ADMIN, RNG)
+    assert third.state == "pending"
+    assert [c.id for c in await appr.list_changes(store, "expired")] == [second.change_id]
+    assert [c.id for c in await appr.list_changes(store, "pending")] == [third.change_id]
 
 
 async def test_a_change_only_the_requesters_keys_could_approve_is_refused(
@@ -244,11 +255,13 @@ async def test_removing_the_last_approver_turns_the_quorum_off_and_keeps_k(
 ) -> None:
     await install(store, bus, {"alice": keys["alice"], "bob": keys["bob"]}, k=2)
     signers = {"alice": keys["alice"], "bob": keys["bob"]}
-    await change(store, bus, appr.RemoveApprover("alice"), signers)
+    with pytest.raises(Conflict, match="would leave 1 live approver"):  # bob alone could pass no batch at k = 2
+        await change(store, bus, appr.RemoveApprover("alice"), signers)
+    await change(store, bus, appr.RemoveApprover("alice", threshold=1), signers)
     await change(store, bus, appr.RemoveApprover("bob"), signers)  # bob alone: all of the one there is
     settings, _ = await appr.trust_state(store)
     assert settings == common_pb2.QuorumSettings(version=settings.version) and settings.version == 4
-    assert (await appr.approver_set(store)).threshold == 2
+    assert (await appr.approver_set(store)).threshold == 1
 
 
 # -- the command-signing root's signature of each step ---------------------------------------------------

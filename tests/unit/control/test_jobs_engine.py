@@ -360,3 +360,25 @@ async def test_cancel_asks_a_command_in_flight_and_waits_for_its_real_outcome(
     await engine.pass_once()
     view = await queries.get_dag(store, dag_id)
     assert view.terminal and states(view)["cmd:n1"] == "done" and view.state == "done"
+
+
+async def test_a_rolling_reboot_under_a_quorum_asks_for_the_next_waves_batch_only_when_it_is_due(
+    store: InlineSqliteStore, bus: Bus, engine: JobEngine, nodes: list[str], quorum_keys: dict[str, Any]
+) -> None:
+    dag_id = await engine.submit(JobRequest("reboot", tuple(NODES), max_parallel=2), "alice")
+    view = await queries.get_dag(store, dag_id)
+    assert (states(view)["batch:1"], states(view)["batch:2"]) == ("running", "queued")
+    (wait,) = view.awaiting_approval
+    assert (wait.node, wait.signed, wait.needed) == ("batch:1", 0, 2)
+    batch, leaves = await read_batch(store, wait.batch_id)
+    assert [str(r["node_id"]) for r in leaves] == ["n1", "n2"]
+    await approve(store, bus, batch, leaves, quorum_keys["carol"])
+    assert (await queries.get_dag(store, dag_id)).awaiting_approval[0].signed == 1
+    await reject(store, bus, batch, quorum_keys["erin"])  # one no fails the wave, and the waves after it
+    await engine.pass_once()
+    view = await queries.get_dag(store, dag_id)
+    assert view.terminal and view.state == "failed" and "rejected" in view.first_error
+    assert states(view)["batch:2"] == "cancelled" and states(view)["reboot:n3"] == "cancelled"
+    assert view.awaiting_approval == ()
+    async with store.transaction(write=False) as tx:
+        assert await tx.fetchval("SELECT COUNT(*) FROM batches") == 1  # the second wave's was never asked for
