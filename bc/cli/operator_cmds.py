@@ -28,7 +28,7 @@ from bc.protocol.pb import admin_pb2
 @json_option
 @click.pass_context
 def operators(ctx: click.Context, as_json: bool) -> None:
-    """Operators and their roles (`bc operators list|add|revoke`): viewer < operator < admin."""
+    """Operators and their roles (`bc operators list|add|role|revoke`): viewer < operator < admin."""
     if ctx.invoked_subcommand is None:
         _show(call_admin(lambda c: c.list_operators()), as_json)
 
@@ -106,6 +106,18 @@ def operators_revoke(name: str, reason: str, as_json: bool) -> None:
     """Refuse every certificate of operator NAME from now on (the last admin cannot be revoked)."""
     info = call_admin(lambda c: c.revoke_operator(name, reason=reason))
     emit(as_json, info, f"operator {info.name} is revoked: every gateway refuses its certificates from now on")
+
+
+@operators.command("role")
+@click.argument("name")
+@click.argument("role", type=click.Choice(ROLES))
+@click.option("--reason", default="", help="Why: stored in the operator.role event.")
+@json_option
+def operators_role(name: str, role: str, reason: str, as_json: bool) -> None:
+    """Give operator NAME another ROLE; a lowered role also closes their open Watch, `events --follow`
+    and TUI streams (the last admin cannot be lowered)."""
+    info = call_admin(lambda c: c.set_operator_role(name, role, reason=reason))
+    emit(as_json, info, f"operator {info.name} now has the {info.role} role")
 
 
 COMMANDS: tuple[click.Command, ...] = (operators,)

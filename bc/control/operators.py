@@ -134,6 +134,34 @@ async def revoke(store: Store, bus: Bus | None, name: str, reason: str, by: str)
     return row
 
 
+async def set_role(store: Store, bus: Bus | None, name: str, role: str, reason: str, by: str) -> Row:
+    """Give `name` another role from its next call on; the last admin cannot be lowered.
+
+    A lowered role also ends the operator's open streams (the Admin guard checks them again on this
+    change's event), so nothing keeps showing them what the old role let them see.
+    """
+    check_role(role)
+    if len(reason) > MAX_REASON:
+        raise UsageError(f"the reason is longer than {MAX_REASON} characters")
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        row = await ops_sql.get(tx, name)
+        if row is None:
+            raise NotFound(f"no operator named {name!r}")
+        if row["revoked_at_ms"] is not None:
+            raise Conflict(f"operator {name} is revoked; a revoked operator gets no role")
+        old = str(row["role"])
+        if old == role:
+            raise Conflict(f"operator {name} already has the {role} role")
+        if old == "admin" and await ops_sql.live_admins(tx) <= 1:
+            raise Conflict(f"operator {name} is the last admin: make another admin first")
+        await ops_sql.set_role(tx, name, role)
+        await publish(tx, bus, "operator.role", name, {"from": old, "to": role, "reason": reason, "by": by}, now_ms)
+        row = await ops_sql.get(tx, name)
+    assert row is not None
+    return row
+
+
 async def list_all(store: Store) -> list[Row]:
     async with store.transaction(write=False) as tx:
         return await ops_sql.list_all(tx)
