@@ -198,7 +198,7 @@ def job_needed(dag: DagSpec) -> tuple[str, str]:
         role, what = step_needed(step)
         if operators.RANK[role] > operators.RANK[need[0]]:
             article = "an" if dag.template[:1] in "aeiou" else "a"
-            need = (role, f"running {article} {dag.template} job ({what})")
+            need = (role, f"running {article} {dag.template} job: {what}")
     return need
 
 

@@ -18,7 +18,7 @@ from bc.cli.emit import emit
 from bc.cli.render import format_age, format_time_ms, render_table
 from bc.config import OperatorConfig, find_operator_config
 from bc.control.operators import DEFAULT_ROLE, ROLES
-from bc.errors import UsageError
+from bc.errors import BcError, UsageError
 from bc.pki import keys
 from bc.pki.identity import check_safe_name
 from bc.protocol.pb import admin_pb2
@@ -73,22 +73,26 @@ def operators_add(name: str, role: str, out: Path | None, as_json: bool) -> None
     """Add operator NAME with a role and write the client config to hand to that person."""
     check_safe_name("operator name", name)  # before it becomes part of a file name
     out = out or Path(f"{name}.bc-config.json")
-    if out.exists():
-        raise UsageError(f"{out} already exists; refusing to overwrite it (choose another --out)")
-    if not out.parent.is_dir():
-        raise UsageError(f"cannot write {out}: {out.parent} is not a directory")
-    server = find_operator_config().server
+    local = find_operator_config()
     key = keys.generate_key()
+    key_pem = keys.key_to_pem(key)
+    # The key reaches F before the server commits the operator: a file we cannot write (exists, no such
+    # directory, unwritable) stops here with nothing added, and no operator ever exists whose key is lost.
+    OperatorConfig.write_single(out, server=local.server, ca_pem=local.ca_pem, cert_pem=b"", key_pem=key_pem)
     pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    resp = call_admin(lambda c: c.add_operator(name, role, pub))
     try:
-        OperatorConfig.write_single(
-            out, server=server, ca_pem=resp.ca_pem, cert_pem=resp.cert_pem, key_pem=keys.key_to_pem(key)
+        resp = call_admin(lambda c: c.add_operator(name, role, pub))
+    except BaseException:
+        out.unlink(missing_ok=True)  # nothing was added: the key is for no one
+        raise
+    try:
+        OperatorConfig.replace_single(
+            out, server=local.server, ca_pem=resp.ca_pem, cert_pem=resp.cert_pem, key_pem=key_pem
         )
     except UsageError as e:
+        rolled_back = _roll_back(name)
         raise UsageError(
-            f"operator {name} was added but its config could not be written ({e.message}); its key is lost:"
-            f" bc operators revoke {name}, then add it under another name"
+            f"operator {name} was added but its config could not be completed ({e.message}); {rolled_back}"
         ) from None
     emit(
         as_json,
@@ -96,6 +100,15 @@ def operators_add(name: str, role: str, out: Path | None, as_json: bool) -> None
         f"operator {name} added as {role}; its client config is {out} (0600, it holds the private key)\n"
         f"hand it to {name} over a private channel; they run: BC_CONFIG={out} bc nodes",
     )
+
+
+def _roll_back(name: str) -> str:
+    """Revoke an operator whose config could not be written: nobody holds its certificate."""
+    try:
+        call_admin(lambda c: c.revoke_operator(name, reason="bc operators add could not write its config"))
+    except BcError as e:
+        return f"revoking it failed too ({e.message}): run bc operators revoke {name}"
+    return f"so it was revoked (a name is never reused): add {name} again under another name"
 
 
 @operators.command("revoke")
