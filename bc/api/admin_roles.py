@@ -316,7 +316,9 @@ def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
             except BcError as e:
                 await abort_with(context, e)
             # A stream writes nothing, so it needs no operator to act for; it lives while its caller may.
-            refused = asyncio.ensure_future(_first_refusal(lambda: self._caller(context, *need), self.bus.wait_events, caller))
+            refused = asyncio.ensure_future(
+                _first_refusal(lambda: self._caller(context, *need), self.bus.wait_events, caller)
+            )
             try:
                 async for item in _while_allowed(fn(self, request, context), refused):
                     yield item

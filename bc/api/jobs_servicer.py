@@ -21,8 +21,8 @@ import grpc
 from bc.api import job_views
 from bc.api.admin_roles import OTHERS_NEED
 from bc.api.calls import AdminCalls
-from bc.control import queries as control_queries
 from bc.control import operators
+from bc.control import queries as control_queries
 from bc.control.bus import Bus
 from bc.errors import BcError, Conflict
 from bc.jobs import queries

@@ -218,7 +218,8 @@ def test_a_list_over_the_frame_leaves_out_the_oldest_ended_dags_first() -> None:
 def test_a_job_that_cordons_needs_admin_whatever_the_route() -> None:
     drain = ("admin", "running a drain job: cordoning a node")
     assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="drain", nodes=["n1"])) == drain
-    assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="reboot", nodes=["n1"])) == ("operator", "running a job")
+    reboot = ("operator", "running a job")
+    assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="reboot", nodes=["n1"])) == reboot
     cordon = ("admin", "running a cordon job: cordoning a node")
     assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="cordon")) == cordon
     uncordon = ("admin", "running an uncordon job: uncordoning a node")

@@ -70,6 +70,7 @@ def test_a_job_needs_the_role_of_its_most_privileged_step(template: str) -> None
 def test_a_cordon_step_is_admin_as_cordon_node_is_and_a_drain_job_cordons() -> None:
     assert needed("CordonNode")[0] == "admin"
     assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="drain", nodes=["n1"]))[0] == "admin"
-    assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="release", nodes=["n1"], **ARGS["release"]))[0] == (
-        KIND_ROLE[templates.UPGRADE_KIND]
+    assert (
+        needed("SubmitJob", admin_pb2.SubmitJobRequest(template="release", nodes=["n1"], **ARGS["release"]))[0]
+        == (KIND_ROLE[templates.UPGRADE_KIND])
     )
