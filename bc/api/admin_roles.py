@@ -205,14 +205,17 @@ def job_needed(dag: DagSpec) -> tuple[str, str]:
 def _submit_job_role(request: Any) -> tuple[str, str] | None:
     """The job the request would build, with every optional step in (approvers, GPUs): its steps' roles.
 
-    Built for its first subject only (every subject gets the same steps). A request that cannot build
-    gets no refinement here: the body refuses it with the same UsageError before anything is stored.
+    Built for its first subject only (every subject gets the same steps). The facts are the most permissive
+    the request allows (its nodes exist, approvers exist, its GPUs are the node's), so a request that cannot
+    build here cannot build in the body either: it gets no refinement, and the body refuses it with a
+    UsageError, NotFound or Conflict before anything is stored.
     """
     try:
         req = job_views.job_request(request)
         first = req.nodes[:1] or ("role-check",)
         req = dataclasses.replace(req, nodes=first)
-        facts = templates.Facts(frozenset(first), has_approvers=True, gpus={n: ("GPU-role-check",) for n in first})
+        gpus = req.gpus or ("GPU-role-check",)
+        facts = templates.Facts(frozenset(first), has_approvers=True, gpus={n: gpus for n in first})
         dag = templates.build(req, "j-role-check", facts)
     except BcError:
         return None
@@ -281,24 +284,27 @@ async def _first_refusal(
 
 async def _while_allowed(items: AsyncIterator[T], refused: asyncio.Task[BcError]) -> AsyncIterator[T]:
     """`items` until they end or `refused` finishes first (then its error is raised)."""
+    nxt: asyncio.Future[T] | None = None
     try:
         while True:
             nxt = asyncio.ensure_future(anext(items))
             await asyncio.wait({nxt, refused}, return_when=asyncio.FIRST_COMPLETED)
             if not nxt.done():
-                nxt.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await nxt
                 raise refused.result()
             try:
                 item = nxt.result()
             except StopAsyncIteration:
                 return
+            nxt = None
             yield item
     finally:
-        refused.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await refused
+        # The client went away, the caller was refused, or the stream ended: stop the pending read
+        # before closing the generator it is inside, and the check beside it.
+        for task in (nxt, refused):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         aclose = getattr(items, "aclose", None)
         if aclose is not None:
             await aclose()
