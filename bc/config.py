@@ -102,6 +102,24 @@ class OperatorConfig:
         return path
 
     @staticmethod
+    def replace_single(
+        path: Path, *, server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, data_dir: str = ""
+    ) -> Path:
+        """Complete a config `write_single` made (same key): the new file is fsynced beside it, then
+        renamed over it, so `path` holds the key at every moment."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        OperatorConfig.write_single(
+            tmp, server=server, ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem, data_dir=data_dir
+        )
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise UsageError(f"cannot write {path}: {e.strerror}") from None
+        return path
+
+    @staticmethod
     def load(path: Path) -> OperatorConfig:
         try:
             doc = json.loads(path.read_text())

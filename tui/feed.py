@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bc.clock import Clock
-from bc.errors import BcError, NotFound
+from bc.errors import BcError, NotFound, Unauthenticated
 from bc.protocol.pb import admin_pb2
 from tui.source import Connect, Source
 from tui.state import FleetState
@@ -79,6 +79,8 @@ class Feed:
             try:
                 async with self._connect() as src:
                     await self._session(src)
+            except Unauthenticated as e:
+                self._refused(e.message)
             except (BcError, OSError) as e:
                 self._down(str(e))
             finally:
@@ -97,6 +99,15 @@ class Feed:
         link.reason = reason.split(";")[0]
         link.attempts += 1
         self._listener.link_changed()
+
+    def _refused(self, reason: str) -> None:
+        """bc serve refused this operator (revoked, or a role lowered mid-stream): the banner says why and
+        the rows go, so a revoked screen shows no stale fleet; a later session (a new role) reads it again."""
+        self.state.link.refused = reason
+        self._snapshotted = False
+        gone = self.state.forget_fleet()
+        self._down(reason)
+        self._listener.nodes_changed(gone)
 
     async def _session(self, src: Source) -> None:
         info = await src.server_info()
@@ -147,6 +158,7 @@ class Feed:
     def _up(self) -> None:
         link = self.state.link
         link.live, link.down_since, link.reason, link.attempts = True, None, "", 0
+        link.refused = ""
         link.data_at = self._clock.monotonic()
         self._listener.link_changed()
 

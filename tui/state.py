@@ -26,6 +26,7 @@ class Link:
     data_at: float | None = None  # monotonic, when the data on screen was last known current
     reason: str = ""
     attempts: int = 0
+    refused: str = ""  # bc serve refused this operator (revoked, role lowered): why, as it said
 
 
 @dataclass
@@ -87,6 +88,12 @@ class FleetState:
             row.detail = row.detail or detail
         note_lag(row, self.server_now_ms(now))
         return True
+
+    def forget_fleet(self) -> set[str]:
+        """Drop every row (the server refused us: nothing on screen may look current); the ids dropped."""
+        gone = set(self.rows)
+        self.rows.clear()
+        return gone
 
     def on_event(self, ev: admin_pb2.EventRecord) -> str | bool | None:
         """Apply one event; False when it was already applied, else the node to read again (or None)."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Select, Static, TextArea
 
+from bc.protocol.text_safety import one_line
 from tui import fmt
 from tui.state import Link
 
@@ -16,6 +18,11 @@ def banner_text(link: Link, server: str, now: float) -> str:
     """What the banner says; empty while the stream is live."""
     if link.live:
         return ""
+    if link.refused:
+        return escape(
+            f"bc serve at {server} refused this operator: {one_line(link.refused)}; the fleet is hidden"
+            f" (retrying, attempt {link.attempts})"
+        )
     if link.data_at is None:
         return f"connecting to bc serve at {server}…" + (f" ({link.reason})" if link.reason else "")
     age = fmt.age(int((now - link.data_at) * 1000))

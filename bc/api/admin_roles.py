@@ -4,22 +4,38 @@ Every RPC the service declares is wrapped (`guarded`) before its body runs:
 the client certificate must be an operator's, issued by this server to a live
 operator (`bc.control.operators.authorize`), whose role is at least the one
 `ROLE_NEEDED` names for the RPC; an RPC missing from the table needs admin
-(fail closed); `REQUEST_ROLE` may raise it for some requests (a job that
-cordons is admin's, as `CordonNode` is). A refusal is UNAUTHENTICATED (exit 6) with a sentence naming
+(fail closed); `REQUEST_ROLE` may raise it for some requests: a command, a
+fan-out or a batch needs its kind's role (`KIND_ROLE`), and a job the role of its
+most privileged step, each step checked as the direct call with the same effect
+(a `drain` job cordons, so it is admin's as `CordonNode` is). `OTHERS_NEED` is
+what a body asks when the caller acts on another operator's work (cancelling
+their job). A refusal is UNAUTHENTICATED (exit 6) with a sentence naming
 the role needed. A unary body then runs acting for that operator
 (`bc.control.actor`), so every event it publishes names who made the write.
+
+A stream (`Watch`, `WatchJob`) is checked again at every event wake-up and at
+least every `RECHECK_S`: once its operator is revoked or their role is lowered,
+it ends UNAUTHENTICATED with the reason, so a revoked key stops seeing the fleet
+within seconds rather than whenever the client hangs up.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
+from bc.api import job_views
 from bc.control import actor, operators
-from bc.errors import BcError
+from bc.control.bus import Bus
+from bc.errors import BcError, Unauthenticated
+from bc.jobs import templates
+from bc.jobs.model import DagSpec, NodeSpec
 from bc.protocol.pb import admin_pb2
 from bc.wire.status import abort_with
 
@@ -64,7 +80,7 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "RejectBatch": (OPERATOR, "rejecting a batch"),
     "ApproveQuorumChange": (OPERATOR, "approving a quorum change"),
     "RejectQuorumChange": (OPERATOR, "rejecting a quorum change"),
-    "SubmitJob": (OPERATOR, "running a job"),  # cordon and uncordon need admin: see REQUEST_ROLE
+    "SubmitJob": (OPERATOR, "running a job"),  # a job needs its most privileged step's role: see REQUEST_ROLE
     "CancelJob": (OPERATOR, "cancelling a job"),
     "SshGrant": (OPERATOR, "granting SSH access"),
     "GetSshGrant": (OPERATOR, "fetching an SSH certificate"),  # it may sign one its batch's quorum approved
@@ -84,6 +100,7 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "WithdrawQuorumChange": (ADMIN, "withdrawing a quorum change"),  # and only its proposer (an admin)
     "AddOperator": (ADMIN, "adding an operator"),
     "RevokeOperator": (ADMIN, "revoking an operator"),
+    "SetOperatorRole": (ADMIN, "changing an operator's role"),
     "SshCaInit": (ADMIN, "making the SSH CA"),
     "Drain": (ADMIN, "draining a gateway"),
     # What every node will run: the release key and the releases it signs are admin's.
@@ -96,27 +113,145 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
 """Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
 
 
+KIND_ROLE: dict[str, str] = {
+    # What changes the software, firmware, disks, boot path or credentials of a machine is admin's, like
+    # the release key and releases (`PublishRelease`): a stolen operator key must not make a node run code.
+    "daemon.upgrade": ADMIN,
+    "driver.invoke": ADMIN,
+    "deploy.image": ADMIN,
+    "disk.wipe": ADMIN,
+    "boot.kexec": ADMIN,
+    "boot.prepareRamdisk": ADMIN,
+    "bmc.boot": ADMIN,
+    "bmc.firmware": ADMIN,
+    "bmc.storage": ADMIN,
+    "bmc.rotate": ADMIN,
+    "site.httpProxy": ADMIN,
+    # Reading, resetting, rebooting and collecting are an operator's (the destructive ones behind the quorum).
+    "inventory.refresh": OPERATOR,
+    "diag.nvml": OPERATOR,
+    "diag.dcgm": OPERATOR,
+    "gpu.reset": OPERATOR,
+    "node.reboot": OPERATOR,
+    "bmc.query": OPERATOR,
+    "bmc.power": OPERATOR,
+    "boot.cleanUp": OPERATOR,
+    "logs.collect": OPERATOR,
+    "instance.snapshot": OPERATOR,
+}
+"""Each command kind's minimum role, whether run alone, fanned out, in a batch or as a job's step.
+Every kind of `bc.protocol.kinds` is here (a test walks them); an unknown kind is refused by the body."""
+
+
+def _kind_role(kind: str, doing: str) -> tuple[str, str] | None:
+    role = KIND_ROLE.get(kind)
+    return None if role is None else (role, f"{doing} {kind[:64]}")
+
+
+def _run_command_role(request: Any) -> tuple[str, str] | None:
+    return _kind_role(getattr(request, "kind", ""), "running")
+
+
+def _enqueue_role(request: Any) -> tuple[str, str] | None:
+    """The most privileged kind among the commands: one admin kind makes the call admin's."""
+    found = [r for r in (_run_command_role(c) for c in getattr(request, "commands", ())) if r is not None]
+    return max(found, key=lambda r: operators.RANK[r[0]], default=None)
+
+
+def _batch_role(request: Any) -> tuple[str, str] | None:
+    return _kind_role(getattr(request, "kind", ""), "creating a batch of")
+
+
+STEP_ROLE: dict[str, tuple[str, str]] = {
+    # A job's own bookkeeping: it holds and releases its subject for its run, groups, reports.
+    "Drain": (OPERATOR, "holding a node out of placement for a job"),
+    "Reconcile": (OPERATOR, "releasing a job's hold on a node"),
+    "Group": (OPERATOR, "grouping a job's steps"),
+    "Emit": (OPERATOR, "reporting a job's outcome"),
+    "ResolveApproval": (OPERATOR, "closing a job's batch"),
+}
+"""Job steps with no direct call of their own; every other step is checked as the call it makes
+(`step_needed`). A step kind in neither needs admin (fail closed)."""
+
+
+def step_needed(step: NodeSpec) -> tuple[str, str]:
+    """The role a job step needs: that of the direct call with the same effect (a job is no way around it)."""
+    p = step.params
+    if step.kind == "SetWanted":  # the node's durable wanted state: a cordon or uncordon, as `CordonNode`
+        cordon = bool(p.get("cordoned"))
+        return needed("CordonNode")[0], "cordoning a node" if cordon else "uncordoning a node"
+    if step.kind == "Command":
+        return needed("RunCommand", admin_pb2.RunCommandRequest(node_id=step.subject or "", kind=str(p.get("kind"))))
+    if step.kind == "Batch":
+        return needed("CreateBatch", admin_pb2.CreateBatchRequest(kind=str(p.get("kind"))))
+    if step.kind == "PatchSpec":
+        section = admin_pb2.SetSpecSectionRequest(
+            node_id=step.subject or "", section=str(p.get("section")), section_json=str(p.get("section_json") or "")
+        )
+        return needed("SetSpecSection", section)
+    return STEP_ROLE.get(step.kind, (ADMIN, f"a job step {step.kind}"))
+
+
+def job_needed(dag: DagSpec) -> tuple[str, str]:
+    """A job needs the role of its most privileged step (and at least `SubmitJob`'s)."""
+    need = ROLE_NEEDED["SubmitJob"]
+    for step in dag.nodes:
+        role, what = step_needed(step)
+        if operators.RANK[role] > operators.RANK[need[0]]:
+            article = "an" if dag.template[:1] in "aeiou" else "a"
+            need = (role, f"running {article} {dag.template} job: {what}")
+    return need
+
+
 def _submit_job_role(request: Any) -> tuple[str, str] | None:
-    """A job that sets a node's wanted schedulability is a cordon, which is admin's whatever the route."""
-    template = getattr(request, "template", "")
-    if template == "cordon":
-        return ADMIN, "cordoning a node"
-    if template == "uncordon":
-        return ADMIN, "uncordoning a node"
-    return None
+    """The job the request would build, with every optional step in (approvers, GPUs): its steps' roles.
+
+    Built for its first subject only (every subject gets the same steps). The facts are the most permissive
+    the request allows (its nodes exist, approvers exist, its GPUs are the node's), so a request that cannot
+    build here cannot build in the body either: it gets no refinement, and the body refuses it with a
+    UsageError, NotFound or Conflict before anything is stored.
+    """
+    try:
+        req = job_views.job_request(request)
+        first = req.nodes[:1] or ("role-check",)
+        req = dataclasses.replace(req, nodes=first)
+        gpus = req.gpus or ("GPU-role-check",)
+        facts = templates.Facts(frozenset(first), has_approvers=True, gpus={n: gpus for n in first})
+        dag = templates.build(req, "j-role-check", facts)
+    except BcError:
+        return None
+    return job_needed(dag)
 
 
-REQUEST_ROLE: dict[str, Callable[[Any], tuple[str, str] | None]] = {"SubmitJob": _submit_job_role}
+REQUEST_ROLE: dict[str, Callable[[Any], tuple[str, str] | None]] = {
+    "SubmitJob": _submit_job_role,
+    "RunCommand": _run_command_role,
+    "EnqueueCommands": _enqueue_role,
+    "CreateBatch": _batch_role,
+}
 """RPCs whose request may need more than `ROLE_NEEDED` says: the stricter of the two applies."""
+
+OTHERS_NEED: dict[str, tuple[str, str]] = {
+    "CancelJob": (ADMIN, "cancelling another operator's job"),
+}
+"""What an RPC needs when it acts on what another operator made (the body checks the owner)."""
 
 
 class Guarded(Protocol):
-    """What the guard needs of the servicer: who the caller is, or a refusal."""
+    """What the guard needs of the servicer: who the caller is, or a refusal; and the events' wake-up."""
+
+    bus: Bus
 
     async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller: ...
 
 
+RECHECK_S = 1.0
+"""A stream's caller is checked again at each event wake-up and at least this often (revocation ends it
+within about this long even when the revocation's event came through another process without a relay)."""
+
+
 S = TypeVar("S", bound=Guarded)
+T = TypeVar("T")
 
 
 def needed(rpc: str, request: Any = None) -> tuple[str, str]:
@@ -124,9 +259,56 @@ def needed(rpc: str, request: Any = None) -> tuple[str, str]:
     base = ROLE_NEEDED.get(rpc, (ADMIN, f"calling {rpc}"))
     refine = REQUEST_ROLE.get(rpc)
     stricter = refine(request) if refine is not None and request is not None else None
-    if stricter is not None and operators.RANK[stricter[0]] >= operators.RANK[base[0]]:
+    if stricter is not None and operators.RANK[stricter[0]] > operators.RANK[base[0]]:
         return stricter
     return base
+
+
+async def _first_refusal(
+    check: Callable[[], Awaitable[operators.Caller]], wake: Callable[[float], Awaitable[None]], was: operators.Caller
+) -> BcError:
+    """Wait until the caller a stream was opened for may no longer have it: revoked, or role lowered."""
+    while True:
+        await wake(RECHECK_S)
+        try:
+            now = await check()
+        except Unauthenticated as e:
+            return e
+        except BcError:
+            continue  # the store hiccupped: the stream itself will say so, or the next check decides
+        if operators.RANK[now.role] < operators.RANK[was.role]:
+            return Unauthenticated(
+                f"operator {now.name}'s role was lowered from {was.role} to {now.role}; this stream is closed:"
+                f" reconnect to go on as a {now.role}"
+            )
+
+
+async def _while_allowed(items: AsyncIterator[T], refused: asyncio.Task[BcError]) -> AsyncIterator[T]:
+    """`items` until they end or `refused` finishes first (then its error is raised)."""
+    nxt: asyncio.Future[T] | None = None
+    try:
+        while True:
+            nxt = asyncio.ensure_future(anext(items))
+            await asyncio.wait({nxt, refused}, return_when=asyncio.FIRST_COMPLETED)
+            if not nxt.done():
+                raise refused.result()
+            try:
+                item = nxt.result()
+            except StopAsyncIteration:
+                return
+            nxt = None
+            yield item
+    finally:
+        # The client went away, the caller was refused, or the stream ended: stop the pending read
+        # before closing the generator it is inside, and the check beside it.
+        for task in (nxt, refused):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
@@ -135,13 +317,20 @@ def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
 
         @functools.wraps(fn)
         async def stream(self: Guarded, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            need = needed(rpc, request)
             try:
-                await self._caller(context, *needed(rpc, request))
+                caller = await self._caller(context, *need)
             except BcError as e:
                 await abort_with(context, e)
-            # A stream writes nothing, so it needs no operator to act for.
-            async for item in fn(self, request, context):
-                yield item
+            # A stream writes nothing, so it needs no operator to act for; it lives while its caller may.
+            refused = asyncio.ensure_future(
+                _first_refusal(lambda: self._caller(context, *need), self.bus.wait_events, caller)
+            )
+            try:
+                async for item in _while_allowed(fn(self, request, context), refused):
+                    yield item
+            except Unauthenticated as e:
+                await abort_with(context, e)
 
         return stream
 

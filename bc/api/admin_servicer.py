@@ -494,6 +494,15 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
 
         return await self._call_as(context, go)
 
+    async def SetOperatorRole(
+        self, request: admin_pb2.SetOperatorRoleRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.OperatorInfo:
+        async def go(operator: str) -> admin_pb2.OperatorInfo:
+            row = await operators.set_role(self.store, self.bus, request.name, request.role, request.reason, operator)
+            return await queries.operator_info(self.store, row)
+
+        return await self._call_as(context, go)
+
     # -- the destructive-batch quorum --------------------------------------------------
 
     async def CreateBatch(

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol, TypeVar
 
 import grpc
 
 from bc.api import job_views
+from bc.api.admin_roles import OTHERS_NEED
 from bc.api.calls import AdminCalls
+from bc.control import operators
 from bc.control import queries as control_queries
 from bc.control.bus import Bus
 from bc.errors import BcError, Conflict
@@ -54,6 +56,7 @@ class JobRpcs(AdminCalls):
     store: Store
     bus: Bus
     jobs: JobEngine
+    _caller: Callable[[grpc.aio.ServicerContext, str, str], Awaitable[operators.Caller]]  # the role guard's check
 
     async def SubmitJob(
         self, request: admin_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
@@ -86,6 +89,10 @@ class JobRpcs(AdminCalls):
         self, request: admin_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.CancelJobResponse:
         async def go(operator: str) -> admin_pb2.CancelJobResponse:
+            owner = (await queries.get_dag(self.store, request.dag_id)).requested_by
+            if owner != operator:
+                need, what = OTHERS_NEED["CancelJob"]
+                await self._caller(context, need, f"{what} ({request.dag_id} was run by {owner})")
             cancelled = await self.jobs.cancel(request.dag_id, operator)
             info = job_views.job_info(await queries.get_dag(self.store, request.dag_id))
             return admin_pb2.CancelJobResponse(cancelled=cancelled, job=info)

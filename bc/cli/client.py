@@ -71,6 +71,7 @@ WRITE_CHECKS = {
     "WithdrawQuorumChange": "bc approve show CHANGE",
     "AddOperator": "bc operators list",
     "RevokeOperator": "bc operators list",
+    "SetOperatorRole": "bc operators list",
     "SubmitJob": "bc jobs list",
     "CancelJob": "bc jobs show DAG",
     "JobSlots": "bc jobs slots",
@@ -423,6 +424,10 @@ class AdminClient:
     async def revoke_operator(self, name: str, *, reason: str = "") -> admin_pb2.OperatorInfo:
         req = admin_pb2.RevokeOperatorRequest(name=name, reason=reason)
         return await self._unary("RevokeOperator", req, admin_pb2.OperatorInfo)
+
+    async def set_operator_role(self, name: str, role: str, *, reason: str = "") -> admin_pb2.OperatorInfo:
+        req = admin_pb2.SetOperatorRoleRequest(name=name, role=role, reason=reason)
+        return await self._unary("SetOperatorRole", req, admin_pb2.OperatorInfo)
 
     # -- jobs ----------------------------------------------------------------------------
 

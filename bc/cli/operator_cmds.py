@@ -18,7 +18,7 @@ from bc.cli.emit import emit
 from bc.cli.render import format_age, format_time_ms, render_table
 from bc.config import OperatorConfig, find_operator_config
 from bc.control.operators import DEFAULT_ROLE, ROLES
-from bc.errors import UsageError
+from bc.errors import BcError, UsageError
 from bc.pki import keys
 from bc.pki.identity import check_safe_name
 from bc.protocol.pb import admin_pb2
@@ -28,7 +28,7 @@ from bc.protocol.pb import admin_pb2
 @json_option
 @click.pass_context
 def operators(ctx: click.Context, as_json: bool) -> None:
-    """Operators and their roles (`bc operators list|add|revoke`): viewer < operator < admin."""
+    """Operators and their roles (`bc operators list|add|role|revoke`): viewer < operator < admin."""
     if ctx.invoked_subcommand is None:
         _show(call_admin(lambda c: c.list_operators()), as_json)
 
@@ -73,22 +73,26 @@ def operators_add(name: str, role: str, out: Path | None, as_json: bool) -> None
     """Add operator NAME with a role and write the client config to hand to that person."""
     check_safe_name("operator name", name)  # before it becomes part of a file name
     out = out or Path(f"{name}.bc-config.json")
-    if out.exists():
-        raise UsageError(f"{out} already exists; refusing to overwrite it (choose another --out)")
-    if not out.parent.is_dir():
-        raise UsageError(f"cannot write {out}: {out.parent} is not a directory")
-    server = find_operator_config().server
+    local = find_operator_config()
     key = keys.generate_key()
+    key_pem = keys.key_to_pem(key)
+    # The key reaches F before the server commits the operator: a file we cannot write (exists, no such
+    # directory, unwritable) stops here with nothing added, and no operator ever exists whose key is lost.
+    OperatorConfig.write_single(out, server=local.server, ca_pem=local.ca_pem, cert_pem=b"", key_pem=key_pem)
     pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    resp = call_admin(lambda c: c.add_operator(name, role, pub))
     try:
-        OperatorConfig.write_single(
-            out, server=server, ca_pem=resp.ca_pem, cert_pem=resp.cert_pem, key_pem=keys.key_to_pem(key)
+        resp = call_admin(lambda c: c.add_operator(name, role, pub))
+    except BaseException:
+        out.unlink(missing_ok=True)  # nothing was added: the key is for no one
+        raise
+    try:
+        OperatorConfig.replace_single(
+            out, server=local.server, ca_pem=resp.ca_pem, cert_pem=resp.cert_pem, key_pem=key_pem
         )
     except UsageError as e:
+        rolled_back = _roll_back(name)
         raise UsageError(
-            f"operator {name} was added but its config could not be written ({e.message}); its key is lost:"
-            f" bc operators revoke {name}, then add it under another name"
+            f"operator {name} was added but its config could not be completed ({e.message}); {rolled_back}"
         ) from None
     emit(
         as_json,
@@ -96,6 +100,15 @@ def operators_add(name: str, role: str, out: Path | None, as_json: bool) -> None
         f"operator {name} added as {role}; its client config is {out} (0600, it holds the private key)\n"
         f"hand it to {name} over a private channel; they run: BC_CONFIG={out} bc nodes",
     )
+
+
+def _roll_back(name: str) -> str:
+    """Revoke an operator whose config could not be written: nobody holds its certificate."""
+    try:
+        call_admin(lambda c: c.revoke_operator(name, reason="bc operators add could not write its config"))
+    except BcError as e:
+        return f"revoking it failed too ({e.message}): run bc operators revoke {name}"
+    return f"so it was revoked (a name is never reused): add {name} again under another name"
 
 
 @operators.command("revoke")
@@ -106,6 +119,18 @@ def operators_revoke(name: str, reason: str, as_json: bool) -> None:
     """Refuse every certificate of operator NAME from now on (the last admin cannot be revoked)."""
     info = call_admin(lambda c: c.revoke_operator(name, reason=reason))
     emit(as_json, info, f"operator {info.name} is revoked: every gateway refuses its certificates from now on")
+
+
+@operators.command("role")
+@click.argument("name")
+@click.argument("role", type=click.Choice(ROLES))
+@click.option("--reason", default="", help="Why: stored in the operator.role event.")
+@json_option
+def operators_role(name: str, role: str, reason: str, as_json: bool) -> None:
+    """Give operator NAME another ROLE; a lowered role also closes their open Watch, `events --follow`
+    and TUI streams (the last admin cannot be lowered)."""
+    info = call_admin(lambda c: c.set_operator_role(name, role, reason=reason))
+    emit(as_json, info, f"operator {info.name} now has the {info.role} role")
 
 
 COMMANDS: tuple[click.Command, ...] = (operators,)

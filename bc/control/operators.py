@@ -137,14 +137,44 @@ async def revoke(store: Store, bus: Bus | None, name: str, reason: str, by: str)
     return row
 
 
-async def _check_quorum_stays_live(tx: Tx, name: str) -> None:
+async def _check_quorum_stays_live(tx: Tx, name: str, action: str = "revoking them") -> None:
     """Conflict when `name` holds an approver key whose loss would leave fewer live approvers than k: with
     k = n that would lock the quorum for good (no batch, and no change, could gather its approvals)."""
     cur = await approvers.stored(tx)
     keys = approvers.approver_keys(cur.approvers)
-    why = liveness.refuse_revocation(name, keys, cur.threshold, await approvers.holders(tx))
+    why = liveness.refuse_revocation(name, keys, cur.threshold, await approvers.holders(tx), action)
     if why is not None:
         raise Conflict(why)
+
+
+async def set_role(store: Store, bus: Bus | None, name: str, role: str, reason: str, by: str) -> Row:
+    """Give `name` another role from its next call on; the last admin cannot be lowered.
+
+    A lowered role also ends the operator's open streams (the Admin guard checks them again on this
+    change's event), so nothing keeps showing them what the old role let them see.
+    """
+    check_role(role)
+    if len(reason) > MAX_REASON:
+        raise UsageError(f"the reason is longer than {MAX_REASON} characters")
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        row = await ops_sql.get(tx, name)
+        if row is None:
+            raise NotFound(f"no operator named {name!r}")
+        if row["revoked_at_ms"] is not None:
+            raise Conflict(f"operator {name} is revoked; a revoked operator gets no role")
+        old = str(row["role"])
+        if old == role:
+            raise Conflict(f"operator {name} already has the {role} role")
+        if old == "admin" and await ops_sql.live_admins(tx) <= 1:
+            raise Conflict(f"operator {name} is the last admin: make another admin first")
+        if role == "viewer":  # a viewer's approver key no longer counts: the quorum must stay reachable
+            await _check_quorum_stays_live(tx, name, "making them a viewer")
+        await ops_sql.set_role(tx, name, role)
+        await publish(tx, bus, "operator.role", name, {"from": old, "to": role, "reason": reason, "by": by}, now_ms)
+        row = await ops_sql.get(tx, name)
+    assert row is not None
+    return row
 
 
 async def list_all(store: Store) -> list[Row]:

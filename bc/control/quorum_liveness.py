@@ -105,9 +105,13 @@ def refuse_change(
 
 
 def refuse_revocation(
-    name: str, keys: Sequence[common_pb2.ApproverKey], k: int, holders: Mapping[str, Holder]
+    name: str,
+    keys: Sequence[common_pb2.ApproverKey],
+    k: int,
+    holders: Mapping[str, Holder],
+    action: str = "revoking them",
 ) -> str | None:
-    """Why revoking operator `name` would lock the quorum (None: it may go)."""
+    """Why revoking operator `name` (or making them a viewer: `action`) would lock the quorum (None: it may go)."""
     held = [a for a in keys if a.operator == name and is_live(a, holders)]
     if not held:
         return None
@@ -126,7 +130,7 @@ def refuse_revocation(
         else f"bc approvers remove {key_name}"
     )
     return (
-        f"operator {name} holds approver key {key_name}: revoking them would leave {live} live approver(s) for a"
+        f"operator {name} holds approver key {key_name}: {action} would leave {live} live approver(s) for a"
         f" threshold of {k}, and no batch or quorum change could pass again; first remove the key in a change"
-        f" that lowers k ({how}), then revoke"
+        f" that lowers k ({how}), then try again"
     )

@@ -54,3 +54,10 @@ async def revoke(tx: Tx, name: str, by: str, reason: str, now_ms: int) -> bool:
 async def live_admins(tx: Tx) -> int:
     v = await tx.fetchval("SELECT COUNT(*) FROM operators WHERE role = 'admin' AND revoked_at_ms IS NULL", {})
     return int(v or 0)
+
+
+async def set_role(tx: Tx, name: str, role: str) -> bool:
+    n = await tx.execute(
+        "UPDATE operators SET role = :r WHERE name = :n AND revoked_at_ms IS NULL", {"r": role, "n": name}
+    )
+    return n == 1

@@ -31,7 +31,7 @@ async def test_revoking_an_approver_with_k_equal_n_is_refused_unless_a_change_lo
         Conflict,
         match=r"operator approver2 holds approver key approver2: revoking them would leave 2 live approver\(s\)"
         r" for a threshold of 3, and no batch or quorum change could pass again; first remove the key in a"
-        r" change that lowers k \(bc approvers remove approver2 --threshold 2\), then revoke",
+        r" change that lowers k \(bc approvers remove approver2 --threshold 2\), then try again",
     ):
         await lab.admin.revoke_operator("approver2", reason="left the team")
     assert not {o.name: o for o in await lab.admin.list_operators()}["approver2"].revoked

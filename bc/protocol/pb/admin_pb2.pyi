@@ -920,6 +920,16 @@ class RevokeOperatorRequest(_message.Message):
     reason: str
     def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class SetOperatorRoleRequest(_message.Message):
+    __slots__ = ("name", "role", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class SubmitJobRequest(_message.Message):
     __slots__ = ("template", "nodes", "reason", "gpus", "max_parallel", "section", "section_json", "max_unavailable", "deadline_s")
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]

@@ -335,6 +335,11 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.ListReleasesRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.ListReleasesResponse.FromString,
                 _registered_method=True)
+        self.SetOperatorRole = channel.unary_unary(
+                '/bc.v1.Admin/SetOperatorRole',
+                request_serializer=bc_dot_v1_dot_admin__pb2.SetOperatorRoleRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.OperatorInfo.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -705,6 +710,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetOperatorRole(self, request, context):
+        """Change an operator's role (admin); a lowered role closes that operator's open streams.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1007,6 +1019,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListReleases,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.ListReleasesRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.ListReleasesResponse.SerializeToString,
+            ),
+            'SetOperatorRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetOperatorRole,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.SetOperatorRoleRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.OperatorInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2629,6 +2646,33 @@ class Admin:
             '/bc.v1.Admin/ListReleases',
             bc_dot_v1_dot_admin__pb2.ListReleasesRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.ListReleasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetOperatorRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/SetOperatorRole',
+            bc_dot_v1_dot_admin__pb2.SetOperatorRoleRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.OperatorInfo.FromString,
             options,
             channel_credentials,
             insecure,

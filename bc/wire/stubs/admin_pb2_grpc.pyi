@@ -97,6 +97,8 @@ class AdminStub:
     """Self-update (docs/self-update.md): release keys, signed release records, their status."""
     PublishRelease: _grpc.StreamUnaryMultiCallable[_admin_pb2.PublishReleaseChunk, _admin_pb2.ReleaseInfo]
     ListReleases: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListReleasesRequest, _admin_pb2.ListReleasesResponse]
+    SetOperatorRole: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetOperatorRoleRequest, _admin_pb2.OperatorInfo]
+    """Change an operator's role (admin); a lowered role closes that operator's open streams."""
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -166,6 +168,8 @@ class AdminAsyncStub(AdminStub):
     """Self-update (docs/self-update.md): release keys, signed release records, their status."""
     PublishRelease: _aio.StreamUnaryMultiCallable[_admin_pb2.PublishReleaseChunk, _admin_pb2.ReleaseInfo]  # type: ignore[assignment]
     ListReleases: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListReleasesRequest, _admin_pb2.ListReleasesResponse]  # type: ignore[assignment]
+    SetOperatorRole: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetOperatorRoleRequest, _admin_pb2.OperatorInfo]  # type: ignore[assignment]
+    """Change an operator's role (admin); a lowered role closes that operator's open streams."""
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -592,5 +596,13 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.ListReleasesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListReleasesResponse, _abc.Awaitable[_admin_pb2.ListReleasesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetOperatorRole(
+        self,
+        request: _admin_pb2.SetOperatorRoleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.OperatorInfo, _abc.Awaitable[_admin_pb2.OperatorInfo]]:
+        """Change an operator's role (admin); a lowered role closes that operator's open streams."""
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -217,9 +217,14 @@ def test_a_list_over_the_frame_leaves_out_the_oldest_ended_dags_first() -> None:
 
 
 def test_a_job_that_cordons_needs_admin_whatever_the_route() -> None:
-    assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="drain")) == ("operator", "running a job")
-    assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="cordon")) == ("admin", "cordoning a node")
-    assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="uncordon")) == ("admin", "uncordoning a node")
+    drain = ("admin", "running a drain job: cordoning a node")
+    assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="drain", nodes=["n1"])) == drain
+    reboot = ("operator", "running a job")
+    assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="reboot", nodes=["n1"])) == reboot
+    cordon = ("admin", "running a cordon job: cordoning a node")
+    assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="cordon")) == cordon
+    uncordon = ("admin", "running an uncordon job: uncordoning a node")
+    assert needed("SubmitJob", admin_pb2.SubmitJobRequest(template="uncordon", nodes=["n1"])) == uncordon
     assert needed("CordonNode", admin_pb2.CordonNodeRequest(node_id="n1")) == ("admin", "cordoning a node")
     assert needed("JobSlots")[0] == "admin" and needed("WatchJob")[0] == "viewer"
 
