@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bc.errors import UsageError
+from bc.local_files import read_local_file, read_local_text
 
 
 def default_data_dir() -> Path:
@@ -104,7 +105,7 @@ class OperatorConfig:
     @staticmethod
     def load(path: Path) -> OperatorConfig:
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(read_local_text(path, "the operator config"))  # bounded, a regular file
             base = path.parent
 
             def pem(name: str) -> bytes:
@@ -112,7 +113,7 @@ class OperatorConfig:
                 if value.lstrip().startswith("-----BEGIN "):
                     return value.encode()
                 p = Path(value)
-                return (p if p.is_absolute() else base / p).read_bytes()
+                return read_local_file(p if p.is_absolute() else base / p, f"the operator config's {name}")
 
             return OperatorConfig(
                 server=str(doc["server"]),

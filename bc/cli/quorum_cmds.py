@@ -35,6 +35,7 @@ from bc.cli.output import echo
 from bc.cli.render import cell, format_age, format_time_ms, parse_duration, render_fields, render_table
 from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
+from bc.local_files import read_local_file
 from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.pki import ssh as ssh_pki
@@ -58,7 +59,7 @@ def load_approver_key(path: Path) -> ed25519.Ed25519PrivateKey:
             f"the key file {path} can be read by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 {path}"
         )
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = serialization.load_pem_private_key(read_local_file(path, "the key file"), password=None)
     except (ValueError, TypeError):
         raise UsageError(f"{path} is not an unencrypted PEM private key") from None
     if not isinstance(key, ed25519.Ed25519PrivateKey):

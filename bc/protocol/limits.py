@@ -29,8 +29,9 @@ max_frame_bytes     4,128,768  any one frame written on a session            Hel
 grpc_message_bytes  4,194,304  gRPC's receive and send limit on every        max_frame_bytes + 64 KiB headroom,
                                channel (agent, gateway, Admin both ends)     which is gRPC's own default: an
                                                                              older peer accepts every frame
-max_status_bytes    2,048      the details of an error status (they travel   every Admin error, cut to fit: an
-                               in gRPC's trailing metadata, 8-16 KiB max)    echoed argument never makes exit 5
+max_status_bytes    1,024      the details of an error status (they travel   every Admin error, cut to fit: an
+                               in gRPC's trailing metadata, percent-encoded  echoed argument never makes exit 5
+                               up to 3x; gRPC's metadata limit is 8 KiB)
 max_local_file      16 MiB     a local file the CLI reads (@file payloads,   the CLI, before reading: exit 2;
                                operator configs, keys and certificates)      a FIFO or device is exit 2 at once
 ==================  =========  ============================================  ==================================
@@ -105,7 +106,7 @@ class Limits:
     max_batch_nodes: int = 10_000
     max_enqueue_cmds: int = 10_000
     max_frame_bytes: int = 4 * MIB - FRAME_HEADROOM_BYTES
-    max_status_bytes: int = 2 * KIB
+    max_status_bytes: int = 1 * KIB
     max_local_file: int = 16 * MIB
     # Numbers, times and names (issue 29): not bytes, the same table.
     max_gpus: int = 1024
