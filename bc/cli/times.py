@@ -28,7 +28,9 @@ from bc.errors import UsageError
 from bc.protocol.limits import LIMITS
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION = re.compile(r"(?:\d{1,12}(?:ms|s|m|h|d))+")
+_DURATION = re.compile(r"(?:\d+(?:ms|s|m|h|d))+")
+MAX_TEXT = 64
+"""Longer than any time or duration anyone types: refused before a regex or int() sees it."""
 _PART = re.compile(r"(\d+)(ms|s|m|h|d)")
 _CLOCK = re.compile(r"(\d{1,2}):(\d{2})")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -47,7 +49,7 @@ class Toward(Enum):
 def duration_ms(text: str, *, what: str = "duration") -> int:
     """'12h', '90m', '1h30m', '45s', '2d', '250ms' to milliseconds (> 0, at most `max_duration_ms`)."""
     s = re.sub(r"\s+", "", text.strip().lower())
-    if not _DURATION.fullmatch(s):
+    if len(s) > MAX_TEXT or not _DURATION.fullmatch(s):
         raise UsageError(f"the {what} {text!r} is not a duration; write it like 12h, 90m or 1h30m")
     ms = sum(int(n) * _UNITS_MS[u] for n, u in _PART.findall(s))
     if ms <= 0:
@@ -61,6 +63,8 @@ def duration_ms(text: str, *, what: str = "duration") -> int:
 def parse_instant(text: str, now: datetime, *, toward: Toward = Toward.AHEAD, what: str = "time") -> int:
     """`text` as epoch milliseconds, read against `now` (aware); a UsageError naming `what` otherwise."""
     t = text.strip()
+    if len(t) > MAX_TEXT:
+        raise UsageError(f"the {what} is {len(t):,} characters long; write {FORMS}")
     low = t.lower()
     now_ms = _ms(now)
     if low == "now":

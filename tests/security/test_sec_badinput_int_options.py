@@ -1,0 +1,51 @@
+"""Attack: integer options past what the wire can carry (`--cpus 2147483648` overflowed the protobuf
+int32 and exited 1 with a ValueError) or what a fleet can have. Each is exit 2 naming the option and its
+range, from the CLI and from the Admin API alike (the same limits table), and nothing is stored."""
+
+from __future__ import annotations
+
+import pytest
+
+from bc.cli.client import AdminClient
+from bc.config import OperatorConfig
+from bc.errors import UsageError
+from bc.protocol.limits import LIMITS
+from tests.integration.test_cli_cmd import Lab, bc, lab, ok_json
+
+__all__ = ["lab"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "bound"),
+    [
+        ("--cpus", "2147483648", f"{LIMITS.max_cpus}"),
+        ("--cpus", "9223372036854775808", f"{LIMITS.max_cpus}"),
+        ("--hugepages-1g", "2147483648", f"{LIMITS.max_hugepages_1g}"),
+        ("--gpus", "2147483648", f"{LIMITS.max_gpus}"),
+        ("--memory", "99999999999T", "max_memory_bytes"),
+    ],
+)
+def test_an_integer_option_out_of_range_is_exit_2_naming_it(lab: Lab, option: str, value: str, bound: str) -> None:
+    args = ["reserve", "--gpus", "1", option, value] if option != "--gpus" else ["reserve", "--gpus", value]
+    r = bc(*args)
+    assert r.exit_code == 2, r.output
+    assert option in r.stderr and bound in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert ok_json("reservations", "--all") == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "limit"),
+    [
+        ("cpus", 2**31 - 1, "max_cpus"),
+        ("hugepages_1g", 2**31 - 1, "max_hugepages_1g"),
+        ("memory_bytes", 2**63 - 1, "max_memory_bytes"),
+    ],
+)
+def test_the_admin_api_checks_the_same_table(lab: Lab, field: str, value: int, limit: str) -> None:
+    async def call() -> None:
+        async with AdminClient(OperatorConfig.load(lab.server.operator_config)) as c:  # type: ignore[arg-type]
+            await c.reserve(1, **{field: value})  # type: ignore[arg-type]
+
+    with pytest.raises(UsageError) as refused:
+        lab.run(call())
+    assert limit in refused.value.message
