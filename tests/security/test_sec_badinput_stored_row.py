@@ -35,6 +35,9 @@ async def placed_next_to(tmp: Path, rid: str, **values: object) -> tuple[str, st
     normal reservation's state, and the subjects of `reservation.set-aside` events. None: the store's own
     CHECK constraints refuse such a row, so no pass can ever meet it."""
     async with fleet_store(tmp / "bc.db", virtual_clock()) as (store, bus):
+        start_in = values.pop("start_in_ms", None)  # a window that starts that long after the store's now
+        if isinstance(start_in, int):
+            values["start_ms"] = await store.now_ms() + start_in
         try:
             await store_pending_row(store, rid, **values)
         except StoreError:
@@ -56,7 +59,7 @@ def run(coro: object) -> object:
 def test_the_huge_duration_row_is_set_aside_and_the_rest_is_placed(tmp_path: Path) -> None:
     # `--duration 106751991167d` starting in an hour: its end does not fit an int64.
     state, reason, (normal, *aside) = run(  # type: ignore[misc]
-        placed_next_to(tmp_path, "res-huge", start_ms=3_600_000, duration_ms=106751991167 * DAY_MS)
+        placed_next_to(tmp_path, "res-huge", start_in_ms=3_600_000, duration_ms=106751991167 * DAY_MS)
     )
     assert normal == "placed", "one bad row still stops the fleet's placement"
     assert (state, aside) == ("failed", ["res-huge"])
