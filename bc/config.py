@@ -104,8 +104,9 @@ class OperatorConfig:
 
     @staticmethod
     def load(path: Path) -> OperatorConfig:
+        text = read_local_text(path, "the operator config")  # bounded, a regular file: exit 2 at once otherwise
         try:
-            doc = json.loads(read_local_text(path, "the operator config"))  # bounded, a regular file
+            doc = json.loads(text)
             base = path.parent
 
             def pem(name: str) -> bytes:
@@ -113,7 +114,7 @@ class OperatorConfig:
                 if value.lstrip().startswith("-----BEGIN "):
                     return value.encode()
                 p = Path(value)
-                return read_local_file(p if p.is_absolute() else base / p, f"the operator config's {name}")
+                return read_local_file(p if p.is_absolute() else base / p, name)
 
             return OperatorConfig(
                 server=str(doc["server"]),
@@ -125,6 +126,8 @@ class OperatorConfig:
             )
         except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
             raise UsageError(f"the operator config {path} is unreadable: {e}") from None
+        except UsageError as e:  # a PEM file it names that is not a bounded regular file
+            raise UsageError(f"the operator config {path} is unreadable: {e.message}") from None
 
 
 def operator_config_candidates() -> list[Path]:
