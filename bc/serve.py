@@ -237,7 +237,6 @@ class Server:
         except BaseException:
             self.data_dir_lock.release()
             raise
-        self.data_dir_lock.started()
 
     async def _start(self) -> None:
         data_dir = self.opts.data_dir

@@ -53,7 +53,7 @@ def duration_ms(text: str, *, what: str = "duration") -> int:
         raise UsageError(f"the {what} {text!r} is not a duration; write it like 12h, 90m or 1h30m")
     ms = sum(int(n) * _UNITS_MS[u] for n, u in _PART.findall(s))
     if ms <= 0:
-        raise UsageError(f"the {what} {text!r} must be longer than zero")
+        raise UsageError(f"a duration must be positive: the {what} is {text!r}")
     if ms > LIMITS.max_duration_ms:
         days = LIMITS.max_duration_ms // 86_400_000
         raise UsageError(f"the {what} {text!r} is longer than {days} days ({days}d, max_duration_ms)")
