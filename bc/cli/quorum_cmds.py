@@ -33,6 +33,7 @@ from bc.cli.client import AdminClient
 from bc.cli.emit import emit
 from bc.cli.output import echo
 from bc.cli.render import cell, format_age, format_time_ms, parse_duration, render_fields, render_table
+from bc.control.approvers import MAX_ALLOWANCE, MAX_THRESHOLD
 from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
 from bc.local_files import read_local_file
@@ -372,7 +373,7 @@ def approvers_remove(name: str, root_key: Path | None, as_json: bool) -> None:
 
 
 @approvers.command("threshold")
-@click.argument("k", type=int)
+@click.argument("k", type=click.IntRange(1, MAX_THRESHOLD))  # bounded before the wire's int32 (issue 29)
 @ROOT_KEY_OPTION
 @json_option
 def approvers_threshold(k: int, root_key: Path | None, as_json: bool) -> None:
@@ -385,7 +386,7 @@ def approvers_threshold(k: int, root_key: Path | None, as_json: bool) -> None:
 
 
 @approvers.command("allowance")
-@click.argument("per_hour", type=int)
+@click.argument("per_hour", type=click.IntRange(0, MAX_ALLOWANCE))
 @ROOT_KEY_OPTION
 @json_option
 def approvers_allowance(per_hour: int, root_key: Path | None, as_json: bool) -> None:

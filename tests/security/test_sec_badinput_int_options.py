@@ -48,3 +48,13 @@ def test_the_admin_api_checks_the_same_table(lab: Lab, field: str, value: int, l
     with pytest.raises(UsageError) as refused:
         lab.run(call())
     assert limit in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("args", "bound"),
+    [(("approvers", "threshold", "2147483648"), "100"), (("approvers", "allowance", "2147483648"), "1000")],
+)
+def test_quorum_numbers_past_the_wire_are_exit_2_naming_the_range(lab: Lab, args: tuple[str, ...], bound: str) -> None:
+    r = bc(*args)
+    assert r.exit_code == 2, r.output
+    assert bound in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
