@@ -331,11 +331,7 @@ def read_json_object(what: str, value: str) -> str:
         path = value[1:]
         try:
             # A file is bounded and must be regular (a FIFO or /dev/zero is exit 2 at once); stdin too is bounded.
-            raw = (
-                sys.stdin.buffer.read(LIMITS.max_local_file + 1)
-                if path == "-"
-                else read_local_file(path, f"the file for {what}")
-            )
+            raw = sys.stdin.buffer.read(LIMITS.max_local_file + 1) if path == "-" else read_local_file(path, what)
         except OSError as e:
             raise UsageError(f"cannot read {what} from {path}: {e.strerror or e}") from None
         if len(raw) > LIMITS.max_local_file:
