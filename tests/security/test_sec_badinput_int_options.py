@@ -1,14 +1,20 @@
 """Attack: integer options past what the wire can carry (`--cpus 2147483648` overflowed the protobuf
-int32 and exited 1 with a ValueError) or what a fleet can have. Each is exit 2 naming the option and its
-range, from the CLI and from the Admin API alike (the same limits table), and nothing is stored."""
+int32 and exited 1 with a ValueError) or what a fleet can have, and seconds that are not finite. Each is
+exit 2 naming the option and its range, from the CLI and from the Admin API alike (the same limits
+table), and nothing is stored."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from bc.cli.client import AdminClient
 from bc.config import OperatorConfig
 from bc.errors import UsageError
+from tests.e2e.harness import bc_executable, free_port
 from tests.integration.test_cli_cmd import Lab, bc, lab, ok_json
 
 __all__ = ["lab"]
@@ -58,3 +64,22 @@ def test_quorum_numbers_past_the_wire_are_exit_2_naming_the_range(lab: Lab, args
     r = bc(*args)
     assert r.exit_code == 2, r.output
     assert bound in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e400", "-0"])
+def test_seconds_that_are_not_finite_are_exit_2_before_bc_serve_starts(tmp_path: Path, value: str) -> None:
+    """`click.FloatRange` let `nan` through (it compares false with every bound): `bc serve
+    --heartbeat-interval nan` started a server whose timers never fired."""
+    data_dir = tmp_path / "server"
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "BC_DATA_DIR": str(data_dir)}
+    argv = ["serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}"]
+    r = subprocess.run(
+        [bc_executable(), *argv, "--heartbeat-interval", value],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == 2 and "--heartbeat-interval" in r.stderr, (r.returncode, r.stderr[-800:])
+    assert not data_dir.exists(), "bc serve started"
