@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bc.errors import UsageError
+from bc.local_files import read_local_file, read_local_text
 
 
 def default_data_dir() -> Path:
@@ -121,8 +122,9 @@ class OperatorConfig:
 
     @staticmethod
     def load(path: Path) -> OperatorConfig:
+        text = read_local_text(path, "the operator config")  # bounded, a regular file: exit 2 at once otherwise
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(text)
             base = path.parent
 
             def pem(name: str) -> bytes:
@@ -130,7 +132,7 @@ class OperatorConfig:
                 if value.lstrip().startswith("-----BEGIN "):
                     return value.encode()
                 p = Path(value)
-                return (p if p.is_absolute() else base / p).read_bytes()
+                return read_local_file(p if p.is_absolute() else base / p, name)
 
             return OperatorConfig(
                 server=str(doc["server"]),
@@ -142,6 +144,8 @@ class OperatorConfig:
             )
         except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
             raise UsageError(f"the operator config {path} is unreadable: {e}") from None
+        except UsageError as e:  # a PEM file it names that is not a bounded regular file
+            raise UsageError(f"the operator config {path} is unreadable: {e.message}") from None
 
 
 def operator_config_candidates() -> list[Path]:

@@ -71,6 +71,7 @@ from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256
 from bc.pki.serving import SERVING_CERT_TTL_S
 from bc.pki.signing import ROOT_KEY, SIGNING_DIR, WORKER_ROTATE_BEFORE_S, SigningKeys
 from bc.protocol.limits import LIMITS
+from bc.serve_lock import DataDirLock
 from bc.serve_roles import ROLES, KeyPlan
 from bc.serve_worker_keys import worker_signer
 from bc.store import Store, StoreError, leases, open_store
@@ -224,10 +225,21 @@ class Server:
         self.serving_key_pem = b""
         self.serving_chain = b""
         self.join_proxy: JoinProxy | None = None  # a gateway without the api role: Join and Renew, forwarded to an api
+        self.data_dir_lock: DataDirLock | None = None  # held from start to stop: one bc serve per data dir
 
     async def start(self) -> None:
+        """Start every role; a second bc serve on this data dir is refused first (`bc.serve_lock`, exit 4)."""
+        self.opts.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.data_dir_lock = DataDirLock(self.opts.data_dir)
+        self.data_dir_lock.acquire()
+        try:
+            await self._start()
+        except BaseException:
+            self.data_dir_lock.release()
+            raise
+
+    async def _start(self) -> None:
         data_dir = self.opts.data_dir
-        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         host, port = _host_port(self.opts.listen)
         roles = self.opts.roles
         self.store = await open_store(self.opts.store or str(data_dir / "bc.db"), self.clock)
@@ -647,6 +659,8 @@ class Server:
                     for name in (JOBS_LEASE, SWEEPER_LEASE, PLACEMENT_LEASE, LIVENESS_LEASE):
                         await leases.release(tx, name, self.worker_id)
             await self.store.close()
+        if self.data_dir_lock is not None:
+            self.data_dir_lock.release()
 
 
 async def run_serve(opts: ServeOptions) -> None:

@@ -38,7 +38,9 @@ from bc.cli.render import (
 )
 from bc.config import default_data_dir
 from bc.errors import UsageError
+from bc.local_files import read_local_file
 from bc.protocol import labels as node_labels
+from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2, common_pb2
 from bc.protocol.sections import SECTIONS
 
@@ -328,9 +330,12 @@ def read_json_object(what: str, value: str) -> str:
     if value.startswith("@"):
         path = value[1:]
         try:
-            raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+            # A file is bounded and must be regular (a FIFO or /dev/zero is exit 2 at once); stdin too is bounded.
+            raw = sys.stdin.buffer.read(LIMITS.max_local_file + 1) if path == "-" else read_local_file(path, what)
         except OSError as e:
             raise UsageError(f"cannot read {what} from {path}: {e.strerror or e}") from None
+        if len(raw) > LIMITS.max_local_file:
+            raise UsageError(f"{what} on stdin is over {LIMITS.max_local_file:,} bytes (max_local_file)")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:

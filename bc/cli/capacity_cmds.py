@@ -11,20 +11,22 @@ from __future__ import annotations
 import csv
 import io
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import click
 
+from bc.cli import times
 from bc.cli.admin_cmds import call_admin, json_option
 from bc.cli.client import AdminClient
+from bc.cli.csv_cells import csv_row
 from bc.cli.emit import emit
 from bc.cli.output import echo
 from bc.cli.render import format_age, render_table
 from bc.clock import SystemClock
 from bc.errors import UsageError
+from bc.protocol.limits import LIMITS, check_name, check_range
 from bc.protocol.pb import admin_pb2
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _SIZES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 SETTLED = ("active", "failed", "ended", "released", "lost")
 
@@ -35,41 +37,30 @@ def _local_now() -> datetime:
 
 
 def parse_duration(text: str) -> int:
-    """'12h', '90m', '1h30m', '45s', '2d' -> milliseconds."""
-    parts = re.findall(r"(\d+)\s*(ms|s|m|h|d)", text.strip().lower())
-    if not parts or "".join(f"{n}{u}" for n, u in parts) != re.sub(r"\s+", "", text.strip().lower()):
-        raise UsageError(f"{text!r} is not a duration; write it like 12h, 90m or 1h30m")
-    return sum(int(n) * _UNITS_MS[u] for n, u in parts)
+    """'12h', '90m', '1h30m', '45s', '2d' -> milliseconds, at most `max_duration_ms` (`bc.cli.times`)."""
+    return times.duration_ms(text, what="--duration")
 
 
 def parse_size(text: str) -> int:
-    """'128G', '512M', '1T', '1073741824' -> bytes (binary units)."""
-    m = re.fullmatch(r"(\d+)\s*([bkmgt]?)(?:i?b)?", text.strip().lower())
+    """'128G', '512M', '1T', '1073741824' -> bytes (binary units), at most `max_memory_bytes`."""
+    m = re.fullmatch(r"(\d{1,20})\s*([bkmgt]?)(?:i?b)?", text.strip().lower())
     if m is None:
         raise UsageError(f"{text!r} is not a size; write it like 128G or 512M")
-    return int(m.group(1)) * _SIZES[m.group(2)]
+    size = int(m.group(1)) * _SIZES[m.group(2)]
+    check_range("--memory (bytes)", size, 0, "max_memory_bytes")
+    return size
 
 
-def parse_time(text: str, now: datetime | None = None) -> int:
-    """'20:00' (the next 20:00 local), an ISO time with a zone as written, or one without (local) -> epoch ms."""
-    now = now or _local_now()
-    t = text.strip()
-    m = re.fullmatch(r"(\d{1,2}):(\d{2})", t)
-    if m is not None:
-        hour, minute = int(m.group(1)), int(m.group(2))
-        if hour > 23 or minute > 59:
-            raise UsageError(f"{text!r} is not a time of day")
-        at = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
-        if at <= now:
-            at += timedelta(days=1)
-        return int(at.timestamp() * 1000)
-    try:
-        at = datetime.fromisoformat(t.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"{text!r} is not a time; write 20:00 or 2026-12-02T20:00Z") from None
-    if at.tzinfo is None:
-        at = at.astimezone()  # local time, as written
-    return int(at.timestamp() * 1000)
+def parse_time(text: str, now: datetime | None = None, *, what: str = "--start") -> int:
+    """A time ahead (`--start`, a window's `--until`) -> epoch ms: `bc.cli.times` reads every form."""
+    return times.parse_instant(text, now or _local_now(), toward=times.Toward.AHEAD, what=what)
+
+
+def say_when(option: str, text: str, at_ms: int, now: datetime | None = None) -> None:
+    """A time that lands on another day is printed (stderr) with its date and how far away it is (issue 30)."""
+    where = times.lands_elsewhere(at_ms, now or _local_now())
+    if where is not None:
+        echo(f"note: {option} {text} is {where}", err=True)
 
 
 def parse_selector(items: tuple[str, ...]) -> dict[str, str]:
@@ -128,17 +119,27 @@ async def _wait(c: AdminClient, first: admin_pb2.Reservation, *, quiet: bool) ->
 
 
 @click.command("reserve")
-@click.option("--gpus", type=click.IntRange(min=1, max=1024), required=True, help="How many devices to book.")
+@click.option(
+    "--gpus", type=click.IntRange(min=1, max=LIMITS.max_gpus), required=True, help="How many devices to book."
+)
 @click.option("--node", "node_id", default="", help="The node to book on (default: any with free capacity).")
 @click.option(
     "--class", "device_class", type=click.Choice(["gpu", "gpu.mig", "gpu.slot"]), default="gpu", show_default=True
 )
-@click.option("--start", default="", help="When the window starts: 20:00 (next, local) or 2026-12-02T20:00Z.")
+@click.option("--start", default="", help="When the window starts: now, +10m, 20:00 (next, local), 2026-12-02T20:00Z.")
 @click.option("--duration", default="", help="How long it lasts: 12h, 90m, 1h30m (default: until released).")
 @click.option("--until", "until", default="", help="When the window ends (instead of --duration).")
-@click.option("--cpus", type=click.IntRange(min=0), default=0, help="CPUs to book next to the GPUs.")
+@click.option(
+    "--cpus", type=click.IntRange(min=0, max=LIMITS.max_cpus), default=0, help="CPUs to book next to the GPUs."
+)
 @click.option("--memory", default="", help="Memory to book next to the GPUs: 128G, 512M.")
-@click.option("--hugepages-1g", "hugepages_1g", type=click.IntRange(min=0), default=0, help="1 GiB huge pages.")
+@click.option(
+    "--hugepages-1g",
+    "hugepages_1g",
+    type=click.IntRange(min=0, max=LIMITS.max_hugepages_1g),
+    default=0,
+    help="1 GiB huge pages.",
+)
 @click.option("--binding", type=click.Choice(["hold", "kubernetes"]), default="hold", show_default=True)
 @click.option("--tenant", default="", help="Who the reservation is for (billing).")
 @click.option("--selector", multiple=True, help="Node labels it needs: pool=a100 (repeat or comma-separate).")
@@ -163,13 +164,18 @@ def reserve(
     """Book GPUs (a window, host resources); prints the reservation: placed, or pending with its reason."""
     if duration and until:
         raise UsageError("give --duration or --until, not both")
-    start_ms = parse_time(start) if start else 0
-    end_ms = parse_time(until) if until else 0
+    now = _local_now()
+    start_ms = parse_time(start, now) if start else 0
+    end_ms = parse_time(until, now, what="--until") if until else 0
     duration_ms = parse_duration(duration) if duration else 0
     if duration and duration_ms <= 0:
         raise UsageError("a duration must be positive")
     memory_bytes = parse_size(memory) if memory else 0
     labels = parse_selector(selector)
+    check_name("--tenant", tenant)
+    for option, text, at in (("--start", start, start_ms), ("--until", until, end_ms)):
+        if text:
+            say_when(option, text, at, now)
 
     async def go(c: AdminClient) -> admin_pb2.Reservation:
         r = await c.reserve(
@@ -290,8 +296,8 @@ def capacity_explain(reservation_id: str, as_json: bool) -> None:
 
 
 @click.command("usage")
-@click.option("--since", default="", help="From this time (20:00, 2026-12-01T00:00Z).")
-@click.option("--until", "until", default="", help="Up to this time (default: now).")
+@click.option("--since", default="", help="From this time: 1h (ago), -1h, 20:00 (the last), 2026-12-01.")
+@click.option("--until", "until", default="", help="Up to this time (default: now), read as --since is.")
 @click.option("--by", type=click.Choice(["reservation", "tenant", "node"]), default="reservation", show_default=True)
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
 @json_option
@@ -300,14 +306,14 @@ def usage(since: str, until: str, by: str, as_csv: bool, as_json: bool) -> None:
     if as_csv and as_json:
         raise UsageError("give --json or --csv, not both")
     since_ms = _past(since) if since else 0
-    until_ms = _past(until) if until else 0
+    until_ms = _past(until, "--until") if until else 0
     resp = call_admin(lambda c: c.usage(since_ms=since_ms, until_ms=until_ms, by=by))
     rows = [(r.key, r.atom_ms, r.atom_seconds, r.windows) for r in resp.rows]
     if as_csv:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow([by, "atom_seconds", "windows"])
-        w.writerows([k, f"{s:.3f}", n] for k, _, s, n in rows)
+        w.writerows(csv_row([k, f"{s:.3f}", n]) for k, _, s, n in rows)  # never a formula in a spreadsheet
         echo(buf.getvalue(), nl=False)
         return
     emit(
@@ -318,12 +324,9 @@ def usage(since: str, until: str, by: str, as_csv: bool, as_json: bool) -> None:
     )
 
 
-def _past(text: str) -> int:
-    """A time for --since/--until: a bare 20:00 is the last one, not the next."""
-    ms = parse_time(text)
-    if re.fullmatch(r"\d{1,2}:\d{2}", text.strip()) and ms > _local_now().timestamp() * 1000:
-        ms -= 86_400_000
-    return ms
+def _past(text: str, what: str = "--since") -> int:
+    """A time for --since/--until: a bare 20:00 is the last one, a bare 1h is an hour ago (`bc.cli.times`)."""
+    return times.parse_instant(text, _local_now(), toward=times.Toward.BEHIND, what=what)
 
 
 COMMANDS: tuple[click.Command, ...] = (reserve, reservations, reservation, capacity, usage)

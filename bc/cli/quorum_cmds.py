@@ -33,8 +33,10 @@ from bc.cli.client import AdminClient
 from bc.cli.emit import emit
 from bc.cli.output import echo
 from bc.cli.render import cell, format_age, format_time_ms, parse_duration, render_fields, render_table
+from bc.control.approvers import MAX_ALLOWANCE, MAX_THRESHOLD
 from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
+from bc.local_files import read_local_file
 from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.pki import ssh as ssh_pki
@@ -58,7 +60,7 @@ def load_approver_key(path: Path) -> ed25519.Ed25519PrivateKey:
             f"the key file {path} can be read by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 {path}"
         )
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = serialization.load_pem_private_key(read_local_file(path, "the key file"), password=None)
     except (ValueError, TypeError):
         raise UsageError(f"{path} is not an unencrypted PEM private key") from None
     if not isinstance(key, ed25519.Ed25519PrivateKey):
@@ -392,7 +394,7 @@ def approvers_withdraw(change_id: str, as_json: bool) -> None:
 
 
 @approvers.command("threshold")
-@click.argument("k", type=int)
+@click.argument("k", type=click.IntRange(1, MAX_THRESHOLD))  # bounded before the wire's int32 (issue 29)
 @ROOT_KEY_OPTION
 @json_option
 def approvers_threshold(k: int, root_key: Path | None, as_json: bool) -> None:
@@ -405,7 +407,7 @@ def approvers_threshold(k: int, root_key: Path | None, as_json: bool) -> None:
 
 
 @approvers.command("allowance")
-@click.argument("per_hour", type=int)
+@click.argument("per_hour", type=click.IntRange(0, MAX_ALLOWANCE))
 @ROOT_KEY_OPTION
 @json_option
 def approvers_allowance(per_hour: int, root_key: Path | None, as_json: bool) -> None:

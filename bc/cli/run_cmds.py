@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from bc.cli.bounded import DAY_S, Seconds
 from bc.cli.emit import emit
 from bc.cli.render import with_progress
 from bc.config import default_data_dir
@@ -52,9 +53,9 @@ _DIR = click.Path(file_okay=False, path_type=Path)
     metavar="HOST",
     help="A name or address nodes use to reach this server (repeatable; goes in its certificate).",
 )
-@click.option("--heartbeat-interval", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
-@click.option("--lease-ttl", type=click.FloatRange(min=0, min_open=True), default=40.0, show_default=True)
-@click.option("--unreachable-grace", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True)
+@click.option("--heartbeat-interval", type=Seconds(0, 3600, low_open=True), default=10.0, show_default=True)
+@click.option("--lease-ttl", type=Seconds(0, DAY_S, low_open=True), default=40.0, show_default=True)
+@click.option("--unreachable-grace", type=Seconds(0, 7 * DAY_S, low_open=True), default=120.0, show_default=True)
 @click.option(
     "--command-signing",
     type=click.Choice(["on", "off"]),
@@ -71,8 +72,8 @@ _DIR = click.Path(file_okay=False, path_type=Path)
     " the store lists).",
 )
 # Hidden: keyless gateways' serving certificates (30 days), and how long such a gateway waits for its first.
-@click.option("--serving-cert-ttl", type=click.IntRange(min=60), default=30 * 24 * 3600, hidden=True)
-@click.option("--serving-cert-wait", type=click.FloatRange(min=1), default=120.0, hidden=True)
+@click.option("--serving-cert-ttl", type=click.IntRange(min=60, max=3650 * 86400), default=30 * 24 * 3600, hidden=True)
+@click.option("--serving-cert-wait", type=Seconds(1, DAY_S), default=120.0, hidden=True)
 @click.option("--otlp-endpoint", metavar="URL", default=None, help="Export this server's metrics over OTLP there.")
 @click.option(
     "--otlp-protocol",
@@ -246,7 +247,7 @@ def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_jso
 @click.option("--env-dir", type=_DIR, default=None, help="Where per-reservation environment files go.")
 @click.option(
     "--heartbeat-interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(0, 3600, low_open=True),
     default=None,
     help="Seconds between heartbeats (default: what the server says).",
 )
@@ -297,19 +298,19 @@ def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_jso
 @click.option(
     "--upgrade-confirm",
     "upgrade_confirm_s",
-    type=click.FloatRange(min=1),
+    type=Seconds(1, DAY_S),
     default=120.0,
     show_default=True,
     help="Seconds a self-updated binary has to get its first Welcome before it is rolled back.",
 )
 @click.option(
     "--download-min-bytes",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=1 << 40),
     default=1 << 20,
     show_default=True,
     help="A release download moving fewer bytes than this in --download-window ends.",
 )
-@click.option("--download-window", "download_window_s", type=click.FloatRange(min=1), default=120.0, show_default=True)
+@click.option("--download-window", "download_window_s", type=Seconds(1, DAY_S), default=120.0, show_default=True)
 def node(
     data_dir: Path,
     fake_hw: str | None,

@@ -30,6 +30,7 @@ from bc.cli.output import echo
 from bc.cli.render import cell, format_time_ms, parse_duration, render_fields, render_table
 from bc.control.ssh import DEFAULT_TTL_S, MAX_TTL_S
 from bc.errors import Conflict, UsageError
+from bc.local_files import read_local_text
 from bc.pki import ssh as ssh_pki
 from bc.pki.secrets_source import SystemSecrets, ed25519_key
 from bc.protocol import ssh_lines
@@ -137,7 +138,7 @@ def ca_show(as_json: bool) -> None:
 def read_pubkey(path: Path) -> str:
     """The file's text, checked to be exactly one SSH public key (one sentence otherwise)."""
     try:
-        text = path.read_text()
+        text = read_local_text(path, "the public key file")
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read the public key file {path}: {getattr(e, 'strerror', None) or e}") from None
     ssh_pki.parse_public_key(text, f"the public key file {path}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -21,6 +21,9 @@ from bc.cli.emit import emit
 from bc.cli.render import render_table
 from bc.config import default_data_dir
 from bc.errors import Conflict, Unavailable, UsageError
+
+if TYPE_CHECKING:
+    from bc.store import Store
 
 T = TypeVar("T")
 
@@ -48,6 +51,30 @@ def _existing(url: str) -> str:
     if not path.is_file():
         raise UsageError(f"no store file at {path}")
     return url
+
+
+async def _open_source(url: str) -> Store:
+    """`bc store copy`'s source, read-only: never created, initialised, migrated or chmodded. An SQLite file
+    that is not a bc store (corrupt, or another program's) is a UsageError naming it, before the target is
+    opened, so a refused copy creates nothing."""
+    from bc.store import StoreError, open_store
+    from bc.store.copy import schema_version
+
+    sqlite = not url.startswith(("postgres://", "postgresql://"))
+    try:
+        src = await open_store(url, migrate=False, read_only=True)
+    except StoreError as e:
+        if sqlite:
+            raise UsageError(f"the source {url} cannot be read as a store: {e}") from None
+        raise
+    try:
+        await schema_version(src)
+    except StoreError as e:
+        await src.close()
+        if sqlite:
+            raise UsageError(f"the source {url} is not a bc store: {e}") from None
+        raise
+    return src
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -160,7 +187,7 @@ def copy_cmd(src_url: str, dst_url: str, as_json: bool) -> None:
         from bc.store import open_store
         from bc.store.copy import copy_store
 
-        src = await open_store(src_url, migrate=False)
+        src = await _open_source(src_url)
         try:
             dst = await open_store(dst_url)
             try:

@@ -57,6 +57,7 @@ from bc.control.placement_plan import (
     Wait,
     plan,
 )
+from bc.control.placement_rows import SET_ASIDE, SetAside, admit
 from bc.control.signer import Signer
 from bc.control.specs import write_spec
 from bc.control.usage_windows import HOUR_MS, Span, windows_to_flush
@@ -361,6 +362,7 @@ class Facts:
     bookings: list[Booking]
     pending: list[Request]
     reasons: dict[str, str]  # each pending reservation's stored wait reason
+    set_aside: tuple[SetAside, ...] = ()  # pending rows out of the limits' bounds: never planned (issue 29)
 
 
 async def load_facts(tx: Tx) -> Facts:
@@ -368,13 +370,15 @@ async def load_facts(tx: Tx) -> Facts:
     rows = [r for r in await nodes_sql.placement_facts(tx) if str(r["role"]) == "node"]
     booking_rows = await cap_sql.live_bookings(tx)
     pending_rows = await cap_sql.pending_unbooked(tx)
+    pending, set_aside = admit(pending_rows, request_of)
     return Facts(
         nodes=[node_info(r, extras.get(str(r["node_id"]))) for r in rows],
         inventories={str(r["node_id"]): _parsed(str(r["inventory"] or "{}"))[0] for r in rows},
         booking_rows=booking_rows,
         bookings=bookings_of(booking_rows),
-        pending=[request_of(r) for r in pending_rows],
+        pending=pending,
         reasons={str(r["id"]): str(r["reason"] or "") for r in pending_rows},
+        set_aside=tuple(set_aside),
     )
 
 
@@ -452,6 +456,7 @@ class PlacementPass:
         lock = self.store.for_update()
         await cap_sql.lock_pass(tx, self.store.dialect)
         facts = await load_facts(tx)
+        await self._set_aside(tx, facts.set_aside, now_ms)
         bookings, pending, inventories = facts.bookings, facts.pending, facts.inventories
         state_of = {str(r["reservation_id"]): (str(r["state"]), str(r["allocation_id"])) for r in facts.booking_rows}
         p = self.planner(facts.nodes, bookings, pending, now_ms)
@@ -480,6 +485,19 @@ class PlacementPass:
         cut = await self.flush(tx, now_ms)
         self.next_wake_ms = min((t for t in (p.next_wake_ms, cut) if t is not None), default=None)
         return PassResult(p, tuple(delivered), ended)
+
+    async def _set_aside(self, tx: Tx, rows: Sequence[SetAside], now_ms: int) -> None:
+        """Fail each pending row the planner must not see, naming it in `reservation.set-aside` (and
+        `reservation.failed`, which every watcher of a reservation's end already reads)."""
+        for a in rows:
+            reason = f"{SET_ASIDE}: {a.problem}"
+            if await cap_sql.settle(tx, a.reservation_id, "failed", reason, now_ms, ("pending",)):
+                log.warning("event=placement.row-set-aside reservation=%s problem=%r", a.reservation_id, a.problem)
+                data: dict[str, object] = {"reason": reason, "problem": a.problem}
+                await publish(tx, self.bus, f"reservation.{SET_ASIDE}", a.reservation_id, data, now_ms)
+                await publish(
+                    tx, self.bus, "reservation.failed", a.reservation_id, {"code": SET_ASIDE, "reason": reason}, now_ms
+                )
 
     async def check_stored_bookings(self, tx: Tx, o: Placement) -> None:
         """I1 in the booking transaction: the placement's atoms are free in the stored bookings that meet its

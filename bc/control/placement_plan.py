@@ -316,8 +316,11 @@ class Plan:
 
 
 def iso(ms: int) -> str:
-    """A store-clock instant as an operator reads it (UTC, seconds)."""
-    return datetime.fromtimestamp(ms // 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """A store-clock instant as an operator reads it (UTC, seconds); one no datetime holds, as its ms."""
+    try:
+        return datetime.fromtimestamp(ms // 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):
+        return f"{ms:,} ms"
 
 
 def noun(device_class: str, count: int) -> str:

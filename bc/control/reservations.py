@@ -33,6 +33,7 @@ from bc.control.signer import Signer
 from bc.control.specs import write_spec
 from bc.errors import Conflict, NotFound, UsageError
 from bc.ids import short_id, ulid
+from bc.protocol.limits import LIMITS, check_name, check_range
 from bc.protocol.pb import common_pb2
 from bc.store import Row, Store, Tx
 from bc.store import capacity as cap_sql
@@ -77,21 +78,42 @@ def _validate(req: ReserveRequest, now_ms: int) -> None:
         raise UsageError(f"unknown binding {req.binding!r}; bindings are {', '.join(BINDINGS)}")
     if not 1 <= req.gpus <= 1024:
         raise UsageError(f"--gpus must be between 1 and 1024, not {req.gpus}")
+    check_range("--gpus", req.gpus, 1, "max_gpus")
     if req.duration_ms is not None and req.end_ms is not None:
         raise UsageError("give a duration or an end, not both")
     if req.duration_ms is not None and req.duration_ms <= 0:
         raise UsageError(f"a duration must be positive, not {req.duration_ms} ms")
     if min(req.cpus, req.memory_bytes, req.hugepages_1g) < 0:
         raise UsageError("--cpus, --memory and --hugepages-1g cannot be negative")
-    if req.start_ms is not None and req.start_ms < now_ms - PAST_START_SLACK_MS:
-        raise UsageError(f"the window starts at {iso(req.start_ms)}, more than 5 minutes ago")
-    if req.end_ms is not None:
-        start = now_ms if req.start_ms is None else req.start_ms
-        if req.end_ms <= start:
-            raise UsageError(f"the window ends at {iso(req.end_ms)}, before it starts at {iso(start)}")
+    check_window(req.start_ms, req.end_ms, req.duration_ms, now_ms)
+    check_range("--cpus", req.cpus, 0, "max_cpus")
+    check_range("--memory (bytes)", req.memory_bytes, 0, "max_memory_bytes")
+    check_range("--hugepages-1g", req.hugepages_1g, 0, "max_hugepages_1g")
+    check_name("the tenant", req.tenant)
     for k, v in req.selector.items():
         if not k or not v or "," in k + v or "=" in k:
             raise UsageError(f"a selector is key=value pairs, not {k!r}={v!r}")
+
+
+def check_window(start_ms: int | None, end_ms: int | None, duration_ms: int | None, now_ms: int) -> None:
+    """A window inside the limits table's bounds (issue 29): a start at most `max_start_ahead_ms` ahead and
+    not more than 5 minutes ago, a duration (or end - start) of at most `max_duration_ms`. Checked before
+    anything is computed from them, so `iso` and the planner only see instants a datetime can hold."""
+    if duration_ms is not None:
+        check_range("the duration (ms)", duration_ms, 1, "max_duration_ms")
+    if start_ms is not None:
+        if start_ms > now_ms + LIMITS.max_start_ahead_ms:
+            raise UsageError(
+                f"the window starts more than {LIMITS.max_start_ahead_ms // 86_400_000} days ahead "
+                f"({start_ms:,} ms; max_start_ahead_ms)"
+            )
+        if start_ms < now_ms - PAST_START_SLACK_MS:
+            raise UsageError(f"the window starts at {iso(start_ms)}, more than 5 minutes ago")
+    if end_ms is not None:
+        start = now_ms if start_ms is None else start_ms
+        if end_ms <= start:
+            raise UsageError(f"the window ends at {iso(end_ms)}, before it starts at {iso(start)}")
+        check_range("the window's length (ms)", end_ms - start, 1, "max_duration_ms")
 
 
 async def _check_named(tx: Tx, node_id: str) -> None:

@@ -29,7 +29,31 @@ max_frame_bytes     4,128,768  any one frame written on a session            Hel
 grpc_message_bytes  4,194,304  gRPC's receive and send limit on every        max_frame_bytes + 64 KiB headroom,
                                channel (agent, gateway, Admin both ends)     which is gRPC's own default: an
                                                                              older peer accepts every frame
+max_status_bytes    1,024      the details of an error status (they travel   every Admin error, cut to fit: an
+                               in gRPC's trailing metadata, percent-encoded  echoed argument never makes exit 5
+                               up to 3x; gRPC's metadata limit is 8 KiB)
+max_local_file      16 MiB     a local file the CLI reads (@file payloads,   the CLI, before reading: exit 2;
+                               operator configs, keys and certificates)      a FIFO or device is exit 2 at once
 ==================  =========  ============================================  ==================================
+
+Numbers, times and names (issue 29): every integer, duration and time is bounded where the CLI parses it
+and again where the Admin API takes it, from the same fields (`check_range`, `check_name`):
+
+=====================  ================  ============================================================
+Bound                  Value             What it bounds
+=====================  ================  ============================================================
+max_gpus               1,024             `--gpus` of a reservation
+max_cpus               65,536            `--cpus` booked next to the GPUs
+max_memory_bytes       1 PiB (2**50)     `--memory` booked next to the GPUs
+max_hugepages_1g       65,536            `--hugepages-1g`
+max_duration_ms        3650 d            a duration (`--duration`, `--not-after`, `--deadline`, ttls)
+max_start_ahead_ms     3650 d            how far ahead a window may start (`--start`, `--until` is
+                                         bounded by start + max_duration_ms)
+max_name_chars         63                a tenant name: `[A-Za-z0-9][A-Za-z0-9._-]*`, like an id
+=====================  ================  ============================================================
+
+The placement pass reads stored rows with the same bounds (`bc.control.placement_rows`): a row out of
+them (written by an older server or by hand) is set aside with an event, never fed to the planner.
 
 What the table implies (checked by `tests/unit/test_limits.py`):
 
@@ -54,6 +78,7 @@ Pure: no I/O, no grpc.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from bc.errors import UsageError
@@ -81,6 +106,16 @@ class Limits:
     max_batch_nodes: int = 10_000
     max_enqueue_cmds: int = 10_000
     max_frame_bytes: int = 4 * MIB - FRAME_HEADROOM_BYTES
+    max_status_bytes: int = 1 * KIB
+    max_local_file: int = 16 * MIB
+    # Numbers, times and names (issue 29): not bytes, the same table.
+    max_gpus: int = 1024
+    max_cpus: int = 65_536
+    max_memory_bytes: int = 1 << 50
+    max_hugepages_1g: int = 65_536
+    max_duration_ms: int = 3650 * 86_400_000
+    max_start_ahead_ms: int = 3650 * 86_400_000
+    max_name_chars: int = 63
 
     @property
     def grpc_message_bytes(self) -> int:
@@ -130,6 +165,27 @@ def check_count(what: str, count: int, limit_name: str, limits: Limits = LIMITS)
         raise UsageError(f"{what} has {count:,}; the limit is {limit:,} ({limit_name})")
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""A name an operator gives (a tenant): like an id, so it is safe in a table, a CSV cell and a log line."""
+
+
+def check_range(what: str, value: int, low: int, limit_name: str, limits: Limits = LIMITS) -> None:
+    """Raise a UsageError (exit 2) naming `what`, its range and the limit when `value` is outside [low, limit]."""
+    high = int(getattr(limits, limit_name))
+    if not low <= value <= high:
+        raise UsageError(f"{what} must be between {low:,} and {high:,} ({limit_name}), not {value:,}")
+
+
+def check_name(what: str, name: str, limits: Limits = LIMITS) -> None:
+    """Raise a UsageError (exit 2) unless `name` is empty or a name (`NAME`, at most `max_name_chars`)."""
+    if not name:
+        return
+    if len(name) > limits.max_name_chars:
+        raise UsageError(f"{what} is {len(name):,} characters; the limit is {limits.max_name_chars} (max_name_chars)")
+    if not NAME.fullmatch(name):
+        raise UsageError(f"{what} {name!r} is not a name: letters, digits, '.', '_' and '-', from a letter or digit")
+
+
 def text_size(text: str) -> int:
     return len(text.encode("utf-8"))
 
@@ -149,8 +205,11 @@ def truncate_text(text: str, max_bytes: int) -> str:
 __all__ = [
     "FRAME_HEADROOM_BYTES",
     "LIMITS",
+    "NAME",
     "Limits",
     "check_count",
+    "check_name",
+    "check_range",
     "check_size",
     "text_size",
     "too_large",

@@ -21,20 +21,21 @@ def sqlite_path(url: str) -> Path:
     return Path(rest)
 
 
-async def open_store(url: str, clock: Clock | None = None, *, migrate: bool = True) -> Store:
-    """`sqlite:PATH` (aiosqlite), `sqlite-inline:PATH`, `postgresql://…[?schema=NAME]` or a bare path; migrated."""
+async def open_store(url: str, clock: Clock | None = None, *, migrate: bool = True, read_only: bool = False) -> Store:
+    """`sqlite:PATH` (aiosqlite), `sqlite-inline:PATH`, `postgresql://…[?schema=NAME]` or a bare path; migrated.
+    `read_only` (SQLite, `bc store copy`'s source): opened `mode=ro`, never created or migrated."""
     from bc.store.sqlite import InlineSqliteStore, SqliteStore
 
     store: Store
     if url.startswith("sqlite-inline:"):
         store = InlineSqliteStore(sqlite_path(url), clock)
     elif url.startswith("sqlite:"):
-        store = SqliteStore(sqlite_path(url), clock)
+        store = SqliteStore(sqlite_path(url), clock, read_only=read_only)
     elif url.startswith(("postgres://", "postgresql://")):
         from bc.store.postgres import PostgresStore
 
         store = PostgresStore(url, clock)
     else:
-        store = SqliteStore(Path(url), clock)
-    await store.open(migrate=migrate)
+        store = SqliteStore(Path(url), clock, read_only=read_only)
+    await store.open(migrate=migrate and not read_only)
     return store

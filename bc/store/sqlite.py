@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import math
 import sqlite3
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -41,6 +43,9 @@ PRAGMAS = (
     "PRAGMA busy_timeout=10000",
     "PRAGMA analysis_limit=400",  # `PRAGMA optimize` samples at most this many rows per index: milliseconds
 )
+
+READ_ONLY_PRAGMAS = ("PRAGMA busy_timeout=10000",)
+"""A read-only store sets nothing in the file (journal_mode=WAL would write its header)."""
 
 OPTIMIZE_EVERY_S = 60.0
 """How often `bc serve`'s store refreshes the query planner's statistics (`PRAGMA optimize`). Without them
@@ -95,6 +100,7 @@ class _SqliteStoreBase(Store):
     """What both drivers share: pragmas, migrations, one lock, and the transaction discipline."""
 
     dialect = "sqlite"
+    read_only = False
 
     def __init__(self, clock: Clock | None) -> None:
         self.clock: Clock = clock or SystemClock()
@@ -124,7 +130,7 @@ class _SqliteStoreBase(Store):
     async def open(self, *, migrate: bool = True) -> None:
         try:
             await self._connect()
-            for p in PRAGMAS:
+            for p in READ_ONLY_PRAGMAS if self.read_only else PRAGMAS:
                 await self._statement(p, {}, False)
         except (sqlite3.Error, OSError) as e:
             raise StoreError(f"cannot open the store {self.description}: {e}") from e
@@ -193,13 +199,16 @@ class SqliteStore(_SqliteStoreBase):
     the thread, one trip each, so an Admin read never stalls the sessions.
     """
 
-    def __init__(self, path: Path | str, clock: Clock | None = None) -> None:
+    def __init__(self, path: Path | str, clock: Clock | None = None, *, read_only: bool = False) -> None:
         super().__init__(clock)
         self.path = Path(path)
+        self.read_only = read_only
+        """Opened `mode=ro` (`bc store copy`'s source): never created, initialised, migrated or chmodded."""
         self._conn: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
         self._writing = False  # inside BEGIN IMMEDIATE … COMMIT: statements run on the loop
-        self._optimize_at = 0.0  # the first commit refreshes the planner's statistics, then every few minutes
+        # The first commit refreshes the planner's statistics, then every few minutes; a read-only store never.
+        self._optimize_at = math.inf if read_only else 0.0
 
     @property
     def description(self) -> str:
@@ -211,6 +220,9 @@ class SqliteStore(_SqliteStoreBase):
 
     async def _connect(self) -> None:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bc-sqlite")
+        if self.read_only:
+            self._conn = await self._in_thread(_connect_read_only, self.path)
+            return
         await self._in_thread(make_private, self.path)
         self._conn = await self._in_thread(_connect, str(self.path))
 
@@ -244,6 +256,18 @@ class SqliteStore(_SqliteStoreBase):
 
 def _connect(path: str) -> sqlite3.Connection:
     return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """`mode=ro`: SQLite neither creates a missing file nor writes one; reading it proves it is a database."""
+    uri = f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()  # "file is not a database" here, not later
+    except sqlite3.Error:
+        conn.close()
+        raise
+    return conn
 
 
 def _execute(conn: sqlite3.Connection, sql: str, params: dict[str, Any], fetch: bool) -> _Result:

@@ -41,6 +41,7 @@ from bc.errors import (
     Unavailable,
     UsageError,
 )
+from bc.protocol.limits import LIMITS, truncate_text
 from bc.protocol.text_safety import one_line
 
 _OUTBOUND: tuple[tuple[type[BcError], grpc.StatusCode], ...] = (
@@ -96,8 +97,10 @@ _SSL_REASON = re.compile(r"OPENSSL_internal:([A-Z0-9_]+)")
 
 def error_to_status(err: BcError) -> tuple[grpc.StatusCode, str]:
     """The status code and details a servicer sends for `err`."""
-    # A message may quote what the caller sent (a kind, a node id); it leaves as one visible line.
-    message = one_line(err.message)
+    # A message may quote what the caller sent (a kind, a node id); it leaves as one visible line, cut to
+    # max_status_bytes: the details travel in gRPC's trailing metadata, and a 20 KiB id quoted whole made the
+    # client drop the whole reply ("metadata size exceeds hard limit") and say the server was unreachable.
+    message = truncate_text(one_line(err.message), LIMITS.max_status_bytes)
     for cls, code in _OUTBOUND:
         if isinstance(err, cls):
             return code, message

@@ -20,7 +20,8 @@ def test_a_bare_time_is_the_next_one_in_local_time() -> None:
     now = datetime(2026, 12, 1, 9, 30, tzinfo=PARIS)
     assert parse_time("20:00", now) == ms(datetime(2026, 12, 1, 20, 0, tzinfo=PARIS))
     assert parse_time("08:00", now) == ms(datetime(2026, 12, 2, 8, 0, tzinfo=PARIS))  # passed today: tomorrow
-    assert parse_time("09:30", now) == ms(datetime(2026, 12, 2, 9, 30, tzinfo=PARIS))
+    assert parse_time("09:30", now) == ms(now)  # passed less than a minute ago: now (issue 30), not tomorrow
+    assert parse_time("09:29", now) == ms(datetime(2026, 12, 2, 9, 29, tzinfo=PARIS))
 
 
 def test_an_iso_time_with_a_zone_is_taken_as_written() -> None:

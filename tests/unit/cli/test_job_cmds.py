@@ -159,7 +159,8 @@ def test_parse_slot() -> None:
             ["jobs", "run", "rollout", "--section", "host", "--file", "/nonexistent.json", "--nodes", "n1"],
             "cannot read",
         ),
-        (["jobs", "run", "rollout", "--section", "host", "--file", "/dev/null", "--nodes", "n1"], "not valid JSON"),
+        # A device is not a file to read (issue 29): refused before reading, as a FIFO or /dev/zero would be.
+        (["jobs", "run", "rollout", "--section", "host", "--file", "/dev/null", "--nodes", "n1"], "not a regular file"),
         (["jobs", "run", "rollout", "--section", "host", "--file", "/dev/null", "--nodes", ""], "comma-separated"),
         (["jobs", "run", "drain", "n1", "--deadline", "soon"], "is not a duration"),
         (["jobs", "slots", "--set", "reboots=0"], "between 1 and 10,000"),
