@@ -23,7 +23,16 @@ import click
 from bc.cli.admin_cmds import read_json_object
 from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
-from bc.cli.job_progress import JobFailed, check_done, follow, glyph, job_to_json, progress_line, subjects_text
+from bc.cli.job_progress import (
+    JobFailed,
+    check_done,
+    follow,
+    glyph,
+    job_to_json,
+    progress_line,
+    subjects_text,
+    waits_text,
+)
 from bc.cli.output import echo
 from bc.cli.render import (
     cell,
@@ -254,8 +263,10 @@ def _detail(n: admin_pb2.JobNodeInfo) -> str:
     if n.error:
         return n.error
     doc = job_to_json(admin_pb2.JobInfo(nodes=[n]))["nodes"][0]["detail"]
+    waits = waits_text(doc) if n.state == "running" else ""
     if isinstance(doc, dict):
-        return " ".join(f"{k}={v}" for k, v in doc.items())
+        rest = " ".join(f"{k}={v}" for k, v in doc.items() if k not in ("waiting_for", "waiting_more"))
+        return " ".join(part for part in (waits, rest) if part)
     return str(doc)
 
 
