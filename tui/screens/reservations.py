@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
@@ -94,7 +95,7 @@ class ReservationsScreen(BcScreen):
                     str(r.gpus),
                     fmt.clip(what, 40),
                     window(r),
-                    used_text(used.get(r.id)) if title != "pending" else "-",
+                    escape(used_text(used.get(r.id))) if title != "pending" else "-",  # a node names the profile
                     r.tenant or "-",
                     key=r.id,
                 )
