@@ -14,8 +14,10 @@ first found wins:
    candidate — a missing or unreadable file is an error, never a fall-back to
    whatever other cluster's config the next places hold
 2. `$BC_DATA_DIR/operator/config.json`
-3. `~/.config/bc/config.json` (`bc serve` writes it when it is absent or points to
-   the same data dir)
+3. `~/.config/bc/config.json` (`bc serve` copies its config there at every start
+   when that file is absent or names the same data dir — the same server, say
+   after a certificate rotation — and never over one that names another data
+   dir; its log says which: `user-copy-written` or `user-copy-kept`; `user_copy`)
 4. `<default data dir>/operator/config.json`
 """
 
@@ -41,6 +43,27 @@ def default_data_dir() -> Path:
 
 def user_config_path() -> Path:
     return Path.home() / ".config" / "bc" / "config.json"
+
+
+@dataclass(frozen=True)
+class UserCopy:
+    """Whether `bc serve` may write its operator config to `~/.config/bc/config.json`, and why."""
+
+    write: bool
+    reason: str
+
+
+def user_copy(there_data_dir: str | None, data_dir: str, *, unreadable: bool = False) -> UserCopy:
+    """The rule for the copy in `~/.config/bc`: `there_data_dir` is the data dir the file there names
+    (None: no file). Another server's config is never replaced: the operator chose it, and the next
+    admin command would reach the wrong cluster with no word said."""
+    if unreadable:
+        return UserCopy(False, "the file there is unreadable; left as it is")
+    if there_data_dir is None:
+        return UserCopy(True, "absent")
+    if there_data_dir == data_dir:
+        return UserCopy(True, f"names this data dir ({data_dir})")
+    return UserCopy(False, f"names another server's data dir ({there_data_dir or 'none'})")
 
 
 @dataclass(frozen=True)

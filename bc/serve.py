@@ -43,7 +43,7 @@ from bc.api.join_servicer import JoinServicer
 from bc.api.release_http import ReleaseServer
 from bc.api.session_servicer import SessionServicer
 from bc.clock import Clock, SystemClock
-from bc.config import OperatorConfig, user_config_path
+from bc.config import OperatorConfig, user_config_path, user_copy
 from bc.control import intent as intent_ctl
 from bc.control import operators
 from bc.control import serving_certs as serving_ctl
@@ -160,6 +160,7 @@ def _write_operator_config(data_dir: Path, ca: CertificateAuthority, server: str
     if cfg_path.exists():
         cfg = OperatorConfig.load(cfg_path)
         if cfg.server == server:
+            _copy_to_user_config(cfg, data_dir)
             return cfg_path
         key_pem, cert_pem = cfg.key_pem, cfg.cert_pem
     else:
@@ -169,19 +170,40 @@ def _write_operator_config(data_dir: Path, ca: CertificateAuthority, server: str
     path = OperatorConfig.write(
         op_dir, server=server, ca_pem=ca.ca_pem, cert_pem=cert_pem, key_pem=key_pem, data_dir=data_dir
     )
+    _copy_to_user_config(OperatorConfig.load(path), data_dir)
+    return path
+
+
+def _copy_to_user_config(cfg: OperatorConfig, data_dir: Path) -> None:
+    """Copy the operator config to `~/.config/bc/config.json` when `user_copy` allows it, and log either way."""
     user = user_config_path()
     try:
-        mine = not user.exists() or OperatorConfig.load(user).data_dir == str(data_dir)
+        there: str | None = OperatorConfig.load(user).data_dir if user.exists() else None
+        unreadable = False
     except UsageError:
-        mine = False
-    if mine:
-        try:
-            OperatorConfig.write(
-                user.parent, server=server, ca_pem=ca.ca_pem, cert_pem=cert_pem, key_pem=key_pem, data_dir=data_dir
-            )
-        except OSError as e:  # a read-only home (systemd ProtectHome): the data dir's copy is enough
-            log.warning("event=operator-config.user-copy-skipped path=%s error=%s", user, e.strerror or e)
-    return path
+        there, unreadable = None, True
+    decision = user_copy(there, str(data_dir), unreadable=unreadable)
+    if not decision.write:
+        log.warning(
+            "event=operator-config.user-copy-kept path=%s reason=%r use=BC_CONFIG=%s",
+            user,
+            decision.reason,
+            cfg.path,
+        )
+        return
+    try:
+        OperatorConfig.write(
+            user.parent,
+            server=cfg.server,
+            ca_pem=cfg.ca_pem,
+            cert_pem=cfg.cert_pem,
+            key_pem=cfg.key_pem,
+            data_dir=data_dir,
+        )
+    except OSError as e:  # a read-only home (systemd ProtectHome): the data dir's copy is enough
+        log.warning("event=operator-config.user-copy-skipped path=%s error=%s", user, e.strerror or e)
+        return
+    log.info("event=operator-config.user-copy-written path=%s reason=%r", user, decision.reason)
 
 
 @dataclass(frozen=True)

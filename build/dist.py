@@ -51,7 +51,7 @@ SPEC = ROOT / "build" / "bc.spec"
 CONSTRAINTS = ROOT / "constraints.txt"
 ZIPAPP_NAME = "bc.pyz"
 SUMS_NAME = "SHA256SUMS"
-ENTRY_POINT = "bc.cli.main:main"
+ENTRY_POINT = "bc.cli.entry:main"
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ def build_binary(stamp: Stamp, out: Path = OUT, dist: Path = DIST) -> Path:
     # certifi and jsonschema know them.
     pip_install_target(site, [str(wheel), "nvidia-ml-py"], deps=False, env=env)
     entry = work / "bc_main.py"
-    entry.write_text("from bc.cli.main import main\n\nmain()\n")
+    entry.write_text("from bc.cli.entry import main\n\nmain()\n")
     name = binary_name(stamp.version)
     dist.mkdir(parents=True, exist_ok=True)
     packages = ",".join(p.name for p in _packages())

@@ -238,7 +238,9 @@ class FakeSource:
         ]
 
     async def usage(self, *, since_ms: int = 0, until_ms: int = 0, by: str = "") -> admin_pb2.UsageResponse:
-        rows = [admin_pb2.UsageRow(key="r-0001", atom_ms=2 * 3_600_000, atom_seconds=7200.0, windows=1)]
+        rows = [
+            admin_pb2.UsageRow(key="r-0001", atom_ms=2 * 3_600_000, atom_seconds=7200.0, windows=1, device_class="gpu")
+        ]
         return admin_pb2.UsageResponse(rows=rows, now_ms=T0_MS)
 
     async def release(self, reservation_id: str) -> admin_pb2.Reservation:

@@ -71,7 +71,14 @@ class CapacityRpcs(AdminCalls):
             )
             return admin_pb2.UsageResponse(
                 rows=[
-                    admin_pb2.UsageRow(key=r.key, atom_ms=r.atom_ms, atom_seconds=r.atom_seconds, windows=r.windows)
+                    admin_pb2.UsageRow(
+                        key=r.key,
+                        atom_ms=r.atom_ms,
+                        atom_seconds=r.atom_seconds,
+                        windows=r.windows,
+                        device_class=r.device_class,
+                        profile=r.profile,
+                    )
                     for r in rows
                 ],
                 now_ms=now_ms,

@@ -40,6 +40,7 @@ from bc.config import default_data_dir
 from bc.errors import UsageError
 from bc.local_files import read_local_file
 from bc.protocol import labels as node_labels
+from bc.protocol import usage_units as units
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2, common_pb2
 from bc.protocol.sections import SECTIONS
@@ -199,13 +200,21 @@ def nodes_delete(node_id: str, yes: bool, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def nodes_show(ctx: click.Context, node_id: str, as_json: bool) -> None:
-    """One node: state, generations, sections, conditions and inventory."""
-    info = call_admin(lambda c: c.get_node(node_id))
+    """One node: state, generations, sections, conditions, capacity, usage by class and inventory."""
     parent_json = ctx.parent is not None and bool(ctx.parent.params.get("as_json"))
-    emit(as_json or parent_json, info, lambda: render_node(info))
+    if as_json or parent_json:  # the NodeInfo alone; usage by class is `bc usage --by node --json`
+        emit(True, call_admin(lambda c: c.get_node(node_id)), "")
+        return
+
+    async def both(c: AdminClient) -> tuple[admin_pb2.NodeInfo, list[admin_pb2.UsageRow]]:
+        info = await c.get_node(node_id)
+        return info, [r for r in (await c.usage(by="node")).rows if r.key == node_id]
+
+    info, used = call_admin(both)
+    emit(False, info, lambda: render_node(info, used))
 
 
-def render_node(n: admin_pb2.NodeInfo) -> str:
+def render_node(n: admin_pb2.NodeInfo, usage: list[admin_pb2.UsageRow] | None = None) -> str:
     state = f"{n.state} for {format_span(n.state_age_ms)}" if n.state_age_ms >= 0 else n.state
     fields: list[tuple[str, object]] = [
         ("node", n.node_id),
@@ -238,6 +247,12 @@ def render_node(n: admin_pb2.NodeInfo) -> str:
     if n.capacity:
         rows = [(c.device_class, c.offered, c.booked_now, c.free_now, c.booked_later) for c in n.capacity]
         parts.append("CAPACITY\n" + render_table(("CLASS", "OFFERED", "BOOKED NOW", "FREE NOW", "BOOKED LATER"), rows))
+    if usage:  # each class in its own unit: a MIG instance or a shared slot is not a GPU-hour
+        rows = [
+            (units.class_label(u.device_class, u.profile), units.amount(u.atom_ms, u.device_class, u.profile))
+            for u in usage
+        ]
+        parts.append("USAGE (all recorded)\n" + render_table(("CLASS", "USED"), rows))
     if n.HasField("host_capacity") and n.host_capacity.cpus:
         h = n.host_capacity
         gib = 1 << 30

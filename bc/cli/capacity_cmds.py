@@ -24,6 +24,7 @@ from bc.cli.output import echo
 from bc.cli.render import format_age, render_table
 from bc.clock import SystemClock
 from bc.errors import UsageError
+from bc.protocol import usage_units as units
 from bc.protocol.limits import LIMITS, check_name, check_range
 from bc.protocol.pb import admin_pb2
 
@@ -302,24 +303,65 @@ def capacity_explain(reservation_id: str, as_json: bool) -> None:
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
 @json_option
 def usage(since: str, until: str, by: str, as_csv: bool, as_json: bool) -> None:
-    """GPU usage (atom-seconds) from the flushed windows plus each running hold's open window."""
+    """Usage per class, in the units it is billed in: GPU-hours, MIG instance-hours by profile, slot-hours.
+
+    From the flushed windows plus each running hold's open window; one row per key and class.
+    """
     if as_csv and as_json:
         raise UsageError("give --json or --csv, not both")
     since_ms = _past(since) if since else 0
     until_ms = _past(until, "--until") if until else 0
     resp = call_admin(lambda c: c.usage(since_ms=since_ms, until_ms=until_ms, by=by))
-    rows = [(r.key, r.atom_ms, r.atom_seconds, r.windows) for r in resp.rows]
+    rows = list(resp.rows)
     if as_csv:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow([by, "atom_seconds", "windows"])
-        w.writerows(csv_row([k, f"{s:.3f}", n]) for k, _, s, n in rows)  # never a formula in a spreadsheet
+        # The first three columns as they always were; the class and its unit after them.
+        w.writerow([by, "atom_seconds", "windows", "class", "profile", "hours", "unit"])
+        w.writerows(
+            csv_row(
+                [
+                    r.key,
+                    f"{r.atom_seconds:.3f}",
+                    r.windows,
+                    r.device_class,
+                    r.profile,
+                    f"{units.hours(r.atom_ms):.6f}",
+                    units.unit_of(r.device_class),
+                ]
+            )  # never a formula in a spreadsheet
+            for r in rows
+        )
         echo(buf.getvalue(), nl=False)
         return
     emit(
         as_json,
-        [{by: k, "atom_ms": ms, "atom_seconds": s, "windows": n} for k, ms, s, n in rows],
-        lambda: render_table((by.upper(), "ATOM-SECONDS", "WINDOWS"), [(k, f"{s:.3f}", n) for k, _, s, n in rows]),
+        [
+            {
+                by: r.key,
+                "atom_ms": r.atom_ms,
+                "atom_seconds": r.atom_seconds,
+                "windows": r.windows,
+                "class": r.device_class,
+                "profile": r.profile,
+                "hours": units.hours(r.atom_ms),
+                "unit": units.unit_of(r.device_class),
+            }
+            for r in rows
+        ],
+        lambda: render_table(
+            (by.upper(), "CLASS", "USAGE", "ATOM-SECONDS", "WINDOWS"),
+            [
+                (
+                    r.key,
+                    units.class_label(r.device_class, r.profile),
+                    f"{units.hours(r.atom_ms):.3f} {units.unit_of(r.device_class)}",
+                    f"{r.atom_seconds:.3f}",
+                    r.windows,
+                )
+                for r in rows
+            ],
+        ),
         empty="no usage",
     )
 

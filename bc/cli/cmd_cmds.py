@@ -3,7 +3,7 @@
     bc cmd run NODE KIND [--payload JSON|@FILE] [--not-after 10m] [--min-generation G]
                          [--idempotency-key K] [--wait] [--json]
     bc cmd fanout KIND (--nodes n1,n2,… | --all) [--payload JSON|@FILE] [--not-after 10m]
-                       [--min-generation G] [--idempotency-key K] [--wait] [--json]
+                       [--min-generation G] [--idempotency-key K] [--wait] [--skip-away] [--json]
     bc cmd list [--node N] [--state S] [--limit N] [--json]
     bc cmd show ID [--json]
     bc cmd cancel ID [--reason R] [--json]
@@ -225,6 +225,9 @@ async def wait_settled(client: AdminClient, info: admin_pb2.CommandInfo) -> admi
     help="Each node runs it at most once under this key (default: fresh): a repeat queues nothing new.",
 )
 @click.option("--wait", is_flag=True, help="Follow them until all settle; exit non-zero unless all succeed.")
+@click.option(
+    "--skip-away", is_flag=True, help="Leave out the nodes that are new (never connected) or unreachable now."
+)
 @json_option
 def cmd_fanout(
     kind: str,
@@ -235,6 +238,7 @@ def cmd_fanout(
     min_generation: int,
     idempotency_key: str,
     wait: bool,
+    skip_away: bool,
     as_json: bool,
 ) -> None:
     """Queue KIND on many nodes at once: all of them or, if one is refused, none."""
@@ -245,7 +249,13 @@ def cmd_fanout(
     not_after_s = parse_duration(not_after, what="--not-after")
 
     async def go(client: AdminClient) -> list[admin_pb2.CommandInfo]:
-        node_ids = named or fan.runnable_nodes(await slow(client, client.list_nodes()), kind)
+        nodes = await slow(client, client.list_nodes())
+        node_ids = named or fan.runnable_nodes(nodes, kind)
+        away = fan.away_nodes(nodes, node_ids)
+        if away:  # said before anything is queued: the operator sees at once who will not answer
+            echo(fan.away_line(away, skipped=skip_away, not_after=not_after), err=True)
+            if skip_away:
+                node_ids = [i for i in node_ids if i not in {n.node_id for n in away}]
         if not node_ids:
             raise UsageError(f"no node runs {kind}: nothing to queue")
         after = (await slow(client, client.server_info())).event_seq  # before the write: Watch misses nothing
@@ -253,8 +263,9 @@ def cmd_fanout(
         infos = await slow(client, client.enqueue_commands(reqs))
         if not wait:
             return infos
-        infos = await fan.follow(client, kind, infos, after)
-        return await fan.read_all(client, infos) if as_json else infos
+        infos = await fan.follow(client, kind, infos, after, pending_for_s=not_after_s + fan.PENDING_GRACE_S)
+        unsettled = any(i.state not in TERMINAL for i in infos)
+        return await fan.read_all(client, infos) if as_json or unsettled else infos
 
     infos = run_client(go)
     rows = [(c.id, c.node_id, c.seq, _state(c)) for c in infos]

@@ -10,6 +10,14 @@ settled, with a progress line on stderr at most once a second:
 
 `--wait --json` reads each command once at the end (`GetCommand`, a few at a
 time), so every object is what `bc cmd show ID --json` prints.
+
+Nodes that are away when the fan-out is queued (`new`: never connected;
+`unreachable`) are named on stderr at once (`away_line`): their commands wait
+for them until `--not-after`. `--skip-away` leaves them out instead. `--wait`
+stops waiting for a command still `pending` (never sent) once its `not_after`
+has passed (plus one sweeper pass, `PENDING_GRACE_S`, by which the sweeper has
+marked it `expired`), so a node that never connects costs `--not-after`, not
+forever; the table then shows each command's state as the server has it.
 """
 
 from __future__ import annotations
@@ -28,6 +36,13 @@ from bc.protocol.pb import admin_pb2
 
 PROGRESS_EVERY_S = 1.0
 """At most one progress line a second (and always the last one)."""
+
+PENDING_GRACE_S = 6.0
+"""After `not_after`, how long `--wait` still waits for a pending command: the sweeper's pass (5 s) that
+settles it `expired`."""
+
+AWAY_STATES = ("new", "unreachable")
+"""Node states whose commands wait in `pending` until the node connects (or their `not_after`)."""
 
 READ_CONCURRENCY = 16
 """`GetCommand` calls in flight at once when `--wait --json` reads the settled commands."""
@@ -52,6 +67,42 @@ def runnable_nodes(nodes: Iterable[admin_pb2.NodeInfo], kind: str) -> list[str]:
     k = kinds.get(kind)
     return sorted(
         n.node_id for n in nodes if n.state != "deleted" and not n.revoked and (k is None or n.role in k.roles)
+    )
+
+
+def away_nodes(nodes: Iterable[admin_pb2.NodeInfo], node_ids: Iterable[str]) -> list[admin_pb2.NodeInfo]:
+    """Of `node_ids`, the nodes that are away now (`new` or `unreachable`), in `node_ids`' order."""
+    by_id = {n.node_id: n for n in nodes}
+    return [by_id[i] for i in node_ids if i in by_id and by_id[i].state in AWAY_STATES]
+
+
+def _away_one(n: admin_pb2.NodeInfo) -> str:
+    if n.state == "new":
+        return f"{n.node_id} (new: never connected)"
+    since = f" for {_duration(n.state_age_ms)}" if n.state_age_ms > 0 else ""
+    return f"{n.node_id} (unreachable{since})"
+
+
+def _duration(ms: int) -> str:
+    s = ms // 1000
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 2 * 86400:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def away_line(away: list[admin_pb2.NodeInfo], *, skipped: bool, not_after: str) -> str:
+    """What `bc cmd fanout` says on stderr about the nodes that are away, before it queues anything."""
+    names = ", ".join(_away_one(n) for n in away)
+    count = f"{len(away)} node{'s' if len(away) != 1 else ''}"
+    if skipped:
+        return f"skipping {count} away (--skip-away): {names}"
+    return (
+        f"{count} away: {names}; their commands wait for them until --not-after ({not_after}), "
+        "--skip-away leaves them out"
     )
 
 
@@ -120,12 +171,14 @@ async def follow(
     infos: list[admin_pb2.CommandInfo],
     after_seq: int,
     show: Callable[[str], None] = lambda line: echo(line, err=True),
+    pending_for_s: float | None = None,
 ) -> list[admin_pb2.CommandInfo]:
     """Follow `infos` through the events log from `after_seq` until every one has settled, calling `show`
     with a progress line at most once a second (and with the last one).
 
     States and reasons come from the `command.updated` / `command.settled` events; the rest of each
-    command is as the enqueue reply had it.
+    command is as the enqueue reply had it. `pending_for_s`: after this long, a command still `pending`
+    is no longer waited for (its not_after has passed: it will never be sent); the caller reads its state.
     """
     by_id = {i.id: i for i in infos}
     open_ids = {i.id for i in infos if i.state not in TERMINAL}
@@ -133,11 +186,14 @@ async def follow(
         show(progress_line(kind, infos))
         return infos
     loop = asyncio.get_running_loop()
+    give_up_at = None if pending_for_s is None else loop.time() + pending_for_s
     stream = client.watch(after_seq=after_seq, type_prefix="command.")
     shown, shown_at = "", float("-inf")
     pending = asyncio.ensure_future(_next(stream))
     try:
         while True:
+            if give_up_at is not None and loop.time() >= give_up_at:
+                open_ids -= {i for i in open_ids if by_id[i].state == "pending"}  # past not_after: never sent
             line = progress_line(kind, infos)
             if line != shown and (not open_ids or loop.time() - shown_at >= PROGRESS_EVERY_S):
                 show(line)
@@ -145,6 +201,9 @@ async def follow(
             if not open_ids:
                 return infos
             wait = None if line == shown else max(0.0, shown_at + PROGRESS_EVERY_S - loop.time())
+            if give_up_at is not None and any(by_id[i].state == "pending" for i in open_ids):
+                until = max(0.0, give_up_at - loop.time())
+                wait = until if wait is None else min(wait, until)
             done, _ = await asyncio.wait({pending}, timeout=wait)
             if pending in done:
                 ev = pending.result()
@@ -169,4 +228,14 @@ async def read_all(client: AdminClient, infos: list[admin_pb2.CommandInfo]) -> l
     return list(await asyncio.gather(*(one(i.id) for i in infos)))
 
 
-__all__ = ["follow", "node_list", "outcome", "progress_line", "read_all", "requests", "runnable_nodes"]
+__all__ = [
+    "away_line",
+    "away_nodes",
+    "follow",
+    "node_list",
+    "outcome",
+    "progress_line",
+    "read_all",
+    "requests",
+    "runnable_nodes",
+]

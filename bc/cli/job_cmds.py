@@ -32,6 +32,7 @@ from bc.cli.job_progress import (
     job_to_json,
     progress_line,
     subjects_text,
+    waits_text,
 )
 from bc.cli.output import echo
 from bc.cli.render import (
@@ -263,8 +264,10 @@ def _detail(n: admin_pb2.JobNodeInfo) -> str:
     if n.error:
         return n.error
     doc = job_to_json(admin_pb2.JobInfo(nodes=[n]))["nodes"][0]["detail"]
+    waits = waits_text(doc) if n.state == "running" else ""
     if isinstance(doc, dict):
-        return " ".join(f"{k}={v}" for k, v in doc.items())
+        rest = " ".join(f"{k}={v}" for k, v in doc.items() if k not in ("waiting_for", "waiting_more"))
+        return " ".join(part for part in (waits, rest) if part)
     return str(doc)
 
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from bc.cli.client import AdminClient
-from bc.cli.render import message_to_json
+from bc.cli.render import format_time_ms, message_to_json
 from bc.errors import BcError, ProtocolError
 from bc.protocol.pb import admin_pb2
 
@@ -74,13 +74,37 @@ def awaiting_text(job: admin_pb2.JobInfo) -> str:
 
 
 def progress_line(job: admin_pb2.JobInfo) -> str:
-    """One line: the roll-up glyph, template, subjects and node chain (and the reason once it failed)."""
+    """One line: the roll-up glyph, template, subjects and node chain (and the reason once it failed), then
+    what each running node waits for (a drain: the reservations it waits out)."""
     line = f"{glyph(job.state)} {job.template} {subjects_text(list(job.subjects))}  {_chain(list(job.nodes))}"
     if not job.terminal and job.awaiting_approval:
         line += f"  ({awaiting_text(job)})"
     if job.terminal and job.state != "done":
         line += f"  ({job.state}: {failure_reason(job)})"
+    for n in job.nodes:
+        waits = waits_text(_object(n.detail_json)) if n.state == "running" else ""
+        if waits:
+            line += f"; {n.id} {waits}"
     return line
+
+
+def waits_text(detail: Any) -> str:
+    """`waits for r-1 (tenant acme, ends 2026-12-05T10:00:00Z), r-2 (no tenant, open-ended) and 3 more`:
+    a waiting drain's `waiting_for` detail; empty for any other detail."""
+    if not isinstance(detail, dict) or not isinstance(detail.get("waiting_for"), list):
+        return ""
+    parts = []
+    for r in detail["waiting_for"]:
+        if not isinstance(r, dict):
+            continue
+        tenant = f"tenant {r['tenant']}" if r.get("tenant") else "no tenant"
+        end = r.get("end_ms")
+        ends = f"ends {format_time_ms(int(end))}" if isinstance(end, int) else "open-ended"
+        parts.append(f"{r.get('id', '?')} ({tenant}, {ends})")
+    if not parts:
+        return ""
+    more = detail.get("waiting_more")
+    return "waits for " + ", ".join(parts) + (f" and {more} more" if isinstance(more, int) and more else "")
 
 
 def failure_reason(job: admin_pb2.JobInfo) -> str:

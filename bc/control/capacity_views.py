@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from google.protobuf import json_format
+
 from bc.control.placement_pass import load_facts, span_of
 from bc.control.placement_plan import Failure, Placement, Wait, plan
-from bc.control.usage_windows import BY, UsageRow, UsageWindow, aggregate, open_window
+from bc.control.usage_classes import ClassPart, ClassRow, add_windows, class_rows
+from bc.control.usage_windows import BY, UsageWindow, open_window
 from bc.errors import NotFound, UsageError
+from bc.protocol.pb import common_pb2
 from bc.store import Row, Store
 from bc.store import capacity as cap_sql
 from bc.store import reservations as res_sql
@@ -30,8 +34,9 @@ def window_of(row: Row) -> UsageWindow:
     )
 
 
-async def usage(store: Store, since_ms: int | None, until_ms: int | None, by: str) -> tuple[list[UsageRow], int]:
-    """The usage rows in `[since_ms, until_ms)` (None: unbounded; open windows count up to now), and now."""
+async def usage(store: Store, since_ms: int | None, until_ms: int | None, by: str) -> tuple[list[ClassRow], int]:
+    """The usage rows in `[since_ms, until_ms)` (None: unbounded; open windows count up to now), and now:
+    one per key and device class, MIG instances per profile (`bc.control.usage_classes`)."""
     by = by or "reservation"
     if by not in BY:
         raise UsageError(f"usage is grouped by {', '.join(BY)}, not {by!r}")
@@ -40,10 +45,13 @@ async def usage(store: Store, since_ms: int | None, until_ms: int | None, by: st
     now_ms = await store.now_ms()
     async with store.transaction(write=False) as tx:
         # The flushed windows (a year of hourly ones is millions of rows) are summed by the store; the open
-        # windows of holds still running, a few, by the same pure rule; then the two are added per key.
+        # windows of holds still running, a few, by the same pure rule; then the two are added per part.
         sums = {
-            str(r["key"]): (int(r["atom_ms"] or 0), int(r["windows"]))
-            for r in await cap_sql.usage_sums(tx, since_ms, until_ms, by)
+            ClassPart(str(r["key"]), str(r["device_class"]), str(r["mig_reservation"] or "")): (
+                int(r["atom_ms"] or 0),
+                int(r["windows"]),
+            )
+            for r in await cap_sql.usage_sums_by_class(tx, since_ms, until_ms, by)
         }
         open_windows: list[UsageWindow] = []
         for row in await cap_sql.unflushed_spans(tx):
@@ -51,10 +59,24 @@ async def usage(store: Store, since_ms: int | None, until_ms: int | None, by: st
             w = open_window(span_of(row), flushed, now_ms)
             if w is not None:
                 open_windows.append(w)
-    for r in aggregate(open_windows, since_ms, until_ms, by):
-        ms, n = sums.get(r.key, (0, 0))
-        sums[r.key] = (ms + r.atom_ms, n + r.windows)
-    return [UsageRow(k, ms, n) for k, (ms, n) in sorted(sums.items())], now_ms
+        add_windows(sums, open_windows, since_ms, until_ms, by)
+        mig = sorted({p.mig_reservation for p in sums if p.mig_reservation})
+        mig_profiles = _mig_profiles(await cap_sql.mig_bookings(tx, mig))
+    return class_rows(sums, mig_profiles), now_ms
+
+
+def _mig_profiles(rows: list[Row]) -> dict[str, list[str]]:
+    """reservation -> the profile of each MIG instance it booked, as its node's inventory names it now."""
+    inventories: dict[str, dict[str, str]] = {}  # inventory text -> atom id -> profile
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        text = str(r["inventory"] or "{}")
+        if text not in inventories:
+            inv = common_pb2.Inventory()
+            json_format.Parse(text, inv, ignore_unknown_fields=True)
+            inventories[text] = {f"{g.uuid}/{m.gi}/{m.ci}": m.profile for g in inv.gpus for m in g.mig_instances}
+        out.setdefault(str(r["reservation_id"]), []).append(inventories[text].get(str(r["atom_id"]), ""))
+    return out
 
 
 @dataclass(frozen=True)

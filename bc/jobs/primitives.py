@@ -132,10 +132,26 @@ async def _patch_cancel(ctx: Ctx) -> Outcome | None:
     return Outcome(False, f"job {ctx.dag_id} cancelled while {ctx.node.subject} converged generation {generation}")
 
 
+WAITING_SHOWN = 5
+"""A waiting drain names this many of the reservations it waits for in its detail (the rest are counted)."""
+
+
 async def _drain_check(ctx: Ctx) -> Outcome | None:
-    left = await jobs_sql.live_reservation_ids(ctx.tx, ctx.subject)
+    rows = await jobs_sql.live_reservations(ctx.tx, ctx.subject)
+    left = [str(r["id"]) for r in rows]
     if not left:
+        ctx.detail.pop("waiting_for", None)
+        ctx.detail.pop("waiting_more", None)
         return DONE
+    # What it waits for, in its detail: the progress line and `bc jobs show` name them (docs/jobs.md).
+    ctx.detail["waiting_for"] = [
+        {"id": str(r["id"]), "tenant": str(r["tenant"]), "end_ms": None if r["end_ms"] is None else int(r["end_ms"])}
+        for r in rows[:WAITING_SHOWN]
+    ]
+    if len(rows) > WAITING_SHOWN:
+        ctx.detail["waiting_more"] = len(rows) - WAITING_SHOWN
+    else:
+        ctx.detail.pop("waiting_more", None)
     if ctx.now_ms >= int(ctx.detail.get("deadline_ms", 0)):
         shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
         return Outcome(

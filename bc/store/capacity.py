@@ -325,6 +325,38 @@ async def usage_sums(tx: Tx, since_ms: int | None, until_ms: int | None, by: str
     )
 
 
+async def usage_sums_by_class(tx: Tx, since_ms: int | None, until_ms: int | None, by: str) -> list[Row]:
+    """`usage_sums` per key and device class, and per reservation for `gpu.mig` (`mig_reservation`, "" for
+    the other classes): the MIG part is cut by profile afterwards (bc.control.usage_classes)."""
+    key = _USAGE_KEYS[by]
+    lo = "CASE WHEN CAST(:s AS BIGINT) IS NULL OR start_ms > :s THEN start_ms ELSE :s END"
+    hi = "CASE WHEN CAST(:u AS BIGINT) IS NULL OR end_ms < :u THEN end_ms ELSE :u END"
+    mig = "CASE WHEN device_class = 'gpu.mig' THEN reservation_id ELSE '' END"
+    return await tx.fetchall(
+        f"SELECT {key} AS key, device_class, {mig} AS mig_reservation,"
+        f" SUM(atoms * (({hi}) - ({lo}))) AS atom_ms, COUNT(*) AS windows FROM usage_windows"
+        " WHERE (CAST(:u AS BIGINT) IS NULL OR start_ms < :u) AND (CAST(:s AS BIGINT) IS NULL OR end_ms > :s)"
+        f" GROUP BY {key}, device_class, {mig} ORDER BY {key}, device_class, {mig}",
+        {"s": since_ms, "u": until_ms},
+    )
+
+
+async def mig_bookings(tx: Tx, reservation_ids: list[str]) -> list[Row]:
+    """The MIG atoms these reservations booked on their node, with that node's inventory (JSON) to name
+    each instance's profile."""
+    if not reservation_ids:
+        return []
+    names = {f"r{i}": r for i, r in enumerate(reservation_ids)}
+    return await tx.fetchall(
+        "SELECT b.reservation_id, b.atom_id, b.gpu_uuid, n.inventory FROM device_bookings b"
+        " JOIN reservations r ON r.id = b.reservation_id AND r.node_id = b.node_id"
+        " LEFT JOIN nodes n ON n.node_id = b.node_id"
+        f" WHERE b.device_class = 'gpu.mig' AND b.reservation_id IN ({', '.join(':' + k for k in names)})"
+        " ORDER BY b.reservation_id, b.atom_id",
+        names,
+    )
+
+
 async def set_usage_end(tx: Tx, reservation_id: str, at_ms: int) -> None:
     """Usage stops here (a release or a failure committed): kept if an earlier end is already set."""
     await tx.execute(

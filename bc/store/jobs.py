@@ -277,13 +277,16 @@ async def clear_job_hold(tx: Tx, node_id: str, dag_id: str) -> bool:
     return n == 1
 
 
-async def live_reservation_ids(tx: Tx, node_id: str) -> list[str]:
-    rows = await tx.fetchall(
-        "SELECT id FROM reservations WHERE node_id = :n AND state NOT IN ('released', 'failed', 'ended', 'lost')"
-        " ORDER BY id",
+async def live_reservations(tx: Tx, node_id: str) -> list[Row]:
+    """The node's live reservations (id, tenant, end_ms: its booked interval's end, else its asked end; NULL:
+    open-ended), in id order: what a drain waits for."""
+    return await tx.fetchall(
+        "SELECT r.id, r.tenant, COALESCE((SELECT CASE WHEN COUNT(*) > 0 AND COUNT(*) = COUNT(b.end_ms)"
+        " THEN MAX(b.end_ms) END FROM device_bookings b WHERE b.reservation_id = r.id AND b.node_id = r.node_id),"
+        " r.end_ms) AS end_ms FROM reservations r WHERE r.node_id = :n"
+        " AND r.state NOT IN ('released', 'failed', 'ended', 'lost') ORDER BY r.id",
         {"n": node_id},
     )
-    return [str(r["id"]) for r in rows]
 
 
 async def existing_nodes(tx: Tx, node_ids: list[str]) -> set[str]:

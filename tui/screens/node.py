@@ -16,6 +16,7 @@ from textual.widgets import Static
 
 from bc.errors import BcError
 from bc.protocol import kinds
+from bc.protocol import usage_units as units
 from bc.protocol.atoms import cdi_qualified
 from bc.protocol.pb import admin_pb2, common_pb2
 from tui import fmt
@@ -28,6 +29,7 @@ def render_node(
     holds: list[admin_pb2.Reservation],
     commands: list[admin_pb2.CommandInfo],
     events: list[admin_pb2.EventRecord],
+    usage: list[admin_pb2.UsageRow] | None = None,
 ) -> str:
     lines = [
         f"{info.node_id}  role {info.role}  {info.state} for {fmt.age(info.state_age_ms)}"
@@ -56,9 +58,16 @@ def render_node(
     lines.append("HOLDS")
     for r in holds:
         devices = ", ".join(cdi_qualified(d.atom_id or d.gpu_uuid) for d in r.devices) or "-"
-        lines.append(f"  {r.id}  {r.state:<9} {r.gpus} gpu  {devices}")
+        lines.append(f"  {r.id}  {r.state:<9} {r.gpus} {r.device_class or 'gpu'}  {devices}")
     if not holds:
         lines.append("  none")
+    lines.append("USAGE")  # each class in its own unit: a MIG instance or a shared slot is not a GPU-hour
+    for u in usage or []:
+        lines.append(
+            f"  {units.class_label(u.device_class, u.profile):<18} {units.amount(u.atom_ms, u.device_class, u.profile)}"
+        )
+    if not usage:
+        lines.append("  none recorded" if usage is not None else "  n/a")
     lines.append("RECENT COMMANDS")
     for cmd in commands[:10]:
         lines.append(
@@ -113,11 +122,12 @@ class NodeScreen(BcScreen):
             info = await src.get_node(self.node_id)
             holds = await src.list_reservations(node_id=self.node_id)
             cmds = await src.list_commands(node_id=self.node_id, limit=10)
+            used = [u for u in (await src.usage(by="node")).rows if u.key == self.node_id]
         except BcError as e:
             self.notify(f"{self.node_id}: {e.message}", severity="error")
             return
         evs = [e for e in self.bc.state.events if e.subject == self.node_id or self.node_id in e.data_json]
-        self.query_one("#node-detail", Static).update(render_node(info, holds, cmds, evs))
+        self.query_one("#node-detail", Static).update(render_node(info, holds, cmds, evs, used))
 
     def action_back(self) -> None:
         self.app.pop_screen()

@@ -1,7 +1,8 @@
 """Reservations: pending (and why each waits), active (node, devices, window, usage so far), ended; `d` releases.
 
 Devices show as their CDI names (`bc.dev/gpu=…`, what a container asks for). Usage is what
-`bc usage --by reservation` reports: the windows the placement pass has flushed, so a running
+`bc usage --by reservation` reports, in its class's unit (GPU·h, MIG·h with the profile, slot·h):
+the windows the placement pass has flushed, so a running
 hold's figure trails by up to an hour; n/a when the server has none for it yet.
 """
 
@@ -9,12 +10,14 @@ from __future__ import annotations
 
 from functools import partial
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from bc.cli.render import format_time_ms
 from bc.errors import BcError
+from bc.protocol import usage_units as units
 from bc.protocol.atoms import cdi_qualified
 from bc.protocol.pb import admin_pb2
 from tui import fmt
@@ -24,8 +27,11 @@ from tui.widgets import ConfirmScreen
 GROUPS = (("pending", "pending"), ("active", "active"), ("ended", "ended"))
 
 
-def gpu_hours(atom_seconds: float | None) -> str:
-    return fmt.NA if atom_seconds is None else f"{atom_seconds / 3600:.1f} GPU·h"
+def used_text(rows: list[admin_pb2.UsageRow] | None) -> str:
+    """A reservation's usage in its class's unit (`2.5 GPU·h`, `0.5 MIG·h 1g.10gb`, `4.0 slot·h`), n/a when none."""
+    if not rows:
+        return fmt.NA
+    return ", ".join(units.amount(r.atom_ms, r.device_class, r.profile, short=True) for r in rows)
 
 
 def window(r: admin_pb2.Reservation) -> str:
@@ -65,7 +71,9 @@ class ReservationsScreen(BcScreen):
         try:
             for title, state in GROUPS:
                 groups.append((title, await src.list_reservations(state=state, include_released=state == "ended")))
-            used = {u.key: u.atom_seconds for u in (await src.usage(by="reservation")).rows}
+            used: dict[str, list[admin_pb2.UsageRow]] = {}
+            for u in (await src.usage(by="reservation")).rows:
+                used.setdefault(u.key, []).append(u)
         except BcError as e:
             self.notify(f"reservations: {e.message}", severity="error")
             return
@@ -87,7 +95,7 @@ class ReservationsScreen(BcScreen):
                     str(r.gpus),
                     fmt.clip(what, 40),
                     window(r),
-                    gpu_hours(used.get(r.id)) if title != "pending" else "-",
+                    escape(used_text(used.get(r.id))) if title != "pending" else "-",  # a node names the profile
                     r.tenant or "-",
                     key=r.id,
                 )

@@ -389,16 +389,20 @@ class UsageRequest(_message.Message):
     def __init__(self, since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., by: _Optional[str] = ...) -> None: ...
 
 class UsageRow(_message.Message):
-    __slots__ = ("key", "atom_ms", "atom_seconds", "windows")
+    __slots__ = ("key", "atom_ms", "atom_seconds", "windows", "device_class", "profile")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ATOM_MS_FIELD_NUMBER: _ClassVar[int]
     ATOM_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     key: str
     atom_ms: int
     atom_seconds: float
     windows: int
-    def __init__(self, key: _Optional[str] = ..., atom_ms: _Optional[int] = ..., atom_seconds: _Optional[float] = ..., windows: _Optional[int] = ...) -> None: ...
+    device_class: str
+    profile: str
+    def __init__(self, key: _Optional[str] = ..., atom_ms: _Optional[int] = ..., atom_seconds: _Optional[float] = ..., windows: _Optional[int] = ..., device_class: _Optional[str] = ..., profile: _Optional[str] = ...) -> None: ...
 
 class UsageResponse(_message.Message):
     __slots__ = ("rows", "now_ms")

@@ -116,3 +116,47 @@ async def test_a_stream_that_ends_before_every_command_settled_is_a_protocol_err
     events = FakeEvents([(0.1, "command.settled", "a", {"state": "succeeded"})], end=True)
     with pytest.raises(ProtocolError, match="ended the events stream before every command settled"):
         await fanout.follow(events, "k", [info("a", "n1"), info("b", "n2")], 0, lambda _: None)  # type: ignore[arg-type]
+
+
+async def test_follow_stops_waiting_for_a_pending_command_past_its_not_after() -> None:
+    """A node that never connects: its command stays pending (no sweeper here to expire it); the follow
+    ends at `pending_for_s` with the others settled, not when the stream ends."""
+    loop = asyncio.get_running_loop()
+    infos = [info("a", "n1"), info("b", "n2")]
+    events = FakeEvents([(0.5, "command.settled", "a", {"state": "succeeded", "reason": ""})])
+    t0 = loop.time()
+    out = await fanout.follow(events, "k", infos, 0, lambda _: None, pending_for_s=3.0)  # type: ignore[arg-type]
+    assert round(loop.time() - t0, 1) == 3.0
+    assert [(i.node_id, i.state) for i in out] == [("n1", "succeeded"), ("n2", "pending")]
+
+
+async def test_past_not_after_a_dispatched_command_is_still_followed_to_its_end() -> None:
+    loop = asyncio.get_running_loop()
+    infos = [info("a", "n1")]
+    events = FakeEvents(
+        [
+            (0.5, "command.updated", "a", {"state": "running"}),
+            (4.5, "command.settled", "a", {"state": "succeeded", "reason": ""}),
+        ]
+    )
+    t0 = loop.time()
+    out = await fanout.follow(events, "k", infos, 0, lambda _: None, pending_for_s=1.0)  # type: ignore[arg-type]
+    assert round(loop.time() - t0, 1) == 5.0 and out[0].state == "succeeded"
+
+
+def test_away_nodes_are_named_in_order_with_their_state() -> None:
+    nodes = [
+        admin_pb2.NodeInfo(node_id="n1", state="connected"),
+        admin_pb2.NodeInfo(node_id="n2", state="new"),
+        admin_pb2.NodeInfo(node_id="n3", state="unreachable", state_age_ms=310_000),
+        admin_pb2.NodeInfo(node_id="n4", state="disconnected"),
+    ]
+    away = fanout.away_nodes(nodes, ["n3", "n1", "n2", "n4"])
+    assert [n.node_id for n in away] == ["n3", "n2"]
+    assert fanout.away_line(away, skipped=True, not_after="10m") == (
+        "skipping 2 nodes away (--skip-away): n3 (unreachable for 5m), n2 (new: never connected)"
+    )
+    assert fanout.away_line(away[1:], skipped=False, not_after="10m") == (
+        "1 node away: n2 (new: never connected); their commands wait for them until --not-after (10m), "
+        "--skip-away leaves them out"
+    )
