@@ -75,7 +75,7 @@ def test_csv_cells_that_start_a_formula_are_written_as_text(lab: Lab) -> None:
     r = bc("usage", "--by", "tenant", "--csv")
     assert r.exit_code == 0, r.output
     rows = list(csv.reader(io.StringIO(r.stdout)))
-    assert rows[0] == ["tenant", "atom_seconds", "windows"]
+    assert rows[0][:3] == ["tenant", "atom_seconds", "windows"]
     tenants = {row[0] for row in rows[1:]}
     assert tenants == {"'" + f for f in FORMULAS}, tenants
     assert all(row[1] == "3600.000" for row in rows[1:])  # numbers stay numbers
