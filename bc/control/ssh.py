@@ -178,7 +178,7 @@ async def grant(
 ) -> Row:
     """Issue a certificate now, or (a destructive principal) open its batch; returns the grant's row."""
     user_key = check_request(req)
-    destructive = req.principal in DESTRUCTIVE_PRINCIPALS
+    destructive = req.principal.lower() in DESTRUCTIVE_PRINCIPALS  # `ROOT` is root to every reader
     ca = await get_ca(store)
     if ca is None:
         raise Conflict("there is no SSH CA yet: run `bc ssh ca init` first")
