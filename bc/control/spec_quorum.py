@@ -62,8 +62,8 @@ class SetOutcome:
 def _refusal(caller: operators.Caller, section: str, reasons: list[str]) -> Unauthenticated:
     more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
     return Unauthenticated(
-        f"this {section} change is root-equivalent: it {reasons[0]}{more}; it needs the admin role and,"
-        f" with approvers registered, their quorum; operator {caller.name} has the {caller.role} role"
+        f"this {section} change is root-equivalent (it {reasons[0]}{more}): it needs the admin role, and the"
+        f" approvers' quorum once they exist; operator {caller.name} has the {caller.role} role"
     )
 
 
