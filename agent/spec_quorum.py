@@ -35,12 +35,12 @@ from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
 REFUSED = "ROOT_EQUIVALENT"
 
 
-def is_root_user(name: str) -> bool:
+def is_root_user(name: str, getpwnam: Callable[[str], pwd.struct_passwd] = pwd.getpwnam) -> bool:
     """Whether a local user name is root here: uid 0 by getpwnam (`toor`…), or `root` in any spelling."""
     if name.lower() == "root":
         return True
     try:
-        return pwd.getpwnam(name).pw_uid == 0
+        return getpwnam(name).pw_uid == 0
     except (KeyError, ValueError):
         return False
 
