@@ -59,7 +59,8 @@ def carried_approvals(
     """The quorum approvals the new body carries: `fresh` ones, and the previous body's for every section whose
     content did not change (so a node that missed the approved generation still gets the approval with a later
     one). docs/quorum.md, "Root-equivalent spec changes"."""
-    out = {a.section: a for a in fresh}
+    out = {(a.section, a.grant_principal): a for a in fresh}
+    renewed = {a.section for a in fresh}
     previous = DesiredStateBody()
     try:
         previous.ParseFromString(old_body or b"")
@@ -67,8 +68,8 @@ def carried_approvals(
         return list(out.values())
     for a in previous.section_approvals:
         same = a.section in canonical.SECTIONS and getattr(old_spec, a.section) == getattr(new_spec, a.section)
-        if a.section not in out and same:
-            out[a.section] = a
+        if a.section not in renewed and same:
+            out[(a.section, a.grant_principal)] = a
     return [out[k] for k in sorted(out)]
 
 

@@ -27,7 +27,8 @@ from bc.control.events import publish
 from bc.control.signer import Signer
 from bc.errors import BcError
 from bc.jobs.model import DepOutcome, NodeSpec, deps_state, failure_reason
-from bc.protocol.pb import common_pb2
+from bc.protocol import root_equiv
+from bc.protocol.pb import common_pb2, spec_pb2
 from bc.store import Tx
 from bc.store import commands as cmd_sql
 from bc.store import jobs as jobs_sql
@@ -259,6 +260,18 @@ async def _resolve_approval(ctx: Ctx) -> Outcome | None:
 async def _patch_start(ctx: Ctx) -> Outcome | None:
     section = str(ctx.param("section"))
     mutate = specs.section_mutation(section, str(ctx.param("section_json", "{}")))
+    # A rollout is an operator's: a root-equivalent change goes through `bc spec set` and its quorum instead.
+    stored, _ = await specs.load_spec(ctx.tx, ctx.subject)
+    wanted = spec_pb2.NodeSpec()
+    wanted.CopyFrom(stored)
+    mutate(wanted)
+    root_reasons = root_equiv.changes(section, getattr(stored, section), getattr(wanted, section))
+    if root_reasons:
+        return Outcome(
+            False,
+            f"the {section} change on {ctx.subject} is root-equivalent (it {root_reasons[0]}): a rollout does not"
+            " make it; `bc spec set` does, with the admin role and the approvers' quorum",
+        )
     wrote = await specs.write_spec(ctx.tx, ctx.bus, ctx.signer, ctx.subject, mutate, ctx.now_ms)
     ctx.detail["generation"] = wrote.generation
     ctx.detail["deadline_ms"] = ctx.now_ms + round(float(ctx.param("deadline_s", PATCH_DEADLINE_S)) * 1000)

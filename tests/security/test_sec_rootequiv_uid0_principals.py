@@ -26,7 +26,7 @@ from bc.pki import ssh as ssh_pki
 from bc.protocol.pb import admin_pb2, common_pb2, session_pb2, spec_pb2
 from tests.integration import conftest as lab_fixtures
 from tests.integration.conftest import InprocLab
-from tests.integration.operators_lab import add_operator, approvers, as_operator
+from tests.integration.operators_lab import add_operator, approvers, as_operator, sign
 from tests.integration.test_compromised_gateway import until
 from tests.security.rootequiv_helpers import OWN_CA, holds_approvers, node
 
@@ -121,3 +121,23 @@ async def test_granting_ROOT_is_the_quorums_batch_like_root(lab: InprocLab, tmp_
         assert (g.state, g.certificate) == ("pending", "") and g.batch_id, g
     access = json.loads((await lab.admin.get_spec("n1")).spec_json).get("access", {})
     assert "principals" not in access
+
+
+async def test_an_approved_root_grant_reaches_the_node_with_its_approval(lab: InprocLab) -> None:
+    await node(lab)
+    await lab.admin.ssh_ca_init()
+    await until(lambda: len(lab.agents["n1"].state.spec.access.ssh_ca_keys) == 1)
+    quorum = await approvers(lab, n=2, k=2)
+    await holds_approvers(lab, 2)
+    bob = await add_operator(lab, "bob", "operator")
+    user_key = ssh_pki.public_line(ed25519.Ed25519PrivateKey.generate())
+    req = admin_pb2.SshGrantRequest(node_id="n1", principal="root", public_key=user_key, reason="kernel panic")
+    g = await as_operator(bob, lambda c: c.ssh_grant(req))
+    b = await lab.admin.get_batch(g.batch_id)
+    for a in quorum:
+        b = await sign(lab, b, a)
+    assert b.state == "approved"
+    cert = await as_operator(bob, lambda c: c.get_ssh_grant(batch_id=g.batch_id))
+    assert cert.certificate
+    # The node checks the grant batch's signatures itself, and takes root@n1.
+    await until(lambda: list(lab.agents["n1"].state.spec.access.principals) == ["root@n1"])
