@@ -5,18 +5,21 @@ a program the kernel runs or widen its attack surface, a sysctl key outside
 the operator's allowlist, a kernel module to load, a host unit bc does not
 know (a future driver or package unit), a daemon release: each is
 root-equivalent (bc.protocol.root_equiv) and needs the admin role. The
-operator's call is refused with the reason and nothing is stored; the
+operator's call is refused with the reason and nothing is stored (a rollout
+job that would patch it fails at its node's step, before any write); the
 settings an operator may make (network and VM tuning, huge pages, a core
 pattern that is a file) still go through.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from bc.errors import Unauthenticated
+from bc.protocol.pb import admin_pb2
 from tests.integration import conftest as lab_fixtures
 from tests.integration.conftest import InprocLab
 from tests.integration.operators_lab import add_operator, as_operator
@@ -80,3 +83,24 @@ async def test_what_an_operator_may_set_still_goes_through(lab: InprocLab) -> No
     fewer = host({"kernel-modules": {"modules": ["nvme"]}})
     await as_operator(bob, lambda c: c.set_spec_section("n1", "host", fewer))
     assert await generation(lab) == gen + 1
+
+
+async def final(lab: InprocLab, dag_id: str) -> admin_pb2.JobInfo:
+    last = None
+    async with asyncio.timeout(30):
+        async for info in lab.admin.watch_job(dag_id):
+            last = info
+    assert last is not None and last.terminal, last
+    return last
+
+
+async def test_an_operators_rollout_cannot_carry_a_root_equivalent_patch(lab: InprocLab) -> None:
+    await lab.join("n1")
+    bob = await add_operator(lab, "bob", "operator")
+    gen = await generation(lab)
+    section, text = REFUSED["sysctl kernel.core_pattern"]
+    req = admin_pb2.SubmitJobRequest(template="rollout", nodes=["n1"], section=section, section_json=text)
+    job = await as_operator(bob, lambda c: c.submit_job(req))
+    done = await final(lab, job.id)
+    assert done.state == "failed" and "root-equivalent" in done.first_error and "admin" in done.first_error
+    assert await generation(lab) == gen
