@@ -196,6 +196,11 @@ class AgentSessionCore:
     server_inventory_hash: str = ""
     # The signature check for specs (agent.trust): envelope and server time in seconds -> why it fails, or None.
     spec_check: Callable[[common_pb2.Envelope, float], str | None] | None = None
+    # The quorum check of root-equivalent changes (agent.spec_quorum): body, new spec, held spec, server time in
+    # ms -> why it is refused, or None.
+    root_check: (
+        Callable[[session_pb2.DesiredStateBody, spec_pb2.NodeSpec, spec_pb2.NodeSpec | None, int], str | None] | None
+    ) = None
     # The held spec was unusable (missing, or unsigned while roots are held): ask for a full one once welcomed.
     need_spec: bool = False
 
@@ -328,6 +333,10 @@ class AgentSessionCore:
             return [IgnoredSpec(decided)]
         if self.spec_check is not None:
             why = self.spec_check(ds.envelope, self.server_now_ms(local_wall_ms) / 1000)
+            if why is not None:
+                return [RejectedSpec(body.generation, why, ds.envelope.body)]
+        if self.root_check is not None:
+            why = self.root_check(body, decided, self.applied_spec, self.server_now_ms(local_wall_ms))
             if why is not None:
                 return [RejectedSpec(body.generation, why, ds.envelope.body)]
         self.need_spec = False

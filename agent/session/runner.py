@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent import framing
+from agent import framing, spec_quorum
 from agent import session_core as sc
 from agent.dispatch import Dispatcher
 from agent.journal_api import AgentJournal
@@ -99,6 +99,9 @@ class SessionRunner:
         )
         self.core.applied_spec = st.spec if st.stored else None
         self.core.spec_check = st.trust.check_spec
+        self.core.root_check = lambda body, new, held, now_ms: spec_quorum.check_spec(
+            body, new, held, st.trust.bundle, now_ms
+        )
         self.core.need_spec = st.spec_unusable or st.stored is None
         self.core.inventory = deps.outbox.inventory
         self.core.server_inventory_hash = st.server_inventory_hash

@@ -69,6 +69,8 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "ListSshGrants": (VIEWER, "listing SSH certificates"),
     "ListReleases": (VIEWER, "listing releases"),
     # operator: also reservations, commands, specs, batches, approving and rejecting.
+    # A root-equivalent change needs admin and, once approvers exist, their quorum: the table is
+    # bc.protocol.root_equiv (the node applies it too), the check bc.control.spec_quorum.
     "SetSpecSection": (OPERATOR, "setting a spec section"),
     "Reserve": (OPERATOR, "reserving GPUs"),
     "Release": (OPERATOR, "releasing a reservation"),

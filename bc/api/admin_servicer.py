@@ -24,6 +24,7 @@ from typing import TypeVar
 import grpc
 
 from bc import __version__
+from bc.api import admin_roles
 from bc.api.admin_roles import guarded
 from bc.api.capacity_servicer import CapacityRpcs, reserve_request
 from bc.api.jobs_servicer import JobEngine, JobRpcs
@@ -41,7 +42,7 @@ from bc.control import (
     queries,
     quorum,
     reservations,
-    specs,
+    spec_quorum,
     views,
 )
 from bc.control import intent as intent_ctl
@@ -134,10 +135,21 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
         self, request: admin_pb2.SetSpecSectionRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.SpecInfo:
         async def go() -> admin_pb2.SpecInfo:
-            await specs.set_section(
-                self.store, self.bus, self.signer, request.node_id, request.section, request.section_json or "{}"
+            # The role is looked at again for the change itself: a root-equivalent one is admin's (and the quorum's).
+            caller = await self._caller(context, *admin_roles.needed("SetSpecSection"))
+            outcome = await spec_quorum.set_section(
+                self.store,
+                self.bus,
+                self.signer,
+                self.rng,
+                request.node_id,
+                request.section,
+                request.section_json or "{}",
+                caller,
             )
-            return await queries.spec(self.store, request.node_id)
+            info = await queries.spec(self.store, request.node_id)
+            info.pending_batch_id = outcome.batch_id
+            return info
 
         return await self._call(context, go)
 
@@ -546,6 +558,8 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
                 expires_at_ms=request.expires_at_ms,
                 reason=request.reason,
             )
+            if approve:  # an approved root-equivalent spec change is written now (bc.control.spec_quorum)
+                await spec_quorum.apply_approved(self.store, self.bus, self.signer, request.batch_id)
             return await queries.batch(self.store, request.batch_id)
 
         return await self._call_as(context, go)

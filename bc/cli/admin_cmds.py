@@ -337,6 +337,15 @@ def spec_set(node_id: str, section: str, value: str, as_json: bool) -> None:
     """Replace one section (protobuf JSON; `{}` clears it); prints the new generation."""
     text = read_section_json(section, value)
     info = call_admin(lambda c: c.set_spec_section(node_id, section, text))
+    if info.pending_batch_id:  # a root-equivalent change waits for the quorum (docs/quorum.md)
+        doc = {"node_id": info.node_id, "generation": info.generation, "pending_batch_id": info.pending_batch_id}
+        emit(
+            as_json,
+            doc,
+            f"the {section} change is root-equivalent: batch {info.pending_batch_id} waits for the approvers"
+            f" (bc approve show {info.pending_batch_id}); node {info.node_id} stays at generation {info.generation}",
+        )
+        return
     _print_spec(info, as_json=as_json, with_body=False)
 
 

@@ -41,6 +41,7 @@ from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.pki import ssh as ssh_pki
 from bc.pki.keys import write_file_atomic
+from bc.protocol import canonical, root_equiv
 from bc.protocol.pb import admin_pb2
 
 DEFAULT_APPROVAL_TTL_S = 3600
@@ -101,8 +102,23 @@ def leaf_digest(b: admin_pb2.BatchInfo) -> bytes:
         if not isinstance(principal, str) or not isinstance(fingerprint, str):
             raise UsageError(f"batch {b.id}'s ssh.grant payload does not name a principal and a key fingerprint")
         return ssh_pki.grant_digest(principal, fingerprint)
+    if b.kind == root_equiv.SPEC_BATCH_KIND:
+        return spec_change_digest(b)
     payload = payload_for(b.kind, payload_from_json(b.kind, b.payload_json or "{}"))
     return merkle.payload_digest(payload.type_url, payload.value)
+
+
+def spec_change_digest(b: admin_pb2.BatchInfo) -> bytes:
+    """A `spec.set` batch's leaf digest, from the section JSON in its payload (bc.protocol.root_equiv), so what
+    is signed is the section shown, whatever the server says its digest is."""
+    try:
+        doc = json.loads(b.payload_json or "{}")
+        section, text = doc["section"], doc["section_json"]
+        if not isinstance(section, str) or not isinstance(text, str):
+            raise TypeError
+        return root_equiv.section_digest(section, canonical.section_from_json(section, text))
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"batch {b.id}'s spec.set payload does not name a section and its JSON") from None
 
 
 def scope_summary(b: admin_pb2.BatchInfo, limit: int = 6) -> str:

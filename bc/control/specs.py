@@ -16,10 +16,10 @@ limit) smaller is allowed, so such a spec can be repaired.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from bc.control.bus import Bus
 from bc.control.events import publish
@@ -27,7 +27,7 @@ from bc.control.signer import Signer
 from bc.errors import NotFound
 from bc.protocol import canonical, limits, spec_validation
 from bc.protocol.pb import spec_pb2
-from bc.protocol.pb.session_pb2 import DesiredStateBody
+from bc.protocol.pb.session_pb2 import DesiredStateBody, SectionApproval
 from bc.store import Store, Tx
 from bc.store import nodes as nodes_sql
 
@@ -40,10 +40,37 @@ class SpecWrite:
     changed: bool
 
 
-def encode_body(node_id: str, generation: int, spec: spec_pb2.NodeSpec, spec_hash: str) -> bytes:
+def encode_body(
+    node_id: str,
+    generation: int,
+    spec: spec_pb2.NodeSpec,
+    spec_hash: str,
+    approvals: Sequence[SectionApproval] = (),
+) -> bytes:
     body = DesiredStateBody(node_id=node_id, generation=generation, spec_hash=spec_hash, base_generation=0)
     body.full.CopyFrom(spec)
+    body.section_approvals.extend(approvals)
     return body.SerializeToString(deterministic=True)
+
+
+def carried_approvals(
+    old_body: bytes | None, old_spec: spec_pb2.NodeSpec, new_spec: spec_pb2.NodeSpec, fresh: Sequence[SectionApproval]
+) -> list[SectionApproval]:
+    """The quorum approvals the new body carries: `fresh` ones, and the previous body's for every section whose
+    content did not change (so a node that missed the approved generation still gets the approval with a later
+    one). docs/quorum.md, "Root-equivalent spec changes"."""
+    out = {(a.section, a.grant_principal): a for a in fresh}
+    renewed = {a.section for a in fresh}
+    previous = DesiredStateBody()
+    try:
+        previous.ParseFromString(old_body or b"")
+    except DecodeError:
+        return list(out.values())
+    for a in previous.section_approvals:
+        same = a.section in canonical.SECTIONS and getattr(old_spec, a.section) == getattr(new_spec, a.section)
+        if a.section not in renewed and same:
+            out[(a.section, a.grant_principal)] = a
+    return [out[k] for k in sorted(out)]
 
 
 async def load_spec(tx: Tx, node_id: str, lock: str = "") -> tuple[spec_pb2.NodeSpec, int]:
@@ -62,12 +89,16 @@ async def write_spec(
     now_ms: int,
     *,
     lock: str = "",
+    approvals: Sequence[SectionApproval] = (),
 ) -> SpecWrite:
-    """Apply `mutate` to the stored spec; bump the generation only when the canonical JSON changes."""
+    """Apply `mutate` to the stored spec; bump the generation only when the canonical JSON changes.
+    `approvals`: the quorum's approvals of root-equivalent sections this write makes (bc.control.spec_quorum)."""
     row = await nodes_sql.spec_for_update(tx, node_id, lock)
     if row is None:
         raise NotFound(f"no node named {node_id!r}")
     spec = canonical.spec_from_json(str(row["spec"]))
+    old_spec = spec_pb2.NodeSpec()
+    old_spec.CopyFrom(spec)
     before = spec_size(str(row["spec"]), encode_body(node_id, int(row["generation"]), spec, str(row["spec_hash"])))
     mutate(spec)
     text = canonical.spec_to_canonical(spec)
@@ -76,7 +107,9 @@ async def write_spec(
         return SpecWrite(node_id, generation, str(row["spec_hash"]), changed=False)
     generation += 1
     h = canonical.spec_hash(text)
-    body = encode_body(node_id, generation, spec, h)
+    old_body = row.get("spec_body")
+    kept = carried_approvals(bytes(old_body) if old_body is not None else None, old_spec, spec, approvals)
+    body = encode_body(node_id, generation, spec, h, kept)
     after = spec_size(text, body)
     if after > before:  # a write that shrinks a spec stored before the limit is let through
         limits.check_size(f"the spec of {node_id} would be", after, "max_spec_bytes")

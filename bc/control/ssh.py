@@ -42,7 +42,8 @@ from bc.pki import merkle
 from bc.pki import ssh as ssh_pki
 from bc.pki.secrets_source import Secrets, ed25519_key
 from bc.protocol import ssh_lines
-from bc.protocol.pb import spec_pb2
+from bc.protocol.pb import common_pb2, spec_pb2
+from bc.protocol.pb.session_pb2 import SectionApproval
 from bc.protocol.text_safety import unsafe_char
 from bc.store import Row, Store, Tx
 from bc.store import nodes as nodes_sql
@@ -97,8 +98,14 @@ async def ca_init(store: Store, bus: Bus, signer: Signer, ca_dir: Path, secrets:
     the CA is offline: its private key stays with the operator, whose CLI signs each grant (`record_cert`)."""
     async with store.transaction(write=False) as tx:
         existing = await ssh_sql.get_ca(tx)
+        guarded = await quorum.has_approvers(tx)
     if existing is not None:
         raise Conflict(f"an SSH CA exists already ({existing['fingerprint']}); it is never replaced by init")
+    if guarded:  # a new CA key is root-equivalent on every node (bc.protocol.root_equiv): no quorum covers it here
+        raise Conflict(
+            "approvers are registered, and a node takes a new SSH CA only with their quorum, which `bc ssh ca init`"
+            " cannot carry: make the SSH CA before registering approvers"
+        )
     if public_key:
         public = ssh_pki.parse_public_key(public_key, "the offline CA's public key")
     else:
@@ -144,6 +151,19 @@ async def sync_access(
     principals: dict[str, list[str]] = {}
     for r in await ssh_sql.live_principals(tx, now_ms):
         principals.setdefault(str(r["node_id"]), []).append(f"{r['principal']}@{r['node_id']}")
+    # A root grant's quorum approval goes with the section, so the node can check it (agent/spec_quorum.py).
+    approvals: dict[str, list[SectionApproval]] = {}
+    single_leaf = common_pb2.BatchProof(leaf_index=0, tree_size=1).SerializeToString(deterministic=True)
+    for r in await ssh_sql.live_batched_grants(tx, now_ms):
+        approvals.setdefault(str(r["node_id"]), []).append(
+            SectionApproval(
+                section="access",
+                batch_approval=bytes(r["approval"]),
+                batch_proof=single_leaf,
+                grant_principal=str(r["principal"]),
+                grant_fingerprint=str(r["fingerprint"]),
+            )
+        )
     if node_ids is None:
         node_ids = [str(r["node_id"]) for r in await nodes_sql.list_all(tx)]
     changed = 0
@@ -158,7 +178,7 @@ async def sync_access(
             if access.ByteSize() == 0:
                 spec.ClearField("access")
 
-        w = await write_spec(tx, bus, signer, node_id, mutate, now_ms, lock=lock)
+        w = await write_spec(tx, bus, signer, node_id, mutate, now_ms, lock=lock, approvals=approvals.get(node_id, []))
         changed += int(w.changed)
     return changed
 
@@ -178,7 +198,7 @@ async def grant(
 ) -> Row:
     """Issue a certificate now, or (a destructive principal) open its batch; returns the grant's row."""
     user_key = check_request(req)
-    destructive = req.principal in DESTRUCTIVE_PRINCIPALS
+    destructive = req.principal.lower() in DESTRUCTIVE_PRINCIPALS  # `ROOT` is root to every reader
     ca = await get_ca(store)
     if ca is None:
         raise Conflict("there is no SSH CA yet: run `bc ssh ca init` first")

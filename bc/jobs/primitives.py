@@ -27,12 +27,14 @@ from bc.control.events import publish
 from bc.control.signer import Signer
 from bc.errors import BcError
 from bc.jobs.model import DepOutcome, NodeSpec, deps_state, failure_reason
-from bc.protocol.pb import common_pb2
+from bc.protocol import root_equiv
+from bc.protocol.pb import common_pb2, spec_pb2
 from bc.store import Tx
 from bc.store import commands as cmd_sql
 from bc.store import jobs as jobs_sql
 from bc.store import node_lifecycle as life_sql
 from bc.store import nodes as nodes_sql
+from bc.store import operators as ops_sql
 from bc.store import quorum as q_sql
 
 
@@ -275,10 +277,34 @@ async def _resolve_approval(ctx: Ctx) -> Outcome | None:
 async def _patch_start(ctx: Ctx) -> Outcome | None:
     section = str(ctx.param("section"))
     mutate = specs.section_mutation(section, str(ctx.param("section_json", "{}")))
+    refused = await _root_equivalent_refusal(ctx, section, mutate)
+    if refused is not None:
+        return refused
     wrote = await specs.write_spec(ctx.tx, ctx.bus, ctx.signer, ctx.subject, mutate, ctx.now_ms)
     ctx.detail["generation"] = wrote.generation
     ctx.detail["deadline_ms"] = ctx.now_ms + round(float(ctx.param("deadline_s", PATCH_DEADLINE_S)) * 1000)
     return await _patch_check(ctx)
+
+
+async def _root_equivalent_refusal(
+    ctx: Ctx, section: str, mutate: Callable[[spec_pb2.NodeSpec], None]
+) -> Outcome | None:
+    """A root-equivalent patch (bc.protocol.root_equiv) is admin's, as `bc spec set` is; once approvers exist a
+    rollout cannot carry their quorum, so it is refused: `bc spec set` opens the batch per node."""
+    stored, _ = await specs.load_spec(ctx.tx, ctx.subject)
+    wanted = spec_pb2.NodeSpec()
+    wanted.CopyFrom(stored)
+    mutate(wanted)
+    reasons = root_equiv.changes(section, getattr(stored, section), getattr(wanted, section))
+    if not reasons:
+        return None
+    who = await ops_sql.get(ctx.tx, ctx.requested_by) if ctx.requested_by else None
+    head = f"the {section} change on {ctx.subject} is root-equivalent (it {reasons[0]})"
+    if who is None or str(who["role"]) != "admin":
+        return Outcome(False, f"{head}: it needs the admin role; {ctx.requested_by or 'the requester'} is not an admin")
+    if await quorum.has_approvers(ctx.tx):
+        return Outcome(False, f"{head}: with approvers registered, set it with `bc spec set` (a batch they approve)")
+    return None
 
 
 async def _patch_check(ctx: Ctx) -> Outcome | None:

@@ -133,6 +133,17 @@ async def live_principals(tx: Tx, now_ms: int) -> list[Row]:
     )
 
 
+async def live_batched_grants(tx: Tx, now_ms: int) -> list[Row]:
+    """(node_id, principal, fingerprint, batch_id, approval) of every live grant its quorum approved (root's)."""
+    return await tx.fetchall(
+        "SELECT g.node_id, g.principal, g.fingerprint, g.batch_id, b.approval FROM ssh_grants g"
+        " JOIN batches b ON b.id = g.batch_id"
+        " WHERE g.state = 'issued' AND g.revoked_at_ms IS NULL AND g.valid_before_ms > :now"
+        " AND g.batch_id <> '' AND b.approval IS NOT NULL ORDER BY g.node_id, g.principal, g.serial",
+        {"now": now_ms},
+    )
+
+
 async def revoked_serials(tx: Tx, now_ms: int) -> list[int]:
     """Serials revoked before their certificate expired: what every node's KRL must list (an expired
     certificate is refused by its validity, so it leaves the KRL)."""

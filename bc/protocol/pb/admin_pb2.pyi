@@ -237,16 +237,18 @@ class PkiInfo(_message.Message):
     def __init__(self, ca_fingerprint: _Optional[str] = ..., ca_not_after_ms: _Optional[int] = ..., command_signing: _Optional[bool] = ..., attested_bindings: _Optional[bool] = ..., roots: _Optional[_Iterable[_Union[SigningKeyInfo, _Mapping]]] = ..., worker: _Optional[_Union[SigningKeyInfo, _Mapping]] = ..., resigned_specs: _Optional[int] = ..., resigned_commands: _Optional[int] = ..., root_on_host: _Optional[bool] = ...) -> None: ...
 
 class SpecInfo(_message.Message):
-    __slots__ = ("node_id", "generation", "spec_hash", "spec_json")
+    __slots__ = ("node_id", "generation", "spec_hash", "spec_json", "pending_batch_id")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    PENDING_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     generation: int
     spec_hash: str
     spec_json: str
-    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec_hash: _Optional[str] = ..., spec_json: _Optional[str] = ...) -> None: ...
+    pending_batch_id: str
+    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec_hash: _Optional[str] = ..., spec_json: _Optional[str] = ..., pending_batch_id: _Optional[str] = ...) -> None: ...
 
 class SetSpecSectionRequest(_message.Message):
     __slots__ = ("node_id", "section", "section_json")

@@ -158,20 +158,36 @@ class Heartbeat(_message.Message):
     def __init__(self, applied_generation: _Optional[int] = ..., server_time_ms: _Optional[int] = ...) -> None: ...
 
 class DesiredStateBody(_message.Message):
-    __slots__ = ("node_id", "generation", "spec_hash", "full", "patch", "base_generation")
+    __slots__ = ("node_id", "generation", "spec_hash", "full", "patch", "base_generation", "section_approvals")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     FULL_FIELD_NUMBER: _ClassVar[int]
     PATCH_FIELD_NUMBER: _ClassVar[int]
     BASE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    SECTION_APPROVALS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     generation: int
     spec_hash: str
     full: _spec_pb2.NodeSpec
     patch: _spec_pb2.NodeSpecPatch
     base_generation: int
-    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec_hash: _Optional[str] = ..., full: _Optional[_Union[_spec_pb2.NodeSpec, _Mapping]] = ..., patch: _Optional[_Union[_spec_pb2.NodeSpecPatch, _Mapping]] = ..., base_generation: _Optional[int] = ...) -> None: ...
+    section_approvals: _containers.RepeatedCompositeFieldContainer[SectionApproval]
+    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec_hash: _Optional[str] = ..., full: _Optional[_Union[_spec_pb2.NodeSpec, _Mapping]] = ..., patch: _Optional[_Union[_spec_pb2.NodeSpecPatch, _Mapping]] = ..., base_generation: _Optional[int] = ..., section_approvals: _Optional[_Iterable[_Union[SectionApproval, _Mapping]]] = ...) -> None: ...
+
+class SectionApproval(_message.Message):
+    __slots__ = ("section", "batch_approval", "batch_proof", "grant_principal", "grant_fingerprint")
+    SECTION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    BATCH_PROOF_FIELD_NUMBER: _ClassVar[int]
+    GRANT_PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    section: str
+    batch_approval: bytes
+    batch_proof: bytes
+    grant_principal: str
+    grant_fingerprint: str
+    def __init__(self, section: _Optional[str] = ..., batch_approval: _Optional[bytes] = ..., batch_proof: _Optional[bytes] = ..., grant_principal: _Optional[str] = ..., grant_fingerprint: _Optional[str] = ...) -> None: ...
 
 class DesiredState(_message.Message):
     __slots__ = ("envelope",)

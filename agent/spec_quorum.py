@@ -1,0 +1,162 @@
+"""The node's own check of root-equivalent spec changes (docs/quorum.md, "Root-equivalent spec changes").
+
+A worker key signs every DesiredState, so a control plane whose worker key
+was stolen could sign a spec that adds its own SSH CA, a `toor` principal, a
+`kernel.core_pattern` pipe or a new daemon release: root on the node. Once
+this node's trust bundle holds approver keys, a spec whose change from the
+spec it holds is root-equivalent (`bc.protocol.root_equiv`, from the node's
+viewpoint: a principal counts when its user is uid 0 here) is taken only
+when, for every such section, the body carries a `SectionApproval` whose
+batch approval holds k valid signatures of the bundle's approvers (the same
+rule as destructive commands, `bc.pki.quorum.count_approvals`, unexpired at
+server time) and whose proof puts this node's leaf — rebuilt here from the
+body's node id and the section's own content, never taken from the proof —
+under the signed root; a root principal added by an approved `bc ssh grant
+--principal root` is covered instead by that `ssh.grant` batch's approval
+(its leaf rebuilt from the principal and the key fingerprint the approvers
+signed for). Otherwise the whole spec is refused (the node keeps
+the one it holds and reports `spec.rejected` with the reason), as a spec
+with a bad signature is.
+
+The first spec a node takes (nothing held: just joined, with an admin's
+token) is its baseline and is not checked. Pure but for `is_root_user`,
+passed in.
+"""
+
+from __future__ import annotations
+
+import pwd
+from collections.abc import Callable
+
+from google.protobuf.message import DecodeError, Message
+
+from bc.pki import merkle
+from bc.pki import quorum as q
+from bc.pki import ssh as ssh_pki
+from bc.protocol import root_equiv
+from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
+
+REFUSED = "ROOT_EQUIVALENT"
+
+
+def is_root_user(name: str, getpwnam: Callable[[str], pwd.struct_passwd] = pwd.getpwnam) -> bool:
+    """Whether a local user name is root here: uid 0 by getpwnam (`toor`…), or `root` in any spelling."""
+    if name.lower() == "root":
+        return True
+    try:
+        return getpwnam(name).pw_uid == 0
+    except (KeyError, ValueError):
+        return False
+
+
+def _verified(
+    a: session_pb2.SectionApproval, leaf: bytes, bundle: common_pb2.TrustBundle, server_now_ms: int
+) -> str | None:
+    """None when `a` holds k valid signatures of the bundle's approvers over a root its proof puts `leaf` under."""
+    approval, proof = common_pb2.BatchApproval(), common_pb2.BatchProof()
+    try:
+        approval.ParseFromString(a.batch_approval)
+        proof.ParseFromString(a.batch_proof)
+    except DecodeError:
+        return "its approval or proof does not decode"
+    if proof.tree_size != approval.leaf_count or not merkle.verify_proof(
+        leaf, proof.leaf_index, proof.tree_size, proof.path, bytes(approval.scope_root)
+    ):
+        return f"batch {approval.batch_id or '?'}'s proof does not put this content in its approved scope"
+    tally = q.count_approvals(approval, list(bundle.approver_keys), server_now_ms)
+    need = max(1, bundle.quorum_k)
+    if len(tally.counted) < need:
+        return f"batch {approval.batch_id} holds {len(tally.counted)} of the {need} approvals it needs"
+    return None
+
+
+def approval_problem(
+    section: str,
+    content: Message,
+    node_id: str,
+    approvals: list[session_pb2.SectionApproval],
+    bundle: common_pb2.TrustBundle,
+    server_now_ms: int,
+) -> str | None:
+    """None when one of `approvals` is the quorum's for exactly this section's content on this node."""
+    found = [a for a in approvals if a.section == section and not a.grant_principal]
+    if not found:
+        return "the spec carries no quorum approval for it"
+    leaf = merkle.leaf_bytes(node_id, root_equiv.SPEC_BATCH_KIND, root_equiv.section_digest(section, content))
+    why = ""
+    for a in found:
+        why = _verified(a, leaf, bundle, server_now_ms) or ""
+        if not why:
+            return None
+    return why
+
+
+def granted(
+    principal: str, node_id: str, approvals: list[session_pb2.SectionApproval], bundle: common_pb2.TrustBundle, now: int
+) -> bool:
+    """Whether an approved `ssh.grant` batch (`bc ssh grant --principal root`) covers adding `principal`."""
+    for a in approvals:
+        if a.section != "access" or not a.grant_principal or f"{a.grant_principal}@{node_id}" != principal:
+            continue
+        try:
+            digest = ssh_pki.grant_digest(a.grant_principal, a.grant_fingerprint)
+            leaf = merkle.leaf_bytes(node_id, ssh_pki.GRANT_BATCH_KIND, digest)
+        except ValueError:
+            continue
+        if _verified(a, leaf, bundle, now) is None:
+            return True
+    return False
+
+
+def _grant_only(
+    held: spec_pb2.AccessSection,
+    new: spec_pb2.AccessSection,
+    view: root_equiv.Viewpoint,
+    approvals: list[session_pb2.SectionApproval],
+    bundle: common_pb2.TrustBundle,
+    now: int,
+) -> bool:
+    """Whether the access change widens nothing but root principals, each an approved grant's."""
+    rest = spec_pb2.AccessSection()
+    rest.CopyFrom(new)
+    del rest.principals[:]
+    rest.principals.extend(held.principals)
+    if root_equiv.changes("access", held, rest, view):
+        return False
+    added = [p for p in new.principals if p not in set(held.principals)]
+    roots = [p for p in added if root_equiv.changes("access", held, _with(held, p), view)]
+    return all(granted(p, view.node_id, approvals, bundle, now) for p in roots)
+
+
+def _with(held: spec_pb2.AccessSection, principal: str) -> spec_pb2.AccessSection:
+    one = spec_pb2.AccessSection()
+    one.CopyFrom(held)
+    one.principals.append(principal)
+    return one
+
+
+def check_spec(
+    body: session_pb2.DesiredStateBody,
+    new_spec: spec_pb2.NodeSpec,
+    held_spec: spec_pb2.NodeSpec | None,
+    bundle: common_pb2.TrustBundle,
+    server_now_ms: int,
+    root_user: Callable[[str], bool] = is_root_user,
+) -> str | None:
+    """None when `new_spec` may replace `held_spec`; else "ROOT_EQUIVALENT: why" (the spec is refused)."""
+    if not bundle.approver_keys or held_spec is None:
+        return None
+    view = root_equiv.Viewpoint(node_id=body.node_id, at_node=True, is_root_user=root_user)
+    approvals = list(body.section_approvals)
+    for section, reasons in root_equiv.spec_changes(held_spec, new_spec, view).items():
+        new = getattr(new_spec, section)
+        why = approval_problem(section, new, body.node_id, approvals, bundle, server_now_ms)
+        if (
+            why is not None
+            and section == "access"
+            and _grant_only(held_spec.access, new_spec.access, view, approvals, bundle, server_now_ms)
+        ):
+            continue  # nothing but root principals, each an approved grant's
+        if why is not None:
+            return f"{REFUSED}: the {section} change {reasons[0]}, and {why}"
+    return None
