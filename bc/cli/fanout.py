@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 from bc.cli.client import AdminClient
 from bc.cli.output import echo
+from bc.cli.reconnect import follow_events
+from bc.clock import SystemClock
 from bc.control.command_states import STATES, SUCCEEDED, TERMINAL
 from bc.errors import ProtocolError, UsageError
 from bc.protocol import kinds
@@ -133,7 +135,8 @@ async def follow(
         show(progress_line(kind, infos))
         return infos
     loop = asyncio.get_running_loop()
-    stream = client.watch(after_seq=after_seq, type_prefix="command.")
+    # Across a `bc serve` restart: resumed after the last event read, each event once.
+    stream = follow_events(client, SystemClock(), show, after_seq=after_seq, type_prefix="command.")
     shown, shown_at = "", float("-inf")
     pending = asyncio.ensure_future(_next(stream))
     try:

@@ -86,6 +86,22 @@ _CONNECT_HINTS = (
 )
 
 
+# A name that does not resolve is not a server that is down: it keeps "cannot reach".
+_NAME_HINTS = ("errors resolving", "dns resolution", "name resolution", "domain name not found")
+
+# grpc's words for a connection that failed or broke, and the two or three words an operator is told.
+_CONNECTION_REASONS = (
+    ("connection refused", "connection refused"),
+    ("connection reset", "connection reset"),
+    ("socket closed", "connection closed"),
+    ("stream removed", "connection closed"),
+    ("broken pipe", "connection closed"),
+    ("no route to host", "no route to host"),
+    ("network is unreachable", "network is unreachable"),
+    ("timeout occurred", "no answer in time"),
+)
+
+
 # gRPC's own words for a message over a limit, e.g. "CLIENT: Received message larger than max (40004 vs. 30000)";
 # the side is missing in some versions, so it is optional.
 _TOO_LARGE = re.compile(r"(?:(CLIENT|SERVER): )?(Received|Sent) message larger than max \((\d+) vs\. (\d+)\)")
@@ -166,11 +182,19 @@ def _connect_error(details: str, server: str | None) -> BcError:
             f"the TLS handshake with {where} failed ({reason}); "
             "are the operator config's CA and certificate this server's?"
         )
-    reason = _last_reason(details)
-    if "socket closed" in low:
-        # What a client sees when the server refuses its certificate during the handshake.
-        reason += " (did the server refuse the operator certificate?)"
-    return Unavailable(f"cannot reach {where}: {reason}")
+    if any(h in low for h in _NAME_HINTS):
+        return Unavailable(f"cannot reach {where}: {_last_reason(details)}")
+    # Refused, reset, closed: the server is down or restarting. (A server that refuses the operator's
+    # certificate also closes the socket; the Admin client tells that apart by asking again itself.)
+    return Unavailable(f"{where} is not answering ({_connection_reason(details)})")
+
+
+def _connection_reason(details: str) -> str:
+    low = details.lower()
+    for hint, reason in _CONNECTION_REASONS:
+        if hint in low:
+            return reason
+    return _last_reason(details).lower()
 
 
 def _last_reason(details: str) -> str:
