@@ -166,8 +166,9 @@ async def reopening(
     server: str,
     *,
     policy: Backoff = CLIENT_BACKOFF,
+    resuming: Callable[[], str] = str,
 ) -> AsyncGenerator[_T, None]:
-    """The items of `open_stream()`, opened again after each cut (or end) with the back-off, forever.
+    """The items of `open_stream()`, opened again after each cut with the back-off, until it ends.
 
     After a cut, `probe()` (a cheap read) must answer before the stream is opened again: a stream
     says nothing until it has an item, and the operator is told the server is back when it is.
@@ -177,11 +178,11 @@ async def reopening(
         try:
             if outage.down:
                 await probe()
-                say(_back(server, outage, clock))
+                say(_back(server, outage, clock, resuming()))
             async with contextlib.aclosing(open_stream()) as stream:
                 async for item in stream:
                     yield item
-            raise Unavailable(f"bc serve at {server} ended the stream")
+            return  # the server ended the stream itself (it never does while it runs): so do we
         except Unavailable as e:
             delay = outage.failed(e.message, clock.monotonic(), policy, at_least=_wait_for(e))
             say(outage.describe(server, clock.monotonic()))
@@ -206,7 +207,10 @@ async def follow_events(
     def watch() -> AsyncGenerator[admin_pb2.EventRecord, None]:
         return client.watch(after_seq=cursor, type_prefix=type_prefix)
 
-    stream = reopening(watch, client.server_info, clock, say, client.server, policy=policy)
+    def resuming() -> str:
+        return f"; resuming after event {cursor}"
+
+    stream = reopening(watch, lambda: client.server_info(), clock, say, client.server, policy=policy, resuming=resuming)
     async with contextlib.aclosing(stream) as evs:
         async for ev in evs:
             if ev.seq <= cursor:
