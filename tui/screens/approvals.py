@@ -31,6 +31,7 @@ class ApprovalsScreen(BcScreen):
     ]
     DEFAULT_CSS = """
     #batches { height: 1fr; }
+    #quorum-changes { height: auto; max-height: 8; }
     #batch-detail { height: auto; max-height: 14; border-top: solid $primary; padding: 0 1; }
     """
 
@@ -43,11 +44,16 @@ class ApprovalsScreen(BcScreen):
         table: DataTable[str] = DataTable(id="batches", cursor_type="row")
         yield table
         yield Static("", id="batch-detail", markup=False)
+        # Approver and threshold changes wait for the quorum too; they are signed with `bc approve sign ID`.
+        yield Static("QUORUM CHANGES WAITING (approvers, threshold: sign with `bc approve sign ID`)", classes="title")
+        changes: DataTable[str] = DataTable(id="quorum-changes", cursor_type="row")
+        yield changes
 
     def on_mount(self) -> None:
         super().on_mount()
         t = self.query_one("#batches", DataTable)
         t.add_columns("BATCH", "WHAT", "APPROVALS", "REQUESTED BY", "REASON", "AGE")
+        self.query_one("#quorum-changes", DataTable).add_columns("CHANGE", "WHAT", "APPROVALS", "REQUESTED BY", "AGE")
         t.focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -61,9 +67,11 @@ class ApprovalsScreen(BcScreen):
             return
         try:
             self.batches = await src.list_batches(state="pending")
+            changes = await src.list_quorum_changes(state="pending")
         except BcError as e:
             self.notify(f"batches: {e.message}", severity="error")
             return
+        self._show_changes(changes)
         self.bc.known_batches = {b.id: b for b in self.batches}
         t = self.query_one("#batches", DataTable)
         keep = self._current_id()
@@ -81,6 +89,14 @@ class ApprovalsScreen(BcScreen):
         if keep and keep in self.bc.known_batches:
             t.move_cursor(row=t.get_row_index(keep), animate=False)
         self._detail()
+
+    def _show_changes(self, changes: list[admin_pb2.QuorumChangeInfo]) -> None:
+        t = self.query_one("#quorum-changes", DataTable)
+        t.clear()
+        for c in changes:
+            t.add_row(
+                c.id, c.summary, f"{c.approvals} of {c.threshold}", c.requested_by, fmt.age(c.created_age_ms), key=c.id
+            )
 
     def _current_id(self) -> str | None:
         t = self.query_one("#batches", DataTable)

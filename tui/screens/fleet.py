@@ -9,7 +9,7 @@ from textual.widgets import DataTable, Input, Static
 from tui.fleet_model import COLUMNS
 from tui.fleet_table import FleetTable
 from tui.screens.base import BcScreen
-from tui.widgets import PromptScreen
+from tui.widgets import PromptScreen, rows_stale
 
 _SORTABLE = ("node", "conn", "gen", "lag", "heard", "sched", "role")
 
@@ -87,6 +87,8 @@ class FleetScreen(BcScreen):
         text = (
             f"{total} nodes · {connected} connected · {lagging} lagging · sorted by {title}{filt} · event {st.cursor}"
         )
+        if rows_stale(st.link):
+            text += " · STALE"
         if text != self._status_text:
             self._status_text = text
             # A one-line status of fixed size: no layout pass (that would repaint the whole table).
