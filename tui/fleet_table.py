@@ -30,6 +30,7 @@ class FleetTable(DataTable[Text]):
         self.now = 0.0
         self.widths: dict[str, int] = dict(CLIP)  # the free-text columns', sized to the terminal at each rebuild
         self._fitted_to = 0
+        self._wants: dict[str, int] = {}  # the free-text columns' whole widths at the last fit
 
     def on_mount(self) -> None:
         for key, title in COLUMNS:
@@ -40,6 +41,11 @@ class FleetTable(DataTable[Text]):
         w = self.widths if widths is None else widths
         return cells(row, self.state.inflight, self.now, self.state.server_now_ms(self.now), w)
 
+    def _outgrew(self, node_id: str) -> bool:
+        """A free-text cell of this row is now longer than its column was fitted to (a new label)."""
+        whole = self._cells(node_id, {})
+        return any(len(whole[k][0]) > self._wants.get(k, 0) and self.widths[k] < len(whole[k][0]) for k in FLEX)
+
     def _width(self) -> int:
         return self.size.width or self.app.size.width
 
@@ -47,7 +53,10 @@ class FleetTable(DataTable[Text]):
         """Size the free-text columns to the terminal: whole when the table fits, else sharing what is left."""
         whole = [self._cells(n, {}) for n in self.state.rows]
         need = {k: natural(title, (c[k][0] for c in whole)) for k, title in COLUMNS}
-        self.widths = fit(self._width(), {k: w for k, w in need.items() if k not in FLEX}, {k: need[k] for k in FLEX})
+        # Ages and counts grow by a character now and then: room for that, so the table stays on screen.
+        fixed = {k: w + (1 if k in ("conn", "heard", "lag") else 0) for k, w in need.items() if k not in FLEX}
+        self._wants = {k: need[k] for k in FLEX}
+        self.widths = fit(self._width(), fixed, self._wants)
         self._fitted_to = self._width()
         for k in FLEX:  # a column's width only grows as rows are added: start the free ones from their titles
             column = self.columns.get(ColumnKey(k))
@@ -83,6 +92,7 @@ class FleetTable(DataTable[Text]):
         """Apply changed rows in place; a new node is appended, a gone one removed. The cells written."""
         self.now = now
         written = 0
+        grew = False
         for n in node_ids:
             row = self.state.rows.get(n)
             shown = self._shown.get(n)
@@ -97,6 +107,7 @@ class FleetTable(DataTable[Text]):
                     del self._shown[n]
                 continue
             c = self._cells(n)
+            grew = grew or (any(c[k][0].endswith("…") for k in FLEX) and self._outgrew(n))
             if shown is None:
                 self._shown[n] = c
                 self.add_row(*(_text(c[k]) for k, _ in COLUMNS), key=n)
@@ -106,6 +117,8 @@ class FleetTable(DataTable[Text]):
                     self.update_cell(n, k, _text(c[k]))
                     written += 1
             self._shown[n] = c
+        if grew:  # a label longer than its column was fitted to: fit the columns again (rare: not per update)
+            self.rebuild(now)
         return written
 
     def tick(self, now: float) -> int:

@@ -58,9 +58,15 @@ class FleetScreen(BcScreen):
     def nodes_changed(self, node_ids: set[str]) -> None:
         if self._pending is None:
             self._pending = set(node_ids)
-            self.set_timer(self.FLUSH_S, self._flush)
+            if self.is_current:
+                self.set_timer(self.FLUSH_S, self._flush)
         else:
             self._pending |= node_ids
+
+    def on_screen_resume(self) -> None:
+        # A timer set while a node's screen covered this one did not fire: changes kept coming into
+        # `_pending` and none reached the table (a node that joined then never showed). Back: apply them.
+        self._flush()
 
     def _flush(self) -> None:
         node_ids, self._pending = self._pending or set(), None
