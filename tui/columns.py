@@ -8,9 +8,13 @@ than it needs (the room one needs less of goes to the others).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
-FLOOR = 8  # a free-text column is never narrower than this, even on a narrow terminal
+from textual.widgets import DataTable
+
+from tui.fmt import clip
+
+FLOOR = 12  # a free-text column is never narrower than this, even on a narrow terminal
 PADDING = 2  # a DataTable cell's padding, one each side
 SCROLLBAR = 2  # the table's vertical scrollbar
 
@@ -44,3 +48,20 @@ def fit(width: int, fixed: Mapping[str, int], wants: Mapping[str, int], floor: i
     """The free-text columns' widths in a table `width` cells wide whose other columns need `fixed`."""
     used = sum(w + PADDING for w in fixed.values()) + PADDING * len(wants) + SCROLLBAR
     return share(max(0, width - used), wants, floor)
+
+
+def sized(width: int, titles: Sequence[str], rows: Sequence[Sequence[str]], flex: Collection[int]) -> list[list[str]]:
+    """`rows` with the free-text cells (the column indexes in `flex`) clipped to fit a table `width` wide."""
+    need = [natural(t, (r[i] for r in rows)) for i, t in enumerate(titles)]
+    widths = fit(width, {str(i): need[i] for i in range(len(titles)) if i not in flex}, {str(i): need[i] for i in flex})
+    return [[clip(c, widths[str(i)]) if i in flex else c for i, c in enumerate(r)] for r in rows]
+
+
+def refill(table: DataTable[str], rows: Sequence[Sequence[str]], keys: Sequence[str]) -> None:
+    """Clear `table` and add `rows`, its columns as wide as what they now hold (a column only ever grows
+    as rows are added: after a narrower terminal or shorter texts it would stay as wide as it once was)."""
+    table.clear()
+    for column in table.columns.values():
+        column.content_width = column.label.cell_len
+    for row, key in zip(rows, keys, strict=True):
+        table.add_row(*row, key=key)

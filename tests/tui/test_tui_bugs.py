@@ -142,3 +142,14 @@ async def test_on_a_narrow_terminal_the_table_fits_and_shrinks_back_after_a_wide
         assert cell.endswith("…") and whole.startswith(cell[:-1])
         await pilot.pause(0.2)
         assert table.virtual_size.width <= 120, "every column on screen, none scrolled off"
+
+
+async def test_a_batch_s_what_is_shown_whole_when_the_terminal_has_room() -> None:
+    source = FakeSource(random.Random(7), nodes=8)
+    app = app_on(source)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await until(pilot, lambda: app.state.link.live)
+        await pilot.press("2")
+        batches = app.screen.query_one("#batches", DataTable)
+        await until(pilot, lambda: batches.row_count == 1)
+        assert str(batches.get_row("b-0001")[1]) == "3 node(s) × gpu.reset; payload digest abababababababab…"

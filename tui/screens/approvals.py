@@ -16,9 +16,12 @@ from textual.widgets import DataTable, Static
 from bc.errors import BcError
 from bc.protocol.pb import admin_pb2
 from tui import approvals as ap
-from tui import fmt
+from tui import columns, fmt
 from tui.screens.base import BcScreen
 from tui.widgets import ConfirmScreen, PromptScreen
+
+BATCH_COLUMNS = ("BATCH", "WHAT", "APPROVALS", "REQUESTED BY", "REASON", "AGE")
+CHANGE_COLUMNS = ("CHANGE", "WHAT", "APPROVALS", "REQUESTED BY", "AGE")
 
 
 class ApprovalsScreen(BcScreen):
@@ -52,8 +55,8 @@ class ApprovalsScreen(BcScreen):
     def on_mount(self) -> None:
         super().on_mount()
         t = self.query_one("#batches", DataTable)
-        t.add_columns("BATCH", "WHAT", "APPROVALS", "REQUESTED BY", "REASON", "AGE")
-        self.query_one("#quorum-changes", DataTable).add_columns("CHANGE", "WHAT", "APPROVALS", "REQUESTED BY", "AGE")
+        t.add_columns(*BATCH_COLUMNS)
+        self.query_one("#quorum-changes", DataTable).add_columns(*CHANGE_COLUMNS)
         t.focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -75,28 +78,33 @@ class ApprovalsScreen(BcScreen):
         self.bc.known_batches = {b.id: b for b in self.batches}
         t = self.query_one("#batches", DataTable)
         keep = self._current_id()
-        t.clear()
-        for b in self.batches:
-            t.add_row(
+        rows = [
+            (
                 b.id,
-                fmt.clip(ap.leaves_summary(b), 44),
+                ap.leaves_summary(b),
                 f"{b.approvals} of {b.threshold}",
                 b.requested_by,
-                fmt.clip(b.reason or "-", 24),
+                b.reason or "-",
                 fmt.age(b.created_age_ms),
-                key=b.id,
             )
+            for b in self.batches
+        ]
+        # WHAT and REASON get the room the terminal has, not a fixed clip.
+        columns.refill(t, columns.sized(self._table_width(t), BATCH_COLUMNS, rows, (1, 4)), [b.id for b in self.batches])
         if keep and keep in self.bc.known_batches:
             t.move_cursor(row=t.get_row_index(keep), animate=False)
         self._detail()
 
     def _show_changes(self, changes: list[admin_pb2.QuorumChangeInfo]) -> None:
         t = self.query_one("#quorum-changes", DataTable)
-        t.clear()
-        for c in changes:
-            t.add_row(
-                c.id, c.summary, f"{c.approvals} of {c.threshold}", c.requested_by, fmt.age(c.created_age_ms), key=c.id
-            )
+        rows = [
+            (c.id, c.summary, f"{c.approvals} of {c.threshold}", c.requested_by, fmt.age(c.created_age_ms))
+            for c in changes
+        ]
+        columns.refill(t, columns.sized(self._table_width(t), CHANGE_COLUMNS, rows, (1,)), [c.id for c in changes])
+
+    def _table_width(self, t: DataTable[str]) -> int:
+        return t.size.width or self.app.size.width
 
     def _current_id(self) -> str | None:
         t = self.query_one("#batches", DataTable)

@@ -59,6 +59,14 @@ class BcScreen(Screen[None]):
         self.spawn(self.reload, "reload")
 
     stale = False
+    _width = 0
+
+    def on_resize(self) -> None:
+        # The tables size their free-text columns to the terminal: a new width, a new layout.
+        if self.size.width != self._width:
+            if self._width and self.is_current:
+                self.spawn(self.reload, "reload")
+            self._width = self.size.width
 
     def spawn(self, fn: Callable[[], Awaitable[None]], group: str) -> None:
         """Run `fn` as this screen's worker, replacing the one of the same group (a newer read wins).
