@@ -90,7 +90,8 @@ class ApprovalsScreen(BcScreen):
             for b in self.batches
         ]
         # WHAT and REASON get the room the terminal has, not a fixed clip.
-        columns.refill(t, columns.sized(self._table_width(t), BATCH_COLUMNS, rows, (1, 4)), [b.id for b in self.batches])
+        sized = columns.sized(self._table_width(t), BATCH_COLUMNS, rows, (1, 4))
+        columns.refill(t, sized, [b.id for b in self.batches])
         if keep and keep in self.bc.known_batches:
             t.move_cursor(row=t.get_row_index(keep), animate=False)
         self._detail()
