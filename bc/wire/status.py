@@ -21,7 +21,14 @@ and never "unreachable". Any other RESOURCE_EXHAUSTED is a server shedding load
 
 Servicers raise `BcError`s and turn them into a status with `abort_with`;
 clients turn an `AioRpcError` back with `status_to_error`, giving the server's
-address so that "cannot reach" says where.
+address so that the error says where.
+
+A connection that failed or broke (refused, reset, closed) is a server that is down
+or restarting: `bc serve at ADDR is not answering (connection refused)`, exit 5. Only
+our side refusing the server's certificate (a TLS handshake failure) is exit 6 here;
+a server refusing the operator's certificate looks like a closed connection to grpc,
+and the Admin client tells it apart itself (`bc.cli.tls_probe`). A name that does not
+resolve keeps "cannot reach".
 """
 
 from __future__ import annotations
