@@ -7,8 +7,10 @@ when the next attempt is, and resumes where it was. The same cap is given to grp
 (`CHANNEL_OPTIONS`): a channel left to grpc's defaults (1 s growing 1.6× to 120 s, with
 jitter) found a restarted server minutes late.
 
-Pure except `retrying` and `follow_events`, which take the clock (and the stderr line) as
-arguments: tests drive the policy with a fake clock, and real restarts in tests/e2e.
+Pure except the loops (`retrying`, `reopening`, `follow_events`), which take the clock and
+the line to say as arguments: tests/unit/cli/test_reconnect_policy.py drives them on a fake
+clock, tests/e2e/test_restart_clients.py and tests/tui/test_restart_screens.py across real
+restarts.
 
 Only a `Unavailable` error is retried (the server not answering, a stream cut): anything
 else (a refused certificate, a bad request, an unknown id) is the answer, and ends the loop.
@@ -57,11 +59,6 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
 )
-
-
-def retryable(err: BaseException) -> bool:
-    """The server did not answer (or shed the call): trying again later may help."""
-    return isinstance(err, Unavailable)
 
 
 @dataclass
