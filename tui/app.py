@@ -90,20 +90,28 @@ class BcTui(App[None]):
         if isinstance(self.screen, BcScreen):
             self.screen.tick(self.clock.monotonic())
 
+    def _live_views(self) -> list[BcScreen]:
+        """The screens to tell, mounted ones only: the feed calls in here, and a screen gone must not stop it."""
+        return [v for v in self.views if v.is_attached]
+
     def _nodes_changed(self, node_ids: set[str]) -> None:
-        for v in list(self.views):
+        for v in self._live_views():
             v.nodes_changed(node_ids)
 
     def _event(self, ev: admin_pb2.EventRecord) -> None:
-        for v in list(self.views):
+        for v in self._live_views():
             v.feed_event(ev)
 
     def _link_changed(self) -> None:
-        for v in list(self.views):
+        live = self.state.link.live
+        for v in self._live_views():
             v.show_link()
-        for v in list(self.views):
-            if v.is_current and self.state.link.live:
-                v.spawn(v.reload, "reload")
+            if not live:
+                continue
+            if v.is_current:
+                v.spawn(v.reload, "reload")  # back after an outage: read again now, not at the next event
+            else:
+                v.stale = True
         self.refresh_bindings()
 
     def action_help(self) -> None:

@@ -74,6 +74,7 @@ class FakeSource:
         self.events: list[admin_pb2.EventRecord] = []
         self.commands: list[admin_pb2.CommandInfo] = []
         self.batches: list[admin_pb2.BatchInfo] = []
+        self.quorum_changes: list[admin_pb2.QuorumChangeInfo] = []
         self.jobs: list[admin_pb2.JobInfo] = []
         self.reservations: list[admin_pb2.Reservation] = []
         self._watchers: list[asyncio.Queue[admin_pb2.EventRecord]] = []
@@ -252,6 +253,9 @@ class FakeSource:
 
     async def list_batches(self, *, state: str = "") -> list[admin_pb2.BatchInfo]:
         return [b for b in self.batches if not state or b.state == state]
+
+    async def list_quorum_changes(self, *, state: str = "") -> list[admin_pb2.QuorumChangeInfo]:
+        return [c for c in self.quorum_changes if not state or c.state == state]
 
     async def get_batch(self, batch_id: str) -> admin_pb2.BatchInfo:
         for b in self.batches:

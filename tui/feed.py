@@ -13,22 +13,31 @@ One task per connection attempt:
    reads dirty nodes with `GetNode` (coalesced: a burst of events on one node is one read).
    `ListNodes` is polled every `poll_s` too: heartbeats move "last heard" without an event.
 
-When the stream breaks the link goes down (the banner shows the data's age) and the feed
-retries with capped back-off on the injected clock, opening a fresh connection each time.
+When the stream breaks the link goes down (the banner says for how long, and when the next
+attempt is) and the feed tries again with the clients' one back-off (`bc.cli.reconnect`: 0.2 s
+doubling to 2 s) on the injected clock, opening a fresh connection each time. Whatever fails an
+attempt (not only our errors: a grpc call cancelled under it, a bug) fails that attempt only: a
+feed that stopped trying would leave every screen frozen behind a banner that never changes.
+On a reconnect the fleet is read again at once (and every node's detail after it), so the rows
+are current within a round trip of the server answering, not at the next poll.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bc.cli.reconnect import CLIENT_BACKOFF, Backoff
 from bc.clock import Clock
 from bc.errors import BcError, NotFound, Unauthenticated
 from bc.protocol.pb import admin_pb2
 from tui.source import Connect, Source
 from tui.state import FleetState
+
+log = logging.getLogger(__name__)
 
 IN_FLIGHT_LIMIT = 1000  # ListCommands' cap: a full page means the snapshot may be incomplete
 HISTORY = 200  # events before the snapshot shown on the Events screen (read once, at the first connection)
@@ -52,7 +61,7 @@ class Feed:
         listener: Listener,
         *,
         poll_s: float = 5.0,
-        backoff_s: tuple[float, float] = (0.2, 3.0),
+        backoff: Backoff = CLIENT_BACKOFF,
         detail_concurrency: int = 8,
     ) -> None:
         self._connect = connect
@@ -60,7 +69,7 @@ class Feed:
         self.state = state
         self._listener = listener
         self._poll_s = poll_s
-        self._backoff = backoff_s
+        self._backoff = backoff
         self._concurrency = detail_concurrency
         self._dirty: dict[str, None] = {}  # insertion-ordered set
         self._wake = asyncio.Event()
@@ -74,46 +83,53 @@ class Feed:
             self._wake.set()
 
     async def run(self) -> None:
-        delay = self._backoff[0]
         while True:
             try:
                 async with self._connect() as src:
                     await self._session(src)
             except Unauthenticated as e:
-                self._refused(e.message)
-            except (BcError, OSError) as e:
-                self._down(str(e))
+                delay = self._refused(e.message)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the app is stopping the feed
+                delay = self._down("the connection was cancelled")  # a call cancelled under us: try again
+            except BcError as e:
+                delay = self._down(e.message)
+            except Exception as e:
+                delay = self._down(f"{type(e).__name__}: {e}")
             finally:
                 self.source = None
             await self._clock.sleep(delay)
-            delay = min(delay * 2, self._backoff[1])
-            if self.state.link.live:
-                delay = self._backoff[0]
 
-    def _down(self, reason: str) -> None:
+    def _down(self, reason: str) -> float:
+        """Record a failed attempt (the banner says it); the delay before the next one."""
         link = self.state.link
-        now = self._clock.monotonic()
-        if link.live or link.down_since is None:
-            link.down_since = now
         link.live = False
-        link.reason = reason.split(";")[0]
-        link.attempts += 1
-        self._listener.link_changed()
+        delay = link.outage.failed(reason.split(";")[0], self._clock.monotonic(), self._backoff)
+        try:
+            self._listener.link_changed()
+        except Exception:
+            log.exception("tui.link-changed-failed")
+        return delay
 
-    def _refused(self, reason: str) -> None:
+    def _refused(self, reason: str) -> float:
         """bc serve refused this operator (revoked, or a role lowered mid-stream): the banner says why and
         the rows go, so a revoked screen shows no stale fleet; a later session (a new role) reads it again."""
         self.state.link.refused = reason
         self._snapshotted = False
         gone = self.state.forget_fleet()
-        self._down(reason)
+        delay = self._down(reason)
         self._listener.nodes_changed(gone)
+        return delay
 
     async def _session(self, src: Source) -> None:
         info = await src.server_info()
         self.state.on_server(info, self._clock.monotonic())
         if not self._snapshotted:
             await self._snapshot(src)
+        else:
+            await self._refresh(src)
         self.source = src
         stream = src.watch(after_seq=self.state.cursor)
         tasks = [asyncio.create_task(self._poll(src)), asyncio.create_task(self._refetch(src))]
@@ -155,9 +171,16 @@ class Feed:
         self._listener.nodes_changed(changed)
         self.mark_dirty(sorted(self.state.rows))  # GPUs and sections need GetNode; read them in the background
 
+    async def _refresh(self, src: Source) -> None:
+        """Back after an outage: the fleet as it is now (heartbeats moved no event), every detail after it."""
+        fleet = await src.fleet_snapshot()
+        self._listener.nodes_changed(self.state.on_nodes(fleet, self._clock.monotonic()))
+        self.mark_dirty(sorted(self.state.rows))
+
     def _up(self) -> None:
         link = self.state.link
-        link.live, link.down_since, link.reason, link.attempts = True, None, "", 0
+        link.live = True
+        link.outage.recovered()
         link.refused = ""
         link.data_at = self._clock.monotonic()
         self._listener.link_changed()

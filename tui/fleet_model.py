@@ -15,7 +15,7 @@ its detail is read.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from bc.protocol import kinds
@@ -158,7 +158,15 @@ def gpus(info: admin_pb2.NodeInfo, detail: bool) -> str:
     return f"{held}/{total}"
 
 
-def cells(row: NodeRow, inflight: Inflight, now: float, server_now_ms: int) -> dict[str, Cell]:
+# The free-text columns and their widths when the table does not say (it sizes them to the terminal:
+# `tui.columns`); a column missing from the widths given is shown whole.
+FLEX: tuple[str, ...] = ("labels", "sched")
+CLIP: dict[str, int] = {"labels": 24, "sched": 22}
+
+
+def cells(
+    row: NodeRow, inflight: Inflight, now: float, server_now_ms: int, widths: Mapping[str, int] = CLIP
+) -> dict[str, Cell]:
     i = row.info
     conn_style = "" if i.state == "connected" else "bad"
     lag: Cell = ("-", "dim")
@@ -179,12 +187,12 @@ def cells(row: NodeRow, inflight: Inflight, now: float, server_now_ms: int) -> d
         "node": (i.node_id, ""),
         "conn": (f"{i.state} {fmt.age(_grown(i.state_age_ms, row.fetched_at, now))}", conn_style),
         "role": (i.role or fmt.NA, ""),
-        "labels": (fmt.clip(labels, 24), "dim" if labels == "-" else ""),
+        "labels": (fmt.clip(labels, widths.get("labels", len(labels))), "dim" if labels == "-" else ""),
         "gen": (f"{i.generation}/{i.applied_generation}/{i.observed_generation}", gen_style),
         "lag": lag,
         "lanes": (lanes_text, ""),
         "run": (fmt.count(inflight.running(i.node_id)), ""),
-        "sched": (fmt.clip(sched, 22), "warn" if sched != "-" else "dim"),
+        "sched": (fmt.clip(sched, widths.get("sched", len(sched))), "warn" if sched != "-" else "dim"),
         "gpus": (gpus(i, row.detail), ""),
         "heard": ("never" if heard < 0 else fmt.age(heard), ""),
     }

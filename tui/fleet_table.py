@@ -8,12 +8,14 @@ which keeps one update at 1,000 nodes well under a frame (bench/tui.py measures 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
-from tui.fleet_model import COLUMNS, STYLES, Cell, cells, matches, sort_value
+from tui.columns import fit, natural
+from tui.fleet_model import CLIP, COLUMNS, FLEX, STYLES, Cell, cells, matches, sort_value
 from tui.state import FleetState
 
 
@@ -26,14 +28,44 @@ class FleetTable(DataTable[Text]):
         self._shown: dict[str, dict[str, Cell]] = {}
         self._hidden: str | None = None
         self.now = 0.0
+        self.widths: dict[str, int] = dict(CLIP)  # the free-text columns', sized to the terminal at each rebuild
+        self._fitted_to = 0
+        self._wants: dict[str, int] = {}  # the free-text columns' whole widths at the last fit
 
     def on_mount(self) -> None:
         for key, title in COLUMNS:
             self.add_column(title, key=key)
 
-    def _cells(self, node_id: str) -> dict[str, Cell]:
+    def _cells(self, node_id: str, widths: Mapping[str, int] | None = None) -> dict[str, Cell]:
         row = self.state.rows[node_id]
-        return cells(row, self.state.inflight, self.now, self.state.server_now_ms(self.now))
+        w = self.widths if widths is None else widths
+        return cells(row, self.state.inflight, self.now, self.state.server_now_ms(self.now), w)
+
+    def _outgrew(self, node_id: str) -> bool:
+        """A free-text cell of this row is now longer than its column was fitted to (a new label)."""
+        whole = self._cells(node_id, {})
+        return any(len(whole[k][0]) > self._wants.get(k, 0) and self.widths[k] < len(whole[k][0]) for k in FLEX)
+
+    def _width(self) -> int:
+        return self.size.width or self.app.size.width
+
+    def _fit(self) -> None:
+        """Size the free-text columns to the terminal: whole when the table fits, else sharing what is left."""
+        whole = [self._cells(n, {}) for n in self.state.rows]
+        need = {k: natural(title, (c[k][0] for c in whole)) for k, title in COLUMNS}
+        # Ages and counts grow by a character now and then: room for that, so the table stays on screen.
+        fixed = {k: w + (1 if k in ("conn", "heard", "lag") else 0) for k, w in need.items() if k not in FLEX}
+        self._wants = {k: need[k] for k in FLEX}
+        self.widths = fit(self._width(), fixed, self._wants)
+        self._fitted_to = self._width()
+        for k in FLEX:  # a column's width only grows as rows are added: start the free ones from their titles
+            column = self.columns.get(ColumnKey(k))
+            if column is not None:
+                column.content_width = len(dict(COLUMNS)[k])
+
+    def on_resize(self) -> None:
+        if self._width() != self._fitted_to and self.state.rows:
+            self.rebuild(self.now)
 
     def rebuild(self, now: float) -> None:
         """Every row again, in the chosen order, through the filter (after `/` or `s`, never on an update)."""
@@ -44,6 +76,7 @@ class FleetTable(DataTable[Text]):
             keep, self._hidden = self._hidden, None  # the filter that hid it is gone: back to it
         self.clear()
         self._shown.clear()
+        self._fit()
         rows = [r for r in self.state.rows.values() if matches(r, self.filter_text)]
         rows.sort(key=lambda r: sort_value(r, self.sort_column))
         for r in rows:
@@ -59,6 +92,7 @@ class FleetTable(DataTable[Text]):
         """Apply changed rows in place; a new node is appended, a gone one removed. The cells written."""
         self.now = now
         written = 0
+        grew = False
         for n in node_ids:
             row = self.state.rows.get(n)
             shown = self._shown.get(n)
@@ -73,6 +107,7 @@ class FleetTable(DataTable[Text]):
                     del self._shown[n]
                 continue
             c = self._cells(n)
+            grew = grew or (any(c[k][0].endswith("…") for k in FLEX) and self._outgrew(n))
             if shown is None:
                 self._shown[n] = c
                 self.add_row(*(_text(c[k]) for k, _ in COLUMNS), key=n)
@@ -82,6 +117,8 @@ class FleetTable(DataTable[Text]):
                     self.update_cell(n, k, _text(c[k]))
                     written += 1
             self._shown[n] = c
+        if grew:  # a label longer than its column was fitted to: fit the columns again (rare: not per update)
+            self.rebuild(now)
         return written
 
     def tick(self, now: float) -> int:

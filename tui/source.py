@@ -62,6 +62,8 @@ class Source(Protocol):
 
     async def get_batch(self, batch_id: str) -> admin_pb2.BatchInfo: ...
 
+    async def list_quorum_changes(self, *, state: str = "") -> list[admin_pb2.QuorumChangeInfo]: ...
+
     async def decide_batch(
         self,
         batch_id: str,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from bc.cli.reconnect import Outage
 from bc.protocol.pb import admin_pb2
 from tui.fleet_model import Inflight, NodeRow, node_of, note_lag, parse_data
 
@@ -19,14 +20,26 @@ EVENTS_KEPT = 5000
 
 @dataclass
 class Link:
-    """The connection as the banner tells it."""
+    """The connection as the banner tells it: live, or an outage (`bc.cli.reconnect.Outage`, the policy every
+    client shares: how long the server has been away, the attempts, when the next one starts)."""
 
     live: bool = False
-    down_since: float | None = None  # monotonic, when the stream was lost
     data_at: float | None = None  # monotonic, when the data on screen was last known current
-    reason: str = ""
-    attempts: int = 0
+    outage: Outage = field(default_factory=Outage)
     refused: str = ""  # bc serve refused this operator (revoked, role lowered): why, as it said
+    notice: str = ""  # a message the banner shows whatever the link's state (e.g. why the server closed us out)
+
+    @property
+    def down_since(self) -> float | None:
+        return self.outage.since
+
+    @property
+    def reason(self) -> str:
+        return self.outage.reason
+
+    @property
+    def attempts(self) -> int:
+        return self.outage.attempts
 
 
 @dataclass
@@ -72,12 +85,12 @@ class FleetState:
         else:
             row.read_seq = seq
             if not detail and row.detail:
-                # A list reply lacks capacity, inventory, sections: keep what GetNode told.
+                # A list reply lacks capacity, inventory, sections: keep what GetNode told, and take the rest
+                # from the list reply as it is. (Merging the reply into the old row appended its repeated
+                # fields to the old ones, so no-schedule reasons grew "new, new, new" at each poll, and kept
+                # a field the reply had cleared.)
                 merged = admin_pb2.NodeInfo()
-                merged.CopyFrom(row.info)
-                for f in ("capacity", "host_capacity", "inventory", "sections", "conditions"):
-                    merged.ClearField(f)
-                merged.MergeFrom(info)
+                merged.CopyFrom(info)
                 merged.capacity.extend(row.info.capacity)
                 merged.host_capacity.CopyFrom(row.info.host_capacity)
                 merged.inventory.CopyFrom(row.info.inventory)

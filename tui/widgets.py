@@ -15,21 +15,34 @@ from tui.state import Link
 
 
 def banner_text(link: Link, server: str, now: float) -> str:
-    """What the banner says; empty while the stream is live."""
-    if link.live:
-        return ""
-    if link.refused:
-        return escape(
-            f"bc serve at {server} refused this operator: {one_line(link.refused)}; the fleet is hidden"
-            f" (retrying, attempt {link.attempts})"
+    """What the banner says: the link's notice, if any, then the outage; empty while the stream is live.
+
+    While `bc serve` is away: for how long, why, when the next attempt is, and that the rows on screen
+    are stale (as of when). The tick calls this each second, so the times count.
+    """
+    lines = [link.notice] if link.notice else []
+    if not link.live and link.refused:
+        lines.append(
+            escape(
+                f"bc serve at {server} refused this operator: {one_line(link.refused)}; the fleet is hidden"
+                f" (retrying, attempt {link.attempts})"
+            )
         )
-    if link.data_at is None:
-        return f"connecting to bc serve at {server}…" + (f" ({link.reason})" if link.reason else "")
-    age = fmt.age(int((now - link.data_at) * 1000))
-    return (
-        f"bc serve at {server} is unreachable ({link.reason or 'stream ended'}): the data on screen is {age} old;"
-        f" reconnecting (attempt {link.attempts})"
-    )
+    elif not link.live:
+        o = link.outage
+        if link.data_at is None:
+            lines.append(f"connecting to bc serve at {server}…" + (f" {o.describe(server, now)}" if o.down else ""))
+        elif o.down:
+            age = fmt.age(int((now - link.data_at) * 1000))
+            lines.append(f"{o.describe(server, now)}; the rows shown are stale (as of {age} ago)")
+        else:
+            lines.append(f"reconnecting to bc serve at {server}…")
+    return "\n".join(lines)
+
+
+def rows_stale(link: Link) -> bool:
+    """The rows on screen were read from a server that has stopped answering."""
+    return not link.live and link.data_at is not None
 
 
 class Banner(Static):

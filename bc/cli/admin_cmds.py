@@ -22,6 +22,7 @@ from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
 from bc.cli.job_progress import check_done, follow
 from bc.cli.output import echo, json_text
+from bc.cli.reconnect import follow_events
 from bc.cli.render import (
     INT64_MAX,
     cell,
@@ -36,6 +37,7 @@ from bc.cli.render import (
     render_fields,
     render_table,
 )
+from bc.clock import SystemClock
 from bc.config import default_data_dir
 from bc.errors import UsageError
 from bc.local_files import read_local_file
@@ -434,7 +436,9 @@ def _follow(after_seq: int, type_prefix: str, *, as_json: bool) -> None:
 
     async def go() -> None:
         async with client:
-            async for e in client.watch(after_seq=after_seq, type_prefix=type_prefix):
+            # Across a `bc serve` restart it says so on stderr and resumes after the last event printed.
+            events = follow_events(client, SystemClock(), _say, after_seq=after_seq, type_prefix=type_prefix)
+            async for e in events:
                 # One line per event, flushed, so `| grep` and `| jq` see each as it happens.
                 emit(as_json, event_to_json(e), "  ".join(_event_row(e)), compact=True)
 
@@ -442,6 +446,10 @@ def _follow(after_seq: int, type_prefix: str, *, as_json: bool) -> None:
         asyncio.run(go())
     except KeyboardInterrupt:
         pass  # following ends with Ctrl-C; that is success
+
+
+def _say(line: str) -> None:
+    echo(line, err=True)
 
 
 def event_to_json(e: admin_pb2.EventRecord) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import csv
 import io
 import re
 from datetime import UTC, datetime
+from functools import partial
 
 import click
 
@@ -21,6 +22,7 @@ from bc.cli.client import AdminClient
 from bc.cli.csv_cells import csv_row
 from bc.cli.emit import emit
 from bc.cli.output import echo
+from bc.cli.reconnect import follow_events, retrying
 from bc.cli.render import format_age, render_table
 from bc.clock import SystemClock
 from bc.errors import UsageError
@@ -93,6 +95,10 @@ def _change(r: admin_pb2.Reservation) -> str:
     return f"reservation {r.id} {r.state}{where}" + (f": {r.reason}" if r.reason else "")
 
 
+def _say(line: str) -> None:
+    echo(line, err=True)
+
+
 async def _wait(c: AdminClient, first: admin_pb2.Reservation, *, quiet: bool) -> admin_pb2.Reservation:
     """Print each state change of the reservation until it is active or settled otherwise."""
     # Watch from now, not from the store's first event: read the newest seq, then the reservation again,
@@ -106,10 +112,12 @@ async def _wait(c: AdminClient, first: admin_pb2.Reservation, *, quiet: bool) ->
             echo(_change(r))
     if r.state in SETTLED:
         return r
-    async for ev in c.watch(after_seq=after, type_prefix="reservation."):
+    clock = SystemClock()
+    # Across a `bc serve` restart: the events resume after the last one read, the read is tried again.
+    async for ev in follow_events(c, clock, _say, after_seq=after, type_prefix="reservation."):
         if ev.subject != first.id:
             continue
-        r = await c.get_reservation(first.id)
+        r = await retrying(partial(c.get_reservation, first.id), clock, _say, c.server)
         if (r.state, r.reason) != last:
             last = (r.state, r.reason)
             if not quiet:

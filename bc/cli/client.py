@@ -22,9 +22,11 @@ import grpc
 from google.protobuf.message import Message
 
 from bc.cli.admin_calls import AdminCalls
+from bc.cli.reconnect import CHANNEL_OPTIONS
 from bc.cli.render import with_progress
+from bc.cli.tls_probe import refused_certificate
 from bc.config import OperatorConfig, find_operator_config
-from bc.errors import ProtocolError, Unavailable, UsageError
+from bc.errors import BcError, ProtocolError, Unauthenticated, Unavailable, UsageError
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2
 from bc.wire.status import status_to_error
@@ -129,7 +131,10 @@ class AdminClient:
         creds = channel_credentials(self._config.ca_pem, self._config.key_pem, self._config.cert_pem)
         # The largest single-item replies (GetSpec of a maximal spec, a command with a maximal result) fit
         # under the table's gRPC limit (bc.protocol.limits); a bigger message is exit 2 naming it, not exit 5.
-        self._channel = grpc.aio.secure_channel(self._config.server, creds, options=LIMITS.grpc_options())
+        # grpc's reconnect back-off capped as the clients' own is (bc.cli.reconnect): a restarted server is found
+        # within seconds by a channel kept open across it.
+        options = [*LIMITS.grpc_options(), *CHANNEL_OPTIONS]
+        self._channel = grpc.aio.secure_channel(self._config.server, creds, options=options)
         self._calls = AdminCalls(self._channel)  # each call made on first use, not all 59 as the stub does
         return self
 
@@ -456,7 +461,7 @@ class AdminClient:
             async for info in call:
                 yield self._check(info, admin_pb2.JobInfo)
         except grpc.aio.AioRpcError as e:
-            raise status_to_error(e.code(), e.details() or "", server=self.server) from e
+            raise await self._error(e) from e
         finally:
             call.cancel()
 
@@ -513,7 +518,7 @@ class AdminClient:
         try:
             resp = await self._call("PublishRelease")(chunks(), timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
-            raise status_to_error(e.code(), e.details() or "", server=self.server) from e
+            raise await self._error(e) from e
         return self._check(resp, admin_pb2.ReleaseInfo)
 
     # -- events and the server ----------------------------------------------------
@@ -535,7 +540,7 @@ class AdminClient:
             async for event in call:
                 yield self._check(event, admin_pb2.EventRecord)
         except grpc.aio.AioRpcError as e:
-            raise status_to_error(e.code(), e.details() or "", server=self.server) from e
+            raise await self._error(e) from e
         finally:
             call.cancel()
 
@@ -560,8 +565,23 @@ class AdminClient:
                     f"bc serve at {self.server} stopped answering during the call ({_reason(e.code(), details)});"
                     f" it may have been applied; check with `{WRITE_CHECKS.get(rpc, 'bc events')}`"
                 ) from e
-            raise status_to_error(e.code(), details, server=self.server) from e
+            raise await self._error(e) from e
         return self._check(resp, reply)
+
+    async def _error(self, e: grpc.aio.AioRpcError) -> BcError:
+        """Our error for a failed call. A connection closed during the handshake is either a server going
+        away or one refusing the operator's certificate: a TLS handshake of our own tells which."""
+        details = e.details() or ""
+        err = status_to_error(e.code(), details, server=self.server)
+        low = details.lower()
+        if isinstance(err, Unavailable) and "failed to connect" in low and "socket closed" in low:
+            alert = await refused_certificate(self._config)
+            if alert is not None:
+                return Unauthenticated(
+                    f"bc serve at {self.server} refused the operator certificate ({alert});"
+                    " is the operator config this cluster's, and the operator not revoked?"
+                )
+        return err
 
     def _call(self, rpc: str) -> Any:
         if self._calls is None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import click
@@ -34,6 +35,7 @@ from bc.cli.admin_cmds import read_json_object
 from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
 from bc.cli.output import echo, json_text
+from bc.cli.reconnect import retrying
 from bc.cli.render import (
     INT64_MAX,
     format_age,
@@ -43,6 +45,7 @@ from bc.cli.render import (
     render_fields,
     render_table,
 )
+from bc.clock import SystemClock
 from bc.control.command_states import CANCELLED, STATES, SUCCEEDED, TERMINAL
 from bc.errors import BcError, UsageError
 from bc.protocol.pb import admin_pb2
@@ -203,13 +206,18 @@ async def wait_settled(client: AdminClient, info: admin_pb2.CommandInfo) -> admi
     try:
         while info.state not in TERMINAL:
             await asyncio.sleep(POLL_S)
-            now = await client.get_command(info.id)
+            now = await retrying(partial(client.get_command, info.id), SystemClock(), _say, client.server)
             if now.state != info.state:
                 echo(f" → {now.state}", err=True, nl=False)
             info = now
     finally:
         echo("", err=True)
     return info
+
+
+def _say(line: str) -> None:
+    """A reconnect note, on a line of its own between the progress arrows."""
+    echo("\n" + line, err=True)
 
 
 @cmd.command("fanout")

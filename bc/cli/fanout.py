@@ -29,6 +29,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 from bc.cli.client import AdminClient
 from bc.cli.output import echo
+from bc.cli.reconnect import follow_events
+from bc.clock import SystemClock
 from bc.control.command_states import STATES, SUCCEEDED, TERMINAL
 from bc.errors import ProtocolError, UsageError
 from bc.protocol import kinds
@@ -187,7 +189,8 @@ async def follow(
         return infos
     loop = asyncio.get_running_loop()
     give_up_at = None if pending_for_s is None else loop.time() + pending_for_s
-    stream = client.watch(after_seq=after_seq, type_prefix="command.")
+    # Across a `bc serve` restart: resumed after the last event read, each event once.
+    stream = follow_events(client, SystemClock(), show, after_seq=after_seq, type_prefix="command.")
     shown, shown_at = "", float("-inf")
     pending = asyncio.ensure_future(_next(stream))
     try:

@@ -17,7 +17,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from bc.cli.client import AdminClient
+from bc.cli.reconnect import reopening
 from bc.cli.render import format_time_ms, message_to_json
+from bc.clock import SystemClock
 from bc.errors import BcError, ProtocolError
 from bc.protocol.pb import admin_pb2
 
@@ -164,7 +166,8 @@ async def follow(client: AdminClient, job: admin_pb2.JobInfo, show: Callable[[st
     if job.terminal:
         return job
     loop = asyncio.get_running_loop()
-    stream = client.watch_job(job.id)
+    # Each message is the whole DAG: after a `bc serve` restart the watch is opened again and goes on.
+    stream = reopening(lambda: client.watch_job(job.id), client.server_info, SystemClock(), show, client.server)
     shown, shown_at = "", float("-inf")
     pending = asyncio.ensure_future(_next(stream))
     try:

@@ -21,7 +21,14 @@ and never "unreachable". Any other RESOURCE_EXHAUSTED is a server shedding load
 
 Servicers raise `BcError`s and turn them into a status with `abort_with`;
 clients turn an `AioRpcError` back with `status_to_error`, giving the server's
-address so that "cannot reach" says where.
+address so that the error says where.
+
+A connection that failed or broke (refused, reset, closed) is a server that is down
+or restarting: `bc serve at ADDR is not answering (connection refused)`, exit 5. Only
+our side refusing the server's certificate (a TLS handshake failure) is exit 6 here;
+a server refusing the operator's certificate looks like a closed connection to grpc,
+and the Admin client tells it apart itself (`bc.cli.tls_probe`). A name that does not
+resolve keeps "cannot reach".
 """
 
 from __future__ import annotations
@@ -84,6 +91,22 @@ _CONNECT_HINTS = (
     "network is unreachable",
     "timeout occurred",
     "handshake",
+)
+
+
+# A name that does not resolve is not a server that is down: it keeps "cannot reach".
+_NAME_HINTS = ("errors resolving", "dns resolution", "name resolution", "domain name not found")
+
+# grpc's words for a connection that failed or broke, and the two or three words an operator is told.
+_CONNECTION_REASONS = (
+    ("connection refused", "connection refused"),
+    ("connection reset", "connection reset"),
+    ("socket closed", "connection closed"),
+    ("stream removed", "connection closed"),
+    ("broken pipe", "connection closed"),
+    ("no route to host", "no route to host"),
+    ("network is unreachable", "network is unreachable"),
+    ("timeout occurred", "no answer in time"),
 )
 
 
@@ -169,11 +192,19 @@ def _connect_error(details: str, server: str | None) -> BcError:
             f"the TLS handshake with {where} failed ({reason}); "
             "are the operator config's CA and certificate this server's?"
         )
-    reason = _last_reason(details)
-    if "socket closed" in low:
-        # What a client sees when the server refuses its certificate during the handshake.
-        reason += " (did the server refuse the operator certificate?)"
-    return Unavailable(f"cannot reach {where}: {reason}")
+    if any(h in low for h in _NAME_HINTS):
+        return Unavailable(f"cannot reach {where}: {_last_reason(details)}")
+    # Refused, reset, closed: the server is down or restarting. (A server that refuses the operator's
+    # certificate also closes the socket; the Admin client tells that apart by asking again itself.)
+    return Unavailable(f"{where} is not answering ({_connection_reason(details)})")
+
+
+def _connection_reason(details: str) -> str:
+    low = details.lower()
+    for hint, reason in _CONNECTION_REASONS:
+        if hint in low:
+            return reason
+    return _last_reason(details).lower()
 
 
 def _last_reason(details: str) -> str:

@@ -122,7 +122,7 @@ def test_nothing_listening_is_cannot_reach_not_maybe_applied(
     write_config(tmp_path, pki, f"127.0.0.1:{port}", monkeypatch)
     r = CliRunner().invoke(cli, ["cmd", "run", "n1", "inventory.refresh"])
     assert r.exit_code == 5, r.output
-    assert "cannot reach" in r.output and "may have been applied" not in r.output
+    assert "is not answering (connection refused)" in r.output and "may have been applied" not in r.output
 
 
 def test_every_write_rpc_names_its_check() -> None:

@@ -33,8 +33,8 @@ async def test_the_banner_shows_while_bc_serve_is_down_and_the_stream_resumes_wi
         address = lab.server.address
         await lab.stop_node("n1")
         await lab.server.stop()
-        await until(pilot, lambda: "unreachable" in banner(app), what="the banner")
-        assert "old" in banner(app) and address in banner(app)
+        await until(pilot, lambda: "not answering" in banner(app), what="the banner")
+        assert "stale" in banner(app) and address in banner(app)
 
         opts = ServeOptions(data_dir=lab.root / "server", listen=address, heartbeat_interval_s=1.0)
         server = Server(opts, Seams.production())

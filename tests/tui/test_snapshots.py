@@ -69,9 +69,11 @@ async def test_the_banner_snapshot_when_the_server_is_gone() -> None:
         await until(pilot, lambda: app.state.link.live and all(r.detail for r in app.state.rows.values()))
         await pilot.pause(0.3)
         # What the feed records when the stream breaks, with the frozen clock 42 s later.
-        app.state.link.live, app.state.link.reason, app.state.link.attempts = False, "connection refused", 3
-        app.state.link.data_at = app.clock.monotonic() - 42
-        app.state.link.down_since = app.clock.monotonic() - 40
+        now = app.clock.monotonic()
+        app.state.link.live = False
+        for t in (40, 39.8, 39.4):  # three failed attempts, the first 40 s ago
+            app.state.link.outage.failed("bc serve at fake:0 is not answering (connection refused)", now - t)
+        app.state.link.data_at = now - 42
         app.screen.show_link()  # type: ignore[attr-defined]
         app.refresh_bindings()
         await pilot.pause(0.3)

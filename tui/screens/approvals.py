@@ -16,9 +16,12 @@ from textual.widgets import DataTable, Static
 from bc.errors import BcError
 from bc.protocol.pb import admin_pb2
 from tui import approvals as ap
-from tui import fmt
+from tui import columns, fmt
 from tui.screens.base import BcScreen
 from tui.widgets import ConfirmScreen, PromptScreen
+
+BATCH_COLUMNS = ("BATCH", "WHAT", "APPROVALS", "REQUESTED BY", "REASON", "AGE")
+CHANGE_COLUMNS = ("CHANGE", "WHAT", "APPROVALS", "REQUESTED BY", "AGE")
 
 
 class ApprovalsScreen(BcScreen):
@@ -31,6 +34,7 @@ class ApprovalsScreen(BcScreen):
     ]
     DEFAULT_CSS = """
     #batches { height: 1fr; }
+    #quorum-changes { height: auto; max-height: 8; }
     #batch-detail { height: auto; max-height: 14; border-top: solid $primary; padding: 0 1; }
     """
 
@@ -43,11 +47,16 @@ class ApprovalsScreen(BcScreen):
         table: DataTable[str] = DataTable(id="batches", cursor_type="row")
         yield table
         yield Static("", id="batch-detail", markup=False)
+        # Approver and threshold changes wait for the quorum too; they are signed with `bc approve sign ID`.
+        yield Static("QUORUM CHANGES WAITING (approvers, threshold: sign with `bc approve sign ID`)", classes="title")
+        changes: DataTable[str] = DataTable(id="quorum-changes", cursor_type="row")
+        yield changes
 
     def on_mount(self) -> None:
         super().on_mount()
         t = self.query_one("#batches", DataTable)
-        t.add_columns("BATCH", "WHAT", "APPROVALS", "REQUESTED BY", "REASON", "AGE")
+        t.add_columns(*BATCH_COLUMNS)
+        self.query_one("#quorum-changes", DataTable).add_columns(*CHANGE_COLUMNS)
         t.focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -61,26 +70,42 @@ class ApprovalsScreen(BcScreen):
             return
         try:
             self.batches = await src.list_batches(state="pending")
+            changes = await src.list_quorum_changes(state="pending")
         except BcError as e:
             self.notify(f"batches: {e.message}", severity="error")
             return
+        self._show_changes(changes)
         self.bc.known_batches = {b.id: b for b in self.batches}
         t = self.query_one("#batches", DataTable)
         keep = self._current_id()
-        t.clear()
-        for b in self.batches:
-            t.add_row(
+        rows = [
+            (
                 b.id,
-                fmt.clip(ap.leaves_summary(b), 44),
+                ap.leaves_summary(b),
                 f"{b.approvals} of {b.threshold}",
                 b.requested_by,
-                fmt.clip(b.reason or "-", 24),
+                b.reason or "-",
                 fmt.age(b.created_age_ms),
-                key=b.id,
             )
+            for b in self.batches
+        ]
+        # WHAT and REASON get the room the terminal has, not a fixed clip.
+        sized = columns.sized(self._table_width(t), BATCH_COLUMNS, rows, (1, 4))
+        columns.refill(t, sized, [b.id for b in self.batches])
         if keep and keep in self.bc.known_batches:
             t.move_cursor(row=t.get_row_index(keep), animate=False)
         self._detail()
+
+    def _show_changes(self, changes: list[admin_pb2.QuorumChangeInfo]) -> None:
+        t = self.query_one("#quorum-changes", DataTable)
+        rows = [
+            (c.id, c.summary, f"{c.approvals} of {c.threshold}", c.requested_by, fmt.age(c.created_age_ms))
+            for c in changes
+        ]
+        columns.refill(t, columns.sized(self._table_width(t), CHANGE_COLUMNS, rows, (1,)), [c.id for c in changes])
+
+    def _table_width(self, t: DataTable[str]) -> int:
+        return t.size.width or self.app.size.width
 
     def _current_id(self) -> str | None:
         t = self.query_one("#batches", DataTable)

@@ -12,7 +12,7 @@ from textual.widgets import Footer
 from bc.errors import BcError
 from bc.protocol.pb import admin_pb2
 from tui.source import Source
-from tui.widgets import Banner, banner_text
+from tui.widgets import Banner, banner_text, rows_stale
 
 if TYPE_CHECKING:
     from tui.app import BcTui
@@ -22,6 +22,10 @@ _T = TypeVar("_T")
 
 class BcScreen(Screen[None]):
     """A screen of the app. Subclasses compose `body()` and react to `feed_event` / `nodes_changed`."""
+
+    DEFAULT_CSS = """
+    BcScreen.-stale DataTable, BcScreen.-stale RichLog, BcScreen.-stale VerticalScroll { text-opacity: 55%; }
+    """
 
     # Event type prefixes after which the screen reads its data again (while it is shown).
     RELOAD_ON: tuple[str, ...] = ()
@@ -39,12 +43,15 @@ class BcScreen(Screen[None]):
         return cast("BcTui", self.app)
 
     def on_mount(self) -> None:
-        self.bc.views.append(self)
+        # Textual calls this handler for each class that defines one and the subclasses call it too: a screen
+        # listed twice wrote each event twice, and outlived its unmount in the list (then the banner's update
+        # of a screen no longer mounted raised in the feed's worker and stopped it: the TUI froze).
+        if self not in self.bc.views:
+            self.bc.views.append(self)
         self.show_link()
 
     def on_unmount(self) -> None:
-        if self in self.bc.views:
-            self.bc.views.remove(self)
+        self.bc.views[:] = [v for v in self.bc.views if v is not self]
 
     def on_screen_resume(self) -> None:
         self.show_link()
@@ -52,6 +59,14 @@ class BcScreen(Screen[None]):
         self.spawn(self.reload, "reload")
 
     stale = False
+    _width = 0
+
+    def on_resize(self) -> None:
+        # The tables size their free-text columns to the terminal: a new width, a new layout.
+        if self.size.width != self._width:
+            if self._width and self.is_current:
+                self.spawn(self.reload, "reload")
+            self._width = self.size.width
 
     def spawn(self, fn: Callable[[], Awaitable[None]], group: str) -> None:
         """Run `fn` as this screen's worker, replacing the one of the same group (a newer read wins).
@@ -63,6 +78,8 @@ class BcScreen(Screen[None]):
     def show_link(self) -> None:
         link = self.bc.state.link
         self.query_one(Banner).show_text(banner_text(link, self.bc.server, self.bc.clock.monotonic()))
+        # Stale rows are drawn faded (and the banner says so) until the server answers again.
+        self.set_class(rows_stale(link), "-stale")
 
     def tick(self, now: float) -> None:
         self.show_link()

@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Static
 
 from bc.errors import BcError
 from bc.protocol.pb import admin_pb2
-from tui import fmt
+from tui import columns, fmt
 from tui.screens.base import BcScreen
 from tui.widgets import ConfirmScreen
 
@@ -53,6 +53,9 @@ def describe(
     )
 
 
+COMMAND_COLUMNS = ("STATE", "LANE", "COMMAND", "NODE", "KIND", "UPDATED", "REASON")
+
+
 class CommandsScreen(BcScreen):
     AUTO_FOCUS = "#commands"
     RELOAD_ON = ("command.",)
@@ -78,9 +81,7 @@ class CommandsScreen(BcScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.query_one("#commands", DataTable).add_columns(
-            "STATE", "LANE", "COMMAND", "NODE", "KIND", "UPDATED", "REASON"
-        )
+        self.query_one("#commands", DataTable).add_columns(*COMMAND_COLUMNS)
         self.query_one("#commands", DataTable).focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -99,11 +100,9 @@ class CommandsScreen(BcScreen):
         self.commands = {c.id: c for c in cmds}
         t = self.query_one("#commands", DataTable)
         keep = self._current_id()
-        t.clear()
-        for c in cmds:
-            t.add_row(
-                c.state, c.lane, c.id, c.node_id, c.kind, fmt.age(c.updated_age_ms), fmt.clip(c.reason, 20), key=c.id
-            )
+        rows = [(c.state, c.lane, c.id, c.node_id, c.kind, fmt.age(c.updated_age_ms), c.reason) for c in cmds]
+        width = t.size.width or self.app.size.width  # REASON gets the room the terminal has
+        columns.refill(t, columns.sized(width, COMMAND_COLUMNS, rows, (6,)), [c.id for c in cmds])
         if keep in self.commands:
             t.move_cursor(row=t.get_row_index(keep), animate=False)
         counts: dict[str, int] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Input, RichLog
+from textual.widgets import Input, RichLog, Static
 
 from bc.cli.render import format_time_ms
 from bc.protocol.pb import admin_pb2
@@ -32,6 +32,7 @@ class EventsScreen(BcScreen):
     AUTO_FOCUS = "#events-log"
     BINDINGS = [Binding("slash", "filter", "Filter"), Binding("escape", "clear", "Clear filter", show=False)]
     DEFAULT_CSS = """
+    #events-status { height: 1; padding: 0 1; color: $text-muted; }
     #events-filter { display: none; }
     #events-filter.shown { display: block; }
     """
@@ -41,6 +42,7 @@ class EventsScreen(BcScreen):
         self.filter_text = ""
 
     def body(self) -> ComposeResult:
+        yield Static("", id="events-status", markup=False)
         yield Input(placeholder="filter: words in type, subject or data", id="events-filter")
         yield RichLog(id="events-log", max_lines=SHOWN, wrap=False, auto_scroll=True)
 
@@ -52,16 +54,33 @@ class EventsScreen(BcScreen):
         log = self.query_one(RichLog)
         log.clear()
         matching = [ev for ev in self.bc.state.events if shows(ev, self.filter_text)]
+        self._shown = len(matching)
         for ev in matching[-SHOWN:]:
             log.write(line(ev))
+        self._status()
+
+    _shown = 0
 
     def feed_event(self, ev: admin_pb2.EventRecord) -> None:
         if shows(ev, self.filter_text):
+            self._shown += 1
             self.query_one(RichLog).write(line(ev))
+        self._status()
+
+    def _status(self) -> None:
+        """The filter in force, always on screen: a log with lines missing says why."""
+        total = len(self.bc.state.events)
+        text = (
+            f"filter: {self.filter_text!r} ({self._shown} of {total} events shown) · / to change, escape to clear"
+            if self.filter_text
+            else f"{total} events · / to filter"
+        )
+        self.query_one("#events-status", Static).update(text)
 
     def action_filter(self) -> None:
         box = self.query_one("#events-filter", Input)
         box.add_class("shown")
+        box.value = self.filter_text  # the filter in force, to edit (an old draft would apply it again unseen)
         box.focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

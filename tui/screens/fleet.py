@@ -9,7 +9,7 @@ from textual.widgets import DataTable, Input, Static
 from tui.fleet_model import COLUMNS
 from tui.fleet_table import FleetTable
 from tui.screens.base import BcScreen
-from tui.widgets import PromptScreen
+from tui.widgets import PromptScreen, rows_stale
 
 _SORTABLE = ("node", "conn", "gen", "lag", "heard", "sched", "role")
 
@@ -58,9 +58,15 @@ class FleetScreen(BcScreen):
     def nodes_changed(self, node_ids: set[str]) -> None:
         if self._pending is None:
             self._pending = set(node_ids)
-            self.set_timer(self.FLUSH_S, self._flush)
+            if self.is_current:
+                self.set_timer(self.FLUSH_S, self._flush)
         else:
             self._pending |= node_ids
+
+    def on_screen_resume(self) -> None:
+        # A timer set while a node's screen covered this one did not fire: changes kept coming into
+        # `_pending` and none reached the table (a node that joined then never showed). Back: apply them.
+        self._flush()
 
     def _flush(self) -> None:
         node_ids, self._pending = self._pending or set(), None
@@ -87,6 +93,8 @@ class FleetScreen(BcScreen):
         text = (
             f"{total} nodes · {connected} connected · {lagging} lagging · sorted by {title}{filt} · event {st.cursor}"
         )
+        if rows_stale(st.link):
+            text += " · STALE"
         if text != self._status_text:
             self._status_text = text
             # A one-line status of fixed size: no layout pass (that would repaint the whole table).

@@ -20,7 +20,7 @@ from bc.errors import BcError
 from bc.protocol import usage_units as units
 from bc.protocol.atoms import cdi_qualified
 from bc.protocol.pb import admin_pb2
-from tui import fmt
+from tui import columns, fmt
 from tui.screens.base import BcScreen
 from tui.widgets import ConfirmScreen
 
@@ -40,6 +40,9 @@ def window(r: admin_pb2.Reservation) -> str:
     return f"{start} → {end}"
 
 
+RESERVATION_COLUMNS = ("GROUP", "ID", "STATE", "NODE", "GPUS", "CDI DEVICES / WHY IT WAITS", "WINDOW", "USED", "TENANT")
+
+
 class ReservationsScreen(BcScreen):
     AUTO_FOCUS = "#reservations"
     RELOAD_ON = ("reservation.",)
@@ -57,7 +60,7 @@ class ReservationsScreen(BcScreen):
     def on_mount(self) -> None:
         super().on_mount()
         t = self.query_one("#reservations", DataTable)
-        t.add_columns("GROUP", "ID", "STATE", "NODE", "GPUS", "CDI DEVICES / WHY IT WAITS", "WINDOW", "USED", "TENANT")
+        t.add_columns(*RESERVATION_COLUMNS)
         t.focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -78,8 +81,8 @@ class ReservationsScreen(BcScreen):
             self.notify(f"reservations: {e.message}", severity="error")
             return
         t = self.query_one("#reservations", DataTable)
-        t.clear()
         self.by_id.clear()
+        rows: list[tuple[str, ...]] = []
         for title, rs in groups:
             for r in rs[-200:]:
                 if r.id in self.by_id:
@@ -87,18 +90,23 @@ class ReservationsScreen(BcScreen):
                 self.by_id[r.id] = r
                 devices = ", ".join(cdi_qualified(d.atom_id or d.gpu_uuid) for d in r.devices)
                 what = r.reason if title == "pending" else (devices or r.reason or "-")
-                t.add_row(
-                    title,
-                    r.id,
-                    r.state,
-                    r.node_id or "-",
-                    str(r.gpus),
-                    fmt.clip(what, 40),
-                    window(r),
-                    escape(used_text(used.get(r.id))) if title != "pending" else "-",  # a node names the profile
-                    r.tenant or "-",
-                    key=r.id,
+                rows.append(
+                    (
+                        title,
+                        r.id,
+                        r.state,
+                        r.node_id or "-",
+                        str(r.gpus),
+                        what,
+                        window(r),
+                        escape(used_text(used.get(r.id)))  # a node names the profile
+                        if title != "pending"
+                        else "-",
+                        r.tenant or "-",
+                    )
                 )
+        width = t.size.width or self.app.size.width  # devices / why and the window share the room left
+        columns.refill(t, columns.sized(width, RESERVATION_COLUMNS, rows, (5, 6)), list(self.by_id))
         counts = ", ".join(f"{len(rs)} {title}" for title, rs in groups)
         self.query_one("#reservations-summary", Static).update(counts)
 

@@ -77,7 +77,7 @@ def test_connection_refused_says_where() -> None:
     )
     err = status_to_error(grpc.StatusCode.UNAVAILABLE, details, server="127.0.0.1:7443")
     assert type(err) is Unavailable
-    assert err.message == "cannot reach bc serve at 127.0.0.1:7443: Connection refused"
+    assert err.message == "bc serve at 127.0.0.1:7443 is not answering (connection refused)"
 
 
 def test_unresolvable_name_says_where() -> None:

@@ -58,6 +58,8 @@ def test_the_outcome_names_how_many_did_not_succeed_and_the_first() -> None:
 class FakeEvents:
     """`AdminClient.watch` for the follow: each event after its delay on the loop's clock."""
 
+    server = "127.0.0.1:1"  # named in a reconnect note (none here: the fake's stream never breaks)
+
     def __init__(self, script: list[tuple[float, str, str, dict[str, Any]]], end: bool = False) -> None:
         self.script, self.end = script, end
         self.asked: tuple[int, str] | None = None
