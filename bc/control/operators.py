@@ -116,18 +116,28 @@ async def add(
     return row, keys.cert_to_pem(cert)
 
 
-async def revoke(store: Store, bus: Bus | None, name: str, reason: str, by: str) -> Row:
-    """Refuse every certificate of `name` from now on; the last admin cannot be revoked."""
+def _check_reason(reason: str) -> None:
     if len(reason) > MAX_REASON:
         raise UsageError(f"the reason is longer than {MAX_REASON} characters")
+
+
+async def _unrevoked(tx: Tx, name: str, if_revoked: str) -> Row:
+    """The operator's row, for a change that needs them present and not revoked (`if_revoked`: the refusal)."""
+    row = await ops_sql.get(tx, name)
+    if row is None:
+        raise NotFound(f"no operator named {name!r}")
+    if row["revoked_at_ms"] is not None:
+        raise Conflict(if_revoked)
+    return row
+
+
+async def revoke(store: Store, bus: Bus | None, name: str, reason: str, by: str) -> Row:
+    """Refuse every certificate of `name` from now on; the last admin cannot be revoked."""
+    _check_reason(reason)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        row = await ops_sql.get(tx, name)
-        if row is None:
-            raise NotFound(f"no operator named {name!r}")
-        if row["revoked_at_ms"] is not None:
-            raise Conflict(f"operator {name} is already revoked")
-        if str(row["role"]) == "admin" and await ops_sql.live_admins(tx) <= 1:
+        current = await _unrevoked(tx, name, f"operator {name} is already revoked")
+        if str(current["role"]) == "admin" and await ops_sql.live_admins(tx) <= 1:
             raise Conflict(f"operator {name} is the last admin: add another admin first")
         await _check_quorum_stays_live(tx, name)
         await ops_sql.revoke(tx, name, by, reason, now_ms)
@@ -154,16 +164,11 @@ async def set_role(store: Store, bus: Bus | None, name: str, role: str, reason: 
     change's event), so nothing keeps showing them what the old role let them see.
     """
     check_role(role)
-    if len(reason) > MAX_REASON:
-        raise UsageError(f"the reason is longer than {MAX_REASON} characters")
+    _check_reason(reason)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        row = await ops_sql.get(tx, name)
-        if row is None:
-            raise NotFound(f"no operator named {name!r}")
-        if row["revoked_at_ms"] is not None:
-            raise Conflict(f"operator {name} is revoked; a revoked operator gets no role")
-        old = str(row["role"])
+        current = await _unrevoked(tx, name, f"operator {name} is revoked; a revoked operator gets no role")
+        old = str(current["role"])
         if old == role:
             raise Conflict(f"operator {name} already has the {role} role")
         if old == "admin" and await ops_sql.live_admins(tx) <= 1:
