@@ -441,4 +441,6 @@ def section_json(section: str, rng: random.Random) -> str:
         return json.dumps({"otlp_endpoint": f"http://collector-{n}.sim:4317", "export_interval_s": 10 + n})
     if section == "access":
         return json.dumps({"principals": sorted({f"user{n}", f"user{rng.randint(0, 9)}"})})
-    return json.dumps({"units": [{"name": f"sysctl-{n}", "settings_json": json.dumps({"vm.swappiness": n})}]})
+    # The sysctl unit and a key on the operator's allowlist: an operator's change, never root-equivalent
+    # (bc.protocol.root_equiv), so the node takes it without a quorum batch.
+    return json.dumps({"units": [{"name": "sysctl", "settings_json": json.dumps({"vm.swappiness": n})}]})
