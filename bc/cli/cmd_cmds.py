@@ -260,15 +260,15 @@ def cmd_fanout(
         nodes = await slow(client, client.list_nodes())
         node_ids = named or fan.runnable_nodes(nodes, kind)
         away = fan.away_nodes(nodes, node_ids)
-        if away:  # said before anything is queued: the operator sees at once who will not answer
-            echo(fan.away_line(away, skipped=skip_away, not_after=not_after), err=True)
-            if skip_away:
-                node_ids = [i for i in node_ids if i not in {n.node_id for n in away}]
+        if away and skip_away:
+            node_ids = [i for i in node_ids if i not in {n.node_id for n in away}]
         if not node_ids:
             raise UsageError(f"no node runs {kind}: nothing to queue")
         after = (await slow(client, client.server_info())).event_seq  # before the write: Watch misses nothing
         reqs = fan.requests(kind, node_ids, text, not_after_s, min_generation, idempotency_key)
         infos = await slow(client, client.enqueue_commands(reqs))
+        if away:  # said once the fan-out is queued, before any wait: who will not answer, at once
+            echo(fan.away_line(away, skipped=skip_away, not_after=not_after), err=True)
         if not wait:
             return infos
         infos = await fan.follow(client, kind, infos, after, pending_for_s=not_after_s + fan.PENDING_GRACE_S)

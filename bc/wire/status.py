@@ -184,9 +184,11 @@ def _is_connect_failure(details: str) -> bool:
 def _connect_error(details: str, server: str | None) -> BcError:
     where = f"bc serve at {server}" if server else "bc serve"
     low = details.lower()
-    if "handshake" in low:
-        # Our side refused the server's certificate: a config for another server, or a stale CA.
-        ssl = _SSL_REASON.search(details)
+    ssl = _SSL_REASON.search(details)
+    cut_short = ssl is None and any(hint in low for hint, _ in _CONNECTION_REASONS)
+    if "handshake" in low and not cut_short:
+        # Our side refused the server's certificate: a config for another server, or a stale CA. (A handshake
+        # that a reset or a close cut short, with no TLS reason, is a server going away: not answering.)
         reason = ssl.group(1).lower().replace("_", " ") if ssl else "certificate refused"
         return Unauthenticated(
             f"the TLS handshake with {where} failed ({reason}); "

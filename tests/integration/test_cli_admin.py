@@ -243,6 +243,9 @@ class FakeAdmin(admin_pb2_grpc.AdminServicer):
     def ServerInfo(self, request: Any, context: Any) -> admin_pb2.ServerInfoResponse:
         return admin_pb2.ServerInfoResponse(version="test", store="sqlite")
 
+    def GetUsage(self, request: Any, context: Any) -> admin_pb2.UsageResponse:
+        return admin_pb2.UsageResponse()  # nothing recorded yet: `bc nodes show` reads it for its USAGE block
+
 
 _EVENTS = [
     admin_pb2.EventRecord(seq=1, type="node.joined", subject="n1", data_json='{"role":"node"}', at_ms=0),

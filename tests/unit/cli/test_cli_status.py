@@ -138,3 +138,14 @@ class ForgetfulContext:
 async def test_abort_with_never_returns() -> None:
     with pytest.raises(AssertionError):
         await abort_with(ForgetfulContext(), NotFound("x"))
+
+
+def test_a_handshake_cut_short_by_a_reset_is_not_answering_not_a_certificate_refusal() -> None:
+    # grpc's words when the server's socket resets in the middle of the TLS handshake (a server dying).
+    details = (
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:7443: "
+        "Ssl handshake failed (TSI_PROTOCOL_FAILURE): Connection reset by peer"
+    )
+    err = status_to_error(grpc.StatusCode.UNAVAILABLE, details, server="127.0.0.1:7443")
+    assert isinstance(err, Unavailable)
+    assert err.message == "bc serve at 127.0.0.1:7443 is not answering (connection reset)"
