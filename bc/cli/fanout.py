@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from bc.cli.client import AdminClient
 from bc.cli.output import echo
 from bc.cli.reconnect import follow_events
+from bc.cli.render import format_span
 from bc.clock import SystemClock
 from bc.control.command_states import STATES, SUCCEEDED, TERMINAL
 from bc.errors import ProtocolError, UsageError
@@ -81,23 +82,12 @@ def away_nodes(nodes: Iterable[admin_pb2.NodeInfo], node_ids: Iterable[str]) -> 
 def _away_one(n: admin_pb2.NodeInfo) -> str:
     if n.state == "new":
         return f"{n.node_id} (new: never connected)"
-    since = f" for {_duration(n.state_age_ms)}" if n.state_age_ms > 0 else ""
+    since = f" for {format_span(n.state_age_ms)}" if n.state_age_ms > 0 else ""
     return f"{n.node_id} (unreachable{since})"
 
 
-def _duration(ms: int) -> str:
-    s = ms // 1000
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 2 * 86400:
-        return f"{s // 3600}h"
-    return f"{s // 86400}d"
-
-
 def away_line(away: list[admin_pb2.NodeInfo], *, skipped: bool, not_after: str) -> str:
-    """What `bc cmd fanout` says on stderr about the nodes that are away, before it queues anything."""
+    """What `bc cmd fanout` says on stderr about the nodes that are away, once queued and before any wait."""
     names = ", ".join(_away_one(n) for n in away)
     count = f"{len(away)} node{'s' if len(away) != 1 else ''}"
     if skipped:
