@@ -316,6 +316,10 @@ class Server:
             await operators.register_local(
                 self.store, keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
             )
+        if self.grpc_server is not None:
+            # Only now: a port that accepts means the operator config is on disk and its operator registered,
+            # so a script's `bc nodes` right after `bc serve` opens its port finds both.
+            await self.grpc_server.start()
         if ca is not None and "api" in roles:
             self._tasks.append(asyncio.create_task(self._api_loop(ca, host), name="api-registry"))
         if self.signer.keys is not None:
@@ -423,8 +427,7 @@ class Server:
             raise UsageError(f"cannot listen on {self.opts.listen}: {e}") from None
         if self.port == 0:
             raise UsageError(f"cannot listen on {self.opts.listen}: the address is in use or not local")
-        await server.start()
-        self.grpc_server = server
+        self.grpc_server = server  # bound; it starts answering once the local operator's config is written
         self.address = _client_address(host, self.port)
 
     async def _start_with_keys(self, data_dir: Path, host: str) -> None:
