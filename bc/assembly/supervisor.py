@@ -25,10 +25,10 @@ seeded run restarts its loops at the same instants every time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from bc.aio import cancel_and_wait
 from bc.clock import Clock
@@ -56,7 +56,7 @@ def backoff_s(failures: int, rng: random.Random) -> float:
     return max(BASE_S / 10, rng.uniform(0, cap))
 
 
-@dataclass
+@dataclasses.dataclass
 class LoopState:
     """What the supervisor knows of one loop, for `bc doctor` and the metrics."""
 
@@ -65,15 +65,6 @@ class LoopState:
     since: float = 0.0
     restarts: int = 0
     last_error: str = ""
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "state": self.state,
-            "since": self.since,
-            "restarts": self.restarts,
-            "last_error": self.last_error,
-        }
 
 
 class Supervisor:
@@ -101,7 +92,7 @@ class Supervisor:
 
     def states(self) -> list[LoopState]:
         """Each loop's state now, in start order (copies: the caller may keep them)."""
-        return [LoopState(s.name, s.state, s.since, s.restarts, s.last_error) for s in self._states.values()]
+        return [dataclasses.replace(s) for s in self._states.values()]
 
     async def stop(self) -> None:
         """Cancel every loop and wait until each has ended."""
