@@ -8,7 +8,7 @@ simulator and tests build their own (a virtual-time loop's clock, a Random
 from the seed, `MemoryJournal`, `link_pair`, fake hardware, inline offload),
 and nothing in the agent can tell.
 
-Three loops share the agent's state (`agent.node_state.NodeState`):
+Three loops share the agent's state (`agent.session.node_state.NodeState`):
 
 * the session loop (`agent.session.dialing`) dials through `dial()`, runs one
   session at a time through the I/O-free core, and redials with full-jitter
@@ -43,10 +43,8 @@ from agent.converge.run import Converger, UnknownFieldsMemo, run
 from agent.dispatch import Dispatcher
 from agent.health.monitor import HealthMonitor
 from agent.health.readings import HealthSource
-from agent.hw import FakeHardware, open_backend
+from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
-from agent.hw.fake_faults import FAULTS_FILE, FakeHealthSource, parse_faults
-from agent.hw.nvml_health import NvmlHealthSource
 from agent.hw.slices import SliceManager, open_slices
 from agent.identity import Identity, IdentityFile, IdentityStore
 from agent.journal import Journal
@@ -55,12 +53,12 @@ from agent.journal_rules import fit_update_message
 from agent.kinds.base import KindContext
 from agent.kinds.upload_allow import parse_prefixes
 from agent.node_key import NodeKey
-from agent.node_state import NodeState
 from agent.offload import Offload, to_thread
 from agent.quorum import QuorumCheck, UnbatchedAllowance
 from agent.renewal import Renewer
 from agent.session.dialing import Dial, SessionLoop
 from agent.session.grpc_dial import grpc_dial
+from agent.session.node_state import NodeState
 from agent.session.outbox import Outbox
 from agent.session.runner import SessionDeps
 from agent.telemetry.converger import TelemetryConverger
@@ -164,11 +162,7 @@ def production_parts(opts: AgentOptions) -> AgentParts:
     identity = Identity.load(data_dir)
     ca_pem = identity.read(data_dir, "ca")
     hw = open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread)
-    health: HealthSource
-    if isinstance(hw, FakeHardware):
-        health = FakeHealthSource(hw, parse_faults(opts.fake_faults), data_dir / FAULTS_FILE)
-    else:
-        health = NvmlHealthSource(data_dir)
+    health = hw.capabilities.health(data_dir, opts.fake_faults)
     return AgentParts(
         clock=clock,
         rng=rng,
@@ -233,7 +227,7 @@ class Agent:
         env_dir = self.opts.env_dir or self.data_dir / "allocations"
         slices = p.slices
         if slices is None:
-            slices = open_slices(isinstance(self.hw, FakeHardware), self.data_dir, offload=self.offload)
+            slices = open_slices(self.hw.capabilities.touches_host, self.data_dir, offload=self.offload)
         self.convergers: dict[str, Converger] = {
             "devices": DevicesConverger(
                 cdi_dir,
@@ -257,7 +251,7 @@ class Agent:
                 self.node_id,
                 sshd_config=self.opts.sshd_config,
                 reload_cmd=self.opts.sshd_reload_cmd,
-                fake_host=isinstance(self.hw, FakeHardware),
+                fake_host=not self.hw.capabilities.touches_host,
                 offload=self.offload,
             ),
         }

@@ -376,14 +376,16 @@ class Dispatcher:
         body = a.body
         try:
             await self.journal.accept(
-                body.id,
-                body.kind,
-                kind.retry_safe,
-                kind.self_terminating,
-                self.incarnation_id,
-                self.boot_id,
-                a.command.envelope.body,
-                now,
+                rules.Acceptance(
+                    command_id=body.id,
+                    kind=body.kind,
+                    retry_safe=kind.retry_safe,
+                    self_terminating=kind.self_terminating,
+                    incarnation_id=self.incarnation_id,
+                    boot_id=self.boot_id,
+                    body=a.command.envelope.body,
+                    now=now,
+                )
             )
         except BaseException as e:
             lane.in_use -= 1

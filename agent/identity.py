@@ -34,6 +34,7 @@ from typing import Protocol
 
 from agent.offload import Offload
 from bc.errors import BcError, UsageError
+from bc.files import atomic_write, fsync_dir
 from bc.pki import keys
 from bc.pki.identity import peer_identity
 from bc.protocol.pb import common_pb2
@@ -56,6 +57,8 @@ class Identity:
     trust_bundle_b64: str = ""
     files: dict[str, str] = field(default_factory=lambda: {"key": "node.key", "cert": "node.crt", "ca": "ca.crt"})
     revoked: str = ""  # why the certificate was revoked; the agent does not dial with a revoked identity
+    # The SSH CA keys the CA-signed join answer named: the node's baseline for its first spec (agent.spec_quorum).
+    join_ssh_ca_keys: list[str] = field(default_factory=list)
 
     def trust_bundle(self) -> common_pb2.TrustBundle:
         b = common_pb2.TrustBundle()
@@ -88,7 +91,7 @@ class Identity:
         return ident
 
     def save(self, data_dir: Path) -> None:
-        write_atomic(Identity.path(data_dir), (json.dumps(asdict(self), indent=2) + "\n").encode(), 0o600)
+        atomic_write(Identity.path(data_dir), (json.dumps(asdict(self), indent=2) + "\n").encode(), 0o600)
 
     def read(self, data_dir: Path, what: str) -> bytes:
         return (data_dir / self.files[what]).read_bytes()
@@ -107,6 +110,7 @@ _FIELD_TYPES: dict[str, type] = {
     "trust_bundle_b64": str,
     "files": dict,
     "revoked": str,
+    "join_ssh_ca_keys": list,
 }
 _REQUIRED = ("node_id", "role", "server", "identity_generation", "ca_fingerprint")
 _FILE_ROLES = ("key", "cert", "ca")
@@ -134,8 +138,10 @@ def _from_doc(doc: object, p: Path) -> Identity:
         raise UsageError(f"the node identity {p} has unknown fields {', '.join(map(str, unknown))}; {_REJOIN}")
     for k, want in _FIELD_TYPES.items():
         if k in doc and (not isinstance(doc[k], want) or (want is int and isinstance(doc[k], bool))):
-            what = {str: "a string", int: "an integer", dict: "a JSON object"}[want]
+            what = {str: "a string", int: "an integer", dict: "a JSON object", list: "a JSON array"}[want]
             raise UsageError(f"the node identity {p} has a {k} that is not {what}; {_REJOIN}")
+    if not all(isinstance(v, str) for v in doc.get("join_ssh_ca_keys", [])):
+        raise UsageError(f"the node identity {p} has a join_ssh_ca_keys that is not a list of strings; {_REJOIN}")
     files = doc.get("files")
     if files is not None and not (
         all(r in files for r in _FILE_ROLES)
@@ -145,11 +151,6 @@ def _from_doc(doc: object, p: Path) -> Identity:
     return Identity(**doc)
 
 
-# One atomic writer for the whole project (unique temporary name, mode set before any byte, fsync,
-# rename, directory fsync): the session and the renewer may save identity.json at the same moment.
-write_atomic = keys.write_file_atomic
-
-
 def _next(path: Path) -> Path:
     return path.with_name(path.name + NEXT_SUFFIX)
 
@@ -157,11 +158,11 @@ def _next(path: Path) -> Path:
 def replace_key_pair(data_dir: Path, ident: Identity, key_pem: bytes, cert_pem: bytes) -> None:
     """Replace node.key and node.crt so that a crash at any point leaves a usable pair (see the module doc)."""
     key_path, cert_path = data_dir / ident.files["key"], data_dir / ident.files["cert"]
-    write_atomic(_next(key_path), key_pem, 0o600)
-    write_atomic(_next(cert_path), cert_pem, 0o644)  # from here on the new pair wins after a crash
+    atomic_write(_next(key_path), key_pem, 0o600)
+    atomic_write(_next(cert_path), cert_pem, 0o644)  # from here on the new pair wins after a crash
     os.replace(_next(key_path), key_path)
     os.replace(_next(cert_path), cert_path)
-    keys.fsync_dir(data_dir)
+    fsync_dir(data_dir)
 
 
 def finish_key_pair(data_dir: Path, ident: Identity) -> None:
@@ -182,7 +183,7 @@ def finish_key_pair(data_dir: Path, ident: Identity) -> None:
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
         log.warning("event=identity.pair-discarded cert=%s", cert_path)
-    keys.fsync_dir(data_dir)
+    fsync_dir(data_dir)
 
 
 def _pending_pair_ok(data_dir: Path, ident: Identity, cert_path: Path, key_path: Path, *, key_moved: bool) -> bool:

@@ -33,9 +33,10 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 
-from agent.identity import IDENTITY_FILE, NEXT_SUFFIX, Identity, write_atomic
+from agent.identity import IDENTITY_FILE, NEXT_SUFFIX, Identity
 from bc.clock import SystemClock
 from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
+from bc.files import atomic_write, fsync_dir
 from bc.pki import join_answer, keys, tokens
 from bc.pki.discovery import fetch_pinned_ca
 from bc.pki.identity import make_csr
@@ -121,6 +122,7 @@ async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = Fa
             identity_generation=resp.identity_generation,
             ca_fingerprint=parsed.ca_pin,
             trust_bundle_b64=base64.b64encode(resp.trust.SerializeToString()).decode(),
+            join_ssh_ca_keys=list(resp.ssh_ca_keys),
         )
         await asyncio.to_thread(_store_identity, data_dir, ident, node_key, resp.cert_pem, ca_pem)
         return JoinResult(
@@ -169,7 +171,9 @@ def _check_answer(addr: str, ca_cert: x509.Certificate, csr_der: bytes, resp: jo
             " join with a bc of the same version as bc serve, or upgrade bc serve"
         )
     trust = resp.trust.SerializeToString(deterministic=True)
-    if not join_answer.verify_answer(ca_cert, csr_der, resp.cert_pem, trust, resp.answer_signature):
+    if not join_answer.verify_answer(
+        ca_cert, csr_der, resp.cert_pem, trust, resp.answer_signature, list(resp.ssh_ca_keys)
+    ):
         raise Unauthenticated(
             f"the join answer that came through {addr} is not signed by the CA the token pins: something between"
             " this node and the api process changed it; nothing was stored (the token is used: create a new one"
@@ -220,7 +224,7 @@ def reset_identity(data_dir: Path, now: float) -> list[Path]:
         os.rename(path, aside)
         moved.append(aside)
     if moved:
-        keys.fsync_dir(data_dir)
+        fsync_dir(data_dir)
     return moved
 
 
@@ -238,6 +242,6 @@ def _store_identity(data_dir: Path, ident: Identity, node_key: keys.PrivateKey, 
     """Key first (0600), then certificates, then identity.json last: its presence means a complete identity."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     keys.write_private_key(data_dir / "node.key", node_key)
-    write_atomic(data_dir / "node.crt", cert_pem)
-    write_atomic(data_dir / "ca.crt", ca_pem)
+    atomic_write(data_dir / "node.crt", cert_pem)
+    atomic_write(data_dir / "ca.crt", ca_pem)
     ident.save(data_dir)

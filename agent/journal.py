@@ -56,7 +56,8 @@ import contextlib
 import logging
 import random
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ import aiosqlite
 from agent import journal_aside
 from agent import journal_rules as rules
 from agent.journal_api import JournalCorrupt, JournalEvent, JournalFull, StoredSpec, new_journal_id
-from agent.journal_batch import CommitGroups, TxSteps, commit_or_abandon
+from agent.journal_batch import CommitGroups, TxSteps, one_transaction
 from agent.journal_conn import connect_commit_in_thread
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
 from agent.offload import Offload, to_thread
@@ -214,16 +215,9 @@ class Journal:
         """The group commit of the command writes (its `stats` say how many batches formed)."""
         return self._groups
 
-    @contextlib.asynccontextmanager
-    async def _tx(self) -> AsyncIterator[None]:
+    def _tx(self) -> AbstractAsyncContextManager[None]:
         """One fsynced transaction; the caller holds the lock."""
-        await self._begin()
-        try:
-            yield
-        except BaseException:
-            await self._rollback()
-            raise
-        await commit_or_abandon(self._steps)
+        return one_transaction(self._steps)
 
     async def _begin(self) -> None:
         await self._conn.execute("BEGIN IMMEDIATE")
@@ -466,38 +460,18 @@ class Journal:
             row = await cur.fetchone()
         return None if row is None or row[0] is None else bytes(row[0])
 
-    async def accept(
-        self,
-        command_id: str,
-        kind: str,
-        retry_safe: bool,
-        self_terminating: bool,
-        incarnation_id: str,
-        boot_id: str,
-        body: bytes,
-        now: float,
-    ) -> None:
+    async def accept(self, a: rules.Acceptance) -> None:
         """Journal `accepted`; fsynced when it returns, and no side effect may start before it does."""
 
-        async def work() -> None:
-            entry = rules.accept_entry(
-                await self._get_command(command_id),
-                command_id,
-                kind,
-                retry_safe,
-                self_terminating,
-                incarnation_id,
-                boot_id,
-                now,
-            )
-            await self._put_command(entry, body)
+        async def work(_: None) -> None:
+            await self._put_command(rules.accept_entry(await self._get_command(a.command_id), a), a.body)
 
         await self._groups.run(work)
 
     async def mark_running(self, command_id: str, incarnation_id: str, boot_id: str, now: float) -> None:
         """Journal `running{boot_id}`; self-terminating kinds call it right before their side effect."""
 
-        async def work() -> None:
+        async def work(_: None) -> None:
             await self._put_command(
                 rules.running_entry(await self._get_command(command_id), incarnation_id, boot_id, now)
             )
@@ -508,7 +482,7 @@ class Journal:
         """Journal `done` with the serialized terminal CommandUpdate; False if already done (that result stands)."""
         update = self._fit_update(command_id, update)
 
-        async def work() -> bool:
+        async def work(_: None) -> bool:
             existing = await self._get_command(command_id)
             if existing is None:
                 raise rules.UnknownCommand(f"no journal entry for {command_id}: journal a rejection with record_done")
@@ -522,7 +496,7 @@ class Journal:
         """Journal a terminal outcome whether or not the command was accepted: how rejections are kept."""
         update = self._fit_update(command_id, update)
 
-        async def work() -> bool:
+        async def work(_: None) -> bool:
             existing = await self._get_command(command_id)
             if existing is None:
                 return await self._put_done(
@@ -549,7 +523,7 @@ class Journal:
         if not ids:
             return 0
 
-        async def work() -> int:
+        async def work(_: None) -> int:
             cur = await self._conn.executemany(
                 "UPDATE commands SET acked = 1 WHERE command_id = ? AND state = 'done' AND acked = 0", ids
             )

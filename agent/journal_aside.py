@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from bc.files import fsync_dir
+
 log = logging.getLogger("agent.journal")
 
 KEEP_CORRUPT = 3
@@ -51,6 +53,7 @@ def move_aside(path: Path, aside: Path, keep: int = KEEP_CORRUPT) -> list[Path]:
         p = Path(f"{path}{suffix}")
         if p.exists():
             os.replace(p, Path(f"{aside}{suffix}"))
+    fsync_dir(path.parent)  # the corrupt journal stays aside after a power cut, never back in place
     deleted: list[Path] = []
     for name in to_prune((p.name for p in path.parent.iterdir()), path.name, keep):
         old = path.parent / name

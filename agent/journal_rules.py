@@ -180,31 +180,37 @@ def sweep(entries: Iterable[CommandEntry], now: float, incarnation_id: str, keep
 # -- transitions --------------------------------------------------------------
 
 
-def accept_entry(
-    existing: CommandEntry | None,
-    command_id: str,
-    kind: str,
-    retry_safe: bool,
-    self_terminating: bool,
-    incarnation_id: str,
-    boot_id: str,
-    now: float,
-) -> CommandEntry:
+@dataclass(frozen=True)
+class Acceptance:
+    """One command's `accepted`, as the dispatcher asks a journal for it: every store, and every journal that
+    wraps one (the simulator's), takes this one value rather than its eight fields."""
+
+    command_id: str
+    kind: str
+    retry_safe: bool
+    self_terminating: bool
+    incarnation_id: str  # the process accepting it
+    boot_id: str  # the kernel boot it is accepted in
+    body: bytes  # the command's body, kept for a re-execution's acceptance checks
+    now: float  # host wall seconds
+
+
+def accept_entry(existing: CommandEntry | None, a: Acceptance) -> CommandEntry:
     """`accepted` for a new command, or for a retry-safe re-execution taking over an earlier process's entry."""
     if existing is not None:
         if existing.state == "done":
-            raise CommandConflict(f"command {command_id} is done; its stored result is resent, never re-run")
-        if existing.incarnation_id == incarnation_id:
-            raise CommandConflict(f"command {command_id} is already in flight in this process")
+            raise CommandConflict(f"command {a.command_id} is done; its stored result is resent, never re-run")
+        if existing.incarnation_id == a.incarnation_id:
+            raise CommandConflict(f"command {a.command_id} is already in flight in this process")
     return CommandEntry(
-        command_id=command_id,
-        kind=kind,
+        command_id=a.command_id,
+        kind=a.kind,
         state="accepted",
-        incarnation_id=incarnation_id,
-        boot_id=boot_id,
-        retry_safe=retry_safe,
-        self_terminating=self_terminating,
-        updated_at=now,
+        incarnation_id=a.incarnation_id,
+        boot_id=a.boot_id,
+        retry_safe=a.retry_safe,
+        self_terminating=a.self_terminating,
+        updated_at=a.now,
         result=None,
         acked=False,
     )
@@ -399,17 +405,7 @@ class CommandStore(Protocol):
 
     async def command_body(self, command_id: str) -> bytes | None: ...
 
-    async def accept(
-        self,
-        command_id: str,
-        kind: str,
-        retry_safe: bool,
-        self_terminating: bool,
-        incarnation_id: str,
-        boot_id: str,
-        body: bytes,
-        now: float,
-    ) -> None: ...
+    async def accept(self, a: Acceptance) -> None: ...
 
     async def mark_running(self, command_id: str, incarnation_id: str, boot_id: str, now: float) -> None: ...
 

@@ -120,29 +120,9 @@ class MemoryJournal:
     async def command_body(self, command_id: str) -> bytes | None:
         return self._bodies.get(command_id)
 
-    async def accept(
-        self,
-        command_id: str,
-        kind: str,
-        retry_safe: bool,
-        self_terminating: bool,
-        incarnation_id: str,
-        boot_id: str,
-        body: bytes,
-        now: float,
-    ) -> None:
-        entry = rules.accept_entry(
-            self._entries.get(command_id),
-            command_id,
-            kind,
-            retry_safe,
-            self_terminating,
-            incarnation_id,
-            boot_id,
-            now,
-        )
-        self._entries[command_id] = entry
-        self._bodies[command_id] = body
+    async def accept(self, a: rules.Acceptance) -> None:
+        self._entries[a.command_id] = rules.accept_entry(self._entries.get(a.command_id), a)
+        self._bodies[a.command_id] = a.body
 
     async def mark_running(self, command_id: str, incarnation_id: str, boot_id: str, now: float) -> None:
         self._entries[command_id] = rules.running_entry(self._entries.get(command_id), incarnation_id, boot_id, now)

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from agent.identity import write_atomic
 from agent.trust import AgentTrust
 from bc.clock import Clock
+from bc.files import atomic_write
 from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.protocol import kinds
@@ -94,7 +94,7 @@ class UnbatchedAllowance:
         if len(recent) >= limit:
             return False
         recent.append(now)
-        write_atomic(self.path, (json.dumps({"ran_at": recent, "last_command": command_id}) + "\n").encode(), 0o600)
+        atomic_write(self.path, (json.dumps({"ran_at": recent, "last_command": command_id}) + "\n").encode(), 0o600)
         return True
 
 

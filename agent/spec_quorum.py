@@ -18,15 +18,22 @@ signed for). Otherwise the whole spec is refused (the node keeps
 the one it holds and reports `spec.rejected` with the reason), as a spec
 with a bad signature is.
 
-The first spec a node takes (nothing held: just joined, with an admin's
-token) is its baseline and is not checked. Pure but for `is_root_user`,
-passed in.
+The first spec a node takes (nothing held: just joined, or its held spec was
+lost) is checked too, against the node's baseline: an empty spec whose
+access section holds only the SSH CA keys the join answer named (signed by
+the CA key with the answer, so no gateway and no worker key chose them). So a
+control plane with a stolen worker key cannot give a freshly joined node its
+own CA, a root principal or a core-pattern pipe either. At the baseline the
+approvals' expiry is not checked (`count_approvals` without a time): a node
+joining, or re-fetching its spec, long after a change was approved must still
+take what the quorum approved for this very node and content, and nothing
+else passes. Pure but for `is_root_user`, passed in.
 """
 
 from __future__ import annotations
 
 import pwd
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from google.protobuf.message import DecodeError, Message
 
@@ -49,8 +56,15 @@ def is_root_user(name: str, getpwnam: Callable[[str], pwd.struct_passwd] = pwd.g
         return False
 
 
+def baseline(ssh_ca_keys: Sequence[str]) -> spec_pb2.NodeSpec:
+    """What a node holds before its first spec, for the check: nothing but the join answer's SSH CA keys."""
+    spec = spec_pb2.NodeSpec()
+    spec.access.ssh_ca_keys.extend(ssh_ca_keys)
+    return spec
+
+
 def _verified(
-    a: session_pb2.SectionApproval, leaf: bytes, bundle: common_pb2.TrustBundle, server_now_ms: int
+    a: session_pb2.SectionApproval, leaf: bytes, bundle: common_pb2.TrustBundle, server_now_ms: int | None
 ) -> str | None:
     """None when `a` holds k valid signatures of the bundle's approvers over a root its proof puts `leaf` under."""
     approval, proof = common_pb2.BatchApproval(), common_pb2.BatchProof()
@@ -76,7 +90,7 @@ def approval_problem(
     node_id: str,
     approvals: list[session_pb2.SectionApproval],
     bundle: common_pb2.TrustBundle,
-    server_now_ms: int,
+    server_now_ms: int | None,
 ) -> str | None:
     """None when one of `approvals` is the quorum's for exactly this section's content on this node."""
     found = [a for a in approvals if a.section == section and not a.grant_principal]
@@ -92,7 +106,11 @@ def approval_problem(
 
 
 def granted(
-    principal: str, node_id: str, approvals: list[session_pb2.SectionApproval], bundle: common_pb2.TrustBundle, now: int
+    principal: str,
+    node_id: str,
+    approvals: list[session_pb2.SectionApproval],
+    bundle: common_pb2.TrustBundle,
+    now: int | None,
 ) -> bool:
     """Whether an approved `ssh.grant` batch (`bc ssh grant --principal root`) covers adding `principal`."""
     for a in approvals:
@@ -114,7 +132,7 @@ def _grant_only(
     view: root_equiv.Viewpoint,
     approvals: list[session_pb2.SectionApproval],
     bundle: common_pb2.TrustBundle,
-    now: int,
+    now: int | None,
 ) -> bool:
     """Whether the access change widens nothing but root principals, each an approved grant's."""
     rest = spec_pb2.AccessSection()
@@ -142,21 +160,27 @@ def check_spec(
     bundle: common_pb2.TrustBundle,
     server_now_ms: int,
     root_user: Callable[[str], bool] = is_root_user,
+    baseline_ca_keys: Sequence[str] = (),
 ) -> str | None:
-    """None when `new_spec` may replace `held_spec`; else "ROOT_EQUIVALENT: why" (the spec is refused)."""
-    if not bundle.approver_keys or held_spec is None:
+    """None when `new_spec` may replace `held_spec` (None: the first spec, checked against `baseline` of the
+    join answer's SSH CA keys, approvals unexpired or not); else "ROOT_EQUIVALENT: why" (the spec is refused)."""
+    if not bundle.approver_keys:
         return None
+    now: int | None = server_now_ms
+    if held_spec is None:
+        held_spec, now = baseline(baseline_ca_keys), None
     view = root_equiv.Viewpoint(node_id=body.node_id, at_node=True, is_root_user=root_user)
     approvals = list(body.section_approvals)
     for section, reasons in root_equiv.spec_changes(held_spec, new_spec, view).items():
         new = getattr(new_spec, section)
-        why = approval_problem(section, new, body.node_id, approvals, bundle, server_now_ms)
+        why = approval_problem(section, new, body.node_id, approvals, bundle, now)
         if (
             why is not None
             and section == "access"
-            and _grant_only(held_spec.access, new_spec.access, view, approvals, bundle, server_now_ms)
+            and _grant_only(held_spec.access, new_spec.access, view, approvals, bundle, now)
         ):
             continue  # nothing but root principals, each an approved grant's
         if why is not None:
-            return f"{REFUSED}: the {section} change {reasons[0]}, and {why}"
+            first = " (the first spec this node takes)" if now is None else ""
+            return f"{REFUSED}: the {section} change{first} {reasons[0]}, and {why}"
     return None

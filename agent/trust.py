@@ -32,7 +32,7 @@ and again in every Welcome. Rules:
   node could be pinned to a gateway's own root, so turning signing on for an
   old install is best followed by re-joining its nodes (docs/design.md).
 
-All of this is pure; `agent.node_state` persists the held bundle in identity.json.
+All of this is pure; `agent.session.node_state` persists the held bundle in identity.json.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bc.errors import UsageError
+from bc.files import atomic_write
 from bc.local_files import read_local_file, read_local_text
 
 
@@ -66,6 +67,18 @@ def user_copy(there_data_dir: str | None, data_dir: str, *, unreadable: bool = F
     return UserCopy(False, f"names another server's data dir ({there_data_dir or 'none'})")
 
 
+def _single_doc(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, data_dir: str) -> str:
+    """A self-contained config file's text: the PEMs inline."""
+    cfg = {
+        "server": server,
+        "ca": ca_pem.decode(),
+        "cert": cert_pem.decode(),
+        "key": key_pem.decode(),
+        "data_dir": data_dir,
+    }
+    return json.dumps(cfg, indent=2) + "\n"
+
+
 @dataclass(frozen=True)
 class OperatorConfig:
     """What an admin client needs to reach `bc serve` over mutual TLS."""
@@ -81,13 +94,9 @@ class OperatorConfig:
     def write(dir_: Path, *, server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, data_dir: Path) -> Path:
         """Write config.json with the key beside it (0600); returns the config path."""
         dir_.mkdir(parents=True, exist_ok=True, mode=0o700)
-        key_path = dir_ / "operator.key"
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(key_pem)
-        os.chmod(key_path, 0o600)
-        (dir_ / "operator.crt").write_bytes(cert_pem)
-        (dir_ / "ca.crt").write_bytes(ca_pem)
+        atomic_write(dir_ / "operator.key", key_pem, 0o600)
+        atomic_write(dir_ / "operator.crt", cert_pem)
+        atomic_write(dir_ / "ca.crt", ca_pem)
         cfg = {
             "server": server,
             "ca": "ca.crt",
@@ -96,9 +105,7 @@ class OperatorConfig:
             "data_dir": str(data_dir),
         }
         path = dir_ / "config.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cfg, indent=2) + "\n")
-        os.replace(tmp, path)
+        atomic_write(path, (json.dumps(cfg, indent=2) + "\n").encode())
         return path
 
     @staticmethod
@@ -106,13 +113,6 @@ class OperatorConfig:
         path: Path, *, server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, data_dir: str = ""
     ) -> Path:
         """One self-contained config file (0600, PEMs inline) to hand to a person; never overwrites."""
-        cfg = {
-            "server": server,
-            "ca": ca_pem.decode(),
-            "cert": cert_pem.decode(),
-            "key": key_pem.decode(),
-            "data_dir": data_dir,
-        }
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -120,7 +120,7 @@ class OperatorConfig:
         except OSError as e:
             raise UsageError(f"cannot write {path}: {e.strerror}") from None
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(cfg, indent=2) + "\n")
+            f.write(_single_doc(server, ca_pem, cert_pem, key_pem, data_dir))
             f.flush()
             os.fsync(f.fileno())
         return path
@@ -129,17 +129,11 @@ class OperatorConfig:
     def replace_single(
         path: Path, *, server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, data_dir: str = ""
     ) -> Path:
-        """Complete a config `write_single` made (same key): the new file is fsynced beside it, then
+        """Complete a config `write_single` made (same key): the new file (0600) is fsynced beside it, then
         renamed over it, so `path` holds the key at every moment."""
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.unlink(missing_ok=True)
-        OperatorConfig.write_single(
-            tmp, server=server, ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem, data_dir=data_dir
-        )
         try:
-            os.replace(tmp, path)
+            atomic_write(path, _single_doc(server, ca_pem, cert_pem, key_pem, data_dir).encode(), 0o600)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             raise UsageError(f"cannot write {path}: {e.strerror}") from None
         return path
 

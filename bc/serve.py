@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -42,28 +43,29 @@ from bc.api.join_proxy import JoinProxy
 from bc.api.join_servicer import JoinServicer
 from bc.api.release_http import ReleaseServer
 from bc.api.session_servicer import SessionServicer
+from bc.assembly.control import ControlSettings, build_control
+from bc.assembly.loops import CA, GATEWAY_CERT, LISTENER, OTLP, SIGNING_KEYS, start_loops
+from bc.assembly.supervisor import Supervisor
 from bc.clock import Clock, SystemClock
 from bc.config import OperatorConfig, user_config_path, user_copy
 from bc.control import intent as intent_ctl
 from bc.control import operators
 from bc.control import serving_certs as serving_ctl
 from bc.control.bus import Bus
-from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.intent import Intent
 from bc.control.liveness import LEASE_NAME as LIVENESS_LEASE
-from bc.control.liveness import Liveness, LivenessConfig
 from bc.control.placement_pass import LEASE_NAME as PLACEMENT_LEASE
-from bc.control.placement_pass import PlacementPass
 from bc.control.serving_certs import GatewayCert
 from bc.control.signer import KeylessSigner, KeySigner, NullSigner, Signer
-from bc.control.spec_signing import SpecSigner
 from bc.control.sweeper import LEASE_NAME as SWEEPER_LEASE
-from bc.control.sweeper import CommandSweeper
 from bc.control.trust import LocalTrust, RelayedTrust, TrustSource
-from bc.errors import UsageError
-from bc.gateway.sessions import REVOCATION_POLL_S, Gateway, GatewayConfig
+from bc.errors import BcError, Conflict, UsageError
+from bc.gateway import lease as lease_rule
+from bc.gateway.sessions import (
+    GATEWAY_LEASE_RENEW_S,
+    GATEWAY_LEASE_TTL_MS,
+)
 from bc.jobs.engine import LEASE_NAME as JOBS_LEASE
-from bc.jobs.engine import JobEngine
 from bc.otel.config import OtlpConfig
 from bc.pki import keys, serving
 from bc.pki.ca import CA_KEY_FILE, CertificateAuthority
@@ -77,6 +79,7 @@ from bc.serve_worker_keys import worker_signer
 from bc.store import Store, StoreError, leases, open_store
 from bc.store import gateway_keys as gk_sql
 from bc.store import nodes as nodes_sql
+from bc.store.leases import Claim
 from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, session_pb2_grpc
 from bc.wire.tls import ServerTLS, channel_credentials
 
@@ -139,6 +142,11 @@ def _worker_id(data_dir: Path, rng: random.Random) -> str:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text + "\n")
     return text
+
+
+def _absolute(data_dir: Path) -> Path:
+    """The data dir as a lease holder names it: absolute (no filesystem call: `bc.gateway.lease`)."""
+    return Path(os.path.abspath(data_dir))
 
 
 def _host_port(listen: str) -> tuple[str, int]:
@@ -234,7 +242,9 @@ class Server:
         self.relay: PgRelay | None = None
         self.grpc_server: grpc.aio.Server | None = None
         self.port = 0
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []  # one-shots (a drain); the loops run under `supervisor`
+        self.supervisor = Supervisor(self.clock, random.Random(self.rng.getrandbits(64)), process="serve")
+        self.loops: list[str] = []  # the names of the loops this process runs (bc.assembly.loops)
         self._rotate_at_start = False
         self.stopped = asyncio.Event()  # set by a drain that finished: run_serve exits as on SIGTERM
         self.release_server: ReleaseServer | None = None
@@ -248,6 +258,9 @@ class Server:
         self.serving_chain = b""
         self.join_proxy: JoinProxy | None = None  # a gateway without the api role: Join and Renew, forwarded to an api
         self.data_dir_lock: DataDirLock | None = None  # held from start to stop: one bc serve per data dir
+        self.claim: Claim | None = None  # this process's hold on its gateway's lease (bc.gateway.lease)
+        self._claim_keeper: asyncio.Task[None] | None = None  # renews it while the start waits (a certificate)
+        self.stop_error: BcError | None = None  # why this process stopped on its own (run_serve exits with it)
 
     async def start(self) -> None:
         """Start every role; a second bc serve on this data dir is refused first (`bc.serve_lock`, exit 4)."""
@@ -257,6 +270,13 @@ class Server:
         try:
             await self._start()
         except BaseException:
+            if self._claim_keeper is not None:
+                await cancel_and_wait([self._claim_keeper])
+            if self.store is not None:
+                with contextlib.suppress(StoreError):
+                    if self.claim is not None and self.claim.epoch:  # a refused start took no lease
+                        async with self.store.transaction() as tx:
+                            await leases.give_up(tx, self.claim.name, self.claim.holder)
             self.data_dir_lock.release()
             raise
 
@@ -266,9 +286,18 @@ class Server:
         roles = self.opts.roles
         self.store = await open_store(self.opts.store or str(data_dir / "bc.db"), self.clock)
         self.relay = cross_process_relay(self.store, self.bus, self.clock)
-        # Named processes on one store (--gateway-id) hold the singleton workers' leases under that name;
-        # a lab's one process keeps its id in the data dir, so a restart takes its own leases back at once.
-        self.worker_id = self.opts.gateway_id or _worker_id(data_dir, self.rng)
+        # Named processes on one store (--gateway-id) hold the singleton workers' leases under that name and their
+        # host and data dir (two processes started under one name are two holders: bc.gateway.lease); a lab's one
+        # process keeps its id in the data dir. Either way a restart takes its own leases back at once.
+        if self.opts.gateway_id:
+            self.worker_id = lease_rule.holder_for(self.opts.gateway_id, socket.gethostname(), _absolute(data_dir))
+        else:
+            self.worker_id = _worker_id(data_dir, self.rng)
+        if "gateway" in roles:
+            # Before anything else that acts as this gateway (its serving certificate, its port): a second
+            # process under a running gateway's id is refused here, exit 4 naming the holder.
+            self.claim = await self._claim_gateway_lease(data_dir)
+            self._claim_keeper = asyncio.create_task(self._keep_claim(self.claim), name="gateway-lease-start")
         self.ca: CertificateAuthority | None = None
         self.gateway_cert: GatewayCert | None = None
         self.trust: TrustSource
@@ -278,33 +307,35 @@ class Server:
             await self._start_without_ca(data_dir, host)
         ca = self.ca
 
-        self.gateway = Gateway(
+        # Every component, built in one place (bc.assembly.control) as the harness and bc sim build theirs.
+        self.parts = build_control(
             self.store,
             self.bus,
             self.clock,
-            self.gateway_id,
+            self.rng,
             self.signer,
             self.trust,
-            GatewayConfig(heartbeat_interval_s=self.opts.heartbeat_interval_s),
+            gateway_id=self.gateway_id,
+            worker_id=self.worker_id,
+            settings=ControlSettings(
+                heartbeat_interval_s=self.opts.heartbeat_interval_s,
+                lease_ttl_s=self.opts.lease_ttl_s,
+                unreachable_grace_s=self.opts.unreachable_grace_s,
+            ),
+            claim=self.claim,
         )
+        assert self.parts.gateway is not None and self.parts.jobs is not None and self.parts.clock_skew is not None
+        self.gateway, self.jobs, self.clock_skew = self.parts.gateway, self.parts.jobs, self.parts.clock_skew
+        self.gateway.on_superseded = self._superseded
         if "gateway" in roles:
             await self.gateway.renew_lease()
+            if self.gateway.superseded:  # another process took the lease while this one started
+                raise Conflict(self.gateway.superseded)
         if self._rotate_at_start:
             try:
                 await intent_ctl.rotate(self.store, self.bus, self.signer, self.clock, self.rng, self.secrets)
             except UsageError as e:  # the root key is kept elsewhere: keep signing with the current worker
                 log.warning("event=pki.worker-rotation-skipped reason=%s", e.message)
-        self.liveness = Liveness(
-            self.store,
-            self.bus,
-            self.worker_id,
-            LivenessConfig(
-                lease_ttl_ms=int(self.opts.lease_ttl_s * 1000),
-                unreachable_grace_ms=int(self.opts.unreachable_grace_s * 1000),
-            ),
-        )
-        self.jobs = JobEngine(self.store, self.bus, self.signer, self.rng, holder=self.worker_id)
-        self.placement = PlacementPass(self.store, self.bus, self.signer, self.rng, holder=self.worker_id)
 
         self.address = ""  # a worker-only process serves no call, so it does not listen
         if self.plan.listens:
@@ -321,26 +352,13 @@ class Server:
             # so a script's `bc nodes` right after `bc serve` opens its port finds both.
             await self.grpc_server.start()
         if ca is not None and "api" in roles:
-            self._tasks.append(asyncio.create_task(self._api_loop(ca, host), name="api-registry"))
-        if self.signer.keys is not None:
-            spec_signer = SpecSigner(self.store, self.bus, self.signer)
-            self._tasks.append(asyncio.create_task(spec_signer.run_forever(), name="spec-signer"))
-            if "gateway" not in roles:  # a gateway refreshes and publishes the trust on its own feed
-                self._tasks.append(asyncio.create_task(self._trust_loop(), name="trust-publish"))
+            self.parts.api_registry = functools.partial(self._api_loop, ca, host)
         if self.gateway_cert is not None:
-            self._tasks.append(asyncio.create_task(self._keyless_loop(), name="keyless"))
-        if "gateway" in roles:
-            self._tasks.append(asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"))
-            self._tasks.append(asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"))
-            self._tasks.append(asyncio.create_task(self.gateway.stats_loop(), name="gateway-stats"))
-        self.sweeper = CommandSweeper(self.store, self.bus, self.worker_id)
-        if "worker" in roles:
-            self._tasks.append(asyncio.create_task(self._liveness_loop(), name="liveness"))
-            self._tasks.append(asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"))
-            self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
-            self._tasks.append(asyncio.create_task(self.placement.run_forever(self.clock), name="placement"))
-        self.clock_skew = ClockSkewMonitor(self.store, self.clock)
-        self._tasks.append(asyncio.create_task(self.clock_skew.run(), name="clock-skew"))
+            self.parts.keyless = self._keyless_loop
+        if "gateway" in roles and self._claim_keeper is not None:
+            # The gateway-lease loop renews the claim from here on.
+            await cancel_and_wait([self._claim_keeper])
+            self._claim_keeper = None
         if self.opts.otlp is not None:
             from bc.serve_telemetry import ServeTelemetry  # opentelemetry loads only when asked for
 
@@ -352,7 +370,8 @@ class Server:
                 clock_offset_ms=lambda: self.clock_skew.offset_ms,
                 nodes_by_state=self._nodes_by_state,
             )
-            self._tasks.append(asyncio.create_task(telemetry.run(), name="telemetry"))
+            self.parts.telemetry = telemetry.run
+        self.loops = start_loops(self.supervisor, roles, self._has(ca), self.parts)
         log.info(
             "event=serve.started listen=%s store=%s gateway=%s roles=%s ca=%s operator_config=%s",
             self.address or "-",
@@ -492,6 +511,39 @@ class Server:
         await local.refresh(self.store)
         self.trust = local
 
+    async def _claim_gateway_lease(self, data_dir: Path) -> Claim:
+        """Take this gateway's lease under this process's own holder, or refuse the start (exit 4): another
+        process, from another data dir or host, serves this gateway id now (bc.gateway.lease)."""
+        assert self.store is not None
+        gid = self.gateway_id
+        claim = Claim(lease_rule.name_of(gid), lease_rule.holder_for(gid, socket.gethostname(), _absolute(data_dir)))
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction() as tx:
+            got = await leases.take(tx, claim.name, claim.holder, now_ms, GATEWAY_LEASE_TTL_MS)
+        if got.holder != claim.holder:
+            raise Conflict(lease_rule.refusal(gid, got, now_ms))
+        claim.epoch = got.epoch
+        log.info("event=gateway.lease-taken gateway=%s holder=%s epoch=%d", gid, claim.holder, claim.epoch)
+        return claim
+
+    async def _keep_claim(self, claim: Claim) -> None:
+        """Renew the lease while the start waits (a keyless gateway may wait minutes for its certificate; the
+        lease lives 20 s), until the gateway's own lease loop takes over. What a renewal found is judged there."""
+        assert self.store is not None
+        while True:
+            await self.clock.sleep(GATEWAY_LEASE_RENEW_S)
+            try:
+                now_ms = await self.store.now_ms()
+                async with self.store.transaction() as tx:
+                    await leases.take(tx, claim.name, claim.holder, now_ms, GATEWAY_LEASE_TTL_MS)
+            except StoreError as e:
+                log.warning("event=gateway.lease-failed error=%s", e)
+
+    def _superseded(self, why: str) -> None:
+        """Another process took this gateway's lease after this one: stop, and exit 4 with why (run_serve)."""
+        self.stop_error = Conflict(why)
+        self.stopped.set()
+
     async def _wait_for_ca(self, relayed: RelayedTrust, deadline: float) -> None:
         """Until an api process published the CA certificate (and the trust bundle with it)."""
         assert self.store is not None
@@ -522,6 +574,7 @@ class Server:
             self.gateway_id,
             serving.gateway_hosts(host, self.opts.advertise),
             data_dir / "gateway",
+            self.claim,
         )
         cert.load_or_create_key(self.secrets)
         self.gateway_cert = cert
@@ -584,16 +637,6 @@ class Server:
                 log.warning("event=api.registry-failed error=%s", e)
             await self.bus.wait_events(KEYLESS_POLL_S)
 
-    async def _trust_loop(self) -> None:
-        """A key-holding process without the gateway role: keep its bundle current and published."""
-        assert self.store is not None
-        while True:
-            await self.clock.sleep(REVOCATION_POLL_S)
-            try:
-                await self.trust.refresh(self.store)
-            except StoreError as e:
-                log.warning("event=trust.publish-failed error=%s", e)
-
     async def _api_addresses(self) -> list[str]:
         if self.opts.api:
             return list(self.opts.api)
@@ -638,13 +681,20 @@ class Server:
             log.warning("event=pki.signing-off hint='start once with --command-signing on to sign commands and specs'")
         return None
 
-    async def _liveness_loop(self) -> None:
-        while True:
-            try:
-                await self.liveness.sweep_once()
-            except StoreError as e:
-                log.warning("event=liveness.failed error=%s", e)
-            await self.clock.sleep(self.liveness.cfg.interval_s)
+    def _has(self, ca: CertificateAuthority | None) -> set[str]:
+        """What this process has beyond its roles, which decides the rest of its loops (bc.assembly.loops)."""
+        has = set()
+        if ca is not None:
+            has.add(CA)
+        if self.plan.listens:
+            has.add(LISTENER)
+        if self.signer.keys is not None:
+            has.add(SIGNING_KEYS)
+        if self.gateway_cert is not None:
+            has.add(GATEWAY_CERT)
+        if self.opts.otlp is not None:
+            has.add(OTLP)
+        return has
 
     async def drain(self, over_s: float) -> int:
         """`bc serve drain`: spread this gateway's nodes over the others, then stop (`stopped` is set)."""
@@ -658,6 +708,7 @@ class Server:
         return sessions
 
     async def stop(self) -> None:
+        await self.supervisor.stop()
         await cancel_and_wait(self._tasks)
         if self.relay is not None:
             await self.relay.stop()
@@ -690,12 +741,13 @@ class Server:
 
 async def run_serve(opts: ServeOptions) -> None:
     from bc import logs
+    from bc.cli.output import echo  # the one writer to the terminal (the data dir's path is the operator's)
 
     logs.setup("serve")
     server = Server(opts, Seams.production())
     await server.start()
     if not server.plan.listens:
-        print("bc serve running the worker role; no listener, no CA or root key (worker key only)", flush=True)
+        echo("bc serve running the worker role; no listener, no CA or root key (worker key only)")
     else:
         if server.operator_config:
             where = f"operator config {server.operator_config}"
@@ -703,7 +755,7 @@ async def run_serve(opts: ServeOptions) -> None:
             where = "no CA or root key (gateway and worker)"
         else:
             where = "no CA key (gateway only)"
-        print(f"bc serve listening on {server.address}; {where}", flush=True)
+        echo(f"bc serve listening on {server.address}; {where}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -714,3 +766,5 @@ async def run_serve(opts: ServeOptions) -> None:
     finally:
         log.info("event=serve.stopping")
         await server.stop()
+    if server.stop_error is not None:  # stopped on its own, not asked to: say why, with its exit code
+        raise server.stop_error

@@ -14,15 +14,14 @@ fake hardware. On `bc.virtual_time`'s loop a run is a function of its seed,
 so two runs write the same events log byte for byte; `python -m
 bc.session_pair --seed 7` prints that log's digest.
 
-With `PairConfig(jobs=True)` the control plane runs the job queue too (`ControlPlane.jobs`, its pass
-as a task, as `bc serve` does); with `reboot_s` each fake reboot takes that long on the loop's clock
-and is recorded (`SessionPair.reboots`) instead of re-executing the process (`bench.jobs` rolls a
-reboot over the pair).
+The control plane is built and started by `bc.assembly`, as `bc serve`'s is: the worker role's loops
+(liveness, the sweeper, the job queue, the placement pass, …) and the gateway's; with `reboot_s`
+each fake reboot takes that long on the loop's clock and is recorded (`SessionPair.reboots`) instead
+of re-executing the process (`bench.jobs` rolls a reboot over the pair).
 
 Each node's machine outlives its agent process (`PairNode`: identity, key, fake hardware, its own
 clock, its journal), so a node can crash and come back (`crash_agent`, `start_agent`, `restart_agent`),
-reboot (a new boot id) or lose its journal, as `bc.sim.fleet`'s chaos does. With `PairConfig(placement=True)`
-the control plane also runs the placement pass as `bc serve` does; with `journal_files` each agent keeps
+reboot (a new boot id) or lose its journal, as `bc.sim.fleet`'s chaos does. With `journal_files` each agent keeps
 the real SQLite journal in its data dir (driven inline, `bc.sim.file_journal`), else the memory journal.
 
 Restarting the control plane (`restart_control_plane`) drains the gateway,
@@ -59,17 +58,16 @@ from agent.journal_api import AgentJournal, new_journal_id
 from agent.memory_journal import MemoryJournal
 from agent.node_key import NodeKey
 from agent.offload import inline
+from bc.assembly.control import ControlFactories, ControlSettings, build_control
+from bc.assembly.loops import GATEWAY, SIGNING_KEYS, WORKER, start_loops
+from bc.assembly.supervisor import Supervisor
 from bc.clock import LoopClock
 from bc.control import approvers, identity
 from bc.control import intent as intent_ctl
 from bc.control.bus import Bus
 from bc.control.intent import Intent
-from bc.control.liveness import Liveness, LivenessConfig
-from bc.control.placement_pass import PlacementPass
 from bc.control.signer import KeySigner, NullSigner, Signer
-from bc.control.sweeper import CommandSweeper
-from bc.gateway.sessions import Gateway, GatewayConfig
-from bc.jobs.engine import JobEngine
+from bc.gateway.sessions import Gateway
 from bc.pki import tokens as pki_tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity, make_csr, peer_identity
@@ -77,7 +75,7 @@ from bc.pki.secrets_source import SeededSecrets, p256_key
 from bc.pki.signing import SigningKeys
 from bc.protocol import closing
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
-from bc.store import Store, StoreError
+from bc.store import Store
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
@@ -171,16 +169,12 @@ class PairConfig:
     unreachable_grace_s: float = 120.0
     profile: str = "hgx-h100-8"
     signing: bool = True
-    jobs: bool = False
-    """Run the job queue as `bc serve` does (`ControlPlane.jobs`, its pass as a task)."""
     reboot_s: float | None = None
     """A fake reboot takes this long (on the loop's clock) and then calls the pair's hook, which records
     it (`SessionPair.reboots`); None: the fake hardware as it is (a reboot re-executes the process)."""
     reboot_restarts: bool = False
     """A fake reboot (the `node.reboot` command) restarts the node's agent in place after `reboot_s` (0 when
     None), on its new boot id, as a machine coming back would; else only the hook above runs."""
-    placement: bool = False
-    """Run the placement pass as `bc serve` does (`ControlPlane.placement`, its loop as a task)."""
     journal_files: bool = False
     """Agents keep the real SQLite journal (`journal.db` in the node's dir) instead of the memory journal."""
     gateway: bool = True
@@ -189,23 +183,13 @@ class PairConfig:
     `bc.sim.gateways`), and no dial reaches it."""
 
 
-def _liveness(store: Store, bus: Bus, holder: str, cfg: LivenessConfig, signer: Signer) -> Liveness:
-    del signer  # production liveness releases nothing, so it signs nothing
-    return Liveness(store, bus, holder, cfg)
-
-
-@dataclass(frozen=True)
-class ControlSeams:
-    """The classes and factories the control plane is built from: production's, unless a simulation swaps
-    one for a deliberately broken component (`bc.sim.breaks`); nothing in them reads a flag."""
-
-    gateway_cls: type[Gateway] = Gateway
-    liveness: Callable[[Store, Bus, str, LivenessConfig, Signer], Liveness] = _liveness
-    placement_cls: type[PlacementPass] = PlacementPass
+ControlSeams = ControlFactories
+"""The classes the control plane is built from (`bc.assembly.control.ControlFactories`)."""
 
 
 class ControlPlane:
-    """The control plane's workers and one gateway over a store, as `bc serve` wires them, minus gRPC."""
+    """The control plane's workers and one gateway over a store, built and started as `bc serve` builds and
+    starts its own (`bc.assembly`), minus gRPC: the roles `worker` and, with `PairConfig.gateway`, `gateway`."""
 
     def __init__(
         self,
@@ -215,74 +199,43 @@ class ControlPlane:
         clock: LoopClock,
         rng: random.Random,
         cfg: PairConfig,
-        seams: ControlSeams | None = None,
+        seams: ControlFactories | None = None,
     ) -> None:
         self.store, self.signer, self.intent, self.clock, self.rng, self.cfg = store, signer, intent, clock, rng, cfg
-        seams = seams or ControlSeams()
         self.bus = Bus()
         self.gateway_id = f"gw-sim-{rng.getrandbits(24):06x}"
-        self.gateway = seams.gateway_cls(
+        self.parts = build_control(
             store,
             self.bus,
             clock,
-            self.gateway_id,
+            rng,
             signer,
             intent,
-            GatewayConfig(heartbeat_interval_s=cfg.heartbeat_interval_s),
+            gateway_id=self.gateway_id,
+            worker_id=self.gateway_id,
+            settings=ControlSettings(cfg.heartbeat_interval_s, cfg.lease_ttl_s, cfg.unreachable_grace_s),
+            factories=seams,
         )
-        self.liveness = seams.liveness(
-            store,
-            self.bus,
-            self.gateway_id,
-            LivenessConfig(
-                lease_ttl_ms=int(cfg.lease_ttl_s * 1000), unreachable_grace_ms=int(cfg.unreachable_grace_s * 1000)
-            ),
-            signer,
-        )
-        self.sweeper = CommandSweeper(store, self.bus, self.gateway_id)
-        # Drawn only when the queue runs: a pair without one draws what it always drew.
-        self.jobs = (
-            JobEngine(store, self.bus, signer, random.Random(rng.getrandbits(64)), holder=self.gateway_id)
-            if cfg.jobs
-            else None
-        )
-        self.placement = (
-            seams.placement_cls(store, self.bus, signer, random.Random(rng.getrandbits(64)), holder=self.gateway_id)
-            if cfg.placement
-            else None
-        )
-        self._tasks: list[asyncio.Task[None]] = []
+        assert self.parts.gateway is not None and self.parts.liveness is not None and self.parts.sweeper is not None
+        assert self.parts.jobs is not None and self.parts.placement is not None
+        self.gateway, self.liveness, self.sweeper = self.parts.gateway, self.parts.liveness, self.parts.sweeper
+        self.jobs, self.placement = self.parts.jobs, self.parts.placement
+        self.roles = {GATEWAY, WORKER} if cfg.gateway else {WORKER}
+        self.has = {SIGNING_KEYS} if signer.keys is not None else set()
+        self._supervisor_rng = random.Random(rng.getrandbits(64))
+        self.supervisor: Supervisor | None = None
+        self.loops: list[str] = []
 
     async def start(self) -> None:
-        self._tasks = []
-        if self.cfg.gateway:
+        if GATEWAY in self.roles:
             await self.gateway.renew_lease()
-            self._tasks += [
-                asyncio.create_task(self.gateway.lease_loop(), name="gateway-lease"),
-                asyncio.create_task(self.gateway.revocation_loop(), name="revocation-feed"),
-            ]
-        self._tasks += [
-            asyncio.create_task(self._liveness_loop(), name="liveness"),
-            asyncio.create_task(self.sweeper.run_forever(self.clock), name="command-sweeper"),
-        ]
-        if self.jobs is not None:
-            self._tasks.append(asyncio.create_task(self.jobs.run_forever(self.clock), name="jobs"))
-        if self.placement is not None:
-            self._tasks.append(asyncio.create_task(self.placement.run_forever(self.clock), name="placement"))
-
-    async def _liveness_loop(self) -> None:
-        while True:
-            try:
-                await self.liveness.sweep_once()
-            except StoreError as e:  # as `bc serve` runs it: a store that is away is retried next pass
-                log.warning("event=liveness.failed error=%s", e)
-            await self.clock.sleep(self.liveness.cfg.interval_s)
+        self.supervisor = Supervisor(self.clock, self._supervisor_rng, process="control-plane")
+        self.loops = start_loops(self.supervisor, self.roles, self.has, self.parts)
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if not self.cfg.gateway:
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+        if GATEWAY not in self.roles:
             return
         async with asyncio.timeout(30):
             await self.gateway.drain()

@@ -37,6 +37,7 @@ from typing import Any
 from agent.app import Agent, AgentOptions
 from agent.join import join_node
 from agent.journal import Journal
+from agent.journal_rules import Acceptance
 from bc.protocol import kinds
 from bench.run import Lab
 
@@ -183,7 +184,7 @@ async def journal_write_rate(path: Path, n: int, lanes: Lanes = (1, 1, True), ta
     accepts: set[asyncio.Task[None]] = set()
 
     async def accept(cid: str) -> None:
-        await j.accept(cid, "inventory.refresh", True, False, "inc", "boot", body, time.time())
+        await j.accept(Acceptance(cid, "inventory.refresh", True, False, "inc", "boot", body, time.time()))
         queue.put_nowait(cid)
 
     async def session() -> None:

@@ -329,7 +329,7 @@ def rolling_reboot(nodes: int, max_parallel: int, reboot_s: float) -> dict[str, 
     from bc.virtual_time import run as run_virtual
 
     async def go(root: Path) -> dict[str, Any]:
-        pair = SessionPair(root, seed=7, agents=nodes, cfg=PairConfig(jobs=True, reboot_s=reboot_s))
+        pair = SessionPair(root, seed=7, agents=nodes, cfg=PairConfig(reboot_s=reboot_s))
         loop = asyncio.get_running_loop()
         w_start = time.perf_counter()
         await pair.start()

@@ -117,10 +117,18 @@ async def rollout_figures(nodes: int, max_unavailable: int) -> dict[str, Any]:
         await admin.add_release_key(releases.public_bytes(key))
         await _until(lambda: bool(server.intent.release_keys))
         blob = root / "bc-1.1.0-linux-x86_64"
-        blob.write_bytes(os.urandom(1 << 20))
+        # A script whose `--version` says 1.1.0 (checked before the swap), padded to 1 MiB with a comment.
+        blob.write_bytes(b"#!/bin/sh\necho 'bc 1.1.0'\nexit 0\n# " + os.urandom(1 << 19).hex().encode() + b"\n")
         sha, size = releases.file_digest(blob)
+        signed = releases.Release("bc", "1.1.0", 1, releases.host_platform(), sha, size)
         header = admin_pb2.PublishReleaseChunk(
-            version="1.1.0", sha256=sha, size=size, signature=releases.sign(key, "1.1.0", sha, size)
+            name=signed.name,
+            version=signed.version,
+            sequence=signed.sequence,
+            platform=signed.platform,
+            sha256=sha,
+            size=size,
+            signature=releases.sign(key, signed),
         )
         info = await admin.publish_release(header, blob)
         for i in range(nodes):

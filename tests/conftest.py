@@ -41,9 +41,13 @@ SLOW_FILES = (
     "tests/e2e/test_dist.py",
     "tests/sim/test_sim_heavy_seeds.py",
     "tests/sim/test_sim_heavy_seeds_more.py",
+    # An hour of a hundred agents twice over, and a real PostgreSQL outage: a minute and a half of the
+    # 10-minute budget of `make test` on 2 cores between them.
+    "tests/sim/test_session_pair.py",
+    "tests/integration/test_pg_outage.py",
 )
 # Not slow enough to leave `make test`, but the longest files there: start them first too.
-LONG_FIRST = ("tests/sim/test_session_pair.py",)
+LONG_FIRST = ("tests/e2e/test_gateways.py",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -37,22 +37,21 @@ class Approval:
     root: bytes
     expires_at_ms: int
 
-    def describe(self) -> str:
+    def describe(self) -> list[str]:
+        """The lines shown before signing (the screen escapes them: the batch's fields are the requester's)."""
         b = self.batch
         nodes = ", ".join(leaf.node_id for leaf in b.leaves[:8]) + (" …" if len(b.leaves) > 8 else "")
-        return "\n".join(
-            [
-                f"batch          {b.id}",
-                f"what           {leaves_summary(b)}",
-                f"nodes          {nodes}",
-                f"payload        {b.payload_json or '{}'}",
-                f"requested by   {b.requested_by} ({b.reason or 'no reason given'})",
-                f"scope root     {self.root.hex()}  (recomputed here from the {len(b.leaves)} leaves)",
-                f"leaf count     {len(b.leaves)}",
-                f"expires        {format_time_ms(self.expires_at_ms)}",
-                f"approvals      {b.approvals} of {b.threshold} so far",
-            ]
-        )
+        return [
+            f"batch          {b.id}",
+            f"what           {leaves_summary(b)}",
+            f"nodes          {nodes}",
+            f"payload        {b.payload_json or '{}'}",
+            f"requested by   {b.requested_by} ({b.reason or 'no reason given'})",
+            f"scope root     {self.root.hex()}  (recomputed here from the {len(b.leaves)} leaves)",
+            f"leaf count     {len(b.leaves)}",
+            f"expires        {format_time_ms(self.expires_at_ms)}",
+            f"approvals      {b.approvals} of {b.threshold} so far",
+        ]
 
 
 def prepare(b: admin_pb2.BatchInfo, server_now_ms: int) -> Approval:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from textual.widgets import DataTable
-
-from tui.fmt import clip
+from tui import fmt
+from tui.shown import SafeTable
 
 FLOOR = 12  # a free-text column is never narrower than this, even on a narrow terminal
 PADDING = 2  # a DataTable cell's padding, one each side
@@ -51,17 +50,21 @@ def fit(width: int, fixed: Mapping[str, int], wants: Mapping[str, int], floor: i
 
 
 def sized(width: int, titles: Sequence[str], rows: Sequence[Sequence[str]], flex: Collection[int]) -> list[list[str]]:
-    """`rows` with the free-text cells (the column indexes in `flex`) clipped to fit a table `width` wide."""
+    """`rows` with the free-text cells (the column indexes in `flex`) clipped to fit a table `width` wide.
+
+    Each cell is measured as it will show, its unsafe characters escaped (`fmt.flat`): a `\\u202e` takes six cells.
+    """
+    rows = [[fmt.flat(c) for c in r] for r in rows]
     need = [natural(t, (r[i] for r in rows)) for i, t in enumerate(titles)]
     widths = fit(width, {str(i): need[i] for i in range(len(titles)) if i not in flex}, {str(i): need[i] for i in flex})
-    return [[clip(c, widths[str(i)]) if i in flex else c for i, c in enumerate(r)] for r in rows]
+    return [[fmt.clip(c, widths[str(i)]) if i in flex else c for i, c in enumerate(r)] for r in rows]
 
 
-def refill(table: DataTable[str], rows: Sequence[Sequence[str]], keys: Sequence[str]) -> None:
+def refill(table: SafeTable, rows: Sequence[Sequence[str]], keys: Sequence[str]) -> None:
     """Clear `table` and add `rows`, its columns as wide as what they now hold (a column only ever grows
     as rows are added: after a narrower terminal or shorter texts it would stay as wide as it once was)."""
     table.clear()
     for column in table.columns.values():
         column.content_width = column.label.cell_len
     for row, key in zip(rows, keys, strict=True):
-        table.add_row(*row, key=key)
+        table.put_row(*(fmt.text(c) for c in row), key=key)

@@ -180,13 +180,14 @@ def cells(
             lag = (fmt.NA, "warn")
     lanes = inflight.lanes(i.node_id)
     lanes_text = fmt.NA if lanes is None else "/".join(str(lanes[x]) for x in LANES)
-    sched = ", ".join(["cordoned"] * i.cordoned + [r for r in i.no_schedule if r != "cordoned"]) or "-"
-    labels = ",".join(f"{k}={v}" for k, v in sorted(i.labels.items()) if not k.startswith("bc.dev/")) or "-"
+    # Node-reported texts as they show (escaped): the columns are sized and clipped on what the terminal draws.
+    sched = fmt.flat(", ".join(["cordoned"] * i.cordoned + [r for r in i.no_schedule if r != "cordoned"]) or "-")
+    labels = fmt.flat(",".join(f"{k}={v}" for k, v in sorted(i.labels.items()) if not k.startswith("bc.dev/")) or "-")
     heard = _grown(i.last_seen_age_ms, row.fetched_at, now)
     return {
-        "node": (i.node_id, ""),
-        "conn": (f"{i.state} {fmt.age(_grown(i.state_age_ms, row.fetched_at, now))}", conn_style),
-        "role": (i.role or fmt.NA, ""),
+        "node": (fmt.flat(i.node_id), ""),
+        "conn": (fmt.flat(f"{i.state} {fmt.age(_grown(i.state_age_ms, row.fetched_at, now))}"), conn_style),
+        "role": (fmt.flat(i.role or fmt.NA), ""),
         "labels": (fmt.clip(labels, widths.get("labels", len(labels))), "dim" if labels == "-" else ""),
         "gen": (f"{i.generation}/{i.applied_generation}/{i.observed_generation}", gen_style),
         "lag": lag,

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rich.text import Text
-from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
+from tui import fmt
 from tui.columns import fit, natural
 from tui.fleet_model import CLIP, COLUMNS, FLEX, STYLES, Cell, cells, matches, sort_value
+from tui.shown import SafeTable
 from tui.state import FleetState
 
 
-class FleetTable(DataTable[Text]):
+class FleetTable(SafeTable):
     def __init__(self, state: FleetState, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=False)
         self.state = state
@@ -82,7 +82,7 @@ class FleetTable(DataTable[Text]):
         for r in rows:
             c = self._cells(r.info.node_id)
             self._shown[r.info.node_id] = c
-            self.add_row(*(_text(c[k]) for k, _ in COLUMNS), key=r.info.node_id)
+            self.put_row(*(_text(c[k]) for k, _ in COLUMNS), key=r.info.node_id)
         if keep is not None and keep in self._shown:
             self.move_cursor(row=self.get_row_index(keep), animate=False)
         elif keep is not None and self._hidden is None:
@@ -110,11 +110,11 @@ class FleetTable(DataTable[Text]):
             grew = grew or (any(c[k][0].endswith("…") for k in FLEX) and self._outgrew(n))
             if shown is None:
                 self._shown[n] = c
-                self.add_row(*(_text(c[k]) for k, _ in COLUMNS), key=n)
+                self.put_row(*(_text(c[k]) for k, _ in COLUMNS), key=n)
                 continue
             for k, _ in COLUMNS:
                 if shown[k] != c[k]:
-                    self.update_cell(n, k, _text(c[k]))
+                    self.put_cell(n, k, _text(c[k]))
                     written += 1
             self._shown[n] = c
         if grew:  # a label longer than its column was fitted to: fit the columns again (rare: not per update)
@@ -150,5 +150,5 @@ class FleetTable(DataTable[Text]):
         return True
 
 
-def _text(cell: Cell) -> Text:
-    return Text(cell[0], style=STYLES.get(cell[1], ""))
+def _text(cell: Cell) -> fmt.Safe:
+    return fmt.text((cell[0], STYLES.get(cell[1], "")))

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, cast
 
 from textual.command import Hit, Hits, Provider
 
+from tui import fmt
+
 if TYPE_CHECKING:
     from tui.app import BcTui
 
@@ -26,6 +28,8 @@ class FindProvider(Provider):
         app = cast("BcTui", self.app)
         matcher = self.matcher(query)
         for what, ident, help_ in self._targets():
-            score = matcher.match(f"{what} {ident}")
+            # The palette reads markup in both texts: an id or a template is a node's or an operator's word.
+            shown = fmt.markup(f"{what} {ident}")
+            score = matcher.match(shown)
             if score > 0:
-                yield Hit(score, matcher.highlight(f"{what} {ident}"), partial(app.goto, what, ident), help=help_)
+                yield Hit(score, matcher.highlight(shown), partial(app.goto, what, ident), help=fmt.markup(help_))

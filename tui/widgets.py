@@ -2,31 +2,29 @@
 
 from __future__ import annotations
 
-from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Select, Static, TextArea
 
-from bc.protocol.text_safety import one_line
 from tui import fmt
+from tui.shown import Shown
 from tui.state import Link
 
 
-def banner_text(link: Link, server: str, now: float) -> str:
+def banner_text(link: Link, server: str, now: float) -> fmt.Safe:
     """What the banner says: the link's notice, if any, then the outage; empty while the stream is live.
 
     While `bc serve` is away: for how long, why, when the next attempt is, and that the rows on screen
-    are stale (as of when). The tick calls this each second, so the times count.
+    are stale (as of when). The tick calls this each second, so the times count. The notice, the refusal
+    and the outage's reason are the server's words (or an error's): escaped like any other text.
     """
     lines = [link.notice] if link.notice else []
     if not link.live and link.refused:
         lines.append(
-            escape(
-                f"bc serve at {server} refused this operator: {one_line(link.refused)}; the fleet is hidden"
-                f" (retrying, attempt {link.attempts})"
-            )
+            f"bc serve at {server} refused this operator: {link.refused}; the fleet is hidden"
+            f" (retrying, attempt {link.attempts})"
         )
     elif not link.live:
         o = link.outage
@@ -37,7 +35,7 @@ def banner_text(link: Link, server: str, now: float) -> str:
             lines.append(f"{o.describe(server, now)}; the rows shown are stale (as of {age} ago)")
         else:
             lines.append(f"reconnecting to bc serve at {server}…")
-    return "\n".join(lines)
+    return fmt.block(lines)
 
 
 def rows_stale(link: Link) -> bool:
@@ -45,21 +43,21 @@ def rows_stale(link: Link) -> bool:
     return not link.live and link.data_at is not None
 
 
-class Banner(Static):
+class Banner(Shown):
     DEFAULT_CSS = """
     Banner { height: auto; background: $error; color: $text; text-style: bold; padding: 0 1; display: none; }
     Banner.shown { display: block; }
     """
 
-    _text = ""
+    _text = fmt.EMPTY
 
-    def show_text(self, text: str) -> None:
+    def show_text(self, text: fmt.Safe) -> None:
         """Only a change repaints: an unchanged banner each second would lay the screen out again."""
         if text == self._text:
             return
         self._text = text
-        self.update(text)
-        self.set_class(bool(text), "shown")
+        self.show(text)
+        self.set_class(bool(text.plain), "shown")
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -71,14 +69,14 @@ class ConfirmScreen(ModalScreen[bool]):
     ConfirmScreen > Vertical { width: 90; height: auto; border: thick $warning; padding: 1 2; background: $surface; }
     """
 
-    def __init__(self, title: str, body: str) -> None:
+    def __init__(self, title: fmt.Safe, body: fmt.Safe) -> None:
         super().__init__()
         self._title, self._body = title, body
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(f"[b]{self._title}[/b]", markup=True)
-            yield Static(self._body, markup=False, id="confirm-body")
+            yield Shown(fmt.text(self._title, style="bold"))
+            yield Shown(self._body, id="confirm-body")
             yield Static("y: yes    n: no", classes="hint")
 
     def action_answer(self, yes: bool) -> None:
@@ -94,14 +92,15 @@ class PromptScreen(ModalScreen[str | None]):
     PromptScreen > Vertical { width: 90; height: auto; border: thick $primary; padding: 1 2; background: $surface; }
     """
 
-    def __init__(self, title: str, value: str = "", placeholder: str = "") -> None:
+    def __init__(self, title: fmt.Safe, value: str = "", placeholder: str = "") -> None:
         super().__init__()
         self._title, self._value, self._placeholder = title, value, placeholder
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self._title, markup=False)
-            yield Input(value=self._value, placeholder=self._placeholder, id="prompt-input")
+            yield Shown(self._title)
+            # The operator's own text to edit (a path given to --approver-key), offered only if safe to draw.
+            yield Input(value=fmt.editable(self._value), placeholder=fmt.editable(self._placeholder), id="prompt-input")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
@@ -134,7 +133,7 @@ class HelpScreen(ModalScreen[None]):
     """
 
     def compose(self) -> ComposeResult:
-        yield Static(HELP, markup=False)
+        yield Shown(fmt.block(HELP.split("\n")))
 
     def action_close(self) -> None:
         self.dismiss(None)
@@ -156,7 +155,7 @@ class RunCommandScreen(ModalScreen[tuple[str, str] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(f"run a command on {self._node}: the kind, then its payload (protobuf JSON)", markup=False)
+            yield Shown(fmt.text(f"run a command on {self._node}: the kind, then its payload (protobuf JSON)"))
             yield Select(self._kinds, value=self._kinds[0][1], allow_blank=False, id="run-kind")
             yield TextArea("{}", id="run-payload")
             yield Static("ctrl+s: next (you confirm before anything runs)    escape: cancel", markup=False)

@@ -28,7 +28,6 @@ runner (`agent.converge.sshd`).
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from agent.converge import access_files as af
 from agent.converge.run import CONVERGED, FAILED, SectionResult
 from agent.converge.sshd import DEFAULT_RELOAD, SSHD_CONFIG, SshdTools, ToolError
 from agent.offload import Offload, to_thread
+from bc.files import atomic_write
 from bc.protocol.pb import spec_pb2
 
 log = logging.getLogger(__name__)
@@ -69,15 +69,7 @@ def write_managed(ssh_dir: Path, files: Snapshot) -> None:
         ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         (ssh_dir / af.PRINCIPALS_DIR).mkdir(exist_ok=True, mode=0o755)
     for rel, data in files.items():
-        path = ssh_dir / rel
-        tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        atomic_write(ssh_dir / rel, data, 0o644, dir_mode=0o755)
     for rel in read_managed(ssh_dir):
         if rel not in files:
             (ssh_dir / rel).unlink()

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from agent.converge.cdi import HeldSpec
 from agent.converge.run import CONVERGED, PROGRESSING, SectionResult
+from agent.hw.cdi import HeldSpec
 
 NO_SPEC = 0
 """The generation the converge loop runs when the journal holds no spec."""

@@ -4,8 +4,12 @@ Empty: CONVERGED. On a node with no A/B slot (a zipapp, a checkout, a binary run
 section is UNSUPPORTED (terminal, reason `no-slots`). Otherwise: the running version is the section's and no
 swap is pending → CONVERGED; a swap is unconfirmed → PROGRESSING; else the upgrade starts in the background
 (the same path as `daemon.upgrade`, agent.upgrade.controller) and the section is PROGRESSING until the
-process restarts onto the new release — or FAILED (terminal) with the refusal's reason (below-floor,
-failed-before, bad-release, download-failed), which a later pass does not retry for that release.
+process restarts onto the new release — or FAILED (terminal) with the refusal's reason (not-newer,
+wrong-platform, wrong-name, failed-before, bad-release, download-failed, version-mismatch).
+
+A refused release is reported once and never tried in a loop: a later pass, a new generation or a restart
+of the agent answers the same (name, sequence) with the refusal the controller remembers in upgrade.json,
+without a download, until the section names another release.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 from google.protobuf.message import Message
 
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, UNSUPPORTED, SectionResult
-from agent.kinds.base import KindResult
+from agent.kind_result import KindResult
 from agent.upgrade.controller import NO_SLOTS, NO_SLOTS_MESSAGE, Upgrader
 from bc.pki.releases import upgrade_request
 from bc.protocol.pb import spec_pb2
@@ -31,8 +35,10 @@ class DaemonConverger:
         self.upgrader = upgrader
         self.running_version = running_version
         self._task: asyncio.Task[KindResult] | None = None
-        self._release: tuple[str, str] = ("", "")
-        self._failed: dict[tuple[str, str], KindResult] = {}
+        self._release = b""
+        self._failed: dict[bytes, KindResult] = {}
+        """This process's failures by the section's exact bytes: a forged section fails here and cannot stand
+        for the real release of the same (name, sequence); authentic refusals are remembered on disk too."""
 
     async def converge(self, section: Message, generation: int) -> SectionResult:
         desired = section if isinstance(section, spec_pb2.DaemonSection) else spec_pb2.DaemonSection()
@@ -44,10 +50,13 @@ class DaemonConverger:
             return SectionResult(PROGRESSING, reason="unconfirmed", message="waiting for the first Welcome")
         if desired.version == self.running_version:
             return SectionResult(CONVERGED)
-        release = (desired.version, desired.sha256)
+        release = desired.SerializeToString(deterministic=True)
         if release in self._failed:
             r = self._failed[release]
             return SectionResult(FAILED, reason=r.reason, message=r.message, terminal=True)
+        seen = self.upgrader.remembered(desired)
+        if seen is not None and self._task is None:  # refused before this process started: not tried again
+            return SectionResult(FAILED, reason=seen.reason, message=seen.message, terminal=True)
         if self._task is not None and self._task.done() and self._release == release:
             result = self._task.result()
             self._task = None

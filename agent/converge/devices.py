@@ -11,7 +11,7 @@ An assignment the node cannot honor fails terminally at that generation with
 a reason (`overlap`, `device-missing`, `unsupported-binding`,
 `unsupported-device`, `invalid-assignment`, `resources-exhausted`) while the
 others still bind. A hold with limits (`DeviceAssignment.limits`) is admitted
-against the host's memory first (`agent.converge.limits.admit`), and a
+against the host's memory first (`agent.hw.limits.admit`), and a
 `BINDING_HOLD` one gets its cgroup-v2 slice `bc-alloc-<id>.slice` through the
 slice seam (`agent.hw.slices`) before its CDI spec names it; a held hold whose
 slice is gone (a reboot) gets it again, and a slice whose hold is gone is
@@ -33,12 +33,13 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from agent.converge import adoption, cdi, env_files
+from agent.converge import adoption, env_files
 from agent.converge.hold_slices import HoldSlices
-from agent.converge.limits import NO_LIMITS, HostMemory, InvalidLimits, Limits, admit, host_memory, slice_name
 from agent.converge.run import CONVERGED, FAILED, SectionResult
+from agent.hw import cdi
 from agent.hw.base import HardwareBackend
 from agent.hw.dev_nodes import DeviceNodes, DevNode, NodeFacts, node_facts
+from agent.hw.limits import NO_LIMITS, HostMemory, InvalidLimits, Limits, admit, host_memory, slice_name
 from agent.hw.slices import SliceManager
 from agent.offload import Offload, to_thread
 from bc.protocol.atoms import (

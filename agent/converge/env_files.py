@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.converge.cdi import entries, valid_allocation_id
+from agent.hw.cdi import entries, valid_allocation_id
 
 PREFIX = "bc-"
 SUFFIX = ".env"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from agent.converge.limits import Limits
+from agent.hw.limits import Limits
 from agent.hw.slices import SliceManager
 
 log = logging.getLogger(__name__)

@@ -43,12 +43,12 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from agent.converge import cdi
 from agent.converge.adoption import NO_SPEC, REASON_JOURNAL_LOST
 from agent.converge.host_ops import HostOps
 from agent.converge.host_units import UNITS
 from agent.converge.host_units.base import HostContext, Record, Unit, UnitInvalid
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, UNSUPPORTED, SectionResult
+from agent.hw import cdi
 from agent.hw.base import HardwareBackend
 from bc.protocol.canonical import canonical_json
 from bc.protocol.pb import common_pb2, spec_pb2

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
-from agent.converge import cdi
-from agent.hw.base import ProcessResult, run_process
+from agent.hw import cdi
+from agent.hw.base import HostTool, ProcessResult, run_process
 from agent.offload import Offload, to_thread
 
 COMMAND_TIMEOUT_S = 120.0
@@ -34,7 +34,6 @@ FAKE_COMMANDS_FILE = "fake-host-commands.jsonl"
 FAKE_HOST_ROOT = "host-root"
 
 RunProcess = Callable[..., Awaitable[ProcessResult]]
-FakeTool = Callable[[Sequence[str]], ProcessResult]
 
 
 class CommandFailed(OSError):
@@ -119,7 +118,7 @@ class FakeRunner:
     def __init__(
         self,
         *,
-        tools: dict[str, FakeTool] | None = None,
+        tools: Mapping[str, HostTool] | None = None,
         log_file: Path | None = None,
         offload: Offload = to_thread,
     ) -> None:

@@ -2,12 +2,15 @@
 
 * `--no-host-units`: `ExternallyManaged` (a non-empty host section is
   UNSUPPORTED with `HostManagedExternally`; nothing is touched).
-* `--fake-hw`: files under `--host-root`, default `<data dir>/host-root`
-  (its sysfs seeded by agent.hw.fake_host), and every command through a
-  `FakeRunner` that records to `<data dir>/fake-host-commands.jsonl` and
-  hands `nvidia-smi` to the fake MIG model: a fake node never touches the
-  host it runs on.
+* a backend that does not touch the host (`--fake-hw`; `Capabilities.touches_host`
+  false): files under `--host-root`, default `<data dir>/host-root` (its sysfs
+  seeded by agent.hw.fake_host), and every command through a `FakeRunner`
+  that records to `<data dir>/fake-host-commands.jsonl` and hands the
+  backend's own tools (the fake MIG model's `nvidia-smi`) their commands: a
+  fake node never touches the host it runs on.
 * otherwise: files under `--host-root` (default `/`) and real commands.
+
+The backend says which through its capabilities (agent.hw.base.Capabilities), never through its type.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from agent.converge.host_ops import FAKE_COMMANDS_FILE, FAKE_HOST_ROOT, FakeRunn
 from agent.converge.run import Converger
 from agent.hw.base import HardwareBackend, run_process
 from agent.hw.dev_nodes import DeviceNodes, FakeDeviceNodes, HostDeviceNodes
-from agent.hw.fake import FakeHardware
 from agent.hw.fake_host import seed_host_root
 from agent.offload import Offload
 
@@ -35,16 +37,14 @@ async def host_converger(
 ) -> Converger:
     if not host_units:
         return ExternallyManaged()
-    if isinstance(hw, FakeHardware):
+    if not hw.capabilities.touches_host:
         root = host_root or data_dir / FAKE_HOST_ROOT
         await offload(seed_host_root, root, await offload(hw.inventory))
-        runner = FakeRunner(
-            tools={"nvidia-smi": hw.mig.handle}, log_file=data_dir / FAKE_COMMANDS_FILE, offload=offload
-        )
+        runner = FakeRunner(tools=hw.capabilities.tools, log_file=data_dir / FAKE_COMMANDS_FILE, offload=offload)
         return HostConverger(HostOps(root, run=runner, offload=offload), hw, cdi_dir=cdi_dir)
     return HostConverger(HostOps(host_root or Path("/"), run=run_process, offload=offload), hw, cdi_dir=cdi_dir)
 
 
 def device_nodes(hw: HardwareBackend) -> DeviceNodes:
-    """The fake's nodes on fake hardware, else the host's /dev and /proc."""
-    return FakeDeviceNodes() if isinstance(hw, FakeHardware) else HostDeviceNodes()
+    """The host's /dev and /proc on a backend that touches the host, else the fake's nodes."""
+    return HostDeviceNodes() if hw.capabilities.touches_host else FakeDeviceNodes()

@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from agent.health.readings import HealthSource
 from bc.protocol.canonical import canonical_json, message_to_dict
 from bc.protocol.pb import common_pb2
 
@@ -30,6 +32,9 @@ class ActionDisabled(Exception):
 
 
 class HardwareBackend(Protocol):
+    capabilities: Capabilities
+    """What the backend can do to the machine it runs on: the wiring asks this, never the backend's type."""
+
     def inventory(self) -> common_pb2.Inventory:
         """The node's GPUs (and host basics) as they are now; may block (NVML), so call it off the loop."""
         ...
@@ -178,3 +183,25 @@ async def run_process(argv: Sequence[str], *, timeout_s: float | None = None) ->
         await asyncio.shield(proc.wait())
         raise
     return ProcessResult(proc.returncode if proc.returncode is not None else -1, stdout, stderr)
+
+
+HostTool = Callable[[Sequence[str]], ProcessResult]
+"""A stand-in for a host command (argv in, its result out), e.g. the fake's `nvidia-smi` over its MIG model."""
+
+HealthFactory = Callable[[Path, Sequence[str]], HealthSource]
+"""The backend's health source, given the agent's data dir and `--fake-fault` specs (a model shows them;
+real hardware has nothing to inject them into and ignores them)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, so `bc node`'s wiring (agent.app, agent.converge.host_wiring) picks its other
+    seams from it rather than from the backend's type (docs/design.md, "The agent's layers")."""
+
+    touches_host: bool
+    """True: the node acts on the machine itself (cgroup slices through systemd, the host's /dev, sshd
+    reloads, host units under `/`). False: a model whose node must never touch the host it runs on, so each
+    of those goes to a stand-in under the data dir."""
+    health: HealthFactory
+    tools: Mapping[str, HostTool] = field(default_factory=dict)
+    """Host commands the backend answers itself: a stand-in host runner hands them these argv."""

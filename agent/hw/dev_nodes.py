@@ -6,7 +6,7 @@ opens `/dev/nvidiactl`, `/dev/nvidia-uvm` (and `-uvm-tools`), and
 through its GPU instance's and compute instance's capability nodes,
 `/dev/nvidia-caps/nvidia-cap<N>`. `node_facts` gathers them once per devices
 pass (blocking: call it through the offload) for the pure CDI rendering
-(agent.converge.cdi), each with its type, major and minor, so a runtime can
+(agent.hw.cdi), each with its type, major and minor, so a runtime can
 make the node even where it does not stat the host's.
 
 * `HostDeviceNodes` (a real host): the control nodes that exist under

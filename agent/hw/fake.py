@@ -35,10 +35,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from agent.hw.base import UNKNOWN_GPU, diag_entry, read_boot_id
+from agent.health.readings import HealthSource
+from agent.hw.base import UNKNOWN_GPU, Capabilities, diag_entry, read_boot_id
+from agent.hw.fake_faults import FAULTS_FILE, FakeHealthSource, parse_faults
 from agent.hw.fake_mig import FakeMig
 from agent.hw.slices import FAKE_SLICES_DIR, FakeSlices
 from agent.offload import Offload, to_thread
+from bc.files import atomic_write
 from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.pb import common_pb2
 
@@ -66,11 +69,8 @@ def _load_profile(name: str) -> dict[str, Any]:
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Whole file or nothing (temp file and rename): a crash mid-write must not leave a torn boot id."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, "utf-8")
-    os.replace(tmp, path)
+    """Whole file or nothing: a crash mid-write must not leave a torn boot id."""
+    atomic_write(path, text.encode())
 
 
 class FakeHardware:
@@ -102,6 +102,14 @@ class FakeHardware:
         self._inventory = self._build(self._data)
         self._overlaid: tuple[int, common_pb2.Inventory] | None = None
         self.mig = FakeMig(seed, profile, self._data, state_dir)  # the MIG layout nvidia-smi changes (fake_mig)
+        # A model: its node never touches the host; `nvidia-smi` is answered by the MIG model.
+        self.capabilities = Capabilities(
+            touches_host=False, health=self._health_source, tools={"nvidia-smi": self.mig.handle}
+        )
+
+    def _health_source(self, data_dir: Path, faults: Sequence[str]) -> HealthSource:
+        """The seeded counters with the `--fake-fault` faults on top, and those written to the faults file."""
+        return FakeHealthSource(self, parse_faults(faults), data_dir / FAULTS_FILE)
 
     @staticmethod
     def profiles() -> list[str]:

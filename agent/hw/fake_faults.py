@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.health.readings import GpuReading, HealthReading, HostReading
-from agent.hw.fake import FakeHardware
+from agent.hw.base import HardwareBackend
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def parse_faults(lines: Iterable[str]) -> list[Fault]:
 class FakeHealthSource:
     """A HealthSource over the fake backend: its seeded counters, with the injected faults on top."""
 
-    def __init__(self, hw: FakeHardware, flags: Sequence[Fault] = (), faults_file: Path | None = None) -> None:
+    def __init__(self, hw: HardwareBackend, flags: Sequence[Fault] = (), faults_file: Path | None = None) -> None:
         self.hw = hw
         self.flags = list(flags)
         self.faults_file = faults_file

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 
 from agent.hw.base import ProcessResult
 from agent.hw.mig_profiles import layout_problem
+from bc.files import atomic_write
 from bc.protocol.pb import common_pb2
 
 STATE_FILE = "fake-mig.json"
@@ -84,10 +84,7 @@ class FakeMig:
         if self.state_path is None:
             return
         doc = {"epoch": self.epoch, "gpus": {str(i): g.doc() for i, g in sorted(self.gpus.items())}}
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(f".{STATE_FILE}.tmp")
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", "utf-8")
-        os.replace(tmp, self.state_path)
+        atomic_write(self.state_path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
 
     def overlay(self, inv: common_pb2.Inventory) -> None:
         """Set each GPU's MIG mode and instances in `inv` from the current layout."""

@@ -27,8 +27,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from agent.health.readings import HealthSource
 from agent.hw import topology
-from agent.hw.base import UNKNOWN_GPU, ActionDisabled, diag_entry, read_boot_id, run_process
+from agent.hw.base import UNKNOWN_GPU, ActionDisabled, Capabilities, diag_entry, read_boot_id, run_process
+from agent.hw.nvml_health import NvmlHealthSource
 from bc.protocol.pb import common_pb2
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,11 @@ def _query(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+def _nvml_health(data_dir: Path, faults: Sequence[str]) -> HealthSource:
+    """NVML's own counters and events; real GPUs take no injected faults."""
+    return NvmlHealthSource(data_dir)
+
+
 class NvmlHardware:
     """A HardwareBackend over NVML; every call initializes and shuts NVML down again."""
 
@@ -140,6 +147,7 @@ class NvmlHardware:
         self._gpu_count = 0
         self.kmsg_path = kmsg_path
         self.sys_root = sys_root  # where /sys is read from (a test's tree of files)
+        self.capabilities = Capabilities(touches_host=True, health=_nvml_health)
 
     def inventory(self) -> common_pb2.Inventory:
         inv = common_pb2.Inventory(

@@ -36,9 +36,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.converge.limits import SLICE_PREFIX, SLICE_SUFFIX, Limits, cgroup_path, hugetlb_limits, slice_properties
 from agent.hw.base import ProcessResult, run_process
+from agent.hw.limits import SLICE_PREFIX, SLICE_SUFFIX, Limits, cgroup_path, hugetlb_limits, slice_properties
 from agent.offload import Offload, to_thread
+from bc.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -206,11 +207,11 @@ class FakeSlices:
         return n
 
 
-def open_slices(fake: bool, data_dir: Path, *, offload: Offload = to_thread) -> SliceManager:
-    """The fake slices under the data dir for a fake-hardware node, else systemd."""
-    if fake:
-        return FakeSlices(data_dir / FAKE_SLICES_DIR, offload=offload)
-    return SystemdSlices(offload=offload)
+def open_slices(touches_host: bool, data_dir: Path, *, offload: Offload = to_thread) -> SliceManager:
+    """systemd on a backend that touches the host (`Capabilities.touches_host`), else fake slices under the data dir."""
+    if touches_host:
+        return SystemdSlices(offload=offload)
+    return FakeSlices(data_dir / FAKE_SLICES_DIR, offload=offload)
 
 
 # Blocking helpers (called through an offload).
@@ -253,7 +254,4 @@ def _unlink(path: Path) -> None:
 
 
 def _atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, "utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, text.encode())

@@ -22,11 +22,11 @@ from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
 from agent.hw.base import HardwareBackend
+from agent.kind_result import KindResult as KindResult  # the kinds' own name for it
 from agent.kinds.upload_allow import UrlParts
 from agent.offload import Offload, to_thread
 from bc.clock import Clock, SystemClock
 from bc.protocol.atoms import GPU, parse_atom
-from bc.protocol.canonical import canonical_json
 
 log = logging.getLogger(__name__)
 
@@ -78,33 +78,6 @@ class KindContext:
     """The command being run (the dispatcher sets it per run): a self-update records it in upgrade.json."""
     upgrader: Any = None
     """The self-update controller (agent.upgrade.controller.Upgrader); None when there is no A/B slot."""
-
-
-@dataclass(frozen=True)
-class KindResult:
-    """A command's outcome. `result` must be JSON-able: the dispatcher stores it as canonical JSON bytes."""
-
-    ok: bool
-    reason: str = ""
-    """The error code when not ok: invalid-payload, gpu-busy, dcgm-not-installed, internal or a kind's own."""
-    message: str = ""
-    result: dict[str, Any] = field(default_factory=dict)
-    encoded: bytes | None = field(default=None, compare=False)
-    """`result` as the dispatcher stores and sends it (canonical JSON, UTF-8), when the kind has it at hand;
-    None to let the dispatcher encode `result`. inventory.refresh keeps its per inventory: encoding an
-    inventory (protobuf JSON, then canonical JSON) was about 80 µs a command, the same bytes every time."""
-
-    def result_bytes(self) -> bytes:
-        """The result as the dispatcher stores and sends it: canonical JSON."""
-        return self.encoded if self.encoded is not None else canonical_json(self.result).encode()
-
-    @classmethod
-    def success(cls, result: dict[str, Any] | None = None, message: str = "") -> KindResult:
-        return cls(ok=True, message=message, result=result or {})
-
-    @classmethod
-    def failure(cls, reason: str, message: str, result: dict[str, Any] | None = None) -> KindResult:
-        return cls(ok=False, reason=reason, message=message, result=result or {})
 
 
 class KindExecutor(Protocol):

@@ -4,9 +4,10 @@ Self-terminating: the dispatcher journals `running` right before the swap,
 and the process restarts in the middle of `run`. The outcome is settled by
 the controller after the restart, from upgrade.json: SUCCEEDED on the new
 binary's first Welcome, or FAILED `update-failed` from the old binary after a
-rollback. Refusals (below the floor, a version that failed before, a bad
-signature or digest, a failed download) return here, before anything is
-swapped.
+rollback. Refusals (not newer than the release the node runs, another
+platform or name, a version that failed before, a bad signature or digest, a
+failed download, a binary whose `--version` is another version) return here,
+before anything is swapped.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ class DaemonUpgrade(TypedExecutor[kinds_pb2.DaemonUpgradeRequest]):
     request_type = kinds_pb2.DaemonUpgradeRequest
 
     def validate(self, request: kinds_pb2.DaemonUpgradeRequest) -> None:
-        try:
-            releases.check_fields(request.version, request.sha256, request.size)
-        except releases.BadRelease as e:
-            raise InvalidPayload(str(e)) from None
+        if not releases.VERSION_RE.fullmatch(request.version):
+            raise InvalidPayload(f"{request.version!r} is not a release version")
         if request.sequence < 0:
             raise InvalidPayload("the release sequence is negative")
+        # Every other signed field is checked with the signature (controller): a release signed the old way
+        # then fails `bad-release` with a sentence saying to publish it again.
 
     def locks(self, request: kinds_pb2.DaemonUpgradeRequest) -> list[str]:
         return [UPGRADE_LOCK]

@@ -1,6 +1,6 @@
 """Which live CDI holds name a GPU: the check that keeps a reset (or a deep DCGM run) off a running workload.
 
-The CDI files are the holds (see agent.converge.cdi), so the check reads
+The CDI files are the holds (see agent.hw.cdi), so the check reads
 them fresh from disk at the moment it matters rather than trusting memory.
 A hold names a GPU whole, by a MIG instance (`<uuid>/<gi>/<ci>`) or by a
 slot (`<uuid>/s<n>`); any of them makes the GPU busy.
@@ -12,7 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.converge.cdi import read_holds
+from agent.hw.cdi import read_holds
 from agent.kinds.base import GPU_BUSY, KindResult
 from agent.offload import Offload
 

@@ -35,7 +35,7 @@ from agent import framing, spec_quorum
 from agent import session_core as sc
 from agent.dispatch import Dispatcher
 from agent.journal_api import AgentJournal
-from agent.node_state import NodeState
+from agent.session.node_state import NodeState
 from agent.session.outbox import Outbox
 from bc import __version__
 from bc.aio import wait_event
@@ -100,7 +100,7 @@ class SessionRunner:
         self.core.applied_spec = st.spec if st.stored else None
         self.core.spec_check = st.trust.check_spec
         self.core.root_check = lambda body, new, held, now_ms: spec_quorum.check_spec(
-            body, new, held, st.trust.bundle, now_ms
+            body, new, held, st.trust.bundle, now_ms, baseline_ca_keys=st.identity.join_ssh_ca_keys
         )
         self.core.need_spec = st.spec_unusable or st.stored is None
         self.core.inventory = deps.outbox.inventory

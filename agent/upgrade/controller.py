@@ -8,12 +8,23 @@ as interrupted nor runs it again, and the controller settles it — SUCCEEDED
 when the new binary is welcomed (CONFIRM, the floor raised), FAILED
 `update-failed` from the old binary after a rollback.
 
-`upgrade` is `daemon.upgrade` (and the `daemon` section): refuse what the
-record forbids (below the floor, failed before, a swap still unconfirmed),
-check the release's signature against the trust bundle's release keys
-before a byte is fetched, download it (agent.upgrade.download), check its
-sha256 and size, then PLACE, ARM, SWITCH and restart. Nothing is swapped
-unless every check held.
+`upgrade` is `daemon.upgrade` (and the `daemon` section): refuse while a swap
+is unconfirmed; check the release's signature (over name, version,
+sequence, platform, sha256 and size) against the trust bundle's release keys
+before a byte is fetched; refuse what the record forbids (`swap_rules.refusal`:
+another platform or release name, a sequence at or below the one this node
+runs, a version that failed before); download it (agent.upgrade.download),
+check its sha256 and size, run its own `--version` in the install dir
+(agent.upgrade.version_check) and refuse it unless it names the release's
+version; then PLACE, ARM, SWITCH and restart. Nothing is swapped unless every
+check held.
+
+A release refused or failed once its signature held is remembered in the
+record (`Record.refused`): offered again with the same (name, sequence), it is
+answered with that refusal, without a download, until another release is
+offered. An explicit `daemon.upgrade` command (not the `daemon` section)
+tries a release whose download failed again: that is an operator's retry,
+not a loop.
 
 Restart: `restart_process` re-executes `current` (under --fake-hw and when
 no systemd started us), or exits with status 75 for systemd's
@@ -31,22 +42,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from agent.kinds.base import KindResult
+from agent.kind_result import KindResult
 from agent.offload import Offload, to_thread
 from agent.upgrade import download as dl
+from agent.upgrade import version_check
 from agent.upgrade.slots import CURRENT, Slots
 from agent.upgrade.swap_rules import (
     FORWARD,
     ROLLBACK,
     UPDATE_FAILED,
+    VERSION_MISMATCH,
     Disk,
     Installed,
+    Offer,
     Plan,
+    Refused,
     Start,
     StartDecision,
     Step,
+    already_running,
     on_start,
     refusal,
+    remembered,
+    unsettled,
 )
 from bc.aio import wait_event
 from bc.clock import Clock
@@ -97,8 +115,10 @@ class Upgrader:
         restart: Callable[[], Awaitable[None]],
         config: UpgradeConfig | None = None,
         offload: Offload = to_thread,
+        platform: str = "",
     ) -> None:
         self.slots = slots
+        self.platform = platform or releases.host_platform()
         self.running_version = running_version
         self.clock, self.boot_id, self.ca_pem = clock, boot_id, ca_pem
         self.release_keys = release_keys
@@ -218,19 +238,39 @@ class Upgrader:
         async with self._lock:
             return await self._upgrade(command_id, req)
 
+    def remembered(self, req: releases.ReleaseFields) -> Refused | None:
+        """The refusal this node keeps for this release's (name, sequence), from the record read last."""
+        if self.disk is None:
+            return None
+        r = releases.release_of(req)
+        return remembered(self.disk.record, Offer(r.name, r.version, r.sequence, r.platform))
+
     async def _upgrade(self, command_id: str, req: kinds_pb2.DaemonUpgradeRequest) -> KindResult:
         disk = await self.slots.read()
-        why = refusal(disk.record, req.version, req.sequence, self.running_version)
-        if why is not None:
-            return KindResult.failure(*why)
-        if req.version == self.running_version:
-            return KindResult.success({"version": req.version, "slot": disk.current, "swapped": False})
+        self.disk = disk
+        if (busy := unsettled(disk.record)) is not None:
+            return KindResult.failure(*busy)
+        release = releases.release_of(req)
         try:
             dl.check_https(req.url)
-            releases.verify(self.release_keys(), req.version, req.sha256, req.size, req.signature)
+            releases.verify(self.release_keys(), release, req.signature)
         except (dl.DownloadError, releases.BadRelease) as e:
+            # Not remembered: fields no key vouched for name no release, and must not block the real one.
             return KindResult.failure(BAD_RELEASE, str(e))
-        plan = Plan(command_id, req.version, req.sequence, self.clock.now() + self.config.confirm_s)
+        offer = Offer(release.name, release.version, release.sequence, release.platform)
+        if already_running(disk.record, disk.current, offer):
+            return KindResult.success({"version": req.version, "slot": disk.current, "swapped": False})
+        seen = remembered(disk.record, offer)
+        if seen is not None and not (command_id and seen.reason == DOWNLOAD_FAILED):
+            log.info(
+                "event=upgrade.refused-before name=%s sequence=%d reason=%s", seen.name, seen.sequence, seen.reason
+            )
+            return KindResult.failure(seen.reason, seen.message)
+        why = refusal(disk.record, disk.current, offer, self.platform)
+        if why is not None:
+            return await self._refuse(disk, offer, *why)
+        disk = await self.slots.remember(disk, None)  # another release is offered: the last refusal is done with
+        plan = Plan(command_id, req.version, req.sequence, self.clock.now() + self.config.confirm_s, release.name)
         disk = await self.slots.take(disk, Step.STAGE, plan)
         await self._maybe_pause(Step.STAGE)
         partial = self.slots.partial_path(disk)
@@ -245,17 +285,23 @@ class Upgrader:
                 offload=self.offload,
             )
         except dl.DownloadError as e:
-            return KindResult.failure(DOWNLOAD_FAILED, str(e))
+            return await self._refuse(disk, offer, DOWNLOAD_FAILED, str(e))
         if (got.sha256, got.size) != (req.sha256, req.size):
             await self.offload(partial.unlink, True)
-            return KindResult.failure(
+            return await self._refuse(
+                disk,
+                offer,
                 BAD_RELEASE,
                 f"the download is {got.size} bytes with sha256 {got.sha256[:16]}…,"
                 f" not the release's {req.size} bytes with sha256 {req.sha256[:16]}…",
             )
+        wrong = await self._check_version(partial, req.version)
+        if wrong is not None:
+            await self.offload(partial.unlink, True)
+            return await self._refuse(disk, offer, VERSION_MISMATCH, wrong)
         if disk.current not in disk.record.slots:
             disk = _remember_running(disk, self.running_version)
-        plan = Plan(command_id, req.version, req.sequence, self.clock.now() + self.config.confirm_s)
+        plan = Plan(command_id, req.version, req.sequence, self.clock.now() + self.config.confirm_s, release.name)
         for step in FORWARD[1:]:
             if step is Step.RESTART:
                 break
@@ -272,6 +318,29 @@ class Upgrader:
         await self.restart()
         await asyncio.Future()  # the process is gone (or, in a test, being stopped)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _check_version(self, staged: Path, version: str) -> str | None:
+        """One sentence when the staged binary's own `--version` is not the release's version."""
+        await self.offload(os.chmod, staged, 0o755)
+        try:
+            output = await version_check.staged_version_output(staged)
+        except version_check.VersionCheckFailed as e:
+            return f"{e}; it was not swapped in"
+        return version_check.mismatch(output, version)
+
+    async def _refuse(self, disk: Disk, offer: Offer, reason: str, message: str) -> KindResult:
+        """Refuse `offer` and remember it (upgrade.json), so the same (name, sequence) is not tried again."""
+        refused = Refused(offer.name, offer.sequence, offer.version, reason, message)
+        self.disk = await self.slots.remember(disk, refused)
+        log.warning(
+            "event=upgrade.refused name=%s version=%s sequence=%d reason=%s message=%r",
+            offer.name,
+            offer.version,
+            offer.sequence,
+            reason,
+            message,
+        )
+        return KindResult.failure(reason, message)
 
 
 async def _never() -> None:

@@ -20,8 +20,9 @@ import os
 from pathlib import Path
 
 from agent.offload import Offload, to_thread
-from agent.upgrade.swap_rules import SLOTS, Disk, Installed, Plan, Record, Slot, Step, apply, other
-from bc.pki.keys import fsync_dir, write_file_atomic
+from agent.upgrade.swap_rules import SLOTS, Disk, Installed, Plan, Record, Refused, Slot, Step, apply, other
+from bc.files import atomic_write as write_file_atomic
+from bc.files import fsync_dir
 
 CURRENT = "current"
 RECORD = "upgrade.json"
@@ -96,6 +97,15 @@ class Slots:
         """Apply `step` to the model, then make the disk match it; returns the new model."""
         new = apply(disk, step, plan)
         await self.offload(self._realize, disk, new, step)
+        return new
+
+    async def remember(self, disk: Disk, refused: Refused | None) -> Disk:
+        """The record with `refused` as the last release refused (None: forgotten), written when it changed."""
+        from dataclasses import replace
+
+        new = replace(disk, record=replace(disk.record, refused=refused))
+        if new.record != disk.record:
+            await self.offload(write_file_atomic, self.dir / RECORD, _record_bytes(new.record))
         return new
 
     def _realize(self, old: Disk, new: Disk, step: Step) -> None:

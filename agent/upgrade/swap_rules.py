@@ -51,9 +51,18 @@ version's fault: the old binary reports the command FAILED `interrupted` and
 the version may be tried again. A `failed` one reports `update-failed` and
 is never tried again automatically.
 
-The floor: a confirmed release raises `floor` to its sequence. An upgrade to a
-sequence below the floor is refused, and a start whose `current` names a slot
-recorded below the floor refuses to run at all.
+The floor: a confirmed release raises `floor` to its sequence: the sequence
+the node runs, remembered across restarts. An upgrade to a sequence at or
+below it is refused (`not-newer`, TUF's rollback rule: the signature covers
+the sequence, so no one can renumber an old release), and a start whose
+`current` names a slot recorded below the floor refuses to run at all. The
+exact release a node runs (name, version and sequence of its slot) is
+already there: no swap, no refusal.
+
+A node follows one release name (once its slot records one) and one
+platform (its own). A release refused or failed after its signature held is
+remembered in `refused`: the same (name, sequence) is answered with that
+refusal, without a download, until another release is offered (`remembered`).
 """
 
 from __future__ import annotations
@@ -71,8 +80,11 @@ RECORD_STATES: tuple[RecordState, ...] = ("idle", "pending", "rolling-back", "co
 
 UPDATE_FAILED = "update-failed"
 INTERRUPTED = "interrupted"
-BELOW_FLOOR = "below-floor"
+NOT_NEWER = "not-newer"
 FAILED_BEFORE = "failed-before"
+WRONG_PLATFORM = "wrong-platform"
+WRONG_NAME = "wrong-name"
+VERSION_MISMATCH = "version-mismatch"
 
 
 def other(slot: Slot) -> Slot:
@@ -85,10 +97,36 @@ class SwapError(Exception):
 
 @dataclass(frozen=True)
 class Installed:
-    """What a slot holds, as the record remembers it (the version the release record named, its sequence)."""
+    """What a slot holds, as the record remembers it (the version the release record named, its sequence, its
+    name: empty for the first install, which no release record named)."""
 
     version: str
     sequence: int
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A release refused or failed after its signature held, remembered so that it is not tried again."""
+
+    name: str
+    sequence: int
+    version: str
+    reason: str
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "sequence": self.sequence,
+            "version": self.version,
+            "reason": self.reason,
+            "message": self.message,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Refused:
+        return cls(str(doc["name"]), int(doc["sequence"]), str(doc["version"]), str(doc["reason"]), str(doc["message"]))
 
 
 @dataclass(frozen=True)
@@ -106,6 +144,7 @@ class Record:
     floor: int = 0
     failed_versions: tuple[str, ...] = ()
     slots: Mapping[str, Installed] = field(default_factory=dict)
+    refused: Refused | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,7 +157,10 @@ class Record:
             "deadline": self.deadline,
             "floor": self.floor,
             "failed_versions": list(self.failed_versions),
-            "slots": {k: {"version": v.version, "sequence": v.sequence} for k, v in sorted(self.slots.items())},
+            "slots": {
+                k: {"version": v.version, "sequence": v.sequence, "name": v.name} for k, v in sorted(self.slots.items())
+            },
+            "refused": self.refused.to_json() if self.refused is not None else None,
         }
 
     @classmethod
@@ -130,7 +172,7 @@ class Record:
         for k, v in dict(doc.get("slots", {})).items():
             if k not in SLOTS:
                 raise ValueError(f"upgrade.json names an unknown slot {k!r}")
-            slots[k] = Installed(str(v["version"]), int(v["sequence"]))
+            slots[k] = Installed(str(v["version"]), int(v["sequence"]), str(v.get("name", "")))
         from_slot, to_slot = str(doc.get("from_slot", "a")), str(doc.get("to_slot", "b"))
         if from_slot not in SLOTS or to_slot not in SLOTS:
             raise ValueError("upgrade.json names an unknown slot")
@@ -145,6 +187,7 @@ class Record:
             floor=int(doc.get("floor", 0)),
             failed_versions=tuple(str(v) for v in doc.get("failed_versions", ())),
             slots=slots,
+            refused=Refused.from_json(doc["refused"]) if doc.get("refused") else None,
         )
 
 
@@ -183,18 +226,69 @@ class Plan:
     version: str
     sequence: int
     deadline: float
+    name: str = ""
 
 
-def refusal(record: Record, version: str, sequence: int, running_version: str) -> tuple[str, str] | None:
-    """(reason, one sentence) when an upgrade to this release must not start; None when it may."""
+@dataclass(frozen=True)
+class Offer:
+    """The signed fields of a release offered to this node that the rules look at (after its signature held)."""
+
+    name: str
+    version: str
+    sequence: int
+    platform: str
+
+
+def unsettled(record: Record) -> tuple[str, str] | None:
+    """(reason, one sentence) while a swap is still in flight: nothing else may start (and nothing is remembered)."""
     if record.state in ("pending", "rolling-back"):
         return UPDATE_FAILED, f"an update to {record.version} is still unconfirmed; try again once it settles"
-    if sequence < record.floor:
-        return BELOW_FLOOR, f"release {version} (sequence {sequence}) is below this node's release floor {record.floor}"
-    if version in record.failed_versions:
-        return FAILED_BEFORE, f"release {version} failed on this node before and is never retried automatically"
-    if version == running_version:
-        return None  # already there: the kind reports success without a swap
+    return None
+
+
+def running_sequence(record: Record, current: Slot) -> int:
+    """The sequence this node runs: the floor, or its slot's own when higher."""
+    installed = record.slots.get(current)
+    return max(record.floor, installed.sequence if installed is not None else 0)
+
+
+def already_running(record: Record, current: Slot, offer: Offer) -> bool:
+    """The offer is exactly the release `current` holds: nothing to do, and no downgrade either."""
+    installed = record.slots.get(current)
+    return (
+        installed is not None
+        and installed.sequence > 0
+        and (installed.version, installed.sequence) == (offer.version, offer.sequence)
+        and installed.name in ("", offer.name)
+    )
+
+
+def remembered(record: Record, offer: Offer) -> Refused | None:
+    """The refusal this node already gave the same (name, sequence), if it is the last release refused."""
+    r = record.refused
+    if r is not None and (r.name, r.sequence) == (offer.name, offer.sequence):
+        return r
+    return None
+
+
+def refusal(record: Record, current: Slot, offer: Offer, host_platform: str) -> tuple[str, str] | None:
+    """(reason, one sentence) when an upgrade to this signed release must not start; None when it may."""
+    if (why := unsettled(record)) is not None:
+        return why
+    what = f"release {offer.name} {offer.version} (sequence {offer.sequence})"
+    if offer.platform != host_platform:
+        return WRONG_PLATFORM, f"{what} is built for {offer.platform}, not for this node's {host_platform}"
+    installed = record.slots.get(current)
+    if installed is not None and installed.name and offer.name != installed.name:
+        return WRONG_NAME, f"{what} is not of the release name {installed.name!r} this node runs"
+    runs = running_sequence(record, current)
+    if offer.sequence <= runs:
+        return NOT_NEWER, (
+            f"{what} is not newer than the sequence {runs} this node runs; a node never goes back"
+            " (publish a newer release)"
+        )
+    if offer.version in record.failed_versions:
+        return FAILED_BEFORE, f"release {offer.version} failed on this node before and is never retried automatically"
     return None
 
 
@@ -209,7 +303,7 @@ def apply(disk: Disk, step: Step, plan: Plan | None = None) -> Disk:
         to = other(disk.current)
         slots = dict(r.slots)
         if plan is not None:
-            slots[to] = Installed(plan.version, plan.sequence)
+            slots[to] = Installed(plan.version, plan.sequence, plan.name)
         return replace(disk, partial=False, slots=disk.slots | {to}, record=replace(r, slots=slots))
     if step is Step.ARM:
         if plan is None or r.state in ("pending", "rolling-back"):

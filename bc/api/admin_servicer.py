@@ -558,8 +558,8 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
                 expires_at_ms=request.expires_at_ms,
                 reason=request.reason,
             )
-            if approve:  # an approved root-equivalent spec change is written now (bc.control.spec_quorum)
-                await spec_quorum.apply_approved(self.store, self.bus, self.signer, request.batch_id)
+            if approve:  # an approved root-equivalent spec change is written now, or by the sweeper's next pass
+                await spec_quorum.apply_now(self.store, self.bus, self.signer, request.batch_id)
             return await queries.batch(self.store, request.batch_id)
 
         return await self._call_as(context, go)

@@ -24,7 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from bc.api.join_proxy import NODE_CERT_MD
-from bc.control import identity
+from bc.control import identity, ssh
 from bc.control.bus import Bus
 from bc.control.identity import NODE_CERT_TTL_S
 from bc.control.intent import Intent
@@ -119,6 +119,9 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             await abort_with(context, e)
             raise  # unreachable: abort raises
         trust = self.intent.trust_bundle()
+        # The node's baseline: the SSH CA its access section will carry, which it then takes without a quorum.
+        ca = await ssh.get_ca(self.store)
+        ssh_ca_keys = [str(ca["public_key"])] if ca is not None else []
         resp = join_pb2.JoinResponse(
             node_id=joined.node_id,
             role=joined.role,
@@ -127,8 +130,9 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             trust=trust,
             identity_generation=joined.identity_generation,
             answer_signature=self.ca.sign_join_answer(
-                request.csr_der, joined.cert_pem, trust.SerializeToString(deterministic=True)
+                request.csr_der, joined.cert_pem, trust.SerializeToString(deterministic=True), ssh_ca_keys
             ),
+            ssh_ca_keys=ssh_ca_keys,
         )
         signed = self.intent.trust_envelope()
         if signed is not None:

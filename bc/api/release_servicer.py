@@ -41,6 +41,8 @@ def release_info(r: Row) -> admin_pb2.ReleaseInfo:
         url=str(r["url"]),
         published_by=str(r["published_by"]),
         published_at_ms=int(r["published_at_ms"]),
+        name=str(r["name"]),
+        platform=str(r["platform"]),
     )
 
 
@@ -92,7 +94,16 @@ class ReleaseRpcs(AdminCalls):
                 async for chunk in request_iterator:
                     if header is None:
                         header = chunk
-                    elif chunk.version or chunk.sha256 or chunk.size or chunk.signature or chunk.url:
+                    elif (
+                        chunk.version
+                        or chunk.sha256
+                        or chunk.size
+                        or chunk.signature
+                        or chunk.url
+                        or chunk.name
+                        or chunk.sequence
+                        or chunk.platform
+                    ):
                         raise UsageError("only the first chunk of a published release may carry its header")
                     if not chunk.data:
                         continue
@@ -113,7 +124,16 @@ class ReleaseRpcs(AdminCalls):
                 row = await rel_ctl.publish(
                     self.store,
                     self.bus,
-                    rel_ctl.ReleaseHeader(header.version, header.sha256, header.size, header.signature, header.url),
+                    rel_ctl.ReleaseHeader(
+                        header.version,
+                        header.sha256,
+                        header.size,
+                        header.signature,
+                        header.url,
+                        name=header.name,
+                        sequence=header.sequence,
+                        platform=header.platform,
+                    ),
                     uploaded=tmp,
                     uploaded_digest=(h.hexdigest(), size) if tmp is not None else None,
                     keep_dir=self.releases_dir,
@@ -134,6 +154,7 @@ class ReleaseRpcs(AdminCalls):
     ) -> admin_pb2.ListReleasesResponse:
         async def go() -> admin_pb2.ListReleasesResponse:
             st = await rel_ctl.status(self.store)
+            next_sequence = await rel_ctl.next_sequence(self.store, request.name)
             return admin_pb2.ListReleasesResponse(
                 releases=[release_info(r) for r in st.releases],
                 keys=[key_info(r) for r in st.keys],
@@ -144,6 +165,7 @@ class ReleaseRpcs(AdminCalls):
                     for n in st.nodes
                 ],
                 serve_url=self.release_url,
+                next_sequence=next_sequence,
             )
 
         return await self._call(context, go)

@@ -21,7 +21,7 @@ import click
 from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
 from bc.cli.job_progress import check_done, follow
-from bc.cli.output import echo, json_text
+from bc.cli.output import Lines, echo, json_lines, lines, paragraphs
 from bc.cli.reconnect import follow_events
 from bc.cli.render import (
     INT64_MAX,
@@ -77,7 +77,9 @@ def token_create(node_id: str, role: str, ttl: str, as_json: bool) -> None:
     emit(
         as_json,
         resp,
-        f"join token for {resp.node_id} (role {role}), expires in {format_duration(ttl_s)}, one use:\n{resp.token}",
+        lines(
+            f"join token for {resp.node_id} (role {role}), expires in {format_duration(ttl_s)}, one use:", resp.token
+        ),
     )
 
 
@@ -101,7 +103,7 @@ def nodes(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     )
 
 
-def render_nodes(infos: list[admin_pb2.NodeInfo]) -> str:
+def render_nodes(infos: list[admin_pb2.NodeInfo]) -> Lines:
     rows = [
         (
             n.node_id,
@@ -216,7 +218,7 @@ def nodes_show(ctx: click.Context, node_id: str, as_json: bool) -> None:
     emit(False, info, lambda: render_node(info, used))
 
 
-def render_node(n: admin_pb2.NodeInfo, usage: list[admin_pb2.UsageRow] | None = None) -> str:
+def render_node(n: admin_pb2.NodeInfo, usage: list[admin_pb2.UsageRow] | None = None) -> Lines:
     state = f"{n.state} for {format_span(n.state_age_ms)}" if n.state_age_ms >= 0 else n.state
     fields: list[tuple[str, object]] = [
         ("node", n.node_id),
@@ -236,25 +238,27 @@ def render_node(n: admin_pb2.NodeInfo, usage: list[admin_pb2.UsageRow] | None = 
         ("labels", ", ".join(f"{k}={v}" for k, v in sorted(n.labels.items()))),
         ("capabilities", ", ".join(n.capabilities)),
     ]
-    parts = [render_fields(fields)]
+    parts: list[Lines] = [render_fields(fields)]
     rows: list[tuple[object, ...]]
     if n.sections:
         rows = [
             (s.section, _section_state(s.state), s.generation, s.reason, cell(s.message, width=60)) for s in n.sections
         ]
-        parts.append("SECTIONS\n" + render_table(("SECTION", "STATE", "GENERATION", "REASON", "MESSAGE"), rows))
+        parts.append(lines("SECTIONS", render_table(("SECTION", "STATE", "GENERATION", "REASON", "MESSAGE"), rows)))
     if n.conditions:
         rows = [(c.type, c.status, c.reason, format_age(c.age_ms), cell(c.message, width=60)) for c in n.conditions]
-        parts.append("CONDITIONS\n" + render_table(("TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"), rows))
+        parts.append(lines("CONDITIONS", render_table(("TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"), rows)))
     if n.capacity:
         rows = [(c.device_class, c.offered, c.booked_now, c.free_now, c.booked_later) for c in n.capacity]
-        parts.append("CAPACITY\n" + render_table(("CLASS", "OFFERED", "BOOKED NOW", "FREE NOW", "BOOKED LATER"), rows))
+        parts.append(
+            lines("CAPACITY", render_table(("CLASS", "OFFERED", "BOOKED NOW", "FREE NOW", "BOOKED LATER"), rows))
+        )
     if usage:  # each class in its own unit: a MIG instance or a shared slot is not a GPU-hour
         rows = [
             (units.class_label(u.device_class, u.profile), units.amount(u.atom_ms, u.device_class, u.profile))
             for u in usage
         ]
-        parts.append("USAGE (all recorded)\n" + render_table(("CLASS", "USED"), rows))
+        parts.append(lines("USAGE (all recorded)", render_table(("CLASS", "USED"), rows)))
     if n.HasField("host_capacity") and n.host_capacity.cpus:
         h = n.host_capacity
         gib = 1 << 30
@@ -269,7 +273,7 @@ def render_node(n: admin_pb2.NodeInfo, usage: list[admin_pb2.UsageRow] | None = 
         )
     if n.HasField("inventory"):
         parts.append(render_inventory(n.inventory))
-    return "\n\n".join(parts)
+    return paragraphs(*parts)
 
 
 def _cert_line(n: admin_pb2.NodeInfo) -> str:
@@ -286,9 +290,9 @@ def _section_state(state: int) -> str:
     return common_pb2.SectionState.Name(state).lower()
 
 
-def render_inventory(inv: common_pb2.Inventory) -> str:
+def render_inventory(inv: common_pb2.Inventory) -> Lines:
     if not inv.gpus and not inv.hostname and not inv.source:
-        return "INVENTORY  not reported yet"
+        return lines("INVENTORY  not reported yet")
     facts = [
         f"host {inv.hostname}" if inv.hostname else "",
         f"source {inv.source}" if inv.source else "",
@@ -299,11 +303,11 @@ def render_inventory(inv: common_pb2.Inventory) -> str:
     ]
     head = "INVENTORY  " + ", ".join(f for f in facts if f)
     if not inv.gpus:
-        return head
+        return lines(head)
     rows = [
         (g.index, g.uuid, g.name, format_mib(g.memory_mib), "yes" if g.healthy else "no", _mig(g)) for g in inv.gpus
     ]
-    return head + "\n" + render_table(("GPU", "UUID", "NAME", "MEMORY", "HEALTHY", "MIG"), rows)
+    return lines(head, render_table(("GPU", "UUID", "NAME", "MEMORY", "HEALTHY", "MIG"), rows))
 
 
 def _mig(g: common_pb2.Gpu) -> str:
@@ -392,7 +396,7 @@ def _print_spec(info: admin_pb2.SpecInfo, *, as_json: bool, with_body: bool) -> 
     emit(
         as_json,
         {"node_id": info.node_id, "generation": info.generation, "spec_hash": info.spec_hash, "spec": body},
-        head + "\n" + json_text(body, sort_keys=True) if with_body else head,
+        lines(head, json_lines(body, sort_keys=True)) if with_body else head,
     )
 
 
@@ -474,7 +478,7 @@ def pki() -> None:
     """The CA and the command-signing keys."""
 
 
-def _render_pki(info: admin_pb2.PkiInfo) -> str:
+def _render_pki(info: admin_pb2.PkiInfo) -> Lines:
     fields: list[tuple[str, object]] = [
         ("ca", f"{info.ca_fingerprint} (until {format_time_ms(info.ca_not_after_ms)})"),
         ("command signing", "on" if info.command_signing else "off: nodes accept unsigned commands and specs"),

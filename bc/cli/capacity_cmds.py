@@ -21,7 +21,7 @@ from bc.cli.admin_cmds import call_admin, json_option
 from bc.cli.client import AdminClient
 from bc.cli.csv_cells import csv_row
 from bc.cli.emit import emit
-from bc.cli.output import echo
+from bc.cli.output import Lines, echo, lines
 from bc.cli.reconnect import follow_events, retrying
 from bc.cli.render import format_age, render_table
 from bc.clock import SystemClock
@@ -234,7 +234,7 @@ def reservations(node_id: str, state: str | None, tenant: str, include_released:
     emit(as_json, items, lambda: render_reservations(items), empty="no reservations")
 
 
-def render_reservations(items: list[admin_pb2.Reservation]) -> str:
+def render_reservations(items: list[admin_pb2.Reservation]) -> Lines:
     rows = [
         (
             r.id,
@@ -268,8 +268,8 @@ def reservation_show(reservation_id: str, as_json: bool) -> None:
     emit(as_json, r, lambda: render_reservation(r))
 
 
-def render_reservation(r: admin_pb2.Reservation) -> str:
-    lines = [
+def render_reservation(r: admin_pb2.Reservation) -> Lines:
+    fields = [
         ("id", r.id),
         ("state", r.state + (f" ({r.reason})" if r.reason else "")),
         ("node", r.node_id or "-"),
@@ -282,7 +282,7 @@ def render_reservation(r: admin_pb2.Reservation) -> str:
         ("selector", ",".join(f"{k}={v}" for k, v in sorted(r.selector.items())) or "-"),
         ("devices", ", ".join(d.atom_id for d in r.devices) or "-"),
     ]
-    return render_table(("FIELD", "VALUE"), lines)
+    return render_table(("FIELD", "VALUE"), fields)
 
 
 @click.group("capacity")
@@ -296,12 +296,12 @@ def capacity() -> None:
 def capacity_explain(reservation_id: str, as_json: bool) -> None:
     """Why a reservation is not placed (what the next placement pass would decide)."""
     e = call_admin(lambda c: c.explain_reservation(reservation_id))
-    lines = [f"reservation {e.reservation_id}: {e.state}: {e.reason}"]
+    out = [f"reservation {e.reservation_id}: {e.state}: {e.reason}"]
     if e.queue_position:
-        lines.append(f"position in the queue: {e.queue_position}")
+        out.append(f"position in the queue: {e.queue_position}")
     if e.earliest_start_ms:
-        lines.append(f"earliest start: {iso_ms(e.earliest_start_ms)} on {e.held_node_id} (held for it)")
-    emit(as_json, e, "\n".join(lines))
+        out.append(f"earliest start: {iso_ms(e.earliest_start_ms)} on {e.held_node_id} (held for it)")
+    emit(as_json, e, lines(out))
 
 
 @click.command("usage")
@@ -322,11 +322,9 @@ def usage(since: str, until: str, by: str, as_csv: bool, as_json: bool) -> None:
     resp = call_admin(lambda c: c.usage(since_ms=since_ms, until_ms=until_ms, by=by))
     rows = list(resp.rows)
     if as_csv:
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
         # The first three columns as they always were; the class and its unit after them.
-        w.writerow([by, "atom_seconds", "windows", "class", "profile", "hours", "unit"])
-        w.writerows(
+        header = [by, "atom_seconds", "windows", "class", "profile", "hours", "unit"]
+        records = [
             csv_row(
                 [
                     r.key,
@@ -339,8 +337,8 @@ def usage(since: str, until: str, by: str, as_csv: bool, as_json: bool) -> None:
                 ]
             )  # never a formula in a spreadsheet
             for r in rows
-        )
-        echo(buf.getvalue(), nl=False)
+        ]
+        echo(lines(_csv_line(record) for record in [header, *records]))
         return
     emit(
         as_json,
@@ -372,6 +370,13 @@ def usage(since: str, until: str, by: str, as_csv: bool, as_json: bool) -> None:
         ),
         empty="no usage",
     )
+
+
+def _csv_line(values: list[str]) -> str:
+    """One CSV record as one line: a cell with a line break in it shows it escaped (`\\x0a`), as echo does."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(values)
+    return buf.getvalue()
 
 
 def _past(text: str, what: str = "--since") -> int:

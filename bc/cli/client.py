@@ -117,6 +117,7 @@ class AdminClient:
         self._timeout_s = timeout_s
         self._channel: Any = None
         self._calls: AdminCalls | None = None
+        self._closed = False  # it was open: a call now is a connection gone, not a misuse
 
     @classmethod
     def discover(cls, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
@@ -145,6 +146,7 @@ class AdminClient:
         tb: TracebackType | None,
     ) -> None:
         channel, self._channel, self._calls = self._channel, None, None
+        self._closed = True
         if channel is not None:
             await channel.close()
 
@@ -499,8 +501,10 @@ class AdminClient:
         req = admin_pb2.AddReleaseKeyRequest(public_key=public_key)
         return await self._unary("AddReleaseKey", req, admin_pb2.ReleaseKeyInfo)
 
-    async def list_releases(self) -> admin_pb2.ListReleasesResponse:
-        return await self._unary("ListReleases", admin_pb2.ListReleasesRequest(), admin_pb2.ListReleasesResponse)
+    async def list_releases(self, name: str = "") -> admin_pb2.ListReleasesResponse:
+        """Every release, key and node upgrade; `next_sequence` is the next of release `name` (empty: bc)."""
+        request = admin_pb2.ListReleasesRequest(name=name)
+        return await self._unary("ListReleases", request, admin_pb2.ListReleasesResponse)
 
     async def publish_release(
         self, header: admin_pb2.PublishReleaseChunk, path: Path | None, *, timeout_s: float = 600.0
@@ -584,6 +588,11 @@ class AdminClient:
         return err
 
     def _call(self, rpc: str) -> Any:
+        if self._calls is None and self._closed:
+            # A caller that holds the client across its close (a TUI screen's read while the feed drops the
+            # connection to reconnect): the server is away for that caller, as if the call had been refused.
+            # A RuntimeError here crashed `bc tui` when a node's screen was reading as `bc serve` went away.
+            raise Unavailable(f"bc serve at {self.server} is not answering (the connection was closed)")
         if self._calls is None:
             raise RuntimeError("AdminClient is used outside `async with`")
         return self._calls[rpc]

@@ -34,7 +34,7 @@ from bc.cli import fanout as fan
 from bc.cli.admin_cmds import read_json_object
 from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
-from bc.cli.output import echo, json_text
+from bc.cli.output import Lines, echo, json_lines, lines
 from bc.cli.reconnect import retrying
 from bc.cli.render import (
     INT64_MAX,
@@ -96,7 +96,7 @@ def _state(c: admin_pb2.CommandInfo) -> str:
     return state
 
 
-def render_command(c: admin_pb2.CommandInfo) -> str:
+def render_command(c: admin_pb2.CommandInfo) -> Lines:
     fields: list[tuple[str, object]] = [
         ("id", c.id),
         ("node", c.node_id),
@@ -117,7 +117,7 @@ def render_command(c: admin_pb2.CommandInfo) -> str:
     text = render_fields(fields)
     result = parse_result(c.result_json)
     if result is not None:
-        text += "\nresult\n" + json_text(result, sort_keys=True)
+        text = lines(text, "result", json_lines(result, sort_keys=True))
     return text
 
 
@@ -217,7 +217,7 @@ async def wait_settled(client: AdminClient, info: admin_pb2.CommandInfo) -> admi
 
 def _say(line: str) -> None:
     """A reconnect note, on a line of its own between the progress arrows."""
-    echo("\n" + line, err=True)
+    echo(lines("", line), err=True)
 
 
 @cmd.command("fanout")

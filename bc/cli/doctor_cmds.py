@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from bc.cli.emit import emit
+from bc.cli.output import Lines, lines
 from bc.clock import SystemClock
 from bc.config import default_data_dir
 from bc.errors import BcError, UsageError
@@ -32,17 +33,17 @@ class ChecksFailed(BcError):
     exit_code = 9
 
 
-def render_findings(findings: list[Finding]) -> str:
+def render_findings(findings: list[Finding]) -> Lines:
     """`status  check  message`, with an indented `fix:` line under each warning and failure."""
     width = max(len(f.name) for f in findings)
-    lines = []
+    out = []
     for f in findings:
-        lines.append(f"{f.status}  {f.name.ljust(width)}  {' '.join(f.message.split())}")
+        out.append(f"{f.status}  {f.name.ljust(width)}  {' '.join(f.message.split())}")
         if f.fix:
-            lines.append(f"{' ' * (len(f.status) + 2 + width + 2)}fix: {' '.join(f.fix.split())}")
+            out.append(f"{' ' * (len(f.status) + 2 + width + 2)}fix: {' '.join(f.fix.split())}")
     counts = Counter(f.status for f in findings)
-    lines.append(f"{len(findings)} checks: " + ", ".join(f"{counts[s]} {s}" for s in ("pass", "warn", "fail")))
-    return "\n".join(lines)
+    out.append(f"{len(findings)} checks: " + ", ".join(f"{counts[s]} {s}" for s in ("pass", "warn", "fail")))
+    return lines(out)
 
 
 def diagnose(data_dir: Path) -> tuple[str, list[Finding]]:

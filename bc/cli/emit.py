@@ -7,7 +7,8 @@ Every command that prints a result calls `emit(as_json, doc, text)` once:
   becomes its JSON object by `bc.cli.render.message_to_json` (proto field
   names, every field present, 64-bit integers as numbers). The keys are a
   contract (scripts and the black-box checks read them): add, never rename.
-* `text` is what people read: lines, printed as given (nothing when empty).
+* `text` is what people read: one line (a string, escaped whole) or a
+  `bc.cli.output.Lines` of several (a table, a card); nothing when empty.
 * `empty`, when given, is said on stderr instead of `text` when `doc` is an
   empty list, so a pipe reading stdout sees nothing at all.
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from bc.cli.output import echo, json_text
+from bc.cli.output import Piece, echo, json_lines, json_text
 from bc.cli.render import message_to_json
 
 Doc = Any
@@ -45,7 +46,7 @@ def jsonable(value: Doc) -> Any:
 def emit(
     as_json: bool,
     doc: Doc | Callable[[], Doc],
-    text: str | Callable[[], str] = "",
+    text: Piece | Callable[[], Piece] = "",
     *,
     empty: str = "",
     compact: bool = False,
@@ -56,7 +57,7 @@ def emit(
     """
     if as_json:
         value = jsonable(doc() if callable(doc) else doc)
-        echo(json_text(value, indent=None if compact else 2))
+        echo(json_text(value, indent=None) if compact else json_lines(value))
         return
     if empty:
         value = doc() if callable(doc) else doc

@@ -34,7 +34,7 @@ from bc.cli.job_progress import (
     subjects_text,
     waits_text,
 )
-from bc.cli.output import echo
+from bc.cli.output import Lines, echo, lines, paragraphs
 from bc.cli.render import (
     cell,
     format_time_ms,
@@ -238,7 +238,7 @@ def jobs_list(include_all: bool, as_json: bool) -> None:
     emit(as_json, lambda: [job_to_json(j) for j in jobs], lambda: render_jobs(jobs), empty="no jobs")
 
 
-def render_jobs(jobs: list[admin_pb2.JobInfo]) -> str:
+def render_jobs(jobs: list[admin_pb2.JobInfo]) -> Lines:
     rows = [
         (
             j.id,
@@ -271,7 +271,7 @@ def _detail(n: admin_pb2.JobNodeInfo) -> str:
     return str(doc)
 
 
-def render_job(job: admin_pb2.JobInfo) -> str:
+def render_job(job: admin_pb2.JobInfo) -> Lines:
     fields: list[tuple[str, object]] = [
         ("id", job.id),
         ("template", job.template),
@@ -286,8 +286,8 @@ def render_job(job: admin_pb2.JobInfo) -> str:
     ]
     rows = [(n.id, n.kind, n.subject, f"{glyph(n.state)} {n.state}", _deps(n), _detail(n)) for n in job.nodes]
     table = render_table(("NODE", "KIND", "SUBJECT", "STATE", "DEPS", "ERROR/DETAIL"), rows)
-    waiting = "\n".join(awaiting_text(admin_pb2.JobInfo(awaiting_approval=[a])) for a in job.awaiting_approval)
-    return render_fields(fields) + ("\n" + waiting if waiting else "") + "\n\n" + table
+    waiting = [awaiting_text(admin_pb2.JobInfo(awaiting_approval=[a])) for a in job.awaiting_approval]
+    return paragraphs(lines(render_fields(fields), waiting), table)
 
 
 @jobs.command("show")

@@ -19,14 +19,13 @@ from __future__ import annotations
 import errno
 import importlib
 import os
-import sys
 import traceback
 from collections.abc import Mapping
 from typing import Any
 
 import click
 
-from bc.cli.output import echo, one_line
+from bc.cli.output import echo, one_line, text_lines
 from bc.errors import BcError
 
 EXIT_INTERRUPTED = 130  # the shell's code for "ended by SIGINT"
@@ -74,7 +73,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     if value and not ctx.resilient_parsing:
         from bc.version import build_info  # only when asked: it may run git
 
-        echo(build_info().text())
+        echo(text_lines(build_info().text()))
         ctx.exit(0)
 
 
@@ -136,7 +135,7 @@ def _one_line(e: BaseException) -> str:
 
 def _report(ctx: click.Context, e: BaseException, message: str, *, unexpected: bool = False) -> None:
     if _debugging(ctx):
-        traceback.print_exception(e, file=sys.stderr)
+        echo(text_lines("".join(traceback.format_exception(e))), err=True)
     elif unexpected:
         message += " (run with --debug for the traceback)"
     echo("error: " + one_line(" ".join(str(message).split())), err=True)  # one line, whatever the message held

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives import serialization
 
 from bc.cli.admin_cmds import call_admin, json_option
 from bc.cli.emit import emit
+from bc.cli.output import Lines, lines
 from bc.cli.render import format_age, format_time_ms, render_table
 from bc.config import OperatorConfig, find_operator_config
 from bc.control.operators import DEFAULT_ROLE, ROLES
@@ -37,7 +38,7 @@ def _show(ops: list[admin_pb2.OperatorInfo], as_json: bool) -> None:
     emit(as_json, ops, lambda: render_operators(ops))
 
 
-def render_operators(ops: list[admin_pb2.OperatorInfo]) -> str:
+def render_operators(ops: list[admin_pb2.OperatorInfo]) -> Lines:
     rows = [
         (
             o.name,
@@ -97,8 +98,10 @@ def operators_add(name: str, role: str, out: Path | None, as_json: bool) -> None
     emit(
         as_json,
         {"operator": resp.operator, "config": str(out)},
-        f"operator {name} added as {role}; its client config is {out} (0600, it holds the private key)\n"
-        f"hand it to {name} over a private channel; they run: BC_CONFIG={out} bc nodes",
+        lines(
+            f"operator {name} added as {role}; its client config is {out} (0600, it holds the private key)",
+            f"hand it to {name} over a private channel; they run: BC_CONFIG={out} bc nodes",
+        ),
     )
 
 

@@ -31,16 +31,16 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from bc.cli.admin_cmds import ROOT_KEY_OPTION, call_admin, json_option, read_json_object
 from bc.cli.client import AdminClient
 from bc.cli.emit import emit
-from bc.cli.output import echo
+from bc.cli.output import Lines, confirm, echo, lines, paragraphs
 from bc.cli.render import cell, format_age, format_time_ms, parse_duration, render_fields, render_table
 from bc.control.approvers import MAX_ALLOWANCE, MAX_THRESHOLD
 from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
+from bc.files import atomic_write
 from bc.local_files import read_local_file
 from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.pki import ssh as ssh_pki
-from bc.pki.keys import write_file_atomic
 from bc.protocol import canonical, root_equiv
 from bc.protocol.pb import admin_pb2
 
@@ -127,7 +127,7 @@ def scope_summary(b: admin_pb2.BatchInfo, limit: int = 6) -> str:
     return f"{b.kind} on {len(nodes)} node(s) ({shown})"
 
 
-def render_batch(b: admin_pb2.BatchInfo) -> str:
+def render_batch(b: admin_pb2.BatchInfo) -> Lines:
     fields: list[tuple[str, object]] = [
         ("batch", b.id),
         ("state", b.state),
@@ -140,18 +140,18 @@ def render_batch(b: admin_pb2.BatchInfo) -> str:
         ("approvals", f"{b.approvals} of {b.threshold}"),
         ("expires", format_time_ms(b.not_after_ms)),
     ]
-    parts = [render_fields(fields)]
+    parts: list[Lines] = [render_fields(fields)]
     rows = [
         (leaf.index, leaf.node_id, leaf.kind, leaf.payload_digest[:16] + "…", leaf.command_id, leaf.command_state)
         for leaf in b.leaves
     ]
-    parts.append("LEAVES\n" + render_table(("#", "NODE", "KIND", "PAYLOAD DIGEST", "COMMAND", "STATE"), rows))
+    parts.append(lines("LEAVES", render_table(("#", "NODE", "KIND", "PAYLOAD DIGEST", "COMMAND", "STATE"), rows)))
     if b.decisions:
         drows = [
             (d.name, d.decision, d.key_id[:23] + "…", format_age(d.at_age_ms), cell(d.reason)) for d in b.decisions
         ]
-        parts.append("DECISIONS\n" + render_table(("APPROVER", "DECISION", "KEY", "WHEN", "REASON"), drows))
-    return "\n\n".join(parts)
+        parts.append(lines("DECISIONS", render_table(("APPROVER", "DECISION", "KEY", "WHEN", "REASON"), drows)))
+    return paragraphs(*parts)
 
 
 # -- bc approve ------------------------------------------------------------------------
@@ -171,16 +171,16 @@ def approve_keygen(out: Path, as_json: bool) -> None:
         raise UsageError(f"{out} already exists; refusing to overwrite a key (choose another --out)")
     key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    write_file_atomic(out, pem, mode=0o600)
+    atomic_write(out, pem, mode=0o600)
     raw = public_raw(key)
     doc = {"public_key": base64.b64encode(raw).decode(), "key_id": q.key_id(raw), "path": str(out)}
-    lines = [
+    text = lines(
         f"approver key written to {out} (keep it to yourself)",
         f"key id:     {doc['key_id']}",
         f"public key: {doc['public_key']}",
         f"on the server: bc approvers add NAME {doc['public_key']}",
-    ]
-    emit(as_json, doc, "\n".join(lines))
+    )
+    emit(as_json, doc, text)
 
 
 @approve.command("list")
@@ -197,7 +197,7 @@ def approve_list(as_json: bool) -> None:
     )
 
 
-def render_waiting(batches: list[admin_pb2.BatchInfo], changes: list[admin_pb2.QuorumChangeInfo]) -> str:
+def render_waiting(batches: list[admin_pb2.BatchInfo], changes: list[admin_pb2.QuorumChangeInfo]) -> Lines:
     rows = [
         (b.id, cell(scope_summary(b), width=60), f"{b.approvals}/{b.threshold}", b.requested_by, cell(b.reason))
         for b in batches
@@ -232,7 +232,7 @@ def _confirm(b: admin_pb2.BatchInfo, verb: str, yes: bool) -> None:
         return
     if not sys.stdin.isatty():
         raise UsageError(f"not a terminal: add --yes to {verb} batch {b.id}")
-    if not click.confirm(f"{verb} {scope_summary(b)}?", err=True):
+    if not confirm(f"{verb} {scope_summary(b)}?", err=True):
         raise UsageError(f"did not {verb} batch {b.id}")
 
 
@@ -308,11 +308,11 @@ def _show_approvers(s: admin_pb2.ApproverSet, as_json: bool) -> None:
     emit(as_json, s, lambda: render_approvers(s))
 
 
-def render_approvers(s: admin_pb2.ApproverSet) -> str:
+def render_approvers(s: admin_pb2.ApproverSet) -> Lines:
     rows = [(a.name, a.operator or "(none)", a.key_id, a.public_key, format_age(a.added_age_ms)) for a in s.approvers]
     table = render_table(("NAME", "OPERATOR", "KEY ID", "PUBLIC KEY", "ADDED"), rows)
     note = "" if len(s.approvers) >= s.threshold else f" (only {len(s.approvers)} approver(s): no batch can pass)"
-    lines = [
+    out: list[Lines | str] = [
         table if rows else "no approvers",
         f"threshold: {s.threshold} distinct approvers{note}",
         f"unbatched destructive commands: {s.unbatched_destructive_per_hour} an hour per node",
@@ -321,13 +321,13 @@ def render_approvers(s: admin_pb2.ApproverSet) -> str:
     if s.HasField("change"):
         c = s.change
         if c.state == "pending":
-            lines.append(
+            out.append(
                 f"quorum change {c.id} is pending: it needs {c.threshold} approval(s) of the current approvers"
                 f" (bc approve show {c.id}; bc approve sign {c.id} --key FILE; bc approvers withdraw {c.id})"
             )
         else:
-            lines.append(f"quorum change {c.id} is {c.state}: {c.summary}")
-    return "\n".join(lines)
+            out.append(f"quorum change {c.id} is {c.state}: {c.summary}")
+    return lines(*out)
 
 
 @approvers.command("list")
@@ -459,9 +459,9 @@ def batch_create(kind: str, nodes_csv: str, payload: str, reason: str, not_after
     emit(
         as_json,
         b,
-        lambda: (
-            f"batch {b.id}: {scope_summary(b)}, waiting for {b.threshold} approvals\n"
-            f"approvers: bc approve show {b.id}; bc approve sign {b.id} --key FILE"
+        lambda: lines(
+            f"batch {b.id}: {scope_summary(b)}, waiting for {b.threshold} approvals",
+            f"approvers: bc approve show {b.id}; bc approve sign {b.id} --key FILE",
         ),
     )
 
@@ -502,7 +502,7 @@ def change_summary(c: admin_pb2.QuorumChangeInfo) -> str:
     return q.describe_change(c.from_settings, c.to_settings)
 
 
-def render_change(c: admin_pb2.QuorumChangeInfo) -> str:
+def render_change(c: admin_pb2.QuorumChangeInfo) -> Lines:
     fields: list[tuple[str, object]] = [
         ("quorum change", c.id),
         ("state", c.state),
@@ -511,13 +511,13 @@ def render_change(c: admin_pb2.QuorumChangeInfo) -> str:
         ("approvals", f"{c.approvals} of {c.threshold} (of the approvers below, none of {c.requested_by}'s)"),
         ("expires", format_time_ms(c.not_after_ms)),
     ]
-    parts = [render_fields(fields)]
+    parts: list[Lines] = [render_fields(fields)]
     rows = [(a.name, a.operator or "(none)", a.key_id[:23] + "…") for a in c.from_settings.approver_keys]
-    parts.append("WHO MAY SIGN (THE CURRENT APPROVERS)\n" + render_table(("APPROVER", "OPERATOR", "KEY"), rows))
+    parts.append(lines("WHO MAY SIGN (THE CURRENT APPROVERS)", render_table(("APPROVER", "OPERATOR", "KEY"), rows)))
     if c.decisions:
         drows = [(d.name, d.operator, d.decision, format_age(d.at_age_ms), cell(d.reason)) for d in c.decisions]
-        parts.append("DECISIONS\n" + render_table(("APPROVER", "SENT BY", "DECISION", "WHEN", "REASON"), drows))
-    return "\n\n".join(parts)
+        parts.append(lines("DECISIONS", render_table(("APPROVER", "SENT BY", "DECISION", "WHEN", "REASON"), drows)))
+    return paragraphs(*parts)
 
 
 def _sign_change(change_id: str, key: ed25519.Ed25519PrivateKey, yes: bool, as_json: bool) -> None:
@@ -529,7 +529,7 @@ def _sign_change(change_id: str, key: ed25519.Ed25519PrivateKey, yes: bool, as_j
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError(f"not a terminal: add --yes to approve quorum change {c.id}")
-        if not click.confirm(f"approve: {change_summary(c)}?", err=True):
+        if not confirm(f"approve: {change_summary(c)}?", err=True):
             raise UsageError(f"did not approve quorum change {c.id}")
     sig = key.sign(q.change_message(c.id, from_digest, to_digest, c.requested_by))
     kid = q.key_id(public_raw(key))

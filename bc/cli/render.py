@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 from collections.abc import Awaitable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from bc.cli.msg_json import message_to_json as message_to_json  # re-exported: commands render from here
-from bc.cli.output import json_text, one_line
+from bc.cli.output import Lines, echo, json_text, lines, one_line
 from bc.errors import UsageError
 
 # -- durations and ages ----------------------------------------------------
@@ -123,7 +122,7 @@ def cell(value: object, *, width: int = 0) -> str:
     return text
 
 
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Lines:
     """Left-aligned columns two spaces apart, no trailing blanks; the header is printed as given."""
     cells = [[cell(v) for v in row] for row in rows]
     widths = [len(h) for h in headers]
@@ -131,16 +130,15 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
         if len(row) != len(headers):
             raise ValueError(f"a row has {len(row)} cells for {len(headers)} columns")
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = [
+    return lines(
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [list(headers), *cells]
-    ]
-    return "\n".join(lines)
+    )
 
 
-def render_fields(pairs: Sequence[tuple[str, object]]) -> str:
+def render_fields(pairs: Sequence[tuple[str, object]]) -> Lines:
     """`key   value` lines with the values aligned."""
     width = max((len(k) for k, _ in pairs), default=0)
-    return "\n".join(f"{k.ljust(width)}  {cell(v)}".rstrip() for k, v in pairs)
+    return lines(f"{k.ljust(width)}  {cell(v)}".rstrip() for k, v in pairs)
 
 
 # -- JSON --------------------------------------------------------------------
@@ -160,5 +158,5 @@ async def with_progress(aw: Awaitable[_T], message: str, *, after_s: float = 2.0
     task = asyncio.ensure_future(aw)
     done, _ = await asyncio.wait({task}, timeout=after_s)
     if not done:
-        print(message, file=sys.stderr, flush=True)
+        echo(message, err=True)
     return await task

@@ -16,6 +16,7 @@ from click.core import ParameterSource
 
 from bc.cli.bounded import DAY_S, Seconds
 from bc.cli.emit import emit
+from bc.cli.output import echo, lines
 from bc.cli.render import with_progress
 from bc.config import default_data_dir
 from bc.errors import UsageError
@@ -192,9 +193,7 @@ def drain(over_s: int, no_wait: bool, as_json: bool) -> None:
 
 
 def echo_progress(message: str) -> None:
-    import sys
-
-    print(message, file=sys.stderr, flush=True)
+    echo(message, err=True)
 
 
 @click.command("join")
@@ -236,8 +235,8 @@ def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_jso
         "data_dir": str(data_dir),
         "moved_aside": [str(p) for p in result.moved_aside],
     }
-    moved = f"moved aside: {', '.join(p.name for p in result.moved_aside)}\n" if result.moved_aside else ""
-    emit(as_json, doc, f"{moved}joined as {result.node_id}; identity stored in {data_dir}")
+    moved = [f"moved aside: {', '.join(p.name for p in result.moved_aside)}"] if result.moved_aside else []
+    emit(as_json, doc, lines(*moved, f"joined as {result.node_id}; identity stored in {data_dir}"))
 
 
 @click.command("node")

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import click
 
-from bc.cli.output import echo
-from bc.cli.render import dumps, format_duration, parse_duration
+from bc.cli.output import echo, json_lines, text_lines
+from bc.cli.render import format_duration, parse_duration
 from bc.errors import BcError, UsageError
 
 MAX_NODES = 100_000
@@ -173,9 +173,9 @@ def sim(
 
         result = run_sync(cfg, workload=make_workload(random.Random(workload_seed(seed))), progress=progress)
     if as_json:
-        echo(dumps(report.to_json(result, cfg)))
+        echo(json_lines(report.to_json(result, cfg)))
     else:
-        echo(report.summary(result, cfg))
+        echo(text_lines(report.summary(result, cfg)))
     failed = [i for i in result.invariants if not i.ok]
     if failed:
         first = failed[0]

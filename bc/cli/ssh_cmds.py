@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bc.cli.client import AdminClient, run_client
 from bc.cli.emit import emit
-from bc.cli.output import echo
+from bc.cli.output import Lines, echo, lines
 from bc.cli.render import cell, format_time_ms, parse_duration, render_fields, render_table
 from bc.control.ssh import DEFAULT_TTL_S, MAX_TTL_S
 from bc.errors import Conflict, UsageError
@@ -50,9 +50,9 @@ def ca() -> None:
     """The SSH user CA."""
 
 
-def _render_ca(c: admin_pb2.SshCaInfo) -> str:
+def _render_ca(c: admin_pb2.SshCaInfo) -> Lines:
     if not c.public_key:
-        return "no SSH CA yet: bc ssh ca init"
+        return lines("no SSH CA yet: bc ssh ca init")
     return render_fields(
         [
             ("fingerprint", c.fingerprint),

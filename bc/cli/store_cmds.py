@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from bc.cli.emit import emit
+from bc.cli.output import Lines, lines
 from bc.cli.render import render_table
 from bc.config import default_data_dir
 from bc.errors import Conflict, Unavailable, UsageError
@@ -156,7 +157,7 @@ def check_cmd(store_url: str, data_dir: Path | None, as_json: bool) -> None:
     tables = doc["tables"]
     assert isinstance(tables, dict)
 
-    def text() -> str:
+    def text() -> Lines:
         state = (
             "current"
             if version == known
@@ -165,7 +166,7 @@ def check_cmd(store_url: str, data_dir: Path | None, as_json: bool) -> None:
             else "newer than this bc: upgrade bc"
         )
         head = f"{doc['store']}: schema version {version} ({state})"
-        return head + "\n" + render_table(["TABLE", "ROWS"], sorted(tables.items()))
+        return lines(head, render_table(["TABLE", "ROWS"], sorted(tables.items())))
 
     emit(as_json, doc, text)
     if version != known:
@@ -206,10 +207,10 @@ def copy_cmd(src_url: str, dst_url: str, as_json: bool) -> None:
     rows = doc["tables"]
     assert isinstance(rows, list)
 
-    def text() -> str:
+    def text() -> Lines:
         total = sum(int(r["rows"]) for r in rows)
         table = render_table(["TABLE", "ROWS", "SHA256"], [(r["table"], r["rows"], r["sha256"][:16]) for r in rows])
-        return f"{table}\ncopied {total} rows in {len(rows)} tables from {doc['from']} to {doc['to']}; verified"
+        return lines(table, f"copied {total} rows in {len(rows)} tables from {doc['from']} to {doc['to']}; verified")
 
     emit(as_json, doc, text)
 

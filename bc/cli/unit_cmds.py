@@ -32,7 +32,7 @@ from pathlib import PurePosixPath
 import click
 
 from bc.cli.emit import emit
-from bc.cli.output import echo
+from bc.cli.output import Lines, echo, lines, text_lines
 from bc.errors import UsageError
 from bc.version import bc_version, build_info
 
@@ -124,8 +124,8 @@ def _writable(paths: Sequence[str], private: str) -> list[Directive]:
     return out
 
 
-def _render(name: str, description: str, unit: Sequence[Directive], service: Sequence[Directive]) -> str:
-    lines = [
+def _render(name: str, description: str, unit: Sequence[Directive], service: Sequence[Directive]) -> Lines:
+    return lines(
         f"# {name}: written by `bc unit print` (bc {bc_version()}); see docs/install.md.",
         "[Unit]",
         f"Description={description}",
@@ -136,11 +136,10 @@ def _render(name: str, description: str, unit: Sequence[Directive], service: Seq
         "",
         "[Install]",
         "WantedBy=multi-user.target",
-    ]
-    return "\n".join(lines) + "\n"
+    )
 
 
-def serve_unit(*, bin_path: str, data_dir: str, listen: str, advertise: Sequence[str]) -> str:
+def serve_unit(*, bin_path: str, data_dir: str, listen: str, advertise: Sequence[str]) -> Lines:
     """The control plane's unit: restarted when it fails, sandboxed with no capabilities."""
     argv = [bin_path, "serve", "--data-dir", data_dir, "--listen", listen]
     for host in advertise:
@@ -186,7 +185,7 @@ def node_unit(
     allow_gpu_reset: bool,
     upload_allow: Sequence[str] = (),
     host_units: bool = True,
-) -> str:
+) -> Lines:
     """The agent's unit: always restarted, sandboxed only as far as a GPU host's administrator can be.
 
     With host units (the default) the agent may write what they write (`HOST_UNIT_DIRS`); without, the
@@ -284,7 +283,6 @@ def print_serve(data_dir: str, listen: str, advertise: tuple[str, ...], bin_path
             listen=_checked(listen, "--listen"),
             advertise=[_checked(a, "--advertise") for a in advertise],
         ),
-        nl=False,
     )
 
 
@@ -324,7 +322,6 @@ def print_node(
             upload_allow=[_upload_prefix(p) for p in upload_allow],
             host_units=not no_host_units,
         ),
-        nl=False,
     )
 
 
@@ -333,7 +330,7 @@ def print_node(
 def version(as_json: bool) -> None:
     """The version, commit, build date, Python and library versions (as `bc --version`)."""
     info = build_info()
-    emit(as_json, info.to_json, info.text)
+    emit(as_json, info.to_json, lambda: text_lines(info.text()))
 
 
 COMMANDS: tuple[click.Command, ...] = (unit, version)

@@ -17,9 +17,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.control.events import publish
-from bc.store import Store
+from bc.protocol import connectivity as cx
+from bc.store import Store, StoreError
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
 
@@ -45,6 +47,15 @@ class Liveness:
         self._last_sweep_ms: int | None = None
         self._hold_until_ms = 0
 
+    async def run_forever(self, clock: Clock) -> None:
+        """Sweep every `cfg.interval_s`; a store that is away is retried on the next pass."""
+        while True:
+            try:
+                await self.sweep_once()
+            except StoreError as e:
+                log.warning("event=liveness.failed error=%s", e)
+            await clock.sleep(self.cfg.interval_s)
+
     async def sweep_once(self) -> list[tuple[str, str]]:
         """One pass; returns the (node, new state) transitions it made."""
         now_ms = await self.store.now_ms()
@@ -60,33 +71,35 @@ class Liveness:
                 return out
             for s in await nodes_sql.open_sessions_of_dead_gateways(tx, now_ms):
                 node_id = str(s["node_id"])
-                if await nodes_sql.close_session(tx, node_id, int(s["session_epoch"]), now_ms, "gateway-lost"):
+                if await nodes_sql.close_session(tx, node_id, int(s["session_epoch"]), now_ms, cx.GATEWAY_LOST):
                     await publish(
                         tx,
                         self.bus,
                         "node.connectivity",
                         node_id,
-                        {"state": "disconnected", "reason": "gateway-lost", "gateway_id": s["gateway_id"]},
+                        {"state": cx.DISCONNECTED, "reason": cx.GATEWAY_LOST, "gateway_id": s["gateway_id"]},
                         now_ms,
                     )
-                    out.append((node_id, "disconnected"))
+                    out.append((node_id, cx.DISCONNECTED))
             # A gateway flushes last-seen every few seconds while a session lives. An open session silent
             # for the whole lease TTL lost its gateway's attention (a handler that died without its close
             # write): close it, fenced by its epoch, so the node's state tells the truth.
             if now_ms >= self._hold_until_ms:
                 for s in await nodes_sql.silent_open_sessions(tx, now_ms - self.cfg.lease_ttl_ms):
                     node_id = str(s["node_id"])
-                    if await nodes_sql.close_session(tx, node_id, int(s["session_epoch"]), now_ms, "silent"):
+                    if await nodes_sql.close_session(tx, node_id, int(s["session_epoch"]), now_ms, cx.SILENT):
                         await publish(
                             tx,
                             self.bus,
                             "node.connectivity",
                             node_id,
-                            {"state": "disconnected", "reason": "silent", "gateway_id": s["gateway_id"]},
+                            {"state": cx.DISCONNECTED, "reason": cx.SILENT, "gateway_id": s["gateway_id"]},
                             now_ms,
                         )
-                        out.append((node_id, "disconnected"))
+                        out.append((node_id, cx.DISCONNECTED))
             if now_ms >= self._hold_until_ms:
+                # The table's give-up (`cx.gives_up_at`): the lease TTL after the close, plus the grace after a
+                # close for one of `cx.LONG_GRACE_REASONS` (a gateway's loss).
                 cutoff = now_ms - self.cfg.lease_ttl_ms
                 gw_cutoff = cutoff - self.cfg.unreachable_grace_ms
                 for n in await nodes_sql.disconnected_before(tx, cutoff, gw_cutoff):
@@ -99,8 +112,8 @@ class Liveness:
                             self.bus,
                             "node.connectivity",
                             node_id,
-                            {"state": "unreachable", "reason": "NodeUnreachable"},
+                            {"state": cx.UNREACHABLE, "reason": "NodeUnreachable"},
                             now_ms,
                         )
-                        out.append((node_id, "unreachable"))
+                        out.append((node_id, cx.UNREACHABLE))
         return out

@@ -1,10 +1,15 @@
 """Release keys and signed release records: `bc release key add`, `bc release publish`, `bc release status`.
 
 A release is stored only when its signature verifies under a release key
-already added, and (when `bc serve` keeps the file) when the uploaded bytes
-have the sha256 and size the signature covers. Its sequence is assigned
-here, one above every earlier release. Nothing is stored for a release that
-fails any check, and the uploaded file is removed.
+already added (over name, version, sequence, platform, sha256 and size:
+bc.pki.releases.Release), and (when `bc serve` keeps the file) when the
+uploaded bytes have the sha256 and size the signature covers. Its sequence
+is assigned here: it must be the next of its name, one above every earlier
+release of that name, which `bc release publish` asked for before signing;
+a publish that lost a race to another is refused, never renumbered (the
+signature covers the number). Nothing is stored for a release that fails any
+check, and the uploaded file is removed. A row signed the old way (empty
+platform, migration 0020) is replaced by a new publish of its version.
 
 Release keys reach nodes in the trust bundle (`Intent.set_release_keys`);
 nodes take a new one only under a command-signing root's own signature
@@ -28,6 +33,7 @@ from bc.control import actor
 from bc.control.bus import Bus
 from bc.control.events import publish as publish_event
 from bc.errors import Conflict, UsageError
+from bc.files import fsync_dir
 from bc.pki import releases as rel
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
 from bc.store import releases as sql
@@ -41,6 +47,15 @@ class ReleaseHeader:
     size: int
     signature: bytes
     url: str = ""
+    name: str = rel.DEFAULT_NAME
+    sequence: int = 0
+    platform: str = ""
+
+    @property
+    def release(self) -> rel.Release:
+        return rel.Release(
+            self.name or rel.DEFAULT_NAME, self.version, self.sequence, self.platform, self.sha256, self.size
+        )
 
 
 async def release_keys(store: Store) -> list[bytes]:
@@ -142,8 +157,9 @@ async def _publish(
     keep_dir: Path,
     serve_url: str,
 ) -> Row:
+    release = h.release
     try:
-        rel.check_fields(h.version, h.sha256, h.size)
+        release.check()
     except rel.BadRelease as e:
         raise UsageError(str(e)) from None
     if uploaded is not None and h.url:
@@ -162,24 +178,38 @@ async def _publish(
         raise UsageError("this bc serve does not serve releases: start it with --release-listen, or give --url")
     keys = await release_keys(store)
     try:
-        key_id = rel.verify(keys, h.version, h.sha256, h.size, h.signature)
+        key_id = rel.verify(keys, release, h.signature)
     except rel.BadRelease as e:
         raise UsageError(str(e)) from None
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        if await sql.release_by_version(tx, h.version) is not None:
-            raise Conflict(f"release {h.version} is already published; a version is published once")
+        old = await sql.release_by_version(tx, release.name, release.version)
+        if old is not None and old["platform"]:
+            raise Conflict(
+                f"release {release.name} {release.version} is already published; a version is published once"
+            )
+        expected = await sql.next_sequence(tx, release.name)  # counted before an old row goes: never reused
+        if release.sequence != expected:
+            raise Conflict(
+                f"sequence {release.sequence} is not the next of release name {release.name!r} ({expected} is):"
+                " another publish came first; publish again"
+            )
+        if old is not None:  # signed the old way: this publish replaces it, at the new sequence
+            await sql.delete_release(tx, release.name, release.version)
         path = ""
         url = h.url
         if uploaded is not None:
             dest = keep_dir / h.sha256
             await asyncio.to_thread(_keep, uploaded, dest)
             path, url = str(dest), f"{serve_url}/releases/{h.sha256}"
-        seq = await sql.insert_release(
+        await sql.insert_release(
             tx,
-            version=h.version,
-            sha256=h.sha256,
-            size=h.size,
+            name=release.name,
+            sequence=release.sequence,
+            version=release.version,
+            platform=release.platform,
+            sha256=release.sha256,
+            size=release.size,
             signature=h.signature,
             key_id=key_id,
             url=url,
@@ -188,11 +218,28 @@ async def _publish(
             now_ms=now_ms,
         )
         await publish_event(
-            tx, bus, "release.published", h.version, {"sequence": seq, "sha256": h.sha256, "url": url}, now_ms
+            tx,
+            bus,
+            "release.published",
+            release.version,
+            {
+                "name": release.name,
+                "sequence": release.sequence,
+                "platform": release.platform,
+                "sha256": h.sha256,
+                "url": url,
+            },
+            now_ms,
         )
-        row = await sql.release_by_version(tx, h.version)
+        row = await sql.release_by_version(tx, release.name, release.version)
     assert row is not None
     return row
+
+
+async def next_sequence(store: Store, name: str) -> int:
+    """The sequence the next release of `name` gets (what `bc release publish` signs)."""
+    async with store.transaction(write=False) as tx:
+        return await sql.next_sequence(tx, name or rel.DEFAULT_NAME)
 
 
 @dataclass(frozen=True)
@@ -231,25 +278,8 @@ def _node_upgrade(r: Row) -> NodeUpgrade:
     return NodeUpgrade(str(r["node_id"]), version, str(r["id"]), str(r["state"]), str(r["reason"] or ""))
 
 
-async def upgrade_payload(store: Store, version: str) -> str:
-    """The daemon.upgrade payload (protobuf JSON) for a published release; NotFound-like UsageError else."""
-    from google.protobuf import json_format
-
-    async with store.transaction(write=False) as tx:
-        row = await sql.release_by_version(tx, version)
-    if row is None:
-        raise UsageError(f"no release {version!r} is published (bc release status lists them)")
-    req = kinds_pb2.DaemonUpgradeRequest(
-        version=str(row["version"]),
-        url=str(row["url"]),
-        sha256=str(row["sha256"]),
-        signature=bytes(row["signature"]),
-        sequence=int(row["sequence"]),
-        size=int(row["size"]),
-    )
-    return json_format.MessageToJson(req, indent=None)
-
-
 def _keep(uploaded: Path, dest: Path) -> None:
+    """Move the upload (fsynced when it was closed) into place, durably: the rename survives a power cut."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.replace(uploaded, dest)
+    fsync_dir(dest.parent)

@@ -20,6 +20,7 @@ from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import Secrets, p256_key
 from bc.store import Store
 from bc.store import gateway_keys as gk_sql
+from bc.store.leases import Claim
 
 log = logging.getLogger("bc.serving_certs")
 
@@ -65,9 +66,22 @@ class Issued:
 class GatewayCert:
     """A keyless gateway's serving certificate: its own key (0600 in `dir`), asked for and read from the store."""
 
-    def __init__(self, store: Store, bus: Bus, clock: Clock, gateway_id: str, hosts: list[str], dir: Path) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: Bus,
+        clock: Clock,
+        gateway_id: str,
+        hosts: list[str],
+        dir: Path,
+        claim: Claim | None = None,
+    ) -> None:
         self.store, self.bus, self.clock, self.gateway_id, self.hosts = store, bus, clock, gateway_id, hosts
         self.dir = dir
+        # This process's hold on the gateway's lease: a request is written only while it holds, so a second
+        # process under the same gateway id cannot ask for a certificate for its own key (a re-issue loop).
+        self.claim = claim
+        self._fenced_said = False
         self.key: ec.EllipticCurvePrivateKey | None = None
         self.current: Issued | None = None
 
@@ -109,8 +123,19 @@ class GatewayCert:
             csr = serving.make_csr(key, self.gateway_id).public_bytes(serialization.Encoding.PEM).decode()
             now_ms = await self.store.now_ms()
             async with self.store.transaction() as tx:
-                await gk_sql.request_serving_cert(tx, self.gateway_id, serving.encode_hosts(self.hosts), csr, now_ms)
-                data = {"hosts": self.hosts}
-                await publish(tx, self.bus, "pki.serving-cert.requested", self.gateway_id, data, now_ms)
-            log.info("event=serving-cert.requested gateway=%s hosts=%s", self.gateway_id, ",".join(self.hosts))
+                asked = await gk_sql.request_serving_cert(
+                    tx, self.gateway_id, serving.encode_hosts(self.hosts), csr, now_ms, self.claim
+                )
+                if asked:
+                    data = {"hosts": self.hosts}
+                    await publish(tx, self.bus, "pki.serving-cert.requested", self.gateway_id, data, now_ms)
+            if asked:
+                self._fenced_said = False
+                log.info("event=serving-cert.requested gateway=%s hosts=%s", self.gateway_id, ",".join(self.hosts))
+            elif not self._fenced_said:
+                self._fenced_said = True
+                log.warning(
+                    "event=serving-cert.request-fenced gateway=%s why='this process does not hold the lease'",
+                    self.gateway_id,
+                )
         return fresh

@@ -18,7 +18,17 @@ section holds by then is replaced, as `bc spec set` replaces it) and puts the
 batch's signatures and the leaf's proof in the body (`SectionApproval`), which
 later generations carry forward while the section stays the same, so the node
 can check the quorum itself (agent.spec_quorum). The batch's resolution
-becomes `applied`, so it is written once.
+becomes `applied` in the same transaction as the write, so it is written once
+whoever gets there first.
+
+The approval (the k-th signature) and the write are two transactions: the
+ApproveBatch call tries the write at once, but a store error there, or a
+process that dies in between, leaves the batch approved and unwritten. So
+`apply_pending` runs on every pass of the command sweeper (and so at start):
+it writes every approved `spec.set` batch whose resolution is still empty.
+A batch that can never be written (its node deleted, its payload unreadable)
+gets the resolution `failed: why` and a `spec.root-change-failed` event
+instead of being retried forever.
 
 Writes that are not an operator's hand-written section — the access section
 the server derives from grants and revocations (bc.control.ssh), the devices
@@ -29,6 +39,7 @@ may make them (a `root` grant is its own batch).
 from __future__ import annotations
 
 import json
+import logging
 import random
 from dataclasses import dataclass
 
@@ -37,18 +48,23 @@ from bc.control import operators, quorum, specs
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
-from bc.errors import Unauthenticated
+from bc.errors import BcError, Unauthenticated
 from bc.ids import ulid
 from bc.pki import merkle
 from bc.protocol import canonical, root_equiv
 from bc.protocol.pb import common_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import SectionApproval
-from bc.store import Store, Tx
+from bc.store import Store, StoreError, Tx
 from bc.store import quorum as q_sql
+
+log = logging.getLogger("bc.control.spec_quorum")
 
 SPEC_BATCH_NOT_AFTER_S = 24 * 3600.0
 """How long a root-equivalent change waits for its quorum (approvals signed in it stay valid that long)."""
 APPLIED = "applied"
+FAILED = "failed"
+PENDING_BATCH = 100
+"""How many approved, unwritten batches one pass of `apply_pending` writes (the next pass takes the rest)."""
 
 
 @dataclass(frozen=True)
@@ -150,8 +166,8 @@ async def apply_approved(store: Store, bus: Bus, signer: Signer, batch_id: str) 
         batch = await q_sql.get_batch(tx, batch_id, lock)
         if batch is None or str(batch["kind"]) != root_equiv.SPEC_BATCH_KIND or str(batch["state"]) != "approved":
             return None
-        if str(batch["resolution"] or "") == APPLIED:
-            return None
+        if str(batch["resolution"] or ""):
+            return None  # written already (or resolved failed): each batch is written once
         node_id, section, section_json = payload_of(str(batch["payload_json"]))
         content = canonical.section_from_json(section, section_json)
         leaves = await q_sql.leaves(tx, batch_id)
@@ -175,3 +191,37 @@ async def apply_approved(store: Store, bus: Bus, signer: Signer, batch_id: str) 
         data = {"section": section, "generation": w.generation, "batch_id": batch_id}
         await publish(tx, bus, "spec.root-change-applied", node_id, data, now_ms)
         return w
+
+
+async def apply_pending(store: Store, bus: Bus, signer: Signer) -> list[str]:
+    """Write every approved `spec.set` batch not written yet (`apply_now` each); returns the ids written."""
+    async with store.transaction(write=False) as tx:
+        ids = await q_sql.approved_unresolved(tx, root_equiv.SPEC_BATCH_KIND, PENDING_BATCH)
+    return [batch_id for batch_id in ids if await apply_now(store, bus, signer, batch_id) is not None]
+
+
+async def apply_now(store: Store, bus: Bus, signer: Signer, batch_id: str) -> specs.SpecWrite | None:
+    """`apply_approved`, never raising: a store error leaves the batch for the next `apply_pending` pass; a
+    batch that can never be written is resolved `failed: why` with a `spec.root-change-failed` event."""
+    try:
+        w = await apply_approved(store, bus, signer, batch_id)
+    except StoreError as e:
+        log.warning("event=spec.root-change-retry batch_id=%s error=%s", batch_id, e)
+        return None
+    except (BcError, ValueError) as e:
+        await _failed(store, bus, batch_id, getattr(e, "message", str(e)))
+        return None
+    if w is not None:
+        log.info("event=spec.root-change-applied batch_id=%s generation=%d", batch_id, w.generation)
+    return w
+
+
+async def _failed(store: Store, bus: Bus, batch_id: str, why: str) -> None:
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        batch = await q_sql.get_batch(tx, batch_id, store.for_update())
+        if batch is None or str(batch["resolution"] or ""):
+            return  # another pass settled it meanwhile
+        await q_sql.set_resolution(tx, batch_id, f"{FAILED}: {why}"[:500])
+        await publish(tx, bus, "spec.root-change-failed", batch_id, {"reason": why}, now_ms)
+    log.warning("event=spec.root-change-failed batch_id=%s reason=%s", batch_id, why)

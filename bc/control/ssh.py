@@ -147,7 +147,7 @@ async def sync_access(
     specs changed. The section's `exec_ticket_jwks` is left as it is."""
     ca = await ssh_sql.get_ca(tx)
     ca_keys = [str(ca["public_key"])] if ca is not None else []
-    serials = [str(s) for s in await ssh_sql.revoked_serials(tx, now_ms)]
+    serials = [str(s) for s in await ssh_sql.revoked_serials(tx)]
     principals: dict[str, list[str]] = {}
     for r in await ssh_sql.live_principals(tx, now_ms):
         principals.setdefault(str(r["node_id"]), []).append(f"{r['principal']}@{r['node_id']}")

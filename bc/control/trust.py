@@ -10,16 +10,22 @@ Welcome and to open sessions verbatim, so it can neither strip nor add a root.
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
+from bc.clock import Clock
 from bc.control import approvers
 from bc.control import releases as release_ctl
 from bc.control.intent import Intent
 from bc.protocol.pb import common_pb2
-from bc.store import Store
+from bc.store import Store, StoreError
 from bc.store import gateway_keys as gk_sql
 
 CA_PEM, BUNDLE, ENVELOPE = "ca.pem", "trust.bundle", "trust.envelope"
+PUBLISH_POLL_S = 1.0
+"""How often a key-holding process without the gateway role re-reads and republishes its trust."""
+
+log = logging.getLogger("bc.control.trust")
 
 
 class TrustSource(Protocol):
@@ -110,3 +116,16 @@ class RelayedTrust:
         env = stored.get(ENVELOPE, b"")
         self._envelope = common_pb2.Envelope.FromString(env) if env else None
         return before != (stored.get(BUNDLE), stored.get(ENVELOPE))
+
+
+async def publish_forever(trust: TrustSource, store: Store, clock: Clock) -> None:
+    """A key-holding process without the gateway role: keep its bundle current and published.
+
+    (A gateway refreshes and publishes the trust on its own revocation feed.)
+    """
+    while True:
+        await clock.sleep(PUBLISH_POLL_S)
+        try:
+            await trust.refresh(store)
+        except StoreError as e:
+            log.warning("event=trust.publish-failed error=%s", e)

@@ -23,9 +23,17 @@ class LeaseFence:
     last_renewed: float
     fenced: bool = False
     why: str = ""
+    final: bool = False  # raised for good (`end`): another process took the lease after this one (bc.gateway.lease)
+
+    def end(self, why: str) -> None:
+        """Fence for good: no renewal lifts it."""
+        self._raise(why)
+        self.final = True
 
     def renewed(self, now: float) -> bool:
         """A renewal succeeded; True when this lifts a fence."""
+        if self.final:
+            return False
         self.last_renewed = now
         lifted = self.fenced
         self.fenced, self.why = False, ""

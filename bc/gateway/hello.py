@@ -36,6 +36,7 @@ from bc.errors import Unauthenticated, Unavailable, UsageError
 from bc.gateway.oversize import fit_texts, refuse_oversized_update
 from bc.pki.identity import PeerIdentity
 from bc.protocol import closing
+from bc.protocol import connectivity as cx
 from bc.protocol import labels as node_labels
 from bc.protocol.closing import SessionRefused
 from bc.protocol.pb import session_pb2
@@ -47,6 +48,7 @@ from bc.store import identity as id_sql
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
 from bc.store import revocation as rev_sql
+from bc.store.leases import Claim
 
 
 @dataclass(frozen=True)
@@ -77,11 +79,14 @@ async def hello_in(
     peer: PeerIdentity,
     hello: session_pb2.Hello,
     now_ms: int,
+    claim: Claim | None = None,
 ) -> HelloResult:
     """The Hello's writes in `tx`. Safe to run again on a rolled-back transaction (a group commit's split):
     everything it changes is in `tx`, and its wake-ups are registered with `tx.on_commit`."""
     # A routing write: only while this gateway holds its lease (a fenced or zombie gateway routes nothing).
-    if not await leases_sql.held(tx, f"gateway:{gateway_id}", gateway_id, now_ms, dialect):
+    # `claim`: this process's own holder and epoch (bc.gateway.lease); without one, the lease's holder is the id.
+    claim = claim or Claim(f"gateway:{gateway_id}", gateway_id)
+    if not await leases_sql.held(tx, claim.name, claim.holder, now_ms, dialect, claim.epoch):
         raise Unavailable(f"gateway {gateway_id} does not hold its lease; try another")
     cert = await id_sql.get_cert(tx, peer.serial)
     node = await nodes_sql.get(tx, peer.name)
@@ -128,7 +133,7 @@ async def hello_in(
         "node.connectivity",
         peer.name,
         {
-            "state": "connected",
+            "state": cx.CONNECTED,
             "epoch": opened.epoch,
             "gateway_id": gateway_id,
             "boot_id": hello.boot_id,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ipaddress
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -37,6 +38,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bc.clock import Clock
 from bc.errors import Unauthenticated, UsageError
+from bc.files import atomic_write
 from bc.pki import join_answer, keys
 from bc.pki.secrets_source import Secrets, p256_key
 
@@ -124,7 +126,7 @@ class CertificateAuthority:
         # The key goes first: a crash between the two writes leaves a key without a certificate,
         # which the next start refuses loudly rather than replacing.
         keys.write_private_key(key_path, ca._key)
-        keys.write_file_atomic(cert_path, ca.ca_pem, mode=0o644)
+        atomic_write(cert_path, ca.ca_pem, mode=0o644)
         return ca, True
 
     @classmethod
@@ -284,9 +286,10 @@ class CertificateAuthority:
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_public_key()), critical=False)
         )
 
-    def sign_join_answer(self, csr_der: bytes, cert_pem: bytes, trust: bytes) -> bytes:
+    def sign_join_answer(self, csr_der: bytes, cert_pem: bytes, trust: bytes, ssh_ca_keys: Sequence[str] = ()) -> bytes:
         """The CA key's signature over a join's answer (`bc.pki.join_answer`): what a node checks it by."""
-        return self._key.sign(join_answer.answer_message(csr_der, cert_pem, trust), ec.ECDSA(hashes.SHA256()))
+        message = join_answer.answer_message(csr_der, cert_pem, trust, ssh_ca_keys)
+        return self._key.sign(message, ec.ECDSA(hashes.SHA256()))
 
     def _ca_public_key(self) -> ec.EllipticCurvePublicKey:
         return self._key.public_key()

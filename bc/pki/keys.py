@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bc.errors import UsageError
+from bc.files import atomic_write
 
 PrivateKey = ec.EllipticCurvePrivateKey
 PublicKey = ec.EllipticCurvePublicKey
@@ -101,35 +101,7 @@ def utc(ts: float) -> datetime:
 
 def write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     """Write `key` as PEM to `path` atomically, mode 0600; create the parent 0700 if missing."""
-    write_file_atomic(path, key_to_pem(key), mode=0o600)
-
-
-def write_file_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` so that readers see the old or the new file, never a mix.
-
-    The temporary file is created with `mode` already set (no window where a
-    key is world-readable), fsynced, renamed over `path`, and the directory is
-    fsynced so the rename survives a power cut.
-    """
-    path = Path(path)
-    parent = path.parent
-    if not parent.exists():
-        parent.mkdir(mode=0o700, parents=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)  # created 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(parent)
+    atomic_write(path, key_to_pem(key), mode=0o600)
 
 
 PRIVATE_MODE = 0o600
@@ -154,12 +126,3 @@ def make_private_sqlite(path: Path) -> None:
             os.chmod(f"{path}{suffix}", PRIVATE_MODE)
         except FileNotFoundError:
             pass
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new file in `path` survive a power cut."""
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

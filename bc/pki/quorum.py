@@ -119,8 +119,10 @@ def _tally(
 def count_approvals(
     approval: common_pb2.BatchApproval,
     approvers: Iterable[common_pb2.ApproverKey],
-    now_ms: int,
+    now_ms: int | None,
 ) -> Tally:
+    """The approvals that count; `now_ms` None: expiry is not checked (a node's first spec, agent.spec_quorum)."""
+
     def message_for(sig: common_pb2.ApproverSignature) -> bytes:
         return approval_message(
             approval.batch_id, approval.scope_root, approval.leaf_count, approval.requested_by, sig.expires_at_ms

@@ -2,14 +2,29 @@
 
 A release key is an Ed25519 key (a PKCS#8 PEM file, 0600, kept by whoever
 builds releases; `bc release key add --generate` makes one). It signs one
-statement per release:
+statement per release (`Release.statement`), every field on its own line:
 
-    b"bc.v1/release\\n" + version + "\\n" + sha256 (lowercase hex) + "\\n" + size
+    bc.v2/release
+    name=bc
+    version=1.4.0
+    sequence=7
+    platform=linux-x86_64
+    sha256=<64 lowercase hex>
+    size=<bytes>
 
-The sequence is not signed: `bc serve` assigns it at publish, and it reaches a
-node inside a worker-signed command or spec. A node trusts the release keys
-its trust bundle carries, and takes a new one only under a command-signing
-root's own signature: the whole bundle's, or the key's endorsement
+so no field can be moved to another release: not the sequence (a node
+refuses a sequence at or below the one it runs, the rollback rule), not the
+platform, not another platform's digest. No field can hold a newline, so the
+statement reads one way only. The sequence is assigned at publish, one above
+every earlier release of that name (`bc release publish` asks `bc serve` for
+the next one, signs it, and the server stores it only if it is still the
+next). Releases signed before the sequence and platform were covered
+(`bc.v1/release`, version, sha256 and size only) verify nowhere: they are
+published again (CHANGELOG, docs/self-update.md).
+
+A node trusts the release keys its trust bundle carries, and takes a new one
+only under a command-signing root's own signature: the whole bundle's, or the
+key's endorsement
 
     b"bc.v1/release-key-root\n" + raw public key
 
@@ -20,8 +35,11 @@ root can sign it on the operator's machine (`bc release key add --root-key`).
 from __future__ import annotations
 
 import hashlib
+import platform as _platform
 import re
+import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -30,55 +48,96 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from bc.errors import UsageError
-from bc.pki.keys import write_file_atomic
+from bc.files import atomic_write
 from bc.protocol.pb import kinds_pb2
 
 VERSION_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+PLATFORM_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 MAX_SIZE = 1 << 31
+MAX_SEQUENCE = (1 << 53) - 1
+DEFAULT_NAME = "bc"
+"""The release name of the `bc` binary itself (`bc-VERSION-linux-ARCH`); sequences count per name."""
 
 
 class BadRelease(Exception):
     """A release whose fields, digest or signature do not hold; the message is one sentence."""
 
 
-def statement(version: str, sha256: str, size: int) -> bytes:
-    return f"bc.v1/release\n{version}\n{sha256}\n{size}".encode()
+def host_platform() -> str:
+    """This host's release platform, as a release file names it: `linux-x86_64`, `linux-aarch64`."""
+    return f"{sys.platform}-{_platform.machine()}".lower()
+
+
+@dataclass(frozen=True)
+class Release:
+    """Every field a release's signature covers."""
+
+    name: str
+    version: str
+    sequence: int
+    platform: str
+    sha256: str
+    size: int
+
+    def check(self) -> None:
+        """BadRelease for a field that could not name a release."""
+        if not NAME_RE.fullmatch(self.name):
+            raise BadRelease(f"{self.name!r} is not a release name (lowercase letters, digits, . _ -, at most 64)")
+        if not VERSION_RE.fullmatch(self.version):
+            raise BadRelease(f"{self.version!r} is not a release version (letters, digits, . + _ -, at most 64)")
+        if not self.platform or not self.sequence:
+            raise BadRelease(
+                f"release {self.version} names no {'platform' if not self.platform else 'sequence'}: it was signed"
+                " before release signatures covered name, sequence and platform; publish it again"
+            )
+        if not 0 < self.sequence <= MAX_SEQUENCE:
+            raise BadRelease(f"a release sequence is 1 to {MAX_SEQUENCE}, not {self.sequence}")
+        if not PLATFORM_RE.fullmatch(self.platform):
+            raise BadRelease(f"{self.platform!r} is not a release platform (as linux-x86_64)")
+        if not SHA256_RE.fullmatch(self.sha256):
+            raise BadRelease("the sha256 is not 64 lowercase hex digits")
+        if not 0 < self.size <= MAX_SIZE:
+            raise BadRelease(f"a release is 1 byte to 2 GiB, not {self.size}")
+
+    def statement(self) -> bytes:
+        """What the release key signs (checked fields only: none holds a newline)."""
+        self.check()
+        return (
+            f"bc.v2/release\nname={self.name}\nversion={self.version}\nsequence={self.sequence}\n"
+            f"platform={self.platform}\nsha256={self.sha256}\nsize={self.size}"
+        ).encode()
+
+    def describe(self) -> str:
+        return f"release {self.name} {self.version} (sequence {self.sequence}, {self.platform})"
 
 
 def key_id(public_key: bytes) -> str:
     return "sha256:" + hashlib.sha256(public_key).hexdigest()
 
 
-def check_fields(version: str, sha256: str, size: int) -> None:
-    """BadRelease for a version, digest or size that could not name a release."""
-    if not VERSION_RE.fullmatch(version):
-        raise BadRelease(f"{version!r} is not a release version (letters, digits, . + _ -, at most 64)")
-    if not SHA256_RE.fullmatch(sha256):
-        raise BadRelease("the sha256 is not 64 lowercase hex digits")
-    if not 0 < size <= MAX_SIZE:
-        raise BadRelease(f"a release is 1 byte to 2 GiB, not {size}")
+def sign(key: ed25519.Ed25519PrivateKey, release: Release) -> bytes:
+    return key.sign(release.statement())
 
 
-def sign(key: ed25519.Ed25519PrivateKey, version: str, sha256: str, size: int) -> bytes:
-    check_fields(version, sha256, size)
-    return key.sign(statement(version, sha256, size))
-
-
-def verify(public_keys: Iterable[bytes], version: str, sha256: str, size: int, signature: bytes) -> str:
-    """The key id that signed this release; BadRelease when none of `public_keys` did."""
-    check_fields(version, sha256, size)
+def verify(public_keys: Iterable[bytes], release: Release, signature: bytes) -> str:
+    """The key id that signed exactly `release`; BadRelease when none of `public_keys` did."""
+    message = release.statement()
     keys = list(public_keys)
     if not keys:
         raise BadRelease("no release key is trusted here (bc release key add)")
-    message = statement(version, sha256, size)
     for raw in keys:
         try:
             ed25519.Ed25519PublicKey.from_public_bytes(raw).verify(signature, message)
         except (InvalidSignature, ValueError):
             continue
         return key_id(raw)
-    raise BadRelease(f"the signature of release {version} does not verify under any trusted release key")
+    raise BadRelease(
+        f"the signature of {release.describe()} does not verify under any trusted release key: it must cover"
+        " name, version, sequence, platform, sha256 and size (a release signed before they were covered is"
+        " published again)"
+    )
 
 
 def endorsement_message(public_key: bytes) -> bytes:
@@ -142,7 +201,7 @@ def generate_key(path: Path) -> ed25519.Ed25519PrivateKey:
         raise UsageError(f"{path} exists; a release key is never overwritten")
     key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    write_file_atomic(path, pem, mode=0o600)
+    atomic_write(path, pem, mode=0o600)
     return key
 
 
@@ -158,18 +217,32 @@ def file_digest(path: Path) -> tuple[str, int]:
 
 
 class ReleaseFields(Protocol):
-    """What a release record (`ReleaseInfo`) and a `daemon` section both carry about one release."""
+    """What a release record (`ReleaseInfo`), a `daemon` section and a `daemon.upgrade` all carry."""
 
+    name: str
     version: str
     url: str
     sha256: str
     signature: bytes
     sequence: int
     size: int
+    platform: str
+
+
+def release_of(r: ReleaseFields) -> Release:
+    """The signed fields of a record, a section or a payload (an empty name is the `bc` binary's)."""
+    return Release(r.name or DEFAULT_NAME, r.version, r.sequence, r.platform, r.sha256, r.size)
 
 
 def upgrade_request(r: ReleaseFields) -> kinds_pb2.DaemonUpgradeRequest:
     """The `daemon.upgrade` payload that installs release `r`."""
     return kinds_pb2.DaemonUpgradeRequest(
-        version=r.version, url=r.url, sha256=r.sha256, signature=r.signature, sequence=r.sequence, size=r.size
+        name=r.name,
+        version=r.version,
+        url=r.url,
+        sha256=r.sha256,
+        signature=r.signature,
+        sequence=r.sequence,
+        size=r.size,
+        platform=r.platform,
     )

@@ -41,6 +41,7 @@ from cryptography.x509.oid import NameOID
 
 from bc.clock import Clock
 from bc.errors import UsageError
+from bc.files import atomic_write
 from bc.pki import keys
 from bc.pki.secrets_source import Secrets, ed25519_key
 from bc.protocol.pb import common_pb2
@@ -205,8 +206,8 @@ class SigningKeys:
         if (d / ROOT_CERT).exists() or (d / ROOT_KEY).exists():
             raise UsageError(f"{d} already holds a command-signing root; refusing to replace it")
         root_key, root = create_root(clock, rng, secrets)
-        keys.write_file_atomic(d / ROOT_KEY, _ed25519_private_pem(root_key), mode=0o600)
-        keys.write_file_atomic(d / ROOT_CERT, root.public_bytes(serialization.Encoding.PEM))
+        atomic_write(d / ROOT_KEY, _ed25519_private_pem(root_key), mode=0o600)
+        atomic_write(d / ROOT_CERT, root.public_bytes(serialization.Encoding.PEM))
         signing = cls(d, root, WorkerSigner(*issue_worker(root_key, root, clock, rng, secrets)))
         signing._save_worker()
         return signing
@@ -238,8 +239,8 @@ class SigningKeys:
         return w
 
     def _save_worker(self) -> None:
-        keys.write_file_atomic(self.dir / WORKER_KEY, _ed25519_private_pem(self.worker.key), mode=0o600)
-        keys.write_file_atomic(self.dir / WORKER_CERT, self.worker.cert.public_bytes(serialization.Encoding.PEM))
+        atomic_write(self.dir / WORKER_KEY, _ed25519_private_pem(self.worker.key), mode=0o600)
+        atomic_write(self.dir / WORKER_CERT, self.worker.cert.public_bytes(serialization.Encoding.PEM))
 
 
 def check_issued_worker(root: x509.Certificate, key_pem: bytes, cert_pem: bytes, now: float) -> WorkerSigner:

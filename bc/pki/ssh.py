@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import ssh as crypto_ssh
 
 from bc.errors import Conflict, UsageError
+from bc.files import atomic_write
 from bc.protocol import ssh_lines
 from bc.protocol.text_safety import unsafe_char
 
@@ -86,7 +87,7 @@ def write_key_file(path: Path, key: ed25519.Ed25519PrivateKey) -> Path:
         f.write(pem)
         f.flush()
         os.fsync(f.fileno())
-    path.with_name(path.name + ".pub").write_text(public_line(key) + " bc-ssh-user-ca\n")
+    atomic_write(path.with_name(path.name + ".pub"), (public_line(key) + " bc-ssh-user-ca\n").encode())
     return path
 
 

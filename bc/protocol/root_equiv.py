@@ -22,13 +22,12 @@ cannot slip in unclassified. The classes:
 |                  | this table does not know (a future driver or package unit)              |
 
 Revoking (`bc ssh revoke`, a serial added to the KRL) takes privilege away and
-is never root-equivalent. At the node, two rules read differently
+is never root-equivalent; a serial leaving the KRL is, on both ends (the
+control plane keeps every revoked serial in the KRL, expired or not, so no
+ordinary write removes one). At the node one rule reads differently
 (`Viewpoint.at_node`): a principal counts only when it names this node and its
 user maps to uid 0 there (`getpwnam`: `root`, `toor`, any spelling), since
-the control plane adds ordinary users' principals for every `bc ssh grant`;
-and a serial leaving the KRL is not checked, since the control plane drops a
-revoked serial once its certificate has expired, which the node cannot tell
-apart.
+the control plane adds ordinary users' principals for every `bc ssh grant`.
 
 Pure: no I/O; the node passes in how it resolves a user.
 """
@@ -109,6 +108,8 @@ FIELDS: Mapping[str, str] = {
     "daemon.signature": ANY_CHANGE,
     "daemon.sequence": ANY_CHANGE,
     "daemon.size": ANY_CHANGE,
+    "daemon.name": ANY_CHANGE,
+    "daemon.platform": ANY_CHANGE,
     # site: boot leases and cached images (no converger yet); the site's HTTP proxy is a destructive command.
     "site.boot_lease_state": OPERATOR,
     "site.cache_images": OPERATOR,
@@ -267,8 +268,6 @@ def _field_rule(path: str, cls: str, old: Message, new: Message, view: Viewpoint
         have = {_ca_line(str(x)) for x in a}
         return [f"adds to {path}: {_ca_line(str(x))[:60]}…" for x in b if _ca_line(str(x)) not in have]
     if cls == REMOVED:
-        if view.at_node:
-            return []
         gone = sorted(set(a) - set(b))
         return [f"removes {x} from {path}" for x in gone]
     if cls == ADDED_PRINCIPAL:

@@ -48,6 +48,8 @@ PRINCIPAL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]{0,63}")
 SERIAL = re.compile(r"[0-9]{1,20}|[0-9a-fA-F]{1,40}")
 TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 SHA256_HEX = re.compile(r"(sha256:)?[0-9a-f]{64}")
+RELEASE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")  # as bc.pki.releases.NAME_RE
+RELEASE_PLATFORM = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")  # as bc.pki.releases.PLATFORM_RE
 
 
 def _refuse(section: str, field: str, why: str) -> SpecError:
@@ -191,6 +193,10 @@ def _check_daemon(s: spec_pb2.DaemonSection) -> None:
     _check_url("daemon", "url", s.url)
     if s.sha256 and not SHA256_HEX.fullmatch(s.sha256):
         raise _refuse("daemon", "sha256", "must be 64 lowercase hex digits")
+    if s.name:
+        _check_name("daemon", "name", s.name, RELEASE_NAME, "a release name (1-64 of a-z 0-9 . _ -)")
+    if s.platform:
+        _check_name("daemon", "platform", s.platform, RELEASE_PLATFORM, "a release platform (as linux-x86_64)")
 
 
 def _check_site(s: spec_pb2.SiteSection) -> None:

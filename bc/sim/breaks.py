@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.journal_api import AgentJournal, JournalEvent, StoredSpec
-from agent.journal_rules import KEEP_S, CommandEntry, Settlement
+from agent.journal_rules import KEEP_S, Acceptance, CommandEntry, Settlement
 from bc.control import placement_pass
 from bc.control.bus import Bus
 from bc.control.events import publish
@@ -48,8 +48,10 @@ from bc.control.specs import write_spec
 from bc.control.usage_windows import windows_to_flush
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
+from bc.protocol import connectivity as cx
 from bc.store import Store, Tx
 from bc.store import capacity as cap_sql
+from bc.store import connectivity as cx_sql
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
 
@@ -70,18 +72,8 @@ class DelegatingJournal:
     async def get_command(self, command_id: str) -> CommandEntry | None:
         return await self.inner.get_command(command_id)
 
-    async def accept(
-        self,
-        command_id: str,
-        kind: str,
-        retry_safe: bool,
-        self_terminating: bool,
-        incarnation_id: str,
-        boot_id: str,
-        body: bytes,
-        now: float,
-    ) -> None:
-        await self.inner.accept(command_id, kind, retry_safe, self_terminating, incarnation_id, boot_id, body, now)
+    async def accept(self, a: Acceptance) -> None:
+        await self.inner.accept(a)
 
     async def close(self) -> None:
         await self.inner.close()
@@ -171,19 +163,9 @@ class ForgetfulJournal(DelegatingJournal):
     async def get_command(self, command_id: str) -> CommandEntry | None:
         return None
 
-    async def accept(
-        self,
-        command_id: str,
-        kind: str,
-        retry_safe: bool,
-        self_terminating: bool,
-        incarnation_id: str,
-        boot_id: str,
-        body: bytes,
-        now: float,
-    ) -> None:
-        await self.inner.delete_commands([command_id])
-        await self.inner.accept(command_id, kind, retry_safe, self_terminating, incarnation_id, boot_id, body, now)
+    async def accept(self, a: Acceptance) -> None:
+        await self.inner.delete_commands([a.command_id])
+        await self.inner.accept(a)
 
 
 def forgetful(open_journal: OpenJournal) -> OpenJournal:
@@ -261,13 +243,13 @@ def no_grace_liveness(store: Store, bus: Bus, holder: str, cfg: LivenessConfig, 
 # ---- ignore-epoch-fence ----
 
 
-async def close_unfenced(tx: Tx, node_id: str, epoch: int, now_ms: int, reason: str = "session-closed") -> bool:
+async def close_unfenced(tx: Tx, node_id: str, epoch: int, now_ms: int, reason: str = cx.SESSION_CLOSED) -> bool:
     """Close the session, and when the fence refuses (a newer session of the node is open: this one was
-    superseded) write the node `disconnected` anyway. The newer session stays open and keeps its node heard,
-    so nothing corrects the state, and liveness marks a node it hears from unreachable."""
+    superseded) apply the table's close to the node anyway: `disconnected`. The newer session stays open and
+    keeps its node heard, so nothing corrects the state, and liveness marks a node it hears from unreachable."""
     if await nodes_sql.close_session(tx, node_id, epoch, now_ms, reason):
         return True
-    return await nodes_sql.set_connectivity(tx, node_id, "disconnected", now_ms, reason)
+    return await cx_sql.move(tx, node_id, cx.CLOSE, now_ms, reason)
 
 
 class UnfencedGateway(Gateway):

@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 from agent.app import Agent
 from agent.journal_api import AgentJournal
+from bc.assembly.control import ControlFactories
 from bc.clock import Clock, LoopClock, ms
 from bc.control.bus import Bus
 from bc.control.events import publish
@@ -58,7 +59,7 @@ from bc.control.intent import Intent
 from bc.control.signer import Signer
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
-from bc.session_pair import ControlPlane, ControlSeams, PairConfig, PairNode, SessionPair, _scratch_dir, events_digest
+from bc.session_pair import ControlPlane, PairConfig, PairNode, SessionPair, _scratch_dir, events_digest
 from bc.sim import chaos
 from bc.sim.breaks import SimSeams, seams_for
 from bc.sim.bus_hub import BusHub
@@ -154,8 +155,6 @@ class SimPair(SessionPair):
     def __init__(self, root: Path, cfg: SimConfig, network: SimNetwork, recorder: Recorder, seams: SimSeams) -> None:
         several = cfg.gateways > 1
         pair_cfg = PairConfig(
-            jobs=True,
-            placement=True,
             reboot_s=REBOOT_S,
             reboot_restarts=True,
             journal_files=cfg.journal_files,
@@ -192,7 +191,7 @@ class SimPair(SessionPair):
 
     def _make_control_plane(self, store: Store, signer: Signer, intent: Intent, rng: random.Random) -> ControlPlane:
         s = self.seams
-        control = ControlSeams(gateway_cls=s.gateway_cls, liveness=s.liveness, placement_cls=s.placement_cls)
+        control = ControlFactories(gateway_cls=s.gateway_cls, liveness=s.liveness, placement_cls=s.placement_cls)
         cp = ControlPlane(store, signer, intent, self.cp_clock, rng, self.cfg, control)
         if self.several:  # the worker process's wake-ups reach the gateway processes, and theirs it
             if self._cp_bus is not None:

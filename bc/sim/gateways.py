@@ -37,6 +37,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from agent.session.grpc_dial import PER_ADDRESS_TIMEOUT_S, Rotation
+from bc.assembly.control import ControlSettings, build_control
+from bc.assembly.loops import GATEWAY, start_loops
+from bc.assembly.supervisor import Supervisor
 from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.errors import BcError, Overloaded, Unauthenticated, Unavailable
@@ -89,7 +92,8 @@ class GatewayProcess:
     store: ProcessStore | None = None
     bus: Bus | None = None
     pause: Pause = field(default_factory=Pause)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    supervisor: Supervisor | None = None
+    """The process's loops (`bc.assembly.loops`, the gateway role's)."""
     sessions: set[asyncio.Task[None]] = field(default_factory=set)
     starts: int = 0
 
@@ -180,10 +184,21 @@ class GatewayFleet:
             await gw.renew_lease()
         except StoreError as e:  # the lease loop keeps trying (and fences the gateway meanwhile)
             log.warning("event=sim.gateway-lease-failed addr=%s error=%s", p.addr, e)
-        p.tasks = [
-            asyncio.create_task(gw.lease_loop(), name=f"gateway-lease-{p.addr}"),
-            asyncio.create_task(gw.revocation_loop(), name=f"revocation-feed-{p.addr}"),
-        ]
+        # What a gateway-only `bc serve` builds and runs (bc.assembly), on this process's store and clock.
+        parts = build_control(
+            p.store,
+            p.bus,
+            clock,
+            self.rng,
+            gw.signer,
+            gw.trust,
+            gateway_id=gateway_id,
+            worker_id=gateway_id,
+            settings=ControlSettings(heartbeat_interval_s=gw.cfg.heartbeat_interval_s),
+            gateway=gw,
+        )
+        p.supervisor = Supervisor(clock, random.Random(self.rng.getrandbits(64)), process=p.addr)
+        start_loops(p.supervisor, {GATEWAY}, set(), parts)
         p.gateway = gw
         log.info("event=sim.gateway-started addr=%s gateway=%s", p.addr, gateway_id)
         return gw
@@ -207,13 +222,17 @@ class GatewayFleet:
         p.pause.wake()  # whatever waited on the frozen process fails now: it is gone
         self.hub.leave(p.bus)
         struck = self.network.break_gateway(p.addr)
-        for t in p.tasks:
-            t.cancel()
         for t in list(p.sessions):
             t.cancel()
-        await asyncio.gather(*p.tasks, *p.sessions, return_exceptions=True)
-        p.tasks = []
+        await self._stop_loops(p)
+        await asyncio.gather(*p.sessions, return_exceptions=True)
         return struck
+
+    @staticmethod
+    async def _stop_loops(p: GatewayProcess) -> None:
+        sup, p.supervisor = p.supervisor, None
+        if sup is not None:
+            await sup.stop()
 
     async def stall(self, index: int, seconds: float) -> list[str]:
         """Freeze the process at `gw-<index>` for `seconds`; returns the nodes it held as it froze."""
@@ -234,10 +253,7 @@ class GatewayFleet:
         """The end of the run: every process stops as `bc serve` does (drain, release its lease)."""
         for p in self.procs:
             p.pause.wake()
-            for t in p.tasks:
-                t.cancel()
-            await asyncio.gather(*p.tasks, return_exceptions=True)
-            p.tasks = []
+            await self._stop_loops(p)
             gw, p.gateway = p.gateway, None
             if gw is None:
                 continue

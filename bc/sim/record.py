@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.journal_api import AgentJournal
+from agent.journal_rules import Acceptance
 from agent.session.outbox import Outbox
 from bc.control.capacity_views import window_of
 from bc.control.invariants import Release
@@ -115,19 +116,9 @@ class _CountingJournal(DelegatingJournal):
         super().__init__(inner)
         self._accepts = accepts
 
-    async def accept(
-        self,
-        command_id: str,
-        kind: str,
-        retry_safe: bool,
-        self_terminating: bool,
-        incarnation_id: str,
-        boot_id: str,
-        body: bytes,
-        now: float,
-    ) -> None:
-        await super().accept(command_id, kind, retry_safe, self_terminating, incarnation_id, boot_id, body, now)
-        self._accepts[command_id] += 1
+    async def accept(self, a: Acceptance) -> None:
+        await super().accept(a)
+        self._accepts[a.command_id] += 1
 
 
 class Recorder:

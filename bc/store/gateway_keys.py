@@ -4,18 +4,37 @@ and the spec generations that wait for a key-holding process to sign them."""
 from __future__ import annotations
 
 from bc.store.base import Row, Tx
+from bc.store.leases import Claim
 
 # -- serving certificates ---------------------------------------------------------------------------------
 
 
-async def request_serving_cert(tx: Tx, gateway_id: str, hosts: str, csr_pem: str, now_ms: int) -> None:
-    """Ask for a serving certificate (a first one or a renewal); the current one stays until it is replaced."""
-    await tx.execute(
-        "INSERT INTO serving_certs (gateway_id, hosts, csr_pem, requested_at_ms) VALUES (:g, :h, :c, :t)"
-        " ON CONFLICT (gateway_id) DO UPDATE SET hosts = excluded.hosts, csr_pem = excluded.csr_pem,"
-        " requested_at_ms = excluded.requested_at_ms",
-        {"g": gateway_id, "h": hosts, "c": csr_pem, "t": now_ms},
+async def request_serving_cert(
+    tx: Tx, gateway_id: str, hosts: str, csr_pem: str, now_ms: int, claim: Claim | None = None
+) -> bool:
+    """Ask for a serving certificate (a first one or a renewal); the current one stays until it is replaced.
+
+    With `claim`, only while that claim still holds the gateway's lease at its epoch: a second process under
+    the same gateway id, fenced by the lease, cannot ask for a certificate for its own key and so start a
+    re-issue loop with the one that holds it. False when refused."""
+    fence, args = " WHERE 1 = 1", {"g": gateway_id, "h": hosts, "c": csr_pem, "t": now_ms}
+    if claim is not None:
+        fence = (
+            " WHERE EXISTS (SELECT 1 FROM leases WHERE name = :ln AND holder = :lh AND epoch = :le"
+            " AND expires_at_ms > :t)"
+        )
+        args |= {"ln": claim.name, "lh": claim.holder, "le": claim.epoch}
+    # The SELECT has a WHERE either way: SQLite reads `SELECT … ON CONFLICT` as a join without one.
+    n = await tx.execute(
+        "INSERT INTO serving_certs (gateway_id, hosts, csr_pem, requested_at_ms) SELECT :g, :h, :c, :t"
+        + fence
+        + (
+            " ON CONFLICT (gateway_id) DO UPDATE SET hosts = excluded.hosts, csr_pem = excluded.csr_pem,"
+            " requested_at_ms = excluded.requested_at_ms"
+        ),
+        args,
     )
+    return n == 1
 
 
 async def serving_cert(tx: Tx, gateway_id: str) -> Row | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bc.protocol import connectivity as cx
+from bc.store import connectivity as cx_sql
 from bc.store.base import Row, Tx
 
 
@@ -23,10 +25,9 @@ async def live_reservations(tx: Tx, node_id: str) -> int:
 async def tombstone(tx: Tx, node_id: str, now_ms: int) -> None:
     """Delete the node but keep its history: reservations, bookings, usage, commands, events and
     certificates stay (billing and audit never lose a row); its session routing and unused tokens go."""
-    params = {"n": node_id, "t": now_ms}
+    params: dict[str, object] = {"n": node_id, **cx_sql.node_params(cx.DELETE, now_ms)}
     await tx.execute(
-        "UPDATE nodes SET deleted_at_ms = :t, connectivity = 'deleted', connectivity_since_ms = :t,"
-        " connectivity_reason = 'deleted', job_hold = NULL WHERE node_id = :n",
+        f"UPDATE nodes SET deleted_at_ms = :t, {cx_sql.node_set(cx.DELETE)}, job_hold = NULL WHERE node_id = :n",
         params,
     )
     await tx.execute("DELETE FROM node_sessions WHERE node_id = :n", params)

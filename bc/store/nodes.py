@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bc.protocol import connectivity as cx
+from bc.store import connectivity as cx_sql
 from bc.store.base import Row, Tx
 
 # A deleted node is a tombstone (deleted_at_ms set): kept for history, skipped by every live read.
@@ -37,11 +39,12 @@ async def list_all(tx: Tx, *, include_deleted: bool = False) -> list[Row]:
 
 
 async def revive(tx: Tx, node_id: str, now_ms: int) -> bool:
-    """A tombstoned id joins again: live, uncordoned, `new`; its history stays. True when it was a tombstone."""
+    """A tombstoned id joins again: live, uncordoned, `new` (`cx.REVIVE`); its history stays. True when it was
+    a tombstone."""
     n = await tx.execute(
-        "UPDATE nodes SET deleted_at_ms = NULL, cordoned = 0, job_hold = NULL, connectivity = 'new',"
-        " connectivity_since_ms = :t, connectivity_reason = '' WHERE node_id = :n AND deleted_at_ms IS NOT NULL",
-        {"n": node_id, "t": now_ms},
+        f"UPDATE nodes SET deleted_at_ms = NULL, cordoned = 0, job_hold = NULL, {cx_sql.node_set(cx.REVIVE)}"
+        " WHERE node_id = :n AND deleted_at_ms IS NOT NULL",
+        {"n": node_id, **cx_sql.node_params(cx.REVIVE, now_ms)},
     )
     return n == 1
 
@@ -210,14 +213,10 @@ async def open_session(
         },
     )
     assert row is not None
-    # `set_connectivity(…, "connected")` and the liveness stamp in one statement (every SET reads the old row).
-    sets = (
-        "connectivity = 'connected',"
-        " connectivity_since_ms = CASE WHEN connectivity <> 'connected' THEN :t ELSE connectivity_since_ms END,"
-        " connectivity_reason = CASE WHEN connectivity <> 'connected' THEN '' ELSE connectivity_reason END,"
-        " last_seen_ms = :t"
-    )
-    params: dict[str, object] = {"t": now_ms, "n": node_id}
+    # The table's Hello (connected; `since` kept when it already was) and the liveness stamp in one statement
+    # (every SET reads the old row).
+    sets = f"{cx_sql.node_set(cx.HELLO)}, last_seen_ms = :t"
+    params: dict[str, object] = {"n": node_id, **cx_sql.node_params(cx.HELLO, now_ms)}
     if hello is not None:
         sets += ", applied_generation = :ag, applied_spec_hash = :ah, capabilities = :caps"
         params.update(ag=hello.applied_generation, ah=hello.applied_spec_hash, caps=hello.capabilities_json)
@@ -239,7 +238,9 @@ async def open_session(
 
 
 async def set_connectivity(tx: Tx, node_id: str, state: str, now_ms: int, reason: str = "") -> bool:
-    """Set the connectivity state; True when it changed."""
+    """Put the node in `state` outright, outside the table (`bc.protocol.connectivity`): a test's setup of a
+    node in a given state, never a product write (those name their event: `open_session`, `close_session`,
+    `mark_unreachable`, the tombstone and the revival). True when it changed."""
     n = await tx.execute(
         "UPDATE nodes SET connectivity = :s, connectivity_since_ms = :t, connectivity_reason = :r"
         " WHERE node_id = :n AND connectivity <> :s",
@@ -249,24 +250,19 @@ async def set_connectivity(tx: Tx, node_id: str, state: str, now_ms: int, reason
 
 
 async def mark_unreachable(tx: Tx, node_id: str, now_ms: int) -> bool:
-    """`disconnected` → `unreachable`; False when the node is no longer disconnected (a Hello on another
-    gateway committed since the sweep read it: the node stays connected)."""
-    n = await tx.execute(
-        "UPDATE nodes SET connectivity = 'unreachable', connectivity_since_ms = :t, connectivity_reason = ''"
-        " WHERE node_id = :n AND connectivity = 'disconnected'",
-        {"t": now_ms, "n": node_id},
-    )
-    return n == 1
+    """The table's `GIVE_UP` (`disconnected` → `unreachable`); False when the node is no longer disconnected (a
+    Hello on another gateway committed since the sweep read it: the node stays connected)."""
+    return await cx_sql.move(tx, node_id, cx.GIVE_UP, now_ms)
 
 
-async def close_session(tx: Tx, node_id: str, epoch: int, now_ms: int, reason: str = "session-closed") -> bool:
-    """Epoch-fenced: a session superseded by a newer Hello closes nothing."""
+async def close_session(tx: Tx, node_id: str, epoch: int, now_ms: int, reason: str = cx.SESSION_CLOSED) -> bool:
+    """The table's `CLOSE`, epoch-fenced: a session superseded by a newer Hello closes nothing."""
     n = await tx.execute(
         "UPDATE node_sessions SET open = 0, closed_at_ms = :t WHERE node_id = :n AND session_epoch = :e AND open = 1",
         {"t": now_ms, "n": node_id, "e": epoch},
     )
     if n == 1:
-        await set_connectivity(tx, node_id, "disconnected", now_ms, reason)
+        await cx_sql.move(tx, node_id, cx.CLOSE, now_ms, reason)
     return n == 1
 
 
@@ -368,22 +364,26 @@ async def write_capabilities(tx: Tx, node_id: str, capabilities_json: str) -> No
 
 
 async def disconnected_before(tx: Tx, cutoff_ms: int, gateway_lost_cutoff_ms: int) -> list[Row]:
-    """Nodes disconnected long enough to be `unreachable`: a gateway's loss gets the longer grace."""
+    """Nodes disconnected long enough for the table's `GIVE_UP`: a close for one of `cx.LONG_GRACE_REASONS` (a
+    gateway's loss) gets the longer grace."""
+    long_grace = cx_sql.in_words(cx.LONG_GRACE_REASONS, "connectivity_reason")
     return await tx.fetchall(
         "SELECT node_id, connectivity_since_ms, connectivity_reason FROM nodes"
-        " WHERE connectivity = 'disconnected' AND ("
-        "  (connectivity_reason = 'gateway-lost' AND connectivity_since_ms <= :g)"
-        "  OR (connectivity_reason <> 'gateway-lost' AND connectivity_since_ms <= :c))",
+        f" WHERE {cx_sql.moving(cx.GIVE_UP)} AND ("
+        f"  ({long_grace} AND connectivity_since_ms <= :g)"
+        f"  OR (NOT {long_grace} AND connectivity_since_ms <= :c))",
         {"c": cutoff_ms, "g": gateway_lost_cutoff_ms},
     )
 
 
 async def open_sessions_of_dead_gateways(tx: Tx, now_ms: int) -> list[Row]:
-    """Open sessions routed to a gateway whose lease has expired (or never existed)."""
+    """Open sessions routed to a gateway whose lease has expired (or never existed, or moved to a holder that is
+    not that gateway). A gateway's holder is its id, or its id and `@` and its process (bc serve: `id@host:dir`)."""
     return await tx.fetchall(
         "SELECT s.node_id, s.session_epoch, s.gateway_id FROM node_sessions s"
         " LEFT JOIN leases l ON l.name = 'gateway:' || s.gateway_id"
-        " WHERE s.open = 1 AND (l.name IS NULL OR l.expires_at_ms < :t OR l.holder <> s.gateway_id)",
+        " WHERE s.open = 1 AND (l.name IS NULL OR l.expires_at_ms < :t OR (l.holder <> s.gateway_id"
+        " AND substr(l.holder, 1, length(s.gateway_id) + 1) <> s.gateway_id || '@'))",
         {"t": now_ms},
     )
 

@@ -271,6 +271,16 @@ async def set_resolution(tx: Tx, batch_id: str, outcome: str) -> None:
     await tx.execute("UPDATE batches SET resolution = :o WHERE id = :b", {"o": outcome, "b": batch_id})
 
 
+async def approved_unresolved(tx: Tx, kind: str, limit: int) -> list[str]:
+    """Approved batches of `kind` whose outcome is not recorded yet (an approved `spec.set` not yet written)."""
+    rows = await tx.fetchall(
+        "SELECT id FROM batches WHERE kind = :k AND state = 'approved' AND resolution = ''"
+        " ORDER BY created_at_ms LIMIT :l",
+        {"k": kind, "l": limit},
+    )
+    return [str(r["id"]) for r in rows]
+
+
 async def is_held(tx: Tx, command_id: str) -> bool:
     v = await tx.fetchval("SELECT held FROM commands WHERE id = :c", {"c": command_id})
     return bool(v)

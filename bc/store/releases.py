@@ -1,4 +1,4 @@
-"""Release keys (migrations 0012, 0018) and release records (0012), and the latest daemon.upgrade of each node."""
+"""Release keys (migrations 0012, 0018) and release records (0012, 0020), and the latest daemon.upgrade of each node."""
 
 from __future__ import annotations
 
@@ -22,21 +22,30 @@ async def add_key(
 
 
 async def list_releases(tx: Tx) -> list[Row]:
-    return await tx.fetchall("SELECT * FROM releases ORDER BY sequence", {})
+    return await tx.fetchall("SELECT * FROM releases ORDER BY name, sequence", {})
 
 
-async def release_by_version(tx: Tx, version: str) -> Row | None:
-    return await tx.fetchone("SELECT * FROM releases WHERE version = :v", {"v": version})
+async def release_by_version(tx: Tx, name: str, version: str) -> Row | None:
+    return await tx.fetchone("SELECT * FROM releases WHERE name = :n AND version = :v", {"n": name, "v": version})
 
 
-async def release_by_sha(tx: Tx, sha256: str) -> Row | None:
-    return await tx.fetchone("SELECT * FROM releases WHERE sha256 = :s ORDER BY sequence LIMIT 1", {"s": sha256})
+async def next_sequence(tx: Tx, name: str) -> int:
+    """One above every release of `name` (1 for the first)."""
+    q = "SELECT COALESCE(MAX(sequence), 0) + 1 FROM releases WHERE name = :n"
+    return int(await tx.fetchval(q, {"n": name}) or 1)
+
+
+async def delete_release(tx: Tx, name: str, version: str) -> None:
+    await tx.execute("DELETE FROM releases WHERE name = :n AND version = :v", {"n": name, "v": version})
 
 
 async def insert_release(
     tx: Tx,
     *,
+    name: str,
+    sequence: int,
     version: str,
+    platform: str,
     sha256: str,
     size: int,
     signature: bytes,
@@ -45,15 +54,15 @@ async def insert_release(
     path: str,
     published_by: str,
     now_ms: int,
-) -> int:
-    """The new release's sequence: one above every release before it."""
-    seq = int(await tx.fetchval("SELECT COALESCE(MAX(sequence), 0) + 1 FROM releases", {}) or 1)
+) -> None:
     await tx.execute(
-        "INSERT INTO releases (sequence, version, sha256, size, signature, key_id, url, path, published_by,"
-        " published_at_ms) VALUES (:q, :v, :s, :z, :g, :k, :u, :p, :b, :t)",
+        "INSERT INTO releases (name, sequence, version, platform, sha256, size, signature, key_id, url, path,"
+        " published_by, published_at_ms) VALUES (:n, :q, :v, :f, :s, :z, :g, :k, :u, :p, :b, :t)",
         {
-            "q": seq,
+            "n": name,
+            "q": sequence,
             "v": version,
+            "f": platform,
             "s": sha256,
             "z": size,
             "g": signature,
@@ -64,7 +73,6 @@ async def insert_release(
             "t": now_ms,
         },
     )
-    return seq
 
 
 async def latest_upgrades(tx: Tx) -> list[Row]:

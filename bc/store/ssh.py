@@ -144,12 +144,11 @@ async def live_batched_grants(tx: Tx, now_ms: int) -> list[Row]:
     )
 
 
-async def revoked_serials(tx: Tx, now_ms: int) -> list[int]:
-    """Serials revoked before their certificate expired: what every node's KRL must list (an expired
-    certificate is refused by its validity, so it leaves the KRL)."""
+async def revoked_serials(tx: Tx) -> list[int]:
+    """Every serial ever revoked: what every node's KRL lists. An expired certificate stays listed though its
+    validity refuses it already: a serial leaving the KRL is root-equivalent, and the node cannot tell an
+    expired certificate's serial from one un-revoked by a control plane with a stolen worker key."""
     rows = await tx.fetchall(
-        "SELECT serial FROM ssh_grants WHERE revoked_at_ms IS NOT NULL AND state = 'issued'"
-        " AND valid_before_ms > :now ORDER BY serial",
-        {"now": now_ms},
+        "SELECT serial FROM ssh_grants WHERE revoked_at_ms IS NOT NULL AND state = 'issued' ORDER BY serial"
     )
     return [int(r["serial"]) for r in rows]

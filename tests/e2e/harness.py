@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_CDI_SCHEMA = REPO.parent / "shared" / "cdi-schema"
-BUNDLED_CDI_SCHEMA = REPO / "agent" / "converge" / "cdi_schema"
+BUNDLED_CDI_SCHEMA = REPO / "agent" / "hw" / "cdi_schema"
 
 #: Heartbeats every second on both ends keep the tests fast.
 HEARTBEAT_S = 1.0

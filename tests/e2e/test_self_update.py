@@ -228,8 +228,10 @@ def test_self_update_with_binaries(fleet: Fleet, builds: dict[str, Path]) -> Non
     status = lab.bc("release", "status")
     good = next(r for r in status["releases"] if r["version"] == "1.1.0")
     sha, size = good["sha256"], int(good["size"])
-    forged = releases.sign(ed25519.Ed25519PrivateKey.generate(), "1.1.0", sha, size)
+    signed = releases.Release("bc", "1.1.0", int(good["sequence"]), good["platform"], sha, size)
+    forged = releases.sign(ed25519.Ed25519PrivateKey.generate(), signed)
     payload = {"version": "1.1.0", "url": good["url"], "sha256": sha, "size": size, "sequence": good["sequence"]}
+    payload |= {"name": "bc", "platform": good["platform"]}
     payload["signature"] = base64.b64encode(forged).decode()
     before = disk_bytes(f.install)
     r = lab.run("cmd", "run", "n1", "daemon.upgrade", "--payload", json.dumps(payload), "--wait", "--json", timeout=60)

@@ -12,14 +12,15 @@ from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from agent.converge import cdi, env_files
+from agent.converge import env_files
 from agent.converge.devices import DevicesConverger
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, run
+from agent.hw import cdi
 from agent.hw.fake import FakeHardware
 from bc.protocol.pb import session_pb2, spec_pb2
 
 SHARED_SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "cdi-schema"
-BUNDLED_SCHEMA = Path(__file__).resolve().parents[2] / "agent" / "converge" / "cdi_schema"
+BUNDLED_SCHEMA = Path(__file__).resolve().parents[2] / "agent" / "hw" / "cdi_schema"
 SCHEMA_DIR = SHARED_SCHEMA if SHARED_SCHEMA.is_dir() else BUNDLED_SCHEMA
 CDI_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 BOUND = session_pb2.AllocationReport.BOUND

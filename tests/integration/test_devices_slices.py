@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from agent.converge.devices import DevicesConverger
-from agent.converge.limits import GIB
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, run
+from agent.hw.limits import GIB
 from agent.hw.slices import FAKE_SLICES_DIR, FakeSlices, SliceError
 from agent.offload import inline
 from bc.protocol.pb import session_pb2, spec_pb2

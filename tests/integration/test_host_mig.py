@@ -16,11 +16,11 @@ from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from agent.converge import cdi
 from agent.converge.devices import DevicesConverger
 from agent.converge.host import HostConverger
 from agent.converge.host_ops import FakeRunner, HostOps
 from agent.converge.run import CONVERGED, PROGRESSING
+from agent.hw import cdi
 from agent.hw.dev_nodes import DevNode, FakeDeviceNodes
 from agent.hw.fake import FakeHardware
 from bc.protocol.pb import session_pb2, spec_pb2

@@ -22,7 +22,7 @@ import pytest
 from google.protobuf import any_pb2
 
 from agent.journal import Journal
-from agent.journal_rules import TRANSITION
+from agent.journal_rules import TRANSITION, Acceptance
 from bc.control import commands
 from bc.errors import UsageError
 from bc.protocol import canonical, kinds
@@ -46,7 +46,7 @@ async def owe_results(lab: InprocLab, node_id: str, count: int) -> list[str]:
     try:
         for i, cid in enumerate(ids):
             now = time.time()  # the agent sweeps entries older than a week by its wall clock
-            await j.accept(cid, "inventory.refresh", True, False, "an-earlier-process", "boot-0", b"", now)
+            await j.accept(Acceptance(cid, "inventory.refresh", True, False, "an-earlier-process", "boot-0", b"", now))
             result = json.dumps({"n": i, "pad": "x" * RESULT_BYTES}).encode()
             update = session_pb2.CommandUpdate(command_id=cid, state=session_pb2.COMMAND_SUCCEEDED, result=result)
             await j.finish(cid, update.SerializeToString(), now + i)

@@ -30,6 +30,7 @@ def test_keys_publish_status_and_rollout(lab: Lab, tmp_path: Path) -> None:
     url = "https://mirror.lab.example/bc-1.4.0"
     rel = ok_json("release", "publish", str(binary), "--key", str(key), "--url", url)
     assert (rel["version"], rel["sequence"], rel["url"], rel["size"]) == ("1.4.0", 1, url, 4004)
+    assert (rel["name"], rel["platform"]) == ("bc", "linux-x86_64")  # from the file's name, both signed
 
     # Bad input: one sentence each, nothing stored.
     other = tmp_path / "other.key"
@@ -43,6 +44,9 @@ def test_keys_publish_status_and_rollout(lab: Lab, tmp_path: Path) -> None:
     odd = tmp_path / "mybuild"
     odd.write_bytes(b"z")
     refused(bc("release", "publish", str(odd), "--key", str(key), "--url", url), 2, "cannot tell the version")
+    odd_v = ("release", "publish", str(odd), "--key", str(key), "--url", url, "--version", "2.0")
+    refused(bc(*odd_v), 2, "cannot tell the platform")
+    refused(bc(*odd_v, "--platform", "Linux x86"), 2, "not a release platform")
     junk = tmp_path / "junk.pem"
     junk.write_text("not a key")
     refused(bc("release", "key", "add", "--key", str(junk)), 2, "neither an Ed25519 private nor public PEM key")

@@ -8,7 +8,7 @@ import json
 
 from agent.identity import Identity
 from bc.errors import Unauthenticated
-from bc.gateway.sessions import SessionDriver
+from bc.gateway.session_driver import SessionDriver
 from tests.integration.conftest import InprocLab
 
 

@@ -5,8 +5,9 @@ with the version that slot holds, as systemd's Restart=always would start `curre
 Covered: a release key reaches the node in its trust bundle; publish, then daemon.upgrade downloads over
 HTTPS, verifies, swaps and restarts; the new agent confirms on its first Welcome (SUCCEEDED, floor raised); a
 new agent that never connects is rolled back within the (shortened) deadline and the old one reports FAILED
-update-failed and never retries that version; a bad signature is refused before anything is swapped; a release
-below the floor is refused; bad publish input stores nothing."""
+update-failed and never retries that version; a bad signature is refused before anything is swapped; bad publish
+input stores nothing. The attacks on the signed fields, the sequence and the staged binary's --version are in
+tests/security/test_sec_releases_*.py."""
 
 from __future__ import annotations
 
@@ -52,13 +53,31 @@ async def until(what: str, pred: Callable[[], bool], timeout: float = 10.0) -> N
         raise AssertionError(f"timed out waiting for {what}") from None
 
 
-async def publish(lab: InprocLab, version: str, tmp: Path) -> tuple[admin_pb2.ReleaseInfo, bytes]:
-    data = f"#!/bin/sh\n# bc {version}\n".encode() + random.Random(version).randbytes(50_000)
+def binary(says: str) -> bytes:
+    """A release "binary": a script whose `--version` says `bc <says>`, padded to 50 kB with a comment."""
+    pad = random.Random(says).randbytes(25_000).hex()
+    return f"#!/bin/sh\necho 'bc {says}'\nexit 0\n# {pad}\n".encode()
+
+
+async def publish(
+    lab: InprocLab, version: str, tmp: Path, *, says: str = "", platform: str = ""
+) -> tuple[admin_pb2.ReleaseInfo, bytes]:
+    """Sign (name bc, the next sequence, this host's platform) and upload a release whose binary says `says`."""
+    data = binary(says or version)
     path = tmp / f"bc-{version}-linux-x86_64"
     path.write_bytes(data)
     sha, size = releases.file_digest(path)
+    platform = platform or releases.host_platform()
+    sequence = (await lab.admin.list_releases("bc")).next_sequence
+    signed = releases.Release("bc", version, sequence, platform, sha, size)
     header = admin_pb2.PublishReleaseChunk(
-        version=version, sha256=sha, size=size, signature=releases.sign(KEY, version, sha, size)
+        name="bc",
+        version=version,
+        sequence=sequence,
+        platform=platform,
+        sha256=sha,
+        size=size,
+        signature=releases.sign(KEY, signed),
     )
     return await lab.admin.publish_release(header, path), data
 
@@ -143,15 +162,17 @@ async def test_an_upgrade_that_confirms(lab: InprocLab, tmp_path: Path) -> None:
     disk = read_disk(node.install_dir)
     assert (disk.current, disk.record.state, disk.record.floor) == ("b", "confirmed", 1)
 
-    # The floor: a release below it is refused before anything is fetched.
-    low = await lab.admin.run_command("n1", "daemon.upgrade", payload_json=payload(info, version="0.9", sequence=0))
+    # The same release again: already there, no swap. Renumbered below: its signature no longer holds.
+    same = await lab.admin.run_command("n1", "daemon.upgrade", payload_json=payload(info))
+    done = await settled(lab, same.id)
+    assert done.state == "succeeded" and json.loads(done.result_json)["swapped"] is False, done
+    low = await lab.admin.run_command("n1", "daemon.upgrade", payload_json=payload(info, version="0.9"))
     done = await settled(lab, low.id)
-    assert (done.state, done.reason) == ("failed", "below-floor"), done
-    assert "below this node's release floor 1" in done.message
+    assert (done.state, done.reason) == ("failed", "bad-release"), done
 
     status = await lab.admin.list_releases()
     assert [(n.node_id, n.version) for n in status.nodes] == [("n1", "0.9")]
-    assert [r.version for r in status.releases] == ["1.1.0"]
+    assert [(r.name, r.version, r.platform) for r in status.releases] == [("bc", "1.1.0", releases.host_platform())]
 
 
 async def test_an_upgrade_that_never_connects_is_rolled_back(lab: InprocLab, tmp_path: Path) -> None:
@@ -179,7 +200,7 @@ async def test_an_upgrade_that_never_connects_is_rolled_back(lab: InprocLab, tmp
 async def test_a_bad_signature_or_digest_is_refused_before_anything_is_swapped(lab: InprocLab, tmp_path: Path) -> None:
     node, info, _data = await ready(lab, tmp_path)
     before = read_disk(node.install_dir)
-    forged = releases.sign(ed25519.Ed25519PrivateKey.generate(), info.version, info.sha256, info.size)
+    forged = releases.sign(ed25519.Ed25519PrivateKey.generate(), releases.release_of(info))
     cases = {
         "signature": payload(info, signature=forged),
         "sha256": payload(info, sha256=hashlib.sha256(b"other").hexdigest()),
@@ -197,30 +218,35 @@ async def test_bad_publish_input_stores_nothing(lab: InprocLab, tmp_path: Path) 
     path = tmp_path / "bc-2.0.0-linux-x86_64"
     path.write_bytes(b"x" * 1000)
     sha, size = releases.file_digest(path)
+    here = releases.host_platform()
 
     async def refused(header: admin_pb2.PublishReleaseChunk, match: str, p: Path | None = path) -> None:
         with pytest.raises(BcError, match=match):
             await lab.admin.publish_release(header, p)
 
-    sig = releases.sign(KEY, "2.0.0", sha, size)
-    await refused(
-        admin_pb2.PublishReleaseChunk(version="2.0.0", sha256=sha, size=size, signature=sig), "no release key"
-    )
+    def header(
+        sequence: int = 1, key: ed25519.Ed25519PrivateKey = KEY, **over: object
+    ) -> admin_pb2.PublishReleaseChunk:
+        fields: dict[str, object] = {"name": "bc", "version": "2.0.0", "sequence": sequence, "platform": here}
+        fields |= {"sha256": sha, "size": size}
+        signed = releases.Release(**fields)  # type: ignore[arg-type]
+        fields |= over
+        return admin_pb2.PublishReleaseChunk(signature=releases.sign(key, signed), **fields)  # type: ignore[arg-type]
+
+    await refused(header(), "no release key")
     await lab.admin.add_release_key(releases.public_bytes(KEY))
-    other = releases.sign(ed25519.Ed25519PrivateKey.generate(), "2.0.0", sha, size)
-    h = admin_pb2.PublishReleaseChunk(version="2.0.0", sha256=sha, size=size, signature=other)
-    await refused(h, "does not verify under any trusted release key")
-    h = admin_pb2.PublishReleaseChunk(version="2.0.0", sha256=sha, size=size + 1, signature=sig)
-    await refused(h, "the uploaded file is 1000 bytes")
-    h = admin_pb2.PublishReleaseChunk(version="2.0.0", sha256=sha, size=size, signature=sig, url="http://x/y")
-    await refused(h, "not an https:// URL", None)
+    await refused(header(key=ed25519.Ed25519PrivateKey.generate()), "does not verify under any trusted release key")
+    await refused(header(size=size + 1), "the uploaded file is 1000 bytes")
+    await refused(header(platform="linux-aarch64"), "does not verify")
+    await refused(header(sequence=2), "not the next of release name 'bc' \\(1 is\\)")
+    await refused(header(url="http://x/y"), "not an https:// URL", None)
     assert (await lab.admin.list_releases()).releases == []
     assert [p.name for p in (lab.server.opts.data_dir / "releases").iterdir()] == []
-    ok = await lab.admin.publish_release(
-        admin_pb2.PublishReleaseChunk(version="2.0.0", sha256=sha, size=size, signature=sig), path
-    )
-    assert ok.sequence == 1
-    await refused(admin_pb2.PublishReleaseChunk(version="2.0.0", sha256=sha, size=size, signature=sig), "already")
+    ok = await lab.admin.publish_release(header(), path)
+    assert (ok.sequence, ok.name, ok.platform) == (1, "bc", here)
+    await refused(header(sequence=2), "already")
+    assert (await lab.admin.list_releases("bc")).next_sequence == 2
+    assert (await lab.admin.list_releases("other")).next_sequence == 1  # sequences count per name
 
 
 async def test_the_daemon_section_upgrades_and_is_unsupported_without_slots(lab: InprocLab, tmp_path: Path) -> None:

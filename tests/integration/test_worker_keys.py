@@ -81,7 +81,7 @@ async def test_a_worker_process_signs_with_the_worker_key_alone(tmp_path: Path, 
             now_ms = await worker.store.now_ms()
             async with worker.store.transaction(write=False) as tx:
                 row = await nodes_sql.spec_delivery(tx, "n1")
-                assert await leases.held(tx, PLACEMENT_LEASE, "worker", now_ms, worker.store.dialect)
+                assert await leases.held(tx, PLACEMENT_LEASE, worker.worker_id, now_ms, worker.store.dialect)
             assert row is not None and row["spec_key_id"] == keys_held.worker.key_id and row["spec_signature"]
             assert await lab.admin.list_events(type_prefix="security.") == []
         finally:

@@ -46,7 +46,7 @@ def test_the_banner_while_the_server_is_away_says_for_how_long_the_next_attempt_
     reason = "bc serve at h:1 is not answering (connection refused)"
     link.outage.failed(reason, 100.0)
     link.outage.failed(reason, 100.2)
-    text = banner_text(link, "h:1", 103.0)
+    text = banner_text(link, "h:1", 103.0).plain
     assert text == (
         "bc serve at h:1 is not answering (connection refused) for 3s; next attempt in 0s (attempt 3);"
         " the rows shown are stale (as of 13s ago)"
@@ -54,15 +54,15 @@ def test_the_banner_while_the_server_is_away_says_for_how_long_the_next_attempt_
     assert rows_stale(link)
     link.live = True
     link.outage.recovered()
-    assert banner_text(link, "h:1", 104.0) == "" and not rows_stale(link)
+    assert banner_text(link, "h:1", 104.0).plain == "" and not rows_stale(link)
 
 
 def test_before_the_first_answer_it_is_connecting_and_nothing_is_stale() -> None:
     link = Link()
-    assert banner_text(link, "h:1", 0.0) == "connecting to bc serve at h:1…"
+    assert banner_text(link, "h:1", 0.0).plain == "connecting to bc serve at h:1…"
     assert not rows_stale(link)
 
 
 def test_a_notice_shows_whatever_the_link_s_state() -> None:
     link = Link(live=True, notice="your operator certificate was revoked")
-    assert banner_text(link, "h:1", 0.0) == "your operator certificate was revoked"
+    assert banner_text(link, "h:1", 0.0).plain == "your operator certificate was revoked"

@@ -153,3 +153,21 @@ async def test_a_batch_s_what_is_shown_whole_when_the_terminal_has_room() -> Non
         batches = app.screen.query_one("#batches", DataTable)
         await until(pilot, lambda: batches.row_count == 1)
         assert str(batches.get_row("b-0001")[1]) == "3 node(s) × gpu.reset; payload digest abababababababab…"
+
+
+async def test_the_fleet_filter_in_force_is_on_screen_and_offered_to_edit() -> None:
+    source = FakeSource(random.Random(7), nodes=40)
+    app = app_on(source)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(FleetTable)
+        await until(pilot, lambda: app.state.link.live and table.row_count == 40)
+        status = app.screen.query_one("#fleet-status", Static)
+        assert "filter" not in str(status.render())
+        await pilot.press("slash", *"r01", "enter")  # racks of 32: gpu-0032..0039
+        await until(pilot, lambda: table.row_count == 8)
+        assert "filter: 'r01' (8 shown)" in str(status.render())
+        await pilot.press("slash")
+        assert app.screen.query_one("#fleet-filter").value == "r01"  # type: ignore[attr-defined]
+        await pilot.press("escape")
+        await until(pilot, lambda: table.row_count == 40)
+        assert "filter" not in str(status.render())

@@ -20,7 +20,7 @@ def test_the_node_screen_shows_usage_per_class_in_its_unit() -> None:
     info = admin_pb2.NodeInfo(node_id="n1", role="node", state="connected")
     hold = admin_pb2.Reservation(id="r-1", state="active", gpus=2, device_class="gpu.mig")
     usage = [row("gpu", 2 * HOUR_MS), row("gpu.mig", HOUR_MS // 2, "1g.10gb"), row("gpu.slot", 4 * HOUR_MS)]
-    text = render_node(info, [hold], [], [], usage)
+    text = render_node(info, [hold], [], [], usage).plain
     assert "  r-1  active    2 gpu.mig  -" in text.splitlines()
     block = text.split("USAGE\n", 1)[1].split("RECENT COMMANDS", 1)[0].splitlines()
     assert [line.split() for line in block] == [
@@ -28,7 +28,7 @@ def test_the_node_screen_shows_usage_per_class_in_its_unit() -> None:
         ["gpu.mig", "1g.10gb", "0.500", "instance-hours", "(1g.10gb)"],
         ["gpu.slot", "4.000", "slot-hours"],
     ]
-    assert "USAGE\n  none recorded\n" in render_node(info, [], [], [], [])
+    assert "USAGE\n  none recorded\n" in render_node(info, [], [], [], []).plain
 
 
 def test_the_reservations_screen_shows_each_reservations_use_in_its_class() -> None:

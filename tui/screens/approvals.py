@@ -18,6 +18,7 @@ from bc.protocol.pb import admin_pb2
 from tui import approvals as ap
 from tui import columns, fmt
 from tui.screens.base import BcScreen
+from tui.shown import SafeTable, Shown
 from tui.widgets import ConfirmScreen, PromptScreen
 
 BATCH_COLUMNS = ("BATCH", "WHAT", "APPROVALS", "REQUESTED BY", "REASON", "AGE")
@@ -44,19 +45,17 @@ class ApprovalsScreen(BcScreen):
 
     def body(self) -> ComposeResult:
         yield Static("BATCHES WAITING FOR APPROVAL", classes="title")
-        table: DataTable[str] = DataTable(id="batches", cursor_type="row")
-        yield table
-        yield Static("", id="batch-detail", markup=False)
+        yield SafeTable(id="batches", cursor_type="row")
+        yield Shown(id="batch-detail")
         # Approver and threshold changes wait for the quorum too; they are signed with `bc approve sign ID`.
         yield Static("QUORUM CHANGES WAITING (approvers, threshold: sign with `bc approve sign ID`)", classes="title")
-        changes: DataTable[str] = DataTable(id="quorum-changes", cursor_type="row")
-        yield changes
+        yield SafeTable(id="quorum-changes", cursor_type="row")
 
     def on_mount(self) -> None:
         super().on_mount()
-        t = self.query_one("#batches", DataTable)
+        t = self.query_one("#batches", SafeTable)
         t.add_columns(*BATCH_COLUMNS)
-        self.query_one("#quorum-changes", DataTable).add_columns(*CHANGE_COLUMNS)
+        self.query_one("#quorum-changes", SafeTable).add_columns(*CHANGE_COLUMNS)
         t.focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -72,11 +71,11 @@ class ApprovalsScreen(BcScreen):
             self.batches = await src.list_batches(state="pending")
             changes = await src.list_quorum_changes(state="pending")
         except BcError as e:
-            self.notify(f"batches: {e.message}", severity="error")
+            self.tell(fmt.text(f"batches: {e.message}"), severity="error")
             return
         self._show_changes(changes)
         self.bc.known_batches = {b.id: b for b in self.batches}
-        t = self.query_one("#batches", DataTable)
+        t = self.query_one("#batches", SafeTable)
         keep = self._current_id()
         rows = [
             (
@@ -97,18 +96,18 @@ class ApprovalsScreen(BcScreen):
         self._detail()
 
     def _show_changes(self, changes: list[admin_pb2.QuorumChangeInfo]) -> None:
-        t = self.query_one("#quorum-changes", DataTable)
+        t = self.query_one("#quorum-changes", SafeTable)
         rows = [
             (c.id, c.summary, f"{c.approvals} of {c.threshold}", c.requested_by, fmt.age(c.created_age_ms))
             for c in changes
         ]
         columns.refill(t, columns.sized(self._table_width(t), CHANGE_COLUMNS, rows, (1,)), [c.id for c in changes])
 
-    def _table_width(self, t: DataTable[str]) -> int:
+    def _table_width(self, t: SafeTable) -> int:
         return t.size.width or self.app.size.width
 
     def _current_id(self) -> str | None:
-        t = self.query_one("#batches", DataTable)
+        t = self.query_one("#batches", SafeTable)
         if t.row_count == 0:
             return None
         return str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
@@ -122,17 +121,24 @@ class ApprovalsScreen(BcScreen):
 
     def _detail(self) -> None:
         b = self._current()
-        box = self.query_one("#batch-detail", Static)
+        box = self.query_one("#batch-detail", Shown)
         if b is None:
-            box.update("nothing is waiting for approval")
+            box.show(fmt.text("nothing is waiting for approval"))
             return
         decided = ", ".join(f"{d.name} {d.decision}" for d in b.decisions) or "none yet"
-        job = f"\njob            {b.dag_id}" if b.dag_id else ""
-        viewer = "\n(viewer certificate: approve and reject are not offered)" if self.bc.role == "viewer" else ""
-        box.update(
-            f"batch          {b.id}\nwhat           {ap.leaves_summary(b)}\npayload        {b.payload_json or '{}'}\n"
-            f"requested by   {b.requested_by}: {b.reason or 'no reason given'}\n"
-            f"approvals      {b.approvals} of {b.threshold} ({decided}){job}\nscope root     {b.scope_root}{viewer}"
+        box.show(
+            fmt.block(
+                [
+                    f"batch          {b.id}",
+                    f"what           {ap.leaves_summary(b)}",
+                    f"payload        {b.payload_json or '{}'}",
+                    f"requested by   {b.requested_by}: {b.reason or 'no reason given'}",
+                    f"approvals      {b.approvals} of {b.threshold} ({decided})",
+                    *([f"job            {b.dag_id}"] if b.dag_id else []),
+                    f"scope root     {b.scope_root}",
+                    *(["(viewer certificate: approve and reject are not offered)"] if self.bc.role == "viewer" else []),
+                ]
+            )
         )
 
     def action_refresh(self) -> None:
@@ -150,7 +156,7 @@ class ApprovalsScreen(BcScreen):
 
     async def _key_path(self) -> Path | None:
         path = await self.app.push_screen_wait(
-            PromptScreen("approver key file (read for this signature only):", self.bc.approver_key or "")
+            PromptScreen(fmt.text("approver key file (read for this signature only):"), self.bc.approver_key or "")
         )
         if not path:
             return None
@@ -166,25 +172,29 @@ class ApprovalsScreen(BcScreen):
             now_ms = (await src.server_info()).server_time_ms
             approval = ap.prepare(b, now_ms)
         except BcError as e:
-            self.notify(f"cannot approve {batch_id}: {e.message}", severity="error", timeout=8)
+            self.tell(fmt.text(f"cannot approve {batch_id}: {e.message}"), severity="error", timeout=8)
             return
         key_file = await self._key_path()
         if key_file is None:
             return
-        yes = await self.app.push_screen_wait(ConfirmScreen(f"Approve batch {b.id}? You sign:", approval.describe()))
+        yes = await self.app.push_screen_wait(
+            ConfirmScreen(fmt.text(f"Approve batch {b.id}? You sign:"), fmt.block(approval.describe()))
+        )
         if not yes:
-            self.notify(f"did not approve {b.id}")
+            self.tell(fmt.text(f"did not approve {b.id}"))
             return
         try:
             kid, sig = ap.sign_approval(approval, key_file)
         except BcError as e:
-            self.notify(e.message, severity="error", timeout=8)
+            self.tell(fmt.text(e.message), severity="error", timeout=8)
             return
         after = await self.call(
             f"approve {b.id}", src.decide_batch(b.id, kid, sig, approve=True, expires_at_ms=approval.expires_at_ms)
         )
         if isinstance(after, admin_pb2.BatchInfo):
-            self.notify(f"signed batch {b.id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
+            self.tell(
+                fmt.text(f"signed batch {b.id}: {after.approvals} of {after.threshold} approvals; it is {after.state}")
+            )
         await self.reload()
 
     async def _reject(self, batch_id: str) -> None:
@@ -194,26 +204,32 @@ class ApprovalsScreen(BcScreen):
         try:
             b = await src.get_batch(batch_id)
         except BcError as e:
-            self.notify(e.message, severity="error")
+            self.tell(fmt.text(e.message), severity="error")
             return
         key_file = await self._key_path()
         if key_file is None:
             return
-        reason = await self.app.push_screen_wait(PromptScreen(f"why reject {b.id}? (stored, shown to the requester)"))
+        reason = await self.app.push_screen_wait(
+            PromptScreen(fmt.text(f"why reject {b.id}? (stored, shown to the requester)"))
+        )
         if not reason:
             return
-        body = (
-            f"batch {b.id}: {ap.leaves_summary(b)}\nscope root {b.scope_root}\nreason: {reason}\n"
-            "Its commands never run."
+        body = fmt.block(
+            [
+                f"batch {b.id}: {ap.leaves_summary(b)}",
+                f"scope root {b.scope_root}",
+                f"reason: {reason}",
+                "Its commands never run.",
+            ]
         )
-        if not await self.app.push_screen_wait(ConfirmScreen(f"Reject batch {b.id}?", body)):
+        if not await self.app.push_screen_wait(ConfirmScreen(fmt.text(f"Reject batch {b.id}?"), body)):
             return
         try:
             kid, sig = ap.sign_rejection(b, key_file, reason)
         except BcError as e:
-            self.notify(e.message, severity="error", timeout=8)
+            self.tell(fmt.text(e.message), severity="error", timeout=8)
             return
         after = await self.call(f"reject {b.id}", src.decide_batch(b.id, kid, sig, approve=False, reason=reason))
         if isinstance(after, admin_pb2.BatchInfo):
-            self.notify(f"rejected batch {b.id}; its commands are cancelled")
+            self.tell(fmt.text(f"rejected batch {b.id}; its commands are cancelled"))
         await self.reload()

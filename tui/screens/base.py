@@ -11,6 +11,8 @@ from textual.widgets import Footer
 
 from bc.errors import BcError
 from bc.protocol.pb import admin_pb2
+from tui import fmt
+from tui.shown import SeverityLevel, toast
 from tui.source import Source
 from tui.widgets import Banner, banner_text, rows_stale
 
@@ -103,11 +105,15 @@ class BcScreen(Screen[None]):
             self.notify("not connected to bc serve; try again once the banner is gone", severity="error")
         return src
 
+    def tell(self, message: fmt.Safe, *, severity: SeverityLevel = "information", timeout: float | None = None) -> None:
+        """A notification (ids, states and error details are the server's words: fmt-made, like all text)."""
+        toast(self, message, severity=severity, timeout=timeout)
+
     async def call(self, what: str, aw: Awaitable[_T]) -> _T | None:
         """Await a write, telling the operator how it went in one line."""
         try:
             out = await aw
         except BcError as e:
-            self.notify(f"{what}: {e.message}", severity="error", timeout=8)
+            self.tell(fmt.text(f"{what}: {e.message}"), severity="error", timeout=8)
             return None
         return out

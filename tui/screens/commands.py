@@ -6,12 +6,13 @@ from functools import partial
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable
 
 from bc.errors import BcError
 from bc.protocol.pb import admin_pb2
 from tui import columns, fmt
 from tui.screens.base import BcScreen
+from tui.shown import SafeTable, Shown
 from tui.widgets import ConfirmScreen
 
 ORDER = ("running", "acked", "dispatched", "pending", "failed", "rejected", "expired", "cancelled", "succeeded")
@@ -34,9 +35,9 @@ def signing(c: admin_pb2.CommandInfo, pki: admin_pb2.PkiInfo | None = None) -> s
 
 def describe(
     c: admin_pb2.CommandInfo, pki: admin_pb2.PkiInfo | None = None, updates: list[admin_pb2.EventRecord] | None = None
-) -> str:
+) -> fmt.Safe:
     seen = [f"  {e.seq:>7} {e.type:<24} {e.data_json}" for e in (updates or [])]
-    return "\n".join(
+    return fmt.block(
         [
             f"command {c.id}  {c.kind} on {c.node_id}  lane {c.lane}  attempt {c.attempt}",
             f"state {c.state}" + (f" ({c.reason}: {c.message})" if c.reason or c.message else ""),
@@ -74,15 +75,14 @@ class CommandsScreen(BcScreen):
         self.commands: dict[str, admin_pb2.CommandInfo] = {}
 
     def body(self) -> ComposeResult:
-        yield Static("", id="commands-summary", markup=False)
-        t: DataTable[str] = DataTable(id="commands", cursor_type="row")
-        yield t
-        yield Static("", id="command-detail", markup=False)
+        yield Shown(id="commands-summary")
+        yield SafeTable(id="commands", cursor_type="row")
+        yield Shown(id="command-detail")
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.query_one("#commands", DataTable).add_columns(*COMMAND_COLUMNS)
-        self.query_one("#commands", DataTable).focus()
+        self.query_one("#commands", SafeTable).add_columns(*COMMAND_COLUMNS)
+        self.query_one("#commands", SafeTable).focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return self.bc.role != "viewer" if action == "cancel_command" else True
@@ -94,11 +94,11 @@ class CommandsScreen(BcScreen):
         try:
             cmds = await src.list_commands(limit=500)
         except BcError as e:
-            self.notify(f"commands: {e.message}", severity="error")
+            self.tell(fmt.text(f"commands: {e.message}"), severity="error")
             return
         cmds.sort(key=lambda c: (ORDER.index(c.state) if c.state in ORDER else 99, c.lane, -c.seq))
         self.commands = {c.id: c for c in cmds}
-        t = self.query_one("#commands", DataTable)
+        t = self.query_one("#commands", SafeTable)
         keep = self._current_id()
         rows = [(c.state, c.lane, c.id, c.node_id, c.kind, fmt.age(c.updated_age_ms), c.reason) for c in cmds]
         width = t.size.width or self.app.size.width  # REASON gets the room the terminal has
@@ -109,10 +109,10 @@ class CommandsScreen(BcScreen):
         for c in cmds:
             counts[f"{c.state}/{c.lane}"] = counts.get(f"{c.state}/{c.lane}", 0) + 1
         summary = "  ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no commands"
-        self.query_one("#commands-summary", Static).update(f"newest {len(cmds)} by state/lane: {summary}")
+        self.query_one("#commands-summary", Shown).show(fmt.text(f"newest {len(cmds)} by state/lane: {summary}"))
 
     def _current_id(self) -> str | None:
-        t = self.query_one("#commands", DataTable)
+        t = self.query_one("#commands", SafeTable)
         if t.row_count == 0:
             return None
         return str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
@@ -132,14 +132,14 @@ class CommandsScreen(BcScreen):
         try:
             c = await src.get_command(cid)
         except BcError as e:
-            self.notify(e.message, severity="error")
+            self.tell(fmt.text(e.message), severity="error")
             return
         try:
             pki: admin_pb2.PkiInfo | None = await src.get_pki()
         except BcError:
             pki = None
         updates = [e for e in self.bc.state.events if e.subject == cid]
-        self.query_one("#command-detail", Static).update(describe(c, pki, updates))
+        self.query_one("#command-detail", Shown).show(describe(c, pki, updates))
 
     def action_refresh(self) -> None:
         self.spawn(self.reload, "reload")
@@ -151,11 +151,12 @@ class CommandsScreen(BcScreen):
 
     async def _cancel(self, cid: str) -> None:
         c = self.commands[cid]
-        if not await self.app.push_screen_wait(ConfirmScreen(f"Cancel {cid}?", f"{c.kind} on {c.node_id}, {c.state}")):
+        confirm = ConfirmScreen(fmt.text(f"Cancel {cid}?"), fmt.text(f"{c.kind} on {c.node_id}, {c.state}"))
+        if not await self.app.push_screen_wait(confirm):
             return
         src = self.source()
         if src is not None:
             out = await self.call(f"cancel {cid}", src.cancel_command(cid, reason="cancelled from bc tui"))
             if isinstance(out, admin_pb2.CommandInfo):
-                self.notify(f"{cid} is {out.state}" + (" (cancel requested)" if out.cancel_requested else ""))
+                self.tell(fmt.text(f"{cid} is {out.state}" + (" (cancel requested)" if out.cancel_requested else "")))
         await self.reload()

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Input, RichLog, Static
+from textual.widgets import Input
 
 from bc.cli.render import format_time_ms
 from bc.protocol.pb import admin_pb2
+from tui import fmt
 from tui.screens.base import BcScreen
+from tui.shown import SafeLog, Shown
 
 SHOWN = 1000
 
 
-def line(ev: admin_pb2.EventRecord) -> Text:
+def line(ev: admin_pb2.EventRecord) -> fmt.Safe:
     security = ev.type.startswith("security.")
-    t = Text(f"{ev.seq:>8} {format_time_ms(ev.at_ms)} ", style="dim")
-    t.append(f"{ev.type:<28}", style="bold reverse" if security else "bold")
-    t.append(f" {ev.subject:<28} ")
-    t.append(ev.data_json, style="bold" if security else "")
-    return t
+    return fmt.text(
+        f"{ev.seq:>8} {format_time_ms(ev.at_ms)} ",
+        (f"{fmt.flat(ev.type):<28}", "bold reverse" if security else "bold"),
+        f" {fmt.flat(ev.subject):<28} ",
+        (ev.data_json, "bold" if security else ""),
+        style="dim",
+    )
 
 
 def shows(ev: admin_pb2.EventRecord, text: str) -> bool:
@@ -42,21 +45,21 @@ class EventsScreen(BcScreen):
         self.filter_text = ""
 
     def body(self) -> ComposeResult:
-        yield Static("", id="events-status", markup=False)
+        yield Shown(id="events-status")
         yield Input(placeholder="filter: words in type, subject or data", id="events-filter")
-        yield RichLog(id="events-log", max_lines=SHOWN, wrap=False, auto_scroll=True)
+        yield SafeLog(id="events-log", max_lines=SHOWN, wrap=False, auto_scroll=True)
 
     def on_mount(self) -> None:
         super().on_mount()
         self._refill()
 
     def _refill(self) -> None:
-        log = self.query_one(RichLog)
+        log = self.query_one(SafeLog)
         log.clear()
         matching = [ev for ev in self.bc.state.events if shows(ev, self.filter_text)]
         self._shown = len(matching)
         for ev in matching[-SHOWN:]:
-            log.write(line(ev))
+            log.say(line(ev))
         self._status()
 
     _shown = 0
@@ -64,7 +67,7 @@ class EventsScreen(BcScreen):
     def feed_event(self, ev: admin_pb2.EventRecord) -> None:
         if shows(ev, self.filter_text):
             self._shown += 1
-            self.query_one(RichLog).write(line(ev))
+            self.query_one(SafeLog).say(line(ev))
         self._status()
 
     def _status(self) -> None:
@@ -75,7 +78,7 @@ class EventsScreen(BcScreen):
             if self.filter_text
             else f"{total} events · / to filter"
         )
-        self.query_one("#events-status", Static).update(text)
+        self.query_one("#events-status", Shown).show(fmt.text(text))
 
     def action_filter(self) -> None:
         box = self.query_one("#events-filter", Input)

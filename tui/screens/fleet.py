@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import DataTable, Input
 
+from tui import fmt
 from tui.fleet_model import COLUMNS
 from tui.fleet_table import FleetTable
 from tui.screens.base import BcScreen
+from tui.shown import Shown
 from tui.widgets import PromptScreen, rows_stale
 
 _SORTABLE = ("node", "conn", "gen", "lag", "heard", "sched", "role")
@@ -30,7 +32,7 @@ class FleetScreen(BcScreen):
     """
 
     def body(self) -> ComposeResult:
-        yield Static("", id="fleet-status")
+        yield Shown(id="fleet-status")
         yield Input(
             placeholder="filter: words in node, state, role, labels, reasons (enter to apply)", id="fleet-filter"
         )
@@ -98,7 +100,7 @@ class FleetScreen(BcScreen):
         if text != self._status_text:
             self._status_text = text
             # A one-line status of fixed size: no layout pass (that would repaint the whole table).
-            self.query_one("#fleet-status", Static).update(text, layout=False)
+            self.query_one("#fleet-status", Shown).show(fmt.text(text), layout=False)
 
     def action_filter(self) -> None:
         box = self.query_one("#fleet-filter", Input)
@@ -133,9 +135,9 @@ class FleetScreen(BcScreen):
     def action_jump(self) -> None:
         def go(node: str | None) -> None:
             if node and not self.table.jump_to(node.strip()):
-                self.notify(f"no node {node.strip()!r} in the table (is a filter on?)", severity="warning")
+                self.tell(fmt.text(f"no node {node.strip()!r} in the table (is a filter on?)"), severity="warning")
 
-        self.app.push_screen(PromptScreen("jump to node:"), go)
+        self.app.push_screen(PromptScreen(fmt.text("jump to node:")), go)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_open()

@@ -4,43 +4,54 @@ from __future__ import annotations
 
 from functools import partial
 
-from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.widgets import Static
 
 from bc.errors import BcError
 from bc.protocol.pb import admin_pb2
+from tui import fmt
 from tui.screens.base import BcScreen
+from tui.shown import Shown
 from tui.widgets import ConfirmScreen
 
 MARKS = {"done": "✓", "running": "●", "failed": "✗", "queued": "·", "cancelled": "⊘"}
 
 
-def card(job: admin_pb2.JobInfo, selected: bool) -> Text:
+def card(job: admin_pb2.JobInfo, selected: bool) -> fmt.Safe:
     done = sum(1 for n in job.nodes if n.state == "done")
-    head = Text(("▶ " if selected else "  ") + job.id, style="bold" if selected else "")
-    head.append(f"  {job.template}  {job.state}", style="bold reverse" if job.state == "failed" else "bold")
-    head.append(f"  {done}/{len(job.nodes)} done")
-    if job.cancel_requested and not job.terminal:
-        head.append("  cancel requested", style="bold")
     who = job.requested_by or "control plane"
-    head.append(f"  by {who}" + (f": {job.reason}" if job.reason else ""), style="dim")
-    chain = Text("    ")
-    for i, n in enumerate(job.nodes):
-        if i:
-            chain.append(" ▸ ", style="dim")
-        label = f"{MARKS.get(n.state, '?')} {n.kind}" + (f"[{n.subject}]" if n.subject else "")
-        style = {"running": "bold reverse", "failed": "bold underline", "done": "", "cancelled": "dim"}
-        chain.append(label, style=style.get(n.state, "dim"))
-    out = Text("\n").join([head, chain])
+    head = fmt.text(
+        ("▶ " if selected else "  ") + job.id,
+        (f"  {job.template}  {job.state}", "bold reverse" if job.state == "failed" else "bold"),
+        f"  {done}/{len(job.nodes)} done",
+        ("  cancel requested" if job.cancel_requested and not job.terminal else "", "bold"),
+        (f"  by {who}" + (f": {job.reason}" if job.reason else ""), "dim"),
+        style="bold" if selected else "",
+    )
+    style = {"running": "bold reverse", "failed": "bold underline", "done": "", "cancelled": "dim"}
+    chain = fmt.text(
+        "    ",
+        fmt.join(
+            fmt.text((" ▸ ", "dim")),
+            (
+                fmt.text(
+                    (
+                        f"{MARKS.get(n.state, '?')} {n.kind}" + (f"[{n.subject}]" if n.subject else ""),
+                        style.get(n.state, "dim"),
+                    )
+                )
+                for n in job.nodes
+            ),
+        ),
+    )
+    lines = [head, chain]
     for a in job.awaiting_approval:
         # Not just "Batch ●": which batch the approvers are asked to sign, and how far they got.
-        out.append(f"\n    awaiting approval: batch {a.batch_id}, {a.signed} of {a.needed} signed", style="bold")
+        lines.append(fmt.text((f"    awaiting approval: batch {a.batch_id}, {a.signed} of {a.needed} signed", "bold")))
     if job.first_error:
-        out.append(f"\n    error: {job.first_error}", style="bold")
-    return out
+        lines.append(fmt.text((f"    error: {job.first_error}", "bold")))
+    return fmt.block(lines)
 
 
 class JobsScreen(BcScreen):
@@ -63,7 +74,7 @@ class JobsScreen(BcScreen):
         self.selected = 0
 
     def body(self) -> ComposeResult:
-        yield Static("", id="jobs-pools", markup=False)
+        yield Shown(id="jobs-pools")
         yield VerticalScroll(id="job-cards")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -78,7 +89,7 @@ class JobsScreen(BcScreen):
         try:
             resp = await src.list_jobs()
         except BcError as e:
-            self.notify(f"jobs: {e.message}", severity="error")
+            self.tell(fmt.text(f"jobs: {e.message}"), severity="error")
             return
         cur = self.current()
         keep = cur.id if cur is not None else None
@@ -88,16 +99,16 @@ class JobsScreen(BcScreen):
         ids = [j.id for j in self.jobs]
         self.selected = ids.index(keep) if keep in ids else min(self.selected, max(0, len(ids) - 1))
         pools = "  ".join(f"{p.name} {p.held}/{p.capacity}" for p in resp.pools) or "none"
-        self.query_one("#jobs-pools", Static).update(f"{len(self.jobs)} DAGs · slot pools: {pools}")
+        self.query_one("#jobs-pools", Shown).show(fmt.text(f"{len(self.jobs)} DAGs · slot pools: {pools}"))
         await self._draw()
 
     async def _draw(self) -> None:
         box = self.query_one("#job-cards", VerticalScroll)
         await box.remove_children()
         if not self.jobs:
-            await box.mount(Static("no DAGs"))
+            await box.mount(Shown(fmt.text("no DAGs")))
             return
-        await box.mount_all(Static(card(j, i == self.selected), id=f"job-{i}") for i, j in enumerate(self.jobs))
+        await box.mount_all(Shown(card(j, i == self.selected), id=f"job-{i}") for i, j in enumerate(self.jobs))
 
     def current(self) -> admin_pb2.JobInfo | None:
         return self.jobs[self.selected] if 0 <= self.selected < len(self.jobs) else None
@@ -112,8 +123,8 @@ class JobsScreen(BcScreen):
         if self.jobs:
             self.selected = max(0, min(len(self.jobs) - 1, self.selected + by))
             for i, j in enumerate(self.jobs):
-                self.query_one(f"#job-{i}", Static).update(card(j, i == self.selected))
-            self.query_one(f"#job-{self.selected}", Static).scroll_visible()
+                self.query_one(f"#job-{i}", Shown).show(card(j, i == self.selected))
+            self.query_one(f"#job-{self.selected}", Shown).scroll_visible()
 
     def action_refresh(self) -> None:
         self.spawn(self.reload, "reload")
@@ -125,24 +136,28 @@ class JobsScreen(BcScreen):
 
     async def _cancel(self, job: admin_pb2.JobInfo) -> None:
         if job.terminal:
-            self.notify(f"{job.id} is already {job.state}")
+            self.tell(fmt.text(f"{job.id} is already {job.state}"))
             return
         src = self.source()
         if src is None:
             return
         running = [f"{n.kind}[{n.subject}]" for n in job.nodes if n.state == "running"]
-        body = (
-            f"DAG {job.id} ({job.template} on {', '.join(job.subjects) or 'no subjects'})\n"
-            f"queued nodes are cancelled; running ones are asked to stop: {', '.join(running) or 'none running'}"
+        body = fmt.block(
+            [
+                f"DAG {job.id} ({job.template} on {', '.join(job.subjects) or 'no subjects'})",
+                f"queued nodes are cancelled; running ones are asked to stop: {', '.join(running) or 'none running'}",
+            ]
         )
-        if not await self.app.push_screen_wait(ConfirmScreen(f"Cancel DAG {job.id}?", body)):
+        if not await self.app.push_screen_wait(ConfirmScreen(fmt.text(f"Cancel DAG {job.id}?"), body)):
             return
         out = await self.call(f"cancel {job.id}", src.cancel_job(job.id))
         if isinstance(out, admin_pb2.CancelJobResponse):
-            self.notify(
-                f"{job.id}: {'cancelled' if out.cancelled else 'nothing left to cancel'}; it is {out.job.state}"
+            self.tell(
+                fmt.text(
+                    f"{job.id}: {'cancelled' if out.cancelled else 'nothing left to cancel'}; it is {out.job.state}"
+                )
             )
         await self.reload()
 
     def refresh_error(self, e: BcError) -> None:
-        self.notify(e.message, severity="error")
+        self.tell(fmt.text(e.message), severity="error")

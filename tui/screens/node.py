@@ -12,7 +12,6 @@ from functools import partial
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.widgets import Static
 
 from bc.errors import BcError
 from bc.protocol import kinds
@@ -21,6 +20,7 @@ from bc.protocol.atoms import cdi_qualified
 from bc.protocol.pb import admin_pb2, common_pb2
 from tui import fmt
 from tui.screens.base import BcScreen
+from tui.shown import Shown
 from tui.widgets import ConfirmScreen, RunCommandScreen
 
 
@@ -30,7 +30,7 @@ def render_node(
     commands: list[admin_pb2.CommandInfo],
     events: list[admin_pb2.EventRecord],
     usage: list[admin_pb2.UsageRow] | None = None,
-) -> str:
+) -> fmt.Safe:
     lines = [
         f"{info.node_id}  role {info.role}  {info.state} for {fmt.age(info.state_age_ms)}"
         f"  last heard {fmt.age(info.last_seen_age_ms) if info.last_seen_age_ms >= 0 else 'never'}",
@@ -80,7 +80,7 @@ def render_node(
         lines.append(f"  {ev.seq:>7} {ev.type:<24} {ev.data_json}")
     if not events:
         lines.append("  none since the TUI started")
-    return "\n".join(lines)
+    return fmt.block(lines)  # every line escaped: a node's `\n` in a reason never starts a line of its own
 
 
 class NodeScreen(BcScreen):
@@ -99,7 +99,7 @@ class NodeScreen(BcScreen):
 
     def body(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(f"{self.node_id}: reading…", id="node-detail", markup=False)
+            yield Shown(fmt.text(f"{self.node_id}: reading…"), id="node-detail")
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -124,10 +124,10 @@ class NodeScreen(BcScreen):
             cmds = await src.list_commands(node_id=self.node_id, limit=10)
             used = [u for u in (await src.usage(by="node")).rows if u.key == self.node_id]
         except BcError as e:
-            self.notify(f"{self.node_id}: {e.message}", severity="error")
+            self.tell(fmt.text(f"{self.node_id}: {e.message}"), severity="error")
             return
         evs = [e for e in self.bc.state.events if e.subject == self.node_id or self.node_id in e.data_json]
-        self.query_one("#node-detail", Static).update(render_node(info, holds, cmds, evs, used))
+        self.query_one("#node-detail", Shown).show(render_node(info, holds, cmds, evs, used))
 
     def action_back(self) -> None:
         self.app.pop_screen()
@@ -138,11 +138,11 @@ class NodeScreen(BcScreen):
     async def _cordon(self, cordon: bool) -> None:
         verb = "cordon" if cordon else "uncordon"
         what = "it takes no new holds; what runs keeps running" if cordon else "it takes new holds again"
-        if not await self.app.push_screen_wait(ConfirmScreen(f"{verb} {self.node_id}?", what)):
+        if not await self.app.push_screen_wait(ConfirmScreen(fmt.text(f"{verb} {self.node_id}?"), fmt.text(what))):
             return
         src = self.source()
         if src is not None and await self.call(verb, src.cordon_node(self.node_id, cordon)) is not None:
-            self.notify(f"{self.node_id} {verb}ed")
+            self.tell(fmt.text(f"{self.node_id} {verb}ed"))
         await self.reload()
 
     def action_run(self) -> None:
@@ -159,16 +159,21 @@ class NodeScreen(BcScreen):
         try:
             json.loads(payload or "{}")
         except json.JSONDecodeError as e:
-            self.notify(f"the payload is not JSON: {e}", severity="error")
+            self.tell(fmt.text(f"the payload is not JSON: {e}"), severity="error")
             return
         k = kinds.KINDS[kind]
-        body = f"{kind} on {self.node_id} (lane {k.lane}{', destructive' if k.destructive else ''})\npayload {payload}"
-        if not await self.app.push_screen_wait(ConfirmScreen("Run this command?", body)):
+        body = fmt.block(
+            [
+                f"{kind} on {self.node_id} (lane {k.lane}{', destructive' if k.destructive else ''})",
+                f"payload {payload}",
+            ]
+        )
+        if not await self.app.push_screen_wait(ConfirmScreen(fmt.text("Run this command?"), body)):
             return
         src = self.source()
         if src is None:
             return
         out = await self.call(f"run {kind}", src.run_command(self.node_id, kind, payload_json=payload))
         if isinstance(out, admin_pb2.CommandInfo):
-            self.notify(f"queued {out.id} ({out.state})")
+            self.tell(fmt.text(f"queued {out.id} ({out.state})"))
         await self.reload()

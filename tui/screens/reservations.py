@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Static
 
 from bc.cli.render import format_time_ms
 from bc.errors import BcError
@@ -22,6 +20,7 @@ from bc.protocol.atoms import cdi_qualified
 from bc.protocol.pb import admin_pb2
 from tui import columns, fmt
 from tui.screens.base import BcScreen
+from tui.shown import SafeTable, Shown
 from tui.widgets import ConfirmScreen
 
 GROUPS = (("pending", "pending"), ("active", "active"), ("ended", "ended"))
@@ -53,13 +52,12 @@ class ReservationsScreen(BcScreen):
         self.by_id: dict[str, admin_pb2.Reservation] = {}
 
     def body(self) -> ComposeResult:
-        yield Static("", id="reservations-summary", markup=False)
-        t: DataTable[str] = DataTable(id="reservations", cursor_type="row")
-        yield t
+        yield Shown(id="reservations-summary")
+        yield SafeTable(id="reservations", cursor_type="row")
 
     def on_mount(self) -> None:
         super().on_mount()
-        t = self.query_one("#reservations", DataTable)
+        t = self.query_one("#reservations", SafeTable)
         t.add_columns(*RESERVATION_COLUMNS)
         t.focus()
 
@@ -78,9 +76,9 @@ class ReservationsScreen(BcScreen):
             for u in (await src.usage(by="reservation")).rows:
                 used.setdefault(u.key, []).append(u)
         except BcError as e:
-            self.notify(f"reservations: {e.message}", severity="error")
+            self.tell(fmt.text(f"reservations: {e.message}"), severity="error")
             return
-        t = self.query_one("#reservations", DataTable)
+        t = self.query_one("#reservations", SafeTable)
         self.by_id.clear()
         rows: list[tuple[str, ...]] = []
         for title, rs in groups:
@@ -99,34 +97,34 @@ class ReservationsScreen(BcScreen):
                         str(r.gpus),
                         what,
                         window(r),
-                        escape(used_text(used.get(r.id)))  # a node names the profile
-                        if title != "pending"
-                        else "-",
+                        used_text(used.get(r.id)) if title != "pending" else "-",
                         r.tenant or "-",
                     )
                 )
         width = t.size.width or self.app.size.width  # devices / why and the window share the room left
         columns.refill(t, columns.sized(width, RESERVATION_COLUMNS, rows, (5, 6)), list(self.by_id))
         counts = ", ".join(f"{len(rs)} {title}" for title, rs in groups)
-        self.query_one("#reservations-summary", Static).update(counts)
+        self.query_one("#reservations-summary", Shown).show(fmt.text(counts))
 
     def action_refresh(self) -> None:
         self.spawn(self.reload, "reload")
 
     def action_release(self) -> None:
-        t = self.query_one("#reservations", DataTable)
+        t = self.query_one("#reservations", SafeTable)
         if t.row_count:
             rid = str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
             self.spawn(partial(self._release, rid), "release")
 
     async def _release(self, rid: str) -> None:
         r = self.by_id[rid]
-        body = f"{rid}: {r.gpus} {r.device_class} on {r.node_id or 'no node yet'} ({r.state}); its devices are freed"
-        if not await self.app.push_screen_wait(ConfirmScreen(f"Release {rid}?", body)):
+        body = fmt.text(
+            f"{rid}: {r.gpus} {r.device_class} on {r.node_id or 'no node yet'} ({r.state}); its devices are freed"
+        )
+        if not await self.app.push_screen_wait(ConfirmScreen(fmt.text(f"Release {rid}?"), body)):
             return
         src = self.source()
         if src is not None:
             out = await self.call(f"release {rid}", src.release(rid))
             if isinstance(out, admin_pb2.Reservation):
-                self.notify(f"{rid} is {out.state}")
+                self.tell(fmt.text(f"{rid} is {out.state}"))
         await self.reload()

@@ -1246,23 +1246,29 @@ class ReleaseKeyInfo(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., added_by: _Optional[str] = ..., added_at_ms: _Optional[int] = ...) -> None: ...
 
 class PublishReleaseChunk(_message.Message):
-    __slots__ = ("version", "sha256", "size", "signature", "url", "data")
+    __slots__ = ("version", "sha256", "size", "signature", "url", "data", "name", "sequence", "platform")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
     version: str
     sha256: str
     size: int
     signature: bytes
     url: str
     data: bytes
-    def __init__(self, version: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., signature: _Optional[bytes] = ..., url: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+    name: str
+    sequence: int
+    platform: str
+    def __init__(self, version: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., signature: _Optional[bytes] = ..., url: _Optional[str] = ..., data: _Optional[bytes] = ..., name: _Optional[str] = ..., sequence: _Optional[int] = ..., platform: _Optional[str] = ...) -> None: ...
 
 class ReleaseInfo(_message.Message):
-    __slots__ = ("sequence", "version", "sha256", "size", "signature", "key_id", "url", "published_by", "published_at_ms")
+    __slots__ = ("sequence", "version", "sha256", "size", "signature", "key_id", "url", "published_by", "published_at_ms", "name", "platform")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -1272,6 +1278,8 @@ class ReleaseInfo(_message.Message):
     URL_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_BY_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     version: str
     sha256: str
@@ -1281,7 +1289,9 @@ class ReleaseInfo(_message.Message):
     url: str
     published_by: str
     published_at_ms: int
-    def __init__(self, sequence: _Optional[int] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[str] = ..., url: _Optional[str] = ..., published_by: _Optional[str] = ..., published_at_ms: _Optional[int] = ...) -> None: ...
+    name: str
+    platform: str
+    def __init__(self, sequence: _Optional[int] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[str] = ..., url: _Optional[str] = ..., published_by: _Optional[str] = ..., published_at_ms: _Optional[int] = ..., name: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...
 
 class NodeUpgradeInfo(_message.Message):
     __slots__ = ("node_id", "version", "command_id", "state", "reason")
@@ -1298,20 +1308,24 @@ class NodeUpgradeInfo(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., command_id: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ListReleasesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class ListReleasesResponse(_message.Message):
-    __slots__ = ("releases", "keys", "nodes", "serve_url")
+    __slots__ = ("releases", "keys", "nodes", "serve_url", "next_sequence")
     RELEASES_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     SERVE_URL_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     releases: _containers.RepeatedCompositeFieldContainer[ReleaseInfo]
     keys: _containers.RepeatedCompositeFieldContainer[ReleaseKeyInfo]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeUpgradeInfo]
     serve_url: str
-    def __init__(self, releases: _Optional[_Iterable[_Union[ReleaseInfo, _Mapping]]] = ..., keys: _Optional[_Iterable[_Union[ReleaseKeyInfo, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeUpgradeInfo, _Mapping]]] = ..., serve_url: _Optional[str] = ...) -> None: ...
+    next_sequence: int
+    def __init__(self, releases: _Optional[_Iterable[_Union[ReleaseInfo, _Mapping]]] = ..., keys: _Optional[_Iterable[_Union[ReleaseKeyInfo, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeUpgradeInfo, _Mapping]]] = ..., serve_url: _Optional[str] = ..., next_sequence: _Optional[int] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("over_s",)

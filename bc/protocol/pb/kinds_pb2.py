@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x62\x63/v1/kinds.proto\x12\x05\x62\x63.v1\"\x19\n\x17InventoryRefreshRequest\"$\n\x0f\x44iagNvmlRequest\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\"$\n\x0fGpuResetRequest\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\"#\n\x11NodeRebootRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\";\n\x12LogsCollectRequest\x12\x12\n\nupload_url\x18\x01 \x01(\t\x12\x11\n\tmax_bytes\x18\x02 \x01(\x03\"3\n\x0f\x44iagDcgmRequest\x12\r\n\x05level\x18\x01 \x01(\x05\x12\x11\n\tgpu_uuids\x18\x02 \x03(\t\"w\n\x14\x44\x61\x65monUpgradeRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x0c\n\x04size\x18\x06 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x62\x63/v1/kinds.proto\x12\x05\x62\x63.v1\"\x19\n\x17InventoryRefreshRequest\"$\n\x0f\x44iagNvmlRequest\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\"$\n\x0fGpuResetRequest\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\"#\n\x11NodeRebootRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\";\n\x12LogsCollectRequest\x12\x12\n\nupload_url\x18\x01 \x01(\t\x12\x11\n\tmax_bytes\x18\x02 \x01(\x03\"3\n\x0f\x44iagDcgmRequest\x12\r\n\x05level\x18\x01 \x01(\x05\x12\x11\n\tgpu_uuids\x18\x02 \x03(\t\"\x97\x01\n\x14\x44\x61\x65monUpgradeRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x0c\n\x04size\x18\x06 \x01(\x03\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x10\n\x08platform\x18\x08 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,6 +44,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOGSCOLLECTREQUEST']._serialized_end=227
   _globals['_DIAGDCGMREQUEST']._serialized_start=229
   _globals['_DIAGDCGMREQUEST']._serialized_end=280
-  _globals['_DAEMONUPGRADEREQUEST']._serialized_start=282
-  _globals['_DAEMONUPGRADEREQUEST']._serialized_end=401
+  _globals['_DAEMONUPGRADEREQUEST']._serialized_start=283
+  _globals['_DAEMONUPGRADEREQUEST']._serialized_end=434
 # @@protoc_insertion_point(module_scope)

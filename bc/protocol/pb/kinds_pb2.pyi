@@ -46,17 +46,21 @@ class DiagDcgmRequest(_message.Message):
     def __init__(self, level: _Optional[int] = ..., gpu_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DaemonUpgradeRequest(_message.Message):
-    __slots__ = ("version", "url", "sha256", "signature", "sequence", "size")
+    __slots__ = ("version", "url", "sha256", "signature", "sequence", "size", "name", "platform")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
     version: str
     url: str
     sha256: str
     signature: bytes
     sequence: int
     size: int
-    def __init__(self, version: _Optional[str] = ..., url: _Optional[str] = ..., sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., sequence: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+    name: str
+    platform: str
+    def __init__(self, version: _Optional[str] = ..., url: _Optional[str] = ..., sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., sequence: _Optional[int] = ..., size: _Optional[int] = ..., name: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...

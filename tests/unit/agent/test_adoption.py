@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.converge import cdi, env_files
+from agent.converge import env_files
 from agent.converge.adoption import NO_SPEC, REASON_JOURNAL_LOST, adopted_status, holds_to_keep
 from agent.converge.devices import DevicesConverger
 from agent.converge.run import CONVERGED, PROGRESSING, run
+from agent.hw import cdi
 from agent.hw.fake import FakeHardware
 from bc.protocol.atoms import infer_atom
 from bc.protocol.pb import session_pb2, spec_pb2

@@ -25,6 +25,7 @@ from agent.app import Agent, AgentOptions, AgentParts
 from agent.hw.fake import FakeHardware
 from agent.identity import HeldIdentity, Identity
 from agent.journal_api import new_journal_id
+from agent.journal_rules import Acceptance
 from agent.memory_journal import MemoryJournal
 from agent.node_key import NodeKey
 from agent.offload import inline
@@ -365,11 +366,11 @@ class FailingFirstAccept(MemoryJournal):
 
     failed = False
 
-    async def accept(self, command_id: str, *args: Any) -> None:
+    async def accept(self, a: Acceptance) -> None:
         if not self.failed:
             self.failed = True
             raise OSError(5, "Input/output error")
-        await super().accept(command_id, *args)
+        await super().accept(a)
 
 
 def test_a_failed_accept_answers_nothing_ends_the_session_and_the_redelivery_runs(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from agent.hw.fake import FakeHardware
 from agent.journal import Journal
 from agent.journal_api import AgentJournal
 from agent.journal_conn import connect_commit_in_thread
-from agent.journal_rules import RESULT
+from agent.journal_rules import RESULT, Acceptance
 from agent.kinds import executor_for
 from agent.kinds.base import KindContext, KindExecutor, KindResult
 from agent.memory_journal import MemoryJournal
@@ -325,23 +325,13 @@ class GatedAccepts(MemoryJournal):
         self.gates: dict[str, asyncio.Event] = {}
         self.fails: dict[str, Exception] = {}
 
-    async def accept(
-        self,
-        command_id: str,
-        kind: str,
-        retry_safe: bool,
-        self_terminating: bool,
-        incarnation_id: str,
-        boot_id: str,
-        body: bytes,
-        now: float,
-    ) -> None:
-        gate = self.gates.get(command_id)
+    async def accept(self, a: Acceptance) -> None:
+        gate = self.gates.get(a.command_id)
         if gate is not None:
             await gate.wait()
-        if command_id in self.fails:
-            raise self.fails[command_id]
-        await super().accept(command_id, kind, retry_safe, self_terminating, incarnation_id, boot_id, body, now)
+        if a.command_id in self.fails:
+            raise self.fails[a.command_id]
+        await super().accept(a)
 
 
 @pytest.mark.parametrize("first_fails", [False, True])
@@ -388,7 +378,7 @@ async def test_the_reads_of_a_new_command_do_not_wait_for_a_commit_in_flight(
     assert await journal.get_command("nobody") is None and not await journal.is_full()  # both read once
     conn.open.clear()
     accepting = asyncio.create_task(
-        journal.accept("being-written", "inventory.refresh", True, False, "inc-1", "boot-1", b"body", 1.0)
+        journal.accept(Acceptance("being-written", "inventory.refresh", True, False, "inc-1", "boot-1", b"body", 1.0))
     )
     await conn.until_held(1)
     # The session's two reads for a new command answer while the accept in flight holds the journal's lock.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.journal_rules import Acceptance
 from agent.memory_journal import MemoryJournal
 from bc.protocol.pb import kinds_pb2
 from tests.unit.agent.test_dispatch import NOW_MS, Harness, command
@@ -35,7 +36,7 @@ async def test_an_upgrade_only_session_refuses_every_other_kind(tmp_path: Path) 
 async def test_a_held_command_is_not_recovered_and_redelivery_reports_running(tmp_path: Path) -> None:
     journal = MemoryJournal()
     now = NOW_MS / 1000
-    await journal.accept("up-1", "daemon.upgrade", False, True, "inc-0", "boot-1", b"", now)
+    await journal.accept(Acceptance("up-1", "daemon.upgrade", False, True, "inc-0", "boot-1", b"", now))
     await journal.mark_running("up-1", "inc-0", "boot-1", now)
     h = Harness(tmp_path)
     h.journal = journal

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from agent import journal_rules as rules
 from agent.journal import Journal
-from agent.journal_rules import CommandStore
+from agent.journal_rules import Acceptance, CommandStore
 from agent.memory_journal import MemoryJournal
 from bc.protocol.limits import LIMITS, Limits
 from bc.protocol.pb import session_pb2
@@ -118,7 +118,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 async def test_a_finished_command_over_the_limit_is_journaled_fitted(store: CommandStore) -> None:
-    await store.accept("c1", "diag.nvml", True, False, INC, BOOT, b"body", 1.0)
+    await store.accept(Acceptance("c1", "diag.nvml", True, False, INC, BOOT, b"body", 1.0))
     assert await store.finish("c1", done("c1", b"x" * 5000).SerializeToString(), 2.0)
     [(cid, raw)] = await store.unacked_results()
     stored = CommandUpdate.FromString(raw)
@@ -129,7 +129,7 @@ async def test_a_finished_command_over_the_limit_is_journaled_fitted(store: Comm
 async def test_a_rejection_and_a_settlement_are_fitted_too(store: CommandStore) -> None:
     rejected = CommandUpdate(command_id="c2", state=session_pb2.COMMAND_REJECTED, reason="X" * 999)
     await store.record_done("c2", "gpu.reset", rejected.SerializeToString(), INC, BOOT, 1.0)
-    await store.accept("c3", "gpu.reset", False, False, "older", BOOT, b"body", 1.0)
+    await store.accept(Acceptance("c3", "gpu.reset", False, False, "older", BOOT, b"body", 1.0))
     s = rules.Settlement("c3", "interrupted", BOOT)
     await store.apply_settlements([s], {"c3": done("c3", b"y" * 5000).SerializeToString()}, 2.0)
     got = {cid: CommandUpdate.FromString(raw) for cid, raw in await store.unacked_results()}
@@ -143,8 +143,8 @@ async def test_a_rejection_and_a_settlement_are_fitted_too(store: CommandStore) 
 async def test_an_older_agents_oversized_result_is_settled_at_start(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     j = await Journal.open(path, NODE)
-    await j.accept("c1", "diag.nvml", True, False, INC, BOOT, b"body", 1.0)
-    await j.accept("c2", "diag.nvml", True, False, INC, BOOT, b"body", 1.0)
+    await j.accept(Acceptance("c1", "diag.nvml", True, False, INC, BOOT, b"body", 1.0))
+    await j.accept(Acceptance("c2", "diag.nvml", True, False, INC, BOOT, b"body", 1.0))
     await j.finish("c2", done("c2", b"{}").SerializeToString(), 2.0)
     await j.append_events([("metric", rules.METRIC, b"m" * 100)])
     await j.close()

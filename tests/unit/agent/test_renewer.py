@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from agent.identity import Identity, replace_key_pair, write_atomic
+from agent.identity import Identity, replace_key_pair
 from agent.renewal import IMPOSSIBLE_HINT, Renewer, renew_at
 from bc.clock import LoopClock
 from bc.errors import ProtocolError, Unavailable
+from bc.files import atomic_write
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
@@ -45,8 +46,8 @@ class Node:
         cert = self.ca.issue_node_cert(make_csr(key, "n1"), "n1", "node", idgen, ttl_s)
         self.dir.mkdir()
         keys.write_private_key(self.dir / "node.key", key)
-        write_atomic(self.dir / "node.crt", keys.cert_to_pem(cert))
-        write_atomic(self.dir / "ca.crt", self.ca.ca_pem)
+        atomic_write(self.dir / "node.crt", keys.cert_to_pem(cert))
+        atomic_write(self.dir / "ca.crt", self.ca.ca_pem)
         Identity("n1", "node", "127.0.0.1:1", idgen, self.ca.fingerprint).save(self.dir)
         self.identity = Identity.load(self.dir)
 
@@ -211,7 +212,7 @@ def _pair_matches(d: Path) -> bool:
 def test_a_crash_before_the_new_certificate_is_written_keeps_the_old_pair(node: Node) -> None:
     old = (node.key_pem(), (node.dir / "node.crt").read_bytes())
     key_pem, _ = _new_pair(node)
-    write_atomic(node.dir / "node.key.next", key_pem, 0o600)  # crash here
+    atomic_write(node.dir / "node.key.next", key_pem, 0o600)  # crash here
     Identity.load(node.dir)
     assert (node.key_pem(), (node.dir / "node.crt").read_bytes()) == old
     assert not list(node.dir.glob("*.next"))
@@ -219,8 +220,8 @@ def test_a_crash_before_the_new_certificate_is_written_keeps_the_old_pair(node: 
 
 def test_a_crash_with_both_new_files_written_finishes_the_replacement(node: Node) -> None:
     key_pem, cert_pem = _new_pair(node)
-    write_atomic(node.dir / "node.key.next", key_pem, 0o600)
-    write_atomic(node.dir / "node.crt.next", cert_pem)  # crash here
+    atomic_write(node.dir / "node.key.next", key_pem, 0o600)
+    atomic_write(node.dir / "node.crt.next", cert_pem)  # crash here
     Identity.load(node.dir)
     assert (node.key_pem(), (node.dir / "node.crt").read_bytes()) == (key_pem, cert_pem)
     assert (node.dir / "node.key").stat().st_mode & 0o777 == 0o600
@@ -229,8 +230,8 @@ def test_a_crash_with_both_new_files_written_finishes_the_replacement(node: Node
 
 def test_a_crash_between_the_two_renames_finishes_the_replacement(node: Node) -> None:
     key_pem, cert_pem = _new_pair(node)
-    write_atomic(node.dir / "node.key.next", key_pem, 0o600)
-    write_atomic(node.dir / "node.crt.next", cert_pem)
+    atomic_write(node.dir / "node.key.next", key_pem, 0o600)
+    atomic_write(node.dir / "node.crt.next", cert_pem)
     (node.dir / "node.key.next").rename(node.dir / "node.key")  # crash here: new key, old certificate
     assert not _pair_matches(node.dir)
     Identity.load(node.dir)
@@ -240,8 +241,8 @@ def test_a_crash_between_the_two_renames_finishes_the_replacement(node: Node) ->
 def test_leftovers_of_an_older_identity_are_discarded(node: Node) -> None:
     old = (node.key_pem(), (node.dir / "node.crt").read_bytes())
     key_pem, cert_pem = _new_pair(node, idgen=7)  # e.g. left behind before a `bc join --reset`
-    write_atomic(node.dir / "node.key.next", key_pem, 0o600)
-    write_atomic(node.dir / "node.crt.next", cert_pem)
+    atomic_write(node.dir / "node.key.next", key_pem, 0o600)
+    atomic_write(node.dir / "node.crt.next", cert_pem)
     Identity.load(node.dir)
     assert (node.key_pem(), (node.dir / "node.crt").read_bytes()) == old
     assert not list(node.dir.glob("*.next"))

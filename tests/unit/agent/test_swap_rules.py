@@ -11,24 +11,31 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.upgrade.swap_rules import (
-    BELOW_FLOOR,
     FAILED_BEFORE,
     FORWARD,
     INTERRUPTED,
+    NOT_NEWER,
     ROLLBACK,
     UPDATE_FAILED,
+    WRONG_NAME,
+    WRONG_PLATFORM,
     Disk,
     Installed,
+    Offer,
     Plan,
     Record,
+    Refused,
     Start,
     Step,
     SwapError,
+    already_running,
     apply,
     on_start,
     refusal,
+    remembered,
     run_steps,
     runnable,
+    running_sequence,
 )
 
 OLD = Installed("1.0.0", 1)
@@ -115,15 +122,72 @@ def test_confirm_raises_the_floor_and_an_older_slot_is_refused() -> None:
     assert d.start is Start.REFUSE and "below this node's release floor 2" in d.why
 
 
+HERE = "linux-x86_64"
+
+
+def offer(version: str, sequence: int, name: str = "bc", platform: str = HERE) -> Offer:
+    return Offer(name, version, sequence, platform)
+
+
 def test_refusals() -> None:
-    r = Record(floor=5, failed_versions=("2.0.0",))
-    assert refusal(r, "1.0.0", 4, "3.0.0") == (
-        BELOW_FLOOR,
-        "release 1.0.0 (sequence 4) is below this node's release floor 5",
+    r = Record(floor=5, failed_versions=("2.0.0",), slots={"a": Installed("3.0.0", 5, "bc")})
+    assert refusal(r, "a", offer("1.0.0", 4), HERE) == (
+        NOT_NEWER,
+        "release bc 1.0.0 (sequence 4) is not newer than the sequence 5 this node runs; a node never goes back"
+        " (publish a newer release)",
     )
-    assert refusal(r, "2.0.0", 6, "3.0.0")[0] == FAILED_BEFORE  # type: ignore[index]
-    assert refusal(r, "4.0.0", 7, "3.0.0") is None
-    assert refusal(replace(r, state="pending"), "4.0.0", 7, "3.0.0")[0] == UPDATE_FAILED  # type: ignore[index]
+    assert refusal(r, "a", offer("2.0.0", 6), HERE)[0] == FAILED_BEFORE  # type: ignore[index]
+    assert refusal(r, "a", offer("4.0.0", 7), HERE) is None
+    assert refusal(replace(r, state="pending"), "a", offer("4.0.0", 7), HERE)[0] == UPDATE_FAILED  # type: ignore[index]
+
+
+@pytest.mark.parametrize("sequence", [1, 4, 5])
+def test_a_sequence_at_or_below_the_one_the_node_runs_is_refused(sequence: int) -> None:
+    """TUF's rollback rule: the same sequence is refused as well as an older one (a replay)."""
+    r = Record(floor=5, slots={"a": Installed("3.0.0", 5, "bc")})
+    assert refusal(r, "a", offer("9.9.9", sequence), HERE)[0] == NOT_NEWER  # type: ignore[index]
+    assert refusal(r, "a", offer("9.9.9", 6), HERE) is None
+
+
+def test_the_sequence_a_node_runs_is_its_floor_or_its_slots_own() -> None:
+    assert running_sequence(Record(floor=3, slots={"a": Installed("1", 2)}), "a") == 3
+    assert running_sequence(Record(floor=3, slots={"a": Installed("1", 4)}), "a") == 4
+    assert running_sequence(Record(), "a") == 0  # a first install: any signed release is newer
+    assert refusal(Record(slots={"a": Installed("1.0.0", 0)}), "a", offer("1.0.0", 1), HERE) is None
+
+
+def test_only_the_exact_release_the_node_runs_is_already_there() -> None:
+    r = Record(floor=5, slots={"a": Installed("3.0.0", 5, "bc")})
+    assert already_running(r, "a", offer("3.0.0", 5))
+    assert not already_running(r, "a", offer("3.0.1", 5))  # the same sequence, another version: a replay
+    assert not already_running(r, "a", offer("3.0.0", 6))
+    assert not already_running(r, "a", offer("3.0.0", 5, name="other"))
+    assert not already_running(Record(slots={"a": Installed("3.0.0", 0)}), "a", offer("3.0.0", 0))
+
+
+def test_another_platform_or_release_name_is_refused() -> None:
+    r = Record(floor=1, slots={"a": Installed("1.0.0", 1, "bc")})
+    assert refusal(r, "a", offer("2.0.0", 2, platform="linux-aarch64"), HERE)[0] == WRONG_PLATFORM  # type: ignore[index]
+    assert refusal(r, "a", offer("2.0.0", 2, name="bc-beta"), HERE)[0] == WRONG_NAME  # type: ignore[index]
+    first = Record(slots={"a": Installed("1.0.0", 0)})  # a first install names no release: any name
+    assert refusal(first, "a", offer("2.0.0", 2, name="bc-beta"), HERE) is None
+
+
+def test_a_refusal_is_remembered_for_its_name_and_sequence_only() -> None:
+    no = Refused("bc", 7, "2.0.0", "version-mismatch", "the staged binary says it is '1.9'")
+    r = Record(refused=no)
+    assert remembered(r, offer("2.0.0", 7)) == no
+    assert remembered(r, offer("2.0.0", 8)) is None  # another release is offered
+    assert remembered(r, offer("2.0.0", 7, name="bc-beta")) is None
+    assert remembered(Record(), offer("2.0.0", 7)) is None
+    assert Record.from_json(r.to_json()) == r
+
+
+def test_place_records_the_release_name_of_the_slot() -> None:
+    plan = replace(PLAN, name="bc")
+    disk = run_steps(fresh(), FORWARD, plan)
+    assert disk.record.slots["b"] == Installed("1.1.0", 2, "bc")
+    assert Record.from_json(disk.record.to_json()) == disk.record
 
 
 @pytest.mark.parametrize(

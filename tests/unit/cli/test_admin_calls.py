@@ -12,6 +12,7 @@ import pytest
 from bc.cli.admin_calls import ADMIN, AdminCalls
 from bc.cli.client import WRITE_CHECKS, AdminClient
 from bc.config import OperatorConfig
+from bc.errors import Unavailable
 from bc.wire.stubs import admin_pb2_grpc
 
 # What the generated stub's constructor gives each multicallable: grpc.aio keeps them as attributes.
@@ -51,3 +52,17 @@ def test_the_client_outside_its_context_says_so() -> None:
     config = OperatorConfig(server="127.0.0.1:1", ca_pem=b"", cert_pem=b"", key_pem=b"", data_dir="", path=Path("x"))
     with pytest.raises(RuntimeError, match="outside `async with`"):
         asyncio.run(AdminClient(config).list_nodes())
+
+
+def test_the_client_after_its_context_is_a_server_not_answering() -> None:
+    """A caller that kept the client past its close (a TUI screen mid-read as the feed reconnects) is told the
+    server is not answering (exit 5, retried), not a RuntimeError that stopped `bc tui`."""
+    config = OperatorConfig(server="127.0.0.1:1", ca_pem=b"", cert_pem=b"", key_pem=b"", data_dir="", path=Path("x"))
+
+    async def after_close() -> None:
+        async with AdminClient(config) as client:
+            pass
+        await client.list_nodes()
+
+    with pytest.raises(Unavailable, match=r"127\.0\.0\.1:1 is not answering"):
+        asyncio.run(after_close())

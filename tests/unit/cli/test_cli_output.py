@@ -48,7 +48,7 @@ def test_the_escapes_are_visible_and_plain_text_is_untouched() -> None:
 
 def test_tables_and_json_of_hostile_strings() -> None:
     row = ["n1\x1b]0;owned\x07", "a\u202eb", "x\x9by"]
-    table = render_table(("A", "B", "C"), [row])
+    table = str(render_table(("A", "B", "C"), [row]))
     assert unsafe(table, keep="\n") == [] and "\\x1b]0;owned\\x07" in table
     assert cell("x\x7fy") == "x\\x7fy"
     assert unsafe(dumps({"k": row}), keep="\n") == []
@@ -63,3 +63,30 @@ def test_echo_is_what_leaves_the_cli() -> None:
 
     out = CliRunner().invoke(cmd).output
     assert out == "ok\\x1b[31m red\n"
+
+
+def test_a_string_is_one_line_and_lines_are_built_from_escaped_pieces() -> None:
+    import click
+
+    from bc.cli.output import Lines, lines, paragraphs
+
+    table = lines("HEAD", ["n1\nforged", "ok"])
+    assert list(table) == ["HEAD", "n1\\x0aforged", "ok"]
+    assert str(paragraphs(table, lines(), "tail\r")) == "HEAD\nn1\\x0aforged\nok\n\ntail\\x0d"
+    assert list(Lines(["built\nby hand"])) == ["built\\x0aby hand"]  # escaped whoever builds it
+
+    @click.command()
+    def cmd() -> None:
+        echo("host n1\nn9\rx")
+        echo(table)
+
+    assert CliRunner().invoke(cmd).output == "host n1\\x0an9\\x0dx\nHEAD\nn1\\x0aforged\nok\n"
+
+
+def test_log_records_are_one_line_each() -> None:
+    import logging
+
+    from bc.logs import OneLineFormatter
+
+    record = logging.LogRecord("bc", logging.INFO, __file__, 1, "event=x node=%s", ("n1\nts=forged\x1b[2J",), None)
+    assert OneLineFormatter("%(message)s").format(record) == "event=x node=n1\\x0ats=forged\\x1b[2J"

@@ -88,7 +88,7 @@ def test_format_time_and_memory() -> None:
 
 def test_render_table_aligns_columns_without_trailing_blanks() -> None:
     out = render_table(("NODE", "STATE", "GEN"), [("n1", "connected", 4), ("node-22", "new", "")])
-    assert out.splitlines() == [
+    assert list(out) == [
         "NODE     STATE      GEN",
         "n1       connected  4",
         "node-22  new        -",
@@ -97,7 +97,7 @@ def test_render_table_aligns_columns_without_trailing_blanks() -> None:
 
 def test_render_table_keeps_each_row_on_one_line() -> None:
     out = render_table(("A", "B"), [("x", "two\nlines  here")])
-    assert out.splitlines() == ["A  B", "x  two lines here"]
+    assert list(out) == ["A  B", "x  two lines here"]
 
 
 def test_render_table_refuses_a_ragged_row() -> None:
@@ -111,7 +111,7 @@ def test_cell_cuts_long_text() -> None:
 
 
 def test_render_fields() -> None:
-    assert render_fields([("node", "n1"), ("generation", 4), ("boot id", "")]).splitlines() == [
+    assert list(render_fields([("node", "n1"), ("generation", 4), ("boot id", "")])) == [
         "node        n1",
         "generation  4",
         "boot id     -",

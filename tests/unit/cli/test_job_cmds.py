@@ -130,7 +130,7 @@ def test_the_dag_document_keys_in_order_with_args_and_detail_parsed() -> None:
 
 def test_show_renders_a_node_table() -> None:
     text = render_job(info(dag(node("cordon", "done"), node("drain", "running", deps=("cordon",)))))
-    lines = text.splitlines()
+    lines = list(text)
     header = next(i for i, line in enumerate(lines) if line.startswith("NODE"))
     assert lines[header].split() == ["NODE", "KIND", "SUBJECT", "STATE", "DEPS", "ERROR/DETAIL"]
     assert lines[header + 2].split() == ["drain", "Command", "n1", "▶", "running", "cordon", "command_id=c-1"]
@@ -241,6 +241,6 @@ def test_a_job_waiting_for_its_quorum_says_which_batch_and_how_many_signed() -> 
     )
     job = info(waiting)
     assert progress_line(job).endswith("(awaiting approval: batch b-2, 1 of 2 signed)"), progress_line(job)
-    assert "\nawaiting approval: batch b-2, 1 of 2 signed\n" in render_job(job)
+    assert "\nawaiting approval: batch b-2, 1 of 2 signed\n" in str(render_job(job))
     assert job_to_json(job)["awaiting_approval"] == [{"node": "batch:2", "batch_id": "b-2", "signed": 1, "needed": 2}]
-    assert "awaiting" not in render_job(info(dag(node("batch", "done"))))
+    assert "awaiting" not in str(render_job(info(dag(node("batch", "done")))))

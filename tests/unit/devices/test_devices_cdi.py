@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.converge import cdi
 from agent.converge.devices import Bind, Fail, Refresh, Release, plan
+from agent.hw import cdi
 from agent.hw.fake import FakeHardware
 from bc.protocol.atoms import parse_atom
 from bc.protocol.pb import spec_pb2

@@ -9,7 +9,9 @@ import pytest
 
 from agent.converge.devices import Bind, Fail, plan
 from agent.converge.hold_slices import HoldSlices
-from agent.converge.limits import (
+from agent.hw.base import ProcessResult
+from agent.hw.fake import FakeHardware
+from agent.hw.limits import (
     GIB,
     HostMemory,
     InvalidLimits,
@@ -22,8 +24,6 @@ from agent.converge.limits import (
     slice_name,
     slice_properties,
 )
-from agent.hw.base import ProcessResult
-from agent.hw.fake import FakeHardware
 from agent.hw.slices import FakeSlices, SliceError, SystemdSlices
 from agent.offload import inline
 from bc.protocol.pb import common_pb2, spec_pb2

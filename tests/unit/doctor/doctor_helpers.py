@@ -8,10 +8,11 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.identity import Identity, write_atomic
+from agent.identity import Identity
 from agent.journal import Journal
 from bc.clock import LoopClock
 from bc.config import OperatorConfig
+from bc.files import atomic_write
 from bc.pki import keys, signing
 from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
 from bc.pki.identity import make_csr
@@ -58,8 +59,8 @@ class Cluster:
             ca_pem=self.ca.ca_pem, command_signing_roots=[self.signing_root()] if roots is None else roots
         )
         keys.write_private_key(d / "node.key", key)
-        write_atomic(d / "node.crt", keys.cert_to_pem(cert))
-        write_atomic(d / "ca.crt", self.ca.ca_pem)
+        atomic_write(d / "node.crt", keys.cert_to_pem(cert))
+        atomic_write(d / "ca.crt", self.ca.ca_pem)
         Identity(
             node_id=node_id,
             role="node",

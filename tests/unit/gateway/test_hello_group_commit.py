@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bc.gateway import sessions
+from bc.gateway import session_driver
 from bc.gateway.hello import HelloResult
 from bc.protocol.closing import SessionRefused
 from bc.session_pair import SessionPair
@@ -114,7 +114,7 @@ async def test_a_hello_whose_stream_ended_while_it_waited_is_not_written(tmp_pat
 async def test_a_hello_committed_after_its_stream_ended_is_closed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = sessions.hello_in
+    real = session_driver.hello_in
     writing = asyncio.Event()
     go_on = asyncio.Event()
     hold = {"on": False}
@@ -125,7 +125,7 @@ async def test_a_hello_committed_after_its_stream_ended_is_closed(
             await go_on.wait()  # in the batch's transaction: past the check for an ended stream
         return await real(*args)
 
-    monkeypatch.setattr(sessions, "hello_in", slow_hello)
+    monkeypatch.setattr(session_driver, "hello_in", slow_hello)
     pair = SessionPair(tmp_path, seed=13, agents=1)
     await pair.start()
     try:

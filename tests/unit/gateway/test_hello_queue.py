@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bc.gateway import sessions
+from bc.gateway import session_driver
 from bc.gateway.admission import Admission, Turn
 from bc.gateway.hello import HelloResult
 from bc.gateway.sessions import Gateway
@@ -81,13 +81,13 @@ async def test_a_refused_node_comes_back_after_the_retry_after_it_was_told(tmp_p
 async def test_hellos_beyond_the_bound_wait_for_a_slot_instead_of_being_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = sessions.hello_in
+    real = session_driver.hello_in
 
     async def slow_hello(*args: Any) -> HelloResult:
         await asyncio.sleep(HELLO_S)  # a Hello transaction that takes its time, as on a busy PostgreSQL
         return await real(*args)
 
-    monkeypatch.setattr(sessions, "hello_in", slow_hello)
+    monkeypatch.setattr(session_driver, "hello_in", slow_hello)
     pair = SessionPair(tmp_path, seed=5, agents=6)
     await pair.start()
     try:

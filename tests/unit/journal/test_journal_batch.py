@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from agent.journal import Journal
 from agent.journal_conn import connect_commit_in_thread
-from agent.journal_rules import CommandConflict, CommandEntry, Resolution, UnknownCommand, resolve
+from agent.journal_rules import Acceptance, CommandConflict, CommandEntry, Resolution, UnknownCommand, resolve
 from agent.memory_journal import MemoryJournal
 
 NODE = "n1"
@@ -57,7 +57,7 @@ async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
 
 
 async def accept(j: Journal, cid: str) -> None:
-    await j.accept(cid, "inventory.refresh", True, False, INC, BOOT, BODY, 1.0)
+    await j.accept(Acceptance(cid, "inventory.refresh", True, False, INC, BOOT, BODY, 1.0))
 
 
 async def test_writes_that_arrive_during_a_commit_share_the_next_one_and_each_is_durable_when_answered(
@@ -173,6 +173,7 @@ CHILD = textwrap.dedent(
     """
     import asyncio, os, sys
     from agent.journal import Journal
+    from agent.journal_rules import Acceptance
     from agent.journal_conn import connect_commit_in_thread
 
     path, n, crashed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -214,7 +215,7 @@ CHILD = textwrap.dedent(
     async def main():
         j = await Journal.open(path, "n1", connect=connect)
         for i in range(n):
-            await j.accept(f"c{i}", "inventory.refresh", True, False, "inc-1", "boot-1", b"body", 1.0)
+            await j.accept(Acceptance(f"c{i}", "inventory.refresh", True, False, "inc-1", "boot-1", b"body", 1.0))
 
         async def finish(i):
             await j.finish(f"c{i}", f"result of c{i}".encode(), 2.0)
@@ -272,7 +273,7 @@ async def apply(store: Journal | MemoryJournal, op: Op) -> Any:
     kind, i = op
     cid = f"c{i}"
     if kind == "accept":
-        return await store.accept(cid, "inventory.refresh", True, False, INC, BOOT, BODY, 1.0)
+        return await store.accept(Acceptance(cid, "inventory.refresh", True, False, INC, BOOT, BODY, 1.0))
     if kind == "finish":
         return await store.finish(cid, update(cid), 2.0)
     return await store.ack_results([cid])

@@ -11,6 +11,7 @@ import pytest
 
 from agent.journal import Journal
 from agent.journal_rules import (
+    Acceptance,
     CommandConflict,
     CommandEntry,
     CommandStore,
@@ -48,7 +49,7 @@ async def accept(
     self_terminating: bool = False,
     now: float = 1.0,
 ) -> None:
-    await s.accept(cid, "gpu.reset", retry_safe, self_terminating, inc, boot, b"body-" + cid.encode(), now)
+    await s.accept(Acceptance(cid, "gpu.reset", retry_safe, self_terminating, inc, boot, b"body-" + cid.encode(), now))
 
 
 async def test_accept_is_readable_back_with_its_body(store: CommandStore) -> None:
@@ -75,7 +76,7 @@ async def test_a_duplicate_accept_and_a_done_command_are_refused(store: CommandS
 async def test_a_reexecution_takes_over_an_earlier_process_entry(store: CommandStore) -> None:
     await accept(store, "c1", inc=OLD_INC, boot=OLD_BOOT, retry_safe=True)
     await store.mark_running("c1", OLD_INC, OLD_BOOT, 2.0)
-    await store.accept("c1", "gpu.reset", True, False, INC, BOOT, b"again", 3.0)
+    await store.accept(Acceptance("c1", "gpu.reset", True, False, INC, BOOT, b"again", 3.0))
     entry = await store.get_command("c1")
     assert entry is not None
     assert (entry.state, entry.incarnation_id, entry.boot_id, entry.updated_at) == ("accepted", INC, BOOT, 3.0)
@@ -178,10 +179,10 @@ def path(tmp_path: Path) -> Path:
 async def test_commands_survive_reopen(path: Path) -> None:
     j = await Journal.open(path, NODE)
     try:
-        await j.accept("acc", "node.reboot", True, True, OLD_INC, OLD_BOOT, b"B1", 1.0)
-        await j.accept("run", "node.reboot", True, True, OLD_INC, OLD_BOOT, b"B2", 2.0)
+        await j.accept(Acceptance("acc", "node.reboot", True, True, OLD_INC, OLD_BOOT, b"B1", 1.0))
+        await j.accept(Acceptance("run", "node.reboot", True, True, OLD_INC, OLD_BOOT, b"B2", 2.0))
         await j.mark_running("run", OLD_INC, OLD_BOOT, 3.0)
-        await j.accept("fin", "gpu.reset", False, False, OLD_INC, OLD_BOOT, b"B3", 4.0)
+        await j.accept(Acceptance("fin", "gpu.reset", False, False, OLD_INC, OLD_BOOT, b"B3", 4.0))
         await j.finish("fin", b"\x00result\xff", 5.0)
         await j.record_done("rej", "gpu.reset", b"rejected", OLD_INC, OLD_BOOT, 6.0)
         await j.ack_results(["rej"])
@@ -238,7 +239,7 @@ async def test_a_journal_from_before_commands_opens_and_keeps_its_data(path: Pat
     try:
         assert j.journal_id == "j-old"
         assert [e.payload for e in await j.unacked_events()] == [b"\x01"]
-        await j.accept("c1", "k", False, False, INC, BOOT, b"", 1.0)
+        await j.accept(Acceptance("c1", "k", False, False, INC, BOOT, b"", 1.0))
         assert (await j.get_command("c1")) is not None
     finally:
         await j.close()
@@ -248,7 +249,7 @@ async def test_concurrent_writers_do_not_share_a_transaction(path: Path) -> None
     j = await Journal.open(path, NODE)
     try:
         await asyncio.gather(
-            *(j.accept(f"c{i}", "k", False, False, INC, BOOT, b"", float(i)) for i in range(20)),
+            *(j.accept(Acceptance(f"c{i}", "k", False, False, INC, BOOT, b"", float(i))) for i in range(20)),
             *(j.append_events([("e", 3, bytes([i]))]) for i in range(20)),
         )
         await asyncio.gather(*(j.finish(f"c{i}", b"r%d" % i, 50.0 + i) for i in range(20)))

@@ -26,7 +26,7 @@ from typing import Literal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.journal_rules import CommandEntry, Resolution, recover, resolve
+from agent.journal_rules import Acceptance, CommandEntry, Resolution, recover, resolve
 from agent.memory_journal import MemoryJournal
 from bc.protocol.pb import session_pb2
 
@@ -183,7 +183,9 @@ class ModelAgent:
                 self.world.receive(cid, update)
                 return
             await self.journal.accept(
-                cid, "k", kind.retry_safe, kind.self_terminating, self.inc, self.boot_id, b"body", self.tick()
+                Acceptance(
+                    cid, "k", kind.retry_safe, kind.self_terminating, self.inc, self.boot_id, b"body", self.tick()
+                )
             )
             self.in_flight[cid] = "accepted"
             self.world.receive(cid, self.update(cid, session_pb2.COMMAND_ACKED))

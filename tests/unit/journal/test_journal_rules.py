@@ -17,6 +17,7 @@ from agent.journal_rules import (
     METRIC,
     RESULT,
     TRANSITION,
+    Acceptance,
     BoundsPlan,
     CommandConflict,
     CommandEntry,
@@ -254,13 +255,13 @@ def test_sweep_takes_its_window_as_a_parameter() -> None:
 
 
 def test_accept_creates_an_accepted_entry_of_this_process() -> None:
-    e = accept_entry(None, "c1", "gpu.reset", False, False, INC, BOOT, 5.0)
+    e = accept_entry(None, Acceptance("c1", "gpu.reset", False, False, INC, BOOT, b"", 5.0))
     assert e == CommandEntry("c1", "gpu.reset", "accepted", INC, BOOT, False, False, 5.0, None, False)
 
 
 def test_accept_takes_over_an_earlier_process_entry_for_a_reexecution() -> None:
     old = entry("running", retry_safe=True, boot=OLD_BOOT)
-    e = accept_entry(old, "c1", "k", True, False, INC, BOOT, 9.0)
+    e = accept_entry(old, Acceptance("c1", "k", True, False, INC, BOOT, b"", 9.0))
     assert (e.state, e.incarnation_id, e.boot_id, e.updated_at) == ("accepted", INC, BOOT, 9.0)
 
 
@@ -269,7 +270,7 @@ def test_accept_takes_over_an_earlier_process_entry_for_a_reexecution() -> None:
 )
 def test_accept_refuses_a_done_entry_and_a_duplicate_in_flight(existing: CommandEntry) -> None:
     with pytest.raises(CommandConflict):
-        accept_entry(existing, "c1", "k", True, False, INC, BOOT, 9.0)
+        accept_entry(existing, Acceptance("c1", "k", True, False, INC, BOOT, b"", 9.0))
 
 
 def test_running_records_the_boot_of_the_accepting_process() -> None:

@@ -39,3 +39,14 @@ def test_another_ca_or_a_mangled_signature_does_not_verify(
 
 def test_parts_are_hashed_apart_so_bytes_cannot_move_between_them() -> None:
     assert join_answer.answer_message(b"ab", b"c", b"") != join_answer.answer_message(b"a", b"bc", b"")
+
+
+def test_the_ssh_ca_keys_are_covered_and_none_reads_as_before(ca: CertificateAuthority) -> None:
+    keys = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA install-ca"]
+    sig = ca.sign_join_answer(CSR, CERT, TRUST, keys)
+    assert join_answer.verify_answer(ca.certificate, CSR, CERT, TRUST, sig, keys)
+    assert not join_answer.verify_answer(ca.certificate, CSR, CERT, TRUST, sig, [*keys, "ssh-ed25519 AAAA thief"])
+    assert not join_answer.verify_answer(ca.certificate, CSR, CERT, TRUST, sig, ["ssh-ed25519 AAAA thief"])
+    # Stripped by a gateway: the signature no longer holds, so the node keeps nothing of the answer.
+    assert not join_answer.verify_answer(ca.certificate, CSR, CERT, TRUST, sig)
+    assert join_answer.answer_message(CSR, CERT, TRUST, []) == join_answer.answer_message(CSR, CERT, TRUST)

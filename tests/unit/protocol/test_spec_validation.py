@@ -39,7 +39,14 @@ GOOD = {
         "export_interval_s": 30,
         "resource_attributes": {"rack": "r1"},
     },
-    "daemon": {"version": "1.4.0", "url": "https://rel.example/bc", "sha256": "a" * 64},
+    "daemon": {
+        "name": "bc",
+        "version": "1.4.0",
+        "url": "https://rel.example/bc",
+        "sha256": "a" * 64,
+        "sequence": 7,
+        "platform": "linux-x86_64",
+    },
     "site": {"cache_images": [{"url": "https://img.example/u.qcow2", "sha256": "b" * 64, "format": "qcow2"}]},
 }
 
@@ -98,6 +105,8 @@ def test_a_unit_appears_once() -> None:
         ("daemon", {"sha256": "xyz"}),
         ("daemon", {"url": "ftp://rel.example/bc"}),
         ("daemon", {"version": "1.0 ; reboot"}),
+        ("daemon", {"name": "bc\nversion=9"}),
+        ("daemon", {"platform": "linux-x86_64\nsha256=0"}),
         ("site", {"cache_images": [{"url": "https://i/x", "sha256": "A" * 64}]}),
         ("instances", {"instances": [{"id": "a/../b"}]}),
         ("instances", {"instances": [{"id": "a"}, {"id": "a"}]}),

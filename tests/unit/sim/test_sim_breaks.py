@@ -14,7 +14,7 @@ from google.protobuf.json_format import MessageToJson
 from agent.hw.base import inventory_hash
 from agent.hw.fake import FakeHardware
 from agent.journal_api import AgentJournal
-from agent.journal_rules import Resolution, resolve
+from agent.journal_rules import Acceptance, Resolution, resolve
 from agent.memory_journal import MemoryJournal
 from bc.clock import LoopClock
 from bc.control import invariants
@@ -141,13 +141,13 @@ async def test_a_forgetful_journal_resolves_every_delivery_as_new() -> None:
     inner = MemoryJournal("j-1")
     j = ForgetfulJournal(inner)
     assert j.journal_id == "j-1"
-    await j.accept("c1", "gpu.reset", False, False, "inc-1", "boot-1", b"body", 1.0)
+    await j.accept(Acceptance("c1", "gpu.reset", False, False, "inc-1", "boot-1", b"body", 1.0))
     await j.mark_running("c1", "inc-1", "boot-1", 2.0)
     assert await j.finish("c1", b"result", 3.0)
     # The real journal resends the stored result; the forgetful one executes again, and lets it be accepted.
     assert resolve(await inner.get_command("c1"), "inc-1", "boot-1") is Resolution.RESEND
     assert resolve(await j.get_command("c1"), "inc-1", "boot-1") is Resolution.EXECUTE
-    await j.accept("c1", "gpu.reset", False, False, "inc-1", "boot-1", b"body", 4.0)
+    await j.accept(Acceptance("c1", "gpu.reset", False, False, "inc-1", "boot-1", b"body", 4.0))
     entry = await inner.get_command("c1")
     assert entry is not None and entry.state == "accepted"
 

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -29,8 +28,10 @@ from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from agent.converge.limits import Limits
 from agent.hw.dev_nodes import DevNode
+from agent.hw.limits import Limits
+from bc import files
+from bc.files import fsync_dir
 from bc.protocol.atoms import CDI_KIND, Atom, cdi_name, infer_atom
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ RESERVED_ENV = frozenset({ENV_VISIBLE_DEVICES, ENV_ALLOCATION_ID, ENV_MPS_PIPE, 
 
 SPEC_PREFIX = "bc-"
 SPEC_SUFFIX = ".json"
-TMP_PREFIX = ".bc-tmp-"
+TMP_PREFIX = files.TMP_PREFIX
 
 _ALLOCATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -202,7 +203,7 @@ def node_doc(n: DevNode) -> dict[str, Any]:
 
 @cache
 def _validator() -> Any:
-    folder = resources.files(__package__ or "agent.converge").joinpath("cdi_schema")
+    folder = resources.files(__package__ or "agent.hw").joinpath("cdi_schema")
     schema = json.loads(folder.joinpath("schema.json").read_text("utf-8"))
     defs = json.loads(folder.joinpath("defs.json").read_text("utf-8"))
     registry: Registry[Any] = Registry().with_resource(
@@ -309,23 +310,9 @@ def spec_bytes(doc: dict[str, Any]) -> bytes:
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write a whole file or nothing: temp file in the same directory, fsync, rename, fsync the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(path.parent)
+    """A spec, env or host file whole or not at all (bc.files.atomic_write); a directory it makes is 0755,
+    for the container runtime and the host's tools to read."""
+    files.atomic_write(path, data, mode, dir_mode=0o755)
 
 
 def remove_file(path: Path) -> bool:
@@ -336,14 +323,6 @@ def remove_file(path: Path) -> bool:
         return False
     fsync_dir(path.parent)
     return True
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def remove_stale_temps(directory: Path) -> None:

@@ -1,0 +1,49 @@
+"""Whole files or nothing: the one way bc and the agent replace a file on disk.
+
+`atomic_write` writes a temporary file in the target's directory (its mode set before any byte, so a key is
+never readable by others, not even for a moment), fsyncs it, renames it over the target, and fsyncs the
+directory, so after a crash or a power cut a reader finds the old file or the new one, never a torn mix and
+never an empty file where a rename was not yet durable. Temporary names start with `TMP_PREFIX`, so a
+directory scan can tell (and clean up) what a crash left behind mid-write (agent.hw.cdi does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+TMP_PREFIX = ".bc-tmp-"
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, dir_mode: int = 0o700) -> None:
+    """Replace `path` with `data` (file mode `mode`); a missing parent is made with `dir_mode`.
+
+    Blocking (writes and fsyncs): call it through the agent's offload, or a thread, from async code.
+    """
+    path = Path(path)
+    parent = path.parent
+    parent.mkdir(mode=dir_mode, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp", dir=parent)  # created 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename, a new file or a removal in the directory `path` survive a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
