@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m bc.demo
+	$(PY) -m bc.cli.demo
 
 # The store and control suites run on PostgreSQL too (tests/pg.py): this machine's local database by
 # default; `make test BC_TEST_POSTGRES=` skips those cases (each says why). Two workers (pytest-xdist),

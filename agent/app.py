@@ -67,14 +67,14 @@ from agent.telemetry.metrics import AgentMetrics, Gauges
 from agent.trust import AgentTrust
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
 from agent.upgrade.slots import Slots
-from bc.aio import cancel_and_wait, wait_event
-from bc.clock import Clock, SystemClock
 from bc.errors import Conflict, Unauthenticated
 from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CommandUpdate
-from bc.version import bc_version, test_never_dial
+from bc.runtime.aio import cancel_and_wait, wait_event
+from bc.runtime.version import bc_version, test_never_dial
+from bc.seams.clock import Clock, SystemClock
 from bc.wire.link import Link
 
 log = logging.getLogger("agent")
@@ -140,13 +140,13 @@ class AgentParts:
     telemetry: bool = False
     """Converge the `telemetry` section and export over OTLP; off under the simulator (the section is UNSUPPORTED)."""
     version: str = ""
-    """The version this binary claims (empty: bc.version.bc_version()); a self-update never trusts it."""
+    """The version this binary claims (empty: bc.runtime.version.bc_version()); a self-update never trusts it."""
     restart: Callable[[], Awaitable[None]] | None = None
     """How a self-update starts `current` again; left out: re-exec (fake hardware, no systemd) or exit 75."""
 
 
 async def never_dial() -> Link[session_pb2.GatewayMessage, session_pb2.NodeMessage]:
-    """The dial of a test-only build (bc.version.test_never_dial): it never connects."""
+    """The dial of a test-only build (bc.runtime.version.test_never_dial): it never connects."""
     log.warning("event=agent.never-dial; this is a test-only build")
     await asyncio.Future()
     raise AssertionError("unreachable")
@@ -575,7 +575,7 @@ def _under_systemd() -> bool:
 
 
 async def run_agent(opts: AgentOptions) -> None:
-    from bc import logs
+    from bc.runtime import logs
 
     logs.setup("node", file=opts.data_dir / "node.log")
     agent = Agent(opts)

@@ -65,11 +65,11 @@ from agent import journal_rules as rules
 from agent.kinds import executor_for
 from agent.kinds.base import INTERNAL, INVALID_PAYLOAD, InvalidPayload, KindContext, KindExecutor, KindResult
 from agent.resource_locks import ResourceLocks
-from bc.clock import Clock
 from bc.protocol import kinds
 from bc.protocol.canonical import canonical_json
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import CommandBody, CommandUpdate, NodeMessage
+from bc.seams.clock import Clock
 
 log = logging.getLogger("agent.dispatch")
 

@@ -27,7 +27,10 @@ from agent.identity import Identity
 from agent.join import JOURNAL_FILE, split_server
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS
 from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
-from bc.findings import (
+from bc.pki import keys
+from bc.pki.discovery import fetch_pinned_ca
+from bc.pki.identity import peer_identity
+from bc.protocol.findings import (
     Finding,
     failed,
     lifetime_left,
@@ -38,9 +41,6 @@ from bc.findings import (
     utc_text,
     warned,
 )
-from bc.pki import keys
-from bc.pki.discovery import fetch_pinned_ca
-from bc.pki.identity import peer_identity
 from bc.protocol.pb import common_pb2
 
 RENEW_AT = 0.6

@@ -34,10 +34,10 @@ from typing import Protocol
 
 from agent.offload import Offload
 from bc.errors import BcError, UsageError
-from bc.files import atomic_write, fsync_dir
 from bc.pki import keys
 from bc.pki.identity import peer_identity
 from bc.protocol.pb import common_pb2
+from bc.runtime.files import atomic_write, fsync_dir
 
 log = logging.getLogger("agent.identity")
 

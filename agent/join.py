@@ -34,13 +34,13 @@ import grpc
 from cryptography import x509
 
 from agent.identity import IDENTITY_FILE, NEXT_SUFFIX, Identity
-from bc.clock import SystemClock
 from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
-from bc.files import atomic_write, fsync_dir
 from bc.pki import join_answer, keys, tokens
 from bc.pki.discovery import fetch_pinned_ca
 from bc.pki.identity import make_csr
 from bc.protocol.pb import join_pb2
+from bc.runtime.files import atomic_write, fsync_dir
+from bc.seams.clock import SystemClock
 from bc.wire.status import status_to_error
 from bc.wire.stubs import join_pb2_grpc
 from bc.wire.tls import channel_credentials

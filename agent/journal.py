@@ -70,12 +70,12 @@ from agent.journal_batch import CommitGroups, TxSteps, one_transaction
 from agent.journal_conn import connect_commit_in_thread
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, CommandState, EventRow, Settlement
 from agent.offload import Offload, to_thread
-from bc.clock import Clock, SystemClock
 from bc.errors import UsageError
 from bc.pki import keys
 from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.limits import LIMITS, Limits
 from bc.protocol.pb import session_pb2
+from bc.seams.clock import Clock, SystemClock
 
 __all__ = ["Journal", "JournalCorrupt", "JournalEvent", "JournalFull", "StoredSpec"]
 

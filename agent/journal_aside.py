@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from bc.files import fsync_dir
+from bc.runtime.files import fsync_dir
 
 log = logging.getLogger("agent.journal")
 

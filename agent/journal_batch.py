@@ -12,7 +12,7 @@ the connection's thread) queue, and the next transaction takes them all (up to `
 whose commit never suspends (the simulator's inline one) therefore never forms a batch: every write runs
 where it was issued and nothing suspends that did not before, so a run stays a function of its seed.
 
-The shape is `bc.group_commit`'s, shared with the server's store (`bc.store.group_commit`); two rules
+The shape is `bc.runtime.group_commit`'s, shared with the server's store (`bc.store.group_commit`); two rules
 differ, for what the journal promises:
 
 * a member whose work raises (a transition the rules refuse, an unknown command) costs the others
@@ -34,8 +34,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from bc import group_commit
-from bc.group_commit import MAX_BATCH
+from bc.runtime import group_commit
+from bc.runtime.group_commit import MAX_BATCH
 
 log = logging.getLogger("agent.journal")
 

@@ -29,12 +29,12 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from agent.trust import AgentTrust
-from bc.clock import Clock
-from bc.files import atomic_write
 from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.protocol import kinds
 from bc.protocol.pb import common_pb2, session_pb2
+from bc.runtime.files import atomic_write
+from bc.seams.clock import Clock
 
 UNBATCHED_FILE = "unbatched-destructive.json"
 WINDOW_S = 3600.0

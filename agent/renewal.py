@@ -36,13 +36,13 @@ from cryptography.hazmat.primitives import serialization
 
 from agent.identity import Identity, replace_key_pair
 from agent.trust import decide_bundle
-from bc.clock import Clock
 from bc.errors import BcError, ProtocolError
 from bc.pki import keys
 from bc.pki.ca import BACKDATE_S
 from bc.pki.identity import make_csr, peer_identity
 from bc.pki.renewal import sign_renew_proof
 from bc.protocol.pb import common_pb2, join_pb2
+from bc.seams.clock import Clock
 from bc.wire.status import status_to_error
 from bc.wire.stubs import join_pb2_grpc
 from bc.wire.tls import channel_credentials

@@ -37,9 +37,9 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from agent.app import Agent, AgentOptions, production_parts
 from agent.session.dialing import Dial
-from bc import logs
 from bc.protocol import closing
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
+from bc.runtime import logs
 from bc.wire.link import Link
 
 PROFILE = "hgx-h100-8"

@@ -33,10 +33,10 @@ METHOD = "/bench.Echo/Echo"
 
 def write_pki(root: Path) -> None:
     """A throwaway CA, a serving certificate for 127.0.0.1 and a client certificate, as PEM files in `root`."""
-    from bc.clock import SystemClock
     from bc.pki import keys
     from bc.pki.ca import CertificateAuthority
     from bc.pki.secrets_source import SystemSecrets, p256_key
+    from bc.seams.clock import SystemClock
 
     secrets = SystemSecrets()
     ca = CertificateAuthority.create(SystemClock(), random.Random(), secrets)

@@ -14,7 +14,7 @@
    transaction, as a gateway does), then `engine.pass_once()`; the time from the settle's commit to the
    pass's commit, which claimed the dependent and enqueued its command. Median and p99.
 3. A rolling reboot of `reboot_nodes` fake nodes with `--max-parallel 10` (the `reboot` template) over
-   `bc.session_pair` (real gateway and agents on in-memory links, the job queue as `bc serve` runs it,
+   `bc.sim.pair` (real gateway and agents on in-memory links, the job queue as `bc serve` runs it,
    virtual time), each fake reboot taking `reboot_s` virtual seconds: virtual time vs the ideal
    (⌈nodes / 10⌉ waves × one reboot), and wall time, next to the wall time of the same pair idle for as
    long (the agents' heartbeats and reports) and the wall time spent in the engine's passes. On virtual
@@ -325,8 +325,8 @@ def timed(engine: JobEngine) -> dict[str, float]:
 def rolling_reboot(nodes: int, max_parallel: int, reboot_s: float) -> dict[str, Any]:
     """`bc jobs run reboot` over `nodes` fake nodes with --max-parallel, on virtual time; see the docstring."""
     from bc.jobs import queries
-    from bc.session_pair import PairConfig, SessionPair, _scratch_dir
-    from bc.virtual_time import run as run_virtual
+    from bc.seams.virtual_time import run as run_virtual
+    from bc.sim.pair import PairConfig, SessionPair, _scratch_dir
 
     async def go(root: Path) -> dict[str, Any]:
         pair = SessionPair(root, seed=7, agents=nodes, cfg=PairConfig(reboot_s=reboot_s))

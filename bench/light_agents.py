@@ -28,8 +28,8 @@ from agent.memory_journal import MemoryJournal
 from agent.node_key import NodeKey
 from agent.offload import inline, to_thread
 from agent.session.grpc_dial import grpc_dial
-from bc.clock import SystemClock
 from bc.protocol.pb import session_pb2
+from bc.seams.clock import SystemClock
 
 PROFILE = "hgx-h100-8"
 DRIFT_PASS_S = 300.0

@@ -36,8 +36,6 @@ import asyncpg  # type: ignore[import-untyped]
 from cryptography.hazmat.primitives import serialization
 from google.protobuf import any_pb2
 
-from bc.aio import outside_world
-from bc.clock import SystemClock
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
 from bc.control.dispatch import dispatch_gateway
@@ -50,6 +48,8 @@ from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity, make_csr, peer_identity
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import kinds_pb2, session_pb2
+from bc.runtime.aio import outside_world
+from bc.seams.clock import SystemClock
 from bc.store import Store, StoreError, Tx
 from bc.store import identity as id_sql
 from bc.store import leases as leases_sql

@@ -53,10 +53,10 @@ from typing import Any
 
 from agent.app import Agent, AgentOptions
 from agent.join import join_node
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
 from bc.errors import Unavailable
 from bc.gateway.counters import STATS_EVERY_S
+from bc.runtime.config import OperatorConfig
 from bc.store.postgres import drop_schema
 from bench.light_agents import light_agent, offer_status
 from bench.light_agents_proc import start_agents

@@ -47,15 +47,15 @@ from agent.upgrade.controller import UpgradeConfig
 from agent.upgrade.download import download
 from agent.upgrade.slots import install, read_disk
 from bc.api.release_http import ReleaseServer, url_for
-from bc.cli.client import AdminClient
-from bc.clock import SystemClock
-from bc.config import OperatorConfig
+from bc.assembly.server import Seams, ServeOptions, Server
+from bc.client.admin import AdminClient
 from bc.pki import keys, releases
 from bc.pki.ca import CertificateAuthority
 from bc.pki.releases import upgrade_request
 from bc.pki.secrets_source import SystemSecrets, os_seeded_random, p256_key
 from bc.protocol.pb import admin_pb2
-from bc.serve import Seams, ServeOptions, Server
+from bc.runtime.config import OperatorConfig
+from bc.seams.clock import SystemClock
 
 
 class Node:

@@ -50,8 +50,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from agent.app import Agent, AgentOptions
 from agent.join import join_node
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
+from bc.runtime.config import OperatorConfig
 from bench.stats import pct
 
 

@@ -1,6 +1,6 @@
 """`SessionPair` figures: how fast the whole control loop runs on virtual time, printed, never asserted.
 
-The issue-11 scenario (`bc.session_pair.hour_with_faults`: an hour of heartbeats, a five-minute partition
+The issue-11 scenario (`bc.sim.pair.hour_with_faults`: an hour of heartbeats, a five-minute partition
 of a tenth of the nodes, a 30 s control-plane restart) for 10 and 100 agents, each in a fresh process:
 wall seconds, simulated seconds per wall second, events written, and the digest of the events log.
 
@@ -24,7 +24,7 @@ def run(agents: int, seed: int = 7) -> dict[str, object]:
         [
             sys.executable,
             "-m",
-            "bc.session_pair",
+            "bc.sim.pair",
             "--seed",
             str(seed),
             "--agents",

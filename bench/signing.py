@@ -42,15 +42,15 @@ from agent.hw import open_backend
 from agent.hw.base import inventory_hash
 from agent.node_key import NodeKey
 from agent.trust import AgentTrust
-from bc.clock import SystemClock
 from bc.control.intent import Intent
-from bc.ids import ulid
 from bc.pki import attest, keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.signing import PURPOSE_COMMAND, SigningKeys
 from bc.protocol import kinds
 from bc.protocol.canonical import canonical_json, message_to_dict
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
+from bc.seams.clock import SystemClock
+from bc.seams.ids import ulid
 from bench.commands import commands_per_second
 
 WARMUP = 200

@@ -40,12 +40,12 @@ from agent.app import Agent, AgentOptions
 from agent.converge.run import CONVERGED, Converger, SectionResult
 from agent.converge.sshd import find_tool
 from agent.join import join_node
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.assembly.server import Seams, ServeOptions, Server
+from bc.client.admin import AdminClient
 from bc.pki import ssh as ssh_pki
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import admin_pb2, spec_pb2
-from bc.serve import Seams, ServeOptions, Server
+from bc.runtime.config import OperatorConfig
 
 
 class Timed:

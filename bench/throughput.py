@@ -56,9 +56,9 @@ from typing import Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from agent.join import join_node
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
 from bc.protocol.pb import admin_pb2
+from bc.runtime.config import OperatorConfig
 from bench.echo import echo_rate
 from bench.pg_drivers import PG_URL
 from bench.run import free_port

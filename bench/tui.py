@@ -21,7 +21,7 @@ import random
 import statistics
 import time
 
-from bc.clock import SystemClock
+from bc.seams.clock import SystemClock
 from bench.stats import pct
 from tui.app import BcTui
 from tui.fake import FakeSource

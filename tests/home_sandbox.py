@@ -8,7 +8,7 @@ there), after which the operator's CLI pointed at a dead test port. So every tes
 * `BC_DATA_DIR` in it too, so a `bc serve` or `bc node` started without `--data-dir` never writes
   `/var/lib/bc` (the default as root);
 * `BC_CONFIG` unset rather than pointed at a scratch file: when set it is the only config the CLI will
-  read (bc/config.py), so a scratch value would hide the lookup the tests exercise, and the operator's
+  read (bc/runtime/config.py), so a scratch value would hide the lookup the tests exercise, and the operator's
   own value must never reach a test either.
 
 The suite's own settings (`BC_TEST_POSTGRES`, `BC_HYPOTHESIS_PROFILE`, …) are left alone. At the end

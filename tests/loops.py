@@ -1,6 +1,6 @@
 """Which event loop an async test runs on, through pytest-asyncio's `pytest_asyncio_loop_factories` hook.
 
-A test marked `virtual_time` runs on `bc.virtual_time.VirtualTimeLoop` (time jumps to the next timer when
+A test marked `virtual_time` runs on `bc.seams.virtual_time.VirtualTimeLoop` (time jumps to the next timer when
 every task waits), one marked `wall_clock` on the ordinary loop; an unmarked test on the loop of the deepest
 directory in `DIRECTORY_LOOPS` that holds it, else on the ordinary loop. Tests over real gRPC, subprocesses
 or aiosqlite under a pending timer need the wall clock: that work completes in threads the virtual loop
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from bc.virtual_time import VirtualTimeLoop
+from bc.seams.virtual_time import VirtualTimeLoop
 
 LoopFactories = Mapping[str, Callable[[], asyncio.AbstractEventLoop]]
 
@@ -30,7 +30,7 @@ DIRECTORY_LOOPS: Mapping[str, LoopFactories] = {
 
 
 def register_markers(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "virtual_time: run on the virtual-time loop (bc.virtual_time)")
+    config.addinivalue_line("markers", "virtual_time: run on the virtual-time loop (bc.seams.virtual_time)")
     config.addinivalue_line("markers", "wall_clock: run on the ordinary loop and the host's clock")
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from textual.app import App
 from textual.binding import Binding
 
-from bc.clock import Clock
 from bc.protocol.pb import admin_pb2
+from bc.seams.clock import Clock
 from tui.feed import Feed, Listener
 from tui.palette import FindProvider
 from tui.screens.approvals import ApprovalsScreen

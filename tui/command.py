@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from bc.cli.client import AdminClient
-from bc.clock import SystemClock
-from bc.config import find_operator_config
+from bc.client.admin import AdminClient
+from bc.runtime.config import find_operator_config
+from bc.seams.clock import SystemClock
 from tui.source import Source
 
 

@@ -14,7 +14,7 @@ One task per connection attempt:
    `ListNodes` is polled every `poll_s` too: heartbeats move "last heard" without an event.
 
 When the stream breaks the link goes down (the banner says for how long, and when the next
-attempt is) and the feed tries again with the clients' one back-off (`bc.cli.reconnect`: 0.2 s
+attempt is) and the feed tries again with the clients' one back-off (`bc.client.reconnect`: 0.2 s
 doubling to 2 s) on the injected clock, opening a fresh connection each time. Whatever fails an
 attempt (not only our errors: a grpc call cancelled under it, a bug) fails that attempt only: a
 feed that stopped trying would leave every screen frozen behind a banner that never changes.
@@ -30,10 +30,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bc.cli.reconnect import CLIENT_BACKOFF, Backoff
-from bc.clock import Clock
+from bc.client.reconnect import CLIENT_BACKOFF, Backoff
 from bc.errors import BcError, NotFound, Unauthenticated
 from bc.protocol.pb import admin_pb2
+from bc.seams.clock import Clock
 from tui.source import Connect, Source
 from tui.state import FleetState
 

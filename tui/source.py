@@ -1,4 +1,4 @@
-"""The Admin calls the TUI makes: `bc.cli.client.AdminClient` is the production one.
+"""The Admin calls the TUI makes: `bc.client.admin.AdminClient` is the production one.
 
 A Protocol, so that snapshot tests and the benchmark drive the app from a fake that
 holds seeded replies (a seam we own, not a mock of gRPC).

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from bc.cli.reconnect import Outage
+from bc.client.reconnect import Outage
 from bc.protocol.pb import admin_pb2
 from tui.fleet_model import Inflight, NodeRow, node_of, note_lag, parse_data
 
@@ -20,7 +20,7 @@ EVENTS_KEPT = 5000
 
 @dataclass
 class Link:
-    """The connection as the banner tells it: live, or an outage (`bc.cli.reconnect.Outage`, the policy every
+    """The connection as the banner tells it: live, or an outage (`bc.client.reconnect.Outage`, the policy every
     client shares: how long the server has been away, the attempts, when the next one starts)."""
 
     live: bool = False

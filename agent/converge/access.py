@@ -37,8 +37,8 @@ from agent.converge import access_files as af
 from agent.converge.run import CONVERGED, FAILED, SectionResult
 from agent.converge.sshd import DEFAULT_RELOAD, SSHD_CONFIG, SshdTools, ToolError
 from agent.offload import Offload, to_thread
-from bc.files import atomic_write
 from bc.protocol.pb import spec_pb2
+from bc.runtime.files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from agent.health import rules, xid
 from agent.health.conditions import Change, ConditionBook
 from agent.health.readings import HealthReading, HealthSource
 from agent.offload import Offload
-from bc.clock import Clock
 from bc.protocol.pb import common_pb2
+from bc.seams.clock import Clock
 
 log = logging.getLogger("agent.health")
 

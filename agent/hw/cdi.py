@@ -30,9 +30,9 @@ from referencing.jsonschema import DRAFT7
 
 from agent.hw.dev_nodes import DevNode
 from agent.hw.limits import Limits
-from bc import files
-from bc.files import fsync_dir
 from bc.protocol.atoms import CDI_KIND, Atom, cdi_name, infer_atom
+from bc.runtime import files
+from bc.runtime.files import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def spec_bytes(doc: dict[str, Any]) -> bytes:
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """A spec, env or host file whole or not at all (bc.files.atomic_write); a directory it makes is 0755,
+    """A spec, env or host file whole or not at all (bc.runtime.files.atomic_write); a directory it makes is 0755,
     for the container runtime and the host's tools to read."""
     files.atomic_write(path, data, mode, dir_mode=0o755)
 

@@ -41,9 +41,9 @@ from agent.hw.fake_faults import FAULTS_FILE, FakeHealthSource, parse_faults
 from agent.hw.fake_mig import FakeMig
 from agent.hw.slices import FAKE_SLICES_DIR, FakeSlices
 from agent.offload import Offload, to_thread
-from bc.files import atomic_write
 from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.pb import common_pb2
+from bc.runtime.files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from agent.hw.base import ProcessResult
 from agent.hw.mig_profiles import layout_problem
-from bc.files import atomic_write
 from bc.protocol.pb import common_pb2
+from bc.runtime.files import atomic_write
 
 STATE_FILE = "fake-mig.json"
 

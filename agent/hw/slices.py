@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from agent.hw.base import ProcessResult, run_process
 from agent.hw.limits import SLICE_PREFIX, SLICE_SUFFIX, Limits, cgroup_path, hugetlb_limits, slice_properties
 from agent.offload import Offload, to_thread
-from bc.files import atomic_write
+from bc.runtime.files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from agent.hw.base import HardwareBackend
 from agent.kind_result import KindResult as KindResult  # the kinds' own name for it
 from agent.kinds.upload_allow import UrlParts
 from agent.offload import Offload, to_thread
-from bc.clock import Clock, SystemClock
 from bc.protocol.atoms import GPU, parse_atom
+from bc.seams.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 

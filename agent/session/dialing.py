@@ -46,10 +46,10 @@ from typing import Protocol, runtime_checkable
 
 from agent import framing
 from agent.session.runner import SessionDeps, SessionEnd, SessionRunner
-from bc.aio import wait_event
 from bc.protocol import closing
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.runtime.aio import wait_event
 from bc.wire.link import Link, LinkClosed
 
 log = logging.getLogger("agent")

@@ -23,8 +23,8 @@ from agent.identity import Identity, IdentityStore
 from agent.journal_api import AgentJournal, JournalFull, StoredSpec
 from agent.session.outbox import Outbox
 from agent.trust import AgentTrust, decide_bundle
-from bc.clock import Clock
 from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
+from bc.seams.clock import Clock
 
 log = logging.getLogger("agent")
 

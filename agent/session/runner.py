@@ -38,10 +38,10 @@ from agent.journal_api import AgentJournal
 from agent.session.node_state import NodeState
 from agent.session.outbox import Outbox
 from bc import __version__
-from bc.aio import wait_event
-from bc.clock import Clock
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import CommandUpdate, GatewayMessage, NodeMessage
+from bc.runtime.aio import wait_event
+from bc.seams.clock import Clock
 from bc.wire.link import Link
 
 log = logging.getLogger("agent")

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from agent.offload import Offload
 from agent.telemetry.metrics import AgentMetrics, Gauges
-from bc.aio import wait_event
 from bc.otel.config import OtlpConfig
+from bc.runtime.aio import wait_event
 
 if TYPE_CHECKING:
     from bc.otel.export import OtlpPipeline

@@ -66,12 +66,12 @@ from agent.upgrade.swap_rules import (
     remembered,
     unsettled,
 )
-from bc.aio import wait_event
-from bc.clock import Clock
 from bc.pki import releases
 from bc.protocol.canonical import canonical_json
 from bc.protocol.pb import kinds_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CommandUpdate
+from bc.runtime.aio import wait_event
+from bc.seams.clock import Clock
 
 log = logging.getLogger(__name__)
 

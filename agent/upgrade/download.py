@@ -29,7 +29,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from agent.offload import Offload, to_thread
-from bc.clock import Clock, SystemClock
+from bc.seams.clock import Clock, SystemClock
 
 MAX_REDIRECTS = 5
 MIN_BYTES = 1 << 20

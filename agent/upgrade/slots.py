@@ -21,8 +21,8 @@ from pathlib import Path
 
 from agent.offload import Offload, to_thread
 from agent.upgrade.swap_rules import SLOTS, Disk, Installed, Plan, Record, Refused, Slot, Step, apply, other
-from bc.files import atomic_write as write_file_atomic
-from bc.files import fsync_dir
+from bc.runtime.files import atomic_write as write_file_atomic
+from bc.runtime.files import fsync_dir
 
 CURRENT = "current"
 RECORD = "upgrade.json"

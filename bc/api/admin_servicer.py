@@ -31,7 +31,6 @@ from bc.api.jobs_servicer import JobEngine, JobRpcs
 from bc.api.peers import operator_of
 from bc.api.release_servicer import ReleaseRpcs
 from bc.api.ssh_servicer import SshRpcs
-from bc.clock import Clock
 from bc.control import (
     approvers,
     command_runs,
@@ -52,6 +51,7 @@ from bc.errors import Conflict, UsageError
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import Secrets
 from bc.protocol.pb import admin_pb2
+from bc.seams.clock import Clock
 from bc.store import Row, Store
 from bc.wire.stubs import admin_pb2_grpc
 
@@ -94,7 +94,7 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
         self.ssh_ca_dir = ssh_ca_dir  # <data-dir>/ssh-ca: the SSH user CA key (bc.control.ssh)
         self.releases_dir = releases_dir
         self.release_url = release_url
-        self.drain = drain  # bc serve drain: this process's own (bc.serve.Server.drain)
+        self.drain = drain  # bc serve drain: this process's own (bc.assembly.server.Server.drain)
 
     async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller:
         return await operators.authorize(self.store, operator_of(context, self.ca.certificate), need, what)

@@ -1,6 +1,6 @@
 """Join and Renew on a gateway-only process: forwarded to an api process, which alone holds the CA.
 
-The gateway finds the api processes in the store (each registers where it answers, `bc.serve`'s api
+The gateway finds the api processes in the store (each registers where it answers, `bc.assembly.server`'s api
 loop; or `--api`), tries them in turn while they are UNAVAILABLE, and relays the first answer; any other
 refusal is the node's to read, as the api said it. What a forwarding gateway could abuse, and why it
 cannot:

@@ -1,6 +1,6 @@
 """The one place a control-plane process's components are built, from the seams it is handed.
 
-`bc serve` (`bc.serve.Server`), the in-process harness (`bc.session_pair`)
+`bc serve` (`bc.assembly.server.Server`), the in-process harness (`bc.sim.pair`)
 and `bc sim`'s gateway processes (`bc.sim.gateways`) call `build_control`;
 what differs between them is only what they pass: the store (a file, a
 server, an outage-injecting wrapper), the clock (the host's or virtual), the
@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bc.assembly.loops import Parts
-from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.intent import Intent
@@ -31,6 +30,7 @@ from bc.control.sweeper import CommandSweeper
 from bc.control.trust import TrustSource
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.jobs.engine import JobEngine
+from bc.seams.clock import Clock
 from bc.store import Store
 from bc.store.leases import Claim
 

@@ -1,6 +1,6 @@
 """The one table of a process's loops: which role runs each, what it needs, in what order they start.
 
-`bc serve`, the in-process harness (`bc.session_pair`) and `bc sim`'s gateway
+`bc serve`, the in-process harness (`bc.sim.pair`) and `bc sim`'s gateway
 processes all start their loops from this table (`start_loops`), under one
 `Supervisor`; they differ only in what they built (`Parts`) and what they
 have (`Has`): a listener, a CA, signing keys, a gateway certificate, an OTLP
@@ -23,7 +23,6 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from bc.assembly.supervisor import LoopFactory, Supervisor
-from bc.clock import Clock
 from bc.control import trust as trust_ctl
 from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.liveness import Liveness
@@ -33,6 +32,7 @@ from bc.control.sweeper import CommandSweeper
 from bc.control.trust import TrustSource
 from bc.gateway.sessions import Gateway
 from bc.jobs.engine import JobEngine
+from bc.seams.clock import Clock
 from bc.store import Store
 
 API, GATEWAY, WORKER = "api", "gateway", "worker"

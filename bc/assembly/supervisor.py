@@ -30,9 +30,9 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
-from bc.aio import cancel_and_wait
-from bc.clock import Clock
 from bc.protocol.text_safety import one_line
+from bc.runtime.aio import cancel_and_wait
+from bc.seams.clock import Clock
 
 log = logging.getLogger("bc.assembly.supervisor")
 

@@ -1,7 +1,7 @@
 """The operator's commands: tokens, nodes, specs, reservations, events.
 
 Each one finds the operator config (no connection flags: `bc serve` leaves the
-config where `bc.config` looks), makes one or two Admin calls and renders the
+config where `bc.runtime.config` looks), makes one or two Admin calls and renders the
 reply: a table for people, or with `--json` a JSON document on stdout and
 nothing else there (progress goes to stderr). The JSON keys are the proto
 field names; scripts (and the black-box checks) rely on them.
@@ -18,11 +18,9 @@ from typing import Any, TypeVar
 
 import click
 
-from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
 from bc.cli.job_progress import check_done, follow
 from bc.cli.output import Lines, echo, json_lines, lines, paragraphs
-from bc.cli.reconnect import follow_events
 from bc.cli.render import (
     INT64_MAX,
     cell,
@@ -37,15 +35,17 @@ from bc.cli.render import (
     render_fields,
     render_table,
 )
-from bc.clock import SystemClock
-from bc.config import default_data_dir
+from bc.client.admin import AdminClient, run_client, slow
+from bc.client.reconnect import follow_events
 from bc.errors import UsageError
-from bc.local_files import read_local_file
 from bc.protocol import labels as node_labels
 from bc.protocol import usage_units as units
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2, common_pb2
 from bc.protocol.sections import SECTIONS
+from bc.runtime.config import default_data_dir
+from bc.runtime.local_files import read_local_file
+from bc.seams.clock import SystemClock
 
 _T = TypeVar("_T")
 

@@ -18,17 +18,17 @@ import click
 
 from bc.cli import times
 from bc.cli.admin_cmds import call_admin, json_option
-from bc.cli.client import AdminClient
 from bc.cli.csv_cells import csv_row
 from bc.cli.emit import emit
 from bc.cli.output import Lines, echo, lines
-from bc.cli.reconnect import follow_events, retrying
 from bc.cli.render import format_age, render_table
-from bc.clock import SystemClock
+from bc.client.admin import AdminClient
+from bc.client.reconnect import follow_events, retrying
 from bc.errors import UsageError
 from bc.protocol import usage_units as units
 from bc.protocol.limits import LIMITS, check_name, check_range
 from bc.protocol.pb import admin_pb2
+from bc.seams.clock import SystemClock
 
 _SIZES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 SETTLED = ("active", "failed", "ended", "released", "lost")

@@ -32,10 +32,8 @@ import click
 
 from bc.cli import fanout as fan
 from bc.cli.admin_cmds import read_json_object
-from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
 from bc.cli.output import Lines, echo, json_lines, lines
-from bc.cli.reconnect import retrying
 from bc.cli.render import (
     INT64_MAX,
     format_age,
@@ -45,10 +43,12 @@ from bc.cli.render import (
     render_fields,
     render_table,
 )
-from bc.clock import SystemClock
+from bc.client.admin import AdminClient, run_client, slow
+from bc.client.reconnect import retrying
 from bc.control.command_states import CANCELLED, STATES, SUCCEEDED, TERMINAL
 from bc.errors import BcError, UsageError
 from bc.protocol.pb import admin_pb2
+from bc.seams.clock import SystemClock
 
 _T = TypeVar("_T")
 F = TypeVar("F", bound=Callable[..., Any])

@@ -21,10 +21,10 @@ import click
 
 from bc.cli.emit import emit
 from bc.cli.output import Lines, lines
-from bc.clock import SystemClock
-from bc.config import default_data_dir
 from bc.errors import BcError, UsageError
-from bc.findings import FAIL, Finding, ok
+from bc.protocol.findings import FAIL, Finding, ok
+from bc.runtime.config import default_data_dir
+from bc.seams.clock import SystemClock
 
 
 class ChecksFailed(BcError):

@@ -27,15 +27,15 @@ import json
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 
-from bc.cli.client import AdminClient
 from bc.cli.output import echo
-from bc.cli.reconnect import follow_events
 from bc.cli.render import format_span
-from bc.clock import SystemClock
+from bc.client.admin import AdminClient
+from bc.client.reconnect import follow_events
 from bc.control.command_states import STATES, SUCCEEDED, TERMINAL
 from bc.errors import ProtocolError, UsageError
 from bc.protocol import kinds
 from bc.protocol.pb import admin_pb2
+from bc.seams.clock import SystemClock
 
 PROGRESS_EVERY_S = 1.0
 """At most one progress line a second (and always the last one)."""

@@ -21,7 +21,6 @@ from typing import TypeVar
 import click
 
 from bc.cli.admin_cmds import read_json_object
-from bc.cli.client import AdminClient, run_client, slow
 from bc.cli.emit import emit
 from bc.cli.job_progress import (
     JobFailed,
@@ -42,6 +41,7 @@ from bc.cli.render import (
     render_fields,
     render_table,
 )
+from bc.client.admin import AdminClient, run_client, slow
 from bc.errors import Unavailable, UsageError
 from bc.jobs.views import TEMPLATES
 from bc.protocol.pb import admin_pb2

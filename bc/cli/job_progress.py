@@ -16,12 +16,12 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from bc.cli.client import AdminClient
-from bc.cli.reconnect import reopening
 from bc.cli.render import format_time_ms, message_to_json
-from bc.clock import SystemClock
+from bc.client.admin import AdminClient
+from bc.client.reconnect import reopening
 from bc.errors import BcError, ProtocolError
 from bc.protocol.pb import admin_pb2
+from bc.seams.clock import SystemClock
 
 GLYPHS = {"queued": "○", "running": "▶", "done": "✓", "failed": "✗", "cancelled": "⊘"}
 STATE_ORDER = ("done", "running", "queued", "failed", "cancelled")

@@ -71,7 +71,7 @@ tests/unit/cli/test_cli_errors.py checks this table against every module's
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        from bc.version import build_info  # only when asked: it may run git
+        from bc.runtime.version import build_info  # only when asked: it may run git
 
         echo(text_lines(build_info().text()))
         ctx.exit(0)

@@ -17,12 +17,12 @@ from bc.cli.admin_cmds import call_admin, json_option
 from bc.cli.emit import emit
 from bc.cli.output import Lines, lines
 from bc.cli.render import format_age, format_time_ms, render_table
-from bc.config import OperatorConfig, find_operator_config
 from bc.control.operators import DEFAULT_ROLE, ROLES
 from bc.errors import BcError, UsageError
 from bc.pki import keys
 from bc.pki.identity import check_safe_name
 from bc.protocol.pb import admin_pb2
+from bc.runtime.config import OperatorConfig, find_operator_config
 
 
 @click.group("operators", invoke_without_command=True)

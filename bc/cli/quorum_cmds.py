@@ -29,20 +29,20 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from bc.cli.admin_cmds import ROOT_KEY_OPTION, call_admin, json_option, read_json_object
-from bc.cli.client import AdminClient
 from bc.cli.emit import emit
 from bc.cli.output import Lines, confirm, echo, lines, paragraphs
 from bc.cli.render import cell, format_age, format_time_ms, parse_duration, render_fields, render_table
+from bc.client.admin import AdminClient
 from bc.control.approvers import MAX_ALLOWANCE, MAX_THRESHOLD
 from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
-from bc.files import atomic_write
-from bc.local_files import read_local_file
 from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.pki import ssh as ssh_pki
 from bc.protocol import canonical, root_equiv
 from bc.protocol.pb import admin_pb2
+from bc.runtime.files import atomic_write
+from bc.runtime.local_files import read_local_file
 
 DEFAULT_APPROVAL_TTL_S = 3600
 

@@ -1,6 +1,6 @@
 """The long-running commands: `bc serve` (control plane), `bc join` and `bc node` (the agent).
 
-They only turn flags into the options objects of `bc.serve` and `agent.*` and
+They only turn flags into the options objects of `bc.assembly.server` and `agent.*` and
 run them; those modules are imported inside each command so that `bc nodes`
 does not pay for loading the control plane (and so the agent never needs the
 store to be importable).
@@ -18,8 +18,8 @@ from bc.cli.bounded import DAY_S, Seconds
 from bc.cli.emit import emit
 from bc.cli.output import echo, lines
 from bc.cli.render import with_progress
-from bc.config import default_data_dir
 from bc.errors import UsageError
+from bc.runtime.config import default_data_dir
 
 _DIR = click.Path(file_okay=False, path_type=Path)
 
@@ -114,13 +114,14 @@ def serve(
     """Run the control plane until SIGINT or SIGTERM (or `bc serve drain`)."""
     if ctx.invoked_subcommand is not None:
         return
+    from bc.assembly.roles import check_flags, parse_roles
     from bc.otel.config import BadOtlpConfig, OtlpConfig, parse
-    from bc.serve_roles import check_flags, parse_roles
 
     wanted = parse_roles(roles)
-    # Flags this process's roles would ignore are refused before anything starts (bc.serve_roles).
+    # Flags this process's roles would ignore are refused before anything starts (bc.assembly.roles).
     check_flags(wanted, [name for name in ctx.params if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE])
-    from bc.serve import ServeOptions, run_serve
+    from bc.assembly.server import ServeOptions
+    from bc.cli.serve_run import run_serve
 
     otlp: OtlpConfig | None = None
     if otlp_endpoint is not None:
@@ -168,7 +169,7 @@ def serve(
 @click.option("--json", "as_json", is_flag=True)
 def drain(over_s: int, no_wait: bool, as_json: bool) -> None:
     """Move the nodes of the bc serve this CLI talks to over to the other gateways, then stop it."""
-    from bc.cli.client import AdminClient, run_client
+    from bc.client.admin import AdminClient, run_client
     from bc.errors import Unavailable
 
     async def go(c: AdminClient) -> dict[str, object]:

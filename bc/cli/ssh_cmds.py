@@ -24,17 +24,17 @@ from pathlib import Path
 import click
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from bc.cli.client import AdminClient, run_client
 from bc.cli.emit import emit
 from bc.cli.output import Lines, echo, lines
 from bc.cli.render import cell, format_time_ms, parse_duration, render_fields, render_table
+from bc.client.admin import AdminClient, run_client
 from bc.control.ssh import DEFAULT_TTL_S, MAX_TTL_S
 from bc.errors import Conflict, UsageError
-from bc.local_files import read_local_text
 from bc.pki import ssh as ssh_pki
 from bc.pki.secrets_source import SystemSecrets, ed25519_key
 from bc.protocol import ssh_lines
 from bc.protocol.pb import admin_pb2
+from bc.runtime.local_files import read_local_text
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 WAIT_POLL_S = 1.0

@@ -20,8 +20,8 @@ import click
 from bc.cli.emit import emit
 from bc.cli.output import Lines, lines
 from bc.cli.render import render_table
-from bc.config import default_data_dir
 from bc.errors import Conflict, Unavailable, UsageError
+from bc.runtime.config import default_data_dir
 
 if TYPE_CHECKING:
     from bc.store import Store
@@ -184,7 +184,7 @@ def copy_cmd(src_url: str, dst_url: str, as_json: bool) -> None:
     _existing(src_url)
 
     async def go() -> dict[str, object]:
-        from bc.clock import SystemClock
+        from bc.seams.clock import SystemClock
         from bc.store import open_store
         from bc.store.copy import copy_store
 

@@ -34,7 +34,7 @@ import click
 from bc.cli.emit import emit
 from bc.cli.output import Lines, echo, lines, text_lines
 from bc.errors import UsageError
-from bc.version import bc_version, build_info
+from bc.runtime.version import bc_version, build_info
 
 DEFAULT_BIN = "/usr/local/bin/bc"
 DEFAULT_SERVE_DIR = "/var/lib/bc"

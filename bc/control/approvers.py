@@ -37,10 +37,10 @@ from bc.control import views
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
-from bc.ids import ulid
 from bc.pki import quorum as q
 from bc.pki.identity import check_safe_name
 from bc.protocol.pb import admin_pb2, common_pb2
+from bc.seams.ids import ulid
 from bc.store import Row, Store, Tx
 from bc.store import operators as ops_sql
 from bc.store import quorum as q_sql

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from bc.aio import wait_event
+from bc.runtime.aio import wait_event
 
 
 class Relay(Protocol):

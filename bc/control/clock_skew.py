@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from bc.clock import Clock
+from bc.seams.clock import Clock
 from bc.store import Store, StoreError
 
 log = logging.getLogger("bc.control.clock_skew")

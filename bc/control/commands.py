@@ -47,9 +47,9 @@ from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
 from bc.errors import Conflict, NotFound, UsageError
-from bc.ids import ulid
 from bc.protocol import kinds, limits
 from bc.protocol.pb import kinds_pb2, session_pb2
+from bc.seams.ids import ulid
 from bc.store import Row, Store, Tx
 from bc.store import commands as cmd_sql
 from bc.store import dispatch as dispatch_sql

@@ -19,13 +19,13 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from bc.clock import Clock
-from bc.config import OperatorConfig
 from bc.control.clock_skew import ClockSkewMonitor
 from bc.errors import UsageError
-from bc.findings import Finding, failed, lifetime_left, passed, read_only_sqlite, span, utc_text, warned
 from bc.pki import keys, signing
 from bc.pki.ca import CA_CERT_FILE, CA_KEY_FILE
+from bc.protocol.findings import Finding, failed, lifetime_left, passed, read_only_sqlite, span, utc_text, warned
+from bc.runtime.config import OperatorConfig
+from bc.seams.clock import Clock
 from bc.store import Store, StoreError, open_store
 from bc.store.migrate import migrations, schema_version_of
 

@@ -28,7 +28,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 
-from bc.clock import Clock
 from bc.control import ssh as ssh_ctl
 from bc.control.bus import Bus
 from bc.control.events import publish
@@ -40,6 +39,7 @@ from bc.pki import tokens as pki_tokens
 from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
 from bc.pki.identity import PeerIdentity, peer_identity
 from bc.pki.secrets_source import Secrets
+from bc.seams.clock import Clock
 from bc.store import Store
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql

@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import random
 
-from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
 from bc.pki.secrets_source import Secrets
 from bc.protocol.pb import common_pb2
+from bc.seams.clock import Clock
 from bc.store import Store
 from bc.store import signing as signing_sql
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.protocol import connectivity as cx
+from bc.seams.clock import Clock
 from bc.store import Store, StoreError
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql

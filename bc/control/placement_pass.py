@@ -39,7 +39,6 @@ from dataclasses import dataclass
 
 from google.protobuf import json_format
 
-from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.control.capacity import free_among
 from bc.control.events import publish
@@ -64,6 +63,7 @@ from bc.control.usage_windows import HOUR_MS, Span, windows_to_flush
 from bc.errors import Conflict
 from bc.protocol.atoms import Atom, parse_atom
 from bc.protocol.pb import common_pb2, spec_pb2
+from bc.seams.clock import Clock
 from bc.store import Row, Store, StoreError, Tx, leases
 from bc.store import capacity as cap_sql
 from bc.store import nodes as nodes_sql

@@ -30,11 +30,11 @@ from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
 from bc.errors import Conflict, NotFound, UsageError
-from bc.ids import ulid
 from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.protocol import kinds
 from bc.protocol.pb import common_pb2
+from bc.seams.ids import ulid
 from bc.store import Row, Store, Tx
 from bc.store import quorum as q_sql
 

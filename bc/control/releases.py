@@ -33,9 +33,9 @@ from bc.control import actor
 from bc.control.bus import Bus
 from bc.control.events import publish as publish_event
 from bc.errors import Conflict, UsageError
-from bc.files import fsync_dir
 from bc.pki import releases as rel
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
+from bc.runtime.files import fsync_dir
 from bc.store import releases as sql
 from bc.store.base import Row, Store
 

@@ -32,9 +32,9 @@ from bc.control.placement_plan import iso
 from bc.control.signer import Signer
 from bc.control.specs import write_spec
 from bc.errors import Conflict, NotFound, UsageError
-from bc.ids import short_id, ulid
 from bc.protocol.limits import LIMITS, check_name, check_range
 from bc.protocol.pb import common_pb2
+from bc.seams.ids import short_id, ulid
 from bc.store import Row, Store, Tx
 from bc.store import capacity as cap_sql
 from bc.store import nodes as nodes_sql

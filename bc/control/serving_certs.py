@@ -11,13 +11,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import BcError, UsageError
 from bc.pki import keys, serving
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import Secrets, p256_key
+from bc.seams.clock import Clock
 from bc.store import Store
 from bc.store import gateway_keys as gk_sql
 from bc.store.leases import Claim

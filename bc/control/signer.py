@@ -38,12 +38,12 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from bc.clock import Clock
 from bc.errors import Unavailable, UsageError
 from bc.pki import signing
 from bc.pki.secrets_source import Secrets
 from bc.pki.signing import SigningKeys, WorkerSigner
 from bc.protocol.pb import common_pb2
+from bc.seams.clock import Clock
 from bc.store import Store
 from bc.store import gateway_keys as gk_sql
 

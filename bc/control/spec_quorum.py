@@ -49,11 +49,11 @@ from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
 from bc.errors import BcError, Unauthenticated
-from bc.ids import ulid
 from bc.pki import merkle
 from bc.protocol import canonical, root_equiv
 from bc.protocol.pb import common_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import SectionApproval
+from bc.seams.ids import ulid
 from bc.store import Store, StoreError, Tx
 from bc.store import quorum as q_sql
 

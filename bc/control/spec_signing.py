@@ -16,9 +16,9 @@ import asyncio
 import functools
 import logging
 
-from bc.aio import wait_event
 from bc.control.bus import Bus
 from bc.control.signer import Signer
+from bc.runtime.aio import wait_event
 from bc.store import Store, StoreError
 from bc.store import gateway_keys as gk_sql
 

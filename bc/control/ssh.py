@@ -37,7 +37,6 @@ from bc.control.events import publish
 from bc.control.signer import Signer
 from bc.control.specs import write_spec
 from bc.errors import Conflict, NotFound, UsageError
-from bc.ids import ulid
 from bc.pki import merkle
 from bc.pki import ssh as ssh_pki
 from bc.pki.secrets_source import Secrets, ed25519_key
@@ -45,6 +44,7 @@ from bc.protocol import ssh_lines
 from bc.protocol.pb import common_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import SectionApproval
 from bc.protocol.text_safety import unsafe_char
+from bc.seams.ids import ulid
 from bc.store import Row, Store, Tx
 from bc.store import nodes as nodes_sql
 from bc.store import quorum as q_sql

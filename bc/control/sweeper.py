@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import logging
 
-from bc.clock import Clock
 from bc.control import command_states as cs
 from bc.control import spec_quorum
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
 from bc.protocol import kinds
+from bc.seams.clock import Clock
 from bc.store import Row, Store, StoreError, Tx, leases
 from bc.store import commands as cmd_sql
 

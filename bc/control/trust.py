@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from bc.clock import Clock
 from bc.control import approvers
 from bc.control import releases as release_ctl
 from bc.control.intent import Intent
 from bc.protocol.pb import common_pb2
+from bc.seams.clock import Clock
 from bc.store import Store, StoreError
 from bc.store import gateway_keys as gk_sql
 

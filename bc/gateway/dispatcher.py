@@ -17,10 +17,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from bc.aio import wait_event
-from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.control.dispatch import GatewayDispatch, SessionSends, dispatch_gateway
+from bc.runtime.aio import wait_event
+from bc.seams.clock import Clock
 from bc.store import Store, StoreError
 
 log = logging.getLogger("bc.gateway")

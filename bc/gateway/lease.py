@@ -1,7 +1,7 @@
 """One process per gateway id: who holds a gateway's lease, and what a renewal's answer means.
 
 The lease `gateway:<id>` is held under a holder string of its own per process, `<id>@<host>:<data dir>`:
-a restart from the same data dir (which `bc.serve_lock` keeps to one process) takes it back at once, while
+a restart from the same data dir (which `bc.assembly.lock` keeps to one process) takes it back at once, while
 a second `bc serve --gateway-id <id>` from another data dir or host is another holder. That second one is
 refused at start while the first holds the lease (`refusal`, exit 4). Each time the lease passes to another
 holder its epoch grows by one (migration 0021); a process remembers the epoch it took it at, so if one

@@ -20,8 +20,6 @@ import contextlib
 import logging
 from typing import Literal, Protocol
 
-from bc.aio import wait_event
-from bc.clock import Clock
 from bc.control import status as status_ctl
 from bc.control.bus import Bus
 from bc.control.commands import UpdateOutcome, apply_update
@@ -44,6 +42,8 @@ from bc.protocol.closing import SessionRefused
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
+from bc.runtime.aio import wait_event
+from bc.seams.clock import Clock
 from bc.store import Store, StoreError, Tx
 from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql

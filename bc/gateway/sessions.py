@@ -16,7 +16,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.control.dispatch import SessionSends
 from bc.control.intent import Intent
@@ -35,6 +34,7 @@ from bc.protocol import closing
 from bc.protocol.closing import SessionRefused
 from bc.protocol.pb import common_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.seams.clock import Clock
 from bc.store import Store, StoreError
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql

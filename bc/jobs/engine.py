@@ -30,17 +30,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bc.clock import Clock
 from bc.control import quorum, specs
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
 from bc.errors import Conflict, NotFound
-from bc.ids import ulid
 from bc.jobs import primitives, scheduler, templates
 from bc.jobs.model import DagSpec, Dep, DepWhen, NodeSpec, NodeState
 from bc.jobs.scheduler import CancelDag, Decisions, Event, Finished, SetCapacity, Submit, World
 from bc.jobs.views import JobRequest
+from bc.seams.clock import Clock
+from bc.seams.ids import ulid
 from bc.store import Store, StoreError, Tx, leases
 from bc.store import jobs as jobs_sql
 from bc.store import nodes as nodes_sql

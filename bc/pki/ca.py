@@ -36,11 +36,11 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bc.clock import Clock
 from bc.errors import Unauthenticated, UsageError
-from bc.files import atomic_write
 from bc.pki import join_answer, keys
 from bc.pki.secrets_source import Secrets, p256_key
+from bc.runtime.files import atomic_write
+from bc.seams.clock import Clock
 
 CA_KEY_FILE = "ca.key"
 CA_CERT_FILE = "ca.crt"

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bc.errors import UsageError
-from bc.files import atomic_write
+from bc.runtime.files import atomic_write
 
 PrivateKey = ec.EllipticCurvePrivateKey
 PublicKey = ec.EllipticCurvePublicKey

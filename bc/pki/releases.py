@@ -48,8 +48,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from bc.errors import UsageError
-from bc.files import atomic_write
 from bc.protocol.pb import kinds_pb2
+from bc.runtime.files import atomic_write
 
 VERSION_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")

@@ -37,13 +37,13 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bc.clock import Clock
 from bc.errors import UsageError
 from bc.pki import keys
 from bc.pki import quorum as q
 from bc.pki.secrets_source import Secrets
 from bc.pki.signing import ROOT_KEY, SigningKeys, issue_worker
 from bc.protocol.pb import common_pb2
+from bc.seams.clock import Clock
 
 
 def root_key_path(data_dir: Path) -> Path:

@@ -39,12 +39,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.x509.oid import NameOID
 
-from bc.clock import Clock
 from bc.errors import UsageError
-from bc.files import atomic_write
 from bc.pki import keys
 from bc.pki.secrets_source import Secrets, ed25519_key
 from bc.protocol.pb import common_pb2
+from bc.runtime.files import atomic_write
+from bc.seams.clock import Clock
 
 PURPOSE_COMMAND = "command"
 PURPOSE_DESIRED_STATE = "desired-state"

@@ -26,9 +26,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import ssh as crypto_ssh
 
 from bc.errors import Conflict, UsageError
-from bc.files import atomic_write
 from bc.protocol import ssh_lines
 from bc.protocol.text_safety import unsafe_char
+from bc.runtime.files import atomic_write
 
 CA_KEY_FILE = "ssh_user_ca"
 EXTENSIONS = (b"permit-pty", b"permit-port-forwarding", b"permit-agent-forwarding")

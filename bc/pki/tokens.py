@@ -56,10 +56,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bc.clock import Clock
 from bc.errors import UsageError
 from bc.pki import keys
 from bc.pki.secrets_source import P256_ORDER, Secrets
+from bc.seams.clock import Clock
 
 PREFIX = "bc1"
 SECRET_BYTES = 32

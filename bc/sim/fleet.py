@@ -2,7 +2,7 @@
 
 `run(cfg)` builds a `Fleet` on `SessionPair`'s wiring (the inline store, the Signer, one real `Gateway`,
 liveness, the sweeper, the job engine and the placement pass as `bc serve` runs them, and per node a
-whole `Agent` on fake hardware) over `bc.sim.links.SimNetwork` (faulty links of the chaos level), then:
+whole `Agent` on fake hardware) over `bc.seams.network.SimNetwork` (faulty links of the chaos level), then:
 
 1. starts the workload (`bc.sim.workload`) and executes the chaos schedule (`bc.sim.chaos`), each fault
    as a task at its time, for `duration_s` simulated seconds;
@@ -18,7 +18,7 @@ is down is published as soon as it is back, with its own simulated second in the
 
 **Determinism.** One seed reaches everything: the pair's Random (control plane, agents, fake hardware),
 and two Randoms drawn from it for the chaos schedule and the links' fates. The run lives on
-`bc.virtual_time`'s loop and reads no wall time, so one seed writes one events log, whatever the host,
+`bc.seams.virtual_time`'s loop and reads no wall time, so one seed writes one events log, whatever the host,
 the process or `PYTHONHASHSEED`; `--journal-files` changes where journals live, not what happens (the
 SQLite journal runs inline on the loop, `bc.sim.file_journal`), so the digest is the same.
 
@@ -52,14 +52,15 @@ from typing import Any, Literal
 from agent.app import Agent
 from agent.journal_api import AgentJournal
 from bc.assembly.control import ControlFactories
-from bc.clock import Clock, LoopClock, ms
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.intent import Intent
 from bc.control.signer import Signer
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
-from bc.session_pair import ControlPlane, PairConfig, PairNode, SessionPair, _scratch_dir, events_digest
+from bc.seams.clock import Clock, LoopClock, ms
+from bc.seams.network import LinkFaults, SimNetwork
+from bc.seams.virtual_time import run as run_virtual
 from bc.sim import chaos
 from bc.sim.breaks import SimSeams, seams_for
 from bc.sim.bus_hub import BusHub
@@ -67,13 +68,12 @@ from bc.sim.chaos import Fault, Level
 from bc.sim.checkers import InvariantResult, check_all
 from bc.sim.facts import FactLog
 from bc.sim.gateways import GatewayEvent, GatewayFleet
-from bc.sim.links import LinkFaults, SimNetwork
+from bc.sim.pair import ControlPlane, PairConfig, PairNode, SessionPair, _scratch_dir, events_digest
 from bc.sim.process_store import OutageStore
 from bc.sim.record import LinkWatch, Recorder, from_store, quiet_snapshot, watch_links
 from bc.sim.workload import Workload, make_workload
 from bc.store import Store, StoreError
 from bc.store import events as events_sql
-from bc.virtual_time import run as run_virtual
 
 MAX_GATEWAYS = 8
 REBOOT_S = 45.0
@@ -594,7 +594,7 @@ async def _report(fleet: Fleet, t0: float, progress: Progress) -> None:
 
 
 def run_sync(cfg: SimConfig, *, workload: Workload | None = None, progress: Progress | None = None) -> SimResult:
-    """`run` on a fresh `bc.virtual_time` loop, with the wall time it took."""
+    """`run` on a fresh `bc.seams.virtual_time` loop, with the wall time it took."""
     host = LoopClock()  # outside any loop it reads the host's monotonic clock: the one wall reading here
     w0 = host.monotonic()
     result = run_virtual(run(cfg, workload=workload, progress=progress))

@@ -40,7 +40,6 @@ from agent.session.grpc_dial import PER_ADDRESS_TIMEOUT_S, Rotation
 from bc.assembly.control import ControlSettings, build_control
 from bc.assembly.loops import GATEWAY, start_loops
 from bc.assembly.supervisor import Supervisor
-from bc.clock import Clock
 from bc.control.bus import Bus
 from bc.errors import BcError, Overloaded, Unauthenticated, Unavailable
 from bc.gateway.fence import LeaseFence
@@ -48,8 +47,9 @@ from bc.gateway.sessions import Gateway
 from bc.pki.identity import PeerIdentity
 from bc.protocol.closing import SessionRefused
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.seams.clock import Clock
+from bc.seams.network import SimNetwork
 from bc.sim.bus_hub import BusHub
-from bc.sim.links import SimNetwork
 from bc.sim.process_store import Pause, ProcessClock, ProcessStore
 from bc.store import Store, StoreError
 from bc.wire.link import Link, LinkClosed

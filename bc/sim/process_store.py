@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from bc.clock import Clock
+from bc.seams.clock import Clock
 from bc.store import Store, StoreError, Tx
 from bc.store.base import Params
 from bc.store.sqlite import InlineSqliteStore, _Result

@@ -12,12 +12,12 @@
   back to its own view, a RUNNING with an ACKED of its command since the last one counted, which misses
   a second acceptance that comes before the first RUNNING (its ACKED is also a re-attach answer's).
   Its kind comes from the store at the end (the command's row).
-* **Frames** (I3, I4): `bc.sim.links.SimNetwork.tap`, on every frame a receiver's `recv` returns: a
+* **Frames** (I3, I4): `bc.seams.network.SimNetwork.tap`, on every frame a receiver's `recv` returns: a
   `desired_state` the node received is a spec delivery, a `status` the gateway received is a report,
   and any frame the gateway received is hearing from the node. A `hello` the gateway receives ends the
   node's open outages (the node is back).
 * **Link faults the network draws by itself** (`LinkFaults.drop`: a direction of a connection goes dead
-  silently; `reset`: the stream breaks): `bc.sim.links` counts them in `SimNetwork.stats` and tells no
+  silently; `reset`: the stream breaks): `bc.seams.network` counts them in `SimNetwork.stats` and tells no
   one, so `LinkWatch` (that Counter) looks, on each such count, for the connection it struck and marks its
   node away until its next Hello, as for the scheduled faults. An adapter: it reads the network's wires.
 * **The store, at the end**: command outcomes, connectivity transitions (the events log), bookings of
@@ -44,9 +44,9 @@ from bc.control.placement_plan import Booking, Wait, plan
 from bc.control.usage_windows import open_window
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import NodeMessage
+from bc.seams.network import FROM_NODE, TO_NODE, Direction, SimNetwork
 from bc.sim.breaks import DelegatingJournal, OpenJournal
 from bc.sim.facts import Bound, FactLog, QuietSnapshot, connectivity_from_events
-from bc.sim.links import FROM_NODE, TO_NODE, Direction, SimNetwork
 from bc.store import Store, Tx
 from bc.store import capacity as cap_sql
 from bc.store import commands as commands_sql

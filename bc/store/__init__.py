@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bc.clock import Clock
+from bc.seams.clock import Clock
 from bc.store.base import Row, Store, StoreError, Tx
 
 __all__ = ["Row", "Store", "StoreError", "Tx", "open_store", "sqlite_path"]

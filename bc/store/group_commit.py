@@ -1,6 +1,6 @@
 """Group commit for the store: the writes of many sessions in one transaction, each answered after that commit.
 
-The shape is `bc.group_commit`'s (shared with the agent's journal); this is the store's policy of it.
+The shape is `bc.runtime.group_commit`'s (shared with the agent's journal); this is the store's policy of it.
 
 The gateway's hot paths (a status report, a command update, a batch of node events) are each a short
 transaction of a few statements, and one `bc serve` serves hundreds of sessions: a transaction apiece
@@ -26,8 +26,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from bc import group_commit
-from bc.group_commit import MAX_BATCH
+from bc.runtime import group_commit
+from bc.runtime.group_commit import MAX_BATCH
 from bc.store.base import Store, Tx
 
 log = logging.getLogger("bc.store.group_commit")

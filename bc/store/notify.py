@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from bc.aio import cancel_and_wait
-from bc.clock import Clock
+from bc.runtime.aio import cancel_and_wait
+from bc.seams.clock import Clock
 from bc.store.postgres import application_name
 
 log = logging.getLogger("bc.notify")

@@ -38,8 +38,8 @@ from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from bc.aio import outside_world
-from bc.clock import Clock, SystemClock
+from bc.runtime.aio import outside_world
+from bc.seams.clock import Clock, SystemClock
 from bc.store.base import Params, Row, Store, StoreError, Tx
 from bc.store.migrate import apply_migrations
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bc.clock import Clock, SystemClock
 from bc.pki import keys
+from bc.seams.clock import Clock, SystemClock
 from bc.store.base import Params, Row, Store, StoreError, Tx
 from bc.store.migrate import apply_migrations
 

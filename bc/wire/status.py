@@ -27,7 +27,7 @@ A connection that failed or broke (refused, reset, closed) is a server that is d
 or restarting: `bc serve at ADDR is not answering (connection refused)`, exit 5. Only
 our side refusing the server's certificate (a TLS handshake failure) is exit 6 here;
 a server refusing the operator's certificate looks like a closed connection to grpc,
-and the Admin client tells it apart itself (`bc.cli.tls_probe`). A name that does not
+and the Admin client tells it apart itself (`bc.client.tls_probe`). A name that does not
 resolve keeps "cannot reach".
 """
 

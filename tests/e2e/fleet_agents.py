@@ -18,8 +18,8 @@ from typing import Any
 
 from agent.app import Agent, AgentOptions
 from agent.join import join_node
-from bc import logs
 from bc.errors import Unavailable
+from bc.runtime import logs
 
 JOIN_TRIES = (0.5, 1.0, 2.0, 4.0)
 """Back-off between join attempts on an unreachable gateway. A refused token (Unauthenticated) is final: every

@@ -187,7 +187,7 @@ def test_unexpected_input_is_a_sentence_and_the_documented_exit_code(lab: Lab) -
 
 @pytest.mark.e2e
 def test_bc_serve_refuses_a_flag_its_roles_would_ignore_before_it_starts(lab: Lab) -> None:
-    """Keys follow roles, and so do flags (bc.serve_roles): an explicit `--listen` on a worker-only process (it
+    """Keys follow roles, and so do flags (bc.assembly.roles): an explicit `--listen` on a worker-only process (it
     serves no call), the other listener flags there, `--api` beside the api role and `--command-signing`
     without it are refused: exit 2, one line naming the flag, no data dir made, nothing listening."""
     port = free_port()

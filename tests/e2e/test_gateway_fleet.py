@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
+from bc.runtime.config import OperatorConfig
 from tests.pg import fresh_schema_sync, schema_url
 
 from .harness import Lab, free_port

@@ -1,5 +1,5 @@
 """The README's runnable examples still run: every fenced block right after a `<!-- runnable: … -->` line
-is run, as written, by `sh -e` against a demo lab (`bc serve` and the demo's three fake nodes, `bc.demo.NODES`)
+is run, as written, by `sh -e` against a demo lab (`bc serve` and the demo's three fake nodes, `bc.cli.demo.NODES`)
 from this test's tmp dir, with our `bc` first on PATH as after an install.
 
 A block that stops working (a renamed command or option, an output the next line relies on, an exit code)
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bc.demo import NODES
+from bc.cli.demo import NODES
 
 from .harness import REPO, Lab, assert_no_tracebacks, bring_up
 

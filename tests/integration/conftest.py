@@ -18,11 +18,11 @@ import pytest
 
 from agent.app import Agent, AgentOptions
 from agent.join import join_node
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.assembly.roles import parse_roles
+from bc.assembly.server import Seams, ServeOptions, Server
+from bc.client.admin import AdminClient
 from bc.protocol.pb import admin_pb2
-from bc.serve import Seams, ServeOptions, Server
-from bc.serve_roles import parse_roles
+from bc.runtime.config import OperatorConfig
 from tests.pg import recycled_schema, schema_url
 
 

@@ -18,11 +18,11 @@ from typing import TypeVar
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
 from bc.pki import keys
 from bc.pki import quorum as q
 from bc.protocol.pb import admin_pb2
+from bc.runtime.config import OperatorConfig
 from tests.integration.conftest import InprocLab
 
 T = TypeVar("T")

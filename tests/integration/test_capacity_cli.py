@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
 from bc.control.capacity_views import window_of
 from bc.control.invariants import check_billing_conservation
 from bc.control.placement_pass import span_of
 from bc.protocol import canonical
 from bc.protocol.pb import spec_pb2
+from bc.runtime.config import OperatorConfig
 from bc.store import capacity as cap_sql
 from tests.integration.test_cli_cmd import bc, ok_json
 from tests.integration.test_quorum_cli import Lab, running_lab

@@ -27,9 +27,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bc.cli.main import cli
-from bc.config import OperatorConfig
 from bc.errors import NotFound
 from bc.protocol.pb import admin_pb2, common_pb2
+from bc.runtime.config import OperatorConfig
 from bc.wire.status import error_to_status
 from bc.wire.stubs import admin_pb2_grpc
 

@@ -21,10 +21,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from agent.join import join_node
+from bc.assembly.server import Seams, ServeOptions, Server
 from bc.cli.main import cli
 from bc.control.commands import apply_update
 from bc.protocol.pb import session_pb2 as pb
-from bc.serve import Seams, ServeOptions, Server
 from bc.store import Row, Store
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql

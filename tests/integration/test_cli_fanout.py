@@ -14,12 +14,12 @@ import json
 
 import pytest
 
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
 from bc.errors import NotFound, UsageError
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2
 from bc.protocol.pb import session_pb2 as pb
+from bc.runtime.config import OperatorConfig
 from tests.integration.test_cli_cmd import Lab, _settle_next, bc, fails, lab, ok_json
 
 __all__ = ["lab"]  # the fixture, imported

@@ -19,8 +19,8 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
-from bc.cli.client import WRITE_CHECKS, broke_mid_call, is_write
 from bc.cli.main import cli
+from bc.client.admin import WRITE_CHECKS, broke_mid_call, is_write
 from bc.protocol.pb import admin_pb2
 from tests.integration.test_cli_admin import Pki, _isolate, make_pki, write_config
 

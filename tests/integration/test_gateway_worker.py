@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from agent.join import join_node
+from bc.assembly.server import Seams, Server
 from bc.errors import UsageError
 from bc.pki.signing import SIGNING_DIR
-from bc.serve import Seams, Server
 from bc.store import gateway_keys as gk_sql
 from bc.store import nodes as nodes_sql
 from tests.integration.conftest import InprocLab, open_lab, role_options

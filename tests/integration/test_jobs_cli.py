@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
 from bc.errors import UsageError
 from bc.protocol.pb import admin_pb2
+from bc.runtime.config import OperatorConfig
 from tests.integration.test_cli_cmd import bc, ok_json
 from tests.integration.test_quorum_cli import Lab, as_operator, operator_config, refused, running_lab
 

@@ -24,12 +24,12 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from agent.identity import Identity
 from agent.join import join_node
 from bc.api.api_link import ApiLink, Metadata
+from bc.assembly.server import Server
 from bc.cli.main import cli
 from bc.errors import Unauthenticated
 from bc.pki import keys
 from bc.pki.identity import make_csr
 from bc.protocol.pb import join_pb2
-from bc.serve import Server
 from bc.store import gateway_keys as gk_sql
 from tests.integration.conftest import InprocLab, gateway_only_server, open_lab
 from tests.integration.test_keyless_gateway import keyless_pair

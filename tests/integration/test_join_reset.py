@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 from agent.doctor import run_node_checks
 from agent.identity import Identity
 from bc.cli.main import cli
-from bc.clock import SystemClock
+from bc.seams.clock import SystemClock
 from tests.integration.conftest import InprocLab
 
 MOVED = ["identity.json", "node.key", "node.crt", "ca.crt", "journal.db"]

@@ -25,8 +25,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from bc.api.join_proxy import NODE_CERT_MD
-from bc.clock import SystemClock
-from bc.config import OperatorConfig
+from bc.assembly.server import Server
 from bc.control import specs
 from bc.control.signer import KeylessSigner
 from bc.pki import keys
@@ -35,7 +34,8 @@ from bc.pki.identity import make_csr
 from bc.pki.renewal import sign_renew_proof
 from bc.pki.secrets_source import SystemSecrets, os_seeded_random
 from bc.protocol.pb import join_pb2
-from bc.serve import Server
+from bc.runtime.config import OperatorConfig
+from bc.seams.clock import SystemClock
 from bc.store import gateway_keys as gk_sql
 from bc.store import nodes as nodes_sql
 from bc.wire.stubs import join_pb2_grpc

@@ -10,11 +10,11 @@ from cryptography.hazmat.primitives import serialization
 
 from agent.identity import Identity
 from agent.join import join_node
-from bc.clock import SystemClock
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
 from bc.pki import keys, tokens
 from bc.pki.identity import make_csr
 from bc.protocol.pb import join_pb2, session_pb2
+from bc.seams.clock import SystemClock
 from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, session_pb2_grpc
 from bc.wire.tls import channel_credentials
 from tests.integration.conftest import InprocLab

@@ -86,7 +86,7 @@ async def test_a_gateway_refusing_the_hello_gets_smaller_frames_not_the_same_one
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A gateway configured below the table: it accepts frames of 1.5 MB.
-    monkeypatch.setattr("bc.serve.LIMITS", Limits(max_frame_bytes=1_500_000))
+    monkeypatch.setattr("bc.assembly.server.LIMITS", Limits(max_frame_bytes=1_500_000))
     async with open_lab(tmp_path) as lab:
         await lab.join("n1")
         ids = await owe_results(lab, "n1", 3)  # a 3 MB Hello: refused before any handler sees it

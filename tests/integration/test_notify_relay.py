@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bc.clock import SystemClock
 from bc.control.bus import Bus
+from bc.seams.clock import SystemClock
 from bc.store.notify import Incoming, PgRelay
 from tests.pg import postgres_url
 

@@ -26,8 +26,8 @@ from click.testing import CliRunner, Result
 from agent.app import Agent, AgentOptions
 from agent.hw.fake import FakeHardware
 from agent.join import join_node
+from bc.assembly.server import Seams, ServeOptions, Server
 from bc.cli.main import cli
-from bc.serve import Seams, ServeOptions, Server
 from bc.store import Row, Store
 from bc.store import quorum as q_sql
 from tests.integration.test_cli_cmd import bc, ok_json

@@ -16,10 +16,10 @@ import pytest
 
 from agent.upgrade.download import DownloadError, StallGuard, download
 from bc.api.release_http import ReleaseServer, url_for
-from bc.clock import SystemClock
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets, p256_key
+from bc.seams.clock import SystemClock
 
 DATA = random.Random(7).randbytes(3 * (1 << 20) + 17)
 SHA = hashlib.sha256(DATA).hexdigest()

@@ -18,11 +18,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from agent.identity import Identity
-from bc.config import OperatorConfig
 from bc.pki import keys
 from bc.pki.identity import make_csr
 from bc.pki.renewal import sign_renew_proof
 from bc.protocol.pb import join_pb2
+from bc.runtime.config import OperatorConfig
 from bc.store import identity as id_sql
 from bc.wire.stubs import join_pb2_grpc
 from bc.wire.tls import channel_credentials

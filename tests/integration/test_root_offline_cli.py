@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
+from bc.assembly.server import Seams, ServeOptions, Server
 from bc.control.releases import release_keys
 from bc.pki import releases as rel
 from bc.pki.secrets_source import SeededSecrets
 from bc.pki.signing import SigningKeys
-from bc.serve import Seams, ServeOptions, Server
 from bc.testing import virtual_clock
 from tests.integration.test_cli_cmd import bc, ok_json
 from tests.integration.test_quorum_cli import (

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bc.cli.client import AdminClient
+from bc.client.admin import AdminClient
 from bc.protocol.pb import admin_pb2
 from tests.integration.conftest import InprocLab
 

@@ -237,7 +237,7 @@ def test_an_offline_ca_signs_on_the_operators_machine_and_the_server_checks_what
 def test_the_server_records_only_the_certificate_it_asked_the_offline_ca_for(lab: Lab, tmp_path: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    from bc.cli.client import AdminClient
+    from bc.client.admin import AdminClient
     from bc.pki import ssh as ssh_pki
     from bc.protocol.pb import admin_pb2
 

@@ -14,13 +14,13 @@ import grpc
 import pytest
 from cryptography.x509.oid import NameOID
 
-from bc.clock import SystemClock
 from bc.errors import Unauthenticated, Unavailable
 from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.discovery import fetch_pinned_ca
 from bc.pki.identity import make_csr
 from bc.pki.secrets_source import SystemSecrets
+from bc.seams.clock import SystemClock
 from bc.wire.tls import ServerTLS, channel_credentials, peer_cert_from_context
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them

@@ -19,13 +19,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bc.clock import SystemClock
+from bc.assembly.server import Seams, ServeOptions, Server
 from bc.control.placement_pass import LEASE_NAME as PLACEMENT_LEASE
 from bc.errors import UsageError
 from bc.pki import keys
 from bc.pki.secrets_source import SystemSecrets, os_seeded_random
 from bc.pki.signing import SIGNING_DIR, SigningKeys, issue_worker
-from bc.serve import Seams, ServeOptions, Server
+from bc.seams.clock import SystemClock
 from bc.store import leases
 from bc.store import nodes as nodes_sql
 from tests.integration.conftest import InprocLab, open_lab, role_options

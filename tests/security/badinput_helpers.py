@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.hw.fake import FakeHardware
-from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.signer import NullSigner
+from bc.seams.clock import LoopClock
 from bc.store import Row
 from bc.store import capacity as cap_sql
 from bc.store import events as events_sql

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from bc.api.release_http import ReleaseServer
 from bc.api.release_limits import ReleaseLimits
-from bc.clock import SystemClock
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets, p256_key
+from bc.seams.clock import SystemClock
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
 from bc.errors import UsageError
+from bc.runtime.config import OperatorConfig
 from tests.e2e.harness import bc_executable, free_port
 from tests.integration.test_cli_cmd import Lab, bc, lab, ok_json
 

@@ -51,7 +51,7 @@ async def placed_next_to(tmp: Path, rid: str, **values: object) -> tuple[str, st
 
 
 def run(coro: object) -> object:
-    from bc.virtual_time import run as run_virtual
+    from bc.seams.virtual_time import run as run_virtual
 
     return run_virtual(coro)  # type: ignore[arg-type]
 

@@ -10,9 +10,9 @@ import io
 
 import pytest
 
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
 from bc.errors import UsageError
+from bc.runtime.config import OperatorConfig
 from bc.store import capacity as cap_sql
 from tests.integration.test_cli_cmd import Lab, bc, lab, ok_json
 

@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 EXEMPT: dict[str, str] = {
     "bc/cli/output.py": "the escaping writer itself",
     "bc/cli/posix_bc.py": "hands the POSIX calculator's bytes through untouched, by design (`echo 1+1 | bc`)",
-    "bc/logs.py": "the log handler on stderr: its formatter escapes each record to one line",
-    "bc/demo.py": "`make demo`: a developer's tour of a lab it builds itself from fixed names",
+    "bc/runtime/logs.py": "the log handler on stderr: its formatter escapes each record to one line",
+    "bc/cli/demo.py": "`make demo`: a developer's tour of a lab it builds itself from fixed names",
     "bc/sim/fleet.py": "`python -m bc.sim.fleet`: a seeded simulator run's digest and counts, for developers",
-    "bc/session_pair.py": "`python -m bc.session_pair`: a seeded run's event digest, for developers",
+    "bc/sim/pair.py": "`python -m bc.sim.pair`: a seeded run's event digest, for developers",
 }
 
 CLICK_WRITERS = frozenset({"echo", "secho", "confirm", "prompt", "echo_via_pager", "edit", "pause"})

@@ -4,7 +4,7 @@
 with `key=%s`. A hostname holding "\\n ts=… event=node.revoked" used to start
 a line of its own in the log, read by journald, grep and log shippers as a
 record the server never wrote; a bidi override could reorder what a reader
-sees. The formatter `bc serve` and `bc node` install (bc.logs.setup) now
+sees. The formatter `bc serve` and `bc node` install (bc.runtime.logs.setup) now
 writes every record as one line, those characters escaped, tracebacks too.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bc import logs
+from bc.runtime import logs
 
 FORGED = "gpu-7\nts=2026-01-01 level=WARNING proc=serve logger=bc.gateway event=node.revoked node=n2"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from textual.widgets import Static
 
-from bc.config import OperatorConfig
 from bc.protocol.pb import admin_pb2
+from bc.runtime.config import OperatorConfig
 from tests.integration.conftest import InprocLab, lab, store_url  # noqa: F401  (the fixtures)
 from tests.integration.operators_lab import approvers, sign
 from tests.security.quorumlive_helpers import bc_cli, use_lab_config

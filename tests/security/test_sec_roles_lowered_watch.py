@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bc.cli.client import AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
 from bc.errors import Unauthenticated
+from bc.runtime.config import OperatorConfig
 from tests.integration.test_cli_cmd import ok_json
 from tests.security.roles_helpers import Lab, operator_config, serve_lab
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bc.config import OperatorConfig
+from bc.runtime.config import OperatorConfig
 from tests.integration.conftest import InprocLab, lab  # noqa: F401  (the fixture)
 from tests.integration.operators_lab import add_operator
 from tests.tui.conftest import SIZE, make_app, until

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from bc.control.reservations import ReserveRequest, reserve
-from bc.session_pair import SessionPair
+from bc.sim.pair import SessionPair
 from bc.store import reservations as res_sql
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ async def test_a_hundred_agents_an_hour_a_partition_and_a_restart(tmp_path: Path
 def _run_pair(seed: int, hash_seed: str, dump: Path) -> str:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     out = subprocess.run(
-        [sys.executable, "-m", "bc.session_pair", "--seed", str(seed), "--agents", "12", "--dump", str(dump)],
+        [sys.executable, "-m", "bc.sim.pair", "--seed", str(seed), "--agents", "12", "--dump", str(dump)],
         cwd=ROOT,
         env=env,
         capture_output=True,

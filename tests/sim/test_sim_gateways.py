@@ -20,12 +20,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bc.session_pair import _scratch_dir
+from bc.seams.virtual_time import WALL_START
+from bc.seams.virtual_time import run as run_virtual
 from bc.sim import chaos
 from bc.sim.chaos import Fault
 from bc.sim.fleet import Fleet, SimConfig, SimResult, run_fleet, run_sync, workload_for
-from bc.virtual_time import WALL_START
-from bc.virtual_time import run as run_virtual
+from bc.sim.pair import _scratch_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 BC = str(Path(sys.executable).parent / "bc")

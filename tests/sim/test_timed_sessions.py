@@ -1,6 +1,6 @@
 """Timed session behaviour on virtual time over in-memory links: missed heartbeats, liveness, revocation.
 
-The production gateway, control plane and agents (`bc.session_pair.SessionPair`); time is the virtual
+The production gateway, control plane and agents (`bc.sim.pair.SessionPair`); time is the virtual
 loop's, so the assertions name the very second a transition happens, and an hour takes a blink.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bc.control import node_admin
 from bc.control.reservations import ReserveRequest, reserve
-from bc.session_pair import PairConfig, SessionPair
+from bc.sim.pair import PairConfig, SessionPair
 from bc.store import events as events_sql
 from bc.store import reservations as res_sql
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from textual.pilot import Pilot
 
-from bc.cli.client import AdminClient
-from bc.clock import SystemClock
-from bc.config import OperatorConfig
+from bc.client.admin import AdminClient
+from bc.runtime.config import OperatorConfig
+from bc.seams.clock import SystemClock
 from tests.integration.conftest import lab  # noqa: F401  (the fixture, for the tests here)
 from tui.app import BcTui
 from tui.source import Source

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 
-from bc.config import OperatorConfig
 from bc.protocol.pb import admin_pb2
+from bc.runtime.config import OperatorConfig
 from tests.integration.conftest import InprocLab
 from tests.integration.operators_lab import approvers, sign
 from tests.tui.conftest import SIZE, make_app, until

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bc.config import OperatorConfig
+from bc.runtime.config import OperatorConfig
 from tests.integration.conftest import InprocLab
 from tests.tui.conftest import SIZE, make_app, until
 from tui.fleet_table import FleetTable

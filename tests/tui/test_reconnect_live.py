@@ -6,9 +6,9 @@ import asyncio
 
 from textual.widgets import Static
 
-from bc.config import OperatorConfig
+from bc.assembly.server import Seams, ServeOptions, Server
 from bc.protocol.pb import admin_pb2
-from bc.serve import Seams, ServeOptions, Server
+from bc.runtime.config import OperatorConfig
 from tests.integration.conftest import InprocLab
 from tests.tui.conftest import SIZE, make_app, until
 from tui.fleet_table import FleetTable

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, RichLog, Static
 
-from bc.config import OperatorConfig
+from bc.runtime.config import OperatorConfig
 from tests.e2e.harness import Lab
 from tests.tui.conftest import SIZE, make_app, until
 from tui.app import BcTui

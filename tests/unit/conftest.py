@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.signer import NullSigner
+from bc.seams.clock import LoopClock
 from bc.store import Store, leases
 from bc.store.postgres import PostgresStore
 from bc.store.sqlite import InlineSqliteStore

@@ -1,4 +1,4 @@
-"""`bc.aio.cancel_and_wait`: how `bc serve` and `bc node` stop their loops, even one that drops a cancel."""
+"""`bc.runtime.aio.cancel_and_wait`: how `bc serve` and `bc node` stop their loops, even one that drops a cancel."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from bc.aio import RECANCEL_S, cancel_and_wait
-from bc.virtual_time import run
+from bc.runtime.aio import RECANCEL_S, cancel_and_wait
+from bc.seams.virtual_time import run
 
 
 def test_every_task_ends_and_a_lost_cancel_is_sent_again(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,4 +1,4 @@
-"""bc/clock.py: the running loop's time is the clock; now() adds a wall offset."""
+"""bc/seams/clock.py: the running loop's time is the clock; now() adds a wall offset."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from bc.aio import wait_event
-from bc.clock import LoopClock, SystemClock
-from bc.virtual_time import START, WALL_START, advance, run, virtual_clock
+from bc.runtime.aio import wait_event
+from bc.seams.clock import LoopClock, SystemClock
+from bc.seams.virtual_time import START, WALL_START, advance, run, virtual_clock
 
 MADE_AT_IMPORT = virtual_clock(1_700_000_000.0)
 

@@ -45,9 +45,9 @@ ENTROPY_MODULES = ("secrets",)
 RANDOM_CLASS = "random.Random"
 
 ALLOWED: dict[str, str] = {
-    "bc/clock.py": "the production clock: the wall offset the loop's time is read against",
+    "bc/seams/clock.py": "the production clock: the wall offset the loop's time is read against",
     "bc/pki/secrets_source.py": "the Secrets seam, and the one place production seeds its Random from the OS",
-    "bc/demo.py": "`make demo` drives real subprocesses as an operator would: its deadlines are wall time",
+    "bc/cli/demo.py": "`make demo` drives real subprocesses as an operator would: its deadlines are wall time",
     "agent/doctor.py": "`bc doctor` times a real TLS handshake for the operator; it never runs simulated",
 }
 """The seams themselves, each with why. Anything else reading the world is an offender."""

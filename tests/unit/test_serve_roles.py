@@ -1,11 +1,11 @@
-"""Keys follow roles (bc.serve_roles): every subset of api,gateway,worker, what it reads and which flags it takes."""
+"""Keys follow roles (bc.assembly.roles): every subset of api,gateway,worker, what it reads and which flags it takes."""
 
 from __future__ import annotations
 
 import pytest
 
+from bc.assembly.roles import KeyPlan, check_flags, parse_roles
 from bc.errors import UsageError
-from bc.serve_roles import KeyPlan, check_flags, parse_roles
 
 # roles -> (CA and signing keys, worker key alone, serving certificate from the store, relays the trust, listens)
 PLANS = {

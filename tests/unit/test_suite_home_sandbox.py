@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bc.config import default_data_dir, operator_config_candidates, user_config_path
+from bc.runtime.config import default_data_dir, operator_config_candidates, user_config_path
 from tests.home_sandbox import HomeSandbox
 
 

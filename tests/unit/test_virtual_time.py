@@ -1,4 +1,4 @@
-"""The virtual-time loop (bc/virtual_time.py): time jumps to the next timer only when nothing can run.
+"""The virtual-time loop (bc/seams/virtual_time.py): time jumps to the next timer only when nothing can run.
 
 The unit tests run on it (tests/unit/conftest.py), so these tests are also what every timed unit test relies on.
 """
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from bc.virtual_time import START, WALL_START, VirtualTimeLoop, advance, run
+from bc.seams.virtual_time import START, WALL_START, VirtualTimeLoop, advance, run
 
 
 def now() -> float:

@@ -33,8 +33,8 @@ from bc.pki import keys
 from bc.protocol import closing
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
+from bc.seams.virtual_time import VirtualTimeLoop, virtual_clock
 from bc.testing import MemoryLink, link_pair
-from bc.virtual_time import VirtualTimeLoop, virtual_clock
 from bc.wire.link import Link, LinkClosed
 
 T = TypeVar("T")

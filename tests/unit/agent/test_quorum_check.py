@@ -25,13 +25,13 @@ from google.protobuf import any_pb2
 from agent.journal import Journal
 from agent.quorum import UNBATCHED_FILE, WINDOW_S, QuorumCheck, UnbatchedAllowance, check_batch
 from agent.trust import AgentTrust, decide_bundle
-from bc.clock import LoopClock
 from bc.pki import merkle
 from bc.pki import quorum as q
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import PURPOSE_TRUST_BUNDLE, WorkerSigner, create_root, issue_worker
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
+from bc.seams.clock import LoopClock
 from bc.testing import advance, virtual_clock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them

@@ -15,15 +15,15 @@ from cryptography import x509
 
 from agent.identity import Identity, replace_key_pair
 from agent.renewal import IMPOSSIBLE_HINT, Renewer, renew_at
-from bc.clock import LoopClock
 from bc.errors import ProtocolError, Unavailable
-from bc.files import atomic_write
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
 from bc.pki.renewal import verify_renew_proof
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import common_pb2, join_pb2
+from bc.runtime.files import atomic_write
+from bc.seams.clock import LoopClock
 from bc.testing import advance
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them

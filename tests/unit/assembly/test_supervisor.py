@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc import virtual_time
 from bc.assembly.supervisor import BASE_S, CAP_S, DONE, RESTARTING, RUNNING, STABLE_S, Supervisor, backoff_s
+from bc.seams import virtual_time
 
 
 class Outage(Exception):

@@ -9,10 +9,10 @@ from typing import Any
 import grpc
 import pytest
 
-from bc.cli.admin_calls import ADMIN, AdminCalls
-from bc.cli.client import WRITE_CHECKS, AdminClient
-from bc.config import OperatorConfig
+from bc.client.admin import WRITE_CHECKS, AdminClient
+from bc.client.admin_calls import ADMIN, AdminCalls
 from bc.errors import Unavailable
+from bc.runtime.config import OperatorConfig
 from bc.wire.stubs import admin_pb2_grpc
 
 # What the generated stub's constructor gives each multicallable: grpc.aio keeps them as attributes.

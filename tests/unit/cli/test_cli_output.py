@@ -86,7 +86,7 @@ def test_a_string_is_one_line_and_lines_are_built_from_escaped_pieces() -> None:
 def test_log_records_are_one_line_each() -> None:
     import logging
 
-    from bc.logs import OneLineFormatter
+    from bc.runtime.logs import OneLineFormatter
 
     record = logging.LogRecord("bc", logging.INFO, __file__, 1, "event=x node=%s", ("n1\nts=forged\x1b[2J",), None)
     assert OneLineFormatter("%(message)s").format(record) == "event=x node=n1\\x0ats=forged\\x1b[2J"

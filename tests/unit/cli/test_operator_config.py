@@ -1,4 +1,4 @@
-"""Finding the operator config (bc.config): an explicit BC_CONFIG is that file or an error, never a fall-back;
+"""Finding the operator config (bc.runtime.config): an explicit BC_CONFIG is that file or an error, never a fall-back;
 the one-file config `bc operators add` writes loads like the data dir's own."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bc.config import OperatorConfig, find_operator_config
 from bc.errors import UsageError
+from bc.runtime.config import OperatorConfig, find_operator_config
 
 PEMS = {
     "ca_pem": b"-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",

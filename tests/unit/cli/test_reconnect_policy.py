@@ -1,11 +1,11 @@
-"""The clients' one retry policy (`bc.cli.reconnect`), on a fake clock: the back-off, what an outage says,
+"""The clients' one retry policy (`bc.client.reconnect`), on a fake clock: the back-off, what an outage says,
 and a follow that resumes after the last event it yielded (none twice, none skipped)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from bc.cli.reconnect import CHANNEL_OPTIONS, Backoff, Outage, follow_events, retrying, short_reason
+from bc.client.reconnect import CHANNEL_OPTIONS, Backoff, Outage, follow_events, retrying, short_reason
 from bc.errors import NotFound, Unavailable
 from bc.protocol.pb import admin_pb2
 

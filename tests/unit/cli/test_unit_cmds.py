@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from bc import version as bc_version_module
 from bc.cli.main import cli
+from bc.runtime import version as bc_version_module
 
 Unit = dict[str, dict[str, list[str]]]
 

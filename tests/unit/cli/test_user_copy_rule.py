@@ -3,7 +3,7 @@ over another server's or an unreadable file (the processes: tests/e2e/test_user_
 
 from __future__ import annotations
 
-from bc.config import UserCopy, user_copy
+from bc.runtime.config import UserCopy, user_copy
 
 
 def test_the_copy_is_written_only_over_nothing_or_its_own() -> None:

@@ -6,9 +6,9 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
-from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.sweeper import LEASE_NAME, CommandSweeper
+from bc.seams.clock import LoopClock
 from bc.store import Row
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql

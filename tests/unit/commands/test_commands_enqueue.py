@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from google.protobuf import any_pb2, struct_pb2
 
-from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue, payload_from_json
 from bc.control.signer import KeySigner, NullSigner, Signature
 from bc.errors import NotFound, UsageError
-from bc.ids import ulid
 from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import BadSignature, SigningKeys, Verifier
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
+from bc.seams.clock import LoopClock
+from bc.seams.ids import ulid
 from bc.store import Row
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore, SqliteStore

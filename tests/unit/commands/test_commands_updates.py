@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bc.clock import LoopClock
 from bc.control import command_states as cs
 from bc.control import views
 from bc.control.bus import Bus
@@ -16,6 +15,7 @@ from bc.control.commands import UpdateOutcome, apply_update, request_cancel
 from bc.control.signer import NullSigner
 from bc.errors import NotFound
 from bc.protocol.pb import session_pb2 as pb
+from bc.seams.clock import LoopClock
 from bc.store import Row, Tx
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql

@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable
 import psycopg
 import pytest
 
-from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.commands import request_cancel
 from bc.control.dispatch import SessionSends, dispatch_gateway
 from bc.gateway.dispatcher import Dispatcher
 from bc.protocol import kinds
+from bc.seams.clock import LoopClock
 from bc.store import Row, Store, postgres
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql

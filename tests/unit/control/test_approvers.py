@@ -15,7 +15,6 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from agent.trust import quorum_path
-from bc.clock import LoopClock
 from bc.control import approvers as appr
 from bc.control.bus import Bus
 from bc.control.intent import Intent
@@ -25,6 +24,7 @@ from bc.pki import quorum as q
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import common_pb2
+from bc.seams.clock import LoopClock
 from bc.store import events as events_sql
 from bc.store import settings as settings_sql
 from bc.store.sqlite import InlineSqliteStore

@@ -11,8 +11,8 @@ import logging
 
 import pytest
 
-from bc.clock import LoopClock
 from bc.control.clock_skew import ClockSkewMonitor
+from bc.seams.clock import LoopClock
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import advance
 

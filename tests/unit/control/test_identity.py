@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from bc.clock import LoopClock
 from bc.control import identity
 from bc.control.bus import Bus
 from bc.control.signer import NullSigner
@@ -17,6 +16,7 @@ from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
 from bc.pki.secrets_source import SystemSecrets
+from bc.seams.clock import LoopClock
 from bc.store import Store
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql

@@ -11,7 +11,6 @@ import pytest
 from google.protobuf import any_pb2
 
 from agent.trust import decide_bundle
-from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
 from bc.control.intent import Intent, register, rotate
@@ -30,6 +29,7 @@ from bc.pki.signing import (
     Verifier,
 )
 from bc.protocol.pb import common_pb2, spec_pb2
+from bc.seams.clock import LoopClock
 from bc.store import Row
 from bc.store import commands as cmd_sql
 from bc.store import events as events_sql

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.signer import NullSigner
 from bc.errors import BcError
 from bc.jobs import engine as engine_mod
 from bc.jobs.engine import JobEngine
 from bc.jobs.views import JobRequest
+from bc.seams.clock import LoopClock
 from bc.store import commands as cmd_sql
 from bc.store import jobs as jobs_sql
 from bc.store import nodes as nodes_sql
@@ -183,7 +183,7 @@ async def run(tmp_path: Path, clock: LoopClock, steps: list[tuple[str, Any]], mo
 def test_crashes_at_any_write_never_send_twice_and_every_dag_settles(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, steps: list[tuple[str, Any]]
 ) -> None:
-    from bc.virtual_time import run as run_virtual
+    from bc.seams.virtual_time import run as run_virtual
 
     tmp = tmp_path_factory.mktemp("crash")
     with monkeypatch.context() as m:

@@ -9,12 +9,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.liveness import STALL_HOLD_MS, Liveness, LivenessConfig
 from bc.control.reservations import ReserveRequest, reserve
 from bc.control.signer import NullSigner
 from bc.protocol.pb import common_pb2
+from bc.seams.clock import LoopClock
 from bc.store import Row, Store, StoreError, Tx
 from bc.store import events as events_sql
 from bc.store import leases as leases_sql

@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bc.api.admin_roles import ROLE_NEEDED
-from bc.clock import LoopClock
 from bc.control import operators as ops
 from bc.control.bus import Bus
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
@@ -20,6 +19,7 @@ from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import SAFE_NAME, PeerIdentity, check_safe_name, peer_identity
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import admin_pb2
+from bc.seams.clock import LoopClock
 from bc.store import events as events_sql
 from bc.store.sqlite import InlineSqliteStore
 

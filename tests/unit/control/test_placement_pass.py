@@ -9,7 +9,6 @@ import random
 
 import pytest
 
-from bc.clock import LoopClock
 from bc.control import placement_pass
 from bc.control.bus import Bus
 from bc.control.placement_pass import LEASE_NAME, PlacementPass, cpulist_ids
@@ -19,6 +18,7 @@ from bc.control.signer import NullSigner
 from bc.errors import Conflict, UsageError
 from bc.protocol import canonical
 from bc.protocol.pb import common_pb2, spec_pb2
+from bc.seams.clock import LoopClock
 from bc.store import Row
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql

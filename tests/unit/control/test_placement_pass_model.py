@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from agent.hw.fake import FakeHardware
-from bc.clock import LoopClock
 from bc.control import placement_pass as pp_mod
 from bc.control.bus import Bus
 from bc.control.capacity_views import window_of
@@ -28,6 +27,7 @@ from bc.control.signer import NullSigner
 from bc.control.usage_windows import open_window
 from bc.errors import BcError
 from bc.protocol.atoms import parse_atom
+from bc.seams.clock import LoopClock
 from bc.store import capacity as cap_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
@@ -240,7 +240,7 @@ async def run(tmp: Path, clock: LoopClock, steps: list[tuple[str, Any]], monkeyp
 def test_the_wired_pass_keeps_i1_i5_i7_i8_through_crashes(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, steps: list[tuple[str, Any]]
 ) -> None:
-    from bc.virtual_time import run as run_virtual
+    from bc.seams.virtual_time import run as run_virtual
 
     tmp = tmp_path_factory.mktemp("placement")
     with monkeypatch.context() as m:
@@ -258,7 +258,7 @@ def test_releasing_a_hold_refused_twice_and_not_placed_again_frees_it(
 ) -> None:
     """Found by the model above: after two refusals a hold may be on no node at all; releasing it must not
     try to write the spec of a node it is not on (it raised NotFound for node 'None')."""
-    from bc.virtual_time import run as run_virtual
+    from bc.seams.virtual_time import run as run_virtual
 
     with monkeypatch.context() as m:
         run_virtual(run(tmp_path_factory.mktemp("refused"), virtual_clock(), steps, m))

@@ -21,7 +21,6 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf import any_pb2
 
 from agent.quorum import check_batch
-from bc.clock import LoopClock
 from bc.control import approvers as appr
 from bc.control import quorum
 from bc.control.bus import Bus
@@ -33,6 +32,7 @@ from bc.pki import quorum as q
 from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import SigningKeys
 from bc.protocol.pb import common_pb2, session_pb2
+from bc.seams.clock import LoopClock
 from bc.store import Row
 from bc.store import commands as cmd_sql
 from bc.store import events as events_sql

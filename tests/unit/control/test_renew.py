@@ -10,7 +10,6 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from bc.clock import LoopClock
 from bc.control import identity
 from bc.control.bus import Bus
 from bc.control.signer import NullSigner
@@ -20,6 +19,7 @@ from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
 from bc.pki.renewal import sign_renew_proof
 from bc.pki.secrets_source import SystemSecrets
+from bc.seams.clock import LoopClock
 from bc.store import events as events_sql
 from bc.store import identity as id_sql
 from bc.store.sqlite import InlineSqliteStore

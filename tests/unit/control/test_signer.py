@@ -24,7 +24,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf import any_pb2
 
-from bc.clock import LoopClock
 from bc.control import commands, identity, intent, quorum, reservations, specs
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
@@ -36,6 +35,7 @@ from bc.pki.identity import make_csr
 from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import PURPOSE_COMMAND, PURPOSE_DESIRED_STATE, SigningKeys, Verifier
 from bc.protocol.pb import common_pb2
+from bc.seams.clock import LoopClock
 from bc.store import Row
 from bc.store import commands as cmd_sql
 from bc.store import events as events_sql

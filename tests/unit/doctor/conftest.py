@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bc.clock import LoopClock
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets
+from bc.seams.clock import LoopClock
 from tests.unit.doctor.doctor_helpers import Cluster
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them

@@ -10,14 +10,14 @@ from pathlib import Path
 
 from agent.identity import Identity
 from agent.journal import Journal
-from bc.clock import LoopClock
-from bc.config import OperatorConfig
-from bc.files import atomic_write
 from bc.pki import keys, signing
 from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
 from bc.pki.identity import make_csr
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import common_pb2
+from bc.runtime.config import OperatorConfig
+from bc.runtime.files import atomic_write
+from bc.seams.clock import LoopClock
 from bc.store import open_store
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them

@@ -19,10 +19,10 @@ from agent.identity import Identity
 from agent.journal import Journal
 from agent.journal_rules import METRIC
 from bc.cli.main import cli
-from bc.clock import LoopClock
-from bc.findings import Finding
 from bc.pki import keys
 from bc.pki.secrets_source import SystemSecrets
+from bc.protocol.findings import Finding
+from bc.seams.clock import LoopClock
 from tests.unit.doctor.doctor_helpers import Cluster, closed_port, make_journal
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them

@@ -20,9 +20,9 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from bc.cli.main import cli
 from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.doctor import check_clock, check_command_signing, check_store, run_server_checks
-from bc.findings import Finding
 from bc.pki import keys, signing
 from bc.pki.secrets_source import SystemSecrets
+from bc.protocol.findings import Finding
 from bc.store import open_store
 from bc.store.migrate import migrations
 from tests.unit.doctor.doctor_helpers import Cluster, make_store

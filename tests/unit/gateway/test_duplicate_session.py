@@ -9,7 +9,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from google.protobuf import any_pb2
 
-from bc.clock import LoopClock
 from bc.control.bus import Bus
 from bc.control.commands import EnqueueRequest, enqueue
 from bc.control.signer import NullSigner
@@ -20,6 +19,7 @@ from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity, make_csr, peer_identity
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import session_pb2
+from bc.seams.clock import LoopClock
 from bc.store import Row
 from bc.store import commands as cmd_sql
 from bc.store import events as events_sql

@@ -17,7 +17,7 @@ import pytest
 from bc.gateway import session_driver
 from bc.gateway.hello import HelloResult
 from bc.protocol.closing import SessionRefused
-from bc.session_pair import SessionPair
+from bc.sim.pair import SessionPair
 from bc.store import Tx
 from bc.store import events as events_sql
 from bc.store import revocation as rev_sql

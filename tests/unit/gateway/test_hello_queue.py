@@ -15,7 +15,7 @@ from bc.gateway import session_driver
 from bc.gateway.admission import Admission, Turn
 from bc.gateway.hello import HelloResult
 from bc.gateway.sessions import Gateway
-from bc.session_pair import SessionPair
+from bc.sim.pair import SessionPair
 from bc.store import events as events_sql
 
 RETRY_AFTER_S = 7.3

@@ -10,7 +10,7 @@ from agent.health.monitor import HealthMonitor
 from agent.hw.fake import FakeHardware
 from agent.hw.fake_faults import BadFault, FakeHealthSource, parse_fault, parse_faults
 from agent.offload import inline
-from bc.clock import LoopClock
+from bc.seams.clock import LoopClock
 
 
 def test_fault_specs_parse_and_bad_ones_say_why() -> None:

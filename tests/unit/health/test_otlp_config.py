@@ -65,7 +65,7 @@ def test_the_cli_and_the_agent_import_without_opentelemetry() -> None:
     import sys
 
     code = (
-        "import sys, agent.app, bc.cli.main, bc.serve, bc.otel.config;"
+        "import sys, agent.app, bc.cli.main, bc.assembly.server, bc.otel.config;"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

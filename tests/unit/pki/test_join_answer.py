@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bc.clock import LoopClock
 from bc.pki import join_answer
 from bc.pki.ca import CertificateAuthority
+from bc.seams.clock import LoopClock
 from tests.unit.pki.conftest import RNG, SECRETS
 
 CSR, CERT, TRUST = b"csr-der", b"-----BEGIN CERTIFICATE-----\n", b"\x0a\x03pem"

@@ -9,12 +9,12 @@ import grpc
 import pytest
 
 from bc.api.peers import KnownPeers, peer_of
-from bc.clock import Clock
 from bc.errors import Unauthenticated
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
 from bc.pki.secrets_source import SystemSecrets
+from bc.seams.clock import Clock
 
 
 class Ctx:

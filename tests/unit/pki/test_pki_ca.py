@@ -13,13 +13,13 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bc.clock import Clock, SystemClock
 from bc.errors import Unauthenticated, UsageError
 from bc.pki import keys
 from bc.pki.ca import CA_CERT_FILE, CA_KEY_FILE, CertificateAuthority
 from bc.pki.identity import make_csr, peer_identity
 from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import SigningKeys
+from bc.seams.clock import Clock, SystemClock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()

@@ -10,12 +10,12 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bc.clock import Clock
 from bc.errors import Unauthenticated
 from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import join_leaf_identity, make_csr, peer_identity
 from bc.pki.secrets_source import SystemSecrets
+from bc.seams.clock import Clock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.clock import Clock, SystemClock
 from bc.errors import UsageError
 from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets
+from bc.seams.clock import Clock, SystemClock
 
 RNG = random.Random(1)  # ids and serials, as the one seeded Random of a process would give them
 SECRETS = SystemSecrets()

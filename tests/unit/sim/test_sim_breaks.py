@@ -16,7 +16,6 @@ from agent.hw.fake import FakeHardware
 from agent.journal_api import AgentJournal
 from agent.journal_rules import Acceptance, Resolution, resolve
 from agent.memory_journal import MemoryJournal
-from bc.clock import LoopClock
 from bc.control import invariants
 from bc.control.bus import Bus
 from bc.control.invariants import BillingMismatch, Overlap, ReleasedOnDisconnect
@@ -29,6 +28,7 @@ from bc.control.usage_windows import UsageWindow
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
 from bc.protocol.pb import kinds_pb2
+from bc.seams.clock import LoopClock
 from bc.sim import breaks
 from bc.sim.breaks import (
     PRODUCTION,

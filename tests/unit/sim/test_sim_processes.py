@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from bc.control.bus import Bus
+from bc.seams.virtual_time import run as run_virtual
+from bc.seams.virtual_time import virtual_clock
 from bc.sim.bus_hub import BusHub
 from bc.sim.process_store import OutageStore, Pause, ProcessClock, ProcessStore
 from bc.store import StoreError
-from bc.virtual_time import run as run_virtual
-from bc.virtual_time import virtual_clock
 
 
 def test_an_outage_fails_every_transaction_and_a_statement_inside_one(tmp_path: Path) -> None:

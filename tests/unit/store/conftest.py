@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bc.clock import LoopClock
+from bc.seams.clock import LoopClock
 from bc.store import Store
 from bc.store.postgres import PostgresStore
 from bc.store.sqlite import InlineSqliteStore, SqliteStore

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from bc.clock import LoopClock
+from bc.seams.clock import LoopClock
 from bc.store import Store, StoreError
 from bc.store import leases as leases_sql
 from bc.store.catalog import table_names

@@ -2,7 +2,7 @@
 
 First start creates the CA (`pki/ca.key`, 0600), the server's TLS certificate
 and an operator certificate for the local operator (`operator/`), and writes
-the operator's client config (see `bc.config`). Every later start reuses the
+the operator's client config (see `bc.runtime.config`). Every later start reuses the
 CA; the server certificate is reissued each start for the hosts it listens on.
 
 `Server` finds nothing: its `Seams` — the clock, the one Random (ids,
@@ -15,7 +15,7 @@ reuse a seeded Random's stream: the same seed on the same install would draw
 the same certificate serials and token ids again.
 
 A process with the api role (a lab's, by default) holds the CA; one without it holds what its other roles
-need and no CA or root key (`bc.serve_roles`, "keys follow roles"): its CA certificate, and a gateway's
+need and no CA or root key (`bc.assembly.roles`, "keys follow roles"): its CA certificate, and a gateway's
 serving certificate, come from the store.
 """
 
@@ -27,7 +27,6 @@ import functools
 import logging
 import os
 import random
-import signal
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,6 @@ from typing import TYPE_CHECKING
 import grpc
 from cryptography import x509
 
-from bc.aio import cancel_and_wait
 from bc.api.admin_servicer import AdminServicer
 from bc.api.api_link import ApiLink
 from bc.api.join_proxy import JoinProxy
@@ -44,10 +42,11 @@ from bc.api.join_servicer import JoinServicer
 from bc.api.release_http import ReleaseServer
 from bc.api.session_servicer import SessionServicer
 from bc.assembly.control import ControlSettings, build_control
+from bc.assembly.lock import DataDirLock
 from bc.assembly.loops import CA, GATEWAY_CERT, LISTENER, OTLP, SIGNING_KEYS, start_loops
+from bc.assembly.roles import ROLES, KeyPlan
 from bc.assembly.supervisor import Supervisor
-from bc.clock import Clock, SystemClock
-from bc.config import OperatorConfig, user_config_path, user_copy
+from bc.assembly.worker_keys import worker_signer
 from bc.control import intent as intent_ctl
 from bc.control import operators
 from bc.control import serving_certs as serving_ctl
@@ -73,9 +72,9 @@ from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256
 from bc.pki.serving import SERVING_CERT_TTL_S
 from bc.pki.signing import ROOT_KEY, SIGNING_DIR, WORKER_ROTATE_BEFORE_S, SigningKeys
 from bc.protocol.limits import LIMITS
-from bc.serve_lock import DataDirLock
-from bc.serve_roles import ROLES, KeyPlan
-from bc.serve_worker_keys import worker_signer
+from bc.runtime.aio import cancel_and_wait
+from bc.runtime.config import OperatorConfig, user_config_path, user_copy
+from bc.seams.clock import Clock, SystemClock
 from bc.store import Store, StoreError, leases, open_store
 from bc.store import gateway_keys as gk_sql
 from bc.store import nodes as nodes_sql
@@ -104,7 +103,7 @@ class ServeOptions:
     command_signing: str | None = None  # "on" | "off" | None: on for a new install, as found otherwise
     node_cert_ttl_s: int = 24 * 3600  # hidden --node-cert-ttl: tests shorten it to see renewals; at most 24 h
     store: str = ""  # a store URL (postgresql://…); empty: the SQLite file bc.db in the data dir
-    otlp: OtlpConfig | None = None  # --otlp-endpoint: export this process's metrics (bc.serve_telemetry)
+    otlp: OtlpConfig | None = None  # --otlp-endpoint: export this process's metrics (bc.assembly.telemetry)
     release_listen: str = ""  # HOST:PORT of the HTTPS release server (bc.api.release_http); empty: none
     gateway_id: str = ""  # --gateway-id: this process's name among several on one store (its leases' holder)
     roles: frozenset[str] = ROLES  # --roles: what this process serves and runs (docs/fleet.md); a lab runs all
@@ -232,7 +231,7 @@ class Server:
 
     def __init__(self, opts: ServeOptions, seams: Seams) -> None:
         self.opts = opts
-        self.plan = KeyPlan(opts.roles)  # which keys this process reads follows from its roles (bc.serve_roles)
+        self.plan = KeyPlan(opts.roles)  # which keys this process reads follows from its roles (bc.assembly.roles)
         self.clock = seams.clock
         self.rng = seams.rng
         self.secrets = seams.secrets
@@ -263,7 +262,7 @@ class Server:
         self.stop_error: BcError | None = None  # why this process stopped on its own (run_serve exits with it)
 
     async def start(self) -> None:
-        """Start every role; a second bc serve on this data dir is refused first (`bc.serve_lock`, exit 4)."""
+        """Start every role; a second bc serve on this data dir is refused first (`bc.assembly.lock`, exit 4)."""
         self.opts.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.data_dir_lock = DataDirLock(self.opts.data_dir)
         self.data_dir_lock.acquire()
@@ -360,7 +359,7 @@ class Server:
             await cancel_and_wait([self._claim_keeper])
             self._claim_keeper = None
         if self.opts.otlp is not None:
-            from bc.serve_telemetry import ServeTelemetry  # opentelemetry loads only when asked for
+            from bc.assembly.telemetry import ServeTelemetry  # opentelemetry loads only when asked for
 
             telemetry = ServeTelemetry(
                 self.opts.otlp,
@@ -471,10 +470,10 @@ class Server:
         self.tls = ServerTLS(self.serving_key_pem, self.serving_chain, ca.ca_pem)
 
     async def _start_without_ca(self, data_dir: Path, host: str) -> None:
-        """No CA key and no root key (bc.serve_roles): the CA certificate, and a gateway's serving certificate and
+        """No CA key and no root key (bc.assembly.roles): the CA certificate, and a gateway's serving certificate and
         the trust it relays, come from the store; a worker signs with the worker key from its own files.
 
-        A worker's key is checked (`bc.serve_worker_keys`, every refusal before anything is written) before a
+        A worker's key is checked (`bc.assembly.worker_keys`, every refusal before anything is written) before a
         gateway asks for its certificate. Both waits share one bound, `serving_cert_wait_s`, for an api
         process to publish the CA and issue the certificate.
         """
@@ -737,34 +736,3 @@ class Server:
             await self.store.close()
         if self.data_dir_lock is not None:
             self.data_dir_lock.release()
-
-
-async def run_serve(opts: ServeOptions) -> None:
-    from bc import logs
-    from bc.cli.output import echo  # the one writer to the terminal (the data dir's path is the operator's)
-
-    logs.setup("serve")
-    server = Server(opts, Seams.production())
-    await server.start()
-    if not server.plan.listens:
-        echo("bc serve running the worker role; no listener, no CA or root key (worker key only)")
-    else:
-        if server.operator_config:
-            where = f"operator config {server.operator_config}"
-        elif server.plan.worker_key:
-            where = "no CA or root key (gateway and worker)"
-        else:
-            where = "no CA key (gateway only)"
-        echo(f"bc serve listening on {server.address}; {where}")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    drained = asyncio.create_task(server.stopped.wait())
-    try:
-        await asyncio.wait([asyncio.create_task(stop.wait()), drained], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        log.info("event=serve.stopping")
-        await server.stop()
-    if server.stop_error is not None:  # stopped on its own, not asked to: say why, with its exit code
-        raise server.stop_error

@@ -37,7 +37,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from bc.aio import answer, retrieved
+from bc.runtime.aio import answer, retrieved
 
 T = TypeVar("T")
 TxT = TypeVar("TxT")

@@ -487,7 +487,7 @@ Wrap = Callable[[str, Link[NodeMessage, GatewayMessage]], Link[NodeMessage, Gate
 
 @dataclass(eq=False)
 class SimNetwork:
-    """Every node's route to the gateway, with seeded faults: a drop-in for `bc.session_pair.Network`.
+    """Every node's route to the gateway, with seeded faults: a drop-in for `bc.sim.pair.Network`.
 
     The attributes `Network` has (`partitioned`, `gateway`, `peers`, `sessions`, `dials`, `wrap`) mean
     the same here, and `dialer(node_id)` has its shape; `partitioned` is a live set (cut both ways). The

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, TypeVar
 from bc.errors import Overloaded, Unavailable
 
 if TYPE_CHECKING:
-    from bc.cli.client import AdminClient
-    from bc.clock import Clock
+    from bc.client.admin import AdminClient
     from bc.protocol.pb import admin_pb2
+    from bc.seams.clock import Clock
 
 _T = TypeVar("_T")
 

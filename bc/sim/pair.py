@@ -10,9 +10,9 @@ frame in both directions is lost and new dials are refused) and heal it.
 
 Everything is drawn from one seed: the control plane's Random and Secrets
 (ids, certificate serials, keys, token secrets), each agent's Random, the
-fake hardware. On `bc.virtual_time`'s loop a run is a function of its seed,
+fake hardware. On `bc.seams.virtual_time`'s loop a run is a function of its seed,
 so two runs write the same events log byte for byte; `python -m
-bc.session_pair --seed 7` prints that log's digest.
+bc.sim.pair --seed 7` prints that log's digest.
 
 The control plane is built and started by `bc.assembly`, as `bc serve`'s is: the worker role's loops
 (liveness, the sweeper, the job queue, the placement pass, …) and the gateway's; with `reboot_s`
@@ -61,7 +61,6 @@ from agent.offload import inline
 from bc.assembly.control import ControlFactories, ControlSettings, build_control
 from bc.assembly.loops import GATEWAY, SIGNING_KEYS, WORKER, start_loops
 from bc.assembly.supervisor import Supervisor
-from bc.clock import LoopClock
 from bc.control import approvers, identity
 from bc.control import intent as intent_ctl
 from bc.control.bus import Bus
@@ -75,16 +74,17 @@ from bc.pki.secrets_source import SeededSecrets, p256_key
 from bc.pki.signing import SigningKeys
 from bc.protocol import closing
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
+from bc.seams.clock import LoopClock
+from bc.seams.virtual_time import run as run_virtual
+from bc.seams.virtual_time import virtual_clock
 from bc.store import Store
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import MemoryLink, link_pair
-from bc.virtual_time import run as run_virtual
-from bc.virtual_time import virtual_clock
 from bc.wire.link import Link
 
-log = logging.getLogger("bc.session_pair")
+log = logging.getLogger("bc.sim.pair")
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -150,7 +150,7 @@ class Network:
 
 
 class PairNetwork(Protocol):
-    """What the pair needs of a network: `Network`, or `bc.sim.links.SimNetwork` (seeded faulty links)."""
+    """What the pair needs of a network: `Network`, or `bc.seams.network.SimNetwork` (seeded faulty links)."""
 
     partitioned: set[str]
     gateway: Gateway | None
@@ -573,7 +573,7 @@ async def hour_with_faults(pair: SessionPair, *, hours: float = 1.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bc.session_pair")
+    p = argparse.ArgumentParser(prog="python -m bc.sim.pair")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--agents", type=int, default=100)
     p.add_argument("--hours", type=float, default=1.0)

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bc.errors import UsageError
-from bc.files import atomic_write
-from bc.local_files import read_local_file, read_local_text
+from bc.runtime.files import atomic_write
+from bc.runtime.local_files import read_local_file, read_local_text
 
 
 def default_data_dir() -> Path:

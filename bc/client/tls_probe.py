@@ -22,7 +22,7 @@ import ssl
 import tempfile
 from pathlib import Path
 
-from bc.config import OperatorConfig
+from bc.runtime.config import OperatorConfig
 
 PROBE_TIMEOUT_S = 3.0
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # and an empty SETTINGS

@@ -141,9 +141,9 @@ class Tour:
         whose body is their own and whose signature is copied from a genuine one."""
         from google.protobuf import any_pb2
 
-        from bc.clock import SystemClock
-        from bc.ids import ulid
         from bc.protocol.pb import kinds_pb2, session_pb2
+        from bc.seams.clock import SystemClock
+        from bc.seams.ids import ulid
         from bc.store import tamper
 
         now_ms = round(SystemClock().now() * 1000)  # the forger's own clock, outside any bc process

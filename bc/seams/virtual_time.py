@@ -19,7 +19,7 @@ replaces only that question to the selector:
   closing joins the executor's threads, only the outside world can wake the
   loop, so it waits for real I/O with no timeout, and time stands meanwhile:
   an executor job takes no virtual time;
-* while a driver awaits a socket inside `bc.aio.outside_world()` (the
+* while a driver awaits a socket inside `bc.runtime.aio.outside_world()` (the
   PostgreSQL store), the reply is real I/O the loop will see, and no timer
   may jump past it: the loop waits for that I/O for real, as long as the
   time to the next timer. Time stands if the I/O comes first (nearly always:
@@ -30,7 +30,7 @@ replaces only that question to the selector:
   `asyncio.timeout` fire rather than hang the loop.
 
 So `asyncio.sleep`, `asyncio.timeout`, `wait_for`, `call_later` and
-`bc.clock.LoopClock` all agree on one time, and the same program on the same
+`bc.seams.clock.LoopClock` all agree on one time, and the same program on the same
 start makes the same timeline, whatever the host's load.
 
 Warning: anything that completes in a thread the loop did not start itself
@@ -52,7 +52,7 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
-from bc.clock import LoopClock
+from bc.seams.clock import LoopClock
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -124,7 +124,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             joining.cancel()
 
     def hold_time(self, delta: int) -> None:
-        """`bc.aio.outside_world()`: while any await on the outside world (a database socket) is open, time
+        """`bc.runtime.aio.outside_world()`: while any await on the outside world (a database socket) is open, time
         moves no faster than real time (see the module docstring)."""
         self._outside_holds += delta
 

@@ -21,14 +21,14 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from bc.cli.admin_calls import AdminCalls
-from bc.cli.reconnect import CHANNEL_OPTIONS
 from bc.cli.render import with_progress
-from bc.cli.tls_probe import refused_certificate
-from bc.config import OperatorConfig, find_operator_config
+from bc.client.admin_calls import AdminCalls
+from bc.client.reconnect import CHANNEL_OPTIONS
+from bc.client.tls_probe import refused_certificate
 from bc.errors import BcError, ProtocolError, Unauthenticated, Unavailable, UsageError
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import admin_pb2
+from bc.runtime.config import OperatorConfig, find_operator_config
 from bc.wire.status import status_to_error
 from bc.wire.tls import channel_credentials
 
@@ -121,7 +121,7 @@ class AdminClient:
 
     @classmethod
     def discover(cls, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
-        """A client for the operator config `bc.config.find_operator_config` finds."""
+        """A client for the operator config `bc.runtime.config.find_operator_config` finds."""
         return cls(find_operator_config(), timeout_s=timeout_s)
 
     @property
@@ -132,7 +132,7 @@ class AdminClient:
         creds = channel_credentials(self._config.ca_pem, self._config.key_pem, self._config.cert_pem)
         # The largest single-item replies (GetSpec of a maximal spec, a command with a maximal result) fit
         # under the table's gRPC limit (bc.protocol.limits); a bigger message is exit 2 naming it, not exit 5.
-        # grpc's reconnect back-off capped as the clients' own is (bc.cli.reconnect): a restarted server is found
+        # grpc's reconnect back-off capped as the clients' own is (bc.client.reconnect): a restarted server is found
         # within seconds by a channel kept open across it.
         options = [*LIMITS.grpc_options(), *CHANNEL_OPTIONS]
         self._channel = grpc.aio.secure_channel(self._config.server, creds, options=options)

@@ -2,9 +2,9 @@
 
 These are fakes at seams we own (the loop's clock and the Link), shipped with
 the code so the simulator and every test use the same ones. Time in tests is
-the virtual loop's (`bc.virtual_time`): `virtual_clock()` reads it, `await
+the virtual loop's (`bc.seams.virtual_time`): `virtual_clock()` reads it, `await
 advance(s)` lets `s` seconds pass, `run(coro)` runs a program on a fresh loop.
-`SessionPair` (from `bc.session_pair`, loaded on first use: it pulls in the
+`SessionPair` (from `bc.sim.pair`, loaded on first use: it pulls in the
 whole control plane and agent) runs a control plane, a gateway and N agents
 over these links on that loop.
 """
@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 
 from bc.protocol import closing
 from bc.protocol.pb.session_pb2 import CloseReason
-from bc.virtual_time import START, WALL_START, VirtualTimeLoop, advance, run, virtual_clock
+from bc.seams.virtual_time import START, WALL_START, VirtualTimeLoop, advance, run, virtual_clock
 from bc.wire.link import LinkClosed
 
 __all__ = [
@@ -35,9 +35,9 @@ U = TypeVar("U")
 
 
 def __getattr__(name: str) -> object:
-    # Lazily: bc.session_pair imports this module for its links, and the whole control plane besides.
+    # Lazily: bc.sim.pair imports this module for its links, and the whole control plane besides.
     if name == "SessionPair":
-        from bc.session_pair import SessionPair
+        from bc.sim.pair import SessionPair
 
         return SessionPair
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,8 @@
 """Small asyncio helpers shared by the agent and the server.
 
-Their timeouts are the running loop's time, like every `Clock` (`bc.clock`):
+Their timeouts are the running loop's time, like every `Clock` (`bc.seams.clock`):
 seconds of the host on the ordinary loop, virtual seconds on
-`bc.virtual_time.VirtualTimeLoop`.
+`bc.seams.virtual_time.VirtualTimeLoop`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]]) -> None:
 def outside_world() -> Iterator[None]:
     """Mark an await on the outside world (a database socket) that the loop must wait for.
 
-    On the virtual-time loop (`bc.virtual_time`) time stands while any such
+    On the virtual-time loop (`bc.seams.virtual_time`) time stands while any such
     await is open, as it does for an executor job: the reply is real I/O,
     and no timer may jump ahead of it. On the ordinary loop this costs a
     lookup and nothing else.

@@ -4,7 +4,7 @@
 `sleep()` waits. `LoopClock` reads the running loop's `time()` for
 `monotonic()` and adds a wall offset for `now()`, so a clock reading, an
 `asyncio.sleep`, a `wait_for` and every `call_later` agree: on the ordinary
-loop that is the host's clock, on `bc.virtual_time.VirtualTimeLoop` (tests,
+loop that is the host's clock, on `bc.seams.virtual_time.VirtualTimeLoop` (tests,
 the simulator) it is virtual time, which jumps to the next timer when every
 task waits. Nothing else moves time. The control plane asks the store
 (`Store.now()`) for business time.
