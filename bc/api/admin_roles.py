@@ -36,6 +36,7 @@ from bc.control.bus import Bus
 from bc.errors import BcError, Unauthenticated
 from bc.jobs import templates
 from bc.jobs.model import DagSpec, NodeSpec
+from bc.pki.identity import PeerIdentity
 from bc.protocol.pb import admin_pb2
 from bc.wire.status import abort_with
 
@@ -244,6 +245,10 @@ class Guarded(Protocol):
 
     bus: Bus
 
+    def _identity(self, context: grpc.aio.ServicerContext) -> PeerIdentity: ...
+
+    async def _authorize(self, peer: PeerIdentity, need: str, what: str) -> operators.Caller: ...
+
     async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller: ...
 
 
@@ -321,12 +326,15 @@ def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
         async def stream(self: Guarded, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             need = needed(rpc, request)
             try:
-                caller = await self._caller(context, *need)
+                peer = self._identity(context)
+                caller = await self._authorize(peer, *need)
             except BcError as e:
                 await abort_with(context, e)
             # A stream writes nothing, so it needs no operator to act for; it lives while its caller may.
+            # The recheck asks the store about the certificate read at the start, never the call's context
+            # again: grpc's auth context of a call that ended under it is freed memory (a segfault).
             refused = asyncio.ensure_future(
-                _first_refusal(lambda: self._caller(context, *need), self.bus.wait_events, caller)
+                _first_refusal(lambda: self._authorize(peer, *need), self.bus.wait_events, caller)
             )
             try:
                 async for item in _while_allowed(fn(self, request, context), refused):

@@ -49,6 +49,7 @@ from bc.control.bus import Bus
 from bc.control.signer import Signer
 from bc.errors import Conflict, UsageError
 from bc.pki.ca import CertificateAuthority
+from bc.pki.identity import PeerIdentity
 from bc.pki.secrets_source import Secrets
 from bc.protocol.pb import admin_pb2
 from bc.seams.clock import Clock
@@ -96,8 +97,14 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
         self.release_url = release_url
         self.drain = drain  # bc serve drain: this process's own (bc.assembly.server.Server.drain)
 
+    def _identity(self, context: grpc.aio.ServicerContext) -> PeerIdentity:
+        return operator_of(context, self.ca.certificate)
+
+    async def _authorize(self, peer: PeerIdentity, need: str, what: str) -> operators.Caller:
+        return await operators.authorize(self.store, peer, need, what)
+
     async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller:
-        return await operators.authorize(self.store, operator_of(context, self.ca.certificate), need, what)
+        return await self._authorize(self._identity(context), need, what)
 
     async def CreateToken(
         self, request: admin_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
