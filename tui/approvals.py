@@ -12,8 +12,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from bc.cli.quorum_cmds import load_approver_key, public_raw, recompute_root
-from bc.cli.render import format_time_ms
+from bc.cli.quorum_cmds import recompute_root
+from bc.client.approver_key import load_approver_key, public_raw
+from bc.client.fmt import format_time_ms
 from bc.errors import UsageError
 from bc.pki import quorum as q
 from bc.protocol.pb import admin_pb2

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import json
-import stat
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -33,6 +32,7 @@ from bc.cli.emit import emit
 from bc.cli.output import Lines, confirm, echo, lines, paragraphs
 from bc.cli.render import cell, format_age, format_time_ms, parse_duration, render_fields, render_table
 from bc.client.admin import AdminClient
+from bc.client.approver_key import load_approver_key, public_raw
 from bc.control.approvers import MAX_ALLOWANCE, MAX_THRESHOLD
 from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
@@ -42,35 +42,8 @@ from bc.pki import ssh as ssh_pki
 from bc.protocol import canonical, root_equiv
 from bc.protocol.pb import admin_pb2
 from bc.runtime.files import atomic_write
-from bc.runtime.local_files import read_local_file
 
 DEFAULT_APPROVAL_TTL_S = 3600
-
-
-# -- key files -----------------------------------------------------------------------
-
-
-def load_approver_key(path: Path) -> ed25519.Ed25519PrivateKey:
-    """The approver's key, refusing a file others can read: a key that leaked is not a person's key."""
-    try:
-        st = path.stat()
-    except OSError as e:
-        raise UsageError(f"cannot read the key file {path}: {e.strerror}") from None
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise UsageError(
-            f"the key file {path} can be read by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 {path}"
-        )
-    try:
-        key = serialization.load_pem_private_key(read_local_file(path, "the key file"), password=None)
-    except (ValueError, TypeError):
-        raise UsageError(f"{path} is not an unencrypted PEM private key") from None
-    if not isinstance(key, ed25519.Ed25519PrivateKey):
-        raise UsageError(f"{path} is not an Ed25519 approver key (make one with `bc approve keygen`)")
-    return key
-
-
-def public_raw(key: ed25519.Ed25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
 # -- what a batch covers, recomputed here ----------------------------------------------
