@@ -1,6 +1,6 @@
 """Approving a batch from the TUI, as `bc approve sign` does it, as functions apart from the screen.
 
-The root is recomputed from the leaves here (`bc.cli.quorum_cmds.recompute_root`, the very
+The root is recomputed from the leaves here (`bc.pki.batch_scope.recompute_root`, the very
 function `bc approve sign` uses): a server that lies about the scope gets refused before
 anything is signed. The key file is read for each signature and dropped after it
 (`load_approver_key` refuses a file others can read); nothing keeps it.
@@ -12,10 +12,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from bc.cli.quorum_cmds import load_approver_key, public_raw, recompute_root
-from bc.cli.render import format_time_ms
+from bc.client.approver_key import load_approver_key, public_raw
+from bc.client.fmt import format_time_ms
 from bc.errors import UsageError
 from bc.pki import quorum as q
+from bc.pki.batch_scope import recompute_root
 from bc.protocol.pb import admin_pb2
 
 APPROVAL_TTL_MS = 3600 * 1000

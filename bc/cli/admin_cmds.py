@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from bc.cli.connect import run_client, slow
 from bc.cli.emit import emit
 from bc.cli.job_progress import check_done, follow
 from bc.cli.output import Lines, echo, json_lines, lines, paragraphs
@@ -35,7 +36,7 @@ from bc.cli.render import (
     render_fields,
     render_table,
 )
-from bc.client.admin import AdminClient, run_client, slow
+from bc.client.admin import AdminClient
 from bc.client.reconnect import follow_events
 from bc.errors import UsageError
 from bc.protocol import labels as node_labels

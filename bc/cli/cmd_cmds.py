@@ -32,6 +32,7 @@ import click
 
 from bc.cli import fanout as fan
 from bc.cli.admin_cmds import read_json_object
+from bc.cli.connect import run_client, slow
 from bc.cli.emit import emit
 from bc.cli.output import Lines, echo, json_lines, lines
 from bc.cli.render import (
@@ -43,7 +44,7 @@ from bc.cli.render import (
     render_fields,
     render_table,
 )
-from bc.client.admin import AdminClient, run_client, slow
+from bc.client.admin import AdminClient
 from bc.client.reconnect import retrying
 from bc.control.command_states import CANCELLED, STATES, SUCCEEDED, TERMINAL
 from bc.errors import BcError, UsageError

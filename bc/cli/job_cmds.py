@@ -21,6 +21,7 @@ from typing import TypeVar
 import click
 
 from bc.cli.admin_cmds import read_json_object
+from bc.cli.connect import run_client, slow
 from bc.cli.emit import emit
 from bc.cli.job_progress import (
     JobFailed,
@@ -41,7 +42,7 @@ from bc.cli.render import (
     render_fields,
     render_table,
 )
-from bc.client.admin import AdminClient, run_client, slow
+from bc.client.admin import AdminClient
 from bc.errors import Unavailable, UsageError
 from bc.jobs.views import TEMPLATES
 from bc.protocol.pb import admin_pb2

@@ -18,8 +18,6 @@ both settings' digests from the settings themselves.
 from __future__ import annotations
 
 import base64
-import json
-import stat
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -33,92 +31,18 @@ from bc.cli.emit import emit
 from bc.cli.output import Lines, confirm, echo, lines, paragraphs
 from bc.cli.render import cell, format_age, format_time_ms, parse_duration, render_fields, render_table
 from bc.client.admin import AdminClient
+from bc.client.approver_key import load_approver_key, public_raw
 from bc.control.approvers import MAX_ALLOWANCE, MAX_THRESHOLD
-from bc.control.commands import payload_for, payload_from_json
 from bc.errors import UsageError
-from bc.pki import merkle
 from bc.pki import quorum as q
-from bc.pki import ssh as ssh_pki
-from bc.protocol import canonical, root_equiv
+from bc.pki.batch_scope import recompute_root
 from bc.protocol.pb import admin_pb2
 from bc.runtime.files import atomic_write
-from bc.runtime.local_files import read_local_file
 
 DEFAULT_APPROVAL_TTL_S = 3600
 
 
-# -- key files -----------------------------------------------------------------------
-
-
-def load_approver_key(path: Path) -> ed25519.Ed25519PrivateKey:
-    """The approver's key, refusing a file others can read: a key that leaked is not a person's key."""
-    try:
-        st = path.stat()
-    except OSError as e:
-        raise UsageError(f"cannot read the key file {path}: {e.strerror}") from None
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise UsageError(
-            f"the key file {path} can be read by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 {path}"
-        )
-    try:
-        key = serialization.load_pem_private_key(read_local_file(path, "the key file"), password=None)
-    except (ValueError, TypeError):
-        raise UsageError(f"{path} is not an unencrypted PEM private key") from None
-    if not isinstance(key, ed25519.Ed25519PrivateKey):
-        raise UsageError(f"{path} is not an Ed25519 approver key (make one with `bc approve keygen`)")
-    return key
-
-
-def public_raw(key: ed25519.Ed25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-# -- what a batch covers, recomputed here ----------------------------------------------
-
-
-def recompute_root(b: admin_pb2.BatchInfo) -> bytes:
-    """The scope root from the leaves and the payload, never from what the server says the root is."""
-    if not b.leaves:
-        raise UsageError(f"batch {b.id} has no leaves")
-    digest = leaf_digest(b)
-    for leaf in b.leaves:
-        if leaf.payload_digest != digest.hex() or leaf.kind != b.kind:
-            raise UsageError(f"leaf {leaf.index} of batch {b.id} does not match the batch's kind and payload")
-    root = merkle.merkle_root([merkle.leaf_bytes(leaf.node_id, leaf.kind, digest) for leaf in b.leaves])
-    if root.hex() != b.scope_root:
-        raise UsageError(f"the server's scope root for batch {b.id} does not match its leaves: refusing to sign")
-    return root
-
-
-def leaf_digest(b: admin_pb2.BatchInfo) -> bytes:
-    """What every leaf of the batch must carry: the payload's digest, or for an `ssh.grant` batch the digest
-    of the principal and the user key's fingerprint (bc.pki.ssh.grant_digest), read from the payload here."""
-    if b.kind == ssh_pki.GRANT_BATCH_KIND:
-        try:
-            doc = json.loads(b.payload_json or "{}")
-        except ValueError:
-            doc = None
-        principal, fingerprint = (doc.get("principal"), doc.get("fingerprint")) if isinstance(doc, dict) else (0, 0)
-        if not isinstance(principal, str) or not isinstance(fingerprint, str):
-            raise UsageError(f"batch {b.id}'s ssh.grant payload does not name a principal and a key fingerprint")
-        return ssh_pki.grant_digest(principal, fingerprint)
-    if b.kind == root_equiv.SPEC_BATCH_KIND:
-        return spec_change_digest(b)
-    payload = payload_for(b.kind, payload_from_json(b.kind, b.payload_json or "{}"))
-    return merkle.payload_digest(payload.type_url, payload.value)
-
-
-def spec_change_digest(b: admin_pb2.BatchInfo) -> bytes:
-    """A `spec.set` batch's leaf digest, from the section JSON in its payload (bc.protocol.root_equiv), so what
-    is signed is the section shown, whatever the server says its digest is."""
-    try:
-        doc = json.loads(b.payload_json or "{}")
-        section, text = doc["section"], doc["section_json"]
-        if not isinstance(section, str) or not isinstance(text, str):
-            raise TypeError
-        return root_equiv.section_digest(section, canonical.section_from_json(section, text))
-    except (ValueError, KeyError, TypeError):
-        raise UsageError(f"batch {b.id}'s spec.set payload does not name a section and its JSON") from None
+# -- what a batch covers ---------------------------------------------------------------
 
 
 def scope_summary(b: admin_pb2.BatchInfo, limit: int = 6) -> str:

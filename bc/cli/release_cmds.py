@@ -26,12 +26,13 @@ from google.protobuf import json_format
 
 from bc.cli.admin_cmds import ROOT_KEY_OPTION
 from bc.cli.admin_cmds import release as reservation_release
+from bc.cli.connect import run_client, slow
 from bc.cli.emit import emit
 from bc.cli.job_cmds import submit_and_follow
 from bc.cli.job_progress import check_done, job_to_json, progress_line
 from bc.cli.output import Lines, lines
 from bc.cli.render import cell, format_time_ms, render_table
-from bc.client.admin import AdminClient, run_client, slow
+from bc.client.admin import AdminClient
 from bc.errors import NotFound, UsageError
 from bc.pki import releases as rel
 from bc.pki.releases import upgrade_request

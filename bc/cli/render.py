@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Sequence
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from bc.cli.msg_json import message_to_json as message_to_json  # re-exported: commands render from here
 from bc.cli.output import Lines, echo, json_text, lines, one_line
+from bc.client.fmt import format_time_ms as format_time_ms  # re-exported: commands render from here
 from bc.errors import UsageError
 
 # -- durations and ages ----------------------------------------------------
@@ -85,11 +85,6 @@ def format_age(age_ms: int) -> str:
 def format_span(age_ms: int) -> str:
     """How long something has been so, as `3s`, `5m`, `2h`: an age without the `ago`."""
     return format_age(age_ms).removesuffix(" ago")
-
-
-def format_time_ms(at_ms: int) -> str:
-    """A wall-clock instant (epoch ms) in UTC, to the second."""
-    return datetime.fromtimestamp(at_ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def format_mib(mib: int) -> str:

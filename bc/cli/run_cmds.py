@@ -169,7 +169,8 @@ def serve(
 @click.option("--json", "as_json", is_flag=True)
 def drain(over_s: int, no_wait: bool, as_json: bool) -> None:
     """Move the nodes of the bc serve this CLI talks to over to the other gateways, then stop it."""
-    from bc.client.admin import AdminClient, run_client
+    from bc.cli.connect import run_client
+    from bc.client.admin import AdminClient
     from bc.errors import Unavailable
 
     async def go(c: AdminClient) -> dict[str, object]:

@@ -24,10 +24,11 @@ from pathlib import Path
 import click
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from bc.cli.connect import run_client
 from bc.cli.emit import emit
 from bc.cli.output import Lines, echo, lines
 from bc.cli.render import cell, format_time_ms, parse_duration, render_fields, render_table
-from bc.client.admin import AdminClient, run_client
+from bc.client.admin import AdminClient
 from bc.control.ssh import DEFAULT_TTL_S, MAX_TTL_S
 from bc.errors import Conflict, UsageError
 from bc.pki import ssh as ssh_pki

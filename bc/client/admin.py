@@ -1,4 +1,4 @@
-"""The Admin client: the one way the CLI (and the TUI) talk to `bc serve`.
+"""The Admin client: the one way the CLI and the TUI talk to `bc serve`.
 
 It dials the address in the operator config over mutual TLS, gives every unary
 call a deadline so that a wedged server cannot hang a shell script, and turns
@@ -13,7 +13,7 @@ messages of `bc.protocol.pb.admin_pb2`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from bc.cli.render import with_progress
 from bc.client.admin_calls import AdminCalls
 from bc.client.reconnect import CHANNEL_OPTIONS
 from bc.client.tls_probe import refused_certificate
@@ -31,8 +30,6 @@ from bc.protocol.pb import admin_pb2
 from bc.runtime.config import OperatorConfig, find_operator_config
 from bc.wire.status import status_to_error
 from bc.wire.tls import channel_credentials
-
-_T = TypeVar("_T")
 
 DEFAULT_TIMEOUT_S = 15.0
 ENQUEUE_S_PER_COMMAND = 0.005
@@ -602,19 +599,3 @@ class AdminClient:
         if not isinstance(resp, reply):
             raise ProtocolError(f"the server answered with {type(resp).__name__}, not {reply.__name__}")
         return resp
-
-
-def run_client(fn: Callable[[AdminClient], Awaitable[_T]]) -> _T:
-    """Run `fn` with a fresh client to the server the operator config names (a command's one connection)."""
-    client = AdminClient.discover()
-
-    async def go() -> _T:
-        async with client:
-            return await fn(client)
-
-    return asyncio.run(go())
-
-
-def slow(client: AdminClient, aw: Awaitable[_T]) -> Awaitable[_T]:
-    """`aw`, saying on stderr when the server is slow to answer."""
-    return with_progress(aw, f"waiting for bc serve at {client.server}…")

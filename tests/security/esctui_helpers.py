@@ -12,8 +12,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from textual.app import App
 
-from bc.cli.quorum_cmds import leaf_digest
 from bc.pki import merkle
+from bc.pki.batch_scope import leaf_digest
 from bc.protocol.pb import admin_pb2
 from bc.protocol.text_safety import is_unsafe
 from tests.strategies import HOSTILE_TEXT

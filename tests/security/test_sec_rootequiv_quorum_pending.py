@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from bc.cli.quorum_cmds import recompute_root
+from bc.pki.batch_scope import recompute_root
 from tests.integration import conftest as lab_fixtures
 from tests.integration.conftest import InprocLab
 from tests.integration.operators_lab import approvers, sign

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Input
 
-from bc.cli.render import format_time_ms
+from bc.client.fmt import format_time_ms
 from bc.protocol.pb import admin_pb2
 from tui import fmt
 from tui.screens.base import BcScreen

@@ -13,7 +13,7 @@ from functools import partial
 from textual.app import ComposeResult
 from textual.binding import Binding
 
-from bc.cli.render import format_time_ms
+from bc.client.fmt import format_time_ms
 from bc.errors import BcError
 from bc.protocol import usage_units as units
 from bc.protocol.atoms import cdi_qualified
