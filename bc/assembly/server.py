@@ -213,6 +213,23 @@ def _copy_to_user_config(cfg: OperatorConfig, data_dir: Path) -> None:
     log.info("event=operator-config.user-copy-written path=%s reason=%r", user, decision.reason)
 
 
+def serve_has(plan: KeyPlan, *, signing: bool, otlp: bool) -> frozenset[str]:
+    """What a `bc serve` with this key plan has beyond its roles (`bc.assembly.loops.Has`): what `Server` passes
+    to `start_loops`; `signing`: its signer holds keys (command signing on, and a CA or a worker key)."""
+    has = set()
+    if plan.ca:
+        has.add(CA)
+    if plan.listens:
+        has.add(LISTENER)
+    if signing:
+        has.add(SIGNING_KEYS)
+    if plan.serving_from_store:
+        has.add(GATEWAY_CERT)
+    if otlp:
+        has.add(OTLP)
+    return frozenset(has)
+
+
 @dataclass(frozen=True)
 class Seams:
     """What a control-plane process is handed instead of finding it."""
@@ -244,6 +261,8 @@ class Server:
         self._tasks: list[asyncio.Task[None]] = []  # one-shots (a drain); the loops run under `supervisor`
         self.supervisor = Supervisor(self.clock, random.Random(self.rng.getrandbits(64)), process="serve")
         self.loops: list[str] = []  # the names of the loops this process runs (bc.assembly.loops)
+        self.roles: frozenset[str] = opts.roles  # what it passes to start_loops: its roles and what it has
+        self.has: frozenset[str] = frozenset()
         self._rotate_at_start = False
         self.stopped = asyncio.Event()  # set by a drain that finished: run_serve exits as on SIGTERM
         self.release_server: ReleaseServer | None = None
@@ -370,7 +389,8 @@ class Server:
                 nodes_by_state=self._nodes_by_state,
             )
             self.parts.telemetry = telemetry.run
-        self.loops = start_loops(self.supervisor, roles, self._has(ca), self.parts)
+        self.has = self._has(ca)
+        self.loops = start_loops(self.supervisor, self.roles, self.has, self.parts)
         log.info(
             "event=serve.started listen=%s store=%s gateway=%s roles=%s ca=%s operator_config=%s",
             self.address or "-",
@@ -680,20 +700,11 @@ class Server:
             log.warning("event=pki.signing-off hint='start once with --command-signing on to sign commands and specs'")
         return None
 
-    def _has(self, ca: CertificateAuthority | None) -> set[str]:
+    def _has(self, ca: CertificateAuthority | None) -> frozenset[str]:
         """What this process has beyond its roles, which decides the rest of its loops (bc.assembly.loops)."""
-        has = set()
-        if ca is not None:
-            has.add(CA)
-        if self.plan.listens:
-            has.add(LISTENER)
-        if self.signer.keys is not None:
-            has.add(SIGNING_KEYS)
-        if self.gateway_cert is not None:
-            has.add(GATEWAY_CERT)
-        if self.opts.otlp is not None:
-            has.add(OTLP)
-        return has
+        # The plan decided both at start: a CA iff it holds the CA key, a certificate iff it serves one from the store.
+        assert (ca is not None) == self.plan.ca and (self.gateway_cert is not None) == self.plan.serving_from_store
+        return serve_has(self.plan, signing=self.signer.keys is not None, otlp=self.opts.otlp is not None)
 
     async def drain(self, over_s: float) -> int:
         """`bc serve drain`: spread this gateway's nodes over the others, then stop (`stopped` is set)."""

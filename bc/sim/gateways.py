@@ -130,6 +130,11 @@ class WatchedFence(LeaseFence):
 class GatewayFleet:
     """The N gateway processes of a run; see the module docstring."""
 
+    roles: frozenset[str] = frozenset({GATEWAY})
+    has: frozenset[str] = frozenset()
+    """What each process passes to `start_loops`: a gateway-only `bc serve`'s roles, minus what only a real
+    process has (a port, a serving certificate from the store: `bc.assembly.server.serve_has`)."""
+
     def __init__(
         self,
         n: int,
@@ -198,7 +203,7 @@ class GatewayFleet:
             gateway=gw,
         )
         p.supervisor = Supervisor(clock, random.Random(self.rng.getrandbits(64)), process=p.addr)
-        start_loops(p.supervisor, {GATEWAY}, set(), parts)
+        start_loops(p.supervisor, self.roles, self.has, parts)
         p.gateway = gw
         log.info("event=sim.gateway-started addr=%s gateway=%s", p.addr, gateway_id)
         return gw

@@ -187,6 +187,13 @@ ControlSeams = ControlFactories
 """The classes the control plane is built from (`bc.assembly.control.ControlFactories`)."""
 
 
+def control_plane_plan(cfg: PairConfig, *, signing: bool) -> tuple[frozenset[str], frozenset[str]]:
+    """The roles and what-it-has the harness's control plane passes to `start_loops` (`bc.assembly.loops`):
+    `bc serve`'s worker role, with its gateway's unless the simulator runs gateway processes of its own."""
+    roles = frozenset({GATEWAY, WORKER}) if cfg.gateway else frozenset({WORKER})
+    return roles, frozenset({SIGNING_KEYS}) if signing else frozenset()
+
+
 class ControlPlane:
     """The control plane's workers and one gateway over a store, built and started as `bc serve` builds and
     starts its own (`bc.assembly`), minus gRPC: the roles `worker` and, with `PairConfig.gateway`, `gateway`."""
@@ -220,8 +227,7 @@ class ControlPlane:
         assert self.parts.jobs is not None and self.parts.placement is not None
         self.gateway, self.liveness, self.sweeper = self.parts.gateway, self.parts.liveness, self.parts.sweeper
         self.jobs, self.placement = self.parts.jobs, self.parts.placement
-        self.roles = {GATEWAY, WORKER} if cfg.gateway else {WORKER}
-        self.has = {SIGNING_KEYS} if signer.keys is not None else set()
+        self.roles, self.has = control_plane_plan(cfg, signing=signer.keys is not None)
         self._supervisor_rng = random.Random(rng.getrandbits(64))
         self.supervisor: Supervisor | None = None
         self.loops: list[str] = []
