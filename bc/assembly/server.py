@@ -45,12 +45,13 @@ from bc.assembly.control import ControlSettings, build_control
 from bc.assembly.lock import DataDirLock
 from bc.assembly.loops import CA, GATEWAY_CERT, LISTENER, OTLP, SIGNING_KEYS, start_loops
 from bc.assembly.roles import ROLES, KeyPlan
-from bc.assembly.supervisor import Supervisor
+from bc.assembly.supervisor import Supervisor, states_json
 from bc.assembly.worker_keys import worker_signer
 from bc.control import intent as intent_ctl
 from bc.control import operators
 from bc.control import serving_certs as serving_ctl
 from bc.control.bus import Bus
+from bc.control.doctor import LOOPS_FILE
 from bc.control.intent import Intent
 from bc.control.liveness import LEASE_NAME as LIVENESS_LEASE
 from bc.control.placement_pass import LEASE_NAME as PLACEMENT_LEASE
@@ -74,6 +75,7 @@ from bc.pki.signing import ROOT_KEY, SIGNING_DIR, WORKER_ROTATE_BEFORE_S, Signin
 from bc.protocol.limits import LIMITS
 from bc.runtime.aio import cancel_and_wait
 from bc.runtime.config import OperatorConfig, user_config_path, user_copy
+from bc.runtime.files import atomic_write
 from bc.seams.clock import Clock, SystemClock
 from bc.store import Store, StoreError, leases, open_store
 from bc.store import gateway_keys as gk_sql
@@ -263,6 +265,11 @@ class Server:
         self.loops: list[str] = []  # the names of the loops this process runs (bc.assembly.loops)
         self.roles: frozenset[str] = opts.roles  # what it passes to start_loops: its roles and what it has
         self.has: frozenset[str] = frozenset()
+        # <data-dir>/loops.json, rewritten off the event loop at each change of the loops' states (bc doctor reads it).
+        self._loops_dirty = asyncio.Event()
+        self._loops_closing = False
+        self._loops_reporter: asyncio.Task[None] | None = None
+        self.loops_written = asyncio.Event()  # set after each write of loops.json (tests clear it and wait)
         self._rotate_at_start = False
         self.stopped = asyncio.Event()  # set by a drain that finished: run_serve exits as on SIGTERM
         self.release_server: ReleaseServer | None = None
@@ -387,10 +394,15 @@ class Server:
                 published=lambda: self.bus.published,
                 clock_offset_ms=lambda: self.clock_skew.offset_ms,
                 nodes_by_state=self._nodes_by_state,
+                loops=self.supervisor.states,
             )
             self.parts.telemetry = telemetry.run
         self.has = self._has(ca)
         self.loops = start_loops(self.supervisor, self.roles, self.has, self.parts)
+        # Attached once every loop is started: one first write, then one per change (bc doctor's `loops`).
+        self.supervisor.on_change = lambda _states: self._loops_dirty.set()
+        self._loops_dirty.set()
+        self._loops_reporter = asyncio.create_task(self._report_loops(), name="loops-report")
         log.info(
             "event=serve.started listen=%s store=%s gateway=%s roles=%s ca=%s operator_config=%s",
             self.address or "-",
@@ -706,6 +718,24 @@ class Server:
         assert (ca is not None) == self.plan.ca and (self.gateway_cert is not None) == self.plan.serving_from_store
         return serve_has(self.plan, signing=self.signer.keys is not None, otlp=self.opts.otlp is not None)
 
+    async def _report_loops(self) -> None:
+        """Write the supervisor's states to <data-dir>/loops.json (atomic) after each change, coalesced; ends
+        when `stop` says so, after the write in flight (a thread cannot be cancelled: a write finishing after
+        `stop` removed the file would leave a stopped server's loops on disk)."""
+        path = self.opts.data_dir / LOOPS_FILE
+        while True:
+            await self._loops_dirty.wait()
+            self._loops_dirty.clear()
+            if self._loops_closing:
+                return
+            data = states_json("serve", self.clock.now(), self.supervisor.states())
+            try:
+                await asyncio.to_thread(atomic_write, path, data, 0o644)
+            except OSError as e:  # a full disk: the loops run on, only doctor's view of them is stale
+                log.warning("event=loops.report-failed path=%s error=%s", path, e.strerror or e)
+                continue
+            self.loops_written.set()
+
     async def drain(self, over_s: float) -> int:
         """`bc serve drain`: spread this gateway's nodes over the others, then stop (`stopped` is set)."""
         sessions = len(self.gateway.sessions)
@@ -720,6 +750,11 @@ class Server:
     async def stop(self) -> None:
         await self.supervisor.stop()
         await cancel_and_wait(self._tasks)
+        if self._loops_reporter is not None:
+            self._loops_closing = True
+            self._loops_dirty.set()
+            await self._loops_reporter
+            (self.opts.data_dir / LOOPS_FILE).unlink(missing_ok=True)  # no bc serve runs here now: doctor skips
         if self.relay is not None:
             await self.relay.stop()
         if self.release_server is not None:
