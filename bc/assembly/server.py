@@ -28,9 +28,10 @@ import logging
 import os
 import random
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 from cryptography import x509
@@ -44,6 +45,7 @@ from bc.api.session_servicer import SessionServicer
 from bc.assembly.control import ControlSettings, build_control
 from bc.assembly.lock import DataDirLock
 from bc.assembly.loops import CA, GATEWAY_CERT, LISTENER, OTLP, SIGNING_KEYS, start_loops
+from bc.assembly.retry import retry_start
 from bc.assembly.roles import ROLES, KeyPlan
 from bc.assembly.supervisor import Supervisor, states_json
 from bc.assembly.worker_keys import worker_signer
@@ -88,6 +90,8 @@ if TYPE_CHECKING:
     from bc.store.notify import PgRelay
 
 log = logging.getLogger("bc.serve")
+
+T = TypeVar("T")
 
 KEYLESS_POLL_S = 1.0
 API_ENDPOINT_TTL_MS = 20_000
@@ -261,7 +265,9 @@ class Server:
         self.grpc_server: grpc.aio.Server | None = None
         self.port = 0
         self._tasks: list[asyncio.Task[None]] = []  # one-shots (a drain); the loops run under `supervisor`
-        self.supervisor = Supervisor(self.clock, random.Random(self.rng.getrandbits(64)), process="serve")
+        # One Random for every back-off (the supervisor's restarts, the start's retries): one draw from the seams'.
+        self._jitter = random.Random(self.rng.getrandbits(64))
+        self.supervisor = Supervisor(self.clock, self._jitter, process="serve")
         self.loops: list[str] = []  # the names of the loops this process runs (bc.assembly.loops)
         self.roles: frozenset[str] = opts.roles  # what it passes to start_loops: its roles and what it has
         self.has: frozenset[str] = frozenset()
@@ -321,7 +327,7 @@ class Server:
         if "gateway" in roles:
             # Before anything else that acts as this gateway (its serving certificate, its port): a second
             # process under a running gateway's id is refused here, exit 4 naming the holder.
-            self.claim = await self._claim_gateway_lease(data_dir)
+            self.claim = await self._retry("gateway-lease", lambda: self._claim_gateway_lease(data_dir))
             self._claim_keeper = asyncio.create_task(self._keep_claim(self.claim), name="gateway-lease-start")
         self.ca: CertificateAuthority | None = None
         self.gateway_cert: GatewayCert | None = None
@@ -353,7 +359,7 @@ class Server:
         self.gateway, self.jobs, self.clock_skew = self.parts.gateway, self.parts.jobs, self.parts.clock_skew
         self.gateway.on_superseded = self._superseded
         if "gateway" in roles:
-            await self.gateway.renew_lease()
+            await self._retry("gateway-lease-renewal", self.gateway.renew_lease)
             if self.gateway.superseded:  # another process took the lease while this one started
                 raise Conflict(self.gateway.superseded)
         if self._rotate_at_start:
@@ -369,9 +375,9 @@ class Server:
         if ca is not None:
             self.operator_config = _write_operator_config(data_dir, ca, self.address, self.secrets)
             # The local operator is an admin; its certificate counts only once registered (bc.control.operators).
-            await operators.register_local(
-                self.store, keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
-            )
+            operator_cert = keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
+            store = self.store
+            await self._retry("operator-register", lambda: operators.register_local(store, operator_cert))
         if self.grpc_server is not None:
             # Only now: a port that accepts means the operator config is on disk and its operator registered,
             # so a script's `bc nodes` right after `bc serve` opens its port finds both.
@@ -493,9 +499,11 @@ class Server:
         sk = self._signing_keys(data_dir / "pki", created)
         self.signer = KeySigner(sk) if sk is not None else NullSigner()
         self.intent = Intent(self.signer, ca.ca_pem)
-        await intent_ctl.register(self.store, self.signer)
+        await self._register_intent()
         local = LocalTrust(self.intent)
-        await local.refresh(self.store)  # the quorum and release keys as stored; published for keyless gateways
+        store = self.store
+        # The quorum and release keys as stored; published for keyless gateways.
+        await self._retry("trust-refresh", lambda: local.refresh(store))
         self.trust = local
         self.serving_key_pem = keys.key_to_pem(server_key)
         self.serving_chain = keys.cert_to_pem(server_cert) + ca.ca_pem
@@ -526,7 +534,8 @@ class Server:
             self.signer = await worker_signer(self.store, pki_dir, relayed.trust_bundle(), self.clock.now())
         else:
             signer = KeylessSigner()
-            await signer.refresh(self.store)
+            store = self.store
+            await self._retry("signer-refresh", lambda: signer.refresh(store))
             self.signer = signer
         if self.plan.serving_from_store:
             issued = await self._wait_for_serving_cert(data_dir, host, relayed, deadline)
@@ -537,10 +546,20 @@ class Server:
             self.trust = relayed
             return
         self.intent = Intent(self.signer, relayed.ca_pem)
-        await intent_ctl.register(self.store, self.signer)
+        await self._register_intent()
         local = LocalTrust(self.intent)
-        await local.refresh(self.store)
+        store = self.store
+        await self._retry("trust-refresh", lambda: local.refresh(store))
         self.trust = local
+
+    async def _retry(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
+        """A start step that reaches the store, retried while the store is away (`bc.assembly.retry`)."""
+        return await retry_start(step, what=what, clock=self.clock, rng=self._jitter, process="serve")
+
+    async def _register_intent(self) -> None:
+        assert self.store is not None
+        store, signer = self.store, self.signer
+        await self._retry("intent-register", lambda: intent_ctl.register(store, signer))
 
     async def _claim_gateway_lease(self, data_dir: Path) -> Claim:
         """Take this gateway's lease under this process's own holder, or refuse the start (exit 4): another
