@@ -236,6 +236,10 @@ def serve_has(plan: KeyPlan, *, signing: bool, otlp: bool) -> frozenset[str]:
     return frozenset(has)
 
 
+StoreOpener = Callable[[str, Clock], Awaitable[Store]]
+"""Opens (and migrates) the store at a URL: `bc.store.open_store`, or a test's store that can be killed."""
+
+
 @dataclass(frozen=True)
 class Seams:
     """What a control-plane process is handed instead of finding it."""
@@ -243,6 +247,7 @@ class Seams:
     clock: Clock
     rng: random.Random  # ids, serials, jitter
     secrets: Secrets  # keys and token secrets
+    store_opener: StoreOpener = open_store  # tests/integration/test_store_outage.py passes a store it can kill
 
     @classmethod
     def production(cls) -> Seams:
@@ -258,6 +263,7 @@ class Server:
         self.clock = seams.clock
         self.rng = seams.rng
         self.secrets = seams.secrets
+        self._open_store = seams.store_opener
         self.bus = Bus()
         self.gateway_id = opts.gateway_id or f"gw-{socket.gethostname()[:24]}-{self.rng.getrandbits(24):06x}"
         self.store: Store | None = None
@@ -315,7 +321,8 @@ class Server:
         data_dir = self.opts.data_dir
         host, port = _host_port(self.opts.listen)
         roles = self.opts.roles
-        self.store = await open_store(self.opts.store or str(data_dir / "bc.db"), self.clock)
+        # Not retried: a store that failed to open may hold a half-open pool (docs/design.md, "remaining").
+        self.store = await self._open_store(self.opts.store or str(data_dir / "bc.db"), self.clock)
         self.relay = cross_process_relay(self.store, self.bus, self.clock)
         # Named processes on one store (--gateway-id) hold the singleton workers' leases under that name and their
         # host and data dir (two processes started under one name are two holders: bc.gateway.lease); a lab's one
