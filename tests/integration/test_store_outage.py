@@ -18,10 +18,13 @@ a sleep; the loops run on the host's clock, so each test takes a few seconds (th
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+
+import pytest
 
 from bc.assembly.server import Seams, ServeOptions, Server
 from bc.assembly.supervisor import RESTARTING, RUNNING, LoopState
@@ -179,3 +182,45 @@ async def written(lab: Lab, pred: Callable[[Finding], bool]) -> Finding:
             lab.server.loops_written.clear()
             await lab.server.loops_written.wait()
     return finding
+
+
+async def test_a_bc_serve_whose_store_dies_as_it_starts_waits_for_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "bc.assembly.retry")
+    opened: list[KillableStore] = []
+    is_open = asyncio.Event()
+
+    async def opener(url: str, clock: Clock) -> Store:
+        store = KillableStore(Path(url), clock)
+        await store.open()
+        store.kill(lambda: StoreError("the store is unavailable (killed by the test)"))  # right after it opened
+        opened.append(store)
+        is_open.set()
+        return store
+
+    seams = Seams(SystemClock(), os_seeded_random(), SystemSecrets(), store_opener=opener)
+    server = Server(ServeOptions(data_dir=tmp_path / "server", listen="127.0.0.1:0"), seams)
+    start = asyncio.create_task(server.start())
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            await is_open.wait()
+            store = opened[0]
+            while not store.failed:  # the first store step failed (and was logged before the start slept)
+                store.changed.clear()
+                await store.changed.wait()
+        await asyncio.sleep(0)  # one turn: a start that died of it would be done now
+        assert not start.done(), "the start waits for the store instead of failing"
+        line = next(m for m in caplog.messages if "event=start.retrying" in m)
+        assert "process=serve step=gateway-lease attempt=1" in line and "StoreError" in line
+        opened[0].revive()
+        async with asyncio.timeout(TIMEOUT_S):
+            await start
+        assert server.loops and {s.state for s in server.supervisor.states()} == {RUNNING}
+    finally:
+        if opened:
+            opened[0].revive()
+        if start.done() and start.exception() is None:
+            await server.stop()
+        else:
+            start.cancel()
