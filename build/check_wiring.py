@@ -12,7 +12,9 @@ fails on any module outside bc/assembly/ that:
 * names a loop's entry point (`ENTRY_POINTS`): called or passed on (`functools.partial(x.run_forever, …)`
   starts it as surely as a call does), on any receiver: the method names are the loops' own;
 * calls or passes `.run` of a `ClockSkewMonitor` or `ServeTelemetry` (a receiver built there, or named
-  `…clock_skew…`/`…skew_monitor…`/`serve_telemetry`: `.run` alone is too common a name to forbid).
+  `…clock_skew…`/`…skew_monitor…`/`serve_telemetry`: `.run` alone is too common a name to forbid);
+* spawns a loop on a supervisor by hand (`.spawn` on a receiver named `…supervisor…`), the seam callers
+  included: what they run is the table's, through `start_loops`.
 
 A definition (`def run_forever`) is not a start. tests/ and bench/ are not checked: a test drives one
 loop's step on purpose. Usage: `python build/check_wiring.py [ROOT]`; exit 1 with one line per violation.
@@ -101,6 +103,8 @@ def violations_in(source: str, rel: str) -> Iterator[Violation]:
                 yield Violation(rel, node.lineno, f"starts a loop: .{node.attr}")
             elif node.attr == "run" and _run_of_an_owner(node):
                 yield Violation(rel, node.lineno, f"starts a loop: {_last_name(node.value)}.run")
+            elif node.attr == "spawn" and "supervisor" in _last_name(node.value).lower():
+                yield Violation(rel, node.lineno, f"spawns a loop by hand: {_last_name(node.value)}.spawn")
         elif isinstance(node, ast.Name) and node.id in NAMED and isinstance(node.ctx, ast.Load):
             yield Violation(rel, node.lineno, f"starts a loop: {node.id}")
         elif isinstance(node, ast.ImportFrom) and not seam:

@@ -779,7 +779,7 @@ class Server:
         if self._loops_reporter is not None:
             self._loops_closing = True
             self._loops_dirty.set()
-            await self._loops_reporter
+            await asyncio.gather(self._loops_reporter, return_exceptions=True)  # the stop goes on, whatever
             (self.opts.data_dir / LOOPS_FILE).unlink(missing_ok=True)  # no bc serve runs here now: doctor skips
         if self.relay is not None:
             await self.relay.stop()

@@ -110,6 +110,10 @@ def test_the_seam_callers_may_start_loops_but_not_run_one(tmp_path: Path) -> Non
     done = run(root)
     assert done.returncode == 1 and "bc/sim/gateways.py:6" in done.stdout
 
+    (root / "bc/sim/pair.py").write_text(allowed + "def g(self, f):\n    self.supervisor.spawn('extra', f)\n", "utf-8")
+    done = run(root)
+    assert "bc/sim/pair.py:6: spawns a loop by hand: supervisor.spawn" in done.stdout
+
 
 def test_every_loop_of_the_table_has_its_entry_point_named() -> None:
     """A loop added to `LOOPS` must be added to the checker too, or a hand-started copy would go unseen."""
