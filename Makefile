@@ -48,6 +48,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) build/gen_proto.py --check
+	$(PY) build/check_wiring.py
 
 proto: $(STAMP)
 	$(PY) build/gen_proto.py

@@ -176,12 +176,19 @@ def planned(roles: Collection[str], has: Collection[str]) -> list[Loop]:
     return [lp for lp in LOOPS if lp.roles & r and not lp.unless & r and lp.needs <= h]
 
 
-def start_loops(supervisor: Supervisor, roles: Collection[str], has: Collection[str], parts: Parts) -> list[str]:
-    """Start every loop `planned` for this process under `supervisor`; returns their names."""
+def loops_for(roles: Collection[str], has: Collection[str]) -> list[str]:
+    """The names of the loops `start_loops` starts for `roles` and `has`, in start order (a pure function:
+    tests/unit/assembly/test_same_loops.py compares `bc serve`'s, the harness's and `bc sim`'s by it)."""
     unknown = set(roles) - ROLES
     if unknown:
         raise ValueError(f"unknown roles: {', '.join(sorted(unknown))}")
-    loops = planned(roles, has)
+    return [lp.name for lp in planned(roles, has)]
+
+
+def start_loops(supervisor: Supervisor, roles: Collection[str], has: Collection[str], parts: Parts) -> list[str]:
+    """Start every loop `loops_for` names for this process under `supervisor`; returns their names."""
+    by_name = {lp.name: lp for lp in LOOPS}
+    loops = [by_name[name] for name in loops_for(roles, has)]
     factories: list[tuple[str, LoopFactory]] = []
     for lp in loops:  # every part first: a wiring bug starts nothing
         factory = lp.run(parts)
@@ -206,6 +213,7 @@ __all__ = [
     "WORKER",
     "Loop",
     "Parts",
+    "loops_for",
     "planned",
     "start_loops",
 ]

@@ -28,9 +28,10 @@ import logging
 import os
 import random
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 from cryptography import x509
@@ -44,13 +45,15 @@ from bc.api.session_servicer import SessionServicer
 from bc.assembly.control import ControlSettings, build_control
 from bc.assembly.lock import DataDirLock
 from bc.assembly.loops import CA, GATEWAY_CERT, LISTENER, OTLP, SIGNING_KEYS, start_loops
+from bc.assembly.retry import retry_start
 from bc.assembly.roles import ROLES, KeyPlan
-from bc.assembly.supervisor import Supervisor
+from bc.assembly.supervisor import Supervisor, states_json
 from bc.assembly.worker_keys import worker_signer
 from bc.control import intent as intent_ctl
 from bc.control import operators
 from bc.control import serving_certs as serving_ctl
 from bc.control.bus import Bus
+from bc.control.doctor import LOOPS_FILE
 from bc.control.intent import Intent
 from bc.control.liveness import LEASE_NAME as LIVENESS_LEASE
 from bc.control.placement_pass import LEASE_NAME as PLACEMENT_LEASE
@@ -74,6 +77,7 @@ from bc.pki.signing import ROOT_KEY, SIGNING_DIR, WORKER_ROTATE_BEFORE_S, Signin
 from bc.protocol.limits import LIMITS
 from bc.runtime.aio import cancel_and_wait
 from bc.runtime.config import OperatorConfig, user_config_path, user_copy
+from bc.runtime.files import atomic_write
 from bc.seams.clock import Clock, SystemClock
 from bc.store import Store, StoreError, leases, open_store
 from bc.store import gateway_keys as gk_sql
@@ -86,6 +90,8 @@ if TYPE_CHECKING:
     from bc.store.notify import PgRelay
 
 log = logging.getLogger("bc.serve")
+
+T = TypeVar("T")
 
 KEYLESS_POLL_S = 1.0
 API_ENDPOINT_TTL_MS = 20_000
@@ -213,6 +219,27 @@ def _copy_to_user_config(cfg: OperatorConfig, data_dir: Path) -> None:
     log.info("event=operator-config.user-copy-written path=%s reason=%r", user, decision.reason)
 
 
+def serve_has(plan: KeyPlan, *, signing: bool, otlp: bool) -> frozenset[str]:
+    """What a `bc serve` with this key plan has beyond its roles (`bc.assembly.loops.Has`): what `Server` passes
+    to `start_loops`; `signing`: its signer holds keys (command signing on, and a CA or a worker key)."""
+    has = set()
+    if plan.ca:
+        has.add(CA)
+    if plan.listens:
+        has.add(LISTENER)
+    if signing:
+        has.add(SIGNING_KEYS)
+    if plan.serving_from_store:
+        has.add(GATEWAY_CERT)
+    if otlp:
+        has.add(OTLP)
+    return frozenset(has)
+
+
+StoreOpener = Callable[[str, Clock], Awaitable[Store]]
+"""Opens (and migrates) the store at a URL: `bc.store.open_store`, or a test's store that can be killed."""
+
+
 @dataclass(frozen=True)
 class Seams:
     """What a control-plane process is handed instead of finding it."""
@@ -220,6 +247,7 @@ class Seams:
     clock: Clock
     rng: random.Random  # ids, serials, jitter
     secrets: Secrets  # keys and token secrets
+    store_opener: StoreOpener = open_store  # tests/integration/test_store_outage.py passes a store it can kill
 
     @classmethod
     def production(cls) -> Seams:
@@ -235,6 +263,7 @@ class Server:
         self.clock = seams.clock
         self.rng = seams.rng
         self.secrets = seams.secrets
+        self._open_store = seams.store_opener
         self.bus = Bus()
         self.gateway_id = opts.gateway_id or f"gw-{socket.gethostname()[:24]}-{self.rng.getrandbits(24):06x}"
         self.store: Store | None = None
@@ -242,8 +271,17 @@ class Server:
         self.grpc_server: grpc.aio.Server | None = None
         self.port = 0
         self._tasks: list[asyncio.Task[None]] = []  # one-shots (a drain); the loops run under `supervisor`
-        self.supervisor = Supervisor(self.clock, random.Random(self.rng.getrandbits(64)), process="serve")
+        # One Random for every back-off (the supervisor's restarts, the start's retries): one draw from the seams'.
+        self._jitter = random.Random(self.rng.getrandbits(64))
+        self.supervisor = Supervisor(self.clock, self._jitter, process="serve")
         self.loops: list[str] = []  # the names of the loops this process runs (bc.assembly.loops)
+        self.roles: frozenset[str] = opts.roles  # what it passes to start_loops: its roles and what it has
+        self.has: frozenset[str] = frozenset()
+        # <data-dir>/loops.json, rewritten off the event loop at each change of the loops' states (bc doctor reads it).
+        self._loops_dirty = asyncio.Event()
+        self._loops_closing = False
+        self._loops_reporter: asyncio.Task[None] | None = None
+        self.loops_written = asyncio.Event()  # set after each write of loops.json (tests clear it and wait)
         self._rotate_at_start = False
         self.stopped = asyncio.Event()  # set by a drain that finished: run_serve exits as on SIGTERM
         self.release_server: ReleaseServer | None = None
@@ -283,7 +321,8 @@ class Server:
         data_dir = self.opts.data_dir
         host, port = _host_port(self.opts.listen)
         roles = self.opts.roles
-        self.store = await open_store(self.opts.store or str(data_dir / "bc.db"), self.clock)
+        # Not retried: a store that failed to open may hold a half-open pool (docs/design.md, "remaining").
+        self.store = await self._open_store(self.opts.store or str(data_dir / "bc.db"), self.clock)
         self.relay = cross_process_relay(self.store, self.bus, self.clock)
         # Named processes on one store (--gateway-id) hold the singleton workers' leases under that name and their
         # host and data dir (two processes started under one name are two holders: bc.gateway.lease); a lab's one
@@ -295,7 +334,7 @@ class Server:
         if "gateway" in roles:
             # Before anything else that acts as this gateway (its serving certificate, its port): a second
             # process under a running gateway's id is refused here, exit 4 naming the holder.
-            self.claim = await self._claim_gateway_lease(data_dir)
+            self.claim = await self._retry("gateway-lease", lambda: self._claim_gateway_lease(data_dir))
             self._claim_keeper = asyncio.create_task(self._keep_claim(self.claim), name="gateway-lease-start")
         self.ca: CertificateAuthority | None = None
         self.gateway_cert: GatewayCert | None = None
@@ -327,7 +366,7 @@ class Server:
         self.gateway, self.jobs, self.clock_skew = self.parts.gateway, self.parts.jobs, self.parts.clock_skew
         self.gateway.on_superseded = self._superseded
         if "gateway" in roles:
-            await self.gateway.renew_lease()
+            await self._retry("gateway-lease-renewal", self.gateway.renew_lease)
             if self.gateway.superseded:  # another process took the lease while this one started
                 raise Conflict(self.gateway.superseded)
         if self._rotate_at_start:
@@ -343,9 +382,9 @@ class Server:
         if ca is not None:
             self.operator_config = _write_operator_config(data_dir, ca, self.address, self.secrets)
             # The local operator is an admin; its certificate counts only once registered (bc.control.operators).
-            await operators.register_local(
-                self.store, keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
-            )
+            operator_cert = keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
+            store = self.store
+            await self._retry("operator-register", lambda: operators.register_local(store, operator_cert))
         if self.grpc_server is not None:
             # Only now: a port that accepts means the operator config is on disk and its operator registered,
             # so a script's `bc nodes` right after `bc serve` opens its port finds both.
@@ -368,9 +407,15 @@ class Server:
                 published=lambda: self.bus.published,
                 clock_offset_ms=lambda: self.clock_skew.offset_ms,
                 nodes_by_state=self._nodes_by_state,
+                loops=self.supervisor.states,
             )
             self.parts.telemetry = telemetry.run
-        self.loops = start_loops(self.supervisor, roles, self._has(ca), self.parts)
+        self.has = self._has(ca)
+        self.loops = start_loops(self.supervisor, self.roles, self.has, self.parts)
+        # Attached once every loop is started: one first write, then one per change (bc doctor's `loops`).
+        self.supervisor.on_change = lambda _states: self._loops_dirty.set()
+        self._loops_dirty.set()
+        self._loops_reporter = asyncio.create_task(self._report_loops(), name="loops-report")
         log.info(
             "event=serve.started listen=%s store=%s gateway=%s roles=%s ca=%s operator_config=%s",
             self.address or "-",
@@ -461,9 +506,11 @@ class Server:
         sk = self._signing_keys(data_dir / "pki", created)
         self.signer = KeySigner(sk) if sk is not None else NullSigner()
         self.intent = Intent(self.signer, ca.ca_pem)
-        await intent_ctl.register(self.store, self.signer)
+        await self._register_intent()
         local = LocalTrust(self.intent)
-        await local.refresh(self.store)  # the quorum and release keys as stored; published for keyless gateways
+        store = self.store
+        # The quorum and release keys as stored; published for keyless gateways.
+        await self._retry("trust-refresh", lambda: local.refresh(store))
         self.trust = local
         self.serving_key_pem = keys.key_to_pem(server_key)
         self.serving_chain = keys.cert_to_pem(server_cert) + ca.ca_pem
@@ -494,7 +541,8 @@ class Server:
             self.signer = await worker_signer(self.store, pki_dir, relayed.trust_bundle(), self.clock.now())
         else:
             signer = KeylessSigner()
-            await signer.refresh(self.store)
+            store = self.store
+            await self._retry("signer-refresh", lambda: signer.refresh(store))
             self.signer = signer
         if self.plan.serving_from_store:
             issued = await self._wait_for_serving_cert(data_dir, host, relayed, deadline)
@@ -505,10 +553,20 @@ class Server:
             self.trust = relayed
             return
         self.intent = Intent(self.signer, relayed.ca_pem)
-        await intent_ctl.register(self.store, self.signer)
+        await self._register_intent()
         local = LocalTrust(self.intent)
-        await local.refresh(self.store)
+        store = self.store
+        await self._retry("trust-refresh", lambda: local.refresh(store))
         self.trust = local
+
+    async def _retry(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
+        """A start step that reaches the store, retried while the store is away (`bc.assembly.retry`)."""
+        return await retry_start(step, what=what, clock=self.clock, rng=self._jitter, process="serve")
+
+    async def _register_intent(self) -> None:
+        assert self.store is not None
+        store, signer = self.store, self.signer
+        await self._retry("intent-register", lambda: intent_ctl.register(store, signer))
 
     async def _claim_gateway_lease(self, data_dir: Path) -> Claim:
         """Take this gateway's lease under this process's own holder, or refuse the start (exit 4): another
@@ -680,20 +738,29 @@ class Server:
             log.warning("event=pki.signing-off hint='start once with --command-signing on to sign commands and specs'")
         return None
 
-    def _has(self, ca: CertificateAuthority | None) -> set[str]:
+    def _has(self, ca: CertificateAuthority | None) -> frozenset[str]:
         """What this process has beyond its roles, which decides the rest of its loops (bc.assembly.loops)."""
-        has = set()
-        if ca is not None:
-            has.add(CA)
-        if self.plan.listens:
-            has.add(LISTENER)
-        if self.signer.keys is not None:
-            has.add(SIGNING_KEYS)
-        if self.gateway_cert is not None:
-            has.add(GATEWAY_CERT)
-        if self.opts.otlp is not None:
-            has.add(OTLP)
-        return has
+        # The plan decided both at start: a CA iff it holds the CA key, a certificate iff it serves one from the store.
+        assert (ca is not None) == self.plan.ca and (self.gateway_cert is not None) == self.plan.serving_from_store
+        return serve_has(self.plan, signing=self.signer.keys is not None, otlp=self.opts.otlp is not None)
+
+    async def _report_loops(self) -> None:
+        """Write the supervisor's states to <data-dir>/loops.json (atomic) after each change, coalesced; ends
+        when `stop` says so, after the write in flight (a thread cannot be cancelled: a write finishing after
+        `stop` removed the file would leave a stopped server's loops on disk)."""
+        path = self.opts.data_dir / LOOPS_FILE
+        while True:
+            await self._loops_dirty.wait()
+            self._loops_dirty.clear()
+            if self._loops_closing:
+                return
+            data = states_json("serve", self.clock.now(), self.supervisor.states())
+            try:
+                await asyncio.to_thread(atomic_write, path, data, 0o644)
+            except OSError as e:  # a full disk: the loops run on, only doctor's view of them is stale
+                log.warning("event=loops.report-failed path=%s error=%s", path, e.strerror or e)
+                continue
+            self.loops_written.set()
 
     async def drain(self, over_s: float) -> int:
         """`bc serve drain`: spread this gateway's nodes over the others, then stop (`stopped` is set)."""
@@ -709,6 +776,11 @@ class Server:
     async def stop(self) -> None:
         await self.supervisor.stop()
         await cancel_and_wait(self._tasks)
+        if self._loops_reporter is not None:
+            self._loops_closing = True
+            self._loops_dirty.set()
+            await asyncio.gather(self._loops_reporter, return_exceptions=True)  # the stop goes on, whatever
+            (self.opts.data_dir / LOOPS_FILE).unlink(missing_ok=True)  # no bc serve runs here now: doctor skips
         if self.relay is not None:
             await self.relay.stop()
         if self.release_server is not None:

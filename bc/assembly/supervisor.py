@@ -16,7 +16,10 @@ process stopping) ends the loop, whatever its state.
 
 `states()` is what `bc doctor` and the metrics read: for each loop its
 state (`running`, `restarting`, `done`), since when (the injected clock),
-how many times it restarted, and its last error in one line.
+how many times it restarted, and its last error in one line. `on_change`
+(set by the process) is told each time one of them changes: `bc serve`
+writes them to `<data-dir>/loops.json` (`states_json`), which `bc doctor`'s
+`loops` check reads (`bc.control.doctor.check_loops`).
 
 Time is the injected clock's (virtual under `bc sim` and the tests), so a
 seeded run restarts its loops at the same instants every time.
@@ -26,9 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from bc.protocol.text_safety import one_line
 from bc.runtime.aio import cancel_and_wait
@@ -45,6 +49,8 @@ RUNNING, RESTARTING, DONE = "running", "restarting", "done"
 
 LoopFactory = Callable[[], Awaitable[object]]
 """Makes one run of a loop: called again for every restart (a coroutine runs only once)."""
+OnChange = Callable[[list["LoopState"]], None]
+"""Told every loop's state (copies) each time one changes: a loop started, restarting, running again, done."""
 
 
 def backoff_s(failures: int, rng: random.Random) -> float:
@@ -70,10 +76,14 @@ class LoopState:
 class Supervisor:
     """Runs named loops as tasks and restarts any that raises; `stop()` cancels them all and waits."""
 
-    def __init__(self, clock: Clock, rng: random.Random, *, process: str = "") -> None:
+    def __init__(
+        self, clock: Clock, rng: random.Random, *, process: str = "", on_change: OnChange | None = None
+    ) -> None:
         self._clock = clock
         self._rng = rng
         self._process = process
+        self.on_change = on_change
+        """Settable: a process may attach its reporter once its loops are started (one write, not one each)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._states: dict[str, LoopState] = {}
 
@@ -84,6 +94,7 @@ class Supervisor:
         self._states[name] = LoopState(name, since=self._clock.now())
         task = asyncio.create_task(self._keep(name, factory), name=name)
         self._tasks[name] = task
+        self._changed()
         return task
 
     def names(self) -> list[str]:
@@ -133,6 +144,22 @@ class Supervisor:
         if state.state != to:
             state.state = to
             state.since = self._clock.now()
+            self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change(self.states())
+        except Exception as e:  # a reporter that fails must not take the loop it reports on down with it
+            log.warning("event=loop.report-failed process=%s error=%s", self._process, one_line(str(e)))
 
 
-__all__ = ["DONE", "RESTARTING", "RUNNING", "LoopState", "Supervisor", "backoff_s"]
+def states_json(process: str, at: float, states: Sequence[LoopState]) -> bytes:
+    """What `bc serve` writes to `<data-dir>/loops.json` for `bc doctor` (`bc.control.doctor.check_loops`):
+    the process, when (the injected clock), and each loop's state."""
+    doc = {"process": process, "at": at, "loops": [dataclasses.asdict(s) for s in states]}
+    return (json.dumps(doc, indent=1) + "\n").encode()
+
+
+__all__ = ["DONE", "RESTARTING", "RUNNING", "LoopState", "OnChange", "Supervisor", "backoff_s", "states_json"]

@@ -7,11 +7,12 @@ read-only connection, and opens the store only when its schema is current,
 so opening it migrates nothing.
 
 The checks, in the order they print: `ca`, `server-certificate`,
-`command-signing`, `store`, `clock`, `operator-config`.
+`command-signing`, `store`, `clock`, `operator-config`, `loops`.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import stat
 from pathlib import Path
@@ -24,6 +25,7 @@ from bc.errors import UsageError
 from bc.pki import keys, signing
 from bc.pki.ca import CA_CERT_FILE, CA_KEY_FILE
 from bc.protocol.findings import Finding, failed, lifetime_left, passed, read_only_sqlite, span, utc_text, warned
+from bc.protocol.text_safety import one_line
 from bc.runtime.config import OperatorConfig
 from bc.seams.clock import Clock
 from bc.store import Store, StoreError, open_store
@@ -35,6 +37,9 @@ SERVER_CERT_FILE = "server.crt"
 CA_WARN_FRACTION = 0.1  # a new CA means every node joins again: a decade's last year is the time to plan it
 LEAF_WARN_S = 30 * 24 * 3600
 SYNC_CLOCK = "sync this host's clock (chrony/timedatectl)"
+LOOPS_FILE = "loops.json"
+"""Written by a running `bc serve` at each change of its loops' states (`bc.assembly.supervisor.states_json`),
+removed when it stops: {"process", "at", "loops": [{"name", "state", "since", "restarts", "last_error"}]}."""
 
 
 def is_server_dir(data_dir: Path) -> bool:
@@ -185,6 +190,39 @@ def check_operator_config(data_dir: Path, now: float) -> Finding:
     return passed("operator-config", where)
 
 
+def check_loops(data_dir: Path) -> Finding:
+    """The running `bc serve`'s loops as its supervisor last reported them: a warning for each one restarting
+    (a store outage, a bug), with its last error; skipped (passed, saying why) when no bc serve runs here."""
+    path = data_dir / LOOPS_FILE
+    try:
+        doc = json.loads(path.read_text("utf-8"))
+        at = float(doc["at"])
+        loops = [
+            (str(lp["name"]), str(lp["state"]), float(lp["since"]), int(lp["restarts"]), str(lp["last_error"]))
+            for lp in doc["loops"]
+        ]
+    except FileNotFoundError:
+        return passed("loops", f"skipped: no {LOOPS_FILE} in {data_dir} (a running bc serve writes it)")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return warned("loops", f"{path} is unreadable: {one_line(str(e))}", "restart bc serve: it writes the file anew")
+    restarting = [lp for lp in loops if lp[1] == "restarting"]
+    restarts = sum(lp[3] for lp in loops)
+    if restarting:
+        said = "; ".join(
+            f"{name} restarting since {utc_text(since)} ({n} restarts): {one_line(error)}"
+            for name, _, since, n, error in restarting
+        )
+        return warned(
+            "loops",
+            said,
+            "see the error: a store outage heals itself once the store is back (bc serve's log: event=loop.restarting)",
+        )
+    running = sum(1 for lp in loops if lp[1] == "running")
+    return passed(
+        "loops", f"{running} of {len(loops)} running as of {utc_text(at)}, {restarts} restarts since bc serve started"
+    )
+
+
 def _why(e: Exception) -> str:
     if isinstance(e, UsageError):
         return e.message
@@ -272,4 +310,5 @@ async def run_server_checks(data_dir: Path, clock: Clock) -> list[Finding]:
         finally:
             await store.close()
     findings.append(check_operator_config(data_dir, now))
+    findings.append(check_loops(data_dir))
     return findings

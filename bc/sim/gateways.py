@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from agent.session.grpc_dial import PER_ADDRESS_TIMEOUT_S, Rotation
 from bc.assembly.control import ControlSettings, build_control
 from bc.assembly.loops import GATEWAY, start_loops
+from bc.assembly.retry import retry_start
 from bc.assembly.supervisor import Supervisor
 from bc.control.bus import Bus
 from bc.errors import BcError, Overloaded, Unauthenticated, Unavailable
@@ -62,8 +63,6 @@ GatewayEvent = Callable[[str, str, dict[str, object]], None]
 NewGateway = Callable[[str, Store, Bus, Clock], Awaitable[Gateway]]
 """`new_gateway(gateway_id, store, bus, clock)`: a process's Gateway, built as the pair builds its own (the
 break's class, the pair's signer and a trust state read from the store)."""
-START_RETRY_S = 1.0
-"""A gateway process that cannot reach the store as it starts tries again this often (systemd would)."""
 STOP_TIMEOUT_S = 30.0
 
 
@@ -130,6 +129,11 @@ class WatchedFence(LeaseFence):
 class GatewayFleet:
     """The N gateway processes of a run; see the module docstring."""
 
+    roles: frozenset[str] = frozenset({GATEWAY})
+    has: frozenset[str] = frozenset()
+    """What each process passes to `start_loops`: a gateway-only `bc serve`'s roles, minus what only a real
+    process has (a port, a serving certificate from the store: `bc.assembly.server.serve_has`)."""
+
     def __init__(
         self,
         n: int,
@@ -149,6 +153,8 @@ class GatewayFleet:
         self.fences: list[tuple[str, str, float]] = []
         """(address, gateway id, loop time) of every fence raised, in order."""
         self.rng = random.Random(f"bc-sim-gateways:{seed}")
+        self._retry_rng = random.Random(f"bc-sim-gateway-start:{seed}")
+        """The back-off of a process starting in a store outage (bc.assembly.retry), apart from `rng`."""
         self.procs = [GatewayProcess(i, address(i)) for i in range(n)]
         self._by_addr = {p.addr: p for p in self.procs}
 
@@ -170,13 +176,14 @@ class GatewayFleet:
         p.bus = Bus()
         p.store = ProcessStore(self.store, p.pause)
         clock = ProcessClock(self.clock, p.pause)
-        while True:
-            try:
-                gw = await self.new_gateway(gateway_id, p.store, p.bus, clock)
-                break
-            except StoreError as e:
-                log.warning("event=sim.gateway-start-failed addr=%s error=%s", p.addr, e)
-                await asyncio.sleep(START_RETRY_S)
+        store, bus = p.store, p.bus
+        gw = await retry_start(
+            lambda: self.new_gateway(gateway_id, store, bus, clock),
+            what="gateway",
+            clock=clock,
+            rng=self._retry_rng,
+            process=p.addr,
+        )
         gw.fence = WatchedFence(gw.fence, lambda why: self._fenced(p.addr, gateway_id, why))
         self.hub.join(p.bus)
         self._tell(p.addr, "started", {"gateway_id": gateway_id})
@@ -198,7 +205,7 @@ class GatewayFleet:
             gateway=gw,
         )
         p.supervisor = Supervisor(clock, random.Random(self.rng.getrandbits(64)), process=p.addr)
-        start_loops(p.supervisor, {GATEWAY}, set(), parts)
+        start_loops(p.supervisor, self.roles, self.has, parts)
         p.gateway = gw
         log.info("event=sim.gateway-started addr=%s gateway=%s", p.addr, gateway_id)
         return gw

@@ -60,6 +60,7 @@ from agent.node_key import NodeKey
 from agent.offload import inline
 from bc.assembly.control import ControlFactories, ControlSettings, build_control
 from bc.assembly.loops import GATEWAY, SIGNING_KEYS, WORKER, start_loops
+from bc.assembly.retry import retry_start
 from bc.assembly.supervisor import Supervisor
 from bc.control import approvers, identity
 from bc.control import intent as intent_ctl
@@ -187,6 +188,13 @@ ControlSeams = ControlFactories
 """The classes the control plane is built from (`bc.assembly.control.ControlFactories`)."""
 
 
+def control_plane_plan(cfg: PairConfig, *, signing: bool) -> tuple[frozenset[str], frozenset[str]]:
+    """The roles and what-it-has the harness's control plane passes to `start_loops` (`bc.assembly.loops`):
+    `bc serve`'s worker role, with its gateway's unless the simulator runs gateway processes of its own."""
+    roles = frozenset({GATEWAY, WORKER}) if cfg.gateway else frozenset({WORKER})
+    return roles, frozenset({SIGNING_KEYS}) if signing else frozenset()
+
+
 class ControlPlane:
     """The control plane's workers and one gateway over a store, built and started as `bc serve` builds and
     starts its own (`bc.assembly`), minus gRPC: the roles `worker` and, with `PairConfig.gateway`, `gateway`."""
@@ -220,15 +228,20 @@ class ControlPlane:
         assert self.parts.jobs is not None and self.parts.placement is not None
         self.gateway, self.liveness, self.sweeper = self.parts.gateway, self.parts.liveness, self.parts.sweeper
         self.jobs, self.placement = self.parts.jobs, self.parts.placement
-        self.roles = {GATEWAY, WORKER} if cfg.gateway else {WORKER}
-        self.has = {SIGNING_KEYS} if signer.keys is not None else set()
+        self.roles, self.has = control_plane_plan(cfg, signing=signer.keys is not None)
         self._supervisor_rng = random.Random(rng.getrandbits(64))
         self.supervisor: Supervisor | None = None
         self.loops: list[str] = []
 
     async def start(self) -> None:
-        if GATEWAY in self.roles:
-            await self.gateway.renew_lease()
+        if GATEWAY in self.roles:  # as bc serve's start: a store away now is waited for (bc.assembly.retry)
+            await retry_start(
+                self.gateway.renew_lease,
+                what="gateway-lease-renewal",
+                clock=self.clock,
+                rng=self._supervisor_rng,
+                process="control-plane",
+            )
         self.supervisor = Supervisor(self.clock, self._supervisor_rng, process="control-plane")
         self.loops = start_loops(self.supervisor, self.roles, self.has, self.parts)
 
@@ -284,6 +297,9 @@ class SessionPair:
         self.cp: ControlPlane | None = None
         self.cp_up = asyncio.Event()
         self.reboots: list[tuple[str, float]] = []  # (node, loop time) of each fake reboot, with `reboot_s`
+        # The back-off of a control plane starting in a store outage; seeded apart, so the pair's own stream
+        # (ids, serials, keys) is the same whether a start had to wait or not.
+        self._retry_rng = random.Random(f"bc-pair-start:{seed}")
         self._background: set[asyncio.Task[None]] = set()
 
     @property
@@ -322,7 +338,14 @@ class SessionPair:
     async def _open_control_plane(self) -> ControlPlane:
         store = await self._open_store()
         signer = self.process_signer()
-        intent = await self.process_intent(store, signer)
+        # A restart that falls in a store outage waits for the store, as bc serve's start does (bc.assembly.retry).
+        intent = await retry_start(
+            lambda: self.process_intent(store, signer),
+            what="intent",
+            clock=self.cp_clock,
+            rng=self._retry_rng,
+            process="control-plane",
+        )
         cp = self._make_control_plane(store, signer, intent, random.Random(self.rng.getrandbits(64)))
         await cp.start()
         self.network.gateway = cp.gateway

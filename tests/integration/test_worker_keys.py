@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from bc.assembly.server import Seams, ServeOptions, Server
+from bc.control.doctor import LOOPS_FILE
 from bc.control.placement_pass import LEASE_NAME as PLACEMENT_LEASE
 from bc.errors import UsageError
 from bc.pki import keys
@@ -44,7 +45,9 @@ def copy_worker_key(api_dir: Path, worker_dir: Path) -> None:
 
 
 def files_under(d: Path) -> list[str]:
-    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+    """The files a process made in its data dir, but the running server's report of its loops (`bc doctor`
+    reads it; it holds no key)."""
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file() and p.name != LOOPS_FILE)
 
 
 @contextlib.asynccontextmanager

@@ -17,12 +17,22 @@ from click.testing import CliRunner, Result
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from bc.assembly.supervisor import RESTARTING, LoopState, Supervisor, states_json
 from bc.cli.main import cli
 from bc.control.clock_skew import ClockSkewMonitor
-from bc.control.doctor import check_clock, check_command_signing, check_store, run_server_checks
+from bc.control.doctor import (
+    LOOPS_FILE,
+    check_clock,
+    check_command_signing,
+    check_loops,
+    check_store,
+    run_server_checks,
+)
 from bc.pki import keys, signing
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.findings import Finding
+from bc.runtime.files import atomic_write
+from bc.seams import virtual_time
 from bc.store import open_store
 from bc.store.migrate import migrations
 from tests.unit.doctor.doctor_helpers import Cluster, make_store
@@ -60,6 +70,7 @@ async def test_a_server_dir_passes_every_check(cluster: Cluster) -> None:
         ("store", "pass"),
         ("clock", "pass"),
         ("operator-config", "pass"),
+        ("loops", "pass"),
     ]
     f = by_name(found)
     assert "key mode 0600" in f["ca"].message
@@ -84,7 +95,9 @@ def test_the_cli_on_a_server_dir_exits_zero_with_json(cluster: Cluster) -> None:
         "store",
         "clock",
         "operator-config",
+        "loops",
     ]
+    assert doc["checks"][-1]["message"].startswith("skipped: no loops.json in")  # no bc serve runs on it
 
 
 def test_a_missing_ca_fails_and_the_cli_exits_9(cluster: Cluster) -> None:
@@ -228,3 +241,66 @@ async def test_a_missing_operator_config_warns(cluster: Cluster) -> None:
 
     assert f.status == "warn"
     assert "the admin commands cannot reach this server" in f.message
+
+
+class Outage(Exception):
+    pass
+
+
+def _report_loops(data_dir: Path, *, failing: bool) -> None:
+    """A real supervisor writes loops.json as `bc serve`'s does, on each change; with `failing` its `liveness`
+    loop raises on a store outage and waits to restart when the file is read."""
+
+    async def main() -> None:
+        clock = virtual_time.virtual_clock()
+        restarting = asyncio.Event()
+
+        def write(states: list[LoopState]) -> None:
+            atomic_write(data_dir / LOOPS_FILE, states_json("serve", clock.now(), states))
+            if any(s.state == RESTARTING for s in states):
+                restarting.set()
+
+        sup = Supervisor(clock, random.Random(7), process="serve", on_change=write)
+
+        async def liveness() -> None:
+            if failing:
+                raise Outage("store down: connection refused\nat line 2")
+            await asyncio.Event().wait()
+
+        sup.spawn("liveness", liveness)
+        sup.spawn("jobs", asyncio.Event().wait)
+        if failing:
+            async with asyncio.timeout(60):
+                await restarting.wait()
+        else:
+            await virtual_time.advance(1)
+        await sup.stop()
+
+    virtual_time.run(main())
+
+
+def test_loops_pass_when_every_loop_runs_and_are_skipped_without_a_running_server(tmp_path: Path) -> None:
+    assert check_loops(tmp_path).status == "pass"
+    assert check_loops(tmp_path).message == f"skipped: no loops.json in {tmp_path} (a running bc serve writes it)"
+
+    _report_loops(tmp_path, failing=False)
+
+    f = check_loops(tmp_path)
+    assert f.status == "pass"
+    assert f.message.startswith("2 of 2 running as of ") and f.message.endswith(", 0 restarts since bc serve started")
+
+
+def test_a_restarting_loop_warns_with_its_last_error_in_one_line_and_json_carries_it(cluster: Cluster) -> None:
+    d = asyncio.run(server(cluster))
+    _report_loops(d, failing=True)
+
+    f = check_loops(d)
+    assert f.status == "warn"
+    assert f.message.startswith("liveness restarting since ")
+    assert f.message.endswith("(1 restarts): Outage: store down: connection refused\\x0aat line 2")
+    assert "\n" not in f.message and "event=loop.restarting" in f.fix
+
+    r = doctor("--data-dir", str(d), "--json")
+    assert r.exit_code == 0, r.output  # a warning: it heals itself once the store is back
+    [loops] = [c for c in json.loads(r.output)["checks"] if c["name"] == "loops"]
+    assert loops["status"] == "warn" and loops["message"] == f.message
