@@ -32,6 +32,7 @@ from bc.api.peers import operator_of
 from bc.api.release_servicer import ReleaseRpcs
 from bc.api.ssh_servicer import SshRpcs
 from bc.control import (
+    actor,
     approvers,
     command_runs,
     commands,
@@ -96,7 +97,7 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
         self.release_url = release_url
         self.drain = drain  # bc serve drain: this process's own (bc.assembly.server.Server.drain)
 
-    async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller:
+    async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> actor.Caller:
         return await operators.authorize(self.store, operator_of(context, self.ca.certificate), need, what)
 
     async def CreateToken(
