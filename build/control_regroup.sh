@@ -3,10 +3,11 @@
 #   sh build/control_regroup.sh [/work/tools/regroup.py]
 # then `make lint`. It splits `from bc.control import a, b` into one line a name (regroup.py rewrites only
 # single-name imports), runs regroup.py twice (control_groups.pre.map first: a module named like its new
-# group moves aside, else rewriting `bc.control.capacity` would also rewrite `bc.control.capacity.views`),
+# group moves aside, else rewriting the old capacity module's name would also rewrite the new capacity.views),
 # gives each group's __init__.py its one-line purpose, and lets ruff sort and merge the imports again.
 set -eu
 REGROUP=${1:-/work/tools/regroup.py}
+RUFF=${RUFF:-.venv/bin/ruff}
 python3 - <<'PY'
 import ast, subprocess
 from pathlib import Path
@@ -49,5 +50,5 @@ PURPOSE = {
 for group, purpose in PURPOSE.items():
     Path("bc/control", group, "__init__.py").write_text(f'"""{purpose}"""\n')
 PY
-.venv/bin/ruff check --fix --quiet . || true
-.venv/bin/ruff format --quiet .
+"$RUFF" check --fix --quiet . || true
+"$RUFF" format --quiet .
