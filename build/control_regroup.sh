@@ -50,5 +50,6 @@ PURPOSE = {
 for group, purpose in PURPOSE.items():
     Path("bc/control", group, "__init__.py").write_text(f'"""{purpose}"""\n')
 PY
-"$RUFF" check --fix --quiet . || true
+"$RUFF" format --quiet .
+"$RUFF" check --fix --quiet .
 "$RUFF" format --quiet .
