@@ -553,19 +553,16 @@ class Journal:
         self, settlements: Sequence[Settlement], updates: Mapping[str, bytes], now: float
     ) -> int:
         """Mark `recover`'s settlements done with their updates, in one transaction; returns how many moved."""
-        missing = [s.command_id for s in settlements if s.command_id not in updates]
-        if missing:
-            raise KeyError(f"no update for settlements {missing}")
         updates = {cid: self._fit_update(cid, u) for cid, u in updates.items()}
-        n = 0
         async with self._lock, self._tx():
+            existing = {}
             for s in settlements:
-                existing = await self._get_command(s.command_id)
-                done = None if existing is None else rules.done_entry(existing, updates[s.command_id], now)
-                if done is not None:
-                    await self._put_command(done)
-                    n += 1
-        return n
+                if (entry := await self._get_command(s.command_id)) is not None:
+                    existing[s.command_id] = entry
+            done = rules.settled_entries(settlements, existing, updates, now)
+            for entry in done:
+                await self._put_command(entry)
+        return len(done)
 
     async def sweep_commands(self, now: float, incarnation_id: str, keep_s: float = rules.KEEP_S) -> list[str]:
         """Apply `journal_rules.sweep` and delete what it names, in one transaction."""

@@ -234,6 +234,24 @@ def done_entry(existing: CommandEntry, update: bytes, now: float) -> CommandEntr
     return replace(existing, state="done", result=update, acked=False, updated_at=now)
 
 
+def settled_entries(
+    settlements: Sequence[Settlement], existing: Mapping[str, CommandEntry], updates: Mapping[str, bytes], now: float
+) -> list[CommandEntry]:
+    """The `done` entries `recover`'s settlements make with their (fitted) updates: what both journals'
+    `apply_settlements` write. KeyError when a settlement has no update; an entry gone, done already or
+    named twice makes none (the first result stands)."""
+    missing = [s.command_id for s in settlements if s.command_id not in updates]
+    if missing:
+        raise KeyError(f"no update for settlements {missing}")
+    out: dict[str, CommandEntry] = {}
+    for s in settlements:
+        entry = existing.get(s.command_id)
+        done = None if entry is None or s.command_id in out else done_entry(entry, updates[s.command_id], now)
+        if done is not None:
+            out[s.command_id] = done
+    return list(out.values())
+
+
 def rejected_entry(
     command_id: str, kind: str, update: bytes, incarnation_id: str, boot_id: str, now: float
 ) -> CommandEntry:

@@ -174,19 +174,11 @@ class MemoryJournal:
     async def apply_settlements(
         self, settlements: Sequence[Settlement], updates: Mapping[str, bytes], now: float
     ) -> int:
-        missing = [s.command_id for s in settlements if s.command_id not in updates]
-        if missing:
-            raise KeyError(f"no update for settlements {missing}")
-        n = 0
-        for s in settlements:
-            existing = self._entries.get(s.command_id)
-            if existing is None:
-                continue
-            done = rules.done_entry(existing, rules.fit_update(updates[s.command_id], self.limits), now)
-            if done is not None:
-                self._entries[s.command_id] = done
-                n += 1
-        return n
+        fitted = {cid: rules.fit_update(u, self.limits) for cid, u in updates.items()}
+        done = rules.settled_entries(settlements, self._entries, fitted, now)
+        for entry in done:
+            self._entries[entry.command_id] = entry
+        return len(done)
 
     async def sweep_commands(self, now: float, incarnation_id: str, keep_s: float = rules.KEEP_S) -> list[str]:
         ids = rules.sweep(self._entries.values(), now, incarnation_id, keep_s)

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from bc.api import job_views
-from bc.control import actor, operators
+from bc.control import actor
 from bc.control.bus import Bus
 from bc.errors import BcError, Unauthenticated
 from bc.jobs import templates
@@ -40,7 +40,7 @@ from bc.pki.identity import PeerIdentity
 from bc.protocol.pb import admin_pb2
 from bc.wire.status import abort_with
 
-VIEWER, OPERATOR, ADMIN = operators.ROLES
+VIEWER, OPERATOR, ADMIN = actor.ROLES
 
 ROLE_NEEDED: dict[str, tuple[str, str]] = {
     # viewer: List, Get and Watch — the TUI on a shared screen.
@@ -158,7 +158,7 @@ def _run_command_role(request: Any) -> tuple[str, str] | None:
 def _enqueue_role(request: Any) -> tuple[str, str] | None:
     """The most privileged kind among the commands: one admin kind makes the call admin's."""
     found = [r for r in (_run_command_role(c) for c in getattr(request, "commands", ())) if r is not None]
-    return max(found, key=lambda r: operators.RANK[r[0]], default=None)
+    return max(found, key=lambda r: actor.RANK[r[0]], default=None)
 
 
 def _batch_role(request: Any) -> tuple[str, str] | None:
@@ -200,7 +200,7 @@ def job_needed(dag: DagSpec) -> tuple[str, str]:
     need = ROLE_NEEDED["SubmitJob"]
     for step in dag.nodes:
         role, what = step_needed(step)
-        if operators.RANK[role] > operators.RANK[need[0]]:
+        if actor.RANK[role] > actor.RANK[need[0]]:
             article = "an" if dag.template[:1] in "aeiou" else "a"
             need = (role, f"running {article} {dag.template} job: {what}")
     return need
@@ -247,9 +247,9 @@ class Guarded(Protocol):
 
     def _identity(self, context: grpc.aio.ServicerContext) -> PeerIdentity: ...
 
-    async def _authorize(self, peer: PeerIdentity, need: str, what: str) -> operators.Caller: ...
+    async def _authorize(self, peer: PeerIdentity, need: str, what: str) -> actor.Caller: ...
 
-    async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller: ...
+    async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> actor.Caller: ...
 
 
 RECHECK_S = 1.0
@@ -266,13 +266,13 @@ def needed(rpc: str, request: Any = None) -> tuple[str, str]:
     base = ROLE_NEEDED.get(rpc, (ADMIN, f"calling {rpc}"))
     refine = REQUEST_ROLE.get(rpc)
     stricter = refine(request) if refine is not None and request is not None else None
-    if stricter is not None and operators.RANK[stricter[0]] > operators.RANK[base[0]]:
+    if stricter is not None and actor.RANK[stricter[0]] > actor.RANK[base[0]]:
         return stricter
     return base
 
 
 async def _first_refusal(
-    check: Callable[[], Awaitable[operators.Caller]], wake: Callable[[float], Awaitable[None]], was: operators.Caller
+    check: Callable[[], Awaitable[actor.Caller]], wake: Callable[[float], Awaitable[None]], was: actor.Caller
 ) -> BcError:
     """Wait until the caller a stream was opened for may no longer have it: revoked, or role lowered."""
     while True:
@@ -283,7 +283,7 @@ async def _first_refusal(
             return e
         except BcError:
             continue  # the store hiccupped: the stream itself will say so, or the next check decides
-        if operators.RANK[now.role] < operators.RANK[was.role]:
+        if actor.RANK[now.role] < actor.RANK[was.role]:
             return Unauthenticated(
                 f"operator {now.name}'s role was lowered from {was.role} to {now.role}; this stream is closed:"
                 f" reconnect to go on as a {now.role}"

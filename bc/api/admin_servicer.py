@@ -32,6 +32,7 @@ from bc.api.peers import operator_of
 from bc.api.release_servicer import ReleaseRpcs
 from bc.api.ssh_servicer import SshRpcs
 from bc.control import (
+    actor,
     approvers,
     command_runs,
     commands,
@@ -100,10 +101,10 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
     def _identity(self, context: grpc.aio.ServicerContext) -> PeerIdentity:
         return operator_of(context, self.ca.certificate)
 
-    async def _authorize(self, peer: PeerIdentity, need: str, what: str) -> operators.Caller:
+    async def _authorize(self, peer: PeerIdentity, need: str, what: str) -> actor.Caller:
         return await operators.authorize(self.store, peer, need, what)
 
-    async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> operators.Caller:
+    async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> actor.Caller:
         return await self._authorize(self._identity(context), need, what)
 
     async def CreateToken(

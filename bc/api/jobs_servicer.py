@@ -21,7 +21,7 @@ import grpc
 from bc.api import job_views
 from bc.api.admin_roles import OTHERS_NEED
 from bc.api.calls import AdminCalls
-from bc.control import operators
+from bc.control import actor
 from bc.control import queries as control_queries
 from bc.control.bus import Bus
 from bc.errors import BcError, Conflict
@@ -56,7 +56,7 @@ class JobRpcs(AdminCalls):
     store: Store
     bus: Bus
     jobs: JobEngine
-    _caller: Callable[[grpc.aio.ServicerContext, str, str], Awaitable[operators.Caller]]  # the role guard's check
+    _caller: Callable[[grpc.aio.ServicerContext, str, str], Awaitable[actor.Caller]]  # the role guard's check
 
     async def SubmitJob(
         self, request: admin_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext

@@ -14,11 +14,13 @@ from the roles which loops run.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from bc.assembly.loops import Parts
+from bc.control import spec_quorum
 from bc.control.bus import Bus
 from bc.control.clock_skew import ClockSkewMonitor
 from bc.control.intent import Intent
@@ -103,7 +105,9 @@ def build_control(
         trust=gateway.trust,
         gateway=gateway,
         liveness=liveness,
-        sweeper=CommandSweeper(store, bus, worker_id, signer=signer),
+        sweeper=CommandSweeper(
+            store, bus, worker_id, each_pass=functools.partial(spec_quorum.apply_pending, store, bus, signer)
+        ),
         jobs=JobEngine(store, bus, signer, random.Random(rng.getrandbits(64)), holder=worker_id),
         placement=f.placement_cls(store, bus, signer, random.Random(rng.getrandbits(64)), holder=worker_id),
         spec_signer=SpecSigner(store, bus, signer),

@@ -1,4 +1,4 @@
-"""Which operator a write is made for: set once per Admin call, read once by the events log.
+"""Which operator a write is made for: set once per Admin call, read once by the events log; and the roles.
 
 Every write an operator makes through the Admin API publishes its event in the
 same transaction, so recording the operator in `events.publish` attributes
@@ -15,6 +15,23 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
+
+# The roles live here, beside the acting operator, rather than with the operator accounts
+# (`bc.control.operators`): the quorum's rules (`bc.control.spec_quorum`) weigh a caller's role, and the
+# accounts depend on the quorum (a revocation must not lock it), so the roles sit below both.
+ROLES = ("viewer", "operator", "admin")
+"""In order: each role may do everything the ones before it may."""
+RANK = {role: i for i, role in enumerate(ROLES)}
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated operator and its role (`bc.control.operators.authorize`)."""
+
+    name: str
+    role: str
+
 
 _operator: ContextVar[str] = ContextVar("bc_operator", default="")
 

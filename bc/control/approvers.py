@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bc.control import quorum_liveness as liveness
-from bc.control import views
+from bc.control import quorum_views
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
@@ -589,7 +589,7 @@ def change_info(row: Row, decisions: list[Row], now_ms: int) -> admin_pb2.Quorum
     )
     info.from_settings.ParseFromString(bytes(row["from_settings"]))
     info.to_settings.ParseFromString(bytes(row["to_settings"]))
-    info.decisions.extend(views.decision_info(d, now_ms) for d in decisions)
+    info.decisions.extend(quorum_views.decision_info(d, now_ms) for d in decisions)
     _, tally = change_tally(info.id, info.requested_by, info.from_settings, info.to_settings, decisions)
     info.approvals = len(tally.counted)
     return info

@@ -16,8 +16,6 @@ The operator `bc serve` made at its first start, `local`, is an admin.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -25,6 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from bc.control import approvers
 from bc.control import quorum_liveness as liveness
+from bc.control.actor import RANK, ROLES, Caller
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
@@ -35,18 +34,9 @@ from bc.protocol.pb import admin_pb2
 from bc.store import Row, Store, Tx
 from bc.store import operators as ops_sql
 
-ROLES = ("viewer", "operator", "admin")
-"""In order: each role may do everything the ones before it may."""
-RANK = {role: i for i, role in enumerate(ROLES)}
 DEFAULT_ROLE = "operator"
 LOCAL = "local"
 MAX_REASON = 500
-
-
-@dataclass(frozen=True)
-class Caller:
-    name: str
-    role: str
 
 
 def check_role(role: str) -> str:

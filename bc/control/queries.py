@@ -28,7 +28,7 @@ from bc.control import approvers as appr
 from bc.control import command_states as cs
 from bc.control import commands as cmds
 from bc.control import operators as ops
-from bc.control import views
+from bc.control import quorum_views, views
 from bc.control.capacity_views import Explanation, explain, usage
 from bc.errors import NotFound, UsageError
 from bc.protocol.limits import LIMITS
@@ -189,7 +189,7 @@ async def _approver_keys(tx: Tx) -> list[common_pb2.ApproverKey]:
 async def _batch_in(tx: Tx, row: Row, approvers: list[common_pb2.ApproverKey], now_ms: int) -> admin_pb2.BatchInfo:
     batch_id = str(row["id"])
     leaves = await q_sql.leaves(tx, batch_id)
-    return views.batch_info(row, leaves, await q_sql.decisions(tx, batch_id), approvers, now_ms)
+    return quorum_views.batch_info(row, leaves, await q_sql.decisions(tx, batch_id), approvers, now_ms)
 
 
 async def batch(store: Store, batch_id: str) -> admin_pb2.BatchInfo:
@@ -212,7 +212,7 @@ async def batches(store: Store, state: str = "") -> admin_pb2.ListBatchesRespons
         out.event_seq = await events_sql.last_seq(tx)
         approvers = await _approver_keys(tx)
         for row in await q_sql.list_batches(tx, "pending" if state == "expired" else state):
-            if not state or views.batch_state(row, now_ms) == state:
+            if not state or quorum_views.batch_state(row, now_ms) == state:
                 out.batches.append(await _batch_in(tx, row, approvers, now_ms))
     return out
 

@@ -25,7 +25,7 @@ from functools import partial
 
 from bc.control import approvers as appr
 from bc.control import commands as cmds
-from bc.control import views
+from bc.control import quorum_views
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
@@ -154,12 +154,14 @@ async def check_can_approve(tx: Tx, requested_by: str) -> None:
 async def approval_progress(tx: Tx, batch_id: str, now_ms: int) -> tuple[int, int] | None:
     """(approvals that count now, k) of a batch still waiting for its quorum; None once it is not waiting.
 
-    Counted by the rule that decides it (`views.batch_info`): an expired or removed approver's does not count.
+    Counted by the rule that decides it (`quorum_views.batch_info`): an expired or removed approver's does not count.
     """
     batch = await q_sql.get_batch(tx, batch_id)
     if batch is None or str(batch["state"]) != "pending" or int(batch["not_after_ms"]) <= now_ms:
         return None
-    approval = views.batch_approval(batch, await q_sql.count_leaves(tx, batch_id), await q_sql.decisions(tx, batch_id))
+    approval = quorum_views.batch_approval(
+        batch, await q_sql.count_leaves(tx, batch_id), await q_sql.decisions(tx, batch_id)
+    )
     tally = q.count_approvals(approval, appr.approver_keys(await q_sql.list_approvers(tx)), now_ms)
     return len(tally.counted), int(batch["threshold"])
 
@@ -242,8 +244,8 @@ async def decide(
 async def _maybe_approve(tx: Tx, bus: Bus, batch: Row, now_ms: int) -> None:
     batch_id = str(batch["id"])
     leaves = await q_sql.leaves(tx, batch_id)
-    # The same approval and the same rule as the view shows (`bc.control.views.batch_info`).
-    approval = views.batch_approval(batch, len(leaves), await q_sql.decisions(tx, batch_id))
+    # The same approval and the same rule as the view shows (`bc.control.quorum_views.batch_info`).
+    approval = quorum_views.batch_approval(batch, len(leaves), await q_sql.decisions(tx, batch_id))
     tally = q.count_approvals(approval, appr.approver_keys(await q_sql.list_approvers(tx)), now_ms)
     if len(tally.counted) < int(batch["threshold"]):
         return

@@ -44,7 +44,8 @@ import random
 from dataclasses import dataclass
 
 from bc.control import approvers as appr
-from bc.control import operators, quorum, specs
+from bc.control import quorum, specs
+from bc.control.actor import RANK, ROLES, Caller
 from bc.control.bus import Bus
 from bc.control.events import publish
 from bc.control.signer import Signer
@@ -75,7 +76,7 @@ class SetOutcome:
     """The `spec.set` batch waiting for the quorum, when it was not."""
 
 
-def _refusal(caller: operators.Caller, section: str, reasons: list[str]) -> Unauthenticated:
+def _refusal(caller: Caller, section: str, reasons: list[str]) -> Unauthenticated:
     more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
     return Unauthenticated(
         f"this {section} change is root-equivalent (it {reasons[0]}{more}): it needs the admin role, and the"
@@ -91,7 +92,7 @@ async def set_section(
     node_id: str,
     section: str,
     section_json: str,
-    caller: operators.Caller,
+    caller: Caller,
 ) -> SetOutcome:
     """Replace one section, or (a root-equivalent change with approvers registered) open its batch."""
     mutate = specs.section_mutation(section, section_json)
@@ -103,7 +104,7 @@ async def set_section(
         wanted.CopyFrom(stored)
         mutate(wanted)
         reasons = root_equiv.changes(section, getattr(stored, section), getattr(wanted, section))
-        if reasons and operators.RANK[caller.role] < operators.RANK[operators.ROLES[-1]]:
+        if reasons and RANK[caller.role] < RANK[ROLES[-1]]:
             raise _refusal(caller, section, reasons)
         if not reasons or not await quorum.has_approvers(tx):
             return SetOutcome(await specs.write_spec(tx, bus, signer, node_id, mutate, now_ms, lock=lock))
@@ -119,7 +120,7 @@ async def _open_batch(
     section: str,
     content: spec_pb2.NodeSpec,
     reasons: list[str],
-    caller: operators.Caller,
+    caller: Caller,
     now_ms: int,
 ) -> str:
     await quorum.check_can_approve(tx, caller.name)

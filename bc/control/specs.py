@@ -92,7 +92,7 @@ async def write_spec(
     approvals: Sequence[SectionApproval] = (),
 ) -> SpecWrite:
     """Apply `mutate` to the stored spec; bump the generation only when the canonical JSON changes.
-    `approvals`: the quorum's approvals of root-equivalent sections this write makes (bc.control.spec_quorum)."""
+    `approvals`: the quorum's approvals of the root-equivalent sections it writes (bc.control.spec_quorum)."""
     row = await nodes_sql.spec_for_update(tx, node_id, lock)
     if row is None:
         raise NotFound(f"no node named {node_id!r}")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from bc.control import actor, quorum, views
+from bc.control import actor, quorum, quorum_views
 from bc.control import approvers as appr
 from bc.control.bus import Bus
 from bc.control.events import publish
@@ -424,7 +424,7 @@ async def fetch(store: Store, bus: Bus, signer: Signer, ca_dir: Path, serial: in
         return row  # settled, or (no batch) waiting for the offline CA's signature
     async with store.transaction(write=False) as tx:
         batch = await q_sql.get_batch(tx, str(row["batch_id"]))
-    state = views.batch_state(batch, await store.now_ms()) if batch is not None else "missing"
+    state = quorum_views.batch_state(batch, await store.now_ms()) if batch is not None else "missing"
     if state == "pending":
         return row
     offline = is_offline(await get_ca(store))
@@ -451,7 +451,7 @@ async def batch_state_of(store: Store, row: Row) -> str:
         return ""
     async with store.transaction(write=False) as tx:
         batch = await q_sql.get_batch(tx, str(row["batch_id"]))
-    return views.batch_state(batch, await store.now_ms()) if batch is not None else "missing"
+    return quorum_views.batch_state(batch, await store.now_ms()) if batch is not None else "missing"
 
 
 async def grants(store: Store, node_id: str = "", live_only: bool = False) -> list[Row]:

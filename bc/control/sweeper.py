@@ -11,10 +11,12 @@ that one process sweeps however many run against the store:
   covers the rejoin) becomes `failed` with reason `timeout`, so a controller
   waiting on it learns the outcome is unknown instead of waiting forever.
 
-With a signer (a `bc serve` worker), each pass also writes the approved
-root-equivalent spec changes not written yet (`bc.control.spec_quorum.apply_pending`):
-the retry of the write ApproveBatch tries at once, so a change approved just
-before a crash is written at the next start.
+Given `each_pass` (a `bc serve` worker passes `bc.control.spec_quorum.apply_pending`),
+the lease holder also runs it after each pass: it writes the approved
+root-equivalent spec changes not written yet, the retry of the write
+ApproveBatch tries at once, so a change approved just before a crash is
+written at the next start. It is passed in, not imported, so the command
+queue does not depend on the quorum that depends on it.
 
 Each settlement is guarded by the state the sweeper read, so a result that
 lands in between wins, and each publishes `command.settled`. The lease is
@@ -24,12 +26,11 @@ taken in the sweep's own transaction: a sweeper that lost it writes nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from bc.control import command_states as cs
-from bc.control import spec_quorum
 from bc.control.bus import Bus
 from bc.control.events import publish
-from bc.control.signer import Signer
 from bc.protocol import kinds
 from bc.seams.clock import Clock
 from bc.store import Row, Store, StoreError, Tx, leases
@@ -45,10 +46,15 @@ _SHORTEST_TIMEOUT_MS = min(k.timeout_s for k in kinds.KINDS.values()) * 1000
 
 class CommandSweeper:
     def __init__(
-        self, store: Store, bus: Bus | None, holder: str, interval_s: float = 5.0, signer: Signer | None = None
+        self,
+        store: Store,
+        bus: Bus | None,
+        holder: str,
+        interval_s: float = 5.0,
+        each_pass: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.store, self.bus, self.holder, self.interval_s = store, bus, holder, interval_s
-        self.signer = signer
+        self.each_pass = each_pass
 
     async def sweep_once(self) -> list[tuple[str, str]]:
         """One pass; returns (command id, new state) for each command it settled (empty without the lease)."""
@@ -88,8 +94,8 @@ class CommandSweeper:
                     settled.append((cid, cs.FAILED, str(row["node_id"])))
         for cid, state, node_id in settled:
             log.info("event=command.swept command_id=%s node=%s state=%s", cid, node_id, state)
-        if self.signer is not None and self.bus is not None:  # only the lease holder: one writer per store
-            await spec_quorum.apply_pending(self.store, self.bus, self.signer)
+        if self.each_pass is not None:  # only the lease holder (no lease returned above): one writer per store
+            await self.each_pass()
         return [(cid, state) for cid, state, _ in settled]
 
     async def _settled(self, tx: Tx, row: Row, state: str, reason: str, now_ms: int) -> None:

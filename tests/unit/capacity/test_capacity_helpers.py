@@ -1,4 +1,4 @@
-"""The helpers the pass adds to `bc.control.capacity` keep its rules: the same atoms offered, the same conflicts."""
+"""The pass's helpers in `bc.control.capacity` keep its rules: the same atoms offered, the same conflicts."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bc.api.admin_roles import ROLE_NEEDED
+from bc.control import actor
 from bc.control import operators as ops
 from bc.control.bus import Bus
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
@@ -52,7 +53,7 @@ async def add(store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, name
 def test_every_admin_rpc_has_a_role_and_nothing_else_does() -> None:
     rpcs = {m.name for m in admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods}
     assert set(ROLE_NEEDED) == rpcs
-    assert {role for role, _ in ROLE_NEEDED.values()} <= set(ops.ROLES)
+    assert {role for role, _ in ROLE_NEEDED.values()} <= set(actor.ROLES)
 
 
 def test_viewers_only_list_get_and_watch() -> None:
@@ -82,13 +83,13 @@ def test_tokens_nodes_approvers_operators_and_the_pki_are_for_admins(rpc: str) -
 
 async def test_a_caller_is_authorized_by_role(store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority) -> None:
     viewer = await add(store, bus, ca, "bob", "viewer")
-    assert await ops.authorize(store, viewer, "viewer", "listing nodes") == ops.Caller("bob", "viewer")
+    assert await ops.authorize(store, viewer, "viewer", "listing nodes") == actor.Caller("bob", "viewer")
     with pytest.raises(
         Unauthenticated, match=r"^running a command needs the operator role; operator bob has the viewer role$"
     ):
         await ops.authorize(store, viewer, "operator", "running a command")
     admin = await add(store, bus, ca, "ann", "admin")
-    for need in ops.ROLES:
+    for need in actor.ROLES:
         assert (await ops.authorize(store, admin, need, "x")).role == "admin"
 
 

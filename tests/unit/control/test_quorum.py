@@ -1,4 +1,4 @@
-"""The quorum on the server (bc/control/quorum.py) against the real SQLite store, bus and the virtual loop's clock.
+"""The quorum on the server (bc/control/quorum.py) against the real SQLite store, bus and virtual clock.
 
 A batch is stored with its commands held in one transaction; approvers' signed
 decisions are checked and stored; at k the commands are released with proofs
