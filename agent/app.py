@@ -5,7 +5,7 @@
 `random.Random`, the identity, the hardware backend, the journal, `dial()`
 and where blocking calls run). `production_parts` builds the real ones; the
 simulator and tests build their own (a virtual-time loop's clock, a Random
-from the seed, `MemoryJournal`, `link_pair`, fake hardware, inline offload),
+from the seed, `MemoryJournal`, a `bc.seams.network` dial, fake hardware, inline offload),
 and nothing in the agent can tell.
 
 Three loops share the agent's state (`agent.session.node_state.NodeState`):
