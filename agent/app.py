@@ -386,7 +386,7 @@ class Agent:
             await self.parts.restart()
             return
         assert self.opts.install_dir is not None
-        restart_process(self.opts.install_dir, reexec=self.opts.fake_hw is not None and not _under_systemd())
+        restart_process(self.opts.install_dir, reexec=not self.hw.capabilities.touches_host and not _under_systemd())
 
     async def close(self) -> None:
         await self.dispatcher.stop()

@@ -50,8 +50,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from agent.app import Agent, AgentOptions, AgentParts
-from agent.hw.fake import BOOT_ID_FILE, FakeHardware
-from agent.hw.slices import FAKE_SLICES_DIR, FakeSlices
+from agent.hw import HardwareBackend, InProcessReboot, open_backend
+from agent.hw.fake import boot_anew
 from agent.identity import HeldIdentity, Identity
 from agent.journal_api import AgentJournal, new_journal_id
 from agent.memory_journal import MemoryJournal
@@ -174,7 +174,7 @@ class PairNode:
     rng: random.Random
     clock: LoopClock
     """The node's own wall clock on the loop (the pair's, shifted): clock skew steps it."""
-    hw: FakeHardware
+    hw: HardwareBackend
     journal: AgentJournal | None = None
     """The open journal while an agent runs on it; a memory journal stays here across restarts."""
 
@@ -321,23 +321,21 @@ class SessionPair:
             node.journal = MemoryJournal(new_journal_id(node.rng))
         return node.journal
 
-    def _hardware(self, node_id: str, node_dir: Path, rng: random.Random) -> FakeHardware:
-        if self.cfg.reboot_s is None and not self.cfg.reboot_restarts:
-            return FakeHardware(self.cfg.profile, node_id, state_dir=node_dir, rng=rng, offload=inline)
-        hw = SlowRebootHardware(self.cfg.profile, node_id, state_dir=node_dir, rng=rng, offload=inline)
-        if self.cfg.reboot_restarts:
-            hw.hang = True
-        elif self.cfg.reboot_s is not None:
-            hw.reboot_s = self.cfg.reboot_s
+    def _hardware(self, node_id: str, node_dir: Path, rng: random.Random) -> HardwareBackend:
+        """The node's fake GPUs, made where `bc node --fake-hw` makes its own (`agent.hw.open_backend`)."""
+        reboot: InProcessReboot | None = None
+        if self.cfg.reboot_s is not None or self.cfg.reboot_restarts:
 
-        def hook() -> None:
-            self.reboots.append((node_id, asyncio.get_running_loop().time()))
-            if self.cfg.reboot_restarts:
-                # The machine goes down under the agent that asked (its task is cancelled by the restart).
-                self._spawn(self._come_back(node_id, self.cfg.reboot_s or 0.0), f"reboot-{node_id}")
+            def hook() -> None:
+                self.reboots.append((node_id, asyncio.get_running_loop().time()))
+                if self.cfg.reboot_restarts:
+                    # The machine goes down under the agent that asked (its task is cancelled by the restart).
+                    self._spawn(self._come_back(node_id, self.cfg.reboot_s or 0.0), f"reboot-{node_id}")
 
-        hw.reboot_hook = hook
-        return hw
+            # Restarting in place: the reboot itself is instant and the restart stays down `reboot_s`.
+            takes_s = 0.0 if self.cfg.reboot_restarts else self.cfg.reboot_s or 0.0
+            reboot = InProcessReboot(hook, takes_s=takes_s, hang=self.cfg.reboot_restarts)
+        return open_backend(self.cfg.profile, node_id, node_dir, rng=rng, offload=inline, reboot=reboot)
 
     async def _come_back(self, node_id: str, down_s: float) -> None:
         await self.restart_agent(node_id, down_s)  # the fake hardware already wrote the new boot id
@@ -390,9 +388,7 @@ class SessionPair:
         await self.crash_agent(node_id)
         node = self.nodes[node_id]
         if reboot:
-            new_boot = str(uuid.UUID(int=node.rng.getrandbits(128), version=4))
-            FakeSlices.drop_all(node.dir / FAKE_SLICES_DIR)
-            (node.dir / BOOT_ID_FILE).write_text(new_boot + "\n", "utf-8")
+            boot_anew(node.dir, str(uuid.UUID(int=node.rng.getrandbits(128), version=4)))
         if lose_journal:
             node.journal = None
             for suffix in ("", "-wal", "-shm"):
@@ -443,22 +439,6 @@ class SessionPair:
         async with self.store.transaction(write=False) as tx:
             rows = await nodes_sql.list_all(tx)
         return {str(r["node_id"]): str(r["connectivity"]) for r in rows}
-
-
-class SlowRebootHardware(FakeHardware):
-    """Fake hardware whose reboot takes `reboot_s` on the loop's clock, then calls its `reboot_hook`
-    (which the pair always sets, so the process is never re-executed)."""
-
-    reboot_s = 0.0
-    hang = False
-    """After the hook, never return: the machine went down under the command (the pair's restart ends it)."""
-
-    async def reboot(self, *, allow: bool = False) -> tuple[bool, str]:
-        await asyncio.sleep(self.reboot_s)
-        done = await super().reboot(allow=allow)
-        if self.hang:
-            await asyncio.get_running_loop().create_future()  # cancelled with the process
-        return done
 
 
 def events_digest(events: list[tuple[int, str, str, str, int]]) -> str:
