@@ -75,7 +75,7 @@ from bc.protocol.pb.session_pb2 import CommandUpdate
 from bc.runtime.aio import cancel_and_wait, wait_event
 from bc.runtime.version import bc_version, test_never_dial
 from bc.seams.clock import Clock, SystemClock
-from bc.wire.link import Link
+from bc.seams.link import Link
 
 log = logging.getLogger("agent")
 

@@ -50,7 +50,7 @@ from bc.protocol import closing
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.runtime.aio import wait_event
-from bc.wire.link import Link, LinkClosed
+from bc.seams.link import Link, LinkClosed
 
 log = logging.getLogger("agent")
 

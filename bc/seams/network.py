@@ -109,7 +109,7 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from bc.protocol import closing
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
-from bc.wire.link import Link, LinkClosed
+from bc.seams.link import Link, LinkClosed
 
 if TYPE_CHECKING:
     from bc.gateway.sessions import Gateway

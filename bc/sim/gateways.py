@@ -50,11 +50,11 @@ from bc.pki.identity import PeerIdentity
 from bc.protocol.closing import SessionRefused
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.seams.clock import Clock
+from bc.seams.link import Link, LinkClosed
 from bc.seams.network import SimNetwork
 from bc.sim.bus_hub import BusHub
 from bc.sim.process_store import Pause, ProcessClock, ProcessStore
 from bc.store import Store, StoreError
-from bc.wire.link import Link, LinkClosed
 
 log = logging.getLogger("bc.sim")
 

@@ -33,9 +33,9 @@ from bc.pki import keys
 from bc.protocol import closing
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
+from bc.seams.link import Link, LinkClosed
 from bc.seams.network import SimLink, link_pair
 from bc.seams.virtual_time import VirtualTimeLoop, virtual_clock
-from bc.wire.link import Link, LinkClosed
 
 T = TypeVar("T")
 NODE = "n1"
