@@ -5,7 +5,7 @@
 `random.Random`, the identity, the hardware backend, the journal, `dial()`
 and where blocking calls run). `production_parts` builds the real ones; the
 simulator and tests build their own (a virtual-time loop's clock, a Random
-from the seed, `MemoryJournal`, `link_pair`, fake hardware, inline offload),
+from the seed, `MemoryJournal`, a `bc.seams.network` dial, fake hardware, inline offload),
 and nothing in the agent can tell.
 
 Three loops share the agent's state (`agent.session.node_state.NodeState`):
@@ -75,7 +75,7 @@ from bc.protocol.pb.session_pb2 import CommandUpdate
 from bc.runtime.aio import cancel_and_wait, wait_event
 from bc.runtime.version import bc_version, test_never_dial
 from bc.seams.clock import Clock, SystemClock
-from bc.wire.link import Link
+from bc.seams.link import Link
 
 log = logging.getLogger("agent")
 
@@ -386,7 +386,7 @@ class Agent:
             await self.parts.restart()
             return
         assert self.opts.install_dir is not None
-        restart_process(self.opts.install_dir, reexec=self.opts.fake_hw is not None and not _under_systemd())
+        restart_process(self.opts.install_dir, reexec=not self.hw.capabilities.touches_host and not _under_systemd())
 
     async def close(self) -> None:
         await self.dispatcher.stop()

@@ -40,7 +40,7 @@ from agent.session.dialing import Dial
 from bc.protocol import closing
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
 from bc.runtime import logs
-from bc.wire.link import Link
+from bc.seams.link import Link
 
 PROFILE = "hgx-h100-8"
 

@@ -31,6 +31,7 @@ import random
 import sys
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -73,11 +74,30 @@ def _write_text(path: Path, text: str) -> None:
     atomic_write(path, text.encode())
 
 
+@dataclass(frozen=True)
+class InProcessReboot:
+    """A fake reboot that never re-executes the process (the simulator's, `bc.sim.pair`): `reboot()` waits
+    `takes_s` on the loop's clock, boots anew (new boot id, fake slices gone), then calls `hook`."""
+
+    hook: Callable[[], object]
+    takes_s: float = 0.0
+    hang: bool = False
+    """After the hook, never return: the machine went down under the command (the caller's restart ends it)."""
+
+
+def boot_anew(state_dir: Path, boot_id: str) -> None:
+    """What a fake machine's reboot leaves on its disk: the new boot id, and no fake slice (runtime
+    properties do not survive a reboot, agent.hw.slices)."""
+    FakeSlices.drop_all(state_dir / FAKE_SLICES_DIR)
+    _write_text(state_dir / BOOT_ID_FILE, boot_id + "\n")
+
+
 class FakeHardware:
-    """A HardwareBackend whose GPUs come from a profile and a seed."""
+    """A HardwareBackend whose GPUs come from a profile and a seed (built by `agent.hw.open_backend`)."""
 
     reboot_hook: Callable[[], object] | None = None
     """Called by `reboot()` instead of re-executing the process (set it in in-process tests)."""
+    in_process_reboot: InProcessReboot | None = None
 
     def __init__(
         self,
@@ -87,8 +107,10 @@ class FakeHardware:
         state_dir: Path | None = None,
         rng: random.Random | None = None,
         offload: Offload = to_thread,
+        reboot: InProcessReboot | None = None,
     ) -> None:
-        """`rng`: the agent's Random, which new boot ids come from (left out, the production one: OS-seeded)."""
+        """`rng`: the agent's Random, which new boot ids come from (left out, the production one: OS-seeded).
+        `reboot`: reboots happen in this process (left out: a reboot re-executes it)."""
         self.profile = profile
         self.seed = seed
         self.rng = rng or os_seeded_random()
@@ -98,6 +120,9 @@ class FakeHardware:
         # How long an explicit inventory refresh takes (BC_FAKE_INVENTORY_REFRESH_S), for the same reason.
         self.refresh_seconds = float(os.environ.get("BC_FAKE_INVENTORY_REFRESH_S", "0") or 0)
         self.state_dir = state_dir
+        if reboot is not None:
+            self.in_process_reboot = reboot
+            self.reboot_hook = reboot.hook
         self._data = _load_profile(profile)
         self._inventory = self._build(self._data)
         self._overlaid: tuple[int, common_pb2.Inventory] | None = None
@@ -282,19 +307,22 @@ class FakeHardware:
         Without a state dir there is no fake boot id to change, so there is
         no fake reboot either.
         """
+        in_process = self.in_process_reboot
+        if in_process is not None:
+            await asyncio.sleep(in_process.takes_s)  # the machine takes this long to go down
         if self.state_dir is None:
             return False, "a fake reboot needs the fake hardware's state dir"
         # Counted when the reboot starts, like a reset: the tests count side effects started, not finished.
         await self.offload(self._count_reboot, self.state_dir / REBOOTS_FILE)
         new_id = self._new_boot_id()
-        # Runtime slice properties do not survive a reboot: neither do the fake slices (agent.hw.slices).
-        await self.offload(FakeSlices.drop_all, self.state_dir / FAKE_SLICES_DIR)
-        await self.offload(_write_text, self.state_dir / BOOT_ID_FILE, new_id + "\n")
+        await self.offload(boot_anew, self.state_dir, new_id)
         hook = inspect.getattr_static(self, "reboot_hook", None)  # static: a plain function must not bind to self
         if hook is not None:
             if isinstance(hook, staticmethod):
                 hook = hook.__func__
             hook()
+            if in_process is not None and in_process.hang:
+                await asyncio.get_running_loop().create_future()  # cancelled with the process
             return True, f"rebooted (fake hook); boot id {new_id}"
         log.warning("event=fake.reboot boot_id=%s action=re-exec", new_id)
         for stream in (sys.stdout, sys.stderr):

@@ -3,7 +3,7 @@
 The agent never builds a transport itself. It is handed `dial: Dial`, an
 async callable that returns a connected `Link` (production: the gRPC dial of
 `agent.session.grpc_dial`, mutual TLS from the identity files; the simulator
-and tests: one end of `bc.testing.link_pair`), or raises `LinkClosed` /
+and tests: one end of a `bc.seams.network` connection), or raises `LinkClosed` /
 `OSError` when it cannot.
 
 After each session the loop decides by codes, never by wording:
@@ -50,7 +50,7 @@ from bc.protocol import closing
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.runtime.aio import wait_event
-from bc.wire.link import Link, LinkClosed
+from bc.seams.link import Link, LinkClosed
 
 log = logging.getLogger("agent")
 

@@ -28,7 +28,8 @@ from agent.session.dialing import Dial
 from bc.protocol import closing
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
-from bc.wire.link import GrpcClientLink, Link, LinkClosed
+from bc.seams.link import Link, LinkClosed
+from bc.wire.link import GrpcClientLink
 from bc.wire.stubs import session_pb2_grpc
 
 CONNECT_TIMEOUT_S = 5.0

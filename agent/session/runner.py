@@ -42,7 +42,7 @@ from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import CommandUpdate, GatewayMessage, NodeMessage
 from bc.runtime.aio import wait_event
 from bc.seams.clock import Clock
-from bc.wire.link import Link
+from bc.seams.link import Link
 
 log = logging.getLogger("agent")
 

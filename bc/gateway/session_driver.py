@@ -44,13 +44,13 @@ from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
 from bc.runtime.aio import wait_event
 from bc.seams.clock import Clock
+from bc.seams.link import Link, LinkClosed
 from bc.store import Store, StoreError, Tx
 from bc.store import commands as commands_sql
 from bc.store import dispatch as dispatch_sql
 from bc.store import nodes as nodes_sql
 from bc.store.group_commit import GroupCommit
 from bc.store.leases import Claim
-from bc.wire.link import Link, LinkClosed
 
 log = logging.getLogger("bc.gateway")
 

@@ -35,6 +35,7 @@ from bc.protocol.closing import SessionRefused
 from bc.protocol.pb import common_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.seams.clock import Clock
+from bc.seams.link import Link, LinkClosed
 from bc.store import Store, StoreError
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
@@ -43,7 +44,6 @@ from bc.store import revocation as rev_sql
 from bc.store import signing as signing_sql
 from bc.store.group_commit import GroupCommit
 from bc.store.leases import Claim
-from bc.wire.link import Link, LinkClosed
 
 log = logging.getLogger("bc.gateway")
 

@@ -5,7 +5,7 @@ what to do by comparing codes, never by reading the status message (whose
 wording is for people and may change). Over gRPC the code rides in the
 trailing metadata of the closing status under `METADATA_KEY`, as the enum
 value's name; `bc.wire.link` writes and reads it, and the in-memory links of
-`bc.testing` carry it as is. A name this build does not know reads as
+`bc.seams.network` carry it as is. A name this build does not know reads as
 `CLOSE_REASON_UNSPECIFIED`, which a node treats as any other ended stream.
 
 `SessionRefused` is how the control plane's code raises a refusal that carries

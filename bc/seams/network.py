@@ -1,4 +1,8 @@
-"""The simulator's links: in-memory session streams with seeded faults, on the loop's clock.
+"""The one in-memory network: session streams with seeded faults and partitions, on the loop's clock.
+
+`SimNetwork` carries every in-process session: `bc sim`'s fleet and gateway processes (`bc.sim.fleet`,
+`bc.sim.gateways`), the in-process harness (`bc.sim.pair.SessionPair`) and the tests; `link_pair()` is one
+fault-free connection of it for a test that plays the gateway itself.
 
 Theory of operation
 -------------------
@@ -70,8 +74,8 @@ every reservation and run every command exactly once (in tests/unit/sim/test_sim
 
 Partitions (`SimNetwork.partition`) lose every frame in the cut direction, also one sent before the cut
 that arrives after it, and refuse new dials (a TCP handshake needs both directions). A frame that reached
-the receiver's queue before the cut is delivered (`session_pair.FaultyLink` dropped it when read), so a
-swap from `Network` may move a silence by a heartbeat and change a run's digest; no test pins one. A
+the receiver's queue before the cut is delivered (the harness's former `FaultyLink` dropped it when read,
+so `python -m bc.sim.pair` digests moved once when the harness came onto this network). A
 half-open link (`SimNetwork.half_open`) loses everything in flight and to come on that connection,
 closes included: each end sees silence, never a close. Closes travel in order behind the frames sent
 before them, and are lost the same way frames are.
@@ -86,7 +90,7 @@ Cost. A frame on a fault-free link with nothing in flight is appended to the rec
 (no timer, no task, no draw, no clock read). A faulty frame costs its draws and, while frames are in
 flight, one loop timer per direction (the head's arrival): no task is ever created per frame. Measured
 on the virtual loop (one sender, one reader, 2 shared cores, best of 5): fault-free about 250-750k
-frames/s against `MemoryLink`'s 330-550k (the same, within the host's noise); with `light`'s latency
+frames/s against a bare pair of asyncio queues' 330-550k (the same, within the host's noise); with `light`'s latency
 about 150-220k, `heavy`'s 130-200k, where every frame waits on a timer.
 
 Every draw comes from the `random.Random` the network is given, in the order frames are sent; on the
@@ -99,13 +103,13 @@ import asyncio
 import copy
 import random
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from bc.protocol import closing
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
-from bc.wire.link import Link, LinkClosed
+from bc.seams.link import Link, LinkClosed
 
 if TYPE_CHECKING:
     from bc.gateway.sessions import Gateway
@@ -483,15 +487,20 @@ class SimLink(Generic[In, Out]):
 
 Dial = Callable[[], Awaitable[Link[GatewayMessage, NodeMessage]]]
 Wrap = Callable[[str, Link[NodeMessage, GatewayMessage]], Link[NodeMessage, GatewayMessage]]
+Serve = Callable[[Link[NodeMessage, GatewayMessage], "PeerIdentity"], Coroutine[object, object, None]]
+"""What the server's side runs on an admitted connection: `serve(gateway's end, the node's peer identity)`."""
 
 
 @dataclass(eq=False)
 class SimNetwork:
-    """Every node's route to the gateway, with seeded faults: a drop-in for `bc.sim.pair.Network`.
+    """Every node's route to the gateway, with seeded faults (see the module docstring).
 
-    The attributes `Network` has (`partitioned`, `gateway`, `peers`, `sessions`, `dials`, `wrap`) mean
-    the same here, and `dialer(node_id)` has its shape; `partitioned` is a live set (cut both ways). The
-    controls below act at once on live connections and on later dials. `rng` drives every draw.
+    `gateway` is the one gateway `dialer(node_id)` reaches (None: the control plane is down, dials are
+    refused); a fleet of gateway processes dials through `start_session` with its own rotation
+    (`bc.sim.gateways`). `peers` are the nodes' identities as their certificates say, `sessions` the
+    server-side tasks, `dials` the dials per node; `partitioned` is a live set (cut both ways). The
+    controls below act at once on live connections and on later dials. `rng` drives every draw (with
+    `LinkFaults.none()` nothing is drawn).
     """
 
     rng: random.Random
@@ -547,16 +556,24 @@ class SimNetwork:
             if gateway is None or self.refuses(node_id):
                 self.stats["dials_refused"] += 1
                 raise ConnectionRefusedError(f"no route to the gateway from {node_id}")
-            node_end, gateway_end = self.connect(node_id)
-            served: Link[NodeMessage, GatewayMessage] = gateway_end
-            if self.wrap is not None:
-                served = self.wrap(node_id, served)
-            task = asyncio.create_task(gateway.serve(served, self.peers[node_id]), name=f"session-{node_id}")
-            self.sessions.add(task)
-            task.add_done_callback(self.sessions.discard)
-            return node_end
+            return self.start_session(node_id, gateway.serve)
 
         return dial
+
+    def start_session(
+        self, node_id: str, serve: Serve, gateway: str = "", *, also: Iterable[set[asyncio.Task[None]]] = ()
+    ) -> SimLink[GatewayMessage, NodeMessage]:
+        """A dial that got through: a new connection whose gateway's end (wrapped by `wrap`, when set) `serve`
+        runs in a task kept in `sessions` (and in each set of `also`). Returns the node's end."""
+        node_end, gateway_end = self.connect(node_id, gateway)
+        served: Link[NodeMessage, GatewayMessage] = gateway_end
+        if self.wrap is not None:
+            served = self.wrap(node_id, served)
+        task = asyncio.create_task(serve(served, self.peers[node_id]), name=f"session-{node_id}")
+        for group in (self.sessions, *also):
+            group.add(task)
+            task.add_done_callback(group.discard)
+        return node_end
 
     def _live(self, node_id: str) -> list[_Wire]:
         return [w for w in self._wires.get(node_id, ()) if w.live]
@@ -629,3 +646,11 @@ class SimNetwork:
     def _unstall(self, node_id: str, until: float) -> None:
         if self.stalled.get(node_id) == until:
             del self.stalled[node_id]
+
+
+def link_pair(
+    node_id: str = "node",
+) -> tuple[SimLink[GatewayMessage, NodeMessage], SimLink[NodeMessage, GatewayMessage]]:
+    """One fault-free connection on a network of its own, for a test that plays the gateway itself:
+    (the node's end, the gateway's end). Call it on the running loop."""
+    return SimNetwork(random.Random(0)).connect(node_id)

@@ -38,7 +38,7 @@ Warning: anything that completes in a thread the loop did not start itself
 must not be awaited on this loop while a timer is pending: the loop cannot
 see that work and jumps to the timer before it finishes, so a 5 s timeout
 around a grpc call fires at once. Tests on the virtual loop use the inline
-SQLite store and in-memory links (`bc.testing.link_pair`); tests over real
+SQLite store and in-memory links (`bc.seams.network`); tests over real
 gRPC run on the ordinary loop and the wall clock.
 """
 

@@ -18,7 +18,8 @@ view of the store and the clock (`bc.sim.process_store`). Three things happen to
   keep it harmless;
 * nothing: it routes.
 
-**The dial** (`dialer`) is the production agent's (`agent.session.grpc_dial`) over the simulator's links:
+**The dial** (`dialer`) is the production agent's (`agent.session.grpc_dial`) over the one in-memory network
+(`bc.seams.network.SimNetwork`, whose `start_session` opens the connection and runs its server side):
 the same `Rotation` decides the order (node `i` starts on gateway `i mod N`, stays on the one it reached
 unless that session was short-lived, then goes on to the next), a dead gateway (or a node cut off) is a
 refused connection and the next address is tried at once, a frozen one never finishes its handshake and
@@ -31,6 +32,7 @@ agent's back-off takes over.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -49,11 +51,11 @@ from bc.pki.identity import PeerIdentity
 from bc.protocol.closing import SessionRefused
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.seams.clock import Clock
+from bc.seams.link import Link, LinkClosed
 from bc.seams.network import SimNetwork
 from bc.sim.bus_hub import BusHub
 from bc.sim.process_store import Pause, ProcessClock, ProcessStore
 from bc.store import Store, StoreError
-from bc.wire.link import Link, LinkClosed
 
 log = logging.getLogger("bc.sim")
 
@@ -297,16 +299,8 @@ class GatewayFleet:
                 if gateway is None or net.cut_off(node_id):
                     net.stats["dials_refused"] += 1
                     continue
-                node_end, gateway_end = net.connect(node_id, addr)
-                served: Link[NodeMessage, GatewayMessage] = gateway_end
-                if net.wrap is not None:
-                    served = net.wrap(node_id, served)
                 rotation.connected(addr, loop.time())
-                task = asyncio.create_task(self._serve(gateway, served, net.peers[node_id]), name=f"session-{node_id}")
-                for group in (p.sessions, net.sessions):
-                    group.add(task)
-                    task.add_done_callback(group.discard)
-                return node_end
+                return net.start_session(node_id, functools.partial(self._serve, gateway), addr, also=(p.sessions,))
             raise LinkClosed("UNAVAILABLE", f"cannot connect to {','.join(rotation.addrs)}")
 
         return dial

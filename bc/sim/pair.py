@@ -4,9 +4,10 @@ What runs is the code `bc serve` and `bc node` run: the store (the inline
 SQLite driver, so nothing leaves the loop's thread), the Signer and the trust
 bundle, the gateway's session drivers, liveness, the command sweeper, and for
 each node a whole `Agent` with fake GPUs, the memory journal and inline
-offload. Only the transport differs: each dial is one `bc.testing.link_pair`,
-wrapped in `FaultyLink`, through which a `Network` can partition a node (every
-frame in both directions is lost and new dials are refused) and heal it.
+offload. Only the transport differs: each dial is one connection of the one
+in-memory network (`bc.seams.network.SimNetwork`, fault-free unless the caller
+passes one with faults), which can partition a node (every frame in both
+directions is lost and new dials are refused) and heal it.
 
 Everything is drawn from one seed: the control plane's Random and Secrets
 (ids, certificate serials, keys, token secrets), each agent's Random, the
@@ -41,18 +42,16 @@ import logging
 import random
 import tempfile
 import uuid
-from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from agent.app import Agent, AgentOptions, AgentParts
-from agent.hw.fake import BOOT_ID_FILE, FakeHardware
-from agent.hw.slices import FAKE_SLICES_DIR, FakeSlices
+from agent.hw import HardwareBackend, InProcessReboot, open_backend
+from agent.hw.fake import boot_anew
 from agent.identity import HeldIdentity, Identity
 from agent.journal_api import AgentJournal, new_journal_id
 from agent.memory_journal import MemoryJournal
@@ -67,100 +66,21 @@ from bc.control import intent as intent_ctl
 from bc.control.bus import Bus
 from bc.control.intent import Intent
 from bc.control.signer import KeySigner, NullSigner, Signer
-from bc.gateway.sessions import Gateway
 from bc.pki import tokens as pki_tokens
 from bc.pki.ca import CertificateAuthority
-from bc.pki.identity import PeerIdentity, make_csr, peer_identity
+from bc.pki.identity import make_csr, peer_identity
 from bc.pki.secrets_source import SeededSecrets, p256_key
 from bc.pki.signing import SigningKeys
-from bc.protocol import closing
-from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
 from bc.seams.clock import LoopClock
+from bc.seams.network import SimNetwork
 from bc.seams.virtual_time import run as run_virtual
 from bc.seams.virtual_time import virtual_clock
 from bc.store import Store
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
-from bc.testing import MemoryLink, link_pair
-from bc.wire.link import Link
 
 log = logging.getLogger("bc.sim.pair")
-
-In = TypeVar("In")
-Out = TypeVar("Out")
-
-
-class FaultyLink(Generic[In, Out]):
-    """One end of a link whose frames are lost while `cut()` says so (a partition, not a close)."""
-
-    def __init__(self, inner: Link[In, Out], cut: Callable[[], bool]) -> None:
-        self._inner, self._cut = inner, cut
-
-    async def send(self, msg: Out) -> None:
-        if not self._cut():
-            await self._inner.send(msg)
-
-    async def recv(self) -> In | None:
-        while True:
-            msg = await self._inner.recv()
-            if msg is None or not self._cut():
-                return msg
-            # A frame sent before the cut that arrives after it is lost too.
-
-    async def close(
-        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
-    ) -> None:
-        await self._inner.close(code, details, reason, retry_after_ms=retry_after_ms)
-
-
-@dataclass
-class Network:
-    """Which nodes are cut off, and the gateway every dial reaches (None while the control plane is down)."""
-
-    partitioned: set[str] = field(default_factory=set)
-    gateway: Gateway | None = None
-    peers: dict[str, PeerIdentity] = field(default_factory=dict)
-    sessions: set[asyncio.Task[None]] = field(default_factory=set)
-    dials: Counter[str] = field(default_factory=Counter)
-    # What a compromised gateway would run between its session driver and the node: wraps the gateway's end.
-    wrap: Callable[[str, Link[NodeMessage, GatewayMessage]], Link[NodeMessage, GatewayMessage]] | None = None
-
-    def dialer(self, node_id: str) -> Callable[[], Awaitable[Link[GatewayMessage, NodeMessage]]]:
-        async def dial() -> Link[GatewayMessage, NodeMessage]:
-            self.dials[node_id] += 1
-            gateway = self.gateway
-            if gateway is None or node_id in self.partitioned:
-                raise ConnectionRefusedError(f"no route to the gateway from {node_id}")
-            pair: tuple[MemoryLink[GatewayMessage, NodeMessage], MemoryLink[NodeMessage, GatewayMessage]]
-            pair = link_pair()
-            node_end, gateway_end = pair
-
-            def cut() -> bool:
-                return node_id in self.partitioned
-
-            served: Link[NodeMessage, GatewayMessage] = FaultyLink[NodeMessage, GatewayMessage](gateway_end, cut)
-            if self.wrap is not None:
-                served = self.wrap(node_id, served)
-            task = asyncio.create_task(gateway.serve(served, self.peers[node_id]), name=f"session-{node_id}")
-            self.sessions.add(task)
-            task.add_done_callback(self.sessions.discard)
-            return FaultyLink[GatewayMessage, NodeMessage](node_end, cut)
-
-        return dial
-
-
-class PairNetwork(Protocol):
-    """What the pair needs of a network: `Network`, or `bc.seams.network.SimNetwork` (seeded faulty links)."""
-
-    partitioned: set[str]
-    gateway: Gateway | None
-    peers: dict[str, PeerIdentity]
-    sessions: set[asyncio.Task[None]]
-    dials: Counter[str]
-    wrap: Callable[[str, Link[NodeMessage, GatewayMessage]], Link[NodeMessage, GatewayMessage]] | None
-
-    def dialer(self, node_id: str) -> Callable[[], Awaitable[Link[GatewayMessage, NodeMessage]]]: ...
 
 
 @dataclass(frozen=True)
@@ -267,7 +187,7 @@ class PairNode:
     rng: random.Random
     clock: LoopClock
     """The node's own wall clock on the loop (the pair's, shifted): clock skew steps it."""
-    hw: FakeHardware
+    hw: HardwareBackend
     journal: AgentJournal | None = None
     """The open journal while an agent runs on it; a memory journal stays here across restarts."""
 
@@ -282,7 +202,7 @@ class SessionPair:
         seed: int,
         agents: int,
         cfg: PairConfig | None = None,
-        network: PairNetwork | None = None,
+        network: SimNetwork | None = None,
     ) -> None:
         self.root, self.seed, self.n, self.cfg = root, seed, agents, cfg or PairConfig()
         self.rng = random.Random(seed)
@@ -290,7 +210,8 @@ class SessionPair:
         self.clock = virtual_clock()
         self.cp_clock = self.clock.shifted(0.0)
         """The control plane's processes' clock; the store keeps `clock` (it is `compute_now()`)."""
-        self.network: PairNetwork = network if network is not None else Network()
+        # Fault-free by default: nothing is drawn from its Random, so the pair's own draws stay as they were.
+        self.network = network if network is not None else SimNetwork(random.Random(f"bc-pair-links:{seed}"))
         self.agents: dict[str, Agent] = {}
         self.nodes: dict[str, PairNode] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
@@ -423,23 +344,21 @@ class SessionPair:
             node.journal = MemoryJournal(new_journal_id(node.rng))
         return node.journal
 
-    def _hardware(self, node_id: str, node_dir: Path, rng: random.Random) -> FakeHardware:
-        if self.cfg.reboot_s is None and not self.cfg.reboot_restarts:
-            return FakeHardware(self.cfg.profile, node_id, state_dir=node_dir, rng=rng, offload=inline)
-        hw = SlowRebootHardware(self.cfg.profile, node_id, state_dir=node_dir, rng=rng, offload=inline)
-        if self.cfg.reboot_restarts:
-            hw.hang = True
-        elif self.cfg.reboot_s is not None:
-            hw.reboot_s = self.cfg.reboot_s
+    def _hardware(self, node_id: str, node_dir: Path, rng: random.Random) -> HardwareBackend:
+        """The node's fake GPUs, made where `bc node --fake-hw` makes its own (`agent.hw.open_backend`)."""
+        reboot: InProcessReboot | None = None
+        if self.cfg.reboot_s is not None or self.cfg.reboot_restarts:
 
-        def hook() -> None:
-            self.reboots.append((node_id, asyncio.get_running_loop().time()))
-            if self.cfg.reboot_restarts:
-                # The machine goes down under the agent that asked (its task is cancelled by the restart).
-                self._spawn(self._come_back(node_id, self.cfg.reboot_s or 0.0), f"reboot-{node_id}")
+            def hook() -> None:
+                self.reboots.append((node_id, asyncio.get_running_loop().time()))
+                if self.cfg.reboot_restarts:
+                    # The machine goes down under the agent that asked (its task is cancelled by the restart).
+                    self._spawn(self._come_back(node_id, self.cfg.reboot_s or 0.0), f"reboot-{node_id}")
 
-        hw.reboot_hook = hook
-        return hw
+            # Restarting in place: the reboot itself is instant and the restart stays down `reboot_s`.
+            takes_s = 0.0 if self.cfg.reboot_restarts else self.cfg.reboot_s or 0.0
+            reboot = InProcessReboot(hook, takes_s=takes_s, hang=self.cfg.reboot_restarts)
+        return open_backend(self.cfg.profile, node_id, node_dir, rng=rng, offload=inline, reboot=reboot)
 
     async def _come_back(self, node_id: str, down_s: float) -> None:
         await self.restart_agent(node_id, down_s)  # the fake hardware already wrote the new boot id
@@ -492,9 +411,7 @@ class SessionPair:
         await self.crash_agent(node_id)
         node = self.nodes[node_id]
         if reboot:
-            new_boot = str(uuid.UUID(int=node.rng.getrandbits(128), version=4))
-            FakeSlices.drop_all(node.dir / FAKE_SLICES_DIR)
-            (node.dir / BOOT_ID_FILE).write_text(new_boot + "\n", "utf-8")
+            boot_anew(node.dir, str(uuid.UUID(int=node.rng.getrandbits(128), version=4)))
         if lose_journal:
             node.journal = None
             for suffix in ("", "-wal", "-shm"):
@@ -525,13 +442,10 @@ class SessionPair:
     # -- faults ----------------------------------------------------------------------
 
     def partition(self, node_ids: list[str]) -> None:
-        self.network.partitioned.update(node_ids)
+        self.network.partition(node_ids)
 
     def heal(self, node_ids: list[str] | None = None) -> None:
-        if node_ids is None:
-            self.network.partitioned.clear()
-        else:
-            self.network.partitioned.difference_update(node_ids)
+        self.network.heal(node_ids)
 
     # -- what happened -------------------------------------------------------------------
 
@@ -548,22 +462,6 @@ class SessionPair:
         async with self.store.transaction(write=False) as tx:
             rows = await nodes_sql.list_all(tx)
         return {str(r["node_id"]): str(r["connectivity"]) for r in rows}
-
-
-class SlowRebootHardware(FakeHardware):
-    """Fake hardware whose reboot takes `reboot_s` on the loop's clock, then calls its `reboot_hook`
-    (which the pair always sets, so the process is never re-executed)."""
-
-    reboot_s = 0.0
-    hang = False
-    """After the hook, never return: the machine went down under the command (the pair's restart ends it)."""
-
-    async def reboot(self, *, allow: bool = False) -> tuple[bool, str]:
-        await asyncio.sleep(self.reboot_s)
-        done = await super().reboot(allow=allow)
-        if self.hang:
-            await asyncio.get_running_loop().create_future()  # cancelled with the process
-        return done
 
 
 def events_digest(events: list[tuple[int, str, str, str, int]]) -> str:

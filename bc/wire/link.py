@@ -1,7 +1,7 @@
-"""The seam under both session cores: send and receive protocol messages, close.
+"""The gRPC adapters of the `Link` seam (`bc.seams.link`): the gateway's end and the agent's end of a session.
 
 `grpc.aio` cannot take a custom transport, so the seam sits above gRPC: the
-gRPC adapters here and the simulator's in-memory faulty links implement the
+adapters here and the in-memory links (`bc.seams.network`) implement the
 same `Link`, and the session cores cannot tell them apart.
 
 A close carries a typed reason (`bc.protocol.closing`) besides the gRPC code
@@ -15,41 +15,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import grpc
 
 from bc.protocol import closing
-from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
+from bc.protocol.pb.session_pb2 import CloseReason
+from bc.seams.link import LinkClosed
 
 In = TypeVar("In", covariant=True)
 Out = TypeVar("Out", contravariant=True)
-
-
-class LinkClosed(Exception):
-    """The peer or the transport ended the link: `code` and `details` say how (for people), `reason` why (for code)."""
-
-    def __init__(
-        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, retry_after_ms: int | None = None
-    ) -> None:
-        super().__init__(f"{code}: {details}")
-        self.code = code
-        self.details = details
-        self.reason = reason
-        self.retry_after_ms = retry_after_ms
-        """An overloaded gateway's word on when to dial again (None: it named no time)."""
-
-
-class Link(Protocol[In, Out]):
-    async def send(self, msg: Out) -> None: ...
-
-    async def recv(self) -> In | None:
-        """The next message, or None at a clean end of stream."""
-
-    async def close(
-        self, code: str, details: str, reason: CloseReason = closing.UNSPECIFIED, *, retry_after_ms: int | None = None
-    ) -> None:
-        """End the link; the peer's `recv` raises `LinkClosed(code, details, reason, retry_after_ms)`."""
 
 
 def reason_metadata(reason: CloseReason, retry_after_ms: int | None = None) -> tuple[tuple[str, str], ...]:
@@ -165,7 +140,3 @@ class GrpcClientLink(Generic[In, Out]):
 def _closed(e: grpc.aio.AioRpcError) -> LinkClosed:
     md = e.trailing_metadata()
     return LinkClosed(e.code().name, e.details() or "", reason_in(md), retry_after_in(md))
-
-
-GatewayLink = Link[NodeMessage, GatewayMessage]
-AgentLink = Link[GatewayMessage, NodeMessage]

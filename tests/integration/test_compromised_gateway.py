@@ -21,7 +21,7 @@ from bc.pki.identity import PeerIdentity
 from bc.protocol import closing
 from bc.protocol.pb import admin_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
-from bc.wire.link import Link
+from bc.seams.link import Link
 from tests.integration.conftest import InprocLab
 
 Out = Callable[[GatewayMessage], GatewayMessage | None]

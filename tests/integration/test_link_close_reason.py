@@ -16,7 +16,8 @@ import pytest
 from bc.protocol import closing
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
-from bc.wire.link import GrpcClientLink, GrpcServerLink, LinkClosed
+from bc.seams.link import LinkClosed
+from bc.wire.link import GrpcClientLink, GrpcServerLink
 from bc.wire.stubs import session_pb2_grpc
 
 ServerEnd = Callable[[GrpcServerLink[NodeMessage, GatewayMessage], grpc.aio.ServicerContext], Awaitable[None]]

@@ -16,9 +16,9 @@ from typing import Any
 from bc.control.specs import set_section
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.seams.link import Link
 from bc.sim.pair import SessionPair
 from bc.store import events as events_sql
-from bc.wire.link import Link
 from tests.integration.test_compromised_gateway import Tamperer, TamperingLink
 
 

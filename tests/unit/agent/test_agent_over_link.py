@@ -1,7 +1,7 @@
 """The whole agent through an injected `dial()` over in-memory links, against a tiny scripted gateway.
 
 Every part comes in through `AgentParts`: the virtual loop's clock, a Random from the seed, the memory
-journal, fake GPUs, inline offload, and `dial()` over `bc.testing.link_pair`. The scenarios run on the
+journal, fake GPUs, inline offload, and `dial()` over `bc.seams.network.link_pair`. The scenarios run on the
 virtual-time loop, on a loop that refuses to hand anything to a thread: an agent so built never does.
 What is asserted is what the gateway sees on the wire, and what the agent keeps (identity.json's
 `revoked`, its journal).
@@ -33,9 +33,9 @@ from bc.pki import keys
 from bc.protocol import closing
 from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
+from bc.seams.link import Link, LinkClosed
+from bc.seams.network import SimLink, link_pair
 from bc.seams.virtual_time import VirtualTimeLoop, virtual_clock
-from bc.testing import MemoryLink, link_pair
-from bc.wire.link import Link, LinkClosed
 
 T = TypeVar("T")
 NODE = "n1"
@@ -62,16 +62,16 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 class Gateway:
     """The gateway's end of every dial, in order; the test script answers on it."""
 
-    links: asyncio.Queue[MemoryLink[NodeMessage, GatewayMessage]] = field(default_factory=asyncio.Queue)
+    links: asyncio.Queue[SimLink[NodeMessage, GatewayMessage]] = field(default_factory=asyncio.Queue)
     dialed_at: list[float] = field(default_factory=list)
 
     async def dial(self) -> Link[GatewayMessage, NodeMessage]:
-        node_end, gateway_end = link_pair()
+        node_end, gateway_end = link_pair(NODE)
         self.dialed_at.append(asyncio.get_running_loop().time())
         await self.links.put(gateway_end)
         return node_end
 
-    async def accept(self) -> MemoryLink[NodeMessage, GatewayMessage]:
+    async def accept(self) -> SimLink[NodeMessage, GatewayMessage]:
         return await asyncio.wait_for(self.links.get(), 3600)
 
     def delays(self) -> list[float]:
@@ -104,7 +104,7 @@ async def _journal(rng: random.Random, make: Callable[[random.Random], MemoryJou
 
 
 async def expect(
-    link: MemoryLink[NodeMessage, GatewayMessage], kind: str, pred: Callable[[NodeMessage], bool] = lambda m: True
+    link: SimLink[NodeMessage, GatewayMessage], kind: str, pred: Callable[[NodeMessage], bool] = lambda m: True
 ) -> NodeMessage:
     """The next frame of this kind that satisfies `pred` (heartbeats and the rest are read past)."""
     async with asyncio.timeout(600):
@@ -119,7 +119,7 @@ def server_ms() -> int:
     return int(virtual_clock().now() * 1000)
 
 
-async def welcome(link: MemoryLink[NodeMessage, GatewayMessage], epoch: int) -> session_pb2.Hello:
+async def welcome(link: SimLink[NodeMessage, GatewayMessage], epoch: int) -> session_pb2.Hello:
     hello = (await expect(link, "hello")).hello
     w = session_pb2.Welcome(server_time_ms=server_ms(), session_epoch=epoch, heartbeat_interval_ms=10_000)
     await link.send(GatewayMessage(welcome=w))

@@ -21,13 +21,13 @@ from bc.control.reservations import ReserveRequest, reserve
 from bc.protocol import closing
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
+from bc.seams.link import Link, LinkClosed
 from bc.seams.network import FROM_NODE, TO_NODE, LinkFaults, SimNetwork
 from bc.seams.virtual_time import run as run_virtual
 from bc.sim.pair import SessionPair
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
-from bc.wire.link import Link, LinkClosed
 
 Delivered = list[tuple[str, str, object, float]]
 
