@@ -16,7 +16,7 @@
    (bench.run's Lab), an Admin client reserving one GPU and watching `reservation.active` (the agent's
    `bound` report); each reservation is released (and `reservation.released` seen) before the next.
 3. `bc usage`: `reservations` reservations with `hours` closed hourly windows each, seeded with plain SQL
-   into `usage_windows`, then `bc.control.capacity_views.usage` (what GetUsage runs) timed once per
+   into `usage_windows`, then `bc.control.capacity.views.usage` (what GetUsage runs) timed once per
    `--by` mode; the full year (8,760 h) is extrapolated linearly from the scale printed.
 
 Usage: python -m bench.capacity [--part pass|active|usage] [--nodes 400] [--pending 4000] [--repeats 3]
@@ -47,12 +47,12 @@ from google.protobuf.json_format import MessageToJson
 
 from agent.hw.base import inventory_hash
 from agent.hw.fake import FakeHardware
-from bc.control import capacity_views
-from bc.control.bus import Bus
-from bc.control.placement_pass import PlacementPass, node_info
-from bc.control.placement_plan import NodeInfo, Placement, Request, Wait, plan
-from bc.control.signer import NullSigner
-from bc.control.usage_windows import BY, HOUR_MS
+from bc.control.base.bus import Bus
+from bc.control.capacity import views as capacity_views
+from bc.control.capacity.placement_pass import PlacementPass, node_info
+from bc.control.capacity.placement_plan import NodeInfo, Placement, Request, Wait, plan
+from bc.control.capacity.usage_windows import BY, HOUR_MS
+from bc.control.signing.signer import NullSigner
 from bc.store import capacity as cap_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import SqliteStore

@@ -1,6 +1,6 @@
 """One `EnqueueCommands` call's store work: CPU and statements a command, on SQLite and PostgreSQL (issue 19).
 
-`bc.control.command_runs.run_commands` (what RunCommand and EnqueueCommands call) enqueues K
+`bc.control.commands.runs.run_commands` (what RunCommand and EnqueueCommands call) enqueues K
 `inventory.refresh` commands round-robin over N nodes in one transaction, on a fresh store each round,
 unsigned (signing is `bench.signing`'s figure). It prints the median CPU microseconds a command (this
 process only: on PostgreSQL the server's share is not in it) and the statements a command, counted at
@@ -26,8 +26,8 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from bc.control.command_runs import RunRequest, run_commands
-from bc.control.signer import NullSigner
+from bc.control.commands.runs import RunRequest, run_commands
+from bc.control.signing.signer import NullSigner
 from bc.store import Store, Tx
 from bc.store import nodes as nodes_sql
 from bc.store.postgres import PostgresStore, drop_schema

@@ -45,8 +45,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bc.control.bus import Bus
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.signing.signer import NullSigner
 from bc.jobs import scheduler
 from bc.jobs.engine import JobEngine
 from bc.jobs.model import DagSpec, Dep, NodeSpec

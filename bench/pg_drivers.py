@@ -3,8 +3,8 @@
 The store's driver is psycopg 3 (bc/store/postgres.py). This benchmark runs the same control-plane code,
 unchanged, over it and over a minimal asyncpg driver written here for the comparison (it is not shipped),
 on three paths: the Hello transaction (`bc.gateway.hello.hello_transaction`), one `enqueue` and the
-dispatch pass its poke makes (`bc.control.dispatch.dispatch_gateway` over that node, as the gateway's
-dispatcher passes over the poked nodes only) and a status write (`bc.control.status.ingest`). Each path
+dispatch pass its poke makes (`bc.control.commands.dispatch.dispatch_gateway` over that node, as the gateway's
+dispatcher passes over the poked nodes only) and a status write (`bc.control.nodes.status.ingest`). Each path
 runs N times, one node after another, on a fresh schema; it prints transactions per second per driver and
 the ratio. Then the gateway's pass over all N nodes, as it makes one every second, with one command to send
 (`full_pass_ms`, the median of up to 20), and a fleet-wide command: one `inventory.refresh` to each of the N
@@ -36,11 +36,11 @@ import asyncpg  # type: ignore[import-untyped]
 from cryptography.hazmat.primitives import serialization
 from google.protobuf import any_pb2
 
-from bc.control.bus import Bus
-from bc.control.commands import EnqueueRequest, enqueue
-from bc.control.dispatch import dispatch_gateway
-from bc.control.signer import NullSigner
-from bc.control.status import ingest
+from bc.control.base.bus import Bus
+from bc.control.commands.dispatch import dispatch_gateway
+from bc.control.commands.queue import EnqueueRequest, enqueue
+from bc.control.nodes.status import ingest
+from bc.control.signing.signer import NullSigner
 from bc.gateway.admission import MAX_PENDING_HELLOS
 from bc.gateway.hello import hello_in, hello_transaction
 from bc.pki import keys

@@ -22,10 +22,10 @@ import time
 
 from google.protobuf import any_pb2
 
-from bc.control.bus import Bus
-from bc.control.commands import EnqueueRequest, UpdateOutcome, apply_update, enqueue_all
-from bc.control.dispatch import dispatch_gateway
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.commands.dispatch import dispatch_gateway
+from bc.control.commands.queue import EnqueueRequest, UpdateOutcome, apply_update, enqueue_all
+from bc.control.signing.signer import NullSigner
 from bc.protocol.pb import session_pb2 as pb
 from bc.store import Store
 from bc.store import nodes as nodes_sql

@@ -42,7 +42,7 @@ from agent.hw import open_backend
 from agent.hw.base import inventory_hash
 from agent.node_key import NodeKey
 from agent.trust import AgentTrust
-from bc.control.intent import Intent
+from bc.control.trust.intent import Intent
 from bc.pki import attest, keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.signing import PURPOSE_COMMAND, SigningKeys
@@ -79,7 +79,7 @@ def timed_us(op: Callable[[], object], runs: int = RUNS, setup: Callable[[], obj
 
 
 def command_body(node_id: str, seq: int) -> bytes:
-    """An inventory.refresh body encoded as `bc.control.commands.enqueue` encodes it."""
+    """An inventory.refresh body encoded as `bc.control.commands.queue.enqueue` encodes it."""
     kind = kinds.KINDS["inventory.refresh"]
     payload = any_pb2.Any()
     payload.Pack(kinds_pb2.InventoryRefreshRequest(), deterministic=True)
@@ -162,7 +162,7 @@ def micro_figures(tmp: Path) -> dict[str, Any]:
         update.node_sig = b""  # attest_update is idempotent: sign afresh each time
 
     def attest_verify() -> None:
-        # As `bc.control.attestation.check_result` does, once the certificate is parsed (it caches them).
+        # As `bc.control.signing.attestation.check_result` does, once the certificate is parsed (it caches them).
         msg = attest.result_message(update.command_id, session_pb2.CommandState.Name(update.state), update.result)
         if not attest.verify_by_any([node_cert], msg, update.node_sig):
             raise AssertionError("the attested result does not verify")

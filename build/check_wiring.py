@@ -36,7 +36,7 @@ SEAM_CALLERS = frozenset({"bc/sim/pair.py", "bc/sim/gateways.py"})
 
 ENTRY_POINTS: dict[str, str] = {
     "spec-signer": "run_forever",  # SpecSigner.run_forever
-    "trust-publish": "publish_forever",  # bc.control.trust.publish_forever
+    "trust-publish": "publish_forever",  # bc.control.trust.sources.publish_forever
     "gateway-lease": "lease_loop",  # Gateway.lease_loop
     "revocation-feed": "revocation_loop",  # Gateway.revocation_loop
     "gateway-stats": "stats_loop",  # Gateway.stats_loop

@@ -27,7 +27,7 @@ JOURNAL_FULL = "JournalFull"
 HOST_EXHAUSTED = "HostResourcesExhausted"
 
 CLOCK_SKEW_MS = 1000
-"""More than a second off the server's clock, as the control plane's own ClockSkew (bc.control.clock_skew)."""
+"""More than a second off the server's clock, as the control plane's own ClockSkew (bc.control.doctor.clock_skew)."""
 MEMORY_LOW_FRACTION = 0.05
 """Less than 5 % of the host's memory available."""
 DISK_LOW_BYTES = 256 << 20

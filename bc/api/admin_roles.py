@@ -2,7 +2,7 @@
 
 Every RPC the service declares is wrapped (`guarded`) before its body runs:
 the client certificate must be an operator's, issued by this server to a live
-operator (`bc.control.operators.authorize`), whose role is at least the one
+operator (`bc.control.trust.operators.authorize`), whose role is at least the one
 `ROLE_NEEDED` names for the RPC; an RPC missing from the table needs admin
 (fail closed); `REQUEST_ROLE` may raise it for some requests: a command, a
 fan-out or a batch needs its kind's role (`KIND_ROLE`), and a job the role of its
@@ -11,7 +11,7 @@ most privileged step, each step checked as the direct call with the same effect
 what a body asks when the caller acts on another operator's work (cancelling
 their job). A refusal is UNAUTHENTICATED (exit 6) with a sentence naming
 the role needed. A unary body then runs acting for that operator
-(`bc.control.actor`), so every event it publishes names who made the write.
+(`bc.control.base.actor`), so every event it publishes names who made the write.
 
 A stream (`Watch`, `WatchJob`) is checked again at every event wake-up and at
 least every `RECHECK_S`: once its operator is revoked or their role is lowered,
@@ -31,8 +31,8 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from bc.api import job_views
-from bc.control import actor
-from bc.control.bus import Bus
+from bc.control.base import actor
+from bc.control.base.bus import Bus
 from bc.errors import BcError, Unauthenticated
 from bc.jobs import templates
 from bc.jobs.model import DagSpec, NodeSpec
@@ -71,7 +71,7 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "ListReleases": (VIEWER, "listing releases"),
     # operator: also reservations, commands, specs, batches, approving and rejecting.
     # A root-equivalent change needs admin and, once approvers exist, their quorum: the table is
-    # bc.protocol.root_equiv (the node applies it too), the check bc.control.spec_quorum.
+    # bc.protocol.root_equiv (the node applies it too), the check bc.control.quorum.spec_changes.
     "SetSpecSection": (OPERATOR, "setting a spec section"),
     "Reserve": (OPERATOR, "reserving GPUs"),
     "Release": (OPERATOR, "releasing a reservation"),

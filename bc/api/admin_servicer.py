@@ -4,7 +4,7 @@ Every RPC of the service goes through the guard of `bc.api.admin_roles`
 (`guarded`): the caller must be a live operator whose role is at least the
 one `ROLE_NEEDED` names, and the body then runs acting for that operator.
 A body calls one function and returns its message: a write of `bc.control`,
-then (for its reply) or alone a read of `bc.control.queries`, the one read
+then (for its reply) or alone a read of `bc.control.reads.queries`, the one read
 side the CLI and the TUI share; this module opens no transaction of its own.
 
 Its dependencies come in through the constructor, built once by `bc serve`:
@@ -31,23 +31,19 @@ from bc.api.jobs_servicer import JobEngine, JobRpcs
 from bc.api.peers import operator_of
 from bc.api.release_servicer import ReleaseRpcs
 from bc.api.ssh_servicer import SshRpcs
-from bc.control import (
-    actor,
-    approvers,
-    command_runs,
-    commands,
-    identity,
-    node_admin,
-    operators,
-    queries,
-    quorum,
-    reservations,
-    spec_quorum,
-    views,
-)
-from bc.control import intent as intent_ctl
-from bc.control.bus import Bus
-from bc.control.signer import Signer
+from bc.control.base import actor
+from bc.control.base.bus import Bus
+from bc.control.capacity import reservations
+from bc.control.commands import queue as commands
+from bc.control.commands import runs as command_runs
+from bc.control.nodes import admin as node_admin
+from bc.control.quorum import approvers
+from bc.control.quorum import batches as quorum
+from bc.control.quorum import spec_changes as spec_quorum
+from bc.control.reads import queries, views
+from bc.control.signing.signer import Signer
+from bc.control.trust import identity, operators
+from bc.control.trust import intent as intent_ctl
 from bc.errors import Conflict, UsageError
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity
@@ -93,7 +89,7 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.
     ) -> None:
         self.store, self.bus, self.ca, self.clock, self.gateway_id = store, bus, ca, clock, gateway_id
         self.signer, self.rng, self.secrets, self.jobs = signer, rng, secrets, jobs
-        self.ssh_ca_dir = ssh_ca_dir  # <data-dir>/ssh-ca: the SSH user CA key (bc.control.ssh)
+        self.ssh_ca_dir = ssh_ca_dir  # <data-dir>/ssh-ca: the SSH user CA key (bc.control.trust.ssh)
         self.releases_dir = releases_dir
         self.release_url = release_url
         self.drain = drain  # bc serve drain: this process's own (bc.assembly.server.Server.drain)

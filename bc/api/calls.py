@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import grpc
 
-from bc.control import actor
+from bc.control.base import actor
 from bc.errors import BcError
 from bc.wire.status import abort_with
 

@@ -1,7 +1,7 @@
 """The Admin API's capacity RPCs: a reservation shown, why it waits, and usage (docs/capacity.md).
 
 A mixin of `AdminServicer` (which guards every RPC, `bc.api.admin_roles`), like `bc.api.jobs_servicer`:
-each body calls a read of `bc.control.queries` and maps its answer to messages; errors leave through
+each body calls a read of `bc.control.reads.queries` and maps its answer to messages; errors leave through
 `abort_with`. `reserve_request` maps the wire's ReserveRequest to the control plane's (0: unset).
 """
 
@@ -12,7 +12,8 @@ from typing import TypeVar
 import grpc
 
 from bc.api.calls import AdminCalls
-from bc.control import queries, reservations
+from bc.control.capacity import reservations
+from bc.control.reads import queries
 from bc.protocol.pb import admin_pb2
 from bc.store import Store
 

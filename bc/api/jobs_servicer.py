@@ -21,9 +21,9 @@ import grpc
 from bc.api import job_views
 from bc.api.admin_roles import OTHERS_NEED
 from bc.api.calls import AdminCalls
-from bc.control import actor
-from bc.control import queries as control_queries
-from bc.control.bus import Bus
+from bc.control.base import actor
+from bc.control.base.bus import Bus
+from bc.control.reads import queries as control_queries
 from bc.errors import BcError, Conflict
 from bc.jobs import queries
 from bc.jobs.views import DagView, JobRequest

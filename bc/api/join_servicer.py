@@ -3,7 +3,7 @@
 Join: the caller's TLS leaf is under the install's join root (`bc.pki.tokens.join_root_cert`, which proves
 nothing: its key is derived from the CA fingerprint) and names a token, or the caller is a gateway-only
 process forwarding the node's request (`bc.api.join_proxy`); the request proves that token (`token_proof`
-over the CSR, checked by `bc.control.identity.join`), and the token becomes a certificate for that CSR's
+over the CSR, checked by `bc.control.trust.identity.join`), and the token becomes a certificate for that CSR's
 key. The answer carries the CA key's signature over the CSR, the certificate and the trust bundle
 (`bc.pki.join_answer`), so a forwarding gateway can change none of them.
 Renew: the caller's TLS leaf is its current node certificate; a proof by that key gets a new one. Through a
@@ -24,11 +24,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from bc.api.join_proxy import NODE_CERT_MD
-from bc.control import identity, ssh
-from bc.control.bus import Bus
-from bc.control.identity import NODE_CERT_TTL_S
-from bc.control.intent import Intent
-from bc.control.signer import Signer
+from bc.control.base.bus import Bus
+from bc.control.signing.signer import Signer
+from bc.control.trust import identity, ssh
+from bc.control.trust.identity import NODE_CERT_TTL_S
+from bc.control.trust.intent import Intent
 from bc.errors import BcError, Unauthenticated, UsageError
 from bc.pki import tokens
 from bc.pki.ca import CertificateAuthority

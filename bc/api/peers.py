@@ -64,5 +64,5 @@ def peer_of(
 
 
 def operator_of(context: grpc.aio.ServicerContext, ca_cert: x509.Certificate) -> PeerIdentity:
-    """The operator certificate's identity; whether that operator may make the call is `bc.control.operators`'."""
+    """The operator certificate's identity; whether that operator may make the call is `bc.control.trust.operators`'."""
     return peer_of(context, ca_cert, "operator")

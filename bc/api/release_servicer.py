@@ -2,7 +2,7 @@
 
 A mixin of `AdminServicer` (which guards every RPC, `bc.api.admin_roles`). `PublishRelease` is
 client-streaming: the header first, then the file in chunks, written to a temporary file under
-`<data-dir>/releases` off the loop and hashed on the way; `bc.control.releases.publish` then checks it
+`<data-dir>/releases` off the loop and hashed on the way; `bc.control.trust.releases.publish` then checks it
 and keeps it, or removes it.
 """
 
@@ -20,9 +20,9 @@ import grpc
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from bc.api.calls import AdminCalls
-from bc.control import releases as rel_ctl
-from bc.control.bus import Bus
-from bc.control.signer import Signer
+from bc.control.base.bus import Bus
+from bc.control.signing.signer import Signer
+from bc.control.trust import releases as rel_ctl
 from bc.errors import UsageError
 from bc.protocol.pb import admin_pb2
 from bc.store import Row, Store

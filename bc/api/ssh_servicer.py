@@ -1,7 +1,7 @@
 """The Admin API's break-glass SSH RPCs (docs/ssh.md): the user CA, grants, revocations.
 
 A mixin of `AdminServicer` (which guards every RPC, `bc.api.admin_roles`), like `bc.api.capacity_servicer`:
-each body calls `bc.control.ssh` and maps its rows to messages; errors leave through `abort_with`.
+each body calls `bc.control.trust.ssh` and maps its rows to messages; errors leave through `abort_with`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 
 from bc.api.calls import AdminCalls
-from bc.control import ssh
-from bc.control.bus import Bus
-from bc.control.signer import Signer
+from bc.control.base.bus import Bus
+from bc.control.signing.signer import Signer
+from bc.control.trust import ssh
 from bc.pki.secrets_source import Secrets
 from bc.protocol.pb import admin_pb2
 from bc.store import Row, Store

@@ -20,16 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bc.assembly.loops import Parts
-from bc.control import spec_quorum
-from bc.control.bus import Bus
-from bc.control.clock_skew import ClockSkewMonitor
-from bc.control.intent import Intent
-from bc.control.liveness import Liveness, LivenessConfig
-from bc.control.placement_pass import PlacementPass
-from bc.control.signer import Signer
-from bc.control.spec_signing import SpecSigner
-from bc.control.sweeper import CommandSweeper
-from bc.control.trust import TrustSource
+from bc.control.base.bus import Bus
+from bc.control.capacity.placement_pass import PlacementPass
+from bc.control.commands.sweeper import CommandSweeper
+from bc.control.doctor.clock_skew import ClockSkewMonitor
+from bc.control.nodes.liveness import Liveness, LivenessConfig
+from bc.control.nodes.spec_signing import SpecSigner
+from bc.control.quorum import spec_changes as spec_quorum
+from bc.control.signing.signer import Signer
+from bc.control.trust.intent import Intent
+from bc.control.trust.sources import TrustSource
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.jobs.engine import JobEngine
 from bc.seams.clock import Clock

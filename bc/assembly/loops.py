@@ -23,13 +23,13 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from bc.assembly.supervisor import LoopFactory, Supervisor
-from bc.control import trust as trust_ctl
-from bc.control.clock_skew import ClockSkewMonitor
-from bc.control.liveness import Liveness
-from bc.control.placement_pass import PlacementPass
-from bc.control.spec_signing import SpecSigner
-from bc.control.sweeper import CommandSweeper
-from bc.control.trust import TrustSource
+from bc.control.capacity.placement_pass import PlacementPass
+from bc.control.commands.sweeper import CommandSweeper
+from bc.control.doctor.clock_skew import ClockSkewMonitor
+from bc.control.nodes.liveness import Liveness
+from bc.control.nodes.spec_signing import SpecSigner
+from bc.control.trust import sources as trust_ctl
+from bc.control.trust.sources import TrustSource
 from bc.gateway.sessions import Gateway
 from bc.jobs.engine import JobEngine
 from bc.seams.clock import Clock

@@ -49,18 +49,18 @@ from bc.assembly.retry import retry_start
 from bc.assembly.roles import ROLES, KeyPlan
 from bc.assembly.supervisor import Supervisor, states_json
 from bc.assembly.worker_keys import worker_signer
-from bc.control import intent as intent_ctl
-from bc.control import operators
-from bc.control import serving_certs as serving_ctl
-from bc.control.bus import Bus
-from bc.control.doctor import LOOPS_FILE
-from bc.control.intent import Intent
-from bc.control.liveness import LEASE_NAME as LIVENESS_LEASE
-from bc.control.placement_pass import LEASE_NAME as PLACEMENT_LEASE
-from bc.control.serving_certs import GatewayCert
-from bc.control.signer import KeylessSigner, KeySigner, NullSigner, Signer
-from bc.control.sweeper import LEASE_NAME as SWEEPER_LEASE
-from bc.control.trust import LocalTrust, RelayedTrust, TrustSource
+from bc.control.base.bus import Bus
+from bc.control.capacity.placement_pass import LEASE_NAME as PLACEMENT_LEASE
+from bc.control.commands.sweeper import LEASE_NAME as SWEEPER_LEASE
+from bc.control.doctor.checks import LOOPS_FILE
+from bc.control.nodes.liveness import LEASE_NAME as LIVENESS_LEASE
+from bc.control.signing.signer import KeylessSigner, KeySigner, NullSigner, Signer
+from bc.control.trust import intent as intent_ctl
+from bc.control.trust import operators
+from bc.control.trust import serving_certs as serving_ctl
+from bc.control.trust.intent import Intent
+from bc.control.trust.serving_certs import GatewayCert
+from bc.control.trust.sources import LocalTrust, RelayedTrust, TrustSource
 from bc.errors import BcError, Conflict, UsageError
 from bc.gateway import lease as lease_rule
 from bc.gateway.sessions import (
@@ -381,7 +381,7 @@ class Server:
         self.operator_config: Path | None = None
         if ca is not None:
             self.operator_config = _write_operator_config(data_dir, ca, self.address, self.secrets)
-            # The local operator is an admin; its certificate counts only once registered (bc.control.operators).
+            # The local operator is an admin; its certificate counts only once registered (bc.control.trust.operators).
             operator_cert = keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
             store = self.store
             await self._retry("operator-register", lambda: operators.register_local(store, operator_cert))

@@ -19,7 +19,7 @@ state (`running`, `restarting`, `done`), since when (the injected clock),
 how many times it restarted, and its last error in one line. `on_change`
 (set by the process) is told each time one of them changes: `bc serve`
 writes them to `<data-dir>/loops.json` (`states_json`), which `bc doctor`'s
-`loops` check reads (`bc.control.doctor.check_loops`).
+`loops` check reads (`bc.control.doctor.checks.check_loops`).
 
 Time is the injected clock's (virtual under `bc sim` and the tests), so a
 seeded run restarts its loops at the same instants every time.
@@ -156,7 +156,7 @@ class Supervisor:
 
 
 def states_json(process: str, at: float, states: Sequence[LoopState]) -> bytes:
-    """What `bc serve` writes to `<data-dir>/loops.json` for `bc doctor` (`bc.control.doctor.check_loops`):
+    """What `bc serve` writes to `<data-dir>/loops.json` for `bc doctor` (`bc.control.doctor.checks.check_loops`):
     the process, when (the injected clock), and each loop's state."""
     doc = {"process": process, "at": at, "loops": [dataclasses.asdict(s) for s in states]}
     return (json.dumps(doc, indent=1) + "\n").encode()

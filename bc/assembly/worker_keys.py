@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from bc.control.signer import KeylessSigner, KeySigner, NullSigner, Signer
+from bc.control.signing.signer import KeylessSigner, KeySigner, NullSigner, Signer
 from bc.errors import UsageError
 from bc.pki import keys
 from bc.pki.signing import ROOT_KEY, SIGNING_DIR, WORKER_ROTATE_BEFORE_S, SigningKeys

@@ -46,7 +46,7 @@ from bc.cli.render import (
 )
 from bc.client.admin import AdminClient
 from bc.client.reconnect import retrying
-from bc.control.command_states import CANCELLED, STATES, SUCCEEDED, TERMINAL
+from bc.control.commands.states import CANCELLED, STATES, SUCCEEDED, TERMINAL
 from bc.errors import BcError, UsageError
 from bc.protocol.pb import admin_pb2
 from bc.seams.clock import SystemClock

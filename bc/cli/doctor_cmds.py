@@ -4,7 +4,7 @@
 
 What D holds decides the checks: `identity.json` makes it a node (see
 `agent.doctor`), `pki/` or `bc.db` a `bc serve` data dir (see
-`bc.control.doctor`); anything else is bad input (exit 2). Doctor changes
+`bc.control.doctor.checks`); anything else is bad input (exit 2). Doctor changes
 nothing, so it is safe beside a running `bc node` or `bc serve`.
 
 Exit codes: 0 when no check fails (warnings are fine), `ChecksFailed` (exit 9)
@@ -50,7 +50,7 @@ def diagnose(data_dir: Path) -> tuple[str, list[Finding]]:
     """(role, findings) for what `data_dir` holds."""
     from agent.doctor import run_node_checks
     from agent.identity import Identity
-    from bc.control.doctor import is_server_dir, run_server_checks
+    from bc.control.doctor.checks import is_server_dir, run_server_checks
 
     if not data_dir.is_dir():
         raise UsageError(f"{data_dir} is not a directory; pass the data dir of a node or of bc serve with --data-dir")

@@ -31,7 +31,7 @@ from bc.cli.output import echo
 from bc.cli.render import format_span
 from bc.client.admin import AdminClient
 from bc.client.reconnect import follow_events
-from bc.control.command_states import STATES, SUCCEEDED, TERMINAL
+from bc.control.commands.states import STATES, SUCCEEDED, TERMINAL
 from bc.errors import ProtocolError, UsageError
 from bc.protocol import kinds
 from bc.protocol.pb import admin_pb2

@@ -17,8 +17,8 @@ from bc.cli.admin_cmds import call_admin, json_option
 from bc.cli.emit import emit
 from bc.cli.output import Lines, lines
 from bc.cli.render import format_age, format_time_ms, render_table
-from bc.control.actor import ROLES
-from bc.control.operators import DEFAULT_ROLE
+from bc.control.base.actor import ROLES
+from bc.control.trust.operators import DEFAULT_ROLE
 from bc.errors import BcError, UsageError
 from bc.pki import keys
 from bc.pki.identity import check_safe_name

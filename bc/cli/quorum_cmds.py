@@ -32,7 +32,7 @@ from bc.cli.output import Lines, confirm, echo, lines, paragraphs
 from bc.cli.render import cell, format_age, format_time_ms, parse_duration, render_fields, render_table
 from bc.client.admin import AdminClient
 from bc.client.approver_key import load_approver_key, public_raw
-from bc.control.approvers import MAX_ALLOWANCE, MAX_THRESHOLD
+from bc.control.quorum.approvers import MAX_ALLOWANCE, MAX_THRESHOLD
 from bc.errors import UsageError
 from bc.pki import quorum as q
 from bc.pki.batch_scope import recompute_root

@@ -29,7 +29,7 @@ from bc.cli.emit import emit
 from bc.cli.output import Lines, echo, lines
 from bc.cli.render import cell, format_time_ms, parse_duration, render_fields, render_table
 from bc.client.admin import AdminClient
-from bc.control.ssh import DEFAULT_TTL_S, MAX_TTL_S
+from bc.control.trust.ssh import DEFAULT_TTL_S, MAX_TTL_S
 from bc.errors import Conflict, UsageError
 from bc.pki import ssh as ssh_pki
 from bc.pki.secrets_source import SystemSecrets, ed25519_key

@@ -1,6 +1,6 @@
 """The gateway's dispatch loop: one pass for all its sessions on a poke (coalesced) or every second.
 
-A pass is `bc.control.dispatch.dispatch_gateway`; each session it planned for is handed its `SessionSends`,
+A pass is `bc.control.commands.dispatch.dispatch_gateway`; each session it planned for is handed its `SessionSends`,
 which the session relays in its own task, after whatever it was sending (a Hello's replay goes first). Pokes
 that arrive during a pass make one more pass right after it, however many they were. A poke names its node
 (a command enqueued or settled there, a credit come free) and that pass reads the poked nodes only: under
@@ -17,8 +17,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from bc.control.bus import Bus
-from bc.control.dispatch import GatewayDispatch, SessionSends, dispatch_gateway
+from bc.control.base.bus import Bus
+from bc.control.commands.dispatch import GatewayDispatch, SessionSends, dispatch_gateway
 from bc.runtime.aio import wait_event
 from bc.seams.clock import Clock
 from bc.store import Store, StoreError

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 from google.protobuf import json_format
 
-from bc.control.bus import Bus
-from bc.control.commands import apply_update, settle_by_server
-from bc.control.events import publish
-from bc.control.signer import Signer
+from bc.control.base.bus import Bus
+from bc.control.base.events import publish
+from bc.control.commands.queue import apply_update, settle_by_server
+from bc.control.signing.signer import Signer
 from bc.errors import Unauthenticated, Unavailable, UsageError
 from bc.gateway.oversize import fit_texts, refuse_oversized_update
 from bc.pki.identity import PeerIdentity

@@ -24,11 +24,11 @@ import logging
 
 from google.protobuf.message import DecodeError
 
-from bc.control import attestation
-from bc.control.bus import Bus
-from bc.control.events import publish
-from bc.control.reservations import mark_binding_lost, on_allocation_report
-from bc.control.signer import Signer
+from bc.control.base.bus import Bus
+from bc.control.base.events import publish
+from bc.control.capacity.reservations import mark_binding_lost, on_allocation_report
+from bc.control.signing import attestation
+from bc.control.signing.signer import Signer
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import session_pb2
 from bc.store import Store, Tx

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import logging
 
-from bc.control.bus import Bus
-from bc.control.commands import settle_by_server
-from bc.control.events import publish
+from bc.control.base.bus import Bus
+from bc.control.base.events import publish
+from bc.control.commands.queue import settle_by_server
 from bc.protocol.limits import LIMITS, truncate_text
 from bc.protocol.pb import session_pb2
 from bc.store import Tx

@@ -20,13 +20,13 @@ import contextlib
 import logging
 from typing import Literal, Protocol
 
-from bc.control import status as status_ctl
-from bc.control.bus import Bus
-from bc.control.commands import UpdateOutcome, apply_update
-from bc.control.dispatch import CommandFrame, SessionSends
-from bc.control.events import publish
-from bc.control.signer import Signer
-from bc.control.trust import TrustSource
+from bc.control.base.bus import Bus
+from bc.control.base.events import publish
+from bc.control.commands.dispatch import CommandFrame, SessionSends
+from bc.control.commands.queue import UpdateOutcome, apply_update
+from bc.control.nodes import status as status_ctl
+from bc.control.signing.signer import Signer
+from bc.control.trust.sources import TrustSource
 from bc.errors import BcError, Overloaded, ProtocolError, Unauthenticated, Unavailable
 from bc.gateway import core
 from bc.gateway.admission import StatusBudget

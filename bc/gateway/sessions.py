@@ -16,11 +16,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bc.control.bus import Bus
-from bc.control.dispatch import SessionSends
-from bc.control.intent import Intent
-from bc.control.signer import Signer
-from bc.control.trust import LocalTrust, TrustSource
+from bc.control.base.bus import Bus
+from bc.control.commands.dispatch import SessionSends
+from bc.control.signing.signer import Signer
+from bc.control.trust.intent import Intent
+from bc.control.trust.sources import LocalTrust, TrustSource
 from bc.errors import Overloaded, Unavailable
 from bc.gateway import core
 from bc.gateway import lease as lease_rule

@@ -30,10 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bc.control import quorum, specs
-from bc.control.bus import Bus
-from bc.control.events import publish
-from bc.control.signer import Signer
+from bc.control.base.bus import Bus
+from bc.control.base.events import publish
+from bc.control.nodes import specs
+from bc.control.quorum import batches as quorum
+from bc.control.signing.signer import Signer
 from bc.errors import Conflict, NotFound
 from bc.jobs import primitives, scheduler, templates
 from bc.jobs.model import DagSpec, Dep, DepWhen, NodeSpec, NodeState

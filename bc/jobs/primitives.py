@@ -19,12 +19,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bc.control import command_states as cs
-from bc.control import commands as cmds
-from bc.control import quorum, specs
-from bc.control.bus import Bus
-from bc.control.events import publish
-from bc.control.signer import Signer
+from bc.control.base.bus import Bus
+from bc.control.base.events import publish
+from bc.control.commands import queue as cmds
+from bc.control.commands import states as cs
+from bc.control.nodes import specs
+from bc.control.quorum import batches as quorum
+from bc.control.signing.signer import Signer
 from bc.errors import BcError
 from bc.jobs.model import DepOutcome, NodeSpec, deps_state, failure_reason
 from bc.protocol import root_equiv

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from bc.control import quorum
+from bc.control.quorum import batches as quorum
 from bc.errors import NotFound
 from bc.jobs.views import ApprovalWait, DagView, NodeView, PoolView
 from bc.store import Row, Store, Tx
@@ -44,7 +44,7 @@ async def list_pools(store: Store) -> list[PoolView]:
 @dataclass(frozen=True)
 class JobsSnapshot:
     """The job list and the slot pools as one read, and the newest event seq of that read: a client that
-    watches from `seq` sees every later change of them once (`bc.control.queries` says why)."""
+    watches from `seq` sees every later change of them once (`bc.control.reads.queries` says why)."""
 
     dags: list[DagView]
     pools: list[PoolView]

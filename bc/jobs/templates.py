@@ -257,7 +257,7 @@ def _rollout(dag_id: str, subjects: tuple[str, ...], req: JobRequest) -> DagSpec
 
 
 def _release(dag_id: str, subjects: tuple[str, ...], req: JobRequest) -> DagSpec:
-    from bc.control.commands import payload_from_json
+    from bc.control.commands.queue import payload_from_json
 
     if req.section != "daemon" or not req.section_json:
         raise UsageError("a release rollout needs the daemon section's release (bc release rollout VERSION)")

@@ -33,7 +33,7 @@ gateway, is open.
 
 The module is pure (no I/O): `bc.store.connectivity` derives the SQL of
 every update from `TABLE`, the callers (`bc.gateway.hello`, the session
-driver, `bc.control.liveness`) name the event, and `apply` is the model the
+driver, `bc.control.nodes.liveness`) name the event, and `apply` is the model the
 store's tests check the store against.
 """
 

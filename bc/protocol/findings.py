@@ -1,7 +1,7 @@
 """What `bc doctor` reports: one `Finding` per check, `pass`, `warn` or `fail`, with the fix.
 
 Both ends build findings (the node's checks in `agent.doctor`, the server's in
-`bc.control.doctor`), so this module sits below both and imports nothing of
+`bc.control.doctor.checks`), so this module sits below both and imports nothing of
 either: the agent may import it. A warning is something to look at while
 everything still works; a failure is something that does not work now, or
 will not once the node or server restarts.

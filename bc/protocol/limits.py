@@ -52,7 +52,7 @@ max_start_ahead_ms     3650 d            how far ahead a window may start (`--st
 max_name_chars         63                a tenant name: `[A-Za-z0-9][A-Za-z0-9._-]*`, like an id
 =====================  ================  ============================================================
 
-The placement pass reads stored rows with the same bounds (`bc.control.placement_rows`): a row out of
+The placement pass reads stored rows with the same bounds (`bc.control.capacity.placement_rows`): a row out of
 them (written by an older server or by hand) is set aside with an event, never fed to the planner.
 
 What the table implies (checked by `tests/unit/test_limits.py`):
@@ -67,7 +67,7 @@ What the table implies (checked by `tests/unit/test_limits.py`):
 * an `EnqueueCommands` reply of `max_enqueue_cmds` new commands fits a
   frame for node ids up to their 128 characters and operator names up to
   32 (longer keys or names: the call is refused whole before it commits,
-  `bc.control.commands.check_reply_size`); a request must itself fit
+  `bc.control.commands.queue.check_reply_size`); a request must itself fit
   `grpc_message_bytes`, which the client checks before sending.
 
 Refusals are `UsageError`s (exit 2) naming the limit: "the host section is

@@ -1,7 +1,7 @@
 """A command's payload, parsed and checked the same way wherever it is read.
 
 The control plane parses an operator's JSON into the kind's request message before it stores a command
-(`bc.control.commands`), and `bc approve sign` and the TUI parse a batch's payload the same way to recompute
+(`bc.control.commands.queue`), and `bc approve sign` and the TUI parse a batch's payload the same way to recompute
 the digest its leaves must carry (`bc.pki.batch_scope`): one parser, so the digest the signer computes is the
 one the server stored. Pure: no store, no wire.
 """

@@ -2,7 +2,7 @@
 
 A spec change that can make a node run code as root is as destructive as a
 reboot, so storing it needs the admin role and, once approvers exist, a
-quorum batch over the exact change (`bc.control.spec_quorum`); the node takes
+quorum batch over the exact change (`bc.control.quorum.spec_changes`); the node takes
 it only with that batch's signatures and its leaf's proof (`agent.spec_quorum`).
 
 `FIELDS` classifies every field the NodeSpec schema knows, by its dotted path

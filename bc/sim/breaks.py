@@ -37,15 +37,15 @@ from dataclasses import dataclass
 
 from agent.journal_api import AgentJournal, JournalEvent, StoredSpec
 from agent.journal_rules import KEEP_S, Acceptance, CommandEntry, Settlement
-from bc.control import placement_pass
-from bc.control.bus import Bus
-from bc.control.events import publish
-from bc.control.liveness import Liveness, LivenessConfig
-from bc.control.placement_pass import PlacementPass
-from bc.control.placement_plan import Booking, NodeInfo, Placement, Plan, Request, plan
-from bc.control.signer import Signer
-from bc.control.specs import write_spec
-from bc.control.usage_windows import windows_to_flush
+from bc.control.base.bus import Bus
+from bc.control.base.events import publish
+from bc.control.capacity import placement_pass
+from bc.control.capacity.placement_pass import PlacementPass
+from bc.control.capacity.placement_plan import Booking, NodeInfo, Placement, Plan, Request, plan
+from bc.control.capacity.usage_windows import windows_to_flush
+from bc.control.nodes.liveness import Liveness, LivenessConfig
+from bc.control.nodes.specs import write_spec
+from bc.control.signing.signer import Signer
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
 from bc.protocol import connectivity as cx

@@ -10,7 +10,7 @@ never correctness.
 
 from __future__ import annotations
 
-from bc.control.bus import Bus
+from bc.control.base.bus import Bus
 
 
 class _Relay:

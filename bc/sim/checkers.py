@@ -1,8 +1,8 @@
 """The fleet invariants over what a simulated run recorded (reference: failure-modes.md, "The invariants").
 
-I2, I3 and I4 are here, in the style of `bc.control.invariants`: pure functions over plain facts that return
+I2, I3 and I4 are here, in the style of `bc.control.capacity.invariants`: pure functions over plain facts that return
 None when the invariant holds, else a frozen counterexample whose `sentence` names the facts behind it and
-the simulated time. I1, I5, I7 and I8 are the capacity checkers themselves (`bc.control.invariants`), run on
+the simulated time. I1, I5, I7 and I8 are the capacity checkers themselves (`bc.control.capacity.invariants`), run on
 the same facts; I1 also runs its overlap check on the bindings nodes reported, and checks each binding
 against its booking. `check_all` runs every one and returns one `InvariantResult` each.
 
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bc.control import invariants
-from bc.control.command_states import SUCCEEDED
-from bc.control.placement_plan import Booking, iso
+from bc.control.capacity import invariants
+from bc.control.capacity.placement_plan import Booking, iso
+from bc.control.commands.states import SUCCEEDED
 from bc.protocol.kinds import KINDS
 from bc.sim.facts import (
     AgentRestart,

@@ -4,7 +4,7 @@ Every time is the store's (the loop's) clock in integer milliseconds: the facts 
 happen, never what a skewed node or gateway clock said. The runner records as the run goes (side effects
 from the fake hardware, frames from the link taps, faults from chaos) and reads the rest from the store at
 the end (outcomes, connectivity transitions, bookings, releases, usage). The capacity facts are the input
-types of `bc.control.invariants` as they are, so I1, I5, I7 and I8 run the capacity checkers themselves.
+types of `bc.control.capacity.invariants` as they are, so I1, I5, I7 and I8 run the capacity checkers themselves.
 
 Memory: at 10,000 nodes over hours the frames the gateway hears are the one fact that grows with every
 heartbeat. I4 needs only "did the gateway hear from this node less than W before T", and frames closer together
@@ -21,9 +21,9 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from bc.control.invariants import Release, Transition
-from bc.control.placement_plan import Booking, NodeInfo, Request
-from bc.control.usage_windows import Span, UsageWindow
+from bc.control.capacity.invariants import Release, Transition
+from bc.control.capacity.placement_plan import Booking, NodeInfo, Request
+from bc.control.capacity.usage_windows import Span, UsageWindow
 from bc.protocol.atoms import Atom
 
 # ---- commands (I2) ----
@@ -68,7 +68,7 @@ class Outcome:
     command_id: str
     node_id: str
     kind: str
-    state: str  # succeeded | failed | expired | cancelled | ... (bc.control.command_states)
+    state: str  # succeeded | failed | expired | cancelled | ... (bc.control.commands.states)
     reason: str
 
 
@@ -185,7 +185,7 @@ class FactLog:
     reports: list[StatusReported] = field(default_factory=list)
     connectivity: list[Connectivity] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
-    # capacity, in bc.control.invariants' own types
+    # capacity, in bc.control.capacity.invariants' own types
     nodes: list[NodeInfo] = field(default_factory=list)
     bookings: list[Booking] = field(default_factory=list)
     bound: list[Bound] = field(default_factory=list)

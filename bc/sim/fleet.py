@@ -52,10 +52,10 @@ from typing import Any, Literal
 from agent.app import Agent
 from agent.journal_api import AgentJournal
 from bc.assembly.control import ControlFactories
-from bc.control.bus import Bus
-from bc.control.events import publish
-from bc.control.intent import Intent
-from bc.control.signer import Signer
+from bc.control.base.bus import Bus
+from bc.control.base.events import publish
+from bc.control.signing.signer import Signer
+from bc.control.trust.intent import Intent
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.seams.clock import Clock, LoopClock, ms

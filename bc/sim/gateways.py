@@ -43,7 +43,7 @@ from bc.assembly.control import ControlSettings, build_control
 from bc.assembly.loops import GATEWAY, start_loops
 from bc.assembly.retry import retry_start
 from bc.assembly.supervisor import Supervisor
-from bc.control.bus import Bus
+from bc.control.base.bus import Bus
 from bc.errors import BcError, Overloaded, Unauthenticated, Unavailable
 from bc.gateway.fence import LeaseFence
 from bc.gateway.sessions import Gateway

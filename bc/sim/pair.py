@@ -61,11 +61,12 @@ from bc.assembly.control import ControlFactories, ControlSettings, build_control
 from bc.assembly.loops import GATEWAY, SIGNING_KEYS, WORKER, start_loops
 from bc.assembly.retry import retry_start
 from bc.assembly.supervisor import Supervisor
-from bc.control import approvers, identity
-from bc.control import intent as intent_ctl
-from bc.control.bus import Bus
-from bc.control.intent import Intent
-from bc.control.signer import KeySigner, NullSigner, Signer
+from bc.control.base.bus import Bus
+from bc.control.quorum import approvers
+from bc.control.signing.signer import KeySigner, NullSigner, Signer
+from bc.control.trust import identity
+from bc.control.trust import intent as intent_ctl
+from bc.control.trust.intent import Intent
 from bc.pki import tokens as pki_tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr, peer_identity

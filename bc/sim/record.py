@@ -37,11 +37,11 @@ from typing import Any
 from agent.journal_api import AgentJournal
 from agent.journal_rules import Acceptance
 from agent.session.outbox import Outbox
-from bc.control.capacity_views import window_of
-from bc.control.invariants import Release
-from bc.control.placement_pass import bookings_of, load_facts, span_of
-from bc.control.placement_plan import Booking, Wait, plan
-from bc.control.usage_windows import open_window
+from bc.control.capacity.invariants import Release
+from bc.control.capacity.placement_pass import bookings_of, load_facts, span_of
+from bc.control.capacity.placement_plan import Booking, Wait, plan
+from bc.control.capacity.usage_windows import open_window
+from bc.control.capacity.views import window_of
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import NodeMessage
 from bc.seams.network import FROM_NODE, TO_NODE, Direction, SimNetwork

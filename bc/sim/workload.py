@@ -4,17 +4,17 @@
 period). It calls the same library functions the Admin servicer calls, under the control plane of the
 moment (`fleet.control()` waits while it is down), so the work goes through the production code:
 
-* reservations (`bc.control.reservations.reserve`): some with a window that starts later, some with
+* reservations (`bc.control.capacity.reservations.reserve`): some with a window that starts later, some with
   only a duration, some open-ended, some on a named node; released later (`release`), or ended by the
   placement pass at their window's end. Only `devices` has a converger on the agent today, and
   reservations are what write it, so each placed or released hold counts as `spec.devices`;
-* spec changes through `bc.control.specs.set_section` on the other sections (`host`, `access`,
+* spec changes through `bc.control.nodes.specs.set_section` on the other sections (`host`, `access`,
   `telemetry`): the agent reports `host` and `telemetry` UNSUPPORTED (terminal), which still exercises
   delivery and `observed_generation`; its `access` converger writes nothing for these principals (they
   name no node, so none is the node's own) and reports CONVERGED;
 * commands of every kind the fake hardware runs (`agent.kinds.REGISTRY`), through
-  `bc.control.commands.enqueue`; the destructive ones outside a batch meet the unbatched allowance;
-* destructive batches (`bc.control.quorum.create_batch`) that three seeded approvers sign (or, now and
+  `bc.control.commands.queue.enqueue`; the destructive ones outside a batch meet the unbatched allowance;
+* destructive batches (`bc.control.quorum.batches.create_batch`) that three seeded approvers sign (or, now and
   then, reject); their Ed25519 keys are derived from the Random, so a run replays;
 * jobs (`bc.jobs.engine.JobEngine.submit`): reboots with `max_parallel`, remediations, rollouts. Their
   batches are signed by the same approvers.
@@ -45,11 +45,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from agent.kinds import REGISTRY
-from bc.control import approvers as appr
-from bc.control import commands as cmds
-from bc.control import quorum, reservations, specs
-from bc.control.bus import Bus
-from bc.control.signer import Signer
+from bc.control.base.bus import Bus
+from bc.control.capacity import reservations
+from bc.control.commands import queue as cmds
+from bc.control.nodes import specs
+from bc.control.quorum import approvers as appr
+from bc.control.quorum import batches as quorum
+from bc.control.signing.signer import Signer
 from bc.errors import BcError, Conflict, NotFound, Unavailable, UsageError
 from bc.jobs.engine import JobEngine
 from bc.jobs.views import JobRequest

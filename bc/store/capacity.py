@@ -327,7 +327,7 @@ async def usage_sums(tx: Tx, since_ms: int | None, until_ms: int | None, by: str
 
 async def usage_sums_by_class(tx: Tx, since_ms: int | None, until_ms: int | None, by: str) -> list[Row]:
     """`usage_sums` per key and device class, and per reservation for `gpu.mig` (`mig_reservation`, "" for
-    the other classes): the MIG part is cut by profile afterwards (bc.control.usage_classes)."""
+    the other classes): the MIG part is cut by profile afterwards (bc.control.capacity.usage_classes)."""
     key = _USAGE_KEYS[by]
     lo = "CASE WHEN CAST(:s AS BIGINT) IS NULL OR start_ms > :s THEN start_ms ELSE :s END"
     hi = "CASE WHEN CAST(:u AS BIGINT) IS NULL OR end_ms < :u THEN end_ms ELSE :u END"

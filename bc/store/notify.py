@@ -1,6 +1,6 @@
 """Wake-ups between `bc serve` processes on one PostgreSQL store: LISTEN/NOTIFY.
 
-`bc.control.bus.Bus` wakes what lives in this process; `PgRelay` carries the same wake-ups to every
+`bc.control.base.bus.Bus` wakes what lives in this process; `PgRelay` carries the same wake-ups to every
 other process on the store. A wake-up carries no data and the receiver re-reads the store, so a
 lost one costs latency, never correctness (the sessions' and watchers' backstops catch up): the
 relay may drop under pressure and reconnects on its own.

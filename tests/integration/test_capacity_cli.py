@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from bc.client.admin import AdminClient
-from bc.control.capacity_views import window_of
-from bc.control.invariants import check_billing_conservation
-from bc.control.placement_pass import span_of
+from bc.control.capacity.invariants import check_billing_conservation
+from bc.control.capacity.placement_pass import span_of
+from bc.control.capacity.views import window_of
 from bc.protocol import canonical
 from bc.protocol.pb import spec_pb2
 from bc.runtime.config import OperatorConfig

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from bc.control.capacity_views import window_of
-from bc.control.invariants import check_billing_conservation
-from bc.control.placement_pass import span_of
+from bc.control.capacity.invariants import check_billing_conservation
+from bc.control.capacity.placement_pass import span_of
+from bc.control.capacity.views import window_of
 from bc.store import capacity as cap_sql
 from tests.integration.conftest import InprocLab
 

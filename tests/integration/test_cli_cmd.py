@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 from agent.join import join_node
 from bc.assembly.server import Seams, ServeOptions, Server
 from bc.cli.main import cli
-from bc.control.commands import apply_update
+from bc.control.commands.queue import apply_update
 from bc.protocol.pb import session_pb2 as pb
 from bc.store import Row, Store
 from bc.store import commands as cmd_sql

@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives import serialization
 
 from bc.api.join_proxy import NODE_CERT_MD
 from bc.assembly.server import Server
-from bc.control import specs
-from bc.control.signer import KeylessSigner
+from bc.control.nodes import specs
+from bc.control.signing.signer import KeylessSigner
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr

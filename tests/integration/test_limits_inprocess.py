@@ -23,7 +23,7 @@ from google.protobuf import any_pb2
 
 from agent.journal import Journal
 from agent.journal_rules import TRANSITION, Acceptance
-from bc.control import commands
+from bc.control.commands import queue as commands
 from bc.errors import UsageError
 from bc.protocol import canonical, kinds
 from bc.protocol.limits import LIMITS, Limits

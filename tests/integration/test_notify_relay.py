@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bc.control.bus import Bus
+from bc.control.base.bus import Bus
 from bc.seams.clock import SystemClock
 from bc.store.notify import Incoming, PgRelay
 from tests.pg import postgres_url

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from bc.assembly.server import Seams, ServeOptions, Server
-from bc.control.releases import release_keys
+from bc.control.trust.releases import release_keys
 from bc.pki import releases as rel
 from bc.pki.secrets_source import SeededSecrets
 from bc.pki.signing import SigningKeys

@@ -28,7 +28,7 @@ import pytest
 
 from bc.assembly.server import Seams, ServeOptions, Server
 from bc.assembly.supervisor import RESTARTING, RUNNING, LoopState
-from bc.control.doctor import check_loops
+from bc.control.doctor.checks import check_loops
 from bc.pki.secrets_source import SystemSecrets, os_seeded_random
 from bc.protocol.findings import Finding
 from bc.seams.clock import Clock, SystemClock

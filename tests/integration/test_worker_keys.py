@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from bc.assembly.server import Seams, ServeOptions, Server
-from bc.control.doctor import LOOPS_FILE
-from bc.control.placement_pass import LEASE_NAME as PLACEMENT_LEASE
+from bc.control.capacity.placement_pass import LEASE_NAME as PLACEMENT_LEASE
+from bc.control.doctor.checks import LOOPS_FILE
 from bc.errors import UsageError
 from bc.pki import keys
 from bc.pki.secrets_source import SystemSecrets, os_seeded_random

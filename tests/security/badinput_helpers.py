@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.hw.fake import FakeHardware
-from bc.control.bus import Bus
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.signing.signer import NullSigner
 from bc.seams.clock import LoopClock
 from bc.store import Row
 from bc.store import capacity as cap_sql

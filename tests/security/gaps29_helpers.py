@@ -1,13 +1,13 @@
 """Shared by the gaps29 security tests: a node guarded by approvers, and a signature sent past the API.
 
 Nothing here imports the code under test beyond the Admin API, the lab
-fixtures and `bc.control.quorum.decide` (what ApproveBatch records), so each
+fixtures and `bc.control.quorum.batches.decide` (what ApproveBatch records), so each
 test fails on a tree without the fix for the reason it names.
 """
 
 from __future__ import annotations
 
-from bc.control import quorum
+from bc.control.quorum import batches as quorum
 from bc.pki import quorum as q
 from bc.protocol.pb import admin_pb2
 from tests.integration.conftest import InprocLab

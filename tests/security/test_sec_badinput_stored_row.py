@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bc.control.placement_pass import PlacementPass
-from bc.control.reservations import ReserveRequest, reserve
+from bc.control.capacity.placement_pass import PlacementPass
+from bc.control.capacity.reservations import ReserveRequest, reserve
 from bc.store import StoreError
 from bc.testing import virtual_clock
 from tests.security.badinput_helpers import (

@@ -24,8 +24,8 @@ from click.testing import CliRunner
 from google.protobuf import json_format
 
 from bc.cli.main import cli
-from bc.control.events import publish
-from bc.control.status import conditions_doc, status_doc
+from bc.control.base.events import publish
+from bc.control.nodes.status import conditions_doc, status_doc
 from bc.protocol.pb import common_pb2
 from bc.protocol.pb.session_pb2 import StatusReport
 from bc.protocol.text_safety import BIDI_AND_SEPARATORS
@@ -92,7 +92,7 @@ def bc_text(*args: str) -> tuple[int, str]:
 
 
 def hostile_node_report(lab: Lab, node_id: str) -> None:
-    """What the gateway stores of a node's status report and hello (bc.control.status), every string hostile."""
+    """What the gateway stores of a node's status report and hello (bc.control.nodes.status), every string hostile."""
     inventory = common_pb2.Inventory(
         hostname=HOSTILE,
         source=HOSTILE,

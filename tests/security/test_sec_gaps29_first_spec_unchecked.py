@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bc.control import specs
+from bc.control.nodes import specs
 from bc.protocol.pb import spec_pb2
 from tests.integration import conftest as lab_fixtures
 from tests.integration.conftest import InprocLab

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bc.control import specs, ssh
+from bc.control.nodes import specs
+from bc.control.trust import ssh
 from bc.protocol.pb import spec_pb2
 from bc.store import ssh as ssh_sql
 from tests.integration import conftest as lab_fixtures

@@ -15,9 +15,9 @@ import random
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bc.control import approvers as appr
-from bc.control.bus import Bus
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.quorum import approvers as appr
+from bc.control.signing.signer import NullSigner
 from bc.jobs import queries
 from bc.jobs.engine import JobEngine
 from bc.jobs.views import JobRequest

@@ -6,7 +6,7 @@ with the `spec.set` batch's signatures and its leaf's proof for exactly that
 section (agent/spec_quorum.py). Three ways in, each refused by the node,
 which keeps the spec it holds and reports `security.spec-rejected`:
 
-* the control plane writes the spec itself (bc.control.specs.write_spec with
+* the control plane writes the spec itself (bc.control.nodes.specs.write_spec with
   the worker key), skipping `bc spec set` and its batch;
 * a gateway with the stolen key rewrites a real spec on its way to the node
   and signs it again (the production gateway, its links wrapped in the
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bc.control import specs
+from bc.control.nodes import specs
 from bc.protocol.pb import session_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage
 from tests.integration import conftest as lab_fixtures

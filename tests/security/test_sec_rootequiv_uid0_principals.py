@@ -21,7 +21,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from agent import spec_quorum
-from bc.control import specs
+from bc.control.nodes import specs
 from bc.pki import ssh as ssh_pki
 from bc.protocol.pb import admin_pb2, common_pb2, session_pb2, spec_pb2
 from tests.integration import conftest as lab_fixtures

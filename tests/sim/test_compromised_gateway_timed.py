@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bc.control.specs import set_section
+from bc.control.nodes.specs import set_section
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.seams.link import Link

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bc.control.reservations import ReserveRequest, reserve
+from bc.control.capacity.reservations import ReserveRequest, reserve
 from bc.sim.pair import SessionPair
 from bc.store import reservations as res_sql
 

@@ -58,7 +58,7 @@ def test_one_seed_draws_the_same_mix_and_the_same_log() -> None:
 
 
 def test_the_section_values_are_valid_json() -> None:
-    from bc.control.specs import section_mutation
+    from bc.control.nodes.specs import section_mutation
     from bc.sim.workload import SPEC_SECTIONS, section_json
 
     rng = random.Random(1)

@@ -10,8 +10,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from bc.control import node_admin
-from bc.control.reservations import ReserveRequest, reserve
+from bc.control.capacity.reservations import ReserveRequest, reserve
+from bc.control.nodes import admin as node_admin
 from bc.sim.pair import PairConfig, SessionPair
 from bc.store import events as events_sql
 from bc.store import reservations as res_sql

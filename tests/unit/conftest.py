@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bc.control.bus import Bus
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.signing.signer import NullSigner
 from bc.seams.clock import LoopClock
 from bc.store import Store, leases
 from bc.store.postgres import PostgresStore

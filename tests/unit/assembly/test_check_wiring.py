@@ -57,12 +57,12 @@ def test_the_repository_passes() -> None:
             "import functools\ndef f(p, clock):\n    return functools.partial(p.sweeper.run_forever, clock)\n",
             ".run_forever",
         ),
-        ("from bc.control.trust import publish_forever\n", "publish_forever"),
+        ("from bc.control.trust.sources import publish_forever\n", "publish_forever"),
         ("async def f(gw):\n    await gw.lease_loop()\n", ".lease_loop"),
         ("async def f(gw):\n    await gw.revocation_loop()\n", ".revocation_loop"),
         ("async def f(gw):\n    await gw.stats_loop()\n", ".stats_loop"),
         (
-            "from bc.control.clock_skew import ClockSkewMonitor\n"
+            "from bc.control.doctor.clock_skew import ClockSkewMonitor\n"
             "async def f(s, c):\n    await ClockSkewMonitor(s, c).run()\n",
             "ClockSkewMonitor.run",
         ),
@@ -91,7 +91,7 @@ def test_the_assembly_and_tests_are_not_checked_and_a_definition_is_not_a_start(
             "bc/assembly/loops.py": starts,
             "tests/unit/test_x.py": starts,
             "bench/b.py": starts,
-            "bc/control/liveness.py": "class Liveness:\n    async def run_forever(self, clock):\n        pass\n",
+            "bc/control/nodes/liveness.py": "class Liveness:\n    async def run_forever(self, clock):\n        pass\n",
             "agent/app.py": "async def f(self):\n    await self.telemetry.run(self.stopped)\n",  # the agent's own
         },
     )

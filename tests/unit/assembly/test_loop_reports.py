@@ -16,7 +16,7 @@ from agent.offload import inline
 from bc.assembly.server import Seams, ServeOptions, Server
 from bc.assembly.supervisor import RESTARTING, RUNNING, LoopState, Supervisor
 from bc.assembly.telemetry import ServeTelemetry
-from bc.control.doctor import LOOPS_FILE
+from bc.control.doctor.checks import LOOPS_FILE
 from bc.otel.config import OtlpConfig
 from bc.seams import virtual_time
 

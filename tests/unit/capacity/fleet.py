@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from bc.control.placement_plan import (
+from bc.control.capacity.placement_plan import (
     CAP_KUBERNETES,
     CAP_LIMITS,
     GIB,

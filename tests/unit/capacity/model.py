@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bc.control.invariants import (
+from bc.control.capacity.invariants import (
     Release,
     Transition,
     check_billing_conservation,
@@ -24,8 +24,8 @@ from bc.control.invariants import (
     check_no_release_on_disconnect,
     check_nothing_placeable_pending,
 )
-from bc.control.placement_plan import Booking, NodeInfo, Placement, Plan, Request, Wait, plan
-from bc.control.usage_windows import Span, UsageWindow, last_flushed_end, open_window, windows_to_flush
+from bc.control.capacity.placement_plan import Booking, NodeInfo, Placement, Plan, Request, Wait, plan
+from bc.control.capacity.usage_windows import Span, UsageWindow, last_flushed_end, open_window, windows_to_flush
 
 Planner = Callable[[Sequence[NodeInfo], Sequence[Booking], Sequence[Request], int], Plan]
 

@@ -1,12 +1,12 @@
-"""The pass's helpers in `bc.control.capacity` keep its rules: the same atoms offered, the same conflicts."""
+"""The pass's helpers in `bc.control.capacity.atoms` keep its rules: the same atoms offered, the same conflicts."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.control.capacity import free_among, free_atoms, offered_atoms, offered_atoms_of
-from bc.control.placement_plan import GpuInfo, Mig
+from bc.control.capacity.atoms import free_among, free_atoms, offered_atoms, offered_atoms_of
+from bc.control.capacity.placement_plan import GpuInfo, Mig
 from bc.protocol.atoms import Atom, atoms_conflict
 from bc.protocol.pb import common_pb2
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from bc.control.invariants import (
+from bc.control.capacity.invariants import (
     BillingMismatch,
     HostOverbooked,
     Overlap,
@@ -21,8 +21,8 @@ from bc.control.invariants import (
     check_no_release_on_disconnect,
     check_nothing_placeable_pending,
 )
-from bc.control.placement_plan import Booking, HostResources, NodeInfo, Plan, Request, Wait, plan
-from bc.control.usage_windows import Span, UsageWindow, windows_to_flush
+from bc.control.capacity.placement_plan import Booking, HostResources, NodeInfo, Plan, Request, Wait, plan
+from bc.control.capacity.usage_windows import Span, UsageWindow, windows_to_flush
 from bc.protocol.atoms import GPU_SLOT, parse_atom
 from tests.unit.capacity.fleet import H, booking, node, req
 from tests.unit.capacity.model import Lab

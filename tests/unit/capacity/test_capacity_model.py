@@ -1,7 +1,7 @@
 """A model check of the capacity core: random reserve / release / time / node-down / node-up / crash sequences
 over a small fleet, with I1, I5, I7 and I8 checked after every step (each step ends with a quiet pass).
 
-The checkers are the ones in `bc.control.invariants`, written apart from the planner (I7 is a brute-force
+The checkers are the ones in `bc.control.capacity.invariants`, written apart from the planner (I7 is a brute-force
 search), and the lab (`model.py`) carries plans out the way the store wiring must. A second property pins
 backfill down directly: what the pass decides for the first k reservations never depends on the ones
 submitted after them, so a later reservation can never delay an earlier one.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from bc.control.placement_plan import (
+from bc.control.capacity.placement_plan import (
     CAP_KUBERNETES,
     CAP_LIMITS,
     Booking,

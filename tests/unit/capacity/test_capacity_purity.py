@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-PURE = ("bc/control/placement_plan.py", "bc/control/invariants.py", "bc/control/usage_windows.py")
+PURE = (
+    "bc/control/capacity/placement_plan.py",
+    "bc/control/capacity/invariants.py",
+    "bc/control/capacity/usage_windows.py",
+)
 ALLOWED = {
     "__future__",
     "bisect",
@@ -21,10 +25,10 @@ ALLOWED = {
     "datetime",  # only to print a store-clock instant; reading the clock is refused below
     "itertools",
     "typing",
-    "bc.control.capacity",
-    "bc.control.no_schedule",
-    "bc.control.placement_plan",
-    "bc.control.usage_windows",
+    "bc.control.capacity.atoms",
+    "bc.control.capacity.no_schedule",
+    "bc.control.capacity.placement_plan",
+    "bc.control.capacity.usage_windows",
     "bc.protocol.atoms",
 }
 CLOCK_READS = {"now", "utcnow", "today", "time", "monotonic"}

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from bc.control.placement_plan import CAP_KUBERNETES, CAP_LIMITS, GIB, Failure, HostResources, Wait, plan
+from bc.control.capacity.placement_plan import CAP_KUBERNETES, CAP_LIMITS, GIB, Failure, HostResources, Wait, plan
 from tests.unit.capacity.fleet import H, M, booking, indexes, node, outcome, placed, req, waiting
 
 T0 = 1_800_000_000_000  # a store-clock instant on a whole hour

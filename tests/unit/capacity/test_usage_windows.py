@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bc.control.invariants import check_billing_conservation
-from bc.control.usage_windows import (
+from bc.control.capacity.invariants import check_billing_conservation
+from bc.control.capacity.usage_windows import (
     HOUR_MS,
     Span,
     UsageWindow,

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from google.protobuf import any_pb2
 
-from bc.control.bus import Bus
-from bc.control.commands import EnqueueRequest, enqueue
-from bc.control.signer import Signer
+from bc.control.base.bus import Bus
+from bc.control.commands.queue import EnqueueRequest, enqueue
+from bc.control.signing.signer import Signer
 from bc.store import Row
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.control import command_states as cs
+from bc.control.commands import states as cs
 from bc.protocol.pb import session_pb2 as pb
 
 ALL_UPDATES = [

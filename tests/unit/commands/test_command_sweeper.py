@@ -6,8 +6,8 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
-from bc.control.bus import Bus
-from bc.control.sweeper import LEASE_NAME, CommandSweeper
+from bc.control.base.bus import Bus
+from bc.control.commands.sweeper import LEASE_NAME, CommandSweeper
 from bc.seams.clock import LoopClock
 from bc.store import Row
 from bc.store import commands as cmd_sql

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from google.protobuf import any_pb2, struct_pb2
 
-from bc.control.bus import Bus
-from bc.control.commands import EnqueueRequest, enqueue, payload_from_json
-from bc.control.signer import KeySigner, NullSigner, Signature
+from bc.control.base.bus import Bus
+from bc.control.commands.queue import EnqueueRequest, enqueue, payload_from_json
+from bc.control.signing.signer import KeySigner, NullSigner, Signature
 from bc.errors import NotFound, UsageError
 from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import BadSignature, SigningKeys, Verifier
@@ -274,7 +274,7 @@ def test_a_payload_nested_past_the_parsers_depth_is_one_sentence(nested: str) ->
 
 
 def test_a_result_nested_past_the_parsers_depth_is_shown_as_bytes() -> None:
-    from bc.control.views import result_text
+    from bc.control.reads.views import result_text
 
     raw = ("[" * 5000 + "]" * 5000).encode()
     assert result_text(raw) == base64.b64encode(raw).decode("ascii")

@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bc.control import command_states as cs
-from bc.control import views
-from bc.control.bus import Bus
-from bc.control.commands import UpdateOutcome, apply_update, request_cancel
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.commands import states as cs
+from bc.control.commands.queue import UpdateOutcome, apply_update, request_cancel
+from bc.control.reads import views
+from bc.control.signing.signer import NullSigner
 from bc.errors import NotFound
 from bc.protocol.pb import session_pb2 as pb
 from bc.seams.clock import LoopClock

@@ -1,4 +1,4 @@
-"""The gateway's dispatch pass (bc.control.dispatch.dispatch_gateway) on both stores: one transaction per
+"""The gateway's dispatch pass (bc.control.commands.dispatch.dispatch_gateway) on both stores: one transaction per
 page of commands for every node it routes, the in-memory epoch fence, credits and lane order across pages,
 the guards, Cancels, and (PostgreSQL) SKIP LOCKED and the share-locked session row."""
 
@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable
 import psycopg
 import pytest
 
-from bc.control.bus import Bus
-from bc.control.commands import request_cancel
-from bc.control.dispatch import SessionSends, dispatch_gateway
+from bc.control.base.bus import Bus
+from bc.control.commands.dispatch import SessionSends, dispatch_gateway
+from bc.control.commands.queue import request_cancel
 from bc.gateway.dispatcher import Dispatcher
 from bc.protocol import kinds
 from bc.seams.clock import LoopClock

@@ -1,4 +1,4 @@
-"""Many commands in one transaction (`bc.control.command_runs.run_commands`, what RunCommand and
+"""Many commands in one transaction (`bc.control.commands.runs.run_commands`, what RunCommand and
 EnqueueCommands both call): every member stored, or, when one is refused, none, with a sentence naming it.
 
 Runs on SQLite and on PostgreSQL (the unit `store` fixture).
@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bc.control import queries
-from bc.control.bus import Bus
-from bc.control.command_runs import RunRequest, run_commands
-from bc.control.commands import DEFAULT_NOT_AFTER_S, reply_size
-from bc.control.signer import NullSigner, Signature
+from bc.control.base.bus import Bus
+from bc.control.commands.queue import DEFAULT_NOT_AFTER_S, reply_size
+from bc.control.commands.runs import RunRequest, run_commands
+from bc.control.reads import queries
+from bc.control.signing.signer import NullSigner, Signature
 from bc.errors import NotFound, UsageError
 from bc.protocol import limits
 from bc.protocol.limits import LIMITS, Limits

@@ -8,8 +8,8 @@ import random
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bc.control import approvers
-from bc.control.bus import Bus
+from bc.control.base.bus import Bus
+from bc.control.quorum import approvers
 from bc.pki import quorum as q
 from bc.store import Store
 from bc.store import operators as ops_sql

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bc.api.admin_roles import KIND_ROLE, STEP_ROLE, needed, step_needed
-from bc.control.actor import RANK, ROLES
+from bc.control.base.actor import RANK, ROLES
 from bc.jobs import primitives, templates
 from bc.jobs.views import TEMPLATES, JobRequest
 from bc.protocol import kinds

@@ -1,4 +1,4 @@
-"""Changes of the quorum settings on the server (bc.control.approvers), against the real SQLite store.
+"""Changes of the quorum settings on the server (bc.control.quorum.approvers), against the real SQLite store.
 
 With no approvers a change applies at once (the root alone guards it); with
 approvers it waits for change_threshold of them, each under the certificate of
@@ -15,10 +15,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from agent.trust import quorum_path
-from bc.control import approvers as appr
-from bc.control.bus import Bus
-from bc.control.intent import Intent
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.quorum import approvers as appr
+from bc.control.signing.signer import NullSigner
+from bc.control.trust.intent import Intent
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
 from bc.pki import quorum as q
 from bc.pki.ca import CertificateAuthority

@@ -11,12 +11,12 @@ import logging
 
 import pytest
 
-from bc.control.clock_skew import ClockSkewMonitor
+from bc.control.doctor.clock_skew import ClockSkewMonitor
 from bc.seams.clock import LoopClock
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import advance
 
-LOGGER = "bc.control.clock_skew"
+LOGGER = "bc.control.doctor.clock_skew"
 
 
 def skew_lines(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.control.dispatch_rules import PendingCommand, guard, plan_dispatch
+from bc.control.commands.dispatch_rules import PendingCommand, guard, plan_dispatch
 from bc.protocol import kinds
 from bc.protocol.pb.session_pb2 import CommandBody
 

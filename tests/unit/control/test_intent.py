@@ -11,11 +11,11 @@ import pytest
 from google.protobuf import any_pb2
 
 from agent.trust import decide_bundle
-from bc.control.bus import Bus
-from bc.control.commands import EnqueueRequest, enqueue
-from bc.control.intent import Intent, register, rotate
-from bc.control.signer import KeySigner, NullSigner, Signer
-from bc.control.specs import write_spec
+from bc.control.base.bus import Bus
+from bc.control.commands.queue import EnqueueRequest, enqueue
+from bc.control.nodes.specs import write_spec
+from bc.control.signing.signer import KeySigner, NullSigner, Signer
+from bc.control.trust.intent import Intent, register, rotate
 from bc.errors import UsageError
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bc.control.bus import Bus
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.signing.signer import NullSigner
 from bc.errors import Conflict, NotFound, UsageError
 from bc.jobs import queries
 from bc.jobs.engine import JobEngine

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from bc.control.bus import Bus
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.signing.signer import NullSigner
 from bc.errors import BcError
 from bc.jobs import engine as engine_mod
 from bc.jobs.engine import JobEngine

@@ -14,10 +14,11 @@ from collections.abc import Awaitable, Callable
 import pytest
 from google.protobuf import any_pb2
 
-from bc.control import commands, quorum
-from bc.control.bus import Bus
-from bc.control.signer import NullSigner
-from bc.control.specs import encode_body, set_section, write_spec
+from bc.control.base.bus import Bus
+from bc.control.commands import queue as commands
+from bc.control.nodes.specs import encode_body, set_section, write_spec
+from bc.control.quorum import batches as quorum
+from bc.control.signing.signer import NullSigner
 from bc.errors import UsageError
 from bc.protocol import canonical
 from bc.protocol.limits import LIMITS

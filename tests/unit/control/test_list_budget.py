@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.control.views import events_within, fit_command_results
+from bc.control.reads.views import events_within, fit_command_results
 from bc.protocol.pb import admin_pb2
 
 

@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bc.control.bus import Bus
-from bc.control.liveness import STALL_HOLD_MS, Liveness, LivenessConfig
-from bc.control.reservations import ReserveRequest, reserve
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.capacity.reservations import ReserveRequest, reserve
+from bc.control.nodes.liveness import STALL_HOLD_MS, Liveness, LivenessConfig
+from bc.control.signing.signer import NullSigner
 from bc.protocol.pb import common_pb2
 from bc.seams.clock import LoopClock
 from bc.store import Row, Store, StoreError, Tx

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from bc.control import no_schedule, views
+from bc.control.capacity import no_schedule
+from bc.control.reads import views
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
 from tests.unit.control.conftest import AddNode, write_inventory

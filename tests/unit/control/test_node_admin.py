@@ -10,11 +10,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from google.protobuf import any_pb2
 
-from bc.control import node_admin
-from bc.control.bus import Bus
-from bc.control.commands import EnqueueRequest, enqueue
-from bc.control.reservations import ReserveRequest, on_allocation_report, release, reserve
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.capacity.reservations import ReserveRequest, on_allocation_report, release, reserve
+from bc.control.commands.queue import EnqueueRequest, enqueue
+from bc.control.nodes import admin as node_admin
+from bc.control.signing.signer import NullSigner
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
 from bc.gateway.hello import hello_transaction
 from bc.pki import keys

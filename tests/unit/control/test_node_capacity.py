@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.hw.fake import FakeHardware
-from bc.control.node_capacity import node_capacity
+from bc.control.capacity.node_capacity import node_capacity
 
 
 def booking(res: str, atom: str, start: int | None, end: int | None, **host: int) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""`bc operators role NAME ROLE` on the server (bc.control.operators.set_role), against the real store."""
+"""`bc operators role NAME ROLE` on the server (bc.control.trust.operators.set_role), against the real store."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bc.control import operators as ops
-from bc.control.bus import Bus
+from bc.control.base.bus import Bus
+from bc.control.trust import operators as ops
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
 from bc.pki.ca import CertificateAuthority
 from bc.store import events as events_sql

@@ -1,4 +1,4 @@
-"""Operators and roles on the server (bc.control.operators, the Admin role table), against the real store."""
+"""Operators and roles on the server (bc.control.trust.operators, the Admin role table), against the real store."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bc.api.admin_roles import ROLE_NEEDED
-from bc.control import actor
-from bc.control import operators as ops
-from bc.control.bus import Bus
+from bc.control.base import actor
+from bc.control.base.bus import Bus
+from bc.control.trust import operators as ops
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority

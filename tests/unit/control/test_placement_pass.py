@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from bc.control import placement_pass
-from bc.control.bus import Bus
-from bc.control.placement_pass import LEASE_NAME, PlacementPass, cpulist_ids
-from bc.control.placement_plan import GIB
-from bc.control.reservations import ReserveRequest, release, reserve
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.capacity import placement_pass
+from bc.control.capacity.placement_pass import LEASE_NAME, PlacementPass, cpulist_ids
+from bc.control.capacity.placement_plan import GIB
+from bc.control.capacity.reservations import ReserveRequest, release, reserve
+from bc.control.signing.signer import NullSigner
 from bc.errors import Conflict, UsageError
 from bc.protocol import canonical
 from bc.protocol.pb import common_pb2, spec_pb2

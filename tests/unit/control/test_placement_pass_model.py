@@ -16,15 +16,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from agent.hw.fake import FakeHardware
-from bc.control import placement_pass as pp_mod
-from bc.control.bus import Bus
-from bc.control.capacity_views import window_of
-from bc.control.invariants import check_billing_conservation, check_no_overlap, check_nothing_placeable_pending
-from bc.control.placement_pass import PlacementPass, load_facts, span_of
-from bc.control.placement_plan import Booking, Wait, plan
-from bc.control.reservations import ReserveRequest, on_allocation_report, release, reserve
-from bc.control.signer import NullSigner
-from bc.control.usage_windows import open_window
+from bc.control.base.bus import Bus
+from bc.control.capacity import placement_pass as pp_mod
+from bc.control.capacity.invariants import check_billing_conservation, check_no_overlap, check_nothing_placeable_pending
+from bc.control.capacity.placement_pass import PlacementPass, load_facts, span_of
+from bc.control.capacity.placement_plan import Booking, Wait, plan
+from bc.control.capacity.reservations import ReserveRequest, on_allocation_report, release, reserve
+from bc.control.capacity.usage_windows import open_window
+from bc.control.capacity.views import window_of
+from bc.control.signing.signer import NullSigner
 from bc.errors import BcError
 from bc.protocol.atoms import parse_atom
 from bc.seams.clock import LoopClock

@@ -1,4 +1,4 @@
-"""`bc.control.placement_rows`: whatever a stored pending row holds, `admit` never raises, and what it lets
+"""`bc.control.capacity.placement_rows`: whatever a stored pending row holds, `admit` never raises, and what it lets
 through the planner plans without raising, every instant it computes fitting an int64."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.control.placement_pass import request_of
-from bc.control.placement_plan import GpuInfo, NodeInfo, Placement, plan
-from bc.control.placement_rows import admit, row_problem
+from bc.control.capacity.placement_pass import request_of
+from bc.control.capacity.placement_plan import GpuInfo, NodeInfo, Placement, plan
+from bc.control.capacity.placement_rows import admit, row_problem
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 NUMBERS = st.one_of(INT64, st.integers(-5, 5), st.none(), st.integers(2**63, 2**80), st.text(max_size=5))

@@ -1,4 +1,4 @@
-"""The read side every client shares (bc/control/queries.py) against the real SQLite store on the virtual clock.
+"""The read side every client shares (bc/control/reads/queries.py) against the real SQLite store on the virtual clock.
 
 Each read returns what an operator is shown; each snapshot carries the seq of
 its own read, so the events after that seq are exactly the changes it does
@@ -15,11 +15,15 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf import any_pb2
 
-from bc.control import approvers as appr
-from bc.control import node_admin, queries, quorum, reservations, specs
-from bc.control.bus import Bus
-from bc.control.commands import EnqueueRequest, enqueue
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.capacity import reservations
+from bc.control.commands.queue import EnqueueRequest, enqueue
+from bc.control.nodes import admin as node_admin
+from bc.control.nodes import specs
+from bc.control.quorum import approvers as appr
+from bc.control.quorum import batches as quorum
+from bc.control.reads import queries
+from bc.control.signing.signer import NullSigner
 from bc.errors import NotFound, UsageError
 from bc.jobs import queries as job_queries
 from bc.pki import quorum as q

@@ -1,4 +1,4 @@
-"""The quorum on the server (bc/control/quorum.py) against the real SQLite store, bus and virtual clock.
+"""The quorum on the server (bc/control/quorum/batches.py) against the real SQLite store, bus and virtual clock.
 
 A batch is stored with its commands held in one transaction; approvers' signed
 decisions are checked and stored; at k the commands are released with proofs
@@ -21,11 +21,11 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf import any_pb2
 
 from agent.quorum import check_batch
-from bc.control import approvers as appr
-from bc.control import quorum
-from bc.control.bus import Bus
-from bc.control.commands import EnqueueRequest, enqueue
-from bc.control.signer import KeySigner, NullSigner, Signer
+from bc.control.base.bus import Bus
+from bc.control.commands.queue import EnqueueRequest, enqueue
+from bc.control.quorum import approvers as appr
+from bc.control.quorum import batches as quorum
+from bc.control.signing.signer import KeySigner, NullSigner, Signer
 from bc.errors import Conflict, NotFound, UsageError
 from bc.pki import merkle
 from bc.pki import quorum as q

@@ -1,11 +1,11 @@
-"""The rules that keep the quorum live (bc.control.quorum_liveness): pure, over approver keys and operators."""
+"""The rules that keep the quorum live (bc.control.quorum.liveness): pure, over approver keys and operators."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.control.quorum_liveness import (
+from bc.control.quorum.liveness import (
     Holder,
     live_approvers,
     refuse_approver_holder,

@@ -10,9 +10,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from bc.control import identity
-from bc.control.bus import Bus
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.signing.signer import NullSigner
+from bc.control.trust import identity
 from bc.errors import Unauthenticated, UsageError
 from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority

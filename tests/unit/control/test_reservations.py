@@ -10,9 +10,9 @@ import pytest
 from google.protobuf.json_format import MessageToJson
 
 from agent.hw.base import inventory_hash
-from bc.control.bus import Bus
-from bc.control.reservations import ReserveRequest, on_allocation_report, release, reserve
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.capacity.reservations import ReserveRequest, on_allocation_report, release, reserve
+from bc.control.signing.signer import NullSigner
 from bc.errors import Conflict, NotFound, UsageError
 from bc.protocol import canonical
 from bc.protocol.pb import common_pb2, spec_pb2

@@ -24,10 +24,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf import any_pb2
 
-from bc.control import commands, identity, intent, quorum, reservations, specs
-from bc.control.bus import Bus
-from bc.control.commands import EnqueueRequest, enqueue
-from bc.control.signer import UNSIGNED, KeySigner, NullSigner, Signer
+from bc.control.base.bus import Bus
+from bc.control.capacity import reservations
+from bc.control.commands import queue as commands
+from bc.control.commands.queue import EnqueueRequest, enqueue
+from bc.control.nodes import specs
+from bc.control.quorum import batches as quorum
+from bc.control.signing.signer import UNSIGNED, KeySigner, NullSigner, Signer
+from bc.control.trust import identity, intent
 from bc.errors import UsageError
 from bc.pki import keys, tokens
 from bc.pki.ca import CertificateAuthority
@@ -160,9 +164,9 @@ STORE_WRITES = {
     ("signing", "resign_command"): "a new signature over a stored command",
 }
 WRITERS = {
-    "bc/control/commands.py": {"enqueue_in"},
-    "bc/control/specs.py": {"write_spec"},
-    "bc/control/intent.py": {"rotate"},
+    "bc/control/commands/queue.py": {"enqueue_in"},
+    "bc/control/nodes/specs.py": {"write_spec"},
+    "bc/control/trust/intent.py": {"rotate"},
 }
 """The only functions outside bc/store that store intent or its signature; each takes a required Signer."""
 

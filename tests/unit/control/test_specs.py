@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.control.bus import Bus
-from bc.control.signer import NullSigner
-from bc.control.specs import SpecWrite, set_section, write_spec
+from bc.control.base.bus import Bus
+from bc.control.nodes.specs import SpecWrite, set_section, write_spec
+from bc.control.signing.signer import NullSigner
 from bc.errors import NotFound, UsageError
 from bc.protocol import canonical
 from bc.protocol.pb import common_pb2, spec_pb2

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.control.capacity_views import window_of
-from bc.control.usage_classes import ClassPart, ClassRow, add_windows, class_rows, split_by_profile
-from bc.control.usage_windows import BY, aggregate
+from bc.control.capacity.usage_classes import ClassPart, ClassRow, add_windows, class_rows, split_by_profile
+from bc.control.capacity.usage_windows import BY, aggregate
+from bc.control.capacity.views import window_of
 from bc.store import Store
 from bc.store import capacity as cap_sql
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import random
 
-from bc.control.bus import Bus
-from bc.control.capacity_views import usage, window_of
-from bc.control.invariants import check_billing_conservation
-from bc.control.placement_pass import PlacementPass, flush_usage, span_of
-from bc.control.reservations import ReserveRequest, release, reserve
-from bc.control.signer import NullSigner
-from bc.control.usage_windows import HOUR_MS, open_window
+from bc.control.base.bus import Bus
+from bc.control.capacity.invariants import check_billing_conservation
+from bc.control.capacity.placement_pass import PlacementPass, flush_usage, span_of
+from bc.control.capacity.reservations import ReserveRequest, release, reserve
+from bc.control.capacity.usage_windows import HOUR_MS, open_window
+from bc.control.capacity.views import usage, window_of
+from bc.control.signing.signer import NullSigner
 from bc.store import capacity as cap_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import advance

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from bc.control.capacity_views import window_of
-from bc.control.usage_windows import BY, aggregate
+from bc.control.capacity.usage_windows import BY, aggregate
+from bc.control.capacity.views import window_of
 from bc.store import capacity as cap_sql
 from bc.store.sqlite import InlineSqliteStore
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.hw.fake import FakeHardware
-from bc.control.capacity import choose_node, free_atoms, offered_atoms, place
+from bc.control.capacity.atoms import choose_node, free_atoms, offered_atoms, place
 from bc.protocol.atoms import DEVICE_CLASSES, GPU, GPU_MIG, GPU_SLOT, Atom, atoms_conflict, parse_atom
 from bc.protocol.pb import common_pb2
 

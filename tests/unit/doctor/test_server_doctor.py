@@ -19,8 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from bc.assembly.supervisor import RESTARTING, LoopState, Supervisor, states_json
 from bc.cli.main import cli
-from bc.control.clock_skew import ClockSkewMonitor
-from bc.control.doctor import (
+from bc.control.doctor.checks import (
     LOOPS_FILE,
     check_clock,
     check_command_signing,
@@ -28,6 +27,7 @@ from bc.control.doctor import (
     check_store,
     run_server_checks,
 )
+from bc.control.doctor.clock_skew import ClockSkewMonitor
 from bc.pki import keys, signing
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.findings import Finding

@@ -9,9 +9,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from google.protobuf import any_pb2
 
-from bc.control.bus import Bus
-from bc.control.commands import EnqueueRequest, enqueue
-from bc.control.signer import NullSigner
+from bc.control.base.bus import Bus
+from bc.control.commands.queue import EnqueueRequest, enqueue
+from bc.control.signing.signer import NullSigner
 from bc.errors import Unauthenticated
 from bc.gateway.hello import DUPLICATE_LIMIT, DUPLICATE_WINDOW_MS, HelloResult, hello_transaction
 from bc.pki import keys

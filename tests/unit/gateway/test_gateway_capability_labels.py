@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bc.control.bus import Bus
+from bc.control.base.bus import Bus
 from bc.gateway.hello import CAPABILITY_PREFIX, capability_labels, hello_transaction
 from bc.pki.identity import PeerIdentity
 from bc.protocol.pb import session_pb2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bc.control.bus import Bus
+from bc.control.base.bus import Bus
 from bc.gateway.oversize import fit_texts, refuse_oversized_update
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import session_pb2

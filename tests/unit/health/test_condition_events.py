@@ -1,8 +1,8 @@
-"""`node.condition` events: what changed between two stored condition lists (bc.control.status)."""
+"""`node.condition` events: what changed between two stored condition lists (bc.control.nodes.status)."""
 
 from __future__ import annotations
 
-from bc.control.status import condition_changes
+from bc.control.nodes.status import condition_changes
 
 
 def c(t: str, status: str, reason: str, message: str = "") -> dict[str, object]:

@@ -16,15 +16,15 @@ from agent.hw.fake import FakeHardware
 from agent.journal_api import AgentJournal
 from agent.journal_rules import Acceptance, Resolution, resolve
 from agent.memory_journal import MemoryJournal
-from bc.control import invariants
-from bc.control.bus import Bus
-from bc.control.invariants import BillingMismatch, Overlap, ReleasedOnDisconnect
-from bc.control.liveness import Liveness, LivenessConfig
-from bc.control.placement_pass import PlacementPass, bookings_of, span_of
-from bc.control.placement_plan import iso
-from bc.control.reservations import ReserveRequest, reserve
-from bc.control.signer import NullSigner
-from bc.control.usage_windows import UsageWindow
+from bc.control.base.bus import Bus
+from bc.control.capacity import invariants
+from bc.control.capacity.invariants import BillingMismatch, Overlap, ReleasedOnDisconnect
+from bc.control.capacity.placement_pass import PlacementPass, bookings_of, span_of
+from bc.control.capacity.placement_plan import iso
+from bc.control.capacity.reservations import ReserveRequest, reserve
+from bc.control.capacity.usage_windows import UsageWindow
+from bc.control.nodes.liveness import Liveness, LivenessConfig
+from bc.control.signing.signer import NullSigner
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
 from bc.protocol.pb import kinds_pb2

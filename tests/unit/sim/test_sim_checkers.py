@@ -8,9 +8,9 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.control import invariants
-from bc.control.invariants import Release
-from bc.control.usage_windows import Span, UsageWindow
+from bc.control.capacity import invariants
+from bc.control.capacity.invariants import Release
+from bc.control.capacity.usage_windows import Span, UsageWindow
 from bc.sim.checkers import (
     DoubleExecution,
     FalseUnreachable,

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bc.control import commands as cmds
-from bc.control import specs
-from bc.control.reservations import ReserveRequest, reserve
+from bc.control.capacity.reservations import ReserveRequest, reserve
+from bc.control.commands import queue as cmds
+from bc.control.nodes import specs
 from bc.protocol import closing
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bc.control.bus import Bus
+from bc.control.base.bus import Bus
 from bc.seams.virtual_time import run as run_virtual
 from bc.seams.virtual_time import virtual_clock
 from bc.sim.bus_hub import BusHub

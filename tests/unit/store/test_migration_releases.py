@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bc.control import releases as rel_ctl
+from bc.control.trust import releases as rel_ctl
 from bc.errors import Conflict
 from bc.pki import releases
 from bc.store import releases as sql

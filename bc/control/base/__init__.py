@@ -1,0 +1,1 @@
+"""What every group of the control plane uses: the wake-up bus, the events log, the acting operator and the roles."""

@@ -1,0 +1,1 @@
+"""Capacity: atoms, the placement pass, reservations, usage windows and the invariants (docs/capacity.md)."""

@@ -1,0 +1,1 @@
+"""Nodes and connectivity: the NodeSpec writer, liveness, status reports, taking a node out."""

@@ -1,0 +1,1 @@
+"""Every read the Admin API serves (queries), and the mappers from store rows to its messages (views)."""

@@ -1,0 +1,225 @@
+"""Store rows to the Admin API's messages: what an operator sees of a node, a spec, a reservation, a command."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from google.protobuf import json_format
+
+from bc.control.capacity import no_schedule, node_capacity
+from bc.pki import keys
+from bc.protocol.pb import admin_pb2, common_pb2
+from bc.store import Row
+
+
+def signing_key_info(cert: x509.Certificate) -> admin_pb2.SigningKeyInfo:
+    cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return admin_pb2.SigningKeyInfo(
+        key_id=keys.fingerprint(cert),
+        subject=str(cn[0].value) if cn else "",
+        not_before_ms=int(cert.not_valid_before_utc.timestamp() * 1000),
+        not_after_ms=int(cert.not_valid_after_utc.timestamp() * 1000),
+        cert_pem=keys.cert_to_pem(cert).decode(),
+    )
+
+
+def node_info(row: Row, now_ms: int, *, detail: bool, certs: Row | None = None) -> admin_pb2.NodeInfo:
+    last_seen = row["last_seen_ms"]
+    since = row["connectivity_since_ms"]
+    info = admin_pb2.NodeInfo(
+        node_id=str(row["node_id"]),
+        role=str(row["role"]),
+        state=str(row["connectivity"]),
+        generation=int(row["generation"]),
+        applied_generation=int(row["applied_generation"]),
+        observed_generation=int(row["observed_generation"]),
+        last_seen_age_ms=-1 if last_seen is None else max(0, now_ms - int(last_seen)),
+        session_epoch=int(row["session_epoch"] or 0),
+        gateway_id=str(row["gateway_id"] or ""),
+        boot_id=str(row["boot_id"] or ""),
+        journal_id=str(row["journal_id"] or ""),
+        spec_hash=str(row["spec_hash"]),
+        applied_spec_hash=str(row["applied_spec_hash"]),
+        capabilities=json.loads(str(row["capabilities"] or "[]")),
+        labels=json.loads(str(row["labels"] or "{}")),
+        cordoned=bool(row["cordoned"]),
+        state_age_ms=-1 if since is None else max(0, now_ms - int(since)),
+    )
+    if certs is not None:
+        info.cert_not_after_ms = int(certs["not_after_ms"] or 0)
+        info.revoked = int(certs["total"] or 0) > 0 and int(certs["live"] or 0) == 0
+        info.revoke_reason = str(certs["revoke_reason"] or "") if info.revoked else ""
+    info.job_hold = str(row["job_hold"] or "")
+    info.no_schedule.extend(
+        no_schedule.reasons(
+            connectivity=info.state,
+            cordoned=info.cordoned,
+            job_hold=info.job_hold,
+            revoked=info.revoked,
+            unhealthy_gpus=no_schedule.unhealthy_gpus(str(row["inventory"] or "{}")),
+        )
+    )
+    if detail:
+        if info.state == "unreachable":
+            # The control plane's own condition: the node cannot report it, being away.
+            info.conditions.add(
+                type="NodeUnreachable",
+                status="True",
+                reason="NoSession",
+                message="no session for longer than the lease and the grace; nothing it holds is released",
+                age_ms=max(0, info.state_age_ms),
+            )
+        status = json.loads(str(row["status"] or "{}"))
+        for s in status.get("sections", []):
+            json_format.ParseDict(s, info.sections.add(), ignore_unknown_fields=True)
+        for c in status.get("conditions", []):
+            cond = info.conditions.add()
+            json_format.ParseDict(
+                {k: v for k, v in c.items() if k not in ("since_ms", "age_ms")}, cond, ignore_unknown_fields=True
+            )
+            cond.age_ms = max(0, now_ms - int(c.get("since_ms", now_ms)))
+        inv = common_pb2.Inventory()
+        json_format.Parse(str(row["inventory"] or "{}"), inv, ignore_unknown_fields=True)
+        info.inventory.CopyFrom(inv)
+    return info
+
+
+def add_capacity(info: admin_pb2.NodeInfo, bookings: list[Row], now_ms: int) -> None:
+    """`bc nodes show`'s capacity: per class offered / booked now / free now / booked later, and host resources."""
+    classes, host = node_capacity.node_capacity(info.inventory, bookings, now_ms)
+    for c in classes:
+        info.capacity.add(
+            device_class=c.device_class,
+            offered=c.offered,
+            booked_now=c.booked_now,
+            free_now=c.free_now,
+            booked_later=c.booked_later,
+        )
+    info.host_capacity.CopyFrom(
+        admin_pb2.HostCapacity(
+            cpus=host.cpus,
+            memory_bytes=host.memory_bytes,
+            hugepages_1g=host.hugepages_1g,
+            cpus_booked=host.cpus_booked,
+            memory_booked=host.memory_booked,
+            hugepages_1g_booked=host.hugepages_1g_booked,
+        )
+    )
+
+
+def reservation(row: Row, bookings: list[Row], now_ms: int) -> admin_pb2.Reservation:
+    """The reservation as the API shows it; the interval is the booked one (the asked one while unbooked)."""
+    booked = [b for b in bookings if b.get("start_ms") is not None]
+    interval = (booked[0]["start_ms"], booked[0].get("end_ms")) if booked else (row.get("start_ms"), row.get("end_ms"))
+    return admin_pb2.Reservation(
+        id=str(row["id"]),
+        node_id=str(row["node_id"] or ""),  # empty while pending, unbooked
+        allocation_id=str(row["allocation_id"]),
+        device_class=str(row["device_class"]),
+        gpus=int(row["gpus"]),
+        state=str(row["state"]),
+        reason=str(row["reason"] or ""),
+        devices=[
+            admin_pb2.BookedDevice(
+                device_class=str(b["device_class"]), atom_id=str(b["atom_id"]), gpu_uuid=str(b["gpu_uuid"])
+            )
+            for b in bookings
+        ],
+        generation=int(row["generation"]),
+        created_age_ms=max(0, now_ms - int(row["created_at_ms"])),
+        binding=str(row["binding"]),
+        start_ms=int(interval[0] or 0),
+        end_ms=int(interval[1] or 0),
+        duration_ms=int(row.get("duration_ms") or 0),
+        tenant=str(row.get("tenant") or ""),
+        selector={str(k): str(v) for k, v in json.loads(str(row.get("selector") or "{}")).items()},
+        want_node_id=str(row.get("want_node_id") or ""),
+        cpus=int(row.get("cpus") or 0),
+        memory_bytes=int(row.get("memory_bytes") or 0),
+        hugepages_1g=int(row.get("hugepages_1g") or 0),
+        seq=int(row.get("seq") or 0),
+    )
+
+
+def event_record(row: Row) -> admin_pb2.EventRecord:
+    return admin_pb2.EventRecord(
+        seq=int(row["seq"]),
+        type=str(row["type"]),
+        subject=str(row["subject"]),
+        data_json=str(row["data"]),
+        at_ms=int(row["at_ms"]),
+    )
+
+
+def result_text(result: bytes | None) -> str:
+    """A stored result for people and scripts: its text when it is JSON (the agent's canonical JSON), else base64.
+
+    The bytes themselves stay untouched in the store; this is only how they are shown.
+    """
+    if not result:
+        return ""
+    raw = bytes(result)
+    try:
+        text = raw.decode("utf-8")
+        json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError):  # nested past the parser's depth: shown as bytes
+        return base64.b64encode(raw).decode("ascii")
+    return text
+
+
+def command_info(row: Row, now_ms: int) -> admin_pb2.CommandInfo:
+    return admin_pb2.CommandInfo(
+        id=str(row["id"]),
+        node_id=str(row["node_id"]),
+        kind=str(row["kind"]),
+        state=str(row["state"]),
+        reason=str(row["reason"] or ""),
+        message=str(row["message"] or ""),
+        result_json=result_text(row["result"]),
+        seq=int(row["seq"]),
+        lane=str(row["lane"]),
+        attempt=int(row["attempt"]),
+        idempotency_key=str(row["idempotency_key"]),
+        not_after_ms=int(row["not_after_ms"]),
+        min_generation=int(row["min_generation"]),
+        created_age_ms=max(0, now_ms - int(row["created_at_ms"])),
+        updated_age_ms=max(0, now_ms - int(row["updated_at_ms"])),
+        boot_id=str(row["boot_id"] or ""),
+        batch_id=str(row["batch_id"] or ""),
+        cancel_requested=row["cancel_requested_at_ms"] is not None,
+        requested_by=str(row.get("requested_by") or ""),
+        signer_key_id=str(row.get("signer_key_id") or ""),
+        attested=bool(row.get("attested") or 0),
+    )
+
+
+def fit_command_results(infos: list[admin_pb2.CommandInfo], budget: int) -> list[admin_pb2.CommandInfo]:
+    """A list reply under `budget` encoded bytes: results are kept in order while they fit, then left out.
+
+    A result may be up to `max_result_bytes`, so a hundred of them would outgrow any frame and make the
+    list itself fail; every command's own fields always fit, and `bc cmd show ID` carries its result.
+    """
+    spent = sum(i.ByteSize() + 8 for i in infos) - sum(len(i.result_json.encode()) for i in infos)
+    for info in infos:
+        size = len(info.result_json.encode())
+        if spent + size > budget:
+            info.result_json = ""
+            info.result_omitted = True
+        else:
+            spent += size
+    return infos
+
+
+def events_within(records: list[admin_pb2.EventRecord], budget: int) -> list[admin_pb2.EventRecord]:
+    """The first records whose encoded sizes add up to at most `budget` (at least one): the caller pages on."""
+    out: list[admin_pb2.EventRecord] = []
+    spent = 0
+    for r in records:
+        spent += r.ByteSize() + 8
+        if out and spent > budget:
+            break
+        out.append(r)
+    return out

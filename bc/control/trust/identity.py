@@ -1,0 +1,348 @@
+"""Join tokens, joining and renewal: a one-time token becomes a node certificate, renewed before it expires.
+
+The token's secret derives a key (`bc.pki.tokens.derive_token_key`); the server
+keeps only the secret's hash and that key's public half (a self-signed
+certificate, `root_cert_pem`). The joining node proves the token inside the
+Join request: a signature by that key over the token id and its CSR
+(`bc.pki.tokens.join_proof`), checked here before anything else is said about
+the token. The TLS handshake before it only needs a leaf under the install's
+one join root, which proves nothing, so every refusal (unknown, wrong secret,
+used, expired) reaches the node as a sentence. Joining consumes the token in
+the same transaction that records the certificate: a token works once.
+
+Renewal (`renew`) is called over mutual TLS with the node's current
+certificate and proves possession of the current key (`bc.pki.renewal`); the
+new certificate certifies a new key for the same node, role and identity
+generation. Earlier certificates stay valid until they expire: a node that
+crashed before storing its new certificate renews again with the old one.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
+
+from bc.control.base.bus import Bus
+from bc.control.base.events import publish
+from bc.control.nodes.specs import write_spec
+from bc.control.signing.signer import Signer
+from bc.control.trust import ssh as ssh_ctl
+from bc.errors import BcError, Unauthenticated, UsageError
+from bc.pki import renewal as pki_renewal
+from bc.pki import tokens as pki_tokens
+from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
+from bc.pki.identity import PeerIdentity, peer_identity
+from bc.pki.secrets_source import Secrets
+from bc.seams.clock import Clock
+from bc.store import Store
+from bc.store import identity as id_sql
+from bc.store import nodes as nodes_sql
+
+NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+ROLES = ("node", "site", "ramdisk")
+MIN_TTL_S, MAX_TTL_S = 60, 7 * 24 * 3600
+NODE_CERT_TTL_S = 24 * 3600
+
+log = logging.getLogger("bc.control.trust.identity")
+
+
+def check_node_id(node_id: str) -> None:
+    if not NODE_ID.fullmatch(node_id):
+        raise UsageError(
+            f"invalid node id {node_id!r}: use 1-63 lowercase letters, digits, '.', '_' or '-', starting with a"
+            " letter or digit"
+        )
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: str
+    token_id: str
+    node_id: str
+    role: str
+    expires_at_ms: int
+
+
+async def create_token(
+    store: Store,
+    bus: Bus,
+    ca: CertificateAuthority,
+    clock: Clock,
+    node_id: str,
+    role: str,
+    ttl_s: float,
+    *,
+    rng: random.Random,
+    secrets: Secrets,
+) -> IssuedToken:
+    """A one-time token: its id from `rng` (a public name), its secret from `secrets`."""
+    check_node_id(node_id)
+    if role not in ROLES:
+        raise UsageError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+    if not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
+        raise UsageError(f"a token's ttl must be between 1m and 7d, not {ttl_s:.0f}s")
+    new = pki_tokens.create_token(ca.fingerprint, ttl_s, clock, rng, secrets)
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        await id_sql.insert_token(
+            tx,
+            token_id=new.token_id,
+            secret_hash=new.secret_hash,
+            node_id=node_id,
+            role=role,
+            root_cert_pem=new.root_cert_pem.decode(),
+            created_at_ms=now_ms,
+            expires_at_ms=int(new.expires_at * 1000),
+        )
+        await publish(tx, bus, "token.created", node_id, {"token_id": new.token_id, "role": role}, now_ms)
+    return IssuedToken(new.token, new.token_id, node_id, role, int(new.expires_at * 1000))
+
+
+@dataclass(frozen=True)
+class Joined:
+    node_id: str
+    role: str
+    cert_pem: bytes
+    identity_generation: int
+
+
+async def join(
+    store: Store,
+    bus: Bus,
+    signer: Signer,
+    ca: CertificateAuthority,
+    token_id: str,
+    csr_der: bytes,
+    hostname: str,
+    *,
+    proof: bytes,
+    ttl_s: int = NODE_CERT_TTL_S,
+) -> Joined:
+    """Consume the token and issue the node's certificate (`ttl_s`, at most 24 h) for the key in the CSR.
+
+    `proof` is the token key's signature over the token id and `csr_der` (`bc.pki.tokens.join_proof`); it
+    is checked before the token's state, so only the token's holder learns that it was used or expired.
+    """
+    try:
+        csr = x509.load_der_x509_csr(csr_der)
+    except ValueError:
+        raise UsageError("the join request's CSR does not parse") from None
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        tok = await id_sql.get_token(tx, token_id)
+        if tok is None:
+            raise Unauthenticated("the join token is unknown to this server; create a new one with `bc token create`")
+        if not pki_tokens.verify_join_proof(str(tok["root_cert_pem"]).encode(), token_id, csr_der, proof):
+            raise Unauthenticated(
+                "the join token's secret does not match this server's record of it; check that the whole token was"
+                " copied, or create a new one with `bc token create`"
+            )
+        if tok["used_at_ms"] is not None:
+            raise Unauthenticated("the join token has already been used; create a new one with `bc token create`")
+        if int(tok["expires_at_ms"]) <= now_ms:
+            raise Unauthenticated("the join token has expired; create a new one with `bc token create`")
+        if not await id_sql.use_token(tx, token_id, now_ms):
+            raise Unauthenticated("the join token is no longer valid")
+        node_id, role = str(tok["node_id"]), str(tok["role"])
+        created = await nodes_sql.ensure(tx, node_id, role, now_ms)
+        idgen = 1 if created else await id_sql.bump_identity_generation(tx, node_id)
+        revived = not created and await nodes_sql.revive(tx, node_id, now_ms)  # a deleted id, history kept
+        cert = ca.issue_node_cert(csr, node_id, role, idgen, node_cert_ttl(ttl_s))
+        pem = cert.public_bytes(serialization.Encoding.PEM)
+        await id_sql.insert_cert(
+            tx,
+            serial=format(cert.serial_number, "x"),
+            node_id=node_id,
+            identity_generation=idgen,
+            cert_pem=pem.decode(),
+            issued_at_ms=now_ms,
+            not_after_ms=int(cert.not_valid_after_utc.timestamp() * 1000),
+        )
+        if created:
+            # The first generation: an empty spec the node converges to at once.
+            await write_spec(tx, bus, signer, node_id, lambda spec: None, now_ms, lock=store.for_update())
+        if created or revived:  # the SSH CA and the revoked serials, once `bc ssh ca init` made a CA
+            await ssh_ctl.sync_access(tx, bus, signer, now_ms, [node_id], lock=store.for_update())
+        await publish(
+            tx,
+            bus,
+            "node.joined",
+            node_id,
+            {
+                "role": role,
+                "identity_generation": idgen,
+                "revived": revived,
+                "hostname": hostname,
+                "serial": format(cert.serial_number, "x"),
+            },
+            now_ms,
+        )
+    return Joined(node_id, role, pem, idgen)
+
+
+def node_cert_ttl(ttl_s: int) -> int:
+    """A node certificate's lifetime: `bc serve --node-cert-ttl` (tests shorten it), never above 24 h."""
+    if ttl_s <= 0:
+        raise UsageError(f"a node certificate's lifetime must be positive, not {ttl_s} s")
+    return min(int(ttl_s), NODE_MAX_TTL_S)
+
+
+@dataclass(frozen=True)
+class Renewed:
+    node_id: str
+    serial: str
+    cert_pem: bytes
+    not_after_ms: int
+
+
+class _Refused(Exception):
+    """A renewal refused after the caller proved its key: published, then raised as `error`."""
+
+    def __init__(self, reason: str, error: BcError) -> None:
+        super().__init__(error.message)
+        self.reason, self.error = reason, error
+
+
+async def renew(
+    store: Store,
+    bus: Bus,
+    ca: CertificateAuthority,
+    caller_cert: x509.Certificate,
+    csr_der: bytes,
+    timestamp_ms: int,
+    proof: bytes,
+    *,
+    ttl_s: int = NODE_CERT_TTL_S,
+) -> Renewed:
+    """Issue a node a certificate for a new key, proved by its current one (`caller_cert`, from mutual TLS).
+
+    Refused (`Unauthenticated` unless said otherwise) when the caller is not a
+    node certificate of this CA, the proof was not made by the caller's key,
+    and, once the proof verified (each such refusal publishes
+    `security.renew.refused` naming the node with the reason):
+    `renew:stale-timestamp` (more than 60 s from the store clock),
+    `renew:bad-csr` (`UsageError`: unreadable, or its signature does not
+    match its key), `renew:key-reused` (`UsageError`: the CSR keeps the
+    current key; a renewal rotates it), `renew:unknown-certificate`,
+    `renew:revoked`, `renew:expired`, `renew:old-identity` (a certificate of
+    an identity generation a later join replaced).
+    """
+    peer = peer_identity(caller_cert, ca.certificate)
+    if peer.kind != "node":
+        raise Unauthenticated(f"renewal needs a node certificate, not a {peer.kind} one")
+    # Before the proof verifies, the caller has shown nothing worth an event: refuse quietly.
+    pki_renewal.verify_renew_proof(caller_cert, csr_der, timestamp_ms, proof)
+    now_ms = await store.now_ms()
+    try:
+        renewed = await _renew_proved(store, bus, ca, peer, caller_cert, csr_der, timestamp_ms, now_ms, ttl_s)
+    except _Refused as r:
+        log.warning(
+            "event=renew.refused node=%s serial=%s reason=%s error=%s",
+            peer.name,
+            peer.serial,
+            r.reason,
+            r.error.message,
+        )
+        # The renewal's own transaction rolled back; the refusal is recorded on its own.
+        async with store.transaction() as tx:
+            await publish(
+                tx,
+                bus,
+                "security.renew.refused",
+                peer.name,
+                {"reason": r.reason, "serial": peer.serial, "message": r.error.message},
+                now_ms,
+            )
+        raise r.error from None
+    log.info("event=node.cert.renewed node=%s serial=%s previous=%s", peer.name, renewed.serial, peer.serial)
+    return renewed
+
+
+async def _renew_proved(
+    store: Store,
+    bus: Bus,
+    ca: CertificateAuthority,
+    peer: PeerIdentity,
+    caller_cert: x509.Certificate,
+    csr_der: bytes,
+    timestamp_ms: int,
+    now_ms: int,
+    ttl_s: int,
+) -> Renewed:
+    node_id, serial = peer.name, peer.serial
+    try:
+        pki_renewal.check_proof_timestamp(timestamp_ms, now_ms)
+    except Unauthenticated as e:
+        raise _Refused("renew:stale-timestamp", e) from None
+    try:
+        csr = x509.load_der_x509_csr(csr_der)
+    except ValueError:
+        raise _Refused("renew:bad-csr", UsageError("the renewal's CSR does not parse")) from None
+    if not csr.is_signature_valid:
+        raise _Refused("renew:bad-csr", UsageError("the renewal's CSR signature does not match its key"))
+    if _spki(csr.public_key()) == _spki(caller_cert.public_key()):
+        raise _Refused(
+            "renew:key-reused",
+            UsageError("the renewal's CSR reuses the current key; a renewal must certify a new key"),
+        )
+    async with store.transaction() as tx:
+        row = await id_sql.get_cert(tx, serial)
+        if row is None or str(row["node_id"]) != node_id:
+            raise _Refused(
+                "renew:unknown-certificate",
+                Unauthenticated(f"certificate {serial} is not a certificate of node {node_id}"),
+            )
+        if row["revoked_at_ms"] is not None:
+            raise _Refused(
+                "renew:revoked", Unauthenticated(f"certificate {serial} of node {node_id} has been revoked; join again")
+            )
+        if int(row["not_after_ms"]) <= now_ms:
+            raise _Refused(
+                "renew:expired", Unauthenticated(f"certificate {serial} of node {node_id} has expired; join again")
+            )
+        idgen = int(row["identity_generation"])
+        current = await id_sql.node_identity_generation(tx, node_id)
+        if current is None or idgen != current or peer.identity_generation != idgen:
+            raise _Refused(
+                "renew:old-identity",
+                Unauthenticated(
+                    f"certificate {serial} belongs to an older identity of node {node_id} (generation {idgen},"
+                    f" now {current}); join again"
+                ),
+            )
+        try:
+            cert = ca.issue_node_cert(csr, node_id, peer.role, idgen, node_cert_ttl(ttl_s))
+        except Unauthenticated as e:  # a CSR key that is not P-256
+            raise _Refused("renew:bad-csr", e) from None
+        pem = cert.public_bytes(serialization.Encoding.PEM)
+        new_serial = format(cert.serial_number, "x")
+        not_after_ms = int(cert.not_valid_after_utc.timestamp() * 1000)
+        await id_sql.insert_cert(
+            tx,
+            serial=new_serial,
+            node_id=node_id,
+            identity_generation=idgen,
+            cert_pem=pem.decode(),
+            issued_at_ms=now_ms,
+            not_after_ms=not_after_ms,
+        )
+        await publish(
+            tx,
+            bus,
+            "node.cert.renewed",
+            node_id,
+            {"serial": new_serial, "not_after_ms": not_after_ms, "previous_serial": serial},
+            now_ms,
+        )
+    return Renewed(node_id, new_serial, pem, not_after_ms)
+
+
+def _spki(key: CertificatePublicKeyTypes) -> bytes:
+    """A public key's DER SubjectPublicKeyInfo: the one comparison that holds across key classes."""
+    return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
