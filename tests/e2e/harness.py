@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json as jsonlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -142,6 +143,12 @@ class Lab:
             return port_accepts(proc.port)  # type: ignore[arg-type]
 
         self.wait_for(f"{proc.name} to accept connections on port {proc.port}", up, timeout=20)
+
+    def copy_server_dir(self, dest: Path) -> Path:
+        """A copy of the running server's data dir for another gateway (the fleet's CA and keys): without its
+        logs and what belongs to the running process alone (its loops report, a file being written)."""
+        shutil.copytree(self.server_dir, dest, ignore=shutil.ignore_patterns("*.log", "loops.json", ".bc-tmp-*"))
+        return dest
 
     def serve(
         self,

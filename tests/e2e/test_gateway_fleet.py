@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
@@ -44,7 +43,7 @@ def three_gateways(lab: Lab, store: str) -> list[str]:
     addrs = [lab.address]
     for name in GATEWAYS[1:]:
         d, port = lab.root / f"server-{name}", free_port()
-        shutil.copytree(lab.server_dir, d, ignore=shutil.ignore_patterns("*.log"))
+        lab.copy_server_dir(d)
         lab.serve(name, d, port, store, "--gateway-id", name)
         addrs.append(f"127.0.0.1:{port}")
     return addrs

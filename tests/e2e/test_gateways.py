@@ -38,7 +38,7 @@ def two_gateways(lab: Lab, store: str) -> int:
     """gw-a on the lab's data dir and port, gw-b on a copy of it (the fleet's CA and keys); gw-b's port."""
     serve(lab, "gw-a", lab.server_dir, lab.port, store)
     b_dir, b_port = lab.root / "server-b", free_port()
-    shutil.copytree(lab.server_dir, b_dir)
+    lab.copy_server_dir(b_dir)
     serve(lab, "gw-b", b_dir, b_port, store)
     return b_port
 

@@ -5,8 +5,6 @@ refused at start, exit 4, with one sentence naming the running holder, and the f
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from tests.e2e.conftest import lab
@@ -27,7 +25,7 @@ def test_a_second_bc_serve_with_a_running_gateways_id_exits_4_naming_the_holder(
         assert holder.startswith("gw-a@") and str(lab.server_dir) in holder, holder
 
         copy = lab.root / "server-copy"
-        shutil.copytree(lab.server_dir, copy, ignore=shutil.ignore_patterns("*.log"))
+        lab.copy_server_dir(copy)
         second = run_serve(lab, copy, store, "gw-a")
         assert second.returncode == 4, (second.returncode, second.stderr[-2000:])
         errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
