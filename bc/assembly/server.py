@@ -143,9 +143,7 @@ def _worker_id(data_dir: Path, rng: random.Random) -> str:
         text = ""
     if not text:
         text = f"serve-{socket.gethostname()[:24]}-{rng.getrandbits(48):012x}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        atomic_write(path, (text + "\n").encode(), 0o600)
     return text
 
 

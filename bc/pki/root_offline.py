@@ -28,7 +28,6 @@ by other users (group or world bits set), not a key, or another install's root
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from bc.pki import quorum as q
 from bc.pki.secrets_source import Secrets
 from bc.pki.signing import ROOT_KEY, SigningKeys, issue_worker
 from bc.protocol.pb import common_pb2
+from bc.runtime.files import write_new
 from bc.seams.clock import Clock
 
 
@@ -63,15 +63,11 @@ def export_root(data_dir: Path, out: Path) -> None:
     """Write the root key to `out` (0600), a new file."""
     data = _read_root(root_key_path(data_dir))
     try:
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        write_new(out, data)
     except FileExistsError:
         raise UsageError(f"{out} already exists; choose a new file for the export") from None
     except OSError as e:
         raise UsageError(f"cannot write {out}: {e.strerror}") from None
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def remove_root(data_dir: Path, exported: Path) -> None:

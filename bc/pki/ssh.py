@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from cryptography.hazmat.primitives.serialization import ssh as crypto_ssh
 from bc.errors import Conflict, UsageError
 from bc.protocol import ssh_lines
 from bc.protocol.text_safety import unsafe_char
-from bc.runtime.files import atomic_write
+from bc.runtime.files import atomic_write, write_new
 
 CA_KEY_FILE = "ssh_user_ca"
 EXTENSIONS = (b"permit-pty", b"permit-port-forwarding", b"permit-agent-forwarding")
@@ -80,13 +79,9 @@ def write_key_file(path: Path, key: ed25519.Ed25519PrivateKey) -> Path:
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
     )
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        write_new(path, pem)
     except FileExistsError:
         raise Conflict(f"{path} exists already; an SSH CA key is never written over a file") from None
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-        f.flush()
-        os.fsync(f.fileno())
     atomic_write(path.with_name(path.name + ".pub"), (public_line(key) + " bc-ssh-user-ca\n").encode())
     return path
 

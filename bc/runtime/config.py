@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bc.errors import UsageError
-from bc.runtime.files import atomic_write
+from bc.runtime.files import atomic_write, write_new
 from bc.runtime.local_files import read_local_file, read_local_text
 
 
@@ -114,15 +114,11 @@ class OperatorConfig:
     ) -> Path:
         """One self-contained config file (0600, PEMs inline) to hand to a person; never overwrites."""
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            write_new(path, _single_doc(server, ca_pem, cert_pem, key_pem, data_dir).encode())
         except FileExistsError:
             raise UsageError(f"{path} already exists; refusing to overwrite it (choose another --out)") from None
         except OSError as e:
             raise UsageError(f"cannot write {path}: {e.strerror}") from None
-        with os.fdopen(fd, "w") as f:
-            f.write(_single_doc(server, ca_pem, cert_pem, key_pem, data_dir))
-            f.flush()
-            os.fsync(f.fileno())
         return path
 
     @staticmethod

@@ -40,6 +40,26 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, dir_mode: int = 
     fsync_dir(parent)
 
 
+def write_new(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Create `path` with `data` (file mode `mode`), never over an existing file: FileExistsError then.
+
+    For a file handed to a person or kept as the only copy (an exported key, a config with a key inline):
+    it is fsynced, and so is its directory, so the file is there after a power cut. Blocking, as `atomic_write`.
+    """
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+    fsync_dir(path.parent)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename, a new file or a removal in the directory `path` survive a power cut."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
