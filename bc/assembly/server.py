@@ -79,7 +79,7 @@ from bc.runtime.aio import cancel_and_wait
 from bc.runtime.config import OperatorConfig, user_config_path, user_copy
 from bc.runtime.files import atomic_write
 from bc.seams.clock import Clock, SystemClock
-from bc.store import Store, StoreError, leases, open_store
+from bc.store import Store, StoreError, StoreUnreachable, leases, open_store
 from bc.store import gateway_keys as gk_sql
 from bc.store import nodes as nodes_sql
 from bc.store.leases import Claim
@@ -319,8 +319,17 @@ class Server:
         data_dir = self.opts.data_dir
         host, port = _host_port(self.opts.listen)
         roles = self.opts.roles
-        # Not retried: a store that failed to open may hold a half-open pool (docs/design.md, "remaining").
-        self.store = await self._open_store(self.opts.store or str(data_dir / "bc.db"), self.clock)
+        # A store not reached yet (PostgreSQL starting, failing over) is waited for, saying why at each attempt;
+        # one that answered with a refusal (a corrupt file, a wrong password) ends the start with its sentence.
+        url = self.opts.store or str(data_dir / "bc.db")
+        self.store = await retry_start(
+            lambda: self._open_store(url, self.clock),
+            what="store-open",
+            clock=self.clock,
+            rng=self._jitter,
+            process="serve",
+            retry_on=(StoreUnreachable,),
+        )
         self.relay = cross_process_relay(self.store, self.bus, self.clock)
         # Named processes on one store (--gateway-id) hold the singleton workers' leases under that name and their
         # host and data dir (two processes started under one name are two holders: bc.gateway.lease); a lab's one

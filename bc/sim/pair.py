@@ -76,7 +76,7 @@ from bc.seams.clock import LoopClock
 from bc.seams.network import SimNetwork
 from bc.seams.virtual_time import run as run_virtual
 from bc.seams.virtual_time import virtual_clock
-from bc.store import Store
+from bc.store import Store, StoreError
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
@@ -173,7 +173,10 @@ class ControlPlane:
             return
         async with asyncio.timeout(30):
             await self.gateway.drain()
-        await self.gateway.release_lease()
+        # In a store outage the lease is not handed back: it runs out, and the next control plane waits for
+        # that (as `bc serve`'s stop does). A restart falling in an outage must not end the run.
+        with contextlib.suppress(StoreError):
+            await self.gateway.release_lease()
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bc.seams.clock import Clock
-from bc.store.base import Row, Store, StoreError, Tx
+from bc.store.base import Row, Store, StoreError, StoreUnreachable, Tx
 
-__all__ = ["Row", "Store", "StoreError", "Tx", "open_store", "sqlite_path"]
+__all__ = ["Row", "Store", "StoreError", "StoreUnreachable", "Tx", "open_store", "sqlite_path"]
 
 
 def sqlite_path(url: str) -> Path:

@@ -36,6 +36,12 @@ class StoreError(Unavailable):
     the CLI exits 5, instead of an internal error."""
 
 
+class StoreUnreachable(StoreError):
+    """The store could not be reached as it was opened (refused, timed out, failing over): a process starting
+    now may wait for it (`bc serve` does, saying why at each attempt). A store that answered and refused
+    (a corrupt file, a failed migration) is a plain `StoreError`: waiting would not change it."""
+
+
 APPEND_ROWS_PER_INSERT = 200
 """Rows a multi-row INSERT of `Tx.append_at_commit` carries at most (SQLite's bound on a statement's
 parameters is 32,766; an event row has four)."""

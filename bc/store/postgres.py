@@ -26,6 +26,7 @@ discards the broken connection and the next transaction opens a new one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 from collections.abc import AsyncIterator
@@ -36,11 +37,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bc.runtime.aio import outside_world
 from bc.seams.clock import Clock, SystemClock
-from bc.store.base import Params, Row, Store, StoreError, Tx
+from bc.store.base import Params, Row, Store, StoreError, StoreUnreachable, Tx
 from bc.store.migrate import apply_migrations
 
 CLOCK_RESYNC_S = 5.0
@@ -119,6 +120,18 @@ async def _run(conn: psycopg.AsyncConnection[Row], sql: str, params: Params | No
         raise StoreError(f"{_first_line(e)} in: {sql.strip()[:120]}") from e
 
 
+def _unreachable(e: psycopg.OperationalError) -> bool:
+    """A connection that never reached a server that could answer (libpq says so in words, no SQLSTATE):
+    refused, no route, timed out, the server starting up or shutting down."""
+    if e.sqlstate is not None:
+        return e.sqlstate.startswith("57P")  # admin shutdown, crash shutdown, cannot connect now (starting up)
+    text = str(e).lower()
+    return any(
+        w in text
+        for w in ("connection refused", "timeout expired", "timed out", "no route to host", "could not connect")
+    )
+
+
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
@@ -159,16 +172,19 @@ class PostgresStore(Store):
             await conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(self.schema)))
 
     async def open(self, *, migrate: bool = True) -> None:
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] | None = None
         try:
-            if self.schema:
-                with outside_world():
-                    async with await psycopg.AsyncConnection.connect(
-                        self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
-                    ) as conn:
+            # One connection of its own first, schema or not: the pool retries a refused connection in the
+            # background and ends in a PoolTimeout that no longer says why (a wrong password, a missing database).
+            with outside_world():
+                async with await psycopg.AsyncConnection.connect(
+                    self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                ) as conn:
+                    if self.schema:
                         await conn.execute(
                             pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(self.schema))
                         )
-            pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
+            pool = AsyncConnectionPool(
                 self.url,
                 min_size=POOL_MIN,
                 max_size=self._pool_max,
@@ -187,7 +203,16 @@ class PostgresStore(Store):
                 await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
             self._pool = pool
         except Exception as e:  # psycopg's errors, OSError, TimeoutError, the pool's own PoolTimeout and friends
-            raise StoreError(f"cannot open the store {self.description}: {_first_line(e)}") from e
+            if pool is not None:  # its workers would go on dialling: a start that tries again opens a new one
+                with outside_world(), contextlib.suppress(Exception):
+                    await pool.close()
+            # Not reached (refused, timed out, the server starting or failing over) is worth waiting for; a
+            # server that answered with a refusal (a missing database, a wrong password) is said and ends.
+            unreachable = isinstance(e, OSError | TimeoutError | PoolTimeout) or (
+                isinstance(e, psycopg.OperationalError) and _unreachable(e)
+            )
+            error = StoreUnreachable if unreachable else StoreError
+            raise error(f"cannot open the store {self.description}: {_first_line(e)}") from e
         if not migrate:
             return
         try:
