@@ -2,12 +2,19 @@
 
     bc sim --nodes N --chaos none|light|heavy --seed S [--duration 2h] [--gateways 1..8] [--journal-files]
            [--trace run.jsonl] [--json] [--break RULE]
+    bc sim ... --seeds 1-50 [--parallel N]      (a sweep: bc.sim.sweep)
 
 The run (`bc.sim.fleet.run_sync`) gets the workload of `bc.sim.workload`, seeded from `--seed`. While it
 runs, a progress line (simulated time, events, faults so far) goes to stderr about once a wall second,
 so stdout holds only the summary (`bc.sim.report`) or, with `--json`, one JSON document. Exit 0 when
-every invariant holds, `InvariantFailed` (exit 10) when one fails; bad input is one sentence and exit 2
-before anything runs. Same seed, same digest: the line `reproduce:` is the command that replays it.
+every invariant holds, `InvariantFailed` (exit 10) when one fails, `HarnessFailed` (exit 11) when the
+simulator itself failed (a fault it could not inject: a bug in bc sim, said with the seed that replays it,
+never a traceback); bad input is one sentence and exit 2 before anything runs. Same seed, same digest: the
+line `reproduce:` is the command that replays it.
+
+With `--seeds` it sweeps: each seed in a forked process (`--parallel`, the host's cores by default), a line
+per seed as it ends, then a summary and the command that replays each seed to look at. Exit 10 when a seed
+broke an invariant or the harness, or, with `--break`, when a seed missed the bug.
 
 The progress line is paced by a ticker thread that sleeps one wall second at a time and raises a flag;
 the run never reads it (only whether to print), so pacing cannot change what the simulation does.
@@ -16,17 +23,24 @@ the run never reads it (only whether to print), so pacing cannot change what the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
 import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from bc.cli.output import echo, json_lines, text_lines
+from bc.cli.output import echo, json_lines, lines, text_lines
 from bc.cli.render import format_duration, parse_duration
 from bc.errors import BcError, UsageError
+from bc.protocol.text_safety import one_line
+
+if TYPE_CHECKING:
+    from bc.sim.sweep import SeedOutcome
 
 MAX_NODES = 100_000
 MAX_GATEWAYS = 8
@@ -37,6 +51,12 @@ class InvariantFailed(BcError):
     """A simulated run broke a fleet invariant; the summary (or the JSON) says which and how to replay it."""
 
     exit_code = 10
+
+
+class HarnessFailed(BcError):
+    """The simulator itself failed (a fault it could not inject): a bug in bc sim, not a verdict on the fleet."""
+
+    exit_code = 11
 
 
 def workload_seed(seed: int) -> str:
@@ -130,6 +150,13 @@ def progress_line(sim_s: float, total_s: float, events: int, faults: int) -> str
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the summary.")
 @click.option("--break", "break_rule", default=None, help="Run with a deliberate bug, to see its checker fail.")
 @click.option("--log", "show_log", is_flag=True, help="Print the simulated processes' logs (warnings and up).")
+@click.option("--seeds", default=None, metavar="SPEC", help="Sweep these seeds instead of one: 1-50, 1,3,7-9.")
+@click.option(
+    "--parallel",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Seeds run at once in a sweep (default: the host's cores).",
+)
 def sim(
     nodes: int,
     chaos: str,
@@ -141,10 +168,28 @@ def sim(
     as_json: bool,
     break_rule: str | None,
     show_log: bool,
+    seeds: str | None,
+    parallel: int | None,
 ) -> None:
     """Simulate a fleet on virtual time under seeded chaos and check the fleet invariants."""
     check_input(nodes, chaos, break_rule, gateways)
     duration_s = parse_duration(duration, what="--duration")
+    if seeds is not None:
+        if trace is not None:
+            raise UsageError("--trace records one run: give --seed, not --seeds")
+        run_sweep(
+            seeds,
+            parallel or os.cpu_count() or 1,
+            nodes=nodes,
+            chaos=chaos,
+            duration_s=float(duration_s),
+            gateways=gateways,
+            journal_files=journal_files,
+            break_rule=break_rule,
+            as_json=as_json,
+            show_log=show_log,
+        )
+        return
     from bc.sim import report
     from bc.sim.chaos import LEVELS
     from bc.sim.fleet import SimConfig, run_sync
@@ -171,7 +216,13 @@ def sim(
             if ticker.due():
                 echo(progress_line(sim_s, duration_s, events, faults), err=True)
 
-        result = run_sync(cfg, workload=make_workload(random.Random(workload_seed(seed))), progress=progress)
+        try:
+            result = run_sync(cfg, workload=make_workload(random.Random(workload_seed(seed))), progress=progress)
+        except Exception as e:
+            why = one_line(f"{type(e).__name__}: {e}")[:300]
+            raise HarnessFailed(
+                f"the simulator failed, a bug in bc sim and not in the fleet ({why}); replay: {cfg.repro()}"
+            ) from e
     if as_json:
         echo(json_lines(report.to_json(result, cfg)))
     else:
@@ -182,6 +233,69 @@ def sim(
         raise InvariantFailed(
             f"{len(failed)} invariant(s) failed, first {first.id} ({first.name}); replay: {result.repro}"
         )
+
+
+def run_sweep(
+    spec: str,
+    parallel: int,
+    *,
+    nodes: int,
+    chaos: str,
+    duration_s: float,
+    gateways: int,
+    journal_files: bool,
+    break_rule: str | None,
+    as_json: bool,
+    show_log: bool,
+) -> None:
+    from bc.sim.chaos import LEVELS
+    from bc.sim.fleet import SimConfig, repro_at, seed_outcome
+    from bc.sim.sweep import line, parse_seeds, summary, sweep
+
+    seeds = parse_seeds(spec)
+    shape = SimConfig(
+        nodes=nodes,
+        seed=seeds[0],
+        chaos=next(level for level in LEVELS if level == chaos),
+        duration_s=duration_s,
+        gateways=gateways,
+        journal_files=journal_files,
+        break_rule=break_rule,
+    )
+    several = f", {gateways} gateways" if gateways > 1 else ""
+    broken = f", break {break_rule}" if break_rule else ""
+    echo(
+        f"bc sim: {len(seeds)} seeds, {parallel} at a time: {nodes:,} nodes{several}, chaos {chaos}{broken},"
+        f" {format_duration(duration_s)} simulated each",
+        err=True,
+    )
+
+    def done(o: SeedOutcome) -> None:
+        if not as_json:
+            echo(line(o, breaking=break_rule is not None))
+
+    with quiet_logs(not show_log):
+        outcomes = sweep(seeds, seed_outcome, shape, parallel=parallel, repro_of=repro_at, on_done=done)
+    closing = summary(outcomes, breaking=break_rule)
+    if as_json:
+        echo(
+            json_lines(
+                {
+                    "seeds": [dataclasses.asdict(o) | {"ok": o.ok, "caught": o.caught} for o in outcomes],
+                    "break": break_rule,
+                    "caught": sum(o.caught for o in outcomes),
+                    "ok": sum(o.ok for o in outcomes),
+                    "harness_errors": sum(bool(o.harness_error) for o in outcomes),
+                    "summary": closing,
+                }
+            )
+        )
+    else:
+        echo(lines(closing))
+    missed = [o for o in outcomes if not o.caught] if break_rule else [o for o in outcomes if not o.ok]
+    if missed:
+        what = f"missed the break {break_rule}" if break_rule else "failed"
+        raise InvariantFailed(f"{len(missed)} of {len(outcomes)} seeds {what}; each one's replay is above")
 
 
 COMMANDS: tuple[click.Command, ...] = (sim,)

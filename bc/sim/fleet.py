@@ -58,6 +58,7 @@ from bc.control.signing.signer import Signer
 from bc.control.trust.intent import Intent
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
+from bc.protocol.text_safety import one_line
 from bc.seams.clock import Clock, LoopClock, ms
 from bc.seams.network import LinkFaults, SimNetwork
 from bc.seams.virtual_time import run as run_virtual
@@ -71,6 +72,7 @@ from bc.sim.gateways import GatewayEvent, GatewayFleet
 from bc.sim.pair import ControlPlane, PairConfig, PairNode, SessionPair, _scratch_dir, events_digest
 from bc.sim.process_store import OutageStore
 from bc.sim.record import LinkWatch, Recorder, from_store, quiet_snapshot, watch_links
+from bc.sim.sweep import SeedOutcome
 from bc.sim.workload import Workload, make_workload
 from bc.store import Store, StoreError
 from bc.store import events as events_sql
@@ -606,6 +608,31 @@ def workload_for(cfg: SimConfig) -> Workload:
     `bc sim` seeds it (a string seed hashes the same in every process), so this module's runs and `bc sim`'s
     write the same events log for one seed."""
     return make_workload(random.Random(f"bc-sim-workload:{cfg.seed}"))
+
+
+def repro_at(cfg: SimConfig, seed: int) -> str:
+    """The command that replays `cfg` at `seed`."""
+    return replace(cfg, seed=seed).repro()
+
+
+def seed_outcome(cfg: SimConfig, seed: int) -> SeedOutcome:
+    """One seed of a sweep (`bc.sim.sweep`): `cfg` at `seed` with the standard workload, as `bc sim --seed`
+    runs it; what the run raises is the harness's error, said in one line with the seed that replays it."""
+    one = replace(cfg, seed=seed, trace=None)
+    try:
+        result = run_sync(one, workload=workload_for(one))
+    except Exception as e:
+        return SeedOutcome(seed=seed, repro=one.repro(), harness_error=one_line(f"{type(e).__name__}: {e}")[:300])
+    failed = [i for i in result.invariants if not i.ok]
+    return SeedOutcome(
+        seed=seed,
+        repro=one.repro(),
+        failed=tuple(i.id for i in failed),
+        first_failure=one_line(failed[0].counterexample or "")[:300] if failed else "",
+        digest=result.digest,
+        wall_seconds=result.wall_seconds,
+        sim_seconds=result.sim_seconds,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -77,3 +77,30 @@ def test_bad_input_is_one_sentence_and_exit_2(args: tuple[str, ...], says: str) 
     assert out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: " + says), lines
+
+
+def test_a_sweep_runs_each_seed_as_its_single_run_and_sums_them_up() -> None:
+    shape = ("--nodes", "3", "--chaos", "light", "--duration", "2m")
+    out = bc("sim", *shape, "--seeds", "1-3", "--parallel", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert [s["seed"] for s in doc["seeds"]] == [1, 2, 3]
+    assert doc["ok"] == 3 and doc["harness_errors"] == 0 and doc["summary"][0] == "3 of 3 seeds held every invariant"
+    one = json.loads(bc("sim", *shape, "--seed", "2", "--json").stdout)
+    assert doc["seeds"][1]["digest"] == one["digest"]  # a seed in a sweep is that seed's run, byte for byte
+    assert doc["seeds"][1]["repro"] == one["repro"]
+
+
+def test_a_sweep_with_a_break_counts_the_seeds_that_caught_it_and_exits_10_on_a_miss() -> None:
+    rule = "unreachable-without-grace"  # caught in any run (see the test above)
+    out = bc("sim", "--nodes", "3", "--chaos", "none", "--duration", "2m", "--seeds", "1,2", "--break", rule)
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[2] for line in out.stdout.splitlines()[:2]] == ["caught", "caught"]
+    assert f"break {rule}: caught in 2 of 2 seeds" in out.stdout.splitlines()
+    missed = bc("sim", "--nodes", "2", "--chaos", "none", "--duration", "1m", "--seeds", "1", "--break", "double-book")
+    assert missed.returncode == 10, missed.stderr
+    assert "break double-book: caught in 0 of 1 seeds" in missed.stdout.splitlines()
+    assert "reproduce: bc sim --nodes 2 --chaos none --seed 1 --duration 1m --break double-book" in missed.stdout
+    assert missed.stderr.strip().splitlines()[-1] == (
+        "error: 1 of 1 seeds missed the break double-book; each one's replay is above"
+    )
