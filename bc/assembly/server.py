@@ -383,18 +383,20 @@ class Server:
                 log.warning("event=pki.worker-rotation-skipped reason=%s", e.message)
 
         self.address = ""  # a worker-only process serves no call, so it does not listen
+        self.operator_config: Path | None = None
+        # A port that accepts must mean the operator config is on disk and its operator registered, so a
+        # script's `bc nodes` right after `bc serve` opens its port finds both. grpc accepts connections as
+        # soon as the port is bound (`add_secure_port` listens; `start` only serves), so a fixed port's config
+        # is written before it is bound; an ephemeral one (`:0`) is known only once bound, and nobody can
+        # dial it before reading it from the config or the log line.
+        known_port = self.plan.listens and port != 0
+        if ca is not None and known_port:
+            await self._write_local_operator(data_dir, ca, _client_address(host, port))
         if self.plan.listens:
             await self._serve_grpc(data_dir, host, port, ca)
-        self.operator_config: Path | None = None
-        if ca is not None:
-            self.operator_config = _write_operator_config(data_dir, ca, self.address, self.secrets)
-            # The local operator is an admin; its certificate counts only once registered (bc.control.trust.operators).
-            operator_cert = keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
-            store = self.store
-            await self._retry("operator-register", lambda: operators.register_local(store, operator_cert))
+        if ca is not None and not known_port:
+            await self._write_local_operator(data_dir, ca, self.address)
         if self.grpc_server is not None:
-            # Only now: a port that accepts means the operator config is on disk and its operator registered,
-            # so a script's `bc nodes` right after `bc serve` opens its port finds both.
             await self.grpc_server.start()
         if ca is not None and "api" in roles:
             self.parts.api_registry = functools.partial(self._api_loop, ca, host)
@@ -432,6 +434,15 @@ class Server:
             keys.fingerprint(self.ca_cert),
             self.operator_config or "-",
         )
+
+    async def _write_local_operator(self, data_dir: Path, ca: CertificateAuthority, address: str) -> None:
+        """The local operator's config (`<data-dir>/operator/`, and the user copy) naming `address`, and its
+        certificate registered: the local operator is an admin, counted only once registered."""
+        assert self.store is not None
+        self.operator_config = _write_operator_config(data_dir, ca, address, self.secrets)
+        operator_cert = keys.load_cert_pem(OperatorConfig.load(self.operator_config).cert_pem)
+        store = self.store
+        await self._retry("operator-register", lambda: operators.register_local(store, operator_cert))
 
     async def _serve_grpc(self, data_dir: Path, host: str, port: int, ca: CertificateAuthority | None) -> None:
         """The services this process's roles answer, on `--listen` (and the release server, if asked)."""

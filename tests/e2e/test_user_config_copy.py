@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Lab, free_port
+from .harness import Lab, free_port, port_accepts
 
 
 def _names(path: Path) -> str:
@@ -47,3 +47,25 @@ def test_serve_copies_its_config_only_over_its_own_and_logs_which(lab: Lab) -> N
     assert (user.parent / "ca.crt").read_bytes() == (lab.server_dir / "operator" / "ca.crt").read_bytes()
     assert "reason='names this data dir (" in lab.log("serve").rsplit("--- lab: start", 1)[1]
     assert lab.bc("nodes", env={"BC_DATA_DIR": ""}) == []  # the admin commands reach it through the copy
+
+
+@pytest.mark.e2e
+def test_the_port_accepts_only_once_the_operator_config_is_written(lab: Lab) -> None:
+    """grpc accepts connections as soon as the port is bound: a script that ran `bc nodes` the moment
+    `bc serve`'s port accepted found no config (a flake of the restart tests in CI). Polled every
+    millisecond, the first accepted connection must find both copies on disk."""
+    proc = lab.spawn(
+        "serve",
+        "serve",
+        "--data-dir",
+        str(lab.server_dir),
+        "--listen",
+        f"127.0.0.1:{lab.port}",
+        env={"BC_DATA_DIR": str(lab.server_dir)},
+    )
+    lab.wait_for("the port to accept", lambda: port_accepts(lab.port) or proc.popen.poll() is not None, interval=0.001)
+    assert proc.popen.poll() is None, lab.log("serve")
+    assert (lab.server_dir / "operator" / "config.json").exists()
+    assert (lab.home / ".config" / "bc" / "config.json").exists()
+    r = lab.run("nodes")
+    assert r.returncode == 0, r
