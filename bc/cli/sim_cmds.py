@@ -150,6 +150,12 @@ def progress_line(sim_s: float, total_s: float, events: int, faults: int) -> str
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the summary.")
 @click.option("--break", "break_rule", default=None, help="Run with a deliberate bug, to see its checker fail.")
 @click.option("--log", "show_log", is_flag=True, help="Print the simulated processes' logs (warnings and up).")
+@click.option(
+    "--coverage",
+    "show_coverage",
+    is_flag=True,
+    help="Also print how often each invariant's dangerous situation happened (always in --json).",
+)
 @click.option("--seeds", default=None, metavar="SPEC", help="Sweep these seeds instead of one: 1-50, 1,3,7-9.")
 @click.option(
     "--parallel",
@@ -168,6 +174,7 @@ def sim(
     as_json: bool,
     break_rule: str | None,
     show_log: bool,
+    show_coverage: bool,
     seeds: str | None,
     parallel: int | None,
 ) -> None:
@@ -192,6 +199,7 @@ def sim(
         return
     from bc.sim import report
     from bc.sim.chaos import LEVELS
+    from bc.sim.coverage import coverage
     from bc.sim.fleet import SimConfig, run_sync
     from bc.sim.workload import make_workload
 
@@ -223,10 +231,11 @@ def sim(
             raise HarnessFailed(
                 f"the simulator failed, a bug in bc sim and not in the fleet ({why}); replay: {cfg.repro()}"
             ) from e
+    situations = coverage(result.facts) if result.facts is not None else None
     if as_json:
-        echo(json_lines(report.to_json(result, cfg)))
+        echo(json_lines(report.to_json(result, cfg, situations)))
     else:
-        echo(text_lines(report.summary(result, cfg)))
+        echo(text_lines(report.summary(result, cfg, situations if show_coverage else None)))
     failed = [i for i in result.invariants if not i.ok]
     if failed:
         first = failed[0]

@@ -8,7 +8,8 @@ simulated time it happened), the digest of the events log, and the exact command
 `to_json` carries the same facts with stable keys: `digest`, `invariants` (a list of `{id, name, ok,
 counterexample, at_ms}`), `faults`, `link_faults` and `work` (by type, sorted), `seed`, `nodes`, `chaos`,
 `sim_seconds`, `wall_seconds`, `events`, `ok` and `repro`, and `gateways` (how many ran) with
-`gateway_fences` (how many times one fenced itself; counted with several gateways).
+`gateway_fences` (how many times one fenced itself; counted with several gateways), and `coverage` (a list of
+`{invariant, what, count, few}`: `bc.sim.coverage`) when the run recorded its facts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
+
+from bc.sim.coverage import FEW, Situation
 
 
 class Invariant(Protocol):
@@ -105,8 +108,17 @@ def invariant_line(inv: Invariant) -> str:
     return line
 
 
-def summary(result: Result, cfg: Config) -> str:
-    """The text `bc sim` prints on stdout when the run ends."""
+def coverage_lines(situations: Sequence[Situation]) -> list[str]:
+    """`--coverage`: per invariant, how often its dangerous situation happened; too few is said."""
+    lines = ["coverage (how often each invariant's dangerous situation happened):"]
+    for s in situations:
+        note = f"  (fewer than {FEW}: a pass here is weak evidence)" if s.few else ""
+        lines.append(f"  {s.invariant}  {s.count:>8,}  {s.what}{note}")
+    return lines
+
+
+def summary(result: Result, cfg: Config, situations: Sequence[Situation] | None = None) -> str:
+    """The text `bc sim` prints on stdout when the run ends (with `situations`, its coverage too)."""
     gateways = f", {cfg.gateways} gateways" if cfg.gateways > 1 else ""
     head = (
         f"bc sim: {cfg.nodes:,} nodes{gateways}, chaos {cfg.chaos}, seed {cfg.seed}:"
@@ -121,14 +133,16 @@ def summary(result: Result, cfg: Config) -> str:
         lines.append(f"gateways: {cfg.gateways}, fenced themselves {result.gateway_fences:,} times")
     lines.append("invariants:")
     lines += [invariant_line(i) for i in result.invariants]
+    if situations is not None:
+        lines += coverage_lines(situations)
     verdict = "every invariant holds" if all_ok(result) else "an invariant FAILED"
     lines += ["", f"digest: {result.digest}", f"result: {verdict}", f"reproduce: {result.repro}"]
     return "\n".join(lines)
 
 
-def to_json(result: Result, cfg: Config) -> dict[str, Any]:
+def to_json(result: Result, cfg: Config, situations: Sequence[Situation] | None = None) -> dict[str, Any]:
     """The `--json` document (keys documented in the module docstring)."""
-    return {
+    doc = {
         "ok": all_ok(result),
         "digest": result.digest,
         "seed": cfg.seed,
@@ -148,3 +162,8 @@ def to_json(result: Result, cfg: Config) -> dict[str, Any]:
         "work": dict(sorted(result.work.items())),
         "repro": result.repro,
     }
+    if situations is not None:
+        doc["coverage"] = [
+            {"invariant": s.invariant, "what": s.what, "count": s.count, "few": s.few} for s in situations
+        ]
+    return doc

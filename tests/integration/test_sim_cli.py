@@ -35,6 +35,9 @@ def test_a_tiny_run_prints_its_json_and_exits_0(tmp_path: Path) -> None:
     assert doc["work"]["quorum.changes"] > 0, doc["work"]  # the workload ran: approvers were set up
     assert doc["repro"] == "bc sim --nodes 3 --chaos light --seed 4 --duration 3m"
     assert len(doc["digest"]) == 64
+    # How often each invariant's dangerous situation happened (bc.sim.coverage), with too few flagged.
+    assert [c["invariant"] for c in doc["coverage"]] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]
+    assert all(c["few"] == (c["count"] < 10) for c in doc["coverage"]), doc["coverage"]
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     assert len(events) == doc["events"]
     assert out.stderr.startswith("bc sim: 3 nodes, chaos light, seed 4, 3m simulated")
@@ -77,6 +80,16 @@ def test_bad_input_is_one_sentence_and_exit_2(args: tuple[str, ...], says: str) 
     assert out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: " + says), lines
+
+
+def test_coverage_prints_each_invariants_count_and_flags_the_weak_ones() -> None:
+    out = bc("sim", "--nodes", "3", "--chaos", "light", "--seed", "4", "--duration", "3m", "--coverage")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    at = lines.index("coverage (how often each invariant's dangerous situation happened):")
+    rows = lines[at + 1 : at + 8]
+    assert [r.split()[0] for r in rows] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]
+    assert any("fewer than 10: a pass here is weak evidence" in r for r in rows)  # a 3-minute run is thin
 
 
 def test_a_sweep_runs_each_seed_as_its_single_run_and_sums_them_up() -> None:

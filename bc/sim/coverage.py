@@ -1,0 +1,126 @@
+"""How often each invariant's dangerous situation happened in a run (`bc sim --coverage`). Pure: no I/O.
+
+A checker that passes says something only if the situation it is about happened: I2 holds trivially in a
+run where no node restarted with a command in flight. So each invariant gets a count, read from the same
+facts the checkers read (`bc.sim.facts.FactLog`), of the moments a wrong component would have gone wrong:
+
+    I1  an atom handed from one reservation to another on a node (where a placement blind to bookings
+        double-books)
+    I2  a command started on a node shortly before its agent restarted or its journal was lost (where a
+        journal that forgot its accepts runs it again)
+    I3  a spec delivered shortly before its node went away (where convergence must survive the outage)
+    I4  a session closed (where liveness without grace marks a node unreachable too early)
+    I5  a node went away while it held a reservation's atoms (where liveness releases what it must not)
+    I7  a reservation still pending at the end (what the brute-force solver is asked about)
+    I8  a usage window closed (where a flush written twice double-counts)
+
+A run where one happened fewer than `FEW` times says so: its checker's pass is weak evidence.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from bc.sim.facts import FactLog
+
+FEW = 10
+NEAR_MS = 60_000
+"""How close before a restart or an outage a command start or a spec delivery counts as in flight."""
+
+AWAY = frozenset({"disconnected", "unreachable", "lost"})
+
+
+@dataclass(frozen=True)
+class Situation:
+    invariant: str
+    what: str
+    count: int
+
+    @property
+    def few(self) -> bool:
+        return self.count < FEW
+
+
+def _near_before(starts: list[int], t_ms: int) -> bool:
+    return any(t_ms - NEAR_MS <= s <= t_ms for s in starts)
+
+
+def _by_node(pairs: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for node_id, t in pairs:
+        out.setdefault(node_id, []).append(t)
+    return out
+
+
+def atoms_handed_over(facts: FactLog) -> int:
+    """I1: consecutive bookings of one atom on one node by two reservations."""
+    per_atom: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for b in facts.bookings:
+        for a in b.atoms:
+            per_atom.setdefault((b.node_id, a.atom_id), []).append((b.start_ms, b.reservation_id))
+    handed = 0
+    for uses in per_atom.values():
+        uses.sort()
+        handed += sum(1 for (_, r1), (_, r2) in itertools.pairwise(uses) if r1 != r2)
+    return handed
+
+
+def commands_in_flight_at_restart(facts: FactLog) -> int:
+    """I2: restarts and journal losses that came within `NEAR_MS` of a command starting on their node, plus
+    the commands a lost journal held accepted or running."""
+    started = _by_node((e.node_id, e.t_ms) for e in facts.side_effects)
+    n = sum(1 for r in facts.restarts if _near_before(started.get(r.node_id, []), r.t_ms))
+    for loss in facts.journal_losses:
+        n += len(loss.in_flight) or int(_near_before(started.get(loss.node_id, []), loss.t_ms))
+    return n
+
+
+def specs_then_away(facts: FactLog) -> int:
+    """I3: deliveries followed within `NEAR_MS` by an outage of their node (or of every node)."""
+    n = 0
+    for d in facts.deliveries:
+        if any(
+            (o.node_id is None or o.node_id == d.node_id) and d.t_ms <= o.start_ms <= d.t_ms + NEAR_MS
+            for o in facts.outages
+        ):
+            n += 1
+    return n
+
+
+def sessions_closed(facts: FactLog) -> int:
+    """I4: a node's connectivity became `disconnected`."""
+    return sum(1 for c in facts.connectivity if c.state == "disconnected")
+
+
+def away_while_holding(facts: FactLog) -> int:
+    """I5: a node went away while a binding on it was live."""
+    n = 0
+    for c in facts.connectivity:
+        if c.state not in AWAY:
+            continue
+        if any(
+            b.node_id == c.node_id and b.start_ms <= c.t_ms and (b.end_ms is None or c.t_ms < b.end_ms)
+            for b in facts.bound
+        ):
+            n += 1
+    return n
+
+
+def coverage(facts: FactLog) -> list[Situation]:
+    """One `Situation` per invariant, in order I1..I8 (I7 only when the quiet snapshot was taken)."""
+    out = [
+        Situation("I1", "atoms handed from one reservation to another", atoms_handed_over(facts)),
+        Situation("I2", "commands in flight at an agent restart or journal loss", commands_in_flight_at_restart(facts)),
+        Situation("I3", "specs delivered just before their node went away", specs_then_away(facts)),
+        Situation("I4", "sessions closed", sessions_closed(facts)),
+        Situation("I5", "nodes away while holding a reservation", away_while_holding(facts)),
+    ]
+    if facts.quiet is not None:
+        out.append(Situation("I7", "reservations pending at the end", len(facts.quiet.pending)))
+    out.append(Situation("I8", "usage windows closed", len(facts.windows)))
+    return out
+
+
+__all__ = ["FEW", "Situation", "coverage"]
