@@ -17,6 +17,7 @@ against its booking. `check_all` runs every one and returns one `InvariantResult
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -308,6 +309,8 @@ class InvariantResult:
     ok: bool
     counterexample: str | None  # its sentence
     at_ms: int | None  # the simulated time of the violation, when it has one
+    entities: tuple[str, ...] = ()
+    """The nodes, commands and reservations the counterexample names (for the trace: `bc.sim.trace`)."""
 
 
 class Counterexample(Protocol):
@@ -315,10 +318,35 @@ class Counterexample(Protocol):
     def sentence(self) -> str: ...
 
 
+ENTITY_FIELDS = ("node_id", "command_id", "reservation_id")
+
+
+def entities_of(found: object, depth: int = 3) -> tuple[str, ...]:
+    """The node, command and reservation ids a counterexample names, in its fields and theirs, each once."""
+    out: dict[str, None] = {}
+
+    def walk(obj: object, left: int) -> None:
+        if left < 0:
+            return
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            for f in dataclasses.fields(obj):
+                value = getattr(obj, f.name)
+                if f.name in ENTITY_FIELDS and isinstance(value, str) and value:
+                    out.setdefault(value)
+                else:
+                    walk(value, left - 1)
+        elif isinstance(obj, list | tuple):
+            for item in obj:
+                walk(item, left - 1)
+
+    walk(found, depth)
+    return tuple(out)
+
+
 def _result(id_: str, found: Counterexample | None, at_ms: int | None) -> InvariantResult:
     if found is None:
         return InvariantResult(id_, NAMES[id_], True, None, None)
-    return InvariantResult(id_, NAMES[id_], False, found.sentence, at_ms)
+    return InvariantResult(id_, NAMES[id_], False, found.sentence, at_ms, entities_of(found))
 
 
 def _i1(facts: FactLog) -> InvariantResult:

@@ -73,6 +73,7 @@ from bc.sim.pair import ControlPlane, PairConfig, PairNode, SessionPair, _scratc
 from bc.sim.process_store import OutageStore
 from bc.sim.record import LinkWatch, Recorder, from_store, quiet_snapshot, watch_links
 from bc.sim.sweep import SeedOutcome
+from bc.sim.trace import trace
 from bc.sim.workload import Workload, make_workload
 from bc.store import Store, StoreError
 from bc.store import events as events_sql
@@ -134,6 +135,8 @@ class SimResult:
     gateways: int = 1
     gateway_fences: int = 0
     """How many times a gateway process fenced itself (counted with several gateways only)."""
+    traces: dict[str, list[str]] = field(default_factory=dict)
+    """Per failed invariant, the last events that touched what its counterexample names (`bc.sim.trace`)."""
 
     @property
     def ok(self) -> bool:
@@ -562,12 +565,13 @@ async def run_fleet(fleet: Fleet, *, workload: Workload | None = None, progress:
         await fleet.stop()
     if cfg.trace is not None:
         cfg.trace.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+    checked = check_all(fleet.facts, i7=True)
     return SimResult(
         digest=events_digest(events),
         events=len(events),
         faults=fleet.faults,
         work=fleet.work,
-        invariants=check_all(fleet.facts, i7=True),
+        invariants=checked,
         sim_seconds=loop.time() - t0,
         wall_seconds=0.0,
         repro=cfg.repro(),
@@ -575,6 +579,7 @@ async def run_fleet(fleet: Fleet, *, workload: Workload | None = None, progress:
         facts=fleet.facts,
         gateways=cfg.gateways,
         gateway_fences=len(fleet.pair.gateways.fences) if fleet.pair.gateways is not None else 0,
+        traces={i.id: trace(events, i.entities, i.at_ms) for i in checked if not i.ok},
     )
 
 

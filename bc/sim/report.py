@@ -6,7 +6,8 @@ work done (the workload's mix, `bc.sim.workload`), the faults injected by type, 
 simulated time it happened), the digest of the events log, and the exact command that replays the run.
 
 `to_json` carries the same facts with stable keys: `digest`, `invariants` (a list of `{id, name, ok,
-counterexample, at_ms}`), `faults`, `link_faults` and `work` (by type, sorted), `seed`, `nodes`, `chaos`,
+counterexample, at_ms, entities, trace}`: a failed one's trace is the last events that touched what it
+names, `bc.sim.trace`), `faults`, `link_faults` and `work` (by type, sorted), `seed`, `nodes`, `chaos`,
 `sim_seconds`, `wall_seconds`, `events`, `ok` and `repro`, and `gateways` (how many ran) with
 `gateway_fences` (how many times one fenced itself; counted with several gateways), and `coverage` (a list of
 `{invariant, what, count, few}`: `bc.sim.coverage`) when the run recorded its facts.
@@ -34,6 +35,8 @@ class Invariant(Protocol):
     def counterexample(self) -> str | None: ...
     @property
     def at_ms(self) -> int | None: ...
+    @property
+    def entities(self) -> tuple[str, ...]: ...
 
 
 class Result(Protocol):
@@ -59,6 +62,8 @@ class Result(Protocol):
     def repro(self) -> str: ...
     @property
     def gateway_fences(self) -> int: ...
+    @property
+    def traces(self) -> Mapping[str, list[str]]: ...
 
 
 class Config(Protocol):
@@ -132,7 +137,12 @@ def summary(result: Result, cfg: Config, situations: Sequence[Situation] | None 
     if cfg.gateways > 1:
         lines.append(f"gateways: {cfg.gateways}, fenced themselves {result.gateway_fences:,} times")
     lines.append("invariants:")
-    lines += [invariant_line(i) for i in result.invariants]
+    for i in result.invariants:
+        lines.append(invariant_line(i))
+        told = result.traces.get(i.id, [])
+        if told:
+            lines.append(f"        the last events touching {', '.join(i.entities[:4])}:")
+            lines += [f"          {t}" for t in told]
     if situations is not None:
         lines += coverage_lines(situations)
     verdict = "every invariant holds" if all_ok(result) else "an invariant FAILED"
@@ -154,7 +164,15 @@ def to_json(result: Result, cfg: Config, situations: Sequence[Situation] | None 
         "wall_seconds": round(result.wall_seconds, 3),
         "events": result.events,
         "invariants": [
-            {"id": i.id, "name": i.name, "ok": i.ok, "counterexample": i.counterexample, "at_ms": i.at_ms}
+            {
+                "id": i.id,
+                "name": i.name,
+                "ok": i.ok,
+                "counterexample": i.counterexample,
+                "at_ms": i.at_ms,
+                "entities": list(i.entities),
+                "trace": result.traces.get(i.id, []),
+            }
             for i in result.invariants
         ],
         "faults": dict(sorted(result.faults.items())),

@@ -34,6 +34,7 @@ class Res:
     wall_seconds: float = 36.0
     repro: str = "bc sim --nodes 100 --chaos heavy --seed 7 --duration 1h"
     gateway_fences: int = 0
+    traces: dict[str, list[str]] = field(default_factory=dict)
 
 
 PASS = [
@@ -43,9 +44,15 @@ PASS = [
 FAILED = [
     PASS[0],
     InvariantResult(
-        "I2", "at most one execution per command", False, "command c-1 ran twice on n003 (boot b1, then b2)", AT
+        "I2",
+        "at most one execution per command",
+        False,
+        "command c-1 ran twice on n003 (boot b1, then b2)",
+        AT,
+        ("n003", "c-1"),
     ),
 ]
+TRACE = ["14:15:22.000 command.dispatched c-1 {}", "14:15:23.456 command.started c-1 {}"]
 
 
 def test_a_passing_run_says_so_line_by_line() -> None:
@@ -84,6 +91,17 @@ def test_a_failed_invariant_shows_its_counterexample_and_when() -> None:
     assert invariant_line(named).startswith("  FAIL  I5  no release because a node disconnected: res-1 was released")
 
 
+def test_a_failed_invariant_is_followed_by_the_last_events_touching_what_it_names() -> None:
+    lines = summary(Res(FAILED, traces={"I2": TRACE}), Cfg()).splitlines()
+    at = lines.index(invariant_line(FAILED[1]))
+    assert lines[at + 1 : at + 4] == [
+        "        the last events touching n003, c-1:",
+        "          14:15:22.000 command.dispatched c-1 {}",
+        "          14:15:23.456 command.started c-1 {}",
+    ]
+    assert to_json(Res(FAILED, traces={"I2": TRACE}), Cfg())["invariants"][1]["trace"] == TRACE
+
+
 def test_no_faults_reads_none() -> None:
     text = summary(Res(PASS, faults=Counter(), link_faults=Counter()), Cfg(chaos="none"))
     assert "faults: none" in text.splitlines() and "links: none" in text.splitlines()
@@ -99,6 +117,8 @@ def test_the_json_document_carries_every_key_and_round_trips() -> None:
         "ok": False,
         "counterexample": "command c-1 ran twice on n003 (boot b1, then b2)",
         "at_ms": AT,
+        "entities": ["n003", "c-1"],
+        "trace": [],
     }
     assert doc["invariants"][0]["counterexample"] is None and doc["invariants"][0]["at_ms"] is None
     assert list(doc["faults"]) == ["agent-crash", "partition", "reset"]  # sorted, stable across runs
