@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # compile the whole project again: about 0.7 s each on this machine (docs/design.md, "The CLI's start-up").
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv demo test test-slow test-fast lint proto check bench smoke zipapp binary clean
+.PHONY: venv demo test test-slow test-fast lint proto check bench sim-sweep smoke zipapp binary clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,14 @@ check: lint test
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# The simulator measures itself (docs/sim.md, "Sweeps"): each --break's catch rate with 1 and 3 gateways and the
+# unbroken shapes, over SIM_SEEDS at 50 nodes, heavy chaos, 30 simulated minutes. Long (hours on 2 cores): not
+# part of `make test`, which keeps one short seed per shape and per break.
+SIM_SEEDS ?= 1-10
+SIM_SWEEP_ARGS ?=
+sim-sweep: $(STAMP)
+	$(PY) -m bench.sim_sweep --seeds $(SIM_SEEDS) $(SIM_SWEEP_ARGS)
 
 smoke: $(STAMP)
 	$(PY) ../shared/checks/smoke.py .

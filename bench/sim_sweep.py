@@ -1,0 +1,121 @@
+"""`make sim-sweep`: the simulator measures itself (issue 32): the catch table and the unbroken sweeps.
+
+For each `--break` rule, with 1 gateway and with 3, `bc sim --seeds` counts the seeds that caught it; then
+the unbroken shapes (1 gateway, 3 gateways, `--journal-files`) count the seeds that held every invariant,
+with harness errors apart. Each row is one `bc sim` command, run as an operator would (a subprocess,
+`--json`), and printed as it ends; the closing table is markdown for docs/sim.md. Figures, never asserted:
+this exits 0 whatever it finds (a row's own command exits 10 when it falls short).
+
+    python -m bench.sim_sweep [--seeds 1-10] [--nodes 50] [--duration 30m] [--chaos heavy] [--parallel N]
+                              [--only breaks|unbroken] [--rules a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bc.sim.breaks import RULES
+
+BC = str(Path(sys.executable).parent / "bc")
+
+
+@dataclass(frozen=True)
+class Row:
+    what: str
+    gateways: int
+    args: tuple[str, ...]
+    breaking: bool
+
+
+@dataclass(frozen=True)
+class Measured:
+    row: Row
+    hits: int
+    seeds: int
+    harness_errors: int
+    wall_s: float
+    replays: tuple[str, ...]
+
+
+def rows(only: str | None, rules: list[str]) -> list[Row]:
+    out: list[Row] = []
+    if only in (None, "breaks"):
+        for rule in rules:
+            for gateways in (1, 3):
+                out.append(Row(rule, gateways, ("--break", rule), True))
+    if only in (None, "unbroken"):
+        out += [
+            Row("unbroken", 1, (), False),
+            Row("unbroken", 3, (), False),
+            Row("unbroken, journal files", 1, ("--journal-files",), False),
+        ]
+    return out
+
+
+def measure(row: Row, shape: list[str]) -> Measured:
+    argv = [BC, "sim", *shape, "--gateways", str(row.gateways), *row.args, "--json"]
+    t0 = time.monotonic()
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - t0
+    try:
+        doc = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        last = out.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise SystemExit(f"{' '.join(argv[1:])} printed no JSON (exit {out.returncode}): {last[0]}") from None
+    seeds = doc["seeds"]
+    hits = doc["caught"] if row.breaking else doc["ok"]
+    look = [s["repro"] for s in seeds if not (s["caught"] if row.breaking else s["ok"])]
+    return Measured(row, hits, len(seeds), doc["harness_errors"], wall, tuple(look))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.sim_sweep", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="1-10")
+    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--duration", default="30m")
+    ap.add_argument("--chaos", default="heavy")
+    ap.add_argument("--parallel", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--only", choices=("breaks", "unbroken"), default=None)
+    ap.add_argument("--rules", default=",".join(sorted(RULES)), help="the --break rules to measure, comma-separated")
+    args = ap.parse_args(argv)
+    shape = [
+        "--nodes",
+        str(args.nodes),
+        "--chaos",
+        args.chaos,
+        "--duration",
+        args.duration,
+        "--seeds",
+        args.seeds,
+        "--parallel",
+        str(args.parallel),
+    ]
+    print(f"bc sim sweeps: {args.nodes} nodes, chaos {args.chaos}, {args.duration}, seeds {args.seeds}", flush=True)
+    done: list[Measured] = []
+    for row in rows(args.only, [r for r in args.rules.split(",") if r]):
+        m = measure(row, shape)
+        done.append(m)
+        verb = "caught in" if row.breaking else "held in"
+        errors = f", {m.harness_errors} harness errors" if m.harness_errors else ""
+        print(
+            f"{row.what:<28} gateways {row.gateways}: {verb} {m.hits} of {m.seeds} seeds{errors} ({m.wall_s:.0f} s)",
+            flush=True,
+        )
+        for replay in m.replays:
+            print(f"    reproduce: {replay}", flush=True)
+    print()
+    print("| Shape | Gateways | Seeds caught (breaks) or clean (unbroken) | Harness errors |")
+    print("| --- | --- | --- | --- |")
+    for m in done:
+        print(f"| {m.row.what} | {m.row.gateways} | {m.hits} of {m.seeds} | {m.harness_errors} |")
+
+
+if __name__ == "__main__":
+    main()
