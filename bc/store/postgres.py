@@ -49,6 +49,12 @@ POOL_MIN = 1
 POOL_MAX = 8
 PREPARE_THRESHOLD = 0  # every statement server-side prepared on first use (bench.pg_drivers)
 CONNECT_TIMEOUT_S = 10
+IDLE_IN_TRANSACTION_S = 30
+"""A transaction whose process went quiet mid-way (paused, a VM migrated, hung) is ended by the server after
+this long, with its locks: a gateway frozen inside its lease renewal must not hold the `leases` row its
+successor takes over (or any row another process needs) for as long as it stays frozen. Our transactions
+run their statements back to back in milliseconds; when the paused process wakes, its next statement fails
+with `StoreError` and its loop tries again."""
 
 _TOKEN = re.compile(r"'(?:[^']|'')*'|::|%|(?<![\w:]):([A-Za-z_]\w*)")
 
@@ -168,6 +174,11 @@ class PostgresStore(Store):
         return f"{where} (schema {self.schema})" if self.schema else where
 
     async def _configure(self, conn: psycopg.AsyncConnection[Row]) -> None:
+        await conn.execute(
+            pgsql.SQL("SET idle_in_transaction_session_timeout = {}").format(
+                pgsql.Literal(f"{int(IDLE_IN_TRANSACTION_S * 1000)}ms")
+            )
+        )
         if self.schema:
             await conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(self.schema)))
 

@@ -32,11 +32,15 @@ def test_the_stale_gateway_is_fenced_by_the_lease_epoch_and_no_certificate_loop_
 
         stale = lab.procs["gw-a"].popen
         os.kill(stale.pid, signal.SIGSTOP)  # paused (a VM migration, a debugger) past its lease's TTL
-        expire_lease(url, schema, "gateway:gw-a")
-        serve_gateway(lab, "gw-a-twin", lab.root / "gw-a-twin", store, "gw-a", "--roles", "gateway")
-        taken = lease_row(url, schema, "gateway:gw-a")
-        assert taken is not None and str(lab.root / "gw-a-twin") in taken[0] and taken[2] == first[2] + 1, taken
-        os.kill(stale.pid, signal.SIGCONT)
+        try:
+            # If it froze inside its lease renewal, the row stays locked until the server ends that transaction
+            # (bc.store.postgres.IDLE_IN_TRANSACTION_S): the expiry below waits that long at most.
+            expire_lease(url, schema, "gateway:gw-a")
+            serve_gateway(lab, "gw-a-twin", lab.root / "gw-a-twin", store, "gw-a", "--roles", "gateway")
+            taken = lease_row(url, schema, "gateway:gw-a")
+            assert taken is not None and str(lab.root / "gw-a-twin") in taken[0] and taken[2] == first[2] + 1, taken
+        finally:
+            os.kill(stale.pid, signal.SIGCONT)  # a failure above must not leave it frozen on its locks
 
         lab.wait_for("the stale gw-a to exit", lambda: stale.poll() is not None, timeout=30)
         assert stale.returncode == 4, stale.returncode
