@@ -575,6 +575,18 @@ class SimNetwork:
             task.add_done_callback(group.discard)
         return node_end
 
+    def deliver_again(self, node_id: str, frame: object, after_s: float) -> bool:
+        """A copy of `frame` reaches the node again `after_s` from now (after what is in flight), on its newest
+        live connection: a late duplicate aimed at one moment (`bc.sim.strikes`), where `LinkFaults.duplicate`
+        draws its copies at random and delivers them right behind the original. False: no live connection."""
+        live = self._live(node_id)
+        if not live:
+            return False
+        pipe = live[-1].to_node
+        pipe._enqueue(pipe.loop.time() + after_s, copy.deepcopy(frame))
+        self.stats["duplicates"] += 1
+        return True
+
     def _live(self, node_id: str) -> list[_Wire]:
         return [w for w in self._wires.get(node_id, ()) if w.live]
 

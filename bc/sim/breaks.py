@@ -21,6 +21,9 @@ seam the production class declares with its production default (`Gateway.close_s
                                keyed a millisecond later so the store's unique key lets it in
     unreachable-without-grace  a Liveness with no lease TTL and no grace: a node goes        I4
                                unreachable as soon as its session closes
+    lost-fsync                 a journal that does not fsync its command writes: a power     I2
+                               loss forgets every command it had accepted and not finished
+                               (same journal id), so the replay runs it again
 
 `seams_for(rule)` returns the `SimSeams` the runner applies as it builds the control plane and the agents;
 `seams_for(None)` the production ones. A break shows only when the run meets what it is wrong about: a
@@ -56,6 +59,8 @@ from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
 
 OpenJournal = Callable[[], Awaitable[AgentJournal]]
+PowerLoss = Callable[[AgentJournal], Awaitable[None]]
+"""What a machine's power loss does to its journal, given the journal as the agent left it."""
 LivenessFactory = Callable[[Store, Bus, str, LivenessConfig, Signer], Liveness]
 
 # ---- skip-journal-dedupe ----
@@ -317,6 +322,19 @@ class DoubleCountingPass(PlacementPass):
     flush = staticmethod(flush_twice)
 
 
+# ---- lost-fsync ----
+
+
+async def forget_unfinished(journal: AgentJournal) -> None:
+    """A power loss under a journal that does not fsync its command writes (it answers `accept` and
+    `mark_running` from the page cache, and the ACK and RUNNING leave before anything is durable): every
+    command it had accepted and not finished is gone, under the same journal id, so the control plane's
+    replay finds nothing to deduplicate against and the node runs it again."""
+    lost = [e.command_id for e in await journal.commands() if e.state in ("accepted", "running")]
+    if lost:
+        await journal.delete_commands(lost)
+
+
 # ---- the rules ----
 
 
@@ -330,7 +348,9 @@ class SimSeams:
 
     * `journal(open_journal)` wraps each agent's journal opener (`AgentParts.open_journal`);
     * `liveness(store, bus, holder, cfg, signer)` builds the control plane's Liveness;
-    * `gateway_cls` and `placement_cls` are constructed with the production constructors' arguments.
+    * `gateway_cls` and `placement_cls` are constructed with the production constructors' arguments;
+    * `power_loss(journal)`, when set, runs on a node's journal each time its machine loses power (with the
+      agent down, before it boots anew).
     """
 
     rule: str | None = None
@@ -339,6 +359,9 @@ class SimSeams:
     liveness: LivenessFactory = production_liveness
     gateway_cls: type[Gateway] = Gateway
     placement_cls: type[PlacementPass] = PlacementPass
+    power_loss: PowerLoss | None = None
+    """What a power loss (a node reboot of the chaos, a strike) does to the node's journal; None: nothing,
+    as the production journal fsyncs every write before it answers."""
 
 
 RULES: dict[str, SimSeams] = {
@@ -350,6 +373,7 @@ RULES: dict[str, SimSeams] = {
         SimSeams("double-book", "I1", placement_cls=DoubleBookingPass),
         SimSeams("double-count-usage", "I8", placement_cls=DoubleCountingPass),
         SimSeams("unreachable-without-grace", "I4", liveness=no_grace_liveness),
+        SimSeams("lost-fsync", "I2", power_loss=forget_unfinished),
     )
     if s.rule is not None
 }
@@ -375,12 +399,14 @@ __all__ = [
     "DoubleCountingPass",
     "ForgetfulJournal",
     "NoGraceLiveness",
+    "PowerLoss",
     "ReleasingLiveness",
     "SimSeams",
     "UnfencedGateway",
     "blind_plan",
     "close_unfenced",
     "flush_twice",
+    "forget_unfinished",
     "forgetful",
     "seams_for",
 ]

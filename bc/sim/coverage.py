@@ -6,8 +6,9 @@ facts the checkers read (`bc.sim.facts.FactLog`), of the moments a wrong compone
 
     I1  an atom handed from one reservation to another on a node (where a placement blind to bookings
         double-books)
-    I2  a command started on a node shortly before its agent restarted or its journal was lost (where a
-        journal that forgot its accepts runs it again)
+    I2  a command frame delivered again to a node (a duplicate, a replay after a reconnect or a restart), or a
+        command started on a node shortly before its agent restarted or its journal was lost (where a
+        journal that forgot its accepts, or never made them durable, runs it again)
     I3  a spec delivered shortly before its node went away (where convergence must survive the outage)
     I4  a session closed (where liveness without grace marks a node unreachable too early)
     I5  a node went away while it held a reservation's atoms (where liveness releases what it must not)
@@ -68,10 +69,11 @@ def atoms_handed_over(facts: FactLog) -> int:
 
 
 def commands_in_flight_at_restart(facts: FactLog) -> int:
-    """I2: restarts and journal losses that came within `NEAR_MS` of a command starting on their node, plus
-    the commands a lost journal held accepted or running."""
+    """I2: command frames delivered again, restarts and journal losses that came within `NEAR_MS` of a command
+    starting on their node, and the commands a lost journal held accepted or running."""
     started = _by_node((e.node_id, e.t_ms) for e in facts.side_effects)
-    n = sum(1 for r in facts.restarts if _near_before(started.get(r.node_id, []), r.t_ms))
+    n = len(facts.redeliveries)
+    n += sum(1 for r in facts.restarts if _near_before(started.get(r.node_id, []), r.t_ms))
     for loss in facts.journal_losses:
         n += len(loss.in_flight) or int(_near_before(started.get(loss.node_id, []), loss.t_ms))
     return n
@@ -112,7 +114,11 @@ def coverage(facts: FactLog) -> list[Situation]:
     """One `Situation` per invariant, in order I1..I8 (I7 only when the quiet snapshot was taken)."""
     out = [
         Situation("I1", "atoms handed from one reservation to another", atoms_handed_over(facts)),
-        Situation("I2", "commands in flight at an agent restart or journal loss", commands_in_flight_at_restart(facts)),
+        Situation(
+            "I2",
+            "commands delivered again, or in flight at a restart or journal loss",
+            commands_in_flight_at_restart(facts),
+        ),
         Situation("I3", "specs delivered just before their node went away", specs_then_away(facts)),
         Situation("I4", "sessions closed", sessions_closed(facts)),
         Situation("I5", "nodes away while holding a reservation", away_while_holding(facts)),

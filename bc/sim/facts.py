@@ -41,6 +41,18 @@ class SideEffect:
 
 
 @dataclass(frozen=True)
+class Redelivery:
+    """A command frame reached a node that had been sent it before (a duplicate frame, a replay after a
+    reconnect or a crash): I2's dangerous moment, where the journal must find it rather than run it again.
+    `accepted`: a journal of the node had accepted it by then."""
+
+    t_ms: int
+    node_id: str
+    command_id: str
+    accepted: bool
+
+
+@dataclass(frozen=True)
 class JournalLoss:
     """The node's journal was lost; `in_flight`: the commands the lost journal held `accepted` or `running`
     (the runner reads them from the old journal as it drops it; they are the ones I2 says never run again)."""
@@ -185,6 +197,7 @@ class FactLog:
     reports: list[StatusReported] = field(default_factory=list)
     connectivity: list[Connectivity] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
+    redeliveries: list[Redelivery] = field(default_factory=list)
     # capacity, in bc.control.capacity.invariants' own types
     nodes: list[NodeInfo] = field(default_factory=list)
     bookings: list[Booking] = field(default_factory=list)
@@ -207,6 +220,9 @@ class FactLog:
 
     def side_effect(self, t_ms: int, node_id: str, command_id: str, kind: str, boot_id: str) -> None:
         self.side_effects.append(SideEffect(t_ms, node_id, command_id, kind, boot_id))
+
+    def redelivered(self, t_ms: int, node_id: str, command_id: str, *, accepted: bool) -> None:
+        self.redeliveries.append(Redelivery(t_ms, node_id, command_id, accepted))
 
     def journal_loss(
         self, t_ms: int, node_id: str, old_journal_id: str, new_journal_id: str, in_flight: Iterable[str] = ()
@@ -347,6 +363,7 @@ __all__ = [
     "Outage",
     "Outcome",
     "QuietSnapshot",
+    "Redelivery",
     "SideEffect",
     "SpecDelivered",
     "StatusReported",

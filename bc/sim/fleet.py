@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent.app import Agent
+from agent.hw.base import HardwareBackend
+from agent.hw.fake import FakeHardware
 from agent.journal_api import AgentJournal
 from bc.assembly.control import ControlFactories
 from bc.control.base.bus import Bus
@@ -58,20 +60,22 @@ from bc.control.signing.signer import Signer
 from bc.control.trust.intent import Intent
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
+from bc.protocol.kinds import KINDS
 from bc.protocol.text_safety import one_line
 from bc.seams.clock import Clock, LoopClock, ms
 from bc.seams.network import LinkFaults, SimNetwork
 from bc.seams.virtual_time import run as run_virtual
-from bc.sim import chaos
-from bc.sim.breaks import SimSeams, seams_for
+from bc.sim import chaos, strikes
+from bc.sim.breaks import PowerLoss, SimSeams, seams_for
 from bc.sim.bus_hub import BusHub
 from bc.sim.chaos import Fault, Level
 from bc.sim.checkers import InvariantResult, check_all
 from bc.sim.facts import FactLog
-from bc.sim.gateways import GatewayEvent, GatewayFleet
+from bc.sim.gateways import GatewayEvent, GatewayFleet, address
 from bc.sim.pair import ControlPlane, PairConfig, PairNode, SessionPair, _scratch_dir, events_digest
 from bc.sim.process_store import OutageStore
 from bc.sim.record import LinkWatch, Recorder, from_store, quiet_snapshot, watch_links
+from bc.sim.strikes import Strike, Strikes
 from bc.sim.sweep import SeedOutcome
 from bc.sim.trace import trace
 from bc.sim.workload import Workload, make_workload
@@ -81,6 +85,8 @@ from bc.store import events as events_sql
 MAX_GATEWAYS = 8
 REBOOT_S = 45.0
 """How long a `node.reboot` command keeps the machine down before its agent starts on the new boot id."""
+GPU_RESET_S = 10.0
+"""How long a fake GPU reset takes, as a real one does: a command can be interrupted while it runs."""
 PROGRESS_EVERY_S = 60.0
 DIRECTIONS: dict[str, Literal["both", "to_node", "from_node"]] = {
     "both": "both",
@@ -229,6 +235,12 @@ class SimPair(SessionPair):
         cfg = GatewayConfig(heartbeat_interval_s=self.cfg.heartbeat_interval_s)
         return self.seams.gateway_cls(store, bus, clock, gateway_id, signer, intent, cfg)
 
+    def _hardware(self, node_id: str, node_dir: Path, rng: random.Random) -> HardwareBackend:
+        hw = super()._hardware(node_id, node_dir, rng)
+        if isinstance(hw, FakeHardware):
+            hw.reset_seconds = GPU_RESET_S
+        return hw
+
     def _build_agent(self, node: PairNode) -> Agent:
         agent = super()._build_agent(node)
         if self.gateways is not None:  # every gateway's address, node i first on gateway i mod N
@@ -260,6 +272,15 @@ class SimPair(SessionPair):
             await self.gateways.stop()
         if self.shared_store is not None:
             await self.shared_store.close()
+
+    async def power_loss(self, node_id: str, lose: PowerLoss) -> None:
+        """What a power loss does to the node's journal under `lose` (the agent is down)."""
+        node = self.nodes[node_id]
+        journal = await self._open_journal(node)
+        await lose(journal)
+        if self.cfg.journal_files:  # the restart opens the file again, as a new process would
+            await journal.close()
+            node.journal = None
 
     async def open_journal_id(self, node_id: str, within_s: float = 60.0) -> str:
         """The journal id of the node's running agent, once it has opened it."""
@@ -295,6 +316,12 @@ class Fleet:
         self.schedule: list[Fault] = chaos.schedule(
             cfg.chaos, random.Random(seeds.getrandbits(64)), self.pair.node_ids(), cfg.duration_s, cfg.gateways
         )
+        self.strikes = Strikes(cfg.chaos, random.Random(seeds.getrandbits(64)), cfg.gateways)
+        self._struck: set[str] = set()
+        """Nodes (and gateway addresses) a strike is still working on: not struck again until it is over."""
+        self.striking = False
+        """Strikes land only while the workload and the chaos run (not before the start, nor in the quiet)."""
+        self.recorder.moment = self._moment
         self._unpublished: list[tuple[str, str, dict[str, object]]] = []
         """Events for the log (type, subject, data) not written yet: the store was out or the control plane down."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -346,6 +373,76 @@ class Fleet:
         if error is not None:
             self._errors.append(error)
 
+    def _moment(self, what: str, node_id: str, command_id: str, kind: str) -> None:
+        """A command was accepted or started on `node_id`: maybe strike there (`bc.sim.strikes`). The part of
+        a strike that must happen before the agent's next step (its connections reset, so the ACK does not
+        leave on them) happens here, synchronously; the rest runs as its own task."""
+        if not self.striking or node_id in self._struck:
+            return
+        k = KINDS.get(kind)
+        s = self.strikes.at(
+            what, node_id, command_id, once_only=k is not None and not (k.retry_safe or k.self_terminating)
+        )
+        if s is None:
+            return
+        target = node_id
+        frame = self.recorder.accepted_frame if what == strikes.ACCEPT else None
+        if s.kind == strikes.DUPLICATE_AFTER_ACCEPT and frame is None:
+            return  # not seen on the way in (never, for a command the gateway sent): nothing to send again
+        if s.kind == strikes.GATEWAY_KILL_AT_ACCEPT:
+            index = self._killable_gateway_of(node_id)
+            if index is None:
+                return
+            target = address(index)
+        self._struck.add(target)
+        self.faults[s.kind] += 1
+        at_s = round(asyncio.get_running_loop().time() - self.t0, 3)
+        data: dict[str, object] = {"kind": s.kind, "t_s": at_s, "command_id": command_id, **s.params}
+        if target != node_id:
+            data["node_id"] = node_id
+        self._unpublished.append(("sim.fault", target, data))
+        if s.kind == strikes.DUPLICATE_AFTER_ACCEPT:
+            self.network.deliver_again(node_id, frame, float(s.params["after_s"]))
+        if s.kind in (strikes.CUT_AT_ACCEPT, strikes.CRASH_AT_ACCEPT):
+            self.recorder.away(node_id, "reset")
+            self.network.reset(node_id)
+            self.recorder.back(node_id, "reset")
+        self._spawn(self._strike(s, target), f"strike-{s.kind}")
+
+    def _killable_gateway_of(self, node_id: str) -> int | None:
+        """The gateway holding the node's session, if killing it leaves another gateway up and nothing else
+        is striking it."""
+        gws = self.pair.gateways
+        if gws is None or sum(1 for p in gws.procs if p.up) < 2:
+            return None
+        for p in gws.procs:
+            if p.up and address(p.index) not in self._struck and node_id in gws.nodes_on(p.index):
+                return p.index
+        return None
+
+    async def _strike(self, s: Strike, target: str) -> None:
+        try:
+            await self.publish_pending()
+            if s.kind in (strikes.CRASH_AT_ACCEPT, strikes.CRASH_WHILE_RUNNING):
+                await self.pair.restart_agent(s.node_id, float(s.params["restart_s"]))
+            elif s.kind == strikes.POWER_LOSS_WHILE_RUNNING:
+                await self._power_cycle(s.node_id, float(s.params["down_s"]))
+            elif s.kind == strikes.GATEWAY_KILL_AT_ACCEPT:
+                await self._kill_gateway(self._gateway_index(target), float(s.params["down_s"]))
+        finally:
+            self._struck.discard(target)
+
+    async def _power_cycle(self, node_id: str, down_s: float) -> None:
+        """The machine loses power: its agent dies where it is, its journal keeps what it made durable (the
+        production journal fsyncs every write: all of it), and it boots anew after `down_s`."""
+        rec = self.recorder
+        rec.away(node_id, "reboot")
+        await self.pair.crash_agent(node_id)
+        if self.seams.power_loss is not None:
+            await self.pair.power_loss(node_id, self.seams.power_loss)
+        await self.pair.restart_agent(node_id, down_s, reboot=True)
+        rec.back(node_id, "reboot")
+
     async def _publish_fault(self, fault: Fault, at_s: float) -> None:
         data: dict[str, object] = {"kind": fault.kind, "t_s": round(at_s, 3), **fault.params}
         if len(fault.targets) == 1:
@@ -385,9 +482,7 @@ class Fleet:
         if f.kind == chaos.AGENT_CRASH:
             await pair.restart_agent(f.targets[0], float(p.get("restart_s", chaos.RESTART_S)))
         elif f.kind == chaos.NODE_REBOOT:
-            rec.away(f.targets[0], "reboot")
-            await pair.restart_agent(f.targets[0], float(p["down_s"]), reboot=True)
-            rec.back(f.targets[0], "reboot")
+            await self._power_cycle(f.targets[0], float(p["down_s"]))
         elif f.kind == chaos.JOURNAL_LOSS:
             await self._lose_journal(f.targets[0], float(p.get("restart_s", chaos.RESTART_S)))
         elif f.kind == chaos.PARTITION:
@@ -505,6 +600,7 @@ class Fleet:
     async def heal_everything(self) -> None:
         """The quiet period's start: faults in progress finish, partitions heal, every agent runs, the
         control plane's clock is back on the store's."""
+        self.striking = False
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._errors:  # an injector that failed is the simulator's bug: say so rather than check a skewed run
@@ -545,6 +641,7 @@ async def run_fleet(fleet: Fleet, *, workload: Workload | None = None, progress:
     await fleet.pair.start()
     t0 = fleet.t0 = loop.time()
     await fleet.publish_pending()  # the gateway processes' starts (with one gateway, nothing)
+    fleet.striking = True
     tasks = [asyncio.create_task(fleet.run_chaos(t0), name="chaos")]
     if workload is not None:
         tasks.append(asyncio.create_task(_drive(workload, fleet), name="workload"))

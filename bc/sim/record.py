@@ -47,6 +47,7 @@ from bc.protocol.pb.session_pb2 import NodeMessage
 from bc.seams.network import FROM_NODE, TO_NODE, Direction, SimNetwork
 from bc.sim.breaks import DelegatingJournal, OpenJournal
 from bc.sim.facts import Bound, FactLog, QuietSnapshot, connectivity_from_events
+from bc.sim.strikes import ACCEPT, START
 from bc.store import Store, Tx
 from bc.store import capacity as cap_sql
 from bc.store import commands as commands_sql
@@ -56,6 +57,11 @@ Event = tuple[int, str, str, str, int]
 """An events log row as `SessionPair.events()` reads it: seq, type, subject, data JSON, at_ms."""
 Started = Callable[[str, str], None]
 """`started(command_id, boot_id)`: a side effect began in this agent process."""
+Accepted = Callable[[str, str], None]
+"""`accepted(command_id, kind)`: this agent process's journal accepted the command (the write is done)."""
+Moment = Callable[[str, str, str, str], None]
+"""`moment(what, node_id, command_id, kind)`: a command was accepted (`bc.sim.strikes.ACCEPT`) or its side
+effect started (`START`) on a node: where the run may strike (`bc.sim.strikes`)."""
 
 RELEASE_REASON = {
     "reservation.released": "released",
@@ -71,9 +77,10 @@ class RecordingOutbox(Outbox):
     """The agent's outbox, telling `started` of each RUNNING that follows an acceptance of its command (see
     the module docstring)."""
 
-    def __init__(self, started: Started) -> None:
+    def __init__(self, started: Started, accepted: Accepted | None = None) -> None:
         super().__init__()
         self._started = started
+        self._accepted = accepted
         self._acked: set[str] = set()  # commands ACKED since their last RUNNING counted
         self._accepts: Counter[str] = Counter()  # acceptances the journal made, not yet matched by a RUNNING
         self._journaled = False  # the process's journal is wrapped: count its acceptances, not ACKs
@@ -83,7 +90,7 @@ class RecordingOutbox(Outbox):
         self._journaled = True
 
         async def open_counting() -> AgentJournal:
-            return _CountingJournal(await open_journal(), self._accepts)
+            return _CountingJournal(await open_journal(), self._accepts, self._accepted)
 
         return open_counting
 
@@ -112,13 +119,16 @@ class RecordingOutbox(Outbox):
 class _CountingJournal(DelegatingJournal):
     """The agent's journal, counting each command it accepts (after the acceptance is written)."""
 
-    def __init__(self, inner: AgentJournal, accepts: Counter[str]) -> None:
+    def __init__(self, inner: AgentJournal, accepts: Counter[str], accepted: Accepted | None = None) -> None:
         super().__init__(inner)
         self._accepts = accepts
+        self._accepted = accepted
 
     async def accept(self, a: Acceptance) -> None:
         await super().accept(a)
         self._accepts[a.command_id] += 1
+        if self._accepted is not None:
+            self._accepted(a.command_id, a.kind)
 
 
 class Recorder:
@@ -129,12 +139,27 @@ class Recorder:
         self.started: list[tuple[int, str, str, str]] = []  # (t_ms, node, command id, boot id); kinds at the end
         self.frames = 0
         self._away: dict[str, set[str]] = {}  # node -> causes of its open outages that its next Hello ends
+        self._kinds: dict[tuple[str, str], str] = {}  # (node, command id) a journal of the node accepted -> kind
+        self._delivered: set[tuple[str, str]] = set()  # (node, command id) of every command frame delivered
+        self._frames: dict[tuple[str, str], object] = {}  # (node, command id) -> its frame, until accepted
+        self.accepted_frame: object | None = None
+        """The command frame of the acceptance being told to `moment` (its first delivery), if recorded."""
+        self.moment: Moment | None = None
+        """Told of each acceptance and side-effect start, after it is recorded (the run's strikes)."""
 
     def outbox(self, node_id: str) -> RecordingOutbox:
         def started(command_id: str, boot_id: str) -> None:
             self.started.append((self.now_ms(), node_id, command_id, boot_id))
+            if self.moment is not None:
+                self.moment(START, node_id, command_id, self._kinds.get((node_id, command_id), ""))
 
-        return RecordingOutbox(started)
+        def accepted(command_id: str, kind: str) -> None:
+            self._kinds[(node_id, command_id)] = kind
+            self.accepted_frame = self._frames.pop((node_id, command_id), None)
+            if self.moment is not None:
+                self.moment(ACCEPT, node_id, command_id, kind)
+
+        return RecordingOutbox(started, accepted)
 
     def away(self, node_id: str, cause: str) -> None:
         """The node cannot reach the gateway from now until its next Hello arrives after `back(...)`."""
@@ -149,9 +174,19 @@ class Recorder:
         self.frames += 1
         t = self.now_ms()
         if direction == TO_NODE:
-            if isinstance(msg, session_pb2.GatewayMessage) and msg.WhichOneof("msg") == "desired_state":
+            if not isinstance(msg, session_pb2.GatewayMessage):
+                return
+            which = msg.WhichOneof("msg")
+            if which == "desired_state":
                 body = session_pb2.DesiredStateBody.FromString(msg.desired_state.envelope.body)
                 self.facts.spec_delivered(t, node_id, body.generation)
+            elif which == "command":
+                key = (node_id, session_pb2.CommandBody.FromString(msg.command.envelope.body).id)
+                if key in self._delivered:
+                    self.facts.redelivered(t, node_id, key[1], accepted=key in self._kinds)
+                else:
+                    self._frames[key] = msg
+                self._delivered.add(key)
             return
         assert direction == FROM_NODE
         self.facts.heard(t, node_id)

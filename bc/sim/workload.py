@@ -109,11 +109,11 @@ Workload = Callable[[FleetLike], Coroutine[Any, Any, None]]
 class Rates:
     """Per node and per simulated hour (fleet-wide ones say so), and the workload's rhythm."""
 
-    reservations: float = 1.0
-    releases: float = 0.8
+    reservations: float = 3.0
+    releases: float = 1.5
     specs: float = 0.3
-    commands: float = 2.0
-    batches_per_hour: float = 6.0  # fleet-wide, however large: each needs people to sign it
+    commands: float = 3.0
+    batches_per_hour: float = 20.0  # fleet-wide, however large: each needs people to sign it
     jobs_per_hour: float = 6.0  # fleet-wide too
     approval_pass_s: float = 60.0
     """How often the approvers look at pending batches (a person's rhythm, not a machine's)."""
