@@ -141,6 +141,8 @@ class AgentParts:
     """Converge the `telemetry` section and export over OTLP; off under the simulator (the section is UNSUPPORTED)."""
     version: str = ""
     """The version this binary claims (empty: bc.runtime.version.bc_version()); a self-update never trusts it."""
+    devices_converger: type[DevicesConverger] = DevicesConverger
+    """The devices section's converger class (a seam: `bc sim --break` swaps in a broken one)."""
     restart: Callable[[], Awaitable[None]] | None = None
     """How a self-update starts `current` again; left out: re-exec (fake hardware, no systemd) or exit 75."""
 
@@ -229,7 +231,7 @@ class Agent:
         if slices is None:
             slices = open_slices(self.hw.capabilities.touches_host, self.data_dir, offload=self.offload)
         self.convergers: dict[str, Converger] = {
-            "devices": DevicesConverger(
+            "devices": p.devices_converger(
                 cdi_dir,
                 env_dir,
                 self.hw,

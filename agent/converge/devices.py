@@ -281,6 +281,11 @@ class DevicesConverger:
 
     section: str = "devices"
 
+    def holds_to_keep(self, held: Mapping[str, cdi.HeldSpec], generation: int) -> dict[str, cdi.HeldSpec] | None:
+        """The adoption rule (`agent.converge.adoption.holds_to_keep`): a seam, so `bc sim --break` can show what
+        a converger without it does after a journal loss."""
+        return adoption.holds_to_keep(held, generation)
+
     def __init__(
         self,
         cdi_dir: Path,
@@ -317,7 +322,7 @@ class DevicesConverger:
         if not isinstance(desired, spec_pb2.DevicesSection):
             raise TypeError(f"the devices converger got a {type(desired).__name__}")
         held, mps = await self.offload(self._scan)
-        kept = adoption.holds_to_keep(held, generation)
+        kept = self.holds_to_keep(held, generation)
         if kept is not None:
             return await self._adopt(kept)
         if self._adopted:

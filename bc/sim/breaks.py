@@ -24,6 +24,8 @@ seam the production class declares with its production default (`Gateway.close_s
     lost-fsync                 a journal that does not fsync its command writes: a power     I2
                                loss forgets every command it had accepted and not finished
                                (same journal id), so the replay runs it again
+    release-on-journal-loss    a devices converger without the adoption rule: on a lost      I5
+                               journal (no spec) it releases every hold it finds
 
 `seams_for(rule)` returns the `SimSeams` the runner applies as it builds the control plane and the agents;
 `seams_for(None)` the production ones. A break shows only when the run meets what it is wrong about: a
@@ -38,6 +40,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.converge.devices import DevicesConverger
+from agent.hw.cdi import HeldSpec
 from agent.journal_api import AgentJournal, JournalEvent, StoredSpec
 from agent.journal_rules import KEEP_S, Acceptance, CommandEntry, Settlement
 from bc.control.base.bus import Bus
@@ -335,6 +339,18 @@ async def forget_unfinished(journal: AgentJournal) -> None:
         await journal.delete_commands(lost)
 
 
+# ---- release-on-journal-loss ----
+
+
+class ReleasingDevices(DevicesConverger):
+    """The devices converger without the adoption rule (`agent.converge.adoption`): on a journal that holds no
+    spec (lost, wiped) it converges the empty spec of generation 0 like any other, so it releases every hold
+    it finds, and reports them released, while the control plane still counts them held."""
+
+    def holds_to_keep(self, held: Mapping[str, HeldSpec], generation: int) -> dict[str, HeldSpec] | None:
+        return None
+
+
 # ---- the rules ----
 
 
@@ -348,6 +364,7 @@ class SimSeams:
 
     * `journal(open_journal)` wraps each agent's journal opener (`AgentParts.open_journal`);
     * `liveness(store, bus, holder, cfg, signer)` builds the control plane's Liveness;
+    * `devices_cls` is each agent's devices converger class (`AgentParts.devices_converger`);
     * `gateway_cls` and `placement_cls` are constructed with the production constructors' arguments;
     * `power_loss(journal)`, when set, runs on a node's journal each time its machine loses power (with the
       agent down, before it boots anew).
@@ -359,6 +376,7 @@ class SimSeams:
     liveness: LivenessFactory = production_liveness
     gateway_cls: type[Gateway] = Gateway
     placement_cls: type[PlacementPass] = PlacementPass
+    devices_cls: type[DevicesConverger] = DevicesConverger
     power_loss: PowerLoss | None = None
     """What a power loss (a node reboot of the chaos, a strike) does to the node's journal; None: nothing,
     as the production journal fsyncs every write before it answers."""
@@ -374,6 +392,7 @@ RULES: dict[str, SimSeams] = {
         SimSeams("double-count-usage", "I8", placement_cls=DoubleCountingPass),
         SimSeams("unreachable-without-grace", "I4", liveness=no_grace_liveness),
         SimSeams("lost-fsync", "I2", power_loss=forget_unfinished),
+        SimSeams("release-on-journal-loss", "I5", devices_cls=ReleasingDevices),
     )
     if s.rule is not None
 }
@@ -400,6 +419,7 @@ __all__ = [
     "ForgetfulJournal",
     "NoGraceLiveness",
     "PowerLoss",
+    "ReleasingDevices",
     "ReleasingLiveness",
     "SimSeams",
     "UnfencedGateway",

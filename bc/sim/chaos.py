@@ -13,7 +13,7 @@ agent-crash          0.20 / node-hour       0.02              the agent process 
                                                               `restart_s` = 5 s (RestartSec=5)
 node-reboot          0.08 / node-hour       0.008             the machine goes away for `down_s` (30-120 s) and
                                                               comes back with a new boot id
-journal-loss         0.04 / node-hour       0.004             the agent dies and restarts after 5 s on a fresh
+journal-loss         0.25 / node-hour       0.025             the agent dies and restarts after 5 s on a fresh
                                                               journal (new journal id)
 partition            0.03 / node-hour,      0.003             1-5 % of the nodes (at least one) lose the link for
                      a group each                             `duration_s` (20-300 s), `direction` both (60 %),
@@ -111,7 +111,7 @@ WARMUP_S = 30.0
 _HEAVY_NODE_RATES: Mapping[str, float] = {
     AGENT_CRASH: 0.20,
     NODE_REBOOT: 0.08,
-    JOURNAL_LOSS: 0.04,
+    JOURNAL_LOSS: 0.25,
     PARTITION: 0.03,
     HALF_OPEN: 0.10,
     RESET: 0.15,

@@ -10,7 +10,7 @@ against its booking. `check_all` runs every one and returns one `InvariantResult
     I2  at most one execution per command (kinds' flags: bc.protocol.kinds)
     I3  a spec delivered while the node stays reachable is reported observed within 60 s
     I4  no node marked unreachable or lost within 20 s of the gateway hearing from it
-    I5  no allocation released only because its node went away
+    I5  no allocation released only because its node went away; no hold a node released by itself
     I7  nothing pending that a brute-force solver could place (after the quiet period; only when asked)
     I8  usage = booked duration x atoms, no duplicate window keys
 """
@@ -34,6 +34,7 @@ from bc.sim.facts import (
     FactLog,
     HeardSpan,
     JournalLoss,
+    NodeRelease,
     Outage,
     Outcome,
     SideEffect,
@@ -289,6 +290,45 @@ def check_i4(facts: FactLog, *, bound_ms: int = 20_000) -> FalseUnreachable | No
     return None
 
 
+# ---- I5: the node's side ----
+
+
+@dataclass(frozen=True)
+class NodeDroppedHold:
+    release: NodeRelease
+
+    @property
+    def sentence(self) -> str:
+        r = self.release
+        return (
+            f"I5: {r.node_id} released {r.reservation_id or 'an unknown reservation'}'s hold "
+            f"(allocation {r.allocation_id}) by itself: its report reached the store at {iso(r.t_ms)}, and the "
+            "control plane had not decided to end that hold"
+        )
+
+    @property
+    def at_ms(self) -> int:
+        return self.release.t_ms
+
+
+def check_node_kept_holds(node_releases: Sequence[NodeRelease]) -> NodeDroppedHold | None:
+    """I5 on the node's side: a node releases a hold only after the control plane decided to end it (released,
+    ended, failed, lost); never on its own, as after a journal loss (reference: "the daemon ... keeps every
+    device assignment: it never drops one on its own"). The first violation in time is returned."""
+    for r in sorted(node_releases, key=lambda r: (r.t_ms, r.node_id, r.allocation_id)):
+        if r.decided_ms is None or r.decided_ms > r.t_ms:
+            return NodeDroppedHold(r)
+    return None
+
+
+def _i5(facts: FactLog) -> InvariantResult:
+    found = invariants.check_no_release_on_disconnect(facts.releases, facts.transitions())
+    if found is not None:
+        return _result("I5", found, found.release.at_ms)
+    dropped = check_node_kept_holds(facts.node_releases)
+    return _result("I5", dropped, None if dropped is None else dropped.at_ms)
+
+
 # ---- all of them ----
 
 NAMES: dict[str, str] = {
@@ -374,8 +414,7 @@ def check_all(
     out.append(_result("I3", i3, None if i3 is None else i3.at_ms))
     i4 = check_i4(facts, bound_ms=i4_bound_ms)
     out.append(_result("I4", i4, None if i4 is None else i4.at_ms))
-    i5 = invariants.check_no_release_on_disconnect(facts.releases, facts.transitions())
-    out.append(_result("I5", i5, None if i5 is None else i5.release.at_ms))
+    out.append(_i5(facts))
     if i7:
         q = facts.quiet
         if q is None:
@@ -393,6 +432,7 @@ __all__ = [
     "DoubleExecution",
     "FalseUnreachable",
     "InvariantResult",
+    "NodeDroppedHold",
     "NotConverged",
     "RunAfterJournalLoss",
     "UnbookedBinding",
@@ -401,4 +441,5 @@ __all__ = [
     "check_i2",
     "check_i3",
     "check_i4",
+    "check_node_kept_holds",
 ]

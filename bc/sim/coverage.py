@@ -11,8 +11,10 @@ facts the checkers read (`bc.sim.facts.FactLog`), of the moments a wrong compone
         journal that forgot its accepts, or never made them durable, runs it again)
     I3  a spec delivered shortly before its node went away (where convergence must survive the outage)
     I4  a session closed (where liveness without grace marks a node unreachable too early)
-    I5  a node went away while it held a reservation's atoms (where liveness releases what it must not)
-    I7  a reservation still pending at the end (what the brute-force solver is asked about)
+    I5  a node went away, or lost its journal, while it held a reservation's atoms (where liveness releases
+        what it must not, or the node drops a hold it no longer finds in its spec)
+    I7  a reservation made to wait in the pending queue during the run, or still pending at the end (what
+        the brute-force solver is asked about)
     I8  a usage window closed (where a flush written twice double-counts)
 
 A run where one happened fewer than `FEW` times says so: its checker's pass is weak evidence.
@@ -97,21 +99,34 @@ def sessions_closed(facts: FactLog) -> int:
 
 
 def away_while_holding(facts: FactLog) -> int:
-    """I5: a node went away while a binding on it was live."""
-    n = 0
-    for c in facts.connectivity:
-        if c.state not in AWAY:
-            continue
-        if any(
-            b.node_id == c.node_id and b.start_ms <= c.t_ms and (b.end_ms is None or c.t_ms < b.end_ms)
-            for b in facts.bound
-        ):
-            n += 1
-    return n
+    """I5: a node went away, or lost its journal, while a binding on it was live."""
+    moments = [(c.node_id, c.t_ms) for c in facts.connectivity if c.state in AWAY]
+    moments += [(lo.node_id, lo.t_ms) for lo in facts.journal_losses]
+    held = _by_node_bound(facts)
+    return sum(
+        1
+        for node_id, t in moments
+        if any(start <= t and (end is None or t < end) for start, end in held.get(node_id, ()))
+    )
+
+
+def _by_node_bound(facts: FactLog) -> dict[str, list[tuple[int, int | None]]]:
+    out: dict[str, list[tuple[int, int | None]]] = {}
+    for b in facts.bound:
+        out.setdefault(b.node_id, []).append((b.start_ms, b.end_ms))
+    return out
+
+
+def waited_or_pending(facts: FactLog) -> int:
+    """I7: reservations made to wait during the run, and those still pending at the end (counted once)."""
+    ids = set(facts.waited)
+    if facts.quiet is not None:
+        ids.update(r.reservation_id for r, _held in facts.quiet.pending)
+    return len(ids)
 
 
 def coverage(facts: FactLog) -> list[Situation]:
-    """One `Situation` per invariant, in order I1..I8 (I7 only when the quiet snapshot was taken)."""
+    """One `Situation` per invariant, in order I1..I8."""
     out = [
         Situation("I1", "atoms handed from one reservation to another", atoms_handed_over(facts)),
         Situation(
@@ -121,10 +136,9 @@ def coverage(facts: FactLog) -> list[Situation]:
         ),
         Situation("I3", "specs delivered just before their node went away", specs_then_away(facts)),
         Situation("I4", "sessions closed", sessions_closed(facts)),
-        Situation("I5", "nodes away while holding a reservation", away_while_holding(facts)),
+        Situation("I5", "nodes away, or losing their journal, while holding a reservation", away_while_holding(facts)),
+        Situation("I7", "reservations made to wait, or pending at the end", waited_or_pending(facts)),
     ]
-    if facts.quiet is not None:
-        out.append(Situation("I7", "reservations pending at the end", len(facts.quiet.pending)))
     out.append(Situation("I8", "usage windows closed", len(facts.windows)))
     return out
 

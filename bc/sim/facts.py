@@ -41,6 +41,19 @@ class SideEffect:
 
 
 @dataclass(frozen=True)
+class NodeRelease:
+    """A node reported it released a reservation's hold (its `released` allocation report reached the store at
+    `t_ms`); `decided_ms`: when the control plane had decided to end that hold (released, ended, failed,
+    lost), None if it never had by then."""
+
+    t_ms: int
+    node_id: str
+    reservation_id: str
+    allocation_id: str
+    decided_ms: int | None
+
+
+@dataclass(frozen=True)
 class Redelivery:
     """A command frame reached a node that had been sent it before (a duplicate frame, a replay after a
     reconnect or a crash): I2's dangerous moment, where the journal must find it rather than run it again.
@@ -198,6 +211,9 @@ class FactLog:
     connectivity: list[Connectivity] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
     redeliveries: list[Redelivery] = field(default_factory=list)
+    node_releases: list[NodeRelease] = field(default_factory=list)
+    waited: list[str] = field(default_factory=list)
+    """Reservations the placement pass made wait (a `reservation.waiting`), each once."""
     # capacity, in bc.control.capacity.invariants' own types
     nodes: list[NodeInfo] = field(default_factory=list)
     bookings: list[Booking] = field(default_factory=list)
@@ -360,6 +376,7 @@ __all__ = [
     "HeardFrom",
     "HeardSpan",
     "JournalLoss",
+    "NodeRelease",
     "Outage",
     "Outcome",
     "QuietSnapshot",

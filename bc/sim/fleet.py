@@ -249,6 +249,7 @@ class SimPair(SessionPair):
         agent.outbox = outbox
         # The recording journal is outermost: it counts the acceptances the dispatcher sees made.
         agent.parts.open_journal = outbox.journal(self.seams.journal(agent.parts.open_journal))
+        agent.parts.devices_converger = self.seams.devices_cls
         self.boots.setdefault(node.node_id, node.hw.boot_id())
         return agent
 

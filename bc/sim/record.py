@@ -23,7 +23,9 @@
 * **The store, at the end**: command outcomes, connectivity transitions (the events log), bookings of
   every placement, releases (the end events of holds, with their reasons), billing spans and usage
   windows (flushed, and each running hold's open one up to the end, as `bc usage` counts), bindings
-  the nodes reported (`reservation.active` to the end of the hold, on the booked atoms).
+  the nodes reported (`reservation.active` to the end of the hold, on the booked atoms), and the holds
+  nodes reported released (`node.event` of kind `released`) with when the control plane had decided to end
+  each (`reservation.releasing` or an end event).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import NodeMessage
 from bc.seams.network import FROM_NODE, TO_NODE, Direction, SimNetwork
 from bc.sim.breaks import DelegatingJournal, OpenJournal
-from bc.sim.facts import Bound, FactLog, QuietSnapshot, connectivity_from_events
+from bc.sim.facts import Bound, FactLog, NodeRelease, QuietSnapshot, connectivity_from_events
 from bc.sim.strikes import ACCEPT, START
 from bc.store import Store, Tx
 from bc.store import capacity as cap_sql
@@ -260,6 +262,10 @@ async def from_store(facts: FactLog, recorder: Recorder, store: Store, events: S
     facts.releases = _releases(events)
     facts.bookings = _bookings(placements, {r.reservation_id: r.at_ms for r in facts.releases})
     facts.bound = _bound(facts.bookings, events)
+    facts.waited = list(
+        dict.fromkeys(subject for _seq, type_, subject, _d, _t in events if type_ == "reservation.waiting")
+    )
+    facts.node_releases = _node_releases(events, {str(r["allocation_id"]): str(r["id"]) for r in reservations})
     facts.spans, facts.windows = spans, windows
     facts.finish(now_ms)
 
@@ -317,6 +323,28 @@ def _releases(events: Sequence[Event]) -> list[Release]:
             continue  # never placed: nothing was held on a node
         reason = str(body.get("reason") or "") if type_ in ("reservation.released", "reservation.lost") else ""
         out.append(Release(subject, node_id, at_ms, reason or RELEASE_REASON[type_]))
+    return out
+
+
+DECISION_EVENTS = ("reservation.releasing", *END_EVENTS)
+"""The control plane deciding a hold ends: before it, the node must keep the hold (reference I5)."""
+
+
+def _node_releases(events: Sequence[Event], reservation_of: Mapping[str, str]) -> list[NodeRelease]:
+    """Each `released` allocation report a node's session delivered (its `node.event`), with when the control
+    plane had first decided to end that reservation's hold, if it had by then."""
+    decided: dict[str, int] = {}
+    out: list[NodeRelease] = []
+    for _seq, type_, subject, data, at_ms in events:
+        if type_ in DECISION_EVENTS:
+            decided.setdefault(subject, at_ms)
+        elif type_ == "node.event" and '"released"' in data:
+            body = json.loads(data)
+            if body.get("kind") != "released":
+                continue
+            aid = str(body.get("allocation_id") or "")
+            rid = reservation_of.get(aid, "")
+            out.append(NodeRelease(at_ms, subject, rid, aid, decided.get(rid)))
     return out
 
 

@@ -7,11 +7,14 @@ import dataclasses
 import json
 import random
 from pathlib import Path
+from typing import cast
 
 import pytest
 from google.protobuf.json_format import MessageToJson
 
+from agent.converge.devices import DevicesConverger
 from agent.hw.base import inventory_hash
+from agent.hw.cdi import HeldSpec
 from agent.hw.fake import FakeHardware
 from agent.journal_api import AgentJournal
 from agent.journal_rules import Acceptance, Resolution, resolve
@@ -38,12 +41,14 @@ from bc.sim.breaks import (
     ForgetfulJournal,
     NoGraceLiveness,
     OpenJournal,
+    ReleasingDevices,
     ReleasingLiveness,
     UnfencedGateway,
+    forget_unfinished,
     seams_for,
 )
-from bc.sim.checkers import DoubleExecution, FalseUnreachable, check_all, check_i2, check_i4
-from bc.sim.facts import FactLog, SideEffect, connectivity_from_events, release_fact
+from bc.sim.checkers import DoubleExecution, FalseUnreachable, check_all, check_i2, check_i4, check_node_kept_holds
+from bc.sim.facts import FactLog, NodeRelease, SideEffect, connectivity_from_events, release_fact
 from bc.store import capacity as cap_sql
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
@@ -71,6 +76,8 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
             "double-book",
             "double-count-usage",
             "unreachable-without-grace",
+            "lost-fsync",
+            "release-on-journal-loss",
         ]
     )
     checker = {rule: seams_for(rule).checker for rule in RULES}
@@ -81,6 +88,8 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
         "double-book": "I1",
         "double-count-usage": "I8",
         "unreachable-without-grace": "I4",
+        "lost-fsync": "I2",
+        "release-on-journal-loss": "I5",
     }
     for rule in RULES:
         seams = seams_for(rule)
@@ -150,6 +159,52 @@ async def test_a_forgetful_journal_resolves_every_delivery_as_new() -> None:
     await j.accept(Acceptance("c1", "gpu.reset", False, False, "inc-1", "boot-1", b"body", 4.0))
     entry = await inner.get_command("c1")
     assert entry is not None and entry.state == "accepted"
+
+
+# ---- lost-fsync: I2 ----
+
+
+async def test_a_power_loss_under_a_journal_without_fsync_forgets_what_was_not_finished() -> None:
+    j = MemoryJournal("j-1")
+    for cid in ("accepted", "running", "done"):
+        await j.accept(Acceptance(cid, "gpu.reset", False, False, "inc-1", "boot-1", b"body", 1.0))
+    await j.mark_running("running", "inc-1", "boot-1", 2.0)
+    await j.mark_running("done", "inc-1", "boot-1", 2.0)
+    assert await j.finish("done", b"result", 3.0)
+    assert seams_for("lost-fsync").power_loss is forget_unfinished and PRODUCTION.power_loss is None
+    await forget_unfinished(j)
+    # Same journal id, so the gateway replays the running command, and the journal runs it as new (boot 2).
+    assert j.journal_id == "j-1"
+    assert await j.get_command("accepted") is None and await j.get_command("running") is None
+    assert resolve(await j.get_command("running"), "inc-2", "boot-2") is Resolution.EXECUTE
+    done = await j.get_command("done")
+    assert done is not None and resolve(done, "inc-2", "boot-2") is Resolution.RESEND
+
+
+# ---- release-on-journal-loss: I5 ----
+
+
+def test_a_devices_converger_without_adoption_keeps_nothing_where_production_adopts_every_hold() -> None:
+    held = {"a1": cast(HeldSpec, object())}
+    conv = seams_for("release-on-journal-loss").devices_cls
+    assert conv is ReleasingDevices and PRODUCTION.devices_cls is DevicesConverger
+    assert DevicesConverger.holds_to_keep(cast(DevicesConverger, None), held, 0) == held  # no spec: adopt
+    assert DevicesConverger.holds_to_keep(cast(DevicesConverger, None), held, 3) is None  # a spec decides
+    assert ReleasingDevices.holds_to_keep(cast(ReleasingDevices, None), held, 0) is None  # no spec: release
+
+
+def test_i5_names_a_hold_a_node_released_before_the_control_plane_decided_to_end_it() -> None:
+    ok = NodeRelease(5_000, "n1", "r1", "a1", decided_ms=4_000)
+    assert check_node_kept_holds([ok]) is None
+    early = NodeRelease(6_000, "n2", "r2", "a2", decided_ms=None)
+    later = NodeRelease(7_000, "n1", "r3", "a3", decided_ms=9_000)
+    found = check_node_kept_holds([later, ok, early])
+    assert found is not None and found.release is early
+    assert found.sentence.startswith("I5: n2 released r2's hold (allocation a2) by itself")
+    facts = FactLog()
+    facts.node_releases = [later]
+    i5 = next(r for r in check_all(facts) if r.id == "I5")
+    assert not i5.ok and i5.at_ms == 7_000 and i5.entities == ("n1", "r3")
 
 
 # ---- release-on-disconnect: I5 ----
