@@ -1,6 +1,6 @@
 """`bc sim`: the production control plane, gateway and agents on virtual time, under seeded chaos.
 
-    bc sim --nodes N --chaos none|light|heavy --seed S [--duration 2h] [--gateways 1..8] [--journal-files]
+    bc sim --nodes N --chaos none|light|heavy|storm --seed S [--duration 2h] [--gateways 1..8] [--journal-files]
            [--trace run.jsonl] [--json] [--break RULE]
     bc sim ... --seeds 1-50 [--parallel N]      (a sweep: bc.sim.sweep)
 
@@ -77,6 +77,8 @@ def check_input(nodes: int, chaos: str, break_rule: str | None, gateways: int) -
         raise UsageError(f"unknown --break rule {break_rule!r}; rules are {', '.join(sorted(RULES))}")
     if not 1 <= gateways <= MAX_GATEWAYS:
         raise UsageError(f"--gateways must be between 1 and {MAX_GATEWAYS}, not {gateways}")
+    if chaos == "storm" and gateways < 2:
+        raise UsageError("--chaos storm takes the shared store out: it needs --gateways 2 or more")
 
 
 class Ticker:
@@ -134,7 +136,12 @@ def progress_line(sim_s: float, total_s: float, events: int, faults: int) -> str
 
 @click.command("sim")
 @click.option("--nodes", type=int, default=100, show_default=True, help="How many nodes (1 to 100,000).")
-@click.option("--chaos", default="light", show_default=True, help="Fault level: none, light or heavy.")
+@click.option(
+    "--chaos",
+    default="light",
+    show_default=True,
+    help="Fault level: none, light, heavy or storm (heavy, with the store out 10 times an hour; --gateways 2+).",
+)
 @click.option("--seed", type=int, default=1, show_default=True, help="The run's seed: same seed, same digest.")
 @click.option("--duration", default=DEFAULT_DURATION, show_default=True, help="Simulated time: 90s, 10m, 2h, 1d.")
 @click.option(

@@ -16,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FENCE_AFTER_S = 10.0
+MIN_CHECK_S = 0.01
+"""The lease loop never sleeps less than this: a sleep shorter than the clock's resolution at `now` would not
+move the clock at all (a float's last bit), so a loop waking "just before the deadline" would wake again at the
+same instant forever (found by `bc sim --chaos storm`, on virtual time, where nothing else moves the clock)."""
 
 
 @dataclass
@@ -49,7 +53,7 @@ class LeaseFence:
 
     def check(self, now: float) -> bool:
         """Time passing without a renewal; True when this raises the fence."""
-        if now - self.last_renewed >= FENCE_AFTER_S:
+        if now >= self.last_renewed + FENCE_AFTER_S:
             return self._raise(f"no lease renewal for {now - self.last_renewed:.0f} s")
         return False
 
@@ -57,7 +61,7 @@ class LeaseFence:
         """How long the lease loop may sleep: the next renewal, or sooner the moment the fence would rise."""
         if self.fenced:
             return min(renew_every, 1.0)
-        return max(0.0, min(renew_every, self.last_renewed + FENCE_AFTER_S - now))
+        return max(MIN_CHECK_S, min(renew_every, self.last_renewed + FENCE_AFTER_S - now))
 
     def _raise(self, why: str) -> bool:
         raised = not self.fenced

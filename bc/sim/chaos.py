@@ -37,6 +37,9 @@ store-outage         1 / hour (gateways>1)  0.1               every transaction 
                                                               `duration_s` (5-45 s)
 =================== ===================== ================= ==================================================
 
+`storm` is heavy with the gateway kinds far more often: gateway kills and stalls 4 an hour each and store
+outages 10 an hour (the store-outage chaos at its heaviest); it needs `gateways` > 1.
+
 The gateway kinds and the store outage are drawn only with `gateways` > 1, after every other draw, so a
 one-gateway run's schedule (and its digest) is what it always was. A gateway kill or stall targets
 `gw-<i>`, never one already down or frozen, and never the last one up: at least one gateway routes at
@@ -59,8 +62,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-Level = Literal["none", "light", "heavy"]
-LEVELS: tuple[Level, ...] = ("none", "light", "heavy")
+Level = Literal["none", "light", "heavy", "storm"]
+LEVELS: tuple[Level, ...] = ("none", "light", "heavy", "storm")
+STORM = "storm"
+"""Heavy, with the store out and gateways killed and stalled far more often: the store-outage chaos at its
+heaviest. Only with several gateways (the outage needs the store they share)."""
 
 AGENT_CRASH = "agent-crash"
 NODE_REBOOT = "node-reboot"
@@ -120,7 +126,13 @@ _HEAVY_NODE_RATES: Mapping[str, float] = {
 }
 _HEAVY_CP_RATES: Mapping[str, float] = {CP_CLOCK_SKEW: 2.0}
 _HEAVY_GATEWAY_RATES: Mapping[str, float] = {GATEWAY_KILL: 2.0, GATEWAY_STALL: 2.0, STORE_OUTAGE: 1.0}
-_SCALE: Mapping[Level, float] = {"none": 0.0, "light": 0.1, "heavy": 1.0}
+_STORM_GATEWAY_RATES: Mapping[str, float] = {GATEWAY_KILL: 4.0, GATEWAY_STALL: 4.0, STORE_OUTAGE: 10.0}
+_SCALE: Mapping[Level, float] = {"none": 0.0, "light": 0.1, "heavy": 1.0, "storm": 1.0}
+
+
+def strong(level: Level) -> bool:
+    """Heavy or storm: every kind at least once, the heavy links."""
+    return level in ("heavy", STORM)
 
 
 @dataclass(frozen=True)
@@ -148,6 +160,8 @@ def schedule(
         raise ValueError(f"a run needs at least one gateway, not {gateways}")
     scale = _SCALE[level]
     span = duration_s - WARMUP_S
+    if level == STORM and gateways < 2:
+        raise ValueError("the storm chaos takes the shared store out: it needs at least two gateways")
     if scale == 0 or span <= 0 or not node_ids:
         return []
     nodes = sorted(node_ids)
@@ -161,7 +175,7 @@ def schedule(
             out.append(_cp_fault(kind, t, rng))
     if duration_s >= (600 if level == "light" else 120):
         out.append(_cp_fault(CP_RESTART, rng.uniform(0.4, 0.6) * duration_s - WARMUP_S, rng))
-    if level == "heavy":
+    if strong(level):
         seen = {f.kind for f in out}
         for kind in KINDS:
             if kind not in seen and kind != CP_RESTART:
@@ -178,9 +192,10 @@ def _gateway_faults(level: Level, rng: random.Random, gateways: int, duration_s:
     span = duration_s - WARMUP_S
     hours = span / 3600
     drawn: list[tuple[float, str]] = []
-    for kind, rate in _HEAVY_GATEWAY_RATES.items():
+    rates = _STORM_GATEWAY_RATES if level == STORM else _HEAVY_GATEWAY_RATES
+    for kind, rate in rates.items():
         drawn += [(t, kind) for t in _arrivals(rng, rate * _SCALE[level] * hours, span)]
-    if level == "heavy":
+    if strong(level):
         for kind in GATEWAY_KINDS:
             if kind not in {k for _, k in drawn}:
                 drawn.append((rng.uniform(0, span * 0.8), kind))

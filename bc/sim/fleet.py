@@ -307,7 +307,12 @@ class Fleet:
         self.faults: Counter[str] = Counter()
         seeds = random.Random(cfg.seed ^ 0x5EED_C4A05)
         self.recorder = Recorder(self.facts, self._now_ms)
-        links = {"none": LinkFaults.none, "light": LinkFaults.light, "heavy": LinkFaults.heavy}[cfg.chaos]()
+        links = {
+            "none": LinkFaults.none,
+            "light": LinkFaults.light,
+            "heavy": LinkFaults.heavy,
+            "storm": LinkFaults.heavy,
+        }[cfg.chaos]()
         self.network = SimNetwork(
             random.Random(seeds.getrandbits(64)), faults=links, tap=self.recorder.tap, stats=LinkWatch()
         )

@@ -34,8 +34,9 @@ gateway-kill-at-accept       0.05 an accept   with several gateways: the gateway
 "Once-only" is a kind that must not start twice (not retry-safe and not self-terminating: `gpu.reset`):
 where a journal that forgets, or was never durable, shows, so struck far more often as it starts.
 
-Light strikes at a tenth of those chances; none never. A node is struck at most once at a time (not again
-until it is back), nothing is struck in the quiet period, and a gateway kill needs another gateway up.
+Light strikes at a tenth of those chances, storm as heavy, none never. A node is struck at most once at a
+time (not again until it is back), nothing is struck in the quiet period, and a gateway kill needs another
+gateway up.
 Each strike is a fault like the schedule's: a `sim.fault` event (kind above, subject the node or the
 gateway, with the command id) and a count under `faults`, so a run's report, its trace and its digest
 carry them, and the same seed strikes the same moments.
@@ -74,7 +75,7 @@ _HEAVY: Mapping[str, Mapping[str, float]] = {
 _ONCE_ONLY_START: Mapping[str, float] = {CRASH_WHILE_RUNNING: 0.3, POWER_LOSS_WHILE_RUNNING: 0.6}
 """A command whose kind must not start twice (not retry-safe, not self-terminating: `gpu.reset`) is where a
 journal that forgets, or that was never durable, shows: struck far more often as it starts."""
-_SCALE: Mapping[Level, float] = {"none": 0.0, "light": 0.1, "heavy": 1.0}
+_SCALE: Mapping[Level, float] = {"none": 0.0, "light": 0.1, "heavy": 1.0, "storm": 1.0}
 
 
 @dataclass(frozen=True)

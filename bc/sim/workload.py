@@ -109,8 +109,8 @@ Workload = Callable[[FleetLike], Coroutine[Any, Any, None]]
 class Rates:
     """Per node and per simulated hour (fleet-wide ones say so), and the workload's rhythm."""
 
-    reservations: float = 3.0
-    releases: float = 1.5
+    reservations: float = 6.0
+    releases: float = 2.0
     specs: float = 0.3
     commands: float = 3.0
     batches_per_hour: float = 20.0  # fleet-wide, however large: each needs people to sign it

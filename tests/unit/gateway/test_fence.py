@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.gateway.fence import FENCE_AFTER_S, LeaseFence
+from bc.gateway.fence import FENCE_AFTER_S, MIN_CHECK_S, LeaseFence
 
 
 def test_ten_seconds_without_a_renewal_fence_and_the_next_renewal_lifts_it() -> None:
@@ -48,3 +50,16 @@ def test_fenced_exactly_when_the_lease_moved_or_went_unrenewed_too_long(events: 
         else:
             late = late or now - last_ok >= FENCE_AFTER_S
         assert f.fenced == (moved_since or late)
+
+
+def test_the_lease_loop_never_sleeps_so_little_that_the_clock_cannot_move() -> None:
+    """Just before the deadline, `deadline - now` can be smaller than the clock's resolution at `now`: a sleep
+    that short leaves the clock where it was, and a loop on virtual time woke at one instant forever (bc sim
+    --chaos storm). The sleep has a floor, and the deadline is one expression for both the check and the sleep."""
+    last = 123_456.789
+    now = math.nextafter(last + FENCE_AFTER_S, 0.0)  # one float below the deadline
+    f = LeaseFence(last_renewed=last)
+    assert not f.check(now)
+    wait = f.next_check_in(now, 5.0)
+    assert wait == MIN_CHECK_S and now + wait > now
+    assert f.check(now + wait)  # and after it the fence rises
