@@ -1,13 +1,13 @@
 """`make sim-sweep`: the simulator measures itself (issue 32): the catch table and the unbroken sweeps.
 
 For each `--break` rule, with 1 gateway and with 3, `bc sim --seeds` counts the seeds that caught it; then
-the unbroken shapes (1 gateway, 3 gateways, `--journal-files`) count the seeds that held every invariant,
-with harness errors apart. Each row is one `bc sim` command, run as an operator would (a subprocess,
+the unbroken shapes (1 gateway, 3 gateways, `--journal-files`, and `--chaos storm` with 3 gateways) count
+the seeds that held every invariant, with harness errors apart (each one's sentence printed). Each row is one `bc sim` command, run as an operator would (a subprocess,
 `--json`), and printed as it ends; the closing table is markdown for docs/sim.md. Figures, never asserted:
 this exits 0 whatever it finds (a row's own command exits 10 when it falls short).
 
     python -m bench.sim_sweep [--seeds 1-10] [--nodes 50] [--duration 30m] [--chaos heavy] [--parallel N]
-                              [--only breaks|unbroken] [--rules a,b]
+                              [--only breaks|unbroken] [--rules a,b] [--gateways 1,3]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class Row:
     gateways: int
     args: tuple[str, ...]
     breaking: bool
+    chaos: str | None = None  # None: the sweep's --chaos
 
 
 @dataclass(frozen=True)
@@ -42,25 +43,28 @@ class Measured:
     harness_errors: int
     wall_s: float
     replays: tuple[str, ...]
+    errors: tuple[str, ...] = ()  # each harness error's sentence
 
 
-def rows(only: str | None, rules: list[str]) -> list[Row]:
+def rows(only: str | None, rules: list[str], gateways: tuple[int, ...] = (1, 3)) -> list[Row]:
     out: list[Row] = []
     if only in (None, "breaks"):
         for rule in rules:
-            for gateways in (1, 3):
-                out.append(Row(rule, gateways, ("--break", rule), True))
+            for n in gateways:
+                out.append(Row(rule, n, ("--break", rule), True))
     if only in (None, "unbroken"):
-        out += [
+        shapes = [
             Row("unbroken", 1, (), False),
             Row("unbroken", 3, (), False),
             Row("unbroken, journal files", 1, ("--journal-files",), False),
+            Row("unbroken, storm", 3, (), False, chaos="storm"),
         ]
+        out += [r for r in shapes if r.gateways in gateways]
     return out
 
 
-def measure(row: Row, shape: list[str]) -> Measured:
-    argv = [BC, "sim", *shape, "--gateways", str(row.gateways), *row.args, "--json"]
+def measure(row: Row, shape: list[str], chaos: str) -> Measured:
+    argv = [BC, "sim", *shape, "--chaos", row.chaos or chaos, "--gateways", str(row.gateways), *row.args, "--json"]
     t0 = time.monotonic()
     out = subprocess.run(argv, capture_output=True, text=True, check=False)
     wall = time.monotonic() - t0
@@ -72,7 +76,8 @@ def measure(row: Row, shape: list[str]) -> Measured:
     seeds = doc["seeds"]
     hits = doc["caught"] if row.breaking else doc["ok"]
     look = [s["repro"] for s in seeds if not (s["caught"] if row.breaking else s["ok"])]
-    return Measured(row, hits, len(seeds), doc["harness_errors"], wall, tuple(look))
+    errors = [f"seed {s['seed']}: {s['harness_error']}" for s in seeds if s.get("harness_error")]
+    return Measured(row, hits, len(seeds), doc["harness_errors"], wall, tuple(look), tuple(errors))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -84,12 +89,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parallel", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", choices=("breaks", "unbroken"), default=None)
     ap.add_argument("--rules", default=",".join(sorted(RULES)), help="the --break rules to measure, comma-separated")
+    ap.add_argument("--gateways", default="1,3", help="the gateway counts to measure, comma-separated")
     args = ap.parse_args(argv)
     shape = [
         "--nodes",
         str(args.nodes),
-        "--chaos",
-        args.chaos,
         "--duration",
         args.duration,
         "--seeds",
@@ -99,8 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print(f"bc sim sweeps: {args.nodes} nodes, chaos {args.chaos}, {args.duration}, seeds {args.seeds}", flush=True)
     done: list[Measured] = []
-    for row in rows(args.only, [r for r in args.rules.split(",") if r]):
-        m = measure(row, shape)
+    gateways = tuple(int(g) for g in args.gateways.split(",") if g)
+    for row in rows(args.only, [r for r in args.rules.split(",") if r], gateways):
+        m = measure(row, shape, args.chaos)
         done.append(m)
         verb = "caught in" if row.breaking else "held in"
         errors = f", {m.harness_errors} harness errors" if m.harness_errors else ""
@@ -110,11 +115,14 @@ def main(argv: list[str] | None = None) -> None:
         )
         for replay in m.replays:
             print(f"    reproduce: {replay}", flush=True)
+        for error in m.errors:
+            print(f"    harness error, {error}", flush=True)
     print()
     print("| Shape | Gateways | Seeds caught (breaks) or clean (unbroken) | Harness errors |")
     print("| --- | --- | --- | --- |")
     for m in done:
-        print(f"| {m.row.what} | {m.row.gateways} | {m.hits} of {m.seeds} | {m.harness_errors} |")
+        chaos = f", {m.row.chaos}" if m.row.chaos else ""
+        print(f"| {m.row.what}{chaos} | {m.row.gateways} | {m.hits} of {m.seeds} | {m.harness_errors} |")
 
 
 if __name__ == "__main__":
