@@ -19,8 +19,9 @@ its own `stop`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bc.assembly.supervisor import LoopFactory, Supervisor
 from bc.control.capacity.placement_pass import PlacementPass
@@ -83,6 +84,17 @@ class Loop:
 ANY = ROLES
 
 
+class RunsOnAClock(Protocol):
+    """A worker role's controller: its loop runs on the process's clock."""
+
+    def run_forever(self, clock: Clock) -> Awaitable[None]: ...
+
+
+def _on_clock(part: RunsOnAClock | None, clock: Clock) -> LoopFactory | None:
+    """The controller's loop on `clock`; None when this process does not run it."""
+    return None if part is None else functools.partial(part.run_forever, clock)
+
+
 def _publish(p: Parts) -> LoopFactory | None:
     return None if p.trust is None else functools.partial(trust_ctl.publish_forever, p.trust, p.store, p.clock)
 
@@ -138,25 +150,25 @@ LOOPS: tuple[Loop, ...] = (
     Loop(
         "liveness",
         frozenset({WORKER}),
-        lambda p: None if p.liveness is None else functools.partial(p.liveness.run_forever, p.clock),
+        lambda p: _on_clock(p.liveness, p.clock),
         why="marks nodes unreachable after their grace, never releasing a workload",
     ),
     Loop(
         "command-sweeper",
         frozenset({WORKER}),
-        lambda p: None if p.sweeper is None else functools.partial(p.sweeper.run_forever, p.clock),
+        lambda p: _on_clock(p.sweeper, p.clock),
         why="expires commands past their deadline",
     ),
     Loop(
         "jobs",
         frozenset({WORKER}),
-        lambda p: None if p.jobs is None else functools.partial(p.jobs.run_forever, p.clock),
+        lambda p: _on_clock(p.jobs, p.clock),
         why="runs the DAG job queue",
     ),
     Loop(
         "placement",
         frozenset({WORKER}),
-        lambda p: None if p.placement is None else functools.partial(p.placement.run_forever, p.clock),
+        lambda p: _on_clock(p.placement, p.clock),
         why="places pending reservations",
     ),
     Loop(

@@ -21,7 +21,7 @@ from bc.control.base.bus import Bus
 from bc.control.base.events import publish
 from bc.protocol import connectivity as cx
 from bc.seams.clock import Clock
-from bc.store import Store, StoreError
+from bc.store import Row, Store, StoreError, Tx
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
 
@@ -56,6 +56,15 @@ class Liveness:
                 log.warning("event=liveness.failed error=%s", e)
             await clock.sleep(self.cfg.interval_s)
 
+    async def _close(self, tx: Tx, session: Row, reason: str, now_ms: int) -> bool:
+        """Close the node's open session, fenced by its epoch, and say the node is disconnected (and why)."""
+        node_id = str(session["node_id"])
+        if not await nodes_sql.close_session(tx, node_id, int(session["session_epoch"]), now_ms, reason):
+            return False
+        data = {"state": cx.DISCONNECTED, "reason": reason, "gateway_id": session["gateway_id"]}
+        await publish(tx, self.bus, "node.connectivity", node_id, data, now_ms)
+        return True
+
     async def sweep_once(self) -> list[tuple[str, str]]:
         """One pass; returns the (node, new state) transitions it made."""
         now_ms = await self.store.now_ms()
@@ -70,33 +79,15 @@ class Liveness:
             if not await leases_sql.acquire(tx, LEASE_NAME, self.holder, now_ms, 15_000):
                 return out
             for s in await nodes_sql.open_sessions_of_dead_gateways(tx, now_ms):
-                node_id = str(s["node_id"])
-                if await nodes_sql.close_session(tx, node_id, int(s["session_epoch"]), now_ms, cx.GATEWAY_LOST):
-                    await publish(
-                        tx,
-                        self.bus,
-                        "node.connectivity",
-                        node_id,
-                        {"state": cx.DISCONNECTED, "reason": cx.GATEWAY_LOST, "gateway_id": s["gateway_id"]},
-                        now_ms,
-                    )
-                    out.append((node_id, cx.DISCONNECTED))
+                if await self._close(tx, s, cx.GATEWAY_LOST, now_ms):
+                    out.append((str(s["node_id"]), cx.DISCONNECTED))
             # A gateway flushes last-seen every few seconds while a session lives. An open session silent
             # for the whole lease TTL lost its gateway's attention (a handler that died without its close
             # write): close it, fenced by its epoch, so the node's state tells the truth.
             if now_ms >= self._hold_until_ms:
                 for s in await nodes_sql.silent_open_sessions(tx, now_ms - self.cfg.lease_ttl_ms):
-                    node_id = str(s["node_id"])
-                    if await nodes_sql.close_session(tx, node_id, int(s["session_epoch"]), now_ms, cx.SILENT):
-                        await publish(
-                            tx,
-                            self.bus,
-                            "node.connectivity",
-                            node_id,
-                            {"state": cx.DISCONNECTED, "reason": cx.SILENT, "gateway_id": s["gateway_id"]},
-                            now_ms,
-                        )
-                        out.append((node_id, cx.DISCONNECTED))
+                    if await self._close(tx, s, cx.SILENT, now_ms):
+                        out.append((str(s["node_id"]), cx.DISCONNECTED))
             if now_ms >= self._hold_until_ms:
                 # The table's give-up (`cx.gives_up_at`): the lease TTL after the close, plus the grace after a
                 # close for one of `cx.LONG_GRACE_REASONS` (a gateway's loss).
