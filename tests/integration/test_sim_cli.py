@@ -66,7 +66,8 @@ def test_a_broken_invariant_exits_10_with_the_counterexample_and_the_replay() ->
     [
         (("--nodes", "0"), "--nodes must be between 1 and 100,000, not 0"),
         (("--nodes", "100001"), "--nodes must be between 1 and 100,000, not 100,001"),
-        (("--chaos", "wild"), "unknown chaos level 'wild'; levels are none, light, heavy"),
+        (("--chaos", "wild"), "unknown chaos level 'wild'; levels are none, light, heavy, storm"),
+        (("--chaos", "storm"), "--chaos storm takes the shared store out: it needs --gateways 2 or more"),
         (("--break", "nothing"), "unknown --break rule 'nothing'; rules are "),
         (("--duration", "0"), "the --duration '0' must be longer than zero"),
         (("--duration", "soon"), "the --duration 'soon' is not a duration"),

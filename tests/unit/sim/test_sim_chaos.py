@@ -38,7 +38,7 @@ def test_heavy_at_a_hundred_nodes_for_an_hour(seed: int) -> None:
 
 
 @given(
-    st.sampled_from(chaos.LEVELS),
+    st.sampled_from([level for level in chaos.LEVELS if level != chaos.STORM]),  # storm needs gateways: below
     st.integers(0, 2**32),
     st.integers(1, 40),
     st.floats(0, 7200),
@@ -100,3 +100,18 @@ def test_a_gateway_is_always_up(seed: int, gateways: int, duration: float) -> No
         assert end <= max(duration, t + 1.0)
         down = [g for a, b, g in spans if a <= t <= b]
         assert len(down) == len(set(down)) and len(down) < gateways
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_storm_is_heavy_with_the_store_out_far_more_often(seed: int) -> None:
+    """The store-outage chaos at its heaviest: the node and control-plane faults are heavy's, the gateway kinds
+    come on top, and the store goes out several times an hour (10 on average) where heavy takes it out once."""
+    heavy = chaos.schedule("heavy", random.Random(seed), NODES, 3600, gateways=3)
+    storm = chaos.schedule("storm", random.Random(seed), NODES, 3600, gateways=3)
+    assert [f for f in storm if f.kind not in chaos.GATEWAY_KINDS] == [
+        f for f in heavy if f.kind not in chaos.GATEWAY_KINDS
+    ]
+    outages = Counter(f.kind for f in storm)[chaos.STORE_OUTAGE]
+    assert outages >= 4 and outages > Counter(f.kind for f in heavy)[chaos.STORE_OUTAGE]
+    with pytest.raises(ValueError, match="at least two gateways"):
+        chaos.schedule("storm", random.Random(seed), NODES, 3600)
