@@ -64,6 +64,7 @@ from bc.protocol.kinds import KINDS
 from bc.protocol.text_safety import one_line
 from bc.seams.clock import Clock, LoopClock, ms
 from bc.seams.network import LinkFaults, SimNetwork
+from bc.seams.virtual_time import WALL_START
 from bc.seams.virtual_time import run as run_virtual
 from bc.sim import chaos, strikes
 from bc.sim.breaks import PowerLoss, SimSeams, seams_for
@@ -85,6 +86,10 @@ from bc.store import events as events_sql
 MAX_GATEWAYS = 8
 REBOOT_S = 45.0
 """How long a `node.reboot` command keeps the machine down before its agent starts on the new boot id."""
+SIM_WALL_START = WALL_START - 20 * 60
+"""A run's wall clock starts at 07:40 (2027-01-15), twenty minutes before an hour ends, so a run of half an hour
+closes every running hold's usage hour: the periodic flush's dangerous moment (I8) in every run, not only in
+the runs a workload's release happened to cut."""
 GPU_RESET_S = 10.0
 """How long a fake GPU reset takes, as a real one does: a command can be interrupted while it runs."""
 PROGRESS_EVERY_S = 60.0
@@ -170,6 +175,7 @@ class SimPair(SessionPair):
             reboot_restarts=True,
             journal_files=cfg.journal_files,
             gateway=not several,
+            wall_start=SIM_WALL_START,
         )
         super().__init__(root, seed=cfg.seed, agents=cfg.nodes, cfg=pair_cfg, network=network)
         self.recorder, self.seams, self.sim_network = recorder, seams, network

@@ -74,8 +74,8 @@ from bc.pki.secrets_source import SeededSecrets, p256_key
 from bc.pki.signing import SigningKeys
 from bc.seams.clock import LoopClock
 from bc.seams.network import SimNetwork
+from bc.seams.virtual_time import WALL_START, virtual_clock
 from bc.seams.virtual_time import run as run_virtual
-from bc.seams.virtual_time import virtual_clock
 from bc.store import Store, StoreError
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
@@ -94,6 +94,8 @@ class PairConfig:
     reboot_s: float | None = None
     """A fake reboot takes this long (on the loop's clock) and then calls the pair's hook, which records
     it (`SessionPair.reboots`); None: the fake hardware as it is (a reboot re-executes the process)."""
+    wall_start: float = WALL_START
+    """The wall clock's reading at the start (the store's `compute_now()` and every process's `now()`)."""
     reboot_restarts: bool = False
     """A fake reboot (the `node.reboot` command) restarts the node's agent in place after `reboot_s` (0 when
     None), on its new boot id, as a machine coming back would; else only the hook above runs."""
@@ -211,7 +213,7 @@ class SessionPair:
         self.root, self.seed, self.n, self.cfg = root, seed, agents, cfg or PairConfig()
         self.rng = random.Random(seed)
         self.secrets = SeededSecrets(self.rng.getrandbits(64))
-        self.clock = virtual_clock()
+        self.clock = virtual_clock(self.cfg.wall_start)
         self.cp_clock = self.clock.shifted(0.0)
         """The control plane's processes' clock; the store keeps `clock` (it is `compute_now()`)."""
         # Fault-free by default: nothing is drawn from its Random, so the pair's own draws stay as they were.

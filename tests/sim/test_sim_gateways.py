@@ -20,11 +20,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bc.seams.virtual_time import WALL_START
 from bc.seams.virtual_time import run as run_virtual
 from bc.sim import chaos
 from bc.sim.chaos import Fault
-from bc.sim.fleet import Fleet, SimConfig, SimResult, run_fleet, run_sync, workload_for
+from bc.sim.fleet import SIM_WALL_START, Fleet, SimConfig, SimResult, run_fleet, run_sync, workload_for
 from bc.sim.pair import _scratch_dir
 from bc.sim.strikes import STRIKE_KINDS
 
@@ -96,7 +95,7 @@ def _one_fault(fault: Fault, tmp_path: Path, break_rule: str | None = None) -> t
     events = []
     for line in trace.read_text().splitlines():
         _seq, type_, subject, data, at_ms = json.loads(line)
-        events.append((round(at_ms / 1000 - WALL_START, 3), type_, subject, json.loads(data)))
+        events.append((round(at_ms / 1000 - SIM_WALL_START, 3), type_, subject, json.loads(data)))
     return result, events
 
 
