@@ -18,7 +18,7 @@ journal-loss         0.25 / node-hour       0.025             the agent dies and
 partition            0.03 / node-hour,      0.003             1-5 % of the nodes (at least one) lose the link for
                      a group each                             `duration_s` (20-300 s), `direction` both (60 %),
                                                               to-node or from-node
-half-open            0.10 / node-hour       0.01              one node's link goes half-open (frames to the node
+half-open            0.30 / node-hour       0.03              one node's link goes half-open (frames to the node
                                                               are lost, the node does not notice) for 20-180 s
 reset                0.15 / node-hour       0.015             one node's session is reset (closed under it)
 stall                0.10 / node-hour       0.01              one node's link holds every frame for 1-30 s
@@ -119,7 +119,7 @@ _HEAVY_NODE_RATES: Mapping[str, float] = {
     NODE_REBOOT: 0.08,
     JOURNAL_LOSS: 0.25,
     PARTITION: 0.03,
-    HALF_OPEN: 0.10,
+    HALF_OPEN: 0.30,
     RESET: 0.15,
     STALL: 0.10,
     NODE_CLOCK_SKEW: 0.05,
