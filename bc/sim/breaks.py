@@ -4,7 +4,8 @@
 code reads a flag: each break is a substitute handed to a seam the runner already passes (the agent's
 `open_journal`, the classes and factories the control plane is built from), or a subclass overriding a
 seam the production class declares with its production default (`Gateway.close_session`,
-`PlacementPass.planner`, `PlacementPass.flush`, `PlacementPass.check_stored_bookings`).
+`PlacementPass.planner`, `PlacementPass.flush`, `PlacementPass.check_stored_bookings`), or the agent's
+`AgentParts.spec_rule` (production: `agent.session_core.decide_spec`).
 
     RULE                       broken component                                          caught by
     skip-journal-dedupe        a journal that forgets what it accepted: a redelivered        I2
@@ -21,13 +22,16 @@ seam the production class declares with its production default (`Gateway.close_s
                                keyed a millisecond later so the store's unique key lets it in
     unreachable-without-grace  a Liveness with no lease TTL and no grace: a node goes        I4
                                unreachable as soon as its session closes
+    spec-out-of-order          an agent whose sessions apply whatever full spec arrives      I3
+                               last, a generation older than the one applied included
 
 `seams_for(rule)` returns the `SimSeams` the runner applies as it builds the control plane and the agents;
 `seams_for(None)` the production ones. A break shows only when the run meets what it is wrong about: a
 command frame delivered twice, a hold on a node that goes away, a session that closes, a reservation that
 waits (the placement `reserve` runs inline is the production one; the broken background pass books the
 waiting one over what is taken), a closed usage hour, a node redialling while the gateway still holds its
-old session. tests/sim/test_sim_breaks_e2e.py holds a small seeded run for each.
+old session, an older spec of the node arriving after a newer one (heavy chaos's `spec-replay`).
+tests/sim/test_sim_breaks_e2e.py holds a small seeded run for each.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from dataclasses import dataclass
 
 from agent.journal_api import AgentJournal, JournalEvent, StoredSpec
 from agent.journal_rules import KEEP_S, Acceptance, CommandEntry, Settlement
+from agent.session_core import SpecRule, decide_spec
 from bc.control.base.bus import Bus
 from bc.control.base.events import publish
 from bc.control.capacity import placement_pass
@@ -49,6 +54,7 @@ from bc.control.signing.signer import Signer
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
 from bc.protocol import connectivity as cx
+from bc.protocol.pb import session_pb2, spec_pb2
 from bc.store import Store, Tx
 from bc.store import capacity as cap_sql
 from bc.store import connectivity as cx_sql
@@ -317,6 +323,20 @@ class DoubleCountingPass(PlacementPass):
     flush = staticmethod(flush_twice)
 
 
+# ---- spec-out-of-order ----
+
+
+def apply_any_generation(
+    body: session_pb2.DesiredStateBody, node_id: str, applied_generation: int, applied_spec: spec_pb2.NodeSpec | None
+) -> spec_pb2.NodeSpec | str:
+    """The production rule without its generation check: a full spec for this node is applied whatever its
+    generation, so an older one that arrives after a newer one (a replay, a stale session's send) winds the
+    node back. A patch still needs its base (it cannot be applied to anything else)."""
+    if body.node_id == node_id and body.WhichOneof("content") == "full":
+        return body.full
+    return decide_spec(body, node_id, applied_generation, applied_spec)
+
+
 # ---- the rules ----
 
 
@@ -330,7 +350,8 @@ class SimSeams:
 
     * `journal(open_journal)` wraps each agent's journal opener (`AgentParts.open_journal`);
     * `liveness(store, bus, holder, cfg, signer)` builds the control plane's Liveness;
-    * `gateway_cls` and `placement_cls` are constructed with the production constructors' arguments.
+    * `gateway_cls` and `placement_cls` are constructed with the production constructors' arguments;
+    * `spec_rule` is each agent's `AgentParts.spec_rule`.
     """
 
     rule: str | None = None
@@ -339,6 +360,7 @@ class SimSeams:
     liveness: LivenessFactory = production_liveness
     gateway_cls: type[Gateway] = Gateway
     placement_cls: type[PlacementPass] = PlacementPass
+    spec_rule: SpecRule = decide_spec
 
 
 RULES: dict[str, SimSeams] = {
@@ -350,6 +372,7 @@ RULES: dict[str, SimSeams] = {
         SimSeams("double-book", "I1", placement_cls=DoubleBookingPass),
         SimSeams("double-count-usage", "I8", placement_cls=DoubleCountingPass),
         SimSeams("unreachable-without-grace", "I4", liveness=no_grace_liveness),
+        SimSeams("spec-out-of-order", "I3", spec_rule=apply_any_generation),
     )
     if s.rule is not None
 }
@@ -378,6 +401,7 @@ __all__ = [
     "ReleasingLiveness",
     "SimSeams",
     "UnfencedGateway",
+    "apply_any_generation",
     "blind_plan",
     "close_unfenced",
     "flush_twice",

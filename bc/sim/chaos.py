@@ -24,6 +24,11 @@ reset                0.15 / node-hour       0.015             one node's session
 stall                0.10 / node-hour       0.01              one node's link holds every frame for 1-30 s
 node-clock-skew      0.05 / node-hour       0.005             one node's wall clock steps by `offset_s`
                                                               (±1-120 s; its monotonic clock does not move)
+spec-replay          1.00 / node-hour       0.1               a desired state older than the spec a node
+                                                              applies reaches it again on its live session
+                                                              (a stale session's or zombie gateway's send);
+                                                              the target, or the next node in order that has
+                                                              such a spec and a welcomed session
 cp-clock-skew        2 / hour               0.2               the control plane's clock steps by `offset_s`, kept
                                                               within ±0.9 s of the store's (the design's 1 s)
 cp-restart           once, mid-run           once (≥ 10 min)  the control plane stops, stays down `down_s`
@@ -70,6 +75,7 @@ HALF_OPEN = "half-open"
 RESET = "reset"
 STALL = "stall"
 NODE_CLOCK_SKEW = "node-clock-skew"
+SPEC_REPLAY = "spec-replay"
 CP_CLOCK_SKEW = "cp-clock-skew"
 CP_RESTART = "cp-restart"
 GATEWAY_KILL = "gateway-kill"
@@ -85,6 +91,7 @@ KINDS: tuple[str, ...] = (
     RESET,
     STALL,
     NODE_CLOCK_SKEW,
+    SPEC_REPLAY,
     CP_CLOCK_SKEW,
     CP_RESTART,
 )
@@ -117,6 +124,7 @@ _HEAVY_NODE_RATES: Mapping[str, float] = {
     RESET: 0.15,
     STALL: 0.10,
     NODE_CLOCK_SKEW: 0.05,
+    SPEC_REPLAY: 1.0,
 }
 _HEAVY_CP_RATES: Mapping[str, float] = {CP_CLOCK_SKEW: 2.0}
 _HEAVY_GATEWAY_RATES: Mapping[str, float] = {GATEWAY_KILL: 2.0, GATEWAY_STALL: 2.0, STORE_OUTAGE: 1.0}
@@ -236,7 +244,7 @@ def _node_fault(kind: str, offset: float, rng: random.Random, nodes: Sequence[st
         return Fault(t, kind, node, {"down_s": lasting(30, 120)})
     if kind == STALL:
         return Fault(t, kind, node, {"duration_s": lasting(1, 30)})
-    if kind in (HALF_OPEN, RESET):
+    if kind in (HALF_OPEN, RESET, SPEC_REPLAY):
         return Fault(t, kind, node)
     if kind == NODE_CLOCK_SKEW:
         return Fault(t, kind, node, {"offset_s": round(rng.choice((-1, 1)) * rng.uniform(1, 120), 3)})

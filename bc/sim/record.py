@@ -16,6 +16,11 @@
   `desired_state` the node received is a spec delivery, a `status` the gateway received is a report,
   and any frame the gateway received is hearing from the node. A `hello` the gateway receives ends the
   node's open outages (the node is back).
+* **Specs applied** (I3): the journal's `store_spec` (`SpecTap`, around each agent process's journal): the
+  spec in force and the applied generation move together there, whichever rule let the spec in, so it
+  says what the node applied and under which journal id. The recorder also keeps the last desired states
+  each node received (by generation) and the generation its open journal holds, so heavy chaos's
+  `spec-replay` can send a node a spec older than the one it applies (`Recorder.stale_spec`).
 * **Link faults the network draws by itself** (`LinkFaults.drop`: a direction of a connection goes dead
   silently; `reset`: the stream breaks): `bc.seams.network` counts them in `SimNetwork.stats` and tells no
   one, so `LinkWatch` (that Counter) looks, on each such count, for the connection it struck and marks its
@@ -34,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agent.journal_api import AgentJournal
+from agent.journal_api import AgentJournal, StoredSpec
 from agent.journal_rules import Acceptance
 from agent.session.outbox import Outbox
 from bc.control.capacity.invariants import Release
@@ -56,6 +61,10 @@ Event = tuple[int, str, str, str, int]
 """An events log row as `SessionPair.events()` reads it: seq, type, subject, data JSON, at_ms."""
 Started = Callable[[str, str], None]
 """`started(command_id, boot_id)`: a side effect began in this agent process."""
+Applied = Callable[[str, int], None]
+"""`applied(journal_id, generation)`: the agent process holds this generation in force in this journal."""
+KEPT_SPECS = 8
+"""The desired states the recorder keeps per node (its newest generations), for `spec-replay`."""
 
 RELEASE_REASON = {
     "reservation.released": "released",
@@ -121,6 +130,18 @@ class _CountingJournal(DelegatingJournal):
         self._accepts[a.command_id] += 1
 
 
+class SpecTap(DelegatingJournal):
+    """The agent's journal, telling `applied` of the generation it holds when opened and of each one stored."""
+
+    def __init__(self, inner: AgentJournal, applied: Applied) -> None:
+        super().__init__(inner)
+        self._applied = applied
+
+    async def store_spec(self, spec: StoredSpec) -> None:
+        await super().store_spec(spec)
+        self._applied(self.journal_id, spec.generation)
+
+
 class Recorder:
     """Appends to a `FactLog` as the run goes; `now_ms` is the store's clock (the facts' one time)."""
 
@@ -129,12 +150,38 @@ class Recorder:
         self.started: list[tuple[int, str, str, str]] = []  # (t_ms, node, command id, boot id); kinds at the end
         self.frames = 0
         self._away: dict[str, set[str]] = {}  # node -> causes of its open outages that its next Hello ends
+        self._specs: dict[str, dict[int, session_pb2.GatewayMessage]] = {}  # node -> generation -> a delivery
+        self._holds: dict[str, tuple[str, int]] = {}  # node -> (journal id, generation) its agent holds in force
 
     def outbox(self, node_id: str) -> RecordingOutbox:
         def started(command_id: str, boot_id: str) -> None:
             self.started.append((self.now_ms(), node_id, command_id, boot_id))
 
         return RecordingOutbox(started)
+
+    def spec_journal(self, node_id: str, open_journal: OpenJournal) -> OpenJournal:
+        """The node's journal opener, wrapped so each spec it stores is a `SpecApplied` fact."""
+
+        async def open_tapped() -> AgentJournal:
+            journal = await open_journal()
+            held = await journal.load_spec()
+            self._holds[node_id] = (journal.journal_id, held.generation if held is not None else 0)
+            return SpecTap(journal, applied)
+
+        def applied(journal_id: str, generation: int) -> None:
+            self._holds[node_id] = (journal_id, generation)
+            self.facts.spec_applied(self.now_ms(), node_id, journal_id, generation)
+
+        return open_tapped
+
+    def stale_spec(self, node_id: str) -> session_pb2.GatewayMessage | None:
+        """The newest desired state the node received whose generation is below the one its journal holds
+        in force now (what a production agent ignores); None: it received none."""
+        held = self._holds.get(node_id)
+        if held is None:
+            return None
+        older = [g for g in self._specs.get(node_id, {}) if g < held[1]]
+        return self._specs[node_id][max(older)] if older else None
 
     def away(self, node_id: str, cause: str) -> None:
         """The node cannot reach the gateway from now until its next Hello arrives after `back(...)`."""
@@ -152,6 +199,10 @@ class Recorder:
             if isinstance(msg, session_pb2.GatewayMessage) and msg.WhichOneof("msg") == "desired_state":
                 body = session_pb2.DesiredStateBody.FromString(msg.desired_state.envelope.body)
                 self.facts.spec_delivered(t, node_id, body.generation)
+                kept = self._specs.setdefault(node_id, {})
+                kept[body.generation] = msg
+                if len(kept) > KEPT_SPECS:
+                    del kept[min(kept)]
             return
         assert direction == FROM_NODE
         self.facts.heard(t, node_id)
