@@ -7,7 +7,8 @@ the two executions interleave, which the run tells from a re-attach by the journ
 `bc.sim.record`), a hold on a node that goes away (release-on-disconnect), a session that closes
 (unreachable-without-grace), a reservation that has to wait (double-book), a closed usage hour
 (double-count-usage), a node that redials while the gateway still holds its old session
-(ignore-epoch-fence: a half-open link the node notices first). Runs are deterministic, so each case stays
+(ignore-epoch-fence: a half-open link the node notices first), a spec older than the one a node applies
+sent to it again (spec-out-of-order: heavy chaos's `spec-replay`, after a reservation moved the node on). Runs are deterministic, so each case stays
 what it is. The unit tests (tests/unit/sim/test_sim_breaks.py) show each component's wrong turn alone.
 """
 
@@ -42,6 +43,7 @@ CASES: dict[str, Case] = {
     "double-book": Case(nodes=2, minutes=30, seed=1, rates=BUSY),
     "double-count-usage": Case(nodes=2, minutes=60, seed=1, rates=BUSY),  # the first whole hour closes
     "ignore-epoch-fence": Case(nodes=2, minutes=60, seed=7, rates=CALM),
+    "spec-out-of-order": Case(nodes=2, minutes=5, seed=2, rates=BUSY),
 }
 
 
