@@ -14,7 +14,8 @@ whole `Agent` on fake hardware) over `bc.seams.network.SimNetwork` (faulty links
 **Faults are events.** Each fault is published as a `sim.fault` event (subject: its targets, or
 `control-plane`; data: kind, params and its simulated second) through the production `publish`, so the
 events log, its digest, `Watch` and `--trace` all carry it. A fault that strikes while the control plane
-is down is published as soon as it is back, with its own simulated second in the data.
+is down is published as soon as it is back, with its own simulated second in the data. A `spec-replay`
+also writes a `sim.spec-replay` event naming the node it reached (maybe not its target) and the generation.
 
 **Determinism.** One seed reaches everything: the pair's Random (control plane, agents, fake hardware),
 and two Randoms drawn from it for the chaos schedule and the links' fates. The run lives on
@@ -58,6 +59,7 @@ from bc.control.signing.signer import Signer
 from bc.control.trust.intent import Intent
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
+from bc.protocol.pb import session_pb2
 from bc.protocol.text_safety import one_line
 from bc.seams.clock import Clock, LoopClock, ms
 from bc.seams.network import LinkFaults, SimNetwork
@@ -432,16 +434,21 @@ class Fleet:
         else:
             raise ValueError(f"no injector for fault kind {f.kind!r}")
 
-    def _replay_spec(self, target: str) -> str | None:
+    def _replay_spec(self, target: str) -> None:
         """Send a node a spec older than the one it applies, on its live session: the target, else the next
-        node in order that has one (most nodes hold one generation for long stretches). Returns the node."""
+        node in order that has one (most nodes hold one generation for long stretches). The node it reached
+        and the generation are a `sim.spec-replay` event, so a trace of that node shows it."""
         nodes = self.pair.node_ids()
         i = nodes.index(target)
         for node_id in nodes[i:] + nodes[:i]:
             frame = self.recorder.stale_spec(node_id)
             if frame is not None and self.network.replay(node_id, frame):
-                return node_id
-        return None
+                body = session_pb2.DesiredStateBody.FromString(frame.desired_state.envelope.body)
+                t_s = round(asyncio.get_running_loop().time() - self.t0, 3)
+                data: dict[str, object] = {"generation": body.generation, "target": target, "t_s": t_s}
+                self._unpublished.append(("sim.spec-replay", node_id, data))
+                self._spawn(self.publish_pending(), "sim.spec-replay")
+                return
 
     def _skew_control_plane(self, offset_s: float) -> None:
         """The control plane's clock `offset_s` off the store's (absolute, so skews never add up)."""

@@ -8,8 +8,9 @@ the two executions interleave, which the run tells from a re-attach by the journ
 (unreachable-without-grace), a reservation that has to wait (double-book), a closed usage hour
 (double-count-usage), a node that redials while the gateway still holds its old session
 (ignore-epoch-fence: a half-open link the node notices first), a spec older than the one a node applies
-sent to it again (spec-out-of-order: heavy chaos's `spec-replay`, after a reservation moved the node on). Runs are deterministic, so each case stays
-what it is. The unit tests (tests/unit/sim/test_sim_breaks.py) show each component's wrong turn alone.
+sent to it again (spec-out-of-order: heavy chaos's `spec-replay`, after a reservation moved the node on).
+Runs are deterministic, so each case stays what it is. The unit tests (tests/unit/sim/test_sim_breaks.py)
+show each component's wrong turn alone.
 """
 
 from __future__ import annotations
