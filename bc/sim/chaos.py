@@ -28,7 +28,7 @@ spec-replay          1.00 / node-hour       0.1               a desired state ol
                                                               applies reaches it again on its live session
                                                               (a stale session's or zombie gateway's send);
                                                               the target, or the next node in order that has
-                                                              such a spec and a welcomed session
+                                                              such a spec and a welcomed session; drawn last
 cp-clock-skew        2 / hour               0.2               the control plane's clock steps by `offset_s`, kept
                                                               within ±0.9 s of the store's (the design's 1 s)
 cp-restart           once, mid-run           once (≥ 10 min)  the control plane stops, stays down `down_s`
@@ -42,13 +42,15 @@ store-outage         1 / hour (gateways>1)  0.1               every transaction 
                                                               `duration_s` (5-45 s)
 =================== ===================== ================= ==================================================
 
-The gateway kinds and the store outage are drawn only with `gateways` > 1, after every other draw, so a
-one-gateway run's schedule (and its digest) is what it always was. A gateway kill or stall targets
+The gateway kinds and the store outage are drawn only with `gateways` > 1, after every other draw but the
+replays, so a one-gateway run's schedule is what it always was. The spec replays are drawn last of all (their
+own arrivals and heavy's one guaranteed), so with them every other fault of a seed's schedule is the one it
+had before they existed (the runs differ all the same: the replays happen). A gateway kill or stall targets
 `gw-<i>`, never one already down or frozen, and never the last one up: at least one gateway routes at
 every moment. Heavy's guarantee covers them too when there are several gateways.
 
 At 100 nodes for an hour heavy expects about 75 node faults plus the control plane's, on the order of a
-hundred, and about a hundred spec replays (seed 1 draws 179, 95 of them replays), besides what heavy links do
+hundred (seed 1 draws 86), and about a hundred spec replays (88 more), besides what heavy links do
 on their own (`bc.seams.network.LinkFaults.heavy`:
 dead connections, resets, duplicates, reordering, stalls). Heavy also guarantees every kind at least
 once in a run long enough to hold it (a kind the draws missed gets one fault at a drawn time), so a
@@ -125,8 +127,8 @@ _HEAVY_NODE_RATES: Mapping[str, float] = {
     RESET: 0.15,
     STALL: 0.10,
     NODE_CLOCK_SKEW: 0.05,
-    SPEC_REPLAY: 1.0,
 }
+_HEAVY_REPLAY_RATE = 1.0  # spec-replay, per node-hour: drawn last (see the module docstring)
 _HEAVY_CP_RATES: Mapping[str, float] = {CP_CLOCK_SKEW: 2.0}
 _HEAVY_GATEWAY_RATES: Mapping[str, float] = {GATEWAY_KILL: 2.0, GATEWAY_STALL: 2.0, STORE_OUTAGE: 1.0}
 _SCALE: Mapping[Level, float] = {"none": 0.0, "light": 0.1, "heavy": 1.0}
@@ -173,13 +175,23 @@ def schedule(
     if level == "heavy":
         seen = {f.kind for f in out}
         for kind in KINDS:
-            if kind not in seen and kind != CP_RESTART:
+            if kind not in seen and kind not in (CP_RESTART, SPEC_REPLAY):
                 t = rng.uniform(0, span * 0.8)
                 missing = _cp_fault(kind, t, rng) if kind in _HEAVY_CP_RATES else None
                 out.append(missing or _node_fault(kind, t, rng, nodes, duration_s))
     if gateways > 1:
         out += _gateway_faults(level, rng, gateways, duration_s)
+    out += _replays(level, rng, nodes, duration_s)
     return sorted(out, key=lambda f: (f.t_s, f.kind, f.targets))
+
+
+def _replays(level: Level, rng: random.Random, nodes: Sequence[str], duration_s: float) -> list[Fault]:
+    """The spec replays, drawn after every other fault (see the module docstring); heavy draws at least one."""
+    span = duration_s - WARMUP_S
+    offsets = _arrivals(rng, _HEAVY_REPLAY_RATE * _SCALE[level] * len(nodes) * span / 3600, span)
+    if level == "heavy" and not offsets:
+        offsets = [rng.uniform(0, span * 0.8)]
+    return [_node_fault(SPEC_REPLAY, t, rng, nodes, duration_s) for t in offsets]
 
 
 def _gateway_faults(level: Level, rng: random.Random, gateways: int, duration_s: float) -> list[Fault]:

@@ -131,7 +131,7 @@ class _CountingJournal(DelegatingJournal):
 
 
 class SpecTap(DelegatingJournal):
-    """The agent's journal, telling `applied` of the generation it holds when opened and of each one stored."""
+    """The agent's journal, telling `applied` of each spec it stores (once stored)."""
 
     def __init__(self, inner: AgentJournal, applied: Applied) -> None:
         super().__init__(inner)

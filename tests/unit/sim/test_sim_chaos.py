@@ -79,7 +79,10 @@ def test_several_gateways_add_their_faults_after_the_one_gateway_schedule(seed: 
     a one-gateway run's digest does not move; heavy strikes with each of them too."""
     one = chaos.schedule("heavy", random.Random(seed), NODES, 3600)
     three = chaos.schedule("heavy", random.Random(seed), NODES, 3600, gateways=3)
-    assert [f for f in three if f.kind not in chaos.GATEWAY_KINDS] == one
+    replay = chaos.SPEC_REPLAY
+    assert [f for f in three if f.kind not in chaos.GATEWAY_KINDS and f.kind != replay] == [
+        f for f in one if f.kind != replay
+    ]
     assert not {f.kind for f in one} & set(chaos.GATEWAY_KINDS)
     assert {f.kind for f in three} == set(chaos.kinds_for(3))
     for f in three:
@@ -102,3 +105,16 @@ def test_a_gateway_is_always_up(seed: int, gateways: int, duration: float) -> No
         assert end <= max(duration, t + 1.0)
         down = [g for a, b, g in spans if a <= t <= b]
         assert len(down) == len(set(down)) and len(down) < gateways
+
+
+@pytest.mark.parametrize(("seed", "gateways"), [(1, 1), (2, 3)])
+def test_the_spec_replays_are_drawn_last_so_the_rest_of_a_schedule_is_what_it_was(
+    seed: int, gateways: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    full = chaos.schedule("heavy", random.Random(seed), NODES, 1800, gateways)
+    replays = [f for f in full if f.kind == chaos.SPEC_REPLAY]
+    assert 25 <= len(replays) <= 80 and all(len(f.targets) == 1 and f.targets[0] in NODES for f in replays)
+    monkeypatch.setattr(chaos, "_replays", lambda *_: [])
+    assert chaos.schedule("heavy", random.Random(seed), NODES, 1800, gateways) == [
+        f for f in full if f.kind != chaos.SPEC_REPLAY
+    ]
