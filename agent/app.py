@@ -61,6 +61,7 @@ from agent.session.grpc_dial import grpc_dial
 from agent.session.node_state import NodeState
 from agent.session.outbox import Outbox
 from agent.session.runner import SessionDeps
+from agent.session_core import SpecRule, decide_spec
 from agent.telemetry.converger import TelemetryConverger
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import AgentMetrics, Gauges
@@ -145,6 +146,8 @@ class AgentParts:
     """The devices section's converger class (a seam: `bc sim --break` swaps in a broken one)."""
     restart: Callable[[], Awaitable[None]] | None = None
     """How a self-update starts `current` again; left out: re-exec (fake hardware, no systemd) or exit 75."""
+    spec_rule: SpecRule = decide_spec
+    """Which delivered spec the sessions apply (agent.session_core); the simulator's `--break` hands a broken one."""
 
 
 async def never_dial() -> Link[session_pb2.GatewayMessage, session_pb2.NodeMessage]:
@@ -331,6 +334,7 @@ class Agent:
             incarnation_id=self.incarnation_id,
             sign_update=self.sign_update,
             heartbeat_interval_s=self.opts.heartbeat_interval_s,
+            spec_rule=p.spec_rule,
         )
         self.sessions = SessionLoop(p.dial, deps, self.rng, self.stopped)
         log.info(

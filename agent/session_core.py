@@ -19,7 +19,8 @@ Rules it enforces:
   than those 5 minutes ahead of the host's own clock, so a gateway cannot
   push it so far forward that every honest Welcome after it is refused.
 * A DesiredState body for another node, or with a generation not above the
-  one held, is ignored. One that would be applied must pass `spec_check`
+  one held, is ignored (`decide_spec`, the core's `spec_rule` unless a test
+  or the simulator hands it another). One that would be applied must pass `spec_check`
   (the signature, once the node holds command-signing roots), else it is
   rejected and not applied. A node whose held spec is unusable asks for a
   full one with SpecRequest(NO_SPEC) as soon as it is welcomed. A patch whose base is not the applied generation is
@@ -148,6 +149,10 @@ Effect = (
 )
 
 
+SpecRule = Callable[[session_pb2.DesiredStateBody, str, int, spec_pb2.NodeSpec | None], spec_pb2.NodeSpec | str]
+"""`rule(body, node_id, applied_generation, applied_spec)`: the full spec to apply, or why the body is ignored."""
+
+
 def decide_spec(
     body: session_pb2.DesiredStateBody, node_id: str, applied_generation: int, applied_spec: spec_pb2.NodeSpec | None
 ) -> spec_pb2.NodeSpec | str:
@@ -203,6 +208,8 @@ class AgentSessionCore:
     ) = None
     # The held spec was unusable (missing, or unsigned while roots are held): ask for a full one once welcomed.
     need_spec: bool = False
+    # Which delivered spec is applied: the production rule; a seam so the simulator can show a broken one caught.
+    spec_rule: SpecRule = decide_spec
 
     def hello(
         self,
@@ -317,7 +324,7 @@ class AgentSessionCore:
             body.ParseFromString(ds.envelope.body)
         except DecodeError:
             return [IgnoredSpec("body does not decode")]
-        decided = decide_spec(body, self.node_id, self.applied_generation, self.applied_spec)
+        decided = self.spec_rule(body, self.node_id, self.applied_generation, self.applied_spec)
         if decided == "patch-base-mismatch":
             return [
                 IgnoredSpec("patch base mismatch"),

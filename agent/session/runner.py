@@ -72,6 +72,8 @@ class SessionDeps:
     heartbeat_interval_s: float | None = None
     """The operator's `--heartbeat-interval`, over what the gateway says."""
     capabilities: tuple[str, ...] = CAPABILITIES
+    spec_rule: sc.SpecRule = sc.decide_spec
+    """Which delivered spec is applied (`agent.session_core.decide_spec`; the simulator may hand a broken one)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class SessionRunner:
             body, new, held, st.trust.bundle, now_ms, baseline_ca_keys=st.identity.join_ssh_ca_keys
         )
         self.core.need_spec = st.spec_unusable or st.stored is None
+        self.core.spec_rule = deps.spec_rule
         self.core.inventory = deps.outbox.inventory
         self.core.server_inventory_hash = st.server_inventory_hash
         self.sent_event_seq = 0

@@ -72,6 +72,10 @@ duplicates and 30% reordering of those kinds keep every session (none ends), con
 every reservation and run every command exactly once (in tests/unit/sim/test_sim_links.py:
 `test_in_stream_duplicates_and_reordering_never_end_a_session_nor_run_a_command_twice`).
 
+The stale send one level up is also made to happen on purpose: `SimNetwork.replay(node_id, frame)` (a
+control, heavy chaos's `spec-replay` in `bc.sim.chaos`) delivers a desired state the node was sent before
+on its live connection again, after newer ones: the agent must ignore a generation not above its own.
+
 Partitions (`SimNetwork.partition`) lose every frame in the cut direction, also one sent before the cut
 that arrives after it, and refuse new dials (a TCP handshake needs both directions). A frame that reached
 the receiver's queue before the cut is delivered (the harness's former `FaultyLink` dropped it when read,
@@ -219,6 +223,7 @@ class _Pipe:
 
     __slots__ = (
         "arrived_close",
+        "delivered",
         "direction",
         "held",
         "held_timer",
@@ -248,6 +253,7 @@ class _Pipe:
         self.held_timer: asyncio.TimerHandle | None = None
         self.arrived_close: _Close | None = None
         self.receiver_closed = False
+        self.delivered = False  # the receiver read a frame (to a node: the Welcome came first)
 
     # -- sending -------------------------------------------------------------------------
     def push(self, item: object) -> None:
@@ -327,6 +333,17 @@ class _Pipe:
             self._arrive(close)
         else:
             self._enqueue(max(now, self.last_due, self.wire.stalled_until(self)), close)
+
+    def push_replay(self, item: object) -> None:
+        """A frame sent again from elsewhere (`SimNetwork.replay`): behind what is in flight, no fault drawn."""
+        if self.silenced or self.wire.lost(self.direction):
+            self.wire.net.stats["frames_lost"] += 1
+            return
+        now = self.loop.time()
+        if not self.in_flight and self.held is None and self.wire.stalled_until(self) <= now:
+            self._arrive(item)
+        else:
+            self._enqueue(max(now, self.wire.stalled_until(self)), item)
 
     def _release_held(self) -> None:
         held, self.held = self.held, None
@@ -467,6 +484,7 @@ class SimLink(Generic[In, Out]):
         if isinstance(item, _Close):
             raise item.error()  # left at the head: every later recv says the same
         pipe.ready.popleft()
+        pipe.delivered = True
         tap = self._wire.net.tap
         if tap is not None:
             tap(pipe.direction, self._wire.node_id, item, pipe.loop.time())
@@ -631,6 +649,16 @@ class SimNetwork:
         """The node's live connections break: both ends' `recv` raise `LinkClosed("UNAVAILABLE")`."""
         for w in self._live(node_id):
             w.break_stream("the stream was reset")
+
+    def replay(self, node_id: str, frame: GatewayMessage) -> bool:
+        """A copy of `frame`, sent to the node before, arrives again on its newest live connection that has
+        delivered a frame to it (so after its Welcome), behind what is in flight there: a stale session's or
+        a zombie gateway's send. False: no such connection (the frame goes nowhere)."""
+        live = [w for w in self._live(node_id) if w.to_node.delivered]
+        if not live:
+            return False
+        live[-1].to_node.push_replay(copy.deepcopy(frame))
+        return True
 
     def break_gateway(self, gateway: str) -> list[str]:
         """The gateway process at `gateway` died: every live connection to it breaks (the kernel resets its

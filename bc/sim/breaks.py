@@ -4,7 +4,8 @@
 code reads a flag: each break is a substitute handed to a seam the runner already passes (the agent's
 `open_journal`, the classes and factories the control plane is built from), or a subclass overriding a
 seam the production class declares with its production default (`Gateway.close_session`,
-`PlacementPass.planner`, `PlacementPass.flush`, `PlacementPass.check_stored_bookings`).
+`PlacementPass.planner`, `PlacementPass.flush`, `PlacementPass.check_stored_bookings`), or the agent's
+`AgentParts.spec_rule` (production: `agent.session_core.decide_spec`).
 
     RULE                       broken component                                          caught by
     skip-journal-dedupe        a journal that forgets what it accepted: a redelivered        I2
@@ -26,13 +27,16 @@ seam the production class declares with its production default (`Gateway.close_s
                                (same journal id), so the replay runs it again
     release-on-journal-loss    a devices converger without the adoption rule: on a lost      I5
                                journal (no spec) it releases every hold it finds
+    spec-out-of-order          an agent whose sessions apply whatever full spec arrives      I3
+                               last, a generation older than the one applied included
 
 `seams_for(rule)` returns the `SimSeams` the runner applies as it builds the control plane and the agents;
 `seams_for(None)` the production ones. A break shows only when the run meets what it is wrong about: a
 command frame delivered twice, a hold on a node that goes away, a session that closes, a reservation that
 waits (the placement `reserve` runs inline is the production one; the broken background pass books the
 waiting one over what is taken), a closed usage hour, a node redialling while the gateway still holds its
-old session. tests/sim/test_sim_breaks_e2e.py holds a small seeded run for each.
+old session, an older spec of the node arriving after a newer one (heavy chaos's `spec-replay`).
+tests/sim/test_sim_breaks_e2e.py holds a small seeded run for each.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from agent.converge.devices import DevicesConverger
 from agent.hw.cdi import HeldSpec
 from agent.journal_api import AgentJournal, JournalEvent, StoredSpec
 from agent.journal_rules import KEEP_S, Acceptance, CommandEntry, Settlement
+from agent.session_core import SpecRule, decide_spec
 from bc.control.base.bus import Bus
 from bc.control.base.events import publish
 from bc.control.capacity import placement_pass
@@ -56,6 +61,7 @@ from bc.control.signing.signer import Signer
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
 from bc.protocol import connectivity as cx
+from bc.protocol.pb import session_pb2, spec_pb2
 from bc.store import Store, Tx
 from bc.store import capacity as cap_sql
 from bc.store import connectivity as cx_sql
@@ -351,6 +357,20 @@ class ReleasingDevices(DevicesConverger):
         return None
 
 
+# ---- spec-out-of-order ----
+
+
+def apply_any_generation(
+    body: session_pb2.DesiredStateBody, node_id: str, applied_generation: int, applied_spec: spec_pb2.NodeSpec | None
+) -> spec_pb2.NodeSpec | str:
+    """The production rule without its generation check: a full spec for this node is applied whatever its
+    generation, so an older one that arrives after a newer one (a replay, a stale session's send) winds the
+    node back. A patch still needs its base (it cannot be applied to anything else)."""
+    if body.node_id == node_id and body.WhichOneof("content") == "full":
+        return body.full
+    return decide_spec(body, node_id, applied_generation, applied_spec)
+
+
 # ---- the rules ----
 
 
@@ -367,7 +387,8 @@ class SimSeams:
     * `devices_cls` is each agent's devices converger class (`AgentParts.devices_converger`);
     * `gateway_cls` and `placement_cls` are constructed with the production constructors' arguments;
     * `power_loss(journal)`, when set, runs on a node's journal each time its machine loses power (with the
-      agent down, before it boots anew).
+      agent down, before it boots anew);
+    * `spec_rule` is each agent's `AgentParts.spec_rule`.
     """
 
     rule: str | None = None
@@ -380,6 +401,7 @@ class SimSeams:
     power_loss: PowerLoss | None = None
     """What a power loss (a node reboot of the chaos, a strike) does to the node's journal; None: nothing,
     as the production journal fsyncs every write before it answers."""
+    spec_rule: SpecRule = decide_spec
 
 
 RULES: dict[str, SimSeams] = {
@@ -393,6 +415,7 @@ RULES: dict[str, SimSeams] = {
         SimSeams("unreachable-without-grace", "I4", liveness=no_grace_liveness),
         SimSeams("lost-fsync", "I2", power_loss=forget_unfinished),
         SimSeams("release-on-journal-loss", "I5", devices_cls=ReleasingDevices),
+        SimSeams("spec-out-of-order", "I3", spec_rule=apply_any_generation),
     )
     if s.rule is not None
 }
@@ -423,6 +446,7 @@ __all__ = [
     "ReleasingLiveness",
     "SimSeams",
     "UnfencedGateway",
+    "apply_any_generation",
     "blind_plan",
     "close_unfenced",
     "flush_twice",

@@ -24,6 +24,11 @@ reset                0.15 / node-hour       0.015             one node's session
 stall                0.10 / node-hour       0.01              one node's link holds every frame for 1-30 s
 node-clock-skew      0.05 / node-hour       0.005             one node's wall clock steps by `offset_s`
                                                               (±1-120 s; its monotonic clock does not move)
+spec-replay          1.00 / node-hour       0.1               a desired state older than the spec a node
+                                                              applies reaches it again on its live session
+                                                              (a stale session's or zombie gateway's send);
+                                                              the target, or the next node in order that has
+                                                              such a spec and a welcomed session; drawn last
 cp-clock-skew        2 / hour               0.2               the control plane's clock steps by `offset_s`, kept
                                                               within ±0.9 s of the store's (the design's 1 s)
 cp-restart           once, mid-run           once (≥ 10 min)  the control plane stops, stays down `down_s`
@@ -40,13 +45,16 @@ store-outage         1 / hour (gateways>1)  0.1               every transaction 
 `storm` is heavy with the gateway kinds far more often: gateway kills and stalls 4 an hour each and store
 outages 10 an hour (the store-outage chaos at its heaviest); it needs `gateways` > 1.
 
-The gateway kinds and the store outage are drawn only with `gateways` > 1, after every other draw, so a
-one-gateway run's schedule (and its digest) is what it always was. A gateway kill or stall targets
+The gateway kinds and the store outage are drawn only with `gateways` > 1, after every other draw but the
+replays, so a one-gateway run's schedule is what it always was. The spec replays are drawn last of all (their
+own arrivals and heavy's one guaranteed), so with them every other fault of a seed's schedule is the one it
+had before they existed (the runs differ all the same: the replays happen). A gateway kill or stall targets
 `gw-<i>`, never one already down or frozen, and never the last one up: at least one gateway routes at
 every moment. Heavy's guarantee covers them too when there are several gateways.
 
 At 100 nodes for an hour heavy expects about 75 node faults plus the control plane's, on the order of a
-hundred (seed 1 draws 94), besides what heavy links do on their own (`bc.seams.network.LinkFaults.heavy`:
+hundred (seed 1 draws 86), and about a hundred spec replays (88 more), besides what heavy links do
+on their own (`bc.seams.network.LinkFaults.heavy`:
 dead connections, resets, duplicates, reordering, stalls). Heavy also guarantees every kind at least
 once in a run long enough to hold it (a kind the draws missed gets one fault at a drawn time), so a
 heavy run always exercises every path; light makes no such promise. Faults fall in
@@ -76,6 +84,7 @@ HALF_OPEN = "half-open"
 RESET = "reset"
 STALL = "stall"
 NODE_CLOCK_SKEW = "node-clock-skew"
+SPEC_REPLAY = "spec-replay"
 CP_CLOCK_SKEW = "cp-clock-skew"
 CP_RESTART = "cp-restart"
 GATEWAY_KILL = "gateway-kill"
@@ -91,6 +100,7 @@ KINDS: tuple[str, ...] = (
     RESET,
     STALL,
     NODE_CLOCK_SKEW,
+    SPEC_REPLAY,
     CP_CLOCK_SKEW,
     CP_RESTART,
 )
@@ -124,6 +134,7 @@ _HEAVY_NODE_RATES: Mapping[str, float] = {
     STALL: 0.10,
     NODE_CLOCK_SKEW: 0.05,
 }
+_HEAVY_REPLAY_RATE = 1.0  # spec-replay, per node-hour: drawn last (see the module docstring)
 _HEAVY_CP_RATES: Mapping[str, float] = {CP_CLOCK_SKEW: 2.0}
 _HEAVY_GATEWAY_RATES: Mapping[str, float] = {GATEWAY_KILL: 2.0, GATEWAY_STALL: 2.0, STORE_OUTAGE: 1.0}
 _STORM_GATEWAY_RATES: Mapping[str, float] = {GATEWAY_KILL: 4.0, GATEWAY_STALL: 4.0, STORE_OUTAGE: 10.0}
@@ -178,13 +189,23 @@ def schedule(
     if strong(level):
         seen = {f.kind for f in out}
         for kind in KINDS:
-            if kind not in seen and kind != CP_RESTART:
+            if kind not in seen and kind not in (CP_RESTART, SPEC_REPLAY):
                 t = rng.uniform(0, span * 0.8)
                 missing = _cp_fault(kind, t, rng) if kind in _HEAVY_CP_RATES else None
                 out.append(missing or _node_fault(kind, t, rng, nodes, duration_s))
     if gateways > 1:
         out += _gateway_faults(level, rng, gateways, duration_s)
+    out += _replays(level, rng, nodes, duration_s)
     return sorted(out, key=lambda f: (f.t_s, f.kind, f.targets))
+
+
+def _replays(level: Level, rng: random.Random, nodes: Sequence[str], duration_s: float) -> list[Fault]:
+    """The spec replays, drawn after every other fault (see the module docstring); heavy draws at least one."""
+    span = duration_s - WARMUP_S
+    offsets = _arrivals(rng, _HEAVY_REPLAY_RATE * _SCALE[level] * len(nodes) * span / 3600, span)
+    if strong(level) and not offsets:
+        offsets = [rng.uniform(0, span * 0.8)]
+    return [_node_fault(SPEC_REPLAY, t, rng, nodes, duration_s) for t in offsets]
 
 
 def _gateway_faults(level: Level, rng: random.Random, gateways: int, duration_s: float) -> list[Fault]:
@@ -251,7 +272,7 @@ def _node_fault(kind: str, offset: float, rng: random.Random, nodes: Sequence[st
         return Fault(t, kind, node, {"down_s": lasting(30, 120)})
     if kind == STALL:
         return Fault(t, kind, node, {"duration_s": lasting(1, 30)})
-    if kind in (HALF_OPEN, RESET):
+    if kind in (HALF_OPEN, RESET, SPEC_REPLAY):
         return Fault(t, kind, node)
     if kind == NODE_CLOCK_SKEW:
         return Fault(t, kind, node, {"offset_s": round(rng.choice((-1, 1)) * rng.uniform(1, 120), 3)})

@@ -8,7 +8,8 @@ against its booking. `check_all` runs every one and returns one `InvariantResult
 
     I1  no atom booked (or bound by a node) for two reservations at once; no binding of an unbooked atom
     I2  at most one execution per command (kinds' flags: bc.protocol.kinds)
-    I3  a spec delivered while the node stays reachable is reported observed within 60 s
+    I3  a spec delivered while the node stays reachable is reported observed within 60 s; and a node never
+        goes back: under one journal, no spec it applies is older than one it applied before
     I4  no node marked unreachable or lost within 20 s of the gateway hearing from it
     I5  no allocation released only because its node went away; no hold a node released by itself
     I7  nothing pending that a brute-force solver could place (after the quiet period; only when asked)
@@ -38,6 +39,7 @@ from bc.sim.facts import (
     Outage,
     Outcome,
     SideEffect,
+    SpecApplied,
     SpecDelivered,
     StatusReported,
 )
@@ -247,6 +249,40 @@ def check_i3(
     return None
 
 
+@dataclass(frozen=True)
+class WentBack:
+    newer: SpecApplied  # the newest generation the journal held before
+    older: SpecApplied  # applied after it
+
+    @property
+    def sentence(self) -> str:
+        n, o = self.newer, self.older
+        return (
+            f"I3: {o.node_id} applied spec generation {o.generation} at {iso(o.t_ms)}, after it had applied "
+            f"generation {n.generation} at {iso(n.t_ms)} (journal {o.journal_id}): a node never goes back"
+        )
+
+    @property
+    def at_ms(self) -> int:
+        return self.older.t_ms
+
+
+def check_spec_order(applied: Sequence[SpecApplied]) -> WentBack | None:
+    """I3's second half: under one journal (a node's journal id), each spec the agent applies is of a
+    generation at least as new as every one it applied before; the same generation again is no step back.
+    A fresh journal (a journal loss) starts over: it holds nothing, and the control plane sends it the
+    newest. The earliest step back is returned."""
+    newest: dict[tuple[str, str], SpecApplied] = {}
+    for a in sorted(applied, key=lambda a: (a.t_ms, a.seq)):
+        key = (a.node_id, a.journal_id)
+        before = newest.get(key)
+        if before is not None and a.generation < before.generation:
+            return WentBack(before, a)
+        if before is None or a.generation > before.generation:
+            newest[key] = a
+    return None
+
+
 # ---- I4 ----
 
 
@@ -334,7 +370,7 @@ def _i5(facts: FactLog) -> InvariantResult:
 NAMES: dict[str, str] = {
     "I1": "no overlapping bookings or bindings",
     "I2": "at most one execution per command",
-    "I3": "convergence within 60 s",
+    "I3": "convergence within 60 s, never backwards",
     "I4": "no false liveness positives",
     "I5": "no release because a node disconnected",
     "I7": "nothing placeable pending",
@@ -411,7 +447,9 @@ def check_all(
     i2 = check_i2(facts.side_effects, facts.restarts, facts.journal_losses, facts.outcomes)
     out.append(_result("I2", i2, None if i2 is None else i2.at_ms))
     i3 = check_i3(facts.deliveries, facts.reports, facts.outages, facts.restarts, facts.end_ms, bound_ms=i3_bound_ms)
-    out.append(_result("I3", i3, None if i3 is None else i3.at_ms))
+    back = check_spec_order(facts.applied)
+    i3_found = min((f for f in (i3, back) if f is not None), key=lambda f: f.at_ms, default=None)
+    out.append(_result("I3", i3_found, None if i3_found is None else i3_found.at_ms))
     i4 = check_i4(facts, bound_ms=i4_bound_ms)
     out.append(_result("I4", i4, None if i4 is None else i4.at_ms))
     out.append(_i5(facts))
@@ -436,10 +474,12 @@ __all__ = [
     "NotConverged",
     "RunAfterJournalLoss",
     "UnbookedBinding",
+    "WentBack",
     "check_all",
     "check_bound_as_booked",
     "check_i2",
     "check_i3",
     "check_i4",
     "check_node_kept_holds",
+    "check_spec_order",
 ]

@@ -9,7 +9,9 @@ facts the checkers read (`bc.sim.facts.FactLog`), of the moments a wrong compone
     I2  a command frame delivered again to a node (a duplicate, a replay after a reconnect or a restart), or a
         command started on a node shortly before its agent restarted or its journal was lost (where a
         journal that forgot its accepts, or never made them durable, runs it again)
-    I3  a spec delivered shortly before its node went away (where convergence must survive the outage)
+    I3  a spec delivered shortly before its node went away (where convergence must survive the outage);
+        and a spec delivered older than the one its node applied (where an agent that takes whatever
+        arrives last goes back)
     I4  a session closed (where liveness without grace marks a node unreachable too early)
     I5  a node went away, or lost its journal, while it held a reservation's atoms (where liveness releases
         what it must not, or the node drops a hold it no longer finds in its spec)
@@ -22,6 +24,7 @@ A run where one happened fewer than `FEW` times says so: its checker's pass is w
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -93,6 +96,25 @@ def specs_then_away(facts: FactLog) -> int:
     return n
 
 
+def stale_specs_delivered(facts: FactLog) -> int:
+    """I3: deliveries of a generation below the one the node's journal held in force when it arrived (the
+    last spec it applied before, in the taps' order, unless a journal loss came between)."""
+    applied: dict[str, list[tuple[int, int, int]]] = {}  # node -> (t_ms, seq, generation), in order
+    for a in sorted(facts.applied, key=lambda a: (a.t_ms, a.seq)):
+        applied.setdefault(a.node_id, []).append((a.t_ms, a.seq, a.generation))
+    losses = _by_node((lo.node_id, lo.t_ms) for lo in facts.journal_losses)
+    n = 0
+    for d in facts.deliveries:
+        mine = applied.get(d.node_id, [])
+        i = bisect.bisect_left(mine, (d.t_ms, d.seq, -1)) - 1
+        if i < 0:
+            continue
+        t_applied, _seq, generation = mine[i]
+        if d.generation < generation and not any(t_applied <= t <= d.t_ms for t in losses.get(d.node_id, ())):
+            n += 1
+    return n
+
+
 def sessions_closed(facts: FactLog) -> int:
     """I4: a node's connectivity became `disconnected`."""
     return sum(1 for c in facts.connectivity if c.state == "disconnected")
@@ -126,7 +148,7 @@ def waited_or_pending(facts: FactLog) -> int:
 
 
 def coverage(facts: FactLog) -> list[Situation]:
-    """One `Situation` per invariant, in order I1..I8."""
+    """One `Situation` per invariant (two for I3), in order I1..I8."""
     out = [
         Situation("I1", "atoms handed from one reservation to another", atoms_handed_over(facts)),
         Situation(
@@ -135,6 +157,7 @@ def coverage(facts: FactLog) -> list[Situation]:
             commands_in_flight_at_restart(facts),
         ),
         Situation("I3", "specs delivered just before their node went away", specs_then_away(facts)),
+        Situation("I3", "specs delivered older than the one their node applied", stale_specs_delivered(facts)),
         Situation("I4", "sessions closed", sessions_closed(facts)),
         Situation("I5", "nodes away, or losing their journal, while holding a reservation", away_while_holding(facts)),
         Situation("I7", "reservations made to wait, or pending at the end", waited_or_pending(facts)),

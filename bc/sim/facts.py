@@ -121,6 +121,18 @@ class StatusReported:
 
 
 @dataclass(frozen=True)
+class SpecApplied:
+    """The agent applied a spec of `generation`, written to its journal `journal_id` (the journal's
+    `store_spec`: the spec in force and the applied generation move together)."""
+
+    t_ms: int
+    node_id: str
+    journal_id: str
+    generation: int
+    seq: int = 0  # as SpecDelivered.seq: after the delivery that brought it, in the same virtual instant
+
+
+@dataclass(frozen=True)
 class HeardFrom:
     """Some frame from the node reached the gateway. `FactLog.heard` keeps these as spans, not one by one."""
 
@@ -208,6 +220,7 @@ class FactLog:
     outcomes: list[Outcome] = field(default_factory=list)
     deliveries: list[SpecDelivered] = field(default_factory=list)
     reports: list[StatusReported] = field(default_factory=list)
+    applied: list[SpecApplied] = field(default_factory=list)
     connectivity: list[Connectivity] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
     redeliveries: list[Redelivery] = field(default_factory=list)
@@ -270,6 +283,10 @@ class FactLog:
         self._last_observed[node_id] = observed_generation
         self._unanswered[node_id] = []  # every delivery the taps saw so far came before this report
         self.reports.append(StatusReported(t_ms, node_id, observed_generation, self._tap_seq))
+
+    def spec_applied(self, t_ms: int, node_id: str, journal_id: str, generation: int) -> None:
+        self._tap_seq += 1
+        self.applied.append(SpecApplied(t_ms, node_id, journal_id, generation, self._tap_seq))
 
     def connectivity_changed(self, t_ms: int, node_id: str, state: str, reason: str = "") -> None:
         self.connectivity.append(Connectivity(t_ms, node_id, state, reason))
@@ -382,6 +399,7 @@ __all__ = [
     "QuietSnapshot",
     "Redelivery",
     "SideEffect",
+    "SpecApplied",
     "SpecDelivered",
     "StatusReported",
     "connectivity_from_events",

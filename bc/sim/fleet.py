@@ -14,7 +14,8 @@ whole `Agent` on fake hardware) over `bc.seams.network.SimNetwork` (faulty links
 **Faults are events.** Each fault is published as a `sim.fault` event (subject: its targets, or
 `control-plane`; data: kind, params and its simulated second) through the production `publish`, so the
 events log, its digest, `Watch` and `--trace` all carry it. A fault that strikes while the control plane
-is down is published as soon as it is back, with its own simulated second in the data.
+is down is published as soon as it is back, with its own simulated second in the data. A `spec-replay`
+also writes a `sim.spec-replay` event naming the node it reached (maybe not its target) and the generation.
 
 **Determinism.** One seed reaches everything: the pair's Random (control plane, agents, fake hardware),
 and two Randoms drawn from it for the chaos schedule and the links' fates. The run lives on
@@ -23,8 +24,8 @@ the process or `PYTHONHASHSEED`; `--journal-files` changes where journals live, 
 SQLite journal runs inline on the loop, `bc.sim.file_journal`), so the digest is the same.
 
 **Deliberate bugs.** `break_rule` applies `bc.sim.breaks.seams_for(rule)`: the journal wrapper where the
-agents open their journals, the Liveness factory and the gateway and placement classes where the
-control plane is built; nothing in production code reads the rule.
+agents open their journals, each agent's spec rule (`AgentParts.spec_rule`), the Liveness factory and the
+gateway and placement classes where the control plane is built; nothing in production code reads the rule.
 
 **Several gateways** (`gateways` > 1, up to `MAX_GATEWAYS`): the control plane runs its worker roles only
 and `bc.sim.gateways.GatewayFleet` runs N gateway processes on the same store (an `OutageStore`, opened
@@ -61,6 +62,7 @@ from bc.control.trust.intent import Intent
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.protocol.kinds import KINDS
+from bc.protocol.pb import session_pb2
 from bc.protocol.text_safety import one_line
 from bc.seams.clock import Clock, LoopClock, ms
 from bc.seams.network import LinkFaults, SimNetwork
@@ -254,7 +256,10 @@ class SimPair(SessionPair):
         outbox = self.recorder.outbox(node.node_id)
         agent.outbox = outbox
         # The recording journal is outermost: it counts the acceptances the dispatcher sees made.
-        agent.parts.open_journal = outbox.journal(self.seams.journal(agent.parts.open_journal))
+        # The spec tap sits inside it, around the break's journal: it records what the agent stored.
+        spec_journal = self.recorder.spec_journal(node.node_id, self.seams.journal(agent.parts.open_journal))
+        agent.parts.open_journal = outbox.journal(spec_journal)
+        agent.parts.spec_rule = self.seams.spec_rule
         agent.parts.devices_converger = self.seams.devices_cls
         self.boots.setdefault(node.node_id, node.hw.boot_id())
         return agent
@@ -519,6 +524,8 @@ class Fleet:
             net.stall(f.targets[0], float(p["duration_s"]))
             await asyncio.sleep(float(p["duration_s"]))
             rec.back(f.targets[0], "stall")
+        elif f.kind == chaos.SPEC_REPLAY:
+            self._replay_spec(f.targets[0])
         elif f.kind == chaos.NODE_CLOCK_SKEW:
             pair.nodes[f.targets[0]].clock.step(float(p["offset_s"]))
         elif f.kind == chaos.CP_CLOCK_SKEW:
@@ -533,6 +540,22 @@ class Fleet:
             await self._store_outage(float(p["duration_s"]))
         else:
             raise ValueError(f"no injector for fault kind {f.kind!r}")
+
+    def _replay_spec(self, target: str) -> None:
+        """Send a node a spec older than the one it applies, on its live session: the target, else the next
+        node in order that has one (most nodes hold one generation for long stretches). The node it reached
+        and the generation are a `sim.spec-replay` event, so a trace of that node shows it."""
+        nodes = self.pair.node_ids()
+        i = nodes.index(target)
+        for node_id in nodes[i:] + nodes[:i]:
+            frame = self.recorder.stale_spec(node_id)
+            if frame is not None and self.network.replay(node_id, frame):
+                body = session_pb2.DesiredStateBody.FromString(frame.desired_state.envelope.body)
+                t_s = round(asyncio.get_running_loop().time() - self.t0, 3)
+                data: dict[str, object] = {"generation": body.generation, "target": target, "t_s": t_s}
+                self._unpublished.append(("sim.spec-replay", node_id, data))
+                self._spawn(self.publish_pending(), "sim.spec-replay")
+                return
 
     def _skew_control_plane(self, offset_s: float) -> None:
         """The control plane's clock `offset_s` off the store's (absolute, so skews never add up)."""

@@ -16,6 +16,11 @@
   `desired_state` the node received is a spec delivery, a `status` the gateway received is a report,
   and any frame the gateway received is hearing from the node. A `hello` the gateway receives ends the
   node's open outages (the node is back).
+* **Specs applied** (I3): the journal's `store_spec` (`SpecTap`, around each agent process's journal): the
+  spec in force and the applied generation move together there, whichever rule let the spec in, so it
+  says what the node applied and under which journal id. The recorder also keeps the last desired states
+  each node received (by generation) and the generation its open journal holds, so heavy chaos's
+  `spec-replay` can send a node a spec older than the one it applies (`Recorder.stale_spec`).
 * **Link faults the network draws by itself** (`LinkFaults.drop`: a direction of a connection goes dead
   silently; `reset`: the stream breaks): `bc.seams.network` counts them in `SimNetwork.stats` and tells no
   one, so `LinkWatch` (that Counter) looks, on each such count, for the connection it struck and marks its
@@ -36,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agent.journal_api import AgentJournal
+from agent.journal_api import AgentJournal, StoredSpec
 from agent.journal_rules import Acceptance
 from agent.session.outbox import Outbox
 from bc.control.capacity.invariants import Release
@@ -64,6 +69,10 @@ Accepted = Callable[[str, str], None]
 Moment = Callable[[str, str, str, str], None]
 """`moment(what, node_id, command_id, kind)`: a command was accepted (`bc.sim.strikes.ACCEPT`) or its side
 effect started (`START`) on a node: where the run may strike (`bc.sim.strikes`)."""
+Applied = Callable[[str, int], None]
+"""`applied(journal_id, generation)`: the agent process holds this generation in force in this journal."""
+KEPT_SPECS = 8
+"""The desired states the recorder keeps per node (its newest generations), for `spec-replay`."""
 
 RELEASE_REASON = {
     "reservation.released": "released",
@@ -133,6 +142,18 @@ class _CountingJournal(DelegatingJournal):
             self._accepted(a.command_id, a.kind)
 
 
+class SpecTap(DelegatingJournal):
+    """The agent's journal, telling `applied` of each spec it stores (once stored)."""
+
+    def __init__(self, inner: AgentJournal, applied: Applied) -> None:
+        super().__init__(inner)
+        self._applied = applied
+
+    async def store_spec(self, spec: StoredSpec) -> None:
+        await super().store_spec(spec)
+        self._applied(self.journal_id, spec.generation)
+
+
 class Recorder:
     """Appends to a `FactLog` as the run goes; `now_ms` is the store's clock (the facts' one time)."""
 
@@ -148,6 +169,8 @@ class Recorder:
         """The command frame of the acceptance being told to `moment` (its first delivery), if recorded."""
         self.moment: Moment | None = None
         """Told of each acceptance and side-effect start, after it is recorded (the run's strikes)."""
+        self._specs: dict[str, dict[int, session_pb2.GatewayMessage]] = {}  # node -> generation -> a delivery
+        self._holds: dict[str, tuple[str, int]] = {}  # node -> (journal id, generation) its agent holds in force
 
     def outbox(self, node_id: str) -> RecordingOutbox:
         def started(command_id: str, boot_id: str) -> None:
@@ -162,6 +185,30 @@ class Recorder:
                 self.moment(ACCEPT, node_id, command_id, kind)
 
         return RecordingOutbox(started, accepted)
+
+    def spec_journal(self, node_id: str, open_journal: OpenJournal) -> OpenJournal:
+        """The node's journal opener, wrapped so each spec it stores is a `SpecApplied` fact."""
+
+        async def open_tapped() -> AgentJournal:
+            journal = await open_journal()
+            held = await journal.load_spec()
+            self._holds[node_id] = (journal.journal_id, held.generation if held is not None else 0)
+            return SpecTap(journal, applied)
+
+        def applied(journal_id: str, generation: int) -> None:
+            self._holds[node_id] = (journal_id, generation)
+            self.facts.spec_applied(self.now_ms(), node_id, journal_id, generation)
+
+        return open_tapped
+
+    def stale_spec(self, node_id: str) -> session_pb2.GatewayMessage | None:
+        """The newest desired state the node received whose generation is below the one its journal holds
+        in force now (what a production agent ignores); None: it received none."""
+        held = self._holds.get(node_id)
+        if held is None:
+            return None
+        older = [g for g in self._specs.get(node_id, {}) if g < held[1]]
+        return self._specs[node_id][max(older)] if older else None
 
     def away(self, node_id: str, cause: str) -> None:
         """The node cannot reach the gateway from now until its next Hello arrives after `back(...)`."""
@@ -182,6 +229,10 @@ class Recorder:
             if which == "desired_state":
                 body = session_pb2.DesiredStateBody.FromString(msg.desired_state.envelope.body)
                 self.facts.spec_delivered(t, node_id, body.generation)
+                kept = self._specs.setdefault(node_id, {})
+                kept[body.generation] = msg
+                if len(kept) > KEPT_SPECS:
+                    del kept[min(kept)]
             elif which == "command":
                 key = (node_id, session_pb2.CommandBody.FromString(msg.command.envelope.body).id)
                 if key in self._delivered:

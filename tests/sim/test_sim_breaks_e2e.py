@@ -7,8 +7,10 @@ the two executions interleave, which the run tells from a re-attach by the journ
 `bc.sim.record`), a hold on a node that goes away (release-on-disconnect), a session that closes
 (unreachable-without-grace), a reservation that has to wait (double-book), a closed usage hour
 (double-count-usage), a node that redials while the gateway still holds its old session
-(ignore-epoch-fence: a half-open link the node notices first). Runs are deterministic, so each case stays
-what it is. The unit tests (tests/unit/sim/test_sim_breaks.py) show each component's wrong turn alone.
+(ignore-epoch-fence: a half-open link the node notices first), a spec older than the one a node applies
+sent to it again (spec-out-of-order: heavy chaos's `spec-replay`, after a reservation moved the node on).
+Runs are deterministic, so each case stays what it is. The unit tests (tests/unit/sim/test_sim_breaks.py)
+show each component's wrong turn alone.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ CASES: dict[str, Case] = {
     "ignore-epoch-fence": Case(nodes=2, minutes=60, seed=3, rates=CALM),
     "lost-fsync": Case(nodes=2, minutes=30, seed=1, rates=COMMANDS),  # power lost under a running gpu.reset
     "release-on-journal-loss": Case(nodes=2, minutes=30, seed=1, rates=BUSY),
+    "spec-out-of-order": Case(nodes=2, minutes=5, seed=1, rates=BUSY),
 }
 
 

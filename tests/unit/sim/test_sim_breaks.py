@@ -12,6 +12,7 @@ from typing import cast
 import pytest
 from google.protobuf.json_format import MessageToJson
 
+from agent.app import AgentParts
 from agent.converge.devices import DevicesConverger
 from agent.hw.base import inventory_hash
 from agent.hw.cdi import HeldSpec
@@ -19,6 +20,7 @@ from agent.hw.fake import FakeHardware
 from agent.journal_api import AgentJournal
 from agent.journal_rules import Acceptance, Resolution, resolve
 from agent.memory_journal import MemoryJournal
+from agent.session_core import AcceptSpec, IgnoredSpec, SpecRule, decide_spec
 from bc.control.base.bus import Bus
 from bc.control.capacity import invariants
 from bc.control.capacity.invariants import BillingMismatch, Overlap, ReleasedOnDisconnect
@@ -44,10 +46,20 @@ from bc.sim.breaks import (
     ReleasingDevices,
     ReleasingLiveness,
     UnfencedGateway,
+    apply_any_generation,
     forget_unfinished,
     seams_for,
 )
-from bc.sim.checkers import DoubleExecution, FalseUnreachable, check_all, check_i2, check_i4, check_node_kept_holds
+from bc.sim.checkers import (
+    DoubleExecution,
+    FalseUnreachable,
+    WentBack,
+    check_all,
+    check_i2,
+    check_i4,
+    check_node_kept_holds,
+    check_spec_order,
+)
 from bc.sim.facts import FactLog, NodeRelease, SideEffect, connectivity_from_events, release_fact
 from bc.store import capacity as cap_sql
 from bc.store import events as events_sql
@@ -55,6 +67,7 @@ from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import advance
+from tests.unit.agent.test_agent_session_core import base_spec, desired, full_body, opened, patch_body
 from tests.unit.agent.test_dispatch import Harness, command
 from tests.unit.control.test_liveness import gateway_lease, open_session
 
@@ -78,6 +91,7 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
             "unreachable-without-grace",
             "lost-fsync",
             "release-on-journal-loss",
+            "spec-out-of-order",
         ]
     )
     checker = {rule: seams_for(rule).checker for rule in RULES}
@@ -90,6 +104,7 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
         "unreachable-without-grace": "I4",
         "lost-fsync": "I2",
         "release-on-journal-loss": "I5",
+        "spec-out-of-order": "I3",
     }
     for rule in RULES:
         seams = seams_for(rule)
@@ -109,6 +124,7 @@ def test_the_production_seams_build_the_production_components(store: InlineSqlit
     assert PRODUCTION.gateway_cls is Gateway and PRODUCTION.placement_cls is PlacementPass
     opener = opening(MemoryJournal("j-1"))
     assert PRODUCTION.journal(opener) is opener  # the agent's own opener, unwrapped
+    assert PRODUCTION.spec_rule is decide_spec and AgentParts.spec_rule is decide_spec
 
 
 # ---- skip-journal-dedupe: I2 ----
@@ -435,3 +451,48 @@ async def test_a_double_counting_flush_writes_usage_twice_and_i8_names_it(
     assert found.usage_atom_ms > found.booked_atom_ms
     i8 = check_all(facts)[-1]
     assert (i8.id, i8.ok, i8.counterexample) == ("I8", False, found.sentence)
+
+
+# ---- spec-out-of-order: I3 ----
+
+
+def applied_in_order(rule: SpecRule, generations: list[int]) -> FactLog:
+    """A session core (applied generation 3) handed these full specs in this order, with `rule`; each spec it
+    accepts is journaled (here: a `SpecApplied` fact, as the run's journal tap records it)."""
+    core = opened(applied=3, applied_spec=base_spec())
+    core.spec_rule = rule
+    facts = FactLog()
+    for i, g in enumerate(generations):
+        for e in core.on_message(desired(full_body(g)), 600.0 + i, 1_800_000_000_000 + i * 1000):
+            if isinstance(e, AcceptSpec):
+                facts.spec_applied(1_800_000_000_000 + i * 1000, "n1", "j-1", e.generation)
+            else:
+                assert isinstance(e, IgnoredSpec), e
+    return facts
+
+
+def test_the_broken_rule_applies_an_older_generation_after_a_newer_one_and_i3_names_it() -> None:
+    facts = applied_in_order(apply_any_generation, [5, 4, 4, 6, 2])  # a replay of 4 (twice), then of 2
+    assert [a.generation for a in facts.applied] == [5, 4, 4, 6, 2]
+    back = check_spec_order(facts.applied)
+    assert isinstance(back, WentBack) and (back.newer.generation, back.older.generation) == (5, 4)
+    assert back.sentence == (
+        "I3: n1 applied spec generation 4 at 2027-01-15T08:00:01Z, after it had applied generation 5 at "
+        "2027-01-15T08:00:00Z (journal j-1): a node never goes back"
+    )
+    i3 = check_all(facts)[2]
+    assert (i3.id, i3.ok, i3.at_ms, i3.entities) == ("I3", False, 1_800_000_001_000, ("n1",))
+
+
+def test_the_production_rule_ignores_the_same_replays_and_i3_holds() -> None:
+    facts = applied_in_order(decide_spec, [5, 4, 4, 6, 2])
+    assert [a.generation for a in facts.applied] == [5, 6]
+    assert check_spec_order(facts.applied) is None and check_all(facts)[2].ok
+
+
+def test_the_broken_rule_breaks_full_specs_only() -> None:
+    """Another node's body is still refused, and a patch is judged by the production rule (it needs its base)."""
+    assert apply_any_generation(full_body(2, node_id="n2"), "n1", 5, base_spec()) == "body for node 'n2'"
+    assert apply_any_generation(patch_body(4, 3), "n1", 5, base_spec()) == decide_spec(patch_body(4, 3), "n1", 5, None)
+    assert apply_any_generation(patch_body(7, 4), "n1", 5, base_spec()) == "patch-base-mismatch"
+    assert apply_any_generation(full_body(2), "n1", 5, base_spec()) == full_body(2).full

@@ -32,7 +32,9 @@ def test_heavy_at_a_hundred_nodes_for_an_hour(seed: int) -> None:
     kinds = Counter(f.kind for f in faults)
     assert set(kinds) == set(chaos.KINDS)
     assert kinds[chaos.CP_RESTART] == 1
-    assert 50 <= len(faults) <= 150  # on the order of a hundred
+    replays = kinds[chaos.SPEC_REPLAY]
+    assert 50 <= replays <= 150  # one per node-hour
+    assert 50 <= len(faults) - replays <= 150  # the rest: on the order of a hundred
     light = chaos.schedule("light", random.Random(seed), NODES, 3600)
     assert len(light) < len(faults) / 4
 
@@ -77,7 +79,10 @@ def test_several_gateways_add_their_faults_after_the_one_gateway_schedule(seed: 
     a one-gateway run's digest does not move; heavy strikes with each of them too."""
     one = chaos.schedule("heavy", random.Random(seed), NODES, 3600)
     three = chaos.schedule("heavy", random.Random(seed), NODES, 3600, gateways=3)
-    assert [f for f in three if f.kind not in chaos.GATEWAY_KINDS] == one
+    replay = chaos.SPEC_REPLAY
+    assert [f for f in three if f.kind not in chaos.GATEWAY_KINDS and f.kind != replay] == [
+        f for f in one if f.kind != replay
+    ]
     assert not {f.kind for f in one} & set(chaos.GATEWAY_KINDS)
     assert {f.kind for f in three} == set(chaos.kinds_for(3))
     for f in three:
@@ -108,10 +113,23 @@ def test_storm_is_heavy_with_the_store_out_far_more_often(seed: int) -> None:
     come on top, and the store goes out several times an hour (10 on average) where heavy takes it out once."""
     heavy = chaos.schedule("heavy", random.Random(seed), NODES, 3600, gateways=3)
     storm = chaos.schedule("storm", random.Random(seed), NODES, 3600, gateways=3)
-    assert [f for f in storm if f.kind not in chaos.GATEWAY_KINDS] == [
-        f for f in heavy if f.kind not in chaos.GATEWAY_KINDS
+    assert [f for f in storm if f.kind not in (*chaos.GATEWAY_KINDS, chaos.SPEC_REPLAY)] == [
+        f for f in heavy if f.kind not in (*chaos.GATEWAY_KINDS, chaos.SPEC_REPLAY)
     ]
     outages = Counter(f.kind for f in storm)[chaos.STORE_OUTAGE]
     assert outages >= 4 and outages > Counter(f.kind for f in heavy)[chaos.STORE_OUTAGE]
     with pytest.raises(ValueError, match="at least two gateways"):
         chaos.schedule("storm", random.Random(seed), NODES, 3600)
+
+
+@pytest.mark.parametrize(("seed", "gateways"), [(1, 1), (2, 3)])
+def test_the_spec_replays_are_drawn_last_so_the_rest_of_a_schedule_is_what_it_was(
+    seed: int, gateways: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    full = chaos.schedule("heavy", random.Random(seed), NODES, 1800, gateways)
+    replays = [f for f in full if f.kind == chaos.SPEC_REPLAY]
+    assert 25 <= len(replays) <= 80 and all(len(f.targets) == 1 and f.targets[0] in NODES for f in replays)
+    monkeypatch.setattr(chaos, "_replays", lambda *_: [])
+    assert chaos.schedule("heavy", random.Random(seed), NODES, 1800, gateways) == [
+        f for f in full if f.kind != chaos.SPEC_REPLAY
+    ]

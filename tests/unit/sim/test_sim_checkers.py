@@ -16,10 +16,12 @@ from bc.sim.checkers import (
     FalseUnreachable,
     NotConverged,
     RunAfterJournalLoss,
+    WentBack,
     check_all,
     check_i2,
     check_i3,
     check_i4,
+    check_spec_order,
 )
 from bc.sim.facts import (
     AgentRestart,
@@ -30,6 +32,7 @@ from bc.sim.facts import (
     Outcome,
     QuietSnapshot,
     SideEffect,
+    SpecApplied,
     SpecDelivered,
     StatusReported,
     connectivity_from_events,
@@ -249,6 +252,54 @@ def test_i3_a_report_in_the_delivery_instant_but_before_it_answers_nothing() -> 
     facts.spec_delivered(T0, "n1", 1)
     found = check_i3(facts.deliveries, facts.reports, [], [], T0 + 600 * S)
     assert found is not None and found.latest is None
+
+
+# ---- I3: never backwards ----
+
+
+def applied(t_s: float, generation: int, journal_id: str = "j1", node_id: str = "n1", seq: int = 0) -> SpecApplied:
+    return SpecApplied(T0 + int(t_s * S), node_id, journal_id, generation, seq)
+
+
+def test_i3_passes_generations_that_only_go_up_or_repeat_under_each_journal() -> None:
+    assert check_spec_order([applied(0, 1), applied(10, 3), applied(20, 3), applied(30, 7)]) is None
+    assert check_spec_order([]) is None
+
+
+def test_i3_names_a_node_that_applied_an_older_generation_after_a_newer_one() -> None:
+    found = check_spec_order([applied(0, 2), applied(10, 5), applied(20, 5), applied(30, 4), applied(40, 1)])
+    assert isinstance(found, WentBack)
+    assert (found.newer.generation, found.older.generation, found.at_ms) == (5, 4, T0 + 30 * S)
+    assert found.newer.t_ms == T0 + 10 * S  # the first time it held 5
+    assert found.sentence == (
+        "I3: n1 applied spec generation 4 at 2027-01-15T08:00:30Z, after it had applied generation 5 at "
+        "2027-01-15T08:00:10Z (journal j1): a node never goes back"
+    )
+
+
+def test_i3_a_fresh_journal_starts_over_and_nodes_are_judged_apart() -> None:
+    # a journal loss: j2 holds nothing, and the control plane sends it what is newest (or, late, older)
+    assert check_spec_order([applied(0, 5), applied(10, 2, "j2"), applied(20, 6, "j2")]) is None
+    assert check_spec_order([applied(0, 5), applied(10, 2, node_id="n2")]) is None
+    # back to the old journal's id is the same journal: it must not go below what it held
+    assert check_spec_order([applied(0, 5), applied(10, 2, "j2"), applied(20, 4)]) is not None
+
+
+def test_i3_reads_the_taps_order_within_one_instant() -> None:
+    assert check_spec_order([applied(0, 3, seq=2), applied(0, 4, seq=1)]) is not None  # 4, then 3
+    assert check_spec_order([applied(0, 3, seq=1), applied(0, 4, seq=2)]) is None
+
+
+def test_check_all_reports_the_earlier_of_i3s_two_halves() -> None:
+    facts = good_run()
+    facts.spec_delivered(T0 + 100 * S, "n1", 3)  # never reported observed: missed at T0 + 160 s
+    facts.spec_applied(T0 + 100 * S, "n1", "j1", 3)
+    facts.spec_applied(T0 + 130 * S, "n1", "j1", 2)  # went back first
+    i3 = check_all(facts)[2]
+    assert (i3.id, i3.ok, i3.at_ms) == ("I3", False, T0 + 130 * S)
+    assert i3.counterexample is not None and i3.counterexample.endswith("a node never goes back")
+    facts.applied.pop()
+    assert check_all(facts)[2].at_ms == T0 + 160 * S
 
 
 # ---- I4 ----

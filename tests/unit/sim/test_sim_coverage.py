@@ -9,12 +9,29 @@ from tests.unit.capacity.fleet import H, atoms, booking
 
 
 def counts(facts: FactLog) -> dict[str, int]:
-    return {s.invariant: s.count for s in coverage(facts)}
+    """Each invariant's first count (I3's second, stale specs, is `stale`)."""
+    out: dict[str, int] = {}
+    for s in coverage(facts):
+        out.setdefault(s.invariant, s.count)
+    return out
+
+
+def stale(facts: FactLog) -> int:
+    return next(s.count for s in coverage(facts) if s.what.startswith("specs delivered older"))
 
 
 def test_an_empty_run_counts_nothing_and_says_every_pass_is_weak() -> None:
     situations = coverage(FactLog())
-    assert [s.invariant for s in situations] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]
+    assert [s.invariant for s in situations] == [
+        "I1",
+        "I2",
+        "I3",
+        "I3",
+        "I4",
+        "I5",
+        "I7",
+        "I8",
+    ]  # I3 counts two situations
     assert all(s.count == 0 and s.few for s in situations)
 
 
@@ -57,3 +74,19 @@ def test_i3_to_i5_and_i8() -> None:
     c = counts(facts)
     assert (c["I3"], c["I4"], c["I5"], c["I7"], c["I8"]) == (1, 1, 2, 2, 2)
     assert FEW == 10
+
+
+def test_i3_counts_specs_delivered_older_than_the_one_applied_but_not_across_a_journal_loss() -> None:
+    facts = FactLog()
+    facts.spec_delivered(1_000, "n1", 1)  # nothing applied yet
+    facts.spec_applied(1_000, "n1", "j1", 1)
+    facts.spec_delivered(5_000, "n1", 3)
+    facts.spec_applied(5_000, "n1", "j1", 3)
+    facts.spec_delivered(5_000, "n1", 3)  # a duplicate: not older
+    facts.spec_delivered(9_000, "n1", 1)  # stale
+    facts.spec_delivered(9_000, "n2", 1)  # n2 applied nothing
+    facts.journal_loss(10_000, "n1", "j1", "j2")
+    facts.spec_delivered(12_000, "n1", 2)  # the fresh journal holds nothing: not stale
+    facts.spec_applied(12_000, "n1", "j2", 2)
+    facts.spec_delivered(13_000, "n1", 1)  # stale again, under j2
+    assert stale(facts) == 2

@@ -535,3 +535,45 @@ async def test_a_stall_of_a_node_that_says_nothing_more_is_forgotten_when_it_end
     assert net.stalled
     await asyncio.sleep(2)
     assert not net.stalled  # other nodes' frames take the fast path again
+
+
+def spec_frame(generation: int) -> GatewayMessage:
+    body = session_pb2.DesiredStateBody(node_id="n1", generation=generation)
+    return GatewayMessage(
+        desired_state=session_pb2.DesiredState(envelope=common_pb2.Envelope(body=body.SerializeToString()))
+    )
+
+
+def spec_gen(msg: object) -> int:
+    env = cast(GatewayMessage, msg).desired_state.envelope
+    return session_pb2.DesiredStateBody.FromString(env.body).generation
+
+
+async def test_a_replayed_spec_arrives_again_behind_what_is_in_flight_and_only_after_the_welcome() -> None:
+    net, seen = network(faults=LinkFaults(delay_ms=(50.0, 50.0)))
+    node, gw = net.connect("n1")
+    assert not net.replay("n1", spec_frame(1))  # nothing reached the node yet: its Welcome comes first
+    await gw.send(GatewayMessage(welcome=session_pb2.Welcome(session_epoch=1)))
+    await gw.send(spec_frame(1))
+    await gw.send(spec_frame(2))
+    assert [m.WhichOneof("msg") for m in await drain(node, 1.0)] == ["welcome", "desired_state", "desired_state"]
+    await gw.send(spec_frame(3))  # in flight when the replay is sent
+    assert net.replay("n1", spec_frame(1))
+    assert [spec_gen(m) for m in await drain(node, 1.0)] == [3, 1]
+    assert [spec_gen(m) for d, _, m, _ in seen if d == TO_NODE and m.WhichOneof("msg") == "desired_state"] == [
+        1,
+        2,
+        3,
+        1,
+    ]
+    assert not net.stats  # a control, not a fault the links drew
+
+
+async def test_a_replay_goes_nowhere_without_a_live_connection() -> None:
+    net, _ = network()
+    node, gw = net.connect("n1")
+    await gw.send(GatewayMessage(welcome=session_pb2.Welcome(session_epoch=1)))
+    await node.recv()
+    net.reset("n1")
+    assert not net.replay("n1", spec_frame(1))
+    assert not net.replay("n2", spec_frame(1))  # a node that never connected
