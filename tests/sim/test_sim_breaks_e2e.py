@@ -43,7 +43,7 @@ CASES: dict[str, Case] = {
     "unreachable-without-grace": Case(nodes=2, minutes=5, seed=1, rates=BUSY),
     "double-book": Case(nodes=2, minutes=30, seed=1, rates=BUSY),
     "double-count-usage": Case(nodes=2, minutes=60, seed=1, rates=BUSY),  # the first whole hour closes
-    "ignore-epoch-fence": Case(nodes=2, minutes=60, seed=3, rates=CALM),
+    "ignore-epoch-fence": Case(nodes=2, minutes=60, seed=6, rates=CALM),
     "lost-fsync": Case(nodes=2, minutes=30, seed=1, rates=COMMANDS),  # power lost under a running gpu.reset
     "release-on-journal-loss": Case(nodes=2, minutes=30, seed=1, rates=BUSY),
     "spec-out-of-order": Case(nodes=2, minutes=5, seed=1, rates=BUSY),
