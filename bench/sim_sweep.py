@@ -2,9 +2,10 @@
 
 For each `--break` rule, with 1 gateway and with 3, `bc sim --seeds` counts the seeds that caught it; then
 the unbroken shapes (1 gateway, 3 gateways, `--journal-files`, and `--chaos storm` with 3 gateways) count
-the seeds that held every invariant, with harness errors apart (each one's sentence printed). Each row is one `bc sim` command, run as an operator would (a subprocess,
-`--json`), and printed as it ends; the closing table is markdown for docs/sim.md. Figures, never asserted:
-this exits 0 whatever it finds (a row's own command exits 10 when it falls short).
+the seeds that held every invariant, with harness errors apart (each one's sentence printed). Each row is
+one `bc sim` command, run as an operator would (a subprocess, `--json`), and printed as it ends; the
+closing table is markdown for docs/sim.md. Figures, never asserted: this exits 0 whatever it finds (a row's
+own command exits 10 when it falls short).
 
     python -m bench.sim_sweep [--seeds 1-10] [--nodes 50] [--duration 30m] [--chaos heavy] [--parallel N]
                               [--only breaks|unbroken] [--rules a,b] [--gateways 1,3]
