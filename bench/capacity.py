@@ -96,7 +96,7 @@ def fleet(n: int) -> list[NodeInfo]:
     for i in range(n):
         nid = f"n{i:05d}"
         row = {"node_id": nid, "inventory": inventory_json(nid), "connectivity": "connected", "cordoned": 0}
-        out.append(node_info({**row, "revoked": 0}, None))
+        out.append(node_info({**row, "revoked": 0}))
     return out
 
 

@@ -16,12 +16,6 @@ async def lock_pass(tx: Tx, dialect: str) -> None:
     await tx.fetchval(f"SELECT version FROM placement_meta WHERE id = 1{lock}")
 
 
-async def node_extras(tx: Tx) -> dict[str, Row]:
-    """What `nodes.placement_facts` leaves out: the job's hold by name, labels and capabilities, per node id."""
-    rows = await tx.fetchall("SELECT node_id, job_hold, labels, capabilities FROM nodes")
-    return {str(r["node_id"]): r for r in rows}
-
-
 async def live_bookings(tx: Tx) -> list[Row]:
     """Every booking not yet released, with its reservation's host resources, pins and state."""
     return await tx.fetchall(

@@ -71,6 +71,24 @@ async def placement_facts(tx: Tx, node_id: str | None = None) -> list[Row]:
     )
 
 
+async def placement_nodes(tx: Tx) -> list[Row]:
+    """`placement_facts` of every live node of role `node` with its job's hold, labels and capabilities, in one read
+    the placement pass makes on every pass. The inventory's text comes only where no `inventory_hash` names it:
+    the pass keeps each node's text by its hash and reads a changed one with `inventory_with_hash`."""
+    return await tx.fetchall(
+        "SELECT n.node_id, CASE WHEN n.cordoned <> 0 OR n.job_hold IS NOT NULL THEN 1 ELSE 0 END AS cordoned,"
+        " n.connectivity, n.inventory_hash, CASE WHEN n.inventory_hash = '' THEN n.inventory END AS inventory,"
+        " n.job_hold, n.labels, n.capabilities,"
+        f" CASE WHEN {_REVOKED} THEN 1 ELSE 0 END AS revoked FROM nodes n WHERE {LIVE} AND n.role = 'node'"
+        " ORDER BY n.node_id"
+    )
+
+
+async def inventory_with_hash(tx: Tx, node_id: str) -> Row | None:
+    """A node's inventory text with the hash it was written with (one statement: the two always agree)."""
+    return await tx.fetchone("SELECT inventory, inventory_hash FROM nodes WHERE node_id = :n", {"n": node_id})
+
+
 async def generation(tx: Tx, node_id: str) -> int | None:
     v = await tx.fetchval("SELECT generation FROM nodes WHERE node_id = :n", {"n": node_id})
     return None if v is None else int(v)
