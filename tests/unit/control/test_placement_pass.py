@@ -222,3 +222,29 @@ async def test_run_forever_delivers_and_ends_windows_on_time_under_its_lease(
 def test_cpulists() -> None:
     assert cpulist_ids("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
     assert cpulist_ids("") == [] and cpulist_ids("x") == []
+
+
+async def test_the_pass_sees_a_node_s_new_inventory_and_one_stored_without_a_hash(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode
+) -> None:
+    """The pass keeps inventory texts by (node, hash) across passes: a changed inventory must still reach the
+    planner, and a row written without a hash (an older writer) is read from its own text."""
+    inv = await add_node("n1")
+    await add_node("n2")
+    async with store.transaction(write=False) as tx:
+        before = {n.node_id: len(n.gpus) for n in (await placement_pass.load_facts(tx)).nodes}
+    assert before == {"n1": 8, "n2": 8}
+
+    smaller = common_pb2.Inventory()
+    smaller.CopyFrom(inv)
+    del smaller.gpus[2:]
+    await write_inventory(store, "n1", smaller)
+    async with store.transaction() as tx:  # n2's text with no hash beside it
+        await tx.execute("UPDATE nodes SET inventory = '{}', inventory_hash = '' WHERE node_id = 'n2'")
+        facts = await placement_pass.load_facts(tx)
+    assert {n.node_id: len(n.gpus) for n in facts.nodes} == {"n1": 2, "n2": 0}
+    assert len(facts.inventories["n1"].gpus) == 2
+
+    # What the planner does with it: 4 GPUs on n1 never fit now, and `reserve` says so.
+    with pytest.raises(Conflict, match="node n1 has 2; 4 GPUs asked"):
+        await reserve(store, bus, SIGNER, ReserveRequest(gpus=4, node_id="n1"), RNG)
