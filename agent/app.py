@@ -69,6 +69,7 @@ from agent.trust import AgentTrust
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
 from agent.upgrade.slots import Slots
 from bc.errors import Conflict, Unauthenticated
+from bc.pki.quorum import CountApprovals, count_approvals
 from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import common_pb2, session_pb2
@@ -148,6 +149,9 @@ class AgentParts:
     """How a self-update starts `current` again; left out: re-exec (fake hardware, no systemd) or exit 75."""
     spec_rule: SpecRule = decide_spec
     """Which delivered spec the sessions apply (agent.session_core); the simulator's `--break` hands a broken one."""
+    quorum_count: CountApprovals = count_approvals
+    """How a destructive batch command's approvals are counted against k (agent.quorum.check_batch); the
+    simulator's `--break quorum-duplicate-signer` hands one that counts a signer twice."""
 
 
 async def never_dial() -> Link[session_pb2.GatewayMessage, session_pb2.NodeMessage]:
@@ -314,6 +318,7 @@ class Agent:
                 UnbatchedAllowance(self.data_dir, self.clock),
                 self.state.server_now_ms,
                 self.clock,
+                p.quorum_count,
             ),
             result_signer=self.sign_update,
             on_settled=self.metrics.command_settled,

@@ -43,9 +43,14 @@ ClaimLeaf = Callable[[str, int, str, float], Awaitable[str]]
 
 
 def check_batch(
-    cmd: session_pb2.Command, body: session_pb2.CommandBody, bundle: common_pb2.TrustBundle, server_now_ms: int
+    cmd: session_pb2.Command,
+    body: session_pb2.CommandBody,
+    bundle: common_pb2.TrustBundle,
+    server_now_ms: int,
+    count: q.CountApprovals = q.count_approvals,
 ) -> tuple[str | None, common_pb2.BatchProof | None, bytes]:
-    """Pure: (why it is refused or None, the proof, the leaf's key: scope root + leaf hash)."""
+    """Pure: (why it is refused or None, the proof, the leaf's key: scope root + leaf hash). `count` is the
+    quorum rule (`bc.pki.quorum.count_approvals`, the control plane's too); a seam for `bc sim --break`."""
     approval = common_pb2.BatchApproval()
     proof = common_pb2.BatchProof()
     try:
@@ -65,7 +70,7 @@ def check_batch(
         leaf, proof.leaf_index, proof.tree_size, proof.path, root
     ):
         return "the proof does not put this command (node, kind, payload) in the approved scope", None, b""
-    tally = q.count_approvals(approval, list(bundle.approver_keys), server_now_ms)
+    tally = count(approval, list(bundle.approver_keys), server_now_ms)
     need = max(1, bundle.quorum_k)
     if len(tally.counted) < need:
         refused = "; ".join(f"{k[:19]}…: {why}" for k, why in tally.refused)
@@ -106,9 +111,11 @@ class QuorumCheck:
         allowance: UnbatchedAllowance,
         server_now_ms: Callable[[], int],
         clock: Clock,
+        count: q.CountApprovals = q.count_approvals,
     ) -> None:
         self.trust, self.claim_leaf, self.allowance = trust, claim_leaf, allowance
         self.server_now_ms, self.clock = server_now_ms, clock
+        self.count = count
 
     async def __call__(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
         bundle = self.trust.bundle
@@ -119,7 +126,7 @@ class QuorumCheck:
             if await asyncio.to_thread(self.allowance.try_take, limit, body.id):
                 return None
             return f"UNBATCHED_LIMIT: {body.kind} is destructive and needs an approved batch (allowance {limit}/hour)"
-        why, proof, leaf_key = check_batch(cmd, body, bundle, self.server_now_ms())
+        why, proof, leaf_key = check_batch(cmd, body, bundle, self.server_now_ms(), self.count)
         if why is not None or proof is None:
             return f"BATCH_UNAPPROVED: {why}"
         # Claimed by batch and the leaf's content under its root, not by its index: one leaf, one run,

@@ -131,6 +131,11 @@ def count_approvals(
     return _tally(approval.signatures, approvers, approval.requested_by, message_for, now_ms)
 
 
+CountApprovals = Callable[[common_pb2.BatchApproval, Iterable[common_pb2.ApproverKey], int | None], Tally]
+"""`count_approvals`'s shape: the seam through which each end (`bc.control.quorum.batches`, `agent.quorum`)
+takes its count, production's unless `bc sim --break` hands a broken one."""
+
+
 # -- the quorum settings and their changes ---------------------------------------------------------
 
 

@@ -5,7 +5,9 @@ code reads a flag: each break is a substitute handed to a seam the runner alread
 `open_journal`, the classes and factories the control plane is built from), or a subclass overriding a
 seam the production class declares with its production default (`Gateway.close_session`,
 `PlacementPass.planner`, `PlacementPass.flush`, `PlacementPass.check_stored_bookings`), or the agent's
-`AgentParts.spec_rule` (production: `agent.session_core.decide_spec`).
+`AgentParts.spec_rule` (production: `agent.session_core.decide_spec`), or the quorum count both ends take
+(`bc.control.quorum.batches.decide(count=...)` and `AgentParts.quorum_count`; production:
+`bc.pki.quorum.count_approvals`).
 
     RULE                       broken component                                          caught by
     skip-journal-dedupe        a journal that forgets what it accepted: a redelivered        I2
@@ -29,13 +31,17 @@ seam the production class declares with its production default (`Gateway.close_s
                                journal (no spec) it releases every hold it finds
     spec-out-of-order          an agent whose sessions apply whatever full spec arrives      I3
                                last, a generation older than the one applied included
+    quorum-duplicate-signer    a quorum count, at the control plane and on the node, that    Q1
+                               counts a signer twice (one key twice, or two keys of one
+                               operator) toward k, so a batch runs with fewer than k people
 
 `seams_for(rule)` returns the `SimSeams` the runner applies as it builds the control plane and the agents;
 `seams_for(None)` the production ones. A break shows only when the run meets what it is wrong about: a
 command frame delivered twice, a hold on a node that goes away, a session that closes, a reservation that
 waits (the placement `reserve` runs inline is the production one; the broken background pass books the
 waiting one over what is taken), a closed usage hour, a node redialling while the gateway still holds its
-old session, an older spec of the node arriving after a newer one (heavy chaos's `spec-replay`).
+old session, an older spec of the node arriving after a newer one (heavy chaos's `spec-replay`), a batch
+one operator signed with both of its keys (`bc.sim.workload`'s approver0 holds two).
 tests/sim/test_sim_breaks_e2e.py holds a small seeded run for each.
 """
 
@@ -60,8 +66,9 @@ from bc.control.nodes.specs import write_spec
 from bc.control.signing.signer import Signer
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
+from bc.pki import quorum as q
 from bc.protocol import connectivity as cx
-from bc.protocol.pb import session_pb2, spec_pb2
+from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
 from bc.store import Store, Tx
 from bc.store import capacity as cap_sql
 from bc.store import connectivity as cx_sql
@@ -371,6 +378,36 @@ def apply_any_generation(
     return decide_spec(body, node_id, applied_generation, applied_spec)
 
 
+# ---- quorum-duplicate-signer ----
+
+
+def count_duplicate_signers(
+    approval: common_pb2.BatchApproval, approvers: Iterable[common_pb2.ApproverKey], now_ms: int | None
+) -> q.Tally:
+    """`bc.pki.quorum.count_approvals` without its two distinctness checks: a key that signed twice counts
+    twice, and a second key of an operator who already approved counts too. Everything else is the production
+    rule (an approver key of the set, not the requester's, unexpired, a valid signature over the scope)."""
+    by_id = {a.key_id: a for a in approvers}
+    counted: list[str] = []
+    refused: list[tuple[str, str]] = []
+    for sig in approval.signatures:
+        key = by_id.get(sig.key_id)
+        msg = q.approval_message(
+            approval.batch_id, approval.scope_root, approval.leaf_count, approval.requested_by, sig.expires_at_ms
+        )
+        if key is None:
+            refused.append((sig.key_id, "not an approver key"))
+        elif q.is_requesters(key, approval.requested_by):
+            refused.append((sig.key_id, "the requester's own key"))
+        elif now_ms is not None and sig.expires_at_ms <= now_ms:
+            refused.append((sig.key_id, "expired"))
+        elif not q.verify(bytes(key.public_key), msg, sig.signature):
+            refused.append((sig.key_id, "bad signature"))
+        else:
+            counted.append(sig.key_id)
+    return q.Tally(counted, refused)
+
+
 # ---- the rules ----
 
 
@@ -388,7 +425,10 @@ class SimSeams:
     * `gateway_cls` and `placement_cls` are constructed with the production constructors' arguments;
     * `power_loss(journal)`, when set, runs on a node's journal each time its machine loses power (with the
       agent down, before it boots anew);
-    * `spec_rule` is each agent's `AgentParts.spec_rule`.
+    * `spec_rule` is each agent's `AgentParts.spec_rule`;
+    * `quorum_count` is the batch quorum's count at both ends: the control plane's (`decide(count=...)`, which
+      the workload passes as the Admin servicer would pass the default) and each agent's
+      `AgentParts.quorum_count`.
     """
 
     rule: str | None = None
@@ -402,6 +442,7 @@ class SimSeams:
     """What a power loss (a node reboot of the chaos, a strike) does to the node's journal; None: nothing,
     as the production journal fsyncs every write before it answers."""
     spec_rule: SpecRule = decide_spec
+    quorum_count: q.CountApprovals = q.count_approvals
 
 
 RULES: dict[str, SimSeams] = {
@@ -416,6 +457,7 @@ RULES: dict[str, SimSeams] = {
         SimSeams("lost-fsync", "I2", power_loss=forget_unfinished),
         SimSeams("release-on-journal-loss", "I5", devices_cls=ReleasingDevices),
         SimSeams("spec-out-of-order", "I3", spec_rule=apply_any_generation),
+        SimSeams("quorum-duplicate-signer", "Q1", quorum_count=count_duplicate_signers),
     )
     if s.rule is not None
 }
@@ -449,6 +491,7 @@ __all__ = [
     "apply_any_generation",
     "blind_plan",
     "close_unfenced",
+    "count_duplicate_signers",
     "flush_twice",
     "forget_unfinished",
     "forgetful",

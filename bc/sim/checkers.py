@@ -14,6 +14,9 @@ against its booking. `check_all` runs every one and returns one `InvariantResult
     I5  no allocation released only because its node went away; no hold a node released by itself
     I7  nothing pending that a brute-force solver could place (after the quiet period; only when asked)
     I8  usage = booked duration x atoms, no duplicate window keys
+    Q1  a destructive batch's command runs on a node only with approvals that the production rule
+        (`bc.pki.quorum.count_approvals`: distinct keys of distinct operators, none the requester's, valid
+        signatures over the batch's scope) counts as at least k; recounted from the approval its frame carried
 """
 
 from __future__ import annotations
@@ -24,12 +27,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from google.protobuf.message import DecodeError
+
 from bc.control.capacity import invariants
 from bc.control.capacity.placement_plan import Booking, iso
 from bc.control.commands.states import SUCCEEDED
+from bc.pki import quorum
 from bc.protocol.kinds import KINDS
+from bc.protocol.pb import common_pb2
 from bc.sim.facts import (
     AgentRestart,
+    BatchRan,
     Bound,
     Connectivity,
     FactLog,
@@ -38,6 +46,7 @@ from bc.sim.facts import (
     NodeRelease,
     Outage,
     Outcome,
+    QuorumHeld,
     SideEffect,
     SpecApplied,
     SpecDelivered,
@@ -365,6 +374,61 @@ def _i5(facts: FactLog) -> InvariantResult:
     return _result("I5", dropped, None if dropped is None else dropped.at_ms)
 
 
+# ---- Q1: the destructive-batch quorum ----
+
+
+@dataclass(frozen=True)
+class UnderQuorum:
+    """A batch command ran with approvals the production rule counts fewer than k of."""
+
+    run: BatchRan
+    counted: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...]
+    k: int
+
+    @property
+    def sentence(self) -> str:
+        r = self.run
+        why = "; ".join(f"{kid[:19]}…: {reason}" for kid, reason in self.refused)
+        return (
+            f"Q1: {r.kind} {r.command_id} of batch {r.batch_id} started on {r.node_id} at {iso(r.t_ms)} with "
+            f"{len(self.counted)} approval(s) that count of the {self.k} it needs"
+            + (f" (not counted: {why})" if why else "")
+        )
+
+    @property
+    def at_ms(self) -> int:
+        return self.run.t_ms
+
+
+def approval_of(run: BatchRan) -> common_pb2.BatchApproval | None:
+    """The approval the run's frame carried, when it decodes and names the run's batch."""
+    try:
+        approval = common_pb2.BatchApproval.FromString(run.approval)
+    except DecodeError:
+        return None
+    return approval if run.approval and approval.batch_id == run.batch_id else None
+
+
+def check_q1(runs: Sequence[BatchRan], held: QuorumHeld | None) -> UnderQuorum | None:
+    """Q1: every batch command a node started carried approvals that `bc.pki.quorum.count_approvals` (the rule
+    both ends apply in production) counts as at least k under the quorum settings in force. Expiry is not
+    judged again: the node judges it on its own reckoning of the server's clock, which clock skew moves, and
+    Q1 is about who signed. The first violation in time is returned; with no approver keys nothing is enforced
+    (nor recorded: hand-made facts)."""
+    if held is None or not held.approvers:
+        return None
+    need = max(1, held.k)
+    for r in sorted(runs, key=lambda r: (r.t_ms, r.node_id, r.command_id)):
+        approval = approval_of(r)
+        if approval is None:
+            return UnderQuorum(r, (), (("-", "no approval of this batch"),), need)
+        tally = quorum.count_approvals(approval, held.approvers, None)
+        if len(tally.counted) < need:
+            return UnderQuorum(r, tuple(tally.counted), tuple(tally.refused), need)
+    return None
+
+
 # ---- all of them ----
 
 NAMES: dict[str, str] = {
@@ -375,6 +439,7 @@ NAMES: dict[str, str] = {
     "I5": "no release because a node disconnected",
     "I7": "nothing placeable pending",
     "I8": "billing conservation",
+    "Q1": "destructive batches run only with k approvers",
 }
 
 
@@ -394,7 +459,7 @@ class Counterexample(Protocol):
     def sentence(self) -> str: ...
 
 
-ENTITY_FIELDS = ("node_id", "command_id", "reservation_id")
+ENTITY_FIELDS = ("node_id", "command_id", "reservation_id", "batch_id")
 
 
 def entities_of(found: object, depth: int = 3) -> tuple[str, ...]:
@@ -442,7 +507,7 @@ def _i1(facts: FactLog) -> InvariantResult:
 def check_all(
     facts: FactLog, *, i7: bool = False, i3_bound_ms: int = 60_000, i4_bound_ms: int = 20_000
 ) -> list[InvariantResult]:
-    """One result per checker, in order I1..I8; I7 only with `i7` (after the quiet period: `facts.quiet`)."""
+    """One result per checker, in order I1..I8 then Q1; I7 only with `i7` (after the quiet period: `facts.quiet`)."""
     out = [_i1(facts)]
     i2 = check_i2(facts.side_effects, facts.restarts, facts.journal_losses, facts.outcomes)
     out.append(_result("I2", i2, None if i2 is None else i2.at_ms))
@@ -461,6 +526,8 @@ def check_all(
         out.append(_result("I7", i7_found, None if i7_found is None else i7_found.start_ms))
     i8 = invariants.check_billing_conservation(facts.spans, facts.windows, facts.end_ms)
     out.append(_result("I8", i8, None if i8 is None else facts.end_ms))
+    q1 = check_q1(facts.batch_runs, facts.quorum)
+    out.append(_result("Q1", q1, None if q1 is None else q1.at_ms))
     return out
 
 
@@ -474,6 +541,7 @@ __all__ = [
     "NotConverged",
     "RunAfterJournalLoss",
     "UnbookedBinding",
+    "UnderQuorum",
     "WentBack",
     "check_all",
     "check_bound_as_booked",
@@ -481,5 +549,6 @@ __all__ = [
     "check_i3",
     "check_i4",
     "check_node_kept_holds",
+    "check_q1",
     "check_spec_order",
 ]

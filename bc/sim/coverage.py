@@ -18,6 +18,8 @@ facts the checkers read (`bc.sim.facts.FactLog`), of the moments a wrong compone
     I7  a reservation made to wait in the pending queue during the run, or still pending at the end (what
         the brute-force solver is asked about)
     I8  a usage window closed (where a flush written twice double-counts)
+    Q1  a batch one key or one operator approved more than once (where a count that takes a signer twice
+        approves it on fewer than k people)
 
 A run where one happened fewer than `FEW` times says so: its checker's pass is weak evidence.
 """
@@ -147,8 +149,13 @@ def waited_or_pending(facts: FactLog) -> int:
     return len(ids)
 
 
+def batches_signed_twice(facts: FactLog) -> int:
+    """Q1: batches whose approve decisions hold one key, or one operator, more than once."""
+    return sum(1 for d in facts.batch_decisions if d.repeats)
+
+
 def coverage(facts: FactLog) -> list[Situation]:
-    """One `Situation` per invariant (two for I3), in order I1..I8."""
+    """One `Situation` per invariant (two for I3), in order I1..I8 then Q1."""
     out = [
         Situation("I1", "atoms handed from one reservation to another", atoms_handed_over(facts)),
         Situation(
@@ -163,6 +170,7 @@ def coverage(facts: FactLog) -> list[Situation]:
         Situation("I7", "reservations made to wait, or pending at the end", waited_or_pending(facts)),
     ]
     out.append(Situation("I8", "usage windows closed", len(facts.windows)))
+    out.append(Situation("Q1", "batches one person approved twice", batches_signed_twice(facts)))
     return out
 
 

@@ -25,6 +25,7 @@ from bc.control.capacity.invariants import Release, Transition
 from bc.control.capacity.placement_plan import Booking, NodeInfo, Request
 from bc.control.capacity.usage_windows import Span, UsageWindow
 from bc.protocol.atoms import Atom
+from bc.protocol.pb import common_pb2
 
 # ---- commands (I2) ----
 
@@ -206,6 +207,46 @@ class QuietSnapshot:
     now_ms: int
 
 
+# ---- the destructive-batch quorum (Q1) ----
+
+
+@dataclass(frozen=True)
+class BatchRan:
+    """A command of a destructive batch started on a node (a `SideEffect` whose command has a batch id), with
+    the batch approval its command frame carried to the node (b"" when no frame of it was seen)."""
+
+    t_ms: int
+    node_id: str
+    command_id: str
+    kind: str
+    batch_id: str
+    approval: bytes
+
+
+@dataclass(frozen=True)
+class BatchDecisions:
+    """A batch's approve decisions as the store holds them at the end: (key id, operator) each, in order."""
+
+    batch_id: str
+    approvals: tuple[tuple[str, str], ...]
+
+    @property
+    def repeats(self) -> bool:
+        """One key, or one operator, approved it more than once (Q1's dangerous situation)."""
+        keys = [k for k, _ in self.approvals]
+        operators = [o for _, o in self.approvals if o]
+        return len(set(keys)) < len(keys) or len(set(operators)) < len(operators)
+
+
+@dataclass(frozen=True)
+class QuorumHeld:
+    """The quorum settings in force (the store's, at the end: the workload sets them only as it starts): the
+    approver keys and k."""
+
+    approvers: tuple[common_pb2.ApproverKey, ...]
+    k: int
+
+
 # ---- the recorder ----
 
 
@@ -227,6 +268,10 @@ class FactLog:
     node_releases: list[NodeRelease] = field(default_factory=list)
     waited: list[str] = field(default_factory=list)
     """Reservations the placement pass made wait (a `reservation.waiting`), each once."""
+    batch_runs: list[BatchRan] = field(default_factory=list)
+    batch_decisions: list[BatchDecisions] = field(default_factory=list)
+    quorum: QuorumHeld | None = None
+    """None: not recorded (hand-made facts); Q1 then has nothing to count against."""
     # capacity, in bc.control.capacity.invariants' own types
     nodes: list[NodeInfo] = field(default_factory=list)
     bookings: list[Booking] = field(default_factory=list)
@@ -387,6 +432,8 @@ def connectivity_from_events(events: Sequence[tuple[int, str, str, str, int]]) -
 
 __all__ = [
     "AgentRestart",
+    "BatchDecisions",
+    "BatchRan",
     "Bound",
     "Connectivity",
     "FactLog",
@@ -397,6 +444,7 @@ __all__ = [
     "Outage",
     "Outcome",
     "QuietSnapshot",
+    "QuorumHeld",
     "Redelivery",
     "SideEffect",
     "SpecApplied",

@@ -24,8 +24,10 @@ the process or `PYTHONHASHSEED`; `--journal-files` changes where journals live, 
 SQLite journal runs inline on the loop, `bc.sim.file_journal`), so the digest is the same.
 
 **Deliberate bugs.** `break_rule` applies `bc.sim.breaks.seams_for(rule)`: the journal wrapper where the
-agents open their journals, each agent's spec rule (`AgentParts.spec_rule`), the Liveness factory and the
-gateway and placement classes where the control plane is built; nothing in production code reads the rule.
+agents open their journals, each agent's spec rule (`AgentParts.spec_rule`) and quorum count
+(`AgentParts.quorum_count`), the Liveness factory and the gateway and placement classes where the control
+plane is built, and the control plane's quorum count (`ControlPlane.quorum_count`, which the workload's
+batch decisions pass); nothing in production code reads the rule.
 
 **Several gateways** (`gateways` > 1, up to `MAX_GATEWAYS`): the control plane runs its worker roles only
 and `bc.sim.gateways.GatewayFleet` runs N gateway processes on the same store (an `OutageStore`, opened
@@ -211,7 +213,7 @@ class SimPair(SessionPair):
     def _make_control_plane(self, store: Store, signer: Signer, intent: Intent, rng: random.Random) -> ControlPlane:
         s = self.seams
         control = ControlFactories(gateway_cls=s.gateway_cls, liveness=s.liveness, placement_cls=s.placement_cls)
-        cp = ControlPlane(store, signer, intent, self.cp_clock, rng, self.cfg, control)
+        cp = ControlPlane(store, signer, intent, self.cp_clock, rng, self.cfg, control, s.quorum_count)
         if self.several:  # the worker process's wake-ups reach the gateway processes, and theirs it
             if self._cp_bus is not None:
                 self.hub.leave(self._cp_bus)
@@ -261,6 +263,7 @@ class SimPair(SessionPair):
         agent.parts.open_journal = outbox.journal(spec_journal)
         agent.parts.spec_rule = self.seams.spec_rule
         agent.parts.devices_converger = self.seams.devices_cls
+        agent.parts.quorum_count = self.seams.quorum_count
         self.boots.setdefault(node.node_id, node.hw.boot_id())
         return agent
 

@@ -67,6 +67,7 @@ from bc.control.signing.signer import KeySigner, NullSigner, Signer
 from bc.control.trust import identity
 from bc.control.trust import intent as intent_ctl
 from bc.control.trust.intent import Intent
+from bc.pki import quorum as q
 from bc.pki import tokens as pki_tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr, peer_identity
@@ -131,8 +132,12 @@ class ControlPlane:
         rng: random.Random,
         cfg: PairConfig,
         seams: ControlFactories | None = None,
+        quorum_count: q.CountApprovals = q.count_approvals,
     ) -> None:
         self.store, self.signer, self.intent, self.clock, self.rng, self.cfg = store, signer, intent, clock, rng, cfg
+        self.quorum_count = quorum_count
+        """The batch quorum's count the Admin API's decisions use here (`batches.decide(count=...)`): the workload
+        calls the library as the servicer does, and passes this where the servicer leaves the default."""
         self.bus = Bus()
         self.gateway_id = f"gw-sim-{rng.getrandbits(24):06x}"
         self.parts = build_control(

@@ -16,6 +16,9 @@
   `desired_state` the node received is a spec delivery, a `status` the gateway received is a report,
   and any frame the gateway received is hearing from the node. A `hello` the gateway receives ends the
   node's open outages (the node is back).
+* **Batch approvals** (Q1): the same tap keeps, for each command frame of a batch (a body with a batch id)
+  a node received, the batch approval it carried; each side effect of such a command becomes a `BatchRan`
+  with it at the end, for Q1 to recount by the production rule.
 * **Specs applied** (I3): the journal's `store_spec` (`SpecTap`, around each agent process's journal): the
   spec in force and the applied generation move together there, whichever rule let the spec in, so it
   says what the node applied and under which journal id. The recorder also keeps the last desired states
@@ -30,7 +33,8 @@
   windows (flushed, and each running hold's open one up to the end, as `bc usage` counts), bindings
   the nodes reported (`reservation.active` to the end of the hold, on the booked atoms), and the holds
   nodes reported released (`node.event` of kind `released`) with when the control plane had decided to end
-  each (`reservation.releasing` or an end event).
+  each (`reservation.releasing` or an end event); each batch's approve decisions, and the quorum settings in
+  force (Q1).
 """
 
 from __future__ import annotations
@@ -49,15 +53,26 @@ from bc.control.capacity.placement_pass import bookings_of, load_facts, span_of
 from bc.control.capacity.placement_plan import Booking, Wait, plan
 from bc.control.capacity.usage_windows import open_window
 from bc.control.capacity.views import window_of
+from bc.control.quorum.approvers import effective, stored
 from bc.protocol.pb import session_pb2
 from bc.protocol.pb.session_pb2 import NodeMessage
 from bc.seams.network import FROM_NODE, TO_NODE, Direction, SimNetwork
 from bc.sim.breaks import DelegatingJournal, OpenJournal
-from bc.sim.facts import Bound, FactLog, NodeRelease, QuietSnapshot, connectivity_from_events
+from bc.sim.facts import (
+    BatchDecisions,
+    BatchRan,
+    Bound,
+    FactLog,
+    NodeRelease,
+    QuietSnapshot,
+    QuorumHeld,
+    connectivity_from_events,
+)
 from bc.sim.strikes import ACCEPT, START
 from bc.store import Store, Tx
 from bc.store import capacity as cap_sql
 from bc.store import commands as commands_sql
+from bc.store import quorum as q_sql
 from bc.store import reservations as res_sql
 
 Event = tuple[int, str, str, str, int]
@@ -171,6 +186,8 @@ class Recorder:
         """Told of each acceptance and side-effect start, after it is recorded (the run's strikes)."""
         self._specs: dict[str, dict[int, session_pb2.GatewayMessage]] = {}  # node -> generation -> a delivery
         self._holds: dict[str, tuple[str, int]] = {}  # node -> (journal id, generation) its agent holds in force
+        self.approvals: dict[tuple[str, str], tuple[str, bytes]] = {}
+        """(node, command id) of each batch command frame delivered -> (batch id, the approval it carried)."""
 
     def outbox(self, node_id: str) -> RecordingOutbox:
         def started(command_id: str, boot_id: str) -> None:
@@ -234,7 +251,10 @@ class Recorder:
                 if len(kept) > KEPT_SPECS:
                     del kept[min(kept)]
             elif which == "command":
-                key = (node_id, session_pb2.CommandBody.FromString(msg.command.envelope.body).id)
+                command = session_pb2.CommandBody.FromString(msg.command.envelope.body)
+                key = (node_id, command.id)
+                if command.batch_id:
+                    self.approvals[key] = (command.batch_id, bytes(msg.command.batch_approval))
                 if key in self._delivered:
                     self.facts.redelivered(t, node_id, key[1], accepted=key in self._kinds)
                 else:
@@ -301,9 +321,15 @@ async def from_store(facts: FactLog, recorder: Recorder, store: Store, events: S
             if w is not None:
                 windows.append(w)
         placed = await load_facts(tx)
+        await _quorum(facts, tx)
     for t_ms, node_id, command_id, boot_id in recorder.started:
         cmd = kinds.get(command_id)
-        facts.side_effect(t_ms, node_id, command_id, str(cmd["kind"]) if cmd is not None else "", boot_id)
+        kind = str(cmd["kind"]) if cmd is not None else ""
+        facts.side_effect(t_ms, node_id, command_id, kind, boot_id)
+        batch_id, approval = recorder.approvals.get((node_id, command_id), ("", b""))
+        batch_id = batch_id or (str(cmd["batch_id"] or "") if cmd is not None else "")
+        if batch_id:  # a batch's command, whether or not a frame of it was seen (then it carried nothing)
+            facts.batch_runs.append(BatchRan(t_ms, node_id, command_id, kind, batch_id, approval))
     for cid in sorted(kinds):
         c = kinds[cid]
         facts.outcome(cid, str(c["node_id"]), str(c["kind"]), str(c["state"]), str(c["reason"]))
@@ -319,6 +345,16 @@ async def from_store(facts: FactLog, recorder: Recorder, store: Store, events: S
     facts.node_releases = _node_releases(events, {str(r["allocation_id"]): str(r["id"]) for r in reservations})
     facts.spans, facts.windows = spans, windows
     facts.finish(now_ms)
+
+
+async def _quorum(facts: FactLog, tx: Tx) -> None:
+    """Q1's facts from the store: the quorum settings in force and each batch's approve decisions."""
+    held = effective(await stored(tx))
+    facts.quorum = QuorumHeld(tuple(held.approver_keys), held.quorum_k)
+    for b in sorted(await q_sql.list_batches(tx, limit=1 << 30), key=lambda r: str(r["id"])):
+        rows = await q_sql.decisions(tx, str(b["id"]))
+        approvals = tuple((str(r["key_id"]), str(r["operator"] or "")) for r in rows if r["decision"] == "approve")
+        facts.batch_decisions.append(BatchDecisions(str(b["id"]), approvals))
 
 
 async def quiet_snapshot(store: Store) -> QuietSnapshot:

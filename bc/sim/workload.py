@@ -15,7 +15,9 @@ moment (`fleet.control()` waits while it is down), so the work goes through the 
 * commands of every kind the fake hardware runs (`agent.kinds.REGISTRY`), through
   `bc.control.commands.queue.enqueue`; the destructive ones outside a batch meet the unbatched allowance;
 * destructive batches (`bc.control.quorum.batches.create_batch`) that three seeded approvers sign (or, now and
-  then, reject); their Ed25519 keys are derived from the Random, so a run replays;
+  then, reject); their Ed25519 keys are derived from the Random, so a run replays. One of them, approver0,
+  holds a second key (`second_key`) and signs with both: the quorum's dangerous situation (Q1), a batch
+  one person signed twice, which only the count's distinct-operator rule keeps one approval;
 * jobs (`bc.jobs.engine.JobEngine.submit`): reboots with `max_parallel`, remediations, rollouts. Their
   batches are signed by the same approvers.
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import logging
 import random
@@ -46,6 +49,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from agent.kinds import REGISTRY
 from bc.control.base.bus import Bus
+from bc.control.base.events import publish
 from bc.control.capacity import reservations
 from bc.control.commands import queue as cmds
 from bc.control.nodes import specs
@@ -58,7 +62,8 @@ from bc.jobs.views import JobRequest
 from bc.pki import quorum as q
 from bc.protocol import kinds
 from bc.protocol.pb import common_pb2
-from bc.store import Store
+from bc.seams.ids import ulid
+from bc.store import Store, Tx
 from bc.store import nodes as nodes_sql
 from bc.store import operators as ops_sql
 from bc.store import quorum as q_sql
@@ -69,6 +74,9 @@ log = logging.getLogger(__name__)
 REQUESTER = "sim-operator"
 """Who asks for the work (never an approver: a requester's own approval does not count)."""
 APPROVERS = ("approver0", "approver1", "approver2")
+TWO_KEYS = "approver0"
+"""The operator who holds a second approver key (`second_key`) and signs with both."""
+SECOND_KEY_NAME = f"{TWO_KEYS}-second"
 THRESHOLD = 2
 UNBATCHED_PER_HOUR = 1
 """Set through a signed quorum change, so an unbatched destructive command sometimes runs and is
@@ -90,6 +98,10 @@ class ControlPlaneLike(Protocol):
     def signer(self) -> Signer: ...
     @property
     def jobs(self) -> JobEngine | None: ...
+    @property
+    def quorum_count(self) -> q.CountApprovals:
+        """The batch quorum's count this control plane decides with (production's unless a `--break`)."""
+        ...
 
 
 class FleetLike(Protocol):
@@ -113,7 +125,7 @@ class Rates:
     releases: float = 2.0
     specs: float = 0.3
     commands: float = 3.0
-    batches_per_hour: float = 20.0  # fleet-wide, however large: each needs people to sign it
+    batches_per_hour: float = 36.0  # fleet-wide, however large: each needs people to sign it (Q1 sees 10+ a half hour)
     jobs_per_hour: float = 6.0  # fleet-wide too
     approval_pass_s: float = 60.0
     """How often the approvers look at pending batches (a person's rhythm, not a machine's)."""
@@ -134,8 +146,15 @@ class Rates:
 
 @dataclass(frozen=True)
 class Approver:
-    name: str  # also the operator the key is registered to
+    name: str  # the key's name in the approver set
     key: ed25519.Ed25519PrivateKey
+    operator: str = ""
+    """The operator the key is registered to, whose certificate sends its decisions; empty: the one named like
+    the key."""
+
+    @property
+    def holder(self) -> str:
+        return self.operator or self.name
 
     @property
     def raw(self) -> bytes:
@@ -152,6 +171,16 @@ class Approver:
 def seeded_approvers(rng: random.Random) -> list[Approver]:
     """The approvers' keys, drawn from the seed (Ed25519 signs deterministically, so a run replays)."""
     return [Approver(name, ed25519.Ed25519PrivateKey.from_private_bytes(rng.randbytes(32))) for name in APPROVERS]
+
+
+def second_key(first: Approver) -> Approver:
+    """`first`'s operator's second approver key. Derived from the first key's private bytes rather than drawn,
+    so that the Random's draws (and every other choice of a seed's run) stay what they were without it."""
+    raw = first.key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    seed = hashlib.sha256(b"bc-sim-second-approver-key\n" + raw).digest()
+    return Approver(SECOND_KEY_NAME, ed25519.Ed25519PrivateKey.from_private_bytes(seed), operator=first.holder)
 
 
 @dataclass
@@ -180,6 +209,9 @@ class Driver:
         self.fleet, self.rng, self.rates = fleet, rng, rates
         self.nodes = sorted(fleet.node_ids)
         self.approvers = seeded_approvers(rng)
+        two = next(a for a in self.approvers if a.name == TWO_KEYS)
+        self.keys: dict[str, list[Approver]] = {a.holder: [a] for a in self.approvers}
+        self.keys[two.holder].append(second_key(two))
         self.state = _State()
         self.work = fleet.work
 
@@ -256,6 +288,57 @@ class Driver:
             if p.state == "pending":
                 await self._sign_change(cp, p.change_id)
             self.work["quorum.changes"] += 1
+        await self._add_second_key(cp)
+
+    async def _add_second_key(self, cp: ControlPlaneLike) -> None:
+        """Give approver0's operator a second approver key, through a quorum change the approvers sign.
+
+        `bc approvers add` refuses a second key of an operator (`bc.control.quorum.approvers`: one key per
+        operator), but only where the change is proposed: the approvers sign whatever settings a change shows
+        them, and neither the control plane applying it nor a node walking the path to it checks that rule
+        again. So a change proposed by an older or a compromised control plane can give one person two keys,
+        and then only the count's distinct-operator rule (`bc.pki.quorum.count_approvals`, at both ends) keeps
+        that person one approval. The simulator writes such a proposal as that process would (the row
+        `propose` writes, from the settings in force to them plus the key) and the rest is production's."""
+        extra = self.keys[TWO_KEYS][1]
+        store = cp.store
+        now_ms = await store.now_ms()
+        async with store.transaction() as tx:
+            cur = await appr.stored(tx)
+            if any(str(r["key_id"]) == extra.key_id for r in cur.approvers):
+                return
+            change_id = await self._second_key_change(tx, cp.bus, cur, extra, now_ms)
+        await self._sign_change(cp, change_id)
+        self.work["quorum.changes"] += 1
+
+    async def _second_key_change(self, tx: Tx, bus: Bus, cur: appr.ApproverSet, extra: Approver, now_ms: int) -> str:
+        """The pending change adding `extra` (the one already asked for, after an interrupted bootstrap)."""
+        frm = appr.effective(cur)
+        to = common_pb2.QuorumSettings()
+        to.CopyFrom(frm)
+        to.version = cur.version + 1
+        to.approver_keys.add(key_id=extra.key_id, public_key=extra.raw, name=extra.name, operator=extra.holder)
+        pending = await q_sql.open_change(tx, now_ms)
+        if pending is not None and bytes(pending["to_settings"]) == to.SerializeToString(deterministic=True):
+            return str(pending["id"])
+        # Its own Random for the id, from the key: the workload's draws stay as they were without this change.
+        change_id = "q-" + ulid(now_ms / 1000, random.Random(extra.raw))
+        summary = q.describe_change(frm, to)
+        await q_sql.insert_change(
+            tx,
+            id_=change_id,
+            requested_by=REQUESTER,
+            summary=summary,
+            from_settings=frm.SerializeToString(deterministic=True),
+            to_settings=to.SerializeToString(deterministic=True),
+            threshold=q.change_threshold(frm),
+            to_version=to.version,
+            now_ms=now_ms,
+            not_after_ms=now_ms + round(appr.CHANGE_TTL_S * 1000),
+        )
+        data = {"summary": summary, "requested_by": REQUESTER, "needs": q.change_threshold(frm)}
+        await publish(tx, bus, "quorum.change-requested", change_id, data, now_ms)
+        return change_id
 
     async def _sign_change(self, cp: ControlPlaneLike, change_id: str) -> None:
         async with cp.store.transaction(write=False) as tx:
@@ -272,10 +355,14 @@ class Driver:
                 row = await q_sql.get_change(tx, change_id)
             if row is None or str(row["state"]) != "pending":
                 return
-            await appr.decide(cp.store, cp.bus, change_id, a.key_id, a.key.sign(msg), approve=True, caller=a.name)
+            await appr.decide(cp.store, cp.bus, change_id, a.key_id, a.key.sign(msg), approve=True, caller=a.holder)
 
     async def approval_pass(self, cp: ControlPlaneLike) -> None:
-        """Every pending batch (oldest first) gets k signatures, or now and then one rejection."""
+        """Every pending batch (oldest first) gets k signatures, or now and then one rejection.
+
+        approver0 looks at every batch first and signs with both of its keys (Q1's dangerous situation, in every
+        batch): the production count takes one of the two, so the signature of another approver, drawn for each
+        batch, is still needed; a count that takes both approves the batch on one person's."""
         store = cp.store
         async with store.transaction(write=False) as tx:
             rows = await q_sql.list_batches(tx, "pending", limit=1000)
@@ -290,25 +377,30 @@ class Driver:
                     a, reason = signers[0], "bc sim: an approver says no"
                     sig = a.key.sign(q.rejection_message(batch_id, root, reason))
                     await quorum.decide(
-                        store, cp.bus, batch_id, a.key_id, sig, approve=False, caller=a.name, reason=reason
+                        store, cp.bus, batch_id, a.key_id, sig, approve=False, caller=a.holder, reason=reason
                     )
                     self.work["rejections"] += 1
                     continue
                 now_ms = await store.now_ms()
                 expires = now_ms + APPROVAL_TTL_MS
                 msg = q.approval_message(batch_id, root, leaf_count, by, expires)
-                for a in signers[:THRESHOLD]:
+                first = next(a for a in self.approvers if a.holder == TWO_KEYS)
+                chosen = [first, *[a for a in signers if a is not first][: THRESHOLD - 1]]
+                for key in [k for a in chosen for k in self.keys[a.holder]]:
                     await quorum.decide(
                         store,
                         cp.bus,
                         batch_id,
-                        a.key_id,
-                        a.key.sign(msg),
+                        key.key_id,
+                        key.key.sign(msg),
                         approve=True,
-                        caller=a.name,
+                        caller=key.holder,
                         expires_at_ms=expires,
+                        count=cp.quorum_count,
                     )
                     self.work["approvals"] += 1
+                    if key.operator:  # a second key of its operator
+                        self.work["approvals.second-key"] += 1
             except (Conflict, UsageError, NotFound):
                 self.work["refused.approve"] += 1  # expired, already decided: the batch moved on without us
 

@@ -30,13 +30,13 @@ def test_a_tiny_run_prints_its_json_and_exits_0(tmp_path: Path) -> None:
     doc = json.loads(out.stdout)  # stdout is the document and nothing else
     assert set(doc) >= KEYS, doc
     assert doc["ok"] is True and doc["seed"] == 4 and doc["nodes"] == 3
-    assert [i["id"] for i in doc["invariants"]] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]
+    assert [i["id"] for i in doc["invariants"]] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8", "Q1"]
     assert all(i["ok"] and i["counterexample"] is None for i in doc["invariants"]), doc["invariants"]
     assert doc["work"]["quorum.changes"] > 0, doc["work"]  # the workload ran: approvers were set up
     assert doc["repro"] == "bc sim --nodes 3 --chaos light --seed 4 --duration 3m"
     assert len(doc["digest"]) == 64
     # How often each invariant's dangerous situation happened (bc.sim.coverage), with too few flagged.
-    assert [c["invariant"] for c in doc["coverage"]] == ["I1", "I2", "I3", "I3", "I4", "I5", "I7", "I8"]
+    assert [c["invariant"] for c in doc["coverage"]] == ["I1", "I2", "I3", "I3", "I4", "I5", "I7", "I8", "Q1"]
     assert all(c["few"] == (c["count"] < 10) for c in doc["coverage"]), doc["coverage"]
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     assert len(events) == doc["events"]
@@ -88,8 +88,8 @@ def test_coverage_prints_each_invariants_count_and_flags_the_weak_ones() -> None
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     at = lines.index("coverage (how often each invariant's dangerous situation happened):")
-    rows = lines[at + 1 : at + 9]
-    assert [r.split()[0] for r in rows] == ["I1", "I2", "I3", "I3", "I4", "I5", "I7", "I8"]  # I3: two situations
+    rows = lines[at + 1 : at + 10]
+    assert [r.split()[0] for r in rows] == ["I1", "I2", "I3", "I3", "I4", "I5", "I7", "I8", "Q1"]  # I3: two situations
     assert any("fewer than 10: a pass here is weak evidence" in r for r in rows)  # a 3-minute run is thin
 
 

@@ -26,7 +26,7 @@ def check_heavy_seed(seed: int) -> None:
     result = run_sync(cfg, workload=workload_for(cfg), progress=lambda s, e, f: ticks.append((s, e, f)))
     failed = [(r.id, r.counterexample) for r in result.invariants if not r.ok]
     assert not failed, (failed, result.repro)
-    assert [r.id for r in result.invariants] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]
+    assert [r.id for r in result.invariants] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8", "Q1"]
     assert set(result.faults) - set(STRIKE_KINDS) == set(chaos.KINDS)  # heavy strikes with every kind
     assert set(result.faults) & set(STRIKE_KINDS)  # and strikes at commands (bc.sim.strikes)
     assert result.facts is not None and result.facts.restarts and result.facts.journal_losses

@@ -8,7 +8,9 @@ the two executions interleave, which the run tells from a re-attach by the journ
 (unreachable-without-grace), a reservation that has to wait (double-book), a closed usage hour
 (double-count-usage), a node that redials while the gateway still holds its old session
 (ignore-epoch-fence: a half-open link the node notices first), a spec older than the one a node applies
-sent to it again (spec-out-of-order: heavy chaos's `spec-replay`, after a reservation moved the node on).
+sent to it again (spec-out-of-order: heavy chaos's `spec-replay`, after a reservation moved the node on), a
+batch one operator signed with both of its keys (quorum-duplicate-signer: the workload's approver0 does so on
+every batch, and the unbroken run of the same case holds Q1 with the production count).
 Runs are deterministic, so each case stays what it is. The unit tests (tests/unit/sim/test_sim_breaks.py)
 show each component's wrong turn alone.
 """
@@ -36,6 +38,7 @@ class Case:
 BUSY = Rates(reservations=20.0, releases=2.0, specs=2.0, commands=4.0, batches_per_hour=12.0, jobs_per_hour=12.0)
 CALM = Rates(reservations=1.0, releases=0.8, specs=2.0, commands=2.0, batches_per_hour=12.0, jobs_per_hour=12.0)
 COMMANDS = Rates(reservations=2.0, releases=1.0, specs=2.0, commands=100.0, batches_per_hour=12.0, jobs_per_hour=12.0)
+BATCHES = Rates(reservations=2.0, releases=1.0, specs=1.0, commands=2.0, batches_per_hour=60.0, jobs_per_hour=6.0)
 
 CASES: dict[str, Case] = {
     "skip-journal-dedupe": Case(nodes=2, minutes=30, seed=3, rates=COMMANDS),  # a gpu.reset runs twice
@@ -47,6 +50,7 @@ CASES: dict[str, Case] = {
     "lost-fsync": Case(nodes=2, minutes=30, seed=1, rates=COMMANDS),  # power lost under a running gpu.reset
     "release-on-journal-loss": Case(nodes=2, minutes=30, seed=1, rates=BUSY),
     "spec-out-of-order": Case(nodes=2, minutes=5, seed=1, rates=BUSY),
+    "quorum-duplicate-signer": Case(nodes=2, minutes=10, seed=1, rates=BATCHES),  # approver0 signs with two keys
 }
 
 
@@ -73,3 +77,16 @@ def test_the_break_makes_its_checker_fail(rule: str) -> None:
     assert found.counterexample is not None and found.counterexample.startswith(f"{checker}: ")
     assert found.at_ms is not None or checker == "I8"  # billing is judged over the whole run
     assert not result.ok and result.repro.endswith(f"--break {rule}")
+
+
+def test_the_production_count_holds_q1_where_the_broken_one_fails_it() -> None:
+    """The quorum-duplicate-signer case without the break: the same batches, each signed with both of
+    approver0's keys, run only once another approver signed, and Q1 holds over every one that ran."""
+    case = CASES["quorum-duplicate-signer"]
+    cfg = SimConfig(nodes=case.nodes, seed=case.seed, chaos="heavy", duration_s=case.minutes * 60, quiet_s=120.0)
+    result = run_sync(cfg, workload=make_workload(random.Random(case.seed), case.rates))
+    q1 = next(r for r in result.invariants if r.id == "Q1")
+    assert q1.ok, (q1.counterexample, result.repro)
+    assert result.work["approvals.second-key"] > 0
+    assert result.facts is not None and result.facts.batch_runs  # batch commands ran, each recounted
+    assert any(d.repeats for d in result.facts.batch_decisions)

@@ -185,6 +185,6 @@ def test_the_cli_json_names_the_gateways_and_their_faults() -> None:
     doc = json.loads(out.stdout)
     assert doc["ok"] is True and doc["gateways"] == 3 and doc["gateway_fences"] >= 1
     assert {chaos.GATEWAY_KILL, chaos.GATEWAY_STALL, chaos.STORE_OUTAGE} <= set(doc["faults"])
-    assert [i["id"] for i in doc["invariants"]] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]
+    assert [i["id"] for i in doc["invariants"]] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8", "Q1"]
     assert doc["repro"] == "bc sim --nodes 3 --chaos heavy --seed 2 --duration 4m --gateways 3"
     assert out.stderr.startswith("bc sim: 3 nodes, 3 gateways, chaos heavy, seed 2, 4m simulated")

@@ -38,7 +38,8 @@ def test_the_mix_reaches_every_part_of_the_fleet() -> None:
     assert work["batches"] > 0 and work["approvals"] > 0, work
     for template in ("reboot", "remediate", "rollout"):
         assert work[f"jobs.{template}"] > 0, (template, work)
-    assert work["quorum.changes"] == 5, work  # three approvers, k and the allowance
+    assert work["quorum.changes"] == 6, work  # three approvers, k, the allowance and approver0's second key
+    assert work["approvals.second-key"] > 0, work  # approver0 signed with both keys (Q1's situation)
     # The production code held every promise under the workload.
     assert result.ok, [i for i in result.invariants if not i.ok]
     # The approvers' signatures counted: batches were approved, and destructive commands ran on the nodes.

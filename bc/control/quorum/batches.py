@@ -151,10 +151,13 @@ async def check_can_approve(tx: Tx, requested_by: str) -> None:
         )
 
 
-async def approval_progress(tx: Tx, batch_id: str, now_ms: int) -> tuple[int, int] | None:
+async def approval_progress(
+    tx: Tx, batch_id: str, now_ms: int, *, count: q.CountApprovals = q.count_approvals
+) -> tuple[int, int] | None:
     """(approvals that count now, k) of a batch still waiting for its quorum; None once it is not waiting.
 
     Counted by the rule that decides it (`quorum_views.batch_info`): an expired or removed approver's does not count.
+    `count` is that rule (a seam: `bc sim --break quorum-duplicate-signer` hands a broken one).
     """
     batch = await q_sql.get_batch(tx, batch_id)
     if batch is None or str(batch["state"]) != "pending" or int(batch["not_after_ms"]) <= now_ms:
@@ -162,7 +165,7 @@ async def approval_progress(tx: Tx, batch_id: str, now_ms: int) -> tuple[int, in
     approval = quorum_views.batch_approval(
         batch, await q_sql.count_leaves(tx, batch_id), await q_sql.decisions(tx, batch_id)
     )
-    tally = q.count_approvals(approval, appr.approver_keys(await q_sql.list_approvers(tx)), now_ms)
+    tally = count(approval, appr.approver_keys(await q_sql.list_approvers(tx)), now_ms)
     return len(tally.counted), int(batch["threshold"])
 
 
@@ -181,10 +184,13 @@ async def decide(
     caller: str,
     expires_at_ms: int = 0,
     reason: str = "",
+    count: q.CountApprovals = q.count_approvals,
 ) -> None:
     """Record one approver's signed decision; approve the batch at the threshold, fail it on a rejection.
 
     `caller` is the operator whose certificate carried it: a key registered to another operator is refused.
+    `count` is the rule that decides whether the approvals reach k (`bc.pki.quorum.count_approvals`; a seam the
+    simulator's `--break quorum-duplicate-signer` swaps, as the node's `AgentParts.quorum_count`).
     """
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
@@ -236,17 +242,19 @@ async def decide(
             # A job waiting for this batch shows how many have signed: its watchers wake on its own events.
             await publish(tx, bus, "job.approval", dag_id, {"batch_id": batch_id, "name": name}, now_ms)
         if approve:
-            await _maybe_approve(tx, bus, batch, now_ms)
+            await _maybe_approve(tx, bus, batch, now_ms, count)
         else:
             await _reject(tx, bus, batch_id, name, reason, now_ms)
 
 
-async def _maybe_approve(tx: Tx, bus: Bus, batch: Row, now_ms: int) -> None:
+async def _maybe_approve(
+    tx: Tx, bus: Bus, batch: Row, now_ms: int, count: q.CountApprovals = q.count_approvals
+) -> None:
     batch_id = str(batch["id"])
     leaves = await q_sql.leaves(tx, batch_id)
     # The same approval and the same rule as the view shows (`bc.control.quorum.views.batch_info`).
     approval = quorum_views.batch_approval(batch, len(leaves), await q_sql.decisions(tx, batch_id))
-    tally = q.count_approvals(approval, appr.approver_keys(await q_sql.list_approvers(tx)), now_ms)
+    tally = count(approval, appr.approver_keys(await q_sql.list_approvers(tx)), now_ms)
     if len(tally.counted) < int(batch["threshold"]):
         return
     # The nodes get only the signatures that count (an expired or removed approver's would be refused anyway).

@@ -587,3 +587,36 @@ async def test_approver_input_is_checked(
     current = await appr.approver_set(store)
     assert [str(r["name"]) for r in current.approvers] == ["alice", "bob", "carol"] and current.threshold == 2
     assert await count("quorum_changes") == 3  # the setup adding three approvers (k was 2 already); no more
+
+
+# -- the count is a seam (bc sim --break quorum-duplicate-signer) ------------------------------------------
+
+
+async def second_key_of(store: InlineSqliteStore, operator: str, key: ed25519.Ed25519PrivateKey) -> None:
+    """Register `key` to `operator` as well: a second key of one person, which `bc approvers add` refuses but an
+    approved change from another proposer could bring (the count's distinct-operator rule is what holds)."""
+    async with store.transaction() as tx:
+        await q_sql.add_approver(tx, kid(key), f"{operator}-second", raw(key), operator, await store.now_ms())
+
+
+async def test_two_keys_of_one_operator_approve_a_batch_only_under_a_count_that_takes_both(
+    store: InlineSqliteStore, bus: Bus, approvers: list[str], nodes: list[str], keys: list[ed25519.Ed25519PrivateKey]
+) -> None:
+    from bc.sim.breaks import count_duplicate_signers
+
+    await second_key_of(store, "alice", keys[3])
+    for seed, (count, state) in enumerate(((q.count_approvals, "pending"), (count_duplicate_signers, "approved"))):
+        req = quorum.BatchRequest(kind="gpu.reset", node_ids=NODES, payload_json=PAYLOAD)
+        batch_id = await quorum.create_batch(store, bus, SIGNER, req, REQUESTER, random.Random(seed))
+        batch, leaves = await read_batch(store, batch_id)
+        for key in (keys[0], keys[3]):  # alice signs with both of her keys
+            expires = await store.now_ms() + 600_000
+            sig = approval_sig(batch, leaves, key, expires)
+            await quorum.decide(
+                store, bus, batch_id, kid(key), sig, approve=True, caller="alice", expires_at_ms=expires, count=count
+            )
+        batch, _ = await read_batch(store, batch_id)
+        assert batch["state"] == state, count
+        async with store.transaction(write=False) as tx:
+            progress = await quorum.approval_progress(tx, batch_id, await store.now_ms(), count=count)
+        assert progress == ((1, 2) if state == "pending" else None)

@@ -20,6 +20,7 @@ from agent.hw.fake import FakeHardware
 from agent.journal_api import AgentJournal
 from agent.journal_rules import Acceptance, Resolution, resolve
 from agent.memory_journal import MemoryJournal
+from agent.quorum import check_batch
 from agent.session_core import AcceptSpec, IgnoredSpec, SpecRule, decide_spec
 from bc.control.base.bus import Bus
 from bc.control.capacity import invariants
@@ -32,7 +33,8 @@ from bc.control.nodes.liveness import Liveness, LivenessConfig
 from bc.control.signing.signer import NullSigner
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
-from bc.protocol.pb import kinds_pb2
+from bc.pki import quorum as q
+from bc.protocol.pb import common_pb2, kinds_pb2
 from bc.seams.clock import LoopClock
 from bc.sim import breaks
 from bc.sim.breaks import (
@@ -47,20 +49,31 @@ from bc.sim.breaks import (
     ReleasingLiveness,
     UnfencedGateway,
     apply_any_generation,
+    count_duplicate_signers,
     forget_unfinished,
     seams_for,
 )
 from bc.sim.checkers import (
     DoubleExecution,
     FalseUnreachable,
+    UnderQuorum,
     WentBack,
     check_all,
     check_i2,
     check_i4,
     check_node_kept_holds,
+    check_q1,
     check_spec_order,
 )
-from bc.sim.facts import FactLog, NodeRelease, SideEffect, connectivity_from_events, release_fact
+from bc.sim.facts import (
+    BatchRan,
+    FactLog,
+    NodeRelease,
+    QuorumHeld,
+    SideEffect,
+    connectivity_from_events,
+    release_fact,
+)
 from bc.store import capacity as cap_sql
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
@@ -69,6 +82,8 @@ from bc.store.sqlite import InlineSqliteStore
 from bc.testing import advance
 from tests.unit.agent.test_agent_session_core import base_spec, desired, full_body, opened, patch_body
 from tests.unit.agent.test_dispatch import Harness, command
+from tests.unit.agent.test_quorum_check import Approver, Batch, new_approver, reset_payload
+from tests.unit.agent.test_quorum_check import command as batch_command
 from tests.unit.control.test_liveness import gateway_lease, open_session
 
 SIGNER = NullSigner()
@@ -92,6 +107,7 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
             "lost-fsync",
             "release-on-journal-loss",
             "spec-out-of-order",
+            "quorum-duplicate-signer",
         ]
     )
     checker = {rule: seams_for(rule).checker for rule in RULES}
@@ -105,6 +121,7 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
         "lost-fsync": "I2",
         "release-on-journal-loss": "I5",
         "spec-out-of-order": "I3",
+        "quorum-duplicate-signer": "Q1",
     }
     for rule in RULES:
         seams = seams_for(rule)
@@ -125,6 +142,7 @@ def test_the_production_seams_build_the_production_components(store: InlineSqlit
     opener = opening(MemoryJournal("j-1"))
     assert PRODUCTION.journal(opener) is opener  # the agent's own opener, unwrapped
     assert PRODUCTION.spec_rule is decide_spec and AgentParts.spec_rule is decide_spec
+    assert PRODUCTION.quorum_count is q.count_approvals and AgentParts.quorum_count is q.count_approvals
 
 
 # ---- skip-journal-dedupe: I2 ----
@@ -442,14 +460,14 @@ async def test_a_double_counting_flush_writes_usage_twice_and_i8_names_it(
     await advance(2 * H / 1000)
     await PlacementPass(store, bus, SIGNER, rng, holder="w").pass_once(lease=False)
     facts = await facts_of(store)
-    assert facts.windows and check_all(facts)[-1].ok  # two hours, flushed once each
+    assert facts.windows and all(r.ok for r in check_all(facts))  # two hours, flushed once each
     await advance(2 * H / 1000)
     await DoubleCountingPass(store, bus, SIGNER, rng, holder="w").pass_once(lease=False)
     facts = await facts_of(store)
     found = invariants.check_billing_conservation(facts.spans, facts.windows, facts.end_ms)
     assert isinstance(found, BillingMismatch) and found.reservation_id == str(hold["id"])
     assert found.usage_atom_ms > found.booked_atom_ms
-    i8 = check_all(facts)[-1]
+    i8 = next(r for r in check_all(facts) if r.id == "I8")
     assert (i8.id, i8.ok, i8.counterexample) == ("I8", False, found.sentence)
 
 
@@ -496,3 +514,68 @@ def test_the_broken_rule_breaks_full_specs_only() -> None:
     assert apply_any_generation(patch_body(4, 3), "n1", 5, base_spec()) == decide_spec(patch_body(4, 3), "n1", 5, None)
     assert apply_any_generation(patch_body(7, 4), "n1", 5, base_spec()) == "patch-base-mismatch"
     assert apply_any_generation(full_body(2), "n1", 5, base_spec()) == full_body(2).full
+
+
+# ---- quorum-duplicate-signer: Q1 ----
+
+ALICE, ALICE2, BOB = new_approver("alice"), new_approver("alice-second"), new_approver("bob")
+"""alice holds two keys (the second registered to her too), bob one; k = 2."""
+QUORUM_NOW_MS = 1_800_000_000_000
+
+
+def held_key(a: Approver, operator: str) -> common_pb2.ApproverKey:
+    return common_pb2.ApproverKey(key_id=a.key_id, public_key=a.public, name=a.name, operator=operator)
+
+
+HELD = QuorumHeld((held_key(ALICE, "alice"), held_key(ALICE2, "alice"), held_key(BOB, "bob")), 2)
+
+
+def signed(*signers: Approver) -> tuple[Batch, common_pb2.BatchApproval]:
+    b = Batch("b-1", ["n1", "n2"], reset_payload("GPU-1"))
+    return b, b.approval(*signers, expires_at_ms=QUORUM_NOW_MS + H)
+
+
+@pytest.mark.parametrize("signers", [(ALICE, ALICE2), (BOB, BOB)], ids=["two keys of one operator", "one key twice"])
+def test_the_broken_count_takes_a_signer_twice_where_production_takes_it_once(signers: tuple[Approver, ...]) -> None:
+    _, approval = signed(*signers)
+    keys = list(HELD.approvers)
+    assert len(q.count_approvals(approval, keys, QUORUM_NOW_MS).counted) == 1
+    assert len(count_duplicate_signers(approval, keys, QUORUM_NOW_MS).counted) == 2
+    # What it still refuses as production does: a stranger's key, an expired or a bad signature.
+    _, late = signed(ALICE, BOB)
+    assert count_duplicate_signers(late, keys, QUORUM_NOW_MS + 2 * H).counted == []
+    assert count_duplicate_signers(late, keys[:1], QUORUM_NOW_MS).refused == [(BOB.key_id, "not an approver key")]
+
+
+def test_a_node_with_the_broken_count_runs_a_batch_one_person_signed_and_q1_names_it() -> None:
+    b, approval = signed(ALICE, ALICE2)
+    body = b.body("n1", "c-1")
+    cmd = batch_command(body, approval, b.proof(0))
+    bundle = common_pb2.TrustBundle(approver_keys=list(HELD.approvers), quorum_k=2)
+    why, _, _ = check_batch(cmd, body, bundle, QUORUM_NOW_MS)
+    assert why is not None and "1 of 2 approvals hold" in why and "operator alice already approved" in why
+    assert check_batch(cmd, body, bundle, QUORUM_NOW_MS, count_duplicate_signers)[0] is None  # it runs
+
+    ran = BatchRan(QUORUM_NOW_MS, "n1", "c-1", "gpu.reset", "b-1", approval.SerializeToString())
+    found = check_q1([ran], HELD)
+    assert isinstance(found, UnderQuorum) and found.at_ms == QUORUM_NOW_MS
+    assert found.sentence.startswith(
+        f"Q1: gpu.reset c-1 of batch b-1 started on n1 at {iso(QUORUM_NOW_MS)} with 1 approval(s) that count of "
+        "the 2 it needs (not counted: "
+    )
+    assert "operator alice already approved" in found.sentence
+    facts = FactLog(batch_runs=[ran], quorum=HELD)
+    q1 = next(r for r in check_all(facts) if r.id == "Q1")
+    assert (q1.ok, q1.counterexample, q1.at_ms) == (False, found.sentence, QUORUM_NOW_MS)
+    assert q1.entities == ("n1", "c-1", "b-1")  # the trace shows the batch's decisions too
+
+
+def test_q1_holds_for_k_distinct_approvers_and_refuses_what_carried_no_approval_of_its_batch() -> None:
+    _, good = signed(ALICE, ALICE2, BOB)  # alice's second key does not count, bob's does: 2 of 2
+    ok = BatchRan(QUORUM_NOW_MS, "n1", "c-1", "gpu.reset", "b-1", good.SerializeToString())
+    assert check_q1([ok], HELD) is None
+    assert check_q1([ok], None) is None and check_q1([ok], QuorumHeld((), 2)) is None  # nothing enforced
+    for approval in (b"", b"\xff\xff", good.SerializeToString()):
+        other = BatchRan(QUORUM_NOW_MS + 1, "n2", "c-2", "gpu.reset", "b-2", approval)  # not b-2's approval
+        found = check_q1([ok, other], HELD)
+        assert found is not None and found.run is other and "no approval of this batch" in found.sentence

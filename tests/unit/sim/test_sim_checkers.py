@@ -423,9 +423,9 @@ def good_run() -> FactLog:
 def test_check_all_passes_a_good_run_with_one_result_per_checker() -> None:
     results = check_all(good_run())
     assert [(r.id, r.ok, r.counterexample, r.at_ms) for r in results] == [
-        (i, True, None, None) for i in ("I1", "I2", "I3", "I4", "I5", "I8")
+        (i, True, None, None) for i in ("I1", "I2", "I3", "I4", "I5", "I8", "Q1")
     ]
-    assert [r.id for r in check_all(good_run(), i7=True)] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]
+    assert [r.id for r in check_all(good_run(), i7=True)] == ["I1", "I2", "I3", "I4", "I5", "I7", "I8", "Q1"]
 
 
 def test_check_all_reports_each_capacity_violation_with_the_capacity_checkers_own_sentence() -> None:
@@ -458,7 +458,7 @@ def test_check_all_reports_each_capacity_violation_with_the_capacity_checkers_ow
 
     facts = good_run()
     facts.windows.append(UsageWindow("r1", "n1", "t", "gpu", 1, T0, T0 + H))
-    i8 = check_all(facts)[-1]
+    i8 = next(r for r in check_all(facts) if r.id == "I8")
     assert (i8.id, i8.ok) == ("I8", False)
     assert i8.counterexample == "I8: usage window ('r1', 1800000000000) of r1 is counted twice"
 

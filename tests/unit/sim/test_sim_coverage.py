@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bc.control.capacity.usage_windows import UsageWindow
 from bc.sim.coverage import FEW, coverage
-from bc.sim.facts import Bound, FactLog
+from bc.sim.facts import BatchDecisions, Bound, FactLog
 from tests.unit.capacity.fleet import H, atoms, booking
 
 
@@ -31,6 +31,7 @@ def test_an_empty_run_counts_nothing_and_says_every_pass_is_weak() -> None:
         "I5",
         "I7",
         "I8",
+        "Q1",
     ]  # I3 counts two situations
     assert all(s.count == 0 and s.few for s in situations)
 
@@ -90,3 +91,15 @@ def test_i3_counts_specs_delivered_older_than_the_one_applied_but_not_across_a_j
     facts.spec_applied(12_000, "n1", "j2", 2)
     facts.spec_delivered(13_000, "n1", 1)  # stale again, under j2
     assert stale(facts) == 2
+
+
+def test_q1_counts_batches_one_key_or_one_operator_approved_more_than_once() -> None:
+    facts = FactLog()
+    facts.batch_decisions += [
+        BatchDecisions("b1", (("k0", "alice"), ("k0b", "alice"), ("k1", "bob"))),  # alice's two keys
+        BatchDecisions("b2", (("k1", "bob"), ("k1", "bob"))),  # one key twice
+        BatchDecisions("b3", (("k0", "alice"), ("k1", "bob"))),  # two people
+        BatchDecisions("b4", (("k9", ""), ("k8", ""))),  # keys from before operators: one each
+        BatchDecisions("b5", ()),  # rejected, or never decided
+    ]
+    assert counts(facts)["Q1"] == 2
