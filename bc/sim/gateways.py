@@ -220,11 +220,13 @@ class GatewayFleet:
         if self.on_event is not None:
             self.on_event(addr, state, data)
 
-    async def kill(self, index: int) -> list[str]:
-        """The process at `gw-<index>` dies (see the module docstring); returns the nodes whose sessions broke."""
+    async def kill(self, index: int) -> list[str] | None:
+        """The process at `gw-<index>` dies (see the module docstring); returns the nodes whose sessions broke,
+        or None when no process runs there (already dead, or still starting: the restart of an earlier kill
+        is that address's one restart, so a second kill drawn meanwhile kills nothing and restarts nothing)."""
         p = self.procs[index]
         if p.gateway is None:
-            return []
+            return None
         assert p.store is not None and p.bus is not None
         p.gateway = None
         p.store.kill()

@@ -129,3 +129,28 @@ def test_a_sim_gateway_process_starting_in_an_outage_waits_for_the_store(
         await fleet.pair.stop()
 
     virtual_time.run(main())
+
+
+def test_a_second_kill_of_a_sim_gateway_still_starting_kills_and_restarts_nothing(tmp_path: Path) -> None:
+    """A strike and the schedule may draw the same gateway while its restart waits out a store outage: the one
+    restart brings it back, and the second kill is not a harness error ('gw-0 already runs a gateway')."""
+
+    async def main() -> None:
+        fleet = Fleet(SimConfig(nodes=1, seed=4, gateways=2), tmp_path)
+        await fleet.pair.start()
+        gateways, store = fleet.pair.gateways, fleet.pair.shared_store
+        assert gateways is not None and store is not None
+        store.out = True
+        first = asyncio.create_task(fleet._kill_gateway(0, 10.0))
+        await virtual_time.advance(60)  # killed, and its restart waits for the store
+        assert not first.done() and not gateways.procs[0].up
+        async with asyncio.timeout(1):  # returns at once: nothing runs there to kill, so nothing to restart
+            await fleet._kill_gateway(0, 5.0)
+        store.out = False
+        async with asyncio.timeout(120):
+            await first
+        await virtual_time.advance(30)
+        assert gateways.procs[0].up and gateways.procs[0].starts == 2
+        await fleet.pair.stop()
+
+    virtual_time.run(main())
