@@ -84,7 +84,7 @@ half-open link (`SimNetwork.half_open`) loses everything in flight and to come o
 closes included: each end sees silence, never a close. Closes travel in order behind the frames sent
 before them, and are lost the same way frames are.
 
-What the checkers hear: `tap(direction, node_id, msg, loop_time)` runs when a receiver's `recv` returns
+What the checkers hear: `tap(direction, node_id, msg, loop_time, gateway)` runs when a receiver's `recv` returns
 a frame (what the session code saw, when it saw it: a dead process hears nothing); `on_drawn(kind,
 node_id, loop_time)` when the links draw a fault by themselves, once it is in effect. `stats` counts
 those faults and the frames they lost; the controls (`partition`, `half_open`, `reset`, `stall`) are the
@@ -126,8 +126,9 @@ Direction = Literal["to_node", "from_node"]
 TO_NODE: Direction = "to_node"
 FROM_NODE: Direction = "from_node"
 
-Tap = Callable[[Direction, str, object, float], None]
-"""`tap(direction, node_id, msg, loop_time)`: called when a receiver's `recv` returns a frame."""
+Tap = Callable[[Direction, str, object, float, str], None]
+"""`tap(direction, node_id, msg, loop_time, gateway)`: called when a receiver's `recv` returns a frame; `gateway`
+is the address of the gateway process the wire reaches ("" with one gateway)."""
 
 TOLERANT: frozenset[str] = frozenset(
     {
@@ -487,7 +488,7 @@ class SimLink(Generic[In, Out]):
         pipe.delivered = True
         tap = self._wire.net.tap
         if tap is not None:
-            tap(pipe.direction, self._wire.node_id, item, pipe.loop.time())
+            tap(pipe.direction, self._wire.node_id, item, pipe.loop.time(), self._wire.gateway)
         return item  # type: ignore[return-value]
 
     async def close(

@@ -235,6 +235,7 @@ class SimPair(SessionPair):
                 self.seed,
                 on_event=self.on_gateway,
             )
+            self.recorder.routing = self.gateways.routing
             await self.gateways.start_all()
         return cp
 

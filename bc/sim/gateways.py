@@ -45,7 +45,7 @@ from bc.assembly.retry import retry_start
 from bc.assembly.supervisor import Supervisor
 from bc.control.base.bus import Bus
 from bc.errors import BcError, Overloaded, Unauthenticated, Unavailable
-from bc.gateway.fence import LeaseFence
+from bc.gateway.fence import FENCE_AFTER_S, LeaseFence
 from bc.gateway.sessions import Gateway
 from bc.pki.identity import PeerIdentity
 from bc.protocol.closing import SessionRefused
@@ -256,6 +256,15 @@ class GatewayFleet:
         await asyncio.sleep(seconds)
         p.pause.wake()
         return held
+
+    def routing(self, addr: str) -> bool:
+        """Whether a gateway runs at `addr` and routes by its own fence's rule now (not fenced, and renewed
+        within `FENCE_AFTER_S` by its clock: a stalled process waking has not looked at its lease yet)."""
+        p = self._by_addr.get(addr)
+        if p is None or p.gateway is None:
+            return False
+        fence = p.gateway.fence
+        return not fence.fenced and p.gateway.clock.monotonic() < fence.last_renewed + FENCE_AFTER_S
 
     def nodes_on(self, index: int) -> list[str]:
         return self.network.nodes_on(self.procs[index].addr)

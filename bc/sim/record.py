@@ -182,6 +182,11 @@ class Recorder:
         self._frames: dict[tuple[str, str], object] = {}  # (node, command id) -> its frame, until accepted
         self.accepted_frame: object | None = None
         """The command frame of the acceptance being told to `moment` (its first delivery), if recorded."""
+        self.routing: Callable[[str], bool] = lambda gateway: True
+        """Whether the gateway process at this address routes now by its own lease rule (`bc.gateway.fence`):
+        a frame a fenced gateway reads (a stalled one waking with its lease run out) is no evidence the
+        control plane could have had, so I4 does not count it as heard. The runner sets it with several
+        gateways."""
         self.moment: Moment | None = None
         """Told of each acceptance and side-effect start, after it is recorded (the run's strikes)."""
         self._specs: dict[str, dict[int, session_pb2.GatewayMessage]] = {}  # node -> generation -> a delivery
@@ -235,7 +240,7 @@ class Recorder:
         """What kept the node away is over; its outage ends when the gateway next hears its Hello."""
         self._away.setdefault(node_id, set()).add(cause)
 
-    def tap(self, direction: Direction, node_id: str, msg: object, loop_time: float) -> None:
+    def tap(self, direction: Direction, node_id: str, msg: object, loop_time: float, gateway: str = "") -> None:
         del loop_time  # the facts' clock is the store's
         self.frames += 1
         t = self.now_ms()
@@ -262,7 +267,8 @@ class Recorder:
                 self._delivered.add(key)
             return
         assert direction == FROM_NODE
-        self.facts.heard(t, node_id)
+        if self.routing(gateway):
+            self.facts.heard(t, node_id)
         if not isinstance(msg, NodeMessage):
             return
         which = msg.WhichOneof("msg")

@@ -76,3 +76,19 @@ async def test_the_recorder_keeps_a_nodes_newest_deliveries_only() -> None:
     assert rec.stale_spec("n1") is None  # 1 and 2 were let go
     await journal.store_spec(stored(KEPT_SPECS + 2))
     assert generation_of(rec.stale_spec("n1")) == KEPT_SPECS + 1
+
+
+def test_a_frame_a_fenced_gateway_reads_is_not_heard() -> None:
+    """I4 counts what the control plane could know: a frame read by a gateway that does not route by its own
+    lease rule (a stalled one waking fenced) is not the node heard."""
+    facts = FactLog()
+    now = [1_000]
+    rec = Recorder(facts, lambda: now[0])
+    rec.routing = lambda gateway: gateway == "gw-0"
+    status = session_pb2.NodeMessage(heartbeat=session_pb2.Heartbeat())
+    rec.tap(FROM_NODE, "n1", status, 0.0, "gw-1")
+    assert facts.last_heard("n1", 5_000) is None
+    now[0] = 2_000
+    rec.tap(FROM_NODE, "n1", status, 0.0, "gw-0")
+    heard = facts.last_heard("n1", 5_000)
+    assert heard is not None and heard.last_ms == 2_000
