@@ -64,6 +64,10 @@ class Dispatcher:
         self._wake.set()
         self.ensure_running()
 
+    def wake(self) -> None:
+        """Look at the sessions again now, without asking for a pass: with none open the loop ends."""
+        self._wake.set()
+
     def ensure_running(self) -> None:
         if (self._task is None or self._task.done()) and self._epochs():
             self._task = asyncio.ensure_future(self._run())

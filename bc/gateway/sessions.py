@@ -94,6 +94,9 @@ class Gateway:
         self.signer = signer
         self.trust: TrustSource = LocalTrust(intent) if isinstance(intent, Intent) else intent
         self.sessions: dict[str, SessionDriver] = {}
+        self.streams: dict[SessionDriver, None] = {}
+        """Every stream served, from its admission to its end (a session once its Hello is written); a dict for
+        its order, which a seeded run must not take from memory addresses as a set's would be."""
         self._revocations_read_ms = 0  # store time of the revocation feed's last look (0: none yet)
         self._revoked_read: asyncio.Future[dict[str, str]] | None = None  # new streams' shared revocation read
         self._revoked_asked: set[str] = set()
@@ -123,10 +126,14 @@ class Gateway:
         task.add_done_callback(self._closing_tasks.discard)
 
     async def drain(self) -> None:
-        """Close every session and wait for the close writes; the caller bounds it with a timeout."""
-        for d in list(self.sessions.values()):
+        """Refuse new sessions, close every session and wait for the close writes and the dispatcher's last
+        pass; the caller bounds it with a timeout. A stream admitted before the drain is closed too: a Hello
+        not yet in its transaction is not written, one already written is closed in the store."""
+        self.draining = True
+        for d in list(self.streams):  # the sessions, and the streams whose Hello is still on its way
             d.request_close("UNAVAILABLE", "the server is stopping; reconnect", closing.GATEWAY_UNAVAILABLE)
-        while self.sessions or self._closing_tasks:
+        self.dispatcher.wake()  # with no session open its loop ends now, not at its next tick
+        while self.streams or self.sessions or self._closing_tasks:
             if self._closing_tasks:
                 await asyncio.wait(list(self._closing_tasks))
             else:
@@ -454,4 +461,8 @@ class Gateway:
 
     async def serve(self, link: Link[NodeMessage, GatewayMessage], peer: PeerIdentity) -> None:
         driver = SessionDriver(self, link, peer)
-        await driver.run()
+        self.streams[driver] = None
+        try:
+            await driver.run()
+        finally:
+            del self.streams[driver]

@@ -10,7 +10,8 @@ against its booking. `check_all` runs every one and returns one `InvariantResult
     I2  at most one execution per command (kinds' flags: bc.protocol.kinds)
     I3  a spec delivered while the node stays reachable is reported observed within 60 s; and a node never
         goes back: under one journal, no spec it applies is older than one it applied before
-    I4  no node marked unreachable or lost within 20 s of the gateway hearing from it
+    I4  no node marked unreachable or lost within 20 s of a gateway that routes (its lease held by its own
+        rule) hearing from it
     I5  no allocation released only because its node went away; no hold a node released by itself
     I7  nothing pending that a brute-force solver could place (after the quiet period; only when asked)
     I8  usage = booked duration x atoms, no duplicate window keys
