@@ -1,0 +1,113 @@
+"""The helper's unix-socket server: check the peer's uid, read one request, plan it, carry it out, reply.
+
+The socket is made 0600 and owned by the node's uid, and every connection's
+peer is checked again with `SO_PEERCRED` (a socket file's mode can be changed
+by root only, but a descriptor can be passed on; the kernel's credentials of
+the connecting process cannot be forged). A peer of another uid gets one
+refusal and the connection closes. Operations run one at a time (a lock):
+the agent's convergers never need two at once, and a serial log is easier to
+audit. Every operation is logged with its outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+from agent.converge.host_ops import RunProcess
+from agent.helper import ops, wire
+from agent.helper.effects import carry_out
+from agent.hw.base import run_process
+from agent.offload import Offload, to_thread
+
+log = logging.getLogger(__name__)
+
+_UCRED = struct.Struct("3i")
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The connecting process's uid, as the kernel recorded it at connect()."""
+    _pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return int(uid)
+
+
+class HelperServer:
+    def __init__(
+        self,
+        layout: ops.Layout,
+        allowed_uid: int,
+        *,
+        run: RunProcess = run_process,
+        offload: Offload = to_thread,
+    ) -> None:
+        self.layout = layout
+        self.allowed_uid = allowed_uid
+        self.run = run
+        self.offload = offload
+        self._lock = asyncio.Lock()
+
+    async def handle(self, request: Any) -> dict[str, Any]:
+        """One request's reply; never raises for the request's sake."""
+        op = request.get("op") if isinstance(request, dict) else None
+        try:
+            plan = ops.plan(request, self.layout)
+        except ops.Refused as e:
+            log.warning("event=helper.refused op=%r error=%r", str(op)[:60], str(e))
+            return {"ok": False, "error": f"refused: {e}"}
+        async with self._lock:
+            try:
+                result = await carry_out(plan, run=self.run, offload=self.offload)
+            except (OSError, TimeoutError) as e:
+                log.warning("event=helper.failed op=%s error=%r", op, str(e))
+                return {"ok": False, "error": f"{op} failed: {e or type(e).__name__}"}
+        log.info("event=helper.done op=%s", op)
+        return {"ok": True, "result": result}
+
+    async def on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            uid = peer_uid(writer.get_extra_info("socket"))
+            if uid != self.allowed_uid:
+                log.warning("event=helper.peer_refused uid=%d allowed=%d", uid, self.allowed_uid)
+                await wire.write_frame(writer, {"ok": False, "error": f"refused: uid {uid} may not use this helper"})
+                return
+            while True:
+                try:
+                    request = await wire.read_frame(reader)
+                except asyncio.IncompleteReadError:
+                    return
+                except wire.WireError as e:
+                    await wire.write_frame(writer, {"ok": False, "error": f"refused: {e}"})
+                    return
+                await wire.write_frame(writer, await self.handle(request))
+        except (ConnectionError, OSError) as e:
+            log.info("event=helper.connection_lost error=%r", str(e))
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.wait_closed()
+
+    async def start(self, path: Path) -> asyncio.AbstractServer:
+        """Listen on `path` (replacing a stale socket), 0600 and owned by the allowed uid."""
+        await self.offload(_unlink_stale, path)
+        server = await asyncio.start_unix_server(self.on_connection, path=str(path))
+        await self.offload(_restrict, path, self.allowed_uid)
+        log.info("event=helper.listening socket=%s uid=%d root=%s", path, self.allowed_uid, self.layout.root)
+        return server
+
+
+def _unlink_stale(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if path.is_socket():
+        path.unlink()
+
+
+def _restrict(path: Path, uid: int) -> None:
+    os.chmod(path, 0o600)
+    if os.geteuid() == 0:
+        os.chown(path, uid, -1)

@@ -1,0 +1,65 @@
+"""agent.helper.server and client over a real unix socket in the test's directory (same uid: no root needed)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agent.converge import env_files
+from agent.converge.host_ops import FakeRunner
+from agent.helper.client import HelperClient, HelperRefused, HelperUnavailable
+from agent.helper.ops import Layout
+from agent.helper.server import HelperServer
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[HelperClient, FakeRunner, Path]]:
+    runner = FakeRunner()
+    root = tmp_path / "root"
+    server = await HelperServer(Layout(root), os.getuid(), run=runner).start(tmp_path / "h.sock")
+    async with server:
+        yield HelperClient(tmp_path / "h.sock"), runner, root
+    server.close()
+    await server.wait_closed()
+
+
+async def test_hello_names_the_helpers_directories(served: tuple[HelperClient, FakeRunner, Path]) -> None:
+    client, _, root = served
+    hello = await client.call("helper.hello")
+    assert hello["cdi_dir"] == str(root / "etc/cdi") and hello["version"] == 1
+
+
+async def test_a_file_lands_and_a_refusal_says_helper_and_touches_nothing(
+    served: tuple[HelperClient, FakeRunner, Path],
+) -> None:
+    client, runner, root = served
+    data = env_files.env_bytes("a1", ["X=1"]).decode()
+    await client.call("file.write", kind="allocation-env", allocation_id="a1", data=data)
+    assert (root / "run/bc/allocations/bc-a1.env").read_text() == data
+    with pytest.raises(HelperRefused, match=r"^helper: refused: slice.apply: slice 'sshd.service'"):
+        await client.call("slice.apply", slice="sshd.service", limits={})
+    await client.call("slice.remove", slice="bc-alloc-a1.slice")
+    assert runner.calls == [["systemctl", "stop", "bc-alloc-a1.slice"], ["systemctl", "revert", "bc-alloc-a1.slice"]]
+
+
+async def test_a_failed_command_comes_back_as_a_helper_error(served: tuple[HelperClient, FakeRunner, Path]) -> None:
+    client, runner, _ = served
+    runner.fail_on.append(("nvidia-smi",))
+    with pytest.raises(HelperRefused, match=r"^helper: gpu.reset failed: nvidia-smi --gpu-reset"):
+        await client.call("gpu.reset", uuid="GPU-00000000-1")
+
+
+async def test_a_peer_of_another_uid_is_refused(tmp_path: Path) -> None:
+    server = await HelperServer(Layout(tmp_path / "root"), os.getuid() + 1).start(tmp_path / "h.sock")
+    async with server:
+        with pytest.raises(HelperRefused, match=rf"^helper: refused: uid {os.getuid()} may not use this helper"):
+            await HelperClient(tmp_path / "h.sock").call("helper.hello")
+    assert not (tmp_path / "root").exists()
+
+
+async def test_a_helper_that_is_down_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(HelperUnavailable, match=r"^helper: cannot reach"):
+        await HelperClient(tmp_path / "none.sock").call("helper.hello")
