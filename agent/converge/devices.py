@@ -35,6 +35,7 @@ from google.protobuf.message import Message
 
 from agent.converge import adoption, env_files
 from agent.converge.hold_slices import HoldSlices
+from agent.converge.host_ops import DirectHoldFiles, HoldFiles
 from agent.converge.run import CONVERGED, FAILED, SectionResult
 from agent.hw import cdi
 from agent.hw.base import HardwareBackend
@@ -297,6 +298,7 @@ class DevicesConverger:
         offload: Offload = to_thread,
         slices: SliceManager | None = None,
         dev_nodes: DeviceNodes | None = None,
+        files: HoldFiles | None = None,
     ) -> None:
         """`offload`: where the file work runs (agent.offload): a thread in production, inline in the simulator.
 
@@ -305,8 +307,13 @@ class DevicesConverger:
 
         `slices`: the hold slice seam (agent.hw.slices); None manages no slices (holds with limits then get
         none), which only tests of the CDI side use.
+
+        `files`: where the CDI and env files are written (agent.converge.host_ops.HoldFiles); None writes them
+        into `cdi_dir` and `env_dir` directly. The helper's (agent.helper.node_ops) writes them through
+        `bc helper`; the converger reads them back from the same directories either way.
         """
         self.offload = offload
+        self.files = files or DirectHoldFiles(cdi_dir, env_dir, offload=offload)
         self._slices = HoldSlices(slices)
         self.managed_slices = slices is not None
         self.cdi_dir = cdi_dir
@@ -321,6 +328,7 @@ class DevicesConverger:
     async def converge(self, desired: Message, generation: int) -> SectionResult:
         if not isinstance(desired, spec_pb2.DevicesSection):
             raise TypeError(f"the devices converger got a {type(desired).__name__}")
+        await self.files.prepare()
         held, mps = await self.offload(self._scan)
         kept = self.holds_to_keep(held, generation)
         if kept is not None:
@@ -380,7 +388,7 @@ class DevicesConverger:
                 continue
             try:
                 await self._apply_slice(action)
-                await self.offload(self._apply, action)
+                await self._apply(action)
             except OSError as e:
                 if isinstance(action, Release):
                     unreleased.extend(action.held.atoms)
@@ -399,7 +407,7 @@ class DevicesConverger:
                 r.cdi_devices.extend(cdi_qualified(ref.atom_id) for ref in a.devices)
                 events.append(r)
         keep = (set(held) - released) | bound
-        await self.offload(self._remove_orphan_env_files, keep)
+        await self._remove_orphan_env_files(keep)
         await self._slices.sweep(_slices_kept(actions, held, released))
 
         if write_errors:
@@ -423,8 +431,8 @@ class DevicesConverger:
                     await self._slices.ensure(held.cgroup_parent, held.limits, force=False)
                 except OSError as e:
                     log.warning("event=slice.failed slice=%s error=%r", held.cgroup_parent, str(e))
-        await self.offload(self._restore_env_files, kept)
-        await self.offload(self._remove_orphan_env_files, set(kept))
+        await self._restore_env_files(kept)
+        await self._remove_orphan_env_files(set(kept))
         return adoption.adopted_status(kept, self.cdi_dir)
 
     def _report(
@@ -455,67 +463,66 @@ class DevicesConverger:
             changed = action.doc is not None and action.held.doc != action.doc
             await self._slices.ensure(action.slice, action.limits, force=changed)
 
-    # Blocking file I/O below: called through self.offload only.
-
     def _scan(self) -> tuple[dict[str, cdi.HeldSpec], str | None]:
-        for d in (self.cdi_dir, self.env_dir):
-            d.mkdir(parents=True, exist_ok=True)
-            cdi.remove_stale_temps(d)
+        """What the CDI directory holds (blocking: through self.offload)."""
         mps = str(self.mps_pipe_dir) if self.mps_pipe_dir.is_dir() else None
         return cdi.read_holds(self.cdi_dir), mps
 
-    def _apply(self, action: Action) -> None:
+    async def _apply(self, action: Action) -> None:
         if isinstance(action, Release):
             # The CDI file is the hold: once it is gone the release happened. An env file left behind
             # (a crash, a failed unlink) is an orphan the end of every pass removes.
-            cdi.remove_file(action.held.path)
+            await self.files.remove("cdi", action.held.allocation_id)
             try:
-                cdi.remove_file(env_files.env_path(self.env_dir, action.held.allocation_id))
+                await self.files.remove("allocation-env", action.held.allocation_id)
             except OSError as e:
                 log.warning("event=allocation.env_remove_failed allocation=%s error=%r", action.held.allocation_id, e)
         elif isinstance(action, Bind):
             # The env file first: the CDI file commits the hold, and the hold's env is then already there.
             aid = action.assignment.allocation_id
-            cdi.atomic_write(env_files.env_path(self.env_dir, aid), env_files.env_bytes(aid, action.env))
-            cdi.atomic_write(cdi.spec_path(self.cdi_dir, aid), cdi.spec_bytes(action.doc))
+            await self.files.write("allocation-env", aid, env_files.env_bytes(aid, action.env))
+            await self.files.write("cdi", aid, cdi.spec_bytes(action.doc))
         elif isinstance(action, Refresh) and action.doc is not None:
             aid = action.assignment.allocation_id
-            self._write_env_if_changed(aid, action.env)
+            await self._write_env_if_changed(aid, action.env)
             if action.held.doc != action.doc:
-                cdi.atomic_write(action.held.path, cdi.spec_bytes(action.doc))
+                await self.files.write("cdi", aid, cdi.spec_bytes(action.doc))
 
-    def _write_env_if_changed(self, allocation_id: str, lines: Sequence[str]) -> None:
-        env_file = env_files.env_path(self.env_dir, allocation_id)
+    async def _write_env_if_changed(self, allocation_id: str, lines: Sequence[str]) -> None:
         want = env_files.env_bytes(allocation_id, lines)
-        try:
-            have: bytes | None = env_file.read_bytes()
-        except FileNotFoundError:
-            have = None
+        have = await self.offload(_read_or_none, env_files.env_path(self.env_dir, allocation_id))
         if have != want:
-            cdi.atomic_write(env_file, want)
+            await self.files.write("allocation-env", allocation_id, want)
 
-    def _restore_env_files(self, kept: Mapping[str, cdi.HeldSpec]) -> None:
+    async def _restore_env_files(self, kept: Mapping[str, cdi.HeldSpec]) -> None:
         """An adopted hold's env file, as its CDI file says (files under /run are gone after a reboot)."""
         for aid, held in kept.items():
             lines = (held.doc.get("containerEdits") or {}).get("env")
             if not isinstance(lines, list) or not all(isinstance(x, str) and "\n" not in x for x in lines):
                 continue  # not a file we wrote as it is now: leave its env file alone
             try:
-                self._write_env_if_changed(aid, lines)
+                await self._write_env_if_changed(aid, lines)
             except OSError as e:
                 log.warning("event=allocation.env_restore_failed allocation=%s error=%r", aid, str(e))
 
-    def _remove_orphan_env_files(self, keep: set[str]) -> None:
+    async def _remove_orphan_env_files(self, keep: set[str]) -> None:
         """Our env files whose hold no longer exists (a crash between the two removals of a release).
 
         Only files the agent provably wrote (`env_files.ours`: name and marker): the env dir may be shared.
         """
-        for aid, f in env_files.ours(self.env_dir).items():
+        for aid, f in (await self.offload(env_files.ours, self.env_dir)).items():
             if aid not in keep:
                 try:
-                    cdi.remove_file(f)
+                    await self.files.remove("allocation-env", aid)
                 except OSError as e:
                     log.warning("event=allocation.env_orphan path=%s error=%r", f, str(e))
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def _conflicts_with(action: Bind, atoms: Sequence[Atom]) -> bool:

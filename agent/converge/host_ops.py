@@ -16,6 +16,18 @@ the fake inventory shows next. Tests make a command fail with `fail_on`.
 
 Blocking file work runs through the agent's offload; a failed command raises
 `CommandFailed` (an OSError: the converger's retryable path).
+
+The agent's other root effects sit behind seams of the same shape, each with
+this direct implementation (as root, `--fake-hw`, tests) and one that asks
+`bc helper` (agent.helper.node_ops, for an unprivileged `bc node`):
+
+* `HoldFiles` here: a hold's CDI spec and env file, named by kind and allocation id;
+* `agent.hw.slices.SliceManager`: a hold's slice;
+* `agent.converge.sshd.SshdTools` and the access converger's file writes: sshd's files and reload;
+* `HardwareBackend.reset_gpu` / `reboot` (agent.hw.base), which the `gpu.reset` and `node.reboot` kinds call.
+
+Reads stay in the agent on every implementation: the files it reads back are
+world-readable (docs/node-security.md).
 """
 
 from __future__ import annotations
@@ -24,7 +36,9 @@ import json
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
+from typing import Protocol
 
+from agent.converge import env_files
 from agent.hw import cdi
 from agent.hw.base import HostTool, ProcessResult, run_process
 from agent.offload import Offload, to_thread
@@ -108,6 +122,52 @@ class HostOps:
         return result
 
 
+HOLD_KINDS = ("cdi", "allocation-env")
+"""What a hold writes: its CDI spec (`<cdi dir>/bc-<id>.json`) and its env file (`<env dir>/bc-<id>.env`)."""
+
+
+class HoldFiles(Protocol):
+    """Where a hold's two files are written and removed; the caller reads them back from the directories."""
+
+    cdi_dir: Path
+    env_dir: Path
+
+    async def prepare(self) -> None:
+        """Before a pass: the directories exist, and a crash's temp files are gone."""
+        ...
+
+    async def write(self, kind: str, allocation_id: str, data: bytes) -> None:
+        """Whole file or nothing; OSError (retryable) when it could not be written."""
+        ...
+
+    async def remove(self, kind: str, allocation_id: str) -> bool:
+        """Durably gone; False when it already was."""
+        ...
+
+
+class DirectHoldFiles:
+    """The agent writes the files itself (as root, `--fake-hw`, tests)."""
+
+    def __init__(self, cdi_dir: Path, env_dir: Path, *, offload: Offload = to_thread) -> None:
+        self.cdi_dir = cdi_dir
+        self.env_dir = env_dir
+        self.offload = offload
+
+    def path(self, kind: str, allocation_id: str) -> Path:
+        if kind == "cdi":
+            return cdi.spec_path(self.cdi_dir, allocation_id)
+        return env_files.env_path(self.env_dir, allocation_id)
+
+    async def prepare(self) -> None:
+        await self.offload(_prepare_dirs, (self.cdi_dir, self.env_dir))
+
+    async def write(self, kind: str, allocation_id: str, data: bytes) -> None:
+        await self.offload(cdi.atomic_write, self.path(kind, allocation_id), data)
+
+    async def remove(self, kind: str, allocation_id: str) -> bool:
+        return await self.offload(cdi.remove_file, self.path(kind, allocation_id))
+
+
 class FakeRunner:
     """Records every command; `nvidia-smi` goes to `tools['nvidia-smi']` when given; `fail_on` argv prefixes fail.
 
@@ -164,6 +224,12 @@ def _read(path: Path) -> bytes | None:
 def _write_in_place(path: Path, text: str) -> None:
     with path.open("w", encoding="ascii") as f:
         f.write(text)
+
+
+def _prepare_dirs(dirs: Sequence[Path]) -> None:
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+        cdi.remove_stale_temps(d)
 
 
 def _list_dir(path: Path) -> list[str]:
