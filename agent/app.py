@@ -38,11 +38,14 @@ from pathlib import Path
 from agent.converge.access import access_converger
 from agent.converge.daemon import DaemonConverger
 from agent.converge.devices import DevicesConverger
+from agent.converge.host import ExternallyManaged
+from agent.converge.host_ops import HoldFiles
 from agent.converge.host_wiring import device_nodes, host_converger
 from agent.converge.run import Converger, UnknownFieldsMemo, run
 from agent.dispatch import Dispatcher
 from agent.health.monitor import HealthMonitor
 from agent.health.readings import HealthSource
+from agent.helper.wiring import helper_seams
 from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
 from agent.hw.slices import SliceManager, open_slices
@@ -113,6 +116,9 @@ class AgentOptions:
     """The A/B install dir (agent.upgrade.slots) this agent runs from; None: a zipapp or checkout, no self-update."""
     upgrade: UpgradeConfig = dataclasses.field(default_factory=UpgradeConfig)
     """Self-update: the confirmation deadline and the download's stall guard."""
+    helper_socket: Path | None = None
+    """`--helper-socket`: an unprivileged node's root effects go through `bc helper` there (agent.helper);
+    None: the agent does them itself (as root, or under --fake-hw)."""
     drift_pass_s: float = DRIFT_PASS_S
     """How often the converge pass re-reads the host when nothing changed (drift); a spec change runs it at once."""
 
@@ -237,6 +243,28 @@ class Agent:
         slices = p.slices
         if slices is None:
             slices = open_slices(self.hw.capabilities.touches_host, self.data_dir, offload=self.offload)
+        files: HoldFiles | None = None
+        host: Converger
+        if self.opts.helper_socket is not None:
+            seams = await helper_seams(
+                self.opts.helper_socket,
+                self.hw,
+                self.data_dir,
+                root=self.opts.host_root or Path("/"),
+                offload=self.offload,
+            )
+            self.hw, files, slices = seams.hw, seams.files, seams.slices
+            cdi_dir, env_dir = seams.layout.cdi_dir, seams.layout.env_dir
+            host = seams.host if self.opts.host_units else ExternallyManaged()
+        else:
+            host = await host_converger(
+                self.hw,
+                self.data_dir,
+                cdi_dir,
+                host_root=self.opts.host_root,
+                host_units=self.opts.host_units,
+                offload=self.offload,
+            )
         self.convergers: dict[str, Converger] = {
             "devices": p.devices_converger(
                 cdi_dir,
@@ -246,15 +274,9 @@ class Agent:
                 offload=self.offload,
                 slices=slices,
                 dev_nodes=device_nodes(self.hw),
+                files=files,
             ),
-            "host": await host_converger(
-                self.hw,
-                self.data_dir,
-                cdi_dir,
-                host_root=self.opts.host_root,
-                host_units=self.opts.host_units,
-                offload=self.offload,
-            ),
+            "host": host,
             "access": access_converger(
                 self.opts.ssh_dir or self.data_dir / "ssh",
                 self.node_id,

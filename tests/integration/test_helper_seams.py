@@ -1,0 +1,105 @@
+"""The agent's convergers on the helper-backed seams, with a real helper on a unix socket in the test's directory.
+
+Same uid here (the real-user test is tests/integration/test_helper_privsep.py): this shows the same converger
+code binds, refreshes and releases holds and applies host units through `bc helper`, and that a helper that is
+down leaves the section PROGRESSING-retryable with nothing released.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.converge.devices import DevicesConverger
+from agent.converge.host_ops import FakeRunner
+from agent.converge.run import CONVERGED, FAILED
+from agent.helper.client import HelperClient
+from agent.helper.node_ops import HelperHardware
+from agent.helper.ops import Layout
+from agent.helper.server import HelperServer
+from agent.helper.wiring import helper_seams
+from agent.hw.fake import FakeHardware
+from agent.offload import to_thread
+from bc.protocol.pb import session_pb2, spec_pb2
+
+
+@dataclass
+class Rig:
+    tmp: Path
+    layout: Layout
+    runner: FakeRunner
+    hw: FakeHardware
+    server: object
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    layout, runner = Layout(tmp_path / "root"), FakeRunner()
+    server = await HelperServer(layout, os.getuid(), run=runner).start(tmp_path / "helper.sock")
+    async with server:
+        yield Rig(tmp_path, layout, runner, FakeHardware("hgx-h100-8", "node-a"), server)
+    server.close()
+    await server.wait_closed()
+
+
+def hold(aid: str, uuid: str, **limits: object) -> spec_pb2.DevicesSection:
+    a = spec_pb2.DeviceAssignment(
+        allocation_id=aid,
+        reservation_id=f"res-{aid}",
+        binding=spec_pb2.BINDING_HOLD,
+        devices=[spec_pb2.DeviceRef(device_class="gpu", atom_id=uuid)],
+        limits=spec_pb2.ResourceLimits(**limits),  # type: ignore[arg-type]
+    )
+    return spec_pb2.DevicesSection(assignments=[a])
+
+
+async def test_a_hold_binds_and_releases_through_the_helper_and_waits_while_it_is_down(rig: Rig) -> None:
+    seams = await helper_seams(rig.tmp / "helper.sock", rig.hw, rig.tmp / "data", root=Path("/"), offload=to_thread)
+    assert seams.layout == rig.layout  # the helper named its own directories
+    devices = DevicesConverger(
+        seams.layout.cdi_dir, seams.layout.env_dir, rig.hw, "node-a", slices=seams.slices, files=seams.files
+    )
+    uuid = rig.hw.inventory().gpus[0].uuid
+    result = await devices.converge(hold("a1", uuid, cpus="0-3", memory_bytes=1 << 30), 1)
+    assert result.state == CONVERGED, result.message
+    doc = json.loads((rig.layout.cdi_dir / "bc-a1.json").read_text())
+    assert doc["annotations"]["bc.dev/cgroup-parent"] == "bc-alloc-a1.slice"
+    assert (rig.layout.env_dir / "bc-a1.env").read_text().startswith("# written by bc node for allocation a1")
+    assert rig.runner.calls[1] == ["systemctl", "start", "bc-alloc-a1.slice"]
+
+    rig.server.close()  # type: ignore[attr-defined]
+    await rig.server.wait_closed()  # type: ignore[attr-defined]
+    down = await devices.converge(spec_pb2.DevicesSection(), 2)
+    assert (down.state, down.terminal) == (FAILED, False)
+    assert down.message.startswith("a1: helper: cannot reach")
+    assert not [e for e in down.events if e.kind == session_pb2.AllocationReport.RELEASED]
+    assert (rig.layout.cdi_dir / "bc-a1.json").exists()  # nothing released while the helper is away
+
+
+async def test_host_units_apply_through_the_helper_and_a_root_equivalent_sysctl_is_refused(rig: Rig) -> None:
+    seams = await helper_seams(rig.tmp / "helper.sock", rig.hw, rig.tmp / "data", root=Path("/"), offload=to_thread)
+    units = [spec_pb2.HostUnit(name="sysctl", settings_json=json.dumps({"vm.swappiness": 10}))]
+    result = await seams.host.converge(spec_pb2.HostSection(units=units), 1)
+    assert result.state == CONVERGED, result.message
+    assert (rig.layout.root / "etc/sysctl.d/90-bc-sysctl.conf").read_text().endswith("vm.swappiness = 10\n")
+    assert rig.runner.calls == [["sysctl", "-p", str(rig.layout.root / "etc/sysctl.d/90-bc-sysctl.conf")]]
+    assert (rig.tmp / "data/host-state/etc/bc/host-units/sysctl.json").is_file()  # the record is the agent's
+
+    units = [spec_pb2.HostUnit(name="sysctl", settings_json=json.dumps({"kernel.modprobe": "/tmp/x"}))]
+    refused = await seams.host.converge(spec_pb2.HostSection(units=units), 2)
+    assert (refused.state, refused.terminal) == (FAILED, False)
+    assert "helper: refused: host.file.write" in refused.message
+    assert "kernel.modprobe" not in (rig.layout.root / "etc/sysctl.d/90-bc-sysctl.conf").read_text()
+
+
+async def test_a_gpu_reset_goes_to_the_helper_and_is_refused_when_not_allowed(rig: Rig) -> None:
+    hw = HelperHardware(rig.hw, HelperClient(rig.tmp / "helper.sock"))
+    uuid = rig.hw.inventory().gpus[0].uuid
+    assert (await hw.reset_gpu(uuid, allow=False))[0] is False
+    assert await hw.reset_gpu(uuid, allow=True) == (True, "reset")
+    assert rig.runner.calls == [["nvidia-smi", "--gpu-reset", "-i", uuid]]
