@@ -111,3 +111,19 @@ def _restrict(path: Path, uid: int) -> None:
     os.chmod(path, 0o600)
     if os.geteuid() == 0:
         os.chown(path, uid, -1)
+
+
+async def serve_forever(
+    socket_path: Path, layout: ops.Layout, allowed_uid: int, *, run: RunProcess = run_process
+) -> None:
+    """`bc helper`: listen until SIGINT or SIGTERM."""
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server = await HelperServer(layout, allowed_uid, run=run).start(socket_path)
+    async with server:
+        await stop.wait()
+    log.info("event=helper.stopped socket=%s", socket_path)

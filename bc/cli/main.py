@@ -34,6 +34,7 @@ COMMAND_MODULES: dict[str, str] = {
     "serve": "bc.cli.run_cmds",
     "join": "bc.cli.run_cmds",
     "node": "bc.cli.run_cmds",
+    "helper": "bc.cli.helper_cmds",
     "token": "bc.cli.admin_cmds",
     "nodes": "bc.cli.admin_cmds",
     "spec": "bc.cli.admin_cmds",

@@ -45,6 +45,7 @@ COMMAND_NAMES: frozenset[str] = frozenset(
         "cmd",
         "doctor",
         "events",
+        "helper",
         "jobs",
         "join",
         "node",

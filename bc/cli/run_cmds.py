@@ -312,6 +312,12 @@ def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_jso
     help="A release download moving fewer bytes than this in --download-window ends.",
 )
 @click.option("--download-window", "download_window_s", type=Seconds(1, DAY_S), default=120.0, show_default=True)
+@click.option(
+    "--helper-socket",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Run unprivileged: every root effect goes through `bc helper` on this socket (docs/node-security.md).",
+)
 def node(
     data_dir: Path,
     fake_hw: str | None,
@@ -330,6 +336,7 @@ def node(
     upgrade_confirm_s: float,
     download_min_bytes: int,
     download_window_s: float,
+    helper_socket: Path | None,
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM.
 
@@ -369,6 +376,7 @@ def node(
         sshd_reload_cmd=sshd_reload_cmd,
         sshd_config=sshd_config,
         install_dir=install_dir_of(sys.argv[0]),
+        helper_socket=helper_socket,
         upgrade=UpgradeConfig(
             upgrade_confirm_s,
             StallGuard(download_min_bytes, download_window_s),
