@@ -7,7 +7,8 @@ reads the journal through a read-only SQLite connection (never the write
 lock, never a checkpoint) and writes nothing anywhere.
 
 The checks, in the order they print: `identity`, `certificate`, `ca`,
-`trust-bundle`, `clock`, `journal`, `server`.
+`trust-bundle`, `clock`, `journal`, `server`, and on a node set up for
+`bc helper` (agent.helper.checks) `privileges` and `helper`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from cryptography import x509
 from google.protobuf.message import DecodeError
 
+from agent.helper.checks import DEFAULT_SOCKET, applies, check_helper, check_not_root
 from agent.identity import Identity
 from agent.join import JOURNAL_FILE, split_server
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS
@@ -365,7 +367,9 @@ def check_server(ident: Identity, data_dir: Path, timeout: float = 3.0) -> Findi
     return passed("server", f"bc serve at {ident.server} presents the pinned CA ({took_ms:.0f} ms)")
 
 
-def run_node_checks(data_dir: Path, now: float, *, server_timeout: float = 3.0) -> list[Finding]:
+def run_node_checks(
+    data_dir: Path, now: float, *, server_timeout: float = 3.0, helper_socket: Path | None = None
+) -> list[Finding]:
     files = load_node_files(data_dir)
     identity = check_identity(files)
     if files.identity is None:
@@ -380,4 +384,11 @@ def run_node_checks(data_dir: Path, now: float, *, server_timeout: float = 3.0) 
         check_clock(ident, journal, now),
         check_journal(ident, journal),
         check_server(ident, data_dir, server_timeout),
+        *helper_checks(data_dir, helper_socket),
     ]
+
+
+def helper_checks(data_dir: Path, helper_socket: Path | None) -> list[Finding]:
+    if not applies(data_dir, helper_socket):
+        return []
+    return [check_not_root(data_dir), check_helper(helper_socket or DEFAULT_SOCKET)]

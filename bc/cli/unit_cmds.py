@@ -1,9 +1,10 @@
-"""Putting bc on a host: `bc unit print serve|node` (hardened systemd units) and `bc version`.
+"""Putting bc on a host: `bc unit print serve|node|helper` (hardened systemd units) and `bc version`.
 
-    bc unit print serve [--data-dir /var/lib/bc] [--listen 0.0.0.0:7443] [--advertise HOST]... [--bin PATH]
-    bc unit print node  [--data-dir /var/lib/bc-node] [--cdi-dir /etc/cdi] [--env-dir /run/bc/allocations]
-                        [--allow-reboot] [--allow-gpu-reset] [--upload-allow URL-PREFIX]... [--no-host-units]
-                        [--bin PATH]
+    bc unit print serve  [--data-dir /var/lib/bc] [--listen 0.0.0.0:7443] [--advertise HOST]... [--bin PATH]
+    bc unit print node   [--data-dir /var/lib/bc-node] [--cdi-dir /etc/cdi] [--env-dir /run/bc/allocations]
+                         [--allow-reboot] [--allow-gpu-reset] [--upload-allow URL-PREFIX]... [--no-host-units]
+                         [--user bc] [--helper-socket PATH] [--as-root] [--bin PATH]
+    bc unit print helper [--user bc] [--helper-socket PATH] [--bin PATH]
     bc version [--json]
 
 A unit is printed, never installed: the operator redirects it into
@@ -17,10 +18,14 @@ mode before the service starts), and in `ReadWritePaths=`. A directory
 elsewhere must exist before the service starts.
 
 The server needs nothing of the host but its data dir and the network, so it
-gets the full sandbox and no capabilities at all. The agent is the host's
-GPU administrator (NVML on /dev/nvidia*, `nvidia-smi --gpu-reset`, XIDs from
-/dev/kmsg, `systemctl reboot`), so it runs as root with its devices, kernel
-logs and capabilities, and only the protections that don't take those away.
+gets the full sandbox and no capabilities at all. The agent, by default, runs
+as its own user (`bc`) with no capabilities beside `bc helper` (root, small,
+no network), which does every root effect for it (docs/node-security.md):
+`bc-node.service` `Requires=` and is `After=` `bc-helper.service`. With
+`--as-root` the agent is the host's GPU administrator itself (NVML on
+/dev/nvidia*, `nvidia-smi --gpu-reset`, XIDs from /dev/kmsg, `systemctl
+reboot`), so it runs as root with its devices, kernel logs and capabilities,
+and only the protections that don't take those away.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ DEFAULT_SERVE_DIR = "/var/lib/bc"
 DEFAULT_NODE_DIR = "/var/lib/bc-node"
 DEFAULT_CDI_DIR = "/etc/cdi"
 DEFAULT_ENV_DIR = "/run/bc/allocations"
+DEFAULT_USER = "bc"
+DEFAULT_HELPER_SOCKET = "/run/bc-helper/helper.sock"
 # What the host section's units write (docs/host.md): drop-ins, the MPS unit, bc's own host config and records.
 HOST_UNIT_DIRS = ("-/etc/sysctl.d", "-/etc/modules-load.d", "-/etc/systemd/system", "/etc/bc")
 
@@ -232,6 +239,91 @@ def node_unit(
     return _render("bc-node.service", "bc node agent (bc node)", unit, service)
 
 
+def unprivileged_node_unit(
+    *,
+    bin_path: str,
+    data_dir: str,
+    user: str,
+    helper_socket: str,
+    allow_reboot: bool,
+    allow_gpu_reset: bool,
+    upload_allow: Sequence[str] = (),
+    host_units: bool = True,
+) -> Lines:
+    """The agent's default unit: its own user, no capabilities, only its data dir writable; root's work is the helper's.
+
+    No `--cdi-dir` / `--env-dir`: the helper names its directories (`helper.hello`), and the agent reads them there.
+    """
+    argv = [bin_path, "node", "--data-dir", data_dir, "--helper-socket", helper_socket]
+    if allow_reboot:
+        argv.append("--allow-reboot")
+    if allow_gpu_reset:
+        argv.append("--allow-gpu-reset")
+    for prefix in upload_allow:
+        argv += ["--upload-allow", prefix]
+    if not host_units:
+        argv.append("--no-host-units")
+    service: list[Directive] = [
+        ("Type", "exec"),
+        ("ExecStart", " ".join(argv)),
+        ("User", user),
+        ("Group", user),
+        # NVML opens /dev/nvidia*: the driver's nodes are 0666, or 0660 group `video` where a distribution says so.
+        ("SupplementaryGroups", "video"),
+        ("Environment", f"HOME={data_dir}"),
+        ("Restart", "always"),
+        ("RestartSec", "5"),
+        ("KillMode", "mixed"),
+        ("TimeoutStopSec", "30"),
+        ("UMask", "0077"),  # its identity, key and journal are nobody else's
+        *_writable([data_dir], private=data_dir),
+        *_COMMON_HARDENING,
+        ("ProtectKernelModules", "yes"),
+        ("ProtectKernelTunables", "yes"),  # /sys stays readable; the helper writes it
+        ("SystemCallFilter", "@system-service"),
+        ("SystemCallErrorNumber", "EPERM"),
+        ("CapabilityBoundingSet", ""),
+        ("AmbientCapabilities", ""),
+        # Deliberately absent: PrivateDevices and ProtectClock (NVML opens /dev/nvidia*; both close the
+        # device policy), ProtectKernelLogs (XIDs come from /dev/kmsg where kernel.dmesg_restrict allows it).
+    ]
+    unit = [
+        ("Requires", "bc-helper.service"),
+        ("Wants", "network-online.target"),
+        ("After", "bc-helper.service network-online.target nvidia-persistenced.service"),
+        ("StartLimitIntervalSec", "0"),
+    ]
+    return _render("bc-node.service", "bc node agent, unprivileged (bc node --helper-socket)", unit, service)
+
+
+def helper_unit(*, bin_path: str, user: str, helper_socket: str) -> Lines:
+    """The root helper's unit: restarted 2 s after any exit, no network, the socket's directory its runtime dir."""
+    socket_dir = PurePosixPath(helper_socket).parent
+    if not socket_dir.is_relative_to("/run") or socket_dir == PurePosixPath("/run"):
+        raise UsageError(f"--helper-socket must be in a directory under /run, not {helper_socket!r}")
+    argv = [bin_path, "helper", "--socket", helper_socket, "--allow-user", user]
+    service: list[Directive] = [
+        ("Type", "exec"),
+        ("ExecStart", " ".join(argv)),
+        ("Restart", "always"),
+        ("RestartSec", "2"),
+        ("RuntimeDirectory", str(socket_dir.relative_to("/run"))),
+        ("RuntimeDirectoryMode", "0755"),
+        ("UMask", "0022"),  # CDI specs, env files and sshd's files are read by others
+        # It writes /etc/cdi, /etc/sysctl.d, /sys, runs systemctl and nvidia-smi: no ProtectSystem or device
+        # policy. It needs no network at all, and no home.
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("RestrictAddressFamilies", "AF_UNIX AF_NETLINK"),
+        ("IPAddressDeny", "any"),
+        ("LockPersonality", "yes"),
+        ("RestrictRealtime", "yes"),
+        ("SystemCallArchitectures", "native"),
+    ]
+    unit = [("Before", "bc-node.service"), ("StartLimitIntervalSec", "0")]
+    return _render("bc-helper.service", "bc helper: the root side of an unprivileged bc node", unit, service)
+
+
 # -- click ---------------------------------------------------------------------------
 
 
@@ -263,7 +355,7 @@ def unit() -> None:
 
 @unit.group("print", cls=_UnitGroup)
 def unit_print() -> None:
-    """Print a hardened unit: `serve` (the control plane) or `node` (the agent)."""
+    """Print a hardened unit: `serve` (the control plane), `node` (the agent) or `helper` (the node's root helper)."""
 
 
 @unit_print.command("serve")
@@ -299,6 +391,9 @@ def print_serve(data_dir: str, listen: str, advertise: tuple[str, ...], bin_path
     help="Let logs.collect upload under this URL prefix (repeatable; default: nowhere).",
 )
 @click.option("--no-host-units", is_flag=True, help="Other tooling manages this host's OS: bc node --no-host-units.")
+@click.option("--user", default=DEFAULT_USER, show_default=True, help="The agent's own user (not with --as-root).")
+@click.option("--helper-socket", default=DEFAULT_HELPER_SOCKET, show_default=True, help="Where bc helper listens.")
+@click.option("--as-root", is_flag=True, help="The agent runs as root and does its root work itself (no helper).")
 @_bin_option
 def print_node(
     data_dir: str,
@@ -308,9 +403,34 @@ def print_node(
     allow_gpu_reset: bool,
     upload_allow: tuple[str, ...],
     no_host_units: bool,
+    user: str,
+    helper_socket: str,
+    as_root: bool,
     bin_path: str,
 ) -> None:
-    """The agent's unit (bc-node.service)."""
+    """The agent's unit (bc-node.service): unprivileged beside bc-helper.service, or `--as-root`."""
+    _absolute(cdi_dir, "--cdi-dir")
+    _absolute(env_dir, "--env-dir")
+    if not as_root:
+        if (cdi_dir, env_dir) != (DEFAULT_CDI_DIR, DEFAULT_ENV_DIR):
+            raise UsageError(
+                "--cdi-dir and --env-dir are the helper's (under its --root); with --as-root they are the node's"
+            )
+        if user == "root":
+            raise UsageError("--user root is --as-root: the default unit exists so that the agent is not root")
+        echo(
+            unprivileged_node_unit(
+                bin_path=_absolute(bin_path, "--bin"),
+                data_dir=_absolute(data_dir, "--data-dir"),
+                user=_checked(user, "--user"),
+                helper_socket=_absolute(helper_socket, "--helper-socket"),
+                allow_reboot=allow_reboot,
+                allow_gpu_reset=allow_gpu_reset,
+                upload_allow=[_upload_prefix(p) for p in upload_allow],
+                host_units=not no_host_units,
+            ),
+        )
+        return
     echo(
         node_unit(
             bin_path=_absolute(bin_path, "--bin"),
@@ -322,6 +442,21 @@ def print_node(
             upload_allow=[_upload_prefix(p) for p in upload_allow],
             host_units=not no_host_units,
         ),
+    )
+
+
+@unit_print.command("helper")
+@click.option("--user", default=DEFAULT_USER, show_default=True, help="The agent's user: the only peer it serves.")
+@click.option("--helper-socket", default=DEFAULT_HELPER_SOCKET, show_default=True, help="Where it listens.")
+@_bin_option
+def print_helper(user: str, helper_socket: str, bin_path: str) -> None:
+    """The node's root helper's unit (bc-helper.service)."""
+    echo(
+        helper_unit(
+            bin_path=_absolute(bin_path, "--bin"),
+            user=_checked(user, "--user"),
+            helper_socket=_absolute(helper_socket, "--helper-socket"),
+        )
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from agent.converge import env_files
 from agent.converge.host_ops import FakeRunner
+from agent.helper import checks
 from agent.helper.client import HelperClient, HelperRefused, HelperUnavailable
 from agent.helper.ops import Layout
 from agent.helper.server import HelperServer
@@ -63,3 +65,24 @@ async def test_a_peer_of_another_uid_is_refused(tmp_path: Path) -> None:
 async def test_a_helper_that_is_down_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(HelperUnavailable, match=r"^helper: cannot reach"):
         await HelperClient(tmp_path / "none.sock").call("helper.hello")
+
+
+async def test_doctors_helper_check_passes_on_an_answering_helper_and_fails_on_none(
+    served: tuple[HelperClient, FakeRunner, Path], tmp_path: Path
+) -> None:
+    found = await asyncio.to_thread(checks.check_helper, tmp_path / "h.sock")
+    assert (found.status, found.message) == (
+        "pass",
+        f"bc helper answers at {tmp_path / 'h.sock'} (protocol 1, root {tmp_path / 'root'})",
+    )
+    missing = await asyncio.to_thread(checks.check_helper, tmp_path / "none.sock")
+    assert missing.status == "fail" and "does not answer" in missing.message and "bc-helper.service" in missing.fix
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the data dir to another user")
+def test_doctors_privileges_check_says_whether_the_agent_is_root(tmp_path: Path) -> None:
+    (tmp_path / "node").mkdir()
+    assert checks.check_not_root(tmp_path / "node").status == "fail"
+    os.chown(tmp_path / "node", 65534, 65534)
+    assert checks.check_not_root(tmp_path / "node").status == "pass"
+    assert checks.applies(tmp_path / "node", None)

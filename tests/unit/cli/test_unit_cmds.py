@@ -92,7 +92,7 @@ def test_serve_unit_with_a_data_dir_outside_var_lib_and_advertised_names() -> No
 
 
 def test_node_unit_always_restarts_and_can_do_its_work() -> None:
-    unit = printed("node", "--allow-reboot", "--allow-gpu-reset", "--bin", "/opt/bc/bc")
+    unit = printed("node", "--as-root", "--allow-reboot", "--allow-gpu-reset", "--bin", "/opt/bc/bc")
     assert one(unit, "ExecStart") == (
         "/opt/bc/bc node --data-dir /var/lib/bc-node --cdi-dir /etc/cdi --env-dir /run/bc/allocations"
         " --allow-reboot --allow-gpu-reset"
@@ -114,26 +114,55 @@ def test_node_unit_always_restarts_and_can_do_its_work() -> None:
 
 
 def test_node_unit_carries_the_upload_allowlist() -> None:
-    unit = printed("node", "--upload-allow", "https://logs.example/bc/", "--upload-allow", "http://[::1]:8080/up")
+    unit = printed(
+        "node", "--as-root", "--upload-allow", "https://logs.example/bc/", "--upload-allow", "http://[::1]:8080/up"
+    )
     assert one(unit, "ExecStart") == (
         "/usr/local/bin/bc node --data-dir /var/lib/bc-node --cdi-dir /etc/cdi --env-dir /run/bc/allocations"
         " --upload-allow https://logs.example/bc/ --upload-allow http://[::1]:8080/up"
     )
-    assert "--upload-allow" not in one(printed("node"), "ExecStart")  # none unless the operator names one
+    assert "--upload-allow" not in one(printed("node", "--as-root"), "ExecStart")  # none unless the operator names one
 
 
 def test_node_unit_with_no_host_units_opens_none_of_their_paths() -> None:
-    unit = printed("node", "--no-host-units")
+    unit = printed("node", "--as-root", "--no-host-units")
     assert one(unit, "ExecStart").endswith(" --no-host-units")
     assert writable(unit) == {"/var/lib/bc-node", "/etc/cdi", "/run/bc/allocations"}
     assert one(unit, "ConfigurationDirectory") == "cdi"
 
 
 def test_node_unit_with_cdi_in_var_run() -> None:
-    unit = printed("node", "--cdi-dir", "/var/run/cdi", "--no-host-units")
+    unit = printed("node", "--as-root", "--cdi-dir", "/var/run/cdi", "--no-host-units")
     assert writable(unit) == {"/var/lib/bc-node", "/var/run/cdi", "/run/bc/allocations"}
     assert unit["Service"]["RuntimeDirectory"] == ["cdi", "bc/allocations"]
     assert "ConfigurationDirectory" not in unit["Service"]
+
+
+def test_the_default_node_unit_is_unprivileged_beside_the_helper() -> None:
+    unit = printed("node", "--allow-gpu-reset", "--bin", "/opt/bc/bc")
+    assert one(unit, "ExecStart") == (
+        "/opt/bc/bc node --data-dir /var/lib/bc-node --helper-socket /run/bc-helper/helper.sock --allow-gpu-reset"
+    )
+    assert (one(unit, "User"), one(unit, "Group")) == ("bc", "bc")
+    assert one(unit, "CapabilityBoundingSet") == "" and one(unit, "AmbientCapabilities") == ""
+    assert one(unit, "Requires", "Unit") == "bc-helper.service"
+    assert one(unit, "After", "Unit").split()[0] == "bc-helper.service"
+    assert writable(unit) == {"/var/lib/bc-node"}  # /etc/cdi, /run/bc/allocations and the host's files: the helper's
+    assert one(unit, "Restart") == "always"
+
+
+def test_the_helper_unit_is_root_always_restarted_and_serves_the_nodes_user_only() -> None:
+    unit = printed("helper", "--user", "gpu-agent", "--bin", "/opt/bc/bc")
+    assert one(unit, "ExecStart") == ("/opt/bc/bc helper --socket /run/bc-helper/helper.sock --allow-user gpu-agent")
+    assert "User" not in unit["Service"]  # root
+    assert (one(unit, "Restart"), one(unit, "RestartSec")) == ("always", "2")
+    assert one(unit, "RuntimeDirectory") == "bc-helper"
+    assert one(unit, "IPAddressDeny") == "any"
+
+
+def test_a_root_user_for_the_unprivileged_unit_is_refused() -> None:
+    result = run("unit", "print", "node", "--user", "root")
+    assert result.exit_code == 2 and "--as-root" in result.stderr
 
 
 # -- systemd's own judgement ---------------------------------------------------------------
@@ -143,11 +172,13 @@ def test_node_unit_with_cdi_in_var_run() -> None:
 def test_systemd_analyze_verifies_both_units(tmp_path: Path) -> None:
     # verify checks that ExecStart's program exists and is executable: point it at this interpreter.
     files = []
-    node_args = ("node", "--allow-reboot", "--upload-allow", "https://logs.example/bc/")
+    node_args = ("node", "--as-root", "--allow-reboot", "--upload-allow", "https://logs.example/bc/")
     for name, args in (
         ("bc-serve.service", ("serve",)),
         ("bc-node.service", node_args),
-        ("bc-node-external.service", ("node", "--no-host-units")),
+        ("bc-node-external.service", ("node", "--as-root", "--no-host-units")),
+        ("bc-node-unprivileged.service", ("node", "--allow-reboot")),
+        ("bc-helper.service", ("helper",)),
     ):
         result = run("unit", "print", *args, "--bin", sys.executable)
         assert result.exit_code == 0, result.output
