@@ -1,0 +1,229 @@
+"""Privilege separation for real: `bc helper` as root in a subprocess, the agent's side as an unprivileged user.
+
+The test creates a user (`useradd`; userdel at the end), starts `bc helper --allow-uid <it>` as root with its
+root dir in a fresh temp dir, and runs the agent-side code as that user (`setpriv`): the real devices
+converger on the helper-backed seams, then direct writes and forbidden requests. It shows (1) a hold's CDI
+file lands through the helper where the user could not write it itself, (2) the user cannot write the CDI
+directory or the sshd files directly, (3) a request with a path, a foreign slice name or a sysctl outside the
+allowlist, and any request from another uid, is refused. Commands the helper would run (systemctl for the
+hold's slice) are recorded by `--fake-commands`, not run: the test machine's systemd is not the test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.helper.client import HelperClient, HelperRefused
+from tests.e2e.harness import bc_executable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "creating a user and running bc helper as root need root"
+    for tool in ("useradd", "userdel", "setpriv"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+
+
+@dataclass
+class User:
+    name: str
+    uid: int
+    gid: int
+
+
+@pytest.fixture
+def user() -> Iterator[User]:
+    name = f"bct{secrets.token_hex(4)}"
+    made = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"useradd could not create a user here: {made.stderr.strip()}")
+    try:
+        ids = subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout
+        gid = subprocess.run(["id", "-g", name], capture_output=True, text=True, check=True).stdout
+        yield User(name, int(ids), int(gid))
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def box() -> Iterator[Path]:
+    """A temp dir the user can traverse (pytest's own are 0700 root's)."""
+    d = Path(tempfile.mkdtemp(prefix="bc-privsep-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@dataclass
+class Helper:
+    socket: Path
+    root: Path
+    commands: Path
+
+
+@pytest.fixture
+async def helper(user: User, box: Path) -> AsyncIterator[Helper]:
+    h = Helper(box / "run" / "helper.sock", box / "root", box / "commands.jsonl")
+    h.root.mkdir(mode=0o755)
+    proc = await asyncio.create_subprocess_exec(
+        bc_executable(),
+        "helper",
+        "--socket",
+        str(h.socket),
+        "--allow-uid",
+        str(user.uid),
+        "--root",
+        str(h.root),
+        "--fake-commands",
+        str(h.commands),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(60):
+            while "event=helper.listening" not in (seen[-1] if seen else ""):
+                line = (await proc.stderr.readline()).decode()
+                assert line, f"bc helper exited before listening: {''.join(seen)}"
+                seen.append(line)
+        yield h
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+AGENT = r"""
+import asyncio, json, sys
+from pathlib import Path
+from agent.converge.devices import DevicesConverger
+from agent.helper.client import HelperClient, HelperError
+from agent.helper.wiring import helper_seams
+from agent.hw.fake import FakeHardware
+from agent.offload import to_thread
+from bc.protocol.pb import common_pb2, spec_pb2
+
+sock, data, root = map(Path, sys.argv[1:4])
+out = {}
+
+def attempt(key, fn):
+    try:
+        fn()
+        out[key] = "written"
+    except PermissionError as e:
+        out[key] = f"PermissionError: {e.strerror}"
+
+async def main():
+    hw = FakeHardware("hgx-h100-8", "node-a")
+    seams = await helper_seams(sock, hw, data, root=Path("/"), offload=to_thread)
+    devices = DevicesConverger(seams.layout.cdi_dir, seams.layout.env_dir, hw, "node-a",
+                               slices=seams.slices, files=seams.files)
+    a = spec_pb2.DeviceAssignment(allocation_id="a1", reservation_id="r1", binding=spec_pb2.BINDING_HOLD,
+        devices=[spec_pb2.DeviceRef(device_class="gpu", atom_id=hw.inventory().gpus[0].uuid)],
+        limits=spec_pb2.ResourceLimits(cpus="0-1"))
+    result = await devices.converge(spec_pb2.DevicesSection(assignments=[a]), 1)
+    out["bind"] = [common_pb2.SectionState.Name(result.state), result.message]
+    d = seams.layout.ssh_dir
+    dropin = f"TrustedUserCAKeys {d}/ca.pub\nAuthorizedPrincipalsFile {d}/principals/%u\nRevokedKeys {d}/revoked.krl\n"
+    await seams.client.call("sshd.write", file="dropin", data=dropin)
+    attempt("direct_cdi", lambda: (seams.layout.cdi_dir / "bc-evil.json").write_text("{}"))
+    attempt("direct_cdi_overwrite", lambda: (seams.layout.cdi_dir / "bc-a1.json").write_text("{}"))
+    attempt("direct_sshd", lambda: (d / "ca.pub").write_text("ssh-ed25519 AAAA attacker\n"))
+    attempt("direct_sshd_dropin", lambda: (d / "sshd.conf").write_text("PermitRootLogin yes\n"))
+    client = HelperClient(sock)
+    refusals = {
+        "path": ("file.write", dict(kind="cdi", allocation_id="a2", data="{}", path="/etc/shadow")),
+        "foreign_slice": ("slice.apply", dict(slice="sshd.service", limits={})),
+        "sysctl": ("host.file.write", dict(file="sysctl", data="kernel.modprobe = /tmp/x\n")),
+    }
+    for key, (op, args) in refusals.items():
+        try:
+            await client.call(op, **args)
+            out[key] = "done"
+        except HelperError as e:
+            out[key] = str(e)
+
+asyncio.run(main())
+print(json.dumps(out))
+"""
+
+
+async def test_an_unprivileged_agent_does_its_root_work_only_through_the_helper(
+    user: User, box: Path, helper: Helper
+) -> None:
+    data = box / "agent"
+    data.mkdir()
+    os.chown(data, user.uid, user.gid)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(data),
+        "PYTHONPATH": str(REPO),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    argv = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--inh-caps=-all"]
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        sys.executable,
+        "-c",
+        AGENT,
+        str(helper.socket),
+        str(data),
+        str(helper.root),
+        cwd=str(data),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(120):
+        stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode()
+    out = json.loads(stdout.decode().splitlines()[-1])
+
+    # (1) The hold landed, through the helper, as root's file in root's directory.
+    assert out["bind"] == ["CONVERGED", ""], out
+    cdi = helper.root / "etc/cdi/bc-a1.json"
+    assert json.loads(cdi.read_text())["annotations"]["bc.dev/allocation-id"] == "a1"
+    assert (cdi.stat().st_uid, cdi.parent.stat().st_uid) == (0, 0)
+    recorded = [json.loads(line) for line in helper.commands.read_text().splitlines()]
+    assert ["systemctl", "start", "bc-alloc-a1.slice"] in recorded
+    # (2) The user could write none of it itself.
+    for key in ("direct_cdi", "direct_cdi_overwrite", "direct_sshd", "direct_sshd_dropin"):
+        assert out[key] == "PermissionError: Permission denied", (key, out[key])
+    assert not (helper.root / "etc/cdi/bc-evil.json").exists()
+    assert "PermitRootLogin" not in (helper.root / "etc/ssh/bc/sshd.conf").read_text()
+    # (3) What is outside the table is refused, each with its reason.
+    assert out["path"] == "helper: refused: file.write takes no path"
+    assert out["foreign_slice"].startswith("helper: refused: slice.apply: slice 'sshd.service' is not a hold's slice")
+    assert out["sysctl"].startswith("helper: refused: host.file.write: the drop-in sets sysctl kernel.modprobe")
+
+
+async def test_a_peer_of_another_uid_is_refused_before_any_request(helper: Helper) -> None:
+    # This process is root, not the node's user: the helper serves only the uid it was given.
+    with pytest.raises(HelperRefused, match=r"^helper: refused: uid 0 may not use this helper$"):
+        await HelperClient(helper.socket).call("file.write", kind="cdi", allocation_id="a9", data="{}")
+    assert not (helper.root / "etc/cdi").exists()
