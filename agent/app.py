@@ -245,6 +245,14 @@ class Agent:
             slices = open_slices(self.hw.capabilities.touches_host, self.data_dir, offload=self.offload)
         files: HoldFiles | None = None
         host: Converger
+        access: Converger = access_converger(
+            self.opts.ssh_dir or self.data_dir / "ssh",
+            self.node_id,
+            sshd_config=self.opts.sshd_config,
+            reload_cmd=self.opts.sshd_reload_cmd,
+            fake_host=not self.hw.capabilities.touches_host,
+            offload=self.offload,
+        )
         if self.opts.helper_socket is not None:
             seams = await helper_seams(
                 self.opts.helper_socket,
@@ -252,7 +260,9 @@ class Agent:
                 self.data_dir,
                 root=self.opts.host_root or Path("/"),
                 offload=self.offload,
+                node_id=self.node_id,
             )
+            access = seams.access
             self.hw, files, slices = seams.hw, seams.files, seams.slices
             cdi_dir, env_dir = seams.layout.cdi_dir, seams.layout.env_dir
             host = seams.host if self.opts.host_units else ExternallyManaged()
@@ -277,14 +287,7 @@ class Agent:
                 files=files,
             ),
             "host": host,
-            "access": access_converger(
-                self.opts.ssh_dir or self.data_dir / "ssh",
-                self.node_id,
-                sshd_config=self.opts.sshd_config,
-                reload_cmd=self.opts.sshd_reload_cmd,
-                fake_host=not self.hw.capabilities.touches_host,
-                offload=self.offload,
-            ),
+            "access": access,
         }
         if self.telemetry is not None:
             self.convergers["telemetry"] = TelemetryConverger(self.telemetry)

@@ -22,7 +22,11 @@ One pass (`converge`):
    back.
 
 Blocking file work goes through the agent's offload, tools through the async
-runner (`agent.converge.sshd`).
+runner (`agent.converge.sshd`). The files are replaced through the `SshdFiles`
+seam (directly here; through `bc helper` for an unprivileged node,
+agent.helper.node_ops), and the reload debt and the KRL's scratch files live
+in `state_dir` (the SSH directory itself unless told otherwise: an
+unprivileged node keeps them in its data dir).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import logging
 import shlex
 from pathlib import Path
+from typing import Protocol
 
 from google.protobuf.message import Message
 
@@ -78,6 +83,21 @@ def write_managed(ssh_dir: Path, files: Snapshot) -> None:
         pdir.rmdir()
 
 
+class SshdFiles(Protocol):
+    async def replace(self, files: Snapshot) -> None:
+        """Make the managed files exactly `files`, written in the dict's order, then the others removed."""
+        ...
+
+
+class DirectSshdFiles:
+    def __init__(self, ssh_dir: Path, *, offload: Offload = to_thread) -> None:
+        self.ssh_dir = ssh_dir
+        self.offload = offload
+
+    async def replace(self, files: Snapshot) -> None:
+        await self.offload(write_managed, self.ssh_dir, files)
+
+
 def _touch(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     path.touch()
@@ -86,15 +106,26 @@ def _touch(path: Path) -> None:
 class AccessConverger:
     section = "access"
 
-    def __init__(self, ssh_dir: Path, node_id: str, tools: SshdTools, *, offload: Offload = to_thread) -> None:
+    def __init__(
+        self,
+        ssh_dir: Path,
+        node_id: str,
+        tools: SshdTools,
+        *,
+        offload: Offload = to_thread,
+        files: SshdFiles | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
         self.ssh_dir = ssh_dir
         self.node_id = node_id
         self.tools = tools
         self.offload = offload
+        self.files = files or DirectSshdFiles(ssh_dir, offload=offload)
+        self.state_dir = state_dir or ssh_dir
 
     @property
     def _owed_marker(self) -> Path:
-        return self.ssh_dir / RELOAD_OWED
+        return self.state_dir / RELOAD_OWED
 
     async def converge(self, desired: Message, generation: int) -> SectionResult:
         assert isinstance(desired, spec_pb2.AccessSection)
@@ -134,7 +165,7 @@ class AccessConverger:
             await self.offload(_touch, self._owed_marker)  # before any file changes: see step 5
             # The KRL is written before its source, in one pass: a reader that sees the source sees the KRL.
             order = sorted(target, key=lambda rel: rel == af.KRL_SOURCE_FILE)
-            await self.offload(write_managed, self.ssh_dir, {rel: target[rel] for rel in order})
+            await self.files.replace({rel: target[rel] for rel in order})
         except (ToolError, OSError) as e:
             await self._restore(have, owed_before)
             log.warning("event=access.write-failed generation=%d error=%s", generation, e)
@@ -152,13 +183,13 @@ class AccessConverger:
         return None
 
     async def _scratch(self) -> Path:
-        await self.offload(self.ssh_dir.mkdir, parents=True, exist_ok=True, mode=0o755)
-        return self.ssh_dir
+        await self.offload(self.state_dir.mkdir, parents=True, exist_ok=True, mode=0o755)
+        return self.state_dir
 
     async def _restore(self, have: Snapshot, owed_before: bool) -> None:
         """Put the files back as they were; a reload is owed afterwards only if it was before."""
         try:
-            await self.offload(write_managed, self.ssh_dir, have)
+            await self.files.replace(have)
             if not owed_before:
                 await self.offload(self._owed_marker.unlink, missing_ok=True)
         except OSError as e:  # the next pass writes again; say so loudly

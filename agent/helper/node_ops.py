@@ -12,6 +12,8 @@ section stays PROGRESSING and nothing is released.
 * `HelperSlices`: `slice.apply` / `slice.remove`; presence and population read from the cgroup tree.
 * `HelperHostOps`: the host units' writes become `host.file.*` (by key, never by path),
   `host.hugepages` and `host.run`; their records are the agent's own state, kept under its data dir.
+* `HelperSshdFiles` / `HelperSshdTools`: the access converger's files as `sshd.write` / `sshd.remove`, and
+  `sshd.check` / `sshd.reload` (the KRL is still built by `ssh-keygen` in the agent: it needs no root).
 * `HelperHardware`: a backend whose `reset_gpu` and `reboot` ask the helper (`gpu.reset`, `node.reboot`).
 """
 
@@ -24,8 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agent.converge.access import read_managed
 from agent.converge.host import RECORDS_DIR
 from agent.converge.host_ops import HostOps
+from agent.converge.sshd import SshdTools
 from agent.helper.client import HelperClient, HelperError, HelperRefused
 from agent.helper.ops import HOST_FILE_KEYS
 from agent.hw.base import ActionDisabled, HardwareBackend, ProcessResult
@@ -125,6 +129,53 @@ def _key(rel: str) -> str:
     if key is None:
         raise HelperRefused(f"helper: the helper has no file {rel}")
     return key
+
+
+SSHD_KEYS = {"ca.pub": "ca", "revoked.krl": "krl", "revoked.krl.src": "krl-src", "sshd.conf": "dropin"}
+
+
+def _sshd_args(rel: str) -> dict[str, str]:
+    if rel.startswith("principals/"):
+        return {"file": "principals", "user": rel.removeprefix("principals/")}
+    if rel not in SSHD_KEYS:
+        raise HelperRefused(f"helper: the helper has no sshd file {rel}")
+    return {"file": SSHD_KEYS[rel]}
+
+
+class HelperSshdFiles:
+    """The managed files under the helper's SSH directory, read here (world-readable) and changed there."""
+
+    def __init__(self, client: HelperClient, ssh_dir: Path, *, offload: Offload = to_thread) -> None:
+        self.client = client
+        self.ssh_dir = ssh_dir
+        self.offload = offload
+
+    async def replace(self, files: dict[str, bytes]) -> None:
+        for rel, data in files.items():
+            text = data.decode("latin-1" if rel == "revoked.krl" else "utf-8")  # the KRL is binary
+            await self.client.call("sshd.write", **_sshd_args(rel), data=text)
+        for rel in await self.offload(read_managed, self.ssh_dir):
+            if rel not in files:
+                await self.client.call("sshd.remove", **_sshd_args(rel))
+
+
+class HelperSshdTools(SshdTools):
+    """`sshd -t` and the reload as root, through the helper; the KRL is built here."""
+
+    def __init__(self, client: HelperClient, *, offload: Offload = to_thread) -> None:
+        super().__init__(offload=offload)
+        self.client = client
+
+    async def check(self) -> str | None:
+        try:
+            await self.client.call("sshd.check")
+        except HelperRefused as e:
+            return str(e)
+        return None
+
+    async def reload(self) -> None:
+        await self.client.call("sshd.reload")
+        self.reloads += 1
 
 
 class HelperHardware:

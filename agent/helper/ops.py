@@ -23,6 +23,7 @@ request: the helper builds each from an id or a table key under its own
     sshd.write          file (ca|krl|krl-src|dropin|      the file under <ssh>, 0644; content line-checked
                         principals), user?, data
     sshd.remove         file, user?                       remove it
+    sshd.check          -                                 sshd -t of the host's sshd_config
     sshd.reload         -                                 sshd -t, then the reload command
     gpu.reset           uuid                              nvidia-smi --gpu-reset -i <uuid>
     node.reboot         -                                 systemctl reboot
@@ -424,8 +425,12 @@ def _sshd_remove(req: Mapping[str, Any], lay: Layout) -> Plan:
     return (Remove(_sshd_path(req, lay)[1]),)
 
 
+def _sshd_check(req: Mapping[str, Any], lay: Layout) -> Plan:
+    return (Run(("sshd", "-t", "-f", str(lay.root / "etc/ssh/sshd_config"))),)
+
+
 def _sshd_reload(req: Mapping[str, Any], lay: Layout) -> Plan:
-    return Run(("sshd", "-t", "-f", str(lay.root / "etc/ssh/sshd_config"))), Run(SSHD_RELOAD)
+    return (*_sshd_check(req, lay), Run(SSHD_RELOAD))
 
 
 # -- the rest --------------------------------------------------------------------------------------
@@ -462,6 +467,7 @@ TABLE: dict[str, tuple[frozenset[str], Planner]] = {
     "host.run": (frozenset({"argv"}), _host_run),
     "sshd.write": (frozenset({"file", "user", "data"}), _sshd_write),
     "sshd.remove": (frozenset({"file", "user"}), _sshd_remove),
+    "sshd.check": (frozenset(), _sshd_check),
     "sshd.reload": (frozenset(), _sshd_reload),
     "gpu.reset": (frozenset({"uuid"}), _gpu_reset),
     "node.reboot": (frozenset(), _reboot),

@@ -12,9 +12,17 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.converge.access import AccessConverger
 from agent.converge.host import HostConverger
 from agent.helper.client import HelperClient, HelperError
-from agent.helper.node_ops import HelperHardware, HelperHoldFiles, HelperHostOps, HelperSlices
+from agent.helper.node_ops import (
+    HelperHardware,
+    HelperHoldFiles,
+    HelperHostOps,
+    HelperSlices,
+    HelperSshdFiles,
+    HelperSshdTools,
+)
 from agent.helper.ops import Layout
 from agent.hw.base import HardwareBackend
 from agent.offload import Offload
@@ -23,6 +31,8 @@ log = logging.getLogger(__name__)
 
 HOST_STATE_DIR = "host-state"
 """Under the data dir: the host units' records, the agent's own memory of what it applied."""
+ACCESS_STATE_DIR = "access"
+"""Under the data dir: the access converger's reload debt and the KRL's scratch files."""
 
 
 @dataclass
@@ -33,10 +43,11 @@ class HelperSeams:
     files: HelperHoldFiles
     slices: HelperSlices
     host: HostConverger
+    access: AccessConverger
 
 
 async def helper_seams(
-    socket_path: Path, hw: HardwareBackend, data_dir: Path, *, root: Path, offload: Offload
+    socket_path: Path, hw: HardwareBackend, data_dir: Path, *, root: Path, offload: Offload, node_id: str = ""
 ) -> HelperSeams:
     client = HelperClient(socket_path)
     try:
@@ -53,4 +64,12 @@ async def helper_seams(
         files=HelperHoldFiles(client, layout.cdi_dir, layout.env_dir),
         slices=HelperSlices(client, layout.root, offload=offload),
         host=HostConverger(ops, hw, cdi_dir=layout.cdi_dir),
+        access=AccessConverger(
+            layout.ssh_dir,
+            node_id,
+            HelperSshdTools(client, offload=offload),
+            offload=offload,
+            files=HelperSshdFiles(client, layout.ssh_dir, offload=offload),
+            state_dir=data_dir / ACCESS_STATE_DIR,
+        ),
     )

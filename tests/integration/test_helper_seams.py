@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,3 +104,36 @@ async def test_a_gpu_reset_goes_to_the_helper_and_is_refused_when_not_allowed(ri
     assert (await hw.reset_gpu(uuid, allow=False))[0] is False
     assert await hw.reset_gpu(uuid, allow=True) == (True, "reset")
     assert rig.runner.calls == [["nvidia-smi", "--gpu-reset", "-i", uuid]]
+
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICgSvCEPeeLHJiWeXDoCuN5bdn6mpHrcxSLMYt/aGFcW"
+
+
+@pytest.mark.skipif(
+    shutil.which("ssh-keygen") is None, reason="ssh-keygen builds the KRL (apt-get install openssh-client)"
+)
+async def test_the_access_section_lands_in_the_helpers_ssh_dir_checked_and_reloaded_there(rig: Rig) -> None:
+    seams = await helper_seams(
+        rig.tmp / "helper.sock", rig.hw, rig.tmp / "data", root=Path("/"), offload=to_thread, node_id="node-a"
+    )
+    section = spec_pb2.AccessSection(ssh_ca_keys=[KEY], principals=["oncall@node-a"], revoked_serials=["7"])
+    result = await seams.access.converge(section, 1)
+    assert result.state == CONVERGED, result.message
+    ssh = rig.layout.ssh_dir
+    assert (ssh / "ca.pub").read_text().endswith(KEY + "\n")
+    assert (ssh / "principals/oncall").read_text().endswith("oncall@node-a\n")
+    assert (ssh / "revoked.krl").read_bytes().startswith(b"SSHKRL")
+    sshd_config = str(rig.layout.root / "etc/ssh/sshd_config")
+    assert rig.runner.calls == [
+        ["sshd", "-t", "-f", sshd_config],
+        ["sshd", "-t", "-f", sshd_config],
+        ["systemctl", "reload", "ssh"],
+    ]
+    assert not (ssh / ".reload-owed").exists() and not (rig.tmp / "data/access/.reload-owed").exists()
+
+    rig.runner.fail_on.append(("systemctl", "reload"))
+    gone = await seams.access.converge(spec_pb2.AccessSection(), 2)
+    assert (gone.state, gone.terminal) == (FAILED, False)
+    assert gone.message.startswith("helper: sshd.reload failed: systemctl reload ssh exited 1")
+    assert not (ssh / "ca.pub").exists()
+    assert (rig.tmp / "data/access/.reload-owed").exists()  # the debt is the agent's, in its data dir
