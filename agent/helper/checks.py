@@ -75,7 +75,11 @@ def check_helper(path: Path) -> Finding:
             f"systemctl start bc-helper.service; if it is not installed: {INSTALL}",
         )
     if reply.get("ok") is not True or not isinstance(reply.get("result"), dict):
-        return failed("helper", f"bc helper at {path} refused this user: {reply.get('error')}", INSTALL)
+        return failed(
+            "helper",
+            f"bc helper at {path} refused this user: {reply.get('error')}",
+            "run bc doctor as the node's user (runuser -u bc -- bc doctor ...): the helper serves that user only",
+        )
     result: dict[str, object] = reply["result"]  # type: ignore[assignment]
     version, root = result.get("version"), result.get("root")
     return passed("helper", f"bc helper answers at {path} (protocol {version}, root {root})")

@@ -66,7 +66,8 @@ def user() -> Iterator[User]:
         gid = subprocess.run(["id", "-g", name], capture_output=True, text=True, check=True).stdout
         yield User(name, int(ids), int(gid))
     finally:
-        subprocess.run(["userdel", name], capture_output=True, timeout=30)
+        gone = subprocess.run(["userdel", name], capture_output=True, text=True, timeout=30)
+        assert gone.returncode == 0, f"userdel {name}: {gone.stderr.strip()}"
 
 
 @pytest.fixture
