@@ -354,6 +354,12 @@ def node(
         parse_prefixes(upload_allow)  # refused here, before anything starts, with the sentence why
     except BadUrl as e:
         raise UsageError(str(e)) from None
+    if helper_socket is not None:
+        given = {"--cdi-dir": cdi_dir, "--env-dir": env_dir, "--ssh-dir": ssh_dir, "--sshd-config": sshd_config}
+        mine = [flag for flag, v in {**given, "--sshd-reload-cmd": sshd_reload_cmd}.items() if v is not None]
+        if mine:
+            # The helper builds those paths under its own --root and runs its own reload: the node's would be ignored.
+            raise UsageError(f"{', '.join(mine)} cannot be used with --helper-socket: bc helper owns those paths")
     if fake_faults and not fake_hw:
         raise UsageError("--fake-fault needs --fake-hw: faults are injected into fake hardware only")
     try:

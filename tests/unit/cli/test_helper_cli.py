@@ -1,0 +1,31 @@
+"""`bc node --helper-socket` and `bc helper`: refusals an operator reads before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bc.cli.main import cli
+
+
+@pytest.mark.parametrize("flag", [["--cdi-dir", "/etc/cdi"], ["--ssh-dir", "/etc/ssh/bc"], ["--sshd-reload-cmd", ""]])
+def test_a_node_under_the_helper_refuses_the_paths_the_helper_owns(tmp_path: Path, flag: list[str]) -> None:
+    r = CliRunner().invoke(cli, ["node", "--data-dir", str(tmp_path), "--helper-socket", str(tmp_path / "s"), *flag])
+    assert r.exit_code == 2
+    assert r.stderr == f"error: {flag[0]} cannot be used with --helper-socket: bc helper owns those paths\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([], "name the node's user with exactly one of --allow-user or --allow-uid"),
+        (["--allow-uid", "0"], "the node's user must not be root"),
+        (["--allow-user", "no-such-user-bc"], "there is no user 'no-such-user-bc' on this host"),
+    ],
+)
+def test_the_helper_refuses_to_serve_nobody_or_root(tmp_path: Path, args: list[str], says: str) -> None:
+    r = CliRunner().invoke(cli, ["helper", "--socket", str(tmp_path / "s"), "--root", str(tmp_path), *args])
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {says}"), r.stderr
+    assert not (tmp_path / "s").exists()
