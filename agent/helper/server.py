@@ -29,6 +29,7 @@ from agent.offload import Offload, to_thread
 log = logging.getLogger(__name__)
 
 _UCRED = struct.Struct("3i")
+DRAIN_S = 5.0
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -75,6 +76,7 @@ class HelperServer:
             if uid != self.allowed_uid:
                 log.warning("event=helper.peer_refused uid=%d allowed=%d", uid, self.allowed_uid)
                 await wire.write_frame(writer, {"ok": False, "error": f"refused: uid {uid} may not use this helper"})
+                await _drain(reader, writer)
                 return
             while True:
                 try:
@@ -83,6 +85,7 @@ class HelperServer:
                     return
                 except wire.WireError as e:
                     await wire.write_frame(writer, {"ok": False, "error": f"refused: {e}"})
+                    await _drain(reader, writer)
                     return
                 await wire.write_frame(writer, await self.handle(request))
         except (ConnectionError, OSError) as e:
@@ -99,6 +102,17 @@ class HelperServer:
         await self.offload(_restrict, path, self.allowed_uid)
         log.info("event=helper.listening socket=%s uid=%d root=%s", path, self.allowed_uid, self.layout.root)
         return server
+
+
+async def _drain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After a refusal: let the peer read it. A unix socket closed with unread bytes resets the peer, which
+    then loses the refusal; so say EOF, and discard (never parse) what it still sends, for at most 5 s."""
+    if writer.can_write_eof():
+        writer.write_eof()
+    with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+        async with asyncio.timeout(DRAIN_S):
+            while await reader.read(65536):
+                pass
 
 
 def _unlink_stale(path: Path) -> None:
