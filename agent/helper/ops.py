@@ -223,7 +223,7 @@ LIMIT_KEYS = ("cpu_millis", "memory_bytes", "hugepages_1gi", "hugepages_2mi", "c
 def _slice(req: Mapping[str, Any]) -> str:
     name = _str(req, "slice")
     aid = allocation_of_slice(name)
-    if aid is None or not cdi.valid_allocation_id(aid) or "-" in aid:
+    if aid is None or not cdi.valid_allocation_id(aid):
         raise Refused(f"slice {name!r} is not a hold's slice (bc-alloc-<allocation id>.slice)")
     return name
 

@@ -1,12 +1,13 @@
 """An unprivileged `bc node` beside a root `bc helper`, as an operator runs them: a real `bc serve`, the node
 joined, a user made for it, the helper as root and the node as that user (`setpriv`), both the installed
-`bc`. A reservation's hold lands through the helper as root's CDI file, the node's own `bc doctor` passes
+`bc`. A reservation's hold lands through the helper as root's CDI file and its slice, the node's own `bc doctor` passes
 `privileges` and `helper`, a stopped helper leaves the node connected and its devices section waiting (the
 hold kept), and a started one lets the release through.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -79,12 +80,16 @@ def test_an_unprivileged_node_holds_through_the_helper_and_waits_for_it(uid: int
     lab.wait_converged("n1")
     assert Path(f"/proc/{lab.procs['node-n1'].popen.pid}").stat().st_uid == uid  # the agent is not root
 
-    res = lab.bc("reserve", "--gpus", "1", "--node", "n1")
+    res = lab.bc("reserve", "--gpus", "1", "--node", "n1", "--cpus", "2", "--memory", "4G")
     lab.wait_reservation_state(res["id"], "active")
     cdi = root / "etc" / "cdi" / f"bc-{res['allocation_id']}.json"
     doc = lab.wait_for(f"the CDI spec {cdi.name}", lambda: read_cdi(cdi))
     assert doc["annotations"]["bc.dev/allocation-id"] == res["allocation_id"]
     assert cdi.stat().st_uid == 0  # written by root: the node's user cannot write /etc/cdi
+    slice_ = f"bc-alloc-{res['allocation_id']}.slice"
+    assert doc["annotations"]["bc.dev/cgroup-parent"] == slice_
+    ran = [json.loads(line) for line in (box / "commands.jsonl").read_text().splitlines()]
+    assert ["systemctl", "start", slice_] in ran  # the slice, made by the helper (recorded: --fake-commands)
 
     doctor = subprocess.run(
         as_user(uid, lab.bc_path, "doctor", "--data-dir", str(node_dir), "--helper-socket", str(sock)),

@@ -66,20 +66,21 @@ async def test_a_hold_binds_and_releases_through_the_helper_and_waits_while_it_i
         seams.layout.cdi_dir, seams.layout.env_dir, rig.hw, "node-a", slices=seams.slices, files=seams.files
     )
     uuid = rig.hw.inventory().gpus[0].uuid
-    result = await devices.converge(hold("a1", uuid, cpus="0-3", memory_bytes=1 << 30), 1)
+    aid = "alloc-3f9a0c1b2d4e"  # as the control plane names them (bc.seams.ids.short_id)
+    result = await devices.converge(hold(aid, uuid, cpus="0-3", memory_bytes=1 << 30), 1)
     assert result.state == CONVERGED, result.message
-    doc = json.loads((rig.layout.cdi_dir / "bc-a1.json").read_text())
-    assert doc["annotations"]["bc.dev/cgroup-parent"] == "bc-alloc-a1.slice"
-    assert (rig.layout.env_dir / "bc-a1.env").read_text().startswith("# written by bc node for allocation a1")
-    assert rig.runner.calls[1] == ["systemctl", "start", "bc-alloc-a1.slice"]
+    doc = json.loads((rig.layout.cdi_dir / f"bc-{aid}.json").read_text())
+    assert doc["annotations"]["bc.dev/cgroup-parent"] == f"bc-alloc-{aid}.slice"
+    assert (rig.layout.env_dir / f"bc-{aid}.env").read_text().startswith(f"# written by bc node for allocation {aid}")
+    assert rig.runner.calls[1] == ["systemctl", "start", f"bc-alloc-{aid}.slice"]
 
     rig.server.close()  # type: ignore[attr-defined]
     await rig.server.wait_closed()  # type: ignore[attr-defined]
     down = await devices.converge(spec_pb2.DevicesSection(), 2)
     assert (down.state, down.terminal) == (FAILED, False)
-    assert down.message.startswith("a1: helper: cannot reach")
+    assert down.message.startswith(f"{aid}: helper: cannot reach")
     assert not [e for e in down.events if e.kind == session_pb2.AllocationReport.RELEASED]
-    assert (rig.layout.cdi_dir / "bc-a1.json").exists()  # nothing released while the helper is away
+    assert (rig.layout.cdi_dir / f"bc-{aid}.json").exists()  # nothing released while the helper is away
 
 
 async def test_host_units_apply_through_the_helper_and_a_root_equivalent_sysctl_is_refused(rig: Rig) -> None:

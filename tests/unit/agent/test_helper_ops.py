@@ -106,10 +106,18 @@ def test_a_holds_slice_is_applied_with_properties_the_helper_builds() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["sshd.service", "system.slice", "bc-alloc-.slice", "bc-alloc-a1.service", "bc-alloc-a-b.slice"]
+    "name", ["sshd.service", "system.slice", "bc-alloc-.slice", "bc-alloc-a1.service", "bc-alloc-../x.slice"]
 )
 def test_a_slice_that_is_not_a_holds_is_refused(name: str) -> None:
     refused(req("slice.remove", slice=name), "not a hold's slice")
+
+
+def test_a_slice_named_for_a_real_allocation_id_nests_where_systemd_puts_it() -> None:
+    # Allocation ids are `alloc-<hex>` (bc.seams.ids.short_id): each `-` is a level of the cgroup tree.
+    p = ops.plan(req("slice.apply", slice="bc-alloc-alloc-3f9a0c1b2d4e.slice", limits={"hugepages_2mi": 2}), LAY)
+    assert p[1] == Run(("systemctl", "start", "bc-alloc-alloc-3f9a0c1b2d4e.slice"))
+    leaf = "sys/fs/cgroup/bc.slice/bc-alloc.slice/bc-alloc-alloc.slice/bc-alloc-alloc-3f9a0c1b2d4e.slice"
+    assert p[-1] == WriteInPlace(ROOT / leaf / "hugetlb.2MB.max", str(4 << 20))
 
 
 @pytest.mark.parametrize(
