@@ -22,6 +22,7 @@ from agent.helper import ops
 from agent.helper.ops import Layout, Refused, Remove, Run, Write, WriteInPlace
 from agent.hw import cdi
 from bc.protocol.atoms import parse_atom
+from bc.protocol.root_equiv import sysctl_key_problem
 
 ROOT = Path("/h")
 LAY = Layout(ROOT)
@@ -268,3 +269,66 @@ def test_any_argv_is_refused_or_a_table_command(argv: list[str]) -> None:
     except Refused:
         return
     assert isinstance(effect, Run) and not any(a.startswith("/") for a in argv)
+
+
+# -- each operation's validation, fuzzed with arguments of the right shape
+
+sysctl_keys = st.from_regex(r"(kernel|vm|net|fs|dev|user)\.[a-z_.]{1,20}", fullmatch=True)
+sysctl_values = st.text(alphabet=st.characters(codec="ascii", exclude_categories=("Cc",)), min_size=1, max_size=12)
+
+
+@given(st.dictionaries(sysctl_keys, sysctl_values, max_size=4))
+@settings(max_examples=600, deadline=None)
+def test_a_sysctl_drop_in_is_written_only_when_every_key_is_an_operators(values: dict[str, str]) -> None:
+    text = "".join(f"{k} = {v}\n" for k, v in values.items())
+    try:
+        (w,) = ops.plan(req("host.file.write", file="sysctl", data=text), LAY)
+    except Refused:
+        return
+    assert isinstance(w, Write) and w.path == ROOT / "etc/sysctl.d/90-bc-sysctl.conf"
+    assert all(sysctl_key_problem(k, v.strip()) is None for k, v in values.items())
+
+
+limit_values = st.one_of(st.integers(-5, 1 << 52), st.text(max_size=12), st.none(), st.booleans())
+
+
+@given(st.dictionaries(st.sampled_from([*ops.LIMIT_KEYS, "Delegate", "ExecStart"]), limit_values, max_size=6))
+@settings(max_examples=800, deadline=None)
+def test_slice_limits_become_only_properties_of_one_token_each(limits: dict[str, Any]) -> None:
+    try:
+        plan = ops.plan(req("slice.apply", slice="bc-alloc-alloc-1f.slice", limits=limits), LAY)
+    except Refused:
+        return
+    set_property = plan[0]
+    assert isinstance(set_property, Run)
+    for prop in set_property.argv[4:]:
+        key, _, value = prop.partition("=")
+        assert key in {"MemoryAccounting", "CPUQuota", "MemoryMax", "MemoryHigh", "AllowedCPUs", "AllowedMemoryNodes"}
+        assert value and not any(c.isspace() for c in value)
+
+
+@given(st.text(max_size=40))
+@settings(max_examples=600, deadline=None)
+def test_a_principals_file_is_only_ever_a_file_of_the_principals_dir(user: str) -> None:
+    try:
+        (effect,) = ops.plan(req("sshd.remove", file="principals", user=user), LAY)
+    except Refused:
+        return
+    assert isinstance(effect, Remove) and effect.path.parent == LAY.ssh_dir / "principals"
+
+
+edit_keys = st.sampled_from(["env", "deviceNodes", "hooks", "mounts", "additionalGIDs", "intelRdt"])
+
+
+@given(st.lists(edit_keys, unique=True, max_size=3))
+@settings(max_examples=200, deadline=None)
+def test_a_cdi_spec_passes_only_with_env_and_device_nodes_edits(keys: list[str]) -> None:
+    doc = json.loads(spec())
+    for k in keys:
+        doc["containerEdits"].setdefault(k, [] if k != "intelRdt" else {})
+    try:
+        ops.plan(req("file.write", kind="cdi", allocation_id="a1", data=json.dumps(doc)), LAY)
+    except Refused:
+        assert set(keys) - {"env", "deviceNodes"}
+        return
+    assert set(keys) <= {"env", "deviceNodes"}
