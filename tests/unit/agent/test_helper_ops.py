@@ -220,7 +220,7 @@ def test_an_operation_outside_the_table_or_another_version_is_refused() -> None:
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=40),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-    max_leaves=12,
+    max_leaves=6,
 )
 arg_names = st.sampled_from(
     ["kind", "allocation_id", "data", "slice", "limits", "file", "user", "argv", "uuid", "size_kb", "node", "count"]
@@ -236,7 +236,7 @@ def _within_root(path: Path) -> bool:
 
 
 @given(requests)
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=400, deadline=None)
 def test_any_request_is_refused_or_plans_effects_only_under_the_root(request: dict[str, Any]) -> None:
     try:
         plan = ops.plan(request, LAY)
