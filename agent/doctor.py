@@ -30,6 +30,7 @@ from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
 from bc.pki import keys
 from bc.pki.discovery import fetch_pinned_ca
 from bc.pki.identity import peer_identity
+from bc.pki.rejoin import REJOIN_WINDOW_S
 from bc.protocol.findings import (
     Finding,
     failed,
@@ -193,9 +194,20 @@ def check_certificate(files: NodeFiles, now: float) -> Finding:
         return failed("certificate", f"node.crt is unreadable: {files.problems.get('cert', '')}", fix)
     life = lifetime_left(files.cert, now)
     if life.expired:
+        # Within 7 days of the expiry `bc node` re-joins with the certificate's key (bc.pki.rejoin) unless it
+        # was revoked; the server judges both, this says what the node can tell from its own files.
+        until = life.not_after + REJOIN_WINDOW_S
+        if now <= until and not (files.identity and files.identity.revoked):
+            return failed(
+                "certificate",
+                f"the certificate expired {span(life.left_s)} ago ({utc_text(life.not_after)}); it cannot be renewed,"
+                f" but bc node re-joins with its key until {utc_text(until)} unless it was revoked",
+                f"start bc node, which re-joins by itself; if the server refuses it, {fix}",
+            )
         return failed(
             "certificate",
-            f"the certificate expired {span(life.left_s)} ago ({utc_text(life.not_after)}); it cannot be renewed",
+            f"the certificate expired {span(life.left_s)} ago ({utc_text(life.not_after)}), more than 7 days ago or"
+            " revoked: it can neither be renewed nor re-join with its key",
             fix,
         )
     if now < life.not_before:

@@ -201,7 +201,7 @@ class Renewed:
     not_after_ms: int
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """A renewal refused after the caller proved its key: published, then raised as `error`."""
 
     def __init__(self, reason: str, error: BcError) -> None:
@@ -241,7 +241,7 @@ async def renew(
     now_ms = await store.now_ms()
     try:
         renewed = await _renew_proved(store, bus, ca, peer, caller_cert, csr_der, timestamp_ms, now_ms, ttl_s)
-    except _Refused as r:
+    except Refused as r:
         log.warning(
             "event=renew.refused node=%s serial=%s reason=%s error=%s",
             peer.name,
@@ -279,37 +279,27 @@ async def _renew_proved(
     try:
         pki_renewal.check_proof_timestamp(timestamp_ms, now_ms)
     except Unauthenticated as e:
-        raise _Refused("renew:stale-timestamp", e) from None
-    try:
-        csr = x509.load_der_x509_csr(csr_der)
-    except ValueError:
-        raise _Refused("renew:bad-csr", UsageError("the renewal's CSR does not parse")) from None
-    if not csr.is_signature_valid:
-        raise _Refused("renew:bad-csr", UsageError("the renewal's CSR signature does not match its key"))
-    if _spki(csr.public_key()) == _spki(caller_cert.public_key()):
-        raise _Refused(
-            "renew:key-reused",
-            UsageError("the renewal's CSR reuses the current key; a renewal must certify a new key"),
-        )
+        raise Refused("renew:stale-timestamp", e) from None
+    csr = renewal_csr(csr_der, caller_cert, "renew")
     async with store.transaction() as tx:
         row = await id_sql.get_cert(tx, serial)
         if row is None or str(row["node_id"]) != node_id:
-            raise _Refused(
+            raise Refused(
                 "renew:unknown-certificate",
                 Unauthenticated(f"certificate {serial} is not a certificate of node {node_id}"),
             )
         if row["revoked_at_ms"] is not None:
-            raise _Refused(
+            raise Refused(
                 "renew:revoked", Unauthenticated(f"certificate {serial} of node {node_id} has been revoked; join again")
             )
         if int(row["not_after_ms"]) <= now_ms:
-            raise _Refused(
+            raise Refused(
                 "renew:expired", Unauthenticated(f"certificate {serial} of node {node_id} has expired; join again")
             )
         idgen = int(row["identity_generation"])
         current = await id_sql.node_identity_generation(tx, node_id)
         if current is None or idgen != current or peer.identity_generation != idgen:
-            raise _Refused(
+            raise Refused(
                 "renew:old-identity",
                 Unauthenticated(
                     f"certificate {serial} belongs to an older identity of node {node_id} (generation {idgen},"
@@ -319,7 +309,7 @@ async def _renew_proved(
         try:
             cert = ca.issue_node_cert(csr, node_id, peer.role, idgen, node_cert_ttl(ttl_s))
         except Unauthenticated as e:  # a CSR key that is not P-256
-            raise _Refused("renew:bad-csr", e) from None
+            raise Refused("renew:bad-csr", e) from None
         pem = cert.public_bytes(serialization.Encoding.PEM)
         new_serial = format(cert.serial_number, "x")
         not_after_ms = int(cert.not_valid_after_utc.timestamp() * 1000)
@@ -341,6 +331,24 @@ async def _renew_proved(
             now_ms,
         )
     return Renewed(node_id, new_serial, pem, not_after_ms)
+
+
+def renewal_csr(csr_der: bytes, current: x509.Certificate, what: str) -> x509.CertificateSigningRequest:
+    """The CSR of a renewal or re-join (`what`: "renew" or "rejoin"), refused when it does not parse, its
+    signature does not match its key, or it keeps the current certificate's key (both rotate the key)."""
+    words = "renewal" if what == "renew" else "re-join"
+    try:
+        csr = x509.load_der_x509_csr(csr_der)
+    except ValueError:
+        raise Refused(f"{what}:bad-csr", UsageError(f"the {words}'s CSR does not parse")) from None
+    if not csr.is_signature_valid:
+        raise Refused(f"{what}:bad-csr", UsageError(f"the {words}'s CSR signature does not match its key"))
+    if _spki(csr.public_key()) == _spki(current.public_key()):
+        raise Refused(
+            f"{what}:key-reused",
+            UsageError(f"the {words}'s CSR reuses the current key; a {words} must certify a new key"),
+        )
+    return csr
 
 
 def _spki(key: CertificatePublicKeyTypes) -> bytes:

@@ -52,6 +52,20 @@ class RenewRequest(_message.Message):
     proof: bytes
     def __init__(self, csr_der: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., proof: _Optional[bytes] = ...) -> None: ...
 
+class RejoinRequest(_message.Message):
+    __slots__ = ("cert_der", "csr_der", "timestamp_ms", "nonce", "proof")
+    CERT_DER_FIELD_NUMBER: _ClassVar[int]
+    CSR_DER_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
+    cert_der: bytes
+    csr_der: bytes
+    timestamp_ms: int
+    nonce: bytes
+    proof: bytes
+    def __init__(self, cert_der: _Optional[bytes] = ..., csr_der: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
+
 class RenewResponse(_message.Message):
     __slots__ = ("cert_pem", "trust", "trust_envelope")
     CERT_PEM_FIELD_NUMBER: _ClassVar[int]
