@@ -1,0 +1,232 @@
+"""The node key in a real (software) TPM: swtpm in the test's tmp dir, reached through the `swtpm:` TCTI.
+
+Each test starts its own swtpm (`--daemon`: the start returns once it listens, so nothing polls), drives
+it through `agent.tpm` exactly as a node drives /dev/tpmrm0, and judges what the TPM produced with
+`cryptography` and `bc.pki.tpm_attest`, as the server would. The failure modes are made for real:
+`tpm2_clear` (a cleared TPM), `tpm2_changeeps` (a new endorsement seed, as another TPM has), and the
+swtpm process stopped (no TPM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import shutil
+import signal
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from agent.key_holder import FileNodeKey, NodeKeyHolder, open_node_key
+from agent.tpm import ANOTHER_AK, CLEARED, HANDLES, UNAVAILABLE, Tpm, TpmNodeKey, TpmRecord, TpmUnavailable
+from bc.errors import Unauthenticated
+from bc.pki import attest, keys
+from bc.pki.tpm_attest import ak_uri, verify_certified_key
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("swtpm") and shutil.which("tpm2_createprimary")),
+    reason="needs swtpm and tpm2-tools (Debian: swtpm swtpm-tools tpm2-tools; .ci/run installs them)",
+)
+
+
+@dataclass
+class SoftTpm:
+    tcti: str
+    pid: int
+
+    async def tool(self, *argv: str) -> None:
+        """Run one tpm2-tools command against this TPM, as an operator would by hand."""
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env={**os.environ, "TPM2TOOLS_TCTI": self.tcti}, stderr=asyncio.subprocess.PIPE
+        )
+        _, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+
+    async def stop(self) -> None:
+        """SIGTERM, then wait for the exit on a pidfd (an event, not a poll)."""
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+            gone = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            loop.add_reader(fd, gone.set)
+            try:
+                async with asyncio.timeout(10):
+                    await gone.wait()
+            finally:
+                loop.remove_reader(fd)
+        finally:
+            os.close(fd)
+
+
+def _free_port_pair() -> int:
+    """A port P with P+1 free too (the swtpm TCTI dials P for commands and P+1 for control)."""
+    while True:
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = int(a.getsockname()[1])
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+
+
+@pytest.fixture
+async def soft_tpm(tmp_path: Path) -> AsyncIterator[SoftTpm]:
+    state = tmp_path / "swtpm"
+    state.mkdir()
+    for _ in range(5):  # a port taken between the check and swtpm's bind: another pair
+        port = _free_port_pair()
+        proc = await asyncio.create_subprocess_exec(
+            "swtpm", "socket", "--tpm2", "--daemon", "--pid", f"file={state / 'pid'}",
+            "--tpmstate", f"dir={state}",
+            "--server", f"type=tcp,port={port},bindaddr=127.0.0.1",
+            "--ctrl", f"type=tcp,port={port + 1},bindaddr=127.0.0.1",
+            "--flags", "not-need-init,startup-clear",
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await proc.communicate()
+        if proc.returncode == 0:
+            break
+    else:
+        raise AssertionError(f"swtpm did not start: {err.decode()}")
+    tpm = SoftTpm(f"swtpm:host=127.0.0.1,port={port}", int((state / "pid").read_text()))
+    try:
+        yield tpm
+    finally:
+        await tpm.stop()
+
+
+def _certificate(key: ec.EllipticCurvePublicKey, ak: str) -> x509.Certificate:
+    """A node certificate for the TPM's key naming its AK, signed by a CA key of the test's own."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "node:n1")])
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")]))
+        .public_key(key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(hours=24))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.UniformResourceIdentifier(u) for u in ("urn:bc:node:n1", "urn:bc:idgen:1", ak)]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+
+async def test_the_node_key_is_made_and_used_inside_the_tpm_and_no_file_holds_it(soft_tpm: SoftTpm) -> None:
+    tpm = Tpm(soft_tpm.tcti)
+    key = await TpmNodeKey.create(tpm)
+    record = key.record.dump()
+    assert b"PRIVATE" not in record and TpmRecord.load(record) == key.record
+    public = await key.public_key()
+    message = b"bc.v1/command-result\nc1\nCOMMAND_SUCCEEDED\n00"
+    assert attest.verify(public, message, await key.sign(message)), "the TPM's signature checks as a file key's would"
+    # The AK is derived again from the endorsement seed: the same on every call.
+    assert ak_uri(await tpm.attestation_key()) == key.record.ak_uri == ak_uri(await tpm.attestation_key())
+    await key.check(_certificate(public, key.record.ak_uri))
+
+
+async def test_a_next_key_is_certified_by_the_ak_and_replaces_the_old_one(soft_tpm: SoftTpm) -> None:
+    tpm = Tpm(soft_tpm.tcti)
+    key = await TpmNodeKey.create(tpm)
+    old = await key.public_key()
+    ak = await tpm.attestation_key()
+    nxt = await key.create_next()
+    assert nxt.handle == HANDLES[1]
+    certified = verify_certified_key(ak, nxt.tpm2b_public, nxt.attest, nxt.signature)
+    assert certified.public_numbers() == nxt.public.key.public_numbers() != old.public_numbers()
+
+    # What the server refuses: another AK, a changed attestation, the certification paired with another key.
+    with pytest.raises(Unauthenticated, match="not signed by the attestation key"):
+        verify_certified_key(
+            ec.generate_private_key(ec.SECP256R1()).public_key(), nxt.tpm2b_public, nxt.attest, nxt.signature
+        )
+    with pytest.raises(Unauthenticated, match="not signed by the attestation key"):
+        verify_certified_key(ak, nxt.tpm2b_public, nxt.attest[:-1] + bytes([nxt.attest[-1] ^ 1]), nxt.signature)
+    other = await tpm.certify(HANDLES[0])
+    with pytest.raises(Unauthenticated, match="certifies another key"):
+        verify_certified_key(ak, other.tpm2b_public, nxt.attest, nxt.signature)
+
+    await key.promote(nxt)
+    assert key.record.handle == HANDLES[1]
+    assert await tpm.read_public(HANDLES[0]) is None, "the old key left the TPM"
+    assert (await key.public_key()).public_numbers() == certified.public_numbers()
+
+
+async def test_a_cleared_tpm_has_lost_the_key_and_says_so(soft_tpm: SoftTpm) -> None:
+    tpm = Tpm(soft_tpm.tcti)
+    key = await TpmNodeKey.create(tpm)
+    cert = _certificate(await key.public_key(), key.record.ak_uri)
+    ak_before = ak_uri(await tpm.attestation_key())
+    await soft_tpm.tool("tpm2_clear", "-c", "p")
+    with pytest.raises(Unauthenticated) as ei:
+        await key.check(cert)
+    assert ei.value.message == CLEARED
+    assert "was the TPM cleared?" in CLEARED and "bc join --reset --yes --attestor tpm" in CLEARED
+    with pytest.raises(Unauthenticated, match="was the TPM cleared"):
+        await key.sign(b"anything")
+    # A clear replaces the owner seed, not the endorsement one: the AK is the same, only the key is gone.
+    assert ak_uri(await tpm.attestation_key()) == ak_before
+
+
+async def test_another_endorsement_seed_is_another_tpm_and_says_so(soft_tpm: SoftTpm) -> None:
+    tpm = Tpm(soft_tpm.tcti)
+    key = await TpmNodeKey.create(tpm)
+    cert = _certificate(await key.public_key(), key.record.ak_uri)
+    await soft_tpm.tool("tpm2_changeeps")
+    with pytest.raises(Unauthenticated) as ei:
+        await key.check(cert)
+    assert ei.value.message == ANOTHER_AK
+    assert ei.value.exit_code == 6 and not ei.value.retryable
+
+
+async def test_an_unreachable_tpm_is_a_retryable_failure_in_one_sentence(soft_tpm: SoftTpm) -> None:
+    tpm = Tpm(soft_tpm.tcti)
+    key = await TpmNodeKey.create(tpm)
+    await soft_tpm.stop()
+    with pytest.raises(TpmUnavailable) as ei:
+        await key.sign(b"anything")
+    assert ei.value.retryable and ei.value.exit_code == 5
+    assert ei.value.message.startswith(UNAVAILABLE + " (swtpm:host=127.0.0.1")
+    assert "\n" not in ei.value.message
+
+
+async def test_both_holders_answer_the_same_interface(soft_tpm: SoftTpm, tmp_path: Path) -> None:
+    """The agent's code path is the same for a file key and a TPM key: `open_node_key` picks by node.key."""
+    tpm_key = await TpmNodeKey.create(Tpm(soft_tpm.tcti))
+    (tmp_path / "tpm.key").write_bytes(tpm_key.record.dump())
+    file_key = ec.generate_private_key(ec.SECP256R1())
+    keys.write_private_key(tmp_path / "file.key", file_key)
+    holders: list[NodeKeyHolder] = [
+        await open_node_key(tmp_path / "tpm.key", soft_tpm.tcti),
+        await open_node_key(tmp_path / "file.key"),
+    ]
+    assert isinstance(holders[0], TpmNodeKey) and isinstance(holders[1], FileNodeKey)
+    for holder in holders:
+        public = await holder.public_key()
+        assert attest.verify(public, b"m", await holder.sign(b"m"))
+        await holder.check(_certificate(public, tpm_key.record.ak_uri))
+        with pytest.raises(Unauthenticated, match="does not match the node certificate"):
+            await holder.check(
+                _certificate(ec.generate_private_key(ec.SECP256R1()).public_key(), tpm_key.record.ak_uri)
+            )
