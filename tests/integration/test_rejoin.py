@@ -11,6 +11,7 @@ tests open it) rather than the database's, so that it moves with the step too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -24,13 +25,13 @@ import pytest
 from agent.identity import Identity
 from agent.join import join_node
 from agent.renewal import Renewer
-from bc.assembly.server import Seams
+from bc.assembly.server import Seams, Server
 from bc.errors import Unauthenticated
 from bc.pki import keys
 from bc.pki.secrets_source import SystemSecrets, os_seeded_random
 from bc.seams.clock import Clock, LoopClock, SystemClock
 from bc.store import Store, open_store
-from tests.integration.conftest import InprocLab, open_lab
+from tests.integration.conftest import InprocLab, open_lab, role_options
 
 DAY_S = 24 * 3600
 
@@ -38,8 +39,8 @@ DAY_S = 24 * 3600
 class PastLab:
     """A lab whose server clock starts `days` in the past; `to_present()` steps it to the host's time."""
 
-    def __init__(self, lab: InprocLab, clock: LoopClock, back_s: float) -> None:
-        self.lab, self.clock, self.back_s = lab, clock, back_s
+    def __init__(self, lab: InprocLab, clock: LoopClock, back_s: float, seams: Seams) -> None:
+        self.lab, self.clock, self.back_s, self.seams = lab, clock, back_s, seams
 
     def to_present(self) -> None:
         self.clock.step(self.back_s)
@@ -51,7 +52,14 @@ def back_days() -> float:
 
 
 @pytest.fixture
-async def past(tmp_path: Path, store_url: str, back_days: float) -> AsyncIterator[PastLab]:
+def roles() -> frozenset[str] | None:
+    return None  # every role in the lab's one process
+
+
+@pytest.fixture
+async def past(
+    tmp_path: Path, store_url: str, back_days: float, roles: frozenset[str] | None
+) -> AsyncIterator[PastLab]:
     loop = asyncio.get_running_loop()
     back_s = back_days * DAY_S
     clock = LoopClock(wall_offset=time.time() - loop.time() - back_s)
@@ -66,8 +74,9 @@ async def past(tmp_path: Path, store_url: str, back_days: float) -> AsyncIterato
         return store
 
     seams = Seams(clock, os_seeded_random(), SystemSecrets(), store_opener=opener)
-    async with open_lab(tmp_path, seams, store=store_url) as lab:
-        yield PastLab(lab, clock, back_s)
+    extra = {} if roles is None else {"roles": roles}
+    async with open_lab(tmp_path, seams, store=store_url, **extra) as lab:
+        yield PastLab(lab, clock, back_s, seams)
 
 
 def _serial(d: Path) -> str:
@@ -183,3 +192,32 @@ async def test_a_rejoin_by_another_key_is_refused_without_an_event(past: PastLab
         await _renewer(d).rejoin_once()
     assert await _reasons(lab) == []
     assert not await lab.admin.list_events(type_prefix="node.rejoined")
+
+
+@pytest.mark.parametrize("roles", [frozenset({"api", "worker"})])
+async def test_a_rejoin_through_a_gateway_that_holds_no_key_is_judged_by_the_api(
+    past: PastLab, tmp_path: Path, store_url: str
+) -> None:
+    lab = past.lab
+    # The gateway lives on the same clock, and is told the api's address (`--api`): the api's registration in
+    # the store is dated by the clock the test steps, and would look two days old until its next renewal.
+    store = store_url or str(tmp_path / "server" / "bc.db")
+    opts = dataclasses.replace(role_options(tmp_path / "gw", store, "gateway", "gw-k", 30.0), api=[lab.server.address])
+    gw = Server(opts, past.seams)
+    await gw.start()
+    try:
+        tok = await lab.admin.create_token("n1")
+        d = lab.node_dir("n1")
+        await join_node(gw.address, tok.token, d)
+        old = _serial(d)
+        past.to_present()
+        renewed = await _renewer(d).rejoin_once()
+        ev = await lab.wait_event("node.rejoined", lambda ev, data: ev.subject == "n1")
+        assert json.loads(ev.data_json)["previous_serial"] == old
+        assert format(renewed.serial_number, "x") == _serial(d) == json.loads(ev.data_json)["serial"]
+        # A forged proof through the same gateway is refused by the api, quietly.
+        keys.write_private_key(d / "node.key", keys.generate_key())
+        with pytest.raises(Unauthenticated, match=r"proof of possession was not made"):
+            await _renewer(d).rejoin_once()
+    finally:
+        await gw.stop()
