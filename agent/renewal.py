@@ -47,13 +47,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from agent.identity import Identity, replace_key_pair
+from agent.key_holder import FileNodeKey, NodeKeyHolder
 from agent.trust import decide_bundle
 from bc.errors import BcError, ProtocolError, Unavailable
 from bc.pki import keys, tokens
 from bc.pki.ca import BACKDATE_S
 from bc.pki.identity import make_csr, peer_identity
-from bc.pki.rejoin import NONCE_BYTES, sign_rejoin_proof
-from bc.pki.renewal import sign_renew_proof
+from bc.pki.rejoin import NONCE_BYTES, rejoin_proof_message
+from bc.pki.renewal import renew_proof_message
 from bc.protocol.pb import common_pb2, join_pb2
 from bc.seams.clock import Clock
 from bc.wire.status import status_to_error
@@ -131,6 +132,7 @@ class Renewer:
         server_offset_ms: Callable[[], int] | None = None,
         call: RenewCall | None = None,
         rejoin_call: RejoinCall | None = None,
+        key_holder: NodeKeyHolder | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.identity = identity
@@ -141,6 +143,8 @@ class Renewer:
         self._offset_ms = server_offset_ms or (lambda: 0)
         self._call: RenewCall = call or self._grpc_renew
         self._rejoin_call: RejoinCall = rejoin_call or self._grpc_rejoin
+        # Proofs are signed through the holder (agent.key_holder), whichever attestor the node joined with.
+        self.key_holder: NodeKeyHolder = key_holder or FileNodeKey(data_dir / identity.files["key"])
         self.renewals = 0
         self.rejoins = 0
 
@@ -237,14 +241,14 @@ class Renewer:
     async def renew_once(self) -> x509.Certificate:
         """One renewal: new key, CSR, proof, `Join.Renew`, files replaced, trust stored; the new certificate."""
         key_pem, cert_pem = await asyncio.to_thread(self._read_pair)
-        current_key = keys.load_key_pem(key_pem)
+        await self.key_holder.check(keys.load_cert_pem(cert_pem))  # a lost key says why before any request
         new_key = keys.generate_key()
         csr_der = make_csr(new_key, self.identity.node_id).public_bytes(serialization.Encoding.DER)
         timestamp_ms = round(self.now() * 1000)
         request = join_pb2.RenewRequest(
             csr_der=csr_der,
             timestamp_ms=timestamp_ms,
-            proof=sign_renew_proof(current_key, csr_der, timestamp_ms),
+            proof=await self.key_holder.sign(renew_proof_message(csr_der, timestamp_ms)),
         )
         response = await self._call(request, key_pem, cert_pem)
         new_cert = await self._install(response, new_key, "renew")
@@ -253,9 +257,10 @@ class Renewer:
 
     async def rejoin_once(self) -> x509.Certificate:
         """One re-join with the expired certificate's key (`bc.pki.rejoin`): as `renew_once`, by `Join.Rejoin`."""
-        key_pem, cert_pem = await asyncio.to_thread(self._read_pair)
-        current_key = keys.load_key_pem(key_pem)
-        cert_der = keys.load_cert_pem(cert_pem).public_bytes(serialization.Encoding.DER)
+        cert_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "cert")
+        cert = keys.load_cert_pem(cert_pem)
+        await self.key_holder.check(cert)
+        cert_der = cert.public_bytes(serialization.Encoding.DER)
         new_key = keys.generate_key()
         csr_der = make_csr(new_key, self.identity.node_id).public_bytes(serialization.Encoding.DER)
         timestamp_ms = round(self.now() * 1000)
@@ -265,7 +270,7 @@ class Renewer:
             csr_der=csr_der,
             timestamp_ms=timestamp_ms,
             nonce=nonce,
-            proof=sign_rejoin_proof(current_key, cert_der, csr_der, timestamp_ms, nonce),
+            proof=await self.key_holder.sign(rejoin_proof_message(cert_der, csr_der, timestamp_ms, nonce)),
         )
         response = await self._rejoin_call(request)
         new_cert = await self._install(response, new_key, "rejoin")

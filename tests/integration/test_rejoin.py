@@ -21,13 +21,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.identity import Identity
 from agent.join import join_node
+from agent.key_holder import NodeKeyHolder
 from agent.renewal import Renewer
 from bc.assembly.server import Seams, Server
 from bc.errors import Unauthenticated
-from bc.pki import keys
+from bc.pki import attest, keys
 from bc.pki.secrets_source import SystemSecrets, os_seeded_random
 from bc.seams.clock import Clock, LoopClock, SystemClock
 from bc.store import Store, open_store
@@ -93,8 +96,24 @@ async def _reasons(lab: InprocLab) -> list[str]:
     return [json.loads(ev.data_json)["reason"] for ev in await lab.admin.list_events(type_prefix="security.rejoin.")]
 
 
-def _renewer(d: Path) -> Renewer:
-    return Renewer(d, Identity.load(d), SystemClock(), random.Random(1))
+def _renewer(d: Path, key_holder: NodeKeyHolder | None = None) -> Renewer:
+    return Renewer(d, Identity.load(d), SystemClock(), random.Random(1), key_holder=key_holder)
+
+
+class ForgingKey:
+    """A node key holder that signs with a key of its own and never checks: what a forger would send."""
+
+    def __init__(self) -> None:
+        self.key = keys.generate_key()
+
+    async def public_key(self) -> ec.EllipticCurvePublicKey:
+        return self.key.public_key()
+
+    async def sign(self, message: bytes) -> bytes:
+        return attest.sign(self.key, message)
+
+    async def check(self, cert: x509.Certificate) -> None:
+        return None
 
 
 async def test_a_node_offline_past_its_expiry_rejoins_with_its_key_and_keeps_id_labels_and_journal(
@@ -187,9 +206,13 @@ async def test_a_rejoin_by_another_key_is_refused_without_an_event(past: PastLab
     await lab.join("n1")
     d = lab.node_dir("n1")
     past.to_present()
-    keys.write_private_key(d / "node.key", keys.generate_key())  # not the key the certificate names
-    with pytest.raises(Unauthenticated, match="proof of possession was not made by the expired certificate's key"):
+    # The agent itself notices a key that is not its certificate's, before any request.
+    keys.write_private_key(d / "node.key", keys.generate_key())
+    with pytest.raises(Unauthenticated, match="the node key does not match the node certificate"):
         await _renewer(d).rejoin_once()
+    # A forger who sends anyway is refused by the server, and quietly: nothing was proved.
+    with pytest.raises(Unauthenticated, match="proof of possession was not made by the expired certificate's key"):
+        await _renewer(d, ForgingKey()).rejoin_once()
     assert await _reasons(lab) == []
     assert not await lab.admin.list_events(type_prefix="node.rejoined")
 
@@ -215,9 +238,8 @@ async def test_a_rejoin_through_a_gateway_that_holds_no_key_is_judged_by_the_api
         ev = await lab.wait_event("node.rejoined", lambda ev, data: ev.subject == "n1")
         assert json.loads(ev.data_json)["previous_serial"] == old
         assert format(renewed.serial_number, "x") == _serial(d) == json.loads(ev.data_json)["serial"]
-        # A forged proof through the same gateway is refused by the api, quietly.
-        keys.write_private_key(d / "node.key", keys.generate_key())
+        # A forged proof through the same gateway is refused by the api.
         with pytest.raises(Unauthenticated, match=r"proof of possession was not made"):
-            await _renewer(d).rejoin_once()
+            await _renewer(d, ForgingKey()).rejoin_once()
     finally:
         await gw.stop()

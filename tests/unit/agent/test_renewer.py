@@ -14,8 +14,12 @@ import pytest
 from cryptography import x509
 
 from agent.identity import Identity, replace_key_pair
+from agent.key_holder import FileNodeKey
 from agent.renewal import Renewer, renew_at
-from bc.errors import BcError, ProtocolError, RejoinTooLate, Unavailable
+from agent.tpm import CLEARED as TPM_CLEARED
+from agent.tpm import UNAVAILABLE as TPM_UNAVAILABLE
+from agent.tpm import TpmUnavailable
+from bc.errors import BcError, ProtocolError, RejoinTooLate, Unauthenticated, Unavailable
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
@@ -309,3 +313,56 @@ def test_a_complete_replacement_leaves_nothing_pending(node: Node) -> None:
     key_pem, cert_pem = _new_pair(node)
     replace_key_pair(node.dir, node.identity, key_pem, cert_pem)
     assert _pair_matches(node.dir) and not list(node.dir.glob("*.next"))
+
+
+# -- a node key that lives elsewhere (agent.key_holder): the TPM's failure modes as the renewer meets them --
+
+
+class FlakyHolder(FileNodeKey):
+    """The node's file key behind a holder that fails its checks as a TPM would, `failures` times."""
+
+    def __init__(self, path: Path, failures: list[BcError]) -> None:
+        super().__init__(path)
+        self.failures = failures
+        self.checks = 0
+
+    async def check(self, cert: x509.Certificate) -> None:
+        self.checks += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        await super().check(cert)
+
+
+async def test_an_unreachable_tpm_fails_the_renewal_loudly_and_is_retried_with_back_off(
+    node: Node, clock: LoopClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.renewal")
+    holder = FlakyHolder(node.dir / "node.key", [TpmUnavailable(f"{TPM_UNAVAILABLE} (device:/dev/tpmrm0: gone)")] * 2)
+    done = asyncio.Event()
+    renewer = Renewer(
+        node.dir, node.identity, clock, random.Random(5), on_renewed=done.set, call=node.renew_rpc, key_holder=holder
+    )
+    task = asyncio.create_task(renewer.run())
+    await asyncio.wait_for(done.wait(), TTL_S)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    failed = [r.getMessage() for r in caplog.records if "event=renewal.failed" in r.getMessage()]
+    assert len(failed) == 2 and all(TPM_UNAVAILABLE in f for f in failed)
+    assert len(node.calls) == 1, "no request leaves the node while its key cannot be reached"
+    assert holder.checks == 3 and renewer.renewals == 1
+
+
+async def test_a_cleared_tpm_stops_the_rejoin_with_its_sentence_and_sends_nothing(
+    node: Node, clock: LoopClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.renewal")
+    await advance(TTL_S + 1)
+    holder = FlakyHolder(node.dir / "node.key", [Unauthenticated(TPM_CLEARED)])
+    renewer = Renewer(
+        node.dir, node.identity, clock, random.Random(5), call=node.renew_rpc, rejoin_call=node.rejoin_rpc,
+        key_holder=holder,
+    )  # fmt: skip
+    await asyncio.wait_for(renewer.run(), 10)
+    assert node.calls == [] and node.rejoin_calls == []
+    impossible = [r.getMessage() for r in caplog.records if "event=renewal.impossible" in r.getMessage()]
+    assert len(impossible) == 1 and impossible[0].endswith(TPM_CLEARED)
