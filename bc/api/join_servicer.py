@@ -38,6 +38,7 @@ from bc.errors import BcError, Unauthenticated, UsageError
 from bc.pki import tokens
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import join_leaf_identity, peer_identity, rejoin_leaf_identity
+from bc.pki.tpm_attest import TpmCertification
 from bc.protocol.pb import join_pb2
 from bc.store import Store
 from bc.wire.status import abort_with
@@ -119,6 +120,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
                 request.hostname,
                 proof=request.token_proof,
                 ttl_s=self.node_cert_ttl_s,
+                tpm=_tpm(request.tpm) if request.HasField("tpm") else None,
             )
         except BcError as e:
             await abort_with(context, e)
@@ -158,6 +160,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
                 request.timestamp_ms,
                 request.proof,
                 ttl_s=self.node_cert_ttl_s,
+                tpm=_tpm(request.tpm) if request.HasField("tpm") else None,
             )
         except BcError as e:
             await abort_with(context, e)
@@ -180,6 +183,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
                 request.nonce,
                 request.proof,
                 ttl_s=self.node_cert_ttl_s,
+                tpm=_tpm(request.tpm) if request.HasField("tpm") else None,
             )
         except BcError as e:
             await abort_with(context, e)
@@ -210,3 +214,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
         if signed is not None:  # the same signed bundle Join and Welcome carry
             resp.trust_envelope.CopyFrom(signed)
         return resp
+
+
+def _tpm(m: join_pb2.TpmCertification) -> TpmCertification:
+    return TpmCertification(m.ak_spki_der, m.key_public, m.attest, m.signature)

@@ -24,6 +24,7 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
+from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -161,3 +162,45 @@ def verify_certified_key(
             " sensitiveDataOrigin, sign)"
         )
     return public.key
+
+
+@dataclass(frozen=True)
+class TpmCertification:
+    """What a node sends to show its CSR's key lives in its TPM (the wire's `TpmCertification`)."""
+
+    ak_spki_der: bytes
+    key_public: bytes
+    attest: bytes
+    signature: bytes
+
+
+def ak_uri_of(cert: x509.Certificate) -> str | None:
+    """The AK a node certificate names, or None for a node that joined without `--attestor tpm`."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    named = [u for u in san.get_values_for_type(x509.UniformResourceIdentifier) if u.startswith(AK_URI_PREFIX)]
+    return named[0] if named else None
+
+
+def check_tpm_key(certification: TpmCertification, csr_key: object, named_ak_uri: str | None = None) -> str:
+    """The AK URI to name in the certificate, once `certification` shows the CSR's key lives in the TPM of
+    that AK (and, with `named_ak_uri`, that the AK is the one the current certificate names); else
+    `Unauthenticated` in one sentence."""
+    try:
+        ak = serialization.load_der_public_key(certification.ak_spki_der)
+    except ValueError:
+        raise Unauthenticated("the TPM attestation key does not parse") from None
+    if not isinstance(ak, ec.EllipticCurvePublicKey) or not isinstance(ak.curve, ec.SECP256R1):
+        raise Unauthenticated("the TPM attestation key is not a P-256 key")
+    uri = ak_uri(ak)
+    if named_ak_uri is not None and uri != named_ak_uri:
+        raise Unauthenticated(
+            "the TPM attestation key is not the one the certificate names (another TPM, or its endorsement seed"
+            " changed); join again: bc join --reset --yes, then bc join"
+        )
+    key = verify_certified_key(ak, certification.key_public, certification.attest, certification.signature)
+    if not isinstance(csr_key, ec.EllipticCurvePublicKey) or spki(key) != spki(csr_key):
+        raise Unauthenticated("the key the TPM attestation key certifies is not the certificate request's key")
+    return uri

@@ -11,25 +11,41 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import os
+import secrets
 import shutil
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from agent.app import Agent, AgentOptions
+from agent.identity import Identity
+from agent.join import join_node
 from agent.key_holder import FileNodeKey, NodeKeyHolder, open_node_key
 from agent.tpm import ANOTHER_AK, CLEARED, HANDLES, UNAVAILABLE, Tpm, TpmNodeKey, TpmRecord, TpmUnavailable
-from bc.errors import Unauthenticated
-from bc.pki import attest, keys
-from bc.pki.tpm_attest import ak_uri, verify_certified_key
+from bc.assembly.server import Seams
+from bc.errors import Unauthenticated, UsageError
+from bc.pki import attest, keys, tokens
+from bc.pki.rejoin import rejoin_proof_message
+from bc.pki.remote_csr import make_remote_csr
+from bc.pki.secrets_source import SystemSecrets, os_seeded_random
+from bc.pki.tpm_attest import TpmCertification, ak_uri, ak_uri_of, check_tpm_key, spki, verify_certified_key
+from bc.protocol.pb import join_pb2
+from bc.seams.clock import LoopClock, SystemClock
+from bc.wire.stubs import join_pb2_grpc
+from bc.wire.tls import channel_credentials
+from tests.integration.conftest import InprocLab, open_lab
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("swtpm") and shutil.which("tpm2_createprimary")),
@@ -230,3 +246,115 @@ async def test_both_holders_answer_the_same_interface(soft_tpm: SoftTpm, tmp_pat
             await holder.check(
                 _certificate(ec.generate_private_key(ec.SECP256R1()).public_key(), tpm_key.record.ak_uri)
             )
+
+
+# -- a TPM node against a real bc serve --------------------------------------------------------------
+
+
+@pytest.fixture
+async def past_lab(tmp_path: Path) -> AsyncIterator[tuple[InprocLab, LoopClock]]:
+    """A lab whose clock starts two days back (as tests/integration/test_rejoin.py's): the node's first
+    certificate has expired once the clock is stepped to the present, so it re-joins."""
+    loop = asyncio.get_running_loop()
+    clock = LoopClock(wall_offset=time.time() - loop.time() - 2 * 24 * 3600)
+    async with open_lab(tmp_path, Seams(clock, os_seeded_random(), SystemSecrets())) as lab:
+        yield lab, clock
+
+
+async def _rejoin(lab: InprocLab, d: Path, req: join_pb2.RejoinRequest) -> join_pb2.RenewResponse:
+    ident = Identity.load(d)
+    leaf_key, leaf_cert = tokens.rejoin_client_credentials(ident.ca_fingerprint, ident.node_id, SystemClock())
+    async with grpc.aio.secure_channel(
+        lab.server.address, channel_credentials(ident.read(d, "ca"), leaf_key, leaf_cert)
+    ) as ch:
+        resp: join_pb2.RenewResponse = await join_pb2_grpc.JoinStub(ch).Rejoin(req, timeout=20)
+    return resp
+
+
+async def test_a_tpm_node_joins_naming_its_ak_and_renews_only_with_a_key_the_ak_certifies(
+    soft_tpm: SoftTpm, past_lab: tuple[InprocLab, LoopClock]
+) -> None:
+    lab, clock = past_lab
+    tpm = Tpm(soft_tpm.tcti)
+    tok = await lab.admin.create_token("n1")
+    d = lab.node_dir("n1")
+    await join_node(lab.server.address, tok.token, d, attestor="tpm", tcti=soft_tpm.tcti)
+
+    record_bytes = (d / "node.key").read_bytes()
+    assert b"PRIVATE" not in record_bytes and (d / "node.key").stat().st_mode & 0o777 == 0o600
+    key = TpmNodeKey(tpm, TpmRecord.load(record_bytes))
+    cert = keys.load_cert_pem((d / "node.crt").read_bytes())
+    ak = ak_uri(await tpm.attestation_key())
+    assert ak_uri_of(cert) == ak == key.record.ak_uri
+    assert spki(cert.public_key()) == spki(await key.public_key())  # type: ignore[arg-type]
+    ev = await lab.wait_event("node.joined", lambda ev, data: ev.subject == "n1")
+    assert json.loads(ev.data_json)["attestor"] == "tpm"
+
+    clock.step(2 * 24 * 3600)  # the certificate expired a day ago
+    cert_der = cert.public_bytes(serialization.Encoding.DER)
+
+    async def request(
+        next_key: ec.EllipticCurvePublicKey, sign_next: object, tpm_cert: object
+    ) -> join_pb2.RejoinRequest:
+        csr_der = await make_remote_csr(next_key, "n1", sign_next)  # type: ignore[arg-type]
+        ts, nonce = round(time.time() * 1000), secrets.token_bytes(16)
+        req = join_pb2.RejoinRequest(
+            cert_der=cert_der, csr_der=csr_der, timestamp_ms=ts, nonce=nonce,
+            proof=await key.sign(rejoin_proof_message(cert_der, csr_der, ts, nonce)),
+        )  # fmt: skip
+        if tpm_cert is not None:
+            req.tpm.CopyFrom(tpm_cert)  # type: ignore[arg-type]
+        return req
+
+    # A next key outside the TPM (a file key) is refused: the certificate names an AK.
+    file_key = ec.generate_private_key(ec.SECP256R1())
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await _rejoin(lab, d, await request(file_key.public_key(), lambda m: _async(attest.sign(file_key, m)), None))
+    assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "needs the next key certified by it" in (ei.value.details() or "")
+
+    # A next key in the TPM, certified by its AK, gets a certificate naming the same AK.
+    nxt = await key.create_next()
+    certification = join_pb2.TpmCertification(
+        ak_spki_der=spki(await tpm.attestation_key()), key_public=nxt.tpm2b_public, attest=nxt.attest,
+        signature=nxt.signature,
+    )  # fmt: skip
+    resp = await _rejoin(lab, d, await request(nxt.public.key, lambda m: tpm.sign(nxt.handle, m), certification))
+    renewed = keys.load_cert_pem(resp.cert_pem)
+    assert spki(renewed.public_key()) == spki(nxt.public.key)  # type: ignore[arg-type]
+    assert ak_uri_of(renewed) == ak
+    reasons = [json.loads(e.data_json)["reason"] for e in await lab.admin.list_events(type_prefix="security.rejoin.")]
+    assert reasons == ["rejoin:key-attestation-missing"]
+
+    # Another endorsement seed gives another AK, whose certification the server refuses for this certificate.
+    await soft_tpm.tool("tpm2_changeeps")
+    other = await tpm.certify(nxt.handle)
+    with pytest.raises(Unauthenticated, match="not the one the certificate names"):
+        check_tpm_key(
+            TpmCertification(spki(await tpm.attestation_key()), other.tpm2b_public, other.attest, other.signature),
+            nxt.public.key,
+            ak,
+        )
+
+
+async def _async(value: bytes) -> bytes:
+    return value
+
+
+def test_a_csr_signed_outside_cryptography_parses_and_verifies() -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    der = asyncio.run(make_remote_csr(key.public_key(), "n1", lambda m: _async(attest.sign(key, m))))
+    csr = x509.load_der_x509_csr(der)
+    assert csr.is_signature_valid and csr.public_key() == key.public_key()
+    assert csr.subject.rfc4514_string() == "CN=node:n1"
+
+
+async def test_bc_node_refuses_a_tpm_identity_in_one_sentence(
+    soft_tpm: SoftTpm, past_lab: tuple[InprocLab, LoopClock]
+) -> None:
+    lab, _ = past_lab
+    tok = await lab.admin.create_token("n1")
+    await join_node(lab.server.address, tok.token, lab.node_dir("n1"), attestor="tpm", tcti=soft_tpm.tcti)
+    agent = Agent(AgentOptions(data_dir=lab.node_dir("n1"), fake_hw="hgx-h100-8"))
+    with pytest.raises(UsageError, match="cannot yet hold a session with a TPM-held key"):
+        await agent.run()

@@ -10,7 +10,8 @@ and the proof's bytes). Here the server checks everything, in this order:
    timestamp within 60 s of the store clock (`rejoin:stale-timestamp`), the CSR (`rejoin:bad-csr`,
    `rejoin:key-reused`), and, with the node's row locked, `decide` over what the store holds about the
    certificate (`rejoin:revoked`, `rejoin:too-late`, `rejoin:not-latest`, `rejoin:old-identity`,
-   `rejoin:unknown-certificate`, `rejoin:not-expired`).
+   `rejoin:unknown-certificate`, `rejoin:not-expired`), and for a certificate naming a TPM attestation key,
+   a next key it certifies, as a renewal (`tpm_key_for`).
 
 Success issues a certificate for the CSR's key, of the same node, role and identity generation (the
 node keeps its id, labels and journal), and publishes `node.rejoined`.
@@ -25,12 +26,13 @@ from cryptography.hazmat.primitives import serialization
 
 from bc.control.base.bus import Bus
 from bc.control.base.events import publish
-from bc.control.trust.identity import NODE_CERT_TTL_S, Refused, Renewed, node_cert_ttl, renewal_csr
+from bc.control.trust.identity import NODE_CERT_TTL_S, Refused, Renewed, node_cert_ttl, renewal_csr, tpm_key_for
 from bc.errors import Unauthenticated, UsageError
 from bc.pki import rejoin as rules
 from bc.pki import renewal as pki_renewal
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity, peer_identity
+from bc.pki.tpm_attest import TpmCertification
 from bc.store import Store
 from bc.store import identity as id_sql
 
@@ -48,6 +50,7 @@ async def rejoin(
     proof: bytes,
     *,
     ttl_s: int = NODE_CERT_TTL_S,
+    tpm: TpmCertification | None = None,
 ) -> Renewed:
     """A new certificate for an expired one's node, proved by the expired certificate's key (see above)."""
     try:
@@ -60,7 +63,7 @@ async def rejoin(
     rules.verify_rejoin_proof(cert, cert_der, csr_der, timestamp_ms, nonce, proof)
     now_ms = await store.now_ms()
     try:
-        renewed = await _rejoin_proved(store, bus, ca, peer, cert, csr_der, timestamp_ms, now_ms, ttl_s)
+        renewed = await _rejoin_proved(store, bus, ca, peer, cert, csr_der, timestamp_ms, now_ms, ttl_s, tpm)
     except Refused as r:
         log.warning(
             "event=rejoin.refused node=%s serial=%s reason=%s error=%s", peer.name, peer.serial, r.reason, r.error
@@ -89,6 +92,7 @@ async def _rejoin_proved(
     timestamp_ms: int,
     now_ms: int,
     ttl_s: int,
+    tpm: TpmCertification | None,
 ) -> Renewed:
     node_id, serial = peer.name, peer.serial
     try:
@@ -96,6 +100,7 @@ async def _rejoin_proved(
     except Unauthenticated as e:
         raise Refused("rejoin:stale-timestamp", e) from None
     csr = renewal_csr(csr_der, cert, "rejoin")
+    ak = tpm_key_for(cert, csr, tpm, "rejoin")
     async with store.transaction() as tx:
         current = await id_sql.lock_node_identity(tx, node_id)
         row = await id_sql.get_cert(tx, serial)
@@ -115,7 +120,7 @@ async def _rejoin_proved(
             reason = "unknown-certificate" if verdict == "unknown" else verdict
             raise Refused(f"rejoin:{reason}", rules.refusal(verdict, node_id, serial, facts.not_after_ms))
         try:
-            issued = ca.issue_node_cert(csr, node_id, peer.role, idgen, node_cert_ttl(ttl_s))
+            issued = ca.issue_node_cert(csr, node_id, peer.role, idgen, node_cert_ttl(ttl_s), ak_uri=ak)
         except Unauthenticated as e:  # a CSR key that is not P-256
             raise Refused("rejoin:bad-csr", e) from None
         pem = issued.public_bytes(serialization.Encoding.PEM)
