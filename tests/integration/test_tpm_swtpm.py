@@ -24,6 +24,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from click.testing import CliRunner
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -35,6 +36,7 @@ from agent.join import join_node
 from agent.key_holder import FileNodeKey, NodeKeyHolder, open_node_key
 from agent.tpm import ANOTHER_AK, CLEARED, HANDLES, UNAVAILABLE, Tpm, TpmNodeKey, TpmRecord, TpmUnavailable
 from bc.assembly.server import Seams
+from bc.cli.main import cli
 from bc.errors import Unauthenticated, UsageError
 from bc.pki import attest, keys, tokens
 from bc.pki.rejoin import rejoin_proof_message
@@ -358,3 +360,37 @@ async def test_bc_node_refuses_a_tpm_identity_in_one_sentence(
     agent = Agent(AgentOptions(data_dir=lab.node_dir("n1"), fake_hw="hgx-h100-8"))
     with pytest.raises(UsageError, match="cannot yet hold a session with a TPM-held key"):
         await agent.run()
+
+
+async def test_after_a_tpm_clear_the_node_joins_again_with_the_tpm_and_the_old_identity_moves_aside(
+    soft_tpm: SoftTpm, past_lab: tuple[InprocLab, LoopClock]
+) -> None:
+    lab, _ = past_lab
+    tpm = Tpm(soft_tpm.tcti)
+    d = lab.node_dir("n1")
+    tok = await lab.admin.create_token("n1")
+    await join_node(lab.server.address, tok.token, d, attestor="tpm", tcti=soft_tpm.tcti)
+    (d / "journal.db").write_bytes(b"the journal of the first identity")
+    old_record = (d / "node.key").read_bytes()
+    await soft_tpm.tool("tpm2_clear", "-c", "p")
+    with pytest.raises(Unauthenticated) as ei:
+        await TpmNodeKey(tpm, TpmRecord.load(old_record)).check(keys.load_cert_pem((d / "node.crt").read_bytes()))
+    assert ei.value.message == CLEARED
+
+    # The recovery the sentence names: bc join --reset --yes --attestor tpm, with a new token.
+    tok = await lab.admin.create_token("n1")
+    r = await asyncio.to_thread(
+        CliRunner().invoke,
+        cli,
+        ["join", "--server", lab.server.address, "--token", tok.token, "--data-dir", str(d), "--reset", "--yes",
+         "--attestor", "tpm", "--tcti", soft_tpm.tcti],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "moved aside:" in r.output and "journal.db" in r.output
+    aside = {p.name.split(".reset-")[0]: p for p in d.glob("*.reset-*")}
+    assert aside["node.key"].read_bytes() == old_record, "the old identity is kept, renamed"
+    assert aside["journal.db"].read_bytes() == b"the journal of the first identity"
+    ident = Identity.load(d)
+    assert ident.identity_generation == 2
+    new = TpmNodeKey(tpm, TpmRecord.load((d / "node.key").read_bytes()))
+    await new.check(keys.load_cert_pem((d / "node.crt").read_bytes()))  # the new key is the TPM's, with its AK
