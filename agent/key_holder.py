@@ -7,22 +7,36 @@ key still matches its certificate; how depends on the attestor the node joined w
 * `agent.tpm.TpmNodeKey`: a key the TPM generated and keeps, `node.key` holding only a record of it.
 
 Both are async: a TPM command is a subprocess, and the file key's reads go to a thread, so neither
-blocks the event loop. `open_node_key` picks the holder from what `node.key` holds.
+blocks the event loop. `agent.tpm.open_node_key` picks the holder from what `node.key` holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bc.errors import Unauthenticated
 from bc.pki import attest, keys
+from bc.pki.identity import make_csr
+from bc.pki.tpm_attest import TpmCertification
 
 KEY_MISMATCH = "the node key does not match the node certificate; join again: bc join --reset --yes, then bc join"
+
+
+@dataclass(frozen=True)
+class NextKey:
+    """A renewal's next key, made by the holder: its CSR, the TPM's word for it, and what node.key becomes."""
+
+    public_key: ec.EllipticCurvePublicKey
+    csr_der: bytes
+    stored: bytes  # node.key's next content: the key's PEM, or the TPM's record of it
+    tpm: TpmCertification | None = None  # the AK's certification of a TPM-held next key
 
 
 class NodeKeyHolder(Protocol):
@@ -34,6 +48,14 @@ class NodeKeyHolder(Protocol):
 
     async def check(self, cert: x509.Certificate) -> None:
         """Raise `Unauthenticated` (or `Unavailable`, retryable) in one sentence unless the key is `cert`'s."""
+        ...
+
+    async def next_key(self, node_id: str) -> NextKey:
+        """A new key for a renewal or a re-join, where this holder keeps keys."""
+        ...
+
+    async def adopt(self, nxt: NextKey) -> None:
+        """The next key is node.key's now (its certificate stored): forget the old one."""
         ...
 
 
@@ -56,15 +78,13 @@ class FileNodeKey:
         if (await self.public_key()).public_numbers() != _ec(cert.public_key()).public_numbers():
             raise Unauthenticated(KEY_MISMATCH)
 
+    async def next_key(self, node_id: str) -> NextKey:
+        key = keys.generate_key()
+        csr_der = make_csr(key, node_id).public_bytes(serialization.Encoding.DER)
+        return NextKey(key.public_key(), csr_der, keys.key_to_pem(key))
 
-async def open_node_key(path: Path, tcti: str | None = None) -> NodeKeyHolder:
-    """The holder `path` (node.key) calls for: a TPM record opens the TPM (`tcti`, or the kernel's), else a file."""
-    from agent.tpm import DEFAULT_TCTI, Tpm, TpmNodeKey, TpmRecord
-
-    data = await asyncio.to_thread(path.read_bytes)
-    if TpmRecord.is_record(data):
-        return TpmNodeKey(Tpm(tcti or DEFAULT_TCTI), TpmRecord.load(data))
-    return FileNodeKey(path)
+    async def adopt(self, nxt: NextKey) -> None:
+        return None  # the file itself was replaced: nothing else held the old key
 
 
 def _ec(key: object) -> ec.EllipticCurvePublicKey:

@@ -45,16 +45,18 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.identity import Identity, replace_key_pair
-from agent.key_holder import FileNodeKey, NodeKeyHolder
+from agent.key_holder import FileNodeKey, NextKey, NodeKeyHolder
 from agent.trust import decide_bundle
 from bc.errors import BcError, ProtocolError, Unavailable
 from bc.pki import keys, tokens
 from bc.pki.ca import BACKDATE_S
-from bc.pki.identity import make_csr, peer_identity
+from bc.pki.identity import peer_identity
 from bc.pki.rejoin import NONCE_BYTES, rejoin_proof_message
 from bc.pki.renewal import renew_proof_message
+from bc.pki.tpm_attest import TpmCertification
 from bc.protocol.pb import common_pb2, join_pb2
 from bc.seams.clock import Clock
 from bc.wire.status import status_to_error
@@ -242,16 +244,17 @@ class Renewer:
         """One renewal: new key, CSR, proof, `Join.Renew`, files replaced, trust stored; the new certificate."""
         key_pem, cert_pem = await asyncio.to_thread(self._read_pair)
         await self.key_holder.check(keys.load_cert_pem(cert_pem))  # a lost key says why before any request
-        new_key = keys.generate_key()
-        csr_der = make_csr(new_key, self.identity.node_id).public_bytes(serialization.Encoding.DER)
+        nxt = await self.key_holder.next_key(self.identity.node_id)
         timestamp_ms = round(self.now() * 1000)
         request = join_pb2.RenewRequest(
-            csr_der=csr_der,
+            csr_der=nxt.csr_der,
             timestamp_ms=timestamp_ms,
-            proof=await self.key_holder.sign(renew_proof_message(csr_der, timestamp_ms)),
+            proof=await self.key_holder.sign(renew_proof_message(nxt.csr_der, timestamp_ms)),
         )
+        if nxt.tpm is not None:
+            request.tpm.CopyFrom(_tpm_pb(nxt.tpm))
         response = await self._call(request, key_pem, cert_pem)
-        new_cert = await self._install(response, new_key, "renew")
+        new_cert = await self._install(response, nxt, "renew")
         self.renewals += 1
         return new_cert
 
@@ -261,29 +264,29 @@ class Renewer:
         cert = keys.load_cert_pem(cert_pem)
         await self.key_holder.check(cert)
         cert_der = cert.public_bytes(serialization.Encoding.DER)
-        new_key = keys.generate_key()
-        csr_der = make_csr(new_key, self.identity.node_id).public_bytes(serialization.Encoding.DER)
+        nxt = await self.key_holder.next_key(self.identity.node_id)
         timestamp_ms = round(self.now() * 1000)
         nonce = secrets.token_bytes(NONCE_BYTES)
         request = join_pb2.RejoinRequest(
             cert_der=cert_der,
-            csr_der=csr_der,
+            csr_der=nxt.csr_der,
             timestamp_ms=timestamp_ms,
             nonce=nonce,
-            proof=await self.key_holder.sign(rejoin_proof_message(cert_der, csr_der, timestamp_ms, nonce)),
+            proof=await self.key_holder.sign(rejoin_proof_message(cert_der, nxt.csr_der, timestamp_ms, nonce)),
         )
+        if nxt.tpm is not None:
+            request.tpm.CopyFrom(_tpm_pb(nxt.tpm))
         response = await self._rejoin_call(request)
-        new_cert = await self._install(response, new_key, "rejoin")
+        new_cert = await self._install(response, nxt, "rejoin")
         self.rejoins += 1
         return new_cert
 
-    async def _install(self, response: join_pb2.RenewResponse, new_key: keys.PrivateKey, via: str) -> x509.Certificate:
+    async def _install(self, response: join_pb2.RenewResponse, nxt: NextKey, via: str) -> x509.Certificate:
         """Check the issued certificate, replace the pair on disk, keep the trust bundle, tell the agent."""
         ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
-        new_cert = self._check_issued(response.cert_pem, new_key, ca_pem)
-        await asyncio.to_thread(
-            replace_key_pair, self.data_dir, self.identity, keys.key_to_pem(new_key), response.cert_pem
-        )
+        new_cert = self._check_issued(response.cert_pem, nxt.public_key, ca_pem)
+        await asyncio.to_thread(replace_key_pair, self.data_dir, self.identity, nxt.stored, response.cert_pem)
+        await self.key_holder.adopt(nxt)
         if self._store_trust(response):
             await asyncio.to_thread(self.identity.save, self.data_dir)
         log.info(
@@ -311,11 +314,11 @@ class Renewer:
             self.on_trust(d.bundle)
         return True
 
-    def _check_issued(self, cert_pem: bytes, new_key: keys.PrivateKey, ca_pem: bytes) -> x509.Certificate:
+    def _check_issued(self, cert_pem: bytes, new_key: ec.EllipticCurvePublicKey, ca_pem: bytes) -> x509.Certificate:
         """Refuse to store a certificate that would not work: wrong key, another node, another CA."""
         cert = keys.load_cert_pem(cert_pem)
         peer = peer_identity(cert, keys.load_cert_pem(ca_pem))
-        if cert.public_key() != new_key.public_key():
+        if cert.public_key() != new_key:
             raise ProtocolError("the renewed certificate is not for the key this node sent")
         if peer.kind != "node" or peer.name != self.identity.node_id:
             raise ProtocolError(f"the renewed certificate names {peer.kind} {peer.name!r}, not this node")
@@ -379,6 +382,12 @@ class Renewer:
             cert.not_valid_after_utc.isoformat(),
             why,
         )
+
+
+def _tpm_pb(c: TpmCertification) -> join_pb2.TpmCertification:
+    return join_pb2.TpmCertification(
+        ak_spki_der=c.ak_spki_der, key_public=c.key_public, attest=c.attest, signature=c.signature
+    )
 
 
 def _describe(e: Exception) -> str:

@@ -41,8 +41,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from agent.key_holder import FileNodeKey, NextKey, NodeKeyHolder
 from bc.errors import BcError, Unauthenticated, Unavailable
-from bc.pki.tpm_attest import AK_URI_PREFIX, TpmPublic, ak_uri, parse_public, spki
+from bc.pki.remote_csr import make_remote_csr
+from bc.pki.tpm_attest import AK_URI_PREFIX, TpmCertification, TpmPublic, ak_uri, parse_public, spki
 
 DEFAULT_TCTI = "device:/dev/tpmrm0"
 HANDLES = (0x81010042, 0x81010043)  # the current key and the next one take turns
@@ -319,6 +321,21 @@ class TpmNodeKey:
         await self.tpm.create_key(other)
         return await self.tpm.certify(other)
 
+    async def next_key(self, node_id: str) -> NextKey:
+        """A renewal's next key (`agent.key_holder`): made in the TPM, its CSR signed there, certified by the AK."""
+        nxt = await self.create_next()
+        csr_der = await make_remote_csr(nxt.public.key, node_id, lambda m: self.tpm.sign(nxt.handle, m))
+        ak = await self.tpm.attestation_key()
+        record = TpmRecord(nxt.handle, spki(nxt.public.key).hex(), self.record.ak_uri)
+        certification = TpmCertification(spki(ak), nxt.tpm2b_public, nxt.attest, nxt.signature)
+        return NextKey(nxt.public.key, csr_der, record.dump(), certification)
+
+    async def adopt(self, nxt: NextKey) -> None:
+        old = self.record.handle
+        self.record = TpmRecord.load(nxt.stored)
+        if old != self.record.handle:
+            await self.tpm.evict(old)
+
     async def promote(self, nxt: Certified) -> TpmRecord:
         """The next key becomes the node key (its record returned to store); the old one leaves the TPM."""
         old = self.record.handle
@@ -339,3 +356,11 @@ def _ec_public(key: object) -> ec.EllipticCurvePublicKey:
     if not isinstance(key, ec.EllipticCurvePublicKey):
         raise Unauthenticated("the key is not an ECDSA key")
     return key
+
+
+async def open_node_key(path: Path, tcti: str | None = None) -> NodeKeyHolder:
+    """The holder `path` (node.key) calls for: a TPM record opens the TPM (`tcti`, else the kernel's), else a file."""
+    data = await asyncio.to_thread(path.read_bytes)
+    if TpmRecord.is_record(data):
+        return TpmNodeKey(Tpm(tcti or DEFAULT_TCTI), TpmRecord.load(data))
+    return FileNodeKey(path)

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.identity import Identity
 from agent.join import join_node
-from agent.key_holder import NodeKeyHolder
+from agent.key_holder import FileNodeKey, NodeKeyHolder
 from agent.renewal import Renewer
 from bc.assembly.server import Seams, Server
 from bc.errors import Unauthenticated
@@ -100,14 +99,12 @@ def _renewer(d: Path, key_holder: NodeKeyHolder | None = None) -> Renewer:
     return Renewer(d, Identity.load(d), SystemClock(), random.Random(1), key_holder=key_holder)
 
 
-class ForgingKey:
-    """A node key holder that signs with a key of its own and never checks: what a forger would send."""
+class ForgingKey(FileNodeKey):
+    """The node's key holder in a forger's hands: it signs with a key of its own and never checks."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
         self.key = keys.generate_key()
-
-    async def public_key(self) -> ec.EllipticCurvePublicKey:
-        return self.key.public_key()
 
     async def sign(self, message: bytes) -> bytes:
         return attest.sign(self.key, message)
@@ -212,7 +209,7 @@ async def test_a_rejoin_by_another_key_is_refused_without_an_event(past: PastLab
         await _renewer(d).rejoin_once()
     # A forger who sends anyway is refused by the server, and quietly: nothing was proved.
     with pytest.raises(Unauthenticated, match="proof of possession was not made by the expired certificate's key"):
-        await _renewer(d, ForgingKey()).rejoin_once()
+        await _renewer(d, ForgingKey(d / "node.key")).rejoin_once()
     assert await _reasons(lab) == []
     assert not await lab.admin.list_events(type_prefix="node.rejoined")
 
@@ -240,6 +237,6 @@ async def test_a_rejoin_through_a_gateway_that_holds_no_key_is_judged_by_the_api
         assert format(renewed.serial_number, "x") == _serial(d) == json.loads(ev.data_json)["serial"]
         # A forged proof through the same gateway is refused by the api.
         with pytest.raises(Unauthenticated, match=r"proof of possession was not made"):
-            await _renewer(d, ForgingKey()).rejoin_once()
+            await _renewer(d, ForgingKey(d / "node.key")).rejoin_once()
     finally:
         await gw.stop()

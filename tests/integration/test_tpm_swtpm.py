@@ -13,6 +13,7 @@ import asyncio
 import datetime
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -33,8 +34,19 @@ from cryptography.x509.oid import NameOID
 from agent.app import Agent, AgentOptions
 from agent.identity import Identity
 from agent.join import join_node
-from agent.key_holder import FileNodeKey, NodeKeyHolder, open_node_key
-from agent.tpm import ANOTHER_AK, CLEARED, HANDLES, UNAVAILABLE, Tpm, TpmNodeKey, TpmRecord, TpmUnavailable
+from agent.key_holder import FileNodeKey, NodeKeyHolder
+from agent.renewal import Renewer
+from agent.tpm import (
+    ANOTHER_AK,
+    CLEARED,
+    HANDLES,
+    UNAVAILABLE,
+    Tpm,
+    TpmNodeKey,
+    TpmRecord,
+    TpmUnavailable,
+    open_node_key,
+)
 from bc.assembly.server import Seams
 from bc.cli.main import cli
 from bc.errors import Unauthenticated, UsageError
@@ -394,3 +406,28 @@ async def test_after_a_tpm_clear_the_node_joins_again_with_the_tpm_and_the_old_i
     assert ident.identity_generation == 2
     new = TpmNodeKey(tpm, TpmRecord.load((d / "node.key").read_bytes()))
     await new.check(keys.load_cert_pem((d / "node.crt").read_bytes()))  # the new key is the TPM's, with its AK
+
+
+async def test_the_agents_rejoin_with_a_tpm_key_makes_the_next_key_in_the_tpm_certified_by_the_ak(
+    soft_tpm: SoftTpm, past_lab: tuple[InprocLab, LoopClock]
+) -> None:
+    lab, clock = past_lab
+    tpm = Tpm(soft_tpm.tcti)
+    d = lab.node_dir("n1")
+    tok = await lab.admin.create_token("n1")
+    await join_node(lab.server.address, tok.token, d, attestor="tpm", tcti=soft_tpm.tcti)
+    first = TpmRecord.load((d / "node.key").read_bytes())
+    clock.step(2 * 24 * 3600)
+    holder = TpmNodeKey(tpm, first)
+    renewer = Renewer(d, Identity.load(d), SystemClock(), random.Random(1), key_holder=holder)
+    cert = await renewer.rejoin_once()
+    ev = await lab.wait_event("node.rejoined", lambda ev, data: ev.subject == "n1")
+    assert json.loads(ev.data_json)["serial"] == format(cert.serial_number, "x")
+    now = TpmRecord.load((d / "node.key").read_bytes())
+    assert now.handle != first.handle and now.ak_uri == first.ak_uri == ak_uri_of(cert)
+    assert await tpm.read_public(first.handle) is None, "the old key left the TPM"
+    assert b"PRIVATE" not in (d / "node.key").read_bytes() and not list(d.glob("*.next"))
+    await TpmNodeKey(tpm, TpmRecord.load((d / "node.key").read_bytes())).check(
+        keys.load_cert_pem((d / "node.crt").read_bytes())
+    )
+    Identity.load(d)  # the pair on disk is a finished one
