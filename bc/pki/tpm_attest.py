@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -190,7 +190,7 @@ def check_tpm_key(certification: TpmCertification, csr_key: object, named_ak_uri
     `Unauthenticated` in one sentence."""
     try:
         ak = serialization.load_der_public_key(certification.ak_spki_der)
-    except ValueError:
+    except (ValueError, UnsupportedAlgorithm):
         raise Unauthenticated("the TPM attestation key does not parse") from None
     if not isinstance(ak, ec.EllipticCurvePublicKey) or not isinstance(ak.curve, ec.SECP256R1):
         raise Unauthenticated("the TPM attestation key is not a P-256 key")
