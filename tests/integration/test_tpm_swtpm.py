@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from agent.app import Agent, AgentOptions
+from agent.doctor import check_identity, load_node_files
 from agent.identity import Identity
 from agent.join import join_node
 from agent.key_holder import FileNodeKey, NodeKeyHolder
@@ -431,3 +432,18 @@ async def test_the_agents_rejoin_with_a_tpm_key_makes_the_next_key_in_the_tpm_ce
         keys.load_cert_pem((d / "node.crt").read_bytes())
     )
     Identity.load(d)  # the pair on disk is a finished one
+
+
+async def test_bc_doctor_reads_a_tpm_identity_from_its_record(
+    soft_tpm: SoftTpm, past_lab: tuple[InprocLab, LoopClock]
+) -> None:
+    lab, _ = past_lab
+    d = lab.node_dir("n1")
+    tok = await lab.admin.create_token("n1")
+    await join_node(lab.server.address, tok.token, d, attestor="tpm", tcti=soft_tpm.tcti)
+    f = check_identity(await asyncio.to_thread(load_node_files, d))
+    assert f.status == "pass" and f.message.endswith(f"(held by the TPM at handle 0x{HANDLES[0]:08x})")
+    other = TpmRecord(HANDLES[0], "00" * 91, "urn:bc:tpm-ak:00")
+    (d / "node.key").write_bytes(other.dump())
+    f = check_identity(await asyncio.to_thread(load_node_files, d))
+    assert f.status == "fail" and f.message == "the TPM key node.key records is not the node certificate's key"
