@@ -356,14 +356,6 @@ async def _async(value: bytes) -> bytes:
     return value
 
 
-def test_a_csr_signed_outside_cryptography_parses_and_verifies() -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
-    der = asyncio.run(make_remote_csr(key.public_key(), "n1", lambda m: _async(attest.sign(key, m))))
-    csr = x509.load_der_x509_csr(der)
-    assert csr.is_signature_valid and csr.public_key() == key.public_key()
-    assert csr.subject.rfc4514_string() == "CN=node:n1"
-
-
 async def test_bc_node_refuses_a_tpm_identity_in_one_sentence(
     soft_tpm: SoftTpm, past_lab: tuple[InprocLab, LoopClock]
 ) -> None:
