@@ -71,7 +71,7 @@ from agent.telemetry.metrics import AgentMetrics, Gauges
 from agent.trust import AgentTrust
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
 from agent.upgrade.slots import Slots
-from bc.errors import Conflict, Unauthenticated
+from bc.errors import Conflict, Unauthenticated, UsageError
 from bc.pki.quorum import CountApprovals, count_approvals
 from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.limits import LIMITS
@@ -583,6 +583,12 @@ class Agent:
                 f"this node's certificate was revoked ({self.identity.revoked}); it will not dial with it again."
                 " Join again: bc join --reset --yes, then bc join"
             )
+        if self.parts.renewal and await asyncio.to_thread(_key_in_tpm, self.data_dir / self.identity.files["key"]):
+            # grpcio takes a TLS client key only as PEM bytes, and a TPM's never leaves it (docs/node-security.md).
+            raise UsageError(
+                "this node's key is held by its TPM (bc join --attestor tpm), and bc node cannot yet hold a session"
+                " with a TPM-held key; join with a file key: bc join --reset --yes, then bc join"
+            )
         await self.open()
         if self.upgrader is not None and self.upgrader.must_restart:
             await self.close()
@@ -602,6 +608,15 @@ class Agent:
         finally:
             await cancel_and_wait(tasks)
             await self.close()
+
+
+def _key_in_tpm(path: Path) -> bool:
+    from agent.tpm import TpmRecord
+
+    try:
+        return TpmRecord.is_record(path.read_bytes())
+    except OSError:
+        return False  # a missing key is the session's to report, as before
 
 
 def _under_systemd() -> bool:

@@ -22,16 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from google.protobuf.message import DecodeError
 
 from agent.helper.checks import DEFAULT_SOCKET, applies, check_helper, check_not_root
 from agent.identity import Identity
 from agent.join import JOURNAL_FILE, split_server
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS
+from agent.tpm import TpmRecord
 from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
 from bc.pki import keys
 from bc.pki.discovery import fetch_pinned_ca
 from bc.pki.identity import peer_identity
+from bc.pki.rejoin import REJOIN_WINDOW_S
 from bc.protocol.findings import (
     Finding,
     failed,
@@ -71,7 +74,7 @@ class NodeFiles:
 
     data_dir: Path
     identity: Identity | None
-    key: keys.PrivateKey | None
+    key: keys.PrivateKey | TpmRecord | None  # a TPM record for `bc join --attestor tpm` (agent.tpm)
     cert: x509.Certificate | None
     ca: x509.Certificate | None
     problems: dict[str, str] = field(default_factory=dict)
@@ -94,10 +97,12 @@ def load_node_files(data_dir: Path) -> NodeFiles:
         ident = read_identity(data_dir)
     except UsageError as e:
         return NodeFiles(data_dir, None, None, None, None, {"identity": e.message})
-    key = cert = ca = None
+    key: keys.PrivateKey | TpmRecord | None = None
+    cert = ca = None
     try:
-        key = keys.load_key_pem(ident.read(data_dir, "key"))
-    except (OSError, KeyError, UsageError) as e:
+        data = ident.read(data_dir, "key")
+        key = TpmRecord.load(data) if TpmRecord.is_record(data) else keys.load_key_pem(data)
+    except (OSError, KeyError, BcError) as e:
         problems["key"] = _why(e)
     try:
         cert = keys.load_cert_pem(ident.read(data_dir, "cert"))
@@ -165,7 +170,12 @@ def check_identity(files: NodeFiles) -> Finding:
         if what in files.problems:
             return failed("identity", f"the node {what} is unreadable: {files.problems[what]}", fix)
     assert files.key is not None and files.cert is not None
-    if files.cert.public_key() != files.key.public_key():
+    if isinstance(files.key, TpmRecord):
+        # Only the record is read here: whether the TPM still holds the key is the agent's to find (agent.tpm).
+        cert_spki = files.cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+        if files.key.public_spki_hex != cert_spki.hex():
+            return failed("identity", "the TPM key node.key records is not the node certificate's key", fix)
+    elif files.cert.public_key() != files.key.public_key():
         return failed("identity", "the node key does not match the node certificate", fix)
     if files.ca is None:
         return failed("identity", "cannot tell who issued the node certificate: ca.crt is unreadable", fix)
@@ -185,7 +195,8 @@ def check_identity(files: NodeFiles) -> Finding:
     return passed(
         "identity",
         f"node {ident.node_id} (role {ident.role or '-'}, identity generation {peer.identity_generation});"
-        " the key matches the certificate",
+        " the key matches the certificate"
+        + (f" (held by the TPM at handle 0x{files.key.handle:08x})" if isinstance(files.key, TpmRecord) else ""),
     )
 
 
@@ -195,9 +206,20 @@ def check_certificate(files: NodeFiles, now: float) -> Finding:
         return failed("certificate", f"node.crt is unreadable: {files.problems.get('cert', '')}", fix)
     life = lifetime_left(files.cert, now)
     if life.expired:
+        # Within 7 days of the expiry `bc node` re-joins with the certificate's key (bc.pki.rejoin) unless it
+        # was revoked; the server judges both, this says what the node can tell from its own files.
+        until = life.not_after + REJOIN_WINDOW_S
+        if now <= until and not (files.identity and files.identity.revoked):
+            return failed(
+                "certificate",
+                f"the certificate expired {span(life.left_s)} ago ({utc_text(life.not_after)}); it cannot be renewed,"
+                f" but bc node re-joins with its key until {utc_text(until)} unless it was revoked",
+                f"start bc node, which re-joins by itself; if the server refuses it, {fix}",
+            )
         return failed(
             "certificate",
-            f"the certificate expired {span(life.left_s)} ago ({utc_text(life.not_after)}); it cannot be renewed",
+            f"the certificate expired {span(life.left_s)} ago ({utc_text(life.not_after)}), more than 7 days ago or"
+            " revoked: it can neither be renewed nor re-join with its key",
             fix,
         )
     if now < life.not_before:

@@ -32,6 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
 from agent.offload import Offload
 from bc.errors import BcError, UsageError
 from bc.pki import keys
@@ -195,8 +198,7 @@ def _pending_pair_ok(data_dir: Path, ident: Identity, cert_path: Path, key_path:
     """
     try:
         cert = keys.load_cert_pem(cert_path.read_bytes())
-        key = keys.load_key_pem(key_path.read_bytes())
-        if cert.public_key() != key.public_key():
+        if not _pairs(key_path.read_bytes(), cert):
             return False
         if key_moved:
             return True
@@ -204,6 +206,16 @@ def _pending_pair_ok(data_dir: Path, ident: Identity, cert_path: Path, key_path:
     except (OSError, BcError):
         return False
     return peer.kind == "node" and peer.name == ident.node_id and peer.identity_generation == ident.identity_generation
+
+
+def _pairs(key_file: bytes, cert: x509.Certificate) -> bool:
+    """Whether node.key's content (a PEM key, or a TPM's record of one: agent.tpm) is `cert`'s key."""
+    from agent.tpm import TpmRecord
+
+    if TpmRecord.is_record(key_file):
+        spki = cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+        return TpmRecord.load(key_file).public_spki_hex == spki.hex()
+    return bool(cert.public_key() == keys.load_key_pem(key_file).public_key())
 
 
 # -- where the running agent keeps changes to its identity ---------------------------------------

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from agent.identity import IDENTITY_FILE, NEXT_SUFFIX, Identity
 from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
@@ -76,28 +77,39 @@ def servers_of(server: str) -> list[str]:
     return addrs
 
 
-async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = False) -> JoinResult:
+async def join_node(
+    server: str, token: str, data_dir: Path, *, reset: bool = False, attestor: str = "file", tcti: str | None = None
+) -> JoinResult:
     """Join through the first of `server`'s addresses that answers (all of them kept, for the session to
     dial): an api process, or a gateway that forwards the join to one. An address that cannot be reached,
     or whose gateway reaches no api process, passes to the next. With `reset`, the old identity and journal
-    are moved aside once a server's CA checks out."""
+    are moved aside once a server's CA checks out. With `attestor="tpm"` the node key is made inside the TPM
+    (`tcti`, else the kernel's resource manager) and certified by its attestation key (`agent.tpm`); node.key
+    then holds a record of it, never the key."""
     parsed = tokens.parse_token(token)
     addrs = servers_of(server)
     if not reset and Identity.exists(data_dir):
         ident = Identity.load(data_dir)
         raise UsageError(f"{data_dir} already holds the identity of node {ident.node_id}; use another --data-dir")
+    if attestor not in ("file", "tpm"):
+        raise UsageError(f"--attestor must be file or tpm, not {attestor!r}")
     join_key_pem, join_cert_pem = tokens.join_client_credentials(parsed, SystemClock())
-    node_key = keys.generate_key()
-    csr = make_csr(node_key, "pending")
-    from cryptography.hazmat.primitives import serialization
-
-    csr_der = csr.public_bytes(serialization.Encoding.DER)
+    key_file: bytes
+    tpm_cert: join_pb2.TpmCertification | None = None
+    if attestor == "tpm":
+        csr_der, key_file, tpm_cert = await _tpm_key(data_dir, tcti)
+    else:
+        node_key = keys.generate_key()
+        csr_der = make_csr(node_key, "pending").public_bytes(Encoding.DER)
+        key_file = keys.key_to_pem(node_key)
     req = join_pb2.JoinRequest(
         csr_der=csr_der,
         hostname=socket.gethostname(),
         token_id=parsed.token_id,
         token_proof=tokens.join_proof(parsed.secret, parsed.token_id, csr_der),
     )
+    if tpm_cert is not None:
+        req.tpm.CopyFrom(tpm_cert)
     moved: list[Path] | None = None
     passed: list[str] = []  # why each address before the one that answered did not
     for addr in addrs:
@@ -124,7 +136,7 @@ async def join_node(server: str, token: str, data_dir: Path, *, reset: bool = Fa
             trust_bundle_b64=base64.b64encode(resp.trust.SerializeToString()).decode(),
             join_ssh_ca_keys=list(resp.ssh_ca_keys),
         )
-        await asyncio.to_thread(_store_identity, data_dir, ident, node_key, resp.cert_pem, ca_pem)
+        await asyncio.to_thread(_store_identity, data_dir, ident, key_file, resp.cert_pem, ca_pem)
         return JoinResult(
             resp.node_id, parsed.ca_pin, cert.not_valid_after_utc.timestamp(), data_dir, tuple(moved or ())
         )
@@ -238,10 +250,40 @@ def _free_suffix(files: list[Path], base: str) -> str:
         n += 1
 
 
-def _store_identity(data_dir: Path, ident: Identity, node_key: keys.PrivateKey, cert_pem: bytes, ca_pem: bytes) -> None:
-    """Key first (0600), then certificates, then identity.json last: its presence means a complete identity."""
+async def _tpm_key(data_dir: Path, tcti: str | None) -> tuple[bytes, bytes, join_pb2.TpmCertification]:
+    """A node key made in the TPM: (the CSR it signed, node.key's record, the AK's certification of it).
+
+    The key goes to the persistent handle the identity in `data_dir` (if any) does not use, so a re-join
+    (`--reset`) leaves the old identity's key where its record, moved aside, says it is.
+    """
+    from agent.tpm import DEFAULT_TCTI, HANDLES, Tpm, TpmNodeKey, TpmRecord
+    from bc.pki.remote_csr import make_remote_csr
+    from bc.pki.tpm_attest import spki
+
+    tpm = Tpm(tcti or DEFAULT_TCTI)
+    handle = HANDLES[0]
+    try:
+        old = await asyncio.to_thread((data_dir / "node.key").read_bytes)
+        if TpmRecord.is_record(old) and TpmRecord.load(old).handle == HANDLES[0]:
+            handle = HANDLES[1]
+    except (OSError, BcError):
+        pass  # no identity yet, or not a TPM one: the first handle
+    node_key = await TpmNodeKey.create(tpm, handle)
+    csr_der = await make_remote_csr(await node_key.public_key(), "pending", node_key.sign)
+    certified = await tpm.certify(handle)
+    ak = await tpm.attestation_key()
+    cert = join_pb2.TpmCertification(
+        ak_spki_der=spki(ak), key_public=certified.tpm2b_public, attest=certified.attest, signature=certified.signature
+    )
+    return csr_der, node_key.record.dump(), cert
+
+
+def _store_identity(data_dir: Path, ident: Identity, key_file: bytes, cert_pem: bytes, ca_pem: bytes) -> None:
+    """Key first (0600), then certificates, then identity.json last: its presence means a complete identity.
+
+    `key_file` is the key's PEM, or (`--attestor tpm`) the record of the key the TPM holds."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    keys.write_private_key(data_dir / "node.key", node_key)
+    atomic_write(data_dir / "node.key", key_file, 0o600)
     atomic_write(data_dir / "node.crt", cert_pem)
     atomic_write(data_dir / "ca.crt", ca_pem)
     ident.save(data_dir)

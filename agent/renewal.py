@@ -12,9 +12,20 @@ pair through a crash), stores the trust bundle the server returned and calls
 
 A failed attempt is logged (`event=renewal.failed attempt=N expires_in_s=…`)
 and retried after 30 s, doubling to 10 min, jittered; a retry that would
-land after the expiry moves to just before it. An expired certificate cannot
-be renewed (the TLS handshake itself refuses it), so the renewer then logs
-`event=renewal.impossible` with what the operator must do and stops.
+land after the expiry moves to just before it.
+
+An expired certificate cannot be renewed (the TLS handshake itself refuses
+it): a node that was offline past its expiry, or whose retries all failed,
+re-joins instead (`Join.Rejoin`, `bc.pki.rejoin`): the same new key and CSR,
+sent under a join-root leaf with the expired certificate and a proof by its
+key, which the server accepts within 7 days of the expiry unless the
+certificate was revoked. The agent does this on start too, so a host powered
+on after a week-end comes back by itself. Failures that a retry can help
+(unreachable, the TPM busy) are retried with the same back-off, without
+end; a refusal (revoked, more than 7 days, another identity) is logged as
+`event=renewal.impossible` with the server's sentence, which says what the
+operator must do (`bc join --reset --yes` with a new token), and the
+renewer stops.
 
 Times: the proof's timestamp and the expiry checks use server time (the
 local clock plus the offset the session learned from Welcome), because the
@@ -27,20 +38,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.identity import Identity, replace_key_pair
+from agent.key_holder import FileNodeKey, NextKey, NodeKeyHolder
 from agent.trust import decide_bundle
-from bc.errors import BcError, ProtocolError
-from bc.pki import keys
+from bc.errors import BcError, ProtocolError, Unavailable
+from bc.pki import keys, tokens
 from bc.pki.ca import BACKDATE_S
-from bc.pki.identity import make_csr, peer_identity
-from bc.pki.renewal import sign_renew_proof
+from bc.pki.identity import peer_identity
+from bc.pki.rejoin import NONCE_BYTES, rejoin_proof_message
+from bc.pki.renewal import renew_proof_message
+from bc.pki.tpm_attest import TpmCertification
 from bc.protocol.pb import common_pb2, join_pb2
 from bc.seams.clock import Clock
 from bc.wire.status import status_to_error
@@ -57,10 +73,9 @@ LAST_TRY_MARGIN_S = 10.0  # the last retry before expiry starts this long before
 WAKE_CHECK_S = 60.0  # long sleeps wake this often to re-read the wall clock (a suspended host misses monotonic time)
 RPC_TIMEOUT_S = 20.0
 
-IMPOSSIBLE_HINT = "the certificate expired; join again: bc join --reset --yes, then bc join"
-
 # (request, current key PEM, current certificate PEM) -> response; tests swap the gRPC call out.
 RenewCall = Callable[[join_pb2.RenewRequest, bytes, bytes], Awaitable[join_pb2.RenewResponse]]
+RejoinCall = Callable[[join_pb2.RejoinRequest], Awaitable[join_pb2.RenewResponse]]
 
 
 # -- the pure rules ------------------------------------------------------------------------------
@@ -118,6 +133,8 @@ class Renewer:
         on_trust: Callable[[common_pb2.TrustBundle], None] | None = None,
         server_offset_ms: Callable[[], int] | None = None,
         call: RenewCall | None = None,
+        rejoin_call: RejoinCall | None = None,
+        key_holder: NodeKeyHolder | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.identity = identity
@@ -127,14 +144,18 @@ class Renewer:
         self.on_trust = on_trust
         self._offset_ms = server_offset_ms or (lambda: 0)
         self._call: RenewCall = call or self._grpc_renew
+        self._rejoin_call: RejoinCall = rejoin_call or self._grpc_rejoin
+        # Proofs are signed through the holder (agent.key_holder), whichever attestor the node joined with.
+        self.key_holder: NodeKeyHolder = key_holder or FileNodeKey(data_dir / identity.files["key"])
         self.renewals = 0
+        self.rejoins = 0
 
     def now(self) -> float:
         """Server time in seconds: the local clock plus the offset from the last Welcome."""
         return self.clock.now() + self._offset_ms() / 1000.0
 
     async def run(self) -> None:
-        """Renew at 60 %, retry failures with back-off, stop once the certificate has expired."""
+        """Renew at 60 %, retry failures with back-off, re-join once expired; stop on a refused re-join."""
         attempt = 0
         retry: float | None = None
         while True:
@@ -148,8 +169,10 @@ class Renewer:
             not_before = cert.not_valid_before_utc.timestamp()
             not_after = cert.not_valid_after_utc.timestamp()
             if self.now() >= not_after:
-                self._impossible(cert)
-                return
+                if not await self._rejoin_until_done(cert):
+                    return
+                attempt, retry = 0, None
+                continue
             if retry is None:
                 at = renew_at(not_before, not_after)
                 log.info(
@@ -162,8 +185,7 @@ class Renewer:
                 at = retry
             await self._sleep_until(at)
             if self.now() >= not_after:
-                self._impossible(cert)
-                return
+                continue  # slept past the expiry (a suspended host): the top of the loop re-joins
             try:
                 await self.renew_once()
             except asyncio.CancelledError:
@@ -179,34 +201,97 @@ class Renewer:
                 )
                 retry = next_attempt_at(now, attempt, not_after, self.rng)
                 if retry is None:
-                    # No room for another try: sleep until the expiry, where the loop says it is impossible.
+                    # No room for another renewal: sleep until the expiry, where the loop re-joins.
                     retry = not_after
                 continue
             attempt, retry = 0, None
 
+    async def _rejoin_until_done(self, cert: x509.Certificate) -> bool:
+        """Re-join with the expired `cert`'s key until it works (True) or the server refuses it for good (False).
+
+        Only what a retry can help is retried (`BcError.retryable`, or anything that is not ours, such as
+        an OSError): the server's refusal is final and says what to do.
+        """
+        log.warning(
+            "event=renewal.expired serial=%x expired_at=%s: re-joining with the expired certificate's key",
+            cert.serial_number,
+            cert.not_valid_after_utc.isoformat(),
+        )
+        attempt = 0
+        while True:
+            try:
+                await self.rejoin_once()
+                return True
+            except asyncio.CancelledError:
+                raise
+            except BcError as e:
+                if not e.retryable:
+                    self._impossible(cert, e.message)
+                    return False
+                failure: Exception = e
+            except Exception as e:  # not ours to judge (a file, the network): retry
+                failure = e
+            attempt += 1
+            log.warning(
+                "event=renewal.failed attempt=%d expired_for_s=%.0f via=rejoin error=%s",
+                attempt,
+                self.now() - cert.not_valid_after_utc.timestamp(),
+                _describe(failure),
+            )
+            await self.clock.sleep(retry_delay(attempt, self.rng))
+
     async def renew_once(self) -> x509.Certificate:
         """One renewal: new key, CSR, proof, `Join.Renew`, files replaced, trust stored; the new certificate."""
         key_pem, cert_pem = await asyncio.to_thread(self._read_pair)
-        current_key = keys.load_key_pem(key_pem)
-        new_key = keys.generate_key()
-        csr_der = make_csr(new_key, self.identity.node_id).public_bytes(serialization.Encoding.DER)
+        await self.key_holder.check(keys.load_cert_pem(cert_pem))  # a lost key says why before any request
+        nxt = await self.key_holder.next_key(self.identity.node_id)
         timestamp_ms = round(self.now() * 1000)
         request = join_pb2.RenewRequest(
-            csr_der=csr_der,
+            csr_der=nxt.csr_der,
             timestamp_ms=timestamp_ms,
-            proof=sign_renew_proof(current_key, csr_der, timestamp_ms),
+            proof=await self.key_holder.sign(renew_proof_message(nxt.csr_der, timestamp_ms)),
         )
+        if nxt.tpm is not None:
+            request.tpm.CopyFrom(_tpm_pb(nxt.tpm))
         response = await self._call(request, key_pem, cert_pem)
-        ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
-        new_cert = self._check_issued(response.cert_pem, new_key, ca_pem)
-        await asyncio.to_thread(
-            replace_key_pair, self.data_dir, self.identity, keys.key_to_pem(new_key), response.cert_pem
+        new_cert = await self._install(response, nxt, "renew")
+        self.renewals += 1
+        return new_cert
+
+    async def rejoin_once(self) -> x509.Certificate:
+        """One re-join with the expired certificate's key (`bc.pki.rejoin`): as `renew_once`, by `Join.Rejoin`."""
+        cert_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "cert")
+        cert = keys.load_cert_pem(cert_pem)
+        await self.key_holder.check(cert)
+        cert_der = cert.public_bytes(serialization.Encoding.DER)
+        nxt = await self.key_holder.next_key(self.identity.node_id)
+        timestamp_ms = round(self.now() * 1000)
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        request = join_pb2.RejoinRequest(
+            cert_der=cert_der,
+            csr_der=nxt.csr_der,
+            timestamp_ms=timestamp_ms,
+            nonce=nonce,
+            proof=await self.key_holder.sign(rejoin_proof_message(cert_der, nxt.csr_der, timestamp_ms, nonce)),
         )
+        if nxt.tpm is not None:
+            request.tpm.CopyFrom(_tpm_pb(nxt.tpm))
+        response = await self._rejoin_call(request)
+        new_cert = await self._install(response, nxt, "rejoin")
+        self.rejoins += 1
+        return new_cert
+
+    async def _install(self, response: join_pb2.RenewResponse, nxt: NextKey, via: str) -> x509.Certificate:
+        """Check the issued certificate, replace the pair on disk, keep the trust bundle, tell the agent."""
+        ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
+        new_cert = self._check_issued(response.cert_pem, nxt.public_key, ca_pem)
+        await asyncio.to_thread(replace_key_pair, self.data_dir, self.identity, nxt.stored, response.cert_pem)
+        await self.key_holder.adopt(nxt)
         if self._store_trust(response):
             await asyncio.to_thread(self.identity.save, self.data_dir)
-        self.renewals += 1
         log.info(
-            "event=renewal.succeeded serial=%x not_after=%s",
+            "event=renewal.succeeded via=%s serial=%x not_after=%s",
+            via,
             new_cert.serial_number,
             new_cert.not_valid_after_utc.isoformat(),
         )
@@ -229,11 +314,11 @@ class Renewer:
             self.on_trust(d.bundle)
         return True
 
-    def _check_issued(self, cert_pem: bytes, new_key: keys.PrivateKey, ca_pem: bytes) -> x509.Certificate:
+    def _check_issued(self, cert_pem: bytes, new_key: ec.EllipticCurvePublicKey, ca_pem: bytes) -> x509.Certificate:
         """Refuse to store a certificate that would not work: wrong key, another node, another CA."""
         cert = keys.load_cert_pem(cert_pem)
         peer = peer_identity(cert, keys.load_cert_pem(ca_pem))
-        if cert.public_key() != new_key.public_key():
+        if cert.public_key() != new_key:
             raise ProtocolError("the renewed certificate is not for the key this node sent")
         if peer.kind != "node" or peer.name != self.identity.node_id:
             raise ProtocolError(f"the renewed certificate names {peer.kind} {peer.name!r}, not this node")
@@ -259,6 +344,27 @@ class Renewer:
             raise status_to_error(e.code(), e.details() or "", server=self.identity.server) from None
         return response
 
+    async def _grpc_rejoin(self, request: join_pb2.RejoinRequest) -> join_pb2.RenewResponse:
+        """`Join.Rejoin` at each of the node's addresses in turn while they are unavailable."""
+        ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
+        leaf_key, leaf_cert = tokens.rejoin_client_credentials(
+            self.identity.ca_fingerprint, self.identity.node_id, self.clock
+        )
+        creds = channel_credentials(ca_pem, leaf_key, leaf_cert)
+        last: BcError = Unavailable("the node has no server address to re-join through")
+        for address in [a for a in self.identity.server.split(",") if a]:
+            try:
+                async with grpc.aio.secure_channel(address, creds) as channel:
+                    response: join_pb2.RenewResponse = await join_pb2_grpc.JoinStub(channel).Rejoin(
+                        request, timeout=RPC_TIMEOUT_S
+                    )
+                return response
+            except grpc.aio.AioRpcError as e:
+                last = status_to_error(e.code(), e.details() or "", server=address)
+                if not last.retryable:
+                    raise last from None
+        raise last
+
     def _read_pair(self) -> tuple[bytes, bytes]:
         return self.identity.read(self.data_dir, "key"), self.identity.read(self.data_dir, "cert")
 
@@ -269,13 +375,19 @@ class Renewer:
         while (left := at - self.now()) > 0:
             await self.clock.sleep(min(left, WAKE_CHECK_S))
 
-    def _impossible(self, cert: x509.Certificate) -> None:
+    def _impossible(self, cert: x509.Certificate, why: str) -> None:
         log.error(
             "event=renewal.impossible serial=%x expired_at=%s: %s",
             cert.serial_number,
             cert.not_valid_after_utc.isoformat(),
-            IMPOSSIBLE_HINT,
+            why,
         )
+
+
+def _tpm_pb(c: TpmCertification) -> join_pb2.TpmCertification:
+    return join_pb2.TpmCertification(
+        ak_spki_der=c.ak_spki_der, key_public=c.key_public, attest=c.attest, signature=c.signature
+    )
 
 
 def _describe(e: Exception) -> str:

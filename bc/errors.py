@@ -6,6 +6,8 @@
     ├── Conflict                 exit 4   the request contradicts stored state (no capacity, token used)
     ├── Unavailable              exit 5   a peer or the store cannot be reached; a retry may help
     ├── Unauthenticated          exit 6   identity, certificate or token refused
+    │   ├── CertificateRevoked   exit 6   a revoked certificate cannot re-join: a new token is needed
+    │   └── RejoinTooLate        exit 6   expired more than 7 days ago: a new token is needed
     └── ProtocolError            exit 7   a peer broke the contract ("can't handle X in state Y")
 
 The CLI prints `error: <message>` and exits with the code; `--debug` adds the
@@ -53,6 +55,15 @@ class Overloaded(Unavailable):
 
 class Unauthenticated(BcError):
     exit_code = 6
+
+
+class CertificateRevoked(Unauthenticated):
+    """The node's certificate was revoked: its key re-joins nothing; `bc join --reset --yes` with a new token."""
+
+
+class RejoinTooLate(Unauthenticated):
+    """The node's certificate expired more than 7 days ago (`bc.pki.rejoin`): `bc join --reset --yes` with a new
+    token."""
 
 
 class ProtocolError(BcError):

@@ -48,6 +48,8 @@ SLOW_FILES = (
     # A real bc serve whose store dies under every role's loops, on the host's clock (the sweeper passes every
     # 5 s): half a minute, and `make test` stood at 10 min 11 s on 2 cores with it.
     "tests/integration/test_store_outage.py",
+    # A software TPM (swtpm) per test, cleared and re-seeded: each tpm2-tools command is a process.
+    "tests/integration/test_tpm_swtpm.py",
 )
 # Not slow enough to leave `make test`, but the longest files there: start them first too.
 LONG_FIRST = ("tests/e2e/test_gateways.py",)

@@ -16,7 +16,8 @@ the core closed it with `redial=False` (RevocationNotice)  stop: this certificat
   (revoked, an older identity)
 welcomed, then ended (cleanly, or its gateway went away)  redial at once, under 1 s of jitter
 refused RESOURCE_EXHAUSTED with a retry-after            redial after it (at most 60 s); no back-off step
-anything else (refused, superseded, expired, no dial)    redial after the next back-off step
+anything else (refused, superseded, expired, no dial)    redial after the next back-off step,
+                                                         or at once when `rotate()` comes first
 =======================================================  ======================================
 
 The back-off is full jitter (uniform over [0, min(60 s, 1 s * 2^attempt)]),
@@ -29,7 +30,9 @@ node's back-off, which would leave the unlucky last nodes of a storm waiting
 seconds after the gateways had room.
 `rotate()` (a renewed certificate) ends the running session, and a dial in
 flight when it is called is dropped and redialed, so the next session
-presents the new certificate.
+presents the new certificate. Between failed dials it also cuts the back-off
+short: a node whose certificate expired offline fails its handshakes until
+the renewer has re-joined (`agent.renewal`), and then dials at once.
 
 A frame the gateway refused as too large lowers the frame budget for the
 sessions that follow (`agent.framing.budget_after_refusal`).
@@ -105,10 +108,12 @@ class SessionLoop:
         self.rotations = 0
         self.sessions_started = 0  # links dialed; every one after the first is a reconnect (telemetry)
         self._last_welcomed = False  # whether the last session was welcomed, when it ended by an exception
+        self._rotated = asyncio.Event()  # set by rotate(): wakes a back-off between failed dials
 
     def rotate(self, why: str) -> None:
         """End the running session, and drop a dial in flight: the next dial reads the identity files anew."""
         self.rotations += 1
+        self._rotated.set()
         if self.current is not None:
             self.current.end(why)
 
@@ -125,6 +130,7 @@ class SessionLoop:
         while not self.stopped.is_set():
             end: SessionEnd | None = None
             hinted: float | None = None
+            rotations = self.rotations
             try:
                 end = await self._one()
             except LinkClosed as e:
@@ -152,9 +158,30 @@ class SessionLoop:
             else:
                 attempt = 0 if welcomed else attempt + 1
                 delay = backoff_delay(attempt, self.rng)
+            if not welcomed and hinted is None:
+                # Dials failing (an expired certificate's handshake, say) while the renewer re-joins: once it
+                # has stored a new pair (`rotate`), the next dial goes at once instead of after the back-off.
+                if self.rotations != rotations:
+                    attempt, delay = 0, 0.0
+                log.info("event=session.redial attempt=%d delay_s=%.3f", attempt, delay)
+                await self._back_off(delay, rotations)
+                continue
             log.info("event=session.redial attempt=%d delay_s=%.3f", attempt, delay)
             await wait_event(self.stopped, delay)
         return None
+
+    async def _back_off(self, delay: float, rotations: int) -> None:
+        """Wait `delay`, or less if the agent stops or its certificate is renewed (a rotation) meanwhile."""
+        self._rotated.clear()
+        if self.rotations != rotations or delay <= 0:
+            return
+        waits = [asyncio.ensure_future(self.stopped.wait()), asyncio.ensure_future(self._rotated.wait())]
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     async def _one(self) -> SessionEnd:
         """Dial and run one session to its end."""

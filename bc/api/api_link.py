@@ -29,6 +29,13 @@ class ApiLink:
             response: join_pb2.JoinResponse = await join_pb2_grpc.JoinStub(channel).Join(request, timeout=RPC_TIMEOUT_S)
         return response
 
+    async def rejoin(self, address: str, request: join_pb2.RejoinRequest) -> join_pb2.RenewResponse:
+        async with grpc.aio.secure_channel(address, self.credentials()) as channel:
+            response: join_pb2.RenewResponse = await join_pb2_grpc.JoinStub(channel).Rejoin(
+                request, timeout=RPC_TIMEOUT_S
+            )
+        return response
+
     async def renew(self, address: str, request: join_pb2.RenewRequest, metadata: Metadata) -> join_pb2.RenewResponse:
         async with grpc.aio.secure_channel(address, self.credentials()) as channel:
             response: join_pb2.RenewResponse = await join_pb2_grpc.JoinStub(channel).Renew(

@@ -15,6 +15,9 @@ cannot:
   (issued by its CA, stored, unrevoked, unexpired, of the node's current identity), and the node's proof of
   possession over the CSR and timestamp against that certificate's key.
 
+* Rejoin: forwarded as it came. The request carries the expired certificate and the proof by its key,
+  which the api checks whoever relays it; the gateway's own certificate only shows it is a gateway.
+
 A join is not idempotent: an api that consumed the token and then lost the connection leaves the next one
 to answer "already used". Only UNAVAILABLE moves on, which grpc gives before a call reaches the handler.
 """
@@ -57,6 +60,13 @@ class JoinProxy(join_pb2_grpc.JoinServicer):
         metadata = ((NODE_CERT_MD, cert.public_bytes(serialization.Encoding.DER)),)
         response = await self._forward("renew", context, lambda address: self.link.renew(address, request, metadata))
         log.info("event=renew-proxy.forwarded serial=%x", cert.serial_number)
+        return response
+
+    async def Rejoin(
+        self, request: join_pb2.RejoinRequest, context: grpc.aio.ServicerContext
+    ) -> join_pb2.RenewResponse:
+        response = await self._forward("rejoin", context, lambda address: self.link.rejoin(address, request))
+        log.info("event=rejoin-proxy.forwarded bytes=%d", len(request.cert_der))
         return response
 
     async def _forward(self, what: str, context: grpc.aio.ServicerContext, call: Callable[[str], Awaitable[T]]) -> T:

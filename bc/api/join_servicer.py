@@ -11,7 +11,12 @@ gateway-only process (`bc.api.join_proxy`) the caller is the gateway, and the no
 forwarded beside the request: taken only from a caller whose own certificate says `gateway:`, then checked
 exactly as a direct caller's would be.
 
-Both replies carry the trust bundle as `Intent` holds it now (with the quorum
+Rejoin: a node whose certificate expired cannot make a TLS handshake with it; it calls with a leaf under the
+join root naming `rejoin:<node id>` (or through a gateway that forwards the call, whose `gateway:` certificate
+is the caller), with the expired certificate and a proof by its key in the request, which
+`bc.control.trust.rejoin` judges (`bc.pki.rejoin` holds the rule).
+
+All three replies carry the trust bundle as `Intent` holds it now (with the quorum
 settings the gateways last read), and its signed envelope when signing is on.
 """
 
@@ -26,13 +31,14 @@ from cryptography.hazmat.primitives import serialization
 from bc.api.join_proxy import NODE_CERT_MD
 from bc.control.base.bus import Bus
 from bc.control.signing.signer import Signer
-from bc.control.trust import identity, ssh
+from bc.control.trust import identity, rejoin, ssh
 from bc.control.trust.identity import NODE_CERT_TTL_S
 from bc.control.trust.intent import Intent
 from bc.errors import BcError, Unauthenticated, UsageError
 from bc.pki import tokens
 from bc.pki.ca import CertificateAuthority
-from bc.pki.identity import join_leaf_identity, peer_identity
+from bc.pki.identity import join_leaf_identity, peer_identity, rejoin_leaf_identity
+from bc.pki.tpm_attest import TpmCertification
 from bc.protocol.pb import join_pb2
 from bc.store import Store
 from bc.wire.status import abort_with
@@ -114,6 +120,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
                 request.hostname,
                 proof=request.token_proof,
                 ttl_s=self.node_cert_ttl_s,
+                tpm=_tpm(request.tpm) if request.HasField("tpm") else None,
             )
         except BcError as e:
             await abort_with(context, e)
@@ -153,11 +160,61 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
                 request.timestamp_ms,
                 request.proof,
                 ttl_s=self.node_cert_ttl_s,
+                tpm=_tpm(request.tpm) if request.HasField("tpm") else None,
             )
         except BcError as e:
             await abort_with(context, e)
-        resp = join_pb2.RenewResponse(cert_pem=renewed.cert_pem, trust=self.intent.trust_bundle())
+        return self._renew_response(renewed.cert_pem)
+
+    async def Rejoin(
+        self, request: join_pb2.RejoinRequest, context: grpc.aio.ServicerContext
+    ) -> join_pb2.RenewResponse:
+        try:
+            self._rejoin_caller(request, context)
+            if not request.cert_der or not request.csr_der or not request.proof:
+                raise UsageError("the re-join request needs the expired certificate, a CSR and a proof of possession")
+            renewed = await rejoin.rejoin(
+                self.store,
+                self.bus,
+                self.ca,
+                request.cert_der,
+                request.csr_der,
+                request.timestamp_ms,
+                request.nonce,
+                request.proof,
+                ttl_s=self.node_cert_ttl_s,
+                tpm=_tpm(request.tpm) if request.HasField("tpm") else None,
+            )
+        except BcError as e:
+            await abort_with(context, e)
+        return self._renew_response(renewed.cert_pem)
+
+    def _rejoin_caller(self, request: join_pb2.RejoinRequest, context: grpc.aio.ServicerContext) -> None:
+        """A re-join comes from a leaf under the join root naming the node, or from a forwarding gateway."""
+        cert = peer_cert_from_context(context)
+        if cert is None:
+            raise Unauthenticated("a re-join needs the re-join client certificate the node makes")
+        if cert.issuer != self.join_root.subject:
+            caller = peer_identity(cert, self.ca.certificate)
+            if caller.kind != "gateway":
+                raise Unauthenticated(f"only a gateway forwards a node's re-join, not a {caller.kind}")
+            return
+        claimed = rejoin_leaf_identity(cert, self.join_root)
+        try:
+            named = x509.load_der_x509_certificate(request.cert_der)
+            node = peer_identity(named, self.ca.certificate).name
+        except (ValueError, BcError):
+            return  # `rejoin.rejoin` refuses it in its own words
+        if node != claimed:
+            raise Unauthenticated("the re-join request names another node than its client certificate")
+
+    def _renew_response(self, cert_pem: bytes) -> join_pb2.RenewResponse:
+        resp = join_pb2.RenewResponse(cert_pem=cert_pem, trust=self.intent.trust_bundle())
         signed = self.intent.trust_envelope()
         if signed is not None:  # the same signed bundle Join and Welcome carry
             resp.trust_envelope.CopyFrom(signed)
         return resp
+
+
+def _tpm(m: join_pb2.TpmCertification) -> TpmCertification:
+    return TpmCertification(m.ak_spki_der, m.key_public, m.attest, m.signature)

@@ -213,8 +213,18 @@ def echo_progress(message: str) -> None:
     help="Move the identity and journal already in --data-dir aside (renamed .reset-<time>) and join again.",
 )
 @click.option("--yes", is_flag=True, help="Confirm --reset.")
+@click.option(
+    "--attestor",
+    type=click.Choice(["file", "tpm"]),
+    default="file",
+    show_default=True,
+    help="Where the node key lives: a file, or inside the TPM (docs/node-security.md).",
+)
+@click.option("--tcti", default=None, metavar="TCTI", help="How to reach the TPM (default device:/dev/tpmrm0).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a sentence.")
-def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_json: bool) -> None:
+def join(
+    server: str, token: str, data_dir: Path, reset: bool, yes: bool, attestor: str, tcti: str | None, as_json: bool
+) -> None:
     """Give this host a node identity, using a one-use join token."""
     from agent.join import identity_files, join_node
 
@@ -226,7 +236,7 @@ def join(server: str, token: str, data_dir: Path, reset: bool, yes: bool, as_jso
         )
     result = asyncio.run(
         with_progress(
-            join_node(server=server, token=token, data_dir=data_dir, reset=reset),
+            join_node(server=server, token=token, data_dir=data_dir, reset=reset, attestor=attestor, tcti=tcti),
             f"waiting for bc serve at {server}…",
         )
     )

@@ -217,11 +217,13 @@ class CertificateAuthority:
         role: str,
         identity_generation: int,
         ttl_s: int = NODE_MAX_TTL_S,
+        ak_uri: str = "",
     ) -> x509.Certificate:
         """A node's client certificate for the key in `csr`, at most 24 h long (a ramdisk's, 2 h).
 
         Only the CSR's public key is used, and only once its signature proves
-        the requester holds the private half.
+        the requester holds the private half. `ak_uri` (`urn:bc:tpm-ak:…`) names the TPM attestation key
+        that certified that key (`bc.pki.tpm_attest`), for a node that joined with `--attestor tpm`.
         """
         if not csr.is_signature_valid:
             raise Unauthenticated("the certificate request's signature does not match its key")
@@ -238,6 +240,8 @@ class CertificateAuthority:
         uris = [f"urn:bc:node:{node_id}", f"urn:bc:idgen:{identity_generation}"]
         if role:
             uris.insert(1, f"urn:bc:role:{role}")
+        if ak_uri:
+            uris.append(ak_uri)
         cap = RAMDISK_MAX_TTL_S if role == "ramdisk" else NODE_MAX_TTL_S  # a ramdisk boots briefly: 2 h at most
         builder = self._leaf(f"node:{node_id}", pub, min(ttl_s, cap), ExtendedKeyUsageOID.CLIENT_AUTH)
         builder = builder.add_extension(

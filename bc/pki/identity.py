@@ -105,6 +105,18 @@ def join_leaf_identity(
     return PeerIdentity("join", token_id, format(cert.serial_number, "x"), cert.not_valid_after_utc.timestamp())
 
 
+def rejoin_leaf_identity(cert: x509.Certificate, join_root: x509.Certificate) -> str:
+    """The node a Rejoin caller's leaf names (`rejoin:<node id>`), if the join root signed it. A claim only,
+    like a join leaf's: the request's proof by the expired certificate's key is what counts."""
+    _require_issued_by(cert, join_root, "the re-join certificate was not issued by this install's join root")
+    _require_client_auth(cert)
+    cn = _common_name(cert)
+    node_id = cn.removeprefix("rejoin:")
+    if not cn.startswith("rejoin:") or not SAFE_NAME.fullmatch(node_id):
+        raise Unauthenticated(f"the re-join certificate names no node (CN {cn!r})")
+    return node_id
+
+
 def _require_issued_by(cert: x509.Certificate, issuer: x509.Certificate, message: str) -> None:
     try:
         cert.verify_directly_issued_by(issuer)

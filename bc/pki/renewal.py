@@ -67,11 +67,11 @@ def verify_renew_proof(
         check_proof_timestamp(timestamp_ms, now_ms)
 
 
-def check_proof_timestamp(timestamp_ms: int, now_ms: int) -> None:
+def check_proof_timestamp(timestamp_ms: int, now_ms: int, what: str = "renewal") -> None:
     """Raise `Unauthenticated` when the proof's time is more than 60 s from `now_ms` (either way)."""
     off_ms = timestamp_ms - now_ms
     if abs(off_ms) > PROOF_SKEW_MS:
         raise Unauthenticated(
-            f"the renewal's timestamp is {off_ms / 1000:+.0f} s from the server's clock (at most ±60 s);"
+            f"the {what}'s timestamp is {off_ms / 1000:+.0f} s from the server's clock (at most ±60 s);"
             " check the node's clock"
         )

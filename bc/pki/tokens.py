@@ -269,12 +269,22 @@ def join_client_credentials(parsed: ParsedToken, clock: Clock) -> tuple[bytes, b
     derived key, which is all chain building needs. The leaf proves nothing
     about the token; `join_proof` in the request does.
     """
-    root_key = join_root_key(parsed.ca_pin)
+    return _join_leaf(parsed.ca_pin, f"join:{parsed.token_id}", clock)
+
+
+def rejoin_client_credentials(ca_fingerprint: str, node_id: str, clock: Clock) -> tuple[bytes, bytes]:
+    """(key PEM, certificate PEM) for a Rejoin call's TLS: a leaf under the join root, as a join's, naming
+    `rejoin:<node id>`. It proves nothing; the expired certificate's key proves the re-join (`bc.pki.rejoin`)."""
+    return _join_leaf(ca_fingerprint, f"rejoin:{node_id}", clock)
+
+
+def _join_leaf(ca_fingerprint: str, common_name: str, clock: Clock) -> tuple[bytes, bytes]:
+    root_key = join_root_key(ca_fingerprint)
     leaf_key = keys.generate_key()
     now = clock.now()
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"join:{parsed.token_id}")]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(_join_root_name())
         .public_key(leaf_key.public_key())
         .serial_number(_leaf_serial(leaf_key))

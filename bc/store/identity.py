@@ -78,3 +78,27 @@ async def node_identity_generation(tx: Tx, node_id: str) -> int | None:
     """The node's current identity generation (raised by every re-join), or None for an unknown node."""
     value = await tx.fetchval("SELECT identity_generation FROM nodes WHERE node_id = :n", {"n": node_id})
     return None if value is None else int(value)
+
+
+async def lock_node_identity(tx: Tx, node_id: str) -> int | None:
+    """The node's identity generation, with its row held for the rest of the transaction (None: no such node).
+
+    A write that changes nothing: on PostgreSQL it takes the row lock, so two re-joins with the same
+    certificate run one after the other and the second sees the first one's certificate; SQLite has one
+    writer already.
+    """
+    value = await tx.fetchval(
+        "UPDATE nodes SET identity_generation = identity_generation WHERE node_id = :n RETURNING identity_generation",
+        {"n": node_id},
+    )
+    return None if value is None else int(value)
+
+
+async def latest_cert_serial(tx: Tx, node_id: str, identity_generation: int) -> str | None:
+    """The serial of the node's certificate of this generation that expires last (ties: issued last)."""
+    value = await tx.fetchval(
+        "SELECT serial FROM node_certs WHERE node_id = :n AND identity_generation = :g"
+        " ORDER BY not_after_ms DESC, issued_at_ms DESC, serial DESC LIMIT 1",
+        {"n": node_id, "g": identity_generation},
+    )
+    return None if value is None else str(value)

@@ -81,10 +81,12 @@ class InprocLab:
 
 
 @contextlib.asynccontextmanager
-async def open_lab(tmp_path: Path, **serve: Any) -> AsyncIterator[InprocLab]:
-    """A started `bc serve` (options as `ServeOptions` fields) with an operator client; stopped afterwards."""
+async def open_lab(tmp_path: Path, seams: Seams | None = None, **serve: Any) -> AsyncIterator[InprocLab]:
+    """A started `bc serve` (options as `ServeOptions` fields) with an operator client; stopped afterwards.
+
+    `seams` replaces the production ones, e.g. a clock a test steps (`LoopClock(wall_offset=…)`)."""
     opts = {"data_dir": tmp_path / "server", "listen": "127.0.0.1:0", "heartbeat_interval_s": 1.0, **serve}
-    server = Server(ServeOptions(**opts), Seams.production())
+    server = Server(ServeOptions(**opts), seams or Seams.production())
     await server.start()
     cfg = OperatorConfig.load(server.operator_config)
     admin = AdminClient(cfg)

@@ -36,9 +36,11 @@ from bc.control.trust import ssh as ssh_ctl
 from bc.errors import BcError, Unauthenticated, UsageError
 from bc.pki import renewal as pki_renewal
 from bc.pki import tokens as pki_tokens
+from bc.pki import tpm_attest
 from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
 from bc.pki.identity import PeerIdentity, peer_identity
 from bc.pki.secrets_source import Secrets
+from bc.pki.tpm_attest import TpmCertification
 from bc.seams.clock import Clock
 from bc.store import Store
 from bc.store import identity as id_sql
@@ -123,11 +125,15 @@ async def join(
     *,
     proof: bytes,
     ttl_s: int = NODE_CERT_TTL_S,
+    tpm: TpmCertification | None = None,
 ) -> Joined:
     """Consume the token and issue the node's certificate (`ttl_s`, at most 24 h) for the key in the CSR.
 
     `proof` is the token key's signature over the token id and `csr_der` (`bc.pki.tokens.join_proof`); it
     is checked before the token's state, so only the token's holder learns that it was used or expired.
+    With `tpm` (`bc join --attestor tpm`), the CSR's key must be one the TPM's attestation key certifies, and
+    the certificate names that AK (`bc.pki.tpm_attest`): from then on the node renews only with next keys it
+    certifies.
     """
     try:
         csr = x509.load_der_x509_csr(csr_der)
@@ -147,13 +153,14 @@ async def join(
             raise Unauthenticated("the join token has already been used; create a new one with `bc token create`")
         if int(tok["expires_at_ms"]) <= now_ms:
             raise Unauthenticated("the join token has expired; create a new one with `bc token create`")
+        ak = tpm_attest.check_tpm_key(tpm, csr.public_key()) if tpm is not None else ""
         if not await id_sql.use_token(tx, token_id, now_ms):
             raise Unauthenticated("the join token is no longer valid")
         node_id, role = str(tok["node_id"]), str(tok["role"])
         created = await nodes_sql.ensure(tx, node_id, role, now_ms)
         idgen = 1 if created else await id_sql.bump_identity_generation(tx, node_id)
         revived = not created and await nodes_sql.revive(tx, node_id, now_ms)  # a deleted id, history kept
-        cert = ca.issue_node_cert(csr, node_id, role, idgen, node_cert_ttl(ttl_s))
+        cert = ca.issue_node_cert(csr, node_id, role, idgen, node_cert_ttl(ttl_s), ak_uri=ak)
         pem = cert.public_bytes(serialization.Encoding.PEM)
         await id_sql.insert_cert(
             tx,
@@ -180,6 +187,7 @@ async def join(
                 "revived": revived,
                 "hostname": hostname,
                 "serial": format(cert.serial_number, "x"),
+                "attestor": "tpm" if ak else "",
             },
             now_ms,
         )
@@ -201,7 +209,7 @@ class Renewed:
     not_after_ms: int
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """A renewal refused after the caller proved its key: published, then raised as `error`."""
 
     def __init__(self, reason: str, error: BcError) -> None:
@@ -219,6 +227,7 @@ async def renew(
     proof: bytes,
     *,
     ttl_s: int = NODE_CERT_TTL_S,
+    tpm: TpmCertification | None = None,
 ) -> Renewed:
     """Issue a node a certificate for a new key, proved by its current one (`caller_cert`, from mutual TLS).
 
@@ -231,7 +240,9 @@ async def renew(
     match its key), `renew:key-reused` (`UsageError`: the CSR keeps the
     current key; a renewal rotates it), `renew:unknown-certificate`,
     `renew:revoked`, `renew:expired`, `renew:old-identity` (a certificate of
-    an identity generation a later join replaced).
+    an identity generation a later join replaced), and for a certificate that names a TPM attestation key
+    (`tpm_key_for`): `renew:key-attestation-missing`, `renew:key-attestation-invalid`,
+    `renew:attestor-changed`.
     """
     peer = peer_identity(caller_cert, ca.certificate)
     if peer.kind != "node":
@@ -240,8 +251,8 @@ async def renew(
     pki_renewal.verify_renew_proof(caller_cert, csr_der, timestamp_ms, proof)
     now_ms = await store.now_ms()
     try:
-        renewed = await _renew_proved(store, bus, ca, peer, caller_cert, csr_der, timestamp_ms, now_ms, ttl_s)
-    except _Refused as r:
+        renewed = await _renew_proved(store, bus, ca, peer, caller_cert, csr_der, timestamp_ms, now_ms, ttl_s, tpm)
+    except Refused as r:
         log.warning(
             "event=renew.refused node=%s serial=%s reason=%s error=%s",
             peer.name,
@@ -274,42 +285,34 @@ async def _renew_proved(
     timestamp_ms: int,
     now_ms: int,
     ttl_s: int,
+    tpm: TpmCertification | None,
 ) -> Renewed:
     node_id, serial = peer.name, peer.serial
     try:
         pki_renewal.check_proof_timestamp(timestamp_ms, now_ms)
     except Unauthenticated as e:
-        raise _Refused("renew:stale-timestamp", e) from None
-    try:
-        csr = x509.load_der_x509_csr(csr_der)
-    except ValueError:
-        raise _Refused("renew:bad-csr", UsageError("the renewal's CSR does not parse")) from None
-    if not csr.is_signature_valid:
-        raise _Refused("renew:bad-csr", UsageError("the renewal's CSR signature does not match its key"))
-    if _spki(csr.public_key()) == _spki(caller_cert.public_key()):
-        raise _Refused(
-            "renew:key-reused",
-            UsageError("the renewal's CSR reuses the current key; a renewal must certify a new key"),
-        )
+        raise Refused("renew:stale-timestamp", e) from None
+    csr = renewal_csr(csr_der, caller_cert, "renew")
+    ak = tpm_key_for(caller_cert, csr, tpm, "renew")
     async with store.transaction() as tx:
         row = await id_sql.get_cert(tx, serial)
         if row is None or str(row["node_id"]) != node_id:
-            raise _Refused(
+            raise Refused(
                 "renew:unknown-certificate",
                 Unauthenticated(f"certificate {serial} is not a certificate of node {node_id}"),
             )
         if row["revoked_at_ms"] is not None:
-            raise _Refused(
+            raise Refused(
                 "renew:revoked", Unauthenticated(f"certificate {serial} of node {node_id} has been revoked; join again")
             )
         if int(row["not_after_ms"]) <= now_ms:
-            raise _Refused(
+            raise Refused(
                 "renew:expired", Unauthenticated(f"certificate {serial} of node {node_id} has expired; join again")
             )
         idgen = int(row["identity_generation"])
         current = await id_sql.node_identity_generation(tx, node_id)
         if current is None or idgen != current or peer.identity_generation != idgen:
-            raise _Refused(
+            raise Refused(
                 "renew:old-identity",
                 Unauthenticated(
                     f"certificate {serial} belongs to an older identity of node {node_id} (generation {idgen},"
@@ -317,9 +320,9 @@ async def _renew_proved(
                 ),
             )
         try:
-            cert = ca.issue_node_cert(csr, node_id, peer.role, idgen, node_cert_ttl(ttl_s))
+            cert = ca.issue_node_cert(csr, node_id, peer.role, idgen, node_cert_ttl(ttl_s), ak_uri=ak)
         except Unauthenticated as e:  # a CSR key that is not P-256
-            raise _Refused("renew:bad-csr", e) from None
+            raise Refused("renew:bad-csr", e) from None
         pem = cert.public_bytes(serialization.Encoding.PEM)
         new_serial = format(cert.serial_number, "x")
         not_after_ms = int(cert.not_valid_after_utc.timestamp() * 1000)
@@ -341,6 +344,54 @@ async def _renew_proved(
             now_ms,
         )
     return Renewed(node_id, new_serial, pem, not_after_ms)
+
+
+def renewal_csr(csr_der: bytes, current: x509.Certificate, what: str) -> x509.CertificateSigningRequest:
+    """The CSR of a renewal or re-join (`what`: "renew" or "rejoin"), refused when it does not parse, its
+    signature does not match its key, or it keeps the current certificate's key (both rotate the key)."""
+    words = "renewal" if what == "renew" else "re-join"
+    try:
+        csr = x509.load_der_x509_csr(csr_der)
+    except ValueError:
+        raise Refused(f"{what}:bad-csr", UsageError(f"the {words}'s CSR does not parse")) from None
+    if not csr.is_signature_valid:
+        raise Refused(f"{what}:bad-csr", UsageError(f"the {words}'s CSR signature does not match its key"))
+    if _spki(csr.public_key()) == _spki(current.public_key()):
+        raise Refused(
+            f"{what}:key-reused",
+            UsageError(f"the {words}'s CSR reuses the current key; a {words} must certify a new key"),
+        )
+    return csr
+
+
+def tpm_key_for(
+    current: x509.Certificate, csr: x509.CertificateSigningRequest, tpm: TpmCertification | None, what: str
+) -> str:
+    """The AK URI the next certificate names ("" for none): a certificate that names an AK renews (or
+    re-joins) only with a CSR key that AK certifies; one that names none cannot gain one this way."""
+    named = tpm_attest.ak_uri_of(current)
+    words = "renewal" if what == "renew" else "re-join"
+    if named is None:
+        if tpm is not None:
+            raise Refused(
+                f"{what}:attestor-changed",
+                UsageError(
+                    f"a {words} keeps the node's attestor; to hold the key in a TPM, join again:"
+                    " bc join --reset --yes --attestor tpm"
+                ),
+            )
+        return ""
+    if tpm is None:
+        raise Refused(
+            f"{what}:key-attestation-missing",
+            Unauthenticated(
+                f"the certificate names a TPM attestation key, so a {words} needs the next key certified by it"
+            ),
+        )
+    try:
+        return tpm_attest.check_tpm_key(tpm, csr.public_key(), named)
+    except Unauthenticated as e:
+        raise Refused(f"{what}:key-attestation-invalid", e) from None
 
 
 def _spki(key: CertificatePublicKeyTypes) -> bytes:

@@ -9,16 +9,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("csr_der", "hostname", "token_proof", "token_id")
+    __slots__ = ("csr_der", "hostname", "token_proof", "token_id", "tpm")
     CSR_DER_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     TOKEN_PROOF_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TPM_FIELD_NUMBER: _ClassVar[int]
     csr_der: bytes
     hostname: str
     token_proof: bytes
     token_id: str
-    def __init__(self, csr_der: _Optional[bytes] = ..., hostname: _Optional[str] = ..., token_proof: _Optional[bytes] = ..., token_id: _Optional[str] = ...) -> None: ...
+    tpm: TpmCertification
+    def __init__(self, csr_der: _Optional[bytes] = ..., hostname: _Optional[str] = ..., token_proof: _Optional[bytes] = ..., token_id: _Optional[str] = ..., tpm: _Optional[_Union[TpmCertification, _Mapping]] = ...) -> None: ...
+
+class TpmCertification(_message.Message):
+    __slots__ = ("ak_spki_der", "key_public", "attest", "signature")
+    AK_SPKI_DER_FIELD_NUMBER: _ClassVar[int]
+    KEY_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    ATTEST_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    ak_spki_der: bytes
+    key_public: bytes
+    attest: bytes
+    signature: bytes
+    def __init__(self, ak_spki_der: _Optional[bytes] = ..., key_public: _Optional[bytes] = ..., attest: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("node_id", "role", "cert_pem", "ca_pem", "trust", "identity_generation", "trust_envelope", "answer_signature", "ssh_ca_keys")
@@ -43,14 +57,32 @@ class JoinResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., identity_generation: _Optional[int] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., answer_signature: _Optional[bytes] = ..., ssh_ca_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
-    __slots__ = ("csr_der", "timestamp_ms", "proof")
+    __slots__ = ("csr_der", "timestamp_ms", "proof", "tpm")
     CSR_DER_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
+    TPM_FIELD_NUMBER: _ClassVar[int]
     csr_der: bytes
     timestamp_ms: int
     proof: bytes
-    def __init__(self, csr_der: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., proof: _Optional[bytes] = ...) -> None: ...
+    tpm: TpmCertification
+    def __init__(self, csr_der: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., proof: _Optional[bytes] = ..., tpm: _Optional[_Union[TpmCertification, _Mapping]] = ...) -> None: ...
+
+class RejoinRequest(_message.Message):
+    __slots__ = ("cert_der", "csr_der", "timestamp_ms", "nonce", "proof", "tpm")
+    CERT_DER_FIELD_NUMBER: _ClassVar[int]
+    CSR_DER_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
+    TPM_FIELD_NUMBER: _ClassVar[int]
+    cert_der: bytes
+    csr_der: bytes
+    timestamp_ms: int
+    nonce: bytes
+    proof: bytes
+    tpm: TpmCertification
+    def __init__(self, cert_der: _Optional[bytes] = ..., csr_der: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., tpm: _Optional[_Union[TpmCertification, _Mapping]] = ...) -> None: ...
 
 class RenewResponse(_message.Message):
     __slots__ = ("cert_pem", "trust", "trust_envelope")

@@ -45,6 +45,11 @@ class JoinStub:
                 request_serializer=bc_dot_v1_dot_join__pb2.RenewRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_join__pb2.RenewResponse.FromString,
                 _registered_method=True)
+        self.Rejoin = channel.unary_unary(
+                '/bc.v1.Join/Rejoin',
+                request_serializer=bc_dot_v1_dot_join__pb2.RejoinRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_join__pb2.RenewResponse.FromString,
+                _registered_method=True)
 
 
 class JoinServicer:
@@ -65,6 +70,15 @@ class JoinServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rejoin(self, request, context):
+        """A node whose certificate expired while it was offline, within 7 days of the expiry: called over mutual TLS
+        with a leaf under the install's join root (an expired certificate cannot make a handshake), with the
+        expired certificate in the request and a proof by the key it names (bc.pki.rejoin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JoinServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +90,11 @@ def add_JoinServicer_to_server(servicer, server):
             'Renew': grpc.unary_unary_rpc_method_handler(
                     servicer.Renew,
                     request_deserializer=bc_dot_v1_dot_join__pb2.RenewRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_join__pb2.RenewResponse.SerializeToString,
+            ),
+            'Rejoin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rejoin,
+                    request_deserializer=bc_dot_v1_dot_join__pb2.RejoinRequest.FromString,
                     response_serializer=bc_dot_v1_dot_join__pb2.RenewResponse.SerializeToString,
             ),
     }
@@ -132,6 +151,33 @@ class Join:
             target,
             '/bc.v1.Join/Renew',
             bc_dot_v1_dot_join__pb2.RenewRequest.SerializeToString,
+            bc_dot_v1_dot_join__pb2.RenewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rejoin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Join/Rejoin',
+            bc_dot_v1_dot_join__pb2.RejoinRequest.SerializeToString,
             bc_dot_v1_dot_join__pb2.RenewResponse.FromString,
             options,
             channel_credentials,

@@ -38,6 +38,11 @@ class JoinStub:
     """
     Renew: _grpc.UnaryUnaryMultiCallable[_join_pb2.RenewRequest, _join_pb2.RenewResponse]
     """Called over mutual TLS with the node's current certificate."""
+    Rejoin: _grpc.UnaryUnaryMultiCallable[_join_pb2.RejoinRequest, _join_pb2.RenewResponse]
+    """A node whose certificate expired while it was offline, within 7 days of the expiry: called over mutual TLS
+    with a leaf under the install's join root (an expired certificate cannot make a handshake), with the
+    expired certificate in the request and a proof by the key it names (bc.pki.rejoin).
+    """
 
 @_typing.type_check_only
 class JoinAsyncStub(JoinStub):
@@ -48,6 +53,11 @@ class JoinAsyncStub(JoinStub):
     """
     Renew: _aio.UnaryUnaryMultiCallable[_join_pb2.RenewRequest, _join_pb2.RenewResponse]  # type: ignore[assignment]
     """Called over mutual TLS with the node's current certificate."""
+    Rejoin: _aio.UnaryUnaryMultiCallable[_join_pb2.RejoinRequest, _join_pb2.RenewResponse]  # type: ignore[assignment]
+    """A node whose certificate expired while it was offline, within 7 days of the expiry: called over mutual TLS
+    with a leaf under the install's join root (an expired certificate cannot make a handshake), with the
+    expired certificate in the request and a proof by the key it names (bc.pki.rejoin).
+    """
 
 class JoinServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -67,5 +77,16 @@ class JoinServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_join_pb2.RenewResponse, _abc.Awaitable[_join_pb2.RenewResponse]]:
         """Called over mutual TLS with the node's current certificate."""
+
+    @_abc_1.abstractmethod
+    def Rejoin(
+        self,
+        request: _join_pb2.RejoinRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_join_pb2.RenewResponse, _abc.Awaitable[_join_pb2.RenewResponse]]:
+        """A node whose certificate expired while it was offline, within 7 days of the expiry: called over mutual TLS
+        with a leaf under the install's join root (an expired certificate cannot make a handshake), with the
+        expired certificate in the request and a proof by the key it names (bc.pki.rejoin).
+        """
 
 def add_JoinServicer_to_server(servicer: JoinServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -410,3 +410,38 @@ def test_a_failed_accept_answers_nothing_ends_the_session_and_the_redelivery_run
         await asyncio.wait_for(task, 60)
 
     run(scenario())
+
+
+@dataclass
+class RefusingGateway(Gateway):
+    """A gateway whose handshake refuses the node's certificate until `admit` is set (an expired one)."""
+
+    admit: bool = False
+
+    async def dial(self) -> Link[GatewayMessage, NodeMessage]:
+        if not self.admit:
+            self.dialed_at.append(asyncio.get_running_loop().time())
+            raise OSError("the gateway refused the certificate in the TLS handshake")
+        return await super().dial()
+
+
+def test_a_renewed_certificate_cuts_the_back_off_between_refused_dials_short(tmp_path: Path) -> None:
+    """The renewer re-joined while the node's handshakes failed: the next dial goes at once, not after the
+    back-off the failures built up."""
+
+    async def scenario() -> tuple[float, float]:
+        gw = RefusingGateway()
+        agent, _ = build(tmp_path, 7, gw)
+        task = asyncio.create_task(agent.run())
+        while len(gw.dialed_at) < 6:  # the back-off is up to 32 s by now
+            await asyncio.sleep(1)
+        gw.admit = True
+        renewed_at = asyncio.get_running_loop().time()
+        agent.on_cert_renewed()  # what the renewer calls once the new pair is stored
+        await welcome(await gw.accept(), 1)
+        agent.stopped.set()
+        await asyncio.wait_for(task, 60)
+        return renewed_at, gw.dialed_at[-1]
+
+    renewed_at, dialed_at = run(scenario())
+    assert dialed_at - renewed_at < 0.01

@@ -14,12 +14,17 @@ import pytest
 from cryptography import x509
 
 from agent.identity import Identity, replace_key_pair
-from agent.renewal import IMPOSSIBLE_HINT, Renewer, renew_at
-from bc.errors import ProtocolError, Unavailable
+from agent.key_holder import FileNodeKey
+from agent.renewal import Renewer, renew_at
+from agent.tpm import CLEARED as TPM_CLEARED
+from agent.tpm import UNAVAILABLE as TPM_UNAVAILABLE
+from agent.tpm import TpmUnavailable
+from bc.errors import BcError, ProtocolError, RejoinTooLate, Unauthenticated, Unavailable
 from bc.pki import keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import make_csr
-from bc.pki.renewal import verify_renew_proof
+from bc.pki.rejoin import verify_rejoin_proof
+from bc.pki.renewal import check_proof_timestamp, verify_renew_proof
 from bc.pki.secrets_source import SystemSecrets
 from bc.protocol.pb import common_pb2, join_pb2
 from bc.runtime.files import atomic_write
@@ -42,6 +47,8 @@ class Node:
         self.ttl_s = ttl_s
         self.calls: list[float] = []
         self.fail_with: Exception | None = None
+        self.rejoin_calls: list[float] = []
+        self.rejoin_fails_with: list[BcError] = []  # taken one per call; empty: the re-join succeeds
         key = keys.generate_key()
         cert = self.ca.issue_node_cert(make_csr(key, "n1"), "n1", "node", idgen, ttl_s)
         self.dir.mkdir()
@@ -71,9 +78,28 @@ class Node:
             cert_pem=keys.cert_to_pem(new), trust=common_pb2.TrustBundle(ca_pem=self.ca.ca_pem, quorum_k=2)
         )
 
+    async def rejoin_rpc(self, req: join_pb2.RejoinRequest) -> join_pb2.RenewResponse:
+        """What the server checks of a re-join's proof, then a certificate for the CSR's key."""
+        self.rejoin_calls.append(self.clock.now())
+        if self.rejoin_fails_with:
+            raise self.rejoin_fails_with.pop(0)
+        expired = x509.load_der_x509_certificate(req.cert_der)
+        assert expired.serial_number == self.cert().serial_number, "the re-join presents the node's last certificate"
+        verify_rejoin_proof(expired, req.cert_der, req.csr_der, req.timestamp_ms, req.nonce, req.proof)
+        check_proof_timestamp(req.timestamp_ms, round(self.clock.now() * 1000))
+        csr = x509.load_der_x509_csr(req.csr_der)
+        new = self.ca.issue_node_cert(csr, "n1", "node", self.identity.identity_generation, self.ttl_s)
+        return join_pb2.RenewResponse(cert_pem=keys.cert_to_pem(new))
+
     def renewer(self, on_renewed: Callable[[], None] | None = None) -> Renewer:
         return Renewer(
-            self.dir, self.identity, self.clock, random.Random(5), on_renewed=on_renewed, call=self.renew_rpc
+            self.dir,
+            self.identity,
+            self.clock,
+            random.Random(5),
+            on_renewed=on_renewed,
+            call=self.renew_rpc,
+            rejoin_call=self.rejoin_rpc,
         )
 
 
@@ -146,15 +172,18 @@ async def test_the_proof_uses_server_time(node: Node, clock: LoopClock) -> None:
     await renewer.renew_once()  # the fake server checks the timestamp against its own (the test's) clock
 
 
-async def test_failures_back_off_then_stop_at_expiry(
+TOO_LATE = RejoinTooLate("certificate 1 of node n1 expired more than 7 days ago; join again: bc join --reset --yes")
+
+
+async def test_failures_back_off_then_rejoin_at_expiry_and_stop_when_refused(
     node: Node, clock: LoopClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="agent.renewal")
     node.fail_with = Unavailable("cannot reach bc serve at 127.0.0.1:1: connection refused")
+    node.rejoin_fails_with = [TOO_LATE]
     cert = node.cert()
     not_after = cert.not_valid_after_utc.timestamp()
-    await asyncio.wait_for(node.renewer().run(), 2 * TTL_S)  # returns by itself at expiry: nothing left to try
-    assert clock.now() >= not_after
+    await asyncio.wait_for(node.renewer().run(), 2 * TTL_S)  # returns by itself: the re-join was refused
     assert all(t < not_after for t in node.calls)
     gaps = [b - a for a, b in itertools.pairwise(node.calls)]
     assert gaps[0] == pytest.approx(30, abs=0.01) and all(30 <= g <= 600 for g in gaps[:-1]) and gaps[-1] <= 600
@@ -163,18 +192,50 @@ async def test_failures_back_off_then_stop_at_expiry(
     assert failed[0].startswith("event=renewal.failed attempt=1 expires_in_s=")
     assert "connection refused" in failed[0]
     assert f"attempt={len(node.calls)} " in failed[-1]
+    # At the expiry the renewer re-joins once; the server's refusal is final and its sentence is logged.
+    assert len(node.rejoin_calls) == 1 and node.rejoin_calls[0] >= not_after
     impossible = [r.getMessage() for r in caplog.records if "event=renewal.impossible" in r.getMessage()]
-    assert len(impossible) == 1 and IMPOSSIBLE_HINT in impossible[0]
+    assert len(impossible) == 1 and TOO_LATE.message in impossible[0]
+    assert node.cert().serial_number == cert.serial_number
 
 
-async def test_an_expired_certificate_is_not_renewed(
+async def test_an_expired_certificate_rejoins_with_its_key_on_start(
+    node: Node, clock: LoopClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.renewal")
+    old = node.cert()
+    await advance(TTL_S + 3600)  # the host was off for an hour past the expiry
+    done = asyncio.Event()
+    renewer = node.renewer(on_renewed=done.set)
+    task = asyncio.create_task(renewer.run())
+    await asyncio.wait_for(done.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert node.calls == [], "an expired certificate is never sent to Renew"
+    assert renewer.rejoins == 1 and renewer.renewals == 0
+    new = node.cert()
+    assert new.serial_number != old.serial_number and new.not_valid_after_utc > old.not_valid_after_utc
+    assert new.public_key() == keys.load_key_pem(node.key_pem()).public_key() != old.public_key()
+    assert any("event=renewal.succeeded via=rejoin" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_unreachable_server_is_retried_until_the_rejoin_works(
     node: Node, clock: LoopClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="agent.renewal")
     await advance(TTL_S + 1)
-    await asyncio.wait_for(node.renewer().run(), 10)
-    assert node.calls == []
-    assert any("event=renewal.impossible" in r.getMessage() for r in caplog.records)
+    node.rejoin_fails_with = [Unavailable("down"), Unavailable("down"), Unavailable("down")]
+    done = asyncio.Event()
+    renewer = node.renewer(on_renewed=done.set)
+    task = asyncio.create_task(renewer.run())
+    await asyncio.wait_for(done.wait(), 3600)  # virtual seconds: three back-offs of at most 2 min
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    gaps = [b - a for a, b in itertools.pairwise(node.rejoin_calls)]
+    assert len(node.rejoin_calls) == 4 and all(30 <= g <= 600 for g in gaps)
+    failed = [r.getMessage() for r in caplog.records if "via=rejoin error=down" in r.getMessage()]
+    assert len(failed) == 3 and failed[2].startswith("event=renewal.failed attempt=3 expired_for_s=")
+    assert renewer.rejoins == 1
 
 
 async def test_a_failure_then_a_success_starts_the_schedule_over(node: Node, clock: LoopClock) -> None:
@@ -252,3 +313,56 @@ def test_a_complete_replacement_leaves_nothing_pending(node: Node) -> None:
     key_pem, cert_pem = _new_pair(node)
     replace_key_pair(node.dir, node.identity, key_pem, cert_pem)
     assert _pair_matches(node.dir) and not list(node.dir.glob("*.next"))
+
+
+# -- a node key that lives elsewhere (agent.key_holder): the TPM's failure modes as the renewer meets them --
+
+
+class FlakyHolder(FileNodeKey):
+    """The node's file key behind a holder that fails its checks as a TPM would, `failures` times."""
+
+    def __init__(self, path: Path, failures: list[BcError]) -> None:
+        super().__init__(path)
+        self.failures = failures
+        self.checks = 0
+
+    async def check(self, cert: x509.Certificate) -> None:
+        self.checks += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        await super().check(cert)
+
+
+async def test_an_unreachable_tpm_fails_the_renewal_loudly_and_is_retried_with_back_off(
+    node: Node, clock: LoopClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.renewal")
+    holder = FlakyHolder(node.dir / "node.key", [TpmUnavailable(f"{TPM_UNAVAILABLE} (device:/dev/tpmrm0: gone)")] * 2)
+    done = asyncio.Event()
+    renewer = Renewer(
+        node.dir, node.identity, clock, random.Random(5), on_renewed=done.set, call=node.renew_rpc, key_holder=holder
+    )
+    task = asyncio.create_task(renewer.run())
+    await asyncio.wait_for(done.wait(), TTL_S)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    failed = [r.getMessage() for r in caplog.records if "event=renewal.failed" in r.getMessage()]
+    assert len(failed) == 2 and all(TPM_UNAVAILABLE in f for f in failed)
+    assert len(node.calls) == 1, "no request leaves the node while its key cannot be reached"
+    assert holder.checks == 3 and renewer.renewals == 1
+
+
+async def test_a_cleared_tpm_stops_the_rejoin_with_its_sentence_and_sends_nothing(
+    node: Node, clock: LoopClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.renewal")
+    await advance(TTL_S + 1)
+    holder = FlakyHolder(node.dir / "node.key", [Unauthenticated(TPM_CLEARED)])
+    renewer = Renewer(
+        node.dir, node.identity, clock, random.Random(5), call=node.renew_rpc, rejoin_call=node.rejoin_rpc,
+        key_holder=holder,
+    )  # fmt: skip
+    await asyncio.wait_for(renewer.run(), 10)
+    assert node.calls == [] and node.rejoin_calls == []
+    impossible = [r.getMessage() for r in caplog.records if "event=renewal.impossible" in r.getMessage()]
+    assert len(impossible) == 1 and impossible[0].endswith(TPM_CLEARED)

@@ -100,6 +100,15 @@ async def test_the_cli_json_names_the_role_and_every_check(cluster: Cluster) -> 
     }
 
 
+async def test_a_certificate_expired_over_7_days_ago_fails_with_the_new_token_fix(cluster: Cluster) -> None:
+    d = cluster.node_dir("n1", ttl_s=HOUR, age_s=8 * 24 * HOUR)
+    await make_journal(d, "n1")
+    f = by_name(run_node_checks(d, cluster.clock.now()))["certificate"]
+    assert f.status == "fail"
+    assert f.message.endswith("more than 7 days ago or revoked: it can neither be renewed nor re-join with its key")
+    assert f.fix.startswith("join again with a new token (bc token create --node-id n1): bc join --reset --yes")
+
+
 async def test_an_expired_certificate_fails_with_the_rejoin_fix_and_exit_9(cluster: Cluster) -> None:
     d = cluster.node_dir("n1", ttl_s=HOUR, age_s=3 * HOUR)
     await make_journal(d, "n1")
@@ -107,14 +116,15 @@ async def test_an_expired_certificate_fails_with_the_rejoin_fix_and_exit_9(clust
     f = by_name(run_node_checks(d, cluster.clock.now()))["certificate"]
     assert f.status == "fail"
     assert f.message.startswith("the certificate expired 2h")
-    assert f.message.endswith("it cannot be renewed")
+    assert "it cannot be renewed, but bc node re-joins with its key until" in f.message
+    assert f.fix.startswith("start bc node, which re-joins by itself; if the server refuses it, join again")
     assert "bc join --reset --yes --server" in f.fix and f"--data-dir {d}" in f.fix
     assert "bc token create --node-id n1" in f.fix
 
     r = doctor("--data-dir", str(d))
     assert r.exit_code == 9
     assert "fail  certificate" in r.output
-    assert "fix: join again with a new token" in r.output
+    assert "fix: start bc node, which re-joins by itself" in r.output
     assert r.output.splitlines()[-1] == "error: 1 check failed: certificate"
 
 
