@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -56,6 +55,7 @@ from bc.pki.ca import BACKDATE_S
 from bc.pki.identity import peer_identity
 from bc.pki.rejoin import NONCE_BYTES, rejoin_proof_message
 from bc.pki.renewal import renew_proof_message
+from bc.pki.secrets_source import Secrets, SystemSecrets
 from bc.pki.tpm_attest import TpmCertification
 from bc.protocol.pb import common_pb2, join_pb2
 from bc.seams.clock import Clock
@@ -135,8 +135,11 @@ class Renewer:
         call: RenewCall | None = None,
         rejoin_call: RejoinCall | None = None,
         key_holder: NodeKeyHolder | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
+        """`secrets`: where a re-join's nonce comes from (the OS's by default; the simulator's from its seed)."""
         self.data_dir = data_dir
+        self._secrets: Secrets = secrets or SystemSecrets()
         self.identity = identity
         self.clock = clock
         self.rng = rng
@@ -266,7 +269,7 @@ class Renewer:
         cert_der = cert.public_bytes(serialization.Encoding.DER)
         nxt = await self.key_holder.next_key(self.identity.node_id)
         timestamp_ms = round(self.now() * 1000)
-        nonce = secrets.token_bytes(NONCE_BYTES)
+        nonce = self._secrets.token_bytes(NONCE_BYTES)
         request = join_pb2.RejoinRequest(
             cert_der=cert_der,
             csr_der=nxt.csr_der,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from bc.cli.output import echo
 from bc.errors import UsageError
 
 DEFAULT_SOCKET = Path("/run/bc-helper/helper.sock")
@@ -62,7 +63,7 @@ def helper(
     logs.setup("helper")
     run = FakeRunner(log_file=fake_commands) if fake_commands is not None else run_process
     if os.geteuid() != 0:
-        click.echo("warning: bc helper is not running as root; operations will fail", err=True)
+        echo("warning: bc helper is not running as root; operations will fail", err=True)
     try:
         asyncio.run(serve_forever(socket_path, Layout(root.absolute()), uid, run=run))
     except KeyboardInterrupt:
