@@ -30,9 +30,9 @@ BC_TEST_POSTGRES ?= postgresql://postgres@127.0.0.1:5432/test
 export BC_TEST_POSTGRES
 PYTEST_WORKERS ?= auto
 
-# `make test` leaves out the tests marked slow (PyInstaller builds, the heavy simulator seeds: the list is
-# SLOW_FILES in tests/conftest.py) to stay within ten minutes on 2 cores; `make test-slow` runs them, and
-# .ci/run runs both.
+# `make test` leaves out the tests marked slow (PyInstaller builds, the heavy simulator seeds, the longest
+# end-to-end runs: the lists are SLOW_FILES and SLOW_TESTS in tests/conftest.py) to stay within ten minutes
+# on 2 cores; `make test-slow` runs them, and .ci/run runs both.
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not slow"
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import PurePosixPath
+from typing import Any
 
 import click
 
@@ -411,38 +412,25 @@ def print_node(
     """The agent's unit (bc-node.service): unprivileged beside bc-helper.service, or `--as-root`."""
     _absolute(cdi_dir, "--cdi-dir")
     _absolute(env_dir, "--env-dir")
-    if not as_root:
-        if (cdi_dir, env_dir) != (DEFAULT_CDI_DIR, DEFAULT_ENV_DIR):
-            raise UsageError(
-                "--cdi-dir and --env-dir are the helper's (under its --root); with --as-root they are the node's"
-            )
-        if user == "root":
-            raise UsageError("--user root is --as-root: the default unit exists so that the agent is not root")
-        echo(
-            unprivileged_node_unit(
-                bin_path=_absolute(bin_path, "--bin"),
-                data_dir=_absolute(data_dir, "--data-dir"),
-                user=_checked(user, "--user"),
-                helper_socket=_absolute(helper_socket, "--helper-socket"),
-                allow_reboot=allow_reboot,
-                allow_gpu_reset=allow_gpu_reset,
-                upload_allow=[_upload_prefix(p) for p in upload_allow],
-                host_units=not no_host_units,
-            ),
-        )
+    common: dict[str, Any] = {
+        "bin_path": _absolute(bin_path, "--bin"),
+        "data_dir": _absolute(data_dir, "--data-dir"),
+        "allow_reboot": allow_reboot,
+        "allow_gpu_reset": allow_gpu_reset,
+        "upload_allow": [_upload_prefix(p) for p in upload_allow],
+        "host_units": not no_host_units,
+    }
+    if as_root:
+        echo(node_unit(cdi_dir=_absolute(cdi_dir, "--cdi-dir"), env_dir=_absolute(env_dir, "--env-dir"), **common))
         return
-    echo(
-        node_unit(
-            bin_path=_absolute(bin_path, "--bin"),
-            data_dir=_absolute(data_dir, "--data-dir"),
-            cdi_dir=_absolute(cdi_dir, "--cdi-dir"),
-            env_dir=_absolute(env_dir, "--env-dir"),
-            allow_reboot=allow_reboot,
-            allow_gpu_reset=allow_gpu_reset,
-            upload_allow=[_upload_prefix(p) for p in upload_allow],
-            host_units=not no_host_units,
-        ),
-    )
+    if (cdi_dir, env_dir) != (DEFAULT_CDI_DIR, DEFAULT_ENV_DIR):
+        raise UsageError(
+            "--cdi-dir and --env-dir are the helper's (under its --root); with --as-root they are the node's"
+        )
+    if user == "root":
+        raise UsageError("--user root is --as-root: the default unit exists so that the agent is not root")
+    helper_socket = _absolute(helper_socket, "--helper-socket")
+    echo(unprivileged_node_unit(user=_checked(user, "--user"), helper_socket=helper_socket, **common))
 
 
 @unit_print.command("helper")

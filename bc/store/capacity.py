@@ -50,14 +50,20 @@ async def pending_unbooked(tx: Tx) -> list[Row]:
     return await tx.fetchall("SELECT * FROM reservations WHERE state = 'pending' AND node_id IS NULL ORDER BY seq")
 
 
-async def has_placement_work(tx: Tx, now_ms: int) -> bool:
-    """A reservation waits unbooked, or a booked window has started and is not delivered yet."""
+async def has_due_window(tx: Tx, now_ms: int) -> bool:
+    """A booked window has started and is not delivered yet."""
     row = await tx.fetchone(
-        "SELECT 1 AS w FROM reservations r WHERE r.state = 'pending' AND (r.node_id IS NULL OR EXISTS"
+        "SELECT 1 AS w FROM reservations r WHERE r.state = 'pending' AND r.node_id IS NOT NULL AND EXISTS"
         " (SELECT 1 FROM device_bookings b WHERE b.reservation_id = r.id AND b.released_at_ms IS NULL"
-        " AND b.start_ms <= :t)) LIMIT 1",
+        " AND b.start_ms <= :t) LIMIT 1",
         {"t": now_ms},
     )
+    return row is not None
+
+
+async def has_unbooked_pending(tx: Tx) -> bool:
+    """A reservation waits in the queue, booked nowhere."""
+    row = await tx.fetchone("SELECT 1 AS w FROM reservations WHERE state = 'pending' AND node_id IS NULL LIMIT 1")
     return row is not None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from bc.store.base import Row, Tx
@@ -25,6 +26,20 @@ async def list_events(tx: Tx, after_seq: int, limit: int, type_prefix: str = "")
         "SELECT seq, type, subject, data, at_ms FROM events"
         " WHERE seq > :after AND substr(type, 1, length(:prefix)) = :prefix ORDER BY seq LIMIT :limit",
         {"after": after_seq, "prefix": type_prefix, "limit": limit},
+    )
+
+
+async def of_types_since(tx: Tx, after_seq: int, types: Iterable[str]) -> list[Row]:
+    """The events after `after_seq` of one of `types` (seq, type, data), in order: one range of the
+    (type, seq) index per type."""
+    names = sorted(set(types))
+    if not names:
+        return []
+    params: dict[str, object] = {"after": after_seq}
+    params.update({f"t{i}": t for i, t in enumerate(names)})
+    marks = ", ".join(f":t{i}" for i in range(len(names)))
+    return await tx.fetchall(
+        f"SELECT seq, type, data FROM events WHERE type IN ({marks}) AND seq > :after ORDER BY seq", params
     )
 
 

@@ -9,54 +9,29 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.harness import HEARTBEAT_S, Lab, assert_no_tracebacks, read_cdi
+from tests.system_user import as_user, system_user, traversable_dir, why_not
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(t) for t in ("useradd", "userdel", "setpriv")),
-    reason="needs root, useradd and setpriv to make the node's user and run the helper as root",
-)
+pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
 
 
 @pytest.fixture
 def uid() -> Iterator[int]:
-    name = f"bce{secrets.token_hex(4)}"
-    made = subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"useradd could not create a user here: {made.stderr.strip()}")
-    try:
-        yield int(subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout)
-    finally:
-        gone = subprocess.run(["userdel", name], capture_output=True, text=True, timeout=30)
-        assert gone.returncode == 0, f"userdel {name}: {gone.stderr.strip()}"
+    with system_user("bce") as u:
+        yield u.uid
 
 
 @pytest.fixture
 def box() -> Iterator[Path]:
     """The node's and the helper's directories, in a temp dir the node's user can traverse."""
-    d = Path(tempfile.mkdtemp(prefix="bc-node-helper-"))
-    d.chmod(0o755)
-    try:
+    with traversable_dir("bc-node-helper-") as d:
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def as_user(uid: int, *argv: str) -> list[str]:
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", *argv]
 
 
 def chown_tree(path: Path, uid: int) -> None:

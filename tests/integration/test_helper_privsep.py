@@ -14,11 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,58 +23,24 @@ import pytest
 
 from agent.helper.client import HelperClient, HelperRefused
 from tests.e2e.harness import bc_executable
+from tests.system_user import User, as_user, system_user, traversable_dir, why_not
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "creating a user and running bc helper as root need root"
-    for tool in ("useradd", "userdel", "setpriv"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
-
-
-@dataclass
-class User:
-    name: str
-    uid: int
-    gid: int
+pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
 
 
 @pytest.fixture
 def user() -> Iterator[User]:
-    name = f"bct{secrets.token_hex(4)}"
-    made = subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"useradd could not create a user here: {made.stderr.strip()}")
-    try:
-        ids = subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout
-        gid = subprocess.run(["id", "-g", name], capture_output=True, text=True, check=True).stdout
-        yield User(name, int(ids), int(gid))
-    finally:
-        gone = subprocess.run(["userdel", name], capture_output=True, text=True, timeout=30)
-        assert gone.returncode == 0, f"userdel {name}: {gone.stderr.strip()}"
+    with system_user("bct") as u:
+        yield u
 
 
 @pytest.fixture
 def box() -> Iterator[Path]:
-    """A temp dir the user can traverse (pytest's own are 0700 root's)."""
-    d = Path(tempfile.mkdtemp(prefix="bc-privsep-"))
-    d.chmod(0o755)
-    try:
+    with traversable_dir("bc-privsep-") as d:
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @dataclass
@@ -186,7 +148,7 @@ async def test_an_unprivileged_agent_does_its_root_work_only_through_the_helper(
         "PYTHONPATH": str(REPO),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    argv = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--inh-caps=-all"]
+    argv = as_user(user.uid, gid=user.gid)
     proc = await asyncio.create_subprocess_exec(
         *argv,
         sys.executable,

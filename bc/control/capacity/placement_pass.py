@@ -41,6 +41,7 @@ from google.protobuf import json_format
 
 from bc.control.base.bus import Bus
 from bc.control.base.events import publish
+from bc.control.capacity import placement_wake
 from bc.control.capacity.atoms import free_among
 from bc.control.capacity.placement_plan import (
     Booking,
@@ -66,6 +67,7 @@ from bc.protocol.pb import common_pb2, spec_pb2
 from bc.seams.clock import Clock
 from bc.store import Row, Store, StoreError, Tx, leases
 from bc.store import capacity as cap_sql
+from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
 
@@ -421,6 +423,8 @@ class PlacementPass:
     def __init__(self, store: Store, bus: Bus, signer: Signer, rng: random.Random, *, holder: str) -> None:
         self.store, self.bus, self.signer, self.rng, self.holder = store, bus, signer, rng, holder
         self.next_wake_ms: int | None = None
+        self.seen_seq: int | None = None
+        """The event log's last seq when the last pass read its facts: later waking events are news to it."""
 
     async def pass_once(self, *, lease: bool = True) -> PassResult | None:
         """One pass in its own transaction; None without the store lease (another process runs the pass)."""
@@ -433,17 +437,18 @@ class PlacementPass:
     async def run_forever(self, clock: Clock) -> None:
         """Pass when the event log moves and at the plan's next wake, at most once per `MIN_GAP_S`.
 
-        A pass that could place, deliver, end or flush nothing is skipped: nothing waits in the queue, no
-        booked window has started, and the plan's next wake (a window's start or end, a usage cut) is still
-        ahead. A full pass still runs at least every third of the lease's TTL, which keeps the lease."""
+        A pass that could place, deliver, end or flush nothing is skipped (`_has_work`): no booked window's
+        start has come, the plan's next wake (a window's start or end, a usage cut) is still ahead, and no
+        event since the last pass can let a waiting reservation fit (`placement_wake`). A full pass still runs
+        at least every third of the lease's TTL, which keeps the lease and bounds what a skip can delay."""
         last_full = -math.inf
         while True:
             started = clock.monotonic()
             try:
                 if (
-                    self.next_wake_ms is None
+                    self.seen_seq is None
                     or started - last_full >= LEASE_TTL_MS / 3000
-                    or await self._has_work(self.next_wake_ms)
+                    or await self._has_work(self.next_wake_ms, self.seen_seq)
                 ):
                     last_full = started
                     await self.pass_once()
@@ -464,19 +469,31 @@ class PlacementPass:
             if rest > 0:
                 await asyncio.sleep(rest)
 
-    async def _has_work(self, next_wake_ms: int) -> bool:
-        """Whether a pass now could do anything: a reservation in the queue, a booked window whose start has
-        come, or the plan's next wake (a window's end, a usage cut) reached."""
+    async def _has_work(self, next_wake_ms: int | None, seen_seq: int) -> bool:
+        """Whether a pass now could do anything: the plan's next wake (a window's end, a usage cut) reached, a
+        booked window whose start has come, or an event since the last pass that may let a reservation in
+        the queue fit. Waking events read while the queue is empty are spent: a new reservation is news."""
         now_ms = await self.store.now_ms()
-        if now_ms >= next_wake_ms:
+        if next_wake_ms is not None and now_ms >= next_wake_ms:
             return True
         async with self.store.transaction(write=False) as tx:
-            return await cap_sql.has_placement_work(tx, now_ms)
+            if await cap_sql.has_due_window(tx, now_ms):
+                return True
+            news = await events_sql.of_types_since(tx, seen_seq, placement_wake.WAKING_TYPES)
+            if not news:
+                return False
+            waking = any(placement_wake.may_fit_more(str(e["type"]), str(e["data"])) for e in news)
+            if waking and await cap_sql.has_unbooked_pending(tx):
+                return True
+        if self.seen_seq == seen_seq:  # no pass ran meanwhile: these events are spent
+            self.seen_seq = int(news[-1]["seq"])
+        return False
 
     async def step(self, tx: Tx, now_ms: int) -> PassResult:
         """One pass inside the caller's transaction (a `reserve` runs it inline)."""
         lock = self.store.for_update()
         await cap_sql.lock_pass(tx, self.store.dialect)
+        self.seen_seq = await events_sql.last_seq(tx)
         facts = await load_facts(tx)
         await self._set_aside(tx, facts.set_aside, now_ms)
         bookings, pending, inventories = facts.bookings, facts.pending, facts.inventories

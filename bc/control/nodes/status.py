@@ -115,18 +115,14 @@ async def write_report(
             report.inventory_hash,
         )
     if publish_it:
-        await publish(
-            tx,
-            bus,
-            "node.status",
-            node_id,
-            {
-                "applied_generation": report.applied_generation,
-                "observed_generation": report.observed_generation,
-                "sections": {s.section: STATE_NAMES.get(s.state, "?") for s in report.sections},
-            },
-            now_ms,
-        )
+        data: dict[str, Any] = {
+            "applied_generation": report.applied_generation,
+            "observed_generation": report.observed_generation,
+            "sections": {s.section: STATE_NAMES.get(s.state, "?") for s in report.sections},
+        }
+        if report.HasField("inventory"):  # the placement loop passes again for a new inventory (placement_wake)
+            data["inventory_hash"] = report.inventory_hash
+        await publish(tx, bus, "node.status", node_id, data, now_ms)
     for change in changes:
         await publish(tx, bus, "node.condition", node_id, change, now_ms)
     if advanced:

@@ -42,7 +42,7 @@ from bc.pki.identity import PeerIdentity, peer_identity
 from bc.pki.secrets_source import Secrets
 from bc.pki.tpm_attest import TpmCertification
 from bc.seams.clock import Clock
-from bc.store import Store
+from bc.store import Store, Tx
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
 
@@ -319,21 +319,8 @@ async def _renew_proved(
                     f" now {current}); join again"
                 ),
             )
-        try:
-            cert = ca.issue_node_cert(csr, node_id, peer.role, idgen, node_cert_ttl(ttl_s), ak_uri=ak)
-        except Unauthenticated as e:  # a CSR key that is not P-256
-            raise Refused("renew:bad-csr", e) from None
-        pem = cert.public_bytes(serialization.Encoding.PEM)
-        new_serial = format(cert.serial_number, "x")
-        not_after_ms = int(cert.not_valid_after_utc.timestamp() * 1000)
-        await id_sql.insert_cert(
-            tx,
-            serial=new_serial,
-            node_id=node_id,
-            identity_generation=idgen,
-            cert_pem=pem.decode(),
-            issued_at_ms=now_ms,
-            not_after_ms=not_after_ms,
+        pem, new_serial, not_after_ms = await issue_and_store(
+            tx, ca, csr, node_id, peer.role, idgen, ttl_s, ak, now_ms, "renew"
         )
         await publish(
             tx,
@@ -344,6 +331,39 @@ async def _renew_proved(
             now_ms,
         )
     return Renewed(node_id, new_serial, pem, not_after_ms)
+
+
+async def issue_and_store(
+    tx: Tx,
+    ca: CertificateAuthority,
+    csr: x509.CertificateSigningRequest,
+    node_id: str,
+    role: str,
+    idgen: int,
+    ttl_s: int,
+    ak: str,
+    now_ms: int,
+    what: str,
+) -> tuple[bytes, str, int]:
+    """Issue the node's next certificate for a renewal or re-join (`what`: "renew" or "rejoin") and store it in
+    `tx`: its PEM, serial (hex) and not-after. A CSR key that is not P-256 is refused as `<what>:bad-csr`."""
+    try:
+        cert = ca.issue_node_cert(csr, node_id, role, idgen, node_cert_ttl(ttl_s), ak_uri=ak)
+    except Unauthenticated as e:
+        raise Refused(f"{what}:bad-csr", e) from None
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    serial = format(cert.serial_number, "x")
+    not_after_ms = int(cert.not_valid_after_utc.timestamp() * 1000)
+    await id_sql.insert_cert(
+        tx,
+        serial=serial,
+        node_id=node_id,
+        identity_generation=idgen,
+        cert_pem=pem.decode(),
+        issued_at_ms=now_ms,
+        not_after_ms=not_after_ms,
+    )
+    return pem, serial, not_after_ms
 
 
 def renewal_csr(csr_der: bytes, current: x509.Certificate, what: str) -> x509.CertificateSigningRequest:

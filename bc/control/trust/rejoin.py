@@ -22,11 +22,10 @@ from __future__ import annotations
 import logging
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from bc.control.base.bus import Bus
 from bc.control.base.events import publish
-from bc.control.trust.identity import NODE_CERT_TTL_S, Refused, Renewed, node_cert_ttl, renewal_csr, tpm_key_for
+from bc.control.trust.identity import NODE_CERT_TTL_S, Refused, Renewed, issue_and_store, renewal_csr, tpm_key_for
 from bc.errors import Unauthenticated, UsageError
 from bc.pki import rejoin as rules
 from bc.pki import renewal as pki_renewal
@@ -119,21 +118,8 @@ async def _rejoin_proved(
         if verdict != "rejoin":
             reason = "unknown-certificate" if verdict == "unknown" else verdict
             raise Refused(f"rejoin:{reason}", rules.refusal(verdict, node_id, serial, facts.not_after_ms))
-        try:
-            issued = ca.issue_node_cert(csr, node_id, peer.role, idgen, node_cert_ttl(ttl_s), ak_uri=ak)
-        except Unauthenticated as e:  # a CSR key that is not P-256
-            raise Refused("rejoin:bad-csr", e) from None
-        pem = issued.public_bytes(serialization.Encoding.PEM)
-        new_serial = format(issued.serial_number, "x")
-        not_after_ms = int(issued.not_valid_after_utc.timestamp() * 1000)
-        await id_sql.insert_cert(
-            tx,
-            serial=new_serial,
-            node_id=node_id,
-            identity_generation=idgen,
-            cert_pem=pem.decode(),
-            issued_at_ms=now_ms,
-            not_after_ms=not_after_ms,
+        pem, new_serial, not_after_ms = await issue_and_store(
+            tx, ca, csr, node_id, peer.role, idgen, ttl_s, ak, now_ms, "rejoin"
         )
         await publish(
             tx,

@@ -10,16 +10,18 @@ import random
 import pytest
 
 from bc.control.base.bus import Bus
-from bc.control.capacity import placement_pass
-from bc.control.capacity.placement_pass import LEASE_NAME, PlacementPass, cpulist_ids
+from bc.control.base.events import publish
+from bc.control.capacity import placement_pass, placement_wake
+from bc.control.capacity.placement_pass import LEASE_NAME, PassResult, PlacementPass, cpulist_ids
 from bc.control.capacity.placement_plan import GIB
 from bc.control.capacity.reservations import ReserveRequest, release, reserve
+from bc.control.nodes.admin import cordon
 from bc.control.signing.signer import NullSigner
 from bc.errors import Conflict, UsageError
 from bc.protocol import canonical
 from bc.protocol.pb import common_pb2, spec_pb2
 from bc.seams.clock import LoopClock
-from bc.store import Row
+from bc.store import Row, Tx
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
 from bc.store.sqlite import InlineSqliteStore
@@ -248,3 +250,69 @@ async def test_the_pass_sees_a_node_s_new_inventory_and_one_stored_without_a_has
     # What the planner does with it: 4 GPUs on n1 never fit now, and `reserve` says so.
     with pytest.raises(Conflict, match="node n1 has 2; 4 GPUs asked"):
         await reserve(store, bus, SIGNER, ReserveRequest(gpus=4, node_id="n1"), RNG)
+
+
+async def test_the_loop_passes_again_only_for_news_a_waiting_reservation_can_use(
+    store: InlineSqliteStore, bus: Bus, clock: LoopClock, add_node: AddNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a reservation waits, a burst of events that cannot make room (a command settling, a node going
+    away) costs no pass; the node it waits for coming back is placed within the loop's gap, not at the
+    backstop (a full pass every third of the lease's TTL)."""
+    await add_node("n1")
+    await add_node("n2", connectivity="unreachable")
+    await cordon(store, bus, "n1", True)
+    rid = str((await reserve(store, bus, SIGNER, ReserveRequest(gpus=2), RNG))["id"])
+    assert (await res(store, rid))["state"] == "pending"
+
+    passes: list[float] = []
+    step = PlacementPass.step
+
+    async def counted(self: PlacementPass, tx: Tx, now_ms: int) -> PassResult:
+        passes.append(clock.monotonic())
+        return await step(self, tx, now_ms)
+
+    monkeypatch.setattr(PlacementPass, "step", counted)
+    task = asyncio.create_task(pass_(store, bus).run_forever(clock))
+    try:
+        await advance(0.1)
+        assert len(passes) == 1  # the first pass: the loop knows nothing yet
+        now = await store.now_ms()
+        for i in range(12):  # three seconds of news no waiting reservation can use
+            async with store.transaction() as tx:
+                await publish(tx, bus, "command.settled", f"c{i}", {"state": "succeeded"}, now)
+                await publish(tx, bus, "node.connectivity", "n2", {"state": "unreachable"}, now)
+                await publish(tx, bus, "node.status", "n1", {"applied_generation": 1}, now)
+            await advance(0.25)
+        assert len(passes) == 1
+        assert (await res(store, rid))["state"] == "pending"
+
+        await cordon(store, bus, "n1", False)  # news it can use
+        await advance(0.5)
+        assert len(passes) == 2
+        assert (await res(store, rid))["state"] == "placed"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("type_", "data", "wakes"),
+    [
+        ("node.connectivity", '{"state": "connected"}', True),
+        ("node.connectivity", '{"state": "unreachable"}', False),
+        ("node.connectivity", "not json", False),
+        ("node.status", '{"inventory_hash": "sha256:ab"}', True),
+        ("node.status", '{"applied_generation": 3}', False),
+        ("node.uncordoned", "{}", True),
+        ("node.cordoned", "{}", False),
+        ("reservation.released", "{}", True),
+        ("reservation.submitted", "{}", True),
+        ("reservation.booked", "{}", False),
+        ("reservation.waiting", "{}", False),
+        ("command.settled", "{}", False),
+        ("node.job-hold-released", "{}", True),
+    ],
+)
+def test_which_events_can_let_a_waiting_reservation_fit(type_: str, data: str, wakes: bool) -> None:
+    assert placement_wake.may_fit_more(type_, data) is wakes
+    assert (type_ in placement_wake.WAKING_TYPES) >= wakes  # the store reads every type that may wake
