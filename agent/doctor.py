@@ -13,6 +13,7 @@ The checks, in the order they print: `identity`, `certificate`, `ca`,
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -29,7 +30,7 @@ from agent.helper.checks import DEFAULT_SOCKET, applies, check_helper, check_not
 from agent.identity import Identity
 from agent.join import JOURNAL_FILE, split_server
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS
-from agent.tpm import TpmRecord
+from agent.tpm import DEFAULT_TCTI, Tpm, TpmNodeKey, TpmRecord
 from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
 from bc.pki import keys
 from bc.pki.discovery import fetch_pinned_ca
@@ -389,8 +390,32 @@ def check_server(ident: Identity, data_dir: Path, timeout: float = 3.0) -> Findi
     return passed("server", f"bc serve at {ident.server} presents the pinned CA ({took_ms:.0f} ms)")
 
 
+def check_tpm(files: NodeFiles, tpm: Tpm) -> Finding | None:
+    """A TPM identity's key, asked of the TPM itself: it answers, it still holds the key node.key records at
+    its handle, and its attestation key is the one the certificate names (None for a key in a file)."""
+    if not isinstance(files.key, TpmRecord) or files.cert is None:
+        return None
+    fix = rejoin_fix(files.data_dir, files.identity)
+    try:
+        asyncio.run(TpmNodeKey(tpm, files.key).check(files.cert))
+    except Unavailable as e:  # TpmUnavailable: nothing answered at the TCTI, or tpm2-tools is missing
+        return failed("tpm", e.message, f"check the TPM at {tpm.tcti} (bc doctor --tcti names another)")
+    except Unauthenticated as e:  # a cleared TPM, or another one: the sentence says which, and its fix
+        return failed("tpm", e.message, fix)
+    return passed(
+        "tpm",
+        f"the TPM at {tpm.tcti} holds the node key at handle 0x{files.key.handle:08x}, and its attestation key is"
+        " the one the certificate names",
+    )
+
+
 def run_node_checks(
-    data_dir: Path, now: float, *, server_timeout: float = 3.0, helper_socket: Path | None = None
+    data_dir: Path,
+    now: float,
+    *,
+    server_timeout: float = 3.0,
+    helper_socket: Path | None = None,
+    tcti: str | None = None,
 ) -> list[Finding]:
     files = load_node_files(data_dir)
     identity = check_identity(files)
@@ -398,8 +423,10 @@ def run_node_checks(
         return [identity]  # nothing else can be judged without knowing whose node this is
     ident = files.identity
     journal = read_journal(data_dir / JOURNAL_FILE)
+    tpm = check_tpm(files, Tpm(tcti or DEFAULT_TCTI)) if identity.status == "pass" else None
     return [
         identity,
+        *([tpm] if tpm is not None else []),
         check_certificate(files, now),
         check_ca(files, now),
         check_trust_bundle(ident, now),

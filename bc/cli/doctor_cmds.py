@@ -46,7 +46,7 @@ def render_findings(findings: list[Finding]) -> Lines:
     return lines(out)
 
 
-def diagnose(data_dir: Path, helper_socket: Path | None = None) -> tuple[str, list[Finding]]:
+def diagnose(data_dir: Path, helper_socket: Path | None = None, tcti: str | None = None) -> tuple[str, list[Finding]]:
     """(role, findings) for what `data_dir` holds."""
     from agent.doctor import run_node_checks
     from agent.identity import Identity
@@ -56,7 +56,7 @@ def diagnose(data_dir: Path, helper_socket: Path | None = None) -> tuple[str, li
         raise UsageError(f"{data_dir} is not a directory; pass the data dir of a node or of bc serve with --data-dir")
     clock = SystemClock()
     if Identity.exists(data_dir):
-        return "node", run_node_checks(data_dir, clock.now(), helper_socket=helper_socket)
+        return "node", run_node_checks(data_dir, clock.now(), helper_socket=helper_socket, tcti=tcti)
     if is_server_dir(data_dir):
         return "server", asyncio.run(run_server_checks(data_dir, clock))
     raise UsageError(f"{data_dir} holds neither a node identity (identity.json) nor a bc serve data dir (pki/, bc.db)")
@@ -76,10 +76,16 @@ def diagnose(data_dir: Path, helper_socket: Path | None = None) -> tuple[str, li
     help="A node's bc helper socket: check that it answers and that the agent is not root (found by itself when "
     "the node's data dir is not root's or /run/bc-helper/helper.sock exists).",
 )
+@click.option(
+    "--tcti",
+    default=None,
+    metavar="TCTI",
+    help="How to reach the TPM of a node joined with --attestor tpm (default device:/dev/tpmrm0).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def doctor(data_dir: Path | None, helper_socket: Path | None, as_json: bool) -> None:
+def doctor(data_dir: Path | None, helper_socket: Path | None, tcti: str | None, as_json: bool) -> None:
     """Check a node's or a server's identity, certificates, clock, journal or store."""
-    role, findings = diagnose(data_dir or default_data_dir(), helper_socket)
+    role, findings = diagnose(data_dir or default_data_dir(), helper_socket, tcti)
     emit(
         as_json,
         lambda: {"role": role, "checks": [f.to_json() for f in findings], "ok": ok(findings)},

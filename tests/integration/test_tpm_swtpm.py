@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from agent.app import Agent, AgentOptions
-from agent.doctor import check_identity, load_node_files
+from agent.doctor import check_identity, check_tpm, load_node_files
 from agent.identity import Identity
 from agent.join import join_node
 from agent.key_holder import FileNodeKey, NodeKeyHolder
@@ -433,8 +433,16 @@ async def test_bc_doctor_reads_a_tpm_identity_from_its_record(
     d = lab.node_dir("n1")
     tok = await lab.admin.create_token("n1")
     await join_node(lab.server.address, tok.token, d, attestor="tpm", tcti=soft_tpm.tcti)
-    f = check_identity(await asyncio.to_thread(load_node_files, d))
+    files = await asyncio.to_thread(load_node_files, d)
+    f = check_identity(files)
     assert f.status == "pass" and f.message.endswith(f"(held by the TPM at handle 0x{HANDLES[0]:08x})")
+    # The `tpm` check asks the TPM itself (asyncio.run inside: the CLI's doctor is synchronous).
+    tpm = Tpm(soft_tpm.tcti)
+    f = await asyncio.to_thread(check_tpm, files, tpm)
+    assert f is not None and f.status == "pass", f
+    assert await tpm.evict(HANDLES[0])  # as a TPM clear would leave it
+    f = await asyncio.to_thread(check_tpm, files, tpm)
+    assert f is not None and (f.status, f.message) == ("fail", CLEARED)
     other = TpmRecord(HANDLES[0], "00" * 91, "urn:bc:tpm-ak:00")
     (d / "node.key").write_bytes(other.dump())
     f = check_identity(await asyncio.to_thread(load_node_files, d))
