@@ -77,6 +77,9 @@ LEASE_NAME = "worker:placement"
 LEASE_TTL_MS = 15_000
 MAX_WAIT_S = 1.0
 MIN_GAP_S = 0.25
+REPLAN_GAP_S = 1.0
+"""Passes for news a waiting reservation may use come at most this often (timed work keeps `MIN_GAP_S`): at a
+thousand nodes some node connects every few hundred milliseconds under chaos, and each pass reads every node."""
 """Passes woken by events are at least this far apart (a reservation waits at most this much longer)."""
 BINDINGS: Mapping[str, int] = {"hold": spec_pb2.BINDING_HOLD, "kubernetes": spec_pb2.BINDING_KUBERNETES}
 
@@ -448,7 +451,7 @@ class PlacementPass:
                 if (
                     self.seen_seq is None
                     or started - last_full >= LEASE_TTL_MS / 3000
-                    or await self._has_work(self.next_wake_ms, self.seen_seq)
+                    or await self._has_work(self.next_wake_ms, self.seen_seq, started - last_full >= REPLAN_GAP_S)
                 ):
                     last_full = started
                     await self.pass_once()
@@ -469,16 +472,19 @@ class PlacementPass:
             if rest > 0:
                 await asyncio.sleep(rest)
 
-    async def _has_work(self, next_wake_ms: int | None, seen_seq: int) -> bool:
+    async def _has_work(self, next_wake_ms: int | None, seen_seq: int, replan: bool) -> bool:
         """Whether a pass now could do anything: the plan's next wake (a window's end, a usage cut) reached, a
-        booked window whose start has come, or an event since the last pass that may let a reservation in
-        the queue fit. Waking events read while the queue is empty are spent: a new reservation is news."""
+        booked window whose start has come, or (when `replan`: `REPLAN_GAP_S` since the last pass) an event
+        since the last pass that may let a reservation in the queue fit. Waking events read while the queue is
+        empty are spent: a new reservation is news; ones not yet due for a replan wait for the next look."""
         now_ms = await self.store.now_ms()
         if next_wake_ms is not None and now_ms >= next_wake_ms:
             return True
         async with self.store.transaction(write=False) as tx:
             if await cap_sql.has_due_window(tx, now_ms):
                 return True
+            if not replan:
+                return False
             news = await events_sql.of_types_since(tx, seen_seq, placement_wake.WAKING_TYPES)
             if not news:
                 return False
