@@ -77,10 +77,10 @@ LEASE_NAME = "worker:placement"
 LEASE_TTL_MS = 15_000
 MAX_WAIT_S = 1.0
 MIN_GAP_S = 0.25
+"""Passes woken by events are at least this far apart (a reservation waits at most this much longer)."""
 REPLAN_GAP_S = 1.0
 """Passes for news a waiting reservation may use come at most this often (timed work keeps `MIN_GAP_S`): at a
 thousand nodes some node connects every few hundred milliseconds under chaos, and each pass reads every node."""
-"""Passes woken by events are at least this far apart (a reservation waits at most this much longer)."""
 BINDINGS: Mapping[str, int] = {"hold": spec_pb2.BINDING_HOLD, "kubernetes": spec_pb2.BINDING_KUBERNETES}
 
 
@@ -499,7 +499,8 @@ class PlacementPass:
         """One pass inside the caller's transaction (a `reserve` runs it inline)."""
         lock = self.store.for_update()
         await cap_sql.lock_pass(tx, self.store.dialect)
-        self.seen_seq = await events_sql.last_seq(tx)
+        seen = await events_sql.last_seq(tx)
+        tx.on_commit(lambda: setattr(self, "seen_seq", seen))  # a pass rolled back has seen nothing
         facts = await load_facts(tx)
         await self._set_aside(tx, facts.set_aside, now_ms)
         bookings, pending, inventories = facts.bookings, facts.pending, facts.inventories
