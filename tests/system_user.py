@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -18,13 +19,27 @@ import pytest
 TOOLS = ("useradd", "userdel", "setpriv")
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 def why_not() -> str | None:
-    """Why this machine cannot make a user and drop to it (None: it can)."""
+    """Why this machine cannot make a user and run this checkout's code as it (None: it can)."""
     if os.geteuid() != 0:
         return "creating a user and running bc helper as root need root"
     for tool in TOOLS:
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
+    closed = _closed_to_others(REPO)
+    if closed is not None:
+        return f"another user cannot reach this checkout ({closed} is not searchable by others)"
+    return None
+
+
+def _closed_to_others(path: Path) -> Path | None:
+    """The first directory on the way to `path` that other users may not enter (a 0700 temp dir), or None."""
+    for d in [*reversed(path.parents), path]:
+        if not d.stat().st_mode & stat.S_IXOTH:
+            return d
     return None
 
 
