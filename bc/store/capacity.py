@@ -50,15 +50,16 @@ async def pending_unbooked(tx: Tx) -> list[Row]:
     return await tx.fetchall("SELECT * FROM reservations WHERE state = 'pending' AND node_id IS NULL ORDER BY seq")
 
 
+_DUE = (
+    "r.state = 'pending' AND r.node_id IS NOT NULL AND EXISTS (SELECT 1 FROM device_bookings b"
+    " WHERE b.reservation_id = r.id AND b.released_at_ms IS NULL AND b.start_ms <= :t)"
+)
+"""A booked window that has started and is not delivered yet (pending with a node)."""
+
+
 async def has_due_window(tx: Tx, now_ms: int) -> bool:
     """A booked window has started and is not delivered yet."""
-    row = await tx.fetchone(
-        "SELECT 1 AS w FROM reservations r WHERE r.state = 'pending' AND r.node_id IS NOT NULL AND EXISTS"
-        " (SELECT 1 FROM device_bookings b WHERE b.reservation_id = r.id AND b.released_at_ms IS NULL"
-        " AND b.start_ms <= :t) LIMIT 1",
-        {"t": now_ms},
-    )
-    return row is not None
+    return await tx.fetchone(f"SELECT 1 AS w FROM reservations r WHERE {_DUE} LIMIT 1", {"t": now_ms}) is not None
 
 
 async def has_unbooked_pending(tx: Tx) -> bool:
@@ -69,12 +70,7 @@ async def has_unbooked_pending(tx: Tx) -> bool:
 
 async def due_windows(tx: Tx, now_ms: int) -> list[Row]:
     """Booked windows that have started and are not delivered yet (pending with a node)."""
-    return await tx.fetchall(
-        "SELECT r.* FROM reservations r WHERE r.state = 'pending' AND r.node_id IS NOT NULL"
-        " AND EXISTS (SELECT 1 FROM device_bookings b WHERE b.reservation_id = r.id AND b.released_at_ms IS NULL"
-        " AND b.start_ms <= :t) ORDER BY r.seq",
-        {"t": now_ms},
-    )
+    return await tx.fetchall(f"SELECT r.* FROM reservations r WHERE {_DUE} ORDER BY r.seq", {"t": now_ms})
 
 
 async def insert_pending(

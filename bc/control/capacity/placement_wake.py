@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import json
 
-RESERVATION_PROGRESS = frozenset(
-    {"reservation.waiting", "reservation.booked", "reservation.placed", "reservation.active"}
-)
-"""A reservation moving forward takes room: these never free any (the pass publishes most of them itself)."""
-
-NODE_WAKING = frozenset(
+WAKING_TYPES = frozenset(
     {
+        # Room freed, or a reservation ahead in the queue gone. A reservation moving forward (waiting, booked,
+        # placed, active) takes room and never frees any: those are not here.
+        "reservation.submitted",
+        "reservation.released",
+        "reservation.releasing",
+        "reservation.ended",
+        "reservation.failed",
+        "reservation.lost",
+        "reservation.set-aside",
+        "reservation.refused",
+        # A node eligible again, or bigger.
         "node.connectivity",  # only into `connected`: see `may_fit_more`
         "node.status",  # only with a new inventory
         "node.uncordoned",
@@ -32,20 +38,6 @@ NODE_WAKING = frozenset(
         # Room taken away cannot place a waiting reservation, but one pinned to the node must now fail.
         "node.deleted",
         "security.node.revoked",
-    }
-)
-
-WAKING_TYPES = frozenset(
-    {
-        "reservation.submitted",
-        "reservation.released",
-        "reservation.releasing",
-        "reservation.ended",
-        "reservation.failed",
-        "reservation.lost",
-        "reservation.set-aside",
-        "reservation.refused",
-        *NODE_WAKING,
     }
 )
 """Every type `may_fit_more` can answer yes for: the store reads only these (`events.of_types_since`)."""
