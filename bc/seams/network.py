@@ -84,14 +84,15 @@ half-open link (`SimNetwork.half_open`) loses everything in flight and to come o
 closes included: each end sees silence, never a close. Closes travel in order behind the frames sent
 before them, and are lost the same way frames are.
 
-What the checkers hear: `tap(direction, node_id, msg, loop_time, gateway)` runs when a receiver's `recv` returns
-a frame (what the session code saw, when it saw it: a dead process hears nothing); `on_drawn(kind,
+What the checkers hear: `tap(direction, node_id, msg, loop_time, gateway, sent_time)` runs when a receiver's
+`recv` returns a frame (what the session code saw, when it saw it: a dead process hears nothing; and when it
+was sent, since a frame held by a stall is news of the moment it left, not of its delivery); `on_drawn(kind,
 node_id, loop_time)` when the links draw a fault by themselves, once it is in effect. `stats` counts
 those faults and the frames they lost; the controls (`partition`, `half_open`, `reset`, `stall`) are the
 caller's and are not counted.
 
 Cost. A frame on a fault-free link with nothing in flight is appended to the receiver's queue at once
-(no timer, no task, no draw, no clock read). A faulty frame costs its draws and, while frames are in
+(no timer, no task, no draw; one clock read, its send time). A faulty frame costs its draws and, while frames are in
 flight, one loop timer per direction (the head's arrival): no task is ever created per frame. Measured
 on the virtual loop (one sender, one reader, 2 shared cores, best of 5): fault-free about 250-750k
 frames/s against a bare pair of asyncio queues' 330-550k (the same, within the host's noise); with `light`'s latency
@@ -126,9 +127,10 @@ Direction = Literal["to_node", "from_node"]
 TO_NODE: Direction = "to_node"
 FROM_NODE: Direction = "from_node"
 
-Tap = Callable[[Direction, str, object, float, str], None]
-"""`tap(direction, node_id, msg, loop_time, gateway)`: called when a receiver's `recv` returns a frame; `gateway`
-is the address of the gateway process the wire reaches ("" with one gateway)."""
+Tap = Callable[[Direction, str, object, float, str, float], None]
+"""`tap(direction, node_id, msg, loop_time, gateway, sent_time)`: called when a receiver's `recv` returns a frame;
+`gateway` is the address of the gateway process the wire reaches ("" with one gateway), `sent_time` the loop time
+its sender sent it (a replayed frame: when it was replayed)."""
 
 TOLERANT: frozenset[str] = frozenset(
     {
@@ -220,7 +222,8 @@ def _kind(msg: object) -> str | None:
 
 
 class _Pipe:
-    """One direction of one connection: frames in flight (arrival times never decrease) and frames arrived."""
+    """One direction of one connection: frames in flight (arrival times never decrease) and frames arrived,
+    each with the loop time it was sent."""
 
     __slots__ = (
         "arrived_close",
@@ -243,14 +246,14 @@ class _Pipe:
     def __init__(self, wire: _Wire, direction: Direction) -> None:
         self.wire, self.direction = wire, direction
         self.loop = wire.loop
-        self.in_flight: deque[tuple[float, object]] = deque()
+        self.in_flight: deque[tuple[float, float, object]] = deque()  # (due, sent, frame)
         self.timer: asyncio.TimerHandle | None = None
-        self.ready: deque[object] = deque()
+        self.ready: deque[tuple[float, object]] = deque()  # (sent, frame)
         self.waiter: asyncio.Future[None] | None = None
         self.last_due = 0.0
         self.stall_until = 0.0  # this direction's own stall (a drawn one); the node's is on the network
         self.silenced = False  # a drop was drawn: nothing more gets through
-        self.held: tuple[float, object] | None = None  # a frame waiting to be overtaken
+        self.held: tuple[float, float, object] | None = None  # (due, sent, frame) waiting to be overtaken
         self.held_timer: asyncio.TimerHandle | None = None
         self.arrived_close: _Close | None = None
         self.receiver_closed = False
@@ -264,16 +267,16 @@ class _Pipe:
             net.stats["frames_lost"] += 1
             return
         f = net.node_faults.get(w.node_id, net.faults) if net.node_faults else net.faults
+        now = self.loop.time()
         if f.quiet and not (self.in_flight or self.held or self.stall_until or net.stalled or self.receiver_closed):
             # The common case, kept to a few attribute reads: straight to the receiver.
-            self.ready.append(item)
+            self.ready.append((now, item))
             waiter = self.waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
             return
-        now = self.loop.time()
         if f.quiet and not self.in_flight and self.held is None and w.stalled_until(self) <= now:
-            self._arrive(item)
+            self._arrive(now, item)
             return
         self._push_faulty(item, f, now)
 
@@ -309,16 +312,16 @@ class _Pipe:
             if self.held_timer is not None:
                 self.held_timer.cancel()
                 self.held_timer = None
-            self._enqueue(due, item)
-            self._enqueue(max(due, held[0]), held[1])
+            self._enqueue(due, now, item)
+            self._enqueue(max(due, held[0]), held[1], held[2])
             net.drew("reorders", w)
         elif reorder:
-            self.held = (due, item)
+            self.held = (due, now, item)
             self.held_timer = self.loop.call_at(due + f.reorder_window_ms / 1000.0, self._release_held)
         else:
-            self._enqueue(due, item)
+            self._enqueue(due, now, item)
         if dup:
-            self._enqueue(due, copy.deepcopy(item))
+            self._enqueue(due, now, copy.deepcopy(item))
             net.drew("duplicates", w)
 
     def push_close(self, close: _Close) -> None:
@@ -331,9 +334,9 @@ class _Pipe:
             self._release_held()
         now = self.loop.time()
         if not self.in_flight and self.wire.stalled_until(self) <= now:
-            self._arrive(close)
+            self._arrive(now, close)
         else:
-            self._enqueue(max(now, self.last_due, self.wire.stalled_until(self)), close)
+            self._enqueue(max(now, self.last_due, self.wire.stalled_until(self)), now, close)
 
     def push_replay(self, item: object) -> None:
         """A frame sent again from elsewhere (`SimNetwork.replay`): behind what is in flight, no fault drawn."""
@@ -342,20 +345,20 @@ class _Pipe:
             return
         now = self.loop.time()
         if not self.in_flight and self.held is None and self.wire.stalled_until(self) <= now:
-            self._arrive(item)
+            self._arrive(now, item)
         else:
-            self._enqueue(max(now, self.wire.stalled_until(self)), item)
+            self._enqueue(max(now, self.wire.stalled_until(self)), now, item)
 
     def _release_held(self) -> None:
         held, self.held = self.held, None
         self.held_timer = None
         if held is not None:
-            self._enqueue(max(held[0], self.last_due), held[1])
+            self._enqueue(max(held[0], self.last_due), held[1], held[2])
 
-    def _enqueue(self, due: float, item: object) -> None:
+    def _enqueue(self, due: float, sent: float, item: object) -> None:
         due = max(due, self.last_due)
         self.last_due = due
-        self.in_flight.append((due, item))
+        self.in_flight.append((due, sent, item))
         if self.timer is None:
             self.timer = self.loop.call_at(due, self._fire)
 
@@ -368,22 +371,22 @@ class _Pipe:
             self.timer = self.loop.call_at(stalled, self._fire)
             return
         while self.in_flight and self.in_flight[0][0] <= now:
-            _due, item = self.in_flight.popleft()
+            _due, sent, item = self.in_flight.popleft()
             if self.wire.lost(self.direction):  # cut while in flight: lost too
                 self.wire.net.stats["frames_lost"] += 1
                 continue
-            self._arrive(item)
+            self._arrive(sent, item)
         if self.in_flight:
             self.timer = self.loop.call_at(self.in_flight[0][0], self._fire)
 
-    def _arrive(self, item: object) -> None:
+    def _arrive(self, sent: float, item: object) -> None:
         if self.receiver_closed:  # nobody will read it: the end that would have is closed
             return
         if isinstance(item, _Close):
             if self.arrived_close is not None:
                 return
             self.arrived_close = item
-        self.ready.append(item)
+        self.ready.append((sent, item))
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -399,7 +402,7 @@ class _Pipe:
         self.ready.clear()
         self.receiver_closed = False
         self.arrived_close = None
-        self._arrive(close)
+        self._arrive(self.loop.time(), close)
 
 
 class _Wire:
@@ -481,14 +484,14 @@ class SimLink(Generic[In, Out]):
                 await fut
             finally:
                 pipe.waiter = None
-        item = pipe.ready[0]
+        sent, item = pipe.ready[0]
         if isinstance(item, _Close):
             raise item.error()  # left at the head: every later recv says the same
         pipe.ready.popleft()
         pipe.delivered = True
         tap = self._wire.net.tap
         if tap is not None:
-            tap(pipe.direction, self._wire.node_id, item, pipe.loop.time(), self._wire.gateway)
+            tap(pipe.direction, self._wire.node_id, item, pipe.loop.time(), self._wire.gateway, sent)
         return item  # type: ignore[return-value]
 
     async def close(

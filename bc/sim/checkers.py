@@ -302,11 +302,18 @@ class FalseUnreachable:
     heard: HeardSpan  # the frames the gateway heard from the node up to the mark
     gap_ms: int  # frames of one span are each less than this after the one before
     bound_ms: int
+    delivered_ms: int | None = None  # a late frame, sent at `heard.last_ms`, delivered then
 
     @property
     def sentence(self) -> str:
         c, h = self.transition, self.heard
         marked = f"I4: {c.node_id} was marked {c.state} at {iso(c.t_ms)}"
+        if self.delivered_ms is not None:
+            ago = (c.t_ms - h.last_ms) / 1000
+            return (
+                f"{marked}, {ago:g} s after it sent a frame a gateway received late, at {iso(self.delivered_ms)} "
+                f"(the bound is {self.bound_ms / 1000:g} s)"
+            )
         if h.last_ms >= c.t_ms:
             return (
                 f"{marked} while a gateway was hearing from it (frames from {iso(h.first_ms)} to {iso(h.last_ms)}, "
@@ -324,7 +331,8 @@ class FalseUnreachable:
 def check_i4(facts: FactLog, *, bound_ms: int = 20_000) -> FalseUnreachable | None:
     """I4: no node goes `unreachable` or `lost` within `bound_ms` after a frame from it reached a gateway,
     by the frames the transport delivered (`facts.heard`), whatever any clock said. Frames at the mark's
-    very instant do not count: the gateway had not handled them yet."""
+    very instant do not count: the gateway had not handled them yet. A frame delivered late (held by a stall)
+    counts from when it was sent, not from its delivery (`bc.sim.facts`: it is old news)."""
     if bound_ms < facts.heard_gap_ms:
         raise ValueError(f"I4's bound ({bound_ms} ms) is below the log's heard gap ({facts.heard_gap_ms} ms)")
     for c in sorted(facts.connectivity, key=lambda c: (c.t_ms, c.node_id)):
@@ -333,6 +341,10 @@ def check_i4(facts: FactLog, *, bound_ms: int = 20_000) -> FalseUnreachable | No
         heard = facts.last_heard(c.node_id, c.t_ms - 1)
         if heard is not None and (heard.last_ms >= c.t_ms - 1 or c.t_ms - heard.last_ms < bound_ms):
             return FalseUnreachable(c, heard, facts.heard_gap_ms, bound_ms)
+        late = facts.last_late(c.node_id, c.t_ms - 1)
+        if late is not None and c.t_ms - late[1] < bound_ms:
+            delivered, sent = late
+            return FalseUnreachable(c, HeardSpan(c.node_id, sent, sent), facts.heard_gap_ms, bound_ms, delivered)
     return None
 
 

@@ -12,6 +12,14 @@ than W answer that as well as one span of them does: a T inside a span is less t
 of it. So `FactLog` keeps per node the spans of frames each less than `heard_gap_ms` after the one before
 (a node that heartbeats without a break is one span); the I4 bound must be at least that gap for the answer
 to stay exact (the checker asserts it).
+
+A frame is news of the node at the moment it was *sent*; the gateway learns it at delivery. Nearly every frame
+arrives within milliseconds, and those count at their delivery (later than sent by less than `LATE_MS`: the
+stricter reading). A frame a stall held back (a frozen gateway, a stalled link) can arrive long after: such a
+*late* frame is kept apart, with both times, and I4 counts it only for a mark after its delivery, as news of
+its send time: a gateway waking from a 50 s stall reads frames its nodes sent before they lost power, and that
+is no evidence they were alive since (found by `bc sim --chaos storm --gateways 3`, seeds 5, 12, 37). Late
+frames are rare, so the list stays short.
 """
 
 from __future__ import annotations
@@ -131,6 +139,10 @@ class SpecApplied:
     journal_id: str
     generation: int
     seq: int = 0  # as SpecDelivered.seq: after the delivery that brought it, in the same virtual instant
+
+
+LATE_MS = 1_000
+"""A frame delivered this long or more after it was sent is a late one (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +267,7 @@ class FactLog:
     """Everything a run recorded. The runner appends with the methods below; the checkers read the fields."""
 
     heard_gap_ms: int = 20_000
+    late_ms: int = LATE_MS
     side_effects: list[SideEffect] = field(default_factory=list)
     journal_losses: list[JournalLoss] = field(default_factory=list)
     restarts: list[AgentRestart] = field(default_factory=list)
@@ -284,6 +297,8 @@ class FactLog:
     # per node: parallel sorted lists of span starts and ends (see the module docstring)
     _heard_first: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _heard_last: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    # per node: (delivered, sent) of each late frame
+    _heard_late: dict[str, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
     _open_outages: dict[tuple[str | None, str], int] = field(default_factory=dict, repr=False)
     # per node: the observed generation of the last report kept, and the deliveries no kept report came after
     _last_observed: dict[str, int] = field(default_factory=dict, repr=False)
@@ -336,8 +351,12 @@ class FactLog:
     def connectivity_changed(self, t_ms: int, node_id: str, state: str, reason: str = "") -> None:
         self.connectivity.append(Connectivity(t_ms, node_id, state, reason))
 
-    def heard(self, t_ms: int, node_id: str) -> None:
-        """A frame from the node reached the gateway: extend its last span, or start one after a silence."""
+    def heard(self, t_ms: int, node_id: str, sent_ms: int | None = None) -> None:
+        """A frame from the node, sent at `sent_ms` (None: at `t_ms`), reached the gateway at `t_ms`: extend its
+        last span, or start one after a silence; a late frame is kept apart (see the module docstring)."""
+        if sent_ms is not None and t_ms - sent_ms >= self.late_ms:
+            self._heard_late.setdefault(node_id, []).append((t_ms, sent_ms))
+            return
         firsts = self._heard_first.setdefault(node_id, [])
         lasts = self._heard_last.setdefault(node_id, [])
         if lasts and lasts[-1] <= t_ms:  # the common case: frames arrive in time order
@@ -397,6 +416,16 @@ class FactLog:
         if i < 0:
             return None
         return HeardSpan(node_id, firsts[i], self._heard_last[node_id][i])
+
+    def last_late(self, node_id: str, t_ms: int) -> tuple[int, int] | None:
+        """(delivered, sent) of the late frame delivered at or before `t_ms` that was sent last; None: none."""
+        best: tuple[int, int] | None = None
+        for delivered, sent in self._heard_late.get(node_id, ()):
+            if delivered > t_ms:
+                continue
+            if best is None or sent > best[1]:
+                best = (delivered, sent)
+        return best
 
     def transitions(self) -> list[Transition]:
         """The connectivity changes as I5's `Transition`s."""

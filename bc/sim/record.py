@@ -14,7 +14,8 @@
   Its kind comes from the store at the end (the command's row).
 * **Frames** (I3, I4): `bc.seams.network.SimNetwork.tap`, on every frame a receiver's `recv` returns: a
   `desired_state` the node received is a spec delivery, a `status` the gateway received is a report,
-  and any frame the gateway received is hearing from the node. A `hello` the gateway receives ends the
+  and any frame the gateway received is hearing from the node (news of when it was sent, for a frame a stall
+  held back: `bc.sim.facts`). A `hello` the gateway receives ends the
   node's open outages (the node is back).
 * **Batch approvals** (Q1): the same tap keeps, for each command frame of a batch (a body with a batch id)
   a node received, the batch approval it carried; each side effect of such a command becomes a `BatchRan`
@@ -240,10 +241,17 @@ class Recorder:
         """What kept the node away is over; its outage ends when the gateway next hears its Hello."""
         self._away.setdefault(node_id, set()).add(cause)
 
-    def tap(self, direction: Direction, node_id: str, msg: object, loop_time: float, gateway: str = "") -> None:
-        del loop_time  # the facts' clock is the store's
+    def tap(
+        self,
+        direction: Direction,
+        node_id: str,
+        msg: object,
+        loop_time: float,
+        gateway: str = "",
+        sent_time: float | None = None,
+    ) -> None:
         self.frames += 1
-        t = self.now_ms()
+        t = self.now_ms()  # the facts' clock is the store's; the loop's only measures how long the frame took
         if direction == TO_NODE:
             if not isinstance(msg, session_pb2.GatewayMessage):
                 return
@@ -268,7 +276,8 @@ class Recorder:
             return
         assert direction == FROM_NODE
         if self.routing(gateway):
-            self.facts.heard(t, node_id)
+            sent = None if sent_time is None else t - round((loop_time - sent_time) * 1000)
+            self.facts.heard(t, node_id, sent)
         if not isinstance(msg, NodeMessage):
             return
         which = msg.WhichOneof("msg")

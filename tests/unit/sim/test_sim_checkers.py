@@ -354,6 +354,54 @@ def test_i4_names_a_node_marked_unreachable_soon_after_a_frame() -> None:
     assert check_i4(facts) is None
 
 
+def test_i4_counts_a_late_frame_from_when_it_was_sent() -> None:
+    """A frame a stall held back is news of the node when it left, known from when it arrived: a gateway
+    waking from a 50 s stall reads frames its node sent just before it lost power (`--chaos storm`)."""
+    facts = log_with([0, 10])
+    facts.heard(T0 + 60 * S, "n1", sent_ms=T0 + 12 * S)  # sent at 12 s, read at 60 s
+    facts.connectivity_changed(T0 + 70 * S, "n1", "unreachable")
+    assert check_i4(facts) is None  # 58 s after it was sent
+    # Sent within the bound before the mark, and read before it: the control plane could know.
+    facts = log_with([0, 10])
+    facts.heard(T0 + 60 * S, "n1", sent_ms=T0 + 55 * S)
+    facts.connectivity_changed(T0 + 70 * S, "n1", "unreachable")
+    found = check_i4(facts)
+    assert isinstance(found, FalseUnreachable)
+    assert found.sentence == (
+        "I4: n1 was marked unreachable at 2027-01-15T08:01:10Z, 15 s after it sent a frame a gateway received late, "
+        "at 2027-01-15T08:01:00Z (the bound is 20 s)"
+    )
+    # Read only after the mark: it was not known then.
+    facts = log_with([0, 10])
+    facts.heard(T0 + 80 * S, "n1", sent_ms=T0 + 65 * S)
+    facts.connectivity_changed(T0 + 70 * S, "n1", "unreachable")
+    assert check_i4(facts) is None
+    # A frame less than a second late counts at its delivery, as before.
+    facts = log_with([])
+    facts.heard(T0 + 60 * S, "n1", sent_ms=T0 + 59_500)
+    assert [(h.first_ms, h.last_ms) for h in facts.heard_spans("n1")] == [(T0 + 60 * S, T0 + 60 * S)]
+
+
+@given(
+    frames=st.lists(st.tuples(st.integers(0, 200_000), st.sampled_from([0, 200, 999, 1_000, 5_000, 60_000])), max_size=30),
+    marks=st.lists(st.integers(0, 220_000), min_size=1, max_size=5),
+    bound=st.sampled_from([20_000, 25_000]),
+)
+def test_i4_with_late_frames_agrees_with_every_frame_kept(
+    frames: list[tuple[int, int]], marks: list[int], bound: int
+) -> None:
+    """Each frame (delivered, delay): known from its delivery, news of its delivery when less than a second
+    late, else of when it was sent. I4 on what FactLog keeps equals I4 on every frame."""
+    facts = FactLog()
+    for delivered, delay in frames:
+        facts.heard(delivered, "n1", sent_ms=delivered - delay)
+    for m in marks:
+        facts.connectivity_changed(m, "n1", "unreachable")
+    news = [(d, d if delay < facts.late_ms else d - delay) for d, delay in frames]
+    brute = any(any(d < m and m - t < bound for d, t in news) for m in marks)
+    assert (check_i4(facts, bound_ms=bound) is not None) == brute
+
+
 def test_i4_bound_below_the_logs_gap_is_refused() -> None:
     facts = log_with([0], gap_ms=30_000)
     try:

@@ -37,7 +37,7 @@ def network(seed: int = 1, faults: LinkFaults | None = None) -> tuple[SimNetwork
     net = SimNetwork(
         rng=random.Random(seed),
         faults=faults or LinkFaults.none(),
-        tap=lambda d, node, msg, t, _gw: seen.append((d, node, msg, t)),
+        tap=lambda d, node, msg, t, _gw, _sent: seen.append((d, node, msg, t)),
     )
     return net, seen
 

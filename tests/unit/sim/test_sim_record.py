@@ -92,3 +92,17 @@ def test_a_frame_a_fenced_gateway_reads_is_not_heard() -> None:
     rec.tap(FROM_NODE, "n1", status, 0.0, "gw-0")
     heard = facts.last_heard("n1", 5_000)
     assert heard is not None and heard.last_ms == 2_000
+
+
+def test_a_frame_a_stall_held_back_is_heard_as_of_when_it_was_sent() -> None:
+    """The loop times the network gives say how long the frame took; the facts keep the store's clock."""
+    facts = FactLog()
+    rec = Recorder(facts, lambda: 100_000)
+    beat = session_pb2.NodeMessage(heartbeat=session_pb2.Heartbeat())
+    rec.tap(FROM_NODE, "n1", beat, 1_050.0, "", 1_000.0)  # 50 s in the pipe
+    assert facts.last_heard("n1", 200_000) is None
+    assert facts.last_late("n1", 200_000) == (100_000, 50_000)
+    assert facts.last_late("n1", 99_999) is None
+    rec.tap(FROM_NODE, "n1", beat, 1_050.0, "", 1_049.9)  # on time
+    heard = facts.last_heard("n1", 200_000)
+    assert heard is not None and heard.last_ms == 100_000
