@@ -605,7 +605,8 @@ class SimNetwork:
         if not live:
             return False
         pipe = live[-1].to_node
-        pipe._enqueue(pipe.loop.time() + after_s, copy.deepcopy(frame))
+        now = pipe.loop.time()
+        pipe._enqueue(now + after_s, now, copy.deepcopy(frame))
         self.stats["duplicates"] += 1
         return True
 

@@ -422,12 +422,16 @@ class Fleet:
         if target != node_id:
             data["node_id"] = node_id
         self._unpublished.append(("sim.fault", target, data))
-        if s.kind == strikes.DUPLICATE_AFTER_ACCEPT:
-            self.network.deliver_again(node_id, frame, float(s.params["after_s"]))
-        if s.kind in (strikes.CUT_AT_ACCEPT, strikes.CRASH_AT_ACCEPT):
-            self.recorder.away(node_id, "reset")
-            self.network.reset(node_id)
-            self.recorder.back(node_id, "reset")
+        try:
+            if s.kind == strikes.DUPLICATE_AFTER_ACCEPT:
+                self.network.deliver_again(node_id, frame, float(s.params["after_s"]))
+            if s.kind in (strikes.CUT_AT_ACCEPT, strikes.CRASH_AT_ACCEPT):
+                self.recorder.away(node_id, "reset")
+                self.network.reset(node_id)
+                self.recorder.back(node_id, "reset")
+        except Exception as e:  # runs inside the agent's accept: the harness's bug must not pass for the agent's
+            self._errors.append((f"strike-{s.kind}", e))
+            return
         self._spawn(self._strike(s, target), f"strike-{s.kind}")
 
     def _killable_gateway_of(self, node_id: str) -> int | None:

@@ -383,7 +383,9 @@ def test_i4_counts_a_late_frame_from_when_it_was_sent() -> None:
 
 
 @given(
-    frames=st.lists(st.tuples(st.integers(0, 200_000), st.sampled_from([0, 200, 999, 1_000, 5_000, 60_000])), max_size=30),
+    frames=st.lists(
+        st.tuples(st.integers(0, 200_000), st.sampled_from([0, 200, 999, 1_000, 5_000, 60_000])), max_size=30
+    ),
     marks=st.lists(st.integers(0, 220_000), min_size=1, max_size=5),
     bound=st.sampled_from([20_000, 25_000]),
 )

@@ -213,6 +213,33 @@ async def test_a_stall_holds_frames_then_delivers_them_in_order() -> None:
     assert gen(await gw.recv()) == 3 and seen[-1][3] == loop.time()
 
 
+async def test_the_tap_hears_when_each_frame_was_sent_as_well_as_when_it_arrived() -> None:
+    """A frame a stall held back is news of the moment it left (I4 reads it so: bc.sim.facts)."""
+    sent: list[tuple[float, float]] = []
+    net = SimNetwork(
+        rng=random.Random(1), faults=LinkFaults.none(), tap=lambda d, n, m, t, gw, at: sent.append((t, at))
+    )
+    node, gw = net.connect("n1")
+    t0 = asyncio.get_running_loop().time()
+    net.stall("n1", 5.0)
+    for i in range(3):
+        await node.send(hb(i))
+        await asyncio.sleep(1)
+    await drain(gw, 10)
+    assert sent == [(t0 + 5.0, t0 + i) for i in range(3)]
+
+
+async def test_deliver_again_sends_a_late_copy_on_the_newest_connection() -> None:
+    net, seen = network()
+    node, gw = net.connect("n1")
+    frame = GatewayMessage(command=session_pb2.Command(batch_approval=b"x"))
+    t0 = asyncio.get_running_loop().time()
+    assert net.deliver_again("n1", frame, 3.0)
+    got = await node.recv()
+    assert got == frame and got is not frame and seen[-1][3] == t0 + 3.0
+    assert not net.deliver_again("n2", frame, 1.0)  # no connection: nothing sent
+
+
 async def test_a_stall_also_holds_frames_already_in_flight() -> None:
     net, seen = network(faults=LinkFaults(delay_ms=(100.0, 100.0)))
     node, gw = net.connect("n1")
