@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from bc.control.base.bus import Bus
 from bc.control.commands.dispatch import GatewayDispatch, SessionSends, dispatch_gateway
@@ -37,13 +37,14 @@ class Dispatcher:
         bus: Bus,
         clock: Clock,
         gateway_id: str,
-        epochs: Callable[[], Mapping[str, int]],
+        epochs: Callable[[Collection[str] | None], Mapping[str, int]],
         deliver: Callable[[str, SessionSends], None],
         paused: Callable[[], bool],
         track: Callable[[asyncio.Future[None]], None],
     ) -> None:
-        """`epochs`: the open sessions' epochs by node; `deliver` hands a session what it sends; `paused`: the
-        gateway is fenced; `track` registers the loop as work the gateway waits for before its store closes."""
+        """`epochs(only)`: the open sessions' epochs by node (of `only` when not None); `deliver` hands a session
+        what it sends; `paused`: the gateway is fenced; `track` registers the loop as work the gateway waits for
+        before its store closes."""
         self.store, self.bus, self.clock, self.gateway_id = store, bus, clock, gateway_id
         self._epochs, self._deliver, self._paused, self._track = epochs, deliver, paused, track
         self._wake = asyncio.Event()
@@ -69,7 +70,7 @@ class Dispatcher:
         self._wake.set()
 
     def ensure_running(self) -> None:
-        if (self._task is None or self._task.done()) and self._epochs():
+        if (self._task is None or self._task.done()) and self._epochs(None):
             self._task = asyncio.ensure_future(self._run())
             self._track(self._task)
 
@@ -78,15 +79,15 @@ class Dispatcher:
         full_at = self.clock.monotonic()
         while True:
             self._wake.clear()
-            epochs = dict(self._epochs())
-            if not epochs:
-                return  # no session left; `ensure_running` starts the loop again with the next one
             now = self.clock.monotonic()
             # Every node at least once a tick (and whenever a poke named none); the poked ones in between: under
             # load most pokes are one node's credit come free, and a pass over the whole fleet for it would read
-            # the pending rows of every node.
+            # the pending rows of every node (or walk every session for their epochs).
             everyone = self._everyone or now - full_at >= TICK_S or (due_at is not None and now >= due_at)
             nodes = None if everyone else self._poked
+            epochs = dict(self._epochs(nodes))
+            if not epochs and (nodes is None or not self._epochs(None)):
+                return  # no session left; `ensure_running` starts the loop again with the next one
             self._poked, self._everyone = set(), False
             if everyone:
                 full_at = now

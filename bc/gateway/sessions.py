@@ -13,7 +13,7 @@ import asyncio
 import logging
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from bc.control.base.bus import Bus
@@ -207,9 +207,18 @@ class Gateway:
         if d is not None:
             d.poke()
 
-    def _open_epochs(self) -> dict[str, int]:
-        """The epoch this gateway holds for each node whose session is open: dispatch sends only on these."""
-        return {n: d.core.epoch for n, d in self.sessions.items() if d.core.state is core.State.OPEN and not d.ending}
+    def _open_epochs(self, only: Collection[str] | None = None) -> dict[str, int]:
+        """The epoch this gateway holds for each node whose session is open (of `only`, when given: a pass for
+        the nodes poked since the last one need not walk every session): dispatch sends only on these."""
+        sessions = self.sessions
+        if only is None:
+            return {n: d.core.epoch for n, d in sessions.items() if d.core.state is core.State.OPEN and not d.ending}
+        out: dict[str, int] = {}
+        for n in only:
+            d = sessions.get(n)
+            if d is not None and d.core.state is core.State.OPEN and not d.ending:
+                out[n] = d.core.epoch
+        return out
 
     def _deliver(self, node_id: str, sends: SessionSends) -> None:
         d = self.sessions.get(node_id)

@@ -287,7 +287,16 @@ async def test_a_burst_of_pokes_is_one_pass_and_the_loop_ends_with_the_last_sess
         if len(got) == len(epochs):
             all_in.set()
 
-    d = Dispatcher(store, bus, clock, "gw-1", lambda: epochs, deliver, lambda: fenced, loops.append)
+    d = Dispatcher(
+        store,
+        bus,
+        clock,
+        "gw-1",
+        lambda only: {n: e for n, e in epochs.items() if only is None or n in only},
+        deliver,
+        lambda: fenced,
+        loops.append,
+    )
     for _ in range(len(epochs)):  # one poke per enqueue, as the bus delivers them
         d.poke()
     async with asyncio.timeout(5):
