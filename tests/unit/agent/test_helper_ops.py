@@ -19,7 +19,19 @@ from hypothesis import strategies as st
 from agent.converge import env_files
 from agent.converge.host_units.gpu_sharing import mps_unit
 from agent.helper import ops
-from agent.helper.ops import Layout, Refused, Remove, Run, Write, WriteInPlace
+from agent.helper.ops import (
+    FollowKmsg,
+    Layout,
+    Refused,
+    Remove,
+    Run,
+    UpdateInstall,
+    UpdateRemember,
+    UpdateStage,
+    UpdateStep,
+    Write,
+    WriteInPlace,
+)
 from agent.hw import cdi
 from bc.protocol.atoms import parse_atom
 from bc.protocol.root_equiv import sysctl_key_problem
@@ -222,9 +234,10 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=6,
 )
-arg_names = st.sampled_from(
-    ["kind", "allocation_id", "data", "slice", "limits", "file", "user", "argv", "uuid", "size_kb", "node", "count"]
-)
+HOLD_ARGS = ["kind", "allocation_id", "data", "slice", "limits", "file", "user", "argv", "uuid", "size_kb", "node"]
+UPDATE_ARGS = ["offset", "step", "command_id", "deadline", "refused", "after_seq", "path", "install_dir", "root"]
+RELEASE_ARGS = ["name", "version", "sequence", "platform", "sha256", "size", "signature", "keys", "running_version"]
+arg_names = st.sampled_from([*HOLD_ARGS, "count", *UPDATE_ARGS, *RELEASE_ARGS])
 requests = st.fixed_dictionaries(
     {"v": st.just(ops.VERSION), "op": st.sampled_from([*ops.TABLE, "file.read", ""])},
     optional={},
@@ -246,6 +259,12 @@ def test_any_request_is_refused_or_plans_effects_only_under_the_root(request: di
     for effect in plan:
         if isinstance(effect, (Write, WriteInPlace, Remove)):
             assert _within_root(effect.path), effect
+        if isinstance(effect, (UpdateStage, UpdateInstall, UpdateStep, UpdateRemember)):
+            assert effect.path == LAY.install_dir, effect  # the slot's file names are fixed (agent.upgrade.slots)
+        if isinstance(effect, UpdateInstall):
+            assert effect.roots == LAY.release_roots  # root's list: never a file the request names
+        if isinstance(effect, FollowKmsg):
+            assert effect.path == LAY.kmsg
         if isinstance(effect, Run):
             assert effect.argv[0] in {"systemctl", "sysctl", "modprobe", "nvidia-smi", "sshd"}
 
