@@ -1,0 +1,168 @@
+"""The helper's update and kmsg operations over a real unix socket, with the agent's side of each seam (same uid).
+
+`HelperSlots` stages a release in chunks and the helper places it only when
+root's list of release roots vouches for it and the bytes are the release's;
+swap and roll-back are the helper's steps on its own install dir. The kernel
+log is a FIFO under the helper's root: what is written there reaches the
+stream as XID records, and nothing else does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import stat
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from agent.helper.client import HelperClient, HelperRefused
+from agent.helper.node_ops import HelperSlots
+from agent.helper.ops import Layout
+from agent.helper.server import HelperServer
+from agent.helper.update_ops import MAX_CHUNK
+from agent.upgrade import swap_rules as sr
+from agent.upgrade.slots import SlotsRefused, SlotsUnavailable, install, read_disk
+from bc.pki import releases
+
+ROOT_KEY = ed25519.Ed25519PrivateKey.generate()
+ENDORSED_KEY = ed25519.Ed25519PrivateKey.generate()
+
+
+def pem(key: ed25519.Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+@dataclass
+class Rig:
+    tmp: Path
+    layout: Layout
+    client: HelperClient
+    slots: HelperSlots
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    layout = Layout(tmp_path / "root")
+    install(layout.install_dir, b"#!/bin/sh\necho 'bc 1.0.0'\n", version="1.0.0")
+    layout.release_roots.parent.mkdir(parents=True)
+    layout.release_roots.write_bytes(b"# the fleet's release root\n" + pem(ROOT_KEY))
+    chain = [(releases.public_bytes(ENDORSED_KEY), releases.endorse(ROOT_KEY, releases.public_bytes(ENDORSED_KEY)))]
+    server = await HelperServer(layout, os.getuid()).start(tmp_path / "h.sock")
+    client = HelperClient(tmp_path / "h.sock")
+    async with server:
+        yield Rig(tmp_path, layout, client, HelperSlots(client, layout.install_dir, tmp_path / "data", lambda: chain))
+    server.close()
+    await server.wait_closed()
+
+
+def release_of(data: bytes, version: str = "1.1.0", sequence: int = 1) -> releases.Release:
+    digest = hashlib.sha256(data).hexdigest()
+    return releases.Release("bc", version, sequence, releases.host_platform(), digest, len(data))
+
+
+async def stage(rig: Rig, data: bytes, rel: releases.Release, signer: ed25519.Ed25519PrivateKey) -> sr.Disk:
+    """What the controller does before it swaps: STAGE, the download into the agent's dir, PLACE."""
+    plan = sr.Plan("cmd-1", rel.version, rel.sequence, 1e9, rel.name)
+    disk = await rig.slots.take(await rig.slots.read(), sr.Step.STAGE, plan)
+    rig.slots.partial_path(disk).write_bytes(data)
+    return await rig.slots.place(disk, plan, rel, releases.sign(signer, rel))
+
+
+async def test_a_release_staged_in_chunks_is_verified_placed_swapped_and_rolled_back(rig: Rig) -> None:
+    data = random.Random(1).randbytes(2 * MAX_CHUNK + 12_345)  # three update.stage calls
+    rel = release_of(data)
+    disk = await stage(rig, data, rel, ENDORSED_KEY)  # a key root endorsed, as the agent's bundle carries it
+    install_dir = rig.layout.install_dir
+    assert (install_dir / "bc.b").read_bytes() == data
+    assert stat.S_IMODE((install_dir / "bc.b").stat().st_mode) == 0o755
+    assert not list(install_dir.glob("*.partial")) and not list((rig.tmp / "data").iterdir())
+    assert disk.record.slots["b"] == sr.Installed("1.1.0", 1, "bc") and disk.current == "a"
+
+    plan = sr.Plan("cmd-1", "ignored", 99, 1234.0)  # ARM arms the placed slot, whatever the plan says
+    for step in (sr.Step.ARM, sr.Step.SWITCH):
+        disk = await rig.slots.take(disk, step, plan)
+    assert os.readlink(install_dir / "current") == "bc.b"
+    on_disk = read_disk(install_dir)
+    assert (on_disk.record.state, on_disk.record.version, on_disk.record.sequence) == ("pending", "1.1.0", 1)
+    assert on_disk.record.deadline == 1234.0 and on_disk == disk
+
+    for step in (sr.Step.DISARM, sr.Step.SWITCH_BACK, sr.Step.FAIL):
+        disk = await rig.slots.take(disk, step)
+    assert os.readlink(install_dir / "current") == "bc.a"
+    assert read_disk(install_dir).record.failed_versions == ("1.1.0",)
+    with pytest.raises(SlotsRefused, match=r"^helper: refused: update.step: slot b: .*\(failed-before\)"):
+        await rig.slots.take(disk, sr.Step.ARM, plan)  # what failed is never armed again
+
+
+async def test_a_tampered_release_is_refused_with_the_helpers_sentence_and_nothing_is_left_staged(rig: Rig) -> None:
+    data = b"#!/bin/sh\necho 'bc 1.1.0'\n"
+    before = read_disk(rig.layout.install_dir)
+    rel = release_of(data)
+    plan = sr.Plan("cmd-1", rel.version, rel.sequence, 1e9, rel.name)
+    disk = await rig.slots.take(before, sr.Step.STAGE, plan)
+    rig.slots.partial_path(disk).write_bytes(data.replace(b"echo", b"curl"))  # changed after the agent's check
+    with pytest.raises(SlotsRefused, match=r"^helper: refused: update.install: the staged file is .* not the release"):
+        await rig.slots.place(disk, plan, rel, releases.sign(ROOT_KEY, rel))
+    with pytest.raises(SlotsRefused, match=r"does not verify under the helper's release roots \(1 in its list\)"):
+        await stage(rig, data, rel, ed25519.Ed25519PrivateKey.generate())  # a key only the agent's bundle names
+    assert read_disk(rig.layout.install_dir) == before
+    assert sorted(p.name for p in rig.layout.install_dir.iterdir()) == ["bc.a", "current", "upgrade.json"]
+
+
+async def test_without_roots_list_or_with_one_others_may_write_nothing_is_installed(rig: Rig) -> None:
+    data = b"x" * 100
+    rig.layout.release_roots.chmod(0o666)
+    with pytest.raises(SlotsRefused, match=r"release-roots.pem must be a file of uid \d+ that no one else may write"):
+        await stage(rig, data, release_of(data), ROOT_KEY)
+    rig.layout.release_roots.unlink()
+    with pytest.raises(SlotsRefused, match=r"release-roots.pem does not exist: the helper installs only releases"):
+        await stage(rig, data, release_of(data), ROOT_KEY)
+    assert "b" not in read_disk(rig.layout.install_dir).slots
+
+
+async def test_a_helper_that_is_down_leaves_the_install_as_it_was(rig: Rig, tmp_path: Path) -> None:
+    down = HelperSlots(HelperClient(tmp_path / "none.sock"), rig.layout.install_dir, tmp_path / "d2", list)
+    with pytest.raises(SlotsUnavailable, match=r"^helper: cannot reach"):
+        await down.take(await down.read(), sr.Step.STAGE, sr.Plan("", "1.1.0", 1, 0.0))
+
+
+async def test_xid_records_written_to_the_kernel_log_reach_the_stream_and_nothing_else_does(rig: Rig) -> None:
+    fifo = rig.layout.kmsg
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    stream = rig.client.stream("kmsg.follow", after_seq=1)
+    assert await anext(stream) == {"following": str(fifo)}
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the helper holds it open: a writer does not block
+    try:
+        os.write(
+            fd,
+            b"6,1,100,-;NVRM: Xid (PCI:0000:18:00): 79, an old one the agent has\n"
+            b"6,2,200,-;usb 1-1: new device\n"
+            b"4,3,300,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n"
+            b"4,4,400,-;NVRM: Xid (PCI:0000:3b:00): 48, DBE (double bit error) " + b"x" * 4000 + b"\n",
+        )
+        first, second = await anext(stream), await anext(stream)
+    finally:
+        os.close(fd)
+        await stream.aclose()
+    assert first == {
+        "seq": 3,
+        "pci": "0000:18:00",
+        "xid": 79,
+        "text": "pid=1, GPU has fallen off the bus.",
+        "uptime_s": 0.0,
+    }
+    assert (second["seq"], second["pci"], second["xid"], len(second["text"])) == (4, "0000:3b:00", 48, 200)
+
+
+async def test_a_kernel_log_that_is_a_plain_file_is_refused(rig: Rig) -> None:
+    rig.layout.kmsg.parent.mkdir(parents=True)
+    rig.layout.kmsg.write_text("NVRM: Xid (PCI:0000:18:00): 79, x\n")
+    with pytest.raises(HelperRefused, match=r"^helper: kmsg.follow failed: .* is neither the kernel log"):
+        await anext(rig.client.stream("kmsg.follow", after_seq=-1))
