@@ -353,6 +353,8 @@ class HelperXids:
         self._seq = -1
         self.following = asyncio.Event()
         """Set once the helper has the kernel log open: `by_pci` knows from then on."""
+        self.changed = asyncio.Event()
+        """Set when an XID is taken (a waiter clears it)."""
         self.refused: str | None = None
         """The helper's sentence when it has no kmsg.follow (an older helper): the direct read stands in."""
 
@@ -380,6 +382,7 @@ class HelperXids:
         if key not in self._held and len(self._held) >= MAX_GPUS:
             return
         self._held = {**self._held, key: (*self._held.get(key, ()), entry)[-MAX_XIDS_PER_GPU:]}
+        self.changed.set()
 
     async def run(self, stopped: asyncio.Event) -> None:
         """Follow the helper's stream until `stopped`; reconnect with back-off while the helper is away."""
