@@ -9,6 +9,8 @@ stream as XID records, and nothing else does.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import os
 import random
@@ -21,11 +23,15 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from agent.helper import ops
 from agent.helper.client import HelperClient, HelperRefused
-from agent.helper.node_ops import HelperSlots
+from agent.helper.node_ops import HelperSlots, HelperXids
 from agent.helper.ops import Layout
 from agent.helper.server import HelperServer
 from agent.helper.update_ops import MAX_CHUNK
+from agent.helper.wiring import helper_seams
+from agent.hw.nvml import KmsgXids, NvmlHardware
+from agent.offload import to_thread
 from agent.upgrade import swap_rules as sr
 from agent.upgrade.slots import SlotsRefused, SlotsUnavailable, install, read_disk
 from bc.pki import releases
@@ -166,3 +172,40 @@ async def test_a_kernel_log_that_is_a_plain_file_is_refused(rig: Rig) -> None:
     rig.layout.kmsg.write_text("NVRM: Xid (PCI:0000:18:00): 79, x\n")
     with pytest.raises(HelperRefused, match=r"^helper: kmsg.follow failed: .* is neither the kernel log"):
         await anext(rig.client.stream("kmsg.follow", after_seq=-1))
+
+
+async def test_an_unprivileged_nvml_node_takes_its_xids_from_the_helpers_stream(rig: Rig) -> None:
+    rig.layout.kmsg.parent.mkdir(parents=True)
+    os.mkfifo(rig.layout.kmsg)
+    nvml = NvmlHardware(kmsg_path=rig.tmp / "no-kmsg")  # what it would read itself: nothing, here
+    seams = await helper_seams(rig.client.socket_path, nvml, rig.tmp / "data", root=Path("/"), offload=to_thread)
+    assert seams.xids is not None and nvml.xids is seams.xids
+    assert nvml.xids.by_pci() is None  # not following yet: unknown, not "none"
+    stopped = asyncio.Event()
+    follower = asyncio.create_task(seams.xids.run(stopped))
+    try:
+        async with asyncio.timeout(30):
+            await seams.xids.following.wait()
+            assert nvml.xids.by_pci() == {}
+            fd = os.open(rig.layout.kmsg, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"4,9,1500000,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n")
+            os.close(fd)
+            await seams.xids.changed.wait()
+    finally:
+        stopped.set()
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+    assert nvml.xids.by_pci() == {
+        (0, 0x18, 0): [{"xid": 79, "message": "GPU has fallen off the bus.", "uptime_s": 1.5}]
+    }
+
+
+async def test_a_helper_without_kmsg_follow_leaves_the_direct_read(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(ops.TABLE, "kmsg.follow")  # an older helper's table
+    direct = rig.tmp / "kmsg"
+    direct.write_text("6,1,2,-;NVRM: Xid (PCI:0000:3b:00): 48, DBE\n")
+    xids = HelperXids(rig.client, fallback=KmsgXids(direct))
+    await xids.run(asyncio.Event())  # returns: nothing to follow
+    assert xids.refused is not None and "'kmsg.follow' is not in the helper's table" in xids.refused
+    assert xids.by_pci() == {(0, 0x3B, 0): [{"xid": 48, "message": "DBE", "uptime_s": 0.0}]}
