@@ -57,7 +57,8 @@ class HelperServer:
         self.run = run
         self.offload = offload
         self._lock = asyncio.Lock()
-        self.streams = 0
+        self.streams: set[asyncio.Task[None]] = set()
+        """The connections streaming now (each its handler's task)."""
 
     async def handle(self, request: Any) -> dict[str, Any]:
         """One request's reply; never raises for the request's sake."""
@@ -86,12 +87,23 @@ class HelperServer:
             (effect,) = ops.plan(request, self.layout)
             if not isinstance(effect, ops.FollowKmsg):
                 raise ops.Refused(f"{op} is not a stream")
-            if self.streams >= MAX_STREAMS:
+            if len(self.streams) >= MAX_STREAMS:
                 raise ops.Refused(f"{op}: {MAX_STREAMS} streams are open already")
         except ops.Refused as e:
             log.warning("event=helper.refused op=%s error=%r", op, str(e))
             await wire.write_frame(writer, {"ok": False, "error": f"refused: {e}"})
             return
+        task = asyncio.current_task()
+        assert task is not None
+        self.streams.add(task)
+        try:
+            await self._follow(op, effect, reader, writer)
+        finally:
+            self.streams.discard(task)
+
+    async def _follow(
+        self, op: object, effect: ops.FollowKmsg, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         try:
             fd = await self.offload(follow.open_source, effect.path)
         except OSError as e:
@@ -103,23 +115,28 @@ class HelperServer:
             await wire.write_frame(writer, {"ok": True, "result": item})
 
         try:
-            await send({"following": str(effect.path)})  # the source is open: what is logged from now on comes
+            await send({"following": str(effect.path)})  # the source is open: every record from here on comes
         except BaseException:
             os.close(fd)
             raise
-        self.streams += 1
         log.info("event=helper.stream-start op=%s source=%s after_seq=%d", op, effect.path, effect.after_seq)
         pump = asyncio.create_task(follow.pump(fd, effect.after_seq, send), name=f"helper-{op}")
         gone = asyncio.create_task(reader.read(1), name=f"helper-{op}-peer")  # the agent sends nothing more: EOF
         try:
             await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.streams -= 1
             for t in (pump, gone):
                 t.cancel()
-            results = await asyncio.gather(pump, gone, return_exceptions=True)
-            error = next((r for r in results if isinstance(r, Exception)), None)
+            await asyncio.wait({pump, gone})  # never raises what they raised
+            error = pump.exception() if pump.done() and not pump.cancelled() else None
             log.info("event=helper.stream-end op=%s error=%r", op, str(error) if error else "")
+
+    async def close_streams(self) -> None:
+        """End the streams still open (at shutdown), as if their agents had left."""
+        for task in list(self.streams):
+            task.cancel()
+        if self.streams:
+            await asyncio.wait(set(self.streams))
 
     async def on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -191,7 +208,10 @@ async def serve_forever(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    server = await HelperServer(layout, allowed_uid, run=run).start(socket_path)
+    helper = HelperServer(layout, allowed_uid, run=run)
+    server = await helper.start(socket_path)
     async with server:
         await stop.wait()
+        server.close()
+        await helper.close_streams()
     log.info("event=helper.stopped socket=%s", socket_path)

@@ -50,6 +50,7 @@ class Rig:
     layout: Layout
     client: HelperClient
     slots: HelperSlots
+    helper: HelperServer
 
 
 @pytest.fixture
@@ -59,11 +60,14 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     layout.release_roots.parent.mkdir(parents=True)
     layout.release_roots.write_bytes(b"# the fleet's release root\n" + pem(ROOT_KEY))
     chain = [(releases.public_bytes(ENDORSED_KEY), releases.endorse(ROOT_KEY, releases.public_bytes(ENDORSED_KEY)))]
-    server = await HelperServer(layout, os.getuid()).start(tmp_path / "h.sock")
+    helper = HelperServer(layout, os.getuid())
+    server = await helper.start(tmp_path / "h.sock")
     client = HelperClient(tmp_path / "h.sock")
+    slots = HelperSlots(client, layout.install_dir, tmp_path / "data", lambda: chain)
     async with server:
-        yield Rig(tmp_path, layout, client, HelperSlots(client, layout.install_dir, tmp_path / "data", lambda: chain))
-    server.close()
+        yield Rig(tmp_path, layout, client, slots, helper)
+        server.close()
+        await helper.close_streams()
     await server.wait_closed()
 
 
@@ -209,3 +213,24 @@ async def test_a_helper_without_kmsg_follow_leaves_the_direct_read(rig: Rig, mon
     await xids.run(asyncio.Event())  # returns: nothing to follow
     assert xids.refused is not None and "'kmsg.follow' is not in the helper's table" in xids.refused
     assert xids.by_pci() == {(0, 0x3B, 0): [{"xid": 48, "message": "DBE", "uptime_s": 0.0}]}
+
+
+async def test_at_most_four_streams_follow_the_kernel_log_at_once(rig: Rig) -> None:
+    rig.layout.kmsg.parent.mkdir(parents=True)
+    os.mkfifo(rig.layout.kmsg)
+    streams = [rig.client.stream("kmsg.follow", after_seq=-1) for _ in range(5)]
+    try:
+        for s in streams[:4]:
+            assert "following" in await anext(s)
+        with pytest.raises(HelperRefused, match=r"^helper: refused: kmsg.follow: 4 streams are open already$"):
+            await anext(streams[4])
+        await streams[0].aclose()  # the agent closes one: its place is free again once the helper sees it go
+        async with asyncio.timeout(10):
+            while len(rig.helper.streams) > 3:
+                await asyncio.sleep(0)
+        again = rig.client.stream("kmsg.follow", after_seq=-1)
+        streams.append(again)
+        assert "following" in await anext(again)
+    finally:
+        for s in streams:
+            await s.aclose()
