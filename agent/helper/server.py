@@ -59,6 +59,7 @@ class HelperServer:
         self._lock = asyncio.Lock()
         self.streams: set[asyncio.Task[None]] = set()
         """The connections streaming now (each its handler's task)."""
+        self._closing = asyncio.Event()
 
     async def handle(self, request: Any) -> dict[str, Any]:
         """One request's reply; never raises for the request's sake."""
@@ -122,19 +123,20 @@ class HelperServer:
         log.info("event=helper.stream-start op=%s source=%s after_seq=%d", op, effect.path, effect.after_seq)
         pump = asyncio.create_task(follow.pump(fd, effect.after_seq, send), name=f"helper-{op}")
         gone = asyncio.create_task(reader.read(1), name=f"helper-{op}-peer")  # the agent sends nothing more: EOF
+        closing = asyncio.create_task(self._closing.wait(), name=f"helper-{op}-closing")
         try:
-            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({pump, gone, closing}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (pump, gone):
+            for t in (pump, gone, closing):
                 t.cancel()
-            await asyncio.wait({pump, gone})  # never raises what they raised
+            await asyncio.wait({pump, gone, closing})  # never raises what they raised
             error = pump.exception() if pump.done() and not pump.cancelled() else None
             log.info("event=helper.stream-end op=%s error=%r", op, str(error) if error else "")
 
     async def close_streams(self) -> None:
-        """End the streams still open (at shutdown), as if their agents had left."""
-        for task in list(self.streams):
-            task.cancel()
+        """End the streams still open (at shutdown), as if their agents had left: each handler returns (asyncio
+        3.11 logs a cancelled connection handler as an error, so none is cancelled)."""
+        self._closing.set()
         if self.streams:
             await asyncio.wait(set(self.streams))
 
