@@ -299,7 +299,7 @@ class Agent:
         self.outbox.note_inventory(inv, inventory_hash(inv))
         self.boot_id = await self.offload(self.hw.boot_id)
         slots: SlotStore | None = None
-        if self.opts.install_dir is not None:  # unprivileged: root's install dir is the helper's to change
+        if self.opts.install_dir is not None:  # under the helper, root's install dir is the helper's to change
             slots = (
                 Slots(self.opts.install_dir, self.offload)
                 if seams is None

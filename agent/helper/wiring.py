@@ -71,7 +71,7 @@ class HelperSeams:
     def install_slots(self, install_dir: Path, bundle: Callable[[], common_pb2.TrustBundle]) -> HelperSlots | None:
         """The helper-backed A/B slots, when `install_dir` (where the agent runs from) is the helper's; else None
         (logged): the helper swaps only its own install dir."""
-        if os.path.realpath(install_dir) != os.path.realpath(self.layout.install_dir):
+        if os.path.abspath(install_dir) != os.path.abspath(self.layout.install_dir):  # by name: no I/O on the loop
             log.warning(
                 "event=upgrade.not-through-helper install_dir=%s helper_install_dir=%s;"
                 " self-update needs bc node run from the helper's install dir",

@@ -30,11 +30,13 @@ from agent.helper.ops import Layout
 from agent.helper.server import HelperServer
 from agent.helper.update_ops import MAX_CHUNK
 from agent.helper.wiring import helper_seams
+from agent.hw.fake import FakeHardware
 from agent.hw.nvml import KmsgXids, NvmlHardware
 from agent.offload import to_thread
 from agent.upgrade import swap_rules as sr
 from agent.upgrade.slots import SlotsRefused, SlotsUnavailable, install, read_disk
 from bc.pki import releases
+from bc.protocol.pb import common_pb2
 
 ROOT_KEY = ed25519.Ed25519PrivateKey.generate()
 ENDORSED_KEY = ed25519.Ed25519PrivateKey.generate()
@@ -234,3 +236,13 @@ async def test_at_most_four_streams_follow_the_kernel_log_at_once(rig: Rig) -> N
     finally:
         for s in streams:
             await s.aclose()
+
+
+async def test_self_update_goes_through_the_helper_only_from_the_helpers_install_dir(rig: Rig) -> None:
+    hw = FakeHardware("hgx-h100-8", "node-a")
+    seams = await helper_seams(rig.client.socket_path, hw, rig.tmp / "data", root=Path("/"), offload=to_thread)
+    assert seams.xids is None  # the fake backend makes its own XIDs
+    bundle = common_pb2.TrustBundle(release_keys=[releases.public_bytes(ENDORSED_KEY)])
+    assert seams.install_slots(rig.tmp / "elsewhere/opt/bc", lambda: bundle) is None
+    slots = seams.install_slots(rig.layout.install_dir, lambda: bundle)
+    assert slots is not None and slots.dir == rig.layout.install_dir and slots.keys() == [(bundle.release_keys[0], b"")]
