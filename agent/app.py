@@ -45,7 +45,8 @@ from agent.converge.run import Converger, UnknownFieldsMemo, run
 from agent.dispatch import Dispatcher
 from agent.health.monitor import HealthMonitor
 from agent.health.readings import HealthSource
-from agent.helper.wiring import helper_seams
+from agent.helper.node_ops import HelperXids
+from agent.helper.wiring import HelperSeams, helper_seams
 from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
 from agent.hw.slices import SliceManager, open_slices
@@ -70,7 +71,7 @@ from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import AgentMetrics, Gauges
 from agent.trust import AgentTrust
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
-from agent.upgrade.slots import Slots
+from agent.upgrade.slots import Slots, SlotStore
 from bc.errors import Conflict, Unauthenticated, UsageError
 from bc.pki.quorum import CountApprovals, count_approvals
 from bc.pki.secrets_source import os_seeded_random
@@ -221,6 +222,7 @@ class Agent:
         self.converge_error = ""  # the last converge pass's exception, for NodeReady
         self.version = p.version or bc_version()
         self.upgrader: Upgrader | None = None
+        self.xids: HelperXids | None = None  # an unprivileged agent's XIDs, streamed by bc helper
 
     async def open(self) -> None:
         p = self.parts
@@ -253,6 +255,7 @@ class Agent:
             fake_host=not self.hw.capabilities.touches_host,
             offload=self.offload,
         )
+        seams: HelperSeams | None = None
         if self.opts.helper_socket is not None:
             seams = await helper_seams(
                 self.opts.helper_socket,
@@ -266,6 +269,7 @@ class Agent:
             self.hw, files, slices = seams.hw, seams.files, seams.slices
             cdi_dir, env_dir = seams.layout.cdi_dir, seams.layout.env_dir
             host = seams.host if self.opts.host_units else ExternallyManaged()
+            self.xids = seams.xids
         else:
             host = await host_converger(
                 self.hw,
@@ -294,9 +298,16 @@ class Agent:
         inv = await self.offload(self.hw.inventory)
         self.outbox.note_inventory(inv, inventory_hash(inv))
         self.boot_id = await self.offload(self.hw.boot_id)
-        if self.opts.install_dir is not None:
+        slots: SlotStore | None = None
+        if self.opts.install_dir is not None:  # under the helper, root's install dir is the helper's to change
+            slots = (
+                Slots(self.opts.install_dir, self.offload)
+                if seams is None
+                else seams.install_slots(self.opts.install_dir, lambda: self.trust.bundle)
+            )
+        if slots is not None:
             self.upgrader = Upgrader(
-                Slots(self.opts.install_dir, self.offload),
+                slots,
                 running_version=self.version,
                 clock=self.clock,
                 boot_id=self.boot_id,
@@ -603,6 +614,8 @@ class Agent:
         ]
         if self.upgrader is not None:
             tasks.append(asyncio.create_task(self.upgrade_watch(self.upgrader), name="upgrade-watch"))
+        if self.xids is not None:
+            tasks.append(asyncio.create_task(self.xids.run(self.stopped), name="xids"))
         try:
             await self.stopped.wait()
         finally:

@@ -10,6 +10,10 @@ wrong-platform, wrong-name, failed-before, bad-release, download-failed, version
 A refused release is reported once and never tried in a loop: a later pass, a new generation or a restart
 of the agent answers the same (name, sequence) with the refusal the controller remembers in upgrade.json,
 without a download, until the section names another release.
+
+On an unprivileged node the swap is `bc helper`'s (agent.helper.node_ops.HelperSlots): its refusal is the
+section's FAILED `helper-refused` with the helper's sentence; a helper that is down leaves the section
+PROGRESSING (`helper-unavailable`, a retryable failure) and the next pass tries again.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from google.protobuf.message import Message
 
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, UNSUPPORTED, SectionResult
 from agent.kind_result import KindResult
-from agent.upgrade.controller import NO_SLOTS, NO_SLOTS_MESSAGE, Upgrader
+from agent.upgrade.controller import HELPER_UNAVAILABLE, NO_SLOTS, NO_SLOTS_MESSAGE, Upgrader
 from bc.pki.releases import upgrade_request
 from bc.protocol.pb import spec_pb2
 
@@ -60,6 +64,8 @@ class DaemonConverger:
         if self._task is not None and self._task.done() and self._release == release:
             result = self._task.result()
             self._task = None
+            if not result.ok and result.reason == HELPER_UNAVAILABLE:  # nothing swapped: the next pass tries again
+                return SectionResult(FAILED, reason=result.reason, message=result.message, terminal=False)
             if not result.ok:
                 self._failed[release] = result
                 return SectionResult(FAILED, reason=result.reason, message=result.message, terminal=True)

@@ -3,12 +3,14 @@
 Every failure is a `HelperError` (an OSError, so the convergers' retryable
 path takes it: the section stays PROGRESSING, nothing is released) whose
 message starts `helper:` — the helper is down, refused the request, or the
-operation failed as root.
+operation failed as root. A stream operation (`kmsg.follow`) is `stream`: an
+async iterator of the helper's frames, which ends when the helper closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +64,32 @@ class HelperClient:
         if reply.get("ok") is True and isinstance(reply.get("result"), dict):
             return dict(reply["result"])
         raise HelperRefused(f"helper: {reply.get('error') or 'an answer that is not one'}")
+
+    async def stream(self, op: str, **args: Any) -> AsyncIterator[dict[str, Any]]:
+        """Each result the helper streams for `op`, until it closes the connection; HelperError as `call`."""
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
+        except OSError as e:
+            raise HelperUnavailable(f"helper: cannot reach {self.socket_path}: {e.strerror or e}") from None
+        try:
+            await wire.write_frame(writer, {"v": ops.VERSION, "op": op, **args})
+            while True:
+                try:
+                    reply = await wire.read_frame(reader)
+                except asyncio.IncompleteReadError:
+                    raise HelperUnavailable(f"helper: {op}: the helper closed the stream") from None
+                except (OSError, wire.WireError) as e:
+                    raise HelperUnavailable(f"helper: {op}: the connection broke ({type(e).__name__})") from None
+                if reply.get("ok") is not True or not isinstance(reply.get("result"), dict):
+                    raise HelperRefused(f"helper: {reply.get('error') or 'an answer that is not one'}")
+                yield dict(reply["result"])
+        except OSError as e:
+            if isinstance(e, HelperError):
+                raise
+            raise HelperUnavailable(f"helper: {op}: the connection broke ({type(e).__name__})") from None
+        finally:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass

@@ -15,14 +15,22 @@ section stays PROGRESSING and nothing is released.
 * `HelperSshdFiles` / `HelperSshdTools`: the access converger's files as `sshd.write` / `sshd.remove`, and
   `sshd.check` / `sshd.reload` (the KRL is still built by `ssh-keygen` in the agent: it needs no root).
 * `HelperHardware`: a backend whose `reset_gpu` and `reboot` ask the helper (`gpu.reset`, `node.reboot`).
+* `HelperSlots`: the self-update's A/B install dir (agent.upgrade.slots.SlotStore): the download is staged
+  in the agent's data dir, then sent to the helper (`update.stage`), which verifies it again before it
+  places it (`update.install`); each swap step is `update.step`, the refusal memory `update.remember`.
+  Its errors are the seam's own: `SlotsRefused` (the helper said no) and `SlotsUnavailable` (it is down).
+* `HelperXids`: the XIDs of the kernel log, which the helper streams (`kmsg.follow`), for NVML's diag; the
+  direct read when the helper has no such operation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +38,18 @@ from agent.converge.access import read_managed
 from agent.converge.host import RECORDS_DIR
 from agent.converge.host_ops import HostOps
 from agent.converge.sshd import SshdTools
-from agent.helper.client import HelperClient, HelperError, HelperRefused
+from agent.helper.client import HelperClient, HelperError, HelperRefused, HelperUnavailable
 from agent.helper.ops import HOST_FILE_KEYS
+from agent.helper.update_ops import MAX_CHUNK
 from agent.hw.base import ActionDisabled, HardwareBackend, ProcessResult
 from agent.hw.limits import Limits
-from agent.hw.nvml import REBOOT_DISABLED, RESET_DISABLED
+from agent.hw.nvml import MAX_XIDS_PER_GPU, REBOOT_DISABLED, RESET_DISABLED, XidsByPci, XidSource, pci_key
 from agent.hw.slices import SystemdSlices
 from agent.offload import Offload, to_thread
+from agent.upgrade import swap_rules as sr
+from agent.upgrade.slots import SlotsRefused, SlotsUnavailable, partial_file, read_disk
+from bc.pki.releases import Release
+from bc.runtime.aio import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -220,3 +233,176 @@ class HelperHardware:
         log.warning("event=node.rebooting via=helper")
         await asyncio.Event().wait()  # systemd stops the agent as the machine goes down
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+# -- self-update -----------------------------------------------------------------------------------
+
+KeyChain = Callable[[], list[tuple[bytes, bytes]]]
+"""The agent's trusted release keys, each with a root's endorsement of it (empty when it has none)."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+@asynccontextmanager
+async def _as_slots_errors() -> AsyncIterator[None]:
+    try:
+        yield
+    except HelperUnavailable as e:
+        raise SlotsUnavailable(str(e)) from None
+    except HelperError as e:
+        raise SlotsRefused(str(e)) from None
+
+
+class HelperSlots:
+    """The A/B install dir, root's: read here (world-readable), changed by the helper one step at a time."""
+
+    def __init__(
+        self, client: HelperClient, install_dir: Path, stage_dir: Path, keys: KeyChain, *, offload: Offload = to_thread
+    ) -> None:
+        self.client = client
+        self.dir = install_dir
+        self.stage_dir = stage_dir
+        self.keys = keys
+        self.offload = offload
+
+    def partial_path(self, disk: sr.Disk) -> Path:
+        """The download lands in the agent's own dir; the helper gets it through update.stage."""
+        return self.stage_dir / partial_file(sr.other(disk.current))
+
+    async def read(self) -> sr.Disk:
+        return await self.offload(read_disk, self.dir)
+
+    async def _call(self, op: str, **args: Any) -> sr.Disk:
+        async with _as_slots_errors():
+            reply = await self.client.call(op, **args)
+        try:
+            return sr.disk_from_json(reply["disk"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise SlotsRefused(f"helper: {op} answered no disk ({type(e).__name__})") from None
+
+    async def take(self, disk: sr.Disk, step: sr.Step, plan: sr.Plan | None = None) -> sr.Disk:
+        if step is sr.Step.RESTART:
+            return disk
+        if step is sr.Step.STAGE:  # the helper starts its staged file (and says now whether it would take one)
+            await self.offload(self.stage_dir.mkdir, 0o700, True, True)
+            return await self._call("update.stage", offset=0, data="")
+        if step is sr.Step.PLACE:
+            raise sr.SwapError("can't place without the release: HelperSlots.place")
+        if step is sr.Step.ARM:
+            assert plan is not None, "ARM takes the plan's command and deadline"
+            return await self._call("update.step", step=step.value, command_id=plan.command_id, deadline=plan.deadline)
+        return await self._call("update.step", step=step.value)
+
+    async def remember(self, disk: sr.Disk, refused: sr.Refused | None) -> sr.Disk:
+        if refused == disk.record.refused:
+            return disk
+        return await self._call("update.remember", refused=refused.to_json() if refused is not None else None)
+
+    async def place(self, disk: sr.Disk, plan: sr.Plan, release: Release, signature: bytes) -> sr.Disk:
+        """Send the verified download to the helper, which verifies it again and places it; the agent's copy
+        is removed either way (a retry downloads again)."""
+        staged = self.partial_path(disk)
+        try:
+            offset = 0
+            while True:
+                chunk: bytes = await self.offload(_read_at, staged, offset, MAX_CHUNK)
+                if not chunk:
+                    break
+                await self._call("update.stage", offset=offset, data=_b64(chunk))
+                offset += len(chunk)
+            keys = [{"public_key": _b64(k), "root_signature": _b64(sig)} for k, sig in self.keys()]
+            running = disk.record.slots.get(disk.current)
+            return await self._call(
+                "update.install",
+                name=release.name,
+                version=release.version,
+                sequence=release.sequence,
+                platform=release.platform,
+                sha256=release.sha256,
+                size=release.size,
+                signature=_b64(signature),
+                keys=keys,
+                running_version=running.version if running is not None and running.version else "0",
+            )
+        finally:
+            await self.offload(staged.unlink, True)
+
+
+def _read_at(path: Path, offset: int, n: int) -> bytes:
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read(n)
+
+
+# -- XIDs ------------------------------------------------------------------------------------------
+
+RETRY_S = 5.0
+MAX_RETRY_S = 300.0
+MAX_GPUS = 256
+
+
+class HelperXids:
+    """The XIDs the helper streams from the kernel log, held for this boot (`run` follows them)."""
+
+    def __init__(self, client: HelperClient, fallback: XidSource) -> None:
+        self.client = client
+        self.fallback = fallback
+        self._held: dict[tuple[int, int, int], tuple[dict[str, Any], ...]] = {}
+        self._seq = -1
+        self.following = asyncio.Event()
+        """Set once the helper has the kernel log open: `by_pci` knows from then on."""
+        self.changed = asyncio.Event()
+        """Set when an XID is taken (a waiter clears it)."""
+        self.refused: str | None = None
+        """The helper's sentence when it has no kmsg.follow (an older helper): the direct read stands in."""
+
+    def by_pci(self) -> XidsByPci | None:
+        if self.refused is not None:
+            return self.fallback.by_pci()
+        if not self.following.is_set():
+            return None
+        held = self._held  # replaced, never changed in place: a thread reads it whole
+        return {k: list(v) for k, v in held.items()}
+
+    def take(self, record: dict[str, Any]) -> None:
+        """One streamed XID record (the helper built it; still checked: it is data)."""
+        key = pci_key(str(record.get("pci", "")))
+        xid, seq = record.get("xid"), record.get("seq")
+        if key is None or not isinstance(xid, int) or (seq is not None and not isinstance(seq, int)):
+            return
+        if isinstance(seq, int):
+            if seq <= self._seq:
+                return
+            self._seq = seq
+        entry: dict[str, Any] = {"xid": xid, "message": str(record.get("text", ""))[:200]}
+        if isinstance(record.get("uptime_s"), int | float):
+            entry["uptime_s"] = record["uptime_s"]
+        if key not in self._held and len(self._held) >= MAX_GPUS:
+            return
+        self._held = {**self._held, key: (*self._held.get(key, ()), entry)[-MAX_XIDS_PER_GPU:]}
+        self.changed.set()
+
+    async def run(self, stopped: asyncio.Event) -> None:
+        """Follow the helper's stream until `stopped`; reconnect with back-off while the helper is away."""
+        delay = RETRY_S
+        while not stopped.is_set():
+            try:
+                async for item in self.client.stream("kmsg.follow", after_seq=self._seq):
+                    if "following" in item:
+                        self.following.set()
+                        delay = RETRY_S
+                        log.info("event=xids.following source=%s after_seq=%d", item["following"], self._seq)
+                    else:
+                        self.take(item)
+            except HelperRefused as e:
+                if "not in the helper's table" in str(e):
+                    self.refused = str(e)
+                    log.warning("event=xids.direct why=%r", str(e))
+                    return
+                log.warning("event=xids.unavailable error=%r retry_s=%g", str(e), delay)
+            except HelperUnavailable as e:
+                log.info("event=xids.unavailable error=%r retry_s=%g", str(e), delay)
+            await wait_event(stopped, delay)
+            delay = min(delay * 2, MAX_RETRY_S)

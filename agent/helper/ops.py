@@ -28,6 +28,16 @@ request: the helper builds each from an id or a table key under its own
     gpu.reset           uuid                              nvidia-smi --gpu-reset -i <uuid>
     node.reboot         -                                 systemctl reboot
     helper.hello        -                                 nothing: the helper's version and directories
+    update.stage        offset, data (base64)             append to the staged release in <install>, 0600
+    update.install      the release's signed fields,      verify it again (signature under root's release roots,
+                        signature, keys, running_version  sha256, size, swap rules), then place it in its slot
+    update.step         step (arm|switch|confirm|disarm|  that step of the A/B swap (agent.upgrade.swap_rules);
+                        switch-back|fail|abort), ...      ARM's release is the placed slot's, never the request's
+    update.remember     refused (a release or null)       the install record's last refused release
+    kmsg.follow         after_seq                         a stream: each NVIDIA XID record of the kernel log
+
+The update and kmsg operations are in `update_ops` and `kmsg`, their I/O in
+`update_effects` and `follow`.
 
 Root-equivalent sysctl keys (`bc.protocol.root_equiv`) are refused even when a
 quorum approved them: an unprivileged agent never asks root for what would
@@ -39,12 +49,31 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.converge import env_files
 from agent.converge.host_units.gpu_sharing import MPS_SERVICE, mps_unit, plugin_config
+from agent.helper import kmsg, update_ops
+from agent.helper.plans import (
+    Effect,
+    FollowKmsg,
+    Layout,
+    Plan,
+    Planner,
+    Refused,
+    Remove,
+    Reply,
+    Run,
+    UpdateInstall,
+    UpdateRemember,
+    UpdateStage,
+    UpdateStep,
+    Write,
+    WriteInPlace,
+)
+from agent.helper.plans import arg_int as _int
+from agent.helper.plans import arg_str as _str
 from agent.hw import cdi
 from agent.hw.limits import InvalidLimits, Limits, allocation_of_slice, cgroup_path, hugetlb_limits, slice_properties
 from bc.protocol import ssh_lines
@@ -54,88 +83,23 @@ from bc.protocol.root_equiv import sysctl_key_problem
 VERSION = 1
 MAX_DATA = 1 << 20
 
-
-class Refused(ValueError):
-    """A request outside the table or failing its checks: nothing was touched."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where the helper's files live, all under one root (`/` on a host, a temp dir in tests)."""
-
-    root: Path
-
-    @property
-    def cdi_dir(self) -> Path:
-        return self.root / "etc/cdi"
-
-    @property
-    def env_dir(self) -> Path:
-        return self.root / "run/bc/allocations"
-
-    @property
-    def ssh_dir(self) -> Path:
-        return self.root / "etc/ssh/bc"
-
-    @property
-    def cgroup_root(self) -> Path:
-        return self.root / "sys/fs/cgroup"
-
-
-# Effects: what the server carries out, in order; the first that fails stops the rest.
-
-
-@dataclass(frozen=True)
-class Write:
-    path: Path
-    data: bytes
-    mode: int = 0o644
-
-
-@dataclass(frozen=True)
-class WriteInPlace:
-    """A kernel attribute (sysfs, cgroupfs): written, never renamed over."""
-
-    path: Path
-    text: str
-
-
-@dataclass(frozen=True)
-class Remove:
-    path: Path
-
-
-@dataclass(frozen=True)
-class Run:
-    argv: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Reply:
-    """No effect: a value returned to the caller."""
-
-    value: dict[str, Any]
-
-
-Effect = Write | WriteInPlace | Remove | Run | Reply
-Plan = tuple[Effect, ...]
-
-
-# Argument readers: each refuses with the argument's name.
-
-
-def _str(req: Mapping[str, Any], key: str, *, limit: int = 256) -> str:
-    v = req.get(key)
-    if not isinstance(v, str) or len(v) > limit:
-        raise Refused(f"{key} must be a string of at most {limit} characters")
-    return v
-
-
-def _int(req: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
-    v = req.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise Refused(f"{key} must be an integer from {lo} to {hi}")
-    return v
+__all__ = [  # the plan vocabulary (agent.helper.plans), re-exported for the table's callers
+    "Effect",
+    "FollowKmsg",
+    "Layout",
+    "Plan",
+    "Refused",
+    "Remove",
+    "Reply",
+    "Run",
+    "UpdateInstall",
+    "UpdateRemember",
+    "UpdateStage",
+    "UpdateStep",
+    "Write",
+    "WriteInPlace",
+    "plan",
+]
 
 
 def _data(req: Mapping[str, Any]) -> str:
@@ -450,11 +414,16 @@ def _reboot(req: Mapping[str, Any], lay: Layout) -> Plan:
 
 
 def _hello(req: Mapping[str, Any], lay: Layout) -> Plan:
-    dirs = {"cdi_dir": lay.cdi_dir, "env_dir": lay.env_dir, "ssh_dir": lay.ssh_dir, "root": lay.root}
+    dirs = {
+        "cdi_dir": lay.cdi_dir,
+        "env_dir": lay.env_dir,
+        "ssh_dir": lay.ssh_dir,
+        "install_dir": lay.install_dir,
+        "release_roots": lay.release_roots,
+        "root": lay.root,
+    }
     return (Reply({"version": VERSION, **{k: str(v) for k, v in dirs.items()}}),)
 
-
-Planner = Callable[[Mapping[str, Any], Layout], Plan]
 
 TABLE: dict[str, tuple[frozenset[str], Planner]] = {
     "file.write": (frozenset({"kind", "allocation_id", "data"}), _file_write),
@@ -472,6 +441,8 @@ TABLE: dict[str, tuple[frozenset[str], Planner]] = {
     "gpu.reset": (frozenset({"uuid"}), _gpu_reset),
     "node.reboot": (frozenset(), _reboot),
     "helper.hello": (frozenset(), _hello),
+    **update_ops.TABLE,
+    **kmsg.TABLE,
 }
 
 

@@ -7,6 +7,10 @@ the connecting process cannot be forged). A peer of another uid gets one
 refusal and the connection closes. Operations run one at a time (a lock):
 the agent's convergers never need two at once, and a serial log is easier to
 audit. Every operation is logged with its outcome.
+
+A stream operation (`kmsg.follow`) takes its connection for itself: the
+helper answers one frame per item (agent.helper.follow) outside the lock,
+until the agent closes the connection; at most `MAX_STREAMS` at once.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.converge.host_ops import RunProcess
-from agent.helper import ops, wire
+from agent.helper import follow, kmsg, ops, wire
 from agent.helper.effects import carry_out
 from agent.hw.base import run_process
 from agent.offload import Offload, to_thread
@@ -30,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _UCRED = struct.Struct("3i")
 DRAIN_S = 5.0
+MAX_STREAMS = 4
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -52,6 +57,9 @@ class HelperServer:
         self.run = run
         self.offload = offload
         self._lock = asyncio.Lock()
+        self.streams: set[asyncio.Task[None]] = set()
+        """The connections streaming now (each its handler's task)."""
+        self._closing = asyncio.Event()
 
     async def handle(self, request: Any) -> dict[str, Any]:
         """One request's reply; never raises for the request's sake."""
@@ -64,11 +72,73 @@ class HelperServer:
         async with self._lock:
             try:
                 result = await carry_out(plan, run=self.run, offload=self.offload)
+            except ops.Refused as e:  # a check that needed the disk (the update operations)
+                log.warning("event=helper.refused op=%s error=%r", op, str(e))
+                return {"ok": False, "error": f"refused: {op}: {e}"}
             except (OSError, TimeoutError) as e:
                 log.warning("event=helper.failed op=%s error=%r", op, str(e))
                 return {"ok": False, "error": f"{op} failed: {e or type(e).__name__}"}
         log.info("event=helper.done op=%s", op)
         return {"ok": True, "result": result}
+
+    async def stream(self, request: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A stream operation on this connection, until the agent closes it (or the source fails)."""
+        op = request.get("op")
+        try:
+            (effect,) = ops.plan(request, self.layout)
+            if not isinstance(effect, ops.FollowKmsg):
+                raise ops.Refused(f"{op} is not a stream")
+            if len(self.streams) >= MAX_STREAMS:
+                raise ops.Refused(f"{op}: {MAX_STREAMS} streams are open already")
+        except ops.Refused as e:
+            log.warning("event=helper.refused op=%s error=%r", op, str(e))
+            await wire.write_frame(writer, {"ok": False, "error": f"refused: {e}"})
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self.streams.add(task)
+        try:
+            await self._follow(op, effect, reader, writer)
+        finally:
+            self.streams.discard(task)
+
+    async def _follow(
+        self, op: object, effect: ops.FollowKmsg, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            fd = await self.offload(follow.open_source, effect.path)
+        except OSError as e:
+            log.warning("event=helper.failed op=%s error=%r", op, str(e))
+            await wire.write_frame(writer, {"ok": False, "error": f"{op} failed: {e}"})
+            return
+
+        async def send(item: dict[str, Any]) -> None:
+            await wire.write_frame(writer, {"ok": True, "result": item})
+
+        try:
+            await send({"following": str(effect.path)})  # the source is open: every record from here on comes
+        except BaseException:
+            os.close(fd)
+            raise
+        log.info("event=helper.stream-start op=%s source=%s after_seq=%d", op, effect.path, effect.after_seq)
+        pump = asyncio.create_task(follow.pump(fd, effect.after_seq, send), name=f"helper-{op}")
+        gone = asyncio.create_task(reader.read(1), name=f"helper-{op}-peer")  # the agent sends nothing more: EOF
+        closing = asyncio.create_task(self._closing.wait(), name=f"helper-{op}-closing")
+        try:
+            await asyncio.wait({pump, gone, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (pump, gone, closing):
+                t.cancel()
+            await asyncio.wait({pump, gone, closing})  # never raises what they raised
+            error = pump.exception() if pump.done() and not pump.cancelled() else None
+            log.info("event=helper.stream-end op=%s error=%r", op, str(error) if error else "")
+
+    async def close_streams(self) -> None:
+        """End the streams still open (at shutdown), as if their agents had left: each handler returns (asyncio
+        3.11 logs a cancelled connection handler as an error, so none is cancelled)."""
+        self._closing.set()
+        if self.streams:
+            await asyncio.wait(set(self.streams))
 
     async def on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -86,6 +156,9 @@ class HelperServer:
                 except wire.WireError as e:
                     await wire.write_frame(writer, {"ok": False, "error": f"refused: {e}"})
                     await _drain(reader, writer)
+                    return
+                if request.get("op") in kmsg.STREAMS:
+                    await self.stream(request, reader, writer)
                     return
                 await wire.write_frame(writer, await self.handle(request))
         except (ConnectionError, OSError) as e:
@@ -137,7 +210,10 @@ async def serve_forever(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    server = await HelperServer(layout, allowed_uid, run=run).start(socket_path)
+    helper = HelperServer(layout, allowed_uid, run=run)
+    server = await helper.start(socket_path)
     async with server:
         await stop.wait()
+        server.close()
+        await helper.close_streams()
     log.info("event=helper.stopped socket=%s", socket_path)

@@ -1,7 +1,8 @@
 """The helper's framing: a 4-byte big-endian length, then that many bytes of one UTF-8 JSON object.
 
-One request frame, one reply frame. A reply is `{"ok": true, "result": {...}}`
-or `{"ok": false, "error": SENTENCE}`. A frame longer than `MAX_FRAME`, bytes
+One request frame, one reply frame; a stream operation (`kmsg.follow`)
+answers with one reply frame per item instead, until either side closes. A
+reply is `{"ok": true, "result": {...}}` or `{"ok": false, "error": SENTENCE}`. A frame longer than `MAX_FRAME`, bytes
 that are not UTF-8 JSON, or JSON that is not an object is a `WireError`, and
 the server closes the connection after saying so.
 """

@@ -10,8 +10,11 @@ Diagnostics ask NVML one counter at a time, each guarded: an old GPU without
 row remapping, or a driver that refuses a query, yields null for that
 counter rather than failing the whole command. Recent XIDs are not an NVML
 query (NVML only reports XIDs that happen while one listens); they come
-from the kernel log, where the driver writes them. GPU resets and reboots
-run the vendor's tools, and only when the agent's config allows it.
+from the kernel log, where the driver writes them, through an `XidSource`:
+`/dev/kmsg` read directly (`KmsgXids`: root, or `kernel.dmesg_restrict = 0`),
+or, on an unprivileged node, the XIDs `bc helper` streams
+(agent.helper.node_ops.HelperXids). GPU resets and reboots run the vendor's
+tools, and only when the agent's config allows it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import shutil
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from agent.health.readings import HealthSource
 from agent.hw import topology
@@ -122,6 +125,27 @@ def read_kmsg(path: Path) -> str | None:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+XidsByPci = dict[tuple[int, int, int], list[dict[str, Any]]]
+
+
+class XidSource(Protocol):
+    def by_pci(self) -> XidsByPci | None:
+        """The XIDs of this boot by PCI address (domain, bus, device), oldest first, at most MAX_XIDS_PER_GPU
+        each; None when the kernel log cannot be read. Called off the loop (diag runs in the offload)."""
+        ...
+
+
+class KmsgXids:
+    """The kernel log read directly, on each call."""
+
+    def __init__(self, path: Path = KMSG_PATH) -> None:
+        self.path = path
+
+    def by_pci(self) -> XidsByPci | None:
+        text = read_kmsg(self.path)
+        return None if text is None else parse_kmsg_xids(text)
+
+
 def _query(fn: Callable[..., Any], *args: Any) -> Any:
     """One NVML query; None when NVML cannot answer it (not supported, no permission, GPU lost)."""
     try:
@@ -141,11 +165,14 @@ class NvmlHardware:
     RESET_COMMAND: ClassVar[tuple[str, ...]] = ("nvidia-smi", "--gpu-reset", "-i")
     REBOOT_COMMAND: ClassVar[tuple[str, ...]] = ("systemctl", "reboot")
 
-    def __init__(self, *, kmsg_path: Path = KMSG_PATH, sys_root: Path = Path("/")) -> None:
+    def __init__(
+        self, *, kmsg_path: Path = KMSG_PATH, sys_root: Path = Path("/"), xids: XidSource | None = None
+    ) -> None:
         self._read = False
         self._last_error = ""
         self._gpu_count = 0
         self.kmsg_path = kmsg_path
+        self.xids: XidSource = xids if xids is not None else KmsgXids(kmsg_path)
         self.sys_root = sys_root  # where /sys is read from (a test's tree of files)
         self.capabilities = Capabilities(touches_host=True, health=_nvml_health)
 
@@ -263,9 +290,8 @@ class NvmlHardware:
                 pass
         return out
 
-    def _xids_by_pci(self) -> dict[tuple[int, int, int], list[dict[str, Any]]] | None:
-        text = read_kmsg(self.kmsg_path)
-        return None if text is None else parse_kmsg_xids(text)
+    def _xids_by_pci(self) -> XidsByPci | None:
+        return self.xids.by_pci()
 
     @staticmethod
     def _diag_one(

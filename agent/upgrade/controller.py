@@ -29,6 +29,17 @@ not a loop.
 Restart: `restart_process` re-executes `current` (under --fake-hw and when
 no systemd started us), or exits with status 75 for systemd's
 `Restart=always` to start `current` again.
+
+The install dir is reached through a `SlotStore` (agent.upgrade.slots): the
+agent's own writes (`Slots`), or `bc helper`'s for an unprivileged node
+(agent.helper.node_ops.HelperSlots), which verifies the release again itself
+before it places it. The helper's refusal fails the upgrade `helper-refused`
+with its sentence (remembered like any refusal; an explicit `daemon.upgrade`
+tries it again, as an operator who fixed the helper's roots would); a helper
+that is down fails it `helper-unavailable`, not remembered: the `daemon`
+section stays PROGRESSING and tries again on its next pass. The start, the
+confirm and the rollback wait for a helper that is down, retrying every
+`STEP_RETRY_S`: they must happen, whenever they can.
 """
 
 from __future__ import annotations
@@ -46,9 +57,8 @@ from agent.kind_result import KindResult
 from agent.offload import Offload, to_thread
 from agent.upgrade import download as dl
 from agent.upgrade import version_check
-from agent.upgrade.slots import CURRENT, Slots
+from agent.upgrade.slots import CURRENT, SlotsRefused, SlotStore, SlotsUnavailable
 from agent.upgrade.swap_rules import (
-    FORWARD,
     ROLLBACK,
     UPDATE_FAILED,
     VERSION_MISMATCH,
@@ -81,6 +91,11 @@ BAD_RELEASE = "bad-release"
 DOWNLOAD_FAILED = "download-failed"
 NO_SLOTS = "no-slots"
 NO_SLOTS_MESSAGE = "this node runs from a zipapp or a checkout: there is no A/B slot to swap"
+HELPER_REFUSED = "helper-refused"
+HELPER_UNAVAILABLE = "helper-unavailable"
+RETRIED_BY_COMMAND = frozenset({DOWNLOAD_FAILED, HELPER_REFUSED})
+"""Refusals an explicit `daemon.upgrade` tries again (an operator's retry, not a loop)."""
+STEP_RETRY_S = 2.0
 
 Settle = Callable[[str, CommandUpdate], Awaitable[None]]
 
@@ -105,7 +120,7 @@ class UpgradeConfig:
 class Upgrader:
     def __init__(
         self,
-        slots: Slots,
+        slots: SlotStore,
         *,
         running_version: str,
         clock: Clock,
@@ -147,7 +162,7 @@ class Upgrader:
         if d.start is Start.REFUSE:
             raise UpgradeRefused(f"refusing to run: {d.why}")
         for step in d.steps:
-            disk = await self.slots.take(disk, step)
+            disk = await self._take_when_possible(disk, step)
         self.disk, self.decision = disk, d
         if d.settle is not None or d.start is Start.PENDING:
             self.held = disk.record.command_id
@@ -220,13 +235,22 @@ class Upgrader:
             disk = self.disk
             for step in ROLLBACK:
                 if step is not Step.RESTART:
-                    disk = await self.slots.take(disk, step)
+                    disk = await self._take_when_possible(disk, step)
             self.disk = disk
             await self.restart()
             return
-        self.disk = await self.slots.take(self.disk, Step.CONFIRM)
+        self.disk = await self._take_when_possible(self.disk, Step.CONFIRM)
         log.info("event=upgrade.confirmed version=%s floor=%d", self.disk.record.version, self.disk.record.floor)
         await self._settle("succeeded", "", "confirmed")
+
+    async def _take_when_possible(self, disk: Disk, step: Step) -> Disk:
+        """A step that must happen (start, confirm, rollback): while the helper is down, wait and try again."""
+        while True:
+            try:
+                return await self.slots.take(disk, step)
+            except SlotsUnavailable as e:
+                log.warning("event=upgrade.step-waiting step=%s retry_s=%g error=%r", step.value, STEP_RETRY_S, str(e))
+                await asyncio.sleep(STEP_RETRY_S)
 
     async def _maybe_pause(self, step: Step) -> None:
         if self.config.pause_after is step:
@@ -261,7 +285,7 @@ class Upgrader:
         if already_running(disk.record, disk.current, offer):
             return KindResult.success({"version": req.version, "slot": disk.current, "swapped": False})
         seen = remembered(disk.record, offer)
-        if seen is not None and not (command_id and seen.reason == DOWNLOAD_FAILED):
+        if seen is not None and not (command_id and seen.reason in RETRIED_BY_COMMAND):
             log.info(
                 "event=upgrade.refused-before name=%s sequence=%d reason=%s", seen.name, seen.sequence, seen.reason
             )
@@ -269,6 +293,19 @@ class Upgrader:
         why = refusal(disk.record, disk.current, offer, self.platform)
         if why is not None:
             return await self._refuse(disk, offer, *why)
+        try:
+            return await self._install(disk, offer, command_id, req, release)
+        except SlotsUnavailable as e:  # nothing was swapped: the section tries again on its next pass
+            log.warning("event=upgrade.helper-unavailable version=%s error=%r", req.version, str(e))
+            return KindResult.failure(HELPER_UNAVAILABLE, str(e))
+        except SlotsRefused as e:  # a step before the release itself was judged (the release's are remembered)
+            log.warning("event=upgrade.helper-refused version=%s error=%r", req.version, str(e))
+            return KindResult.failure(HELPER_REFUSED, str(e))
+
+    async def _install(
+        self, disk: Disk, offer: Offer, command_id: str, req: kinds_pb2.DaemonUpgradeRequest, release: releases.Release
+    ) -> KindResult:
+        """Download, check, place, arm, switch and restart (every check before the first change that counts)."""
         disk = await self.slots.remember(disk, None)  # another release is offered: the last refusal is done with
         plan = Plan(command_id, req.version, req.sequence, self.clock.now() + self.config.confirm_s, release.name)
         disk = await self.slots.take(disk, Step.STAGE, plan)
@@ -302,12 +339,15 @@ class Upgrader:
         if disk.current not in disk.record.slots:
             disk = _remember_running(disk, self.running_version)
         plan = Plan(command_id, req.version, req.sequence, self.clock.now() + self.config.confirm_s, release.name)
-        for step in FORWARD[1:]:
-            if step is Step.RESTART:
-                break
-            disk = await self.slots.take(disk, step, plan)
-            await self._maybe_pause(step)
-        self.disk = disk
+        try:
+            disk = await self.slots.place(disk, plan, release, req.signature)
+        except SlotsRefused as e:
+            return await self._refuse(disk, offer, HELPER_REFUSED, str(e))
+        await self._maybe_pause(Step.PLACE)
+        switched = await self._arm_and_switch(disk, plan)
+        if isinstance(switched, KindResult):
+            return switched
+        self.disk = disk = switched
         log.warning(
             "event=upgrade.switched command=%s version=%s slot=%s deadline_s=%g; restarting",
             command_id,
@@ -318,6 +358,27 @@ class Upgrader:
         await self.restart()
         await asyncio.Future()  # the process is gone (or, in a test, being stopped)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _arm_and_switch(self, disk: Disk, plan: Plan) -> Disk | KindResult:
+        """ARM, then SWITCH; if the store refuses or goes away between them, the swap is aborted where it can be
+        (else the next start aborts it: `current` still names the old slot)."""
+        armed = False
+        try:
+            for step in (Step.ARM, Step.SWITCH):
+                disk = await self.slots.take(disk, step, plan)
+                armed = True
+                await self._maybe_pause(step)
+        except (SlotsRefused, SlotsUnavailable) as e:
+            self.disk = disk
+            if armed:
+                try:
+                    self.disk = await self.slots.take(disk, Step.ABORT)
+                except (SlotsRefused, SlotsUnavailable) as again:
+                    log.warning("event=upgrade.abort-failed error=%r", str(again))
+            reason = HELPER_UNAVAILABLE if isinstance(e, SlotsUnavailable) else HELPER_REFUSED
+            log.warning("event=upgrade.switch-failed step=%s error=%r", "switch" if armed else "arm", str(e))
+            return KindResult.failure(reason, str(e))
+        return disk
 
     async def _check_version(self, staged: Path, version: str) -> str | None:
         """One sentence when the staged binary's own `--version` is not the release's version."""
@@ -331,7 +392,10 @@ class Upgrader:
     async def _refuse(self, disk: Disk, offer: Offer, reason: str, message: str) -> KindResult:
         """Refuse `offer` and remember it (upgrade.json), so the same (name, sequence) is not tried again."""
         refused = Refused(offer.name, offer.sequence, offer.version, reason, message)
-        self.disk = await self.slots.remember(disk, refused)
+        try:
+            self.disk = await self.slots.remember(disk, refused)
+        except (SlotsRefused, SlotsUnavailable) as e:  # reported all the same; only not remembered
+            log.warning("event=upgrade.not-remembered reason=%s error=%r", reason, str(e))
         log.warning(
             "event=upgrade.refused name=%s version=%s sequence=%d reason=%s message=%r",
             offer.name,

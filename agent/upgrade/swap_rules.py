@@ -419,3 +419,27 @@ def run_steps(disk: Disk, steps: Sequence[Step], plan: Plan | None = None) -> Di
 def runnable(disk: Disk) -> bool:
     """The invariant every crash point keeps: `current` names a slot that holds a whole binary."""
     return disk.current in disk.slots
+
+
+def disk_json(disk: Disk) -> dict[str, Any]:
+    """The model as JSON: what `bc helper` answers after each step it takes for an unprivileged node."""
+    return {
+        "current": disk.current,
+        "slots": sorted(disk.slots),
+        "partial": disk.partial,
+        "record": disk.record.to_json(),
+    }
+
+
+def disk_from_json(doc: Mapping[str, Any]) -> Disk:
+    """`disk_json` read back; ValueError (or KeyError, TypeError) for a document that is not one."""
+    current = str(doc["current"])
+    slots = [str(s) for s in doc["slots"]]
+    if current not in SLOTS or not set(slots) <= set(SLOTS):
+        raise ValueError("the disk names an unknown slot")
+    return Disk(
+        current="a" if current == "a" else "b",
+        slots=frozenset(s for s in SLOTS if s in slots),
+        partial=bool(doc["partial"]),
+        record=Record.from_json(doc["record"]),
+    )

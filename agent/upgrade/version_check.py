@@ -67,7 +67,12 @@ async def staged_version_output(binary: Path, *, timeout_s: float = VERSION_TIME
     assert proc.stdout is not None
     try:
         async with asyncio.timeout(timeout_s):
-            out = await proc.stdout.read(MAX_OUTPUT)
+            out = b""
+            while len(out) < MAX_OUTPUT:  # one read returns what one write wrote: read to the end
+                chunk = await proc.stdout.read(MAX_OUTPUT - len(out))
+                if not chunk:
+                    break
+                out += chunk
             code = await proc.wait()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):

@@ -281,12 +281,13 @@ def unprivileged_node_unit(
         *_COMMON_HARDENING,
         ("ProtectKernelModules", "yes"),
         ("ProtectKernelTunables", "yes"),  # /sys stays readable; the helper writes it
+        ("ProtectKernelLogs", "yes"),  # XIDs come from the helper's stream (kmsg.follow), not /dev/kmsg
         ("SystemCallFilter", "@system-service"),
         ("SystemCallErrorNumber", "EPERM"),
         ("CapabilityBoundingSet", ""),
         ("AmbientCapabilities", ""),
         # Deliberately absent: PrivateDevices and ProtectClock (NVML opens /dev/nvidia*; both close the
-        # device policy), ProtectKernelLogs (XIDs come from /dev/kmsg where kernel.dmesg_restrict allows it).
+        # device policy).
     ]
     unit = [
         ("Requires", "bc-helper.service"),

@@ -7,11 +7,20 @@ file lands through the helper where the user could not write it itself, (2) the 
 directory or the sshd files directly, (3) a request with a path, a foreign slice name or a sysctl outside the
 allowlist, and any request from another uid, is refused. Commands the helper would run (systemctl for the
 hold's slice) are recorded by `--fake-commands`, not run: the test machine's systemd is not the test's.
+
+The self-update and XID tests give the helper a root-owned A/B install (`<root>/opt/bc`), root's list of
+release roots and a FIFO as its kernel log (`<root>/dev/kmsg`): the user stages releases it cannot write
+into the install dir itself, the helper swaps in only the one whose signature and digest hold (a tampered
+one is refused with a `helper:` sentence) and rolls it back, and XID lines the test writes to the kernel log,
+which the user cannot open, reach the user's `HelperXids` through the helper's stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -20,8 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from agent.helper.client import HelperClient, HelperRefused
+from agent.upgrade.slots import install, read_disk
+from bc.pki import releases
 from tests.e2e.harness import bc_executable
 from tests.system_user import User, as_user, system_user, traversable_dir, why_not
 
@@ -190,3 +203,146 @@ async def test_a_peer_of_another_uid_is_refused_before_any_request(helper: Helpe
     with pytest.raises(HelperRefused, match=r"^helper: refused: uid 0 may not use this helper$"):
         await HelperClient(helper.socket).call("file.write", kind="cdi", allocation_id="a9", data="{}")
     assert not (helper.root / "etc/cdi").exists()
+
+
+UPDATER = r"""
+import asyncio, base64, json, os, sys
+from pathlib import Path
+from agent.helper.client import HelperClient
+from agent.helper.node_ops import HelperSlots, HelperXids
+from agent.hw.nvml import KmsgXids
+from agent.upgrade import swap_rules as sr
+from agent.upgrade.slots import SlotsRefused
+from bc.pki import releases
+
+sock, data, root = map(Path, sys.argv[1:4])
+spec = json.loads(sys.argv[4])
+install_dir, out = root / "opt/bc", {}
+
+def attempt(key, fn):
+    try:
+        fn()
+        out[key] = "written"
+    except PermissionError as e:
+        out[key] = f"PermissionError: {e.strerror}"
+
+async def main():
+    client = HelperClient(sock)
+    slots = HelperSlots(client, install_dir, data / "upgrade", lambda: [])
+    attempt("direct_slot", lambda: (install_dir / "bc.b").write_bytes(b"#!/bin/sh\nid\n"))
+    attempt("direct_link", lambda: (install_dir / "current.new").symlink_to("bc.b"))
+    attempt("direct_record", lambda: (install_dir / "upgrade.json").write_text("{}"))
+    attempt("direct_kmsg", lambda: os.close(os.open(root / "dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)))
+    rel, signature = releases.Release(**spec["release"]), base64.b64decode(spec["signature"])
+    body = base64.b64decode(spec["binary"])
+    plan = sr.Plan("cmd-1", rel.version, rel.sequence, 1e12, rel.name)
+    disk = await slots.read()
+    for case, staged in (("tampered", body.replace(b"echo", b"curl")), ("good", body)):
+        disk = await slots.take(disk, sr.Step.STAGE, plan)
+        slots.partial_path(disk).write_bytes(staged)  # what the agent downloaded and checked, then changed or not
+        try:
+            disk = await slots.place(disk, plan, rel, signature)
+            out[case] = "placed"
+        except SlotsRefused as e:
+            out[case] = str(e)
+    for step in (sr.Step.ARM, sr.Step.SWITCH):
+        disk = await slots.take(disk, step, plan)
+    out["switched"] = os.readlink(install_dir / "current")
+    for step in (sr.Step.DISARM, sr.Step.SWITCH_BACK, sr.Step.FAIL):
+        disk = await slots.take(disk, step)
+    out["rolled_back"] = [os.readlink(install_dir / "current"), disk.record.state]
+
+    xids = HelperXids(client, fallback=KmsgXids(root / "dev/kmsg"))
+    stopped = asyncio.Event()
+    follower = asyncio.create_task(xids.run(stopped))
+    async with asyncio.timeout(60):
+        await xids.following.wait()
+        print("following", flush=True)  # the test writes to the kernel log now
+        while sum(map(len, (xids.by_pci() or {}).values())) < 2:
+            await xids.changed.wait()
+            xids.changed.clear()
+    stopped.set()
+    follower.cancel()
+    out["xids"] = {":".join(f"{p:x}" for p in k): v for k, v in sorted((xids.by_pci() or {}).items())}
+
+asyncio.run(main())
+print(json.dumps(out), flush=True)
+"""
+
+
+def _public_pem(key: ed25519.Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+async def test_the_unprivileged_agents_release_is_swapped_in_by_the_helper_only_when_it_verifies(
+    user: User, box: Path, helper: Helper
+) -> None:
+    install_dir = helper.root / "opt/bc"
+    install(install_dir, b"#!/bin/sh\necho 'bc 1.0.0'\n", version="1.0.0")  # root's, as a package leaves it
+    key = ed25519.Ed25519PrivateKey.generate()
+    roots = helper.root / "etc/bc/release-roots.pem"
+    roots.parent.mkdir(parents=True)
+    roots.write_bytes(_public_pem(key))
+    os.chmod(roots, 0o644)
+    kmsg = helper.root / "dev/kmsg"
+    kmsg.parent.mkdir()
+    os.mkfifo(kmsg, 0o600)  # root's, as /dev/kmsg is under kernel.dmesg_restrict = 1
+    binary = b"#!/bin/sh\necho 'bc 1.1.0'\n"
+    rel = releases.Release("bc", "1.1.0", 1, releases.host_platform(), hashlib.sha256(binary).hexdigest(), len(binary))
+    spec = {
+        "release": dataclasses.asdict(rel),
+        "signature": base64.b64encode(releases.sign(key, rel)).decode(),
+        "binary": base64.b64encode(binary).decode(),
+    }
+    data = box / "agent"
+    data.mkdir()
+    os.chown(data, user.uid, user.gid)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(data), "PYTHONPATH": str(REPO)}
+    proc = await asyncio.create_subprocess_exec(
+        *as_user(user.uid, gid=user.gid),
+        sys.executable,
+        "-c",
+        UPDATER,
+        str(helper.socket),
+        str(data),
+        str(helper.root),
+        json.dumps(spec),
+        cwd=str(data),
+        env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    async with asyncio.timeout(120):
+        line = await proc.stdout.readline()
+        assert line == b"following\n", (line, await proc.stderr.read())
+        fd = os.open(kmsg, os.O_WRONLY | os.O_NONBLOCK)  # the helper holds the FIFO open
+        try:
+            os.write(
+                fd,
+                b"6,40,1000000,-;usb 1-1: new high-speed USB device number 2\n"
+                b"4,41,2000000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n"
+                b"4,42,3000000,-;NVRM: Xid (PCI:0000:3b:00): 48, DBE (double bit error) ECC error\n",
+            )
+        finally:
+            os.close(fd)
+        stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode()
+    out = json.loads(stdout.decode().splitlines()[-1])
+
+    # The user can change nothing of the install dir, nor read the kernel log, itself.
+    for key_ in ("direct_slot", "direct_link", "direct_record", "direct_kmsg"):
+        assert out[key_] == "PermissionError: Permission denied", (key_, out[key_])
+    # The tampered bytes were refused by the helper's own check; the signed ones were placed, swapped, rolled back.
+    assert out["tampered"].startswith("helper: refused: update.install: the staged file is 26 bytes with sha256 ")
+    assert out["good"] == "placed"
+    assert out["switched"] == "bc.b"
+    assert out["rolled_back"] == ["bc.a", "failed"]
+    assert (install_dir / "bc.b").read_bytes() == binary
+    assert ((install_dir / "bc.b").stat().st_uid, (install_dir / "upgrade.json").stat().st_uid) == (0, 0)
+    assert read_disk(install_dir).record.failed_versions == ("1.1.0",)
+    # The XIDs crossed, and the USB line did not.
+    assert out["xids"] == {
+        "0:18:0": [{"xid": 79, "message": "pid=1, GPU has fallen off the bus.", "uptime_s": 2.0}],
+        "0:3b:0": [{"xid": 48, "message": "DBE (double bit error) ECC error", "uptime_s": 3.0}],
+    }

@@ -8,7 +8,9 @@ root, names a path it took from the request, or escapes as anything but
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,22 @@ from hypothesis import strategies as st
 
 from agent.converge import env_files
 from agent.converge.host_units.gpu_sharing import mps_unit
-from agent.helper import ops
-from agent.helper.ops import Layout, Refused, Remove, Run, Write, WriteInPlace
+from agent.helper import ops, update_ops
+from agent.helper.ops import (
+    FollowKmsg,
+    Layout,
+    Refused,
+    Remove,
+    Run,
+    UpdateInstall,
+    UpdateRemember,
+    UpdateStage,
+    UpdateStep,
+    Write,
+    WriteInPlace,
+)
 from agent.hw import cdi
+from bc.pki import releases
 from bc.protocol.atoms import parse_atom
 from bc.protocol.root_equiv import sysctl_key_problem
 
@@ -222,9 +237,10 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=6,
 )
-arg_names = st.sampled_from(
-    ["kind", "allocation_id", "data", "slice", "limits", "file", "user", "argv", "uuid", "size_kb", "node", "count"]
-)
+HOLD_ARGS = ["kind", "allocation_id", "data", "slice", "limits", "file", "user", "argv", "uuid", "size_kb", "node"]
+UPDATE_ARGS = ["offset", "step", "command_id", "deadline", "refused", "after_seq", "path", "install_dir", "root"]
+RELEASE_ARGS = ["name", "version", "sequence", "platform", "sha256", "size", "signature", "keys", "running_version"]
+arg_names = st.sampled_from([*HOLD_ARGS, "count", *UPDATE_ARGS, *RELEASE_ARGS])
 requests = st.fixed_dictionaries(
     {"v": st.just(ops.VERSION), "op": st.sampled_from([*ops.TABLE, "file.read", ""])},
     optional={},
@@ -246,6 +262,12 @@ def test_any_request_is_refused_or_plans_effects_only_under_the_root(request: di
     for effect in plan:
         if isinstance(effect, (Write, WriteInPlace, Remove)):
             assert _within_root(effect.path), effect
+        if isinstance(effect, (UpdateStage, UpdateInstall, UpdateStep, UpdateRemember)):
+            assert effect.path == LAY.install_dir, effect  # the slot's file names are fixed (agent.upgrade.slots)
+        if isinstance(effect, UpdateInstall):
+            assert effect.roots == LAY.release_roots  # root's list: never a file the request names
+        if isinstance(effect, FollowKmsg):
+            assert effect.path == LAY.kmsg
         if isinstance(effect, Run):
             assert effect.argv[0] in {"systemctl", "sysctl", "modprobe", "nvidia-smi", "sshd"}
 
@@ -332,3 +354,57 @@ def test_a_cdi_spec_passes_only_with_env_and_device_nodes_edits(keys: list[str])
         assert set(keys) - {"env", "deviceNodes"}
         return
     assert set(keys) <= {"env", "deviceNodes"}
+
+
+# -- the update and kmsg operations, fuzzed with arguments of the right shape
+
+step_args = st.fixed_dictionaries(
+    {"step": st.sampled_from([*update_ops.STEPS, "stage", "place", "restart", "../arm", ""])},
+    optional={
+        "command_id": st.text(max_size=20) | st.integers(),
+        "deadline": st.floats(allow_nan=True) | st.integers(-5, 1 << 50) | st.booleans() | st.none(),
+    },
+)
+
+
+@given(step_args)
+@settings(max_examples=600, deadline=None)
+def test_a_swap_step_is_one_of_the_machines_with_an_id_and_deadline_only_for_arm(args: dict[str, Any]) -> None:
+    try:
+        (effect,) = ops.plan(req("update.step", **args), LAY)
+    except Refused:
+        return
+    assert isinstance(effect, UpdateStep) and effect.path == LAY.install_dir
+    assert effect.step.value == args["step"] and effect.step.value in update_ops.STEPS
+    if effect.step.value != "arm":
+        assert (effect.command_id, effect.deadline) == ("", 0.0) and not {"command_id", "deadline"} & set(args)
+    else:
+        assert re.fullmatch(r"[A-Za-z0-9._:-]{0,128}", effect.command_id) and 0 <= effect.deadline <= 1 << 41
+
+
+@given(st.integers(-3, releases.MAX_SIZE + 3), st.binary(max_size=64) | st.text(max_size=64).map(str.encode))
+@settings(max_examples=400, deadline=None)
+def test_a_staged_chunk_is_bytes_within_a_releases_size_at_a_fixed_path(offset: int, raw: bytes) -> None:
+    try:
+        (effect,) = ops.plan(req("update.stage", offset=offset, data=base64.b64encode(raw).decode()), LAY)
+    except Refused:
+        assert not 0 <= offset <= releases.MAX_SIZE - len(raw)
+        return
+    assert effect == UpdateStage(LAY.install_dir, offset, raw)
+
+
+@given(json_values, st.integers(-5, 1 << 64))
+@settings(max_examples=400, deadline=None)
+def test_a_remembered_refusal_or_a_follow_takes_only_their_shapes(refused: Any, after_seq: int) -> None:
+    try:
+        (effect,) = ops.plan(req("update.remember", refused=refused), LAY)
+        assert isinstance(effect, UpdateRemember) and effect.path == LAY.install_dir
+        assert effect.refused is None or "\n" not in effect.refused.message
+    except Refused:
+        pass
+    try:
+        (follow,) = ops.plan(req("kmsg.follow", after_seq=after_seq), LAY)
+    except Refused:
+        assert not -1 <= after_seq <= (1 << 63) - 1
+        return
+    assert follow == FollowKmsg(LAY.kmsg, after_seq)

@@ -148,6 +148,7 @@ def test_the_default_node_unit_is_unprivileged_beside_the_helper() -> None:
     assert one(unit, "Requires", "Unit") == "bc-helper.service"
     assert one(unit, "After", "Unit").split()[0] == "bc-helper.service"
     assert writable(unit) == {"/var/lib/bc-node"}  # /etc/cdi, /run/bc/allocations and the host's files: the helper's
+    assert one(unit, "ProtectKernelLogs") == "yes"  # its XIDs are the helper's stream (kmsg.follow)
     assert one(unit, "Restart") == "always"
 
 

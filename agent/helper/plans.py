@@ -1,0 +1,169 @@
+"""What a planner returns: the effects, the layout they live under, and the refusal; and the argument readers.
+
+Shared by the operation tables (`ops`, `update_ops`, `kmsg`), which are pure,
+and by the code that carries a plan out as root (`effects`, `update_effects`,
+`follow`). Every path an effect names is built by a planner from the
+`Layout` and fixed names; none comes from a request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.upgrade.swap_rules import Refused as RefusedRelease
+from agent.upgrade.swap_rules import Step
+from bc.pki.releases import Release
+
+
+class Refused(ValueError):
+    """A request outside the table or failing its checks: nothing was touched."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the helper's files live, all under one root (`/` on a host, a temp dir in tests)."""
+
+    root: Path
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "etc/cdi"
+
+    @property
+    def env_dir(self) -> Path:
+        return self.root / "run/bc/allocations"
+
+    @property
+    def ssh_dir(self) -> Path:
+        return self.root / "etc/ssh/bc"
+
+    @property
+    def cgroup_root(self) -> Path:
+        return self.root / "sys/fs/cgroup"
+
+    @property
+    def install_dir(self) -> Path:
+        """The A/B install (agent.upgrade.slots): `bc.a`, `bc.b`, `current`, `upgrade.json`."""
+        return self.root / "opt/bc"
+
+    @property
+    def release_roots(self) -> Path:
+        """Root's list of the release-signing roots the helper trusts (docs/node-security.md says why here)."""
+        return self.root / "etc/bc/release-roots.pem"
+
+    @property
+    def kmsg(self) -> Path:
+        """The kernel log: /dev/kmsg on a host; a FIFO under a test's root."""
+        return self.root / "dev/kmsg"
+
+
+# Effects: what the server carries out, in order; the first that fails stops the rest.
+
+
+@dataclass(frozen=True)
+class Write:
+    path: Path
+    data: bytes
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class WriteInPlace:
+    """A kernel attribute (sysfs, cgroupfs): written, never renamed over."""
+
+    path: Path
+    text: str
+
+
+@dataclass(frozen=True)
+class Remove:
+    path: Path
+
+
+@dataclass(frozen=True)
+class Run:
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """No effect: a value returned to the caller."""
+
+    value: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class UpdateStage:
+    """Append `data` at `offset` to the staged release in the install dir `path` (the slot `current` does not
+    name, 0600 until it is verified); offset 0 starts it anew."""
+
+    path: Path
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class UpdateInstall:
+    """Verify the staged file against `release` (signature under the roots in `roots`, digest, swap rules) and
+    place it in its slot of the install dir `path`."""
+
+    path: Path
+    roots: Path
+    release: Release
+    signature: bytes
+    keys: tuple[tuple[bytes, bytes], ...]
+    """(release key, a root's endorsement of it) pairs offered by the agent; only endorsed ones count."""
+    running_version: str
+
+
+@dataclass(frozen=True)
+class UpdateStep:
+    """One step of agent.upgrade.swap_rules on the install dir `path`; ARM's release is the placed slot's."""
+
+    path: Path
+    step: Step
+    command_id: str = ""
+    deadline: float = 0.0
+
+
+@dataclass(frozen=True)
+class UpdateRemember:
+    """The install record's last refused release (None: forgotten)."""
+
+    path: Path
+    refused: RefusedRelease | None
+
+
+@dataclass(frozen=True)
+class FollowKmsg:
+    """Stream the XID records of the kernel log at `path` after sequence `after_seq` (a stream operation)."""
+
+    path: Path
+    after_seq: int
+
+
+Effect = (
+    Write | WriteInPlace | Remove | Run | Reply | UpdateStage | UpdateInstall | UpdateStep | UpdateRemember | FollowKmsg
+)
+Plan = tuple[Effect, ...]
+Planner = Callable[[Mapping[str, Any], Layout], Plan]
+
+
+# Argument readers: each refuses with the argument's name.
+
+
+def arg_str(req: Mapping[str, Any], key: str, *, limit: int = 256) -> str:
+    v = req.get(key)
+    if not isinstance(v, str) or len(v) > limit:
+        raise Refused(f"{key} must be a string of at most {limit} characters")
+    return v
+
+
+def arg_int(req: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    v = req.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise Refused(f"{key} must be an integer from {lo} to {hi}")
+    return v
