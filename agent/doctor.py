@@ -26,7 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from google.protobuf.message import DecodeError
 
-from agent.helper.checks import DEFAULT_SOCKET, applies, check_helper, check_not_root
+from agent.helper.checks import DEFAULT_SOCKET, applies, check_not_root, check_release_roots, helper_answer
 from agent.identity import Identity
 from agent.join import JOURNAL_FILE, split_server
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS
@@ -440,4 +440,9 @@ def run_node_checks(
 def helper_checks(data_dir: Path, helper_socket: Path | None) -> list[Finding]:
     if not applies(data_dir, helper_socket):
         return []
-    return [check_not_root(data_dir), check_helper(helper_socket or DEFAULT_SOCKET)]
+    found, answer = helper_answer(helper_socket or DEFAULT_SOCKET)
+    out = [check_not_root(data_dir), found]
+    roots = answer.get("release_roots") if answer is not None else None
+    if isinstance(roots, str):  # the file the helper itself reads (an older helper names none)
+        out.append(check_release_roots(Path(roots)))
+    return out

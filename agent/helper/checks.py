@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pwd
 import socket
+import stat
 from pathlib import Path
 
-from agent.helper import ops, wire
-from bc.protocol.findings import Finding, failed, passed
+from agent.helper import ops, update_ops, wire
+from bc.protocol.findings import Finding, failed, passed, warned
 
 DEFAULT_SOCKET = Path("/run/bc-helper/helper.sock")
 TIMEOUT_S = 3.0
@@ -66,6 +67,11 @@ def _read(s: socket.socket, n: int) -> bytes:
 
 
 def check_helper(path: Path) -> Finding:
+    return helper_answer(path)[0]
+
+
+def helper_answer(path: Path) -> tuple[Finding, dict[str, object] | None]:
+    """`check_helper`'s finding, and the helper's `helper.hello` result when it answered."""
     try:
         reply = hello(path)
     except (OSError, wire.WireError) as e:
@@ -73,13 +79,47 @@ def check_helper(path: Path) -> Finding:
             "helper",
             f"bc helper does not answer at {path}: {getattr(e, 'strerror', None) or e}",
             f"systemctl start bc-helper.service; if it is not installed: {INSTALL}",
-        )
+        ), None
     if reply.get("ok") is not True or not isinstance(reply.get("result"), dict):
         return failed(
             "helper",
             f"bc helper at {path} refused this user: {reply.get('error')}",
             "run bc doctor as the node's user (runuser -u bc -- bc doctor ...): the helper serves that user only",
-        )
+        ), None
     result: dict[str, object] = reply["result"]  # type: ignore[assignment]
     version, root = result.get("version"), result.get("root")
-    return passed("helper", f"bc helper answers at {path} (protocol {version}, root {root})")
+    return passed("helper", f"bc helper answers at {path} (protocol {version}, root {root})"), result
+
+
+ROOTS_FIX = (
+    "put the public halves of the release roots there, root's and 0644: openssl pkey -in ROOT-KEY-FILE -pubout"
+    " > release-roots.pem; install -D -m 0644 release-roots.pem {path} (docs/node-security.md)"
+)
+
+
+def check_release_roots(path: Path, owner: int = 0) -> Finding:
+    """The file the helper checks every self-update against (`update.install`), judged by the helper's own
+    rule (`update_effects.read_roots`): a regular file of the helper's user (`owner`, root on a host) that
+    no one else may write, listing at least one Ed25519 public key. Missing is a warning: the node runs, and
+    the helper refuses every self-update."""
+    fix = ROOTS_FIX.format(path=path)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return warned("release-roots", f"{path} does not exist, so bc helper refuses every self-update", fix)
+    except OSError as e:
+        return failed("release-roots", f"cannot read {path}: {e.strerror or e}", fix)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or st.st_mode & 0o022:
+        return failed(
+            "release-roots",
+            f"{path} must be a regular file of {_user(owner)} that no one else may write: bc helper refuses it",
+            fix,
+        )
+    try:
+        keys = update_ops.parse_roots(path.read_bytes()[: update_ops.MAX_ROOTS_BYTES + 1])
+    except OSError as e:
+        return failed("release-roots", f"cannot read {path}: {e.strerror or e}", fix)
+    except ops.Refused as e:
+        return failed("release-roots", f"{path}: {e}", fix)
+    n = len(keys)
+    return passed("release-roots", f"{path} lists {n} release root{'s' if n != 1 else ''} bc helper trusts")

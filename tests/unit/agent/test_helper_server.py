@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import doctor
 from agent.converge import env_files
 from agent.converge.host_ops import FakeRunner
 from agent.helper import checks
@@ -77,6 +78,11 @@ async def test_doctors_helper_check_passes_on_an_answering_helper_and_fails_on_n
     )
     missing = await asyncio.to_thread(checks.check_helper, tmp_path / "none.sock")
     assert missing.status == "fail" and "does not answer" in missing.message and "bc-helper.service" in missing.fix
+    # bc doctor on the node: then the release roots the helper names in its answer (none under this root yet)
+    (tmp_path / "node").mkdir()
+    found_all = await asyncio.to_thread(doctor.helper_checks, tmp_path / "node", tmp_path / "h.sock")
+    assert [(f.name, f.status) for f in found_all][1:] == [("helper", "pass"), ("release-roots", "warn")]
+    assert str(tmp_path / "root/etc/bc/release-roots.pem") in found_all[2].message
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the data dir to another user")
@@ -86,3 +92,34 @@ def test_doctors_privileges_check_says_whether_the_agent_is_root(tmp_path: Path)
     os.chown(tmp_path / "node", 65534, 65534)
     assert checks.check_not_root(tmp_path / "node").status == "pass"
     assert checks.applies(tmp_path / "node", None)
+
+
+def test_doctors_release_roots_check_judges_the_file_as_the_helper_does(tmp_path: Path) -> None:
+    """`bc doctor` on a helper node: the release roots file the helper names in its hello, by the helper's rule."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    me = os.geteuid()
+    path = tmp_path / "etc/bc/release-roots.pem"
+    missing = checks.check_release_roots(path, owner=me)
+    assert missing.status == "warn" and missing.message.endswith("so bc helper refuses every self-update")
+    assert "openssl pkey" in missing.fix and str(path) in missing.fix
+    path.parent.mkdir(parents=True)
+    key = ed25519.Ed25519PrivateKey.generate().public_key()
+    path.write_bytes(
+        b"# the lab's release root\n"
+        + key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    path.chmod(0o644)
+    good = checks.check_release_roots(path, owner=me)
+    assert (good.status, good.message) == ("pass", f"{path} lists 1 release root bc helper trusts")
+    path.chmod(0o666)
+    assert "no one else may write" in checks.check_release_roots(path, owner=me).message
+    path.chmod(0o644)
+    assert checks.check_release_roots(path, owner=me + 1).status == "fail"  # not the helper's user's
+    path.write_bytes(b"no keys here\n")
+    bad = checks.check_release_roots(path, owner=me)
+    assert bad.status == "fail" and "no Ed25519 PUBLIC KEY" in bad.message
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere.pem")
+    assert checks.check_release_roots(path, owner=me).status == "fail"  # the helper opens it O_NOFOLLOW
