@@ -613,6 +613,7 @@ class Agent:
             server_offset_ms=lambda: self.state.offset_ms,
             key_holder=self.parts.key_holder,
             by_proof=self.parts.session_keys is not None,
+            identity_lock=self.parts.session_keys.identity_lock if self.parts.session_keys is not None else None,
         )
         await self.renewer.run()
 

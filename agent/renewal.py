@@ -144,9 +144,11 @@ class Renewer:
         key_holder: NodeKeyHolder | None = None,
         secrets: Secrets | None = None,
         by_proof: bool = False,
+        identity_lock: asyncio.Lock | None = None,
     ) -> None:
         """`secrets`: where a re-join's nonce comes from (the OS's by default; the simulator's from its seed).
-        `by_proof`: renew with the certificate in the request (a TPM identity: its key cannot make a handshake)."""
+        `by_proof`: renew with the certificate in the request (a TPM identity: its key cannot make a handshake).
+        `identity_lock`: held through each renewal and re-join (a TPM identity's session keys share it)."""
         self.data_dir = data_dir
         self._secrets: Secrets = secrets or SystemSecrets()
         self.identity = identity
@@ -163,6 +165,7 @@ class Renewer:
         self.renewals = 0
         self.rejoins = 0
         self._soon = asyncio.Event()
+        self._lock = identity_lock or asyncio.Lock()
 
     def renew_soon(self) -> None:
         """Renew (or re-join) now rather than at the scheduled time: the server said the certificate is stale."""
@@ -260,6 +263,12 @@ class Renewer:
 
     async def renew_once(self) -> x509.Certificate:
         """One renewal: new key, CSR, proof, `Join.Renew`, files replaced, trust stored; the new certificate."""
+        async with self._lock:
+            new_cert = await self._renew()
+        self._renewed()
+        return new_cert
+
+    async def _renew(self) -> x509.Certificate:
         key_pem, cert_pem = await asyncio.to_thread(self._read_pair)
         cert = keys.load_cert_pem(cert_pem)
         await self.key_holder.check(cert)  # a lost key says why before any request
@@ -291,6 +300,18 @@ class Renewer:
 
     async def rejoin_once(self) -> x509.Certificate:
         """One re-join with the expired certificate's key (`bc.pki.rejoin`): as `renew_once`, by `Join.Rejoin`."""
+        async with self._lock:
+            new_cert = await self._rejoin()
+        self._renewed()
+        return new_cert
+
+    def _renewed(self) -> None:
+        """A new certificate is in place: what asked for one early is answered, and the agent is told."""
+        self._soon.clear()
+        if self.on_renewed is not None:
+            self.on_renewed()
+
+    async def _rejoin(self) -> x509.Certificate:
         cert_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "cert")
         cert = keys.load_cert_pem(cert_pem)
         await self.key_holder.check(cert)
@@ -326,8 +347,6 @@ class Renewer:
             new_cert.serial_number,
             new_cert.not_valid_after_utc.isoformat(),
         )
-        if self.on_renewed is not None:
-            self.on_renewed()
         return new_cert
 
     def _store_trust(self, response: join_pb2.RenewResponse) -> bool:

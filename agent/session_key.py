@@ -21,10 +21,16 @@ What goes wrong, and what the keeper does:
   is still good, else with the dial's (full jitter, 1 s doubling to 60 s: there is no session without one);
   a `Conflict` also calls `on_stale`, which wakes the renewer (the node certificate it holds needs renewing
   or re-joining before anything else);
-* the TPM no longer holds the key, or is another TPM (`Unauthenticated` from the holder's check, twice in a
-  row: once may be a renewal caught between its two steps), or the server refuses for good (revoked, an
-  older identity, a certificate it does not know: `Unauthenticated`): `run` returns the refusal, and the
-  agent stops with its sentence.
+* the TPM no longer holds the key, or is another TPM (`Unauthenticated` from the holder's check), or the
+  server refuses for good (revoked, an older identity, a certificate it does not know: `Unauthenticated`):
+  `run` returns the refusal, and the agent stops with its sentence.
+
+One change of identity at a time: `identity_lock` is held while a session certificate is asked for, and the
+renewer holds the same lock through a renewal or a re-join (`Renewer(identity_lock=…)`), from reading
+node.crt to installing its successor. Both fall due at the same time on a node started just after its join
+(a session certificate ends when its node certificate does), and without the lock the request would present
+a node certificate the server had just replaced (`not-latest`), or one whose key the TPM holder had not
+taken up yet.
 
 Times are server times (the local clock plus the Welcome's offset), as the renewer's: the server judges the
 proof's timestamp and dated the certificate by its own clock.
@@ -119,6 +125,7 @@ class SessionKeys:
         self.on_new, self.on_stale = on_new, on_stale
         self.current: SessionPair | None = None
         self.issued = 0  # session certificates obtained by this process
+        self.identity_lock = asyncio.Lock()  # shared with the renewer: one change of identity at a time
         self._wake = asyncio.Event()
 
     # -- what the dial and the signer read -----------------------------------------------------------------
@@ -144,25 +151,20 @@ class SessionKeys:
         """Obtain a session certificate now and again at 60 % of each one's life; retry what a retry can help.
         Returns only on a refusal no retry can help."""
         attempt = 0
-        local = 0  # the TPM's refusals in a row
         while True:
             self._wake.clear()
             try:
                 await self.obtain_once()
-                attempt = local = 0
+                attempt = 0
             except asyncio.CancelledError:
                 raise
             except ServerRefused as r:
                 self._impossible(r)
                 return SessionKeysEnd(r, by_server=True)
+            except Unauthenticated as e:  # the TPM lost the key, or is another one: no retry helps
+                self._impossible(e)
+                return SessionKeysEnd(e, by_server=False)
             except Exception as e:  # the server unreachable, the TPM busy, a "retry" refusal: back off
-                if isinstance(e, Unauthenticated):
-                    # The TPM lost the key, or is another one: no retry helps. Once could be a renewal caught
-                    # between its new node.crt and the holder's new record (`Renewer._install`): twice is final.
-                    local += 1
-                    if local >= 2:
-                        self._impossible(e)
-                        return SessionKeysEnd(e, by_server=False)
                 attempt += 1
                 log.warning("event=session-cert.failed attempt=%d error=%s", attempt, _describe(e))
                 if isinstance(e, Conflict) and self.on_stale is not None:
@@ -191,6 +193,13 @@ class SessionKeys:
 
     async def obtain_once(self) -> SessionPair:
         """One session certificate: a new key, the TPM's proof, `Join.SessionCert`, the answer checked, held."""
+        async with self.identity_lock:
+            pair = await self._obtain()
+        if self.on_new is not None:
+            self.on_new()
+        return pair
+
+    async def _obtain(self) -> SessionPair:
         cert_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "cert")
         node_cert = keys.load_cert_pem(cert_pem)
         await self.holder.check(node_cert)  # a cleared TPM says so before any request
@@ -222,8 +231,6 @@ class SessionKeys:
             serial,
             issued.not_valid_after_utc.isoformat(),
         )
-        if self.on_new is not None:
-            self.on_new()
         return self.current
 
     def _check_issued(

@@ -269,3 +269,15 @@ async def test_results_are_signed_with_the_certified_session_key_once_there_is_o
     signed = signer.attest_update(update)
     message = attest.result_message("c1", "COMMAND_SUCCEEDED", b"ok")
     assert attest.verify(pair.cert.public_key(), message, signed.node_sig)  # type: ignore[arg-type]
+
+
+async def test_a_session_certificate_is_not_asked_for_while_the_identity_changes(node: Node, clock: LoopClock) -> None:
+    """The renewer holds the identity lock from reading node.crt to installing its successor: a request made
+    meanwhile would present a certificate the server has just replaced."""
+    keeper = node.keeper()
+    async with keeper.identity_lock:  # a renewal in flight
+        task = asyncio.create_task(keeper.obtain_once())
+        await advance(30)
+        assert node.calls == [] and not task.done()
+    await asyncio.wait_for(task, 1)
+    assert len(node.calls) == 1 and keeper.current is not None
