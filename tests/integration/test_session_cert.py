@@ -350,12 +350,22 @@ async def test_each_refusal_is_one_sentence_and_a_security_event(stepped: tuple[
     assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "expired at" in (ei.value.details() or "") and "re-joins first" in (ei.value.details() or "")
 
+    # A later join replaced the identity (bc join --reset with a new token): the old one's is refused for good.
+    tok = await lab.admin.create_token("n1")
+    await soft_join(lab.server.address, tok.token, lab.node_dir("n1-again"), SoftTpm())
+    await refused(
+        await _session_request(holder.sign, d, skew_ms=(DAY_S + 120) * 1000),
+        grpc.StatusCode.UNAUTHENTICATED,
+        "belongs to an older identity of the node; join again with a new token",
+    )
+
     assert await _reasons(lab) == [
         "session-cert:stale-timestamp",
         "session-cert:session-certificate",
         "session-cert:not-tpm",
         "session-cert:not-latest",
         "session-cert:expired",
+        "session-cert:old-identity",
     ]
 
 
