@@ -21,6 +21,13 @@ Three loops share the agent's state (`agent.session.node_state.NodeState`):
 * the renewal loop (`agent/renewal.py`) renews the node certificate at 60 % of
   its life and then rotates the session, so the redial presents the new one.
 
+A node joined with `--attestor tpm` holds its node key in the TPM, which
+grpcio's TLS cannot use: a fourth loop (`agent.session_key`) keeps a session
+key in memory, certified by `Join.SessionCert` with a proof of the TPM key, and
+the session's TLS, the results' signatures and the dial run on it; the node
+certificate renews by proof (`Renewer(by_proof=True)`), its next key made in
+the TPM, and allocation reports are signed in the TPM.
+
 The spec is enforced from the journal whether or not a gateway is reachable.
 """
 
@@ -54,25 +61,30 @@ from agent.identity import Identity, IdentityFile, IdentityStore
 from agent.journal import Journal
 from agent.journal_api import AgentJournal, JournalFull
 from agent.journal_rules import fit_update_message
+from agent.key_holder import FileNodeKey, NodeKeyHolder
 from agent.kinds.base import KindContext
 from agent.kinds.upload_allow import parse_prefixes
 from agent.node_key import NodeKey
 from agent.offload import Offload, to_thread
 from agent.quorum import QuorumCheck, UnbatchedAllowance
 from agent.renewal import Renewer
+from agent.session.channels import MemoryPair, PairSource
 from agent.session.dialing import Dial, SessionLoop
 from agent.session.grpc_dial import grpc_dial
 from agent.session.node_state import NodeState
 from agent.session.outbox import Outbox
 from agent.session.runner import SessionDeps
 from agent.session_core import SpecRule, decide_spec
+from agent.session_key import SessionKeys
 from agent.telemetry.converger import TelemetryConverger
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import AgentMetrics, Gauges
+from agent.tpm import DEFAULT_TCTI, Tpm, TpmNodeKey, TpmRecord
 from agent.trust import AgentTrust
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
 from agent.upgrade.slots import Slots, SlotStore
-from bc.errors import Conflict, Unauthenticated, UsageError
+from bc.errors import BcError, Conflict, Unauthenticated
+from bc.pki import attest
 from bc.pki.quorum import CountApprovals, count_approvals
 from bc.pki.secrets_source import os_seeded_random
 from bc.protocol.limits import LIMITS
@@ -122,6 +134,8 @@ class AgentOptions:
     None: the agent does them itself (as root, or under --fake-hw)."""
     drift_pass_s: float = DRIFT_PASS_S
     """How often the converge pass re-reads the host when nothing changed (drift); a spec change runs it at once."""
+    tcti: str | None = None
+    """`--tcti`: how a TPM identity reaches its TPM (default `device:/dev/tpmrm0`, agent.tpm)."""
 
 
 @dataclass
@@ -159,6 +173,10 @@ class AgentParts:
     quorum_count: CountApprovals = count_approvals
     """How a destructive batch command's approvals are counted against k (agent.quorum.check_batch); the
     simulator's `--break quorum-duplicate-signer` hands one that counts a signer twice."""
+    key_holder: NodeKeyHolder | None = None
+    """Where the node key lives (agent.key_holder): left out, node.key as a file. A TPM identity's is its TPM."""
+    session_keys: SessionKeys | None = None
+    """A TPM identity's session keys (agent.session_key): the dial and `node_key` run on them; None: a file key."""
 
 
 async def never_dial() -> Link[session_pb2.GatewayMessage, session_pb2.NodeMessage]:
@@ -179,19 +197,32 @@ def production_parts(opts: AgentOptions) -> AgentParts:
     ca_pem = identity.read(data_dir, "ca")
     hw = open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread)
     health = hw.capabilities.health(data_dir, opts.fake_faults)
+    key_path = data_dir / identity.files["key"]
+    holder: NodeKeyHolder = FileNodeKey(key_path)
+    keeper: SessionKeys | None = None
+    node_key = NodeKey(key_path)
+    pair: PairSource | None = None
+    record = _tpm_record(key_path)
+    if record is not None:  # the key is the TPM's: the session runs on an in-memory session key
+        holder = TpmNodeKey(Tpm(opts.tcti or DEFAULT_TCTI), record)
+        keeper = SessionKeys(data_dir, identity, holder, clock, rng)
+        node_key = NodeKey(None, source=keeper.key)
+        pair = MemoryPair(keeper.pair)
     return AgentParts(
         clock=clock,
         rng=rng,
         identity=identity,
         ca_pem=ca_pem,
         identity_store=IdentityFile(data_dir, to_thread),
-        node_key=NodeKey(data_dir / identity.files["key"]),
+        node_key=node_key,
         hw=hw,
-        dial=never_dial if test_never_dial() else grpc_dial(data_dir, identity, ca_pem, to_thread, rng),
+        dial=never_dial if test_never_dial() else grpc_dial(data_dir, identity, ca_pem, to_thread, rng, pair),
         open_journal=lambda: Journal.open(data_dir / "journal.db", identity.node_id, rng=rng, clock=clock),
         offload=to_thread,
         health=health,
         telemetry=True,
+        key_holder=holder,
+        session_keys=keeper,
     )
 
 
@@ -212,9 +243,12 @@ class Agent:
         self.stopped = asyncio.Event()
         self.connected = asyncio.Event()  # while a session is welcomed
         self.revoked_reason = ""
+        self.fatal: BcError | None = None  # a failure no retry helps that is not the server's (a cleared TPM)
         self.pending_events: list[tuple[str, int, bytes]] = []
+        self.pending_reports: list[session_pb2.AllocationReport] = []  # not signed yet (a TPM that did not answer)
         self.unknown_fields = UnknownFieldsMemo()  # the converge pass's walk for unknown fields, once per spec
         self.cert_renewals = 0
+        self.renewer: Renewer | None = None  # built by the renewal loop
         self.sessions: SessionLoop | None = None  # built by open(), with the journal and the dispatcher
         self.metrics = AgentMetrics()
         self.health = HealthMonitor(p.health, p.clock, p.offload) if p.health is not None else None
@@ -240,6 +274,10 @@ class Agent:
             connected=self.connected,
         )
         await self.state.load()
+        if p.session_keys is not None:  # what it needs of the session's state, known from here on
+            p.session_keys.server_offset_ms = lambda: self.state.offset_ms
+            p.session_keys.on_new = self.on_session_key
+            p.session_keys.on_stale = self.on_node_cert_stale
         cdi_dir = self.opts.cdi_dir or self.data_dir / "cdi"
         env_dir = self.opts.env_dir or self.data_dir / "allocations"
         slices = p.slices
@@ -414,6 +452,14 @@ class Agent:
         and what is sent is what the journal holds (it applies the same rule)."""
         return self.node_key.attest_update(fit_update_message(update))
 
+    async def sign_report(self, body: bytes) -> session_pb2.AttestedReport:
+        """An allocation report signed by the node key: in the TPM for a TPM identity (a report may be sent after
+        this process's session key is gone), else the key file's."""
+        if self.parts.session_keys is not None and self.parts.key_holder is not None:
+            sig = await self.parts.key_holder.sign(attest.report_message(body))
+            return session_pb2.AttestedReport(body=body, node_sig=sig)
+        return self.node_key.sign_report(body)
+
     def _check_command_signature(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
         why = self.trust.check_command(cmd, self.state.server_now_ms() / 1000)
         if why is None:
@@ -456,16 +502,18 @@ class Agent:
         generation = st.applied_generation
         outcome = await run(st.spec, generation, self.convergers, self.unknown_fields)
         self.metrics.converge_pass(outcome.durations)
-        for r in outcome.events:
+        self.pending_reports.extend(outcome.events)
+        while self.pending_reports:
+            r = self.pending_reports[0]
             kind = session_pb2.AllocationReport.Kind.Name(r.kind).lower()
+            # A TPM that does not answer raises here: the report waits, unsigned, for the next pass.
+            report = await self.sign_report(r.SerializeToString(deterministic=True))
+            self.pending_reports.pop(0)
             self.pending_events.append(
                 (
                     f"allocation.{kind}",
                     session_pb2.RESULT,
-                    session_pb2.NodeEvent(
-                        type=f"allocation.{kind}",
-                        report=self.node_key.sign_report(r.SerializeToString(deterministic=True)),
-                    ).SerializeToString(),
+                    session_pb2.NodeEvent(type=f"allocation.{kind}", report=report).SerializeToString(),
                 )
             )
             log.info(
@@ -566,7 +614,7 @@ class Agent:
     async def renewal_loop(self) -> None:
         if not self.parts.renewal:
             return
-        renewer = Renewer(
+        self.renewer = Renewer(
             self.data_dir,
             self.identity,
             self.clock,
@@ -574,31 +622,59 @@ class Agent:
             on_renewed=self.on_cert_renewed,
             on_trust=self.trust.set,
             server_offset_ms=lambda: self.state.offset_ms,
+            key_holder=self.parts.key_holder,
+            by_proof=self.parts.session_keys is not None,
+            identity_lock=self.parts.session_keys.identity_lock if self.parts.session_keys is not None else None,
         )
-        await renewer.run()
+        await self.renewer.run()
 
     def on_cert_renewed(self) -> None:
         """Move the session to the new certificate: end it, and the redial reads the new pair.
 
         The gateway closes a session whose certificate expires, so waiting for the session to end by
         itself is not enough; the session ends as if the gateway closed it cleanly (welcomed, so the
-        redial comes at once, under a second of jitter).
+        redial comes at once, under a second of jitter). A TPM identity's session runs on a session
+        certificate of the old node certificate: a new one is asked for now, and its arrival rotates the
+        session (`on_session_key`).
         """
         self.cert_renewals += 1
-        if self.sessions is not None:
+        if self.parts.session_keys is not None:
+            self.parts.session_keys.wake()
+        elif self.sessions is not None:
             self.sessions.rotate("certificate-renewed")
+
+    def on_session_key(self) -> None:
+        """A new session certificate: the session moves onto it (a first one cuts the dial's back-off short)."""
+        if self.sessions is not None:
+            self.sessions.rotate("session-certificate")
+
+    def on_node_cert_stale(self) -> None:
+        """The server will not certify a session key with the node certificate held (not the latest, expired):
+        the renewer renews or re-joins it now rather than at its time."""
+        if self.renewer is not None:
+            self.renewer.renew_soon()
+
+    async def session_key_loop(self) -> None:
+        """A TPM identity's session keys (agent.session_key) until refused for good: then the agent stops, as
+        it does when a gateway refuses a revoked certificate."""
+        keeper = self.parts.session_keys
+        if keeper is None or not self.parts.renewal:
+            return
+        end = await keeper.run()
+        if end.by_server:
+            log.error("event=agent.revoked reason=%s; not asking for a session certificate again", end.error.message)
+            self.revoked_reason = end.error.message
+            await self.state.certificate_refused(end.error.message)
+        else:
+            log.error("event=agent.stopped reason=%s", end.error.message)
+            self.fatal = end.error
+        self.stopped.set()
 
     async def run(self) -> None:
         if self.identity.revoked:
             raise Unauthenticated(
                 f"this node's certificate was revoked ({self.identity.revoked}); it will not dial with it again."
                 " Join again: bc join --reset --yes, then bc join"
-            )
-        if self.parts.renewal and await asyncio.to_thread(_key_in_tpm, self.data_dir / self.identity.files["key"]):
-            # grpcio takes a TLS client key only as PEM bytes, and a TPM's never leaves it (docs/node-security.md).
-            raise UsageError(
-                "this node's key is held by its TPM (bc join --attestor tpm), and bc node cannot yet hold a session"
-                " with a TPM-held key; join with a file key: bc join --reset --yes, then bc join"
             )
         await self.open()
         if self.upgrader is not None and self.upgrader.must_restart:
@@ -609,6 +685,7 @@ class Agent:
             asyncio.create_task(self.session_loop(), name="session"),
             asyncio.create_task(self.converge_loop(), name="converge"),
             asyncio.create_task(self.renewal_loop(), name="renewal"),
+            asyncio.create_task(self.session_key_loop(), name="session-key"),
             asyncio.create_task(self.health_loop(), name="health"),
             asyncio.create_task(self.telemetry_loop(), name="telemetry"),
         ]
@@ -621,15 +698,17 @@ class Agent:
         finally:
             await cancel_and_wait(tasks)
             await self.close()
+        if self.fatal is not None:
+            raise self.fatal
 
 
-def _key_in_tpm(path: Path) -> bool:
-    from agent.tpm import TpmRecord
-
+def _tpm_record(path: Path) -> TpmRecord | None:
+    """node.key's record of a key the TPM holds (`bc join --attestor tpm`), or None for a key file."""
     try:
-        return TpmRecord.is_record(path.read_bytes())
+        data = path.read_bytes()
     except OSError:
-        return False  # a missing key is the session's to report, as before
+        return None  # a missing key is the session's to report, as before
+    return TpmRecord.load(data) if TpmRecord.is_record(data) else None
 
 
 def _under_systemd() -> bool:

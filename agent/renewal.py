@@ -27,6 +27,12 @@ end; a refusal (revoked, more than 7 days, another identity) is logged as
 operator must do (`bc join --reset --yes` with a new token), and the
 renewer stops.
 
+A TPM identity (`by_proof`) renews the same way with one difference: its key cannot make a TLS handshake
+(grpcio takes a key only as bytes), so `Join.Renew` is called as a re-join is, under a join-root leaf, with
+the current certificate and a nonce in the request and a proof that binds them (`bc.pki.renewal`, "by
+proof"). `renew_soon()` cuts the wait short: the session keeper (`agent.session_key`) calls it when the
+server says the certificate it holds is not the latest, or has expired.
+
 Times: the proof's timestamp and the expiry checks use server time (the
 local clock plus the offset the session learned from Welcome), because the
 server judges the proof by its own clock and issued the certificate's dates.
@@ -54,10 +60,11 @@ from bc.pki import keys, tokens
 from bc.pki.ca import BACKDATE_S
 from bc.pki.identity import peer_identity
 from bc.pki.rejoin import NONCE_BYTES, rejoin_proof_message
-from bc.pki.renewal import renew_proof_message
+from bc.pki.renewal import renew_by_proof_message, renew_proof_message
 from bc.pki.secrets_source import Secrets, SystemSecrets
 from bc.pki.tpm_attest import TpmCertification
 from bc.protocol.pb import common_pb2, join_pb2
+from bc.runtime.aio import wait_event
 from bc.seams.clock import Clock
 from bc.wire.status import status_to_error
 from bc.wire.stubs import join_pb2_grpc
@@ -136,8 +143,12 @@ class Renewer:
         rejoin_call: RejoinCall | None = None,
         key_holder: NodeKeyHolder | None = None,
         secrets: Secrets | None = None,
+        by_proof: bool = False,
+        identity_lock: asyncio.Lock | None = None,
     ) -> None:
-        """`secrets`: where a re-join's nonce comes from (the OS's by default; the simulator's from its seed)."""
+        """`secrets`: where a re-join's nonce comes from (the OS's by default; the simulator's from its seed).
+        `by_proof`: renew with the certificate in the request (a TPM identity: its key cannot make a handshake).
+        `identity_lock`: held through each renewal and re-join (a TPM identity's session keys share it)."""
         self.data_dir = data_dir
         self._secrets: Secrets = secrets or SystemSecrets()
         self.identity = identity
@@ -150,8 +161,15 @@ class Renewer:
         self._rejoin_call: RejoinCall = rejoin_call or self._grpc_rejoin
         # Proofs are signed through the holder (agent.key_holder), whichever attestor the node joined with.
         self.key_holder: NodeKeyHolder = key_holder or FileNodeKey(data_dir / identity.files["key"])
+        self.by_proof = by_proof
         self.renewals = 0
         self.rejoins = 0
+        self._soon = asyncio.Event()
+        self._lock = identity_lock or asyncio.Lock()
+
+    def renew_soon(self) -> None:
+        """Renew (or re-join) now rather than at the scheduled time: the server said the certificate is stale."""
+        self._soon.set()
 
     def now(self) -> float:
         """Server time in seconds: the local clock plus the offset from the last Welcome."""
@@ -245,15 +263,34 @@ class Renewer:
 
     async def renew_once(self) -> x509.Certificate:
         """One renewal: new key, CSR, proof, `Join.Renew`, files replaced, trust stored; the new certificate."""
+        async with self._lock:
+            new_cert = await self._renew()
+        self._renewed()
+        return new_cert
+
+    async def _renew(self) -> x509.Certificate:
         key_pem, cert_pem = await asyncio.to_thread(self._read_pair)
-        await self.key_holder.check(keys.load_cert_pem(cert_pem))  # a lost key says why before any request
+        cert = keys.load_cert_pem(cert_pem)
+        await self.key_holder.check(cert)  # a lost key says why before any request
         nxt = await self.key_holder.next_key(self.identity.node_id)
         timestamp_ms = round(self.now() * 1000)
-        request = join_pb2.RenewRequest(
-            csr_der=nxt.csr_der,
-            timestamp_ms=timestamp_ms,
-            proof=await self.key_holder.sign(renew_proof_message(nxt.csr_der, timestamp_ms)),
-        )
+        if self.by_proof:
+            cert_der = cert.public_bytes(serialization.Encoding.DER)
+            nonce = self._secrets.token_bytes(NONCE_BYTES)
+            message = renew_by_proof_message(cert_der, nxt.csr_der, timestamp_ms, nonce)
+            request = join_pb2.RenewRequest(
+                csr_der=nxt.csr_der,
+                timestamp_ms=timestamp_ms,
+                proof=await self.key_holder.sign(message),
+                cert_der=cert_der,
+                nonce=nonce,
+            )
+        else:
+            request = join_pb2.RenewRequest(
+                csr_der=nxt.csr_der,
+                timestamp_ms=timestamp_ms,
+                proof=await self.key_holder.sign(renew_proof_message(nxt.csr_der, timestamp_ms)),
+            )
         if nxt.tpm is not None:
             request.tpm.CopyFrom(_tpm_pb(nxt.tpm))
         response = await self._call(request, key_pem, cert_pem)
@@ -263,6 +300,18 @@ class Renewer:
 
     async def rejoin_once(self) -> x509.Certificate:
         """One re-join with the expired certificate's key (`bc.pki.rejoin`): as `renew_once`, by `Join.Rejoin`."""
+        async with self._lock:
+            new_cert = await self._rejoin()
+        self._renewed()
+        return new_cert
+
+    def _renewed(self) -> None:
+        """A new certificate is in place: what asked for one early is answered, and the agent is told."""
+        self._soon.clear()
+        if self.on_renewed is not None:
+            self.on_renewed()
+
+    async def _rejoin(self) -> x509.Certificate:
         cert_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "cert")
         cert = keys.load_cert_pem(cert_pem)
         await self.key_holder.check(cert)
@@ -298,8 +347,6 @@ class Renewer:
             new_cert.serial_number,
             new_cert.not_valid_after_utc.isoformat(),
         )
-        if self.on_renewed is not None:
-            self.on_renewed()
         return new_cert
 
     def _store_trust(self, response: join_pb2.RenewResponse) -> bool:
@@ -335,6 +382,8 @@ class Renewer:
     async def _grpc_renew(
         self, request: join_pb2.RenewRequest, key_pem: bytes, cert_pem: bytes
     ) -> join_pb2.RenewResponse:
+        if request.cert_der:  # by proof: called as a re-join is
+            return await self._proof_call(request)
         # The call authenticates with the pair the proof was signed with, not whatever is on disk by then.
         ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
         creds = channel_credentials(ca_pem, key_pem, cert_pem)
@@ -348,19 +397,26 @@ class Renewer:
         return response
 
     async def _grpc_rejoin(self, request: join_pb2.RejoinRequest) -> join_pb2.RenewResponse:
-        """`Join.Rejoin` at each of the node's addresses in turn while they are unavailable."""
+        return await self._proof_call(request)
+
+    async def _proof_call(self, request: join_pb2.RejoinRequest | join_pb2.RenewRequest) -> join_pb2.RenewResponse:
+        """`Join.Rejoin`, or `Join.Renew` by proof, under a join-root leaf (the request's proof is what counts),
+        at each of the node's addresses in turn while they are unavailable."""
         ca_pem = await asyncio.to_thread(self.identity.read, self.data_dir, "ca")
         leaf_key, leaf_cert = tokens.rejoin_client_credentials(
             self.identity.ca_fingerprint, self.identity.node_id, self.clock
         )
         creds = channel_credentials(ca_pem, leaf_key, leaf_cert)
-        last: BcError = Unavailable("the node has no server address to re-join through")
+        last: BcError = Unavailable("the node has no server address to call")
         for address in [a for a in self.identity.server.split(",") if a]:
             try:
                 async with grpc.aio.secure_channel(address, creds) as channel:
-                    response: join_pb2.RenewResponse = await join_pb2_grpc.JoinStub(channel).Rejoin(
-                        request, timeout=RPC_TIMEOUT_S
-                    )
+                    stub = join_pb2_grpc.JoinStub(channel)
+                    response: join_pb2.RenewResponse
+                    if isinstance(request, join_pb2.RejoinRequest):
+                        response = await stub.Rejoin(request, timeout=RPC_TIMEOUT_S)
+                    else:
+                        response = await stub.Renew(request, timeout=RPC_TIMEOUT_S)
                 return response
             except grpc.aio.AioRpcError as e:
                 last = status_to_error(e.code(), e.details() or "", server=address)
@@ -376,7 +432,9 @@ class Renewer:
 
     async def _sleep_until(self, at: float) -> None:
         while (left := at - self.now()) > 0:
-            await self.clock.sleep(min(left, WAKE_CHECK_S))
+            if await wait_event(self._soon, min(left, WAKE_CHECK_S)):
+                self._soon.clear()
+                return
 
     def _impossible(self, cert: x509.Certificate, why: str) -> None:
         log.error(

@@ -13,7 +13,8 @@ So a channel is closed only when it cannot be used any more:
 * a stream that ended leaves it open (a refusal with a retry-after comes back over the same connection,
   with no new handshake);
 * once a session opens on one address, the channels to the others are closed (a node holds one connection);
-* new credentials (a renewed certificate: the key pair's files changed) close them all.
+* new credentials (a renewed certificate: the key pair's files changed, or a TPM identity's new session
+  certificate: `MemoryPair`) close them all.
 
 grpc reconnects a kept channel itself, within `grpc.max_reconnect_backoff_ms` (2 s, in the channel options).
 """
@@ -24,6 +25,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -55,6 +57,30 @@ class KeyPair:
         pair = self.key_path.read_bytes(), self.cert_path.read_bytes()
         # Marked after the read: a write between the stats and the reads is seen at the next dial.
         self.marks = marks
+        return pair
+
+
+class PairSource(Protocol):
+    """Where a dial's TLS key pair comes from: `changed()` gives (key PEM, certificate PEM) when it is new since
+    the last call (the first call included), else None. Blocking calls allowed: the dial runs it through its
+    offload."""
+
+    def changed(self) -> tuple[bytes, bytes] | None: ...
+
+
+class MemoryPair:
+    """A pair held in memory (a TPM identity's session key and certificate, `agent.session_key`): `current()`
+    gives it, or None before the first one, and each new pair is told apart from the last by identity."""
+
+    def __init__(self, current: Callable[[], tuple[bytes, bytes] | None]) -> None:
+        self.current = current
+        self._last: tuple[bytes, bytes] | None = None
+
+    def changed(self) -> tuple[bytes, bytes] | None:
+        pair = self.current()
+        if pair is None or pair is self._last or pair == self._last:
+            return None
+        self._last = pair
         return pair
 
 

@@ -23,7 +23,7 @@ import grpc
 
 from agent.identity import Identity
 from agent.offload import Offload
-from agent.session.channels import Channels, KeyPair
+from agent.session.channels import Channels, KeyPair, PairSource
 from agent.session.dialing import Dial
 from bc.protocol import closing
 from bc.protocol.limits import LIMITS
@@ -58,15 +58,28 @@ class GrpcDial:
     """The dial of a joined node: its server list, its CA, its key pair; `rng` (the agent's injected Random)
     orders the gateways after the first. Call it to dial; `aclose()` when the agent stops."""
 
-    def __init__(self, data_dir: Path, identity: Identity, ca_pem: bytes, offload: Offload, rng: random.Random):
+    def __init__(
+        self,
+        data_dir: Path,
+        identity: Identity,
+        ca_pem: bytes,
+        offload: Offload,
+        rng: random.Random,
+        pair: PairSource | None = None,
+    ):
+        """`pair`: where the TLS key pair comes from; left out, the identity's files (`KeyPair`). A TPM identity
+        passes its session keys (`agent.session_key`), held in memory only."""
         self.server = identity.server
         self.offload = offload
-        self.pair = KeyPair(data_dir / identity.files["key"], data_dir / identity.files["cert"])
+        self.pair: PairSource = pair or KeyPair(data_dir / identity.files["key"], data_dir / identity.files["cert"])
         self.channels = Channels(ca_pem, new_channel)
         self.rotation = Rotation([a.strip() for a in identity.server.split(",") if a.strip()], rng)
 
     async def __call__(self) -> Link[GatewayMessage, NodeMessage]:
-        await self.channels.use_pair(await self.offload(self.pair.changed))
+        pair = await self.offload(self.pair.changed)
+        if pair is None and self.channels.creds is None:
+            raise LinkClosed("UNAVAILABLE", "no session certificate yet: the node asks Join.SessionCert for one")
+        await self.channels.use_pair(pair)
         rotation, loop = self.rotation, asyncio.get_running_loop()
         several = len(rotation.addrs) > 1
         timeout = rotation.timeout(PER_ADDRESS_TIMEOUT_S if several else CONNECT_TIMEOUT_S)
@@ -102,9 +115,16 @@ class GrpcDial:
         await self.channels.close_all()
 
 
-def grpc_dial(data_dir: Path, identity: Identity, ca_pem: bytes, offload: Offload, rng: random.Random) -> Dial:
+def grpc_dial(
+    data_dir: Path,
+    identity: Identity,
+    ca_pem: bytes,
+    offload: Offload,
+    rng: random.Random,
+    pair: PairSource | None = None,
+) -> Dial:
     """The production dial (`GrpcDial`)."""
-    return GrpcDial(data_dir, identity, ca_pem, offload, rng)
+    return GrpcDial(data_dir, identity, ca_pem, offload, rng, pair)
 
 
 async def _first_ready(

@@ -1,4 +1,5 @@
-"""A gateway-only process's calls to an api process: Join and Renew, over the gateway's own mutual TLS.
+"""A gateway-only process's calls to an api process: Join, Renew, Rejoin and SessionCert, over the gateway's
+own mutual TLS.
 
 The gateway's serving certificate is also a `gateway:<id>` client certificate, and that is what it
 dials with. `bc.api.join_proxy` is handed an `ApiLink` rather than dialing itself, so a test can wrap
@@ -32,6 +33,13 @@ class ApiLink:
     async def rejoin(self, address: str, request: join_pb2.RejoinRequest) -> join_pb2.RenewResponse:
         async with grpc.aio.secure_channel(address, self.credentials()) as channel:
             response: join_pb2.RenewResponse = await join_pb2_grpc.JoinStub(channel).Rejoin(
+                request, timeout=RPC_TIMEOUT_S
+            )
+        return response
+
+    async def session_cert(self, address: str, request: join_pb2.SessionCertRequest) -> join_pb2.SessionCertResponse:
+        async with grpc.aio.secure_channel(address, self.credentials()) as channel:
+            response: join_pb2.SessionCertResponse = await join_pb2_grpc.JoinStub(channel).SessionCert(
                 request, timeout=RPC_TIMEOUT_S
             )
         return response

@@ -1,4 +1,4 @@
-"""Join and Renew on a gateway-only process: forwarded to an api process, which alone holds the CA.
+"""Join, Renew, Rejoin and SessionCert on a gateway-only process: forwarded to an api process, which alone holds the CA.
 
 The gateway finds the api processes in the store (each registers where it answers, `bc.assembly.server`'s api
 loop; or `--api`), tries them in turn while they are UNAVAILABLE, and relays the first answer; any other
@@ -15,8 +15,10 @@ cannot:
   (issued by its CA, stored, unrevoked, unexpired, of the node's current identity), and the node's proof of
   possession over the CSR and timestamp against that certificate's key.
 
-* Rejoin: forwarded as it came. The request carries the expired certificate and the proof by its key,
-  which the api checks whoever relays it; the gateway's own certificate only shows it is a gateway.
+* Rejoin, SessionCert and Renew by proof (`cert_der` set: a TPM-held key): forwarded as they came. The
+  request carries the node's certificate and the proof by its key, which the api checks whoever relays it;
+  the gateway's own certificate only shows it is a gateway. A session certificate is for the CSR's key, which
+  only the node holds: a gateway that swaps the CSR breaks the proof.
 
 A join is not idempotent: an api that consumed the token and then lost the connection leaves the next one
 to answer "already used". Only UNAVAILABLE moves on, which grpc gives before a call reaches the handler.
@@ -53,6 +55,10 @@ class JoinProxy(join_pb2_grpc.JoinServicer):
         return response
 
     async def Renew(self, request: join_pb2.RenewRequest, context: grpc.aio.ServicerContext) -> join_pb2.RenewResponse:
+        if request.cert_der:  # by proof: the certificate is in the request, the caller's leaf proves nothing
+            response = await self._forward("renew", context, lambda address: self.link.renew(address, request, ()))
+            log.info("event=renew-proxy.forwarded by=proof bytes=%d", len(request.cert_der))
+            return response
         cert = peer_cert_from_context(context)
         if cert is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "renewal needs the node's current certificate")
@@ -67,6 +73,15 @@ class JoinProxy(join_pb2_grpc.JoinServicer):
     ) -> join_pb2.RenewResponse:
         response = await self._forward("rejoin", context, lambda address: self.link.rejoin(address, request))
         log.info("event=rejoin-proxy.forwarded bytes=%d", len(request.cert_der))
+        return response
+
+    async def SessionCert(
+        self, request: join_pb2.SessionCertRequest, context: grpc.aio.ServicerContext
+    ) -> join_pb2.SessionCertResponse:
+        response = await self._forward(
+            "issue a session certificate", context, lambda address: self.link.session_cert(address, request)
+        )
+        log.info("event=session-cert-proxy.forwarded bytes=%d", len(request.cert_der))
         return response
 
     async def _forward(self, what: str, context: grpc.aio.ServicerContext, call: Callable[[str], Awaitable[T]]) -> T:

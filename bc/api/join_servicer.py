@@ -1,4 +1,4 @@
-"""Join.Join and Join.Renew.
+"""Join.Join, Join.Renew, Join.Rejoin and Join.SessionCert.
 
 Join: the caller's TLS leaf is under the install's join root (`bc.pki.tokens.join_root_cert`, which proves
 nothing: its key is derived from the CA fingerprint) and names a token, or the caller is a gateway-only
@@ -16,7 +16,11 @@ join root naming `rejoin:<node id>` (or through a gateway that forwards the call
 is the caller), with the expired certificate and a proof by its key in the request, which
 `bc.control.trust.rejoin` judges (`bc.pki.rejoin` holds the rule).
 
-All three replies carry the trust bundle as `Intent` holds it now (with the quorum
+Renew by proof (a node whose key the TPM holds, which TLS cannot use) and SessionCert (the in-memory key
+such a node's session uses, `bc.control.trust.session_cert`) are called as Rejoin is: a leaf under the join root
+naming the node, or a forwarding gateway; the request carries the node's certificate and a proof by its key.
+
+Join, Renew and Rejoin reply with the trust bundle as `Intent` holds it now (with the quorum
 settings the gateways last read), and its signed envelope when signing is on.
 """
 
@@ -31,7 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from bc.api.join_proxy import NODE_CERT_MD
 from bc.control.base.bus import Bus
 from bc.control.signing.signer import Signer
-from bc.control.trust import identity, rejoin, ssh
+from bc.control.trust import identity, rejoin, session_cert, ssh
 from bc.control.trust.identity import NODE_CERT_TTL_S
 from bc.control.trust.intent import Intent
 from bc.errors import BcError, Unauthenticated, UsageError
@@ -147,6 +151,8 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
         return resp
 
     async def Renew(self, request: join_pb2.RenewRequest, context: grpc.aio.ServicerContext) -> join_pb2.RenewResponse:
+        if request.cert_der:
+            return await self._renew_by_proof(request, context)
         try:
             cert = self._renewing_cert(context)
             if not request.csr_der or not request.proof:
@@ -189,24 +195,76 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             await abort_with(context, e)
         return self._renew_response(renewed.cert_pem)
 
+    async def _renew_by_proof(
+        self, request: join_pb2.RenewRequest, context: grpc.aio.ServicerContext
+    ) -> join_pb2.RenewResponse:
+        """A renewal with the certificate in the request (a TPM-held key: `bc.pki.renewal`, "by proof")."""
+        try:
+            self._proof_caller(request.cert_der, context, "renewal")
+            if not request.csr_der or not request.proof:
+                raise UsageError("the renewal request needs a CSR and a proof of possession")
+            renewed = await identity.renew_by_proof(
+                self.store,
+                self.bus,
+                self.ca,
+                request.cert_der,
+                request.csr_der,
+                request.timestamp_ms,
+                request.nonce,
+                request.proof,
+                ttl_s=self.node_cert_ttl_s,
+                tpm=_tpm(request.tpm) if request.HasField("tpm") else None,
+            )
+        except BcError as e:
+            await abort_with(context, e)
+        return self._renew_response(renewed.cert_pem)
+
+    async def SessionCert(
+        self, request: join_pb2.SessionCertRequest, context: grpc.aio.ServicerContext
+    ) -> join_pb2.SessionCertResponse:
+        try:
+            self._proof_caller(request.cert_der, context, "session certificate request")
+            if not request.cert_der or not request.csr_der or not request.proof:
+                raise UsageError(
+                    "the session certificate request needs the node's certificate, a CSR and a proof of possession"
+                )
+            issued = await session_cert.issue_session_cert(
+                self.store,
+                self.bus,
+                self.ca,
+                request.cert_der,
+                request.csr_der,
+                request.timestamp_ms,
+                request.nonce,
+                request.proof,
+            )
+        except BcError as e:
+            await abort_with(context, e)
+        return join_pb2.SessionCertResponse(cert_pem=issued.cert_pem)
+
     def _rejoin_caller(self, request: join_pb2.RejoinRequest, context: grpc.aio.ServicerContext) -> None:
-        """A re-join comes from a leaf under the join root naming the node, or from a forwarding gateway."""
+        self._proof_caller(request.cert_der, context, "re-join")
+
+    def _proof_caller(self, cert_der: bytes, context: grpc.aio.ServicerContext, what: str) -> None:
+        """A call the request's proof authenticates (a re-join, a renewal by proof, a session certificate) comes
+        from a leaf under the join root naming the node (`rejoin:<node id>`, which proves nothing), or from a
+        forwarding gateway."""
         cert = peer_cert_from_context(context)
         if cert is None:
-            raise Unauthenticated("a re-join needs the re-join client certificate the node makes")
+            raise Unauthenticated(f"a {what} needs the client certificate under the join root the node makes")
         if cert.issuer != self.join_root.subject:
             caller = peer_identity(cert, self.ca.certificate)
             if caller.kind != "gateway":
-                raise Unauthenticated(f"only a gateway forwards a node's re-join, not a {caller.kind}")
+                raise Unauthenticated(f"only a gateway forwards a node's {what}, not a {caller.kind}")
             return
         claimed = rejoin_leaf_identity(cert, self.join_root)
         try:
-            named = x509.load_der_x509_certificate(request.cert_der)
+            named = x509.load_der_x509_certificate(cert_der)
             node = peer_identity(named, self.ca.certificate).name
         except (ValueError, BcError):
-            return  # `rejoin.rejoin` refuses it in its own words
+            return  # the request's handler refuses it in its own words
         if node != claimed:
-            raise Unauthenticated("the re-join request names another node than its client certificate")
+            raise Unauthenticated(f"the {what} names another node than its client certificate")
 
     def _renew_response(self, cert_pem: bytes) -> join_pb2.RenewResponse:
         resp = join_pb2.RenewResponse(cert_pem=cert_pem, trust=self.intent.trust_bundle())

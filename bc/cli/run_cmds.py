@@ -328,6 +328,12 @@ def join(
     default=None,
     help="Run unprivileged: every root effect goes through `bc helper` on this socket (docs/node-security.md).",
 )
+@click.option(
+    "--tcti",
+    default=None,
+    metavar="TCTI",
+    help="How a node joined with --attestor tpm reaches its TPM (default device:/dev/tpmrm0).",
+)
 def node(
     data_dir: Path,
     fake_hw: str | None,
@@ -347,6 +353,7 @@ def node(
     download_min_bytes: int,
     download_window_s: float,
     helper_socket: Path | None,
+    tcti: str | None,
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM.
 
@@ -393,6 +400,7 @@ def node(
         sshd_config=sshd_config,
         install_dir=install_dir_of(sys.argv[0]),
         helper_socket=helper_socket,
+        tcti=tcti,
         upgrade=UpgradeConfig(
             upgrade_confirm_s,
             StallGuard(download_min_bytes, download_window_s),

@@ -94,6 +94,16 @@ async def hello_in(
         raise Unauthenticated(f"certificate {peer.serial} is not a certificate of node {peer.name}")
     if cert["revoked_at_ms"] is not None:
         raise SessionRefused(closing.REVOKED, f"certificate {peer.serial} of node {peer.name} has been revoked")
+    if cert["session_of"] is not None:
+        # A session certificate (bc.pki.session_cert) lives only as long as the node certificate it was issued
+        # against: revoking the node revokes both, and this holds even for a row revoked alone.
+        parent = await id_sql.get_cert(tx, str(cert["session_of"]))
+        if parent is None or parent["revoked_at_ms"] is not None:
+            raise SessionRefused(
+                closing.REVOKED,
+                f"certificate {cert['session_of']} of node {peer.name}, whose session certificate {peer.serial}"
+                " this is, has been revoked",
+            )
     if int(cert["identity_generation"]) != int(node["identity_generation"]):
         raise SessionRefused(
             closing.IDENTITY_REPLACED,

@@ -54,6 +54,7 @@ BACKDATE_S = 60
 # Names end up in URIs and CNs that we parse back; keep them boring.
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ROLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_SERIAL = re.compile(r"[0-9a-f]{1,40}")
 _OPERATOR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")
 
 _ALWAYS_HOSTS = ("127.0.0.1", "::1", "localhost")
@@ -218,12 +219,17 @@ class CertificateAuthority:
         identity_generation: int,
         ttl_s: int = NODE_MAX_TTL_S,
         ak_uri: str = "",
+        *,
+        session_of: str = "",
+        not_after: float | None = None,
     ) -> x509.Certificate:
         """A node's client certificate for the key in `csr`, at most 24 h long (a ramdisk's, 2 h).
 
         Only the CSR's public key is used, and only once its signature proves
         the requester holds the private half. `ak_uri` (`urn:bc:tpm-ak:…`) names the TPM attestation key
         that certified that key (`bc.pki.tpm_attest`), for a node that joined with `--attestor tpm`.
+        `session_of` (a serial) makes it a session certificate of that node certificate
+        (`urn:bc:session-of:<serial>`, `bc.pki.session_cert`); `not_after` (epoch seconds) ends it no later.
         """
         if not csr.is_signature_valid:
             raise Unauthenticated("the certificate request's signature does not match its key")
@@ -242,8 +248,17 @@ class CertificateAuthority:
             uris.insert(1, f"urn:bc:role:{role}")
         if ak_uri:
             uris.append(ak_uri)
+        if session_of:
+            if not _SERIAL.fullmatch(session_of):
+                raise UsageError(f"{session_of!r} is not a certificate serial (lowercase hex)")
+            uris.append(f"urn:bc:session-of:{session_of}")
         cap = RAMDISK_MAX_TTL_S if role == "ramdisk" else NODE_MAX_TTL_S  # a ramdisk boots briefly: 2 h at most
-        builder = self._leaf(f"node:{node_id}", pub, min(ttl_s, cap), ExtendedKeyUsageOID.CLIENT_AUTH)
+        lifetime_s = float(min(ttl_s, cap))
+        if not_after is not None:
+            lifetime_s = min(lifetime_s, not_after - self._clock.now())
+            if lifetime_s <= 0:
+                raise UsageError("the certificate would end before it starts")
+        builder = self._leaf(f"node:{node_id}", pub, lifetime_s, ExtendedKeyUsageOID.CLIENT_AUTH)
         builder = builder.add_extension(
             x509.SubjectAlternativeName([x509.UniformResourceIdentifier(u) for u in uris]), critical=False
         )

@@ -18,6 +18,18 @@ The proof is an ECDSA-SHA256 signature by the current key over::
   skew between the node and the control plane.
 * Hashing the CSR binds the proof to that exact request, so a proof cannot
   be paired with somebody else's key.
+
+**By proof.** A key the TPM holds cannot make a TLS handshake (grpcio's TLS takes
+a key only as bytes), so a TPM identity renews with the certificate in the request
+(`RenewRequest.cert_der`) under a leaf of the install's join root, which proves
+nothing, and the proof carries what TLS would have bound, as a re-join's does
+(`bc.pki.rejoin`)::
+
+    b"bc.v1/renew-by-proof\\n" + ascii(timestamp_ms) + b"\\n" + nonce + SHA-256(cert_der) + SHA-256(csr_der)
+
+Everything else is a renewal's: the same checks, refusals (`renew:…`) and events.
+A replayed request within the 60 s gains nothing: it certifies the same CSR key,
+which only the node holds.
 """
 
 from __future__ import annotations
@@ -29,9 +41,11 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bc.errors import Unauthenticated
+from bc.errors import Unauthenticated, UsageError
 
 RENEW_PROOF_DOMAIN = b"bc.v1/renew\n"
+RENEW_BY_PROOF_DOMAIN = b"bc.v1/renew-by-proof\n"
+NONCE_BYTES = 16
 PROOF_SKEW_MS = 60_000
 
 
@@ -65,6 +79,36 @@ def verify_renew_proof(
         ) from None
     if now_ms is not None:
         check_proof_timestamp(timestamp_ms, now_ms)
+
+
+def renew_by_proof_message(cert_der: bytes, csr_der: bytes, timestamp_ms: int, nonce: bytes) -> bytes:
+    """The exact bytes a renewal by proof signs: the renewed certificate in it, since TLS does not bind it."""
+    return (
+        RENEW_BY_PROOF_DOMAIN
+        + str(int(timestamp_ms)).encode("ascii")
+        + b"\n"
+        + nonce
+        + hashlib.sha256(cert_der).digest()
+        + hashlib.sha256(csr_der).digest()
+    )
+
+
+def verify_renew_by_proof(
+    cert: x509.Certificate, cert_der: bytes, csr_der: bytes, timestamp_ms: int, nonce: bytes, proof: bytes
+) -> None:
+    """Raise `Unauthenticated` (`UsageError` for a malformed nonce) unless `proof` is `cert`'s key asking to
+    renew it with this CSR."""
+    if len(nonce) != NONCE_BYTES:
+        raise UsageError(f"the renewal's nonce must be {NONCE_BYTES} bytes, not {len(nonce)}")
+    pub = cert.public_key()
+    if not isinstance(pub, ec.EllipticCurvePublicKey):
+        raise Unauthenticated("the renewed certificate's key is not an ECDSA key")
+    try:
+        pub.verify(proof, renew_by_proof_message(cert_der, csr_der, timestamp_ms, nonce), ec.ECDSA(hashes.SHA256()))
+    except (InvalidSignature, ValueError):
+        raise Unauthenticated(
+            "the renewal's proof of possession was not made by the renewed certificate's key"
+        ) from None
 
 
 def check_proof_timestamp(timestamp_ms: int, now_ms: int, what: str = "renewal") -> None:

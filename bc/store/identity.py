@@ -53,11 +53,21 @@ async def insert_cert(
     cert_pem: str,
     issued_at_ms: int,
     not_after_ms: int,
+    session_of: str | None = None,
 ) -> None:
+    """A certificate the CA issued to the node; `session_of`: a session certificate of that node certificate."""
     await tx.execute(
-        "INSERT INTO node_certs (serial, node_id, identity_generation, cert_pem, issued_at_ms, not_after_ms)"
-        " VALUES (:s, :n, :g, :pem, :i, :na)",
-        {"s": serial, "n": node_id, "g": identity_generation, "pem": cert_pem, "i": issued_at_ms, "na": not_after_ms},
+        "INSERT INTO node_certs (serial, node_id, identity_generation, cert_pem, issued_at_ms, not_after_ms,"
+        " session_of) VALUES (:s, :n, :g, :pem, :i, :na, :so)",
+        {
+            "s": serial,
+            "n": node_id,
+            "g": identity_generation,
+            "pem": cert_pem,
+            "i": issued_at_ms,
+            "na": not_after_ms,
+            "so": session_of,
+        },
     )
 
 
@@ -95,9 +105,10 @@ async def lock_node_identity(tx: Tx, node_id: str) -> int | None:
 
 
 async def latest_cert_serial(tx: Tx, node_id: str, identity_generation: int) -> str | None:
-    """The serial of the node's certificate of this generation that expires last (ties: issued last)."""
+    """The serial of the node's certificate of this generation that expires last (ties: issued last); session
+    certificates (`bc.pki.session_cert`) are not node certificates and never the latest."""
     value = await tx.fetchval(
-        "SELECT serial FROM node_certs WHERE node_id = :n AND identity_generation = :g"
+        "SELECT serial FROM node_certs WHERE node_id = :n AND identity_generation = :g AND session_of IS NULL"
         " ORDER BY not_after_ms DESC, issued_at_ms DESC, serial DESC LIMIT 1",
         {"n": node_id, "g": identity_generation},
     )

@@ -6,7 +6,8 @@ from bc.store.base import Row, Tx
 
 
 async def revoke_node(tx: Tx, node_id: str, reason: str, now_ms: int) -> list[str]:
-    """Revoke every live certificate of the node; returns the serials revoked now."""
+    """Revoke every live certificate of the node, its session certificates (`bc.pki.session_cert`) among them;
+    returns the serials revoked now."""
     rows = await tx.fetchall(
         "UPDATE node_certs SET revoked_at_ms = :t, revoke_reason = :r"
         " WHERE node_id = :n AND revoked_at_ms IS NULL RETURNING serial",
@@ -40,25 +41,30 @@ async def revoked_since(tx: Tx, since_ms: int) -> list[Row]:
 
 
 async def live_certs(tx: Tx, node_id: str, limit: int = 8) -> list[str]:
-    """PEMs of the node's unrevoked certificates of its current identity, newest first."""
-    rows = await tx.fetchall(
-        "SELECT c.cert_pem FROM node_certs c JOIN nodes n ON n.node_id = c.node_id"
-        " WHERE c.node_id = :n AND c.revoked_at_ms IS NULL AND c.identity_generation = n.identity_generation"
-        " ORDER BY c.issued_at_ms DESC LIMIT :l",
-        {"n": node_id, "l": limit},
-    )
-    return [str(r["cert_pem"]) for r in rows]
+    """PEMs of the node's unrevoked certificates of its current identity, newest first: up to `limit` node
+    certificates, then up to `limit` session certificates (a TPM identity signs its reports with the TPM key
+    and its results with the session key; a node restarted often must not push its node certificates out)."""
+    pems: list[str] = []
+    for kind in ("IS NULL", "IS NOT NULL"):
+        rows = await tx.fetchall(
+            "SELECT c.cert_pem FROM node_certs c JOIN nodes n ON n.node_id = c.node_id"
+            " WHERE c.node_id = :n AND c.revoked_at_ms IS NULL AND c.identity_generation = n.identity_generation"
+            f" AND c.session_of {kind} ORDER BY c.issued_at_ms DESC LIMIT :l",
+            {"n": node_id, "l": limit},
+        )
+        pems += [str(r["cert_pem"]) for r in rows]
+    return pems
 
 
 async def cert_states(tx: Tx) -> dict[str, Row]:
     """Per node: its newest certificate's expiry, how many of its current identity's certificates are
-    unrevoked, and a revocation reason if any."""
+    unrevoked, and a revocation reason if any (node certificates only: session certificates go with them)."""
     rows = await tx.fetchall(
         "SELECT c.node_id, MAX(c.not_after_ms) AS not_after_ms,"
         " SUM(CASE WHEN c.revoked_at_ms IS NULL THEN 1 ELSE 0 END) AS live,"
         " MAX(c.revoke_reason) AS revoke_reason, COUNT(*) AS total"
         " FROM node_certs c JOIN nodes n ON n.node_id = c.node_id"
-        " WHERE c.identity_generation = n.identity_generation GROUP BY c.node_id",
+        " WHERE c.identity_generation = n.identity_generation AND c.session_of IS NULL GROUP BY c.node_id",
         {},
     )
     return {str(r["node_id"]): r for r in rows}

@@ -4,7 +4,8 @@ Each test starts its own swtpm (`--daemon`: the start returns once it listens, s
 it through `agent.tpm` exactly as a node drives /dev/tpmrm0, and judges what the TPM produced with
 `cryptography` and `bc.pki.tpm_attest`, as the server would. The failure modes are made for real:
 `tpm2_clear` (a cleared TPM), `tpm2_changeeps` (a new endorsement seed, as another TPM has), and the
-swtpm process stopped (no TPM).
+swtpm process stopped (no TPM). A real `bc node` runs a TPM identity on its in-memory session key against a
+real `bc serve`, renewing both through the TPM.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from agent.identity import Identity
 from agent.join import join_node
 from agent.key_holder import FileNodeKey, NodeKeyHolder
 from agent.renewal import Renewer
+from agent.session_key import SessionKeys
 from agent.tpm import (
     ANOTHER_AK,
     CLEARED,
@@ -50,7 +52,7 @@ from agent.tpm import (
 )
 from bc.assembly.server import Seams
 from bc.cli.main import cli
-from bc.errors import Unauthenticated, UsageError
+from bc.errors import Unauthenticated
 from bc.pki import attest, keys, tokens
 from bc.pki.rejoin import rejoin_proof_message
 from bc.pki.remote_csr import make_remote_csr
@@ -356,15 +358,67 @@ async def _async(value: bytes) -> bytes:
     return value
 
 
-async def test_bc_node_refuses_a_tpm_identity_in_one_sentence(
-    soft_tpm: SoftTpm, past_lab: tuple[InprocLab, LoopClock]
+SHORT_TTL_S = 20
+
+
+@pytest.fixture
+async def short_lab(tmp_path: Path) -> AsyncIterator[InprocLab]:
+    """A lab on the host's clock whose node certificates last 20 s (`bc serve --node-cert-ttl 20`): the agent's
+    session certificate and its node certificate are both renewed within the test."""
+    async with open_lab(tmp_path, node_cert_ttl_s=SHORT_TTL_S) as lab:
+        yield lab
+
+
+async def test_bc_node_runs_a_tpm_identity_on_an_in_memory_session_key_and_renews_both_through_the_tpm(
+    soft_tpm: SoftTpm, short_lab: InprocLab
 ) -> None:
-    lab, _ = past_lab
+    lab = short_lab
+    tpm = Tpm(soft_tpm.tcti)
+    d = lab.node_dir("n1")
     tok = await lab.admin.create_token("n1")
-    await join_node(lab.server.address, tok.token, lab.node_dir("n1"), attestor="tpm", tcti=soft_tpm.tcti)
-    agent = Agent(AgentOptions(data_dir=lab.node_dir("n1"), fake_hw="hgx-h100-8"))
-    with pytest.raises(UsageError, match="cannot yet hold a session with a TPM-held key"):
-        await agent.run()
+    await join_node(lab.server.address, tok.token, d, attestor="tpm", tcti=soft_tpm.tcti)
+    first = keys.load_cert_pem((d / "node.crt").read_bytes())
+    first_record = TpmRecord.load((d / "node.key").read_bytes())
+
+    # The real agent, as `bc node --tcti …` runs it: production_parts finds the TPM record in node.key.
+    agent = Agent(AgentOptions(data_dir=d, fake_hw="hgx-h100-8", heartbeat_interval_s=1.0, tcti=soft_tpm.tcti))
+    lab.agents["n1"], lab.tasks["n1"] = agent, asyncio.create_task(agent.run(), name="agent-n1")
+    issued = await lab.wait_event("node.session-cert.issued", lambda ev, data: ev.subject == "n1", timeout=30)
+    assert json.loads(issued.data_json)["session_of"] == format(first.serial_number, "x")
+    await lab.wait_connected("n1", after_seq=issued.seq, timeout=30)
+    await lab.wait_observed("n1", 1, timeout=30)  # a converged session: the first spec observed
+    for f in d.rglob("*"):
+        if f.is_file():
+            assert b"PRIVATE KEY" not in f.read_bytes(), f"{f} holds a private key"
+
+    # The node certificate renews by proof, its next key made in the TPM at the other handle and certified by
+    # the AK; the session then moves onto a session certificate of the new node certificate.
+    renewed = await lab.wait_event("node.cert.renewed", lambda ev, data: ev.subject == "n1", timeout=60)
+    new_serial = json.loads(renewed.data_json)["serial"]
+    two = await lab.wait_event(
+        "node.session-cert.issued", lambda ev, data: ev.subject == "n1" and data["session_of"] == new_serial, timeout=60
+    )
+    await lab.wait_connected("n1", after_seq=two.seq, timeout=30)
+    record = TpmRecord.load((d / "node.key").read_bytes())
+    assert record.handle != first_record.handle and record.ak_uri == first_record.ak_uri
+    assert await tpm.read_public(first_record.handle) is None, "the old key left the TPM"
+    now = keys.load_cert_pem((d / "node.crt").read_bytes())
+    assert format(now.serial_number, "x") == new_serial and ak_uri_of(now) == first_record.ak_uri
+    # bc doctor's tpm check, on the running node's TPM, passes.
+    f = await asyncio.to_thread(check_tpm, await asyncio.to_thread(load_node_files, d), tpm)
+    assert f is not None and f.status == "pass", f
+
+    # Revoked: the session ends, the agent stops for good, and a new session certificate is refused.
+    await lab.admin.revoke_node("n1", reason="retired")
+    await asyncio.wait_for(lab.tasks.pop("n1"), 30)
+    lab.agents.pop("n1")
+    assert Identity.load(d).revoked
+    keeper = SessionKeys(d, Identity.load(d), TpmNodeKey(tpm, record), SystemClock(), random.Random(1))
+    with pytest.raises(Unauthenticated, match="was revoked, so it gets no session certificate"):
+        await keeper.obtain_once()
+    events = await lab.admin.list_events(type_prefix="security.session-cert.")
+    assert [json.loads(e.data_json)["reason"] for e in events] == ["session-cert:revoked"]
+    assert not await lab.admin.list_events(type_prefix="security.renew."), "every renewal by proof was taken"
 
 
 async def test_after_a_tpm_clear_the_node_joins_again_with_the_tpm_and_the_old_identity_moves_aside(

@@ -13,7 +13,9 @@ the same transaction that records the certificate: a token works once.
 Renewal (`renew`) is called over mutual TLS with the node's current
 certificate and proves possession of the current key (`bc.pki.renewal`); the
 new certificate certifies a new key for the same node, role and identity
-generation. Earlier certificates stay valid until they expire: a node that
+generation. A TPM identity renews by proof (`renew_by_proof`): its key cannot
+make a TLS handshake, so the certificate comes in the request and the proof
+binds it; the checks are the same. Earlier certificates stay valid until they expire: a node that
 crashed before storing its new certificate renews again with the old one.
 """
 
@@ -40,6 +42,7 @@ from bc.pki import tpm_attest
 from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
 from bc.pki.identity import PeerIdentity, peer_identity
 from bc.pki.secrets_source import Secrets
+from bc.pki.session_cert import session_of
 from bc.pki.tpm_attest import TpmCertification
 from bc.seams.clock import Clock
 from bc.store import Store, Tx
@@ -242,13 +245,56 @@ async def renew(
     `renew:revoked`, `renew:expired`, `renew:old-identity` (a certificate of
     an identity generation a later join replaced), and for a certificate that names a TPM attestation key
     (`tpm_key_for`): `renew:key-attestation-missing`, `renew:key-attestation-invalid`,
-    `renew:attestor-changed`.
+    `renew:attestor-changed`, and `renew:session-certificate` (a session certificate, `bc.pki.session_cert`,
+    renews nothing: it would turn a day's in-memory key into an identity).
     """
     peer = peer_identity(caller_cert, ca.certificate)
     if peer.kind != "node":
         raise Unauthenticated(f"renewal needs a node certificate, not a {peer.kind} one")
     # Before the proof verifies, the caller has shown nothing worth an event: refuse quietly.
     pki_renewal.verify_renew_proof(caller_cert, csr_der, timestamp_ms, proof)
+    return await _renew_published(store, bus, ca, peer, caller_cert, csr_der, timestamp_ms, ttl_s, tpm)
+
+
+async def renew_by_proof(
+    store: Store,
+    bus: Bus,
+    ca: CertificateAuthority,
+    cert_der: bytes,
+    csr_der: bytes,
+    timestamp_ms: int,
+    nonce: bytes,
+    proof: bytes,
+    *,
+    ttl_s: int = NODE_CERT_TTL_S,
+    tpm: TpmCertification | None = None,
+) -> Renewed:
+    """`renew` for a certificate carried in the request rather than by TLS (a key the TPM holds cannot make a
+    handshake): the proof binds the certificate (`bc.pki.renewal.renew_by_proof_message`); the rest is a
+    renewal's, refusals and events included. The certificate's dates are judged from the store (`renew:expired`)."""
+    try:
+        cert = x509.load_der_x509_certificate(cert_der)
+    except ValueError:
+        raise UsageError("the renewal's certificate does not parse") from None
+    peer = peer_identity(cert, ca.certificate)
+    if peer.kind != "node":
+        raise Unauthenticated(f"renewal needs a node certificate, not a {peer.kind} one")
+    pki_renewal.verify_renew_by_proof(cert, cert_der, csr_der, timestamp_ms, nonce, proof)
+    return await _renew_published(store, bus, ca, peer, cert, csr_der, timestamp_ms, ttl_s, tpm)
+
+
+async def _renew_published(
+    store: Store,
+    bus: Bus,
+    ca: CertificateAuthority,
+    peer: PeerIdentity,
+    caller_cert: x509.Certificate,
+    csr_der: bytes,
+    timestamp_ms: int,
+    ttl_s: int,
+    tpm: TpmCertification | None,
+) -> Renewed:
+    """The renewal once its proof verified: every refusal from here on publishes `security.renew.refused`."""
     now_ms = await store.now_ms()
     try:
         renewed = await _renew_proved(store, bus, ca, peer, caller_cert, csr_der, timestamp_ms, now_ms, ttl_s, tpm)
@@ -292,6 +338,7 @@ async def _renew_proved(
         pki_renewal.check_proof_timestamp(timestamp_ms, now_ms)
     except Unauthenticated as e:
         raise Refused("renew:stale-timestamp", e) from None
+    refuse_session_cert(caller_cert, node_id, serial, "renew")
     csr = renewal_csr(csr_der, caller_cert, "renew")
     ak = tpm_key_for(caller_cert, csr, tpm, "renew")
     async with store.transaction() as tx:
@@ -364,6 +411,21 @@ async def issue_and_store(
         not_after_ms=not_after_ms,
     )
     return pem, serial, not_after_ms
+
+
+def refuse_session_cert(cert: x509.Certificate, node_id: str, serial: str, what: str) -> None:
+    """A session certificate (`bc.pki.session_cert`) renews and re-joins nothing (`what`: "renew" or "rejoin"):
+    its key lives in memory for a day at most, and certifying another key with it would make that an identity
+    without the TPM."""
+    if session_of(cert) is not None:
+        words = "renewed" if what == "renew" else "re-joined"
+        raise Refused(
+            f"{what}:session-certificate",
+            Unauthenticated(
+                f"certificate {serial} of node {node_id} is a session certificate, which is never {words}; the node"
+                " certificate whose key the TPM holds is"
+            ),
+        )
 
 
 def renewal_csr(csr_der: bytes, current: x509.Certificate, what: str) -> x509.CertificateSigningRequest:

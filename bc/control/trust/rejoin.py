@@ -11,7 +11,8 @@ and the proof's bytes). Here the server checks everything, in this order:
    `rejoin:key-reused`), and, with the node's row locked, `decide` over what the store holds about the
    certificate (`rejoin:revoked`, `rejoin:too-late`, `rejoin:not-latest`, `rejoin:old-identity`,
    `rejoin:unknown-certificate`, `rejoin:not-expired`), and for a certificate naming a TPM attestation key,
-   a next key it certifies, as a renewal (`tpm_key_for`).
+   a next key it certifies, as a renewal (`tpm_key_for`); a session certificate never re-joins
+   (`rejoin:session-certificate`, `bc.pki.session_cert`).
 
 Success issues a certificate for the CSR's key, of the same node, role and identity generation (the
 node keeps its id, labels and journal), and publishes `node.rejoined`.
@@ -25,7 +26,15 @@ from cryptography import x509
 
 from bc.control.base.bus import Bus
 from bc.control.base.events import publish
-from bc.control.trust.identity import NODE_CERT_TTL_S, Refused, Renewed, issue_and_store, renewal_csr, tpm_key_for
+from bc.control.trust.identity import (
+    NODE_CERT_TTL_S,
+    Refused,
+    Renewed,
+    issue_and_store,
+    refuse_session_cert,
+    renewal_csr,
+    tpm_key_for,
+)
 from bc.errors import Unauthenticated, UsageError
 from bc.pki import rejoin as rules
 from bc.pki import renewal as pki_renewal
@@ -98,6 +107,7 @@ async def _rejoin_proved(
         pki_renewal.check_proof_timestamp(timestamp_ms, now_ms, "re-join")
     except Unauthenticated as e:
         raise Refused("rejoin:stale-timestamp", e) from None
+    refuse_session_cert(cert, node_id, serial, "rejoin")
     csr = renewal_csr(csr_der, cert, "rejoin")
     ak = tpm_key_for(cert, csr, tpm, "rejoin")
     async with store.transaction() as tx:

@@ -57,16 +57,20 @@ class JoinResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., identity_generation: _Optional[int] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., answer_signature: _Optional[bytes] = ..., ssh_ca_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
-    __slots__ = ("csr_der", "timestamp_ms", "proof", "tpm")
+    __slots__ = ("csr_der", "timestamp_ms", "proof", "tpm", "cert_der", "nonce")
     CSR_DER_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
     TPM_FIELD_NUMBER: _ClassVar[int]
+    CERT_DER_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
     csr_der: bytes
     timestamp_ms: int
     proof: bytes
     tpm: TpmCertification
-    def __init__(self, csr_der: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., proof: _Optional[bytes] = ..., tpm: _Optional[_Union[TpmCertification, _Mapping]] = ...) -> None: ...
+    cert_der: bytes
+    nonce: bytes
+    def __init__(self, csr_der: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., proof: _Optional[bytes] = ..., tpm: _Optional[_Union[TpmCertification, _Mapping]] = ..., cert_der: _Optional[bytes] = ..., nonce: _Optional[bytes] = ...) -> None: ...
 
 class RejoinRequest(_message.Message):
     __slots__ = ("cert_der", "csr_der", "timestamp_ms", "nonce", "proof", "tpm")
@@ -83,6 +87,26 @@ class RejoinRequest(_message.Message):
     proof: bytes
     tpm: TpmCertification
     def __init__(self, cert_der: _Optional[bytes] = ..., csr_der: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., tpm: _Optional[_Union[TpmCertification, _Mapping]] = ...) -> None: ...
+
+class SessionCertRequest(_message.Message):
+    __slots__ = ("cert_der", "csr_der", "timestamp_ms", "nonce", "proof")
+    CERT_DER_FIELD_NUMBER: _ClassVar[int]
+    CSR_DER_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
+    cert_der: bytes
+    csr_der: bytes
+    timestamp_ms: int
+    nonce: bytes
+    proof: bytes
+    def __init__(self, cert_der: _Optional[bytes] = ..., csr_der: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
+
+class SessionCertResponse(_message.Message):
+    __slots__ = ("cert_pem",)
+    CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    cert_pem: bytes
+    def __init__(self, cert_pem: _Optional[bytes] = ...) -> None: ...
 
 class RenewResponse(_message.Message):
     __slots__ = ("cert_pem", "trust", "trust_envelope")

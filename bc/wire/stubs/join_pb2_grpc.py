@@ -50,6 +50,11 @@ class JoinStub:
                 request_serializer=bc_dot_v1_dot_join__pb2.RejoinRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_join__pb2.RenewResponse.FromString,
                 _registered_method=True)
+        self.SessionCert = channel.unary_unary(
+                '/bc.v1.Join/SessionCert',
+                request_serializer=bc_dot_v1_dot_join__pb2.SessionCertRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_join__pb2.SessionCertResponse.FromString,
+                _registered_method=True)
 
 
 class JoinServicer:
@@ -64,7 +69,9 @@ class JoinServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Renew(self, request, context):
-        """Called over mutual TLS with the node's current certificate.
+        """Called over mutual TLS with the node's current certificate; or, with `cert_der` and `nonce` set (a key the
+        TPM holds, which TLS cannot use), over mutual TLS with a leaf under the install's join root (it proves
+        nothing), the certificate in the request and the proof by its key (bc.pki.renewal, "by proof").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -74,6 +81,16 @@ class JoinServicer:
         """A node whose certificate expired while it was offline, within 7 days of the expiry: called over mutual TLS
         with a leaf under the install's join root (an expired certificate cannot make a handshake), with the
         expired certificate in the request and a proof by the key it names (bc.pki.rejoin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SessionCert(self, request, context):
+        """A session certificate for a TPM identity (its node key never leaves the TPM, and grpcio's TLS takes a key
+        only as bytes): a key the node made in memory, certified for the node's session for at most 24 h and never
+        past the node certificate's expiry. Called as Rejoin is, with the node's certificate in the request and a
+        proof by the key it names (bc.pki.session_cert).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,6 +113,11 @@ def add_JoinServicer_to_server(servicer, server):
                     servicer.Rejoin,
                     request_deserializer=bc_dot_v1_dot_join__pb2.RejoinRequest.FromString,
                     response_serializer=bc_dot_v1_dot_join__pb2.RenewResponse.SerializeToString,
+            ),
+            'SessionCert': grpc.unary_unary_rpc_method_handler(
+                    servicer.SessionCert,
+                    request_deserializer=bc_dot_v1_dot_join__pb2.SessionCertRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_join__pb2.SessionCertResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +201,33 @@ class Join:
             '/bc.v1.Join/Rejoin',
             bc_dot_v1_dot_join__pb2.RejoinRequest.SerializeToString,
             bc_dot_v1_dot_join__pb2.RenewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SessionCert(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Join/SessionCert',
+            bc_dot_v1_dot_join__pb2.SessionCertRequest.SerializeToString,
+            bc_dot_v1_dot_join__pb2.SessionCertResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,11 +37,20 @@ class JoinStub:
     CA fingerprint, so it proves nothing); the token is proven by `token_proof` in the request.
     """
     Renew: _grpc.UnaryUnaryMultiCallable[_join_pb2.RenewRequest, _join_pb2.RenewResponse]
-    """Called over mutual TLS with the node's current certificate."""
+    """Called over mutual TLS with the node's current certificate; or, with `cert_der` and `nonce` set (a key the
+    TPM holds, which TLS cannot use), over mutual TLS with a leaf under the install's join root (it proves
+    nothing), the certificate in the request and the proof by its key (bc.pki.renewal, "by proof").
+    """
     Rejoin: _grpc.UnaryUnaryMultiCallable[_join_pb2.RejoinRequest, _join_pb2.RenewResponse]
     """A node whose certificate expired while it was offline, within 7 days of the expiry: called over mutual TLS
     with a leaf under the install's join root (an expired certificate cannot make a handshake), with the
     expired certificate in the request and a proof by the key it names (bc.pki.rejoin).
+    """
+    SessionCert: _grpc.UnaryUnaryMultiCallable[_join_pb2.SessionCertRequest, _join_pb2.SessionCertResponse]
+    """A session certificate for a TPM identity (its node key never leaves the TPM, and grpcio's TLS takes a key
+    only as bytes): a key the node made in memory, certified for the node's session for at most 24 h and never
+    past the node certificate's expiry. Called as Rejoin is, with the node's certificate in the request and a
+    proof by the key it names (bc.pki.session_cert).
     """
 
 @_typing.type_check_only
@@ -52,11 +61,20 @@ class JoinAsyncStub(JoinStub):
     CA fingerprint, so it proves nothing); the token is proven by `token_proof` in the request.
     """
     Renew: _aio.UnaryUnaryMultiCallable[_join_pb2.RenewRequest, _join_pb2.RenewResponse]  # type: ignore[assignment]
-    """Called over mutual TLS with the node's current certificate."""
+    """Called over mutual TLS with the node's current certificate; or, with `cert_der` and `nonce` set (a key the
+    TPM holds, which TLS cannot use), over mutual TLS with a leaf under the install's join root (it proves
+    nothing), the certificate in the request and the proof by its key (bc.pki.renewal, "by proof").
+    """
     Rejoin: _aio.UnaryUnaryMultiCallable[_join_pb2.RejoinRequest, _join_pb2.RenewResponse]  # type: ignore[assignment]
     """A node whose certificate expired while it was offline, within 7 days of the expiry: called over mutual TLS
     with a leaf under the install's join root (an expired certificate cannot make a handshake), with the
     expired certificate in the request and a proof by the key it names (bc.pki.rejoin).
+    """
+    SessionCert: _aio.UnaryUnaryMultiCallable[_join_pb2.SessionCertRequest, _join_pb2.SessionCertResponse]  # type: ignore[assignment]
+    """A session certificate for a TPM identity (its node key never leaves the TPM, and grpcio's TLS takes a key
+    only as bytes): a key the node made in memory, certified for the node's session for at most 24 h and never
+    past the node certificate's expiry. Called as Rejoin is, with the node's certificate in the request and a
+    proof by the key it names (bc.pki.session_cert).
     """
 
 class JoinServicer(metaclass=_abc_1.ABCMeta):
@@ -76,7 +94,10 @@ class JoinServicer(metaclass=_abc_1.ABCMeta):
         request: _join_pb2.RenewRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_join_pb2.RenewResponse, _abc.Awaitable[_join_pb2.RenewResponse]]:
-        """Called over mutual TLS with the node's current certificate."""
+        """Called over mutual TLS with the node's current certificate; or, with `cert_der` and `nonce` set (a key the
+        TPM holds, which TLS cannot use), over mutual TLS with a leaf under the install's join root (it proves
+        nothing), the certificate in the request and the proof by its key (bc.pki.renewal, "by proof").
+        """
 
     @_abc_1.abstractmethod
     def Rejoin(
@@ -87,6 +108,18 @@ class JoinServicer(metaclass=_abc_1.ABCMeta):
         """A node whose certificate expired while it was offline, within 7 days of the expiry: called over mutual TLS
         with a leaf under the install's join root (an expired certificate cannot make a handshake), with the
         expired certificate in the request and a proof by the key it names (bc.pki.rejoin).
+        """
+
+    @_abc_1.abstractmethod
+    def SessionCert(
+        self,
+        request: _join_pb2.SessionCertRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_join_pb2.SessionCertResponse, _abc.Awaitable[_join_pb2.SessionCertResponse]]:
+        """A session certificate for a TPM identity (its node key never leaves the TPM, and grpcio's TLS takes a key
+        only as bytes): a key the node made in memory, certified for the node's session for at most 24 h and never
+        past the node certificate's expiry. Called as Rejoin is, with the node's certificate in the request and a
+        proof by the key it names (bc.pki.session_cert).
         """
 
 def add_JoinServicer_to_server(servicer: JoinServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

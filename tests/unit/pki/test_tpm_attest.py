@@ -1,78 +1,36 @@
 """`bc.pki.tpm_attest` reads TPM structures a node sends: whatever the bytes, the answer is the key or a
 one-sentence `Unauthenticated`, never another exception (the server parses them before it trusts them).
 
-The structures are built here by hand, as TPM 2.0 Part 2 lays them out; tests/integration/test_tpm_swtpm.py
-checks the same code against what a real (software) TPM produces.
+The structures are built by hand (tests/soft_ak.py), as TPM 2.0 Part 2 lays them out;
+tests/integration/test_tpm_swtpm.py checks the same code against what a real (software) TPM produces.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
-
 import pytest
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bc.errors import Unauthenticated
 from bc.pki.tpm_attest import (
-    FIXED_PARENT,
     FIXED_TPM,
     SENSITIVE_DATA_ORIGIN,
-    SIGN,
     TpmCertification,
     certified_name,
     check_tpm_key,
     parse_public,
-    spki,
     verify_certified_key,
 )
+from tests.soft_ak import ATTRS, certify
 
 KEY = ec.generate_private_key(ec.SECP256R1())
 AK = ec.generate_private_key(ec.SECP256R1())
-ATTRS = FIXED_TPM | FIXED_PARENT | SENSITIVE_DATA_ORIGIN | SIGN | 0x40 | 0x400
-
-
-def _b(data: bytes) -> bytes:
-    return struct.pack(">H", len(data)) + data
-
-
-def tpm2b_public(key: ec.EllipticCurvePublicKey, attrs: int = ATTRS) -> bytes:
-    n = key.public_numbers()
-    area = (
-        struct.pack(">HHI", 0x0023, 0x000B, attrs)
-        + _b(b"")  # authPolicy
-        + struct.pack(">H", 0x0010)  # symmetric: null
-        + struct.pack(">HH", 0x0018, 0x000B)  # ECDSA, SHA-256
-        + struct.pack(">H", 0x0003)  # NIST P-256
-        + struct.pack(">H", 0x0010)  # kdf: null
-        + _b(n.x.to_bytes(32, "big"))
-        + _b(n.y.to_bytes(32, "big"))
-    )
-    return _b(area)
-
-
-def attest_for(public: bytes) -> bytes:
-    area = public[2:]
-    name = struct.pack(">H", 0x000B) + hashlib.sha256(area).digest()
-    return (
-        struct.pack(">IH", 0xFF544347, 0x8017)
-        + _b(b"\x00\x0b" + bytes(32))  # qualifiedSigner
-        + _b(b"")  # extraData
-        + bytes(17)  # clockInfo
-        + bytes(8)  # firmwareVersion
-        + _b(name)
-        + _b(name)  # qualifiedName (not checked)
-    )
 
 
 def certification(key: ec.EllipticCurvePublicKey = KEY.public_key(), attrs: int = ATTRS) -> TpmCertification:
-    public = tpm2b_public(key, attrs)
-    attest = attest_for(public)
-    signature = AK.sign(attest, ec.ECDSA(hashes.SHA256(), deterministic_signing=True))  # the same bytes each call
-    return TpmCertification(spki(AK.public_key()), public, attest, signature)
+    return certify(AK, key, attrs)
 
 
 def test_a_well_formed_certification_gives_the_key() -> None:
