@@ -231,7 +231,7 @@ async def test_the_tap_hears_when_each_frame_was_sent_as_well_as_when_it_arrived
 
 async def test_deliver_again_sends_a_late_copy_on_the_newest_connection() -> None:
     net, seen = network()
-    node, gw = net.connect("n1")
+    node, _gw = net.connect("n1")
     frame = GatewayMessage(command=session_pb2.Command(batch_approval=b"x"))
     t0 = asyncio.get_running_loop().time()
     assert net.deliver_again("n1", frame, 3.0)
