@@ -37,7 +37,7 @@ REASON_SIGNALS: Mapping[str, str] = {
 SIGNALS: tuple[str, ...] = ("offbus", "ecc", "remap-failed", "remap-pending", "xid:N", "throttle", "other")
 """Every signal a condition may carry, as `bc health policy` documents them."""
 
-_XID = re.compile(r"XID (\d{1,5})\b")
+_XID = re.compile(r"^XID (\d{1,5})\b")
 _ECC = re.compile(r"^(\d{1,12}) uncorrectable volatile ECC error")
 
 
@@ -67,9 +67,9 @@ def signals_of(reason: str, message: str) -> dict[str, int]:
     for part in (p.strip() for p in message.split(";")):
         if not part:
             continue
-        if m := _XID.match(part):
+        if m := _XID.search(part):
             out[f"xid:{int(m.group(1))}"] = 1
-        elif m := _ECC.match(part):
+        elif m := _ECC.search(part):
             out["ecc"] = max(out.get("ecc", 0), int(m.group(1)))
         elif part.startswith("GPU has fallen off the bus"):
             out["offbus"] = 1
