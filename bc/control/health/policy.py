@@ -125,6 +125,8 @@ class Policy:
 
 
 DEFAULT = Policy()
+UNSET = replace(DEFAULT, enabled=False)
+"""In force before an admin sets any policy: the reconciler watches and acts on nothing (docs/health.md)."""
 
 _KEYS = frozenset(Policy().doc())
 _LIMIT_KEYS = frozenset(DEFAULT.doc()["limits"])

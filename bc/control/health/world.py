@@ -32,10 +32,11 @@ class Loaded:
 
 
 async def load_policy(tx: Tx) -> tuple[pol.Policy, int]:
-    """The policy in force and its version (0: never set, the defaults)."""
+    """The policy in force and its version (0: never set: the defaults, disabled, so that nothing acts on the
+    fleet by itself until an admin has set a policy, `bc health policy set '{}'` for the defaults)."""
     row = await health_sql.policy(tx)
     if row is None:
-        return pol.DEFAULT, 0
+        return pol.UNSET, 0
     return pol.parse(str(row["policy"])), int(row["version"])
 
 

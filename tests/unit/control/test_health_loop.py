@@ -53,8 +53,19 @@ def engine(store: Store, bus: Bus) -> JobEngine:
 
 
 @pytest.fixture
-def health(store: Store, bus: Bus, engine: JobEngine) -> HealthReconciler:
+async def health(store: Store, bus: Bus, engine: JobEngine) -> HealthReconciler:
+    """The reconciler, with the default policy set (version 1): before any is set, nothing acts."""
+    await health_admin.set_policy(store, bus, "{}", "admin", "the defaults")
     return HealthReconciler(store, bus, engine, random.Random(4), holder="w1")
+
+
+async def test_before_an_admin_sets_a_policy_nothing_acts(
+    store: Store, bus: Bus, gpus: dict[str, list[str]], engine: JobEngine
+) -> None:
+    await sick(store, "n1", gpus["n1"][0])
+    await HealthReconciler(store, bus, engine, random.Random(4), holder="w1").pass_once()
+    assert await episodes(store) == []
+    assert await free_gpus_on(store, "n1") == 8
 
 
 async def sick(store: Store, node: str, gpu: str, reason: str = "Xid79", message: str = "") -> None:
@@ -139,8 +150,9 @@ async def test_an_xid_makes_one_gpu_scoped_job_that_resets_the_gpu_and_returns_i
     (e,) = await episodes(store)
     assert e["state"] == "done"
     assert await free_gpus_on(store, "n1") == 8
-    types = [t for t, _ in await events(store)]
+    types = [t for t, _ in await events(store, "health.")]
     assert types == [
+        "health.policy.set",
         "health.remediation.queued",
         "health.gpu.cordoned",
         "health.remediation.started",
@@ -161,7 +173,7 @@ async def test_beyond_the_limits_conditions_wait_in_the_queue_with_their_reason(
     rows = await episodes(store)
     assert [r["state"] for r in rows] == ["running", "queued", "queued", "queued"]
     assert {r["wait_reason"] for r in rows[1:]} == {"1 of at most 1 node(s) are in remediation"}
-    assert {r["policy_version"] for r in rows} == {1}
+    assert {r["policy_version"] for r in rows} == {2}
     assert len(await commands(store, "gpu.reset")) == 1
 
 
@@ -269,6 +281,7 @@ async def test_a_flapping_condition_that_clears_while_queued_makes_no_job(
 
 
 async def test_policy_versions_keep_who_and_when_and_a_bad_one_stores_nothing(store: Store, bus: Bus) -> None:
+    """(Without the `health` fixture: no version set before this test's.)"""
     assert await health_admin.set_policy(store, bus, "{}", "alice", "defaults") == 1
     assert await health_admin.set_policy(store, bus, '{"drain": "ask"}', "bob") == 2
     with pytest.raises(UsageError, match="drain must be one of wait, ask"):
