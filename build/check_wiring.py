@@ -44,6 +44,7 @@ ENTRY_POINTS: dict[str, str] = {
     "command-sweeper": "run_forever",  # CommandSweeper.run_forever
     "jobs": "run_forever",  # JobEngine.run_forever
     "placement": "run_forever",  # PlacementPass.run_forever
+    "health": "run_forever",  # HealthReconciler.run_forever
     "clock-skew": "run",  # ClockSkewMonitor.run (see RUN_OWNERS)
     "telemetry": "run",  # ServeTelemetry.run (see RUN_OWNERS)
 }

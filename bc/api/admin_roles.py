@@ -69,6 +69,8 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "GetSshCa": (VIEWER, "showing the SSH CA"),
     "ListSshGrants": (VIEWER, "listing SSH certificates"),
     "ListReleases": (VIEWER, "listing releases"),
+    "GetHealth": (VIEWER, "reading the fleet's health"),
+    "GetHealthPolicy": (VIEWER, "reading the health policy"),
     # operator: also reservations, commands, specs, batches, approving and rejecting.
     # A root-equivalent change needs admin and, once approvers exist, their quorum: the table is
     # bc.protocol.root_equiv (the node applies it too), the check bc.control.quorum.spec_changes.
@@ -112,6 +114,9 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     # The global pools bound every operator's DAGs (how many nodes reboot at once, fleet-wide), like a
     # safety setting; an operator narrows a run of their own with --max-parallel / --max-unavailable.
     "JobSlots": (ADMIN, "setting job slot pools"),
+    # What the health reconciler may do to the fleet on its own (which conditions reset or quarantine a GPU,
+    # how many nodes at once): a fleet-wide safety setting like the slot pools.
+    "SetHealthPolicy": (ADMIN, "setting the health policy"),
 }
 """Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
 

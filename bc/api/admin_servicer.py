@@ -27,6 +27,7 @@ from bc import __version__
 from bc.api import admin_roles
 from bc.api.admin_roles import guarded
 from bc.api.capacity_servicer import CapacityRpcs, reserve_request
+from bc.api.health_servicer import HealthRpcs
 from bc.api.jobs_servicer import JobEngine, JobRpcs
 from bc.api.peers import operator_of
 from bc.api.release_servicer import ReleaseRpcs
@@ -69,7 +70,7 @@ def run_request(r: admin_pb2.RunCommandRequest) -> command_runs.RunRequest:
 
 
 @guarded
-class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, admin_pb2_grpc.AdminServicer):
+class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, HealthRpcs, admin_pb2_grpc.AdminServicer):
     def __init__(
         self,
         store: Store,

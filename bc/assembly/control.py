@@ -32,6 +32,7 @@ from bc.control.trust.intent import Intent
 from bc.control.trust.sources import TrustSource
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.jobs.engine import JobEngine
+from bc.jobs.health import HealthReconciler
 from bc.seams.clock import Clock
 from bc.store import Store
 from bc.store.leases import Claim
@@ -99,6 +100,7 @@ def build_control(
         ),
         signer,
     )
+    jobs = JobEngine(store, bus, signer, random.Random(rng.getrandbits(64)), holder=worker_id)
     return Parts(
         store=store,
         clock=clock,
@@ -108,8 +110,10 @@ def build_control(
         sweeper=CommandSweeper(
             store, bus, worker_id, each_pass=functools.partial(spec_quorum.apply_pending, store, bus, signer)
         ),
-        jobs=JobEngine(store, bus, signer, random.Random(rng.getrandbits(64)), holder=worker_id),
+        jobs=jobs,
         placement=f.placement_cls(store, bus, signer, random.Random(rng.getrandbits(64)), holder=worker_id),
+        # The job engine's Random: no draw of its own here, so every seeded run's ids stay as they were.
+        health=HealthReconciler(store, bus, jobs, jobs.rng, holder=worker_id),
         spec_signer=SpecSigner(store, bus, signer),
         clock_skew=ClockSkewMonitor(store, clock),
     )

@@ -33,6 +33,7 @@ from bc.control.trust import sources as trust_ctl
 from bc.control.trust.sources import TrustSource
 from bc.gateway.sessions import Gateway
 from bc.jobs.engine import JobEngine
+from bc.jobs.health import HealthReconciler
 from bc.seams.clock import Clock
 from bc.store import Store
 
@@ -59,6 +60,7 @@ class Parts:
     sweeper: CommandSweeper | None = None
     jobs: JobEngine | None = None
     placement: PlacementPass | None = None
+    health: HealthReconciler | None = None
     spec_signer: SpecSigner | None = None
     clock_skew: ClockSkewMonitor | None = None
     # Loops that only `bc serve` has the state for (a listening address, the CA, TLS identities).
@@ -170,6 +172,12 @@ LOOPS: tuple[Loop, ...] = (
         frozenset({WORKER}),
         lambda p: _on_clock(p.placement, p.clock),
         why="places pending reservations",
+    ),
+    Loop(
+        "health",
+        frozenset({WORKER}),
+        lambda p: _on_clock(p.health, p.clock),
+        why="turns GPU conditions into remediation jobs within the health policy's limits",
     ),
     Loop(
         "clock-skew",

@@ -68,6 +68,7 @@ from bc.gateway.sessions import (
     GATEWAY_LEASE_TTL_MS,
 )
 from bc.jobs.engine import LEASE_NAME as JOBS_LEASE
+from bc.jobs.health import LEASE_NAME as HEALTH_LEASE
 from bc.otel.config import OtlpConfig
 from bc.pki import keys, serving
 from bc.pki.ca import CA_KEY_FILE, CertificateAuthority
@@ -821,7 +822,7 @@ class Server:
             with contextlib.suppress(StoreError):
                 # The singletons' leases go with this process, so another bc serve takes over at once.
                 async with self.store.transaction() as tx:  # the liveness sweep's too
-                    for name in (JOBS_LEASE, SWEEPER_LEASE, PLACEMENT_LEASE, LIVENESS_LEASE):
+                    for name in (JOBS_LEASE, SWEEPER_LEASE, PLACEMENT_LEASE, LIVENESS_LEASE, HEALTH_LEASE):
                         await leases.release(tx, name, self.worker_id)
             await self.store.close()
         if self.data_dir_lock is not None:

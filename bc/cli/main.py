@@ -47,6 +47,7 @@ COMMAND_MODULES: dict[str, str] = {
     "usage": "bc.cli.capacity_cmds",
     "cmd": "bc.cli.cmd_cmds",
     "jobs": "bc.cli.job_cmds",
+    "health": "bc.cli.health_cmds",
     "doctor": "bc.cli.doctor_cmds",
     "unit": "bc.cli.unit_cmds",
     "version": "bc.cli.unit_cmds",

@@ -45,6 +45,7 @@ COMMAND_NAMES: frozenset[str] = frozenset(
         "cmd",
         "doctor",
         "events",
+        "health",
         "helper",
         "jobs",
         "join",

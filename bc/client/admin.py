@@ -74,6 +74,7 @@ WRITE_CHECKS = {
     "SubmitJob": "bc jobs list",
     "CancelJob": "bc jobs show DAG",
     "JobSlots": "bc jobs slots",
+    "SetHealthPolicy": "bc health policy show",
     "AddReleaseKey": "bc release status",
     "PublishRelease": "bc release status",
 }
@@ -452,6 +453,16 @@ class AdminClient:
     async def job_slots(self, capacities: dict[str, int] | None = None) -> admin_pb2.JobSlotsResponse:
         req = admin_pb2.JobSlotsRequest(capacities=capacities or {})
         return await self._unary("JobSlots", req, admin_pb2.JobSlotsResponse)
+
+    async def get_health(self) -> admin_pb2.HealthInfo:
+        return await self._unary("GetHealth", admin_pb2.GetHealthRequest(), admin_pb2.HealthInfo)
+
+    async def get_health_policy(self) -> admin_pb2.HealthPolicyInfo:
+        return await self._unary("GetHealthPolicy", admin_pb2.GetHealthPolicyRequest(), admin_pb2.HealthPolicyInfo)
+
+    async def set_health_policy(self, policy_json: str, reason: str = "") -> admin_pb2.HealthPolicyInfo:
+        req = admin_pb2.SetHealthPolicyRequest(policy_json=policy_json, reason=reason)
+        return await self._unary("SetHealthPolicy", req, admin_pb2.HealthPolicyInfo)
 
     async def watch_job(self, dag_id: str) -> AsyncGenerator[admin_pb2.JobInfo, None]:
         """The DAG now, then at each change; the stream ends after the terminal one. No deadline, like `watch`."""

@@ -75,10 +75,15 @@ class JobEngine:
             specs.section_mutation(req.section, req.section_json)  # a rollout that cannot parse never starts
         now_ms = await self.store.now_ms()
         async with self.store.transaction() as tx:
-            facts = await self._facts(tx, req, requested_by)
-            dag_id = "j-" + ulid(now_ms / 1000, self.rng)
-            spec = templates.build(req, dag_id, facts)
-            await self._step(tx, [Submit(spec)], now_ms, new=(spec, req, requested_by))
+            return await self.submit_in(tx, req, requested_by, now_ms)
+
+    async def submit_in(self, tx: Tx, req: JobRequest, requested_by: str, now_ms: int) -> str:
+        """`submit` inside the caller's transaction (the health reconciler's: its episode and its job commit
+        together or not at all)."""
+        facts = await self._facts(tx, req, requested_by)
+        dag_id = "j-" + ulid(now_ms / 1000, self.rng)
+        spec = templates.build(req, dag_id, facts)
+        await self._step(tx, [Submit(spec)], now_ms, new=(spec, req, requested_by))
         return dag_id
 
     async def cancel(self, dag_id: str, requested_by: str) -> bool:

@@ -32,6 +32,7 @@ from bc.protocol import root_equiv
 from bc.protocol.pb import common_pb2, spec_pb2
 from bc.store import Tx
 from bc.store import commands as cmd_sql
+from bc.store import health as health_sql
 from bc.store import jobs as jobs_sql
 from bc.store import node_lifecycle as life_sql
 from bc.store import nodes as nodes_sql
@@ -119,7 +120,8 @@ async def _emit(ctx: Ctx) -> Outcome | None:
 
 
 async def _drain_start(ctx: Ctx) -> Outcome | None:
-    await jobs_sql.set_job_hold(ctx.tx, ctx.subject, ctx.dag_id)
+    if ctx.param("hold", True):  # a GPU-scoped drain (the health reconciler's) holds no node: its GPUs are cordoned
+        await jobs_sql.set_job_hold(ctx.tx, ctx.subject, ctx.dag_id)
     ctx.detail["deadline_ms"] = ctx.now_ms + round(float(ctx.param("deadline_s", 1800)) * 1000)
     return await _drain_check(ctx)
 
@@ -140,7 +142,14 @@ WAITING_SHOWN = 5
 
 
 async def _drain_check(ctx: Ctx) -> Outcome | None:
-    rows = await jobs_sql.live_reservations(ctx.tx, ctx.subject)
+    gpus = [str(g) for g in ctx.param("gpus", [])]
+    if gpus:  # only the holds on these GPUs (never released here: the drain waits for them to end)
+        rows = [
+            {**r, "end_ms": None if int(r["open_ended"] or 0) else r["end_ms"]}
+            for r in await health_sql.reservations_on_gpus(ctx.tx, ctx.subject, gpus, ctx.now_ms)
+        ]
+    else:
+        rows = await jobs_sql.live_reservations(ctx.tx, ctx.subject)
     left = [str(r["id"]) for r in rows]
     if not left:
         ctx.detail.pop("waiting_for", None)

@@ -10,7 +10,8 @@ The shapes (docs/jobs.md draws each one):
                  Batch:i(node.reboot, the wave) → [after Batch:i-1, ⇢ wave i-1's groups] and ResolveApproval:i tail;
                  per n: group reboot:n {Drain(n) → Command(n, node.reboot)} ⇢ Reconcile(n) tail, Emit(n) tail
     remediate n  group remediate:n {Drain(n) ∥ Batch(gpu.reset, n)} → Command(n, gpu.reset) → Command(n, diag.nvml)}
-                 ⇢ Reconcile(n) tail, ResolveApproval tail, Emit(n) tail
+                 ⇢ Reconcile(n) tail, ResolveApproval tail, Emit(n) tail; the health reconciler's (`gpu_scope`)
+                 drains the named GPUs' holds only, and without approvers has no Batch and no ResolveApproval
     rollout …    per n (in order, at most --max-unavailable at once): PatchSpec(n, section) ⇢ Emit(n) tail;
                  stop on the first failure
     release …    per n (in order, at most --max-unavailable at once): Command(n, daemon.upgrade) ⇢ Emit(n)
@@ -197,7 +198,7 @@ def _reason_payload(req: JobRequest) -> str:
 
 def _remediate(dag_id: str, subjects: tuple[str, ...], req: JobRequest, facts: Facts) -> DagSpec:
     (n,) = subjects
-    if not facts.has_approvers:
+    if not facts.has_approvers and not req.gpu_scope:
         raise Conflict(
             "remediate resets GPUs through a quorum batch, and no approvers are configured:"
             " add them first (bc approve keygen, bc approvers add)"
@@ -213,25 +214,35 @@ def _remediate(dag_id: str, subjects: tuple[str, ...], req: JobRequest, facts: F
         raise UsageError(f"node {n} has no GPU {unknown[0]}")
     root = f"remediate:{n}"
     reset_payload = json.dumps({"gpu_uuids": list(gpus)})
+    batched = facts.has_approvers
     batch = {"kind": "gpu.reset", "nodes": [n], "payload_json": reset_payload, "reason": req.reason}
-    reset = {"kind": "gpu.reset", "payload_json": reset_payload, "batch_node": "batch"}
+    reset: dict[str, object] = {"kind": "gpu.reset", "payload_json": reset_payload}
+    if batched:
+        reset["batch_node"] = "batch"
     diag = {"kind": "diag.nvml", "payload_json": json.dumps({"gpu_uuids": list(gpus)})}
+    drain: dict[str, object] = {"deadline_s": req.deadline_s}
+    if req.gpu_scope:  # the GPUs' holds alone; the GPUs are cordoned, the node's other GPUs keep working
+        drain |= {"gpus": list(gpus), "hold": False}
     nodes = (
         NodeSpec(root, "Group", subject=n, lease=True, pools=("remediations",)),
-        NodeSpec(f"drain:{n}", "Drain", subject=n, params={"deadline_s": req.deadline_s}, lease=True, group=root),
-        NodeSpec("batch", "Batch", params=batch, group=root),
+        NodeSpec(f"drain:{n}", "Drain", subject=n, params=drain, lease=True, group=root),
+        *((NodeSpec("batch", "Batch", params=batch, group=root),) if batched else ()),
         NodeSpec(
             f"reset:{n}",
             "Command",
             subject=n,
             params=reset,
-            deps=(Dep(f"drain:{n}"), Dep("batch")),
+            deps=(Dep(f"drain:{n}"), *((Dep("batch"),) if batched else ())),
             lease=True,
             group=root,
         ),
         NodeSpec(f"diag:{n}", "Command", subject=n, params=diag, deps=(Dep(f"reset:{n}"),), lease=True, group=root),
         NodeSpec(f"reconcile:{n}", "Reconcile", subject=n, deps=(Dep(root, ANY),), lease=True, tail=True),
-        NodeSpec("resolve", "ResolveApproval", params={"batch_node": "batch"}, deps=(Dep(root, ANY),), tail=True),
+        *(
+            (NodeSpec("resolve", "ResolveApproval", params={"batch_node": "batch"}, deps=(Dep(root, ANY),), tail=True),)
+            if batched
+            else ()
+        ),
         _emit(n, [root, f"reconcile:{n}"]),
     )
     return DagSpec(dag_id, "remediate", nodes)

@@ -19,7 +19,10 @@ class JobRequest:
     `section`, `section_json`: a rollout's spec section and its JSON (release: "daemon" and the
     daemon.upgrade payload, the release record as `bc release rollout` read it); `max_unavailable`: a
     rollout's (and a release's) DAG-local pool (default 1); `deadline_s`: drain's (and remediate's,
-    reboot's) drain deadline.
+    reboot's) drain deadline. `gpu_scope`: remediate only, set by the health reconciler and by no Admin
+    call: its drain waits for the holds on the named GPUs alone and holds no node out of placement (the
+    GPUs are cordoned already), and without approvers its `gpu.reset` is sent directly, as `reboot`'s
+    `node.reboot` is (docs/health.md).
     """
 
     template: str
@@ -31,6 +34,7 @@ class JobRequest:
     section_json: str = ""
     max_unavailable: int = 1
     deadline_s: float = 1800.0
+    gpu_scope: bool = False
 
 
 @dataclass(frozen=True)

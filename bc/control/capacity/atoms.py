@@ -91,7 +91,8 @@ def offered_atoms(inventory: common_pb2.Inventory, device_class: str) -> list[At
 def offered_atoms_of(gpus: Iterable[GpuLike], device_class: str) -> list[Atom]:
     """Every atom of the class these GPUs offer, booked or not, in placement order.
 
-    Only healthy GPUs offer anything. A MIG-enabled GPU offers its MIG
+    Only healthy GPUs offer anything, and none a GPU-level cordon took out of placement (a `cordoned` GPU:
+    the planner's facts carry it, an inventory never does). A MIG-enabled GPU offers its MIG
     instances and nothing else; any other GPU offers itself whole and, when
     it has shared slots, `<uuid>/s0 … s<slots-1>`. A GPU whose UUID cannot
     be an atom id (say, with a `_`) offers nothing.
@@ -99,7 +100,7 @@ def offered_atoms_of(gpus: Iterable[GpuLike], device_class: str) -> list[Atom]:
     _check_class(device_class)
     keyed: list[tuple[int, tuple[int, ...], Atom]] = []
     for gpu in gpus:
-        if not gpu.healthy or not gpu.uuid:
+        if not gpu.healthy or not gpu.uuid or getattr(gpu, "cordoned", False):
             continue
         ids: list[str] = []
         if device_class == GPU and not gpu.mig_enabled:

@@ -2,8 +2,9 @@
 
 One rule for the listing and for placement: a node that is revoked, cordoned, held by a job (a drain,
 a reboot), or not connected now (new, disconnected, unreachable) takes no new holds chosen
-automatically; a GPU its inventory calls unhealthy takes none at all, while the node's other GPUs
-still may. None of these ever releases a hold already there (I5): they only keep new ones away.
+automatically; a GPU its inventory calls unhealthy, or a GPU-level cordon took out (the health
+reconciler's, docs/health.md: `cordoned`, or `quarantined` for a person), takes none at all, while the
+node's other GPUs still may. None of these ever releases a hold already there (I5): they only keep new ones away.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from typing import Any
 
 
 def reasons(
-    *, connectivity: str, cordoned: bool, job_hold: str, revoked: bool, unhealthy_gpus: Sequence[str] = ()
+    *,
+    connectivity: str,
+    cordoned: bool,
+    job_hold: str,
+    revoked: bool,
+    unhealthy_gpus: Sequence[str] = (),
+    cordoned_gpus: Sequence[tuple[str, bool]] = (),
 ) -> list[str]:
     """The node's NoSchedule reasons, most lasting first; empty when it takes new holds."""
     out: list[str] = []
@@ -27,6 +34,7 @@ def reasons(
     if connectivity != "connected":
         out.append(connectivity)
     out.extend(f"GPU {uuid} unhealthy" for uuid in unhealthy_gpus)
+    out.extend(f"GPU {uuid} {'quarantined' if quarantined else 'cordoned'}" for uuid, quarantined in cordoned_gpus)
     return out
 
 

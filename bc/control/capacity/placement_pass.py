@@ -29,6 +29,7 @@ a reservation that fits now returns placed; `run_forever` is the singleton under
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -68,6 +69,7 @@ from bc.seams.clock import Clock
 from bc.store import Row, Store, StoreError, Tx, leases
 from bc.store import capacity as cap_sql
 from bc.store import events as events_sql
+from bc.store import health as health_sql
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
 
@@ -138,10 +140,11 @@ def _parsed(text: str) -> tuple[common_pb2.Inventory, tuple[GpuInfo, ...], tuple
     return inv, gpus, numa
 
 
-def node_info(row: Row, inventory: str | None = None) -> NodeInfo:
+def node_info(row: Row, inventory: str | None = None, cordoned_gpus: frozenset[str] = frozenset()) -> NodeInfo:
     """The planner's view of a node (a `nodes_sql.placement_nodes` row; `job_hold`, `labels` and `capabilities`
     may be absent), made once per distinct row: a pass runs on every change, and most nodes' rows do not move
-    between passes. `inventory`: the inventory's text, when the row does not carry it."""
+    between passes. `inventory`: the inventory's text, when the row does not carry it; `cordoned_gpus`: the
+    UUIDs of its GPUs a GPU-level cordon took out of placement (`bc.store.health.gpu_cordons`)."""
     text = inventory if inventory is not None else str(row["inventory"] or "{}")
     key = (
         str(row["node_id"]),
@@ -152,20 +155,23 @@ def node_info(row: Row, inventory: str | None = None) -> NodeInfo:
         row.get("job_hold"),
         str(row.get("labels") or ""),
         str(row.get("capabilities") or ""),
+        cordoned_gpus,
     )
     hit = _NODE_INFO.get(key)
     if hit is None:
         if len(_NODE_INFO) >= 65536:  # bounded: rows that moved on are dropped wholesale, then rebuilt as needed
             _NODE_INFO.clear()
-        hit = _NODE_INFO[key] = _build_node_info(row, text)
+        hit = _NODE_INFO[key] = _build_node_info(row, text, cordoned_gpus)
     return hit
 
 
 _NODE_INFO: dict[tuple[object, ...], NodeInfo] = {}
 
 
-def _build_node_info(row: Row, text: str) -> NodeInfo:
+def _build_node_info(row: Row, text: str, cordoned_gpus: frozenset[str] = frozenset()) -> NodeInfo:
     _, gpus, numa = _parsed(text)
+    if cordoned_gpus:
+        gpus = tuple(dataclasses.replace(g, cordoned=True) if g.uuid in cordoned_gpus else g for g in gpus)
     labels = {str(k): str(v) for k, v in json.loads(str(row.get("labels") or "{}")).items()}
     caps = [str(c) for c in json.loads(str(row.get("capabilities") or "[]"))]
     job_hold = str(row.get("job_hold") or "")
@@ -398,8 +404,11 @@ async def load_facts(tx: Tx) -> Facts:
     booking_rows = await cap_sql.live_bookings(tx)
     pending_rows = await cap_sql.pending_unbooked(tx)
     pending, set_aside = admit(pending_rows, request_of)
+    cordoned: dict[str, set[str]] = {}
+    for c in await health_sql.gpu_cordons(tx):
+        cordoned.setdefault(str(c["node_id"]), set()).add(str(c["gpu_uuid"]))
     return Facts(
-        nodes=[node_info(r, texts[str(r["node_id"])]) for r in rows],
+        nodes=[node_info(r, texts[str(r["node_id"])], frozenset(cordoned.get(str(r["node_id"]), ()))) for r in rows],
         inventories={node_id: _parsed(text)[0] for node_id, text in texts.items()},
         booking_rows=booking_rows,
         bookings=bookings_of(booking_rows),

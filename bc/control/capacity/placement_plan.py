@@ -34,7 +34,7 @@ window's start), else the end of some booking on a node it may use. Then:
 
 NoSchedule (`bc.control.capacity.no_schedule`, the rule `bc nodes` shows): a node
 that is not `connected`, is cordoned or held by a job, revoked or deleted
-takes no new hold, and an unhealthy GPU offers no atom.
+takes no new hold, and an unhealthy or cordoned GPU offers no atom.
 Nothing here ever releases a booking: a hold on a node that went away stays
 booked (I5). A reservation that names a node that is away or cordoned waits
 with that reason; one that names a revoked or deleted node is refused.
@@ -127,6 +127,7 @@ class GpuInfo:
     uuid: str
     numa_node: int = 0
     healthy: bool = True
+    cordoned: bool = False  # out of placement by a GPU-level cordon (docs/health.md): it offers no atom, as unhealthy
     mig_enabled: bool = False
     mig_instances: tuple[Mig, ...] = ()
     slots: int = 0
@@ -334,13 +335,14 @@ def noun(device_class: str, count: int) -> str:
 
 
 def atoms_of(node: NodeInfo, device_class: str, *, any_health: bool = False) -> list[Atom]:
-    """The node's atoms of the class in placement order; `any_health` counts unhealthy GPUs too (they may heal)."""
+    """The node's atoms of the class in placement order; `any_health` counts unhealthy and cordoned GPUs too (they
+    may heal and be returned)."""
     key = (device_class, any_health)
     known = node.atom_memo.get(key)
     if known is None:
         gpus: Iterable[GpuInfo] = node.gpus
         if any_health:
-            gpus = [dataclasses.replace(g, healthy=True) for g in node.gpus]
+            gpus = [dataclasses.replace(g, healthy=True, cordoned=False) for g in node.gpus]
         known = node.atom_memo[key] = tuple(offered_atoms_of(gpus, device_class))
     return list(known)
 

@@ -35,6 +35,7 @@ WAKING_TYPES = frozenset(
         "node.joined",
         "node.rejoined",
         "node.condition",
+        "health.gpu.returned",  # a GPU back in placement (docs/health.md)
         # Room taken away cannot place a waiting reservation, but one pinned to the node must now fail.
         "node.deleted",
         "security.node.revoked",

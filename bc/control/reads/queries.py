@@ -38,6 +38,7 @@ from bc.store import Row, Store, Tx
 from bc.store import capacity as cap_sql
 from bc.store import commands as cmd_sql
 from bc.store import events as events_sql
+from bc.store import health as health_sql
 from bc.store import nodes as nodes_sql
 from bc.store import operators as ops_sql
 from bc.store import quorum as q_sql
@@ -63,8 +64,20 @@ async def fleet(store: Store, *, include_deleted: bool = False) -> admin_pb2.Lis
         seq = await events_sql.last_seq(tx)
         rows = await nodes_sql.list_all(tx, include_deleted=include_deleted)
         certs = await rev_sql.cert_states(tx)
+        cordons: dict[str, list[Row]] = {}
+        for c in await health_sql.gpu_cordons(tx):
+            cordons.setdefault(str(c["node_id"]), []).append(c)
     return admin_pb2.ListNodesResponse(
-        nodes=[views.node_info(r, now_ms, detail=False, certs=certs.get(str(r["node_id"]))) for r in rows],
+        nodes=[
+            views.node_info(
+                r,
+                now_ms,
+                detail=False,
+                certs=certs.get(str(r["node_id"])),
+                gpu_cordons=cordons.get(str(r["node_id"]), []),
+            )
+            for r in rows
+        ],
         event_seq=seq,
     )
 
@@ -78,9 +91,10 @@ async def node(store: Store, node_id: str) -> admin_pb2.NodeInfo:
         row = await nodes_sql.get(tx, node_id, include_deleted=True)
         certs = await rev_sql.cert_states(tx)
         bookings = await cap_sql.live_bookings_on(tx, node_id)
+        cordons = await health_sql.gpu_cordons(tx, node_id)
     if row is None:
         raise NotFound(f"no node named {node_id!r}")
-    info = views.node_info(row, now_ms, detail=True, certs=certs.get(node_id))
+    info = views.node_info(row, now_ms, detail=True, certs=certs.get(node_id), gpu_cordons=cordons)
     views.add_capacity(info, bookings, now_ms)
     info.event_seq = seq
     return info
@@ -93,9 +107,10 @@ async def node_summary(store: Store, node_id: str) -> admin_pb2.NodeInfo:
         seq = await events_sql.last_seq(tx)
         row = await nodes_sql.get(tx, node_id)
         certs = await rev_sql.cert_states(tx)
+        cordons = await health_sql.gpu_cordons(tx, node_id)
     if row is None:
         raise NotFound(f"no node named {node_id!r}")
-    info = views.node_info(row, now_ms, detail=False, certs=certs.get(node_id))
+    info = views.node_info(row, now_ms, detail=False, certs=certs.get(node_id), gpu_cordons=cordons)
     info.event_seq = seq
     return info
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
@@ -26,7 +27,10 @@ def signing_key_info(cert: x509.Certificate) -> admin_pb2.SigningKeyInfo:
     )
 
 
-def node_info(row: Row, now_ms: int, *, detail: bool, certs: Row | None = None) -> admin_pb2.NodeInfo:
+def node_info(
+    row: Row, now_ms: int, *, detail: bool, certs: Row | None = None, gpu_cordons: Sequence[Row] = ()
+) -> admin_pb2.NodeInfo:
+    """The node as `bc nodes` shows it; `gpu_cordons`: its rows of `bc.store.health.gpu_cordons`."""
     last_seen = row["last_seen_ms"]
     since = row["connectivity_since_ms"]
     info = admin_pb2.NodeInfo(
@@ -60,6 +64,7 @@ def node_info(row: Row, now_ms: int, *, detail: bool, certs: Row | None = None) 
             job_hold=info.job_hold,
             revoked=info.revoked,
             unhealthy_gpus=no_schedule.unhealthy_gpus(str(row["inventory"] or "{}")),
+            cordoned_gpus=[(str(c["gpu_uuid"]), bool(c["quarantined"])) for c in gpu_cordons],
         )
     )
     if detail:

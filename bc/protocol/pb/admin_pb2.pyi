@@ -1103,6 +1103,160 @@ class JobSlotsResponse(_message.Message):
     pools: _containers.RepeatedCompositeFieldContainer[JobPool]
     def __init__(self, pools: _Optional[_Iterable[_Union[JobPool, _Mapping]]] = ...) -> None: ...
 
+class GetHealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GpuConditionInfo(_message.Message):
+    __slots__ = ("node_id", "gpu_uuid", "reason", "message", "since_ms", "rule", "action", "episode_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu_uuid: str
+    reason: str
+    message: str
+    since_ms: int
+    rule: str
+    action: str
+    episode_id: str
+    def __init__(self, node_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., since_ms: _Optional[int] = ..., rule: _Optional[str] = ..., action: _Optional[str] = ..., episode_id: _Optional[str] = ...) -> None: ...
+
+class HealthEpisodeInfo(_message.Message):
+    __slots__ = ("id", "node_id", "gpu_uuid", "state", "action", "rule", "stage", "evidence_json", "dag_id", "wait_reason", "outcome", "policy_version", "opened_at_ms", "started_at_ms", "ended_at_ms", "job_state")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    DAG_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OPENED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    node_id: str
+    gpu_uuid: str
+    state: str
+    action: str
+    rule: str
+    stage: str
+    evidence_json: str
+    dag_id: str
+    wait_reason: str
+    outcome: str
+    policy_version: int
+    opened_at_ms: int
+    started_at_ms: int
+    ended_at_ms: int
+    job_state: str
+    def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., state: _Optional[str] = ..., action: _Optional[str] = ..., rule: _Optional[str] = ..., stage: _Optional[str] = ..., evidence_json: _Optional[str] = ..., dag_id: _Optional[str] = ..., wait_reason: _Optional[str] = ..., outcome: _Optional[str] = ..., policy_version: _Optional[int] = ..., opened_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., job_state: _Optional[str] = ...) -> None: ...
+
+class GpuCordonInfo(_message.Message):
+    __slots__ = ("node_id", "gpu_uuid", "reason", "episode_id", "quarantined", "since_ms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu_uuid: str
+    reason: str
+    episode_id: str
+    quarantined: bool
+    since_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., episode_id: _Optional[str] = ..., quarantined: _Optional[bool] = ..., since_ms: _Optional[int] = ...) -> None: ...
+
+class HealthLimitsInfo(_message.Message):
+    __slots__ = ("nodes", "node_cap", "actions_last_hour", "actions_cap", "per_label", "fleet_size")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NODE_CAP_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_LAST_HOUR_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_CAP_FIELD_NUMBER: _ClassVar[int]
+    PER_LABEL_FIELD_NUMBER: _ClassVar[int]
+    FLEET_SIZE_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    node_cap: int
+    actions_last_hour: int
+    actions_cap: int
+    per_label: str
+    fleet_size: int
+    def __init__(self, nodes: _Optional[int] = ..., node_cap: _Optional[int] = ..., actions_last_hour: _Optional[int] = ..., actions_cap: _Optional[int] = ..., per_label: _Optional[str] = ..., fleet_size: _Optional[int] = ...) -> None: ...
+
+class HealthInfo(_message.Message):
+    __slots__ = ("conditions", "queue", "running", "recent", "cordons", "limits", "policy_version", "enabled", "event_seq")
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    CORDONS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    conditions: _containers.RepeatedCompositeFieldContainer[GpuConditionInfo]
+    queue: _containers.RepeatedCompositeFieldContainer[HealthEpisodeInfo]
+    running: _containers.RepeatedCompositeFieldContainer[HealthEpisodeInfo]
+    recent: _containers.RepeatedCompositeFieldContainer[HealthEpisodeInfo]
+    cordons: _containers.RepeatedCompositeFieldContainer[GpuCordonInfo]
+    limits: HealthLimitsInfo
+    policy_version: int
+    enabled: bool
+    event_seq: int
+    def __init__(self, conditions: _Optional[_Iterable[_Union[GpuConditionInfo, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[HealthEpisodeInfo, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[HealthEpisodeInfo, _Mapping]]] = ..., recent: _Optional[_Iterable[_Union[HealthEpisodeInfo, _Mapping]]] = ..., cordons: _Optional[_Iterable[_Union[GpuCordonInfo, _Mapping]]] = ..., limits: _Optional[_Union[HealthLimitsInfo, _Mapping]] = ..., policy_version: _Optional[int] = ..., enabled: _Optional[bool] = ..., event_seq: _Optional[int] = ...) -> None: ...
+
+class GetHealthPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HealthPolicyVersion(_message.Message):
+    __slots__ = ("version", "set_by", "set_at_ms", "reason")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SET_BY_FIELD_NUMBER: _ClassVar[int]
+    SET_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    set_by: str
+    set_at_ms: int
+    reason: str
+    def __init__(self, version: _Optional[int] = ..., set_by: _Optional[str] = ..., set_at_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class HealthPolicyInfo(_message.Message):
+    __slots__ = ("version", "policy_json", "set_by", "set_at_ms", "reason", "history")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    POLICY_JSON_FIELD_NUMBER: _ClassVar[int]
+    SET_BY_FIELD_NUMBER: _ClassVar[int]
+    SET_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    policy_json: str
+    set_by: str
+    set_at_ms: int
+    reason: str
+    history: _containers.RepeatedCompositeFieldContainer[HealthPolicyVersion]
+    def __init__(self, version: _Optional[int] = ..., policy_json: _Optional[str] = ..., set_by: _Optional[str] = ..., set_at_ms: _Optional[int] = ..., reason: _Optional[str] = ..., history: _Optional[_Iterable[_Union[HealthPolicyVersion, _Mapping]]] = ...) -> None: ...
+
+class SetHealthPolicyRequest(_message.Message):
+    __slots__ = ("policy_json", "reason")
+    POLICY_JSON_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    policy_json: str
+    reason: str
+    def __init__(self, policy_json: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class SshCaInitRequest(_message.Message):
     __slots__ = ("public_key",)
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]

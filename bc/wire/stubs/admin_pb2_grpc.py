@@ -270,6 +270,21 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.JobSlotsRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.JobSlotsResponse.FromString,
                 _registered_method=True)
+        self.GetHealth = channel.unary_unary(
+                '/bc.v1.Admin/GetHealth',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetHealthRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.HealthInfo.FromString,
+                _registered_method=True)
+        self.GetHealthPolicy = channel.unary_unary(
+                '/bc.v1.Admin/GetHealthPolicy',
+                request_serializer=bc_dot_v1_dot_admin__pb2.GetHealthPolicyRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.HealthPolicyInfo.FromString,
+                _registered_method=True)
+        self.SetHealthPolicy = channel.unary_unary(
+                '/bc.v1.Admin/SetHealthPolicy',
+                request_serializer=bc_dot_v1_dot_admin__pb2.SetHealthPolicyRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.HealthPolicyInfo.FromString,
+                _registered_method=True)
         self.GetReservation = channel.unary_unary(
                 '/bc.v1.Admin/GetReservation',
                 request_serializer=bc_dot_v1_dot_admin__pb2.GetReservationRequest.SerializeToString,
@@ -630,6 +645,25 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetHealth(self, request, context):
+        """The health reconciler (docs/health.md): what it sees and does, and its policy.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetHealthPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetHealthPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetReservation(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -954,6 +988,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.JobSlots,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.JobSlotsRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.JobSlotsResponse.SerializeToString,
+            ),
+            'GetHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHealth,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetHealthRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.HealthInfo.SerializeToString,
+            ),
+            'GetHealthPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHealthPolicy,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.GetHealthPolicyRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.HealthPolicyInfo.SerializeToString,
+            ),
+            'SetHealthPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetHealthPolicy,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.SetHealthPolicyRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.HealthPolicyInfo.SerializeToString,
             ),
             'GetReservation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReservation,
@@ -2295,6 +2344,87 @@ class Admin:
             '/bc.v1.Admin/JobSlots',
             bc_dot_v1_dot_admin__pb2.JobSlotsRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.JobSlotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetHealth',
+            bc_dot_v1_dot_admin__pb2.GetHealthRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.HealthInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetHealthPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetHealthPolicy',
+            bc_dot_v1_dot_admin__pb2.GetHealthPolicyRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.HealthPolicyInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetHealthPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/SetHealthPolicy',
+            bc_dot_v1_dot_admin__pb2.SetHealthPolicyRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.HealthPolicyInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -82,6 +82,10 @@ class AdminStub:
     CancelJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CancelJobRequest, _admin_pb2.CancelJobResponse]
     WatchJob: _grpc.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _admin_pb2.JobInfo]
     JobSlots: _grpc.UnaryUnaryMultiCallable[_admin_pb2.JobSlotsRequest, _admin_pb2.JobSlotsResponse]
+    GetHealth: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetHealthRequest, _admin_pb2.HealthInfo]
+    """The health reconciler (docs/health.md): what it sees and does, and its policy."""
+    GetHealthPolicy: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetHealthPolicyRequest, _admin_pb2.HealthPolicyInfo]
+    SetHealthPolicy: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetHealthPolicyRequest, _admin_pb2.HealthPolicyInfo]
     GetReservation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.Reservation]
     GetPlacementExplanation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.PlacementExplanation]
     GetUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UsageRequest, _admin_pb2.UsageResponse]
@@ -153,6 +157,10 @@ class AdminAsyncStub(AdminStub):
     CancelJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.CancelJobRequest, _admin_pb2.CancelJobResponse]  # type: ignore[assignment]
     WatchJob: _aio.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _admin_pb2.JobInfo]  # type: ignore[assignment]
     JobSlots: _aio.UnaryUnaryMultiCallable[_admin_pb2.JobSlotsRequest, _admin_pb2.JobSlotsResponse]  # type: ignore[assignment]
+    GetHealth: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetHealthRequest, _admin_pb2.HealthInfo]  # type: ignore[assignment]
+    """The health reconciler (docs/health.md): what it sees and does, and its policy."""
+    GetHealthPolicy: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetHealthPolicyRequest, _admin_pb2.HealthPolicyInfo]  # type: ignore[assignment]
+    SetHealthPolicy: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetHealthPolicyRequest, _admin_pb2.HealthPolicyInfo]  # type: ignore[assignment]
     GetReservation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.Reservation]  # type: ignore[assignment]
     GetPlacementExplanation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.PlacementExplanation]  # type: ignore[assignment]
     GetUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.UsageRequest, _admin_pb2.UsageResponse]  # type: ignore[assignment]
@@ -503,6 +511,28 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.JobSlotsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.JobSlotsResponse, _abc.Awaitable[_admin_pb2.JobSlotsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetHealth(
+        self,
+        request: _admin_pb2.GetHealthRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.HealthInfo, _abc.Awaitable[_admin_pb2.HealthInfo]]:
+        """The health reconciler (docs/health.md): what it sees and does, and its policy."""
+
+    @_abc_1.abstractmethod
+    def GetHealthPolicy(
+        self,
+        request: _admin_pb2.GetHealthPolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.HealthPolicyInfo, _abc.Awaitable[_admin_pb2.HealthPolicyInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def SetHealthPolicy(
+        self,
+        request: _admin_pb2.SetHealthPolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.HealthPolicyInfo, _abc.Awaitable[_admin_pb2.HealthPolicyInfo]]: ...
 
     @_abc_1.abstractmethod
     def GetReservation(

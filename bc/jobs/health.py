@@ -1,0 +1,281 @@
+"""The health reconciler: GPU conditions in, remediation jobs out, within the policy's limits (docs/health.md).
+
+Theory of operation
+-------------------
+A singleton under the store lease `worker:health` (like the job queue's `worker:jobs`). Each pass is one
+store transaction: it reads the policy in force (the newest version, else the defaults), the fleet's nodes
+with their stored conditions (`bc.control.health.conditions`), the open episodes with their jobs'
+outcomes, the episodes that ended within the repeat window, the GPUs under a live hold, the quarantined
+GPUs and the automatic actions of the last hour; calls the pure `bc.control.health.decide.decide`; and
+carries each decision out in the same transaction, with its event:
+
+    Open        an episode row (queued, or quarantined at once) and a GPU cordon:
+                health.remediation.queued, health.gpu.cordoned (+ health.gpu.quarantined)
+    Start       a `remediate` job, GPU-scoped: its drain waits for the GPU's holds and never releases one;
+                a quorum batch when approvers exist, whose reason names the condition and its evidence:
+                health.remediation.started (+ health.drain.asked when the policy's drain is `ask`)
+    Escalate    a `reboot` job for the node (its own batch when approvers exist): health.remediation.escalated
+    Finish      the episode done, the GPU returned: health.remediation.done, health.gpu.returned
+    Quarantine  the episode quarantined, the GPU kept out for a person:
+                health.remediation.failed, health.gpu.quarantined
+    Clear       a queued episode whose condition stayed gone, the GPU returned:
+                health.remediation.cleared, health.gpu.returned
+    Wait        why a queued episode waits (`bc health` shows it): health.remediation.waiting, when it changes
+
+The job and the episode commit together (`JobEngine.submit_in`), so a `bc serve` killed at any instant
+leaves an episode with its job or neither; a restarted reconciler reads the episode's `dag_id` and goes on.
+A job the engine refuses (the node was deleted, the approvers could never approve) leaves its episode
+queued, waiting with the refusal as its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from bc.control.base.bus import Bus
+from bc.control.base.events import publish
+from bc.control.health import decide as d
+from bc.control.health.world import Loaded, load
+from bc.errors import BcError
+from bc.jobs.engine import JobEngine
+from bc.jobs.views import JobRequest
+from bc.seams.clock import Clock
+from bc.seams.ids import ulid
+from bc.store import Row, Store, StoreError, Tx, leases
+from bc.store import health as health_sql
+
+log = logging.getLogger("bc.jobs.health")
+
+LEASE_NAME = "worker:health"
+LEASE_TTL_MS = 15_000
+INTERVAL_S = 5.0
+"""A pass at least this often; the event log moving (a status, a job settling) wakes it sooner."""
+MIN_GAP_S = 1.0
+"""Passes are at least this far apart: each reads every node's conditions."""
+REQUESTER = "health-reconciler"
+"""Who the reconciler's jobs and batches name as their requester (it is no operator)."""
+MAX_REASON = 500
+
+
+def reason_text(key: d.Key, rule: str, evidence: Mapping[str, Any], episode_id: str) -> str:
+    """A job's and its batch's reason: the condition and its evidence, within the batch's 500 characters."""
+    node, gpu = key
+    text = (
+        f"health {episode_id}: {rule} on GPU {gpu} of {node} ({evidence.get('reason', '')}:"
+        f" {evidence.get('message', '')})"
+    )
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
+
+
+class HealthReconciler:
+    def __init__(self, store: Store, bus: Bus, jobs: JobEngine, rng: random.Random, *, holder: str) -> None:
+        self.store, self.bus, self.jobs, self.rng, self.holder = store, bus, jobs, rng, holder
+
+    async def pass_once(self, *, lease: bool = True) -> list[d.Decision] | None:
+        """One pass; the decisions it carried out, or None without the lease (another process reconciles)."""
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction() as tx:
+            if lease and not await leases.acquire(tx, LEASE_NAME, self.holder, now_ms, LEASE_TTL_MS):
+                return None
+            loaded = await load(tx, now_ms)
+            decisions = d.decide(loaded.world)
+            rows = dict(loaded.rows)
+            for x in decisions:
+                await self._apply(tx, x, loaded, rows, now_ms)
+        return decisions
+
+    async def run_forever(self, clock: Clock, interval_s: float = INTERVAL_S) -> None:
+        """Pass whenever the event log moves and at least every `interval_s`; a store failure is logged."""
+        del clock  # the waits are on the bus and the loop's (virtual or real) time
+        while True:
+            try:
+                await self.pass_once()
+            except StoreError as e:
+                log.warning("event=health.pass-failed error=%s", e)
+            except Exception:  # a bug must not end the reconciler for good: the pass rolled back; log it, go on
+                log.exception("event=health.pass-crashed")
+            await self.bus.wait_events(interval_s)
+            await asyncio.sleep(MIN_GAP_S)
+
+    # -- carrying decisions out ---------------------------------------------------------------------
+
+    async def _apply(self, tx: Tx, x: d.Decision, loaded: Loaded, rows: dict[d.Key, Row], now_ms: int) -> None:
+        if isinstance(x, d.Open):
+            await self._open(tx, x, loaded, rows, now_ms)
+            return
+        row = rows[x.key]
+        eid, state = str(row["id"]), str(row["state"])
+        base = {"episode": eid, "node": x.key[0], "gpu": x.key[1]}
+        if isinstance(x, d.Start):
+            await self._start(tx, x, row, loaded, now_ms)
+        elif isinstance(x, d.Escalate):
+            policy = loaded.world.policy
+            evidence = json.loads(str(row["evidence"] or "{}"))
+            req = JobRequest(
+                "reboot",
+                (x.key[0],),
+                reason=reason_text(x.key, str(row["rule"]), evidence, eid),
+                deadline_s=float(policy.drain_deadline_s),
+            )
+            try:
+                dag_id = await self.jobs.submit_in(tx, req, REQUESTER, now_ms)
+            except BcError as e:
+                await self._wait(tx, row, f"the reboot job was refused: {e.message}", now_ms)
+                return
+            d.next_state(state, "escalate")
+            await health_sql.update_episode(
+                tx, eid, state, {"stage": d.REBOOT_STAGE, "dag_id": dag_id, "wait_reason": ""}
+            )
+            await health_sql.add_action(tx, eid, d.REBOOT_STAGE, now_ms)
+            await self._event(
+                tx, "health.remediation.escalated", x.key, {**base, "dag_id": dag_id, "why": x.why}, now_ms
+            )
+        elif isinstance(x, d.Finish):
+            await self._end(tx, row, "finish", x.why, now_ms)
+            await self._event(tx, "health.remediation.done", x.key, {**base, "why": x.why}, now_ms)
+            await self._return(tx, x.key, eid, now_ms)
+        elif isinstance(x, d.Quarantine):
+            await self._end(tx, row, "quarantine", x.why, now_ms)
+            await self._event(tx, "health.remediation.failed", x.key, {**base, "why": x.why}, now_ms)
+            await self._quarantine(tx, x.key, eid, x.why, now_ms)
+        elif isinstance(x, d.Clear):
+            await self._end(tx, row, "clear", x.why, now_ms)
+            await self._event(tx, "health.remediation.cleared", x.key, {**base, "why": x.why}, now_ms)
+            await self._return(tx, x.key, eid, now_ms)
+        elif isinstance(x, d.Seen):
+            await health_sql.update_episode(tx, eid, state, {"clear_since_ms": x.since_ms or None})
+        elif isinstance(x, d.Wait):
+            await self._wait(tx, row, x.why, now_ms)
+
+    async def _open(self, tx: Tx, x: d.Open, loaded: Loaded, rows: dict[d.Key, Row], now_ms: int) -> None:
+        eid = "h-" + ulid(now_ms / 1000, self.rng)
+        state = d.next_state(d.QUEUED, "quarantine") if x.quarantine_why else d.QUEUED
+        row: dict[str, Any] = {
+            "id": eid,
+            "node_id": x.key[0],
+            "gpu_uuid": x.key[1],
+            "state": state,
+            "action": x.action,
+            "rule": x.match,
+            "stage": "",
+            "evidence": json.dumps(x.condition.evidence(), sort_keys=True),
+            "dag_id": None,
+            "wait_reason": "",
+            "outcome": x.quarantine_why,
+            "policy_version": loaded.policy_version,
+            "opened_at_ms": now_ms,
+            "started_at_ms": None,
+            "ended_at_ms": now_ms if x.quarantine_why else None,
+            "clear_since_ms": None,
+        }
+        await health_sql.add_episode(tx, row)
+        rows[x.key] = row
+        data = {
+            "episode": eid,
+            "node": x.key[0],
+            "gpu": x.key[1],
+            "rule": x.match,
+            "action": x.action,
+            "evidence": x.condition.evidence(),
+            "policy_version": loaded.policy_version,
+        }
+        await self._event(tx, "health.remediation.queued", x.key, data, now_ms)
+        if x.quarantine_why:
+            await self._quarantine(tx, x.key, eid, x.quarantine_why, now_ms)
+            return
+        reason = f"health {eid}: {x.match} ({x.condition.reason})"
+        if await health_sql.cordon_gpu(tx, *x.key, reason, eid, False, REQUESTER, now_ms):
+            await self._event(
+                tx,
+                "health.gpu.cordoned",
+                x.key,
+                {"episode": eid, "node": x.key[0], "gpu": x.key[1], "reason": reason},
+                now_ms,
+            )
+
+    async def _start(self, tx: Tx, x: d.Start, row: Row, loaded: Loaded, now_ms: int) -> None:
+        eid, state = str(row["id"]), str(row["state"])
+        policy = loaded.world.policy
+        req = JobRequest(
+            "remediate",
+            (x.key[0],),
+            reason=reason_text(x.key, str(row["rule"]), x.evidence, eid),
+            gpus=(x.key[1],),
+            deadline_s=float(policy.drain_deadline_s),
+            gpu_scope=True,
+        )
+        try:
+            dag_id = await self.jobs.submit_in(tx, req, REQUESTER, now_ms)
+        except BcError as e:
+            await self._wait(tx, row, f"the remediation job was refused: {e.message}", now_ms)
+            return
+        d.next_state(state, "start")
+        await health_sql.update_episode(
+            tx,
+            eid,
+            state,
+            {"state": d.RUNNING, "stage": d.RESET_STAGE, "dag_id": dag_id, "started_at_ms": now_ms, "wait_reason": ""},
+        )
+        await health_sql.add_action(tx, eid, d.RESET_STAGE, now_ms)
+        used = d.limits_used(loaded.world)
+        data = {
+            "episode": eid,
+            "node": x.key[0],
+            "gpu": x.key[1],
+            "dag_id": dag_id,
+            "action": x.action,
+            "evidence": dict(x.evidence),
+            "limits": {
+                "nodes_before": used.nodes,
+                "node_cap": used.node_cap,
+                "actions_last_hour_before": used.actions_last_hour,
+                "actions_cap": used.actions_cap,
+            },
+        }
+        await self._event(tx, "health.remediation.started", x.key, data, now_ms)
+        if policy.drain == "ask":
+            holds = await health_sql.reservations_on_gpus(tx, x.key[0], [x.key[1]], now_ms)
+            if holds:
+                asked = {
+                    "episode": eid,
+                    "node": x.key[0],
+                    "gpu": x.key[1],
+                    "dag_id": dag_id,
+                    "reservations": [{"id": str(h["id"]), "tenant": str(h["tenant"])} for h in holds[:20]],
+                    "more": max(0, len(holds) - 20),
+                }
+                await self._event(tx, "health.drain.asked", x.key, asked, now_ms)
+
+    async def _end(self, tx: Tx, row: Row, event: str, why: str, now_ms: int) -> None:
+        state = str(row["state"])
+        new = d.next_state(state, event)
+        await health_sql.update_episode(
+            tx, str(row["id"]), state, {"state": new, "outcome": why, "ended_at_ms": now_ms, "wait_reason": ""}
+        )
+
+    async def _wait(self, tx: Tx, row: Row, why: str, now_ms: int) -> None:
+        if str(row["wait_reason"] or "") == why:
+            return
+        await health_sql.update_episode(tx, str(row["id"]), str(row["state"]), {"wait_reason": why})
+        key = (str(row["node_id"]), str(row["gpu_uuid"]))
+        data = {"episode": str(row["id"]), "node": key[0], "gpu": key[1], "why": why}
+        await self._event(tx, "health.remediation.waiting", key, data, now_ms)
+
+    async def _return(self, tx: Tx, key: d.Key, eid: str, now_ms: int) -> None:
+        if await health_sql.return_gpu(tx, *key, episode_id=eid):
+            await self._event(tx, "health.gpu.returned", key, {"episode": eid, "node": key[0], "gpu": key[1]}, now_ms)
+
+    async def _quarantine(self, tx: Tx, key: d.Key, eid: str, why: str, now_ms: int) -> None:
+        reason = f"health {eid}: quarantined: {why}"
+        await health_sql.cordon_gpu(tx, *key, reason[:MAX_REASON], eid, True, REQUESTER, now_ms)
+        data = {"episode": eid, "node": key[0], "gpu": key[1], "why": why, "for": "a person"}
+        await self._event(tx, "health.gpu.quarantined", key, data, now_ms)
+
+    async def _event(self, tx: Tx, type_: str, key: d.Key, data: dict[str, Any], now_ms: int) -> None:
+        log.info("event=%s node=%s gpu=%s", type_, key[0], key[1])
+        await publish(tx, self.bus, type_, key[0], data, now_ms)
