@@ -72,6 +72,11 @@ async def reservations_on_gpus(tx: Tx, node_id: str, gpus: list[str], now_ms: in
 # -- episodes ----------------------------------------------------------------------------------------------
 
 
+async def has_open_episodes(tx: Tx) -> bool:
+    row = await tx.fetchone("SELECT 1 AS one FROM health_episodes WHERE state IN ('queued', 'running') LIMIT 1")
+    return row is not None
+
+
 async def open_episodes(tx: Tx) -> list[Row]:
     return await tx.fetchall(
         "SELECT * FROM health_episodes WHERE state IN ('queued', 'running') ORDER BY opened_at_ms, id"

@@ -16,6 +16,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from bc.control.base.bus import Bus
+from bc.control.base.events import publish
 from bc.control.capacity import reservations
 from bc.control.capacity.placement_pass import load_facts
 from bc.control.capacity.placement_plan import atoms_of
@@ -289,3 +290,23 @@ async def test_policy_versions_keep_who_and_when_and_a_bad_one_stores_nothing(st
     async with store.transaction(write=False) as tx:
         versions = await health_sql.policy_versions(tx, 10)
     assert [(v["version"], v["set_by"]) for v in versions] == [(2, "bob"), (1, "alice")]
+
+
+async def test_with_no_episode_open_a_pass_reads_the_fleet_only_for_news_that_can_open_one(
+    store: Store, bus: Bus, gpus: dict[str, list[str]], health: HealthReconciler
+) -> None:
+    """Each pass reads every node's status: with nothing open, only a changed condition or a new policy (or
+    the 30 s backstop) is worth one. An open episode makes every wake a pass (its job, node and holds move)."""
+    await health.pass_once()
+    assert health.seen_seq is not None
+    assert not await health._has_work(health.seen_seq)
+    await sick(store, "n1", gpus["n1"][0])
+    async with store.transaction() as tx:
+        await publish(tx, bus, "node.status", "n1", {}, await store.now_ms())  # not news to the reconciler
+    assert not await health._has_work(health.seen_seq)
+    async with store.transaction() as tx:
+        await publish(tx, bus, "node.condition", "n1", {"type": f"GpuHealthy/{gpus['n1'][0]}"}, await store.now_ms())
+    assert await health._has_work(health.seen_seq)
+    await health.pass_once()
+    assert len(await episodes(store)) == 1
+    assert await health._has_work(health.seen_seq)
