@@ -18,6 +18,13 @@ Each pass:
    back (agent.converge.host_units.base) and the section stays PROGRESSING,
    retried on the next pass; the other units still converge.
 
+After the pass, each unit that reports a condition (the GPU node units:
+`DriverMismatch`, `FabricManagerReady`, `ContainerToolkitReady`,
+`KubernetesJoined`) gives its verdict, kept in `verdicts` for the health
+monitor: a unit whose apply failed says why, an invalid one `UnitInvalid`,
+and a unit that left the spec takes its condition with it. A unit whose
+settings hold a secret (`kubernetes`) is recorded by a digest of them.
+
 While the journal holds no spec (generation 0: lost, or a new node) the
 pass removes and applies nothing: like the devices converger's adoption
 (agent.converge.adoption), the node never undoes what a spec applied on its
