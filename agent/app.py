@@ -45,7 +45,7 @@ from pathlib import Path
 from agent.converge.access import access_converger
 from agent.converge.daemon import DaemonConverger
 from agent.converge.devices import DevicesConverger
-from agent.converge.host import ExternallyManaged
+from agent.converge.host import ExternallyManaged, HostConverger
 from agent.converge.host_ops import HoldFiles
 from agent.converge.host_wiring import device_nodes, host_converger
 from agent.converge.run import Converger, UnknownFieldsMemo, run
@@ -257,6 +257,7 @@ class Agent:
         self.version = p.version or bc_version()
         self.upgrader: Upgrader | None = None
         self.xids: HelperXids | None = None  # an unprivileged agent's XIDs, streamed by bc helper
+        self.host_units: HostConverger | None = None
 
     async def open(self) -> None:
         p = self.parts
@@ -317,6 +318,7 @@ class Agent:
                 host_units=self.opts.host_units,
                 offload=self.offload,
             )
+        self.host_units = host if isinstance(host, HostConverger) else None  # its units' conditions, for health
         self.convergers: dict[str, Converger] = {
             "devices": p.devices_converger(
                 cdi_dir,
@@ -571,6 +573,7 @@ class Agent:
                     journal_full=await self.journal.is_full(),
                     offset_ms=self.state.offset_ms,
                     converge_error=self.converge_error,
+                    host=self.host_units.verdicts if self.host_units is not None else (),
                 )
                 if changes:
                     self.state.spec_changed.set()  # not a new spec: a pass that reports the new conditions

@@ -18,6 +18,13 @@ Each pass:
    back (agent.converge.host_units.base) and the section stays PROGRESSING,
    retried on the next pass; the other units still converge.
 
+After the pass, each unit that reports a condition (the GPU node units:
+`DriverMismatch`, `FabricManagerReady`, `ContainerToolkitReady`,
+`KubernetesJoined`) gives its verdict, kept in `verdicts` for the health
+monitor: a unit whose apply failed says why, an invalid one `UnitInvalid`,
+and a unit that left the spec takes its condition with it. A unit whose
+settings hold a secret (`kubernetes`) is recorded by a digest of them.
+
 While the journal holds no spec (generation 0: lost, or a new node) the
 pass removes and applies nothing: like the devices converger's adoption
 (agent.converge.adoption), the node never undoes what a spec applied on its
@@ -46,8 +53,9 @@ from google.protobuf.message import Message
 from agent.converge.adoption import NO_SPEC, REASON_JOURNAL_LOST
 from agent.converge.host_ops import HostOps
 from agent.converge.host_units import UNITS
-from agent.converge.host_units.base import HostContext, Record, Unit, UnitInvalid
+from agent.converge.host_units.base import HostContext, Observed, Record, Unit, UnitInvalid, bad, sha256
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, UNSUPPORTED, SectionResult
+from agent.health.rules import Verdict
 from agent.hw import cdi
 from agent.hw.base import HardwareBackend
 from bc.protocol.canonical import canonical_json
@@ -66,6 +74,13 @@ _RECORD_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 def record_path(unit: str) -> str:
     return f"{RECORDS_DIR}/{unit}.json"
+
+
+def settings_text(impl: Unit, settings: Mapping[str, Any]) -> str:
+    """What the record keeps of a unit's settings: their canonical JSON, or its digest for a unit whose
+    settings hold a secret (`kubernetes`' token: the records are world-readable)."""
+    text = canonical_json(settings)
+    return "sha256:" + sha256(text.encode()) if getattr(impl, "secret_settings", False) else text
 
 
 def parse_record(name: str, data: bytes) -> Record:
@@ -98,7 +113,9 @@ class HostConverger:
         self.hw = hw
         self.cdi_dir = cdi_dir
         self.units = units
-        self.ctx = HostContext(ops=ops, hw=hw, inventory=self._inventory, held_gpus=self._held_gpus)
+        self.ctx = HostContext(ops=ops, hw=hw, inventory=self._inventory, held_gpus=self._held_gpus, cdi_dir=cdi_dir)
+        self.verdicts: list[Verdict] = []
+        """The units' conditions after the last pass (agent.health reports them with the node's)."""
 
     async def _inventory(self) -> common_pb2.Inventory:
         return await self.ops.offload(self.hw.inventory)
@@ -115,6 +132,8 @@ class HostConverger:
         wanted: dict[str, tuple[str, Any]] = {}  # unit name -> (canonical settings, parsed)
         unsupported: list[str] = []
         invalid: list[str] = []
+        invalid_by_unit: dict[str, str] = {}
+        errors: dict[str, str] = {}
         named: set[str] = set()
         for unit in desired.units:
             named.add(unit.name)
@@ -131,8 +150,9 @@ class HostConverger:
                 await impl.check(parsed, self.ctx)
             except UnitInvalid as e:
                 invalid.append(str(e))
+                invalid_by_unit[unit.name] = str(e)
                 continue
-            wanted[unit.name] = (canonical_json(settings), parsed)
+            wanted[unit.name] = (settings_text(impl, settings), parsed)
 
         records = await self._records()
         if generation == NO_SPEC:
@@ -170,7 +190,9 @@ class HostConverger:
                 log.info("event=host.unit_applied unit=%s generation=%d", name, generation)
             except OSError as e:
                 retry.append(f"{name}: {e}")
+                errors[name] = str(e)
                 log.warning("event=host.unit_apply_failed unit=%s error=%r", name, str(e))
+        self.verdicts = await self._conditions(wanted, errors, invalid_by_unit)
 
         if retry:
             return SectionResult(FAILED, REASON_APPLY_FAILED, "; ".join(retry), terminal=False)
@@ -185,6 +207,24 @@ class HostConverger:
                 terminal=True,
             )
         return SectionResult(CONVERGED)
+
+    async def _conditions(
+        self, wanted: Mapping[str, tuple[str, Any]], errors: Mapping[str, str], invalid: Mapping[str, str]
+    ) -> list[Verdict]:
+        """Each observed unit's verdicts; a unit that left the spec takes its condition with it."""
+        out: list[Verdict] = []
+        for name, impl in self.units.items():
+            if not isinstance(impl, Observed):
+                continue
+            kind = (impl.condition, impl.good)
+            if name in invalid:
+                out.append(bad(kind, REASON_INVALID, invalid[name]))
+            elif name in wanted:
+                try:
+                    out += await impl.conditions(wanted[name][1], errors.get(name), self.ctx)
+                except OSError as e:
+                    out.append(Verdict(impl.condition, "Unknown", "QueryFailed", f"{name}: {e}"))
+        return out
 
     def _keep_all(self, records: Mapping[str, Record]) -> SectionResult:
         """No spec in the journal (lost or new): nothing applied is removed until a signed spec says so."""

@@ -38,12 +38,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from agent.converge import env_files
+from agent.converge import env_files, kubeadm, runtime_config
+from agent.converge.gpu_packages import Package, install_argv, release_argv
 from agent.hw import cdi
 from agent.hw.base import HostTool, ProcessResult, run_process
 from agent.offload import Offload, to_thread
+from bc.protocol.host_units import Join
 
 COMMAND_TIMEOUT_S = 120.0
+PACKAGE_TIMEOUT_S = 1800.0
+"""A driver install builds its kernel modules (DKMS); a join waits for the API server."""
 FAKE_COMMANDS_FILE = "fake-host-commands.jsonl"
 FAKE_HOST_ROOT = "host-root"
 
@@ -120,6 +124,49 @@ class HostOps:
         if result.returncode != 0:
             raise CommandFailed(f"{' '.join(argv)} exited {result.returncode}: {result.tail(300)}")
         return result
+
+    # The GPU node units' effects (agent.converge.host_units: nvidia_driver, fabric_manager, container_toolkit,
+    # kubernetes), each one call so that `bc helper` (agent.helper.node_ops) can take it as one typed operation.
+
+    async def query(self, *argv: str, timeout_s: float = COMMAND_TIMEOUT_S) -> ProcessResult:
+        """A read-only command (`dpkg-query`, `rpm -q`, `systemctl is-active`): its result whatever its exit;
+        CommandFailed only when it could not run."""
+        try:
+            return await self.run(list(argv), timeout_s=timeout_s)
+        except (OSError, TimeoutError) as e:
+            raise CommandFailed(f"{' '.join(argv)}: {e or type(e).__name__}") from None
+
+    async def exists(self, rel: str) -> bool:
+        return await self.offload(self.path(rel).exists)
+
+    async def package(self, manager: str, action: str, pkg: Package) -> None:
+        """`install` (and hold) the package at its version, or `release` its hold; CommandFailed when it failed."""
+        for argv in install_argv(manager, pkg) if action == "install" else release_argv(manager, pkg):
+            await self.command(*argv, timeout_s=PACKAGE_TIMEOUT_S)
+
+    async def runtime_config(self, kind: str, present: bool, cdi_dir: str) -> bool:
+        """Merge bc's CDI keys into (or out of) a runtime's configuration file; whether the file changed."""
+        rel = runtime_config.CONFIG_FILES[kind]
+        data = await self.read(rel)
+        text = data.decode("utf-8", "replace") if data is not None else None
+        new = runtime_config.merged(kind, text, runtime_config.cdi_dirs(cdi_dir), present)
+        if new == text:
+            return False
+        if new is None:
+            await self.remove(rel)
+        else:
+            await self.write(rel, new.encode())
+        return True
+
+    async def kubeadm_join(self, join: Join) -> None:
+        """`kubeadm join --config` of a 0600 file that is removed whatever the join did; no message has the token."""
+        try:
+            await self.write(kubeadm.JOIN_CONFIG, kubeadm.render_join(join), 0o600)
+            await self.command(*kubeadm.join_argv(self.host_path(kubeadm.JOIN_CONFIG)), timeout_s=PACKAGE_TIMEOUT_S)
+        except OSError as e:
+            raise CommandFailed(kubeadm.redact(str(e), join)) from None
+        finally:
+            await self.remove(kubeadm.JOIN_CONFIG)
 
 
 HOLD_KINDS = ("cdi", "allocation-env")

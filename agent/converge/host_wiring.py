@@ -39,7 +39,7 @@ async def host_converger(
         return ExternallyManaged()
     if not hw.capabilities.touches_host:
         root = host_root or data_dir / FAKE_HOST_ROOT
-        await offload(seed_host_root, root, await offload(hw.inventory))
+        await offload(seed_host_root, root, await offload(hw.inventory), hw.capabilities.nvswitches)
         runner = FakeRunner(tools=hw.capabilities.tools, log_file=data_dir / FAKE_COMMANDS_FILE, offload=offload)
         return HostConverger(HostOps(root, run=runner, offload=offload), hw, cdi_dir=cdi_dir)
     return HostConverger(HostOps(host_root or Path("/"), run=run_process, offload=offload), hw, cdi_dir=cdi_dir)

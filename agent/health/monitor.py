@@ -2,7 +2,7 @@
 
 Every converge pass (a new spec, and every 10 s) the agent calls `poll`
 with the facts only it knows (journal full, clock offset, the last pass's
-error); the reading itself runs through the offload seam. XIDs accumulate
+error, the host units' verdicts); the reading itself runs through the offload seam. XIDs accumulate
 per GPU for the boot (an event set reports each once) until `after_reset`
 sees the GPU read healthy after a `gpu.reset`. `overlay` marks every GPU
 whose `GpuHealthy` is False `healthy: false` in the inventory the agent
@@ -39,9 +39,19 @@ class HealthMonitor:
         self._journal_full = False
         self._offset_ms: int | None = None
         self._converge_error = ""
+        self._host: tuple[rules.Verdict, ...] = ()
 
-    async def poll(self, *, journal_full: bool, offset_ms: int | None, converge_error: str = "") -> list[Change]:
+    async def poll(
+        self,
+        *,
+        journal_full: bool,
+        offset_ms: int | None,
+        converge_error: str = "",
+        host: Sequence[rules.Verdict] = (),
+    ) -> list[Change]:
+        """`host`: the host units' verdicts from the last converge pass (agent.converge.host)."""
         self._journal_full, self._offset_ms, self._converge_error = journal_full, offset_ms, converge_error
+        self._host = tuple(host)
         reading = await self.offload(self.source.read)
         self._take_xids(reading)
         return self._apply(reading)
@@ -80,7 +90,7 @@ class HealthMonitor:
             rules.host_verdict(reading.host),
         ]
         verdicts = [rules.gpu_verdict(g, self.xids.get(g.uuid, [])) for g in reading.gpus]
-        verdicts += [*node, rules.node_ready_verdict(node, self._converge_error)]
+        verdicts += [*node, rules.node_ready_verdict(node, self._converge_error), *self._host]
         changes = self.book.update(verdicts, self.clock.monotonic())
         for c in changes:
             after = c.after
@@ -114,5 +124,5 @@ class HealthMonitor:
 
 
 def _bad(v: rules.Verdict) -> bool:
-    good_when_true = v.type in (rules.NODE_READY,) or rules.gpu_of(v.type) is not None
+    good_when_true = v.type in rules.GOOD_WHEN_TRUE or rules.gpu_of(v.type) is not None
     return (v.status == "False") if good_when_true else (v.status == "True")

@@ -1,7 +1,8 @@
 """The condition rules: readings and agent facts in, verdicts out. Pure, so every case is a unit test.
 
-Polarity follows the reference: `GpuHealthy` and `NodeReady` are good when
-True; `ClockSkew`, `JournalFull` and `HostResourcesExhausted` are good when
+Polarity follows the reference: `GpuHealthy`, `NodeReady` and the host
+units' `…Ready` / `KubernetesJoined` are good when True; `ClockSkew`,
+`JournalFull`, `HostResourcesExhausted` and `DriverMismatch` are good when
 False. Each GPU has its own condition, typed `GpuHealthy/<GPU uuid>`, so a
 change to one GPU is one change in the events log.
 
@@ -25,6 +26,13 @@ NODE_READY = "NodeReady"
 CLOCK_SKEW = "ClockSkew"
 JOURNAL_FULL = "JournalFull"
 HOST_EXHAUSTED = "HostResourcesExhausted"
+# The GPU node host units' own (agent.converge.host_units: each unit says what it sees after a converge pass).
+DRIVER_MISMATCH = "DriverMismatch"
+FABRIC_MANAGER_READY = "FabricManagerReady"
+CONTAINER_TOOLKIT_READY = "ContainerToolkitReady"
+KUBERNETES_JOINED = "KubernetesJoined"
+GOOD_WHEN_TRUE = frozenset({NODE_READY, FABRIC_MANAGER_READY, CONTAINER_TOOLKIT_READY, KUBERNETES_JOINED})
+"""Conditions that are good when True (with every `GpuHealthy/<uuid>`); the others are good when False."""
 
 CLOCK_SKEW_MS = 1000
 """More than a second off the server's clock, as the control plane's own ClockSkew (bc.control.doctor.clock_skew)."""

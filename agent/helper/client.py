@@ -36,13 +36,15 @@ class HelperClient:
         self.socket_path = socket_path
         self.timeout_s = timeout_s
 
-    async def call(self, op: str, **args: Any) -> dict[str, Any]:
-        """The operation's result; HelperError when it was not done."""
+    async def call(self, op: str, *, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
+        """The operation's result; HelperError when it was not done. `timeout_s`: this call's own bound (a
+        package install takes longer than the default)."""
+        limit = timeout_s or self.timeout_s
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(limit):
                 return await self._call({"v": ops.VERSION, "op": op, **args})
         except TimeoutError:
-            raise HelperUnavailable(f"helper: {op} got no answer within {self.timeout_s:.0f} s") from None
+            raise HelperUnavailable(f"helper: {op} got no answer within {limit:.0f} s") from None
 
     async def _call(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request["op"]

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.converge import runtime_config
 from agent.converge.host_ops import RunProcess
+from agent.converge.kubeadm import REDACTED
 from agent.helper import update_effects
 from agent.helper.plans import (
     FollowKmsg,
+    KubeadmJoin,
+    MergeConfig,
     Plan,
+    Refused,
     Remove,
     Reply,
     Run,
@@ -31,6 +36,7 @@ from agent.hw import cdi
 from agent.offload import Offload
 
 COMMAND_TIMEOUT_S = 120.0
+JOIN_TIMEOUT_S = 600.0
 
 
 class EffectFailed(OSError):
@@ -47,9 +53,13 @@ async def carry_out(plan: Plan, *, run: RunProcess, offload: Offload) -> dict[st
         elif isinstance(effect, Remove):
             result["removed"] = await offload(cdi.remove_file, effect.path)
         elif isinstance(effect, Run):
-            res = await run(list(effect.argv), timeout_s=COMMAND_TIMEOUT_S)
+            res = await run(list(effect.argv), timeout_s=effect.timeout_s or COMMAND_TIMEOUT_S)
             if res.returncode != 0:
                 raise EffectFailed(f"{' '.join(effect.argv)} exited {res.returncode}: {res.tail(300)}")
+        elif isinstance(effect, MergeConfig):
+            result["changed"] = await offload(_merge, effect)
+        elif isinstance(effect, KubeadmJoin):
+            await _join(effect, run=run, offload=offload)
         elif isinstance(effect, Reply):
             result.update(effect.value)
         elif isinstance(effect, UpdateStage | UpdateInstall | UpdateStep | UpdateRemember):
@@ -57,6 +67,53 @@ async def carry_out(plan: Plan, *, run: RunProcess, offload: Offload) -> dict[st
         elif isinstance(effect, FollowKmsg):
             raise EffectFailed("kmsg.follow is a stream, not an operation with one reply")
     return result
+
+
+def _merge(effect: MergeConfig) -> bool:
+    try:
+        text: str | None = effect.path.read_text("utf-8", "replace")
+    except FileNotFoundError:
+        text = None
+    new = runtime_config.merged(effect.kind, text, effect.cdi_dirs, effect.present)
+    if new == text:
+        return False
+    if new is None:
+        cdi.remove_file(effect.path)
+    else:
+        cdi.atomic_write(effect.path, new.encode(), 0o644)
+    return True
+
+
+def _cluster_listed(effect: KubeadmJoin) -> bool:
+    try:
+        lines = effect.clusters.read_text("utf-8").splitlines()
+    except FileNotFoundError:
+        return False
+    listed = {tuple(line.split()[:2]) for line in lines if len(line.split()) >= 2 and not line.startswith("#")}
+    return all((effect.api_server, h) in listed for h in effect.ca_cert_hashes)
+
+
+async def _join(effect: KubeadmJoin, *, run: RunProcess, offload: Offload) -> None:
+    if not await offload(_cluster_listed, effect):
+        raise Refused(
+            f"the cluster at {effect.api_server} with these CA hashes is not in {effect.clusters};"
+            " the helper joins only the clusters root listed there"
+        )
+    try:
+        await offload(cdi.atomic_write, effect.config, effect.data, 0o600)
+        res = await run(list(effect.argv), timeout_s=JOIN_TIMEOUT_S)
+        if res.returncode != 0:
+            raise EffectFailed(_redact(f"{' '.join(effect.argv)} exited {res.returncode}: {res.tail(300)}", effect))
+    except OSError as e:
+        raise EffectFailed(_redact(str(e), effect)) from None
+    finally:
+        await offload(cdi.remove_file, effect.config)
+
+
+def _redact(text: str, effect: KubeadmJoin) -> str:
+    for secret in effect.secrets:
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def _write_in_place(effect: WriteInPlace) -> None:

@@ -11,7 +11,10 @@ section stays PROGRESSING and nothing is released.
 * `HelperHoldFiles`: `file.write` / `file.remove` of kind `cdi` or `allocation-env`.
 * `HelperSlices`: `slice.apply` / `slice.remove`; presence and population read from the cgroup tree.
 * `HelperHostOps`: the host units' writes become `host.file.*` (by key, never by path),
-  `host.hugepages` and `host.run`; their records are the agent's own state, kept under its data dir.
+  `host.hugepages` and `host.run`; the GPU node units' packages, runtime configuration and Kubernetes join
+  `host.package`, `host.runtime.config` and `host.kubeadm.join` (agent.helper.gpu_ops); their read-only
+  queries (`dpkg-query`, `rpm -q`, `systemctl is-active`) run in the agent, unprivileged; the units' records
+  are the agent's own state, kept under its data dir.
 * `HelperSshdFiles` / `HelperSshdTools`: the access converger's files as `sshd.write` / `sshd.remove`, and
   `sshd.check` / `sshd.reload` (the KRL is still built by `ssh-keygen` in the agent: it needs no root).
 * `HelperHardware`: a backend whose `reset_gpu` and `reboot` ask the helper (`gpu.reset`, `node.reboot`).
@@ -35,13 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from agent.converge.access import read_managed
+from agent.converge.gpu_packages import Package
 from agent.converge.host import RECORDS_DIR
-from agent.converge.host_ops import HostOps
+from agent.converge.host_ops import COMMAND_TIMEOUT_S, PACKAGE_TIMEOUT_S, CommandFailed, HostOps, RunProcess
+from agent.converge.kubeadm import redact
 from agent.converge.sshd import SshdTools
 from agent.helper.client import HelperClient, HelperError, HelperRefused, HelperUnavailable
 from agent.helper.ops import HOST_FILE_KEYS
 from agent.helper.update_ops import MAX_CHUNK
-from agent.hw.base import ActionDisabled, HardwareBackend, ProcessResult
+from agent.hw.base import ActionDisabled, HardwareBackend, ProcessResult, run_process
 from agent.hw.limits import Limits
 from agent.hw.nvml import MAX_XIDS_PER_GPU, REBOOT_DISABLED, RESET_DISABLED, XidsByPci, XidSource, pci_key
 from agent.hw.slices import SystemdSlices
@@ -49,6 +54,7 @@ from agent.offload import Offload, to_thread
 from agent.upgrade import swap_rules as sr
 from agent.upgrade.slots import SlotsRefused, SlotsUnavailable, partial_file, read_disk
 from bc.pki.releases import Release
+from bc.protocol.host_units import Join
 from bc.runtime.aio import wait_event
 
 log = logging.getLogger(__name__)
@@ -94,12 +100,22 @@ _HUGEPAGES = re.compile(
 
 
 class HelperHostOps(HostOps):
-    """The host units' effects through the helper; their records (the agent's memory) under `state_root`."""
+    """The host units' effects through the helper; their records (the agent's memory) under `state_root`.
+    `query`: where read-only commands run (the agent's own runner: `run_process`, or a fake's)."""
 
-    def __init__(self, client: HelperClient, root: Path, state_root: Path, *, offload: Offload = to_thread) -> None:
+    def __init__(
+        self,
+        client: HelperClient,
+        root: Path,
+        state_root: Path,
+        *,
+        offload: Offload = to_thread,
+        query: RunProcess = run_process,
+    ) -> None:
         super().__init__(root, run=self._refuse_run, offload=offload)
         self.client = client
         self.state_root = state_root
+        self.query_run = query
 
     def path(self, rel: str) -> Path:
         if rel.startswith(RECORDS_DIR + "/") or rel == RECORDS_DIR:
@@ -132,6 +148,40 @@ class HelperHostOps(HostOps):
         await self.client.call("host.run", argv=args)
         return ProcessResult(0, b"", b"")
 
+    async def query(self, *argv: str, timeout_s: float = COMMAND_TIMEOUT_S) -> ProcessResult:
+        try:
+            return await self.query_run(list(argv), timeout_s=timeout_s)
+        except (OSError, TimeoutError) as e:
+            raise CommandFailed(f"{' '.join(argv)}: {e or type(e).__name__}") from None
+
+    async def package(self, manager: str, action: str, pkg: Package) -> None:
+        await self.client.call(
+            "host.package",
+            timeout_s=PACKAGE_TIMEOUT_S + 60,
+            manager=manager,
+            action=action,
+            unit=pkg.unit,
+            branch=pkg.branch,
+            version=pkg.version,
+        )
+
+    async def runtime_config(self, kind: str, present: bool, cdi_dir: str) -> bool:
+        """The helper merges into its own files, pointing at its own CDI directory (`cdi_dir` is that one)."""
+        return bool((await self.client.call("host.runtime.config", runtime=kind, present=present)).get("changed"))
+
+    async def kubeadm_join(self, join: Join) -> None:
+        try:
+            await self.client.call(
+                "host.kubeadm.join",
+                timeout_s=PACKAGE_TIMEOUT_S,
+                api_server=join.api_server,
+                token=join.token,
+                ca_cert_hashes=list(join.ca_cert_hashes),
+                labels=dict(join.labels),
+            )
+        except HelperError as e:  # the helper redacts too; the agent's own message must never carry the token
+            raise type(e)(redact(str(e), join)) from None
+
     @staticmethod
     async def _refuse_run(argv: Sequence[str], *, timeout_s: float | None = None) -> ProcessResult:
         raise HelperRefused("helper: an unprivileged node runs no host command itself")
@@ -147,7 +197,7 @@ def _key(rel: str) -> str:
 SSHD_KEYS = {"ca.pub": "ca", "revoked.krl": "krl", "revoked.krl.src": "krl-src", "sshd.conf": "dropin"}
 
 
-def _sshd_args(rel: str) -> dict[str, str]:
+def _sshd_args(rel: str) -> dict[str, Any]:
     if rel.startswith("principals/"):
         return {"file": "principals", "user": rel.removeprefix("principals/")}
     if rel not in SSHD_KEYS:

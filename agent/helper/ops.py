@@ -20,6 +20,11 @@ request: the helper builds each from an id or a table key under its own
     host.file.remove    file                              remove it
     host.hugepages      size_kb, node (int|null), count   write nr_hugepages of that pool
     host.run            argv (matching HOST_COMMANDS)     that command; `sysctl -p` gets the drop-in's path here
+    host.package        manager, action, unit, branch,    the GPU node units' packages (agent.helper.gpu_ops)
+                        version
+    host.runtime.config runtime, present                  bc's CDI keys in a container runtime's config (gpu_ops)
+    host.kubeadm.join   api_server, token, ca_cert_hashes, a join of a cluster root listed (gpu_ops)
+                        labels
     sshd.write          file (ca|krl|krl-src|dropin|      the file under <ssh>, 0644; content line-checked
                         principals), user?, data
     sshd.remove         file, user?                       remove it
@@ -36,8 +41,8 @@ request: the helper builds each from an id or a table key under its own
     update.remember     refused (a release or null)       the install record's last refused release
     kmsg.follow         after_seq                         a stream: each NVIDIA XID record of the kernel log
 
-The update and kmsg operations are in `update_ops` and `kmsg`, their I/O in
-`update_effects` and `follow`.
+The update, kmsg and GPU node unit operations are in `update_ops`, `kmsg`
+and `gpu_ops`, their I/O in `update_effects`, `follow` and `effects`.
 
 Root-equivalent sysctl keys (`bc.protocol.root_equiv`) are refused even when a
 quorum approved them: an unprivileged agent never asks root for what would
@@ -52,9 +57,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.converge import env_files
+from agent.converge import env_files, gpu_packages, kubeadm, runtime_config
 from agent.converge.host_units.gpu_sharing import MPS_SERVICE, mps_unit, plugin_config
-from agent.helper import kmsg, update_ops
+from agent.helper import gpu_ops, kmsg, update_ops
 from agent.helper.plans import (
     Effect,
     FollowKmsg,
@@ -292,6 +297,11 @@ HOST_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("systemctl", "daemon-reload"),
     ("systemctl", "enable|restart", re.escape(MPS_SERVICE)),
     ("systemctl", "disable", "--now", re.escape(MPS_SERVICE)),
+    # the GPU node units' fixed commands (agent.converge.gpu_packages, runtime_config, kubeadm): no variable part
+    *(tuple(map(re.escape, argv)) for argv in gpu_packages.driver_reload_argv()),
+    *(tuple(map(re.escape, gpu_packages.fabric_manager_argv(a))) for a in ("enable", "restart", "disable")),
+    *(("systemctl", "restart", re.escape(service)) for service in runtime_config.SERVICES.values()),
+    tuple(map(re.escape, kubeadm.RESET_ARGV)),
 )
 """The host units' commands, each token a full-match regex. `sysctl -p` loads the helper's own drop-in."""
 
@@ -443,6 +453,7 @@ TABLE: dict[str, tuple[frozenset[str], Planner]] = {
     "helper.hello": (frozenset(), _hello),
     **update_ops.TABLE,
     **kmsg.TABLE,
+    **gpu_ops.TABLE,
 }
 
 

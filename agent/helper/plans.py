@@ -1,6 +1,6 @@
 """What a planner returns: the effects, the layout they live under, and the refusal; and the argument readers.
 
-Shared by the operation tables (`ops`, `update_ops`, `kmsg`), which are pure,
+Shared by the operation tables (`ops`, `update_ops`, `kmsg`, `gpu_ops`), which are pure,
 and by the code that carries a plan out as root (`effects`, `update_effects`,
 `follow`). Every path an effect names is built by a planner from the
 `Layout` and fixed names; none comes from a request.
@@ -9,7 +9,7 @@ and by the code that carries a plan out as root (`effects`, `update_effects`,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,11 @@ class Layout:
         return self.root / "etc/bc/release-roots.pem"
 
     @property
+    def kube_clusters(self) -> Path:
+        """Root's list of the Kubernetes clusters this node may join: `<api server> sha256:<CA hash>` a line."""
+        return self.root / "etc/bc/kubernetes-clusters"
+
+    @property
     def kmsg(self) -> Path:
         """The kernel log: /dev/kmsg on a host; a FIFO under a test's root."""
         return self.root / "dev/kmsg"
@@ -86,6 +91,33 @@ class Remove:
 @dataclass(frozen=True)
 class Run:
     argv: tuple[str, ...]
+    timeout_s: float = 0.0
+    """0: the helper's default (agent.helper.effects.COMMAND_TIMEOUT_S); a package install takes longer."""
+
+
+@dataclass(frozen=True)
+class MergeConfig:
+    """Merge bc's CDI keys into (or out of) a container runtime's configuration file as root
+    (agent.converge.runtime_config): the helper reads the file and keeps every other setting."""
+
+    path: Path
+    kind: str
+    cdi_dirs: tuple[str, ...]
+    present: bool
+
+
+@dataclass(frozen=True)
+class KubeadmJoin:
+    """`kubeadm join --config` of a 0600 file (removed whatever the join did), once the cluster is one root
+    listed in `clusters` (its API server with every CA hash); no message carries the token."""
+
+    config: Path
+    data: bytes = field(repr=False)
+    argv: tuple[str, ...]
+    clusters: Path
+    api_server: str
+    ca_cert_hashes: tuple[str, ...]
+    secrets: tuple[str, ...] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -146,7 +178,18 @@ class FollowKmsg:
 
 
 Effect = (
-    Write | WriteInPlace | Remove | Run | Reply | UpdateStage | UpdateInstall | UpdateStep | UpdateRemember | FollowKmsg
+    Write
+    | WriteInPlace
+    | Remove
+    | Run
+    | Reply
+    | UpdateStage
+    | UpdateInstall
+    | UpdateStep
+    | UpdateRemember
+    | FollowKmsg
+    | MergeConfig
+    | KubeadmJoin
 )
 Plan = tuple[Effect, ...]
 Planner = Callable[[Mapping[str, Any], Layout], Plan]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from agent.converge.access import AccessConverger
 from agent.converge.host import HostConverger
+from agent.converge.host_ops import FakeRunner
 from agent.helper.client import HelperClient, HelperError
 from agent.helper.node_ops import (
     HelperHardware,
@@ -33,7 +34,7 @@ from agent.helper.node_ops import (
     HelperXids,
 )
 from agent.helper.ops import Layout
-from agent.hw.base import HardwareBackend
+from agent.hw.base import HardwareBackend, run_process
 from agent.hw.nvml import NvmlHardware
 from agent.offload import Offload
 from bc.protocol.pb import common_pb2
@@ -98,7 +99,9 @@ async def helper_seams(
     except (HelperError, KeyError, TypeError) as e:
         layout = Layout(root)
         log.warning("event=helper.unreachable socket=%s root=%s error=%r", socket_path, root, str(e))
-    ops = HelperHostOps(client, layout.root, data_dir / HOST_STATE_DIR, offload=offload)
+    # Read-only queries run in the agent: on the host, or the fake's stand-ins under --fake-hw.
+    query = run_process if hw.capabilities.touches_host else FakeRunner(tools=hw.capabilities.tools, offload=offload)
+    ops = HelperHostOps(client, layout.root, data_dir / HOST_STATE_DIR, offload=offload, query=query)
     xids = None
     if isinstance(hw, NvmlHardware):  # the unprivileged agent reads no kernel log: the helper streams its XIDs
         xids = hw.xids = HelperXids(client, fallback=hw.xids)

@@ -205,3 +205,6 @@ class Capabilities:
     health: HealthFactory
     tools: Mapping[str, HostTool] = field(default_factory=dict)
     """Host commands the backend answers itself: a stand-in host runner hands them these argv."""
+    nvswitches: tuple[str, ...] = ()
+    """A model's NVSwitches (PCI addresses), which its stand-in host root lists in sysfs; a real host's are
+    read there."""

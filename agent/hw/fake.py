@@ -39,6 +39,8 @@ from typing import Any
 from agent.health.readings import HealthSource
 from agent.hw.base import UNKNOWN_GPU, Capabilities, diag_entry, read_boot_id
 from agent.hw.fake_faults import FAULTS_FILE, FakeHealthSource, parse_faults
+from agent.hw.fake_gpu_host import TOOLS as GPU_HOST_TOOLS
+from agent.hw.fake_gpu_host import FakeGpuHost
 from agent.hw.fake_mig import FakeMig
 from agent.hw.slices import FAKE_SLICES_DIR, FakeSlices
 from agent.offload import Offload, to_thread
@@ -125,11 +127,17 @@ class FakeHardware:
             self.reboot_hook = reboot.hook
         self._data = _load_profile(profile)
         self._inventory = self._build(self._data)
-        self._overlaid: tuple[int, common_pb2.Inventory] | None = None
+        self._overlaid: tuple[tuple[int, str], common_pb2.Inventory] | None = None
         self.mig = FakeMig(seed, profile, self._data, state_dir)  # the MIG layout nvidia-smi changes (fake_mig)
-        # A model: its node never touches the host; `nvidia-smi` is answered by the MIG model.
+        # The driver, packages and services the GPU node host units change (fake_gpu_host).
+        self.gpu_host = FakeGpuHost(str(self._data.get("driver_version", "")), state_dir)
+        # A model: its node never touches the host; `nvidia-smi` is answered by the MIG model, the package
+        # managers, `modprobe`, `systemctl` and `kubeadm` by the GPU host model.
         self.capabilities = Capabilities(
-            touches_host=False, health=self._health_source, tools={"nvidia-smi": self.mig.handle}
+            touches_host=False,
+            health=self._health_source,
+            tools={"nvidia-smi": self.mig.handle, **dict.fromkeys(GPU_HOST_TOOLS, self.gpu_host.handle)},
+            nvswitches=tuple(str(s["pci_bus_id"]) for s in self._data.get("nvswitches", [])),
         )
 
     def _health_source(self, data_dir: Path, faults: Sequence[str]) -> HealthSource:
@@ -186,11 +194,12 @@ class FakeHardware:
 
         The MIG overlay is made once per layout change (`FakeMig.changes`), not on every read: the converge
         pass reads the inventory twice every 10 s on every simulated node."""
-        changes = self.mig.changes
+        changes = (self.mig.changes, self.gpu_host.loaded)
         if self._overlaid is None or self._overlaid[0] != changes:
             overlaid = common_pb2.Inventory()
             overlaid.CopyFrom(self._inventory)
             self.mig.overlay(overlaid)
+            overlaid.driver_version = self.gpu_host.loaded  # the loaded driver: a reload or reboot changes it
             self._overlaid = (changes, overlaid)
         inv = common_pb2.Inventory()
         inv.CopyFrom(self._overlaid[1])
@@ -316,6 +325,7 @@ class FakeHardware:
         await self.offload(self._count_reboot, self.state_dir / REBOOTS_FILE)
         new_id = self._new_boot_id()
         await self.offload(boot_anew, self.state_dir, new_id)
+        await self.offload(self.gpu_host.boot)  # the installed driver loads, enabled services start
         hook = inspect.getattr_static(self, "reboot_hook", None)  # static: a plain function must not bind to self
         if hook is not None:
             if isinstance(hook, staticmethod):

@@ -11,16 +11,19 @@ supports, a MIG profile its GPU offers). A unit name neither end knows is
 not refused here: the agent answers it UNSUPPORTED.
 
 Empty settings (`{}`, or an empty list) are valid and ask for nothing, except
-`gpu-sharing`, which needs its mode. Each parser takes the settings object (`settings_json`, parsed) and returns
-the unit's desired value, or raises `UnitInvalid` whose message starts with
-the unit's name.
+`gpu-sharing`, which needs its mode, and the GPU node units (`nvidia-driver`,
+`fabric-manager`, `container-toolkit`, `kubernetes`), which need what they
+install or join. No message here repeats a `kubernetes` token. Each parser
+takes the settings object (`settings_json`, parsed) and returns the unit's
+desired value, or raises `UnitInvalid` whose message starts with the unit's
+name.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -200,6 +203,162 @@ def parse_sharing(settings: Mapping[str, Any]) -> Sharing:
     return Sharing(mode, active_thread_percentage=pct)
 
 
+# -- nvidia-driver, fabric-manager: a driver branch and version from the OS package manager -----------
+
+_BRANCH = re.compile(r"[1-9][0-9]{2,3}")
+_DRIVER_VERSION = re.compile(r"([1-9][0-9]{2,3})(?:\.[0-9]{1,4}){1,2}")
+ACTIVATE = ("reboot", "reload")
+
+
+@dataclass(frozen=True)
+class Driver:
+    """A driver branch (`550`) and optionally its exact version (`550.127.05`; empty: the branch's newest)."""
+
+    branch: str
+    version: str = ""
+    activate: str = "reboot"
+    """How a newly installed driver is loaded: a reboot (a job; see docs/host.md) or a module reload on the node."""
+
+    def wants(self, loaded: str) -> bool:
+        """Whether a loaded (or installed upstream) version is the one these settings ask for."""
+        if self.version:
+            return loaded == self.version
+        return loaded.split(".", 1)[0] == self.branch and "." in loaded
+
+
+def _branch_version(unit: str, settings: Mapping[str, Any]) -> tuple[str, str]:
+    branch, version = settings.get("branch", ""), settings.get("version", "")
+    if not isinstance(branch, str) or not isinstance(version, str):
+        raise UnitInvalid(f'{unit}: branch and version must be strings like "550" and "550.127.05"')
+    if version:
+        m = _DRIVER_VERSION.fullmatch(version)
+        if m is None:
+            raise UnitInvalid(f"{unit}: version {version[:40]!r} is not a driver version like 550.127.05")
+        if branch and branch != m.group(1):
+            raise UnitInvalid(f"{unit}: version {version} is not of branch {branch[:8]}")
+        branch = m.group(1)
+    if not _BRANCH.fullmatch(branch):
+        raise UnitInvalid(f'{unit}: branch must be a driver branch like "550" (or give a version)')
+    return branch, version
+
+
+def parse_driver(settings: Mapping[str, Any]) -> Driver:
+    unknown = sorted(set(settings) - {"branch", "version", "activate"})
+    if unknown:
+        raise UnitInvalid(
+            f"nvidia-driver: unknown setting {unknown[0][:40]!r}; the settings are branch, version, activate"
+        )
+    branch, version = _branch_version("nvidia-driver", settings)
+    activate = settings.get("activate", "reboot")
+    if activate not in ACTIVATE:
+        raise UnitInvalid("nvidia-driver: activate must be reboot or reload")
+    return Driver(branch, version, str(activate))
+
+
+def parse_fabric_manager(settings: Mapping[str, Any]) -> Driver:
+    unknown = sorted(set(settings) - {"branch", "version"})
+    if unknown:
+        raise UnitInvalid(f"fabric-manager: unknown setting {unknown[0][:40]!r}; the settings are branch and version")
+    return Driver(*_branch_version("fabric-manager", settings))
+
+
+# -- container-toolkit -----------------------------------------------------------------------------
+
+RUNTIMES = ("containerd", "docker", "cri-o")
+_PACKAGE_VERSION = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,4}){1,3}")
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    runtimes: tuple[str, ...]
+    version: str = ""
+
+
+def parse_toolkit(settings: Mapping[str, Any]) -> Toolkit:
+    unknown = sorted(set(settings) - {"runtimes", "version"})
+    if unknown:
+        raise UnitInvalid(f"container-toolkit: unknown setting {unknown[0][:40]!r}; the settings are runtimes, version")
+    runtimes = settings.get("runtimes")
+    if not isinstance(runtimes, list) or not runtimes or not all(r in RUNTIMES for r in runtimes):
+        raise UnitInvalid(f"container-toolkit: runtimes must be a non-empty list of {', '.join(RUNTIMES)}")
+    if len(set(runtimes)) != len(runtimes):
+        raise UnitInvalid("container-toolkit: a runtime appears twice")
+    version = settings.get("version", "")
+    if not isinstance(version, str) or (version and not _PACKAGE_VERSION.fullmatch(version)):
+        raise UnitInvalid("container-toolkit: version must be a toolkit version like 1.17.3")
+    return Toolkit(tuple(r for r in RUNTIMES if r in runtimes), version)
+
+
+# -- kubernetes ------------------------------------------------------------------------------------
+
+_LABEL = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_DNS = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)*"
+_LABEL_KEY = re.compile(rf"(?:(?P<prefix>{_DNS})/)?{_LABEL}")
+_LABEL_VALUE = re.compile(rf"(?:{_LABEL})?")
+_ENDPOINT = re.compile(
+    rf"(?:{_DNS}|[0-9]{{1,3}}(?:\.[0-9]{{1,3}}){{3}}|\[[0-9a-fA-F:.]{{2,45}}\]):(?P<port>[0-9]{{1,5}})"
+)
+_TOKEN = re.compile(r"[a-z0-9]{6}\.[a-z0-9]{16}")
+_CA_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+MAX_LABELS = 64
+_KUBELET_FORBIDDEN = ("kubernetes.io", "k8s.io")
+
+
+@dataclass(frozen=True)
+class Join:
+    """A `kubeadm join` by bootstrap token: the token is a secret (never in a log, an event or a message)."""
+
+    api_server: str
+    token: str = field(repr=False)
+    ca_cert_hashes: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+def label_problem(key: Any, value: Any) -> str | None:
+    """Why a node label cannot be set by the kubelet at join, or None."""
+    if not isinstance(key, str) or len(key) > 317 or not (m := _LABEL_KEY.fullmatch(key)):
+        return f"label key {str(key)[:80]!r} is not a Kubernetes label key"
+    prefix = m.group("prefix") or ""
+    if len(prefix) > 253:
+        return f"label key {key[:80]!r} has a prefix longer than 253 characters"
+    if any(prefix == p or prefix.endswith("." + p) for p in _KUBELET_FORBIDDEN):
+        return f"label key {key[:80]!r} is in a namespace the kubelet may not set"
+    if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
+        return f"label {key[:80]}'s value is not a Kubernetes label value (63 of A-Z a-z 0-9 - _ .)"
+    return None
+
+
+def parse_join(settings: Mapping[str, Any]) -> Join:
+    allowed = {"api_server", "token", "ca_cert_hashes", "labels"}
+    unknown = sorted(set(settings) - allowed)
+    if unknown:
+        raise UnitInvalid(
+            f"kubernetes: unknown setting {unknown[0][:40]!r}; the settings are {', '.join(sorted(allowed))}"
+        )
+    server = settings.get("api_server")
+    m = _ENDPOINT.fullmatch(server) if isinstance(server, str) else None
+    if m is None or not 0 < int(m.group("port")) < 65536:
+        raise UnitInvalid("kubernetes: api_server must be host:port (a DNS name, an IPv4 address or [IPv6])")
+    token = settings.get("token")
+    if not isinstance(token, str) or not _TOKEN.fullmatch(token):  # never echoed: it is a secret
+        raise UnitInvalid("kubernetes: token must be a bootstrap token (6 and 16 of a-z 0-9, joined by a dot)")
+    hashes = settings.get("ca_cert_hashes")
+    if (
+        not isinstance(hashes, list)
+        or not 1 <= len(hashes) <= 8
+        or not all(isinstance(h, str) and _CA_HASH.fullmatch(h) for h in hashes)
+    ):
+        raise UnitInvalid("kubernetes: ca_cert_hashes must list 1 to 8 sha256:<64 hex> hashes of the cluster CA")
+    labels = settings.get("labels", {})
+    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
+        raise UnitInvalid(f"kubernetes: labels must be an object of at most {MAX_LABELS} labels")
+    for key, value in labels.items():
+        problem = label_problem(key, value)
+        if problem:
+            raise UnitInvalid(f"kubernetes: {problem}")
+    return Join(str(server), token, tuple(hashes), tuple(sorted(labels.items())))
+
+
 # -- all -------------------------------------------------------------------------------------------
 
 PARSERS: Mapping[str, Callable[[Mapping[str, Any]], Any]] = {
@@ -208,6 +367,10 @@ PARSERS: Mapping[str, Callable[[Mapping[str, Any]], Any]] = {
     "hugepages": parse_pools,
     "mig": parse_layouts,
     "gpu-sharing": parse_sharing,
+    "nvidia-driver": parse_driver,
+    "fabric-manager": parse_fabric_manager,
+    "container-toolkit": parse_toolkit,
+    "kubernetes": parse_join,
 }
 
 

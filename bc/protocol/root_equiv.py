@@ -19,7 +19,9 @@ cannot slip in unclassified. The classes:
 | `removed`        | it loses an entry (`access.revoked_serials`: un-revoking a certificate) |
 | `host-unit`      | a unit per `UNITS`: `kernel-modules` loading a new module, a sysctl key |
 |                  | outside `SYSCTL_OPERATOR_PREFIXES` or in `SYSCTL_ROOT_KEYS`, any unit   |
-|                  | this table does not know (a future driver or package unit)              |
+|                  | this table does not know (a future unit); every change of the units that |
+|                  | install packages or join a cluster (`nvidia-driver`, `fabric-manager`,  |
+|                  | `container-toolkit`, `kubernetes`)                                      |
 
 Revoking (`bc ssh revoke`, a serial added to the KRL) takes privilege away and
 is never root-equivalent; a serial leaving the KRL is, on both ends (the
@@ -202,6 +204,15 @@ def _never(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _always(why: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]]:
+    """A unit whose every addition or change installs root code or hands root to someone else."""
+
+    def rule(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+        return [why]
+
+    return rule
+
+
 UnitRule = Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]]
 
 UNITS: Mapping[str, UnitRule] = {
@@ -210,6 +221,15 @@ UNITS: Mapping[str, UnitRule] = {
     "hugepages": _never,
     "mig": _never,
     "gpu-sharing": _never,
+    "nvidia-driver": _always(
+        "installs an NVIDIA driver from the OS package manager (kernel modules and root packages)"
+    ),
+    "fabric-manager": _always("installs and runs NVIDIA Fabric Manager (a package and a root service)"),
+    "container-toolkit": _always(
+        "installs nvidia-container-toolkit and changes the container runtimes' configuration (what every container"
+        " start runs as root)"
+    ),
+    "kubernetes": _always("joins the node to a Kubernetes cluster, whose control plane then runs pods on it as root"),
 }
 """The host units this table knows; a unit missing here is root-equivalent whenever it is added or changed."""
 

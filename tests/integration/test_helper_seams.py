@@ -25,6 +25,7 @@ from agent.helper.ops import Layout
 from agent.helper.server import HelperServer
 from agent.helper.wiring import helper_seams
 from agent.hw.fake import FakeHardware
+from agent.hw.fake_host import seed_host_root
 from agent.offload import to_thread
 from bc.protocol.pb import session_pb2, spec_pb2
 
@@ -107,6 +108,8 @@ async def test_a_gpu_reset_goes_to_the_helper_and_is_refused_when_not_allowed(ri
     assert rig.runner.calls == [["nvidia-smi", "--gpu-reset", "-i", uuid]]
 
 
+TOKEN = "abcdef.0123456789abcdef"
+CA_HASH = "sha256:" + "ab" * 32
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICgSvCEPeeLHJiWeXDoCuN5bdn6mpHrcxSLMYt/aGFcW"
 
 
@@ -138,3 +141,51 @@ async def test_the_access_section_lands_in_the_helpers_ssh_dir_checked_and_reloa
     assert gone.message.startswith("helper: sshd.reload failed: systemctl reload ssh exited 1")
     assert not (ssh / "ca.pub").exists()
     assert (rig.tmp / "data/access/.reload-owed").exists()  # the debt is the agent's, in its data dir
+
+
+async def test_gpu_node_units_install_configure_and_join_through_the_helper(tmp_path: Path) -> None:
+    """The driver, the container runtimes' CDI and a Kubernetes join as typed helper operations: the helper
+    builds the argv and paths, merges into its own files, and joins only a cluster root listed."""
+    hw = FakeHardware("hgx-h100-8", "node-a", state_dir=tmp_path / "hw")
+    layout, runner = Layout(tmp_path / "root"), FakeRunner(tools=hw.capabilities.tools)
+    seed_host_root(layout.root, hw.inventory(), hw.capabilities.nvswitches)
+    (layout.root / "etc/docker").mkdir(parents=True)
+    (layout.root / "etc/docker/daemon.json").write_text('{"log-driver": "journald"}')
+    server = await HelperServer(layout, os.getuid(), run=runner).start(tmp_path / "helper.sock")
+    async with server:
+        seams = await helper_seams(tmp_path / "helper.sock", hw, tmp_path / "data", root=Path("/"), offload=to_thread)
+        join = {"api_server": "10.0.0.1:6443", "token": TOKEN, "ca_cert_hashes": [CA_HASH]}
+        units = {
+            "nvidia-driver": {"version": "550.127.05"},
+            "container-toolkit": {"runtimes": ["docker"]},
+            "kubernetes": join,
+        }
+        section = spec_pb2.HostSection(
+            units=[spec_pb2.HostUnit(name=n, settings_json=json.dumps(s)) for n, s in units.items()]
+        )
+        refused = await seams.host.converge(section, 1)
+        assert (refused.state, refused.terminal) == (FAILED, False)
+        assert "is not in" in refused.message and "kubernetes-clusters" in refused.message
+        assert "0123456789abcdef" not in refused.message
+        assert hw.gpu_host.installed["nvidia-driver-550"] == "550.127.05"  # the other units still converged
+        docker = json.loads((layout.root / "etc/docker/daemon.json").read_text())
+        assert docker["cdi-spec-dirs"][0] == str(layout.cdi_dir) and docker["log-driver"] == "journald"
+        assert ["systemctl", "restart", "docker.service"] in runner.calls
+
+        layout.kube_clusters.parent.mkdir(parents=True, exist_ok=True)
+        layout.kube_clusters.write_text(f"# root's list\n10.0.0.1:6443 {CA_HASH}\n")
+        joined = await seams.host.converge(section, 2)
+        assert joined.state == CONVERGED, joined.message
+        assert (layout.root / "etc/kubernetes/kubelet.conf").exists()
+        assert not (layout.root / "etc/kubernetes/bc-join.yaml").exists()
+        assert ["kubeadm", "join", "--config", str(layout.root / "etc/kubernetes/bc-join.yaml")] in runner.calls
+        conditions = {v.type: v.reason for v in seams.host.verdicts}
+        assert conditions == {
+            "DriverMismatch": "RebootRequired",
+            "ContainerToolkitReady": "Configured",
+            "KubernetesJoined": "Joined",
+        }
+        record = (tmp_path / "data/host-state/etc/bc/host-units/kubernetes.json").read_text()
+        assert "0123456789abcdef" not in record
+    server.close()
+    await server.wait_closed()

@@ -3,7 +3,8 @@
 A `kernel.core_pattern` pipe, `kernel.modprobe` and the other keys that name
 a program the kernel runs or widen its attack surface, a sysctl key outside
 the operator's allowlist, a kernel module to load, a host unit bc does not
-know (a future driver or package unit), a daemon release: each is
+know, one that installs packages or a driver or joins a Kubernetes cluster,
+a daemon release: each is
 root-equivalent (bc.protocol.root_equiv) and needs the admin role. The
 operator's call is refused with the reason and nothing is stored (a rollout
 job that would patch it fails at its node's step, before any write); the
@@ -47,7 +48,22 @@ ROOT_SYSCTLS = {
 REFUSED = {
     **{f"sysctl {k}": ("host", host({"sysctl": {k: v}})) for k, v in ROOT_SYSCTLS.items()},
     "kernel-modules": ("host", host({"kernel-modules": {"modules": ["evil"]}})),
-    "an unknown unit": ("host", host({"nvidia-driver": {"version": "550"}})),
+    "an unknown unit": ("host", host({"infiniband": {"mode": "ipoib"}})),
+    "nvidia-driver": ("host", host({"nvidia-driver": {"branch": "550"}})),
+    "fabric-manager": ("host", host({"fabric-manager": {"version": "550.127.05"}})),
+    "container-toolkit": ("host", host({"container-toolkit": {"runtimes": ["containerd"]}})),
+    "kubernetes": (
+        "host",
+        host(
+            {
+                "kubernetes": {
+                    "api_server": "10.0.0.1:6443",
+                    "token": "abcdef.0123456789abcdef",
+                    "ca_cert_hashes": ["sha256:" + "ab" * 32],
+                }
+            }
+        ),
+    ),
     "daemon": ("daemon", json.dumps({"version": "9.9.9", "url": "https://evil.example/bc", "sha256": "ab" * 32})),
 }
 

@@ -19,6 +19,13 @@ class with this shape. The converger (agent.converge.host) calls, per pass:
   runtime effects are undone where that means something.
 
 `write_files` is the shared whole-or-nothing write of a unit's drop-ins.
+
+The GPU node units (nvidia_driver, fabric_manager, container_toolkit,
+kubernetes) also say what they see as a condition (`Observed`): after every
+pass the converger asks each for its verdicts (agent.health.rules), which the
+health monitor reports with the node's other conditions, so a health
+reconciler sees a unit that failed or waits. `host_manager` and
+`installed_version` are their shared reads of the host.
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
+from agent.converge.gpu_packages import Package, package_manager, query_argv, upstream_version
 from agent.converge.host_ops import HostOps
+from agent.health.rules import Verdict
 from agent.hw.base import HardwareBackend
 from bc.protocol.host_units import UnitInvalid
 from bc.protocol.pb import common_pb2
@@ -36,6 +46,7 @@ from bc.protocol.pb import common_pb2
 __all__ = [
     "Applied",
     "HostContext",
+    "Observed",
     "Record",
     "Unit",
     "UnitInvalid",
@@ -68,6 +79,8 @@ class HostContext:
     inventory: Callable[[], Awaitable[common_pb2.Inventory]]
     held_gpus: Callable[[], Awaitable[set[str]]]
     """GPU UUIDs with a hold on them or on a part of them (the devices converger's CDI files)."""
+    cdi_dir: Path | None = None
+    """Where bc's CDI specs are (the container runtimes are pointed there)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,45 @@ class Unit(Protocol):
     async def apply(self, desired: Any, record: Record | None, ctx: HostContext) -> Applied: ...
 
     async def remove(self, record: Record, ctx: HostContext) -> None: ...
+
+
+@runtime_checkable
+class Observed(Protocol):
+    """A unit whose state is a condition: `condition` its type, `good` the status that means all is well."""
+
+    condition: str
+    good: str
+
+    async def conditions(self, desired: Any, error: str | None, ctx: HostContext) -> list[Verdict]:
+        """The unit's verdicts after a pass; `error` is why its apply failed in this pass (None: it did not)."""
+        ...
+
+
+def bad(condition: tuple[str, str], reason: str, message: str) -> Verdict:
+    """`condition`: its type and the status that is good; this verdict has the other."""
+    return Verdict(condition[0], "False" if condition[1] == "True" else "True", reason, message)
+
+
+def good(condition: tuple[str, str], reason: str, message: str = "") -> Verdict:
+    return Verdict(condition[0], condition[1], reason, message)
+
+
+async def host_manager(ctx: HostContext, unit: str) -> str:
+    """apt or dnf, from the host's `etc/os-release`; UnitInvalid on a host with neither."""
+    data = await ctx.ops.read("etc/os-release")
+    if data is None:
+        data = await ctx.ops.read("usr/lib/os-release")
+    manager = package_manager(data.decode("utf-8", "replace")) if data is not None else None
+    if manager is None:
+        raise UnitInvalid(f"{unit}: this host's OS (etc/os-release) has neither apt nor dnf")
+    return manager
+
+
+async def installed_version(ctx: HostContext, manager: str, pkg: Package) -> str:
+    """The package's installed upstream version (`550.127.05`), or "" when it is not installed."""
+    result = await ctx.ops.query(*query_argv(manager, pkg))
+    text = result.stdout.decode("utf-8", "replace").strip()
+    return upstream_version(text) if result.returncode == 0 and text else ""
 
 
 def sha256(data: bytes) -> str:
