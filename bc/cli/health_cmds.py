@@ -3,6 +3,8 @@
     bc health [--json]                                           conditions, queue, running, cordons, limits
     bc health policy show [--json]                               the policy in force and its versions
     bc health policy set POLICY|@FILE|@- [--reason TEXT] [--json]   a new version (admin)
+    bc health gpu cordon NODE GPU --reason TEXT [--json]          keep new holds off a GPU (operator)
+    bc health gpu return NODE GPU [--reason TEXT] [--json]        a quarantined or cordoned GPU back (operator)
 
 Every string a node reported (a condition's reason and message) or an operator wrote (a policy's reason)
 leaves through `bc.cli.output`'s escaping writer, like every other table.
@@ -186,6 +188,62 @@ def policy_set(policy_json: str, reason: str, as_json: bool) -> None:
 
     info = run_client(go)
     emit(as_json, lambda: _policy_doc(info), lambda: f"health policy v{info.version} set")
+
+
+@health.group("gpu")
+def gpu() -> None:
+    """One GPU out of placement and back: a person's cordon, and the return of a quarantined GPU (operator)."""
+
+
+def _change_doc(c: admin_pb2.GpuCordonChange) -> dict[str, object]:
+    return {
+        "node_id": c.node_id,
+        "gpu_uuid": c.gpu_uuid,
+        "reason": c.cordon.reason,
+        "quarantined": c.cordon.quarantined,
+        "episode_id": c.cordon.episode_id,
+        "still_sick": c.still_sick,
+    }
+
+
+@gpu.command("cordon")
+@click.argument("node_id", metavar="NODE")
+@click.argument("gpu_name", metavar="GPU")
+@click.option("--reason", required=True, help="Why (kept with the cordon, shown in `bc health`).")
+@json_option
+def gpu_cordon(node_id: str, gpu_name: str, reason: str, as_json: bool) -> None:
+    """Keep new holds off GPU (its UUID or index) of NODE until someone returns it; holds on it stay."""
+
+    async def go(c: AdminClient) -> admin_pb2.GpuCordonChange:
+        return await c.cordon_gpu(node_id, gpu_name, reason)
+
+    info = run_client(go)
+    emit(as_json, lambda: _change_doc(info), lambda: f"cordoned GPU {info.gpu_uuid} of {info.node_id}")
+
+
+@gpu.command("return")
+@click.argument("node_id", metavar="NODE")
+@click.argument("gpu_name", metavar="GPU")
+@click.option("--reason", default="", help="Why (kept in the health.gpu.returned event).")
+@json_option
+def gpu_return(node_id: str, gpu_name: str, reason: str, as_json: bool) -> None:
+    """Return a quarantined or cordoned GPU (its UUID or index) of NODE to placement."""
+
+    async def go(c: AdminClient) -> admin_pb2.GpuCordonChange:
+        return await c.return_gpu(node_id, gpu_name, reason)
+
+    info = run_client(go)
+
+    def text() -> Lines:
+        was = "quarantined" if info.cordon.quarantined else "cordoned"
+        note = (
+            f"note: it still reads {info.still_sick}: the health reconciler acts on it again under the policy"
+            if info.still_sick
+            else ""
+        )
+        return paragraphs(f"returned GPU {info.gpu_uuid} of {info.node_id} to placement (it was {was})", note)
+
+    emit(as_json, lambda: _change_doc(info), text)
 
 
 COMMANDS: tuple[click.Command, ...] = (health,)

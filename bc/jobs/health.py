@@ -62,8 +62,8 @@ MIN_GAP_S = 1.0
 BACKSTOP_S = 30.0
 """With no episode open, a pass reads the fleet only for news that can open one (`WAKING_TYPES`), and at least
 this often for what only time changes (a repeat window, the hour's action count)."""
-WAKING_TYPES = ("node.condition", "health.policy.set")
-"""What can open an episode when none is open: a condition that changed, a new policy."""
+WAKING_TYPES = ("node.condition", "health.policy.set", "health.gpu.returned")
+"""What can open an episode when none is open: a condition that changed, a new policy, a GPU a person returned."""
 REQUESTER = "health-reconciler"
 """Who the reconciler's jobs and batches name as their requester (it is no operator)."""
 MAX_REASON = 500

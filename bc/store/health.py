@@ -166,3 +166,16 @@ async def return_gpu(tx: Tx, node_id: str, gpu: str, episode_id: str | None = No
             {"n": node_id, "g": gpu, "e": episode_id},
         )
     return n == 1
+
+
+async def gpu_cordon(tx: Tx, node_id: str, gpu: str) -> Row | None:
+    """One GPU's cordon, if it has one."""
+    return await tx.fetchone("SELECT * FROM gpu_cordons WHERE node_id = :n AND gpu_uuid = :g", {"n": node_id, "g": gpu})
+
+
+async def open_episode_of(tx: Tx, node_id: str, gpu: str) -> Row | None:
+    """The GPU's open (queued or running) episode, if it has one."""
+    return await tx.fetchone(
+        "SELECT * FROM health_episodes WHERE node_id = :n AND gpu_uuid = :g AND state IN ('queued', 'running')",
+        {"n": node_id, "g": gpu},
+    )

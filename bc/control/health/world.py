@@ -65,7 +65,10 @@ async def load(tx: Tx, now_ms: int) -> Loaded:
         recent=recent,
         nodes=nodes,
         busy=frozenset((str(b["node_id"]), str(b["gpu_uuid"])) for b in await health_sql.busy_gpus(tx, now_ms)),
-        quarantined=frozenset((str(c["node_id"]), str(c["gpu_uuid"])) for c in cordons if c["quarantined"]),
+        # kept out for a person: quarantined, or cordoned by one (`bc health gpu cordon`, no episode)
+        quarantined=frozenset(
+            (str(c["node_id"]), str(c["gpu_uuid"])) for c in cordons if c["quarantined"] or c["episode_id"] is None
+        ),
         actions=await health_sql.action_times(tx, now_ms - d.HOUR_MS),
     )
     return Loaded(world, version, rows)

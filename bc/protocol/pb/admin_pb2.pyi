@@ -1257,6 +1257,38 @@ class SetHealthPolicyRequest(_message.Message):
     reason: str
     def __init__(self, policy_json: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class CordonGpuRequest(_message.Message):
+    __slots__ = ("node_id", "gpu", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu: str
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., gpu: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReturnGpuRequest(_message.Message):
+    __slots__ = ("node_id", "gpu", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu: str
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., gpu: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class GpuCordonChange(_message.Message):
+    __slots__ = ("node_id", "gpu_uuid", "cordon", "still_sick")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    CORDON_FIELD_NUMBER: _ClassVar[int]
+    STILL_SICK_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu_uuid: str
+    cordon: GpuCordonInfo
+    still_sick: str
+    def __init__(self, node_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., cordon: _Optional[_Union[GpuCordonInfo, _Mapping]] = ..., still_sick: _Optional[str] = ...) -> None: ...
+
 class SshCaInitRequest(_message.Message):
     __slots__ = ("public_key",)
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
