@@ -43,13 +43,21 @@ def health_text(h: admin_pb2.HealthInfo) -> Lines:
     conditions = render_table(
         ("NODE", "GPU", "REASON", "SINCE", "RULE", "ACTION", "EPISODE"),
         [
-            (c.node_id, c.gpu_uuid, c.reason, format_time_ms(c.since_ms), c.rule, c.action, c.episode_id)
+            (
+                c.node_id,
+                c.gpu_uuid or "(node)",
+                c.reason if c.gpu_uuid else f"{c.type}: {c.reason}",
+                format_time_ms(c.since_ms),
+                c.rule,
+                c.action,
+                c.episode_id,
+            )
             for c in h.conditions
         ],
     )
     queue = render_table(
         ("EPISODE", "NODE", "GPU", "RULE", "ACTION", "WAITS FOR"),
-        [(e.id, e.node_id, e.gpu_uuid, e.rule, e.action, e.wait_reason) for e in h.queue],
+        [(e.id, e.node_id, e.gpu_uuid or "(node)", e.rule, e.action, e.wait_reason) for e in h.queue],
     )
     running = render_table(
         ("EPISODE", "NODE", "GPU", "STAGE", "JOB", "JOB STATE", "STARTED", "WAITS FOR"),
@@ -57,7 +65,7 @@ def health_text(h: admin_pb2.HealthInfo) -> Lines:
             (
                 e.id,
                 e.node_id,
-                e.gpu_uuid,
+                e.gpu_uuid or "(node)",
                 e.stage,
                 e.dag_id,
                 e.job_state,
@@ -82,11 +90,14 @@ def health_text(h: admin_pb2.HealthInfo) -> Lines:
     )
     recent = render_table(
         ("EPISODE", "NODE", "GPU", "STATE", "ENDED", "OUTCOME"),
-        [(e.id, e.node_id, e.gpu_uuid, e.state, format_time_ms(e.ended_at_ms), e.outcome) for e in h.recent],
+        [
+            (e.id, e.node_id, e.gpu_uuid or "(node)", e.state, format_time_ms(e.ended_at_ms), e.outcome)
+            for e in h.recent
+        ],
     )
     return paragraphs(
         _limits(h),
-        lines("sick GPUs:", conditions) if h.conditions else "sick GPUs: none",
+        lines("sick GPUs and nodes:", conditions) if h.conditions else "sick GPUs and nodes: none",
         lines("queue:", queue) if h.queue else "queue: empty",
         lines("running:", running) if h.running else "running: none",
         lines("GPU cordons:", cordons) if h.cordons else "",
