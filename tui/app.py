@@ -19,6 +19,7 @@ from tui.screens.base import BcScreen
 from tui.screens.commands import CommandsScreen
 from tui.screens.events import EventsScreen
 from tui.screens.fleet import FleetScreen
+from tui.screens.health import HealthScreen
 from tui.screens.jobs import JobsScreen
 from tui.screens.node import NodeScreen
 from tui.screens.reservations import ReservationsScreen
@@ -36,6 +37,7 @@ class BcTui(App[None]):
         "reservations": ReservationsScreen,
         "commands": CommandsScreen,
         "events": EventsScreen,
+        "health": HealthScreen,
     }
     BINDINGS = [
         Binding("1", "switch_mode('fleet')", "Fleet"),
@@ -44,6 +46,7 @@ class BcTui(App[None]):
         Binding("4", "switch_mode('reservations')", "Reservations"),
         Binding("5", "switch_mode('commands')", "Commands"),
         Binding("6", "switch_mode('events')", "Events"),
+        Binding("7", "switch_mode('health')", "Health"),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]

@@ -275,6 +275,46 @@ class FakeSource:
     ) -> admin_pb2.BatchInfo:
         return await self.get_batch(batch_id)
 
+    async def get_health(self) -> admin_pb2.HealthInfo:
+        """A fleet with one GPU in remediation, one queued behind the node limit, a driver waiting for a
+        reboot (shown), and a quarantined GPU."""
+        ids = sorted(self.nodes)
+        h = admin_pb2.HealthInfo(
+            policy_version=2,
+            enabled=True,
+            event_seq=len(self.events),
+            limits=admin_pb2.HealthLimitsInfo(
+                nodes=1, node_cap=1, actions_last_hour=1, actions_cap=4, per_label="", fleet_size=len(ids)
+            ),
+        )
+        h.conditions.add(
+            node_id=ids[0], gpu_uuid="GPU-0a1b", reason="Xid79", message="XID 79: GPU has fallen off the bus",
+            since_ms=1_700_000_000_000, rule="xid:79", action="reset", episode_id="h-01",
+            type="GpuHealthy/GPU-0a1b",
+        )  # fmt: skip
+        h.conditions.add(
+            node_id=ids[1], gpu_uuid="GPU-2c3d", reason="EccUncorrectable",
+            message="3 uncorrectable volatile ECC errors", since_ms=1_700_000_060_000, rule="ecc", action="reset",
+            episode_id="h-02", type="GpuHealthy/GPU-2c3d",
+        )  # fmt: skip
+        h.conditions.add(
+            node_id=ids[2], reason="NotRunning", message="nvidia-fabricmanager is inactive",
+            since_ms=1_700_000_100_000, type="FabricManagerReady", action="none",
+        )  # fmt: skip
+        h.running.add(
+            id="h-01", node_id=ids[0], gpu_uuid="GPU-0a1b", state="running", action="reset", rule="xid:79",
+            stage="reset", dag_id="d-0007", job_state="running", started_at_ms=1_700_000_010_000,
+        )  # fmt: skip
+        h.queue.add(
+            id="h-02", node_id=ids[1], gpu_uuid="GPU-2c3d", state="queued", action="reset", rule="ecc",
+            opened_at_ms=1_700_000_060_000, wait_reason="1 of at most 1 node(s) are in remediation",
+        )  # fmt: skip
+        h.cordons.add(node_id=ids[0], gpu_uuid="GPU-0a1b", reason="health h-01: xid:79 (Xid79)", episode_id="h-01",
+                      since_ms=1_700_000_000_000)  # fmt: skip
+        h.cordons.add(node_id=ids[3], gpu_uuid="GPU-4e5f", reason="health h-00: quarantined: the reboot failed",
+                      episode_id="h-00", quarantined=True, since_ms=1_699_990_000_000)  # fmt: skip
+        return h
+
     async def list_jobs(self, *, include_all: bool = False) -> admin_pb2.ListJobsResponse:
         return admin_pb2.ListJobsResponse(jobs=self.jobs, pools=[admin_pb2.JobPool(name="reboots", capacity=2, held=1)])
 

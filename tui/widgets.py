@@ -111,7 +111,7 @@ class PromptScreen(ModalScreen[str | None]):
 
 HELP = """bc tui: the live fleet view (a client of the Admin API; it never opens the store)
 
-Screens    1 fleet   2 approvals   3 jobs   4 reservations   5 commands   6 events
+Screens    1 fleet   2 approvals   3 jobs   4 reservations   5 commands   6 events   7 health
 Anywhere   ? help    ctrl+p find a node, DAG or batch    q quit
 Fleet      / filter   s sort (cycles columns)   enter node detail   g jump to a node
 Node       c cordon   u uncordon   r run a command   escape back

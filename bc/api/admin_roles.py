@@ -91,6 +91,11 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "GetSshGrant": (OPERATOR, "fetching an SSH certificate"),  # it may sign one its batch's quorum approved
     "SshRevoke": (OPERATOR, "revoking an SSH certificate"),
     "SshRecordCert": (OPERATOR, "recording an SSH certificate"),
+    # One GPU in or out of placement (never a hold released): narrower than a node's cordon (admin's, it
+    # takes a whole machine from every tenant), and what an operator who may already reset the GPU
+    # (`gpu.reset`) needs to finish the job a quarantine left "for a person" (docs/health.md).
+    "CordonGpu": (OPERATOR, "cordoning a GPU"),
+    "ReturnGpu": (OPERATOR, "returning a GPU to placement"),
     # admin: also tokens, node revoke/delete/cordon, approvers, operators and the PKI.
     "CreateToken": (ADMIN, "creating a join token"),
     "RevokeNode": (ADMIN, "revoking a node"),

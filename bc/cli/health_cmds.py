@@ -3,6 +3,8 @@
     bc health [--json]                                           conditions, queue, running, cordons, limits
     bc health policy show [--json]                               the policy in force and its versions
     bc health policy set POLICY|@FILE|@- [--reason TEXT] [--json]   a new version (admin)
+    bc health gpu cordon NODE GPU --reason TEXT [--json]          keep new holds off a GPU (operator)
+    bc health gpu return NODE GPU [--reason TEXT] [--json]        a quarantined or cordoned GPU back (operator)
 
 Every string a node reported (a condition's reason and message) or an operator wrote (a policy's reason)
 leaves through `bc.cli.output`'s escaping writer, like every other table.
@@ -41,13 +43,21 @@ def health_text(h: admin_pb2.HealthInfo) -> Lines:
     conditions = render_table(
         ("NODE", "GPU", "REASON", "SINCE", "RULE", "ACTION", "EPISODE"),
         [
-            (c.node_id, c.gpu_uuid, c.reason, format_time_ms(c.since_ms), c.rule, c.action, c.episode_id)
+            (
+                c.node_id,
+                c.gpu_uuid or "(node)",
+                c.reason if c.gpu_uuid else f"{c.type}: {c.reason}",
+                format_time_ms(c.since_ms),
+                c.rule,
+                c.action,
+                c.episode_id,
+            )
             for c in h.conditions
         ],
     )
     queue = render_table(
         ("EPISODE", "NODE", "GPU", "RULE", "ACTION", "WAITS FOR"),
-        [(e.id, e.node_id, e.gpu_uuid, e.rule, e.action, e.wait_reason) for e in h.queue],
+        [(e.id, e.node_id, e.gpu_uuid or "(node)", e.rule, e.action, e.wait_reason) for e in h.queue],
     )
     running = render_table(
         ("EPISODE", "NODE", "GPU", "STAGE", "JOB", "JOB STATE", "STARTED", "WAITS FOR"),
@@ -55,7 +65,7 @@ def health_text(h: admin_pb2.HealthInfo) -> Lines:
             (
                 e.id,
                 e.node_id,
-                e.gpu_uuid,
+                e.gpu_uuid or "(node)",
                 e.stage,
                 e.dag_id,
                 e.job_state,
@@ -80,11 +90,14 @@ def health_text(h: admin_pb2.HealthInfo) -> Lines:
     )
     recent = render_table(
         ("EPISODE", "NODE", "GPU", "STATE", "ENDED", "OUTCOME"),
-        [(e.id, e.node_id, e.gpu_uuid, e.state, format_time_ms(e.ended_at_ms), e.outcome) for e in h.recent],
+        [
+            (e.id, e.node_id, e.gpu_uuid or "(node)", e.state, format_time_ms(e.ended_at_ms), e.outcome)
+            for e in h.recent
+        ],
     )
     return paragraphs(
         _limits(h),
-        lines("sick GPUs:", conditions) if h.conditions else "sick GPUs: none",
+        lines("sick GPUs and nodes:", conditions) if h.conditions else "sick GPUs and nodes: none",
         lines("queue:", queue) if h.queue else "queue: empty",
         lines("running:", running) if h.running else "running: none",
         lines("GPU cordons:", cordons) if h.cordons else "",
@@ -186,6 +199,62 @@ def policy_set(policy_json: str, reason: str, as_json: bool) -> None:
 
     info = run_client(go)
     emit(as_json, lambda: _policy_doc(info), lambda: f"health policy v{info.version} set")
+
+
+@health.group("gpu")
+def gpu() -> None:
+    """One GPU out of placement and back: a person's cordon, and the return of a quarantined GPU (operator)."""
+
+
+def _change_doc(c: admin_pb2.GpuCordonChange) -> dict[str, object]:
+    return {
+        "node_id": c.node_id,
+        "gpu_uuid": c.gpu_uuid,
+        "reason": c.cordon.reason,
+        "quarantined": c.cordon.quarantined,
+        "episode_id": c.cordon.episode_id,
+        "still_sick": c.still_sick,
+    }
+
+
+@gpu.command("cordon")
+@click.argument("node_id", metavar="NODE")
+@click.argument("gpu_name", metavar="GPU")
+@click.option("--reason", required=True, help="Why (kept with the cordon, shown in `bc health`).")
+@json_option
+def gpu_cordon(node_id: str, gpu_name: str, reason: str, as_json: bool) -> None:
+    """Keep new holds off GPU (its UUID or index) of NODE until someone returns it; holds on it stay."""
+
+    async def go(c: AdminClient) -> admin_pb2.GpuCordonChange:
+        return await c.cordon_gpu(node_id, gpu_name, reason)
+
+    info = run_client(go)
+    emit(as_json, lambda: _change_doc(info), lambda: f"cordoned GPU {info.gpu_uuid} of {info.node_id}")
+
+
+@gpu.command("return")
+@click.argument("node_id", metavar="NODE")
+@click.argument("gpu_name", metavar="GPU")
+@click.option("--reason", default="", help="Why (kept in the health.gpu.returned event).")
+@json_option
+def gpu_return(node_id: str, gpu_name: str, reason: str, as_json: bool) -> None:
+    """Return a quarantined or cordoned GPU (its UUID or index) of NODE to placement."""
+
+    async def go(c: AdminClient) -> admin_pb2.GpuCordonChange:
+        return await c.return_gpu(node_id, gpu_name, reason)
+
+    info = run_client(go)
+
+    def text() -> Lines:
+        was = "quarantined" if info.cordon.quarantined else "cordoned"
+        note = (
+            f"note: it still reads {info.still_sick}: the health reconciler acts on it again under the policy"
+            if info.still_sick
+            else ""
+        )
+        return paragraphs(f"returned GPU {info.gpu_uuid} of {info.node_id} to placement (it was {was})", note)
+
+    emit(as_json, lambda: _change_doc(info), text)
 
 
 COMMANDS: tuple[click.Command, ...] = (health,)

@@ -75,6 +75,8 @@ WRITE_CHECKS = {
     "CancelJob": "bc jobs show DAG",
     "JobSlots": "bc jobs slots",
     "SetHealthPolicy": "bc health policy show",
+    "CordonGpu": "bc health",
+    "ReturnGpu": "bc health",
     "AddReleaseKey": "bc release status",
     "PublishRelease": "bc release status",
 }
@@ -463,6 +465,14 @@ class AdminClient:
     async def set_health_policy(self, policy_json: str, reason: str = "") -> admin_pb2.HealthPolicyInfo:
         req = admin_pb2.SetHealthPolicyRequest(policy_json=policy_json, reason=reason)
         return await self._unary("SetHealthPolicy", req, admin_pb2.HealthPolicyInfo)
+
+    async def cordon_gpu(self, node_id: str, gpu: str, reason: str) -> admin_pb2.GpuCordonChange:
+        req = admin_pb2.CordonGpuRequest(node_id=node_id, gpu=gpu, reason=reason)
+        return await self._unary("CordonGpu", req, admin_pb2.GpuCordonChange)
+
+    async def return_gpu(self, node_id: str, gpu: str, reason: str = "") -> admin_pb2.GpuCordonChange:
+        req = admin_pb2.ReturnGpuRequest(node_id=node_id, gpu=gpu, reason=reason)
+        return await self._unary("ReturnGpu", req, admin_pb2.GpuCordonChange)
 
     async def watch_job(self, dag_id: str) -> AsyncGenerator[admin_pb2.JobInfo, None]:
         """The DAG now, then at each change; the stream ends after the terminal one. No deadline, like `watch`."""

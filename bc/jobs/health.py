@@ -22,6 +22,10 @@ carries each decision out in the same transaction, with its event:
                 health.remediation.cleared, health.gpu.returned
     Wait        why a queued episode waits (`bc health` shows it): health.remediation.waiting, when it changes
 
+A node episode (a host unit's condition, `gpu` ""; `bc.control.health.decide`) cordons no GPU: its Start is
+the node's `reboot` job (its drain keeps new holds off the node, waits for the live ones, releases none; its
+own batch when approvers exist), and its Quarantine is `health.node.quarantined`, for a person.
+
 The job and the episode commit together (`JobEngine.submit_in`), so a `bc serve` killed at any instant
 leaves an episode with its job or neither; a restarted reconciler reads the episode's `dag_id` and goes on.
 A job the engine refuses (the node was deleted, the approvers could never approve) leaves its episode
@@ -62,8 +66,8 @@ MIN_GAP_S = 1.0
 BACKSTOP_S = 30.0
 """With no episode open, a pass reads the fleet only for news that can open one (`WAKING_TYPES`), and at least
 this often for what only time changes (a repeat window, the hour's action count)."""
-WAKING_TYPES = ("node.condition", "health.policy.set")
-"""What can open an episode when none is open: a condition that changed, a new policy."""
+WAKING_TYPES = ("node.condition", "health.policy.set", "health.gpu.returned")
+"""What can open an episode when none is open: a condition that changed, a new policy, a GPU a person returned."""
 REQUESTER = "health-reconciler"
 """Who the reconciler's jobs and batches name as their requester (it is no operator)."""
 MAX_REASON = 500
@@ -72,10 +76,8 @@ MAX_REASON = 500
 def reason_text(key: d.Key, rule: str, evidence: Mapping[str, Any], episode_id: str) -> str:
     """A job's and its batch's reason: the condition and its evidence, within the batch's 500 characters."""
     node, gpu = key
-    text = (
-        f"health {episode_id}: {rule} on GPU {gpu} of {node} ({evidence.get('reason', '')}:"
-        f" {evidence.get('message', '')})"
-    )
+    where = f"node {node} ({evidence.get('type', '')} " if not gpu else f"GPU {gpu} of {node} ("
+    text = f"health {episode_id}: {rule} on {where}{evidence.get('reason', '')}: {evidence.get('message', '')})"
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
 
 
@@ -214,6 +216,8 @@ class HealthReconciler:
         if x.quarantine_why:
             await self._quarantine(tx, x.key, eid, x.quarantine_why, now_ms)
             return
+        if x.condition.on_node:  # nothing to cordon: the reboot job's drain keeps new holds off the node
+            return
         reason = f"health {eid}: {x.match} ({x.condition.reason})"
         if await health_sql.cordon_gpu(tx, *x.key, reason, eid, False, REQUESTER, now_ms):
             await self._event(
@@ -227,14 +231,19 @@ class HealthReconciler:
     async def _start(self, tx: Tx, x: d.Start, row: Row, loaded: Loaded, now_ms: int) -> None:
         eid, state = str(row["id"]), str(row["state"])
         policy = loaded.world.policy
-        req = JobRequest(
-            "remediate",
-            (x.key[0],),
-            reason=reason_text(x.key, str(row["rule"]), x.evidence, eid),
-            gpus=(x.key[1],),
-            deadline_s=float(policy.drain_deadline_s),
-            gpu_scope=True,
-        )
+        stage = d.first_stage(x.action)
+        reason = reason_text(x.key, str(row["rule"]), x.evidence, eid)
+        if stage == d.REBOOT_STAGE:  # a node condition: the node's reboot job (drain, node.reboot)
+            req = JobRequest("reboot", (x.key[0],), reason=reason, deadline_s=float(policy.drain_deadline_s))
+        else:
+            req = JobRequest(
+                "remediate",
+                (x.key[0],),
+                reason=reason,
+                gpus=(x.key[1],),
+                deadline_s=float(policy.drain_deadline_s),
+                gpu_scope=True,
+            )
         try:
             dag_id = await self.jobs.submit_in(tx, req, REQUESTER, now_ms)
         except BcError as e:
@@ -245,9 +254,9 @@ class HealthReconciler:
             tx,
             eid,
             state,
-            {"state": d.RUNNING, "stage": d.RESET_STAGE, "dag_id": dag_id, "started_at_ms": now_ms, "wait_reason": ""},
+            {"state": d.RUNNING, "stage": stage, "dag_id": dag_id, "started_at_ms": now_ms, "wait_reason": ""},
         )
-        await health_sql.add_action(tx, eid, d.RESET_STAGE, now_ms)
+        await health_sql.add_action(tx, eid, stage, now_ms)
         used = d.limits_used(loaded.world)
         data = {
             "episode": eid,
@@ -265,7 +274,8 @@ class HealthReconciler:
         }
         await self._event(tx, "health.remediation.started", x.key, data, now_ms)
         if policy.drain == "ask":
-            holds = await health_sql.reservations_on_gpus(tx, x.key[0], [x.key[1]], now_ms)
+            gpus = [x.key[1]] if x.key[1] else None  # a node's reboot drains all of its GPUs
+            holds = await health_sql.reservations_on_gpus(tx, x.key[0], gpus, now_ms)
             if holds:
                 asked = {
                     "episode": eid,
@@ -297,6 +307,10 @@ class HealthReconciler:
             await self._event(tx, "health.gpu.returned", key, {"episode": eid, "node": key[0], "gpu": key[1]}, now_ms)
 
     async def _quarantine(self, tx: Tx, key: d.Key, eid: str, why: str, now_ms: int) -> None:
+        if not key[1]:  # a node: nothing cordoned; the reconciler leaves the condition to a person for a while
+            data = {"episode": eid, "node": key[0], "why": why, "for": "a person"}
+            await self._event(tx, "health.node.quarantined", key, data, now_ms)
+            return
         reason = f"health {eid}: quarantined: {why}"
         await health_sql.cordon_gpu(tx, *key, reason[:MAX_REASON], eid, True, REQUESTER, now_ms)
         data = {"episode": eid, "node": key[0], "gpu": key[1], "why": why, "for": "a person"}

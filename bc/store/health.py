@@ -51,18 +51,19 @@ async def busy_gpus(tx: Tx, now_ms: int) -> list[Row]:
     )
 
 
-async def reservations_on_gpus(tx: Tx, node_id: str, gpus: list[str], now_ms: int) -> list[Row]:
-    """The live reservations holding any of `gpus` on the node (id, tenant, end_ms), in id order: what a
-    GPU-scoped drain waits for."""
-    if not gpus:
+async def reservations_on_gpus(tx: Tx, node_id: str, gpus: list[str] | None, now_ms: int) -> list[Row]:
+    """The live reservations holding any of `gpus` on the node (None: any of its GPUs) (id, tenant, end_ms), in
+    id order: what a GPU-scoped drain (or a node's) waits for."""
+    if gpus is not None and not gpus:
         return []
-    names = {f"g{i}": g for i, g in enumerate(gpus)}
+    names = {f"g{i}": g for i, g in enumerate(gpus or [])}
     marks = ", ".join(f":{k}" for k in names)
+    on_gpus = f" AND b.gpu_uuid IN ({marks})" if gpus is not None else ""
     return await tx.fetchall(
         "SELECT r.id, r.tenant, MAX(b.end_ms) AS end_ms,"
         " SUM(CASE WHEN b.end_ms IS NULL THEN 1 ELSE 0 END) AS open_ended"
         " FROM reservations r JOIN device_bookings b ON b.reservation_id = r.id"
-        f" WHERE b.node_id = :n AND b.gpu_uuid IN ({marks}) AND b.released_at_ms IS NULL"
+        f" WHERE b.node_id = :n{on_gpus} AND b.released_at_ms IS NULL"
         " AND (b.end_ms IS NULL OR b.end_ms > :now) AND r.state NOT IN ('released', 'failed', 'ended', 'lost')"
         " GROUP BY r.id, r.tenant ORDER BY r.id",
         {"n": node_id, "now": now_ms, **names},
@@ -166,3 +167,16 @@ async def return_gpu(tx: Tx, node_id: str, gpu: str, episode_id: str | None = No
             {"n": node_id, "g": gpu, "e": episode_id},
         )
     return n == 1
+
+
+async def gpu_cordon(tx: Tx, node_id: str, gpu: str) -> Row | None:
+    """One GPU's cordon, if it has one."""
+    return await tx.fetchone("SELECT * FROM gpu_cordons WHERE node_id = :n AND gpu_uuid = :g", {"n": node_id, "g": gpu})
+
+
+async def open_episode_of(tx: Tx, node_id: str, gpu: str) -> Row | None:
+    """The GPU's open (queued or running) episode, if it has one."""
+    return await tx.fetchone(
+        "SELECT * FROM health_episodes WHERE node_id = :n AND gpu_uuid = :g AND state IN ('queued', 'running')",
+        {"n": node_id, "g": gpu},
+    )

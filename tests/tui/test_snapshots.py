@@ -46,6 +46,7 @@ def compare(name: str, svg: str) -> None:
         ("command_open", ["5", "enter"]),
         ("run_command", ["enter", "r"]),
         ("events", ["6"]),
+        ("health", ["7"]),
         ("help", ["question_mark"]),
     ],
 )

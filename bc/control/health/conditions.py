@@ -15,6 +15,16 @@ joined by `; `; each problem becomes a **signal** the policy matches:
 
 A message this module cannot read still gives the signal of its `reason` (`Xid79` → `xid:79`), so a
 newer agent's wording never hides a condition; a reason it does not know is the signal `other`.
+
+**Node conditions.** The host units' conditions (docs/host.md) are about the node, not one GPU: each bad
+one becomes a `GpuCondition` whose `gpu` is "" (the node itself; `NODE` below), with one signal:
+
+    condition (bad when)                              signal
+    DriverMismatch (True), reason RebootRequired      driver-reboot     (the default policy reboots the node)
+    DriverMismatch (True), any other reason           driver
+    FabricManagerReady (False)                        fabric-manager
+    ContainerToolkitReady (False)                     container-toolkit
+    KubernetesJoined (False)                          kubernetes
 """
 
 from __future__ import annotations
@@ -26,6 +36,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GPU_HEALTHY = "GpuHealthy/"
+NODE = ""
+"""The `gpu` of a node condition: the episode, its job and its limits are the node's."""
+
+NODE_CONDITIONS: Mapping[str, tuple[str, str]] = {
+    # type: (the status that is bad, its signal)
+    "DriverMismatch": ("True", "driver"),
+    "FabricManagerReady": ("False", "fabric-manager"),
+    "ContainerToolkitReady": ("False", "container-toolkit"),
+    "KubernetesJoined": ("False", "kubernetes"),
+}
+NODE_SIGNALS: tuple[str, ...] = ("driver-reboot", "driver", "fabric-manager", "container-toolkit", "kubernetes")
 
 REASON_SIGNALS: Mapping[str, str] = {
     "FallenOffBus": "offbus",
@@ -51,14 +72,24 @@ class GpuCondition:
     message: str
     since_ms: int
     signals: Mapping[str, int] = field(default_factory=dict)  # signal -> count (ECC errors; 1 for the rest)
+    type: str = ""
+    """The condition's type: `GpuHealthy/<uuid>`, or a node condition's (`DriverMismatch`); "" reads as the GPU's."""
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.node_id, self.gpu)
 
+    @property
+    def on_node(self) -> bool:
+        """A node condition (the host units'), not one GPU's."""
+        return self.gpu == NODE
+
     def evidence(self) -> dict[str, Any]:
         """What an event, a batch's reason and `bc health` say of it."""
-        return {"reason": self.reason, "message": self.message, "since_ms": self.since_ms}
+        out: dict[str, Any] = {"reason": self.reason, "message": self.message, "since_ms": self.since_ms}
+        if self.on_node:
+            out["type"] = self.type
+        return out
 
 
 def signals_of(reason: str, message: str) -> dict[str, int]:
@@ -104,16 +135,50 @@ def gpu_conditions(node_id: str, conditions: Sequence[Mapping[str, Any]]) -> lis
                 message=message,
                 since_ms=int(c.get("since_ms", 0) or 0),
                 signals=signals_of(reason, message),
+                type=ctype,
             )
         )
     return sorted(out, key=lambda g: g.gpu)
 
 
+def node_conditions(node_id: str, conditions: Sequence[Mapping[str, Any]]) -> list[GpuCondition]:
+    """The node's bad host-unit conditions (the module's second table), in type order."""
+    out: list[GpuCondition] = []
+    for c in conditions:
+        ctype = str(c.get("type", ""))
+        bad = NODE_CONDITIONS.get(ctype)
+        if bad is None or str(c.get("status", "")) != bad[0]:
+            continue
+        reason = str(c.get("reason", ""))
+        signal = "driver-reboot" if ctype == "DriverMismatch" and reason == "RebootRequired" else bad[1]
+        out.append(
+            GpuCondition(
+                node_id=node_id,
+                gpu=NODE,
+                reason=reason,
+                message=str(c.get("message", "")),
+                since_ms=int(c.get("since_ms", 0) or 0),
+                signals={signal: 1},
+                type=ctype,
+            )
+        )
+    return sorted(out, key=lambda g: g.type)
+
+
 def from_status(node_id: str, status_json: str) -> list[GpuCondition]:
     """`gpu_conditions` of a `nodes.status` text (an unreadable one has none)."""
+    return gpu_conditions(node_id, _conditions(status_json))
+
+
+def node_from_status(node_id: str, status_json: str) -> list[GpuCondition]:
+    """`node_conditions` of a `nodes.status` text."""
+    return node_conditions(node_id, _conditions(status_json))
+
+
+def _conditions(status_json: str) -> list[dict[str, Any]]:
     try:
         doc = json.loads(status_json or "{}")
     except ValueError:
         return []
     conds = doc.get("conditions", []) if isinstance(doc, dict) else []
-    return gpu_conditions(node_id, [c for c in conds if isinstance(c, dict)])
+    return [c for c in conds if isinstance(c, dict)]

@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-An **episode** is one GPU's stretch of being sick, from the condition the policy acts on to the GPU
-returned, quarantined or cleared. There is at most one open episode per GPU (`(node, gpu)` is its key),
+An **episode** is one GPU's (or one node's: a host unit's condition, `gpu` "") stretch of being sick,
+from the condition the policy acts on to the GPU returned, quarantined or cleared. There is at most one
+open episode per GPU (`(node, gpu)` is its key),
 so a condition that flaps, or is reported again by every status, joins the episode already open: one
 remediation job per episode, never one per flap. Its states, one table (`TRANSITIONS`):
 
@@ -29,6 +30,13 @@ the loop carries them out. In one call:
    and a node not yet in remediation fits `Limits.fleet_cap` and the `per_label` rule; the others `Wait`
    with the reason (`bc health` shows it).
 
+A **node episode** (`gpu` ""; a host unit's condition such as `DriverMismatch` `RebootRequired`, whose
+rule says `reboot`) starts at stage `reboot` with the node's `reboot` job (its drain waits for every hold
+on the node and never releases one), under the same limits; it finishes when the job is done and is
+quarantined when it is not. Nothing is cordoned for it (the job's drain keeps new holds off the node while
+it runs), so what keeps a failed one from rebooting the node again is step 3: a node condition does not
+open again within `repeat_window_s` of an episode of it that ended quarantined.
+
 So, under any sequence of conditions and outcomes, the nodes in remediation never exceed the cap, two
 nodes of one `per_label` value are never in remediation together, and no rolling hour holds more than
 `max_actions_per_hour` starts and escalations (tests/unit/health/test_health_decide.py checks it with
@@ -42,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bc.control.health.conditions import GpuCondition
-from bc.control.health.policy import QUARANTINE, RESET_WHEN_IDLE, Policy
+from bc.control.health.policy import QUARANTINE, REBOOT, RESET_WHEN_IDLE, Policy
 from bc.errors import ProtocolError
 
 HOUR_MS = 3_600_000
@@ -62,6 +70,11 @@ TRANSITIONS: Mapping[tuple[str, str], str] = {
     (RUNNING, "quarantine"): QUARANTINED,
 }
 """The only way an episode moves; anything else is a bug (`next_state` raises)."""
+
+
+def first_stage(action: str) -> str:
+    """The stage an episode starts at: a node's reboot, or a GPU's reset."""
+    return REBOOT_STAGE if action == REBOOT else RESET_STAGE
 
 
 def next_state(state: str, event: str) -> str:
@@ -117,7 +130,7 @@ class World:
     episodes: Sequence[Episode]
     """The open episodes (queued, running), one per GPU at most."""
     recent: Sequence[Episode] = ()
-    """Ended episodes that started (their `started_ms`), for the repeat window."""
+    """Episodes that ended within the repeat window: the last start of a GPU, a node's last quarantine."""
     nodes: Mapping[str, NodeFacts] = field(default_factory=dict)
     """The fleet: every live node of role node."""
     busy: frozenset[Key] = frozenset()
@@ -218,7 +231,10 @@ def _actions_in_hour(world: World) -> int:
 def decide(world: World) -> list[Decision]:
     p = world.policy
     out: list[Decision] = []
-    sick = {c.key: c for c in world.conditions}
+    sick: dict[Key, GpuCondition] = {}  # one per key: a node's conditions share it; the first that acts counts
+    for c in sorted(world.conditions, key=lambda c: (c.since_ms, c.key)):
+        if c.key not in sick or (p.action_for(sick[c.key].signals)[0] == "none" != p.action_for(c.signals)[0]):
+            sick[c.key] = c
     budget = p.limits.max_actions_per_hour - _actions_in_hour(world)
     ended: set[Key] = set()
 
@@ -231,9 +247,8 @@ def decide(world: World) -> list[Decision]:
             if j.state == "done":
                 out.append(Finish(e.key, "the node rebooted"))
             else:
-                out.append(
-                    Quarantine(e.key, f"the reboot after a failed reset ended {j.state}: {j.error or 'no reason'}")
-                )
+                what = "the reboot" if e.gpu == "" else "the reboot after a failed reset"
+                out.append(Quarantine(e.key, f"{what} ended {j.state}: {j.error or 'no reason'}"))
             ended.add(e.key)
         elif j.state == "done" and not j.reset_failed:
             out.append(Finish(e.key, "the GPU was reset and reads healthy"))
@@ -264,11 +279,15 @@ def decide(world: World) -> list[Decision]:
     # 3. sick GPUs with no open episode
     open_keys = {e.key for e in world.episodes}
     started_last = {r.key: r.started_ms for r in sorted(world.recent, key=lambda r: r.started_ms) if r.started_ms}
+    window_ms = p.repeat_window_s * 1000
+    node_held = {  # a node condition whose last episode failed: left to a person for the repeat window
+        r.key for r in world.recent if r.gpu == "" and r.state == QUARANTINED and world.now_ms - r.ended_ms < window_ms
+    }
     waiting: list[tuple[int, Key, str]] = [
         (e.opened_ms, e.key, e.action) for e in queued if e.key not in ended and e.key in sick
     ]
-    for c in sorted(world.conditions, key=lambda c: (c.since_ms, c.key)):
-        if c.key in open_keys or c.key in world.quarantined or c.node_id not in world.nodes:
+    for c in sorted(sick.values(), key=lambda c: (c.since_ms, c.key)):
+        if c.key in open_keys or c.key in world.quarantined or c.key in node_held or c.node_id not in world.nodes:
             continue
         action, match = p.action_for(c.signals)
         if action == "none":
@@ -277,8 +296,9 @@ def decide(world: World) -> list[Decision]:
         last = started_last.get(c.key)
         if action == QUARANTINE:
             why = f"the policy quarantines {match}"
-        elif last is not None and world.now_ms - last < p.repeat_window_s * 1000:
-            why = f"a second failure of this GPU within {p.repeat_window_s} s of its last remediation"
+        elif last is not None and world.now_ms - last < window_ms:
+            what = "node" if c.gpu == "" else "GPU"
+            why = f"a second failure of this {what} within {p.repeat_window_s} s of its last remediation"
         out.append(Open(c, action, match, why))
         open_keys.add(c.key)
         if not why:

@@ -20,6 +20,9 @@ turns a limit off.
 Rules are read in order; the first whose `match` a condition carries (`xid:*` matches any XID) decides.
 Actions: `reset` (cordon the GPU, drain, `gpu.reset`, `diag.nvml`, return), `reset-when-idle` (the same,
 started only once no live hold is on the GPU), `quarantine` (cordon for good, raised for a person), `none`.
+A node condition's signal (`driver-reboot`, `driver`, `fabric-manager`, `container-toolkit`, `kubernetes`:
+`bc.control.health.conditions`) takes `reboot` (the node's `reboot` job: drain, `node.reboot`) or `none`;
+the defaults reboot for `driver-reboot` (an installed driver that needs a reboot) and leave the others alone.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ from typing import Any
 
 from bc.errors import UsageError
 
-RESET, RESET_WHEN_IDLE, QUARANTINE, NONE = "reset", "reset-when-idle", "quarantine", "none"
-ACTIONS: tuple[str, ...] = (RESET, RESET_WHEN_IDLE, QUARANTINE, NONE)
+RESET, RESET_WHEN_IDLE, QUARANTINE, NONE, REBOOT = "reset", "reset-when-idle", "quarantine", "none", "reboot"
+ACTIONS: tuple[str, ...] = (RESET, RESET_WHEN_IDLE, QUARANTINE, NONE, REBOOT)
+NODE_MATCHES: tuple[str, ...] = ("driver-reboot", "driver", "fabric-manager", "container-toolkit", "kubernetes")
+NODE_ACTIONS: tuple[str, ...] = (REBOOT, NONE)
+"""What a rule on a node condition may do; a GPU's rules may do anything else (and `none`)."""
 DRAINS: tuple[str, ...] = ("wait", "ask")
 ON_RESET_FAILURE: tuple[str, ...] = ("reboot", "quarantine")
 MATCHES: tuple[str, ...] = ("offbus", "ecc", "remap-failed", "remap-pending", "throttle", "other", "xid:*")
@@ -77,6 +83,7 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("xid:95", RESET),
     Rule("ecc", RESET),
     Rule("remap-pending", RESET_WHEN_IDLE),
+    Rule("driver-reboot", REBOOT),
 )
 
 
@@ -192,10 +199,13 @@ def _choice(v: object, choices: tuple[str, ...], key: str) -> str:
 
 
 def _match(v: object, where: str) -> str:
-    if isinstance(v, str) and (v in MATCHES or (v.startswith("xid:") and v[4:].isdigit() and 0 < int(v[4:]) < 100_000)):
+    if isinstance(v, str) and (
+        v in MATCHES or v in NODE_MATCHES or (v.startswith("xid:") and v[4:].isdigit() and 0 < int(v[4:]) < 100_000)
+    ):
         return v
     raise UsageError(
-        f"{where}: match must be xid:N, xid:* or one of {', '.join(MATCHES[:-1])}, not {json.dumps(v)[:40]}"
+        f"{where}: match must be xid:N, xid:* or one of {', '.join(MATCHES[:-1] + NODE_MATCHES)},"
+        f" not {json.dumps(v)[:40]}"
     )
 
 
@@ -219,6 +229,12 @@ def _rules(v: object) -> tuple[Rule, ...]:
         )
         if rule.at_least != 1 and rule.match != "ecc":
             raise UsageError(f"{where}: at_least counts ECC errors; only an ecc rule takes it")
+        if rule.match in NODE_MATCHES and rule.action not in NODE_ACTIONS:
+            raise UsageError(f"{where}: {rule.match} is a node condition; its action is reboot or none")
+        if rule.match not in NODE_MATCHES and rule.action == REBOOT:
+            raise UsageError(
+                f"{where}: reboot is a node condition's action; a GPU's is reset, reset-when-idle or quarantine"
+            )
         out.append(rule)
     return tuple(out)
 

@@ -1,9 +1,10 @@
 """The health reconciler's world as the store holds it: one read the loop and `bc health` share.
 
-`load(tx, now_ms)` reads the policy in force, every live node of role node with its stored conditions, the
-open episodes with their jobs' outcomes, the episodes that ended within the repeat window, the GPUs under a
-live hold, the quarantined GPUs and the automatic actions of the last hour, into the pure
-`bc.control.health.decide.World` (and the episode rows the loop writes back to).
+`load(tx, now_ms)` reads the policy in force, every live node of role node with its stored conditions (its
+GPUs' and its host units'), the open episodes with their jobs' outcomes, the episodes that started or were
+quarantined within the repeat window, the GPUs under a live hold, the GPUs kept out for a person and the
+automatic actions of the last hour, into the pure `bc.control.health.decide.World` (and the episode rows
+the loop writes back to).
 """
 
 from __future__ import annotations
@@ -49,12 +50,13 @@ async def load(tx: Tx, now_ms: int) -> Loaded:
         labels = {str(k): str(v) for k, v in json.loads(str(r["labels"] or "{}")).items()}
         nodes[node_id] = d.NodeFacts(str(r["connectivity"]) == "connected", labels)
         conditions.extend(cond.from_status(node_id, str(r["status"] or "{}")))
+        conditions.extend(cond.node_from_status(node_id, str(r["status"] or "{}")))
     rows = {(str(r["node_id"]), str(r["gpu_uuid"])): r for r in await health_sql.open_episodes(tx)}
     episodes = [await _episode(tx, r) for r in rows.values()]
     recent = [
         _plain(r)
         for r in await health_sql.recent_episodes(tx, now_ms - policy.repeat_window_s * 1000)
-        if r["started_at_ms"] is not None
+        if r["started_at_ms"] is not None or str(r["state"]) == d.QUARANTINED
     ]
     cordons = await health_sql.gpu_cordons(tx)
     world = d.World(
@@ -65,7 +67,10 @@ async def load(tx: Tx, now_ms: int) -> Loaded:
         recent=recent,
         nodes=nodes,
         busy=frozenset((str(b["node_id"]), str(b["gpu_uuid"])) for b in await health_sql.busy_gpus(tx, now_ms)),
-        quarantined=frozenset((str(c["node_id"]), str(c["gpu_uuid"])) for c in cordons if c["quarantined"]),
+        # kept out for a person: quarantined, or cordoned by one (`bc health gpu cordon`, no episode)
+        quarantined=frozenset(
+            (str(c["node_id"]), str(c["gpu_uuid"])) for c in cordons if c["quarantined"] or c["episode_id"] is None
+        ),
         actions=await health_sql.action_times(tx, now_ms - d.HOUR_MS),
     )
     return Loaded(world, version, rows)

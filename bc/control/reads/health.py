@@ -55,6 +55,7 @@ async def health(store: Store) -> admin_pb2.HealthInfo:
             rule=rule,
             action=action,
             episode_id=str(row["id"]) if row is not None else "",
+            type=c.type,
         )
     for r in open_rows:
         target = info.queue if str(r["state"]) == d.QUEUED else info.running

@@ -1108,7 +1108,7 @@ class GetHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GpuConditionInfo(_message.Message):
-    __slots__ = ("node_id", "gpu_uuid", "reason", "message", "since_ms", "rule", "action", "episode_id")
+    __slots__ = ("node_id", "gpu_uuid", "reason", "message", "since_ms", "rule", "action", "episode_id", "type")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -1117,6 +1117,7 @@ class GpuConditionInfo(_message.Message):
     RULE_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpu_uuid: str
     reason: str
@@ -1125,7 +1126,8 @@ class GpuConditionInfo(_message.Message):
     rule: str
     action: str
     episode_id: str
-    def __init__(self, node_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., since_ms: _Optional[int] = ..., rule: _Optional[str] = ..., action: _Optional[str] = ..., episode_id: _Optional[str] = ...) -> None: ...
+    type: str
+    def __init__(self, node_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., since_ms: _Optional[int] = ..., rule: _Optional[str] = ..., action: _Optional[str] = ..., episode_id: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class HealthEpisodeInfo(_message.Message):
     __slots__ = ("id", "node_id", "gpu_uuid", "state", "action", "rule", "stage", "evidence_json", "dag_id", "wait_reason", "outcome", "policy_version", "opened_at_ms", "started_at_ms", "ended_at_ms", "job_state")
@@ -1256,6 +1258,38 @@ class SetHealthPolicyRequest(_message.Message):
     policy_json: str
     reason: str
     def __init__(self, policy_json: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CordonGpuRequest(_message.Message):
+    __slots__ = ("node_id", "gpu", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu: str
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., gpu: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReturnGpuRequest(_message.Message):
+    __slots__ = ("node_id", "gpu", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu: str
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., gpu: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class GpuCordonChange(_message.Message):
+    __slots__ = ("node_id", "gpu_uuid", "cordon", "still_sick")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    CORDON_FIELD_NUMBER: _ClassVar[int]
+    STILL_SICK_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu_uuid: str
+    cordon: GpuCordonInfo
+    still_sick: str
+    def __init__(self, node_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., cordon: _Optional[_Union[GpuCordonInfo, _Mapping]] = ..., still_sick: _Optional[str] = ...) -> None: ...
 
 class SshCaInitRequest(_message.Message):
     __slots__ = ("public_key",)

@@ -285,6 +285,16 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.SetHealthPolicyRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.HealthPolicyInfo.FromString,
                 _registered_method=True)
+        self.CordonGpu = channel.unary_unary(
+                '/bc.v1.Admin/CordonGpu',
+                request_serializer=bc_dot_v1_dot_admin__pb2.CordonGpuRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.GpuCordonChange.FromString,
+                _registered_method=True)
+        self.ReturnGpu = channel.unary_unary(
+                '/bc.v1.Admin/ReturnGpu',
+                request_serializer=bc_dot_v1_dot_admin__pb2.ReturnGpuRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.GpuCordonChange.FromString,
+                _registered_method=True)
         self.GetReservation = channel.unary_unary(
                 '/bc.v1.Admin/GetReservation',
                 request_serializer=bc_dot_v1_dot_admin__pb2.GetReservationRequest.SerializeToString,
@@ -664,6 +674,18 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CordonGpu(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReturnGpu(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetReservation(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -1003,6 +1025,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SetHealthPolicy,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.SetHealthPolicyRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.HealthPolicyInfo.SerializeToString,
+            ),
+            'CordonGpu': grpc.unary_unary_rpc_method_handler(
+                    servicer.CordonGpu,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.CordonGpuRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.GpuCordonChange.SerializeToString,
+            ),
+            'ReturnGpu': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReturnGpu,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.ReturnGpuRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.GpuCordonChange.SerializeToString,
             ),
             'GetReservation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReservation,
@@ -2425,6 +2457,60 @@ class Admin:
             '/bc.v1.Admin/SetHealthPolicy',
             bc_dot_v1_dot_admin__pb2.SetHealthPolicyRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.HealthPolicyInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CordonGpu(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/CordonGpu',
+            bc_dot_v1_dot_admin__pb2.CordonGpuRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.GpuCordonChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReturnGpu(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ReturnGpu',
+            bc_dot_v1_dot_admin__pb2.ReturnGpuRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.GpuCordonChange.FromString,
             options,
             channel_credentials,
             insecure,

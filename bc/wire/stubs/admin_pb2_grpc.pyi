@@ -86,6 +86,8 @@ class AdminStub:
     """The health reconciler (docs/health.md): what it sees and does, and its policy."""
     GetHealthPolicy: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetHealthPolicyRequest, _admin_pb2.HealthPolicyInfo]
     SetHealthPolicy: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetHealthPolicyRequest, _admin_pb2.HealthPolicyInfo]
+    CordonGpu: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CordonGpuRequest, _admin_pb2.GpuCordonChange]
+    ReturnGpu: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ReturnGpuRequest, _admin_pb2.GpuCordonChange]
     GetReservation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.Reservation]
     GetPlacementExplanation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.PlacementExplanation]
     GetUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UsageRequest, _admin_pb2.UsageResponse]
@@ -161,6 +163,8 @@ class AdminAsyncStub(AdminStub):
     """The health reconciler (docs/health.md): what it sees and does, and its policy."""
     GetHealthPolicy: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetHealthPolicyRequest, _admin_pb2.HealthPolicyInfo]  # type: ignore[assignment]
     SetHealthPolicy: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetHealthPolicyRequest, _admin_pb2.HealthPolicyInfo]  # type: ignore[assignment]
+    CordonGpu: _aio.UnaryUnaryMultiCallable[_admin_pb2.CordonGpuRequest, _admin_pb2.GpuCordonChange]  # type: ignore[assignment]
+    ReturnGpu: _aio.UnaryUnaryMultiCallable[_admin_pb2.ReturnGpuRequest, _admin_pb2.GpuCordonChange]  # type: ignore[assignment]
     GetReservation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.Reservation]  # type: ignore[assignment]
     GetPlacementExplanation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.PlacementExplanation]  # type: ignore[assignment]
     GetUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.UsageRequest, _admin_pb2.UsageResponse]  # type: ignore[assignment]
@@ -533,6 +537,20 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.SetHealthPolicyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.HealthPolicyInfo, _abc.Awaitable[_admin_pb2.HealthPolicyInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def CordonGpu(
+        self,
+        request: _admin_pb2.CordonGpuRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GpuCordonChange, _abc.Awaitable[_admin_pb2.GpuCordonChange]]: ...
+
+    @_abc_1.abstractmethod
+    def ReturnGpu(
+        self,
+        request: _admin_pb2.ReturnGpuRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GpuCordonChange, _abc.Awaitable[_admin_pb2.GpuCordonChange]]: ...
 
     @_abc_1.abstractmethod
     def GetReservation(

@@ -52,3 +52,8 @@ def test_the_policy_card_and_who_may_set_it() -> None:
     assert "0 (the defaults: never set)" in text and "ecc" in text
     assert needed("SetHealthPolicy")[0] == "admin"
     assert needed("GetHealth")[0] == needed("GetHealthPolicy")[0] == "viewer"
+
+
+def test_an_operator_may_cordon_and_return_a_gpu_a_viewer_may_not() -> None:
+    assert needed("CordonGpu")[0] == needed("ReturnGpu")[0] == "operator"
+    assert needed("CordonNode")[0] == "admin"  # a whole node from every tenant stays an admin's

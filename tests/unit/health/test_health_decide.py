@@ -7,7 +7,9 @@ the nodes in remediation never exceed the cap (N and M % of the fleet), two node
 value are never in remediation together, no rolling hour holds more than R automatic actions, one
 episode per GPU at a time and one job per episode (a flap joins the open episode), a queued episode
 clears only after its condition stayed gone for the flap window, and a `reset-when-idle` GPU never
-starts while a hold is live on it.
+starts while a hold is live on it. Node conditions (a driver that needs a reboot, the other host units)
+are in the same sequences: a node episode gets at most one job (its reboot), counts against the same
+limits, and does not open again within the repeat window of one that failed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bc.control.health import decide as d
-from bc.control.health.conditions import GpuCondition, signals_of
+from bc.control.health.conditions import GpuCondition, node_conditions, signals_of
 from bc.control.health.policy import Limits, Policy
 from bc.errors import ProtocolError
 
@@ -33,9 +35,26 @@ SIGNALS = [
 ]
 
 
+NODE_SIGNALS = [
+    ("DriverMismatch", "True", "RebootRequired", "driver 550.127.05 is installed; 535.183.01 is loaded"),
+    ("DriverMismatch", "True", "InstallFailed", "apt-get failed"),
+    ("FabricManagerReady", "False", "NotRunning", "nvidia-fabricmanager is inactive"),
+    ("KubernetesJoined", "False", "JoinFailed", "kubeadm join: exit 1"),
+]
+
+
 def cond(node: str, gpu: str, i: int = 0, since: int = 0) -> GpuCondition:
+    if gpu == "":
+        return node_cond(node, i, since)
     reason, message = SIGNALS[i]
     return GpuCondition(node, gpu, reason, message, since, signals_of(reason, message))
+
+
+def node_cond(node: str, i: int = 0, since: int = 0) -> GpuCondition:
+    ctype, status, reason, message = NODE_SIGNALS[i % len(NODE_SIGNALS)]
+    conds = [{"type": ctype, "status": status, "reason": reason, "message": message, "since_ms": since}]
+    (c,) = node_conditions(node, conds)
+    return c
 
 
 # -- examples ------------------------------------------------------------------------------------
@@ -85,6 +104,37 @@ def test_a_rejected_batch_quarantines_rather_than_retrying() -> None:
     assert q == d.Quarantine(("n1", "G0"), "the remediation ended failed: batch b-1 was rejected")
 
 
+def test_a_driver_that_needs_a_reboot_starts_the_nodes_reboot_and_the_other_host_units_are_only_shown() -> None:
+    conds = [node_cond("n1", i) for i in range(len(NODE_SIGNALS))]
+    assert [dict(c.signals) for c in conds] == [
+        {"driver-reboot": 1},
+        {"driver": 1},
+        {"fabric-manager": 1},
+        {"kubernetes": 1},
+    ]
+    w = d.World(0, Policy(), conds, [], nodes={"n1": d.NodeFacts()})
+    out = d.decide(w)
+    assert [type(x).__name__ for x in out] == ["Open", "Start"]
+    assert out[1] == d.Start(("n1", ""), "reboot", conds[0].evidence())
+    assert d.first_stage("reboot") == "reboot" and conds[0].evidence()["type"] == "DriverMismatch"
+
+
+def test_a_node_reboot_that_failed_is_left_to_a_person_for_the_repeat_window() -> None:
+    failed = d.Episode("n1", "", d.QUARANTINED, "reboot", started_ms=1, ended_ms=1000)
+    w = d.World(2000, Policy(), [node_cond("n1")], [], recent=[failed], nodes={"n1": d.NodeFacts()})
+    assert d.decide(w) == []
+    later = replace(w, now_ms=1000 + 86_400_000)
+    assert [type(x).__name__ for x in d.decide(later)] == ["Open", "Start"]
+
+
+def test_a_node_reboot_waits_for_the_node_limit_like_a_reset() -> None:
+    running = d.Episode("n2", "G0", d.RUNNING, "reset", stage="reset", started_ms=1)
+    w = d.World(
+        10, Policy(), [cond("n2", "G0"), node_cond("n1")], [running], nodes={"n1": d.NodeFacts(), "n2": d.NodeFacts()}
+    )
+    assert d.decide(w)[-1] == d.Wait(("n1", ""), "1 of at most 1 node(s) are in remediation")
+
+
 def test_transitions_outside_the_table_raise() -> None:
     assert d.next_state(d.QUEUED, "start") == d.RUNNING
     with pytest.raises(ProtocolError, match=r"^health episode: can't start in state done$"):
@@ -132,12 +182,17 @@ class Model:
         if isinstance(x, d.Open):
             assert x.key not in self.episodes, "two open episodes for one GPU"
             assert x.key in self.sick
+            if x.key[1] == "":
+                window = self.policy.repeat_window_s * 1000
+                assert not any(
+                    r.key == x.key and r.state == d.QUARANTINED and self.now - r.ended_ms < window for r in self.recent
+                ), "a node condition opened again within the repeat window of a failed one"
             self.serial += 1
             self.episode_no[x.key] = self.serial
             e = d.Episode(*x.key, d.QUEUED, x.action, x.match, opened_ms=self.now)
             if x.quarantine_why:
                 self._end(replace(e, state=d.next_state(e.state, "quarantine")))
-                self.quarantined.add(x.key)
+                self._keep_out(x.key)
             else:
                 self.episodes[x.key] = e
             return
@@ -148,13 +203,14 @@ class Model:
             self.episodes[x.key] = replace(
                 e,
                 state=d.next_state(e.state, "start"),
-                stage="reset",
+                stage=d.first_stage(x.action),
                 started_ms=self.now,
                 job=d.JobOutcome("running", False),
             )
             self._job(x.key)
         elif isinstance(x, d.Escalate):
             assert e.job is not None and e.job.terminal
+            assert x.key[1] != "", "a node's reboot escalated"
             self.episodes[x.key] = replace(
                 e, state=d.next_state(e.state, "escalate"), stage="reboot", job=d.JobOutcome("running", False)
             )
@@ -163,7 +219,7 @@ class Model:
             self._end(replace(e, state=d.next_state(e.state, "finish")))
         elif isinstance(x, d.Quarantine):
             self._end(replace(e, state=d.next_state(e.state, "quarantine")))
-            self.quarantined.add(x.key)
+            self._keep_out(x.key)
         elif isinstance(x, d.Clear):
             gone = self.gone_since.get(x.key)
             assert x.key not in self.sick and gone is not None
@@ -180,6 +236,12 @@ class Model:
         n = self.episode_no[key]
         self.jobs_per_episode[n] = self.jobs_per_episode.get(n, 0) + 1
         assert self.jobs_per_episode[n] <= 2, "more than a reset and a reboot for one episode"
+        assert key[1] != "" or self.jobs_per_episode[n] == 1, "more than one reboot for a node episode"
+
+    def _keep_out(self, key: d.Key) -> None:
+        """A GPU's quarantine is a cordon (`World.quarantined`); a node's is only its ended episode."""
+        if key[1] != "":
+            self.quarantined.add(key)
 
     def _end(self, e: d.Episode) -> None:
         self.episodes.pop(e.key, None)
@@ -198,7 +260,8 @@ class Model:
             assert len(in_hour) <= lim.max_actions_per_hour, "more automatic actions in an hour than the limit"
 
 
-GPUS = [("n1", "G0"), ("n1", "G1"), ("n2", "G0"), ("n3", "G0"), ("n4", "G0"), ("n4", "G1")]
+GPUS = [("n1", "G0"), ("n1", "G1"), ("n2", "G0"), ("n3", "G0"), ("n4", "G0"), ("n4", "G1"), ("n1", ""), ("n3", "")]
+"""GPUs, and two nodes' own conditions (`gpu` "")."""
 
 events = st.one_of(
     st.tuples(st.just("sick"), st.sampled_from(GPUS), st.integers(0, len(SIGNALS) - 1)),
@@ -236,8 +299,7 @@ def test_limits_hold_and_each_episode_gets_one_job_under_any_sequence(
     for kind, what, n in script:
         if kind == "sick":
             assert isinstance(what, tuple)
-            reason, message = SIGNALS[n]
-            m.sick[what] = GpuCondition(*what, reason, message, m.now, signals_of(reason, message))
+            m.sick[what] = cond(*what, n, m.now)
             m.gone_since.pop(what, None)
         elif kind == "well":
             assert isinstance(what, tuple)
