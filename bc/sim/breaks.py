@@ -34,6 +34,13 @@ seam the production class declares with its production default (`Gateway.close_s
     quorum-duplicate-signer    a quorum count, at the control plane and on the node, that    Q1
                                counts a signer twice (one key twice, or two keys of one
                                operator) toward k, so a batch runs with fewer than k people
+    health-ignore-limits       a health reconciler whose decision is shown no limits (no     H1
+                               node cap, no per-label rule, no hourly limit): a storm
+                               starts every remediation at once (`--health` runs only)
+
+The health reconciler's break overrides `HealthReconciler.pass_once` with the production pass around a
+broken decision (`bc.control.health.decide.decide` has no seam of its own; `ControlFactories.health_cls`
+is where the class is swapped).
 
 `seams_for(rule)` returns the `SimSeams` the runner applies as it builds the control plane and the agents;
 `seams_for(None)` the production ones. A break shows only when the run meets what it is wrong about: a
@@ -47,6 +54,7 @@ tests/sim/test_sim_breaks_e2e.py holds a small seeded run for each.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -61,17 +69,23 @@ from bc.control.capacity import placement_pass
 from bc.control.capacity.placement_pass import PlacementPass
 from bc.control.capacity.placement_plan import Booking, NodeInfo, Placement, Plan, Request, plan
 from bc.control.capacity.usage_windows import windows_to_flush
+from bc.control.health import decide as health_decide
+from bc.control.health.policy import Limits
+from bc.control.health.world import load as load_health
 from bc.control.nodes.liveness import Liveness, LivenessConfig
 from bc.control.nodes.specs import write_spec
 from bc.control.signing.signer import Signer
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
+from bc.jobs import health as health_loop
+from bc.jobs.health import HealthReconciler
 from bc.pki import quorum as q
 from bc.protocol import connectivity as cx
 from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
-from bc.store import Store, Tx
+from bc.store import Store, Tx, leases
 from bc.store import capacity as cap_sql
 from bc.store import connectivity as cx_sql
+from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
 from bc.store import reservations as res_sql
 
@@ -411,6 +425,34 @@ def count_duplicate_signers(
 # ---- the rules ----
 
 
+NO_LIMITS = Limits(max_nodes=1 << 30, max_fleet_percent=100, per_label="", max_actions_per_hour=1 << 30)
+
+
+def decide_without_limits(world: health_decide.World) -> list[health_decide.Decision]:
+    """The production decision shown a policy without limits."""
+    return health_decide.decide(dataclasses.replace(world, policy=dataclasses.replace(world.policy, limits=NO_LIMITS)))
+
+
+class LimitlessReconciler(HealthReconciler):
+    """The production pass (`HealthReconciler.pass_once`, line for line) around `decide_without_limits`."""
+
+    async def pass_once(self, *, lease: bool = True) -> list[health_decide.Decision] | None:
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction() as tx:
+            if lease and not await leases.acquire(
+                tx, health_loop.LEASE_NAME, self.holder, now_ms, health_loop.LEASE_TTL_MS
+            ):
+                return None
+            seen = await events_sql.last_seq(tx)
+            loaded = await load_health(tx, now_ms)
+            tx.on_commit(lambda: setattr(self, "seen_seq", seen))
+            decisions = decide_without_limits(loaded.world)
+            rows = dict(loaded.rows)
+            for x in decisions:
+                await self._apply(tx, x, loaded, rows, now_ms)
+        return decisions
+
+
 def same_journal(open_journal: OpenJournal) -> OpenJournal:
     return open_journal
 
@@ -443,6 +485,8 @@ class SimSeams:
     as the production journal fsyncs every write before it answers."""
     spec_rule: SpecRule = decide_spec
     quorum_count: q.CountApprovals = q.count_approvals
+    health_cls: type[HealthReconciler] = HealthReconciler
+    """The control plane's health reconciler class (`ControlFactories.health_cls`)."""
 
 
 RULES: dict[str, SimSeams] = {
@@ -458,6 +502,7 @@ RULES: dict[str, SimSeams] = {
         SimSeams("release-on-journal-loss", "I5", devices_cls=ReleasingDevices),
         SimSeams("spec-out-of-order", "I3", spec_rule=apply_any_generation),
         SimSeams("quorum-duplicate-signer", "Q1", quorum_count=count_duplicate_signers),
+        SimSeams("health-ignore-limits", "H1", health_cls=LimitlessReconciler),
     )
     if s.rule is not None
 }
@@ -482,6 +527,7 @@ __all__ = [
     "DoubleBookingPass",
     "DoubleCountingPass",
     "ForgetfulJournal",
+    "LimitlessReconciler",
     "NoGraceLiveness",
     "PowerLoss",
     "ReleasingDevices",
