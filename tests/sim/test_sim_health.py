@@ -1,6 +1,6 @@
 """`bc sim --health`: XID storms under heavy chaos with the health reconciler's policy set, H1 checked (its
-break's run is in test_sim_breaks_e2e.py); and a run without `--health` exactly as before (its digest pinned from the commit before
-the storms existed, 1fe984d)."""
+break's run is in test_sim_breaks_e2e.py); and a run without `--health` exactly as before (its digest
+pinned from the commit before the storms existed, 1fe984d)."""
 
 from __future__ import annotations
 
