@@ -52,13 +52,15 @@ def rows(only: str | None, rules: list[str], gateways: tuple[int, ...] = (1, 3))
     if only in (None, "breaks"):
         for rule in rules:
             for n in gateways:
-                out.append(Row(rule, n, ("--break", rule), True))
+                health = ("--health",) if RULES[rule].checker == "H1" else ()  # it breaks what only --health runs
+                out.append(Row(rule, n, ("--break", rule, *health), True))
     if only in (None, "unbroken"):
         shapes = [
             Row("unbroken", 1, (), False),
             Row("unbroken", 3, (), False),
             Row("unbroken, journal files", 1, ("--journal-files",), False),
             Row("unbroken, storm", 3, (), False, chaos="storm"),
+            Row("unbroken, health", 1, ("--health",), False),
         ]
         out += [r for r in shapes if r.gateways in gateways]
     return out

@@ -51,6 +51,7 @@ class ControlFactories:
     gateway_cls: type[Gateway] = Gateway
     liveness: Callable[[Store, Bus, str, LivenessConfig, Signer], Liveness] = production_liveness
     placement_cls: type[PlacementPass] = PlacementPass
+    health_cls: type[HealthReconciler] = HealthReconciler
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def build_control(
         jobs=jobs,
         placement=f.placement_cls(store, bus, signer, random.Random(rng.getrandbits(64)), holder=worker_id),
         # The job engine's Random: no draw of its own here, so every seeded run's ids stay as they were.
-        health=HealthReconciler(store, bus, jobs, jobs.rng, holder=worker_id),
+        health=f.health_cls(store, bus, jobs, jobs.rng, holder=worker_id),
         spec_signer=SpecSigner(store, bus, signer),
         clock_skew=ClockSkewMonitor(store, clock),
     )

@@ -64,7 +64,7 @@ def workload_seed(seed: int) -> str:
     return f"bc-sim-workload:{seed}"
 
 
-def check_input(nodes: int, chaos: str, break_rule: str | None, gateways: int) -> None:
+def check_input(nodes: int, chaos: str, break_rule: str | None, gateways: int, health: bool = False) -> None:
     """Bad input as one sentence (exit 2), before anything is built."""
     from bc.sim.breaks import RULES
     from bc.sim.chaos import LEVELS
@@ -79,6 +79,8 @@ def check_input(nodes: int, chaos: str, break_rule: str | None, gateways: int) -
         raise UsageError(f"--gateways must be between 1 and {MAX_GATEWAYS}, not {gateways}")
     if chaos == "storm" and gateways < 2:
         raise UsageError("--chaos storm takes the shared store out: it needs --gateways 2 or more")
+    if break_rule is not None and RULES[break_rule].checker == "H1" and not health:
+        raise UsageError(f"--break {break_rule} breaks the health reconciler, which acts only with --health")
 
 
 class Ticker:
@@ -153,6 +155,11 @@ def progress_line(sim_s: float, total_s: float, events: int, faults: int) -> str
     "kills and stalls gateways and takes the store out.",
 )
 @click.option("--journal-files", is_flag=True, help="Agents keep SQLite journal files (same digest as in memory).")
+@click.option(
+    "--health",
+    is_flag=True,
+    help="Set a health policy at the start and add XID storms to the chaos; checks H1 (off: digests as before).",
+)
 @click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), help="Write the events log here (JSONL).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the summary.")
 @click.option("--break", "break_rule", default=None, help="Run with a deliberate bug, to see its checker fail.")
@@ -177,6 +184,7 @@ def sim(
     duration: str,
     gateways: int,
     journal_files: bool,
+    health: bool,
     trace: Path | None,
     as_json: bool,
     break_rule: str | None,
@@ -186,7 +194,7 @@ def sim(
     parallel: int | None,
 ) -> None:
     """Simulate a fleet on virtual time under seeded chaos and check the fleet invariants."""
-    check_input(nodes, chaos, break_rule, gateways)
+    check_input(nodes, chaos, break_rule, gateways, health)
     duration_s = parse_duration(duration, what="--duration")
     if seeds is not None:
         if trace is not None:
@@ -200,6 +208,7 @@ def sim(
             gateways=gateways,
             journal_files=journal_files,
             break_rule=break_rule,
+            health=health,
             as_json=as_json,
             show_log=show_log,
         )
@@ -218,6 +227,7 @@ def sim(
         gateways=gateways,
         journal_files=journal_files,
         break_rule=break_rule,
+        health=health,
         trace=trace,
     )
     several = f", {gateways} gateways" if gateways > 1 else ""
@@ -263,6 +273,7 @@ def run_sweep(
     break_rule: str | None,
     as_json: bool,
     show_log: bool,
+    health: bool = False,
 ) -> None:
     from bc.sim.chaos import LEVELS
     from bc.sim.fleet import SimConfig, repro_at, seed_outcome
@@ -277,6 +288,7 @@ def run_sweep(
         gateways=gateways,
         journal_files=journal_files,
         break_rule=break_rule,
+        health=health,
     )
     several = f", {gateways} gateways" if gateways > 1 else ""
     broken = f", break {break_rule}" if break_rule else ""

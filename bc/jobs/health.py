@@ -82,6 +82,9 @@ def reason_text(key: d.Key, rule: str, evidence: Mapping[str, Any], episode_id: 
 
 
 class HealthReconciler:
+    decider = staticmethod(d.decide)
+    """The pure decision (a seam only for the simulator's `--break health-ignore-limits`: production never sets it)."""
+
     def __init__(self, store: Store, bus: Bus, jobs: JobEngine, rng: random.Random, *, holder: str) -> None:
         self.store, self.bus, self.jobs, self.rng, self.holder = store, bus, jobs, rng, holder
         self.seen_seq: int | None = None
@@ -96,7 +99,7 @@ class HealthReconciler:
             seen = await events_sql.last_seq(tx)
             loaded = await load(tx, now_ms)
             tx.on_commit(lambda: setattr(self, "seen_seq", seen))  # a pass rolled back has seen nothing
-            decisions = d.decide(loaded.world)
+            decisions = self.decider(loaded.world)
             rows = dict(loaded.rows)
             for x in decisions:
                 await self._apply(tx, x, loaded, rows, now_ms)

@@ -34,6 +34,12 @@ seam the production class declares with its production default (`Gateway.close_s
     quorum-duplicate-signer    a quorum count, at the control plane and on the node, that    Q1
                                counts a signer twice (one key twice, or two keys of one
                                operator) toward k, so a batch runs with fewer than k people
+    health-ignore-limits       a health reconciler whose decision is shown no limits (no     H1
+                               node cap, no per-label rule, no hourly limit): a storm
+                               starts every remediation at once (`--health` runs only)
+
+The health reconciler's break sets the production reconciler's `decider` seam (as `PlacementPass.planner`
+is set for double-book); `ControlFactories.health_cls` is where the class is swapped.
 
 `seams_for(rule)` returns the `SimSeams` the runner applies as it builds the control plane and the agents;
 `seams_for(None)` the production ones. A break shows only when the run meets what it is wrong about: a
@@ -47,6 +53,7 @@ tests/sim/test_sim_breaks_e2e.py holds a small seeded run for each.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -61,11 +68,14 @@ from bc.control.capacity import placement_pass
 from bc.control.capacity.placement_pass import PlacementPass
 from bc.control.capacity.placement_plan import Booking, NodeInfo, Placement, Plan, Request, plan
 from bc.control.capacity.usage_windows import windows_to_flush
+from bc.control.health import decide as health_decide
+from bc.control.health.policy import Limits
 from bc.control.nodes.liveness import Liveness, LivenessConfig
 from bc.control.nodes.specs import write_spec
 from bc.control.signing.signer import Signer
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
+from bc.jobs.health import HealthReconciler
 from bc.pki import quorum as q
 from bc.protocol import connectivity as cx
 from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
@@ -411,6 +421,20 @@ def count_duplicate_signers(
 # ---- the rules ----
 
 
+NO_LIMITS = Limits(max_nodes=1 << 30, max_fleet_percent=100, per_label="", max_actions_per_hour=1 << 30)
+
+
+def decide_without_limits(world: health_decide.World) -> list[health_decide.Decision]:
+    """The production decision shown a policy without limits."""
+    return health_decide.decide(dataclasses.replace(world, policy=dataclasses.replace(world.policy, limits=NO_LIMITS)))
+
+
+class LimitlessReconciler(HealthReconciler):
+    """The production reconciler deciding with `decide_without_limits` (its `decider` seam)."""
+
+    decider = staticmethod(decide_without_limits)
+
+
 def same_journal(open_journal: OpenJournal) -> OpenJournal:
     return open_journal
 
@@ -443,6 +467,8 @@ class SimSeams:
     as the production journal fsyncs every write before it answers."""
     spec_rule: SpecRule = decide_spec
     quorum_count: q.CountApprovals = q.count_approvals
+    health_cls: type[HealthReconciler] = HealthReconciler
+    """The control plane's health reconciler class (`ControlFactories.health_cls`)."""
 
 
 RULES: dict[str, SimSeams] = {
@@ -458,6 +484,7 @@ RULES: dict[str, SimSeams] = {
         SimSeams("release-on-journal-loss", "I5", devices_cls=ReleasingDevices),
         SimSeams("spec-out-of-order", "I3", spec_rule=apply_any_generation),
         SimSeams("quorum-duplicate-signer", "Q1", quorum_count=count_duplicate_signers),
+        SimSeams("health-ignore-limits", "H1", health_cls=LimitlessReconciler),
     )
     if s.rule is not None
 }
@@ -482,6 +509,7 @@ __all__ = [
     "DoubleBookingPass",
     "DoubleCountingPass",
     "ForgetfulJournal",
+    "LimitlessReconciler",
     "NoGraceLiveness",
     "PowerLoss",
     "ReleasingDevices",

@@ -18,6 +18,8 @@ against its booking. `check_all` runs every one and returns one `InvariantResult
     Q1  a destructive batch's command runs on a node only with approvals that the production rule
         (`bc.pki.quorum.count_approvals`: distinct keys of distinct operators, none the requester's, valid
         signatures over the batch's scope) counts as at least k; recounted from the approval its frame carried
+    H1  the health reconciler within its limits, releasing no hold, resetting no held GPU, acting once per
+        episode (`bc.sim.health_checker`; only in a `--health` run, whose facts carry `health`)
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from bc.sim.facts import (
     SpecDelivered,
     StatusReported,
 )
+from bc.sim.health_checker import check_h1
 
 # ---- I1: bindings against bookings ----
 
@@ -453,6 +456,7 @@ NAMES: dict[str, str] = {
     "I7": "nothing placeable pending",
     "I8": "billing conservation",
     "Q1": "destructive batches run only with k approvers",
+    "H1": "health remediation within limits, no hold released or reset, once per episode",
 }
 
 
@@ -472,7 +476,7 @@ class Counterexample(Protocol):
     def sentence(self) -> str: ...
 
 
-ENTITY_FIELDS = ("node_id", "command_id", "reservation_id", "batch_id")
+ENTITY_FIELDS = ("node_id", "command_id", "reservation_id", "batch_id", "episode_id")
 
 
 def entities_of(found: object, depth: int = 3) -> tuple[str, ...]:
@@ -520,7 +524,8 @@ def _i1(facts: FactLog) -> InvariantResult:
 def check_all(
     facts: FactLog, *, i7: bool = False, i3_bound_ms: int = 60_000, i4_bound_ms: int = 20_000
 ) -> list[InvariantResult]:
-    """One result per checker, in order I1..I8 then Q1; I7 only with `i7` (after the quiet period: `facts.quiet`)."""
+    """One result per checker, in order I1..I8 then Q1 (and H1 when the run recorded `facts.health`); I7 only
+    with `i7` (after the quiet period: `facts.quiet`)."""
     out = [_i1(facts)]
     i2 = check_i2(facts.side_effects, facts.restarts, facts.journal_losses, facts.outcomes)
     out.append(_result("I2", i2, None if i2 is None else i2.at_ms))
@@ -541,6 +546,9 @@ def check_all(
     out.append(_result("I8", i8, None if i8 is None else facts.end_ms))
     q1 = check_q1(facts.batch_runs, facts.quorum)
     out.append(_result("Q1", q1, None if q1 is None else q1.at_ms))
+    if facts.health is not None:
+        h1 = check_h1(facts.health)
+        out.append(_result("H1", h1, None if h1 is None else h1.at_ms))
     return out
 
 

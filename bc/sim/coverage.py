@@ -20,6 +20,10 @@ facts the checkers read (`bc.sim.facts.FactLog`), of the moments a wrong compone
     I8  a usage window closed (where a flush written twice double-counts)
     Q1  a batch one key or one operator approved more than once (where a count that takes a signer twice
         approves it on fewer than k people)
+    H1  (`--health` only) episodes a limit made wait (where a reconciler blind to its limits starts them
+        all), episodes on a GPU under a live hold (where one resets or releases it), flapping conditions (where
+        one makes a job per flap), GPUs sick again after an episode (where one remediates them again), failed
+        resets (where the reboot follows)
 
 A run where one happened fewer than `FEW` times says so: its checker's pass is weak evidence.
 """
@@ -32,6 +36,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bc.sim.facts import FactLog
+from bc.sim.health_facts import EpisodeRun, GpuHold, HealthFacts
+from bc.sim.storms import GPU_FLAP
 
 FEW = 10
 NEAR_MS = 60_000
@@ -155,7 +161,7 @@ def batches_signed_twice(facts: FactLog) -> int:
 
 
 def coverage(facts: FactLog) -> list[Situation]:
-    """One `Situation` per invariant (two for I3), in order I1..I8 then Q1."""
+    """One `Situation` per invariant (two for I3), in order I1..I8 then Q1; then H1's five in a `--health` run."""
     out = [
         Situation("I1", "atoms handed from one reservation to another", atoms_handed_over(facts)),
         Situation(
@@ -171,7 +177,34 @@ def coverage(facts: FactLog) -> list[Situation]:
     ]
     out.append(Situation("I8", "usage windows closed", len(facts.windows)))
     out.append(Situation("Q1", "batches one person approved twice", batches_signed_twice(facts)))
+    if facts.health is not None:
+        out += health_situations(facts.health)
     return out
+
+
+def health_situations(h: HealthFacts) -> list[Situation]:
+    """H1's dangerous situations (see the module docstring)."""
+    limited = {w.episode_id for w in h.waits if w.on_a_limit}
+    holds: dict[tuple[str, str], list[GpuHold]] = {}
+    for x in h.holds:
+        holds.setdefault((x.node_id, x.gpu), []).append(x)
+
+    def held(e: EpisodeRun) -> bool:
+        q, end = e.open_span()
+        return any(x.start_ms < (end or 1 << 62) and (x.end_ms is None or x.end_ms > q) for x in holds.get(e.key, ()))
+
+    seen: set[tuple[str, str]] = set()
+    repeats = 0
+    for e in sorted(h.episodes, key=lambda e: (e.queued_ms, e.episode_id)):
+        repeats += e.key in seen
+        seen.add(e.key)
+    return [
+        Situation("H1", "episodes a limit made wait", len(limited)),
+        Situation("H1", "episodes on a GPU under a live hold", sum(1 for e in h.episodes if held(e))),
+        Situation("H1", "conditions made to flap", h.injected.get(GPU_FLAP, 0)),
+        Situation("H1", "GPUs sick again after an episode", repeats),
+        Situation("H1", "failed resets escalated to a reboot", sum(len(e.escalations) for e in h.episodes)),
+    ]
 
 
 __all__ = ["FEW", "Situation", "coverage"]

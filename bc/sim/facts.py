@@ -34,6 +34,7 @@ from bc.control.capacity.placement_plan import Booking, NodeInfo, Request
 from bc.control.capacity.usage_windows import Span, UsageWindow
 from bc.protocol.atoms import Atom
 from bc.protocol.pb import common_pb2
+from bc.sim.health_facts import HealthFacts
 
 # ---- commands (I2) ----
 
@@ -294,6 +295,8 @@ class FactLog:
     windows: list[UsageWindow] = field(default_factory=list)
     quiet: QuietSnapshot | None = None
     end_ms: int = 0
+    health: HealthFacts | None = None
+    """`bc sim --health` only (`bc.sim.health_record`); None: H1 is not checked."""
     # per node: parallel sorted lists of span starts and ends (see the module docstring)
     _heard_first: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _heard_last: dict[str, list[int]] = field(default_factory=dict, repr=False)

@@ -53,12 +53,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent.app import Agent
+from agent.health.monitor import HealthMonitor
 from agent.hw.base import HardwareBackend
 from agent.hw.fake import FakeHardware
 from agent.journal_api import AgentJournal
 from bc.assembly.control import ControlFactories
 from bc.control.base.bus import Bus
 from bc.control.base.events import publish
+from bc.control.health.admin import set_policy
 from bc.control.signing.signer import Signer
 from bc.control.trust.intent import Intent
 from bc.errors import UsageError
@@ -70,13 +72,15 @@ from bc.seams.clock import Clock, LoopClock, ms
 from bc.seams.network import LinkFaults, SimNetwork
 from bc.seams.virtual_time import WALL_START
 from bc.seams.virtual_time import run as run_virtual
-from bc.sim import chaos, strikes
+from bc.sim import chaos, storms, strikes
 from bc.sim.breaks import PowerLoss, SimSeams, seams_for
 from bc.sim.bus_hub import BusHub
 from bc.sim.chaos import Fault, Level
 from bc.sim.checkers import InvariantResult, check_all
 from bc.sim.facts import FactLog
 from bc.sim.gateways import GatewayEvent, GatewayFleet, address
+from bc.sim.gpu_faults import GpuFaults
+from bc.sim.health_record import health_from_store
 from bc.sim.pair import ControlPlane, PairConfig, PairNode, SessionPair, _scratch_dir, events_digest
 from bc.sim.process_store import OutageStore
 from bc.sim.record import LinkWatch, Recorder, from_store, quiet_snapshot, watch_links
@@ -116,6 +120,8 @@ class SimConfig:
     gateways: int = 1
     journal_files: bool = False
     break_rule: str | None = None
+    health: bool = False
+    """`--health`: set a health policy at the start and add XID storms to the chaos (`bc.sim.storms`)."""
     trace: Path | None = None
     """Write the events log here, one JSON array (seq, type, subject, data, at_ms) a line."""
     quiet_s: float = 300.0
@@ -129,6 +135,8 @@ class SimConfig:
             out += f" --gateways {self.gateways}"
         if self.journal_files:
             out += " --journal-files"
+        if self.health:
+            out += " --health"
         if self.break_rule:
             out += f" --break {self.break_rule}"
         return out
@@ -185,6 +193,7 @@ class SimPair(SessionPair):
         self.recorder, self.seams, self.sim_network = recorder, seams, network
         self.boots: dict[str, str] = {}
         self.gateway_count = cfg.gateways
+        self.health = cfg.health
         self.node_index = {n: i for i, n in enumerate(self.node_ids())}
         self.hub = BusHub()
         self.shared_store: OutageStore | None = None
@@ -212,7 +221,9 @@ class SimPair(SessionPair):
 
     def _make_control_plane(self, store: Store, signer: Signer, intent: Intent, rng: random.Random) -> ControlPlane:
         s = self.seams
-        control = ControlFactories(gateway_cls=s.gateway_cls, liveness=s.liveness, placement_cls=s.placement_cls)
+        control = ControlFactories(
+            gateway_cls=s.gateway_cls, liveness=s.liveness, placement_cls=s.placement_cls, health_cls=s.health_cls
+        )
         cp = ControlPlane(store, signer, intent, self.cp_clock, rng, self.cfg, control, s.quorum_count)
         if self.several:  # the worker process's wake-ups reach the gateway processes, and theirs it
             if self._cp_bus is not None:
@@ -265,6 +276,11 @@ class SimPair(SessionPair):
         agent.parts.spec_rule = self.seams.spec_rule
         agent.parts.devices_converger = self.seams.devices_cls
         agent.parts.quorum_count = self.seams.quorum_count
+        if self.health:  # the GPUs' health, read as `bc node --fake-hw` reads it (the storms write its faults file)
+            source = node.hw.capabilities.health(node.dir, ())
+            if source is not None:
+                agent.parts.health = source
+                agent.health = HealthMonitor(source, agent.parts.clock, agent.parts.offload)
         self.boots.setdefault(node.node_id, node.hw.boot_id())
         return agent
 
@@ -334,9 +350,17 @@ class Fleet:
         watch_links(self.network, self.recorder)
         self.seams = seams_for(cfg.break_rule)
         self.pair = SimPair(root, cfg, self.network, self.recorder, self.seams)
+        chaos_rng = random.Random(seeds.getrandbits(64))
         self.schedule: list[Fault] = chaos.schedule(
-            cfg.chaos, random.Random(seeds.getrandbits(64)), self.pair.node_ids(), cfg.duration_s, cfg.gateways
+            cfg.chaos, chaos_rng, self.pair.node_ids(), cfg.duration_s, cfg.gateways
         )
+        if cfg.health:  # drawn after every other fault: the rest of the schedule is the one without storms
+            more = storms.schedule(chaos_rng, self.pair.node_ids(), cfg.duration_s)
+            self.schedule = sorted(self.schedule + more, key=lambda f: (f.t_s, f.kind, f.targets))
+        self.gpu_faults = GpuFaults(self.pair)
+        self.operator_released: set[str] = set()
+        """Reservations the workload (the operator) released: H1 blames any other release of a held GPU under
+        remediation on the reconciler."""
         self.strikes = Strikes(cfg.chaos, random.Random(seeds.getrandbits(64)), cfg.gateways)
         self._struck: set[str] = set()
         """Nodes (and gateway addresses) a strike is still working on: not struck again until it is over."""
@@ -370,6 +394,11 @@ class Fleet:
 
     def _now_ms(self) -> int:
         return ms(self.pair.clock.now())
+
+    async def set_health_policy(self) -> None:
+        """`--health`: the storms' policy in force before anything runs, as an admin's `bc health policy set`."""
+        async with self.control() as cp:
+            await set_policy(cp.store, cp.bus, storms.POLICY, "sim-operator", "bc sim --health")
 
     # -- chaos ------------------------------------------------------------------------------
 
@@ -546,6 +575,8 @@ class Fleet:
             await self._stall_gateway(self._gateway_index(f.targets[0]), float(p["duration_s"]))
         elif f.kind == chaos.STORE_OUTAGE:
             await self._store_outage(float(p["duration_s"]))
+        elif f.kind in storms.KINDS:
+            await self.gpu_faults.inject(f)
         else:
             raise ValueError(f"no injector for fault kind {f.kind!r}")
 
@@ -684,6 +715,8 @@ async def run_fleet(fleet: Fleet, *, workload: Workload | None = None, progress:
     cfg = fleet.cfg
     loop = asyncio.get_running_loop()
     await fleet.pair.start()
+    if cfg.health:
+        await fleet.set_health_policy()
     t0 = fleet.t0 = loop.time()
     await fleet.publish_pending()  # the gateway processes' starts (with one gateway, nothing)
     fleet.striking = True
@@ -703,6 +736,8 @@ async def run_fleet(fleet: Fleet, *, workload: Workload | None = None, progress:
         fleet.facts.quiet = await quiet_snapshot(store)
         events = await fleet.pair.events()
         await from_store(fleet.facts, fleet.recorder, store, events)
+        if cfg.health:
+            await health_from_store(fleet.facts, store, events, fleet.operator_released)
     finally:
         await fleet.stop()
     if cfg.trace is not None:
@@ -799,6 +834,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gateways", type=int, default=1)
     p.add_argument("--journal-files", action="store_true")
     p.add_argument("--break", dest="break_rule")
+    p.add_argument("--health", action="store_true")
     p.add_argument("--no-workload", action="store_true")
     p.add_argument("--trace", type=Path)
     args = p.parse_args(argv)
@@ -811,6 +847,7 @@ def main(argv: list[str] | None = None) -> None:
         gateways=args.gateways,
         journal_files=args.journal_files,
         break_rule=args.break_rule,
+        health=args.health,
         trace=args.trace,
     )
     result = run_sync(cfg, workload=None if args.no_workload else workload_for(cfg))

@@ -111,6 +111,11 @@ class FleetLike(Protocol):
     def node_ids(self) -> Sequence[str]: ...
     @property
     def work(self) -> Counter[str]: ...
+    @property
+    def operator_released(self) -> set[str]:
+        """Where the workload writes down each reservation it released (the health checker H1 reads it)."""
+        ...
+
     def control(self) -> AbstractAsyncContextManager[ControlPlaneLike]: ...
 
 
@@ -452,6 +457,7 @@ class Driver:
         if not live:
             return
         rid = live.pop(self.rng.randrange(len(live)))
+        self.fleet.operator_released.add(rid)  # asked for, whatever comes of it
         row = await reservations.release(cp.store, cp.bus, cp.signer, rid)
         state = str(row["state"])
         if state == "ended":  # its window ended first: the placement pass took it back

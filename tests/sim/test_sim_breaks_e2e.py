@@ -33,6 +33,7 @@ class Case:
     minutes: float
     seed: int
     rates: Rates
+    health: bool = False
 
 
 BUSY = Rates(reservations=20.0, releases=2.0, specs=2.0, commands=4.0, batches_per_hour=12.0, jobs_per_hour=12.0)
@@ -51,6 +52,8 @@ CASES: dict[str, Case] = {
     "release-on-journal-loss": Case(nodes=2, minutes=30, seed=1, rates=BUSY),
     "spec-out-of-order": Case(nodes=2, minutes=5, seed=1, rates=BUSY),
     "quorum-duplicate-signer": Case(nodes=2, minutes=10, seed=1, rates=BATCHES),  # approver0 signs with two keys
+    # an XID storm over 3+ of 12 nodes, whose cap is 1 (10 %): the broken reconciler starts them all
+    "health-ignore-limits": Case(nodes=12, minutes=10, seed=1, rates=Rates(), health=True),
 }
 
 
@@ -67,6 +70,7 @@ def test_the_break_makes_its_checker_fail(rule: str) -> None:
         chaos="heavy",
         duration_s=case.minutes * 60,
         break_rule=rule,
+        health=case.health,
         quiet_s=120.0,
     )
     result = run_sync(cfg, workload=make_workload(random.Random(case.seed), case.rates))
@@ -77,6 +81,7 @@ def test_the_break_makes_its_checker_fail(rule: str) -> None:
     assert found.counterexample is not None and found.counterexample.startswith(f"{checker}: ")
     assert found.at_ms is not None or checker == "I8"  # billing is judged over the whole run
     assert not result.ok and result.repro.endswith(f"--break {rule}")
+    assert ("--health" in result.repro) == case.health
 
 
 def test_the_production_count_holds_q1_where_the_broken_one_fails_it() -> None:

@@ -108,6 +108,7 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
             "release-on-journal-loss",
             "spec-out-of-order",
             "quorum-duplicate-signer",
+            "health-ignore-limits",
         ]
     )
     checker = {rule: seams_for(rule).checker for rule in RULES}
@@ -122,6 +123,7 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
         "release-on-journal-loss": "I5",
         "spec-out-of-order": "I3",
         "quorum-duplicate-signer": "Q1",
+        "health-ignore-limits": "H1",
     }
     for rule in RULES:
         seams = seams_for(rule)
