@@ -189,6 +189,8 @@ def argv(path: str, ids: dict[str, str]) -> list[str]:
         "cmd list": [],
         "cmd show": [ids["command"]],
         "events": [],
+        "health": [],
+        "health policy show": [],
         "jobs list": ["--all"],
         "jobs show": [ids["job"]],
         "jobs slots": [],
