@@ -213,11 +213,28 @@ class Renewed:
 
 
 class Refused(Exception):
-    """A renewal refused after the caller proved its key: published, then raised as `error`."""
+    """A renewal (a re-join, a session certificate) refused after the caller proved its key: published, then
+    raised as `error`."""
 
     def __init__(self, reason: str, error: BcError) -> None:
         super().__init__(error.message)
         self.reason, self.error = reason, error
+
+    async def record(self, store: Store, bus: Bus, what: str, peer: PeerIdentity, now_ms: int) -> BcError:
+        """Log and publish `security.<what>.refused` naming the node, in a transaction of its own (the
+        request's rolled back); the error to raise."""
+        log.warning(
+            "event=%s.refused node=%s serial=%s reason=%s error=%s",
+            what,
+            peer.name,
+            peer.serial,
+            self.reason,
+            self.error.message,
+        )
+        async with store.transaction() as tx:
+            data = {"reason": self.reason, "serial": peer.serial, "message": self.error.message}
+            await publish(tx, bus, f"security.{what}.refused", peer.name, data, now_ms)
+        return self.error
 
 
 async def renew(
@@ -299,24 +316,7 @@ async def _renew_published(
     try:
         renewed = await _renew_proved(store, bus, ca, peer, caller_cert, csr_der, timestamp_ms, now_ms, ttl_s, tpm)
     except Refused as r:
-        log.warning(
-            "event=renew.refused node=%s serial=%s reason=%s error=%s",
-            peer.name,
-            peer.serial,
-            r.reason,
-            r.error.message,
-        )
-        # The renewal's own transaction rolled back; the refusal is recorded on its own.
-        async with store.transaction() as tx:
-            await publish(
-                tx,
-                bus,
-                "security.renew.refused",
-                peer.name,
-                {"reason": r.reason, "serial": peer.serial, "message": r.error.message},
-                now_ms,
-            )
-        raise r.error from None
+        raise await r.record(store, bus, "renew", peer, now_ms) from None
     log.info("event=node.cert.renewed node=%s serial=%s previous=%s", peer.name, renewed.serial, peer.serial)
     return renewed
 

@@ -73,19 +73,7 @@ async def rejoin(
     try:
         renewed = await _rejoin_proved(store, bus, ca, peer, cert, csr_der, timestamp_ms, now_ms, ttl_s, tpm)
     except Refused as r:
-        log.warning(
-            "event=rejoin.refused node=%s serial=%s reason=%s error=%s", peer.name, peer.serial, r.reason, r.error
-        )
-        async with store.transaction() as tx:  # the re-join's own transaction rolled back
-            await publish(
-                tx,
-                bus,
-                "security.rejoin.refused",
-                peer.name,
-                {"reason": r.reason, "serial": peer.serial, "message": r.error.message},
-                now_ms,
-            )
-        raise r.error from None
+        raise await r.record(store, bus, "rejoin", peer, now_ms) from None
     log.info("event=node.rejoined node=%s serial=%s previous=%s", peer.name, renewed.serial, peer.serial)
     return renewed
 

@@ -73,23 +73,7 @@ async def issue_session_cert(
     try:
         issued = await _issue_proved(store, bus, ca, peer, cert, csr_der, timestamp_ms, now_ms)
     except Refused as r:
-        log.warning(
-            "event=session-cert.refused node=%s serial=%s reason=%s error=%s",
-            peer.name,
-            peer.serial,
-            r.reason,
-            r.error.message,
-        )
-        async with store.transaction() as tx:  # the request's own transaction rolled back
-            await publish(
-                tx,
-                bus,
-                "security.session-cert.refused",
-                peer.name,
-                {"reason": r.reason, "serial": peer.serial, "message": r.error.message},
-                now_ms,
-            )
-        raise r.error from None
+        raise await r.record(store, bus, "session-cert", peer, now_ms) from None
     log.info("event=node.session-cert.issued node=%s serial=%s session_of=%s", peer.name, issued.serial, peer.serial)
     return issued
 
