@@ -189,7 +189,9 @@ def _connect_error(details: str, server: str | None) -> BcError:
     if "handshake" in low and not cut_short:
         # Our side refused the server's certificate: a config for another server, or a stale CA. (A handshake
         # that a reset or a close cut short, with no TLS reason, is a server going away: not answering.)
-        reason = ssl.group(1).lower().replace("_", " ") if ssl else "certificate refused"
+        # Without OpenSSL's reason, gRPC's own innermost words (e.g. "SSL_ERROR_SYSCALL"): a bare "certificate
+        # refused" hid which handshake failure a rare CI failure was.
+        reason = ssl.group(1).lower().replace("_", " ") if ssl else f"certificate refused: {_last_reason(details)}"
         return Unauthenticated(
             f"the TLS handshake with {where} failed ({reason}); "
             "are the operator config's CA and certificate this server's?"

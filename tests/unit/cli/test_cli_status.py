@@ -97,6 +97,16 @@ def test_a_refused_server_certificate_is_unauthenticated() -> None:
     assert "TLS handshake with bc serve at 127.0.0.1:7443 failed (certificate verify failed)" in err.message
 
 
+def test_a_handshake_failure_without_an_openssl_reason_keeps_grpcs_own_words() -> None:
+    details = (
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:7443: Ssl handshake failed "
+        "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL"
+    )
+    err = status_to_error(grpc.StatusCode.UNAVAILABLE, details, server="127.0.0.1:7443")
+    assert type(err) is Unauthenticated
+    assert "failed (certificate refused: SSL_ERROR_SSL)" in err.message
+
+
 def test_a_server_that_is_unavailable_on_purpose_keeps_its_message() -> None:
     err = status_to_error(grpc.StatusCode.UNAVAILABLE, "the store is read-only", server="h:1")
     assert type(err) is Unavailable and err.message == "the store is read-only"
