@@ -334,6 +334,13 @@ def join(
     metavar="TCTI",
     help="How a node joined with --attestor tpm reaches its TPM (default device:/dev/tpmrm0).",
 )
+@click.option(
+    "--site-bmc-network",
+    "site_bmc_networks",
+    multiple=True,
+    metavar="CIDR",
+    help="A site agent's BMC network: site.httpProxy never reaches an address in it (repeatable; docs/metal.md).",
+)
 def node(
     data_dir: Path,
     fake_hw: str | None,
@@ -354,6 +361,7 @@ def node(
     download_window_s: float,
     helper_socket: Path | None,
     tcti: str | None,
+    site_bmc_networks: tuple[str, ...],
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM.
 
@@ -383,6 +391,14 @@ def node(
         parse_faults(fake_faults)
     except BadFault as e:
         raise UsageError(str(e)) from None
+    import ipaddress
+
+    from agent.site.state import SiteOptions
+
+    try:
+        bmc_networks = tuple(ipaddress.ip_network(n, strict=False) for n in site_bmc_networks)
+    except ValueError as e:
+        raise UsageError(f"--site-bmc-network: {e}") from None
     opts = AgentOptions(
         data_dir=data_dir,
         fake_hw=fake_hw,
@@ -401,6 +417,7 @@ def node(
         install_dir=install_dir_of(sys.argv[0]),
         helper_socket=helper_socket,
         tcti=tcti,
+        site=SiteOptions(bmc_networks=bmc_networks),
         upgrade=UpgradeConfig(
             upgrade_confirm_s,
             StallGuard(download_min_bytes, download_window_s),

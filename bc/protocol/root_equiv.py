@@ -112,12 +112,28 @@ FIELDS: Mapping[str, str] = {
     "daemon.size": ANY_CHANGE,
     "daemon.name": ANY_CHANGE,
     "daemon.platform": ANY_CHANGE,
-    # site: boot leases and cached images (no converger yet); the site's HTTP proxy is a destructive command.
+    # site (docs/metal.md): cached images, machines and the boot server are an operator's; every bmc.* kind
+    # and site.httpProxy is a destructive command under the quorum anyway. Where the site reads BMC
+    # credentials from, and what site.httpProxy may reach, widen what a command can do: any change is root's.
     "site.boot_lease_state": OPERATOR,
     "site.cache_images": OPERATOR,
     "site.cache_images.url": OPERATOR,
     "site.cache_images.sha256": OPERATOR,
     "site.cache_images.format": OPERATOR,
+    "site.machines": OPERATOR,
+    "site.machines.name": OPERATOR,
+    "site.machines.bmc_url": OPERATOR,
+    "site.machines.system_id": OPERATOR,
+    "site.machines.macs": OPERATOR,
+    "site.credentials_file": ANY_CHANGE,
+    "site.boot": OPERATOR,
+    "site.boot.interface": OPERATOR,
+    "site.boot.dhcp_range": OPERATOR,
+    "site.boot.http_address": OPERATOR,
+    "site.proxy_targets": ANY_CHANGE,
+    "site.proxy_targets.node_id": ANY_CHANGE,
+    "site.proxy_targets.addresses": ANY_CHANGE,
+    "site.proxy_targets.names": ANY_CHANGE,
 }
 """Every NodeSpec field by dotted path, and its class (the module docstring's table)."""
 
