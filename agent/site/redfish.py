@@ -245,6 +245,13 @@ def open_redfish(timeouts: Timeouts) -> OpenBmc:
     return open_bmc
 
 
+def _innermost(e: BaseException) -> str:
+    """The deepest cause's words (requests wraps urllib3 wraps the socket error)."""
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return f"{type(e).__name__}: {e}"
+
+
 def _failure(e: Exception) -> BmcFailure:
     if isinstance(e, BmcFailure):
         return e
@@ -257,7 +264,7 @@ def _failure(e: Exception) -> BmcFailure:
         detail = str(e.kwargs.get("error", "")) if hasattr(e, "kwargs") else ""
         if isinstance(cause, requests.Timeout) or "timed out" in detail.lower() or "timeout" in detail.lower():
             return BmcFailure(BMC_TIMEOUT, "the BMC did not answer in time")
-        return BmcFailure(BMC_UNREACHABLE, "the BMC cannot be reached")
+        return BmcFailure(BMC_UNREACHABLE, f"the BMC cannot be reached ({_innermost(cause or e)})"[:300])
     if isinstance(e, (sx.MissingAttributeError, sx.MissingActionError, sx.MalformedAttributeError)):
         return BmcFailure(BMC_UNSUPPORTED, f"the BMC lacks what this needs: {e}"[:300])
     if isinstance(e, sx.SushyError):

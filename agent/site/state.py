@@ -23,7 +23,7 @@ from agent.site.boot_config import leased_macs
 from agent.site.boot_http import BootHttp
 from agent.site.dnsmasq import Dnsmasq
 from agent.site.image_cache import ImageCache
-from agent.site.redfish import Bmc, OpenBmc, Timeouts, open_redfish
+from agent.site.redfish import Bmc, OpenBmc, Timeouts, call, open_redfish
 from bc.protocol import site_rules
 from bc.protocol.pb import spec_pb2
 from bc.seams.clock import Clock
@@ -96,7 +96,10 @@ class SiteState:
             raise credentials.CredentialsError("the site section names no credentials_file")
         await self.offload(self.bmc_hosts.remember, site_rules.bmc_host(machine.bmc_url))
         cred = await self.offload(credentials.load, Path(self.section.credentials_file), machine.name)
-        return await self.offload(self.open_bmc, machine.bmc_url, machine.system_id, cred)
+        # Opening one reads the service root: the same bounds and failure reasons as every later call.
+        return await call(
+            self.offload, self.options.timeouts, lambda: self.open_bmc(machine.bmc_url, machine.system_id, cred)
+        )
 
     async def bmc_addresses(self) -> list[str]:
         """What every BMC host (driven or listed) resolves to, for site.httpProxy's check."""
