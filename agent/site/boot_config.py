@@ -6,7 +6,8 @@ the iPXE binary over TFTP, and hands iPXE (user class `iPXE`) the URL of `boot.i
 server; that script chains to `boot/<mac>.ipxe`, which exists only for a live lease and names the lease's
 kernel and initramfs under `images/<sha256>`, served from the cache after a fresh digest check.
 
-dnsmasq serves no DNS (`port=0`) and binds only the section's interface. The leased MACs live in a hosts
+dnsmasq serves no DNS (`port=0`), names no router (a machine being provisioned reaches the site and
+nothing else through it), and binds only the section's interface. The leased MACs live in a hosts
 file dnsmasq re-reads on SIGHUP, so a lease set or removed never restarts it.
 """
 
@@ -38,6 +39,7 @@ def dnsmasq_conf(boot: spec_pb2.SiteBootServer, run_dir: Path) -> str:
             f"dhcp-range={dhcp_range}",
             f"dhcp-hostsfile={run_dir / 'leased-macs'}",
             "dhcp-ignore=tag:!known",
+            "dhcp-option=option:router",
             f"dhcp-leasefile={run_dir / 'dnsmasq.leases'}",
             f"pid-file={run_dir / 'dnsmasq.pid'}",
             "dhcp-match=set:ipxe,175",

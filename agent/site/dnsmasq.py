@@ -24,6 +24,8 @@ from bc.protocol.pb import spec_pb2
 log = logging.getLogger(__name__)
 
 BINARY = "dnsmasq"
+STARTUP_S = 1.0
+"""How long a just-started dnsmasq is watched for a failed start (it exits at once when it cannot start)."""
 
 
 class BootServerError(Exception):
@@ -44,8 +46,15 @@ def _write(path: Path, text: str) -> bool:
     return True
 
 
+def _make_dir(path: Path) -> None:
+    """The boot directory, 0755: dnsmasq reads it as its own unprivileged user after it starts."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o755)
+
+
 def _link_ipxe(tftp: Path) -> None:
     tftp.mkdir(parents=True, exist_ok=True)
+    tftp.chmod(0o755)
     for name in (boot_config.IPXE_BIOS, boot_config.IPXE_EFI):
         for src in boot_config.IPXE_SOURCES:
             if (src / name).is_file() and not (tftp / name).exists():
@@ -65,8 +74,10 @@ async def check_config(conf: Path, binary: str = BINARY) -> str | None:
 
 
 class Dnsmasq:
-    def __init__(self, run_dir: Path, offload: Offload, binary: str = BINARY) -> None:
+    def __init__(self, run_dir: Path, offload: Offload, binary: str = BINARY, log_to: str = "-") -> None:
+        """`log_to`: dnsmasq's --log-facility (`-`: its stderr, which is the agent's)."""
         self.run_dir = run_dir
+        self.log_to = log_to
         self.conf = run_dir / "dnsmasq.conf"
         self.offload = offload
         self.binary = binary
@@ -76,8 +87,11 @@ class Dnsmasq:
     async def apply(self, boot: spec_pb2.SiteBootServer, hosts: str) -> None:
         """Make the running dnsmasq match: config (restart when it changed) and leased MACs (SIGHUP)."""
         text = boot_config.dnsmasq_conf(boot, self.run_dir)
+        await self.offload(_make_dir, self.run_dir)
         await self.offload(_link_ipxe, self.run_dir / "tftp")
         hosts_changed = await self.offload(_write, self.run_dir / "leased-macs", hosts)
+        if self.proc is not None and self.proc.returncode is not None:
+            log.warning("event=site.dnsmasq.exited code=%d: starting it again", self.proc.returncode)
         if text != self._conf_text or self.proc is None or self.proc.returncode is not None:
             await self.offload(_write, self.conf, text)
             why = await check_config(self.conf, self.binary)
@@ -88,9 +102,22 @@ class Dnsmasq:
                 self.binary,
                 "--keep-in-foreground",
                 f"--conf-file={self.conf}",
-                "--log-facility=-",
+                f"--log-facility={self.log_to}",
                 stdin=asyncio.subprocess.DEVNULL,
             )
+            # dnsmasq checks what --test cannot (the interface, the TFTP root as its unprivileged user) after
+            # forking off nothing: in the foreground a failed start is an exit within moments.
+            try:
+                async with asyncio.timeout(STARTUP_S):
+                    code = await self.proc.wait()
+            except TimeoutError:
+                code = None
+            if code is not None:
+                self.proc = None
+                raise BootServerError(
+                    f"dnsmasq exited with code {code} at start (its log says why; the boot directory "
+                    f"{self.run_dir} must be readable by dnsmasq's unprivileged user)"
+                )
             self._conf_text = text
             log.info("event=site.dnsmasq.started pid=%d interface=%s", self.proc.pid, boot.interface)
         elif hosts_changed:

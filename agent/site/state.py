@@ -54,6 +54,9 @@ class SiteOptions:
     run_dnsmasq: bool = True
     """False: the boot server's HTTP half only (a test without an interface to answer DHCP on)."""
     dnsmasq_binary: str = "dnsmasq"
+    boot_dir: Path | None = None
+    """`bc node --site-boot-dir`: dnsmasq's config, TFTP root and leased MACs; it and its parents must be
+    readable by dnsmasq's unprivileged user. Default `<data-dir>/site/boot`."""
 
 
 class SiteState:
@@ -79,7 +82,8 @@ class SiteState:
         self.cache = ImageCache(self.site_dir / "images", offload, on_change=wake)
         self.http = BootHttp(self.cache, self.live_by_mac, lambda: self.section.boot.http_address)
         self._http_address = ""
-        self.dnsmasq = Dnsmasq(self.site_dir / "boot", offload, self.options.dnsmasq_binary)
+        boot_dir = self.options.boot_dir or self.site_dir / "boot"
+        self.dnsmasq = Dnsmasq(boot_dir, offload, self.options.dnsmasq_binary)
         self.lock = asyncio.Lock()
         """Held while the leases or the boot server change (kinds and the converger both change them)."""
 
