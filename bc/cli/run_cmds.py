@@ -341,6 +341,13 @@ def join(
     metavar="CIDR",
     help="A site agent's BMC network: site.httpProxy never reaches an address in it (repeatable; docs/metal.md).",
 )
+@click.option(
+    "--site-boot-dir",
+    type=_DIR,
+    default=None,
+    help="A site agent's dnsmasq files and TFTP root; it and its parents must be readable by dnsmasq's"
+    " unprivileged user (default DATA_DIR/site/boot).",
+)
 def node(
     data_dir: Path,
     fake_hw: str | None,
@@ -362,6 +369,7 @@ def node(
     helper_socket: Path | None,
     tcti: str | None,
     site_bmc_networks: tuple[str, ...],
+    site_boot_dir: Path | None,
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM.
 
@@ -417,7 +425,7 @@ def node(
         install_dir=install_dir_of(sys.argv[0]),
         helper_socket=helper_socket,
         tcti=tcti,
-        site=SiteOptions(bmc_networks=bmc_networks),
+        site=SiteOptions(bmc_networks=bmc_networks, boot_dir=site_boot_dir),
         upgrade=UpgradeConfig(
             upgrade_confirm_s,
             StallGuard(download_min_bytes, download_window_s),
