@@ -8,7 +8,7 @@ A BMC that fails is the command's outcome, with its reason: `bmc-unreachable`, `
 credentials file that is not 0600 (or missing) `bmc-credentials`.
 
 Flags (bc.protocol.kinds): all destructive but `bmc.query`; `bmc.rotate` attested (the dispatcher signs the
-result with the node key). `bmc.rotate` makes the new password here (`secrets`), sets it on the BMC, then
+result with the node key). `bmc.rotate` makes the new password here (the site's `Secrets`), sets it on the BMC, then
 writes it to the credentials file; the result carries the account, never the password. If the BMC took it
 and the file write failed, the result says so (`bmc-credentials`) and names the file: an operator must
 restore access by hand, since the old password no longer works.
@@ -16,8 +16,8 @@ restore access by hand, since the old password no longer works.
 
 from __future__ import annotations
 
+import base64
 import logging
-import secrets
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -197,7 +197,7 @@ class BmcRotate(BmcKind):
         path = Path(self.site.section.credentials_file)
         current = await self.site.offload(credentials.load, path, machine)
         username = request.username or current.username
-        password = secrets.token_urlsafe(24)
+        password = base64.urlsafe_b64encode(self.site.secrets.token_bytes(24)).decode().rstrip("=")
         out = await self._call(lambda: bmc.rotate(username, password))
         try:
             await self.site.offload(credentials.replace, path, machine, credentials.Credential(username, password))

@@ -84,22 +84,30 @@ class SiteHttpProxy(TypedExecutor[pb.SiteHttpProxyRequest]):
         pinned = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
         headers = dict(request.headers)
         headers["Host"] = parts.netloc.rsplit("@", 1)[-1]
+        body = b""
+        truncated = False
         try:
-            async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=False, follow_redirects=False) as client:
-                resp = await client.request(
+            async with (
+                httpx.AsyncClient(timeout=self.timeout_s, trust_env=False, follow_redirects=False) as client,
+                client.stream(
                     method,
                     pinned,
                     headers=headers,
                     content=request.body or None,
                     extensions={"sni_hostname": host.strip("[]")},
-                )
+                ) as resp,
+            ):
+                async for chunk in resp.aiter_bytes():  # read no more than the result may hold
+                    body += chunk
+                    if len(body) > MAX_BODY:
+                        body, truncated = body[:MAX_BODY], True
+                        break
         except httpx.HTTPError as e:
             return KindResult.failure(PROXY_FAILED, f"{type(e).__name__}: {e}"[:300])
-        body = resp.content[:MAX_BODY]
         result: dict[str, object] = {
             "status": resp.status_code,
             "headers": {k.lower(): v for k, v in resp.headers.items()},
-            "truncated": len(resp.content) > MAX_BODY,
+            "truncated": truncated,
         }
         try:
             result["body"] = body.decode("utf-8")

@@ -24,6 +24,7 @@ from agent.site.boot_http import BootHttp
 from agent.site.dnsmasq import Dnsmasq
 from agent.site.image_cache import ImageCache
 from agent.site.redfish import Bmc, OpenBmc, Timeouts, call, open_redfish
+from bc.pki.secrets_source import Secrets, SystemSecrets
 from bc.protocol import site_rules
 from bc.protocol.pb import spec_pb2
 from bc.seams.clock import Clock
@@ -69,8 +70,11 @@ class SiteState:
         open_bmc: OpenBmc | None = None,
         resolve: Resolve = resolve_host,
         wake: Callable[[], None] = lambda: None,
+        secrets: Secrets | None = None,
     ) -> None:
         self.options = options or SiteOptions()
+        self.secrets: Secrets = secrets or SystemSecrets()
+        """Where bmc.rotate's new passwords come from (the OS's entropy in production)."""
         self.site_dir = data_dir / "site"
         self.clock, self.offload = clock, offload
         self.open_bmc = open_bmc or open_redfish(self.options.timeouts)
