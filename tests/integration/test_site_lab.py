@@ -4,7 +4,8 @@ Real gRPC, mutual TLS, the store (SQLite and PostgreSQL), the journal, and a rea
 emulator behind its HTTP edge, tests/redfish_bmc.py). The operator sets the `site` section and sees it
 converge once its image is cached; `bmc.query` settles with the machine's power state, `bmc.power` (a
 destructive kind) with its reset, `bmc.rotate` settles attested (signed by the site's node key); the
-server refuses a site kind for a node of role node, and a site section that breaks the rules.
+server refuses a site kind for a node of role node, and a site section that breaks the rules; once
+approvers exist, `bmc.power` and `site.httpProxy` run only as approved batch leaves.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from bc.errors import UsageError
 from bc.protocol.pb import admin_pb2, common_pb2
 from tests.http_server import serving
 from tests.integration.conftest import InprocLab
+from tests.integration.operators_lab import approvers, sign
 from tests.redfish_bmc import SYSTEM_MAC, RedfishBmcUnderTest, redfish_bmc
 
 IMAGE = b"a ramdisk kernel " * 512
@@ -127,3 +129,36 @@ async def test_site_kinds_go_to_site_nodes_only_and_a_bad_section_is_refused(lab
     bad = {"machines": [{"name": "m1", "bmcUrl": "https://admin:pw@10.9.0.1"}]}
     with pytest.raises(UsageError, match="must not carry credentials"):
         await lab.admin.set_spec_section("n1", "site", json.dumps(bad))
+
+
+async def test_once_approvers_exist_a_bmc_kind_runs_only_as_an_approved_batch_leaf(
+    lab: InprocLab, bmc: RedfishBmcUnderTest, tmp_path: Path
+) -> None:
+    bmc.state.accounts["admin"] = "old-password"
+    creds = tmp_path / "bmc.json"
+    creds.write_text(json.dumps({"default": {"username": "admin", "password": "old-password"}}))
+    creds.chmod(0o600)
+    agent = await start_site(lab, "s1")
+    await lab.wait_observed("s1", 1)
+    section = {"machines": [{"name": "m1", "bmcUrl": bmc.url}], "credentialsFile": str(creds)}
+    gen = (await lab.admin.set_spec_section("s1", "site", json.dumps(section))).generation
+    await lab.wait_observed("s1", gen, timeout=30)
+    keys = await approvers(lab)
+    async with asyncio.timeout(10):
+        while len(agent.trust.bundle.approver_keys) != 3:  # the new bundle reaches the live session
+            await asyncio.sleep(0.05)
+
+    for kind, payload in (
+        ("bmc.power", '{"machine": "m1", "action": "off"}'),
+        ("site.httpProxy", '{"target_node_id": "gpu-07", "url": "http://10.1.0.7/metrics"}'),
+    ):
+        lone = await lab.admin.run_command("s1", kind, payload_json=payload)
+        done = await settled(lab, lone.id)
+        assert (done.state, done.reason) == ("rejected", "UNBATCHED_LIMIT"), (kind, done)
+
+    b = await lab.admin.create_batch("bmc.power", ["s1"], '{"machine": "m1", "action": "off"}', reason="rack move")
+    b = await sign(lab, b, keys[0])
+    b = await sign(lab, b, keys[1])
+    assert b.state == "approved"
+    done = await settled(lab, b.leaves[0].command_id)
+    assert (done.state, json.loads(done.result_json)["reset_type"]) == ("succeeded", "ForceOff"), done
