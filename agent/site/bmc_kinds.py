@@ -8,15 +8,15 @@ A BMC that fails is the command's outcome, with its reason: `bmc-unreachable`, `
 credentials file that is not 0600 (or missing) `bmc-credentials`.
 
 Flags (bc.protocol.kinds): all destructive but `bmc.query`; `bmc.rotate` attested (the dispatcher signs the
-result with the node key). `bmc.rotate` makes the new password here (the site's `Secrets`), sets it on the BMC, then
-writes it to the credentials file; the result carries the account, never the password. If the BMC took it
-and the file write failed, the result says so (`bmc-credentials`) and names the file: an operator must
-restore access by hand, since the old password no longer works.
+result with the node key). `bmc.rotate` makes the new password here (the site's `Secrets`); the credentials
+file holds it (as the machine's `pending` entry) before the BMC is asked to take it, and it becomes the
+current one after (agent.site.credentials); the result carries the account, never the password.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -198,14 +198,24 @@ class BmcRotate(BmcKind):
         current = await self.site.offload(credentials.load, path, machine)
         username = request.username or current.username
         password = base64.urlsafe_b64encode(self.site.secrets.token_bytes(24)).decode().rstrip("=")
-        out = await self._call(lambda: bmc.rotate(username, password))
-        try:
-            await self.site.offload(credentials.replace, path, machine, credentials.Credential(username, password))
+        try:  # on disk before the BMC has it: no failure after this point loses access
+            await self.site.offload(credentials.stage, path, machine, current, username, password)
         except (OSError, credentials.CredentialsError) as e:
-            log.error("event=bmc.rotate.unsaved machine=%s file=%s error=%r", machine, path, str(e))
+            return KindResult.failure(BMC_CREDENTIALS, f"{path} could not be written ({e}): the BMC was not touched")
+        try:
+            out = await self._call(lambda: bmc.rotate(username, password))
+        except BmcFailure:
+            with contextlib.suppress(OSError, credentials.CredentialsError):
+                await self.site.offload(credentials.unstage, path, machine)
+            raise
+        try:
+            await self.site.offload(credentials.commit, path, machine)
+        except (OSError, credentials.CredentialsError) as e:
+            log.error("event=bmc.rotate.uncommitted machine=%s file=%s error=%r", machine, path, str(e))
             return KindResult.failure(
                 BMC_CREDENTIALS,
-                f"the BMC of {machine} took a new password but {path} could not be written ({e}): restore by hand",
+                f"the BMC of {machine} took the new password, which is {machine}'s pending entry in {path};"
+                f" it could not be made the current one ({e})",
                 {"machine": machine, "username": username},
             )
         log.info("event=bmc.rotated machine=%s username=%s", machine, username)

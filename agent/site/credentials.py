@@ -7,8 +7,10 @@ never carries one. The file:
      "machines": {"rack1-n01": {"username": "root", "password": "..."}}}
 
 It is refused, and no BMC is driven with it, when anyone but its owner may read or write it (mode & 0o077),
-when it is not a regular file, or when it is not that shape. `bmc.rotate` replaces one machine's password:
-the new file is written beside the old one, 0600, fsynced and renamed over it, so a crash leaves either.
+when it is not a regular file, or when it is not that shape. `bmc.rotate` replaces one machine's password in
+three writes (`stage`, then the BMC, then `commit`, or `unstage` when the BMC refused): the new password is
+on disk as the machine's `pending` entry before the BMC is asked to take it, so no crash or failed write
+loses access. Each write is a new file beside the old one, 0600, fsynced and renamed over it.
 Blocking: the caller runs these through its offload.
 """
 
@@ -83,13 +85,8 @@ def load(path: Path, machine: str) -> Credential:
     raise CredentialsError(f"the BMC credentials file {path} has no entry for {machine!r} and no default")
 
 
-def replace(path: Path, machine: str, credential: Credential) -> None:
-    """Write `credential` as the machine's entry, atomically and 0600 (the rest of the file unchanged)."""
-    doc = _read(path)
-    machines = doc.setdefault("machines", {})
-    if not isinstance(machines, dict):
-        raise CredentialsError(f"the BMC credentials file {path}: machines must be an object")
-    machines[machine] = {"username": credential.username, "password": credential.password}
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    """The whole file, atomically and 0600: a tmp file beside it, fsynced, renamed over it, the dir fsynced."""
     tmp = path.with_name(f".{path.name}.new")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
@@ -104,3 +101,39 @@ def replace(path: Path, machine: str, credential: Credential) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def _machines(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    machines = doc.setdefault("machines", {})
+    if not isinstance(machines, dict):
+        raise CredentialsError(f"the BMC credentials file {path}: machines must be an object")
+    return machines
+
+
+def stage(path: Path, machine: str, current: Credential, username: str, password: str) -> None:
+    """Before a rotation touches the BMC: the new password is written as the machine's `pending` entry beside
+    the one in use, so a crash or a failed write after the BMC took it never loses access."""
+    doc = _read(path)
+    entry: dict[str, Any] = {"username": current.username, "password": current.password}
+    entry["pending"] = {"username": username, "password": password}
+    _machines(doc, path)[machine] = entry
+    _write(path, doc)
+
+
+def commit(path: Path, machine: str) -> None:
+    """After the BMC took it: the pending entry becomes the machine's credential."""
+    doc = _read(path)
+    entry = _machines(doc, path).get(machine)
+    if not isinstance(entry, dict) or not isinstance(entry.get("pending"), dict):
+        raise CredentialsError(f"the BMC credentials file {path} lost {machine!r}'s pending password")
+    pending = entry["pending"]
+    _machines(doc, path)[machine] = {"username": pending["username"], "password": pending["password"]}
+    _write(path, doc)
+
+
+def unstage(path: Path, machine: str) -> None:
+    """The BMC refused the new password: the pending entry goes, the one in use stays."""
+    doc = _read(path)
+    entry = _machines(doc, path).get(machine)
+    if isinstance(entry, dict) and entry.pop("pending", None) is not None:
+        _write(path, doc)

@@ -218,6 +218,29 @@ async def test_rotate_replaces_the_password_on_the_bmc_and_in_the_0600_file(
     assert (r.ok, r.reason) == (False, "bmc-auth-failed")
 
 
+async def test_a_rotation_the_bmc_refuses_keeps_the_password_in_use(site: Site, bmc: RedfishBmcUnderTest) -> None:
+    creds = Path(site.state.section.credentials_file)
+    r = await site.run("bmc.rotate", pb.BmcRotateRequest(machine="m1", username="nobody"))
+    assert (r.ok, r.reason) == (False, "bmc-error")
+    assert "no account 'nobody'" in r.message
+    stored = json.loads(creds.read_text())
+    assert stored["machines"]["m1"] == {"username": "admin", "password": "old-password"}  # no pending left
+    assert bmc.state.accounts == {"admin": "old-password"}
+
+
+async def test_a_rotation_whose_file_cannot_be_staged_never_touches_the_bmc(
+    site: Site, bmc: RedfishBmcUnderTest
+) -> None:
+    creds = Path(site.state.section.credentials_file)
+    creds.parent.joinpath(f".{creds.name}.new").mkdir()  # the staging write cannot create its file
+    before = len(bmc.state.requests)
+    r = await site.run("bmc.rotate", pb.BmcRotateRequest(machine="m1"))
+    assert (r.ok, r.reason) == (False, "bmc-credentials")
+    assert "the BMC was not touched" in r.message
+    assert not [q for q in bmc.state.requests[before:] if q[0] == "PATCH"]
+    assert bmc.state.accounts == {"admin": "old-password"}
+
+
 async def test_a_credentials_file_others_may_read_is_refused_before_any_request(
     tmp_path: Path, bmc: RedfishBmcUnderTest
 ) -> None:
