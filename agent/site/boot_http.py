@@ -40,6 +40,7 @@ class BootHttp:
         self.live_by_mac = live_by_mac
         self.http_address = http_address
         self.server: asyncio.Server | None = None
+        self._conns: set[asyncio.Task[object]] = set()
 
     async def start(self, host: str, port: int) -> None:
         self.server = await asyncio.start_server(self._serve, host, port)
@@ -50,12 +51,20 @@ class BootHttp:
         return int(self.server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
+        """Stop listening and end the connections being served (3.11's wait_closed does not wait for them)."""
         if self.server is not None:
             self.server.close()
+            conns, self._conns = list(self._conns), set()
+            for t in conns:
+                t.cancel()
+            await asyncio.gather(*conns, return_exceptions=True)
             await self.server.wait_closed()
             self.server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
         conn = h11.Connection(h11.SERVER)
         try:
             async with asyncio.timeout(30):
@@ -65,8 +74,9 @@ class BootHttp:
         except (TimeoutError, ConnectionError, h11.ProtocolError) as e:
             log.debug("event=site.http.dropped error=%r", str(e))
         finally:
+            self._conns.discard(task)
             writer.close()
-            with contextlib.suppress(ConnectionError):
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
                 await writer.wait_closed()
 
     async def _next_request(self, conn: h11.Connection, reader: asyncio.StreamReader) -> h11.Request | None:
