@@ -35,6 +35,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from agent.identity import IDENTITY_FILE, NEXT_SUFFIX, Identity
+from agent.tpm import DEFAULT_TCTI, Tpm, TpmDevice
 from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
 from bc.pki import join_answer, keys, tokens
 from bc.pki.discovery import fetch_pinned_ca
@@ -78,14 +79,21 @@ def servers_of(server: str) -> list[str]:
 
 
 async def join_node(
-    server: str, token: str, data_dir: Path, *, reset: bool = False, attestor: str = "file", tcti: str | None = None
+    server: str,
+    token: str,
+    data_dir: Path,
+    *,
+    reset: bool = False,
+    attestor: str = "file",
+    tcti: str | None = None,
+    tpm: TpmDevice | None = None,
 ) -> JoinResult:
     """Join through the first of `server`'s addresses that answers (all of them kept, for the session to
     dial): an api process, or a gateway that forwards the join to one. An address that cannot be reached,
     or whose gateway reaches no api process, passes to the next. With `reset`, the old identity and journal
     are moved aside once a server's CA checks out. With `attestor="tpm"` the node key is made inside the TPM
-    (`tcti`, else the kernel's resource manager) and certified by its attestation key (`agent.tpm`); node.key
-    then holds a record of it, never the key."""
+    (`tpm`: the helper's, for an unprivileged node; else tpm2-tools at `tcti`, else at the kernel's resource
+    manager) and certified by its attestation key (`agent.tpm`); node.key then holds a record of it, never the key."""
     parsed = tokens.parse_token(token)
     addrs = servers_of(server)
     if not reset and Identity.exists(data_dir):
@@ -97,7 +105,7 @@ async def join_node(
     key_file: bytes
     tpm_cert: join_pb2.TpmCertification | None = None
     if attestor == "tpm":
-        csr_der, key_file, tpm_cert = await _tpm_key(data_dir, tcti)
+        csr_der, key_file, tpm_cert = await _tpm_key(data_dir, tpm or Tpm(tcti or DEFAULT_TCTI))
     else:
         node_key = keys.generate_key()
         csr_der = make_csr(node_key, "pending").public_bytes(Encoding.DER)
@@ -250,17 +258,16 @@ def _free_suffix(files: list[Path], base: str) -> str:
         n += 1
 
 
-async def _tpm_key(data_dir: Path, tcti: str | None) -> tuple[bytes, bytes, join_pb2.TpmCertification]:
+async def _tpm_key(data_dir: Path, tpm: TpmDevice) -> tuple[bytes, bytes, join_pb2.TpmCertification]:
     """A node key made in the TPM: (the CSR it signed, node.key's record, the AK's certification of it).
 
     The key goes to the persistent handle the identity in `data_dir` (if any) does not use, so a re-join
     (`--reset`) leaves the old identity's key where its record, moved aside, says it is.
     """
-    from agent.tpm import DEFAULT_TCTI, HANDLES, Tpm, TpmNodeKey, TpmRecord
+    from agent.tpm import HANDLES, TpmNodeKey, TpmRecord
     from bc.pki.remote_csr import make_remote_csr
     from bc.pki.tpm_attest import spki
 
-    tpm = Tpm(tcti or DEFAULT_TCTI)
     handle = HANDLES[0]
     try:
         old = await asyncio.to_thread((data_dir / "node.key").read_bytes)
