@@ -104,8 +104,12 @@ async def join_node(
     join_key_pem, join_cert_pem = tokens.join_client_credentials(parsed, SystemClock())
     key_file: bytes
     tpm_cert: join_pb2.TpmCertification | None = None
+    device: TpmDevice | None = None
+    endorsement: tuple[bytes, bytes] = (b"", b"")
     if attestor == "tpm":
-        csr_der, key_file, tpm_cert = await _tpm_key(data_dir, tpm or Tpm(tcti or DEFAULT_TCTI))
+        device = tpm or Tpm(tcti or DEFAULT_TCTI)
+        csr_der, key_file, tpm_cert = await _tpm_key(data_dir, device)
+        endorsement = await _endorsement(device)
     else:
         node_key = keys.generate_key()
         csr_der = make_csr(node_key, "pending").public_bytes(Encoding.DER)
@@ -118,6 +122,7 @@ async def join_node(
     )
     if tpm_cert is not None:
         req.tpm.CopyFrom(tpm_cert)
+        req.ek_cert_der, req.ak_public = endorsement
     moved: list[Path] | None = None
     passed: list[str] = []  # why each address before the one that answered did not
     for addr in addrs:
@@ -130,7 +135,10 @@ async def join_node(
         if reset and moved is None:
             # After the pin check, so a mistyped --server or a token for another cluster leaves the old identity.
             moved = await asyncio.to_thread(reset_identity, data_dir, SystemClock().now())
-        resp = await _join_at(addr, channel_credentials(ca_pem, join_key_pem, join_cert_pem), req, passed)
+        creds = channel_credentials(ca_pem, join_key_pem, join_cert_pem)
+        resp = await _join_at(addr, creds, req, passed)
+        if resp is not None and resp.HasField("challenge") and device is not None:
+            resp = await _join_at(addr, creds, await _activated(device, req, resp.challenge), passed)
         if resp is None:
             continue
         _check_answer(addr, keys.load_cert_pem(ca_pem), csr_der, resp)
@@ -283,6 +291,30 @@ async def _tpm_key(data_dir: Path, tpm: TpmDevice) -> tuple[bytes, bytes, join_p
         ak_spki_der=spki(ak), key_public=certified.tpm2b_public, attest=certified.attest, signature=certified.signature
     )
     return csr_der, node_key.record.dump(), cert
+
+
+async def _endorsement(tpm: TpmDevice) -> tuple[bytes, bytes]:
+    """(the TPM's RSA EK certificate or b"", the AK's TPM2B_PUBLIC): what a server with EK roots activates the AK
+    against; a server without them ignores both."""
+    return (await tpm.ek_certificate() or b""), (await tpm.attestation_public()).tpm2b
+
+
+async def _activated(
+    tpm: TpmDevice, req: join_pb2.JoinRequest, challenge: join_pb2.TpmChallenge
+) -> join_pb2.JoinRequest:
+    """The join again, with the secret the TPM recovered from the server's challenge (`bc.pki.tpm_ek`)."""
+    try:
+        secret = await tpm.activate_credential(challenge.credential, challenge.secret)
+    except (BcError, OSError) as e:
+        why = e.message if isinstance(e, BcError) else str(e)
+        raise Unauthenticated(
+            "the TPM could not activate the server's credential: its endorsement key or attestation key is not the"
+            f" one the join sent ({why})"
+        ) from None
+    again = join_pb2.JoinRequest()
+    again.CopyFrom(req)
+    again.activation.CopyFrom(join_pb2.TpmActivation(secret=secret, ticket=challenge.ticket))
+    return again
 
 
 def _store_identity(data_dir: Path, ident: Identity, key_file: bytes, cert_pem: bytes, ca_pem: bytes) -> None:

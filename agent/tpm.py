@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Protocol
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.key_holder import FileNodeKey, NextKey, NodeKeyHolder
@@ -125,6 +124,10 @@ class TpmDevice(Protocol):
 
     async def attestation_key(self) -> ec.EllipticCurvePublicKey: ...
 
+    async def attestation_public(self) -> TpmPublic:
+        """The AK's public area (its TPM name is what a credential activation is sealed to)."""
+        ...
+
     async def create_key(self, handle: int) -> TpmPublic:
         """A new node key at `handle` (one of `HANDLES`; whatever was there is evicted first)."""
         ...
@@ -184,10 +187,12 @@ class Tpm:
     # -- the operations ----------------------------------------------------------------------------
 
     async def attestation_key(self) -> ec.EllipticCurvePublicKey:
+        return (await self.attestation_public()).key
+
+    async def attestation_public(self) -> TpmPublic:
         async with self._session() as run:
             await run("tpm2_createprimary", "-C", "e", "-G", "ecc256:ecdsa-sha256:null", "-a", AK_ATTRS, "-c", "ak.ctx")
-            pem = await run("tpm2_readpublic", "-c", "ak.ctx", "-f", "pem", "-o", "ak.pem", out="ak.pem")
-        return _ec_public(serialization.load_pem_public_key(pem))
+            return parse_public(await run("tpm2_readpublic", "-c", "ak.ctx", "-o", "ak.tpm", out="ak.tpm"))
 
     async def create_key(self, handle: int) -> TpmPublic:
         """A new node key at `handle` (whatever was there is evicted first)."""

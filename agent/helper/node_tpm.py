@@ -18,7 +18,6 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.helper.client import HelperClient, HelperRefused
@@ -38,11 +37,10 @@ class HelperTpm:
         return f"bc helper at {self.client.socket_path}"
 
     async def attestation_key(self) -> ec.EllipticCurvePublicKey:
-        der = _blob(await self.client.call("tpm.ak.public"), "ak_spki")
-        key = serialization.load_der_public_key(der)
-        if not isinstance(key, ec.EllipticCurvePublicKey):
-            raise HelperRefused("helper: tpm.ak.public answered a key that is not an ECDSA key")
-        return key
+        return (await self.attestation_public()).key
+
+    async def attestation_public(self) -> TpmPublic:
+        return parse_public(_blob(await self.client.call("tpm.ak.public"), "public"))
 
     async def create_key(self, handle: int) -> TpmPublic:
         return parse_public(_blob(await self.client.call("tpm.key.create", slot=_slot(handle)), "public"))

@@ -13,7 +13,6 @@ from typing import Any
 from agent.helper.plans import TpmCall
 from agent.tpm import Tpm
 from bc.errors import BcError
-from bc.pki.tpm_attest import spki
 
 
 class TpmFailed(OSError):
@@ -34,7 +33,7 @@ async def carry(effect: TpmCall, tpm: Tpm) -> dict[str, Any]:
 async def _carry(effect: TpmCall, tpm: Tpm) -> dict[str, Any]:
     action, handle = effect.action, effect.handle
     if action == "ak":
-        return {"ak_spki": _b64(spki(await tpm.attestation_key()))}
+        return {"public": _b64((await tpm.attestation_public()).tpm2b)}
     if action == "create":
         return {"public": _b64((await tpm.create_key(handle)).tpm2b)}
     if action == "public":

@@ -6,7 +6,7 @@ No request names a handle, a TCTI or a file: a key's persistent handle is the he
 range (`agent.tpm.HANDLES`) by a slot number, and every blob in and out is bounded and checked for its shape.
 
     op                       arguments                        as root (answers)
-    tpm.ak.public            -                                the attestation key's SubjectPublicKeyInfo
+    tpm.ak.public            -                                the attestation key's TPM2B_PUBLIC
     tpm.key.create           slot (0|1)                       a new node key at that slot's handle (evicting what was
                                                               there): its TPM2B_PUBLIC
     tpm.key.public           slot                             that key's TPM2B_PUBLIC, or null (the handle is empty)

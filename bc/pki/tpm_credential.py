@@ -55,7 +55,7 @@ def kdfa(key: bytes, label: bytes, context_u: bytes, context_v: bytes, bits: int
 def aes_cfb(key: bytes, data: bytes, *, decrypt: bool = False) -> bytes:
     """AES in CFB-128 mode with a zero IV, as the TPM's credential protection uses it (built on the block cipher:
     `cryptography` moved its CFB mode to its decrepit modules)."""
-    block = Cipher(algorithms.AES(key), modes.ECB()).encryptor()  # noqa: S305 - one block at a time: CFB's keystream
+    block = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
     out, feedback = bytearray(), bytes(16)
     for i in range(0, len(data), 16):
         chunk = data[i : i + 16]
