@@ -29,3 +29,19 @@ def test_the_helper_refuses_to_serve_nobody_or_root(tmp_path: Path, args: list[s
     r = CliRunner().invoke(cli, ["helper", "--socket", str(tmp_path / "s"), "--root", str(tmp_path), *args])
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {says}"), r.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_node_under_the_helper_takes_no_tcti_the_tpm_is_the_helpers(tmp_path: Path) -> None:
+    r = CliRunner().invoke(
+        cli, ["node", "--data-dir", str(tmp_path), "--helper-socket", str(tmp_path / "s"), "--tcti", "swtpm:"]
+    )
+    assert r.exit_code == 2
+    assert r.stderr == "error: --tcti cannot be used with --helper-socket: the TPM is bc helper's (bc helper --tcti)\n"
+
+
+@pytest.mark.parametrize("extra", [[], ["--attestor", "tpm", "--tcti", "swtpm:"]])
+def test_a_join_names_the_helper_only_for_a_tpm_it_reaches_no_other_way(tmp_path: Path, extra: list[str]) -> None:
+    args = ["join", "--server", "h:1", "--token", "t", "--data-dir", str(tmp_path), "--helper-socket", "/run/s"]
+    r = CliRunner().invoke(cli, [*args, *extra])
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: --helper-socket names where an unprivileged node's TPM is: use it with")
