@@ -21,6 +21,10 @@ The failure modes of `docs/node-security.md` (and the reference's "TPM cleared o
   replaces the owner seed; the endorsement seed, and so the AK, stays): `CLEARED`. The recovery is
   `bc join --reset --yes --attestor tpm`, which moves the old identity and journal aside.
 
+Who runs the commands is behind `TpmDevice`: `Tpm` (this module) runs them itself, as root or in tests; an
+unprivileged node asks `bc helper`'s `tpm.*` operations instead (`agent.helper.node_tpm.HelperTpm`), and the
+helper runs `Tpm` as root. `TpmNodeKey` and `bc join --attestor tpm` are the same code above either.
+
 Every TPM command is an asyncio subprocess (never a blocking call on the loop), one at a time per TPM
 (`_lock`: a TPM runs one command at a time, and without a resource manager, as with `swtpm`, the
 transient objects one sequence loads must be flushed before the next). Where a kernel resource
