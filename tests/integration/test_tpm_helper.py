@@ -4,8 +4,9 @@
 The user (1) cannot reach the TPM itself, (2) makes its node key, signs, has a next key certified by the AK, reads
 the EK certificate and activates a credential through the helper's `tpm.*` operations, all of which the test
 judges as the server would, (3) has a handle, a TCTI, a foreign slot and a digest of another size refused; and
-`bc join --attestor tpm --helper-socket` then `bc doctor` as that user join a real bc serve that checks the AK
-against the EK certificate, and find the TPM through the helper.
+`bc join --attestor tpm --helper-socket`, `bc doctor` and `bc node` as that user join a real bc serve that checks
+the AK against the EK certificate, find the TPM through the helper, and get a session certificate by a signature
+the TPM made through it.
 """
 
 from __future__ import annotations
@@ -93,15 +94,18 @@ async def helper(user: User, box: Path) -> AsyncIterator[TpmHelper]:
         await tpm.stop()
 
 
-async def run_as(user: User, home: Path, *argv: str) -> tuple[int, str, str]:
-    env = {
+def _env(home: Path) -> dict[str, str]:
+    return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "PYTHONPATH": str(REPO),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+
+
+async def run_as(user: User, home: Path, *argv: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        *as_user(user.uid, gid=user.gid), *argv, cwd=str(home), env=env,
+        *as_user(user.uid, gid=user.gid), *argv, cwd=str(home), env=_env(home),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     async with asyncio.timeout(180):
@@ -248,3 +252,17 @@ async def test_bc_join_and_bc_doctor_as_the_nodes_user_activate_and_check_the_tp
         findings = {f["name"]: f for f in json.loads(stdout)["checks"]}
         assert findings["tpm"]["status"] == "pass", findings["tpm"]
         assert f"bc helper at {helper.socket}" in findings["tpm"]["message"]
+
+        # bc node as that user: its session key is certified by a signature the TPM made through the helper.
+        node = await asyncio.create_subprocess_exec(
+            *as_user(user.uid, gid=user.gid), bc_executable(), "node", "--data-dir", str(data), "--fake-hw",
+            "hgx-h100-8", "--helper-socket", str(helper.socket), "--heartbeat-interval", "1",
+            env={**_env(data)}, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            issued = await lab.wait_event("node.session-cert.issued", lambda ev, data: ev.subject == "n1")
+            assert json.loads(issued.data_json)["serial"]
+        finally:
+            node.terminate()
+            _, err = await node.communicate()
+        assert b"Traceback" not in err, err.decode()[-2000:]
