@@ -123,11 +123,11 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             raise Unauthenticated("the forwarded node certificate does not parse") from None
 
     async def Join(self, request: join_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> join_pb2.JoinResponse:
+        tpm = _tpm(request.tpm) if request.HasField("tpm") else None
         try:
             token_id = self._token_id(request, context)
             if not request.csr_der:
                 raise UsageError("the join request carries no CSR")
-            tpm = _tpm(request.tpm) if request.HasField("tpm") else None
             if tpm is not None and self.ek_roots:
                 if not request.HasField("activation"):
                     return await self._challenge(token_id, request, tpm)
