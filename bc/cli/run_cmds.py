@@ -18,7 +18,7 @@ from bc.cli.bounded import DAY_S, Seconds
 from bc.cli.emit import emit
 from bc.cli.output import echo, lines
 from bc.cli.render import with_progress
-from bc.errors import UsageError
+from bc.errors import Unavailable, UsageError
 from bc.runtime.config import default_data_dir
 
 _DIR = click.Path(file_okay=False, path_type=Path)
@@ -240,6 +240,7 @@ def join(
     as_json: bool,
 ) -> None:
     """Give this host a node identity, using a one-use join token."""
+    from agent.helper.client import HelperError
     from agent.helper.node_tpm import open_tpm
     from agent.join import identity_files, join_node
 
@@ -254,19 +255,22 @@ def join(
             f"--reset would move aside in {data_dir}: {present} (renamed .reset-<time>, not deleted);"
             " stop bc node first, then add --yes"
         )
-    result = asyncio.run(
-        with_progress(
-            join_node(
-                server=server,
-                token=token,
-                data_dir=data_dir,
-                reset=reset,
-                attestor=attestor,
-                tpm=open_tpm(helper_socket, tcti) if attestor == "tpm" else None,
-            ),
-            f"waiting for bc serve at {server}…",
+    try:
+        result = asyncio.run(
+            with_progress(
+                join_node(
+                    server=server,
+                    token=token,
+                    data_dir=data_dir,
+                    reset=reset,
+                    attestor=attestor,
+                    tpm=open_tpm(helper_socket, tcti) if attestor == "tpm" else None,
+                ),
+                f"waiting for bc serve at {server}…",
+            )
         )
-    )
+    except HelperError as e:  # the helper is down, or refused its TPM operation: its sentence, retryable
+        raise Unavailable(str(e)) from None
     doc = {
         "node_id": result.node_id,
         "ca_fingerprint": result.ca_fingerprint,
