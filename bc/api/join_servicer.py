@@ -147,7 +147,7 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             )
         except BcError as e:
             if tpm is not None and self.ek_roots:
-                log.warning("event=join.tpm-refused token=%s error=%s", request.token_id, e.message)
+                log.warning("event=join.tpm-refused token=%r error=%r", request.token_id, e.message)
             await abort_with(context, e)
             raise  # unreachable: abort raises
         trust = self.intent.trust_bundle()

@@ -68,7 +68,7 @@ def _valid_at(cert: x509.Certificate, now: datetime.datetime, what: str) -> None
     if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
         raise Unauthenticated(
             f"the TPM's endorsement key certificate does not chain to an EK CA this server trusts: {what}"
-            f" ({cert.subject.rfc4514_string() or 'no subject'}) is not valid now"
+            f" ({_named(cert.subject) or 'no subject'}) is not valid now"
         )
 
 
@@ -90,14 +90,20 @@ def ek_public_key(ek_der: bytes, roots: Sequence[x509.Certificate], now: datetim
         if issuer is None:
             raise Unauthenticated(
                 "the TPM's endorsement key certificate does not chain to an EK CA this server trusts: no certificate"
-                f" in {EK_ROOTS_FILE} issued {here.subject.rfc4514_string() or 'the EK certificate'}"
-                f" (issuer {here.issuer.rfc4514_string()})"
+                f" in {EK_ROOTS_FILE} issued {_named(here.subject) or 'the EK certificate'}"
+                f" (issuer {_named(here.issuer)})"
             )
         _valid_at(issuer, now, "the EK CA")
         if issuer.subject == issuer.issuer and _issuer(issuer, [issuer]) is issuer:
             return key  # a self-signed root the operator listed
         here = issuer
     raise Unauthenticated(f"the TPM's endorsement key certificate's chain is longer than {MAX_CHAIN} certificates")
+
+
+def _named(name: x509.Name) -> str:
+    """A name a node sent, for a sentence: printable, at most 120 characters."""
+    text = "".join(c if c.isprintable() else "?" for c in name.rfc4514_string())
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _issuer(cert: x509.Certificate, pool: Sequence[x509.Certificate]) -> x509.Certificate | None:

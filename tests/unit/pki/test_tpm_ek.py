@@ -166,3 +166,11 @@ def test_a_ticket_fits_only_its_own_request_and_no_altered_byte_passes(
         fields[field] = value + "x" if isinstance(value, str) else value + b"x"  # type: ignore[operator]
     with pytest.raises(Unauthenticated):
         tpm_ek.check_activation(CA.public_key(), ticket, b"S" * 32, now_ms=T0 + 1, **fields)  # type: ignore[arg-type]
+
+
+def test_a_name_the_node_sent_reaches_the_sentence_printable_and_bounded() -> None:
+    stranger = ec.generate_private_key(ec.SECP256R1())
+    ek = _cert("evil\nline" + "x" * 50, EK_KEY.public_key(), "A" * 60, stranger, ca=False)
+    with pytest.raises(Unauthenticated) as e:
+        tpm_ek.ek_public_key(der(ek), [MID, ROOT], NOW)
+    assert "\n" not in e.value.message and "evil?line" in e.value.message and len(e.value.message) < 400
