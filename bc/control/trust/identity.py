@@ -180,7 +180,8 @@ async def join(
                 "hostname": hostname,
                 "serial": format(cert.serial_number, "x"),
                 "attestor": "tpm" if ak else "",
-                "endorsement": "activated" if ak and endorsed else "",
+                # a TPM join's only (a file-key join's event, and so every simulated fleet's digest, is unchanged)
+                **({"endorsement": "activated" if endorsed else ""} if ak else {}),
             },
             now_ms,
         )
