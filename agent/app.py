@@ -53,6 +53,7 @@ from agent.dispatch import Dispatcher
 from agent.health.monitor import HealthMonitor
 from agent.health.readings import HealthSource
 from agent.helper.node_ops import HelperXids
+from agent.helper.node_tpm import open_tpm
 from agent.helper.wiring import HelperSeams, helper_seams
 from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
@@ -79,7 +80,7 @@ from agent.session_key import SessionKeys
 from agent.telemetry.converger import TelemetryConverger
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import AgentMetrics, Gauges
-from agent.tpm import DEFAULT_TCTI, Tpm, TpmNodeKey, TpmRecord
+from agent.tpm import TpmNodeKey, TpmRecord
 from agent.trust import AgentTrust
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
 from agent.upgrade.slots import Slots, SlotStore
@@ -204,7 +205,7 @@ def production_parts(opts: AgentOptions) -> AgentParts:
     pair: PairSource | None = None
     record = _tpm_record(key_path)
     if record is not None:  # the key is the TPM's: the session runs on an in-memory session key
-        holder = TpmNodeKey(Tpm(opts.tcti or DEFAULT_TCTI), record)
+        holder = TpmNodeKey(open_tpm(opts.helper_socket, opts.tcti), record)
         keeper = SessionKeys(data_dir, identity, holder, clock, rng)
         node_key = NodeKey(None, source=keeper.key)
         pair = MemoryPair(keeper.pair)

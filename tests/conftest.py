@@ -50,6 +50,9 @@ SLOW_FILES = (
     "tests/integration/test_store_outage.py",
     # A software TPM (swtpm) per test, cleared and re-seeded: each tpm2-tools command is a process.
     "tests/integration/test_tpm_swtpm.py",
+    # swtpm manufactured with an EK certificate per test, credential activation, bc helper and a system user.
+    "tests/integration/test_tpm_activation.py",
+    "tests/integration/test_tpm_helper.py",
 )
 # Single tests of real parts, each 9-41 s of one worker (junit times of `make test`, 2026-12-06): `make test`
 # stood at 13 min 34 s on 2 cores with them (14 min 26 s in CI), past its ten. They are the long end-to-end
