@@ -395,6 +395,7 @@ class Agent:
                 self.state.server_now_ms,
                 self.clock,
                 p.quorum_count,
+                labels=self.state.labels,
             ),
             result_signer=self.sign_update,
             on_settled=self.metrics.command_settled,
