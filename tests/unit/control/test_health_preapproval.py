@@ -32,7 +32,7 @@ from bc.store import quorum as q_sql
 from bc.testing import advance
 from tests.unit.control.conftest import AddNode
 from tests.unit.control.quorum_setup import install, raw
-from tests.unit.control.test_health_loop import commands, events, sick
+from tests.unit.control.test_health_loop import events, sick
 
 POOLS = {"n1": "a", "n2": "a", "n3": "b", "n4": "a"}
 HOUR_MS = 3_600_000
