@@ -303,6 +303,7 @@ class Agent:
                 root=self.opts.host_root or Path("/"),
                 offload=self.offload,
                 node_id=self.node_id,
+                node_labels=self.state.labels,
             )
             access = seams.access
             self.hw, files, slices = seams.hw, seams.files, seams.slices
@@ -317,6 +318,7 @@ class Agent:
                 host_root=self.opts.host_root,
                 host_units=self.opts.host_units,
                 offload=self.offload,
+                node_labels=self.state.labels,
             )
         self.host_units = host if isinstance(host, HostConverger) else None  # its units' conditions, for health
         self.convergers: dict[str, Converger] = {
