@@ -304,6 +304,7 @@ class Agent:
                 root=self.opts.host_root or Path("/"),
                 offload=self.offload,
                 node_id=self.node_id,
+                node_labels=self.state.labels,
             )
             access = seams.access
             self.hw, files, slices = seams.hw, seams.files, seams.slices
@@ -318,6 +319,7 @@ class Agent:
                 host_root=self.opts.host_root,
                 host_units=self.opts.host_units,
                 offload=self.offload,
+                node_labels=self.state.labels,
             )
         self.host_units = host if isinstance(host, HostConverger) else None  # its units' conditions, for health
         self.convergers: dict[str, Converger] = {
@@ -396,6 +398,7 @@ class Agent:
                 self.state.server_now_ms,
                 self.clock,
                 p.quorum_count,
+                labels=self.state.labels,
             ),
             result_signer=self.sign_update,
             on_settled=self.metrics.command_settled,
