@@ -27,12 +27,14 @@ from bc.control.doctor.clock_skew import ClockSkewMonitor
 from bc.control.nodes.liveness import Liveness, LivenessConfig
 from bc.control.nodes.spec_signing import SpecSigner
 from bc.control.quorum import spec_changes as spec_quorum
+from bc.control.secrets.broker import SecretBroker
 from bc.control.signing.signer import Signer
 from bc.control.trust.intent import Intent
 from bc.control.trust.sources import TrustSource
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.jobs.engine import JobEngine
 from bc.jobs.health import HealthReconciler
+from bc.pki.secret_box import SecretBox
 from bc.seams.clock import Clock
 from bc.store import Store
 from bc.store.leases import Claim
@@ -75,10 +77,13 @@ def build_control(
     factories: ControlFactories | None = None,
     gateway: Gateway | None = None,
     claim: Claim | None = None,
+    secret_box: SecretBox | None = None,
 ) -> Parts:
     """Every component a control-plane process has (its gateway too, unless `gateway` is given: a
     simulated gateway process's own). `worker_id` holds the singleton workers' leases; `claim` is
-    this process's hold on its gateway's lease (`bc serve`'s, taken before anything acts as the gateway)."""
+    this process's hold on its gateway's lease (`bc serve`'s, taken before anything acts as the gateway);
+    `secret_box` the at-rest key beside the CA: with it, this process's gateway answers secret requests
+    itself (docs/secrets.md), without it they are answered `unavailable`."""
     f = factories or ControlFactories()
     if gateway is None:
         gateway = f.gateway_cls(
@@ -90,6 +95,7 @@ def build_control(
             trust,
             GatewayConfig(heartbeat_interval_s=settings.heartbeat_interval_s),
             claim,
+            secrets=SecretBroker(store, bus, secret_box) if secret_box is not None else None,
         )
     liveness = f.liveness(
         store,

@@ -72,6 +72,7 @@ from bc.jobs.health import LEASE_NAME as HEALTH_LEASE
 from bc.otel.config import OtlpConfig
 from bc.pki import keys, serving
 from bc.pki.ca import CA_KEY_FILE, CertificateAuthority
+from bc.pki.secret_box import SecretBox
 from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256_key
 from bc.pki.serving import SERVING_CERT_TTL_S
 from bc.pki.signing import ROOT_KEY, SIGNING_DIR, WORKER_ROTATE_BEFORE_S, SigningKeys
@@ -345,6 +346,7 @@ class Server:
             self.claim = await self._retry("gateway-lease", lambda: self._claim_gateway_lease(data_dir))
             self._claim_keeper = asyncio.create_task(self._keep_claim(self.claim), name="gateway-lease-start")
         self.ca: CertificateAuthority | None = None
+        self.secret_box: SecretBox | None = None  # the secrets' at-rest key, beside the CA (docs/secrets.md)
         self.gateway_cert: GatewayCert | None = None
         self.trust: TrustSource
         if self.plan.ca:
@@ -369,6 +371,7 @@ class Server:
                 unreachable_grace_s=self.opts.unreachable_grace_s,
             ),
             claim=self.claim,
+            secret_box=self.secret_box,
         )
         assert self.parts.gateway is not None and self.parts.jobs is not None and self.parts.clock_skew is not None
         self.gateway, self.jobs, self.clock_skew = self.parts.gateway, self.parts.jobs, self.parts.clock_skew
@@ -492,6 +495,7 @@ class Server:
                 secrets=self.secrets,
                 jobs=self.jobs,
                 ssh_ca_dir=data_dir / "ssh-ca",
+                secret_box=self.secret_box,
                 releases_dir=data_dir / "releases",
                 release_url=self.release_url,
                 drain=self.drain if "gateway" in roles else None,
@@ -519,6 +523,7 @@ class Server:
         if created:
             log.info("event=ca.created fingerprint=%s", ca.fingerprint)
         self.ca, self.ca_cert = ca, ca.certificate
+        self.secret_box = await asyncio.to_thread(SecretBox.load_or_create, data_dir / "pki", self.secrets)
         server_key = p256_key(self.secrets)
         hosts = sorted({host, *self.opts.advertise, socket.gethostname()} - {"0.0.0.0", "::"})
         server_cert = ca.issue_server_cert(hosts, server_key)
