@@ -68,6 +68,7 @@ from agent.node_key import NodeKey
 from agent.offload import Offload, to_thread
 from agent.quorum import QuorumCheck, UnbatchedAllowance
 from agent.renewal import Renewer
+from agent.secrets import SecretClient
 from agent.session.channels import MemoryPair, PairSource
 from agent.session.dialing import Dial, SessionLoop
 from agent.session.grpc_dial import grpc_dial
@@ -162,6 +163,8 @@ class AgentParts:
     """Where GPU and host health is read (agent.health); left out: no health monitor, no conditions."""
     telemetry: bool = False
     """Converge the `telemetry` section and export over OTLP; off under the simulator (the section is UNSUPPORTED)."""
+    secrets: bool = False
+    """Ask the secret broker for the secrets a spec names (agent.secrets); off under the simulator."""
     version: str = ""
     """The version this binary claims (empty: bc.runtime.version.bc_version()); a self-update never trusts it."""
     devices_converger: type[DevicesConverger] = DevicesConverger
@@ -221,6 +224,7 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         offload=to_thread,
         health=health,
         telemetry=True,
+        secrets=True,
         key_holder=holder,
         session_keys=keeper,
     )
@@ -333,8 +337,19 @@ class Agent:
             "host": host,
             "access": access,
         }
+        self.secrets: SecretClient | None = None
+        if p.secrets:
+            self.secrets = SecretClient(
+                self.node_id,
+                self.outbox,
+                self._sign_secret_request,
+                self.state.server_now_ms,
+                self.clock,
+                self.rng,
+                self.state.spec_changed.set,
+            )
         if self.telemetry is not None:
-            self.convergers["telemetry"] = TelemetryConverger(self.telemetry)
+            self.convergers["telemetry"] = TelemetryConverger(self.telemetry, self.secrets)
         inv = await self.offload(self.hw.inventory)
         self.outbox.note_inventory(inv, inventory_hash(inv))
         self.boot_id = await self.offload(self.hw.boot_id)
@@ -416,6 +431,7 @@ class Agent:
             sign_update=self.sign_update,
             heartbeat_interval_s=self.opts.heartbeat_interval_s,
             spec_rule=p.spec_rule,
+            secrets=self.secrets,
         )
         self.sessions = SessionLoop(p.dial, deps, self.rng, self.stopped)
         log.info(
@@ -461,6 +477,11 @@ class Agent:
             sig = await self.parts.key_holder.sign(attest.report_message(body))
             return session_pb2.AttestedReport(body=body, node_sig=sig)
         return self.node_key.sign_report(body)
+
+    async def _sign_secret_request(self, message: bytes) -> bytes:
+        """A SecretRequest is signed by the key the session runs on (a TPM identity's session key): the broker
+        checks it against the node's live certificates, session certificates included."""
+        return self.node_key.sign(message)
 
     def _check_command_signature(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
         why = self.trust.check_command(cmd, self.state.server_now_ms() / 1000)
