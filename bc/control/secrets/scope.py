@@ -9,11 +9,15 @@ delivery (what it holds already, it keeps until its section changes).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bc.errors import UsageError
 from bc.protocol import labels as label_rules
+
+NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+"""A node id as joins issue them (bc.control.trust.identity.NODE_ID)."""
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,8 @@ def parse(nodes: Sequence[str], labels: Sequence[str]) -> Scope:
         if eq:
             label_rules.check_value(key, value)
     for n in nodes:
-        if not n or any(c.isspace() for c in n):
-            raise UsageError(f"bad node id {n!r} in the secret's scope")
+        if not NODE_ID.fullmatch(n):
+            raise UsageError(f"bad node id {n!r} in the secret's scope: 1-63 of a-z 0-9 . _ -, starting alphanumeric")
     return Scope(tuple(sorted(set(nodes))), tuple(sorted(set(labels))))
 
 
