@@ -288,6 +288,17 @@ class Agent:
         slices = p.slices
         if slices is None:
             slices = open_slices(self.hw.capabilities.touches_host, self.data_dir, offload=self.offload)
+        self.secrets: SecretClient | None = None
+        if p.secrets:
+            self.secrets = SecretClient(
+                self.node_id,
+                self.outbox,
+                self._sign_secret_request,
+                self.state.server_now_ms,
+                self.clock,
+                self.rng,
+                self.state.spec_changed.set,
+            )
         files: HoldFiles | None = None
         host: Converger
         access: Converger = access_converger(
@@ -312,6 +323,8 @@ class Agent:
             self.hw, files, slices = seams.hw, seams.files, seams.slices
             cdi_dir, env_dir = seams.layout.cdi_dir, seams.layout.env_dir
             host = seams.host if self.opts.host_units else ExternallyManaged()
+            if isinstance(host, HostConverger):
+                host.ctx.secrets = self.secrets
             self.xids = seams.xids
         else:
             host = await host_converger(
@@ -321,6 +334,7 @@ class Agent:
                 host_root=self.opts.host_root,
                 host_units=self.opts.host_units,
                 offload=self.offload,
+                secrets=self.secrets,
             )
         self.host_units = host if isinstance(host, HostConverger) else None  # its units' conditions, for health
         self.convergers: dict[str, Converger] = {
@@ -337,17 +351,6 @@ class Agent:
             "host": host,
             "access": access,
         }
-        self.secrets: SecretClient | None = None
-        if p.secrets:
-            self.secrets = SecretClient(
-                self.node_id,
-                self.outbox,
-                self._sign_secret_request,
-                self.state.server_now_ms,
-                self.clock,
-                self.rng,
-                self.state.spec_changed.set,
-            )
         if self.telemetry is not None:
             self.convergers["telemetry"] = TelemetryConverger(self.telemetry, self.secrets)
         inv = await self.offload(self.hw.inventory)

@@ -30,27 +30,20 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from agent.converge.secret_port import SecretRefused, SecretUnavailable
 from agent.session.outbox import Outbox
 from bc.pki import secret_jwe
 from bc.protocol.pb import secrets_pb2
 from bc.protocol.pb.session_pb2 import NodeMessage
 from bc.seams.clock import Clock
 
+__all__ = ["SecretClient", "SecretRefused", "SecretUnavailable"]
+
 log = logging.getLogger("agent.secrets")
 
 REQUEST_TIMEOUT_S = 10.0
 REFUSAL_MEMORY_S = 60.0
 RETRY_REASONS = frozenset({"unavailable", "stale-generation", "sealed-elsewhere"})
-
-
-class SecretUnavailable(Exception):
-    """Not now: ask again on the next pass (the section stays PROGRESSING)."""
-
-
-class SecretRefused(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason, self.message = reason, message
 
 
 @dataclass

@@ -29,7 +29,7 @@ import dataclasses
 from google.protobuf.message import Message
 
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, UNSUPPORTED, SectionResult
-from agent.secrets import SecretClient, SecretRefused, SecretUnavailable
+from agent.converge.secret_port import SecretRefused, SecretSource, SecretUnavailable
 from agent.telemetry.loop import TelemetryLoop
 from bc.otel.config import BadOtlpConfig, OtlpConfig, parse, parse_headers
 from bc.protocol.pb import spec_pb2
@@ -45,7 +45,7 @@ SECTION = "telemetry"
 class TelemetryConverger:
     section = SECTION
 
-    def __init__(self, loop: TelemetryLoop, secrets: SecretClient | None = None) -> None:
+    def __init__(self, loop: TelemetryLoop, secrets: SecretSource | None = None) -> None:
         self.loop = loop
         self.secrets = secrets
         self._headers: tuple[str, tuple[tuple[str, str], ...]] | None = None  # (ref, headers) last exported with

@@ -308,3 +308,45 @@ async def test_admin_views_never_carry_a_value(lab: InprocLab) -> None:
     removed = await lab.admin.remove_secret("k8s-join")
     assert removed.name == "k8s-join"
     assert not (await lab.admin.list_secrets()).secrets
+
+
+# -- the kubernetes unit's join token ---------------------------------------------------------------------
+
+K8S_TOKEN = "q7x2mz.4kd9s0a1b2c3d4e5"
+
+
+async def test_the_kubernetes_join_takes_its_token_from_a_secret_and_keeps_it_nowhere(
+    lab: InprocLab, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    wire = await start(lab)
+    await lab.admin.set_secret("k8s-join", f"{K8S_TOKEN}\n".encode(), nodes=["n1"])
+    settings = {
+        "api_server": "10.0.0.1:6443",
+        "token_secret_ref": "k8s-join",
+        "ca_cert_hashes": ["sha256:" + "ab" * 32],
+    }
+    host = {"units": [{"name": "kubernetes", "settings_json": json.dumps(settings)}]}
+    info = await lab.admin.set_spec_section("n1", "host", json.dumps(host))
+    await lab.wait_observed("n1", info.generation)
+
+    node = await lab.admin.get_node("n1")
+    host_status = next(s for s in node.sections if s.section == "host")
+    assert common_pb2.SectionState.Name(host_status.state) == "CONVERGED", host_status
+    await lab.wait_event(
+        "node.condition",
+        lambda ev, d: d["type"] == "KubernetesJoined" and (d["status"], d["reason"]) == ("True", "Joined"),
+    )
+    assert (lab.node_dir("n1") / "host-root" / "etc/kubernetes/kubelet.conf").exists()
+    d = json.loads((await lab.wait_event("secret.delivered", lambda ev, d: d["name"] == "k8s-join")).data_json)
+    assert (d["section"], d["unit"]) == ("host", "kubernetes")
+    listed = await lab.admin.list_secrets()
+    assert [list(s.used_by) for s in listed.secrets] == [["n1/host/kubernetes"]]
+
+    secret_half = K8S_TOKEN.split(".")[1]
+    assert not wire.holds(secret_half.encode())
+    assert secret_half.encode() not in await store_dump(lab)
+    assert not [r for r in caplog.records if secret_half in r.getMessage()]
+    for path in lab.node_dir("n1").rglob("*"):
+        if path.is_file():
+            assert secret_half.encode() not in path.read_bytes(), path
