@@ -27,14 +27,13 @@ from bc.control.doctor.clock_skew import ClockSkewMonitor
 from bc.control.nodes.liveness import Liveness, LivenessConfig
 from bc.control.nodes.spec_signing import SpecSigner
 from bc.control.quorum import spec_changes as spec_quorum
-from bc.control.secrets.broker import SecretBroker
 from bc.control.signing.signer import Signer
 from bc.control.trust.intent import Intent
 from bc.control.trust.sources import TrustSource
+from bc.gateway.session_driver import SecretPort
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.jobs.engine import JobEngine
 from bc.jobs.health import HealthReconciler
-from bc.pki.secret_box import SecretBox
 from bc.seams.clock import Clock
 from bc.store import Store
 from bc.store.leases import Claim
@@ -77,13 +76,14 @@ def build_control(
     factories: ControlFactories | None = None,
     gateway: Gateway | None = None,
     claim: Claim | None = None,
-    secret_box: SecretBox | None = None,
+    secrets: SecretPort | None = None,
 ) -> Parts:
     """Every component a control-plane process has (its gateway too, unless `gateway` is given: a
     simulated gateway process's own). `worker_id` holds the singleton workers' leases; `claim` is
     this process's hold on its gateway's lease (`bc serve`'s, taken before anything acts as the gateway);
-    `secret_box` the at-rest key beside the CA: with it, this process's gateway answers secret requests
-    itself (docs/secrets.md), without it they are answered `unavailable`."""
+    `secrets` where this process's gateway takes its nodes' secret requests (docs/secrets.md): the broker
+    when the process holds the at-rest key beside the CA, a forwarder to an api process when it is a
+    gateway without one; left out, they are answered `unavailable`."""
     f = factories or ControlFactories()
     if gateway is None:
         gateway = f.gateway_cls(
@@ -95,7 +95,7 @@ def build_control(
             trust,
             GatewayConfig(heartbeat_interval_s=settings.heartbeat_interval_s),
             claim,
-            secrets=SecretBroker(store, bus, secret_box) if secret_box is not None else None,
+            secrets=secrets,
         )
     liveness = f.liveness(
         store,

@@ -14,19 +14,23 @@ import logging
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from agent.join import join_node
 from agent.secrets import SecretRefused
+from bc.assembly.server import Server
 from bc.gateway.secret_feed import NoBroker
 from bc.pki import attest, secret_jwe
 from bc.protocol.pb import common_pb2, secrets_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.store import catalog
 from tests.integration.conftest import InprocLab
-from tests.integration.test_compromised_gateway import Tamperer, compromise
+from tests.integration.test_compromised_gateway import Tamperer, TamperingLink, compromise
+from tests.integration.test_keyless_gateway import keyless_pair
 from tests.otlp_receiver import Received, grpc_receiver
 
 NAME = "otlp-auth"
@@ -63,6 +67,19 @@ class Wire:
                 if kind and kind.startswith("secret"):
                     out.add(kind)
         return out
+
+
+def compromise_gateway(server: Server) -> Tamperer:
+    """`compromise` for a gateway-only server: its node links wrapped in the tamperer."""
+    t = Tamperer()
+    gw = server.gateway
+    real_serve = gw.serve
+
+    async def serve(link: Any, peer: Any) -> None:
+        await real_serve(TamperingLink(link, t), peer)
+
+    gw.serve = serve  # type: ignore[method-assign]
+    return t
 
 
 @pytest.fixture
@@ -350,3 +367,31 @@ async def test_the_kubernetes_join_takes_its_token_from_a_secret_and_keeps_it_no
     for path in lab.node_dir("n1").rglob("*"):
         if path.is_file():
             assert secret_half.encode() not in path.read_bytes(), path
+
+
+# -- through a gateway that holds no key -------------------------------------------------------------------
+
+
+async def test_a_keyless_gateway_forwards_requests_and_relays_ciphertext_only(
+    tmp_path: Path, store_url: str, receiver: tuple[int, Received]
+) -> None:
+    port, received = receiver
+    async with keyless_pair(tmp_path, store_url) as (lab, gw):
+        assert gw.secret_box is None and not (tmp_path / "gw" / "pki" / "secrets.key").exists()
+        wire = Wire()
+        wire.tap(compromise_gateway(gw))
+        tok = await lab.admin.create_token("n1")
+        await join_node(gw.address, tok.token, lab.node_dir("n1"))
+        await lab.start_node("n1")
+        await lab.wait_connected("n1", timeout=30)
+        assert (await lab.admin.get_node("n1")).gateway_id == "gw-k"
+        value = token()
+        await lab.admin.set_secret(NAME, f"authorization={value}".encode(), nodes=["n1"])
+        await telemetry(lab, port)
+        await header_seen(received, value)
+        assert {"secret_request", "secret_response"} <= wire.kinds() and not wire.holds(value.encode())
+        # A rotation set through the api reaches the node on the other process's gateway.
+        second = token()
+        await lab.admin.set_secret(NAME, f"authorization={second}".encode())
+        await header_seen(received, second)
+        assert not wire.holds(second.encode())
