@@ -68,7 +68,7 @@ from agent.node_key import NodeKey
 from agent.offload import Offload, to_thread
 from agent.quorum import QuorumCheck, UnbatchedAllowance
 from agent.renewal import Renewer
-from agent.secrets import SecretClient
+from agent.secrets import SecretClient, SecretUnavailable
 from agent.session.channels import MemoryPair, PairSource
 from agent.session.dialing import Dial, SessionLoop
 from agent.session.grpc_dial import grpc_dial
@@ -484,6 +484,8 @@ class Agent:
     async def _sign_secret_request(self, message: bytes) -> bytes:
         """A SecretRequest is signed by the key the session runs on (a TPM identity's session key): the broker
         checks it against the node's live certificates, session certificates included."""
+        if not self.node_key.ready():
+            raise SecretUnavailable("no session key is certified yet to sign the request with")
         return self.node_key.sign(message)
 
     def _check_command_signature(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
