@@ -69,6 +69,7 @@ from agent.node_key import NodeKey
 from agent.offload import Offload, to_thread
 from agent.quorum import QuorumCheck, UnbatchedAllowance
 from agent.renewal import Renewer
+from agent.secrets import SecretClient, SecretUnavailable
 from agent.session.channels import MemoryPair, PairSource
 from agent.session.dialing import Dial, SessionLoop
 from agent.session.grpc_dial import grpc_dial
@@ -163,6 +164,8 @@ class AgentParts:
     """Where GPU and host health is read (agent.health); left out: no health monitor, no conditions."""
     telemetry: bool = False
     """Converge the `telemetry` section and export over OTLP; off under the simulator (the section is UNSUPPORTED)."""
+    secrets: bool = False
+    """Ask the secret broker for the secrets a spec names (agent.secrets); off under the simulator."""
     version: str = ""
     """The version this binary claims (empty: bc.runtime.version.bc_version()); a self-update never trusts it."""
     devices_converger: type[DevicesConverger] = DevicesConverger
@@ -222,6 +225,7 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         offload=to_thread,
         health=health,
         telemetry=True,
+        secrets=True,
         key_holder=holder,
         session_keys=keeper,
     )
@@ -285,6 +289,17 @@ class Agent:
         slices = p.slices
         if slices is None:
             slices = open_slices(self.hw.capabilities.touches_host, self.data_dir, offload=self.offload)
+        self.secrets: SecretClient | None = None
+        if p.secrets:
+            self.secrets = SecretClient(
+                self.node_id,
+                self.outbox,
+                self._sign_secret_request,
+                self.state.server_now_ms,
+                self.clock,
+                self.rng,
+                self.state.spec_changed.set,
+            )
         files: HoldFiles | None = None
         host: Converger
         access: Converger = access_converger(
@@ -310,6 +325,8 @@ class Agent:
             self.hw, files, slices = seams.hw, seams.files, seams.slices
             cdi_dir, env_dir = seams.layout.cdi_dir, seams.layout.env_dir
             host = seams.host if self.opts.host_units else ExternallyManaged()
+            if isinstance(host, HostConverger):
+                host.ctx.secrets = self.secrets
             self.xids = seams.xids
         else:
             host = await host_converger(
@@ -320,6 +337,7 @@ class Agent:
                 host_units=self.opts.host_units,
                 offload=self.offload,
                 node_labels=self.state.labels,
+                secrets=self.secrets,
             )
         self.host_units = host if isinstance(host, HostConverger) else None  # its units' conditions, for health
         self.convergers: dict[str, Converger] = {
@@ -337,7 +355,7 @@ class Agent:
             "access": access,
         }
         if self.telemetry is not None:
-            self.convergers["telemetry"] = TelemetryConverger(self.telemetry)
+            self.convergers["telemetry"] = TelemetryConverger(self.telemetry, self.secrets)
         inv = await self.offload(self.hw.inventory)
         self.outbox.note_inventory(inv, inventory_hash(inv))
         self.boot_id = await self.offload(self.hw.boot_id)
@@ -420,6 +438,7 @@ class Agent:
             sign_update=self.sign_update,
             heartbeat_interval_s=self.opts.heartbeat_interval_s,
             spec_rule=p.spec_rule,
+            secrets=self.secrets,
         )
         self.sessions = SessionLoop(p.dial, deps, self.rng, self.stopped)
         log.info(
@@ -465,6 +484,13 @@ class Agent:
             sig = await self.parts.key_holder.sign(attest.report_message(body))
             return session_pb2.AttestedReport(body=body, node_sig=sig)
         return self.node_key.sign_report(body)
+
+    async def _sign_secret_request(self, message: bytes) -> bytes:
+        """A SecretRequest is signed by the key the session runs on (a TPM identity's session key): the broker
+        checks it against the node's live certificates, session certificates included."""
+        if not self.node_key.ready():
+            raise SecretUnavailable("no session key is certified yet to sign the request with")
+        return self.node_key.sign(message)
 
     def _check_command_signature(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
         why = self.trust.check_command(cmd, self.state.server_now_ms() / 1000)

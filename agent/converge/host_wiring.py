@@ -21,6 +21,7 @@ from pathlib import Path
 from agent.converge.host import ExternallyManaged, HostConverger
 from agent.converge.host_ops import FAKE_COMMANDS_FILE, FAKE_HOST_ROOT, FakeRunner, HostOps
 from agent.converge.run import Converger
+from agent.converge.secret_port import SecretSource
 from agent.hw.base import HardwareBackend, run_process
 from agent.hw.dev_nodes import DeviceNodes, FakeDeviceNodes, HostDeviceNodes
 from agent.hw.fake_host import seed_host_root
@@ -36,6 +37,7 @@ async def host_converger(
     host_units: bool,
     offload: Offload,
     node_labels: Callable[[], Mapping[str, str]] = dict,
+    secrets: SecretSource | None = None,
 ) -> Converger:
     if not host_units:
         return ExternallyManaged()
@@ -44,9 +46,9 @@ async def host_converger(
         await offload(seed_host_root, root, await offload(hw.inventory), hw.capabilities.nvswitches)
         runner = FakeRunner(tools=hw.capabilities.tools, log_file=data_dir / FAKE_COMMANDS_FILE, offload=offload)
         ops = HostOps(root, run=runner, offload=offload)
-        return HostConverger(ops, hw, cdi_dir=cdi_dir, node_labels=node_labels)
+        return HostConverger(ops, hw, cdi_dir=cdi_dir, node_labels=node_labels, secrets=secrets)
     ops = HostOps(host_root or Path("/"), run=run_process, offload=offload)
-    return HostConverger(ops, hw, cdi_dir=cdi_dir, node_labels=node_labels)
+    return HostConverger(ops, hw, cdi_dir=cdi_dir, node_labels=node_labels, secrets=secrets)
 
 
 def device_nodes(hw: HardwareBackend) -> DeviceNodes:

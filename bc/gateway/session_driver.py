@@ -40,7 +40,7 @@ from bc.protocol import closing
 from bc.protocol import connectivity as cx
 from bc.protocol.closing import SessionRefused
 from bc.protocol.limits import LIMITS
-from bc.protocol.pb import common_pb2, session_pb2
+from bc.protocol.pb import common_pb2, secrets_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
 from bc.runtime.aio import wait_event
 from bc.seams.clock import Clock
@@ -68,6 +68,12 @@ class SessionTimers(Protocol):
     def hello_timeout_s(self) -> float: ...
 
 
+class SecretPort(Protocol):
+    """The secret broker as a gateway reaches it (`bc.control.secrets.broker.SecretBroker`, or `NoBroker`)."""
+
+    async def answer(self, node_id: str, request: secrets_pb2.SecretRequest) -> secrets_pb2.SecretResponse: ...
+
+
 class SessionHost(Protocol):
     """What a driver asks of the gateway that built it (`bc.gateway.sessions.Gateway`): its store, bus and
     clock, the registry of live sessions, the dispatcher to poke, the shared budgets and batches. A protocol,
@@ -85,6 +91,7 @@ class SessionHost(Protocol):
     counters: GatewayCounters
     status_budget: StatusBudget
     sessions: dict[str, SessionDriver]
+    secrets: SecretPort
 
     @property
     def cfg(self) -> SessionTimers: ...
@@ -132,6 +139,11 @@ class SessionDriver:
         """A dispatch pass's plan for this session: sent by the session's own task, in order."""
         self._outbox.append(sends)
         self._wake.set()
+
+    async def notify_secret(self, msg: GatewayMessage) -> None:
+        """A secret this node's spec names was set anew (`bc.gateway.secret_feed`): tell an open session."""
+        if self.core.state is core.State.OPEN and self._closing is None:
+            await self.link.send(msg)
 
     async def revoke(self, reason: str) -> None:
         """Tell the node why, then end the stream UNAUTHENTICATED: it must not redial with this certificate."""
@@ -415,6 +427,9 @@ class SessionDriver:
                 self.gw.dispatcher.poke(self.node_id)  # what was pending for the node goes out after the replay
             elif isinstance(a, core.LoadSpec):
                 await self._load_spec()
+            elif isinstance(a, core.AnswerSecret):
+                answer = await self.gw.secrets.answer(self.node_id, a.request)
+                await self.link.send(GatewayMessage(secret_response=answer))
             elif isinstance(a, core.IngestEvents):
                 ack = await self._ingest(a.batch)
                 if ack is not None:

@@ -28,7 +28,8 @@ from bc.gateway.admission import HELLO_WAIT_LIMIT_S, Admission, StatusBudget, Tu
 from bc.gateway.counters import STATS_EVERY_S, GatewayCounters
 from bc.gateway.dispatcher import Dispatcher
 from bc.gateway.fence import FENCE_AFTER_S, LeaseFence
-from bc.gateway.session_driver import SessionDriver
+from bc.gateway.secret_feed import NoBroker, SecretFeed
+from bc.gateway.session_driver import SecretPort, SessionDriver
 from bc.pki.identity import PeerIdentity
 from bc.protocol import closing
 from bc.protocol.closing import SessionRefused
@@ -85,6 +86,7 @@ class Gateway:
         intent: Intent | TrustSource,
         cfg: GatewayConfig,
         claim: Claim | None = None,
+        secrets: SecretPort | None = None,
     ) -> None:
         self.store, self.bus, self.clock, self.gateway_id, self.cfg = store, bus, clock, gateway_id, cfg
         # This process's hold on `gateway:<id>` (bc.gateway.lease): its own holder string and the epoch it took
@@ -93,6 +95,8 @@ class Gateway:
         self.superseded = ""  # set once another process took the lease after this one: it acts no more
         self.on_superseded: Callable[[str], None] | None = None  # bc serve stops the process (exit 4)
         self.signer = signer
+        self.secrets: SecretPort = secrets or NoBroker()  # the broker this process holds (docs/secrets.md)
+        self.secret_feed = SecretFeed()
         self.trust: TrustSource = LocalTrust(intent) if isinstance(intent, Intent) else intent
         self.sessions: dict[str, SessionDriver] = {}
         self.streams: dict[SessionDriver, None] = {}
@@ -437,11 +441,13 @@ class Gateway:
         return {str(r["serial"]): str(r["revoke_reason"] or "revoked") for r in rows}
 
     async def revocation_loop(self) -> None:
-        """The revocation feed: every second, end the sessions whose certificate was revoked or expired."""
+        """The revocation feed: every second, end the sessions whose certificate was revoked or expired; tell
+        the sessions of nodes whose secrets were set anew (`bc.gateway.secret_feed`)."""
         while True:
             try:
                 await self.check_certificates()
                 await self.push_trust_if_changed()
+                await self.secret_feed.poll(self.store, self.sessions)
             except StoreError as e:
                 log.warning("event=gateway.revocation-feed-failed error=%s", e)
             await self.clock.sleep(REVOCATION_POLL_S)

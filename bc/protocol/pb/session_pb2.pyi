@@ -2,6 +2,7 @@
 from google.protobuf import any_pb2 as _any_pb2
 from bc.protocol.pb import common_pb2 as _common_pb2
 from bc.protocol.pb import spec_pb2 as _spec_pb2
+from bc.protocol.pb import secrets_pb2 as _secrets_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -66,23 +67,25 @@ CLOSE_SUPERSEDED: CloseReason
 CLOSE_GATEWAY_UNAVAILABLE: CloseReason
 
 class NodeMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "command_update", "event_batch", "status", "spec_request")
+    __slots__ = ("hello", "heartbeat", "command_update", "event_batch", "status", "spec_request", "secret_request")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     COMMAND_UPDATE_FIELD_NUMBER: _ClassVar[int]
     EVENT_BATCH_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SPEC_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    SECRET_REQUEST_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     command_update: CommandUpdate
     event_batch: EventBatch
     status: StatusReport
     spec_request: SpecRequest
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., command_update: _Optional[_Union[CommandUpdate, _Mapping]] = ..., event_batch: _Optional[_Union[EventBatch, _Mapping]] = ..., status: _Optional[_Union[StatusReport, _Mapping]] = ..., spec_request: _Optional[_Union[SpecRequest, _Mapping]] = ...) -> None: ...
+    secret_request: _secrets_pb2.SecretRequest
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., command_update: _Optional[_Union[CommandUpdate, _Mapping]] = ..., event_batch: _Optional[_Union[EventBatch, _Mapping]] = ..., status: _Optional[_Union[StatusReport, _Mapping]] = ..., spec_request: _Optional[_Union[SpecRequest, _Mapping]] = ..., secret_request: _Optional[_Union[_secrets_pb2.SecretRequest, _Mapping]] = ...) -> None: ...
 
 class GatewayMessage(_message.Message):
-    __slots__ = ("welcome", "desired_state", "command", "cancel", "ack", "revocation", "heartbeat", "trust")
+    __slots__ = ("welcome", "desired_state", "command", "cancel", "ack", "revocation", "heartbeat", "trust", "secret_response", "secret_rotated")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DESIRED_STATE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +94,8 @@ class GatewayMessage(_message.Message):
     REVOCATION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TRUST_FIELD_NUMBER: _ClassVar[int]
+    SECRET_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_ROTATED_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     desired_state: DesiredState
     command: Command
@@ -99,7 +104,9 @@ class GatewayMessage(_message.Message):
     revocation: RevocationNotice
     heartbeat: Heartbeat
     trust: _common_pb2.Envelope
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., revocation: _Optional[_Union[RevocationNotice, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trust: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ...) -> None: ...
+    secret_response: _secrets_pb2.SecretResponse
+    secret_rotated: _secrets_pb2.SecretRotated
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., revocation: _Optional[_Union[RevocationNotice, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trust: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., secret_response: _Optional[_Union[_secrets_pb2.SecretResponse, _Mapping]] = ..., secret_rotated: _Optional[_Union[_secrets_pb2.SecretRotated, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "boot_id", "journal_id", "applied_generation", "capabilities", "inventory_hash", "unacked_results", "running_command_ids", "role", "agent_version", "applied_spec_hash", "incarnation_id", "inventory")
