@@ -58,6 +58,9 @@ from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
 from agent.hw.slices import SliceManager, open_slices
 from agent.identity import Identity, IdentityFile, IdentityStore
+from agent.ramdisk.kexec import Kexec
+from agent.ramdisk.machine import MachineTree
+from agent.ramdisk.wiring import ramdisk_parts
 from agent.journal import Journal
 from agent.journal_api import AgentJournal, JournalFull
 from agent.journal_rules import fit_update_message
@@ -136,6 +139,8 @@ class AgentOptions:
     """How often the converge pass re-reads the host when nothing changed (drift); a spec change runs it at once."""
     tcti: str | None = None
     """`--tcti`: how a TPM identity reaches its TPM (default `device:/dev/tpmrm0`, agent.tpm)."""
+    machine_root: Path | None = None
+    """`--machine-root`: where a ramdisk reads /sys, /proc and /dev (agent.ramdisk.machine); default `/`."""
 
 
 @dataclass
@@ -177,6 +182,10 @@ class AgentParts:
     """Where the node key lives (agent.key_holder): left out, node.key as a file. A TPM identity's is its TPM."""
     session_keys: SessionKeys | None = None
     """A TPM identity's session keys (agent.session_key): the dial and `node_key` run on them; None: a file key."""
+    machine: MachineTree | None = None
+    """A ramdisk's disks, NICs and PCI GPUs (agent.ramdisk); None on a node or site."""
+    kexec: Kexec | None = None
+    """A ramdisk's kexec edge (agent.ramdisk.kexec); None on a node or site."""
 
 
 async def never_dial() -> Link[session_pb2.GatewayMessage, session_pb2.NodeMessage]:
@@ -195,8 +204,12 @@ def production_parts(opts: AgentOptions) -> AgentParts:
     data_dir = opts.data_dir
     identity = Identity.load(data_dir)
     ca_pem = identity.read(data_dir, "ca")
-    hw = open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread)
+    hw: HardwareBackend = open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread)
     health = hw.capabilities.health(data_dir, opts.fake_faults)
+    journal_path = data_dir / "journal.db"
+    ramdisk = ramdisk_parts(data_dir, opts.machine_root, hw, rng) if identity.role == "ramdisk" else None
+    if ramdisk is not None:
+        hw, journal_path = ramdisk.hw, ramdisk.journal_path
     key_path = data_dir / identity.files["key"]
     holder: NodeKeyHolder = FileNodeKey(key_path)
     keeper: SessionKeys | None = None
@@ -217,12 +230,14 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         node_key=node_key,
         hw=hw,
         dial=never_dial if test_never_dial() else grpc_dial(data_dir, identity, ca_pem, to_thread, rng, pair),
-        open_journal=lambda: Journal.open(data_dir / "journal.db", identity.node_id, rng=rng, clock=clock),
+        open_journal=lambda: Journal.open(journal_path, identity.node_id, rng=rng, clock=clock),
         offload=to_thread,
         health=health,
         telemetry=True,
         key_holder=holder,
         session_keys=keeper,
+        machine=ramdisk.machine if ramdisk is not None else None,
+        kexec=ramdisk.kexec if ramdisk is not None else None,
     )
 
 
@@ -381,6 +396,10 @@ class Agent:
                 offload=self.offload,
                 after_gpu_reset=self.after_gpu_reset if self.health is not None else None,
                 upgrader=up,
+                machine=p.machine,
+                kexec=p.kexec,
+                gone=self.stopped.set,
+                ca_pem=p.ca_pem,
             ),
             clock=self.clock,
             incarnation_id=self.incarnation_id,
