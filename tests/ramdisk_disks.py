@@ -78,6 +78,7 @@ class Disk:
 @contextlib.contextmanager
 def disk_under_test(mode: str, tmp: Path, size: int = 32 << 20) -> Iterator[Disk]:
     """A disk of `size` bytes filled with 0x5a (so a wipe shows), as a loop device or a file."""
+    tmp.mkdir(parents=True, exist_ok=True)
     image = tmp / "disk.img"
     with image.open("wb") as f:
         block = b"\x5a" * (1 << 20)
