@@ -58,9 +58,6 @@ from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
 from agent.hw.slices import SliceManager, open_slices
 from agent.identity import Identity, IdentityFile, IdentityStore
-from agent.ramdisk.kexec import Kexec
-from agent.ramdisk.machine import MachineTree
-from agent.ramdisk.wiring import ramdisk_parts
 from agent.journal import Journal
 from agent.journal_api import AgentJournal, JournalFull
 from agent.journal_rules import fit_update_message
@@ -70,6 +67,9 @@ from agent.kinds.upload_allow import parse_prefixes
 from agent.node_key import NodeKey
 from agent.offload import Offload, to_thread
 from agent.quorum import QuorumCheck, UnbatchedAllowance
+from agent.ramdisk.kexec import Kexec
+from agent.ramdisk.machine import MachineTree
+from agent.ramdisk.wiring import ramdisk_parts
 from agent.renewal import Renewer
 from agent.session.channels import MemoryPair, PairSource
 from agent.session.dialing import Dial, SessionLoop

@@ -22,7 +22,7 @@ SECTOR = 512
 
 
 def loop_devices_available() -> str:
-    """"" when `losetup` can attach a loop device here, else why not (a sentence for the skip)."""
+    """ "" when `losetup` can attach a loop device here, else why not (a sentence for the skip)."""
     if shutil.which("losetup") is None:
         return "losetup is not installed"
     if not Path("/dev/loop-control").exists():

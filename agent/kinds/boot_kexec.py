@@ -63,8 +63,10 @@ class BootKexec(TypedExecutor[kinds_pb2.BootKexecRequest]):
             table = await image_check.check_image(tree.device(request.disk))
         except DiskError as e:
             return KindResult.failure(e.code, e.message)
-        except (image_check.CheckError, TimeoutError) as e:
+        except image_check.CheckError as e:
             return KindResult.failure(KEXEC_FAILED, str(e))
+        except TimeoutError:
+            return KindResult.failure(KEXEC_FAILED, f"the partition table of {request.disk} could not be read in time")
         part = next((p for p in table.partitions if p["number"] == request.partition), None)
         if part is None:
             return KindResult.failure(

@@ -113,8 +113,11 @@ class DeployImage(TypedExecutor[kinds_pb2.DeployImageRequest]):
             return await self._failed(ctx, disk, READBACK_MISMATCH, why, base, touched=True)
         try:
             check = await image_check.check_image(device)
-        except (image_check.CheckError, TimeoutError) as e:
+        except image_check.CheckError as e:
             return await self._failed(ctx, disk, IMAGE_CHECK_FAILED, str(e), base, touched=True)
+        except TimeoutError:
+            why = "sfdisk or blkid did not answer in time"
+            return await self._failed(ctx, disk, IMAGE_CHECK_FAILED, why, base, touched=True)
         base["partition_table"] = check.as_dict()
         if not check.ok:
             return await self._failed(ctx, disk, IMAGE_CHECK_FAILED, check.why_not(), base, touched=True)

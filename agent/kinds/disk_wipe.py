@@ -73,7 +73,9 @@ class DiskWipe(TypedExecutor[kinds_pb2.DiskWipeRequest]):
         methods = ", ".join(f"{e['disk']} by {e['method']}" for e in entries)
         return KindResult.success(result, f"wiped {methods}")
 
-    async def _wipe_one(self, ctx: KindContext, tree: MachineTree, name: str, *, overwrite_only: bool) -> dict[str, Any]:
+    async def _wipe_one(
+        self, ctx: KindContext, tree: MachineTree, name: str, *, overwrite_only: bool
+    ) -> dict[str, Any]:
         entry: dict[str, Any] = {"disk": name, "method": "", "bytes": 0, "reads_zero": False, "ok": False}
         try:
             disk = await ctx.offload(blockdev.open_disk, tree.device(name))

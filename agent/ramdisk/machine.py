@@ -215,7 +215,11 @@ def pci_gpus(tree: MachineTree) -> list[common_pb2.PciDevice]:
         driver = os.path.basename(os.path.realpath(d / "driver")) if (d / "driver").exists() else ""
         out.append(
             common_pb2.PciDevice(
-                bus_id=addr, vendor=vendor, device=_read(d / "device"), driver=driver, numa_node=_int(d / "numa_node", -1)
+                bus_id=addr,
+                vendor=vendor,
+                device=_read(d / "device"),
+                driver=driver,
+                numa_node=_int(d / "numa_node", -1),
             )
         )
     return out

@@ -26,9 +26,7 @@ class RamdiskParts:
     kexec: Kexec
 
 
-def ramdisk_parts(
-    data_dir: Path, machine_root: Path | None, hw: HardwareBackend, rng: random.Random
-) -> RamdiskParts:
+def ramdisk_parts(data_dir: Path, machine_root: Path | None, hw: HardwareBackend, rng: random.Random) -> RamdiskParts:
     """The machine tree, the inventory with its disks, a journal of this boot, and the kexec edge.
 
     On real hardware the tree is `--machine-root` (default `/`) and the kexec is real. Under `--fake-hw` a

@@ -184,7 +184,9 @@ async def test_an_image_is_written_verified_and_its_partitions_read_back(
     url, routes = image_server
     image = build_image(tmp_path)
     routes["/images/os.raw"] = Served(image.data)
-    res = await run("deploy.image", context(tmp_path, disk), deploy(f"{url}/images/os.raw", image, disk, len(image.data)))
+    res = await run(
+        "deploy.image", context(tmp_path, disk), deploy(f"{url}/images/os.raw", image, disk, len(image.data))
+    )
     assert res.ok, res
     assert res.result["sha256"] == image.sha256 and res.result["bytes"] == len(image.data)
     table = res.result["partition_table"]

@@ -38,9 +38,9 @@ def ca(tmp_path: Path, clock: LoopClock) -> CertificateAuthority:
     return CertificateAuthority.load_or_create(tmp_path / "pki", clock, RNG, SECRETS)[0]
 
 
-async def join(store: Store, bus: Bus, ca: CertificateAuthority, clock: LoopClock, role: str) -> tuple[
-    keys.PrivateKey, x509.Certificate
-]:
+async def join(
+    store: Store, bus: Bus, ca: CertificateAuthority, clock: LoopClock, role: str
+) -> tuple[keys.PrivateKey, x509.Certificate]:
     tok = await identity.create_token(store, bus, ca, clock, "r1", role, 3600, rng=RNG, secrets=SECRETS)
     key = keys.generate_key()
     der = make_csr(key, "r1").public_bytes(serialization.Encoding.DER)
