@@ -13,7 +13,7 @@ def render_machine(inv: common_pb2.Inventory) -> list[Lines]:
     """DISKS, NICS and PCI GPUS tables for the ones the inventory has; none for a node's inventory."""
     out: list[Lines] = []
     if inv.disks:
-        rows = [
+        disk_rows: list[tuple[object, ...]] = [
             (
                 d.name,
                 format_bytes(d.size_bytes),
@@ -27,17 +27,17 @@ def render_machine(inv: common_pb2.Inventory) -> list[Lines]:
             for d in inv.disks
         ]
         headers = ("DISK", "SIZE", "BUS", "MEDIA", "DISCARD", "MODEL", "SERIAL", "IN USE")
-        out.append(lines(f"DISKS  {len(inv.disks)}", render_table(headers, rows)))
+        out.append(lines(f"DISKS  {len(inv.disks)}", render_table(headers, disk_rows)))
     if inv.nics:
-        rows = [
+        nic_rows: list[tuple[object, ...]] = [
             (n.name, n.mac, f"{n.speed_mbps} Mb/s" if n.speed_mbps else "-", n.operstate, n.pci_bus_id)
             for n in inv.nics
         ]
-        out.append(lines(f"NICS  {len(inv.nics)}", render_table(("NIC", "MAC", "SPEED", "STATE", "PCI"), rows)))
+        out.append(lines(f"NICS  {len(inv.nics)}", render_table(("NIC", "MAC", "SPEED", "STATE", "PCI"), nic_rows)))
     if inv.pci_gpus:
-        rows = [
+        gpu_rows: list[tuple[object, ...]] = [
             (g.bus_id, f"{g.vendor}:{g.device}", g.driver or "none", g.numa_node if g.numa_node >= 0 else "-")
             for g in inv.pci_gpus
         ]
-        out.append(lines(f"PCI GPUS  {len(inv.pci_gpus)}", render_table(("PCI", "ID", "DRIVER", "NUMA"), rows)))
+        out.append(lines(f"PCI GPUS  {len(inv.pci_gpus)}", render_table(("PCI", "ID", "DRIVER", "NUMA"), gpu_rows)))
     return out
