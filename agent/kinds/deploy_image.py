@@ -107,7 +107,7 @@ class DeployImage(TypedExecutor[kinds_pb2.DeployImageRequest]):
         if streamed.sha256 != request.sha256:
             why = f"the image's SHA-256 is {streamed.sha256}, not {request.sha256}"
             return await self._failed(ctx, disk, DIGEST_MISMATCH, why, base, touched=True)
-        on_disk = await ctx.offload(image_stream.readback_sha256, disk, streamed.size)
+        on_disk = await image_stream.readback_sha256(disk, streamed.size, ctx.offload)
         if on_disk != request.sha256:
             why = f"disk {request.disk} reads back SHA-256 {on_disk} after the write, not the image's"
             return await self._failed(ctx, disk, READBACK_MISMATCH, why, base, touched=True)

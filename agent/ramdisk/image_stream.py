@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import ssl
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -96,15 +97,26 @@ async def stream_image(
     return Streamed(h.hexdigest(), size)
 
 
-def readback_sha256(disk: OpenDisk, size: int) -> str:
-    """The SHA-256 of the disk's first `size` bytes, read from the device (its cached pages dropped first)."""
-    blockdev.drop_cache(disk)
+async def readback_sha256(disk: OpenDisk, size: int, offload: Offload) -> str:
+    """The SHA-256 of the disk's first `size` bytes, read from the device (its cached pages dropped first), one
+    piece per offloaded call so a cancel lands between two."""
+    await offload(blockdev.drop_cache, disk)
     h = hashlib.sha256()
     off = 0
     while off < size:
-        data = blockdev.read_at(disk, off, min(blockdev.BLOCK, size - off))
+        n = await offload(_hash_piece, disk, h, off, min(off + blockdev.PIECE, size))
+        if n == 0:
+            break  # the disk ended before the image did: the digest will say so
+        off += n
+    return h.hexdigest()
+
+
+def _hash_piece(disk: OpenDisk, h: Any, start: int, end: int) -> int:
+    off = start
+    while off < end:
+        data = blockdev.read_at(disk, off, min(blockdev.BLOCK, end - off))
         if not data:
             break
         h.update(data)
         off += len(data)
-    return h.hexdigest()
+    return off - start
