@@ -75,6 +75,9 @@ class DeployImage(TypedExecutor[kinds_pb2.DeployImageRequest]):
         base: dict[str, Any] = {"disk": request.disk, "url": request.url, "sha256": request.sha256}
         try:
             return await self._deploy(ctx, request, disk, tree.device(request.disk), base)
+        except BaseException:  # cancelled (or worse) at any step: never leave half an image that could boot
+            await ctx.offload(blockdev.invalidate, disk)
+            raise
         finally:
             await ctx.offload(blockdev.close, disk)
 
@@ -97,9 +100,6 @@ class DeployImage(TypedExecutor[kinds_pb2.DeployImageRequest]):
             )
         except image_stream.StreamError as e:
             return await self._failed(ctx, disk, DOWNLOAD_FAILED, e.message, base, touched=e.touched)
-        except BaseException:
-            await ctx.offload(blockdev.invalidate, disk)  # cancelled mid-write: never leave half an image
-            raise
         base["bytes"] = streamed.size
         if request.size and streamed.size != request.size:
             why = f"the image is {streamed.size} bytes, not the {request.size} the request said"
