@@ -9,11 +9,13 @@ zeroed (no partition table a firmware would boot) and reports nothing deployed.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import shutil
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -59,8 +61,10 @@ async def run(kind: str, ctx: KindContext, request: Any) -> KindResult:
     return await executor.run(ctx, executor.parse(payload))
 
 
-def content(disk: Disk, offset: int = 0, length: int = MIB) -> bytes:
-    with disk.image.open("rb") as f:
+def content(disk: Disk, offset: int = 0, length: int = MIB, *, device: bool = False) -> bytes:
+    """The disk's bytes as its backing file holds them (or, `device`, as the device shows them now, written
+    back or not: a loop device's writes reach its file when the kernel flushes them)."""
+    with (disk.path if device else disk.image).open("rb") as f:
         f.seek(offset)
         return f.read(length)
 
@@ -257,3 +261,46 @@ async def test_a_deploy_to_the_disk_under_the_root_is_refused_before_any_downloa
         res = await run("deploy.image", context(tmp_path, disk), deploy("http://127.0.0.1:9/never", image, disk))
         assert not res.ok and res.reason == DISK_IN_USE and "(/)" in res.message
         assert content(disk) == b"\x5a" * MIB
+
+
+@pytest.fixture
+def stalling_server() -> Iterator[tuple[str, threading.Event]]:
+    """Serves 9 MiB of a 16 MiB body, then stalls until released: a deploy stays mid-write."""
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(16 * MIB))
+            self.end_headers()
+            self.wfile.write(b"\x33" * (9 * MIB))
+            self.wfile.flush()
+            release.wait(30)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    with serving(Handler) as url:
+        try:
+            yield url, release
+        finally:
+            release.set()
+
+
+async def test_a_deploy_cancelled_mid_write_leaves_nothing_that_boots(
+    disk: Disk, tmp_path: Path, stalling_server: tuple[str, threading.Event]
+) -> None:
+    url, _ = stalling_server
+    image = Image(b"", "0" * 64)
+    executor = REGISTRY["deploy.image"]
+    payload = any_pb2.Any()
+    payload.Pack(deploy(f"{url}/os.raw", image, disk))
+    task = asyncio.create_task(executor.run(context(tmp_path, disk), executor.parse(payload)))
+    async with asyncio.timeout(20):  # the first blocks reach the disk
+        while content(disk, 0, 16, device=True) != b"\x33" * 16:
+            await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert content(disk) == bytes(MIB) and content(disk, 32 * MIB - MIB) == bytes(MIB)
+    assert content(disk, MIB, 16) == b"\x33" * 16, "the cancel came before the write: nothing was tested"
