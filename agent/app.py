@@ -354,11 +354,14 @@ class Agent:
         self.outbox.note_inventory(inv, inventory_hash(inv))
         self.boot_id = await self.offload(self.hw.boot_id)
         slots: SlotStore | None = None
-        if self.opts.install_dir is not None:  # under the helper, root's install dir is the helper's to change
+        # A ramdisk never updates itself (reference: a non-empty `daemon` section is UNSUPPORTED there): the
+        # next ramdisk boot brings the next release.
+        installed = self.opts.install_dir if self.identity.role != "ramdisk" else None
+        if installed is not None:  # under the helper, root's install dir is the helper's to change
             slots = (
-                Slots(self.opts.install_dir, self.offload)
+                Slots(installed, self.offload)
                 if seams is None
-                else seams.install_slots(self.opts.install_dir, lambda: self.trust.bundle)
+                else seams.install_slots(installed, lambda: self.trust.bundle)
             )
         if slots is not None:
             self.upgrader = Upgrader(

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.hw.fake import FakeHardware
@@ -118,3 +118,24 @@ def test_a_request_names_a_disk_only_by_its_kernel_name(name: str) -> None:
     assert e.value.code == UNKNOWN_DISK
     if "/" in name or ".." in name or name.startswith("-"):
         assert "is not a disk name" in e.value.message
+
+
+@settings(deadline=None, max_examples=60)  # each example builds a tree of files: slow on a busy machine
+@given(
+    st.lists(st.sampled_from(["sda", "sda1", "sda2", "sdb", "sdb1", "sdab", "sda10"]), max_size=4, unique=True),
+)
+def test_a_disk_is_in_use_exactly_when_it_or_one_of_its_partitions_is_mounted(mounted: list[str]) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for disk, parts in (("sda", ["sda1", "sda2", "sda10"]), ("sdb", ["sdb1"]), ("sdab", [])):
+            add_sys_disk(root, disk, GIB)
+            for p in parts:
+                add_partition(root, disk, p)
+        for i, source in enumerate(mounted):
+            mount(root, source, f"/mnt/{i}")
+        t = MachineTree(root)
+        for disk, own in (("sda", {"sda", "sda1", "sda2", "sda10"}), ("sdb", {"sdb", "sdb1"}), ("sdab", {"sdab"})):
+            want = [f"/mnt/{i}" for i, s in enumerate(mounted) if s in own]
+            assert machine.in_use(t, disk) == want, (disk, mounted)
