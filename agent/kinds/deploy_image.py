@@ -5,7 +5,9 @@ In order, each step's failure a result of its own:
 1. the disk is checked like disk.wipe's (`unknown-disk`, `disk-in-use`) and opened exclusively;
 2. the image streams from `url` straight onto the disk, hashed as it is written
    (agent.ramdisk.image_stream): an unreachable URL or an HTTP error before the body is
-   `download-failed` with the disk untouched; a transfer cut mid-stream is `download-failed` too;
+   `download-failed` with the disk untouched; a transfer cut mid-stream is `download-failed` too. Once the
+   body starts, the disk's ends are zeroed and the image's first MiB is held back until its digest
+   matched, so a ramdisk killed mid-write leaves nothing that boots;
 3. the digest of what arrived must be `sha256` (`digest-mismatch`), and the digest read back from the
    disk must be it too (`readback-mismatch`): the bytes on the disk are the image's;
 4. the partition table and filesystems are read back with sfdisk and blkid (`image-check-failed`).
@@ -107,6 +109,7 @@ class DeployImage(TypedExecutor[kinds_pb2.DeployImageRequest]):
         if streamed.sha256 != request.sha256:
             why = f"the image's SHA-256 is {streamed.sha256}, not {request.sha256}"
             return await self._failed(ctx, disk, DIGEST_MISMATCH, why, base, touched=True)
+        await image_stream.write_head(disk, streamed, ctx.offload)  # the image is whole: now it may boot
         on_disk = await image_stream.readback_sha256(disk, streamed.size, ctx.offload)
         if on_disk != request.sha256:
             why = f"disk {request.disk} reads back SHA-256 {on_disk} after the write, not the image's"

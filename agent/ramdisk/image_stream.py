@@ -35,10 +35,16 @@ class StreamError(Exception):
         self.message, self.touched = message, touched
 
 
+HEAD = 1 << 20
+"""The image's first MiB, written only once its digest matched."""
+
+
 @dataclass(frozen=True)
 class Streamed:
     sha256: str
     size: int
+    head: bytes
+    """The image's first `HEAD` bytes (fewer for a smaller image), not on the disk yet."""
 
 
 def check_url(url: str) -> None:
@@ -58,10 +64,20 @@ async def stream_image(
     read_timeout_s: float = READ_TIMEOUT_S,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Streamed:
-    """Write the body of `url` to `disk` from offset 0; at most `limit` bytes. StreamError for anything short."""
+    """Write the body of `url` to `disk`, at most `limit` bytes; StreamError for anything short.
+
+    The head is written last: once the server answers 200, the disk's first and last MiB are zeroed
+    (`blockdev.invalidate`), then everything from `HEAD` on is written as it arrives, while the first `HEAD`
+    bytes (MBR, primary GPT, most boot sectors) stay in memory and come back in `Streamed.head` for the
+    caller to write once the digest matched. Whatever stops the agent mid-stream, a kill -9 included, leaves
+    a disk with no partition table at either end: nothing a firmware would boot.
+    """
     h = hashlib.sha256()
-    size = 0
+    received = 0
+    head = bytearray()
     buf = bytearray()
+    buf_at = HEAD
+    touched = False
     verify: ssl.SSLContext | bool = True
     if ca_pem:
         verify = ssl.create_default_context()
@@ -77,24 +93,37 @@ async def stream_image(
             async with client.stream("GET", url, headers={"Accept-Encoding": "identity"}) as resp:
                 if resp.status_code != 200:
                     raise StreamError(f"{url} answered HTTP {resp.status_code}", touched=False)
+                touched = True
+                await offload(blockdev.invalidate, disk)
                 async for chunk in resp.aiter_raw(blockdev.BLOCK):
-                    if size + len(buf) + len(chunk) > limit:
+                    if received + len(chunk) > limit:
                         raise StreamError(
-                            f"{url} sent more than {limit} bytes (the image's size or the disk's)", touched=size > 0
+                            f"{url} sent more than {limit} bytes (the image's size or the disk's)", touched=True
                         )
                     h.update(chunk)
-                    buf += chunk
+                    rest = chunk
+                    if received < HEAD:
+                        take = min(HEAD - received, len(chunk))
+                        head += chunk[:take]
+                        rest = chunk[take:]
+                    received += len(chunk)
+                    buf += rest
                     if len(buf) >= blockdev.BLOCK:
-                        await offload(blockdev.write_at, disk, bytes(buf), size)
-                        size += len(buf)
+                        await offload(blockdev.write_at, disk, bytes(buf), buf_at)
+                        buf_at += len(buf)
                         buf.clear()
             if buf:
-                await offload(blockdev.write_at, disk, bytes(buf), size)
-                size += len(buf)
+                await offload(blockdev.write_at, disk, bytes(buf), buf_at)
     except httpx.HTTPError as e:
-        raise StreamError(f"fetching {url} failed: {type(e).__name__}: {e}", touched=size > 0) from None
+        raise StreamError(f"fetching {url} failed: {type(e).__name__}: {e}", touched=touched) from None
     await offload(blockdev.sync, disk)
-    return Streamed(h.hexdigest(), size)
+    return Streamed(h.hexdigest(), received, bytes(head))
+
+
+async def write_head(disk: OpenDisk, streamed: Streamed, offload: Offload) -> None:
+    """The image's first bytes, written last (see `stream_image`), then fsync."""
+    await offload(blockdev.write_at, disk, streamed.head, 0)
+    await offload(blockdev.sync, disk)
 
 
 async def readback_sha256(disk: OpenDisk, size: int, offload: Offload) -> str:

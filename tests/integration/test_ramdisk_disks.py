@@ -287,7 +287,7 @@ def stalling_server() -> Iterator[tuple[str, threading.Event]]:
             release.set()
 
 
-async def test_a_deploy_cancelled_mid_write_leaves_nothing_that_boots(
+async def test_mid_write_and_after_a_cancel_the_disk_holds_nothing_that_boots(
     disk: Disk, tmp_path: Path, stalling_server: tuple[str, threading.Event]
 ) -> None:
     url, _ = stalling_server
@@ -296,9 +296,12 @@ async def test_a_deploy_cancelled_mid_write_leaves_nothing_that_boots(
     payload = any_pb2.Any()
     payload.Pack(deploy(f"{url}/os.raw", image, disk))
     task = asyncio.create_task(executor.run(context(tmp_path, disk), executor.parse(payload)))
-    async with asyncio.timeout(20):  # the first blocks reach the disk
-        while content(disk, 0, 16, device=True) != b"\x33" * 16:
+    async with asyncio.timeout(20):  # the image's blocks after its first MiB reach the disk
+        while content(disk, MIB, 16, device=True) != b"\x33" * 16:
             await asyncio.sleep(0.02)
+    # What a kill -9 now would leave: the image's head is held back, the disk's ends are zero.
+    assert content(disk, 0, MIB, device=True) == bytes(MIB)
+    assert content(disk, 32 * MIB - MIB, MIB, device=True) == bytes(MIB)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
