@@ -53,6 +53,7 @@ from agent.dispatch import Dispatcher
 from agent.health.monitor import HealthMonitor
 from agent.health.readings import HealthSource
 from agent.helper.node_ops import HelperXids
+from agent.helper.node_tpm import open_tpm
 from agent.helper.wiring import HelperSeams, helper_seams
 from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
@@ -82,7 +83,7 @@ from agent.session_key import SessionKeys
 from agent.telemetry.converger import TelemetryConverger
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import AgentMetrics, Gauges
-from agent.tpm import DEFAULT_TCTI, Tpm, TpmNodeKey, TpmRecord
+from agent.tpm import TpmNodeKey, TpmRecord
 from agent.trust import AgentTrust
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
 from agent.upgrade.slots import Slots, SlotStore
@@ -217,7 +218,7 @@ def production_parts(opts: AgentOptions) -> AgentParts:
     pair: PairSource | None = None
     record = _tpm_record(key_path)
     if record is not None:  # the key is the TPM's: the session runs on an in-memory session key
-        holder = TpmNodeKey(Tpm(opts.tcti or DEFAULT_TCTI), record)
+        holder = TpmNodeKey(open_tpm(opts.helper_socket, opts.tcti), record)
         keeper = SessionKeys(data_dir, identity, holder, clock, rng)
         node_key = NodeKey(None, source=keeper.key)
         pair = MemoryPair(keeper.pair)
@@ -318,6 +319,7 @@ class Agent:
                 root=self.opts.host_root or Path("/"),
                 offload=self.offload,
                 node_id=self.node_id,
+                node_labels=self.state.labels,
             )
             access = seams.access
             self.hw, files, slices = seams.hw, seams.files, seams.slices
@@ -332,6 +334,7 @@ class Agent:
                 host_root=self.opts.host_root,
                 host_units=self.opts.host_units,
                 offload=self.offload,
+                node_labels=self.state.labels,
             )
         self.host_units = host if isinstance(host, HostConverger) else None  # its units' conditions, for health
         self.convergers: dict[str, Converger] = {
@@ -417,6 +420,7 @@ class Agent:
                 self.state.server_now_ms,
                 self.clock,
                 p.quorum_count,
+                labels=self.state.labels,
             ),
             result_signer=self.sign_update,
             on_settled=self.metrics.command_settled,

@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,13 +107,22 @@ class HostConverger:
         *,
         cdi_dir: Path | None = None,
         units: Mapping[str, Unit] = UNITS,
+        node_labels: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
-        """`cdi_dir`: where the devices converger keeps holds (a MIG layout never changes under one)."""
+        """`cdi_dir`: where the devices converger keeps holds (a MIG layout never changes under one);
+        `node_labels`: the node's bc labels (its held spec body's), for the kubernetes unit's join."""
         self.ops = ops
         self.hw = hw
         self.cdi_dir = cdi_dir
         self.units = units
-        self.ctx = HostContext(ops=ops, hw=hw, inventory=self._inventory, held_gpus=self._held_gpus, cdi_dir=cdi_dir)
+        self.ctx = HostContext(
+            ops=ops,
+            hw=hw,
+            inventory=self._inventory,
+            held_gpus=self._held_gpus,
+            cdi_dir=cdi_dir,
+            node_labels=node_labels,
+        )
         self.verdicts: list[Verdict] = []
         """The units' conditions after the last pass (agent.health reports them with the node's)."""
 

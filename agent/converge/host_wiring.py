@@ -15,6 +15,7 @@ The backend says which through its capabilities (agent.hw.base.Capabilities), ne
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent.converge.host import ExternallyManaged, HostConverger
@@ -34,6 +35,7 @@ async def host_converger(
     host_root: Path | None,
     host_units: bool,
     offload: Offload,
+    node_labels: Callable[[], Mapping[str, str]] = dict,
 ) -> Converger:
     if not host_units:
         return ExternallyManaged()
@@ -41,8 +43,10 @@ async def host_converger(
         root = host_root or data_dir / FAKE_HOST_ROOT
         await offload(seed_host_root, root, await offload(hw.inventory), hw.capabilities.nvswitches)
         runner = FakeRunner(tools=hw.capabilities.tools, log_file=data_dir / FAKE_COMMANDS_FILE, offload=offload)
-        return HostConverger(HostOps(root, run=runner, offload=offload), hw, cdi_dir=cdi_dir)
-    return HostConverger(HostOps(host_root or Path("/"), run=run_process, offload=offload), hw, cdi_dir=cdi_dir)
+        ops = HostOps(root, run=runner, offload=offload)
+        return HostConverger(ops, hw, cdi_dir=cdi_dir, node_labels=node_labels)
+    ops = HostOps(host_root or Path("/"), run=run_process, offload=offload)
+    return HostConverger(ops, hw, cdi_dir=cdi_dir, node_labels=node_labels)
 
 
 def device_nodes(hw: HardwareBackend) -> DeviceNodes:

@@ -325,7 +325,9 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, HealthRpcs, adm
         self, request: admin_pb2.LabelNodeRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.NodeInfo:
         async def go() -> admin_pb2.NodeInfo:
-            await node_admin.label(self.store, self.bus, request.node_id, dict(request.set), list(request.remove))
+            await node_admin.label(
+                self.store, self.bus, request.node_id, dict(request.set), list(request.remove), self.signer
+            )
             return await queries.node_summary(self.store, request.node_id)
 
         return await self._call(context, go)

@@ -75,6 +75,7 @@ from bc.pki.ca import CA_KEY_FILE, CertificateAuthority
 from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256_key
 from bc.pki.serving import SERVING_CERT_TTL_S
 from bc.pki.signing import ROOT_KEY, SIGNING_DIR, WORKER_ROTATE_BEFORE_S, SigningKeys
+from bc.pki.tpm_ek import EK_ROOTS_FILE, load_roots
 from bc.protocol.limits import LIMITS
 from bc.runtime.aio import cancel_and_wait
 from bc.runtime.config import OperatorConfig, user_config_path, user_copy
@@ -463,7 +464,14 @@ class Server:
         if ca is not None and "api" in roles:
             join_pb2_grpc.add_JoinServicer_to_server(
                 JoinServicer(
-                    self.store, self.bus, ca, self.signer, self.intent, node_cert_ttl_s=self.opts.node_cert_ttl_s
+                    self.store,
+                    self.bus,
+                    ca,
+                    self.signer,
+                    self.intent,
+                    node_cert_ttl_s=self.opts.node_cert_ttl_s,
+                    secrets=self.secrets,
+                    ek_roots=_ek_roots(data_dir / "pki" / EK_ROOTS_FILE),
                 ),
                 server,
             )
@@ -827,3 +835,17 @@ class Server:
             await self.store.close()
         if self.data_dir_lock is not None:
             self.data_dir_lock.release()
+
+
+def _ek_roots(path: Path) -> list[x509.Certificate]:
+    """The TPM EK CAs beside the CA (`bc.pki.tpm_ek`), read once at start: none when the file is absent (a TPM
+    join's AK is then taken on the token's word); a file that holds no certificate stops the start."""
+    try:
+        pem = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    roots = load_roots(pem, str(path))
+    if not roots:
+        raise UsageError(f"{path} holds no certificate; remove it, or list the TPM EK CAs bc serve trusts (PEM)")
+    log.info("event=tpm-ek-roots.loaded file=%s count=%d", path, len(roots))
+    return roots

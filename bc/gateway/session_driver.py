@@ -95,6 +95,7 @@ class SessionHost(Protocol):
     def hello_done(self) -> None: ...
     async def attach_signer(self, env: common_pb2.Envelope, key_id: str) -> None: ...
     async def batch_approval(self, batch_id: str) -> bytes: ...
+    async def preapproval(self, version: int) -> bytes: ...
     async def backstop_generation(self, node_id: str) -> int | None: ...
 
 
@@ -458,6 +459,9 @@ class SessionDriver:
             # The batch's approvals and this command's own leaf proof, both as stored: the node checks them.
             cmd.batch_approval = await self.gw.batch_approval(frame.batch_id)
             cmd.batch_proof = frame.batch_proof
+        if frame.preapproval:
+            # The signed policy version that pre-approves it, as stored: the node checks it (agent/quorum.py).
+            cmd.preapproval = await self.gw.preapproval(frame.preapproval)
         msg = GatewayMessage(command=cmd)
         size = msg.ByteSize()
         if size > LIMITS.max_frame_bytes:  # stored before the limits: the node could never take it

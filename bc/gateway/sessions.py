@@ -37,6 +37,7 @@ from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.seams.clock import Clock
 from bc.seams.link import Link, LinkClosed
 from bc.store import Store, StoreError
+from bc.store import health as health_sql
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
 from bc.store import quorum as quorum_sql
@@ -104,6 +105,7 @@ class Gateway:
         self._generations_at = 0.0
         self._signer_certs: dict[str, bytes] = {}
         self._approvals: dict[str, bytes] = {}
+        self._preapprovals: dict[int, bytes] = {}
         self._closing_tasks: set[asyncio.Future[None]] = set()
         self._seen_batch: dict[str, SessionDriver] = {}
         self.fence = LeaseFence(clock.monotonic())
@@ -247,6 +249,24 @@ class Gateway:
             if blob is None:
                 return b""  # not approved (a held command is never dispatched; the node would refuse it)
             self._approvals[batch_id] = blob  # an approval never changes once stored
+        return blob
+
+    async def preapproval(self, version: int) -> bytes:
+        """A health policy version's pre-approval (bc.pki.preapproval) as the node checks it: the version's text
+        and its batch's approvals; b"" while it has none (the node refuses the command then, and says why)."""
+        blob = self._preapprovals.get(version)
+        if blob is None:
+            async with self.store.transaction(write=False) as tx:
+                row = await health_sql.policy_version(tx, version)
+                batch_id = str(row["preapproval_batch"] or "") if row is not None else ""
+                approval = await quorum_sql.approval_of(tx, batch_id) if batch_id else None
+            if row is None or approval is None:
+                return b""
+            pre = common_pb2.HealthPreapproval(
+                policy_version=version, policy_json=str(row["policy"]), batch_approval=approval
+            )
+            blob = pre.SerializeToString(deterministic=True)
+            self._preapprovals[version] = blob  # a version and its approval never change once stored
         return blob
 
     async def renew_lease(self) -> bool:

@@ -21,6 +21,7 @@ name.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -326,6 +327,27 @@ def label_problem(key: Any, value: Any) -> str | None:
     if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
         return f"label {key[:80]}'s value is not a Kubernetes label value (63 of A-Z a-z 0-9 - _ .)"
     return None
+
+
+def with_node_labels(join: Join, node_labels: Mapping[str, str]) -> tuple[Join, tuple[tuple[str, str], ...]]:
+    """The join with bc's node labels (`bc nodes label`, as the node's signed spec carries them) added to the
+    unit's own `labels`, which win on a shared key; and the bc labels left out, each with why: one the kubelet
+    may not set (`label_problem`: the kubernetes.io and k8s.io namespaces, which the kubelet refuses to set on
+    itself) or past `MAX_LABELS` in all. Pure: the same labels give the same join."""
+    own = dict(join.labels)
+    merged = dict(own)
+    skipped: list[tuple[str, str]] = []
+    for key, value in sorted(node_labels.items()):
+        if key in own:
+            continue
+        problem = label_problem(key, value)
+        if problem is not None:
+            skipped.append((key, problem))
+        elif len(merged) >= MAX_LABELS:
+            skipped.append((key, f"the join already has {MAX_LABELS} labels"))
+        else:
+            merged[key] = value
+    return dataclasses.replace(join, labels=tuple(sorted(merged.items()))), tuple(skipped)
 
 
 def parse_join(settings: Mapping[str, Any]) -> Join:

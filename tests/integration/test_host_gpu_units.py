@@ -36,7 +36,10 @@ class Node:
         self.hw = FakeHardware(profile, "node-a", state_dir=tmp / "hw", reboot=InProcessReboot(hook=lambda: None))
         seed_host_root(self.root, self.hw.inventory(), self.hw.capabilities.nvswitches)
         self.runner = FakeRunner(tools=self.hw.capabilities.tools, log_file=tmp / "fake-host-commands.jsonl")
-        self.converger = HostConverger(HostOps(self.root, run=self.runner), self.hw, cdi_dir=self.cdi_dir)
+        self.labels: dict[str, str] = {}  # the node's bc labels, as its held spec body carries them
+        self.converger = HostConverger(
+            HostOps(self.root, run=self.runner), self.hw, cdi_dir=self.cdi_dir, node_labels=lambda: self.labels
+        )
 
     async def converge(self, generation: int = 1, **units: object) -> SectionResult:
         section = spec_pb2.HostSection(
@@ -248,6 +251,31 @@ async def test_a_kubernetes_join_keeps_its_token_out_of_every_record_log_and_mes
     assert (await node.converge(4)).state == CONVERGED
     assert node.changes() == [["kubeadm", "reset", "--force"]]
     assert not (node.root / "etc/kubernetes/kubelet.conf").exists()
+
+
+async def test_the_join_registers_the_nodes_bc_labels_that_kubernetes_accepts_as_they_are_at_the_join(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path, "hgx-h100-8")
+    node.labels = {"bc.dev/pool": "b", "rack": "r1", "node-role.kubernetes.io/gpu": "", "team": "ml"}
+    node.runner.fail_on.append(("kubeadm", "join"))
+    await node.converge(kubernetes=JOIN)  # the first join fails: nothing registered yet
+    said = node.conditions()["KubernetesJoined"]
+    assert said.reason == "JoinFailed" and said.message.endswith("; bc labels left out: node-role.kubernetes.io/gpu")
+
+    node.labels = {**node.labels, "rack": "r2"}  # relabelled meanwhile: the next join takes the labels of now
+    node.runner.fail_on.clear()
+    assert (await node.converge(2, kubernetes=JOIN)).state == CONVERGED
+    kubelet = (node.root / "etc/kubernetes/kubelet.conf").read_text()
+    # the unit's own setting wins on a shared key (bc.dev/pool=a); the kubelet may not set node-role.kubernetes.io
+    assert '# node-labels: "bc.dev/pool=a,rack=r2,team=ml"' in kubelet, kubelet
+    seen = node.conditions()["KubernetesJoined"]
+    assert seen.message == "joined to 10.0.0.1:6443; bc labels left out: node-role.kubernetes.io/gpu"
+
+    assert node.changes()[-1][:2] == ["kubeadm", "join"]
+    node.labels = {"rack": "r3"}
+    assert (await node.converge(3, kubernetes=JOIN)).state == CONVERGED
+    assert node.changes() == []  # a joined node is not joined again: kubeadm does not relabel (docs/host.md)
 
 
 @pytest.mark.parametrize("os_release", ['ID="rocky"\nID_LIKE="rhel centos fedora"\n'])

@@ -81,6 +81,8 @@ class HostContext:
     """GPU UUIDs with a hold on them or on a part of them (the devices converger's CDI files)."""
     cdi_dir: Path | None = None
     """Where bc's CDI specs are (the container runtimes are pointed there)."""
+    node_labels: Callable[[], Mapping[str, str]] = dict
+    """The node's bc labels, as its held (signed) spec body carries them (the kubernetes unit's node labels)."""
 
 
 @dataclass(frozen=True)

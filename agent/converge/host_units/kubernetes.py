@@ -17,6 +17,13 @@ cluster: `kubeadm reset --force`, then the join. A new token or new labels
 change nothing on a joined node (kubeadm does not relabel; the labels are
 the kubelet's `node-labels` at registration).
 
+**The node's bc labels** (`bc nodes label`, carried in its signed spec body)
+are added to the settings' own `labels` (which win on a shared key) at each
+join (`bc.protocol.host_units.with_node_labels`), so a node not joined yet
+joins with the labels it has then; labels the kubelet may not set on itself
+(the kubernetes.io and k8s.io namespaces) are left out, and the condition's
+message names them.
+
 `KubernetesJoined`: True `Joined`; False `JoinFailed` (the redacted error),
 `NotJoined`. Removing the unit runs `kubeadm reset --force` on a joined node.
 """
@@ -29,7 +36,7 @@ from typing import Any
 from agent.converge.host_units.base import Applied, HostContext, Record, bad, good
 from agent.converge.kubeadm import KUBELET_CONF, RESET_ARGV
 from agent.health.rules import KUBERNETES_JOINED, Verdict
-from bc.protocol.host_units import Join, parse_join
+from bc.protocol.host_units import Join, parse_join, with_node_labels
 
 CONDITION = (KUBERNETES_JOINED, "True")
 
@@ -66,7 +73,8 @@ class Kubernetes:
             if step == "reset":
                 await ctx.ops.command(*RESET_ARGV)
             else:
-                await ctx.ops.kubeadm_join(desired)
+                join, _skipped = with_node_labels(desired, ctx.node_labels())
+                await ctx.ops.kubeadm_join(join)
         return Applied(undo={"cluster": cluster(desired)})
 
     async def remove(self, record: Record, ctx: HostContext) -> None:
@@ -74,8 +82,10 @@ class Kubernetes:
             await ctx.ops.command(*RESET_ARGV)
 
     async def conditions(self, desired: Join, error: str | None, ctx: HostContext) -> list[Verdict]:
+        _join, skipped = with_node_labels(desired, ctx.node_labels())
+        left_out = f"; bc labels left out: {', '.join(k for k, _ in skipped)}" if skipped else ""
         if error is not None:
-            return [bad(CONDITION, "JoinFailed", error)]
+            return [bad(CONDITION, "JoinFailed", error + left_out)]
         if not await ctx.ops.exists(KUBELET_CONF):
-            return [bad(CONDITION, "NotJoined", f"not joined to {desired.api_server}")]
-        return [good(CONDITION, "Joined", f"joined to {desired.api_server}")]
+            return [bad(CONDITION, "NotJoined", f"not joined to {desired.api_server}{left_out}")]
+        return [good(CONDITION, "Joined", f"joined to {desired.api_server}{left_out}")]

@@ -48,6 +48,7 @@ from bc.seams.clock import Clock
 from bc.store import Store, Tx
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
+from bc.store.base import Row
 
 NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 ROLES = ("node", "site", "ramdisk")
@@ -131,6 +132,7 @@ async def join(
     proof: bytes,
     ttl_s: int = NODE_CERT_TTL_S,
     tpm: TpmCertification | None = None,
+    endorsed: bool = False,
 ) -> Joined:
     """Consume the token and issue the node's certificate (`ttl_s`, at most 24 h) for the key in the CSR.
 
@@ -138,26 +140,13 @@ async def join(
     is checked before the token's state, so only the token's holder learns that it was used or expired.
     With `tpm` (`bc join --attestor tpm`), the CSR's key must be one the TPM's attestation key certifies, and
     the certificate names that AK (`bc.pki.tpm_attest`): from then on the node renews only with next keys it
-    certifies.
+    certifies. `endorsed`: the AK was activated against the TPM's EK certificate first (`bc.pki.tpm_ek`), which
+    the `node.joined` event says.
     """
-    try:
-        csr = x509.load_der_x509_csr(csr_der)
-    except ValueError:
-        raise UsageError("the join request's CSR does not parse") from None
+    csr = _csr(csr_der)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        tok = await id_sql.get_token(tx, token_id)
-        if tok is None:
-            raise Unauthenticated("the join token is unknown to this server; create a new one with `bc token create`")
-        if not pki_tokens.verify_join_proof(str(tok["root_cert_pem"]).encode(), token_id, csr_der, proof):
-            raise Unauthenticated(
-                "the join token's secret does not match this server's record of it; check that the whole token was"
-                " copied, or create a new one with `bc token create`"
-            )
-        if tok["used_at_ms"] is not None:
-            raise Unauthenticated("the join token has already been used; create a new one with `bc token create`")
-        if int(tok["expires_at_ms"]) <= now_ms:
-            raise Unauthenticated("the join token has expired; create a new one with `bc token create`")
+        tok = await _usable_token(tx, token_id, csr_der, proof, now_ms)
         ak = tpm_attest.check_tpm_key(tpm, csr.public_key()) if tpm is not None else ""
         if not await id_sql.use_token(tx, token_id, now_ms):
             raise Unauthenticated("the join token is no longer valid")
@@ -193,10 +182,46 @@ async def join(
                 "hostname": hostname,
                 "serial": format(cert.serial_number, "x"),
                 "attestor": "tpm" if ak else "",
+                # a TPM join's only (a file-key join's event, and so every simulated fleet's digest, is unchanged)
+                **({"endorsement": "activated" if endorsed else ""} if ak else {}),
             },
             now_ms,
         )
     return Joined(node_id, role, pem, idgen)
+
+
+async def check_join(store: Store, token_id: str, csr_der: bytes, proof: bytes, tpm: TpmCertification) -> None:
+    """What `join` checks before the TPM activation's challenge is given (nothing is consumed): the token, its
+    proof, and the AK's certification of the CSR's key; each refusal `join`'s own sentence."""
+    csr = _csr(csr_der)
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        await _usable_token(tx, token_id, csr_der, proof, now_ms)
+    tpm_attest.check_tpm_key(tpm, csr.public_key())
+
+
+def _csr(csr_der: bytes) -> x509.CertificateSigningRequest:
+    try:
+        return x509.load_der_x509_csr(csr_der)
+    except ValueError:
+        raise UsageError("the join request's CSR does not parse") from None
+
+
+async def _usable_token(tx: Tx, token_id: str, csr_der: bytes, proof: bytes, now_ms: int) -> Row:
+    """The token's row, once its proof holds (checked first, so only its holder learns its state), unused, unexpired."""
+    tok = await id_sql.get_token(tx, token_id)
+    if tok is None:
+        raise Unauthenticated("the join token is unknown to this server; create a new one with `bc token create`")
+    if not pki_tokens.verify_join_proof(str(tok["root_cert_pem"]).encode(), token_id, csr_der, proof):
+        raise Unauthenticated(
+            "the join token's secret does not match this server's record of it; check that the whole token was"
+            " copied, or create a new one with `bc token create`"
+        )
+    if tok["used_at_ms"] is not None:
+        raise Unauthenticated("the join token has already been used; create a new one with `bc token create`")
+    if int(tok["expires_at_ms"]) <= now_ms:
+        raise Unauthenticated("the join token has expired; create a new one with `bc token create`")
+    return tok
 
 
 def node_cert_ttl(ttl_s: int) -> int:

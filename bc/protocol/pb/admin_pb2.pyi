@@ -1236,20 +1236,49 @@ class HealthPolicyVersion(_message.Message):
     def __init__(self, version: _Optional[int] = ..., set_by: _Optional[str] = ..., set_at_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class HealthPolicyInfo(_message.Message):
-    __slots__ = ("version", "policy_json", "set_by", "set_at_ms", "reason", "history")
+    __slots__ = ("version", "policy_json", "set_by", "set_at_ms", "reason", "history", "preapprovals", "preapproval_batch", "preapproval_state", "preapproval_approvals", "preapproval_threshold")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     POLICY_JSON_FIELD_NUMBER: _ClassVar[int]
     SET_BY_FIELD_NUMBER: _ClassVar[int]
     SET_AT_MS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    PREAPPROVALS_FIELD_NUMBER: _ClassVar[int]
+    PREAPPROVAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    PREAPPROVAL_STATE_FIELD_NUMBER: _ClassVar[int]
+    PREAPPROVAL_APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    PREAPPROVAL_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     version: int
     policy_json: str
     set_by: str
     set_at_ms: int
     reason: str
     history: _containers.RepeatedCompositeFieldContainer[HealthPolicyVersion]
-    def __init__(self, version: _Optional[int] = ..., policy_json: _Optional[str] = ..., set_by: _Optional[str] = ..., set_at_ms: _Optional[int] = ..., reason: _Optional[str] = ..., history: _Optional[_Iterable[_Union[HealthPolicyVersion, _Mapping]]] = ...) -> None: ...
+    preapprovals: _containers.RepeatedCompositeFieldContainer[HealthPreapprovalInfo]
+    preapproval_batch: str
+    preapproval_state: str
+    preapproval_approvals: int
+    preapproval_threshold: int
+    def __init__(self, version: _Optional[int] = ..., policy_json: _Optional[str] = ..., set_by: _Optional[str] = ..., set_at_ms: _Optional[int] = ..., reason: _Optional[str] = ..., history: _Optional[_Iterable[_Union[HealthPolicyVersion, _Mapping]]] = ..., preapprovals: _Optional[_Iterable[_Union[HealthPreapprovalInfo, _Mapping]]] = ..., preapproval_batch: _Optional[str] = ..., preapproval_state: _Optional[str] = ..., preapproval_approvals: _Optional[int] = ..., preapproval_threshold: _Optional[int] = ...) -> None: ...
+
+class HealthPreapprovalInfo(_message.Message):
+    __slots__ = ("kind", "pool", "expires_at_ms", "state")
+    class PoolEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    pool: _containers.ScalarMap[str, str]
+    expires_at_ms: int
+    state: str
+    def __init__(self, kind: _Optional[str] = ..., pool: _Optional[_Mapping[str, str]] = ..., expires_at_ms: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
 
 class SetHealthPolicyRequest(_message.Message):
     __slots__ = ("policy_json", "reason")

@@ -281,6 +281,16 @@ class BatchApproval(_message.Message):
     leaf_count: int
     def __init__(self, batch_id: _Optional[str] = ..., scope_root: _Optional[bytes] = ..., requested_by: _Optional[str] = ..., signatures: _Optional[_Iterable[_Union[ApproverSignature, _Mapping]]] = ..., leaf_count: _Optional[int] = ...) -> None: ...
 
+class HealthPreapproval(_message.Message):
+    __slots__ = ("policy_version", "policy_json", "batch_approval")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    POLICY_JSON_FIELD_NUMBER: _ClassVar[int]
+    BATCH_APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    policy_json: str
+    batch_approval: bytes
+    def __init__(self, policy_version: _Optional[int] = ..., policy_json: _Optional[str] = ..., batch_approval: _Optional[bytes] = ...) -> None: ...
+
 class BatchProof(_message.Message):
     __slots__ = ("leaf_index", "tree_size", "path")
     LEAF_INDEX_FIELD_NUMBER: _ClassVar[int]

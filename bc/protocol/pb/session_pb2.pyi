@@ -158,7 +158,14 @@ class Heartbeat(_message.Message):
     def __init__(self, applied_generation: _Optional[int] = ..., server_time_ms: _Optional[int] = ...) -> None: ...
 
 class DesiredStateBody(_message.Message):
-    __slots__ = ("node_id", "generation", "spec_hash", "full", "patch", "base_generation", "section_approvals")
+    __slots__ = ("node_id", "generation", "spec_hash", "full", "patch", "base_generation", "section_approvals", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +173,7 @@ class DesiredStateBody(_message.Message):
     PATCH_FIELD_NUMBER: _ClassVar[int]
     BASE_GENERATION_FIELD_NUMBER: _ClassVar[int]
     SECTION_APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     generation: int
     spec_hash: str
@@ -173,7 +181,8 @@ class DesiredStateBody(_message.Message):
     patch: _spec_pb2.NodeSpecPatch
     base_generation: int
     section_approvals: _containers.RepeatedCompositeFieldContainer[SectionApproval]
-    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec_hash: _Optional[str] = ..., full: _Optional[_Union[_spec_pb2.NodeSpec, _Mapping]] = ..., patch: _Optional[_Union[_spec_pb2.NodeSpecPatch, _Mapping]] = ..., base_generation: _Optional[int] = ..., section_approvals: _Optional[_Iterable[_Union[SectionApproval, _Mapping]]] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec_hash: _Optional[str] = ..., full: _Optional[_Union[_spec_pb2.NodeSpec, _Mapping]] = ..., patch: _Optional[_Union[_spec_pb2.NodeSpecPatch, _Mapping]] = ..., base_generation: _Optional[int] = ..., section_approvals: _Optional[_Iterable[_Union[SectionApproval, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SectionApproval(_message.Message):
     __slots__ = ("section", "batch_approval", "batch_proof", "grant_principal", "grant_fingerprint")
@@ -232,16 +241,18 @@ class CommandBody(_message.Message):
     def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., seq: _Optional[int] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_any_pb2.Any, _Mapping]] = ..., lane: _Optional[_Union[Lane, str]] = ..., not_after_ms: _Optional[int] = ..., min_generation: _Optional[int] = ..., retry_safe: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., self_terminating: _Optional[bool] = ..., attested: _Optional[bool] = ..., workflow_id: _Optional[str] = ..., step_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., batch_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("envelope", "attempt", "batch_approval", "batch_proof")
+    __slots__ = ("envelope", "attempt", "batch_approval", "batch_proof", "preapproval")
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     BATCH_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     BATCH_PROOF_FIELD_NUMBER: _ClassVar[int]
+    PREAPPROVAL_FIELD_NUMBER: _ClassVar[int]
     envelope: _common_pb2.Envelope
     attempt: int
     batch_approval: bytes
     batch_proof: bytes
-    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., attempt: _Optional[int] = ..., batch_approval: _Optional[bytes] = ..., batch_proof: _Optional[bytes] = ...) -> None: ...
+    preapproval: bytes
+    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., attempt: _Optional[int] = ..., batch_approval: _Optional[bytes] = ..., batch_proof: _Optional[bytes] = ..., preapproval: _Optional[bytes] = ...) -> None: ...
 
 class CommandUpdate(_message.Message):
     __slots__ = ("command_id", "state", "reason", "message", "result", "boot_id", "node_sig")
