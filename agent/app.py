@@ -68,6 +68,9 @@ from agent.kinds.upload_allow import parse_prefixes
 from agent.node_key import NodeKey
 from agent.offload import Offload, to_thread
 from agent.quorum import QuorumCheck, UnbatchedAllowance
+from agent.ramdisk.kexec import Kexec
+from agent.ramdisk.machine import MachineTree
+from agent.ramdisk.wiring import ramdisk_parts
 from agent.renewal import Renewer
 from agent.secrets import SecretClient, SecretUnavailable
 from agent.session.channels import MemoryPair, PairSource
@@ -138,6 +141,8 @@ class AgentOptions:
     """How often the converge pass re-reads the host when nothing changed (drift); a spec change runs it at once."""
     tcti: str | None = None
     """`--tcti`: how a TPM identity reaches its TPM (default `device:/dev/tpmrm0`, agent.tpm)."""
+    machine_root: Path | None = None
+    """`--machine-root`: where a ramdisk reads /sys, /proc and /dev (agent.ramdisk.machine); default `/`."""
 
 
 @dataclass
@@ -181,6 +186,10 @@ class AgentParts:
     """Where the node key lives (agent.key_holder): left out, node.key as a file. A TPM identity's is its TPM."""
     session_keys: SessionKeys | None = None
     """A TPM identity's session keys (agent.session_key): the dial and `node_key` run on them; None: a file key."""
+    machine: MachineTree | None = None
+    """A ramdisk's disks, NICs and PCI GPUs (agent.ramdisk); None on a node or site."""
+    kexec: Kexec | None = None
+    """A ramdisk's kexec edge (agent.ramdisk.kexec); None on a node or site."""
 
 
 async def never_dial() -> Link[session_pb2.GatewayMessage, session_pb2.NodeMessage]:
@@ -199,8 +208,12 @@ def production_parts(opts: AgentOptions) -> AgentParts:
     data_dir = opts.data_dir
     identity = Identity.load(data_dir)
     ca_pem = identity.read(data_dir, "ca")
-    hw = open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread)
+    hw: HardwareBackend = open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread)
     health = hw.capabilities.health(data_dir, opts.fake_faults)
+    journal_path = data_dir / "journal.db"
+    ramdisk = ramdisk_parts(data_dir, opts.machine_root, hw, rng) if identity.role == "ramdisk" else None
+    if ramdisk is not None:
+        hw, journal_path = ramdisk.hw, ramdisk.journal_path
     key_path = data_dir / identity.files["key"]
     holder: NodeKeyHolder = FileNodeKey(key_path)
     keeper: SessionKeys | None = None
@@ -221,13 +234,15 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         node_key=node_key,
         hw=hw,
         dial=never_dial if test_never_dial() else grpc_dial(data_dir, identity, ca_pem, to_thread, rng, pair),
-        open_journal=lambda: Journal.open(data_dir / "journal.db", identity.node_id, rng=rng, clock=clock),
+        open_journal=lambda: Journal.open(journal_path, identity.node_id, rng=rng, clock=clock),
         offload=to_thread,
         health=health,
         telemetry=True,
         secrets=True,
         key_holder=holder,
         session_keys=keeper,
+        machine=ramdisk.machine if ramdisk is not None else None,
+        kexec=ramdisk.kexec if ramdisk is not None else None,
     )
 
 
@@ -360,11 +375,14 @@ class Agent:
         self.outbox.note_inventory(inv, inventory_hash(inv))
         self.boot_id = await self.offload(self.hw.boot_id)
         slots: SlotStore | None = None
-        if self.opts.install_dir is not None:  # under the helper, root's install dir is the helper's to change
+        # A ramdisk never updates itself (reference: a non-empty `daemon` section is UNSUPPORTED there): the
+        # next ramdisk boot brings the next release.
+        installed = self.opts.install_dir if self.identity.role != "ramdisk" else None
+        if installed is not None:  # under the helper, root's install dir is the helper's to change
             slots = (
-                Slots(self.opts.install_dir, self.offload)
+                Slots(installed, self.offload)
                 if seams is None
-                else seams.install_slots(self.opts.install_dir, lambda: self.trust.bundle)
+                else seams.install_slots(installed, lambda: self.trust.bundle)
             )
         if slots is not None:
             self.upgrader = Upgrader(
@@ -402,6 +420,10 @@ class Agent:
                 offload=self.offload,
                 after_gpu_reset=self.after_gpu_reset if self.health is not None else None,
                 upgrader=up,
+                machine=p.machine,
+                kexec=p.kexec,
+                gone=self.stopped.set,
+                ca_pem=p.ca_pem,
             ),
             clock=self.clock,
             incarnation_id=self.incarnation_id,

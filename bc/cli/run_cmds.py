@@ -365,6 +365,12 @@ def join(
     metavar="TCTI",
     help="How a node joined with --attestor tpm reaches its TPM (default device:/dev/tpmrm0).",
 )
+@click.option(
+    "--machine-root",
+    type=_DIR,
+    default=None,
+    help="A ramdisk's /sys, /proc and /dev are under this root (default /; with --fake-hw, DATA_DIR/machine).",
+)
 def node(
     data_dir: Path,
     fake_hw: str | None,
@@ -385,6 +391,7 @@ def node(
     download_window_s: float,
     helper_socket: Path | None,
     tcti: str | None,
+    machine_root: Path | None,
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM.
 
@@ -434,6 +441,7 @@ def node(
         install_dir=install_dir_of(sys.argv[0]),
         helper_socket=helper_socket,
         tcti=tcti,
+        machine_root=machine_root,
         upgrade=UpgradeConfig(
             upgrade_confirm_s,
             StallGuard(download_min_bytes, download_window_s),

@@ -25,6 +25,10 @@ REQUEST_MESSAGES: dict[str, type[Message]] = {
     "logs.collect": kinds_pb2.LogsCollectRequest,
     "diag.dcgm": kinds_pb2.DiagDcgmRequest,
     "daemon.upgrade": kinds_pb2.DaemonUpgradeRequest,
+    # the ramdisk role's (docs/metal-ramdisk.md)
+    "disk.wipe": kinds_pb2.DiskWipeRequest,
+    "deploy.image": kinds_pb2.DeployImageRequest,
+    "boot.kexec": kinds_pb2.BootKexecRequest,
 }
 """Each kind's request message; every other kind takes a `google.protobuf.Struct`."""
 

@@ -112,6 +112,14 @@ def hostile_node_report(lab: Lab, node_id: str) -> None:
                 healthy=True,
             )
         ],
+        # A ramdisk's machine (bc.cli.machine_view): every string the machine's /sys gave it.
+        disks=[
+            common_pb2.Disk(
+                name=HOSTILE, size_bytes=1 << 30, transport=HOSTILE, model=HOSTILE, serial=HOSTILE, mounted=[HOSTILE]
+            )
+        ],
+        nics=[common_pb2.Nic(name=HOSTILE, mac=HOSTILE, speed_mbps=1000, operstate=HOSTILE, pci_bus_id=HOSTILE)],
+        pci_gpus=[common_pb2.PciDevice(bus_id=HOSTILE, vendor=HOSTILE, device=HOSTILE, driver=HOSTILE, numa_node=0)],
     )
     report = StatusReport(
         applied_spec_hash=HOSTILE,

@@ -39,7 +39,7 @@ from bc.errors import BcError, Unauthenticated, UsageError
 from bc.pki import renewal as pki_renewal
 from bc.pki import tokens as pki_tokens
 from bc.pki import tpm_attest
-from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
+from bc.pki.ca import NODE_MAX_TTL_S, RAMDISK_MAX_TTL_S, CertificateAuthority
 from bc.pki.identity import PeerIdentity, peer_identity
 from bc.pki.secrets_source import Secrets
 from bc.pki.session_cert import session_of
@@ -54,6 +54,8 @@ NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 ROLES = ("node", "site", "ramdisk")
 MIN_TTL_S, MAX_TTL_S = 60, 7 * 24 * 3600
 NODE_CERT_TTL_S = 24 * 3600
+RAMDISK_MIN_LEFT_S = 60
+"""A ramdisk renewal with less of its 2 h left than this is refused: the certificate would be over at once."""
 
 log = logging.getLogger("bc.control.trust.identity")
 
@@ -418,9 +420,26 @@ async def issue_and_store(
     what: str,
 ) -> tuple[bytes, str, int]:
     """Issue the node's next certificate for a renewal or re-join (`what`: "renew" or "rejoin") and store it in
-    `tx`: its PEM, serial (hex) and not-after. A CSR key that is not P-256 is refused as `<what>:bad-csr`."""
+    `tx`: its PEM, serial (hex) and not-after. A CSR key that is not P-256 is refused as `<what>:bad-csr`.
+
+    A ramdisk's identity lasts `RAMDISK_MAX_TTL_S` (2 h) from its join, renewals included: each renewal
+    ends no later than that, and one asked for with less than `RAMDISK_MIN_LEFT_S` of it left is refused
+    `<what>:ramdisk-lifetime`. A ramdisk that outlives its boot lease joins again with a new token."""
+    not_after: float | None = None
+    if role == "ramdisk":
+        joined_ms = await id_sql.identity_issued_at_ms(tx, node_id, idgen)
+        end_ms = (joined_ms if joined_ms is not None else now_ms) + RAMDISK_MAX_TTL_S * 1000
+        if end_ms - now_ms < RAMDISK_MIN_LEFT_S * 1000:
+            raise Refused(
+                f"{what}:ramdisk-lifetime",
+                Unauthenticated(
+                    f"the ramdisk identity of node {node_id} ends {RAMDISK_MAX_TTL_S // 3600} h after its join and"
+                    " is not renewed past that; join again with a new token"
+                ),
+            )
+        not_after = end_ms / 1000
     try:
-        cert = ca.issue_node_cert(csr, node_id, role, idgen, node_cert_ttl(ttl_s), ak_uri=ak)
+        cert = ca.issue_node_cert(csr, node_id, role, idgen, node_cert_ttl(ttl_s), ak_uri=ak, not_after=not_after)
     except Unauthenticated as e:
         raise Refused(f"{what}:bad-csr", e) from None
     pem = cert.public_bytes(serialization.Encoding.PEM)
