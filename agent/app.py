@@ -53,6 +53,7 @@ from agent.dispatch import Dispatcher
 from agent.health.monitor import HealthMonitor
 from agent.health.readings import HealthSource
 from agent.helper.node_ops import HelperXids
+from agent.helper.node_tpm import open_tpm
 from agent.helper.wiring import HelperSeams, helper_seams
 from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
@@ -68,7 +69,11 @@ from agent.kinds.upload_allow import parse_prefixes
 from agent.node_key import NodeKey
 from agent.offload import Offload, to_thread
 from agent.quorum import QuorumCheck, UnbatchedAllowance
+from agent.ramdisk.kexec import Kexec
+from agent.ramdisk.machine import MachineTree
+from agent.ramdisk.wiring import ramdisk_parts
 from agent.renewal import Renewer
+from agent.secrets import SecretClient, SecretUnavailable
 from agent.session.channels import MemoryPair, PairSource
 from agent.session.dialing import Dial, SessionLoop
 from agent.session.grpc_dial import grpc_dial
@@ -83,7 +88,7 @@ from agent.site.state import SiteOptions, SiteState
 from agent.telemetry.converger import TelemetryConverger
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import AgentMetrics, Gauges
-from agent.tpm import DEFAULT_TCTI, Tpm, TpmNodeKey, TpmRecord
+from agent.tpm import TpmNodeKey, TpmRecord
 from agent.trust import AgentTrust
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
 from agent.upgrade.slots import Slots, SlotStore
@@ -142,6 +147,8 @@ class AgentOptions:
     """`--tcti`: how a TPM identity reaches its TPM (default `device:/dev/tpmrm0`, agent.tpm)."""
     site: SiteOptions = dataclasses.field(default_factory=SiteOptions)
     """A site agent's own settings (`--site-bmc-network`; agent.site.state); unused by other roles."""
+    machine_root: Path | None = None
+    """`--machine-root`: where a ramdisk reads /sys, /proc and /dev (agent.ramdisk.machine); default `/`."""
 
 
 @dataclass
@@ -168,6 +175,8 @@ class AgentParts:
     """Where GPU and host health is read (agent.health); left out: no health monitor, no conditions."""
     telemetry: bool = False
     """Converge the `telemetry` section and export over OTLP; off under the simulator (the section is UNSUPPORTED)."""
+    secrets: bool = False
+    """Ask the secret broker for the secrets a spec names (agent.secrets); off under the simulator."""
     version: str = ""
     """The version this binary claims (empty: bc.runtime.version.bc_version()); a self-update never trusts it."""
     devices_converger: type[DevicesConverger] = DevicesConverger
@@ -183,6 +192,10 @@ class AgentParts:
     """Where the node key lives (agent.key_holder): left out, node.key as a file. A TPM identity's is its TPM."""
     session_keys: SessionKeys | None = None
     """A TPM identity's session keys (agent.session_key): the dial and `node_key` run on them; None: a file key."""
+    machine: MachineTree | None = None
+    """A ramdisk's disks, NICs and PCI GPUs (agent.ramdisk); None on a node or site."""
+    kexec: Kexec | None = None
+    """A ramdisk's kexec edge (agent.ramdisk.kexec); None on a node or site."""
 
 
 async def never_dial() -> Link[session_pb2.GatewayMessage, session_pb2.NodeMessage]:
@@ -201,8 +214,12 @@ def production_parts(opts: AgentOptions) -> AgentParts:
     data_dir = opts.data_dir
     identity = Identity.load(data_dir)
     ca_pem = identity.read(data_dir, "ca")
-    hw = open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread)
+    hw: HardwareBackend = open_backend(opts.fake_hw, identity.node_id, state_dir=data_dir, rng=rng, offload=to_thread)
     health = hw.capabilities.health(data_dir, opts.fake_faults)
+    journal_path = data_dir / "journal.db"
+    ramdisk = ramdisk_parts(data_dir, opts.machine_root, hw, rng) if identity.role == "ramdisk" else None
+    if ramdisk is not None:
+        hw, journal_path = ramdisk.hw, ramdisk.journal_path
     key_path = data_dir / identity.files["key"]
     holder: NodeKeyHolder = FileNodeKey(key_path)
     keeper: SessionKeys | None = None
@@ -210,7 +227,7 @@ def production_parts(opts: AgentOptions) -> AgentParts:
     pair: PairSource | None = None
     record = _tpm_record(key_path)
     if record is not None:  # the key is the TPM's: the session runs on an in-memory session key
-        holder = TpmNodeKey(Tpm(opts.tcti or DEFAULT_TCTI), record)
+        holder = TpmNodeKey(open_tpm(opts.helper_socket, opts.tcti), record)
         keeper = SessionKeys(data_dir, identity, holder, clock, rng)
         node_key = NodeKey(None, source=keeper.key)
         pair = MemoryPair(keeper.pair)
@@ -223,12 +240,15 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         node_key=node_key,
         hw=hw,
         dial=never_dial if test_never_dial() else grpc_dial(data_dir, identity, ca_pem, to_thread, rng, pair),
-        open_journal=lambda: Journal.open(data_dir / "journal.db", identity.node_id, rng=rng, clock=clock),
+        open_journal=lambda: Journal.open(journal_path, identity.node_id, rng=rng, clock=clock),
         offload=to_thread,
         health=health,
         telemetry=True,
+        secrets=True,
         key_holder=holder,
         session_keys=keeper,
+        machine=ramdisk.machine if ramdisk is not None else None,
+        kexec=ramdisk.kexec if ramdisk is not None else None,
     )
 
 
@@ -291,6 +311,17 @@ class Agent:
         slices = p.slices
         if slices is None:
             slices = open_slices(self.hw.capabilities.touches_host, self.data_dir, offload=self.offload)
+        self.secrets: SecretClient | None = None
+        if p.secrets:
+            self.secrets = SecretClient(
+                self.node_id,
+                self.outbox,
+                self._sign_secret_request,
+                self.state.server_now_ms,
+                self.clock,
+                self.rng,
+                self.state.spec_changed.set,
+            )
         files: HoldFiles | None = None
         host: Converger
         access: Converger = access_converger(
@@ -310,11 +341,14 @@ class Agent:
                 root=self.opts.host_root or Path("/"),
                 offload=self.offload,
                 node_id=self.node_id,
+                node_labels=self.state.labels,
             )
             access = seams.access
             self.hw, files, slices = seams.hw, seams.files, seams.slices
             cdi_dir, env_dir = seams.layout.cdi_dir, seams.layout.env_dir
             host = seams.host if self.opts.host_units else ExternallyManaged()
+            if isinstance(host, HostConverger):
+                host.ctx.secrets = self.secrets
             self.xids = seams.xids
         else:
             host = await host_converger(
@@ -324,6 +358,8 @@ class Agent:
                 host_root=self.opts.host_root,
                 host_units=self.opts.host_units,
                 offload=self.offload,
+                node_labels=self.state.labels,
+                secrets=self.secrets,
             )
         self.host_units = host if isinstance(host, HostConverger) else None  # its units' conditions, for health
         self.convergers: dict[str, Converger] = {
@@ -341,16 +377,19 @@ class Agent:
             "access": access,
         }
         if self.telemetry is not None:
-            self.convergers["telemetry"] = TelemetryConverger(self.telemetry)
+            self.convergers["telemetry"] = TelemetryConverger(self.telemetry, self.secrets)
         inv = await self.offload(self.hw.inventory)
         self.outbox.note_inventory(inv, inventory_hash(inv))
         self.boot_id = await self.offload(self.hw.boot_id)
         slots: SlotStore | None = None
-        if self.opts.install_dir is not None:  # under the helper, root's install dir is the helper's to change
+        # A ramdisk never updates itself (reference: a non-empty `daemon` section is UNSUPPORTED there): the
+        # next ramdisk boot brings the next release.
+        installed = self.opts.install_dir if self.identity.role != "ramdisk" else None
+        if installed is not None:  # under the helper, root's install dir is the helper's to change
             slots = (
-                Slots(self.opts.install_dir, self.offload)
+                Slots(installed, self.offload)
                 if seams is None
-                else seams.install_slots(self.opts.install_dir, lambda: self.trust.bundle)
+                else seams.install_slots(installed, lambda: self.trust.bundle)
             )
         if slots is not None:
             self.upgrader = Upgrader(
@@ -396,6 +435,10 @@ class Agent:
                 offload=self.offload,
                 after_gpu_reset=self.after_gpu_reset if self.health is not None else None,
                 upgrader=up,
+                machine=p.machine,
+                kexec=p.kexec,
+                gone=self.stopped.set,
+                ca_pem=p.ca_pem,
             ),
             clock=self.clock,
             incarnation_id=self.incarnation_id,
@@ -410,6 +453,7 @@ class Agent:
                 self.state.server_now_ms,
                 self.clock,
                 p.quorum_count,
+                labels=self.state.labels,
             ),
             result_signer=self.sign_update,
             executors=executors,
@@ -432,6 +476,7 @@ class Agent:
             sign_update=self.sign_update,
             heartbeat_interval_s=self.opts.heartbeat_interval_s,
             spec_rule=p.spec_rule,
+            secrets=self.secrets,
         )
         self.sessions = SessionLoop(p.dial, deps, self.rng, self.stopped)
         log.info(
@@ -477,6 +522,13 @@ class Agent:
             sig = await self.parts.key_holder.sign(attest.report_message(body))
             return session_pb2.AttestedReport(body=body, node_sig=sig)
         return self.node_key.sign_report(body)
+
+    async def _sign_secret_request(self, message: bytes) -> bytes:
+        """A SecretRequest is signed by the key the session runs on (a TPM identity's session key): the broker
+        checks it against the node's live certificates, session certificates included."""
+        if not self.node_key.ready():
+            raise SecretUnavailable("no session key is certified yet to sign the request with")
+        return self.node_key.sign(message)
 
     def _check_command_signature(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
         why = self.trust.check_command(cmd, self.state.server_now_ms() / 1000)

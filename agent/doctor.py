@@ -27,10 +27,12 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from google.protobuf.message import DecodeError
 
 from agent.helper.checks import DEFAULT_SOCKET, applies, check_not_root, check_release_roots, helper_answer
+from agent.helper.client import HelperError
+from agent.helper.node_tpm import open_tpm
 from agent.identity import Identity
 from agent.join import JOURNAL_FILE, split_server
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS
-from agent.tpm import DEFAULT_TCTI, Tpm, TpmNodeKey, TpmRecord
+from agent.tpm import TpmDevice, TpmNodeKey, TpmRecord
 from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
 from bc.pki import keys
 from bc.pki.discovery import fetch_pinned_ca
@@ -390,7 +392,7 @@ def check_server(ident: Identity, data_dir: Path, timeout: float = 3.0) -> Findi
     return passed("server", f"bc serve at {ident.server} presents the pinned CA ({took_ms:.0f} ms)")
 
 
-def check_tpm(files: NodeFiles, tpm: Tpm) -> Finding | None:
+def check_tpm(files: NodeFiles, tpm: TpmDevice) -> Finding | None:
     """A TPM identity's key, asked of the TPM itself: it answers, it still holds the key node.key records at
     its handle, and its attestation key is the one the certificate names (None for a key in a file)."""
     if not isinstance(files.key, TpmRecord) or files.cert is None:
@@ -399,12 +401,14 @@ def check_tpm(files: NodeFiles, tpm: Tpm) -> Finding | None:
     try:
         asyncio.run(TpmNodeKey(tpm, files.key).check(files.cert))
     except Unavailable as e:  # TpmUnavailable: nothing answered at the TCTI, or tpm2-tools is missing
-        return failed("tpm", e.message, f"check the TPM at {tpm.tcti} (bc doctor --tcti names another)")
+        return failed("tpm", e.message, f"check the TPM at {tpm.where} (bc doctor --tcti names another)")
+    except HelperError as e:  # an unprivileged node's TPM is the helper's: it is down, or its TPM is
+        return failed("tpm", str(e), "check bc helper and its TPM: systemctl status bc-helper.service")
     except Unauthenticated as e:  # a cleared TPM, or another one: the sentence says which, and its fix
         return failed("tpm", e.message, fix)
     return passed(
         "tpm",
-        f"the TPM at {tpm.tcti} holds the node key at handle 0x{files.key.handle:08x}, and its attestation key is"
+        f"the TPM at {tpm.where} holds the node key at handle 0x{files.key.handle:08x}, and its attestation key is"
         " the one the certificate names",
     )
 
@@ -423,7 +427,9 @@ def run_node_checks(
         return [identity]  # nothing else can be judged without knowing whose node this is
     ident = files.identity
     journal = read_journal(data_dir / JOURNAL_FILE)
-    tpm = check_tpm(files, Tpm(tcti or DEFAULT_TCTI)) if identity.status == "pass" else None
+    # An unprivileged node's TPM is its helper's (unless --tcti names one): the same check, through tpm.* operations.
+    socket = (helper_socket or DEFAULT_SOCKET) if tcti is None and applies(data_dir, helper_socket) else None
+    tpm = check_tpm(files, open_tpm(socket, tcti)) if identity.status == "pass" else None
     return [
         identity,
         *([tpm] if tpm is not None else []),

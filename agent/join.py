@@ -35,6 +35,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from agent.identity import IDENTITY_FILE, NEXT_SUFFIX, Identity
+from agent.tpm import DEFAULT_TCTI, Tpm, TpmDevice
 from bc.errors import BcError, Unauthenticated, Unavailable, UsageError
 from bc.pki import join_answer, keys, tokens
 from bc.pki.discovery import fetch_pinned_ca
@@ -78,14 +79,21 @@ def servers_of(server: str) -> list[str]:
 
 
 async def join_node(
-    server: str, token: str, data_dir: Path, *, reset: bool = False, attestor: str = "file", tcti: str | None = None
+    server: str,
+    token: str,
+    data_dir: Path,
+    *,
+    reset: bool = False,
+    attestor: str = "file",
+    tcti: str | None = None,
+    tpm: TpmDevice | None = None,
 ) -> JoinResult:
     """Join through the first of `server`'s addresses that answers (all of them kept, for the session to
     dial): an api process, or a gateway that forwards the join to one. An address that cannot be reached,
     or whose gateway reaches no api process, passes to the next. With `reset`, the old identity and journal
     are moved aside once a server's CA checks out. With `attestor="tpm"` the node key is made inside the TPM
-    (`tcti`, else the kernel's resource manager) and certified by its attestation key (`agent.tpm`); node.key
-    then holds a record of it, never the key."""
+    (`tpm`: the helper's, for an unprivileged node; else tpm2-tools at `tcti`, else at the kernel's resource
+    manager) and certified by its attestation key (`agent.tpm`); node.key then holds a record of it, never the key."""
     parsed = tokens.parse_token(token)
     addrs = servers_of(server)
     if not reset and Identity.exists(data_dir):
@@ -96,8 +104,12 @@ async def join_node(
     join_key_pem, join_cert_pem = tokens.join_client_credentials(parsed, SystemClock())
     key_file: bytes
     tpm_cert: join_pb2.TpmCertification | None = None
+    device: TpmDevice | None = None
+    endorsement: tuple[bytes, bytes] = (b"", b"")
     if attestor == "tpm":
-        csr_der, key_file, tpm_cert = await _tpm_key(data_dir, tcti)
+        device = tpm or Tpm(tcti or DEFAULT_TCTI)
+        csr_der, key_file, tpm_cert = await _tpm_key(data_dir, device)
+        endorsement = await _endorsement(device)
     else:
         node_key = keys.generate_key()
         csr_der = make_csr(node_key, "pending").public_bytes(Encoding.DER)
@@ -110,6 +122,7 @@ async def join_node(
     )
     if tpm_cert is not None:
         req.tpm.CopyFrom(tpm_cert)
+        req.ek_cert_der, req.ak_public = endorsement
     moved: list[Path] | None = None
     passed: list[str] = []  # why each address before the one that answered did not
     for addr in addrs:
@@ -122,7 +135,10 @@ async def join_node(
         if reset and moved is None:
             # After the pin check, so a mistyped --server or a token for another cluster leaves the old identity.
             moved = await asyncio.to_thread(reset_identity, data_dir, SystemClock().now())
-        resp = await _join_at(addr, channel_credentials(ca_pem, join_key_pem, join_cert_pem), req, passed)
+        creds = channel_credentials(ca_pem, join_key_pem, join_cert_pem)
+        resp = await _join_at(addr, creds, req, passed)
+        if resp is not None and resp.HasField("challenge") and device is not None:
+            resp = await _join_at(addr, creds, await _activated(device, req, resp.challenge), passed)
         if resp is None:
             continue
         _check_answer(addr, keys.load_cert_pem(ca_pem), csr_der, resp)
@@ -250,17 +266,16 @@ def _free_suffix(files: list[Path], base: str) -> str:
         n += 1
 
 
-async def _tpm_key(data_dir: Path, tcti: str | None) -> tuple[bytes, bytes, join_pb2.TpmCertification]:
+async def _tpm_key(data_dir: Path, tpm: TpmDevice) -> tuple[bytes, bytes, join_pb2.TpmCertification]:
     """A node key made in the TPM: (the CSR it signed, node.key's record, the AK's certification of it).
 
     The key goes to the persistent handle the identity in `data_dir` (if any) does not use, so a re-join
     (`--reset`) leaves the old identity's key where its record, moved aside, says it is.
     """
-    from agent.tpm import DEFAULT_TCTI, HANDLES, Tpm, TpmNodeKey, TpmRecord
+    from agent.tpm import HANDLES, TpmNodeKey, TpmRecord
     from bc.pki.remote_csr import make_remote_csr
     from bc.pki.tpm_attest import spki
 
-    tpm = Tpm(tcti or DEFAULT_TCTI)
     handle = HANDLES[0]
     try:
         old = await asyncio.to_thread((data_dir / "node.key").read_bytes)
@@ -276,6 +291,30 @@ async def _tpm_key(data_dir: Path, tcti: str | None) -> tuple[bytes, bytes, join
         ak_spki_der=spki(ak), key_public=certified.tpm2b_public, attest=certified.attest, signature=certified.signature
     )
     return csr_der, node_key.record.dump(), cert
+
+
+async def _endorsement(tpm: TpmDevice) -> tuple[bytes, bytes]:
+    """(the TPM's RSA EK certificate or b"", the AK's TPM2B_PUBLIC): what a server with EK roots activates the AK
+    against; a server without them ignores both."""
+    return (await tpm.ek_certificate() or b""), (await tpm.attestation_public()).tpm2b
+
+
+async def _activated(
+    tpm: TpmDevice, req: join_pb2.JoinRequest, challenge: join_pb2.TpmChallenge
+) -> join_pb2.JoinRequest:
+    """The join again, with the secret the TPM recovered from the server's challenge (`bc.pki.tpm_ek`)."""
+    try:
+        secret = await tpm.activate_credential(challenge.credential, challenge.secret)
+    except (BcError, OSError) as e:
+        why = e.message if isinstance(e, BcError) else str(e)
+        raise Unauthenticated(
+            "the TPM could not activate the server's credential: its endorsement key or attestation key is not the"
+            f" one the join sent ({why})"
+        ) from None
+    again = join_pb2.JoinRequest()
+    again.CopyFrom(req)
+    again.activation.CopyFrom(join_pb2.TpmActivation(secret=secret, ticket=challenge.ticket))
+    return again
 
 
 def _store_identity(data_dir: Path, ident: Identity, key_file: bytes, cert_pem: bytes, ca_pem: bytes) -> None:

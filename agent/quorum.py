@@ -11,7 +11,12 @@ destructive (never a flag of the body):
   `batch_proof` must prove *this* command's leaf — computed here from the
   body's own node, kind and payload — under that root. Each leaf runs at most
   once, ever: the first command to claim it in the journal keeps it.
-* without one: refused `UNBATCHED_LIMIT` beyond `unbatched_destructive_per_hour`
+* without one but with a `preapproval` (a health policy version, docs/health.md): the signed version must
+  hold k valid signatures of the bundle's approvers over its exact text, and pre-approve this kind for a
+  pool whose every label is among this node's own labels (the ones its signed spec carries), unexpired in
+  server time (`bc.pki.preapproval.check`); otherwise `BATCH_UNAPPROVED` with the reason. A gateway can
+  only strip it (the node then refuses the command), and a control plane cannot sign one.
+* without either: refused `UNBATCHED_LIMIT` beyond `unbatched_destructive_per_hour`
   (default 0), counted over a rolling hour of this host's own clock in a file
   in the data dir, so a restart does not reset it.
 
@@ -23,18 +28,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
 from agent.trust import AgentTrust
-from bc.pki import merkle
+from bc.pki import merkle, preapproval
 from bc.pki import quorum as q
 from bc.protocol import kinds
 from bc.protocol.pb import common_pb2, session_pb2
 from bc.runtime.files import atomic_write
 from bc.seams.clock import Clock
+
+log = logging.getLogger("agent")
 
 UNBATCHED_FILE = "unbatched-destructive.json"
 WINDOW_S = 3600.0
@@ -112,14 +120,23 @@ class QuorumCheck:
         server_now_ms: Callable[[], int],
         clock: Clock,
         count: q.CountApprovals = q.count_approvals,
+        labels: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
+        """`labels`: this node's labels as its signed spec carries them (a pre-approval's pool is matched
+        against them)."""
         self.trust, self.claim_leaf, self.allowance = trust, claim_leaf, allowance
         self.server_now_ms, self.clock = server_now_ms, clock
-        self.count = count
+        self.count, self.labels = count, labels
 
     async def __call__(self, cmd: session_pb2.Command, body: session_pb2.CommandBody) -> str | None:
         bundle = self.trust.bundle
         if not bundle.approver_keys or body.kind not in kinds.DESTRUCTIVE:
+            return None
+        if not body.batch_id and cmd.preapproval:
+            why = preapproval.check(cmd.preapproval, body.kind, self.labels(), bundle, self.server_now_ms(), self.count)
+            if why is not None:
+                return f"BATCH_UNAPPROVED: {why}"
+            log.info("event=quorum.preapproved command=%s kind=%s", body.id, body.kind)
             return None
         if not body.batch_id:
             limit = max(0, bundle.unbatched_destructive_per_hour)

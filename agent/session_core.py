@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 
 from bc.errors import ProtocolError
-from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
+from bc.protocol.pb import common_pb2, secrets_pb2, session_pb2, spec_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 
 REWIND_LIMIT_MS = 5 * 60 * 1000
@@ -128,6 +128,21 @@ class DeliverCancel:
 
 
 @dataclass(frozen=True)
+class SecretAnswered:
+    """The broker's answer to a SecretRequest (agent.secrets): ciphertext or a refusal."""
+
+    response: secrets_pb2.SecretResponse
+
+
+@dataclass(frozen=True)
+class SecretRotated:
+    """A secret the spec names was set anew: ask again (agent.secrets)."""
+
+    name: str
+    version: int
+
+
+@dataclass(frozen=True)
 class Close:
     reason: str
     redial: bool = True
@@ -145,6 +160,8 @@ Effect = (
     | AckResults
     | DeliverCommand
     | DeliverCancel
+    | SecretAnswered
+    | SecretRotated
     | Close
 )
 
@@ -270,6 +287,10 @@ class AgentSessionCore:
             return self._revoked(msg.revocation)
         if kind == "trust":
             return [TrustOffered(msg.trust)]
+        if kind == "secret_response":
+            return [SecretAnswered(msg.secret_response)]
+        if kind == "secret_rotated":
+            return [SecretRotated(msg.secret_rotated.name, msg.secret_rotated.version)]
         if kind == "welcome":
             raise ProtocolError("can't handle welcome in state open: a session is welcomed once")
         return []

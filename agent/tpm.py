@@ -21,6 +21,10 @@ The failure modes of `docs/node-security.md` (and the reference's "TPM cleared o
   replaces the owner seed; the endorsement seed, and so the AK, stays): `CLEARED`. The recovery is
   `bc join --reset --yes --attestor tpm`, which moves the old identity and journal aside.
 
+Who runs the commands is behind `TpmDevice`: `Tpm` (this module) runs them itself, as root or in tests; an
+unprivileged node asks `bc helper`'s `tpm.*` operations instead (`agent.helper.node_tpm.HelperTpm`), and the
+helper runs `Tpm` as root. `TpmNodeKey` and `bc join --attestor tpm` are the same code above either.
+
 Every TPM command is an asyncio subprocess (never a blocking call on the loop), one at a time per TPM
 (`_lock`: a TPM runs one command at a time, and without a resource manager, as with `swtpm`, the
 transient objects one sequence loads must be flushed before the next). Where a kernel resource
@@ -31,14 +35,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.key_holder import FileNodeKey, NextKey, NodeKeyHolder
@@ -110,20 +116,87 @@ class Certified:
     signature: bytes
 
 
+class TpmDevice(Protocol):
+    """What the node asks of its TPM, whoever runs the commands: `Tpm` (tpm2-tools in this process: as root, or
+    in tests) or `agent.helper.node_tpm.HelperTpm` (the root helper's `tpm.*` operations: an unprivileged node).
+    `TpmNodeKey`, `bc join --attestor tpm` and `bc doctor` run the same code above either."""
+
+    @property
+    def where(self) -> str:
+        """How this TPM is reached, for a sentence (its TCTI, or the helper's socket)."""
+        ...
+
+    async def attestation_key(self) -> ec.EllipticCurvePublicKey: ...
+
+    async def attestation_public(self) -> TpmPublic:
+        """The AK's public area (its TPM name is what a credential activation is sealed to)."""
+        ...
+
+    async def create_key(self, handle: int) -> TpmPublic:
+        """A new node key at `handle` (one of `HANDLES`; whatever was there is evicted first)."""
+        ...
+
+    async def read_public(self, handle: int) -> TpmPublic | None:
+        """The key at `handle`, or None when the handle holds nothing (a cleared TPM)."""
+        ...
+
+    async def sign(self, handle: int, message: bytes) -> bytes:
+        """ECDSA-SHA256 by the key at `handle`, DER-encoded."""
+        ...
+
+    async def certify(self, handle: int) -> Certified:
+        """The AK's certification of the key at `handle` (`TPM2_Certify`)."""
+        ...
+
+    async def evict(self, handle: int) -> bool:
+        """Remove the key at `handle`; False when it held none."""
+        ...
+
+    async def ek_certificate(self) -> bytes | None:
+        """The endorsement key's certificate (DER) from the TPM's NV index for the RSA 2048 EK, or None."""
+        ...
+
+    async def activate_credential(self, credential: bytes, secret: bytes) -> bytes:
+        """`TPM2_ActivateCredential` with the AK and the EK: the secret a server's MakeCredential sealed to this
+        TPM's EK for this TPM's AK (`credential`: a TPM2B_ID_OBJECT, `secret`: a TPM2B_ENCRYPTED_SECRET)."""
+        ...
+
+
+EK_CERT_RSA_INDEX = 0x01C00002
+"""The NV index of the RSA 2048 EK's certificate (TCG EK Credential Profile), where `swtpm_setup
+--create-ek-cert` and TPM vendors put it."""
+CREDENTIAL_FILE_MAGIC = 0xBADCC0DE
+"""tpm2-tools' header of a `tpm2_makecredential` file: this magic, version 1, then the two TPM2Bs."""
+
+
+def ek_cert_der(data: bytes) -> bytes:
+    """The certificate in an NV index's bytes: its DER, without the padding a fixed-size index keeps after it."""
+    if len(data) >= 4 and data[0] == 0x30 and data[1] == 0x82:
+        return data[: 4 + int.from_bytes(data[2:4], "big")]
+    return data
+
+
 class Tpm:
-    """One TPM, reached through a TCTI (`device:/dev/tpmrm0`, or `swtpm:host=…,port=…` in tests)."""
+    """One TPM, reached through a TCTI (`device:/dev/tpmrm0`, or `swtpm:host=…,port=…` in tests), with tpm2-tools
+    run by this process: the TPM device must be this process's to open (root, or the helper)."""
 
     def __init__(self, tcti: str = DEFAULT_TCTI) -> None:
         self.tcti = tcti
         self._lock = asyncio.Lock()
 
+    @property
+    def where(self) -> str:
+        return self.tcti
+
     # -- the operations ----------------------------------------------------------------------------
 
     async def attestation_key(self) -> ec.EllipticCurvePublicKey:
+        return (await self.attestation_public()).key
+
+    async def attestation_public(self) -> TpmPublic:
         async with self._session() as run:
             await run("tpm2_createprimary", "-C", "e", "-G", "ecc256:ecdsa-sha256:null", "-a", AK_ATTRS, "-c", "ak.ctx")
-            pem = await run("tpm2_readpublic", "-c", "ak.ctx", "-f", "pem", "-o", "ak.pem", out="ak.pem")
-        return _ec_public(serialization.load_pem_public_key(pem))
+            return parse_public(await run("tpm2_readpublic", "-c", "ak.ctx", "-o", "ak.tpm", out="ak.tpm"))
 
     async def create_key(self, handle: int) -> TpmPublic:
         """A new node key at `handle` (whatever was there is evicted first)."""
@@ -152,11 +225,17 @@ class Tpm:
 
     async def sign(self, handle: int, message: bytes) -> bytes:
         """ECDSA-SHA256 by the key at `handle`, DER-encoded (as `cryptography` makes and checks them)."""
+        return await self.sign_digest(handle, hashlib.sha256(message).digest())
+
+    async def sign_digest(self, handle: int, digest: bytes) -> bytes:
+        """ECDSA over a SHA-256 `digest` made elsewhere (what the helper's `tpm.key.sign` is sent)."""
+        if len(digest) != 32:
+            raise BcError(f"a SHA-256 digest is 32 bytes, not {len(digest)}")
         async with self._session() as run:
-            await run.write("msg", message)
+            await run.write("digest", digest)
             return await run(
-                "tpm2_sign", "-c", f"0x{handle:08x}", "-g", "sha256", "-s", "ecdsa", "-f", "plain", "-o", "sig",
-                "msg", out="sig",
+                "tpm2_sign", "-c", f"0x{handle:08x}", "-g", "sha256", "-d", "-s", "ecdsa", "-f", "plain",
+                "-o", "sig", "digest", out="sig",
             )  # fmt: skip
 
     async def certify(self, handle: int) -> Certified:
@@ -179,6 +258,29 @@ class Tpm:
             except _NoHandle:
                 return False
         return True
+
+    async def ek_certificate(self) -> bytes | None:
+        async with self._session() as run:
+            try:
+                data = await run("tpm2_nvread", f"0x{EK_CERT_RSA_INDEX:08x}", "-C", "o", "-o", "ek.der", out="ek.der")
+            except _NoHandle:
+                return None
+        return ek_cert_der(data)
+
+    async def activate_credential(self, credential: bytes, secret: bytes) -> bytes:
+        """The EK (the standard RSA template, as its certificate names it) and the AK made again from the
+        endorsement seed; the EK's policy (PolicySecret of the endorsement hierarchy) in a policy session."""
+        blob = struct.pack(">II", CREDENTIAL_FILE_MAGIC, 1) + credential + secret
+        async with self._session() as run:
+            await run.write("cred.blob", blob)
+            await run("tpm2_createek", "-c", "ek.ctx", "-G", "rsa", "-u", "ek.pub")
+            await run("tpm2_createprimary", "-C", "e", "-G", "ecc256:ecdsa-sha256:null", "-a", AK_ATTRS, "-c", "ak.ctx")
+            await run("tpm2_startauthsession", "--policy-session", "-S", "session.ctx")
+            await run("tpm2_policysecret", "-S", "session.ctx", "-c", "e")
+            return await run(
+                "tpm2_activatecredential", "-c", "ak.ctx", "-C", "ek.ctx", "-i", "cred.blob", "-o", "secret",
+                "-P", "session:session.ctx", out="secret",
+            )  # fmt: skip
 
     # -- running the tools ---------------------------------------------------------------------------
 
@@ -282,11 +384,11 @@ class _Session:
 class TpmNodeKey:
     """The node key of a TPM identity: `node.key`'s record, the TPM that holds the key, the checks."""
 
-    def __init__(self, tpm: Tpm, record: TpmRecord) -> None:
+    def __init__(self, tpm: TpmDevice, record: TpmRecord) -> None:
         self.tpm, self.record = tpm, record
 
     @staticmethod
-    async def create(tpm: Tpm, handle: int = HANDLES[0]) -> TpmNodeKey:
+    async def create(tpm: TpmDevice, handle: int = HANDLES[0]) -> TpmNodeKey:
         """A new node key in the TPM (at join), with the TPM's AK recorded beside it."""
         public = await tpm.create_key(handle)
         ak = await tpm.attestation_key()
@@ -358,9 +460,10 @@ def _ec_public(key: object) -> ec.EllipticCurvePublicKey:
     return key
 
 
-async def open_node_key(path: Path, tcti: str | None = None) -> NodeKeyHolder:
-    """The holder `path` (node.key) calls for: a TPM record opens the TPM (`tcti`, else the kernel's), else a file."""
+async def open_node_key(path: Path, tcti: str | None = None, tpm: TpmDevice | None = None) -> NodeKeyHolder:
+    """The holder `path` (node.key) calls for: a TPM record opens the TPM (`tpm`, else tpm2-tools at `tcti`, else
+    at the kernel's), else a file."""
     data = await asyncio.to_thread(path.read_bytes)
     if TpmRecord.is_record(data):
-        return TpmNodeKey(Tpm(tcti or DEFAULT_TCTI), TpmRecord.load(data))
+        return TpmNodeKey(tpm or Tpm(tcti or DEFAULT_TCTI), TpmRecord.load(data))
     return FileNodeKey(path)

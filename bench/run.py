@@ -16,6 +16,7 @@ Further parts live in their own modules: `commands`, `journal` (bench.commands),
 `health` (bench.health: the telemetry export's CPU, injected XID -> `bc nodes show`),
 `converge` (bench.converge: one converge pass with the host and devices sections non-empty),
 `ssh` (bench.ssh: `bc ssh revoke` -> the serial in every node's KRL),
+`secrets` (bench.secrets: a secret request's round trip, a rotation reaching every node),
 `release` (bench.release: a fake release rollout, the download vs curl),
 `rehome` (bench.rehome: re-home after killing one of three gateways on PostgreSQL, 200 real agents),
 `stores` (bench.stores: the store paths and commands end to end on SQLite and PostgreSQL; bench.pg_drivers
@@ -27,7 +28,7 @@ rate and the store's fsynced commit rate; SQLite at each node count, PostgreSQL 
 
 Usage: python -m bench.run [--reservations 100] [--sessions 200]
        [--only latency|memory|commands|journal|hops|dist|signing|merkle|pair|jobs|capacity|sim|health|converge|ssh|
-               release|stores|rehome|throughput|cli]
+               release|stores|rehome|throughput|cli|secrets]
 """
 
 from __future__ import annotations
@@ -234,6 +235,7 @@ async def main() -> None:
             "health",
             "converge",
             "ssh",
+            "secrets",
             "release",
             "stores",
             "rehome",
@@ -334,6 +336,10 @@ async def main() -> None:
         from bench.sim import main as sim_main
 
         await asyncio.to_thread(sim_main, [])
+    if args.only in (None, "secrets"):
+        from bench.secrets import main as secrets_main
+
+        await secrets_main([])
     if args.only in (None, "ssh"):
         from bench.ssh import main as ssh_main
 

@@ -50,6 +50,9 @@ SLOW_FILES = (
     "tests/integration/test_store_outage.py",
     # A software TPM (swtpm) per test, cleared and re-seeded: each tpm2-tools command is a process.
     "tests/integration/test_tpm_swtpm.py",
+    # swtpm manufactured with an EK certificate per test, credential activation, bc helper and a system user.
+    "tests/integration/test_tpm_activation.py",
+    "tests/integration/test_tpm_helper.py",
 )
 # Single tests of real parts, each 9-41 s of one worker (junit times of `make test`, 2026-12-06): `make test`
 # stood at 13 min 34 s on 2 cores with them (14 min 26 s in CI), past its ten. They are the long end-to-end
@@ -107,6 +110,12 @@ SLOW_TESTS = frozenset(
         ("tests/e2e/test_gateways.py", "test_bc_serve_drain_moves_every_node_to_the_other_gateway_and_exits"),
         ("tests/e2e/test_capacity.py", "test_a_window_goes_active_and_ends_on_time_and_bills_exactly"),
         ("tests/e2e/test_health.py", "test_an_unhealthy_gpu_takes_no_new_hold_while_the_hold_on_it_stays"),
+        # 19 s of one worker (2026-12-07); make test keeps the batch-approved run of the same file (10 s), and
+        # the pre-approvals' unit and store tests.
+        (
+            "tests/e2e/test_health_quorum.py",
+            "test_a_signed_pre_approval_lets_the_pools_reset_run_with_no_approver_step",
+        ),
         (
             "tests/integration/test_gateway_fence.py",
             "test_a_gateway_whose_lease_moved_closes_its_streams_refuses_sessions_then_routes_again",

@@ -29,13 +29,21 @@ def _value(v: AnyValue) -> Any:
 @dataclass
 class Received:
     requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    """Each request's headers (gRPC metadata, or HTTP headers with lower-cased names), in arrival order."""
     got: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, req: metrics_service_pb2.ExportMetricsServiceRequest) -> None:
+    def add(self, req: metrics_service_pb2.ExportMetricsServiceRequest, headers: dict[str, str] | None = None) -> None:
         with self.lock:
             self.requests.append(req)
+            self.headers.append(headers or {})
         self.got.set()
+
+    def header_values(self, name: str) -> list[str]:
+        """The value of header `name` on every request so far ("" where it was absent)."""
+        with self.lock:
+            return [h.get(name, "") for h in self.headers]
 
     def names(self) -> set[str]:
         with self.lock:
@@ -89,7 +97,8 @@ class _Service(metrics_service_pb2_grpc.MetricsServiceServicer):
         self.received = received
 
     def Export(self, request: Any, context: Any) -> Any:
-        self.received.add(request)
+        metadata = {str(k): str(v) for k, v in context.invocation_metadata()}
+        self.received.add(request, metadata)
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
 
@@ -119,7 +128,7 @@ def http_receiver() -> Iterator[tuple[int, Received]]:
                 return
             req = metrics_service_pb2.ExportMetricsServiceRequest()
             req.ParseFromString(body)
-            received.add(req)
+            received.add(req, {k.lower(): v for k, v in self.headers.items()})
             out = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
             self.send_response(200)
             self.send_header("Content-Type", "application/x-protobuf")

@@ -2,9 +2,10 @@
 
 `bc.pki.tpm_attest` checks an attestation key's (AK's) word that a key lives in the same TPM; these builders
 make that word for a key `cryptography` holds, signed by an AK `cryptography` holds, laid out as TPM 2.0
-Part 2 says. The server cannot tell them from a TPM's (it does not check the AK against an endorsement
-certificate yet: docs/node-security.md), which is what lets the suites run a TPM identity's server side
-without a TPM; tests/integration/test_tpm_swtpm.py does the same against a real (software) TPM.
+Part 2 says. A server without EK CA roots cannot tell them from a TPM's (it takes the AK on the token's word:
+docs/node-security.md), which is what lets the suites run a TPM identity's server side without a TPM (a server
+with roots refuses such an AK: tests/integration/test_tpm_activation.py); tests/integration/test_tpm_swtpm.py
+does the same against a real (software) TPM.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from pathlib import Path
 from bc.client.approver_key import load_approver_key, public_raw
 from bc.client.fmt import format_time_ms
 from bc.errors import UsageError
+from bc.pki import preapproval
 from bc.pki import quorum as q
 from bc.pki.batch_scope import recompute_root
 from bc.protocol.pb import admin_pb2
@@ -23,7 +24,13 @@ APPROVAL_TTL_MS = 3600 * 1000
 
 
 def leaves_summary(b: admin_pb2.BatchInfo) -> str:
-    """Nodes × kind, and the payload digest(s): what the leaves add up to, in one line."""
+    """Nodes × kind, and the payload digest(s): what the leaves add up to, in one line; for a health policy's
+    pre-approval, what it pre-approves, read from the payload the signature covers."""
+    if b.kind == preapproval.BATCH_KIND:
+        try:
+            return preapproval.summary(b.payload_json)
+        except UsageError as e:
+            return f"{b.kind}: {e.message}"
     kinds = Counter(leaf.kind for leaf in b.leaves)
     digests = sorted({leaf.payload_digest[:16] for leaf in b.leaves})
     what = ", ".join(f"{n} node(s) × {k}" for k, n in sorted(kinds.items())) or "no leaves"
@@ -60,6 +67,8 @@ def prepare(b: admin_pb2.BatchInfo, server_now_ms: int) -> Approval:
     if b.state != "pending":
         raise UsageError(f"batch {b.id} is {b.state}; there is nothing to sign")
     root = recompute_root(b)
+    if b.kind == preapproval.BATCH_KIND:  # a standing approval: as long as the pre-approvals it signs
+        return Approval(b, root, b.not_after_ms)
     return Approval(b, root, min(server_now_ms + APPROVAL_TTL_MS, b.not_after_ms or server_now_ms + APPROVAL_TTL_MS))
 
 

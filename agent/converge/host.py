@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from agent.converge.host_ops import HostOps
 from agent.converge.host_units import UNITS
 from agent.converge.host_units.base import HostContext, Observed, Record, Unit, UnitInvalid, bad, sha256
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, UNSUPPORTED, SectionResult
+from agent.converge.secret_port import SecretSource
 from agent.health.rules import Verdict
 from agent.hw import cdi
 from agent.hw.base import HardwareBackend
@@ -107,13 +108,24 @@ class HostConverger:
         *,
         cdi_dir: Path | None = None,
         units: Mapping[str, Unit] = UNITS,
+        node_labels: Callable[[], Mapping[str, str]] = dict,
+        secrets: SecretSource | None = None,
     ) -> None:
-        """`cdi_dir`: where the devices converger keeps holds (a MIG layout never changes under one)."""
+        """`cdi_dir`: where the devices converger keeps holds (a MIG layout never changes under one);
+        `node_labels`: the node's bc labels (its held spec body's), for the kubernetes unit's join."""
         self.ops = ops
         self.hw = hw
         self.cdi_dir = cdi_dir
         self.units = units
-        self.ctx = HostContext(ops=ops, hw=hw, inventory=self._inventory, held_gpus=self._held_gpus, cdi_dir=cdi_dir)
+        self.ctx = HostContext(
+            ops=ops,
+            hw=hw,
+            inventory=self._inventory,
+            held_gpus=self._held_gpus,
+            cdi_dir=cdi_dir,
+            node_labels=node_labels,
+            secrets=secrets,
+        )
         self.verdicts: list[Verdict] = []
         """The units' conditions after the last pass (agent.health reports them with the node's)."""
 
@@ -129,6 +141,7 @@ class HostConverger:
     async def converge(self, desired: Message, generation: int) -> SectionResult:
         if not isinstance(desired, spec_pb2.HostSection):
             raise TypeError(f"the host converger got a {type(desired).__name__}")
+        self.ctx.generation = generation  # a unit's secret request is bound to it
         wanted: dict[str, tuple[str, Any]] = {}  # unit name -> (canonical settings, parsed)
         unsupported: list[str] = []
         invalid: list[str] = []

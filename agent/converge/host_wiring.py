@@ -15,11 +15,13 @@ The backend says which through its capabilities (agent.hw.base.Capabilities), ne
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent.converge.host import ExternallyManaged, HostConverger
 from agent.converge.host_ops import FAKE_COMMANDS_FILE, FAKE_HOST_ROOT, FakeRunner, HostOps
 from agent.converge.run import Converger
+from agent.converge.secret_port import SecretSource
 from agent.hw.base import HardwareBackend, run_process
 from agent.hw.dev_nodes import DeviceNodes, FakeDeviceNodes, HostDeviceNodes
 from agent.hw.fake_host import seed_host_root
@@ -34,6 +36,8 @@ async def host_converger(
     host_root: Path | None,
     host_units: bool,
     offload: Offload,
+    node_labels: Callable[[], Mapping[str, str]] = dict,
+    secrets: SecretSource | None = None,
 ) -> Converger:
     if not host_units:
         return ExternallyManaged()
@@ -41,8 +45,10 @@ async def host_converger(
         root = host_root or data_dir / FAKE_HOST_ROOT
         await offload(seed_host_root, root, await offload(hw.inventory), hw.capabilities.nvswitches)
         runner = FakeRunner(tools=hw.capabilities.tools, log_file=data_dir / FAKE_COMMANDS_FILE, offload=offload)
-        return HostConverger(HostOps(root, run=runner, offload=offload), hw, cdi_dir=cdi_dir)
-    return HostConverger(HostOps(host_root or Path("/"), run=run_process, offload=offload), hw, cdi_dir=cdi_dir)
+        ops = HostOps(root, run=runner, offload=offload)
+        return HostConverger(ops, hw, cdi_dir=cdi_dir, node_labels=node_labels, secrets=secrets)
+    ops = HostOps(host_root or Path("/"), run=run_process, offload=offload)
+    return HostConverger(ops, hw, cdi_dir=cdi_dir, node_labels=node_labels, secrets=secrets)
 
 
 def device_nodes(hw: HardwareBackend) -> DeviceNodes:

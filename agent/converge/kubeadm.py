@@ -50,5 +50,7 @@ def render_join(join: Join) -> bytes:
 
 def redact(text: str, join: Join) -> str:
     """`text` without the token, nor its secret half (a tool may print either)."""
+    if not join.token:
+        return text  # a join whose token is still a secret's name holds nothing to hide
     secret = join.token.split(".", 1)[-1]
     return text.replace(join.token, REDACTED).replace(secret, REDACTED)

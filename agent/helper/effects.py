@@ -15,7 +15,7 @@ from typing import Any
 from agent.converge import runtime_config
 from agent.converge.host_ops import RunProcess
 from agent.converge.kubeadm import REDACTED
-from agent.helper import update_effects
+from agent.helper import tpm_effects, update_effects
 from agent.helper.plans import (
     FollowKmsg,
     KubeadmJoin,
@@ -25,6 +25,7 @@ from agent.helper.plans import (
     Remove,
     Reply,
     Run,
+    TpmCall,
     UpdateInstall,
     UpdateRemember,
     UpdateStage,
@@ -34,6 +35,7 @@ from agent.helper.plans import (
 )
 from agent.hw import cdi
 from agent.offload import Offload
+from agent.tpm import Tpm
 
 COMMAND_TIMEOUT_S = 120.0
 JOIN_TIMEOUT_S = 600.0
@@ -43,7 +45,7 @@ class EffectFailed(OSError):
     """An effect of a valid request failed (a command exited non-zero, a write failed)."""
 
 
-async def carry_out(plan: Plan, *, run: RunProcess, offload: Offload) -> dict[str, Any]:
+async def carry_out(plan: Plan, *, run: RunProcess, offload: Offload, tpm: Tpm | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for effect in plan:
         if isinstance(effect, Write):
@@ -64,6 +66,10 @@ async def carry_out(plan: Plan, *, run: RunProcess, offload: Offload) -> dict[st
             result.update(effect.value)
         elif isinstance(effect, UpdateStage | UpdateInstall | UpdateStep | UpdateRemember):
             result.update(await offload(update_effects.carry, effect))
+        elif isinstance(effect, TpmCall):
+            if tpm is None:
+                raise EffectFailed("this helper has no TPM")
+            result.update(await tpm_effects.carry(effect, tpm))
         elif isinstance(effect, FollowKmsg):
             raise EffectFailed("kmsg.follow is a stream, not an operation with one reply")
     return result

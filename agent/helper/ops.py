@@ -40,9 +40,10 @@ request: the helper builds each from an id or a table key under its own
                         switch-back|fail|abort), ...      ARM's release is the placed slot's, never the request's
     update.remember     refused (a release or null)       the install record's last refused release
     kmsg.follow         after_seq                         a stream: each NVIDIA XID record of the kernel log
+    tpm.*               slot, digest, credential, secret  the node key, its AK and the EK in the helper's TPM
 
-The update, kmsg and GPU node unit operations are in `update_ops`, `kmsg`
-and `gpu_ops`, their I/O in `update_effects`, `follow` and `effects`.
+The update, kmsg, GPU node unit and TPM operations are in `update_ops`, `kmsg`,
+`gpu_ops` and `tpm_ops`, their I/O in `update_effects`, `follow`, `effects` and `tpm_effects`.
 
 Root-equivalent sysctl keys (`bc.protocol.root_equiv`) are refused even when a
 quorum approved them: an unprivileged agent never asks root for what would
@@ -59,7 +60,7 @@ from typing import Any
 
 from agent.converge import env_files, gpu_packages, kubeadm, runtime_config
 from agent.converge.host_units.gpu_sharing import MPS_SERVICE, mps_unit, plugin_config
-from agent.helper import gpu_ops, kmsg, update_ops
+from agent.helper import gpu_ops, kmsg, tpm_ops, update_ops
 from agent.helper.plans import (
     Effect,
     FollowKmsg,
@@ -70,6 +71,7 @@ from agent.helper.plans import (
     Remove,
     Reply,
     Run,
+    TpmCall,
     UpdateInstall,
     UpdateRemember,
     UpdateStage,
@@ -97,6 +99,7 @@ __all__ = [  # the plan vocabulary (agent.helper.plans), re-exported for the tab
     "Remove",
     "Reply",
     "Run",
+    "TpmCall",
     "UpdateInstall",
     "UpdateRemember",
     "UpdateStage",
@@ -454,6 +457,7 @@ TABLE: dict[str, tuple[frozenset[str], Planner]] = {
     **update_ops.TABLE,
     **kmsg.TABLE,
     **gpu_ops.TABLE,
+    **tpm_ops.TABLE,
 }
 
 

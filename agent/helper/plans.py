@@ -177,6 +177,18 @@ class FollowKmsg:
     after_seq: int
 
 
+@dataclass(frozen=True)
+class TpmCall:
+    """One TPM operation of the helper's own TPM (agent.helper.tpm_ops): `action` names it, `handle` is one of the
+    helper's persistent handles (chosen by the helper from a slot), the blobs are checked for size and shape."""
+
+    action: str
+    handle: int = 0
+    digest: bytes = b""
+    credential: bytes = b""
+    secret: bytes = field(default=b"", repr=False)
+
+
 Effect = (
     Write
     | WriteInPlace
@@ -190,6 +202,7 @@ Effect = (
     | FollowKmsg
     | MergeConfig
     | KubeadmJoin
+    | TpmCall
 )
 Plan = tuple[Effect, ...]
 Planner = Callable[[Mapping[str, Any], Layout], Plan]

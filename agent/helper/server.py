@@ -6,7 +6,9 @@ by root only, but a descriptor can be passed on; the kernel's credentials of
 the connecting process cannot be forged). A peer of another uid gets one
 refusal and the connection closes. Operations run one at a time (a lock):
 the agent's convergers never need two at once, and a serial log is easier to
-audit. Every operation is logged with its outcome.
+audit. Every operation is logged with its outcome. The TPM operations are the
+exception: they wait on the TPM's own lock (agent.tpm.Tpm runs one sequence at a
+time), so a node's signature is never queued behind a package install.
 
 A stream operation (`kmsg.follow`) takes its connection for itself: the
 helper answers one frame per item (agent.helper.follow) outside the lock,
@@ -29,12 +31,16 @@ from agent.helper import follow, kmsg, ops, wire
 from agent.helper.effects import carry_out
 from agent.hw.base import run_process
 from agent.offload import Offload, to_thread
+from agent.tpm import Tpm
 
 log = logging.getLogger(__name__)
 
 _UCRED = struct.Struct("3i")
 DRAIN_S = 5.0
 MAX_STREAMS = 4
+
+
+_UNLOCKED = contextlib.nullcontext()
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -51,8 +57,10 @@ class HelperServer:
         *,
         run: RunProcess = run_process,
         offload: Offload = to_thread,
+        tpm: Tpm | None = None,
     ) -> None:
         self.layout = layout
+        self.tpm = tpm
         self.allowed_uid = allowed_uid
         self.run = run
         self.offload = offload
@@ -69,9 +77,10 @@ class HelperServer:
         except ops.Refused as e:
             log.warning("event=helper.refused op=%r error=%r", str(op)[:60], str(e))
             return {"ok": False, "error": f"refused: {e}"}
-        async with self._lock:
+        lock = _UNLOCKED if all(isinstance(e, ops.TpmCall) for e in plan) else self._lock
+        async with lock:
             try:
-                result = await carry_out(plan, run=self.run, offload=self.offload)
+                result = await carry_out(plan, run=self.run, offload=self.offload, tpm=self.tpm)
             except ops.Refused as e:  # a check that needed the disk (the update operations)
                 log.warning("event=helper.refused op=%s error=%r", op, str(e))
                 return {"ok": False, "error": f"refused: {op}: {e}"}
@@ -201,7 +210,7 @@ def _restrict(path: Path, uid: int) -> None:
 
 
 async def serve_forever(
-    socket_path: Path, layout: ops.Layout, allowed_uid: int, *, run: RunProcess = run_process
+    socket_path: Path, layout: ops.Layout, allowed_uid: int, *, run: RunProcess = run_process, tpm: Tpm | None = None
 ) -> None:
     """`bc helper`: listen until SIGINT or SIGTERM."""
     import signal
@@ -210,7 +219,7 @@ async def serve_forever(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    helper = HelperServer(layout, allowed_uid, run=run)
+    helper = HelperServer(layout, allowed_uid, run=run, tpm=tpm)
     server = await helper.start(socket_path)
     async with server:
         await stop.wait()

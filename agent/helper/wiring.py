@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,7 +90,14 @@ class HelperSeams:
 
 
 async def helper_seams(
-    socket_path: Path, hw: HardwareBackend, data_dir: Path, *, root: Path, offload: Offload, node_id: str = ""
+    socket_path: Path,
+    hw: HardwareBackend,
+    data_dir: Path,
+    *,
+    root: Path,
+    offload: Offload,
+    node_id: str = "",
+    node_labels: Callable[[], Mapping[str, str]] = dict,
 ) -> HelperSeams:
     client = HelperClient(socket_path)
     try:
@@ -111,7 +118,7 @@ async def helper_seams(
         hw=HelperHardware(hw, client),
         files=HelperHoldFiles(client, layout.cdi_dir, layout.env_dir),
         slices=HelperSlices(client, layout.root, offload=offload),
-        host=HostConverger(ops, hw, cdi_dir=layout.cdi_dir),
+        host=HostConverger(ops, hw, cdi_dir=layout.cdi_dir, node_labels=node_labels),
         access=AccessConverger(
             layout.ssh_dir,
             node_id,

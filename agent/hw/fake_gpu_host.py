@@ -15,7 +15,8 @@ which answers as the tools would and keeps what they changed:
     modprobe -a nvidia … nvidia_drm      loads the installed driver: the inventory's `driver_version` from then on
     systemctl enable|restart|disable --now|is-active nvidia-fabricmanager.service
                                          a restart fails unless the installed Fabric Manager is the loaded driver's
-    kubeadm join --config FILE           writes `kubelet.conf` beside FILE (etc/kubernetes/ under the host root)
+    kubeadm join --config FILE           writes `kubelet.conf` beside FILE (etc/kubernetes/ under the host root),
+                                         with the configuration's node-labels line (what the kubelet registers)
     kubeadm reset --force                removes it again
 
 Every other argv (a `modprobe` of another module, `systemctl` of another
@@ -216,7 +217,9 @@ class FakeGpuHost:
             if not config.is_file() or "token:" not in config.read_text("utf-8"):
                 return _fail(1, f"kubeadm: no join configuration at {config}")
             conf = config.parent / "kubelet.conf"
-            conf.write_text("# fake kubelet.conf\n", "utf-8")
+            # The labels the kubelet registers with (what a test reads back as the cluster's view of the node).
+            labels = [ln.strip() for ln in config.read_text("utf-8").splitlines() if "node-labels:" in ln]
+            conf.write_text("# fake kubelet.conf\n" + "".join(f"# {ln}\n" for ln in labels), "utf-8")
             self.kubelet_conf = str(conf)
             return _ok()
         if rest[:1] == ["reset"]:

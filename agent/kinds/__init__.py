@@ -12,9 +12,12 @@ from agent.kinds.base import (
     KindExecutor,
     KindResult,
 )
+from agent.kinds.boot_kexec import BootKexec
 from agent.kinds.daemon_upgrade import DaemonUpgrade
+from agent.kinds.deploy_image import DeployImage
 from agent.kinds.diag_dcgm import DiagDcgm
 from agent.kinds.diag_nvml import DiagNvml
+from agent.kinds.disk_wipe import DiskWipe
 from agent.kinds.gpu_reset import GpuReset
 from agent.kinds.inventory_refresh import InventoryRefresh
 from agent.kinds.logs_collect import LogsCollect
@@ -30,6 +33,10 @@ _EXECUTORS: tuple[KindExecutor, ...] = (
     LogsCollect(),
     DiagDcgm(),
     DaemonUpgrade(),
+    # the ramdisk role's (agent/ramdisk/)
+    DiskWipe(),
+    DeployImage(),
+    BootKexec(),
 )
 
 REGISTRY: dict[str, KindExecutor] = {e.name: e for e in _EXECUTORS}

@@ -25,6 +25,8 @@ from agent.hw.base import HardwareBackend
 from agent.kind_result import KindResult as KindResult  # the kinds' own name for it
 from agent.kinds.upload_allow import UrlParts
 from agent.offload import Offload, to_thread
+from agent.ramdisk.kexec import Kexec
+from agent.ramdisk.machine import MachineTree
 from bc.protocol.atoms import GPU, parse_atom
 from bc.seams.clock import Clock, SystemClock
 
@@ -78,6 +80,15 @@ class KindContext:
     """The command being run (the dispatcher sets it per run): a self-update records it in upgrade.json."""
     upgrader: Any = None
     """The self-update controller (agent.upgrade.controller.Upgrader); None when there is no A/B slot."""
+    machine: MachineTree | None = None
+    """A ramdisk's disks (agent.ramdisk.machine): disk.wipe, deploy.image and boot.kexec act on them; None on a
+    node, whose dispatcher never runs those kinds (their roles are `ramdisk` only)."""
+    kexec: Kexec | None = None
+    """A ramdisk's kexec edge (agent.ramdisk.kexec)."""
+    gone: Callable[[], None] = lambda: None
+    """What a ramdisk's kexec ends: the agent (it stops)."""
+    ca_pem: bytes = b""
+    """The cluster CA, which deploy.image trusts beside the system's roots for an https image URL."""
 
 
 class KindExecutor(Protocol):

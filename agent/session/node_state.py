@@ -18,6 +18,8 @@ import hashlib
 import json
 import logging
 
+from google.protobuf.message import DecodeError
+
 from agent import session_core as sc
 from agent.identity import Identity, IdentityStore
 from agent.journal_api import AgentJournal, JournalFull, StoredSpec
@@ -59,6 +61,8 @@ class NodeState:
         self.spec_changed = asyncio.Event()
         self.connected = connected or asyncio.Event()
         self._rejected_specs: set[tuple[int, bytes]] = set()
+        self._labels: dict[str, str] = {}
+        self._labels_of: StoredSpec | None = None
 
     async def load(self) -> None:
         """Read back what the journal holds (at start, before any session)."""
@@ -81,6 +85,17 @@ class NodeState:
     @property
     def applied_generation(self) -> int:
         return self.stored.generation if self.stored else 0
+
+    def labels(self) -> dict[str, str]:
+        """The node's labels as its held (signed) spec body carries them (`bc nodes label`); {} before any."""
+        if self._labels_of is not self.stored:
+            body = session_pb2.DesiredStateBody()
+            try:
+                body.ParseFromString(self.stored.body if self.stored is not None else b"")
+            except DecodeError:
+                body = session_pb2.DesiredStateBody()
+            self._labels, self._labels_of = dict(body.labels), self.stored
+        return dict(self._labels)
 
     @property
     def applied_spec_hash(self) -> str:

@@ -30,6 +30,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from agent import framing, spec_quorum
 from agent import session_core as sc
@@ -38,7 +39,7 @@ from agent.journal_api import AgentJournal
 from agent.session.node_state import NodeState
 from agent.session.outbox import Outbox
 from bc import __version__
-from bc.protocol.pb import session_pb2
+from bc.protocol.pb import secrets_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CommandUpdate, GatewayMessage, NodeMessage
 from bc.runtime.aio import wait_event
 from bc.seams.clock import Clock
@@ -54,6 +55,12 @@ agent would drop the limits or the binding as unknown fields, so capacity places
 WRITER_TICK_S = 1.0
 TIMER_FLOOR_S = 0.001
 """The writer wakes at least this often to tick the core (heartbeats, silence), outbox or not."""
+
+
+class SecretSink(Protocol):
+    def on_response(self, resp: secrets_pb2.SecretResponse) -> None: ...
+    def on_rotated(self, name: str, version: int) -> None: ...
+    def on_welcomed(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,8 @@ class SessionDeps:
     capabilities: tuple[str, ...] = CAPABILITIES
     spec_rule: sc.SpecRule = sc.decide_spec
     """Which delivered spec is applied (`agent.session_core.decide_spec`; the simulator may hand a broken one)."""
+    secrets: SecretSink | None = None
+    """Where the broker's answers and rotation notices go (agent.secrets); None: this agent asks for none."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +198,8 @@ class SessionRunner:
                 self.sent_inventory_hash = e.inventory_hash
                 await st.welcomed(e)
                 d.outbox.attach(self._send)
+                if d.secrets is not None:
+                    d.secrets.on_welcomed()
                 await self._send_after_welcome()
                 log.info(
                     "event=session.welcomed epoch=%d offset_ms=%d heartbeat_s=%.1f",
@@ -217,6 +228,12 @@ class SessionRunner:
                 await st.reject_spec(e)
             elif isinstance(e, sc.TrustOffered):
                 await st.offer_trust(e.envelope, None)
+            elif isinstance(e, sc.SecretAnswered):
+                if d.secrets is not None:
+                    d.secrets.on_response(e.response)
+            elif isinstance(e, sc.SecretRotated):
+                if d.secrets is not None:
+                    d.secrets.on_rotated(e.name, e.version)
             elif isinstance(e, sc.AckEvents):
                 n = await d.journal.ack_events(e.upto_seq)
                 log.debug("event=events.acked upto=%d dropped=%d", e.upto_seq, n)

@@ -6,7 +6,8 @@ are three routes, all GET, one request per connection:
 
 * `/boot.ipxe`: the chain script (to `boot/<mac>.ipxe`);
 * `/boot/<mac>.ipxe`: the machine's script, only while its lease is live; else 404;
-* `/images/<sha256>`: a cached image, only while a live lease names it and only when its bytes hash to
+* `/images/<sha256>`: a cached image, only while a live lease names it (its kernel, its initramfs, or one of
+  its `images`: the OS image `deploy.image` streams from here) and only when its bytes hash to
   the digest at this request (`ImageCache.open_verified`); else 404.
 """
 
@@ -104,7 +105,7 @@ class BootHttp:
         m = IMAGE.fullmatch(path)
         if m is not None:
             sha = m.group(1)
-            named = any(sha in (lease.kernel_sha256, lease.initrd_sha256) for lease in self.live_by_mac().values())
+            named = any(lease.serves(sha) for lease in self.live_by_mac().values())
             f = await self.cache.open_verified(sha) if named else None
             if f is None:
                 return await self._small(conn, writer, 404, b"")

@@ -2,7 +2,8 @@
 
 `boot.prepareRamdisk` names the machine (its MACs come from the section), the kernel and initramfs by
 digest (both must be in the cache and hash right now, else `image-not-cached`), extra kernel arguments,
-the ramdisk's join token and the lease's life. The lease's command line ends with
+the ramdisk's join token, the lease's life, and more cached images (`image_sha256`: the OS image
+`deploy.image` will stream from the site) served while the lease lives. The lease's command line ends with
 `bc.join_token=<token> bc.site=http://<http_address>`, which the ramdisk agent reads (docs/metal.md, "The
 ramdisk role"). The token is never in the result. Setting the same lease again replaces it, so a redelivered
 command is harmless. `boot.cleanUp` removes the lease (and so the machine's script and its DHCP answer);
@@ -45,6 +46,9 @@ class BootPrepareRamdisk(TypedExecutor[pb.BootPrepareRamdiskRequest]):
             raise InvalidPayload("cmdline holds a character outside A-Z a-z 0-9 space . _ , : / = @ + -")
         if not JOIN_TOKEN.fullmatch(request.join_token):
             raise InvalidPayload("join_token is empty or not a token")
+        for i, value in enumerate(request.image_sha256):
+            if not site_rules.SHA256.fullmatch(site_rules.digest(value)):
+                raise InvalidPayload(f"image_sha256[{i}] must be 64 lower-case hex digits")
         if not 0 <= request.lease_s <= MAX_LEASE_S:
             raise InvalidPayload(f"lease_s must be between 0 and {MAX_LEASE_S}")
 
@@ -62,7 +66,8 @@ class BootPrepareRamdisk(TypedExecutor[pb.BootPrepareRamdiskRequest]):
         if not address:
             return KindResult.failure(NO_BOOT_SERVER, "the site section has no boot server (boot.http_address)")
         kernel, initrd = site_rules.digest(request.kernel_sha256), site_rules.digest(request.initrd_sha256)
-        for sha in (kernel, initrd):
+        images = tuple(dict.fromkeys(site_rules.digest(s) for s in request.image_sha256))
+        for sha in (kernel, initrd, *images):
             f = await self.site.cache.open_verified(sha)
             if f is None:
                 return KindResult.failure(IMAGE_NOT_CACHED, f"image {sha} is not in the site's cache (or is corrupt)")
@@ -70,7 +75,7 @@ class BootPrepareRamdisk(TypedExecutor[pb.BootPrepareRamdiskRequest]):
         life = request.lease_s or DEFAULT_LEASE_S
         expires = self.site.clock.now() + life
         cmdline = f"{request.cmdline} bc.join_token={request.join_token} bc.site=http://{address}".strip()
-        lease = Lease(machine.name, tuple(machine.macs), kernel, initrd, cmdline, expires)
+        lease = Lease(machine.name, tuple(machine.macs), kernel, initrd, cmdline, expires, images)
         await self.site.set_lease(lease)
         return KindResult.success(
             {
@@ -78,6 +83,7 @@ class BootPrepareRamdisk(TypedExecutor[pb.BootPrepareRamdiskRequest]):
                 "macs": list(machine.macs),
                 "kernel_sha256": kernel,
                 "initrd_sha256": initrd,
+                "images": [f"http://{address}/images/{sha}" for sha in images],
                 "expires_at_ms": int(expires * 1000),
                 "scripts": [f"http://{address}/boot/{mac}.ipxe" for mac in machine.macs],
             },

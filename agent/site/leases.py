@@ -26,6 +26,11 @@ class Lease:
     cmdline: str
     expires_at: float
     """Wall time (the agent's clock), seconds."""
+    images: tuple[str, ...] = ()
+    """More cached images (by digest) served while the lease lives: the OS image the ramdisk deploys."""
+
+    def serves(self, sha256: str) -> bool:
+        return sha256 in (self.kernel_sha256, self.initrd_sha256, *self.images)
 
 
 def live(leases: dict[str, Lease], now: float) -> dict[str, Lease]:
@@ -49,7 +54,7 @@ class LeaseFile:
             return {}
         out: dict[str, Lease] = {}
         for entry in doc.get("leases", []):
-            lease = Lease(**{**entry, "macs": tuple(entry["macs"])})
+            lease = Lease(**{**entry, "macs": tuple(entry["macs"]), "images": tuple(entry.get("images", ()))})
             out[lease.machine] = lease
         return out
 

@@ -96,6 +96,9 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     # (`gpu.reset`) needs to finish the job a quarantine left "for a person" (docs/health.md).
     "CordonGpu": (OPERATOR, "cordoning a GPU"),
     "ReturnGpu": (OPERATOR, "returning a GPU to placement"),
+    # Secrets (docs/secrets.md): the names, scopes and who set them, never a value; not a shared screen's.
+    "ListSecrets": (OPERATOR, "listing secrets"),
+    "ListSecretVersions": (OPERATOR, "listing a secret's versions"),
     # admin: also tokens, node revoke/delete/cordon, approvers, operators and the PKI.
     "CreateToken": (ADMIN, "creating a join token"),
     "RevokeNode": (ADMIN, "revoking a node"),
@@ -122,6 +125,9 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     # What the health reconciler may do to the fleet on its own (which conditions reset or quarantine a GPU,
     # how many nodes at once): a fleet-wide safety setting like the slot pools.
     "SetHealthPolicy": (ADMIN, "setting the health policy"),
+    # A secret is a credential nodes act with (a collector's token, a cluster's join token): admin's.
+    "SetSecret": (ADMIN, "setting a secret"),
+    "RemoveSecret": (ADMIN, "removing a secret"),
 }
 """Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
 

@@ -31,6 +31,7 @@ from bc.api.health_servicer import HealthRpcs
 from bc.api.jobs_servicer import JobEngine, JobRpcs
 from bc.api.peers import operator_of
 from bc.api.release_servicer import ReleaseRpcs
+from bc.api.secrets_servicer import SecretRpcs
 from bc.api.ssh_servicer import SshRpcs
 from bc.control.base import actor
 from bc.control.base.bus import Bus
@@ -48,6 +49,7 @@ from bc.control.trust import intent as intent_ctl
 from bc.errors import Conflict, UsageError
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity
+from bc.pki.secret_box import SecretBox
 from bc.pki.secrets_source import Secrets
 from bc.protocol.pb import admin_pb2
 from bc.seams.clock import Clock
@@ -70,7 +72,7 @@ def run_request(r: admin_pb2.RunCommandRequest) -> command_runs.RunRequest:
 
 
 @guarded
-class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, HealthRpcs, admin_pb2_grpc.AdminServicer):
+class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, HealthRpcs, SecretRpcs, admin_pb2_grpc.AdminServicer):
     def __init__(
         self,
         store: Store,
@@ -86,12 +88,14 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, HealthRpcs, adm
         ssh_ca_dir: Path,
         releases_dir: Path,
         release_url: str = "",
+        secret_box: SecretBox | None = None,
         drain: Callable[[float], Awaitable[int]] | None = None,
     ) -> None:
         self.store, self.bus, self.ca, self.clock, self.gateway_id = store, bus, ca, clock, gateway_id
         self.signer, self.rng, self.secrets, self.jobs = signer, rng, secrets, jobs
         self.ssh_ca_dir = ssh_ca_dir  # <data-dir>/ssh-ca: the SSH user CA key (bc.control.trust.ssh)
         self.releases_dir = releases_dir
+        self.secret_box = secret_box  # the secrets' at-rest key beside the CA (bc.pki.secret_box)
         self.release_url = release_url
         self.drain = drain  # bc serve drain: this process's own (bc.assembly.server.Server.drain)
 
@@ -325,7 +329,9 @@ class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, HealthRpcs, adm
         self, request: admin_pb2.LabelNodeRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.NodeInfo:
         async def go() -> admin_pb2.NodeInfo:
-            await node_admin.label(self.store, self.bus, request.node_id, dict(request.set), list(request.remove))
+            await node_admin.label(
+                self.store, self.bus, request.node_id, dict(request.set), list(request.remove), self.signer
+            )
             return await queries.node_summary(self.store, request.node_id)
 
         return await self._call(context, go)

@@ -1,5 +1,5 @@
-"""A gateway-only process's calls to an api process: Join, Renew, Rejoin and SessionCert, over the gateway's
-own mutual TLS.
+"""A gateway-only process's calls to an api process: Join, Renew, Rejoin, SessionCert and secret requests, over
+the gateway's own mutual TLS.
 
 The gateway's serving certificate is also a `gateway:<id>` client certificate, and that is what it
 dials with. `bc.api.join_proxy` is handed an `ApiLink` rather than dialing itself, so a test can wrap
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import grpc
 
-from bc.protocol.pb import join_pb2
-from bc.wire.stubs import join_pb2_grpc
+from bc.protocol.pb import join_pb2, secrets_pb2
+from bc.wire.stubs import join_pb2_grpc, secrets_pb2_grpc
 
 RPC_TIMEOUT_S = 20.0
 Metadata = tuple[tuple[str, bytes], ...]
@@ -40,6 +40,14 @@ class ApiLink:
     async def session_cert(self, address: str, request: join_pb2.SessionCertRequest) -> join_pb2.SessionCertResponse:
         async with grpc.aio.secure_channel(address, self.credentials()) as channel:
             response: join_pb2.SessionCertResponse = await join_pb2_grpc.JoinStub(channel).SessionCert(
+                request, timeout=RPC_TIMEOUT_S
+            )
+        return response
+
+    async def secret(self, address: str, request: secrets_pb2.SecretRequest) -> secrets_pb2.SecretResponse:
+        """A node's secret request, forwarded as it came (`bc.api.secret_broker`)."""
+        async with grpc.aio.secure_channel(address, self.credentials()) as channel:
+            response: secrets_pb2.SecretResponse = await secrets_pb2_grpc.SecretBrokerStub(channel).Answer(
                 request, timeout=RPC_TIMEOUT_S
             )
         return response

@@ -7,6 +7,8 @@ each): a body calls one function of `bc.control` and returns its message.
 
 from __future__ import annotations
 
+import random
+
 import grpc
 
 from bc.api.calls import AdminCalls
@@ -21,6 +23,7 @@ from bc.store import Store
 class HealthRpcs(AdminCalls):
     store: Store
     bus: Bus
+    rng: random.Random
 
     async def GetHealth(
         self, request: admin_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
@@ -36,7 +39,7 @@ class HealthRpcs(AdminCalls):
         self, request: admin_pb2.SetHealthPolicyRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.HealthPolicyInfo:
         async def go(operator: str) -> admin_pb2.HealthPolicyInfo:
-            await health_admin.set_policy(self.store, self.bus, request.policy_json, operator, request.reason)
+            await health_admin.set_policy(self.store, self.bus, request.policy_json, operator, request.reason, self.rng)
             return await health_reads.health_policy(self.store)
 
         return await self._call_as(context, go)

@@ -20,6 +20,11 @@ Renew by proof (a node whose key the TPM holds, which TLS cannot use) and Sessio
 such a node's session uses, `bc.control.trust.session_cert`) are called as Rejoin is: a leaf under the join root
 naming the node, or a forwarding gateway; the request carries the node's certificate and a proof by its key.
 
+A TPM join (`tpm` set) to a server with EK CA roots (`bc.pki.tpm_ek`, the file beside the CA) takes two calls:
+the first, once the token and the AK's certification check out, is answered with a credential-activation
+challenge only (nothing consumed, nothing stored); the second carries the secret the TPM recovered, and only then
+is the token used and the certificate issued. Without roots a TPM join is one call, the AK on the token's word.
+
 Join, Renew and Rejoin reply with the trust bundle as `Intent` holds it now (with the quorum
 settings the gateways last read), and its signed envelope when signing is on.
 """
@@ -27,6 +32,7 @@ settings the gateways last read), and its signed envelope when signing is on.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import grpc
 from cryptography import x509
@@ -39,9 +45,10 @@ from bc.control.trust import identity, rejoin, session_cert, ssh
 from bc.control.trust.identity import NODE_CERT_TTL_S
 from bc.control.trust.intent import Intent
 from bc.errors import BcError, Unauthenticated, UsageError
-from bc.pki import tokens
+from bc.pki import tokens, tpm_credential, tpm_ek
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import join_leaf_identity, peer_identity, rejoin_leaf_identity
+from bc.pki.secrets_source import Secrets, SystemSecrets
 from bc.pki.tpm_attest import TpmCertification
 from bc.protocol.pb import join_pb2
 from bc.store import Store
@@ -62,9 +69,15 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
         intent: Intent,
         *,
         node_cert_ttl_s: int = NODE_CERT_TTL_S,
+        secrets: Secrets | None = None,
+        ek_roots: Sequence[x509.Certificate] = (),
     ) -> None:
+        """`ek_roots`: the EK CAs a TPM join's endorsement key certificate must chain to (none: the AK is taken on
+        the token's word); `secrets`: the activation secrets and seeds (the OS's by default)."""
         self.store, self.bus, self.ca, self.signer, self.intent = store, bus, ca, signer, intent
         self.node_cert_ttl_s = node_cert_ttl_s
+        self.secrets = secrets or SystemSecrets()
+        self.ek_roots = tuple(ek_roots)
         self.join_root = tokens.join_root_cert(ca.fingerprint)
 
     def _token_id(self, request: join_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> str:
@@ -110,10 +123,15 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
             raise Unauthenticated("the forwarded node certificate does not parse") from None
 
     async def Join(self, request: join_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> join_pb2.JoinResponse:
+        tpm = _tpm(request.tpm) if request.HasField("tpm") else None
         try:
             token_id = self._token_id(request, context)
             if not request.csr_der:
                 raise UsageError("the join request carries no CSR")
+            if tpm is not None and self.ek_roots:
+                if not request.HasField("activation"):
+                    return await self._challenge(token_id, request, tpm)
+                await self._check_activation(token_id, request, tpm)
             joined = await identity.join(
                 self.store,
                 self.bus,
@@ -124,9 +142,12 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
                 request.hostname,
                 proof=request.token_proof,
                 ttl_s=self.node_cert_ttl_s,
-                tpm=_tpm(request.tpm) if request.HasField("tpm") else None,
+                tpm=tpm,
+                endorsed=tpm is not None and bool(self.ek_roots),
             )
         except BcError as e:
+            if tpm is not None and self.ek_roots:
+                log.warning("event=join.tpm-refused token=%r error=%r", request.token_id, e.message)
             await abort_with(context, e)
             raise  # unreachable: abort raises
         trust = self.intent.trust_bundle()
@@ -149,6 +170,44 @@ class JoinServicer(join_pb2_grpc.JoinServicer):
         if signed is not None:
             resp.trust_envelope.CopyFrom(signed)
         return resp
+
+    async def _challenge(
+        self, token_id: str, request: join_pb2.JoinRequest, tpm: TpmCertification
+    ) -> join_pb2.JoinResponse:
+        """The first call of a TPM join to a server with EK roots: checks, then the credential to activate."""
+        await identity.check_join(self.store, token_id, request.csr_der, request.token_proof, tpm)
+        challenge = tpm_ek.make_challenge(
+            self.ca.sign_activation_ticket,
+            self.ek_roots,
+            await self.store.now_ms(),
+            token_id=token_id,
+            csr_der=request.csr_der,
+            ek_der=request.ek_cert_der,
+            ak_public=request.ak_public,
+            ak_spki_der=tpm.ak_spki_der,
+            secret=self.secrets.token_bytes(tpm_ek.SECRET_BYTES),
+            seed=self.secrets.token_bytes(tpm_credential.SEED_BYTES),
+        )
+        log.info("event=join.tpm-challenge token=%s", token_id)
+        return join_pb2.JoinResponse(
+            challenge=join_pb2.TpmChallenge(
+                credential=challenge.credential, secret=challenge.secret, ticket=challenge.ticket
+            )
+        )
+
+    async def _check_activation(self, token_id: str, request: join_pb2.JoinRequest, tpm: TpmCertification) -> None:
+        """The second call: the ticket is ours for this very request, and the secret the one it sealed."""
+        tpm_ek.ak_name(request.ak_public, tpm.ak_spki_der)  # the AK the certificate will name is the one activated
+        tpm_ek.check_activation(
+            self.ca.certificate.public_key(),  # type: ignore[arg-type]
+            request.activation.ticket,
+            request.activation.secret,
+            token_id=token_id,
+            csr_der=request.csr_der,
+            ek_der=request.ek_cert_der,
+            ak_public=request.ak_public,
+            now_ms=await self.store.now_ms(),
+        )
 
     async def Renew(self, request: join_pb2.RenewRequest, context: grpc.aio.ServicerContext) -> join_pb2.RenewResponse:
         if request.cert_der:

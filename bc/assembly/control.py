@@ -30,6 +30,7 @@ from bc.control.quorum import spec_changes as spec_quorum
 from bc.control.signing.signer import Signer
 from bc.control.trust.intent import Intent
 from bc.control.trust.sources import TrustSource
+from bc.gateway.session_driver import SecretPort
 from bc.gateway.sessions import Gateway, GatewayConfig
 from bc.jobs.engine import JobEngine
 from bc.jobs.health import HealthReconciler
@@ -75,10 +76,14 @@ def build_control(
     factories: ControlFactories | None = None,
     gateway: Gateway | None = None,
     claim: Claim | None = None,
+    secrets: SecretPort | None = None,
 ) -> Parts:
     """Every component a control-plane process has (its gateway too, unless `gateway` is given: a
     simulated gateway process's own). `worker_id` holds the singleton workers' leases; `claim` is
-    this process's hold on its gateway's lease (`bc serve`'s, taken before anything acts as the gateway)."""
+    this process's hold on its gateway's lease (`bc serve`'s, taken before anything acts as the gateway);
+    `secrets` where this process's gateway takes its nodes' secret requests (docs/secrets.md): the broker
+    when the process holds the at-rest key beside the CA, a forwarder to an api process when it is a
+    gateway without one; left out, they are answered `unavailable`."""
     f = factories or ControlFactories()
     if gateway is None:
         gateway = f.gateway_cls(
@@ -90,6 +95,7 @@ def build_control(
             trust,
             GatewayConfig(heartbeat_interval_s=settings.heartbeat_interval_s),
             claim,
+            secrets=secrets,
         )
     liveness = f.liveness(
         store,

@@ -41,6 +41,7 @@ from bc.api.api_link import ApiLink
 from bc.api.join_proxy import JoinProxy
 from bc.api.join_servicer import JoinServicer
 from bc.api.release_http import ReleaseServer
+from bc.api.secret_broker import SecretBrokerServicer, SecretForwarder
 from bc.api.session_servicer import SessionServicer
 from bc.assembly.control import ControlSettings, build_control
 from bc.assembly.lock import DataDirLock
@@ -54,6 +55,7 @@ from bc.control.capacity.placement_pass import LEASE_NAME as PLACEMENT_LEASE
 from bc.control.commands.sweeper import LEASE_NAME as SWEEPER_LEASE
 from bc.control.doctor.checks import LOOPS_FILE
 from bc.control.nodes.liveness import LEASE_NAME as LIVENESS_LEASE
+from bc.control.secrets.broker import SecretBroker
 from bc.control.signing.signer import KeylessSigner, KeySigner, NullSigner, Signer
 from bc.control.trust import intent as intent_ctl
 from bc.control.trust import operators
@@ -63,6 +65,7 @@ from bc.control.trust.serving_certs import GatewayCert
 from bc.control.trust.sources import LocalTrust, RelayedTrust, TrustSource
 from bc.errors import BcError, Conflict, UsageError
 from bc.gateway import lease as lease_rule
+from bc.gateway.session_driver import SecretPort
 from bc.gateway.sessions import (
     GATEWAY_LEASE_RENEW_S,
     GATEWAY_LEASE_TTL_MS,
@@ -72,9 +75,11 @@ from bc.jobs.health import LEASE_NAME as HEALTH_LEASE
 from bc.otel.config import OtlpConfig
 from bc.pki import keys, serving
 from bc.pki.ca import CA_KEY_FILE, CertificateAuthority
+from bc.pki.secret_box import SecretBox
 from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256_key
 from bc.pki.serving import SERVING_CERT_TTL_S
 from bc.pki.signing import ROOT_KEY, SIGNING_DIR, WORKER_ROTATE_BEFORE_S, SigningKeys
+from bc.pki.tpm_ek import EK_ROOTS_FILE, load_roots
 from bc.protocol.limits import LIMITS
 from bc.runtime.aio import cancel_and_wait
 from bc.runtime.config import OperatorConfig, user_config_path, user_copy
@@ -84,7 +89,7 @@ from bc.store import Store, StoreError, StoreUnreachable, leases, open_store
 from bc.store import gateway_keys as gk_sql
 from bc.store import nodes as nodes_sql
 from bc.store.leases import Claim
-from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, session_pb2_grpc
+from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, secrets_pb2_grpc, session_pb2_grpc
 from bc.wire.tls import ServerTLS, channel_credentials
 
 if TYPE_CHECKING:
@@ -345,6 +350,8 @@ class Server:
             self.claim = await self._retry("gateway-lease", lambda: self._claim_gateway_lease(data_dir))
             self._claim_keeper = asyncio.create_task(self._keep_claim(self.claim), name="gateway-lease-start")
         self.ca: CertificateAuthority | None = None
+        self.secret_box: SecretBox | None = None  # the secrets' at-rest key, beside the CA (docs/secrets.md)
+        self.secret_broker: SecretBroker | None = None
         self.gateway_cert: GatewayCert | None = None
         self.trust: TrustSource
         if self.plan.ca:
@@ -352,6 +359,12 @@ class Server:
         else:
             await self._start_without_ca(data_dir, host)
         ca = self.ca
+        secrets: SecretPort | None = None  # where the gateway's secret requests go (docs/secrets.md)
+        if self.secret_box is not None:
+            self.secret_broker = SecretBroker(self.store, self.bus, self.secret_box)
+            secrets = self.secret_broker
+        elif "gateway" in roles:
+            secrets = SecretForwarder(self.gateway_id, self._api_addresses, ApiLink(self._api_credentials))
 
         # Every component, built in one place (bc.assembly.control) as the harness and bc sim build theirs.
         self.parts = build_control(
@@ -369,6 +382,7 @@ class Server:
                 unreachable_grace_s=self.opts.unreachable_grace_s,
             ),
             claim=self.claim,
+            secrets=secrets,
         )
         assert self.parts.gateway is not None and self.parts.jobs is not None and self.parts.clock_skew is not None
         self.gateway, self.jobs, self.clock_skew = self.parts.gateway, self.parts.jobs, self.parts.clock_skew
@@ -463,7 +477,14 @@ class Server:
         if ca is not None and "api" in roles:
             join_pb2_grpc.add_JoinServicer_to_server(
                 JoinServicer(
-                    self.store, self.bus, ca, self.signer, self.intent, node_cert_ttl_s=self.opts.node_cert_ttl_s
+                    self.store,
+                    self.bus,
+                    ca,
+                    self.signer,
+                    self.intent,
+                    node_cert_ttl_s=self.opts.node_cert_ttl_s,
+                    secrets=self.secrets,
+                    ek_roots=_ek_roots(data_dir / "pki" / EK_ROOTS_FILE),
                 ),
                 server,
             )
@@ -492,6 +513,7 @@ class Server:
                 secrets=self.secrets,
                 jobs=self.jobs,
                 ssh_ca_dir=data_dir / "ssh-ca",
+                secret_box=self.secret_box,
                 releases_dir=data_dir / "releases",
                 release_url=self.release_url,
                 drain=self.drain if "gateway" in roles else None,
@@ -501,6 +523,10 @@ class Server:
         )
         if admin is not None:
             admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
+        if self.secret_broker is not None and ca is not None and "api" in roles:  # for keyless gateways' nodes
+            secrets_pb2_grpc.add_SecretBrokerServicer_to_server(
+                SecretBrokerServicer(self.secret_broker, ca.certificate), server
+            )
         try:
             self.port = server.add_secure_port(
                 f"{host}:{port}" if ":" not in host else f"[{host}]:{port}", self.tls.credentials()
@@ -519,6 +545,7 @@ class Server:
         if created:
             log.info("event=ca.created fingerprint=%s", ca.fingerprint)
         self.ca, self.ca_cert = ca, ca.certificate
+        self.secret_box = await asyncio.to_thread(SecretBox.load_or_create, data_dir / "pki", self.secrets)
         server_key = p256_key(self.secrets)
         hosts = sorted({host, *self.opts.advertise, socket.gethostname()} - {"0.0.0.0", "::"})
         server_cert = ca.issue_server_cert(hosts, server_key)
@@ -827,3 +854,17 @@ class Server:
             await self.store.close()
         if self.data_dir_lock is not None:
             self.data_dir_lock.release()
+
+
+def _ek_roots(path: Path) -> list[x509.Certificate]:
+    """The TPM EK CAs beside the CA (`bc.pki.tpm_ek`), read once at start: none when the file is absent (a TPM
+    join's AK is then taken on the token's word); a file that holds no certificate stops the start."""
+    try:
+        pem = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    roots = load_roots(pem, str(path))
+    if not roots:
+        raise UsageError(f"{path} holds no certificate; remove it, or list the TPM EK CAs bc serve trusts (PEM)")
+    log.info("event=tpm-ek-roots.loaded file=%s count=%d", path, len(roots))
+    return roots

@@ -21,6 +21,7 @@ import click
 from bc.cli.connect import run_client, slow
 from bc.cli.emit import emit
 from bc.cli.job_progress import check_done, follow
+from bc.cli.machine_view import render_machine
 from bc.cli.output import Lines, echo, json_lines, lines, paragraphs
 from bc.cli.render import (
     INT64_MAX,
@@ -303,12 +304,13 @@ def render_inventory(inv: common_pb2.Inventory) -> Lines:
         f"{len(inv.gpus)} GPUs",
     ]
     head = "INVENTORY  " + ", ".join(f for f in facts if f)
+    machine = render_machine(inv)  # a ramdisk's disks, NICs and PCI GPUs
     if not inv.gpus:
-        return lines(head)
+        return paragraphs(lines(head), *machine)
     rows = [
         (g.index, g.uuid, g.name, format_mib(g.memory_mib), "yes" if g.healthy else "no", _mig(g)) for g in inv.gpus
     ]
-    return lines(head, render_table(("GPU", "UUID", "NAME", "MEMORY", "HEALTHY", "MIG"), rows))
+    return paragraphs(lines(head, render_table(("GPU", "UUID", "NAME", "MEMORY", "HEALTHY", "MIG"), rows)), *machine)
 
 
 def _mig(g: common_pb2.Gpu) -> str:

@@ -157,8 +157,36 @@ def policy_text(p: admin_pb2.HealthPolicyInfo) -> Lines:
         [(v.version, v.set_by, format_time_ms(v.set_at_ms), v.reason) for v in p.history],
     )
     return paragraphs(
-        head, settings, lines("rules (the first that matches acts):", rules), history if p.history else ""
+        head,
+        settings,
+        lines("rules (the first that matches acts):", rules),
+        preapprovals_text(p),
+        history if p.history else "",
     )
+
+
+PREAPPROVAL_STATES = {
+    "none": "",
+    "no-approvers": "not signed: no approvers existed when this version was set (none is needed while there are none)",
+    "pending": "waiting for the approvers: {a} of {k} signed batch {b} (bc approve sign {b}); nothing is pre-approved",
+    "approved": "in force: {a} of {k} approvers signed batch {b}",
+    "rejected": "rejected (batch {b}): nothing is pre-approved",
+    "withdrawn": "withdrawn (batch {b}): nothing is pre-approved",
+    "expired": "expired (batch {b}: fewer than {k} signatures count now): nothing is pre-approved",
+}
+
+
+def preapprovals_text(p: admin_pb2.HealthPolicyInfo) -> Lines | str:
+    if not p.preapprovals:
+        return ""
+    template = PREAPPROVAL_STATES.get(p.preapproval_state, "{s} (batch {b})")
+    a, k = p.preapproval_approvals, p.preapproval_threshold
+    head = template.format(a=a, k=k, b=p.preapproval_batch, s=p.preapproval_state)
+    rows = [
+        (e.kind, ",".join(f"{k}={v}" for k, v in sorted(e.pool.items())), format_time_ms(e.expires_at_ms), e.state)
+        for e in p.preapprovals
+    ]
+    return lines(f"pre-approvals: {head}", render_table(("KIND", "POOL", "EXPIRES", "STATE"), rows))
 
 
 def _policy_doc(p: admin_pb2.HealthPolicyInfo) -> dict[str, object]:
@@ -171,6 +199,21 @@ def _policy_doc(p: admin_pb2.HealthPolicyInfo) -> dict[str, object]:
         "history": [
             {"version": v.version, "set_by": v.set_by, "set_at_ms": v.set_at_ms, "reason": v.reason} for v in p.history
         ],
+        "preapproval": {
+            "state": p.preapproval_state,
+            "batch_id": p.preapproval_batch,
+            "approvals": p.preapproval_approvals,
+            "threshold": p.preapproval_threshold,
+            "entries": [
+                {
+                    "kind": e.kind,
+                    "pool": dict(sorted(e.pool.items())),
+                    "expires_at_ms": e.expires_at_ms,
+                    "state": e.state,
+                }
+                for e in p.preapprovals
+            ],
+        },
     }
 
 
@@ -198,7 +241,9 @@ def policy_set(policy_json: str, reason: str, as_json: bool) -> None:
         return await slow(c, c.set_health_policy(text, reason))
 
     info = run_client(go)
-    emit(as_json, lambda: _policy_doc(info), lambda: f"health policy v{info.version} set")
+    waiting = f": its pre-approvals wait for the approvers (bc approve sign {info.preapproval_batch})"
+    said = f"health policy v{info.version} set" + (waiting if info.preapproval_state == "pending" else "")
+    emit(as_json, lambda: _policy_doc(info), lambda: said)
 
 
 @health.group("gpu")

@@ -44,8 +44,20 @@ def resolve_uid(allow_uid: int | None, allow_user: str | None) -> int:
     hidden=True,
     help="Tests: record the commands as JSON lines in this file instead of running them.",
 )
+@click.option(
+    "--tcti",
+    default="device:/dev/tpmrm0",
+    show_default=True,
+    metavar="TCTI",
+    help="The TPM the node's tpm.* operations use (a node joined with --attestor tpm); swtpm:… in tests.",
+)
 def helper(
-    socket_path: Path, allow_user: str | None, allow_uid: int | None, root: Path, fake_commands: Path | None
+    socket_path: Path,
+    allow_user: str | None,
+    allow_uid: int | None,
+    root: Path,
+    fake_commands: Path | None,
+    tcti: str,
 ) -> None:
     """Run the root helper of an unprivileged `bc node` until SIGINT or SIGTERM.
 
@@ -55,6 +67,7 @@ def helper(
     from agent.helper.ops import Layout
     from agent.helper.server import serve_forever
     from agent.hw.base import run_process
+    from agent.tpm import Tpm
     from bc.runtime import logs
 
     uid = resolve_uid(allow_uid, allow_user)
@@ -65,7 +78,7 @@ def helper(
     if os.geteuid() != 0:
         echo("warning: bc helper is not running as root; operations will fail", err=True)
     try:
-        asyncio.run(serve_forever(socket_path, Layout(root.absolute()), uid, run=run))
+        asyncio.run(serve_forever(socket_path, Layout(root.absolute()), uid, run=run, tpm=Tpm(tcti)))
     except KeyboardInterrupt:
         pass
 

@@ -58,6 +58,7 @@ COMMAND_MODULES: dict[str, str] = {
     "sim": "bc.cli.sim_cmds",
     "store": "bc.cli.store_cmds",
     "ssh": "bc.cli.ssh_cmds",
+    "secret": "bc.cli.secret_cmds",
     "tui": "tui.command",
     "release": "bc.cli.release_cmds",  # wraps admin_cmds' `release RESERVATION`
 }

@@ -57,6 +57,7 @@ COMMAND_NAMES: frozenset[str] = frozenset(
         "reservation",
         "reservations",
         "reserve",
+        "secret",
         "serve",
         "sim",
         "spec",

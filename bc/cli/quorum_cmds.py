@@ -34,6 +34,7 @@ from bc.client.admin import AdminClient
 from bc.client.approver_key import load_approver_key, public_raw
 from bc.control.quorum.approvers import MAX_ALLOWANCE, MAX_THRESHOLD
 from bc.errors import UsageError
+from bc.pki import preapproval
 from bc.pki import quorum as q
 from bc.pki.batch_scope import recompute_root
 from bc.protocol.pb import admin_pb2
@@ -46,6 +47,11 @@ DEFAULT_APPROVAL_TTL_S = 3600
 
 
 def scope_summary(b: admin_pb2.BatchInfo, limit: int = 6) -> str:
+    if b.kind == preapproval.BATCH_KIND:  # read from the payload the signature covers
+        try:
+            return preapproval.summary(b.payload_json)
+        except UsageError as e:
+            return f"{b.kind}: {e.message}"
     nodes = [leaf.node_id for leaf in b.leaves]
     shown = ", ".join(nodes[:limit]) + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
     return f"{b.kind} on {len(nodes)} node(s) ({shown})"
@@ -163,23 +169,30 @@ def _confirm(b: admin_pb2.BatchInfo, verb: str, yes: bool) -> None:
 @approve.command("sign")
 @click.argument("batch_id", metavar="ID")
 @click.option("--key", "key_file", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--expires-in", default="1h", show_default=True, help="How long a batch approval counts.")
+@click.option(
+    "--expires-in",
+    default=None,
+    help="How long a batch approval counts (default 1h; a health policy's pre-approval: until it expires).",
+)
 @click.option("--yes", is_flag=True, help="Do not ask (what it covers is still printed on stderr).")
 @json_option
-def approve_sign(batch_id: str, key_file: Path, expires_in: str, yes: bool, as_json: bool) -> None:
+def approve_sign(batch_id: str, key_file: Path, expires_in: str | None, yes: bool, as_json: bool) -> None:
     """Sign a batch's scope root, or a quorum change (q-…), with your approver key, after showing what it does."""
     key = load_approver_key(key_file)
     if is_change(batch_id):
         _sign_change(batch_id, key, yes, as_json)
         return
-    ttl_s = parse_duration(expires_in)
     b = call_admin(lambda c: c.get_batch(batch_id))
     if b.state != "pending":
         raise UsageError(f"batch {batch_id} is {b.state}; there is nothing to sign")
     root = recompute_root(b)
     _confirm(b, "approve", yes)
     now_ms = call_admin(lambda c: c.server_info()).server_time_ms
-    expires_at_ms = min(now_ms + round(ttl_s * 1000), b.not_after_ms)
+    if expires_in is None and b.kind == preapproval.BATCH_KIND:
+        expires_at_ms = b.not_after_ms  # a standing approval: as long as the pre-approvals it signs
+    else:
+        ttl_s = parse_duration(expires_in or f"{DEFAULT_APPROVAL_TTL_S}s")
+        expires_at_ms = min(now_ms + round(ttl_s * 1000), b.not_after_ms)
     signature = key.sign(q.approval_message(b.id, root, len(b.leaves), b.requested_by, expires_at_ms))
     kid = q.key_id(public_raw(key))
     after = call_admin(lambda c: c.decide_batch(batch_id, kid, signature, approve=True, expires_at_ms=expires_at_ms))

@@ -18,7 +18,7 @@ from bc.cli.bounded import DAY_S, Seconds
 from bc.cli.emit import emit
 from bc.cli.output import echo, lines
 from bc.cli.render import with_progress
-from bc.errors import UsageError
+from bc.errors import Unavailable, UsageError
 from bc.runtime.config import default_data_dir
 
 _DIR = click.Path(file_okay=False, path_type=Path)
@@ -221,12 +221,33 @@ def echo_progress(message: str) -> None:
     help="Where the node key lives: a file, or inside the TPM (docs/node-security.md).",
 )
 @click.option("--tcti", default=None, metavar="TCTI", help="How to reach the TPM (default device:/dev/tpmrm0).")
+@click.option(
+    "--helper-socket",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="With --attestor tpm, as the node's user: the TPM is bc helper's, asked on this socket.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a sentence.")
 def join(
-    server: str, token: str, data_dir: Path, reset: bool, yes: bool, attestor: str, tcti: str | None, as_json: bool
+    server: str,
+    token: str,
+    data_dir: Path,
+    reset: bool,
+    yes: bool,
+    attestor: str,
+    tcti: str | None,
+    helper_socket: Path | None,
+    as_json: bool,
 ) -> None:
     """Give this host a node identity, using a one-use join token."""
+    from agent.helper.client import HelperError
+    from agent.helper.node_tpm import open_tpm
     from agent.join import identity_files, join_node
+
+    if helper_socket is not None and (attestor != "tpm" or tcti is not None):
+        raise UsageError(
+            "--helper-socket names where an unprivileged node's TPM is: use it with --attestor tpm, not --tcti"
+        )
 
     if reset and not yes:
         present = ", ".join(p.name for p in identity_files(data_dir)) or "nothing (it holds no identity or journal)"
@@ -234,12 +255,22 @@ def join(
             f"--reset would move aside in {data_dir}: {present} (renamed .reset-<time>, not deleted);"
             " stop bc node first, then add --yes"
         )
-    result = asyncio.run(
-        with_progress(
-            join_node(server=server, token=token, data_dir=data_dir, reset=reset, attestor=attestor, tcti=tcti),
-            f"waiting for bc serve at {server}…",
+    try:
+        result = asyncio.run(
+            with_progress(
+                join_node(
+                    server=server,
+                    token=token,
+                    data_dir=data_dir,
+                    reset=reset,
+                    attestor=attestor,
+                    tpm=open_tpm(helper_socket, tcti) if attestor == "tpm" else None,
+                ),
+                f"waiting for bc serve at {server}…",
+            )
         )
-    )
+    except HelperError as e:  # the helper is down, or refused its TPM operation: its sentence, retryable
+        raise Unavailable(str(e)) from None
     doc = {
         "node_id": result.node_id,
         "ca_fingerprint": result.ca_fingerprint,
@@ -348,6 +379,12 @@ def join(
     help="A site agent's dnsmasq files and TFTP root; it and its parents must be readable by dnsmasq's"
     " unprivileged user (default DATA_DIR/site/boot).",
 )
+@click.option(
+    "--machine-root",
+    type=_DIR,
+    default=None,
+    help="A ramdisk's /sys, /proc and /dev are under this root (default /; with --fake-hw, DATA_DIR/machine).",
+)
 def node(
     data_dir: Path,
     fake_hw: str | None,
@@ -370,6 +407,7 @@ def node(
     tcti: str | None,
     site_bmc_networks: tuple[str, ...],
     site_boot_dir: Path | None,
+    machine_root: Path | None,
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM.
 
@@ -393,6 +431,8 @@ def node(
         if mine:
             # The helper builds those paths under its own --root and runs its own reload: the node's would be ignored.
             raise UsageError(f"{', '.join(mine)} cannot be used with --helper-socket: bc helper owns those paths")
+        if tcti is not None:
+            raise UsageError("--tcti cannot be used with --helper-socket: the TPM is bc helper's (bc helper --tcti)")
     if fake_faults and not fake_hw:
         raise UsageError("--fake-fault needs --fake-hw: faults are injected into fake hardware only")
     try:
@@ -426,6 +466,7 @@ def node(
         helper_socket=helper_socket,
         tcti=tcti,
         site=SiteOptions(bmc_networks=bmc_networks, boot_dir=site_boot_dir),
+        machine_root=machine_root,
         upgrade=UpgradeConfig(
             upgrade_confirm_s,
             StallGuard(download_min_bytes, download_window_s),

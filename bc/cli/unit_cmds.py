@@ -286,6 +286,8 @@ def unprivileged_node_unit(
         ("SystemCallErrorNumber", "EPERM"),
         ("CapabilityBoundingSet", ""),
         ("AmbientCapabilities", ""),
+        # A TPM node key is used through the helper's tpm.* operations: the agent never opens the TPM itself.
+        ("InaccessiblePaths", "-/dev/tpm0 -/dev/tpmrm0"),
         # Deliberately absent: PrivateDevices and ProtectClock (NVML opens /dev/nvidia*; both close the
         # device policy).
     ]
@@ -322,7 +324,15 @@ def helper_unit(*, bin_path: str, user: str, helper_socket: str) -> Lines:
         ("RestrictRealtime", "yes"),
         ("SystemCallArchitectures", "native"),
     ]
-    unit = [("Before", "bc-node.service"), ("StartLimitIntervalSec", "0")]
+    # The node's TPM (tpm.* operations) is the helper's: started once the kernel's TPM devices are there
+    # (tpm2.target, systemd 256 and later; an older systemd ignores it). No device policy: /dev/tpmrm0, as
+    # /dev/nvidia*, is open to it.
+    unit = [
+        ("Wants", "tpm2.target"),
+        ("After", "tpm2.target"),
+        ("Before", "bc-node.service"),
+        ("StartLimitIntervalSec", "0"),
+    ]
     return _render("bc-helper.service", "bc helper: the root side of an unprivileged bc node", unit, service)
 
 

@@ -13,7 +13,7 @@ messages of `bc.protocol.pb.admin_pb2`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -26,7 +26,7 @@ from bc.client.reconnect import CHANNEL_OPTIONS
 from bc.client.tls_probe import refused_certificate
 from bc.errors import BcError, ProtocolError, Unauthenticated, Unavailable, UsageError
 from bc.protocol.limits import LIMITS
-from bc.protocol.pb import admin_pb2
+from bc.protocol.pb import admin_pb2, secrets_pb2
 from bc.runtime.config import OperatorConfig, find_operator_config
 from bc.wire.status import status_to_error
 from bc.wire.tls import channel_credentials
@@ -79,6 +79,8 @@ WRITE_CHECKS = {
     "ReturnGpu": "bc health",
     "AddReleaseKey": "bc release status",
     "PublishRelease": "bc release status",
+    "SetSecret": "bc secret versions NAME",
+    "RemoveSecret": "bc secret list",
 }
 
 _READ_PREFIXES = ("List", "Get", "Watch", "ServerInfo")
@@ -465,6 +467,29 @@ class AdminClient:
     async def set_health_policy(self, policy_json: str, reason: str = "") -> admin_pb2.HealthPolicyInfo:
         req = admin_pb2.SetHealthPolicyRequest(policy_json=policy_json, reason=reason)
         return await self._unary("SetHealthPolicy", req, admin_pb2.HealthPolicyInfo)
+
+    # -- secrets (docs/secrets.md) -----------------------------------------------------------------
+    async def set_secret(
+        self, name: str, value: bytes, nodes: Sequence[str] = (), labels: Sequence[str] = ()
+    ) -> secrets_pb2.SecretInfo:
+        """A new version of `name`; without nodes or labels the secret keeps its scope."""
+        req = secrets_pb2.SetSecretRequest(
+            name=name,
+            value=value,
+            scope=secrets_pb2.SecretScope(nodes=list(nodes), labels=list(labels)),
+            set_scope=bool(nodes or labels),
+        )
+        return await self._unary("SetSecret", req, secrets_pb2.SecretInfo)
+
+    async def list_secrets(self) -> secrets_pb2.ListSecretsResponse:
+        return await self._unary("ListSecrets", secrets_pb2.ListSecretsRequest(), secrets_pb2.ListSecretsResponse)
+
+    async def remove_secret(self, name: str) -> secrets_pb2.SecretInfo:
+        return await self._unary("RemoveSecret", secrets_pb2.RemoveSecretRequest(name=name), secrets_pb2.SecretInfo)
+
+    async def secret_versions(self, name: str) -> secrets_pb2.ListSecretVersionsResponse:
+        req = secrets_pb2.ListSecretVersionsRequest(name=name)
+        return await self._unary("ListSecretVersions", req, secrets_pb2.ListSecretVersionsResponse)
 
     async def cordon_gpu(self, node_id: str, gpu: str, reason: str) -> admin_pb2.GpuCordonChange:
         req = admin_pb2.CordonGpuRequest(node_id=node_id, gpu=gpu, reason=reason)

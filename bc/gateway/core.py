@@ -21,7 +21,8 @@ States::
   ways; the gateway's carry server time). A full spec goes out when the
   node's applied generation is behind the store's generation and behind what
   this session already sent: at Hello, on a poke, every 10 s as a backstop,
-  and on `SpecRequest` (always, whatever was sent before).
+  and on `SpecRequest` (always, whatever was sent before). A `SecretRequest`
+  is handed to the secret broker (`AnswerSecret`) as the node sent it.
 * Status reports are coalesced latest-wins; `take_status()` hands the adapter
   the newest one, flagged `publish` only when its key differs from the last
   one this session published. `status_due(now)` says when to write: a report
@@ -38,7 +39,7 @@ import enum
 from dataclasses import dataclass, field
 
 from bc.errors import ProtocolError
-from bc.protocol.pb import common_pb2, session_pb2
+from bc.protocol.pb import common_pb2, secrets_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.protocol.status import status_key
 
@@ -85,12 +86,19 @@ class ApplyCommandUpdate:
 
 
 @dataclass(frozen=True)
+class AnswerSecret:
+    """Ask the secret broker (docs/secrets.md) and send the node its answer: ciphertext, or why not."""
+
+    request: secrets_pb2.SecretRequest
+
+
+@dataclass(frozen=True)
 class Close:
     code: str  # a grpc.StatusCode name
     details: str
 
 
-Action = Send | OpenSession | LoadSpec | IngestEvents | ApplyCommandUpdate | Close
+Action = Send | OpenSession | LoadSpec | IngestEvents | ApplyCommandUpdate | AnswerSecret | Close
 
 
 @dataclass
@@ -165,6 +173,8 @@ class GatewaySessionCore:
             return [IngestEvents(msg.event_batch)]
         if kind == "command_update":
             return [ApplyCommandUpdate(msg.command_update)]
+        if kind == "secret_request":
+            return [AnswerSecret(msg.secret_request)]
         raise ProtocolError(f"can't handle {kind} in state {self.state.value}")
 
     # -- adapter facts -------------------------------------------------

@@ -40,7 +40,7 @@ from bc.protocol import closing
 from bc.protocol import connectivity as cx
 from bc.protocol.closing import SessionRefused
 from bc.protocol.limits import LIMITS
-from bc.protocol.pb import common_pb2, session_pb2
+from bc.protocol.pb import common_pb2, secrets_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
 from bc.runtime.aio import wait_event
 from bc.seams.clock import Clock
@@ -68,6 +68,12 @@ class SessionTimers(Protocol):
     def hello_timeout_s(self) -> float: ...
 
 
+class SecretPort(Protocol):
+    """The secret broker as a gateway reaches it (`bc.control.secrets.broker.SecretBroker`, or `NoBroker`)."""
+
+    async def answer(self, node_id: str, request: secrets_pb2.SecretRequest) -> secrets_pb2.SecretResponse: ...
+
+
 class SessionHost(Protocol):
     """What a driver asks of the gateway that built it (`bc.gateway.sessions.Gateway`): its store, bus and
     clock, the registry of live sessions, the dispatcher to poke, the shared budgets and batches. A protocol,
@@ -85,6 +91,7 @@ class SessionHost(Protocol):
     counters: GatewayCounters
     status_budget: StatusBudget
     sessions: dict[str, SessionDriver]
+    secrets: SecretPort
 
     @property
     def cfg(self) -> SessionTimers: ...
@@ -95,6 +102,7 @@ class SessionHost(Protocol):
     def hello_done(self) -> None: ...
     async def attach_signer(self, env: common_pb2.Envelope, key_id: str) -> None: ...
     async def batch_approval(self, batch_id: str) -> bytes: ...
+    async def preapproval(self, version: int) -> bytes: ...
     async def backstop_generation(self, node_id: str) -> int | None: ...
 
 
@@ -131,6 +139,11 @@ class SessionDriver:
         """A dispatch pass's plan for this session: sent by the session's own task, in order."""
         self._outbox.append(sends)
         self._wake.set()
+
+    async def notify_secret(self, msg: GatewayMessage) -> None:
+        """A secret this node's spec names was set anew (`bc.gateway.secret_feed`): tell an open session."""
+        if self.core.state is core.State.OPEN and self._closing is None:
+            await self.link.send(msg)
 
     async def revoke(self, reason: str) -> None:
         """Tell the node why, then end the stream UNAUTHENTICATED: it must not redial with this certificate."""
@@ -414,6 +427,9 @@ class SessionDriver:
                 self.gw.dispatcher.poke(self.node_id)  # what was pending for the node goes out after the replay
             elif isinstance(a, core.LoadSpec):
                 await self._load_spec()
+            elif isinstance(a, core.AnswerSecret):
+                answer = await self.gw.secrets.answer(self.node_id, a.request)
+                await self.link.send(GatewayMessage(secret_response=answer))
             elif isinstance(a, core.IngestEvents):
                 ack = await self._ingest(a.batch)
                 if ack is not None:
@@ -458,6 +474,9 @@ class SessionDriver:
             # The batch's approvals and this command's own leaf proof, both as stored: the node checks them.
             cmd.batch_approval = await self.gw.batch_approval(frame.batch_id)
             cmd.batch_proof = frame.batch_proof
+        if frame.preapproval:
+            # The signed policy version that pre-approves it, as stored: the node checks it (agent/quorum.py).
+            cmd.preapproval = await self.gw.preapproval(frame.preapproval)
         msg = GatewayMessage(command=cmd)
         size = msg.ByteSize()
         if size > LIMITS.max_frame_bytes:  # stored before the limits: the node could never take it

@@ -28,7 +28,8 @@ from bc.gateway.admission import HELLO_WAIT_LIMIT_S, Admission, StatusBudget, Tu
 from bc.gateway.counters import STATS_EVERY_S, GatewayCounters
 from bc.gateway.dispatcher import Dispatcher
 from bc.gateway.fence import FENCE_AFTER_S, LeaseFence
-from bc.gateway.session_driver import SessionDriver
+from bc.gateway.secret_feed import NoBroker, SecretFeed
+from bc.gateway.session_driver import SecretPort, SessionDriver
 from bc.pki.identity import PeerIdentity
 from bc.protocol import closing
 from bc.protocol.closing import SessionRefused
@@ -37,6 +38,7 @@ from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.seams.clock import Clock
 from bc.seams.link import Link, LinkClosed
 from bc.store import Store, StoreError
+from bc.store import health as health_sql
 from bc.store import leases as leases_sql
 from bc.store import nodes as nodes_sql
 from bc.store import quorum as quorum_sql
@@ -84,6 +86,7 @@ class Gateway:
         intent: Intent | TrustSource,
         cfg: GatewayConfig,
         claim: Claim | None = None,
+        secrets: SecretPort | None = None,
     ) -> None:
         self.store, self.bus, self.clock, self.gateway_id, self.cfg = store, bus, clock, gateway_id, cfg
         # This process's hold on `gateway:<id>` (bc.gateway.lease): its own holder string and the epoch it took
@@ -92,6 +95,8 @@ class Gateway:
         self.superseded = ""  # set once another process took the lease after this one: it acts no more
         self.on_superseded: Callable[[str], None] | None = None  # bc serve stops the process (exit 4)
         self.signer = signer
+        self.secrets: SecretPort = secrets or NoBroker()  # the broker this process holds (docs/secrets.md)
+        self.secret_feed = SecretFeed()
         self.trust: TrustSource = LocalTrust(intent) if isinstance(intent, Intent) else intent
         self.sessions: dict[str, SessionDriver] = {}
         self.streams: dict[SessionDriver, None] = {}
@@ -104,6 +109,7 @@ class Gateway:
         self._generations_at = 0.0
         self._signer_certs: dict[str, bytes] = {}
         self._approvals: dict[str, bytes] = {}
+        self._preapprovals: dict[int, bytes] = {}
         self._closing_tasks: set[asyncio.Future[None]] = set()
         self._seen_batch: dict[str, SessionDriver] = {}
         self.fence = LeaseFence(clock.monotonic())
@@ -247,6 +253,24 @@ class Gateway:
             if blob is None:
                 return b""  # not approved (a held command is never dispatched; the node would refuse it)
             self._approvals[batch_id] = blob  # an approval never changes once stored
+        return blob
+
+    async def preapproval(self, version: int) -> bytes:
+        """A health policy version's pre-approval (bc.pki.preapproval) as the node checks it: the version's text
+        and its batch's approvals; b"" while it has none (the node refuses the command then, and says why)."""
+        blob = self._preapprovals.get(version)
+        if blob is None:
+            async with self.store.transaction(write=False) as tx:
+                row = await health_sql.policy_version(tx, version)
+                batch_id = str(row["preapproval_batch"] or "") if row is not None else ""
+                approval = await quorum_sql.approval_of(tx, batch_id) if batch_id else None
+            if row is None or approval is None:
+                return b""
+            pre = common_pb2.HealthPreapproval(
+                policy_version=version, policy_json=str(row["policy"]), batch_approval=approval
+            )
+            blob = pre.SerializeToString(deterministic=True)
+            self._preapprovals[version] = blob  # a version and its approval never change once stored
         return blob
 
     async def renew_lease(self) -> bool:
@@ -417,11 +441,13 @@ class Gateway:
         return {str(r["serial"]): str(r["revoke_reason"] or "revoked") for r in rows}
 
     async def revocation_loop(self) -> None:
-        """The revocation feed: every second, end the sessions whose certificate was revoked or expired."""
+        """The revocation feed: every second, end the sessions whose certificate was revoked or expired; tell
+        the sessions of nodes whose secrets were set anew (`bc.gateway.secret_feed`)."""
         while True:
             try:
                 await self.check_certificates()
                 await self.push_trust_if_changed()
+                await self.secret_feed.poll(self.store, self.sessions)
             except StoreError as e:
                 log.warning("event=gateway.revocation-feed-failed error=%s", e)
             await self.clock.sleep(REVOCATION_POLL_S)

@@ -378,7 +378,7 @@ class JobEngine:
                     inventory = json.loads(str(row["inventory"] or "{}"))
                     gpus[n] = tuple(str(g.get("uuid", "")) for g in inventory.get("gpus", []) if g.get("uuid"))
         has = await quorum.has_approvers(tx)
-        if has and req.template in ("remediate", "reboot"):
+        if has and req.template in ("remediate", "reboot") and not req.preapproved:
             await quorum.check_can_approve(tx, requested_by)  # a batch that could never be approved: refuse now
         return templates.Facts(frozenset(existing), has, gpus)
 
@@ -392,6 +392,7 @@ def _request_doc(req: JobRequest) -> dict[str, Any]:
         "section": req.section,
         "max_unavailable": req.max_unavailable if req.template in ("rollout", "release") else 0,
         "deadline_s": req.deadline_s if req.template in ("drain", "reboot", "remediate") else 0,
+        **({"preapproved": req.preapproved} if req.preapproved else {}),
     }
 
 

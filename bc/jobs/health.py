@@ -15,6 +15,11 @@ carries each decision out in the same transaction, with its event:
                 a quorum batch when approvers exist, whose reason names the condition and its evidence:
                 health.remediation.started (+ health.drain.asked when the policy's drain is `ask`)
     Escalate    a `reboot` job for the node (its own batch when approvers exist): health.remediation.escalated
+
+Where the policy in force pre-approves the step's kind (`gpu.reset`, `node.reboot`) for the node's pool and k
+approvers signed that version (`bc.control.health.preapprovals`), the job asks for no batch: its command
+carries the signed version, which the node checks itself. The started (escalated) event's `approval` says
+which it was, and why.
     Finish      the episode done, the GPU returned: health.remediation.done, health.gpu.returned
     Quarantine  the episode quarantined, the GPU kept out for a person:
                 health.remediation.failed, health.gpu.quarantined
@@ -45,7 +50,9 @@ from typing import Any
 from bc.control.base.bus import Bus
 from bc.control.base.events import publish
 from bc.control.health import decide as d
+from bc.control.health import preapprovals
 from bc.control.health.world import Loaded, load
+from bc.control.quorum import batches as quorum
 from bc.errors import BcError
 from bc.jobs.engine import JobEngine
 from bc.jobs.views import JobRequest
@@ -147,11 +154,13 @@ class HealthReconciler:
         elif isinstance(x, d.Escalate):
             policy = loaded.world.policy
             evidence = json.loads(str(row["evidence"] or "{}"))
+            preapproved, approval = await self._preapproval(tx, loaded, x.key[0], "node.reboot", now_ms)
             req = JobRequest(
                 "reboot",
                 (x.key[0],),
                 reason=reason_text(x.key, str(row["rule"]), evidence, eid),
                 deadline_s=float(policy.drain_deadline_s),
+                preapproved=preapproved,
             )
             try:
                 dag_id = await self.jobs.submit_in(tx, req, REQUESTER, now_ms)
@@ -163,9 +172,8 @@ class HealthReconciler:
                 tx, eid, state, {"stage": d.REBOOT_STAGE, "dag_id": dag_id, "wait_reason": ""}
             )
             await health_sql.add_action(tx, eid, d.REBOOT_STAGE, now_ms)
-            await self._event(
-                tx, "health.remediation.escalated", x.key, {**base, "dag_id": dag_id, "why": x.why}, now_ms
-            )
+            data = {**base, "dag_id": dag_id, "why": x.why, **({"approval": approval} if approval else {})}
+            await self._event(tx, "health.remediation.escalated", x.key, data, now_ms)
         elif isinstance(x, d.Finish):
             await self._end(tx, row, "finish", x.why, now_ms)
             await self._event(tx, "health.remediation.done", x.key, {**base, "why": x.why}, now_ms)
@@ -236,8 +244,16 @@ class HealthReconciler:
         policy = loaded.world.policy
         stage = d.first_stage(x.action)
         reason = reason_text(x.key, str(row["rule"]), x.evidence, eid)
+        kind = "node.reboot" if stage == d.REBOOT_STAGE else "gpu.reset"
+        preapproved, approval = await self._preapproval(tx, loaded, x.key[0], kind, now_ms)
         if stage == d.REBOOT_STAGE:  # a node condition: the node's reboot job (drain, node.reboot)
-            req = JobRequest("reboot", (x.key[0],), reason=reason, deadline_s=float(policy.drain_deadline_s))
+            req = JobRequest(
+                "reboot",
+                (x.key[0],),
+                reason=reason,
+                deadline_s=float(policy.drain_deadline_s),
+                preapproved=preapproved,
+            )
         else:
             req = JobRequest(
                 "remediate",
@@ -246,6 +262,7 @@ class HealthReconciler:
                 gpus=(x.key[1],),
                 deadline_s=float(policy.drain_deadline_s),
                 gpu_scope=True,
+                preapproved=preapproved,
             )
         try:
             dag_id = await self.jobs.submit_in(tx, req, REQUESTER, now_ms)
@@ -274,6 +291,7 @@ class HealthReconciler:
                 "actions_last_hour_before": used.actions_last_hour,
                 "actions_cap": used.actions_cap,
             },
+            **({"approval": approval} if approval else {}),
         }
         await self._event(tx, "health.remediation.started", x.key, data, now_ms)
         if policy.drain == "ask":
@@ -289,6 +307,20 @@ class HealthReconciler:
                     "more": max(0, len(holds) - 20),
                 }
                 await self._event(tx, "health.drain.asked", x.key, asked, now_ms)
+
+    async def _preapproval(self, tx: Tx, loaded: Loaded, node_id: str, kind: str, now_ms: int) -> tuple[int, str]:
+        """(the policy version whose signed pre-approval covers `kind` on the node, what it says) or (0, why a
+        quorum batch is asked for instead); (0, "") when no approvers exist (nothing needs approving). Only
+        advice: the node checks the signed version itself (docs/health.md)."""
+        if not await quorum.has_approvers(tx):
+            return 0, ""
+        row = await health_sql.policy(tx)
+        if row is None or int(row["version"]) != loaded.policy_version:
+            return 0, "a quorum batch (the policy changed during this pass)"
+        standing = await preapprovals.standing(tx, row, loaded.world.policy, now_ms)
+        facts = loaded.world.nodes.get(node_id)
+        version, note = preapprovals.use(standing, kind, facts.labels if facts else {}, now_ms)
+        return (version, note) if version else (0, f"a quorum batch ({note})")
 
     async def _end(self, tx: Tx, row: Row, event: str, why: str, now_ms: int) -> None:
         state = str(row["state"])

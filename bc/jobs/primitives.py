@@ -193,6 +193,7 @@ async def _command_start(ctx: Ctx) -> Outcome | None:
         payload,
         idempotency_key=f"job:{ctx.dag_id}:{ctx.node.id}",
         requested_by=ctx.requested_by,
+        preapproval=int(str(ctx.param("preapproval", 0))),
     )
     row = await cmds.enqueue_in(ctx.tx, ctx.bus, ctx.signer, req, kind, payload, ctx.now_ms, ctx.rng)
     ctx.detail["command_id"] = str(row["id"])

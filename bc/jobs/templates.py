@@ -11,7 +11,8 @@ The shapes (docs/jobs.md draws each one):
                  per n: group reboot:n {Drain(n) → Command(n, node.reboot)} ⇢ Reconcile(n) tail, Emit(n) tail
     remediate n  group remediate:n {Drain(n) ∥ Batch(gpu.reset, n)} → Command(n, gpu.reset) → Command(n, diag.nvml)}
                  ⇢ Reconcile(n) tail, ResolveApproval tail, Emit(n) tail; the health reconciler's (`gpu_scope`)
-                 drains the named GPUs' holds only, and without approvers has no Batch and no ResolveApproval
+                 drains the named GPUs' holds only, and without approvers (or with a signed pre-approval, whose
+                 policy version its gpu.reset carries) has no Batch and no ResolveApproval
     rollout …    per n (in order, at most --max-unavailable at once): PatchSpec(n, section) ⇢ Emit(n) tail;
                  stop on the first failure
     release …    per n (in order, at most --max-unavailable at once): Command(n, daemon.upgrade) ⇢ Emit(n)
@@ -134,12 +135,13 @@ def _reboot(dag_id: str, subjects: tuple[str, ...], req: JobRequest, facts: Fact
     local = {REBOOT_POOL: req.max_parallel} if req.max_parallel else {}
     pools = ("reboots", *local)
     nodes: list[NodeSpec] = []
-    waves = reboot_waves(subjects, req.max_parallel) if facts.has_approvers else [subjects]
+    batched = facts.has_approvers and not req.preapproved  # a signed pre-approval stands in for the batch
+    waves = reboot_waves(subjects, req.max_parallel) if batched else [subjects]
     previous: tuple[str, list[str]] | None = None  # the wave before: its batch node and group roots
     for i, wave in enumerate(waves, start=1):
         batch = _wave_node("batch", i, len(waves))
         head: tuple[Dep, ...] = ()
-        if facts.has_approvers:
+        if batched:
             params = {
                 "kind": "node.reboot",
                 "nodes": list(wave),
@@ -155,9 +157,11 @@ def _reboot(dag_id: str, subjects: tuple[str, ...], req: JobRequest, facts: Fact
         for n in wave:
             root = f"reboot:{n}"
             roots.append(root)
-            command = {"kind": "node.reboot", "payload_json": _reason_payload(req)}
-            if facts.has_approvers:
+            command: dict[str, object] = {"kind": "node.reboot", "payload_json": _reason_payload(req)}
+            if batched:
                 command["batch_node"] = batch
+            elif req.preapproved:
+                command["preapproval"] = req.preapproved
             nodes += [
                 NodeSpec(root, "Group", subject=n, lease=True, pools=pools, deps=head),
                 NodeSpec(
@@ -169,7 +173,7 @@ def _reboot(dag_id: str, subjects: tuple[str, ...], req: JobRequest, facts: Fact
                 NodeSpec(f"reconcile:{n}", "Reconcile", subject=n, deps=(Dep(root, ANY),), lease=True, tail=True),
                 _emit(n, [root, f"reconcile:{n}"]),
             ]
-        if facts.has_approvers:
+        if batched:
             deps = (Dep(batch, ANY), *(Dep(r, ANY) for r in roots))
             resolve = _wave_node("resolve", i, len(waves))
             nodes.append(NodeSpec(resolve, "ResolveApproval", params={"batch_node": batch}, deps=deps, tail=True))
@@ -214,11 +218,13 @@ def _remediate(dag_id: str, subjects: tuple[str, ...], req: JobRequest, facts: F
         raise UsageError(f"node {n} has no GPU {unknown[0]}")
     root = f"remediate:{n}"
     reset_payload = json.dumps({"gpu_uuids": list(gpus)})
-    batched = facts.has_approvers
+    batched = facts.has_approvers and not req.preapproved  # a signed pre-approval stands in for the batch
     batch = {"kind": "gpu.reset", "nodes": [n], "payload_json": reset_payload, "reason": req.reason}
     reset: dict[str, object] = {"kind": "gpu.reset", "payload_json": reset_payload}
     if batched:
         reset["batch_node"] = "batch"
+    elif req.preapproved:
+        reset["preapproval"] = req.preapproved
     diag = {"kind": "diag.nvml", "payload_json": json.dumps({"gpu_uuids": list(gpus)})}
     drain: dict[str, object] = {"deadline_s": req.deadline_s}
     if req.gpu_scope:  # the GPUs' holds alone; the GPUs are cordoned, the node's other GPUs keep working

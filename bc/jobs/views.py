@@ -22,7 +22,9 @@ class JobRequest:
     reboot's) drain deadline. `gpu_scope`: remediate only, set by the health reconciler and by no Admin
     call: its drain waits for the holds on the named GPUs alone and holds no node out of placement (the
     GPUs are cordoned already), and without approvers its `gpu.reset` is sent directly, as `reboot`'s
-    `node.reboot` is (docs/health.md).
+    `node.reboot` is (docs/health.md). `preapproved`: remediate's and reboot's, set by the health reconciler
+    alone: the health policy version whose signed pre-approval covers the destructive step on this node, so
+    the job asks for no batch and its command carries that version (the node checks it, docs/health.md).
     """
 
     template: str
@@ -35,6 +37,7 @@ class JobRequest:
     max_unavailable: int = 1
     deadline_s: float = 1800.0
     gpu_scope: bool = False
+    preapproved: int = 0
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ path `/v1/metrics`; for gRPC a path is refused (gRPC has none).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 GRPC = "grpc"
 HTTP = "http/protobuf"
@@ -33,6 +34,8 @@ class OtlpConfig:
     secure: bool
     interval_s: float = DEFAULT_INTERVAL_S
     resource: Mapping[str, str] = field(default_factory=dict)
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    """From the section's `headers_secret_ref` (docs/secrets.md): sent with every export, never logged."""
 
 
 def parse(
@@ -76,3 +79,34 @@ def parse(
             f"OTLP export interval {interval_s!r} s is outside {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} seconds"
         )
     return OtlpConfig(target, proto, secure, interval, dict(resource or {}))
+
+
+_HEADER_KEY = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+
+
+def parse_headers(text: str) -> tuple[tuple[str, str], ...]:
+    """OTLP headers from a secret's value: `key=value` entries separated by commas or newlines, values
+    percent-decoded, as OTEL_EXPORTER_OTLP_HEADERS writes them. Keys are lower-cased (gRPC metadata is).
+
+    The sentence of a BadOtlpConfig names the entry by its position and never quotes it: the text is a
+    secret."""
+    out: list[tuple[str, str]] = []
+    entries = [e.strip() for e in re.split(r"[,\n]", text)]
+    for i, entry in enumerate(entries, 1):
+        if not entry:
+            continue
+        key, eq, value = entry.partition("=")
+        key = key.strip().lower()
+        if not eq or not _HEADER_KEY.fullmatch(key):
+            raise BadOtlpConfig(
+                f"entry {i} of the headers secret is not KEY=VALUE with a header name (letters, digits, '-', '_', '.')"
+            )
+        if key.startswith("grpc-") or key in ("te", "content-type", "user-agent"):
+            raise BadOtlpConfig(f"entry {i} of the headers secret sets a header the transport owns")
+        decoded = unquote(value.strip())
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in decoded):
+            raise BadOtlpConfig(f"entry {i} of the headers secret has a control character in its value")
+        out.append((key, decoded))
+    if not out:
+        raise BadOtlpConfig("the headers secret holds no KEY=VALUE entry")
+    return tuple(out)

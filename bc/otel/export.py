@@ -38,10 +38,12 @@ def make_exporter(cfg: OtlpConfig, timeout_s: float) -> MetricExporter:
     if cfg.protocol == GRPC:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
-        return GrpcExporter(endpoint=cfg.endpoint, insecure=not cfg.secure, timeout=timeout_s)
+        return GrpcExporter(
+            endpoint=cfg.endpoint, insecure=not cfg.secure, timeout=timeout_s, headers=dict(cfg.headers) or None
+        )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
-    return HttpExporter(endpoint=cfg.endpoint, timeout=timeout_s)
+    return HttpExporter(endpoint=cfg.endpoint, timeout=timeout_s, headers=dict(cfg.headers) or None)
 
 
 class OtlpPipeline:

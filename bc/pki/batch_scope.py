@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from bc.errors import UsageError
-from bc.pki import merkle
+from bc.pki import merkle, preapproval
 from bc.pki import ssh as ssh_pki
 from bc.protocol import canonical, root_equiv
 from bc.protocol.payloads import payload_for, payload_from_json
@@ -46,6 +46,10 @@ def leaf_digest(b: admin_pb2.BatchInfo) -> bytes:
         return ssh_pki.grant_digest(principal, fingerprint)
     if b.kind == root_equiv.SPEC_BATCH_KIND:
         return spec_change_digest(b)
+    if b.kind == preapproval.BATCH_KIND:  # a health policy version: its digest from the version and text shown
+        version, text = preapproval.payload_of(b.payload_json)
+        preapproval.entries_of_policy(text)  # a text whose pre-approvals cannot be read is not signed
+        return preapproval.policy_digest(version, text)
     payload = payload_for(b.kind, payload_from_json(b.kind, b.payload_json or "{}"))
     return merkle.payload_digest(payload.type_url, payload.value)
 

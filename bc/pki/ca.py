@@ -310,5 +310,12 @@ class CertificateAuthority:
         message = join_answer.answer_message(csr_der, cert_pem, trust, ssh_ca_keys)
         return self._key.sign(message, ec.ECDSA(hashes.SHA256()))
 
+    def sign_activation_ticket(self, message: bytes) -> bytes:
+        """The CA key's signature over a TPM activation's ticket (`bc.pki.tpm_ek.ticket_message`): the server's
+        memory of a challenge, checked when the node comes back with the secret."""
+        if not message.startswith(b"bc.v1/tpm-activation\n"):
+            raise ValueError("the CA signs only TPM activation tickets here")
+        return self._key.sign(message, ec.ECDSA(hashes.SHA256()))
+
     def _ca_public_key(self) -> ec.EllipticCurvePublicKey:
         return self._key.public_key()

@@ -58,6 +58,11 @@ class TpmPublic:
     key: ec.EllipticCurvePublicKey
 
     @property
+    def tpm2b(self) -> bytes:
+        """The TPM2B_PUBLIC this area came in (its size, then the area)."""
+        return struct.pack(">H", len(self.area)) + self.area
+
+    @property
     def name(self) -> bytes:
         """The TPM name: the name algorithm (2 bytes) then the SHA-256 of the public area."""
         return struct.pack(">H", self.name_alg) + hashlib.sha256(self.area).digest()

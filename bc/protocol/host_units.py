@@ -21,10 +21,13 @@ name.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from bc.protocol import secret_refs
 
 
 class UnitInvalid(ValueError):
@@ -309,9 +312,10 @@ class Join:
     """A `kubeadm join` by bootstrap token: the token is a secret (never in a log, an event or a message)."""
 
     api_server: str
-    token: str = field(repr=False)
+    token: str = field(repr=False)  # "" while `token_ref` names the secret that holds it
     ca_cert_hashes: tuple[str, ...]
     labels: tuple[tuple[str, str], ...] = ()
+    token_ref: str = ""  # `token_secret_ref`: the secret broker's secret holding the token (docs/secrets.md)
 
 
 def label_problem(key: Any, value: Any) -> str | None:
@@ -328,8 +332,29 @@ def label_problem(key: Any, value: Any) -> str | None:
     return None
 
 
+def with_node_labels(join: Join, node_labels: Mapping[str, str]) -> tuple[Join, tuple[tuple[str, str], ...]]:
+    """The join with bc's node labels (`bc nodes label`, as the node's signed spec carries them) added to the
+    unit's own `labels`, which win on a shared key; and the bc labels left out, each with why: one the kubelet
+    may not set (`label_problem`: the kubernetes.io and k8s.io namespaces, which the kubelet refuses to set on
+    itself) or past `MAX_LABELS` in all. Pure: the same labels give the same join."""
+    own = dict(join.labels)
+    merged = dict(own)
+    skipped: list[tuple[str, str]] = []
+    for key, value in sorted(node_labels.items()):
+        if key in own:
+            continue
+        problem = label_problem(key, value)
+        if problem is not None:
+            skipped.append((key, problem))
+        elif len(merged) >= MAX_LABELS:
+            skipped.append((key, f"the join already has {MAX_LABELS} labels"))
+        else:
+            merged[key] = value
+    return dataclasses.replace(join, labels=tuple(sorted(merged.items()))), tuple(skipped)
+
+
 def parse_join(settings: Mapping[str, Any]) -> Join:
-    allowed = {"api_server", "token", "ca_cert_hashes", "labels"}
+    allowed = {"api_server", "token", "token_secret_ref", "ca_cert_hashes", "labels"}
     unknown = sorted(set(settings) - allowed)
     if unknown:
         raise UnitInvalid(
@@ -339,8 +364,14 @@ def parse_join(settings: Mapping[str, Any]) -> Join:
     m = _ENDPOINT.fullmatch(server) if isinstance(server, str) else None
     if m is None or not 0 < int(m.group("port")) < 65536:
         raise UnitInvalid("kubernetes: api_server must be host:port (a DNS name, an IPv4 address or [IPv6])")
-    token = settings.get("token")
-    if not isinstance(token, str) or not _TOKEN.fullmatch(token):  # never echoed: it is a secret
+    token, ref = settings.get("token"), settings.get("token_secret_ref")
+    if (token is None) == (ref is None):
+        raise UnitInvalid("kubernetes: give the join token as token_secret_ref (a secret's name) or token, one of them")
+    if ref is not None:
+        if not isinstance(ref, str) or not secret_refs.NAME_RE.fullmatch(ref):
+            raise UnitInvalid("kubernetes: token_secret_ref must be a secret name (1-128 of a-z 0-9 . _ -)")
+        token = ""
+    elif not is_bootstrap_token(token):  # never echoed: it is a secret
         raise UnitInvalid("kubernetes: token must be a bootstrap token (6 and 16 of a-z 0-9, joined by a dot)")
     hashes = settings.get("ca_cert_hashes")
     if (
@@ -356,7 +387,11 @@ def parse_join(settings: Mapping[str, Any]) -> Join:
         problem = label_problem(key, value)
         if problem:
             raise UnitInvalid(f"kubernetes: {problem}")
-    return Join(str(server), token, tuple(hashes), tuple(sorted(labels.items())))
+    return Join(str(server), str(token), tuple(hashes), tuple(sorted(labels.items())), str(ref or ""))
+
+
+def is_bootstrap_token(token: Any) -> bool:
+    return isinstance(token, str) and _TOKEN.fullmatch(token) is not None
 
 
 # -- all -------------------------------------------------------------------------------------------

@@ -35,6 +35,10 @@ REQUEST_MESSAGES: dict[str, type[Message]] = {
     "boot.prepareRamdisk": site_kinds_pb2.BootPrepareRamdiskRequest,
     "boot.cleanUp": site_kinds_pb2.BootCleanUpRequest,
     "site.httpProxy": site_kinds_pb2.SiteHttpProxyRequest,
+    # the ramdisk role's (docs/metal-ramdisk.md)
+    "disk.wipe": kinds_pb2.DiskWipeRequest,
+    "deploy.image": kinds_pb2.DeployImageRequest,
+    "boot.kexec": kinds_pb2.BootKexecRequest,
 }
 """Each kind's request message; every other kind takes a `google.protobuf.Struct`."""
 

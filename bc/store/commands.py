@@ -75,6 +75,7 @@ async def insert(
     now_ms: int,
     held: bool = False,
     requested_by: str = "",
+    preapproval: int = 0,
 ) -> Row | None:
     """Insert a pending command and return its row; None when the node already has one with this idempotency
     key (nothing inserted). The row comes back with the INSERT (`RETURNING *`), as `get` would read it."""
@@ -82,9 +83,9 @@ async def insert(
         "INSERT INTO commands (id, node_id, seq, kind, lane, body, signature, signer_key_id, state, not_before_ms,"
         " not_after_ms, held,"
         " min_generation, idempotency_key, retry_safe, self_terminating, attested, batch_id, requested_by,"
-        " created_at_ms, updated_at_ms)"
+        " preapproval, created_at_ms, updated_at_ms)"
         " VALUES (:id, :n, :seq, :kind, :lane, :body, :sig, :signer, 'pending', :nb, :na, :held, :mg, :key, :rs, :st,"
-        " :at, :batch, :rb, :t, :t)"
+        " :at, :batch, :rb, :pre, :t, :t)"
         " ON CONFLICT (node_id, idempotency_key) DO NOTHING RETURNING *",
         {
             "id": id_,
@@ -105,6 +106,7 @@ async def insert(
             "at": int(attested),
             "batch": batch_id,
             "rb": requested_by,
+            "pre": preapproval,
             "t": now_ms,
         },
     )

@@ -31,6 +31,25 @@ async def add_policy(tx: Tx, text: str, set_by: str, reason: str, now_ms: int) -
     return version
 
 
+async def policy_version(tx: Tx, version: int) -> Row | None:
+    return await tx.fetchone("SELECT * FROM health_policies WHERE version = :v", {"v": version})
+
+
+async def preapproval_batches(tx: Tx, before: int) -> list[Row]:
+    """(version, preapproval_batch) of the versions before `before` that opened a pre-approval batch."""
+    return await tx.fetchall(
+        "SELECT version, preapproval_batch FROM health_policies WHERE version < :v AND preapproval_batch <> ''"
+        " ORDER BY version",
+        {"v": before},
+    )
+
+
+async def set_preapproval_batch(tx: Tx, version: int, batch_id: str) -> None:
+    await tx.execute(
+        "UPDATE health_policies SET preapproval_batch = :b WHERE version = :v", {"b": batch_id, "v": version}
+    )
+
+
 # -- what the reconciler reads of the fleet ----------------------------------------------------------------
 
 

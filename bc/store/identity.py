@@ -113,3 +113,12 @@ async def latest_cert_serial(tx: Tx, node_id: str, identity_generation: int) -> 
         {"n": node_id, "g": identity_generation},
     )
     return None if value is None else str(value)
+
+
+async def identity_issued_at_ms(tx: Tx, node_id: str, identity_generation: int) -> int | None:
+    """When the node's identity of this generation was made: its first certificate's issue time (the join)."""
+    value = await tx.fetchval(
+        "SELECT MIN(issued_at_ms) FROM node_certs WHERE node_id = :n AND identity_generation = :g",
+        {"n": node_id, "g": identity_generation},
+    )
+    return None if value is None else int(value)

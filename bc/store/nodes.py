@@ -115,7 +115,7 @@ async def ensure(tx: Tx, node_id: str, role: str, now_ms: int) -> bool:
 
 async def spec_for_update(tx: Tx, node_id: str, lock: str = "") -> Row | None:
     return await tx.fetchone(
-        "SELECT node_id, spec, spec_hash, generation, spec_body FROM nodes"
+        "SELECT node_id, spec, spec_hash, generation, spec_body, labels FROM nodes"
         f" WHERE node_id = :n AND deleted_at_ms IS NULL {lock}",
         {"n": node_id},
     )

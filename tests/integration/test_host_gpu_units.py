@@ -17,6 +17,7 @@ import pytest
 from agent.converge.host import HostConverger
 from agent.converge.host_ops import FakeRunner, HostOps
 from agent.converge.run import CONVERGED, FAILED, SectionResult
+from agent.converge.secret_port import SecretRefused, SecretUnavailable
 from agent.health.rules import Verdict
 from agent.hw import cdi
 from agent.hw.fake import FakeHardware, InProcessReboot
@@ -36,7 +37,10 @@ class Node:
         self.hw = FakeHardware(profile, "node-a", state_dir=tmp / "hw", reboot=InProcessReboot(hook=lambda: None))
         seed_host_root(self.root, self.hw.inventory(), self.hw.capabilities.nvswitches)
         self.runner = FakeRunner(tools=self.hw.capabilities.tools, log_file=tmp / "fake-host-commands.jsonl")
-        self.converger = HostConverger(HostOps(self.root, run=self.runner), self.hw, cdi_dir=self.cdi_dir)
+        self.labels: dict[str, str] = {}  # the node's bc labels, as its held spec body carries them
+        self.converger = HostConverger(
+            HostOps(self.root, run=self.runner), self.hw, cdi_dir=self.cdi_dir, node_labels=lambda: self.labels
+        )
 
     async def converge(self, generation: int = 1, **units: object) -> SectionResult:
         section = spec_pb2.HostSection(
@@ -250,6 +254,31 @@ async def test_a_kubernetes_join_keeps_its_token_out_of_every_record_log_and_mes
     assert not (node.root / "etc/kubernetes/kubelet.conf").exists()
 
 
+async def test_the_join_registers_the_nodes_bc_labels_that_kubernetes_accepts_as_they_are_at_the_join(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path, "hgx-h100-8")
+    node.labels = {"bc.dev/pool": "b", "rack": "r1", "node-role.kubernetes.io/gpu": "", "team": "ml"}
+    node.runner.fail_on.append(("kubeadm", "join"))
+    await node.converge(kubernetes=JOIN)  # the first join fails: nothing registered yet
+    said = node.conditions()["KubernetesJoined"]
+    assert said.reason == "JoinFailed" and said.message.endswith("; bc labels left out: node-role.kubernetes.io/gpu")
+
+    node.labels = {**node.labels, "rack": "r2"}  # relabelled meanwhile: the next join takes the labels of now
+    node.runner.fail_on.clear()
+    assert (await node.converge(2, kubernetes=JOIN)).state == CONVERGED
+    kubelet = (node.root / "etc/kubernetes/kubelet.conf").read_text()
+    # the unit's own setting wins on a shared key (bc.dev/pool=a); the kubelet may not set node-role.kubernetes.io
+    assert '# node-labels: "bc.dev/pool=a,rack=r2,team=ml"' in kubelet, kubelet
+    seen = node.conditions()["KubernetesJoined"]
+    assert seen.message == "joined to 10.0.0.1:6443; bc labels left out: node-role.kubernetes.io/gpu"
+
+    assert node.changes()[-1][:2] == ["kubeadm", "join"]
+    node.labels = {"rack": "r3"}
+    assert (await node.converge(3, kubernetes=JOIN)).state == CONVERGED
+    assert node.changes() == []  # a joined node is not joined again: kubeadm does not relabel (docs/host.md)
+
+
 @pytest.mark.parametrize("os_release", ['ID="rocky"\nID_LIKE="rhel centos fedora"\n'])
 async def test_a_dnf_host_installs_with_dnf(tmp_path: Path, os_release: str) -> None:
     node = Node(tmp_path, "hgx-h100-8")
@@ -257,3 +286,64 @@ async def test_a_dnf_host_installs_with_dnf(tmp_path: Path, os_release: str) -> 
     assert (await node.converge(**{"nvidia-driver": {"version": "550.127.05"}})).state == CONVERGED
     assert node.changes() == [["dnf", "install", "-y", "-q", "nvidia-driver-550.127.05"]]
     assert node.conditions()["DriverMismatch"].reason == "RebootRequired"
+
+
+class Broker:
+    """The secret port as a converger sees it (agent.converge.secret_port): a value, no answer, or a refusal."""
+
+    def __init__(self) -> None:
+        self.value: bytes | Exception = SecretUnavailable("no session to ask the broker on")
+        self.asked: list[tuple[str, str, int, str]] = []
+
+    async def get(self, name: str, section: str, generation: int, unit: str = "") -> bytes:
+        self.asked.append((name, section, generation, unit))
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+    def release(self, section: str, unit: str = "") -> None:
+        pass
+
+
+async def test_a_kubernetes_join_by_secret_reference_waits_for_the_broker(tmp_path: Path) -> None:
+    node = Node(tmp_path, "hgx-h100-8")
+    broker = Broker()
+    node.converger.ctx.secrets = broker
+    by_ref = {"api_server": "10.0.0.1:6443", "token_secret_ref": "k8s-join", "ca_cert_hashes": [HASH]}
+
+    waiting = await node.converge(3, kubernetes=by_ref)  # no answer: retried, never failed for good
+    assert (waiting.state, waiting.terminal) == (FAILED, False) and "no session" in waiting.message
+    assert node.conditions()["KubernetesJoined"].reason == "JoinFailed"
+    assert broker.asked == [("k8s-join", "host", 3, "kubernetes")]
+
+    broker.value = SecretRefused("out-of-scope", "the secret's scope does not admit node node-a")
+    refused = await node.converge(3, kubernetes=by_ref)
+    assert (refused.state, refused.terminal) == (FAILED, False) and "out-of-scope" in refused.message
+
+    broker.value = b"not-a-token\n"
+    bad = await node.converge(3, kubernetes=by_ref)
+    assert "is not a bootstrap token" in bad.message and "not-a-token" not in bad.message
+
+    broker.value = (TOKEN + "\n").encode()
+    assert (await node.converge(3, kubernetes=by_ref)).state == CONVERGED
+    assert node.changes()[-1][:2] == ["kubeadm", "join"]
+    assert (node.root / "etc/kubernetes/kubelet.conf").exists()
+    asked = len(broker.asked)
+    assert (await node.converge(4, kubernetes=by_ref)).state == CONVERGED
+    assert len(broker.asked) == asked  # a joined node never asks again
+    records = [p.read_text() for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl")]
+    assert not [t for t in records if "0123456789abcdef" in t]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"api_server": "10.0.0.1:6443", "ca_cert_hashes": [HASH]},
+        {"api_server": "10.0.0.1:6443", "token": TOKEN, "token_secret_ref": "k", "ca_cert_hashes": [HASH]},
+        {"api_server": "10.0.0.1:6443", "token_secret_ref": "Bad Name", "ca_cert_hashes": [HASH]},
+    ],
+)
+async def test_the_token_is_the_spec_s_or_a_secret_s_never_both(tmp_path: Path, settings: dict[str, object]) -> None:
+    node = Node(tmp_path, "hgx-h100-8")
+    result = await node.converge(kubernetes=settings)
+    assert (result.state, result.terminal, result.reason) == (FAILED, True, "UnitInvalid")

@@ -36,6 +36,7 @@ from bc.protocol.pb import site_kinds_pb2 as pb
 from bc.protocol.pb import spec_pb2
 
 KERNEL = b"kernel bytes " * 1000
+OS_IMAGE = b"an installed OS " * 4000
 INITRD = b"initramfs bytes " * 3000
 MAC = "52:54:00:aa:bb:01"
 OTHER_MAC = "52:54:00:aa:bb:02"
@@ -73,7 +74,7 @@ class Images:
     def __init__(self) -> None:
         self.gate = threading.Event()
         self.gate.set()
-        self.files = {"/kernel": KERNEL, "/initrd": INITRD, "/liar": b"not what you asked for"}
+        self.files = {"/kernel": KERNEL, "/initrd": INITRD, "/os": OS_IMAGE, "/liar": b"not what you asked for"}
 
 
 @pytest.fixture
@@ -127,7 +128,12 @@ class Site:
 
     def section(self, base: str, *names: str, digests: dict[str, str] | None = None) -> spec_pb2.SiteSection:
         digests = digests or {}
-        want = {"kernel": sha(KERNEL), "initrd": sha(INITRD), "liar": sha(b"the bytes the operator meant")}
+        want = {
+            "kernel": sha(KERNEL),
+            "initrd": sha(INITRD),
+            "os": sha(OS_IMAGE),
+            "liar": sha(b"the bytes the operator meant"),
+        }
         return spec_pb2.SiteSection(
             cache_images=[spec_pb2.CacheImage(url=f"{base}/{n}", sha256=digests.get(n, want[n])) for n in names],
             machines=[spec_pb2.SiteMachine(name="m1", bmc_url="https://10.9.0.1", macs=[MAC])],
@@ -222,14 +228,20 @@ async def test_a_download_that_fails_is_retried_while_the_section_progresses(
 
 async def test_a_lease_serves_the_machine_its_ramdisk_and_nothing_else(site: Site, images: tuple[str, Images]) -> None:
     base, _ = images
-    assert (await site.converge_until_settled(site.section(base, "kernel", "initrd"))).state == CONVERGED
+    assert (await site.converge_until_settled(site.section(base, "kernel", "initrd", "os"))).state == CONVERGED
     # No lease yet: no script, no image.
     assert (await site.get(f"/boot/{MAC}.ipxe")).status_code == 404
     assert (await site.get(f"/images/{sha(KERNEL)}")).status_code == 404
 
+    assert (await site.get(f"/images/{sha(OS_IMAGE)}")).status_code == 404  # cached, named by no lease
     r = await site.run("boot.prepareRamdisk", prepare())
     assert r.ok, r.message
     assert "tok.en-123" not in json.dumps(r.result)
+    assert (await site.get(f"/images/{sha(OS_IMAGE)}")).status_code == 404  # not this lease's either
+    r = await site.run("boot.prepareRamdisk", prepare(image_sha256=[sha(OS_IMAGE)]))  # the same lease, replaced
+    assert r.ok, r.message
+    assert r.result["images"] == [f"http://{site.http}/images/{sha(OS_IMAGE)}"]
+    assert (await site.get(f"/images/{sha(OS_IMAGE)}")).content == OS_IMAGE
     chain = await site.get("/boot.ipxe")
     assert chain.text == f"#!ipxe\nchain http://{site.http}/boot/${{net0/mac}}.ipxe\n"
     script = (await site.get(f"/boot/{MAC}.ipxe")).text

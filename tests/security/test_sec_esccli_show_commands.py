@@ -44,7 +44,9 @@ ESCAPED = ("\\x0a", "\\x00", "\\x1b]0;owned\\x07", "\\u202e", "\\x0d", "\\x9b", 
 """How HOSTILE reads once escaped, piece by piece: what an operator sees instead."""
 
 READ_NAMES = frozenset({"show", "list", "status"})
-LISTING = frozenset({"nodes", "approvers", "operators", "events", "reservations", "usage", "jobs slots"})
+LISTING = frozenset(
+    {"nodes", "approvers", "operators", "events", "reservations", "usage", "jobs slots", "secret versions"}
+)
 """Read commands not named show/list/status: groups that list when called alone, and listings by name."""
 
 
@@ -110,6 +112,14 @@ def hostile_node_report(lab: Lab, node_id: str) -> None:
                 healthy=True,
             )
         ],
+        # A ramdisk's machine (bc.cli.machine_view): every string the machine's /sys gave it.
+        disks=[
+            common_pb2.Disk(
+                name=HOSTILE, size_bytes=1 << 30, transport=HOSTILE, model=HOSTILE, serial=HOSTILE, mounted=[HOSTILE]
+            )
+        ],
+        nics=[common_pb2.Nic(name=HOSTILE, mac=HOSTILE, speed_mbps=1000, operstate=HOSTILE, pci_bus_id=HOSTILE)],
+        pci_gpus=[common_pb2.PciDevice(bus_id=HOSTILE, vendor=HOSTILE, device=HOSTILE, driver=HOSTILE, numa_node=0)],
     )
     report = StatusReport(
         applied_spec_hash=HOSTILE,
@@ -168,7 +178,11 @@ def fill(lab: Lab, tmp_path: Path) -> dict[str, str]:
         keys["alice"].config, "approve", "reject", batch["id"], "--key", str(keys["alice"].key), "--reason", HOSTILE
     )
     assert rejected.exit_code == 0, rejected.output
+    value = tmp_path / "secret-value"
+    value.write_bytes(HOSTILE.encode())  # never shown; what is shown is the name, scope and who
+    ok_json("secret", "set", "s1", f"@{value}", "--node", "n1", "--label", "pool=a")
     return {
+        "secret": "s1",
         "node": "n1",
         "command": command_id,
         "job": str(job["id"]),
@@ -202,6 +216,8 @@ def argv(path: str, ids: dict[str, str]) -> list[str]:
         "release status": [],
         "reservation show": [ids["reservation"]],
         "reservations": ["--all"],
+        "secret list": [],
+        "secret versions": [ids["secret"]],
         "spec show": [ids["node"]],
         "ssh ca show": [],
         "ssh list": [],

@@ -38,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agent.converge.gpu_packages import Package, package_manager, query_argv, upstream_version
 from agent.converge.host_ops import HostOps
+from agent.converge.secret_port import SecretSource
 from agent.health.rules import Verdict
 from agent.hw.base import HardwareBackend
 from bc.protocol.host_units import UnitInvalid
@@ -81,6 +82,12 @@ class HostContext:
     """GPU UUIDs with a hold on them or on a part of them (the devices converger's CDI files)."""
     cdi_dir: Path | None = None
     """Where bc's CDI specs are (the container runtimes are pointed there)."""
+    node_labels: Callable[[], Mapping[str, str]] = dict
+    """The node's bc labels, as its held (signed) spec body carries them (the kubernetes unit's node labels)."""
+    secrets: SecretSource | None = None
+    """The secret broker (docs/secrets.md), for a unit whose settings name a secret (`kubernetes`)."""
+    generation: int = 0
+    """The spec generation this pass converges: what a secret request is bound to."""
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class CommandFrame:
     attempt: int
     batch_id: str
     batch_proof: bytes
+    preapproval: int = 0  # the health policy version whose signed pre-approval goes with it (0: none)
 
     @classmethod
     def of(cls, row: Row, attempt: int | None = None) -> CommandFrame:
@@ -60,6 +61,7 @@ class CommandFrame:
             attempt=int(row["attempt"] or 0) if attempt is None else attempt,
             batch_id=str(row["batch_id"] or ""),
             batch_proof=bytes(row["batch_proof"] or b""),
+            preapproval=int(row.get("preapproval") or 0),
         )
 
 

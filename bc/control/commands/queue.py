@@ -73,6 +73,7 @@ class EnqueueRequest:
     not_before_s: float = 0
     batch_id: str = ""
     requested_by: str = ""  # the operator who asked ("" for the control plane's own)
+    preapproval: int = 0  # the health policy version whose signed pre-approval the gateway sends with it
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,7 @@ async def enqueue_in(
         now_ms=now_ms,
         held=held,
         requested_by=req.requested_by,
+        preapproval=req.preapproval,
     )
     if row is None:
         # A concurrent enqueue with the same key committed first (PostgreSQL); it wins.

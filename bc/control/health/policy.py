@@ -14,7 +14,8 @@ turns a limit off.
       "on_reset_failure": "reboot",    reboot | quarantine
       "repeat_window_s": 86400,        a GPU sick again within this long of its last remediation is quarantined
       "flap_window_s": 600,            a queued condition that clears comes back within this as the same episode
-      "limits": {"max_nodes": 1, "max_fleet_percent": 10, "per_label": "", "max_actions_per_hour": 4}
+      "limits": {"max_nodes": 1, "max_fleet_percent": 10, "per_label": "", "max_actions_per_hour": 4},
+      "preapprove": [{"kind": "gpu.reset", "pool": {"pool": "a"}, "expires_at_ms": 1790000000000}]
     }
 
 Rules are read in order; the first whose `match` a condition carries (`xid:*` matches any XID) decides.
@@ -23,6 +24,9 @@ started only once no live hold is on the GPU), `quarantine` (cordon for good, ra
 A node condition's signal (`driver-reboot`, `driver`, `fabric-manager`, `container-toolkit`, `kubernetes`:
 `bc.control.health.conditions`) takes `reboot` (the node's `reboot` job: drain, `node.reboot`) or `none`;
 the defaults reboot for `driver-reboot` (an installed driver that needs a reboot) and leave the others alone.
+
+`preapprove` (none by default) names destructive kinds the reconciler may run in a pool without a batch of
+their own: they count only once k approvers signed the version (`bc.pki.preapproval`, which validates them).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bc.errors import UsageError
+from bc.pki import preapproval as pre
 
 RESET, RESET_WHEN_IDLE, QUARANTINE, NONE, REBOOT = "reset", "reset-when-idle", "quarantine", "none", "reboot"
 ACTIONS: tuple[str, ...] = (RESET, RESET_WHEN_IDLE, QUARANTINE, NONE, REBOOT)
@@ -97,6 +102,8 @@ class Policy:
     repeat_window_s: int = 86_400
     flap_window_s: int = 600
     limits: Limits = field(default_factory=Limits)
+    preapprove: tuple[pre.Preapproval, ...] = ()
+    """What the version pre-approves once k approvers signed it (docs/health.md); nothing before that."""
 
     def action_for(self, signals: Mapping[str, int]) -> tuple[str, str]:
         """(the action, the rule's match) of the first rule the signals meet; (`none`, "") when none does."""
@@ -125,6 +132,7 @@ class Policy:
                 "per_label": self.limits.per_label,
                 "max_actions_per_hour": self.limits.max_actions_per_hour,
             },
+            "preapprove": [p.doc() for p in self.preapprove],
         }
 
     def text(self) -> str:
@@ -171,6 +179,8 @@ def from_doc(doc: Mapping[str, Any]) -> Policy:
         p = replace(p, flap_window_s=_int(doc["flap_window_s"], "flap_window_s", 0, MAX_WINDOW_S))
     if "limits" in doc:
         p = replace(p, limits=_limits(doc["limits"]))
+    if "preapprove" in doc:
+        p = replace(p, preapprove=pre.entries(doc["preapprove"]))
     return p
 
 

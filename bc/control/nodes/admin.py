@@ -15,6 +15,8 @@ import json
 from bc.control.base.bus import Bus
 from bc.control.base.events import publish
 from bc.control.commands import queue as cmds
+from bc.control.nodes import specs
+from bc.control.signing.signer import Signer
 from bc.errors import Conflict, NotFound, UsageError
 from bc.protocol import labels as node_labels
 from bc.store import Store, Tx
@@ -53,8 +55,16 @@ async def cordon(store: Store, bus: Bus, node_id: str, cordoned: bool) -> bool:
     return changed
 
 
-async def label(store: Store, bus: Bus, node_id: str, set_: dict[str, str], remove: list[str]) -> dict[str, str]:
-    """Set and remove operator labels in one write; returns the node's labels after."""
+async def label(
+    store: Store,
+    bus: Bus,
+    node_id: str,
+    set_: dict[str, str],
+    remove: list[str],
+    signer: Signer,
+) -> dict[str, str]:
+    """Set and remove operator labels in one write; returns the node's labels after. The node's spec is
+    written again in the same transaction (a new generation: its signed body carries the labels)."""
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
         row = await nodes_sql.role_and_labels(tx, node_id)
@@ -65,6 +75,7 @@ async def label(store: Store, bus: Bus, node_id: str, set_: dict[str, str], remo
         if after != before:
             await nodes_sql.set_labels(tx, node_id, json.dumps(after, sort_keys=True))
             await publish(tx, bus, "node.labelled", node_id, {"set": set_, "removed": remove}, now_ms)
+            await specs.write_spec(tx, bus, signer, node_id, lambda _spec: None, now_ms, lock=store.for_update())
     return after
 
 

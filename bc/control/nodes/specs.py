@@ -4,7 +4,10 @@ Every generation's encoded `DesiredStateBody` is stored with it (`spec_body`),
 so gateways relay exactly the bytes written here and never re-encode; the
 signature and its signer's key id are written by the same statement, made by
 the `Signer` every caller passes in (`UNSIGNED` from `NullSigner` when
-command signing is off).
+command signing is off). The body also carries the node's operator labels
+(`body_labels`): a label change alone is a new generation of the same spec
+(`bc nodes label` writes it), so the node reads its labels from a signed body
+(a health pre-approval's pool, the kubernetes unit's node labels).
 
 Sizes (`bc.protocol.limits`): a section over `max_section_bytes` is refused
 before its transaction, and a spec whose canonical JSON or encoded body would
@@ -16,7 +19,8 @@ limit) smaller is allowed, so such a spec can be repaired.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError, Message
@@ -26,6 +30,7 @@ from bc.control.base.events import publish
 from bc.control.signing.signer import Signer
 from bc.errors import NotFound
 from bc.protocol import canonical, limits, spec_validation
+from bc.protocol import labels as node_labels
 from bc.protocol.pb import spec_pb2
 from bc.protocol.pb.session_pb2 import DesiredStateBody, SectionApproval
 from bc.store import Store, Tx
@@ -46,11 +51,29 @@ def encode_body(
     spec: spec_pb2.NodeSpec,
     spec_hash: str,
     approvals: Sequence[SectionApproval] = (),
+    labels: Mapping[str, str] | None = None,
 ) -> bytes:
     body = DesiredStateBody(node_id=node_id, generation=generation, spec_hash=spec_hash, base_generation=0)
     body.full.CopyFrom(spec)
     body.section_approvals.extend(approvals)
+    body.labels.update(labels or {})
     return body.SerializeToString(deterministic=True)
+
+
+def body_labels(labels_json: object) -> dict[str, str]:
+    """The labels a node's spec body carries: its operator's (`bc nodes label`), not the system's `bc.dev/cap.*`
+    and `bc.dev/driver.*`, which are the node's own word and change with its Hello, not with a spec."""
+    doc = json.loads(str(labels_json or "{}"))
+    return {str(k): str(v) for k, v in sorted(doc.items()) if not node_labels.is_system(str(k))}
+
+
+def labels_of_body(body: bytes | None) -> dict[str, str]:
+    previous = DesiredStateBody()
+    try:
+        previous.ParseFromString(body or b"")
+    except DecodeError:
+        return {}
+    return dict(previous.labels)
 
 
 def carried_approvals(
@@ -103,13 +126,16 @@ async def write_spec(
     mutate(spec)
     text = canonical.spec_to_canonical(spec)
     generation = int(row["generation"])
-    if text == str(row["spec"]) and generation > 0:
+    old_body = row.get("spec_body")
+    labels = body_labels(row.get("labels"))
+    # A label change is a new generation of the same spec: the node's labels travel in its signed body.
+    same_labels = labels == labels_of_body(bytes(old_body) if old_body is not None else None)
+    if text == str(row["spec"]) and generation > 0 and same_labels:
         return SpecWrite(node_id, generation, str(row["spec_hash"]), changed=False)
     generation += 1
     h = canonical.spec_hash(text)
-    old_body = row.get("spec_body")
     kept = carried_approvals(bytes(old_body) if old_body is not None else None, old_spec, spec, approvals)
-    body = encode_body(node_id, generation, spec, h, kept)
+    body = encode_body(node_id, generation, spec, h, kept, labels)
     after = spec_size(text, body)
     if after > before:  # a write that shrinks a spec stored before the limit is let through
         limits.check_size(f"the spec of {node_id} would be", after, "max_spec_bytes")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from bc.control.health import decide as d
+from bc.control.health import preapprovals
 from bc.control.health import world as health_world
 from bc.protocol.pb import admin_pb2
 from bc.store import Row, Store, Tx
@@ -101,11 +102,22 @@ def _episode(r: Row, job_state: str) -> admin_pb2.HealthEpisodeInfo:
 
 async def health_policy(store: Store) -> admin_pb2.HealthPolicyInfo:
     """The policy in force (the defaults as version 0 when never set) and its latest versions."""
+    now_ms = await store.now_ms()
     async with store.transaction(write=False) as tx:
         row = await health_sql.policy(tx)
         history = await health_sql.policy_versions(tx, HISTORY_SHOWN)
         policy, version = await health_world.load_policy(tx)
+        standing = await preapprovals.standing(tx, row, policy, now_ms)
     info = admin_pb2.HealthPolicyInfo(version=version, policy_json=json.dumps(policy.doc(), indent=None))
+    info.preapproval_batch, info.preapproval_state = standing.batch_id, standing.state
+    info.preapproval_approvals, info.preapproval_threshold = standing.approvals, standing.threshold
+    for p in standing.entries:
+        info.preapprovals.add(
+            kind=p.kind,
+            pool=dict(p.pool),
+            expires_at_ms=p.expires_at_ms,
+            state=preapprovals.entry_state(p, standing, now_ms),
+        )
     if row is not None:
         info.set_by, info.set_at_ms, info.reason = str(row["set_by"]), int(row["set_at_ms"]), str(row["reason"])
     for h in history:

@@ -40,7 +40,7 @@ def _parse(pem: str) -> x509.Certificate:
     return cert
 
 
-async def _node_certs(tx: Tx, node_id: str) -> list[x509.Certificate]:
+async def node_certs(tx: Tx, node_id: str) -> list[x509.Certificate]:
     return [_parse(pem) for pem in await rev_sql.live_certs(tx, node_id)]
 
 
@@ -52,7 +52,7 @@ async def check_result(tx: Tx, signer: Signer, node_id: str, update: session_pb2
     if not update.node_sig:
         return "unsigned"
     msg = attest.result_message(update.command_id, session_pb2.CommandState.Name(update.state), update.result)
-    if attest.verify_by_any(await _node_certs(tx, node_id), msg, update.node_sig):
+    if attest.verify_by_any(await node_certs(tx, node_id), msg, update.node_sig):
         return None
     return "bad-signature"
 
@@ -63,6 +63,6 @@ async def check_report(tx: Tx, signer: Signer, node_id: str, report: session_pb2
         return None
     if not report.node_sig:
         return "unsigned"
-    if attest.verify_by_any(await _node_certs(tx, node_id), attest.report_message(report.body), report.node_sig):
+    if attest.verify_by_any(await node_certs(tx, node_id), attest.report_message(report.body), report.node_sig):
         return None
     return "bad-signature"

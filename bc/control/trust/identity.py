@@ -39,7 +39,7 @@ from bc.errors import BcError, Unauthenticated, UsageError
 from bc.pki import renewal as pki_renewal
 from bc.pki import tokens as pki_tokens
 from bc.pki import tpm_attest
-from bc.pki.ca import NODE_MAX_TTL_S, CertificateAuthority
+from bc.pki.ca import NODE_MAX_TTL_S, RAMDISK_MAX_TTL_S, CertificateAuthority
 from bc.pki.identity import PeerIdentity, peer_identity
 from bc.pki.secrets_source import Secrets
 from bc.pki.session_cert import session_of
@@ -48,11 +48,14 @@ from bc.seams.clock import Clock
 from bc.store import Store, Tx
 from bc.store import identity as id_sql
 from bc.store import nodes as nodes_sql
+from bc.store.base import Row
 
 NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 ROLES = ("node", "site", "ramdisk")
 MIN_TTL_S, MAX_TTL_S = 60, 7 * 24 * 3600
 NODE_CERT_TTL_S = 24 * 3600
+RAMDISK_MIN_LEFT_S = 60
+"""A ramdisk renewal with less of its 2 h left than this is refused: the certificate would be over at once."""
 
 log = logging.getLogger("bc.control.trust.identity")
 
@@ -129,6 +132,7 @@ async def join(
     proof: bytes,
     ttl_s: int = NODE_CERT_TTL_S,
     tpm: TpmCertification | None = None,
+    endorsed: bool = False,
 ) -> Joined:
     """Consume the token and issue the node's certificate (`ttl_s`, at most 24 h) for the key in the CSR.
 
@@ -136,26 +140,13 @@ async def join(
     is checked before the token's state, so only the token's holder learns that it was used or expired.
     With `tpm` (`bc join --attestor tpm`), the CSR's key must be one the TPM's attestation key certifies, and
     the certificate names that AK (`bc.pki.tpm_attest`): from then on the node renews only with next keys it
-    certifies.
+    certifies. `endorsed`: the AK was activated against the TPM's EK certificate first (`bc.pki.tpm_ek`), which
+    the `node.joined` event says.
     """
-    try:
-        csr = x509.load_der_x509_csr(csr_der)
-    except ValueError:
-        raise UsageError("the join request's CSR does not parse") from None
+    csr = _csr(csr_der)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
-        tok = await id_sql.get_token(tx, token_id)
-        if tok is None:
-            raise Unauthenticated("the join token is unknown to this server; create a new one with `bc token create`")
-        if not pki_tokens.verify_join_proof(str(tok["root_cert_pem"]).encode(), token_id, csr_der, proof):
-            raise Unauthenticated(
-                "the join token's secret does not match this server's record of it; check that the whole token was"
-                " copied, or create a new one with `bc token create`"
-            )
-        if tok["used_at_ms"] is not None:
-            raise Unauthenticated("the join token has already been used; create a new one with `bc token create`")
-        if int(tok["expires_at_ms"]) <= now_ms:
-            raise Unauthenticated("the join token has expired; create a new one with `bc token create`")
+        tok = await _usable_token(tx, token_id, csr_der, proof, now_ms)
         ak = tpm_attest.check_tpm_key(tpm, csr.public_key()) if tpm is not None else ""
         if not await id_sql.use_token(tx, token_id, now_ms):
             raise Unauthenticated("the join token is no longer valid")
@@ -191,10 +182,46 @@ async def join(
                 "hostname": hostname,
                 "serial": format(cert.serial_number, "x"),
                 "attestor": "tpm" if ak else "",
+                # a TPM join's only (a file-key join's event, and so every simulated fleet's digest, is unchanged)
+                **({"endorsement": "activated" if endorsed else ""} if ak else {}),
             },
             now_ms,
         )
     return Joined(node_id, role, pem, idgen)
+
+
+async def check_join(store: Store, token_id: str, csr_der: bytes, proof: bytes, tpm: TpmCertification) -> None:
+    """What `join` checks before the TPM activation's challenge is given (nothing is consumed): the token, its
+    proof, and the AK's certification of the CSR's key; each refusal `join`'s own sentence."""
+    csr = _csr(csr_der)
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        await _usable_token(tx, token_id, csr_der, proof, now_ms)
+    tpm_attest.check_tpm_key(tpm, csr.public_key())
+
+
+def _csr(csr_der: bytes) -> x509.CertificateSigningRequest:
+    try:
+        return x509.load_der_x509_csr(csr_der)
+    except ValueError:
+        raise UsageError("the join request's CSR does not parse") from None
+
+
+async def _usable_token(tx: Tx, token_id: str, csr_der: bytes, proof: bytes, now_ms: int) -> Row:
+    """The token's row, once its proof holds (checked first, so only its holder learns its state), unused, unexpired."""
+    tok = await id_sql.get_token(tx, token_id)
+    if tok is None:
+        raise Unauthenticated("the join token is unknown to this server; create a new one with `bc token create`")
+    if not pki_tokens.verify_join_proof(str(tok["root_cert_pem"]).encode(), token_id, csr_der, proof):
+        raise Unauthenticated(
+            "the join token's secret does not match this server's record of it; check that the whole token was"
+            " copied, or create a new one with `bc token create`"
+        )
+    if tok["used_at_ms"] is not None:
+        raise Unauthenticated("the join token has already been used; create a new one with `bc token create`")
+    if int(tok["expires_at_ms"]) <= now_ms:
+        raise Unauthenticated("the join token has expired; create a new one with `bc token create`")
+    return tok
 
 
 def node_cert_ttl(ttl_s: int) -> int:
@@ -393,9 +420,26 @@ async def issue_and_store(
     what: str,
 ) -> tuple[bytes, str, int]:
     """Issue the node's next certificate for a renewal or re-join (`what`: "renew" or "rejoin") and store it in
-    `tx`: its PEM, serial (hex) and not-after. A CSR key that is not P-256 is refused as `<what>:bad-csr`."""
+    `tx`: its PEM, serial (hex) and not-after. A CSR key that is not P-256 is refused as `<what>:bad-csr`.
+
+    A ramdisk's identity lasts `RAMDISK_MAX_TTL_S` (2 h) from its join, renewals included: each renewal
+    ends no later than that, and one asked for with less than `RAMDISK_MIN_LEFT_S` of it left is refused
+    `<what>:ramdisk-lifetime`. A ramdisk that outlives its boot lease joins again with a new token."""
+    not_after: float | None = None
+    if role == "ramdisk":
+        joined_ms = await id_sql.identity_issued_at_ms(tx, node_id, idgen)
+        end_ms = (joined_ms if joined_ms is not None else now_ms) + RAMDISK_MAX_TTL_S * 1000
+        if end_ms - now_ms < RAMDISK_MIN_LEFT_S * 1000:
+            raise Refused(
+                f"{what}:ramdisk-lifetime",
+                Unauthenticated(
+                    f"the ramdisk identity of node {node_id} ends {RAMDISK_MAX_TTL_S // 3600} h after its join and"
+                    " is not renewed past that; join again with a new token"
+                ),
+            )
+        not_after = end_ms / 1000
     try:
-        cert = ca.issue_node_cert(csr, node_id, role, idgen, node_cert_ttl(ttl_s), ak_uri=ak)
+        cert = ca.issue_node_cert(csr, node_id, role, idgen, node_cert_ttl(ttl_s), ak_uri=ak, not_after=not_after)
     except Unauthenticated as e:
         raise Refused(f"{what}:bad-csr", e) from None
     pem = cert.public_bytes(serialization.Encoding.PEM)

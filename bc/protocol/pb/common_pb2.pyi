@@ -154,7 +154,7 @@ class NumaNode(_message.Message):
     def __init__(self, id: _Optional[int] = ..., cpus: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., hugepages_1g: _Optional[int] = ...) -> None: ...
 
 class Inventory(_message.Message):
-    __slots__ = ("hostname", "source", "gpus", "driver_version", "cpus", "memory_bytes", "numa_nodes")
+    __slots__ = ("hostname", "source", "gpus", "driver_version", "cpus", "memory_bytes", "numa_nodes", "disks", "nics", "pci_gpus")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,9 @@ class Inventory(_message.Message):
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUMA_NODES_FIELD_NUMBER: _ClassVar[int]
+    DISKS_FIELD_NUMBER: _ClassVar[int]
+    NICS_FIELD_NUMBER: _ClassVar[int]
+    PCI_GPUS_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     source: str
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
@@ -169,7 +172,62 @@ class Inventory(_message.Message):
     cpus: int
     memory_bytes: int
     numa_nodes: _containers.RepeatedCompositeFieldContainer[NumaNode]
-    def __init__(self, hostname: _Optional[str] = ..., source: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., driver_version: _Optional[str] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., numa_nodes: _Optional[_Iterable[_Union[NumaNode, _Mapping]]] = ...) -> None: ...
+    disks: _containers.RepeatedCompositeFieldContainer[Disk]
+    nics: _containers.RepeatedCompositeFieldContainer[Nic]
+    pci_gpus: _containers.RepeatedCompositeFieldContainer[PciDevice]
+    def __init__(self, hostname: _Optional[str] = ..., source: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., driver_version: _Optional[str] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., numa_nodes: _Optional[_Iterable[_Union[NumaNode, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[Disk, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., pci_gpus: _Optional[_Iterable[_Union[PciDevice, _Mapping]]] = ...) -> None: ...
+
+class Disk(_message.Message):
+    __slots__ = ("name", "size_bytes", "rotational", "removable", "read_only", "model", "serial", "transport", "discard_max_bytes", "mounted")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROTATIONAL_FIELD_NUMBER: _ClassVar[int]
+    REMOVABLE_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    DISCARD_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MOUNTED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size_bytes: int
+    rotational: bool
+    removable: bool
+    read_only: bool
+    model: str
+    serial: str
+    transport: str
+    discard_max_bytes: int
+    mounted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., size_bytes: _Optional[int] = ..., rotational: _Optional[bool] = ..., removable: _Optional[bool] = ..., read_only: _Optional[bool] = ..., model: _Optional[str] = ..., serial: _Optional[str] = ..., transport: _Optional[str] = ..., discard_max_bytes: _Optional[int] = ..., mounted: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Nic(_message.Message):
+    __slots__ = ("name", "mac", "speed_mbps", "operstate", "pci_bus_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    SPEED_MBPS_FIELD_NUMBER: _ClassVar[int]
+    OPERSTATE_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    mac: str
+    speed_mbps: int
+    operstate: str
+    pci_bus_id: str
+    def __init__(self, name: _Optional[str] = ..., mac: _Optional[str] = ..., speed_mbps: _Optional[int] = ..., operstate: _Optional[str] = ..., pci_bus_id: _Optional[str] = ...) -> None: ...
+
+class PciDevice(_message.Message):
+    __slots__ = ("bus_id", "vendor", "device", "driver", "numa_node")
+    BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    NUMA_NODE_FIELD_NUMBER: _ClassVar[int]
+    bus_id: str
+    vendor: str
+    device: str
+    driver: str
+    numa_node: int
+    def __init__(self, bus_id: _Optional[str] = ..., vendor: _Optional[str] = ..., device: _Optional[str] = ..., driver: _Optional[str] = ..., numa_node: _Optional[int] = ...) -> None: ...
 
 class SectionStatus(_message.Message):
     __slots__ = ("section", "state", "generation", "reason", "message")
@@ -222,6 +280,16 @@ class BatchApproval(_message.Message):
     signatures: _containers.RepeatedCompositeFieldContainer[ApproverSignature]
     leaf_count: int
     def __init__(self, batch_id: _Optional[str] = ..., scope_root: _Optional[bytes] = ..., requested_by: _Optional[str] = ..., signatures: _Optional[_Iterable[_Union[ApproverSignature, _Mapping]]] = ..., leaf_count: _Optional[int] = ...) -> None: ...
+
+class HealthPreapproval(_message.Message):
+    __slots__ = ("policy_version", "policy_json", "batch_approval")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    POLICY_JSON_FIELD_NUMBER: _ClassVar[int]
+    BATCH_APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    policy_json: str
+    batch_approval: bytes
+    def __init__(self, policy_version: _Optional[int] = ..., policy_json: _Optional[str] = ..., batch_approval: _Optional[bytes] = ...) -> None: ...
 
 class BatchProof(_message.Message):
     __slots__ = ("leaf_index", "tree_size", "path")

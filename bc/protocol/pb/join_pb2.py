@@ -26,29 +26,33 @@ _sym_db = _symbol_database.Default()
 from bc.protocol.pb import common_pb2 as bc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x62\x63/v1/join.proto\x12\x05\x62\x63.v1\x1a\x12\x62\x63/v1/common.proto\"}\n\x0bJoinRequest\x12\x0f\n\x07\x63sr_der\x18\x01 \x01(\x0c\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x13\n\x0btoken_proof\x18\x03 \x01(\x0c\x12\x10\n\x08token_id\x18\x04 \x01(\t\x12$\n\x03tpm\x18\x05 \x01(\x0b\x32\x17.bc.v1.TpmCertification\"^\n\x10TpmCertification\x12\x13\n\x0b\x61k_spki_der\x18\x01 \x01(\x0c\x12\x12\n\nkey_public\x18\x02 \x01(\x0c\x12\x0e\n\x06\x61ttest\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"\xe7\x01\n\x0cJoinResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08\x63\x65rt_pem\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63\x61_pem\x18\x04 \x01(\x0c\x12!\n\x05trust\x18\x05 \x01(\x0b\x32\x12.bc.v1.TrustBundle\x12\x1b\n\x13identity_generation\x18\x06 \x01(\x03\x12\'\n\x0etrust_envelope\x18\x07 \x01(\x0b\x32\x0f.bc.v1.Envelope\x12\x18\n\x10\x61nswer_signature\x18\x08 \x01(\x0c\x12\x13\n\x0bssh_ca_keys\x18\t \x03(\t\"\x8b\x01\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_der\x18\x01 \x01(\x0c\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\r\n\x05proof\x18\x03 \x01(\x0c\x12$\n\x03tpm\x18\x04 \x01(\x0b\x32\x17.bc.v1.TpmCertification\x12\x10\n\x08\x63\x65rt_der\x18\x05 \x01(\x0c\x12\r\n\x05nonce\x18\x06 \x01(\x0c\"\x8c\x01\n\rRejoinRequest\x12\x10\n\x08\x63\x65rt_der\x18\x01 \x01(\x0c\x12\x0f\n\x07\x63sr_der\x18\x02 \x01(\x0c\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\r\n\x05nonce\x18\x04 \x01(\x0c\x12\r\n\x05proof\x18\x05 \x01(\x0c\x12$\n\x03tpm\x18\x06 \x01(\x0b\x32\x17.bc.v1.TpmCertification\"k\n\x12SessionCertRequest\x12\x10\n\x08\x63\x65rt_der\x18\x01 \x01(\x0c\x12\x0f\n\x07\x63sr_der\x18\x02 \x01(\x0c\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\r\n\x05nonce\x18\x04 \x01(\x0c\x12\r\n\x05proof\x18\x05 \x01(\x0c\"\'\n\x13SessionCertResponse\x12\x10\n\x08\x63\x65rt_pem\x18\x01 \x01(\x0c\"m\n\rRenewResponse\x12\x10\n\x08\x63\x65rt_pem\x18\x01 \x01(\x0c\x12!\n\x05trust\x18\x02 \x01(\x0b\x32\x12.bc.v1.TrustBundle\x12\'\n\x0etrust_envelope\x18\x03 \x01(\x0b\x32\x0f.bc.v1.Envelope2\xe7\x01\n\x04Join\x12/\n\x04Join\x12\x12.bc.v1.JoinRequest\x1a\x13.bc.v1.JoinResponse\x12\x32\n\x05Renew\x12\x13.bc.v1.RenewRequest\x1a\x14.bc.v1.RenewResponse\x12\x34\n\x06Rejoin\x12\x14.bc.v1.RejoinRequest\x1a\x14.bc.v1.RenewResponse\x12\x44\n\x0bSessionCert\x12\x19.bc.v1.SessionCertRequest\x1a\x1a.bc.v1.SessionCertResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x62\x63/v1/join.proto\x12\x05\x62\x63.v1\x1a\x12\x62\x63/v1/common.proto\"\xcf\x01\n\x0bJoinRequest\x12\x0f\n\x07\x63sr_der\x18\x01 \x01(\x0c\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x13\n\x0btoken_proof\x18\x03 \x01(\x0c\x12\x10\n\x08token_id\x18\x04 \x01(\t\x12$\n\x03tpm\x18\x05 \x01(\x0b\x32\x17.bc.v1.TpmCertification\x12\x13\n\x0b\x65k_cert_der\x18\x06 \x01(\x0c\x12\x11\n\tak_public\x18\x07 \x01(\x0c\x12(\n\nactivation\x18\x08 \x01(\x0b\x32\x14.bc.v1.TpmActivation\"B\n\x0cTpmChallenge\x12\x12\n\ncredential\x18\x01 \x01(\x0c\x12\x0e\n\x06secret\x18\x02 \x01(\x0c\x12\x0e\n\x06ticket\x18\x03 \x01(\x0c\"/\n\rTpmActivation\x12\x0e\n\x06secret\x18\x01 \x01(\x0c\x12\x0e\n\x06ticket\x18\x02 \x01(\x0c\"^\n\x10TpmCertification\x12\x13\n\x0b\x61k_spki_der\x18\x01 \x01(\x0c\x12\x12\n\nkey_public\x18\x02 \x01(\x0c\x12\x0e\n\x06\x61ttest\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"\x8f\x02\n\x0cJoinResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08\x63\x65rt_pem\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63\x61_pem\x18\x04 \x01(\x0c\x12!\n\x05trust\x18\x05 \x01(\x0b\x32\x12.bc.v1.TrustBundle\x12\x1b\n\x13identity_generation\x18\x06 \x01(\x03\x12\'\n\x0etrust_envelope\x18\x07 \x01(\x0b\x32\x0f.bc.v1.Envelope\x12\x18\n\x10\x61nswer_signature\x18\x08 \x01(\x0c\x12\x13\n\x0bssh_ca_keys\x18\t \x03(\t\x12&\n\tchallenge\x18\n \x01(\x0b\x32\x13.bc.v1.TpmChallenge\"\x8b\x01\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_der\x18\x01 \x01(\x0c\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\r\n\x05proof\x18\x03 \x01(\x0c\x12$\n\x03tpm\x18\x04 \x01(\x0b\x32\x17.bc.v1.TpmCertification\x12\x10\n\x08\x63\x65rt_der\x18\x05 \x01(\x0c\x12\r\n\x05nonce\x18\x06 \x01(\x0c\"\x8c\x01\n\rRejoinRequest\x12\x10\n\x08\x63\x65rt_der\x18\x01 \x01(\x0c\x12\x0f\n\x07\x63sr_der\x18\x02 \x01(\x0c\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\r\n\x05nonce\x18\x04 \x01(\x0c\x12\r\n\x05proof\x18\x05 \x01(\x0c\x12$\n\x03tpm\x18\x06 \x01(\x0b\x32\x17.bc.v1.TpmCertification\"k\n\x12SessionCertRequest\x12\x10\n\x08\x63\x65rt_der\x18\x01 \x01(\x0c\x12\x0f\n\x07\x63sr_der\x18\x02 \x01(\x0c\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\r\n\x05nonce\x18\x04 \x01(\x0c\x12\r\n\x05proof\x18\x05 \x01(\x0c\"\'\n\x13SessionCertResponse\x12\x10\n\x08\x63\x65rt_pem\x18\x01 \x01(\x0c\"m\n\rRenewResponse\x12\x10\n\x08\x63\x65rt_pem\x18\x01 \x01(\x0c\x12!\n\x05trust\x18\x02 \x01(\x0b\x32\x12.bc.v1.TrustBundle\x12\'\n\x0etrust_envelope\x18\x03 \x01(\x0b\x32\x0f.bc.v1.Envelope2\xe7\x01\n\x04Join\x12/\n\x04Join\x12\x12.bc.v1.JoinRequest\x1a\x13.bc.v1.JoinResponse\x12\x32\n\x05Renew\x12\x13.bc.v1.RenewRequest\x1a\x14.bc.v1.RenewResponse\x12\x34\n\x06Rejoin\x12\x14.bc.v1.RejoinRequest\x1a\x14.bc.v1.RenewResponse\x12\x44\n\x0bSessionCert\x12\x19.bc.v1.SessionCertRequest\x1a\x1a.bc.v1.SessionCertResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bc.v1.join_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOINREQUEST']._serialized_start=47
-  _globals['_JOINREQUEST']._serialized_end=172
-  _globals['_TPMCERTIFICATION']._serialized_start=174
-  _globals['_TPMCERTIFICATION']._serialized_end=268
-  _globals['_JOINRESPONSE']._serialized_start=271
-  _globals['_JOINRESPONSE']._serialized_end=502
-  _globals['_RENEWREQUEST']._serialized_start=505
-  _globals['_RENEWREQUEST']._serialized_end=644
-  _globals['_REJOINREQUEST']._serialized_start=647
-  _globals['_REJOINREQUEST']._serialized_end=787
-  _globals['_SESSIONCERTREQUEST']._serialized_start=789
-  _globals['_SESSIONCERTREQUEST']._serialized_end=896
-  _globals['_SESSIONCERTRESPONSE']._serialized_start=898
-  _globals['_SESSIONCERTRESPONSE']._serialized_end=937
-  _globals['_RENEWRESPONSE']._serialized_start=939
-  _globals['_RENEWRESPONSE']._serialized_end=1048
-  _globals['_JOIN']._serialized_start=1051
-  _globals['_JOIN']._serialized_end=1282
+  _globals['_JOINREQUEST']._serialized_start=48
+  _globals['_JOINREQUEST']._serialized_end=255
+  _globals['_TPMCHALLENGE']._serialized_start=257
+  _globals['_TPMCHALLENGE']._serialized_end=323
+  _globals['_TPMACTIVATION']._serialized_start=325
+  _globals['_TPMACTIVATION']._serialized_end=372
+  _globals['_TPMCERTIFICATION']._serialized_start=374
+  _globals['_TPMCERTIFICATION']._serialized_end=468
+  _globals['_JOINRESPONSE']._serialized_start=471
+  _globals['_JOINRESPONSE']._serialized_end=742
+  _globals['_RENEWREQUEST']._serialized_start=745
+  _globals['_RENEWREQUEST']._serialized_end=884
+  _globals['_REJOINREQUEST']._serialized_start=887
+  _globals['_REJOINREQUEST']._serialized_end=1027
+  _globals['_SESSIONCERTREQUEST']._serialized_start=1029
+  _globals['_SESSIONCERTREQUEST']._serialized_end=1136
+  _globals['_SESSIONCERTRESPONSE']._serialized_start=1138
+  _globals['_SESSIONCERTRESPONSE']._serialized_end=1177
+  _globals['_RENEWRESPONSE']._serialized_start=1179
+  _globals['_RENEWRESPONSE']._serialized_end=1288
+  _globals['_JOIN']._serialized_start=1291
+  _globals['_JOIN']._serialized_end=1522
 # @@protoc_insertion_point(module_scope)

@@ -9,18 +9,42 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("csr_der", "hostname", "token_proof", "token_id", "tpm")
+    __slots__ = ("csr_der", "hostname", "token_proof", "token_id", "tpm", "ek_cert_der", "ak_public", "activation")
     CSR_DER_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     TOKEN_PROOF_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     TPM_FIELD_NUMBER: _ClassVar[int]
+    EK_CERT_DER_FIELD_NUMBER: _ClassVar[int]
+    AK_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATION_FIELD_NUMBER: _ClassVar[int]
     csr_der: bytes
     hostname: str
     token_proof: bytes
     token_id: str
     tpm: TpmCertification
-    def __init__(self, csr_der: _Optional[bytes] = ..., hostname: _Optional[str] = ..., token_proof: _Optional[bytes] = ..., token_id: _Optional[str] = ..., tpm: _Optional[_Union[TpmCertification, _Mapping]] = ...) -> None: ...
+    ek_cert_der: bytes
+    ak_public: bytes
+    activation: TpmActivation
+    def __init__(self, csr_der: _Optional[bytes] = ..., hostname: _Optional[str] = ..., token_proof: _Optional[bytes] = ..., token_id: _Optional[str] = ..., tpm: _Optional[_Union[TpmCertification, _Mapping]] = ..., ek_cert_der: _Optional[bytes] = ..., ak_public: _Optional[bytes] = ..., activation: _Optional[_Union[TpmActivation, _Mapping]] = ...) -> None: ...
+
+class TpmChallenge(_message.Message):
+    __slots__ = ("credential", "secret", "ticket")
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    credential: bytes
+    secret: bytes
+    ticket: bytes
+    def __init__(self, credential: _Optional[bytes] = ..., secret: _Optional[bytes] = ..., ticket: _Optional[bytes] = ...) -> None: ...
+
+class TpmActivation(_message.Message):
+    __slots__ = ("secret", "ticket")
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    secret: bytes
+    ticket: bytes
+    def __init__(self, secret: _Optional[bytes] = ..., ticket: _Optional[bytes] = ...) -> None: ...
 
 class TpmCertification(_message.Message):
     __slots__ = ("ak_spki_der", "key_public", "attest", "signature")
@@ -35,7 +59,7 @@ class TpmCertification(_message.Message):
     def __init__(self, ak_spki_der: _Optional[bytes] = ..., key_public: _Optional[bytes] = ..., attest: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("node_id", "role", "cert_pem", "ca_pem", "trust", "identity_generation", "trust_envelope", "answer_signature", "ssh_ca_keys")
+    __slots__ = ("node_id", "role", "cert_pem", "ca_pem", "trust", "identity_generation", "trust_envelope", "answer_signature", "ssh_ca_keys", "challenge")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CERT_PEM_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +69,7 @@ class JoinResponse(_message.Message):
     TRUST_ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     ANSWER_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     SSH_CA_KEYS_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     cert_pem: bytes
@@ -54,7 +79,8 @@ class JoinResponse(_message.Message):
     trust_envelope: _common_pb2.Envelope
     answer_signature: bytes
     ssh_ca_keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., identity_generation: _Optional[int] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., answer_signature: _Optional[bytes] = ..., ssh_ca_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    challenge: TpmChallenge
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., identity_generation: _Optional[int] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., answer_signature: _Optional[bytes] = ..., ssh_ca_keys: _Optional[_Iterable[str]] = ..., challenge: _Optional[_Union[TpmChallenge, _Mapping]] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
     __slots__ = ("csr_der", "timestamp_ms", "proof", "tpm", "cert_der", "nonce")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x62\x63/v1/kinds.proto\x12\x05\x62\x63.v1\"\x19\n\x17InventoryRefreshRequest\"$\n\x0f\x44iagNvmlRequest\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\"$\n\x0fGpuResetRequest\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\"#\n\x11NodeRebootRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\";\n\x12LogsCollectRequest\x12\x12\n\nupload_url\x18\x01 \x01(\t\x12\x11\n\tmax_bytes\x18\x02 \x01(\x03\"3\n\x0f\x44iagDcgmRequest\x12\r\n\x05level\x18\x01 \x01(\x05\x12\x11\n\tgpu_uuids\x18\x02 \x03(\t\"\x97\x01\n\x14\x44\x61\x65monUpgradeRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x0c\n\x04size\x18\x06 \x01(\x03\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x10\n\x08platform\x18\x08 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x62\x63/v1/kinds.proto\x12\x05\x62\x63.v1\"\x19\n\x17InventoryRefreshRequest\"$\n\x0f\x44iagNvmlRequest\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\"$\n\x0fGpuResetRequest\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\"#\n\x11NodeRebootRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\";\n\x12LogsCollectRequest\x12\x12\n\nupload_url\x18\x01 \x01(\t\x12\x11\n\tmax_bytes\x18\x02 \x01(\x03\"3\n\x0f\x44iagDcgmRequest\x12\r\n\x05level\x18\x01 \x01(\x05\x12\x11\n\tgpu_uuids\x18\x02 \x03(\t\"\x97\x01\n\x14\x44\x61\x65monUpgradeRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x0c\n\x04size\x18\x06 \x01(\x03\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x10\n\x08platform\x18\x08 \x01(\t\"0\n\x0f\x44iskWipeRequest\x12\r\n\x05\x64isks\x18\x01 \x03(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\"M\n\x12\x44\x65ployImageRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0c\n\x04\x64isk\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\x03\"d\n\x10\x42ootKexecRequest\x12\x0c\n\x04\x64isk\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06kernel\x18\x03 \x01(\t\x12\x0e\n\x06initrd\x18\x04 \x01(\t\x12\x0f\n\x07\x63mdline\x18\x05 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,4 +46,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DIAGDCGMREQUEST']._serialized_end=280
   _globals['_DAEMONUPGRADEREQUEST']._serialized_start=283
   _globals['_DAEMONUPGRADEREQUEST']._serialized_end=434
+  _globals['_DISKWIPEREQUEST']._serialized_start=436
+  _globals['_DISKWIPEREQUEST']._serialized_end=484
+  _globals['_DEPLOYIMAGEREQUEST']._serialized_start=486
+  _globals['_DEPLOYIMAGEREQUEST']._serialized_end=563
+  _globals['_BOOTKEXECREQUEST']._serialized_start=565
+  _globals['_BOOTKEXECREQUEST']._serialized_end=665
 # @@protoc_insertion_point(module_scope)

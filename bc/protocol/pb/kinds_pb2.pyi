@@ -64,3 +64,37 @@ class DaemonUpgradeRequest(_message.Message):
     name: str
     platform: str
     def __init__(self, version: _Optional[str] = ..., url: _Optional[str] = ..., sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., sequence: _Optional[int] = ..., size: _Optional[int] = ..., name: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...
+
+class DiskWipeRequest(_message.Message):
+    __slots__ = ("disks", "method")
+    DISKS_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    disks: _containers.RepeatedScalarFieldContainer[str]
+    method: str
+    def __init__(self, disks: _Optional[_Iterable[str]] = ..., method: _Optional[str] = ...) -> None: ...
+
+class DeployImageRequest(_message.Message):
+    __slots__ = ("url", "sha256", "disk", "size")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DISK_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    sha256: str
+    disk: str
+    size: int
+    def __init__(self, url: _Optional[str] = ..., sha256: _Optional[str] = ..., disk: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+
+class BootKexecRequest(_message.Message):
+    __slots__ = ("disk", "partition", "kernel", "initrd", "cmdline")
+    DISK_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    INITRD_FIELD_NUMBER: _ClassVar[int]
+    CMDLINE_FIELD_NUMBER: _ClassVar[int]
+    disk: str
+    partition: int
+    kernel: str
+    initrd: str
+    cmdline: str
+    def __init__(self, disk: _Optional[str] = ..., partition: _Optional[int] = ..., kernel: _Optional[str] = ..., initrd: _Optional[str] = ..., cmdline: _Optional[str] = ...) -> None: ...

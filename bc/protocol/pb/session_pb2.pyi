@@ -2,6 +2,7 @@
 from google.protobuf import any_pb2 as _any_pb2
 from bc.protocol.pb import common_pb2 as _common_pb2
 from bc.protocol.pb import spec_pb2 as _spec_pb2
+from bc.protocol.pb import secrets_pb2 as _secrets_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -66,23 +67,25 @@ CLOSE_SUPERSEDED: CloseReason
 CLOSE_GATEWAY_UNAVAILABLE: CloseReason
 
 class NodeMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "command_update", "event_batch", "status", "spec_request")
+    __slots__ = ("hello", "heartbeat", "command_update", "event_batch", "status", "spec_request", "secret_request")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     COMMAND_UPDATE_FIELD_NUMBER: _ClassVar[int]
     EVENT_BATCH_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SPEC_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    SECRET_REQUEST_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     command_update: CommandUpdate
     event_batch: EventBatch
     status: StatusReport
     spec_request: SpecRequest
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., command_update: _Optional[_Union[CommandUpdate, _Mapping]] = ..., event_batch: _Optional[_Union[EventBatch, _Mapping]] = ..., status: _Optional[_Union[StatusReport, _Mapping]] = ..., spec_request: _Optional[_Union[SpecRequest, _Mapping]] = ...) -> None: ...
+    secret_request: _secrets_pb2.SecretRequest
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., command_update: _Optional[_Union[CommandUpdate, _Mapping]] = ..., event_batch: _Optional[_Union[EventBatch, _Mapping]] = ..., status: _Optional[_Union[StatusReport, _Mapping]] = ..., spec_request: _Optional[_Union[SpecRequest, _Mapping]] = ..., secret_request: _Optional[_Union[_secrets_pb2.SecretRequest, _Mapping]] = ...) -> None: ...
 
 class GatewayMessage(_message.Message):
-    __slots__ = ("welcome", "desired_state", "command", "cancel", "ack", "revocation", "heartbeat", "trust")
+    __slots__ = ("welcome", "desired_state", "command", "cancel", "ack", "revocation", "heartbeat", "trust", "secret_response", "secret_rotated")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DESIRED_STATE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +94,8 @@ class GatewayMessage(_message.Message):
     REVOCATION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TRUST_FIELD_NUMBER: _ClassVar[int]
+    SECRET_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_ROTATED_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     desired_state: DesiredState
     command: Command
@@ -99,7 +104,9 @@ class GatewayMessage(_message.Message):
     revocation: RevocationNotice
     heartbeat: Heartbeat
     trust: _common_pb2.Envelope
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., revocation: _Optional[_Union[RevocationNotice, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trust: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ...) -> None: ...
+    secret_response: _secrets_pb2.SecretResponse
+    secret_rotated: _secrets_pb2.SecretRotated
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., revocation: _Optional[_Union[RevocationNotice, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trust: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., secret_response: _Optional[_Union[_secrets_pb2.SecretResponse, _Mapping]] = ..., secret_rotated: _Optional[_Union[_secrets_pb2.SecretRotated, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "boot_id", "journal_id", "applied_generation", "capabilities", "inventory_hash", "unacked_results", "running_command_ids", "role", "agent_version", "applied_spec_hash", "incarnation_id", "inventory")
@@ -158,7 +165,14 @@ class Heartbeat(_message.Message):
     def __init__(self, applied_generation: _Optional[int] = ..., server_time_ms: _Optional[int] = ...) -> None: ...
 
 class DesiredStateBody(_message.Message):
-    __slots__ = ("node_id", "generation", "spec_hash", "full", "patch", "base_generation", "section_approvals")
+    __slots__ = ("node_id", "generation", "spec_hash", "full", "patch", "base_generation", "section_approvals", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +180,7 @@ class DesiredStateBody(_message.Message):
     PATCH_FIELD_NUMBER: _ClassVar[int]
     BASE_GENERATION_FIELD_NUMBER: _ClassVar[int]
     SECTION_APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     generation: int
     spec_hash: str
@@ -173,7 +188,8 @@ class DesiredStateBody(_message.Message):
     patch: _spec_pb2.NodeSpecPatch
     base_generation: int
     section_approvals: _containers.RepeatedCompositeFieldContainer[SectionApproval]
-    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec_hash: _Optional[str] = ..., full: _Optional[_Union[_spec_pb2.NodeSpec, _Mapping]] = ..., patch: _Optional[_Union[_spec_pb2.NodeSpecPatch, _Mapping]] = ..., base_generation: _Optional[int] = ..., section_approvals: _Optional[_Iterable[_Union[SectionApproval, _Mapping]]] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec_hash: _Optional[str] = ..., full: _Optional[_Union[_spec_pb2.NodeSpec, _Mapping]] = ..., patch: _Optional[_Union[_spec_pb2.NodeSpecPatch, _Mapping]] = ..., base_generation: _Optional[int] = ..., section_approvals: _Optional[_Iterable[_Union[SectionApproval, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SectionApproval(_message.Message):
     __slots__ = ("section", "batch_approval", "batch_proof", "grant_principal", "grant_fingerprint")
@@ -232,16 +248,18 @@ class CommandBody(_message.Message):
     def __init__(self, id: _Optional[str] = ..., node_id: _Optional[str] = ..., seq: _Optional[int] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_any_pb2.Any, _Mapping]] = ..., lane: _Optional[_Union[Lane, str]] = ..., not_after_ms: _Optional[int] = ..., min_generation: _Optional[int] = ..., retry_safe: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., self_terminating: _Optional[bool] = ..., attested: _Optional[bool] = ..., workflow_id: _Optional[str] = ..., step_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., batch_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("envelope", "attempt", "batch_approval", "batch_proof")
+    __slots__ = ("envelope", "attempt", "batch_approval", "batch_proof", "preapproval")
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     BATCH_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     BATCH_PROOF_FIELD_NUMBER: _ClassVar[int]
+    PREAPPROVAL_FIELD_NUMBER: _ClassVar[int]
     envelope: _common_pb2.Envelope
     attempt: int
     batch_approval: bytes
     batch_proof: bytes
-    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., attempt: _Optional[int] = ..., batch_approval: _Optional[bytes] = ..., batch_proof: _Optional[bytes] = ...) -> None: ...
+    preapproval: bytes
+    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., attempt: _Optional[int] = ..., batch_approval: _Optional[bytes] = ..., batch_proof: _Optional[bytes] = ..., preapproval: _Optional[bytes] = ...) -> None: ...
 
 class CommandUpdate(_message.Message):
     __slots__ = ("command_id", "state", "reason", "message", "result", "boot_id", "node_sig")

@@ -72,20 +72,22 @@ class BmcRotateRequest(_message.Message):
     def __init__(self, machine: _Optional[str] = ..., username: _Optional[str] = ...) -> None: ...
 
 class BootPrepareRamdiskRequest(_message.Message):
-    __slots__ = ("machine", "kernel_sha256", "initrd_sha256", "cmdline", "join_token", "lease_s")
+    __slots__ = ("machine", "kernel_sha256", "initrd_sha256", "cmdline", "join_token", "lease_s", "image_sha256")
     MACHINE_FIELD_NUMBER: _ClassVar[int]
     KERNEL_SHA256_FIELD_NUMBER: _ClassVar[int]
     INITRD_SHA256_FIELD_NUMBER: _ClassVar[int]
     CMDLINE_FIELD_NUMBER: _ClassVar[int]
     JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_SHA256_FIELD_NUMBER: _ClassVar[int]
     machine: str
     kernel_sha256: str
     initrd_sha256: str
     cmdline: str
     join_token: str
     lease_s: int
-    def __init__(self, machine: _Optional[str] = ..., kernel_sha256: _Optional[str] = ..., initrd_sha256: _Optional[str] = ..., cmdline: _Optional[str] = ..., join_token: _Optional[str] = ..., lease_s: _Optional[int] = ...) -> None: ...
+    image_sha256: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, machine: _Optional[str] = ..., kernel_sha256: _Optional[str] = ..., initrd_sha256: _Optional[str] = ..., cmdline: _Optional[str] = ..., join_token: _Optional[str] = ..., lease_s: _Optional[int] = ..., image_sha256: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BootCleanUpRequest(_message.Message):
     __slots__ = ("machine",)

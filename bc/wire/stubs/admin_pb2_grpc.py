@@ -5,6 +5,7 @@ import grpc
 import warnings
 
 from bc.protocol.pb import admin_pb2 as bc_dot_v1_dot_admin__pb2
+from bc.protocol.pb import secrets_pb2 as bc_dot_v1_dot_secrets__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -294,6 +295,26 @@ class AdminStub:
                 '/bc.v1.Admin/ReturnGpu',
                 request_serializer=bc_dot_v1_dot_admin__pb2.ReturnGpuRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.GpuCordonChange.FromString,
+                _registered_method=True)
+        self.SetSecret = channel.unary_unary(
+                '/bc.v1.Admin/SetSecret',
+                request_serializer=bc_dot_v1_dot_secrets__pb2.SetSecretRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_secrets__pb2.SecretInfo.FromString,
+                _registered_method=True)
+        self.ListSecrets = channel.unary_unary(
+                '/bc.v1.Admin/ListSecrets',
+                request_serializer=bc_dot_v1_dot_secrets__pb2.ListSecretsRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_secrets__pb2.ListSecretsResponse.FromString,
+                _registered_method=True)
+        self.RemoveSecret = channel.unary_unary(
+                '/bc.v1.Admin/RemoveSecret',
+                request_serializer=bc_dot_v1_dot_secrets__pb2.RemoveSecretRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_secrets__pb2.SecretInfo.FromString,
+                _registered_method=True)
+        self.ListSecretVersions = channel.unary_unary(
+                '/bc.v1.Admin/ListSecretVersions',
+                request_serializer=bc_dot_v1_dot_secrets__pb2.ListSecretVersionsRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_secrets__pb2.ListSecretVersionsResponse.FromString,
                 _registered_method=True)
         self.GetReservation = channel.unary_unary(
                 '/bc.v1.Admin/GetReservation',
@@ -686,6 +707,31 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSecret(self, request, context):
+        """The secret broker (docs/secrets.md): values go in, never out.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSecrets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveSecret(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSecretVersions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetReservation(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -1035,6 +1081,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ReturnGpu,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.ReturnGpuRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.GpuCordonChange.SerializeToString,
+            ),
+            'SetSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSecret,
+                    request_deserializer=bc_dot_v1_dot_secrets__pb2.SetSecretRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_secrets__pb2.SecretInfo.SerializeToString,
+            ),
+            'ListSecrets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSecrets,
+                    request_deserializer=bc_dot_v1_dot_secrets__pb2.ListSecretsRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_secrets__pb2.ListSecretsResponse.SerializeToString,
+            ),
+            'RemoveSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveSecret,
+                    request_deserializer=bc_dot_v1_dot_secrets__pb2.RemoveSecretRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_secrets__pb2.SecretInfo.SerializeToString,
+            ),
+            'ListSecretVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSecretVersions,
+                    request_deserializer=bc_dot_v1_dot_secrets__pb2.ListSecretVersionsRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_secrets__pb2.ListSecretVersionsResponse.SerializeToString,
             ),
             'GetReservation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReservation,
@@ -2511,6 +2577,114 @@ class Admin:
             '/bc.v1.Admin/ReturnGpu',
             bc_dot_v1_dot_admin__pb2.ReturnGpuRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.GpuCordonChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/SetSecret',
+            bc_dot_v1_dot_secrets__pb2.SetSecretRequest.SerializeToString,
+            bc_dot_v1_dot_secrets__pb2.SecretInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSecrets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListSecrets',
+            bc_dot_v1_dot_secrets__pb2.ListSecretsRequest.SerializeToString,
+            bc_dot_v1_dot_secrets__pb2.ListSecretsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/RemoveSecret',
+            bc_dot_v1_dot_secrets__pb2.RemoveSecretRequest.SerializeToString,
+            bc_dot_v1_dot_secrets__pb2.SecretInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSecretVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListSecretVersions',
+            bc_dot_v1_dot_secrets__pb2.ListSecretVersionsRequest.SerializeToString,
+            bc_dot_v1_dot_secrets__pb2.ListSecretVersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

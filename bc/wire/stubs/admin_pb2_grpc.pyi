@@ -5,6 +5,7 @@ isort:skip_file
 Everything an operator does; the CLI and the TUI are clients of Admin and nothing else."""
 
 from bc.protocol.pb import admin_pb2 as _admin_pb2
+from bc.protocol.pb import secrets_pb2 as _secrets_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1
@@ -88,6 +89,11 @@ class AdminStub:
     SetHealthPolicy: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetHealthPolicyRequest, _admin_pb2.HealthPolicyInfo]
     CordonGpu: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CordonGpuRequest, _admin_pb2.GpuCordonChange]
     ReturnGpu: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ReturnGpuRequest, _admin_pb2.GpuCordonChange]
+    SetSecret: _grpc.UnaryUnaryMultiCallable[_secrets_pb2.SetSecretRequest, _secrets_pb2.SecretInfo]
+    """The secret broker (docs/secrets.md): values go in, never out."""
+    ListSecrets: _grpc.UnaryUnaryMultiCallable[_secrets_pb2.ListSecretsRequest, _secrets_pb2.ListSecretsResponse]
+    RemoveSecret: _grpc.UnaryUnaryMultiCallable[_secrets_pb2.RemoveSecretRequest, _secrets_pb2.SecretInfo]
+    ListSecretVersions: _grpc.UnaryUnaryMultiCallable[_secrets_pb2.ListSecretVersionsRequest, _secrets_pb2.ListSecretVersionsResponse]
     GetReservation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.Reservation]
     GetPlacementExplanation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.PlacementExplanation]
     GetUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UsageRequest, _admin_pb2.UsageResponse]
@@ -165,6 +171,11 @@ class AdminAsyncStub(AdminStub):
     SetHealthPolicy: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetHealthPolicyRequest, _admin_pb2.HealthPolicyInfo]  # type: ignore[assignment]
     CordonGpu: _aio.UnaryUnaryMultiCallable[_admin_pb2.CordonGpuRequest, _admin_pb2.GpuCordonChange]  # type: ignore[assignment]
     ReturnGpu: _aio.UnaryUnaryMultiCallable[_admin_pb2.ReturnGpuRequest, _admin_pb2.GpuCordonChange]  # type: ignore[assignment]
+    SetSecret: _aio.UnaryUnaryMultiCallable[_secrets_pb2.SetSecretRequest, _secrets_pb2.SecretInfo]  # type: ignore[assignment]
+    """The secret broker (docs/secrets.md): values go in, never out."""
+    ListSecrets: _aio.UnaryUnaryMultiCallable[_secrets_pb2.ListSecretsRequest, _secrets_pb2.ListSecretsResponse]  # type: ignore[assignment]
+    RemoveSecret: _aio.UnaryUnaryMultiCallable[_secrets_pb2.RemoveSecretRequest, _secrets_pb2.SecretInfo]  # type: ignore[assignment]
+    ListSecretVersions: _aio.UnaryUnaryMultiCallable[_secrets_pb2.ListSecretVersionsRequest, _secrets_pb2.ListSecretVersionsResponse]  # type: ignore[assignment]
     GetReservation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.Reservation]  # type: ignore[assignment]
     GetPlacementExplanation: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReservationRequest, _admin_pb2.PlacementExplanation]  # type: ignore[assignment]
     GetUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.UsageRequest, _admin_pb2.UsageResponse]  # type: ignore[assignment]
@@ -551,6 +562,35 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.ReturnGpuRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.GpuCordonChange, _abc.Awaitable[_admin_pb2.GpuCordonChange]]: ...
+
+    @_abc_1.abstractmethod
+    def SetSecret(
+        self,
+        request: _secrets_pb2.SetSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_secrets_pb2.SecretInfo, _abc.Awaitable[_secrets_pb2.SecretInfo]]:
+        """The secret broker (docs/secrets.md): values go in, never out."""
+
+    @_abc_1.abstractmethod
+    def ListSecrets(
+        self,
+        request: _secrets_pb2.ListSecretsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_secrets_pb2.ListSecretsResponse, _abc.Awaitable[_secrets_pb2.ListSecretsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RemoveSecret(
+        self,
+        request: _secrets_pb2.RemoveSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_secrets_pb2.SecretInfo, _abc.Awaitable[_secrets_pb2.SecretInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSecretVersions(
+        self,
+        request: _secrets_pb2.ListSecretVersionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_secrets_pb2.ListSecretVersionsResponse, _abc.Awaitable[_secrets_pb2.ListSecretVersionsResponse]]: ...
 
     @_abc_1.abstractmethod
     def GetReservation(

@@ -26,7 +26,17 @@ from agent.converge.host_units.fabric_manager import verdict as fm_verdict
 from agent.converge.host_units.kubernetes import cluster, plan
 from agent.converge.host_units.nvidia_driver import DriverState, mismatch, needs_install, reload_due, verdict
 from bc.protocol import root_equiv
-from bc.protocol.host_units import Driver, Join, UnitInvalid, parse_driver, parse_join, parse_toolkit
+from bc.protocol.host_units import (
+    MAX_LABELS,
+    Driver,
+    Join,
+    UnitInvalid,
+    label_problem,
+    parse_driver,
+    parse_join,
+    parse_toolkit,
+    with_node_labels,
+)
 from bc.protocol.pb import spec_pb2
 
 TOKEN = "abcdef.0123456789abcdef"
@@ -359,3 +369,35 @@ def test_installing_a_driver_or_package_or_joining_a_cluster_is_root_equivalent(
     assert len(why) == 1 and why[0].startswith(f"{unit}: ")
     assert root_equiv.changes("host", section(**{unit: settings}), section(**{unit: settings})) == []
     assert root_equiv.changes("host", section(**{unit: settings}), section()) == []  # leaving the spec gives nothing
+
+
+# -- bc's node labels in the join ---------------------------------------------------------------------------
+
+label_keys = st.sampled_from(
+    ["pool", "rack", "bc.dev/pool", "node-role.kubernetes.io/gpu", "kubernetes.io/arch", "x.k8s.io/y", "team"]
+)
+
+
+@given(
+    own=st.dictionaries(label_keys, st.sampled_from(["a", "b", ""]), max_size=3),
+    bc=st.dictionaries(label_keys, st.sampled_from(["a", "c"]), max_size=7),
+)
+def test_bc_labels_join_the_units_own_which_win_and_only_those_the_kubelet_may_set(
+    own: dict[str, str], bc: dict[str, str]
+) -> None:
+    own = {k: v for k, v in own.items() if label_problem(k, v) is None}
+    join = Join("a:6443", TOKEN, (HASH,), tuple(sorted(own.items())))
+    merged, skipped = with_node_labels(join, bc)
+    got = dict(merged.labels)
+    assert {k: got[k] for k in own} == own  # the settings' own labels win on a shared key
+    assert all(label_problem(k, v) is None for k, v in got.items())  # the helper's rule takes every one
+    assert {k for k, _ in skipped} == {k for k in bc if k not in own and label_problem(k, bc[k]) is not None}
+    assert set(got) == set(own) | {k for k in bc if label_problem(k, bc[k]) is None}
+    assert merged.labels == tuple(sorted(got.items())) and with_node_labels(join, bc) == (merged, skipped)
+
+
+def test_no_more_than_the_kubelets_64_labels_are_joined() -> None:
+    join = Join("a:6443", TOKEN, (HASH,), (("own", "x"),))
+    merged, skipped = with_node_labels(join, {f"l{i:02}": "v" for i in range(70)})
+    assert len(merged.labels) == MAX_LABELS and len(skipped) == 7
+    assert skipped[0] == ("l63", f"the join already has {MAX_LABELS} labels")

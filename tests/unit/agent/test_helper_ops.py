@@ -27,6 +27,7 @@ from agent.helper.ops import (
     Refused,
     Remove,
     Run,
+    TpmCall,
     UpdateInstall,
     UpdateRemember,
     UpdateStage,
@@ -35,6 +36,7 @@ from agent.helper.ops import (
     WriteInPlace,
 )
 from agent.hw import cdi
+from agent.tpm import HANDLES
 from bc.pki import releases
 from bc.protocol.atoms import parse_atom
 from bc.protocol.root_equiv import sysctl_key_problem
@@ -240,7 +242,8 @@ json_values = st.recursive(
 HOLD_ARGS = ["kind", "allocation_id", "data", "slice", "limits", "file", "user", "argv", "uuid", "size_kb", "node"]
 UPDATE_ARGS = ["offset", "step", "command_id", "deadline", "refused", "after_seq", "path", "install_dir", "root"]
 RELEASE_ARGS = ["name", "version", "sequence", "platform", "sha256", "size", "signature", "keys", "running_version"]
-arg_names = st.sampled_from([*HOLD_ARGS, "count", *UPDATE_ARGS, *RELEASE_ARGS])
+TPM_ARGS = ["slot", "digest", "credential", "secret", "handle", "tcti"]
+arg_names = st.sampled_from([*HOLD_ARGS, "count", *UPDATE_ARGS, *RELEASE_ARGS, *TPM_ARGS])
 requests = st.fixed_dictionaries(
     {"v": st.just(ops.VERSION), "op": st.sampled_from([*ops.TABLE, "file.read", ""])},
     optional={},
@@ -270,6 +273,9 @@ def test_any_request_is_refused_or_plans_effects_only_under_the_root(request: di
             assert effect.path == LAY.kmsg
         if isinstance(effect, Run):
             assert effect.argv[0] in {"systemctl", "sysctl", "modprobe", "nvidia-smi", "sshd"}
+        if isinstance(effect, TpmCall):  # a handle of the helper's own range, or none; blobs bounded
+            assert effect.handle in (0, *HANDLES) and len(effect.digest) in (0, 32), effect
+            assert len(effect.credential) <= 134 and len(effect.secret) <= 514, effect
 
 
 @given(st.text(max_size=80))

@@ -26,6 +26,7 @@ from agent.journal import Journal
 from agent.quorum import UNBATCHED_FILE, WINDOW_S, QuorumCheck, UnbatchedAllowance, check_batch
 from agent.trust import AgentTrust, decide_bundle
 from bc.pki import merkle
+from bc.pki import preapproval as pre
 from bc.pki import quorum as q
 from bc.pki.ca import CertificateAuthority
 from bc.pki.secrets_source import SystemSecrets
@@ -148,6 +149,7 @@ class Node:
     def __init__(self, data_dir: Path, journal: Journal, clock: LoopClock, b: common_pb2.TrustBundle) -> None:
         self.data_dir, self.journal, self.clock = data_dir, journal, clock
         self.trust = AgentTrust(b)
+        self.labels: dict[str, str] = {"pool": "a"}  # as the node's signed spec body carries them
         self.check = self.new_check()
 
     def new_check(self) -> QuorumCheck:
@@ -158,6 +160,7 @@ class Node:
             UnbatchedAllowance(self.data_dir, self.clock),
             self.server_now_ms,
             self.clock,
+            labels=lambda: self.labels,
         )
 
     def server_now_ms(self) -> int:
@@ -539,3 +542,54 @@ def test_a_worker_signed_bundle_cannot_drop_the_approver_keys() -> None:
     d = decide_bundle(held, env, stripped, ca_pem, NOW)
     dropped = d.bundle is not None and len(d.bundle.approver_keys) == 0
     assert not dropped, f"a bundle signed by the worker key alone removed every approver key ({d.reason})"
+
+
+# -- a health policy's pre-approval (bc.pki.preapproval) ---------------------------------------------------
+
+
+def preapproved(
+    command_id: str,
+    *signers: Approver,
+    kind: str = "gpu.reset",
+    pool: str = "a",
+    version: int = 3,
+    shown_text: str | None = None,
+) -> session_pb2.Command:
+    """An unbatched destructive command carrying a policy version that `signers` signed (`shown_text`: what a
+    control plane relays instead of the text they signed)."""
+    entry = {"kind": "gpu.reset", "pool": {"pool": pool}, "expires_at_ms": in_an_hour()}
+    text = json.dumps({"preapprove": [entry]}, sort_keys=True)
+    root = pre.scope_root(version, text)
+    a = common_pb2.BatchApproval(batch_id="b-pre", scope_root=root, requested_by="admin", leaf_count=1)
+    for s in signers:
+        msg = q.approval_message("b-pre", root, 1, "admin", in_an_hour())
+        a.signatures.add(key_id=s.key_id, expires_at_ms=in_an_hour(), signature=s.key.sign(msg))
+    cmd = command(unbatched("n1", command_id, kind), None, None)
+    relayed = text if shown_text is None else shown_text
+    cmd.preapproval = common_pb2.HealthPreapproval(
+        policy_version=version, policy_json=relayed, batch_approval=a.SerializeToString()
+    ).SerializeToString()
+    return cmd
+
+
+async def test_a_signed_pre_approval_admits_its_kind_in_the_nodes_pool_without_the_allowance(node: Node) -> None:
+    assert await node(preapproved("c1", A0, A1)) is None
+    assert await node(preapproved("c2", A1, A2)) is None  # a standing approval: not one leaf, one run
+    assert not (node.data_dir / UNBATCHED_FILE).exists()  # the hourly allowance was not touched
+
+
+async def test_a_pre_approval_the_node_cannot_verify_is_refused_with_the_reason(node: Node) -> None:
+    refused(await node(preapproved("c1", A0)), "holds 1 of the 2 approvals")
+    refused(await node(preapproved("c2", A0, STRANGER)), "holds 1 of the 2", "not an approver key")
+    refused(await node(preapproved("c3", A0, A1, kind="node.reboot")), "pre-approves gpu.reset, not node.reboot")
+    refused(await node(preapproved("c4", A0, A1, pool="b")), "the node is not in pool pool=b")
+    wider = json.dumps({"preapprove": [{"kind": "gpu.reset", "pool": {"pool": "a"}, "expires_at_ms": 1 << 60}]})
+    refused(await node(preapproved("c5", A0, A1, shown_text=wider)), "not over health policy v3 as carried")
+    node.labels = {"pool": "b"}  # relabelled (a later signed spec): no longer in the pool
+    refused(await node(preapproved("c6", A0, A1)), "the node is not in pool pool=a")
+
+
+async def test_a_pre_approval_expires_in_server_time(node: Node, clock: LoopClock) -> None:
+    cmd = preapproved("c1", A0, A1)
+    await advance(HOUR_MS / 1000)
+    refused(await node(cmd), "0 of the 2", "expired")

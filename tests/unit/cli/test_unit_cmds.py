@@ -149,6 +149,8 @@ def test_the_default_node_unit_is_unprivileged_beside_the_helper() -> None:
     assert one(unit, "After", "Unit").split()[0] == "bc-helper.service"
     assert writable(unit) == {"/var/lib/bc-node"}  # /etc/cdi, /run/bc/allocations and the host's files: the helper's
     assert one(unit, "ProtectKernelLogs") == "yes"  # its XIDs are the helper's stream (kmsg.follow)
+    assert one(unit, "InaccessiblePaths") == "-/dev/tpm0 -/dev/tpmrm0"  # its TPM is the helper's (tpm.*)
+    assert "SupplementaryGroups" not in unit["Service"] or "tss" not in one(unit, "SupplementaryGroups")
     assert one(unit, "Restart") == "always"
 
 
@@ -159,6 +161,8 @@ def test_the_helper_unit_is_root_always_restarted_and_serves_the_nodes_user_only
     assert (one(unit, "Restart"), one(unit, "RestartSec")) == ("always", "2")
     assert one(unit, "RuntimeDirectory") == "bc-helper"
     assert one(unit, "IPAddressDeny") == "any"
+    assert (one(unit, "Wants", "Unit"), one(unit, "After", "Unit")) == ("tpm2.target", "tpm2.target")
+    assert "DevicePolicy" not in unit["Service"] and "PrivateDevices" not in unit["Service"]  # /dev/tpmrm0 is open
 
 
 def test_a_root_user_for_the_unprivileged_unit_is_refused() -> None:

@@ -177,7 +177,7 @@ async def test_a_missing_store_fails(cluster: Cluster) -> None:
 
 async def test_an_older_schema_warns_and_is_not_migrated_by_doctor(cluster: Cluster) -> None:
     d = await server(cluster)
-    latest = migrations()[-1][0]
+    (previous, _, _), (latest, _, _) = migrations()[-2:]  # numbers may skip one (another branch's)
     with sqlite3.connect(d / "bc.db") as conn:
         conn.execute("DELETE FROM schema_version WHERE version = ?", (latest,))
     conn.close()
@@ -186,9 +186,9 @@ async def test_an_older_schema_warns_and_is_not_migrated_by_doctor(cluster: Clus
 
     assert store is None
     assert f.status == "warn"
-    assert f.message == f"the store's schema is version {latest - 1}; this bc's is {latest}"
+    assert f.message == f"the store's schema is version {previous}; this bc's is {latest}"
     with sqlite3.connect(d / "bc.db") as conn:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == latest - 1
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == previous
     conn.close()
 
 
