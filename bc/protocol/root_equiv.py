@@ -112,19 +112,20 @@ FIELDS: Mapping[str, str] = {
     "daemon.size": ANY_CHANGE,
     "daemon.name": ANY_CHANGE,
     "daemon.platform": ANY_CHANGE,
-    # site (docs/metal.md): cached images, machines and the boot server are an operator's; every bmc.* kind
-    # and site.httpProxy is a destructive command under the quorum anyway. Where the site reads BMC
-    # credentials from, and what site.httpProxy may reach, widen what a command can do: any change is root's.
+    # site (docs/metal.md): cached images and the boot server are an operator's. The machines are root's: a
+    # machine's BMC URL is where the site sends that BMC's credentials (even for bmc.query, an operator's
+    # kind), and its MACs decide who is answered with a ramdisk join token. So are where the site reads the
+    # credentials from, and what site.httpProxy may reach.
     "site.boot_lease_state": OPERATOR,
     "site.cache_images": OPERATOR,
     "site.cache_images.url": OPERATOR,
     "site.cache_images.sha256": OPERATOR,
     "site.cache_images.format": OPERATOR,
-    "site.machines": OPERATOR,
-    "site.machines.name": OPERATOR,
-    "site.machines.bmc_url": OPERATOR,
-    "site.machines.system_id": OPERATOR,
-    "site.machines.macs": OPERATOR,
+    "site.machines": ANY_CHANGE,
+    "site.machines.name": ANY_CHANGE,
+    "site.machines.bmc_url": ANY_CHANGE,
+    "site.machines.system_id": ANY_CHANGE,
+    "site.machines.macs": ANY_CHANGE,
     "site.credentials_file": ANY_CHANGE,
     "site.boot": OPERATOR,
     "site.boot.interface": OPERATOR,
