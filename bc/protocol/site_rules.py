@@ -12,7 +12,8 @@ addresses in.
 * `credentials_file` is an absolute path.
 * The boot server's `dhcp_range` is two IPv4 addresses (and an optional netmask);
   `http_address` is `ip:port`; `interface` an interface name.
-* A proxy target's addresses are IP literals; its names are DNS names.
+* A proxy target's addresses are IP literals; its names are DNS names; neither, nor a cached image's URL,
+  names a listed machine's BMC.
 """
 
 from __future__ import annotations
@@ -144,6 +145,12 @@ def check_section(s: spec_pb2.SiteSection) -> None:
         raise SiteRuleError("credentials_file", "must be an absolute path")
     check_boot(s.boot)
     bmc_hosts = {bmc_host(m.bmc_url) for m in s.machines}
+    for i, img in enumerate(s.cache_images):
+        host = (urlsplit(img.url).hostname or "").lower()
+        if host in bmc_hosts:
+            raise SiteRuleError(
+                f"cache_images[{i}].url", "names a machine's BMC: the site pulls images, never from a BMC"
+            )
     for i, t in enumerate(s.proxy_targets):
         check_proxy_target(f"proxy_targets[{i}]", t)
         listed = {a.lower() for a in t.addresses} | {n.lower() for n in t.names}

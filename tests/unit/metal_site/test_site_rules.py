@@ -48,6 +48,10 @@ def test_a_good_section_is_stored() -> None:
         ),
         ({"proxy_targets": [spec_pb2.SiteProxyTarget(node_id="m1", addresses=["10.9.0.1"])]}, "never reaches a BMC"),
         ({"proxy_targets": [spec_pb2.SiteProxyTarget(node_id="m1", addresses=["gpu.lab"])]}, "not an IP address"),
+        (
+            {"cache_images": [spec_pb2.CacheImage(url="https://10.9.0.1/redfish/v1", sha256="ab" * 32)]},
+            "never from a BMC",
+        ),
     ],
 )
 def test_a_bad_section_is_refused_naming_the_field(kw: dict[str, object], words: str) -> None:
