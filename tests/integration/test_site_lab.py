@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,6 @@ from agent.join import join_node
 from agent.site.state import SiteOptions
 from bc.errors import UsageError
 from bc.protocol.pb import admin_pb2, common_pb2
-from tests.http_server import serving
 from tests.integration.conftest import InprocLab
 from tests.integration.operators_lab import approvers, sign
 from tests.redfish_bmc import SYSTEM_MAC, RedfishBmcUnderTest, redfish_bmc
@@ -54,8 +54,16 @@ def image_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    with serving(Handler) as url:
-        yield f"{url}/vmlinuz"
+    # On 127.0.0.2: the BMC is on 127.0.0.1, and a site never pulls an image from a BMC's host.
+    server = ThreadingHTTPServer(("127.0.0.2", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.2:{server.server_address[1]}/vmlinuz"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 async def settled(lab: InprocLab, command_id: str, timeout: float = 30.0) -> admin_pb2.CommandInfo:
