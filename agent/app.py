@@ -63,7 +63,8 @@ from agent.journal import Journal
 from agent.journal_api import AgentJournal, JournalFull
 from agent.journal_rules import fit_update_message
 from agent.key_holder import FileNodeKey, NodeKeyHolder
-from agent.kinds.base import KindContext
+from agent.kinds import executor_for
+from agent.kinds.base import KindContext, KindExecutor
 from agent.kinds.upload_allow import parse_prefixes
 from agent.node_key import NodeKey
 from agent.offload import Offload, to_thread
@@ -81,6 +82,9 @@ from agent.session.outbox import Outbox
 from agent.session.runner import SessionDeps
 from agent.session_core import SpecRule, decide_spec
 from agent.session_key import SessionKeys
+from agent.site.converger import SiteConverger
+from agent.site.role import site_executors
+from agent.site.state import SiteOptions, SiteState
 from agent.telemetry.converger import TelemetryConverger
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import AgentMetrics, Gauges
@@ -141,6 +145,8 @@ class AgentOptions:
     """How often the converge pass re-reads the host when nothing changed (drift); a spec change runs it at once."""
     tcti: str | None = None
     """`--tcti`: how a TPM identity reaches its TPM (default `device:/dev/tpmrm0`, agent.tpm)."""
+    site: SiteOptions = dataclasses.field(default_factory=SiteOptions)
+    """A site agent's own settings (`--site-bmc-network`; agent.site.state); unused by other roles."""
     machine_root: Path | None = None
     """`--machine-root`: where a ramdisk reads /sys, /proc and /dev (agent.ramdisk.machine); default `/`."""
 
@@ -278,6 +284,7 @@ class Agent:
         self.upgrader: Upgrader | None = None
         self.xids: HelperXids | None = None  # an unprivileged agent's XIDs, streamed by bc helper
         self.host_units: HostConverger | None = None
+        self.site: SiteState | None = None  # a site agent's BMCs, leases, cache and boot server (agent.site)
 
     async def open(self) -> None:
         p = self.parts
@@ -399,6 +406,14 @@ class Agent:
             await self.upgrader.start()
         up = self.upgrader
         self.convergers["daemon"] = DaemonConverger(up, self.version)
+        executors: Callable[[str], KindExecutor | None] = executor_for
+        if self.identity.role == "site":
+            self.site = SiteState(
+                self.data_dir, self.clock, self.offload, self.opts.site, wake=self.state.spec_changed.set
+            )
+            self.convergers["site"] = SiteConverger(self.site)
+            site_kinds = site_executors(self.site)
+            executors = lambda kind: site_kinds.get(kind) or executor_for(kind)  # noqa: E731
         self.dispatcher = Dispatcher(
             node_id=self.node_id,
             role=self.identity.role,
@@ -441,6 +456,7 @@ class Agent:
                 labels=self.state.labels,
             ),
             result_signer=self.sign_update,
+            executors=executors,
             on_settled=self.metrics.command_settled,
             held=up.holds if up is not None else (lambda _cid: False),
             upgrade_only=(lambda: up.upgrade_only) if up is not None else (lambda: False),
@@ -537,6 +553,8 @@ class Agent:
 
     async def close(self) -> None:
         await self.dispatcher.stop()
+        if self.site is not None:
+            await self.site.close()
         await self.journal.close()
 
     async def journal_summary(self) -> dict[str, object]:

@@ -366,6 +366,20 @@ def join(
     help="How a node joined with --attestor tpm reaches its TPM (default device:/dev/tpmrm0).",
 )
 @click.option(
+    "--site-bmc-network",
+    "site_bmc_networks",
+    multiple=True,
+    metavar="CIDR",
+    help="A site agent's BMC network: site.httpProxy never reaches an address in it (repeatable; docs/metal.md).",
+)
+@click.option(
+    "--site-boot-dir",
+    type=_DIR,
+    default=None,
+    help="A site agent's dnsmasq files and TFTP root; it and its parents must be readable by dnsmasq's"
+    " unprivileged user (default DATA_DIR/site/boot).",
+)
+@click.option(
     "--machine-root",
     type=_DIR,
     default=None,
@@ -391,6 +405,8 @@ def node(
     download_window_s: float,
     helper_socket: Path | None,
     tcti: str | None,
+    site_bmc_networks: tuple[str, ...],
+    site_boot_dir: Path | None,
     machine_root: Path | None,
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM.
@@ -423,6 +439,14 @@ def node(
         parse_faults(fake_faults)
     except BadFault as e:
         raise UsageError(str(e)) from None
+    import ipaddress
+
+    from agent.site.state import SiteOptions
+
+    try:
+        bmc_networks = tuple(ipaddress.ip_network(n, strict=False) for n in site_bmc_networks)
+    except ValueError as e:
+        raise UsageError(f"--site-bmc-network: {e}") from None
     opts = AgentOptions(
         data_dir=data_dir,
         fake_hw=fake_hw,
@@ -441,6 +465,7 @@ def node(
         install_dir=install_dir_of(sys.argv[0]),
         helper_socket=helper_socket,
         tcti=tcti,
+        site=SiteOptions(bmc_networks=bmc_networks, boot_dir=site_boot_dir),
         machine_root=machine_root,
         upgrade=UpgradeConfig(
             upgrade_confirm_s,

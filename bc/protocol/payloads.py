@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 
 from bc.errors import UsageError
 from bc.protocol import limits
-from bc.protocol.pb import kinds_pb2
+from bc.protocol.pb import kinds_pb2, site_kinds_pb2
 
 REQUEST_MESSAGES: dict[str, type[Message]] = {
     "inventory.refresh": kinds_pb2.InventoryRefreshRequest,
@@ -25,6 +25,16 @@ REQUEST_MESSAGES: dict[str, type[Message]] = {
     "logs.collect": kinds_pb2.LogsCollectRequest,
     "diag.dcgm": kinds_pb2.DiagDcgmRequest,
     "daemon.upgrade": kinds_pb2.DaemonUpgradeRequest,
+    # the site agent's kinds (docs/metal.md)
+    "bmc.query": site_kinds_pb2.BmcQueryRequest,
+    "bmc.power": site_kinds_pb2.BmcPowerRequest,
+    "bmc.boot": site_kinds_pb2.BmcBootRequest,
+    "bmc.firmware": site_kinds_pb2.BmcFirmwareRequest,
+    "bmc.storage": site_kinds_pb2.BmcStorageRequest,
+    "bmc.rotate": site_kinds_pb2.BmcRotateRequest,
+    "boot.prepareRamdisk": site_kinds_pb2.BootPrepareRamdiskRequest,
+    "boot.cleanUp": site_kinds_pb2.BootCleanUpRequest,
+    "site.httpProxy": site_kinds_pb2.SiteHttpProxyRequest,
     # the ramdisk role's (docs/metal-ramdisk.md)
     "disk.wipe": kinds_pb2.DiskWipeRequest,
     "deploy.image": kinds_pb2.DeployImageRequest,

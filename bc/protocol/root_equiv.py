@@ -112,12 +112,29 @@ FIELDS: Mapping[str, str] = {
     "daemon.size": ANY_CHANGE,
     "daemon.name": ANY_CHANGE,
     "daemon.platform": ANY_CHANGE,
-    # site: boot leases and cached images (no converger yet); the site's HTTP proxy is a destructive command.
+    # site (docs/metal.md): cached images and the boot server are an operator's. The machines are root's: a
+    # machine's BMC URL is where the site sends that BMC's credentials (even for bmc.query, an operator's
+    # kind), and its MACs decide who is answered with a ramdisk join token. So are where the site reads the
+    # credentials from, and what site.httpProxy may reach.
     "site.boot_lease_state": OPERATOR,
     "site.cache_images": OPERATOR,
     "site.cache_images.url": OPERATOR,
     "site.cache_images.sha256": OPERATOR,
     "site.cache_images.format": OPERATOR,
+    "site.machines": ANY_CHANGE,
+    "site.machines.name": ANY_CHANGE,
+    "site.machines.bmc_url": ANY_CHANGE,
+    "site.machines.system_id": ANY_CHANGE,
+    "site.machines.macs": ANY_CHANGE,
+    "site.credentials_file": ANY_CHANGE,
+    "site.boot": OPERATOR,
+    "site.boot.interface": OPERATOR,
+    "site.boot.dhcp_range": OPERATOR,
+    "site.boot.http_address": OPERATOR,
+    "site.proxy_targets": ANY_CHANGE,
+    "site.proxy_targets.node_id": ANY_CHANGE,
+    "site.proxy_targets.addresses": ANY_CHANGE,
+    "site.proxy_targets.names": ANY_CHANGE,
 }
 """Every NodeSpec field by dotted path, and its class (the module docstring's table)."""
 

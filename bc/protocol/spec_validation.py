@@ -33,7 +33,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from bc.otel import config as otlp_config
-from bc.protocol import ssh_lines
+from bc.protocol import site_rules, ssh_lines
 from bc.protocol.canonical import SpecError
 from bc.protocol.host_units import UnitInvalid, check_settings
 from bc.protocol.pb import spec_pb2
@@ -206,6 +206,10 @@ def _check_site(s: spec_pb2.SiteSection) -> None:
             raise _refuse("site", f"cache_images[{i}].sha256", "must be 64 lowercase hex digits")
         if img.format:
             _check_name("site", f"cache_images[{i}].format", img.format, TOKEN, "a format name")
+    try:
+        site_rules.check_section(s)
+    except site_rules.SiteRuleError as e:
+        raise _refuse("site", e.field, e.why) from None
 
 
 def check_section(section: str, msg: Message) -> None:

@@ -173,12 +173,52 @@ class DaemonSection(_message.Message):
     def __init__(self, version: _Optional[str] = ..., url: _Optional[str] = ..., sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., sequence: _Optional[int] = ..., size: _Optional[int] = ..., name: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...
 
 class SiteSection(_message.Message):
-    __slots__ = ("boot_lease_state", "cache_images")
+    __slots__ = ("boot_lease_state", "cache_images", "machines", "credentials_file", "boot", "proxy_targets")
     BOOT_LEASE_STATE_FIELD_NUMBER: _ClassVar[int]
     CACHE_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    MACHINES_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIALS_FILE_FIELD_NUMBER: _ClassVar[int]
+    BOOT_FIELD_NUMBER: _ClassVar[int]
+    PROXY_TARGETS_FIELD_NUMBER: _ClassVar[int]
     boot_lease_state: str
     cache_images: _containers.RepeatedCompositeFieldContainer[CacheImage]
-    def __init__(self, boot_lease_state: _Optional[str] = ..., cache_images: _Optional[_Iterable[_Union[CacheImage, _Mapping]]] = ...) -> None: ...
+    machines: _containers.RepeatedCompositeFieldContainer[SiteMachine]
+    credentials_file: str
+    boot: SiteBootServer
+    proxy_targets: _containers.RepeatedCompositeFieldContainer[SiteProxyTarget]
+    def __init__(self, boot_lease_state: _Optional[str] = ..., cache_images: _Optional[_Iterable[_Union[CacheImage, _Mapping]]] = ..., machines: _Optional[_Iterable[_Union[SiteMachine, _Mapping]]] = ..., credentials_file: _Optional[str] = ..., boot: _Optional[_Union[SiteBootServer, _Mapping]] = ..., proxy_targets: _Optional[_Iterable[_Union[SiteProxyTarget, _Mapping]]] = ...) -> None: ...
+
+class SiteMachine(_message.Message):
+    __slots__ = ("name", "bmc_url", "system_id", "macs")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BMC_URL_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_ID_FIELD_NUMBER: _ClassVar[int]
+    MACS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    bmc_url: str
+    system_id: str
+    macs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., bmc_url: _Optional[str] = ..., system_id: _Optional[str] = ..., macs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SiteBootServer(_message.Message):
+    __slots__ = ("interface", "dhcp_range", "http_address")
+    INTERFACE_FIELD_NUMBER: _ClassVar[int]
+    DHCP_RANGE_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    interface: str
+    dhcp_range: str
+    http_address: str
+    def __init__(self, interface: _Optional[str] = ..., dhcp_range: _Optional[str] = ..., http_address: _Optional[str] = ...) -> None: ...
+
+class SiteProxyTarget(_message.Message):
+    __slots__ = ("node_id", "addresses", "names")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CacheImage(_message.Message):
     __slots__ = ("url", "sha256", "format")

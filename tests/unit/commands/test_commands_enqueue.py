@@ -17,7 +17,7 @@ from bc.control.signing.signer import KeySigner, NullSigner, Signature
 from bc.errors import NotFound, UsageError
 from bc.pki.secrets_source import SystemSecrets
 from bc.pki.signing import BadSignature, SigningKeys, Verifier
-from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2
+from bc.protocol.pb import common_pb2, kinds_pb2, session_pb2, site_kinds_pb2
 from bc.seams.clock import LoopClock
 from bc.seams.ids import ulid
 from bc.store import Row
@@ -190,10 +190,13 @@ async def test_refused_requests_store_nothing(
 
 async def test_a_site_kind_runs_on_a_site(add_node: AddNode, put: Enqueue) -> None:
     await add_node("s1", role="site")
-    row = await put("s1", kind="bmc.query", payload=payload_from_json("bmc.query", '{"host": "10.0.0.9"}'))
+    row = await put("s1", kind="bmc.query", payload=payload_from_json("bmc.query", '{"machine": "m1"}'))
     body = session_pb2.CommandBody.FromString(bytes(row["body"]))
-    doc = struct_pb2.Struct()
-    assert body.payload.Unpack(doc) and doc["host"] == "10.0.0.9"
+    doc = site_kinds_pb2.BmcQueryRequest()
+    assert body.payload.Unpack(doc) and doc.machine == "m1"
+    # A site kind names a machine of the site's section: a BMC's address never travels in a command.
+    with pytest.raises(UsageError, match='no field named "host"'):
+        payload_from_json("bmc.query", '{"host": "10.0.0.9"}')
 
 
 # -- payload_from_json --------------------------------------------------------------------
