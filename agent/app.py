@@ -81,6 +81,7 @@ from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import AgentMetrics, Gauges
 from agent.tpm import DEFAULT_TCTI, Tpm, TpmNodeKey, TpmRecord
 from agent.trust import AgentTrust
+from agent.tunnel.service import TunnelService
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
 from agent.upgrade.slots import Slots, SlotStore
 from bc.errors import BcError, Conflict, Unauthenticated
@@ -177,6 +178,9 @@ class AgentParts:
     """Where the node key lives (agent.key_holder): left out, node.key as a file. A TPM identity's is its TPM."""
     session_keys: SessionKeys | None = None
     """A TPM identity's session keys (agent.session_key): the dial and `node_key` run on them; None: a file key."""
+    tunnel_tls: tuple[Path, Path] | None = None
+    """The node's TLS certificate and key files, which its tunnels serve TLS with (agent.tunnel.service); None:
+    every tunnel is refused (a TPM key, which OpenSSL cannot be handed; the simulator)."""
 
 
 async def never_dial() -> Link[session_pb2.GatewayMessage, session_pb2.NodeMessage]:
@@ -223,6 +227,7 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         telemetry=True,
         key_holder=holder,
         session_keys=keeper,
+        tunnel_tls=(data_dir / identity.files["cert"], key_path) if record is None else None,
     )
 
 
@@ -417,7 +422,15 @@ class Agent:
             heartbeat_interval_s=self.opts.heartbeat_interval_s,
             spec_rule=p.spec_rule,
         )
-        self.sessions = SessionLoop(p.dial, deps, self.rng, self.stopped)
+        self.tunnels = TunnelService(
+            self.node_id,
+            self.journal,
+            jwks=lambda: self.state.spec.access.exec_ticket_jwks,
+            server_now_ms=self.state.server_now_ms,
+            tls_files=p.tunnel_tls,
+        )
+        self.state.spec_listeners.append(self.tunnels.on_spec)
+        self.sessions = SessionLoop(p.dial, deps, self.rng, self.stopped, alongside=self.tunnels.serve)
         log.info(
             "event=agent.started node=%s version=%s slot=%s journal_id=%s applied=%d incarnation=%s hw=%s cdi_dir=%s",
             self.node_id,

@@ -64,8 +64,8 @@ from typing import Any
 import aiosqlite
 
 from agent import journal_aside
-from agent.tunnel import jti_rules
 from agent import journal_rules as rules
+from agent import journal_tickets as jti_rules
 from agent.journal_api import JournalCorrupt, JournalEvent, JournalFull, StoredSpec, new_journal_id
 from agent.journal_batch import CommitGroups, TxSteps, one_transaction
 from agent.journal_conn import connect_commit_in_thread
@@ -96,7 +96,7 @@ SCHEMA = (
     # Each destructive-batch leaf runs at most once, ever: the first command to claim it keeps it.
     "CREATE TABLE IF NOT EXISTS batch_leaves (scope_root TEXT NOT NULL, leaf_index INTEGER NOT NULL,"
     " command_id TEXT NOT NULL, claimed_at REAL NOT NULL, PRIMARY KEY (scope_root, leaf_index))",
-    # Every exec ticket used, until it expires (agent.tunnel.jti_rules): a ticket opens one tunnel, ever.
+    # Every exec ticket used, until it expires (agent.journal_tickets): a ticket opens one tunnel, ever.
     "CREATE TABLE IF NOT EXISTS exec_tickets (jti TEXT PRIMARY KEY, exp_ms INTEGER NOT NULL)",
 )
 

@@ -88,7 +88,7 @@ class AgentJournal(CommandStore, Protocol):
 
     # -- exec tickets
     async def use_ticket(self, jti: str, exp_ms: int, now_ms: int) -> str:
-        """Record exec ticket `jti` as used, durably, unless `agent.tunnel.jti_rules.admit` refuses it:
+        """Record exec ticket `jti` as used, durably, unless `agent.journal_tickets.admit` refuses it:
         returns '' or the refusal's code (`replayed`, `jti-set-full`)."""
         ...
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from agent import journal_rules as rules
-from agent.tunnel import jti_rules
+from agent import journal_tickets as jti_rules
 from agent.journal_api import JournalEvent, JournalFull, StoredSpec
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, EventRow, Settlement
 from bc.protocol.limits import LIMITS, Limits

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
 
 from bc.api import job_views
 from bc.control.base import actor
@@ -122,6 +123,14 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     # What the health reconciler may do to the fleet on its own (which conditions reset or quarantine a GPU,
     # how many nodes at once): a fleet-wide safety setting like the slot pools.
     "SetHealthPolicy": (ADMIN, "setting the health policy"),
+    # Tunnels (service `Tunnels`, docs/access.md): an operator reaches a node's loopback with a ticket of
+    # their own (`IssueTicket`, each purpose's role in PURPOSE_ROLE), then opens it; anyone may list them;
+    # closing another operator's tunnel or rotating the ticket key is admin's.
+    "ListTunnels": (VIEWER, "listing tunnels"),
+    "IssueTicket": (OPERATOR, "asking for an exec ticket"),
+    "Open": (OPERATOR, "opening a tunnel"),
+    "CloseTunnel": (ADMIN, "closing a tunnel"),
+    "RotateTicketKey": (ADMIN, "rotating the exec-ticket key"),
 }
 """Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
 
@@ -236,7 +245,22 @@ def _submit_job_role(request: Any) -> tuple[str, str] | None:
     return job_needed(dag)
 
 
+PURPOSE_ROLE: dict[str, str] = {
+    "forward": OPERATOR,
+    "exec": OPERATOR,
+    "shell": OPERATOR,
+}
+"""Each exec-ticket purpose's minimum role (bc.pki.exec_tickets.PURPOSES); an unknown purpose is refused by the body."""
+
+
+def _ticket_role(request: Any) -> tuple[str, str] | None:
+    purpose = str(getattr(request, "purpose", ""))
+    role = PURPOSE_ROLE.get(purpose)
+    return None if role is None else (role, f"asking for a {purpose[:16]} ticket")
+
+
 REQUEST_ROLE: dict[str, Callable[[Any], tuple[str, str] | None]] = {
+    "IssueTicket": _ticket_role,
     "SubmitJob": _submit_job_role,
     "RunCommand": _run_command_role,
     "EnqueueCommands": _enqueue_role,
@@ -368,6 +392,15 @@ def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
 
 def guarded(cls: type[S]) -> type[S]:
     """Every RPC the Admin service declares goes through `_guard`, whether or not the table names it."""
-    for method in admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods:
-        setattr(cls, method.name, _guard(method.name, getattr(cls, method.name), method.server_streaming))
-    return cls
+    return guard_service(admin_pb2.DESCRIPTOR.services_by_name["Admin"])(cls)
+
+
+def guard_service(service: ServiceDescriptor) -> Callable[[type[S]], type[S]]:
+    """The same for another operator-facing service (`Tunnels`): one table, `ROLE_NEEDED`, for all of them."""
+
+    def wrap(cls: type[S]) -> type[S]:
+        for method in service.methods:
+            setattr(cls, method.name, _guard(method.name, getattr(cls, method.name), method.server_streaming))
+        return cls
+
+    return wrap

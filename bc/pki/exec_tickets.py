@@ -4,7 +4,7 @@ The control plane signs a ticket (`issue`) for one operator (`sub`), one node (`
 (`sid`), one purpose (`shell`, `exec` or `forward`) with its port, for at most `MAX_TTL_S`; the node checks
 it (`verify`) against the JWKS pinned in its signed `access` section, with its own node id and the sid of
 the tunnel it is asked to open. Whether the `jti` was used already is the journal's question
-(`agent.tunnel.jti_rules`): this module is pure, over joserfc (JWS, RFC 7515; alg `Ed25519`, RFC 9864).
+(`agent.journal_tickets`): this module is pure, over joserfc (JWS, RFC 7515; alg `Ed25519`, RFC 9864).
 
 A refusal is a `TicketRefused` whose `reason` is a code both ends compare:
 
@@ -20,6 +20,7 @@ A refusal is a `TicketRefused` whose `reason` is a code both ends compare:
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -79,9 +80,9 @@ def check_request(purpose: str, port: int, reason: str, ttl_s: int) -> tuple[int
 # -- keys ---------------------------------------------------------------------------------------------
 
 
-def new_key(kid: str) -> OKPKey:
-    """A fresh Ed25519 signing key named `kid` (the OS's randomness: secret material)."""
-    pem = Ed25519PrivateKey.generate().private_bytes(
+def new_key(kid: str, private: Ed25519PrivateKey) -> OKPKey:
+    """The signing key `private` (fresh secret material, from the injected `Secrets`) named `kid`."""
+    pem = private.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     return OKPKey.import_key(pem, {"kid": kid})
@@ -135,6 +136,30 @@ def issue(key: OKPKey, t: Ticket) -> str:
         "exp": t.exp_s,
     }
     return jwt.encode({"alg": ALG, "kid": t.kid, "typ": "bc-exec+jwt"}, claims, key, algorithms=[ALG])
+
+
+def peek(token: str) -> Ticket:
+    """The claims of `token` UNVERIFIED (which node and sid it names, to verify it for them): never trust it."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        header = token.split(".")[0]
+        kid = json.loads(base64.urlsafe_b64decode(header + "=" * (-len(header) % 4))).get("kid", "")
+    except (IndexError, ValueError, TypeError, AttributeError):
+        raise TicketRefused("bad-ticket", "the ticket is not a compact JWS") from None
+    if not isinstance(claims, dict):
+        raise TicketRefused("bad-ticket", "the ticket's claims are not an object")
+    return Ticket(
+        jti=_str(claims, "jti"),
+        sid=_str(claims, "sid"),
+        node_id=_str(claims, "aud"),
+        operator=_str(claims, "sub"),
+        purpose=_str(claims, "purpose"),
+        port=_int(claims, "port"),
+        iat_s=_int(claims, "iat"),
+        exp_s=_int(claims, "exp"),
+        kid=str(kid),
+    )
 
 
 def _keyset(jwks: str) -> KeySet:
