@@ -108,9 +108,10 @@ class TunnelClient:
     ) -> tunnel_pb2.ExecTicket:
         req = tunnel_pb2.IssueTicketRequest(node_id=node_id, purpose=purpose, port=port, reason=reason, ttl_s=ttl_s)
         try:
-            return await self.stub.IssueTicket(req, timeout=self.timeout_s)
+            reply: tunnel_pb2.ExecTicket = await self.stub.IssueTicket(req, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from e
+        return reply
 
     async def open(self, ticket: tunnel_pb2.ExecTicket) -> OpenTunnel:
         """Open the tunnel `ticket` names and finish TLS with its node; TicketRefused when refused."""
@@ -148,14 +149,18 @@ class TunnelClient:
 
     async def close_tunnel(self, sid: str, reason: str = "") -> tunnel_pb2.TunnelRecord:
         try:
-            return await self.stub.CloseTunnel(
+            closed: tunnel_pb2.TunnelRecord = await self.stub.CloseTunnel(
                 tunnel_pb2.CloseTunnelRequest(sid=sid, reason=reason), timeout=self.timeout_s
             )
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from e
+        return closed
 
     async def rotate_key(self) -> tunnel_pb2.TicketKeyInfo:
         try:
-            return await self.stub.RotateTicketKey(tunnel_pb2.RotateTicketKeyRequest(), timeout=self.timeout_s)
+            info: tunnel_pb2.TicketKeyInfo = await self.stub.RotateTicketKey(
+                tunnel_pb2.RotateTicketKeyRequest(), timeout=self.timeout_s
+            )
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from e
+        return info
