@@ -128,7 +128,14 @@ class TunnelService:
         try:
             await call.write(TunnelFrame(accept=TunnelAccept(sid=sid)))
             await self._carry(call, reader, writer)
-        except (grpc.aio.AioRpcError, asyncio.CancelledError, TunnelTampered, OSError, ssl.SSLError) as e:
+        except (
+            grpc.aio.AioRpcError,
+            asyncio.CancelledError,
+            asyncio.InvalidStateError,  # the gateway ended the stream while a frame was going out
+            TunnelTampered,
+            OSError,
+            ssl.SSLError,
+        ) as e:
             log.info("event=tunnel.ended sid=%s why=%s", sid, type(e).__name__)
             if isinstance(e, asyncio.CancelledError):
                 raise
