@@ -42,6 +42,8 @@ from bc.wire.tls_pipe import READ_CHUNK, SecureChannel, TunnelTampered, server_c
 log = logging.getLogger("agent.tunnel")
 
 CONNECT_TIMEOUT_S = 5.0
+DRAIN_S = 2.0
+"""How long the local port may go on answering once the operator's frames have ended."""
 
 Connect = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
@@ -128,6 +130,7 @@ class TunnelService:
         try:
             await call.write(TunnelFrame(accept=TunnelAccept(sid=sid)))
             await self._carry(call, reader, writer)
+            log.info("event=tunnel.ended sid=%s why=closed", sid)
         except (
             grpc.aio.AioRpcError,
             asyncio.CancelledError,
@@ -188,13 +191,21 @@ class TunnelService:
 
         ups, downs = asyncio.create_task(up()), asyncio.create_task(down())
         try:
-            # Both halves end for a clean close; either failing ends the tunnel.
-            pending: set[asyncio.Task[None]] = {ups, downs}
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for d in done:
-                    if d.exception() is not None:
-                        raise d.exception()  # type: ignore[misc]
+            # The operator's side ending (their half-close or the stream's end) leaves the local port a moment to
+            # answer; the local port closing ends the tunnel. Either failing ends it at once.
+            done, _pending = await asyncio.wait({ups, downs}, return_when=asyncio.FIRST_COMPLETED)
+            for d in done:
+                if d.exception() is not None:
+                    raise d.exception()  # type: ignore[misc]
+            if ups in done and not downs.done():
+                # A half-close (TLS close_notify) keeps the tunnel while the port answers; the frames' end does not.
+                over = asyncio.create_task(tls.transport_closed.wait())
+                try:
+                    await asyncio.wait({downs, over}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    over.cancel()
+                if not downs.done():
+                    await asyncio.wait({downs}, timeout=DRAIN_S)
         finally:
             for t in (ups, downs):
                 t.cancel()

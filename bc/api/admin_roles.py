@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -324,7 +324,7 @@ async def _first_refusal(
             )
 
 
-async def _while_allowed(items: AsyncIterator[T], refused: asyncio.Task[BcError]) -> AsyncIterator[T]:
+async def _while_allowed(items: AsyncIterator[T], refused: asyncio.Task[BcError]) -> AsyncGenerator[T, None]:
     """`items` until they end or `refused` finishes first (then its error is raised)."""
     nxt: asyncio.Future[T] | None = None
     try:
@@ -371,8 +371,11 @@ def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
                 _first_refusal(lambda: self._authorize(peer, *need), self.bus.wait_events, caller)
             )
             try:
-                async for item in _while_allowed(fn(self, request, context), refused):
-                    yield item
+                # Closed explicitly when the call ends (the client went away): left to the garbage collector, the
+                # body's generator (a tunnel's relay) could outlive its call for as long as a reference cycle lasts.
+                async with contextlib.aclosing(_while_allowed(fn(self, request, context), refused)) as items:
+                    async for item in items:
+                        yield item
             except Unauthenticated as e:
                 await abort_with(context, e)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ from bc.protocol.pb import tunnel_pb2
 from bc.protocol.pb.tunnel_pb2 import TunnelAccept, TunnelFrame, TunnelRefused
 from bc.store import Row, Store
 from bc.wire.stubs import tunnel_pb2_grpc
+
+log = logging.getLogger("bc.api.tunnels")
 
 
 def record(row: Row) -> tunnel_pb2.TunnelRecord:
@@ -96,6 +99,7 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
     ) -> None:
         self.store, self.bus, self.ca_cert, self.signer = store, bus, ca_cert, signer
         self.rng, self.secrets, self.key_dir, self.hub, self.gateway_id = rng, secrets, key_dir, hub, gateway_id
+        self._lifetimes: set[asyncio.Task[None]] = set()  # each open tunnel's relay and record
 
     # what the role guard needs (bc.api.admin_roles.Guarded)
     def _identity(self, context: grpc.aio.ServicerContext) -> PeerIdentity:
@@ -210,27 +214,28 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
                 yield _refused(t.sid, refusal.reason or "refused", refusal.message or "the node refused the tunnel")
                 return
             yield TunnelFrame(accept=TunnelAccept(sid=t.sid))
-            async for frame in self._relay(t, _OperatorEnd(request_iterator), node_end):
-                yield frame
+            async with contextlib.aclosing(self._relay(t, _OperatorEnd(request_iterator), node_end)) as frames:
+                async for frame in frames:
+                    yield frame
         finally:
             release.set()
 
     async def _relay(
         self, t: exec_tickets.Ticket, operator: _OperatorEnd, node: FrameEnd
-    ) -> AsyncIterator[TunnelFrame]:
-        """The frames down to the operator while the hub relays; the record written when it ends, however."""
+    ) -> AsyncGenerator[TunnelFrame, None]:
+        """The frames down to the operator while the hub relays. The relay and the record it leaves run in a task
+        of their own (`_lifetime`), so a call cancelled under this generator cannot skip the record."""
         assert self.hub is not None
         r = Relay(t.sid, t.node_id, t.operator, t.kid)
-        task = asyncio.create_task(self.hub.relay(r, operator, node), name=f"relay-{t.sid}")
-        task.add_done_callback(lambda _t: operator.down.put_nowait(None) if not operator.down.full() else None)
+        task = asyncio.create_task(self._lifetime(t, r, operator, node), name=f"tunnel-{t.sid}")
+        self._lifetimes.add(task)
+        task.add_done_callback(self._lifetimes.discard)
         try:
             while True:
                 getter = asyncio.ensure_future(operator.down.get())
                 await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
                 if not getter.done():
                     getter.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await getter
                     while not operator.down.empty():
                         frame = operator.down.get_nowait()
                         if frame is not None:
@@ -240,14 +245,24 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
                 if frame is None:
                     return
                 yield frame
+        except BaseException as e:
+            log.debug("event=tunnel.open-closed sid=%s why=%r", t.sid, e)
+            raise
         finally:
             if not task.done():
                 r.end_reason = r.end_reason or "the operator's stream ended"
                 task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+
+    async def _lifetime(self, t: exec_tickets.Ticket, r: Relay, operator: _OperatorEnd, node: FrameEnd) -> None:
+        assert self.hub is not None
+        try:
+            await self.hub.relay(r, operator, node)
+        finally:
             ending = tunnels_ctl.Ending("closed", r.end_reason or "closed", r.bytes_up, r.bytes_down, r.exit_code)
-            await asyncio.shield(tunnels_ctl.ended(self.store, self.bus, t, ending))
+            try:
+                await tunnels_ctl.ended(self.store, self.bus, t, ending)
+            except BcError as e:
+                log.warning("event=tunnel.record-failed sid=%s why=%s", t.sid, e.message)
 
 
 class _NodeEnd:

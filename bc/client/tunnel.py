@@ -9,6 +9,8 @@ carry plaintext the gateways in between never see. A refusal (by the control pla
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -28,7 +30,11 @@ from bc.wire.stubs import tunnel_pb2_grpc
 from bc.wire.tls import channel_credentials
 from bc.wire.tls_pipe import SecureChannel, check_node, client_context
 
+log = logging.getLogger("bc.client.tunnel")
+
 TIMEOUT_S = 15.0
+CLOSE_WAIT_S = 5.0
+"""How long `OpenTunnel.close` waits for the server to end the call after the operator's `end`."""
 
 
 class OpenTunnel:
@@ -37,18 +43,34 @@ class OpenTunnel:
     def __init__(self, call: Any, ticket: tunnel_pb2.ExecTicket) -> None:
         self.call, self.ticket = call, ticket
         self.end_reason = ""
+        self._wlock, self._rlock = asyncio.Lock(), asyncio.Lock()
         self._frames = self._data()
         self.tls = SecureChannel(client_context(), self._write, self._read, server_side=False)
 
+    async def _send_frame(self, frame: TunnelFrame) -> None:
+        """One write at a time (grpc allows one in flight), shielded: grpc cancels the whole call when a write is
+        cancelled, and a local side that ends (ssh's proxy exiting) cancels what was sending; the tunnel must
+        outlive that to carry the exit code."""
+
+        async def locked() -> None:
+            async with self._wlock:
+                await self.call.write(frame)
+
+        await asyncio.shield(locked())
+
     async def _write(self, data: bytes) -> None:
-        await self.call.write(TunnelFrame(data=data))
+        await self._send_frame(TunnelFrame(data=data))
 
     async def _read(self) -> bytes | None:
         return await anext(self._frames, None)
 
+    async def _read_frame(self) -> Any:
+        async with self._rlock:
+            return await self.call.read()
+
     async def _data(self) -> AsyncIterator[bytes]:
         while True:
-            frame = await self.call.read()
+            frame = await self._read_frame()
             if frame is grpc.aio.EOF:
                 return
             kind = frame.WhichOneof("msg")
@@ -71,10 +93,15 @@ class OpenTunnel:
             end = TunnelEnd(reason="closed by the operator")
             if exit_code is not None:
                 end.exit_code, end.has_exit_code = exit_code, True
-            await self.call.write(TunnelFrame(end=end))
-            await self.call.done_writing()
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, BcError):
-            pass
+            await self._send_frame(TunnelFrame(end=end))
+            async with self._wlock:
+                await self.call.done_writing()
+            # Until the server ends the call: it has read the `end` (a channel closed at once could beat it there).
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                while await self._read_frame() is not grpc.aio.EOF:
+                    pass
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError, TimeoutError, BcError) as e:
+            log.debug("event=tunnel.close-incomplete why=%r", e)
 
 
 class TunnelClient:

@@ -38,6 +38,8 @@ MAX_FRAME = 128 * 1024
 """The largest `data` frame relayed (the ends write at most 64 KiB of plaintext plus TLS's overhead)."""
 END_SEND_S = 1.0
 """How long a relay that ends waits to tell the operator why."""
+OTHER_SIDE_S = 2.0
+"""How long a relay one side of which ended waits for the other (the operator's `end` and its exit code)."""
 OFFER_TIMEOUT_S = 10.0
 """How long an offer waits for the node's verdict."""
 
@@ -170,9 +172,11 @@ class TunnelHub:
                 while True:
                     f = await src.recv()
                     if f is None:
+                        log.debug("event=tunnel.side-ended sid=%s side=%s", r.sid, "operator" if up else "node")
                         break
                     kind = f.WhichOneof("msg")
                     if kind == "end":
+                        log.debug("event=tunnel.end sid=%s side=%s", r.sid, "operator" if up else "node")
                         if up and f.end.has_exit_code:
                             r.exit_code = f.end.exit_code
                         await q.put(f, 0)
@@ -201,14 +205,30 @@ class TunnelHub:
             asyncio.create_task(write(operator, down_q)),
         ]
         try:
-            # The tunnel lasts until the node's side is written out to the operator (its `end`, or its stream's
-            # end) or either end fails.
-            await asyncio.wait([tasks[3]], return_when=asyncio.FIRST_COMPLETED)
+            # The tunnel lasts until one side is over: the operator's stream read to its `end` (or its end), or the
+            # node's written out to the operator. The other side then has a moment to finish (the operator's `end`
+            # carries the exit code of what ran through the tunnel, sent once ssh exits), never longer.
+            sides = [tasks[0], tasks[3]]
+            _done, rest = await asyncio.wait(sides, return_when=asyncio.FIRST_COMPLETED)
+            if rest:
+                await asyncio.wait(rest, timeout=OTHER_SIDE_S)
         finally:
             for t in tasks:
                 t.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
+            # A write on a stream its peer already ended may not end at once on a cancel: give them a moment,
+            # never the tunnel's record.
+            await asyncio.wait(tasks, timeout=END_SEND_S)
+            results = [t.exception() if t.done() and not t.cancelled() else None for t in tasks]
             r.peak_buffered = max(up_q.peak, down_q.peak)
+            log.info(
+                "event=tunnel.relay-ended sid=%s node=%s up=%d down=%d peak=%d why=%s",
+                r.sid,
+                r.node_id,
+                r.bytes_up,
+                r.bytes_down,
+                r.peak_buffered,
+                r.end_reason or "-",
+            )
             for res in results:
                 if isinstance(res, Exception) and not r.end_reason:
                     r.end_reason = f"{type(res).__name__}: {res}"[:200]

@@ -13,6 +13,7 @@ callables that move ciphertext (`write(bytes)`, `read() -> bytes | None`).
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -68,6 +69,7 @@ class SecureChannel:
         self._tls = ctx.wrap_bio(self._in, self._out, server_side=server_side)
         self._write, self._read = write, read
         self.eof = False
+        self.transport_closed = asyncio.Event()  # the frames ended (not just the peer's half-close)
 
     async def _flush(self) -> None:
         data = self._out.read()
@@ -79,6 +81,7 @@ class SecureChannel:
         data = await self._read()
         if data is None:
             self._in.write_eof()
+            self.transport_closed.set()
             return False
         self._in.write(data)
         return True
