@@ -28,7 +28,7 @@ from bc.runtime.config import OperatorConfig
 from bc.wire.status import status_to_error
 from bc.wire.stubs import tunnel_pb2_grpc
 from bc.wire.tls import channel_credentials
-from bc.wire.tls_pipe import SecureChannel, check_node, client_context
+from bc.wire.tls_pipe import SecureChannel, TunnelTampered, check_node, client_context
 
 log = logging.getLogger("bc.client.tunnel")
 
@@ -84,7 +84,12 @@ class OpenTunnel:
         await self.tls.send(data)
 
     async def recv(self) -> bytes | None:
-        return await self.tls.recv()
+        try:
+            return await self.tls.recv()
+        except TunnelTampered as e:
+            if self.end_reason:  # what the server said when it ended the tunnel (a revocation, an admin's close)
+                raise TunnelTampered(f"{e.message}; the server said: {self.end_reason}") from None
+            raise
 
     async def close(self, exit_code: int | None = None) -> None:
         """close_notify, then `end` (with the exit code of what ran through it, if any)."""

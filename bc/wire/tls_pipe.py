@@ -111,15 +111,21 @@ class SecureChannel:
             await self._flush()
 
     async def recv(self) -> bytes | None:
-        """Plaintext from the peer; None once it closed cleanly (close_notify) or its frames ended."""
+        """Plaintext from the peer; None once it closed cleanly (close_notify); TunnelTampered when its frames
+        ended without that close (a truncation looks the same to TLS whoever made it)."""
         while True:
             try:
                 data = self._tls.read(READ_CHUNK)
             except ssl.SSLWantReadError:
                 await self._flush()  # TLS 1.3 writes session tickets and key updates from reads
-                if self.eof or not await self._fill():
-                    self.eof = True
+                if self.eof:
                     return None
+                if not await self._fill():
+                    self.eof = True
+                    raise TunnelTampered(
+                        "the tunnel's stream ended before TLS's close: it was cut (by a relay, a revocation,"
+                        " or its far end stopping)"
+                    ) from None
                 continue
             except ssl.SSLZeroReturnError:
                 self.eof = True
