@@ -16,6 +16,7 @@ Further parts live in their own modules: `commands`, `journal` (bench.commands),
 `health` (bench.health: the telemetry export's CPU, injected XID -> `bc nodes show`),
 `converge` (bench.converge: one converge pass with the host and devices sections non-empty),
 `ssh` (bench.ssh: `bc ssh revoke` -> the serial in every node's KRL),
+`tunnel` (bench.tunnel: `bc port-forward` carrying 100 MiB each way, in MiB/s),
 `release` (bench.release: a fake release rollout, the download vs curl),
 `rehome` (bench.rehome: re-home after killing one of three gateways on PostgreSQL, 200 real agents),
 `stores` (bench.stores: the store paths and commands end to end on SQLite and PostgreSQL; bench.pg_drivers
@@ -27,7 +28,7 @@ rate and the store's fsynced commit rate; SQLite at each node count, PostgreSQL 
 
 Usage: python -m bench.run [--reservations 100] [--sessions 200]
        [--only latency|memory|commands|journal|hops|dist|signing|merkle|pair|jobs|capacity|sim|health|converge|ssh|
-               release|stores|rehome|throughput|cli]
+               tunnel|release|stores|rehome|throughput|cli]
 """
 
 from __future__ import annotations
@@ -234,6 +235,7 @@ async def main() -> None:
             "health",
             "converge",
             "ssh",
+            "tunnel",
             "release",
             "stores",
             "rehome",
@@ -338,6 +340,11 @@ async def main() -> None:
         from bench.ssh import main as ssh_main
 
         await ssh_main([])
+    if args.only in (None, "tunnel"):
+        from bench.tunnel import report
+        from bench.tunnel import run as tunnel_run
+
+        print(report(await tunnel_run(100)), flush=True)
 
 
 if __name__ == "__main__":

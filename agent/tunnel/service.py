@@ -42,6 +42,8 @@ from bc.wire.tls_pipe import READ_CHUNK, SecureChannel, TunnelTampered, server_c
 log = logging.getLogger("agent.tunnel")
 
 CONNECT_TIMEOUT_S = 5.0
+FINISH_S = 5.0
+"""How long a tunnel whose local side closed waits for the gateway to end its stream (its last frames out)."""
 DRAIN_S = 2.0
 """How long the local port may go on answering once the operator's frames have ended."""
 
@@ -197,7 +199,7 @@ class TunnelService:
             for d in done:
                 if d.exception() is not None:
                     raise d.exception()  # type: ignore[misc]
-            if ups in done and not downs.done():
+            if not downs.done():
                 # A half-close (TLS close_notify) keeps the tunnel while the port answers; the frames' end does not.
                 over = asyncio.create_task(tls.transport_closed.wait())
                 try:
@@ -206,6 +208,12 @@ class TunnelService:
                     over.cancel()
                 if not downs.done():
                     await asyncio.wait({downs}, timeout=DRAIN_S)
+            if downs.done() and not downs.cancelled() and downs.exception() is None:
+                # Our `end` is written: wait for the gateway to end the stream. Cancelling the read in `up` now
+                # would cancel the call, and the frames still on their way with it.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FINISH_S):
+                        await call.code()
         finally:
             for t in (ups, downs):
                 t.cancel()

@@ -70,11 +70,15 @@ class SecureChannel:
         self._write, self._read = write, read
         self.eof = False
         self.transport_closed = asyncio.Event()  # the frames ended (not just the peer's half-close)
+        self._flushing = asyncio.Lock()
 
     async def _flush(self) -> None:
-        data = self._out.read()
-        if data:
-            await self._write(data)
+        # One flush at a time, taking the BIO's bytes under the lock: a read (TLS 1.3 writes from reads) and a
+        # write may flush together, and their records must leave in the order TLS made them.
+        async with self._flushing:
+            data = self._out.read()
+            if data:
+                await self._write(data)
 
     async def _fill(self) -> bool:
         """More ciphertext from the peer; False at its end."""
