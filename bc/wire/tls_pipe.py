@@ -24,7 +24,9 @@ from bc.errors import BcError, Unauthenticated
 from bc.pki.identity import peer_identity
 
 READ_CHUNK = 64 * 1024
-"""Plaintext read from TLS at once: one frame's worth (`bc.protocol.tunnels.MAX_DATA`)."""
+"""Plaintext read from or written to TLS at once."""
+FRAME_BYTES = 96 * 1024
+"""The most ciphertext one frame carries (a relay refuses frames over 128 KiB: `bc.gateway.tunnels.MAX_FRAME`)."""
 
 
 class TunnelTampered(BcError):
@@ -77,8 +79,8 @@ class SecureChannel:
         # write may flush together, and their records must leave in the order TLS made them.
         async with self._flushing:
             data = self._out.read()
-            if data:
-                await self._write(data)
+            for i in range(0, len(data), FRAME_BYTES):  # what piled up behind the lock goes in frames of a bounded size
+                await self._write(data[i : i + FRAME_BYTES])
 
     async def _fill(self) -> bool:
         """More ciphertext from the peer; False at its end."""
