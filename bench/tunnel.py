@@ -83,7 +83,8 @@ async def run(mib: int, where: Path | None = None) -> dict[str, Any]:
     """The figures; `where` holds the lab's files (default: a temporary directory, removed afterwards)."""
     root = Path(tempfile.mkdtemp(prefix="bc-bench-tunnel-", dir=where))
     server = Server(
-        ServeOptions(data_dir=root / "server", listen="127.0.0.1:0", heartbeat_interval_s=1.0), Seams.production()
+        ServeOptions(data_dir=root / "server", listen="127.0.0.1:0", heartbeat_interval_s=1.0, tunnels=True),
+        Seams.production(),
     )
     await server.start()
     assert server.operator_config is not None

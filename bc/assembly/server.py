@@ -119,6 +119,7 @@ class ServeOptions:
     api: list[str] = field(default_factory=list)  # --api: where a gateway without api forwards Join/Renew (else: store)
     serving_cert_ttl_s: float = SERVING_CERT_TTL_S  # hidden --serving-cert-ttl: keyless gateways' certificates
     serving_cert_wait_s: float = 120.0  # hidden --serving-cert-wait: how long a keyless gateway waits for one
+    tunnels: bool = False  # --tunnels: make the exec-ticket key at start if there is none (docs/access.md)
 
 
 def cross_process_relay(store: Store, bus: Bus, clock: Clock) -> PgRelay | None:
@@ -385,7 +386,7 @@ class Server:
             except UsageError as e:  # the root key is kept elsewhere: keep signing with the current worker
                 log.warning("event=pki.worker-rotation-skipped reason=%s", e.message)
 
-        if ca is not None and "api" in roles:
+        if ca is not None and "api" in roles and self.opts.tunnels:
             # The exec-ticket key beside the CA, pinned in every node's access section (docs/access.md).
             store, signer, key_dir = self.store, self.signer, tunnels_ctl.key_dir(data_dir)
             await self._retry(

@@ -131,7 +131,7 @@ class SshLab:
 async def sshlab(tmp_path: Path) -> AsyncIterator[SshLab]:
     # sshd reads a user's principals file as that user: the node's directories must be traversable by it.
     with login_user() as (user, home), traversable_dir("bc-tunnel-lab-") as root:
-        async with open_lab(root) as lab:
+        async with open_lab(root, tunnels=True) as lab:
             await lab.admin.ssh_ca_init()
             await lab.join("n1")
             d = lab.node_dir("n1")

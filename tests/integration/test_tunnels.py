@@ -12,20 +12,28 @@ import contextlib
 import dataclasses
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
 
 from bc.client.tunnel import OpenTunnel, TunnelClient
-from bc.errors import BcError, NotFound, TicketRefused, Unauthenticated, UsageError
+from bc.errors import BcError, Conflict, NotFound, TicketRefused, Unauthenticated, UsageError
 from bc.gateway.tunnels import FrameEnd, Relay
 from bc.pki import exec_tickets
 from bc.pki.secrets_source import SystemSecrets, ed25519_key
 from bc.protocol.pb.tunnel_pb2 import TunnelFrame
 from bc.runtime.config import OperatorConfig
 from bc.wire.tls_pipe import TunnelTampered
-from tests.integration.conftest import InprocLab
+from tests.integration.conftest import InprocLab, open_lab
 from tests.integration.operators_lab import add_operator
+
+
+@pytest.fixture
+async def lab(tmp_path: Path, store_url: str) -> AsyncIterator[InprocLab]:
+    """The conftest's lab, with tunnels on (`bc serve --tunnels`)."""
+    async with open_lab(tmp_path, store=store_url, tunnels=True) as lab:
+        yield lab
 
 
 @pytest.fixture
@@ -276,3 +284,15 @@ async def test_tunnels_are_listed_with_who_when_and_bytes(lab: InprocLab, echo_p
     assert (r.operator, r.node_id, r.purpose, r.port, r.state) == ("local", "n1", "forward", echo_port, "closed")
     assert r.opened_at_ms and r.ended_at_ms >= r.opened_at_ms and r.bytes_up > 0 and r.bytes_down > 0
     assert r.has_exit_code and r.exit_code == 3
+
+
+async def test_tunnels_are_off_until_there_is_a_ticket_key(tmp_path: Path) -> None:
+    async with open_lab(tmp_path) as lab:  # `bc serve` without --tunnels
+        await lab.join("n1")
+        assert "exec_ticket_jwks" not in (await lab.admin.get_spec("n1")).spec_json
+        async with client(lab) as c:
+            with pytest.raises(Conflict, match="tunnels are off"):
+                await c.issue("n1", "forward", 9100)
+            info = await c.rotate_key()  # an admin turns them on
+            assert info.nodes_changed == 1 and info.kid in info.jwks
+            assert (await c.issue("n1", "forward", 9100)).kid == info.kid

@@ -157,6 +157,7 @@ def hostile_tunnel(lab: Lab, node_id: str) -> None:
 
     async def ask() -> None:
         async with TunnelClient(cfg) as c:
+            await c.rotate_key()  # tunnels on: the first exec-ticket key
             await c.issue(node_id, "shell", reason=HOSTILE)
 
     lab.run(ask())
@@ -173,6 +174,7 @@ def fill(lab: Lab, tmp_path: Path) -> dict[str, str]:
     command_id = hostile_command(lab, "n1")
     ok_json("nodes", "revoke", "n2", "--reason", HOSTILE)
     job = ok_json("jobs", "run", "cordon", "n1", "--reason", HOSTILE, "--no-wait")
+    hostile_tunnel(lab, "n1")  # before approvers exist: a new ticket key needs no quorum then
     keys = approvers(tmp_path, "alice", "bob", k=2)
     payload = json.dumps({"gpu_uuids": [gpu("n1")]})
     batch = ok_json(
@@ -182,7 +184,6 @@ def fill(lab: Lab, tmp_path: Path) -> dict[str, str]:
         keys["alice"].config, "approve", "reject", batch["id"], "--key", str(keys["alice"].key), "--reason", HOSTILE
     )
     assert rejected.exit_code == 0, rejected.output
-    hostile_tunnel(lab, "n1")
     return {
         "node": "n1",
         "command": command_id,

@@ -5,17 +5,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from bc.client.tunnel import TunnelClient
 from bc.errors import BcError
 from bc.runtime.config import OperatorConfig
-from tests.integration.conftest import InprocLab
+from tests.integration.conftest import InprocLab, open_lab
 from tests.integration.operators_lab import add_operator
 from tests.tui.conftest import SIZE, make_app, until
 from tui.screens.tunnels import TunnelsScreen
 from tui.widgets import ConfirmScreen
+
+
+@pytest.fixture
+async def lab(tmp_path: Path, store_url: str) -> AsyncIterator[InprocLab]:
+    """The conftest's lab, with tunnels on (`bc serve --tunnels`)."""
+    async with open_lab(tmp_path, store=store_url, tunnels=True) as lab:
+        yield lab
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Tunnels on the control plane: the exec-ticket key, the tickets, and the sessions' records (docs/access.md).
 
+* Tunnels are on once there is a key: `bc serve --tunnels` makes the first (`ensure_key`), as does `rotate`.
 * The signing key (Ed25519, `bc.pki.exec_tickets`) lives beside the CA, `<data-dir>/pki/exec-tickets/<kid>.jwk`
   (0600), never in the store; the store keeps its public half (`exec_ticket_keys`), and every node's
   `access.exec_ticket_jwks` is the live keys' JWKS (`bc.control.trust.ssh.sync_access` writes it with the
@@ -149,7 +150,9 @@ async def issue(
     if node.get("revoked_at_ms"):
         raise Conflict(f"node {req.node_id} is revoked: it opens no tunnel")
     if not live:
-        raise Conflict("there is no exec-ticket key: tunnels are off (see `bc serve`'s log)")
+        raise Conflict(
+            "tunnels are off: there is no exec-ticket key (start `bc serve --tunnels`, or `bc tunnels rotate-key`)"
+        )
     kid = str(live[-1]["kid"])
     key = await asyncio.to_thread(_read_key, directory, kid)
     now_ms = await store.now_ms()
