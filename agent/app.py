@@ -90,6 +90,7 @@ from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import AgentMetrics, Gauges
 from agent.tpm import TpmNodeKey, TpmRecord
 from agent.trust import AgentTrust
+from agent.tunnel.service import TunnelService
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
 from agent.upgrade.slots import Slots, SlotStore
 from bc.errors import BcError, Conflict, Unauthenticated
@@ -196,6 +197,9 @@ class AgentParts:
     """A ramdisk's disks, NICs and PCI GPUs (agent.ramdisk); None on a node or site."""
     kexec: Kexec | None = None
     """A ramdisk's kexec edge (agent.ramdisk.kexec); None on a node or site."""
+    tunnel_tls: tuple[Path, Path] | None = None
+    """The node's TLS certificate and key files, which its tunnels serve TLS with (agent.tunnel.service); None:
+    every tunnel is refused (a TPM key, which OpenSSL cannot be handed; the simulator)."""
 
 
 async def never_dial() -> Link[session_pb2.GatewayMessage, session_pb2.NodeMessage]:
@@ -249,6 +253,7 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         session_keys=keeper,
         machine=ramdisk.machine if ramdisk is not None else None,
         kexec=ramdisk.kexec if ramdisk is not None else None,
+        tunnel_tls=(data_dir / identity.files["cert"], key_path) if record is None else None,
     )
 
 
@@ -478,7 +483,15 @@ class Agent:
             spec_rule=p.spec_rule,
             secrets=self.secrets,
         )
-        self.sessions = SessionLoop(p.dial, deps, self.rng, self.stopped)
+        self.tunnels = TunnelService(
+            self.node_id,
+            self.journal,
+            jwks=lambda: self.state.spec.access.exec_ticket_jwks,
+            server_now_ms=self.state.server_now_ms,
+            tls_files=p.tunnel_tls,
+        )
+        self.state.spec_listeners.append(self.tunnels.on_spec)
+        self.sessions = SessionLoop(p.dial, deps, self.rng, self.stopped, alongside=self.tunnels.serve)
         log.info(
             "event=agent.started node=%s version=%s slot=%s journal_id=%s applied=%d incarnation=%s hw=%s cdi_dir=%s",
             self.node_id,

@@ -65,6 +65,7 @@ import aiosqlite
 
 from agent import journal_aside
 from agent import journal_rules as rules
+from agent import journal_tickets as jti_rules
 from agent.journal_api import JournalCorrupt, JournalEvent, JournalFull, StoredSpec, new_journal_id
 from agent.journal_batch import CommitGroups, TxSteps, one_transaction
 from agent.journal_conn import connect_commit_in_thread
@@ -95,6 +96,8 @@ SCHEMA = (
     # Each destructive-batch leaf runs at most once, ever: the first command to claim it keeps it.
     "CREATE TABLE IF NOT EXISTS batch_leaves (scope_root TEXT NOT NULL, leaf_index INTEGER NOT NULL,"
     " command_id TEXT NOT NULL, claimed_at REAL NOT NULL, PRIMARY KEY (scope_root, leaf_index))",
+    # Every exec ticket used, until it expires (agent.journal_tickets): a ticket opens one tunnel, ever.
+    "CREATE TABLE IF NOT EXISTS exec_tickets (jti TEXT PRIMARY KEY, exp_ms INTEGER NOT NULL)",
 )
 
 Connect = Callable[[str], Awaitable[aiosqlite.Connection]]
@@ -262,6 +265,18 @@ class Journal:
             ) as cur:
                 row = await cur.fetchone()
         return str(row[0]) if row else command_id
+
+    async def use_ticket(self, jti: str, exp_ms: int, now_ms: int) -> str:
+        """Record exec ticket `jti` as used (fsynced) unless `jti_rules.admit` refuses it: '' or the refusal."""
+        async with self._lock, self._tx():
+            async with self._conn.execute("SELECT jti, exp_ms FROM exec_tickets") as cur:
+                used = {str(r[0]): int(r[1]) for r in await cur.fetchall()}
+            verdict = jti_rules.admit(used, jti, exp_ms, now_ms)
+            if verdict.forget:
+                await self._conn.executemany("DELETE FROM exec_tickets WHERE jti = ?", [(j,) for j in verdict.forget])
+            if not verdict.refused:
+                await self._conn.execute("INSERT INTO exec_tickets (jti, exp_ms) VALUES (?, ?)", (jti, exp_ms))
+            return verdict.refused
 
     async def int_meta(self, key: str) -> int:
         async with self._lock:

@@ -86,6 +86,12 @@ class AgentJournal(CommandStore, Protocol):
 
     async def ack_events(self, upto_seq: int) -> int: ...
 
+    # -- exec tickets
+    async def use_ticket(self, jti: str, exp_ms: int, now_ms: int) -> str:
+        """Record exec ticket `jti` as used, durably, unless `agent.journal_tickets.admit` refuses it:
+        returns '' or the refusal's code (`replayed`, `jti-set-full`)."""
+        ...
+
     # -- destructive batches
     async def claim_batch_leaf(self, scope_root: str, leaf_index: int, command_id: str, now: float) -> str:
         """Claim a batch leaf for a command; returns the command that holds it, maybe another."""

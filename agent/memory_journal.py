@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from agent import journal_rules as rules
+from agent import journal_tickets as jti_rules
 from agent.journal_api import JournalEvent, JournalFull, StoredSpec
 from agent.journal_rules import MAX_BYTES, MAX_EVENTS, CommandEntry, EventRow, Settlement
 from bc.protocol.limits import LIMITS, Limits
@@ -35,6 +36,7 @@ class MemoryJournal:
         self._spec: StoredSpec | None = None
         self._events: dict[int, JournalEvent] = {}  # unacked, by seq (insertion order is seq order)
         self._leaves: dict[tuple[str, int], str] = {}
+        self._tickets: dict[str, int] = {}  # used exec tickets: jti -> exp_ms
         self.limits: Limits = LIMITS
 
     async def close(self) -> None:
@@ -59,6 +61,14 @@ class MemoryJournal:
 
     async def set_observed(self, generation: int) -> None:
         self._meta["observed_generation"] = str(generation)
+
+    async def use_ticket(self, jti: str, exp_ms: int, now_ms: int) -> str:
+        verdict = jti_rules.admit(self._tickets, jti, exp_ms, now_ms)
+        for j in verdict.forget:
+            del self._tickets[j]
+        if not verdict.refused:
+            self._tickets[jti] = exp_ms
+        return verdict.refused
 
     async def claim_batch_leaf(self, scope_root: str, leaf_index: int, command_id: str, now: float) -> str:
         return self._leaves.setdefault((scope_root, leaf_index), command_id)

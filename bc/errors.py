@@ -7,7 +7,8 @@
     ├── Unavailable              exit 5   a peer or the store cannot be reached; a retry may help
     ├── Unauthenticated          exit 6   identity, certificate or token refused
     │   ├── CertificateRevoked   exit 6   a revoked certificate cannot re-join: a new token is needed
-    │   └── RejoinTooLate        exit 6   expired more than 7 days ago: a new token is needed
+    │   ├── RejoinTooLate        exit 6   expired more than 7 days ago: a new token is needed
+    │   └── TicketRefused        exit 6   an exec ticket the node (or server) will not honour, with a reason code
     └── ProtocolError            exit 7   a peer broke the contract ("can't handle X in state Y")
 
 The CLI prints `error: <message>` and exits with the code; `--debug` adds the
@@ -64,6 +65,15 @@ class CertificateRevoked(Unauthenticated):
 class RejoinTooLate(Unauthenticated):
     """The node's certificate expired more than 7 days ago (`bc.pki.rejoin`): `bc join --reset --yes` with a new
     token."""
+
+
+class TicketRefused(Unauthenticated):
+    """An exec ticket refused (`bc.pki.exec_tickets`): `reason` is a code the node and the CLI compare
+    (`bad-ticket`, `expired`, `wrong-node`, `wrong-sid`, `replayed`, `jti-set-full`, `unknown-key`, ...)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ProtocolError(BcError):

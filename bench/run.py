@@ -17,6 +17,7 @@ Further parts live in their own modules: `commands`, `journal` (bench.commands),
 `converge` (bench.converge: one converge pass with the host and devices sections non-empty),
 `ssh` (bench.ssh: `bc ssh revoke` -> the serial in every node's KRL),
 `secrets` (bench.secrets: a secret request's round trip, a rotation reaching every node),
+`tunnel` (bench.tunnel: `bc port-forward` carrying 100 MiB each way, in MiB/s),
 `release` (bench.release: a fake release rollout, the download vs curl),
 `rehome` (bench.rehome: re-home after killing one of three gateways on PostgreSQL, 200 real agents),
 `stores` (bench.stores: the store paths and commands end to end on SQLite and PostgreSQL; bench.pg_drivers
@@ -28,7 +29,7 @@ rate and the store's fsynced commit rate; SQLite at each node count, PostgreSQL 
 
 Usage: python -m bench.run [--reservations 100] [--sessions 200]
        [--only latency|memory|commands|journal|hops|dist|signing|merkle|pair|jobs|capacity|sim|health|converge|ssh|
-               release|stores|rehome|throughput|cli|secrets]
+               tunnel|release|stores|rehome|throughput|cli|secrets]
 """
 
 from __future__ import annotations
@@ -236,6 +237,7 @@ async def main() -> None:
             "converge",
             "ssh",
             "secrets",
+            "tunnel",
             "release",
             "stores",
             "rehome",
@@ -344,6 +346,11 @@ async def main() -> None:
         from bench.ssh import main as ssh_main
 
         await ssh_main([])
+    if args.only in (None, "tunnel"):
+        from bench.tunnel import report
+        from bench.tunnel import run as tunnel_run
+
+        print(report(await tunnel_run(100)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """`BcTui`: the app. It owns the state, runs the feed as a worker, and routes the feed's news to screens.
 
-Screens are modes (1-6) so each keeps its cursor while another is shown; a node's detail is
+Screens are modes (1-8) so each keeps its cursor while another is shown; a node's detail is
 pushed over the fleet. The clock is injected: the ages on screen and the banner's data age
 read it, so a test freezes it and a snapshot never drifts.
 """
@@ -23,6 +23,7 @@ from tui.screens.health import HealthScreen
 from tui.screens.jobs import JobsScreen
 from tui.screens.node import NodeScreen
 from tui.screens.reservations import ReservationsScreen
+from tui.screens.tunnels import TunnelsScreen
 from tui.source import Connect
 from tui.state import FleetState
 from tui.widgets import HelpScreen
@@ -38,6 +39,7 @@ class BcTui(App[None]):
         "commands": CommandsScreen,
         "events": EventsScreen,
         "health": HealthScreen,
+        "tunnels": TunnelsScreen,
     }
     BINDINGS = [
         Binding("1", "switch_mode('fleet')", "Fleet"),
@@ -47,6 +49,7 @@ class BcTui(App[None]):
         Binding("5", "switch_mode('commands')", "Commands"),
         Binding("6", "switch_mode('events')", "Events"),
         Binding("7", "switch_mode('health')", "Health"),
+        Binding("8", "switch_mode('tunnels')", "Tunnels"),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]

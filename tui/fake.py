@@ -12,8 +12,8 @@ import contextlib
 import random
 from collections.abc import AsyncIterator
 
-from bc.errors import NotFound
-from bc.protocol.pb import admin_pb2, common_pb2
+from bc.errors import NotFound, Unauthenticated
+from bc.protocol.pb import admin_pb2, common_pb2, tunnel_pb2
 from tui.source import Source
 
 T0_MS = 1_780_000_000_000  # a fixed server time for seeded screens
@@ -77,6 +77,21 @@ class FakeSource:
         self.quorum_changes: list[admin_pb2.QuorumChangeInfo] = []
         self.jobs: list[admin_pb2.JobInfo] = []
         self.reservations: list[admin_pb2.Reservation] = []
+        self.tunnels: list[tunnel_pb2.TunnelRecord] = [
+            tunnel_pb2.TunnelRecord(
+                sid="t-01fake0000000000000000000",
+                node_id="gpu-0000",
+                operator="oncall",
+                purpose="shell",
+                port=22,
+                reason="disk full on /var",
+                state="open",
+                issued_at_ms=T0_MS + 990_000,
+                opened_at_ms=T0_MS + 990_500,
+                bytes_up=48_213,
+                bytes_down=2_301_877,
+            )
+        ]
         self._watchers: list[asyncio.Queue[admin_pb2.EventRecord]] = []
         self.up = True
         self._seed_rest(rng)
@@ -324,6 +339,21 @@ class FakeSource:
                 j.state, j.terminal = "cancelled", True
                 return admin_pb2.CancelJobResponse(cancelled=True, job=j)
         raise NotFound(f"no job {dag_id!r}")
+
+    async def list_tunnels(self, *, node_id: str = "", open_only: bool = False) -> list[tunnel_pb2.TunnelRecord]:
+        return [
+            t for t in self.tunnels if (not node_id or t.node_id == node_id) and (not open_only or t.state == "open")
+        ]
+
+    async def close_tunnel(self, sid: str, *, reason: str = "") -> tunnel_pb2.TunnelRecord:
+        for t in self.tunnels:
+            if t.sid == sid:
+                if self.role != "admin":
+                    raise Unauthenticated("closing a tunnel needs the admin role")
+                if t.state == "open":
+                    t.state, t.end_reason = "closed", reason or "closed"
+                return t
+        raise NotFound(f"no tunnel {sid!r}")
 
     async def list_events(
         self, *, after_seq: int = 0, limit: int = 0, type_prefix: str = ""

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from bc.protocol.pb import admin_pb2
+from bc.protocol.pb import admin_pb2, tunnel_pb2
 
 
 class Source(Protocol):
@@ -76,6 +76,10 @@ class Source(Protocol):
     ) -> admin_pb2.BatchInfo: ...
 
     async def get_health(self) -> admin_pb2.HealthInfo: ...
+
+    async def list_tunnels(self, *, node_id: str = "", open_only: bool = False) -> list[tunnel_pb2.TunnelRecord]: ...
+
+    async def close_tunnel(self, sid: str, *, reason: str = "") -> tunnel_pb2.TunnelRecord: ...
 
     async def list_jobs(self, *, include_all: bool = False) -> admin_pb2.ListJobsResponse: ...
 

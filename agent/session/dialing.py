@@ -43,16 +43,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from agent import framing
 from agent.session.runner import SessionDeps, SessionEnd, SessionRunner
 from bc.protocol import closing
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
-from bc.runtime.aio import wait_event
+from bc.runtime.aio import cancel_and_wait, wait_event
 from bc.seams.link import Link, LinkClosed
 
 log = logging.getLogger("agent")
@@ -101,8 +101,11 @@ class SessionLoop:
         stopped: asyncio.Event,
         *,
         frame_budget: int = LIMITS.max_frame_bytes,
+        alongside: Callable[[Any], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
+        """`alongside`: what runs on a gRPC session's channel for as long as the session (the node's tunnels)."""
         self.dial, self.deps, self.rng, self.stopped = dial, deps, rng, stopped
+        self.alongside = alongside
         self.frame_budget = frame_budget  # lowered only if a gateway refuses a frame as too large
         self.current: SessionRunner | None = None
         self.rotations = 0
@@ -195,11 +198,19 @@ class SessionLoop:
                 return SessionEnd(welcomed=True)
             runner = SessionRunner(link, self.deps, self.frame_budget)
             self.current = runner
+            channel = getattr(link, "channel", None)
+            beside = (
+                asyncio.create_task(self.alongside(channel), name="session-alongside")
+                if self.alongside is not None and channel is not None
+                else None
+            )
             try:
                 return await runner.run()
             finally:
                 self._last_welcomed = runner.welcomed
                 self.current = None
+                if beside is not None:
+                    await cancel_and_wait([beside])
         finally:
             await link.close("CANCELLED", "the node ends this session")
 

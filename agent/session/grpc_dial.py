@@ -96,14 +96,14 @@ class GrpcDial:
                 if ch.get_state() == grpc.ChannelConnectivity.READY and not racing:  # kept, and connected
                     rotation.connected(addr, loop.time())
                     await self.channels.keep_only(addr)
-                    return _RotationLink(session_pb2_grpc.NodeSessionStub(ch), rotation)
+                    return _RotationLink(ch, rotation)
                 newest = asyncio.create_task(_ready(ch, give_up_on_failure=several))
                 racing[newest] = addr
                 won = await _first_ready(racing, newest, timeout)
                 if won is not None:
                     rotation.connected(won, loop.time())
                     await self.channels.keep_only(won)
-                    return _RotationLink(session_pb2_grpc.NodeSessionStub(self.channels.get(won)), rotation)
+                    return _RotationLink(self.channels.get(won), rotation)
         finally:
             for t in racing:
                 t.cancel()
@@ -155,9 +155,10 @@ class _RotationLink(GrpcClientLink[GatewayMessage, NodeMessage]):
     two (10,000 agents in four processes on a loaded machine) lost its stream to that timer, then dialed,
     and lost the next."""
 
-    def __init__(self, stub: session_pb2_grpc.NodeSessionStub, rotation: Rotation) -> None:
+    def __init__(self, channel: grpc.aio.Channel, rotation: Rotation) -> None:
         super().__init__(None)  # the call comes with the first frame (`_start`)
-        self._stub: session_pb2_grpc.NodeSessionStub | None = stub
+        self.channel = channel  # the session's channel: the node's tunnels ride it too (agent.tunnel.service)
+        self._stub: session_pb2_grpc.NodeSessionStub | None = session_pb2_grpc.NodeSessionStub(channel)
         self._rotation = rotation
 
     def _start(self) -> None:

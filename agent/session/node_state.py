@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
 
@@ -59,6 +60,7 @@ class NodeState:
         self.offset_ms = 0  # server time minus local wall time, from the last Welcome or heartbeat
         self.server_inventory_hash = ""
         self.spec_changed = asyncio.Event()
+        self.spec_listeners: list[Callable[[spec_pb2.NodeSpec], None]] = []  # told of each spec accepted
         self.connected = connected or asyncio.Event()
         self._rejected_specs: set[tuple[int, bytes]] = set()
         self._labels: dict[str, str] = {}
@@ -126,6 +128,8 @@ class NodeState:
         self.spec_unusable = False
         log.info("event=spec.accepted generation=%d hash=%s", e.generation, e.spec_hash)
         self.spec_changed.set()
+        for listener in self.spec_listeners:
+            listener(e.spec)
 
     async def reject_spec(self, e: sc.RejectedSpec) -> None:
         """Logged and reported once per body; never applied."""

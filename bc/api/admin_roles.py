@@ -25,10 +25,11 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
 
 from bc.api import job_views
 from bc.control.base import actor
@@ -128,6 +129,14 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     # A secret is a credential nodes act with (a collector's token, a cluster's join token): admin's.
     "SetSecret": (ADMIN, "setting a secret"),
     "RemoveSecret": (ADMIN, "removing a secret"),
+    # Tunnels (service `Tunnels`, docs/access.md): an operator reaches a node's loopback with a ticket of
+    # their own (`IssueTicket`, each purpose's role in PURPOSE_ROLE), then opens it; anyone may list them;
+    # closing another operator's tunnel or rotating the ticket key is admin's.
+    "ListTunnels": (VIEWER, "listing tunnels"),
+    "IssueTicket": (OPERATOR, "asking for an exec ticket"),
+    "Open": (OPERATOR, "opening a tunnel"),
+    "CloseTunnel": (ADMIN, "closing a tunnel"),
+    "RotateTicketKey": (ADMIN, "rotating the exec-ticket key"),
 }
 """Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
 
@@ -242,7 +251,22 @@ def _submit_job_role(request: Any) -> tuple[str, str] | None:
     return job_needed(dag)
 
 
+PURPOSE_ROLE: dict[str, str] = {
+    "forward": OPERATOR,
+    "exec": OPERATOR,
+    "shell": OPERATOR,
+}
+"""Each exec-ticket purpose's minimum role (bc.pki.exec_tickets.PURPOSES); an unknown purpose is refused by the body."""
+
+
+def _ticket_role(request: Any) -> tuple[str, str] | None:
+    purpose = str(getattr(request, "purpose", ""))
+    role = PURPOSE_ROLE.get(purpose)
+    return None if role is None else (role, f"asking for a {purpose[:16]} ticket")
+
+
 REQUEST_ROLE: dict[str, Callable[[Any], tuple[str, str] | None]] = {
+    "IssueTicket": _ticket_role,
     "SubmitJob": _submit_job_role,
     "RunCommand": _run_command_role,
     "EnqueueCommands": _enqueue_role,
@@ -306,7 +330,7 @@ async def _first_refusal(
             )
 
 
-async def _while_allowed(items: AsyncIterator[T], refused: asyncio.Task[BcError]) -> AsyncIterator[T]:
+async def _while_allowed(items: AsyncIterator[T], refused: asyncio.Task[BcError]) -> AsyncGenerator[T, None]:
     """`items` until they end or `refused` finishes first (then its error is raised)."""
     nxt: asyncio.Future[T] | None = None
     try:
@@ -353,8 +377,11 @@ def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
                 _first_refusal(lambda: self._authorize(peer, *need), self.bus.wait_events, caller)
             )
             try:
-                async for item in _while_allowed(fn(self, request, context), refused):
-                    yield item
+                # Closed explicitly when the call ends (the client went away): left to the garbage collector, the
+                # body's generator (a tunnel's relay) could outlive its call for as long as a reference cycle lasts.
+                async with contextlib.aclosing(_while_allowed(fn(self, request, context), refused)) as items:
+                    async for item in items:
+                        yield item
             except Unauthenticated as e:
                 await abort_with(context, e)
 
@@ -374,6 +401,15 @@ def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
 
 def guarded(cls: type[S]) -> type[S]:
     """Every RPC the Admin service declares goes through `_guard`, whether or not the table names it."""
-    for method in admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods:
-        setattr(cls, method.name, _guard(method.name, getattr(cls, method.name), method.server_streaming))
-    return cls
+    return guard_service(admin_pb2.DESCRIPTOR.services_by_name["Admin"])(cls)
+
+
+def guard_service(service: ServiceDescriptor) -> Callable[[type[S]], type[S]]:
+    """The same for another operator-facing service (`Tunnels`): one table, `ROLE_NEEDED`, for all of them."""
+
+    def wrap(cls: type[S]) -> type[S]:
+        for method in service.methods:
+            setattr(cls, method.name, _guard(method.name, getattr(cls, method.name), method.server_streaming))
+        return cls
+
+    return wrap

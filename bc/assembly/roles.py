@@ -83,6 +83,7 @@ _NEEDS: tuple[tuple[str, Callable[[KeyPlan], bool], str], ...] = (
     ("advertise", lambda p: p.listens, "--advertise names a listener's addresses and needs api or gateway"),
     ("release_listen", lambda p: p.listens, "--release-listen needs a role that listens (api or gateway)"),
     ("api", lambda p: p.serving_from_store, "--api is where a gateway without the api role forwards Join and Renew"),
+    ("tunnels", lambda p: p.ca, "--tunnels makes the exec-ticket key beside the CA, in a process with the api role"),
     (
         "command_signing",
         lambda p: p.ca,

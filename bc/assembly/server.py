@@ -43,6 +43,7 @@ from bc.api.join_servicer import JoinServicer
 from bc.api.release_http import ReleaseServer
 from bc.api.secret_broker import SecretBrokerServicer, SecretForwarder
 from bc.api.session_servicer import SessionServicer
+from bc.api.tunnel_servicer import NodeTunnelsServicer, TunnelsServicer
 from bc.assembly.control import ControlSettings, build_control
 from bc.assembly.lock import DataDirLock
 from bc.assembly.loops import CA, GATEWAY_CERT, LISTENER, OTLP, SIGNING_KEYS, start_loops
@@ -60,6 +61,7 @@ from bc.control.signing.signer import KeylessSigner, KeySigner, NullSigner, Sign
 from bc.control.trust import intent as intent_ctl
 from bc.control.trust import operators
 from bc.control.trust import serving_certs as serving_ctl
+from bc.control.trust import tunnels as tunnels_ctl
 from bc.control.trust.intent import Intent
 from bc.control.trust.serving_certs import GatewayCert
 from bc.control.trust.sources import LocalTrust, RelayedTrust, TrustSource
@@ -89,7 +91,7 @@ from bc.store import Store, StoreError, StoreUnreachable, leases, open_store
 from bc.store import gateway_keys as gk_sql
 from bc.store import nodes as nodes_sql
 from bc.store.leases import Claim
-from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, secrets_pb2_grpc, session_pb2_grpc
+from bc.wire.stubs import admin_pb2_grpc, join_pb2_grpc, secrets_pb2_grpc, session_pb2_grpc, tunnel_pb2_grpc
 from bc.wire.tls import ServerTLS, channel_credentials
 
 if TYPE_CHECKING:
@@ -122,6 +124,7 @@ class ServeOptions:
     api: list[str] = field(default_factory=list)  # --api: where a gateway without api forwards Join/Renew (else: store)
     serving_cert_ttl_s: float = SERVING_CERT_TTL_S  # hidden --serving-cert-ttl: keyless gateways' certificates
     serving_cert_wait_s: float = 120.0  # hidden --serving-cert-wait: how long a keyless gateway waits for one
+    tunnels: bool = False  # --tunnels: make the exec-ticket key at start if there is none (docs/access.md)
 
 
 def cross_process_relay(store: Store, bus: Bus, clock: Clock) -> PgRelay | None:
@@ -397,6 +400,14 @@ class Server:
             except UsageError as e:  # the root key is kept elsewhere: keep signing with the current worker
                 log.warning("event=pki.worker-rotation-skipped reason=%s", e.message)
 
+        if ca is not None and "api" in roles and self.opts.tunnels:
+            # The exec-ticket key beside the CA, pinned in every node's access section (docs/access.md).
+            store, signer, key_dir = self.store, self.signer, tunnels_ctl.key_dir(data_dir)
+            await self._retry(
+                "exec-ticket-key",
+                lambda: tunnels_ctl.ensure_key(store, self.bus, signer, key_dir, self.secrets, self.rng),
+            )
+
         self.address = ""  # a worker-only process serves no call, so it does not listen
         self.operator_config: Path | None = None
         # A port that accepts must mean the operator config is on disk and its operator registered, so a
@@ -527,6 +538,24 @@ class Server:
             secrets_pb2_grpc.add_SecretBrokerServicer_to_server(
                 SecretBrokerServicer(self.secret_broker, ca.certificate), server
             )
+        hub = self.gateway.tunnels if "gateway" in roles else None
+        if hub is not None:
+            tunnel_pb2_grpc.add_NodeTunnelsServicer_to_server(
+                NodeTunnelsServicer(hub, self.ca_cert, self.gateway.refuse_revoked), server
+            )
+        if ca is not None and "api" in roles:
+            tunnels = TunnelsServicer(
+                self.store,
+                self.bus,
+                ca.certificate,
+                signer=self.signer,
+                rng=self.rng,
+                secrets=self.secrets,
+                key_dir=tunnels_ctl.key_dir(data_dir),
+                hub=hub,
+                gateway_id=self.gateway_id,
+            )
+            tunnel_pb2_grpc.add_TunnelsServicer_to_server(tunnels, server)
         try:
             self.port = server.add_secure_port(
                 f"{host}:{port}" if ":" not in host else f"[{host}]:{port}", self.tls.credentials()

@@ -59,6 +59,11 @@ COMMAND_MODULES: dict[str, str] = {
     "store": "bc.cli.store_cmds",
     "ssh": "bc.cli.ssh_cmds",
     "secret": "bc.cli.secret_cmds",
+    "tunnel": "bc.cli.tunnel_cmds",
+    "tunnels": "bc.cli.tunnel_cmds",
+    "port-forward": "bc.cli.tunnel_cmds",
+    "shell": "bc.cli.tunnel_cmds",
+    "exec": "bc.cli.tunnel_cmds",
     "tui": "tui.command",
     "release": "bc.cli.release_cmds",  # wraps admin_cmds' `release RESERVATION`
 }

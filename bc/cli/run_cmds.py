@@ -89,6 +89,11 @@ _DIR = click.Path(file_okay=False, path_type=Path)
     metavar="HOST:PORT",
     help="Serve published releases over HTTPS here (docs/self-update.md); default: no release server.",
 )
+@click.option(
+    "--tunnels",
+    is_flag=True,
+    help="Turn tunnels on: make the exec-ticket key if there is none and pin it on every node (docs/access.md).",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -110,6 +115,7 @@ def serve(
     otlp_protocol: str | None,
     otlp_interval: float,
     release_listen: str,
+    tunnels: bool,
 ) -> None:
     """Run the control plane until SIGINT or SIGTERM (or `bc serve drain`)."""
     if ctx.invoked_subcommand is not None:
@@ -149,6 +155,7 @@ def serve(
         serving_cert_wait_s=serving_cert_wait,
         otlp=otlp,
         release_listen=release_listen,
+        tunnels=tunnels,
     )
     try:
         asyncio.run(run_serve(opts))

@@ -26,9 +26,10 @@ from bc.client.reconnect import CHANNEL_OPTIONS
 from bc.client.tls_probe import refused_certificate
 from bc.errors import BcError, ProtocolError, Unauthenticated, Unavailable, UsageError
 from bc.protocol.limits import LIMITS
-from bc.protocol.pb import admin_pb2, secrets_pb2
+from bc.protocol.pb import admin_pb2, secrets_pb2, tunnel_pb2
 from bc.runtime.config import OperatorConfig, find_operator_config
 from bc.wire.status import status_to_error
+from bc.wire.stubs import tunnel_pb2_grpc
 from bc.wire.tls import channel_credentials
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -460,6 +461,24 @@ class AdminClient:
 
     async def get_health(self) -> admin_pb2.HealthInfo:
         return await self._unary("GetHealth", admin_pb2.GetHealthRequest(), admin_pb2.HealthInfo)
+
+    # -- tunnels (the `Tunnels` service on the same channel: docs/access.md) ---------------------------------
+
+    async def list_tunnels(self, *, node_id: str = "", open_only: bool = False) -> list[tunnel_pb2.TunnelRecord]:
+        req = tunnel_pb2.ListTunnelsRequest(node_id=node_id, open_only=open_only)
+        try:
+            resp = await tunnel_pb2_grpc.TunnelsStub(self._channel).ListTunnels(req, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise await self._error(e) from e
+        return list(self._check(resp, tunnel_pb2.ListTunnelsResponse).tunnels)
+
+    async def close_tunnel(self, sid: str, *, reason: str = "") -> tunnel_pb2.TunnelRecord:
+        req = tunnel_pb2.CloseTunnelRequest(sid=sid, reason=reason)
+        try:
+            resp = await tunnel_pb2_grpc.TunnelsStub(self._channel).CloseTunnel(req, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise await self._error(e) from e
+        return self._check(resp, tunnel_pb2.TunnelRecord)
 
     async def get_health_policy(self) -> admin_pb2.HealthPolicyInfo:
         return await self._unary("GetHealthPolicy", admin_pb2.GetHealthPolicyRequest(), admin_pb2.HealthPolicyInfo)

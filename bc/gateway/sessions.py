@@ -30,6 +30,7 @@ from bc.gateway.dispatcher import Dispatcher
 from bc.gateway.fence import FENCE_AFTER_S, LeaseFence
 from bc.gateway.secret_feed import NoBroker, SecretFeed
 from bc.gateway.session_driver import SecretPort, SessionDriver
+from bc.gateway.tunnels import TunnelHub
 from bc.pki.identity import PeerIdentity
 from bc.protocol import closing
 from bc.protocol.closing import SessionRefused
@@ -99,6 +100,7 @@ class Gateway:
         self.secret_feed = SecretFeed()
         self.trust: TrustSource = LocalTrust(intent) if isinstance(intent, Intent) else intent
         self.sessions: dict[str, SessionDriver] = {}
+        self.tunnels = TunnelHub()  # the nodes' tunnels through this gateway (bc.gateway.tunnels)
         self.streams: dict[SessionDriver, None] = {}
         """Every stream served, from its admission to its end (a session once its Hello is written); a dict for
         its order, which a seeded run must not take from memory addresses as a set's would be."""
@@ -485,6 +487,7 @@ class Gateway:
         reasons = {str(r["serial"]): str(r["revoke_reason"] or "revoked") for r in revoked}
         for d in drivers:
             if d.peer.serial in reasons:
+                self.tunnels.close_node(d.node_id, f"the node's certificate was revoked ({reasons[d.peer.serial]})")
                 await d.revoke(reasons[d.peer.serial])
             elif d.peer.not_after * 1000 < now_ms:
                 d.request_close("UNAUTHENTICATED", "certificate expired; renew and reconnect", closing.EXPIRED)

@@ -149,6 +149,9 @@ class DelegatingJournal:
     async def claim_batch_leaf(self, scope_root: str, leaf_index: int, command_id: str, now: float) -> str:
         return await self.inner.claim_batch_leaf(scope_root, leaf_index, command_id, now)
 
+    async def use_ticket(self, jti: str, exp_ms: int, now_ms: int) -> str:
+        return await self.inner.use_ticket(jti, exp_ms, now_ms)
+
     async def command_body(self, command_id: str) -> bytes | None:
         return await self.inner.command_body(command_id)
 

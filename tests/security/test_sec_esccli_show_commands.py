@@ -24,11 +24,13 @@ from click.testing import CliRunner
 from google.protobuf import json_format
 
 from bc.cli.main import cli
+from bc.client.tunnel import TunnelClient
 from bc.control.base.events import publish
 from bc.control.nodes.status import conditions_doc, status_doc
 from bc.protocol.pb import common_pb2
 from bc.protocol.pb.session_pb2 import StatusReport
 from bc.protocol.text_safety import BIDI_AND_SEPARATORS
+from bc.runtime.config import OperatorConfig
 from bc.store import commands as commands_sql
 from bc.store import nodes as nodes_sql
 from tests.integration.test_cli_cmd import ok_json
@@ -158,6 +160,19 @@ def hostile_command(lab: Lab, node_id: str) -> str:
     return str(doc["id"])
 
 
+def hostile_tunnel(lab: Lab, node_id: str) -> None:
+    """An exec ticket asked for with a hostile reason (`bc tunnels list` shows it)."""
+    assert lab.server.operator_config is not None
+    cfg = OperatorConfig.load(lab.server.operator_config)
+
+    async def ask() -> None:
+        async with TunnelClient(cfg) as c:
+            await c.rotate_key()  # tunnels on: the first exec-ticket key
+            await c.issue(node_id, "shell", reason=HOSTILE)
+
+    lab.run(ask())
+
+
 def fill(lab: Lab, tmp_path: Path) -> dict[str, str]:
     """Hostile strings in every field a node or an operator supplies; the ids the show commands take."""
     # A reservation first, placed on n1's real (fake-hardware) inventory; then n1 goes away and "reports" more.
@@ -169,6 +184,7 @@ def fill(lab: Lab, tmp_path: Path) -> dict[str, str]:
     command_id = hostile_command(lab, "n1")
     ok_json("nodes", "revoke", "n2", "--reason", HOSTILE)
     job = ok_json("jobs", "run", "cordon", "n1", "--reason", HOSTILE, "--no-wait")
+    hostile_tunnel(lab, "n1")  # before approvers exist: a new ticket key needs no quorum then
     keys = approvers(tmp_path, "alice", "bob", k=2)
     payload = json.dumps({"gpu_uuids": [gpu("n1")]})
     batch = ok_json(
@@ -221,6 +237,7 @@ def argv(path: str, ids: dict[str, str]) -> list[str]:
         "spec show": [ids["node"]],
         "ssh ca show": [],
         "ssh list": [],
+        "tunnels list": [],
         "usage": ["--by", "node"],
     }
     assert path in table, f"`bc {path}` is a read command this test does not run yet: give it its arguments"

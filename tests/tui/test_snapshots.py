@@ -47,6 +47,7 @@ def compare(name: str, svg: str) -> None:
         ("run_command", ["enter", "r"]),
         ("events", ["6"]),
         ("health", ["7"]),
+        ("tunnels", ["8"]),
         ("help", ["question_mark"]),
     ],
 )

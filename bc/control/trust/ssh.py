@@ -39,7 +39,7 @@ from bc.control.quorum import batches as quorum
 from bc.control.quorum import views as quorum_views
 from bc.control.signing.signer import Signer
 from bc.errors import Conflict, NotFound, UsageError
-from bc.pki import merkle
+from bc.pki import exec_tickets, merkle
 from bc.pki import ssh as ssh_pki
 from bc.pki.secrets_source import Secrets, ed25519_key
 from bc.protocol import ssh_lines
@@ -51,6 +51,7 @@ from bc.store import Row, Store, Tx
 from bc.store import nodes as nodes_sql
 from bc.store import quorum as q_sql
 from bc.store import ssh as ssh_sql
+from bc.store import tunnels as tunnels_sql
 
 DEFAULT_TTL_S = 30 * 60
 MAX_TTL_S = 8 * 3600
@@ -146,8 +147,11 @@ async def sync_access(
     tx: Tx, bus: Bus | None, signer: Signer, now_ms: int, node_ids: Iterable[str] | None = None, *, lock: str = ""
 ) -> int:
     """Rewrite the access section of `node_ids` (every live node when None) from the store; returns how many
-    specs changed. The section's `exec_ticket_jwks` is left as it is."""
+    specs changed. The section's `exec_ticket_jwks` is the live exec-ticket keys' JWKS (`bc.control.trust.tunnels`)
+    once there is one; before that it is left as it is."""
     ca = await ssh_sql.get_ca(tx)
+    ticket_keys = await tunnels_sql.live_keys(tx)
+    ticket_jwks = exec_tickets.jwks_json([json.loads(str(r["public_jwk"])) for r in ticket_keys]) if ticket_keys else ""
     ca_keys = [str(ca["public_key"])] if ca is not None else []
     serials = [str(s) for s in await ssh_sql.revoked_serials(tx)]
     principals: dict[str, list[str]] = {}
@@ -177,6 +181,8 @@ async def sync_access(
             access.ssh_ca_keys.extend(ca_keys)
             access.principals.extend(sorted(principals.get(node_id, [])))
             access.revoked_serials.extend(serials)
+            if ticket_jwks:
+                access.exec_ticket_jwks = ticket_jwks
             if access.ByteSize() == 0:
                 spec.ClearField("access")
 

@@ -10,16 +10,16 @@ from cryptography.hazmat.primitives import serialization
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.api.admin_roles import ROLE_NEEDED
+from bc.api.admin_roles import PURPOSE_ROLE, ROLE_NEEDED
 from bc.control.base import actor
 from bc.control.base.bus import Bus
 from bc.control.trust import operators as ops
 from bc.errors import Conflict, NotFound, Unauthenticated, UsageError
-from bc.pki import keys
+from bc.pki import exec_tickets, keys
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import SAFE_NAME, PeerIdentity, check_safe_name, peer_identity
 from bc.pki.secrets_source import SystemSecrets
-from bc.protocol.pb import admin_pb2
+from bc.protocol.pb import admin_pb2, tunnel_pb2
 from bc.seams.clock import LoopClock
 from bc.store import events as events_sql
 from bc.store.sqlite import InlineSqliteStore
@@ -52,8 +52,16 @@ async def add(store: InlineSqliteStore, bus: Bus, ca: CertificateAuthority, name
 
 def test_every_admin_rpc_has_a_role_and_nothing_else_does() -> None:
     rpcs = {m.name for m in admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods}
+    rpcs |= {m.name for m in tunnel_pb2.DESCRIPTOR.services_by_name["Tunnels"].methods}  # one table for both
+    assert len(rpcs) == len(admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods) + 5  # no name in both
     assert set(ROLE_NEEDED) == rpcs
     assert {role for role, _ in ROLE_NEEDED.values()} <= set(actor.ROLES)
+
+
+def test_every_ticket_purpose_has_a_role_and_viewers_get_none() -> None:
+    assert set(PURPOSE_ROLE) == set(exec_tickets.PURPOSES)
+    assert "viewer" not in PURPOSE_ROLE.values()
+    assert ROLE_NEEDED["CloseTunnel"][0] == ROLE_NEEDED["RotateTicketKey"][0] == "admin"
 
 
 def test_viewers_only_list_get_and_watch() -> None:

@@ -1,0 +1,314 @@
+"""The `Tunnels` service: exec tickets, opening a tunnel, listing and closing them (docs/access.md).
+
+Every RPC goes through the role guard (`bc.api.admin_roles.guard_service`, one table for every operator
+service); `Open` is a stream, so the guard checks its caller again every second and ends it once they are
+revoked or lowered, which closes the tunnel. `Open` needs this process's gateway (`TunnelHub`) to hold the
+node's session; its relay moves ciphertext only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from cryptography import x509
+
+from bc.api.admin_roles import guard_service
+from bc.api.calls import AdminCalls
+from bc.api.peers import operator_of
+from bc.control.base import actor
+from bc.control.base.bus import Bus
+from bc.control.signing.signer import Signer
+from bc.control.trust import operators
+from bc.control.trust import tunnels as tunnels_ctl
+from bc.errors import BcError, TicketRefused, Unavailable
+from bc.gateway.tunnels import FrameEnd, Relay, TunnelHub
+from bc.pki import exec_tickets
+from bc.pki.identity import PeerIdentity
+from bc.pki.secrets_source import Secrets
+from bc.protocol.pb import tunnel_pb2
+from bc.protocol.pb.tunnel_pb2 import TunnelAccept, TunnelFrame, TunnelRefused
+from bc.store import Row, Store
+from bc.wire.stubs import tunnel_pb2_grpc
+
+log = logging.getLogger("bc.api.tunnels")
+
+
+def record(row: Row) -> tunnel_pb2.TunnelRecord:
+    exit_code = row.get("exit_code")
+    return tunnel_pb2.TunnelRecord(
+        sid=str(row["sid"]),
+        node_id=str(row["node_id"]),
+        operator=str(row["operator"]),
+        purpose=str(row["purpose"]),
+        port=int(row["port"]),
+        reason=str(row["reason"]),
+        state=str(row["state"]),
+        gateway_id=str(row["gateway_id"]),
+        issued_at_ms=int(row["issued_at_ms"]),
+        opened_at_ms=int(row["opened_at_ms"] or 0),
+        ended_at_ms=int(row["ended_at_ms"] or 0),
+        bytes_up=int(row["bytes_up"]),
+        bytes_down=int(row["bytes_down"]),
+        exit_code=int(exit_code) if exit_code is not None else 0,
+        has_exit_code=exit_code is not None,
+        end_reason=str(row["end_reason"]),
+        expires_at_ms=int(row["expires_at_ms"]),
+        kid=str(row["kid"]),
+    )
+
+
+class _OperatorEnd:
+    """The operator's Open stream as a relay end: frames down go through a one-frame queue to the generator."""
+
+    def __init__(self, requests: AsyncIterator[TunnelFrame]) -> None:
+        self.requests = requests
+        self.down: asyncio.Queue[TunnelFrame | None] = asyncio.Queue(maxsize=1)
+
+    async def send(self, frame: TunnelFrame) -> None:
+        await self.down.put(frame)
+
+    async def recv(self) -> TunnelFrame | None:
+        return await anext(self.requests, None)
+
+
+def _refused(sid: str, reason: str, message: str) -> TunnelFrame:
+    return TunnelFrame(refused=TunnelRefused(sid=sid, reason=reason, message=message))
+
+
+@guard_service(tunnel_pb2.DESCRIPTOR.services_by_name["Tunnels"])
+class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
+    def __init__(
+        self,
+        store: Store,
+        bus: Bus,
+        ca_cert: x509.Certificate,
+        *,
+        signer: Signer,
+        rng: random.Random,
+        secrets: Secrets,
+        key_dir: Path,
+        hub: TunnelHub | None,
+        gateway_id: str,
+    ) -> None:
+        self.store, self.bus, self.ca_cert, self.signer = store, bus, ca_cert, signer
+        self.rng, self.secrets, self.key_dir, self.hub, self.gateway_id = rng, secrets, key_dir, hub, gateway_id
+        self._lifetimes: set[asyncio.Task[None]] = set()  # each open tunnel's relay and record
+
+    # what the role guard needs (bc.api.admin_roles.Guarded)
+    def _identity(self, context: grpc.aio.ServicerContext) -> PeerIdentity:
+        return operator_of(context, self.ca_cert)
+
+    async def _authorize(self, peer: PeerIdentity, need: str, what: str) -> actor.Caller:
+        return await operators.authorize(self.store, peer, need, what)
+
+    async def _caller(self, context: grpc.aio.ServicerContext, need: str, what: str) -> actor.Caller:
+        return await self._authorize(self._identity(context), need, what)
+
+    async def IssueTicket(
+        self, request: tunnel_pb2.IssueTicketRequest, context: grpc.aio.ServicerContext
+    ) -> tunnel_pb2.ExecTicket:
+        async def go(operator: str) -> tunnel_pb2.ExecTicket:
+            req = tunnels_ctl.TicketRequest(
+                request.node_id, request.purpose, request.port, request.reason, request.ttl_s
+            )
+            token, t = await tunnels_ctl.issue(
+                self.store, self.bus, self.key_dir, self.rng, self.secrets, req, operator
+            )
+            return tunnel_pb2.ExecTicket(
+                token=token,
+                sid=t.sid,
+                node_id=t.node_id,
+                purpose=t.purpose,
+                port=t.port,
+                expires_at_ms=t.exp_ms,
+                kid=t.kid,
+            )
+
+        return await self._call_as(context, go)
+
+    async def ListTunnels(
+        self, request: tunnel_pb2.ListTunnelsRequest, context: grpc.aio.ServicerContext
+    ) -> tunnel_pb2.ListTunnelsResponse:
+        async def go() -> tunnel_pb2.ListTunnelsResponse:
+            rows = await tunnels_ctl.sessions(self.store, request.node_id, request.open_only, request.limit)
+            return tunnel_pb2.ListTunnelsResponse(tunnels=[record(r) for r in rows])
+
+        return await self._call(context, go)
+
+    async def CloseTunnel(
+        self, request: tunnel_pb2.CloseTunnelRequest, context: grpc.aio.ServicerContext
+    ) -> tunnel_pb2.TunnelRecord:
+        async def go(operator: str) -> tunnel_pb2.TunnelRecord:
+            row = await tunnels_ctl.session(self.store, request.sid)
+            if str(row["state"]) != "open":
+                return record(row)
+            why = f"closed by {operator}" + (f": {request.reason[:200]}" if request.reason else "")
+            if self.hub is None or not self.hub.close(request.sid, why):
+                raise Unavailable(f"tunnel {request.sid} is not relayed by this process (gateway {row['gateway_id']})")
+            # The relay's end writes the record; wait for it so the answer shows the tunnel closed.
+            async with asyncio.timeout(5):
+                while str(row["state"]) == "open":
+                    await self.bus.wait_events(0.5)
+                    row = await tunnels_ctl.session(self.store, request.sid)
+            return record(row)
+
+        return await self._call_as(context, go)
+
+    async def RotateTicketKey(
+        self, request: tunnel_pb2.RotateTicketKeyRequest, context: grpc.aio.ServicerContext
+    ) -> tunnel_pb2.TicketKeyInfo:
+        async def go() -> tunnel_pb2.TicketKeyInfo:
+            kid, jwks, changed = await tunnels_ctl.rotate(
+                self.store, self.bus, self.signer, self.key_dir, self.secrets, self.rng
+            )
+            if self.hub is not None:  # the nodes close them too, from their next spec
+                self.hub.close_kid(
+                    {r.kid for r in self.hub.relays.values()} - exec_tickets.kids_of(jwks), "key rotated"
+                )
+            return tunnel_pb2.TicketKeyInfo(kid=kid, jwks=jwks, nodes_changed=changed)
+
+        return await self._call(context, go)
+
+    async def Open(
+        self, request_iterator: AsyncIterator[TunnelFrame], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[TunnelFrame]:
+        peer = self._identity(context)
+        first = await anext(request_iterator, None)
+        if first is None or first.WhichOneof("msg") != "open":
+            yield _refused("", "bad-request", "a tunnel's first frame must be `open` with its ticket")
+            return
+        try:
+            t = await tunnels_ctl.check_open(self.store, first.open.token, peer.name)
+        except TicketRefused as e:
+            yield _refused("", e.reason, e.message)
+            return
+        except BcError as e:
+            yield _refused("", "bad-ticket", e.message)
+            return
+        if self.hub is None or not self.hub.listening(t.node_id):
+            yield _refused(t.sid, "not-here", f"node {t.node_id} has no session on this gateway ({self.gateway_id})")
+            return
+        try:
+            await tunnels_ctl.opened(self.store, self.bus, t, self.gateway_id)
+            verdict, node_end, release = await self.hub.connect(t.node_id, t.sid, first.open.token)
+        except TicketRefused as e:
+            yield _refused(t.sid, e.reason, e.message)
+            return
+        except Unavailable as e:
+            await tunnels_ctl.ended(self.store, self.bus, t, tunnels_ctl.Ending("refused", e.message))
+            yield _refused(t.sid, "node-unavailable", e.message)
+            return
+        try:
+            if verdict.WhichOneof("msg") != "accept":
+                refusal = verdict.refused
+                await tunnels_ctl.ended(
+                    self.store, self.bus, t, tunnels_ctl.Ending("refused", f"{refusal.reason}: {refusal.message}")
+                )
+                yield _refused(t.sid, refusal.reason or "refused", refusal.message or "the node refused the tunnel")
+                return
+            yield TunnelFrame(accept=TunnelAccept(sid=t.sid))
+            async with contextlib.aclosing(self._relay(t, _OperatorEnd(request_iterator), node_end)) as frames:
+                async for frame in frames:
+                    yield frame
+        finally:
+            release.set()
+
+    async def _relay(
+        self, t: exec_tickets.Ticket, operator: _OperatorEnd, node: FrameEnd
+    ) -> AsyncGenerator[TunnelFrame, None]:
+        """The frames down to the operator while the hub relays. The relay and the record it leaves run in a task
+        of their own (`_lifetime`), so a call cancelled under this generator cannot skip the record."""
+        assert self.hub is not None
+        r = Relay(t.sid, t.node_id, t.operator, t.kid)
+        task = asyncio.create_task(self._lifetime(t, r, operator, node), name=f"tunnel-{t.sid}")
+        self._lifetimes.add(task)
+        task.add_done_callback(self._lifetimes.discard)
+        try:
+            while True:
+                getter = asyncio.ensure_future(operator.down.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    while not operator.down.empty():
+                        frame = operator.down.get_nowait()
+                        if frame is not None:
+                            yield frame
+                    return
+                frame = getter.result()
+                if frame is None:
+                    return
+                yield frame
+        except BaseException as e:
+            log.debug("event=tunnel.open-closed sid=%s why=%r", t.sid, e)
+            raise
+        finally:
+            if not task.done():
+                r.end_reason = r.end_reason or "the operator's stream ended"
+                task.cancel()
+
+    async def _lifetime(self, t: exec_tickets.Ticket, r: Relay, operator: _OperatorEnd, node: FrameEnd) -> None:
+        assert self.hub is not None
+        try:
+            await self.hub.relay(r, operator, node)
+        finally:
+            ending = tunnels_ctl.Ending("closed", r.end_reason or "closed", r.bytes_up, r.bytes_down, r.exit_code)
+            try:
+                await tunnels_ctl.ended(self.store, self.bus, t, ending)
+            except BcError as e:
+                log.warning("event=tunnel.record-failed sid=%s why=%s", t.sid, e.message)
+
+
+class _NodeEnd:
+    """A node's Carry stream (server side) as a relay end."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self.context = context
+
+    async def send(self, frame: TunnelFrame) -> None:
+        await self.context.write(frame)
+
+    async def recv(self) -> TunnelFrame | None:
+        m = await self.context.read()
+        return None if m is grpc.aio.EOF else m
+
+
+class NodeTunnelsServicer(tunnel_pb2_grpc.NodeTunnelsServicer):
+    """The node's side: authenticated by its certificate (revoked serials refused, as a session is)."""
+
+    def __init__(self, hub: TunnelHub, ca_cert: x509.Certificate, refuse_revoked: Any) -> None:
+        self.hub, self.ca_cert, self.refuse_revoked = hub, ca_cert, refuse_revoked
+
+    async def _node(self, context: grpc.aio.ServicerContext) -> str:
+        from bc.api.peers import peer_of
+        from bc.wire.status import abort_with
+
+        try:
+            peer = peer_of(context, self.ca_cert, "node")
+            await self.refuse_revoked(peer.serial)
+        except BcError as e:
+            await abort_with(context, e)
+        return peer.name
+
+    async def Listen(
+        self, request: tunnel_pb2.TunnelListen, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[tunnel_pb2.TunnelOffer]:
+        node_id = await self._node(context)
+        async for offer in self.hub.listen(node_id):
+            yield offer
+
+    async def Carry(  # type: ignore[override]
+        self, request_iterator: object, context: grpc.aio.ServicerContext
+    ) -> None:
+        node_id = await self._node(context)
+        end = _NodeEnd(context)
+        first = await end.recv()
+        if first is None:
+            return
+        await self.hub.attach(node_id, first, end)
