@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
@@ -25,6 +24,7 @@ from bc.protocol.limits import LIMITS
 from bc.protocol.pb import tunnel_pb2
 from bc.protocol.pb.tunnel_pb2 import TunnelEnd, TunnelFrame, TunnelOpen
 from bc.runtime.config import OperatorConfig
+from bc.seams.clock import Clock, SystemClock
 from bc.wire.status import status_to_error
 from bc.wire.stubs import tunnel_pb2_grpc
 from bc.wire.tls import channel_credentials
@@ -110,8 +110,9 @@ class OpenTunnel:
 
 
 class TunnelClient:
-    def __init__(self, config: OperatorConfig, *, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(self, config: OperatorConfig, *, timeout_s: float = TIMEOUT_S, clock: Clock | None = None) -> None:
         self.config, self.timeout_s = config, timeout_s
+        self.clock: Clock = clock if clock is not None else SystemClock()
         self._channel: grpc.aio.Channel | None = None
 
     async def __aenter__(self) -> TunnelClient:
@@ -163,7 +164,7 @@ class TunnelClient:
         tunnel = OpenTunnel(call, ticket)
         try:
             await tunnel.tls.handshake()
-            check_node(tunnel.tls.peer_der(), keys.load_cert_pem(self.config.ca_pem), ticket.node_id, time.time())
+            check_node(tunnel.tls.peer_der(), keys.load_cert_pem(self.config.ca_pem), ticket.node_id, self.clock.now())
         except BaseException:
             call.cancel()
             raise

@@ -12,7 +12,7 @@ moment (`fleet.control()` waits while it is down), so the work goes through the 
   `telemetry`): the agent reports `host` and `telemetry` UNSUPPORTED (terminal), which still exercises
   delivery and `observed_generation`; its `access` converger writes nothing for these principals (they
   name no node, so none is the node's own) and reports CONVERGED;
-* commands of every kind the fake hardware runs (`agent.kinds.REGISTRY`), through
+* commands of every kind the fake hardware runs on a GPU node (`NODE_KINDS`: the `node` role's), through
   `bc.control.commands.queue.enqueue`; the destructive ones outside a batch meet the unbatched allowance;
 * destructive batches (`bc.control.quorum.batches.create_batch`) that three seeded approvers sign (or, now and
   then, reject); their Ed25519 keys are derived from the Random, so a run replays. One of them, approver0,
@@ -85,6 +85,8 @@ APPROVAL_TTL_MS = 3_600_000
 SPEC_SECTIONS = ("access", "host", "telemetry")
 """The sections the workload writes besides `devices` (which reservations write)."""
 JOB_TEMPLATES = ("reboot", "remediate", "rollout")
+# The simulated hosts are GPU nodes: the kinds an agent of the `node` role runs (not a ramdisk's or a site's).
+NODE_KINDS = tuple(sorted(k for k in REGISTRY if "node" in kinds.KINDS[k].roles))
 
 
 class ControlPlaneLike(Protocol):
@@ -476,7 +478,7 @@ class Driver:
 
     async def do_command(self, cp: ControlPlaneLike) -> None:
         rng = self.rng
-        kind = rng.choice(sorted(REGISTRY))
+        kind = rng.choice(NODE_KINDS)
         node_id = self.pick_node()
         payload = await self.payload(cp, kind, [node_id])
         req = cmds.EnqueueRequest(
@@ -504,7 +506,7 @@ class Driver:
         return "{}"
 
     async def do_batch(self, cp: ControlPlaneLike) -> None:
-        kind = self.rng.choice(sorted(kinds.DESTRUCTIVE & set(REGISTRY)))
+        kind = self.rng.choice(sorted(kinds.DESTRUCTIVE & set(NODE_KINDS)))
         nodes = self.pick_nodes(4)
         payload = await self.payload(cp, kind, nodes)
         req = quorum.BatchRequest(kind, nodes, payload, reason="bc sim", not_after_s=1800.0)

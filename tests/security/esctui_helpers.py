@@ -100,6 +100,9 @@ class HostileSource(FakeSource):
             digest = leaf_digest(b)
             for leaf in b.leaves:
                 leaf.kind, leaf.payload_digest = b.kind, digest.hex()
+                # A leaf's encoding cannot hold a newline (bc.pki.merkle refuses it; no node id has one): the rest
+                # of the probe stays hostile.
+                leaf.node_id = leaf.node_id.replace("\n", "\u2028")
             b.scope_root = merkle.merkle_root(
                 [merkle.leaf_bytes(leaf.node_id, leaf.kind, digest) for leaf in b.leaves]
             ).hex()
