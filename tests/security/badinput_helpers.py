@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import random
-import resource
 import subprocess
-from collections.abc import AsyncIterator, Callable
+import sys
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -86,14 +86,20 @@ def rng() -> random.Random:
     return random.Random(29)
 
 
-def memory_capped(gib: int = 2) -> Callable[[], None]:
-    """A `preexec_fn` capping the child's address space: a CLI that reads a file without bound dies of
-    MemoryError quickly instead of taking the shared machine's memory."""
+def memory_capped(argv: list[str], gib: int = 2) -> list[str]:
+    """`argv` run with the child's address space capped: a CLI that reads a file without bound dies of
+    MemoryError quickly instead of taking the shared machine's memory.
 
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
-
-    return cap
+    The cap is set by a tiny Python that then execs `argv`, not by a `preexec_fn`: pytest-xdist's worker is
+    threaded, and a `preexec_fn` runs between fork and exec where another thread may hold a lock the child
+    needs (it aborted now and then)."""
+    cap = gib << 30
+    code = (
+        "import os, resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap})); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", code, *argv]
 
 
 def one_sentence_problems(r: subprocess.CompletedProcess[str], exit_code: int, *mentions: str) -> list[str]:

@@ -32,12 +32,11 @@ def run_bc(tmp: Path, *args: str, config: Path | None = None) -> subprocess.Comp
         "BC_CONFIG": str(config or tmp / "no-config.json"),
     }
     return subprocess.run(
-        [bc_executable(), *args],
+        memory_capped([bc_executable(), *args]),
         capture_output=True,
         text=True,
         env=env,
         timeout=BUDGET_S,
-        preexec_fn=memory_capped(2),
         stdin=subprocess.DEVNULL,
     )
 
