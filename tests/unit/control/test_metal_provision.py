@@ -1,0 +1,314 @@
+"""Provisioning as a job (docs/metal.md) over a real store (SQLite and PostgreSQL) on virtual time.
+
+The site and the ramdisk are played at their edge, as a gateway would store what they did: a command
+settles, a ramdisk joins with the token the job minted (its token used, its node connected, its inventory
+reported), the installed OS joins with its own. Two machines are provisioned in one job; a failure injected
+at each step fails that machine `failed:<step>` with the step's words, the other one is provisioned, the
+boot lease is cleaned up for both, and no command is ever sent twice.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from bc.control.base.actor import Caller
+from bc.control.base.bus import Bus
+from bc.control.metal import machines
+from bc.control.metal import plan as metal_plan
+from bc.control.signing.signer import NullSigner
+from bc.control.trust.identity import TokenMint
+from bc.errors import Conflict, UsageError
+from bc.jobs import queries
+from bc.jobs.engine import JobEngine
+from bc.jobs.metal_template import TEMPLATE
+from bc.jobs.views import JobRequest
+from bc.pki.secrets_source import SeededSecrets
+from bc.protocol.pb import common_pb2
+from bc.seams.clock import LoopClock
+from bc.store import commands as cmd_sql
+from bc.store import nodes as nodes_sql
+from bc.store.sqlite import InlineSqliteStore
+from bc.testing import advance
+from tests.unit.control.conftest import AddNode, write_inventory
+from tests.unit.control.quorum_setup import install
+
+ADMIN = Caller("alice", "admin")
+IMAGE_SHA = "ab" * 32
+KERNEL, INITRD = "11" * 32, "22" * 32
+JOIN_TIMEOUT_S = 60.0
+
+
+@pytest.fixture
+def engine(store: InlineSqliteStore, bus: Bus, clock: LoopClock) -> JobEngine:
+    mint = TokenMint("sha256:" + "0" * 64, clock, SeededSecrets(5))
+    return JobEngine(store, bus, NullSigner(), random.Random(3), holder="gw-test", tokens=mint)
+
+
+async def enroll(store: InlineSqliteStore, bus: Bus, add_node: AddNode, names: tuple[str, ...]) -> None:
+    await add_node("s1", profile=None, role="site")
+    for i, name in enumerate(names):
+        await machines.enroll(
+            store,
+            bus,
+            NullSigner(),
+            random.Random(i),
+            ADMIN,
+            name=name,
+            site_node="s1",
+            bmc_url=f"http://127.0.0.1:{8000 + i}",
+            macs=[f"52:54:00:00:00:0{i}"],
+            labels=["pool=gpu"],
+        )
+
+
+async def submit(store: InlineSqliteStore, engine: JobEngine, names: tuple[str, ...], **kw: Any) -> str:
+    req = metal_plan.Request(
+        machines=names,
+        image="http://10.9.0.2/images/os.raw",
+        sha256=IMAGE_SHA,
+        ramdisk_kernel_sha256=KERNEL,
+        ramdisk_initrd_sha256=INITRD,
+        join_timeout_s=JOIN_TIMEOUT_S,
+        labels=("rack=r1",),
+    )
+    plans = await machines.plans(store, req)
+    job = JobRequest(TEMPLATE, names, metal_json=json.dumps([p.params() for p in plans]), **kw)
+    return await engine.submit(job, "alice")
+
+
+@dataclass
+class Fleet:
+    """The site and the machines at their edge: what each does when the job asks (a failure injected by step)."""
+
+    store: InlineSqliteStore
+    fail: dict[tuple[str, str], str] = field(default_factory=dict)  # (machine, step) -> how
+    sent: list[str] = field(default_factory=list)  # idempotency keys of every command the job sent
+
+    async def commands(self) -> list[dict[str, Any]]:
+        async with self.store.transaction(write=False) as tx:
+            return await tx.fetchall("SELECT id, node_id, kind, state, idempotency_key, body FROM commands ORDER BY id")
+
+    async def settle(self, command_id: str, state: str, reason: str = "") -> None:
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction() as tx:
+            row = await cmd_sql.get(tx, command_id)
+            assert row is not None
+            await cmd_sql.settle(
+                tx, command_id, expected=str(row["state"]), state=state, reason=reason, message="", now_ms=now_ms
+            )
+
+    async def join(self, node_id: str, role: str, disks: list[common_pb2.Disk] | None = None) -> None:
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction() as tx:
+            await tx.execute(
+                "UPDATE join_tokens SET used_at_ms = :t WHERE node_id = :n AND used_at_ms IS NULL",
+                {"t": now_ms, "n": node_id},
+            )
+            await nodes_sql.ensure(tx, node_id, role, now_ms)
+            await nodes_sql.set_connectivity(tx, node_id, "connected", now_ms)
+        if disks is not None:
+            await write_inventory(self.store, node_id, common_pb2.Inventory(disks=disks))
+
+    async def set_connectivity(self, node_id: str, state: str) -> None:
+        now_ms = await self.store.now_ms()
+        async with self.store.transaction() as tx:
+            await nodes_sql.set_connectivity(tx, node_id, state, now_ms)
+
+    async def running(self, dag_id: str) -> list[str]:
+        async with self.store.transaction(write=False) as tx:
+            rows = await tx.fetchall(
+                "SELECT id FROM job_nodes WHERE dag_id = :d AND state = 'running' ORDER BY pos", {"d": dag_id}
+            )
+        return [str(r["id"]) for r in rows]
+
+    async def play(self, dag_id: str) -> bool:
+        """One round of the edge: answer every pending command and every join the job waits for.
+        False when there was nothing to do (the job waits for time to pass)."""
+        acted = False
+        for c in await self.commands():
+            if c["state"] != "pending":
+                continue
+            key = str(c["idempotency_key"])
+            self.sent.append(key)
+            _, _, step, machine = key.split(":", 3)
+            how = self.fail.get((machine, step))
+            if how == "gone":  # the ramdisk vanishes under the step: the command stays in flight
+                await self.set_connectivity(str(c["node_id"]), "unreachable")
+                await self.settle(str(c["id"]), "dispatched")
+            elif how:
+                await self.settle(str(c["id"]), "failed", how)
+            else:
+                await self.settle(str(c["id"]), "succeeded")
+            acted = True
+        for node in await self.running(dag_id):
+            step, machine = node.split(":", 1)
+            if self.fail.get((machine, step)):
+                continue
+            if step == "ramdisk":
+                disks = [common_pb2.Disk(name="vda", size_bytes=1 << 30)]
+                if self.fail.get((machine, "inventory")):
+                    disks = [common_pb2.Disk(name="vda", size_bytes=1 << 30, mounted=["/"])]
+                await self.join(f"{machine}-ramdisk", "ramdisk", disks)
+                acted = True
+            elif step == "os":
+                await self.join(machine, "node")
+                acted = True
+        return acted
+
+
+async def run(engine: JobEngine, fleet: Fleet, dag_id: str) -> None:
+    for _ in range(200):
+        await engine.pass_once()
+        if (await queries.get_dag(fleet.store, dag_id)).terminal:
+            return
+        if not await fleet.play(dag_id):
+            await advance(JOIN_TIMEOUT_S + 1)
+    raise AssertionError("the job did not settle")
+
+
+async def machine(store: InlineSqliteStore, name: str) -> tuple[str, str, str]:
+    m = await machines.show(store, name)
+    return m.shown_state, m.reason, m.node_id
+
+
+async def test_two_machines_are_provisioned_in_order_each_command_once_and_the_nodes_get_their_labels(
+    store: InlineSqliteStore, bus: Bus, engine: JobEngine, add_node: AddNode
+) -> None:
+    await enroll(store, bus, add_node, ("m1", "m2"))
+    dag_id = await submit(store, engine, ("m1", "m2"), max_parallel=1)
+    fleet = Fleet(store)
+    await run(engine, fleet, dag_id)
+    view = await queries.get_dag(store, dag_id)
+    assert (view.state, view.terminal) == ("done", True), view.first_error
+    assert await machine(store, "m1") == ("provisioned", "", "m1")
+    assert await machine(store, "m2") == ("provisioned", "", "m2")
+    assert len(fleet.sent) == len(set(fleet.sent)) == 2 * 8  # 8 commands a machine, each once
+    by_key = {str(c["idempotency_key"]): (str(c["node_id"]), str(c["kind"])) for c in await fleet.commands()}
+    kinds = [by_key[k] for k in fleet.sent if k.endswith(":m1")]
+    assert kinds == [
+        ("s1", "bmc.power"),
+        ("s1", "boot.prepareRamdisk"),
+        ("s1", "bmc.boot"),
+        ("s1", "bmc.power"),
+        ("m1-ramdisk", "disk.wipe"),
+        ("m1-ramdisk", "deploy.image"),
+        ("m1-ramdisk", "boot.kexec"),
+        ("s1", "boot.cleanUp"),
+    ]
+    # --max-parallel 1: m2's first command comes after m1's last step
+    keys = fleet.sent
+    assert keys.index(f"job:{dag_id}:power-off:m2") > keys.index(f"job:{dag_id}:kexec:m1")
+    async with store.transaction(write=False) as tx:
+        node = await nodes_sql.get(tx, "m1")
+        tokens = await tx.fetchall("SELECT node_id, role, used_at_ms FROM join_tokens ORDER BY node_id")
+    assert node is not None and json.loads(str(node["labels"])) == {"pool": "gpu", "rack": "r1"}
+    assert [(t["node_id"], t["role"]) for t in tokens] == [
+        ("m1", "node"),
+        ("m1-ramdisk", "ramdisk"),
+        ("m2", "node"),
+        ("m2-ramdisk", "ramdisk"),
+    ]
+    assert all(t["used_at_ms"] is not None for t in tokens)
+
+
+STEP_FAILURES: dict[str, tuple[str, str]] = {
+    # step -> (what the edge does, words the machine's reason carries)
+    "power-off": ("bmc-unreachable", "bmc.power on s1 failed (bmc-unreachable)"),
+    "prepare": ("image-not-cached", "boot.prepareRamdisk on s1 failed (image-not-cached)"),
+    "pxe": ("bmc-timeout", "bmc.boot on s1 failed (bmc-timeout)"),
+    "power-on": ("bmc-error", "bmc.power on s1 failed (bmc-error)"),
+    "ramdisk": ("never", "the ramdisk did not join as m1-ramdisk within 60 s"),
+    "inventory": ("mounted", "inventory: none of the 1 disk(s) the ramdisk reports is usable"),
+    "wipe": ("gone", "the ramdisk m1-ramdisk is unreachable; its disk.wipe was cancelled"),
+    "deploy": ("digest-mismatch", "deploy.image on m1-ramdisk failed (digest-mismatch)"),
+    "kexec": ("no-such-partition", "boot.kexec on m1-ramdisk failed (no-such-partition)"),
+    "os": ("never", "the installed OS did not join as m1 within 60 s"),
+}
+
+
+@pytest.mark.parametrize("step", list(STEP_FAILURES))
+async def test_a_failure_at_each_step_fails_that_machine_there_and_the_other_goes_on(
+    store: InlineSqliteStore, bus: Bus, engine: JobEngine, add_node: AddNode, step: str
+) -> None:
+    await enroll(store, bus, add_node, ("m1", "m2"))
+    dag_id = await submit(store, engine, ("m1", "m2"))
+    how, words = STEP_FAILURES[step]
+    fleet = Fleet(store, fail={("m1", step): how})
+    await run(engine, fleet, dag_id)
+    state, reason, node_id = await machine(store, "m1")
+    assert (state, node_id) == (f"failed:{step}", ""), reason
+    assert words in reason
+    assert await machine(store, "m2") == ("provisioned", "", "m2")
+    view = await queries.get_dag(store, dag_id)
+    assert (view.state, view.terminal) == ("failed", True)
+    assert len(fleet.sent) == len(set(fleet.sent)), "a command was sent twice"
+    assert f"job:{dag_id}:cleanup:m1" in fleet.sent  # the boot lease goes whatever happened
+    later = list(STEP_FAILURES)[list(STEP_FAILURES).index(step) + 1 :]
+    assert not [k for k in fleet.sent if any(k == f"job:{dag_id}:{s}:m1" for s in later)], "ran past its failure"
+
+
+async def test_a_restarted_engine_resumes_a_provisioning_job_and_sends_nothing_twice(
+    store: InlineSqliteStore, bus: Bus, engine: JobEngine, add_node: AddNode, clock: LoopClock
+) -> None:
+    await enroll(store, bus, add_node, ("m1",))
+    dag_id = await submit(store, engine, ("m1",))
+    fleet = Fleet(store)
+    for _ in range(3):  # part of the way: power off, prepare, pxe
+        await fleet.play(dag_id)
+        await engine.pass_once()
+    fresh = JobEngine(store, bus, NullSigner(), random.Random(99), holder="gw-test", tokens=engine.tokens)
+    await run(fresh, fleet, dag_id)
+    assert await machine(store, "m1") == ("provisioned", "", "m1")
+    assert len(fleet.sent) == len(set(fleet.sent)) == 8
+
+
+async def test_enroll_writes_the_site_section_and_refuses_what_is_wrong(
+    store: InlineSqliteStore, bus: Bus, add_node: AddNode
+) -> None:
+    await enroll(store, bus, add_node, ("m1",))
+    async with store.transaction(write=False) as tx:
+        row = await nodes_sql.get(tx, "s1")
+    assert row is not None
+    spec = json.loads(str(row["spec"]))
+    assert [m["name"] for m in spec["site"]["machines"]] == ["m1"] and int(row["generation"]) >= 1
+    [m] = await machines.list_machines(store)
+    assert (m.name, m.site_node, m.shown_state, m.labels) == ("m1", "s1", "enrolled", {"pool": "gpu"})
+
+    def again(**kw: Any) -> Callable[[], Any]:
+        args: dict[str, Any] = {"name": "m9", "site_node": "s1", "bmc_url": "http://127.0.0.1:9000"} | kw
+        return lambda: machines.enroll(store, bus, NullSigner(), random.Random(1), ADMIN, **args)
+
+    with pytest.raises(Conflict, match="already lists a machine named 'm1'"):
+        await again(name="m1")()
+    with pytest.raises(UsageError, match="bmc_url must not carry credentials"):
+        await again(bmc_url="http://root:pw@127.0.0.1:9000")()
+    with pytest.raises(UsageError, match="52:54:00:00:00:00 is also 'm1'"):
+        await again(macs=["52:54:00:00:00:00"])()
+    await add_node("n1")
+    with pytest.raises(UsageError, match="node n1 has the role node, not site"):
+        await again(site_node="n1")()
+    assert [m.name for m in await machines.list_machines(store)] == ["m1"]  # nothing of the refusals stored
+
+    await machines.remove(store, bus, NullSigner(), random.Random(2), ADMIN, "m1")
+    async with store.transaction(write=False) as tx:
+        row = await nodes_sql.get(tx, "s1")
+    assert row is not None and not json.loads(str(row["spec"])).get("site", {}).get("machines")
+    assert await machines.list_machines(store) == []
+
+
+async def test_provisioning_is_refused_with_approvers_until_metal_bulk_is_built(
+    store: InlineSqliteStore, bus: Bus, engine: JobEngine, add_node: AddNode
+) -> None:
+    await enroll(store, bus, add_node, ("m1",))
+    names = ("bob", "carol")
+    keys = {n: ed25519.Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32) for i, n in enumerate(names)}
+    await install(store, bus, keys, k=2)
+    with pytest.raises(Conflict, match=r"metal\.bulk"):
+        await submit(store, engine, ("m1",))
