@@ -210,6 +210,7 @@ STEP_ROLE: dict[str, tuple[str, str]] = {
     "MetalJoin": (ADMIN, "provisioning a machine"),
     "MetalInventory": (ADMIN, "provisioning a machine"),
     "MetalSettle": (ADMIN, "provisioning a machine"),
+    "MetalBulk": (ADMIN, "asking for a provisioning job's quorum"),
 }
 """Job steps with no direct call of their own; every other step is checked as the call it makes
 (`step_needed`). A step kind in neither needs admin (fail closed)."""

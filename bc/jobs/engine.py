@@ -392,7 +392,7 @@ class JobEngine:
                     inventory = json.loads(str(row["inventory"] or "{}"))
                     gpus[n] = tuple(str(g.get("uuid", "")) for g in inventory.get("gpus", []) if g.get("uuid"))
         has = await quorum.has_approvers(tx)
-        if has and req.template in ("remediate", "reboot") and not req.preapproved:
+        if has and req.template in ("remediate", "reboot", "metal.provision") and not req.preapproved:
             await quorum.check_can_approve(tx, requested_by)  # a batch that could never be approved: refuse now
         return templates.Facts(frozenset(existing), has, gpus)
 

@@ -26,12 +26,14 @@ engine re-checks the command a step stored in its detail.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from bc.control.base.events import publish
 from bc.control.commands import queue as cmds
 from bc.control.commands import states as cs
 from bc.control.nodes import specs
+from bc.control.quorum import bulk
 from bc.jobs.model import NodeState, deps_state, failure_reason
 from bc.jobs.step_ctx import DONE, Ctx, Outcome, Primitive
 from bc.protocol import connectivity
@@ -104,12 +106,38 @@ class _NoMint(Exception):
     pass
 
 
-async def _payload(ctx: Ctx, step: str) -> dict[str, Any]:
-    m = str(_p(ctx, "machine"))
+BULK_STEPS: tuple[str, ...] = ("power-off", "pxe", "power-on", "wipe", "deploy")
+"""The destructive steps: under a `metal.bulk` batch when approvers exist (each one leaf, in this order)."""
+
+
+def fixed_payload(step: str, plan: Mapping[str, Any], disk: str) -> dict[str, Any]:
+    """A destructive step's payload, known at submit once the disk is: what the batch's leaf and the step hold."""
+    m = str(plan["machine"])
     if step in ("power-off", "power-on"):
         return {"machine": m, "action": "off" if step == "power-off" else "on"}
     if step == "pxe":
         return {"machine": m, "device": "pxe"}
+    if step == "wipe":
+        return {"disks": [disk], "method": "auto"}
+    assert step == "deploy", step
+    return {"url": plan["image_url"], "sha256": plan["image_sha256"], "disk": disk}
+
+
+def bulk_leaves(plans: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The `metal.bulk` batch's leaves for these machines: per machine, its BULK_STEPS in order."""
+    out = []
+    for plan in plans:
+        for step in BULK_STEPS:
+            target, kind = COMMAND_STEPS[step]
+            doc = fixed_payload(step, plan, str(plan["disk"]))
+            out.append((str(plan[target]), kind, json.dumps(doc, sort_keys=True)))
+    return out
+
+
+async def _payload(ctx: Ctx, step: str) -> dict[str, Any]:
+    m = str(_p(ctx, "machine"))
+    if step in ("power-off", "power-on", "pxe"):
+        return fixed_payload(step, ctx.node.params, "")
     if step == "cleanup":
         return {"machine": m}
     if step == "prepare":
@@ -123,10 +151,8 @@ async def _payload(ctx: Ctx, step: str) -> dict[str, Any]:
             "image_sha256": [_p(ctx, "image_sha256")],
         }
     disk = str((await _detail_of(ctx, f"inventory:{m}")).get("disk", ""))
-    if step == "wipe":
-        return {"disks": [disk], "method": "auto"}
-    if step == "deploy":
-        return {"url": _p(ctx, "image_url"), "sha256": _p(ctx, "image_sha256"), "disk": disk}
+    if step in ("wipe", "deploy"):
+        return fixed_payload(step, ctx.node.params, disk)
     assert step == "kexec", step
     token = await _mint(ctx, str(_p(ctx, "os_node")), "node")
     cmdline = " ".join(x for x in (str(_p(ctx, "cmdline")), f"bc.join_token={token}") if x)
@@ -148,6 +174,17 @@ async def _command_start(ctx: Ctx) -> Outcome | None:
     if not ctx.node.tail:
         await _mark(ctx, step)
     node_id = str(_p(ctx, target))
+    ctx.detail["node"] = node_id
+    if ctx.param("batch_node"):  # its leaf of the job's metal.bulk batch, approved: made and released now
+        batch_id = str((await _detail_of(ctx, str(ctx.param("batch_node")))).get("batch_id", ""))
+        if not batch_id:
+            return Outcome(False, f"{step}: the job's metal.bulk batch was never made")
+        leaf = int(ctx.param("leaf"))
+        ctx.detail["batch_id"] = batch_id
+        ctx.detail["command_id"] = await bulk.release_bulk_leaf(
+            ctx.tx, ctx.bus, ctx.signer, ctx.rng, batch_id, leaf, ctx.requested_by, ctx.now_ms
+        )
+        return await _command_check(ctx)
     try:
         payload_doc = await _payload(ctx, step)
     except _NoMint as e:
@@ -159,7 +196,6 @@ async def _command_start(ctx: Ctx) -> Outcome | None:
     )
     row = await cmds.enqueue_in(ctx.tx, ctx.bus, ctx.signer, req, kind, payload, ctx.now_ms, ctx.rng)
     ctx.detail["command_id"] = str(row["id"])
-    ctx.detail["node"] = node_id
     return await _command_check(ctx)
 
 
@@ -330,7 +366,7 @@ async def _settle(ctx: Ctx) -> Outcome | None:
         step = str(row["step"]) if str(row["state"]) == "provisioning" and row["step"] else "queued"
         failed = await jobs_sql.node(ctx.tx, ctx.dag_id, f"{step}:{machine}")
         own = str(failed["error"] or "") if failed is not None else ""
-        reason = own or failure_reason(ctx.deps, ctx.first_error) or state.value
+        reason = own or failure_reason(ctx.deps, ctx.first_error) or ctx.first_error or state.value
         await metal_sql.set_state(ctx.tx, machine, "failed", step, reason, ctx.now_ms, dag_id=ctx.dag_id)
         data = {"dag_id": ctx.dag_id, "state": "failed", "step": step, "error": reason}
     await publish(ctx.tx, ctx.bus, "metal.outcome", machine, data, ctx.now_ms)

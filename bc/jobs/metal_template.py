@@ -12,14 +12,19 @@ Per machine m, on the subject `metal:m` (the machine's lease), at most --max-par
 `reprovision NODE` puts set:NODE (SetWanted cordoned) → drain:NODE (Drain) before the group, and
 reconcile:NODE (tail) after it, as the drain template does: the node stays cordoned (uncordon it after).
 A machine that fails fails its own group only: the others go on (no stop on failure).
+
+With approvers registered, every destructive step (power-off, pxe, power-on, wipe, deploy of every machine) is a
+leaf of one `metal.bulk` batch asked for first: bulk (MetalBulk) → every metal:m, and resolve (ResolveApproval,
+tail) ⇢ bulk, every metal:m; each such step releases its own leaf when it runs (so --max-parallel holds after
+the quorum), and the disk must be named at submit (the approvers sign each wipe's and deploy's payload).
 """
 
 from __future__ import annotations
 
 import json
 
-from bc.errors import Conflict, NotFound, UsageError
-from bc.jobs.metal_steps import COMMAND_STEPS, STEPS
+from bc.errors import NotFound, UsageError
+from bc.jobs.metal_steps import BULK_STEPS, COMMAND_STEPS, STEPS, bulk_leaves
 from bc.jobs.model import DagSpec, Dep, DepWhen, NodeSpec
 from bc.jobs.views import JobRequest
 
@@ -36,11 +41,6 @@ def _kind(step: str) -> str:
 
 
 def build(req: JobRequest, dag_id: str, nodes: frozenset[str], has_approvers: bool) -> DagSpec:
-    if has_approvers:
-        raise Conflict(
-            "provisioning under the quorum (one metal.bulk batch for the destructive steps) is not built yet;"
-            " with approvers registered, bc metal provision is refused: see docs/metal.md"
-        )
     try:
         plans = json.loads(req.metal_json or "[]")
     except ValueError:
@@ -54,6 +54,19 @@ def build(req: JobRequest, dag_id: str, nodes: frozenset[str], has_approvers: bo
     local = {POOL: req.max_parallel} if req.max_parallel else {}
     head: tuple[Dep, ...] = ()
     out: list[NodeSpec] = []
+    leaf_of: dict[tuple[str, str], int] = {}
+    if has_approvers:  # one metal.bulk batch over every destructive step, asked for first
+        if any(not p.get("disk") for p in plans):
+            raise UsageError(
+                "with approvers registered, name the disk (--disk NAME): the approvers sign each wipe and deploy"
+            )
+        leaves = bulk_leaves(plans)
+        for i, plan in enumerate(plans):
+            for j, step in enumerate(BULK_STEPS):
+                leaf_of[(str(plan["machine"]), step)] = i * len(BULK_STEPS) + j
+        bulk = {"leaves": [list(x) for x in leaves], "reason": req.reason}
+        out.append(NodeSpec("bulk", "MetalBulk", params=bulk))
+        head = (Dep("bulk"),)
     n = req.reprovision
     if n:
         if n not in nodes:
@@ -69,7 +82,7 @@ def build(req: JobRequest, dag_id: str, nodes: frozenset[str], has_approvers: bo
                 lease=True,
             ),
         ]
-        head = (Dep(f"drain:{n}"),)
+        head = (*head, Dep(f"drain:{n}"))
     roots: list[str] = []
     for plan in plans:
         m = str(plan["machine"])
@@ -79,6 +92,8 @@ def build(req: JobRequest, dag_id: str, nodes: frozenset[str], has_approvers: bo
         prev: str | None = None
         for step in STEPS:
             params = {**plan, "step": step}
+            if (m, step) in leaf_of:
+                params |= {"batch_node": "bulk", "leaf": leaf_of[(m, step)]}
             deps = (Dep(prev),) if prev else ()
             out.append(
                 NodeSpec(f"{step}:{m}", _kind(step), subject=subject, params=params, deps=deps, lease=True, group=root)
@@ -105,6 +120,9 @@ def build(req: JobRequest, dag_id: str, nodes: frozenset[str], has_approvers: bo
                 tail=True,
             ),
         ]
+    if leaf_of:
+        after = (Dep("bulk", ANY), *(Dep(r, ANY) for r in roots))
+        out.append(NodeSpec("resolve", "ResolveApproval", params={"batch_node": "bulk"}, deps=after, tail=True))
     if n:
         tail = (Dep(f"set:{n}", ANY), Dep(f"drain:{n}", ANY), *(Dep(r, ANY) for r in roots))
         out.append(NodeSpec(f"reconcile:{n}", "Reconcile", subject=n, deps=tail, lease=True, tail=True))

@@ -21,6 +21,7 @@ from bc.control.commands import queue as cmds
 from bc.control.commands import states as cs
 from bc.control.nodes import specs
 from bc.control.quorum import batches as quorum
+from bc.control.quorum import bulk
 from bc.errors import BcError
 from bc.jobs import metal_steps
 from bc.jobs.model import deps_state, failure_reason
@@ -205,6 +206,25 @@ async def _batch_start(ctx: Ctx) -> Outcome | None:
     return None
 
 
+async def _bulk_start(ctx: Ctx) -> Outcome | None:
+    """A provisioning job's `metal.bulk` batch (bc.control.quorum.bulk): its leaves were fixed at submit."""
+    from bc.jobs.templates import BATCH_NOT_AFTER_S
+
+    leaves = [(str(n), str(k), str(p)) for n, k, p in ctx.param("leaves", [])]
+    ctx.detail["batch_id"] = await bulk.create_bulk_in(
+        ctx.tx,
+        ctx.bus,
+        ctx.rng,
+        leaves,
+        reason=str(ctx.param("reason", "")) or f"job {ctx.dag_id}",
+        requested_by=ctx.requested_by,
+        now_ms=ctx.now_ms,
+        dag_id=ctx.dag_id,
+        not_after_s=BATCH_NOT_AFTER_S,
+    )
+    return None
+
+
 async def _batch_check(ctx: Ctx) -> Outcome | None:
     batch = await q_sql.get_batch(ctx.tx, str(ctx.detail["batch_id"]))
     if batch is None:
@@ -314,6 +334,7 @@ PRIMITIVES: Mapping[str, Primitive] = {
     "Drain": Primitive(_drain_start, _drain_check, _drain_cancel),
     "Command": Primitive(_command_start, _command_check, _command_cancel),
     "Batch": Primitive(_batch_start, _batch_check, _batch_cancel),
+    "MetalBulk": Primitive(_bulk_start, _batch_check, _batch_cancel),
     "ResolveApproval": Primitive(_resolve_approval),
     "PatchSpec": Primitive(_patch_start, _patch_check, _patch_cancel),
     **metal_steps.PRIMITIVES,

@@ -33,9 +33,10 @@ from agent.ramdisk.kexec import KEXEC_FILE
 from agent.site.state import SiteOptions
 from bc.client.admin import AdminClient
 from bc.errors import Conflict, Unauthenticated
-from bc.protocol.pb import metal_pb2
+from bc.pki.batch_scope import recompute_root
+from bc.protocol.pb import admin_pb2, metal_pb2
 from tests.integration.conftest import InprocLab
-from tests.integration.operators_lab import add_operator
+from tests.integration.operators_lab import add_operator, approvers, sign
 from tests.ramdisk_disks import add_sys_disk
 from tests.redfish_bmc import SYSTEM_MAC, RedfishBmcUnderTest, redfish_bmc
 
@@ -169,27 +170,9 @@ async def test_machines_are_enrolled_listed_and_removed_through_the_admin_api_by
     assert "machines" not in json.loads((await lab.admin.get_spec("s1")).spec_json).get("site", {})
 
 
-@needs_tools
-async def test_a_machine_is_provisioned_from_enroll_to_a_joined_node(
-    lab: InprocLab, bmc: RedfishBmcUnderTest, images: dict[str, tuple[str, bytes]], tmp_path: Path
-) -> None:
-    http = await start_site(lab, bmc, tmp_path, images)
-    await lab.admin.enroll_machine(
-        metal_pb2.EnrollMachineRequest(name="m1", site_node="s1", bmc_url=bmc.url, macs=[SYSTEM_MAC], labels=["a=b"])
-    )
-    job = await lab.admin.provision_machines(
-        metal_pb2.ProvisionMachinesRequest(
-            machines=["m1"],
-            image="os.raw",
-            ramdisk_kernel_sha256=sha(KERNEL),
-            ramdisk_initrd_sha256=sha(INITRD),
-            labels=["pool=gpu"],
-            join_timeout_s=120,
-        )
-    )
-    assert job.template == "metal.provision"
-
-    # The machine's firmware: PXE, then its iPXE script from the site, which hands the ramdisk its token.
+async def boot_the_machine(lab: InprocLab, http: str, job: admin_pb2.JobInfo, tmp_path: Path, os_image: bytes) -> None:
+    """What the hardware does: PXE into the ramdisk with the token the site's script carries, then (after the
+    kexec) the installed OS with the token its command line carries; until the job ends done."""
     await lab.wait_event("metal.step", lambda ev, d: ev.subject == "m1" and d["step"] == "ramdisk", 60)
     async with httpx.AsyncClient(base_url=f"http://{http}", trust_env=False) as site:
         script = (await site.get(f"/boot/{SYSTEM_MAC}.ipxe")).text
@@ -207,18 +190,42 @@ async def test_a_machine_is_provisioned_from_enroll_to_a_joined_node(
         plan = json.loads((lab.node_dir("m1-ramdisk") / KEXEC_FILE).read_text())
         os_token = re.search(r"bc\.join_token=(\S+)", plan["cmdline"])
         assert os_token is not None and plan["kernel"] == "/boot/vmlinuz", plan
-        assert disk.read_bytes()[: 16 * MIB] == images["os.raw"][1]
+        assert disk.read_bytes()[: 16 * MIB] == os_image
         await join_node(lab.server.address, os_token.group(1), lab.node_dir("m1"))
         await start_agent(lab, "m1")
 
         done = await lab.wait_event("job.settled", lambda ev, d: ev.subject == job.id, 120)
         assert json.loads(done.data_json)["state"] == "done", await lab.admin.get_job(job.id)
-        m = await lab.admin.get_machine("m1")
-        assert (m.state, m.node_id, m.dag_id) == ("provisioned", "m1", job.id), m
-        node = await lab.admin.get_node("m1")
-        mine = {k: v for k, v in node.labels.items() if not k.startswith("bc.dev/")}  # without the agent's own
-        assert (node.role, mine) == ("node", {"a": "b", "pool": "gpu"})
         assert (await site.get(f"/boot/{SYSTEM_MAC}.ipxe")).status_code == 404  # the lease is cleaned up
+
+
+def provision_request(**kw: Any) -> metal_pb2.ProvisionMachinesRequest:
+    return metal_pb2.ProvisionMachinesRequest(
+        machines=["m1"],
+        image="os.raw",
+        ramdisk_kernel_sha256=sha(KERNEL),
+        ramdisk_initrd_sha256=sha(INITRD),
+        join_timeout_s=120,
+        **kw,
+    )
+
+
+@needs_tools
+async def test_a_machine_is_provisioned_from_enroll_to_a_joined_node(
+    lab: InprocLab, bmc: RedfishBmcUnderTest, images: dict[str, tuple[str, bytes]], tmp_path: Path
+) -> None:
+    http = await start_site(lab, bmc, tmp_path, images)
+    await lab.admin.enroll_machine(
+        metal_pb2.EnrollMachineRequest(name="m1", site_node="s1", bmc_url=bmc.url, macs=[SYSTEM_MAC], labels=["a=b"])
+    )
+    job = await lab.admin.provision_machines(provision_request(labels=["pool=gpu"]))
+    assert job.template == "metal.provision"
+    await boot_the_machine(lab, http, job, tmp_path, images["os.raw"][1])
+    m = await lab.admin.get_machine("m1")
+    assert (m.state, m.node_id, m.dag_id) == ("provisioned", "m1", job.id), m
+    node = await lab.admin.get_node("m1")
+    mine = {k: v for k, v in node.labels.items() if not k.startswith("bc.dev/")}  # without the agent's own
+    assert (node.role, mine) == ("node", {"a": "b", "pool": "gpu"})
     # What the site did to the BMC, step by step: the job's commands, each sent once.
     steps = {n.id: json.loads(n.detail_json) for n in (await lab.admin.get_job(job.id)).nodes}
     results = {}
@@ -229,6 +236,35 @@ async def test_a_machine_is_provisioned_from_enroll_to_a_joined_node(
     assert (results["power-off:m1"]["reset_type"], results["power-on:m1"]["reset_type"]) == ("ForceOff", "On")
     keys = [c.idempotency_key for c in await lab.admin.list_commands() if c.idempotency_key.startswith("job:")]
     assert len(keys) == len(set(keys)) == 8, keys
+
+
+@needs_tools
+async def test_under_the_quorum_the_agents_run_each_destructive_step_as_a_leaf_of_one_signed_metal_bulk_batch(
+    lab: InprocLab, bmc: RedfishBmcUnderTest, images: dict[str, tuple[str, bytes]], tmp_path: Path
+) -> None:
+    http = await start_site(lab, bmc, tmp_path, images)
+    await lab.admin.enroll_machine(
+        metal_pb2.EnrollMachineRequest(name="m1", site_node="s1", bmc_url=bmc.url, macs=[SYSTEM_MAC])
+    )
+    signers = await approvers(lab)  # after the site's section: its root-equivalent fields are set already
+    site = lab.agents["s1"]
+    async with asyncio.timeout(10):  # the new bundle (approvers, k) reaches the site's live session
+        while len(site.trust.bundle.approver_keys) != 3:
+            await asyncio.sleep(0.05)
+    job = await lab.admin.provision_machines(provision_request(disk="vda"))
+    await lab.wait_event("batch.created", lambda ev, d: d.get("dag_id") == job.id, 30)
+    [bulk] = [n for n in (await lab.admin.get_job(job.id)).nodes if n.id == "bulk"]
+    batch = await lab.admin.get_batch(json.loads(bulk.detail_json)["batch_id"])
+    assert batch.kind == "metal.bulk" and len(batch.leaves) == 5
+    assert recompute_root(batch).hex() == batch.scope_root  # what `bc approve sign` checks before it signs
+    assert not [c for c in await lab.admin.list_commands() if c.node_id == "s1" and c.kind == "bmc.power"]
+    for a in signers[:2]:
+        await sign(lab, batch, a)
+    await boot_the_machine(lab, http, job, tmp_path, images["os.raw"][1])
+    assert (await lab.admin.get_machine("m1")).state == "provisioned"
+    leaves = {leaf.kind: leaf.command_state for leaf in (await lab.admin.get_batch(batch.id)).leaves}
+    assert set(leaves.values()) == {"succeeded"}, leaves  # each ran on its node with its proof, once
+    assert (await lab.admin.get_batch(batch.id)).resolution == "done"
 
 
 @needs_tools

@@ -29,15 +29,17 @@ from bc.jobs import queries
 from bc.jobs.engine import JobEngine
 from bc.jobs.metal_template import TEMPLATE
 from bc.jobs.views import JobRequest
+from bc.pki.batch_scope import recompute_root
 from bc.pki.secrets_source import SeededSecrets
-from bc.protocol.pb import common_pb2
+from bc.protocol.pb import admin_pb2, common_pb2
 from bc.seams.clock import LoopClock
 from bc.store import commands as cmd_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
 from bc.testing import advance
 from tests.unit.control.conftest import AddNode, write_inventory
-from tests.unit.control.quorum_setup import install
+from tests.unit.control.quorum_setup import add_operator, install
+from tests.unit.control.test_quorum import approve, read_batch, reject
 
 ADMIN = Caller("alice", "admin")
 IMAGE_SHA = "ab" * 32
@@ -68,8 +70,9 @@ async def enroll(store: InlineSqliteStore, bus: Bus, add_node: AddNode, names: t
         )
 
 
-async def submit(store: InlineSqliteStore, engine: JobEngine, names: tuple[str, ...], **kw: Any) -> str:
+async def submit(store: InlineSqliteStore, engine: JobEngine, names: tuple[str, ...], disk: str = "", **kw: Any) -> str:
     req = metal_plan.Request(
+        disk=disk,
         machines=names,
         image="http://10.9.0.2/images/os.raw",
         sha256=IMAGE_SHA,
@@ -132,12 +135,15 @@ class Fleet:
         """One round of the edge: answer every pending command and every join the job waits for.
         False when there was nothing to do (the job waits for time to pass)."""
         acted = False
+        async with self.store.transaction(write=False) as tx:
+            details = await tx.fetchall("SELECT id, detail FROM job_nodes WHERE dag_id = :d", {"d": dag_id})
+        by_command = {json.loads(str(r["detail"] or "{}")).get("command_id"): str(r["id"]) for r in details}
         for c in await self.commands():
             if c["state"] != "pending":
                 continue
             key = str(c["idempotency_key"])
             self.sent.append(key)
-            _, _, step, machine = key.split(":", 3)
+            step, machine = by_command[str(c["id"])].split(":", 1)  # a batch leaf's key names no step
             how = self.fail.get((machine, step))
             if how == "gone":  # the ramdisk vanishes under the step: the command stays in flight
                 await self.set_connectivity(str(c["node_id"]), "unreachable")
@@ -148,6 +154,8 @@ class Fleet:
                 await self.settle(str(c["id"]), "succeeded")
             acted = True
         for node in await self.running(dag_id):
+            if ":" not in node:
+                continue  # the job's batch waits for its approvers
             step, machine = node.split(":", 1)
             if self.fail.get((machine, step)):
                 continue
@@ -303,12 +311,93 @@ async def test_enroll_writes_the_site_section_and_refuses_what_is_wrong(
     assert await machines.list_machines(store) == []
 
 
-async def test_provisioning_is_refused_with_approvers_until_metal_bulk_is_built(
+async def quorum(store: InlineSqliteStore, bus: Bus) -> list[ed25519.Ed25519PrivateKey]:
+    """bob and carol are approvers (k = 2); alice, who runs the jobs, is not one of them."""
+    keys = [ed25519.Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32) for i in range(2)]
+    await install(store, bus, dict(zip(("bob", "carol"), keys, strict=True)), k=2)
+    await add_operator(store, "alice", "admin")
+    return keys
+
+
+async def bulk_batch(store: InlineSqliteStore, dag_id: str) -> str:
+    view = await queries.get_dag(store, dag_id)
+    [bulk] = [n for n in view.nodes if n.id == "bulk"]
+    return str(bulk.detail["batch_id"])
+
+
+def batch_info(batch: Any, leaves: list[Any]) -> admin_pb2.BatchInfo:
+    """What `bc approve sign` reads of the batch (GetBatch), to recompute its scope itself."""
+    return admin_pb2.BatchInfo(
+        id=str(batch["id"]),
+        kind=str(batch["kind"]),
+        payload_json=str(batch["payload_json"]),
+        scope_root=bytes(batch["scope_root"]).hex(),
+        leaves=[
+            admin_pb2.BatchLeafInfo(
+                index=int(r["idx"]),
+                node_id=str(r["node_id"]),
+                kind=str(r["kind"]),
+                payload_digest=bytes(r["payload_digest"]).hex(),
+            )
+            for r in leaves
+        ],
+    )
+
+
+async def test_with_approvers_the_destructive_steps_wait_for_one_metal_bulk_batch_and_run_as_its_leaves(
+    store: InlineSqliteStore, bus: Bus, engine: JobEngine, add_node: AddNode
+) -> None:
+    await enroll(store, bus, add_node, ("m1", "m2"))
+    keys = await quorum(store, bus)
+    with pytest.raises(UsageError, match=r"name the disk \(--disk NAME\)"):
+        await submit(store, engine, ("m1", "m2"))
+    dag_id = await submit(store, engine, ("m1", "m2"), disk="vda")
+    fleet = Fleet(store)
+    assert not await fleet.play(dag_id) and not fleet.sent  # nothing runs before the quorum
+    batch_id = await bulk_batch(store, dag_id)
+    batch, leaves = await read_batch(store, batch_id)
+    assert str(batch["kind"]) == "metal.bulk" and str(batch["state"]) == "pending"
+    steps = [(str(r["node_id"]), str(r["kind"])) for r in leaves]
+    assert (
+        steps[:5]
+        == [
+            ("s1", "bmc.power"),
+            ("s1", "bmc.boot"),
+            ("s1", "bmc.power"),
+            ("m1-ramdisk", "disk.wipe"),
+            ("m1-ramdisk", "deploy.image"),
+        ]
+        and len(steps) == 10
+    )
+    assert recompute_root(batch_info(batch, leaves)) == bytes(batch["scope_root"])  # what an approver checks
+    for key in keys:
+        await approve(store, bus, batch, leaves, key)
+    await run(engine, fleet, dag_id)
+    assert await machine(store, "m1") == ("provisioned", "", "m1")
+    assert await machine(store, "m2") == ("provisioned", "", "m2")
+    batch, leaves = await read_batch(store, batch_id)
+    assert (str(batch["state"]), str(batch["resolution"])) == ("approved", "done")
+    async with store.transaction(write=False) as tx:
+        rows = await tx.fetchall("SELECT kind, batch_id, batch_proof FROM commands ORDER BY id")
+    destructive = [r for r in rows if r["kind"] in ("bmc.power", "bmc.boot", "disk.wipe", "deploy.image")]
+    assert len(destructive) == 10 and all(r["batch_id"] == batch_id and r["batch_proof"] for r in destructive)
+    assert all(not r["batch_id"] for r in rows if r not in destructive)
+    assert sorted(str(r["command_id"]) for r in leaves) == sorted(
+        str(c["id"]) for c in await fleet.commands() if str(c["idempotency_key"]).startswith("batch:")
+    )
+    assert len(fleet.sent) == len(set(fleet.sent)) == 16
+
+
+async def test_a_rejected_metal_bulk_batch_runs_nothing_and_fails_every_machine(
     store: InlineSqliteStore, bus: Bus, engine: JobEngine, add_node: AddNode
 ) -> None:
     await enroll(store, bus, add_node, ("m1",))
-    names = ("bob", "carol")
-    keys = {n: ed25519.Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32) for i, n in enumerate(names)}
-    await install(store, bus, keys, k=2)
-    with pytest.raises(Conflict, match=r"metal\.bulk"):
-        await submit(store, engine, ("m1",))
+    keys = await quorum(store, bus)
+    dag_id = await submit(store, engine, ("m1",), disk="vda")
+    batch, _ = await read_batch(store, await bulk_batch(store, dag_id))
+    await reject(store, bus, batch, keys[0])
+    fleet = Fleet(store)
+    await run(engine, fleet, dag_id)
+    state, reason, _ = await machine(store, "m1")
+    assert state == "failed:queued" and "was rejected" in reason, reason
+    assert [k for k in fleet.sent if ":cleanup:" not in k] == []  # only the lease clean-up (harmless) ran
