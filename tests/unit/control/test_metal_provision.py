@@ -401,3 +401,38 @@ async def test_a_rejected_metal_bulk_batch_runs_nothing_and_fails_every_machine(
     state, reason, _ = await machine(store, "m1")
     assert state == "failed:queued" and "was rejected" in reason, reason
     assert [k for k in fleet.sent if ":cleanup:" not in k] == []  # only the lease clean-up (harmless) ran
+
+
+async def test_reprovision_cordons_and_drains_the_node_first_then_provisions_its_machine_again(
+    store: InlineSqliteStore, bus: Bus, engine: JobEngine, add_node: AddNode
+) -> None:
+    await enroll(store, bus, add_node, ("m1",))
+    fleet = Fleet(store)
+    await run(engine, fleet, await submit(store, engine, ("m1",)))
+    assert await machine(store, "m1") == ("provisioned", "", "m1")
+    first = len(fleet.sent)
+    plans = await machines.plans(
+        store,
+        metal_plan.Request(
+            machines=(),
+            reprovision_node="m1",
+            image="http://10.9.0.2/images/os.raw",
+            sha256=IMAGE_SHA,
+            ramdisk_kernel_sha256=KERNEL,
+            ramdisk_initrd_sha256=INITRD,
+            join_timeout_s=JOIN_TIMEOUT_S,
+        ),
+    )
+    assert [(p.machine, p.os_node) for p in plans] == [("m1", "m1")]
+    req = JobRequest(TEMPLATE, ("m1",), metal_json=json.dumps([p.params() for p in plans]), reprovision="m1")
+    dag_id = await engine.submit(req, "alice")
+    view = await queries.get_dag(store, dag_id)
+    order = [n.id for n in view.nodes]
+    assert order[:2] == ["set:m1", "drain:m1"] and "reconcile:m1" in order
+    await run(engine, fleet, dag_id)
+    assert (await queries.get_dag(store, dag_id)).state == "done"
+    async with store.transaction(write=False) as tx:
+        node = await nodes_sql.get(tx, "m1")
+    assert node is not None and node["cordoned"] == 1 and node["job_hold"] is None  # drained, left cordoned
+    assert await machine(store, "m1") == ("provisioned", "", "m1")
+    assert len(fleet.sent) - first == 8 and len(fleet.sent) == len(set(fleet.sent))
