@@ -297,6 +297,16 @@ async def _join_cancel(ctx: Ctx) -> Outcome | None:
 # -- MetalInventory ---------------------------------------------------------------------------------------
 
 
+def wrong_machine(reported: list[str], enrolled: list[str]) -> str:
+    """Why the ramdisk is not on the enrolled machine ("" when it is, or when it reports no NIC to tell by)."""
+    if not reported or not enrolled or set(reported) & {m.lower() for m in enrolled}:
+        return ""
+    return (
+        f"the ramdisk reports none of the machine's enrolled MACs ({', '.join(enrolled)}; it has"
+        f" {', '.join(reported[:4])}): another machine booted with its token?"
+    )
+
+
 def pick_disk(disks: list[dict[str, Any]], wanted: str) -> tuple[str, str]:
     """(the disk to deploy to, "") or ("", why none): the named one if usable, else the first usable one."""
 
@@ -328,8 +338,12 @@ async def _inventory_start(ctx: Ctx) -> Outcome | None:
 async def _inventory_check(ctx: Ctx) -> Outcome | None:
     ramdisk = str(_p(ctx, "ramdisk"))
     node = await nodes_sql.get(ctx.tx, ramdisk)
-    disks = list(json.loads(str(node["inventory"] or "{}")).get("disks", [])) if node is not None else []
+    inventory = json.loads(str(node["inventory"] or "{}")) if node is not None else {}
+    disks = list(inventory.get("disks", []))
     if disks:
+        why = wrong_machine([str(n.get("mac", "")).lower() for n in inventory.get("nics", [])], ctx.param("macs", []))
+        if why:
+            return Outcome(False, f"inventory: {why}")
         disk, why = pick_disk(disks, str(_p(ctx, "disk")))
         if not disk:
             return Outcome(False, f"inventory: {why}")

@@ -51,6 +51,7 @@ class MachinePlan:
     site: str
     ramdisk: str  # the node id the ramdisk joins as
     os_node: str  # the node id the installed OS joins as
+    macs: tuple[str, ...] = ()  # its enrolled boot NICs: the ramdisk that joins must report one of them
     labels: dict[str, str] = field(default_factory=dict)
     kernel_sha256: str = ""
     initrd_sha256: str = ""
@@ -145,6 +146,7 @@ def plan(
                 site=m.site_node,
                 ramdisk=node_id_of(m.name, RAMDISK_SUFFIX),
                 os_node=req.reprovision_node or m.node_id or node_id_of(m.name),
+                macs=m.macs,
                 labels={**m.labels, **extra},
                 kernel_sha256=kernel,
                 initrd_sha256=initrd,

@@ -107,7 +107,9 @@ class Fleet:
                 tx, command_id, expected=str(row["state"]), state=state, reason=reason, message="", now_ms=now_ms
             )
 
-    async def join(self, node_id: str, role: str, disks: list[common_pb2.Disk] | None = None) -> None:
+    async def join(
+        self, node_id: str, role: str, disks: list[common_pb2.Disk] | None = None, macs: tuple[str, ...] = ()
+    ) -> None:
         now_ms = await self.store.now_ms()
         async with self.store.transaction() as tx:
             await tx.execute(
@@ -117,7 +119,8 @@ class Fleet:
             await nodes_sql.ensure(tx, node_id, role, now_ms)
             await nodes_sql.set_connectivity(tx, node_id, "connected", now_ms)
         if disks is not None:
-            await write_inventory(self.store, node_id, common_pb2.Inventory(disks=disks))
+            nics = [common_pb2.Nic(name=f"eth{i}", mac=mac) for i, mac in enumerate(macs)]
+            await write_inventory(self.store, node_id, common_pb2.Inventory(disks=disks, nics=nics))
 
     async def set_connectivity(self, node_id: str, state: str) -> None:
         now_ms = await self.store.now_ms()
@@ -163,7 +166,13 @@ class Fleet:
                 disks = [common_pb2.Disk(name="vda", size_bytes=1 << 30)]
                 if self.fail.get((machine, "inventory")):
                     disks = [common_pb2.Disk(name="vda", size_bytes=1 << 30, mounted=["/"])]
-                await self.join(f"{machine}-ramdisk", "ramdisk", disks)
+                # its NICs: the machine's enrolled MAC (enroll gives m1 …:00, m2 …:01), or another machine's
+                mac = (
+                    "52:54:00:ff:ff:ff"
+                    if self.fail.get((machine, "mac"))
+                    else f"52:54:00:00:00:0{int(machine[1:]) - 1}"
+                )
+                await self.join(f"{machine}-ramdisk", "ramdisk", disks, (mac,))
                 acted = True
             elif step == "os":
                 await self.join(machine, "node")
@@ -436,3 +445,16 @@ async def test_reprovision_cordons_and_drains_the_node_first_then_provisions_its
     assert node is not None and node["cordoned"] == 1 and node["job_hold"] is None  # drained, left cordoned
     assert await machine(store, "m1") == ("provisioned", "", "m1")
     assert len(fleet.sent) - first == 8 and len(fleet.sent) == len(set(fleet.sent))
+
+
+async def test_a_ramdisk_that_reports_none_of_the_machines_macs_fails_it_before_any_disk_is_touched(
+    store: InlineSqliteStore, bus: Bus, engine: JobEngine, add_node: AddNode
+) -> None:
+    await enroll(store, bus, add_node, ("m1", "m2"))
+    dag_id = await submit(store, engine, ("m1", "m2"))
+    fleet = Fleet(store, fail={("m1", "mac"): "another machine"})
+    await run(engine, fleet, dag_id)
+    state, reason, _ = await machine(store, "m1")
+    assert state == "failed:inventory" and "none of the machine's enrolled MACs (52:54:00:00:00:00" in reason, reason
+    assert not [k for k in fleet.sent if k.endswith((":wipe:m1", ":deploy:m1"))]
+    assert await machine(store, "m2") == ("provisioned", "", "m2")
