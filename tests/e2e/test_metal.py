@@ -1,7 +1,8 @@
 """Provisioning end to end, as an operator drives it, every role a real process: `bc serve`; a site (`bc node
 --site-no-dhcp`: its boot server's HTTP half, no dnsmasq on a real interface) driving sushy-tools' emulator;
-`bc metal enroll` and `bc metal provision`; the machine's ramdisk (`bc join` + `bc node --machine-root` on a
-disk image file, the fake kexec); its installed OS (`bc join` + `bc node`); `bc metal show` provisioned.
+`bc metal enroll` and `bc metal provision` (following its job); the machine's ramdisk (`bc join` + `bc node
+--machine-root` on a disk image file, the fake kexec); its installed OS (`bc join` + `bc node`); `bc metal show`
+provisioned.
 
 What the hardware does is played by the test, and only that: the firmware's PXE boot fetches the machine's
 iPXE script from the site (`/boot/<mac>.ipxe`, which carries the ramdisk's join token on its kernel command
@@ -106,7 +107,9 @@ def test_a_machine_is_provisioned_from_enroll_to_a_joined_node(
         "metal", "enroll", "m1", "--site", "s1", "--bmc", bmc.url, "--mac", SYSTEM_MAC, "--labels", "pool=gpu"
     )
     assert enrolled["machine"]["state"] == "enrolled", enrolled
-    job = lab.bc(
+    # `bc metal provision` follows its job to the end, as `bc jobs run` does (progress on stderr).
+    provision = lab.spawn(
+        "provision",
         "metal",
         "provision",
         "m1",
@@ -116,9 +119,7 @@ def test_a_machine_is_provisioned_from_enroll_to_a_joined_node(
         sha(KERNEL),
         "--ramdisk-initrd",
         sha(INITRD),
-        "--no-wait",
     )
-    assert job["template"] == "metal.provision", job
 
     # The machine PXE-boots: its script on the site carries the ramdisk's token (the job minted it).
     lab.wait_for(
@@ -144,9 +145,11 @@ def test_a_machine_is_provisioned_from_enroll_to_a_joined_node(
     lab.join("m1", os_token.group(1))
     lab.node("m1")
 
-    done = lab.wait_job_terminal(job["id"], timeout=120)
-    assert done["state"] == "done", done
+    assert provision.popen.wait(timeout=120) == 0, lab.log("provision")
     shown = lab.bc("metal", "show", "m1")
+    assert lab.job(shown["dag_id"])["state"] == "done"
+    followed = lab.log("provision")
+    assert f"job {shown['dag_id']}: metal.provision submitted" in followed and "13 nodes: 13✓" in followed, followed
     assert (shown["shown_state"], shown["node_id"]) == ("provisioned", "m1"), shown
     node = lab.show("m1")
     assert node["role"] == "node" and node["labels"]["pool"] == "gpu", node
