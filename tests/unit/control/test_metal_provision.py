@@ -458,3 +458,21 @@ async def test_a_ramdisk_that_reports_none_of_the_machines_macs_fails_it_before_
     assert state == "failed:inventory" and "none of the machine's enrolled MACs (52:54:00:00:00:00" in reason, reason
     assert not [k for k in fleet.sent if k.endswith((":wipe:m1", ":deploy:m1"))]
     assert await machine(store, "m2") == ("provisioned", "", "m2")
+
+
+async def test_with_approvers_enrolling_waits_for_its_spec_batch_and_provisioning_waits_for_the_section(
+    store: InlineSqliteStore, bus: Bus, engine: JobEngine, add_node: AddNode
+) -> None:
+    await add_node("s1", profile=None, role="site")
+    await quorum(store, bus)
+    view, batch_id = await machines.enroll(
+        store, bus, NullSigner(), random.Random(1), ADMIN, name="m1", site_node="s1", bmc_url="http://10.9.0.11"
+    )
+    assert batch_id.startswith("b-") and batch_id in view.reason and view.state == "enrolled"
+    batch, _ = await read_batch(store, batch_id)
+    assert str(batch["kind"]) == "spec.set"  # the site section's change: root-equivalent, the quorum's first
+    async with store.transaction(write=False) as tx:
+        row = await nodes_sql.get(tx, "s1")
+    assert row is not None and "machines" not in json.loads(str(row["spec"])).get("site", {})
+    with pytest.raises(Conflict, match="not in site s1's section yet"):
+        await submit(store, engine, ("m1",), disk="vda")
