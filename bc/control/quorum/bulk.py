@@ -107,7 +107,7 @@ async def release_bulk_leaf(
         return str(leaf["command_id"])
     entry = json.loads(str(batch["payload_json"]))["leaves"][idx]
     node, kind, text = str(entry["node_id"]), str(entry["kind"]), str(entry["payload_json"])
-    payload = cmds.payload_from_json(kind, text)
+    payload = cmds.payload_for(kind, cmds.payload_from_json(kind, text))  # as the leaf's digest was computed
     req = cmds.EnqueueRequest(
         node,
         kind,
