@@ -56,6 +56,7 @@ SLOW_FILES = (
     # A site as real processes (bc serve, bc node --role site, sushy-tools' emulator): 25-35 s on a loaded
     # machine; `make test` keeps the in-process lab of the same kinds (tests/integration/test_site_lab.py).
     "tests/e2e/test_site.py",
+    "tests/e2e/test_metal.py",
 )
 # Single tests of real parts, each 9-41 s of one worker (junit times of `make test`, 2026-12-06): `make test`
 # stood at 13 min 34 s on 2 cores with them (14 min 26 s in CI), past its ten. They are the long end-to-end

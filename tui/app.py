@@ -1,6 +1,6 @@
 """`BcTui`: the app. It owns the state, runs the feed as a worker, and routes the feed's news to screens.
 
-Screens are modes (1-8) so each keeps its cursor while another is shown; a node's detail is
+Screens are modes (1-9) so each keeps its cursor while another is shown; a node's detail is
 pushed over the fleet. The clock is injected: the ages on screen and the banner's data age
 read it, so a test freezes it and a snapshot never drifts.
 """
@@ -21,6 +21,7 @@ from tui.screens.events import EventsScreen
 from tui.screens.fleet import FleetScreen
 from tui.screens.health import HealthScreen
 from tui.screens.jobs import JobsScreen
+from tui.screens.machines import MachinesScreen
 from tui.screens.node import NodeScreen
 from tui.screens.reservations import ReservationsScreen
 from tui.screens.tunnels import TunnelsScreen
@@ -40,6 +41,7 @@ class BcTui(App[None]):
         "events": EventsScreen,
         "health": HealthScreen,
         "tunnels": TunnelsScreen,
+        "machines": MachinesScreen,
     }
     BINDINGS = [
         Binding("1", "switch_mode('fleet')", "Fleet"),
@@ -50,6 +52,7 @@ class BcTui(App[None]):
         Binding("6", "switch_mode('events')", "Events"),
         Binding("7", "switch_mode('health')", "Health"),
         Binding("8", "switch_mode('tunnels')", "Tunnels"),
+        Binding("9", "switch_mode('machines')", "Machines"),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]

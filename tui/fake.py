@@ -13,7 +13,7 @@ import random
 from collections.abc import AsyncIterator
 
 from bc.errors import NotFound, Unauthenticated
-from bc.protocol.pb import admin_pb2, common_pb2, tunnel_pb2
+from bc.protocol.pb import admin_pb2, common_pb2, metal_pb2, tunnel_pb2
 from tui.source import Source
 
 T0_MS = 1_780_000_000_000  # a fixed server time for seeded screens
@@ -90,6 +90,28 @@ class FakeSource:
                 opened_at_ms=T0_MS + 990_500,
                 bytes_up=48_213,
                 bytes_down=2_301_877,
+            )
+        ]
+        self.machines: list[metal_pb2.MachineInfo] = [
+            metal_pb2.MachineInfo(
+                name=f"rack1-n0{i}",
+                site_node="site-rack1",
+                bmc_url=f"https://10.9.0.{10 + i}",
+                macs=[f"52:54:00:00:00:0{i}"],
+                state=state,
+                step=step,
+                reason=reason,
+                node_id=node,
+                dag_id="j-01fake0000000000000000000" if state != "enrolled" else "",
+                updated_at_ms=T0_MS + 900_000 + i * 1000,
+            )
+            for i, (state, step, reason, node) in enumerate(
+                [
+                    ("provisioned", "", "", "rack1-n00"),
+                    ("provisioning", "deploy", "", ""),
+                    ("failed", "power-off", "power-off: bmc.power on site-rack1 failed (bmc-unreachable)", ""),
+                    ("enrolled", "", "", ""),
+                ]
             )
         ]
         self._watchers: list[asyncio.Queue[admin_pb2.EventRecord]] = []
@@ -354,6 +376,9 @@ class FakeSource:
                     t.state, t.end_reason = "closed", reason or "closed"
                 return t
         raise NotFound(f"no tunnel {sid!r}")
+
+    async def list_machines(self) -> metal_pb2.ListMachinesResponse:
+        return metal_pb2.ListMachinesResponse(machines=self.machines)
 
     async def list_events(
         self, *, after_seq: int = 0, limit: int = 0, type_prefix: str = ""

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from bc.protocol.pb import admin_pb2, tunnel_pb2
+from bc.protocol.pb import admin_pb2, metal_pb2, tunnel_pb2
 
 
 class Source(Protocol):
@@ -80,6 +80,8 @@ class Source(Protocol):
     async def list_tunnels(self, *, node_id: str = "", open_only: bool = False) -> list[tunnel_pb2.TunnelRecord]: ...
 
     async def close_tunnel(self, sid: str, *, reason: str = "") -> tunnel_pb2.TunnelRecord: ...
+
+    async def list_machines(self) -> metal_pb2.ListMachinesResponse: ...
 
     async def list_jobs(self, *, include_all: bool = False) -> admin_pb2.ListJobsResponse: ...
 

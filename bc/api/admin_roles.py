@@ -137,6 +137,14 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "Open": (OPERATOR, "opening a tunnel"),
     "CloseTunnel": (ADMIN, "closing a tunnel"),
     "RotateTicketKey": (ADMIN, "rotating the exec-ticket key"),
+    # Bare metal (docs/metal.md): a machine's BMC URL and MACs in a site section are root-equivalent (the
+    # site sends that BMC's credentials there; its MACs get a ramdisk's join token), and provisioning wipes
+    # disks and installs an OS: admin's. Anyone may read the machines and their provisioning state.
+    "ListMachines": (VIEWER, "listing machines"),
+    "GetMachine": (VIEWER, "showing a machine"),
+    "EnrollMachine": (ADMIN, "enrolling a machine"),
+    "RemoveMachine": (ADMIN, "removing a machine"),
+    "ProvisionMachines": (ADMIN, "provisioning machines"),
 }
 """Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
 
@@ -197,6 +205,12 @@ STEP_ROLE: dict[str, tuple[str, str]] = {
     "Group": (OPERATOR, "grouping a job's steps"),
     "Emit": (OPERATOR, "reporting a job's outcome"),
     "ResolveApproval": (OPERATOR, "closing a job's batch"),
+    # A provisioning job's steps (bc.jobs.metal_steps): BMC power and boot, disk wipe, image deploy, kexec.
+    "MetalCommand": (ADMIN, "provisioning a machine"),
+    "MetalJoin": (ADMIN, "provisioning a machine"),
+    "MetalInventory": (ADMIN, "provisioning a machine"),
+    "MetalSettle": (ADMIN, "provisioning a machine"),
+    "MetalBulk": (ADMIN, "asking for a provisioning job's quorum"),
 }
 """Job steps with no direct call of their own; every other step is checked as the call it makes
 (`step_needed`). A step kind in neither needs admin (fail closed)."""

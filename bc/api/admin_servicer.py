@@ -29,6 +29,7 @@ from bc.api.admin_roles import guarded
 from bc.api.capacity_servicer import CapacityRpcs, reserve_request
 from bc.api.health_servicer import HealthRpcs
 from bc.api.jobs_servicer import JobEngine, JobRpcs
+from bc.api.metal_servicer import MetalRpcs
 from bc.api.peers import operator_of
 from bc.api.release_servicer import ReleaseRpcs
 from bc.api.secrets_servicer import SecretRpcs
@@ -72,7 +73,9 @@ def run_request(r: admin_pb2.RunCommandRequest) -> command_runs.RunRequest:
 
 
 @guarded
-class AdminServicer(JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, HealthRpcs, SecretRpcs, admin_pb2_grpc.AdminServicer):
+class AdminServicer(
+    JobRpcs, CapacityRpcs, SshRpcs, ReleaseRpcs, HealthRpcs, SecretRpcs, MetalRpcs, admin_pb2_grpc.AdminServicer
+):
     def __init__(
         self,
         store: Store,

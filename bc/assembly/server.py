@@ -58,8 +58,8 @@ from bc.control.doctor.checks import LOOPS_FILE
 from bc.control.nodes.liveness import LEASE_NAME as LIVENESS_LEASE
 from bc.control.secrets.broker import SecretBroker
 from bc.control.signing.signer import KeylessSigner, KeySigner, NullSigner, Signer
+from bc.control.trust import identity, operators
 from bc.control.trust import intent as intent_ctl
-from bc.control.trust import operators
 from bc.control.trust import serving_certs as serving_ctl
 from bc.control.trust import tunnels as tunnels_ctl
 from bc.control.trust.intent import Intent
@@ -389,6 +389,8 @@ class Server:
         )
         assert self.parts.gateway is not None and self.parts.jobs is not None and self.parts.clock_skew is not None
         self.gateway, self.jobs, self.clock_skew = self.parts.gateway, self.parts.jobs, self.parts.clock_skew
+        if ca is not None:  # a provisioning job mints its machines' join tokens (bc.jobs.metal_steps)
+            self.jobs.tokens = identity.TokenMint(ca.fingerprint, self.clock, self.secrets)
         self.gateway.on_superseded = self._superseded
         if "gateway" in roles:
             await self._retry("gateway-lease-renewal", self.gateway.renew_lease)

@@ -59,6 +59,7 @@ COMMAND_MODULES: dict[str, str] = {
     "store": "bc.cli.store_cmds",
     "ssh": "bc.cli.ssh_cmds",
     "secret": "bc.cli.secret_cmds",
+    "metal": "bc.cli.metal_cmds",
     "tunnel": "bc.cli.tunnel_cmds",
     "tunnels": "bc.cli.tunnel_cmds",
     "port-forward": "bc.cli.tunnel_cmds",

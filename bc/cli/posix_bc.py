@@ -50,6 +50,7 @@ COMMAND_NAMES: frozenset[str] = frozenset(
         "helper",
         "jobs",
         "join",
+        "metal",
         "node",
         "nodes",
         "operators",

@@ -34,7 +34,7 @@ from bc.client.admin import AdminClient
 from bc.client.approver_key import load_approver_key, public_raw
 from bc.control.quorum.approvers import MAX_ALLOWANCE, MAX_THRESHOLD
 from bc.errors import UsageError
-from bc.pki import preapproval
+from bc.pki import batch_scope, preapproval
 from bc.pki import quorum as q
 from bc.pki.batch_scope import recompute_root
 from bc.protocol.pb import admin_pb2
@@ -52,6 +52,10 @@ def scope_summary(b: admin_pb2.BatchInfo, limit: int = 6) -> str:
             return preapproval.summary(b.payload_json)
         except UsageError as e:
             return f"{b.kind}: {e.message}"
+    if b.kind == batch_scope.BULK_BATCH_KIND:  # several kinds: each leaf is its kind on its node
+        steps = [f"{leaf.kind} on {leaf.node_id}" for leaf in b.leaves]
+        more = f" and {len(steps) - limit} more" if len(steps) > limit else ""
+        return f"{b.kind}: {len(steps)} leaves ({', '.join(steps[:limit])}{more})"
     nodes = [leaf.node_id for leaf in b.leaves]
     shown = ", ".join(nodes[:limit]) + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
     return f"{b.kind} on {len(nodes)} node(s) ({shown})"

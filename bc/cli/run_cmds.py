@@ -387,6 +387,13 @@ def join(
     " unprivileged user (default DATA_DIR/site/boot).",
 )
 @click.option(
+    "--site-no-dhcp",
+    "site_no_dhcp",
+    is_flag=True,
+    help="A site agent's boot server without its DHCP half (no dnsmasq): iPXE scripts and images over HTTP"
+    " only, for a network whose DHCP server chains to it (docs/metal.md).",
+)
+@click.option(
     "--machine-root",
     type=_DIR,
     default=None,
@@ -414,6 +421,7 @@ def node(
     tcti: str | None,
     site_bmc_networks: tuple[str, ...],
     site_boot_dir: Path | None,
+    site_no_dhcp: bool,
     machine_root: Path | None,
 ) -> None:
     """Run the node agent until SIGINT or SIGTERM.
@@ -472,7 +480,7 @@ def node(
         install_dir=install_dir_of(sys.argv[0]),
         helper_socket=helper_socket,
         tcti=tcti,
-        site=SiteOptions(bmc_networks=bmc_networks, boot_dir=site_boot_dir),
+        site=SiteOptions(bmc_networks=bmc_networks, boot_dir=site_boot_dir, run_dnsmasq=not site_no_dhcp),
         machine_root=machine_root,
         upgrade=UpgradeConfig(
             upgrade_confirm_s,

@@ -26,7 +26,7 @@ from bc.client.reconnect import CHANNEL_OPTIONS
 from bc.client.tls_probe import refused_certificate
 from bc.errors import BcError, ProtocolError, Unauthenticated, Unavailable, UsageError
 from bc.protocol.limits import LIMITS
-from bc.protocol.pb import admin_pb2, secrets_pb2, tunnel_pb2
+from bc.protocol.pb import admin_pb2, metal_pb2, secrets_pb2, tunnel_pb2
 from bc.runtime.config import OperatorConfig, find_operator_config
 from bc.wire.status import status_to_error
 from bc.wire.stubs import tunnel_pb2_grpc
@@ -82,6 +82,9 @@ WRITE_CHECKS = {
     "PublishRelease": "bc release status",
     "SetSecret": "bc secret versions NAME",
     "RemoveSecret": "bc secret list",
+    "EnrollMachine": "bc metal list",
+    "RemoveMachine": "bc metal list",
+    "ProvisionMachines": "bc metal list",
 }
 
 _READ_PREFIXES = ("List", "Get", "Watch", "ServerInfo")
@@ -486,6 +489,23 @@ class AdminClient:
     async def set_health_policy(self, policy_json: str, reason: str = "") -> admin_pb2.HealthPolicyInfo:
         req = admin_pb2.SetHealthPolicyRequest(policy_json=policy_json, reason=reason)
         return await self._unary("SetHealthPolicy", req, admin_pb2.HealthPolicyInfo)
+
+    # -- bare metal (docs/metal.md) -----------------------------------------------------------------
+    async def enroll_machine(self, req: metal_pb2.EnrollMachineRequest) -> metal_pb2.EnrollMachineResponse:
+        return await self._unary("EnrollMachine", req, metal_pb2.EnrollMachineResponse)
+
+    async def list_machines(self) -> metal_pb2.ListMachinesResponse:
+        return await self._unary("ListMachines", metal_pb2.ListMachinesRequest(), metal_pb2.ListMachinesResponse)
+
+    async def get_machine(self, name: str) -> metal_pb2.MachineInfo:
+        return await self._unary("GetMachine", metal_pb2.GetMachineRequest(name=name), metal_pb2.MachineInfo)
+
+    async def remove_machine(self, name: str) -> metal_pb2.RemoveMachineResponse:
+        req = metal_pb2.RemoveMachineRequest(name=name)
+        return await self._unary("RemoveMachine", req, metal_pb2.RemoveMachineResponse)
+
+    async def provision_machines(self, req: metal_pb2.ProvisionMachinesRequest) -> admin_pb2.JobInfo:
+        return await self._unary("ProvisionMachines", req, admin_pb2.JobInfo)
 
     # -- secrets (docs/secrets.md) -----------------------------------------------------------------
     async def set_secret(

@@ -35,10 +35,12 @@ from bc.control.base.events import publish
 from bc.control.nodes import specs
 from bc.control.quorum import batches as quorum
 from bc.control.signing.signer import Signer
+from bc.control.trust.identity import TokenMint
 from bc.errors import Conflict, NotFound
 from bc.jobs import primitives, scheduler, templates
 from bc.jobs.model import DagSpec, Dep, DepWhen, NodeSpec, NodeState
 from bc.jobs.scheduler import CancelDag, Decisions, Event, Finished, SetCapacity, Submit, World
+from bc.jobs.step_ctx import Ctx
 from bc.jobs.views import JobRequest
 from bc.seams.clock import Clock
 from bc.seams.ids import ulid
@@ -63,8 +65,19 @@ class _Held:
 
 
 class JobEngine:
-    def __init__(self, store: Store, bus: Bus, signer: Signer, rng: random.Random, *, holder: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: Bus,
+        signer: Signer,
+        rng: random.Random,
+        *,
+        holder: str,
+        tokens: TokenMint | None = None,
+    ) -> None:
         self.store, self.bus, self.signer, self.rng, self.holder = store, bus, signer, rng, holder
+        # Join tokens a provisioning job mints (bc.jobs.metal_steps); set by bc.assembly where the CA is.
+        self.tokens = tokens
         self._held: _Held | None = None
 
     # -- what clients ask -----------------------------------------------------------
@@ -352,8 +365,8 @@ class JobEngine:
         detail: dict[str, Any],
         deps: tuple[Any, ...] = (),
         first_error: str | None = None,
-    ) -> primitives.Ctx:
-        return primitives.Ctx(
+    ) -> Ctx:
+        return Ctx(
             tx=tx,
             bus=self.bus,
             signer=self.signer,
@@ -365,6 +378,7 @@ class JobEngine:
             detail=dict(detail),
             deps=deps,
             first_error=first_error,
+            tokens=self.tokens,
         )
 
     async def _facts(self, tx: Tx, req: JobRequest, requested_by: str) -> templates.Facts:
@@ -378,7 +392,7 @@ class JobEngine:
                     inventory = json.loads(str(row["inventory"] or "{}"))
                     gpus[n] = tuple(str(g.get("uuid", "")) for g in inventory.get("gpus", []) if g.get("uuid"))
         has = await quorum.has_approvers(tx)
-        if has and req.template in ("remediate", "reboot") and not req.preapproved:
+        if has and req.template in ("remediate", "reboot", "metal.provision") and not req.preapproved:
             await quorum.check_can_approve(tx, requested_by)  # a batch that could never be approved: refuse now
         return templates.Facts(frozenset(existing), has, gpus)
 

@@ -14,23 +14,20 @@ command it sent; a Command's idempotency key `job:<dag>:<node>` makes even a rep
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
-from bc.control.base.bus import Bus
 from bc.control.base.events import publish
 from bc.control.commands import queue as cmds
 from bc.control.commands import states as cs
 from bc.control.nodes import specs
 from bc.control.quorum import batches as quorum
-from bc.control.signing.signer import Signer
+from bc.control.quorum import bulk
 from bc.errors import BcError
-from bc.jobs.model import DepOutcome, NodeSpec, deps_state, failure_reason
+from bc.jobs import metal_steps
+from bc.jobs.model import deps_state, failure_reason
+from bc.jobs.step_ctx import DONE, Ctx, Outcome, Primitive
 from bc.protocol import root_equiv
 from bc.protocol.pb import common_pb2, spec_pb2
-from bc.store import Tx
 from bc.store import commands as cmd_sql
 from bc.store import health as health_sql
 from bc.store import jobs as jobs_sql
@@ -38,45 +35,6 @@ from bc.store import node_lifecycle as life_sql
 from bc.store import nodes as nodes_sql
 from bc.store import operators as ops_sql
 from bc.store import quorum as q_sql
-
-
-@dataclass(frozen=True)
-class Outcome:
-    ok: bool
-    error: str | None = None
-    cancelled: bool = False  # stopped on a cancel before any effect: the node ends `cancelled`
-
-
-@dataclass
-class Ctx:
-    """What a primitive may touch: the step's transaction and the control plane's writers."""
-
-    tx: Tx
-    bus: Bus
-    signer: Signer
-    rng: random.Random
-    now_ms: int
-    dag_id: str
-    requested_by: str
-    node: NodeSpec
-    detail: dict[str, Any] = field(default_factory=dict)
-    deps: tuple[DepOutcome, ...] = ()
-    first_error: str | None = None
-
-    @property
-    def subject(self) -> str:
-        assert self.node.subject is not None, f"{self.node.kind} {self.node.id} needs a subject"
-        return self.node.subject
-
-    def param(self, name: str, default: Any = None) -> Any:
-        return self.node.params.get(name, default)
-
-
-Start = Callable[[Ctx], Awaitable[Outcome | None]]
-Check = Callable[[Ctx], Awaitable[Outcome | None]]
-
-DONE = Outcome(True)
-
 
 # -- SetWanted, Reconcile, Group, Emit: done at once -----------------------------------
 
@@ -248,6 +206,25 @@ async def _batch_start(ctx: Ctx) -> Outcome | None:
     return None
 
 
+async def _bulk_start(ctx: Ctx) -> Outcome | None:
+    """A provisioning job's `metal.bulk` batch (bc.control.quorum.bulk): its leaves were fixed at submit."""
+    from bc.jobs.templates import BATCH_NOT_AFTER_S
+
+    leaves = [(str(n), str(k), str(p)) for n, k, p in ctx.param("leaves", [])]
+    ctx.detail["batch_id"] = await bulk.create_bulk_in(
+        ctx.tx,
+        ctx.bus,
+        ctx.rng,
+        leaves,
+        reason=str(ctx.param("reason", "")) or f"job {ctx.dag_id}",
+        requested_by=ctx.requested_by,
+        now_ms=ctx.now_ms,
+        dag_id=ctx.dag_id,
+        not_after_s=BATCH_NOT_AFTER_S,
+    )
+    return None
+
+
 async def _batch_check(ctx: Ctx) -> Outcome | None:
     batch = await q_sql.get_batch(ctx.tx, str(ctx.detail["batch_id"]))
     if batch is None:
@@ -349,13 +326,6 @@ _STATE: Mapping[int, str] = {v: k for k, v in common_pb2.SectionState.items()}
 # -- the table -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Primitive:
-    start: Start
-    check: Check | None = None  # None: `start` always settles the node
-    cancel: Callable[[Ctx], Awaitable[Outcome | None]] | None = None
-
-
 PRIMITIVES: Mapping[str, Primitive] = {
     "SetWanted": Primitive(_set_wanted),
     "Reconcile": Primitive(_reconcile),
@@ -364,8 +334,10 @@ PRIMITIVES: Mapping[str, Primitive] = {
     "Drain": Primitive(_drain_start, _drain_check, _drain_cancel),
     "Command": Primitive(_command_start, _command_check, _command_cancel),
     "Batch": Primitive(_batch_start, _batch_check, _batch_cancel),
+    "MetalBulk": Primitive(_bulk_start, _batch_check, _batch_cancel),
     "ResolveApproval": Primitive(_resolve_approval),
     "PatchSpec": Primitive(_patch_start, _patch_check, _patch_cancel),
+    **metal_steps.PRIMITIVES,
 }
 
 

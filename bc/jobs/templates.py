@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from bc.errors import Conflict, NotFound, UsageError
+from bc.jobs import metal_template
 from bc.jobs.model import DagSpec, Dep, DepWhen, NodeSpec
 from bc.jobs.views import TEMPLATES, JobRequest
 
@@ -55,6 +56,8 @@ class Facts:
 
 def build(req: JobRequest, dag_id: str, facts: Facts) -> DagSpec:
     """The DAG for `req`, or one UsageError / NotFound / Conflict naming what is wrong."""
+    if req.template == metal_template.TEMPLATE:  # `bc metal provision`'s, never `bc jobs run`'s
+        return metal_template.build(req, dag_id, facts.nodes, facts.has_approvers)
     if req.template not in TEMPLATES:
         raise UsageError(f"unknown job template {req.template!r}; templates are {', '.join(TEMPLATES)}")
     subjects = _subjects(req, facts)

@@ -38,6 +38,8 @@ class JobRequest:
     deadline_s: float = 1800.0
     gpu_scope: bool = False
     preapproved: int = 0
+    metal_json: str = ""  # metal.provision: the machines' plans (bc.control.metal.plan), as a JSON list
+    reprovision: str = ""  # metal.provision: the node to cordon and drain first (`bc metal reprovision NODE`)
 
 
 @dataclass(frozen=True)

@@ -17,16 +17,52 @@ from bc.protocol import canonical, root_equiv
 from bc.protocol.payloads import payload_for, payload_from_json
 from bc.protocol.pb import admin_pb2
 
+BULK_BATCH_KIND = "metal.bulk"
+"""A provisioning job's batch (docs/metal.md): leaves of several kinds, nodes and payloads, one per destructive
+step of each machine; its payload lists them (`{"leaves": [{"node_id", "kind", "payload_json"}, …]}`)."""
+
+
+def bulk_leaves(batch_id: str, payload_json: str) -> list[tuple[str, str, bytes]]:
+    """A `metal.bulk` batch's leaves `(node, kind, payload digest)`, each digest recomputed from its payload."""
+    try:
+        entries = json.loads(payload_json or "{}")["leaves"]
+        out = []
+        for e in entries:
+            node, kind, text = e["node_id"], e["kind"], e["payload_json"]
+            if not all(isinstance(x, str) for x in (node, kind, text)):
+                raise TypeError
+            payload = payload_for(kind, payload_from_json(kind, text))
+            out.append((node, kind, merkle.payload_digest(payload.type_url, payload.value)))
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"batch {batch_id}'s metal.bulk payload does not list its leaves") from None
+    return out
+
 
 def recompute_root(b: admin_pb2.BatchInfo) -> bytes:
     """The scope root from the leaves and the payload, never from what the server says the root is."""
     if not b.leaves:
         raise UsageError(f"batch {b.id} has no leaves")
+    if b.kind == BULK_BATCH_KIND:
+        return _bulk_root(b)
     digest = leaf_digest(b)
     for leaf in b.leaves:
         if leaf.payload_digest != digest.hex() or leaf.kind != b.kind:
             raise UsageError(f"leaf {leaf.index} of batch {b.id} does not match the batch's kind and payload")
     root = merkle.merkle_root([merkle.leaf_bytes(leaf.node_id, leaf.kind, digest) for leaf in b.leaves])
+    if root.hex() != b.scope_root:
+        raise UsageError(f"the server's scope root for batch {b.id} does not match its leaves: refusing to sign")
+    return root
+
+
+def _bulk_root(b: admin_pb2.BatchInfo) -> bytes:
+    """Each leaf as the payload lists it (node, kind, the digest of its own payload), in order."""
+    entries = bulk_leaves(b.id, b.payload_json)
+    if len(entries) != len(b.leaves):
+        raise UsageError(f"batch {b.id} lists {len(entries)} leaves in its payload and {len(b.leaves)} in its scope")
+    for leaf, (node, kind, digest) in zip(b.leaves, entries, strict=True):
+        if (leaf.node_id, leaf.kind, leaf.payload_digest) != (node, kind, digest.hex()):
+            raise UsageError(f"leaf {leaf.index} of batch {b.id} does not match its payload")
+    root = merkle.merkle_root([merkle.leaf_bytes(node, kind, digest) for node, kind, digest in entries])
     if root.hex() != b.scope_root:
         raise UsageError(f"the server's scope root for batch {b.id} does not match its leaves: refusing to sign")
     return root

@@ -82,6 +82,14 @@ async def list_batches(tx: Tx, state: str = "", limit: int = 200) -> list[Row]:
     return await tx.fetchall("SELECT * FROM batches ORDER BY created_at_ms DESC LIMIT :l", {"l": limit})
 
 
+async def set_leaf_command(tx: Tx, batch_id: str, idx: int, command_id: str) -> None:
+    """A `metal.bulk` leaf's command, made when its step releases it (bc.control.quorum.bulk)."""
+    await tx.execute(
+        "UPDATE batch_leaves SET command_id = :c WHERE batch_id = :b AND idx = :i AND command_id = ''",
+        {"c": command_id, "b": batch_id, "i": idx},
+    )
+
+
 async def leaves(tx: Tx, batch_id: str) -> list[Row]:
     return await tx.fetchall(
         "SELECT l.*, c.state AS command_state FROM batch_leaves l LEFT JOIN commands c ON c.id = l.command_id"

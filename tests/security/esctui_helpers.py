@@ -86,6 +86,7 @@ class HostileSource(FakeSource):
             self.jobs,
             self.reservations,
             self.events,
+            self.machines,
         ):
             for m in group:
                 fill(m, values)
@@ -95,6 +96,8 @@ class HostileSource(FakeSource):
             change.state = "pending"
             self.quorum_changes.append(change)
         self.nodes = {n.node_id: n for n in self.nodes.values()}
+        for i, m in enumerate(self.machines):  # a machine's state is in the machines screen's summary, whole
+            m.state = f"{MARKUP[i % len(MARKUP)]}{m.state}"
         for b in self.batches:  # signable, so the approval dialog opens: the leaves agree with the batch
             b.payload_json = BATCH_PAYLOAD
             digest = leaf_digest(b)

@@ -32,6 +32,7 @@ from bc.protocol.pb.session_pb2 import StatusReport
 from bc.protocol.text_safety import BIDI_AND_SEPARATORS
 from bc.runtime.config import OperatorConfig
 from bc.store import commands as commands_sql
+from bc.store import metal as metal_sql
 from bc.store import nodes as nodes_sql
 from tests.integration.test_cli_cmd import ok_json
 from tests.integration.test_quorum_cli import Lab, approvers, as_operator, gpu, running_lab
@@ -144,6 +145,28 @@ def hostile_node_report(lab: Lab, node_id: str) -> None:
     lab.run(write())
 
 
+def hostile_machine(lab: Lab, name: str) -> None:
+    """A machine whose provisioning failed with words a BMC or an agent chose (every other field too)."""
+
+    async def write() -> None:
+        now = await lab.store.now_ms()
+        async with lab.store.transaction() as tx:
+            await metal_sql.insert(
+                tx,
+                name=name,
+                site_node=HOSTILE,
+                bmc_url=HOSTILE,
+                system_id=HOSTILE,
+                macs_json=json.dumps([HOSTILE]),
+                labels_json=json.dumps({HOSTILE: HOSTILE}),
+                enrolled_by=HOSTILE,
+                now_ms=now,
+            )
+            await metal_sql.set_state(tx, name, "failed", HOSTILE, HOSTILE, now, dag_id=HOSTILE)
+
+    lab.run(write())
+
+
 def hostile_command(lab: Lab, node_id: str) -> str:
     """A command queued by the CLI that the node settles with a hostile reason and message."""
     doc = ok_json("cmd", "run", node_id, "diag.nvml")
@@ -184,6 +207,7 @@ def fill(lab: Lab, tmp_path: Path) -> dict[str, str]:
     command_id = hostile_command(lab, "n1")
     ok_json("nodes", "revoke", "n2", "--reason", HOSTILE)
     job = ok_json("jobs", "run", "cordon", "n1", "--reason", HOSTILE, "--no-wait")
+    hostile_machine(lab, "m1")
     hostile_tunnel(lab, "n1")  # before approvers exist: a new ticket key needs no quorum then
     keys = approvers(tmp_path, "alice", "bob", k=2)
     payload = json.dumps({"gpu_uuids": [gpu("n1")]})
@@ -224,6 +248,8 @@ def argv(path: str, ids: dict[str, str]) -> list[str]:
         "jobs list": ["--all"],
         "jobs show": [ids["job"]],
         "jobs slots": [],
+        "metal list": [],
+        "metal show": ["m1"],
         "nodes": ["--all"],
         "nodes show": [ids["node"]],
         "operators": [],

@@ -5,9 +5,9 @@ U+202E reorders the approval dialog an approver signs from, an OSC sequence reti
 
 Every string the fake source serves is made hostile (tests/strategies.py's HOSTILE_TEXT and markup), and every
 screen is opened with Textual's pilot: fleet, the command palette, a node with its cordon and run-command
-dialogs, approvals with the approval dialog, jobs, reservations, commands with a command open, events, the
-banner and an error toast. On each, no C0, C1 or bidi character is in what the screens draw (their rendered
-strips, what the terminal is sent), no hyperlink is drawn, and the markup shows as typed.
+dialogs, approvals with the approval dialog, jobs, reservations, commands with a command open, events,
+machines, the banner and an error toast. On each, no C0, C1 or bidi character is in what the screens draw
+(their rendered strips, what the terminal is sent), no hyperlink is drawn, and the markup shows as typed.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tui.fleet_table import FleetTable
 from tui.screens.approvals import ApprovalsScreen
 from tui.screens.commands import CommandsScreen
 from tui.screens.jobs import JobsScreen
+from tui.screens.machines import MachinesScreen
 from tui.screens.node import NodeScreen
 from tui.screens.reservations import ReservationsScreen
 from tui.widgets import ConfirmScreen, PromptScreen, RunCommandScreen
@@ -142,6 +143,13 @@ async def test_no_tui_screen_draws_a_control_bidi_or_markup_from_hostile_data() 
         await pilot.press("6")
         await pilot.pause(0.3)
         wrong += check(app, "events")
+
+        await pilot.press("9")
+        await until(
+            pilot, lambda: isinstance(app.screen, MachinesScreen) and len(app.screen.machines) == len(source.machines)
+        )
+        await pilot.pause(0.2)
+        wrong += check(app, "machines")
 
         link = app.state.link  # the banner: the server's notice, its refusal, the outage, the server's name
         link.live, link.data_at = False, app.clock.monotonic()

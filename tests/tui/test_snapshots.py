@@ -48,6 +48,7 @@ def compare(name: str, svg: str) -> None:
         ("events", ["6"]),
         ("health", ["7"]),
         ("tunnels", ["8"]),
+        ("machines", ["9"]),
         ("help", ["question_mark"]),
     ],
 )

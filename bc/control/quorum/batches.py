@@ -325,5 +325,6 @@ async def _reject(tx: Tx, bus: Bus, batch_id: str, name: str, reason: str, now_m
     await q_sql.settle_batch(tx, batch_id, "rejected", None, now_ms)
     for r in await q_sql.leaves(tx, batch_id):
         cid, node_id = str(r["command_id"]), str(r["node_id"])
-        await cmds.settle_by_server(tx, bus, cid, node_id, "cancelled", "batch-rejected", now_ms, ("pending",))
+        if cid:  # a metal.bulk leaf has none until its step releases it (bc.control.quorum.bulk)
+            await cmds.settle_by_server(tx, bus, cid, node_id, "cancelled", "batch-rejected", now_ms, ("pending",))
     await publish(tx, bus, "batch.rejected", batch_id, {"by": name, "reason": reason}, now_ms)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from bc.control.base.actor import RANK, ROLES, Caller
@@ -97,6 +98,22 @@ async def set_section(
 ) -> SetOutcome:
     """Replace one section, or (a root-equivalent change with approvers registered) open its batch."""
     mutate = specs.section_mutation(section, section_json)
+    return await change_section(store, bus, signer, rng, node_id, section, mutate, caller)
+
+
+async def change_section(
+    store: Store,
+    bus: Bus,
+    signer: Signer,
+    rng: random.Random,
+    node_id: str,
+    section: str,
+    mutate: Callable[[spec_pb2.NodeSpec], None],
+    caller: Caller,
+    then: Callable[[Tx, SetOutcome], Awaitable[None]] | None = None,
+) -> SetOutcome:
+    """`set_section` with any change of the stored section (`mutate` reads it and may raise to refuse) under
+    the same rules; `then` runs in the same transaction with the outcome (`bc metal enroll`'s machine row)."""
     now_ms = await store.now_ms()
     lock = store.for_update()
     async with store.transaction() as tx:
@@ -108,9 +125,15 @@ async def set_section(
         if reasons and RANK[caller.role] < RANK[ROLES[-1]]:
             raise _refusal(caller, section, reasons)
         if not reasons or not await quorum.has_approvers(tx):
-            return SetOutcome(await specs.write_spec(tx, bus, signer, node_id, mutate, now_ms, lock=lock))
-        batch_id = await _open_batch(tx, bus, rng, node_id, section, getattr(wanted, section), reasons, caller, now_ms)
-        return SetOutcome(None, batch_id)
+            outcome = SetOutcome(await specs.write_spec(tx, bus, signer, node_id, mutate, now_ms, lock=lock))
+        else:
+            content = getattr(wanted, section)
+            outcome = SetOutcome(
+                None, await _open_batch(tx, bus, rng, node_id, section, content, reasons, caller, now_ms)
+            )
+        if then is not None:
+            await then(tx, outcome)
+        return outcome
 
 
 async def _open_batch(

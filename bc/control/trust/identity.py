@@ -90,14 +90,31 @@ async def create_token(
     secrets: Secrets,
 ) -> IssuedToken:
     """A one-time token: its id from `rng` (a public name), its secret from `secrets`."""
-    check_node_id(node_id)
-    if role not in ROLES:
-        raise UsageError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
-    if not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
-        raise UsageError(f"a token's ttl must be between 1m and 7d, not {ttl_s:.0f}s")
-    new = pki_tokens.create_token(ca.fingerprint, ttl_s, clock, rng, secrets)
+    mint = TokenMint(ca.fingerprint, clock, secrets)
     now_ms = await store.now_ms()
     async with store.transaction() as tx:
+        return await mint(tx, bus, rng, node_id, role, ttl_s, now_ms)
+
+
+@dataclass(frozen=True)
+class TokenMint:
+    """Makes a join token inside the caller's transaction: `create_token`'s, and a provisioning job's (the
+    ramdisk's token in its boot lease, the installed OS's on its kexec command line; docs/metal.md). It needs
+    the CA's fingerprint only (the token pins it), never its key."""
+
+    ca_fingerprint: str
+    clock: Clock
+    secrets: Secrets
+
+    async def __call__(
+        self, tx: Tx, bus: Bus | None, rng: random.Random, node_id: str, role: str, ttl_s: float, now_ms: int
+    ) -> IssuedToken:
+        check_node_id(node_id)
+        if role not in ROLES:
+            raise UsageError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+        if not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
+            raise UsageError(f"a token's ttl must be between 1m and 7d, not {ttl_s:.0f}s")
+        new = pki_tokens.create_token(self.ca_fingerprint, ttl_s, self.clock, rng, self.secrets)
         await id_sql.insert_token(
             tx,
             token_id=new.token_id,
@@ -109,7 +126,7 @@ async def create_token(
             expires_at_ms=int(new.expires_at * 1000),
         )
         await publish(tx, bus, "token.created", node_id, {"token_id": new.token_id, "role": role}, now_ms)
-    return IssuedToken(new.token, new.token_id, node_id, role, int(new.expires_at * 1000))
+        return IssuedToken(new.token, new.token_id, node_id, role, int(new.expires_at * 1000))
 
 
 @dataclass(frozen=True)

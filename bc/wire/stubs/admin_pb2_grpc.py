@@ -5,6 +5,7 @@ import grpc
 import warnings
 
 from bc.protocol.pb import admin_pb2 as bc_dot_v1_dot_admin__pb2
+from bc.protocol.pb import metal_pb2 as bc_dot_v1_dot_metal__pb2
 from bc.protocol.pb import secrets_pb2 as bc_dot_v1_dot_secrets__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -385,6 +386,31 @@ class AdminStub:
                 '/bc.v1.Admin/SetOperatorRole',
                 request_serializer=bc_dot_v1_dot_admin__pb2.SetOperatorRoleRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.OperatorInfo.FromString,
+                _registered_method=True)
+        self.EnrollMachine = channel.unary_unary(
+                '/bc.v1.Admin/EnrollMachine',
+                request_serializer=bc_dot_v1_dot_metal__pb2.EnrollMachineRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_metal__pb2.EnrollMachineResponse.FromString,
+                _registered_method=True)
+        self.ListMachines = channel.unary_unary(
+                '/bc.v1.Admin/ListMachines',
+                request_serializer=bc_dot_v1_dot_metal__pb2.ListMachinesRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_metal__pb2.ListMachinesResponse.FromString,
+                _registered_method=True)
+        self.GetMachine = channel.unary_unary(
+                '/bc.v1.Admin/GetMachine',
+                request_serializer=bc_dot_v1_dot_metal__pb2.GetMachineRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_metal__pb2.MachineInfo.FromString,
+                _registered_method=True)
+        self.RemoveMachine = channel.unary_unary(
+                '/bc.v1.Admin/RemoveMachine',
+                request_serializer=bc_dot_v1_dot_metal__pb2.RemoveMachineRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_metal__pb2.RemoveMachineResponse.FromString,
+                _registered_method=True)
+        self.ProvisionMachines = channel.unary_unary(
+                '/bc.v1.Admin/ProvisionMachines',
+                request_serializer=bc_dot_v1_dot_metal__pb2.ProvisionMachinesRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.JobInfo.FromString,
                 _registered_method=True)
 
 
@@ -819,6 +845,37 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EnrollMachine(self, request, context):
+        """Bare metal (docs/metal.md): machines behind site nodes, and provisioning them as a job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMachines(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMachine(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveMachine(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProvisionMachines(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1171,6 +1228,31 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SetOperatorRole,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.SetOperatorRoleRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.OperatorInfo.SerializeToString,
+            ),
+            'EnrollMachine': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnrollMachine,
+                    request_deserializer=bc_dot_v1_dot_metal__pb2.EnrollMachineRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_metal__pb2.EnrollMachineResponse.SerializeToString,
+            ),
+            'ListMachines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMachines,
+                    request_deserializer=bc_dot_v1_dot_metal__pb2.ListMachinesRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_metal__pb2.ListMachinesResponse.SerializeToString,
+            ),
+            'GetMachine': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMachine,
+                    request_deserializer=bc_dot_v1_dot_metal__pb2.GetMachineRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_metal__pb2.MachineInfo.SerializeToString,
+            ),
+            'RemoveMachine': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveMachine,
+                    request_deserializer=bc_dot_v1_dot_metal__pb2.RemoveMachineRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_metal__pb2.RemoveMachineResponse.SerializeToString,
+            ),
+            'ProvisionMachines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProvisionMachines,
+                    request_deserializer=bc_dot_v1_dot_metal__pb2.ProvisionMachinesRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.JobInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -3063,6 +3145,141 @@ class Admin:
             '/bc.v1.Admin/SetOperatorRole',
             bc_dot_v1_dot_admin__pb2.SetOperatorRoleRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.OperatorInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnrollMachine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/EnrollMachine',
+            bc_dot_v1_dot_metal__pb2.EnrollMachineRequest.SerializeToString,
+            bc_dot_v1_dot_metal__pb2.EnrollMachineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMachines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ListMachines',
+            bc_dot_v1_dot_metal__pb2.ListMachinesRequest.SerializeToString,
+            bc_dot_v1_dot_metal__pb2.ListMachinesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMachine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/GetMachine',
+            bc_dot_v1_dot_metal__pb2.GetMachineRequest.SerializeToString,
+            bc_dot_v1_dot_metal__pb2.MachineInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveMachine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/RemoveMachine',
+            bc_dot_v1_dot_metal__pb2.RemoveMachineRequest.SerializeToString,
+            bc_dot_v1_dot_metal__pb2.RemoveMachineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProvisionMachines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Admin/ProvisionMachines',
+            bc_dot_v1_dot_metal__pb2.ProvisionMachinesRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,

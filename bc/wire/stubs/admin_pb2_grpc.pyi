@@ -5,6 +5,7 @@ isort:skip_file
 Everything an operator does; the CLI and the TUI are clients of Admin and nothing else."""
 
 from bc.protocol.pb import admin_pb2 as _admin_pb2
+from bc.protocol.pb import metal_pb2 as _metal_pb2
 from bc.protocol.pb import secrets_pb2 as _secrets_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
@@ -111,6 +112,12 @@ class AdminStub:
     ListReleases: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListReleasesRequest, _admin_pb2.ListReleasesResponse]
     SetOperatorRole: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetOperatorRoleRequest, _admin_pb2.OperatorInfo]
     """Change an operator's role (admin); a lowered role closes that operator's open streams."""
+    EnrollMachine: _grpc.UnaryUnaryMultiCallable[_metal_pb2.EnrollMachineRequest, _metal_pb2.EnrollMachineResponse]
+    """Bare metal (docs/metal.md): machines behind site nodes, and provisioning them as a job."""
+    ListMachines: _grpc.UnaryUnaryMultiCallable[_metal_pb2.ListMachinesRequest, _metal_pb2.ListMachinesResponse]
+    GetMachine: _grpc.UnaryUnaryMultiCallable[_metal_pb2.GetMachineRequest, _metal_pb2.MachineInfo]
+    RemoveMachine: _grpc.UnaryUnaryMultiCallable[_metal_pb2.RemoveMachineRequest, _metal_pb2.RemoveMachineResponse]
+    ProvisionMachines: _grpc.UnaryUnaryMultiCallable[_metal_pb2.ProvisionMachinesRequest, _admin_pb2.JobInfo]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -193,6 +200,12 @@ class AdminAsyncStub(AdminStub):
     ListReleases: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListReleasesRequest, _admin_pb2.ListReleasesResponse]  # type: ignore[assignment]
     SetOperatorRole: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetOperatorRoleRequest, _admin_pb2.OperatorInfo]  # type: ignore[assignment]
     """Change an operator's role (admin); a lowered role closes that operator's open streams."""
+    EnrollMachine: _aio.UnaryUnaryMultiCallable[_metal_pb2.EnrollMachineRequest, _metal_pb2.EnrollMachineResponse]  # type: ignore[assignment]
+    """Bare metal (docs/metal.md): machines behind site nodes, and provisioning them as a job."""
+    ListMachines: _aio.UnaryUnaryMultiCallable[_metal_pb2.ListMachinesRequest, _metal_pb2.ListMachinesResponse]  # type: ignore[assignment]
+    GetMachine: _aio.UnaryUnaryMultiCallable[_metal_pb2.GetMachineRequest, _metal_pb2.MachineInfo]  # type: ignore[assignment]
+    RemoveMachine: _aio.UnaryUnaryMultiCallable[_metal_pb2.RemoveMachineRequest, _metal_pb2.RemoveMachineResponse]  # type: ignore[assignment]
+    ProvisionMachines: _aio.UnaryUnaryMultiCallable[_metal_pb2.ProvisionMachinesRequest, _admin_pb2.JobInfo]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -692,5 +705,41 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.OperatorInfo, _abc.Awaitable[_admin_pb2.OperatorInfo]]:
         """Change an operator's role (admin); a lowered role closes that operator's open streams."""
+
+    @_abc_1.abstractmethod
+    def EnrollMachine(
+        self,
+        request: _metal_pb2.EnrollMachineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metal_pb2.EnrollMachineResponse, _abc.Awaitable[_metal_pb2.EnrollMachineResponse]]:
+        """Bare metal (docs/metal.md): machines behind site nodes, and provisioning them as a job."""
+
+    @_abc_1.abstractmethod
+    def ListMachines(
+        self,
+        request: _metal_pb2.ListMachinesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metal_pb2.ListMachinesResponse, _abc.Awaitable[_metal_pb2.ListMachinesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetMachine(
+        self,
+        request: _metal_pb2.GetMachineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metal_pb2.MachineInfo, _abc.Awaitable[_metal_pb2.MachineInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def RemoveMachine(
+        self,
+        request: _metal_pb2.RemoveMachineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metal_pb2.RemoveMachineResponse, _abc.Awaitable[_metal_pb2.RemoveMachineResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ProvisionMachines(
+        self,
+        request: _metal_pb2.ProvisionMachinesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.JobInfo, _abc.Awaitable[_admin_pb2.JobInfo]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
