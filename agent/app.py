@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import shutil
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ from agent.hw.slices import SliceManager, open_slices
 from agent.identity import Identity, IdentityFile, IdentityStore
 from agent.instances.admission import HostMemory, parse_meminfo
 from agent.instances.fake import FakeRuntime
+from agent.instances.qemu import QEMU, QemuRuntime
 from agent.instances.runtime import InstanceRuntime
 from agent.journal import Journal
 from agent.journal_api import AgentJournal, JournalFull
@@ -132,6 +134,8 @@ class AgentOptions:
     host_root: Path | None = None
     """`--host-root`: where the host units' files go (default `/`; `<data dir>/host-root` on fake hardware)."""
     host_units: bool = True
+    instance_accel: tuple[str, ...] = ("kvm", "tcg")
+    """`--instance-accel`: the accelerators qemu tries in order for the instances section's VMs."""
     """False (`--no-host-units`): the host section is managed outside bc (agent.converge.host_wiring)."""
     ssh_dir: Path | None = None
     """`--ssh-dir`: the access section's sshd files (agent.converge.access); default `<data-dir>/ssh`."""
@@ -261,14 +265,18 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         machine=ramdisk.machine if ramdisk is not None else None,
         kexec=ramdisk.kexec if ramdisk is not None else None,
         tunnel_tls=(data_dir / identity.files["cert"], key_path) if record is None else None,
-        instances=instance_runtime(data_dir, hw, to_thread) if identity.role == "node" else None,
+        instances=instance_runtime(data_dir, hw, to_thread, opts.instance_accel) if identity.role == "node" else None,
     )
 
 
-def instance_runtime(data_dir: Path, hw: HardwareBackend, offload: Offload) -> InstanceRuntime | None:
+def instance_runtime(
+    data_dir: Path, hw: HardwareBackend, offload: Offload, accel: tuple[str, ...]
+) -> InstanceRuntime | None:
     """The node's VM runtime: the fake on fake hardware, else qemu when it is installed, else none."""
     if not hw.capabilities.touches_host:
         return FakeRuntime(data_dir / "fake-instances.json", offload)
+    if shutil.which(QEMU) is not None:
+        return QemuRuntime(data_dir / "instances", offload, accel=accel)
     return None
 
 
