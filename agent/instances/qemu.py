@@ -254,7 +254,21 @@ class QemuRuntime:
             return
         await self._record(instance_id)  # never a directory that is not bc's
         await self._end(instance_id, 0)
-        await self.offload(shutil.rmtree, d)
+        try:
+            await self.offload(_remove_tree, d)
+        except OSError as e:
+            raise RuntimeFailure(f"cannot remove {d}: {e.strerror}") from None
+
+
+def _remove_tree(d: Path) -> None:
+    """Blocking: remove an instance's directory. qemu unlinks its pid file and socket as it exits, which may
+    be while this runs (its QMP socket closes first), so a file already gone is no error."""
+
+    def gone_is_fine(fn: object, path: str, exc: tuple[type[BaseException], BaseException, object]) -> None:
+        if not isinstance(exc[1], FileNotFoundError):
+            raise exc[1]
+
+    shutil.rmtree(d, onerror=gone_is_fine)
 
 
 def _int(value: object) -> int:
