@@ -227,22 +227,24 @@ class QemuRuntime:
             except QmpError:
                 if await q.closed(self.qmp_timeout_s):
                     return
-        await self.offload(self._kill, instance_id)
-        if await self._status(instance_id) != STOPPED:
+        pid = await self.offload(self._kill, instance_id)
+        if pid is not None and not await exited(pid, self.qmp_timeout_s):
             raise RuntimeFailure(f"domain {instance_id} survived its stop")
 
-    def _kill(self, instance_id: str) -> None:
-        """Blocking: SIGKILL the pid in qemu.pid, only while its command line names this instance."""
+    def _kill(self, instance_id: str) -> int | None:
+        """Blocking: SIGKILL the pid in qemu.pid, only while its command line names this instance; the pid."""
         try:
             pid = int((self._dir(instance_id) / PIDFILE).read_text().strip())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
-            return
-        if f"bc-{instance_id}".encode() in cmdline:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            return None
+        if f"bc-{instance_id}".encode() not in cmdline:
+            return None
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        return pid
 
     async def stop(self, instance_id: str) -> None:
         await self._record(instance_id)
@@ -258,6 +260,27 @@ class QemuRuntime:
             await self.offload(_remove_tree, d)
         except OSError as e:
             raise RuntimeFailure(f"cannot remove {d}: {e.strerror}") from None
+
+
+async def exited(pid: int, within_s: float) -> bool:
+    """Wait up to `within_s` for process `pid` (not necessarily our child) to end: a pidfd turns readable when
+    it does, so this waits on an event. True when it is gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    loop.add_reader(fd, done.set)
+    try:
+        async with asyncio.timeout(within_s):
+            await done.wait()
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def _remove_tree(d: Path) -> None:
