@@ -444,6 +444,9 @@ class Agent:
                 self.offload,
             )
             self.convergers["instances"] = self.instances
+            devices = self.convergers["devices"]
+            if isinstance(devices, DevicesConverger):  # a hold is admitted only in what the VMs leave
+                devices.instances_committed_mib = self.instances.committed_mib
         executors: Callable[[str], KindExecutor | None] = executor_for
         if self.identity.role == "site":
             self.site = SiteState(

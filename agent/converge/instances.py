@@ -36,7 +36,7 @@ from google.protobuf.message import Message
 
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, SectionResult
 from agent.instances import plan as steps
-from agent.instances.admission import Admission, HostMemory
+from agent.instances.admission import Admission, HostMemory, commitment_mib
 from agent.instances.runtime import PAUSED, RUNNING, STOPPED, Domain, DomainConfig, InstanceRuntime, RuntimeFailure
 from agent.offload import Offload
 from bc.protocol import instance_rules
@@ -84,6 +84,11 @@ class InstancesConverger:
         """The last pass's report of every domain (StatusReport.instances)."""
         self.complete = False
         """Whether every runtime answered the last pass's listing."""
+
+    def committed_mib(self) -> int:
+        """What bc's running and paused VMs commit after the last pass (memory + overhead each): what the
+        devices converger's hold admission leaves to them (reference: VMs and holds count each other)."""
+        return sum(commitment_mib(s.memory_mib) for s in self.statuses if s.managed and s.state in (RUNNING, PAUSED))
 
     async def _list(self) -> tuple[dict[str, tuple[str, Domain]], list[str]]:
         found: dict[str, tuple[str, Domain]] = {}

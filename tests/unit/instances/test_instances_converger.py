@@ -137,6 +137,12 @@ async def test_a_resume_is_not_admitted_again_and_holds_count(tmp_path: Path) ->
     assert "ResourcesExhausted: 1312 MiB needed, 640 MiB left" in result.message  # 7168 - 4480 - 2048
 
 
+async def test_the_running_and_paused_vms_commitment_is_what_holds_must_leave(node: Node) -> None:
+    node.runtime.add_foreign("theirs", "RUNNING", memory_mib=8192)  # not bc's: not counted (reference)
+    await node.converge(vm("a", memory_mib=1024), vm("b", "PAUSED", memory_mib=2048), vm("c", "STOPPED"))
+    assert node.conv.committed_mib() == (1024 + 32 + 256) + (2048 + 64 + 256)
+
+
 async def test_an_unreadable_host_starts_without_admission(tmp_path: Path) -> None:
     node = Node(tmp_path, total_mib=1)
     node.memory = None
