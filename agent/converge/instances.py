@@ -178,6 +178,8 @@ class InstancesConverger:
         assert isinstance(desired, spec_pb2.InstancesSection)
         domains, problems = await self._list()
         self.complete = not problems
+        if problems:  # acting on a partial listing could define over a domain it did not show: wait instead
+            return _result([], [], problems)
         items = [await self._prepare(inst, domains) for inst in desired.instances]
         named = {i.spec.id for i in items}
         orphan_errors: list[tuple[Domain, str]] = []

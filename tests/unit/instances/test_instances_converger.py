@@ -10,6 +10,7 @@ from agent.converge.instances import InstancesConverger
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, SectionResult
 from agent.instances.admission import HostMemory
 from agent.instances.fake import FakeRuntime
+from agent.instances.runtime import RuntimeFailure
 from agent.offload import inline
 from bc.protocol.pb import common_pb2, spec_pb2
 
@@ -154,3 +155,18 @@ async def test_domains_outlive_the_converger(tmp_path: Path) -> None:
     await node.converge(vm("a"))
     again = FakeRuntime(tmp_path / "fake-instances.json")
     assert [(d.id, d.state, d.managed) for d in await again.list()] == [("a", "RUNNING", True)]
+
+
+async def test_a_runtime_that_cannot_list_changes_nothing_and_keeps_the_section_progressing(node: Node) -> None:
+    await node.converge(vm("a"))
+    shown = list(node.conv.statuses)
+
+    async def broken() -> list[object]:
+        raise RuntimeFailure("cannot list /var/lib/bc/instances: Permission denied")
+
+    node.runtime.list = broken  # type: ignore[method-assign,assignment]
+    result = await node.converge(vm("a", "STOPPED"), vm("b"))
+    assert (result.reported_state, result.reason) == (PROGRESSING, "RuntimeUnavailable")
+    assert result.message == "runtime qemu: cannot list /var/lib/bc/instances: Permission denied"
+    assert node.conv.statuses == shown and not node.conv.complete
+    assert node.runtime.domain("a").state == "RUNNING" and node.runtime.domain("b") is None  # type: ignore[union-attr]
