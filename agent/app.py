@@ -85,7 +85,7 @@ from agent.session.dialing import Dial, SessionLoop
 from agent.session.grpc_dial import grpc_dial
 from agent.session.node_state import NodeState
 from agent.session.outbox import Outbox
-from agent.session.runner import SessionDeps
+from agent.session.runner import CAPABILITIES, SessionDeps
 from agent.session_core import SpecRule, decide_spec
 from agent.session_key import SessionKeys
 from agent.site.converger import SiteConverger
@@ -518,6 +518,9 @@ class Agent:
             heartbeat_interval_s=self.opts.heartbeat_interval_s,
             spec_rule=p.spec_rule,
             secrets=self.secrets,
+            # A node with a VM runtime says which (`bc.dev/cap.instances.qemu`), so a spec's VMs can go where
+            # they run; an older agent answers a non-empty instances section UNSUPPORTED.
+            capabilities=CAPABILITIES + ((f"instances.{p.instances.name}",) if p.instances is not None else ()),
         )
         self.tunnels = TunnelService(
             self.node_id,
