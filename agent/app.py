@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import shutil
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from agent.converge.devices import DevicesConverger
 from agent.converge.host import ExternallyManaged, HostConverger
 from agent.converge.host_ops import HoldFiles
 from agent.converge.host_wiring import device_nodes, host_converger
+from agent.converge.instances import BOOT_DIR, InstancesConverger
 from agent.converge.run import Converger, UnknownFieldsMemo, run
 from agent.dispatch import Dispatcher
 from agent.health.monitor import HealthMonitor
@@ -59,6 +61,10 @@ from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
 from agent.hw.slices import SliceManager, open_slices
 from agent.identity import Identity, IdentityFile, IdentityStore
+from agent.instances.admission import HostMemory, parse_meminfo
+from agent.instances.fake import FakeRuntime
+from agent.instances.qemu import QEMU, QemuRuntime
+from agent.instances.runtime import InstanceRuntime
 from agent.journal import Journal
 from agent.journal_api import AgentJournal, JournalFull
 from agent.journal_rules import fit_update_message
@@ -79,7 +85,7 @@ from agent.session.dialing import Dial, SessionLoop
 from agent.session.grpc_dial import grpc_dial
 from agent.session.node_state import NodeState
 from agent.session.outbox import Outbox
-from agent.session.runner import SessionDeps
+from agent.session.runner import CAPABILITIES, SessionDeps
 from agent.session_core import SpecRule, decide_spec
 from agent.session_key import SessionKeys
 from agent.site.converger import SiteConverger
@@ -128,6 +134,8 @@ class AgentOptions:
     host_root: Path | None = None
     """`--host-root`: where the host units' files go (default `/`; `<data dir>/host-root` on fake hardware)."""
     host_units: bool = True
+    instance_accel: tuple[str, ...] = ("kvm", "tcg")
+    """`--instance-accel`: the accelerators qemu tries in order for the instances section's VMs."""
     """False (`--no-host-units`): the host section is managed outside bc (agent.converge.host_wiring)."""
     ssh_dir: Path | None = None
     """`--ssh-dir`: the access section's sshd files (agent.converge.access); default `<data-dir>/ssh`."""
@@ -197,6 +205,9 @@ class AgentParts:
     """A ramdisk's disks, NICs and PCI GPUs (agent.ramdisk); None on a node or site."""
     kexec: Kexec | None = None
     """A ramdisk's kexec edge (agent.ramdisk.kexec); None on a node or site."""
+    instances: InstanceRuntime | None = None
+    """The VM runtime the `instances` section runs on (agent.instances): the fake under --fake-hw, qemu where
+    `qemu-system-x86_64` is on PATH; None: no converger, and a non-empty section is UNSUPPORTED."""
     tunnel_tls: tuple[Path, Path] | None = None
     """The node's TLS certificate and key files, which its tunnels serve TLS with (agent.tunnel.service); None:
     every tunnel is refused (a TPM key, which OpenSSL cannot be handed; the simulator)."""
@@ -254,7 +265,19 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         machine=ramdisk.machine if ramdisk is not None else None,
         kexec=ramdisk.kexec if ramdisk is not None else None,
         tunnel_tls=(data_dir / identity.files["cert"], key_path) if record is None else None,
+        instances=instance_runtime(data_dir, hw, to_thread, opts.instance_accel) if identity.role == "node" else None,
     )
+
+
+def instance_runtime(
+    data_dir: Path, hw: HardwareBackend, offload: Offload, accel: tuple[str, ...]
+) -> InstanceRuntime | None:
+    """The node's VM runtime: the fake on fake hardware, else qemu when it is installed, else none."""
+    if not hw.capabilities.touches_host:
+        return FakeRuntime(data_dir / "fake-instances.json", offload)
+    if shutil.which(QEMU) is not None:
+        return QemuRuntime(data_dir / "instances", offload, accel=accel)
+    return None
 
 
 class Agent:
@@ -411,6 +434,19 @@ class Agent:
             await self.upgrader.start()
         up = self.upgrader
         self.convergers["daemon"] = DaemonConverger(up, self.version)
+        self.instances: InstancesConverger | None = None
+        if p.instances is not None:
+            self.instances = InstancesConverger(
+                {p.instances.name: p.instances},
+                self.data_dir / BOOT_DIR,
+                self.host_memory,
+                lambda: [a.limits.memory_bytes for a in self.state.spec.devices.assignments],
+                self.offload,
+            )
+            self.convergers["instances"] = self.instances
+            devices = self.convergers["devices"]
+            if isinstance(devices, DevicesConverger):  # a hold is admitted only in what the VMs leave
+                devices.instances_committed_mib = self.instances.committed_mib
         executors: Callable[[str], KindExecutor | None] = executor_for
         if self.identity.role == "site":
             self.site = SiteState(
@@ -482,6 +518,9 @@ class Agent:
             heartbeat_interval_s=self.opts.heartbeat_interval_s,
             spec_rule=p.spec_rule,
             secrets=self.secrets,
+            # A node with a VM runtime says which (`bc.dev/cap.instances.qemu`), so a spec's VMs can go where
+            # they run; an older agent answers a non-empty instances section UNSUPPORTED.
+            capabilities=CAPABILITIES + ((f"instances.{p.instances.name}",) if p.instances is not None else ()),
         )
         self.tunnels = TunnelService(
             self.node_id,
@@ -631,7 +670,25 @@ class Agent:
             inventory_hash=inv_hash,
             conditions=self.health.conditions() if self.health is not None else [],
         )
+        if self.instances is not None:
+            status.instances.extend(self.instances.statuses)
+            status.instances_complete = self.instances.complete
         self.outbox.put_status(status, inv, inv_hash)
+
+    async def host_memory(self) -> HostMemory | None:
+        """What instance admission counts on: /proc/meminfo on a real host, the inventory on fake hardware;
+        None (start without the check, with a warning) when it cannot be read."""
+        if self.hw.capabilities.touches_host:
+            try:
+                return parse_meminfo(await self.offload(Path("/proc/meminfo").read_text))
+            except (OSError, ValueError) as e:
+                log.warning("event=instance.meminfo-unreadable error=%r", str(e))
+                return None
+        inv = await self.offload(self.hw.inventory)
+        if inv.memory_bytes <= 0:
+            return None
+        pool = sum(n.hugepages_1g for n in inv.numa_nodes) * 1024
+        return HostMemory(inv.memory_bytes // (1 << 20), pool)
 
     async def converge_loop(self) -> None:
         while not self.stopped.is_set():

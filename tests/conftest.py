@@ -37,6 +37,8 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> o
 # so `make test` (-m "not slow") stays within its ten minutes on 2 cores and `make test-slow` runs them.
 # They start first, so under `-n 2 --dist loadfile` one worker builds while the other runs the rest.
 SLOW_FILES = (
+    # Real guests under qemu TCG: a boot takes seconds on these machines.
+    "tests/integration/test_instances_qemu.py",
     "tests/e2e/test_self_update.py",
     "tests/e2e/test_dist.py",
     "tests/sim/test_sim_heavy_seeds.py",

@@ -222,6 +222,21 @@ class FakeSource:
         out.sections.add(section="telemetry", state=common_pb2.CONVERGED, generation=out.generation)
         out.sections.add(section="devices", state=common_pb2.PROGRESSING, generation=out.generation, reason="Waiting")
         out.conditions.add(type="GpusHealthy", status="True", reason="AllHealthy", age_ms=600_000)
+        # Two VMs of bc's and one domain it did not create (docs/instances.md), drawn from no Random.
+        out.instances.add(
+            id="web-1", runtime="qemu", state="RUNNING", desired="RUNNING", managed=True, vcpus=4, memory_mib=8192
+        )
+        out.instances.add(
+            id="batch-7",
+            runtime="qemu",
+            state="STOPPED",
+            desired="RUNNING",
+            managed=True,
+            vcpus=16,
+            memory_mib=262144,
+            message="ResourcesExhausted: 270592 MiB needed, 20480 MiB left",
+        )
+        out.instances.add(id="legacy-vm", runtime="qemu", state="RUNNING", managed=False)
         return out
 
     async def commands_snapshot(

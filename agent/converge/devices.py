@@ -25,8 +25,9 @@ from the inventory is kept as it is, and while the journal holds no spec
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from agent.converge.run import CONVERGED, FAILED, SectionResult
 from agent.hw import cdi
 from agent.hw.base import HardwareBackend
 from agent.hw.dev_nodes import DeviceNodes, DevNode, NodeFacts, node_facts
-from agent.hw.limits import NO_LIMITS, HostMemory, InvalidLimits, Limits, admit, host_memory, slice_name
+from agent.hw.limits import MIB, NO_LIMITS, HostMemory, InvalidLimits, Limits, admit, host_memory, slice_name
 from agent.hw.slices import SliceManager
 from agent.offload import Offload, to_thread
 from bc.protocol.atoms import (
@@ -324,6 +325,10 @@ class DevicesConverger:
         self.dev_nodes = dev_nodes
         self._failed_reported: set[tuple[str, int]] = set()
         self._adopted: set[str] = set()
+        self.instances_committed_mib: Callable[[], int] = lambda: 0
+        """What the VMs running or paused after the last `instances` pass commit (agent.converge.instances):
+        a new hold is admitted only in what they leave, so VMs and holds never take what the other was
+        promised. The composition sets it; left alone, no VM counts."""
 
     async def converge(self, desired: Message, generation: int) -> SectionResult:
         if not isinstance(desired, spec_pb2.DevicesSection):
@@ -338,6 +343,9 @@ class DevicesConverger:
             self._adopted = set()
         inventory = await self.offload(self.hw.inventory)
         host = host_memory(inventory)
+        vms_mib = self.instances_committed_mib()
+        if host is not None and vms_mib:
+            host = dataclasses.replace(host, total_bytes=host.total_bytes - vms_mib * MIB)
         if host is None and any(a.limits.memory_bytes or a.limits.hugepages_1gi for a in desired.assignments):
             log.warning("event=allocation.admission_skipped reason=host-memory-unknown")
         facts = await self.offload(node_facts, self.dev_nodes, inventory) if self.dev_nodes is not None else None

@@ -48,6 +48,7 @@ COMMAND_MODULES: dict[str, str] = {
     "cmd": "bc.cli.cmd_cmds",
     "jobs": "bc.cli.job_cmds",
     "health": "bc.cli.health_cmds",
+    "instances": "bc.cli.instance_cmds",
     "doctor": "bc.cli.doctor_cmds",
     "unit": "bc.cli.unit_cmds",
     "version": "bc.cli.unit_cmds",

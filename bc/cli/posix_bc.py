@@ -47,6 +47,7 @@ COMMAND_NAMES: frozenset[str] = frozenset(
         "events",
         "exec",
         "health",
+        "instances",
         "helper",
         "jobs",
         "join",

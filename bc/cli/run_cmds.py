@@ -325,6 +325,13 @@ def join(
     help="Where the host section's units write their files (default /; with --fake-hw, DATA_DIR/host-root).",
 )
 @click.option(
+    "--instance-accel",
+    type=click.Choice(["auto", "kvm", "tcg"]),
+    default="auto",
+    show_default=True,
+    help="How qemu runs the instances section's VMs: auto tries KVM, then TCG (docs/instances.md).",
+)
+@click.option(
     "--no-host-units",
     is_flag=True,
     help="This host's OS is managed by other tooling: answer a non-empty host section UNSUPPORTED.",
@@ -410,6 +417,7 @@ def node(
     upload_allow: tuple[str, ...],
     fake_faults: tuple[str, ...],
     host_root: Path | None,
+    instance_accel: str,
     no_host_units: bool,
     ssh_dir: Path | None,
     sshd_reload_cmd: str | None,
@@ -474,6 +482,7 @@ def node(
         fake_faults=fake_faults,
         host_root=host_root,
         host_units=not no_host_units,
+        instance_accel=("kvm", "tcg") if instance_accel == "auto" else (instance_accel,),
         ssh_dir=ssh_dir.absolute() if ssh_dir is not None else None,
         sshd_reload_cmd=sshd_reload_cmd,
         sshd_config=sshd_config,

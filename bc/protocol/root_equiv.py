@@ -81,7 +81,8 @@ FIELDS: Mapping[str, str] = {
     "devices.assignments.limits.hugepages_2mi": OPERATOR,
     "devices.assignments.limits.cpus": OPERATOR,
     "devices.assignments.limits.mems": OPERATOR,
-    # instances: VMs (no converger yet: a node answers UNSUPPORTED); what runs inside is not the host's root.
+    # instances: VMs (docs/instances.md); what runs inside is not the host's root, and the kernel and initrd
+    # are file names in the node's own instance-boot/ directory, never host paths.
     "instances.instances": OPERATOR,
     "instances.instances.id": OPERATOR,
     "instances.instances.runtime": OPERATOR,
@@ -90,6 +91,12 @@ FIELDS: Mapping[str, str] = {
     "instances.instances.nics": OPERATOR,
     "instances.instances.gpus": OPERATOR,
     "instances.instances.state": OPERATOR,
+    "instances.instances.vcpus": OPERATOR,
+    "instances.instances.memory_mib": OPERATOR,
+    "instances.instances.kernel": OPERATOR,
+    "instances.instances.initrd": OPERATOR,
+    "instances.instances.cmdline": OPERATOR,
+    "instances.instances.allocation_id": OPERATOR,
     # access: whoever may log in, and as whom.
     "access.exec_ticket_jwks": ANY_CHANGE,
     "access.ssh_ca_keys": ADDED,

@@ -33,7 +33,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from bc.otel import config as otlp_config
-from bc.protocol import site_rules, ssh_lines
+from bc.protocol import instance_rules, site_rules, ssh_lines
 from bc.protocol.canonical import SpecError
 from bc.protocol.host_units import UnitInvalid, check_settings
 from bc.protocol.pb import spec_pb2
@@ -43,7 +43,6 @@ MAX_JSON_DEPTH = 32
 
 
 UNIT_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 PRINCIPAL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]{0,63}")
 SERIAL = re.compile(r"[0-9]{1,20}|[0-9a-fA-F]{1,40}")
 TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
@@ -151,13 +150,10 @@ def _check_host(s: spec_pb2.HostSection) -> None:
 
 
 def _check_instances(s: spec_pb2.InstancesSection) -> None:
-    seen: set[str] = set()
-    for i, inst in enumerate(s.instances):
-        field = f"instances[{i}].id"
-        _check_name("instances", field, inst.id, INSTANCE_ID, "an instance id (1-128 of A-Z a-z 0-9 . _ -)")
-        if inst.id in seen:
-            raise _refuse("instances", field, f"{inst.id!r} appears twice")
-        seen.add(inst.id)
+    try:
+        instance_rules.check_section(s)
+    except instance_rules.InstanceRuleError as e:
+        raise _refuse("instances", e.field, e.why) from None
 
 
 def _check_access(s: spec_pb2.AccessSection) -> None:

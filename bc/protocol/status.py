@@ -18,4 +18,9 @@ def status_key(report: StatusReport) -> str:
         "conditions": [[c.type, c.status, c.reason, c.message] for c in report.conditions],
         "inventory": report.inventory_hash,
     }
+    if report.instances or report.instances_complete:  # only then: a report without VMs keeps its old key
+        doc["instances"] = [
+            [i.id, i.runtime, i.state, i.desired, i.message, i.managed, i.vcpus, i.memory_mib] for i in report.instances
+        ]
+        doc["instances_complete"] = report.instances_complete
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()

@@ -174,7 +174,8 @@ def site_section(target_bytes: int) -> dict[str, Any]:
 
 
 def instances_section(target_bytes: int) -> dict[str, Any]:
-    return {"instances": [{"id": f"i{i}", "image": "m" * 1000} for i in range(target_bytes // 1030)]}
+    one = {"runtime": "qemu", "vcpus": 1, "memory_mib": 256, "kernel": "k", "cmdline": "m" * 940}
+    return {"instances": [{"id": f"i{i}", **one} for i in range(target_bytes // 1030)]}
 
 
 def section_file(lab: Lab, name: str, doc: dict[str, Any]) -> Path:

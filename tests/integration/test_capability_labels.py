@@ -17,6 +17,7 @@ async def test_the_agents_capabilities_are_labels_on_its_node(lab: InprocLab) ->
         "bc.dev/cap.binding.kubernetes": "1",
         "bc.dev/cap.devices.cdi": "1",
         "bc.dev/cap.devices.limits": "1",
+        "bc.dev/cap.instances.qemu": "1",  # its fake runtime (docs/instances.md)
         "pool": "a100",
     }
     assert {"devices.limits", "binding.kubernetes"} <= set(info.capabilities)

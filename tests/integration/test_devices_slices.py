@@ -176,6 +176,21 @@ async def test_an_unspecified_or_unknown_binding_fails(node: SliceNode, binding:
     assert list(node.cdi_dir.iterdir()) == [] and node.slice("alloc-1") is None
 
 
+async def test_the_vms_running_on_the_host_count_against_a_new_hold(node: SliceNode) -> None:
+    # 1919 GiB for holds (below); the instances converger reports 1800 GiB of VMs with their overhead.
+    converger = node.fresh()
+    converger.instances_committed_mib = lambda: 1800 * 1024
+    g = node.inv.gpus
+    result = await converger.converge(section(limited("alloc-1", g[0].uuid, memory_gib=200)), 1)
+    (event,) = result.events
+    assert (event.kind, event.reason) == (FAILED_KIND, "resources-exhausted")
+    assert event.message == "204800 MiB of memory needed, 121856 MiB left on this host"
+    converger.instances_committed_mib = lambda: 0  # the VMs stopped: the next pass binds it
+    assert [
+        e.kind for e in (await converger.converge(section(limited("alloc-1", g[0].uuid, memory_gib=200)), 2)).events
+    ] == [BOUND]
+
+
 async def test_admission_fails_a_hold_the_host_memory_cannot_take(node: SliceNode) -> None:
     # hgx-h100-8: 2048 GiB, 128 GiB of it in 1 GiB pages, 1 GiB of headroom: 1919 GiB for holds.
     g = node.inv.gpus

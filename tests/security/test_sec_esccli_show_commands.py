@@ -129,6 +129,12 @@ def hostile_node_report(lab: Lab, node_id: str) -> None:
         sections=[common_pb2.SectionStatus(section="devices", generation=1, reason=HOSTILE, message=HOSTILE)],
         conditions=[common_pb2.Condition(type=HOSTILE, status=HOSTILE, reason=HOSTILE, message=HOSTILE)],
         inventory=inventory,
+        # The VMs it reports (`bc instances`): a foreign domain's name is whatever its creator chose.
+        instances=[
+            common_pb2.InstanceStatus(
+                id=HOSTILE, runtime=HOSTILE, state=HOSTILE, desired=HOSTILE, message=HOSTILE, vcpus=1, memory_mib=512
+            )
+        ],
     )
 
     async def write() -> None:
@@ -245,6 +251,8 @@ def argv(path: str, ids: dict[str, str]) -> list[str]:
         "events": [],
         "health": [],
         "health policy show": [],
+        "instances list": [ids["node"]],
+        "instances show": [ids["node"], HOSTILE],
         "jobs list": ["--all"],
         "jobs show": [ids["job"]],
         "jobs slots": [],

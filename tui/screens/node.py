@@ -1,4 +1,4 @@
-"""Node: sections with reasons, conditions with ages, holds, recent commands and events.
+"""Node: sections with reasons, conditions with ages, instances (its VMs), holds, recent commands and events.
 
 `c` cordon, `u` uncordon, `r` run a command (kind picker, payload editor; the same RunCommand call as
 `bc cmd run`), each confirmed first.
@@ -51,6 +51,13 @@ def render_node(
     for c in info.conditions:
         lines.append(f"  {c.type:<20} {c.status:<8} {fmt.age(c.age_ms):>5}  {c.reason} {c.message}".rstrip())
     if not info.conditions:
+        lines.append("  none reported")
+    lines.append("INSTANCES")  # the node's last report: bc's VMs, and domains bc did not create (left alone)
+    for i in info.instances:
+        desired = f"want {i.desired.lower()}" if i.managed else "not bc's"
+        size = f"{i.vcpus} vCPU {i.memory_mib} MiB" if i.vcpus else ""
+        lines.append(f"  {i.id:<20} {i.state.lower():<9} {desired:<14} {size}  {i.message}".rstrip())
+    if not info.instances:
         lines.append("  none reported")
     lines.append("CAPACITY")
     for cap in info.capacity:

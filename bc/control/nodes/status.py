@@ -43,13 +43,17 @@ def conditions_doc(report: StatusReport, now_ms: int) -> list[dict[str, Any]]:
 
 
 def status_doc(report: StatusReport, now_ms: int, conditions: list[dict[str, Any]] | None = None) -> dict[str, object]:
-    return {
+    doc: dict[str, object] = {
         "applied_generation": report.applied_generation,
         "observed_generation": report.observed_generation,
         "applied_spec_hash": report.applied_spec_hash,
         "sections": [_section_doc(s.SerializeToString(deterministic=True)) for s in report.sections],
         "conditions": conditions_doc(report, now_ms) if conditions is None else conditions,
     }
+    if report.instances or report.instances_complete:  # the node's VMs (docs/instances.md), as reported
+        doc["instances"] = [message_to_dict(i) for i in report.instances]
+        doc["instances_complete"] = report.instances_complete
+    return doc
 
 
 def condition_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:

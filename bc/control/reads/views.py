@@ -80,6 +80,10 @@ def node_info(
         status = json.loads(str(row["status"] or "{}"))
         for s in status.get("sections", []):
             json_format.ParseDict(s, info.sections.add(), ignore_unknown_fields=True)
+        for i in status.get("instances", []):
+            inst = info.instances.add()
+            json_format.ParseDict(i, inst, ignore_unknown_fields=True)
+            inst.node_id = info.node_id
         for c in status.get("conditions", []):
             cond = info.conditions.add()
             json_format.ParseDict(

@@ -243,6 +243,28 @@ class SectionStatus(_message.Message):
     message: str
     def __init__(self, section: _Optional[str] = ..., state: _Optional[_Union[SectionState, str]] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
+class InstanceStatus(_message.Message):
+    __slots__ = ("id", "runtime", "state", "desired", "message", "managed", "vcpus", "memory_mib", "node_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MANAGED_FIELD_NUMBER: _ClassVar[int]
+    VCPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    runtime: str
+    state: str
+    desired: str
+    message: str
+    managed: bool
+    vcpus: int
+    memory_mib: int
+    node_id: str
+    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., state: _Optional[str] = ..., desired: _Optional[str] = ..., message: _Optional[str] = ..., managed: _Optional[bool] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
+
 class Condition(_message.Message):
     __slots__ = ("type", "status", "reason", "message", "age_ms")
     TYPE_FIELD_NUMBER: _ClassVar[int]

@@ -359,7 +359,7 @@ class EventBatch(_message.Message):
     def __init__(self, journal_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[NodeEvent, _Mapping]]] = ...) -> None: ...
 
 class StatusReport(_message.Message):
-    __slots__ = ("applied_generation", "observed_generation", "applied_spec_hash", "sections", "conditions", "inventory", "inventory_hash")
+    __slots__ = ("applied_generation", "observed_generation", "applied_spec_hash", "sections", "conditions", "inventory", "inventory_hash", "instances", "instances_complete")
     APPLIED_GENERATION_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_GENERATION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -367,6 +367,8 @@ class StatusReport(_message.Message):
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_HASH_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     applied_generation: int
     observed_generation: int
     applied_spec_hash: str
@@ -374,7 +376,9 @@ class StatusReport(_message.Message):
     conditions: _containers.RepeatedCompositeFieldContainer[_common_pb2.Condition]
     inventory: _common_pb2.Inventory
     inventory_hash: str
-    def __init__(self, applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., inventory_hash: _Optional[str] = ...) -> None: ...
+    instances: _containers.RepeatedCompositeFieldContainer[_common_pb2.InstanceStatus]
+    instances_complete: bool
+    def __init__(self, applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., inventory_hash: _Optional[str] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.InstanceStatus, _Mapping]]] = ..., instances_complete: _Optional[bool] = ...) -> None: ...
 
 class SpecRequest(_message.Message):
     __slots__ = ("have_generation", "reason")

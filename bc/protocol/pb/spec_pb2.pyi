@@ -102,7 +102,7 @@ class InstancesSection(_message.Message):
     def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ...) -> None: ...
 
 class Instance(_message.Message):
-    __slots__ = ("id", "runtime", "size", "image", "nics", "gpus", "state")
+    __slots__ = ("id", "runtime", "size", "image", "nics", "gpus", "state", "vcpus", "memory_mib", "kernel", "initrd", "cmdline", "allocation_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,12 @@ class Instance(_message.Message):
     NICS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    VCPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    INITRD_FIELD_NUMBER: _ClassVar[int]
+    CMDLINE_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     runtime: str
     size: str
@@ -117,7 +123,13 @@ class Instance(_message.Message):
     nics: _containers.RepeatedScalarFieldContainer[str]
     gpus: _containers.RepeatedScalarFieldContainer[str]
     state: str
-    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., size: _Optional[str] = ..., image: _Optional[str] = ..., nics: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ...) -> None: ...
+    vcpus: int
+    memory_mib: int
+    kernel: str
+    initrd: str
+    cmdline: str
+    allocation_id: str
+    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., size: _Optional[str] = ..., image: _Optional[str] = ..., nics: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., kernel: _Optional[str] = ..., initrd: _Optional[str] = ..., cmdline: _Optional[str] = ..., allocation_id: _Optional[str] = ...) -> None: ...
 
 class AccessSection(_message.Message):
     __slots__ = ("exec_ticket_jwks", "ssh_ca_keys", "principals", "revoked_serials")

@@ -62,7 +62,14 @@ SECTION_FILLERS: dict[str, Callable[[int], str]] = {
     "site": lambda n: json.dumps(
         {"cache_images": [{"url": f"https://img.example/{i}/{'p' * 1000}"} for i in range(n // 1040)]}
     ),
-    "instances": lambda n: json.dumps({"instances": [{"id": f"i{i}", "image": "m" * 1000} for i in range(n // 1030)]}),
+    "instances": lambda n: json.dumps(
+        {
+            "instances": [
+                {"id": f"i{i}", "runtime": "qemu", "vcpus": 1, "memory_mib": 256, "kernel": "k", "cmdline": "m" * 940}
+                for i in range(n // 1030)
+            ]
+        }
+    ),
 }
 
 

@@ -28,7 +28,11 @@ def refused(section: str, doc: object) -> str:
 
 GOOD = {
     "host": {"units": [{"name": "sysctl", "settings_json": '{"vm.swappiness": 1}'}, {"name": "kernel-modules"}]},
-    "instances": {"instances": [{"id": "vm-1", "runtime": "libvirt-kvm"}]},
+    "instances": {
+        "instances": [
+            {"id": "vm-1", "runtime": "qemu", "vcpus": 1, "memory_mib": 256, "kernel": "vmlinuz", "state": "PAUSED"}
+        ]
+    },
     "access": {
         "principals": ["oncall", "root@n1"],
         "revoked_serials": ["12", "4097"],

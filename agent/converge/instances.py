@@ -1,0 +1,271 @@
+"""The `instances` section: the VMs this host should run, over the runtimes it has (docs/instances.md).
+
+One pass:
+
+1. List every runtime's domains. A domain bc did not create is reported and
+   never touched; a spec instance with its id fails ("not bc's").
+2. Check each spec instance again (bc.protocol.instance_rules: a node never
+   trusts that the server checked), find its runtime and its boot files in
+   `<data-dir>/instance-boot/`; a problem fails that instance only.
+3. Plan each instance (agent.instances.plan). Domains of bc's that no spec
+   names are deleted. Stops, pauses, deletes and plain defines run first, so
+   what they free counts for the starts; then starts and resumes, in spec
+   order, each start through host admission (agent.instances.admission),
+   counting the live domains, the bound holds' memory limits and the starts
+   admitted before it in this pass.
+4. Report: `statuses` (StatusReport.instances) lists every domain, bc's with
+   the spec's desired state and a message, foreign ones as `managed: false`.
+
+A runtime call that fails marks that instance `ERROR` with its message and
+the pass carries on with the others; the section is then FAILED with reason
+`InstanceFailed` (terminal for the generation; the next pass tries again). A
+start admission refuses leaves the instance stopped with `ResourcesExhausted:
+… MiB needed, … MiB left`: not an error, the section stays PROGRESSING and the
+next pass tries again. After a host reboot every domain is stopped, and the
+plan starts the ones that should run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf.message import Message
+
+from agent.converge.run import CONVERGED, FAILED, PROGRESSING, SectionResult
+from agent.instances import plan as steps
+from agent.instances.admission import Admission, HostMemory, commitment_mib
+from agent.instances.runtime import PAUSED, RUNNING, STOPPED, Domain, DomainConfig, InstanceRuntime, RuntimeFailure
+from agent.offload import Offload
+from bc.protocol import instance_rules
+from bc.protocol.pb import common_pb2, spec_pb2
+
+log = logging.getLogger(__name__)
+
+REASON_FAILED = "InstanceFailed"
+REASON_EXHAUSTED = "ResourcesExhausted"
+REASON_LIST_FAILED = "RuntimeUnavailable"
+ERROR = "ERROR"
+BOOT_DIR = "instance-boot"
+
+
+@dataclass
+class _Item:
+    """One spec instance through the pass."""
+
+    spec: spec_pb2.Instance
+    desired: str
+    runtime: InstanceRuntime | None
+    observed: str
+    config: DomainConfig | None = None
+    error: str = ""
+    refused: str = ""
+
+
+class InstancesConverger:
+    section = "instances"
+
+    def __init__(
+        self,
+        runtimes: Mapping[str, InstanceRuntime],
+        boot_dir: Path,
+        host_memory: Callable[[], Awaitable[HostMemory | None]],
+        holds_memory: Callable[[], list[int]],
+        offload: Offload,
+    ) -> None:
+        self.runtimes = dict(runtimes)
+        self.boot_dir = boot_dir
+        self.host_memory = host_memory
+        self.holds_memory = holds_memory
+        self.offload = offload
+        self.statuses: list[common_pb2.InstanceStatus] = []
+        """The last pass's report of every domain (StatusReport.instances)."""
+        self.complete = False
+        """Whether every runtime answered the last pass's listing."""
+
+    def committed_mib(self) -> int:
+        """What bc's running and paused VMs commit after the last pass (memory + overhead each): what the
+        devices converger's hold admission leaves to them (reference: VMs and holds count each other)."""
+        return sum(commitment_mib(s.memory_mib) for s in self.statuses if s.managed and s.state in (RUNNING, PAUSED))
+
+    async def _list(self) -> tuple[dict[str, tuple[str, Domain]], list[str]]:
+        found: dict[str, tuple[str, Domain]] = {}
+        problems: list[str] = []
+        for name, rt in sorted(self.runtimes.items()):
+            try:
+                for d in await rt.list():
+                    found.setdefault(d.id, (name, d))
+            except RuntimeFailure as e:
+                problems.append(f"runtime {name}: {e}")
+        return found, problems
+
+    async def _config(self, inst: spec_pb2.Instance) -> DomainConfig:
+        kernel = self.boot_dir / inst.kernel
+        initrd = self.boot_dir / inst.initrd if inst.initrd else None
+        for what, path in (("kernel", kernel), ("initrd", initrd)):
+            if path is not None and not await self.offload(path.is_file):
+                raise RuntimeFailure(f"the {what} {path.name!r} is not in {self.boot_dir}")
+        return DomainConfig(
+            inst.id, inst.vcpus, inst.memory_mib, kernel, initrd, inst.cmdline, allocation_id=inst.allocation_id
+        )
+
+    async def _prepare(self, inst: spec_pb2.Instance, domains: dict[str, tuple[str, Domain]]) -> _Item:
+        item = _Item(inst, instance_rules.desired_state(inst), self.runtimes.get(inst.runtime), steps.ABSENT)
+        try:
+            instance_rules.check_instance(inst)
+        except instance_rules.InstanceRuleError as e:
+            item.error = f"the spec's {e}"
+            return item
+        if item.runtime is None:
+            item.error = f"runtime {inst.runtime} is not installed on this host"
+            return item
+        held = domains.get(inst.id)
+        if held is not None:
+            name, d = held
+            if not d.managed:
+                item.error = f"a domain bc did not create is named {inst.id} (runtime {name}); it is left alone"
+                return item
+            if name != inst.runtime:
+                item.error = f"domain {inst.id} runs on runtime {name}, not {inst.runtime}"
+                return item
+            item.observed = d.state
+        if item.desired != instance_rules.DELETED:
+            try:
+                item.config = await self._config(inst)
+            except RuntimeFailure as e:
+                item.error = str(e)
+        return item
+
+    async def _run(self, item: _Item, step: str) -> None:
+        rt, iid = item.runtime, item.spec.id
+        assert rt is not None
+        if step == steps.DEFINE:
+            assert item.config is not None
+            await rt.define(item.config)
+        elif step in steps.STARTS:
+            await rt.start(iid, paused=step == steps.START_PAUSED)
+        elif step == steps.PAUSE:
+            await rt.pause(iid)
+        elif step == steps.RESUME:
+            await rt.resume(iid)
+        elif step == steps.STOP:
+            await rt.stop(iid)
+        elif step == steps.DELETE:
+            await rt.delete(iid)
+        item.observed = steps.apply(item.observed, step)
+        log.info("event=instance.%s instance=%s state=%s", step, iid, item.observed)
+
+    async def _steps(self, item: _Item, todo: tuple[str, ...], ledger: Admission | None) -> None:
+        for step in todo:
+            if step in steps.STARTS and ledger is not None:
+                refusal = ledger.admit(item.spec.id, item.spec.memory_mib)
+                if refusal is not None:
+                    item.refused = refusal
+                    log.warning("event=instance.not-admitted instance=%s %s", item.spec.id, refusal)
+                    return
+            try:
+                await self._run(item, step)
+            except RuntimeFailure as e:
+                if step in steps.STARTS and ledger is not None:
+                    ledger.release(item.spec.memory_mib)
+                item.error = f"{step}: {e}"
+                log.warning("event=instance.failed instance=%s step=%s error=%r", item.spec.id, step, str(e))
+                return
+
+    async def converge(self, desired: Message, generation: int) -> SectionResult:
+        assert isinstance(desired, spec_pb2.InstancesSection)
+        domains, problems = await self._list()
+        self.complete = not problems
+        if problems:  # acting on a partial listing could define over a domain it did not show: wait instead
+            return _result([], [], problems)
+        items = [await self._prepare(inst, domains) for inst in desired.instances]
+        named = {i.spec.id for i in items}
+        orphan_errors: list[tuple[Domain, str]] = []
+        live: dict[str, int] = {}  # the running and paused domains of bc's: their memory, by id
+        for name, d in domains.values():
+            if not d.managed:
+                continue
+            if d.id not in named:  # bc's, and no spec names it any more: deleted
+                try:
+                    await self.runtimes[name].delete(d.id)
+                    log.info("event=instance.delete instance=%s reason=unnamed", d.id)
+                except RuntimeFailure as e:
+                    orphan_errors.append((d, f"delete: {e}"))
+                    if d.state in (RUNNING, PAUSED):
+                        live[d.id] = d.memory_mib
+            elif d.state in (RUNNING, PAUSED):
+                live[d.id] = d.memory_mib
+        plans = {id(i): steps.plan(i.desired, i.observed) for i in items if not i.error}
+        # Stops, pauses, deletes and defines first: what they free counts for the starts.
+        for item in items:
+            todo = plans.get(id(item), ())
+            if todo and not (set(todo) & (steps.STARTS | {steps.RESUME})):
+                await self._steps(item, todo, None)
+                if item.observed in (STOPPED, steps.ABSENT):
+                    live.pop(item.spec.id, None)
+        host = await self.host_memory()
+        ledger = Admission.for_pass(host, list(live.values()), self.holds_memory()) if host is not None else None
+        if host is None and any(set(plans.get(id(i), ())) & steps.STARTS for i in items):
+            log.warning("event=instance.admission-skipped reason=host memory unknown")
+        for item in items:
+            todo = plans.get(id(item), ())
+            if set(todo) & (steps.STARTS | {steps.RESUME}):
+                await self._steps(item, todo, ledger)
+        self.statuses = self._report(items, domains, orphan_errors)
+        return _result(items, orphan_errors, problems)
+
+    def _report(
+        self, items: list[_Item], domains: dict[str, tuple[str, Domain]], orphans: list[tuple[Domain, str]]
+    ) -> list[common_pb2.InstanceStatus]:
+        out: list[common_pb2.InstanceStatus] = []
+        for item in items:
+            if item.observed == steps.ABSENT and not item.error and not item.refused:
+                continue  # deleted, or never defined (DELETED): nothing to show
+            state = ERROR if item.error else (STOPPED if item.observed == steps.ABSENT else item.observed)
+            out.append(
+                common_pb2.InstanceStatus(
+                    id=item.spec.id,
+                    runtime=item.spec.runtime,
+                    state=state,
+                    desired=item.desired,
+                    message=item.error or item.refused,
+                    managed=True,
+                    vcpus=item.spec.vcpus,
+                    memory_mib=item.spec.memory_mib,
+                )
+            )
+        for d, why in orphans:
+            out.append(_domain_status(domains, d, ERROR, why))
+        for _name, d in domains.values():
+            if not d.managed:
+                out.append(_domain_status(domains, d, d.state, ""))
+        return sorted(out, key=lambda s: (not s.managed, s.id))
+
+
+def _domain_status(
+    domains: dict[str, tuple[str, Domain]], d: Domain, state: str, message: str
+) -> common_pb2.InstanceStatus:
+    return common_pb2.InstanceStatus(
+        id=d.id,
+        runtime=domains[d.id][0],
+        state=state,
+        message=message,
+        managed=d.managed,
+        vcpus=d.vcpus,
+        memory_mib=d.memory_mib,
+    )
+
+
+def _result(items: list[_Item], orphans: list[tuple[Domain, str]], problems: list[str]) -> SectionResult:
+    failed = [f"instance {i.spec.id}: {i.error}" for i in items if i.error]
+    failed += [f"instance {d.id}: {why}" for d, why in orphans]
+    refused = [f"instance {i.spec.id}: {i.refused}" for i in items if i.refused]
+    if problems:
+        return SectionResult(FAILED, reason=REASON_LIST_FAILED, message="; ".join(problems + failed))
+    if failed:
+        return SectionResult(FAILED, reason=REASON_FAILED, message="; ".join(failed + refused), terminal=not refused)
+    if refused:
+        return SectionResult(PROGRESSING, reason=REASON_EXHAUSTED, message="; ".join(refused))
+    return SectionResult(CONVERGED)

@@ -1,0 +1,93 @@
+"""`bc instances`: the VMs a node reports (docs/instances.md).
+
+    bc instances list NODE [--json]
+    bc instances show NODE INSTANCE [--json]
+
+Both read the node through `GetNode` (bc.control.reads: the one query path the
+TUI's node screen reads too), whose `instances` are the node's last status
+report: its managed VMs with their desired state, and the domains bc did not
+create (`managed: false`). What a node says is shown through the escaping
+writer. An instance the node does not report is NotFound (exit 3).
+"""
+
+from __future__ import annotations
+
+import click
+
+from bc.cli.connect import run_client, slow
+from bc.cli.emit import emit
+from bc.cli.output import Lines
+from bc.cli.render import format_mib, render_fields, render_table
+from bc.errors import NotFound
+from bc.protocol.pb import common_pb2
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+def _instances(node_id: str) -> list[common_pb2.InstanceStatus]:
+    info = run_client(lambda c: slow(c, c.get_node(node_id)))
+    return list(info.instances)
+
+
+def render_instances(rows: list[common_pb2.InstanceStatus]) -> Lines:
+    return render_table(
+        ("INSTANCE", "STATE", "DESIRED", "RUNTIME", "VCPUS", "MEMORY", "BC'S", "MESSAGE"),
+        [
+            (
+                i.id,
+                i.state,
+                i.desired or "-",
+                i.runtime,
+                i.vcpus or "-",
+                format_mib(i.memory_mib) if i.memory_mib else "-",
+                "yes" if i.managed else "no (left alone)",
+                i.message,
+            )
+            for i in rows
+        ],
+    )
+
+
+def render_instance(i: common_pb2.InstanceStatus) -> Lines:
+    return render_fields(
+        [
+            ("instance", i.id),
+            ("node", i.node_id),
+            ("state", i.state),
+            ("desired", i.desired or "- (not bc's: reported, never touched)"),
+            ("runtime", i.runtime),
+            ("vcpus", i.vcpus or "-"),
+            ("memory", format_mib(i.memory_mib) if i.memory_mib else "-"),
+            ("managed", "yes" if i.managed else "no"),
+            ("message", i.message),
+        ]
+    )
+
+
+@click.group("instances")
+def instances() -> None:
+    """The VMs nodes run from their spec's instances section, and those they report but bc did not create."""
+
+
+@instances.command("list")
+@click.argument("node_id", metavar="NODE")
+@json_option
+def instances_list(node_id: str, as_json: bool) -> None:
+    """The instances NODE reported last: state, desired state, size, and why one is not as desired."""
+    rows = _instances(node_id)
+    emit(as_json, rows, lambda: render_instances(rows), empty=f"node {node_id} reports no instances")
+
+
+@instances.command("show")
+@click.argument("node_id", metavar="NODE")
+@click.argument("instance_id", metavar="INSTANCE")
+@json_option
+def instances_show(node_id: str, instance_id: str, as_json: bool) -> None:
+    """One instance of NODE (bc's own first, when a foreign domain shares its name)."""
+    found = [i for i in _instances(node_id) if i.id == instance_id]
+    if not found:
+        raise NotFound(f"node {node_id} reports no instance {instance_id!r}")
+    emit(as_json, found[0], lambda: render_instance(found[0]))
+
+
+COMMANDS: tuple[click.Command, ...] = (instances,)

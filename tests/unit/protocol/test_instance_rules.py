@@ -1,0 +1,71 @@
+"""bc.protocol.instance_rules: what an instances section may say, and the server's one-sentence refusal."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import json_format
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bc.protocol import instance_rules as rules
+from bc.protocol.canonical import SpecError
+from bc.protocol.pb import spec_pb2
+from bc.protocol.spec_validation import check_section
+
+GOOD = {"id": "vm-1", "runtime": "qemu", "vcpus": 2, "memory_mib": 512, "kernel": "vmlinuz", "initrd": "init.cpio"}
+
+
+def section(**changes: object) -> spec_pb2.InstancesSection:
+    doc = {**GOOD, **changes}
+    return json_format.ParseDict({"instances": [doc]}, spec_pb2.InstancesSection())
+
+
+@pytest.mark.parametrize("state", ["", "RUNNING", "PAUSED", "STOPPED", "DELETED"])
+def test_every_desired_state_passes(state: str) -> None:
+    s = section(state=state)
+    rules.check_section(s)
+    assert rules.desired_state(s.instances[0]) == (state or "RUNNING")
+
+
+@pytest.mark.parametrize(
+    "changes, field, words",
+    [
+        ({"id": "VM_1"}, "id", "is not an instance id"),
+        ({"id": "a" * 64}, "id", "is not an instance id"),
+        ({"id": "-a"}, "id", "is not an instance id"),
+        ({"state": "running"}, "state", "must be one of RUNNING, PAUSED, STOPPED, DELETED"),
+        ({"runtime": "libvirt-kvm"}, "runtime", "must be one of qemu"),
+        ({"vcpus": 0}, "vcpus", "between 1 and 256"),
+        ({"memory_mib": 8}, "memory_mib", "between 16 and"),
+        ({"kernel": ""}, "kernel", "is not a file name"),
+        ({"kernel": "../../etc/shadow"}, "kernel", "is not a file name"),
+        ({"initrd": "/boot/initrd.img"}, "initrd", "is not a file name"),
+        ({"cmdline": "console=ttyS0 \u00e9"}, "cmdline", "printable ASCII"),
+        ({"image": "https://img.example/u.qcow2"}, "image", "tenant images are not built yet"),
+        ({"nics": ["br0"]}, "nics", "networks are not built yet"),
+        ({"gpus": ["GPU-1"]}, "gpus", "(VFIO) is not built yet"),
+    ],
+)
+def test_the_server_refuses_a_bad_instance_in_one_sentence(changes: dict[str, object], field: str, words: str) -> None:
+    with pytest.raises(SpecError) as e:
+        check_section("instances", section(**changes))
+    message = str(e.value)
+    assert message.startswith(f"the instances section's instances[0].{field} "), message
+    assert words in message and "\n" not in message
+
+
+def test_an_id_twice_is_refused() -> None:
+    s = section()
+    s.instances.add().CopyFrom(s.instances[0])
+    with pytest.raises(rules.InstanceRuleError, match=r"instances\[1\]\.id 'vm-1' appears twice"):
+        rules.check_section(s)
+
+
+@given(st.text(max_size=80))
+def test_an_id_is_never_a_path_nor_long(text: str) -> None:
+    inst = spec_pb2.Instance(**{**GOOD, "id": text})  # type: ignore[arg-type]
+    try:
+        rules.check_instance(inst)
+    except rules.InstanceRuleError:
+        return
+    assert "/" not in text and "." not in text and 1 <= len(text) <= 63 and text == text.lower()
