@@ -450,7 +450,12 @@ class Agent:
         executors: Callable[[str], KindExecutor | None] = executor_for
         if self.identity.role == "site":
             self.site = SiteState(
-                self.data_dir, self.clock, self.offload, self.opts.site, wake=self.state.spec_changed.set
+                self.data_dir,
+                self.clock,
+                self.offload,
+                self.opts.site,
+                wake=self.state.spec_changed.set,
+                secret_source=self.secrets,
             )
             self.convergers["site"] = SiteConverger(self.site)
             site_kinds = site_executors(self.site)

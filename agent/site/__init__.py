@@ -2,7 +2,8 @@
 
 docs/metal.md is the operator's page. The parts, each a module of one idea:
 
-* `credentials`: the 0600 JSON file of BMC credentials the `site` section names (until the secret broker);
+* `credentials`: the 0600 JSON file of BMC credentials the `site` section names, and that JSON's rules;
+* `broker_credentials`: the same JSON as a secret of the broker (`credentials_secret_ref`), held in memory;
 * `redfish`: the one seam to a BMC, over sushy, run off the loop with bounded timeouts;
 * `bmc_hosts`: every BMC host the site drove, remembered on disk, so `site.httpProxy` never reaches one;
 * `leases`: the boot leases `boot.prepareRamdisk` sets and `boot.cleanUp` removes, and the pure rule of a live one;

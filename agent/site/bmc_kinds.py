@@ -10,7 +10,9 @@ credentials file that is not 0600 (or missing) `bmc-credentials`.
 Flags (bc.protocol.kinds): all destructive but `bmc.query`; `bmc.rotate` attested (the dispatcher signs the
 result with the node key). `bmc.rotate` makes the new password here (the site's `Secrets`); the credentials
 file holds it (as the machine's `pending` entry) before the BMC is asked to take it, and it becomes the
-current one after (agent.site.credentials); the result carries the account, never the password.
+current one after (agent.site.credentials); the result carries the account, never the password. With
+`credentials_secret_ref` it fails `bmc-credentials` before touching the BMC (writing back through the broker
+is not built).
 """
 
 from __future__ import annotations
@@ -194,6 +196,12 @@ class BmcRotate(BmcKind):
             raise InvalidPayload(f"username {request.username!r} is not an account name")
 
     async def drive(self, bmc: Bmc, machine: str, request: pb.BmcRotateRequest) -> KindResult:
+        if self.site.section.credentials_secret_ref:  # writing back through the broker is not built
+            return KindResult.failure(
+                BMC_CREDENTIALS,
+                f"bmc.rotate cannot write to credentials_secret_ref {self.site.section.credentials_secret_ref!r}"
+                " (not built): set the new password on the BMC, then `bc secret set`; the BMC was not touched",
+            )
         path = Path(self.site.section.credentials_file)
         current = await self.site.offload(credentials.load, path, machine)
         username = request.username or current.username

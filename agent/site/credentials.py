@@ -1,7 +1,7 @@
-"""BMC credentials: a 0600 JSON file on the site host, named by the `site` section's `credentials_file`.
+"""BMC credentials: a 0600 JSON file on the site host (the `site` section's `credentials_file`), or the same
+JSON as a secret of the broker (`credentials_secret_ref`, delivered into memory: `parse` and `pick`).
 
-Until the secret broker exists this file is where a site keeps them (docs/metal.md); a spec or a command
-never carries one. The file:
+A spec or a command never carries one (docs/metal.md). The document:
 
     {"default": {"username": "admin", "password": "..."},
      "machines": {"rack1-n01": {"username": "root", "password": "..."}}}
@@ -63,26 +63,35 @@ def _read(path: Path) -> dict[str, Any]:
                 f"the BMC credentials file {path} is mode {stat.S_IMODE(st.st_mode):04o}: it must be 0600 (chmod 600)"
             )
         raw = f.read(1 << 20)
+    return parse(raw, f"the BMC credentials file {path}")
+
+
+def parse(raw: bytes, where: str) -> dict[str, Any]:
+    """The document (`where` names its source in the errors, which never quote its bytes)."""
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
-        raise CredentialsError(f"the BMC credentials file {path} is not JSON") from None
+        raise CredentialsError(f"{where} is not JSON") from None
     if not isinstance(doc, dict):
-        raise CredentialsError(f"the BMC credentials file {path} must hold a JSON object")
+        raise CredentialsError(f"{where} must hold a JSON object")
     return doc
 
 
-def load(path: Path, machine: str) -> Credential:
-    """The machine's credential, else the file's default; CredentialsError when neither is there or the file is bad."""
-    doc = _read(path)
+def pick(doc: dict[str, Any], machine: str, where: str) -> Credential:
+    """The machine's credential, else the document's default; CredentialsError when neither is there."""
     machines = doc.get("machines", {})
     if not isinstance(machines, dict):
-        raise CredentialsError(f"the BMC credentials file {path}: machines must be an object")
+        raise CredentialsError(f"{where}: machines must be an object")
     if machine in machines:
         return _entry(machines[machine], f"the credentials of {machine!r}")
     if "default" in doc:
         return _entry(doc["default"], "the default credentials")
-    raise CredentialsError(f"the BMC credentials file {path} has no entry for {machine!r} and no default")
+    raise CredentialsError(f"{where} has no entry for {machine!r} and no default")
+
+
+def load(path: Path, machine: str) -> Credential:
+    """The machine's credential, else the file's default; CredentialsError when neither is there or the file is bad."""
+    return pick(_read(path), machine, f"the BMC credentials file {path}")
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:

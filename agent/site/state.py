@@ -16,11 +16,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.converge.secret_port import SecretSource
 from agent.offload import Offload
 from agent.site import credentials, leases
 from agent.site.bmc_hosts import BmcHosts
 from agent.site.boot_config import leased_macs
 from agent.site.boot_http import BootHttp
+from agent.site.broker_credentials import BrokerCredentials
 from agent.site.dnsmasq import Dnsmasq
 from agent.site.image_cache import ImageCache
 from agent.site.redfish import Bmc, OpenBmc, Timeouts, call, open_redfish
@@ -71,10 +73,15 @@ class SiteState:
         resolve: Resolve = resolve_host,
         wake: Callable[[], None] = lambda: None,
         secrets: Secrets | None = None,
+        secret_source: SecretSource | None = None,
     ) -> None:
         self.options = options or SiteOptions()
         self.secrets: Secrets = secrets or SystemSecrets()
         """Where bmc.rotate's new passwords come from (the OS's entropy in production)."""
+        self.broker = BrokerCredentials(secret_source) if secret_source is not None else None
+        """Where `credentials_secret_ref` is read from (the agent's secret client); None: no broker."""
+        self.generation = 0
+        """The generation `section` came with (what a secret request is bound to)."""
         self.site_dir = data_dir / "site"
         self.clock, self.offload = clock, offload
         self.open_bmc = open_bmc or open_redfish(self.options.timeouts)
@@ -99,11 +106,19 @@ class SiteState:
         raise UnknownMachine(f"{name!r} is not a machine of this site's section")
 
     async def bmc(self, machine: spec_pb2.SiteMachine) -> Bmc:
-        """An open BMC for the machine: its host remembered first, then the credentials read (0600 file)."""
-        if not self.section.credentials_file:
-            raise credentials.CredentialsError("the site section names no credentials_file")
+        """An open BMC for the machine: its host remembered first, then the credentials read (the 0600 file,
+        or the broker's secret)."""
+        ref, path = self.section.credentials_secret_ref, self.section.credentials_file
+        if not ref and not path:
+            raise credentials.CredentialsError("the site section names no credentials_file or credentials_secret_ref")
+        if ref and self.broker is None:
+            raise credentials.CredentialsError("credentials_secret_ref needs the secret broker; this agent has none")
         await self.offload(self.bmc_hosts.remember, site_rules.bmc_host(machine.bmc_url))
-        cred = await self.offload(credentials.load, Path(self.section.credentials_file), machine.name)
+        if ref:
+            assert self.broker is not None
+            cred = await self.broker.load(ref, self.generation, machine.name)
+        else:
+            cred = await self.offload(credentials.load, Path(path), machine.name)
         # Opening one reads the service root: the same bounds and failure reasons as every later call.
         return await call(
             self.offload, self.options.timeouts, lambda: self.open_bmc(machine.bmc_url, machine.system_id, cred)

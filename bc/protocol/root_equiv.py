@@ -134,6 +134,7 @@ FIELDS: Mapping[str, str] = {
     "site.machines.system_id": ANY_CHANGE,
     "site.machines.macs": ANY_CHANGE,
     "site.credentials_file": ANY_CHANGE,
+    "site.credentials_secret_ref": ANY_CHANGE,
     "site.boot": OPERATOR,
     "site.boot.interface": OPERATOR,
     "site.boot.dhcp_range": OPERATOR,

@@ -3,7 +3,8 @@
 A spec names a secret by reference, never by value:
 
 * `telemetry.headers_secret_ref`: the OTLP exporter's headers (docs/telemetry.md);
-* the `kubernetes` host unit's `token_secret_ref`: its `kubeadm join` bootstrap token (docs/host.md).
+* the `kubernetes` host unit's `token_secret_ref`: its `kubeadm join` bootstrap token (docs/host.md);
+* `site.credentials_secret_ref`: the site's BMC credentials, the credentials file's JSON (docs/metal.md).
 
 A reference is a secret name (`check_name`). `refs(spec)` lists every (section, unit, name) the spec names;
 the broker answers a request only when its binding's section (and unit) names the secret it asks for.
@@ -53,6 +54,8 @@ def refs(spec: spec_pb2.NodeSpec) -> list[SecretRef]:
     out: list[SecretRef] = []
     if spec.HasField("telemetry") and spec.telemetry.headers_secret_ref:
         out.append(SecretRef("telemetry", "", spec.telemetry.headers_secret_ref))
+    if spec.HasField("site") and spec.site.credentials_secret_ref:
+        out.append(SecretRef("site", "", spec.site.credentials_secret_ref))
     for unit in spec.host.units if spec.HasField("host") else ():
         if unit.name not in UNIT_REFS:
             continue

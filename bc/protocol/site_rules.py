@@ -9,7 +9,9 @@ addresses in.
 * A machine's name is a short token; its BMC URL is http(s) with a host and no
   path, query or credentials (credentials live in the site's 0600 file, never in
   a spec); its MACs are six lower-case hex pairs.
-* `credentials_file` is an absolute path.
+* The BMC credentials come from `credentials_file` (an absolute path) or `credentials_secret_ref` (a secret
+  of the broker, docs/secrets.md), never both. Neither is allowed (a section without machines, or machines
+  enrolled before their credentials): the kinds then fail `bmc-credentials`.
 * The boot server's `dhcp_range` is two IPv4 addresses (and an optional netmask);
   `http_address` is `ip:port`; `interface` an interface name.
 * A proxy target's addresses are IP literals; its names are DNS names; neither, nor a cached image's URL,
@@ -22,6 +24,7 @@ import ipaddress
 import re
 from urllib.parse import urlsplit
 
+from bc.protocol import secret_refs
 from bc.protocol.pb import spec_pb2
 
 MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -128,6 +131,21 @@ def check_proxy_target(field: str, t: spec_pb2.SiteProxyTarget) -> None:
             raise SiteRuleError(f"{field}.names[{j}]", f"{n!r} is not a DNS name")
 
 
+def check_credentials_source(s: spec_pb2.SiteSection) -> None:
+    """At most one of `credentials_file` (an absolute path) and `credentials_secret_ref` (a secret's name)."""
+    if s.credentials_file and s.credentials_secret_ref:
+        raise SiteRuleError(
+            "credentials_secret_ref", "and credentials_file are both set: the BMC credentials come from one of them"
+        )
+    if s.credentials_file and not s.credentials_file.startswith("/"):
+        raise SiteRuleError("credentials_file", "must be an absolute path")
+    if s.credentials_secret_ref and not secret_refs.NAME_RE.fullmatch(s.credentials_secret_ref):
+        raise SiteRuleError(
+            "credentials_secret_ref",
+            f"{s.credentials_secret_ref!r} is not a secret name (1-128 of a-z 0-9 . _ -)",
+        )
+
+
 def check_section(s: spec_pb2.SiteSection) -> None:
     """SiteRuleError for the first field of the section that breaks a rule above."""
     names: set[str] = set()
@@ -141,8 +159,7 @@ def check_section(s: spec_pb2.SiteSection) -> None:
             if mac in macs:
                 raise SiteRuleError(f"machines[{i}].macs", f"{mac} is also {macs[mac]!r}'s")
             macs[mac] = m.name
-    if s.credentials_file and not s.credentials_file.startswith("/"):
-        raise SiteRuleError("credentials_file", "must be an absolute path")
+    check_credentials_source(s)
     check_boot(s.boot)
     bmc_hosts = {bmc_host(m.bmc_url) for m in s.machines}
     for i, img in enumerate(s.cache_images):

@@ -2,10 +2,10 @@
 
 A machine's `bmc_url` is where the site agent sends that BMC's credentials, even for `bmc.query` (an
 operator's kind): an operator who could set it could collect the passwords. Its MACs decide which machine
-the boot server hands a ramdisk join token; `credentials_file` is where the site reads the passwords;
-`proxy_targets` is what `site.httpProxy` may reach. Each is root-equivalent (bc.protocol.root_equiv):
-the operator's call is refused with the reason and nothing is stored. Cached images and the boot server
-are an operator's to set.
+the boot server hands a ramdisk join token; `credentials_file` (or `credentials_secret_ref`) is where the
+site reads the passwords; `proxy_targets` is what `site.httpProxy` may reach. Each is root-equivalent
+(bc.protocol.root_equiv): the operator's call is refused with the reason and nothing is stored. Cached
+images and the boot server are an operator's to set.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ REFUSED = {
     "a machine added": {**BASE, "machines": [MACHINE, {"name": "m2", "bmcUrl": "https://10.9.0.2"}]},
     "a MAC added": {**BASE, "machines": [{**MACHINE, "macs": ["aa:bb:cc:dd:ee:01", "aa:bb:cc:dd:ee:99"]}]},
     "the credentials file": {**BASE, "credentialsFile": "/tmp/other.json"},
+    "a credentials secret instead": {"machines": [MACHINE], "credentialsSecretRef": "bmc-creds"},
     "a proxy target": {**BASE, "proxyTargets": [{"nodeId": "gpu-07", "addresses": ["10.1.0.7"]}]},
 }
 

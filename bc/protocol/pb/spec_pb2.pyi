@@ -185,20 +185,22 @@ class DaemonSection(_message.Message):
     def __init__(self, version: _Optional[str] = ..., url: _Optional[str] = ..., sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., sequence: _Optional[int] = ..., size: _Optional[int] = ..., name: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...
 
 class SiteSection(_message.Message):
-    __slots__ = ("boot_lease_state", "cache_images", "machines", "credentials_file", "boot", "proxy_targets")
+    __slots__ = ("boot_lease_state", "cache_images", "machines", "credentials_file", "boot", "proxy_targets", "credentials_secret_ref")
     BOOT_LEASE_STATE_FIELD_NUMBER: _ClassVar[int]
     CACHE_IMAGES_FIELD_NUMBER: _ClassVar[int]
     MACHINES_FIELD_NUMBER: _ClassVar[int]
     CREDENTIALS_FILE_FIELD_NUMBER: _ClassVar[int]
     BOOT_FIELD_NUMBER: _ClassVar[int]
     PROXY_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIALS_SECRET_REF_FIELD_NUMBER: _ClassVar[int]
     boot_lease_state: str
     cache_images: _containers.RepeatedCompositeFieldContainer[CacheImage]
     machines: _containers.RepeatedCompositeFieldContainer[SiteMachine]
     credentials_file: str
     boot: SiteBootServer
     proxy_targets: _containers.RepeatedCompositeFieldContainer[SiteProxyTarget]
-    def __init__(self, boot_lease_state: _Optional[str] = ..., cache_images: _Optional[_Iterable[_Union[CacheImage, _Mapping]]] = ..., machines: _Optional[_Iterable[_Union[SiteMachine, _Mapping]]] = ..., credentials_file: _Optional[str] = ..., boot: _Optional[_Union[SiteBootServer, _Mapping]] = ..., proxy_targets: _Optional[_Iterable[_Union[SiteProxyTarget, _Mapping]]] = ...) -> None: ...
+    credentials_secret_ref: str
+    def __init__(self, boot_lease_state: _Optional[str] = ..., cache_images: _Optional[_Iterable[_Union[CacheImage, _Mapping]]] = ..., machines: _Optional[_Iterable[_Union[SiteMachine, _Mapping]]] = ..., credentials_file: _Optional[str] = ..., boot: _Optional[_Union[SiteBootServer, _Mapping]] = ..., proxy_targets: _Optional[_Iterable[_Union[SiteProxyTarget, _Mapping]]] = ..., credentials_secret_ref: _Optional[str] = ...) -> None: ...
 
 class SiteMachine(_message.Message):
     __slots__ = ("name", "bmc_url", "system_id", "macs")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bc.protocol import spec_validation
+from bc.protocol import root_equiv, secret_refs, spec_validation
 from bc.protocol.canonical import SpecError
 from bc.protocol.pb import spec_pb2
 
@@ -68,3 +68,24 @@ def test_two_machines_may_not_share_a_name_or_a_mac() -> None:
     m2 = spec_pb2.SiteMachine(name="m2", bmc_url="https://b2", macs=["aa:bb:cc:dd:ee:01"])
     with pytest.raises(SpecError, match="also 'm1'"):
         spec_validation.check_section("site", section(machines=[m, m2], proxy_targets=[]))
+
+
+def test_the_credentials_come_from_a_file_or_a_secret_never_both() -> None:
+    spec_validation.check_section("site", section(credentials_file="", credentials_secret_ref="bmc-creds"))
+    spec_validation.check_section("site", section(credentials_file=""))  # neither: the kinds fail bmc-credentials
+    with pytest.raises(SpecError) as e:
+        spec_validation.check_section("site", section(credentials_secret_ref="bmc-creds"))
+    assert str(e.value) == (
+        "the site section's credentials_secret_ref and credentials_file are both set:"
+        " the BMC credentials come from one of them"
+    )
+    with pytest.raises(SpecError, match=r"credentials_secret_ref 'BMC creds' is not a secret name"):
+        spec_validation.check_section("site", section(credentials_file="", credentials_secret_ref="BMC creds"))
+
+
+def test_a_credentials_secret_is_named_by_the_site_section_and_root_equivalent() -> None:
+    spec = spec_pb2.NodeSpec(site=section(credentials_file="", credentials_secret_ref="bmc-creds"))
+    assert [(r.where, r.name) for r in secret_refs.refs(spec)] == [("site", "bmc-creds")]
+    assert secret_refs.names(spec, "site") == {"bmc-creds"} and secret_refs.names(spec, "telemetry") == set()
+    before = spec_pb2.SiteSection(credentials_secret_ref="old-creds")
+    assert root_equiv.changes("site", before, spec_pb2.SiteSection(credentials_secret_ref="bmc-creds"))
