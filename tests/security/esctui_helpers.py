@@ -100,6 +100,9 @@ class HostileSource(FakeSource):
             m.state = f"{MARKUP[i % len(MARKUP)]}{m.state}"
         for b in self.batches:  # signable, so the approval dialog opens: the leaves agree with the batch
             b.payload_json = BATCH_PAYLOAD
+            # JSON escapes its own control characters (\u001b): a raw OSC reaches the dialog in the reason, put
+            # there on purpose (which probe lands in which field moves whenever a message gains a field).
+            b.reason = "\x1b]0;owned\x07 " + b.reason
             digest = leaf_digest(b)
             for leaf in b.leaves:
                 leaf.kind, leaf.payload_digest = b.kind, digest.hex()
