@@ -509,23 +509,24 @@ def test_a_remediation_survives_a_kill_9_of_bc_serve_mid_reset_and_resets_once(f
 
 def test_a_rollout_of_an_unsupported_section_stops_at_its_first_node_with_the_reason(fleet: Fleet) -> None:
     lab = fleet.lab
-    # No node has an instances converger yet. (A host unit no one knows, e.g. chrony, is root-equivalent now:
-    # a rollout refuses it before any write, tests/security/test_sec_rootequiv_operator_host.py.)
-    section = lab.root / "instances.json"
-    section.write_text(json.dumps({"instances": [{"id": "vm1", "runtime": "qemu"}]}))
+    # A GPU node has no site converger (only an agent of the `site` role does, docs/metal.md); cached images are
+    # an operator's part of the section. (A host unit no one knows, e.g. chrony, is root-equivalent: a rollout
+    # refuses it before any write, tests/security/test_sec_rootequiv_operator_host.py.)
+    section = lab.root / "site.json"
+    section.write_text(json.dumps({"cacheImages": [{"url": "https://img.example/u.img", "sha256": "b" * 64}]}))
     generations = {n: int(lab.show(n)["generation"]) for n in NODES}
 
     r = lab.run(
-        "jobs", "run", "rollout", "--section", "instances", "--file", str(section), "--nodes", "n2,n1,n3", timeout=60
+        "jobs", "run", "rollout", "--section", "site", "--file", str(section), "--nodes", "n2,n1,n3", timeout=60
     )
     assert r.returncode == 8, f"exited {r.returncode}: stdout={r.stdout!r} stderr={r.stderr!r}"
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, r.stderr
-    assert "failed: node n2 answered instances UNSUPPORTED" in errors[0], errors[0]
+    assert "failed: node n2 answered site UNSUPPORTED" in errors[0], errors[0]
 
     (dag,) = [j for j in lab.bc("jobs", "list") if j["template"] == "rollout"]
     assert dag["terminal"] and dag["state"] == "failed", job_brief(dag)
-    assert "node n2 answered instances UNSUPPORTED" in dag["first_error"], dag["first_error"]
+    assert "node n2 answered site UNSUPPORTED" in dag["first_error"], dag["first_error"]
     s = states(dag)
     assert (s["patch:n2"], s["patch:n1"], s["patch:n3"]) == ("failed", "cancelled", "cancelled"), job_brief(dag)
     assert lab.wait_converged("n2", generations["n2"] + 1)["sections"], "n2 observed its patch"
