@@ -63,6 +63,10 @@ class _Held:
 
 
 class JobEngine:
+    build = staticmethod(templates.build)
+    """The request-to-DAG rule (a seam only for the simulator's `--break health-reset-under-hold`: production
+    never sets it)."""
+
     def __init__(self, store: Store, bus: Bus, signer: Signer, rng: random.Random, *, holder: str) -> None:
         self.store, self.bus, self.signer, self.rng, self.holder = store, bus, signer, rng, holder
         self._held: _Held | None = None
@@ -82,7 +86,7 @@ class JobEngine:
         together or not at all)."""
         facts = await self._facts(tx, req, requested_by)
         dag_id = "j-" + ulid(now_ms / 1000, self.rng)
-        spec = templates.build(req, dag_id, facts)
+        spec = self.build(req, dag_id, facts)
         await self._step(tx, [Submit(spec)], now_ms, new=(spec, req, requested_by))
         return dag_id
 

@@ -109,6 +109,9 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
             "spec-out-of-order",
             "quorum-duplicate-signer",
             "health-ignore-limits",
+            "health-release-holds",
+            "health-reset-under-hold",
+            "health-forget-repeats",
         ]
     )
     checker = {rule: seams_for(rule).checker for rule in RULES}
@@ -124,6 +127,9 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
         "spec-out-of-order": "I3",
         "quorum-duplicate-signer": "Q1",
         "health-ignore-limits": "H1",
+        "health-release-holds": "H1",
+        "health-reset-under-hold": "H1",
+        "health-forget-repeats": "H1",
     }
     for rule in RULES:
         seams = seams_for(rule)
