@@ -65,6 +65,10 @@ class _Held:
 
 
 class JobEngine:
+    build = staticmethod(templates.build)
+    """The request-to-DAG rule (a seam only for the simulator's `--break health-reset-under-hold`: production
+    never sets it)."""
+
     def __init__(
         self,
         store: Store,
@@ -95,7 +99,7 @@ class JobEngine:
         together or not at all)."""
         facts = await self._facts(tx, req, requested_by)
         dag_id = "j-" + ulid(now_ms / 1000, self.rng)
-        spec = templates.build(req, dag_id, facts)
+        spec = self.build(req, dag_id, facts)
         await self._step(tx, [Submit(spec)], now_ms, new=(spec, req, requested_by))
         return dag_id
 

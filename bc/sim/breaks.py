@@ -37,9 +37,17 @@ seam the production class declares with its production default (`Gateway.close_s
     health-ignore-limits       a health reconciler whose decision is shown no limits (no     H1
                                node cap, no per-label rule, no hourly limit): a storm
                                starts every remediation at once (`--health` runs only)
+    health-release-holds       a health reconciler that releases the holds on a GPU as it    H1
+                               starts its remediation, instead of waiting (`--health`)
+    health-reset-under-hold    a health reconciler whose remediation resets the GPU          H1
+                               without waiting for its drain (`--health`)
+    health-forget-repeats      a health reconciler blind to the episodes that ended: a GPU   H1
+                               sick again within the repeat window is remediated again
+                               instead of quarantined (`--health`)
 
-The health reconciler's break sets the production reconciler's `decider` seam (as `PlacementPass.planner`
-is set for double-book); `ControlFactories.health_cls` is where the class is swapped.
+The health reconciler's breaks (`bc.sim.health_breaks`) are swapped in through `ControlFactories.health_cls`:
+two set the production reconciler's `decider` seam (as `PlacementPass.planner` is set for double-book), one
+its job engine's `build` seam, one overrides its start.
 
 `seams_for(rule)` returns the `SimSeams` the runner applies as it builds the control plane and the agents;
 `seams_for(None)` the production ones. A break shows only when the run meets what it is wrong about: a
@@ -53,7 +61,6 @@ tests/sim/test_sim_breaks_e2e.py holds a small seeded run for each.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -63,15 +70,11 @@ from agent.journal_api import AgentJournal, JournalEvent, StoredSpec
 from agent.journal_rules import KEEP_S, Acceptance, CommandEntry, Settlement
 from agent.session_core import SpecRule, decide_spec
 from bc.control.base.bus import Bus
-from bc.control.base.events import publish
 from bc.control.capacity import placement_pass
 from bc.control.capacity.placement_pass import PlacementPass
 from bc.control.capacity.placement_plan import Booking, NodeInfo, Placement, Plan, Request, plan
 from bc.control.capacity.usage_windows import windows_to_flush
-from bc.control.health import decide as health_decide
-from bc.control.health.policy import Limits
 from bc.control.nodes.liveness import Liveness, LivenessConfig
-from bc.control.nodes.specs import write_spec
 from bc.control.signing.signer import Signer
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
@@ -79,6 +82,8 @@ from bc.jobs.health import HealthReconciler
 from bc.pki import quorum as q
 from bc.protocol import connectivity as cx
 from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
+from bc.sim.health_breaks import EvictingReconciler, HastyReconciler, LimitlessReconciler, RepeatBlindReconciler
+from bc.sim.releases import release_reservation
 from bc.store import Store, Tx
 from bc.store import capacity as cap_sql
 from bc.store import connectivity as cx_sql
@@ -237,18 +242,11 @@ class ReleasingLiveness(Liveness):
         released: list[str] = []
         async with self.store.transaction() as tx:
             for row in await res_sql.list_(tx, node_id, state="active"):
-                rid = str(row["id"])
-                if str(row["node_id"] or "") != node_id or str(row["state"]) not in ("placed", "active"):
+                if str(row["node_id"] or "") != node_id:
                     continue
-                if not await cap_sql.settle(tx, rid, "released", RELEASE_REASON, now_ms, ("placed", "active")):
-                    continue
-                await res_sql.release_bookings(tx, rid, now_ms)
-                await placement_pass.flush_usage(tx, now_ms, rid)
-                drop = placement_pass.drop_assignment(str(row["allocation_id"]))
-                await write_spec(tx, self.bus, self.signer, node_id, drop, now_ms, lock=self.store.for_update())
-                data = {"node_id": node_id, "reason": RELEASE_REASON}
-                await publish(tx, self.bus, "reservation.released", rid, data, now_ms)
-                released.append(rid)
+                lock = self.store.for_update()
+                if await release_reservation(tx, self.bus, self.signer, row, RELEASE_REASON, now_ms, lock=lock):
+                    released.append(str(row["id"]))
         return released
 
 
@@ -424,20 +422,6 @@ def count_duplicate_signers(
 # ---- the rules ----
 
 
-NO_LIMITS = Limits(max_nodes=1 << 30, max_fleet_percent=100, per_label="", max_actions_per_hour=1 << 30)
-
-
-def decide_without_limits(world: health_decide.World) -> list[health_decide.Decision]:
-    """The production decision shown a policy without limits."""
-    return health_decide.decide(dataclasses.replace(world, policy=dataclasses.replace(world.policy, limits=NO_LIMITS)))
-
-
-class LimitlessReconciler(HealthReconciler):
-    """The production reconciler deciding with `decide_without_limits` (its `decider` seam)."""
-
-    decider = staticmethod(decide_without_limits)
-
-
 def same_journal(open_journal: OpenJournal) -> OpenJournal:
     return open_journal
 
@@ -488,6 +472,9 @@ RULES: dict[str, SimSeams] = {
         SimSeams("spec-out-of-order", "I3", spec_rule=apply_any_generation),
         SimSeams("quorum-duplicate-signer", "Q1", quorum_count=count_duplicate_signers),
         SimSeams("health-ignore-limits", "H1", health_cls=LimitlessReconciler),
+        SimSeams("health-release-holds", "H1", health_cls=EvictingReconciler),
+        SimSeams("health-reset-under-hold", "H1", health_cls=HastyReconciler),
+        SimSeams("health-forget-repeats", "H1", health_cls=RepeatBlindReconciler),
     )
     if s.rule is not None
 }

@@ -72,7 +72,7 @@ from bc.seams.clock import Clock, LoopClock, ms
 from bc.seams.network import LinkFaults, SimNetwork
 from bc.seams.virtual_time import WALL_START
 from bc.seams.virtual_time import run as run_virtual
-from bc.sim import chaos, storms, strikes
+from bc.sim import chaos, storm_aim, storms, strikes
 from bc.sim.breaks import PowerLoss, SimSeams, seams_for
 from bc.sim.bus_hub import BusHub
 from bc.sim.chaos import Fault, Level
@@ -361,13 +361,16 @@ class Fleet:
         )
         if cfg.health:  # drawn after every other fault: the rest of the schedule is the one without storms
             more = storms.schedule(chaos_rng, self.pair.node_ids(), cfg.duration_s)
+            more += storms.aimed(chaos_rng, self.pair.node_ids(), cfg.duration_s)
             self.schedule = sorted(self.schedule + more, key=lambda f: (f.t_s, f.kind, f.targets))
         self.gpu_faults = GpuFaults(self.pair)
-        self.operator_released: set[str] = set()
-        """Reservations the workload (the operator) released: H1 blames any other release of a held GPU under
-        remediation on the reconciler."""
+        self.operator_released: dict[str, int] = {}
+        """Reservations the workload (the operator) asked to release, and when it first asked (the store's ms): H1
+        blames any other release of a held GPU under remediation, or one decided before the ask, on the
+        reconciler."""
         self.strikes = Strikes(cfg.chaos, random.Random(seeds.getrandbits(64)), cfg.gateways)
         self._aim = random.Random(f"bc-sim-aim:{cfg.seed}")  # its own: every other draw of the run is unchanged
+        self._storm_aim = random.Random(f"bc-sim-storm-aim:{cfg.seed}")  # the aimed XIDs' (`bc.sim.storm_aim`)
         self._struck: set[str] = set()
         """Nodes (and gateway addresses) a strike is still working on: not struck again until it is over."""
         self.striking = False
@@ -401,6 +404,10 @@ class Fleet:
     def _now_ms(self) -> int:
         return ms(self.pair.clock.now())
 
+    def asked_to_release(self, reservation_id: str) -> None:
+        """`FleetLike.asked_to_release`: the store's clock is the loop's (`bc.sim.process_store` passes it on)."""
+        self.operator_released.setdefault(reservation_id, self._now_ms())
+
     async def set_health_policy(self) -> None:
         """`--health`: the storms' policy in force before anything runs, as an admin's `bc health policy set`."""
         async with self.control() as cp:
@@ -416,6 +423,8 @@ class Fleet:
             await asyncio.sleep(max(0.0, t0 + f.t_s - loop.time()))
             if f.kind == chaos.JOURNAL_LOSS:
                 f = await self._aim_at_holds(f)
+            elif "aim" in f.params and self.pair.cp is not None and self.pair.cp_up.is_set():
+                f = await storm_aim.aim(f, self.pair.cp.store, self._storm_aim)
             self.faults[f.kind] += 1
             await self._publish_fault(f, loop.time() - t0)
             self._spawn(self._inject(f), f"fault-{f.kind}")

@@ -25,7 +25,7 @@ class GpuFaults:
 
     async def inject(self, f: Fault) -> None:
         node, p = f.targets[0], f.params
-        gpu = int(p["gpu"])
+        gpu = p["gpu"]  # an index, or (an aimed XID's, `bc.sim.storm_aim`) a uuid: the fake reads both
         if f.kind == GPU_XID:
             await self.hold(node, f"xid{int(p['xid'])}:{gpu}", XID_LINE_S)
         elif f.kind == GPU_ECC:

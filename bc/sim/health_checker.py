@@ -8,9 +8,13 @@ the nodes, GPUs, episodes, reservations or commands behind it and the simulated 
         (starts and escalations);
         no hold released by the reconciler: a hold on a GPU with an episode open is released only when the
         operator asked (a window's end, a node's failure and liveness are I5's);
-        no `gpu.reset` of a remediation on a GPU while a hold on it is live;
-        each condition acted on once: an episode starts at most once and escalates at most once, and one
-        GPU never has two episodes open at once (a flap or a repeat joins the open one, or opens after it).
+        no `gpu.reset` of a remediation on a GPU while a hold on it is live (started on the node, whether the
+        node then refused it or not: the node's own check is its defence, not the control plane's);
+        each condition acted on once: an episode starts at most once and escalates at most once, one GPU
+        never has two episodes open at once (a flap or a repeat joins the open one, or opens after it), and
+        an episode that opens on a GPU within the policy's `repeat_window_s` of the start of its last
+        remediation (one that ended) is quarantined as it opens: a second failure is never queued to be
+        remediated again.
 
 `check_h1` returns the first violation in simulated time.
 """
@@ -101,8 +105,9 @@ class ResetUnderHold:
     @property
     def sentence(self) -> str:
         r, h = self.reset, self.hold
+        what = "reset" if r.done else "was sent to reset (the node refused it: it sees the hold too)"
         return (
-            f"H1: gpu.reset {r.command_id} (episode {r.episode_id}) reset GPU {r.gpu} of {r.node_id} at "
+            f"H1: gpu.reset {r.command_id} (episode {r.episode_id}) {what} GPU {r.gpu} of {r.node_id} at "
             f"{iso(r.t_ms)} under {h.reservation_id}'s live hold (held since {iso(h.start_ms)})"
         )
 
@@ -137,6 +142,8 @@ def check_h1(h: HealthFacts) -> Violation | None:
     found += _releases(h.releases, h.episodes)
     found += _resets(h.resets, h.holds)
     found += _once(h.episodes)
+    if h.limits is not None:
+        found += _repeats(h.episodes, h.limits.repeat_window_s * 1000)
     return min(found, key=lambda f: f.at_ms, default=None)
 
 
@@ -212,6 +219,30 @@ def _once(episodes: Sequence[EpisodeRun]) -> list[Violation]:
         for a, b in itertools.pairwise(sorted(mine, key=lambda e: (e.queued_ms, e.episode_id))):
             if a.ended_ms is None or b.queued_ms < a.ended_ms:
                 out.append(ActedTwice(b, b.queued_ms, f"opened while episode {a.episode_id} was still open"))
+    return out
+
+
+def _repeats(episodes: Sequence[EpisodeRun], window_ms: int) -> list[Violation]:
+    """An episode that opened within the window of an earlier remediation's start on its GPU (one that ended
+    before it opened; overlapping ones are `_once`'s) and was not quarantined as it opened (queued for another
+    remediation instead)."""
+    per_gpu: dict[tuple[str, str], list[EpisodeRun]] = {}
+    for e in episodes:
+        per_gpu.setdefault(e.key, []).append(e)
+    out: list[Violation] = []
+    for mine in per_gpu.values():
+        ordered = sorted(mine, key=lambda e: (e.queued_ms, e.episode_id))
+        for i, b in enumerate(ordered):
+            if b.outcome == "quarantined" and b.ended_ms == b.queued_ms:
+                continue
+            last = max(
+                (a for a in ordered[:i] if a.starts and a.ended_ms is not None and a.ended_ms <= b.queued_ms),
+                key=lambda a: a.starts[0],
+                default=None,
+            )
+            if last is not None and b.queued_ms - last.starts[0] < window_ms:
+                why = f"was queued to be remediated again within the repeat window of episode {last.episode_id}'s start"
+                out.append(ActedTwice(b, b.queued_ms, why))
     return out
 
 

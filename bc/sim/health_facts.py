@@ -19,6 +19,9 @@ class HealthLimits:
     max_actions_per_hour: int
     fleet_size: int
     since_ms: int = 0
+    repeat_window_s: int = 86400
+    """The policy's `repeat_window_s`: a GPU sick again within it of its last remediation's start is quarantined,
+    not remediated again."""
 
     @property
     def node_cap(self) -> int:
@@ -60,14 +63,15 @@ class EpisodeRun:
 
 @dataclass(frozen=True)
 class HealthReset:
-    """A `gpu.reset` of a health remediation's job started on `node_id` at `t_ms`, and its result says it reset
-    `gpu`."""
+    """A `gpu.reset` of a health remediation's job for `gpu` started on `node_id` at `t_ms`; `done`: its result
+    says it reset the GPU (False: the node refused, or the reset failed)."""
 
     t_ms: int
     node_id: str
     gpu: str
     command_id: str
     episode_id: str
+    done: bool = True
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ class GpuHold:
 @dataclass(frozen=True)
 class HoldReleased:
     """The control plane decided to release a reservation's hold at `t_ms` (`reservation.releasing`, or
-    `reservation.released` with none before it); `by_operator`: the workload had asked for it."""
+    `reservation.released` with none before it); `by_operator`: the workload had asked for it by then."""
 
     t_ms: int
     reservation_id: str

@@ -6,17 +6,20 @@
 * The **episodes**: `health.remediation.queued` opens one; `started` and `escalated` are its actions (with
   their job ids); `done`, `failed`, `cleared` or `health.gpu.quarantined` end it; `waiting` says why it waited.
 * The reconciler's **resets**: every `gpu.reset` command of a remediation's job (its idempotency key
-  `job:<dag>:<node>`, or a command of a batch the job created), each GPU its result says it reset, at the
-  time its side effect started on the node (`FactLog.side_effects`).
+  `job:<dag>:<node>`, or a command of a batch the job created) that started on its node
+  (`FactLog.side_effects`), for its episode's GPU and each GPU its result says it reset, with whether it did
+  (the node refuses to reset a GPU a hold of its own uses: that refusal is the node's defence, and H1 still
+  counts the ask).
 * The **holds** on GPUs: each booking's GPUs (`FactLog.bookings`) from its start until the control plane
   decided to end it (`reservation.releasing`, or an end event) or its window ended; and each **release**
-  decision, with whether the workload (the operator) asked for it (`Fleet.operator_released`).
+  decision, with whether the workload (the operator) had asked for it by then (`Fleet.operator_released`: a
+  release the operator asks for after the control plane decided one is not the operator's).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence, Set
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bc.sim import storms
@@ -36,7 +39,9 @@ ENDS = {
 }
 
 
-async def health_from_store(facts: FactLog, store: Store, events: Sequence[Event], operator_released: Set[str]) -> None:
+async def health_from_store(
+    facts: FactLog, store: Store, events: Sequence[Event], operator_released: Mapping[str, int]
+) -> None:
     """Fill `facts.health` (see the module docstring); call after `bc.sim.record.from_store`."""
     async with store.transaction(write=False) as tx:
         fleet = await health_sql.fleet(tx)
@@ -63,7 +68,8 @@ def _limits(events: Sequence[Event], fleet_size: int) -> HealthLimits | None:
     for _seq, type_, _subject, data, at_ms in events:
         if type_ != "health.policy.set":
             continue
-        lim: dict[str, Any] = json.loads(data).get("policy", {}).get("limits", {})
+        policy: dict[str, Any] = json.loads(data).get("policy", {})
+        lim: dict[str, Any] = policy.get("limits", {})
         found = HealthLimits(
             int(lim.get("max_nodes", 1)),
             int(lim.get("max_fleet_percent", 10)),
@@ -71,6 +77,7 @@ def _limits(events: Sequence[Event], fleet_size: int) -> HealthLimits | None:
             int(lim.get("max_actions_per_hour", 4)),
             fleet_size,
             at_ms,
+            int(policy.get("repeat_window_s", 86400)),
         )
     return found
 
@@ -128,7 +135,9 @@ def _episodes(events: Sequence[Event]) -> tuple[list[EpisodeRun], list[EpisodeWa
 def _resets(
     facts: FactLog, episodes: Sequence[EpisodeRun], commands: Sequence[Any], batch_dag: dict[str, str]
 ) -> list[HealthReset]:
-    episode_of = {dag: e.episode_id for e in episodes for dag in e.dag_ids if dag}
+    """Each remediation's `gpu.reset` that started on its node, for its episode's GPU (a health remediation
+    resets that GPU alone), with whether its result says the GPU was reset (the node refuses a GPU a hold uses)."""
+    episode_of = {dag: e for e in episodes for dag in e.dag_ids if dag}
     started: dict[str, int] = {}
     for s in sorted(facts.side_effects, key=lambda s: s.t_ms):
         started.setdefault(s.command_id, s.t_ms)
@@ -136,17 +145,18 @@ def _resets(
     for c in commands:
         key = str(c["idempotency_key"])
         dag = key.split(":")[1] if key.startswith("job:") else batch_dag.get(str(c["batch_id"] or ""), "")
-        eid = episode_of.get(dag)
+        e = episode_of.get(dag)
         cid = str(c["id"])
-        if eid is None or cid not in started:
+        if e is None or cid not in started:
             continue
         try:
             result = json.loads(bytes(c["result"] or b"{}").decode())
         except (UnicodeDecodeError, ValueError):
             result = {}
-        for g in result.get("gpus", []) if isinstance(result, dict) else []:
-            if g.get("reset"):
-                out.append(HealthReset(started[cid], str(c["node_id"]), str(g.get("uuid", "")), cid, eid))
+        gpus = result.get("gpus", []) if isinstance(result, dict) else []
+        reset = {str(g.get("uuid", "")) for g in gpus if isinstance(g, dict) and g.get("reset")}
+        for gpu in sorted({e.gpu} | reset):
+            out.append(HealthReset(started[cid], str(c["node_id"]), gpu, cid, e.episode_id, gpu in reset))
     return sorted(out, key=lambda r: (r.t_ms, r.node_id, r.gpu))
 
 
@@ -174,7 +184,7 @@ def _holds(facts: FactLog, events: Sequence[Event]) -> list[GpuHold]:
     return out
 
 
-def _releases(facts: FactLog, events: Sequence[Event], operator_released: Set[str]) -> list[HoldReleased]:
+def _releases(facts: FactLog, events: Sequence[Event], operator_released: Mapping[str, int]) -> list[HoldReleased]:
     gpus: dict[str, tuple[str, tuple[str, ...]]] = {}
     for b in facts.bookings:
         gpus[b.reservation_id] = (b.node_id, tuple(sorted({a.gpu_uuid for a in b.atoms})))
@@ -183,5 +193,6 @@ def _releases(facts: FactLog, events: Sequence[Event], operator_released: Set[st
         if type_ not in ("reservation.releasing", "reservation.released") or rid not in gpus:
             continue
         node_id, held = gpus[rid]
-        out.append(HoldReleased(at_ms, rid, node_id, held, rid in operator_released))
+        asked = operator_released.get(rid)
+        out.append(HoldReleased(at_ms, rid, node_id, held, asked is not None and asked <= at_ms))
     return out

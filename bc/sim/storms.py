@@ -25,6 +25,14 @@ and, with `REPEAT_CHANCE`, the same GPU an XID again 120-900 s later: a second f
 24 h repeat window, which must quarantine it rather than remediate it again. Whether a struck GPU is under a
 live hold is the workload's doing (most GPUs are held at some point); `bc.sim.coverage` counts how often.
 Every fault ends by `duration_s`, so the quiet period starts healed.
+
+**Aimed XIDs** (`aimed`, drawn after the storms): whether a storm's GPU is held, or was remediated before, is
+the workload's doing, and at 50 nodes a storm met a held GPU 6 times a run and a GPU after its episode 5 times,
+too few for the breaks that show only there. So `AIMED_PER_HOUR` XIDs an hour (Poisson) of each aim are drawn
+with a node and a GPU, and moved at their time (`bc.sim.storm_aim`) to where their aim says, when there is such
+a GPU: `held` to a GPU a booking holds now (where a reconciler that releases holds or resets under them shows),
+`again` to a GPU whose last episode ended done or cleared (a repeat within the 24 h window, where one that
+forgets its episodes remediates again). With none, it strikes where it was drawn.
 """
 
 from __future__ import annotations
@@ -50,6 +58,13 @@ XIDS = (79, 74, 95, 48)
 REPEAT_CHANCE = 0.35
 XID_LINE_S = 6.0
 """How long an XID's line stays in the faults file: three of the agent's 2 s health passes read it."""
+
+AIM_HELD = "held"
+AIM_AGAIN = "again"
+AIMS: tuple[str, ...] = (AIM_HELD, AIM_AGAIN)
+AIMED_PER_HOUR = 36.0
+AIM_FROM_S = {AIM_HELD: 60.0, AIM_AGAIN: 240.0}
+"""When each aim's XIDs begin (seconds after the warm-up): a repeat needs an episode that ended first."""
 
 LIMITS = {"max_nodes": 3, "max_fleet_percent": 10, "per_label": "", "max_actions_per_hour": 24}
 POLICY = json.dumps(
@@ -95,6 +110,25 @@ def schedule(rng: random.Random, node_ids: Sequence[str], duration_s: float) -> 
     return sorted(out, key=lambda f: (f.t_s, f.kind, f.targets))
 
 
+def aimed(rng: random.Random, node_ids: Sequence[str], duration_s: float) -> list[Fault]:
+    """The aimed XIDs of a run (see the module docstring): each a `gpu-xid` with its `aim` among its params and
+    the node and GPU it strikes if nothing fits its aim, sorted as `schedule` sorts."""
+    span = duration_s - WARMUP_S
+    nodes = sorted(node_ids)
+    if span <= 120 or not nodes:
+        return []
+    out: list[Fault] = []
+    for aim in AIMS:
+        t = AIM_FROM_S[aim]
+        while True:
+            t += rng.expovariate(AIMED_PER_HOUR / 3600)
+            if t >= span * 0.9:
+                break
+            f = _xid(rng, rng.choice(nodes), rng.randrange(GPUS_PER_NODE), t)
+            out.append(Fault(f.t_s, f.kind, f.targets, {**f.params, "aim": aim}))
+    return sorted(out, key=lambda f: (f.t_s, f.kind, f.targets))
+
+
 def _xid(rng: random.Random, node: str, gpu: int, offset: float) -> Fault:
     return Fault(round(WARMUP_S + offset, 3), GPU_XID, (node,), {"gpu": gpu, "xid": rng.choice(XIDS)})
 
@@ -117,4 +151,4 @@ def _floor(x: float) -> float:
     return math.floor(x * 1000) / 1000
 
 
-__all__ = ["KINDS", "LIMITS", "POLICY", "schedule"]
+__all__ = ["AIMS", "AIM_AGAIN", "AIM_HELD", "KINDS", "LIMITS", "POLICY", "aimed", "schedule"]

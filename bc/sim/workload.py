@@ -113,9 +113,8 @@ class FleetLike(Protocol):
     def node_ids(self) -> Sequence[str]: ...
     @property
     def work(self) -> Counter[str]: ...
-    @property
-    def operator_released(self) -> set[str]:
-        """Where the workload writes down each reservation it released (the health checker H1 reads it)."""
+    def asked_to_release(self, reservation_id: str) -> None:
+        """The workload (the operator) asks for the reservation's release now (the health checker H1 reads when)."""
         ...
 
     def control(self) -> AbstractAsyncContextManager[ControlPlaneLike]: ...
@@ -459,7 +458,7 @@ class Driver:
         if not live:
             return
         rid = live.pop(self.rng.randrange(len(live)))
-        self.fleet.operator_released.add(rid)  # asked for, whatever comes of it
+        self.fleet.asked_to_release(rid)  # asked for, whatever comes of it
         row = await reservations.release(cp.store, cp.bus, cp.signer, rid)
         state = str(row["state"])
         if state == "ended":  # its window ended first: the placement pass took it back

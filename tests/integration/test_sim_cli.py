@@ -73,6 +73,15 @@ def test_a_broken_invariant_exits_10_with_the_counterexample_and_the_replay() ->
         (("--duration", "soon"), "the --duration 'soon' is not a duration"),
         (("--gateways", "0"), "--gateways must be between 1 and 8, not 0"),
         (("--gateways", "9"), "--gateways must be between 1 and 8, not 9"),
+        *(
+            (("--break", rule), f"--break {rule} breaks the health reconciler, which acts only with --health")
+            for rule in (
+                "health-ignore-limits",
+                "health-release-holds",
+                "health-reset-under-hold",
+                "health-forget-repeats",
+            )
+        ),
     ],
 )
 def test_bad_input_is_one_sentence_and_exit_2(args: tuple[str, ...], says: str) -> None:

@@ -10,7 +10,10 @@ the two executions interleave, which the run tells from a re-attach by the journ
 (ignore-epoch-fence: a half-open link the node notices first), a spec older than the one a node applies
 sent to it again (spec-out-of-order: heavy chaos's `spec-replay`, after a reservation moved the node on), a
 batch one operator signed with both of its keys (quorum-duplicate-signer: the workload's approver0 does so on
-every batch, and the unbroken run of the same case holds Q1 with the production count).
+every batch, and the unbroken run of the same case holds Q1 with the production count), an XID storm bigger
+than the health policy's cap, an XID on a GPU a booking holds (health-release-holds, health-reset-under-hold)
+and one on a GPU whose episode ended done (health-forget-repeats: `bc.sim.storms`' aimed XIDs; the unbroken
+runs of these cases hold H1 where the same situations happen).
 Runs are deterministic, so each case stays what it is. The unit tests (tests/unit/sim/test_sim_breaks.py)
 show each component's wrong turn alone.
 """
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import pytest
 
 from bc.sim.breaks import RULES, seams_for
+from bc.sim.coverage import coverage
 from bc.sim.fleet import SimConfig, run_sync
 from bc.sim.workload import Rates, make_workload
 
@@ -54,6 +58,12 @@ CASES: dict[str, Case] = {
     "quorum-duplicate-signer": Case(nodes=2, minutes=10, seed=1, rates=BATCHES),  # approver0 signs with two keys
     # an XID storm over 3+ of 12 nodes, whose cap is 1 (10 %): the broken reconciler starts them all
     "health-ignore-limits": Case(nodes=12, minutes=10, seed=1, rates=Rates(), health=True),
+    # an XID aimed at a GPU a booking holds: the broken reconciler releases the hold as it starts
+    "health-release-holds": Case(nodes=12, minutes=10, seed=1, rates=Rates(), health=True),
+    # the same: the broken remediation sends the reset beside its drain, and the node (which sees the hold) refuses
+    "health-reset-under-hold": Case(nodes=12, minutes=10, seed=1, rates=Rates(), health=True),
+    # an XID aimed at a GPU whose episode ended done: the broken reconciler queues it for a second remediation
+    "health-forget-repeats": Case(nodes=12, minutes=15, seed=1, rates=Rates(), health=True),
 }
 
 
@@ -95,3 +105,29 @@ def test_the_production_count_holds_q1_where_the_broken_one_fails_it() -> None:
     assert result.work["approvals.second-key"] > 0
     assert result.facts is not None and result.facts.batch_runs  # batch commands ran, each recounted
     assert any(d.repeats for d in result.facts.batch_decisions)
+
+
+HEALTH_SITUATION = {
+    "health-release-holds": "episodes on a GPU under a live hold",
+    "health-reset-under-hold": "episodes on a GPU under a live hold",
+    "health-forget-repeats": "GPUs sick again after an episode",
+}
+
+
+@pytest.mark.parametrize("rule", sorted(HEALTH_SITUATION))
+def test_the_production_reconciler_holds_h1_where_the_broken_one_fails_it(rule: str) -> None:
+    """A health break's case without the break: the situation the break is wrong in happens (counted by
+    `--coverage`), and the production reconciler holds every invariant through it."""
+    case = CASES[rule]
+    cfg = SimConfig(
+        nodes=case.nodes, seed=case.seed, chaos="heavy", duration_s=case.minutes * 60, health=True, quiet_s=120.0
+    )
+    result = run_sync(cfg, workload=make_workload(random.Random(case.seed), case.rates))
+    assert result.ok, ([(r.id, r.counterexample) for r in result.invariants if not r.ok], result.repro)
+    assert result.facts is not None and result.facts.health is not None
+    counts = {s.what: s.count for s in coverage(result.facts) if s.invariant == "H1"}
+    assert counts[HEALTH_SITUATION[rule]] > 0, counts
+    if rule == "health-forget-repeats":  # a repeat after a remediation: quarantined as it opened
+        h = result.facts.health
+        started = {e.key for e in h.episodes if e.starts}
+        assert any(e.outcome == "quarantined" and e.ended_ms == e.queued_ms and e.key in started for e in h.episodes)

@@ -29,10 +29,15 @@ from bc.control.capacity.placement_pass import PlacementPass, bookings_of, span_
 from bc.control.capacity.placement_plan import iso
 from bc.control.capacity.reservations import ReserveRequest, reserve
 from bc.control.capacity.usage_windows import UsageWindow
+from bc.control.health import decide as hd
+from bc.control.health.conditions import GpuCondition, signals_of
+from bc.control.health.policy import Policy
 from bc.control.nodes.liveness import Liveness, LivenessConfig
 from bc.control.signing.signer import NullSigner
 from bc.errors import UsageError
 from bc.gateway.sessions import Gateway
+from bc.jobs import templates
+from bc.jobs.views import JobRequest
 from bc.pki import quorum as q
 from bc.protocol.pb import common_pb2, kinds_pb2
 from bc.seams.clock import LoopClock
@@ -74,6 +79,7 @@ from bc.sim.facts import (
     connectivity_from_events,
     release_fact,
 )
+from bc.sim.health_breaks import decide_forgetting_repeats, remediate_without_drain_wait
 from bc.store import capacity as cap_sql
 from bc.store import events as events_sql
 from bc.store import nodes as nodes_sql
@@ -109,6 +115,9 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
             "spec-out-of-order",
             "quorum-duplicate-signer",
             "health-ignore-limits",
+            "health-release-holds",
+            "health-reset-under-hold",
+            "health-forget-repeats",
         ]
     )
     checker = {rule: seams_for(rule).checker for rule in RULES}
@@ -124,6 +133,9 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
         "spec-out-of-order": "I3",
         "quorum-duplicate-signer": "Q1",
         "health-ignore-limits": "H1",
+        "health-release-holds": "H1",
+        "health-reset-under-hold": "H1",
+        "health-forget-repeats": "H1",
     }
     for rule in RULES:
         seams = seams_for(rule)
@@ -581,3 +593,28 @@ def test_q1_holds_for_k_distinct_approvers_and_refuses_what_carried_no_approval_
         other = BatchRan(QUORUM_NOW_MS + 1, "n2", "c-2", "gpu.reset", "b-2", approval)  # not b-2's approval
         found = check_q1([ok, other], HELD)
         assert found is not None and found.run is other and "no approval of this batch" in found.sentence
+
+
+def test_a_reconciler_blind_to_ended_episodes_queues_a_second_failure_where_production_quarantines_it() -> None:
+    recent = [hd.Episode("n1", "G0", hd.DONE, "reset", started_ms=1000, ended_ms=2000)]
+    sick = GpuCondition("n1", "G0", "Xid79", "XID 79", 0, signals_of("Xid79", "XID 79: GPU has fallen off the bus"))
+    w = hd.World(3_600_000, Policy(), [sick], [], recent=recent, nodes={"n1": hd.NodeFacts()})
+    opened = hd.decide(w)[0]
+    assert isinstance(opened, hd.Open) and "second failure" in opened.quarantine_why
+    broken = decide_forgetting_repeats(w)
+    assert isinstance(broken[0], hd.Open) and broken[0].quarantine_why == ""
+    assert any(isinstance(x, hd.Start) and x.key == ("n1", "G0") for x in broken)  # remediated again
+
+
+def test_the_drainless_template_starts_the_reset_beside_the_drain_and_changes_nothing_else() -> None:
+    facts = templates.Facts(frozenset({"n1"}), False, {"n1": ("G0", "G1")})
+    req = JobRequest("remediate", ("n1",), gpus=("G0",), gpu_scope=True, deadline_s=600.0)
+    good, broken = templates.build(req, "j-1", facts), remediate_without_drain_wait(req, "j-1", facts)
+    deps = {n.id: {x.node for x in n.deps} for n in good.nodes}
+    assert "drain:n1" in deps["reset:n1"]
+    assert {n.id: {x.node for x in n.deps} for n in broken.nodes} == {
+        **deps,
+        "reset:n1": deps["reset:n1"] - {"drain:n1"},
+    }
+    drain = JobRequest("drain", ("n1",), deadline_s=600.0)
+    assert remediate_without_drain_wait(drain, "j-2", facts) == templates.build(drain, "j-2", facts)

@@ -110,6 +110,9 @@ def test_a_reset_under_a_live_hold() -> None:
     after = HealthReset(T0 + 60_000, "n1", "GPU-a", "c-2", "h1")  # the hold's end is not held
     elsewhere = HealthReset(T0 + 30_000, "n1", "GPU-b", "c-3", "h1")
     assert check_h1(HealthFacts(limits=LIM, resets=[after, elsewhere], holds=[hold])) is None
+    refused = HealthReset(T0 + 30_000, "n1", "GPU-a", "c-4", "h1", done=False)  # sent; the node said gpu-busy
+    found = check_h1(HealthFacts(limits=LIM, resets=[refused], holds=[hold]))
+    assert isinstance(found, ResetUnderHold) and "was sent to reset (the node refused it" in found.sentence
 
 
 def test_each_episode_is_acted_on_once() -> None:
@@ -119,8 +122,28 @@ def test_each_episode_is_acted_on_once() -> None:
     overlap = [ep("h1", "n1", q=0, end=100), ep("h2", "n1", q=50, start=None, end=60)]
     found = check_h1(HealthFacts(limits=LIM, episodes=overlap))
     assert isinstance(found, ActedTwice) and "while episode h1 was still open" in found.sentence
-    again = [ep("h1", "n1", q=0, end=100), ep("h2", "n1", q=100, start=None, end=101)]
+    after = EpisodeRun("h2", "n1", "GPU-a", T0 + 100_000, (), (), T0 + 100_000, "quarantined")  # a repeat
+    again = [ep("h1", "n1", q=0, end=100), after]
     assert check_h1(HealthFacts(limits=LIM, episodes=again)) is None
+
+
+def test_a_gpu_sick_again_within_the_repeat_window_is_quarantined_as_it_opens() -> None:
+    window = HealthLimits(2, 10, "", 4, 50, repeat_window_s=600)
+    first = ep("h1", "n1", q=0, start=10, end=100)
+    queued = EpisodeRun("h2", "n1", "GPU-a", T0 + 300_000, (), (), None, "")  # waiting to be remediated again
+    found = check_h1(HealthFacts(limits=window, episodes=[first, queued]))
+    assert isinstance(found, ActedTwice) and found.episode.episode_id == "h2" and found.at_ms == T0 + 300_000
+    assert "queued to be remediated again within the repeat window of episode h1's start" in found.sentence
+    started = [first, ep("h2", "n1", q=300, start=320, end=400)]
+    assert isinstance(check_h1(HealthFacts(limits=window, episodes=started)), ActedTwice)
+    at_once = EpisodeRun("h2", "n1", "GPU-a", T0 + 300_000, (), (), T0 + 300_000, "quarantined")
+    assert check_h1(HealthFacts(limits=window, episodes=[first, at_once])) is None
+    past = [first, ep("h2", "n1", q=610, start=620, end=700)]  # 600 s after h1's start
+    assert check_h1(HealthFacts(limits=window, episodes=past)) is None
+    cleared = [ep("h1", "n1", q=0, start=None, end=100), ep("h2", "n1", q=300, start=320, end=400)]  # never started
+    other_gpu = [first, ep("h2", "n1", "GPU-b", q=300, start=320, end=400)]
+    assert check_h1(HealthFacts(limits=window, episodes=cleared)) is None
+    assert check_h1(HealthFacts(limits=window, episodes=other_gpu)) is None
 
 
 def test_the_first_violation_in_time_is_named() -> None:
