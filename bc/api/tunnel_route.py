@@ -191,7 +191,9 @@ class GatewayRoute:
             raise Unavailable(f"node {node_id}'s gateway {gateway_id} has no live address in the store; is it running?")
         return gateway_id, address
 
-    async def open(self, address: str, node_id: str, sid: str, token: str) -> tuple[TunnelFrame, GatewayEnd]:
+    async def open(
+        self, gateway_id: str, address: str, node_id: str, sid: str, token: str
+    ) -> tuple[TunnelFrame, GatewayEnd]:
         """The gateway's first frame (the node's verdict, or the gateway's refusal) and the call, within ANSWER_S."""
         channel = grpc.aio.secure_channel(address, self.credentials())
         call = tunnel_pb2_grpc.GatewayTunnelsStub(channel).Relay()
@@ -207,11 +209,13 @@ class GatewayRoute:
                 if isinstance(e, TimeoutError)
                 else f"{e.code().name}: {e.details()}"
             )
-            raise Unavailable(f"the gateway at {address} did not relay the tunnel ({why})") from None
+            raise Unavailable(
+                f"node {node_id}'s gateway {gateway_id} ({address}) did not relay the tunnel; is it running? ({why})"
+            ) from None
         except BaseException:
             await end.close()
             raise
         if first is None:
             await end.close()
-            raise Unavailable(f"the gateway at {address} ended the relay without an answer")
+            raise Unavailable(f"node {node_id}'s gateway {gateway_id} ({address}) ended the relay without an answer")
         return first, end

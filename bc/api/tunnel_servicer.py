@@ -263,7 +263,7 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
             yield _refused(t.sid, e.reason, e.message)
             return
         try:
-            verdict, via = await self.route.open(address, t.node_id, t.sid, token)
+            verdict, via = await self.route.open(gateway_id, address, t.node_id, t.sid, token)
         except Unavailable as e:
             await tunnels_ctl.ended(self.store, self.bus, t, tunnels_ctl.Ending("refused", e.message))
             yield _refused(t.sid, "node-unavailable", e.message)
