@@ -74,24 +74,24 @@ def tunnel(lab: Lab, port: int) -> subprocess.Popen[bytes]:
     )
 
 
+def api_and_gateway(lab: Lab, store: str) -> int:
+    """`bc serve --roles api --tunnels` (the lab's CLI talks to it) and `--roles gateway` from an empty data dir;
+    n1 joined and converged through the gateway, its session there. The gateway's port."""
+    lab.serve("api", lab.server_dir, lab.port, store, "--gateway-id", "api", "--roles", "api", "--tunnels")
+    gw_dir, gw_port = lab.root / "server-gw", free_port()
+    lab.serve("gw", gw_dir, gw_port, store, "--gateway-id", "gw", "--roles", "gateway")
+    servers = f"127.0.0.1:{gw_port}"
+    lab.bc("join", "--server", servers, "--token", lab.token("n1"), "--data-dir", str(lab.node_dir("n1")))
+    lab.node("n1")
+    lab.wait_converged("n1", timeout=40)
+    assert lab.show("n1")["gateway_id"] == "gw"
+    return gw_port
+
+
 def test_a_tunnel_through_the_api_rides_the_gateway_that_holds_the_session(lab: Lab, pong_port: int) -> None:
     with fresh_schema_sync() as (url, schema):
         store = schema_url(url, schema)
-        lab.serve("api", lab.server_dir, lab.port, store, "--gateway-id", "api", "--roles", "api", "--tunnels")
-        gw_dir, gw_port = lab.root / "server-gw", free_port()
-        lab.serve("gw", gw_dir, gw_port, store, "--gateway-id", "gw", "--roles", "gateway")
-        lab.bc(
-            "join",
-            "--server",
-            f"127.0.0.1:{gw_port}",
-            "--token",
-            lab.token("n1"),
-            "--data-dir",
-            str(lab.node_dir("n1")),
-        )
-        lab.node("n1")
-        lab.wait_converged("n1", timeout=40)
-        assert lab.show("n1")["gateway_id"] == "gw"
+        gw_port = api_and_gateway(lab, store)
 
         # Bytes both ways, through the api and the gateway.
         payload = bytes(range(256)) * 64
@@ -148,6 +148,35 @@ def test_a_tunnel_through_the_api_rides_the_gateway_that_holds_the_session(lab: 
         assert took < GONE_BOUND_S, took
         newest = _rows(lab)[0]
         assert newest["state"] == "refused" and newest["gateway_id"] == "gw", newest
+
+
+def test_revoking_the_node_closes_its_relayed_tunnel_within_2_s(lab: Lab, pong_port: int) -> None:
+    """The gateway's side ends first (its revocation feed closes the node's tunnels): the `Relay` call ends, and
+    with it the api's relay and the operator's tunnel."""
+    with fresh_schema_sync() as (url, schema):
+        api_and_gateway(lab, schema_url(url, schema))
+        p = tunnel(lab, pong_port)
+        try:
+            sid = lab.wait_for(
+                "the tunnel to open",
+                lambda: next((r["sid"] for r in _rows(lab) if r["state"] == "open"), None),
+                timeout=30,
+            )
+            lab.bc("nodes", "revoke", "n1", "--reason", "test")
+            t0 = time.monotonic()
+            p.wait(timeout=10)
+            took = time.monotonic() - t0
+            assert took < 2.0, took
+            assert p.returncode != 0
+            row = lab.wait_for(
+                "the record closed",
+                lambda: next((r for r in _rows(lab) if r["sid"] == sid and r["state"] == "closed"), None),
+            )
+            assert row["gateway_id"] == "gw", row
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=10)
 
 
 def _rows(lab: Lab) -> list[dict[str, object]]:
