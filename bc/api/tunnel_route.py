@@ -176,8 +176,10 @@ class GatewayRoute:
     """Finds the gateway holding a node's session and opens a relay through it, with this process's own
     control-plane certificate (read at each call)."""
 
-    def __init__(self, store: Store, credentials: Callable[[], grpc.ChannelCredentials]) -> None:
-        self.store, self.credentials = store, credentials
+    def __init__(
+        self, store: Store, credentials: Callable[[], grpc.ChannelCredentials], answer_s: float = ANSWER_S
+    ) -> None:
+        self.store, self.credentials, self.answer_s = store, credentials, answer_s
 
     async def find(self, node_id: str) -> tuple[str, str]:
         """(gateway id, address) of the node's session; Unavailable when it has none or its gateway is gone."""
@@ -194,18 +196,18 @@ class GatewayRoute:
     async def open(
         self, gateway_id: str, address: str, node_id: str, sid: str, token: str
     ) -> tuple[TunnelFrame, GatewayEnd]:
-        """The gateway's first frame (the node's verdict, or the gateway's refusal) and the call, within ANSWER_S."""
+        """The gateway's first frame (the node's verdict, or the gateway's refusal) and the call, within `answer_s`."""
         channel = grpc.aio.secure_channel(address, self.credentials())
         call = tunnel_pb2_grpc.GatewayTunnelsStub(channel).Relay()
         end = GatewayEnd(channel, call)
         try:
-            async with asyncio.timeout(ANSWER_S):
+            async with asyncio.timeout(self.answer_s):
                 await call.write(TunnelFrame(open=TunnelOpen(token=token, node_id=node_id, sid=sid)))
                 first = await end.recv()
         except (TimeoutError, grpc.aio.AioRpcError) as e:
             await end.close()
             why = (
-                f"no answer within {ANSWER_S:.0f} s"
+                f"no answer within {self.answer_s:g} s"
                 if isinstance(e, TimeoutError)
                 else f"{e.code().name}: {e.details()}"
             )

@@ -297,6 +297,7 @@ class Server:
         self.release_url = ""
         self.api_address = ""  # where this api process registered itself (gateways proxy Join and Renew there)
         self.gateway_address = ""  # where this gateway registered itself (api processes relay tunnels through it)
+        self.gateway_registered = asyncio.Event()  # set at its first registration (tests wait on it)
         self.intent: Intent  # what this process signs; a gateway-only process has none (it relays the stored trust)
         self.signer: Signer
         self.tls: ServerTLS
@@ -790,6 +791,7 @@ class Server:
                     await gk_sql.register_gateway(
                         tx, self.gateway_id, self.gateway_address, now_ms, GATEWAY_ENDPOINT_TTL_MS
                     )
+                self.gateway_registered.set()
             except StoreError as e:
                 log.warning("event=gateway.registry-failed error=%s", e)
             await self.clock.sleep(GATEWAY_ENDPOINT_RENEW_S)

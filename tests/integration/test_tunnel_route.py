@@ -1,0 +1,79 @@
+"""Finding the gateway that holds a node's session, and the bound on a gateway that does not answer
+(`bc.api.tunnel_route`, docs/access.md "Gateways"); SQLite and PostgreSQL.
+
+The relay itself, across real processes, is tests/e2e/test_tunnel_route.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bc.api.tunnel_route import GatewayRoute
+from bc.errors import Unavailable
+from bc.store import gateway_keys as gk_sql
+from tests.integration.conftest import InprocLab, open_lab
+
+
+@pytest.fixture
+async def lab(tmp_path: Path, store_url: str) -> AsyncIterator[InprocLab]:
+    async with open_lab(tmp_path, store=store_url, tunnels=True) as lab:
+        yield lab
+
+
+def _insecure() -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials()
+
+
+async def test_the_route_is_the_sessions_gateway_while_its_registration_lives(lab: InprocLab) -> None:
+    store = lab.server.store
+    assert store is not None
+    route = GatewayRoute(store, _insecure)
+    await lab.join("n1")
+    await lab.start_node("n1")
+    await lab.wait_connected("n1")
+    await asyncio.wait_for(lab.server.gateway_registered.wait(), 10)
+
+    assert await route.find("n1") == (lab.server.gateway_id, lab.server.gateway_address)
+    with pytest.raises(Unavailable, match="no session on any gateway"):
+        await route.find("n9")
+
+    # The gateway's registration gone (a gateway stopped, or its lease expired): no address to dial.
+    async with store.transaction() as tx:
+        await gk_sql.unregister_gateway(tx, lab.server.gateway_id)
+    with pytest.raises(Unavailable, match="no live address"):
+        await route.find("n1")
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:  # expired a moment ago: the same
+        await gk_sql.register_gateway(tx, lab.server.gateway_id, lab.server.gateway_address, now_ms - 10, 5)
+    with pytest.raises(Unavailable, match="no live address"):
+        await route.find("n1")
+
+
+async def test_a_gateway_that_accepts_and_stays_silent_is_answered_within_the_bound(lab: InprocLab) -> None:
+    """A hung gateway (its port accepts, nothing answers): `open` gives up after `answer_s`, never hangs."""
+    store = lab.server.store
+    assert store is not None
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        held.append(w)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = int(server.sockets[0].getsockname()[1])
+    route = GatewayRoute(store, _insecure, answer_s=0.5)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    try:
+        with pytest.raises(Unavailable, match=r"gateway gw-x .* did not relay the tunnel.*no answer within 0.5 s"):
+            await route.open("gw-x", f"127.0.0.1:{port}", "n1", "t-1", "token")
+        assert loop.time() - t0 < 2.0
+    finally:
+        for w in held:
+            w.close()
+        server.close()
+        await server.wait_closed()
