@@ -41,6 +41,11 @@ from bc.wire.stubs import tunnel_pb2_grpc
 
 log = logging.getLogger("bc.api.tunnels")
 
+CLOSE_POLL_S = 1.0
+"""How often a relay checks whether another api process asked it to close (docs/access.md, "Gateways")."""
+CLOSE_WAIT_S = 5.0
+"""How long `CloseTunnel` waits for the relay's end to write the record."""
+
 
 def record(row: Row) -> tunnel_pb2.TunnelRecord:
     exit_code = row.get("exit_code")
@@ -143,13 +148,23 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
             if str(row["state"]) != "open":
                 return record(row)
             why = f"closed by {operator}" + (f": {request.reason[:200]}" if request.reason else "")
-            if not self.relays.close(request.sid, why):
-                raise Unavailable(f"tunnel {request.sid} is not relayed by this process (gateway {row['gateway_id']})")
+            # Relayed here: end it now. Else ask, through the store, the api process that relays it (its relay
+            # watches for the ask: `_watch_close`).
+            if not self.relays.close(request.sid, why) and not await tunnels_ctl.ask_close(
+                self.store, self.bus, str(row["node_id"]), request.sid, why
+            ):
+                return record(await tunnels_ctl.session(self.store, request.sid))  # it ended meanwhile
             # The relay's end writes the record; wait for it so the answer shows the tunnel closed.
-            async with asyncio.timeout(5):
-                while str(row["state"]) == "open":
-                    await self.bus.wait_events(0.5)
-                    row = await tunnels_ctl.session(self.store, request.sid)
+            try:
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    while str(row["state"]) == "open":
+                        await self.bus.wait_events(0.5)
+                        row = await tunnels_ctl.session(self.store, request.sid)
+            except TimeoutError:
+                raise Unavailable(
+                    f"tunnel {request.sid} was asked to close, but no process relaying it (through gateway"
+                    f" {row['gateway_id']}) closed it within {CLOSE_WAIT_S:.0f} s; is that api process running?"
+                ) from None
             return record(row)
 
         return await self._call_as(context, go)
@@ -219,6 +234,19 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
         finally:
             release.set()
 
+    async def _watch_close(self, sid: str) -> None:
+        """Close `sid` once another api process asked for it in the store (`CloseTunnel` there): checked at each
+        event wake-up (the ask publishes one) and at least every `CLOSE_POLL_S`."""
+        while True:
+            await self.bus.wait_events(CLOSE_POLL_S)
+            try:
+                asks = await tunnels_ctl.close_asks(self.store, [sid])
+            except BcError as e:
+                log.warning("event=tunnel.close-watch-failed sid=%s why=%s", sid, e.message)
+                continue
+            if sid in asks and self.relays.close(sid, asks[sid]):
+                return
+
     def _relay(
         self, t: exec_tickets.Ticket, operator: QueueEnd, node: FrameEnd, via: GatewayEnd | None = None
     ) -> AsyncGenerator[TunnelFrame, None]:
@@ -235,9 +263,11 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
     async def _lifetime(
         self, t: exec_tickets.Ticket, r: Relay, operator: QueueEnd, node: FrameEnd, via: GatewayEnd | None
     ) -> None:
+        watch = asyncio.create_task(self._watch_close(t.sid), name=f"tunnel-close-watch-{t.sid}")
         try:
             await self.relays.relay(r, operator, node)
         finally:
+            watch.cancel()
             if via is not None:  # a relay through another gateway: its call ends with ours (and so its relay)
                 with contextlib.suppress(Exception):
                     await via.close()

@@ -14,9 +14,14 @@ import grpc
 import pytest
 
 from bc.api.tunnel_route import GatewayRoute
+from bc.control.base.bus import Bus
+from bc.control.trust import tunnels as tunnels_ctl
 from bc.errors import Unavailable
 from bc.store import gateway_keys as gk_sql
 from tests.integration.conftest import InprocLab, open_lab
+from tests.integration.test_tunnels import client, closed_within, echo_port, read_exactly, ready
+
+__all__ = ["echo_port"]  # the fixture, shared with test_tunnels
 
 
 @pytest.fixture
@@ -77,3 +82,26 @@ async def test_a_gateway_that_accepts_and_stays_silent_is_answered_within_the_bo
             w.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_close_asked_by_another_api_process_closes_the_tunnel_within_2_s(
+    lab: InprocLab, echo_port: int
+) -> None:
+    """`CloseTunnel` on an api process that does not relay the tunnel asks through the store; the relaying
+    process's relay sees it (here through its poll alone: the ask is made on another bus, as another process's
+    would be without PostgreSQL's NOTIFY) and ends the tunnel, writing the record with the ask's reason."""
+    store = lab.server.store
+    assert store is not None
+    await ready(lab)
+    async with client(lab) as c:
+        t = await c.connect("n1", "forward", echo_port)
+        await t.send(b"ping")
+        assert await read_exactly(t, 4) == b"ping"
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert await tunnels_ctl.ask_close(store, Bus(), "n1", t.ticket.sid, "closed by root: elsewhere")
+        await closed_within(lab, t, 0, 2.0)
+        assert loop.time() - t0 < 2.0
+    row = await tunnels_ctl.session(store, t.ticket.sid)
+    assert row["state"] == "closed" and row["end_reason"] == "closed by root: elsewhere", dict(row)
+    assert not await tunnels_ctl.ask_close(store, Bus(), "n1", t.ticket.sid, "again"), "a closed tunnel is not asked"

@@ -6,3 +6,7 @@ CREATE TABLE gateway_endpoints (
   address TEXT NOT NULL,
   expires_at_ms BIGINT NOT NULL
 );
+
+-- An admin's close of a tunnel another api process relays: asked here, seen by the relaying process (it polls
+-- the open tunnels it relays, and wakes on the events' NOTIFY), which ends the relay and writes the record.
+ALTER TABLE tunnel_sessions ADD COLUMN close_asked TEXT NOT NULL DEFAULT '';
