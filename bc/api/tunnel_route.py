@@ -34,8 +34,9 @@ from cryptography import x509
 
 from bc.api.admin_roles import PROCESS_ONLY
 from bc.api.peers import peer_of
-from bc.errors import BcError, Unavailable
+from bc.errors import BcError, TicketRefused, Unavailable
 from bc.gateway.tunnels import OFFER_TIMEOUT_S, Relay, TunnelHub
+from bc.pki import exec_tickets
 from bc.protocol.pb.tunnel_pb2 import TunnelFrame, TunnelOpen, TunnelRefused
 from bc.store import Store
 from bc.store import gateway_keys as gk_sql
@@ -128,6 +129,14 @@ class RelayServicer(tunnel_pb2_grpc.GatewayTunnelsServicer):
             yield _refused("", "bad-request", "a relayed tunnel's first frame must be `open` with its node and sid")
             return
         node_id, sid = first.open.node_id, first.open.sid
+        try:  # unverified (the api verified it, the node will): what the relay is recorded under here
+            claimed = exec_tickets.peek(first.open.token)
+        except TicketRefused as e:
+            yield _refused(sid, e.reason, e.message)
+            return
+        if (claimed.node_id, claimed.sid) != (node_id, sid):
+            yield _refused(sid, "bad-ticket", "the ticket names another node or sid than the relay asks for")
+            return
         if not self.hub.listening(node_id):
             yield _refused(sid, "not-here", f"node {node_id} has no session on gateway {self.gateway_id}")
             return
@@ -142,7 +151,7 @@ class RelayServicer(tunnel_pb2_grpc.GatewayTunnelsServicer):
             if verdict.WhichOneof("msg") != "accept":
                 return
             end = QueueEnd(request_iterator)
-            r = Relay(sid, node_id, f"relayed for {caller.name}", "")
+            r = Relay(sid, node_id, claimed.operator, claimed.kid)
             lifetime = functools.partial(self.hub.relay, r, end, node_end)
             async with contextlib.aclosing(pump(lifetime, end, f"tunnel-relay-{sid}", self._lifetimes)) as frames:
                 async for frame in frames:

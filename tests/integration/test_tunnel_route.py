@@ -17,7 +17,13 @@ from bc.api.tunnel_route import GatewayRoute
 from bc.control.base.bus import Bus
 from bc.control.trust import tunnels as tunnels_ctl
 from bc.errors import Unavailable
+from bc.pki import keys
+from bc.pki.identity import make_csr
+from bc.pki.secrets_source import SystemSecrets, p256_key
+from bc.protocol.pb.tunnel_pb2 import TunnelFrame, TunnelOpen
 from bc.store import gateway_keys as gk_sql
+from bc.wire.stubs import tunnel_pb2_grpc
+from bc.wire.tls import channel_credentials
 from tests.integration.conftest import InprocLab, open_lab
 from tests.integration.test_tunnels import client, closed_within, echo_port, read_exactly, ready
 
@@ -105,3 +111,54 @@ async def test_a_close_asked_by_another_api_process_closes_the_tunnel_within_2_s
     row = await tunnels_ctl.session(store, t.ticket.sid)
     assert row["state"] == "closed" and row["end_reason"] == "closed by root: elsewhere", dict(row)
     assert not await tunnels_ctl.ask_close(store, Bus(), "n1", t.ticket.sid, "again"), "a closed tunnel is not asked"
+
+
+async def _relay_first(
+    lab: InprocLab, creds: grpc.ChannelCredentials, node_id: str, sid: str, token: str
+) -> TunnelFrame:
+    async with grpc.aio.secure_channel(lab.server.address, creds) as channel:
+        call = tunnel_pb2_grpc.GatewayTunnelsStub(channel).Relay()
+        await call.write(TunnelFrame(open=TunnelOpen(token=token, node_id=node_id, sid=sid)))
+        first = await asyncio.wait_for(call.read(), 15)
+        call.cancel()
+    assert isinstance(first, TunnelFrame)
+    return first
+
+
+async def test_the_relay_answers_a_control_plane_certificate_only_and_checks_what_it_is_asked(
+    lab: InprocLab, echo_port: int
+) -> None:
+    """`GatewayTunnels.Relay` on a gateway: a node's certificate is refused; a control-plane one is answered,
+    but a ticket for another node or sid than the relay names is refused before any offer reaches the node,
+    and a node without a session here is `not-here`."""
+    server = lab.server
+    assert server.ca is not None and server.store is not None
+    await ready(lab)
+    key = p256_key(SystemSecrets())
+    cert = server.ca.issue_gateway_cert(make_csr(key, "api-2"), "api-2", ["127.0.0.1"], 600)
+    process = channel_credentials(server.ca.ca_pem, keys.key_to_pem(key), keys.cert_to_pem(cert))
+    node_dir = lab.node_dir("n1")
+    node_creds = channel_credentials(
+        server.ca.ca_pem, (node_dir / "node.key").read_bytes(), (node_dir / "node.crt").read_bytes()
+    )
+    await lab.join("n2")  # joined, never started: no session anywhere
+    async with client(lab) as c:
+        ticket = await c.issue("n1", "forward", echo_port)
+        elsewhere = await c.issue("n2", "forward", echo_port)
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _relay_first(lab, node_creds, "n1", ticket.sid, ticket.token)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+    first = await _relay_first(lab, process, "n2", ticket.sid, ticket.token)
+    assert (first.WhichOneof("msg"), first.refused.reason) == ("refused", "bad-ticket")
+    first = await _relay_first(lab, process, "n1", "t-other", ticket.token)
+    assert (first.WhichOneof("msg"), first.refused.reason) == ("refused", "bad-ticket")
+    first = await _relay_first(lab, process, "n2", elsewhere.sid, elsewhere.token)
+    assert (first.WhichOneof("msg"), first.refused.reason) == ("refused", "not-here")
+    # None of these reached the node: the real ticket still opens its tunnel, once.
+    async with client(lab) as c:
+        t = await c.open(ticket)
+        await t.send(b"still")
+        assert await read_exactly(t, 5) == b"still"
+        await t.close()
