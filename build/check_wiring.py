@@ -49,9 +49,9 @@ ENTRY_POINTS: dict[str, str] = {
     "telemetry": "run",  # ServeTelemetry.run (see RUN_OWNERS)
 }
 """The entry point of each loop in `bc.assembly.loops.LOOPS` that a module outside bc/assembly/ could reach.
-The other two (`api-registry`, `keyless`) are `Server`'s private methods. The unit test fails when the
+The others (`api-registry`, `gateway-registry`, `keyless`) are `Server`'s private methods. The unit test fails when the
 table gains a loop this map does not name."""
-SERVE_ONLY = frozenset({"api-registry", "keyless"})
+SERVE_ONLY = frozenset({"api-registry", "gateway-registry", "keyless"})
 
 NAMED = frozenset(v for v in ENTRY_POINTS.values() if v != "run")
 RUN_OWNERS = frozenset({"ClockSkewMonitor", "ServeTelemetry"})

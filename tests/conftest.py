@@ -76,6 +76,8 @@ SLOW_TESTS = frozenset(
             "test_a_gateway_paused_past_its_lease_is_fenced_when_it_wakes_and_routes_nothing",
         ),
         ("tests/e2e/test_commands.py", "test_burst_of_100_keeps_lane_order_and_credits"),
+        # A second api + gateway fleet on PostgreSQL (10-15 s); make test keeps the relayed tunnel's own test.
+        ("tests/e2e/test_tunnel_route.py", "test_revoking_the_node_closes_its_relayed_tunnel_within_2_s"),
         (
             "tests/e2e/test_jobs.py",
             "test_under_a_quorum_a_rolling_reboot_asks_for_a_batch_per_wave_and_releases_no_more_than_max_parallel",

@@ -148,6 +148,15 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
 }
 """Each Admin RPC's minimum role and what it does, for the refusal's sentence. Missing: admin (fail closed)."""
 
+PROCESS_ONLY: dict[str, tuple[str, str]] = {
+    # Between control-plane processes (service `GatewayTunnels`, bc.api.tunnel_route): an api relays an operator's
+    # tunnel through the gateway that holds the node's session. No operator role reaches it: the caller must
+    # present a control-plane process certificate (`gateway:<id>`: a gateway's, or an api process's own).
+    "Relay": ("gateway", "relaying a tunnel between control-plane processes"),
+}
+"""The RPCs only a control-plane process may call: the certificate kind each needs (`bc.pki.identity`), and what
+it does. With `ROLE_NEEDED` this is the one table of who may call what; no name is in both."""
+
 
 KIND_ROLE: dict[str, str] = {
     # What changes the software, firmware, disks, boot path or credentials of a machine is admin's, like

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -22,6 +23,7 @@ from cryptography import x509
 from bc.api.admin_roles import guard_service
 from bc.api.calls import AdminCalls
 from bc.api.peers import operator_of
+from bc.api.tunnel_route import GatewayEnd, GatewayRoute, QueueEnd, pump
 from bc.control.base import actor
 from bc.control.base.bus import Bus
 from bc.control.signing.signer import Signer
@@ -38,6 +40,11 @@ from bc.store import Row, Store
 from bc.wire.stubs import tunnel_pb2_grpc
 
 log = logging.getLogger("bc.api.tunnels")
+
+CLOSE_POLL_S = 1.0
+"""How often a relay checks whether another api process asked it to close (docs/access.md, "Gateways")."""
+CLOSE_WAIT_S = 5.0
+"""How long `CloseTunnel` waits for the relay's end to write the record."""
 
 
 def record(row: Row) -> tunnel_pb2.TunnelRecord:
@@ -64,20 +71,6 @@ def record(row: Row) -> tunnel_pb2.TunnelRecord:
     )
 
 
-class _OperatorEnd:
-    """The operator's Open stream as a relay end: frames down go through a one-frame queue to the generator."""
-
-    def __init__(self, requests: AsyncIterator[TunnelFrame]) -> None:
-        self.requests = requests
-        self.down: asyncio.Queue[TunnelFrame | None] = asyncio.Queue(maxsize=1)
-
-    async def send(self, frame: TunnelFrame) -> None:
-        await self.down.put(frame)
-
-    async def recv(self) -> TunnelFrame | None:
-        return await anext(self.requests, None)
-
-
 def _refused(sid: str, reason: str, message: str) -> TunnelFrame:
     return TunnelFrame(refused=TunnelRefused(sid=sid, reason=reason, message=message))
 
@@ -96,9 +89,14 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
         key_dir: Path,
         hub: TunnelHub | None,
         gateway_id: str,
+        route: GatewayRoute | None = None,
     ) -> None:
         self.store, self.bus, self.ca_cert, self.signer = store, bus, ca_cert, signer
         self.rng, self.secrets, self.key_dir, self.hub, self.gateway_id = rng, secrets, key_dir, hub, gateway_id
+        self.route = route  # the other gateways, for a node whose session is not on `hub` (bc.api.tunnel_route)
+        # Every tunnel this process relays, local or through another gateway (closing, rotation): the gateway's
+        # own hub, or a hub that only relays in a process without the gateway role.
+        self.relays = hub if hub is not None else TunnelHub()
         self._lifetimes: set[asyncio.Task[None]] = set()  # each open tunnel's relay and record
 
     # what the role guard needs (bc.api.admin_roles.Guarded)
@@ -150,13 +148,23 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
             if str(row["state"]) != "open":
                 return record(row)
             why = f"closed by {operator}" + (f": {request.reason[:200]}" if request.reason else "")
-            if self.hub is None or not self.hub.close(request.sid, why):
-                raise Unavailable(f"tunnel {request.sid} is not relayed by this process (gateway {row['gateway_id']})")
+            # Relayed here: end it now. Else ask, through the store, the api process that relays it (its relay
+            # watches for the ask: `_watch_close`).
+            if not self.relays.close(request.sid, why) and not await tunnels_ctl.ask_close(
+                self.store, self.bus, str(row["node_id"]), request.sid, why
+            ):
+                return record(await tunnels_ctl.session(self.store, request.sid))  # it ended meanwhile
             # The relay's end writes the record; wait for it so the answer shows the tunnel closed.
-            async with asyncio.timeout(5):
-                while str(row["state"]) == "open":
-                    await self.bus.wait_events(0.5)
-                    row = await tunnels_ctl.session(self.store, request.sid)
+            try:
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    while str(row["state"]) == "open":
+                        await self.bus.wait_events(0.5)
+                        row = await tunnels_ctl.session(self.store, request.sid)
+            except TimeoutError:
+                raise Unavailable(
+                    f"tunnel {request.sid} was asked to close, but no process relaying it (through gateway"
+                    f" {row['gateway_id']}) closed it within {CLOSE_WAIT_S:.0f} s; is that api process running?"
+                ) from None
             return record(row)
 
         return await self._call_as(context, go)
@@ -168,10 +176,9 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
             kid, jwks, changed = await tunnels_ctl.rotate(
                 self.store, self.bus, self.signer, self.key_dir, self.secrets, self.rng
             )
-            if self.hub is not None:  # the nodes close them too, from their next spec
-                self.hub.close_kid(
-                    {r.kid for r in self.hub.relays.values()} - exec_tickets.kids_of(jwks), "key rotated"
-                )
+            # the nodes close them too, from their next spec
+            old = {r.kid for r in self.relays.relays.values()} - exec_tickets.kids_of(jwks)
+            self.relays.close_kid(old, "key rotated")
             return tunnel_pb2.TicketKeyInfo(kid=kid, jwks=jwks, nodes_changed=changed)
 
         return await self._call(context, go)
@@ -193,7 +200,14 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
             yield _refused("", "bad-ticket", e.message)
             return
         if self.hub is None or not self.hub.listening(t.node_id):
-            yield _refused(t.sid, "not-here", f"node {t.node_id} has no session on this gateway ({self.gateway_id})")
+            if self.route is None:
+                yield _refused(
+                    t.sid, "not-here", f"node {t.node_id} has no session on this gateway ({self.gateway_id})"
+                )
+                return
+            async with contextlib.aclosing(self._routed(t, first.open.token, request_iterator)) as frames:
+                async for frame in frames:
+                    yield frame
             return
         try:
             await tunnels_ctl.opened(self.store, self.bus, t, self.gateway_id)
@@ -214,55 +228,89 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
                 yield _refused(t.sid, refusal.reason or "refused", refusal.message or "the node refused the tunnel")
                 return
             yield TunnelFrame(accept=TunnelAccept(sid=t.sid))
-            async with contextlib.aclosing(self._relay(t, _OperatorEnd(request_iterator), node_end)) as frames:
+            async with contextlib.aclosing(self._relay(t, QueueEnd(request_iterator), node_end)) as frames:
                 async for frame in frames:
                     yield frame
         finally:
             release.set()
 
-    async def _relay(
-        self, t: exec_tickets.Ticket, operator: _OperatorEnd, node: FrameEnd
-    ) -> AsyncGenerator[TunnelFrame, None]:
-        """The frames down to the operator while the hub relays. The relay and the record it leaves run in a task
-        of their own (`_lifetime`), so a call cancelled under this generator cannot skip the record."""
-        assert self.hub is not None
-        r = Relay(t.sid, t.node_id, t.operator, t.kid)
-        task = asyncio.create_task(self._lifetime(t, r, operator, node), name=f"tunnel-{t.sid}")
-        self._lifetimes.add(task)
-        task.add_done_callback(self._lifetimes.discard)
-        try:
-            while True:
-                getter = asyncio.ensure_future(operator.down.get())
-                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    while not operator.down.empty():
-                        frame = operator.down.get_nowait()
-                        if frame is not None:
-                            yield frame
-                    return
-                frame = getter.result()
-                if frame is None:
-                    return
-                yield frame
-        except BaseException as e:
-            log.debug("event=tunnel.open-closed sid=%s why=%r", t.sid, e)
-            raise
-        finally:
-            if not task.done():
-                r.end_reason = r.end_reason or "the operator's stream ended"
-                task.cancel()
+    async def _watch_close(self, sid: str) -> None:
+        """Close `sid` once another api process asked for it in the store (`CloseTunnel` there): checked at each
+        event wake-up (the ask publishes one) and at least every `CLOSE_POLL_S`."""
+        while True:
+            await self.bus.wait_events(CLOSE_POLL_S)
+            try:
+                asks = await tunnels_ctl.close_asks(self.store, [sid])
+            except BcError as e:
+                log.warning("event=tunnel.close-watch-failed sid=%s why=%s", sid, e.message)
+                continue
+            if sid in asks and self.relays.close(sid, asks[sid]):
+                return
 
-    async def _lifetime(self, t: exec_tickets.Ticket, r: Relay, operator: _OperatorEnd, node: FrameEnd) -> None:
-        assert self.hub is not None
+    def _relay(
+        self, t: exec_tickets.Ticket, operator: QueueEnd, node: FrameEnd, via: GatewayEnd | None = None
+    ) -> AsyncGenerator[TunnelFrame, None]:
+        """The frames down to the operator while the relay runs (`tunnel_route.pump`): the relay and the record it
+        leaves run in a task of their own, so a call cancelled under this generator cannot skip the record."""
+        r = Relay(t.sid, t.node_id, t.operator, t.kid)
+
+        def gone() -> None:
+            r.end_reason = r.end_reason or "the operator's stream ended"
+
+        lifetime = functools.partial(self._lifetime, t, r, operator, node, via)
+        return pump(lifetime, operator, f"tunnel-{t.sid}", self._lifetimes, gone)
+
+    async def _lifetime(
+        self, t: exec_tickets.Ticket, r: Relay, operator: QueueEnd, node: FrameEnd, via: GatewayEnd | None
+    ) -> None:
+        watch = asyncio.create_task(self._watch_close(t.sid), name=f"tunnel-close-watch-{t.sid}")
         try:
-            await self.hub.relay(r, operator, node)
+            await self.relays.relay(r, operator, node)
         finally:
+            watch.cancel()
+            if via is not None:  # a relay through another gateway: its call ends with ours (and so its relay)
+                with contextlib.suppress(Exception):
+                    await via.close()
             ending = tunnels_ctl.Ending("closed", r.end_reason or "closed", r.bytes_up, r.bytes_down, r.exit_code)
             try:
                 await tunnels_ctl.ended(self.store, self.bus, t, ending)
             except BcError as e:
                 log.warning("event=tunnel.record-failed sid=%s why=%s", t.sid, e.message)
+
+    async def _routed(
+        self, t: exec_tickets.Ticket, token: str, requests: AsyncIterator[TunnelFrame]
+    ) -> AsyncGenerator[TunnelFrame, None]:
+        """The tunnel through the gateway that holds the node's session (`GatewayTunnels.Relay`)."""
+        assert self.route is not None
+        try:
+            gateway_id, address = await self.route.find(t.node_id)
+        except Unavailable as e:
+            yield _refused(t.sid, "node-unavailable", e.message)
+            return
+        try:
+            await tunnels_ctl.opened(self.store, self.bus, t, gateway_id)
+        except TicketRefused as e:
+            yield _refused(t.sid, e.reason, e.message)
+            return
+        try:
+            verdict, via = await self.route.open(gateway_id, address, t.node_id, t.sid, token)
+        except Unavailable as e:
+            await tunnels_ctl.ended(self.store, self.bus, t, tunnels_ctl.Ending("refused", e.message))
+            yield _refused(t.sid, "node-unavailable", e.message)
+            return
+        log.info("event=tunnel.routed sid=%s node=%s gateway=%s", t.sid, t.node_id, gateway_id)
+        if verdict.WhichOneof("msg") != "accept":
+            await via.close()
+            refusal = verdict.refused
+            await tunnels_ctl.ended(
+                self.store, self.bus, t, tunnels_ctl.Ending("refused", f"{refusal.reason}: {refusal.message}")
+            )
+            yield _refused(t.sid, refusal.reason or "refused", refusal.message or "the node refused the tunnel")
+            return
+        yield TunnelFrame(accept=TunnelAccept(sid=t.sid))
+        async with contextlib.aclosing(self._relay(t, QueueEnd(requests), via, via)) as frames:
+            async for frame in frames:
+                yield frame
 
 
 class _NodeEnd:

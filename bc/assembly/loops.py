@@ -65,6 +65,7 @@ class Parts:
     clock_skew: ClockSkewMonitor | None = None
     # Loops that only `bc serve` has the state for (a listening address, the CA, TLS identities).
     api_registry: LoopFactory | None = None
+    gateway_registry: LoopFactory | None = None
     keyless: LoopFactory | None = None
     telemetry: LoopFactory | None = None
 
@@ -108,6 +109,13 @@ LOOPS: tuple[Loop, ...] = (
         lambda p: p.api_registry,
         frozenset({CA, LISTENER}),
         why="registers where this api answers; issues keyless gateways' serving certificates",
+    ),
+    Loop(
+        "gateway-registry",
+        frozenset({GATEWAY}),
+        lambda p: p.gateway_registry,
+        frozenset({LISTENER}),
+        why="registers where this gateway answers (api processes relay tunnels to its nodes through it)",
     ),
     Loop(
         "spec-signer",

@@ -43,6 +43,7 @@ from bc.api.join_servicer import JoinServicer
 from bc.api.release_http import ReleaseServer
 from bc.api.secret_broker import SecretBrokerServicer, SecretForwarder
 from bc.api.session_servicer import SessionServicer
+from bc.api.tunnel_route import GATEWAY_ENDPOINT_RENEW_S, GATEWAY_ENDPOINT_TTL_MS, GatewayRoute, RelayServicer
 from bc.api.tunnel_servicer import NodeTunnelsServicer, TunnelsServicer
 from bc.assembly.control import ControlSettings, build_control
 from bc.assembly.lock import DataDirLock
@@ -76,7 +77,8 @@ from bc.jobs.engine import LEASE_NAME as JOBS_LEASE
 from bc.jobs.health import LEASE_NAME as HEALTH_LEASE
 from bc.otel.config import OtlpConfig
 from bc.pki import keys, serving
-from bc.pki.ca import CA_KEY_FILE, CertificateAuthority
+from bc.pki.ca import CA_KEY_FILE, LEAF_LIFETIME_S, CertificateAuthority
+from bc.pki.identity import make_csr
 from bc.pki.secret_box import SecretBox
 from bc.pki.secrets_source import Secrets, SystemSecrets, os_seeded_random, p256_key
 from bc.pki.serving import SERVING_CERT_TTL_S
@@ -294,6 +296,8 @@ class Server:
         self.release_server: ReleaseServer | None = None
         self.release_url = ""
         self.api_address = ""  # where this api process registered itself (gateways proxy Join and Renew there)
+        self.gateway_address = ""  # where this gateway registered itself (api processes relay tunnels through it)
+        self.gateway_registered = asyncio.Event()  # set at its first registration (tests wait on it)
         self.intent: Intent  # what this process signs; a gateway-only process has none (it relays the stored trust)
         self.signer: Signer
         self.tls: ServerTLS
@@ -428,6 +432,8 @@ class Server:
             await self.grpc_server.start()
         if ca is not None and "api" in roles:
             self.parts.api_registry = functools.partial(self._api_loop, ca, host)
+        if "gateway" in roles:
+            self.parts.gateway_registry = functools.partial(self._gateway_loop, host)
         if self.gateway_cert is not None:
             self.parts.keyless = self._keyless_loop
         if "gateway" in roles and self._claim_keeper is not None:
@@ -545,6 +551,9 @@ class Server:
             tunnel_pb2_grpc.add_NodeTunnelsServicer_to_server(
                 NodeTunnelsServicer(hub, self.ca_cert, self.gateway.refuse_revoked), server
             )
+            tunnel_pb2_grpc.add_GatewayTunnelsServicer_to_server(
+                RelayServicer(hub, self.ca_cert, self.gateway_id), server
+            )
         if ca is not None and "api" in roles:
             tunnels = TunnelsServicer(
                 self.store,
@@ -556,6 +565,7 @@ class Server:
                 key_dir=tunnels_ctl.key_dir(data_dir),
                 hub=hub,
                 gateway_id=self.gateway_id,
+                route=GatewayRoute(self.store, self._process_credentials(ca, host)),
             )
             tunnel_pb2_grpc.add_TunnelsServicer_to_server(tunnels, server)
         try:
@@ -771,6 +781,32 @@ class Server:
                 log.warning("event=api.registry-failed error=%s", e)
             await self.bus.wait_events(KEYLESS_POLL_S)
 
+    async def _gateway_loop(self, host: str) -> None:
+        """A gateway process: register where it answers, so an api process relays tunnels to its nodes here."""
+        assert self.store is not None
+        name = self.opts.advertise[0] if self.opts.advertise and host in ("0.0.0.0", "::") else host
+        self.gateway_address = _client_address(name, self.port)
+        while True:
+            try:
+                now_ms = await self.store.now_ms()
+                async with self.store.transaction() as tx:
+                    await gk_sql.register_gateway(
+                        tx, self.gateway_id, self.gateway_address, now_ms, GATEWAY_ENDPOINT_TTL_MS
+                    )
+                self.gateway_registered.set()
+            except StoreError as e:
+                log.warning("event=gateway.registry-failed error=%s", e)
+            await self.clock.sleep(GATEWAY_ENDPOINT_RENEW_S)
+
+    def _process_credentials(self, ca: CertificateAuthority, host: str) -> Callable[[], grpc.ChannelCredentials]:
+        """This api process's own control-plane identity (CN gateway:<id>, clientAuth), issued by its CA at start:
+        what it dials a gateway with to relay a tunnel (`bc.api.tunnel_route`)."""
+        key = p256_key(self.secrets)
+        hosts = sorted({host, *self.opts.advertise} - {"0.0.0.0", "::", ""})
+        cert = ca.issue_gateway_cert(make_csr(key, self.gateway_id), self.gateway_id, hosts, LEAF_LIFETIME_S)
+        creds = channel_credentials(ca.ca_pem, keys.key_to_pem(key), keys.cert_to_pem(cert))
+        return lambda: creds
+
     async def _api_addresses(self) -> list[str]:
         if self.opts.api:
             return list(self.opts.api)
@@ -873,6 +909,10 @@ class Server:
             with contextlib.suppress(StoreError):
                 if "gateway" in self.opts.roles and hasattr(self, "gateway"):  # a start refused before it had one
                     await self.gateway.release_lease()
+            with contextlib.suppress(StoreError):
+                if self.gateway_address:
+                    async with self.store.transaction() as tx:
+                        await gk_sql.unregister_gateway(tx, self.gateway_id)
             with contextlib.suppress(StoreError):
                 if self.api_address:
                     async with self.store.transaction() as tx:

@@ -108,6 +108,34 @@ async def api_addresses(tx: Tx, now_ms: int) -> list[str]:
     return [str(r["address"]) for r in rows]
 
 
+# -- gateway addresses (tunnels relayed between processes: docs/access.md) ---------------------------------
+
+
+async def register_gateway(tx: Tx, gateway_id: str, address: str, now_ms: int, ttl_ms: int) -> None:
+    await tx.execute(
+        "INSERT INTO gateway_endpoints (gateway_id, address, expires_at_ms) VALUES (:g, :a, :e)"
+        " ON CONFLICT (gateway_id) DO UPDATE SET address = excluded.address, expires_at_ms = excluded.expires_at_ms",
+        {"g": gateway_id, "a": address, "e": now_ms + ttl_ms},
+    )
+
+
+async def unregister_gateway(tx: Tx, gateway_id: str) -> None:
+    await tx.execute("DELETE FROM gateway_endpoints WHERE gateway_id = :g", {"g": gateway_id})
+
+
+async def session_route(tx: Tx, node_id: str, now_ms: int) -> tuple[str, str] | None:
+    """The gateway holding `node_id`'s open session and where it answers, while its registration is live;
+    (gateway id, "") when the gateway registered no live address; None when the node has no open session."""
+    row = await tx.fetchone(
+        "SELECT s.gateway_id, e.address FROM node_sessions s LEFT JOIN gateway_endpoints e"
+        " ON e.gateway_id = s.gateway_id AND e.expires_at_ms > :now WHERE s.node_id = :n AND s.open = 1",
+        {"n": node_id, "now": now_ms},
+    )
+    if row is None:
+        return None
+    return str(row["gateway_id"]), str(row["address"] or "")
+
+
 # -- specs waiting for a signature ----------------------------------------------------------------------
 
 

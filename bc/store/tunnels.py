@@ -95,6 +95,28 @@ async def mark_ended(
     return n == 1
 
 
+async def ask_close(tx: Tx, sid: str, reason: str) -> bool:
+    """Ask whichever process relays the open tunnel `sid` to close it (docs/access.md, "Gateways")."""
+    n = await tx.execute(
+        "UPDATE tunnel_sessions SET close_asked = :r WHERE sid = :s AND state = 'open'", {"s": sid, "r": reason}
+    )
+    return n == 1
+
+
+async def close_asks(tx: Tx, sids: list[str]) -> dict[str, str]:
+    """Of the open tunnels `sids`, those asked to close, with why."""
+    if not sids:
+        return {}
+    names = {f"s{i}": sid for i, sid in enumerate(sids)}
+    rows = await tx.fetchall(
+        "SELECT sid, close_asked FROM tunnel_sessions WHERE close_asked <> '' AND state = 'open' AND sid IN ("
+        + ", ".join(f":{k}" for k in names)
+        + ")",
+        names,
+    )
+    return {str(r["sid"]): str(r["close_asked"]) for r in rows}
+
+
 async def list_sessions(tx: Tx, node_id: str, open_only: bool, limit: int) -> list[Row]:
     where: list[str] = []
     args: dict[str, object] = {"lim": limit}

@@ -51,7 +51,8 @@ REFUSALS = {
 }
 
 # Tables that move by themselves while the server runs (leases renewed by its workers).
-MOVING_TABLES = {"events", "leases", "api_endpoints"}  # api_endpoints: each api process re-registers, as a lease
+# api_endpoints and gateway_endpoints: each api and gateway process re-registers its address, as a lease.
+MOVING_TABLES = {"events", "leases", "api_endpoints", "gateway_endpoints"}
 
 METHODS = [
     m

@@ -264,6 +264,21 @@ async def sessions(store: Store, node_id: str = "", open_only: bool = False, lim
         return await tunnels_sql.list_sessions(tx, node_id, open_only, max(1, min(limit or 200, 1000)))
 
 
+async def ask_close(store: Store, bus: Bus, node_id: str, sid: str, reason: str) -> bool:
+    """Ask the process that relays `sid` (maybe another) to close it; False when it is not open."""
+    now_ms = await store.now_ms()
+    async with store.transaction() as tx:
+        if not await tunnels_sql.ask_close(tx, sid, reason):
+            return False
+        await publish(tx, bus, "tunnel.close-asked", node_id, {"sid": sid, "reason": reason}, now_ms)
+    return True
+
+
+async def close_asks(store: Store, sids: list[str]) -> dict[str, str]:
+    async with store.transaction(write=False) as tx:
+        return await tunnels_sql.close_asks(tx, sids)
+
+
 async def session(store: Store, sid: str) -> Row:
     async with store.transaction(write=False) as tx:
         row = await tunnels_sql.get_session(tx, sid)

@@ -40,10 +40,14 @@ class ExecTicket(_message.Message):
     def __init__(self, token: _Optional[str] = ..., sid: _Optional[str] = ..., node_id: _Optional[str] = ..., purpose: _Optional[str] = ..., port: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., kid: _Optional[str] = ...) -> None: ...
 
 class TunnelOpen(_message.Message):
-    __slots__ = ("token",)
+    __slots__ = ("token", "node_id", "sid")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SID_FIELD_NUMBER: _ClassVar[int]
     token: str
-    def __init__(self, token: _Optional[str] = ...) -> None: ...
+    node_id: str
+    sid: str
+    def __init__(self, token: _Optional[str] = ..., node_id: _Optional[str] = ..., sid: _Optional[str] = ...) -> None: ...
 
 class TunnelAccept(_message.Message):
     __slots__ = ("sid",)

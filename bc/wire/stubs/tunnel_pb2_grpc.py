@@ -395,3 +395,87 @@ class NodeTunnels:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class GatewayTunnelsStub:
+    """Between control-plane processes (docs/access.md, "Gateways"): an api process whose own gateway does not hold
+    the node's session relays the operator's tunnel through the gateway that does. Callers: control-plane process
+    certificates only (`gateway:<id>`); an operator's or a node's is refused. The first frame up is `open` with
+    the ticket, its node and sid (checked by the api already, and by the node); then as `Tunnels.Open`.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Relay = channel.stream_stream(
+                '/bc.v1.GatewayTunnels/Relay',
+                request_serializer=bc_dot_v1_dot_tunnel__pb2.TunnelFrame.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_tunnel__pb2.TunnelFrame.FromString,
+                _registered_method=True)
+
+
+class GatewayTunnelsServicer:
+    """Between control-plane processes (docs/access.md, "Gateways"): an api process whose own gateway does not hold
+    the node's session relays the operator's tunnel through the gateway that does. Callers: control-plane process
+    certificates only (`gateway:<id>`); an operator's or a node's is refused. The first frame up is `open` with
+    the ticket, its node and sid (checked by the api already, and by the node); then as `Tunnels.Open`.
+    """
+
+    def Relay(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_GatewayTunnelsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Relay': grpc.stream_stream_rpc_method_handler(
+                    servicer.Relay,
+                    request_deserializer=bc_dot_v1_dot_tunnel__pb2.TunnelFrame.FromString,
+                    response_serializer=bc_dot_v1_dot_tunnel__pb2.TunnelFrame.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'bc.v1.GatewayTunnels', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('bc.v1.GatewayTunnels', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class GatewayTunnels:
+    """Between control-plane processes (docs/access.md, "Gateways"): an api process whose own gateway does not hold
+    the node's session relays the operator's tunnel through the gateway that does. Callers: control-plane process
+    certificates only (`gateway:<id>`); an operator's or a node's is refused. The first frame up is `open` with
+    the ticket, its node and sid (checked by the api already, and by the node); then as `Tunnels.Open`.
+    """
+
+    @staticmethod
+    def Relay(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/bc.v1.GatewayTunnels/Relay',
+            bc_dot_v1_dot_tunnel__pb2.TunnelFrame.SerializeToString,
+            bc_dot_v1_dot_tunnel__pb2.TunnelFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

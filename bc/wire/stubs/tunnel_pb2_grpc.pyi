@@ -148,3 +148,43 @@ class NodeTunnelsServicer(metaclass=_abc_1.ABCMeta):
         """The node's first frame is `accept` (it verified the offer's ticket) or `refused`; then `data`."""
 
 def add_NodeTunnelsServicer_to_server(servicer: NodeTunnelsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class GatewayTunnelsStub:
+    """Between control-plane processes (docs/access.md, "Gateways"): an api process whose own gateway does not hold
+    the node's session relays the operator's tunnel through the gateway that does. Callers: control-plane process
+    certificates only (`gateway:<id>`); an operator's or a node's is refused. The first frame up is `open` with
+    the ticket, its node and sid (checked by the api already, and by the node); then as `Tunnels.Open`.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> GatewayTunnelsAsyncStub: ...
+    Relay: _grpc.StreamStreamMultiCallable[_tunnel_pb2.TunnelFrame, _tunnel_pb2.TunnelFrame]
+
+@_typing.type_check_only
+class GatewayTunnelsAsyncStub(GatewayTunnelsStub):
+    """Between control-plane processes (docs/access.md, "Gateways"): an api process whose own gateway does not hold
+    the node's session relays the operator's tunnel through the gateway that does. Callers: control-plane process
+    certificates only (`gateway:<id>`); an operator's or a node's is refused. The first frame up is `open` with
+    the ticket, its node and sid (checked by the api already, and by the node); then as `Tunnels.Open`.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Relay: _aio.StreamStreamMultiCallable[_tunnel_pb2.TunnelFrame, _tunnel_pb2.TunnelFrame]  # type: ignore[assignment]
+
+class GatewayTunnelsServicer(metaclass=_abc_1.ABCMeta):
+    """Between control-plane processes (docs/access.md, "Gateways"): an api process whose own gateway does not hold
+    the node's session relays the operator's tunnel through the gateway that does. Callers: control-plane process
+    certificates only (`gateway:<id>`); an operator's or a node's is refused. The first frame up is `open` with
+    the ticket, its node and sid (checked by the api already, and by the node); then as `Tunnels.Open`.
+    """
+
+    @_abc_1.abstractmethod
+    def Relay(
+        self,
+        request_iterator: _MaybeAsyncIterator[_tunnel_pb2.TunnelFrame],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_tunnel_pb2.TunnelFrame], _abc.AsyncIterator[_tunnel_pb2.TunnelFrame]]: ...
+
+def add_GatewayTunnelsServicer_to_server(servicer: GatewayTunnelsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

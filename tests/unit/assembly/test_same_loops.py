@@ -45,7 +45,7 @@ def test_a_sim_gateway_process_plans_what_a_gateway_only_bc_serve_plans() -> Non
 
 def test_the_serve_only_loops_are_the_ones_for_what_only_a_process_has() -> None:
     """Adding a `Has` only `bc serve` passes is the one way its loops may differ: it must stay visible here."""
-    assert {"api-registry", "keyless", "telemetry"} == SERVE_ONLY_LOOPS
+    assert {"api-registry", "gateway-registry", "keyless", "telemetry"} == SERVE_ONLY_LOOPS
 
 
 def test_the_harness_and_the_sim_gateways_start_exactly_what_they_plan(tmp_path: Path) -> None:

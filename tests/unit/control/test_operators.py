@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bc.api.admin_roles import PURPOSE_ROLE, ROLE_NEEDED
+from bc.api.admin_roles import PROCESS_ONLY, PURPOSE_ROLE, ROLE_NEEDED
 from bc.control.base import actor
 from bc.control.base.bus import Bus
 from bc.control.trust import operators as ops
@@ -56,6 +56,14 @@ def test_every_admin_rpc_has_a_role_and_nothing_else_does() -> None:
     assert len(rpcs) == len(admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods) + 5  # no name in both
     assert set(ROLE_NEEDED) == rpcs
     assert {role for role, _ in ROLE_NEEDED.values()} <= set(actor.ROLES)
+
+
+def test_the_internal_relay_needs_a_control_plane_certificate_and_no_operator_role() -> None:
+    """`GatewayTunnels` (api -> gateway) is in the one table of who may call what, never an operator's."""
+    internal = {m.name for m in tunnel_pb2.DESCRIPTOR.services_by_name["GatewayTunnels"].methods}
+    assert set(PROCESS_ONLY) == internal
+    assert not set(PROCESS_ONLY) & set(ROLE_NEEDED)
+    assert {kind for kind, _ in PROCESS_ONLY.values()} == {"gateway"}
 
 
 def test_every_ticket_purpose_has_a_role_and_viewers_get_none() -> None:
