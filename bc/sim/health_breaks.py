@@ -107,7 +107,7 @@ class HastyReconciler(HealthReconciler):
     and Random as the control plane's engine, which runs them)."""
 
     def __init__(self, store: Store, bus: Bus, jobs: JobEngine, rng: random.Random, *, holder: str) -> None:
-        drainless = DrainlessEngine(jobs.store, jobs.bus, jobs.signer, jobs.rng, holder=jobs.holder)
+        drainless = DrainlessEngine(jobs.store, jobs.bus, jobs.signer, jobs.rng, holder=jobs.holder, tokens=jobs.tokens)
         super().__init__(store, bus, drainless, rng, holder=holder)
 
 
