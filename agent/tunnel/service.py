@@ -127,7 +127,14 @@ class TunnelService:
         assert me is not None
         self.open[sid] = _Open(t.kid, me)
         self.opened += 1
-        log.info("event=tunnel.opened sid=%s operator=%s purpose=%s port=%d", sid, t.operator, t.purpose, t.port)
+        log.info(
+            "event=tunnel.opened sid=%s operator=%s purpose=%s port=%d recorded=%s",
+            sid,
+            t.operator,
+            t.purpose,
+            t.port,
+            "promised" if t.record else "no",
+        )
         call = stub.Carry()
         try:
             await call.write(TunnelFrame(accept=TunnelAccept(sid=sid)))

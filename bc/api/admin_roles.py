@@ -137,6 +137,13 @@ ROLE_NEEDED: dict[str, tuple[str, str]] = {
     "Open": (OPERATOR, "opening a tunnel"),
     "CloseTunnel": (ADMIN, "closing a tunnel"),
     "RotateTicketKey": (ADMIN, "rotating the exec-ticket key"),
+    # Shell typescripts: anyone may read the policy (a `bc shell` follows it); setting it and reading a
+    # typescript (what was typed and shown on a node) is admin's (there is no auditor role); an operator uploads
+    # only the typescripts of their own tunnels (checked against the record, bc.control.trust.typescripts).
+    "GetRecordPolicy": (VIEWER, "reading the record policy"),
+    "SetRecordPolicy": (ADMIN, "setting the record policy"),
+    "UploadTypescript": (OPERATOR, "uploading a typescript"),
+    "GetTypescript": (ADMIN, "reading a typescript"),
     # Bare metal (docs/metal.md): a machine's BMC URL and MACs in a site section are root-equivalent (the
     # site sends that BMC's credentials there; its MACs get a ramdisk's join token), and provisioning wipes
     # disks and installs an OS: admin's. Anyone may read the machines and their provisioning state.

@@ -27,7 +27,7 @@ from bc.api.tunnel_route import GatewayEnd, GatewayRoute, QueueEnd, pump
 from bc.control.base import actor
 from bc.control.base.bus import Bus
 from bc.control.signing.signer import Signer
-from bc.control.trust import operators
+from bc.control.trust import operators, typescripts
 from bc.control.trust import tunnels as tunnels_ctl
 from bc.errors import BcError, TicketRefused, Unavailable
 from bc.gateway.tunnels import FrameEnd, Relay, TunnelHub
@@ -37,6 +37,7 @@ from bc.pki.secrets_source import Secrets
 from bc.protocol.pb import tunnel_pb2
 from bc.protocol.pb.tunnel_pb2 import TunnelAccept, TunnelFrame, TunnelRefused
 from bc.store import Row, Store
+from bc.wire.status import abort_with
 from bc.wire.stubs import tunnel_pb2_grpc
 
 log = logging.getLogger("bc.api.tunnels")
@@ -47,7 +48,7 @@ CLOSE_WAIT_S = 5.0
 """How long `CloseTunnel` waits for the relay's end to write the record."""
 
 
-def record(row: Row) -> tunnel_pb2.TunnelRecord:
+def record(row: Row, now_ms: int) -> tunnel_pb2.TunnelRecord:
     exit_code = row.get("exit_code")
     return tunnel_pb2.TunnelRecord(
         sid=str(row["sid"]),
@@ -68,6 +69,9 @@ def record(row: Row) -> tunnel_pb2.TunnelRecord:
         end_reason=str(row["end_reason"]),
         expires_at_ms=int(row["expires_at_ms"]),
         kid=str(row["kid"]),
+        record=bool(int(row.get("record_promised") or 0)),
+        typescript=typescripts.state(row, now_ms),
+        typescript_bytes=int(row.get("typescript_bytes") or 0),
     )
 
 
@@ -114,7 +118,7 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
     ) -> tunnel_pb2.ExecTicket:
         async def go(operator: str) -> tunnel_pb2.ExecTicket:
             req = tunnels_ctl.TicketRequest(
-                request.node_id, request.purpose, request.port, request.reason, request.ttl_s
+                request.node_id, request.purpose, request.port, request.reason, request.ttl_s, request.record
             )
             token, t = await tunnels_ctl.issue(
                 self.store, self.bus, self.key_dir, self.rng, self.secrets, req, operator
@@ -127,16 +131,57 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
                 port=t.port,
                 expires_at_ms=t.exp_ms,
                 kid=t.kid,
+                record=t.record,
             )
 
         return await self._call_as(context, go)
+
+    async def GetRecordPolicy(
+        self, request: tunnel_pb2.GetRecordPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> tunnel_pb2.RecordPolicy:
+        async def go() -> tunnel_pb2.RecordPolicy:
+            return tunnel_pb2.RecordPolicy(policy=await typescripts.get_policy(self.store))
+
+        return await self._call(context, go)
+
+    async def SetRecordPolicy(
+        self, request: tunnel_pb2.RecordPolicy, context: grpc.aio.ServicerContext
+    ) -> tunnel_pb2.RecordPolicy:
+        async def go() -> tunnel_pb2.RecordPolicy:
+            return tunnel_pb2.RecordPolicy(policy=await typescripts.set_policy(self.store, self.bus, request.policy))
+
+        return await self._call(context, go)
+
+    async def UploadTypescript(
+        self, request: tunnel_pb2.TypescriptChunk, context: grpc.aio.ServicerContext
+    ) -> tunnel_pb2.TypescriptAck:
+        async def go(operator: str) -> tunnel_pb2.TypescriptAck:
+            stored = await typescripts.upload(
+                self.store, request.sid, request.offset, request.data, request.done, operator
+            )
+            return tunnel_pb2.TypescriptAck(stored=stored)
+
+        return await self._call_as(context, go)
+
+    async def GetTypescript(
+        self, request: tunnel_pb2.GetTypescriptRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[tunnel_pb2.TypescriptChunk]:
+        try:
+            chunks = await typescripts.read(self.store, request.sid)
+        except BcError as e:
+            await abort_with(context, e)
+        offset = 0
+        for data in chunks:
+            yield tunnel_pb2.TypescriptChunk(sid=request.sid, offset=offset, data=data)
+            offset += len(data)
 
     async def ListTunnels(
         self, request: tunnel_pb2.ListTunnelsRequest, context: grpc.aio.ServicerContext
     ) -> tunnel_pb2.ListTunnelsResponse:
         async def go() -> tunnel_pb2.ListTunnelsResponse:
             rows = await tunnels_ctl.sessions(self.store, request.node_id, request.open_only, request.limit)
-            return tunnel_pb2.ListTunnelsResponse(tunnels=[record(r) for r in rows])
+            now_ms = await self.store.now_ms()
+            return tunnel_pb2.ListTunnelsResponse(tunnels=[record(r, now_ms) for r in rows])
 
         return await self._call(context, go)
 
@@ -145,15 +190,16 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
     ) -> tunnel_pb2.TunnelRecord:
         async def go(operator: str) -> tunnel_pb2.TunnelRecord:
             row = await tunnels_ctl.session(self.store, request.sid)
+            now_ms = await self.store.now_ms()
             if str(row["state"]) != "open":
-                return record(row)
+                return record(row, now_ms)
             why = f"closed by {operator}" + (f": {request.reason[:200]}" if request.reason else "")
             # Relayed here: end it now. Else ask, through the store, the api process that relays it (its relay
             # watches for the ask: `_watch_close`).
             if not self.relays.close(request.sid, why) and not await tunnels_ctl.ask_close(
                 self.store, self.bus, str(row["node_id"]), request.sid, why
             ):
-                return record(await tunnels_ctl.session(self.store, request.sid))  # it ended meanwhile
+                return record(await tunnels_ctl.session(self.store, request.sid), now_ms)  # it ended meanwhile
             # The relay's end writes the record; wait for it so the answer shows the tunnel closed.
             try:
                 async with asyncio.timeout(CLOSE_WAIT_S):
@@ -165,7 +211,7 @@ class TunnelsServicer(AdminCalls, tunnel_pb2_grpc.TunnelsServicer):
                     f"tunnel {request.sid} was asked to close, but no process relaying it (through gateway"
                     f" {row['gateway_id']}) closed it within {CLOSE_WAIT_S:.0f} s; is that api process running?"
                 ) from None
-            return record(row)
+            return record(row, await self.store.now_ms())
 
         return await self._call_as(context, go)
 

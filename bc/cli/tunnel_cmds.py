@@ -7,6 +7,8 @@
     bc tunnels list [--node N] [--open] [--json]
     bc tunnels close SID [--reason TEXT]     (admin) end an open tunnel
     bc tunnels rotate-key                    (admin) a new exec-ticket key: every tunnel of the old one closes
+    bc tunnels record-policy show|set P      the shell typescript policy: off | optional | required (set: admin)
+    bc tunnels typescript SID [-o FILE]      (admin) a recorded shell's typescript, escaped on a terminal
 
 Each tunnel is one exec ticket (`bc.pki.exec_tickets`) the control plane issues to you for one node, one
 tunnel id and one purpose, and the node checks itself; the bytes are TLS from here to the node's certificate.
@@ -28,9 +30,11 @@ import click
 from cryptography.hazmat.primitives import serialization
 
 from bc.cli.emit import emit
-from bc.cli.output import echo
+from bc.cli.output import echo, lines
+from bc.cli.pty_session import run_on_pty
 from bc.cli.render import cell, format_bytes, format_time_ms, render_table
 from bc.cli.tunnel_pipe import refuse_terminal, splice, stdio, stream_io
+from bc.cli.typescript_upload import TypescriptUpload
 from bc.client.admin import AdminClient
 from bc.client.tunnel import TunnelClient
 from bc.errors import BcError, UsageError
@@ -41,6 +45,8 @@ from bc.runtime.config import find_operator_config, user_config_path
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 GRANT_TTL_S = 10 * 60
+UPLOAD_WAIT_S = 30.0
+"""How long `bc shell --record` waits, after ssh exits, for its typescript's last chunks to be stored."""
 OBSERVE_TIMEOUT_S = 60.0
 
 
@@ -205,6 +211,7 @@ async def _ssh_session(
     command: tuple[str, ...],
     ssh_options: tuple[str, ...],
     port: int = 22,
+    record: bool = False,
 ) -> int:
     cfg = find_operator_config()
     with tempfile.TemporaryDirectory(prefix="bc-exec-") as tmp:
@@ -224,7 +231,9 @@ async def _ssh_session(
         known.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         sock = d / "tunnel.sock"
         async with TunnelClient(cfg) as c:
-            ticket = await c.issue(node_id, purpose, port, reason)
+            if purpose == "shell" and not record:  # a `required` policy: the promise, kept by this very client
+                record = await c.record_policy() == "required"
+            ticket = await c.issue(node_id, purpose, port, reason, record=record)
             opened: list[int] = []
             tunnel_done = asyncio.Event()
             holder: dict[str, object] = {}
@@ -267,8 +276,19 @@ async def _ssh_session(
             ]
             if command:  # quoted for the remote shell, so CMD's arguments arrive as they were given here
                 argv += ["--", shlex.join(command)]
-            proc = await asyncio.create_subprocess_exec(*argv)
-            code = await proc.wait()
+            up: TypescriptUpload | None = None
+            if record:
+                sid = ticket.sid
+
+                async def send(offset: int, data: bytes, done: bool) -> int:
+                    return await c.upload_typescript(sid, offset, data, done)
+
+                up = TypescriptUpload(send)
+                uploading = asyncio.create_task(up.run(), name=f"typescript-{sid}")
+                code = await run_on_pty(argv, up.feed)
+            else:
+                proc = await asyncio.create_subprocess_exec(*argv)
+                code = await proc.wait()
             server.close()
             t = holder.get("tunnel")
             if t is not None:
@@ -279,7 +299,26 @@ async def _ssh_session(
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(2):
                         await tunnel_done.wait()
+            if up is not None:
+                up.close()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(UPLOAD_WAIT_S):
+                        await uploading
+                _say_typescript(ticket.sid, up)
             return code
+
+
+def _say_typescript(sid: str, up: TypescriptUpload) -> None:
+    if up.error is not None:
+        echo(f"warning: the typescript of {sid} was not stored whole: {up.error.message}", err=True)
+    elif up.dropped:
+        echo(f"warning: the typescript of {sid} was cut at {up.limit} bytes ({up.dropped} not stored)", err=True)
+    elif not uploaded_all(up):
+        echo(f"warning: the typescript of {sid} was still uploading after {UPLOAD_WAIT_S:.0f} s", err=True)
+
+
+def uploaded_all(up: TypescriptUpload) -> bool:
+    return up.sent == up.fed and not up.pending
 
 
 def _login(login: str) -> str:
@@ -292,12 +331,15 @@ def _login(login: str) -> str:
 @click.option("--login", default="", help="The node's local user (default: yours here).")
 @click.option("-o", "ssh_options", multiple=True, help="An extra ssh option (-o Key=Value), repeatable.", hidden=True)
 @click.option("--port", default=22, show_default=True, help="sshd's port on the node's loopback.")
-def shell(node_id: str, reason: str, login: str, ssh_options: tuple[str, ...], port: int) -> None:
+@click.option(
+    "--record", is_flag=True, help="Keep a typescript of the session on the control plane (implied by policy)."
+)
+def shell(node_id: str, reason: str, login: str, ssh_options: tuple[str, ...], port: int, record: bool) -> None:
     """An interactive shell on NODE: a 10-minute certificate for you, ssh through a tunnel."""
     if not reason.strip():
         raise UsageError("a shell needs a reason: pass --reason TEXT (it is recorded with the session)")
     opts = tuple(x for o in ssh_options for x in ("-o", o))
-    sys.exit(asyncio.run(_ssh_session(node_id, "shell", _login(login), reason, (), opts, port)))
+    sys.exit(asyncio.run(_ssh_session(node_id, "shell", _login(login), reason, (), opts, port, record)))
 
 
 @click.command("exec", context_settings={"ignore_unknown_options": True})
@@ -355,11 +397,25 @@ def list_(node_id: str, open_only: bool, limit: int, as_json: bool) -> None:
             format_bytes(r.bytes_up),
             format_bytes(r.bytes_down),
             r.exit_code if r.has_exit_code else "-",
+            r.typescript or "-",
             cell(r.reason or r.end_reason or "-", width=40),
         )
         for r in rows_in
     ]
-    headers = ("SID", "NODE", "OPERATOR", "PURPOSE", "STATE", "STARTED", "LASTED", "UP", "DOWN", "EXIT", "WHY")
+    headers = (
+        "SID",
+        "NODE",
+        "OPERATOR",
+        "PURPOSE",
+        "STATE",
+        "STARTED",
+        "LASTED",
+        "UP",
+        "DOWN",
+        "EXIT",
+        "TYPESCRIPT",
+        "WHY",
+    )
     emit(as_json, rows_in, lambda: render_table(headers, rows), empty="no tunnels")
 
 
@@ -389,6 +445,61 @@ def rotate_key(as_json: bool) -> None:
 
     info = asyncio.run(go())
     emit(as_json, info, f"exec-ticket key {info.kid} pinned; {info.nodes_changed} node specs changed")
+
+
+@tunnels.group("record-policy")
+def record_policy() -> None:
+    """Whether shells are recorded: off, optional (`bc shell --record`) or required (every shell)."""
+
+
+@record_policy.command("show")
+@json_option
+def record_policy_show(as_json: bool) -> None:
+    """The policy now."""
+
+    async def go() -> str:
+        async with TunnelClient(find_operator_config()) as c:
+            return await c.record_policy()
+
+    p = asyncio.run(go())
+    emit(as_json, {"policy": p}, f"record policy: {p}")
+
+
+@record_policy.command("set")
+@click.argument("policy", type=click.Choice(["off", "optional", "required"]))
+@json_option
+def record_policy_set(policy: str, as_json: bool) -> None:
+    """Set the policy (admin); an event records the change."""
+
+    async def go() -> str:
+        async with TunnelClient(find_operator_config()) as c:
+            return await c.record_policy(set_to=policy)
+
+    p = asyncio.run(go())
+    emit(as_json, {"policy": p}, f"record policy: {p}")
+
+
+@tunnels.command("typescript")
+@click.argument("sid")
+@click.option("-o", "--output", "output", default="", help="Write the raw bytes to this file (0600).")
+def typescript(sid: str, output: str) -> None:
+    """A recorded shell's typescript (admin): raw into a file with -o, else escaped, never raw to a terminal."""
+
+    async def go() -> bytes:
+        got = bytearray()
+        async with TunnelClient(find_operator_config()) as c:
+            async for chunk in c.typescript(sid):
+                got += chunk
+        return bytes(got)
+
+    data = asyncio.run(go())
+    if output:
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        echo(f"{len(data)} bytes of {sid}'s typescript written to {output}", err=True)
+        return
+    echo(lines(data.decode("utf-8", errors="replace").replace("\r\n", "\n").split("\n")))
 
 
 COMMANDS: tuple[click.Command, ...] = (tunnel, port_forward, shell, exec_, tunnels)

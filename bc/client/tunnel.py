@@ -137,9 +137,11 @@ class TunnelClient:
         return status_to_error(e.code(), e.details() or "", server=self.config.server)
 
     async def issue(
-        self, node_id: str, purpose: str, port: int = 0, reason: str = "", ttl_s: int = 0
+        self, node_id: str, purpose: str, port: int = 0, reason: str = "", ttl_s: int = 0, record: bool = False
     ) -> tunnel_pb2.ExecTicket:
-        req = tunnel_pb2.IssueTicketRequest(node_id=node_id, purpose=purpose, port=port, reason=reason, ttl_s=ttl_s)
+        req = tunnel_pb2.IssueTicketRequest(
+            node_id=node_id, purpose=purpose, port=port, reason=reason, ttl_s=ttl_s, record=record
+        )
         try:
             reply: tunnel_pb2.ExecTicket = await self.stub.IssueTicket(req, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as e:
@@ -197,3 +199,31 @@ class TunnelClient:
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from e
         return info
+
+    async def record_policy(self, set_to: str = "") -> str:
+        """The control plane's `--record` policy (set to `set_to` first, an admin's call, when given)."""
+        try:
+            if set_to:
+                p = await self.stub.SetRecordPolicy(tunnel_pb2.RecordPolicy(policy=set_to), timeout=self.timeout_s)
+            else:
+                p = await self.stub.GetRecordPolicy(tunnel_pb2.GetRecordPolicyRequest(), timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise self._error(e) from e
+        return str(p.policy)
+
+    async def upload_typescript(self, sid: str, offset: int, data: bytes, done: bool = False) -> int:
+        """Append one chunk (at most 64 KiB) of tunnel `sid`'s typescript; the bytes the control plane holds."""
+        req = tunnel_pb2.TypescriptChunk(sid=sid, offset=offset, data=data, done=done)
+        try:
+            ack: tunnel_pb2.TypescriptAck = await self.stub.UploadTypescript(req, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise self._error(e) from e
+        return int(ack.stored)
+
+    async def typescript(self, sid: str) -> AsyncIterator[bytes]:
+        """Tunnel `sid`'s typescript, chunk by chunk (admin)."""
+        try:
+            async for chunk in self.stub.GetTypescript(tunnel_pb2.GetTypescriptRequest(sid=sid)):
+                yield bytes(chunk.data)
+        except grpc.aio.AioRpcError as e:
+            raise self._error(e) from e

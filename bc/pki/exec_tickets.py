@@ -55,6 +55,8 @@ class Ticket:
     iat_s: int
     exp_s: int
     kid: str
+    record: bool = False
+    """The `rec` claim: the operator's client promised a typescript of this shell (docs/access.md)."""
 
     @property
     def exp_ms(self) -> int:
@@ -135,6 +137,8 @@ def issue(key: OKPKey, t: Ticket) -> str:
         "iat": t.iat_s,
         "exp": t.exp_s,
     }
+    if t.record:
+        claims["rec"] = True
     return jwt.encode({"alg": ALG, "kid": t.kid, "typ": "bc-exec+jwt"}, claims, key, algorithms=[ALG])
 
 
@@ -159,6 +163,7 @@ def peek(token: str) -> Ticket:
         iat_s=_int(claims, "iat"),
         exp_s=_int(claims, "exp"),
         kid=str(kid),
+        record=claims.get("rec") is True,
     )
 
 
@@ -213,6 +218,7 @@ def verify(token: str, jwks: str, *, node_id: str, sid: str, now_ms: int) -> Tic
         iat_s=_int(c, "iat"),
         exp_s=_int(c, "exp"),
         kid=kid,
+        record=c.get("rec") is True,
     )
     if t.purpose not in PURPOSES or not 1 <= t.port <= 65535:
         raise TicketRefused("bad-ticket", "the ticket's purpose or port is not one bc issues")

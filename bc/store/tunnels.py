@@ -43,11 +43,13 @@ async def insert_session(
     kid: str,
     issued_at_ms: int,
     expires_at_ms: int,
+    record: bool = False,
 ) -> None:
     await tx.execute(
         "INSERT INTO tunnel_sessions (sid, jti, node_id, operator, purpose, port, reason, kid, state, issued_at_ms,"
-        " expires_at_ms) VALUES (:sid, :jti, :n, :o, :p, :port, :r, :kid, 'issued', :t, :exp)",
+        " expires_at_ms, record_promised) VALUES (:sid, :jti, :n, :o, :p, :port, :r, :kid, 'issued', :t, :exp, :rec)",
         {
+            "rec": 1 if record else 0,
             "sid": sid,
             "jti": jti,
             "n": node_id,
@@ -129,3 +131,29 @@ async def list_sessions(tx: Tx, node_id: str, open_only: bool, limit: int) -> li
     if where:
         sql += " WHERE " + " AND ".join(where)
     return await tx.fetchall(sql + " ORDER BY issued_at_ms DESC, sid LIMIT :lim", args)
+
+
+# -- typescripts (migration 0031) ----------------------------------------------------------------------
+
+
+async def append_typescript(tx: Tx, sid: str, offset: int, data: bytes, done: bool) -> bool:
+    """Append `data` at `offset` of `sid`'s typescript (the next chunk only: `offset` is what it holds)."""
+    n = await tx.execute(
+        "UPDATE tunnel_sessions SET typescript_bytes = typescript_bytes + :n, typescript_done = :d"
+        " WHERE sid = :s AND typescript_bytes = :o AND typescript_done = 0",
+        {"s": sid, "n": len(data), "o": offset, "d": 1 if done else 0},
+    )
+    if n != 1:
+        return False
+    if data:
+        seq = await tx.fetchval("SELECT COUNT(*) FROM tunnel_typescripts WHERE sid = :s", {"s": sid})
+        await tx.execute(
+            "INSERT INTO tunnel_typescripts (sid, seq, data) VALUES (:s, :q, :d)",
+            {"s": sid, "q": int(seq or 0), "d": data},
+        )
+    return True
+
+
+async def typescript_chunks(tx: Tx, sid: str) -> list[bytes]:
+    rows = await tx.fetchall("SELECT data FROM tunnel_typescripts WHERE sid = :s ORDER BY seq", {"s": sid})
+    return [bytes(r["data"]) for r in rows]

@@ -34,6 +34,7 @@ from bc.control.base.events import publish
 from bc.control.quorum import batches as quorum
 from bc.control.signing.signer import Signer
 from bc.control.trust import ssh as ssh_ctl
+from bc.control.trust import typescripts
 from bc.errors import Conflict, NotFound, TicketRefused, Unauthenticated, UsageError
 from bc.pki import exec_tickets
 from bc.pki.secrets_source import Secrets, ed25519_key
@@ -133,6 +134,7 @@ class TicketRequest:
     port: int = 0
     reason: str = ""
     ttl_s: int = 0
+    record: bool = False
 
 
 async def issue(
@@ -145,6 +147,8 @@ async def issue(
     async with store.transaction(write=False) as tx:
         node = await nodes_sql.get(tx, req.node_id)
         live = await tunnels_sql.live_keys(tx)
+        record_policy = await typescripts.policy(tx)
+    typescripts.check_promise(record_policy, req.purpose, req.record)
     if node is None:
         raise NotFound(f"no node named {req.node_id!r}")
     if node.get("revoked_at_ms"):
@@ -167,6 +171,7 @@ async def issue(
         iat_s=iat,
         exp_s=iat + ttl,
         kid=kid,
+        record=req.record,
     )
     token = exec_tickets.issue(key, t)
     async with store.transaction() as tx:
@@ -182,6 +187,7 @@ async def issue(
             kid=kid,
             issued_at_ms=now_ms,
             expires_at_ms=t.exp_ms,
+            record=t.record,
         )
         data = {
             "sid": t.sid,
@@ -191,6 +197,7 @@ async def issue(
             "operator": operator,
             "expires_at_ms": t.exp_ms,
             "kid": kid,
+            "record": t.record,
         }
         await publish(tx, bus, "tunnel.ticket-issued", t.node_id, data, now_ms)
     return token, t

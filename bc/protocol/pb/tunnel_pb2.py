@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x62\x63/v1/tunnel.proto\x12\x05\x62\x63.v1\"c\n\x12IssueTicketRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05ttl_s\x18\x05 \x01(\x05\"|\n\nExecTicket\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03sid\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07purpose\x18\x04 \x01(\t\x12\x0c\n\x04port\x18\x05 \x01(\x05\x12\x15\n\rexpires_at_ms\x18\x06 \x01(\x03\x12\x0b\n\x03kid\x18\x07 \x01(\t\"9\n\nTunnelOpen\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0b\n\x03sid\x18\x03 \x01(\t\"\x1b\n\x0cTunnelAccept\x12\x0b\n\x03sid\x18\x01 \x01(\t\"=\n\rTunnelRefused\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"E\n\tTunnelEnd\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x15\n\rhas_exit_code\x18\x03 \x01(\x08\"\xb8\x01\n\x0bTunnelFrame\x12!\n\x04open\x18\x01 \x01(\x0b\x32\x11.bc.v1.TunnelOpenH\x00\x12%\n\x06\x61\x63\x63\x65pt\x18\x02 \x01(\x0b\x32\x13.bc.v1.TunnelAcceptH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12\x1f\n\x03\x65nd\x18\x04 \x01(\x0b\x32\x10.bc.v1.TunnelEndH\x00\x12\'\n\x07refused\x18\x05 \x01(\x0b\x32\x14.bc.v1.TunnelRefusedH\x00\x42\x05\n\x03msg\"\x0e\n\x0cTunnelListen\")\n\x0bTunnelOffer\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"\xd9\x02\n\x0cTunnelRecord\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08operator\x18\x03 \x01(\t\x12\x0f\n\x07purpose\x18\x04 \x01(\t\x12\x0c\n\x04port\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\t\x12\x12\n\ngateway_id\x18\x08 \x01(\t\x12\x14\n\x0cissued_at_ms\x18\t \x01(\x03\x12\x14\n\x0copened_at_ms\x18\n \x01(\x03\x12\x13\n\x0b\x65nded_at_ms\x18\x0b \x01(\x03\x12\x10\n\x08\x62ytes_up\x18\x0c \x01(\x03\x12\x12\n\nbytes_down\x18\r \x01(\x03\x12\x11\n\texit_code\x18\x0e \x01(\x05\x12\x15\n\rhas_exit_code\x18\x0f \x01(\x08\x12\x12\n\nend_reason\x18\x10 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x11 \x01(\x03\x12\x0b\n\x03kid\x18\x12 \x01(\t\"G\n\x12ListTunnelsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\topen_only\x18\x02 \x01(\x08\x12\r\n\x05limit\x18\x03 \x01(\x05\";\n\x13ListTunnelsResponse\x12$\n\x07tunnels\x18\x01 \x03(\x0b\x32\x13.bc.v1.TunnelRecord\"1\n\x12\x43loseTunnelRequest\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x18\n\x16RotateTicketKeyRequest\"A\n\rTicketKeyInfo\x12\x0b\n\x03kid\x18\x01 \x01(\t\x12\x0c\n\x04jwks\x18\x02 \x01(\t\x12\x15\n\rnodes_changed\x18\x03 \x01(\x05\x32\xc7\x02\n\x07Tunnels\x12;\n\x0bIssueTicket\x12\x19.bc.v1.IssueTicketRequest\x1a\x11.bc.v1.ExecTicket\x12\x32\n\x04Open\x12\x12.bc.v1.TunnelFrame\x1a\x12.bc.v1.TunnelFrame(\x01\x30\x01\x12\x44\n\x0bListTunnels\x12\x19.bc.v1.ListTunnelsRequest\x1a\x1a.bc.v1.ListTunnelsResponse\x12=\n\x0b\x43loseTunnel\x12\x19.bc.v1.CloseTunnelRequest\x1a\x13.bc.v1.TunnelRecord\x12\x46\n\x0fRotateTicketKey\x12\x1d.bc.v1.RotateTicketKeyRequest\x1a\x14.bc.v1.TicketKeyInfo2w\n\x0bNodeTunnels\x12\x33\n\x06Listen\x12\x13.bc.v1.TunnelListen\x1a\x12.bc.v1.TunnelOffer0\x01\x12\x33\n\x05\x43\x61rry\x12\x12.bc.v1.TunnelFrame\x1a\x12.bc.v1.TunnelFrame(\x01\x30\x01\x32\x45\n\x0eGatewayTunnels\x12\x33\n\x05Relay\x12\x12.bc.v1.TunnelFrame\x1a\x12.bc.v1.TunnelFrame(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x62\x63/v1/tunnel.proto\x12\x05\x62\x63.v1\"s\n\x12IssueTicketRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05ttl_s\x18\x05 \x01(\x05\x12\x0e\n\x06record\x18\x06 \x01(\x08\"\x8c\x01\n\nExecTicket\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03sid\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07purpose\x18\x04 \x01(\t\x12\x0c\n\x04port\x18\x05 \x01(\x05\x12\x15\n\rexpires_at_ms\x18\x06 \x01(\x03\x12\x0b\n\x03kid\x18\x07 \x01(\t\x12\x0e\n\x06record\x18\x08 \x01(\x08\"9\n\nTunnelOpen\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0b\n\x03sid\x18\x03 \x01(\t\"\x1b\n\x0cTunnelAccept\x12\x0b\n\x03sid\x18\x01 \x01(\t\"=\n\rTunnelRefused\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"E\n\tTunnelEnd\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x15\n\rhas_exit_code\x18\x03 \x01(\x08\"\xb8\x01\n\x0bTunnelFrame\x12!\n\x04open\x18\x01 \x01(\x0b\x32\x11.bc.v1.TunnelOpenH\x00\x12%\n\x06\x61\x63\x63\x65pt\x18\x02 \x01(\x0b\x32\x13.bc.v1.TunnelAcceptH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12\x1f\n\x03\x65nd\x18\x04 \x01(\x0b\x32\x10.bc.v1.TunnelEndH\x00\x12\'\n\x07refused\x18\x05 \x01(\x0b\x32\x14.bc.v1.TunnelRefusedH\x00\x42\x05\n\x03msg\"\x0e\n\x0cTunnelListen\")\n\x0bTunnelOffer\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"\x97\x03\n\x0cTunnelRecord\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08operator\x18\x03 \x01(\t\x12\x0f\n\x07purpose\x18\x04 \x01(\t\x12\x0c\n\x04port\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\t\x12\x12\n\ngateway_id\x18\x08 \x01(\t\x12\x14\n\x0cissued_at_ms\x18\t \x01(\x03\x12\x14\n\x0copened_at_ms\x18\n \x01(\x03\x12\x13\n\x0b\x65nded_at_ms\x18\x0b \x01(\x03\x12\x10\n\x08\x62ytes_up\x18\x0c \x01(\x03\x12\x12\n\nbytes_down\x18\r \x01(\x03\x12\x11\n\texit_code\x18\x0e \x01(\x05\x12\x15\n\rhas_exit_code\x18\x0f \x01(\x08\x12\x12\n\nend_reason\x18\x10 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x11 \x01(\x03\x12\x0b\n\x03kid\x18\x12 \x01(\t\x12\x0e\n\x06record\x18\x13 \x01(\x08\x12\x12\n\ntypescript\x18\x14 \x01(\t\x12\x18\n\x10typescript_bytes\x18\x15 \x01(\x03\"G\n\x12ListTunnelsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\topen_only\x18\x02 \x01(\x08\x12\r\n\x05limit\x18\x03 \x01(\x05\";\n\x13ListTunnelsResponse\x12$\n\x07tunnels\x18\x01 \x03(\x0b\x32\x13.bc.v1.TunnelRecord\"1\n\x12\x43loseTunnelRequest\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x18\n\x16RotateTicketKeyRequest\"A\n\rTicketKeyInfo\x12\x0b\n\x03kid\x18\x01 \x01(\t\x12\x0c\n\x04jwks\x18\x02 \x01(\t\x12\x15\n\rnodes_changed\x18\x03 \x01(\x05\"\x18\n\x16GetRecordPolicyRequest\"\x1e\n\x0cRecordPolicy\x12\x0e\n\x06policy\x18\x01 \x01(\t\"J\n\x0fTypescriptChunk\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\"\x1f\n\rTypescriptAck\x12\x0e\n\x06stored\x18\x01 \x01(\x03\"#\n\x14GetTypescriptRequest\x12\x0b\n\x03sid\x18\x01 \x01(\t2\xd5\x04\n\x07Tunnels\x12;\n\x0bIssueTicket\x12\x19.bc.v1.IssueTicketRequest\x1a\x11.bc.v1.ExecTicket\x12\x32\n\x04Open\x12\x12.bc.v1.TunnelFrame\x1a\x12.bc.v1.TunnelFrame(\x01\x30\x01\x12\x44\n\x0bListTunnels\x12\x19.bc.v1.ListTunnelsRequest\x1a\x1a.bc.v1.ListTunnelsResponse\x12=\n\x0b\x43loseTunnel\x12\x19.bc.v1.CloseTunnelRequest\x1a\x13.bc.v1.TunnelRecord\x12\x46\n\x0fRotateTicketKey\x12\x1d.bc.v1.RotateTicketKeyRequest\x1a\x14.bc.v1.TicketKeyInfo\x12\x45\n\x0fGetRecordPolicy\x12\x1d.bc.v1.GetRecordPolicyRequest\x1a\x13.bc.v1.RecordPolicy\x12;\n\x0fSetRecordPolicy\x12\x13.bc.v1.RecordPolicy\x1a\x13.bc.v1.RecordPolicy\x12@\n\x10UploadTypescript\x12\x16.bc.v1.TypescriptChunk\x1a\x14.bc.v1.TypescriptAck\x12\x46\n\rGetTypescript\x12\x1b.bc.v1.GetTypescriptRequest\x1a\x16.bc.v1.TypescriptChunk0\x01\x32w\n\x0bNodeTunnels\x12\x33\n\x06Listen\x12\x13.bc.v1.TunnelListen\x1a\x12.bc.v1.TunnelOffer0\x01\x12\x33\n\x05\x43\x61rry\x12\x12.bc.v1.TunnelFrame\x1a\x12.bc.v1.TunnelFrame(\x01\x30\x01\x32\x45\n\x0eGatewayTunnels\x12\x33\n\x05Relay\x12\x12.bc.v1.TunnelFrame\x1a\x12.bc.v1.TunnelFrame(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,39 +33,49 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bc.v1.tunnel_pb2', _globals
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ISSUETICKETREQUEST']._serialized_start=29
-  _globals['_ISSUETICKETREQUEST']._serialized_end=128
-  _globals['_EXECTICKET']._serialized_start=130
-  _globals['_EXECTICKET']._serialized_end=254
-  _globals['_TUNNELOPEN']._serialized_start=256
-  _globals['_TUNNELOPEN']._serialized_end=313
-  _globals['_TUNNELACCEPT']._serialized_start=315
-  _globals['_TUNNELACCEPT']._serialized_end=342
-  _globals['_TUNNELREFUSED']._serialized_start=344
-  _globals['_TUNNELREFUSED']._serialized_end=405
-  _globals['_TUNNELEND']._serialized_start=407
-  _globals['_TUNNELEND']._serialized_end=476
-  _globals['_TUNNELFRAME']._serialized_start=479
-  _globals['_TUNNELFRAME']._serialized_end=663
-  _globals['_TUNNELLISTEN']._serialized_start=665
-  _globals['_TUNNELLISTEN']._serialized_end=679
-  _globals['_TUNNELOFFER']._serialized_start=681
-  _globals['_TUNNELOFFER']._serialized_end=722
-  _globals['_TUNNELRECORD']._serialized_start=725
-  _globals['_TUNNELRECORD']._serialized_end=1070
-  _globals['_LISTTUNNELSREQUEST']._serialized_start=1072
-  _globals['_LISTTUNNELSREQUEST']._serialized_end=1143
-  _globals['_LISTTUNNELSRESPONSE']._serialized_start=1145
-  _globals['_LISTTUNNELSRESPONSE']._serialized_end=1204
-  _globals['_CLOSETUNNELREQUEST']._serialized_start=1206
-  _globals['_CLOSETUNNELREQUEST']._serialized_end=1255
-  _globals['_ROTATETICKETKEYREQUEST']._serialized_start=1257
-  _globals['_ROTATETICKETKEYREQUEST']._serialized_end=1281
-  _globals['_TICKETKEYINFO']._serialized_start=1283
-  _globals['_TICKETKEYINFO']._serialized_end=1348
-  _globals['_TUNNELS']._serialized_start=1351
-  _globals['_TUNNELS']._serialized_end=1678
-  _globals['_NODETUNNELS']._serialized_start=1680
-  _globals['_NODETUNNELS']._serialized_end=1799
-  _globals['_GATEWAYTUNNELS']._serialized_start=1801
-  _globals['_GATEWAYTUNNELS']._serialized_end=1870
+  _globals['_ISSUETICKETREQUEST']._serialized_end=144
+  _globals['_EXECTICKET']._serialized_start=147
+  _globals['_EXECTICKET']._serialized_end=287
+  _globals['_TUNNELOPEN']._serialized_start=289
+  _globals['_TUNNELOPEN']._serialized_end=346
+  _globals['_TUNNELACCEPT']._serialized_start=348
+  _globals['_TUNNELACCEPT']._serialized_end=375
+  _globals['_TUNNELREFUSED']._serialized_start=377
+  _globals['_TUNNELREFUSED']._serialized_end=438
+  _globals['_TUNNELEND']._serialized_start=440
+  _globals['_TUNNELEND']._serialized_end=509
+  _globals['_TUNNELFRAME']._serialized_start=512
+  _globals['_TUNNELFRAME']._serialized_end=696
+  _globals['_TUNNELLISTEN']._serialized_start=698
+  _globals['_TUNNELLISTEN']._serialized_end=712
+  _globals['_TUNNELOFFER']._serialized_start=714
+  _globals['_TUNNELOFFER']._serialized_end=755
+  _globals['_TUNNELRECORD']._serialized_start=758
+  _globals['_TUNNELRECORD']._serialized_end=1165
+  _globals['_LISTTUNNELSREQUEST']._serialized_start=1167
+  _globals['_LISTTUNNELSREQUEST']._serialized_end=1238
+  _globals['_LISTTUNNELSRESPONSE']._serialized_start=1240
+  _globals['_LISTTUNNELSRESPONSE']._serialized_end=1299
+  _globals['_CLOSETUNNELREQUEST']._serialized_start=1301
+  _globals['_CLOSETUNNELREQUEST']._serialized_end=1350
+  _globals['_ROTATETICKETKEYREQUEST']._serialized_start=1352
+  _globals['_ROTATETICKETKEYREQUEST']._serialized_end=1376
+  _globals['_TICKETKEYINFO']._serialized_start=1378
+  _globals['_TICKETKEYINFO']._serialized_end=1443
+  _globals['_GETRECORDPOLICYREQUEST']._serialized_start=1445
+  _globals['_GETRECORDPOLICYREQUEST']._serialized_end=1469
+  _globals['_RECORDPOLICY']._serialized_start=1471
+  _globals['_RECORDPOLICY']._serialized_end=1501
+  _globals['_TYPESCRIPTCHUNK']._serialized_start=1503
+  _globals['_TYPESCRIPTCHUNK']._serialized_end=1577
+  _globals['_TYPESCRIPTACK']._serialized_start=1579
+  _globals['_TYPESCRIPTACK']._serialized_end=1610
+  _globals['_GETTYPESCRIPTREQUEST']._serialized_start=1612
+  _globals['_GETTYPESCRIPTREQUEST']._serialized_end=1647
+  _globals['_TUNNELS']._serialized_start=1650
+  _globals['_TUNNELS']._serialized_end=2247
+  _globals['_NODETUNNELS']._serialized_start=2249
+  _globals['_NODETUNNELS']._serialized_end=2368
+  _globals['_GATEWAYTUNNELS']._serialized_start=2370
+  _globals['_GATEWAYTUNNELS']._serialized_end=2439
 # @@protoc_insertion_point(module_scope)

@@ -8,21 +8,23 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class IssueTicketRequest(_message.Message):
-    __slots__ = ("node_id", "purpose", "port", "reason", "ttl_s")
+    __slots__ = ("node_id", "purpose", "port", "reason", "ttl_s", "record")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     purpose: str
     port: int
     reason: str
     ttl_s: int
-    def __init__(self, node_id: _Optional[str] = ..., purpose: _Optional[str] = ..., port: _Optional[int] = ..., reason: _Optional[str] = ..., ttl_s: _Optional[int] = ...) -> None: ...
+    record: bool
+    def __init__(self, node_id: _Optional[str] = ..., purpose: _Optional[str] = ..., port: _Optional[int] = ..., reason: _Optional[str] = ..., ttl_s: _Optional[int] = ..., record: _Optional[bool] = ...) -> None: ...
 
 class ExecTicket(_message.Message):
-    __slots__ = ("token", "sid", "node_id", "purpose", "port", "expires_at_ms", "kid")
+    __slots__ = ("token", "sid", "node_id", "purpose", "port", "expires_at_ms", "kid", "record")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +32,7 @@ class ExecTicket(_message.Message):
     PORT_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
     KID_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     token: str
     sid: str
     node_id: str
@@ -37,7 +40,8 @@ class ExecTicket(_message.Message):
     port: int
     expires_at_ms: int
     kid: str
-    def __init__(self, token: _Optional[str] = ..., sid: _Optional[str] = ..., node_id: _Optional[str] = ..., purpose: _Optional[str] = ..., port: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., kid: _Optional[str] = ...) -> None: ...
+    record: bool
+    def __init__(self, token: _Optional[str] = ..., sid: _Optional[str] = ..., node_id: _Optional[str] = ..., purpose: _Optional[str] = ..., port: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., kid: _Optional[str] = ..., record: _Optional[bool] = ...) -> None: ...
 
 class TunnelOpen(_message.Message):
     __slots__ = ("token", "node_id", "sid")
@@ -102,7 +106,7 @@ class TunnelOffer(_message.Message):
     def __init__(self, sid: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class TunnelRecord(_message.Message):
-    __slots__ = ("sid", "node_id", "operator", "purpose", "port", "reason", "state", "gateway_id", "issued_at_ms", "opened_at_ms", "ended_at_ms", "bytes_up", "bytes_down", "exit_code", "has_exit_code", "end_reason", "expires_at_ms", "kid")
+    __slots__ = ("sid", "node_id", "operator", "purpose", "port", "reason", "state", "gateway_id", "issued_at_ms", "opened_at_ms", "ended_at_ms", "bytes_up", "bytes_down", "exit_code", "has_exit_code", "end_reason", "expires_at_ms", "kid", "record", "typescript", "typescript_bytes")
     SID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +125,9 @@ class TunnelRecord(_message.Message):
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
     KID_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    TYPESCRIPT_FIELD_NUMBER: _ClassVar[int]
+    TYPESCRIPT_BYTES_FIELD_NUMBER: _ClassVar[int]
     sid: str
     node_id: str
     operator: str
@@ -139,7 +146,10 @@ class TunnelRecord(_message.Message):
     end_reason: str
     expires_at_ms: int
     kid: str
-    def __init__(self, sid: _Optional[str] = ..., node_id: _Optional[str] = ..., operator: _Optional[str] = ..., purpose: _Optional[str] = ..., port: _Optional[int] = ..., reason: _Optional[str] = ..., state: _Optional[str] = ..., gateway_id: _Optional[str] = ..., issued_at_ms: _Optional[int] = ..., opened_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., end_reason: _Optional[str] = ..., expires_at_ms: _Optional[int] = ..., kid: _Optional[str] = ...) -> None: ...
+    record: bool
+    typescript: str
+    typescript_bytes: int
+    def __init__(self, sid: _Optional[str] = ..., node_id: _Optional[str] = ..., operator: _Optional[str] = ..., purpose: _Optional[str] = ..., port: _Optional[int] = ..., reason: _Optional[str] = ..., state: _Optional[str] = ..., gateway_id: _Optional[str] = ..., issued_at_ms: _Optional[int] = ..., opened_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., end_reason: _Optional[str] = ..., expires_at_ms: _Optional[int] = ..., kid: _Optional[str] = ..., record: _Optional[bool] = ..., typescript: _Optional[str] = ..., typescript_bytes: _Optional[int] = ...) -> None: ...
 
 class ListTunnelsRequest(_message.Message):
     __slots__ = ("node_id", "open_only", "limit")
@@ -178,3 +188,37 @@ class TicketKeyInfo(_message.Message):
     jwks: str
     nodes_changed: int
     def __init__(self, kid: _Optional[str] = ..., jwks: _Optional[str] = ..., nodes_changed: _Optional[int] = ...) -> None: ...
+
+class GetRecordPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RecordPolicy(_message.Message):
+    __slots__ = ("policy",)
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    def __init__(self, policy: _Optional[str] = ...) -> None: ...
+
+class TypescriptChunk(_message.Message):
+    __slots__ = ("sid", "offset", "data", "done")
+    SID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    sid: str
+    offset: int
+    data: bytes
+    done: bool
+    def __init__(self, sid: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., done: _Optional[bool] = ...) -> None: ...
+
+class TypescriptAck(_message.Message):
+    __slots__ = ("stored",)
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    def __init__(self, stored: _Optional[int] = ...) -> None: ...
+
+class GetTypescriptRequest(_message.Message):
+    __slots__ = ("sid",)
+    SID_FIELD_NUMBER: _ClassVar[int]
+    sid: str
+    def __init__(self, sid: _Optional[str] = ...) -> None: ...

@@ -61,6 +61,26 @@ class TunnelsStub:
                 request_serializer=bc_dot_v1_dot_tunnel__pb2.RotateTicketKeyRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_tunnel__pb2.TicketKeyInfo.FromString,
                 _registered_method=True)
+        self.GetRecordPolicy = channel.unary_unary(
+                '/bc.v1.Tunnels/GetRecordPolicy',
+                request_serializer=bc_dot_v1_dot_tunnel__pb2.GetRecordPolicyRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_tunnel__pb2.RecordPolicy.FromString,
+                _registered_method=True)
+        self.SetRecordPolicy = channel.unary_unary(
+                '/bc.v1.Tunnels/SetRecordPolicy',
+                request_serializer=bc_dot_v1_dot_tunnel__pb2.RecordPolicy.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_tunnel__pb2.RecordPolicy.FromString,
+                _registered_method=True)
+        self.UploadTypescript = channel.unary_unary(
+                '/bc.v1.Tunnels/UploadTypescript',
+                request_serializer=bc_dot_v1_dot_tunnel__pb2.TypescriptChunk.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_tunnel__pb2.TypescriptAck.FromString,
+                _registered_method=True)
+        self.GetTypescript = channel.unary_stream(
+                '/bc.v1.Tunnels/GetTypescript',
+                request_serializer=bc_dot_v1_dot_tunnel__pb2.GetTypescriptRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_tunnel__pb2.TypescriptChunk.FromString,
+                _registered_method=True)
 
 
 class TunnelsServicer:
@@ -99,6 +119,32 @@ class TunnelsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRecordPolicy(self, request, context):
+        """Shell typescripts (docs/access.md, "Typescripts"): the policy, a chunk of a typescript the operator's own
+        `bc shell --record` uploads (the ticket's operator only, in order, bounded), and reading one back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRecordPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadTypescript(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTypescript(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TunnelsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +172,26 @@ def add_TunnelsServicer_to_server(servicer, server):
                     servicer.RotateTicketKey,
                     request_deserializer=bc_dot_v1_dot_tunnel__pb2.RotateTicketKeyRequest.FromString,
                     response_serializer=bc_dot_v1_dot_tunnel__pb2.TicketKeyInfo.SerializeToString,
+            ),
+            'GetRecordPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRecordPolicy,
+                    request_deserializer=bc_dot_v1_dot_tunnel__pb2.GetRecordPolicyRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_tunnel__pb2.RecordPolicy.SerializeToString,
+            ),
+            'SetRecordPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRecordPolicy,
+                    request_deserializer=bc_dot_v1_dot_tunnel__pb2.RecordPolicy.FromString,
+                    response_serializer=bc_dot_v1_dot_tunnel__pb2.RecordPolicy.SerializeToString,
+            ),
+            'UploadTypescript': grpc.unary_unary_rpc_method_handler(
+                    servicer.UploadTypescript,
+                    request_deserializer=bc_dot_v1_dot_tunnel__pb2.TypescriptChunk.FromString,
+                    response_serializer=bc_dot_v1_dot_tunnel__pb2.TypescriptAck.SerializeToString,
+            ),
+            'GetTypescript': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetTypescript,
+                    request_deserializer=bc_dot_v1_dot_tunnel__pb2.GetTypescriptRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_tunnel__pb2.TypescriptChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +330,114 @@ class Tunnels:
             '/bc.v1.Tunnels/RotateTicketKey',
             bc_dot_v1_dot_tunnel__pb2.RotateTicketKeyRequest.SerializeToString,
             bc_dot_v1_dot_tunnel__pb2.TicketKeyInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRecordPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Tunnels/GetRecordPolicy',
+            bc_dot_v1_dot_tunnel__pb2.GetRecordPolicyRequest.SerializeToString,
+            bc_dot_v1_dot_tunnel__pb2.RecordPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRecordPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Tunnels/SetRecordPolicy',
+            bc_dot_v1_dot_tunnel__pb2.RecordPolicy.SerializeToString,
+            bc_dot_v1_dot_tunnel__pb2.RecordPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadTypescript(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bc.v1.Tunnels/UploadTypescript',
+            bc_dot_v1_dot_tunnel__pb2.TypescriptChunk.SerializeToString,
+            bc_dot_v1_dot_tunnel__pb2.TypescriptAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTypescript(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/bc.v1.Tunnels/GetTypescript',
+            bc_dot_v1_dot_tunnel__pb2.GetTypescriptRequest.SerializeToString,
+            bc_dot_v1_dot_tunnel__pb2.TypescriptChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,13 @@ class TunnelsStub:
     ListTunnels: _grpc.UnaryUnaryMultiCallable[_tunnel_pb2.ListTunnelsRequest, _tunnel_pb2.ListTunnelsResponse]
     CloseTunnel: _grpc.UnaryUnaryMultiCallable[_tunnel_pb2.CloseTunnelRequest, _tunnel_pb2.TunnelRecord]
     RotateTicketKey: _grpc.UnaryUnaryMultiCallable[_tunnel_pb2.RotateTicketKeyRequest, _tunnel_pb2.TicketKeyInfo]
+    GetRecordPolicy: _grpc.UnaryUnaryMultiCallable[_tunnel_pb2.GetRecordPolicyRequest, _tunnel_pb2.RecordPolicy]
+    """Shell typescripts (docs/access.md, "Typescripts"): the policy, a chunk of a typescript the operator's own
+    `bc shell --record` uploads (the ticket's operator only, in order, bounded), and reading one back.
+    """
+    SetRecordPolicy: _grpc.UnaryUnaryMultiCallable[_tunnel_pb2.RecordPolicy, _tunnel_pb2.RecordPolicy]
+    UploadTypescript: _grpc.UnaryUnaryMultiCallable[_tunnel_pb2.TypescriptChunk, _tunnel_pb2.TypescriptAck]
+    GetTypescript: _grpc.UnaryStreamMultiCallable[_tunnel_pb2.GetTypescriptRequest, _tunnel_pb2.TypescriptChunk]
 
 @_typing.type_check_only
 class TunnelsAsyncStub(TunnelsStub):
@@ -59,6 +66,13 @@ class TunnelsAsyncStub(TunnelsStub):
     ListTunnels: _aio.UnaryUnaryMultiCallable[_tunnel_pb2.ListTunnelsRequest, _tunnel_pb2.ListTunnelsResponse]  # type: ignore[assignment]
     CloseTunnel: _aio.UnaryUnaryMultiCallable[_tunnel_pb2.CloseTunnelRequest, _tunnel_pb2.TunnelRecord]  # type: ignore[assignment]
     RotateTicketKey: _aio.UnaryUnaryMultiCallable[_tunnel_pb2.RotateTicketKeyRequest, _tunnel_pb2.TicketKeyInfo]  # type: ignore[assignment]
+    GetRecordPolicy: _aio.UnaryUnaryMultiCallable[_tunnel_pb2.GetRecordPolicyRequest, _tunnel_pb2.RecordPolicy]  # type: ignore[assignment]
+    """Shell typescripts (docs/access.md, "Typescripts"): the policy, a chunk of a typescript the operator's own
+    `bc shell --record` uploads (the ticket's operator only, in order, bounded), and reading one back.
+    """
+    SetRecordPolicy: _aio.UnaryUnaryMultiCallable[_tunnel_pb2.RecordPolicy, _tunnel_pb2.RecordPolicy]  # type: ignore[assignment]
+    UploadTypescript: _aio.UnaryUnaryMultiCallable[_tunnel_pb2.TypescriptChunk, _tunnel_pb2.TypescriptAck]  # type: ignore[assignment]
+    GetTypescript: _aio.UnaryStreamMultiCallable[_tunnel_pb2.GetTypescriptRequest, _tunnel_pb2.TypescriptChunk]  # type: ignore[assignment]
 
 class TunnelsServicer(metaclass=_abc_1.ABCMeta):
     """The operator's side (processes with the api role; each RPC's minimum role in bc.api.admin_roles)."""
@@ -100,6 +114,37 @@ class TunnelsServicer(metaclass=_abc_1.ABCMeta):
         request: _tunnel_pb2.RotateTicketKeyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_tunnel_pb2.TicketKeyInfo, _abc.Awaitable[_tunnel_pb2.TicketKeyInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def GetRecordPolicy(
+        self,
+        request: _tunnel_pb2.GetRecordPolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tunnel_pb2.RecordPolicy, _abc.Awaitable[_tunnel_pb2.RecordPolicy]]:
+        """Shell typescripts (docs/access.md, "Typescripts"): the policy, a chunk of a typescript the operator's own
+        `bc shell --record` uploads (the ticket's operator only, in order, bounded), and reading one back.
+        """
+
+    @_abc_1.abstractmethod
+    def SetRecordPolicy(
+        self,
+        request: _tunnel_pb2.RecordPolicy,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tunnel_pb2.RecordPolicy, _abc.Awaitable[_tunnel_pb2.RecordPolicy]]: ...
+
+    @_abc_1.abstractmethod
+    def UploadTypescript(
+        self,
+        request: _tunnel_pb2.TypescriptChunk,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tunnel_pb2.TypescriptAck, _abc.Awaitable[_tunnel_pb2.TypescriptAck]]: ...
+
+    @_abc_1.abstractmethod
+    def GetTypescript(
+        self,
+        request: _tunnel_pb2.GetTypescriptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_tunnel_pb2.TypescriptChunk], _abc.AsyncIterator[_tunnel_pb2.TypescriptChunk]]: ...
 
 def add_TunnelsServicer_to_server(servicer: TunnelsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
