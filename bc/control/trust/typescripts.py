@@ -92,7 +92,7 @@ async def upload(store: Store, sid: str, offset: int, data: bytes, done: bool, o
         if int(row["typescript_done"]):
             raise Conflict(f"tunnel {sid}'s typescript is complete already")
         ended = row["ended_at_ms"]
-        if row["state"] in ("refused", "expired") or (ended is not None and now_ms > int(ended) + GRACE_MS):
+        if row["state"] in ("refused", "expired") or (ended is not None and now_ms >= int(ended) + GRACE_MS):
             raise Conflict(f"tunnel {sid} ended over {GRACE_MS // 1000} s ago: its typescript is closed")
         held = int(row["typescript_bytes"])
         if held + len(data) > MAX_TYPESCRIPT:
