@@ -10,12 +10,16 @@ end to end to the node's certificate, and sshd authenticates a `bc ssh grant` ce
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
+import pty
 import secrets
 import shlex
+import struct
 import subprocess
 import sys
+import termios
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,9 +29,11 @@ import pytest
 
 from agent.app import Agent, AgentOptions
 from agent.converge.sshd import find_tool
+from bc.client.tunnel import TunnelClient
 from bc.pki import ssh as ssh_pki
 from bc.pki.secrets_source import SystemSecrets, ed25519_key
 from bc.protocol.pb import admin_pb2
+from bc.runtime.config import OperatorConfig
 from tests.integration.conftest import InprocLab, open_lab
 from tests.system_user import traversable_dir
 
@@ -238,3 +244,53 @@ async def test_bc_exec_passes_the_exit_code_through_and_records_it(sshlab: SshLa
     assert json.loads(ev.data_json)["exit_code"] == 7
     issued = await s.lab.wait_event("tunnel.ticket-issued", lambda ev, d: d["purpose"] == "exec")
     assert json.loads(issued.data_json)["reason"] == "check the disk"
+
+
+async def test_bc_shell_records_a_typescript_of_what_ran_on_its_own_pty(sshlab: SshLab, tmp_path: Path) -> None:
+    """`bc shell` under the policy `required` (no --record: it promises by itself) on a terminal the test holds:
+    ssh runs on the CLI's own pty with this terminal's window size, and the typescript holds the remote output."""
+    s = sshlab
+    assert s.lab.server.operator_config is not None
+    async with TunnelClient(OperatorConfig.load(s.lab.server.operator_config)) as c:
+        await c.record_policy(set_to="required")
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
+        argv = [*BC, "shell", "n1", "--login", s.node.user, "--reason", "typescript", "--port", str(s.node.sshd_port)]
+        cooked = termios.tcgetattr(slave)
+        env = {**s.env, "HOME": str(tmp_path)}  # its own known_hosts: another test's sshd pinned another host key
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
+        )
+        seen = bytearray()
+
+        def drain() -> None:  # the terminal's screen: read on until the CLI closes its end
+            while True:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                seen.extend(data)
+
+        screen = asyncio.create_task(asyncio.to_thread(drain))
+        os.write(master, b"stty size; echo typed-$((6*7)); exit 3\r")
+        try:
+            async with asyncio.timeout(60):
+                code = await proc.wait()
+                restored = termios.tcgetattr(slave)  # the CLI put this terminal in raw mode, and back
+                os.close(slave)
+                await screen
+        finally:
+            os.close(master)
+        assert restored == cooked
+        assert code == 3, (bytes(seen), SSHD_LOG)
+        assert b"typed-42" in seen and b"33 101" in seen  # what the operator saw, window size passed through
+        issued = await s.lab.wait_event("tunnel.ticket-issued", lambda ev, d: d["purpose"] == "shell")
+        sid = json.loads(issued.data_json)["sid"]
+        assert json.loads(issued.data_json)["record"] is True
+        await s.lab.wait_event("tunnel.closed", lambda ev, d: d["sid"] == sid)
+        typescript = b"".join([chunk async for chunk in c.typescript(sid)])
+        assert b"typed-42" in typescript and b"33 101" in typescript
+        [row] = [r for r in await c.list("n1") if r.sid == sid]
+        assert row.typescript == "complete" and row.typescript_bytes == len(typescript) and row.exit_code == 3
