@@ -274,7 +274,7 @@ async def test_bc_shell_records_a_typescript_of_what_ran_on_its_own_pty(sshlab: 
                 seen.extend(data)
 
         screen = asyncio.create_task(asyncio.to_thread(drain))
-        os.write(master, b"stty size; echo typed-$((6*7)); exit 3\r")
+        os.write(master, b"stty size; echo typed-$((6*7)); printf '\\033[7minverse\\n'; exit 3\r")
         try:
             async with asyncio.timeout(60):
                 code = await proc.wait()
@@ -291,6 +291,15 @@ async def test_bc_shell_records_a_typescript_of_what_ran_on_its_own_pty(sshlab: 
         assert json.loads(issued.data_json)["record"] is True
         await s.lab.wait_event("tunnel.closed", lambda ev, d: d["sid"] == sid)
         typescript = b"".join([chunk async for chunk in c.typescript(sid)])
-        assert b"typed-42" in typescript and b"33 101" in typescript
+        assert b"typed-42" in typescript and b"33 101" in typescript and b"\x1b[7minverse" in typescript
         [row] = [r for r in await c.list("n1") if r.sid == sid]
         assert row.typescript == "complete" and row.typescript_bytes == len(typescript) and row.exit_code == 3
+        # The CLI: to a file raw, to the screen escaped (no control sequence of the node's reaches a terminal).
+        code, out, err = await run([*BC, "tunnels", "typescript", sid, "-o", str(tmp_path / "ts")], s.env)
+        assert code == 0, err
+        assert (tmp_path / "ts").read_bytes() == typescript
+        code, out, err = await run([*BC, "tunnels", "typescript", sid], s.env)
+        assert code == 0 and "typed-42" in out, err
+        assert not any(ch in out for ch in "\r\x1b\x07") and "\\x1b[7minverse" in out, out
+        code, out, err = await run([*BC, "tunnels", "record-policy", "show", "--json"], s.env)
+        assert code == 0 and json.loads(out) == {"policy": "required"}, err
