@@ -16,6 +16,7 @@ import os
 import pty
 import secrets
 import shlex
+import signal
 import struct
 import subprocess
 import sys
@@ -262,6 +263,8 @@ async def test_bc_shell_records_a_typescript_of_what_ran_on_its_own_pty(sshlab: 
             *argv, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
         )
         seen = bytearray()
+        loop = asyncio.get_running_loop()
+        first = asyncio.Event()
 
         def drain() -> None:  # the terminal's screen: read on until the CLI closes its end
             while True:
@@ -272,11 +275,18 @@ async def test_bc_shell_records_a_typescript_of_what_ran_on_its_own_pty(sshlab: 
                 if not data:
                     return
                 seen.extend(data)
+                if b"typed-42" in seen:
+                    loop.call_soon_threadsafe(first.set)
 
         screen = asyncio.create_task(asyncio.to_thread(drain))
-        os.write(master, b"stty size; echo typed-$((6*7)); printf '\\033[7minverse\\n'; exit 3\r")
+        os.write(master, b"stty size; echo typed-$((6*7)); printf '\\033[7minverse\\n'\r")
         try:
             async with asyncio.timeout(60):
+                await first.wait()
+                # The operator's terminal resized: the CLI is told (SIGWINCH) and passes the new size on.
+                fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 44, 132, 0, 0))
+                os.kill(proc.pid, signal.SIGWINCH)
+                os.write(master, b"stty size; exit 3\r")
                 code = await proc.wait()
                 restored = termios.tcgetattr(slave)  # the CLI put this terminal in raw mode, and back
                 os.close(slave)
@@ -292,6 +302,7 @@ async def test_bc_shell_records_a_typescript_of_what_ran_on_its_own_pty(sshlab: 
         await s.lab.wait_event("tunnel.closed", lambda ev, d: d["sid"] == sid)
         typescript = b"".join([chunk async for chunk in c.typescript(sid)])
         assert b"typed-42" in typescript and b"33 101" in typescript and b"\x1b[7minverse" in typescript
+        assert b"44 132" in seen and b"44 132" in typescript
         [row] = [r for r in await c.list("n1") if r.sid == sid]
         assert row.typescript == "complete" and row.typescript_bytes == len(typescript) and row.exit_code == 3
         # The CLI: to a file raw, to the screen escaped (no control sequence of the node's reaches a terminal).
