@@ -72,4 +72,4 @@ async def test_output_reaches_the_terminal_and_the_tee_and_the_terminal_is_resto
 async def test_sigterm_ends_the_command_and_restores_the_terminal() -> None:
     code, shown, err, raw, restored = await _run(["sh", "-c", "echo ready; exec sleep 30"], stop=True)
     assert raw and restored
-    assert b"code=-15" in err and b"ready" in shown
+    assert code == 0 and b"code=-15" in err and b"ready" in shown
