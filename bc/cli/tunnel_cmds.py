@@ -289,6 +289,8 @@ async def _ssh_session(
             else:
                 proc = await asyncio.create_subprocess_exec(*argv)
                 code = await proc.wait()
+            if code < 0:  # ended by a signal: a shell's way of saying so
+                code = 128 - code
             server.close()
             t = holder.get("tunnel")
             if t is not None:
