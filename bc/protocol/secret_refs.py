@@ -4,11 +4,12 @@ A spec names a secret by reference, never by value:
 
 * `telemetry.headers_secret_ref`: the OTLP exporter's headers (docs/telemetry.md);
 * the `kubernetes` host unit's `token_secret_ref`: its `kubeadm join` bootstrap token (docs/host.md);
-* `site.credentials_secret_ref`: the site's BMC credentials, the credentials file's JSON (docs/metal.md).
+* `site.credentials_secret_ref`: the site's BMC credentials, the credentials file's JSON (docs/metal.md);
+* an instance's `user_data_secret_ref`: the guest's user data (docs/instances.md), bound to the section.
 
 A reference is a secret name (`check_name`). `refs(spec)` lists every (section, unit, name) the spec names;
 the broker answers a request only when its binding's section (and unit) names the secret it asks for.
-Designed for but not built yet: an instance's user data (bound to its allocation) and a job step's secrets.
+Designed for but not built yet: a binding to an instance's allocation, and a job step's secrets.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def refs(spec: spec_pb2.NodeSpec) -> list[SecretRef]:
         out.append(SecretRef("telemetry", "", spec.telemetry.headers_secret_ref))
     if spec.HasField("site") and spec.site.credentials_secret_ref:
         out.append(SecretRef("site", "", spec.site.credentials_secret_ref))
+    if spec.HasField("instances"):
+        for name in {i.user_data_secret_ref for i in spec.instances.instances if i.user_data_secret_ref}:
+            out.append(SecretRef("instances", "", name))
     for unit in spec.host.units if spec.HasField("host") else ():
         if unit.name not in UNIT_REFS:
             continue
