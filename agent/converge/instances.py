@@ -248,6 +248,8 @@ class InstancesConverger:
         if problems:  # acting on a partial listing could define over a domain it did not show: wait instead
             return _result([], [], problems)
         items = [await self._prepare(inst, domains) for inst in desired.instances]
+        if self.secrets is not None and not any(i.user_data_secret_ref for i in desired.instances):
+            self.secrets.release(self.section)  # no instance names user data any more: drop what is held
         named = {i.spec.id for i in items}
         orphan_errors: list[tuple[Domain, str]] = []
         live: dict[str, int] = {}  # the running and paused domains of bc's: their memory, by id

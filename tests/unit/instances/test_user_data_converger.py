@@ -21,6 +21,7 @@ class Port:
     def __init__(self) -> None:
         self.values: dict[str, bytes | Exception] = {}
         self.asked: list[tuple[str, str, int, str]] = []
+        self.released: list[str] = []
 
     async def get(self, name: str, section: str, generation: int, unit: str = "") -> bytes:
         self.asked.append((name, section, generation, unit))
@@ -30,7 +31,7 @@ class Port:
         return value
 
     def release(self, section: str, unit: str = "") -> None:
-        pass
+        self.released.append(section)
 
 
 class Node:
@@ -84,8 +85,9 @@ async def test_the_user_data_reaches_the_start_as_a_0600_file_removed_at_stop_an
     await node.converge(vm("a", "DELETED", ref="ud"))
     assert not path.exists() and node.runtime.domain("a") is None
     await node.converge(vm("c", ref="ud"))
-    await node.converge()  # no spec names c any more: deleted, its file too
-    assert not node.files.path("c").exists()
+    assert node.port.released == []
+    await node.converge()  # no spec names c any more: deleted, its file too, and the value held is dropped
+    assert not node.files.path("c").exists() and node.port.released == ["instances"]
 
 
 async def test_an_unavailable_broker_keeps_the_instance_stopped_and_the_section_progressing(tmp_path: Path) -> None:
