@@ -169,7 +169,7 @@ class InstancesConverger:
             item.error = f"its user data is the secret {ref!r}, and this agent has no secret broker"
             raise RuntimeFailure(item.error)
         try:
-            value = await self.secrets.get(ref, self.section, generation)
+            value = await self.secrets.get(ref, self.section, generation, allocation_id=inst.allocation_id)
         except SecretUnavailable as e:
             item.waiting = f"{REASON_SECRET_UNAVAILABLE}: user data {ref!r}: {e}"
             raise RuntimeFailure(item.waiting) from None

@@ -9,7 +9,8 @@ A spec names a secret by reference, never by value:
 
 A reference is a secret name (`check_name`). `refs(spec)` lists every (section, unit, name) the spec names;
 the broker answers a request only when its binding's section (and unit) names the secret it asks for.
-Designed for but not built yet: a binding to an instance's allocation, and a job step's secrets.
+`allocation_names` is what an allocation binding may ask for: the secrets its instances name.
+Designed for but not built yet: a job step's secrets.
 """
 
 from __future__ import annotations
@@ -71,6 +72,18 @@ def refs(spec: spec_pb2.NodeSpec) -> list[SecretRef]:
         if isinstance(ref, str) and ref:
             out.append(SecretRef("host", unit.name, ref))
     return sorted(out)
+
+
+def allocation_names(spec: spec_pb2.NodeSpec, section: str, allocation_id: str) -> set[str]:
+    """The secrets the instances of one allocation name (an allocation binding's check); none outside
+    the instances section."""
+    if section != "instances" or not allocation_id or not spec.HasField("instances"):
+        return set()
+    return {
+        i.user_data_secret_ref
+        for i in spec.instances.instances
+        if i.allocation_id == allocation_id and i.user_data_secret_ref
+    }
 
 
 def names(spec: spec_pb2.NodeSpec, section: str, unit: str = "") -> set[str]:

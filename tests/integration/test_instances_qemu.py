@@ -75,7 +75,7 @@ class Port:
     def __init__(self) -> None:
         self.values: dict[str, bytes] = {}
 
-    async def get(self, name: str, section: str, generation: int, unit: str = "") -> bytes:
+    async def get(self, name: str, section: str, generation: int, unit: str = "", allocation_id: str = "") -> bytes:
         return self.values[name]
 
     def release(self, section: str, unit: str = "") -> None:

@@ -4,7 +4,9 @@ A real `bc serve` (the `lab` fixture: SQLite and PostgreSQL) and a `--fake-hw` n
 `SetSecret` (`bc secret set`), delivered as a JWE bound to the instances section, written to the instance's
 0600 file and handed to the fake runtime at start; it is in no store row, log record or other file of the
 node, and the file is gone once the instance stops. A secret whose scope does not admit the node fails that
-instance only; an unavailable broker keeps it stopped and the section PROGRESSING.
+instance only; an unavailable broker keeps it stopped and the section PROGRESSING. An instance that names an
+allocation asks bound to it: a live reservation's allocation on the node is answered, an allocation that is
+not live on it refused (`allocation-not-live`).
 """
 
 from __future__ import annotations
@@ -130,3 +132,27 @@ async def test_an_unavailable_broker_keeps_the_instance_stopped_and_the_section_
     await lab.admin.set_secret(NAME, b"user data")  # a rotation wakes the node at once
     await lab.wait_observed("n1", generation, timeout=30)
     assert runtime.user_data["a"][1] == b"user data"
+
+
+async def test_an_instance_of_an_allocation_asks_bound_to_it_and_only_a_live_one_is_answered(lab: InprocLab) -> None:
+    runtime = await start(lab)
+    await lab.admin.set_secret(NAME, b"user data", nodes=["n1"])
+    res = await lab.admin.reserve(1, node_id="n1")
+    await lab.wait_event("reservation.active", lambda ev, d: ev.subject == res.id)
+    alloc = res.allocation_id
+    assert alloc
+    await set_instances(lab, {**vm("a"), "allocationId": alloc}, {**vm("b"), "allocationId": "not-mine-1"})
+    refused = await lab.wait_event(
+        "secret.refused", lambda ev, d: ev.subject == "n1" and d["reason"] == "allocation-not-live"
+    )
+    assert json.loads(refused.data_json)["allocation_id"] == "not-mine-1"
+    delivered = await lab.wait_event(
+        "secret.delivered", lambda ev, d: ev.subject == "n1" and d.get("allocation_id") == alloc
+    )
+    assert json.loads(delivered.data_json)["section"] == "instances"
+    failed = await section(lab, "FAILED")
+    assert failed.reason == "InstanceFailed" and "allocation-not-live" in failed.message
+    a, b = await instance(lab, "a"), await instance(lab, "b")
+    assert a.state == "RUNNING" and runtime.user_data["a"][1] == b"user data"
+    assert b.state == "ERROR" and b.message.startswith(f"user data '{NAME}' refused: allocation-not-live: ")
+    assert "b" not in runtime.user_data

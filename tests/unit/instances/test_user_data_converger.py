@@ -20,11 +20,12 @@ class Port:
 
     def __init__(self) -> None:
         self.values: dict[str, bytes | Exception] = {}
-        self.asked: list[tuple[str, str, int, str]] = []
+        self.asked: list[tuple[str, str, int, str]] = []  # (name, section, generation, allocation id)
         self.released: list[str] = []
 
-    async def get(self, name: str, section: str, generation: int, unit: str = "") -> bytes:
-        self.asked.append((name, section, generation, unit))
+    async def get(self, name: str, section: str, generation: int, unit: str = "", allocation_id: str = "") -> bytes:
+        assert unit == ""
+        self.asked.append((name, section, generation, allocation_id))
         value = self.values.get(name, SecretUnavailable("no answer"))
         if isinstance(value, Exception):
             raise value
@@ -59,9 +60,16 @@ class Node:
         return found
 
 
-def vm(iid: str, state: str = "RUNNING", ref: str = "") -> spec_pb2.Instance:
+def vm(iid: str, state: str = "RUNNING", ref: str = "", allocation: str = "") -> spec_pb2.Instance:
     return spec_pb2.Instance(
-        id=iid, runtime="qemu", vcpus=1, memory_mib=256, kernel="vmlinuz", state=state, user_data_secret_ref=ref
+        id=iid,
+        runtime="qemu",
+        vcpus=1,
+        memory_mib=256,
+        kernel="vmlinuz",
+        state=state,
+        user_data_secret_ref=ref,
+        allocation_id=allocation,
     )
 
 
@@ -74,6 +82,8 @@ async def test_the_user_data_reaches_the_start_as_a_0600_file_removed_at_stop_an
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert "b" not in node.runtime.user_data and not node.files.path("b").exists()
     assert node.port.asked == [("ud", "instances", 1, "")]
+    await node.converge(vm("a", ref="ud"), vm("d", ref="ud", allocation="alloc-1"))  # bound to its allocation
+    assert node.port.asked[-1] == ("ud", "instances", 2, "alloc-1")
     assert b"hunter2" not in (tmp_path / "fake-instances.json").read_bytes()
     assert all("hunter2" not in s.message for s in node.conv.statuses)
 
