@@ -31,7 +31,7 @@ writes it to the instance's 0600 file on tmpfs (agent.instances.user_data)
 and hands the runtime the path. While the broker cannot answer the instance
 is not started (`SecretUnavailable`, the section PROGRESSING); a refusal
 fails that instance only (ERROR with the reason). The file is removed when the
-instance stops or is deleted; a rotated secret reaches the guest at its next
+instance stops or is deleted, or is found stopped; a rotated secret reaches the guest at its next
 start.
 """
 
@@ -283,6 +283,9 @@ class InstancesConverger:
             todo = plans.get(id(item), ())
             if set(todo) & (steps.STARTS | {steps.RESUME}):
                 await self._steps(item, todo, ledger, generation)
+        for item in items:  # a guest that powered itself off (or a host reboot) leaves its file: not for long
+            if item.observed in (STOPPED, steps.ABSENT) and item.spec.user_data_secret_ref:
+                await self._forget_user_data(item.spec.id)
         self.statuses = self._report(items, domains, orphan_errors)
         return _result(items, orphan_errors, problems)
 
