@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import random
 import shutil
 import signal
@@ -65,6 +66,7 @@ from agent.instances.admission import HostMemory, parse_meminfo
 from agent.instances.fake import FakeRuntime
 from agent.instances.qemu import QEMU, QemuRuntime
 from agent.instances.runtime import InstanceRuntime
+from agent.instances.user_data import UserDataFiles
 from agent.journal import Journal
 from agent.journal_api import AgentJournal, JournalFull
 from agent.journal_rules import fit_update_message
@@ -280,6 +282,14 @@ def instance_runtime(
     return None
 
 
+def user_data_dir(data_dir: Path, hw: HardwareBackend) -> Path:
+    """Where instances' user data files go: on tmpfs (the service's $RUNTIME_DIRECTORY, else /run/bc) on a real
+    host; under the data directory on fake hardware (a test's or a simulation's tmp dir)."""
+    if not hw.capabilities.touches_host:
+        return data_dir / "run" / "user-data"
+    return Path((os.environ.get("RUNTIME_DIRECTORY") or "/run/bc").split(":")[0]) / "user-data"
+
+
 class Agent:
     def __init__(self, opts: AgentOptions, parts: AgentParts | None = None) -> None:
         """`parts` left out: `production_parts(opts)`, which reads the identity files now."""
@@ -442,6 +452,8 @@ class Agent:
                 self.host_memory,
                 lambda: [a.limits.memory_bytes for a in self.state.spec.devices.assignments],
                 self.offload,
+                secrets=self.secrets,
+                user_data=UserDataFiles(user_data_dir(self.data_dir, self.hw), self.offload),
             )
             self.convergers["instances"] = self.instances
             devices = self.convergers["devices"]

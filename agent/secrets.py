@@ -1,11 +1,13 @@
 """The node's side of the secret broker (docs/secrets.md): ask for a secret a section names, hold it in memory.
 
 `SecretClient.get(name, section, generation)` returns the plaintext of the secret `name` for that
-section of the spec at that generation. It asks over the open session with a `SecretRequest` bound to
-the section and generation, carrying the public half of a P-256 key made for this request alone, and
-signed by the node key; the answer is a JWE only that key opens (`bc.pki.secret_jwe`), so the gateway
-relays ciphertext. The plaintext is kept in this process's memory, per binding, and nowhere else: not in
-the journal, not in a file, not in a log line (the converger that uses it hands it to its consumer).
+section of the spec at that generation (with `allocation_id`: bound to that allocation as well, which the
+broker checks is a live allocation of this node: an instance's user data). It asks over the open
+session with a `SecretRequest` bound to the section and generation, carrying the public half of a
+P-256 key made for this request alone, and signed by the node key; the answer is a JWE only that key
+opens (`bc.pki.secret_jwe`), so the gateway relays ciphertext. The plaintext is kept in this process's
+memory, per binding, and nowhere else: not in the journal, not in a file, not in a log line (the
+converger that uses it hands it to its consumer).
 
 What the caller is told:
 
@@ -54,7 +56,7 @@ class _Held:
     stale: bool = False
 
 
-Key = tuple[str, str, str]  # (name, section, unit)
+Key = tuple[str, str, str, str]  # (name, section, unit, allocation id)
 
 
 class SecretClient:
@@ -71,25 +73,25 @@ class SecretClient:
         self.node_id, self.outbox, self.sign, self.server_now_ms = node_id, outbox, sign, server_now_ms
         self.clock, self.rng, self.wake = clock, rng, wake
         self._held: dict[Key, _Held] = {}
-        self._refused: dict[tuple[str, str, str, int], tuple[float, SecretRefused]] = {}
+        self._refused: dict[tuple[Key, int], tuple[float, SecretRefused]] = {}
         self._pending: dict[str, asyncio.Future[secrets_pb2.SecretResponse]] = {}
         self.fetches = 0  # requests sent (tests read it)
 
-    async def get(self, name: str, section: str, generation: int, unit: str = "") -> bytes:
-        key = (name, section, unit)
+    async def get(self, name: str, section: str, generation: int, unit: str = "", allocation_id: str = "") -> bytes:
+        key = (name, section, unit, allocation_id)
         held = self._held.get(key)
         if held is not None and held.generation == generation and not held.stale:
             return held.value
-        refused = self._refused.get((name, section, unit, generation))
+        refused = self._refused.get((key, generation))
         if refused is not None and refused[0] > self.clock.monotonic():
             raise refused[1]
-        value, version = await self._fetch(name, section, generation, unit)
+        value, version = await self._fetch(key, generation)
         self._held[key] = _Held(generation, version, value)
         return value
 
-    def version(self, name: str, section: str, unit: str = "") -> int:
+    def version(self, name: str, section: str, unit: str = "", allocation_id: str = "") -> int:
         """The version held for this binding (0: none): what the section reports, never the value."""
-        held = self._held.get((name, section, unit))
+        held = self._held.get((name, section, unit, allocation_id))
         return held.version if held is not None else 0
 
     def release(self, section: str, unit: str = "") -> None:
@@ -105,10 +107,10 @@ class SecretClient:
 
     def on_rotated(self, name: str, version: int) -> None:
         touched = False
-        for (n, _s, _u), held in self._held.items():
+        for (n, _s, _u, _a), held in self._held.items():
             if n == name and held.version != version:
                 held.stale = touched = True
-        for k in [k for k in self._refused if k[0] == name]:
+        for k in [k for k in self._refused if k[0][0] == name]:
             del self._refused[k]
             touched = True
         log.info("event=secret.rotated name=%s version=%d held=%s", name, version, touched)
@@ -122,7 +124,8 @@ class SecretClient:
             self.wake()
 
     # -- one request -----------------------------------------------------------------------------------
-    async def _fetch(self, name: str, section: str, generation: int, unit: str) -> tuple[bytes, int]:
+    async def _fetch(self, binding: Key, generation: int) -> tuple[bytes, int]:
+        name, section, unit, allocation_id = binding
         if not self.outbox.attached:
             raise SecretUnavailable("no session to ask the broker on")
         key = secret_jwe.OneTimeKey()
@@ -131,7 +134,9 @@ class SecretClient:
             request_id=request_id,
             node_id=self.node_id,
             name=name,
-            binding=secrets_pb2.SecretBinding(section=section, generation=generation, unit=unit),
+            binding=secrets_pb2.SecretBinding(
+                section=section, generation=generation, unit=unit, allocation_id=allocation_id
+            ),
             public_jwk=key.public_jwk,
             issued_at_ms=self.server_now_ms(),
         ).SerializeToString()
@@ -153,7 +158,7 @@ class SecretClient:
             if resp.refused in RETRY_REASONS:
                 raise SecretUnavailable(f"{resp.refused}: {resp.message}")
             refusal = SecretRefused(resp.refused, resp.message)
-            self._refused[(name, section, unit, generation)] = (self.clock.monotonic() + REFUSAL_MEMORY_S, refusal)
+            self._refused[(binding, generation)] = (self.clock.monotonic() + REFUSAL_MEMORY_S, refusal)
             raise refusal
         try:
             value, version = key.open(resp.jwe, name=name, request_id=request_id)

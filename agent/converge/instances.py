@@ -23,6 +23,16 @@ start admission refuses leaves the instance stopped with `ResourcesExhausted:
 … MiB needed, … MiB left`: not an error, the section stays PROGRESSING and the
 next pass tries again. After a host reboot every domain is stopped, and the
 plan starts the ones that should run.
+
+User data (`user_data_secret_ref`, docs/instances.md): just before it starts
+an instance that names a secret, the converger asks the broker for it, bound
+to the instances section at this generation (agent.converge.secret_port),
+writes it to the instance's 0600 file on tmpfs (agent.instances.user_data)
+and hands the runtime the path. While the broker cannot answer the instance
+is not started (`SecretUnavailable`, the section PROGRESSING); a refusal
+fails that instance only (ERROR with the reason). The file is removed when the
+instance stops or is deleted, or is found stopped; a rotated secret reaches the guest at its next
+start.
 """
 
 from __future__ import annotations
@@ -35,9 +45,11 @@ from pathlib import Path
 from google.protobuf.message import Message
 
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, SectionResult
+from agent.converge.secret_port import SecretRefused, SecretSource, SecretUnavailable
 from agent.instances import plan as steps
 from agent.instances.admission import Admission, HostMemory, commitment_mib
 from agent.instances.runtime import PAUSED, RUNNING, STOPPED, Domain, DomainConfig, InstanceRuntime, RuntimeFailure
+from agent.instances.user_data import UserDataFiles
 from agent.offload import Offload
 from bc.protocol import instance_rules
 from bc.protocol.pb import common_pb2, spec_pb2
@@ -47,6 +59,7 @@ log = logging.getLogger(__name__)
 REASON_FAILED = "InstanceFailed"
 REASON_EXHAUSTED = "ResourcesExhausted"
 REASON_LIST_FAILED = "RuntimeUnavailable"
+REASON_SECRET_UNAVAILABLE = "SecretUnavailable"
 ERROR = "ERROR"
 BOOT_DIR = "instance-boot"
 
@@ -62,6 +75,7 @@ class _Item:
     config: DomainConfig | None = None
     error: str = ""
     refused: str = ""
+    waiting: str = ""  # its user data's secret cannot be had now: not started, asked again next pass
 
 
 class InstancesConverger:
@@ -74,8 +88,12 @@ class InstancesConverger:
         host_memory: Callable[[], Awaitable[HostMemory | None]],
         holds_memory: Callable[[], list[int]],
         offload: Offload,
+        secrets: SecretSource | None = None,
+        user_data: UserDataFiles | None = None,
     ) -> None:
         self.runtimes = dict(runtimes)
+        self.secrets = secrets
+        self.user_data = user_data
         self.boot_dir = boot_dir
         self.host_memory = host_memory
         self.holds_memory = holds_memory
@@ -138,35 +156,84 @@ class InstancesConverger:
                 item.error = str(e)
         return item
 
-    async def _run(self, item: _Item, step: str) -> None:
+    async def _user_data(self, item: _Item, generation: int) -> Path | None:
+        """The user data file for this start (None: the instance names none), or item.waiting / item.error set
+        and RuntimeFailure raised: the start does not happen."""
+        inst = item.spec
+        ref = inst.user_data_secret_ref
+        if not ref:
+            if self.user_data is not None:
+                await self.user_data.drop(inst.id)
+            return None
+        if self.secrets is None or self.user_data is None:
+            item.error = f"its user data is the secret {ref!r}, and this agent has no secret broker"
+            raise RuntimeFailure(item.error)
+        try:
+            value = await self.secrets.get(ref, self.section, generation, allocation_id=inst.allocation_id)
+        except SecretUnavailable as e:
+            item.waiting = f"{REASON_SECRET_UNAVAILABLE}: user data {ref!r}: {e}"
+            raise RuntimeFailure(item.waiting) from None
+        except SecretRefused as e:
+            item.error = f"user data {ref!r} refused: {e.reason}: {e.message}"
+            raise RuntimeFailure(item.error) from None
+        try:
+            return await self.user_data.put(inst.id, value)
+        except OSError as e:
+            item.error = f"cannot write its user data under {self.user_data.directory}: {e.strerror}"
+            raise RuntimeFailure(item.error) from None
+
+    async def _forget_user_data(self, instance_id: str) -> None:
+        if self.user_data is not None:
+            await self.user_data.drop(instance_id)
+
+    async def _run(self, item: _Item, step: str, user_data: Path | None = None) -> None:
         rt, iid = item.runtime, item.spec.id
         assert rt is not None
         if step == steps.DEFINE:
             assert item.config is not None
             await rt.define(item.config)
         elif step in steps.STARTS:
-            await rt.start(iid, paused=step == steps.START_PAUSED)
+            try:
+                await rt.start(iid, paused=step == steps.START_PAUSED, user_data=user_data)
+            except RuntimeFailure:
+                await self._forget_user_data(iid)
+                raise
         elif step == steps.PAUSE:
             await rt.pause(iid)
         elif step == steps.RESUME:
             await rt.resume(iid)
         elif step == steps.STOP:
             await rt.stop(iid)
+            await self._forget_user_data(iid)
         elif step == steps.DELETE:
             await rt.delete(iid)
+            await self._forget_user_data(iid)
         item.observed = steps.apply(item.observed, step)
         log.info("event=instance.%s instance=%s state=%s", step, iid, item.observed)
 
-    async def _steps(self, item: _Item, todo: tuple[str, ...], ledger: Admission | None) -> None:
+    async def _steps(self, item: _Item, todo: tuple[str, ...], ledger: Admission | None, generation: int) -> None:
         for step in todo:
+            user_data: Path | None = None
+            if step in steps.STARTS:
+                try:
+                    user_data = await self._user_data(item, generation)
+                except RuntimeFailure:
+                    log.warning(
+                        "event=instance.user-data-withheld instance=%s ref=%s waiting=%s",
+                        item.spec.id,
+                        item.spec.user_data_secret_ref,
+                        bool(item.waiting),
+                    )
+                    return
             if step in steps.STARTS and ledger is not None:
                 refusal = ledger.admit(item.spec.id, item.spec.memory_mib)
                 if refusal is not None:
                     item.refused = refusal
                     log.warning("event=instance.not-admitted instance=%s %s", item.spec.id, refusal)
+                    await self._forget_user_data(item.spec.id)
                     return
             try:
-                await self._run(item, step)
+                await self._run(item, step, user_data)
             except RuntimeFailure as e:
                 if step in steps.STARTS and ledger is not None:
                     ledger.release(item.spec.memory_mib)
@@ -181,6 +248,8 @@ class InstancesConverger:
         if problems:  # acting on a partial listing could define over a domain it did not show: wait instead
             return _result([], [], problems)
         items = [await self._prepare(inst, domains) for inst in desired.instances]
+        if self.secrets is not None and not any(i.user_data_secret_ref for i in desired.instances):
+            self.secrets.release(self.section)  # no instance names user data any more: drop what is held
         named = {i.spec.id for i in items}
         orphan_errors: list[tuple[Domain, str]] = []
         live: dict[str, int] = {}  # the running and paused domains of bc's: their memory, by id
@@ -190,6 +259,7 @@ class InstancesConverger:
             if d.id not in named:  # bc's, and no spec names it any more: deleted
                 try:
                     await self.runtimes[name].delete(d.id)
+                    await self._forget_user_data(d.id)
                     log.info("event=instance.delete instance=%s reason=unnamed", d.id)
                 except RuntimeFailure as e:
                     orphan_errors.append((d, f"delete: {e}"))
@@ -202,7 +272,7 @@ class InstancesConverger:
         for item in items:
             todo = plans.get(id(item), ())
             if todo and not (set(todo) & (steps.STARTS | {steps.RESUME})):
-                await self._steps(item, todo, None)
+                await self._steps(item, todo, None, generation)
                 if item.observed in (STOPPED, steps.ABSENT):
                     live.pop(item.spec.id, None)
         host = await self.host_memory()
@@ -212,7 +282,10 @@ class InstancesConverger:
         for item in items:
             todo = plans.get(id(item), ())
             if set(todo) & (steps.STARTS | {steps.RESUME}):
-                await self._steps(item, todo, ledger)
+                await self._steps(item, todo, ledger, generation)
+        for item in items:  # a guest that powered itself off (or a host reboot) leaves its file: not for long
+            if item.observed in (STOPPED, steps.ABSENT) and item.spec.user_data_secret_ref:
+                await self._forget_user_data(item.spec.id)
         self.statuses = self._report(items, domains, orphan_errors)
         return _result(items, orphan_errors, problems)
 
@@ -221,7 +294,7 @@ class InstancesConverger:
     ) -> list[common_pb2.InstanceStatus]:
         out: list[common_pb2.InstanceStatus] = []
         for item in items:
-            if item.observed == steps.ABSENT and not item.error and not item.refused:
+            if item.observed == steps.ABSENT and not item.error and not item.refused and not item.waiting:
                 continue  # deleted, or never defined (DELETED): nothing to show
             state = ERROR if item.error else (STOPPED if item.observed == steps.ABSENT else item.observed)
             out.append(
@@ -230,7 +303,7 @@ class InstancesConverger:
                     runtime=item.spec.runtime,
                     state=state,
                     desired=item.desired,
-                    message=item.error or item.refused,
+                    message=item.error or item.refused or item.waiting,
                     managed=True,
                     vcpus=item.spec.vcpus,
                     memory_mib=item.spec.memory_mib,
@@ -262,10 +335,14 @@ def _result(items: list[_Item], orphans: list[tuple[Domain, str]], problems: lis
     failed = [f"instance {i.spec.id}: {i.error}" for i in items if i.error]
     failed += [f"instance {d.id}: {why}" for d, why in orphans]
     refused = [f"instance {i.spec.id}: {i.refused}" for i in items if i.refused]
+    waiting = [f"instance {i.spec.id}: {i.waiting}" for i in items if i.waiting]
     if problems:
         return SectionResult(FAILED, reason=REASON_LIST_FAILED, message="; ".join(problems + failed))
     if failed:
-        return SectionResult(FAILED, reason=REASON_FAILED, message="; ".join(failed + refused), terminal=not refused)
+        message = "; ".join(failed + refused + waiting)
+        return SectionResult(FAILED, reason=REASON_FAILED, message=message, terminal=not (refused or waiting))
+    if waiting:
+        return SectionResult(PROGRESSING, reason=REASON_SECRET_UNAVAILABLE, message="; ".join(waiting + refused))
     if refused:
         return SectionResult(PROGRESSING, reason=REASON_EXHAUSTED, message="; ".join(refused))
     return SectionResult(CONVERGED)

@@ -1,7 +1,7 @@
 """How a converger asks for a secret its section names (docs/secrets.md): the port and what it may raise.
 
 The converge layer sees only this; `agent.secrets.SecretClient` (the session's side, above it) is what the
-agent plugs in. `get(name, section, generation, unit)` returns the plaintext, or raises:
+agent plugs in. `get(name, section, generation, unit, allocation_id)` returns the plaintext, or raises:
 
 * `SecretUnavailable`: not now (no session, no answer, a retry reason): the section stays PROGRESSING;
 * `SecretRefused`: the broker said no, with its reason (`out-of-scope`, `not-bound`, `unknown-secret` …).
@@ -23,6 +23,6 @@ class SecretRefused(Exception):
 
 
 class SecretSource(Protocol):
-    async def get(self, name: str, section: str, generation: int, unit: str = "") -> bytes: ...
+    async def get(self, name: str, section: str, generation: int, unit: str = "", allocation_id: str = "") -> bytes: ...
 
     def release(self, section: str, unit: str = "") -> None: ...

@@ -4,7 +4,8 @@ The `instances` converger drives it exactly as it drives qemu. It keeps what a
 hypervisor would (state, vCPUs, memory, whether bc created it), and its seams
 let a test show the rest of the world: `add_foreign` a domain bc did not
 create, `reboot` the host (every domain stops), `fail` a step of one instance
-with a message. It does no capacity check of its own: host admission
+with a message; `user_data` shows what the last start handed each guest.
+It does no capacity check of its own: host admission
 (agent.instances.admission) is the converger's.
 """
 
@@ -29,6 +30,9 @@ class FakeRuntime:
         self._failures: dict[tuple[str, str], str] = {}
         self.calls: list[tuple[str, str]] = []
         """Every change asked of it, as (step, instance id), for tests."""
+        self.user_data: dict[str, tuple[Path, bytes]] = {}
+        """The user-data file each instance's last start was handed, and what it held then (memory only: what
+        a guest would read; never in the JSON file)."""
         if path is not None and path.exists():
             for d in json.loads(path.read_text()):
                 self._domains[d["id"]] = Domain(**d)
@@ -77,8 +81,12 @@ class FakeRuntime:
         self._domains[config.id] = Domain(config.id, STOPPED, True, config.vcpus, config.memory_mib)
         await self._save()
 
-    async def start(self, instance_id: str, *, paused: bool) -> None:
+    async def start(self, instance_id: str, *, paused: bool, user_data: Path | None = None) -> None:
         self._check(instance_id, "start")
+        if user_data is not None:
+            self.user_data[instance_id] = (user_data, await self._offload(user_data.read_bytes))
+        else:
+            self.user_data.pop(instance_id, None)
         await self._set(instance_id, PAUSED if paused else RUNNING)
 
     async def pause(self, instance_id: str) -> None:

@@ -49,6 +49,7 @@ RECORD = "vm.json"
 QMP_SOCKET = "qmp.sock"
 CONSOLE = "console.log"
 PIDFILE = "qemu.pid"
+USER_DATA_FW_CFG = "opt/bc/user-data"
 QEMU = "qemu-system-x86_64"
 _PAUSED_STATES = frozenset({"paused", "prelaunch", "suspended", "inmigrate", "postmigrate", "save-vm"})
 MAX_STDERR = 4096
@@ -150,9 +151,12 @@ class QemuRuntime:
         }
         await self.offload(atomic_write, d / RECORD, json.dumps(record, sort_keys=True).encode(), 0o600)
 
-    def _argv(self, instance_id: str, record: dict[str, object], paused: bool) -> builtins.list[str]:
+    def _argv(
+        self, instance_id: str, record: dict[str, object], paused: bool, user_data: Path | None = None
+    ) -> builtins.list[str]:
         d = self._dir(instance_id)
         paths = [str(d / CONSOLE), str(d / QMP_SOCKET), str(d / PIDFILE), str(record["kernel"]), str(record["initrd"])]
+        paths += [str(user_data)] if user_data is not None else []
         if any("," in p for p in paths):
             raise RuntimeFailure(f"domain {instance_id}'s paths hold a comma, which qemu's options cannot take")
         argv = [self.binary, "-name", f"bc-{instance_id}", "-nodefaults", "-no-user-config", "-display", "none"]
@@ -165,15 +169,17 @@ class QemuRuntime:
         argv += ["-append", str(record.get("cmdline", ""))]
         argv += ["-serial", f"file:{d / CONSOLE}", "-qmp", f"unix:{d / QMP_SOCKET},server=on,wait=off"]
         argv += ["-pidfile", str(d / PIDFILE), "-daemonize"]
+        if user_data is not None:  # the guest reads /sys/firmware/qemu_fw_cfg/by_name/opt/bc/user-data/raw
+            argv += ["-fw_cfg", f"name={USER_DATA_FW_CFG},file={user_data}"]
         if paused:
             argv.append("-S")
         return argv
 
-    async def start(self, instance_id: str, *, paused: bool) -> None:
+    async def start(self, instance_id: str, *, paused: bool, user_data: Path | None = None) -> None:
         record = await self._record(instance_id)
         if await self._status(instance_id) != STOPPED:
             raise RuntimeFailure(f"domain {instance_id} is already running")
-        argv = self._argv(instance_id, record, paused)
+        argv = self._argv(instance_id, record, paused, user_data)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

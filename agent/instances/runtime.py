@@ -3,7 +3,7 @@
 A runtime lists the domains it knows, bc's (`managed`, with bc's record) and
 anyone else's (reported, never touched), and changes bc's own: define (write
 or rewrite the record of a stopped domain), start (paused or not), pause,
-resume, stop, delete. Each call either does what it says or raises
+resume, stop, delete. A start may hand the guest a user-data file. Each call either does what it says or raises
 `RuntimeFailure` with one sentence, which fails that instance only. A start
 the hypervisor refuses for lack of memory says so with `capacity=True`.
 
@@ -63,7 +63,10 @@ class InstanceRuntime(Protocol):
 
     async def define(self, config: DomainConfig) -> None: ...
 
-    async def start(self, instance_id: str, *, paused: bool) -> None: ...
+    async def start(self, instance_id: str, *, paused: bool, user_data: Path | None = None) -> None:
+        """Start the domain; `user_data`: a file whose content the guest is handed (qemu: fw_cfg
+        `opt/bc/user-data`), read at start only."""
+        ...
 
     async def pause(self, instance_id: str) -> None: ...
 

@@ -14,6 +14,8 @@ checked) and fails only the instance that breaks one. Pure: no I/O.
 * The guest boots its kernel directly: `kernel` (and `initrd`) are file names in
   the node's `<data-dir>/instance-boot/`, never paths, so a spec cannot point
   a VM at an arbitrary host file. `cmdline` is printable ASCII.
+* `user_data_secret_ref`, when set, is a secret's name (bc.protocol.secret_refs): the node asks the
+  broker for it, bound to the instances section, and hands the guest its value at start.
 * What is not built yet is refused rather than silently ignored: a tenant
   `image`, `nics` and passthrough `gpus`.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from bc.protocol import secret_refs
 from bc.protocol.pb import spec_pb2
 
 RUNNING: Final = "RUNNING"
@@ -83,6 +86,12 @@ def check_instance(inst: spec_pb2.Instance, field: str = "instance") -> None:
         raise InstanceRuleError(f"{field}.cmdline", "must be at most 1024 printable ASCII characters")
     if inst.allocation_id and not ALLOCATION_ID.fullmatch(inst.allocation_id):
         raise InstanceRuleError(f"{field}.allocation_id", f"{inst.allocation_id!r} is not an allocation id")
+    if inst.user_data_secret_ref and not secret_refs.NAME_RE.fullmatch(inst.user_data_secret_ref):
+        raise InstanceRuleError(
+            f"{field}.user_data_secret_ref",
+            f"{inst.user_data_secret_ref!r} is not a secret name (1-128 of a-z 0-9 . _ -, starting and ending with a"
+            " letter or digit)",
+        )
     if inst.image:
         raise InstanceRuleError(f"{field}.image", "is refused: tenant images are not built yet (boot a kernel)")
     if inst.nics:

@@ -4,11 +4,13 @@ A spec names a secret by reference, never by value:
 
 * `telemetry.headers_secret_ref`: the OTLP exporter's headers (docs/telemetry.md);
 * the `kubernetes` host unit's `token_secret_ref`: its `kubeadm join` bootstrap token (docs/host.md);
-* `site.credentials_secret_ref`: the site's BMC credentials, the credentials file's JSON (docs/metal.md).
+* `site.credentials_secret_ref`: the site's BMC credentials, the credentials file's JSON (docs/metal.md);
+* an instance's `user_data_secret_ref`: the guest's user data (docs/instances.md), bound to the section.
 
 A reference is a secret name (`check_name`). `refs(spec)` lists every (section, unit, name) the spec names;
 the broker answers a request only when its binding's section (and unit) names the secret it asks for.
-Designed for but not built yet: an instance's user data (bound to its allocation) and a job step's secrets.
+`allocation_names` is what an allocation binding may ask for: the secrets its instances name.
+Designed for but not built yet: a job step's secrets.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ def refs(spec: spec_pb2.NodeSpec) -> list[SecretRef]:
         out.append(SecretRef("telemetry", "", spec.telemetry.headers_secret_ref))
     if spec.HasField("site") and spec.site.credentials_secret_ref:
         out.append(SecretRef("site", "", spec.site.credentials_secret_ref))
+    if spec.HasField("instances"):
+        for name in {i.user_data_secret_ref for i in spec.instances.instances if i.user_data_secret_ref}:
+            out.append(SecretRef("instances", "", name))
     for unit in spec.host.units if spec.HasField("host") else ():
         if unit.name not in UNIT_REFS:
             continue
@@ -67,6 +72,18 @@ def refs(spec: spec_pb2.NodeSpec) -> list[SecretRef]:
         if isinstance(ref, str) and ref:
             out.append(SecretRef("host", unit.name, ref))
     return sorted(out)
+
+
+def allocation_names(spec: spec_pb2.NodeSpec, section: str, allocation_id: str) -> set[str]:
+    """The secrets the instances of one allocation name (an allocation binding's check); none outside
+    the instances section."""
+    if section != "instances" or not allocation_id or not spec.HasField("instances"):
+        return set()
+    return {
+        i.user_data_secret_ref
+        for i in spec.instances.instances
+        if i.allocation_id == allocation_id and i.user_data_secret_ref
+    }
 
 
 def names(spec: spec_pb2.NodeSpec, section: str, unit: str = "") -> set[str]:

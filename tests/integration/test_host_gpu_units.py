@@ -295,7 +295,7 @@ class Broker:
         self.value: bytes | Exception = SecretUnavailable("no session to ask the broker on")
         self.asked: list[tuple[str, str, int, str]] = []
 
-    async def get(self, name: str, section: str, generation: int, unit: str = "") -> bytes:
+    async def get(self, name: str, section: str, generation: int, unit: str = "", allocation_id: str = "") -> bytes:
         self.asked.append((name, section, generation, unit))
         if isinstance(self.value, Exception):
             raise self.value

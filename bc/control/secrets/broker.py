@@ -10,7 +10,10 @@ and the request as the node sent it. In order, the request must:
 4. be bound to something that names the secret: a spec section (and host unit) at the node's current
    generation, whose stored, signed spec names this secret there (`not-bound`). A binding to an older
    generation is `stale-generation` (the newer spec is on its way: ask again once it is applied);
-   allocation and job-step bindings are designed for and refused today (`binding-unsupported`);
+   A binding that also names an allocation (an instance's user data) must name one of the node's live
+   allocations (a reservation placed or active on it: `allocation-not-live`), and an instance of the
+   section with that `allocation_id` must name the secret (`not-bound`). Job-step bindings are designed
+   for and refused today (`binding-unsupported`);
 5. name a secret that exists (`unknown-secret`) and whose scope admits the node (`out-of-scope`).
 
 Then the newest version is opened with the at-rest key and sealed to the request's public key
@@ -38,6 +41,7 @@ from bc.pki.secret_box import SealedElsewhere, SecretBox
 from bc.protocol import secret_refs
 from bc.protocol.pb import secrets_pb2, spec_pb2
 from bc.store import Store, StoreError, Tx
+from bc.store import reservations as reservations_sql
 from bc.store import secrets as secrets_sql
 
 log = logging.getLogger("bc.secrets")
@@ -56,7 +60,8 @@ REFUSALS: dict[str, str] = {
     "wrong-node": "the request names another node than the session's",
     "bad-signature": "the request is not signed by a live key of the node",
     "expired": "the request's time is too far from the server's",
-    "binding-unsupported": "allocation and job-step bindings are not built yet",
+    "binding-unsupported": "job-step bindings are not built yet",
+    "allocation-not-live": "the binding's allocation is not a live allocation of this node",
     STALE: "the binding's generation is not the node's current one",
     "not-bound": "that section of the node's current spec does not name this secret",
     "unknown-secret": "no secret of that name",
@@ -122,8 +127,8 @@ class SecretBroker:
         if abs(now_ms - body.issued_at_ms) > MAX_AGE_MS:
             raise Refused("expired", f"issued {now_ms - body.issued_at_ms} ms from the server's time")
         b = body.binding
-        if b.allocation_id or b.job_step:
-            raise Refused("binding-unsupported", "allocation and job-step bindings are not built yet")
+        if b.job_step:
+            raise Refused("binding-unsupported", "job-step bindings are not built yet")
         node = await secrets_sql.node_for_request(tx, node_id)
         if node is None:
             raise Refused("wrong-node", f"node {node_id!r} is not a live node")
@@ -131,7 +136,9 @@ class SecretBroker:
         if b.generation != generation or int(node["spec_sign_pending"] or 0):
             raise Refused(STALE, f"the binding is for generation {b.generation}, the node's spec is at {generation}")
         spec = json_format.Parse(str(node["spec"] or "{}"), spec_pb2.NodeSpec(), ignore_unknown_fields=True)
-        if body.name not in secret_refs.names(spec, b.section, b.unit):
+        if b.allocation_id:
+            await _check_allocation(tx, node_id, b, spec, body.name)
+        elif body.name not in secret_refs.names(spec, b.section, b.unit):
             raise Refused("not-bound", f"{_where(b)} of generation {generation} does not name secret {body.name!r}")
         row = await secrets_sql.get(tx, body.name)
         if row is None:
@@ -177,13 +184,33 @@ class SecretBroker:
         await publish(tx, self.bus, "secret.refused", node_id, _event(body, reason=r.reason, why=r.why), now_ms)
 
 
+LIVE_ALLOCATION_STATES = ("placed", "active")
+"""A reservation's states in which its allocation is on the node (bc.store.reservations)."""
+
+
+async def _check_allocation(
+    tx: Tx, node_id: str, b: secrets_pb2.SecretBinding, spec: spec_pb2.NodeSpec, name: str
+) -> None:
+    """An allocation binding: the spec's instance of that allocation names the secret, and the allocation
+    is live on this node."""
+    if name not in secret_refs.allocation_names(spec, b.section, b.allocation_id):
+        raise Refused(
+            "not-bound", f"no instance of allocation {b.allocation_id!r} in {_where(b)} names secret {name!r}"
+        )
+    row = await reservations_sql.by_allocation(tx, b.allocation_id)
+    if row is None or str(row["node_id"] or "") != node_id or str(row["state"]) not in LIVE_ALLOCATION_STATES:
+        raise Refused("allocation-not-live", f"allocation {b.allocation_id!r} is not live on node {node_id!r}")
+
+
 def _where(b: secrets_pb2.SecretBinding) -> str:
-    return f"{b.section}/{b.unit}@{b.generation}" if b.unit else f"{b.section}@{b.generation}"
+    where = f"{b.section}/{b.unit}@{b.generation}" if b.unit else f"{b.section}@{b.generation}"
+    return f"{where} allocation {b.allocation_id}" if b.allocation_id else where
 
 
 def _event(body: secrets_pb2.SecretRequestBody, **extra: object) -> dict[str, object]:
     b = body.binding
-    return {"name": body.name, "section": b.section, "unit": b.unit, "generation": b.generation, **extra}
+    alloc = {"allocation_id": b.allocation_id} if b.allocation_id else {}
+    return {"name": body.name, "section": b.section, "unit": b.unit, "generation": b.generation, **alloc, **extra}
 
 
 def _refusal(body: secrets_pb2.SecretRequestBody, r: Refused) -> secrets_pb2.SecretResponse:

@@ -102,7 +102,7 @@ class InstancesSection(_message.Message):
     def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ...) -> None: ...
 
 class Instance(_message.Message):
-    __slots__ = ("id", "runtime", "size", "image", "nics", "gpus", "state", "vcpus", "memory_mib", "kernel", "initrd", "cmdline", "allocation_id")
+    __slots__ = ("id", "runtime", "size", "image", "nics", "gpus", "state", "vcpus", "memory_mib", "kernel", "initrd", "cmdline", "allocation_id", "user_data_secret_ref")
     ID_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,7 @@ class Instance(_message.Message):
     INITRD_FIELD_NUMBER: _ClassVar[int]
     CMDLINE_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_DATA_SECRET_REF_FIELD_NUMBER: _ClassVar[int]
     id: str
     runtime: str
     size: str
@@ -129,7 +130,8 @@ class Instance(_message.Message):
     initrd: str
     cmdline: str
     allocation_id: str
-    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., size: _Optional[str] = ..., image: _Optional[str] = ..., nics: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., kernel: _Optional[str] = ..., initrd: _Optional[str] = ..., cmdline: _Optional[str] = ..., allocation_id: _Optional[str] = ...) -> None: ...
+    user_data_secret_ref: str
+    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., size: _Optional[str] = ..., image: _Optional[str] = ..., nics: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., kernel: _Optional[str] = ..., initrd: _Optional[str] = ..., cmdline: _Optional[str] = ..., allocation_id: _Optional[str] = ..., user_data_secret_ref: _Optional[str] = ...) -> None: ...
 
 class AccessSection(_message.Message):
     __slots__ = ("exec_ticket_jwks", "ssh_ca_keys", "principals", "revoked_serials")

@@ -50,6 +50,18 @@ def test_the_spec_names_its_secrets_by_section() -> None:
     assert secret_refs.refs(spec_pb2.NodeSpec()) == []
 
 
+def test_instances_name_their_user_data_once_per_secret() -> None:
+    named = (("a", "ud"), ("b", "ud"), ("c", ""), ("d", "u2"))
+    vms = [spec_pb2.Instance(id=i, user_data_secret_ref=r) for i, r in named]
+    spec = spec_pb2.NodeSpec(instances=spec_pb2.InstancesSection(instances=vms))
+    assert [(r.where, r.name) for r in secret_refs.refs(spec)] == [("instances", "u2"), ("instances", "ud")]
+    assert secret_refs.names(spec, "instances") == {"ud", "u2"}
+    spec.instances.instances[3].allocation_id = "al-1"
+    assert secret_refs.allocation_names(spec, "instances", "al-1") == {"u2"}
+    assert secret_refs.allocation_names(spec, "instances", "al-2") == set()
+    assert secret_refs.allocation_names(spec, "telemetry", "al-1") == set()
+
+
 @given(st.text(max_size=40))
 def test_a_name_is_the_rule_or_one_sentence(name: str) -> None:
     try:

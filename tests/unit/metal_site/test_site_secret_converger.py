@@ -30,7 +30,7 @@ class Port:
         self.asked: list[tuple[str, str, int]] = []
         self.released: list[str] = []
 
-    async def get(self, name: str, section: str, generation: int, unit: str = "") -> bytes:
+    async def get(self, name: str, section: str, generation: int, unit: str = "", allocation_id: str = "") -> bytes:
         self.asked.append((name, section, generation))
         if isinstance(self.answer, Exception):
             raise self.answer

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bc.protocol import instance_rules as rules
+from bc.protocol import secret_refs
 from bc.protocol.canonical import SpecError
 from bc.protocol.pb import spec_pb2
 from bc.protocol.spec_validation import check_section
@@ -44,6 +45,9 @@ def test_every_desired_state_passes(state: str) -> None:
         ({"image": "https://img.example/u.qcow2"}, "image", "tenant images are not built yet"),
         ({"nics": ["br0"]}, "nics", "networks are not built yet"),
         ({"gpus": ["GPU-1"]}, "gpus", "(VFIO) is not built yet"),
+        ({"userDataSecretRef": "Cloud Init"}, "user_data_secret_ref", "is not a secret name"),
+        ({"userDataSecretRef": "../etc/passwd"}, "user_data_secret_ref", "is not a secret name"),
+        ({"userDataSecretRef": "ud-"}, "user_data_secret_ref", "is not a secret name"),
     ],
 )
 def test_the_server_refuses_a_bad_instance_in_one_sentence(changes: dict[str, object], field: str, words: str) -> None:
@@ -69,3 +73,19 @@ def test_an_id_is_never_a_path_nor_long(text: str) -> None:
     except rules.InstanceRuleError:
         return
     assert "/" not in text and "." not in text and 1 <= len(text) <= 63 and text == text.lower()
+
+
+def test_user_data_names_a_secret_by_the_secret_rule() -> None:
+    rules.check_section(section(userDataSecretRef="vm-1.user-data"))
+
+
+@given(st.text(max_size=140))
+def test_a_user_data_ref_passes_exactly_when_it_is_a_secret_name(text: str) -> None:
+    inst = spec_pb2.Instance(**{**GOOD, "user_data_secret_ref": text})  # type: ignore[arg-type]
+    try:
+        rules.check_instance(inst)
+        passed = True
+    except rules.InstanceRuleError as e:
+        assert e.field == "instance.user_data_secret_ref" and "\n" not in e.why.replace(repr(text), "")
+        passed = False
+    assert passed == (text == "" or secret_refs.NAME_RE.fullmatch(text) is not None)
