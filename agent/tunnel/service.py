@@ -55,6 +55,10 @@ async def _connect(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.
         return await asyncio.open_connection(host, port)
 
 
+class TunnelCut(Exception):
+    """The gateway ended the tunnel (an admin's close, the operator's stream gone) before TLS's close."""
+
+
 @dataclass
 class _Open:
     kid: str
@@ -140,6 +144,8 @@ class TunnelService:
             await call.write(TunnelFrame(accept=TunnelAccept(sid=sid)))
             await self._carry(call, reader, writer)
             log.info("event=tunnel.ended sid=%s why=closed", sid)
+        except TunnelCut as e:
+            log.info("event=tunnel.ended sid=%s why=cut said=%r", sid, str(e))
         except (
             grpc.aio.AioRpcError,
             asyncio.CancelledError,
@@ -173,7 +179,8 @@ class TunnelService:
     async def _carry(self, call: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """TLS with the CLI over the frames of `call`, plaintext to and from the local connection."""
         assert self.tls_files is not None
-        frames = _data_frames(call)
+        ends: list[str] = []
+        frames = _data_frames(call, ends)
 
         async def write_frame(data: bytes) -> None:
             await call.write(TunnelFrame(data=data))
@@ -184,12 +191,22 @@ class TunnelService:
         tls = SecureChannel(server_context(*self.tls_files), write_frame, read_frame, server_side=True)
         await tls.handshake()
 
-        async def up() -> None:  # operator → local port
-            while (data := await tls.recv()) is not None:
-                writer.write(data)
-                await writer.drain()
+        async def up() -> None:  # operator → local port, until the frames' end
+            try:
+                while (data := await tls.recv()) is not None:
+                    writer.write(data)
+                    await writer.drain()
+            except TunnelTampered:
+                if ends:  # the frames ended before TLS's close, with the gateway's `end`: it cut the tunnel
+                    raise TunnelCut(ends[0] or "closed") from None
+                raise
             if writer.can_write_eof():
                 writer.write_eof()
+            # The operator's close_notify is a half-close, not the frames' end: read on to their `end` (or the
+            # stream's), or the node never learns the tunnel is over and its side lingers with the session.
+            async for _ in frames:
+                pass
+            tls.transport_closed.set()
 
         async def down() -> None:  # local port → operator
             while data := await reader.read(READ_CHUNK):
@@ -207,19 +224,18 @@ class TunnelService:
                 if d.exception() is not None:
                     raise d.exception()  # type: ignore[misc]
             if not downs.done():
-                # A half-close (TLS close_notify) keeps the tunnel while the port answers; the frames' end does not.
-                over = asyncio.create_task(tls.transport_closed.wait())
-                try:
-                    await asyncio.wait({downs, over}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    over.cancel()
-                if not downs.done():
-                    await asyncio.wait({downs}, timeout=DRAIN_S)
+                # `up` ends at the frames' end, not at a half-close (TLS close_notify), which keeps the tunnel while
+                # the port answers.
+                await asyncio.wait({downs}, timeout=DRAIN_S)
             if downs.done() and not downs.cancelled() and downs.exception() is None:
-                # Our `end` is written: wait for the gateway to end the stream. Cancelling the read in `up` now
-                # would cancel the call, and the frames still on their way with it.
+                # Our `end` is written: read on to the gateway's end of the stream (gRPC reports a call's end only
+                # once its frames are read). Cancelling the read in `up` now would cancel the call, and the frames
+                # still on their way with it.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(FINISH_S):
+                        await asyncio.wait({ups})
+                        async for _ in call:
+                            pass
                         await call.code()
         finally:
             for t in (ups, downs):
@@ -232,11 +248,12 @@ async def _offers(call: Any) -> AsyncIterator[TunnelOffer]:
         yield offer
 
 
-async def _data_frames(call: Any) -> AsyncIterator[bytes]:
-    """The data of the gateway's frames, until an `end` or the stream's end."""
+async def _data_frames(call: Any, ends: list[str]) -> AsyncIterator[bytes]:
+    """The data of the gateway's frames, until an `end` (its reason appended to `ends`) or the stream's end."""
     async for frame in call:
         kind = frame.WhichOneof("msg")
         if kind == "data":
             yield frame.data
         elif kind == "end":
+            ends.append(frame.end.reason[:200])
             return

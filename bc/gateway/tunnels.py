@@ -166,6 +166,7 @@ class TunnelHub:
         self.relays[r.sid] = r
         r.task = asyncio.current_task()
         up_q, down_q = ByteQueue(MAX_BUFFERED), ByteQueue(MAX_BUFFERED)
+        told_node = False  # whether the node got an `end` (it reads on to one, or to its stream's end)
 
         async def read(src: FrameEnd, q: ByteQueue, up: bool) -> None:
             try:
@@ -173,6 +174,8 @@ class TunnelHub:
                     f = await src.recv()
                     if f is None:
                         log.debug("event=tunnel.side-ended sid=%s side=%s", r.sid, "operator" if up else "node")
+                        if up:  # tell the node now, not once the node's side had its moment
+                            await q.put(TunnelFrame(end=TunnelEnd(reason="the operator's stream ended")), 0)
                         break
                     kind = f.WhichOneof("msg")
                     if kind == "end":
@@ -193,9 +196,11 @@ class TunnelHub:
                 await q.put(None, 0)
 
         async def write(dst: FrameEnd, q: ByteQueue) -> None:
+            nonlocal told_node
             while (f := await q.get()) is not None:
                 await dst.send(f)
                 if f.WhichOneof("msg") == "end":
+                    told_node = told_node or dst is node
                     return
 
         tasks = [
@@ -233,10 +238,14 @@ class TunnelHub:
                 if isinstance(res, Exception) and not r.end_reason:
                     r.end_reason = f"{type(res).__name__}: {res}"[:200]
             self.relays.pop(r.sid, None)
-            # Say why to the operator, if their stream still reads (a gone one must not hold the relay open).
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(END_SEND_S):
-                    await operator.send(TunnelFrame(end=TunnelEnd(reason=r.end_reason or "closed")))
+            # Say why to the operator, if their stream still reads (a gone one must not hold the relay open), and to
+            # the node if nothing did (a close, a revocation): its side ends now, not with its session.
+            why = TunnelFrame(end=TunnelEnd(reason=r.end_reason or "closed"))
+            for end, tell in ((operator, True), (node, not told_node)):
+                if tell:
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(END_SEND_S):
+                            await end.send(why)
 
     # -- closing ------------------------------------------------------------------------------------
 
