@@ -206,7 +206,6 @@ class TunnelService:
             # stream's), or the node never learns the tunnel is over and its side lingers with the session.
             async for _ in frames:
                 pass
-            tls.transport_closed.set()
 
         async def down() -> None:  # local port → operator
             while data := await reader.read(READ_CHUNK):
