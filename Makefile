@@ -34,10 +34,10 @@ PYTEST_WORKERS ?= auto
 # end-to-end runs: the lists are SLOW_FILES and SLOW_TESTS in tests/conftest.py) to stay within ten minutes
 # on 2 cores; `make test-slow` runs them, and .ci/run runs both.
 test: $(STAMP)
-	$(PY) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not slow"
+	$(PY) -m pytest -q -rfEs -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not slow"
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 -m slow
+	$(PY) -m pytest -q -rfEs -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 -m slow
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not e2e and not slow"

@@ -97,6 +97,9 @@ FIELDS: Mapping[str, str] = {
     "instances.instances.initrd": OPERATOR,
     "instances.instances.cmdline": OPERATOR,
     "instances.instances.allocation_id": OPERATOR,
+    # the guest's user data, by name: the broker's scope decides which nodes may read it, and it goes to the
+    # guest (fw_cfg), not to anything the host runs.
+    "instances.instances.user_data_secret_ref": OPERATOR,
     # access: whoever may log in, and as whom.
     "access.exec_ticket_jwks": ANY_CHANGE,
     "access.ssh_ca_keys": ADDED,

@@ -272,6 +272,7 @@ def argv(path: str, ids: dict[str, str]) -> list[str]:
         "ssh ca show": [],
         "ssh list": [],
         "tunnels list": [],
+        "tunnels record-policy show": [],
         "usage": ["--by", "node"],
     }
     assert path in table, f"`bc {path}` is a read command this test does not run yet: give it its arguments"
