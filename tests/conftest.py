@@ -5,6 +5,7 @@ import os
 import pytest
 from hypothesis import settings
 
+from tests.echo_port import echo_port  # noqa: F401  (a fixture the tunnel tests share)
 from tests.home_sandbox import HomeSandbox
 from tests.loops import loop_factories, register_markers
 

@@ -15,6 +15,7 @@ when it did not end `done`. Names, BMC URLs, labels and reasons leave through th
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -189,7 +190,7 @@ def _provision(req: metal_pb2.ProvisionMachinesRequest, *, no_wait: bool, as_jso
         check_done(job)
 
 
-def _request(kw: dict[str, object], **extra: object) -> metal_pb2.ProvisionMachinesRequest:
+def _request(kw: dict[str, Any], **extra: Any) -> metal_pb2.ProvisionMachinesRequest:
     return metal_pb2.ProvisionMachinesRequest(
         image=str(kw["image"]),
         sha256=str(kw["sha256"]),
@@ -200,10 +201,10 @@ def _request(kw: dict[str, object], **extra: object) -> metal_pb2.ProvisionMachi
         kexec_initrd=str(kw["kexec_initrd"]),
         partition=int(str(kw["partition"])),
         cmdline=str(kw["cmdline"]),
-        labels=list(kw["labels"]),  # type: ignore[call-overload]
+        labels=list(kw["labels"]),
         join_timeout_s=float(parse_duration(str(kw["join_timeout"]), what="--join-timeout")),
         reason=str(kw["reason"]),
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
 
 

@@ -21,6 +21,7 @@ from agent.join import join_node
 from bc.assembly.roles import parse_roles
 from bc.assembly.server import Seams, ServeOptions, Server
 from bc.client.admin import AdminClient
+from bc.client.tunnel import TunnelClient
 from bc.protocol.pb import admin_pb2
 from bc.runtime.config import OperatorConfig
 from tests.pg import recycled_schema, schema_url
@@ -140,3 +141,9 @@ async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
 async def lab(tmp_path: Path, store_url: str) -> AsyncIterator[InprocLab]:
     async with open_lab(tmp_path, store=store_url) as lab:
         yield lab
+
+
+def tunnel_client(lab: InprocLab) -> TunnelClient:
+    """A tunnel client as the lab's local operator."""
+    assert lab.server.operator_config is not None
+    return TunnelClient(OperatorConfig.load(lab.server.operator_config))

@@ -20,8 +20,8 @@ import pytest
 from agent.tunnel.service import DRAIN_S
 from bc.client.tunnel import OpenTunnel, TunnelClient
 from bc.errors import BcError
-from bc.runtime.config import OperatorConfig
 from tests.integration.conftest import InprocLab, open_lab
+from tests.integration.conftest import tunnel_client as client
 
 ENDED_WITHIN_S = 3.0
 """The node's side ends within this of the tunnel's end (the relay's own grace for the other side is 2 s)."""
@@ -67,25 +67,6 @@ async def lab(tmp_path: Path, store_url: str) -> AsyncIterator[InprocLab]:
         await lab.wait_connected("n1")
         await lab.wait_event("node.observed", lambda ev, d: ev.subject == "n1", 15)
         yield lab
-
-
-@pytest.fixture
-async def echo_port() -> AsyncIterator[int]:
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    yield int(server.sockets[0].getsockname()[1])
-    server.close()
-    await server.wait_closed()
-
-
-def client(lab: InprocLab) -> TunnelClient:
-    assert lab.server.operator_config is not None
-    return TunnelClient(OperatorConfig.load(lab.server.operator_config))
 
 
 async def open_echo(c: TunnelClient, port: int) -> OpenTunnel:

@@ -23,9 +23,9 @@ from bc.gateway.tunnels import FrameEnd, Relay
 from bc.pki import exec_tickets
 from bc.pki.secrets_source import SystemSecrets, ed25519_key
 from bc.protocol.pb.tunnel_pb2 import TunnelFrame
-from bc.runtime.config import OperatorConfig
 from bc.wire.tls_pipe import TunnelTampered
 from tests.integration.conftest import InprocLab, open_lab
+from tests.integration.conftest import tunnel_client as client
 from tests.integration.operators_lab import add_operator
 
 
@@ -34,25 +34,6 @@ async def lab(tmp_path: Path, store_url: str) -> AsyncIterator[InprocLab]:
     """The conftest's lab, with tunnels on (`bc serve --tunnels`)."""
     async with open_lab(tmp_path, store=store_url, tunnels=True) as lab:
         yield lab
-
-
-@pytest.fixture
-async def echo_port() -> AsyncIterator[int]:
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    yield int(server.sockets[0].getsockname()[1])
-    server.close()
-    await server.wait_closed()
-
-
-def client(lab: InprocLab) -> TunnelClient:
-    assert lab.server.operator_config is not None
-    return TunnelClient(OperatorConfig.load(lab.server.operator_config))
 
 
 async def ready(lab: InprocLab, node_id: str = "n1") -> None:

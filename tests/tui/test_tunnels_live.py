@@ -3,7 +3,6 @@ and an admin closes it from the screen (the operator's end sees it close); a vie
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,19 +23,6 @@ async def lab(tmp_path: Path, store_url: str) -> AsyncIterator[InprocLab]:
     """The conftest's lab, with tunnels on (`bc serve --tunnels`)."""
     async with open_lab(tmp_path, store=store_url, tunnels=True) as lab:
         yield lab
-
-
-@pytest.fixture
-async def echo_port() -> AsyncIterator[int]:
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    yield int(server.sockets[0].getsockname()[1])
-    server.close()
 
 
 async def test_an_admin_sees_an_open_tunnel_and_closes_it(lab: InprocLab, echo_port: int) -> None:
