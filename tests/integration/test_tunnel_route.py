@@ -25,9 +25,7 @@ from bc.store import gateway_keys as gk_sql
 from bc.wire.stubs import tunnel_pb2_grpc
 from bc.wire.tls import channel_credentials
 from tests.integration.conftest import InprocLab, open_lab
-from tests.integration.test_tunnels import client, closed_within, echo_port, read_exactly, ready
-
-__all__ = ["echo_port"]  # the fixture, shared with test_tunnels
+from tests.integration.test_tunnels import client, closed_within, read_exactly, ready
 
 
 @pytest.fixture
