@@ -2,19 +2,25 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# The optional extra `libvirt` (libvirt-python, the libvirt runtime) has no wheels and compiles against the
+# host's libvirt: installed only where pkg-config finds libvirt-dev (.ci/run installs it), at the pinned version.
+# The stamp names it, so a venv made before libvirt-dev was installed is completed by the next make.
+LIBVIRT := $(shell pkg-config --exists libvirt 2>/dev/null && echo libvirt)
+comma := ,
+EXTRAS := dev$(if $(LIBVIRT),$(comma)libvirt)
+STAMP := $(VENV)/.installed$(if $(LIBVIRT),-libvirt)
 
 # Python caches compiled modules (__pycache__, git-ignored) as any installed copy of bc has them. A shell
 # that sets PYTHONDONTWRITEBYTECODE would make every `bc` and agent process the tests and benchmarks start
 # compile the whole project again: about 0.7 s each on this machine (docs/design.md, "The CLI's start-up").
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv demo test test-slow test-fast lint proto check bench sim-sweep smoke zipapp binary clean
+.PHONY: venv demo test test-slow test-fast lint proto check bench bench-fleet sim-sweep smoke zipapp binary clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -57,6 +63,25 @@ check: lint test
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# Issue 38's fleet figures (docs/scale.md): FLEET_NODES generated sessions on FLEET_GATEWAYS `bc serve` over one
+# PostgreSQL schema, plus FLEET_CONTROL full `bc node` processes; steady state, `bc nodes --json`, a reconnect
+# storm and a re-home. Not part of `make test`; the defaults take about 5-10 minutes on 2 cores
+# (FLEET_NODES=10000 FLEET_AGENT_PROCS=4 for the full run, which needs more cores than 2: docs/scale.md).
+FLEET_NODES ?= 1000
+FLEET_GATEWAYS ?= 3
+FLEET_AGENT_PROCS ?= 2
+FLEET_CONTROL ?= 3
+FLEET_WINDOW ?= 30
+FLEET_ARGS ?=
+# Then bench.fleet_rows: the rows that need no generated fleet (CPU per command, PostgreSQL against SQLite, the
+# placement pass, `bc nodes --json` and the TUI at 10,000 nodes, the journal), each beside its goal;
+# FLEET_ROWS picks them (comma-separated; empty skips them).
+FLEET_ROWS ?= throughput,placement,nodes,tui,journal
+bench-fleet: $(STAMP)
+	$(PY) -m bench.fleet --nodes $(FLEET_NODES) --gateways $(FLEET_GATEWAYS) --agent-procs $(FLEET_AGENT_PROCS) \
+		--control $(FLEET_CONTROL) --window $(FLEET_WINDOW) --url $(BC_TEST_POSTGRES) $(FLEET_ARGS)
+	$(if $(FLEET_ROWS),$(PY) -m bench.fleet_rows --only $(FLEET_ROWS) --gateways $(FLEET_GATEWAYS) --url $(BC_TEST_POSTGRES))
 
 # The simulator measures itself (docs/sim.md, "Sweeps"): each --break's catch rate with 1 and 3 gateways and the
 # unbroken shapes, over SIM_SEEDS at 50 nodes, heavy chaos, 30 simulated minutes. Long (hours on 2 cores): not

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import random
@@ -50,20 +51,32 @@ from agent.converge.devices import DevicesConverger
 from agent.converge.host import ExternallyManaged, HostConverger
 from agent.converge.host_ops import HoldFiles
 from agent.converge.host_wiring import device_nodes, host_converger
+from agent.converge.instance_disks import instance_disks
+from agent.converge.instance_snapshots import snapshot_parts
 from agent.converge.instances import BOOT_DIR, InstancesConverger
 from agent.converge.run import Converger, UnknownFieldsMemo, run
 from agent.dispatch import Dispatcher
 from agent.health.monitor import HealthMonitor
 from agent.health.readings import HealthSource
+from agent.helper.client import HelperClient
 from agent.helper.node_ops import HelperXids
 from agent.helper.node_tpm import open_tpm
+from agent.helper.vm_client import HelperNetwork, HelperVmm
 from agent.helper.wiring import HelperSeams, helper_seams
 from agent.hw import open_backend
 from agent.hw.base import HardwareBackend, inventory_hash
 from agent.hw.slices import SliceManager, open_slices
 from agent.identity import Identity, IdentityFile, IdentityStore
+from agent.instances import gpu_wiring
 from agent.instances.admission import HostMemory, parse_meminfo
+from agent.instances.balloon import DEFAULT_FLOOR_PERCENT, HostPressure, parse_pressure
+from agent.instances.balloon_control import BalloonController
 from agent.instances.fake import FakeRuntime
+from agent.instances.libvirt import DEFAULT_URI as LIBVIRT_URI
+from agent.instances.libvirt import open_runtime as open_libvirt
+from agent.instances.net.guard import RESTORED_EVENT, InstanceNetwork
+from agent.instances.net.taps import NetlinkTaps
+from agent.instances.placement import HostTopology, fake_topology, read_topology
 from agent.instances.qemu import QEMU, QemuRuntime
 from agent.instances.runtime import InstanceRuntime
 from agent.instances.user_data import UserDataFiles
@@ -101,7 +114,7 @@ from agent.trust import AgentTrust
 from agent.tunnel.service import TunnelService
 from agent.upgrade.controller import UpgradeConfig, Upgrader, UpgradeRefused, restart_process
 from agent.upgrade.slots import Slots, SlotStore
-from bc.errors import BcError, Conflict, Unauthenticated
+from bc.errors import BcError, Conflict, Unauthenticated, UsageError
 from bc.pki import attest
 from bc.pki.quorum import CountApprovals, count_approvals
 from bc.pki.secrets_source import os_seeded_random
@@ -137,6 +150,11 @@ class AgentOptions:
     """`--host-root`: where the host units' files go (default `/`; `<data dir>/host-root` on fake hardware)."""
     host_units: bool = True
     instance_accel: tuple[str, ...] = ("kvm", "tcg")
+    balloon_floor_percent: int = DEFAULT_FLOOR_PERCENT
+    instance_runtime: str = "auto"  # auto | fake | qemu
+    instance_stop_grace_s: float = 60.0  # the ACPI power button's time before a VM is ended
+    libvirt_uri: str = LIBVIRT_URI
+    """`--libvirt-uri`: the libvirt connection the `libvirt` runtime uses where it answers; empty: none."""
     """`--instance-accel`: the accelerators qemu tries in order for the instances section's VMs."""
     """False (`--no-host-units`): the host section is managed outside bc (agent.converge.host_wiring)."""
     ssh_dir: Path | None = None
@@ -210,6 +228,8 @@ class AgentParts:
     instances: InstanceRuntime | None = None
     """The VM runtime the `instances` section runs on (agent.instances): the fake under --fake-hw, qemu where
     `qemu-system-x86_64` is on PATH; None: no converger, and a non-empty section is UNSUPPORTED."""
+    more_instances: tuple[InstanceRuntime, ...] = ()
+    """VM runtimes beside `instances` (libvirt, where its connection answers)."""
     tunnel_tls: tuple[Path, Path] | None = None
     """The node's TLS certificate and key files, which its tunnels serve TLS with (agent.tunnel.service); None:
     every tunnel is refused (a TPM key, which OpenSSL cannot be handed; the simulator)."""
@@ -267,19 +287,92 @@ def production_parts(opts: AgentOptions) -> AgentParts:
         machine=ramdisk.machine if ramdisk is not None else None,
         kexec=ramdisk.kexec if ramdisk is not None else None,
         tunnel_tls=(data_dir / identity.files["cert"], key_path) if record is None else None,
-        instances=instance_runtime(data_dir, hw, to_thread, opts.instance_accel) if identity.role == "node" else None,
+        instances=(
+            instance_runtime(
+                data_dir,
+                hw,
+                to_thread,
+                opts.instance_accel,
+                opts.instance_runtime,
+                opts.instance_stop_grace_s,
+                opts.helper_socket,
+            )
+            if identity.role == "node"
+            else None
+        ),
+        more_instances=libvirt_runtimes(data_dir, hw, opts) if identity.role == "node" else (),
     )
 
 
 def instance_runtime(
-    data_dir: Path, hw: HardwareBackend, offload: Offload, accel: tuple[str, ...]
+    data_dir: Path,
+    hw: HardwareBackend,
+    offload: Offload,
+    accel: tuple[str, ...],
+    choice: str = "auto",
+    stop_grace_s: float = 60.0,
+    helper_socket: Path | None = None,
+    is_root: bool | None = None,
 ) -> InstanceRuntime | None:
-    """The node's VM runtime: the fake on fake hardware, else qemu when it is installed, else none."""
-    if not hw.capabilities.touches_host:
+    """The node's VM runtime: `auto` is the fake on fake hardware, else qemu when it is installed, else none;
+    `fake` and `qemu` ask for one (qemu must be installed). An agent that is not root starts its VMMs through
+    `bc helper` (`helper_socket`), each as its own user; with no helper, as its own user."""
+    if choice == "fake" or (choice == "auto" and not hw.capabilities.touches_host):
         return FakeRuntime(data_dir / "fake-instances.json", offload)
     if shutil.which(QEMU) is not None:
-        return QemuRuntime(data_dir / "instances", offload, accel=accel)
+        steps = None
+        root = os.geteuid() == 0 if is_root is None else is_root
+        if not root and helper_socket is not None:
+            steps = HelperVmm(HelperClient(helper_socket))
+        elif not root:
+            log.warning(
+                "event=instance.vmm-unconfined reason=the agent is not root and has no helper: VMMs run as its own"
+                " user, not each as their own (docs/instances.md)"
+            )
+        return QemuRuntime(
+            data_dir / "instances",
+            offload,
+            accel=accel,
+            taps=NetlinkTaps(),
+            stop_grace_s=stop_grace_s,
+            confine=root,
+            steps=steps,
+        )
+    if choice == "qemu":
+        raise UsageError(f"--instance-runtime qemu: {QEMU} is not installed on this host")
     return None
+
+
+def instance_network(
+    runtime: InstanceRuntime | None,
+    data_dir: Path,
+    offload: Offload,
+    on_restored: Callable[[dict[str, object]], Awaitable[None]],
+) -> InstanceNetwork | None:
+    """The instances' network rules where VMs are real: loaded by this agent (root), or by `bc helper` from the
+    network record (an agent whose qemu runtime starts its VMMs through the helper); None under --fake-hw."""
+    if not isinstance(runtime, QemuRuntime):
+        return None
+    if isinstance(runtime.steps, HelperVmm):
+        return HelperNetwork(runtime.steps.client, data_dir, offload, on_restored=on_restored)
+    return InstanceNetwork(on_restored=on_restored)
+
+
+def libvirt_runtimes(data_dir: Path, hw: HardwareBackend, opts: AgentOptions) -> tuple[InstanceRuntime, ...]:
+    """The libvirt runtime on a real host whose libvirt-python imports and whose connection answers (never beside
+    the fake runtime: `--instance-runtime fake` is a lab's)."""
+    if not hw.capabilities.touches_host or opts.instance_runtime == "fake":
+        return ()
+    rt = open_libvirt(
+        data_dir / "libvirt", to_thread, opts.libvirt_uri, opts.instance_accel, opts.instance_stop_grace_s
+    )
+    return (rt,) if rt is not None else ()
+
+
+def instance_runtimes(parts: AgentParts) -> dict[str, InstanceRuntime]:
+    """Every VM runtime of the node by name (the `instances` section's `runtime` picks one)."""
+    found = ((parts.instances,) if parts.instances is not None else ()) + parts.more_instances
+    return {rt.name: rt for rt in found}
 
 
 def user_data_dir(data_dir: Path, hw: HardwareBackend) -> Path:
@@ -400,6 +493,8 @@ class Agent:
                 secrets=self.secrets,
             )
         self.host_units = host if isinstance(host, HostConverger) else None  # its units' conditions, for health
+        # BINDING_INSTANCE bookings (GPUs for VMs) are taken only where VMs run (agent.instances.gpu_wiring).
+        bookings = gpu_wiring.bookings(self.data_dir, self.offload) if p.instances is not None else None
         self.convergers: dict[str, Converger] = {
             "devices": p.devices_converger(
                 cdi_dir,
@@ -410,6 +505,8 @@ class Agent:
                 slices=slices,
                 dev_nodes=device_nodes(self.hw),
                 files=files,
+                instance_bookings=bookings,
+                in_vms=gpu_wiring.in_vms(self.data_dir) if bookings is not None else None,
             ),
             "host": host,
             "access": access,
@@ -445,17 +542,56 @@ class Agent:
         up = self.upgrader
         self.convergers["daemon"] = DaemonConverger(up, self.version)
         self.instances: InstancesConverger | None = None
-        if p.instances is not None:
+        # The instances' network rules (nftables, agent.instances.net) wherever VMs are real; under --fake-hw
+        # none are loaded, and an instance with a confining network policy fails there.
+        self.network = instance_network(p.instances, self.data_dir, self.offload, self._rules_restored)
+        self.balloons: BalloonController | None = None
+        self.snapshots, rebinder = snapshot_parts(
+            p.instances,
+            self.data_dir,
+            self.offload,
+            self.clock,
+            ca_pem=p.ca_pem,
+            secrets=self.secrets,
+            wake=self.state.spec_changed.set,
+            rng=p.rng,
+        )
+        runtimes = instance_runtimes(p)
+        if runtimes:
             self.instances = InstancesConverger(
-                {p.instances.name: p.instances},
+                runtimes,
                 self.data_dir / BOOT_DIR,
                 self.host_memory,
                 lambda: [a.limits.memory_bytes for a in self.state.spec.devices.assignments],
                 self.offload,
                 secrets=self.secrets,
                 user_data=UserDataFiles(user_data_dir(self.data_dir, self.hw), self.offload),
+                gpus=await gpu_wiring.passthrough(
+                    self.data_dir,
+                    self.hw,
+                    self.offload,
+                    lambda: self.state.spec.devices,
+                    bookings,
+                    release=p.instances.steps.unvfio
+                    if isinstance(p.instances, QemuRuntime) and p.instances.steps is not None
+                    else None,
+                )
+                if bookings is not None
+                else None,
+                topology=self.host_topology,
+                disks=instance_disks(self.data_dir, self.offload, self.clock, p.ca_pem, self.state.spec_changed.set),
+                snapshots=self.snapshots,
+                rebinder=rebinder,
+                network=self.network,
             )
             self.convergers["instances"] = self.instances
+            self.balloons = BalloonController(
+                runtimes,
+                self.instances.ballooned,
+                self.memory_pressure,
+                self.opts.balloon_floor_percent,
+                reclaimed=self.instances.balloon_mib,
+            )
             devices = self.convergers["devices"]
             if isinstance(devices, DevicesConverger):  # a hold is admitted only in what the VMs leave
                 devices.instances_committed_mib = self.instances.committed_mib
@@ -497,6 +633,8 @@ class Agent:
                 kexec=p.kexec,
                 gone=self.stopped.set,
                 ca_pem=p.ca_pem,
+                snapshots=self.snapshots,
+                spec_instances=lambda: self.state.spec.instances.instances,
             ),
             clock=self.clock,
             incarnation_id=self.incarnation_id,
@@ -535,9 +673,15 @@ class Agent:
             heartbeat_interval_s=self.opts.heartbeat_interval_s,
             spec_rule=p.spec_rule,
             secrets=self.secrets,
-            # A node with a VM runtime says which (`bc.dev/cap.instances.qemu`), so a spec's VMs can go where
+            # A node says each VM runtime it has (`bc.dev/cap.instances.qemu`, `…libvirt`), so a spec's VMs go where
             # they run; an older agent answers a non-empty instances section UNSUPPORTED.
-            capabilities=CAPABILITIES + ((f"instances.{p.instances.name}",) if p.instances is not None else ()),
+            # … and that it keeps persistent volumes (the reference's `instance.volumes`: instances that attach
+            # volumes go only there).
+            capabilities=CAPABILITIES
+            + tuple(f"instances.{name}" for name in sorted(instance_runtimes(p)))
+            + (("instance.volumes",) if instance_runtimes(p) else ())
+            # One that loads the instances' network rules says so (`bc.dev/cap.instance.network-policy`).
+            + (("instance.network-policy",) if self.network is not None else ()),
         )
         self.tunnels = TunnelService(
             self.node_id,
@@ -624,6 +768,9 @@ class Agent:
         await self.dispatcher.stop()
         if self.site is not None:
             await self.site.close()
+        instances: InstancesConverger | None = getattr(self, "instances", None)  # set once the parts are built
+        if instances is not None and instances.disks is not None:
+            await instances.disks.images.close()  # image downloads under way end with the agent
         await self.journal.close()
 
     async def journal_summary(self) -> dict[str, object]:
@@ -690,6 +837,8 @@ class Agent:
         if self.instances is not None:
             status.instances.extend(self.instances.statuses)
             status.instances_complete = self.instances.complete
+            if self.instances.disks is not None and self.instances.disks.storage is not None:
+                status.volume_storage.CopyFrom(self.instances.disks.storage)
         self.outbox.put_status(status, inv, inv_hash)
 
     async def host_memory(self) -> HostMemory | None:
@@ -707,6 +856,38 @@ class Agent:
         pool = sum(n.hugepages_1g for n in inv.numa_nodes) * 1024
         return HostMemory(inv.memory_bytes // (1 << 20), pool)
 
+    async def memory_pressure(self) -> HostPressure | None:
+        """The balloon controller's view of the host: /proc/meminfo and PSI on a real host; None on fake
+        hardware (its guests allocate nothing, so there is no pressure to read)."""
+        if not self.hw.capabilities.touches_host:
+            return None
+        try:
+            meminfo = await self.offload(Path("/proc/meminfo").read_text)
+        except OSError as e:
+            log.warning("event=instance.meminfo-unreadable error=%r", str(e))
+            return None
+        try:
+            psi = await self.offload(Path("/proc/pressure/memory").read_text)
+        except OSError:
+            psi = ""  # a kernel without PSI: pressure is judged on what is available alone
+        try:
+            return parse_pressure(meminfo, psi)
+        except ValueError as e:
+            log.warning("event=instance.meminfo-unreadable error=%r", str(e))
+            return None
+
+    async def host_topology(self) -> HostTopology | None:
+        """Where instances may be placed: sysfs on a real host, the inventory's NUMA nodes on fake hardware
+        (its 1 GiB pages all free); None when it cannot be read."""
+        if self.hw.capabilities.touches_host:
+            try:
+                return await self.offload(read_topology)
+            except (OSError, ValueError) as e:
+                log.warning("event=instance.topology-unreadable error=%r", str(e))
+                return None
+        inv = await self.offload(self.hw.inventory)
+        return fake_topology(inv)
+
     async def converge_loop(self) -> None:
         while not self.stopped.is_set():
             self.state.spec_changed.clear()
@@ -720,6 +901,15 @@ class Agent:
             await wait_event(self.state.spec_changed, self.opts.drift_pass_s)
 
     # -- health and telemetry ------------------------------------------
+    async def _rules_restored(self, body: dict[str, object]) -> None:
+        """The guard put flushed instance rules back: journal the node event `instance.rules-restored`."""
+        ev = session_pb2.NodeEvent(type=RESTORED_EVENT, body=json.dumps(body, sort_keys=True).encode())
+        try:
+            await self.journal.append_events([(RESTORED_EVENT, session_pb2.TRANSITION, ev.SerializeToString())])
+        except JournalFull:
+            log.error("event=journal.full dropped=%s", RESTORED_EVENT)
+        self.outbox.poke()
+
     async def health_loop(self) -> None:
         """Read health every HEALTH_PASS_S; a changed condition wakes the converge loop, which reports it."""
         if self.health is None:
@@ -853,6 +1043,10 @@ class Agent:
             tasks.append(asyncio.create_task(self.upgrade_watch(self.upgrader), name="upgrade-watch"))
         if self.xids is not None:
             tasks.append(asyncio.create_task(self.xids.run(self.stopped), name="xids"))
+        if self.balloons is not None:
+            tasks.append(asyncio.create_task(self.balloons.run(self.stopped), name="balloons"))
+        if self.network is not None:  # the 5-s guard that puts flushed instance rules back
+            tasks.append(asyncio.create_task(self.network.run(self.stopped), name="instance-rules"))
         try:
             await self.stopped.wait()
         finally:

@@ -30,6 +30,11 @@ Rules it enforces:
   journal id is ignored. Acked command ids stop the replay of their results.
 * Commands and cancels are handed to the dispatcher (`agent/dispatch.py`),
   which owns the journal's duplicate rules and the acceptance checks.
+* A tunnel offer (`tunnel_offer`) is handed to the node's tunnels
+  (`TunnelOffered`, agent.tunnel.service), which verify its ticket themselves.
+  Welcome says which session capabilities the gateway answered
+  (`Welcomed.capabilities`): with `tunnel.offers` the offers come on this
+  stream, else on the tunnels' own Listen stream (an older gateway).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 
 from bc.errors import ProtocolError
-from bc.protocol.pb import common_pb2, secrets_pb2, session_pb2, spec_pb2
+from bc.protocol.pb import common_pb2, secrets_pb2, session_pb2, spec_pb2, tunnel_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 
 REWIND_LIMIT_MS = 5 * 60 * 1000
@@ -74,6 +79,7 @@ class Welcomed:
     trust: common_pb2.TrustBundle
     inventory_hash: str
     trust_envelope: common_pb2.Envelope | None = None
+    capabilities: tuple[str, ...] = ()  # what the gateway answered of the Hello's (bc.protocol.capabilities)
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,13 @@ class SecretRotated:
 
 
 @dataclass(frozen=True)
+class TunnelOffered:
+    """An operator's tunnel, offered on the session (agent.tunnel.service verifies its ticket)."""
+
+    offer: tunnel_pb2.TunnelOffer
+
+
+@dataclass(frozen=True)
 class Close:
     reason: str
     redial: bool = True
@@ -162,6 +175,7 @@ Effect = (
     | DeliverCancel
     | SecretAnswered
     | SecretRotated
+    | TunnelOffered
     | Close
 )
 
@@ -291,6 +305,8 @@ class AgentSessionCore:
             return [SecretAnswered(msg.secret_response)]
         if kind == "secret_rotated":
             return [SecretRotated(msg.secret_rotated.name, msg.secret_rotated.version)]
+        if kind == "tunnel_offer":
+            return [TunnelOffered(msg.tunnel_offer)]
         if kind == "welcome":
             raise ProtocolError("can't handle welcome in state open: a session is welcomed once")
         return []
@@ -318,6 +334,7 @@ class AgentSessionCore:
                 w.trust,
                 w.inventory_hash,
                 w.trust_envelope if w.HasField("trust_envelope") else None,
+                tuple(w.capabilities),
             )
         ]
         out.extend(self._server_time(w.server_time_ms, local_wall_ms))

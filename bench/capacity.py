@@ -6,7 +6,9 @@
    * pure: `placement_plan.plan` alone, in memory, run `repeats` times on the same facts;
    * wired: `PlacementPass.pass_once` on a real SQLite file (the production driver, `SqliteStore`), the
      same fleet and queue seeded through `bc/store` functions, each repeat on a fresh copy of the seeded
-     file (a pass books, so the second pass over one file would place nothing).
+     file (a pass books, so the second pass over one file would place nothing). Then, on that file, the
+     pass the loop runs next after one more reservation (incremental: only the new one decided), and one
+     after another more that re-plans the whole queue (`full=True`, the loop's periodic pass).
    Reservations placed per second = the `Placement`s of one pass / that pass's wall time; median, and at
    the p99 (slowest) pass, over the repeats (each repeat is one sample).
    The defaults are scaled down to keep each sub-part under a minute on two shared cores: the pass is
@@ -53,6 +55,7 @@ from bc.control.capacity.placement_pass import PlacementPass, node_info
 from bc.control.capacity.placement_plan import NodeInfo, Placement, Request, Wait, plan
 from bc.control.capacity.usage_windows import BY, HOUR_MS
 from bc.control.signing.signer import NullSigner
+from bc.store import Tx
 from bc.store import capacity as cap_sql
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import SqliteStore
@@ -140,6 +143,28 @@ def pure_pass(nodes: int, pending: int, repeats: int, profile: bool) -> dict[str
     }
 
 
+async def add_pending(tx: Tx, i: int, now_ms: int) -> None:
+    """Reservation `r{i:06d}` of the bench's queue: 1, 2, 4 or 8 GPUs in turn, one hour, no window."""
+    await cap_sql.insert_pending(
+        tx,
+        id_=f"r{i:06d}",
+        allocation_id=f"a{i:06d}",
+        want_node_id=None,
+        device_class="gpu",
+        gpus=SIZES[i % len(SIZES)],
+        binding="hold",
+        start_ms=None,
+        end_ms=None,
+        duration_ms=HOUR_MS,
+        tenant=f"t{i % 10}",
+        selector_json="{}",
+        cpus=0,
+        memory_bytes=0,
+        hugepages_1g=0,
+        now_ms=now_ms,
+    )
+
+
 async def seed_store(path: Path, nodes: int, pending: int) -> float:
     t0 = time.perf_counter()
     store = SqliteStore(path)
@@ -157,24 +182,7 @@ async def seed_store(path: Path, nodes: int, pending: int) -> float:
                 )
         async with store.transaction() as tx:
             for i in range(pending):
-                await cap_sql.insert_pending(
-                    tx,
-                    id_=f"r{i:06d}",
-                    allocation_id=f"a{i:06d}",
-                    want_node_id=None,
-                    device_class="gpu",
-                    gpus=SIZES[i % len(SIZES)],
-                    binding="hold",
-                    start_ms=None,
-                    end_ms=None,
-                    duration_ms=HOUR_MS,
-                    tenant=f"t{i % 10}",
-                    selector_json="{}",
-                    cpus=0,
-                    memory_bytes=0,
-                    hugepages_1g=0,
-                    now_ms=now_ms,
-                )
+                await add_pending(tx, i, now_ms)
     finally:
         await store.close()
     return time.perf_counter() - t0
@@ -186,6 +194,9 @@ async def wired_pass(nodes: int, pending: int, repeats: int, profile: bool) -> d
         seed = root / "seed.db"
         seed_s = await seed_store(seed, nodes, pending)
         times: list[float] = []
+        next_times: list[float] = []
+        full_times: list[float] = []
+        incremental: list[bool] = []
         counts: dict[str, int] = {}
         prof = cProfile.Profile() if profile else None
         for k in range(repeats):
@@ -202,6 +213,21 @@ async def wired_pass(nodes: int, pending: int, repeats: int, profile: bool) -> d
                 if prof and k == 0:
                     prof.disable()
                 dt = time.perf_counter() - t0
+                # The pass the loop runs next, on news (one more reservation): the fleet as the first pass
+                # left it, its thousands still waiting, so what a steady fleet pays for each change.
+                async with store.transaction() as tx:
+                    await add_pending(tx, pending, await store.now_ms())
+                t1 = time.perf_counter()
+                nxt = await p.pass_once(lease=False)
+                next_times.append((time.perf_counter() - t1) * 1000)
+                assert nxt is not None
+                incremental.append(nxt.incremental)
+                # The same again re-planning the whole queue, as the loop's periodic pass does (every 5 s).
+                async with store.transaction() as tx:
+                    await add_pending(tx, pending + 1, await store.now_ms())
+                t2 = time.perf_counter()
+                await p.pass_once(lease=False, full=True)
+                full_times.append((time.perf_counter() - t2) * 1000)
             finally:
                 await store.close()
             run.unlink()
@@ -217,6 +243,9 @@ async def wired_pass(nodes: int, pending: int, repeats: int, profile: bool) -> d
             "seed_s": round(seed_s, 1),
             **counts,
             "pass_ms": spread(times),
+            "next_pass_after_one_new_ms": spread(next_times),
+            "next_pass_incremental": all(incremental),
+            "full_pass_after_one_more_ms": spread(full_times),
             "placed_per_s": rate_spread(counts["placed"], times),
         }
     finally:

@@ -16,6 +16,7 @@ A spec change still runs the pass at once.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from pathlib import Path
@@ -27,12 +28,17 @@ from agent.journal_api import AgentJournal, new_journal_id
 from agent.memory_journal import MemoryJournal
 from agent.node_key import NodeKey
 from agent.offload import inline, to_thread
+from agent.session.dialing import SessionLoop
 from agent.session.grpc_dial import grpc_dial
+from agent.tunnel.service import TunnelService
 from bc.protocol.pb import session_pb2
 from bc.seams.clock import SystemClock
 
 PROFILE = "hgx-h100-8"
 DRIFT_PASS_S = 300.0
+TUNNELS_ENV = "BENCH_TUNNELS"
+"""How the agents take their tunnel offers (`light_agent`): `session` (the default, as a node does: on the
+session stream), `listen` (on a `NodeTunnels.Listen` stream beside it, as an older agent does) or `none`."""
 
 
 def light_agent(
@@ -63,7 +69,22 @@ def light_agent(
         renewal=False,
     )
     opts = AgentOptions(data_dir=data_dir, heartbeat_interval_s=heartbeat_interval_s, drift_pass_s=drift_pass_s)
+    tunnels = os.environ.get(TUNNELS_ENV, "session")
+    if tunnels == "none":
+        # A measurement only (bench.session_mem --no-tunnels): a node that takes no offers at all. A real node
+        # always does.
+        TunnelService.serve = _no_tunnels  # type: ignore[method-assign]
+    if tunnels in ("listen", "none"):
+        # `listen`: what an older agent's second stream, its tunnels' Listen beside the session, costs a gateway
+        # (bench.session_mem --listen); `none`: and no `tunnel.offers` in the Hello either. Every agent of this
+        # process alike.
+        SessionLoop.tunnel_offers = False
     return Agent(opts, parts)
+
+
+async def _no_tunnels(_self: TunnelService, _channel: object, _offers: object = None) -> None:
+    """In place of `TunnelService.serve`: no Listen stream, until the session ends (and cancels this)."""
+    await asyncio.get_running_loop().create_future()
 
 
 async def offer_status(agents: list[Agent], every_s: float, for_s: float) -> int:

@@ -25,6 +25,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
@@ -32,8 +33,11 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 from agent.app import Agent
 from bench.light_agents import light_agent, offer_status
 
+LineHandler = Callable[[str, list[Agent]], Awaitable[str | None]]
+"""Another command on stdin (`bench.fleet_gen`'s): the line to print back, or None for a line it does not take."""
 
-async def run(root: Path, first: int, end: int, start_rate: float = 0.0) -> None:
+
+async def run(root: Path, first: int, end: int, start_rate: float = 0.0, on_line: LineHandler | None = None) -> None:
     agents: list[Agent] = [light_agent(root / f"r{i:05d}", i) for i in range(first, end)]
     tasks: list[asyncio.Task[None]] = []
     starting = asyncio.create_task(start_agents(agents, tasks, start_rate))
@@ -54,6 +58,10 @@ async def run(root: Path, first: int, end: int, start_rate: float = 0.0) -> None
             _, every, for_s = line.split()
             offered = await offer_status(agents, float(every), float(for_s))
             print(f"offered {offered}", flush=True)
+        elif on_line is not None:
+            answer = await on_line(line, agents)
+            if answer is not None:
+                print(answer, flush=True)
     announcer.cancel()
     starting.cancel()
     for a in agents:

@@ -169,89 +169,17 @@ async def run(
     agents: list[Agent] = []
     tasks: list[asyncio.Task[None]] = []
     try:
-        first = root / "server"
-        procs["gw-0"] = lab.spawn(
-            "gw-0", "serve", "--store", store, "--gateway-id", "gw-0", "--data-dir", str(first), "--listen", addrs[0]
-        )
-        cfg = first / "operator" / "config.json"
-        await _listening(ports[0])
-        for i in range(1, gateways):
-            d = root / f"server-{i}"
-            if reuse is None:
-                shutil.copytree(first, d)
-            procs[f"gw-{i}"] = lab.spawn(
-                f"gw-{i}",
-                "serve",
-                "--store",
-                store,
-                "--gateway-id",
-                f"gw-{i}",
-                "--data-dir",
-                str(d),
-                "--listen",
-                addrs[i],
-            )
-            await _listening(ports[i])  # one at a time: each opens the store and takes its lease in turn
+        procs.update(await start_gateways(lab, root, store, addrs, copy=reuse is None))
+        cfg = root / "server" / "operator" / "config.json"
         async with AdminClient(OperatorConfig.load(cfg), timeout_s=60) as admin:
-            sem = asyncio.Semaphore(32)
-            t_join = time.monotonic()
-            joined_at: list[float] = []  # when each join returned: the rate as the tokens pile up
-
-            async def join(i: int) -> None:
-                order = ",".join(addrs[(i + k) % gateways] for k in range(gateways))
-                async with sem:
-                    tok = await admin.create_token(f"r{i:05d}")
-                    for wait in (0.5, 1.0, 2.0, 5.0):  # a busy gateway; a refused token is final
-                        try:
-                            await join_node(order, tok.token, root / f"r{i:05d}")
-                            joined_at.append(time.monotonic())
-                            return
-                        except Unavailable:
-                            await asyncio.sleep(wait)
-                    await join_node(order, tok.token, root / f"r{i:05d}")
-                    joined_at.append(time.monotonic())
-
-            async def join_progress() -> None:
-                done, since = 0, t_join
-                while True:
-                    await asyncio.sleep(JOIN_PROGRESS_S)
-                    now, n = time.monotonic(), len(joined_at)
-                    print(
-                        f"  {n}/{nodes} joined after {now - t_join:.0f} s ({(n - done) / (now - since):.1f}/s lately)",
-                        flush=True,
-                    )
-                    done, since = n, now
-
-            progress = asyncio.create_task(join_progress())
-            try:
-                if reuse is None:
-                    await asyncio.gather(*(join(i) for i in range(nodes)))
-            finally:
-                progress.cancel()
-            joined_s = time.monotonic() - t_join
-            join_rates = join_rate_figures(joined_at, t_join)
-            print(f"  {nodes} joined in {joined_s:.0f} s: {json.dumps(join_rates)}", flush=True)
+            if reuse is None:
+                joined_s, join_rates = await join_fleet(admin, root, addrs, range(nodes))
+            else:
+                joined_s, join_rates = 0.0, {}
             t_connect = time.monotonic()
             if agent_procs > 1:  # light agents shared out over processes of their own (bench.light_agents_proc)
-                per = -(-nodes // agent_procs)
-                for lo in range(0, nodes, per):
-                    procs[f"agents-{lo}"] = await asyncio.create_subprocess_exec(
-                        sys.executable,
-                        "-m",
-                        "bench.light_agents_proc",
-                        str(root),
-                        str(lo),
-                        str(min(nodes, lo + per)),
-                        str(start_rate / agent_procs),
-                        stdin=asyncio.subprocess.PIPE,
-                        stdout=asyncio.subprocess.PIPE,
-                    )
-                for name, p in procs.items():
-                    if name.startswith("agents-"):
-                        assert p.stdout is not None
-                        line = (await p.stdout.readline()).decode().strip()
-                        if not line.startswith("ready"):
-                            raise RuntimeError(f"{name} ended before its agents connected")
+                procs.update(await spawn_agent_procs(root, nodes, agent_procs, start_rate))
+                await agent_procs_ready(procs)
                 print(f"  {nodes}/{nodes} connected after {time.monotonic() - t_connect:.0f} s", flush=True)
             else:
                 for i in range(nodes):
@@ -264,14 +192,9 @@ async def run(
                     if up >= nodes:
                         break
                     await asyncio.sleep(2.0)
-            while True:  # the store's view follows the agents' by a liveness flush
-                listed = await admin.list_nodes()
-                if sum(1 for n in listed if n.state == "connected") >= nodes:
-                    break
-                await asyncio.sleep(0.5)
+            listed = await store_connected(admin, nodes)
             connected_s = time.monotonic() - t_connect
             print(f"  all {nodes} connected in the store after {connected_s:.0f} s", flush=True)
-            listed = [n for n in listed if n.state == "connected"]  # with --reuse of a larger fleet: these N
             idle = await idle_cpu(procs, settle_s)
             if idle:
                 print(f"  {idle}", flush=True)
@@ -331,22 +254,7 @@ async def run(
                     "all_connected_s": round(connected_s, 1),
                     "gateways_exited": exited(procs),
                 }
-            held = {n.node_id for n in listed if n.gateway_id == "gw-1"}
-            after = (await admin.server_info()).event_seq
-            killed_ms = time.time() * 1000
-            procs["gw-1"].send_signal(signal.SIGKILL)
-            back: dict[str, float] = {}
-
-            async def follow() -> None:
-                async for ev in admin.watch(after_seq=after, type_prefix="node.connectivity"):
-                    d = json.loads(ev.data_json)
-                    if ev.subject in held and d.get("state") == "connected" and ev.subject not in back:
-                        back[ev.subject] = ev.at_ms - killed_ms
-                        if len(back) == len(held):
-                            return
-
-            await asyncio.wait_for(follow(), 600)
-        secs = [ms / 1000 for ms in back.values()]
+            rehomed = await rehome_after_kill(admin, procs, listed)
         return {
             "nodes": nodes,
             "agents": "light" if light else "production",
@@ -358,10 +266,7 @@ async def run(
             **join_rates,
             "all_connected_s": round(connected_s, 1),
             "gateways_exited": {k: v for k, v in exited(procs).items() if k != "gw-1"},
-            "re_homed": len(secs),
-            "p50_s": round(statistics.median(secs), 2),
-            "p99_s": round(pct(secs, 0.99), 2),
-            "max_s": round(max(secs), 2),
+            **rehomed,
         }
     finally:
         for a in agents:
@@ -382,6 +287,139 @@ async def run(
         else:
             await drop_schema(url, schema)
             shutil.rmtree(root, ignore_errors=True)
+
+
+async def start_gateways(
+    lab: Lab, root: Path, store: str, addrs: list[str], copy: bool = True
+) -> dict[str, subprocess.Popen[bytes]]:
+    """`bc serve` gw-0 … gw-(G-1) on one store, one after another (each opens the store and takes its lease
+    in turn); the others' data dirs are copies of gw-0's (`copy`: not when a kept fleet's are there)."""
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    first = root / "server"
+    for i, addr in enumerate(addrs):
+        d = first if i == 0 else root / f"server-{i}"
+        if i > 0 and copy:
+            shutil.copytree(first, d)
+        name = f"gw-{i}"
+        procs[name] = lab.spawn(
+            name, "serve", "--store", store, "--gateway-id", name, "--data-dir", str(d), "--listen", addr
+        )
+        await _listening(int(addr.rsplit(":", 1)[1]))
+    return procs
+
+
+async def join_fleet(
+    admin: AdminClient, root: Path, addrs: list[str], indices: range
+) -> tuple[float, dict[str, float]]:
+    """Join nodes `r{i:05d}` (data dirs under `root`), 32 at a time, each with all the gateways' addresses and
+    its own first choice (node i starts at gw-(i mod G)); the seconds it took and `join_rate_figures`."""
+    gateways = len(addrs)
+    sem = asyncio.Semaphore(32)
+    t_join = time.monotonic()
+    joined_at: list[float] = []  # when each join returned: the rate as the tokens pile up
+
+    async def join(i: int) -> None:
+        order = ",".join(addrs[(i + k) % gateways] for k in range(gateways))
+        async with sem:
+            tok = await admin.create_token(f"r{i:05d}")
+            for wait in (0.5, 1.0, 2.0, 5.0):  # a busy gateway; a refused token is final
+                try:
+                    await join_node(order, tok.token, root / f"r{i:05d}")
+                    joined_at.append(time.monotonic())
+                    return
+                except Unavailable:
+                    await asyncio.sleep(wait)
+            await join_node(order, tok.token, root / f"r{i:05d}")
+            joined_at.append(time.monotonic())
+
+    async def join_progress() -> None:
+        done, since = 0, t_join
+        while True:
+            await asyncio.sleep(JOIN_PROGRESS_S)
+            now, n = time.monotonic(), len(joined_at)
+            print(
+                f"  {n}/{len(indices)} joined after {now - t_join:.0f} s ({(n - done) / (now - since):.1f}/s lately)",
+                flush=True,
+            )
+            done, since = n, now
+
+    progress = asyncio.create_task(join_progress())
+    try:
+        await asyncio.gather(*(join(i) for i in indices))
+    finally:
+        progress.cancel()
+    joined_s = time.monotonic() - t_join
+    join_rates = join_rate_figures(joined_at, t_join)
+    print(f"  {len(indices)} joined in {joined_s:.0f} s: {json.dumps(join_rates)}", flush=True)
+    return joined_s, join_rates
+
+
+async def spawn_agent_procs(
+    root: Path, nodes: int, agent_procs: int, start_rate: float, module: str = "bench.light_agents_proc"
+) -> dict[str, asyncio.subprocess.Process]:
+    """The light agents of nodes 0 … nodes-1 shared out over `agent_procs` processes running `module`."""
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    per = -(-nodes // agent_procs)
+    for lo in range(0, nodes, per):
+        procs[f"agents-{lo}"] = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            module,
+            str(root),
+            str(lo),
+            str(min(nodes, lo + per)),
+            str(start_rate / agent_procs),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+    return procs
+
+
+async def agent_procs_ready(procs: dict[str, Any]) -> None:
+    """Each agents' process's `ready N`: all its agents welcomed."""
+    for name, p in procs.items():
+        if name.startswith("agents-"):
+            assert p.stdout is not None
+            line = (await p.stdout.readline()).decode().strip()
+            if not line.startswith("ready"):
+                raise RuntimeError(f"{name} ended before its agents connected")
+
+
+async def store_connected(admin: AdminClient, nodes: int) -> list[Any]:
+    """Wait until the store lists `nodes` connected (it follows the agents by a liveness flush); those nodes."""
+    while True:
+        listed = await admin.list_nodes()
+        up = [n for n in listed if n.state == "connected"]  # with --reuse of a larger fleet: these N
+        if len(up) >= nodes:
+            return up
+        await asyncio.sleep(0.5)
+
+
+async def rehome_after_kill(admin: AdminClient, procs: dict[str, Any], listed: list[Any]) -> dict[str, Any]:
+    """SIGKILL gw-1; for each node it held, the time from the kill to its `node.connectivity connected` event
+    on another gateway (stamped by the store's clock): how many re-homed, p50, p99, max."""
+    held = {n.node_id for n in listed if n.gateway_id == "gw-1"}
+    after = (await admin.server_info()).event_seq
+    killed_ms = time.time() * 1000
+    procs["gw-1"].send_signal(signal.SIGKILL)
+    back: dict[str, float] = {}
+
+    async def follow() -> None:
+        async for ev in admin.watch(after_seq=after, type_prefix="node.connectivity"):
+            d = json.loads(ev.data_json)
+            if ev.subject in held and d.get("state") == "connected" and ev.subject not in back:
+                back[ev.subject] = ev.at_ms - killed_ms
+                if len(back) == len(held):
+                    return
+
+    await asyncio.wait_for(follow(), 600)
+    secs = [ms / 1000 for ms in back.values()]
+    return {
+        "re_homed": len(secs),
+        "p50_s": round(statistics.median(secs), 2),
+        "p99_s": round(pct(secs, 0.99), 2),
+        "max_s": round(max(secs), 2),
+    }
 
 
 async def idle_cpu(procs: dict[str, Any], settle_s: float) -> dict[str, Any]:

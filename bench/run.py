@@ -25,11 +25,13 @@ compares psycopg with asyncpg),
 `throughput` (bench.throughput: inventory.refresh end to end at 1 / 10 / 100 nodes whose agents run in their
 own process, enqueued with EnqueueCommands, with CPU per command and the bounds of the same run: the gRPC echo
 rate and the store's fsynced commit rate; SQLite at each node count, PostgreSQL at 100),
-`cli` (bench.cli_start: `bc nodes --json` against a running lab beside `python -c 'import grpc'`).
+`cli` (bench.cli_start: `bc nodes --json` against a running lab beside `python -c 'import grpc'`),
+`nodes` (bench.nodes_list: `bc nodes --json` at 10,000 nodes seeded into the store, no fleet; SQLite, and
+PostgreSQL when BC_TEST_POSTGRES is set).
 
 Usage: python -m bench.run [--reservations 100] [--sessions 200]
        [--only latency|memory|commands|journal|hops|dist|signing|merkle|pair|jobs|capacity|sim|health|converge|ssh|
-               tunnel|release|stores|rehome|throughput|cli|secrets]
+               tunnel|release|stores|rehome|throughput|cli|secrets|nodes]
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from agent.app import Agent, AgentOptions
 from agent.join import join_node
 from bc.client.admin import AdminClient
 from bc.runtime.config import OperatorConfig
+from bench.fleet_figures import status_rss_kib
 from bench.stats import pct
 
 
@@ -64,10 +67,7 @@ def free_port() -> int:
 
 
 def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+    return status_rss_kib(Path(f"/proc/{pid}/status").read_text())
 
 
 class Lab:
@@ -243,6 +243,7 @@ async def main() -> None:
             "rehome",
             "throughput",
             "cli",
+            "nodes",
         ],
     )
     args = ap.parse_args()
@@ -277,6 +278,13 @@ async def main() -> None:
         from bench.cli_start import report as cli_report
 
         cli_report(await cli_figures(21))
+    if args.only in (None, "nodes"):
+        from bench.nodes_list import figures as nodes_figures
+        from bench.nodes_list import report as nodes_report
+
+        nodes_report(await nodes_figures(10_000, 5, None, keep=False))
+        if os.environ.get("BC_TEST_POSTGRES"):
+            nodes_report(await nodes_figures(10_000, 5, os.environ["BC_TEST_POSTGRES"], keep=False))
     if args.only in (None, "dist"):
         from bench.dist import dist_figures
 

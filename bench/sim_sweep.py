@@ -53,6 +53,8 @@ def rows(only: str | None, rules: list[str], gateways: tuple[int, ...] = (1, 3))
         for rule in rules:
             for n in gateways:
                 health = ("--health",) if RULES[rule].checker == "H1" else ()  # it breaks what only --health runs
+                if RULES[rule].checker == "V1":  # and this one what only --instances runs
+                    health = ("--instances",)
                 out.append(Row(rule, n, ("--break", rule, *health), True))
     if only in (None, "unbroken"):
         shapes = [

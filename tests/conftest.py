@@ -68,6 +68,16 @@ SLOW_FILES = (
 # files' other tests), and `make test-slow` runs these.
 SLOW_TESTS = frozenset(
     {
+        # boots a real guest (TCG) through `bc helper`'s vm.launch (about 3.5 s here, more on a loaded host)
+        ("tests/integration/test_helper_vm.py", "test_vm_launch_runs_root_s_qemu_as_the_vmm_user_and_vm_stop_ends_it"),
+        (
+            "tests/integration/test_helper_vm.py",
+            "test_an_unprivileged_agent_s_qemu_runtime_starts_its_vmm_through_the_helper",
+        ),
+        # boots a real guest (TCG) through the helper, snapshots its memory and restores it as its next start
+        ("tests/integration/test_helper_vm.py", "test_a_memory_restore_starts_through_the_helper"),
+        # boots a real guest (TCG) through the helper and hot-plugs a volume root granted its VMM
+        ("tests/integration/test_helper_vm.py", "test_a_live_volume_attach_through_the_helper_reaches_the_vmm"),
         (
             "tests/tui/test_restart_screens.py",
             "test_each_screen_is_live_again_within_5_s_of_a_restarted_server_answering",
@@ -169,7 +179,6 @@ SLOW_TESTS = frozenset(
             "tests/security/test_sec_gaps29_approved_change_lost.py",
             "test_an_approval_recorded_before_a_crash_is_written_once",
         ),
-        ("tests/security/test_sec_rootequiv_operator_host.py", "test_an_operator_cannot_make_a_node_run_code_as_root"),
         (
             "tests/sim/test_timed_sessions.py",
             "test_three_missed_heartbeats_close_the_session_and_the_lease_ttl_makes_it_unreachable",

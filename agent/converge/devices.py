@@ -15,7 +15,12 @@ against the host's memory first (`agent.hw.limits.admit`), and a
 `BINDING_HOLD` one gets its cgroup-v2 slice `bc-alloc-<id>.slice` through the
 slice seam (`agent.hw.slices`) before its CDI spec names it; a held hold whose
 slice is gone (a reboot) gets it again, and a slice whose hold is gone is
-stopped once nothing runs in it, retried on every pass. A
+stopped once nothing runs in it, retried on every pass. A `BINDING_INSTANCE`
+assignment (whole GPUs passed through to the VM of its allocation) gets no
+CDI spec: the converger records the booking instead
+(`agent.instances.bookings`), read back as a hold for every rule
+above, so a GPU is never both held and passed through; a converger without
+that store (no instance runtime) refuses it `unsupported-binding`. A
 file write that fails is retryable: the section stays PROGRESSING. The node
 never drops an assignment on its own: a held hold whose device vanished
 from the inventory is kept as it is, and while the journal holds no spec
@@ -43,6 +48,8 @@ from agent.hw.base import HardwareBackend
 from agent.hw.dev_nodes import DeviceNodes, DevNode, NodeFacts, node_facts
 from agent.hw.limits import MIB, NO_LIMITS, HostMemory, InvalidLimits, Limits, admit, host_memory, slice_name
 from agent.hw.slices import SliceManager
+from agent.instances.bookings import InstanceBookings
+from agent.instances.bookings import record as booking_record
 from agent.offload import Offload, to_thread
 from bc.protocol.atoms import (
     DEVICE_CLASSES,
@@ -68,7 +75,7 @@ REASON_FAILED = "AllocationFailed"
 REASON_WRITE_FAILED = "WriteFailed"
 DEFAULT_MPS_PIPE_DIR = Path("/run/nvidia-mps")
 
-_BINDINGS = (spec_pb2.BINDING_HOLD, spec_pb2.BINDING_KUBERNETES)
+_BINDINGS = (spec_pb2.BINDING_HOLD, spec_pb2.BINDING_KUBERNETES, spec_pb2.BINDING_INSTANCE)
 
 
 class Refused(Exception):
@@ -145,7 +152,9 @@ def check_assignment(a: spec_pb2.DeviceAssignment) -> list[Atom]:
     if not cdi.valid_allocation_id(a.allocation_id):
         raise Refused(INVALID_ASSIGNMENT, f"allocation id {a.allocation_id!r} is not a safe file name")
     if a.binding not in _BINDINGS:
-        raise Refused(UNSUPPORTED_BINDING, f"binding {a.binding} is not BINDING_HOLD or BINDING_KUBERNETES")
+        raise Refused(
+            UNSUPPORTED_BINDING, f"binding {a.binding} is not BINDING_HOLD, BINDING_KUBERNETES or BINDING_INSTANCE"
+        )
     try:
         Limits.from_proto(a.limits).check()
     except InvalidLimits as e:
@@ -164,6 +173,11 @@ def check_assignment(a: spec_pb2.DeviceAssignment) -> list[Atom]:
             atoms.append(parse_atom(ref.device_class, ref.atom_id))
         except ValueError as e:
             raise Refused(DEVICE_MISSING, str(e)) from None
+    if a.binding == spec_pb2.BINDING_INSTANCE:
+        if any(not x.is_whole_gpu for x in atoms):
+            raise Refused(UNSUPPORTED_DEVICE, "an instance assignment passes whole GPUs, not MIG instances or slots")
+        if not Limits.from_proto(a.limits).empty or a.env:
+            raise Refused(INVALID_ASSIGNMENT, "an instance assignment carries no limits or env: the VM's are its own")
     for i, x in enumerate(atoms):
         for y in atoms[i + 1 :]:
             if atoms_conflict(x, y):
@@ -180,12 +194,16 @@ def plan(
     host: HostMemory | None = None,
     slices: bool = True,
     facts: NodeFacts | None = None,
+    instances: bool = False,
+    in_vms: Mapping[str, str] | None = None,
 ) -> list[Action]:
     """Releases (by allocation id), then each desired assignment: held ones first, then new ones.
 
     `host`: the host's memory for admission (None: not readable, no admission). `slices`: whether
     holds with limits get a slice (False when the converger has no slice seam). `facts`: the device
-    nodes the specs name (agent.hw.dev_nodes; None: each GPU's node by path only).
+    nodes the specs name (agent.hw.dev_nodes; None: each GPU's node by path only). `instances`: whether
+    this node takes `BINDING_INSTANCE` assignments (it has an instance runtime and the booking store).
+    `in_vms`: the GPUs passed through to a VM now (uuid -> instance): a new hold never binds one.
     """
     wanted = {a.allocation_id for a in assignments}
     actions: list[Action] = [Release(h) for aid, h in sorted(held.items()) if aid not in wanted]
@@ -202,7 +220,12 @@ def plan(
             actions.append(Fail(a, INVALID_ASSIGNMENT, f"allocation {a.allocation_id} is assigned twice"))
             continue
         seen.add(a.allocation_id)
+        if a.binding == spec_pb2.BINDING_INSTANCE and not instances:
+            actions.append(Fail(a, UNSUPPORTED_BINDING, "this node runs no instances: BINDING_INSTANCE is not taken"))
+            continue
         try:
+            if a.allocation_id not in held and a.binding != spec_pb2.BINDING_INSTANCE:
+                _check_not_in_vms(a, in_vms or {})
             actions.append(
                 _decide(a, held.get(a.allocation_id), inventory, committed, mps_pipe_dir, booked, host, slices, facts)
             )
@@ -223,12 +246,15 @@ def _decide(
     facts: NodeFacts | None = None,
 ) -> Action:
     atoms = check_assignment(a)
+    if a.binding == spec_pb2.BINDING_INSTANCE:
+        return _decide_instance(a, atoms, held, inventory, committed)
     kubernetes = a.binding == spec_pb2.BINDING_KUBERNETES
     limits = Limits.from_proto(a.limits)
     # A Kubernetes hold's pods live in the kubelet's cgroups: no slice, though its limits still count.
     cgroup_parent = slice_name(a.allocation_id) if slices and not kubernetes and not limits.empty else ""
     same = (
         held is not None
+        and not held.instance
         and held.atoms == tuple(atoms)
         and held.reservation_id == a.reservation_id
         and held.kubernetes == kubernetes
@@ -241,13 +267,7 @@ def _decide(
             return Refresh(a, held, None, (), held.limits or NO_LIMITS, held.cgroup_parent)
         raise
     if not same:
-        for atom in atoms:
-            for other_id, other_atoms in sorted(committed.items()):
-                if other_id == a.allocation_id:
-                    continue
-                for other in other_atoms:
-                    if atoms_conflict(atom, other):
-                        raise Refused(OVERLAP, f"{atom.atom_id} overlaps {other.atom_id} held by {other_id}")
+        _check_overlap(a.allocation_id, atoms, committed)
     if held is None and host is not None:
         problem = admit(limits, [v for k, v in sorted(booked.items()) if k != a.allocation_id], host)
         if problem:
@@ -278,6 +298,54 @@ def _decide(
     return Bind(a, doc, tuple(env), limits, cgroup_parent)
 
 
+def _check_not_in_vms(a: spec_pb2.DeviceAssignment, in_vms: Mapping[str, str]) -> None:
+    """A new hold on a GPU a VM has now (its booking released while the VM runs): the same refusal as an
+    overlap, so a GPU is never both held and passed through even when the control plane thinks it free."""
+    for ref in a.devices:
+        try:
+            uuid = parse_atom(ref.device_class, ref.atom_id).gpu_uuid
+        except ValueError:
+            continue  # check_assignment refuses it
+        if uuid in in_vms:
+            raise Refused(OVERLAP, f"{ref.atom_id} is on GPU {uuid}, passed through to instance {in_vms[uuid]}")
+
+
+def _check_overlap(allocation_id: str, atoms: Sequence[Atom], committed: Mapping[str, tuple[Atom, ...]]) -> None:
+    for atom in atoms:
+        for other_id, other_atoms in sorted(committed.items()):
+            if other_id == allocation_id:
+                continue
+            for other in other_atoms:
+                if atoms_conflict(atom, other):
+                    raise Refused(OVERLAP, f"{atom.atom_id} overlaps {other.atom_id} held by {other_id}")
+
+
+def _decide_instance(
+    a: spec_pb2.DeviceAssignment,
+    atoms: Sequence[Atom],
+    held: cdi.HeldSpec | None,
+    inventory: common_pb2.Inventory,
+    committed: dict[str, tuple[Atom, ...]],
+) -> Action:
+    """A BINDING_INSTANCE assignment: booked (recorded) GPUs for the VM, overlap-checked like a hold, no CDI."""
+    same = held is not None and held.instance and held.atoms == tuple(atoms) and held.reservation_id == a.reservation_id
+    doc = booking_record(a.allocation_id, a.reservation_id, [x.gpu_uuid for x in atoms])
+    try:
+        for atom in atoms:
+            resolve(atom, inventory)
+    except Refused:
+        if same and held is not None:
+            return Refresh(a, held, None, ())  # never drop a booking on our own
+        raise
+    if same and held is not None:
+        return Refresh(a, held, doc, ())
+    if held is not None and not held.instance:
+        raise Refused(INVALID_ASSIGNMENT, f"allocation {a.allocation_id} is held as a CDI hold, not for an instance")
+    _check_overlap(a.allocation_id, atoms, committed)
+    committed[a.allocation_id] = tuple(atoms)
+    return Bind(a, doc, ())
+
+
 class DevicesConverger:
     """Converges the `devices` section into `<cdi_dir>/bc-<id>.json` and `<env_dir>/bc-<id>.env`."""
 
@@ -300,6 +368,8 @@ class DevicesConverger:
         slices: SliceManager | None = None,
         dev_nodes: DeviceNodes | None = None,
         files: HoldFiles | None = None,
+        instance_bookings: InstanceBookings | None = None,
+        in_vms: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         """`offload`: where the file work runs (agent.offload): a thread in production, inline in the simulator.
 
@@ -323,6 +393,10 @@ class DevicesConverger:
         self.node_id = node_id
         self.mps_pipe_dir = mps_pipe_dir
         self.dev_nodes = dev_nodes
+        self.instance_bookings = instance_bookings
+        """Where BINDING_INSTANCE bookings are recorded (None: this node takes none, `unsupported-binding`)."""
+        self.in_vms = in_vms
+        """The GPUs passed through to VMs now, uuid -> instance (blocking: agent.instances.passthrough)."""
         self._failed_reported: set[tuple[str, int]] = set()
         self._adopted: set[str] = set()
         self.instances_committed_mib: Callable[[], int] = lambda: 0
@@ -357,6 +431,8 @@ class DevicesConverger:
             host=host,
             slices=self.managed_slices,
             facts=facts,
+            instances=self.instance_bookings is not None,
+            in_vms=await self.offload(self.in_vms) if self.in_vms is not None else None,
         )
         self._failed_reported = {k for k in self._failed_reported if k[1] == generation}
 
@@ -474,9 +550,16 @@ class DevicesConverger:
     def _scan(self) -> tuple[dict[str, cdi.HeldSpec], str | None]:
         """What the CDI directory holds (blocking: through self.offload)."""
         mps = str(self.mps_pipe_dir) if self.mps_pipe_dir.is_dir() else None
-        return cdi.read_holds(self.cdi_dir), mps
+        held = cdi.read_holds(self.cdi_dir)
+        if self.instance_bookings is not None:
+            for aid, booking in self.instance_bookings.read().items():
+                held.setdefault(aid, booking)  # a CDI file of the same allocation wins: it is what a runtime sees
+        return held, mps
 
     async def _apply(self, action: Action) -> None:
+        if self.instance_bookings is not None and _is_instance(action):
+            await self._apply_instance(self.instance_bookings, action)
+            return
         if isinstance(action, Release):
             # The CDI file is the hold: once it is gone the release happened. An env file left behind
             # (a crash, a failed unlink) is an orphan the end of every pass removes.
@@ -495,6 +578,13 @@ class DevicesConverger:
             await self._write_env_if_changed(aid, action.env)
             if action.held.doc != action.doc:
                 await self.files.write("cdi", aid, cdi.spec_bytes(action.doc))
+
+    async def _apply_instance(self, bookings: InstanceBookings, action: Action) -> None:
+        """A booking record written or removed: no CDI file, no env file, no slice."""
+        if isinstance(action, Release):
+            await bookings.remove(action.held.allocation_id)
+        elif isinstance(action, (Bind, Refresh)) and action.doc is not None and _changed(action):
+            await bookings.write(action.assignment.allocation_id, action.doc)
 
     async def _write_env_if_changed(self, allocation_id: str, lines: Sequence[str]) -> None:
         want = env_files.env_bytes(allocation_id, lines)
@@ -543,6 +633,18 @@ def _slices_kept(actions: Sequence[Action], held: Mapping[str, cdi.HeldSpec], re
     kept = {a.slice for a in actions if isinstance(a, (Bind, Refresh)) and a.slice}
     kept.update(h.cgroup_parent for aid, h in held.items() if aid not in released and h.cgroup_parent)
     return kept
+
+
+def _changed(action: Bind | Refresh) -> bool:
+    return isinstance(action, Bind) or action.held.doc != action.doc
+
+
+def _is_instance(action: Action) -> bool:
+    if isinstance(action, Release):
+        return action.held.instance
+    if isinstance(action, Fail):
+        return False
+    return action.assignment.binding == spec_pb2.BINDING_INSTANCE
 
 
 def _allocation_of(action: Action) -> str:

@@ -10,12 +10,13 @@ under `--fake-commands`). A stream (`kmsg.follow`) is the server's own
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from agent.converge import runtime_config
 from agent.converge.host_ops import RunProcess
 from agent.converge.kubeadm import REDACTED
-from agent.helper import tpm_effects, update_effects
+from agent.helper import tpm_effects, update_effects, vm_effects, vm_net
 from agent.helper.plans import (
     FollowKmsg,
     KubeadmJoin,
@@ -30,10 +31,18 @@ from agent.helper.plans import (
     UpdateRemember,
     UpdateStage,
     UpdateStep,
+    VmLaunch,
+    VmRules,
+    VmStop,
+    VmTaps,
+    VmVfio,
+    VmVolume,
     Write,
     WriteInPlace,
 )
 from agent.hw import cdi
+from agent.instances.confine import running_vmm_uids
+from agent.instances.vfio import VfioHost
 from agent.offload import Offload
 from agent.tpm import Tpm
 
@@ -45,7 +54,16 @@ class EffectFailed(OSError):
     """An effect of a valid request failed (a command exited non-zero, a write failed)."""
 
 
-async def carry_out(plan: Plan, *, run: RunProcess, offload: Offload, tpm: Tpm | None = None) -> dict[str, Any]:
+async def carry_out(
+    plan: Plan,
+    *,
+    run: RunProcess,
+    offload: Offload,
+    tpm: Tpm | None = None,
+    vfio_host: VfioHost | None = None,
+    running_uids: Callable[[], frozenset[int]] = running_vmm_uids,
+    rules: vm_net.RootRules | None = None,
+) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for effect in plan:
         if isinstance(effect, Write):
@@ -70,6 +88,27 @@ async def carry_out(plan: Plan, *, run: RunProcess, offload: Offload, tpm: Tpm |
             if tpm is None:
                 raise EffectFailed("this helper has no TPM")
             result.update(await tpm_effects.carry(effect, tpm))
+        elif isinstance(effect, VmVfio):
+            if vfio_host is None:
+                raise EffectFailed("this helper has no VFIO host")
+            result.update(await offload(vm_effects.carry, effect, vfio_host, running_uids))
+        elif isinstance(effect, VmLaunch):
+            if vfio_host is None:
+                raise EffectFailed("this helper has no VFIO host")
+            result.update(await vm_effects.launch(effect, vfio_host, running_uids, offload))
+        elif isinstance(effect, VmStop):
+            if vfio_host is None:
+                raise EffectFailed("this helper has no VFIO host")
+            result.update(await vm_effects.stop(effect, vfio_host, running_uids, offload))
+        elif isinstance(effect, VmVolume):
+            result.update(await offload(vm_effects.carry_volume, effect, running_uids))
+        elif isinstance(effect, VmTaps | VmRules):
+            if rules is None:
+                raise EffectFailed("this helper loads no instance network rules")
+            if isinstance(effect, VmTaps):
+                result.update(await vm_net.carry_taps(effect, rules, offload))
+            else:
+                result.update(await vm_net.rules(effect, rules, offload))
         elif isinstance(effect, FollowKmsg):
             raise EffectFailed("kmsg.follow is a stream, not an operation with one reply")
     return result

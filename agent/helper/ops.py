@@ -41,9 +41,30 @@ request: the helper builds each from an id or a table key under its own
     update.remember     refused (a release or null)       the install record's last refused release
     kmsg.follow         after_seq                         a stream: each NVIDIA XID record of the kernel log
     tpm.*               slot, digest, credential, secret  the node key, its AK and the EK in the helper's TPM
+    vm.vfio             instance_id                       root reads the instance's vm.json itself, checks it and
+                                                          each GPU's IOMMU group, binds them to vfio-pci and gives
+                                                          /dev/vfio/<group> to the record's VMM user (vm_ops)
+    vm.unvfio           instance_id                       those group nodes back to root, the devices back to their
+                                                          host driver; never a group a running VMM's user holds
+    vm.launch           instance_id, paused, user_data,   root checks the record, takes the groups, grants the VMM's
+                        accel                             group its files, builds qemu's argv from the record and
+                                                          starts root's qemu as the VMM user
+    vm.stop             instance_id                       SIGKILL only that instance's qemu of its VMM user, then
+                                                          its group nodes back to root
+    vm.taps             instance_id                       the taps the record's NICs name by index, owned by its
+                                                          VMM user, on bridges bc helper was given only
+                                                          (--instance-bridge), once vm.rules has loaded their rules
+    vm.untaps           instance_id                       those tap names deleted, only where each is a tap
+    vm.grant-volume     instance_id, volume_id            the volume the record lists to its running VMM's group
+                                                          (0660, 0640 read-only); vm.revoke-volume: back to the
+                                                          node's group, 0600
+    vm.rules            restore                           root builds the instances' nftables ruleset from
+                                                          <node data>/instance-net.json (checked) and loads it;
+                                                          `restore`: the guard's check, reloaded if it changed
 
-The update, kmsg, GPU node unit and TPM operations are in `update_ops`, `kmsg`,
-`gpu_ops` and `tpm_ops`, their I/O in `update_effects`, `follow`, `effects` and `tpm_effects`.
+The update, kmsg, GPU node unit, TPM and VM operations are in `update_ops`, `kmsg`,
+`gpu_ops`, `tpm_ops` and `vm_ops`, their I/O in `update_effects`, `follow`, `effects`, `tpm_effects` and
+`vm_effects` and `vm_net`.
 
 Root-equivalent sysctl keys (`bc.protocol.root_equiv`) are refused even when a
 quorum approved them: an unprivileged agent never asks root for what would
@@ -60,7 +81,7 @@ from typing import Any
 
 from agent.converge import env_files, gpu_packages, kubeadm, runtime_config
 from agent.converge.host_units.gpu_sharing import MPS_SERVICE, mps_unit, plugin_config
-from agent.helper import gpu_ops, kmsg, tpm_ops, update_ops
+from agent.helper import gpu_ops, kmsg, tpm_ops, update_ops, vm_ops
 from agent.helper.plans import (
     Effect,
     FollowKmsg,
@@ -458,6 +479,7 @@ TABLE: dict[str, tuple[frozenset[str], Planner]] = {
     **kmsg.TABLE,
     **gpu_ops.TABLE,
     **tpm_ops.TABLE,
+    **vm_ops.TABLE,
 }
 
 

@@ -27,6 +27,35 @@ class Layout:
     """Where the helper's files live, all under one root (`/` on a host, a temp dir in tests)."""
 
     root: Path
+    node_data_dir: Path | None = None
+    """The node's data dir (`bc node --data-dir`), as root was told it (`bc helper --node-data-dir`); None: the
+    packaged unit's `/var/lib/bc-node` under the root. Root reads instance records there, never writes them."""
+    instance_bridges: tuple[str, ...] = ()
+    """The bridges root may put an instance's tap on (`bc helper --instance-bridge`); none: no tap at all."""
+
+    @property
+    def node_data(self) -> Path:
+        return self.node_data_dir if self.node_data_dir is not None else self.root / "var/lib/bc-node"
+
+    @property
+    def instances_dir(self) -> Path:
+        """The qemu runtime's instance directories (`<node data>/instances/<id>/vm.json`)."""
+        return self.node_data / "instances"
+
+    @property
+    def user_data_dir(self) -> Path:
+        """The node's instance user data (`$RUNTIME_DIRECTORY/user-data` of its unit: `/run/bc/user-data/<id>`)."""
+        return self.root / "run/bc/user-data"
+
+    @property
+    def sysfs(self) -> Path:
+        """The kernel's PCI interface (agent.instances.vfio.SysfsVfio): `/sys` on a host."""
+        return self.root / "sys"
+
+    @property
+    def vfio_dev(self) -> Path:
+        """The VFIO group nodes: `/dev/vfio` on a host."""
+        return self.root / "dev/vfio"
 
     @property
     def cdi_dir(self) -> Path:
@@ -189,6 +218,68 @@ class TpmCall:
     secret: bytes = field(default=b"", repr=False)
 
 
+@dataclass(frozen=True)
+class VmVfio:
+    """`vm.vfio` (`give` True) or `vm.unvfio` of the instance whose record is `<instances>/<instance_id>/vm.json`
+    (agent.helper.vm_effects): root reads the record itself and checks every group before it touches one."""
+
+    instances: Path
+    instance_id: str
+    give: bool
+
+
+@dataclass(frozen=True)
+class VmLaunch:
+    """`vm.launch`: root checks the record (and `user_data/<instance_id>` when `user_data`), builds qemu's argv
+    from it and starts qemu as the record's VMM user (agent.helper.vm_effects.launch)."""
+
+    instances: Path
+    instance_id: str
+    paused: bool
+    user_data: Path | None
+    accel: tuple[str, ...] = ("kvm", "tcg")
+
+
+@dataclass(frozen=True)
+class VmStop:
+    """`vm.stop`: end that instance's qemu (only a process of its VMM user whose command line is that instance's
+    qemu) and give back the VFIO group nodes its user held."""
+
+    instances: Path
+    instance_id: str
+
+
+@dataclass(frozen=True)
+class VmTaps:
+    """`vm.taps` (`up`) or `vm.untaps`: the taps the record's NICs name by their index, owned by its VMM user, on
+    `bridges` only (agent.helper.vm_net); `vm.untaps` deletes those names, each only if it is a tap."""
+
+    instances: Path
+    instance_id: str
+    up: bool
+    bridges: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class VmVolume:
+    """`vm.grant-volume` (`give`) or `vm.revoke-volume`: the volume file the record lists under `volume_id`,
+    its group the running VMM's (0660, 0640 read-only) or back to the node's (0600) (agent.helper.vm_effects)."""
+
+    instances: Path
+    instance_id: str
+    volume_id: str
+    give: bool
+
+
+@dataclass(frozen=True)
+class VmRules:
+    """`vm.rules`: the instances' nftables ruleset built by root from the network record under `node_data` and
+    loaded when it changed; with `restore`, the guard's tick: the loaded tables compared and put back."""
+
+    node_data: Path
+    restore: bool
+
+
 Effect = (
     Write
     | WriteInPlace
@@ -203,6 +294,12 @@ Effect = (
     | MergeConfig
     | KubeadmJoin
     | TpmCall
+    | VmVfio
+    | VmLaunch
+    | VmStop
+    | VmTaps
+    | VmRules
+    | VmVolume
 )
 Plan = tuple[Effect, ...]
 Planner = Callable[[Mapping[str, Any], Layout], Plan]

@@ -29,7 +29,9 @@ from typing import Any
 from agent.converge.host_ops import RunProcess
 from agent.helper import follow, kmsg, ops, wire
 from agent.helper.effects import carry_out
+from agent.helper.vm_net import RootRules
 from agent.hw.base import run_process
+from agent.instances.vfio import SysfsVfio, VfioHost
 from agent.offload import Offload, to_thread
 from agent.tpm import Tpm
 
@@ -58,8 +60,14 @@ class HelperServer:
         run: RunProcess = run_process,
         offload: Offload = to_thread,
         tpm: Tpm | None = None,
+        vfio_host: VfioHost | None = None,
+        rules: RootRules | None = None,
     ) -> None:
         self.layout = layout
+        self.rules = rules if rules is not None else RootRules()
+        """The instances' nftables ruleset root loaded last (vm.rules), which vm.taps and the guard's tick see."""
+        self.vfio_host = vfio_host if vfio_host is not None else SysfsVfio(layout.sysfs, layout.vfio_dev)
+        """The VFIO edge of `vm.*` (the fake tree under `bc helper --fake-sysfs`, in tests)."""
         self.tpm = tpm
         self.allowed_uid = allowed_uid
         self.run = run
@@ -80,7 +88,14 @@ class HelperServer:
         lock = _UNLOCKED if all(isinstance(e, ops.TpmCall) for e in plan) else self._lock
         async with lock:
             try:
-                result = await carry_out(plan, run=self.run, offload=self.offload, tpm=self.tpm)
+                result = await carry_out(
+                    plan,
+                    run=self.run,
+                    offload=self.offload,
+                    tpm=self.tpm,
+                    vfio_host=self.vfio_host,
+                    rules=self.rules,
+                )
             except ops.Refused as e:  # a check that needed the disk (the update operations)
                 log.warning("event=helper.refused op=%s error=%r", op, str(e))
                 return {"ok": False, "error": f"refused: {op}: {e}"}
@@ -210,7 +225,13 @@ def _restrict(path: Path, uid: int) -> None:
 
 
 async def serve_forever(
-    socket_path: Path, layout: ops.Layout, allowed_uid: int, *, run: RunProcess = run_process, tpm: Tpm | None = None
+    socket_path: Path,
+    layout: ops.Layout,
+    allowed_uid: int,
+    *,
+    run: RunProcess = run_process,
+    tpm: Tpm | None = None,
+    vfio_host: VfioHost | None = None,
 ) -> None:
     """`bc helper`: listen until SIGINT or SIGTERM."""
     import signal
@@ -219,7 +240,7 @@ async def serve_forever(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    helper = HelperServer(layout, allowed_uid, run=run, tpm=tpm)
+    helper = HelperServer(layout, allowed_uid, run=run, tpm=tpm, vfio_host=vfio_host)
     server = await helper.start(socket_path)
     async with server:
         await stop.wait()

@@ -92,6 +92,8 @@ class HeldSpec:
     """What the hold booked (annotation `bc.dev/limits`), None without limits."""
     cgroup_parent: str = ""
     """The hold's slice (annotation `bc.dev/cgroup-parent`), empty without one."""
+    instance: bool = False
+    """A `BINDING_INSTANCE` booking (agent.instances.bookings), not a CDI file: GPUs for a VM."""
 
 
 def valid_allocation_id(allocation_id: str) -> bool:

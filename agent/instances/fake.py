@@ -11,11 +11,22 @@ It does no capacity check of its own: host admission
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from agent.instances.runtime import PAUSED, RUNNING, STOPPED, Domain, DomainConfig, RuntimeFailure
+from agent.instances.runtime import (
+    PAUSED,
+    RUNNING,
+    STOPPED,
+    BalloonReading,
+    Domain,
+    DomainConfig,
+    NoBalloon,
+    RuntimeFailure,
+    VolumeConfig,
+)
 from agent.offload import Offload, inline
 from bc.runtime.files import atomic_write
 
@@ -28,14 +39,22 @@ class FakeRuntime:
         self._offload = offload
         self._domains: dict[str, Domain] = {}
         self._failures: dict[tuple[str, str], str] = {}
+        self.resized: dict[tuple[str, str], int] = {}
+        """The live resizes of volumes, (instance, volume) -> size."""
         self.calls: list[tuple[str, str]] = []
         """Every change asked of it, as (step, instance id), for tests."""
         self.user_data: dict[str, tuple[Path, bytes]] = {}
         """The user-data file each instance's last start was handed, and what it held then (memory only: what
         a guest would read; never in the JSON file)."""
+        self.configs: dict[str, DomainConfig] = {}
+        """What each domain was last defined with (memory only), e.g. the GPU addresses qemu would get."""
+        self.balloons: dict[str, int] = {}
+        """What each balloon leaves its guest (a domain defined with a balloon has an entry)."""
+        self.guest_used: dict[str, int] = {}
+        """What a guest says it uses, set by tests (absent: it has not said)."""
         if path is not None and path.exists():
             for d in json.loads(path.read_text()):
-                self._domains[d["id"]] = Domain(**d)
+                self._domains[d["id"]] = Domain(**{**d, "volumes": tuple(d.get("volumes", ()))})
 
     # -- seams for tests ------------------------------------------------
     def add_foreign(self, instance_id: str, state: str = RUNNING, memory_mib: int = 1024) -> None:
@@ -44,7 +63,7 @@ class FakeRuntime:
     def reboot(self) -> None:
         """The host restarted: every domain is stopped (a test's seam; the next `list` shows it)."""
         for k, d in self._domains.items():
-            self._domains[k] = Domain(d.id, STOPPED, d.managed, d.vcpus, d.memory_mib)
+            self._domains[k] = replace(d, state=STOPPED)
 
     def fail(self, instance_id: str, step: str, message: str) -> None:
         """The next `step` (define, start, pause, resume, stop, delete) of this instance raises `message`."""
@@ -71,14 +90,27 @@ class FakeRuntime:
         d = self._domains.get(instance_id)
         if d is None:
             raise RuntimeFailure(f"no domain {instance_id}")
-        self._domains[instance_id] = Domain(d.id, state, d.managed, d.vcpus, d.memory_mib)
+        self._domains[instance_id] = replace(d, state=state)
         await self._save()
 
     async def define(self, config: DomainConfig) -> None:
         d = self._check(config.id, "define")
         if d is not None and d.state != STOPPED:
             raise RuntimeFailure(f"domain {config.id} is {d.state.lower()}, not stopped")
-        self._domains[config.id] = Domain(config.id, STOPPED, True, config.vcpus, config.memory_mib)
+        self.configs[config.id] = config
+        self._domains[config.id] = Domain(
+            config.id,
+            STOPPED,
+            True,
+            config.vcpus,
+            config.memory_mib,
+            config.placement.hugepage_mib,
+            volumes=tuple(v.id for v in config.volumes),
+        )
+        if config.placement.balloon:
+            self.balloons[config.id] = config.memory_mib
+        else:
+            self.balloons.pop(config.id, None)
         await self._save()
 
     async def start(self, instance_id: str, *, paused: bool, user_data: Path | None = None) -> None:
@@ -105,6 +137,40 @@ class FakeRuntime:
         self._check(instance_id, "delete")
         self._domains.pop(instance_id, None)
         await self._save()
+
+    async def attach_volume(self, instance_id: str, volume: VolumeConfig) -> None:
+        d = self._check(instance_id, "attach")
+        if d is None or d.state == STOPPED:
+            raise RuntimeFailure(f"domain {instance_id} is not running")
+        vols = (*[v for v in d.volumes if v != volume.id], volume.id)
+        self._domains[instance_id] = dataclasses.replace(d, volumes=vols)
+        await self._save()
+
+    async def resize_volume(self, instance_id: str, volume_id: str, size_bytes: int) -> None:
+        d = self._check(instance_id, "resize")
+        if d is None or d.state == STOPPED or volume_id not in d.volumes:
+            raise RuntimeFailure(f"domain {instance_id} has no volume {volume_id} open")
+        self.resized[(instance_id, volume_id)] = size_bytes
+
+    async def detach_volume(self, instance_id: str, volume_id: str) -> None:
+        d = self._check(instance_id, "detach")
+        if d is None or d.state == STOPPED:
+            raise RuntimeFailure(f"domain {instance_id} is not running")
+        self._domains[instance_id] = dataclasses.replace(d, volumes=tuple(v for v in d.volumes if v != volume_id))
+        await self._save()
+
+    async def balloon(self, instance_id: str) -> BalloonReading:
+        d = self._domains.get(instance_id)
+        if d is None or d.state != RUNNING:
+            raise RuntimeFailure(f"domain {instance_id} is not running")
+        if instance_id not in self.balloons:
+            raise NoBalloon(f"domain {instance_id} has no balloon device")
+        return BalloonReading(self.balloons[instance_id], self.guest_used.get(instance_id))
+
+    async def set_balloon(self, instance_id: str, actual_mib: int) -> None:
+        self.calls.append(("balloon", instance_id))
+        await self.balloon(instance_id)
+        self.balloons[instance_id] = actual_mib
 
     async def _save(self) -> None:
         if self._path is not None:

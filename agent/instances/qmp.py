@@ -15,8 +15,11 @@ event, not a poll).
 
 from __future__ import annotations
 
+import array
 import asyncio
 import json
+import os
+import socket
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -71,14 +74,21 @@ class QmpClient:
             raise QmpError("qemu sent a QMP message that is not an object")
         return msg
 
-    async def execute(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
-        """Run one command; its `return` value, or QmpError with qemu's description."""
+    async def execute(self, command: str, arguments: dict[str, Any] | None = None, *, fd: int | None = None) -> Any:
+        """Run one command; its `return` value, or QmpError with qemu's description. `fd`: a file descriptor
+        sent with it (SCM_RIGHTS), for `getfd` and `add-fd`: a file the agent opened, so a VMM running as its
+        own user never needs the right to open it."""
         req: dict[str, Any] = {"execute": command}
         if arguments:
             req["arguments"] = arguments
+        data = json.dumps(req).encode() + b"\n"
         try:
-            self._writer.write(json.dumps(req).encode() + b"\n")
-            await self._writer.drain()
+            if fd is None:
+                self._writer.write(data)
+                await self._writer.drain()
+            else:
+                await self._writer.drain()  # nothing of ours may sit in the transport ahead of this message
+                self._send_with_fd(data, fd)
         except ConnectionError:
             raise QmpError("qemu closed the QMP connection") from None
         while True:
@@ -91,6 +101,18 @@ class QmpClient:
                 raise QmpError(f"qemu refused {command}: {desc}")
             if "return" in msg:
                 return msg["return"]
+
+    def _send_with_fd(self, data: bytes, fd: int) -> None:
+        """One sendmsg of the whole line with `fd` attached, on a duplicate of the connection's socket (the
+        transport has no sendmsg). A QMP line is far below the socket buffer, so it does not block."""
+        raw = self._writer.get_extra_info("socket")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=os.dup(raw.fileno()))
+        try:
+            sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        finally:
+            sock.close()
+        if sent != len(data):
+            raise QmpError(f"qemu took {sent} of {len(data)} bytes of a command with a file descriptor")
 
     async def closed(self, within_s: float) -> bool:
         """Wait up to `within_s` for qemu to hang up (it exited); True when it did."""

@@ -19,6 +19,7 @@ from agent.kinds.diag_dcgm import DiagDcgm
 from agent.kinds.diag_nvml import DiagNvml
 from agent.kinds.disk_wipe import DiskWipe
 from agent.kinds.gpu_reset import GpuReset
+from agent.kinds.instance_snapshot import InstanceSnapshot
 from agent.kinds.inventory_refresh import InventoryRefresh
 from agent.kinds.logs_collect import LogsCollect
 from agent.kinds.node_reboot import NodeReboot
@@ -33,6 +34,7 @@ _EXECUTORS: tuple[KindExecutor, ...] = (
     LogsCollect(),
     DiagDcgm(),
     DaemonUpgrade(),
+    InstanceSnapshot(),
     # the ramdisk role's (agent/ramdisk/)
     DiskWipe(),
     DeployImage(),

@@ -89,6 +89,10 @@ class KindContext:
     """What a ramdisk's kexec ends: the agent (it stops)."""
     ca_pem: bytes = b""
     """The cluster CA, which deploy.image trusts beside the system's roots for an https image URL."""
+    snapshots: Any = None
+    """The node's snapshots (agent.instances.snapshots.Snapshots), which instance.snapshot takes; None: no runtime."""
+    spec_instances: Callable[[], Sequence[Any]] = lambda: ()
+    """The instances of the spec the node enforces (instance.snapshot refuses a memory snapshot by them)."""
 
 
 class KindExecutor(Protocol):

@@ -12,6 +12,7 @@ import shutil
 from typing import Any
 
 from agent.hw.base import run_process
+from agent.instances.passthrough import RECORDS_DIR
 from agent.kinds.base import (
     ALL_GPUS,
     DCGM_NOT_INSTALLED,
@@ -56,7 +57,9 @@ class DiagDcgm(TypedExecutor[kinds_pb2.DiagDcgmRequest]):
             )
         uuids = check_gpu_uuids(request.gpu_uuids)
         if request.level >= 2:
-            busy = await busy_failure(ctx.cdi_dir, set(uuids) if uuids else None, ctx.offload)
+            busy = await busy_failure(
+                ctx.cdi_dir, set(uuids) if uuids else None, ctx.offload, ctx.data_dir / RECORDS_DIR
+            )
             if busy is not None:
                 return busy
         argv = [dcgmi, "diag", "-r", str(request.level), "-j"]

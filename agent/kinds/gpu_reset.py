@@ -1,4 +1,4 @@
-"""`gpu.reset`: reset listed GPUs, never one a live hold is using.
+"""`gpu.reset`: reset listed GPUs, never one a live hold is using or one passed through to a VM.
 
 The reference's order matters: every check runs before anything is
 touched, so a command naming one busy GPU resets none (a half-done reset
@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from agent.hw.base import UNKNOWN_GPU, diag_healthy, inventory_hash
+from agent.instances.passthrough import RECORDS_DIR
 from agent.kinds.base import InvalidPayload, KindContext, KindResult, TypedExecutor, check_gpu_uuids, gpu_lock
 from agent.kinds.holds import busy_failure
 from bc.protocol.canonical import message_to_dict
@@ -39,7 +40,7 @@ class GpuReset(TypedExecutor[kinds_pb2.GpuResetRequest]):
 
     async def execute(self, ctx: KindContext, request: kinds_pb2.GpuResetRequest) -> KindResult:
         uuids = check_gpu_uuids(request.gpu_uuids)
-        busy = await busy_failure(ctx.cdi_dir, set(uuids), ctx.offload)
+        busy = await busy_failure(ctx.cdi_dir, set(uuids), ctx.offload, ctx.data_dir / RECORDS_DIR)
         if busy is not None:
             return busy
         known = {g.uuid for g in (await ctx.offload(ctx.hw.inventory)).gpus}

@@ -16,7 +16,6 @@ cannot bounce the upload elsewhere.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -29,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from agent.hashing import HashingSink, TooLarge
 from agent.kinds.base import InvalidPayload, KindContext, KindResult, TypedExecutor
 from agent.kinds.upload_allow import BadUrl, allowed, parse_url
 from bc.protocol.pb import kinds_pb2
@@ -43,35 +43,6 @@ TOO_LARGE = "too-large"
 UPLOAD_FAILED = "upload-failed"
 FORBIDDEN_TARGET = "forbidden-target"
 SUMMARY_NAME = "journal-summary.json"
-
-
-class TooLarge(Exception):
-    pass
-
-
-class _CappedSink(io.RawIOBase):
-    """Writes through to a file, hashing and counting; raises TooLarge past the cap."""
-
-    def __init__(self, f: io.BufferedWriter, cap: int) -> None:
-        self._f = f
-        self._cap = cap
-        self.size = 0
-        self.sha256 = hashlib.sha256()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        data = bytes(b)
-        self.size += len(data)
-        if self.size > self._cap:
-            raise TooLarge
-        self.sha256.update(data)
-        self._f.write(data)
-        return len(data)
-
-    def tell(self) -> int:
-        return self.size
 
 
 @dataclass
@@ -98,7 +69,7 @@ def build_tarball(dest: Path, paths: list[Path], summary: bytes | None, cap: int
     ball = Tarball(dest, 0, "")
     try:
         with dest.open("wb") as f:
-            sink = _CappedSink(f, cap)
+            sink = HashingSink(f, cap)
             with tarfile.open(fileobj=sink, mode="w:gz", dereference=True) as tar:
                 for p in paths:
                     if not p.exists():

@@ -49,6 +49,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agent import framing
 from agent.session.runner import SessionDeps, SessionEnd, SessionRunner
+from agent.session.tunnel_offers import SessionOffers
 from bc.protocol import closing
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
@@ -93,6 +94,11 @@ class Refusal:
 
 
 class SessionLoop:
+    tunnel_offers = True
+    """The tunnels' offers on the session stream (bc.protocol.capabilities.TUNNEL_OFFERS). Turned off only to
+    measure or test how a gateway serves an older agent, which opens `NodeTunnels.Listen` (bench.session_mem
+    --listen)."""
+
     def __init__(
         self,
         dial: Dial,
@@ -101,9 +107,11 @@ class SessionLoop:
         stopped: asyncio.Event,
         *,
         frame_budget: int = LIMITS.max_frame_bytes,
-        alongside: Callable[[Any], Coroutine[Any, Any, None]] | None = None,
+        alongside: Callable[[Any, SessionOffers | None], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
-        """`alongside`: what runs on a gRPC session's channel for as long as the session (the node's tunnels)."""
+        """`alongside`: what runs on a gRPC session's channel for as long as the session (the node's tunnels),
+        handed the channel and the session's tunnel offers (`SessionOffers`; None when `tunnel_offers` is off:
+        it then opens `NodeTunnels.Listen` itself, as an older agent does)."""
         self.dial, self.deps, self.rng, self.stopped = dial, deps, rng, stopped
         self.alongside = alongside
         self.frame_budget = frame_budget  # lowered only if a gateway refuses a frame as too large
@@ -196,12 +204,14 @@ class SessionLoop:
             if self.rotations != rotations:
                 # Renewed while this dial used the old pair: redial with the new one, at once.
                 return SessionEnd(welcomed=True)
-            runner = SessionRunner(link, self.deps, self.frame_budget)
-            self.current = runner
             channel = getattr(link, "channel", None)
+            beside_on = self.alongside is not None and channel is not None
+            offers = SessionOffers() if beside_on and self.tunnel_offers else None
+            runner = SessionRunner(link, self.deps, self.frame_budget, offers)
+            self.current = runner
             beside = (
-                asyncio.create_task(self.alongside(channel), name="session-alongside")
-                if self.alongside is not None and channel is not None
+                asyncio.create_task(self.alongside(channel, offers), name="session-alongside")
+                if self.alongside is not None and beside_on
                 else None
             )
             try:

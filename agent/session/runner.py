@@ -38,7 +38,9 @@ from agent.dispatch import Dispatcher
 from agent.journal_api import AgentJournal
 from agent.session.node_state import NodeState
 from agent.session.outbox import Outbox
+from agent.session.tunnel_offers import SessionOffers
 from bc import __version__
+from bc.protocol.capabilities import TUNNEL_OFFERS
 from bc.protocol.pb import secrets_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CommandUpdate, GatewayMessage, NodeMessage
 from bc.runtime.aio import wait_event
@@ -93,8 +95,16 @@ class SessionEnd:
 
 
 class SessionRunner:
-    def __init__(self, link: Link[GatewayMessage, NodeMessage], deps: SessionDeps, frame_budget: int) -> None:
-        self.link, self.deps, self.frame_budget = link, deps, frame_budget
+    def __init__(
+        self,
+        link: Link[GatewayMessage, NodeMessage],
+        deps: SessionDeps,
+        frame_budget: int,
+        tunnels: SessionOffers | None = None,
+    ) -> None:
+        """`tunnels`: where this session's tunnel offers go (the session loop's, when the node's tunnels run on
+        its channel): the Hello then names `tunnel.offers`."""
+        self.link, self.deps, self.frame_budget, self.tunnels = link, deps, frame_budget, tunnels
         st = deps.state
         self.core = sc.AgentSessionCore(
             node_id=st.node_id,
@@ -105,7 +115,7 @@ class SessionRunner:
             applied_generation=0 if st.spec_unusable else st.applied_generation,
             applied_spec_hash="" if st.spec_unusable else st.applied_spec_hash,
             time_mark_ms=st.time_mark_ms,
-            capabilities=list(deps.capabilities),
+            capabilities=[*deps.capabilities, *([TUNNEL_OFFERS] if tunnels is not None else [])],
             inventory_hash=deps.outbox.inventory_hash,
         )
         self.core.applied_spec = st.spec if st.stored else None
@@ -200,6 +210,8 @@ class SessionRunner:
                 d.outbox.attach(self._send)
                 if d.secrets is not None:
                     d.secrets.on_welcomed()
+                if self.tunnels is not None:
+                    self.tunnels.welcomed(TUNNEL_OFFERS in e.capabilities)
                 await self._send_after_welcome()
                 log.info(
                     "event=session.welcomed epoch=%d offset_ms=%d heartbeat_s=%.1f",
@@ -234,6 +246,11 @@ class SessionRunner:
             elif isinstance(e, sc.SecretRotated):
                 if d.secrets is not None:
                     d.secrets.on_rotated(e.name, e.version)
+            elif isinstance(e, sc.TunnelOffered):
+                if self.tunnels is not None:
+                    self.tunnels.offer(e.offer)
+                else:
+                    log.warning("event=tunnel.offer-unasked sid=%s", e.offer.sid[:64])
             elif isinstance(e, sc.AckEvents):
                 n = await d.journal.ack_events(e.upto_seq)
                 log.debug("event=events.acked upto=%d dropped=%d", e.upto_seq, n)

@@ -1,7 +1,10 @@
 """The node's tunnels: offers in, one verified ticket per tunnel, bytes to a port on the node's loopback.
 
-While a session runs over gRPC, the node holds one `NodeTunnels.Listen` stream on the same channel (the
-session's TLS connection to whichever gateway holds it; no second connection, no inbound port). For each
+While a session runs over gRPC, the node takes its tunnels' offers on the session stream itself
+(`GatewayMessage.tunnel_offer`, handed over by the session's runner through `SessionOffers`) once the
+gateway's Welcome said it sends them there (`tunnel.offers`, bc.protocol.capabilities); from an older
+gateway it holds one `NodeTunnels.Listen` stream on the same channel instead. Either way they come over the
+session's TLS connection to whichever gateway holds it: no second connection, no inbound port. For each
 `TunnelOffer{sid, token}` it:
 
 1. verifies the ticket itself (`bc.pki.exec_tickets.verify`) against the JWKS pinned in its signed `access`
@@ -32,6 +35,7 @@ import grpc
 
 from agent import journal_tickets as jti_rules
 from agent.journal_api import AgentJournal
+from agent.session.tunnel_offers import SessionOffers
 from bc.errors import TicketRefused
 from bc.pki import exec_tickets
 from bc.protocol.pb import spec_pb2
@@ -80,20 +84,30 @@ class TunnelService:
     opened: int = 0
     refused: dict[str, int] = field(default_factory=dict)
 
-    async def serve(self, channel: grpc.aio.Channel) -> None:
-        """Listen for offers on `channel` until its stream ends; every tunnel it opened ends with it."""
+    async def serve(self, channel: grpc.aio.Channel, offers: SessionOffers | None = None) -> None:
+        """Take the session's offers until the session ends (this task is cancelled), or, when the gateway does not
+        send them on the session (or `offers` is None), listen for them on `channel` until that stream ends; every
+        tunnel it opened ends with it. Each accepted offer's `Carry` goes on `channel`."""
         stub = tunnel_pb2_grpc.NodeTunnelsStub(channel)
-        call = stub.Listen(TunnelListen())
+        call: Any = None
+        if offers is not None and await offers.on_session():
+            log.info("event=tunnel.offers via=session")
+            source = offers.offers()
+        else:  # an older gateway (or this agent told not to ask): a Listen stream beside the session
+            log.info("event=tunnel.offers via=listen")
+            call = stub.Listen(TunnelListen())
+            source = _offers(call)
         tasks: set[asyncio.Task[None]] = set()
         try:
-            async for offer in _offers(call):
+            async for offer in source:
                 t = asyncio.create_task(self._one(stub, offer), name=f"tunnel-{offer.sid[:32]}")
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
         except grpc.aio.AioRpcError as e:
             log.info("event=tunnel.listen-ended code=%s", e.code().name)
         finally:
-            call.cancel()
+            if call is not None:
+                call.cancel()
             for t in list(tasks):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

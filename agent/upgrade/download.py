@@ -19,15 +19,14 @@ on the way; the caller compares the digest and size with the signed release.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 
+from agent.hashing import BLOCK, hashing_writer
 from agent.offload import Offload, to_thread
 from bc.seams.clock import Clock, SystemClock
 
@@ -35,7 +34,6 @@ MAX_REDIRECTS = 5
 MIN_BYTES = 1 << 20
 WINDOW_S = 120.0
 CONNECT_TIMEOUT_S = 30.0
-BLOCK = 1 << 20
 
 
 class DownloadError(Exception):
@@ -115,11 +113,7 @@ async def download(
 async def _receive(
     resp: httpx.Response, dest: Path, max_size: int, guard: StallGuard, clock: Clock, offload: Offload
 ) -> Downloaded:
-    h = hashlib.sha256()
-    size = 0
-    f: BinaryIO = await offload(dest.open, "wb")
-    try:
-        buf = bytearray()
+    async with hashing_writer(dest, offload) as w:
         chunks = resp.aiter_raw(BLOCK).__aiter__()
         window_start, in_window = clock.monotonic(), 0
         while True:
@@ -138,34 +132,17 @@ async def _receive(
                 if in_window < guard.min_bytes:
                     raise _stalled(guard, in_window) from None
                 continue
-            size += len(chunk)
             in_window += len(chunk)
-            if size > max_size:
+            if w.size + len(chunk) > max_size:
                 raise DownloadError(f"the server sent more than the release's {max_size} bytes")
-            h.update(chunk)
-            buf += chunk
-            if len(buf) >= BLOCK:
-                await offload(f.write, bytes(buf))
-                buf.clear()
-        if buf:
-            await offload(f.write, bytes(buf))
-        await offload(_sync, f)
-    finally:
-        await offload(f.close)
-    return Downloaded(h.hexdigest(), size)
+            await w.write(chunk)
+        return Downloaded(await w.finish(), w.size)
 
 
 def _stalled(guard: StallGuard, got: int) -> DownloadError:
     return DownloadError(
         f"the transfer stalled: {got} bytes in {guard.window_s:g} s, under the {guard.min_bytes} bytes it must move"
     )
-
-
-def _sync(f: BinaryIO) -> None:
-    import os
-
-    f.flush()
-    os.fsync(f.fileno())
 
 
 def _remove(path: Path) -> None:

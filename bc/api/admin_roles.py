@@ -13,8 +13,9 @@ their job). A refusal is UNAUTHENTICATED (exit 6) with a sentence naming
 the role needed. A unary body then runs acting for that operator
 (`bc.control.base.actor`), so every event it publishes names who made the write.
 
-A stream (`Watch`, `WatchJob`) is checked again at every event wake-up and at
-least every `RECHECK_S`: once its operator is revoked or their role is lowered,
+A stream (`Watch`, `WatchJob`) is checked again after event wake-ups (at most
+every `EVENT_GAP_S`, so a burst of events costs one check) and at least every
+`RECHECK_S`: once its operator is revoked or their role is lowered,
 it ends UNAUTHENTICATED with the reason, so a revoked key stops seeing the fleet
 within seconds rather than whenever the client hangs up.
 """
@@ -46,6 +47,7 @@ VIEWER, OPERATOR, ADMIN = actor.ROLES
 ROLE_NEEDED: dict[str, tuple[str, str]] = {
     # viewer: List, Get and Watch — the TUI on a shared screen.
     "ListNodes": (VIEWER, "listing nodes"),
+    "ListNodesStream": (VIEWER, "listing nodes"),
     "GetNode": (VIEWER, "showing a node"),
     "GetSpec": (VIEWER, "showing a spec"),
     "ListReservations": (VIEWER, "listing reservations"),
@@ -404,7 +406,7 @@ def _guard(rpc: str, fn: Any, streaming: bool) -> Any:
             # The recheck asks the store about the certificate read at the start, never the call's context
             # again: grpc's auth context of a call that ended under it is freed memory (a segfault).
             refused = asyncio.ensure_future(
-                _first_refusal(lambda: self._authorize(peer, *need), self.bus.wait_events, caller)
+                _first_refusal(lambda: self._authorize(peer, *need), self.bus.wait_events_spaced, caller)
             )
             try:
                 # Closed explicitly when the call ends (the client went away): left to the garbage collector, the

@@ -47,7 +47,7 @@ from bc.control.reads import queries, views
 from bc.control.signing.signer import Signer
 from bc.control.trust import identity, operators
 from bc.control.trust import intent as intent_ctl
-from bc.errors import Conflict, UsageError
+from bc.errors import BcError, Conflict, UsageError
 from bc.pki.ca import CertificateAuthority
 from bc.pki.identity import PeerIdentity
 from bc.pki.secret_box import SecretBox
@@ -55,6 +55,7 @@ from bc.pki.secrets_source import Secrets
 from bc.protocol.pb import admin_pb2
 from bc.seams.clock import Clock
 from bc.store import Row, Store
+from bc.wire.status import abort_with
 from bc.wire.stubs import admin_pb2_grpc
 
 T = TypeVar("T")
@@ -136,6 +137,20 @@ class AdminServicer(
         self, request: admin_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ListNodesResponse:
         return await self._call(context, lambda: queries.fleet(self.store, include_deleted=request.include_deleted))
+
+    async def ListNodesStream(
+        self, request: admin_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[admin_pb2.ListNodesResponse]:
+        try:
+            pages = queries.fleet_pages(
+                self.store,
+                include_deleted=request.include_deleted,
+                page_size=request.page_size or queries.NODES_PAGE,
+            )
+            async for page in pages:
+                yield page
+        except BcError as e:
+            await abort_with(context, e)
 
     async def GetNode(self, request: admin_pb2.GetNodeRequest, context: grpc.aio.ServicerContext) -> admin_pb2.NodeInfo:
         return await self._call(context, lambda: queries.node(self.store, request.node_id))

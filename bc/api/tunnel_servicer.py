@@ -42,7 +42,7 @@ from bc.wire.stubs import tunnel_pb2_grpc
 
 log = logging.getLogger("bc.api.tunnels")
 
-CLOSE_POLL_S = 1.0
+CLOSE_POLL_S = 0.5
 """How often a relay checks whether another api process asked it to close (docs/access.md, "Gateways")."""
 CLOSE_WAIT_S = 5.0
 """How long `CloseTunnel` waits for the relay's end to write the record."""
@@ -393,6 +393,8 @@ class NodeTunnelsServicer(tunnel_pb2_grpc.NodeTunnelsServicer):
     async def Listen(
         self, request: tunnel_pb2.TunnelListen, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[tunnel_pb2.TunnelOffer]:
+        """The offers of an agent that does not take them on its session (no `tunnel.offers` in its Hello, or a
+        gateway that did not answer it): kept for older agents (bc.protocol.capabilities)."""
         node_id = await self._node(context)
         async for offer in self.hub.listen(node_id):
             yield offer

@@ -747,7 +747,7 @@ class Server:
         renewed and swapped in."""
         assert self.store is not None and self.gateway_cert is not None
         while True:
-            await self.bus.wait_events(KEYLESS_POLL_S)
+            await self.bus.wait_events_spaced(KEYLESS_POLL_S)
             try:
                 if isinstance(self.signer, KeylessSigner):
                     await self.signer.refresh(self.store)
@@ -779,7 +779,7 @@ class Server:
                 await serving_ctl.issue_requested(self.store, self.bus, ca, self.opts.serving_cert_ttl_s)
             except StoreError as e:
                 log.warning("event=api.registry-failed error=%s", e)
-            await self.bus.wait_events(KEYLESS_POLL_S)
+            await self.bus.wait_events_spaced(KEYLESS_POLL_S)
 
     async def _gateway_loop(self, host: str) -> None:
         """A gateway process: register where it answers, so an api process relays tunnels to its nodes here."""

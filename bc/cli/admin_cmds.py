@@ -22,7 +22,8 @@ from bc.cli.connect import run_client, slow
 from bc.cli.emit import emit
 from bc.cli.job_progress import check_done, follow
 from bc.cli.machine_view import render_machine
-from bc.cli.output import Lines, echo, json_lines, lines, paragraphs
+from bc.cli.msg_json import message_json_text
+from bc.cli.output import JsonArray, Lines, echo, json_lines, lines, paragraphs
 from bc.cli.render import (
     INT64_MAX,
     cell,
@@ -96,6 +97,9 @@ def nodes(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     """List the nodes (or `bc nodes show NODE` for one)."""
     if ctx.invoked_subcommand is not None:
         return
+    if as_json:
+        call_admin(lambda c: _print_nodes_json(c, show_all))
+        return
     infos = call_admin(lambda c: c.list_nodes(include_deleted=show_all))
     emit(
         as_json,
@@ -103,6 +107,15 @@ def nodes(ctx: click.Context, show_all: bool, as_json: bool) -> None:
         lambda: render_nodes(infos),
         empty="no nodes yet: `bc token create --node-id N`, then `bc join` on the host",
     )
+
+
+async def _print_nodes_json(client: AdminClient, show_all: bool) -> None:
+    """`bc nodes --json`: the nodes printed page by page as the server streams them (10,000 nodes never sit
+    in one message or one string), the same bytes as `emit` printed for the whole list."""
+    out = JsonArray()
+    async for page in client.fleet_pages(include_deleted=show_all):
+        out.add_texts([message_json_text(n, "  ") for n in page.nodes])
+    out.close()
 
 
 def render_nodes(infos: list[admin_pb2.NodeInfo]) -> Lines:

@@ -149,7 +149,7 @@ async def _wait(c: AdminClient, first: admin_pb2.Reservation, *, quiet: bool) ->
     default=0,
     help="1 GiB huge pages.",
 )
-@click.option("--binding", type=click.Choice(["hold", "kubernetes"]), default="hold", show_default=True)
+@click.option("--binding", type=click.Choice(["hold", "kubernetes", "instance"]), default="hold", show_default=True)
 @click.option("--tenant", default="", help="Who the reservation is for (billing).")
 @click.option("--selector", multiple=True, help="Node labels it needs: pool=a100 (repeat or comma-separate).")
 @click.option("--wait", "wait", is_flag=True, help="Block, printing its state changes, until active or failed.")

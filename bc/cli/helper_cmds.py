@@ -45,6 +45,26 @@ def resolve_uid(allow_uid: int | None, allow_user: str | None) -> int:
     help="Tests: record the commands as JSON lines in this file instead of running them.",
 )
 @click.option(
+    "--node-data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="The node's data dir (bc node --data-dir), where root reads instance records for vm.*"
+    " [default: var/lib/bc-node under --root].",
+)
+@click.option(
+    "--fake-sysfs",
+    is_flag=True,
+    hidden=True,
+    help="Tests: the vm.* operations act on a fake sysfs tree under <root>/sys (agent.instances.fake_vfio).",
+)
+@click.option(
+    "--instance-bridge",
+    "instance_bridges",
+    multiple=True,
+    metavar="NAME",
+    help="A bridge root may put an instance's tap on (vm.taps); repeatable. None: every tap is refused.",
+)
+@click.option(
     "--tcti",
     default="device:/dev/tpmrm0",
     show_default=True,
@@ -57,6 +77,9 @@ def helper(
     allow_uid: int | None,
     root: Path,
     fake_commands: Path | None,
+    node_data_dir: Path | None,
+    fake_sysfs: bool,
+    instance_bridges: tuple[str, ...],
     tcti: str,
 ) -> None:
     """Run the root helper of an unprivileged `bc node` until SIGINT or SIGTERM.
@@ -67,6 +90,7 @@ def helper(
     from agent.helper.ops import Layout
     from agent.helper.server import serve_forever
     from agent.hw.base import run_process
+    from agent.instances.fake_vfio import FakeVfio
     from agent.tpm import Tpm
     from bc.runtime import logs
 
@@ -77,8 +101,12 @@ def helper(
     run = FakeRunner(log_file=fake_commands) if fake_commands is not None else run_process
     if os.geteuid() != 0:
         echo("warning: bc helper is not running as root; operations will fail", err=True)
+    layout = Layout(
+        root.absolute(), node_data_dir.absolute() if node_data_dir is not None else None, tuple(instance_bridges)
+    )
+    vfio_host = FakeVfio(layout.sysfs, layout.vfio_dev) if fake_sysfs else None
     try:
-        asyncio.run(serve_forever(socket_path, Layout(root.absolute()), uid, run=run, tpm=Tpm(tcti)))
+        asyncio.run(serve_forever(socket_path, layout, uid, run=run, tpm=Tpm(tcti), vfio_host=vfio_host))
     except KeyboardInterrupt:
         pass
 

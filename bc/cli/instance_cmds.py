@@ -2,6 +2,11 @@
 
     bc instances list NODE [--json]
     bc instances show NODE INSTANCE [--json]
+    bc instances snapshot NODE INSTANCE --upload-url URL [--memory] [--wait] [--json]
+
+`snapshot` queues the command kind `instance.snapshot` (bulk lane, not retry-safe) exactly as
+`bc cmd run NODE instance.snapshot --payload …` does: the node captures the disk (and with `--memory` the
+VM state), tars, hashes and uploads it to the presigned https URL; the result has its sha256 and size.
 
 Both read the node through `GetNode` (bc.control.reads: the one query path the
 TUI's node screen reads too), whose `instances` are the node's last status
@@ -12,8 +17,11 @@ writer. An instance the node does not report is NotFound (exit 3).
 
 from __future__ import annotations
 
+import json
+
 import click
 
+from bc.cli.cmd_cmds import cmd_run
 from bc.cli.connect import run_client, slow
 from bc.cli.emit import emit
 from bc.cli.output import Lines
@@ -58,6 +66,12 @@ def render_instance(i: common_pb2.InstanceStatus) -> Lines:
             ("runtime", i.runtime),
             ("vcpus", i.vcpus or "-"),
             ("memory", format_mib(i.memory_mib) if i.memory_mib else "-"),
+            ("gpus", ", ".join(i.gpus) or "-"),
+            ("volumes", ", ".join(i.volumes) or "-"),
+            ("image", i.image_sha256 or "-"),
+            ("balloon", f"takes {format_mib(i.balloon_mib)}" if i.balloon_mib else "-"),
+            ("restored", i.restored_from or "-"),
+            ("identity", f"rebound ({i.identity_rebound_ref})" if i.identity_rebound_ref else "-"),
             ("managed", "yes" if i.managed else "no"),
             ("message", i.message),
         ]
@@ -88,6 +102,23 @@ def instances_show(node_id: str, instance_id: str, as_json: bool) -> None:
     if not found:
         raise NotFound(f"node {node_id} reports no instance {instance_id!r}")
     emit(as_json, found[0], lambda: render_instance(found[0]))
+
+
+@instances.command("snapshot")
+@click.argument("node_id", metavar="NODE")
+@click.argument("instance_id", metavar="INSTANCE")
+@click.option("--upload-url", required=True, metavar="URL", help="A presigned https URL the snapshot is PUT to.")
+@click.option("--memory", is_flag=True, help="Include the VM's memory state (refused with GPUs or a writer volume).")
+@click.option("--wait", is_flag=True, help="Follow it until it settles; exit non-zero unless it succeeds.")
+@json_option
+@click.pass_context
+def instances_snapshot(
+    ctx: click.Context, node_id: str, instance_id: str, upload_url: str, memory: bool, wait: bool, as_json: bool
+) -> None:
+    """Snapshot INSTANCE of NODE (its disk, and with --memory its memory) and upload it; prints the command."""
+    # through `bc cmd run`: the one path that queues a command and follows it
+    payload = json.dumps({"instanceId": instance_id, "includeMemory": memory, "uploadUrl": upload_url})
+    ctx.invoke(cmd_run, node_id=node_id, kind="instance.snapshot", payload=payload, wait=wait, as_json=as_json)
 
 
 COMMANDS: tuple[click.Command, ...] = (instances,)

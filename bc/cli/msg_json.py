@@ -17,8 +17,11 @@ replies carry today, still go through `json_format`.
 from __future__ import annotations
 
 import binascii
+import json
+import keyword
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from json.encoder import py_encode_basestring
 from typing import Any, cast
 
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
@@ -103,10 +106,122 @@ def _float(field: FieldDescriptor, value: float) -> Any:
     return value
 
 
+# -- the same JSON as text, without the dicts between (`bc nodes --json` at fleet size) --------------
+
+_quote: Callable[[str], str] = getattr(json.encoder, "c_encode_basestring", None) or py_encode_basestring
+"""A JSON string as `json.dumps(..., ensure_ascii=False)` writes it (its C version where there is one)."""
+
+_RENDERERS: dict[tuple[type[Message], str], Callable[[Message], str]] = {}
+
+
+def message_json_text(msg: Message, pad: str = "") -> str:
+    """`json.dumps(message_to_json(msg), indent=2, ensure_ascii=False)`, each line after the first indented
+    by `pad` more (a message inside an array): the same bytes, made without building the dicts between
+    (10,000 nodes: about 0.11 s against 0.55 s for the two steps). Control characters are as `json.dumps`
+    leaves them: the caller escapes the text for the terminal (`bc.cli.output.JsonArray`)."""
+    render = _RENDERERS.get((type(msg), pad))
+    if render is None:
+        desc = cast(Descriptor, msg.DESCRIPTOR)
+        if desc.full_name.startswith("google.protobuf."):
+            return json.dumps(_well_known(msg), indent=2, ensure_ascii=False).replace("\n", "\n" + pad)
+        render = _RENDERERS[(type(msg), pad)] = _compile(desc, msg, pad)
+    return render(msg)
+
+
+def _compile(desc: Descriptor, sample: Message, pad: str) -> Callable[[Message], str]:
+    """The function that prints a message of this type at this indent: Python source made once per type from
+    its descriptor, as `dataclasses` makes `__init__`. Walking a plan of the fields at each message (what
+    this replaced) cost twice the printing itself: 10,000 nodes of 29 fields are 290,000 turns of a loop
+    that tests the field's kind each time. Here each field is one attribute read and its printing, and the
+    consecutive plain ones (strings, integers, bools always printed) one f-string.
+
+    Field by field as `message_to_json` has it, in number order: a field with presence only when set, a map
+    told by its container (whichever protobuf backend runs), other kinds (messages, enums, floats, bytes)
+    through `_text`. Nothing of the message's own goes into the source: names of headers, fields and pads
+    are the generated function's globals, each field read by `getattr` with its name as a constant unless
+    it is a plain identifier."""
+    inner, deeper = pad + "  ", pad + "    "
+    env: dict[str, Any] = {"_q": _quote, "_text": _text, "_key": _map_key, "PAD": pad, "IN": inner, "DEEP": deeper}
+    lines = ["def render(m):", "    p = []"]
+    run: list[str] = []  # f-string pieces of the consecutive plain fields always printed
+
+    def flush() -> None:
+        if run:
+            lines.append('    p.append(f"' + ",\\n".join(run) + '")')
+            run.clear()
+
+    for i, field in enumerate(_fields(desc)):
+        name = field.name
+        env[f"H{i}"], env[f"F{i}"], env[f"N{i}"] = inner + _quote(name) + ": ", field, name
+        read = f"m.{name}" if name.isidentifier() and not keyword.iskeyword(name) else f"getattr(m, N{i})"
+        one = _plain(field, read) or f"_text(F{i}, {read}, IN)"  # a single field's printing
+        if isinstance(getattr(sample, name), Mapping):
+            flush()
+            value_field = cast(Descriptor, field.message_type).fields_by_name["value"]
+            env[f"V{i}"] = value_field
+            value = _plain(value_field, "v[k]") or f"_text(V{i}, v[k], DEEP)"
+            body = f"',\\n'.join([DEEP + _q(_key(k)) + ': ' + {value} for k in v])"
+            lines += [
+                f"    v = {read}",
+                f"    p.append(H{i} + ('{{\\n' + {body} + '\\n' + IN + '}}' if v else '{{}}'))",
+            ]
+        elif field.is_repeated:
+            flush()
+            item = _plain(field, "x") or f"_text(F{i}, x, DEEP)"
+            body = f"',\\n'.join([DEEP + {item} for x in v])"
+            lines += [f"    v = {read}", f"    p.append(H{i} + ('[\\n' + {body} + '\\n' + IN + ']' if v else '[]'))"]
+        elif field.has_presence:
+            flush()
+            lines += [f"    if m.HasField(N{i}):", f"        p.append(H{i} + {one})"]
+        else:
+            run.append(f"{{H{i}}}{{{one}}}")
+    flush()
+    lines.append("    return '{\\n' + ',\\n'.join(p) + '\\n' + PAD + '}' if p else '{}'")
+    exec(compile("\n".join(lines), f"<bc.cli.msg_json {desc.full_name}>", "exec"), env)
+    return cast(Callable[[Message], str], env["render"])
+
+
+def _plain(field: FieldDescriptor, value: str = "") -> str:
+    """The expression that prints `value` of a plain field (a string, an integer, a bool), "" for other kinds."""
+    cpp = field.cpp_type
+    if cpp == FieldDescriptor.CPPTYPE_STRING and field.type != FieldDescriptor.TYPE_BYTES:
+        return f"_q({value})"
+    if cpp == FieldDescriptor.CPPTYPE_BOOL:
+        return f"('true' if {value} else 'false')"
+    if cpp in _INTEGERS:
+        return f"str({value})"
+    return ""
+
+
+_INTEGERS = frozenset(
+    {
+        FieldDescriptor.CPPTYPE_INT32,
+        FieldDescriptor.CPPTYPE_INT64,
+        FieldDescriptor.CPPTYPE_UINT32,
+        FieldDescriptor.CPPTYPE_UINT64,
+    }
+)
+
+
+def _text(field: FieldDescriptor, value: Any, pad: str) -> str:
+    cpp = field.cpp_type
+    if cpp == FieldDescriptor.CPPTYPE_STRING:
+        if field.type == FieldDescriptor.TYPE_BYTES:
+            return '"' + binascii.b2a_base64(value, newline=False).decode("ascii") + '"'
+        return _quote(value)
+    if cpp == FieldDescriptor.CPPTYPE_MESSAGE:
+        return message_json_text(value, pad)
+    if cpp == FieldDescriptor.CPPTYPE_BOOL:
+        return "true" if value else "false"
+    if cpp in (FieldDescriptor.CPPTYPE_DOUBLE, FieldDescriptor.CPPTYPE_FLOAT, FieldDescriptor.CPPTYPE_ENUM):
+        return json.dumps(_value(field, value), ensure_ascii=False)
+    return str(int(value))
+
+
 def _well_known(msg: Message) -> Any:
     from google.protobuf import json_format
 
     return json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
-__all__ = ["message_to_json"]
+__all__ = ["message_json_text", "message_to_json"]

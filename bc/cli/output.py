@@ -28,6 +28,7 @@ import click
 from bc.protocol.text_safety import is_unsafe, one_line, safe_text
 
 __all__ = [
+    "JsonArray",
     "Lines",
     "confirm",
     "echo",
@@ -128,11 +129,41 @@ def _unsafe(ch: str, keep: str) -> bool:
 
 def json_text(value: Any, *, indent: int | None = 2, sort_keys: bool = False) -> str:
     """JSON for scripts: UTF-8 kept readable, but control and bidi characters as `\\uXXXX`."""
-    text = json.dumps(value, indent=indent, sort_keys=sort_keys, ensure_ascii=False)
+    return _json_safe(json.dumps(value, indent=indent, sort_keys=sort_keys, ensure_ascii=False))
+
+
+def _json_safe(text: str) -> str:
+    """JSON text (as `json.dumps(..., ensure_ascii=False)` writes it) with every unsafe character `\\uXXXX`."""
     # Outside strings JSON is ASCII whitespace and punctuation, so every unsafe character is inside one.
     if text.isascii() and "\x7f" not in text:
         return text  # json.dumps escaped every C0 control already
     return "".join(f"\\u{ord(c):04x}" if _unsafe(c, "\n") else c for c in text)
+
+
+class JsonArray:
+    """A JSON array printed as its items arrive (`bc nodes --json` page by page), byte for byte what
+    `echo(json_lines(items))` prints for the whole list: `[`, each item indented by two more spaces, `,`
+    between them, `]`; `[]` for none.
+
+    Each item comes as JSON text indented for its place (`bc.cli.msg_json.message_json_text(msg, "  ")`,
+    as `json.dumps(..., ensure_ascii=False)` writes it); unsafe characters in it are escaped here as
+    `json_text` escapes them, so nothing from the fleet reaches the terminal raw (the text's only raw
+    control characters are its line breaks).
+    """
+
+    def __init__(self) -> None:
+        self._count = 0
+
+    def add_texts(self, texts: list[str]) -> None:
+        """Items already indented for their place in the array (every line after the first by two spaces)."""
+        if not texts:
+            return
+        head = "[\n  " if self._count == 0 else ",\n  "
+        self._count += len(texts)
+        click.echo(_json_safe(head + ",\n  ".join(texts)), nl=False)
+
+    def close(self) -> None:
+        click.echo("\n]" if self._count else "[]")
 
 
 def json_lines(value: Any, *, indent: int | None = 2, sort_keys: bool = False) -> Lines:

@@ -332,6 +332,36 @@ def join(
     help="How qemu runs the instances section's VMs: auto tries KVM, then TCG (docs/instances.md).",
 )
 @click.option(
+    "--instance-runtime",
+    type=click.Choice(["auto", "fake", "qemu"]),
+    default="auto",
+    show_default=True,
+    help="The VM runtime: auto is the fake one under --fake-hw, else qemu where it is installed; qemu runs real"
+    " guests beside fake GPUs (a lab, the end-to-end tests).",
+)
+@click.option(
+    "--libvirt-uri",
+    default="qemu:///system",
+    show_default=True,
+    help="The libvirt connection of the libvirt runtime, used where libvirt-python is installed and it answers; "
+    "empty: no libvirt runtime (docs/instances.md).",
+)
+@click.option(
+    "--instance-stop-grace",
+    type=click.FloatRange(0, 3600),
+    default=60.0,
+    show_default=True,
+    help="Seconds a VM is given after the ACPI power button before it is ended (a guest that ignores the button"
+    " waits it out).",
+)
+@click.option(
+    "--balloon-floor",
+    type=click.IntRange(10, 100),
+    default=50,
+    show_default=True,
+    help="The least share (%) of its memory a ballooned VM is left under host memory pressure (docs/instances.md).",
+)
+@click.option(
     "--no-host-units",
     is_flag=True,
     help="This host's OS is managed by other tooling: answer a non-empty host section UNSUPPORTED.",
@@ -418,6 +448,10 @@ def node(
     fake_faults: tuple[str, ...],
     host_root: Path | None,
     instance_accel: str,
+    instance_runtime: str,
+    instance_stop_grace: float,
+    libvirt_uri: str,
+    balloon_floor: int,
     no_host_units: bool,
     ssh_dir: Path | None,
     sshd_reload_cmd: str | None,
@@ -483,6 +517,10 @@ def node(
         host_root=host_root,
         host_units=not no_host_units,
         instance_accel=("kvm", "tcg") if instance_accel == "auto" else (instance_accel,),
+        balloon_floor_percent=balloon_floor,
+        instance_runtime=instance_runtime,
+        instance_stop_grace_s=instance_stop_grace,
+        libvirt_uri=libvirt_uri,
         ssh_dir=ssh_dir.absolute() if ssh_dir is not None else None,
         sshd_reload_cmd=sshd_reload_cmd,
         sshd_config=sshd_config,

@@ -1,7 +1,7 @@
 """`bc sim`: the production control plane, gateway and agents on virtual time, under seeded chaos.
 
     bc sim --nodes N --chaos none|light|heavy|storm --seed S [--duration 2h] [--gateways 1..8] [--journal-files]
-           [--trace run.jsonl] [--json] [--break RULE]
+           [--health] [--instances] [--trace run.jsonl] [--json] [--break RULE]
     bc sim ... --seeds 1-50 [--parallel N]      (a sweep: bc.sim.sweep)
 
 The run (`bc.sim.fleet.run_sync`) gets the workload of `bc.sim.workload`, seeded from `--seed`. While it
@@ -64,7 +64,9 @@ def workload_seed(seed: int) -> str:
     return f"bc-sim-workload:{seed}"
 
 
-def check_input(nodes: int, chaos: str, break_rule: str | None, gateways: int, health: bool = False) -> None:
+def check_input(
+    nodes: int, chaos: str, break_rule: str | None, gateways: int, health: bool = False, instances: bool = False
+) -> None:
     """Bad input as one sentence (exit 2), before anything is built."""
     from bc.sim.breaks import RULES
     from bc.sim.chaos import LEVELS
@@ -81,6 +83,8 @@ def check_input(nodes: int, chaos: str, break_rule: str | None, gateways: int, h
         raise UsageError("--chaos storm takes the shared store out: it needs --gateways 2 or more")
     if break_rule is not None and RULES[break_rule].checker == "H1" and not health:
         raise UsageError(f"--break {break_rule} breaks the health reconciler, which acts only with --health")
+    if break_rule is not None and RULES[break_rule].checker == "V1" and not instances:
+        raise UsageError(f"--break {break_rule} breaks GPU passthrough, which runs only with --instances")
 
 
 class Ticker:
@@ -160,6 +164,11 @@ def progress_line(sim_s: float, total_s: float, events: int, faults: int) -> str
     is_flag=True,
     help="Set a health policy at the start and add XID storms to the chaos; checks H1 (off: digests as before).",
 )
+@click.option(
+    "--instances",
+    is_flag=True,
+    help="VMs with passed-through GPUs on every node and instance reservations; checks V1 (off: digests as before).",
+)
 @click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), help="Write the events log here (JSONL).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the summary.")
 @click.option("--break", "break_rule", default=None, help="Run with a deliberate bug, to see its checker fail.")
@@ -185,6 +194,7 @@ def sim(
     gateways: int,
     journal_files: bool,
     health: bool,
+    instances: bool,
     trace: Path | None,
     as_json: bool,
     break_rule: str | None,
@@ -194,7 +204,7 @@ def sim(
     parallel: int | None,
 ) -> None:
     """Simulate a fleet on virtual time under seeded chaos and check the fleet invariants."""
-    check_input(nodes, chaos, break_rule, gateways, health)
+    check_input(nodes, chaos, break_rule, gateways, health, instances)
     duration_s = parse_duration(duration, what="--duration")
     if seeds is not None:
         if trace is not None:
@@ -209,6 +219,7 @@ def sim(
             journal_files=journal_files,
             break_rule=break_rule,
             health=health,
+            instances=instances,
             as_json=as_json,
             show_log=show_log,
         )
@@ -228,6 +239,7 @@ def sim(
         journal_files=journal_files,
         break_rule=break_rule,
         health=health,
+        instances=instances,
         trace=trace,
     )
     several = f", {gateways} gateways" if gateways > 1 else ""
@@ -274,6 +286,7 @@ def run_sweep(
     as_json: bool,
     show_log: bool,
     health: bool = False,
+    instances: bool = False,
 ) -> None:
     from bc.sim.chaos import LEVELS
     from bc.sim.fleet import SimConfig, repro_at, seed_outcome
@@ -289,6 +302,7 @@ def run_sweep(
         journal_files=journal_files,
         break_rule=break_rule,
         health=health,
+        instances=instances,
     )
     several = f", {gateways} gateways" if gateways > 1 else ""
     broken = f", break {break_rule}" if break_rule else ""

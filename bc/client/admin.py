@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -26,13 +26,19 @@ from bc.client.reconnect import CHANNEL_OPTIONS
 from bc.client.tls_probe import refused_certificate
 from bc.errors import BcError, ProtocolError, Unauthenticated, Unavailable, UsageError
 from bc.protocol.limits import LIMITS
-from bc.protocol.pb import admin_pb2, metal_pb2, secrets_pb2, tunnel_pb2
+from bc.protocol.pb import admin_pb2, metal_pb2, secrets_pb2
 from bc.runtime.config import OperatorConfig, find_operator_config
 from bc.wire.status import status_to_error
-from bc.wire.stubs import tunnel_pb2_grpc
 from bc.wire.tls import channel_credentials
 
+if TYPE_CHECKING:  # loaded by the tunnel calls themselves, not at every CLI start
+    from bc.protocol.pb import tunnel_pb2
+
 DEFAULT_TIMEOUT_S = 15.0
+CONNECT_RETRY_PAUSES_S = (0.2, 0.6)
+"""A unary call whose connection was never made is sent again after these pauses: nothing reached the server,
+so even a write is safe to send again. (A server busy enough to drop one handshake, as on a loaded CI host,
+was a one-in-thousands failure of a whole command.)"""
 ENQUEUE_S_PER_COMMAND = 0.005
 """`EnqueueCommands`' deadline per command when that is longer than the default (10,000 commands: 50 s)."""
 RELEASE_CHUNK = 1 << 20
@@ -97,6 +103,11 @@ _BROKEN_HINTS = ("stream removed", "socket closed", "connection reset", "goaway"
 def is_write(rpc: str) -> bool:
     """Every Admin call but the reads changes something stored."""
     return not rpc.startswith(_READ_PREFIXES)
+
+
+def never_connected(code: grpc.StatusCode, details: str) -> bool:
+    """grpc made no connection, so the request was never sent (grpc's own "failed to connect" prefix)."""
+    return code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details.lower()
 
 
 def broke_mid_call(code: grpc.StatusCode, details: str) -> bool:
@@ -168,9 +179,43 @@ class AdminClient:
         return list((await self.fleet_snapshot(include_deleted=include_deleted)).nodes)
 
     async def fleet_snapshot(self, *, include_deleted: bool = False) -> admin_pb2.ListNodesResponse:
-        """The nodes and the `event_seq` they were read at: `watch(after_seq=event_seq)` continues them."""
-        req = admin_pb2.ListNodesRequest(include_deleted=include_deleted)
-        return await self._unary("ListNodes", req, admin_pb2.ListNodesResponse)
+        """The nodes and the `event_seq` they were read at: `watch(after_seq=event_seq)` continues them
+        (and may repeat a change the listing shows: `fleet_pages`)."""
+        out = admin_pb2.ListNodesResponse()
+        async for page in self.fleet_pages(include_deleted=include_deleted):
+            out.nodes.extend(page.nodes)
+            out.event_seq = page.event_seq
+        return out
+
+    async def fleet_pages(
+        self, *, include_deleted: bool = False, page_size: int = 0
+    ) -> AsyncGenerator[admin_pb2.ListNodesResponse, None]:
+        """The fleet in pages as the server reads them (`ListNodesStream`, `page_size` 0: the server's), each
+        with the `event_seq` of the first (bc.control.reads.queries.fleet_pages says what it guarantees).
+
+        The whole listing has the unary calls' deadline; a server older than the stream answers the unary
+        `ListNodes` instead, in one page."""
+        req = admin_pb2.ListNodesRequest(include_deleted=include_deleted, page_size=page_size)
+        for pause_s in (*CONNECT_RETRY_PAUSES_S, None):
+            call = self._call("ListNodesStream")(req, timeout=self._timeout_s)
+            got = False
+            try:
+                async for page in call:
+                    got = True
+                    yield self._check(page, admin_pb2.ListNodesResponse)
+                return
+            except grpc.aio.AioRpcError as e:
+                code, details = e.code(), e.details() or ""
+                if not got and code == grpc.StatusCode.UNIMPLEMENTED:
+                    legacy = admin_pb2.ListNodesRequest(include_deleted=include_deleted)
+                    yield await self._unary("ListNodes", legacy, admin_pb2.ListNodesResponse)
+                    return
+                # As `_sent`: nothing was sent while no connection was made, so the listing starts again.
+                if got or pause_s is None or not never_connected(code, details):
+                    raise await self._error(e) from e
+            finally:
+                call.cancel()
+            await asyncio.sleep(pause_s)
 
     async def get_node(self, node_id: str) -> admin_pb2.NodeInfo:
         """One node in detail, with the `event_seq` it was read at."""
@@ -468,6 +513,9 @@ class AdminClient:
     # -- tunnels (the `Tunnels` service on the same channel: docs/access.md) ---------------------------------
 
     async def list_tunnels(self, *, node_id: str = "", open_only: bool = False) -> list[tunnel_pb2.TunnelRecord]:
+        from bc.protocol.pb import tunnel_pb2  # the tunnels' own service: loaded by the commands that call it
+        from bc.wire.stubs import tunnel_pb2_grpc
+
         req = tunnel_pb2.ListTunnelsRequest(node_id=node_id, open_only=open_only)
         try:
             resp = await tunnel_pb2_grpc.TunnelsStub(self._channel).ListTunnels(req, timeout=self._timeout_s)
@@ -476,6 +524,9 @@ class AdminClient:
         return list(self._check(resp, tunnel_pb2.ListTunnelsResponse).tunnels)
 
     async def close_tunnel(self, sid: str, *, reason: str = "") -> tunnel_pb2.TunnelRecord:
+        from bc.protocol.pb import tunnel_pb2
+        from bc.wire.stubs import tunnel_pb2_grpc
+
         req = tunnel_pb2.CloseTunnelRequest(sid=sid, reason=reason)
         try:
             resp = await tunnel_pb2_grpc.TunnelsStub(self._channel).CloseTunnel(req, timeout=self._timeout_s)
@@ -643,7 +694,7 @@ class AdminClient:
     ) -> _Reply:
         method = self._call(rpc)
         try:
-            resp = await method(request, timeout=timeout_s or self._timeout_s)
+            resp = await self._sent(method, request, timeout_s or self._timeout_s)
         except grpc.aio.AioRpcError as e:
             details = e.details() or ""
             if is_write(rpc) and broke_mid_call(e.code(), details):
@@ -653,6 +704,17 @@ class AdminClient:
                 ) from e
             raise await self._error(e) from e
         return self._check(resp, reply)
+
+    async def _sent(self, method: Any, request: Message, timeout_s: float) -> Any:
+        """`method(request)`, sent again while no connection could be made (see `CONNECT_RETRY_PAUSES_S`)."""
+        for pause_s in (*CONNECT_RETRY_PAUSES_S, None):
+            try:
+                return await method(request, timeout=timeout_s)
+            except grpc.aio.AioRpcError as e:
+                if pause_s is None or not never_connected(e.code(), e.details() or ""):
+                    raise
+            await asyncio.sleep(pause_s)
+        raise AssertionError("unreachable: the last attempt raises or returns")
 
     async def _error(self, e: grpc.aio.AioRpcError) -> BcError:
         """Our error for a failed call. A connection closed during the handshake is either a server going

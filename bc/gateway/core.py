@@ -23,6 +23,10 @@ States::
   this session already sent: at Hello, on a poke, every 10 s as a backstop,
   and on `SpecRequest` (always, whatever was sent before). A `SecretRequest`
   is handed to the secret broker (`AnswerSecret`) as the node sent it.
+* Tunnel offers (`offer_tunnel`) go out on the stream only once it is OPEN and only
+  when the Hello named `tunnel.offers` (bc.protocol.capabilities), which the
+  Welcome then names back; any other session takes its offers on the
+  `NodeTunnels.Listen` stream, and the adapter never hands it one.
 * Status reports are coalesced latest-wins; `take_status()` hands the adapter
   the newest one, flagged `publish` only when its key differs from the last
   one this session published. `status_due(now)` says when to write: a report
@@ -39,7 +43,8 @@ import enum
 from dataclasses import dataclass, field
 
 from bc.errors import ProtocolError
-from bc.protocol.pb import common_pb2, secrets_pb2, session_pb2
+from bc.protocol.capabilities import TUNNEL_OFFERS
+from bc.protocol.pb import common_pb2, secrets_pb2, session_pb2, tunnel_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.protocol.status import status_key
 
@@ -119,6 +124,7 @@ class GatewaySessionCore:
     last_heard: float = 0.0
     last_heartbeat_sent: float = 0.0
     last_backstop: float = 0.0
+    tunnel_offers: bool = False  # the Hello named `tunnel.offers`: this stream carries the node's tunnel offers
     _queued: list[NodeMessage] = field(default_factory=list)
     _status: PendingStatus | None = None
     _published_key: str = ""
@@ -149,6 +155,7 @@ class GatewaySessionCore:
                     )
                 ]
             self.applied_generation = hello.applied_generation
+            self.tunnel_offers = TUNNEL_OFFERS in hello.capabilities
             self.state = State.OPENING
             return [OpenSession(hello)]
         if self.state is State.OPENING:
@@ -201,6 +208,7 @@ class GatewaySessionCore:
                 trust=trust,
                 gateway_id=gateway_id,
                 inventory_hash=inventory_hash,
+                capabilities=[TUNNEL_OFFERS] if self.tunnel_offers else [],
             )
         )
         if trust_envelope is not None:
@@ -231,6 +239,14 @@ class GatewaySessionCore:
             return []
         self.sent_generation = max(self.sent_generation, generation)
         return [Send(GatewayMessage(desired_state=session_pb2.DesiredState(envelope=envelope)))]
+
+    def offer_tunnel(self, offer: tunnel_pb2.TunnelOffer) -> list[Action]:
+        """An operator's tunnel for this node (bc.gateway.tunnels): the offer goes out on an open session that
+        takes offers; otherwise nothing (the offer's wait for the node's answer then runs out, as an offer to a
+        Listen stream that ended does)."""
+        if self.state is not State.OPEN or not self.tunnel_offers:
+            return []
+        return [Send(GatewayMessage(tunnel_offer=offer))]
 
     def tick(self, now: float, server_time_ms: int) -> list[Action]:
         """Timers: heartbeats out, three missed heartbeats close the session."""

@@ -46,7 +46,10 @@ KIND_NAMES = {
 # What a node refuses on its own, raised to the operator as security events.
 SECURITY_EVENTS = {"spec.rejected": "security.spec-rejected"}
 # What a node could not journal as it was, raised to the operator as node events.
-NODE_EVENTS = {"event.too-large": "node.event-too-large"}
+NODE_EVENTS = {
+    "event.too-large": "node.event-too-large",
+    "instance.rules-restored": "instance.rules-restored",  # the node put flushed instance rules back
+}
 
 
 def _json_body(body: bytes) -> dict[str, object]:

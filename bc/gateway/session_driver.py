@@ -5,6 +5,12 @@ reader feeding the core, a ticker for heartbeats, the 10 s backstop and the
 ~1 s status flush, and the actions the core asks for, executed one at a time so
 the store sees a session's frames in the order they arrived.
 
+A session whose Hello named `tunnel.offers` holds its node in the gateway's
+`TunnelHub` from its Welcome to its end: an operator's offer is handed to the
+driver (`put_nowait`, the hub's `OfferSink`), and the ticker sends it as the core
+says, after the Welcome and in the order they came. The session's end releases
+the node, which ends its tunnels here, as a Listen stream's end does.
+
 Sizes (`bc.gateway.oversize`): an update whose result is over
 `max_result_bytes` is acked as refused, never applied; a stored command or
 spec whose frame would be over `max_frame_bytes` is never sent (the node
@@ -35,6 +41,7 @@ from bc.gateway.dispatcher import Dispatcher
 from bc.gateway.hello import TERMINAL_UPDATES, HelloResult, hello_in
 from bc.gateway.ingest import ingest_in
 from bc.gateway.oversize import fit_texts, refuse_oversized_command, refuse_oversized_update
+from bc.gateway.tunnels import TunnelHub
 from bc.pki.identity import PeerIdentity
 from bc.protocol import closing
 from bc.protocol import connectivity as cx
@@ -42,6 +49,7 @@ from bc.protocol.closing import SessionRefused
 from bc.protocol.limits import LIMITS
 from bc.protocol.pb import common_pb2, secrets_pb2, session_pb2
 from bc.protocol.pb.session_pb2 import CloseReason, GatewayMessage, NodeMessage
+from bc.protocol.pb.tunnel_pb2 import TunnelOffer
 from bc.runtime.aio import wait_event
 from bc.seams.clock import Clock
 from bc.seams.link import Link, LinkClosed
@@ -92,6 +100,7 @@ class SessionHost(Protocol):
     status_budget: StatusBudget
     sessions: dict[str, SessionDriver]
     secrets: SecretPort
+    tunnels: TunnelHub
 
     @property
     def cfg(self) -> SessionTimers: ...
@@ -122,6 +131,9 @@ class SessionDriver:
         self._done = asyncio.Event()
         self._spec_refused_generation = 0  # the generation last reported as too large to send, so it is said once
         self._hello_write: asyncio.Future[HelloResult | None] | None = None  # this session's Hello, once queued
+        # Tunnel offers the hub handed this session, not yet sent; a list made at the first (nearly every session
+        # never has one: docs/scale.md, the memory per session).
+        self._offers: list[TunnelOffer] | None = None
 
     def poke(self) -> None:
         """Something changed for this node (an enqueue, a cancel, a credit come free, a spec): check the
@@ -138,6 +150,17 @@ class SessionDriver:
     def deliver(self, sends: SessionSends) -> None:
         """A dispatch pass's plan for this session: sent by the session's own task, in order."""
         self._outbox.append(sends)
+        self._wake.set()
+
+    def put_nowait(self, item: TunnelOffer | None) -> None:
+        """The hub's `OfferSink`: an operator's offer, sent by the session's own task; None (a newer session or
+        Listen of the node took over, or the node is closed here) drops what was not sent yet."""
+        if item is None:
+            self._offers = None
+            return
+        if self._offers is None:
+            self._offers = []
+        self._offers.append(item)
         self._wake.set()
 
     async def notify_secret(self, msg: GatewayMessage) -> None:
@@ -221,6 +244,8 @@ class SessionDriver:
 
     async def _cleanup(self) -> None:
         self.core.close()
+        self._offers = None
+        self.gw.tunnels.release(self.node_id, self)  # its tunnels here end with it, if it still held the node
         if self.gw.sessions.get(self.node_id) is self:
             del self.gw.sessions[self.node_id]
             self.gw.dispatcher.poke()  # the last session gone ends the dispatch loop
@@ -321,6 +346,7 @@ class SessionDriver:
                         await self._check_generation("poke" if poked else "backstop")
                     # Commands come from the gateway's dispatch passes (on pokes and every second).
                     await self._send_planned()
+                    await self._send_offers()
                     if self.core.status_due(now) == 0.0:
                         self.core.note_status_written(now)
                         await self._flush_status()
@@ -420,6 +446,8 @@ class SessionDriver:
                         self.gw.trust.trust_envelope(),
                     )
                 )
+                if self.core.tunnel_offers:  # after the Welcome: no offer goes out before it
+                    self.gw.tunnels.hold(self.node_id, self)
                 if res.ack:
                     await self.link.send(GatewayMessage(ack=session_pb2.Ack(command_ids=res.ack)))
                 for command_id in res.replay:
@@ -454,6 +482,12 @@ class SessionDriver:
                 await self._send_frame(frame)
             for cid, reason in sends.cancels:
                 await self.link.send(GatewayMessage(cancel=session_pb2.Cancel(command_id=cid, reason=reason)))
+
+    async def _send_offers(self) -> None:
+        """The tunnel offers handed to this session, in order (`put_nowait`)."""
+        while self._offers:
+            offer = self._offers.pop(0)
+            await self._execute(self.core.offer_tunnel(offer))
 
     async def _send_command(self, command_id: str) -> None:
         """Relay a stored command (a Hello's replay) as it is now."""

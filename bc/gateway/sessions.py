@@ -139,7 +139,7 @@ class Gateway:
         not yet in its transaction is not written, one already written is closed in the store."""
         self.draining = True
         for d in list(self.streams):  # the sessions, and the streams whose Hello is still on its way
-            d.request_close("UNAVAILABLE", "the server is stopping; reconnect", closing.GATEWAY_UNAVAILABLE)
+            self._close_draining(d)
         self.dispatcher.wake()  # with no session open its loop ends now, not at its next tick
         while self.streams or self.sessions or self._closing_tasks:
             if self._closing_tasks:
@@ -497,9 +497,17 @@ class Gateway:
         async with self.store.transaction() as tx:
             await leases_sql.give_up(tx, self.claim.name, self.claim.holder)
 
+    @staticmethod
+    def _close_draining(driver: SessionDriver) -> None:
+        driver.request_close("UNAVAILABLE", "the server is stopping; reconnect", closing.GATEWAY_UNAVAILABLE)
+
     async def serve(self, link: Link[NodeMessage, GatewayMessage], peer: PeerIdentity) -> None:
         driver = SessionDriver(self, link, peer)
         self.streams[driver] = None
+        if self.draining:
+            # Admitted before the drain began, this stream waited (its serial's revocation read) past the drain's
+            # close of every stream: it would open a session nobody closes, and the drain would never end.
+            self._close_draining(driver)
         try:
             await driver.run()
         finally:

@@ -1,9 +1,12 @@
 """The gateway's half of tunnels: which nodes listen here, offers to them, and the relay of open tunnels.
 
-A node holds one `NodeTunnels.Listen` stream on the channel of its session (`agent.tunnel.service`); an
-operator's `Tunnels.Open` (`bc.api.tunnel_servicer`) asks the hub to `connect` to a node: the hub offers the
-ticket on that node's Listen stream and waits for the node's `Carry` stream to `attach` with the same sid
-(only that node's: a Carry from another node, or for a sid nobody waits for, is ended). The node's first
+A node takes its offers on its session stream (`GatewayMessage.tunnel_offer`: the session's driver `hold`s
+the node here once it welcomed a node whose Hello named `tunnel.offers`) or, an older agent, on one
+`NodeTunnels.Listen` stream on the channel of its session (`listen`); either way one `OfferSink` a node, the
+newest, on the gateway that holds the node's session. An operator's `Tunnels.Open` (`bc.api.tunnel_servicer`)
+asks the hub to `connect` to a node: the hub puts the ticket's offer in that node's sink and waits for the
+node's `Carry` stream to `attach` with the same sid (only that node's: a Carry from another node, or for a sid
+nobody waits for, is ended). The node's first
 frame is its verdict (`accept` or `refused`); after an accept, `relay` moves the frames both ways.
 
 The relay holds ciphertext only (TLS between the CLI and the node, `bc.wire.tls_pipe`): it reads and counts
@@ -14,7 +17,8 @@ being read and HTTP/2's flow control pushes back to the sender; a tunnel never h
 reads. Frames other than `data` and `end`, or over `MAX_FRAME` bytes, end the tunnel.
 
 Tunnels end when either end closes, when `close`/`close_node`/`close_kid` says so (an admin's close, the
-node's revocation, a key rotation), or when the node's Listen stream ends (its session left this gateway).
+node's revocation, a key rotation), or when the node's sink is released (its session, or its Listen stream,
+ended: the session left this gateway).
 """
 
 from __future__ import annotations
@@ -98,29 +102,77 @@ class _Waiting:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+class OfferSink(Protocol):
+    """Where a node's offers go: a Listen stream's `Offers`, or the node's session (`SessionDriver`). None says
+    a newer sink of the node took over (or the node is closed here): offers not yet sent are dropped."""
+
+    def put_nowait(self, item: TunnelOffer | None) -> None: ...
+
+
+class Offers:
+    """One Listen stream's offers, in order; None ends the stream.
+
+    Every node session a gateway holds has one, waiting nearly always and carrying an offer only when an
+    operator opens a tunnel, so it is kept small: an `asyncio.Queue` is four deques and an Event, about 3 KiB
+    a session (docs/scale.md, the memory per session); this is a deque made at the first offer and one future
+    while the stream waits. One reader (the Listen stream), any number of writers, never full."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[TunnelOffer | None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: TunnelOffer | None) -> None:
+        if self._items is None:
+            self._items = deque()
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> TunnelOffer | None:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+
 class TunnelHub:
     def __init__(self) -> None:
-        self._listeners: dict[str, asyncio.Queue[TunnelOffer | None]] = {}
+        self._listeners: dict[str, OfferSink] = {}
         self._waiting: dict[str, _Waiting] = {}
         self._carried: dict[str, asyncio.Event] = {}  # sid → set when the relay is over (the Carry may end)
         self.relays: dict[str, Relay] = {}
 
     # -- the node's streams -------------------------------------------------------------------------
 
-    async def listen(self, node_id: str) -> AsyncIterator[TunnelOffer]:
-        """The offers for `node_id`, until its next Listen replaces this one or `close_node`."""
-        q: asyncio.Queue[TunnelOffer | None] = asyncio.Queue()
+    def hold(self, node_id: str, sink: OfferSink) -> None:
+        """`sink` takes `node_id`'s offers from now on; the sink before it (a Listen stream, a session) is told
+        None and gets no more."""
         old = self._listeners.get(node_id)
-        if old is not None:
+        if old is not None and old is not sink:
             old.put_nowait(None)
-        self._listeners[node_id] = q
+        self._listeners[node_id] = sink
+
+    def release(self, node_id: str, sink: OfferSink) -> None:
+        """`sink`'s session or stream ended: if it still held the node, the node's tunnels here end with it."""
+        if self._listeners.get(node_id) is sink:
+            del self._listeners[node_id]
+            self.close_node(node_id, "the node's session left this gateway")
+
+    async def listen(self, node_id: str) -> AsyncIterator[TunnelOffer]:
+        """The offers for `node_id` on a Listen stream (an older agent), until its next sink replaces this one
+        or `close_node`."""
+        q = Offers()
+        self.hold(node_id, q)
         try:
             while (offer := await q.get()) is not None:
                 yield offer
         finally:
-            if self._listeners.get(node_id) is q:
-                del self._listeners[node_id]
-                self.close_node(node_id, "the node's session left this gateway")
+            self.release(node_id, q)
 
     def listening(self, node_id: str) -> bool:
         return node_id in self._listeners

@@ -25,6 +25,7 @@ REQUEST_MESSAGES: dict[str, type[Message]] = {
     "logs.collect": kinds_pb2.LogsCollectRequest,
     "diag.dcgm": kinds_pb2.DiagDcgmRequest,
     "daemon.upgrade": kinds_pb2.DaemonUpgradeRequest,
+    "instance.snapshot": kinds_pb2.InstanceSnapshotRequest,
     # the site agent's kinds (docs/metal.md)
     "bmc.query": site_kinds_pb2.BmcQueryRequest,
     "bmc.power": site_kinds_pb2.BmcPowerRequest,

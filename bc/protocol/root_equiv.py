@@ -100,6 +100,37 @@ FIELDS: Mapping[str, str] = {
     # the guest's user data, by name: the broker's scope decides which nodes may read it, and it goes to the
     # guest (fw_cfg), not to anything the host runs.
     "instances.instances.user_data_secret_ref": OPERATOR,
+    # networks, disks, placement and snapshots of a VM: the guest's world. Bridges are the host's own (the node
+    # refuses a bc* name), images and snapshots arrive over https with a digest and are checked as untrusted
+    # input (no backing or data file), volumes live in the node's volume store, GPUs are booked through the
+    # allocation's BINDING_INSTANCE like any hold.
+    "instances.instances.network_policy": OPERATOR,
+    "instances.instances.ssh_from_host_only": OPERATOR,
+    "instances.instances.nics.bridge": OPERATOR,
+    "instances.instances.nics.mac": OPERATOR,
+    "instances.instances.nics.addresses": OPERATOR,
+    "instances.instances.volumes": OPERATOR,
+    "instances.instances.volumes.volume": OPERATOR,
+    "instances.instances.volumes.read_only": OPERATOR,
+    "instances.instances.placement": OPERATOR,
+    "instances.instances.placement.cpus": OPERATOR,
+    "instances.instances.placement.mems": OPERATOR,
+    "instances.instances.placement.hugepage_mib": OPERATOR,
+    "instances.instances.placement.balloon": OPERATOR,
+    "instances.instances.restore_from": OPERATOR,
+    "instances.instances.restore_from.url": OPERATOR,
+    "instances.instances.restore_from.sha256": OPERATOR,
+    "instances.instances.identity_rebind_ref": OPERATOR,
+    "instances.instances.disk_size_bytes": OPERATOR,
+    "instances.images": OPERATOR,
+    "instances.images.name": OPERATOR,
+    "instances.images.url": OPERATOR,
+    "instances.images.sha256": OPERATOR,
+    "instances.images.format": OPERATOR,
+    "instances.volumes": OPERATOR,
+    "instances.volumes.id": OPERATOR,
+    "instances.volumes.serial": OPERATOR,
+    "instances.volumes.size_bytes": OPERATOR,
     # access: whoever may log in, and as whom.
     "access.exec_ticket_jwks": ANY_CHANGE,
     "access.ssh_ca_keys": ADDED,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 TMP_PREFIX = ".bc-tmp-"
@@ -25,6 +24,8 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, dir_mode: int = 
     path = Path(path)
     parent = path.parent
     parent.mkdir(mode=dir_mode, parents=True, exist_ok=True)
+    import tempfile  # here: every CLI start imports this module, few write (shutil, bz2, lzma, random: 4 ms)
+
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp", dir=parent)  # created 0600
     try:
         with os.fdopen(fd, "wb") as f:

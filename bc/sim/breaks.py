@@ -44,6 +44,9 @@ seam the production class declares with its production default (`Gateway.close_s
     health-forget-repeats      a health reconciler blind to the episodes that ended: a GPU   H1
                                sick again within the repeat window is remediated again
                                instead of quarantined (`--health`)
+    instance-as-hold           a devices converger that writes a CDI spec for an instance's  V1
+                               GPUs too, as for a hold, while they are passed through to
+                               its VM (`--instances` runs only)
 
 The health reconciler's breaks (`bc.sim.health_breaks`) are swapped in through `ControlFactories.health_cls`:
 two set the production reconciler's `decider` seam (as `PlacementPass.planner` is set for double-book), one
@@ -64,8 +67,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.converge.devices import DevicesConverger
+from agent.converge.devices import Action, Bind, DevicesConverger, Release, resolve
+from agent.hw import cdi
 from agent.hw.cdi import HeldSpec
+from agent.instances.bookings import InstanceBookings
 from agent.journal_api import AgentJournal, JournalEvent, StoredSpec
 from agent.journal_rules import KEEP_S, Acceptance, CommandEntry, Settlement
 from agent.session_core import SpecRule, decide_spec
@@ -81,6 +86,7 @@ from bc.gateway.sessions import Gateway
 from bc.jobs.health import HealthReconciler
 from bc.pki import quorum as q
 from bc.protocol import connectivity as cx
+from bc.protocol.atoms import parse_atom
 from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
 from bc.sim.health_breaks import EvictingReconciler, HastyReconciler, LimitlessReconciler, RepeatBlindReconciler
 from bc.sim.releases import release_reservation
@@ -375,6 +381,33 @@ class ReleasingDevices(DevicesConverger):
         return None
 
 
+# ---- instance-as-hold ----
+
+
+class InstanceAsHoldDevices(DevicesConverger):
+    """A devices converger that books an instance's GPUs (BINDING_INSTANCE) and also writes a CDI spec for
+    them, as for a hold: a container runtime then sees GPUs the VM has passed through (`bc sim --instances`)."""
+
+    def _scan(self) -> tuple[dict[str, HeldSpec], str | None]:
+        held, mps = super()._scan()
+        if self.instance_bookings is not None:  # its booking is what it goes by; the CDI file rides along
+            held.update(self.instance_bookings.read())
+        return held, mps
+
+    async def _apply_instance(self, bookings: InstanceBookings, action: Action) -> None:
+        await super()._apply_instance(bookings, action)
+        if isinstance(action, Release):
+            await self.files.remove("cdi", action.held.allocation_id)
+        if not isinstance(action, Bind):
+            return
+        a = action.assignment
+        inventory = await self.offload(self.hw.inventory)
+        devices = [resolve(parse_atom(r.device_class, r.atom_id), inventory) for r in a.devices]
+        env = cdi.env_lines(a.allocation_id, devices, kubernetes=False, extra_env=[], mps_pipe_dir=None)
+        doc = cdi.render_spec(a.allocation_id, a.reservation_id, devices, env, kubernetes=False)
+        await self.files.write("cdi", a.allocation_id, cdi.spec_bytes(doc))
+
+
 # ---- spec-out-of-order ----
 
 
@@ -475,6 +508,7 @@ RULES: dict[str, SimSeams] = {
         SimSeams("health-release-holds", "H1", health_cls=EvictingReconciler),
         SimSeams("health-reset-under-hold", "H1", health_cls=HastyReconciler),
         SimSeams("health-forget-repeats", "H1", health_cls=RepeatBlindReconciler),
+        SimSeams("instance-as-hold", "V1", devices_cls=InstanceAsHoldDevices),
     )
     if s.rule is not None
 }

@@ -44,6 +44,7 @@ from bc.sim.facts import (
     Bound,
     Connectivity,
     FactLog,
+    GpuUse,
     HeardSpan,
     JournalLoss,
     NodeRelease,
@@ -445,6 +446,36 @@ def check_q1(runs: Sequence[BatchRan], held: QuorumHeld | None) -> UnderQuorum |
     return None
 
 
+# ---- V1: no GPU both held and passed through ----
+
+
+@dataclass(frozen=True)
+class HeldAndPassed:
+    use: GpuUse
+    gpu: str
+    instance: str
+
+    @property
+    def sentence(self) -> str:
+        return (
+            f"V1: GPU {self.gpu} on {self.use.node_id} is both held (a CDI hold names it) and passed through to"
+            f" instance {self.instance}"
+        )
+
+    @property
+    def node_id(self) -> str:
+        return self.use.node_id
+
+
+def check_v1(uses: Sequence[GpuUse]) -> HeldAndPassed | None:
+    """The first sample in which a GPU a CDI hold names is also passed through to a VM, or None."""
+    for use in sorted(uses, key=lambda u: (u.at_ms, u.node_id)):
+        for gpu, instance in use.passed:
+            if gpu in use.held:
+                return HeldAndPassed(use, gpu, instance)
+    return None
+
+
 # ---- all of them ----
 
 NAMES: dict[str, str] = {
@@ -457,6 +488,7 @@ NAMES: dict[str, str] = {
     "I8": "billing conservation",
     "Q1": "destructive batches run only with k approvers",
     "H1": "health remediation within limits, no hold released or reset, once per episode",
+    "V1": "no GPU both held and passed through",
 }
 
 
@@ -549,6 +581,9 @@ def check_all(
     if facts.health is not None:
         h1 = check_h1(facts.health)
         out.append(_result("H1", h1, None if h1 is None else h1.at_ms))
+    if facts.gpu_uses is not None:
+        v1 = check_v1(facts.gpu_uses)
+        out.append(_result("V1", v1, None if v1 is None else v1.use.at_ms))
     return out
 
 
@@ -557,6 +592,7 @@ __all__ = [
     "Counterexample",
     "DoubleExecution",
     "FalseUnreachable",
+    "HeldAndPassed",
     "InvariantResult",
     "NodeDroppedHold",
     "NotConverged",
@@ -572,4 +608,5 @@ __all__ = [
     "check_node_kept_holds",
     "check_q1",
     "check_spec_order",
+    "check_v1",
 ]

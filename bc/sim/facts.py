@@ -263,6 +263,17 @@ class QuorumHeld:
 # ---- the recorder ----
 
 
+@dataclass(frozen=True)
+class GpuUse:
+    """One node's GPUs at one instant (`bc sim --instances`, `bc.sim.instances.sample`): those its CDI holds
+    name, and those passed through to a VM (GPU -> instance), read from its machine's files."""
+
+    at_ms: int
+    node_id: str
+    held: frozenset[str]
+    passed: tuple[tuple[str, str], ...]
+
+
 @dataclass
 class FactLog:
     """Everything a run recorded. The runner appends with the methods below; the checkers read the fields."""
@@ -297,6 +308,8 @@ class FactLog:
     end_ms: int = 0
     health: HealthFacts | None = None
     """`bc sim --health` only (`bc.sim.health_record`); None: H1 is not checked."""
+    gpu_uses: list[GpuUse] | None = None
+    """`bc sim --instances` only (`bc.sim.instances`); None: V1 is not checked."""
     # per node: parallel sorted lists of span starts and ends (see the module docstring)
     _heard_first: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _heard_last: dict[str, list[int]] = field(default_factory=dict, repr=False)

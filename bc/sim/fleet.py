@@ -56,6 +56,7 @@ from agent.app import Agent
 from agent.health.monitor import HealthMonitor
 from agent.hw.base import HardwareBackend
 from agent.hw.fake import FakeHardware
+from agent.instances.fake import FakeRuntime
 from agent.journal_api import AgentJournal
 from bc.assembly.control import ControlFactories
 from bc.control.base.bus import Bus
@@ -73,6 +74,7 @@ from bc.seams.network import LinkFaults, SimNetwork
 from bc.seams.virtual_time import WALL_START
 from bc.seams.virtual_time import run as run_virtual
 from bc.sim import chaos, storm_aim, storms, strikes
+from bc.sim import instances as sim_instances
 from bc.sim.breaks import PowerLoss, SimSeams, seams_for
 from bc.sim.bus_hub import BusHub
 from bc.sim.chaos import Fault, Level
@@ -127,6 +129,9 @@ class SimConfig:
     break_rule: str | None = None
     health: bool = False
     """`--health`: set a health policy at the start and add XID storms to the chaos (`bc.sim.storms`)."""
+    instances: bool = False
+    """`--instances`: VMs with passed-through GPUs on every node, instance reservations, and V1
+    (`bc.sim.instances`)."""
     trace: Path | None = None
     """Write the events log here, one JSON array (seq, type, subject, data, at_ms) a line."""
     quiet_s: float = 300.0
@@ -142,6 +147,8 @@ class SimConfig:
             out += " --journal-files"
         if self.health:
             out += " --health"
+        if self.instances:
+            out += " --instances"
         if self.break_rule:
             out += f" --break {self.break_rule}"
         return out
@@ -199,6 +206,7 @@ class SimPair(SessionPair):
         self.boots: dict[str, str] = {}
         self.gateway_count = cfg.gateways
         self.health = cfg.health
+        self.instances = cfg.instances
         self.node_index = {n: i for i, n in enumerate(self.node_ids())}
         self.hub = BusHub()
         self.shared_store: OutageStore | None = None
@@ -286,6 +294,9 @@ class SimPair(SessionPair):
             if source is not None:
                 agent.parts.health = source
                 agent.health = HealthMonitor(source, agent.parts.clock, agent.parts.offload)
+        if self.instances:  # the fake VM runtime `bc node --fake-hw` runs, its records in the machine's directory
+            sim_instances.prepare_machine(node.dir)
+            agent.parts.instances = FakeRuntime(node.dir / "fake-instances.json", agent.parts.offload)
         self.boots.setdefault(node.node_id, node.hw.boot_id())
         return agent
 
@@ -760,8 +771,15 @@ async def run_fleet(fleet: Fleet, *, workload: Workload | None = None, progress:
     tasks = [asyncio.create_task(fleet.run_chaos(t0), name="chaos")]
     if workload is not None:
         tasks.append(asyncio.create_task(_drive(workload, fleet), name="workload"))
-    if progress is not None:
-        tasks.append(asyncio.create_task(_report(fleet, t0, progress), name="progress"))
+    vms: sim_instances.InstanceWork | None = None
+    if cfg.instances:
+        dirs = {n: fleet.pair.nodes[n].dir for n in fleet.node_ids}
+        vms = sim_instances.InstanceWork(fleet, cfg.seed, dirs, fleet._now_ms)
+        tasks.append(asyncio.create_task(vms.run(), name="instances"))
+    # The reporter runs whether anyone listens or not: its store read once a simulated minute is part of the
+    # schedule, so a run with no listener (a test's run_sync, `python -m bc.sim.fleet`) is `bc sim --seed`'s
+    # run event for event. Without it, the same seed wrote two different event logs.
+    tasks.append(asyncio.create_task(_report(fleet, t0, progress or _unwatched), name="progress"))
     try:
         await asyncio.sleep(cfg.duration_s)
         for t in tasks:
@@ -775,6 +793,9 @@ async def run_fleet(fleet: Fleet, *, workload: Workload | None = None, progress:
         await from_store(fleet.facts, fleet.recorder, store, events)
         if cfg.health:
             await health_from_store(fleet.facts, store, events, fleet.operator_released)
+        if vms is not None:
+            vms.sample_all()
+            fleet.facts.gpu_uses = vms.samples
     finally:
         await fleet.stop()
     if cfg.trace is not None:
@@ -830,7 +851,7 @@ def workload_for(cfg: SimConfig) -> Workload:
 
 
 def _unwatched(sim_s: float, events: int, faults: int) -> None:
-    """A sweep's seed reports its progress to no one."""
+    """A run nobody watches reports its progress to no one (the reporter still runs: see `run_fleet`)."""
 
 
 def repro_at(cfg: SimConfig, seed: int) -> str:
@@ -843,9 +864,7 @@ def seed_outcome(cfg: SimConfig, seed: int) -> SeedOutcome:
     runs it; what the run raises is the harness's error, said in one line with the seed that replays it."""
     one = replace(cfg, seed=seed, trace=None)
     try:
-        # With a progress reporter, as `bc sim --seed` runs: its task reads the store once a simulated minute,
-        # and a run without it interleaves differently (a sweep's seed 6 failed where its replay did not).
-        result = run_sync(one, workload=workload_for(one), progress=_unwatched)
+        result = run_sync(one, workload=workload_for(one))
     except Exception as e:
         return SeedOutcome(seed=seed, repro=one.repro(), harness_error=one_line(f"{type(e).__name__}: {e}")[:300])
     failed = [i for i in result.invariants if not i.ok]
@@ -872,6 +891,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--journal-files", action="store_true")
     p.add_argument("--break", dest="break_rule")
     p.add_argument("--health", action="store_true")
+    p.add_argument("--instances", action="store_true")
     p.add_argument("--no-workload", action="store_true")
     p.add_argument("--trace", type=Path)
     args = p.parse_args(argv)
@@ -885,6 +905,7 @@ def main(argv: list[str] | None = None) -> None:
         journal_files=args.journal_files,
         break_rule=args.break_rule,
         health=args.health,
+        instances=args.instances,
         trace=args.trace,
     )
     result = run_sync(cfg, workload=None if args.no_workload else workload_for(cfg))

@@ -40,10 +40,10 @@ class OutageStore(InlineSqliteStore):
         async with super()._begin(write) as tx:
             yield tx
 
-    async def _run(self, sql: str, params: Params | None, *, fetch: bool) -> _Result:
+    async def _run(self, sql: str, params: Params | None, *, fetch: bool, tuples: bool = False) -> _Result:
         if self.out:
             raise StoreError(f"the store is unavailable (a simulated outage) in: {sql.strip()[:60]}")
-        return await super()._run(sql, params, fetch=fetch)
+        return await super()._run(sql, params, fetch=fetch, tuples=tuples)
 
 
 class Pause:

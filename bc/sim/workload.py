@@ -85,8 +85,10 @@ APPROVAL_TTL_MS = 3_600_000
 SPEC_SECTIONS = ("access", "host", "telemetry")
 """The sections the workload writes besides `devices` (which reservations write)."""
 JOB_TEMPLATES = ("reboot", "remediate", "rollout")
-# The simulated hosts are GPU nodes: the kinds an agent of the `node` role runs (not a ramdisk's or a site's).
-NODE_KINDS = tuple(sorted(k for k in REGISTRY if "node" in kinds.KINDS[k].roles))
+# The simulated hosts are GPU nodes: the kinds an agent of the `node` role runs (not a ramdisk's or a site's),
+# but not those of VMs (`instance.*`: they need a running instance and an upload URL; `--instances` models VMs
+# through their section), so a run draws the mix it drew before VMs had commands and keeps its digest.
+NODE_KINDS = tuple(sorted(k for k in REGISTRY if "node" in kinds.KINDS[k].roles and not k.startswith("instance.")))
 
 
 class ControlPlaneLike(Protocol):

@@ -56,6 +56,16 @@ def insert_rows(table: str, columns: tuple[str, ...], rows: list[Params]) -> tup
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values}", params
 
 
+def id_range(column: str, after: str | None, through: str | None) -> tuple[str, dict[str, str]]:
+    """` AND` clauses bounding `column` to (after, through], and their parameters."""
+    sql, params = "", {}  # the names are fixed, the values parameters: nothing of the caller's is spliced in
+    if after is not None:
+        sql, params["after"] = f" AND {column} > :after", after
+    if through is not None:
+        sql, params["through"] = f"{sql} AND {column} <= :through", through
+    return sql, params
+
+
 class Tx(abc.ABC):
     """One transaction. Statements use named parameters (`:name`)."""
 
@@ -72,6 +82,12 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]: ...
+
+    async def fetchtuples(self, sql: str, params: Params | None = None) -> list[tuple[Any, ...]]:
+        """`fetchall`'s rows as tuples, in the order the statement names its columns: for a read of thousands
+        of rows whose caller unpacks them by position (the fleet listing), where making a dict of each row
+        was a tenth of the read. The drivers read them as tuples outright; this is the meaning."""
+        return [tuple(row.values()) for row in await self.fetchall(sql, params)]
 
     async def fetchone(self, sql: str, params: Params | None = None) -> Row | None:
         rows = await self.fetchall(sql, params)

@@ -50,6 +50,21 @@ async def pending_unbooked(tx: Tx) -> list[Row]:
     return await tx.fetchall("SELECT * FROM reservations WHERE state = 'pending' AND node_id IS NULL ORDER BY seq")
 
 
+async def pending_unbooked_after(tx: Tx, seq: int, id_: str) -> list[Row]:
+    """`pending_unbooked` after (seq, id) in submit order: what an incremental pass has not planned yet."""
+    return await tx.fetchall(
+        "SELECT * FROM reservations WHERE state = 'pending' AND node_id IS NULL"
+        " AND (seq > :s OR (seq = :s AND id > :i)) ORDER BY seq, id",
+        {"s": seq, "i": id_},
+    )
+
+
+async def pending_unbooked_ids(tx: Tx) -> list[str]:
+    """The ids of `pending_unbooked`: an incremental pass checks the queue it left is still there."""
+    rows = await tx.fetchall("SELECT id FROM reservations WHERE state = 'pending' AND node_id IS NULL")
+    return [str(r["id"]) for r in rows]
+
+
 _DUE = (
     "r.state = 'pending' AND r.node_id IS NOT NULL AND EXISTS (SELECT 1 FROM device_bookings b"
     " WHERE b.reservation_id = r.id AND b.released_at_ms IS NULL AND b.start_ms <= :t)"

@@ -121,7 +121,10 @@ async def gateway_next_not_before(tx: Tx, gateway_id: str, now_ms: int, dialect:
             f"SELECT MIN(c.not_before_ms) FROM commands c {_PG_SESSION_OF_C} {_PG_MINE} AND {ahead}", params
         )
     else:
-        v = await tx.fetchval(f"SELECT MIN(c.not_before_ms) FROM commands c {_MINE} AND {ahead}", params)
+        v = await tx.fetchval(  # INDEXED BY: as `gateway_pending_cancelled`'s (migration 0032)
+            f"SELECT MIN(c.not_before_ms) FROM commands c INDEXED BY commands_pending_not_before {_MINE} AND {ahead}",
+            params,
+        )
     return None if v is None else int(v)
 
 
@@ -204,9 +207,11 @@ async def gateway_pending_cancelled(
             f"{_pg_only(nodes, params, 'c.node_id')} AND {_PENDING_CANCELLED} ORDER BY c.node_id, c.seq LIMIT :limit",
             params,
         )
+    # INDEXED BY: without the table's statistics (a new store; `PRAGMA optimize` has not run yet) SQLite's
+    # planner read every pending command through the (state) index for this (migration 0032).
     return await tx.fetchall(
-        f"SELECT c.id, c.node_id, s.session_epoch FROM commands c {_MINE}{_only(nodes, params)}"
-        f" AND {_PENDING_CANCELLED} ORDER BY c.node_id, c.seq LIMIT :limit",
+        f"SELECT c.id, c.node_id, s.session_epoch FROM commands c INDEXED BY commands_cancel_by_state"
+        f" {_MINE}{_only(nodes, params)} AND {_PENDING_CANCELLED} ORDER BY c.node_id, c.seq LIMIT :limit",
         params,
     )
 
@@ -225,9 +230,9 @@ async def gateway_in_flight_by_lane(
             params,
         )
     else:
-        rows = await tx.fetchall(
-            f"SELECT c.node_id, c.lane, COUNT(*) AS n FROM commands c {_MINE}{_only(nodes, params)}"
-            f" AND {in_flight} GROUP BY c.node_id, c.lane",
+        rows = await tx.fetchall(  # INDEXED BY: the planner's statistics of a busy store chose worse (0.34 ms)
+            f"SELECT c.node_id, c.lane, COUNT(*) AS n FROM commands c INDEXED BY commands_node_state"
+            f" {_MINE}{_only(nodes, params)} AND {in_flight} GROUP BY c.node_id, c.lane",
             params,
         )
     return {(str(r["node_id"]), str(r["lane"])): int(r["n"]) for r in rows}
@@ -266,8 +271,8 @@ async def gateway_cancels_to_send(
             " ORDER BY c.node_id, c.seq LIMIT :limit",
             params,
         )
-    return await tx.fetchall(
-        f"SELECT c.id, c.node_id, c.cancel_reason, s.session_epoch FROM commands c {_MINE}{_only(nodes, params)}"
-        f" AND {_CANCEL_UNSENT} ORDER BY c.node_id, c.seq LIMIT :limit",
+    return await tx.fetchall(  # INDEXED BY: as `gateway_pending_cancelled`'s (2.4 ms a pass, seen, without it)
+        "SELECT c.id, c.node_id, c.cancel_reason, s.session_epoch FROM commands c INDEXED BY commands_cancel_by_state"
+        f" {_MINE}{_only(nodes, params)} AND {_CANCEL_UNSENT} ORDER BY c.node_id, c.seq LIMIT :limit",
         params,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bc.store.base import Row, Tx
+from bc.store.base import Row, Tx, id_range
 from bc.store.nodes import LIVE
 
 # -- the policy's versions ----------------------------------------------------------------------------
@@ -153,10 +153,15 @@ async def action_times(tx: Tx, since_ms: int) -> list[int]:
 # -- GPU cordons ---------------------------------------------------------------------------------------------
 
 
-async def gpu_cordons(tx: Tx, node_id: str | None = None) -> list[Row]:
-    """Every GPU cordon (of one node), by node and GPU."""
+async def gpu_cordons(
+    tx: Tx, node_id: str | None = None, *, after: str | None = None, through: str | None = None
+) -> list[Row]:
+    """Every GPU cordon (of one node; of the nodes whose id is > `after` and <= `through` where given: a page
+    of the listing), by node and GPU."""
     if node_id is None:
-        return await tx.fetchall("SELECT * FROM gpu_cordons ORDER BY node_id, gpu_uuid")
+        where, params = id_range("node_id", after, through)
+        where = f" WHERE {where.removeprefix(' AND ')}" if where else ""
+        return await tx.fetchall(f"SELECT * FROM gpu_cordons{where} ORDER BY node_id, gpu_uuid", params)
     return await tx.fetchall("SELECT * FROM gpu_cordons WHERE node_id = :n ORDER BY gpu_uuid", {"n": node_id})
 
 

@@ -176,6 +176,11 @@ async def settled_commands(tx: Tx, command_ids: list[str]) -> set[str]:
     return out
 
 
+async def any_running(tx: Tx) -> bool:
+    """Whether any job node runs (`job_nodes_running`'s first entry): what a pass woken by an event checks."""
+    return await tx.fetchval("SELECT 1 FROM job_nodes WHERE state = 'running' LIMIT 1") is not None
+
+
 async def running_nodes(tx: Tx) -> list[Row]:
     return await tx.fetchall("SELECT * FROM job_nodes WHERE state = 'running' ORDER BY dag_id, pos")
 

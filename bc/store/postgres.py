@@ -36,7 +36,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql as pgsql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bc.runtime.aio import outside_world
@@ -112,6 +112,15 @@ class _PgTx(Tx):
     async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
         cur = await _run(self._conn, sql, params)
         return list(await cur.fetchall()) if cur.description else []
+
+    async def fetchtuples(self, sql: str, params: Params | None = None) -> list[tuple[Any, ...]]:
+        try:
+            with outside_world():
+                cur = self._conn.cursor(row_factory=tuple_row)  # as `_run`'s execute, with tuples for rows
+                await cur.execute(to_psycopg(sql), dict(params) if params else None)
+                return await cur.fetchall() if cur.description else []
+        except psycopg.Error as e:
+            raise StoreError(f"{_first_line(e)} in: {sql.strip()[:120]}") from e
 
     async def _order_appends(self) -> None:
         # One lock per schema (each test, each fleet sharing a database has its own log), held to the commit.

@@ -25,7 +25,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,6 +61,8 @@ make_private = keys.make_private_sqlite
 class _Result:
     rowcount: int
     rows: list[Row]
+    tuples: list[tuple[Any, ...]] = field(default_factory=list)
+    """The rows as sqlite3 gives them, when the caller asked for tuples (`rows` is then empty)."""
 
 
 class _SqliteTx(Tx):
@@ -73,6 +75,9 @@ class _SqliteTx(Tx):
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
         return (await self._store._run(sql, params, fetch=True)).rows
+
+    async def fetchtuples(self, sql: str, params: Params | None = None) -> list[tuple[Any, ...]]:
+        return (await self._store._run(sql, params, fetch=True, tuples=True)).tuples
 
 
 async def _to_completion(aw: Awaitable[object]) -> None:
@@ -115,15 +120,15 @@ class _SqliteStoreBase(Store):
     async def _close(self) -> None: ...
 
     @abc.abstractmethod
-    async def _statement(self, sql: str, params: dict[str, Any], fetch: bool) -> _Result: ...
+    async def _statement(self, sql: str, params: dict[str, Any], fetch: bool, tuples: bool = False) -> _Result: ...
 
     @abc.abstractmethod
     def _in_transaction(self) -> bool: ...
 
     # -- shared ---------------------------------------------------------------
-    async def _run(self, sql: str, params: Params | None, *, fetch: bool) -> _Result:
+    async def _run(self, sql: str, params: Params | None, *, fetch: bool, tuples: bool = False) -> _Result:
         try:
-            return await self._statement(sql, dict(params or {}), fetch)
+            return await self._statement(sql, dict(params or {}), fetch, tuples)
         except sqlite3.Error as e:
             raise StoreError(f"{e} in: {sql.strip()[:120]}") from e
 
@@ -244,11 +249,11 @@ class SqliteStore(_SqliteStoreBase):
             self._optimize_at = self.clock.monotonic() + OPTIMIZE_EVERY_S
             await self._statement("PRAGMA optimize", {}, False)  # in the thread, still under the store's lock
 
-    async def _statement(self, sql: str, params: dict[str, Any], fetch: bool) -> _Result:
+    async def _statement(self, sql: str, params: dict[str, Any], fetch: bool, tuples: bool = False) -> _Result:
         assert self._conn is not None
         if self._writing:
-            return _execute(self._conn, sql, params, fetch)
-        return await self._in_thread(_execute, self._conn, sql, params, fetch)
+            return _execute(self._conn, sql, params, fetch, tuples)
+        return await self._in_thread(_execute, self._conn, sql, params, fetch, tuples)
 
     def _in_transaction(self) -> bool:
         return self._conn is not None and self._conn.in_transaction
@@ -270,12 +275,20 @@ def _connect_read_only(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _execute(conn: sqlite3.Connection, sql: str, params: dict[str, Any], fetch: bool) -> _Result:
+def _execute(conn: sqlite3.Connection, sql: str, params: dict[str, Any], fetch: bool, tuples: bool = False) -> _Result:
     cur = conn.execute(sql, params)
     try:
-        return _Result(cur.rowcount, _rows(cur.description, cur.fetchall()) if fetch else [])
+        return _fetched(cur, fetch, tuples)
     finally:
         cur.close()
+
+
+def _fetched(cur: sqlite3.Cursor, fetch: bool, tuples: bool) -> _Result:
+    if not fetch:
+        return _Result(cur.rowcount, [])
+    if tuples:
+        return _Result(cur.rowcount, [], cur.fetchall())
+    return _Result(cur.rowcount, _rows(cur.description, cur.fetchall()))
 
 
 class InlineSqliteStore(_SqliteStoreBase):
@@ -302,10 +315,9 @@ class InlineSqliteStore(_SqliteStoreBase):
             self._conn.close()
             self._conn = None
 
-    async def _statement(self, sql: str, params: dict[str, Any], fetch: bool) -> _Result:
+    async def _statement(self, sql: str, params: dict[str, Any], fetch: bool, tuples: bool = False) -> _Result:
         assert self._conn is not None
-        cur = self._conn.execute(sql, params)
-        return _Result(cur.rowcount, _rows(cur.description, cur.fetchall()) if fetch else [])
+        return _fetched(self._conn.execute(sql, params), fetch, tuples)
 
     def _in_transaction(self) -> bool:
         return self._conn is not None and self._conn.in_transaction

@@ -104,6 +104,8 @@ _CONNECTION_REASONS = (
     ("socket closed", "connection closed"),
     ("stream removed", "connection closed"),
     ("broken pipe", "connection closed"),
+    # grpc's words when the peer (or a deadline) shut the socket in the middle of the TLS handshake: no TLS reason.
+    ("endpoint closing", "connection closed"),
     ("no route to host", "no route to host"),
     ("network is unreachable", "network is unreachable"),
     ("timeout occurred", "no answer in time"),

@@ -18,6 +18,8 @@ async def test_the_agents_capabilities_are_labels_on_its_node(lab: InprocLab) ->
         "bc.dev/cap.devices.cdi": "1",
         "bc.dev/cap.devices.limits": "1",
         "bc.dev/cap.instances.qemu": "1",  # its fake runtime (docs/instances.md)
+        "bc.dev/cap.instance.volumes": "1",  # it keeps persistent volumes
+        "bc.dev/cap.tunnel.offers": "1",  # it takes its tunnels' offers on its session stream
         "pool": "a100",
     }
     assert {"devices.limits", "binding.kubernetes"} <= set(info.capabilities)

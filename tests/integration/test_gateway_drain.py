@@ -30,7 +30,7 @@ def held(real: Callable[..., Awaitable[Any]], waiting: asyncio.Event, go: asynci
     return call
 
 
-@pytest.mark.parametrize("hello", ["waits for its transaction", "is written"])
+@pytest.mark.parametrize("hello", ["waits for the revocation read", "waits for its transaction", "is written"])
 async def test_a_drain_ends_with_a_node_s_hello_on_its_way_and_leaves_no_node_routed_here(
     lab: InprocLab, monkeypatch: pytest.MonkeyPatch, hello: str
 ) -> None:
@@ -41,10 +41,13 @@ async def test_a_drain_ends_with_a_node_s_hello_on_its_way_and_leaves_no_node_ro
     gw = lab.server.gateway
     assert gw is not None
 
-    # n2's stream is admitted; its Hello is held before its transaction, or after it committed (the node
-    # routed here in the store) and before the session registers.
+    # n2's stream is admitted and held before it is served (its serial's revocation read), or its Hello is
+    # held before its transaction, or after it committed (the node routed here in the store) and before the
+    # session registers.
     waiting, go = asyncio.Event(), asyncio.Event()
-    if hello == "waits for its transaction":
+    if hello == "waits for the revocation read":
+        monkeypatch.setattr(gw, "refuse_revoked", held(gw.refuse_revoked, waiting, go, after=False))
+    elif hello == "waits for its transaction":
         monkeypatch.setattr(gw, "hello_slot", held(gw.hello_slot, waiting, go, after=False))
     else:
         monkeypatch.setattr(gw.group, "run", held(gw.group.run, waiting, go, after=True))

@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from agent.helper.client import HelperClient, HelperRefused
 from agent.upgrade.slots import install, read_disk
 from bc.pki import releases
-from tests.e2e.harness import bc_executable
+from tests.helper_process import helper_listening
 from tests.system_user import User, as_user, system_user, traversable_dir, why_not
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,31 +67,11 @@ class Helper:
 async def helper(user: User, box: Path) -> AsyncIterator[Helper]:
     h = Helper(box / "run" / "helper.sock", box / "root", box / "commands.jsonl")
     h.root.mkdir(mode=0o755)
-    proc = await asyncio.create_subprocess_exec(
-        bc_executable(),
-        "helper",
-        "--socket",
-        str(h.socket),
-        "--allow-uid",
-        str(user.uid),
-        "--root",
-        str(h.root),
-        "--fake-commands",
-        str(h.commands),
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    seen: list[str] = []
-    try:
-        async with asyncio.timeout(60):
-            while "event=helper.listening" not in (seen[-1] if seen else ""):
-                line = (await proc.stderr.readline()).decode()
-                assert line, f"bc helper exited before listening: {''.join(seen)}"
-                seen.append(line)
+    async with helper_listening(
+        "--socket", str(h.socket), "--allow-uid", str(user.uid), "--root", str(h.root),
+        "--fake-commands", str(h.commands),
+    ):  # fmt: skip
         yield h
-    finally:
-        proc.terminate()
-        await proc.wait()
 
 
 AGENT = r"""

@@ -6,7 +6,9 @@ name cannot colour or rewrite the operator's screen. Bad input is one sentence a
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,8 +16,12 @@ from typing import Any
 import pytest
 
 from agent.instances.fake import FakeRuntime
+from bc.pki.ca import CertificateAuthority
+from bc.pki.secrets_source import SystemSecrets
+from bc.seams.clock import SystemClock
 from tests.integration.test_cli_cmd import bc, fails, ok_json
 from tests.integration.test_quorum_cli import Lab, running_lab
+from tests.snapshot_https import ObjectStore
 
 
 @pytest.fixture
@@ -65,3 +71,33 @@ def test_list_and_show_a_nodes_instances(lab: Lab) -> None:
     assert fails(3, "instances", "list", "n9").startswith("error: ")
     refused = fails(2, "spec", "set", "n1", "instances", json.dumps({"instances": [vm("x", "ASLEEP")]}))
     assert "instances[0].state must be one of RUNNING, PAUSED, STOPPED, DELETED, not 'ASLEEP'" in refused
+
+
+def test_bc_instances_snapshot_runs_the_kind_on_the_node_and_uploads_over_https(lab: Lab, tmp_path: Path) -> None:
+    """`bc instances snapshot` queues `instance.snapshot` (bulk, not retry-safe); the node's fake runtime
+    captures, and the tar goes to a real https server whose certificate the cluster CA issued."""
+    ca, _ = CertificateAuthority.load_or_create(
+        tmp_path / "server" / "pki", SystemClock(), random.Random(3), SystemSecrets()
+    )
+    store = lab.run(ObjectStore(tmp_path, ca).start())
+    try:
+        boot = lab.node_dir("n1") / "instance-boot"
+        boot.mkdir()
+        (boot / "vmlinuz").write_bytes(b"a kernel")
+        lab.start_node("n1")
+        spec_set(lab, {"instances": [vm("web-1", "RUNNING")]})
+        done = ok_json(
+            "instances", "snapshot", "n1", "web-1", "--upload-url", store.url("/o/s?sig=k3y"), "--memory", "--wait"
+        )
+        assert (done["kind"], done["state"]) == ("instance.snapshot", "succeeded")
+        body = store.objects["s"]
+        assert done["result"]["sha256"] == hashlib.sha256(body).hexdigest()
+        assert done["result"]["bytes"] == len(body) and done["result"]["uploaded_to"] == store.url("/o/s")
+        assert "k3y" not in json.dumps(done["result"])
+        refused = bc(
+            "instances", "snapshot", "n1", "web-1", "--upload-url", f"http://127.0.0.1:{store.port}/o/t", "--wait"
+        )
+        assert refused.exit_code != 0 and "invalid-payload" in refused.output, refused.output
+        assert "t" not in store.objects
+    finally:
+        lab.run(store.stop())

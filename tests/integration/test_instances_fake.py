@@ -37,8 +37,9 @@ async def test_a_fake_node_runs_pauses_stops_and_deletes_instances(lab: InprocLa
         await lab.admin.set_spec_section(
             "n1", "instances", json.dumps({"instances": [{**vm("a", "RUNNING"), "gpus": ["GPU-0"]}]})
         )
-    assert (
-        str(e.value) == "the instances section's instances[0].gpus is refused: GPU passthrough (VFIO) is not built yet"
+    assert str(e.value) == (
+        "the instances section's instances[0].gpus needs the instance's allocation_id: passthrough GPUs are booked"
+        " by that allocation's BINDING_INSTANCE"
     )
 
     shown = await converge(lab, vm("a", "RUNNING"), vm("b", "PAUSED"))

@@ -8,23 +8,24 @@ process group; every qemu this test started is killed by its pid at teardown. In
 
 from __future__ import annotations
 
-import asyncio
 import os
-import shutil
 import signal
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.converge.instances import InstancesConverger
 from agent.converge.run import CONVERGED, PROGRESSING
-from agent.instances.admission import HostMemory, parse_meminfo
-from agent.instances.qemu import CONSOLE, PIDFILE, QemuRuntime, exited
+from agent.instances.admission import HostMemory
+from agent.instances.confine import VMM_UID_BASE
+from agent.instances.qemu import PIDFILE, exited
 from agent.instances.user_data import UserDataFiles
 from agent.offload import to_thread
 from bc.protocol.pb import common_pb2, spec_pb2
+from tests.instance_parts import SecretPort, guest
+from tests.qemu_guest import GuestHost, boot_dir, guest_host, host_meminfo, newc
 
 MARKER = "BC-GUEST-UP"
 USER_DATA_MARKER = "BC-USER-DATA"
@@ -41,25 +42,6 @@ while true; do /bin/busybox sleep 5; done
 """
 
 
-def newc(entries: list[tuple[str, int, bytes]]) -> bytes:
-    """A cpio archive in the kernel's `newc` format: (name, mode, data) entries, then the trailer."""
-    out = bytearray()
-    for ino, (name, mode, data) in enumerate([*entries, ("TRAILER!!!", 0, b"")], start=1):
-        raw = name.encode() + b"\0"
-        fields = [ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(raw), 0]
-        out += b"070701" + b"".join(b"%08x" % f for f in fields) + raw
-        out += b"\0" * (-len(out) % 4) + data
-        out += b"\0" * (-len(out) % 4)
-    return bytes(out)
-
-
-def kernel() -> Path:
-    found = sorted(Path("/boot").glob("vmlinuz-*-cloud-amd64"))
-    if not found or shutil.which("qemu-system-x86_64") is None or not Path("/usr/bin/busybox").exists():
-        pytest.fail("needs qemu-system-x86, busybox-static and linux-image-cloud-amd64 (.ci/run installs them)")
-    return found[-1]
-
-
 def fw_cfg_module(vmlinuz: Path) -> bytes:
     """The kernel's qemu_fw_cfg module (built as a module in the cloud kernel), for the guest to insmod."""
     path = Path("/lib/modules") / vmlinuz.name.removeprefix("vmlinuz-") / FW_CFG_MODULE
@@ -68,82 +50,41 @@ def fw_cfg_module(vmlinuz: Path) -> bytes:
     return path.read_bytes()
 
 
-class Port:
-    """The broker's answer, as the secret port hands it to the converger (the broker itself is tested on
-    a real control plane in tests/integration/test_instances_user_data.py)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-
-    async def get(self, name: str, section: str, generation: int, unit: str = "", allocation_id: str = "") -> bytes:
-        return self.values[name]
-
-    def release(self, section: str, unit: str = "") -> None:
-        pass
-
-
-class Host:
+class Host(GuestHost):
     def __init__(self, data: Path) -> None:
-        self.boot = data / "instance-boot"
-        self.boot.mkdir(parents=True)
-        vmlinuz = kernel()
-        shutil.copy(vmlinuz, self.boot / "vmlinuz")
-        dirs = [(d, stat.S_IFDIR | 0o755, b"") for d in ("bin", "proc", "sys")]
-        busybox = ("bin/busybox", stat.S_IFREG | 0o755, Path("/usr/bin/busybox").read_bytes())
-        init = ("init", stat.S_IFREG | 0o755, INIT.encode())
-        module = ("qemu_fw_cfg.ko", stat.S_IFREG | 0o644, fw_cfg_module(vmlinuz))
-        (self.boot / "initrd").write_bytes(newc([*dirs, busybox, module, init]))
+        def initramfs(vmlinuz: Path) -> bytes:
+            dirs = [(d, stat.S_IFDIR | 0o755, b"") for d in ("bin", "proc", "sys")]
+            busybox = ("bin/busybox", stat.S_IFREG | 0o755, Path("/usr/bin/busybox").read_bytes())
+            init = ("init", stat.S_IFREG | 0o755, INIT.encode())
+            module = ("qemu_fw_cfg.ko", stat.S_IFREG | 0o644, fw_cfg_module(vmlinuz))
+            return newc([*dirs, busybox, module, init])
+
+        self.boot = boot_dir(data, initramfs)
         self.root = data / "instances"
-        self.runtime = QemuRuntime(self.root, to_thread, accel=("tcg",), stop_grace_s=1.0)
+        self.runtime = self.tcg_runtime()
         self.memory: HostMemory | None = None
-        self.port = Port()
+        self.port = SecretPort()
         self.user_data = UserDataFiles(data / "run" / "user-data", to_thread)
         self.conv = InstancesConverger(
             {"qemu": self.runtime}, self.boot, self.host_memory, list, to_thread, self.port, self.user_data
         )
 
     async def host_memory(self) -> HostMemory | None:
-        return self.memory or parse_meminfo(await to_thread(Path("/proc/meminfo").read_text))
+        return self.memory or await host_meminfo()
 
     async def converge(self, *instances: spec_pb2.Instance) -> tuple[int, list[common_pb2.InstanceStatus]]:
         result = await self.conv.converge(spec_pb2.InstancesSection(instances=instances), 1)
         return result.reported_state, list(self.conv.statuses)
 
-    def pid(self, iid: str) -> int:
-        return int((self.root / iid / PIDFILE).read_text())
-
-    async def console_says(self, iid: str, text: str, within_s: float = 90.0) -> str:
-        """The console once it holds `text` (a boot under TCG takes a few seconds): re-read until the deadline."""
-        path = self.root / iid / CONSOLE
-        async with asyncio.timeout(within_s):
-            while True:
-                got = path.read_text(errors="replace") if path.exists() else ""
-                if text in got:
-                    return got
-                await asyncio.sleep(0.2)
-
-    def kill_all(self) -> None:
-        for pidfile in self.root.glob(f"*/{PIDFILE}"):
-            try:
-                os.kill(int(pidfile.read_text()), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
-
 
 @pytest.fixture
-async def host(tmp_path: Path) -> AsyncIterator[Host]:
-    h = Host(tmp_path / "d")
-    try:
+def host() -> Iterator[Host]:
+    with guest_host(Host) as h:
         yield h
-    finally:
-        h.kill_all()
 
 
 def vm(state: str, memory_mib: int = 256, iid: str = "vm1", user_data: str = "") -> spec_pb2.Instance:
-    return spec_pb2.Instance(
-        id=iid, runtime="qemu", vcpus=1, memory_mib=memory_mib, kernel="vmlinuz", initrd="initrd",
-        cmdline="console=ttyS0 quiet panic=-1", state=state, user_data_secret_ref=user_data,
-    )  # fmt: skip
+    return guest(iid, memory_mib=memory_mib, state=state, user_data_secret_ref=user_data)
 
 
 async def test_a_real_guest_runs_pauses_stops_restarts_and_is_deleted(host: Host) -> None:
@@ -198,7 +139,9 @@ async def test_the_guest_reads_its_user_data_from_fw_cfg_and_the_file_goes_at_st
     console = await host.console_says("vm1", MARKER)
     assert f"{USER_DATA_MARKER} bc-user-data-0123456789abcdef" in console
     path = host.user_data.path("vm1")
-    assert path.exists() and stat.S_IMODE(path.stat().st_mode) == 0o600
+    # root's, readable by this guest's VMM user alone (its group), and no one else
+    info = path.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o640 and info.st_uid == 0 and info.st_gid == VMM_UID_BASE
     await host.converge(vm("STOPPED", user_data="ud"))
     assert not path.exists()
     host.port.values["ud"] = b"rotated"  # a rotation reaches the guest at its next start

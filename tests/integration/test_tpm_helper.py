@@ -29,6 +29,7 @@ from bc.pki import attest, keys
 from bc.pki.tpm_attest import TpmCertification, ak_uri, ak_uri_of, check_tpm_key, parse_public
 from bc.pki.tpm_ek import EK_ROOTS_FILE, ek_public_key
 from tests.e2e.harness import bc_executable
+from tests.helper_process import helper_listening
 from tests.integration.conftest import open_lab
 from tests.swtpm import EkCa, Swtpm, manufacture, start
 from tests.system_user import User, as_user, system_user, traversable_dir, why_not
@@ -74,23 +75,13 @@ async def helper(user: User, box: Path) -> AsyncIterator[TpmHelper]:
     root = box / "root"
     root.mkdir(mode=0o755)
     sock = box / "run" / "helper.sock"
-    proc = await asyncio.create_subprocess_exec(
-        bc_executable(), "helper", "--socket", str(sock), "--allow-uid", str(user.uid), "--root", str(root),
-        "--fake-commands", str(box / "commands.jsonl"), "--tcti", tpm.tcti,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    seen: list[str] = []
     try:
-        async with asyncio.timeout(60):
-            while "event=helper.listening" not in (seen[-1] if seen else ""):
-                line = (await proc.stderr.readline()).decode()
-                assert line, f"bc helper exited before listening: {''.join(seen)}"
-                seen.append(line)
-        yield TpmHelper(sock, tpm, ca)
+        async with helper_listening(
+            "--socket", str(sock), "--allow-uid", str(user.uid), "--root", str(root),
+            "--fake-commands", str(box / "commands.jsonl"), "--tcti", tpm.tcti,
+        ):  # fmt: skip
+            yield TpmHelper(sock, tpm, ca)
     finally:
-        proc.terminate()
-        await proc.wait()
         await tpm.stop()
 
 

@@ -10,6 +10,7 @@ end to end to the node's certificate, and sshd authenticates a `bc ssh grant` ce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -264,7 +265,7 @@ async def test_bc_shell_records_a_typescript_of_what_ran_on_its_own_pty(sshlab: 
         )
         seen = bytearray()
         loop = asyncio.get_running_loop()
-        first = asyncio.Event()
+        first, resized = asyncio.Event(), asyncio.Event()
 
         def drain() -> None:  # the terminal's screen: read on until the CLI closes its end
             while True:
@@ -277,6 +278,8 @@ async def test_bc_shell_records_a_typescript_of_what_ran_on_its_own_pty(sshlab: 
                 seen.extend(data)
                 if b"typed-42" in seen:
                     loop.call_soon_threadsafe(first.set)
+                if b"44 132" in seen:
+                    loop.call_soon_threadsafe(resized.set)
 
         screen = asyncio.create_task(asyncio.to_thread(drain))
         os.write(master, b"stty size; echo typed-$((6*7)); printf '\\033[7minverse\\n'\r")
@@ -286,7 +289,16 @@ async def test_bc_shell_records_a_typescript_of_what_ran_on_its_own_pty(sshlab: 
                 # The operator's terminal resized: the CLI is told (SIGWINCH) and passes the new size on.
                 fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 44, 132, 0, 0))
                 os.kill(proc.pid, signal.SIGWINCH)
-                os.write(master, b"stty size; exit 3\r")
+                # ssh sends the window change as a channel request of its own, which a line typed right after
+                # may overtake: ask for the size until the remote pty has it (a size never passed fails below).
+                for _ in range(10):
+                    os.write(master, b"stty size\r")
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(1):
+                            await resized.wait()
+                    if resized.is_set():
+                        break
+                os.write(master, b"exit 3\r")
                 code = await proc.wait()
                 restored = termios.tcgetattr(slave)  # the CLI put this terminal in raw mode, and back
                 os.close(slave)

@@ -11,14 +11,17 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from agent.session.dialing import SessionLoop
 from bc.client.tunnel import OpenTunnel, TunnelClient
 from bc.errors import BcError, Conflict, NotFound, TicketRefused, Unauthenticated, UsageError
+from bc.gateway import core as gateway_core
 from bc.gateway.tunnels import FrameEnd, Relay
 from bc.pki import exec_tickets
 from bc.pki.secrets_source import SystemSecrets, ed25519_key
@@ -277,3 +280,33 @@ async def test_tunnels_are_off_until_there_is_a_ticket_key(tmp_path: Path) -> No
             info = await c.rotate_key()  # an admin turns them on
             assert info.nodes_changed == 1 and info.kid in info.jwks
             assert (await c.issue("n1", "forward", 9100)).kid == info.kid
+
+
+# -- how offers reach the node: on its session, or on a Listen stream (an older agent or gateway) ---------
+
+
+@pytest.mark.parametrize("peer", ["both new", "older agent", "older gateway"])
+async def test_tunnels_work_alike_whichever_stream_carries_the_offers(
+    lab: InprocLab, echo_port: int, peer: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent and a gateway that both know `tunnel.offers` carry the offers on the session stream (one server
+    call a node); an older agent (which does not name it) or an older gateway (which does not answer it) keeps
+    the tunnels' Listen stream. The operator sees the same tunnel either way, ended with the node's session."""
+    caplog.set_level(logging.INFO, logger="agent.tunnel")
+    if peer == "older agent":
+        monkeypatch.setattr(SessionLoop, "tunnel_offers", False)
+    elif peer == "older gateway":
+        monkeypatch.setattr(gateway_core, "TUNNEL_OFFERS", "a-capability-this-gateway-does-not-know")
+    await ready(lab)
+    labels = dict((await lab.admin.get_node("n1")).labels)
+    assert ("bc.dev/cap.tunnel.offers" in labels) is (peer != "older agent")
+    async with client(lab) as c:
+        t = await open_echo(c, echo_port)
+        await t.send(b"through either stream")
+        assert await read_exactly(t, 21) == b"through either stream"
+        via = "event=tunnel.offers via=session" if peer == "both new" else "event=tunnel.offers via=listen"
+        assert via in caplog.text and caplog.text.count("event=tunnel.offers via=") == 1
+        seq = (await lab.admin.server_info()).event_seq
+        await lab.stop_node("n1")  # the node's session ends: its tunnel with it
+        await closed_within(lab, t, seq, limit_s=5.0)
+    assert not lab.server.gateway.tunnels.listening("n1")  # nothing of the node's is left to offer to

@@ -26,7 +26,7 @@ from bc.protocol.pb import common_pb2
 from bc.store import Store
 from bc.store import quorum as q_sql
 from bc.testing import advance
-from tests.unit.conftest import bus, clock, store  # noqa: F401  (the fixtures: a real store, both drivers)
+from tests.unit.conftest import bus, clock, store_on_each_backend  # noqa: F401  (the fixtures: a real store, both drivers)
 from tests.unit.control.conftest import AddNode, add_node  # noqa: F401
 from tests.unit.control.quorum_setup import install
 from tests.unit.control.test_jobs_engine import settle
@@ -57,7 +57,7 @@ async def node_accepts(db: Store, batch_id: str) -> bool:
 
 
 async def test_a_rolling_reboot_whose_waves_come_due_after_the_approval_ttl_still_completes(
-    store: Store,  # noqa: F811
+    store: Store,
     bus: Bus,  # noqa: F811
     add_node: AddNode,  # noqa: F811
 ) -> None:

@@ -74,16 +74,18 @@ ALLOWED = {
 }
 
 
-@pytest.mark.parametrize("what", sorted(REFUSED))
-async def test_an_operator_cannot_make_a_node_run_code_as_root(lab: InprocLab, what: str) -> None:
+async def test_an_operator_cannot_make_a_node_run_code_as_root(lab: InprocLab) -> None:
+    # Every class on one lab (a lab per class was 42 labs and 7 minutes of a worker): each refusal is its
+    # own call, checked on its own, and the spec after each is the spec before it.
     await lab.join("n1")
     bob = await add_operator(lab, "bob", "operator")
-    before = await lab.admin.get_spec("n1")
-    section, text = REFUSED[what]
-    with pytest.raises(Unauthenticated, match=r"root-equivalent .*needs the admin role.*operator bob"):
-        await as_operator(bob, lambda c: c.set_spec_section("n1", section, text))
-    after = await lab.admin.get_spec("n1")
-    assert (after.generation, after.spec_json) == (before.generation, before.spec_json)
+    for what in sorted(REFUSED):
+        before = await lab.admin.get_spec("n1")
+        section, text = REFUSED[what]
+        with pytest.raises(Unauthenticated, match=r"root-equivalent .*needs the admin role.*operator bob"):
+            await as_operator(bob, lambda c, s=section, t=text: c.set_spec_section("n1", s, t))
+        after = await lab.admin.get_spec("n1")
+        assert (after.generation, after.spec_json) == (before.generation, before.spec_json), what
 
 
 async def test_what_an_operator_may_set_still_goes_through(lab: InprocLab) -> None:

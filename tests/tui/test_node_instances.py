@@ -20,4 +20,9 @@ def test_the_node_screen_lists_instances_and_escapes_what_the_node_says() -> Non
     assert block[1].split()[:4] == ["big", "stopped", "want", "running"]
     assert block[1].endswith("ResourcesExhausted: 4480 MiB needed, 2688 MiB left")
     assert "\x1b" not in text and len(block) == 3 and "not bc's" in block[2] and "FAKE LINE" in block[2]
+    gpus = admin_pb2.NodeInfo(node_id="n1")
+    gpus.instances.add(id="g", state="RUNNING", desired="RUNNING", managed=True, vcpus=2, memory_mib=1024)
+    gpus.instances[0].gpus.extend(["GPU-a", "GPU-b"])
+    row = render_node(gpus, [], [], []).plain.split("INSTANCES\n", 1)[1].splitlines()[0]
+    assert row.split() == ["g", "running", "want", "running", "2", "vCPU", "1024", "MiB", "2", "GPUs"]
     assert "INSTANCES\n  none reported\n" in render_node(admin_pb2.NodeInfo(node_id="n2"), [], [], []).plain

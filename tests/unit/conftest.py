@@ -28,8 +28,10 @@ def clock() -> LoopClock:
     return virtual_clock()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def store(request: pytest.FixtureRequest, tmp_path: Path, clock: LoopClock) -> AsyncIterator[Store]:
+@pytest.fixture(name="store", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def store_on_each_backend(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: LoopClock
+) -> AsyncIterator[Store]:
     """The inline SQLite store, and the same tests again on PostgreSQL (a schema of their own)."""
     if request.param == "postgres":
         async with recycled_schema() as (url, schema):

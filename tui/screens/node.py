@@ -56,6 +56,8 @@ def render_node(
     for i in info.instances:
         desired = f"want {i.desired.lower()}" if i.managed else "not bc's"
         size = f"{i.vcpus} vCPU {i.memory_mib} MiB" if i.vcpus else ""
+        if i.gpus:  # passed through (VFIO): how many, the UUIDs are in `bc instances show`
+            size += f" {len(i.gpus)} GPU{'s' * (len(i.gpus) != 1)}"
         lines.append(f"  {i.id:<20} {i.state.lower():<9} {desired:<14} {size}  {i.message}".rstrip())
     if not info.instances:
         lines.append("  none reported")

@@ -19,6 +19,12 @@ from typing import Protocol
 
 from bc.runtime.aio import wait_event
 
+EVENT_GAP_S = 0.2
+"""How often a background reader woken by events (a stream's caller check, the serving-certificate loops) looks
+at most: a fleet's commands publish events by the hundred a second, and a read transaction for each event was
+several of `bc serve`'s milliseconds of CPU per command (docs/scale.md). What it waits for is late by at most
+this much; a wake-up lost meanwhile is not (the next look reads the store)."""
+
 
 class Relay(Protocol):
     """Carries this process's wake-ups to the other processes on the store."""
@@ -67,3 +73,8 @@ class Bus:
 
     async def wait_events(self, timeout: float) -> None:  # noqa: ASYNC109 (a bounded wake-up, not a deadline)
         await wait_event(self._events, timeout)
+
+    async def wait_events_spaced(self, timeout: float) -> None:  # noqa: ASYNC109 (as `wait_events`)
+        """`wait_events`, then `EVENT_GAP_S` more: the events of a burst are answered by one look."""
+        await wait_event(self._events, timeout)
+        await asyncio.sleep(EVENT_GAP_S)

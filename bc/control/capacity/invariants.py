@@ -168,6 +168,8 @@ def _eligible(node: NodeInfo, req: Request) -> bool:
         return False
     if (req.host.cpus or req.host.memory_bytes or req.host.hugepages_1g) and "devices.limits" not in node.capabilities:
         return False
+    if req.binding == "instance" and "instances.qemu" not in node.capabilities:
+        return False
     return req.binding != "kubernetes" or "binding.kubernetes" in node.capabilities
 
 

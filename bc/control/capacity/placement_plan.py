@@ -51,7 +51,11 @@ booking counts against every NUMA node of its pin for its whole interval.
 
 Capabilities: a reservation that books host resources goes only to nodes
 advertising `devices.limits`, a Kubernetes binding only to nodes advertising
-`binding.kubernetes` (an older agent would drop the fields it does not know).
+`binding.kubernetes` (an older agent would drop the fields it does not know),
+an `instance` binding (whole GPUs passed through to a VM, docs/instances.md)
+only to nodes with an instance runtime (`instances.qemu`). An instance
+binding's atoms are booked in the same ledger as holds', so a GPU is never
+both held and passed through.
 """
 
 from __future__ import annotations
@@ -68,8 +72,10 @@ from bc.protocol.atoms import DEVICE_CLASSES, GPU, GPU_MIG, Atom
 
 CAP_LIMITS = "devices.limits"
 CAP_KUBERNETES = "binding.kubernetes"
-BINDINGS: tuple[str, ...] = ("hold", "kubernetes")
+CAP_INSTANCE = "instances.qemu"
+BINDINGS: tuple[str, ...] = ("hold", "kubernetes", "instance")
 GIB = 1 << 30
+INSTANCE_WHOLE_GPUS = "an instance reservation passes whole GPUs through (device class gpu), not MIG instances or slots"
 
 
 @dataclass(frozen=True)
@@ -250,6 +256,8 @@ class Request:
         caps = {CAP_LIMITS} if self.host.any else set()
         if self.binding == "kubernetes":
             caps.add(CAP_KUBERNETES)
+        if self.binding == "instance":
+            caps.add(CAP_INSTANCE)
         return frozenset(caps)
 
 
@@ -437,15 +445,123 @@ def plan(
     Slurm's `bf_max_job_test` does: past that many, a reservation that does not fit at its start waits
     without an estimate and without protection. None: every one is looked ahead for.
     """
+    return _plan(nodes, bookings, pending, now_ms, protect)[0]
+
+
+def plan_and_keep(
+    nodes: Sequence[NodeInfo],
+    bookings: Sequence[Booking],
+    pending: Sequence[Request],
+    now_ms: int,
+    *,
+    protect: int | None = None,
+) -> tuple[Plan, Planned]:
+    """`plan`, and the pass's state after its last decision (`Planned`), which `Planned.extend` continues."""
+    p, state, live = _plan(nodes, bookings, pending, now_ms, protect)
+    planned = Planned(
+        state,
+        tuple(state.fleet),
+        _tally([*live, *(o.booking() for o in p.placements)]),
+        max(((r.seq, r.reservation_id) for r in pending), default=None),
+        frozenset(o.reservation_id for o in p.waits),
+        now_ms,
+        p.next_wake_ms,
+    )
+    return p, planned
+
+
+def _plan(
+    nodes: Sequence[NodeInfo], bookings: Sequence[Booking], pending: Sequence[Request], now_ms: int, protect: int | None
+) -> tuple[Plan, _Pass, list[Booking]]:
     state = _Pass(sorted(nodes, key=lambda n: n.node_id), now_ms, protect)
-    ended = tuple(sorted({b.reservation_id for b in bookings if b.end_ms is not None and b.end_ms <= now_ms}))
+    ended = _ended(bookings, now_ms)
     live = sorted(
         (b for b in bookings if b.end_ms is None or b.end_ms > now_ms), key=lambda b: (b.start_ms, b.reservation_id)
     )
     for b in live:
         state.add(b)
     outcomes = [state.decide(req) for req in sorted(pending, key=lambda r: (r.seq, r.reservation_id))]
-    return Plan(tuple(outcomes), ended, _next_wake(live, outcomes, pending, now_ms))
+    return Plan(tuple(outcomes), ended, _next_wake(live, outcomes, pending, now_ms)), state, live
+
+
+def _ended(bookings: Iterable[Booking], now_ms: int) -> tuple[str, ...]:
+    return tuple(sorted({b.reservation_id for b in bookings if b.end_ms is not None and b.end_ms <= now_ms}))
+
+
+_LedgerKey = tuple[object, ...]
+
+
+def _tally(bookings: Iterable[Booking]) -> dict[_LedgerKey, int]:
+    """The bookings as a multiset of `_ledger_key`s."""
+    out: dict[_LedgerKey, int] = {}
+    for b in bookings:
+        k = _ledger_key(b)
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def _ledger_key(b: Booking) -> _LedgerKey:
+    """A booking as the timeline sees it: its atoms as a set (the store reads them back sorted by id, a plan
+    holds them in placement order, and nothing in a fit depends on their order)."""
+    atoms = tuple(sorted((a.atom_id, a.device_class, a.gpu_uuid) for a in b.atoms))
+    return (b.reservation_id, b.node_id, atoms, b.start_ms, b.end_ms, b.host, b.cpu_numa, b.mem_numa)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A plan's working state after its last decision, with what it was planned from: what a later pass continues
+    when nothing it planned from has changed (docs/capacity.md, "The incremental pass").
+
+    Pending reservations are decided in submit order and a decision only ever adds to the timeline, so one
+    later in the queue cannot change an earlier one's outcome: a queue that only grew at its end is planned
+    by deciding the new reservations on this state. That gives what `plan` over the whole queue would when
+    the fleet and the bookings are the same, and nothing starts, ends or opens between the two instants
+    (before `next_wake_ms`): the waiting reservations then decide exactly as before (a start `now` that moved
+    meets only more bookings, so what did not fit still does not; the earliest start is searched over the
+    same booking ends), and the state's memos hold for the same timeline with only holds added.
+    """
+
+    state: _Pass
+    nodes: tuple[NodeInfo, ...]  # in id order, as the pass took them
+    ledger: Mapping[_LedgerKey, int]  # the live bookings planned around, and the placements the plan booked
+    last: tuple[int, str] | None  # the last (seq, id) decided: every new reservation comes after it
+    waiting: frozenset[str]  # the reservations it left waiting: the pending queue it leaves behind
+    now_ms: int
+    next_wake_ms: int | None
+
+    def matches(self, nodes: Sequence[NodeInfo], bookings: Sequence[Booking], now_ms: int) -> bool:
+        """Whether a pass at `now_ms` over these nodes and bookings may continue this state: the same nodes, the
+        same live bookings (with the plan's placements booked), no instant in between where a booking or a
+        window starts or ends, or a waiting reservation may fit, and no wait whose NUMA pins a full pass would
+        choose otherwise (`_Pass._note_pinned`)."""
+        if not self.state.stable:
+            return False
+        if now_ms < self.now_ms or (self.next_wake_ms is not None and now_ms >= self.next_wake_ms):
+            return False
+        if tuple(sorted(nodes, key=lambda n: n.node_id)) != self.nodes:
+            return False
+        return _tally(b for b in bookings if b.end_ms is None or b.end_ms > now_ms) == self.ledger
+
+    def extend(self, bookings: Sequence[Booking], pending: Sequence[Request], now_ms: int) -> tuple[Plan, Planned]:
+        """The new reservations `pending` (each after `last` in submit order) decided at `now_ms`, when `matches`:
+        the plan's outcomes are theirs alone, the same as `plan(nodes, bookings, waiting + pending, now_ms)`
+        gives them; its `ended` and `next_wake_ms` are that plan's. This state is left as it was (a pass that
+        rolls back keeps nothing), the one returned goes on from the new outcomes."""
+        new = sorted(pending, key=lambda r: (r.seq, r.reservation_id))
+        if new and self.last is not None and (new[0].seq, new[0].reservation_id) <= self.last:
+            raise ValueError(f"{new[0].reservation_id} comes before the last reservation planned, {self.last[1]}")
+        state = self.state.fork(now_ms)
+        outcomes = [state.decide(req) for req in new]
+        # Every instant the first plan would wake at is after `now_ms` (it has not come yet): only the new
+        # outcomes add any.
+        wakes = [t for t in (self.next_wake_ms, _next_wake((), outcomes, new, now_ms)) if t is not None]
+        p = Plan(tuple(outcomes), _ended(bookings, now_ms), min(wakes, default=None))
+        ledger = dict(self.ledger)
+        for k, n in _tally(o.booking() for o in p.placements).items():
+            ledger[k] = ledger.get(k, 0) + n
+        last = (new[-1].seq, new[-1].reservation_id) if new else self.last
+        waiting = self.waiting | {o.reservation_id for o in p.waits}
+        return p, Planned(state, self.nodes, ledger, last, waiting, now_ms, p.next_wake_ms)
 
 
 def _next_wake(
@@ -483,16 +599,46 @@ class _Pass:
         self.timeline: dict[str, list[Booking]] = {n.node_id: [] for n in fleet}
         self._offered: dict[tuple[str, str], list[Atom]] = {}
         self._sizes: dict[str, list[tuple[int, NodeInfo]]] = {}
-        self._no_fit_now: set[_Shape] = set()
-        self._no_start: set[_Shape] = set()
-        self._resume: dict[_Shape, tuple[int, str]] = {}
-        # Where the first-fit scan of a shape resumes: the candidates before it could not take it now, and a
-        # pass only adds holds, so they still cannot.
-        self._fit_from: dict[_Shape, int] = {}
+        # Each keyed by the request's shape, with the instant `base` it starts from (its own start, or now).
+        self._no_fit_now: dict[_Shape, int] = {}  # it fits on no candidate at `base`
+        self._no_start: dict[_Shape, int] = {}  # it has no bounded start after `base`
+        self._resume: dict[_Shape, tuple[int, tuple[int, str]]] = {}  # (base, where its last hold was found)
+        # Where the first-fit scan of a shape resumes: the candidates before it could not take it at `base`, and
+        # a pass only adds holds, so they still cannot.
+        self._fit_from: dict[_Shape, tuple[int, int]] = {}
         self._able: dict[tuple[object, ...], dict[str, NodeInfo]] = {}
         self._big: dict[tuple[str, int, frozenset[str]], list[NodeInfo]] = {}
         self._candidates: dict[_Shape, tuple[list[NodeInfo], str]] = {}
         self._ends: list[tuple[int, str]] = []  # every booking's (end, node), in time order: where fits can begin
+        self._pinned_holds: dict[str, list[Booking]] = {}  # the waits' holds pinned to NUMA nodes, by node
+        self.stable = True  # see `_note_pinned`
+
+    def fork(self, now_ms: int) -> _Pass:
+        """A copy to go on deciding at `now_ms`, when no booking in the timeline starts or ends after this one's
+        now and up to `now_ms` (`Planned.matches`): what a decision adds is copied, the nodes' memos shared.
+
+        What fitted nowhere from now fits nowhere from the later now either: the bookings in effect then are
+        still in effect (none ended in between), and the later interval, which ends no earlier, meets all of
+        them. So the shapes' fit-now answers from the old now are moved to the new one."""
+        other = _Pass.__new__(_Pass)
+        vars(other).update(vars(self))  # every attribute, then fresh copies of the ones a decision adds to
+        other.now_ms = now_ms
+        other.timeline = {node_id: list(booked) for node_id, booked in self.timeline.items()}
+        other._ends = list(self._ends)
+        old = self.now_ms
+        other._no_fit_now = {shape: now_ms if base == old else base for shape, base in self._no_fit_now.items()}
+        other._fit_from = {
+            shape: (now_ms, k) if base == old else (base, k) for shape, (base, k) in self._fit_from.items()
+        }
+        other._no_start = dict(self._no_start)
+        other._resume = dict(self._resume)
+        other._pinned_holds = {node_id: list(holds) for node_id, holds in self._pinned_holds.items()}
+        other._offered = dict(self._offered)
+        other._sizes = dict(self._sizes)
+        other._able = dict(self._able)
+        other._big = dict(self._big)
+        other._candidates = dict(self._candidates)
+        return other
 
     def offered(self, node: NodeInfo, device_class: str) -> list[Atom]:
         key = (node.node_id, device_class)
@@ -516,7 +662,20 @@ class _Pass:
         held = out.booking() if isinstance(out, Placement) else out.held if isinstance(out, Wait) else None
         if held is not None:
             self.add(held)
+            if held.cpu_numa or held.mem_numa:
+                self._note_pinned(held, isinstance(out, Placement))
         return out
+
+    def _note_pinned(self, b: Booking, placed: bool) -> None:
+        """Whether a later pass could re-decide the waits of this one the same (`stable`, what `Planned.matches`
+        asks). A placement is booked by then and a wait is decided again before it, with it in the timeline:
+        atoms and host totals add up, so that changes nothing, but the NUMA ledger does not (a booking pinned
+        to NUMA nodes 0 and 1 counts whole against each), so an earlier wait's pinned hold may pin otherwise
+        next to a later pinned placement on its node. Then the next pass is a full one."""
+        if not placed:
+            self._pinned_holds.setdefault(b.node_id, []).append(b)
+        elif any(h.overlaps(b.start_ms, b.end_ms) for h in self._pinned_holds.get(b.node_id, ())):
+            self.stable = False
 
     def _decide(self, req: Request) -> Outcome:
         refused = _refusal(req, self.by_id, self.now_ms)
@@ -536,6 +695,7 @@ class _Pass:
         base = req.earliest_start(self.now_ms)
         first = req.interval_at(base)
         assert first is not None  # _refusal has failed a request whose window is over
+        # The request's shape, apart from the instant it would start: requests of one shape fit alike.
         shape: _Shape = (
             req.device_class,
             req.count,
@@ -544,35 +704,41 @@ class _Pass:
             req.capabilities(),
             req.node_id,
             (req.start_ms, req.end_ms, req.duration_ms),  # how its interval moves with its start
-            first,
             req.avoid,
         )
-        if shape not in self._no_fit_now:
-            for k in range(self._fit_from.get(shape, 0), len(candidates)):
+        if self._no_fit_now.get(shape) != base:
+            start_k = self._fit_from.get(shape, (base, 0))
+            for k in range(start_k[1] if start_k[0] == base else 0, len(candidates)):
                 node = candidates[k]
                 f = _fit(node, self.offered(node, req.device_class), self.timeline[node.node_id], req, *first)
                 if f is not None:
-                    self._fit_from[shape] = k
+                    self._fit_from[shape] = (base, k)
                     later = f"starts at {iso(base)}" if base > self.now_ms else None
                     return Placement(
                         req.reservation_id, node.node_id, f.atoms, req.host, f.cpu_numa, f.mem_numa, *first, later
                     )
-            self._no_fit_now.add(shape)
+            self._no_fit_now[shape] = base
         busy = _busy(req, base, self.now_ms)
-        if shape in self._no_start or (self.protect is not None and self.protect <= 0):
+        # No bounded start after one instant, none after a later one either; and the earliest-start search may
+        # resume where the last of the shape found its hold when it searched from no later than this one.
+        no_start = self._no_start.get(shape)
+        if (no_start is not None and no_start <= base) or (self.protect is not None and self.protect <= 0):
             return Wait(req.reservation_id, busy)
         able_key = (key, req.device_class, req.count)
         if able_key not in self._able:
             self._able[able_key] = {
                 n.node_id: n for n in candidates if len(self.offered(n, req.device_class)) >= req.count
             }
-        found = self._earliest(req, self._able[able_key], base, self._resume.get(shape))
+        resume = self._resume.get(shape)
+        found = self._earliest(
+            req, self._able[able_key], base, resume[1] if resume is not None and resume[0] <= base else None
+        )
         if found is None:
-            self._no_start.add(shape)
+            self._no_start[shape] = base
             return Wait(req.reservation_id, busy)
         if self.protect is not None:
             self.protect -= 1
-        self._resume[shape] = (found.start_ms, found.node_id)
+        self._resume[shape] = (base, (found.start_ms, found.node_id))
         return Wait(req.reservation_id, busy, found.start_ms, found)
 
     def _earliest(
@@ -648,6 +814,8 @@ def _refusal(req: Request, by_id: Mapping[str, NodeInfo], now_ms: int) -> Failur
         return Failure(rid, "refused", f"unknown device class {req.device_class!r}")
     if req.binding not in BINDINGS:
         return Failure(rid, "refused", f"unknown binding {req.binding!r}; bindings are {', '.join(BINDINGS)}")
+    if req.binding == "instance" and req.device_class != GPU:
+        return Failure(rid, "refused", INSTANCE_WHOLE_GPUS)
     if req.count < 1:
         return Failure(rid, "refused", f"a reservation needs at least one atom, not {req.count}")
     if req.duration_ms is not None and req.duration_ms <= 0:
@@ -703,6 +871,7 @@ def _busy(req: Request, base: int, now_ms: int) -> str:
 
 
 __all__ = [
+    "CAP_INSTANCE",
     "CAP_KUBERNETES",
     "CAP_LIMITS",
     "GIB",
@@ -716,9 +885,11 @@ __all__ = [
     "Outcome",
     "Placement",
     "Plan",
+    "Planned",
     "Request",
     "Wait",
     "fit",
     "no_schedule",
     "plan",
+    "plan_and_keep",
 ]

@@ -28,7 +28,7 @@ from google.protobuf import json_format
 from bc.control.base.bus import Bus
 from bc.control.base.events import publish
 from bc.control.capacity import placement_pass
-from bc.control.capacity.placement_plan import iso
+from bc.control.capacity.placement_plan import INSTANCE_WHOLE_GPUS, iso
 from bc.control.nodes.specs import write_spec
 from bc.control.signing.signer import Signer
 from bc.errors import Conflict, NotFound, UsageError
@@ -76,6 +76,8 @@ def _validate(req: ReserveRequest, now_ms: int) -> None:
         raise UsageError(f"unknown device class {req.device_class!r}; classes are {', '.join(DEVICE_CLASSES)}")
     if req.binding not in BINDINGS:
         raise UsageError(f"unknown binding {req.binding!r}; bindings are {', '.join(BINDINGS)}")
+    if req.binding == "instance":
+        _check_instance_binding(req)
     if not 1 <= req.gpus <= 1024:
         raise UsageError(f"--gpus must be between 1 and 1024, not {req.gpus}")
     check_range("--gpus", req.gpus, 1, "max_gpus")
@@ -93,6 +95,18 @@ def _validate(req: ReserveRequest, now_ms: int) -> None:
     for k, v in req.selector.items():
         if not k or not v or "," in k + v or "=" in k:
             raise UsageError(f"a selector is key=value pairs, not {k!r}={v!r}")
+
+
+def _check_instance_binding(req: ReserveRequest) -> None:
+    """An instance reservation books whole GPUs for a VM; the VM's own CPUs and memory are its instance's
+    (vcpus, memory_mib), which the node admits at start, so none are booked beside them."""
+    if req.device_class != "gpu":
+        raise UsageError(INSTANCE_WHOLE_GPUS)
+    if req.cpus or req.memory_bytes or req.hugepages_1g:
+        raise UsageError(
+            "an instance reservation books whole GPUs only: the VM's CPUs and memory are its instance's"
+            " (vcpus, memory_mib), which the node admits at start"
+        )
 
 
 def check_window(start_ms: int | None, end_ms: int | None, duration_ms: int | None, now_ms: int) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
@@ -14,6 +16,11 @@ from bc.control.capacity import no_schedule, node_capacity
 from bc.pki import keys
 from bc.protocol.pb import admin_pb2, common_pb2
 from bc.store import Row
+from bc.store import nodes as nodes_sql
+from bc.store import revocation as rev_sql
+
+if TYPE_CHECKING:  # the type of a message's repeated field, for the hints only
+    from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 
 def signing_key_info(cert: x509.Certificate) -> admin_pb2.SigningKeyInfo:
@@ -27,10 +34,27 @@ def signing_key_info(cert: x509.Certificate) -> admin_pb2.SigningKeyInfo:
     )
 
 
+UNHEALTHY_GPUS = no_schedule.UnhealthyGpusMemo()
+"""The listing parses each node's inventory once, not at every `bc nodes` (`UnhealthyGpusMemo`)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _small_json(text: str) -> Any:
+    """A node's labels or capabilities, parsed once per distinct text (a fleet has few: racks, zones, one
+    agent version's capabilities). Read only: the message copies them."""
+    return json.loads(text)
+
+
 def node_info(
-    row: Row, now_ms: int, *, detail: bool, certs: Row | None = None, gpu_cordons: Sequence[Row] = ()
+    row: Row,
+    now_ms: int,
+    *,
+    detail: bool,
+    certs: Row | None = None,
+    gpu_cordons: Sequence[Row] = (),
 ) -> admin_pb2.NodeInfo:
-    """The node as `bc nodes` shows it; `gpu_cordons`: its rows of `bc.store.health.gpu_cordons`."""
+    """The node as `bc nodes show` and a write's reply show it (`nodes.get`'s row); `gpu_cordons`: its rows of
+    `bc.store.health.gpu_cordons`. The fleet listing makes the same message apart (`add_listed_node`)."""
     last_seen = row["last_seen_ms"]
     since = row["connectivity_since_ms"]
     info = admin_pb2.NodeInfo(
@@ -47,8 +71,8 @@ def node_info(
         journal_id=str(row["journal_id"] or ""),
         spec_hash=str(row["spec_hash"]),
         applied_spec_hash=str(row["applied_spec_hash"]),
-        capabilities=json.loads(str(row["capabilities"] or "[]")),
-        labels=json.loads(str(row["labels"] or "{}")),
+        capabilities=_small_json(str(row["capabilities"] or "[]")),
+        labels=_small_json(str(row["labels"] or "{}")),
         cordoned=bool(row["cordoned"]),
         state_age_ms=-1 if since is None else max(0, now_ms - int(since)),
     )
@@ -63,7 +87,9 @@ def node_info(
             cordoned=info.cordoned,
             job_hold=info.job_hold,
             revoked=info.revoked,
-            unhealthy_gpus=no_schedule.unhealthy_gpus(str(row["inventory"] or "{}")),
+            unhealthy_gpus=UNHEALTHY_GPUS(
+                info.node_id, str(row["inventory"] or "{}"), str(row.get("inventory_hash") or "")
+            ),
             cordoned_gpus=[(str(c["gpu_uuid"]), bool(c["quarantined"])) for c in gpu_cordons],
         )
     )
@@ -93,6 +119,93 @@ def node_info(
         inv = common_pb2.Inventory()
         json_format.Parse(str(row["inventory"] or "{}"), inv, ignore_unknown_fields=True)
         info.inventory.CopyFrom(inv)
+    return info
+
+
+@functools.lru_cache(maxsize=16_384)
+def _listed_tags(capabilities: str, labels: str) -> bytes:
+    """A node's capabilities and labels as the serialized `NodeInfo` fields that carry them, made once per
+    distinct pair of texts (a fleet has few: one agent version's capabilities, a rack's and a zone's labels)
+    and merged into each message in one call: a map field set from a dict goes through Python's
+    `MutableMapping.update`, about 2 µs a node (1 µs merged). A fleet whose every node has a label of its own
+    keeps an entry a node (2.5 MB for 10,000); past 16,384 of them each listing misses, 9 µs a node against
+    the 6 µs parsing and setting them took."""
+    return admin_pb2.NodeInfo(capabilities=json.loads(capabilities), labels=json.loads(labels)).SerializeToString()
+
+
+def add_listed_node(
+    nodes: RepeatedCompositeFieldContainer[admin_pb2.NodeInfo],
+    row: nodes_sql.ListedRow,
+    now_ms: int,
+    *,
+    certs: rev_sql.CertState | None,
+    gpu_cordons: Sequence[Row],
+    unhealthy_gpus: Sequence[str],
+) -> admin_pb2.NodeInfo:
+    """Append to `nodes` (a page's `ListNodesResponse.nodes`) what `node_info(row, detail=False)` makes of a row
+    of the fleet listing (`bc.store.nodes.list_page`), with less Python per node: the row's values by
+    position, the message made in its page's message (a `NodeInfo` made apart is copied into it), the
+    capabilities and labels merged from `_listed_tags`, and the NoSchedule reasons only for a node that has
+    one. `certs`: the node's `cert_states` of its identity generation. tests/unit/control/test_listed_nodes.py
+    compares the two."""
+    (
+        node_id,
+        role,
+        state,
+        since,
+        generation,
+        applied_generation,
+        observed_generation,
+        last_seen,
+        spec_hash,
+        applied_spec_hash,
+        capabilities,
+        labels,
+        cordoned,
+        job_hold,
+        _inventory_hash,
+        gateway_id,
+        session_epoch,
+        journal_id,
+        boot_id,
+        _identity_generation,
+    ) = row
+    info = nodes.add(
+        node_id=node_id,
+        role=role,
+        state=state,
+        generation=generation,
+        applied_generation=applied_generation,
+        observed_generation=observed_generation,
+        last_seen_age_ms=-1 if last_seen is None else max(0, now_ms - last_seen),
+        session_epoch=session_epoch or 0,
+        gateway_id=gateway_id or "",
+        boot_id=boot_id or "",
+        journal_id=journal_id or "",
+        spec_hash=spec_hash,
+        applied_spec_hash=applied_spec_hash,
+        cordoned=bool(cordoned),
+        state_age_ms=-1 if since is None else max(0, now_ms - since),
+        job_hold=job_hold or "",
+    )
+    info.MergeFromString(_listed_tags(capabilities or "[]", labels or "{}"))
+    revoked = False
+    if certs is not None:
+        not_after_ms, live, revoke_reason, total = certs
+        info.cert_not_after_ms = not_after_ms or 0
+        revoked = info.revoked = total > 0 and live == 0
+        info.revoke_reason = (revoke_reason or "") if revoked else ""
+    if revoked or cordoned or job_hold or state != "connected" or unhealthy_gpus or gpu_cordons:
+        info.no_schedule.extend(
+            no_schedule.reasons(
+                connectivity=state,
+                cordoned=bool(cordoned),
+                job_hold=job_hold or "",
+                revoked=revoked,
+                unhealthy_gpus=unhealthy_gpus,
+                cordoned_gpus=[(str(c["gpu_uuid"]), bool(c["quarantined"])) for c in gpu_cordons],
+            )
+        )
     return info
 
 

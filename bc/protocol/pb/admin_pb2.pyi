@@ -33,10 +33,12 @@ class CreateTokenResponse(_message.Message):
     def __init__(self, token: _Optional[str] = ..., token_id: _Optional[str] = ..., node_id: _Optional[str] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ("include_deleted",)
+    __slots__ = ("include_deleted", "page_size")
     INCLUDE_DELETED_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     include_deleted: bool
-    def __init__(self, include_deleted: _Optional[bool] = ...) -> None: ...
+    page_size: int
+    def __init__(self, include_deleted: _Optional[bool] = ..., page_size: _Optional[int] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "event_seq")

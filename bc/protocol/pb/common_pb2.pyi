@@ -244,7 +244,7 @@ class SectionStatus(_message.Message):
     def __init__(self, section: _Optional[str] = ..., state: _Optional[_Union[SectionState, str]] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class InstanceStatus(_message.Message):
-    __slots__ = ("id", "runtime", "state", "desired", "message", "managed", "vcpus", "memory_mib", "node_id")
+    __slots__ = ("id", "runtime", "state", "desired", "message", "managed", "vcpus", "memory_mib", "node_id", "gpus", "identity_rebound_ref", "balloon_mib", "volumes", "image_sha256", "restored_from")
     ID_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +254,12 @@ class InstanceStatus(_message.Message):
     VCPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_REBOUND_REF_FIELD_NUMBER: _ClassVar[int]
+    BALLOON_MIB_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
     id: str
     runtime: str
     state: str
@@ -263,7 +269,27 @@ class InstanceStatus(_message.Message):
     vcpus: int
     memory_mib: int
     node_id: str
-    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., state: _Optional[str] = ..., desired: _Optional[str] = ..., message: _Optional[str] = ..., managed: _Optional[bool] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    identity_rebound_ref: str
+    balloon_mib: int
+    volumes: _containers.RepeatedScalarFieldContainer[str]
+    image_sha256: str
+    restored_from: str
+    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., state: _Optional[str] = ..., desired: _Optional[str] = ..., message: _Optional[str] = ..., managed: _Optional[bool] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., identity_rebound_ref: _Optional[str] = ..., balloon_mib: _Optional[int] = ..., volumes: _Optional[_Iterable[str]] = ..., image_sha256: _Optional[str] = ..., restored_from: _Optional[str] = ...) -> None: ...
+
+class VolumeStorage(_message.Message):
+    __slots__ = ("total_bytes", "available_bytes", "reserved_bytes", "committed_bytes", "outstanding_bytes")
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_BYTES_FIELD_NUMBER: _ClassVar[int]
+    total_bytes: int
+    available_bytes: int
+    reserved_bytes: int
+    committed_bytes: int
+    outstanding_bytes: int
+    def __init__(self, total_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., committed_bytes: _Optional[int] = ..., outstanding_bytes: _Optional[int] = ...) -> None: ...
 
 class Condition(_message.Message):
     __slots__ = ("type", "status", "reason", "message", "age_ms")

@@ -98,3 +98,13 @@ class BootKexecRequest(_message.Message):
     initrd: str
     cmdline: str
     def __init__(self, disk: _Optional[str] = ..., partition: _Optional[int] = ..., kernel: _Optional[str] = ..., initrd: _Optional[str] = ..., cmdline: _Optional[str] = ...) -> None: ...
+
+class InstanceSnapshotRequest(_message.Message):
+    __slots__ = ("instance_id", "include_memory", "upload_url")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_URL_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    include_memory: bool
+    upload_url: str
+    def __init__(self, instance_id: _Optional[str] = ..., include_memory: _Optional[bool] = ..., upload_url: _Optional[str] = ...) -> None: ...

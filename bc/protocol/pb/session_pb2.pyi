@@ -3,6 +3,7 @@ from google.protobuf import any_pb2 as _any_pb2
 from bc.protocol.pb import common_pb2 as _common_pb2
 from bc.protocol.pb import spec_pb2 as _spec_pb2
 from bc.protocol.pb import secrets_pb2 as _secrets_pb2
+from bc.protocol.pb import tunnel_pb2 as _tunnel_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -85,7 +86,7 @@ class NodeMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., command_update: _Optional[_Union[CommandUpdate, _Mapping]] = ..., event_batch: _Optional[_Union[EventBatch, _Mapping]] = ..., status: _Optional[_Union[StatusReport, _Mapping]] = ..., spec_request: _Optional[_Union[SpecRequest, _Mapping]] = ..., secret_request: _Optional[_Union[_secrets_pb2.SecretRequest, _Mapping]] = ...) -> None: ...
 
 class GatewayMessage(_message.Message):
-    __slots__ = ("welcome", "desired_state", "command", "cancel", "ack", "revocation", "heartbeat", "trust", "secret_response", "secret_rotated")
+    __slots__ = ("welcome", "desired_state", "command", "cancel", "ack", "revocation", "heartbeat", "trust", "secret_response", "secret_rotated", "tunnel_offer")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DESIRED_STATE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +97,7 @@ class GatewayMessage(_message.Message):
     TRUST_FIELD_NUMBER: _ClassVar[int]
     SECRET_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     SECRET_ROTATED_FIELD_NUMBER: _ClassVar[int]
+    TUNNEL_OFFER_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     desired_state: DesiredState
     command: Command
@@ -106,7 +108,8 @@ class GatewayMessage(_message.Message):
     trust: _common_pb2.Envelope
     secret_response: _secrets_pb2.SecretResponse
     secret_rotated: _secrets_pb2.SecretRotated
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., revocation: _Optional[_Union[RevocationNotice, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trust: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., secret_response: _Optional[_Union[_secrets_pb2.SecretResponse, _Mapping]] = ..., secret_rotated: _Optional[_Union[_secrets_pb2.SecretRotated, _Mapping]] = ...) -> None: ...
+    tunnel_offer: _tunnel_pb2.TunnelOffer
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., revocation: _Optional[_Union[RevocationNotice, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trust: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., secret_response: _Optional[_Union[_secrets_pb2.SecretResponse, _Mapping]] = ..., secret_rotated: _Optional[_Union[_secrets_pb2.SecretRotated, _Mapping]] = ..., tunnel_offer: _Optional[_Union[_tunnel_pb2.TunnelOffer, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "boot_id", "journal_id", "applied_generation", "capabilities", "inventory_hash", "unacked_results", "running_command_ids", "role", "agent_version", "applied_spec_hash", "incarnation_id", "inventory")
@@ -139,7 +142,7 @@ class Hello(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., applied_generation: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., inventory_hash: _Optional[str] = ..., unacked_results: _Optional[_Iterable[_Union[CommandUpdate, _Mapping]]] = ..., running_command_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., agent_version: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("server_time_ms", "session_epoch", "heartbeat_interval_ms", "trust", "gateway_id", "inventory_hash", "trust_envelope")
+    __slots__ = ("server_time_ms", "session_epoch", "heartbeat_interval_ms", "trust", "gateway_id", "inventory_hash", "trust_envelope", "capabilities")
     SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     SESSION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +150,7 @@ class Welcome(_message.Message):
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_HASH_FIELD_NUMBER: _ClassVar[int]
     TRUST_ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     server_time_ms: int
     session_epoch: int
     heartbeat_interval_ms: int
@@ -154,7 +158,8 @@ class Welcome(_message.Message):
     gateway_id: str
     inventory_hash: str
     trust_envelope: _common_pb2.Envelope
-    def __init__(self, server_time_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., gateway_id: _Optional[str] = ..., inventory_hash: _Optional[str] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ...) -> None: ...
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, server_time_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., trust: _Optional[_Union[_common_pb2.TrustBundle, _Mapping]] = ..., gateway_id: _Optional[str] = ..., inventory_hash: _Optional[str] = ..., trust_envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("applied_generation", "server_time_ms")
@@ -359,7 +364,7 @@ class EventBatch(_message.Message):
     def __init__(self, journal_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[NodeEvent, _Mapping]]] = ...) -> None: ...
 
 class StatusReport(_message.Message):
-    __slots__ = ("applied_generation", "observed_generation", "applied_spec_hash", "sections", "conditions", "inventory", "inventory_hash", "instances", "instances_complete")
+    __slots__ = ("applied_generation", "observed_generation", "applied_spec_hash", "sections", "conditions", "inventory", "inventory_hash", "instances", "instances_complete", "volume_storage")
     APPLIED_GENERATION_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_GENERATION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -369,6 +374,7 @@ class StatusReport(_message.Message):
     INVENTORY_HASH_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_STORAGE_FIELD_NUMBER: _ClassVar[int]
     applied_generation: int
     observed_generation: int
     applied_spec_hash: str
@@ -378,7 +384,8 @@ class StatusReport(_message.Message):
     inventory_hash: str
     instances: _containers.RepeatedCompositeFieldContainer[_common_pb2.InstanceStatus]
     instances_complete: bool
-    def __init__(self, applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., inventory_hash: _Optional[str] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.InstanceStatus, _Mapping]]] = ..., instances_complete: _Optional[bool] = ...) -> None: ...
+    volume_storage: _common_pb2.VolumeStorage
+    def __init__(self, applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., inventory_hash: _Optional[str] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.InstanceStatus, _Mapping]]] = ..., instances_complete: _Optional[bool] = ..., volume_storage: _Optional[_Union[_common_pb2.VolumeStorage, _Mapping]] = ...) -> None: ...
 
 class SpecRequest(_message.Message):
     __slots__ = ("have_generation", "reason")

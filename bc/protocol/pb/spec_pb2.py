@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x62\x63/v1/spec.proto\x12\x05\x62\x63.v1\"\x9a\x02\n\x08NodeSpec\x12 \n\x04host\x18\x01 \x01(\x0b\x32\x12.bc.v1.HostSection\x12&\n\x07\x64\x65vices\x18\x02 \x01(\x0b\x32\x15.bc.v1.DevicesSection\x12*\n\tinstances\x18\x03 \x01(\x0b\x32\x17.bc.v1.InstancesSection\x12$\n\x06\x61\x63\x63\x65ss\x18\x04 \x01(\x0b\x32\x14.bc.v1.AccessSection\x12*\n\ttelemetry\x18\x05 \x01(\x0b\x32\x17.bc.v1.TelemetrySection\x12$\n\x06\x64\x61\x65mon\x18\x06 \x01(\x0b\x32\x14.bc.v1.DaemonSection\x12 \n\x04site\x18\x07 \x01(\x0b\x32\x12.bc.v1.SiteSection\"-\n\x0bHostSection\x12\x1e\n\x05units\x18\x01 \x03(\x0b\x32\x0f.bc.v1.HostUnit\"/\n\x08HostUnit\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rsettings_json\x18\x02 \x01(\t\">\n\x0e\x44\x65vicesSection\x12,\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x17.bc.v1.DeviceAssignment\"\xb9\x01\n\x10\x44\x65viceAssignment\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12\x16\n\x0ereservation_id\x18\x02 \x01(\t\x12\x1f\n\x07\x62inding\x18\x03 \x01(\x0e\x32\x0e.bc.v1.Binding\x12!\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x10.bc.v1.DeviceRef\x12\x0b\n\x03\x65nv\x18\x05 \x03(\t\x12%\n\x06limits\x18\x06 \x01(\x0b\x32\x15.bc.v1.ResourceLimits\"2\n\tDeviceRef\x12\x14\n\x0c\x64\x65vice_class\x18\x01 \x01(\t\x12\x0f\n\x07\x61tom_id\x18\x02 \x01(\t\"\x84\x01\n\x0eResourceLimits\x12\x12\n\ncpu_millis\x18\x01 \x01(\x03\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x15\n\rhugepages_1gi\x18\x03 \x01(\x05\x12\x15\n\rhugepages_2mi\x18\x04 \x01(\x05\x12\x0c\n\x04\x63pus\x18\x05 \x01(\t\x12\x0c\n\x04mems\x18\x06 \x01(\t\"6\n\x10InstancesSection\x12\"\n\tinstances\x18\x01 \x03(\x0b\x32\x0f.bc.v1.Instance\"\xf8\x01\n\x08Instance\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07runtime\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\t\x12\r\n\x05image\x18\x04 \x01(\t\x12\x0c\n\x04nics\x18\x05 \x03(\t\x12\x0c\n\x04gpus\x18\x06 \x03(\t\x12\r\n\x05state\x18\x07 \x01(\t\x12\r\n\x05vcpus\x18\x08 \x01(\x05\x12\x12\n\nmemory_mib\x18\t \x01(\x03\x12\x0e\n\x06kernel\x18\n \x01(\t\x12\x0e\n\x06initrd\x18\x0b \x01(\t\x12\x0f\n\x07\x63mdline\x18\x0c \x01(\t\x12\x15\n\rallocation_id\x18\r \x01(\t\x12\x1c\n\x14user_data_secret_ref\x18\x0e \x01(\t\"k\n\rAccessSection\x12\x18\n\x10\x65xec_ticket_jwks\x18\x01 \x01(\t\x12\x13\n\x0bssh_ca_keys\x18\x02 \x03(\t\x12\x12\n\nprincipals\x18\x03 \x03(\t\x12\x17\n\x0frevoked_serials\x18\x04 \x03(\t\"\xfb\x01\n\x10TelemetrySection\x12\x15\n\rotlp_endpoint\x18\x01 \x01(\t\x12\x19\n\x11\x65xport_interval_s\x18\x02 \x01(\x05\x12L\n\x13resource_attributes\x18\x03 \x03(\x0b\x32/.bc.v1.TelemetrySection.ResourceAttributesEntry\x12\x1a\n\x12headers_secret_ref\x18\x04 \x01(\t\x12\x10\n\x08protocol\x18\x05 \x01(\t\x1a\x39\n\x17ResourceAttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x90\x01\n\rDaemonSection\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x0c\n\x04size\x18\x06 \x01(\x03\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x10\n\x08platform\x18\x08 \x01(\t\"\x84\x02\n\x0bSiteSection\x12\x18\n\x10\x62oot_lease_state\x18\x01 \x01(\t\x12\'\n\x0c\x63\x61\x63he_images\x18\x02 \x03(\x0b\x32\x11.bc.v1.CacheImage\x12$\n\x08machines\x18\x03 \x03(\x0b\x32\x12.bc.v1.SiteMachine\x12\x18\n\x10\x63redentials_file\x18\x04 \x01(\t\x12#\n\x04\x62oot\x18\x05 \x01(\x0b\x32\x15.bc.v1.SiteBootServer\x12-\n\rproxy_targets\x18\x06 \x03(\x0b\x32\x16.bc.v1.SiteProxyTarget\x12\x1e\n\x16\x63redentials_secret_ref\x18\x07 \x01(\t\"M\n\x0bSiteMachine\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62mc_url\x18\x02 \x01(\t\x12\x11\n\tsystem_id\x18\x03 \x01(\t\x12\x0c\n\x04macs\x18\x04 \x03(\t\"M\n\x0eSiteBootServer\x12\x11\n\tinterface\x18\x01 \x01(\t\x12\x12\n\ndhcp_range\x18\x02 \x01(\t\x12\x14\n\x0chttp_address\x18\x03 \x01(\t\"D\n\x0fSiteProxyTarget\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\taddresses\x18\x02 \x03(\t\x12\r\n\x05names\x18\x03 \x03(\t\"9\n\nCacheImage\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\"C\n\rNodeSpecPatch\x12!\n\x08sections\x18\x01 \x01(\x0b\x32\x0f.bc.v1.NodeSpec\x12\x0f\n\x07\x63leared\x18\x02 \x03(\t*L\n\x07\x42inding\x12\x17\n\x13\x42INDING_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x42INDING_HOLD\x10\x01\x12\x16\n\x12\x42INDING_KUBERNETES\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x62\x63/v1/spec.proto\x12\x05\x62\x63.v1\"\x9a\x02\n\x08NodeSpec\x12 \n\x04host\x18\x01 \x01(\x0b\x32\x12.bc.v1.HostSection\x12&\n\x07\x64\x65vices\x18\x02 \x01(\x0b\x32\x15.bc.v1.DevicesSection\x12*\n\tinstances\x18\x03 \x01(\x0b\x32\x17.bc.v1.InstancesSection\x12$\n\x06\x61\x63\x63\x65ss\x18\x04 \x01(\x0b\x32\x14.bc.v1.AccessSection\x12*\n\ttelemetry\x18\x05 \x01(\x0b\x32\x17.bc.v1.TelemetrySection\x12$\n\x06\x64\x61\x65mon\x18\x06 \x01(\x0b\x32\x14.bc.v1.DaemonSection\x12 \n\x04site\x18\x07 \x01(\x0b\x32\x12.bc.v1.SiteSection\"-\n\x0bHostSection\x12\x1e\n\x05units\x18\x01 \x03(\x0b\x32\x0f.bc.v1.HostUnit\"/\n\x08HostUnit\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rsettings_json\x18\x02 \x01(\t\">\n\x0e\x44\x65vicesSection\x12,\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x17.bc.v1.DeviceAssignment\"\xb9\x01\n\x10\x44\x65viceAssignment\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12\x16\n\x0ereservation_id\x18\x02 \x01(\t\x12\x1f\n\x07\x62inding\x18\x03 \x01(\x0e\x32\x0e.bc.v1.Binding\x12!\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x10.bc.v1.DeviceRef\x12\x0b\n\x03\x65nv\x18\x05 \x03(\t\x12%\n\x06limits\x18\x06 \x01(\x0b\x32\x15.bc.v1.ResourceLimits\"2\n\tDeviceRef\x12\x14\n\x0c\x64\x65vice_class\x18\x01 \x01(\t\x12\x0f\n\x07\x61tom_id\x18\x02 \x01(\t\"\x84\x01\n\x0eResourceLimits\x12\x12\n\ncpu_millis\x18\x01 \x01(\x03\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x15\n\rhugepages_1gi\x18\x03 \x01(\x05\x12\x15\n\rhugepages_2mi\x18\x04 \x01(\x05\x12\x0c\n\x04\x63pus\x18\x05 \x01(\t\x12\x0c\n\x04mems\x18\x06 \x01(\t\"z\n\x10InstancesSection\x12\"\n\tinstances\x18\x01 \x03(\x0b\x32\x0f.bc.v1.Instance\x12\"\n\x06images\x18\x02 \x03(\x0b\x32\x12.bc.v1.TenantImage\x12\x1e\n\x07volumes\x18\x03 \x03(\x0b\x32\r.bc.v1.Volume\"\xef\x03\n\x08Instance\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07runtime\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\t\x12\r\n\x05image\x18\x04 \x01(\t\x12 \n\x04nics\x18\x05 \x03(\x0b\x32\x12.bc.v1.InstanceNic\x12\x0c\n\x04gpus\x18\x06 \x03(\t\x12\r\n\x05state\x18\x07 \x01(\t\x12\r\n\x05vcpus\x18\x08 \x01(\x05\x12\x12\n\nmemory_mib\x18\t \x01(\x03\x12\x0e\n\x06kernel\x18\n \x01(\t\x12\x0e\n\x06initrd\x18\x0b \x01(\t\x12\x0f\n\x07\x63mdline\x18\x0c \x01(\t\x12\x15\n\rallocation_id\x18\r \x01(\t\x12\x1c\n\x14user_data_secret_ref\x18\x0e \x01(\t\x12\x16\n\x0enetwork_policy\x18\x0f \x01(\t\x12\x1a\n\x12ssh_from_host_only\x18\x10 \x01(\x08\x12(\n\x07volumes\x18\x11 \x03(\x0b\x32\x17.bc.v1.VolumeAttachment\x12#\n\tplacement\x18\x12 \x01(\x0b\x32\x10.bc.v1.Placement\x12(\n\x0crestore_from\x18\x13 \x01(\x0b\x32\x12.bc.v1.RestoreFrom\x12\x1b\n\x13identity_rebind_ref\x18\x14 \x01(\t\x12\x17\n\x0f\x64isk_size_bytes\x18\x15 \x01(\x03\"H\n\x0bTenantImage\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\t\"8\n\x06Volume\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06serial\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\"5\n\x10VolumeAttachment\x12\x0e\n\x06volume\x18\x01 \x01(\t\x12\x11\n\tread_only\x18\x02 \x01(\x08\"=\n\x0bInstanceNic\x12\x0e\n\x06\x62ridge\x18\x01 \x01(\t\x12\x0b\n\x03mac\x18\x02 \x01(\t\x12\x11\n\taddresses\x18\x03 \x03(\t\"N\n\tPlacement\x12\x0c\n\x04\x63pus\x18\x01 \x01(\t\x12\x0c\n\x04mems\x18\x02 \x01(\t\x12\x14\n\x0chugepage_mib\x18\x03 \x01(\x05\x12\x0f\n\x07\x62\x61lloon\x18\x04 \x01(\x08\"*\n\x0bRestoreFrom\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\"k\n\rAccessSection\x12\x18\n\x10\x65xec_ticket_jwks\x18\x01 \x01(\t\x12\x13\n\x0bssh_ca_keys\x18\x02 \x03(\t\x12\x12\n\nprincipals\x18\x03 \x03(\t\x12\x17\n\x0frevoked_serials\x18\x04 \x03(\t\"\xfb\x01\n\x10TelemetrySection\x12\x15\n\rotlp_endpoint\x18\x01 \x01(\t\x12\x19\n\x11\x65xport_interval_s\x18\x02 \x01(\x05\x12L\n\x13resource_attributes\x18\x03 \x03(\x0b\x32/.bc.v1.TelemetrySection.ResourceAttributesEntry\x12\x1a\n\x12headers_secret_ref\x18\x04 \x01(\t\x12\x10\n\x08protocol\x18\x05 \x01(\t\x1a\x39\n\x17ResourceAttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x90\x01\n\rDaemonSection\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x0c\n\x04size\x18\x06 \x01(\x03\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x10\n\x08platform\x18\x08 \x01(\t\"\x84\x02\n\x0bSiteSection\x12\x18\n\x10\x62oot_lease_state\x18\x01 \x01(\t\x12\'\n\x0c\x63\x61\x63he_images\x18\x02 \x03(\x0b\x32\x11.bc.v1.CacheImage\x12$\n\x08machines\x18\x03 \x03(\x0b\x32\x12.bc.v1.SiteMachine\x12\x18\n\x10\x63redentials_file\x18\x04 \x01(\t\x12#\n\x04\x62oot\x18\x05 \x01(\x0b\x32\x15.bc.v1.SiteBootServer\x12-\n\rproxy_targets\x18\x06 \x03(\x0b\x32\x16.bc.v1.SiteProxyTarget\x12\x1e\n\x16\x63redentials_secret_ref\x18\x07 \x01(\t\"M\n\x0bSiteMachine\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62mc_url\x18\x02 \x01(\t\x12\x11\n\tsystem_id\x18\x03 \x01(\t\x12\x0c\n\x04macs\x18\x04 \x03(\t\"M\n\x0eSiteBootServer\x12\x11\n\tinterface\x18\x01 \x01(\t\x12\x12\n\ndhcp_range\x18\x02 \x01(\t\x12\x14\n\x0chttp_address\x18\x03 \x01(\t\"D\n\x0fSiteProxyTarget\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\taddresses\x18\x02 \x03(\t\x12\r\n\x05names\x18\x03 \x03(\t\"9\n\nCacheImage\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\"C\n\rNodeSpecPatch\x12!\n\x08sections\x18\x01 \x01(\x0b\x32\x0f.bc.v1.NodeSpec\x12\x0f\n\x07\x63leared\x18\x02 \x03(\t*b\n\x07\x42inding\x12\x17\n\x13\x42INDING_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x42INDING_HOLD\x10\x01\x12\x16\n\x12\x42INDING_KUBERNETES\x10\x02\x12\x14\n\x10\x42INDING_INSTANCE\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._loaded_options = None
   _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._serialized_options = b'8\001'
-  _globals['_BINDING']._serialized_start=2283
-  _globals['_BINDING']._serialized_end=2359
+  _globals['_BINDING']._serialized_start=2972
+  _globals['_BINDING']._serialized_end=3070
   _globals['_NODESPEC']._serialized_start=28
   _globals['_NODESPEC']._serialized_end=310
   _globals['_HOSTSECTION']._serialized_start=312
@@ -51,27 +51,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESOURCELIMITS']._serialized_start=713
   _globals['_RESOURCELIMITS']._serialized_end=845
   _globals['_INSTANCESSECTION']._serialized_start=847
-  _globals['_INSTANCESSECTION']._serialized_end=901
-  _globals['_INSTANCE']._serialized_start=904
-  _globals['_INSTANCE']._serialized_end=1152
-  _globals['_ACCESSSECTION']._serialized_start=1154
-  _globals['_ACCESSSECTION']._serialized_end=1261
-  _globals['_TELEMETRYSECTION']._serialized_start=1264
-  _globals['_TELEMETRYSECTION']._serialized_end=1515
-  _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._serialized_start=1458
-  _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._serialized_end=1515
-  _globals['_DAEMONSECTION']._serialized_start=1518
-  _globals['_DAEMONSECTION']._serialized_end=1662
-  _globals['_SITESECTION']._serialized_start=1665
-  _globals['_SITESECTION']._serialized_end=1925
-  _globals['_SITEMACHINE']._serialized_start=1927
-  _globals['_SITEMACHINE']._serialized_end=2004
-  _globals['_SITEBOOTSERVER']._serialized_start=2006
-  _globals['_SITEBOOTSERVER']._serialized_end=2083
-  _globals['_SITEPROXYTARGET']._serialized_start=2085
-  _globals['_SITEPROXYTARGET']._serialized_end=2153
-  _globals['_CACHEIMAGE']._serialized_start=2155
-  _globals['_CACHEIMAGE']._serialized_end=2212
-  _globals['_NODESPECPATCH']._serialized_start=2214
-  _globals['_NODESPECPATCH']._serialized_end=2281
+  _globals['_INSTANCESSECTION']._serialized_end=969
+  _globals['_INSTANCE']._serialized_start=972
+  _globals['_INSTANCE']._serialized_end=1467
+  _globals['_TENANTIMAGE']._serialized_start=1469
+  _globals['_TENANTIMAGE']._serialized_end=1541
+  _globals['_VOLUME']._serialized_start=1543
+  _globals['_VOLUME']._serialized_end=1599
+  _globals['_VOLUMEATTACHMENT']._serialized_start=1601
+  _globals['_VOLUMEATTACHMENT']._serialized_end=1654
+  _globals['_INSTANCENIC']._serialized_start=1656
+  _globals['_INSTANCENIC']._serialized_end=1717
+  _globals['_PLACEMENT']._serialized_start=1719
+  _globals['_PLACEMENT']._serialized_end=1797
+  _globals['_RESTOREFROM']._serialized_start=1799
+  _globals['_RESTOREFROM']._serialized_end=1841
+  _globals['_ACCESSSECTION']._serialized_start=1843
+  _globals['_ACCESSSECTION']._serialized_end=1950
+  _globals['_TELEMETRYSECTION']._serialized_start=1953
+  _globals['_TELEMETRYSECTION']._serialized_end=2204
+  _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._serialized_start=2147
+  _globals['_TELEMETRYSECTION_RESOURCEATTRIBUTESENTRY']._serialized_end=2204
+  _globals['_DAEMONSECTION']._serialized_start=2207
+  _globals['_DAEMONSECTION']._serialized_end=2351
+  _globals['_SITESECTION']._serialized_start=2354
+  _globals['_SITESECTION']._serialized_end=2614
+  _globals['_SITEMACHINE']._serialized_start=2616
+  _globals['_SITEMACHINE']._serialized_end=2693
+  _globals['_SITEBOOTSERVER']._serialized_start=2695
+  _globals['_SITEBOOTSERVER']._serialized_end=2772
+  _globals['_SITEPROXYTARGET']._serialized_start=2774
+  _globals['_SITEPROXYTARGET']._serialized_end=2842
+  _globals['_CACHEIMAGE']._serialized_start=2844
+  _globals['_CACHEIMAGE']._serialized_end=2901
+  _globals['_NODESPECPATCH']._serialized_start=2903
+  _globals['_NODESPECPATCH']._serialized_end=2970
 # @@protoc_insertion_point(module_scope)

@@ -13,9 +13,11 @@ class Binding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BINDING_UNSPECIFIED: _ClassVar[Binding]
     BINDING_HOLD: _ClassVar[Binding]
     BINDING_KUBERNETES: _ClassVar[Binding]
+    BINDING_INSTANCE: _ClassVar[Binding]
 BINDING_UNSPECIFIED: Binding
 BINDING_HOLD: Binding
 BINDING_KUBERNETES: Binding
+BINDING_INSTANCE: Binding
 
 class NodeSpec(_message.Message):
     __slots__ = ("host", "devices", "instances", "access", "telemetry", "daemon", "site")
@@ -96,13 +98,17 @@ class ResourceLimits(_message.Message):
     def __init__(self, cpu_millis: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., hugepages_1gi: _Optional[int] = ..., hugepages_2mi: _Optional[int] = ..., cpus: _Optional[str] = ..., mems: _Optional[str] = ...) -> None: ...
 
 class InstancesSection(_message.Message):
-    __slots__ = ("instances",)
+    __slots__ = ("instances", "images", "volumes")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[Instance]
-    def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[TenantImage]
+    volumes: _containers.RepeatedCompositeFieldContainer[Volume]
+    def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., images: _Optional[_Iterable[_Union[TenantImage, _Mapping]]] = ..., volumes: _Optional[_Iterable[_Union[Volume, _Mapping]]] = ...) -> None: ...
 
 class Instance(_message.Message):
-    __slots__ = ("id", "runtime", "size", "image", "nics", "gpus", "state", "vcpus", "memory_mib", "kernel", "initrd", "cmdline", "allocation_id", "user_data_secret_ref")
+    __slots__ = ("id", "runtime", "size", "image", "nics", "gpus", "state", "vcpus", "memory_mib", "kernel", "initrd", "cmdline", "allocation_id", "user_data_secret_ref", "network_policy", "ssh_from_host_only", "volumes", "placement", "restore_from", "identity_rebind_ref", "disk_size_bytes")
     ID_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -117,11 +123,18 @@ class Instance(_message.Message):
     CMDLINE_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     USER_DATA_SECRET_REF_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
+    SSH_FROM_HOST_ONLY_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FROM_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_REBIND_REF_FIELD_NUMBER: _ClassVar[int]
+    DISK_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     id: str
     runtime: str
     size: str
     image: str
-    nics: _containers.RepeatedScalarFieldContainer[str]
+    nics: _containers.RepeatedCompositeFieldContainer[InstanceNic]
     gpus: _containers.RepeatedScalarFieldContainer[str]
     state: str
     vcpus: int
@@ -131,7 +144,74 @@ class Instance(_message.Message):
     cmdline: str
     allocation_id: str
     user_data_secret_ref: str
-    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., size: _Optional[str] = ..., image: _Optional[str] = ..., nics: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., kernel: _Optional[str] = ..., initrd: _Optional[str] = ..., cmdline: _Optional[str] = ..., allocation_id: _Optional[str] = ..., user_data_secret_ref: _Optional[str] = ...) -> None: ...
+    network_policy: str
+    ssh_from_host_only: bool
+    volumes: _containers.RepeatedCompositeFieldContainer[VolumeAttachment]
+    placement: Placement
+    restore_from: RestoreFrom
+    identity_rebind_ref: str
+    disk_size_bytes: int
+    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., size: _Optional[str] = ..., image: _Optional[str] = ..., nics: _Optional[_Iterable[_Union[InstanceNic, _Mapping]]] = ..., gpus: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., kernel: _Optional[str] = ..., initrd: _Optional[str] = ..., cmdline: _Optional[str] = ..., allocation_id: _Optional[str] = ..., user_data_secret_ref: _Optional[str] = ..., network_policy: _Optional[str] = ..., ssh_from_host_only: _Optional[bool] = ..., volumes: _Optional[_Iterable[_Union[VolumeAttachment, _Mapping]]] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., restore_from: _Optional[_Union[RestoreFrom, _Mapping]] = ..., identity_rebind_ref: _Optional[str] = ..., disk_size_bytes: _Optional[int] = ...) -> None: ...
+
+class TenantImage(_message.Message):
+    __slots__ = ("name", "url", "sha256", "format")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    url: str
+    sha256: str
+    format: str
+    def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ..., sha256: _Optional[str] = ..., format: _Optional[str] = ...) -> None: ...
+
+class Volume(_message.Message):
+    __slots__ = ("id", "serial", "size_bytes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    serial: str
+    size_bytes: int
+    def __init__(self, id: _Optional[str] = ..., serial: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class VolumeAttachment(_message.Message):
+    __slots__ = ("volume", "read_only")
+    VOLUME_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    volume: str
+    read_only: bool
+    def __init__(self, volume: _Optional[str] = ..., read_only: _Optional[bool] = ...) -> None: ...
+
+class InstanceNic(_message.Message):
+    __slots__ = ("bridge", "mac", "addresses")
+    BRIDGE_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    bridge: str
+    mac: str
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, bridge: _Optional[str] = ..., mac: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("cpus", "mems", "hugepage_mib", "balloon")
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMS_FIELD_NUMBER: _ClassVar[int]
+    HUGEPAGE_MIB_FIELD_NUMBER: _ClassVar[int]
+    BALLOON_FIELD_NUMBER: _ClassVar[int]
+    cpus: str
+    mems: str
+    hugepage_mib: int
+    balloon: bool
+    def __init__(self, cpus: _Optional[str] = ..., mems: _Optional[str] = ..., hugepage_mib: _Optional[int] = ..., balloon: _Optional[bool] = ...) -> None: ...
+
+class RestoreFrom(_message.Message):
+    __slots__ = ("url", "sha256")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    sha256: str
+    def __init__(self, url: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class AccessSection(_message.Message):
     __slots__ = ("exec_ticket_jwks", "ssh_ca_keys", "principals", "revoked_serials")

@@ -47,6 +47,11 @@ class AdminStub:
                 request_serializer=bc_dot_v1_dot_admin__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=bc_dot_v1_dot_admin__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.ListNodesStream = channel.unary_stream(
+                '/bc.v1.Admin/ListNodesStream',
+                request_serializer=bc_dot_v1_dot_admin__pb2.ListNodesRequest.SerializeToString,
+                response_deserializer=bc_dot_v1_dot_admin__pb2.ListNodesResponse.FromString,
+                _registered_method=True)
         self.GetNode = channel.unary_unary(
                 '/bc.v1.Admin/GetNode',
                 request_serializer=bc_dot_v1_dot_admin__pb2.GetNodeRequest.SerializeToString,
@@ -425,6 +430,14 @@ class AdminServicer:
 
     def ListNodes(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListNodesStream(self, request, context):
+        """The same listing in pages of at most page_size nodes (bc.control.reads.queries.fleet_pages): what
+        `bc nodes` and the TUI read. Every page carries the event_seq read with the first page.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -889,6 +902,11 @@ def add_AdminServicer_to_server(servicer, server):
                     request_deserializer=bc_dot_v1_dot_admin__pb2.ListNodesRequest.FromString,
                     response_serializer=bc_dot_v1_dot_admin__pb2.ListNodesResponse.SerializeToString,
             ),
+            'ListNodesStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ListNodesStream,
+                    request_deserializer=bc_dot_v1_dot_admin__pb2.ListNodesRequest.FromString,
+                    response_serializer=bc_dot_v1_dot_admin__pb2.ListNodesResponse.SerializeToString,
+            ),
             'GetNode': grpc.unary_unary_rpc_method_handler(
                     servicer.GetNode,
                     request_deserializer=bc_dot_v1_dot_admin__pb2.GetNodeRequest.FromString,
@@ -1307,6 +1325,33 @@ class Admin:
             request,
             target,
             '/bc.v1.Admin/ListNodes',
+            bc_dot_v1_dot_admin__pb2.ListNodesRequest.SerializeToString,
+            bc_dot_v1_dot_admin__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodesStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/bc.v1.Admin/ListNodesStream',
             bc_dot_v1_dot_admin__pb2.ListNodesRequest.SerializeToString,
             bc_dot_v1_dot_admin__pb2.ListNodesResponse.FromString,
             options,

@@ -36,6 +36,10 @@ class AdminStub:
     def __new__(cls, channel: _aio.Channel) -> AdminAsyncStub: ...
     CreateToken: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateTokenRequest, _admin_pb2.CreateTokenResponse]
     ListNodes: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListNodesRequest, _admin_pb2.ListNodesResponse]
+    ListNodesStream: _grpc.UnaryStreamMultiCallable[_admin_pb2.ListNodesRequest, _admin_pb2.ListNodesResponse]
+    """The same listing in pages of at most page_size nodes (bc.control.reads.queries.fleet_pages): what
+    `bc nodes` and the TUI read. Every page carries the event_seq read with the first page.
+    """
     GetNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.NodeInfo]
     GetSpec: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.SpecInfo]
     SetSpecSection: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetSpecSectionRequest, _admin_pb2.SpecInfo]
@@ -124,6 +128,10 @@ class AdminAsyncStub(AdminStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateToken: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateTokenRequest, _admin_pb2.CreateTokenResponse]  # type: ignore[assignment]
     ListNodes: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListNodesRequest, _admin_pb2.ListNodesResponse]  # type: ignore[assignment]
+    ListNodesStream: _aio.UnaryStreamMultiCallable[_admin_pb2.ListNodesRequest, _admin_pb2.ListNodesResponse]  # type: ignore[assignment]
+    """The same listing in pages of at most page_size nodes (bc.control.reads.queries.fleet_pages): what
+    `bc nodes` and the TUI read. Every page carries the event_seq read with the first page.
+    """
     GetNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.NodeInfo]  # type: ignore[assignment]
     GetSpec: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.SpecInfo]  # type: ignore[assignment]
     SetSpecSection: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetSpecSectionRequest, _admin_pb2.SpecInfo]  # type: ignore[assignment]
@@ -221,6 +229,16 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.ListNodesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListNodesResponse, _abc.Awaitable[_admin_pb2.ListNodesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListNodesStream(
+        self,
+        request: _admin_pb2.ListNodesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_admin_pb2.ListNodesResponse], _abc.AsyncIterator[_admin_pb2.ListNodesResponse]]:
+        """The same listing in pages of at most page_size nodes (bc.control.reads.queries.fleet_pages): what
+        `bc nodes` and the TUI read. Every page carries the event_seq read with the first page.
+        """
 
     @_abc_1.abstractmethod
     def GetNode(

@@ -450,8 +450,10 @@ class Tunnels:
 
 
 class NodeTunnelsStub:
-    """The node's side, on the channel that carries its session (agent/tunnel): one `Listen` per session, and
-    one `Carry` stream per tunnel, opened by the node when it accepts an offer.
+    """The node's side, on the channel that carries its session (agent/tunnel): one `Carry` stream per tunnel,
+    opened by the node when it accepts an offer. The offers come on the session stream itself
+    (GatewayMessage.tunnel_offer) when the Hello and Welcome both name `tunnel.offers`; else on one `Listen` per
+    session, which older agents and gateways use.
     """
 
     def __init__(self, channel):
@@ -473,8 +475,10 @@ class NodeTunnelsStub:
 
 
 class NodeTunnelsServicer:
-    """The node's side, on the channel that carries its session (agent/tunnel): one `Listen` per session, and
-    one `Carry` stream per tunnel, opened by the node when it accepts an offer.
+    """The node's side, on the channel that carries its session (agent/tunnel): one `Carry` stream per tunnel,
+    opened by the node when it accepts an offer. The offers come on the session stream itself
+    (GatewayMessage.tunnel_offer) when the Hello and Welcome both name `tunnel.offers`; else on one `Listen` per
+    session, which older agents and gateways use.
     """
 
     def Listen(self, request, context):
@@ -512,8 +516,10 @@ def add_NodeTunnelsServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class NodeTunnels:
-    """The node's side, on the channel that carries its session (agent/tunnel): one `Listen` per session, and
-    one `Carry` stream per tunnel, opened by the node when it accepts an offer.
+    """The node's side, on the channel that carries its session (agent/tunnel): one `Carry` stream per tunnel,
+    opened by the node when it accepts an offer. The offers come on the session stream itself
+    (GatewayMessage.tunnel_offer) when the Hello and Welcome both name `tunnel.offers`; else on one `Listen` per
+    session, which older agents and gateways use.
     """
 
     @staticmethod

@@ -149,8 +149,10 @@ class TunnelsServicer(metaclass=_abc_1.ABCMeta):
 def add_TunnelsServicer_to_server(servicer: TunnelsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class NodeTunnelsStub:
-    """The node's side, on the channel that carries its session (agent/tunnel): one `Listen` per session, and
-    one `Carry` stream per tunnel, opened by the node when it accepts an offer.
+    """The node's side, on the channel that carries its session (agent/tunnel): one `Carry` stream per tunnel,
+    opened by the node when it accepts an offer. The offers come on the session stream itself
+    (GatewayMessage.tunnel_offer) when the Hello and Welcome both name `tunnel.offers`; else on one `Listen` per
+    session, which older agents and gateways use.
     """
 
     @_typing.overload
@@ -163,8 +165,10 @@ class NodeTunnelsStub:
 
 @_typing.type_check_only
 class NodeTunnelsAsyncStub(NodeTunnelsStub):
-    """The node's side, on the channel that carries its session (agent/tunnel): one `Listen` per session, and
-    one `Carry` stream per tunnel, opened by the node when it accepts an offer.
+    """The node's side, on the channel that carries its session (agent/tunnel): one `Carry` stream per tunnel,
+    opened by the node when it accepts an offer. The offers come on the session stream itself
+    (GatewayMessage.tunnel_offer) when the Hello and Welcome both name `tunnel.offers`; else on one `Listen` per
+    session, which older agents and gateways use.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -173,8 +177,10 @@ class NodeTunnelsAsyncStub(NodeTunnelsStub):
     """The node's first frame is `accept` (it verified the offer's ticket) or `refused`; then `data`."""
 
 class NodeTunnelsServicer(metaclass=_abc_1.ABCMeta):
-    """The node's side, on the channel that carries its session (agent/tunnel): one `Listen` per session, and
-    one `Carry` stream per tunnel, opened by the node when it accepts an offer.
+    """The node's side, on the channel that carries its session (agent/tunnel): one `Carry` stream per tunnel,
+    opened by the node when it accepts an offer. The offers come on the session stream itself
+    (GatewayMessage.tunnel_offer) when the Hello and Welcome both name `tunnel.offers`; else on one `Listen` per
+    session, which older agents and gateways use.
     """
 
     @_abc_1.abstractmethod

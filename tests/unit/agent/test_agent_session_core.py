@@ -18,11 +18,13 @@ from agent.session_core import (
     IgnoredSpec,
     Send,
     State,
+    TunnelOffered,
     Welcomed,
     decide_spec,
 )
 from bc.errors import ProtocolError
-from bc.protocol.pb import common_pb2, session_pb2, spec_pb2
+from bc.protocol.capabilities import TUNNEL_OFFERS
+from bc.protocol.pb import common_pb2, session_pb2, spec_pb2, tunnel_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage
 
 NODE = "n1"
@@ -374,3 +376,27 @@ def test_the_server_hash_from_welcome_decides_the_next_hello() -> None:
     assert a.hello(MONO0).hello.HasField("inventory")
     a.on_message(welcome(inv_hash="sha256:x"), MONO0, WALL0)
     assert not a.hello(MONO0 + 1).hello.HasField("inventory")
+
+
+# -- tunnel offers on the session (bc.protocol.capabilities.TUNNEL_OFFERS) --------------------------------
+
+
+def test_welcome_says_which_capabilities_the_gateway_answered() -> None:
+    a = agent()
+    a.capabilities = ["devices.cdi", TUNNEL_OFFERS]
+    assert TUNNEL_OFFERS in a.hello(MONO0).hello.capabilities
+    msg = welcome()
+    msg.welcome.capabilities.append(TUNNEL_OFFERS)
+    (w,) = [e for e in a.on_message(msg, MONO0, WALL0) if isinstance(e, Welcomed)]
+    assert w.capabilities == (TUNNEL_OFFERS,)
+    # An older gateway answers nothing: the node's tunnels then take their offers on Listen.
+    b = agent()
+    b.hello(MONO0)
+    (w,) = [e for e in b.on_message(welcome(), MONO0, WALL0) if isinstance(e, Welcomed)]
+    assert w.capabilities == ()
+
+
+def test_a_tunnel_offer_on_the_session_goes_to_the_tunnels() -> None:
+    a = opened()
+    offer = tunnel_pb2.TunnelOffer(sid="t-1", token="tok")
+    assert a.on_message(GatewayMessage(tunnel_offer=offer), MONO0 + 1, WALL0 + 1) == [TunnelOffered(offer)]

@@ -6,7 +6,17 @@ import random
 
 import pytest
 
-from bc.control.capacity.placement_plan import CAP_KUBERNETES, CAP_LIMITS, GIB, Failure, HostResources, Wait, plan
+from bc.control.capacity.placement_plan import (
+    CAP_INSTANCE,
+    CAP_KUBERNETES,
+    CAP_LIMITS,
+    GIB,
+    INSTANCE_WHOLE_GPUS,
+    Failure,
+    HostResources,
+    Wait,
+    plan,
+)
 from tests.unit.capacity.fleet import H, M, booking, indexes, node, outcome, placed, req, waiting
 
 T0 = 1_800_000_000_000  # a store-clock instant on a whole hour
@@ -164,6 +174,17 @@ def test_capabilities_decide_which_nodes_take_limits_and_kubernetes() -> None:
     assert waiting(p, "both").reason == "no node advertises binding.kubernetes and devices.limits"
 
 
+def test_an_instance_binding_goes_only_where_vms_run_and_shares_the_holds_ledger() -> None:
+    plain = node("n1", 2, caps=frozenset())
+    vms = node("n2", 2, caps=frozenset({CAP_INSTANCE}))
+    held = [booking("h", "n2", [0])]  # a hold on n2's GPU 0: an instance reservation never gets that GPU
+    p = plan([plain, vms], held, [req("vm", 1, binding="instance"), req("vm2", 1, binding="instance")], T0)
+    assert (placed(p, "vm").node_id, indexes(placed(p, "vm"))) == ("n2", [1])
+    assert waiting(p, "vm2").reason == "no node with 1 free GPU"
+    mig = plan([vms], [], [req("m", 1, binding="instance", device_class="gpu.mig")], T0)
+    assert outcome(mig, "m") == Failure("m", "refused", INSTANCE_WHOLE_GPUS)
+
+
 @pytest.mark.parametrize(
     ("facts", "why"),
     [
@@ -231,7 +252,7 @@ def test_the_same_facts_give_the_same_plan_in_any_order() -> None:
     ("kw", "why"),
     [
         ({"device_class": "tpu"}, "unknown device class 'tpu'"),
-        ({"binding": "vm"}, "unknown binding 'vm'; bindings are hold, kubernetes"),
+        ({"binding": "vm"}, "unknown binding 'vm'; bindings are hold, kubernetes, instance"),
         ({"count": 0}, "a reservation needs at least one atom, not 0"),
         ({"duration_ms": 0}, "a duration must be positive, not 0 ms"),
         (

@@ -66,3 +66,43 @@ def test_the_client_after_its_context_is_a_server_not_answering() -> None:
 
     with pytest.raises(Unavailable, match=r"127\.0\.0\.1:1 is not answering"):
         asyncio.run(after_close())
+
+
+def _rpc_error(details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class _Flaky:
+    """A unary method that fails with `errors` in turn, then answers."""
+
+    def __init__(self, *errors: grpc.aio.AioRpcError) -> None:
+        self.errors = list(errors)
+        self.sent = 0
+
+    async def __call__(self, request: Any, timeout: float) -> str:
+        self.sent += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return "answer"
+
+
+_NEVER_CONNECTED = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Handshake read failed"
+
+
+def test_a_call_whose_connection_was_never_made_is_sent_again() -> None:
+    config = OperatorConfig(server="127.0.0.1:1", ca_pem=b"", cert_pem=b"", key_pem=b"", data_dir="", path=Path("x"))
+    method = _Flaky(_rpc_error(_NEVER_CONNECTED), _rpc_error(_NEVER_CONNECTED))
+    assert asyncio.run(AdminClient(config)._sent(method, None, 1.0)) == "answer"  # type: ignore[arg-type]
+    assert method.sent == 3
+
+
+def test_connection_failures_past_the_retries_and_broken_calls_are_not_sent_again() -> None:
+    config = OperatorConfig(server="127.0.0.1:1", ca_pem=b"", cert_pem=b"", key_pem=b"", data_dir="", path=Path("x"))
+    always = _Flaky(*[_rpc_error(_NEVER_CONNECTED)] * 5)
+    with pytest.raises(grpc.aio.AioRpcError):
+        asyncio.run(AdminClient(config)._sent(always, None, 1.0))  # type: ignore[arg-type]
+    assert always.sent == 3
+    broken = _Flaky(_rpc_error("Socket closed"))  # reached the server: a write may have been applied
+    with pytest.raises(grpc.aio.AioRpcError):
+        asyncio.run(AdminClient(config)._sent(broken, None, 1.0))  # type: ignore[arg-type]
+    assert broken.sent == 1

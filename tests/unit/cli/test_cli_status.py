@@ -159,3 +159,15 @@ def test_a_handshake_cut_short_by_a_reset_is_not_answering_not_a_certificate_ref
     err = status_to_error(grpc.StatusCode.UNAVAILABLE, details, server="127.0.0.1:7443")
     assert isinstance(err, Unavailable)
     assert err.message == "bc serve at 127.0.0.1:7443 is not answering (connection reset)"
+
+
+def test_a_handshake_the_server_closed_without_a_tls_reason_is_not_answering() -> None:
+    # grpc's words when the socket was shut in the middle of the handshake (a loaded server dropping it): the
+    # words of a CI failure that had been told as "certificate refused" and exit 6.
+    details = (
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:41051: "
+        "Handshake read failed (Endpoint closing)"
+    )
+    err = status_to_error(grpc.StatusCode.UNAVAILABLE, details, server="127.0.0.1:41051")
+    assert isinstance(err, Unavailable)
+    assert err.message == "bc serve at 127.0.0.1:41051 is not answering (connection closed)"

@@ -20,8 +20,8 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from bc.cli.msg_json import message_to_json
-from bc.cli.output import json_text
+from bc.cli.msg_json import message_json_text, message_to_json
+from bc.cli.output import JsonArray, json_text
 from bc.protocol.pb import admin_pb2, common_pb2, join_pb2, kinds_pb2, session_pb2, spec_pb2
 
 # -- the older form, kept as it was ---------------------------------------------
@@ -203,6 +203,33 @@ def printed(doc: Any) -> str:
 def test_every_message_prints_as_json_format_did(full_name: str, variant: str) -> None:
     msg = build(full_name, variant)
     assert printed(message_to_json(msg)) == printed(reference(msg))
+
+
+def _streamed(pages: list[list[Message]]) -> str:
+    """What `bc nodes --json` prints for these pages of messages, as they arrive (`JsonArray`)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        array = JsonArray()
+        for page in pages:
+            array.add_texts([message_json_text(m, "  ") for m in page])
+        array.close()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(("full_name", "variant"), CASES)
+def test_every_message_streams_as_the_whole_list_prints(full_name: str, variant: str) -> None:
+    """The streamed array is byte for byte the list `emit` prints (`json_text` of the dicts), escapes included."""
+    msg = build(full_name, variant)
+    whole = json_text([message_to_json(msg), message_to_json(msg)]) + "\n"
+    assert _streamed([[msg], [msg]]) == _streamed([[msg, msg]]) == whole
+    assert message_json_text(msg) == json.dumps(message_to_json(msg), indent=2, ensure_ascii=False)
+
+
+def test_an_empty_listing_streams_as_an_empty_list() -> None:
+    assert _streamed([]) == _streamed([[], []]) == json_text([]) + "\n" == "[]\n"
 
 
 def test_the_cases_cover_what_the_protos_hold() -> None:

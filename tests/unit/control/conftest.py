@@ -10,6 +10,7 @@ from google.protobuf.json_format import MessageToJson
 from agent.hw.base import inventory_hash
 from agent.hw.fake import FakeHardware
 from bc.protocol.pb import common_pb2
+from bc.store import Store
 from bc.store import nodes as nodes_sql
 from bc.store.sqlite import InlineSqliteStore
 
@@ -17,7 +18,7 @@ AddNode = Callable[..., Awaitable[common_pb2.Inventory]]
 Count = Callable[[str], Awaitable[int]]
 
 
-async def write_inventory(store: InlineSqliteStore, node_id: str, inv: common_pb2.Inventory) -> None:
+async def write_inventory(store: Store, node_id: str, inv: common_pb2.Inventory) -> None:
     async with store.transaction() as tx:
         await nodes_sql.write_inventory(
             tx, node_id, MessageToJson(inv, preserving_proto_field_name=True), inventory_hash(inv)

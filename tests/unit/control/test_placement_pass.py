@@ -267,9 +267,9 @@ async def test_the_loop_passes_again_only_for_news_a_waiting_reservation_can_use
     passes: list[float] = []
     step = PlacementPass.step
 
-    async def counted(self: PlacementPass, tx: Tx, now_ms: int) -> PassResult:
+    async def counted(self: PlacementPass, tx: Tx, now_ms: int, *, full: bool = False) -> PassResult:
         passes.append(clock.monotonic())
-        return await step(self, tx, now_ms)
+        return await step(self, tx, now_ms, full=full)
 
     monkeypatch.setattr(PlacementPass, "step", counted)
     task = asyncio.create_task(pass_(store, bus).run_forever(clock))

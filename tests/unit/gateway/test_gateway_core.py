@@ -19,7 +19,8 @@ from bc.gateway.core import (
     Send,
     State,
 )
-from bc.protocol.pb import common_pb2, session_pb2
+from bc.protocol.capabilities import TUNNEL_OFFERS
+from bc.protocol.pb import common_pb2, session_pb2, tunnel_pb2
 from bc.protocol.pb.session_pb2 import GatewayMessage, NodeMessage
 from bc.protocol.status import status_key
 
@@ -355,3 +356,36 @@ def test_a_new_session_publishes_its_first_report_again() -> None:
     b = open_core()
     b.on_message(status(applied=1, observed=1), T0 + 1)
     assert (b.take_status() or (None, None))[1] is True
+
+
+# -- tunnel offers on the session (bc.protocol.capabilities.TUNNEL_OFFERS) --------------------------------
+
+
+def offer(sid: str) -> tunnel_pb2.TunnelOffer:
+    return tunnel_pb2.TunnelOffer(sid=sid, token=f"token-{sid}")
+
+
+def test_a_hello_that_takes_offers_on_the_session_is_welcomed_so_and_sent_them_in_order() -> None:
+    c = core()
+    msg = hello()
+    msg.hello.capabilities.extend(["devices.cdi", TUNNEL_OFFERS])
+    c.on_message(msg, T0)
+    assert c.offer_tunnel(offer("t-early")) == []  # nothing before the Welcome
+    (welcome,) = [m for m in sends(opened(c)) if m.WhichOneof("msg") == "welcome"]
+    assert list(welcome.welcome.capabilities) == [TUNNEL_OFFERS]
+    out = sends(c.offer_tunnel(offer("t-1")) + c.offer_tunnel(offer("t-2")))
+    assert [(m.WhichOneof("msg"), m.tunnel_offer.sid, m.tunnel_offer.token) for m in out] == [
+        ("tunnel_offer", "t-1", "token-t-1"),
+        ("tunnel_offer", "t-2", "token-t-2"),
+    ]
+    c.close()
+    assert c.offer_tunnel(offer("t-late")) == []  # a closed session sends nothing more
+
+
+def test_an_older_agents_session_is_welcomed_without_offers_and_never_sent_one() -> None:
+    c = core()
+    c.on_message(hello(), T0)  # no `tunnel.offers`: its offers go on its Listen stream
+    (welcome,) = [m for m in sends(opened(c)) if m.WhichOneof("msg") == "welcome"]
+    assert list(welcome.welcome.capabilities) == []
+    assert not c.tunnel_offers
+    assert c.offer_tunnel(offer("t-1")) == []

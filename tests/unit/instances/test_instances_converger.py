@@ -112,7 +112,7 @@ async def test_a_missing_kernel_or_a_bad_spec_fails_the_instance(node: Node) -> 
     assert result.state == FAILED
     assert "the kernel 'nope' is not in" in node.status("a").message
     assert "vcpus must be between 1 and 256" in node.status("b").message
-    assert node.status("c").message == "the spec's instance.runtime must be one of qemu, not 'libvirt-kvm'"
+    assert node.status("c").message == "the spec's instance.runtime must be one of qemu, libvirt, not 'libvirt-kvm'"
 
 
 async def test_admission_refuses_an_oversize_start_which_stays_stopped(tmp_path: Path) -> None:

@@ -7,29 +7,27 @@ from pathlib import Path
 
 from agent.converge.instances import InstancesConverger
 from agent.converge.run import CONVERGED, FAILED, PROGRESSING, SectionResult
-from agent.converge.secret_port import SecretRefused, SecretUnavailable
+from agent.converge.secret_port import SecretRefused
 from agent.instances.admission import HostMemory
 from agent.instances.fake import FakeRuntime
 from agent.instances.user_data import UserDataFiles
 from agent.offload import inline
 from bc.protocol.pb import common_pb2, spec_pb2
+from tests.instance_parts import SecretPort, instance
 
 
-class Port:
-    """The secret port as the converger sees it: values by name, or an exception to raise."""
+class Port(SecretPort):
+    """The secret port, recording what the converger asks and releases."""
 
     def __init__(self) -> None:
-        self.values: dict[str, bytes | Exception] = {}
+        super().__init__()
         self.asked: list[tuple[str, str, int, str]] = []  # (name, section, generation, allocation id)
         self.released: list[str] = []
 
     async def get(self, name: str, section: str, generation: int, unit: str = "", allocation_id: str = "") -> bytes:
         assert unit == ""
         self.asked.append((name, section, generation, allocation_id))
-        value = self.values.get(name, SecretUnavailable("no answer"))
-        if isinstance(value, Exception):
-            raise value
-        return value
+        return await super().get(name, section, generation, unit, allocation_id)
 
     def release(self, section: str, unit: str = "") -> None:
         self.released.append(section)
@@ -61,16 +59,7 @@ class Node:
 
 
 def vm(iid: str, state: str = "RUNNING", ref: str = "", allocation: str = "") -> spec_pb2.Instance:
-    return spec_pb2.Instance(
-        id=iid,
-        runtime="qemu",
-        vcpus=1,
-        memory_mib=256,
-        kernel="vmlinuz",
-        state=state,
-        user_data_secret_ref=ref,
-        allocation_id=allocation,
-    )
+    return instance(iid, state=state, user_data_secret_ref=ref, allocation_id=allocation)
 
 
 async def test_the_user_data_reaches_the_start_as_a_0600_file_removed_at_stop_and_delete(tmp_path: Path) -> None:

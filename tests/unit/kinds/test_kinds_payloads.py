@@ -20,6 +20,7 @@ REQUESTS: dict[str, type[Message]] = {
     "logs.collect": kinds_pb2.LogsCollectRequest,
     "diag.dcgm": kinds_pb2.DiagDcgmRequest,
     "daemon.upgrade": kinds_pb2.DaemonUpgradeRequest,
+    "instance.snapshot": kinds_pb2.InstanceSnapshotRequest,
     "disk.wipe": kinds_pb2.DiskWipeRequest,
     "deploy.image": kinds_pb2.DeployImageRequest,
     "boot.kexec": kinds_pb2.BootKexecRequest,

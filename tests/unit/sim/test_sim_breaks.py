@@ -118,6 +118,7 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
             "health-release-holds",
             "health-reset-under-hold",
             "health-forget-repeats",
+            "instance-as-hold",
         ]
     )
     checker = {rule: seams_for(rule).checker for rule in RULES}
@@ -136,6 +137,7 @@ def test_each_rule_swaps_a_component_and_names_the_checker_it_must_fail() -> Non
         "health-release-holds": "H1",
         "health-reset-under-hold": "H1",
         "health-forget-repeats": "H1",
+        "instance-as-hold": "V1",
     }
     for rule in RULES:
         seams = seams_for(rule)

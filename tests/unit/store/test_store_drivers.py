@@ -126,6 +126,20 @@ async def test_execute_returns_the_rows_changed(store: Store) -> None:
         assert await tx.fetchall("SELECT key FROM settings ORDER BY key") == [{"key": "a"}, {"key": "b"}]
 
 
+async def test_fetchtuples_gives_the_rows_fetchall_gives_in_column_order(store: Store) -> None:
+    query = "SELECT value, key, NULL AS absent FROM settings ORDER BY key"
+    async with store.transaction() as tx:  # a write transaction (inline on the threaded SQLite store)
+        await tx.execute("INSERT INTO settings (key, value) VALUES ('a', '1'), ('b', '2')")
+        assert await tx.fetchtuples(query) == [("1", "a", None), ("2", "b", None)]
+        assert await tx.fetchtuples("UPDATE settings SET value = '3' WHERE key = 'zzz'") == []
+    async with store.transaction(write=False) as tx:  # a read (the threaded store's thread)
+        assert await tx.fetchtuples(query) == [tuple(r.values()) for r in await tx.fetchall(query)]
+        assert await tx.fetchtuples("SELECT key FROM settings WHERE key > :k", {"k": "a"}) == [("b",)]
+    with pytest.raises(StoreError):
+        async with store.transaction(write=False) as tx:
+            await tx.fetchtuples("SELECT nope FROM settings")
+
+
 async def test_on_commit_runs_after_commit_and_never_after_rollback(store: Store) -> None:
     calls: list[str] = []
     async with store.transaction() as tx:
