@@ -96,12 +96,15 @@ class BcTui(App[None]):
             self.set_interval(self._tick_s, self._tick)
 
     def _tick(self) -> None:
-        if isinstance(self.screen, BcScreen):
-            self.screen.tick(self.clock.monotonic())
+        # A mode switch makes its new screen current before the screen has composed its widgets: a tick in
+        # between found no banner, and the exception stopped the whole app (a frozen TUI).
+        screen = self.screen
+        if isinstance(screen, BcScreen) and screen.is_mounted:
+            screen.tick(self.clock.monotonic())
 
     def _live_views(self) -> list[BcScreen]:
         """The screens to tell, mounted ones only: the feed calls in here, and a screen gone must not stop it."""
-        return [v for v in self.views if v.is_attached]
+        return [v for v in self.views if v.is_attached and v.is_mounted]
 
     def _nodes_changed(self, node_ids: set[str]) -> None:
         for v in self._live_views():

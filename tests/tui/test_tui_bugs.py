@@ -171,3 +171,21 @@ async def test_the_fleet_filter_in_force_is_on_screen_and_offered_to_edit() -> N
         await pilot.press("escape")
         await until(pilot, lambda: table.row_count == 40)
         assert "filter" not in str(status.render())
+
+
+async def test_a_tick_between_a_mode_switch_and_the_new_screen_s_compose_does_not_stop_the_app() -> None:
+    """CI saw the TUI freeze after pressing a screen's key: the second's tick (and a link change) reached the
+    new screen before it had composed its banner, and the exception ended the app's message loop."""
+    source = FakeSource(random.Random(7), nodes=4)
+    app = app_on(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.link.live)
+        for mode in ("health", "events", "jobs"):  # each one new: its screen made on the switch
+            app.switch_mode(mode)
+            assert not app.screen.is_mounted  # the moment the race needs: current, not yet composed
+            app._tick()
+            app._link_changed()
+            await until(pilot, lambda: app.screen.is_mounted, what=f"the {mode} screen mounted")
+        await pilot.press("6")
+        await until(pilot, lambda: isinstance(app.screen, EventsScreen), what="the app still answers keys")
+    assert app._exception is None
