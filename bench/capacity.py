@@ -8,7 +8,9 @@
      same fleet and queue seeded through `bc/store` functions, each repeat on a fresh copy of the seeded
      file (a pass books, so the second pass over one file would place nothing). Then, on that file, the
      pass the loop runs next after one more reservation (incremental: only the new one decided), and one
-     after another more that re-plans the whole queue (`full=True`, the loop's periodic pass).
+     after another more that re-plans the whole queue (`full=True`, the loop's periodic pass). Then two
+     `reserve` calls (what the Reserve RPC does: the insert and its inline pass): one handed that pass, as
+     `bc serve` hands its loop's, one with a fresh pass, which re-plans the whole queue.
    Reservations placed per second = the `Placement`s of one pass / that pass's wall time; median, and at
    the p99 (slowest) pass, over the repeats (each repeat is one sample).
    The defaults are scaled down to keep each sub-part under a minute on two shared cores: the pass is
@@ -53,6 +55,7 @@ from bc.control.base.bus import Bus
 from bc.control.capacity import views as capacity_views
 from bc.control.capacity.placement_pass import PlacementPass, node_info
 from bc.control.capacity.placement_plan import NodeInfo, Placement, Request, Wait, plan
+from bc.control.capacity.reservations import ReserveRequest, reserve
 from bc.control.capacity.usage_windows import BY, HOUR_MS
 from bc.control.signing.signer import NullSigner
 from bc.store import Tx
@@ -196,6 +199,8 @@ async def wired_pass(nodes: int, pending: int, repeats: int, profile: bool) -> d
         times: list[float] = []
         next_times: list[float] = []
         full_times: list[float] = []
+        reserve_kept: list[float] = []
+        reserve_fresh: list[float] = []
         incremental: list[bool] = []
         counts: dict[str, int] = {}
         prof = cProfile.Profile() if profile else None
@@ -228,6 +233,15 @@ async def wired_pass(nodes: int, pending: int, repeats: int, profile: bool) -> d
                 t2 = time.perf_counter()
                 await p.pass_once(lease=False, full=True)
                 full_times.append((time.perf_counter() - t2) * 1000)
+                # A `bc reserve` (the RPC's work: insert and the inline pass): handed the process's pass, as `bc
+                # serve` does, it goes on from the last; a fresh pass re-plans the whole queue.
+                bus, want = Bus(), ReserveRequest(gpus=1)
+                t3 = time.perf_counter()
+                await reserve(store, bus, NullSigner(), want, random.Random(k), placement=p)
+                reserve_kept.append((time.perf_counter() - t3) * 1000)
+                t4 = time.perf_counter()
+                await reserve(store, bus, NullSigner(), want, random.Random(k + 100))
+                reserve_fresh.append((time.perf_counter() - t4) * 1000)
             finally:
                 await store.close()
             run.unlink()
@@ -246,6 +260,8 @@ async def wired_pass(nodes: int, pending: int, repeats: int, profile: bool) -> d
             "next_pass_after_one_new_ms": spread(next_times),
             "next_pass_incremental": all(incremental),
             "full_pass_after_one_more_ms": spread(full_times),
+            "reserve_with_the_process_pass_ms": spread(reserve_kept),
+            "reserve_with_a_fresh_pass_ms": spread(reserve_fresh),
             "placed_per_s": rate_spread(counts["placed"], times),
         }
     finally:

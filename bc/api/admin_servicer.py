@@ -37,6 +37,7 @@ from bc.api.ssh_servicer import SshRpcs
 from bc.control.base import actor
 from bc.control.base.bus import Bus
 from bc.control.capacity import reservations
+from bc.control.capacity.placement_pass import PlacementPass
 from bc.control.commands import queue as commands
 from bc.control.commands import runs as command_runs
 from bc.control.nodes import admin as node_admin
@@ -94,8 +95,10 @@ class AdminServicer(
         release_url: str = "",
         secret_box: SecretBox | None = None,
         drain: Callable[[float], Awaitable[int]] | None = None,
+        placement: PlacementPass | None = None,
     ) -> None:
         self.store, self.bus, self.ca, self.clock, self.gateway_id = store, bus, ca, clock, gateway_id
+        self.placement = placement  # the process's placement pass: a reserve's inline pass goes on from it
         self.signer, self.rng, self.secrets, self.jobs = signer, rng, secrets, jobs
         self.ssh_ca_dir = ssh_ca_dir  # <data-dir>/ssh-ca: the SSH user CA key (bc.control.trust.ssh)
         self.releases_dir = releases_dir
@@ -190,6 +193,7 @@ class AdminServicer(
                 self.signer,
                 reserve_request(request),
                 self.rng,
+                placement=self.placement,
             )
             return await queries.reservation(self.store, str(row["id"]))
 

@@ -536,6 +536,7 @@ class Server:
                 releases_dir=data_dir / "releases",
                 release_url=self.release_url,
                 drain=self.drain if "gateway" in roles else None,
+                placement=self.parts.placement,
             )
             if ca is not None and "api" in roles
             else None

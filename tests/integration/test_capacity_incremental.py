@@ -1,5 +1,6 @@
 """The incremental placement pass through the store, on SQLite and PostgreSQL: after a committed pass, the next
-decides only the reservations submitted since and books what a full pass would; a change to the nodes, the
+decides only the reservations submitted since and books what a full pass would (a `reserve` handed the
+process's pass too); a change to the nodes, the
 bookings or the queue (one released), or the plan's next wake coming, makes it a full pass again; and a pass
 that rolled back leaves nothing of itself for the next one to go on from (docs/capacity.md)."""
 
@@ -15,7 +16,7 @@ from bc.control.base.bus import Bus
 from bc.control.capacity import placement_pass as pp_mod
 from bc.control.capacity.placement_pass import PassResult, PlacementPass, load_facts
 from bc.control.capacity.placement_plan import Placement, Wait, plan
-from bc.control.capacity.reservations import release
+from bc.control.capacity.reservations import ReserveRequest, release, reserve
 from bc.control.signing.signer import NullSigner
 from bc.protocol.pb import common_pb2
 from bc.store import Row, Store
@@ -168,3 +169,33 @@ async def test_a_pass_rolled_back_leaves_nothing_to_go_on_from(store: Store, mon
     got = await passed(p)
     assert got.incremental and [o.reservation_id for o in got.plan.placements] == [rid]
     assert str((await row(store, rid))["node_id"]) == "n1"
+
+
+async def test_a_reserve_handed_the_process_s_pass_decides_only_its_own_reservation(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bc serve` hands its placement loop's pass to `reserve`: the inline pass goes on from the last committed
+    one instead of re-planning the whole queue on every submit, and decides what a full pass would."""
+    await fleet(store, "n1", "n2")
+    q = Queue(store)
+    p = PlacementPass(store, Bus(), SIGNER, random.Random(7), holder="w")
+    waiting = [await q.add(8), await q.add(8), await q.add(8)]  # both nodes full, the third waits
+    assert not (await passed(p)).incremental
+    full_plans: list[int] = []
+    whole = pp_mod.plan_and_keep
+
+    def counted(*a: Any) -> Any:
+        full_plans.append(len(a[2]))  # how many pending reservations it planned
+        return whole(*a)
+
+    monkeypatch.setattr(pp_mod, "plan_and_keep", counted)
+    mine = await reserve(store, Bus(), SIGNER, ReserveRequest(gpus=4), random.Random(1), placement=p)
+    assert full_plans == []  # decided on the kept state, the queue not planned again
+    expected = await full_plan_now(store)
+    assert str(mine["state"]) == "pending" and str(mine["reason"]) == expected[str(mine["id"])].reason
+    assert str((await row(store, waiting[2]))["reason"]) == expected[waiting[2]].reason
+    quiet = await passed(p)  # the loop's next pass goes on from the reserve's
+    assert quiet.incremental and quiet.plan.outcomes == ()
+
+    await reserve(store, Bus(), SIGNER, ReserveRequest(gpus=4), random.Random(2))  # no pass handed: a full one
+    assert full_plans == [3]  # the two waiting before it and itself
