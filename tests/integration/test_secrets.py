@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,17 +279,27 @@ async def test_a_gateway_cannot_ask_in_the_nodes_name(lab: InprocLab) -> None:
     gateway_key = ec.generate_private_key(ec.SECP256R1())
     sig = attest.sign(gateway_key, secret_jwe.request_message(body))
     answers: list[secrets_pb2.SecretResponse] = []
+    answered = asyncio.Event()
 
     def keep(msg: GatewayMessage) -> GatewayMessage:
         if msg.HasField("secret_response"):
             answers.append(msg.secret_response)
+            answered.set()
         return msg
+
+    async def answer_to(pred: Callable[[secrets_pb2.SecretResponse], bool]) -> secrets_pb2.SecretResponse:
+        # The refusal's event is stored before the gateway writes the answer to the node: wait for the answer.
+        async with asyncio.timeout(15):
+            while not any(pred(a) for a in answers):
+                answered.clear()
+                await answered.wait()
+        return next(a for a in answers if pred(a))
 
     t.outbound = keep
     await t.inject(NodeMessage(secret_request=secrets_pb2.SecretRequest(body=body, node_sig=sig)))
     why = await refused(lab, "bad-signature")
     assert why["name"] == NAME
-    forged = next(a for a in answers if a.request_id == "forged")
+    forged = await answer_to(lambda a: a.request_id == "forged")
     assert forged.refused == "bad-signature" and not forged.jwe
 
     # Now the node's own requests, with the gateway's key put in place of the node's one-time key.
@@ -304,6 +314,7 @@ async def test_a_gateway_cannot_ask_in_the_nodes_name(lab: InprocLab) -> None:
     seq = (await lab.admin.fleet_snapshot()).event_seq
     await lab.admin.set_secret(NAME, b"authorization=y")  # the node is told to ask again
     await lab.wait_event("secret.refused", lambda ev, d: ev.seq > seq and d["reason"] == "bad-signature")
+    await answer_to(lambda a: a.request_id != "forged" and a.refused == "bad-signature")  # the node's, answered
     sealed_to_gateway = []
     for a in answers:
         if a.jwe:
