@@ -60,8 +60,8 @@ def pong_port() -> Iterator[int]:
     th.start()
     yield int(srv.getsockname()[1])
     stop.set()
+    th.join(5)  # it sees `stop` within its 0.2 s accept timeout: the socket is closed under no accept
     srv.close()
-    th.join(5)
 
 
 def tunnel(lab: Lab, port: int) -> subprocess.Popen[bytes]:
