@@ -213,6 +213,9 @@ SLOW_TESTS = frozenset(
             "tests/e2e/test_gateways.py",
             "test_a_gateway_worker_process_holds_no_ca_or_root_key_and_a_node_joins_holds_and_runs_through_it",
         ),
+        # 15.5 s with its lab's start: make test keeps the approved reset of an XID's batch by two real approvers
+        # (tests/e2e/test_health_quorum.py) and this file's rejected and cancelled remediations.
+        ("tests/e2e/test_jobs.py", "test_remediate_waits_for_the_quorum_resets_once_and_resolves_its_batch_done"),
         # 6.5 s: make test keeps a revoked node's quarantine (the same file).
         ("tests/e2e/test_identity.py", "test_two_machines_with_one_identity_are_quarantined"),
         # 7.3 s: make test keeps one seed's same mix and log (the same file).
