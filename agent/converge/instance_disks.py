@@ -16,7 +16,8 @@ The converger (agent.converge.instances) calls it at a few points of its pass:
 5. After the starts, `live`: a running or paused domain whose spec attaches other volumes now is changed
    through the runtime (QMP `blockdev-add` + `device_add`, `device_del` + `blockdev-del` on qemu).
 6. `end`: a volume the section no longer lists and no domain has open is destroyed, and the store's space
-   is kept for the status report (`storage`, StatusReport.volume_storage).
+   is kept for the status report (`storage`, StatusReport.volume_storage). A cached image that neither the
+   section lists nor any instance's disk was made from is removed (`ImageStore.prune`).
 """
 
 from __future__ import annotations
@@ -179,6 +180,12 @@ class InstanceDisks:
     async def end(self) -> None:
         listed = {v.id for v in self._section.volumes}
         await self.volumes.destroy_unlisted(listed, self.open.ids())
+        bases = await self.overlays.bases()
+        if bases is not None:
+            try:
+                await self.images.prune(bases | {img.sha256 for img in self._section.images})
+            except OSError as e:
+                log.warning("event=image.prune-failed error=%r", e.strerror)
         try:
             self.storage = await self.volumes.storage()
         except OSError as e:

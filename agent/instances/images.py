@@ -11,6 +11,11 @@
 * **Each use** (`verify`): the file is hashed again and, for qcow2, its header checked again, so a file
   changed on disk after its download is never booted (it is removed, and the next pass fetches it again).
 
+* **Pruned** (`prune`, at the end of each pass): a cached image whose digest neither the section's images
+  nor any instance disk's record (`instances/<id>/disk.json`: the base its overlay was made from) names is
+  removed, and so is a temp file no download writes (one a crash left). A disk whose record cannot be read
+  keeps every image (`Overlays.bases` answers None). Files of other names are left alone.
+
 `raw` images are never probed. Nothing here opens a file an image names.
 """
 
@@ -20,6 +25,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +44,8 @@ RETRY_S: Final = 60.0
 CHUNK: Final = 1 << 20
 
 READY, WAITING, FAILED = "ready", "waiting", "failed"
+_CACHED: Final = re.compile(r"([0-9a-f]{64})\.(qcow2|raw)")
+_PART: Final = re.compile(r"\.([0-9a-f]{64}\.(?:qcow2|raw))\.part")
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,33 @@ class ImageStore:
         self._failures.pop(key, None)
         self._tasks[key] = asyncio.create_task(self._fetch(img, key), name=f"image-{img.sha256[:12]}")
         return ImageState(WAITING, f"image {img.name} is downloading")
+
+    async def prune(self, keep: set[str]) -> list[str]:
+        """Remove the cached images whose SHA-256 is not in `keep`, and temp files no download writes; the
+        names removed. A download under way keeps its file."""
+        busy = set(self._tasks)  # read on the loop: the sweep below runs on a thread
+
+        def sweep() -> list[str]:
+            try:
+                entries = sorted(self.root.iterdir())
+            except FileNotFoundError:
+                return []
+            gone = []
+            for path in entries:
+                cached, part = _CACHED.fullmatch(path.name), _PART.fullmatch(path.name)
+                if cached is not None:
+                    if cached.group(1) in keep or path.name in busy:
+                        continue
+                elif part is None or part.group(1) in busy:
+                    continue  # not an image of ours, or a download's own temp file
+                path.unlink(missing_ok=True)
+                gone.append(path.name)
+            return gone
+
+        gone: list[str] = await self.offload(sweep)
+        for name in gone:
+            log.info("event=image.pruned file=%s", name)
+        return gone
 
     async def close(self) -> None:
         for t in self._tasks.values():

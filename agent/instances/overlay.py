@@ -97,6 +97,31 @@ class Overlays:
         except (OSError, ValueError):
             return ""
 
+    async def bases(self) -> set[str] | None:
+        """The SHA-256 of the base image every instance disk here was made from; None when a disk's record
+        cannot be read (then no image may be pruned: it could be that disk's base)."""
+
+        def read() -> set[str] | None:
+            found: set[str] = set()
+            try:
+                dirs = sorted(self.root.iterdir())
+            except FileNotFoundError:
+                return found
+            except OSError:
+                return None
+            for d in dirs:
+                try:
+                    if not (d / DISK).exists():
+                        continue
+                    doc = json.loads((d / RECORD).read_text())
+                    found.add(str(doc["sha256"]))
+                except (OSError, ValueError, KeyError, TypeError):
+                    return None
+            return found
+
+        bases: set[str] | None = await self.offload(read)
+        return bases
+
     async def forget(self, instance_id: str) -> None:
         """The instance is deleted: its disk goes (qemu's runtime removes the whole directory already)."""
         for name in (DISK, RECORD):

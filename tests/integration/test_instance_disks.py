@@ -324,3 +324,52 @@ async def test_a_volume_handed_over_in_one_pass_and_a_failed_stop_keeps_it(tmp_p
     assert (tmp_path / "d" / "volumes" / "data.raw").exists()
     assert (await node.conv.converge(spec_pb2.InstancesSection(), 7)).state == CONVERGED
     assert not (tmp_path / "d" / "volumes" / "data.raw").exists()  # its instance deleted in the same pass
+
+
+async def test_a_cached_image_nothing_names_and_no_disk_was_made_from_is_removed_after_the_pass(
+    server: Server, pki: tuple[bytes, bytes, bytes], tmp_path: Path
+) -> None:
+    node = Node(tmp_path, pki[0])
+    cache = node.data / "images"
+    old = image(server, "old", b"o" * 65536, fmt="raw")
+    new = image(server, "new", b"n" * 65536, fmt="raw")
+
+    def section(img: spec_pb2.TenantImage, iid: str) -> spec_pb2.InstancesSection:
+        return spec_pb2.InstancesSection(instances=[vm(iid, img.name)], images=[img])
+
+    def cached() -> list[str]:
+        return sorted(p.name for p in cache.iterdir())
+
+    await node.conv.converge(section(old, "a"), 1)
+    await node.downloaded()
+    assert (await node.conv.converge(section(old, "a"), 1)).state == CONVERGED
+    stale = f".{'e' * 64}.raw.part"  # a download a crash cut short
+    for junk in (stale, "notes.txt"):
+        (cache / junk).write_bytes(b"x")
+    # Instance a goes with its spec, and with it the disk made from `old`; `new` is downloading.
+    assert (await node.conv.converge(section(new, "b"), 2)).state == PROGRESSING
+    downloading = {f".{new.sha256}.raw.part", f"{new.sha256}.raw"}  # its temp file, or itself if done already
+    # `old` and the stale temp file removed; the download's own file kept, and a file of another name left alone
+    assert set(cached()) - downloading == {"notes.txt"}
+    await node.downloaded()
+    assert (await node.conv.converge(section(new, "b"), 2)).state == CONVERGED
+    assert cached() == [f"{new.sha256}.raw", "notes.txt"]
+
+    # An image a disk here was made from stays while that disk does, listed or not.
+    kept, other = "a" * 64, "b" * 64
+    for sha in (kept, other):
+        (cache / f"{sha}.raw").write_bytes(b"r")
+    disk = node.data / "instances" / "z"
+    disk.mkdir(parents=True)
+    (disk / "disk.qcow2").write_bytes(b"")
+    (disk / "disk.json").write_text(json.dumps({"base": str(cache / f"{kept}.raw"), "format": "raw", "sha256": kept}))
+    await node.conv.converge(section(new, "b"), 3)
+    assert cached() == [f"{kept}.raw", f"{new.sha256}.raw", "notes.txt"]
+    (disk / "disk.json").write_text("{")  # a record that cannot be read: nothing may go
+    (cache / f"{other}.raw").write_bytes(b"r")
+    await node.conv.converge(section(new, "b"), 4)
+    assert f"{other}.raw" in cached() and f"{kept}.raw" in cached()
+    (disk / "disk.json").unlink()
+    (disk / "disk.qcow2").unlink()
+    await node.conv.converge(section(new, "b"), 5)
+    assert cached() == [f"{new.sha256}.raw", "notes.txt"]
