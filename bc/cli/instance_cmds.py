@@ -11,7 +11,8 @@ VM state), tars, hashes and uploads it to the presigned https URL; the result ha
 Both read the node through `GetNode` (bc.control.reads: the one query path the
 TUI's node screen reads too), whose `instances` are the node's last status
 report: its managed VMs with their desired state, and the domains bc did not
-create (`managed: false`). What a node says is shown through the escaping
+create (`managed: false`); `list` adds the node's volume store under the table (`--json`: the
+instances only; `bc nodes show NODE --json` has `volume_storage`). What a node says is shown through the escaping
 writer. An instance the node does not report is NotFound (exit 3).
 """
 
@@ -24,17 +25,22 @@ import click
 from bc.cli.cmd_cmds import cmd_run
 from bc.cli.connect import run_client, slow
 from bc.cli.emit import emit
-from bc.cli.output import Lines
+from bc.cli.output import Lines, lines, paragraphs
 from bc.cli.render import format_mib, render_fields, render_table
+from bc.client.fmt import volume_storage_text
 from bc.errors import NotFound
-from bc.protocol.pb import common_pb2
+from bc.protocol.pb import admin_pb2, common_pb2
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
+def _node(node_id: str) -> admin_pb2.NodeInfo:
+    info: admin_pb2.NodeInfo = run_client(lambda c: slow(c, c.get_node(node_id)))
+    return info
+
+
 def _instances(node_id: str) -> list[common_pb2.InstanceStatus]:
-    info = run_client(lambda c: slow(c, c.get_node(node_id)))
-    return list(info.instances)
+    return list(_node(node_id).instances)
 
 
 def render_instances(rows: list[common_pb2.InstanceStatus]) -> Lines:
@@ -88,8 +94,15 @@ def instances() -> None:
 @json_option
 def instances_list(node_id: str, as_json: bool) -> None:
     """The instances NODE reported last: state, desired state, size, and why one is not as desired."""
-    rows = _instances(node_id)
-    emit(as_json, rows, lambda: render_instances(rows), empty=f"node {node_id} reports no instances")
+    info = _node(node_id)
+    rows = list(info.instances)
+    storage = [volume_storage_text(info.volume_storage)] if info.HasField("volume_storage") else []
+    emit(
+        as_json,
+        rows,
+        lambda: paragraphs(render_instances(rows), lines(*storage)),
+        empty=f"node {node_id} reports no instances",
+    )
 
 
 @instances.command("show")

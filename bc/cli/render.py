@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 
 from bc.cli.msg_json import message_to_json as message_to_json  # re-exported: commands render from here
 from bc.cli.output import Lines, echo, json_text, lines, one_line
-from bc.client.fmt import format_time_ms as format_time_ms  # re-exported: commands render from here
+from bc.client.fmt import format_bytes as format_bytes  # re-exported: commands render from here
+from bc.client.fmt import format_time_ms as format_time_ms
 from bc.errors import UsageError
 
 # -- durations and ages ----------------------------------------------------
@@ -93,15 +94,6 @@ def format_mib(mib: int) -> str:
     if mib >= 1024:
         return f"{mib / 1024:.1f} GiB"
     return f"{mib} MiB"
-
-
-def format_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 # -- tables ------------------------------------------------------------------

@@ -55,6 +55,10 @@ def test_list_and_show_a_nodes_instances(lab: Lab) -> None:
     assert rows[1].split()[:7] == ["db-1", "PAUSED", "PAUSED", "qemu", "2", "2", "GiB"]
     assert rows[2].split()[:3] == ["web-1", "RUNNING", "RUNNING"]
     assert "\x1b" not in table.stdout and "evil" in rows[3] and "no (left alone)" in rows[3]
+    # Under the table, the node's volume store as its last report said (a gauge the control plane keeps).
+    storage = ok_json("nodes", "show", "n1")["volume_storage"]
+    assert int(storage["total_bytes"]) > int(storage["available_bytes"]) > 0 and int(storage["reserved_bytes"]) > 0
+    assert rows[-2] == "" and rows[-1].startswith("volumes: 0 B promised (0 B of it not yet written) on ")
 
     doc = ok_json("instances", "list", "n1")
     assert [(i["id"], i["state"], i.get("managed", False)) for i in doc] == [

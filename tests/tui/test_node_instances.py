@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bc.protocol.pb import admin_pb2
+from bc.protocol.pb import admin_pb2, common_pb2
 from tui.screens.node import render_node
 
 
@@ -26,3 +26,21 @@ def test_the_node_screen_lists_instances_and_escapes_what_the_node_says() -> Non
     row = render_node(gpus, [], [], []).plain.split("INSTANCES\n", 1)[1].splitlines()[0]
     assert row.split() == ["g", "running", "want", "running", "2", "vCPU", "1024", "MiB", "2", "GPUs"]
     assert "INSTANCES\n  none reported\n" in render_node(admin_pb2.NodeInfo(node_id="n2"), [], [], []).plain
+
+
+def test_the_node_screen_shows_the_volume_store_the_node_reported() -> None:
+    info = admin_pb2.NodeInfo(node_id="n1")
+    info.instances.add(id="db", state="RUNNING", desired="RUNNING", managed=True, vcpus=1, memory_mib=512)
+    gib = 1 << 30
+    info.volume_storage.CopyFrom(
+        common_pb2.VolumeStorage(
+            total_bytes=100 * gib, available_bytes=60 * gib, reserved_bytes=5 * gib,
+            committed_bytes=30 * gib, outstanding_bytes=12 * gib,
+        )
+    )  # fmt: skip
+    block = render_node(info, [], [], []).plain.split("INSTANCES\n", 1)[1].split("CAPACITY", 1)[0].splitlines()
+    assert block[-1] == (
+        "  volumes: 30.0 GiB promised (12.0 GiB of it not yet written) on 100.0 GiB, 60.0 GiB available,"
+        " 5.0 GiB kept in reserve"
+    )
+    assert "volumes:" not in render_node(admin_pb2.NodeInfo(node_id="n2"), [], [], []).plain  # none reported: none

@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 
+from bc.client.fmt import volume_storage_text
 from bc.errors import BcError
 from bc.protocol import kinds
 from bc.protocol import usage_units as units
@@ -61,6 +62,8 @@ def render_node(
         lines.append(f"  {i.id:<20} {i.state.lower():<9} {desired:<14} {size}  {i.message}".rstrip())
     if not info.instances:
         lines.append("  none reported")
+    if info.HasField("volume_storage"):
+        lines.append(f"  {volume_storage_text(info.volume_storage)}")
     lines.append("CAPACITY")
     for cap in info.capacity:
         lines.append(f"  {cap.device_class:<10} booked {cap.booked_now}/{cap.offered} now, {cap.booked_later} later")

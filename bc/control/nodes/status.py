@@ -53,6 +53,8 @@ def status_doc(report: StatusReport, now_ms: int, conditions: list[dict[str, Any
     if report.instances or report.instances_complete:  # the node's VMs (docs/instances.md), as reported
         doc["instances"] = [message_to_dict(i) for i in report.instances]
         doc["instances_complete"] = report.instances_complete
+    if report.HasField("volume_storage"):  # a gauge, outside the report's key: as fresh as the last write
+        doc["volume_storage"] = message_to_dict(report.volume_storage)
     return doc
 
 

@@ -110,6 +110,8 @@ def node_info(
             inst = info.instances.add()
             json_format.ParseDict(i, inst, ignore_unknown_fields=True)
             inst.node_id = info.node_id
+        if "volume_storage" in status:
+            json_format.ParseDict(status["volume_storage"], info.volume_storage, ignore_unknown_fields=True)
         for c in status.get("conditions", []):
             cond = info.conditions.add()
             json_format.ParseDict(

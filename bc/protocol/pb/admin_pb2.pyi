@@ -55,7 +55,7 @@ class GetNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "role", "state", "generation", "applied_generation", "observed_generation", "last_seen_age_ms", "session_epoch", "gateway_id", "boot_id", "journal_id", "spec_hash", "applied_spec_hash", "sections", "conditions", "inventory", "capabilities", "labels", "cordoned", "state_age_ms", "revoked", "revoke_reason", "cert_not_after_ms", "no_schedule", "job_hold", "capacity", "host_capacity", "event_seq", "instances")
+    __slots__ = ("node_id", "role", "state", "generation", "applied_generation", "observed_generation", "last_seen_age_ms", "session_epoch", "gateway_id", "boot_id", "journal_id", "spec_hash", "applied_spec_hash", "sections", "conditions", "inventory", "capabilities", "labels", "cordoned", "state_age_ms", "revoked", "revoke_reason", "cert_not_after_ms", "no_schedule", "job_hold", "capacity", "host_capacity", "event_seq", "instances", "volume_storage")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class NodeInfo(_message.Message):
     HOST_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_STORAGE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     state: str
@@ -121,7 +122,8 @@ class NodeInfo(_message.Message):
     host_capacity: HostCapacity
     event_seq: int
     instances: _containers.RepeatedCompositeFieldContainer[_common_pb2.InstanceStatus]
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., last_seen_age_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cordoned: _Optional[bool] = ..., state_age_ms: _Optional[int] = ..., revoked: _Optional[bool] = ..., revoke_reason: _Optional[str] = ..., cert_not_after_ms: _Optional[int] = ..., no_schedule: _Optional[_Iterable[str]] = ..., job_hold: _Optional[str] = ..., capacity: _Optional[_Iterable[_Union[ClassCapacity, _Mapping]]] = ..., host_capacity: _Optional[_Union[HostCapacity, _Mapping]] = ..., event_seq: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.InstanceStatus, _Mapping]]] = ...) -> None: ...
+    volume_storage: _common_pb2.VolumeStorage
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., applied_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., last_seen_age_ms: _Optional[int] = ..., session_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., journal_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., applied_spec_hash: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[_common_pb2.SectionStatus, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[_common_pb2.Condition, _Mapping]]] = ..., inventory: _Optional[_Union[_common_pb2.Inventory, _Mapping]] = ..., capabilities: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cordoned: _Optional[bool] = ..., state_age_ms: _Optional[int] = ..., revoked: _Optional[bool] = ..., revoke_reason: _Optional[str] = ..., cert_not_after_ms: _Optional[int] = ..., no_schedule: _Optional[_Iterable[str]] = ..., job_hold: _Optional[str] = ..., capacity: _Optional[_Iterable[_Union[ClassCapacity, _Mapping]]] = ..., host_capacity: _Optional[_Union[HostCapacity, _Mapping]] = ..., event_seq: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.InstanceStatus, _Mapping]]] = ..., volume_storage: _Optional[_Union[_common_pb2.VolumeStorage, _Mapping]] = ...) -> None: ...
 
 class ClassCapacity(_message.Message):
     __slots__ = ("device_class", "offered", "booked_now", "free_now", "booked_later")
