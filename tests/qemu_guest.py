@@ -7,6 +7,7 @@ installs them).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -21,7 +22,8 @@ from typing import TypeVar
 import pytest
 
 from agent.instances.admission import HostMemory, parse_meminfo
-from agent.instances.qemu import QemuRuntime
+from agent.instances.confine import is_vmm_uid
+from agent.instances.qemu import RECORD, QemuRuntime
 from agent.offload import to_thread
 
 
@@ -123,6 +125,14 @@ async def console_says(path: Path, text: str, within_s: float = 90.0, *, regex: 
                 await asyncio.sleep(0.2)
     except TimeoutError:
         raise AssertionError(f"the guest never printed {text!r}; its console: {got[:1500]} … {got[-300:]}") from None
+
+
+def vmm_uid(root: Path, instance_id: str) -> int:
+    """The VMM uid the instance's record holds (root reads it). Not a constant: a node picks the lowest uid no
+    record holds and no process runs as, and other tests' guests may run meanwhile."""
+    uid = json.loads((root / instance_id / RECORD).read_text())["uid"]
+    assert is_vmm_uid(uid), uid
+    return int(uid)
 
 
 def kill_qemus(root: Path) -> None:

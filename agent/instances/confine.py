@@ -1,7 +1,8 @@
 """Confinement of a VMM: each instance's qemu runs as its own unprivileged user, in its own process group, and
 under systemd in its own transient unit with the reference's sandbox (delivery.md, "The cloud-hypervisor unit").
 
-* **Its own user.** A uid from `VMM_UID_BASE` up, one per instance, kept in
+* **Its own user.** A uid from `VMM_UID_BASE` up, one per instance (the lowest
+  no record holds and no process runs as), kept in
   the domain's record (so a restart keeps it) and never shared: no VMM can
   signal, ptrace or open another's files. No passwd entry is needed. Its
   group is the same number; its only extra group is `kvm` when the host has

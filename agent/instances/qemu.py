@@ -244,14 +244,17 @@ class QemuRuntime:
         await self.offload(atomic_write, d / RECORD, json.dumps(record, sort_keys=True).encode(), 0o600)
 
     async def _uid_for(self, instance_id: str) -> int:
-        """The domain's VMM uid: the one its record holds, else the lowest no other record holds."""
+        """The domain's VMM uid: the one its record holds, else the lowest that no other record holds and no
+        process on this host runs as (another node's VMs on the same host, or a VMM left over: `vm.launch`
+        refuses a VMM user that runs a process already)."""
         found = await self.offload(self._scan)
         mine = [r.get("uid") for iid, r in found if iid == instance_id and r is not None]
         if mine and confine_.is_vmm_uid(mine[0]):
             return int(str(mine[0]))
-        taken = [r.get("uid") for _, r in found if r is not None]
+        taken = {int(str(u)) for u in (r.get("uid") for _, r in found if r is not None) if confine_.is_vmm_uid(u)}
+        taken |= await self.offload(self.running_uids)
         try:
-            return confine_.pick_uid(int(str(u)) for u in taken if confine_.is_vmm_uid(u))
+            return confine_.pick_uid(taken)
         except ValueError as e:
             raise RuntimeFailure(str(e)) from None
 

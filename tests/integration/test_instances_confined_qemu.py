@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from agent.converge.instances import InstancesConverger
-from agent.instances.confine import VMM_UID_BASE
 from agent.instances.qemu import PIDFILE, RECORD
 from agent.offload import to_thread
 from bc.protocol.pb import common_pb2, spec_pb2
 from tests.instance_parts import guest
-from tests.qemu_guest import GuestHost, boot_dir, guest_host, host_meminfo, initrd
+from tests.qemu_guest import GuestHost, boot_dir, guest_host, host_meminfo, initrd, vmm_uid
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +69,8 @@ async def test_each_vmm_runs_as_its_own_user_and_reaches_only_its_own_files(host
     shown = await host.converge(vm("a"), vm("b"))
     assert shown["a"].state == "RUNNING" and shown["b"].state == "RUNNING", (shown["a"].message, shown["b"].message)
     await host.console_says("a", MARKER)
-    uid_a, uid_b = VMM_UID_BASE, VMM_UID_BASE + 1
+    uid_a, uid_b = vmm_uid(host.root, "a"), vmm_uid(host.root, "b")
+    assert uid_a != uid_b
     for iid, uid in (("a", uid_a), ("b", uid_b)):
         u, g, groups = ids(host.pid(iid))
         assert u == [str(uid)] * 4 and g == [str(uid)] * 4, (u, g)

@@ -19,13 +19,12 @@ import pytest
 from agent.converge.instances import InstancesConverger
 from agent.converge.run import CONVERGED, PROGRESSING
 from agent.instances.admission import HostMemory
-from agent.instances.confine import VMM_UID_BASE
 from agent.instances.qemu import PIDFILE, exited
 from agent.instances.user_data import UserDataFiles
 from agent.offload import to_thread
 from bc.protocol.pb import common_pb2, spec_pb2
 from tests.instance_parts import SecretPort, guest
-from tests.qemu_guest import GuestHost, boot_dir, guest_host, host_meminfo, newc
+from tests.qemu_guest import GuestHost, boot_dir, guest_host, host_meminfo, newc, vmm_uid
 
 MARKER = "BC-GUEST-UP"
 USER_DATA_MARKER = "BC-USER-DATA"
@@ -141,7 +140,7 @@ async def test_the_guest_reads_its_user_data_from_fw_cfg_and_the_file_goes_at_st
     path = host.user_data.path("vm1")
     # root's, readable by this guest's VMM user alone (its group), and no one else
     info = path.stat()
-    assert stat.S_IMODE(info.st_mode) == 0o640 and info.st_uid == 0 and info.st_gid == VMM_UID_BASE
+    assert stat.S_IMODE(info.st_mode) == 0o640 and info.st_uid == 0 and info.st_gid == vmm_uid(host.root, "vm1")
     await host.converge(vm("STOPPED", user_data="ud"))
     assert not path.exists()
     host.port.values["ud"] = b"rotated"  # a rotation reaches the guest at its next start

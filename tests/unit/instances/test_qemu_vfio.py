@@ -4,6 +4,7 @@ through the same `setpriv` drop: what is under test is the hand-over around it, 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -79,3 +80,18 @@ async def test_a_failed_start_gives_the_groups_back(tmp_path: Path, sysfs: Path)
     with pytest.raises(RuntimeFailure, match="qemu did not start"):
         await rt.start("a", paused=False)
     assert owner(sysfs, "0") == (0, 0, 0o600)
+
+
+async def test_a_new_domain_takes_the_lowest_vmm_user_no_record_holds_and_no_process_runs_as(
+    tmp_path: Path, sysfs: Path
+) -> None:
+    """Another node's VMs on this host (or a VMM left over) run as VMM users this node has no record of: a
+    domain given one of those would be refused at launch (`vm.launch`: runs a process already)."""
+    rt = runtime(tmp_path, sysfs, frozenset({VMM_UID_BASE, VMM_UID_BASE + 2}))
+    await rt.define(DomainConfig("a", 1, 256, None, None, "", gpus=()))
+    await rt.define(DomainConfig("b", 1, 256, None, None, "", gpus=()))
+    uids = {iid: json.loads((tmp_path / "data" / "instances" / iid / RECORD).read_text())["uid"] for iid in "ab"}
+    assert uids == {"a": VMM_UID_BASE + 1, "b": VMM_UID_BASE + 3}
+    rt.running_uids = lambda: frozenset({VMM_UID_BASE + 1})  # its own VMM user, running: a's record keeps it
+    await rt.define(DomainConfig("a", 2, 512, None, None, "", gpus=()))
+    assert json.loads((tmp_path / "data" / "instances" / "a" / RECORD).read_text())["uid"] == VMM_UID_BASE + 1
